@@ -1,0 +1,129 @@
+"""Normalization layers selected by MiniNormConfig: RMSNorm, partial RMSNorm, LayerNorm, none.
+
+Every norm computes in fp32 and casts back to the input dtype. Every norm also offers
+`add_and_norm(x, residual) -> (norm(x + residual), x + residual)`, the step a pre-LN block takes between its
+two sublayers; the Triton implementation fuses it into one kernel (one read of each input, one write of each
+output), the others do it in two steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import MiniNormConfig, NormImpl, NormType
+
+
+def partial_size(dim: int, p: float) -> int:
+    """Number of leading elements whose mean square estimates the RMS: ceil(dim * p), clamped to [1, dim]."""
+    return min(dim, max(1, math.ceil(dim * p)))
+
+
+def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, k: int) -> torch.Tensor:
+    """Reference (partial) RMSNorm: y = x * rsqrt(mean(x[..., :k]^2) + eps) * w, in fp32, cast back."""
+    x32 = x.float()
+    stats = x32 if k == x.shape[-1] else x32[..., :k]
+    rstd = torch.rsqrt(stats.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (x32 * rstd * weight.float()).to(x.dtype)
+
+
+@functools.cache
+def _compiled_rms_norm():
+    # Built on first use so importing the model never starts the compiler.
+    return torch.compile(rms_norm_eager, dynamic=None)
+
+
+def triton_can_run(device: torch.device) -> bool:
+    """Triton kernels run on CUDA tensors, or on CPU tensors under the interpreter (TRITON_INTERPRET=1)."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_norm_impl(impl: str, device: torch.device) -> NormImpl:
+    """Turn `auto` into a concrete implementation for tensors on `device`; refuse `triton` where it cannot run."""
+    impl = NormImpl(impl)
+    if impl == NormImpl.AUTO:
+        if device.type == "cuda" and triton_can_run(device):
+            return NormImpl.TRITON
+        return NormImpl.COMPILE if device.type == "cpu" else NormImpl.EAGER
+    if impl == NormImpl.TRITON and not triton_can_run(device):
+        raise RuntimeError(
+            f"norm_impl='triton' cannot run on {device.type} tensors: it needs a CUDA device with triton installed "
+            "(or TRITON_INTERPRET=1 for the slow CPU interpreter); use norm_impl='auto', 'compile' or 'eager'")
+    return impl
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (p = 1) or partial RMSNorm (p < 1: the RMS comes from the first ceil(n*p) elements,
+    and all n elements are scaled)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, p: float = 1.0, impl: str = "eager") -> None:
+        super().__init__()
+        if not 0.0 < p <= 1.0:
+            raise ValueError(f"p={p!r} is not allowed; it must be in (0, 1]")
+        self.dim, self.eps, self.p = dim, eps, p
+        self.k = partial_size(dim, p)
+        self.impl = NormImpl(impl)
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        impl = resolve_norm_impl(self.impl, x.device)
+        if impl == NormImpl.TRITON:
+            from model.kernels import rms_norm
+            return rms_norm(x, self.weight, self.eps, self.p)
+        if impl == NormImpl.COMPILE:
+            return _compiled_rms_norm()(x, self.weight, self.eps, self.k)
+        return rms_norm_eager(x, self.weight, self.eps, self.k)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if resolve_norm_impl(self.impl, x.device) == NormImpl.TRITON:
+            from model.kernels import add_rms_norm
+            return add_rms_norm(x, residual, self.weight, self.eps, self.p)
+        summed = x + residual
+        return self(summed), summed
+
+    def extra_repr(self) -> str:
+        partial = f", p={self.p}, k={self.k}" if self.k < self.dim else ""
+        return f"{self.dim}, eps={self.eps}{partial}, impl={self.impl.value}"
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (gain and bias) computed in fp32 and cast back to the input dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), bias, self.eps).to(x.dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        summed = x + residual
+        return self(summed), summed
+
+
+class NoNorm(nn.Identity):
+    """The no-normalization ablation: identity."""
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        summed = x + residual
+        return summed, summed
+
+
+def build_norm(config: MiniNormConfig, dim: int) -> nn.Module:
+    """The norm the config asks for, over the last dimension of size `dim`."""
+    norm_type = NormType(config.norm_type)
+    if norm_type == NormType.RMSNORM:
+        return RMSNorm(dim, config.norm_eps, 1.0, config.norm_impl)
+    if norm_type == NormType.PRMSNORM:
+        return RMSNorm(dim, config.norm_eps, config.prms_p, config.norm_impl)
+    if norm_type == NormType.LAYERNORM:
+        return LayerNorm(dim, eps=config.norm_eps)
+    return NoNorm()

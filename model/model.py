@@ -1,0 +1,267 @@
+"""MiniNorm: a compact LLaMA-style decoder whose normalization type and placement are config switches.
+
+Token embedding -> N blocks (causal GQA attention with RoPE, SwiGLU MLP) -> final norm -> LM head tied to the
+embedding. It is a transformers PreTrainedModel, so save_pretrained/from_pretrained/generate work as usual.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from model.config import MiniNormConfig, NormPlacement
+from model.norms import build_norm
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE with the rotate-half layout (as LLaMA checkpoints use): cos/sin per position, duplicated halves."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # The frequencies are recomputed (head_dim/2 numbers) rather than kept in a buffer: a non-persistent
+        # buffer is left uninitialised when from_pretrained builds the model on the meta device.
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=position_ids.device).float()
+        inv_freq = 1.0 / (self.theta ** (exponents / self.head_dim))
+        freqs = position_ids[..., None].float() * inv_freq  # (B, T, head_dim/2), always fp32
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, heads, T, head_dim); cos/sin: (B, T, head_dim)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def attention_mask_4d(padding_mask: torch.Tensor | None, q_len: int, kv_len: int,
+                      device: torch.device) -> torch.Tensor | None:
+    """Boolean (B|1, 1, q_len, kv_len) mask, True where a query may attend; None when plain causal suffices.
+
+    The queries are the last q_len of kv_len positions. A query that would see no key at all (a left-padding
+    position) is allowed to see itself, so softmax never runs over an empty row and yields NaN.
+    """
+    if padding_mask is None and (q_len == kv_len or q_len == 1):
+        return None
+    query_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    key_pos = torch.arange(kv_len, device=device)[None, :]
+    allowed = (key_pos <= query_pos)[None, None]
+    if padding_mask is not None:
+        allowed = allowed & padding_mask[:, None, None, -kv_len:].bool()
+        allowed = allowed | (key_pos == query_pos)
+    return allowed
+
+
+class Attention(nn.Module):
+    def __init__(self, config: MiniNormConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.o_proj.scaled_by_depth = True
+        # QK-norm (OLMo-2, Gemma-3): the configured norm over each head's query and key vectors.
+        self.q_norm = build_norm(config, self.head_dim) if config.qk_norm else None
+        self.k_norm = build_norm(config, self.head_dim) if config.qk_norm else None
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                cache: Cache | None) -> torch.Tensor:
+        batch, q_len, _ = x.shape
+        q = self.q_proj(x).view(batch, q_len, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, q_len, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, q_len, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None and q_len == k.shape[2] and q_len > 1,
+            enable_gqa=self.num_kv_heads != self.num_heads)
+        out = out.transpose(1, 2).reshape(batch, q_len, self.num_heads * self.head_dim)
+        return self.resid_dropout(self.o_proj(out))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: MiniNormConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.down_proj.scaled_by_depth = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class Block(nn.Module):
+    """One decoder block. For a sublayer f (attention, then the MLP), the placements are:
+
+        pre:       x = x + f(N(x))          x ─┬───────────────(+)─>   final norm before the LM head
+                                               └─ N ─ f ────────┘
+        post:      x = N(x + f(x))          x ─┬──────────(+)─ N ─>   no final norm (Vaswani et al.)
+                                               └─ f ───────┘
+        sandwich:  x = x + N2(f(N1(x)))     x ─┬─────────────────────(+)─>   + final norm (Gemma-2, Peri-LN)
+                                               └─ N1 ─ f ─ N2 ─────────┘
+        res_post:  x = x + N(f(x))          x ─┬──────────────(+)─>   + final norm (OLMo-2, Swin-v2)
+                                               └─ f ─ N ────────┘
+    """
+
+    def __init__(self, config: MiniNormConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.placement = NormPlacement(config.norm_placement)
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = SwiGLU(config)
+        has_in = self.placement in (NormPlacement.PRE, NormPlacement.SANDWICH)
+        has_out = self.placement != NormPlacement.PRE
+        dim = config.hidden_size
+        self.attn_norm = build_norm(config, dim) if has_in else None
+        self.mlp_norm = build_norm(config, dim) if has_in else None
+        self.attn_out_norm = build_norm(config, dim) if has_out else None
+        self.mlp_out_norm = build_norm(config, dim) if has_out else None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                cache: Cache | None) -> torch.Tensor:
+        if self.placement == NormPlacement.PRE:
+            # The residual add after attention and the MLP's input norm run as one fused step.
+            mlp_in, x = self.mlp_norm.add_and_norm(self.self_attn(self.attn_norm(x), rope, mask, cache), x)
+            return x + self.mlp(mlp_in)
+        if self.placement == NormPlacement.POST:
+            x = self.attn_out_norm(x + self.self_attn(x, rope, mask, cache))
+            return self.mlp_out_norm(x + self.mlp(x))
+        if self.placement == NormPlacement.SANDWICH:
+            x = x + self.attn_out_norm(self.self_attn(self.attn_norm(x), rope, mask, cache))
+            return x + self.mlp_out_norm(self.mlp(self.mlp_norm(x)))
+        x = x + self.attn_out_norm(self.self_attn(x, rope, mask, cache))
+        return x + self.mlp_out_norm(self.mlp(x))
+
+
+class MiniNormPreTrainedModel(PreTrainedModel):
+    config_class = MiniNormConfig
+    config: MiniNormConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["Block"]
+    _skip_keys_device_placement = ["past_key_values"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            # Residual output projections shrink with depth so the residual stream's variance stays O(1).
+            scale = math.sqrt(2 * self.config.num_hidden_layers) if getattr(module, "scaled_by_depth", False) else 1
+            init.normal_(module.weight, mean=0.0, std=std / scale)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif hasattr(module, "weight") and isinstance(module.weight, nn.Parameter) and module.weight.ndim == 1:
+            init.ones_(module.weight)  # RMSNorm gain
+
+
+class MiniNormModel(MiniNormPreTrainedModel):
+    """The decoder trunk: embeddings, blocks and the final norm (absent for post-LN)."""
+
+    def __init__(self, config: MiniNormConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
+        needs_final = NormPlacement(config.norm_placement) != NormPlacement.POST
+        self.norm = build_norm(config, config.hidden_size) if needs_final else nn.Identity()
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.post_init()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: Cache | None = None,
+                use_cache: bool = False) -> tuple[torch.Tensor, Cache | None]:
+        batch, q_len = input_ids.shape
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+        kv_len = past_len + q_len
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None  # no padding: take SDPA's causal fast path
+        if position_ids is None:
+            if attention_mask is not None:
+                # Left padding shifts the positions: count only real tokens.
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -q_len:]
+            else:
+                position_ids = torch.arange(past_len, kv_len, device=input_ids.device).expand(batch, -1)
+        x = self.dropout(self.embed_tokens(input_ids))
+        rope = self.rotary(position_ids, x.dtype)
+        mask = attention_mask_4d(attention_mask, q_len, kv_len, x.device)
+        for block in self.layers:
+            x = block(x, rope, mask, past_key_values)
+        return self.norm(x), past_key_values
+
+
+class MiniNormForCausalLM(MiniNormPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: MiniNormConfig) -> None:
+        super().__init__(config)
+        self.model = MiniNormModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: Cache | None = None,
+                labels: torch.Tensor | None = None, use_cache: bool | None = None,
+                logits_to_keep: int = 0, num_items_in_batch: int | torch.Tensor | None = None,
+                **kwargs: Any) -> CausalLMOutputWithPast:
+        """`labels` are the input ids themselves (shifted here), -100 where no loss is taken.
+        `num_items_in_batch`: when given, the loss is the token sum divided by it (exact gradient accumulation
+        over micro-batches with different numbers of supervised tokens); otherwise the token mean."""
+        hidden, cache = self.model(input_ids, attention_mask, position_ids, past_key_values,
+                                   use_cache=bool(use_cache))
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = causal_lm_loss(logits, labels, num_items_in_batch)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor,
+                   num_items_in_batch: int | torch.Tensor | None = None) -> torch.Tensor:
+    """Next-token cross-entropy in fp32: position t predicts labels[t + 1]; -100 is ignored."""
+    shifted = labels[:, 1:].reshape(-1)
+    flat = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat, shifted, ignore_index=-100)
+    return F.cross_entropy(flat, shifted, ignore_index=-100, reduction="sum") / num_items_in_batch
+
+
+AutoModelForCausalLM.register(MiniNormConfig, MiniNormForCausalLM)

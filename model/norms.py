@@ -26,10 +26,12 @@ def partial_size(dim: int, p: float) -> int:
 
 def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, k: int) -> torch.Tensor:
     """Reference (partial) RMSNorm: y = x * rsqrt(mean(x[..., :k]^2) + eps) * w, in fp32, cast back."""
-    x32 = x.float()
+    # At least fp32: half precision is upcast, fp64 stays fp64 (gradcheck and fp64 references need it).
+    compute = torch.promote_types(x.dtype, torch.float32)
+    x32 = x.to(compute)
     stats = x32 if k == x.shape[-1] else x32[..., :k]
     rstd = torch.rsqrt(stats.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (x32 * rstd * weight.float()).to(x.dtype)
+    return (x32 * rstd * weight.to(compute)).to(x.dtype)
 
 
 @functools.cache
@@ -101,8 +103,10 @@ class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm (gain and bias) computed in fp32 and cast back to the input dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.float()
-        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), bias, self.eps).to(x.dtype)
+        compute = torch.promote_types(x.dtype, torch.float32)  # upcast half precision, keep fp64
+        bias = None if self.bias is None else self.bias.to(compute)
+        return F.layer_norm(x.to(compute), self.normalized_shape, self.weight.to(compute), bias,
+                            self.eps).to(x.dtype)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         summed = x + residual

@@ -1,0 +1,250 @@
+"""Triton kernels for (partial) RMSNorm, optionally fused with the residual add, and their launchers.
+
+Math (DESIGN.md, "The norms, exactly"): for a row x of n elements, k = ceil(n*p) leading elements give the
+statistic r = rsqrt(mean(x[:k]^2) + eps) (fp32); y = x * r * w, computed in fp32 and cast to the output dtype.
+Backward, g = dy * w:  dx_i = r*g_i - [i<k] * r^3 * x_i * (1/k) * sum_j g_j*x_j  and  dw = sum_rows dy*x*r.
+
+Layout: each launcher sees a 2-D view [M, N] whose last dim is contiguous (rows may be strided). A program owns
+BLOCK_M whole rows (BLOCK_N = next_power_of_2(N) >= N, tail masked), so every row is read once and written once.
+The backward runs a fixed grid of programs over contiguous row chunks; each one writes its fp32 partial dW row to
+a [programs, N] buffer that torch sums afterwards: no atomics, so dW is bit-identical run to run.
+
+The kernel bodies are plain functions handed to `triton.jit` on first use, not at import: `triton.jit` picks the
+compiled or the interpreted (TRITON_INTERPRET=1) backend when it decorates, so decorating lazily lets the same
+process import this module first and switch the interpreter on later (the CPU tests do exactly that).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_N = 65536  # one row must fit in one program's registers (fp32 statistics over a single block)
+
+
+def _rms_norm_fwd_kernel(
+    X, R, W, Y, H, RSTD,
+    M, N, K,
+    stride_x, stride_r, stride_y, stride_h,
+    eps, inv_k,
+    HAS_RESIDUAL: tl.constexpr, PARTIAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    rows64 = rows.to(tl.int64)[:, None]  # M * stride can pass 2^31 at LLM shapes
+
+    x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        res = tl.load(R + rows64 * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        h = (x + res).to(H.dtype.element_ty)
+        tl.store(H + rows64 * stride_h + cols[None, :], h, mask=mask)
+        # Normalize the rounded sum, exactly what the unfused `norm(x + residual)` sees.
+        x = h.to(tl.float32)
+
+    if PARTIAL:
+        xs = tl.where((cols < K)[None, :], x, 0.0)
+        mean_sq = tl.sum(xs * xs, axis=1) * inv_k
+    else:
+        mean_sq = tl.sum(x * x, axis=1) * inv_k
+    rstd = tl.rsqrt(mean_sq + eps)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+
+    w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + rows64 * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+def _rms_norm_bwd_kernel(
+    DY, X, W, RSTD, DH, DX, DR, DW_PARTIAL,
+    M, N, K, rows_per_program,
+    stride_dy, stride_x, stride_dh, stride_dx, stride_dr,
+    inv_k,
+    HAS_DH: tl.constexpr, HAS_DR: tl.constexpr, PARTIAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, M)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+
+    for first in range(row_start, row_end, BLOCK_M):
+        rows = first + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+
+        g = dy * w[None, :]
+        # (1/k) * sum over all n of g*x: every element is scaled by r, only the first k feed r.
+        mean_gx = tl.sum(g * x, axis=1) * inv_k
+        corr = x * (rstd * rstd * rstd * mean_gx)[:, None]
+        if PARTIAL:
+            corr = tl.where((cols < K)[None, :], corr, 0.0)
+        dx = rstd[:, None] * g - corr
+        if HAS_DH:  # the residual variant: the returned sum h also received a gradient
+            dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + rows64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_DR:  # the same gradient for the residual input, written separately (no shared tensor)
+            tl.store(DR + rows64 * stride_dr + cols[None, :], dx.to(DR.dtype.element_ty), mask=mask)
+        dw_acc += dy * x * rstd[:, None]
+
+    tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+
+
+@functools.cache
+def _jitted(interpret: bool) -> tuple:
+    """The kernels decorated for the backend in force (`interpret` is only the cache key)."""
+    return triton.jit(_rms_norm_fwd_kernel), triton.jit(_rms_norm_bwd_kernel)
+
+
+def _interpreting() -> bool:
+    return bool(triton.knobs.runtime.interpret)
+
+
+def _kernels() -> tuple:
+    return _jitted(_interpreting())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launch configuration
+# ---------------------------------------------------------------------------------------------------------------
+
+def block_config(n: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_M, num_warps) for rows of n elements.
+
+    On GPU a program should move a few KB: short rows (512-768) are packed several per program, so the kernel is
+    not bound by per-program overhead; warps grow with the block (~16 fp32 values per thread, at most 32 warps).
+    The interpreter runs programs one after another in numpy, so there a program takes many rows at once.
+    """
+    if n > MAX_N:
+        raise ValueError(f"RMSNorm row length {n} exceeds the Triton kernel's maximum of {MAX_N}")
+    block_n = triton.next_power_of_2(n)
+    if device.type != "cuda":
+        return block_n, max(1, min(64, 16384 // block_n)), 4
+    block_m = max(1, min(16, 4096 // block_n))
+    num_warps = min(32, max(2, block_m * block_n // 512))
+    return block_n, block_m, num_warps
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def bwd_programs(m: int, block_m: int, device: torch.device) -> tuple[int, int]:
+    """(programs, rows per program) for the backward grid.
+
+    Enough programs to fill the GPU (two per SM), each on a contiguous chunk of rows that is a multiple of
+    BLOCK_M; the partial-dW buffer has one row per program. Few on CPU, where programs run sequentially.
+    The grid depends only on (m, device), so dW is deterministic for given inputs.
+    """
+    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 4
+    rows = math.ceil(m / target)
+    rows = block_m * math.ceil(rows / block_m)
+    return math.ceil(m / rows), rows
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """A [M, N] view with unit stride along N (copies only when no such view exists)."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t.reshape(-1, t.shape[-1])
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"RMSNorm weight of shape {tuple(weight.shape)} does not match input {tuple(x.shape)}")
+    if x.device != weight.device:
+        raise ValueError(f"RMSNorm input on {x.device} but weight on {weight.device}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launchers (plain tensors in, plain tensors out; the custom ops in rmsnorm_ops.py wrap these)
+# ---------------------------------------------------------------------------------------------------------------
+
+def rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """y = rmsnorm(x [+ residual]) over the last dim. Returns (y, h or None, rstd fp32 of shape x.shape[:-1]).
+
+    With a residual, h = x + residual (fp32 add, stored in the promoted dtype) and y = norm(h) in h's dtype.
+    """
+    _check(x, weight)
+    n = x.shape[-1]
+    if residual is not None:
+        if residual.shape != x.shape or residual.device != x.device:
+            raise ValueError(f"residual {tuple(residual.shape)} on {residual.device} does not match input "
+                             f"{tuple(x.shape)} on {x.device}")
+        out_dtype = torch.promote_types(x.dtype, residual.dtype)
+    else:
+        out_dtype = x.dtype
+    block_n, block_m, num_warps = block_config(n, x.device)
+    x2 = _as_rows(x)
+    m = x2.shape[0]
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    h = torch.empty(x.shape, dtype=out_dtype, device=x.device) if residual is not None else None
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if m == 0 or n == 0:
+        return y, h, rstd
+    r2 = _as_rows(residual) if residual is not None else x2
+    h2 = h.view(-1, n) if h is not None else y.view(-1, n)
+    fwd, _ = _kernels()
+    fwd[(triton.cdiv(m, block_m),)](
+        x2, r2, weight, y.view(-1, n), h2, rstd,
+        m, n, k,
+        x2.stride(0), r2.stride(0), n, n,
+        float(eps), 1.0 / k,
+        HAS_RESIDUAL=residual is not None, PARTIAL=k < n,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+    )
+    return y, h, rstd
+
+
+def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, k: int,
+                 dh: torch.Tensor | None = None, dx_dtype: torch.dtype | None = None,
+                 dr_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Gradients of y = rmsnorm(x) given dy (x is the normalized input: h for the residual variant).
+
+    dh, if given, is added to dx (the gradient of the returned sum h). dr_dtype, if given, requests a second,
+    separate copy of dx in that dtype (the residual's gradient). Returns (dx, dr or None, dw in weight.dtype).
+    """
+    _check(x, weight)
+    n = x.shape[-1]
+    block_n, block_m, num_warps = block_config(n, x.device)
+    x2, dy2 = _as_rows(x), _as_rows(dy)
+    dh2 = _as_rows(dh) if dh is not None else None
+    m = x2.shape[0]
+    dx = torch.empty(x.shape, dtype=dx_dtype or x.dtype, device=x.device)
+    dr = torch.empty(x.shape, dtype=dr_dtype, device=x.device) if dr_dtype is not None else None
+    if m == 0 or n == 0:
+        dx.zero_()
+        if dr is not None:
+            dr.zero_()
+        return dx, dr, torch.zeros_like(weight)
+    programs, rows_per_program = bwd_programs(m, block_m, x.device)
+    dw_partial = torch.empty((programs, n), dtype=torch.float32, device=x.device)
+    dx2 = dx.view(-1, n)
+    dr2 = dr.view(-1, n) if dr is not None else dx2
+    _, bwd = _kernels()
+    bwd[(programs,)](
+        dy2, x2, weight, rstd.reshape(-1), dh2 if dh2 is not None else dy2, dx2, dr2, dw_partial,
+        m, n, k, rows_per_program,
+        dy2.stride(0), x2.stride(0), dh2.stride(0) if dh2 is not None else 0, n, n,
+        1.0 / k,
+        HAS_DH=dh is not None, HAS_DR=dr is not None, PARTIAL=k < n,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+    )
+    dw = dw_partial.sum(dim=0).to(weight.dtype)  # fixed-order reduction: deterministic
+    return dx, dr, dw

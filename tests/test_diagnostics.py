@@ -1,0 +1,232 @@
+"""NormDiagnostics: the numbers it logs equal independently computed ones, and it leaves no trace when off."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from model.config import MiniNormConfig
+from model.model import MiniNormForCausalLM, causal_lm_loss
+from trainer.diagnostics import NORM_NAMES, NormDiagnostics, layer_quantities, metric_matrix, metric_series
+
+PLACEMENTS = ("pre", "post", "sandwich", "res_post")
+LAYERS = 3
+
+
+def tiny_model(placement: str, norm_type: str = "rmsnorm", seed: int = 0) -> MiniNormForCausalLM:
+    torch.manual_seed(seed)
+    config = MiniNormConfig(vocab_size=97, hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=64, norm_type=norm_type,
+                            norm_placement=placement, norm_impl="eager")
+    return MiniNormForCausalLM(config)
+
+
+def batch(seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+def ref_rms(t: torch.Tensor) -> float:
+    return t.detach().double().pow(2).mean().sqrt().item()
+
+
+def manual_forward(model: MiniNormForCausalLM, ids: torch.Tensor):
+    """The model's forward rewritten from the placement definitions in DESIGN.md, recording every norm's input
+    and output and keeping the residual stream after each block (with retained grads)."""
+    trunk = model.model
+    x = trunk.embed_tokens(ids)
+    rope = trunk.rotary(torch.arange(ids.shape[1]).expand(ids.shape[0], -1), x.dtype)
+    seen: dict[str, float] = {}
+    resid: list[torch.Tensor] = []
+
+    def norm(block: nn.Module, name: str, i: int, h: torch.Tensor) -> torch.Tensor:
+        out = getattr(block, name)(h)
+        seen[f"diag/{name}_in_rms/layer_{i:02d}"] = ref_rms(h)
+        seen[f"diag/{name}_out_rms/layer_{i:02d}"] = ref_rms(out)
+        return out
+
+    placement = model.config.norm_placement
+    for i, b in enumerate(trunk.layers):
+        attn = lambda h: b.self_attn(h, rope, None, None)  # noqa: E731
+        if placement == "pre":
+            x = x + attn(norm(b, "attn_norm", i, x))
+            x = x + b.mlp(norm(b, "mlp_norm", i, x))
+        elif placement == "post":
+            x = norm(b, "attn_out_norm", i, x + attn(x))
+            x = norm(b, "mlp_out_norm", i, x + b.mlp(x))
+        elif placement == "sandwich":
+            x = x + norm(b, "attn_out_norm", i, attn(norm(b, "attn_norm", i, x)))
+            x = x + norm(b, "mlp_out_norm", i, b.mlp(norm(b, "mlp_norm", i, x)))
+        else:
+            x = x + norm(b, "attn_out_norm", i, attn(x))
+            x = x + norm(b, "mlp_out_norm", i, b.mlp(x))
+        x.retain_grad()
+        resid.append(x)
+        seen[f"diag/resid_rms/layer_{i:02d}"] = ref_rms(x)
+    if placement != "post":
+        final = trunk.norm(x)
+        seen["diag/final_norm_in_rms"], seen["diag/final_norm_out_rms"] = ref_rms(x), ref_rms(final)
+        x = final
+    return model.lm_head(x), seen, resid
+
+
+def no_hooks_left(model: nn.Module) -> bool:
+    for module in model.modules():
+        if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or "add_and_norm" in module.__dict__):
+            return False
+    return True
+
+
+def armed_step(model: MiniNormForCausalLM, ids: torch.Tensor) -> tuple[dict[str, float], torch.Tensor]:
+    diag = NormDiagnostics(model)
+    diag.arm()
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    return diag.after_backward(), out.logits.detach()
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("norm_type", ["rmsnorm", "layernorm", "none"])
+def test_activation_stats_match_a_manual_forward(placement: str, norm_type: str) -> None:
+    model = tiny_model(placement, norm_type)
+    ids = batch()
+    stats, logits = armed_step(model, ids)
+    model.zero_grad()
+    manual_logits, expected, resid = manual_forward(model, ids)
+    torch.testing.assert_close(manual_logits, logits)  # the manual forward is the model's forward
+    causal_lm_loss(manual_logits, ids).backward()
+    for i, h in enumerate(resid):
+        expected[f"diag/resid_grad_rms/layer_{i:02d}"] = ref_rms(h.grad)
+
+    activation_keys = {k for k in stats if "rms" in k}
+    assert activation_keys == set(expected)
+    for key, value in expected.items():
+        assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-12), key
+    # Exactly the norms this placement has, for every layer.
+    has = {"pre": ("attn_norm", "mlp_norm"), "post": ("attn_out_norm", "mlp_out_norm"),
+           "sandwich": NORM_NAMES, "res_post": ("attn_out_norm", "mlp_out_norm")}[placement]
+    assert {k.split("/")[1] for k in activation_keys if k.split("/")[1].startswith(NORM_NAMES)} == \
+        {f"{n}_{side}_rms" for n in has for side in ("in", "out")}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_grad_norms_match_clip_grad_norm(placement: str) -> None:
+    model = tiny_model(placement)
+    stats, _ = armed_step(model, batch())
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
+    assert stats["diag/grad_norm_global"] == pytest.approx(total.item(), rel=1e-6)
+    for i, block in enumerate(model.model.layers):
+        for key, module in (("grad_norm", block), ("grad_norm_attn", block.self_attn),
+                            ("grad_norm_mlp", block.mlp)):
+            expected = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in module.parameters()))
+            assert stats[f"diag/{key}/layer_{i:02d}"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_update_ratio_of_an_sgd_step() -> None:
+    model = tiny_model("pre")
+    diag = NormDiagnostics(model)
+    diag.arm()
+    model(batch(), labels=batch()).loss.backward()
+    diag.after_backward()
+    before = [[p.detach().clone() for p in b.parameters() if p.ndim == 2] for b in model.model.layers]
+    grads = [[p.grad.clone() for p in b.parameters() if p.ndim == 2] for b in model.model.layers]
+    lr = 0.05
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    stats = diag.after_step()
+    for i in range(LAYERS):
+        # Plain SGD moves each weight by lr * grad.
+        delta = math.sqrt(sum((lr * g.double()).pow(2).sum().item() for g in grads[i]))
+        weight = math.sqrt(sum(w.double().pow(2).sum().item() for w in before[i]))
+        assert stats[f"diag/update_ratio/layer_{i:02d}"] == pytest.approx(delta / weight, rel=1e-4)
+    assert 0 < stats["diag/update_ratio_global"] < 1
+    assert diag.after_step() == {}  # the snapshot is used once
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_no_trace_when_not_armed(placement: str) -> None:
+    model = tiny_model(placement)
+    ids = batch()
+    with torch.no_grad():
+        reference = model(ids).logits
+    diag = NormDiagnostics(model)
+    assert no_hooks_left(model)  # construction registers nothing
+    diag.arm()
+    assert not no_hooks_left(model)
+    _, armed_logits = armed_step_with(diag, model, ids)
+    assert no_hooks_left(model)
+    assert torch.equal(armed_logits, reference)  # hooks only observe
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference)
+    diag.arm()
+    diag.disarm()  # arming and then skipping the step also leaves nothing behind
+    assert no_hooks_left(model)
+
+
+def armed_step_with(diag: NormDiagnostics, model: MiniNormForCausalLM,
+                    ids: torch.Tensor) -> tuple[dict[str, float], torch.Tensor]:
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    return diag.after_backward(), out.logits.detach()
+
+
+def test_layer_key_padding_grows_with_depth() -> None:
+    diag = NormDiagnostics(tiny_model("pre"))
+    assert diag.key("resid_rms", 3) == "diag/resid_rms/layer_03"
+    diag.width = 3
+    assert diag.key("resid_rms", 3) == "diag/resid_rms/layer_003"
+
+
+def test_metric_matrix_and_heatmaps(tmp_path) -> None:
+    lines = [
+        {"step": 0, "loss": 5.0},
+        {"step": 10, "diag/resid_rms/layer_00": 1.0, "diag/resid_rms/layer_01": 2.0, "diag/grad_norm_global": 3.0},
+        {"step": 20, "diag/resid_rms/layer_00": 1.5, "diag/grad_norm/layer_01": 0.1, "diag/grad_norm_global": 2.0},
+        {"step": 20, "diag/resid_rms/layer_01": 2.5},  # the same step logged in two lines merges
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n{broken\n")
+    assert layer_quantities(lines) == ["grad_norm", "resid_rms"]
+    steps, matrix = metric_matrix(path, "resid_rms")
+    np.testing.assert_array_equal(steps, [10, 20])
+    np.testing.assert_array_equal(matrix, [[1.0, 1.5], [2.0, 2.5]])
+    steps, matrix = metric_matrix(path, "grad_norm")
+    np.testing.assert_array_equal(steps, [20])
+    assert np.isnan(matrix[0, 0]) and matrix[1, 0] == 0.1
+    steps, values = metric_series(path, "diag/grad_norm_global")
+    np.testing.assert_array_equal(values, [3.0, 2.0])
+
+    from eval.diagnostics import main
+    written = main([str(tmp_path), "--out", str(tmp_path / "plots")])
+    assert {p.name for p in written} == {"resid_rms.png", "grad_norm.png", "global.png"}
+    assert all(p.stat().st_size > 1000 for p in written)
+
+
+def test_end_to_end_with_adamw_and_real_log_lines(tmp_path) -> None:
+    """A few training steps as the training core runs them, logged to jsonl and plotted."""
+    model = tiny_model("sandwich", "prmsnorm")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    diag = NormDiagnostics(model)
+    path = tmp_path / "metrics.jsonl"
+    with path.open("w") as f:
+        for step in range(4):
+            if step % 2 == 0:
+                diag.arm()
+            ids = batch(step)
+            model(ids, labels=ids).loss.backward()
+            stats = diag.after_backward() if diag.armed else {}
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+            stats.update(diag.after_step())
+            f.write(json.dumps({"step": step, **stats}) + "\n")
+            assert no_hooks_left(model)
+    steps, matrix = metric_matrix(path, "update_ratio")
+    np.testing.assert_array_equal(steps, [0, 2])
+    assert matrix.shape == (LAYERS, 2) and np.isfinite(matrix).all() and (matrix > 0).all()
+    from eval.diagnostics import plot_run
+    assert len(plot_run(path, tmp_path / "plots")) >= 10

@@ -33,7 +33,7 @@ def rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, k: int) -> tuple[Tensor,
 
 @rms_norm_fwd.register_fake
 def _(x: Tensor, weight: Tensor, eps: float, k: int) -> tuple[Tensor, Tensor]:
-    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=kern.acc_dtype(x.dtype))
 
 
 @torch.library.custom_op("mininorm::rms_norm_bwd", mutates_args=())
@@ -77,7 +77,7 @@ def add_rms_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, eps: float, k:
 def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float, k: int) -> tuple[Tensor, Tensor, Tensor]:
     dtype = torch.promote_types(x.dtype, residual.dtype)
     return (x.new_empty(x.shape, dtype=dtype), x.new_empty(x.shape, dtype=dtype),
-            x.new_empty(x.shape[:-1], dtype=torch.float32))
+            x.new_empty(x.shape[:-1], dtype=kern.acc_dtype(dtype)))
 
 
 @torch.library.custom_op("mininorm::add_rms_norm_bwd", mutates_args=())

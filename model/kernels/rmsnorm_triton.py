@@ -1,7 +1,8 @@
 """Triton kernels for (partial) RMSNorm, optionally fused with the residual add, and their launchers.
 
 Math (DESIGN.md, "The norms, exactly"): for a row x of n elements, k = ceil(n*p) leading elements give the
-statistic r = rsqrt(mean(x[:k]^2) + eps) (fp32); y = x * r * w, computed in fp32 and cast to the output dtype.
+statistic r = rsqrt(mean(x[:k]^2) + eps) (fp32); y = x * r * w, computed in fp32 and cast to the output dtype
+(fp64 inputs compute in fp64, like the eager reference, so gradcheck applies).
 Backward, g = dy * w:  dx_i = r*g_i - [i<k] * r^3 * x_i * (1/k) * sum_j g_j*x_j  and  dw = sum_rows dy*x*r.
 
 Layout: each launcher sees a 2-D view [M, N] whose last dim is contiguous (rows may be strided). A program owns
@@ -25,13 +26,22 @@ import triton.language as tl
 
 MAX_N = 65536  # one row must fit in one program's registers (fp32 statistics over a single block)
 
+# The kernels use only builtins of triton.language, never its @jit helpers (tl.sum, tl.zeros): those were
+# decorated when triton was imported, for the backend in force then, and raise if the interpreter is switched on
+# later. Sums go through tl.reduce with triton's own add combiner, which the interpreter also maps to numpy's sum.
+_add = getattr(tl.standard, "_sum_combine", None)
+if _add is None:  # a future triton without it: our own combiner (the interpreter then loops in Python)
+    @triton.jit
+    def _add(a, b):
+        return a + b
+
 
 def _rms_norm_fwd_kernel(
     X, R, W, Y, H, RSTD,
     M, N, K,
     stride_x, stride_r, stride_y, stride_h,
     eps, inv_k,
-    HAS_RESIDUAL: tl.constexpr, PARTIAL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, PARTIAL: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -40,23 +50,26 @@ def _rms_norm_fwd_kernel(
     mask = row_ok[:, None] & (cols < N)[None, :]
     rows64 = rows.to(tl.int64)[:, None]  # M * stride can pass 2^31 at LLM shapes
 
-    x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(ACC)
     if HAS_RESIDUAL:
-        res = tl.load(R + rows64 * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        res = tl.load(R + rows64 * stride_r + cols[None, :], mask=mask, other=0.0).to(ACC)
         h = (x + res).to(H.dtype.element_ty)
         tl.store(H + rows64 * stride_h + cols[None, :], h, mask=mask)
         # Normalize the rounded sum, exactly what the unfused `norm(x + residual)` sees.
-        x = h.to(tl.float32)
+        x = h.to(ACC)
 
     if PARTIAL:
         xs = tl.where((cols < K)[None, :], x, 0.0)
-        mean_sq = tl.sum(xs * xs, axis=1) * inv_k
+        mean_sq = tl.reduce(xs * xs, 1, _add) * inv_k
     else:
-        mean_sq = tl.sum(x * x, axis=1) * inv_k
-    rstd = tl.rsqrt(mean_sq + eps)
+        mean_sq = tl.reduce(x * x, 1, _add) * inv_k
+    if ACC == tl.float64:
+        rstd = 1.0 / tl.sqrt(mean_sq + eps)  # fp64 (gradcheck): sqrt is exact-rounded on every backend
+    else:
+        rstd = tl.rsqrt(mean_sq + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
-    w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=cols < N, other=0.0).to(ACC)
     y = x * rstd[:, None] * w[None, :]
     tl.store(Y + rows64 * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
@@ -66,7 +79,7 @@ def _rms_norm_bwd_kernel(
     M, N, K, rows_per_program,
     stride_dy, stride_x, stride_dh, stride_dx, stride_dr,
     inv_k,
-    HAS_DH: tl.constexpr, HAS_DR: tl.constexpr, PARTIAL: tl.constexpr,
+    HAS_DH: tl.constexpr, HAS_DR: tl.constexpr, PARTIAL: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -74,33 +87,36 @@ def _rms_norm_bwd_kernel(
     row_end = tl.minimum(row_start + rows_per_program, M)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)
+    dw_acc = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
 
     for first in range(row_start, row_end, BLOCK_M):
         rows = first + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
         mask = row_ok[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)[:, None]
-        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(ACC)
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(ACC)
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
 
+        # In terms of xhat = x*r the formula reads  dx = r * (g - [i<k] * xhat * (1/k) * sum_j g_j*xhat_j):
+        # the same value as r*g - r^3*x*mean(g*x), but r^3 (1e-51 for rows of 1e17) never underflows.
+        xhat = x * rstd[:, None]
         g = dy * w[None, :]
-        # (1/k) * sum over all n of g*x: every element is scaled by r, only the first k feed r.
-        mean_gx = tl.sum(g * x, axis=1) * inv_k
-        corr = x * (rstd * rstd * rstd * mean_gx)[:, None]
+        # The sum runs over all n (every element is scaled by r); only the first k elements feed r.
+        c = tl.reduce(g * xhat, 1, _add) * inv_k
+        corr = xhat * c[:, None]
         if PARTIAL:
             corr = tl.where((cols < K)[None, :], corr, 0.0)
-        dx = rstd[:, None] * g - corr
+        dx = (g - corr) * rstd[:, None]
         if HAS_DH:  # the residual variant: the returned sum h also received a gradient
-            dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(ACC)
         tl.store(DX + rows64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_DR:  # the same gradient for the residual input, written separately (no shared tensor)
             tl.store(DR + rows64 * stride_dr + cols[None, :], dx.to(DR.dtype.element_ty), mask=mask)
-        dw_acc += dy * x * rstd[:, None]
+        dw_acc += dy * xhat
 
-    tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+    tl.store(DW_PARTIAL + pid * N + cols, tl.reduce(dw_acc, 0, _add), mask=col_ok)
 
 
 @functools.cache
@@ -157,6 +173,15 @@ def bwd_programs(m: int, block_m: int, device: torch.device) -> tuple[int, int]:
     return math.ceil(m / rows), rows
 
 
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The statistics/accumulation dtype: fp32, or fp64 for fp64 inputs (gradcheck, references)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _tl_acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
     """A [M, N] view with unit stride along N (copies only when no such view exists)."""
     if t.stride(-1) != 1:
@@ -177,7 +202,9 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
 
 def rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, k: int
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """y = rmsnorm(x [+ residual]) over the last dim. Returns (y, h or None, rstd fp32 of shape x.shape[:-1]).
+    """y = rmsnorm(x [+ residual]) over the last dim. Returns (y, h or None, rstd of shape x.shape[:-1]).
+
+    rstd is fp32 (fp64 for fp64 inputs), 4 bytes per row saved for the backward.
 
     With a residual, h = x + residual (fp32 add, stored in the promoted dtype) and y = norm(h) in h's dtype.
     """
@@ -195,7 +222,8 @@ def rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     m = x2.shape[0]
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     h = torch.empty(x.shape, dtype=out_dtype, device=x.device) if residual is not None else None
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    acc = acc_dtype(out_dtype)
+    rstd = torch.empty(x.shape[:-1], dtype=acc, device=x.device)
     if m == 0 or n == 0:
         return y, h, rstd
     r2 = _as_rows(residual) if residual is not None else x2
@@ -206,7 +234,7 @@ def rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         m, n, k,
         x2.stride(0), r2.stride(0), n, n,
         float(eps), 1.0 / k,
-        HAS_RESIDUAL=residual is not None, PARTIAL=k < n,
+        HAS_RESIDUAL=residual is not None, PARTIAL=k < n, ACC=_tl_acc(acc),
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
     )
     return y, h, rstd
@@ -234,7 +262,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
             dr.zero_()
         return dx, dr, torch.zeros_like(weight)
     programs, rows_per_program = bwd_programs(m, block_m, x.device)
-    dw_partial = torch.empty((programs, n), dtype=torch.float32, device=x.device)
+    acc = acc_dtype(x.dtype)
+    dw_partial = torch.empty((programs, n), dtype=acc, device=x.device)
     dx2 = dx.view(-1, n)
     dr2 = dr.view(-1, n) if dr is not None else dx2
     _, bwd = _kernels()
@@ -243,7 +272,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
         m, n, k, rows_per_program,
         dy2.stride(0), x2.stride(0), dh2.stride(0) if dh2 is not None else 0, n, n,
         1.0 / k,
-        HAS_DH=dh is not None, HAS_DR=dr is not None, PARTIAL=k < n,
+        HAS_DH=dh is not None, HAS_DR=dr is not None, PARTIAL=k < n, ACC=_tl_acc(acc),
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
     )
     dw = dw_partial.sum(dim=0).to(weight.dtype)  # fixed-order reduction: deterministic

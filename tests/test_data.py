@@ -1,0 +1,366 @@
+"""Datasets and the default corpus: SFT label masks token by token, packing, MiniMind files, bad input,
+deterministic and leak-free splits."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from dataset.corpus import _is_current, corpus_paths, dialog_windows, ensure_default_corpus, is_validation
+from dataset.jsonl import scan_jsonl
+from dataset.pretrain_dataset import PretrainDataset
+from dataset.sft_dataset import IGNORE_INDEX, SFTDataset
+
+IM_START, IM_END, PAD = 1, 2, 0
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    """Rows are dicts (dumped as JSON) or raw strings (written verbatim, for malformed lines)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n")
+    return path
+
+
+def expected_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Independent expectation, built piece by piece from the format definition: each message is
+    <|im_start|> + "role\\n" + content + <|im_end|> + "\\n"; only an assistant's content and <|im_end|> are
+    labelled."""
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ids: list[int] = []
+    labels: list[int] = []
+    for m in messages:
+        supervised = m["role"] == "assistant"
+        header, content, newline = [IM_START, *enc(m["role"] + "\n")], enc(m["content"]), enc("\n")
+        ids += header + content + [IM_END] + newline
+        labels += [IGNORE_INDEX] * len(header)
+        labels += (content + [IM_END]) if supervised else [IGNORE_INDEX] * (len(content) + 1)
+        labels += [IGNORE_INDEX] * len(newline)
+    return ids, labels
+
+
+SINGLE = [{"role": "user", "content": "What is a cat?"}, {"role": "assistant", "content": "A small furry animal."}]
+MULTI = [
+    {"role": "user", "content": "Hi there"},
+    {"role": "assistant", "content": "Hello! How can I help?"},
+    {"role": "user", "content": "Tell me a joke."},
+    {"role": "assistant", "content": "Why did the chicken cross the road?"},
+    {"role": "user", "content": "Why?"},
+    {"role": "assistant", "content": "To get to the other side 🐔."},
+]
+WITH_SYSTEM = [
+    {"role": "system", "content": "You are a concise assistant."},
+    {"role": "user", "content": "你好，你是谁？"},
+    {"role": "assistant", "content": "我是一个小模型。"},
+    {"role": "user", "content": "Thanks"},
+    {"role": "assistant", "content": "You're welcome."},
+]
+
+
+@pytest.fixture()
+def cache(tmp_path):
+    return tmp_path / "hf_cache"
+
+
+# ---------------------------------------------------------------- SFT masks
+
+
+@pytest.mark.parametrize("messages", [SINGLE, MULTI, WITH_SYSTEM], ids=["single", "multi_turn", "system"])
+def test_sft_labels_token_by_token(tmp_path, cache, tokenizer, messages):
+    path = write_jsonl(tmp_path / "sft.jsonl", [{"conversations": messages}])
+    ds = SFTDataset(path, tokenizer, max_seq_len=512, cache_dir=cache)
+    ids, labels = expected_tokens(tokenizer, messages)
+    item = ds[0]
+    assert item["input_ids"].tolist() == ids
+    assert item["labels"].tolist() == labels
+    # The same ids inference gets from the chat template.
+    assert ids == tokenizer.apply_chat_template(messages, tokenize=True)["input_ids"]
+    # Every assistant turn is supervised, and nothing else: content + <|im_end|> per turn.
+    supervised = [t for t, lab in zip(ids, labels) if lab != IGNORE_INDEX]
+    answers = [m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant"]
+    assert tokenizer.decode(supervised) == "".join(answers)
+    assert labels.count(IM_END) == len(answers)
+    assert ds.stats["supervised_tokens"] == len(supervised)
+
+
+def test_sft_mask_boundaries(tmp_path, cache, tokenizer):
+    """The header before an answer and the newline after its <|im_end|> are never labelled."""
+    ds = SFTDataset(write_jsonl(tmp_path / "s.jsonl", [{"conversations": MULTI}]), tokenizer, 512, cache_dir=cache)
+    ids, labels = ds[0]["input_ids"].tolist(), ds[0]["labels"].tolist()
+    header = [IM_START, *tokenizer("assistant\n", add_special_tokens=False)["input_ids"]]
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    for i in range(len(ids)):
+        if ids[i : i + len(header)] == header:
+            assert all(lab == IGNORE_INDEX for lab in labels[i : i + len(header)])
+            assert labels[i + len(header)] != IGNORE_INDEX  # the first content token is learned
+        if ids[i] == IM_END:
+            assert labels[i + 1 : i + 1 + len(newline)] == [IGNORE_INDEX] * len(newline)
+
+
+def test_sft_truncation_keeps_prefix_and_drops_unsupervised(tmp_path, cache, tokenizer):
+    long_user = [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "ok"}]
+    no_assistant = [{"role": "user", "content": "anyone?"}]
+    path = write_jsonl(tmp_path / "t.jsonl", [{"conversations": MULTI}, {"conversations": long_user}, {"conversations": no_assistant}])
+    full_ids, full_labels = expected_tokens(tokenizer, MULTI)
+    # Cut in the middle of the second answer.
+    cut = full_labels.index(IM_END) + 12
+    ds = SFTDataset(path, tokenizer, max_seq_len=cut, cache_dir=cache)
+    assert len(ds) == 1
+    assert ds[0]["input_ids"].tolist() == full_ids[:cut]
+    assert ds[0]["labels"].tolist() == full_labels[:cut]
+    assert ds.stats["conversations"] == 3
+    assert ds.stats["samples"] == 1
+    assert ds.stats["dropped_no_supervision"] == 2
+    assert ds.stats["truncated"] == 1
+    assert ds.stats["supervised_tokens"] == sum(lab != IGNORE_INDEX for lab in full_labels[:cut])
+    for i in range(len(ds)):
+        assert (ds[i]["labels"] != IGNORE_INDEX).any()
+
+
+def test_sft_collate_pads_right(tmp_path, cache, tokenizer):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"conversations": SINGLE}, {"conversations": MULTI}])
+    ds = SFTDataset(path, tokenizer, 512, cache_dir=cache)
+    batch = next(iter(DataLoader(ds, batch_size=2, collate_fn=ds.collate)))
+    lengths = [len(ds[0]["input_ids"]), len(ds[1]["input_ids"])]
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape == (2, max(lengths))
+    short = lengths.index(min(lengths))
+    n = lengths[short]
+    assert batch["input_ids"][short, :n].tolist() == ds[short]["input_ids"].tolist()
+    assert (batch["input_ids"][short, n:] == PAD).all()
+    assert (batch["labels"][short, n:] == IGNORE_INDEX).all()
+    assert batch["attention_mask"][short].tolist() == [1] * n + [0] * (max(lengths) - n)
+    assert batch["input_ids"].dtype == torch.long
+
+
+def test_minimind_sft_file_loads_unchanged(tmp_path, cache, tokenizer):
+    rows = [
+        {"conversations": [{"role": "system", "content": "You are MiniMind."}, *SINGLE]},
+        {"conversations": [{"role": "user", "content": "2+2?"},
+                           {"role": "assistant", "content": "4", "reasoning_content": "Add them."}],
+         "tools": "[]"},
+        {"conversations": [{"role": "user", "content": "Weather?"},
+                           {"role": "assistant", "content": None},
+                           {"role": "assistant", "content": "Sunny."}],
+         "tools": [{"name": "weather", "parameters": {"city": "Paris"}}]},
+    ]
+    path = write_jsonl(tmp_path / "sft_mini.jsonl", rows)
+    ds = SFTDataset(path, tokenizer, 512, cache_dir=cache)
+    assert len(ds) == 3 and ds.stats["skipped_lines"] == 0
+    ids, labels = expected_tokens(tokenizer, rows[0]["conversations"])
+    assert ds[0]["input_ids"].tolist() == ids and ds[0]["labels"].tolist() == labels
+    # Extra fields are ignored; a null content is an empty message.
+    ids, labels = expected_tokens(tokenizer, [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}])
+    assert ds[1]["labels"].tolist() == labels
+    weather = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": ""},
+               {"role": "assistant", "content": "Sunny."}]
+    assert ds[2]["labels"].tolist() == expected_tokens(tokenizer, weather)[1]
+
+
+def test_sft_rejects_non_chatml_tokenizer(tmp_path, cache, tokenizer):
+    import copy
+
+    other = copy.deepcopy(tokenizer)
+    other.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(ValueError, match="ChatML"):
+        SFTDataset(write_jsonl(tmp_path / "x.jsonl", [{"conversations": SINGLE}]), other, 64, cache_dir=cache)
+
+
+# ---------------------------------------------------------------- packing
+
+
+def _docs(n: int) -> list[str]:
+    return [f"Document {i}: " + "lorem ipsum dolor " * (i % 7) + ("你好" if i % 3 == 0 else "end.") for i in range(n)]
+
+
+def test_packing_has_no_padding_and_loses_no_token(tmp_path, cache, tokenizer):
+    docs = _docs(2500)  # > 1000 rows: several Arrow chunks, so rows are gathered across chunk borders
+    path = write_jsonl(tmp_path / "pre.jsonl", [{"text": d} for d in docs])
+    L = 64
+    ds = PretrainDataset(path, tokenizer, max_seq_len=L, cache_dir=cache)
+    assert ds._tokens.data.column("input_ids").num_chunks > 1
+    stream = []
+    for d in docs:
+        stream += tokenizer(d, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert len(ds) == len(stream) // L
+    packed = torch.cat([ds[i]["input_ids"] for i in range(len(ds))]).tolist()
+    assert packed == stream[: len(ds) * L]  # same tokens, same order, nothing lost but the short tail
+    assert all(ds[i]["input_ids"].shape == (L,) and torch.equal(ds[i]["input_ids"], ds[i]["labels"]) for i in range(len(ds)))
+    assert PAD not in packed
+    stats = ds.stats
+    assert stats["documents"] == len(docs) and stats["tokens"] == len(stream)
+    assert stats["sequences"] == len(ds) and stats["padding_tokens"] == 0
+    assert stats["dropped_tail_tokens"] == len(stream) - len(ds) * L < L
+    assert stats["packing_efficiency"] == pytest.approx(len(ds) * L / len(stream))
+    assert stats["packing_efficiency"] >= 0.99
+    assert stats["padded_baseline_efficiency"] < stats["packing_efficiency"]
+    assert torch.equal(ds[-1]["input_ids"], ds[len(ds) - 1]["input_ids"])
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+    # Default collate; and a pickled copy (what DataLoader workers get) reads the same rows.
+    batch = next(iter(DataLoader(ds, batch_size=4)))
+    assert batch["input_ids"].shape == (4, L) and batch["input_ids"].dtype == torch.long
+    clone = pickle.loads(pickle.dumps(ds))
+    assert torch.equal(clone[7]["input_ids"], ds[7]["input_ids"])
+    # The second load reuses the cached tokenization.
+    again = PretrainDataset(path, tokenizer, max_seq_len=L, cache_dir=cache)
+    assert again._tokens.cache_files == ds._tokens.cache_files and again.stats == stats
+
+
+def test_packing_with_num_proc_matches(tmp_path, cache, tokenizer):
+    path = write_jsonl(tmp_path / "pre.jsonl", [{"text": d} for d in _docs(300)])
+    one = PretrainDataset(path, tokenizer, 32, cache_dir=cache)
+    two = PretrainDataset(path, tokenizer, 32, num_proc=2, cache_dir=cache)
+    assert len(one) == len(two)
+    assert all(torch.equal(one[i]["input_ids"], two[i]["input_ids"]) for i in range(len(one)))
+
+
+def test_minimind_pretrain_file_loads_unchanged(tmp_path, cache, tokenizer):
+    rows = [{"text": "<|im_start|>鉴别一组中文文章的风格和特点。<|im_end|>"}, {"text": "Plain English text. " * 20}]
+    path = write_jsonl(tmp_path / "pretrain_hq.jsonl", rows)
+    assert scan_jsonl(path, "text", cache_dir=cache).load_path == str(path.resolve())  # loaded as is
+    ds = PretrainDataset(path, tokenizer, 16, cache_dir=cache)
+    first = tokenizer(rows[0]["text"], add_special_tokens=False)["input_ids"]
+    assert ds[0]["input_ids"].tolist() == first[:16]
+    assert first[0] == IM_START  # special tokens inside MiniMind text stay special tokens
+
+
+def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
+    with pytest.raises(ValueError, match="less than one sequence"):
+        PretrainDataset(write_jsonl(tmp_path / "tiny.jsonl", [{"text": "hi"}]), tokenizer, 512, cache_dir=cache)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kind, rows, line, message",
+    [
+        ("text", [{"text": "ok"}, {"txt": "typo"}, {"text": "ok"}], 2, 'missing "text" field'),
+        ("text", [{"text": "ok"}, {"text": "ok"}, '{"text": "unterminated'], 3, "invalid JSON"),
+        ("text", [{"text": 5}], 1, '"text" must be a string'),
+        ("text", [["a list"]], 1, "expected a JSON object"),
+        ("conversations", [{"conversations": SINGLE}, {"messages": SINGLE}], 2, 'missing "conversations" field'),
+        ("conversations", [{"conversations": []}], 1, "non-empty list"),
+        ("conversations", [{"conversations": SINGLE}, {"conversations": [{"content": "no role"}]}], 2, 'no "role"'),
+        ("conversations", [{"conversations": [{"role": "user", "content": 3}]}], 1, 'no "content"'),
+    ],
+)
+def test_bad_line_error_names_file_and_line(tmp_path, cache, tokenizer, kind, rows, line, message):
+    path = write_jsonl(tmp_path / "data.jsonl", rows)
+    cls = PretrainDataset if kind == "text" else SFTDataset
+    with pytest.raises(ValueError) as info:
+        cls(path, tokenizer, 8, cache_dir=cache)
+    text = str(info.value)
+    assert text.startswith(f"{path}:{line}: ") and message in text
+    assert "\n" not in text
+
+
+def test_skip_bad_lines_reports_count(tmp_path, cache, tokenizer):
+    rows = [{"text": "good one " * 10}, "not json", {"wrong": 1}, "", {"text": "good two " * 10}]
+    path = write_jsonl(tmp_path / "data.jsonl", rows)
+    with pytest.raises(ValueError, match=r"data\.jsonl:2: invalid JSON"):
+        PretrainDataset(path, tokenizer, 8, cache_dir=cache)
+    ds = PretrainDataset(path, tokenizer, 8, skip_bad_lines=True, cache_dir=cache)
+    assert ds.stats["skipped_lines"] == 2 and ds.stats["documents"] == 2
+    sft_rows = [{"conversations": SINGLE}, "{oops", {"conversations": MULTI}]
+    sft = SFTDataset(write_jsonl(tmp_path / "s.jsonl", sft_rows), tokenizer, 512, skip_bad_lines=True, cache_dir=cache)
+    assert sft.stats["skipped_lines"] == 1 and len(sft) == 2
+    assert sft[1]["labels"].tolist() == expected_tokens(tokenizer, MULTI)[1]
+
+
+@pytest.mark.parametrize("cls", [PretrainDataset, SFTDataset])
+def test_empty_file_is_an_error(tmp_path, cache, tokenizer, cls):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{path}: no .* records"):
+        cls(path, tokenizer, 8, cache_dir=cache)
+    only_bad = write_jsonl(tmp_path / "bad.jsonl", ["{", "[1"])
+    with pytest.raises(ValueError, match=r"no .* records.*2 bad lines skipped"):
+        cls(only_bad, tokenizer, 8, skip_bad_lines=True, cache_dir=cache)
+
+
+# ---------------------------------------------------------------- default corpus
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_default_corpus_format_and_sizes(default_corpus):
+    pretrain = _lines(default_corpus.pretrain_train) + _lines(default_corpus.pretrain_val)
+    sft = _lines(default_corpus.sft_train) + _lines(default_corpus.sft_val)
+    assert all(set(r) == {"text"} and r["text"].strip() for r in pretrain)
+    assert len(pretrain) > 14_000 and len(sft) > 20_000
+    for row in sft:
+        turns = row["conversations"]
+        roles = [m["role"] for m in turns]
+        assert roles == ["user", "assistant"] * (len(roles) // 2) and roles  # alternate, end on an answer
+        assert all(m["content"].strip() for m in turns)
+    assert sum(len(r["conversations"]) > 2 for r in sft) > 5_000  # plenty of multi-turn dialogs
+    assert any("\u4e00" <= c <= "\u9fff" for r in sft[:5000] for m in r["conversations"] for c in m["content"])
+    val_share = len(_lines(default_corpus.sft_val)) / len(sft)
+    assert 0.01 < val_share < 0.03
+
+
+def _segments(text: str) -> set[str]:
+    """Sentence-or-line pieces long enough to identify their source."""
+    return {piece.strip() for piece in re.split(r"(?<=[.!?])\s+|\n", text) if len(piece.strip()) >= 60}
+
+
+def test_default_corpus_splits_are_disjoint(default_corpus):
+    pretrain_train = {r["text"] for r in _lines(default_corpus.pretrain_train)}
+    pretrain_val = {r["text"] for r in _lines(default_corpus.pretrain_val)}
+    assert not pretrain_train & pretrain_val
+    key = lambda r: json.dumps(r["conversations"])  # noqa: E731
+    assert not {key(r) for r in _lines(default_corpus.sft_train)} & {key(r) for r in _lines(default_corpus.sft_val)}
+    # No validation answer leaks into the pretraining train split either (one split key for both stages):
+    # every long sentence of a val answer is found in the pretraining *val* text and nowhere in train.
+    train_pieces = set().union(*map(_segments, pretrain_train))
+    val_pieces = set().union(*map(_segments, pretrain_val))
+    answers = [m["content"] for r in _lines(default_corpus.sft_val) for m in r["conversations"] if m["role"] == "assistant"]
+    answer_pieces = set().union(*map(_segments, answers))
+    assert len(answer_pieces) > 300
+    assert len(answer_pieces & val_pieces) > 0.9 * len(answer_pieces)
+    # Different articles share the odd stock sentence ("He is among the most influential ... figures in the
+    # history of jazz" is in both Miles Davis and John Coltrane), so allow a handful, not a leak.
+    assert len(answer_pieces & train_pieces) <= 3
+
+
+def test_default_corpus_is_deterministic_and_cached(tmp_path, default_corpus):
+    rebuilt = ensure_default_corpus(tmp_path / "again", quiet=True)
+    for name in ("pretrain_train", "pretrain_val", "sft_train", "sft_val"):
+        assert getattr(rebuilt, name).read_bytes() == getattr(default_corpus, name).read_bytes(), name
+    mtime = rebuilt.sft_train.stat().st_mtime_ns
+    started = time.perf_counter()
+    assert ensure_default_corpus(tmp_path / "again", quiet=True) == corpus_paths(tmp_path / "again")
+    assert time.perf_counter() - started < 2 and rebuilt.sft_train.stat().st_mtime_ns == mtime  # no-op
+    assert _is_current(tmp_path / "again")
+    rebuilt.pretrain_val.write_text("", encoding="utf-8")  # a damaged cache is not current: it gets rebuilt
+    assert not _is_current(tmp_path / "again")
+
+
+def test_default_corpus_loads_into_datasets(tmp_path, default_corpus, tokenizer):
+    pre = PretrainDataset(default_corpus.pretrain_val, tokenizer, 256, cache_dir=tmp_path)
+    assert pre.stats["packing_efficiency"] >= 0.99
+    sft = SFTDataset(default_corpus.sft_val, tokenizer, 512, cache_dir=tmp_path)
+    assert sft.stats["samples"] > 400 and sft.stats["supervised_tokens"] > 10_000
+
+
+def test_split_assignment_and_windows():
+    assert is_validation("chitchat\x00abc") == is_validation("chitchat\x00abc")
+    share = sum(is_validation(f"k{i}") for i in range(20_000)) / 20_000
+    assert 0.015 < share < 0.025
+    turns = ["q1", "a1" * 10, "q2", "a2", "q3"]  # trailing question without a reply is dropped
+    windows = dialog_windows(turns, max_chars=25)
+    assert windows == [
+        [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1" * 10}],
+        [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}],
+    ]
+    assert dialog_windows(turns, max_chars=1000) == [windows[0] + windows[1]]

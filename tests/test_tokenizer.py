@@ -1,0 +1,127 @@
+"""The committed tokenizer: ids of the special tokens, exact round trips, the ChatML template, and that
+scripts/train_tokenizer.py regenerates the committed files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from dataset.chat_format import CHATML_TEMPLATE, render_chatml
+
+REPO = Path(__file__).resolve().parents[1]
+
+ROUND_TRIP = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Multiple   spaces,\ttabs\nand\n\nnewlines  ",
+    "  leading and trailing whitespace  ",
+    "人工智能是计算机科学的一个分支。你好，世界！",
+    "Emoji 🤖🎉👍🏽, a family 👨‍👩‍👧‍👦 and a flag 🇫🇷.",
+    "Mixed: café naïve Ωμέγα Привет مرحبا 日本語 한국어",
+    "Code:\n    def f(x):\n        return x ** 2  # square\n",
+    "\u200b zero width, \U0001f9ea test tube, \x00 nul and \x7f del",
+]
+
+
+def test_loads_with_auto_tokenizer_and_special_ids():
+    tok = AutoTokenizer.from_pretrained(str(REPO / "model"))
+    assert len(tok) == 6400
+    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2)
+    assert (tok.pad_token, tok.pad_token_id) == ("<|endoftext|>", 0)
+    assert tok.unk_token == "<|endoftext|>"
+    assert tok.bos_token is None
+    assert tok.is_fast
+    # No bos/eos is added behind the user's back.
+    assert tok("hello", add_special_tokens=True)["input_ids"] == tok("hello", add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("text", ROUND_TRIP)
+def test_round_trip_is_exact(tokenizer, text):
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    assert 0 not in ids  # byte-level: never an unknown token
+
+
+def test_special_tokens_are_single_tokens(tokenizer):
+    ids = tokenizer("<|im_start|>user\nhi<|im_end|>\n<|endoftext|>", add_special_tokens=False)["input_ids"]
+    assert ids[0] == 1 and ids[-1] == 0 and ids.count(2) == 1
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "user\nhi\n"
+
+
+def test_chat_template_renders_chatml_exactly(tokenizer):
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello, how can I help?"},
+        {"role": "user", "content": "什么是AI？"},
+        {"role": "assistant", "content": "人工智能 🤖"},
+    ]
+    expected = (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHi!<|im_end|>\n"
+        "<|im_start|>assistant\nHello, how can I help?<|im_end|>\n"
+        "<|im_start|>user\n什么是AI？<|im_end|>\n"
+        "<|im_start|>assistant\n人工智能 🤖<|im_end|>\n"
+    )
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == expected
+    assert tokenizer.apply_chat_template(messages[:4], tokenize=False, add_generation_prompt=True) == (
+        expected[: expected.index("<|im_start|>assistant\n人工")] + "<|im_start|>assistant\n"
+    )
+    assert render_chatml(messages)[0] == expected
+
+
+def test_chat_template_has_no_default_system_prompt(tokenizer):
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_chat_template_token_ids(tokenizer):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    ids = tokenizer.apply_chat_template(messages, tokenize=True)["input_ids"]
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert ids == [1, *enc("user\n"), *enc("Hi"), 2, *enc("\n"), 1, *enc("assistant\n"), *enc("Yo"), 2, *enc("\n")]
+
+
+def test_render_chatml_spans_cover_assistant_content_and_im_end():
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "U2"},
+        {"role": "assistant", "content": ""},
+    ]
+    text, spans = render_chatml(messages)
+    assert [text[a:b] for a, b in spans] == ["A1<|im_end|>", "<|im_end|>"]
+
+
+def test_committed_config_holds_chat_template():
+    config = json.loads((REPO / "model" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["chat_template"] == CHATML_TEMPLATE
+    assert config["eos_token"] == "<|im_end|>" and config["pad_token"] == "<|endoftext|>"
+
+
+def test_train_tokenizer_on_small_corpus(tmp_path):
+    from scripts.train_tokenizer import main
+
+    data = tmp_path / "pretrain.jsonl"
+    texts = ["hello world, hello tokenizer", "你好世界", "emoji 🎉 party", "the the the cat sat"] * 50
+    data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    main(["--vocab_size", "300", "--data_path", str(data), "--out_dir", str(tmp_path / "tok")])
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    assert len(tok) == 300
+    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert tok.chat_template == CHATML_TEMPLATE
+    for text in ROUND_TRIP:
+        assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_script_regenerates_committed_tokenizer(tmp_path, default_corpus):
+    """The committed files are exactly what the script produces from the default corpus."""
+    from scripts.train_tokenizer import main
+
+    main(["--data_path", str(default_corpus.pretrain_train), "--out_dir", str(tmp_path)])
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (REPO / "model" / name).read_bytes(), name

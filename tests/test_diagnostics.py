@@ -230,3 +230,17 @@ def test_end_to_end_with_adamw_and_real_log_lines(tmp_path) -> None:
     assert matrix.shape == (LAYERS, 2) and np.isfinite(matrix).all() and (matrix > 0).all()
     from eval.diagnostics import plot_run
     assert len(plot_run(path, tmp_path / "plots")) >= 10
+
+
+def test_loss_scale_divides_gradient_statistics() -> None:
+    """With fp16 loss scaling the grads are still scaled when after_backward runs; loss_scale undoes it."""
+    ids = batch()
+    plain, _ = armed_step(tiny_model("pre"), ids)
+    model = tiny_model("pre")
+    diag = NormDiagnostics(model)
+    diag.arm()
+    (model(ids, labels=ids).loss * 1024.0).backward()
+    scaled = diag.after_backward(loss_scale=1024.0)
+    assert scaled.keys() == plain.keys()
+    for key, value in plain.items():
+        assert scaled[key] == pytest.approx(value, rel=1e-5), key

@@ -14,8 +14,10 @@ Usage in a training loop (the model is the unwrapped MiniNormForCausalLM):
 With gradient accumulation, arm() before the forward of the LAST micro-step of an optimizer step and call
 after_backward() after its backward: activation statistics then come from that one micro-batch, while the
 gradient norms read `.grad`, i.e. the gradient accumulated over all micro-steps -- the one clipping sees.
-With fp16 loss scaling, call it after `accelerator.unscale_gradients()` (or divide by the scale); bf16 and fp32
-need nothing. Under DDP, activation statistics are this rank's; gradients are already all-reduced.
+With fp16 loss scaling the gradients are still scaled at that point: pass the scaler's current scale as
+`after_backward(loss_scale=...)`; bf16 and fp32 need nothing. Under DDP, activation statistics are this
+rank's; gradients are already all-reduced. resid_grad_rms is the gradient of the loss as backpropagated,
+i.e. including any 1/accumulation or loss-scale factor the trainer multiplies the loss by.
 
 When not armed, no hook is registered anywhere: the model runs exactly as without this module.
 
@@ -164,8 +166,11 @@ class NormDiagnostics:
         self._patched.append(norm)
 
     # ------------------------------------------------------------------------------------------ results
-    def after_backward(self) -> dict[str, float]:
-        """Remove the hooks; return the activation statistics and the gradient norms (call before clipping)."""
+    def after_backward(self, loss_scale: float = 1.0) -> dict[str, float]:
+        """Remove the hooks; return the activation statistics and the gradient norms (call before clipping).
+
+        `loss_scale`: the fp16 GradScaler's current scale when the gradients are still scaled (the gradient
+        norms and resid_grad_rms are divided by it); 1.0 for bf16/fp32 or already-unscaled gradients."""
         self.disarm()
         values: dict[str, torch.Tensor] = dict(self._values)
         self._values = {}
@@ -181,6 +186,10 @@ class NormDiagnostics:
                 squares = [grad_sq[id(p)] for p in module.parameters() if id(p) in grad_sq]
                 if squares:
                     values[self.key(quantity, i)] = torch.stack(squares).sum().sqrt()
+        if loss_scale != 1.0:
+            for key in values:
+                if "/grad_norm" in key or "/resid_grad_rms" in key:
+                    values[key] = values[key] / loss_scale
         return _to_floats(values)
 
     @torch.no_grad()

@@ -1,0 +1,123 @@
+"""Step-time overhead of the normalization diagnostics (trainer/diagnostics.py).
+
+    python eval/bench_diagnostics.py                 # cpu-default preset, batch 8 x seq 256, AdamW, fp32
+    python eval/bench_diagnostics.py --blocks 6 --intervals 1,10,50,100
+
+A training step here is what the training core does: forward, backward, clip_grad_norm_, AdamW step,
+zero_grad; with diagnostics, arm() before the forward, after_backward() after the backward, after_step() after
+the optimizer step, on steps where step % interval == 0. Batches are random tokens (step time does not depend on
+the data). Modes are run interleaved, in blocks of `--block_steps` steps, so that drifting machine load hits
+every mode alike.
+
+Reported per mode: the median single-step time, and the median over blocks of each block's mean step time (the
+honest number for "every k steps", whose slow armed step a per-step median would hide). The overhead at an
+interval k is also derived from the armed-step cost: (median armed step - median plain step) / k.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `import model...` work from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from model.config import MiniNormConfig
+from model.model import MiniNormForCausalLM
+from trainer.diagnostics import NormDiagnostics
+
+
+def train_step(model: MiniNormForCausalLM, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
+               diag: NormDiagnostics | None) -> float:
+    """One optimizer step; returns its wall time in seconds."""
+    start = time.perf_counter()
+    if diag is not None:
+        diag.arm()
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    stats = diag.after_backward() if diag is not None else {}
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if diag is not None:
+        stats.update(diag.after_step())
+    return time.perf_counter() - start
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="cpu-default")
+    parser.add_argument("--norm_type", default="rmsnorm")
+    parser.add_argument("--norm_placement", default="pre")
+    parser.add_argument("--norm_impl", default="auto", help="as in training (auto: compile on CPU)")
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--intervals", default="1,10", help="diagnostic intervals to time besides 'off'")
+    parser.add_argument("--derive", default="10,50,100", help="intervals to derive the overhead for")
+    parser.add_argument("--block_steps", type=int, default=10)
+    parser.add_argument("--blocks", type=int, default=3, help="blocks per mode (steps per mode = blocks x block_steps)")
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(0)
+    config = MiniNormConfig.from_preset(args.preset, norm_type=args.norm_type, norm_placement=args.norm_placement,
+                                        norm_impl=args.norm_impl)
+    model = MiniNormForCausalLM(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    diag = NormDiagnostics(model)
+    ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len))
+    intervals = [int(k) for k in args.intervals.split(",")]
+    modes = ["off"] + [f"every {k}" for k in intervals]
+
+    for i in range(args.warmup):  # compile, allocator, and one armed step each
+        train_step(model, optimizer, ids, diag if i == 0 else None)
+    step_times: dict[str, list[float]] = {m: [] for m in modes}
+    block_means: dict[str, list[float]] = {m: [] for m in modes}
+    armed_times: list[float] = []
+    plain_times: list[float] = []
+    for block in range(args.blocks):
+        for mode in modes:
+            interval = None if mode == "off" else int(mode.split()[1])
+            times = []
+            for step in range(args.block_steps):
+                armed = interval is not None and step % interval == 0
+                t = train_step(model, optimizer, ids, diag if armed else None)
+                times.append(t)
+                (armed_times if armed else plain_times).append(t)
+            step_times[mode] += times
+            block_means[mode].append(sum(times) / len(times))
+            print(f"block {block} {mode:>9s}: mean step {block_means[mode][-1] * 1e3:7.1f} ms", flush=True)
+
+    base_median = statistics.median(step_times["off"])
+    base_block = statistics.median(block_means["off"])
+    print(f"\n{args.preset}, {args.norm_placement}/{args.norm_type} (norm_impl={args.norm_impl}), batch "
+          f"{args.batch_size} x seq {args.seq_len}, AdamW, fp32, {torch.get_num_threads()} threads, "
+          f"{args.blocks} blocks x {args.block_steps} steps per mode\n")
+    print("| diagnostics | median step (ms) | overhead | median block-mean step (ms) | overhead |")
+    print("|---|---|---|---|---|")
+    rows = {}
+    for mode in modes:
+        med, blk = statistics.median(step_times[mode]), statistics.median(block_means[mode])
+        rows[mode] = (med, blk)
+        print(f"| {mode} | {med * 1e3:.1f} | {100 * (med / base_median - 1):+.1f}% | {blk * 1e3:.1f} | "
+              f"{100 * (blk / base_block - 1):+.1f}% |")
+    armed_cost = statistics.median(armed_times) - statistics.median(plain_times)
+    print(f"\narmed step: median {statistics.median(armed_times) * 1e3:.1f} ms vs plain step "
+          f"{statistics.median(plain_times) * 1e3:.1f} ms: +{armed_cost * 1e3:.1f} ms "
+          f"({100 * armed_cost / statistics.median(plain_times):+.1f}% of one step)")
+    derived = {}
+    for k in (int(k) for k in args.derive.split(",")):
+        derived[k] = armed_cost / k / statistics.median(plain_times)
+        print(f"derived overhead at diag_interval={k}: {100 * derived[k]:+.2f}%")
+    return {"rows": rows, "armed_cost_s": armed_cost, "derived": derived}
+
+
+if __name__ == "__main__":
+    main()

@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.force:
         build_default_corpus(args.cache_dir)
-    paths = ensure_default_corpus(args.cache_dir)
+    ensure_default_corpus(args.cache_dir)
     manifest = json.loads((args.cache_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
     for name, info in manifest["files"].items():
         print(f"{args.cache_dir / name}: {info['records']:,} records, {info['bytes'] / 1e6:.1f} MB")
@@ -288,7 +288,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         from dataset.tokenization import load_tokenizer
 
         print(json.dumps(corpus_stats(load_tokenizer(args.tokenizer)), indent=2))
-    del paths
 
 
 if __name__ == "__main__":

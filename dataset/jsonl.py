@@ -100,7 +100,7 @@ def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> 
                 except UnicodeDecodeError as e:
                     raise BadLine(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
                 except json.JSONDecodeError as e:
-                    raise BadLine(f"invalid JSON ({e.msg} at column {e.colno})") from None
+                    raise BadLine(f"invalid JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
                 record, plain = check(obj)
             except BadLine as e:
                 if not skip_bad_lines:

@@ -124,14 +124,14 @@ class SFTDataset(Dataset):
         if len(self._samples) == 0:
             raise ValueError(f"{path}: no conversation has a supervised token within max_seq_len={max_seq_len}")
         columns = self._samples.with_format("numpy", columns=["supervised", "truncated"])[:]
-        lengths = self._samples.data.column("input_ids").chunks
+        id_chunks = self._samples.data.column("input_ids").chunks
         self.stats = {
             "conversations": len(raw),
             "samples": len(self._samples),
             "dropped_no_supervision": len(raw) - len(self._samples),
             "truncated": int(np.sum(columns["truncated"])),
             "skipped_lines": scan.skipped_lines,
-            "tokens": int(sum(len(chunk.flatten()) for chunk in lengths)),
+            "tokens": int(sum(len(chunk.flatten()) for chunk in id_chunks)),
             "supervised_tokens": int(np.sum(columns["supervised"])),
         }
         self._rows = self._samples.select_columns(["input_ids", "labels"])

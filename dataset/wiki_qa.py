@@ -94,7 +94,7 @@ def _take(sentences: list[str], min_chars: int, max_chars: int) -> tuple[str, li
     return " ".join(taken), sentences[len(taken) :]
 
 
-def _is_past(extract: str, title: str) -> bool:
+def _is_past(extract: str) -> bool:
     """Tense of a biography from its first verb after the name ("X was ..." vs "X is ...")."""
     head = extract[:300]
     was, is_ = head.find(" was "), head.find(" is ")
@@ -104,7 +104,7 @@ def _is_past(extract: str, title: str) -> bool:
 def question_for(article: WikiArticle) -> str:
     h = _hash(article.title, "question")
     if article.topic == "People":
-        be = "was" if _is_past(article.extract, article.title) else "is"
+        be = "was" if _is_past(article.extract) else "is"
         template = PERSON_QUESTIONS[h % len(PERSON_QUESTIONS)]
         return template.format(t=article.title, be=be)
     return GENERAL_QUESTIONS[h % len(GENERAL_QUESTIONS)].format(t=article.title)

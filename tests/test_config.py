@@ -1,0 +1,135 @@
+"""MiniNormConfig: validation messages, presets and their parameter counts, serialization."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from model.config import PRESETS, MiniNormConfig
+from model.model import MiniNormForCausalLM
+
+
+def param_count(config: MiniNormConfig) -> int:
+    """Parameters of the model, tied embedding counted once; built on the meta device (no memory, instant)."""
+    with torch.device("meta"):
+        model = MiniNormForCausalLM(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(("field", "value", "allowed"), [
+    ("norm_type", "batchnorm", ["'rmsnorm'", "'prmsnorm'", "'layernorm'", "'none'"]),
+    ("norm_type", "RMSNorm", ["'rmsnorm'"]),
+    ("norm_placement", "peri", ["'pre'", "'post'", "'sandwich'", "'res_post'"]),
+    ("norm_impl", "cuda", ["'auto'", "'eager'", "'compile'", "'triton'"]),
+    ("prms_p", 0, ["(0, 1]"]),
+    ("prms_p", -0.1, ["(0, 1]"]),
+    ("prms_p", 1.5, ["(0, 1]"]),
+    ("norm_eps", 0.0, ["> 0"]),
+    ("dropout", 1.0, ["[0, 1)"]),
+    ("hidden_size", 0, ["positive integer"]),
+])
+def test_invalid_value_names_field_value_and_allowed(field: str, value: object, allowed: list[str]) -> None:
+    with pytest.raises(ValueError) as info:
+        MiniNormConfig(**{field: value})
+    message = str(info.value)
+    assert f"{field}={value!r}" in message
+    for choice in allowed:
+        assert choice in message
+
+
+def test_heads_must_divide_hidden() -> None:
+    with pytest.raises(ValueError, match=re.escape("num_attention_heads=5")) as info:
+        MiniNormConfig(hidden_size=64, num_attention_heads=5, num_key_value_heads=1)
+    assert "hidden_size=64" in str(info.value)
+
+
+def test_kv_heads_must_divide_heads() -> None:
+    with pytest.raises(ValueError, match=re.escape("num_key_value_heads=3")) as info:
+        MiniNormConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=3)
+    assert "num_attention_heads=4" in str(info.value)
+
+
+def test_head_dim_must_be_even_for_rope() -> None:
+    with pytest.raises(ValueError, match="even"):
+        MiniNormConfig(hidden_size=72, num_attention_heads=8, num_key_value_heads=2)  # head_dim 9
+
+
+def test_valid_values_are_stored_as_plain_strings() -> None:
+    config = MiniNormConfig(norm_type="prmsnorm", norm_placement="res_post", norm_impl="eager", prms_p=1,
+                            qk_norm=True)
+    assert (config.norm_type, config.norm_placement, config.norm_impl) == ("prmsnorm", "res_post", "eager")
+    assert type(config.norm_type) is str and config.prms_p == 1.0 and type(config.prms_p) is float
+    assert '"norm_placement": "res_post"' in config.to_json_string()
+
+
+def test_defaults() -> None:
+    config = MiniNormConfig()
+    assert (config.norm_type, config.norm_placement, config.norm_impl, config.qk_norm) == ("rmsnorm", "pre", "auto",
+                                                                                           False)
+    assert (config.prms_p, config.norm_eps) == (0.0625, 1e-6)
+    assert config.intermediate_size == 704 and config.head_dim == 32
+    assert config.tie_word_embeddings and config.eos_token_id == 2
+
+
+def test_serialization_round_trip_keeps_every_field(tmp_path) -> None:
+    config = MiniNormConfig(hidden_size=128, num_attention_heads=4, num_key_value_heads=1, norm_type="layernorm",
+                            norm_placement="sandwich", prms_p=0.25, norm_eps=1e-5, norm_impl="eager", qk_norm=True,
+                            dropout=0.1, intermediate_size=320)
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert type(loaded) is MiniNormConfig
+    for field in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "norm_type",
+                  "norm_placement", "prms_p", "norm_eps", "norm_impl", "qk_norm", "dropout", "rope_theta"):
+        assert getattr(loaded, field) == getattr(config, field), field
+
+
+def test_loading_an_invalid_config_file_fails_loudly(tmp_path) -> None:
+    MiniNormConfig().save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(path.read_text().replace('"norm_placement": "pre"', '"norm_placement": "middle"'))
+    with pytest.raises(ValueError, match="norm_placement='middle'"):
+        AutoConfig.from_pretrained(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- presets
+
+
+def test_cpu_default_preset() -> None:
+    config = MiniNormConfig.from_preset("cpu-default")
+    count = param_count(config)
+    print(f"cpu-default: {count:,} parameters")
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (256, 4, 6400)
+    assert 4.3e6 < count < 4.7e6
+
+
+def test_minimind_26m_preset_matches_minimind() -> None:
+    config = MiniNormConfig.from_preset("minimind-26m")
+    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+             config.vocab_size, config.intermediate_size)
+    assert shape == (512, 8, 8, 2, 6400, 1408)
+    count = param_count(config)
+    print(f"minimind-26m: {count:,} parameters")
+    # MiniMind2-Small reports 25.83M (tied embedding counted once).
+    assert abs(count - 25.83e6) < 0.05e6
+
+
+def test_minimind_64m_preset() -> None:
+    config = MiniNormConfig.from_preset("minimind-64m")
+    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads)
+    assert shape == (768, 8, 8, 4)
+    count = param_count(config)
+    print(f"minimind-64m: {count:,} parameters")
+    assert 50e6 < count < 65e6
+
+
+def test_preset_overrides_win_and_unknown_preset_is_refused() -> None:
+    config = MiniNormConfig.from_preset("minimind-26m", norm_type="prmsnorm", num_hidden_layers=2)
+    assert (config.hidden_size, config.num_hidden_layers, config.norm_type) == (512, 2, "prmsnorm")
+    with pytest.raises(ValueError) as info:
+        MiniNormConfig.from_preset("gpt2")
+    assert "preset='gpt2'" in str(info.value)
+    for name in PRESETS:
+        assert repr(name) in str(info.value)

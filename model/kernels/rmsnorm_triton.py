@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import triton
@@ -126,7 +127,10 @@ def _jitted(interpret: bool) -> tuple:
 
 
 def _interpreting() -> bool:
-    return bool(triton.knobs.runtime.interpret)
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4; older versions read the variable directly
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def _kernels() -> tuple:

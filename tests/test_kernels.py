@@ -173,6 +173,23 @@ def test_longest_row_and_limits() -> None:
         rms_norm(torch.randn(3, 8), torch.ones(8), EPS, 0.0)
 
 
+@pytest.mark.parametrize("n", [96, 768, 4096])
+def test_gpu_launch_configuration(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """The block sizes, warps and backward grid chosen for an H100 (132 SMs), run by the interpreter."""
+    cuda = torch.device("cuda", 0)  # never touched: only the heuristics read it
+    block_config, bwd_programs = rmsnorm_triton.block_config, rmsnorm_triton.bwd_programs
+    monkeypatch.setattr(rmsnorm_triton, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(rmsnorm_triton, "block_config", lambda n, device: block_config(n, cuda))
+    monkeypatch.setattr(rmsnorm_triton, "bwd_programs", lambda m, block_m, device: bwd_programs(m, block_m, cuda))
+    assert bwd_programs(32768, 8, cuda) == (256, 128)  # 2 per SM, chunks rounded up to BLOCK_M rows
+    x, w, dy = torch.randn(150, n), torch.randn(n), torch.randn(150, n)
+    y, dx, dw = _run(x, w, 0.5, dy)
+    y_ref, dx_ref, dw_ref = _reference(x, w, 0.5, dy)
+    _assert_close(y, y_ref, 1e-5, "y")
+    _assert_close(dx, dx_ref, 1e-5, "dx")
+    _assert_close(dw, dw_ref, 1e-5, "dw")
+
+
 def test_empty_input() -> None:
     x = torch.randn(0, 64, requires_grad=True)
     w = torch.randn(64, requires_grad=True)

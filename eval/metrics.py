@@ -1,0 +1,66 @@
+"""Language-model evaluation shared by the trainer's reports, eval/evaluate.py and the sweep report:
+token-weighted mean loss, perplexity and bits per byte over a dataloader."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from accelerate import Accelerator
+from transformers import PreTrainedTokenizerBase
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+
+@dataclass(frozen=True)
+class LMEval:
+    loss: float          # mean next-token cross-entropy over supervised tokens, in nats
+    perplexity: float
+    bits_per_byte: float  # total bits / UTF-8 bytes of the predicted tokens (special tokens count 0 bytes)
+    tokens: int
+    bytes: int
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def token_byte_lengths(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
+    """UTF-8 byte length of every token id of a byte-level BPE tokenizer; special tokens count 0."""
+    byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
+    special = set(tokenizer.all_special_ids)
+    lengths = torch.zeros(len(tokenizer), dtype=torch.long)
+    for token, index in tokenizer.get_vocab().items():
+        if index not in special:
+            lengths[index] = sum(1 for char in token if char in byte_of_char) if token else 0
+    return lengths
+
+
+@torch.no_grad()
+def evaluate_lm(model: torch.nn.Module, dataloader, accelerator: Accelerator,
+                token_bytes: torch.Tensor | None = None, max_batches: int = 0) -> LMEval:
+    """Token-weighted loss over `dataloader` (summed across processes). max_batches=0 means all batches."""
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # nats, tokens, bytes
+    for index, batch in enumerate(dataloader):
+        if max_batches and index >= max_batches:
+            break
+        labels = batch["labels"]
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
+        targets = labels[:, 1:]
+        nats = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+            ignore_index=-100, reduction="sum")
+        supervised = targets != -100
+        totals[0] += nats.double()
+        totals[1] += supervised.sum()
+        if token_bytes is not None:
+            lengths = token_bytes.to(targets.device)[targets.clamp(min=0)]
+            totals[2] += (lengths * supervised).sum()
+    totals = accelerator.reduce(totals, reduction="sum")
+    model.train(was_training)
+    nats, tokens, num_bytes = totals.tolist()
+    loss = nats / tokens if tokens else float("nan")
+    return LMEval(loss=loss, perplexity=math.exp(min(loss, 700.0)),
+                  bits_per_byte=nats / math.log(2) / num_bytes if num_bytes else float("nan"),
+                  tokens=int(tokens), bytes=int(num_bytes))

@@ -1,0 +1,211 @@
+"""Training arguments: one dataclass, filled from defaults < --config YAML < command line.
+
+Flag names follow MiniMind's where MiniMind has them. Every MiniNormConfig field is also a flag
+(`--hidden_size`, `--norm_type`, ...); left unset, it comes from `--preset` (or from `--from_weight`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from model.config import PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TASKS = ("pretrain", "sft")
+DTYPES = ("bfloat16", "float16", "float32")
+
+# Model config fields exposed as flags, with their types and (for switches) allowed values.
+MODEL_FIELDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
+    "vocab_size": (int, None), "hidden_size": (int, None), "num_hidden_layers": (int, None),
+    "num_attention_heads": (int, None), "num_key_value_heads": (int, None), "intermediate_size": (int, None),
+    "max_position_embeddings": (int, None), "rope_theta": (float, None), "tie_word_embeddings": (bool, None),
+    "dropout": (float, None), "initializer_range": (float, None),
+    "norm_type": (str, tuple(NormType)), "norm_placement": (str, tuple(NormPlacement)),
+    "prms_p": (float, None), "norm_eps": (float, None), "norm_impl": (str, tuple(NormImpl)), "qk_norm": (bool, None),
+}
+# What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
+RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
+
+
+@dataclass
+class TrainArgs:
+    task: str = "pretrain"
+    # Data and output.
+    data_path: str | None = None          # jsonl; None: the embedded default corpus (built on first use)
+    val_data_path: str | None = None      # jsonl; None: default corpus's val split, or val_fraction of data_path
+    val_fraction: float = 0.01
+    out_dir: str | None = None            # None: out/pretrain or out/sft
+    tokenizer_path: str | None = None     # None: the committed tokenizer in model/
+    skip_bad_lines: bool = False
+    num_proc: int | None = None
+    # Schedule.
+    epochs: int = 1
+    max_steps: int = -1                   # optimizer steps; -1: as many as `epochs` give
+    batch_size: int = 16                  # per process, per micro-step
+    accumulation_steps: int = 1
+    learning_rate: float = 2e-3
+    min_lr_ratio: float = 0.1             # cosine decays to learning_rate * min_lr_ratio
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    max_seq_len: int = 256
+    dtype: str = "bfloat16"
+    seed: int = 42
+    # Logging, evaluation, checkpoints.
+    log_interval: int = 10
+    eval_interval: int = 200
+    eval_batches: int = 50                # cap per evaluation; 0 = the whole validation set
+    save_interval: int = 200
+    keep_checkpoints: int = 2
+    resume: str | None = None             # "auto" or a checkpoint directory
+    from_weight: str | None = None        # SFT: the pretrained model directory
+    use_wandb: bool = False
+    wandb_project: str = "MiniNorm"
+    wandb_run_name: str | None = None
+    wandb_group: str | None = None
+    diag_interval: int = 0                # 0: norm diagnostics off
+    peak_flops: float | None = None       # for MFU; None: a known value for the device
+    sample_prompt: str | None = None
+    # Model.
+    preset: str = "cpu-default"
+    model: dict[str, Any] = field(default_factory=dict)  # MiniNormConfig overrides given as flags or YAML
+
+    def resolved_out_dir(self) -> Path:
+        return resolve_path(self.out_dir or f"out/{self.task}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def resolve_path(path: str | Path) -> Path:
+    """Relative paths are taken from the repo root, so `cd trainer && python train_pretrain.py` writes to the
+    same out/ as running from the root."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def _str2bool(text: str) -> bool:
+    lowered = str(text).lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+
+
+def _optional(kind: type):
+    def parse(text: str):
+        return None if str(text).lower() in ("none", "null", "") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _build_parser(task: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=f"MiniNorm {task}: train on the embedded default corpus or your own jsonl",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", help="YAML file of flag values; command-line flags override it")
+    defaults = TrainArgs(task=task)
+    for f in dataclasses.fields(TrainArgs):
+        if f.name in ("task", "model"):
+            continue
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            parser.add_argument(f"--{f.name}", type=_str2bool, nargs="?", const=True, default=default)
+            continue
+        hint = str(f.type)  # annotations are strings here, e.g. "int | None"
+        base = int if hint.startswith("int") else float if hint.startswith("float") else str
+        parser.add_argument(f"--{f.name}", type=_optional(base) if "None" in hint else base, default=default)
+    model_group = parser.add_argument_group("model (default: the preset's value)")
+    for name, (kind, choices) in MODEL_FIELDS.items():
+        if kind is bool:
+            model_group.add_argument(f"--{name}", type=_str2bool, nargs="?", const=True, default=None)
+        else:
+            model_group.add_argument(f"--{name}", type=kind, choices=choices, default=None)
+    return parser
+
+
+def _validate(args: TrainArgs) -> None:
+    def bad(name: str, value: Any, allowed: str) -> ValueError:
+        return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
+
+    if args.task not in TASKS:
+        raise bad("task", args.task, f"choose one of {TASKS}")
+    if args.dtype not in DTYPES:
+        raise bad("dtype", args.dtype, f"choose one of {', '.join(DTYPES)}")
+    if args.preset not in PRESETS:
+        raise bad("preset", args.preset, f"choose one of {', '.join(PRESETS)}")
+    for name in ("epochs", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
+                 "save_interval", "keep_checkpoints"):
+        if getattr(args, name) < 1:
+            raise bad(name, getattr(args, name), "it must be >= 1")
+    for name in ("warmup_steps", "eval_batches", "diag_interval"):
+        if getattr(args, name) < 0:
+            raise bad(name, getattr(args, name), "it must be >= 0")
+    if not (args.learning_rate > 0 and math.isfinite(args.learning_rate)):
+        raise bad("learning_rate", args.learning_rate, "it must be a positive number")
+    if not 0 <= args.min_lr_ratio <= 1:
+        raise bad("min_lr_ratio", args.min_lr_ratio, "it must be in [0, 1]")
+    if not 0 < args.val_fraction < 1:
+        raise bad("val_fraction", args.val_fraction, "it must be in (0, 1)")
+
+
+def _model_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: values[name] for name in MODEL_FIELDS if values.get(name) is not None}
+
+
+def load_yaml_config(path: str | Path) -> dict[str, Any]:
+    """Read a --config YAML; unknown keys are an error naming the file and the key."""
+    path = resolve_path(path) if not Path(path).exists() else Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ValueError(f"--config {path}: no such file") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"--config {path}: invalid YAML ({error})".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a mapping of flag names to values")
+    known = {f.name for f in dataclasses.fields(TrainArgs)} - {"task", "model"} | set(MODEL_FIELDS)
+    for key in data:
+        if key not in known:
+            raise ValueError(f"--config {path}: unknown key {key!r}; allowed keys are the trainer's flags "
+                             f"(see --help)")
+    return data
+
+
+def parse_args(task: str, argv: Sequence[str] | None = None) -> TrainArgs:
+    """Parse a trainer's command line (with an optional --config YAML underneath it)."""
+    parser = _build_parser(task)
+    pre, _ = parser.parse_known_args(argv)
+    if pre.config:
+        try:
+            parser.set_defaults(**load_yaml_config(pre.config))
+        except ValueError as error:
+            parser.error(str(error))
+    namespace = vars(parser.parse_args(argv))
+    namespace.pop("config")
+    model = _model_overrides(namespace)
+    for name in MODEL_FIELDS:
+        namespace.pop(name)
+    args = TrainArgs(task=task, model=model, **namespace)
+    try:
+        _validate(args)
+        build_model_config(args)  # fail fast on model-field errors, before any data work
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def build_model_config(args: TrainArgs, vocab_size: int | None = None) -> MiniNormConfig:
+    """The model config a fresh pretraining run uses: the preset, then the flag overrides."""
+    overrides = dict(args.model)
+    if vocab_size is not None:
+        overrides.setdefault("vocab_size", vocab_size)
+    return MiniNormConfig.from_preset(args.preset, **overrides)

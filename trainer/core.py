@@ -1,0 +1,432 @@
+"""The training core shared by pretraining and SFT.
+
+Accelerate owns devices, mixed precision, gradient accumulation and DDP/FSDP; this module owns the loop:
+optimizer steps over groups of `accumulation_steps` micro-batches, warmup+cosine schedule, clipping,
+evaluation, atomic checkpoints with exact resume, logging (tqdm, metrics.jsonl, wandb) and the final
+Hugging Face model directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, set_seed
+from tqdm.auto import tqdm
+from transformers import GenerationConfig
+
+from eval.metrics import LMEval, evaluate_lm, token_byte_lengths
+from model.model import MiniNormForCausalLM
+from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, resolve_path
+from trainer.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.data import build_run_data, dataset_stats
+from trainer.flops import flops_per_token, peak_flops_for
+from trainer.metrics_log import MetricsLog
+from trainer.optim import build_optimizer
+from trainer.schedule import warmup_cosine
+
+SUMMARY_FILE = "run_summary.json"
+CONFIG_FILE = "train_config.yaml"
+CHECKPOINT_DIR = "checkpoints"
+MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
+DEFAULT_PROMPTS = {"pretrain": "The history of", "sft": "What is the capital of France?"}
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient became NaN/inf; the last good state was saved."""
+
+    def __init__(self, step: int, checkpoint: Path) -> None:
+        super().__init__(f"training diverged at optimizer step {step} (non-finite loss or gradient); "
+                         f"the last good state is saved in {checkpoint}")
+        self.step, self.checkpoint = step, checkpoint
+
+
+@dataclass
+class RunSummary:
+    status: str                    # "finished" or "diverged"
+    out_dir: str
+    steps: int
+    tokens_seen: int
+    num_params: int
+    final_val: dict[str, float] = field(default_factory=dict)
+    median_step_time_s: float = float("nan")
+    tokens_per_s: float = float("nan")
+    mfu: float = float("nan")
+    wall_time_s: float = float("nan")
+    sample: str = ""
+
+
+def _make_accelerator(args: TrainArgs) -> Accelerator:
+    if args.dtype == "float16" and not torch.cuda.is_available():
+        raise ValueError("--dtype float16 needs a CUDA device; use --dtype bfloat16 (or float32) on CPU")
+    return Accelerator(mixed_precision=MIXED_PRECISION[args.dtype],
+                       gradient_accumulation_steps=args.accumulation_steps,
+                       step_scheduler_with_optimizer=False,  # we step it once per optimizer step ourselves
+                       log_with="wandb" if args.use_wandb else None)
+
+
+def _load_tokenizer(args: TrainArgs):
+    from dataset.tokenization import load_tokenizer
+    return load_tokenizer(resolve_path(args.tokenizer_path) if args.tokenizer_path else None)
+
+
+def _build_model(args: TrainArgs, tokenizer) -> MiniNormForCausalLM:
+    if args.task == "pretrain":
+        config = build_model_config(args, vocab_size=len(tokenizer))
+        config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+        return MiniNormForCausalLM(config)
+    source = resolve_path(args.from_weight or "out/pretrain")
+    if not (source / "config.json").is_file():
+        raise FileNotFoundError(f"--from_weight {source}: no pretrained model there; create it with "
+                                f"`python trainer/train_pretrain.py` (or pass --from_weight DIR)")
+    fixed = sorted(set(args.model) - set(RUNTIME_MODEL_FIELDS))
+    if fixed:
+        raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "
+                         f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set")
+    return MiniNormForCausalLM.from_pretrained(source, **args.model)
+
+
+def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, Any]:
+    config = {k: v for k, v in args.to_dict().items() if k != "model"}
+    config.update({name: getattr(model.config, name) for name in MODEL_FIELDS})
+    config["out_dir"] = str(args.resolved_out_dir())
+    return config
+
+
+def _apply_sweep_config(args: TrainArgs, accelerator: Accelerator) -> TrainArgs:
+    """Under `wandb agent`, the sweep's parameters arrive as command-line flags and in wandb.config; take any
+    that the flags did not already carry, so the same YAML drives both serverless and server sweeps."""
+    overrides: dict[str, Any] = {}
+    if accelerator.is_main_process and args.use_wandb:
+        run = accelerator.get_tracker("wandb", unwrap=True)
+        if getattr(run, "sweep_id", None):
+            overrides = dict(run.config)
+    overrides = broadcast_object_list([overrides])[0]
+    for key, value in overrides.items():
+        if key in MODEL_FIELDS:
+            args.model[key] = value
+        elif hasattr(args, key) and key not in ("task", "model"):
+            setattr(args, key, value)
+    return args
+
+
+def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
+    prompt = args.sample_prompt or DEFAULT_PROMPTS[args.task]
+    if args.task == "sft":
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    else:
+        text = prompt
+    inputs = tokenizer(text, return_tensors="pt").to(next(model.parameters()).device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(args.seed)
+        output = model.generate(**inputs, max_new_tokens=48, do_sample=True, temperature=0.7, top_p=0.9,
+                                repetition_penalty=1.1)
+    completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    return f"{prompt} -> {completion.strip()}" if args.task == "sft" else prompt + completion
+
+
+def save_model_dir(model: MiniNormForCausalLM, tokenizer, out_dir: Path) -> None:
+    """Write a plain HF model directory; each file is moved into place whole."""
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        max_new_tokens=256)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".model_", dir=out_dir))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        for item in staging.iterdir():
+            os.replace(item, out_dir / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+class Trainer:
+    """One training run. `run()` returns its summary; `TrainingDiverged` if the loss blows up."""
+
+    def __init__(self, args: TrainArgs) -> None:
+        self.args = args
+        self.out_dir = args.resolved_out_dir()
+        self.accelerator = _make_accelerator(args)
+        self.is_main = self.accelerator.is_main_process
+        self.started = time.perf_counter()
+        self.wandb_run_id: str | None = None
+        self.resume_from = self._find_resume_checkpoint()
+        if args.use_wandb:
+            self.wandb_run_id = self._saved_wandb_id()
+            init = {"name": args.wandb_run_name, "group": args.wandb_group, "dir": str(self.out_dir),
+                    "id": self.wandb_run_id, "resume": "allow" if self.wandb_run_id else None}
+            if self.is_main:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.accelerator.init_trackers(args.wandb_project, config=args.to_dict(), init_kwargs={"wandb": init})
+            self.args = args = _apply_sweep_config(args, self.accelerator)
+            if self.is_main:
+                self.wandb_run_id = self.accelerator.get_tracker("wandb", unwrap=True).id
+        set_seed(args.seed)
+        self.tokenizer = _load_tokenizer(args)
+        with self.accelerator.main_process_first():
+            self.data = build_run_data(args, self.tokenizer, quiet=not self.is_main)
+        set_seed(args.seed)  # the same initial weights whatever the data building consumed
+        self.model = _build_model(args, self.tokenizer)
+        if args.max_seq_len > self.model.config.max_position_embeddings:
+            raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
+                             f"{self.model.config.max_position_embeddings}")
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+        self.config_dict = _effective_config(args, self.model)
+        self.optimizer = build_optimizer(self.model, args.learning_rate, args.weight_decay)
+        (self.model, self.optimizer, self.train_loader, self.val_loader) = self.accelerator.prepare(
+            self.model, self.optimizer, self.data.train_loader, self.data.val_loader)
+        # Optimizer steps per epoch, from this process's share of the (sharded) training batches.
+        self.steps_per_epoch = len(self.train_loader) // args.accumulation_steps
+        if self.steps_per_epoch < 1:
+            world = self.accelerator.num_processes
+            raise ValueError(f"one optimizer step needs {args.batch_size * args.accumulation_steps * world} "
+                             f"samples, the training set has {len(self.data.train)}; lower --batch_size or "
+                             f"--accumulation_steps")
+        self.total_steps = args.max_steps if args.max_steps > 0 else args.epochs * self.steps_per_epoch
+        self.scheduler = self.accelerator.prepare(warmup_cosine(
+            self.optimizer, min(args.warmup_steps, self.total_steps), self.total_steps, args.min_lr_ratio))
+        self.unwrapped = self.accelerator.unwrap_model(self.model)
+        self.token_bytes = token_byte_lengths(self.tokenizer)
+        self.metrics = MetricsLog(self.out_dir, enabled=self.is_main)
+        self.flops_per_token = flops_per_token(self.unwrapped.config, self.num_params, args.max_seq_len)
+        self.peak_flops = args.peak_flops or peak_flops_for(self.accelerator.device, args.dtype)
+        self.diagnostics = None
+        if args.diag_interval:
+            from trainer.diagnostics import NormDiagnostics
+            self.diagnostics = NormDiagnostics(self.unwrapped)
+
+    # ----------------------------------------------------------------- resume
+    def _find_resume_checkpoint(self) -> Path | None:
+        if not self.args.resume:
+            return None
+        if self.args.resume == "auto":
+            return latest_checkpoint(self.out_dir / CHECKPOINT_DIR)
+        path = resolve_path(self.args.resume)
+        if not path.is_dir():
+            raise FileNotFoundError(f"--resume {path}: no such checkpoint directory")
+        return path
+
+    def _saved_wandb_id(self) -> str | None:
+        if self.resume_from is None:
+            return None
+        return json.loads((self.resume_from / "trainer_state.json").read_text()).get("wandb_run_id")
+
+    def _state(self, step: int, epoch: int, batches_done: int, tokens_seen: int) -> dict[str, Any]:
+        return {"step": step, "epoch": epoch, "batches_done_in_epoch": batches_done, "tokens_seen": tokens_seen,
+                "total_steps": self.total_steps, "wandb_run_id": self.wandb_run_id, "config": self.config_dict}
+
+    def _save(self, step: int, epoch: int, batches_done: int, tokens_seen: int) -> Path:
+        return save_checkpoint(self.accelerator, self.out_dir / CHECKPOINT_DIR, step,
+                               self._state(step, epoch, batches_done, tokens_seen), self.args.keep_checkpoints)
+
+    # ----------------------------------------------------------------- logging
+    def _print(self, text: str) -> None:
+        if self.is_main:
+            tqdm.write(text)
+
+    def _log(self, record: dict[str, Any], to_tracker: bool = True) -> None:
+        self.metrics.write(record)
+        if to_tracker and self.args.use_wandb:
+            values = {k: v for k, v in record.items() if k not in ("step", "split")}
+            prefix = "" if record["split"] in ("train", "diag") else f"{record['split']}/"
+            self.accelerator.log({f"{prefix}{k}" if prefix and not k.startswith(prefix) else k: v
+                                  for k, v in values.items()}, step=record["step"])
+
+    def evaluate(self, max_batches: int) -> LMEval:
+        return evaluate_lm(self.model, self.val_loader, self.accelerator, self.token_bytes, max_batches)
+
+    # ----------------------------------------------------------------- the loop
+    def _supervised_tokens(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        count = sum((b["labels"][:, 1:] != -100).sum() for b in batches)
+        return self.accelerator.reduce(torch.as_tensor(count, device=self.accelerator.device), reduction="sum")
+
+    def _optimizer_step(self, batches: list[dict[str, torch.Tensor]], arm_diagnostics: bool
+                        ) -> tuple[float, float, dict[str, float]]:
+        """Forward/backward over one group of micro-batches, then one optimizer step.
+        Returns (global token-mean loss, gradient norm before clipping, diagnostics)."""
+        accelerator, model = self.accelerator, self.model
+        num_items = self._supervised_tokens(batches).clamp(min=1)
+        # Each micro-batch's loss is its token sum over the whole group's supervised tokens (all processes):
+        # after Accelerate's 1/accumulation and DDP's 1/world averaging, the gradient is the exact token mean.
+        scale = self.args.accumulation_steps * accelerator.num_processes
+        loss_sum = torch.zeros((), device=accelerator.device)
+        diag: dict[str, float] = {}
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+            if last and arm_diagnostics:
+                self.diagnostics.arm()
+            with accelerator.accumulate(model):
+                out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                            labels=batch["labels"], num_items_in_batch=num_items)
+                accelerator.backward(out.loss * scale)
+            loss_sum += out.loss.detach().float()
+        if arm_diagnostics:
+            diag = self.diagnostics.after_backward()
+        max_norm = self.args.grad_clip if self.args.grad_clip > 0 else float("inf")
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
+        loss = float(accelerator.reduce(loss_sum, reduction="sum"))
+        if math.isfinite(grad_norm) and math.isfinite(loss):
+            self.optimizer.step()
+            self.scheduler.step()
+            if arm_diagnostics:
+                diag.update(self.diagnostics.after_step())
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm, diag
+
+    def run(self) -> RunSummary:
+        args, accelerator = self.args, self.accelerator
+        step = epoch = batches_done = tokens_seen = 0
+        if self.resume_from is not None:
+            state = load_checkpoint(accelerator, self.resume_from)
+            step, epoch = state["step"], state["epoch"]
+            batches_done, tokens_seen = state["batches_done_in_epoch"], state["tokens_seen"]
+            self.metrics.truncate_after(step)
+            self._print(f"resumed from {self.resume_from} at optimizer step {step}")
+        else:
+            if args.resume == "auto":
+                self._print(f"--resume auto: no checkpoint in {self.out_dir / CHECKPOINT_DIR}; starting fresh")
+            self.metrics.reset()
+        if self.is_main:
+            self._announce()
+        world, accum = accelerator.num_processes, args.accumulation_steps
+        progress = tqdm(total=self.total_steps, initial=step, disable=not self.is_main, dynamic_ncols=True,
+                        desc=args.task)
+        step_times: list[float] = []
+        window_tokens, window_time, window_losses = 0, 0.0, []
+        self.model.train()
+        while step < self.total_steps:
+            self.data.train_sampler.set_epoch(epoch)
+            loader = (self.train_loader if batches_done == 0
+                      else accelerator.skip_first_batches(self.train_loader, batches_done))
+            batch_iter = iter(loader)
+            for _ in range((len(self.train_loader) - batches_done) // accum):
+                if step >= self.total_steps:
+                    break
+                started = time.perf_counter()
+                batches = [next(batch_iter) for _ in range(accum)]
+                arm = self.diagnostics is not None and step % args.diag_interval == 0
+                loss, grad_norm, diag = self._optimizer_step(batches, arm)
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    return self._diverged(step, epoch, batches_done, tokens_seen, progress)
+                step += 1
+                batches_done += accum
+                step_tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel()
+                                  for b in batches) * world
+                tokens_seen += step_tokens
+                elapsed = time.perf_counter() - started
+                step_times.append(elapsed)
+                window_tokens, window_time = window_tokens + step_tokens, window_time + elapsed
+                window_losses.append(loss)
+                lr = self.scheduler.get_last_lr()[0]
+                self._log({"step": step, "split": "train", "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                           "tokens_seen": tokens_seen, "step_time_s": elapsed}, to_tracker=False)
+                if diag:
+                    self._log({"step": step, "split": "diag", **diag})
+                progress.update(1)
+                if step % args.log_interval == 0 or step == self.total_steps:
+                    tokens_per_s = window_tokens / max(window_time, 1e-9)
+                    mfu = (tokens_per_s * self.flops_per_token / self.peak_flops) if self.peak_flops else float("nan")
+                    progress.set_postfix(loss=f"{statistics.fmean(window_losses):.3f}", lr=f"{lr:.2e}",
+                                         tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
+                    if args.use_wandb:
+                        self.accelerator.log({"train/loss": statistics.fmean(window_losses), "train/lr": lr,
+                                              "train/grad_norm": grad_norm, "train/tokens_per_s": tokens_per_s,
+                                              "train/mfu": mfu, "train/tokens_seen": tokens_seen}, step=step)
+                    window_tokens, window_time, window_losses = 0, 0.0, []
+                if step % args.eval_interval == 0 and step < self.total_steps:
+                    self._log_eval(step, self.evaluate(args.eval_batches))
+                if step % args.save_interval == 0 and step < self.total_steps:
+                    self._save(step, epoch, batches_done, tokens_seen)
+            else:
+                epoch, batches_done = epoch + 1, 0
+        progress.close()
+        return self._finish(step, tokens_seen, step_times)
+
+    def _log_eval(self, step: int, result: LMEval) -> None:
+        self._log({"step": step, "split": "val", "val_loss": result.loss, "val_ppl": result.perplexity,
+                   "val_bpb": result.bits_per_byte})
+        self._print(f"step {step}: val loss {result.loss:.4f}, ppl {result.perplexity:.2f}, "
+                    f"bpb {result.bits_per_byte:.3f}")
+
+    def _announce(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.out_dir / CONFIG_FILE, yaml.safe_dump(self.config_dict, sort_keys=False))
+        stats = dataset_stats(self.data.train)
+        lines = [f"MiniNorm {self.args.task}: {self.num_params / 1e6:.2f}M parameters on {self.accelerator.device} "
+                 f"x{self.accelerator.num_processes}, {self.args.dtype}",
+                 f"data: {self.data.description}; {len(self.data.train)} train / {len(self.data.val)} val samples"
+                 + (f"; stats {stats}" if stats else ""),
+                 f"{self.total_steps} optimizer steps ({self.steps_per_epoch} per epoch), global batch "
+                 f"{self.args.batch_size * self.args.accumulation_steps * self.accelerator.num_processes} x "
+                 f"{self.args.max_seq_len} tokens",
+                 "effective config:", yaml.safe_dump(self.config_dict, sort_keys=False).rstrip()]
+        tqdm.write("\n".join(lines))
+
+    def _diverged(self, step: int, epoch: int, batches_done: int, tokens_seen: int, progress) -> RunSummary:
+        progress.close()
+        checkpoint = self._save(step, epoch, batches_done, tokens_seen)
+        summary = RunSummary(status="diverged", out_dir=str(self.out_dir), steps=step, tokens_seen=tokens_seen,
+                             num_params=self.num_params, wall_time_s=time.perf_counter() - self.started)
+        self._write_summary(summary)
+        self.accelerator.end_training()
+        raise TrainingDiverged(step + 1, checkpoint)
+
+    def _write_summary(self, summary: RunSummary) -> None:
+        if self.is_main:
+            atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary.__dict__, indent=2))
+
+    def _finish(self, step: int, tokens_seen: int, step_times: list[float]) -> RunSummary:
+        final = self.evaluate(0)
+        self._log_eval(step, final)
+        median = statistics.median(step_times) if step_times else float("nan")
+        step_tokens = (self.args.batch_size * self.args.accumulation_steps * self.args.max_seq_len
+                       * self.accelerator.num_processes)
+        tokens_per_s = step_tokens / median if step_times else float("nan")
+        mfu = tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else float("nan")
+        self.accelerator.wait_for_everyone()
+        summary = RunSummary(status="finished", out_dir=str(self.out_dir), steps=step, tokens_seen=tokens_seen,
+                             num_params=self.num_params, final_val=final.as_dict(), median_step_time_s=median,
+                             tokens_per_s=tokens_per_s, mfu=mfu, wall_time_s=time.perf_counter() - self.started)
+        if self.is_main:
+            save_model_dir(self.unwrapped, self.tokenizer, self.out_dir)
+            summary.sample = _sample_text(self.unwrapped, self.tokenizer, self.args)
+            self._write_summary(summary)
+            tqdm.write(f"done: {step} steps, {tokens_seen:,} tokens in {summary.wall_time_s:.0f} s; "
+                       f"val loss {final.loss:.4f} (ppl {final.perplexity:.2f}, {final.bits_per_byte:.3f} bits/byte); "
+                       f"median step {median * 1000:.0f} ms, {tokens_per_s:,.0f} tok/s, MFU {mfu:.1%}")
+            tqdm.write(f"sample: {summary.sample}")
+            tqdm.write(f"model saved to {self.out_dir}")
+        if self.args.use_wandb:
+            self.accelerator.log({"final/val_loss": final.loss, "final/val_ppl": final.perplexity,
+                                  "final/val_bpb": final.bits_per_byte, "final/tokens_per_s": tokens_per_s},
+                                 step=step)
+        self.accelerator.end_training()
+        return summary
+
+
+def main(task: str, argv: list[str] | None = None) -> RunSummary:
+    """Entry point of the thin trainer scripts."""
+    from trainer.args import parse_args
+    args = parse_args(task, argv)
+    try:
+        return Trainer(args).run()
+    except TrainingDiverged as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(3) from None
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,37 @@
+"""Model FLOPs per token and MFU (model FLOPs utilisation)."""
+
+from __future__ import annotations
+
+import torch
+
+from model.config import MiniNormConfig
+
+# Dense peak FLOP/s. The CPU numbers were measured on our 2-core development machine (bf16 uses AMX);
+# pass --peak_flops for other hardware.
+PEAK_FLOPS = {
+    ("cpu", "bfloat16"): 520e9, ("cpu", "float16"): 520e9, ("cpu", "float32"): 160e9,
+    ("H100", "bfloat16"): 989e12, ("H100", "float16"): 989e12, ("H100", "float32"): 67e12,
+    ("H200", "bfloat16"): 989e12, ("H200", "float16"): 989e12, ("H200", "float32"): 67e12,
+    ("A100", "bfloat16"): 312e12, ("A100", "float16"): 312e12, ("A100", "float32"): 19.5e12,
+}
+
+
+def flops_per_token(config: MiniNormConfig, num_params: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6 per non-embedding parameter plus the attention score/value products
+    (6 * layers * seq_len * hidden, causal half of 12), plus the LM head matmul (6 * hidden * vocab)."""
+    embedding = config.vocab_size * config.hidden_size
+    non_embedding = num_params - embedding
+    head = 6 * config.hidden_size * config.vocab_size
+    attention = 6 * config.num_hidden_layers * seq_len * config.hidden_size
+    return 6 * non_embedding + head + attention
+
+
+def peak_flops_for(device: torch.device, dtype: str) -> float | None:
+    if device.type == "cpu":
+        return PEAK_FLOPS[("cpu", dtype)]
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for (chip, kind), value in PEAK_FLOPS.items():
+            if chip != "cpu" and chip in name and kind == dtype:
+                return value
+    return None

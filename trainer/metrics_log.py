@@ -1,0 +1,51 @@
+"""The run's metrics file: one JSON object per line (`{"step": ..., "split": "train"|"val"|"diag", ...}`),
+written by the main process only. On resume, records past the checkpoint's step are dropped so the file
+continues the same curve instead of repeating steps."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint import atomic_write_text
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them readable
+    return value
+
+
+class MetricsLog:
+    def __init__(self, out_dir: Path, enabled: bool) -> None:
+        self.path = out_dir / METRICS_FILE
+        self.enabled = enabled
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only the records up to `step` (used when resuming from a checkpoint at `step`)."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= step]
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+
+    def reset(self) -> None:
+        if self.enabled and self.path.exists():
+            self.path.unlink()
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({key: _clean(value) for key, value in record.items()}) + "\n")
+
+
+def read_metrics(path: Path, split: str | None = None) -> list[dict[str, Any]]:
+    """Records of a metrics file (optionally one split), in order."""
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in records if split is None or r.get("split") == split]

@@ -1,0 +1,14 @@
+"""Supervised fine-tuning of a pretrained MiniNorm model (defaults: out/pretrain -> out/sft on the embedded chats).
+
+    python trainer/train_full_sft.py --help
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from the repo root or from trainer/
+
+from trainer.core import main  # noqa: E402
+
+if __name__ == "__main__":
+    main("sft")

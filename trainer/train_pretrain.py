@@ -1,0 +1,14 @@
+"""Pretrain a MiniNorm model (defaults: the CPU preset on the embedded corpus, into out/pretrain).
+
+    python trainer/train_pretrain.py --help
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from the repo root or from trainer/
+
+from trainer.core import main  # noqa: E402
+
+if __name__ == "__main__":
+    main("pretrain")

@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
-    ap.add_argument("--m", type=int, default=None, help="rows (default: 32768 on CUDA, 4096 on CPU)")
+    ap.add_argument("--m", type=int, default=None, help="rows (default: 32768 on CUDA, 1024 on CPU)")
     ap.add_argument("--n", type=int, nargs="+", default=None, help="row lengths")
     ap.add_argument("--p", type=float, default=1.0, help="partial RMSNorm fraction (1.0 = RMSNorm)")
     ap.add_argument("--no-residual", action="store_true", help="skip the fused residual-add table")
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         print("ALL PASS" if ok else "SOME CHECKS FAILED")
         return 0 if ok else 1
 
-    m = args.m or (32768 if device.type == "cuda" else 4096)
+    m = args.m or (32768 if device.type == "cuda" else 1024)
     ns = args.n or ([512, 768, 1024, 2048, 4096, 8192, 16384] if device.type == "cuda" else [256, 512, 768, 2048])
     ceiling = copy_bandwidth_gbs(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"

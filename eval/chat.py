@@ -1,0 +1,135 @@
+"""Chat with a trained model.
+
+    python eval/chat.py                          # out/sft (falls back to out/pretrain and says so)
+    python eval/chat.py --model_path out/pretrain --prompt "The history of"
+    printf 'Hi!\\nWhat is the capital of France?\\n' | python eval/chat.py --temperature 0
+
+Interactive: streamed answers, `/reset` clears the history, `/exit` (or Ctrl-D) quits. `--prompt` answers once;
+piped stdin answers each line until EOF. Answers go to stdout; the banner and tokens/s go to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from the repo root or from eval/
+    # The repo root replaces eval/ on sys.path, where our module names could shadow installed packages.
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+
+from eval.model_dir import ModelNotFound, locate_model, model_task  # noqa: E402
+
+RESET, EXIT = "/reset", "/exit"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Chat with a MiniNorm model (or any causal-LM directory)",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model_path", help="model directory; default: out/sft, else out/pretrain")
+    parser.add_argument("--prompt", help="answer this one message and exit")
+    parser.add_argument("--system", default=None, help="system prompt (chat models)")
+    parser.add_argument("--history", type=int, default=2, help="past exchanges kept in the prompt (0: none)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="0 means greedy decoding")
+    parser.add_argument("--top_p", type=float, default=0.9)
+    parser.add_argument("--top_k", type=int, default=0, help="0 means off")
+    parser.add_argument("--repetition_penalty", type=float, default=1.0)
+    parser.add_argument("--max_new_tokens", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=None, help="fix the sampling for reproducible answers")
+    parser.add_argument("--mode", choices=("auto", "chat", "plain"), default="auto",
+                        help="chat template or plain continuation; auto: chat for SFT models, plain for "
+                             "pretrained ones")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    parser.add_argument("--no_stream", action="store_true", help="print each answer when it is complete")
+    return parser
+
+
+def _use_template(mode: str, task: str | None, tokenizer) -> bool:
+    if mode != "auto":
+        return mode == "chat"
+    if task is not None:
+        return task == "sft"
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def _answer(session, text: str, stream: bool) -> None:
+    def write(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    reply = session.reply(text, on_text=write if stream else None)
+    if not stream:
+        write(reply.text)
+    write("\n")
+    ending = "" if reply.stopped_at_eos else ", stopped at max_new_tokens"
+    print(f"[{reply.new_tokens} tokens, {reply.tokens_per_s:.1f} tokens/s{ending}]", file=sys.stderr, flush=True)
+
+
+def _lines(interactive: bool):
+    """User messages: prompted input() on a terminal, else the lines of stdin until EOF."""
+    if not interactive:
+        yield from (line.rstrip("\n") for line in sys.stdin)
+        return
+    while True:
+        try:
+            yield input("\nyou> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        path, note = locate_model(args.model_path)
+    except ModelNotFound as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+
+    from eval.chat_session import ChatSession, GenerationSettings
+    from eval.model_dir import load_model
+
+    if args.seed is not None:
+        from transformers import set_seed
+        set_seed(args.seed)
+    model, tokenizer = load_model(path, device=args.device, dtype=args.dtype)
+    use_template = _use_template(args.mode, model_task(path), tokenizer)
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
+    session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings)
+    params = sum(p.numel() for p in model.parameters())
+    style = (f"chat template, {args.history} exchanges of history" if use_template
+             else "pretrained model: plain continuation, no chat template, no history")
+    print(f"model {path} ({params / 1e6:.2f}M parameters, {model.device}); {style}", file=sys.stderr, flush=True)
+    stream = not args.no_stream
+
+    if args.prompt is not None:
+        _answer(session, args.prompt, stream)
+        return 0
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"type a message; {RESET} clears the history, {EXIT} quits", file=sys.stderr)
+    for line in _lines(interactive):
+        command = line.strip()
+        if command == EXIT:
+            break
+        if command == RESET:
+            session.reset()
+            print("(history cleared)", file=sys.stderr, flush=True)
+            continue
+        if not command:
+            continue
+        if interactive:
+            sys.stdout.write("bot> ")
+        _answer(session, line, stream)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

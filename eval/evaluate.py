@@ -1,0 +1,173 @@
+"""Validation loss, perplexity and bits per byte of a model directory, plus a quick look at its answers.
+
+    python eval/evaluate.py --model_path out/pretrain                 # both default held-out splits
+    python eval/evaluate.py --model_path out/sft --data sft_val my.jsonl --json out/sft/eval.json
+
+`--data` takes `pretrain_val`, `sft_val` (the default corpus's held-out splits) or jsonl files; a file's kind
+comes from its first line: `{"text": ...}` is packed pretraining text, `{"conversations": [...]}` is SFT data
+with the loss on assistant tokens only. The numbers come from eval.metrics.evaluate_lm, the same code as the
+trainer's validation.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from the repo root or from eval/
+    # The repo root replaces eval/ on sys.path: this file would otherwise shadow the `evaluate` package.
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+from typing import Any, Sequence  # noqa: E402
+
+from eval.model_dir import ModelNotFound, locate_model, model_task  # noqa: E402
+from trainer.args import resolve_path  # noqa: E402
+
+DEFAULT_SPLITS = ("pretrain_val", "sft_val")
+# A quick qualitative check: greedy answers to fixed English and Chinese prompts.
+FIXED_PROMPTS = {
+    "pretrain": ("The history of", "The capital of France is", "Water is", "中国的首都是"),
+    "sft": ("Hi! How are you?", "What is the capital of France?", "Tell me about the moon.", "你好，你是谁？",
+            "中国的首都是哪里？"),
+}
+SAMPLE_TOKENS = 40
+
+
+def resolve_data_spec(spec: str) -> tuple[str, Path]:
+    """(name, jsonl path) of one --data value: a default split's name or a file."""
+    if spec in DEFAULT_SPLITS:
+        from dataset.corpus import ensure_default_corpus
+        return spec, getattr(ensure_default_corpus(quiet=True), spec)
+    path = resolve_path(spec) if not Path(spec).exists() else Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"--data {spec}: no such file (or use one of {', '.join(DEFAULT_SPLITS)})")
+    return path.stem, path
+
+
+def detect_kind(path: Path) -> str:
+    """"pretrain" for {"text"} lines, "sft" for {"conversations"} lines, from the first non-empty line."""
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: invalid JSON ({error.msg})") from None
+            if isinstance(record, dict) and "conversations" in record:
+                return "sft"
+            if isinstance(record, dict) and "text" in record:
+                return "pretrain"
+            raise ValueError(f'{path}:{number}: expected a "text" or a "conversations" field')
+    raise ValueError(f"{path}: empty file")
+
+
+def _load_dataset(path: Path, kind: str, tokenizer, max_seq_len: int):
+    if kind == "pretrain":
+        from dataset.pretrain_dataset import PretrainDataset
+        return PretrainDataset(path, tokenizer, max_seq_len)
+    from dataset.sft_dataset import SFTDataset
+    return SFTDataset(path, tokenizer, max_seq_len)
+
+
+def evaluate_model_dir(model_path: str | Path, data_specs: Sequence[str] | None = None, max_seq_len: int = 256,
+                       batch_size: int = 16, max_batches: int = 0, device: str = "auto") -> dict[str, Any]:
+    """Loss/perplexity/bits-per-byte of a model directory on each dataset (default: both held-out splits).
+
+    Returns {"model_path", "task", "max_seq_len", "results": {name: {path, kind, loss, perplexity,
+    bits_per_byte, tokens, bytes}}}. max_batches=0 evaluates every batch.
+    """
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from eval.metrics import evaluate_lm, token_byte_lengths
+    from eval.model_dir import load_model
+
+    path, _ = locate_model(model_path)
+    accelerator = Accelerator(cpu=device == "cpu")  # one process; it moves the batches to its device
+    model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32")
+    max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
+    token_bytes = token_byte_lengths(tokenizer)
+    results: dict[str, dict[str, Any]] = {}
+    for spec in data_specs or DEFAULT_SPLITS:
+        name, data_path = resolve_data_spec(spec)
+        kind = detect_kind(data_path)
+        dataset = _load_dataset(data_path, kind, tokenizer, max_seq_len)
+        loader = accelerator.prepare(DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                                                collate_fn=getattr(dataset, "collate", None)))
+        with torch.inference_mode():
+            metrics = evaluate_lm(model, loader, accelerator, token_bytes, max_batches)
+        results[name] = {"path": str(data_path), "kind": kind, **metrics.as_dict()}
+    return {"model_path": str(path), "task": model_task(path), "max_seq_len": max_seq_len, "results": results}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    header = f"{'data':<16} {'kind':<9} {'tokens':>10} {'loss':>8} {'ppl':>10} {'bits/byte':>9}"
+    rows = [header, "-" * len(header)]
+    for name, r in report["results"].items():
+        rows.append(f"{name:<16} {r['kind']:<9} {r['tokens']:>10,} {r['loss']:>8.4f} {r['perplexity']:>10.2f} "
+                    f"{r['bits_per_byte']:>9.3f}")
+    return "\n".join(rows)
+
+
+def sample_answers(model_path: str | Path, prompts: Sequence[str] | None = None,
+                   max_new_tokens: int = SAMPLE_TOKENS) -> list[tuple[str, str]]:
+    """Greedy (prompt, answer) pairs; SFT models answer through the chat template, pretrained ones continue."""
+    from eval.chat_session import ChatSession, GenerationSettings
+    from eval.model_dir import load_model
+
+    path, _ = locate_model(model_path)
+    model, tokenizer = load_model(path)
+    task = model_task(path) or "sft"
+    settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
+    pairs = []
+    for prompt in prompts or FIXED_PROMPTS[task]:
+        session = ChatSession(model, tokenizer, use_template=task == "sft", history_turns=0, settings=settings)
+        pairs.append((prompt, session.reply(prompt).text.strip()))
+    return pairs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain")
+    parser.add_argument("--data", nargs="+", default=list(DEFAULT_SPLITS),
+                        help=f"{' / '.join(DEFAULT_SPLITS)} or jsonl files")
+    parser.add_argument("--max_seq_len", type=int, default=256)
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--max_batches", type=int, default=0, help="per dataset; 0: all")
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--no_samples", action="store_true", help="skip the fixed prompts' greedy answers")
+    parser.add_argument("--device", default="auto", help="auto or cpu")
+    args = parser.parse_args(argv)
+    try:
+        path, note = locate_model(args.model_path)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+        report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
+                                    args.device)
+    except (ModelNotFound, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"model {report['model_path']} (task: {report['task'] or 'unknown'}), max_seq_len {report['max_seq_len']}")
+    print(format_table(report))
+    if not args.no_samples:
+        report["samples"] = [{"prompt": p, "answer": a} for p, a in sample_answers(path)]
+        print(f"\ngreedy answers (max {SAMPLE_TOKENS} new tokens):")
+        for sample in report["samples"]:
+            print(f"  {sample['prompt']} -> {sample['answer']}")
+    if args.json:
+        out = resolve_path(args.json)
+        from trainer.checkpoint import atomic_write_text
+        atomic_write_text(out, json.dumps(report, indent=2, ensure_ascii=False))
+        print(f"results written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""Export a Llama-compatible MiniNorm model as a stock `LlamaForCausalLM` directory.
+
+    python scripts/convert_to_llama.py --model_path out/pretrain --out_dir out/llama
+
+A model with norm_type='rmsnorm', norm_placement='pre' and qk_norm=False is a LLaMA with renamed norm keys
+(model/llama_compat.py holds the mapping), so the result loads in plain transformers, vLLM, llama.cpp's
+converter and so on, with the same logits. Any other config is refused, naming the switch. The directory is
+written under a temporary name and renamed into place, and the logits are checked against ours unless
+--no_verify.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from the repo root or from scripts/
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+import torch  # noqa: E402
+from transformers import GenerationConfig, LlamaForCausalLM  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from eval.model_dir import ModelNotFound, locate_model  # noqa: E402
+from model.config import MiniNormConfig  # noqa: E402
+from model.llama_compat import check_llama_compatible, to_llama_config, to_llama_state_dict  # noqa: E402
+from model.model import MiniNormForCausalLM  # noqa: E402
+from trainer.args import resolve_path  # noqa: E402
+
+# Why each switch has no LLaMA equivalent, appended to llama_compat's message.
+_WHY = {
+    "norm_type": "LLaMA normalizes with RMSNorm",
+    "norm_placement": "LLaMA is pre-LN: x + f(RMSNorm(x)) with a final norm",
+    "qk_norm": "LLaMA has no norm on queries and keys",
+}
+
+
+class NotLlamaCompatible(ValueError):
+    """The model's config uses a switch that LLaMA cannot express."""
+
+
+def check_exportable(config: MiniNormConfig, model_path: Path) -> None:
+    try:
+        check_llama_compatible(config)
+    except ValueError as error:
+        message = str(error)
+        why = next((reason for switch, reason in _WHY.items() if message.startswith(switch)), None)
+        raise NotLlamaCompatible(f"cannot convert {model_path} to Llama: {message}"
+                                 + (f" ({why})" if why else "")) from None
+
+
+def _patch_config_json(path: Path, dtype: torch.dtype) -> None:
+    config = json.loads(path.read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    # Readers that predate rope_parameters (transformers 4.x, llama.cpp's converter) look for rope_theta and
+    # would silently fall back to 10000.
+    config["rope_theta"] = config["rope_parameters"]["rope_theta"]
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _tokenizer_files(model_path: Path, staging: Path) -> None:
+    from dataset.tokenization import load_tokenizer
+
+    load_tokenizer(model_path).save_pretrained(staging)
+    # transformers 5 names the class TokenizersBackend; older readers know the same tokenizer.json loader
+    # as PreTrainedTokenizerFast.
+    config_file = staging / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text())
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+
+
+def _install(staging: Path, out_dir: Path) -> None:
+    """Rename the finished directory into place; a previous export there is replaced only at that moment."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        out_dir.rename(old)
+    staging.rename(out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@torch.no_grad()
+def max_logit_difference(ours: MiniNormForCausalLM, llama_dir: Path, seq_len: int = 16) -> float:
+    """Largest |logit difference| between our model and the exported directory loaded by stock transformers."""
+    llama = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, ours.config.vocab_size, (2, min(seq_len, ours.config.max_position_embeddings)),
+                        generator=generator)
+    return (ours.float()(ids).logits - llama(ids).logits).abs().max().item()
+
+
+def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool = True) -> Path:
+    """Write the LLaMA directory; returns its path. Raises NotLlamaCompatible / ModelNotFound."""
+    source, _ = locate_model(model_path)
+    out_dir = resolve_path(out_dir)
+    if out_dir == source:
+        raise ValueError("--out_dir must differ from --model_path")
+    config = MiniNormConfig.from_pretrained(source)
+    if getattr(config, "model_type", None) != MiniNormConfig.model_type:
+        raise ValueError(f"{source} is not a MiniNorm model (model_type={config.model_type!r})")
+    check_exportable(config, source)  # before loading any weights
+    ours = MiniNormForCausalLM.from_pretrained(source, norm_impl="eager").eval()
+    dtype = next(ours.parameters()).dtype
+    llama_config = to_llama_config(ours.config)
+    llama_config.architectures = ["LlamaForCausalLM"]
+    with torch.device("meta"):
+        llama = LlamaForCausalLM(llama_config)
+    state = {key: tensor.detach().clone() for key, tensor in to_llama_state_dict(ours.state_dict()).items()}
+    llama.load_state_dict(state, strict=True, assign=True)
+    llama.tie_weights()
+    llama.generation_config = GenerationConfig.from_pretrained(source) if (source / "generation_config.json"
+                                                                             ).is_file() else GenerationConfig()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp", dir=out_dir.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the export is an ordinary directory
+    try:
+        llama.save_pretrained(staging, safe_serialization=True)
+        _patch_config_json(staging / "config.json", dtype)
+        _tokenizer_files(source, staging)
+        if verify:
+            diff = max_logit_difference(ours, staging)
+            if not diff <= 1e-4:
+                raise RuntimeError(f"the exported model's logits differ from ours by {diff:.3g}; nothing written")
+        _install(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Export a Llama-compatible MiniNorm model as LlamaForCausalLM",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model_path", default="out/pretrain", help="MiniNorm model directory")
+    parser.add_argument("--out_dir", default="out/llama", help="where the LLaMA directory goes (replaced)")
+    parser.add_argument("--no_verify", action="store_true", help="skip the logits check against our model")
+    args = parser.parse_args(argv)
+    hf_logging.disable_progress_bar()
+    try:
+        out = convert_to_llama(args.model_path, args.out_dir, verify=not args.no_verify)
+    except (ModelNotFound, NotLlamaCompatible, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (LlamaForCausalLM{'' if args.no_verify else ', logits verified against ours'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

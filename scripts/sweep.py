@@ -1,0 +1,413 @@
+"""Run a wandb sweep YAML with no wandb server: `python scripts/sweep.py scripts/sweeps/FILE.yaml`.
+
+The YAML is wandb's own sweep format, so the same file also runs on a server (`wandb sweep FILE` +
+`wandb agent ID`). Here, wandb's own sweep engine (the `sweeps` package, `from sweeps import next_run`) proposes
+the trials; each trial runs as a training subprocess built from the YAML's `command` (wandb agent's macros
+`${env} ${interpreter} ${program} ${args}` ...), logs to wandb (offline unless logged in; one group per sweep)
+and writes its own directory under SWEEP_DIR/trials/. Outcomes go to SWEEP_DIR/results.jsonl, one line per
+trial, appended whole.
+
+Resumable: the proposed trials are kept in SWEEP_DIR/sweep_state.json (written atomically); restarted, the
+runner skips trials already recorded as finished or diverged, reruns any trial that was cut off (with
+`--resume auto`, so a trial with checkpoints continues from its last one) and retries crashed ones.
+Exit code 3 from the trainer is a divergence (NaN/inf): recorded as "diverged", not as a crash. Any other
+failure is recorded as "failed" (with the tail of its log) and the sweep goes on, unless --stop_on_failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import netrc
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from trainer.args import resolve_path  # noqa: E402
+from trainer.checkpoint import atomic_write_text  # noqa: E402
+
+METHODS = ("grid", "random", "bayes")
+DIVERGED_EXIT_CODE = 3
+RESULTS_FILE = "results.jsonl"
+STATE_FILE = "sweep_state.json"
+TRIALS_DIR = "trials"
+DONE_STATUSES = ("finished", "diverged")
+INSTALL_HINT = ("the wandb sweep engine is missing: pip install --no-deps sweeps==0.3.0 && "
+                "pip install jsonschema==4.26.0 jsonref==1.1.0 scipy==1.17.1 scikit-learn==1.9.1")
+# Serverless metric names → run_summary.json's final_val keys (the trainer logs val/val_loss, final/val_loss).
+SUMMARY_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}
+
+
+class SweepConfigError(ValueError):
+    """A sweep YAML that wandb would reject; the message names the file and the field."""
+
+
+# --------------------------------------------------------------------------- config
+def _sweeps_module():
+    try:
+        import warnings
+        with warnings.catch_warnings():  # sweeps' pydantic models use v1 config names
+            warnings.simplefilter("ignore")
+            import sweeps
+        return sweeps
+    except ImportError as error:
+        raise SystemExit(f"error: {INSTALL_HINT} ({error})") from None
+
+
+def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str, Any]:
+    """Check a parsed sweep YAML; raise SweepConfigError naming the first bad field."""
+    def bad(field: str, message: str) -> SweepConfigError:
+        return SweepConfigError(f"{source}: {field}: {message}")
+
+    if not isinstance(config, dict):
+        raise SweepConfigError(f"{source}: expected a mapping (method, metric, parameters, ...)")
+    if config.get("method") not in METHODS:
+        raise bad("method", f"{config.get('method')!r} is not one of {', '.join(METHODS)}")
+    metric = config.get("metric")
+    if config["method"] == "bayes" and metric is None:
+        raise bad("metric", "bayes search needs a metric (name and goal)")
+    if metric is not None:
+        if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
+            raise bad("metric.name", "expected a metric name, e.g. val_loss")
+        if metric.get("goal", "minimize") not in ("minimize", "maximize"):
+            raise bad("metric.goal", f"{metric.get('goal')!r} is not one of minimize, maximize")
+    parameters = config.get("parameters")
+    if not isinstance(parameters, dict) or not parameters:
+        raise bad("parameters", "expected a non-empty mapping of parameter name to spec")
+    for name, spec in parameters.items():
+        if not isinstance(spec, dict):
+            raise bad(f"parameters.{name}", "expected a mapping such as {values: [...]} or {value: x}")
+        if "parameters" in spec:
+            raise bad(f"parameters.{name}", "nested parameters are not supported by the trainer's flat flags")
+    command = config.get("command")
+    if command is not None and not (isinstance(command, list) and all(isinstance(c, str) for c in command)):
+        raise bad("command", "expected a list of strings")
+    if "program" in config and not isinstance(config["program"], str):
+        raise bad("program", "expected a path to the training script")
+    violations = _sweeps_module().schema_violations_from_proposed_config(config)
+    if violations:
+        raise SweepConfigError(f"{source}: {violations[-1]}")
+    if config["method"] in ("random", "bayes") and not isinstance(config.get("run_cap"), int):
+        raise bad("run_cap", f"{config['method']} search never ends by itself; set run_cap (an integer) so the "
+                             f"serverless runner knows when to stop")
+    return config
+
+
+def load_sweep_config(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SweepConfigError(f"{path}: no such file") from None
+    except yaml.YAMLError as error:
+        raise SweepConfigError(f"{path}: invalid YAML ({error})".replace("\n", " ")) from None
+    return validate_sweep_config(config, str(path))
+
+
+def sweep_name(config: dict[str, Any], path: str | Path) -> str:
+    return str(config.get("name") or Path(path).stem)
+
+
+# --------------------------------------------------------------------------- trials
+def _plain(value: Any) -> Any:
+    """numpy scalars (from the random/bayes samplers) → Python values, so they print and serialize plainly."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def swept_names(config: dict[str, Any]) -> list[str]:
+    """The parameters that vary between trials (not fixed `value:` entries)."""
+    return [name for name, spec in config["parameters"].items() if "value" not in spec]
+
+
+def trial_id(params: dict[str, Any], swept: list[str]) -> str:
+    """Deterministic from the parameters: a readable part over the swept ones plus a hash of all of them."""
+    digest = hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    def short(name: str) -> str:
+        return "".join(part[:1] for part in name.split("_")) if "_" in name else name[:4]
+    def fmt(value: Any) -> str:
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+    readable = "_".join(f"{short(name)}-{fmt(params[name])}" for name in swept if name in params)
+    readable = re.sub(r"[^A-Za-z0-9._=-]+", "", readable)[:80]
+    return f"{readable}_{digest}" if readable else digest
+
+
+def propose_next(config: dict[str, Any], trials: list[dict[str, Any]], seed: int) -> dict[str, Any] | None:
+    """The next trial's parameters from wandb's engine, or None when the sweep is complete.
+
+    The samplers draw from numpy's and Python's global generators: seeding them from (seed, trial index)
+    makes the proposals the same on every restart, given the same history."""
+    sweeps = _sweeps_module()
+    cap = config.get("run_cap")
+    if cap is not None and len(trials) >= cap:
+        return None
+    metric = (config.get("metric") or {}).get("name")
+    runs = []
+    for trial in trials:
+        value = trial.get("metric")
+        finished = trial.get("status") in DONE_STATUSES
+        runs.append(sweeps.SweepRun(
+            name=trial["trial_id"], config={k: {"value": v} for k, v in trial["params"].items()},
+            state=sweeps.RunState.finished if finished else sweeps.RunState.running,
+            summary_metrics={metric: value} if metric and value is not None else {}))
+    import numpy as np
+    index_seed = seed * 100_003 + len(trials)
+    np.random.seed(index_seed % 2**32)
+    random.seed(index_seed)
+    run = sweeps.next_run(config, runs)
+    if run is None:
+        return None
+    return {name: _plain(spec["value"]) for name, spec in run.config.items()}
+
+
+# --------------------------------------------------------------------------- running one trial
+def default_wandb_mode() -> str:
+    """online when a wandb API key is configured, else offline (no server needed)."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+        if netrc.netrc().authenticators(host):
+            return "online"
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        pass
+    return "offline"
+
+
+def _format_arg(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def build_command(config: dict[str, Any], params: dict[str, Any], extra: list[str]) -> list[str]:
+    """The trial's command line: the YAML's `command` with wandb agent's macros expanded, then `extra` flags
+    (out dir, run name, group) appended so they win over anything the YAML sets."""
+    program = config.get("program", "trainer/train_pretrain.py")
+    if not Path(program).is_absolute():
+        program = str(REPO_ROOT / program)
+    template = config.get("command") or ["${env}", "${interpreter}", "${program}", "${args}"]
+    flags = [f"--{k}={_format_arg(v)}" for k, v in params.items()]
+    macros: dict[str, list[str]] = {
+        "${env}": [] if os.name == "nt" else ["/usr/bin/env"],
+        "${interpreter}": [sys.executable],
+        "${program}": [program],
+        "${args}": flags,
+        "${args_no_hyphens}": [f"{k}={_format_arg(v)}" for k, v in params.items()],
+        "${args_no_boolean_flags}": [f"--{k}" if v is True else f"--{k}={_format_arg(v)}"
+                                     for k, v in params.items() if v is not False],
+        "${args_json}": [json.dumps(params)],
+    }
+    command: list[str] = []
+    for item in template:
+        if item in macros:
+            command.extend(macros[item])
+        elif "${" in item:
+            raise SweepConfigError(f"command: macro {item!r} is not supported by the serverless runner")
+        else:
+            command.append(item)
+    return command + extra
+
+
+@dataclass
+class TrialOutcome:
+    status: str              # finished | diverged | failed
+    returncode: int
+    summary: dict[str, Any]
+    error: str = ""
+
+
+_current_child: subprocess.Popen | None = None
+
+
+def _terminate_child(signum, frame) -> None:  # noqa: ARG001
+    # Stop the running trial with us; its directory has no run_summary.json, so a restart reruns it.
+    if _current_child is not None and _current_child.poll() is None:
+        _current_child.terminate()
+    raise SystemExit(128 + signum)
+
+
+def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> TrialOutcome:
+    global _current_child
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    log_path = trial_dir / "train.log"
+    summary_path = trial_dir / "run_summary.json"
+    if summary_path.exists():
+        summary_path.unlink()  # a stale summary must not be read as this attempt's outcome
+    with open(log_path, "ab") as log:
+        log.write(f"\n$ {shlex.join(command)}\n".encode())
+        log.flush()
+        _current_child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        returncode = _current_child.wait()
+        _current_child = None
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if returncode == 0 and summary.get("status") == "finished":
+        return TrialOutcome("finished", returncode, summary)
+    if returncode == DIVERGED_EXIT_CODE or summary.get("status") == "diverged":
+        return TrialOutcome("diverged", returncode, summary)
+    tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+    return TrialOutcome("failed", returncode, summary, "\n".join(tail))
+
+
+def metric_value(summary: dict[str, Any], metric: str | None) -> float | None:
+    """The sweep metric of a finished trial, from its run_summary.json."""
+    if not metric or not summary:
+        return None
+    name = metric.split("/")[-1]
+    final = summary.get("final_val") or {}
+    if name in SUMMARY_METRICS and SUMMARY_METRICS[name] in final:
+        return final[SUMMARY_METRICS[name]]
+    value = summary.get(name, final.get(name))
+    return value if isinstance(value, (int, float)) else None
+
+
+# --------------------------------------------------------------------------- the sweep
+def read_results(sweep_dir: Path) -> list[dict[str, Any]]:
+    """results.jsonl records in order; a torn last line (a kill mid-write) is ignored."""
+    path = sweep_dir / RESULTS_FILE
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _append_result(sweep_dir: Path, record: dict[str, Any]) -> None:
+    # One write() of one line on an O_APPEND descriptor: a reader never sees half a record from us.
+    data = (json.dumps(record, default=str) + "\n").encode()
+    fd = os.open(sweep_dir / RESULTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _load_state(sweep_dir: Path, name: str, config: dict[str, Any]) -> dict[str, Any]:
+    path = sweep_dir / STATE_FILE
+    if path.exists():
+        state = json.loads(path.read_text())
+        if state.get("config") != config:
+            raise SweepConfigError(f"{sweep_dir}: holds sweep {state.get('name')!r} with a different config; "
+                                   f"use another --sweep_dir (or delete it to start over)")
+        return state
+    return {"name": name, "config": config, "trials": []}
+
+
+def _save_state(sweep_dir: Path, state: dict[str, Any]) -> None:
+    atomic_write_text(sweep_dir / STATE_FILE, json.dumps(state, indent=1, default=str))
+
+
+def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wandb_mode: str | None = None,
+              max_trials: int | None = None, seed: int = 0, stop_on_failure: bool = False,
+              dry_run: bool = False) -> list[dict[str, Any]]:
+    """Run (or resume) a sweep; returns the trials of the state file with their statuses."""
+    config = load_sweep_config(config_path)
+    name = sweep_name(config, config_path)
+    sweep_dir = resolve_path(sweep_dir or f"out/sweeps/{name}")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    state = _load_state(sweep_dir, name, config)
+    done = {r["trial_id"]: r for r in read_results(sweep_dir) if r.get("status") in DONE_STATUSES}
+    metric = (config.get("metric") or {}).get("name")
+    for trial in state["trials"]:  # the results file is the record; the state may lag a kill behind it
+        if trial["trial_id"] in done:
+            trial["status"], trial["metric"] = done[trial["trial_id"]]["status"], done[trial["trial_id"]].get("metric")
+    mode = wandb_mode or default_wandb_mode()
+    env = dict(os.environ, WANDB_MODE=mode, WANDB_SILENT="true", PYTHONUNBUFFERED="1")
+    env.setdefault("WANDB_DIR", str(sweep_dir))
+    swept = swept_names(config)
+    save = (lambda: None) if dry_run else (lambda: _save_state(sweep_dir, state))
+    ran = 0
+    print(f"sweep {name!r} ({config['method']}) in {sweep_dir}; wandb {mode}; "
+          f"{sum(t['status'] in DONE_STATUSES for t in state['trials'])} trials already done", flush=True)
+    while max_trials is None or ran < max_trials:
+        pending = next((t for t in state["trials"] if t["status"] not in DONE_STATUSES), None)
+        if pending is None:
+            params = propose_next(config, state["trials"], seed)
+            if params is None:
+                break
+            pending = {"trial_id": trial_id(params, swept), "params": params, "status": "pending", "metric": None}
+            state["trials"].append(pending)
+            save()
+        if dry_run:
+            pending["status"] = "finished"  # only to move on to the next proposal; nothing is saved
+            print(f"[dry run] {pending['trial_id']}: {({k: pending['params'][k] for k in swept})}")
+            continue
+        pending["status"] = "running"
+        save()
+        trial_dir = sweep_dir / TRIALS_DIR / pending["trial_id"]
+        extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={name}",
+                 "--resume=auto"]
+        if "project" in config:
+            extra.append(f"--wandb_project={config['project']}")
+        if mode == "disabled":
+            extra.append("--use_wandb=false")
+        index = state["trials"].index(pending) + 1
+        print(f"[{index}] {pending['trial_id']} ...", end=" ", flush=True)
+        started = time.time()
+        outcome = run_trial(build_command(config, pending["params"], extra), trial_dir, env)
+        value = metric_value(outcome.summary, metric) if outcome.status == "finished" else None
+        record = {"trial_id": pending["trial_id"], "params": pending["params"], "status": outcome.status,
+                  "returncode": outcome.returncode, "metric_name": metric, "metric": value,
+                  "final_val": outcome.summary.get("final_val", {}), "steps": outcome.summary.get("steps"),
+                  "median_step_time_s": outcome.summary.get("median_step_time_s"),
+                  "tokens_per_s": outcome.summary.get("tokens_per_s"),
+                  "wall_time_s": round(time.time() - started, 2), "trial_dir": f"{TRIALS_DIR}/{pending['trial_id']}",
+                  "wandb_mode": mode, "error": outcome.error, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        _append_result(sweep_dir, record)
+        pending["status"], pending["metric"] = outcome.status, value
+        save()
+        ran += 1
+        shown = f"{metric}={value:.4f}" if value is not None else outcome.status
+        print(f"{outcome.status} ({shown}, {record['wall_time_s']:.0f} s)", flush=True)
+        if outcome.status == "failed":
+            print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
+            if stop_on_failure:
+                raise SystemExit(1)
+    counts = {s: sum(t["status"] == s for t in state["trials"]) for s in ("finished", "diverged", "failed")}
+    print(f"sweep {name!r}: {len(state['trials'])} trials proposed; {counts}; results in {sweep_dir / RESULTS_FILE}")
+    return state["trials"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a wandb sweep YAML serverless (resumable).")
+    parser.add_argument("config", help="sweep YAML in wandb's format, e.g. scripts/sweeps/paper_cpu.yaml")
+    parser.add_argument("--sweep_dir", help="default: out/sweeps/<sweep name>/")
+    parser.add_argument("--wandb_mode", choices=("offline", "online", "disabled"),
+                        help="default: online if a wandb API key is configured, else offline")
+    parser.add_argument("--max_trials", type=int, help="run at most this many trials now, then stop (resumable)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random/bayes proposals")
+    parser.add_argument("--stop_on_failure", action="store_true", help="stop at the first crashed trial")
+    parser.add_argument("--dry_run", action="store_true", help="print the trials' parameters, run nothing")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate_child)
+    try:
+        trials = run_sweep(args.config, args.sweep_dir, args.wandb_mode, args.max_trials, args.seed,
+                           args.stop_on_failure, args.dry_run)
+    except SweepConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 1 if any(t["status"] == "failed" for t in trials) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

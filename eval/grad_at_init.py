@@ -1,0 +1,303 @@
+"""Gradient norms per layer at initialization, for every norm placement and type (Xiong et al., 2020, Fig. 3).
+
+    python eval/grad_at_init.py                       # 8-layer cpu-default shape, 3 seeds, 2 batches: ~3 min
+    python eval/grad_at_init.py --layers 12 --seeds 5 --data_path my.jsonl
+
+Xiong et al. ("On Layer Normalization in the Transformer Architecture") show that at initialization the
+gradient of the FFN's weights grows toward the output layers with Post-LN and stays flat with Pre-LN. This
+script measures the same thing here: for each placement x norm type x seed, the model is freshly initialized,
+and for each of a few fixed batches of the default pretraining data we take the next-token loss's gradient and
+record, per layer, the L2 norm of the gradient of the FFN's output matrix (`mlp.down_proj.weight`, W^2 in
+Xiong's notation), of the whole FFN, of the attention, and of the whole block. Norms are averaged over batches
+and seeds (the spread over seeds is kept too).
+
+Writes to --out (default eval/results/grad_at_init/): `results.json` (every number), `grad_at_init.md` (tables)
+and `grad_at_init.png` (one panel per norm type, a line per placement, layers on x).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `import model...` work from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from model.config import MiniNormConfig
+from model.model import MiniNormForCausalLM
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "eval" / "results" / "grad_at_init"
+PLACEMENTS = ("pre", "post", "sandwich", "res_post")
+NORM_TYPES = ("rmsnorm", "layernorm", "prmsnorm", "none")
+# Per layer, which parameters each reported quantity covers (attribute paths inside a Block).
+QUANTITIES = {
+    "ffn_w2": ("mlp.down_proj",),
+    "ffn": ("mlp",),
+    "attn": ("self_attn",),
+    "block": ("",),
+}
+
+INIT_LABELS = {"model": "MiniNorm's own (N(0, 0.02), residual projections / sqrt(2L))",
+               "xavier": "Xavier-normal block weights, no depth scaling (Xiong et al.'s setting)"}
+
+
+def random_batches(num_batches: int, batch_size: int, seq_len: int, vocab_size: int,
+                   seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (batch_size, seq_len), generator=gen) for _ in range(num_batches)]
+
+
+def token_batches(data_path: str | None, num_batches: int, batch_size: int, seq_len: int, seed: int = 0,
+                  tokenizer=None) -> tuple[list[torch.Tensor], str]:
+    """Fixed batches (B, seq_len) of packed documents from the pretraining jsonl, and a label of their source.
+
+    Documents are tokenized in file order, joined by eos and cut into rows (the packing the trainer uses);
+    rows are then drawn at random (seeded) from a pool four times larger than needed. Without the default
+    corpus or tokenizer the batches are random tokens, and the label says so.
+    """
+    try:
+        if tokenizer is None:
+            from dataset.tokenization import load_tokenizer
+            tokenizer = load_tokenizer()
+        if data_path is None:
+            from dataset.corpus import ensure_default_corpus
+            data_path = str(ensure_default_corpus(quiet=True).pretrain_train)
+    except (ImportError, OSError) as error:
+        print(f"WARNING: no default data/tokenizer ({error}); using RANDOM TOKENS", file=sys.stderr)
+        vocab = MiniNormConfig().vocab_size
+        return random_batches(num_batches, batch_size, seq_len, vocab, seed), "random tokens (no corpus available)"
+
+    needed = 4 * num_batches * batch_size * seq_len
+    stream: list[int] = []
+    with open(data_path, encoding="utf-8") as f:
+        for line in f:
+            text = json.loads(line).get("text") if line.strip() else None
+            if text:
+                stream += tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            if len(stream) >= needed:
+                break
+    rows = torch.tensor(stream[: len(stream) // seq_len * seq_len], dtype=torch.long).view(-1, seq_len)
+    if len(rows) < num_batches * batch_size:
+        raise ValueError(f"{data_path} has too few tokens for {num_batches} batches of {batch_size}x{seq_len}")
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))
+    picked = rows[order[: num_batches * batch_size]]
+    return list(picked.split(batch_size)), f"{Path(data_path).name} (packed, tokenizer vocab {len(tokenizer)})"
+
+
+def layer_grad_norms(model: MiniNormForCausalLM) -> dict[str, list[float]]:
+    """Per quantity, the L2 norm of each layer's gradient over the parameters that quantity covers."""
+    out: dict[str, list[float]] = {}
+    for quantity, paths in QUANTITIES.items():
+        values = []
+        for block in model.model.layers:
+            params = [p for path in paths for p in block.get_submodule(path).parameters()]
+            values.append(float(torch.sqrt(sum(p.grad.double().pow(2).sum() for p in params if p.grad is not None))))
+        out[quantity] = values
+    return out
+
+
+def xavier_init_(model: MiniNormForCausalLM) -> None:
+    """Xiong et al.'s setting: Xavier-normal block weights with no depth scaling, so each sublayer's output is
+    as large as its input (MiniNorm's own init, std 0.02 and /sqrt(2L) on residual projections, makes it tiny)."""
+    for module in model.model.layers.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.xavier_normal_(module.weight)
+
+
+def measure(config: MiniNormConfig, batches: list[torch.Tensor], seeds: Sequence[int],
+            init: str = "model") -> dict[str, np.ndarray]:
+    """Array (seeds, batches, layers) of gradient norms per quantity, plus the initial losses."""
+    per_quantity: dict[str, list] = {q: [] for q in QUANTITIES}
+    losses = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        model = MiniNormForCausalLM(config).train()
+        if init == "xavier":
+            xavier_init_(model)
+        rows: dict[str, list] = {q: [] for q in QUANTITIES}
+        seed_losses = []
+        for ids in batches:
+            model.zero_grad(set_to_none=True)
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            seed_losses.append(loss.item())
+            for quantity, values in layer_grad_norms(model).items():
+                rows[quantity].append(values)
+        for quantity in QUANTITIES:
+            per_quantity[quantity].append(rows[quantity])
+        losses.append(seed_losses)
+    result = {q: np.array(v) for q, v in per_quantity.items()}
+    result["loss"] = np.array(losses)
+    return result
+
+
+def growth(values: np.ndarray) -> float:
+    """Last layer / first layer: > 1 means the gradient grows toward the output."""
+    return float(values[-1] / values[0])
+
+
+def write_table(results: dict, path: Path) -> None:
+    meta = results["meta"]
+    lines = [
+        "# Gradient norm per layer at initialization",
+        "",
+        f"Model: `{meta['preset']}` shape with {meta['layers']} layers (hidden {meta['hidden_size']}, "
+        f"SwiGLU {meta['intermediate_size']}), init: {INIT_LABELS[meta['init']]}, norm_impl=eager, fp32. Data: {meta['data']}; "
+        f"{meta['batches']} batches of {meta['batch_size']}x{meta['seq_len']} tokens; seeds {meta['seeds']}. "
+        f"Generated by `{' '.join(['python eval/grad_at_init.py', meta['argv']]).strip()}` in "
+        f"{meta['seconds']:.0f} s ({meta['machine']}).",
+        "",
+        "Values: L2 norm of the gradient of the loss with respect to each layer's FFN output matrix "
+        "(`mlp.down_proj.weight`, W^2 in Xiong et al.), mean over batches and seeds (± std over seeds for the "
+        "first and last layer in the last column). growth = last layer / first layer.",
+        "",
+    ]
+    layers = meta["layers"]
+    header = "| placement | norm | " + " | ".join(f"L{i}" for i in range(layers)) + " | growth | first ± std / last ± std |"
+    lines += [header, "|" + "---|" * (layers + 4)]
+    for entry in results["runs"]:
+        mean, std = np.array(entry["ffn_w2_mean"]), np.array(entry["ffn_w2_seed_std"])
+        cells = " | ".join(f"{v:.3g}" for v in mean)
+        lines.append(f"| {entry['placement']} | {entry['norm_type']} | {cells} | {growth(mean):.2f} | "
+                     f"{mean[0]:.3g} ± {std[0]:.2g} / {mean[-1]:.3g} ± {std[-1]:.2g} |")
+    lines += ["", "Whole-block gradient norm (all parameters of the block), mean over batches and seeds:", "",
+              "| placement | norm | " + " | ".join(f"L{i}" for i in range(layers)) + " | growth |",
+              "|" + "---|" * (layers + 3)]
+    for entry in results["runs"]:
+        mean = np.array(entry["block_mean"])
+        lines.append(f"| {entry['placement']} | {entry['norm_type']} | "
+                     + " | ".join(f"{v:.3g}" for v in mean) + f" | {growth(mean):.2f} |")
+    lines += ["", "Initial loss (mean over batches and seeds): "
+              + ", ".join(f"{e['placement']}/{e['norm_type']} {e['loss_mean']:.3f}" for e in results["runs"]), ""]
+    path.write_text("\n".join(lines))
+
+
+def plot(results: dict, path: Path, quantity: str = "ffn_w2") -> None:
+    """Top row: the gradient norm per layer (log scale), one panel per norm type, a line per placement.
+    Bottom row: the same divided by layer 0's value, so the depth trend of every placement is comparable."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    norm_types = list(dict.fromkeys(e["norm_type"] for e in results["runs"]))
+    fig, axes = plt.subplots(2, len(norm_types), figsize=(4.2 * len(norm_types), 7.2), squeeze=False)
+    styles = {"pre": "o-", "post": "s-", "sandwich": "^-", "res_post": "d-"}
+    for column, norm_type in enumerate(norm_types):
+        top, bottom = axes[0][column], axes[1][column]
+        for entry in (e for e in results["runs"] if e["norm_type"] == norm_type):
+            mean, std = np.array(entry[f"{quantity}_mean"]), np.array(entry[f"{quantity}_seed_std"])
+            layers = np.arange(len(mean))
+            style = styles.get(entry["placement"], "o-")
+            top.plot(layers, mean, style, label=entry["placement"], markersize=4)
+            top.fill_between(layers, np.maximum(mean - std, mean * 0.05), mean + std, alpha=0.15)
+            bottom.plot(layers, mean / mean[0], style, label=entry["placement"], markersize=4)
+        top.set_yscale("log")
+        top.set_title(f"norm_type = {norm_type}", fontsize=10)
+        bottom.axhline(1.0, color="gray", lw=0.8, ls="--")
+        bottom.set_xlabel("layer (0 = next to the embedding)")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("||dLoss/dW2_ffn|| at init (log)")
+    axes[1][0].set_ylabel("relative to layer 0")
+    meta = results["meta"]
+    fig.suptitle(f"Gradient norm of the FFN output matrix per layer at initialization, {meta['init']} init "
+                 f"({meta['layers']} layers, hidden {meta['hidden_size']}, {len(meta['seeds'])} seeds, "
+                 "band: ± std over seeds)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="cpu-default")
+    parser.add_argument("--layers", type=int, default=8, help="num_hidden_layers (the preset has 4; more layers "
+                        "make a depth trend visible)")
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--placements", default=",".join(PLACEMENTS))
+    parser.add_argument("--norm_types", default=",".join(NORM_TYPES))
+    parser.add_argument("--data_path", default=None, help="pretraining jsonl ({'text': ...} lines); "
+                        "default: the embedded default corpus")
+    parser.add_argument("--random_tokens", action="store_true",
+                        help="uniform random token batches instead of text (a sanity baseline; also no tokenizer)")
+    parser.add_argument("--init", choices=("model", "xavier"), default="model",
+                        help="model: MiniNorm's own init; xavier: Xavier-normal block weights (Xiong et al.)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--replot", action="store_true", help="only redraw the table and PNG from results.json")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.replot:
+        results = json.loads((out / "results.json").read_text())
+        write_table(results, out / "grad_at_init.md")
+        plot(results, out / "grad_at_init.png")
+        return results
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    start = time.time()
+    if args.random_tokens:
+        vocab = MiniNormConfig.from_preset(args.preset).vocab_size
+        batches = random_batches(args.batches, args.batch_size, args.seq_len, vocab)
+        data_label = "RANDOM TOKENS (--random_tokens)"
+    else:
+        batches, data_label = token_batches(args.data_path, args.batches, args.batch_size, args.seq_len)
+    seeds = list(range(args.seeds))
+    runs = []
+    no_norm_entry = None
+    for placement in args.placements.split(","):
+        for norm_type in args.norm_types.split(","):
+            if norm_type == "none" and no_norm_entry is not None:
+                # Without norms every placement is the same network (x = x + f(x)) with the same init: reuse.
+                runs.append({**no_norm_entry, "placement": placement})
+                continue
+            config = MiniNormConfig.from_preset(args.preset, num_hidden_layers=args.layers, norm_type=norm_type,
+                                                norm_placement=placement, norm_impl="eager",
+                                                max_position_embeddings=max(512, args.seq_len))
+            t0 = time.time()
+            measured = measure(config, batches, seeds, args.init)
+            entry = {"placement": placement, "norm_type": norm_type, "loss_mean": float(measured["loss"].mean())}
+            for quantity in QUANTITIES:
+                per_seed = measured[quantity].mean(axis=1)  # (seeds, layers): mean over batches
+                entry[f"{quantity}_mean"] = per_seed.mean(axis=0).tolist()
+                entry[f"{quantity}_seed_std"] = per_seed.std(axis=0).tolist()
+            runs.append(entry)
+            if norm_type == "none":
+                no_norm_entry = entry
+            w2 = np.array(entry["ffn_w2_mean"])
+            print(f"{placement:>9s} {norm_type:>9s}  ffn W2 grad norm first {w2[0]:.3g} last {w2[-1]:.3g} "
+                  f"growth {growth(w2):.2f}  ({time.time() - t0:.0f} s)", flush=True)
+
+    config = MiniNormConfig.from_preset(args.preset, num_hidden_layers=args.layers)
+    results = {
+        "meta": {"preset": args.preset, "init": args.init, "layers": args.layers, "hidden_size": config.hidden_size,
+                 "intermediate_size": config.intermediate_size, "seq_len": args.seq_len,
+                 "batch_size": args.batch_size, "batches": args.batches, "seeds": seeds, "data": data_label,
+                 "argv": " ".join(argv if argv is not None else sys.argv[1:]), "seconds": time.time() - start,
+                 "torch": torch.__version__, "machine": f"{platform.machine()}, {torch.get_num_threads()} threads"},
+        "runs": runs,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    write_table(results, out / "grad_at_init.md")
+    plot(results, out / "grad_at_init.png")
+    print(f"wrote {out / 'grad_at_init.md'} and {out / 'grad_at_init.png'} in {time.time() - start:.0f} s")
+    return results
+
+
+if __name__ == "__main__":
+    main()

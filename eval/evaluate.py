@@ -24,8 +24,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from eval.model_dir import ModelNotFound, locate_model, model_task  # noqa: E402
-from trainer.args import resolve_path  # noqa: E402
+from eval.model_dir import ModelNotFound, locate_model, model_task, resolve_path  # noqa: E402
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
 # A quick qualitative check: greedy answers to fixed English and Chinese prompts.
@@ -42,7 +41,7 @@ def resolve_data_spec(spec: str) -> tuple[str, Path]:
     if spec in DEFAULT_SPLITS:
         from dataset.corpus import ensure_default_corpus
         return spec, getattr(ensure_default_corpus(quiet=True), spec)
-    path = resolve_path(spec) if not Path(spec).exists() else Path(spec)
+    path = Path(spec) if Path(spec).exists() else resolve_path(spec)
     if not path.is_file():
         raise FileNotFoundError(f"--data {spec}: no such file (or use one of {', '.join(DEFAULT_SPLITS)})")
     return path.stem, path

@@ -10,13 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.args import resolve_path
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SFT_DIR = "out/sft"
 PRETRAIN_DIR = "out/pretrain"
 TRAIN_CONFIG_FILE = "train_config.yaml"  # written by trainer/core.py next to the model, with `task:`
 CREATE_COMMANDS = {"sft": "python trainer/train_full_sft.py", "pretrain": "python trainer/train_pretrain.py"}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def resolve_path(path: str | Path) -> Path:
+    """trainer.args.resolve_path's rule (relative paths start at the repo root), without its import of torch
+    (through model.config): a missing model is reported at once."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else REPO_ROOT / path
 
 
 class ModelNotFound(FileNotFoundError):
@@ -56,7 +63,9 @@ def locate_model(model_path: str | Path | None = None) -> tuple[Path, str | None
     No path: the latest SFT model (out/sft), else the pretrained one (out/pretrain). Raises ModelNotFound.
     """
     if model_path is not None:
-        path = resolve_path(model_path)
+        # As typed from the current directory when that exists, else from the repo root like the trainers.
+        path = Path(model_path).expanduser().resolve() if Path(model_path).expanduser().exists() \
+            else resolve_path(model_path)
         if not is_model_dir(path):
             task = model_task(path) or ("pretrain" if path == resolve_path(PRETRAIN_DIR) else "sft")
             raise _missing(path, task)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 
 
@@ -19,3 +23,88 @@ def default_corpus(tmp_path_factory):
     from dataset.corpus import ensure_default_corpus
 
     return ensure_default_corpus(tmp_path_factory.mktemp("default_corpus"), quiet=True)
+
+
+# ---------------------------------------------------------------- tiny trained model directories (chat, eval, export)
+TINY_REPLY = "I am a tiny model."
+_TINY_QUESTIONS = ("Hi!", "Hello", "Who are you?", "What is the capital of France?", "Tell me a joke.", "你好",
+                   "How are you?", "What is your name?", "Good morning", "Bye")
+_TINY_TEXTS = ("The history of the city begins with a small fishing village on the river.",
+               "Water is a chemical compound of hydrogen and oxygen. It covers most of the Earth.",
+               "北京是中华人民共和国的首都，也是政治和文化中心。",
+               "A tiny language model learns to continue text one token at a time.")
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    sft: Path             # trained to answer every question with TINY_REPLY and then <|im_end|>
+    pretrain: Path        # untrained, Llama-compatible (rmsnorm, pre), task: pretrain
+    post_ln: Path         # untrained, norm_placement="post" (not Llama-compatible)
+    sft_data: Path        # the SFT jsonl the sft model was trained on
+    pretrain_data: Path   # a small {"text"} jsonl
+    reply: str = TINY_REPLY
+
+
+def _tiny_model(tokenizer, seed: int, **overrides):
+    import torch
+
+    from model import MiniNormConfig, MiniNormForCausalLM
+
+    torch.manual_seed(seed)
+    config = MiniNormConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=128, norm_impl="eager",
+                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **overrides)
+    return MiniNormForCausalLM(config)
+
+
+def _perturbed(model):
+    """Untrained weights plus noise, so norm gains differ from 1 and a mis-mapped norm key would show."""
+    import torch
+
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return model.eval()
+
+
+def _save_tiny(model, tokenizer, path: Path, task: str) -> Path:
+    import yaml
+
+    from trainer.core import CONFIG_FILE, save_model_dir
+
+    save_model_dir(model, tokenizer, path)
+    (path / CONFIG_FILE).write_text(yaml.safe_dump({"task": task}))  # how the trainer records the task
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, tokenizer) -> TinyModels:
+    """Tiny model directories written like the trainer's (about 10 s): an SFT model that reliably stops at
+    <|im_end|>, an untrained pretrained one, a post-LN one, and their data files."""
+    import torch
+
+    from dataset.sft_dataset import SFTDataset
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    sft_data, pretrain_data = root / "sft.jsonl", root / "pretrain.jsonl"
+    sft_data.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": q},
+                                                               {"role": "assistant", "content": TINY_REPLY}]},
+                                           ensure_ascii=False) + "\n" for q in _TINY_QUESTIONS), encoding="utf-8")
+    pretrain_data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in _TINY_TEXTS),
+                             encoding="utf-8")
+
+    data = SFTDataset(sft_data, tokenizer, max_seq_len=64, cache_dir=root / "cache")
+    batch = data.collate([data[i] for i in range(len(data))])
+    model = _tiny_model(tokenizer, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(80):  # full-batch steps until the fixed reply (and its <|im_end|>) is memorized
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    return TinyModels(
+        sft=_save_tiny(model, tokenizer, root / "sft", "sft"),
+        pretrain=_save_tiny(_perturbed(_tiny_model(tokenizer, seed=1)), tokenizer, root / "pretrain", "pretrain"),
+        post_ln=_save_tiny(_perturbed(_tiny_model(tokenizer, seed=2, norm_placement="post")), tokenizer,
+                           root / "post_ln", "pretrain"),
+        sft_data=sft_data, pretrain_data=pretrain_data)

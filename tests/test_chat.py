@@ -1,0 +1,202 @@
+"""eval/chat.py and eval/chat_session.py on tiny model directories written like the trainer's."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eval.chat import _use_template
+from eval.chat_session import ChatSession, GenerationSettings
+from eval.model_dir import ModelNotFound, load_model, locate_model, model_task, resolve_path
+
+REPO = Path(__file__).resolve().parents[1]
+CHAT = REPO / "eval" / "chat.py"
+GREEDY = ["--temperature", "0", "--max_new_tokens", "40"]
+
+
+@pytest.fixture(scope="module")
+def sft(tiny_models):
+    return load_model(tiny_models.sft)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tiny_models):
+    return load_model(tiny_models.pretrain)
+
+
+def greedy_session(loaded, use_template: bool = True, **kwargs) -> ChatSession:
+    model, tokenizer = loaded
+    return ChatSession(model, tokenizer, use_template,
+                       settings=GenerationSettings(max_new_tokens=40, temperature=0.0), **kwargs)
+
+
+def start_chat(*args: str, cwd: Path = REPO) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
+    return subprocess.Popen([sys.executable, str(CHAT), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, encoding="utf-8", cwd=cwd, env=env)
+
+
+def finish(process: subprocess.Popen, stdin: str = "") -> subprocess.CompletedProcess:
+    out, err = process.communicate(stdin, timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+PIPED = "Who are you?\n/reset\n\n你好\n/exit\nnever answered\n"
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tiny_models) -> dict[str, subprocess.CompletedProcess]:
+    """The two subprocess runs, started together: interpreter start-up dominates them."""
+    # The piped run starts in eval/ with a relative model path, to check the script's own path handling.
+    relative = os.path.relpath(tiny_models.sft, REPO / "eval")
+    processes = {
+        "prompt": start_chat("--model_path", str(tiny_models.sft), "--prompt", "What is the capital of France?",
+                             *GREEDY),
+        "piped": start_chat("--model_path", relative, "--history", "2", *GREEDY, cwd=REPO / "eval"),
+    }
+    return {"prompt": finish(processes["prompt"]), "piped": finish(processes["piped"], PIPED)}
+
+
+def test_greedy_answer_stops_at_im_end(sft, tiny_models) -> None:
+    model, tokenizer = sft
+    reply = greedy_session(sft).reply("Who are you?")
+    assert reply.text == tiny_models.reply
+    assert reply.stopped_at_eos and reply.token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>") == 2
+    assert reply.new_tokens < 40
+    assert reply.tokens_per_s > 0
+
+
+def test_prompt_answers_once_and_exits(sft, cli_runs) -> None:
+    expected = greedy_session(sft).reply("What is the capital of France?").text
+    result = cli_runs["prompt"]
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected + "\n"
+    assert "tokens/s" in result.stderr and "max_new_tokens" not in result.stderr  # it stopped at <|im_end|>
+
+
+def test_piped_stdin_answers_each_line_with_reset_and_exit(sft, cli_runs) -> None:
+    session = greedy_session(sft, history_turns=2)
+    first = session.reply("Who are you?").text
+    session.reset()
+    second = session.reply("你好").text
+    result = cli_runs["piped"]
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [first, second]
+    assert "(history cleared)" in result.stderr
+    assert result.stderr.count("tokens/s") == 2
+
+
+def chat_in_process(monkeypatch, capsys, *args: str, stdin: str = "") -> tuple[int, str, str]:
+    """eval/chat.py's main() in this process (no interpreter start-up): exit code, stdout, stderr."""
+    from eval import chat
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))  # not a terminal: the piped-input path
+    code = chat.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_stdin_eof_ends_the_session(monkeypatch, capsys, tiny_models) -> None:
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
+                                     "--history", "0", "--no_stream", stdin="Hello\nBye")
+    assert code == 0, err
+    assert out == f"{tiny_models.reply}\n{tiny_models.reply}\n"
+
+
+@pytest.mark.parametrize("which", ["sft", "pretrained"])
+def test_streaming_equals_non_streaming(which: str, request) -> None:
+    loaded = request.getfixturevalue(which)
+    for prompt in ("Tell me a joke.", "中国的首都是", "The history of"):
+        pieces: list[str] = []
+        streamed = greedy_session(loaded, use_template=which == "sft").reply(prompt, on_text=pieces.append)
+        plain = greedy_session(loaded, use_template=which == "sft").reply(prompt)
+        assert streamed.token_ids == plain.token_ids
+        assert "".join(pieces) == plain.text
+
+
+def test_history_is_rendered_with_the_chat_template(sft) -> None:
+    session = greedy_session(sft, system_prompt="Be brief.", history_turns=2)
+    first = session.reply("Who are you?").text.strip()
+    second = session.reply("Hello").text.strip()
+    assert session.render("Third?") == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nWho are you?<|im_end|>\n"
+        f"<|im_start|>assistant\n{first}<|im_end|>\n"
+        "<|im_start|>user\nHello<|im_end|>\n"
+        f"<|im_start|>assistant\n{second}<|im_end|>\n"
+        "<|im_start|>user\nThird?<|im_end|>\n"
+        "<|im_start|>assistant\n")
+    session.history_turns = 1
+    assert session.render("Third?") == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nHello<|im_end|>\n"
+        f"<|im_start|>assistant\n{second}<|im_end|>\n"
+        "<|im_start|>user\nThird?<|im_end|>\n"
+        "<|im_start|>assistant\n")
+    session.reset()
+    assert session.render("Hi") == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                                    "<|im_start|>assistant\n")
+
+
+def test_history_is_dropped_oldest_first_to_fit_the_context(sft) -> None:
+    session = greedy_session(sft, history_turns=10)
+    for index in range(6):
+        session.history += [{"role": "user", "content": f"question {index} " * 5},
+                            {"role": "assistant", "content": f"answer {index} " * 5}]
+    session.max_context = 120
+    ids, budget = session._prompt_ids("last")
+    text = session.tokenizer.decode(ids)
+    assert len(ids) + session.settings.max_new_tokens <= 120 and budget == 40
+    assert "question 5" in text and "question 0" not in text and text.endswith("last<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_pretrained_model_continues_plain_text(pretrained, tiny_models) -> None:
+    model, tokenizer = pretrained
+    assert model_task(tiny_models.pretrain) == "pretrain" and model_task(tiny_models.sft) == "sft"
+    assert not _use_template("auto", "pretrain", tokenizer) and _use_template("auto", "sft", tokenizer)
+    session = greedy_session(pretrained, use_template=False)
+    # A document starts after an eos in packed pretraining (the tokenizer has no bos); no template, no history.
+    assert session.render("The history of") == "<|im_end|>The history of"
+    session.reply("The history of")
+    assert session.history == []
+
+def test_cli_uses_plain_continuation_for_a_pretrained_model(monkeypatch, capsys, pretrained, tiny_models) -> None:
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.pretrain),
+                                     "--prompt", "The history of", *GREEDY)
+    assert code == 0, err
+    assert "plain continuation" in err
+    assert out == greedy_session(pretrained, use_template=False).reply("The history of").text + "\n"
+
+
+def test_missing_model_is_one_line_naming_the_command(tmp_path) -> None:
+    result = finish(start_chat("--model_path", str(tmp_path / "nothing_here"), "--prompt", "hi"))
+    assert result.returncode != 0
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "python trainer/train_full_sft.py" in lines[0] and "nothing_here" in lines[0]
+
+
+def test_default_model_falls_back_to_pretrain(tmp_path, monkeypatch, tiny_models) -> None:
+    import eval.model_dir as model_dir
+
+    monkeypatch.setattr(model_dir, "SFT_DIR", str(tmp_path / "sft"))
+    monkeypatch.setattr(model_dir, "PRETRAIN_DIR", str(tmp_path / "pretrain"))
+    with pytest.raises(ModelNotFound, match="python trainer/train_pretrain.py"):
+        locate_model()
+    (tmp_path / "pretrain").symlink_to(tiny_models.pretrain)
+    path, note = locate_model()
+    assert path == tmp_path / "pretrain" and "no SFT model" in note and "train_full_sft.py" in note
+    (tmp_path / "sft").symlink_to(tiny_models.sft)
+    assert locate_model() == (tmp_path / "sft", None)
+
+
+def test_paths_resolve_like_the_trainers() -> None:
+    from trainer.args import resolve_path as trainer_resolve
+
+    for path in ("out/sft", "/tmp/x", "a/../b"):
+        assert resolve_path(path) == trainer_resolve(path)

@@ -1,0 +1,99 @@
+"""eval/evaluate.py: its numbers against losses computed here independently, its CLI and its JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eval.evaluate import FIXED_PROMPTS, detect_kind, evaluate_model_dir, main
+from eval.model_dir import load_model
+
+
+def test_pretrain_perplexity_is_exp_of_mean_token_loss(tiny_models, tokenizer) -> None:
+    seq_len = 16
+    report = evaluate_model_dir(tiny_models.pretrain, [str(tiny_models.pretrain_data)], max_seq_len=seq_len,
+                                batch_size=3)
+    result = report["results"]["pretrain"]
+    # Independently: every document followed by eos, one stream, cut into rows of seq_len, each row scored alone.
+    stream: list[int] = []
+    for line in tiny_models.pretrain_data.read_text(encoding="utf-8").splitlines():
+        stream += tokenizer(json.loads(line)["text"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    rows = [stream[i:i + seq_len] for i in range(0, len(stream) - seq_len + 1, seq_len)]
+    assert len(rows) % 3  # the last batch is short: the mean must be token-weighted, not batch-weighted
+    model, _ = load_model(tiny_models.pretrain)
+    nats, count = 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            ids = torch.tensor([row])
+            logits = model(ids).logits[0]
+            nats += F.cross_entropy(logits[:-1].double(), ids[0, 1:], reduction="sum").item()
+            count += len(row) - 1
+    assert result["kind"] == "pretrain" and result["tokens"] == count
+    assert result["loss"] == pytest.approx(nats / count, rel=1e-5)
+    assert result["perplexity"] == pytest.approx(math.exp(nats / count), rel=1e-5)
+    assert result["bits_per_byte"] == pytest.approx(nats / math.log(2) / result["bytes"], rel=1e-6)
+    assert result["bytes"] > result["tokens"]  # byte-level BPE tokens of real text average over one byte
+    assert report["task"] == "pretrain" and report["max_seq_len"] == seq_len
+
+
+def test_sft_loss_covers_only_assistant_tokens(tiny_models, tokenizer) -> None:
+    report = evaluate_model_dir(tiny_models.sft, [str(tiny_models.sft_data)], max_seq_len=64, batch_size=4)
+    result = report["results"]["sft"]
+    model, _ = load_model(tiny_models.sft)
+    nats, count = 0.0, 0
+    with torch.no_grad():
+        for line in tiny_models.sft_data.read_text(encoding="utf-8").splitlines():
+            user, assistant = json.loads(line)["conversations"]
+            prompt = tokenizer.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
+            prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            answer_ids = tokenizer(assistant["content"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            full = prompt_ids + answer_ids + tokenizer("\n", add_special_tokens=False)["input_ids"]
+            assert full == tokenizer(prompt + assistant["content"] + "<|im_end|>\n",
+                                     add_special_tokens=False)["input_ids"]
+            logits = model(torch.tensor([full])).logits[0]
+            # Position t predicts token t+1: the answer tokens are predicted from the positions just before them.
+            start = len(prompt_ids)
+            predicted = logits[start - 1:start - 1 + len(answer_ids)].double()
+            nats += F.cross_entropy(predicted, torch.tensor(answer_ids), reduction="sum").item()
+            count += len(answer_ids)
+    assert result["kind"] == "sft" and result["tokens"] == count
+    # The memorized replies cost ~0.02 nats: compare absolutely (padded batches vs single rows differ in fp32).
+    assert result["loss"] == pytest.approx(nats / count, rel=1e-5, abs=1e-5)
+    assert result["perplexity"] == pytest.approx(math.exp(nats / count), rel=1e-5)
+
+
+def test_cli_prints_table_and_samples_and_writes_json(tiny_models, tmp_path, capsys) -> None:
+    out = tmp_path / "report.json"
+    code = main(["--model_path", str(tiny_models.sft), "--data", str(tiny_models.sft_data),
+                 str(tiny_models.pretrain_data), "--max_seq_len", "32", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert set(report["results"]) == {"sft", "pretrain"}
+    assert report["results"]["sft"]["kind"] == "sft" and report["results"]["pretrain"]["kind"] == "pretrain"
+    for name, result in report["results"].items():
+        assert name in printed and f"{result['loss']:.4f}" in printed
+    prompts = [sample["prompt"] for sample in report["samples"]]
+    assert prompts == list(FIXED_PROMPTS["sft"]) and any("\u4e00" <= ch <= "\u9fff" for ch in "".join(prompts))
+    answers = {sample["prompt"]: sample["answer"] for sample in report["samples"]}
+    assert answers["What is the capital of France?"] == tiny_models.reply  # a training question, greedy
+    assert f"What is the capital of France? -> {tiny_models.reply}" in printed
+
+
+def test_dataset_kind_comes_from_the_first_line(tmp_path) -> None:
+    text, chat, bad = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    text.write_text('\n{"text": "hello"}\n')
+    chat.write_text('{"conversations": [{"role": "user", "content": "hi"}]}\n')
+    bad.write_text('{"prompt": "hi"}\n')
+    assert detect_kind(text) == "pretrain" and detect_kind(chat) == "sft"
+    with pytest.raises(ValueError, match='c.jsonl:1: expected a "text" or a "conversations" field'):
+        detect_kind(bad)
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys) -> None:
+    assert main(["--model_path", str(tmp_path / "missing"), "--no_samples"]) == 2
+    assert "python trainer/train_full_sft.py" in capsys.readouterr().err

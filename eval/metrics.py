@@ -45,6 +45,7 @@ def evaluate_lm(model: torch.nn.Module, dataloader, accelerator: Accelerator,
     for index, batch in enumerate(dataloader):
         if max_batches and index >= max_batches:
             break
+        batch = {key: value.to(accelerator.device) for key, value in batch.items()}
         labels = batch["labels"]
         logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
         targets = labels[:, 1:]

@@ -31,7 +31,7 @@ from eval.metrics import LMEval, evaluate_lm, token_byte_lengths
 from model.model import MiniNormForCausalLM
 from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, resolve_path
 from trainer.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
-from trainer.data import build_run_data, dataset_stats
+from trainer.data import build_run_data, dataset_stats, shard_loader
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.metrics_log import MetricsLog
 from trainer.optim import build_optimizer
@@ -71,7 +71,9 @@ class RunSummary:
 def _make_accelerator(args: TrainArgs) -> Accelerator:
     if args.dtype == "float16" and not torch.cuda.is_available():
         raise ValueError("--dtype float16 needs a CUDA device; use --dtype bfloat16 (or float32) on CPU")
-    return Accelerator(mixed_precision=MIXED_PRECISION[args.dtype],
+    # cpu=True on a machine without CUDA: otherwise several launched CPU processes each run an independent job
+    # instead of one data-parallel job over gloo.
+    return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=MIXED_PRECISION[args.dtype],
                        gradient_accumulation_steps=args.accumulation_steps,
                        step_scheduler_with_optimizer=False,  # we step it once per optimizer step ourselves
                        log_with="wandb" if args.use_wandb else None)
@@ -187,8 +189,12 @@ class Trainer:
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.config_dict = _effective_config(args, self.model)
         self.optimizer = build_optimizer(self.model, args.learning_rate, args.weight_decay)
-        (self.model, self.optimizer, self.train_loader, self.val_loader) = self.accelerator.prepare(
-            self.model, self.optimizer, self.data.train_loader, self.data.val_loader)
+        (self.model, self.optimizer, self.train_loader) = self.accelerator.prepare(
+            self.model, self.optimizer, self.data.train_loader)
+        # Validation is sharded by hand, without the padding Accelerate adds to even out the shards (which would
+        # count some samples twice), and runs on the unwrapped model, so uneven shards need no collective.
+        self.val_loader = shard_loader(self.data.val_loader, self.accelerator.process_index,
+                                       self.accelerator.num_processes)
         # Optimizer steps per epoch, from this process's share of the (sharded) training batches.
         self.steps_per_epoch = len(self.train_loader) // args.accumulation_steps
         if self.steps_per_epoch < 1:
@@ -247,7 +253,7 @@ class Trainer:
                                   for k, v in values.items()}, step=record["step"])
 
     def evaluate(self, max_batches: int) -> LMEval:
-        return evaluate_lm(self.model, self.val_loader, self.accelerator, self.token_bytes, max_batches)
+        return evaluate_lm(self.unwrapped, self.val_loader, self.accelerator, self.token_bytes, max_batches)
 
     # ----------------------------------------------------------------- the loop
     def _supervised_tokens(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:

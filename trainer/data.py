@@ -97,3 +97,11 @@ def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
 def dataset_stats(dataset: Dataset) -> dict:
     base = dataset.dataset if isinstance(dataset, Subset) else dataset
     return dict(getattr(base, "stats", {}))
+
+
+def shard_loader(loader: DataLoader, rank: int, world: int) -> DataLoader:
+    """This process's share (every world-th sample) of an unshuffled loader, with no padding samples."""
+    if world == 1:
+        return loader
+    shard = Subset(loader.dataset, range(rank, len(loader.dataset), world))
+    return DataLoader(shard, batch_size=loader.batch_size, shuffle=False, collate_fn=loader.collate_fn)

@@ -29,7 +29,8 @@ from transformers import GenerationConfig
 
 from eval.metrics import LMEval, evaluate_lm, token_byte_lengths
 from model.model import MiniNormForCausalLM
-from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, resolve_path
+from trainer.args import (MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, resolve_dtype,
+                          resolve_path)
 from trainer.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.data import build_run_data, dataset_stats, shard_loader
 from trainer.flops import flops_per_token, peak_flops_for
@@ -160,6 +161,7 @@ class Trainer:
     """One training run. `run()` returns its summary; `TrainingDiverged` if the loss blows up."""
 
     def __init__(self, args: TrainArgs) -> None:
+        args.dtype = resolve_dtype(args.dtype)
         self.args = args
         self.out_dir = args.resolved_out_dir()
         self.accelerator = _make_accelerator(args)

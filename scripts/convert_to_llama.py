@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from transformers import GenerationConfig, LlamaForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from eval.model_dir import ModelNotFound, locate_model  # noqa: E402
+from eval.model_dir import TRAIN_CONFIG_FILE, ModelNotFound, locate_model  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import check_llama_compatible, to_llama_config, to_llama_state_dict  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
@@ -128,6 +128,8 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
         llama.save_pretrained(staging, safe_serialization=True)
         _patch_config_json(staging / "config.json", dtype)
         _tokenizer_files(source, staging)
+        if (source / TRAIN_CONFIG_FILE).is_file():  # keeps the task (sft/pretrain) for eval/chat.py
+            shutil.copy2(source / TRAIN_CONFIG_FILE, staging / TRAIN_CONFIG_FILE)
         if verify:
             diff = max_logit_difference(ours, staging)
             if not diff <= 1e-4:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
-from eval.model_dir import load_model
+from eval.model_dir import load_model, model_task
 from scripts.convert_to_llama import convert_to_llama, main
 
 
@@ -40,6 +40,7 @@ def test_exported_directory_is_complete(tiny_models, exported, tokenizer) -> Non
     assert theirs.apply_chat_template(messages, tokenize=False) == tokenizer.apply_chat_template(messages, tokenize=False)
     assert theirs("The history of 北京")["input_ids"] == tokenizer("The history of 北京")["input_ids"]
     assert not [p.name for p in exported.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
+    assert model_task(exported) == "pretrain"  # train_config.yaml came along, for eval/chat.py
 
 
 def test_export_replaces_a_previous_one(tiny_models, tmp_path) -> None:

@@ -28,7 +28,7 @@ class GenerationSettings:
     def generate_kwargs(self) -> dict:
         kwargs: dict = {"do_sample": self.temperature > 0, "repetition_penalty": self.repetition_penalty}
         if self.temperature > 0:
-            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or None)
+            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # 0 disables (None: 50)
         else:  # the model dir's generation_config may carry sampling values; greedy must not warn about them
             kwargs.update(temperature=None, top_p=None, top_k=None)
         return kwargs

@@ -200,3 +200,12 @@ def test_paths_resolve_like_the_trainers() -> None:
 
     for path in ("out/sft", "/tmp/x", "a/../b"):
         assert resolve_path(path) == trainer_resolve(path)
+
+
+def test_seed_makes_sampling_reproducible(monkeypatch, capsys, tiny_models) -> None:
+    args = ("--model_path", str(tiny_models.pretrain), "--prompt", "The history of", "--temperature", "1.0",
+            "--top_k", "0", "--top_p", "1.0", "--max_new_tokens", "20", "--seed", "7")
+    first = chat_in_process(monkeypatch, capsys, *args)
+    second = chat_in_process(monkeypatch, capsys, *args)
+    assert first[0] == second[0] == 0
+    assert first[1] == second[1] and first[1].strip()

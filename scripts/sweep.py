@@ -295,7 +295,13 @@ def read_results(sweep_dir: Path) -> list[dict[str, Any]]:
 def _append_result(sweep_dir: Path, record: dict[str, Any]) -> None:
     # One write() of one line on an O_APPEND descriptor: a reader never sees half a record from us.
     data = (json.dumps(record, default=str) + "\n").encode()
-    fd = os.open(sweep_dir / RESULTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    path = sweep_dir / RESULTS_FILE
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as handle:  # a torn last line (killed mid-write) must not swallow this record
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                data = b"\n" + data
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, data)
     finally:
@@ -324,7 +330,8 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     config = load_sweep_config(config_path)
     name = sweep_name(config, config_path)
     sweep_dir = resolve_path(sweep_dir or f"out/sweeps/{name}")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if not dry_run:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
     state = _load_state(sweep_dir, name, config)
     done = {r["trial_id"]: r for r in read_results(sweep_dir) if r.get("status") in DONE_STATUSES}
     metric = (config.get("metric") or {}).get("name")
@@ -336,11 +343,12 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     env.setdefault("WANDB_DIR", str(sweep_dir))
     swept = swept_names(config)
     save = (lambda: None) if dry_run else (lambda: _save_state(sweep_dir, state))
-    ran = 0
+    ran, attempted = 0, set()  # a trial that fails now is retried on the next start, not in a loop now
     print(f"sweep {name!r} ({config['method']}) in {sweep_dir}; wandb {mode}; "
           f"{sum(t['status'] in DONE_STATUSES for t in state['trials'])} trials already done", flush=True)
     while max_trials is None or ran < max_trials:
-        pending = next((t for t in state["trials"] if t["status"] not in DONE_STATUSES), None)
+        pending = next((t for t in state["trials"]
+                        if t["status"] not in DONE_STATUSES and t["trial_id"] not in attempted), None)
         if pending is None:
             params = propose_next(config, state["trials"], seed)
             if params is None:
@@ -353,6 +361,7 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
             print(f"[dry run] {pending['trial_id']}: {({k: pending['params'][k] for k in swept})}")
             continue
         pending["status"] = "running"
+        attempted.add(pending["trial_id"])
         save()
         trial_dir = sweep_dir / TRIALS_DIR / pending["trial_id"]
         extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={name}",
@@ -383,6 +392,9 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
             print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
             if stop_on_failure:
                 raise SystemExit(1)
+    if dry_run:
+        print(f"[dry run] {len(state['trials'])} trials; nothing was run or written")
+        return state["trials"]
     counts = {s: sum(t["status"] == s for t in state["trials"]) for s in ("finished", "diverged", "failed")}
     print(f"sweep {name!r}: {len(state['trials'])} trials proposed; {counts}; results in {sweep_dir / RESULTS_FILE}")
     return state["trials"]

@@ -1,0 +1,276 @@
+"""The serverless sweep runner: YAML validity, trial expansion, diverged/failed bookkeeping, resume, and one
+real two-trial grid sweep of a tiny model with wandb offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scripts import sweep as sweep_mod
+from scripts.sweep import (SweepConfigError, build_command, load_sweep_config, propose_next, read_results,
+                           run_sweep, trial_id, validate_sweep_config)
+from trainer.args import parse_args
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEP_YAMLS = sorted((REPO / "scripts" / "sweeps").glob("*.yaml"))
+TEXTS = ["The history of the city begins with a small fishing village on the river.",
+         "Water is a chemical compound of hydrogen and oxygen. It covers most of the Earth.",
+         "A tiny language model learns to continue text one token at a time.",
+         "Normalization keeps the activations of a deep network at a sane scale."]
+
+
+def _expand(config: dict, limit: int) -> list[dict]:
+    trials: list[dict] = []
+    while len(trials) < limit:
+        params = propose_next(config, trials, seed=0)
+        if params is None:
+            break
+        trials.append({"trial_id": trial_id(params, sweep_mod.swept_names(config)), "params": params,
+                       "status": "finished", "metric": None})
+    return trials
+
+
+# ----------------------------------------------------------------------------- the committed YAML files
+@pytest.mark.parametrize("path", SWEEP_YAMLS, ids=[p.name for p in SWEEP_YAMLS])
+def test_committed_yamls_are_valid_wandb_sweep_configs(path):
+    import sweeps
+
+    config = load_sweep_config(path)
+    sweeps.SweepConfig(config)  # wandb's own schema (raises on an invalid config)
+    assert sweeps.schema_violations_from_proposed_config(config) == []
+    assert config["metric"] == {"name": "val_loss", "goal": "minimize"}
+    assert (REPO / config["program"]).is_file()
+    assert "${args}" in config["command"] and "--use_wandb" in config["command"]
+    # Every proposed trial's flags (as wandb agent passes them) parse in the trainer, values included.
+    trials = _expand(config, limit=64 if config["method"] == "grid" else 3)
+    assert trials
+    for trial in trials:
+        command = build_command(config, trial["params"], [])
+        flags = command[command.index(str(REPO / config["program"])) + 1:]
+        args = parse_args("pretrain", flags)
+        assert args.use_wandb
+        assert args.seed == trial["params"].get("seed", args.seed)
+
+
+def test_paper_cpu_covers_the_study():
+    config = load_sweep_config(REPO / "scripts" / "sweeps" / "paper_cpu.yaml")
+    trials = _expand(config, limit=1000)
+    params = [t["params"] for t in trials]
+    assert {p["norm_type"] for p in params} == {"rmsnorm", "layernorm", "prmsnorm", "none"}
+    assert {p["norm_placement"] for p in params} == {"pre", "post"}
+    assert {p["prms_p"] for p in params} == {0.0625}
+    assert len({p["warmup_steps"] for p in params}) == 2 and 0 in {p["warmup_steps"] for p in params}
+    variants = {(p["norm_type"], p["norm_placement"], p["warmup_steps"]) for p in params}
+    assert all(sum((p["norm_type"], p["norm_placement"], p["warmup_steps"]) == v for p in params) >= 3
+               for v in variants)
+    assert len({t["trial_id"] for t in trials}) == len(trials)  # ids are unique and stable
+    assert [t["trial_id"] for t in trials] == [t["trial_id"] for t in _expand(config, limit=1000)]
+
+
+# ----------------------------------------------------------------------------- validation and proposals
+@pytest.mark.parametrize("change, field", [
+    ({"method": "grdi"}, "method"),
+    ({"metric": {"name": "val_loss", "goal": "minimise"}}, "metric.goal"),
+    ({"parameters": {"lr": 3}}, "parameters.lr"),
+    ({"parameters": {}}, "parameters"),
+    ({"method": "random"}, "run_cap"),
+    ({"command": "python train.py"}, "command"),
+])
+def test_bad_sweep_config_names_the_field(change, field):
+    config = {"method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
+              "parameters": {"norm_type": {"values": ["rmsnorm", "layernorm"]}}, **change}
+    with pytest.raises(SweepConfigError, match=rf"bad\.yaml: {field}:"):
+        validate_sweep_config(config, "bad.yaml")
+
+
+def test_schema_violation_from_wandb_engine_is_reported():
+    config = {"method": "grid", "parameters": {"learning_rate": {"min": 0.1, "max": 0.01}}}
+    with pytest.raises(SweepConfigError, match="learning_rate: min 0.1 is not less than max 0.01"):
+        validate_sweep_config(config, "bad.yaml")
+
+
+def test_cli_rejects_a_bad_yaml_with_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("method: grdi\nparameters:\n  seed: {values: [0, 1]}\n")
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "method" in err and "grdi" in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_grid_order_follows_wandb_and_stops():
+    config = validate_sweep_config({"method": "grid", "parameters": {
+        "norm_type": {"values": ["rmsnorm", "layernorm"]}, "seed": {"values": [0, 1]}, "max_steps": {"value": 3}}})
+    params = [t["params"] for t in _expand(config, limit=10)]
+    assert params == [{"max_steps": 3, "norm_type": n, "seed": s}
+                      for n in ("rmsnorm", "layernorm") for s in (0, 1)]
+
+
+def test_bayes_proposals_use_history_and_are_reproducible():
+    config = validate_sweep_config({
+        "method": "bayes", "run_cap": 6, "metric": {"name": "val_loss", "goal": "minimize"},
+        "parameters": {"learning_rate": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-2},
+                       "norm_type": {"values": ["rmsnorm", "layernorm"]}}})
+    history = []
+    for i, params in enumerate(({"learning_rate": 1e-3, "norm_type": "rmsnorm"},
+                                {"learning_rate": 5e-3, "norm_type": "layernorm"},
+                                {"learning_rate": 2e-4, "norm_type": "rmsnorm"})):
+        history.append({"trial_id": f"t{i}", "params": params, "status": "finished", "metric": 5.0 + i})
+    history.append({"trial_id": "div", "params": {"learning_rate": 9e-3, "norm_type": "layernorm"},
+                    "status": "diverged", "metric": None})
+    first = propose_next(config, history, seed=7)
+    assert first == propose_next(config, history, seed=7)
+    assert 1e-4 <= first["learning_rate"] <= 1e-2 and first["norm_type"] in ("rmsnorm", "layernorm")
+    assert isinstance(first["learning_rate"], float)  # plain Python, not numpy scalars
+    history += [dict(history[0], trial_id="x"), dict(history[0], trial_id="y")]
+    assert propose_next(config, history, seed=7) is None  # run_cap reached
+
+
+def test_agent_style_flags_parse_in_the_trainer():
+    config = {"program": "trainer/train_pretrain.py",
+              "command": ["${env}", "${interpreter}", "${program}", "--use_wandb", "${args}"]}
+    command = build_command(config, {"norm_type": "prmsnorm", "prms_p": 0.125, "qk_norm": False,
+                                     "warmup_steps": 0, "learning_rate": 0.003}, ["--out_dir=/tmp/x"])
+    assert command[1] == sys.executable and command[-1] == "--out_dir=/tmp/x"
+    assert "--qk_norm=false" in command
+    args = parse_args("pretrain", command[3:])
+    assert (args.model["norm_type"], args.model["prms_p"], args.model["qk_norm"]) == ("prmsnorm", 0.125, False)
+    assert (args.warmup_steps, args.learning_rate, args.use_wandb) == (0, 0.003, True)
+
+
+def test_default_wandb_mode_is_offline_without_a_key(monkeypatch, tmp_path):
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
+    assert sweep_mod.default_wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert sweep_mod.default_wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert sweep_mod.default_wandb_mode() == "disabled"
+
+
+# ----------------------------------------------------------------------------- bookkeeping with a fake trainer
+FAKE_TRAINER = textwrap.dedent("""
+    import argparse, json, pathlib, sys
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out_dir"); parser.add_argument("--mode"); parser.add_argument("--seed", type=int)
+    args, _ = parser.parse_known_args()
+    out = pathlib.Path(args.out_dir); out.mkdir(parents=True, exist_ok=True)
+    with open(out / "attempts.txt", "a") as f:
+        f.write("x")
+    if args.mode == "crash":
+        print("Traceback: boom", file=sys.stderr); sys.exit(1)
+    status = "diverged" if args.mode == "diverge" else "finished"
+    summary = {"status": status, "steps": 4, "final_val": {} if status == "diverged" else {"loss": 1.5 + args.seed},
+               "median_step_time_s": 0.01, "tokens_per_s": 100.0}
+    (out / "run_summary.json").write_text(json.dumps(summary))
+    sys.exit(3 if status == "diverged" else 0)
+""")
+
+
+def test_diverged_is_recorded_not_crashed_and_failures_retry(tmp_path):
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAINER)
+    path = tmp_path / "fake.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "fake", "program": str(tmp_path / "fake_train.py"), "method": "grid",
+        "command": ["${interpreter}", "${program}", "${args}"],
+        "metric": {"name": "val_loss", "goal": "minimize"},
+        "parameters": {"mode": {"values": ["ok", "diverge", "crash"]}, "seed": {"value": 1}}}))
+    sweep_dir = tmp_path / "sweep"
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled")
+    assert [t["status"] for t in trials] == ["finished", "diverged", "failed"]
+    records = {r["params"]["mode"]: r for r in read_results(sweep_dir)}
+    assert records["ok"]["metric"] == 2.5 and records["ok"]["status"] == "finished"
+    assert records["diverge"]["returncode"] == 3 and records["diverge"]["metric"] is None
+    assert records["crash"]["returncode"] == 1 and "boom" in records["crash"]["error"]
+    command = (sweep_dir / records["ok"]["trial_dir"] / "train.log").read_text()
+    assert "--use_wandb=false" in command and "--wandb_group=fake" in command
+    # Restarted: finished and diverged trials are skipped, the crashed one is retried.
+    run_sweep(path, sweep_dir, wandb_mode="disabled")
+    attempts = {mode: (sweep_dir / r["trial_dir"] / "attempts.txt").read_text() for mode, r in records.items()}
+    assert attempts == {"ok": "x", "diverge": "x", "crash": "xx"}
+    # A different config in the same folder is refused instead of mixing results.
+    changed = yaml.safe_load(path.read_text())
+    changed["parameters"]["seed"] = {"value": 2}
+    path.write_text(yaml.safe_dump(changed))
+    with pytest.raises(SweepConfigError, match="different config"):
+        run_sweep(path, sweep_dir, wandb_mode="disabled")
+
+
+# ----------------------------------------------------------------------------- a real sweep, end to end
+def _tiny_sweep(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text("".join(json.dumps({"text": TEXTS[i % 4] * 2}) + "\n" for i in range(24)))
+    (data / "val.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    config = yaml.safe_load((REPO / "scripts" / "sweeps" / "smoke.yaml").read_text())
+    config["name"] = "tiny"
+    config["parameters"].update({"data_path": {"value": str(data / "train.jsonl")},
+                                 "val_data_path": {"value": str(data / "val.jsonl")},
+                                 "max_steps": {"value": 3}, "eval_interval": {"value": 2}})
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _run_cli(config: Path, sweep_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1")
+    env.pop("WANDB_API_KEY", None)
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "sweep.py"), str(config),
+                           "--sweep_dir", str(sweep_dir), *extra], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
+    from eval.ablation_report import write_report
+    from trainer.metrics_log import read_metrics
+
+    config, sweep_dir = _tiny_sweep(tmp_path), tmp_path / "sweep"
+    # "Killed" after the first trial: --max_trials 1 stops the runner between trials.
+    first = _run_cli(config, sweep_dir, "--max_trials", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    (record,) = read_results(sweep_dir)
+    assert record["status"] == "finished" and record["wandb_mode"] == "offline"
+    first_dir = sweep_dir / record["trial_dir"]
+    assert list(first_dir.glob("wandb/offline-run-*")), "no offline wandb run directory"
+    stamp = ((first_dir / "run_summary.json").stat().st_mtime_ns, (first_dir / "metrics.jsonl").read_bytes())
+    with open(sweep_dir / "results.jsonl", "a") as handle:  # a kill in the middle of a write
+        handle.write('{"trial_id": "torn')
+
+    second = _run_cli(config, sweep_dir)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "1 trials already done" in second.stdout and record["trial_id"] not in second.stdout
+    records = read_results(sweep_dir)
+    assert [r["status"] for r in records] == ["finished", "finished"]
+    assert [r["params"]["norm_type"] for r in records] == ["rmsnorm", "layernorm"]
+    assert ((first_dir / "run_summary.json").stat().st_mtime_ns, (first_dir / "metrics.jsonl").read_bytes()) == stamp
+    assert list((sweep_dir / records[1]["trial_dir"]).glob("wandb/offline-run-*"))
+    assert yaml.safe_load((sweep_dir / records[1]["trial_dir"] / "train_config.yaml").read_text())[
+        "norm_type"] == "layernorm"
+
+    assert [t["status"] for t in run_sweep(config, sweep_dir)] == ["finished", "finished"]  # nothing left to do
+    assert len(read_results(sweep_dir)) == 2
+
+    # The report's numbers are the trials' logged numbers.
+    report = write_report(sweep_dir, tmp_path / "report")
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    markdown = report.read_text()
+    for rec, row in zip(records, data["variants"]):
+        trial_dir = sweep_dir / rec["trial_dir"]
+        summary = json.loads((trial_dir / "run_summary.json").read_text())
+        logged = read_metrics(trial_dir / "metrics.jsonl", "val")[-1]["val_loss"]
+        assert row["params"] == {"norm_type": rec["params"]["norm_type"]}
+        assert row["val_loss_mean"] == summary["final_val"]["loss"] == logged == rec["metric"]
+        assert row["median_step_time_s"] == summary["median_step_time_s"]
+        assert row["tokens_per_s"] == summary["tokens_per_s"]
+        assert f"{summary['final_val']['loss']:.4f}" in markdown
+        assert f"{summary['median_step_time_s'] * 1000:.1f}" in markdown
+    assert (tmp_path / "report" / "val_curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,122 @@
+"""eval/ablation_report.py on a sweep folder laid out as scripts/sweep.py writes it (trials with their own
+run_summary.json and metrics.jsonl): the numbers in the table are the trials' logged numbers, diverged seeds are
+counted and kept out of the mean, and the plots are written. (test_sweep.py checks the same against a real sweep.)"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from eval.ablation_report import main, write_report
+
+CONFIG = {"name": "synthetic", "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
+          "parameters": {"norm_type": {"values": ["rmsnorm", "prmsnorm", "none"]},
+                         "norm_placement": {"values": ["pre", "post"]},
+                         "warmup_steps": {"values": [0, 10]}, "seed": {"values": [0, 1, 2]},
+                         "prms_p": {"value": 0.0625}, "max_steps": {"value": 20}}}
+
+
+def _final_loss(norm: str, placement: str, warmup: int, seed: int) -> float:
+    return 5.0 + 0.1 * ["rmsnorm", "prmsnorm", "none"].index(norm) + 0.3 * (placement == "post") \
+        - 0.05 * bool(warmup) + 0.01 * seed * (seed + 1)
+
+
+def _make_sweep(root: Path) -> tuple[Path, dict[str, dict]]:
+    """A finished 36-trial sweep; 'none' + post + no warmup diverges for seeds 0 and 1."""
+    sweep_dir = root / "sweep"
+    trials, records, expected = [], [], {}
+    for placement in ("pre", "post"):
+        for norm in ("rmsnorm", "prmsnorm", "none"):
+            for seed in (0, 1, 2):
+                for warmup in (0, 10):
+                    params = {"max_steps": 20, "norm_placement": placement, "norm_type": norm, "prms_p": 0.0625,
+                              "seed": seed, "warmup_steps": warmup}
+                    trial_id = f"{norm}-{placement}-{warmup}-{seed}"
+                    trial_dir = sweep_dir / "trials" / trial_id
+                    trial_dir.mkdir(parents=True)
+                    diverged = norm == "none" and placement == "post" and warmup == 0 and seed < 2
+                    final = _final_loss(norm, placement, warmup, seed)
+                    lines = [{"step": s, "split": "train", "loss": final + 1, "lr": 1e-3, "grad_norm": 1.0,
+                              "tokens_seen": s * 64, "step_time_s": 0.1} for s in (1, 2)]
+                    if diverged:
+                        summary = {"status": "diverged", "steps": 7, "final_val": {}, "median_step_time_s": None}
+                        lines.append({"step": 5, "split": "val", "val_loss": 9.0, "val_ppl": 1e4, "val_bpb": 4.0})
+                    else:
+                        step_time = 0.1 + 0.001 * seed + 0.01 * (norm == "none")
+                        summary = {"status": "finished", "steps": 20, "final_val": {"loss": final},
+                                   "median_step_time_s": step_time, "tokens_per_s": 640 / step_time}
+                        lines += [{"step": s, "split": "val", "val_loss": v, "val_ppl": math.exp(v), "val_bpb": 2.0}
+                                  for s, v in ((10, final + 0.5), (20, final))]
+                        lines.append({"step": 20, "split": "diag", "rms/layer0": 1.0})
+                    (trial_dir / "run_summary.json").write_text(json.dumps(summary))
+                    (trial_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+                    status = summary["status"]
+                    trials.append({"trial_id": trial_id, "params": params, "status": status, "metric": None})
+                    records.append({"trial_id": trial_id, "params": params, "status": status,
+                                    "trial_dir": f"trials/{trial_id}"})
+                    expected[trial_id] = summary
+    (sweep_dir / "sweep_state.json").write_text(json.dumps({"name": "synthetic", "config": CONFIG,
+                                                            "trials": trials}))
+    (sweep_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return sweep_dir, expected
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    sweep_dir, expected = _make_sweep(root)
+    path = write_report(sweep_dir)
+    return path, json.loads((path.parent / "report.json").read_text()), expected
+
+
+def test_table_numbers_are_the_trials_numbers(report):
+    path, data, expected = report
+    markdown = path.read_text()
+    assert len(data["variants"]) == 12  # 3 norms x 2 placements x 2 warmups; seeds are averaged
+    for row in data["variants"]:
+        p = row["params"]
+        assert set(p) == {"norm_type", "norm_placement", "warmup_steps"}
+        ids = [f"{p['norm_type']}-{p['norm_placement']}-{p['warmup_steps']}-{s}" for s in (0, 1, 2)]
+        finished = [expected[i] for i in ids if expected[i]["status"] == "finished"]
+        losses = [s["final_val"]["loss"] for s in finished]
+        assert row["finished"] == len(finished) and row["diverged"] == 3 - len(finished)
+        assert row["val_loss_per_seed"] == {str(s): (expected[i]["final_val"].get("loss")
+                                                     if expected[i]["status"] == "finished" else None)
+                                            for s, i in enumerate(ids)}
+        assert row["val_loss_mean"] == pytest.approx(statistics.fmean(losses), abs=0)
+        if len(losses) > 1:
+            assert row["val_loss_std"] == pytest.approx(statistics.stdev(losses), abs=0)
+            assert f"{statistics.fmean(losses):.4f} ± {statistics.stdev(losses):.4f}" in markdown
+        else:
+            assert math.isnan(row["val_loss_std"])
+        assert row["median_step_time_s"] == statistics.median(s["median_step_time_s"] for s in finished)
+        assert row["tokens_per_s"] == statistics.median(s["tokens_per_s"] for s in finished)
+        assert f"| {p['norm_type']} | {p['norm_placement']} | {p['warmup_steps']} |" in markdown
+
+
+def test_diverged_seeds_are_counted_not_averaged(report):
+    path, data, _ = report
+    row = next(r for r in data["variants"]
+               if r["params"] == {"norm_type": "none", "norm_placement": "post", "warmup_steps": 0})
+    assert (row["finished"], row["diverged"]) == (1, 2)
+    assert row["val_loss_mean"] == _final_loss("none", "post", 0, 2)  # 9.0 of the diverged curves is ignored
+    assert data["counts"] == {"finished": 34, "diverged": 2, "failed": 0, "not run": 0}
+    line = next(l for l in path.read_text().splitlines() if l.startswith("| none | post | 0 |"))
+    assert "| 1/3 | 2 |" in line
+
+
+def test_plots_are_written_and_linked(report):
+    path, data, _ = report
+    assert sorted(data["plots"]) == ["pre_post_warmup.png", "prms_p.png", "val_curves.png"]
+    for name in data["plots"]:
+        assert (path.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in path.read_text()
+
+
+def test_cli(tmp_path, capsys):
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert "sweep_state.json" in capsys.readouterr().err

@@ -32,8 +32,8 @@ MODEL_FIELDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 }
 # Per-task defaults, sized so each default run takes under 10 minutes on 2 CPU cores (see README).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "pretrain": {"max_steps": 300, "learning_rate": 2e-3, "max_seq_len": 256, "warmup_steps": 30},
-    "sft": {"max_steps": 200, "learning_rate": 5e-4, "max_seq_len": 256, "warmup_steps": 20},
+    "pretrain": {"max_steps": 200, "learning_rate": 2e-3, "max_seq_len": 256, "warmup_steps": 30},
+    "sft": {"max_steps": 150, "learning_rate": 5e-4, "max_seq_len": 256, "warmup_steps": 20},
 }
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")

@@ -31,7 +31,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import to_llama_config, to_llama_state_dict  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from model.norms import RMSNorm  # noqa: E402
+from model.norms import RMSNorm, rms_norm_eager  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -148,11 +148,15 @@ def bench_norms(args: argparse.Namespace) -> list[list[str]]:
     torch.manual_seed(0)
     x, dy = torch.randn(args.norm_rows, dim), torch.randn(args.norm_rows, dim)
     weight = nn.Parameter(torch.ones(dim))
+    compiled_eager = torch.compile(rms_norm_eager, dynamic=None)
     candidates: dict[str, Callable[[], float]] = {
         "RMSNorm eager": norm_fwd_bwd(RMSNorm(dim, 1e-6, 1.0, "eager"), x, dy),
         "RMSNorm compile": norm_fwd_bwd(RMSNorm(dim, 1e-6, 1.0, "compile"), x, dy),
         "pRMSNorm eager (p=1/16)": norm_fwd_bwd(RMSNorm(dim, 1e-6, 0.0625, "eager"), x, dy),
         "pRMSNorm compile (p=1/16)": norm_fwd_bwd(RMSNorm(dim, 1e-6, 0.0625, "compile"), x, dy),
+        # What norm_impl="compile" used to be: torch.compile of the eager formula, differentiated by AOTAutograd.
+        "torch.compile(rms_norm_eager)": norm_fwd_bwd(
+            lambda t: compiled_eager(t, weight, 1e-6, dim), x, dy),
         "F.rms_norm": norm_fwd_bwd(lambda t: F.rms_norm(t, (dim,), weight, 1e-6), x, dy),
         "nn.LayerNorm": norm_fwd_bwd(nn.LayerNorm(dim, eps=1e-6), x, dy),
     }

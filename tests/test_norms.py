@@ -256,24 +256,91 @@ def test_auto_resolves_to_compile_on_cpu_and_triton_is_refused(monkeypatch: pyte
         resolve_norm_impl("triton", cpu)
 
 
-@pytest.mark.parametrize(("shape", "p", "contiguous"), [((7, 123), 1.0, True), ((3, 5, 123), 0.0625, False)])
-def test_compile_matches_eager_forward_and_backward(shape: tuple[int, ...], p: float, contiguous: bool) -> None:
+# The compiled path (an autograd.Function over two compiled kernels, see model/norms.py) checked like the eager one.
+# All use N = 123: the row count is dynamic in the compiled kernels, so new M costs no recompilation, while a new N,
+# k or dtype does (seconds each). M = 74 exercises the dW partial sums over 32-row blocks with a padded last block.
+COMPILE_CASES = [((7, 123), 1.0, True), ((2, 37, 123), 0.0625, False), ((2, 3, 4, 123), 0.0625, True),
+                 ((74, 123), 1.0, False)]
+
+
+def compiled_fwd_bwd(module: RMSNorm, x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    module.zero_grad(set_to_none=True)
+    xi = x.clone().requires_grad_(True)
+    y = module(xi)
+    y.backward(dy)
+    return y.detach(), xi.grad.clone(), module.weight.grad.clone()
+
+
+@pytest.mark.parametrize(("shape", "p", "contiguous"), COMPILE_CASES)
+def test_compile_matches_fp64_and_eager_forward_and_backward(shape: tuple[int, ...], p: float,
+                                                             contiguous: bool) -> None:
     torch.manual_seed(9)
     eager, compiled = make_norm(shape[-1], p, "eager"), make_norm(shape[-1], p, "compile")
-    auto = make_norm(shape[-1], p, "auto")
-    x = torch.randn(*shape) if contiguous else non_contiguous(shape)
+    x = (torch.randn(*shape) if contiguous else non_contiguous(shape)) * 2
     dy = torch.randn(*shape)
-    results = []
-    for module in (eager, compiled, auto):
-        xi = x.clone().requires_grad_(True)
-        y = module(xi)
-        y.backward(dy)
-        results.append((y.detach(), xi.grad.clone(), module.weight.grad.clone()))
-    for other in results[1:]:
-        for got, want in zip(other, results[0]):
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(results[1][0].double(), ref_prms_forward(x, eager.weight, EPS, eager.k),
+    y, dx, dw = compiled_fwd_bwd(compiled, x, dy)
+    assert (y.dtype, dx.dtype, dw.dtype) == (torch.float32,) * 3 and y.shape == dx.shape == x.shape
+    dx_ref, dw_ref = ref_prms_backward(x, compiled.weight.detach(), dy, EPS, compiled.k)
+    torch.testing.assert_close(y.double(), ref_prms_forward(x, compiled.weight, EPS, compiled.k),
                                atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dx.double(), dx_ref, atol=5e-5, rtol=1e-5)
+    torch.testing.assert_close(dw.double(), dw_ref, atol=5e-5, rtol=1e-5)
+    for got, want in zip((y, dx, dw), compiled_fwd_bwd(eager, x, dy)):
+        torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-5)
+    # Without autograd (inference) the forward kernel alone runs and gives the same output.
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), y, atol=0, rtol=0)
+
+
+def test_auto_is_the_compiled_path_on_cpu() -> None:
+    torch.manual_seed(12)
+    x, dy = torch.randn(5, 123), torch.randn(5, 123)
+    for got, want in zip(compiled_fwd_bwd(make_norm(123, 1.0, "auto"), x, dy),
+                         compiled_fwd_bwd(make_norm(123, 1.0, "compile"), x, dy)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0625])
+def test_compile_under_bf16_autocast_with_fp32_weight(p: float) -> None:
+    """Autocast: a bf16 activation (from a bf16 matmul) meets the fp32 gain; y and dx are bf16, dW is fp32."""
+    torch.manual_seed(13)
+    norm = make_norm(123, p, "compile")
+    x, dy = (torch.randn(3, 11, 123) * 2).bfloat16(), torch.randn(3, 11, 123).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, dx, dw = compiled_fwd_bwd(norm, x, dy)
+    assert (y.dtype, dx.dtype, dw.dtype) == (torch.bfloat16, torch.bfloat16, torch.float32)
+    atol, rtol = TOL[torch.bfloat16]
+    dx_ref, dw_ref = ref_prms_backward(x, norm.weight.detach(), dy, EPS, norm.k)
+    torch.testing.assert_close(y.double(), ref_prms_forward(x, norm.weight, EPS, norm.k), atol=atol, rtol=rtol)
+    torch.testing.assert_close(dx.double(), dx_ref, atol=atol, rtol=rtol)
+    # dW is computed in fp32 from the bf16 inputs: only the fp64 reference's rounding differs.
+    torch.testing.assert_close(dw.double(), dw_ref, atol=1e-4, rtol=1e-5)
+
+
+def test_compile_gradcheck_fp64() -> None:
+    """fp64 in, fp64 compute: the compiled backward is the derivative of the compiled forward (p < 1)."""
+    torch.manual_seed(14)
+    norm = make_norm(123, 0.0625, "compile").double()
+    x = torch.randn(2, 3, 123, dtype=torch.float64, requires_grad=True)
+    w = norm.weight.detach().clone().requires_grad_(True)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(norm, {"weight": w}, (x,))
+
+    assert torch.autograd.gradcheck(f, (x, w))
+
+
+def test_compile_inside_an_outer_torch_compile() -> None:
+    """Under an outer torch.compile (of a block or the whole model) the norm traces as the plain formula."""
+    torch.manual_seed(15)
+    norm = make_norm(123, 0.0625, "compile")
+    x, dy = torch.randn(4, 123), torch.randn(4, 123)
+    outer = torch.compile(lambda t: norm(t) * 2.0)
+    xi = x.clone().requires_grad_(True)
+    outer(xi).backward(dy)
+    dx_ref, dw_ref = ref_prms_backward(x, norm.weight.detach(), 2.0 * dy, EPS, norm.k)
+    torch.testing.assert_close(xi.grad.double(), dx_ref, atol=5e-5, rtol=1e-5)
+    torch.testing.assert_close(norm.weight.grad.double(), dw_ref, atol=5e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- LayerNorm, none

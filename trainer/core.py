@@ -162,6 +162,9 @@ class Trainer:
 
     def __init__(self, args: TrainArgs) -> None:
         args.dtype = resolve_dtype(args.dtype)
+        if args.out_dir is None and args.use_wandb and os.environ.get("WANDB_SWEEP_ID"):
+            # Under `wandb agent`, give each trial its own directory instead of the shared default.
+            args.out_dir = f"out/sweeps/{os.environ['WANDB_SWEEP_ID']}/{os.environ.get('WANDB_RUN_ID', 'run')}"
         self.args = args
         self.out_dir = args.resolved_out_dir()
         self.accelerator = _make_accelerator(args)
@@ -249,10 +252,9 @@ class Trainer:
     def _log(self, record: dict[str, Any], to_tracker: bool = True) -> None:
         self.metrics.write(record)
         if to_tracker and self.args.use_wandb:
-            values = {k: v for k, v in record.items() if k not in ("step", "split")}
-            prefix = "" if record["split"] in ("train", "diag") else f"{record['split']}/"
-            self.accelerator.log({f"{prefix}{k}" if prefix and not k.startswith(prefix) else k: v
-                                  for k, v in values.items()}, step=record["step"])
+            # Keys go to wandb as they are ("val_loss", "diag/..."): a wandb sweep's metric is "val_loss".
+            self.accelerator.log({k: v for k, v in record.items() if k not in ("step", "split")},
+                                 step=record["step"])
 
     def evaluate(self, max_batches: int) -> LMEval:
         return evaluate_lm(self.unwrapped, self.val_loader, self.accelerator, self.token_bytes, max_batches)

@@ -11,7 +11,9 @@ every mode alike.
 
 Reported per mode: the median single-step time, and the median over blocks of each block's mean step time (the
 honest number for "every k steps", whose slow armed step a per-step median would hide). The overhead at an
-interval k is also derived from the armed-step cost: (median armed step - median plain step) / k.
+interval k is also derived from the armed-step cost: (median armed step - median plain step) / k. On a busy
+machine those differences drown in noise, so the time spent inside the diagnostics' own code (arm, every hook's
+statistic, after_backward, after_step) is also clocked directly: that is the cost they add.
 """
 
 from __future__ import annotations
@@ -34,20 +36,45 @@ from model.model import MiniNormForCausalLM
 from trainer.diagnostics import NormDiagnostics
 
 
+CALL_TIMES: list[float] = []  # per armed step: seconds spent inside arm(), after_backward() and after_step()
+HOOK_TIME = [0.0]  # seconds spent inside the hooks' statistics since the last armed step was recorded
+
+
+def time_hooks(diag: NormDiagnostics) -> None:
+    """Wrap the one method every hook calls, so the hooks' own work is timed without the machine's noise."""
+    record = diag._record
+
+    def timed(key: str, t: torch.Tensor) -> None:
+        start = time.perf_counter()
+        record(key, t)
+        HOOK_TIME[0] += time.perf_counter() - start
+    diag._record = timed
+
+
 def train_step(model: MiniNormForCausalLM, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
                diag: NormDiagnostics | None) -> float:
     """One optimizer step; returns its wall time in seconds."""
     start = time.perf_counter()
+    in_calls = 0.0
     if diag is not None:
+        t = time.perf_counter()
         diag.arm()
+        in_calls += time.perf_counter() - t
     loss = model(ids, labels=ids).loss
     loss.backward()
-    stats = diag.after_backward() if diag is not None else {}
+    stats: dict[str, float] = {}
+    if diag is not None:
+        t = time.perf_counter()
+        stats = diag.after_backward()
+        in_calls += time.perf_counter() - t
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if diag is not None:
+        t = time.perf_counter()
         stats.update(diag.after_step())
+        CALL_TIMES.append(in_calls + time.perf_counter() - t + HOOK_TIME[0])
+        HOOK_TIME[0] = 0.0
     return time.perf_counter() - start
 
 
@@ -62,9 +89,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--intervals", default="1,10", help="diagnostic intervals to time besides 'off'")
     parser.add_argument("--derive", default="10,50,100", help="intervals to derive the overhead for")
     parser.add_argument("--block_steps", type=int, default=10)
-    parser.add_argument("--blocks", type=int, default=3, help="blocks per mode (steps per mode = blocks x block_steps)")
+    parser.add_argument("--blocks", type=int, default=2, help="blocks per mode (steps per mode = blocks x block_steps)")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     config = MiniNormConfig.from_preset(args.preset, norm_type=args.norm_type, norm_placement=args.norm_placement,
@@ -72,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     model = MiniNormForCausalLM(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     diag = NormDiagnostics(model)
+    time_hooks(diag)
     ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len))
     intervals = [int(k) for k in args.intervals.split(",")]
     modes = ["off"] + [f"every {k}" for k in intervals]
@@ -112,6 +143,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(f"\narmed step: median {statistics.median(armed_times) * 1e3:.1f} ms vs plain step "
           f"{statistics.median(plain_times) * 1e3:.1f} ms: +{armed_cost * 1e3:.1f} ms "
           f"({100 * armed_cost / statistics.median(plain_times):+.1f}% of one step)")
+    calls = statistics.median(CALL_TIMES)
+    print(f"time inside the diagnostics (arm, hooks, after_backward, after_step): median {calls * 1e3:.1f} ms "
+          f"per armed step = {100 * calls / statistics.median(plain_times):.2f}% of a plain step; at "
+          + ", ".join(f"diag_interval={k}: {100 * calls / k / statistics.median(plain_times):.3f}%"
+                      for k in (int(k) for k in args.derive.split(","))))
     derived = {}
     for k in (int(k) for k in args.derive.split(",")):
         derived[k] = armed_cost / k / statistics.median(plain_times)

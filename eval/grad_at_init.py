@@ -34,6 +34,7 @@ import torch
 
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
+from trainer.diagnostics import NormDiagnostics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "eval" / "results" / "grad_at_init"
@@ -46,6 +47,9 @@ QUANTITIES = {
     "attn": ("self_attn",),
     "block": ("",),
 }
+# Activation statistics taken with trainer.diagnostics on the same forward/backward: they explain the gradients
+# (a norm's Jacobian scales its backward by 1 / RMS of its input).
+ACTIVATIONS = ("resid_rms", "resid_grad_rms")
 
 INIT_LABELS = {"model": "MiniNorm's own (N(0, 0.02), residual projections / sqrt(2L))",
                "xavier": "Xavier-normal block weights, no depth scaling (Xiong et al.'s setting)"}
@@ -116,24 +120,30 @@ def xavier_init_(model: MiniNormForCausalLM) -> None:
 
 def measure(config: MiniNormConfig, batches: list[torch.Tensor], seeds: Sequence[int],
             init: str = "model") -> dict[str, np.ndarray]:
-    """Array (seeds, batches, layers) of gradient norms per quantity, plus the initial losses."""
-    per_quantity: dict[str, list] = {q: [] for q in QUANTITIES}
+    """Array (seeds, batches, layers) of gradient norms per quantity and of the residual stream's RMS and
+    gradient RMS (NormDiagnostics), plus the initial losses."""
+    per_quantity: dict[str, list] = {q: [] for q in (*QUANTITIES, *ACTIVATIONS)}
     losses = []
     for seed in seeds:
         torch.manual_seed(seed)
         model = MiniNormForCausalLM(config).train()
         if init == "xavier":
             xavier_init_(model)
-        rows: dict[str, list] = {q: [] for q in QUANTITIES}
+        diag = NormDiagnostics(model)
+        rows: dict[str, list] = {q: [] for q in per_quantity}
         seed_losses = []
         for ids in batches:
             model.zero_grad(set_to_none=True)
+            diag.arm()
             loss = model(ids, labels=ids).loss
             loss.backward()
+            stats = diag.after_backward()
             seed_losses.append(loss.item())
             for quantity, values in layer_grad_norms(model).items():
                 rows[quantity].append(values)
-        for quantity in QUANTITIES:
+            for quantity in ACTIVATIONS:
+                rows[quantity].append([stats[diag.key(quantity, i)] for i in range(len(model.model.layers))])
+        for quantity in per_quantity:
             per_quantity[quantity].append(rows[quantity])
         losses.append(seed_losses)
     result = {q: np.array(v) for q, v in per_quantity.items()}
@@ -177,6 +187,16 @@ def write_table(results: dict, path: Path) -> None:
         mean = np.array(entry["block_mean"])
         lines.append(f"| {entry['placement']} | {entry['norm_type']} | "
                      + " | ".join(f"{v:.3g}" for v in mean) + f" | {growth(mean):.2f} |")
+    for quantity, title in (("resid_rms", "RMS of the residual stream leaving each block"),
+                            ("resid_grad_rms", "RMS of dLoss/d(residual stream) leaving each block")):
+        if not all(f"{quantity}_mean" in e for e in results["runs"]):
+            continue
+        lines += ["", f"{title} (NormDiagnostics), mean over batches and seeds:", "",
+                  "| placement | norm | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
+                  "|" + "---|" * (layers + 2)]
+        for entry in results["runs"]:
+            lines.append(f"| {entry['placement']} | {entry['norm_type']} | "
+                         + " | ".join(f"{v:.3g}" for v in entry[f"{quantity}_mean"]) + " |")
     lines += ["", "Initial loss (mean over batches and seeds): "
               + ", ".join(f"{e['placement']}/{e['norm_type']} {e['loss_mean']:.3f}" for e in results["runs"]), ""]
     path.write_text("\n".join(lines))
@@ -271,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             t0 = time.time()
             measured = measure(config, batches, seeds, args.init)
             entry = {"placement": placement, "norm_type": norm_type, "loss_mean": float(measured["loss"].mean())}
-            for quantity in QUANTITIES:
+            for quantity in (*QUANTITIES, *ACTIVATIONS):
                 per_seed = measured[quantity].mean(axis=1)  # (seeds, layers): mean over batches
                 entry[f"{quantity}_mean"] = per_seed.mean(axis=0).tolist()
                 entry[f"{quantity}_seed_std"] = per_seed.std(axis=0).tolist()

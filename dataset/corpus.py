@@ -23,9 +23,7 @@ if __package__ in (None, ""):  # run as a script: make `import dataset...` work 
 import argparse
 import hashlib
 import json
-import os
 import random
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -33,6 +31,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from dataset.jsonl import atomic_write_lines
 from dataset.sources import Dialog, package_versions, read_chatterbot, read_chitchat, read_wikipedia
 from dataset.wiki_qa import conversations_for
 
@@ -153,17 +152,7 @@ def _conversation_text(record: _Record) -> str:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    """Write via a unique temp file and ``os.replace`` so readers (or a second rank building at the same
-    time) never see a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_lines(path, [text])
 
 
 def _write_jsonl(path: Path, records: Sequence[_Record]) -> int:

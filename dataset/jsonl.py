@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -117,11 +117,17 @@ def _fingerprint(path: Path, kind: Kind, skip_bad_lines: bool) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def _atomic_write(path: Path, lines: Iterator[str]) -> None:
+def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Write via a unique temp file, fsync, then ``os.replace``: readers (or a second rank writing the same file)
+    see the old content or the new, never a half-written file. The project's one atomic-write helper."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -166,12 +172,12 @@ def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False, cache
     if not all_plain:
         # Second pass only for files that need it; plain files (the usual case) are never copied.
         load_path = cache / f"{fingerprint}.jsonl"
-        _atomic_write(
+        atomic_write_lines(
             load_path,
             (json.dumps(record, ensure_ascii=False) + "\n" for _, record, _ in iter_records(path, kind, skip_bad_lines) if record is not None),
         )
     scan = JsonlScan(load_path=str(load_path.resolve()), records=records, skipped_lines=skipped)
-    _atomic_write(report_path, iter([json.dumps(asdict(scan))]))
+    atomic_write_lines(report_path, iter([json.dumps(asdict(scan))]))
     return scan
 
 

@@ -16,19 +16,15 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from dataset.jsonl import atomic_write_lines
+
 STATE_FILE = "trainer_state.json"
 PREFIX = "step_"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a file so that readers see either the old content or the new, never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    atomic_write_lines(path, [text])
 
 
 def list_checkpoints(root: Path) -> list[Path]:

@@ -211,3 +211,14 @@ def test_scripts_run_from_repo_root_and_from_trainer_dir():
         run = subprocess.run([sys.executable, script, "--help"], cwd=cwd, capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == 0 and "--norm_placement" in run.stdout, run.stderr
+
+
+def test_resume_survives_a_metrics_line_cut_short_by_a_kill(tmp_path):
+    from trainer.metrics_log import MetricsLog
+    log = MetricsLog(tmp_path, enabled=True)
+    for step in (1, 2, 3):
+        log.write({"step": step, "split": "train", "loss": float(step)})
+    with open(log.path, "a") as handle:
+        handle.write('{"step": 4, "split": "tra')  # the process died mid-write
+    log.truncate_after(2)
+    assert [r["step"] for r in read_metrics(log.path)] == [1, 2]

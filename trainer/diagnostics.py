@@ -38,7 +38,6 @@ RMS is sqrt(mean(t^2)) over every element of the tensor (all tokens and features
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -48,6 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+from trainer.metrics_log import read_metrics  # noqa: F401  (re-exported: the one metrics reader)
 
 PREFIX = "diag"
 NORM_NAMES = ("attn_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm")
@@ -225,23 +226,6 @@ def _to_floats(values: Mapping[str, torch.Tensor]) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- reading metrics files back
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a metrics jsonl file (one json object per line with "step"); blank/broken lines skipped."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # e.g. a line cut short by a crash
-            if isinstance(record, dict) and "step" in record:
-                records.append(record)
-    return records
-
-
 def layer_quantities(records: Iterable[Mapping[str, Any]]) -> list[str]:
     """Names of the per-layer quantities present, e.g. ["attn_norm_in_rms", "grad_norm", "resid_rms", ...]."""
     names = set()

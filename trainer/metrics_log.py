@@ -29,9 +29,8 @@ class MetricsLog:
         """Keep only the records up to `step` (used when resuming from a checkpoint at `step`)."""
         if not self.enabled or not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        kept = [record for record in read_metrics(self.path) if record["step"] <= step]
+        atomic_write_text(self.path, "".join(json.dumps(record) + "\n" for record in kept))
 
     def reset(self) -> None:
         if self.enabled and self.path.exists():
@@ -45,7 +44,15 @@ class MetricsLog:
             handle.write(json.dumps({key: _clean(value) for key, value in record.items()}) + "\n")
 
 
-def read_metrics(path: Path, split: str | None = None) -> list[dict[str, Any]]:
-    """Records of a metrics file (optionally one split), in order."""
-    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return [r for r in records if split is None or r.get("split") == split]
+def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
+    """Records of a metrics file (optionally one split), in order. Blank lines, and a last line cut short by a
+    killed run, are skipped."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record and (split is None or record.get("split") == split):
+            records.append(record)
+    return records

@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from model.kernels import MAX_N, add_rms_norm, rms_norm  # noqa: E402
 from model.kernels import rmsnorm_triton  # noqa: E402
+from model.norms import partial_size  # noqa: E402
 
 EPS = 1e-6
 # bf16: the interpreter casts fp32 -> bf16 by truncation (GPUs round to nearest), up to 2^-7 relative.
@@ -174,19 +175,23 @@ def test_longest_row_and_limits() -> None:
 
 
 @pytest.mark.parametrize("n", [96, 768, 4096])
-def test_gpu_launch_configuration(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+def test_gpu_launch_configuration(n: int) -> None:
     """The block sizes, warps and backward grid chosen for an H100 (132 SMs), run by the interpreter."""
-    cuda = torch.device("cuda", 0)  # never touched: only the heuristics read it
-    block_config, bwd_programs = rmsnorm_triton.block_config, rmsnorm_triton.bwd_programs
-    monkeypatch.setattr(rmsnorm_triton, "_sm_count", lambda index: 132)
-    monkeypatch.setattr(rmsnorm_triton, "block_config", lambda n, device: block_config(n, cuda))
-    monkeypatch.setattr(rmsnorm_triton, "bwd_programs", lambda m, block_m, device: bwd_programs(m, block_m, cuda))
-    assert bwd_programs(32768, 8, cuda) == (256, 128)  # 2 per SM, chunks rounded up to BLOCK_M rows
+    h100 = rmsnorm_triton.LaunchTarget(sm_count=132)
+    assert rmsnorm_triton.bwd_programs(32768, 8, h100) == (256, 128)  # 2 per SM, chunks rounded up to BLOCK_M
+    block_n, block_m, _ = rmsnorm_triton.block_config(n, h100)
+    assert block_n >= n and block_m * block_n <= 4096
     x, w, dy = torch.randn(150, n), torch.randn(n), torch.randn(150, n)
-    y, dx, dw = _run(x, w, 0.5, dy)
-    y_ref, dx_ref, dw_ref = _reference(x, w, 0.5, dy)
+    r = torch.randn(150, n)
+    k = partial_size(n, 0.5)
+    y, h, rstd = rmsnorm_triton.rms_norm_fwd(x, r, w, EPS, k, target=h100)
+    dh = torch.randn(150, n)
+    dx, dr, dw = rmsnorm_triton.rms_norm_bwd(dy, h, w, rstd, k, dh=dh, dr_dtype=torch.float32, target=h100)
+    assert torch.equal(h, x + r)
+    y_ref, dx_ref, dw_ref = _reference(h, w, 0.5, dy)
     _assert_close(y, y_ref, 1e-5, "y")
-    _assert_close(dx, dx_ref, 1e-5, "dx")
+    _assert_close(dx, dx_ref + dh.double(), 1e-5, "dx")
+    assert torch.equal(dr, dx)
     _assert_close(dw, dw_ref, 1e-5, "dw")
 
 

@@ -20,12 +20,17 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 MAX_N = 65536  # one row must fit in one program's registers (fp32 statistics over a single block)
+# Multiply-adds contract to FMAs (one rounding instead of two). Passed explicitly: triton 3.9 warns that its
+# default changes to off in 3.10. The interpreter ignores the option.
+FP_FUSION = True
 
 # The kernels use only builtins of triton.language, never its @jit helpers (tl.sum, tl.zeros): those were
 # decorated when triton was imported, for the backend in force then, and raise if the interpreter is switched on
@@ -141,38 +146,64 @@ def _kernels() -> tuple:
 # Launch configuration
 # ---------------------------------------------------------------------------------------------------------------
 
-def block_config(n: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_M, num_warps) for rows of n elements.
-
-    On GPU a program should move a few KB: short rows (512-768) are packed several per program, so the kernel is
-    not bound by per-program overhead; warps grow with the block (~16 fp32 values per thread, at most 32 warps).
-    The interpreter runs programs one after another in numpy, so there a program takes many rows at once.
-    """
-    if n > MAX_N:
-        raise ValueError(f"RMSNorm row length {n} exceeds the Triton kernel's maximum of {MAX_N}")
-    block_n = triton.next_power_of_2(n)
-    if device.type != "cuda":
-        return block_n, max(1, min(64, 16384 // block_n)), 4
-    block_m = max(1, min(16, 4096 // block_n))
-    num_warps = min(32, max(2, block_m * block_n // 512))
-    return block_n, block_m, num_warps
-
-
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def bwd_programs(m: int, block_m: int, device: torch.device) -> tuple[int, int]:
+@dataclass(frozen=True)
+class LaunchTarget:
+    """What the launch heuristics need to know about where the kernels run.
+
+    `sm_count` is the GPU's number of streaming multiprocessors; None means the interpreter (CPU tensors under
+    TRITON_INTERPRET=1), which runs programs one after another and wants few, large ones.
+    """
+
+    sm_count: int | None = None
+
+    @property
+    def gpu(self) -> bool:
+        return self.sm_count is not None
+
+    @staticmethod
+    def of(device: torch.device) -> LaunchTarget:
+        if device.type != "cuda":
+            return LaunchTarget()
+        return LaunchTarget(_sm_count(device.index if device.index is not None else torch.cuda.current_device()))
+
+
+def block_config(n: int, target: LaunchTarget, backward: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_M, num_warps) for rows of n elements.
+
+    On GPU a program should move a few KB: short rows (512-768) are packed several per program, so the kernel is
+    not bound by per-program overhead. The forward's warps grow with the block (~16 fp32 values per thread, at
+    most 32 warps). The backward keeps about six row tiles live (x, dy, w, x*r, dy*w, the dW accumulator) where
+    the forward keeps two or three, so it takes twice the warps (~8 values per thread): compiled for sm_90 that
+    is <= 64 registers per thread and no spills up to n = 8192, where 16 values per thread needed ~100 registers
+    and spilled at n = 96 (`eval/kernel_build.py` prints the table). Its grid is two programs per SM, so the
+    extra warps are also extra loads in flight.
+    The interpreter runs programs one after another in numpy, so there a program takes many rows at once.
+    """
+    if n > MAX_N:
+        raise ValueError(f"RMSNorm row length {n} exceeds the Triton kernel's maximum of {MAX_N}")
+    block_n = triton.next_power_of_2(n)
+    if not target.gpu:
+        return block_n, max(1, min(64, 16384 // block_n)), 4
+    block_m = max(1, min(16, 4096 // block_n))
+    values_per_thread = 8 if backward else 16
+    num_warps = min(32, max(2, block_m * block_n // (32 * values_per_thread)))
+    return block_n, block_m, num_warps
+
+
+def bwd_programs(m: int, block_m: int, target: LaunchTarget) -> tuple[int, int]:
     """(programs, rows per program) for the backward grid.
 
     Enough programs to fill the GPU (two per SM), each on a contiguous chunk of rows that is a multiple of
-    BLOCK_M; the partial-dW buffer has one row per program. Few on CPU, where programs run sequentially.
-    The grid depends only on (m, device), so dW is deterministic for given inputs.
+    BLOCK_M; the partial-dW buffer has one row per program. Few under the interpreter, where programs run
+    sequentially. The grid depends only on (m, target), so dW is deterministic for given inputs.
     """
-    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 4
-    rows = math.ceil(m / target)
+    wanted = 2 * target.sm_count if target.gpu else 4
+    rows = math.ceil(m / wanted)
     rows = block_m * math.ceil(rows / block_m)
     return math.ceil(m / rows), rows
 
@@ -200,18 +231,30 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"RMSNorm input on {x.device} but weight on {weight.device}")
 
 
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel call exactly as a launcher makes it: `kernel[grid](*args, **options)`.
+
+    Planning is separate from launching so that `model.kernels.cuda_build` can compile the very same call for a
+    GPU on a machine without one.
+    """
+
+    grid: tuple[int, ...]
+    args: tuple
+    options: dict[str, Any]
+
+    def run(self, kernel) -> None:
+        kernel[self.grid](*self.args, **self.options)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Launchers (plain tensors in, plain tensors out; the custom ops in rmsnorm_ops.py wrap these)
 # ---------------------------------------------------------------------------------------------------------------
 
-def rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, k: int
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """y = rmsnorm(x [+ residual]) over the last dim. Returns (y, h or None, rstd of shape x.shape[:-1]).
-
-    rstd is fp32 (fp64 for fp64 inputs), 4 bytes per row saved for the backward.
-
-    With a residual, h = x + residual (fp32 add, stored in the promoted dtype) and y = norm(h) in h's dtype.
-    """
+def plan_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, k: int,
+             target: LaunchTarget | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, KernelLaunch | None]:
+    """Allocate the forward's outputs and plan its launch (None when there is nothing to compute)."""
     _check(x, weight)
     n = x.shape[-1]
     if residual is not None:
@@ -221,7 +264,7 @@ def rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         out_dtype = torch.promote_types(x.dtype, residual.dtype)
     else:
         out_dtype = x.dtype
-    block_n, block_m, num_warps = block_config(n, x.device)
+    block_n, block_m, num_warps = block_config(n, target or LaunchTarget.of(x.device))
     x2 = _as_rows(x)
     m = x2.shape[0]
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
@@ -229,55 +272,80 @@ def rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     acc = acc_dtype(out_dtype)
     rstd = torch.empty(x.shape[:-1], dtype=acc, device=x.device)
     if m == 0 or n == 0:
-        return y, h, rstd
+        return y, h, rstd, None
     r2 = _as_rows(residual) if residual is not None else x2
     h2 = h.view(-1, n) if h is not None else y.view(-1, n)
-    fwd, _ = _kernels()
-    fwd[(triton.cdiv(m, block_m),)](
-        x2, r2, weight, y.view(-1, n), h2, rstd,
-        m, n, k,
-        x2.stride(0), r2.stride(0), n, n,
-        float(eps), 1.0 / k,
-        HAS_RESIDUAL=residual is not None, PARTIAL=k < n, ACC=_tl_acc(acc),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
-    )
+    launch = KernelLaunch(
+        grid=(triton.cdiv(m, block_m),),
+        args=(x2, r2, weight, y.view(-1, n), h2, rstd,
+              m, n, k,
+              x2.stride(0), r2.stride(0), n, n,
+              float(eps), 1.0 / k),
+        options=dict(HAS_RESIDUAL=residual is not None, PARTIAL=k < n, ACC=_tl_acc(acc),
+                     BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, enable_fp_fusion=FP_FUSION))
+    return y, h, rstd, launch
+
+
+def rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, k: int,
+                 target: LaunchTarget | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """y = rmsnorm(x [+ residual]) over the last dim. Returns (y, h or None, rstd of shape x.shape[:-1]).
+
+    rstd is fp32 (fp64 for fp64 inputs), 4 bytes per row saved for the backward.
+
+    With a residual, h = x + residual (fp32 add, stored in the promoted dtype) and y = norm(h) in h's dtype.
+    `target` overrides the launch heuristics' view of the device (tests run GPU configurations interpreted).
+    """
+    y, h, rstd, launch = plan_fwd(x, residual, weight, eps, k, target)
+    if launch is not None:
+        launch.run(_kernels()[0])
     return y, h, rstd
 
 
-def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, k: int,
-                 dh: torch.Tensor | None = None, dx_dtype: torch.dtype | None = None,
-                 dr_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Gradients of y = rmsnorm(x) given dy (x is the normalized input: h for the residual variant).
-
-    dh, if given, is added to dx (the gradient of the returned sum h). dr_dtype, if given, requests a second,
-    separate copy of dx in that dtype (the residual's gradient). Returns (dx, dr or None, dw in weight.dtype).
-    """
+def plan_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, k: int,
+             dh: torch.Tensor | None = None, dx_dtype: torch.dtype | None = None,
+             dr_dtype: torch.dtype | None = None, target: LaunchTarget | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, KernelLaunch | None]:
+    """Allocate the backward's outputs (dx, dr, fp32 partial-dW buffer) and plan its launch."""
     _check(x, weight)
     n = x.shape[-1]
-    block_n, block_m, num_warps = block_config(n, x.device)
+    target = target or LaunchTarget.of(x.device)
+    block_n, block_m, num_warps = block_config(n, target, backward=True)
     x2, dy2 = _as_rows(x), _as_rows(dy)
     dh2 = _as_rows(dh) if dh is not None else None
     m = x2.shape[0]
     dx = torch.empty(x.shape, dtype=dx_dtype or x.dtype, device=x.device)
     dr = torch.empty(x.shape, dtype=dr_dtype, device=x.device) if dr_dtype is not None else None
     if m == 0 or n == 0:
+        return dx, dr, None, None
+    programs, rows_per_program = bwd_programs(m, block_m, target)
+    dw_partial = torch.empty((programs, n), dtype=acc_dtype(x.dtype), device=x.device)
+    dx2 = dx.view(-1, n)
+    dr2 = dr.view(-1, n) if dr is not None else dx2
+    launch = KernelLaunch(
+        grid=(programs,),
+        args=(dy2, x2, weight, rstd.reshape(-1), dh2 if dh2 is not None else dy2, dx2, dr2, dw_partial,
+              m, n, k, rows_per_program,
+              dy2.stride(0), x2.stride(0), dh2.stride(0) if dh2 is not None else 0, n, n,
+              1.0 / k),
+        options=dict(HAS_DH=dh is not None, HAS_DR=dr is not None, PARTIAL=k < n, ACC=_tl_acc(acc_dtype(x.dtype)),
+                     BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, enable_fp_fusion=FP_FUSION))
+    return dx, dr, dw_partial, launch
+
+
+def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, k: int,
+                 dh: torch.Tensor | None = None, dx_dtype: torch.dtype | None = None,
+                 dr_dtype: torch.dtype | None = None, target: LaunchTarget | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Gradients of y = rmsnorm(x) given dy (x is the normalized input: h for the residual variant).
+
+    dh, if given, is added to dx (the gradient of the returned sum h). dr_dtype, if given, requests a second,
+    separate copy of dx in that dtype (the residual's gradient). Returns (dx, dr or None, dw in weight.dtype).
+    """
+    dx, dr, dw_partial, launch = plan_bwd(dy, x, weight, rstd, k, dh, dx_dtype, dr_dtype, target)
+    if launch is None:
         dx.zero_()
         if dr is not None:
             dr.zero_()
         return dx, dr, torch.zeros_like(weight)
-    programs, rows_per_program = bwd_programs(m, block_m, x.device)
-    acc = acc_dtype(x.dtype)
-    dw_partial = torch.empty((programs, n), dtype=acc, device=x.device)
-    dx2 = dx.view(-1, n)
-    dr2 = dr.view(-1, n) if dr is not None else dx2
-    _, bwd = _kernels()
-    bwd[(programs,)](
-        dy2, x2, weight, rstd.reshape(-1), dh2 if dh2 is not None else dy2, dx2, dr2, dw_partial,
-        m, n, k, rows_per_program,
-        dy2.stride(0), x2.stride(0), dh2.stride(0) if dh2 is not None else 0, n, n,
-        1.0 / k,
-        HAS_DH=dh is not None, HAS_DR=dr is not None, PARTIAL=k < n, ACC=_tl_acc(acc),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
-    )
-    dw = dw_partial.sum(dim=0).to(weight.dtype)  # fixed-order reduction: deterministic
-    return dx, dr, dw
+    launch.run(_kernels()[1])
+    return dx, dr, dw_partial.sum(dim=0).to(weight.dtype)  # fixed-order reduction: deterministic

@@ -1,0 +1,57 @@
+"""Compile the fused RMSNorm kernels for an NVIDIA GPU, on any machine, and print their resource usage.
+
+    python eval/kernel_build.py                     # sm_90 (H100/H200), bf16, N = 96 .. 16384
+    python eval/kernel_build.py --arch 80 --dtype fp16 --n 4096
+
+No GPU is needed: triton's bundled compiler and ptxas build the cubin a GPU would load, with the arguments our
+launch planner would pass (see model/kernels/cuda_build.py). The table shows, per row length, each kernel's launch
+configuration, registers per thread and spills to local memory, for plain RMSNorm and for the fused residual add
++ partial RMSNorm (the variant with the most live values). It does not measure speed (eval/bench_norm.py does,
+on the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script from the repo root or from eval/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import triton
+
+from model.kernels.cuda_build import H100_SMS, build
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x10: 80 (A100), 90 (H100/H200)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (weights fp32)")
+    parser.add_argument("--n", type=int, nargs="+", default=GPU_ROW_LENGTHS, help="row lengths")
+    parser.add_argument("--p", type=float, default=0.5, help="partial RMSNorm fraction of the fused variant")
+    parser.add_argument("--sm_count", type=int, default=H100_SMS, help="SMs (sets the backward grid)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    print(f"# Fused RMSNorm kernels compiled for sm_{args.arch} ({args.dtype} activations, fp32 weights), "
+          f"triton {triton.__version__}, torch {torch.__version__}\n")
+    print("| variant | kernel | N | BLOCK_N × BLOCK_M | warps | registers/thread | spill stores (B/thread) |")
+    print("|---|---|---:|---|---:|---:|---:|")
+    for residual, variant in ((False, "RMSNorm"), (True, f"add + pRMSNorm (p={args.p:g})")):
+        for n in args.n:
+            for r in build(n, DTYPES[args.dtype], residual=residual, p=args.p if residual else 1.0,
+                           arch=args.arch, sm_count=args.sm_count):
+                print(f"| {variant} | {r.kernel} | {n} | {r.block_n} × {r.block_m} | {r.num_warps} | "
+                      f"{r.registers} | {r.spill_store_bytes} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

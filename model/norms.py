@@ -29,9 +29,13 @@ def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, k: int) ->
     # At least fp32: half precision is upcast, fp64 stays fp64 (gradcheck and fp64 references need it).
     compute = torch.promote_types(x.dtype, torch.float32)
     x32 = x.to(compute)
-    stats = x32 if k == x.shape[-1] else x32[..., :k]
-    rstd = torch.rsqrt(stats.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (x32 * rstd * weight.to(compute)).to(x.dtype)
+    return (x32 * _rstd(x32, eps, k) * weight.to(compute)).to(x.dtype)
+
+
+def _rstd(x32: torch.Tensor, eps: float, k: int) -> torch.Tensor:
+    """rsqrt(mean(x[..., :k]^2) + eps), keeping the last dim (size 1) for broadcasting."""
+    stats = x32 if k == x32.shape[-1] else x32[..., :k]
+    return torch.rsqrt(stats.pow(2).mean(dim=-1, keepdim=True) + eps)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -40,7 +44,7 @@ def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, k: int) ->
 # Compiling `rms_norm_eager` under autograd is slow: Inductor must save rstd for the backward, which splits the
 # forward into three whole-tensor loops, and it computes dW as a strided column reduction over all rows. Instead an
 # autograd.Function calls two compiled kernels on an (M, N) view of the input:
-#   forward:  y = x * rstd * w, one fused loop over the rows (rstd is not saved: only x and w are kept);
+#   forward:  rms_norm_eager, one fused loop over the rows (rstd is not saved: only x and w are kept);
 #   backward: one fused loop over the rows recomputes rstd and, with g = dy * w, xhat = x * rstd,
 #             c = sum_j g_j * xhat_j / k, writes
 #             dx = rstd * (g - [i < k] * xhat * c)   (= r*g - [i<k]*r^3*x*(1/k)*sum_j g_j*x_j, DESIGN.md);
@@ -53,23 +57,13 @@ def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, k: int) ->
 _DW_BLOCK = 32  # rows per dW partial sum
 
 
-def _rms_norm_fwd_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, k: int) -> torch.Tensor:
-    """(M, N) -> (M, N), no autograd: one fused pass per row."""
-    compute = torch.promote_types(x.dtype, torch.float32)
-    x32 = x.to(compute)
-    stats = x32 if k == x.shape[-1] else x32[:, :k]
-    rstd = torch.rsqrt(stats.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (x32 * rstd * weight.to(compute)).to(x.dtype)
-
-
 def _rms_norm_bwd_kernel(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
                          k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dW) of the (partial) RMSNorm for (M, N) inputs, recomputing rstd from x."""
     compute = torch.promote_types(x.dtype, torch.float32)
     x32, dy32 = x.to(compute), dy.to(compute)
     m, n = x32.shape
-    stats = x32 if k == n else x32[:, :k]
-    rstd = torch.rsqrt(stats.pow(2).mean(dim=-1, keepdim=True) + eps)
+    rstd = _rstd(x32, eps, k)
     xhat = x32 * rstd
     g = dy32 * weight.to(compute)
     c = (g * xhat).sum(dim=-1, keepdim=True) / k
@@ -87,7 +81,8 @@ def _rms_norm_bwd_kernel(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
 @functools.cache
 def _compiled_kernels():
     # Built on first use so importing the model never starts the compiler.
-    return (torch.compile(_rms_norm_fwd_kernel, dynamic=None), torch.compile(_rms_norm_bwd_kernel, dynamic=None))
+    # The forward is the reference formula itself; on an (M, N) view Inductor fuses it into one loop per row.
+    return torch.compile(rms_norm_eager, dynamic=None), torch.compile(_rms_norm_bwd_kernel, dynamic=None)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,6 @@ class KernelResources:
     registers: int
     spill_store_bytes: int
     spill_load_bytes: int
-    stack_bytes: int
 
 
 class _CompileOnlyDriver:
@@ -94,10 +93,9 @@ def _ptxas_report(ptx: str, arch: int) -> dict[str, int]:
         src.write_text(ptx)
         out = subprocess.run([get_ptxas(arch).path, "-v", "--gpu-name", gpu_name, str(src), "-o", str(src) + ".o"],
                              capture_output=True, text=True, check=True).stderr
-    stack, stores, loads = map(int, re.search(
-        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out).groups())
+    stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out).groups())
     registers = int(re.search(r"Used (\d+) registers", out).group(1))
-    return dict(registers=registers, spill_store_bytes=stores, spill_load_bytes=loads, stack_bytes=stack)
+    return dict(registers=registers, spill_store_bytes=stores, spill_load_bytes=loads)
 
 
 def build(n: int, dtype: torch.dtype = torch.bfloat16, *, residual: bool = False, p: float = 1.0,

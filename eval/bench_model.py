@@ -32,6 +32,7 @@ from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import to_llama_config, to_llama_state_dict  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import RMSNorm, rms_norm_eager  # noqa: E402
+from trainer.args import cpu_has_fast_bf16  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,7 +61,7 @@ def autocast(dtype: str) -> contextlib.AbstractContextManager:
 
 
 def gemm_gflops(dtype: torch.dtype, m: int = 1024, k: int = 512, n: int = 1408, reps: int = 5) -> float:
-    """Median GFLOP/s of one (m, k) @ (k, n) product: tells whether this CPU has a fast bf16 GEMM (AMX,
+    """Median GFLOP/s of one (m, k) @ (k, n) product: shows whether this CPU has a fast bf16 GEMM (AMX,
     AVX512-BF16) or emulates it (AVX2 only: bf16 is then ~30x slower than fp32)."""
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
     a @ b
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"{torch.get_num_threads()} threads, load average {load:.2f} at start", flush=True)
     fp32_rate, bf16_rate = gemm_gflops(torch.float32), gemm_gflops(torch.bfloat16)
-    args.slow_bf16 = bf16_rate < fp32_rate / 2
+    args.slow_bf16 = not cpu_has_fast_bf16()  # the trainer's own rule for --dtype auto; the rates show why
     print(f"GEMM (1024x512 @ 512x1408): fp32 {fp32_rate:.1f} GFLOP/s, bf16 {bf16_rate:.1f} GFLOP/s"
           + (" -- bf16 has no fast path on this CPU; bf16 rows are skipped unless --force_bf16" if args.slow_bf16
              else ""), flush=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from dataset.jsonl import atomic_write_lines
+from dataset.atomic_io import atomic_write_text
 from dataset.sources import Dialog, package_versions, read_chatterbot, read_chitchat, read_wikipedia
 from dataset.wiki_qa import conversations_for
 
@@ -151,13 +151,9 @@ def _conversation_text(record: _Record) -> str:
     return "\x1f".join(f"{m['role']}\x1e{m['content']}" for m in record.payload["conversations"])
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_lines(path, [text])
-
-
 def _write_jsonl(path: Path, records: Sequence[_Record]) -> int:
     text = "".join(json.dumps(r.payload, ensure_ascii=False) + "\n" for r in records)
-    _atomic_write_text(path, text)
+    atomic_write_text(path, text)
     return len(text.encode("utf-8"))
 
 
@@ -206,7 +202,7 @@ def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
         "build_seconds": round(time.perf_counter() - started, 2),
     }
     # The manifest goes last: its presence says the four files are complete.
-    _atomic_write_text(cache_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(cache_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
 import datasets
 from datasets import Features, List, Value
+
+from dataset.atomic_io import atomic_write_lines, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -117,23 +117,6 @@ def _fingerprint(path: Path, kind: Kind, skip_bad_lines: bool) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
-    """Write via a unique temp file, fsync, then ``os.replace``: readers (or a second rank writing the same file)
-    see the old content or the new, never a half-written file. The project's one atomic-write helper."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False, cache_dir: str | Path | None = None) -> JsonlScan:
     """Validate ``path`` line by line (cached) and decide which file to load; see the module docstring.
 
@@ -177,7 +160,7 @@ def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False, cache
             (json.dumps(record, ensure_ascii=False) + "\n" for _, record, _ in iter_records(path, kind, skip_bad_lines) if record is not None),
         )
     scan = JsonlScan(load_path=str(load_path.resolve()), records=records, skipped_lines=skipped)
-    atomic_write_lines(report_path, iter([json.dumps(asdict(scan))]))
+    atomic_write_text(report_path, json.dumps(asdict(scan)))
     return scan
 
 

@@ -26,7 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from trainer.metrics_log import read_metrics  # noqa: E402
+from scripts.sweep import STATE_FILE, TRIALS_DIR, read_results, swept_names  # noqa: E402
+# trainer.core only for its file name: after scripts.sweep (which loads transformers) it costs ~nothing more.
+from trainer.core import SUMMARY_FILE  # noqa: E402
+from trainer.metrics_log import METRICS_FILE, read_metrics  # noqa: E402
 
 SEED_KEY = "seed"
 LINE_KEY = "norm_type"  # the parameter drawn as separate lines when present
@@ -87,32 +90,25 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
     """The sweep's config and its trials, in proposal order; the last results.jsonl record of a trial wins."""
-    state = _read_json(sweep_dir / "sweep_state.json")
+    state = _read_json(sweep_dir / STATE_FILE)
     if not state:
-        raise FileNotFoundError(f"{sweep_dir}: no sweep_state.json; run `python scripts/sweep.py FILE.yaml` first")
-    records: dict[str, dict[str, Any]] = {}
-    results = sweep_dir / "results.jsonl"
-    if results.exists():
-        for line in results.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            records[record["trial_id"]] = record
+        raise FileNotFoundError(f"{sweep_dir}: no {STATE_FILE}; run `python scripts/sweep.py FILE.yaml` first")
+    records = {record["trial_id"]: record for record in read_results(sweep_dir)}
     trials = []
     for entry in state["trials"]:
         record = records.get(entry["trial_id"])
-        trial_dir = sweep_dir / (record or {}).get("trial_dir", f"trials/{entry['trial_id']}")
+        trial_dir = sweep_dir / (record or {}).get("trial_dir", f"{TRIALS_DIR}/{entry['trial_id']}")
         trial = Trial(entry["trial_id"], entry["params"], record["status"] if record else "not run")
-        trial.summary = _read_json(trial_dir / "run_summary.json")
-        if (trial_dir / "metrics.jsonl").exists():
-            trial.val_curve = [(r["step"], float(r["val_loss"])) for r in read_metrics(trial_dir / "metrics.jsonl", "val")]
+        trial.summary = _read_json(trial_dir / SUMMARY_FILE)
+        if (trial_dir / METRICS_FILE).exists():
+            trial.val_curve = [(r["step"], float(r["val_loss"])) for r in read_metrics(trial_dir / METRICS_FILE, "val")]
         trials.append(trial)
     return state["config"], trials
 
 
 def swept_keys(config: dict[str, Any]) -> list[str]:
-    return [name for name, spec in config["parameters"].items() if "value" not in spec and name != SEED_KEY]
+    """The swept parameters that define a variant: the seeds of one variant are averaged."""
+    return [name for name in swept_names(config) if name != SEED_KEY]
 
 
 def group_variants(config: dict[str, Any], trials: list[Trial]) -> list[Variant]:
@@ -209,11 +205,11 @@ def plot_prms_p(variants: list[Variant], path: Path) -> bool:
     import matplotlib.pyplot as plt
     points: dict[str, list[tuple[float, float, float]]] = {}
     for v in variants:
-        kind = v.params.get(LINE_KEY)
-        if kind not in ("prmsnorm", "rmsnorm"):
-            continue
         finished = v.finished()
         if not finished:
+            continue
+        kind = finished[0].params.get(LINE_KEY)  # the trial's full parameters: norm_type may be fixed, not swept
+        if kind not in ("prmsnorm", "rmsnorm"):
             continue
         p = 1.0 if kind == "rmsnorm" else float(finished[0].params.get("prms_p", 0.0625))
         mean, std = v.loss_stats()

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if interactive:
             sys.stdout.write("bot> ")
-        _answer(session, line, stream)
+        _answer(session, command, stream)  # stripped: stray spaces and a CR are not the user's words
     return 0
 
 

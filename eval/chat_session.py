@@ -72,34 +72,38 @@ class ChatSession:
         self.system_prompt = system_prompt or None
         self.history_turns = max(0, history_turns)
         self.settings = settings or GenerationSettings()
-        self.history: list[dict[str, str]] = []  # alternating user / assistant messages, oldest first
+        # Every exchange, alternating user / assistant messages, oldest first; messages() keeps the last
+        # history_turns of them (the only place that cut is made).
+        self.history: list[dict[str, str]] = []
         self.max_context = getattr(model.config, "max_position_embeddings", None) or 2048
 
     def reset(self) -> None:
         self.history.clear()
 
-    def messages(self, user_text: str, history: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
-        """System prompt, the kept history and the new user message."""
-        history = self.history if history is None else history
-        kept = history[-2 * self.history_turns:] if self.history_turns else []
+    def messages(self, user_text: str) -> list[dict[str, str]]:
+        """System prompt, the last `history_turns` exchanges and the new user message."""
+        kept = self.history[-2 * self.history_turns:] if self.history_turns else []
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + kept + [{"role": "user", "content": user_text}]
 
-    def render(self, user_text: str, history: list[dict[str, str]] | None = None) -> str:
-        """The exact prompt text the model sees."""
+    def render(self, user_text: str) -> str:
+        """The exact prompt text the model sees (before any cut to fit the context)."""
+        return self._render(self.messages(user_text))
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
         if not self.use_template:
-            return self.tokenizer.eos_token + user_text
-        return self.tokenizer.apply_chat_template(self.messages(user_text, history), tokenize=False,
-                                                  add_generation_prompt=True)
+            return self.tokenizer.eos_token + messages[-1]["content"]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def _prompt_ids(self, user_text: str) -> tuple[list[int], int]:
         """Prompt token ids and the new-token budget, dropping the oldest exchanges to fit the context."""
-        history = list(self.history[-2 * self.history_turns:]) if self.history_turns else []
+        messages = self.messages(user_text)
+        first_past = 1 if self.system_prompt else 0  # index of the oldest past message
         while True:
-            ids = self.tokenizer(self.render(user_text, history), add_special_tokens=False)["input_ids"]
-            if len(ids) + self.settings.max_new_tokens <= self.max_context or not history:
+            ids = self.tokenizer(self._render(messages), add_special_tokens=False)["input_ids"]
+            if len(ids) + self.settings.max_new_tokens <= self.max_context or len(messages) - first_past <= 1:
                 break
-            history = history[2:]
+            del messages[first_past:first_past + 2]  # the oldest exchange: a user and an assistant message
         if len(ids) >= self.max_context:  # a single message longer than the context: keep its end
             ids = ids[-(self.max_context // 2):]
         return ids, max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))
@@ -123,5 +127,4 @@ class ChatSession:
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         if self.use_template:
             self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": text.strip()}]
-            self.history = self.history[-2 * self.history_turns:] if self.history_turns else []
         return Reply(text=text, new_tokens=len(new), seconds=seconds, stopped_at_eos=stopped, token_ids=new)

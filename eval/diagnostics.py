@@ -26,7 +26,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
-from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series, read_metrics  # noqa: E402
+from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series  # noqa: E402
+from trainer.metrics_log import read_metrics  # noqa: E402
 
 # What each quantity means, for the plot titles.
 TITLES = {

@@ -24,7 +24,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from eval.model_dir import ModelNotFound, locate_model, model_task, resolve_path  # noqa: E402
+from eval.model_dir import ModelNotFound, locate_model, model_task, resolve_input_path, resolve_path  # noqa: E402
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
 # A quick qualitative check: greedy answers to fixed English and Chinese prompts.
@@ -41,7 +41,7 @@ def resolve_data_spec(spec: str) -> tuple[str, Path]:
     if spec in DEFAULT_SPLITS:
         from dataset.corpus import ensure_default_corpus
         return spec, getattr(ensure_default_corpus(quiet=True), spec)
-    path = Path(spec) if Path(spec).exists() else resolve_path(spec)
+    path = resolve_input_path(spec)
     if not path.is_file():
         raise FileNotFoundError(f"--data {spec}: no such file (or use one of {', '.join(DEFAULT_SPLITS)})")
     return path.stem, path
@@ -65,30 +65,35 @@ def detect_kind(path: Path) -> str:
     raise ValueError(f"{path}: empty file")
 
 
-def _load_dataset(path: Path, kind: str, tokenizer, max_seq_len: int):
-    if kind == "pretrain":
-        from dataset.pretrain_dataset import PretrainDataset
-        return PretrainDataset(path, tokenizer, max_seq_len)
-    from dataset.sft_dataset import SFTDataset
-    return SFTDataset(path, tokenizer, max_seq_len)
+def _eval_loader(dataset, batch_size: int, accelerator):
+    """This process's share of `dataset`, batched in order. Sharded by hand like the trainer's validation:
+    accelerator.prepare would pad the shards with repeated samples, which would then be counted twice."""
+    from torch.utils.data import DataLoader
+
+    from trainer.data import shard_loader
+
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=getattr(dataset, "collate", None))
+    return shard_loader(loader, accelerator.process_index, accelerator.num_processes)
 
 
 def evaluate_model_dir(model_path: str | Path, data_specs: Sequence[str] | None = None, max_seq_len: int = 256,
-                       batch_size: int = 16, max_batches: int = 0, device: str = "auto") -> dict[str, Any]:
+                       batch_size: int = 16, max_batches: int = 0, device: str = "auto",
+                       with_samples: bool = False) -> dict[str, Any]:
     """Loss/perplexity/bits-per-byte of a model directory on each dataset (default: both held-out splits).
 
     Returns {"model_path", "task", "max_seq_len", "results": {name: {path, kind, loss, perplexity,
-    bits_per_byte, tokens, bytes}}}. max_batches=0 evaluates every batch.
+    bits_per_byte, tokens, bytes}}}, plus "samples" ([{prompt, answer}], see sample_answers) when
+    with_samples. max_batches=0 evaluates every batch.
     """
     import torch
     from accelerate import Accelerator
-    from torch.utils.data import DataLoader
 
     from eval.metrics import evaluate_lm, token_byte_lengths
     from eval.model_dir import load_model
+    from trainer.data import dataset_class
 
     path, _ = locate_model(model_path)
-    accelerator = Accelerator(cpu=device == "cpu")  # one process; it moves the batches to its device
+    accelerator = Accelerator(cpu=device == "cpu")  # evaluate_lm moves the batches to its device
     model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32")
     max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
     token_bytes = token_byte_lengths(tokenizer)
@@ -96,13 +101,15 @@ def evaluate_model_dir(model_path: str | Path, data_specs: Sequence[str] | None 
     for spec in data_specs or DEFAULT_SPLITS:
         name, data_path = resolve_data_spec(spec)
         kind = detect_kind(data_path)
-        dataset = _load_dataset(data_path, kind, tokenizer, max_seq_len)
-        loader = accelerator.prepare(DataLoader(dataset, batch_size=batch_size, shuffle=False,
-                                                collate_fn=getattr(dataset, "collate", None)))
+        loader = _eval_loader(dataset_class(kind)(data_path, tokenizer, max_seq_len), batch_size, accelerator)
         with torch.inference_mode():
             metrics = evaluate_lm(model, loader, accelerator, token_bytes, max_batches)
         results[name] = {"path": str(data_path), "kind": kind, **metrics.as_dict()}
-    return {"model_path": str(path), "task": model_task(path), "max_seq_len": max_seq_len, "results": results}
+    report = {"model_path": str(path), "task": model_task(path), "max_seq_len": max_seq_len, "results": results}
+    if with_samples:  # the model already loaded, on the device asked for
+        report["samples"] = [{"prompt": prompt, "answer": answer}
+                             for prompt, answer in sample_answers(model, tokenizer, report["task"])]
+    return report
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -114,15 +121,13 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def sample_answers(model_path: str | Path, prompts: Sequence[str] | None = None,
+def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequence[str] | None = None,
                    max_new_tokens: int = SAMPLE_TOKENS) -> list[tuple[str, str]]:
-    """Greedy (prompt, answer) pairs; SFT models answer through the chat template, pretrained ones continue."""
+    """Greedy (prompt, answer) pairs from a loaded model; SFT models (and unknown tasks) answer through the chat
+    template, pretrained ones continue the text."""
     from eval.chat_session import ChatSession, GenerationSettings
-    from eval.model_dir import load_model
 
-    path, _ = locate_model(model_path)
-    model, tokenizer = load_model(path)
-    task = model_task(path) or "sft"
+    task = task or "sft"
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
     pairs = []
     for prompt in prompts or FIXED_PROMPTS[task]:
@@ -149,20 +154,19 @@ def main(argv: list[str] | None = None) -> int:
         if note:
             print(f"note: {note}", file=sys.stderr)
         report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
-                                    args.device)
+                                    args.device, with_samples=not args.no_samples)
     except (ModelNotFound, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"model {report['model_path']} (task: {report['task'] or 'unknown'}), max_seq_len {report['max_seq_len']}")
     print(format_table(report))
-    if not args.no_samples:
-        report["samples"] = [{"prompt": p, "answer": a} for p, a in sample_answers(path)]
+    if "samples" in report:
         print(f"\ngreedy answers (max {SAMPLE_TOKENS} new tokens):")
         for sample in report["samples"]:
             print(f"  {sample['prompt']} -> {sample['answer']}")
     if args.json:
         out = resolve_path(args.json)
-        from trainer.checkpoint import atomic_write_text
+        from dataset.atomic_io import atomic_write_text
         atomic_write_text(out, json.dumps(report, indent=2, ensure_ascii=False))
         print(f"results written to {out}")
     return 0

@@ -26,6 +26,13 @@ def resolve_path(path: str | Path) -> Path:
     return path if path.is_absolute() else REPO_ROOT / path
 
 
+def resolve_input_path(path: str | Path) -> Path:
+    """An existing input: as typed from the current directory when that exists, else from the repo root like the
+    trainers (resolve_path)."""
+    typed = Path(path).expanduser()
+    return typed.resolve() if typed.exists() else resolve_path(typed)
+
+
 class ModelNotFound(FileNotFoundError):
     """No model directory where one was expected; the message says which command creates it."""
 
@@ -63,9 +70,7 @@ def locate_model(model_path: str | Path | None = None) -> tuple[Path, str | None
     No path: the latest SFT model (out/sft), else the pretrained one (out/pretrain). Raises ModelNotFound.
     """
     if model_path is not None:
-        # As typed from the current directory when that exists, else from the repo root like the trainers.
-        path = Path(model_path).expanduser().resolve() if Path(model_path).expanduser().exists() \
-            else resolve_path(model_path)
+        path = resolve_input_path(model_path)
         if not is_model_dir(path):
             task = model_task(path) or ("pretrain" if path == resolve_path(PRETRAIN_DIR) else "sft")
             raise _missing(path, task)
@@ -88,12 +93,11 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
-def load_model(path: Path, device: str = "auto", dtype: str = "auto", norm_impl: str | None = None
-               ) -> tuple[Any, Any]:
+def load_model(path: Path, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) from a model directory.
 
-    dtype "auto": bfloat16 on CUDA, float32 elsewhere. norm_impl None keeps the saved choice, except that a
-    saved "auto" becomes "eager" on CPU: torch.compile's start-up costs more than it saves in a chat.
+    dtype "auto": bfloat16 on CUDA, float32 elsewhere. The saved norm_impl is kept, except that a saved "auto"
+    becomes "eager" on CPU: torch.compile's start-up costs more than it saves in a chat.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -108,10 +112,7 @@ def load_model(path: Path, device: str = "auto", dtype: str = "auto", norm_impl:
                    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     overrides: dict[str, Any] = {}
     config = AutoConfig.from_pretrained(path)
-    if hasattr(config, "norm_impl"):
-        if norm_impl is not None:
-            overrides["norm_impl"] = norm_impl
-        elif config.norm_impl == "auto" and not device.startswith("cuda"):
-            overrides["norm_impl"] = "eager"
+    if getattr(config, "norm_impl", None) == "auto" and not device.startswith("cuda"):
+        overrides["norm_impl"] = "eager"
     loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **overrides).to(device).eval()
     return loaded, load_tokenizer(path)

@@ -6,7 +6,8 @@ A model with norm_type='rmsnorm', norm_placement='pre' and qk_norm=False is a LL
 (model/llama_compat.py holds the mapping), so the result loads in plain transformers, vLLM, llama.cpp's
 converter and so on, with the same logits. Any other config is refused, naming the switch. The directory is
 written under a temporary name and renamed into place, and the logits are checked against ours unless
---no_verify.
+--no_verify. An existing --out_dir is replaced only when it is empty or a previous export; one that contains
+the model, or lies inside it, is refused.
 """
 
 from __future__ import annotations
@@ -56,10 +57,9 @@ def check_exportable(config: MiniNormConfig, model_path: Path) -> None:
                                  + (f" ({why})" if why else "")) from None
 
 
-def _patch_config_json(path: Path, dtype: torch.dtype) -> None:
+def _patch_config_json(path: Path) -> None:
+    """Add the top-level rope_theta; save_pretrained already wrote "architectures" and "dtype" (the weights')."""
     config = json.loads(path.read_text())
-    config["architectures"] = ["LlamaForCausalLM"]
-    config["dtype"] = str(dtype).removeprefix("torch.")
     # Readers that predate rope_parameters (transformers 4.x, llama.cpp's converter) look for rope_theta and
     # would silently fall back to 10000.
     config["rope_theta"] = config["rope_parameters"]["rope_theta"]
@@ -78,8 +78,33 @@ def _tokenizer_files(model_path: Path, staging: Path) -> None:
     config_file.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
 
 
+def config_model_type(path: Path) -> str | None:
+    """model_type in path/config.json, read as plain JSON (no config class); None when missing or unreadable."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return config.get("model_type") if isinstance(config, dict) else None
+
+
+def check_out_dir(source: Path, out_dir: Path) -> None:
+    """Refuse an --out_dir whose replacement would delete the source model or an unrelated folder.
+
+    Both paths must be resolved (symlinks and `..` gone), or a spelling like a/x/../pretrain slips through.
+    """
+    if out_dir == source or out_dir in source.parents or source in out_dir.parents:
+        raise ValueError(f"--out_dir {out_dir} overlaps the model at {source}; choose a folder outside it")
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ValueError(f"--out_dir {out_dir} is a file; choose a folder")
+    # Only an empty folder or an earlier export is ours to replace.
+    if any(out_dir.iterdir()) and config_model_type(out_dir) != "llama":
+        raise ValueError(f"--out_dir {out_dir} is neither empty nor a previous Llama export; not replacing it")
+
+
 def _install(staging: Path, out_dir: Path) -> None:
-    """Rename the finished directory into place; a previous export there is replaced only at that moment."""
+    """Rename the finished directory into place; a previous export (see check_out_dir) is replaced only then."""
     old = None
     if out_dir.exists():
         old = out_dir.with_name(f".{out_dir.name}.old")
@@ -101,19 +126,19 @@ def max_logit_difference(ours: MiniNormForCausalLM, llama_dir: Path, seq_len: in
 
 
 def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool = True) -> Path:
-    """Write the LLaMA directory; returns its path. Raises NotLlamaCompatible / ModelNotFound."""
-    source, _ = locate_model(model_path)
-    out_dir = resolve_path(out_dir)
-    if out_dir == source:
-        raise ValueError("--out_dir must differ from --model_path")
+    """Write the LLaMA directory; returns its path. Raises NotLlamaCompatible / ModelNotFound / ValueError."""
+    source = locate_model(model_path)[0].resolve()
+    out_dir = resolve_path(out_dir).resolve()
+    # Checked as plain JSON: MiniNormConfig.from_pretrained on another model type (say, an earlier export)
+    # fails with a traceback instead of this line.
+    model_type = config_model_type(source)
+    if model_type != MiniNormConfig.model_type:
+        raise ValueError(f"{source} is not a MiniNorm model (model_type={model_type!r})")
+    check_out_dir(source, out_dir)
     config = MiniNormConfig.from_pretrained(source)
-    if getattr(config, "model_type", None) != MiniNormConfig.model_type:
-        raise ValueError(f"{source} is not a MiniNorm model (model_type={config.model_type!r})")
     check_exportable(config, source)  # before loading any weights
     ours = MiniNormForCausalLM.from_pretrained(source, norm_impl="eager").eval()
-    dtype = next(ours.parameters()).dtype
     llama_config = to_llama_config(ours.config)
-    llama_config.architectures = ["LlamaForCausalLM"]
     with torch.device("meta"):
         llama = LlamaForCausalLM(llama_config)
     state = {key: tensor.detach().clone() for key, tensor in to_llama_state_dict(ours.state_dict()).items()}
@@ -126,7 +151,7 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     staging.chmod(0o755)  # mkdtemp makes it private; the export is an ordinary directory
     try:
         llama.save_pretrained(staging, safe_serialization=True)
-        _patch_config_json(staging / "config.json", dtype)
+        _patch_config_json(staging / "config.json")
         _tokenizer_files(source, staging)
         if (source / TRAIN_CONFIG_FILE).is_file():  # keeps the task (sft/pretrain) for eval/chat.py
             shutil.copy2(source / TRAIN_CONFIG_FILE, staging / TRAIN_CONFIG_FILE)
@@ -144,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Export a Llama-compatible MiniNorm model as LlamaForCausalLM",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model_path", default="out/pretrain", help="MiniNorm model directory")
-    parser.add_argument("--out_dir", default="out/llama", help="where the LLaMA directory goes (replaced)")
+    parser.add_argument("--out_dir", default="out/llama",
+                        help="where the LLaMA directory goes; an empty folder or a previous export is replaced")
     parser.add_argument("--no_verify", action="store_true", help="skip the logits check against our model")
     args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()

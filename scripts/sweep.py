@@ -39,10 +39,10 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from trainer.args import resolve_path  # noqa: E402
-from trainer.checkpoint import atomic_write_text  # noqa: E402
+from dataset.atomic_io import atomic_write_text  # noqa: E402
+from trainer.core import DIVERGED_EXIT_CODE  # noqa: E402
 
 METHODS = ("grid", "random", "bayes")
-DIVERGED_EXIT_CODE = 3
 RESULTS_FILE = "results.jsonl"
 STATE_FILE = "sweep_state.json"
 TRIALS_DIR = "trials"
@@ -105,6 +105,12 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     if config["method"] in ("random", "bayes") and not isinstance(config.get("run_cap"), int):
         raise bad("run_cap", f"{config['method']} search never ends by itself; set run_cap (an integer) so the "
                              f"serverless runner knows when to stop")
+    # The schema accepts some specs the engine then refuses (e.g. {min, max} under grid): ask it for a first
+    # trial now, so the error comes before the sweep folder exists rather than at the first proposal.
+    try:
+        _sweeps_module().next_run(config, [])
+    except ValueError as error:
+        raise bad("parameters", f"wandb's sweep engine cannot propose a trial: {error}".replace("\n", " ")) from None
     return config
 
 

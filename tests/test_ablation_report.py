@@ -65,6 +65,38 @@ def _make_sweep(root: Path) -> tuple[Path, dict[str, dict]]:
     return sweep_dir, expected
 
 
+def _make_prms_p_sweep(root: Path) -> Path:
+    """A finished sweep like scripts/sweeps/prms_p.yaml: p and the seed swept, norm_type fixed (a `value:`)."""
+    sweep_dir = root / "prms_p_sweep"
+    config = {"name": "prms_p", "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
+              "parameters": {"prms_p": {"values": [0.0625, 0.25, 1.0]}, "seed": {"values": [0, 1]},
+                             "norm_type": {"value": "prmsnorm"}}}
+    trials = []
+    for p in (0.0625, 0.25, 1.0):
+        for seed in (0, 1):
+            trial_id = f"p{p}-{seed}"
+            trial_dir = sweep_dir / "trials" / trial_id
+            trial_dir.mkdir(parents=True)
+            final = 5.0 + p + 0.01 * seed
+            summary = {"status": "finished", "final_val": {"loss": final}}
+            (trial_dir / "run_summary.json").write_text(json.dumps(summary))
+            trials.append({"trial_id": trial_id, "params": {"norm_type": "prmsnorm", "prms_p": p, "seed": seed},
+                           "status": "finished", "metric": final})
+    (sweep_dir / "sweep_state.json").write_text(json.dumps({"name": "prms_p", "config": config, "trials": trials}))
+    (sweep_dir / "results.jsonl").write_text("".join(
+        json.dumps({"trial_id": t["trial_id"], "params": t["params"], "status": "finished",
+                    "trial_dir": f"trials/{t['trial_id']}"}) + "\n" for t in trials))
+    return sweep_dir
+
+
+def test_prms_p_plot_when_norm_type_is_fixed(tmp_path):
+    path = write_report(_make_prms_p_sweep(tmp_path))
+    data = json.loads((path.parent / "report.json").read_text())
+    assert [row["params"] for row in data["variants"]] == [{"prms_p": p} for p in (0.0625, 0.25, 1.0)]
+    assert "prms_p.png" in data["plots"]
+    assert (path.parent / "prms_p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")

@@ -108,6 +108,21 @@ def test_stdin_eof_ends_the_session(monkeypatch, capsys, tiny_models) -> None:
     assert out == f"{tiny_models.reply}\n{tiny_models.reply}\n"
 
 
+def test_piped_lines_are_sent_stripped(monkeypatch, capsys, tiny_models) -> None:
+    sent: list[str] = []
+    original = ChatSession.reply
+
+    def recording_reply(self, user_text, on_text=None):
+        sent.append(user_text)
+        return original(self, user_text, on_text)
+
+    monkeypatch.setattr(ChatSession, "reply", recording_reply)
+    code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
+                                   "--no_stream", stdin="  Who are you?  \r\n\t/reset \n")
+    assert code == 0, err
+    assert sent == ["Who are you?"] and "(history cleared)" in err
+
+
 @pytest.mark.parametrize("which", ["sft", "pretrained"])
 def test_streaming_equals_non_streaming(which: str, request) -> None:
     loaded = request.getfixturevalue(which)
@@ -143,8 +158,9 @@ def test_history_is_rendered_with_the_chat_template(sft) -> None:
                                     "<|im_start|>assistant\n")
 
 
-def test_history_is_dropped_oldest_first_to_fit_the_context(sft) -> None:
-    session = greedy_session(sft, history_turns=10)
+@pytest.mark.parametrize("system_prompt", [None, "Be brief."])
+def test_history_is_dropped_oldest_first_to_fit_the_context(sft, system_prompt) -> None:
+    session = greedy_session(sft, history_turns=10, system_prompt=system_prompt)
     for index in range(6):
         session.history += [{"role": "user", "content": f"question {index} " * 5},
                             {"role": "assistant", "content": f"answer {index} " * 5}]
@@ -153,6 +169,9 @@ def test_history_is_dropped_oldest_first_to_fit_the_context(sft) -> None:
     text = session.tokenizer.decode(ids)
     assert len(ids) + session.settings.max_new_tokens <= 120 and budget == 40
     assert "question 5" in text and "question 0" not in text and text.endswith("last<|im_end|>\n<|im_start|>assistant\n")
+    assert ("Be brief." in text) == bool(system_prompt)  # the system prompt is kept, only exchanges go
+    # Whole exchanges go: every kept question still has its answer (the last "assistant" opens the reply).
+    assert text.count("<|im_start|>user") == text.count("<|im_start|>assistant") and "answer 5" in text
 
 
 def test_pretrained_model_continues_plain_text(pretrained, tiny_models) -> None:

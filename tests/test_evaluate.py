@@ -66,12 +66,23 @@ def test_sft_loss_covers_only_assistant_tokens(tiny_models, tokenizer) -> None:
     assert result["perplexity"] == pytest.approx(math.exp(nats / count), rel=1e-5)
 
 
-def test_cli_prints_table_and_samples_and_writes_json(tiny_models, tmp_path, capsys) -> None:
+def test_cli_prints_table_and_samples_and_writes_json(tiny_models, tmp_path, capsys, monkeypatch) -> None:
+    import eval.model_dir
+
+    loads: list[dict] = []
+    original_load = eval.model_dir.load_model
+
+    def recording_load(path, **kwargs):
+        loads.append(kwargs)
+        return original_load(path, **kwargs)
+
+    monkeypatch.setattr(eval.model_dir, "load_model", recording_load)
     out = tmp_path / "report.json"
     code = main(["--model_path", str(tiny_models.sft), "--data", str(tiny_models.sft_data),
-                 str(tiny_models.pretrain_data), "--max_seq_len", "32", "--json", str(out)])
+                 str(tiny_models.pretrain_data), "--max_seq_len", "32", "--json", str(out), "--device", "cpu"])
     printed = capsys.readouterr().out
     assert code == 0
+    assert loads == [{"device": "cpu", "dtype": "float32"}]  # the samples reuse the evaluated model and --device
     report = json.loads(out.read_text(encoding="utf-8"))
     assert set(report["results"]) == {"sft", "pretrain"}
     assert report["results"]["sft"]["kind"] == "sft" and report["results"]["pretrain"]["kind"] == "pretrain"
@@ -82,6 +93,22 @@ def test_cli_prints_table_and_samples_and_writes_json(tiny_models, tmp_path, cap
     answers = {sample["prompt"]: sample["answer"] for sample in report["samples"]}
     assert answers["What is the capital of France?"] == tiny_models.reply  # a training question, greedy
     assert f"What is the capital of France? -> {tiny_models.reply}" in printed
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_each_process_evaluates_its_own_samples_once(tiny_models, tokenizer, world) -> None:
+    from types import SimpleNamespace
+
+    from eval.evaluate import _eval_loader
+    from trainer.data import dataset_class
+
+    dataset = dataset_class("pretrain")(tiny_models.pretrain_data, tokenizer, 16)
+    assert len(dataset) % world or world == 1  # uneven shards: padding them would repeat samples
+    rows = []
+    for rank in range(world):
+        loader = _eval_loader(dataset, 2, SimpleNamespace(process_index=rank, num_processes=world))
+        rows += [row.tolist() for batch in loader for row in batch["input_ids"]]
+    assert sorted(rows) == sorted(dataset[i]["input_ids"].tolist() for i in range(len(dataset)))
 
 
 def test_dataset_kind_comes_from_the_first_line(tmp_path) -> None:

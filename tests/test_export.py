@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -46,10 +47,69 @@ def test_exported_directory_is_complete(tiny_models, exported, tokenizer) -> Non
 def test_export_replaces_a_previous_one(tiny_models, tmp_path) -> None:
     out = tmp_path / "llama"
     out.mkdir()
+    (out / "config.json").write_text('{"model_type": "llama"}')  # what an earlier export left
     (out / "stale.txt").write_text("old")
     assert main(["--model_path", str(tiny_models.pretrain), "--out_dir", str(out), "--no_verify"]) == 0
     assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"]
+
+
+def test_export_fills_an_empty_folder(tiny_models, tmp_path) -> None:
+    (tmp_path / "llama").mkdir()
+    assert main(["--model_path", str(tiny_models.pretrain), "--out_dir", str(tmp_path / "llama"), "--no_verify"]) == 0
+    assert (tmp_path / "llama" / "model.safetensors").is_file()
+
+
+def test_saved_config_names_the_class_and_the_weights_dtype(exported) -> None:
+    # save_pretrained writes both, so the converter does not patch them.
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["dtype"] == "float32"
+
+
+def _copied_model(tiny_models, folder):
+    """A private copy of the tiny pretrained model: a broken refusal must not delete the shared fixture."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tiny_models.pretrain, folder)
+    return folder, sorted(p.name for p in folder.iterdir())
+
+
+def _refused(capsys, *argv: str) -> str:
+    assert main([*argv, "--no_verify"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    return error
+
+
+def test_parent_of_the_model_is_refused_and_left_alone(tiny_models, tmp_path, capsys) -> None:
+    model, files = _copied_model(tiny_models, tmp_path / "out" / "pretrain")
+    error = _refused(capsys, "--model_path", str(model), "--out_dir", str(tmp_path / "out"))
+    assert "overlaps the model" in error
+    assert sorted(p.name for p in model.iterdir()) == files
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["pretrain"]
+
+
+@pytest.mark.parametrize("out_dir", ["out/x/../pretrain", "out/pretrain/llama"])
+def test_the_model_itself_or_a_folder_inside_it_is_refused(tiny_models, tmp_path, capsys, out_dir) -> None:
+    model, files = _copied_model(tiny_models, tmp_path / "out" / "pretrain")
+    error = _refused(capsys, "--model_path", str(model), "--out_dir", str(tmp_path / out_dir))
+    assert "overlaps the model" in error
+    assert sorted(p.name for p in model.iterdir()) == files
+
+
+def test_a_folder_that_is_not_an_export_is_refused_and_left_alone(tiny_models, tmp_path, capsys) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    error = _refused(capsys, "--model_path", str(tiny_models.pretrain), "--out_dir", str(out))
+    assert str(out) in error and "neither empty nor a previous Llama export" in error
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # no staging folder left
+
+
+def test_an_export_is_not_converted_again(exported, tmp_path, capsys) -> None:
+    error = _refused(capsys, "--model_path", str(exported), "--out_dir", str(tmp_path / "again"))
+    assert "is not a MiniNorm model (model_type='llama')" in error
+    assert not (tmp_path / "again").exists()
 
 
 def test_post_ln_model_is_refused_naming_the_switch(tiny_models, tmp_path, capsys) -> None:

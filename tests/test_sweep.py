@@ -96,6 +96,19 @@ def test_schema_violation_from_wandb_engine_is_reported():
         validate_sweep_config(config, "bad.yaml")
 
 
+def test_grid_spec_the_engine_refuses_is_a_config_error(tmp_path, capsys):
+    # {min, max} passes wandb's schema but its grid engine refuses it at the first proposal.
+    config = {"method": "grid", "parameters": {"learning_rate": {"min": 0.1, "max": 1.0}}}
+    with pytest.raises(SweepConfigError, match=r"bad\.yaml: parameters: .*learning_rate is a disallowed type"):
+        validate_sweep_config(config, "bad.yaml")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "learning_rate" in err
+    assert not (tmp_path / "s").exists()
+
+
 def test_cli_rejects_a_bad_yaml_with_one_line(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text("method: grdi\nparameters:\n  seed: {values: [0, 1]}\n")

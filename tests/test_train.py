@@ -85,7 +85,8 @@ def test_pretrain_writes_a_loadable_hf_model_dir(reference_run):
     tokenizer_config = json.loads((reference_run / "tokenizer_config.json").read_text())
     template = tokenizer_config.get("chat_template") or (reference_run / "chat_template.jinja").read_text()
     assert "<|im_start|>" in template
-    # The resumable state keeps fp32 weights, equal to the final model's at the last checkpoint's step.
+    # The resumable state keeps its weights in fp32. (The last checkpoint is step 6 of 8, so its values are not
+    # the final model's; resume tests compare the continued curve instead.)
     checkpoint = sorted((reference_run / "checkpoints").iterdir())[-1]
     weights = load_file(checkpoint / "model.safetensors")
     assert all(t.dtype == torch.float32 for t in weights.values())
@@ -222,3 +223,36 @@ def test_resume_survives_a_metrics_line_cut_short_by_a_kill(tmp_path):
         handle.write('{"step": 4, "split": "tra')  # the process died mid-write
     log.truncate_after(2)
     assert [r["step"] for r in read_metrics(log.path)] == [1, 2]
+
+
+@pytest.mark.parametrize("cuda, cuda_bf16, cpu_fast_bf16, expected", [
+    (True, True, False, "bfloat16"),
+    (True, False, True, "float16"),   # an older GPU: fp16 with loss scaling, whatever the CPU
+    (False, False, True, "bfloat16"),
+    (False, False, False, "float32"),
+])
+def test_dtype_auto_picks_by_hardware(cuda, cuda_bf16, cpu_fast_bf16, expected, monkeypatch):
+    import trainer.args
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: cuda_bf16)
+    monkeypatch.setattr(trainer.args, "cpu_has_fast_bf16", lambda: cpu_fast_bf16)
+    assert trainer.args.resolve_dtype("auto") == expected
+    assert trainer.args.resolve_dtype("float32") == "float32"  # an explicit choice is kept
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("loss, grad_norm, scaler_skipped, expected", [
+    (2.0, 0.5, None, "applied"),       # bf16/fp32: no grad scaler
+    (2.0, INF, None, "diverged"),
+    (2.0, NAN, None, "diverged"),
+    (NAN, 0.5, None, "diverged"),
+    (2.0, 0.5, False, "applied"),      # fp16: the scaler stepped
+    (2.0, INF, True, "skipped"),       # fp16 overflow: the scaler skipped the update and lowered its scale
+    (2.0, NAN, True, "skipped"),
+    (INF, INF, True, "diverged"),      # a non-finite loss is divergence under any precision
+])
+def test_step_outcome_tells_an_fp16_overflow_from_divergence(loss, grad_norm, scaler_skipped, expected):
+    from trainer.core import step_outcome
+    assert step_outcome(loss, grad_norm, scaler_skipped) == expected

@@ -30,10 +30,11 @@ MODEL_FIELDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "norm_type": (str, tuple(NormType)), "norm_placement": (str, tuple(NormPlacement)),
     "prms_p": (float, None), "norm_eps": (float, None), "norm_impl": (str, tuple(NormImpl)), "qk_norm": (bool, None),
 }
-# Per-task defaults, sized so each default run takes under 10 minutes on 2 CPU cores (see README).
+# Per-task defaults where they differ from TrainArgs', sized so each default run takes under 10 minutes on
+# 2 CPU cores (see README).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "pretrain": {"max_steps": 200, "learning_rate": 2e-3, "max_seq_len": 256, "warmup_steps": 30},
-    "sft": {"max_steps": 150, "learning_rate": 5e-4, "max_seq_len": 256, "warmup_steps": 20},
+    "pretrain": {"max_steps": 200, "warmup_steps": 30},
+    "sft": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
 }
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
@@ -61,7 +62,7 @@ class TrainArgs:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     max_seq_len: int = 256
-    dtype: str = "auto"                   # auto: bf16 where the hardware runs it fast, else fp32
+    dtype: str = "auto"                   # auto: see resolve_dtype
     seed: int = 42
     # Logging, evaluation, checkpoints.
     log_interval: int = 10
@@ -227,7 +228,8 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def resolve_dtype(dtype: str) -> str:
-    """The training precision `--dtype auto` stands for on this machine."""
+    """The training precision `--dtype auto` stands for on this machine: bf16 on a CUDA GPU that supports it,
+    else fp16 (with loss scaling) on CUDA; on CPU bf16 where it is fast (AMX/AVX512-BF16), else fp32."""
     if dtype != "auto":
         return dtype
     import torch

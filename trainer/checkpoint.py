@@ -16,15 +16,10 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from dataset.jsonl import atomic_write_lines
+from dataset.atomic_io import atomic_write_text
 
 STATE_FILE = "trainer_state.json"
 PREFIX = "step_"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file so that readers see either the old content or the new, never a half-written file."""
-    atomic_write_lines(path, [text])
 
 
 def list_checkpoints(root: Path) -> list[Path]:

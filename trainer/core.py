@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import yaml
@@ -27,11 +27,12 @@ from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
+from dataset.atomic_io import atomic_write_text
 from eval.metrics import LMEval, evaluate_lm, token_byte_lengths
 from model.model import MiniNormForCausalLM
 from trainer.args import (MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, resolve_dtype,
                           resolve_path)
-from trainer.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.data import build_run_data, dataset_stats, shard_loader
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.metrics_log import MetricsLog
@@ -43,10 +44,24 @@ CONFIG_FILE = "train_config.yaml"
 CHECKPOINT_DIR = "checkpoints"
 MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
 DEFAULT_PROMPTS = {"pretrain": "The history of", "sft": "What is the capital of France?"}
+DIVERGED_EXIT_CODE = 3  # the trainer scripts' exit status when training diverged (scripts/sweep.py reads it)
+
+StepOutcome = Literal["applied", "skipped", "diverged"]
+
+
+def step_outcome(loss: float, grad_norm: float, scaler_skipped: bool | None) -> StepOutcome:
+    """What one optimizer step amounted to. `scaler_skipped`: None without an fp16 grad scaler, else whether the
+    scaler skipped the update. Under fp16 an inf/NaN gradient is an overflow the scaler handles (it skips the
+    update and lowers the scale), so only a non-finite loss is divergence; without a scaler either one is."""
+    if not math.isfinite(loss):
+        return "diverged"
+    if scaler_skipped is None:
+        return "applied" if math.isfinite(grad_norm) else "diverged"
+    return "skipped" if scaler_skipped else "applied"
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss or the gradient became NaN/inf; the last good state was saved."""
+    """The loss (or, without fp16 loss scaling, the gradient) became NaN/inf; the last good state was saved."""
 
     def __init__(self, step: int, checkpoint: Path) -> None:
         super().__init__(f"training diverged at optimizer step {step} (non-finite loss or gradient); "
@@ -265,9 +280,9 @@ class Trainer:
         return self.accelerator.reduce(torch.as_tensor(count, device=self.accelerator.device), reduction="sum")
 
     def _optimizer_step(self, batches: list[dict[str, torch.Tensor]], arm_diagnostics: bool
-                        ) -> tuple[float, float, dict[str, float]]:
+                        ) -> tuple[StepOutcome, float, float, dict[str, float]]:
         """Forward/backward over one group of micro-batches, then one optimizer step.
-        Returns (global token-mean loss, gradient norm before clipping, diagnostics)."""
+        Returns (outcome, global token-mean loss, gradient norm before clipping, diagnostics)."""
         accelerator, model = self.accelerator, self.model
         num_items = self._supervised_tokens(batches).clamp(min=1)
         # Each micro-batch's loss is its token sum over the whole group's supervised tokens (all processes):
@@ -284,18 +299,26 @@ class Trainer:
                             labels=batch["labels"], num_items_in_batch=num_items)
                 accelerator.backward(out.loss * scale)
             loss_sum += out.loss.detach().float()
-        if arm_diagnostics:
-            diag = self.diagnostics.after_backward()
+        scaler = accelerator.scaler  # fp16 only
+        if arm_diagnostics:  # under fp16 the gradients are still scaled here
+            diag = self.diagnostics.after_backward(loss_scale=scaler.get_scale() if scaler is not None else 1.0)
         max_norm = self.args.grad_clip if self.args.grad_clip > 0 else float("inf")
         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
         loss = float(accelerator.reduce(loss_sum, reduction="sum"))
-        if math.isfinite(grad_norm) and math.isfinite(loss):
+        if scaler is None:
+            outcome = step_outcome(loss, grad_norm, scaler_skipped=None)
+            if outcome == "applied":
+                self.optimizer.step()
+        else:
+            # Always step: the scaler itself skips an update whose gradients overflowed and lowers its scale.
             self.optimizer.step()
+            outcome = step_outcome(loss, grad_norm, scaler_skipped=accelerator.optimizer_step_was_skipped)
+        if outcome == "applied":
             self.scheduler.step()
             if arm_diagnostics:
                 diag.update(self.diagnostics.after_step())
         self.optimizer.zero_grad(set_to_none=True)
-        return loss, grad_norm, diag
+        return outcome, loss, grad_norm, diag
 
     def run(self) -> RunSummary:
         args, accelerator = self.args, self.accelerator
@@ -329,8 +352,8 @@ class Trainer:
                 started = time.perf_counter()
                 batches = [next(batch_iter) for _ in range(accum)]
                 arm = self.diagnostics is not None and step % args.diag_interval == 0
-                loss, grad_norm, diag = self._optimizer_step(batches, arm)
-                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                outcome, loss, grad_norm, diag = self._optimizer_step(batches, arm)
+                if outcome == "diverged":
                     return self._diverged(step, epoch, batches_done, tokens_seen, progress)
                 step += 1
                 batches_done += accum
@@ -342,8 +365,11 @@ class Trainer:
                 window_tokens, window_time = window_tokens + step_tokens, window_time + elapsed
                 window_losses.append(loss)
                 lr = self.scheduler.get_last_lr()[0]
-                self._log({"step": step, "split": "train", "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                           "tokens_seen": tokens_seen, "step_time_s": elapsed}, to_tracker=False)
+                record = {"step": step, "split": "train", "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                          "tokens_seen": tokens_seen, "step_time_s": elapsed}
+                if outcome == "skipped":
+                    record["skipped"] = True  # fp16 gradient overflow: no update, the scaler lowered its scale
+                self._log(record, to_tracker=False)
                 if diag:
                     self._log({"step": step, "split": "diag", **diag})
                 progress.update(1)
@@ -436,7 +462,7 @@ def main(task: str, argv: list[str] | None = None) -> RunSummary:
         return Trainer(args).run()
     except TrainingDiverged as error:
         print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(3) from None
+        raise SystemExit(DIVERGED_EXIT_CODE) from None
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

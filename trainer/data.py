@@ -41,7 +41,8 @@ class RunData:
     description: str
 
 
-def _dataset_class(task: str):
+def dataset_class(task: str) -> type[Dataset]:
+    """PretrainDataset (packed text) for "pretrain", SFTDataset (assistant-only loss) otherwise."""
     if task == "pretrain":
         from dataset.pretrain_dataset import PretrainDataset
         return PretrainDataset
@@ -61,11 +62,11 @@ def _split_off_validation(dataset: Dataset, fraction: float, seed: int) -> tuple
 def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
     """Train/val datasets and loaders for `args.task`. With no --data_path the embedded default corpus is built
     on first use (a no-op afterwards) and its held-out split is the validation set."""
-    dataset_class = _dataset_class(args.task)
+    dataset_type = dataset_class(args.task)
 
     def load(path: Path) -> Dataset:
-        return dataset_class(path, tokenizer, args.max_seq_len, num_proc=args.num_proc,
-                             skip_bad_lines=args.skip_bad_lines)
+        return dataset_type(path, tokenizer, args.max_seq_len, num_proc=args.num_proc,
+                            skip_bad_lines=args.skip_bad_lines)
 
     if args.data_path is None:
         from dataset.corpus import ensure_default_corpus

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import atomic_write_text
+from dataset.atomic_io import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 

@@ -1,0 +1,66 @@
+"""dataset.atomic_io: whole-file replacement with the permissions a plain open() gives."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dataset.atomic_io import atomic_write_lines, atomic_write_text
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def restore_umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077, 0o002])
+def test_written_file_has_the_mode_open_gives(umask, tmp_path, restore_umask):
+    os.umask(umask)
+    with open(tmp_path / "plain.txt", "w") as f:
+        f.write("x")
+    atomic_write_text(tmp_path / "atomic.txt", "x")
+    mode = stat.S_IMODE((tmp_path / "atomic.txt").stat().st_mode)
+    assert mode == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode) == 0o666 & ~umask
+
+
+def test_replaces_content_and_leaves_no_temp_file(tmp_path):
+    path = tmp_path / "sub" / "state.json"  # missing parent directories are created
+    atomic_write_text(path, "old")
+    atomic_write_lines(path, (line for line in ("a\n", "b\n")))
+    assert path.read_text() == "a\nb\n"
+    assert [p.name for p in path.parent.iterdir()] == ["state.json"]
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path):
+    path = tmp_path / "state.json"
+    atomic_write_text(path, "old")
+
+    def broken_lines():
+        yield "half"
+        raise RuntimeError("killed mid-write")
+
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        atomic_write_lines(path, broken_lines())
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_importing_the_writers_does_not_import_hf_datasets():
+    """The trainer's checkpoint and metrics modules and the sweep runner write files atomically; importing the
+    writer must not pull in HF `datasets` (about 0.65 s)."""
+    code = ("import sys, dataset.atomic_io, trainer.checkpoint, trainer.metrics_log; "
+            "print('datasets' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"

@@ -23,6 +23,7 @@ import torch
 import triton
 
 from model.kernels.cuda_build import H100_SMS, build
+from model.kernels.rmsnorm_triton import LaunchTuning
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -36,21 +37,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, nargs="+", default=GPU_ROW_LENGTHS, help="row lengths")
     parser.add_argument("--p", type=float, default=0.5, help="partial RMSNorm fraction of the fused variant")
     parser.add_argument("--sm_count", type=int, default=H100_SMS, help="SMs (sets the backward grid)")
+    parser.add_argument("--fwd_warps", type=int, default=None, help="override the forward's warps")
+    parser.add_argument("--bwd_warps", type=int, default=None, help="override the backward's warps")
+    parser.add_argument("--bwd_stages", type=int, default=None,
+                        help="software-pipeline stages of the backward's row loop (1: none; default: the heuristic's)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    print(f"# Fused RMSNorm kernels compiled for sm_{args.arch} ({args.dtype} activations, fp32 weights), "
-          f"triton {triton.__version__}, torch {torch.__version__}\n")
-    print("| variant | kernel | N | BLOCK_N × BLOCK_M | warps | registers/thread | spill stores (B/thread) |")
-    print("|---|---|---:|---|---:|---:|---:|")
-    for residual, variant in ((False, "RMSNorm"), (True, f"add + pRMSNorm (p={args.p:g})")):
+    print(f"# Fused RMSNorm kernels compiled for sm_{args.arch} ({args.dtype} activations, fp32 weights, "
+          f"backward pipeline stages {args.bwd_stages or 'by heuristic'}), triton {triton.__version__}, torch {torch.__version__}\n")
+    print("| variant | kernel | N | BLOCK_N × BLOCK_M | warps | stages | registers/thread | spill stores (B/thread) "
+          "| shared memory (B) | bar.sync | cp.async |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    dtype = DTYPES[args.dtype]
+    tuning = LaunchTuning(fwd_warps=args.fwd_warps, bwd_warps=args.bwd_warps, bwd_stages=args.bwd_stages)
+    variants = [(None, "RMSNorm"), (dtype, f"add + pRMSNorm (p={args.p:g})")]
+    if dtype != torch.float32:
+        variants.append((torch.float32, f"add + pRMSNorm (p={args.p:g}), fp32 residual"))
+    for residual_dtype, variant in variants:
         for n in args.n:
-            for r in build(n, DTYPES[args.dtype], residual=residual, p=args.p if residual else 1.0,
-                           arch=args.arch, sm_count=args.sm_count):
-                print(f"| {variant} | {r.kernel} | {n} | {r.block_n} × {r.block_m} | {r.num_warps} | "
-                      f"{r.registers} | {r.spill_store_bytes} |", flush=True)
+            for r in build(n, dtype, residual_dtype=residual_dtype, p=args.p if residual_dtype else 1.0,
+                           arch=args.arch, sm_count=args.sm_count, tuning=tuning):
+                print(f"| {variant} | {r.kernel} | {n} | {r.block_n} × {r.block_m} | {r.num_warps} | {r.stages} | "
+                      f"{r.registers} | {r.spill_store_bytes} | {r.shared_bytes} | {r.barriers} | "
+                      f"{r.async_copies} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,16 +7,14 @@ fixture, undone afterwards) is enough and other test modules never see it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
-pytest.importorskip("triton")
-
-from model.kernels import MAX_N, add_rms_norm, rms_norm  # noqa: E402
-from model.kernels import rmsnorm_triton  # noqa: E402
-from model.norms import partial_size  # noqa: E402
+from model.kernels import MAX_N, add_rms_norm, rms_norm, rmsnorm_triton
+from model.norms import partial_size
 
 EPS = 1e-6
 # bf16: the interpreter casts fp32 -> bf16 by truncation (GPUs round to nearest), up to 2^-7 relative.
@@ -131,6 +129,54 @@ def test_broadcast_gradient_from_sum() -> None:
     _assert_close(w.grad, dw_ref, 1e-5, "dw")
 
 
+@pytest.mark.parametrize("layout", ["strided", "expanded"])
+def test_any_weight_layout(layout: str) -> None:
+    """A weight that is a strided view (every other element) or an expansion (stride 0) of another tensor."""
+    n = 96
+    base = torch.randn(2 * n if layout == "strided" else 1, dtype=torch.float64).float().requires_grad_()
+    weight = base[::2] if layout == "strided" else base.expand(n)
+    assert not weight.is_contiguous()
+    x, r, dy = torch.randn(7, n), torch.randn(7, n), torch.randn(7, n)
+    y_ref, dx_ref, dw_ref = _reference(x, weight.detach().contiguous(), 0.5, dy)
+    xg = x.clone().requires_grad_()
+    y = rms_norm(xg, weight, EPS, 0.5)
+    y.backward(dy)
+    _assert_close(y, y_ref, 1e-5, "y")
+    _assert_close(xg.grad, dx_ref, 1e-5, "dx")
+    expected_base_grad = (torch.stack([dw_ref, torch.zeros_like(dw_ref)], 1).flatten() if layout == "strided"
+                          else dw_ref.sum(0, keepdim=True))
+    _assert_close(base.grad, expected_base_grad, 1e-5, "d(weight's base)")
+    y2, h = add_rms_norm(x, r, weight.detach(), EPS, 0.5)
+    _assert_close(y2, _reference(x + r, weight.detach().contiguous(), 0.5, dy)[0], 1e-5, "fused y")
+
+
+def test_launch_makes_the_tensors_device_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton launches on the current CUDA device: a launch for cuda:1 must run with cuda:1 made current."""
+    current = [torch.device("cuda", 0)]
+
+    @contextlib.contextmanager
+    def device_guard(device):
+        previous = current[0]
+        current[0] = torch.device(device)
+        yield
+        current[0] = previous
+
+    launched_on = []
+
+    class RecordingKernel:
+        def __getitem__(self, grid):
+            return lambda *args, **options: launched_on.append(current[0])
+
+    monkeypatch.setattr(torch.cuda, "device", device_guard)
+    rmsnorm_triton.KernelLaunch(grid=(1,), args=(), options={}, device=torch.device("cuda", 1)).run(RecordingKernel())
+    assert launched_on == [torch.device("cuda", 1)] and current[0] == torch.device("cuda", 0)
+    # The planners record where the tensors live, which is what the guard makes current.
+    x = torch.randn(4, 32)
+    _, _, rstd, forward = rmsnorm_triton.plan_fwd(x, None, torch.ones(32), EPS, 32)
+    _, _, _, backward = rmsnorm_triton.plan_bwd(torch.randn(4, 32), x, torch.ones(32), rstd, 32)
+    assert forward.device == backward.device == x.device
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_zero_and_huge_rows(dtype: torch.dtype) -> None:
     n = 512
@@ -195,6 +241,24 @@ def test_gpu_launch_configuration(n: int) -> None:
     _assert_close(dw, dw_ref, 1e-5, "dw")
 
 
+@pytest.mark.parametrize("tuning", [
+    rmsnorm_triton.LaunchTuning(bwd_programs_per_sm=1),
+    rmsnorm_triton.LaunchTuning(fwd_warps=4, bwd_warps=4, bwd_programs_per_sm=4, bwd_stages=3),
+], ids=["1-per-sm", "4-per-sm-3-stages"])
+def test_swept_launch_configurations_compute_the_same(tuning: rmsnorm_triton.LaunchTuning) -> None:
+    """The GPU sweep's grids (programs per SM) split the rows differently; every split gives the same result."""
+    h100 = rmsnorm_triton.LaunchTarget(sm_count=132)
+    x, w, dy = torch.randn(700, 512), torch.randn(512), torch.randn(700, 512)
+    y, _, rstd = rmsnorm_triton.rms_norm_fwd(x, None, w, EPS, 512, target=h100, tuning=tuning)
+    dx, _, dw = rmsnorm_triton.rms_norm_bwd(dy, x, w, rstd, 512, target=h100, tuning=tuning)
+    programs, _ = rmsnorm_triton.bwd_programs(700, 8, h100, tuning)
+    assert programs == min(700 // 8 + 1, tuning.bwd_programs_per_sm * 132)
+    y_ref, dx_ref, dw_ref = _reference(x, w, 1.0, dy)
+    _assert_close(y, y_ref, 1e-5, "y")
+    _assert_close(dx, dx_ref, 1e-5, "dx")
+    _assert_close(dw, dw_ref, 1e-5, "dw")
+
+
 def test_empty_input() -> None:
     x = torch.randn(0, 64, requires_grad=True)
     w = torch.randn(64, requires_grad=True)
@@ -239,7 +303,8 @@ def test_add_rms_norm_matches_fp64(dtype: torch.dtype, n: int, m: int, p: float)
     _assert_close(x.grad, dsum_ref, tol, "dx")
     _assert_close(res.grad, dsum_ref, tol, "dresidual")
     _assert_close(w.grad, dw_ref, 1e-5, "dw")
-    # Two separate gradient tensors, and the incoming gradients are left as they were.
+    # The leaves' .grad are separate tensors (autograd copies a gradient it hands to two leaves), and the
+    # incoming gradients are left as they were.
     assert x.grad.data_ptr() != res.grad.data_ptr()
     assert torch.equal(dy, dy_copy) and torch.equal(dh, dh_copy)
 
@@ -260,6 +325,93 @@ def test_add_rms_norm_mixed_dtypes_and_unused_sum() -> None:
     _assert_close(w.grad, dw_ref, 1e-5, "dw")
     with pytest.raises(ValueError, match="residual"):
         add_rms_norm(torch.randn(3, 8), torch.randn(4, 8), torch.ones(8), EPS)
+
+
+class _BackwardSpy:
+    """Records the arguments of every backward launch (rmsnorm_triton.rms_norm_bwd) the custom ops make."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[dict] = []
+        original = rmsnorm_triton.rms_norm_bwd
+
+        def spy(dy, x, weight, rstd, k, dh=None, dx_dtype=None, dr_dtype=None, **kwargs):
+            self.calls.append({"dh": dh, "dx_dtype": dx_dtype, "dr_dtype": dr_dtype})
+            return original(dy, x, weight, rstd, k, dh=dh, dx_dtype=dx_dtype, dr_dtype=dr_dtype, **kwargs)
+
+        monkeypatch.setattr(rmsnorm_triton, "rms_norm_bwd", spy)
+
+
+def test_unused_sum_gets_no_zero_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When h is not used, its gradient stays None: no M x N zero tensor is made and read."""
+    spy = _BackwardSpy(monkeypatch)
+    x, res = torch.randn(6, 64, requires_grad=True), torch.randn(6, 64, requires_grad=True)
+    y, _h = add_rms_norm(x, res, torch.randn(64, requires_grad=True), EPS)
+    y.backward(torch.randn(6, 64))
+    assert len(spy.calls) == 1 and spy.calls[0]["dh"] is None
+
+
+def test_only_the_sum_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """y unused: the sum's gradient passes straight to both inputs; no kernel runs and the weight gets none."""
+    spy = _BackwardSpy(monkeypatch)
+    x = torch.randn(5, 48, dtype=torch.bfloat16, requires_grad=True)
+    res = torch.randn(5, 48, requires_grad=True)
+    w = torch.randn(48, requires_grad=True)
+    _y, h = add_rms_norm(x, res, w, EPS)
+    dh = torch.randn(5, 48)
+    h.backward(dh)
+    assert spy.calls == [] and w.grad is None
+    assert torch.equal(res.grad, dh) and torch.equal(x.grad, dh.to(torch.bfloat16))
+
+
+def test_one_gradient_store_shared_by_both_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal dtypes: the kernel writes dL/dh once and autograd receives that one tensor for x and residual
+    (as for autograd's own x + residual); a second copy is written only for a residual of another dtype."""
+    spy = _BackwardSpy(monkeypatch)
+    source = torch.randn(4, 64, requires_grad=True)
+    x, res = source * 2, source * 3  # non-leaf inputs, so their incoming gradients can be observed
+    seen = []
+    x.register_hook(seen.append)
+    res.register_hook(seen.append)
+    w = torch.randn(64)
+    y, _h = add_rms_norm(x, res, w, EPS)
+    y.sum().backward()
+    assert spy.calls[0]["dr_dtype"] is None
+    assert len(seen) == 2 and seen[0].data_ptr() == seen[1].data_ptr()
+    _, dsum_ref, _ = _reference((x + res).detach(), w, 1.0, torch.ones(4, 64))
+    _assert_close(source.grad, 5 * dsum_ref, 1e-5, "d(source) = 2 * dsum + 3 * dsum")
+
+    mixed_x = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+    add_rms_norm(mixed_x, torch.randn(4, 64, requires_grad=True), w, EPS)[0].sum().backward()
+    assert spy.calls[1]["dr_dtype"] == torch.float32 and spy.calls[1]["dx_dtype"] == torch.bfloat16
+
+
+def test_shared_gradient_survives_accumulation() -> None:
+    """Leaves that already hold a .grad, two backward passes, then an in-place update of one leaf's .grad: the
+    other input's gradient must not change (no storage is shared between them)."""
+    torch.manual_seed(3)
+    x0, r0, w0 = torch.randn(9, 41), torch.randn(9, 41), torch.randn(41)
+    c1, c2 = torch.randn(9, 41), torch.randn(9, 41)
+
+    def run(fused: bool):
+        x, r, w = (t.double().clone().requires_grad_() for t in (x0, r0, w0))
+        x.grad, r.grad = torch.ones_like(x), torch.full_like(r, 2.0)
+        for _ in range(2):
+            if fused:
+                y, h = add_rms_norm(x, r, w, EPS, 0.5)
+            else:
+                h = x + r
+                k = _k(41, 0.5)
+                y = h * torch.rsqrt(h[..., :k].pow(2).mean(-1, keepdim=True) + EPS) * w
+            (y * c1 + h * c2).sum().backward()
+        return x, r, w
+
+    fused, reference = run(True), run(False)
+    for a, b in zip(fused, reference):
+        torch.testing.assert_close(a.grad, b.grad)
+    x, r, _ = fused
+    before = r.grad.clone()
+    x.grad.mul_(10)
+    assert torch.equal(r.grad, before)
 
 
 def test_residual_gradients_accumulate_correctly_in_a_block() -> None:
@@ -295,7 +447,10 @@ def test_opcheck_custom_ops() -> None:
     x, w = torch.randn(6, 24), torch.randn(24)
     _, rstd = ops.rms_norm_fwd(x, w, 1e-6, 5)
     torch.library.opcheck(ops.rms_norm_bwd.default, (torch.randn(6, 24), x, w, rstd, 5))
+    torch.library.opcheck(ops.add_rms_norm_bwd.default, (torch.randn(6, 24), None, x, w, rstd, 5, torch.float32))
     torch.library.opcheck(ops.add_rms_norm_bwd.default,
+                          (torch.randn(6, 24), torch.randn(6, 24), x, w, rstd, 5, torch.float32))
+    torch.library.opcheck(ops.add_rms_norm_bwd_split.default,
                           (torch.randn(6, 24), None, x, w, rstd, 5, torch.bfloat16, torch.float32))
 
 

@@ -38,9 +38,13 @@ class KernelResources:
     block_n: int
     block_m: int
     num_warps: int
+    stages: int  # software-pipeline stages of the backward's row loop (1 for the forward, which has no loop)
     registers: int
     spill_store_bytes: int
     spill_load_bytes: int
+    shared_bytes: int  # static + dynamic shared memory per program
+    barriers: int  # bar.sync instructions in the PTX (each a whole-program wait)
+    async_copies: int  # cp.async instructions in the PTX (a software-pipelined loop issues them)
 
 
 class _CompileOnlyDriver:
@@ -79,9 +83,26 @@ def compile_launch(kernel_body, launch: kern.KernelLaunch, arch: int):
     """Compile `kernel_body` (an undecorated kernel function) for sm_<arch> exactly as `launch` would run it."""
     if kern._interpreting():
         raise RuntimeError("TRITON_INTERPRET=1 is set: the interpreter compiles nothing; unset it to build for CUDA")
-    jitted = triton.jit(kernel_body)  # a fresh JITFunction: its compile cache is keyed by the fake device 0
+    jitted = kern.jit(kernel_body)  # a fresh JITFunction: its compile cache is keyed by the fake device 0
     with _compile_only(arch):
         return jitted.warmup(*launch.args, grid=launch.grid, **launch.options)
+
+
+def compiled_variants(kernel_body, launches: list[kern.KernelLaunch], arch: int = 90) -> int:
+    """How many distinct binaries one JIT function compiles for `launches` (1 when they differ only in what it
+    does not specialize on, such as the row count)."""
+    if kern._interpreting():
+        raise RuntimeError("TRITON_INTERPRET=1 is set: the interpreter compiles nothing; unset it to build for CUDA")
+    jitted = kern.jit(kernel_body)
+    with _compile_only(arch):
+        for launch in launches:
+            jitted.warmup(*launch.args, grid=launch.grid, **launch.options)
+        return len(jitted.device_caches[0][0])
+
+
+def _ptx_counts(ptx: str) -> dict[str, int]:
+    return {"barriers": len(re.findall(r"\b(?:bar|barrier)\.sync\b", ptx)),
+            "async_copies": len(re.findall(r"\bcp\.async\.(?:ca|cg)\b", ptx))}
 
 
 def _ptxas_report(ptx: str, arch: int) -> dict[str, int]:
@@ -95,31 +116,41 @@ def _ptxas_report(ptx: str, arch: int) -> dict[str, int]:
                              capture_output=True, text=True, check=True).stderr
     stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out).groups())
     registers = int(re.search(r"Used (\d+) registers", out).group(1))
-    return dict(registers=registers, spill_store_bytes=stores, spill_load_bytes=loads)
+    return {"registers": registers, "spill_store_bytes": stores, "spill_load_bytes": loads}
 
 
-def build(n: int, dtype: torch.dtype = torch.bfloat16, *, residual: bool = False, p: float = 1.0,
-          weight_dtype: torch.dtype = torch.float32, arch: int = 90, sm_count: int = H100_SMS,
-          rows: int = 2048) -> tuple[KernelResources, KernelResources]:
+def build(n: int, dtype: torch.dtype = torch.bfloat16, *, residual_dtype: torch.dtype | None = None,
+          p: float = 1.0, weight_dtype: torch.dtype = torch.float32, arch: int = 90, sm_count: int = H100_SMS,
+          rows: int = 2048, tuning: kern.LaunchTuning = kern.DEFAULT_TUNING
+          ) -> tuple[KernelResources, KernelResources]:
     """Compile the forward and backward launches for rows of n elements and return their resources.
 
-    `residual` builds the fused residual variant (forward: x + residual; backward: with dh and a separate dr).
-    Tensors are allocated on the CPU but never read: only their dtypes, strides and alignment reach the
-    compiler. `rows` only has to be large enough for a realistic backward grid (several rows per program).
+    `residual_dtype` builds the fused residual variant: forward x + residual; backward with dh, and a second
+    gradient store when the residual's dtype differs from x's (a bf16 sublayer output on an fp32 residual stream,
+    the autocast case: h, y and the norm's input are then fp32). Tensors are allocated on the CPU but never read:
+    only their dtypes, strides and alignment reach the compiler. `rows` only has to be large enough for a
+    realistic backward grid (several rows per program). `tuning` overrides the launch heuristics as the GPU
+    sweep does.
     """
     target = kern.LaunchTarget(sm_count=sm_count)
     k = partial_size(n, p)
     x = torch.empty(rows, n, dtype=dtype)
     weight = torch.empty(n, dtype=weight_dtype)
-    _, h, rstd, fwd_launch = kern.plan_fwd(x, torch.empty_like(x) if residual else None, weight, 1e-6, k, target)
-    _, _, _, bwd_launch = kern.plan_bwd(torch.empty_like(x), x if h is None else h, weight, rstd, k,
-                                        dh=torch.empty_like(x) if residual else None,
-                                        dr_dtype=dtype if residual else None, target=target)
+    residual = torch.empty(rows, n, dtype=residual_dtype) if residual_dtype is not None else None
+    _, h, rstd, fwd_launch = kern.plan_fwd(x, residual, weight, 1e-6, k, target, tuning)
+    normed = x if h is None else h
+    split = residual_dtype is not None and residual_dtype != dtype
+    _, _, _, bwd_launch = kern.plan_bwd(torch.empty_like(normed), normed, weight, rstd, k,
+                                        dh=torch.empty_like(normed) if residual is not None else None,
+                                        dx_dtype=dtype, dr_dtype=residual_dtype if split else None,
+                                        target=target, tuning=tuning)
     results = []
     for name, body, launch in (("forward", kern._rms_norm_fwd_kernel, fwd_launch),
                                ("backward", kern._rms_norm_bwd_kernel, bwd_launch)):
         compiled = compile_launch(body, launch, arch)
         results.append(KernelResources(
             kernel=name, n=n, block_n=launch.options["BLOCK_N"], block_m=launch.options["BLOCK_M"],
-            num_warps=launch.options["num_warps"], **_ptxas_report(compiled.asm["ptx"], arch)))
+            num_warps=launch.options["num_warps"], stages=launch.options.get("NUM_STAGES", 1),
+            shared_bytes=compiled.metadata.shared,
+            **_ptxas_report(compiled.asm["ptx"], arch), **_ptx_counts(compiled.asm["ptx"])))
     return results[0], results[1]

@@ -3,13 +3,19 @@
     python eval/bench_norm.py                      # CUDA if present, else CPU; markdown tables on stdout
     python eval/bench_norm.py --device cpu --n 512 768 --m 4096
     python eval/bench_norm.py --check              # CUDA: our kernels vs fp32 references at LLM shapes
+    python eval/bench_norm.py --sweep              # CUDA: our kernels under each launch configuration
+    python eval/bench_norm.py --profile_once 4096  # CUDA: one forward + backward of ours, for `ncu`
 
-CUDA: forward, backward and forward+backward medians (triton.testing.do_bench) and achieved GB/s for our Triton
-kernel, eager PyTorch, `F.rms_norm` (same-dtype weight: its fused path), torch.compile and Liger-Kernel when
-importable; plus the fused residual variant against add-then-norm. The ceiling is the measured device copy
-bandwidth (`dst.copy_(src)`, read + write). Bytes moved per call (memory-bound, b bytes per element):
-fwd 2*M*N*b, bwd 3*M*N*b (dy, x in; dx out), fwd+bwd 5*M*N*b; residual fwd 4*M*N*b (x, r in; y, h out),
-bwd 5*M*N*b (dy, dh, h in; dx, dr out). Weights, rstd and dW partials are ignored (under 1% at M >= 4096).
+CUDA: forward, backward and forward+backward medians (triton.testing.do_bench, wall-clock including the Python
+dispatch) and, beside them, kernel-only times (the CUDA kernels' own durations from the profiler, median over
+calls: at M = 32768, N <= 1024 the Python side is as long as the GPU work) with achieved GB/s, for our Triton
+kernel, eager PyTorch, `F.rms_norm`, torch.compile and Liger-Kernel (when importable; its defaults:
+`in_place=True` for RMSNorm, so its backward writes dX over dY and the timed replays keep overwriting one
+buffer). Every method gets the very same weight tensor (`--weight_dtype`, default the activations' dtype).
+The ceiling is the measured device copy bandwidth (`dst.copy_(src)`, read + write). Bytes moved per call
+(memory-bound, b bytes per element): fwd 2*M*N*b, bwd 3*M*N*b (dy, x in; dx out), fwd+bwd 5*M*N*b; residual
+fwd 4*M*N*b (x, r in; y, h out), bwd 4*M*N*b (dy, dh, h in; one dx out, shared by x and r when their dtypes
+match). Weights, rstd and dW partials are ignored (under 1% at M >= 4096).
 
 CPU: eager, torch.compile, `F.rms_norm` and `nn.LayerNorm` with time.perf_counter medians. The interpreted Triton
 kernel is ~1000x slower than anything else on CPU and is not a speed path; it is timed (and `--check` runs) on
@@ -19,8 +25,8 @@ CPU only when TRITON_INTERPRET=1 is set, to smoke-test this script without a GPU
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
+import itertools
+import json
 import statistics
 import sys
 import time
@@ -37,6 +43,8 @@ from model.norms import partial_size, rms_norm_eager, triton_can_run
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 EPS = 1e-6
+GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
+CHECK_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
 
 # ------------------------------------------------------------------------------------------------ timing
 
@@ -62,6 +70,26 @@ def median_ms(fn: Callable[[], object], device: torch.device) -> float:
     return _gpu_median_ms(fn) if device.type == "cuda" else _cpu_median_ms(fn)
 
 
+def kernel_only_ms(fn: Callable[[], object], calls: int = 20) -> float:
+    """Median over `calls` of the summed durations of the CUDA kernels (and memsets/copies) one call launches,
+    read from the profiler: the GPU's work without the host-side dispatch between launches."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    durations = [e.time_range.elapsed_us() for e in kernels]
+    per_call, leftover = divmod(len(durations), calls)
+    if per_call == 0 or leftover:  # calls launched different kernel counts: fall back to the mean
+        return sum(durations) / calls / 1e3
+    return statistics.median(sum(durations[i * per_call:(i + 1) * per_call]) for i in range(calls)) / 1e3
+
+
 def copy_bandwidth_gbs(device: torch.device) -> float:
     """Measured device copy bandwidth (read + write) on a buffer far larger than any cache."""
     numel = (1 << 28) if device.type == "cuda" else (1 << 25)  # 1 GiB / 128 MiB of fp32
@@ -78,58 +106,56 @@ def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False)
 
 
-def _liger_module(n: int, dtype: torch.dtype, device: torch.device):
+def _liger_ops():
+    """Liger-Kernel's autograd functions (RMSNorm, fused add + RMSNorm), or None when it is not installed."""
     try:
-        mod = importlib.import_module("liger_kernel.transformers.rms_norm")
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     except ImportError:
         return None
-    kwargs = {"eps": EPS}
-    params = inspect.signature(mod.LigerRMSNorm).parameters
-    if "in_place" in params:
-        kwargs["in_place"] = False  # in-place would overwrite dy between timed backward calls
-    if "casting_mode" in params:
-        kwargs["casting_mode"] = "llama"
-    return mod.LigerRMSNorm(n, **kwargs).to(device=device, dtype=dtype)
+    return LigerRMSNormFunction, LigerFusedAddRMSNormFunction
 
 
-def norm_methods(n: int, p: float, dtype: torch.dtype, device: torch.device) -> dict[str, Callable]:
-    """name -> f(x, w32, wx) for the plain norm: w32 is an fp32 (master) weight, wx the same weight in x's dtype.
-    Each method uses the one it is fastest with; the other is unused."""
+def norm_methods(n: int, p: float, device: torch.device) -> dict[str, Callable]:
+    """name -> f(x, w) for the plain norm. Every method receives the same weight tensor."""
     k = partial_size(n, p)
     methods: dict[str, Callable] = {
-        "eager": lambda x, w32, wx: rms_norm_eager(x, w32, EPS, k),
-        "torch.compile": _compiled(lambda x, w32, wx: rms_norm_eager(x, w32, EPS, k)),
+        "eager": lambda x, w: rms_norm_eager(x, w, EPS, k),
+        "torch.compile": _compiled(lambda x, w: rms_norm_eager(x, w, EPS, k)),
     }
     if k == n:  # F.rms_norm and the others have no partial variant
-        # Same-dtype weight: otherwise F.rms_norm falls back to its composite (eager-like) path.
-        methods["F.rms_norm"] = lambda x, w32, wx: F.rms_norm(x, (n,), wx, EPS)
+        methods["F.rms_norm"] = lambda x, w: F.rms_norm(x, (n,), w, EPS)
     if triton_can_run(device):
         from model.kernels import rms_norm
-        methods = {"ours (triton)": lambda x, w32, wx: rms_norm(x, w32, EPS, p), **methods}
+        methods = {"ours (triton)": lambda x, w: rms_norm(x, w, EPS, p), **methods}
     if device.type == "cuda":
-        liger = _liger_module(n, dtype, device) if k == n else None
-        if liger is not None:
-            methods["liger"] = lambda x, w32, wx: liger(x)
+        liger = _liger_ops() if k == n else None
+        if liger is not None:  # its defaults: offset 0, casting "llama", in_place=True
+            methods["liger"] = lambda x, w: liger[0].apply(x, w, EPS, 0.0, "llama", True)
     else:
-        ln = torch.nn.LayerNorm(n, eps=EPS, device=device, dtype=dtype)
-        methods["nn.LayerNorm"] = lambda x, w32, wx: ln(x)
+        ln = torch.nn.LayerNorm(n, eps=EPS, device=device)
+        methods["nn.LayerNorm"] = lambda x, w: ln(x)
     return methods
 
 
 def residual_methods(n: int, p: float, device: torch.device) -> dict[str, Callable]:
-    """name -> f(x, r, w32, wx) returning (y, h) with h = x + r, y = norm(h)."""
+    """name -> f(x, r, w) returning (y, h) with h = x + r, y = norm(h)."""
     k = partial_size(n, p)
 
-    def unfused(x, r, w32, wx):
+    def unfused(x, r, w):
         h = x + r
-        return rms_norm_eager(h, w32, EPS, k), h
+        return rms_norm_eager(h, w, EPS, k), h
 
     methods: dict[str, Callable] = {"eager add+norm": unfused, "torch.compile add+norm": _compiled(unfused)}
     if k == n:
-        methods["add + F.rms_norm"] = lambda x, r, w32, wx: (F.rms_norm(x + r, (n,), wx, EPS), x + r)
+        methods["add + F.rms_norm"] = lambda x, r, w: (F.rms_norm(x + r, (n,), w, EPS), x + r)
     if triton_can_run(device):
         from model.kernels import add_rms_norm
-        methods = {"ours fused (triton)": lambda x, r, w32, wx: add_rms_norm(x, r, w32, EPS, p), **methods}
+        methods = {"ours fused (triton)": lambda x, r, w: add_rms_norm(x, r, w, EPS, p), **methods}
+    if device.type == "cuda":
+        liger = _liger_ops() if k == n else None
+        if liger is not None:  # its defaults: offset 0, casting "llama", in_place=False
+            methods["liger fused add"] = lambda x, r, w: liger[1].apply(x, r, w, EPS, 0.0, "llama", False)
     return methods
 
 
@@ -137,8 +163,9 @@ def residual_methods(n: int, p: float, device: torch.device) -> dict[str, Callab
 
 
 def _time_fwd_bwd(fn: Callable, inputs: list[torch.Tensor], grads: list[torch.Tensor], device: torch.device
-                  ) -> tuple[float, float, float]:
-    """(fwd, bwd, fwd+bwd) median ms; bwd replays autograd on one retained graph."""
+                  ) -> dict[str, float]:
+    """fwd, bwd and fwd+bwd median ms (wall-clock), plus kernel-only ms on CUDA; bwd replays autograd on one
+    retained graph."""
     def fwd():
         with torch.no_grad():
             return fn(*inputs)
@@ -153,47 +180,115 @@ def _time_fwd_bwd(fn: Callable, inputs: list[torch.Tensor], grads: list[torch.Te
     fwd_bwd()  # compile/warm everything, including the backward graph
     out = fn(*inputs)
     out = out if isinstance(out, tuple) else (out,)
-    t_fwd = median_ms(fwd, device)
-    t_bwd = median_ms(lambda: torch.autograd.grad(out, inputs, grads[:len(out)], retain_graph=True,
-                                                  allow_unused=True), device)
-    t_all = median_ms(fwd_bwd, device)
-    return t_fwd, t_bwd, t_all
+
+    def bwd():
+        return torch.autograd.grad(out, inputs, grads[:len(out)], retain_graph=True, allow_unused=True)
+
+    times = {"fwd_ms": median_ms(fwd, device), "bwd_ms": median_ms(bwd, device), "all_ms": median_ms(fwd_bwd, device)}
+    if device.type == "cuda":
+        times.update(fwd_kernel_ms=kernel_only_ms(fwd), bwd_kernel_ms=kernel_only_ms(bwd),
+                     all_kernel_ms=kernel_only_ms(fwd_bwd))
+    return times
 
 
-def bench_shape(m: int, n: int, p: float, dtype: torch.dtype, device: torch.device, residual: bool
-                ) -> list[dict]:
+def bench_shape(m: int, n: int, p: float, dtype: torch.dtype, weight_dtype: torch.dtype, device: torch.device,
+                residual: bool, only: list[str] | None = None) -> list[dict]:
     b = torch.finfo(dtype).bits // 8
     x = torch.randn(m, n, dtype=dtype, device=device, requires_grad=True)
-    w32 = torch.ones(n, dtype=torch.float32, device=device, requires_grad=True)
-    wx = torch.ones(n, dtype=dtype, device=device, requires_grad=True)
+    w = (torch.rand(n, device=device) + 0.5).to(weight_dtype).requires_grad_()
     dy = torch.randn(m, n, dtype=dtype, device=device)
     if residual:
         r = torch.randn(m, n, dtype=dtype, device=device, requires_grad=True)
-        methods, inputs, grads = residual_methods(n, p, device), [x, r, w32, wx], [dy, torch.randn_like(dy)]
-        bytes_fwd, bytes_bwd = 4 * m * n * b, 5 * m * n * b
+        methods, inputs, grads = residual_methods(n, p, device), [x, r, w], [dy, torch.randn_like(dy)]
+        bytes_fwd, bytes_bwd = 4 * m * n * b, 4 * m * n * b
     else:
-        methods, inputs, grads = norm_methods(n, p, dtype, device), [x, w32, wx], [dy]
+        methods, inputs, grads = norm_methods(n, p, device), [x, w], [dy]
         bytes_fwd, bytes_bwd = 2 * m * n * b, 3 * m * n * b
     rows = []
     for name, fn in methods.items():
+        if only and not any(word in name for word in only):
+            continue
         try:
-            t_fwd, t_bwd, t_all = _time_fwd_bwd(fn, inputs, grads, device)
-        except Exception as err:  # one broken baseline must not end the run
+            times = _time_fwd_bwd(fn, inputs, grads, device)
+        except Exception as err:  # noqa: BLE001  (one broken baseline must not end the run)
             print(f"  {name}: skipped ({type(err).__name__}: {err})", file=sys.stderr)
             continue
-        rows.append(dict(method=name, M=m, N=n, fwd_ms=t_fwd, bwd_ms=t_bwd, all_ms=t_all,
-                         fwd_gbs=bytes_fwd / t_fwd / 1e6, bwd_gbs=bytes_bwd / t_bwd / 1e6,
-                         all_gbs=(bytes_fwd + bytes_bwd) / t_all / 1e6))
+        row = {"method": name, "M": m, "N": n, "bytes_fwd": bytes_fwd, "bytes_bwd": bytes_bwd, **times}
+        for part, nbytes in (("fwd", bytes_fwd), ("bwd", bytes_bwd), ("all", bytes_fwd + bytes_bwd)):
+            row[f"{part}_gbs"] = nbytes / row[f"{part}_ms"] / 1e6
+            if f"{part}_kernel_ms" in row:
+                row[f"{part}_kernel_gbs"] = nbytes / row[f"{part}_kernel_ms"] / 1e6
+        rows.append(row)
     return rows
 
 
 def print_table(rows: list[dict], ceiling: float) -> None:
-    print("| method | M | N | fwd ms | fwd GB/s (%copy) | bwd ms | bwd GB/s (%copy) | fwd+bwd ms | fwd+bwd GB/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    kernel = any("fwd_kernel_ms" in r for r in rows)
+    head = "| method | M | N | fwd ms | fwd GB/s (%copy) |"
+    head += " fwd kernel-only GB/s (%copy) |" if kernel else ""
+    head += " bwd ms | bwd GB/s (%copy) |" + (" bwd kernel-only GB/s (%copy) |" if kernel else "")
+    head += " fwd+bwd ms | fwd+bwd GB/s |" + (" fwd+bwd kernel-only GB/s (%copy) |" if kernel else "")
+    print(head)
+    print("|---|---:|---:|" + "---:|" * (head.count("|") - 4))
+
+    def pct(gbs: float) -> str:
+        return f"{gbs:.4g} ({100 * gbs / ceiling:.0f}%)"
+
     for r in rows:
-        print(f"| {r['method']} | {r['M']} | {r['N']} | {r['fwd_ms']:.3g} | {r['fwd_gbs']:.3g} "
-              f"({100 * r['fwd_gbs'] / ceiling:.0f}%) | {r['bwd_ms']:.3g} | {r['bwd_gbs']:.3g} "
-              f"({100 * r['bwd_gbs'] / ceiling:.0f}%) | {r['all_ms']:.3g} | {r['all_gbs']:.3g} |")
+        line = f"| {r['method']} | {r['M']} | {r['N']} | {r['fwd_ms']:.3g} | {pct(r['fwd_gbs'])} |"
+        line += f" {pct(r['fwd_kernel_gbs'])} |" if kernel else ""
+        line += f" {r['bwd_ms']:.3g} | {pct(r['bwd_gbs'])} |" + (f" {pct(r['bwd_kernel_gbs'])} |" if kernel else "")
+        line += f" {r['all_ms']:.3g} | {r['all_gbs']:.4g} |" + (f" {pct(r['all_kernel_gbs'])} |" if kernel else "")
+        print(line)
+
+
+# ------------------------------------------------------------------------------------------------ --sweep
+
+
+def sweep_configs() -> list:
+    """The launch configurations the GPU run compares: the heuristic's, then forward warps, backward warps,
+    backward programs per SM and pipeline stages varied one at a time and the latter two jointly."""
+    from model.kernels.rmsnorm_triton import LaunchTuning
+    configs = [LaunchTuning()]
+    configs += [LaunchTuning(fwd_warps=w) for w in (4, 8, 16, 32)]
+    configs += [LaunchTuning(bwd_warps=w) for w in (8, 16, 32)]
+    configs += [LaunchTuning(bwd_programs_per_sm=g, bwd_stages=s) for g, s in itertools.product((1, 2, 4), (1, 2, 3))]
+    return list(dict.fromkeys(configs))  # keep order, drop repeats
+
+
+def sweep(m: int, ns: list[int], dtype: torch.dtype, weight_dtype: torch.dtype, device: torch.device) -> list[dict]:
+    """Our launchers (no autograd, no custom-op dispatch) timed per launch configuration: kernel-only medians."""
+    from model.kernels import rmsnorm_triton as kern
+    rows = []
+    for n in ns:
+        b = torch.finfo(dtype).bits // 8
+        x = torch.randn(m, n, dtype=dtype, device=device)
+        w = (torch.rand(n, device=device) + 0.5).to(weight_dtype)
+        dy = torch.randn(m, n, dtype=dtype, device=device)
+        for tuning in sweep_configs():
+            try:
+                _, _, rstd = kern.rms_norm_fwd(x, None, w, EPS, n, tuning=tuning)
+                fwd_ms = kernel_only_ms(lambda: kern.rms_norm_fwd(x, None, w, EPS, n, tuning=tuning))  # noqa: B023
+                bwd_ms = kernel_only_ms(lambda: kern.rms_norm_bwd(dy, x, w, rstd, n, tuning=tuning))  # noqa: B023
+            except Exception as err:  # noqa: BLE001  (out of shared memory or registers: report, go on)
+                print(f"  N={n} {tuning}: failed ({type(err).__name__}: {str(err)[:120]})", file=sys.stderr)
+                continue
+            rows.append({"N": n, "M": m, "tuning": {k: v for k, v in vars(tuning).items()},
+                         "fwd_kernel_ms": fwd_ms, "bwd_kernel_ms": bwd_ms,
+                         "fwd_kernel_gbs": 2 * m * n * b / fwd_ms / 1e6,
+                         "bwd_kernel_gbs": 3 * m * n * b / bwd_ms / 1e6})
+    return rows
+
+
+def print_sweep(rows: list[dict], ceiling: float) -> None:
+    print("| N | fwd warps | bwd warps | bwd programs/SM | bwd stages | fwd kernel GB/s (%copy) "
+          "| bwd kernel GB/s (%copy) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        t = r["tuning"]
+        print(f"| {r['N']} | {t['fwd_warps'] or 'auto'} | {t['bwd_warps'] or 'auto'} | {t['bwd_programs_per_sm']} "
+              f"| {t['bwd_stages'] or 'auto'} | {r['fwd_kernel_gbs']:.4g} ({100 * r['fwd_kernel_gbs'] / ceiling:.0f}%) "
+              f"| {r['bwd_kernel_gbs']:.4g} ({100 * r['bwd_kernel_gbs'] / ceiling:.0f}%) |")
 
 
 # ------------------------------------------------------------------------------------------------ --check
@@ -212,16 +307,34 @@ def _reference(h: torch.Tensor, w: torch.Tensor, k: int, dy: torch.Tensor):
     return y.detach(), hf.grad, wf.grad
 
 
-def check(shapes: list[tuple[int, int]], dtype: torch.dtype, tol: float, device: torch.device) -> bool:
-    """Our kernels against fp32 references at LLM shapes; dW determinism; fused residual variant."""
+def _chunked_errors(h: torch.Tensor, w: torch.Tensor, k: int, dy: torch.Tensor, y: torch.Tensor,
+                    dx: torch.Tensor, dw: torch.Tensor, rows: int = 1 << 16) -> tuple[float, float, float]:
+    """Relative max errors of (y, dx, dw) against the fp32 reference, computed a block of rows at a time so that
+    inputs of more than 2^31 elements fit next to their reference."""
+    y_err = dx_err = 0.0
+    y_scale = dx_scale = 0.0
+    dw_ref = torch.zeros(w.shape, dtype=torch.float64, device=w.device)
+    for start in range(0, h.shape[0], rows):
+        part = slice(start, start + rows)
+        y_ref, dx_ref, dw_part = _reference(h[part], w, k, dy[part])
+        y_err = max(y_err, (y[part].float() - y_ref).abs().max().item())
+        dx_err = max(dx_err, (dx[part].float() - dx_ref).abs().max().item())
+        y_scale, dx_scale = max(y_scale, y_ref.abs().max().item()), max(dx_scale, dx_ref.abs().max().item())
+        dw_ref += dw_part.double()
+    return y_err / y_scale, dx_err / dx_scale, _rel_err(dw, dw_ref.float())
+
+
+def check(shapes: list[tuple[int, int]], dtype: torch.dtype, tol: float,
+          device: torch.device, ps: tuple[float, ...] = (1.0, 0.0625)) -> bool:
+    """Our kernels against fp32 references; dW and dx determinism; the fused residual variant."""
     from model.kernels import add_rms_norm, rms_norm
     ok = True
-    print("| M | N | p | variant | weight | y err | dx err | dw err | dw bit-identical | result |")
+    print("| M | N | p | variant | weight | y err | dx err | dw err | bit-identical rerun | result |")
     print("|---:|---:|---:|---|---|---:|---:|---:|---|---|")
     for m, n in shapes:
-        for p in (1.0, 0.0625):
+        for p in ps:
             for residual in (False, True):
-                for w_dtype in (dtype, torch.float32):
+                for w_dtype in dict.fromkeys((dtype, torch.float32)):
                     torch.manual_seed(m * 31 + n)
                     k = partial_size(n, p)
                     x = torch.randn(m, n, device=device, dtype=dtype) * 2
@@ -238,18 +351,73 @@ def check(shapes: list[tuple[int, int]], dtype: torch.dtype, tol: float, device:
                         y.backward(dy)
                         dws.append(wg.grad)
                         dxs.append(xg.grad)
-                    y_ref, dx_ref, dw_ref = _reference(h, w, k, dy)
-                    errs = (_rel_err(y, y_ref), _rel_err(dxs[0], dx_ref), _rel_err(dws[0], dw_ref))
+                        del xg, wg
+                    errs = _chunked_errors(h, w, k, dy, y, dxs[0], dws[0])
                     same = torch.equal(dws[0], dws[1]) and torch.equal(dxs[0], dxs[1])
                     good = same and all(e <= tol for e in errs) and y.dtype == dtype and dws[0].dtype == w_dtype
                     ok &= good
                     print(f"| {m} | {n} | {p} | {'add+norm' if residual else 'norm'} | "
                           f"{str(w_dtype).removeprefix('torch.')} | {errs[0]:.2e} | {errs[1]:.2e} | {errs[2]:.2e} "
                           f"| {same} | {'PASS' if good else 'FAIL'} |", flush=True)
-                    del x, r, w, dy, y, h, dws, dxs, y_ref, dx_ref, dw_ref
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+                    del x, r, w, dy, y, h, dws, dxs
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
     return ok
+
+
+def check_model(device: torch.device, preset: str = "minimind-26m", batch: int = 4, seq_len: int = 256) -> bool:
+    """The model with norm_impl="triton" against "eager" (same weights, same batch): logits, loss and every
+    parameter's gradient, in fp32 and under bf16 autocast; then the triton model under
+    torch.compile(fullgraph=True) against itself uncompiled."""
+    from model.config import MiniNormConfig
+    from model.model import MiniNormForCausalLM
+
+    def run(model, ids, autocast: bool):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            out = model(ids, labels=ids)
+        out.loss.backward()
+        params = getattr(model, "_orig_mod", model).named_parameters()  # a compiled model wraps the original
+        return out.logits.float(), out.loss.float(), {n: p.grad.float() for n, p in params}
+
+    def compare(name: str, a, b, tol: float) -> bool:
+        errs = [_rel_err(a[0], b[0]), _rel_err(a[1], b[1])]
+        grad_errs = {n: _rel_err(a[2][n], b[2][n]) for n in b[2]}
+        worst = max(grad_errs, key=grad_errs.get)
+        good = max(errs + list(grad_errs.values())) <= tol
+        print(f"| {name} | {errs[0]:.2e} | {errs[1]:.2e} | {grad_errs[worst]:.2e} ({worst}) | {tol:g} | "
+              f"{'PASS' if good else 'FAIL'} |", flush=True)
+        return good
+
+    torch.manual_seed(0)
+    eager = MiniNormForCausalLM(MiniNormConfig.from_preset(preset, norm_impl="eager")).to(device)
+    with torch.no_grad():  # random gains, so that a wrong weight gradient cannot hide behind w = 1
+        for param in eager.parameters():
+            if param.ndim == 1:
+                param.normal_(1.0, 0.2)
+    fused = MiniNormForCausalLM(MiniNormConfig.from_preset(preset, norm_impl="triton")).to(device)
+    fused.load_state_dict(eager.state_dict())
+    ids = torch.randint(0, eager.config.vocab_size, (batch, seq_len), device=device)
+    print(f"{preset}, batch {batch} x {seq_len}: relative max errors against the reference\n")
+    print("| comparison | logits | loss | worst gradient | tolerance | result |")
+    print("|---|---:|---:|---|---:|---|")
+    ok = compare("triton vs eager, fp32", run(fused, ids, False), run(eager, ids, False), 1e-4)
+    ok &= compare("triton vs eager, bf16 autocast", run(fused, ids, True), run(eager, ids, True), 3e-2)
+    torch._dynamo.reset()
+    compiled = torch.compile(fused, fullgraph=True)
+    ok &= compare("compiled(fullgraph) triton vs triton, bf16 autocast", run(compiled, ids, True),
+                  run(fused, ids, True), 3e-2)
+    return ok
+
+
+def big_shape(device: torch.device, dtype: torch.dtype) -> tuple[int, int] | None:
+    """A shape of more than 2^31 elements (64-bit offsets) that fits the device: about 6 tensors of it live."""
+    n = 4096
+    m = (1 << 31) // n + 64
+    need = 7 * m * n * torch.finfo(dtype).bits // 8
+    if device.type != "cuda" or torch.cuda.mem_get_info(device)[0] < need:
+        return None
+    return m, n
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -259,11 +427,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    ap.add_argument("--weight_dtype", choices=["same", *DTYPES], default="same",
+                    help="the one weight every method gets (default: the activations' dtype)")
     ap.add_argument("--m", type=int, default=None, help="rows (default: 32768 on CUDA, 1024 on CPU)")
     ap.add_argument("--n", type=int, nargs="+", default=None, help="row lengths")
     ap.add_argument("--p", type=float, default=1.0, help="partial RMSNorm fraction (1.0 = RMSNorm)")
     ap.add_argument("--no-residual", action="store_true", help="skip the fused residual-add table")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help="time only the methods whose names contain one of these words (e.g. ours liger)")
     ap.add_argument("--check", action="store_true", help="CUDA correctness at LLM shapes instead of timing")
+    ap.add_argument("--no-big", action="store_true", help="--check: skip the case of more than 2^31 elements")
+    ap.add_argument("--check_model", action="store_true",
+                    help="CUDA: the minimind-26m model with norm_impl=triton vs eager, and under torch.compile")
+    ap.add_argument("--sweep", action="store_true", help="CUDA: our kernels under each launch configuration")
+    ap.add_argument("--profile_once", type=int, metavar="N", default=None,
+                    help="CUDA: run our forward and backward once at (--m, N) and exit (for ncu)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the raw rows as JSON here")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
     args = ap.parse_args(argv)
 
@@ -274,31 +453,72 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    weight_dtype = dtype if args.weight_dtype == "same" else DTYPES[args.weight_dtype]
+    if args.check and not triton_can_run(device):  # CPU only as a smoke test, under TRITON_INTERPRET=1
+        ap.error("--check needs a CUDA device (the CPU interpreter path is covered by tests/test_kernels.py)")
+    if (args.sweep or args.profile_once or args.check_model) and device.type != "cuda":
+        ap.error("--sweep, --profile_once and --check_model need a CUDA device")
+    m = args.m or (32768 if device.type == "cuda" else 1024)
+
+    if args.check_model:
+        ok = check_model(device)
+        print("ALL PASS" if ok else "SOME CHECKS FAILED")
+        return 0 if ok else 1
+
+    if args.profile_once:
+        from model.kernels import rmsnorm_triton as kern
+        n = args.profile_once
+        x = torch.randn(m, n, dtype=dtype, device=device)
+        w = (torch.rand(n, device=device) + 0.5).to(weight_dtype)
+        _, _, rstd = kern.rms_norm_fwd(x, None, w, EPS, n)
+        kern.rms_norm_bwd(torch.randn_like(x), x, w, rstd, n)
+        torch.cuda.synchronize()
+        return 0
 
     if args.check:
-        if not triton_can_run(device):  # CPU only as a smoke test of this script, under TRITON_INTERPRET=1
-            ap.error("--check needs a CUDA device (the CPU interpreter path is covered by tests/test_kernels.py)")
-        dtype = DTYPES[args.dtype or "bf16"]
-        ns = args.n or [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
-        shapes = [(m, n) for n in ns for m in ([args.m] if args.m else [1, 1000, 32768])]
+        ns = args.n or CHECK_ROW_LENGTHS
+        shapes = [(mm, n) for n in ns for mm in ([args.m] if args.m else [1, 1000, 32768])]
         # bf16 on the interpreter: fp32 -> bf16 casts truncate there (GPUs round), hence its looser bound.
         tol = {torch.float32: 1e-5, torch.float16: 2e-3,
                torch.bfloat16: 1e-2 if device.type == "cuda" else 2e-2}[dtype]
         ok = check(shapes, dtype, tol, device)
+        big = None if args.no_big else big_shape(device, dtype)
+        if big is not None:
+            print(f"\nM*N = {big[0] * big[1]:,} > 2^31 (64-bit offsets):\n")
+            ok &= check([big], dtype, tol, device, ps=(1.0,))
+        elif not args.no_big:
+            print("\n(the case of more than 2^31 elements needs a CUDA device with more free memory: not run)")
         print("ALL PASS" if ok else "SOME CHECKS FAILED")
         return 0 if ok else 1
 
-    m = args.m or (32768 if device.type == "cuda" else 1024)
-    ns = args.n or ([512, 768, 1024, 2048, 4096, 8192, 16384] if device.type == "cuda" else [256, 512, 768, 2048])
+    ns = args.n or (GPU_ROW_LENGTHS if device.type == "cuda" else [256, 512, 768, 2048])
     ceiling = copy_bandwidth_gbs(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"# RMSNorm benchmark: {name}, {str(dtype).removeprefix('torch.')}, p={args.p}, "
-          f"copy bandwidth {ceiling:.0f} GB/s, torch {torch.__version__}\n")
-    print("## RMSNorm (y = norm(x))\n")
-    print_table([row for n in ns for row in bench_shape(m, n, args.p, dtype, device, residual=False)], ceiling)
-    if not args.no_residual:
-        print("\n## Residual add + RMSNorm (h = x + r; y = norm(h))\n")
-        print_table([row for n in ns for row in bench_shape(m, n, args.p, dtype, device, residual=True)], ceiling)
+    versions = f"torch {torch.__version__}"
+    if device.type == "cuda":
+        import triton
+        versions += f", triton {triton.__version__}"
+    print(f"# RMSNorm benchmark: {name}, {str(dtype).removeprefix('torch.')} activations, "
+          f"{str(weight_dtype).removeprefix('torch.')} weight, p={args.p}, copy bandwidth {ceiling:.0f} GB/s, "
+          f"{versions}\n")
+    results: dict = {"device": name, "versions": versions, "copy_gbs": ceiling, "dtype": str(dtype),
+                     "weight_dtype": str(weight_dtype), "M": m}
+    if args.sweep:
+        print("## Our kernels per launch configuration (kernel-only, plain RMSNorm)\n")
+        results["sweep"] = sweep(m, ns, dtype, weight_dtype, device)
+        print_sweep(results["sweep"], ceiling)
+    else:
+        print("## RMSNorm (y = norm(x))\n")
+        results["norm"] = [row for n in ns for row in bench_shape(m, n, args.p, dtype, weight_dtype, device,
+                                                                  residual=False, only=args.methods)]
+        print_table(results["norm"], ceiling)
+        if not args.no_residual:
+            print("\n## Residual add + RMSNorm (h = x + r; y = norm(h))\n")
+            results["residual"] = [row for n in ns for row in bench_shape(m, n, args.p, dtype, weight_dtype, device,
+                                                                          residual=True, only=args.methods)]
+            print_table(results["residual"], ceiling)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 

@@ -47,7 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     print(f"# Fused RMSNorm kernels compiled for sm_{args.arch} ({args.dtype} activations, fp32 weights, "
-          f"backward pipeline stages {args.bwd_stages or 'by heuristic'}), triton {triton.__version__}, torch {torch.__version__}\n")
+          f"backward pipeline stages {args.bwd_stages or 'by heuristic'}), triton {triton.__version__}, "
+          f"torch {torch.__version__}\n")
     print("| variant | kernel | N | BLOCK_N × BLOCK_M | warps | stages | registers/thread | spill stores (B/thread) "
           "| shared memory (B) | bar.sync | cp.async |")
     print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 

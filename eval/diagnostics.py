@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
 from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series  # noqa: E402
-from trainer.metrics_log import read_metrics  # noqa: E402
+from trainer.run_dir import EXIT_ERROR, METRICS_FILE, read_metrics  # noqa: E402
 
 # What each quantity means, for the plot titles.
 TITLES = {
@@ -47,7 +47,8 @@ def find_metrics_file(path: str | Path) -> Path:
         return path
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is neither a metrics jsonl file nor a run directory")
-    candidates = sorted(path.glob("metrics*.jsonl")) + sorted(path.glob("*.jsonl")) + sorted(path.rglob("*.jsonl"))
+    own = [path / METRICS_FILE] if (path / METRICS_FILE).is_file() else []
+    candidates = own + sorted(path.glob("metrics*.jsonl")) + sorted(path.glob("*.jsonl")) + sorted(path.rglob("*.jsonl"))
     for candidate in dict.fromkeys(candidates):  # de-duplicated, first listed first
         if layer_quantities(read_metrics(candidate)):
             return candidate
@@ -143,4 +144,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR) from None

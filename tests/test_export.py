@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
-from eval.model_dir import load_model, model_task
+from model.loading import load_model
+from trainer.run_dir import model_task
 from scripts.convert_to_llama import convert_to_llama, main
 
 

@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from scripts import sweep as sweep_mod
-from scripts.sweep import (SweepConfigError, build_command, load_sweep_config, propose_next, read_results,
-                           run_sweep, trial_id, validate_sweep_config)
+from scripts.sweep import (SweepConfigError, build_command, load_sweep_config, propose_next, run_sweep, trial_id,
+                           validate_sweep_config)
 from trainer.args import parse_args
+from trainer.sweep_dir import read_results, swept_names
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP_YAMLS = sorted((REPO / "scripts" / "sweeps").glob("*.yaml"))
@@ -32,7 +33,7 @@ def _expand(config: dict, limit: int) -> list[dict]:
         params = propose_next(config, trials, seed=0)
         if params is None:
             break
-        trials.append({"trial_id": trial_id(params, sweep_mod.swept_names(config)), "params": params,
+        trials.append({"trial_id": trial_id(params, swept_names(config)), "params": params,
                        "status": "finished", "metric": None})
     return trials
 
@@ -244,7 +245,7 @@ def _run_cli(config: Path, sweep_dir: Path, *extra: str) -> subprocess.Completed
 
 def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
     from eval.ablation_report import write_report
-    from trainer.metrics_log import read_metrics
+    from trainer.run_dir import read_metrics
 
     config, sweep_dir = _tiny_sweep(tmp_path), tmp_path / "sweep"
     # "Killed" after the first trial: --max_trials 1 stops the runner between trials.

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from trainer.args import parse_args
 from trainer.core import Trainer, TrainingDiverged
-from trainer.metrics_log import read_metrics
+from trainer.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--num_key_value_heads",

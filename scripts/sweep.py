@@ -1,4 +1,4 @@
-"""Run a wandb sweep YAML with no wandb server: `python scripts/sweep.py scripts/sweeps/FILE.yaml`.
+"""Run a wandb sweep YAML with no wandb server: `python scripts/sweep.py scripts/sweep_configs/FILE.yaml`.
 
 The YAML is wandb's own sweep format, so the same file also runs on a server (`wandb sweep FILE` +
 `wandb agent ID`). Here, wandb's own sweep engine (the `sweeps` package, `from sweeps import next_run`) proposes
@@ -34,17 +34,21 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+if __package__ in (None, ""):  # run as a script, from the repo root or from scripts/
+    # The repo root replaces scripts/ on sys.path: nothing in scripts/ may shadow an installed package (the
+    # folder of sweep YAMLs once shadowed wandb's engine, `sweeps`).
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
-                             resolve_path)
+from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, REPO_ROOT, SUMMARY_FILE, VAL_METRICS,  # noqa: E402
+                             read_summary, resolve_path)
 from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, append_result,  # noqa: E402
                                default_sweep_dir, read_results, read_state, swept_names, trial_dir_name,
                                write_state)
 
 METHODS = ("grid", "random", "bayes")
+FLAG_MACROS = {"${args}", "${args_no_boolean_flags}"}  # wandb agent's macros that pass the parameters as --flags
 INSTALL_HINT = ("the wandb sweep engine is missing: pip install --no-deps sweeps==0.3.0 && "
                 "pip install jsonschema==4.26.0 jsonref==1.1.0 scipy==1.17.1 scikit-learn==1.9.1")
 
@@ -93,6 +97,10 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     command = config.get("command")
     if command is not None and not (isinstance(command, list) and all(isinstance(c, str) for c in command)):
         raise bad("command", "expected a list of strings")
+    if command is not None and not FLAG_MACROS.intersection(command):
+        # The trainer reads its whole config from its command line (it does not look at wandb.config), under
+        # this runner and under `wandb agent` alike.
+        raise bad("command", f"must pass the parameters as flags with {' or '.join(sorted(FLAG_MACROS))}")
     if "program" in config and not isinstance(config["program"], str):
         raise bad("program", "expected a path to the training script")
     violations = _sweeps_module().schema_violations_from_proposed_config(config)
@@ -364,7 +372,7 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a wandb sweep YAML serverless (resumable).")
-    parser.add_argument("config", help="sweep YAML in wandb's format, e.g. scripts/sweeps/paper_cpu.yaml")
+    parser.add_argument("config", help="sweep YAML in wandb's format, e.g. scripts/sweep_configs/paper_cpu.yaml")
     parser.add_argument("--sweep_dir", help="default: out/sweeps/<sweep name>/")
     parser.add_argument("--wandb_mode", choices=("offline", "online", "disabled"),
                         help="default: online if a wandb API key is configured, else offline")

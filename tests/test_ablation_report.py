@@ -66,7 +66,7 @@ def _make_sweep(root: Path) -> tuple[Path, dict[str, dict]]:
 
 
 def _make_prms_p_sweep(root: Path) -> Path:
-    """A finished sweep like scripts/sweeps/prms_p.yaml: p and the seed swept, norm_type fixed (a `value:`)."""
+    """A finished sweep like scripts/sweep_configs/prms_p.yaml: p and the seed swept, norm_type fixed (a `value:`)."""
     sweep_dir = root / "prms_p_sweep"
     config = {"name": "prms_p", "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
               "parameters": {"prms_p": {"values": [0.0625, 0.25, 1.0]}, "seed": {"values": [0, 1]},

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
@@ -120,23 +120,6 @@ def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, 
     return config
 
 
-def _apply_sweep_config(args: TrainArgs, accelerator: Accelerator) -> TrainArgs:
-    """Under `wandb agent`, the sweep's parameters arrive as command-line flags and in wandb.config; take any
-    that the flags did not already carry, so the same YAML drives both serverless and server sweeps."""
-    overrides: dict[str, Any] = {}
-    if accelerator.is_main_process and args.use_wandb:
-        run = accelerator.get_tracker("wandb", unwrap=True)
-        if getattr(run, "sweep_id", None):
-            overrides = dict(run.config)
-    overrides = broadcast_object_list([overrides])[0]
-    for key, value in overrides.items():
-        if key in MODEL_FIELDS:
-            args.model[key] = value
-        elif hasattr(args, key) and key not in ("task", "model"):
-            setattr(args, key, value)
-    return args
-
-
 def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
     prompt = args.sample_prompt or DEFAULT_PROMPTS[args.task]
     if args.task == "sft":
@@ -174,9 +157,6 @@ class Trainer:
 
     def __init__(self, args: TrainArgs) -> None:
         args.dtype = resolve_dtype(args.dtype)
-        if args.out_dir is None and args.use_wandb and os.environ.get("WANDB_SWEEP_ID"):
-            # Under `wandb agent`, give each trial its own directory instead of the shared default.
-            args.out_dir = f"out/sweeps/{os.environ['WANDB_SWEEP_ID']}/{os.environ.get('WANDB_RUN_ID', 'run')}"
         self.args = args
         self.out_dir = args.resolved_out_dir()
         self.accelerator = _make_accelerator(args)
@@ -191,7 +171,6 @@ class Trainer:
             if self.is_main:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
             self.accelerator.init_trackers(args.wandb_project, config=args.to_dict(), init_kwargs={"wandb": init})
-            self.args = args = _apply_sweep_config(args, self.accelerator)
             if self.is_main:
                 self.wandb_run_id = self.accelerator.get_tracker("wandb", unwrap=True).id
         set_seed(args.seed)

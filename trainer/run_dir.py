@@ -42,16 +42,22 @@ EXIT_DIVERGED = 3  # the loss (or gradient) became NaN/inf; run_summary.json say
 
 
 # --------------------------------------------------------------------------- paths
+def _expand(path: str | Path) -> Path:
+    # ~ and $VARIABLES are expanded as a shell would, also for programs started without one: `wandb agent` passes
+    # a sweep YAML's `--out_dir=out/sweeps/$WANDB_SWEEP_ID/$WANDB_RUN_ID` to the trainer verbatim.
+    return Path(os.path.expandvars(Path(path).expanduser()))
+
+
 def resolve_path(path: str | Path) -> Path:
     """Relative paths start at the repo root, so `cd trainer && python train_pretrain.py` writes to the same
     out/ as running from the root."""
-    path = Path(path).expanduser()
+    path = _expand(path)
     return path if path.is_absolute() else REPO_ROOT / path
 
 
 def resolve_input_path(path: str | Path) -> Path:
     """An existing input: as typed from the current directory when that exists, else from the repo root."""
-    typed = Path(path).expanduser()
+    typed = _expand(path)
     return typed.resolve() if typed.exists() else resolve_path(typed)
 
 

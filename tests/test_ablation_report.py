@@ -1,4 +1,4 @@
-"""eval/ablation_report.py on a sweep folder laid out as scripts/sweep.py writes it (trials with their own
+"""eval/studies/ablation_report.py on a sweep folder laid out as scripts/sweep.py writes it (trials with their own
 run_summary.json and metrics.jsonl): the numbers in the table are the trials' logged numbers, diverged seeds are
 counted and kept out of the mean, and the plots are written. (test_sweep.py checks the same against a real sweep.)"""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.ablation_report import main, write_report
+from eval.studies.ablation_report import main, write_report
 
 CONFIG = {"name": "synthetic", "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
           "parameters": {"norm_type": {"values": ["rmsnorm", "prmsnorm", "none"]},

@@ -1,7 +1,7 @@
 """Heatmaps (layer x step) of the normalization diagnostics a training run logged.
 
-    python eval/diagnostics.py out/pretrain                  # a run directory (finds its metrics jsonl)
-    python eval/diagnostics.py out/pretrain/metrics.jsonl --out plots/diag
+    python eval/studies/diagnostics.py out/pretrain                  # a run directory (finds its metrics jsonl)
+    python eval/studies/diagnostics.py out/pretrain/metrics.jsonl --out plots/diag
 
 Writes one PNG per per-layer quantity (`resid_rms.png`, `attn_norm_in_rms.png`, `grad_norm.png`,
 `update_ratio.png`, ...) plus `global.png` (global gradient norm and update ratio over steps). Colours are on a
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `import trainer...` work from any directory
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse
 from collections.abc import Sequence

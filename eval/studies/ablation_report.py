@@ -1,4 +1,4 @@
-"""Ablation report of a sweep run by scripts/sweep.py: `python eval/ablation_report.py SWEEP_DIR [--out DIR]`.
+"""Ablation report of a sweep run by scripts/sweep.py: `python eval/studies/ablation_report.py SWEEP_DIR [--out DIR]`.
 
 Writes DIR/report.md (default SWEEP_DIR/report/): per variant (a trial's swept parameters minus `seed`), the
 final validation loss mean ± std over seeds, median step time, tokens/s and how many seeds diverged; plus
@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+if __package__ in (None, ""):  # run as a script, from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from trainer.run_dir import EXIT_ERROR, METRICS_FILE, read_metrics, read_summary  # noqa: E402
 from trainer.sweep_dir import SWEEP_STATE_FILE, read_results, read_state, swept_names, trial_dir_name  # noqa: E402

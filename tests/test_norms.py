@@ -31,7 +31,7 @@ def ref_prms_forward(x: torch.Tensor, w: torch.Tensor, eps: float, k: int) -> to
 
 def ref_prms_backward(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float,
                       k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp64 backward from DESIGN.md: g = dy*w, dx_i = r*g_i - [i<k]*r^3*x_i*(1/k)*sum_j g_j*x_j,
+    """fp64 backward from docs/DESIGN.md: g = dy*w, dx_i = r*g_i - [i<k]*r^3*x_i*(1/k)*sum_j g_j*x_j,
     dw_i = sum over rows of dy_i*x_i*r."""
     x, w, dy = x.double(), w.double(), dy.double()
     n = x.shape[-1]
@@ -128,7 +128,7 @@ def test_rmsnorm_backward_formula_and_gradcheck() -> None:
     dx_ref, dw_ref = ref_prms_backward(x.detach(), norm.weight.detach(), dy, EPS, 41)
     torch.testing.assert_close(x.grad, dx_ref, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(norm.weight.grad, dw_ref, atol=1e-10, rtol=1e-10)
-    # The p = 1 closed form from DESIGN.md: dx = r * (g - x * r^2 * mean(g * x)).
+    # The p = 1 closed form from docs/DESIGN.md: dx = r * (g - x * r^2 * mean(g * x)).
     xd = x.detach()
     r = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS)
     g = dy * norm.weight.detach()

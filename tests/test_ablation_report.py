@@ -137,7 +137,7 @@ def test_diverged_seeds_are_counted_not_averaged(report):
     assert (row["finished"], row["diverged"]) == (1, 2)
     assert row["val_loss_mean"] == _final_loss("none", "post", 0, 2)  # 9.0 of the diverged curves is ignored
     assert data["counts"] == {"finished": 34, "diverged": 2, "failed": 0, "not run": 0}
-    line = next(l for l in path.read_text().splitlines() if l.startswith("| none | post | 0 |"))
+    line = next(row for row in path.read_text().splitlines() if row.startswith("| none | post | 0 |"))
     assert "| 1/3 | 2 |" in line
 
 

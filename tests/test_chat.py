@@ -169,7 +169,8 @@ def test_history_is_dropped_oldest_first_to_fit_the_context(sft, system_prompt) 
     ids, budget = session._prompt_ids("last")
     text = session.tokenizer.decode(ids)
     assert len(ids) + session.settings.max_new_tokens <= 120 and budget == 40
-    assert "question 5" in text and "question 0" not in text and text.endswith("last<|im_end|>\n<|im_start|>assistant\n")
+    assert "question 5" in text and "question 0" not in text
+    assert text.endswith("last<|im_end|>\n<|im_start|>assistant\n")
     assert ("Be brief." in text) == bool(system_prompt)  # the system prompt is kept, only exchanges go
     # Whole exchanges go: every kept question still has its answer (the last "assistant" opens the reply).
     assert text.count("<|im_start|>user") == text.count("<|im_start|>assistant") and "answer 5" in text

@@ -269,7 +269,8 @@ def test_grad_at_init_script_smoke(tmp_path) -> None:
 
 
 def test_grad_at_init_no_norm_is_one_network_for_every_placement() -> None:
-    """The premise that lets eval/studies/grad_at_init.py measure the no-norm model once and reuse it for every placement."""
+    """The premise that lets eval/studies/grad_at_init.py measure the no-norm model once and reuse it for every
+    placement."""
     from eval.studies.grad_at_init import measure
     ids = [batch()]
     reference = measure(tiny_model("pre", norm_type="none").config, ids, seeds=[0])

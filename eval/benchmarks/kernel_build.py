@@ -6,8 +6,8 @@
 No GPU is needed: triton's bundled compiler and ptxas build the cubin a GPU would load, with the arguments our
 launch planner would pass (see model/kernels/cuda_build.py). The table shows, per row length, each kernel's launch
 configuration, registers per thread and spills to local memory, for plain RMSNorm and for the fused residual add
-+ partial RMSNorm (the variant with the most live values). It does not measure speed (eval/benchmarks/bench_norm.py does,
-on the GPU).
++ partial RMSNorm (the variant with the most live values). It does not measure speed
+(eval/benchmarks/bench_norm.py does, on the GPU).
 """
 
 from __future__ import annotations

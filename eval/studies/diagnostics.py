@@ -48,7 +48,8 @@ def find_metrics_file(path: str | Path) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is neither a metrics jsonl file nor a run directory")
     own = [path / METRICS_FILE] if (path / METRICS_FILE).is_file() else []
-    candidates = own + sorted(path.glob("metrics*.jsonl")) + sorted(path.glob("*.jsonl")) + sorted(path.rglob("*.jsonl"))
+    candidates = (own + sorted(path.glob("metrics*.jsonl")) + sorted(path.glob("*.jsonl"))
+                  + sorted(path.rglob("*.jsonl")))
     for candidate in dict.fromkeys(candidates):  # de-duplicated, first listed first
         if layer_quantities(read_metrics(candidate)):
             return candidate

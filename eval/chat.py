@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from eva
 
 import argparse  # noqa: E402
 
-from trainer.run_dir import EXIT_ERROR, ModelNotFound, locate_model, model_task  # noqa: E402
+from trainer.run_dir import ModelNotFound, locate_model, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
 
@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path, note = locate_model(args.model_path)
     except ModelNotFound as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(error)
     if note:
         print(f"note: {note}", file=sys.stderr)
 

@@ -24,7 +24,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.run_dir import (EXIT_ERROR, ModelNotFound, locate_model, model_task,  # noqa: E402
+from trainer.run_dir import (ModelNotFound, locate_model, model_task, report_error,  # noqa: E402
                              resolve_input_path, resolve_path)
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
@@ -157,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
                                     args.device, with_samples=not args.no_samples)
     except (ModelNotFound, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(error)
     print(f"model {report['model_path']} (task: {report['task'] or 'unknown'}), max_seq_len {report['max_seq_len']}")
     print(format_table(report))
     if "samples" in report:

@@ -32,7 +32,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import check_llama_compatible, to_llama_config, to_llama_state_dict  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.run_dir import CONFIG_FILE, EXIT_ERROR, ModelNotFound, locate_model, resolve_path  # noqa: E402
+from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
 # Why each switch has no LLaMA equivalent, appended to llama_compat's message.
 _WHY = {
@@ -176,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = convert_to_llama(args.model_path, args.out_dir, verify=not args.no_verify)
     except (ModelNotFound, NotLlamaCompatible, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(error)
     print(f"wrote {out} (LlamaForCausalLM{'' if args.no_verify else ', logits verified against ours'})")
     return 0
 

@@ -41,8 +41,8 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, REPO_ROOT, SUMMARY_FILE, VAL_METRICS,  # noqa: E402
-                             read_summary, resolve_path)
+from trainer.run_dir import (EXIT_DIVERGED, REPO_ROOT, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
+                             report_error, resolve_path)
 from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, append_result,  # noqa: E402
                                default_sweep_dir, read_results, read_state, swept_names, trial_dir_name,
                                write_state)
@@ -386,8 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         trials = run_sweep(args.config, args.sweep_dir, args.wandb_mode, args.max_trials, args.seed,
                            args.stop_on_failure, args.dry_run)
     except ValueError as error:  # SweepConfigError, or a sweep folder whose state is not readable
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(error)
     return 1 if any(t["status"] == "failed" for t in trials) else 0
 
 

@@ -36,8 +36,8 @@ from trainer.evaluation import LMEval, evaluate_lm, token_byte_lengths
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.metrics_log import MetricsLog
 from trainer.optim import build_optimizer
-from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_OUT_DIRS, EXIT_DIVERGED, EXIT_ERROR, STATE_FILE,
-                             SUMMARY_FILE, VAL_METRICS, resolve_path)
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_OUT_DIRS, EXIT_DIVERGED, STATE_FILE, SUMMARY_FILE,
+                             VAL_METRICS, report_error, resolve_path)
 from trainer.schedule import warmup_cosine
 
 MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
@@ -440,5 +440,4 @@ def main(task: str, argv: list[str] | None = None) -> RunSummary:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(EXIT_DIVERGED) from None
     except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(EXIT_ERROR) from None
+        raise SystemExit(report_error(error)) from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,12 @@ VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per
 
 EXIT_ERROR = 2     # bad input or a missing file: one line on stderr, nothing trained or written
 EXIT_DIVERGED = 3  # the loss (or gradient) became NaN/inf; run_summary.json says "diverged"
+
+
+def report_error(error: BaseException | str) -> int:
+    """The command-line tools' way to fail on bad input: one line on stderr, and EXIT_ERROR to exit with."""
+    print(f"error: {error}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 # --------------------------------------------------------------------------- paths

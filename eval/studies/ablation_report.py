@@ -25,7 +25,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script, from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from trainer.run_dir import EXIT_ERROR, METRICS_FILE, read_metrics, read_summary  # noqa: E402
+from trainer.run_dir import METRICS_FILE, read_metrics, read_summary, report_error  # noqa: E402
 from trainer.sweep_dir import SWEEP_STATE_FILE, read_results, read_state, swept_names, trial_dir_name  # noqa: E402
 
 SEED_KEY = "seed"
@@ -316,8 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = write_report(args.sweep_dir, args.out)
     except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(error)
     print(f"report written to {path}")
     return 0
 

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
 from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series  # noqa: E402
-from trainer.run_dir import EXIT_ERROR, METRICS_FILE, read_metrics  # noqa: E402
+from trainer.run_dir import METRICS_FILE, read_metrics, report_error  # noqa: E402
 
 # What each quantity means, for the plot titles.
 TITLES = {
@@ -148,5 +148,4 @@ if __name__ == "__main__":
     try:
         main()
     except FileNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(EXIT_ERROR) from None
+        raise SystemExit(report_error(error)) from None

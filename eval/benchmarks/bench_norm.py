@@ -1,8 +1,8 @@
 """Benchmark (and, on CUDA, check) the RMSNorm implementations.
 
-    python eval/benchmarks/bench_norm.py                      # CUDA if present, else CPU; markdown tables on stdout
-    python eval/benchmarks/bench_norm.py --device cpu --n 512 768 --m 4096
-    python eval/benchmarks/bench_norm.py --check              # CUDA: our kernels vs fp32 references at LLM shapes
+    python eval/bench_norm.py                      # CUDA if present, else CPU; markdown tables on stdout
+    python eval/bench_norm.py --device cpu --n 512 768 --m 4096
+    python eval/bench_norm.py --check              # CUDA: our kernels vs fp32 references at LLM shapes
 
 CUDA: forward, backward and forward+backward medians (triton.testing.do_bench) and achieved GB/s for our Triton
 kernel, eager PyTorch, `F.rms_norm` (same-dtype weight: its fused path), torch.compile and Liger-Kernel when

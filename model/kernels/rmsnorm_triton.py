@@ -180,7 +180,7 @@ def block_config(n: int, target: LaunchTarget, backward: bool = False) -> tuple[
     most 32 warps). The backward keeps about six row tiles live (x, dy, w, x*r, dy*w, the dW accumulator) where
     the forward keeps two or three, so it takes twice the warps (~8 values per thread): compiled for sm_90 that
     is <= 64 registers per thread and no spills up to n = 8192, where 16 values per thread needed ~100 registers
-    and spilled at n = 96 (`eval/benchmarks/kernel_build.py` prints the table). Its grid is two programs per SM, so the
+    and spilled at n = 96 (`eval/kernel_build.py` prints the table). Its grid is two programs per SM, so the
     extra warps are also extra loads in flight.
     The interpreter runs programs one after another in numpy, so there a program takes many rows at once.
     """

@@ -117,7 +117,8 @@ def _fingerprint(path: Path, kind: Kind, skip_bad_lines: bool) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False, cache_dir: str | Path | None = None) -> JsonlScan:
+def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
+               cache_dir: str | Path | None = None) -> JsonlScan:
     """Validate ``path`` line by line (cached) and decide which file to load; see the module docstring.
 
     Raises ``ValueError`` naming the file and line for a bad line (unless skipped), and naming the file when
@@ -157,7 +158,8 @@ def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False, cache
         load_path = cache / f"{fingerprint}.jsonl"
         atomic_write_lines(
             load_path,
-            (json.dumps(record, ensure_ascii=False) + "\n" for _, record, _ in iter_records(path, kind, skip_bad_lines) if record is not None),
+            (json.dumps(record, ensure_ascii=False) + "\n"
+             for _, record, _ in iter_records(path, kind, skip_bad_lines) if record is not None),
         )
     scan = JsonlScan(load_path=str(load_path.resolve()), records=records, skipped_lines=skipped)
     atomic_write_text(report_path, json.dumps(asdict(scan)))

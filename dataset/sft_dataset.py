@@ -56,7 +56,8 @@ def check_chatml_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
         raise ValueError(f"{IM_END!r} must be a single special token of the tokenizer")
 
 
-def mask_labels(input_ids: Sequence[int], offsets: Sequence[Sequence[int]], spans: Sequence[tuple[int, int]]) -> list[int]:
+def mask_labels(input_ids: Sequence[int], offsets: Sequence[Sequence[int]],
+                spans: Sequence[tuple[int, int]]) -> list[int]:
     """Labels for one tokenized text: the id where the token's characters lie within a span, else -100."""
     labels = [IGNORE_INDEX] * len(input_ids)
     span = 0

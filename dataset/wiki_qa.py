@@ -52,7 +52,8 @@ SHORT_QUESTIONS = (
 
 # A period after these words does not end a sentence ("Arthur C. Clarke", "St. Louis", "c. 1500").
 _ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof st jr sr vs etc e.g i.e c ca approx no vol fig inc ltd co corp mt ft u.s u.k gen col lt sgt rev".split()
+    "mr mrs ms dr prof st jr sr vs etc e.g i.e c ca approx no vol fig inc ltd co corp mt ft u.s u.k gen col lt sgt "
+    "rev".split()
 )
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
 

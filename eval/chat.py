@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from eva
 
 import argparse  # noqa: E402
 
-from eval.model_dir import ModelNotFound, locate_model, model_task  # noqa: E402
+from trainer.run_dir import ModelNotFound, locate_model, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
 
@@ -87,13 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path, note = locate_model(args.model_path)
     except ModelNotFound as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return report_error(error)
     if note:
         print(f"note: {note}", file=sys.stderr)
 
-    from eval.chat_session import ChatSession, GenerationSettings
-    from eval.model_dir import load_model
+    from model.chat_session import ChatSession, GenerationSettings
+    from model.loading import load_model
 
     if args.seed is not None:
         from transformers import set_seed

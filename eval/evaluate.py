@@ -5,8 +5,8 @@
 
 `--data` takes `pretrain_val`, `sft_val` (the default corpus's held-out splits) or jsonl files; a file's kind
 comes from its first line: `{"text": ...}` is packed pretraining text, `{"conversations": [...]}` is SFT data
-with the loss on assistant tokens only. The numbers come from eval.metrics.evaluate_lm, the same code as the
-trainer's validation.
+with the loss on assistant tokens only. The numbers come from trainer.evaluation.evaluate_lm, the same code (and
+the same loss function) as the trainer's validation.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from eval.model_dir import ModelNotFound, locate_model, model_task, resolve_input_path, resolve_path  # noqa: E402
+from trainer.run_dir import (ModelNotFound, locate_model, model_task, report_error,  # noqa: E402
+                             resolve_input_path, resolve_path)
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
 # A quick qualitative check: greedy answers to fixed English and Chinese prompts.
@@ -88,9 +89,9 @@ def evaluate_model_dir(model_path: str | Path, data_specs: Sequence[str] | None 
     import torch
     from accelerate import Accelerator
 
-    from eval.metrics import evaluate_lm, token_byte_lengths
-    from eval.model_dir import load_model
+    from model.loading import load_model
     from trainer.data import dataset_class
+    from trainer.evaluation import evaluate_lm, token_byte_lengths
 
     path, _ = locate_model(model_path)
     accelerator = Accelerator(cpu=device == "cpu")  # evaluate_lm moves the batches to its device
@@ -125,7 +126,7 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
                    max_new_tokens: int = SAMPLE_TOKENS) -> list[tuple[str, str]]:
     """Greedy (prompt, answer) pairs from a loaded model; SFT models (and unknown tasks) answer through the chat
     template, pretrained ones continue the text."""
-    from eval.chat_session import ChatSession, GenerationSettings
+    from model.chat_session import ChatSession, GenerationSettings
 
     task = task or "sft"
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
@@ -156,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
                                     args.device, with_samples=not args.no_samples)
     except (ModelNotFound, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return report_error(error)
     print(f"model {report['model_path']} (task: {report['task'] or 'unknown'}), max_seq_len {report['max_seq_len']}")
     print(format_table(report))
     if "samples" in report:

@@ -9,6 +9,8 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from model.rmsnorm_math import check_p
+
 
 class NormType(StrEnum):
     RMSNORM = "rmsnorm"
@@ -60,7 +62,7 @@ def _check_choice(field: str, value: Any, enum: type[StrEnum]) -> StrEnum:
 
 
 class MiniNormConfig(PretrainedConfig):
-    """LLaMA-style decoder shape plus the normalization switches (see DESIGN.md, "The norms, exactly")."""
+    """LLaMA-style decoder shape plus the normalization switches (see docs/DESIGN.md, "The norms, exactly")."""
 
     model_type = "mininorm"
     keys_to_ignore_at_inference = ["past_key_values"]
@@ -92,9 +94,7 @@ class MiniNormConfig(PretrainedConfig):
         self.norm_type = _check_choice("norm_type", self.norm_type, NormType).value
         self.norm_placement = _check_choice("norm_placement", self.norm_placement, NormPlacement).value
         self.norm_impl = _check_choice("norm_impl", self.norm_impl, NormImpl).value
-        if not isinstance(self.prms_p, (int, float)) or not 0.0 < float(self.prms_p) <= 1.0:
-            raise ValueError(f"prms_p={self.prms_p!r} is not allowed; it must be a float in (0, 1]")
-        self.prms_p = float(self.prms_p)
+        self.prms_p = check_p(self.prms_p, "prms_p")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps!r} is not allowed; it must be > 0")
         for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

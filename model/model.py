@@ -254,12 +254,18 @@ class MiniNormForCausalLM(MiniNormPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
 
 
+def shift_labels(labels: torch.Tensor) -> torch.Tensor:
+    """The target of every position: labels[:, t + 1], and -100 (no loss) at the last position."""
+    return F.pad(labels[:, 1:], (0, 1), value=-100)
+
+
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor,
                    num_items_in_batch: int | torch.Tensor | None = None) -> torch.Tensor:
-    """Next-token cross-entropy in fp32: position t predicts labels[t + 1]; -100 is ignored."""
+    """Next-token cross-entropy in fp32: position t predicts labels[t + 1]; -100 is ignored. The token mean, or,
+    given `num_items_in_batch`, the token sum divided by it (num_items_in_batch=1: the sum, as validation uses)."""
     # Shift the labels, not the logits: logits[:, :-1] would copy B*T*V floats, and its backward would zero-fill a
     # tensor as big (~3% of a cpu-default training step). The last position gets label -100 instead.
-    shifted = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
+    shifted = shift_labels(labels).reshape(-1)
     flat = logits.reshape(-1, logits.shape[-1]).float()
     if num_items_in_batch is None:
         return F.cross_entropy(flat, shifted, ignore_index=-100)

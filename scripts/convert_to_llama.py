@@ -29,11 +29,10 @@ import torch  # noqa: E402
 from transformers import GenerationConfig, LlamaForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from eval.model_dir import TRAIN_CONFIG_FILE, ModelNotFound, locate_model  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import check_llama_compatible, to_llama_config, to_llama_state_dict  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.args import resolve_path  # noqa: E402
+from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
 # Why each switch has no LLaMA equivalent, appended to llama_compat's message.
 _WHY = {
@@ -153,8 +152,8 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
         llama.save_pretrained(staging, safe_serialization=True)
         _patch_config_json(staging / "config.json")
         _tokenizer_files(source, staging)
-        if (source / TRAIN_CONFIG_FILE).is_file():  # keeps the task (sft/pretrain) for eval/chat.py
-            shutil.copy2(source / TRAIN_CONFIG_FILE, staging / TRAIN_CONFIG_FILE)
+        if (source / CONFIG_FILE).is_file():  # keeps the task (sft/pretrain) for eval/chat.py
+            shutil.copy2(source / CONFIG_FILE, staging / CONFIG_FILE)
         if verify:
             diff = max_logit_difference(ours, staging)
             if not diff <= 1e-4:
@@ -177,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = convert_to_llama(args.model_path, args.out_dir, verify=not args.no_verify)
     except (ModelNotFound, NotLlamaCompatible, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return report_error(error)
     print(f"wrote {out} (LlamaForCausalLM{'' if args.no_verify else ', logits verified against ours'})")
     return 0
 

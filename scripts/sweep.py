@@ -1,4 +1,4 @@
-"""Run a wandb sweep YAML with no wandb server: `python scripts/sweep.py scripts/sweeps/FILE.yaml`.
+"""Run a wandb sweep YAML with no wandb server: `python scripts/sweep.py scripts/sweep_configs/FILE.yaml`.
 
 The YAML is wandb's own sweep format, so the same file also runs on a server (`wandb sweep FILE` +
 `wandb agent ID`). Here, wandb's own sweep engine (the `sweeps` package, `from sweeps import next_run`) proposes
@@ -34,23 +34,23 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+if __package__ in (None, ""):  # run as a script, from the repo root or from scripts/
+    # The repo root replaces scripts/ on sys.path: nothing in scripts/ may shadow an installed package (the
+    # folder of sweep YAMLs once shadowed wandb's engine, `sweeps`).
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.args import resolve_path  # noqa: E402
-from dataset.atomic_io import atomic_write_text  # noqa: E402
-from trainer.core import DIVERGED_EXIT_CODE  # noqa: E402
+from trainer.run_dir import (EXIT_DIVERGED, REPO_ROOT, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
+                             report_error, resolve_path)
+from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, append_result,  # noqa: E402
+                               default_sweep_dir, read_results, read_state, swept_names, trial_dir_name,
+                               write_state)
 
 METHODS = ("grid", "random", "bayes")
-RESULTS_FILE = "results.jsonl"
-STATE_FILE = "sweep_state.json"
-TRIALS_DIR = "trials"
-DONE_STATUSES = ("finished", "diverged")
+FLAG_MACROS = {"${args}", "${args_no_boolean_flags}"}  # wandb agent's macros that pass the parameters as --flags
 INSTALL_HINT = ("the wandb sweep engine is missing: pip install --no-deps sweeps==0.3.0 && "
                 "pip install jsonschema==4.26.0 jsonref==1.1.0 scipy==1.17.1 scikit-learn==1.9.1")
-# Serverless metric names → run_summary.json's final_val keys (the trainer logs val/val_loss, final/val_loss).
-SUMMARY_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}
 
 
 class SweepConfigError(ValueError):
@@ -97,6 +97,10 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     command = config.get("command")
     if command is not None and not (isinstance(command, list) and all(isinstance(c, str) for c in command)):
         raise bad("command", "expected a list of strings")
+    if command is not None and not FLAG_MACROS.intersection(command):
+        # The trainer reads its whole config from its command line (it does not look at wandb.config), under
+        # this runner and under `wandb agent` alike.
+        raise bad("command", f"must pass the parameters as flags with {' or '.join(sorted(FLAG_MACROS))}")
     if "program" in config and not isinstance(config["program"], str):
         raise bad("program", "expected a path to the training script")
     violations = _sweeps_module().schema_violations_from_proposed_config(config)
@@ -133,11 +137,6 @@ def sweep_name(config: dict[str, Any], path: str | Path) -> str:
 def _plain(value: Any) -> Any:
     """numpy scalars (from the random/bayes samplers) → Python values, so they print and serialize plainly."""
     return value.item() if hasattr(value, "item") else value
-
-
-def swept_names(config: dict[str, Any]) -> list[str]:
-    """The parameters that vary between trials (not fixed `value:` entries)."""
-    return [name for name, spec in config["parameters"].items() if "value" not in spec]
 
 
 def trial_id(params: dict[str, Any], swept: list[str]) -> str:
@@ -252,8 +251,8 @@ def _terminate_child(signum, frame) -> None:  # noqa: ARG001
 def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> TrialOutcome:
     global _current_child
     trial_dir.mkdir(parents=True, exist_ok=True)
-    log_path = trial_dir / "train.log"
-    summary_path = trial_dir / "run_summary.json"
+    log_path = trial_dir / TRIAL_LOG
+    summary_path = trial_dir / SUMMARY_FILE
     if summary_path.exists():
         summary_path.unlink()  # a stale summary must not be read as this attempt's outcome
     with open(log_path, "ab") as log:
@@ -262,10 +261,10 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
         _current_child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         returncode = _current_child.wait()
         _current_child = None
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = read_summary(trial_dir)
     if returncode == 0 and summary.get("status") == "finished":
         return TrialOutcome("finished", returncode, summary)
-    if returncode == DIVERGED_EXIT_CODE or summary.get("status") == "diverged":
+    if returncode == EXIT_DIVERGED or summary.get("status") == "diverged":
         return TrialOutcome("diverged", returncode, summary)
     tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
     return TrialOutcome("failed", returncode, summary, "\n".join(tail))
@@ -277,56 +276,21 @@ def metric_value(summary: dict[str, Any], metric: str | None) -> float | None:
         return None
     name = metric.split("/")[-1]
     final = summary.get("final_val") or {}
-    if name in SUMMARY_METRICS and SUMMARY_METRICS[name] in final:
-        return final[SUMMARY_METRICS[name]]
+    if name in VAL_METRICS and VAL_METRICS[name] in final:
+        return final[VAL_METRICS[name]]
     value = summary.get(name, final.get(name))
     return value if isinstance(value, (int, float)) else None
 
 
 # --------------------------------------------------------------------------- the sweep
-def read_results(sweep_dir: Path) -> list[dict[str, Any]]:
-    """results.jsonl records in order; a torn last line (a kill mid-write) is ignored."""
-    path = sweep_dir / RESULTS_FILE
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def _append_result(sweep_dir: Path, record: dict[str, Any]) -> None:
-    # One write() of one line on an O_APPEND descriptor: a reader never sees half a record from us.
-    data = (json.dumps(record, default=str) + "\n").encode()
-    path = sweep_dir / RESULTS_FILE
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb") as handle:  # a torn last line (killed mid-write) must not swallow this record
-            handle.seek(-1, os.SEEK_END)
-            if handle.read(1) != b"\n":
-                data = b"\n" + data
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 def _load_state(sweep_dir: Path, name: str, config: dict[str, Any]) -> dict[str, Any]:
-    path = sweep_dir / STATE_FILE
-    if path.exists():
-        state = json.loads(path.read_text())
-        if state.get("config") != config:
-            raise SweepConfigError(f"{sweep_dir}: holds sweep {state.get('name')!r} with a different config; "
-                                   f"use another --sweep_dir (or delete it to start over)")
-        return state
-    return {"name": name, "config": config, "trials": []}
-
-
-def _save_state(sweep_dir: Path, state: dict[str, Any]) -> None:
-    atomic_write_text(sweep_dir / STATE_FILE, json.dumps(state, indent=1, default=str))
+    state = read_state(sweep_dir)
+    if state is None:
+        return {"name": name, "config": config, "trials": []}
+    if state.get("config") != config:
+        raise SweepConfigError(f"{sweep_dir}: holds sweep {state.get('name')!r} with a different config; "
+                               f"use another --sweep_dir (or delete it to start over)")
+    return state
 
 
 def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wandb_mode: str | None = None,
@@ -335,7 +299,7 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     """Run (or resume) a sweep; returns the trials of the state file with their statuses."""
     config = load_sweep_config(config_path)
     name = sweep_name(config, config_path)
-    sweep_dir = resolve_path(sweep_dir or f"out/sweeps/{name}")
+    sweep_dir = resolve_path(sweep_dir) if sweep_dir else default_sweep_dir(name)
     if not dry_run:
         sweep_dir.mkdir(parents=True, exist_ok=True)
     state = _load_state(sweep_dir, name, config)
@@ -348,7 +312,7 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     env = dict(os.environ, WANDB_MODE=mode, WANDB_SILENT="true", PYTHONUNBUFFERED="1")
     env.setdefault("WANDB_DIR", str(sweep_dir))
     swept = swept_names(config)
-    save = (lambda: None) if dry_run else (lambda: _save_state(sweep_dir, state))
+    save = (lambda: None) if dry_run else (lambda: write_state(sweep_dir, state))
     ran, attempted = 0, set()  # a trial that fails now is retried on the next start, not in a loop now
     print(f"sweep {name!r} ({config['method']}) in {sweep_dir}; wandb {mode}; "
           f"{sum(t['status'] in DONE_STATUSES for t in state['trials'])} trials already done", flush=True)
@@ -369,7 +333,7 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
         pending["status"] = "running"
         attempted.add(pending["trial_id"])
         save()
-        trial_dir = sweep_dir / TRIALS_DIR / pending["trial_id"]
+        trial_dir = sweep_dir / trial_dir_name(pending["trial_id"])
         extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={name}",
                  "--resume=auto"]
         if "project" in config:
@@ -386,9 +350,9 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
                   "final_val": outcome.summary.get("final_val", {}), "steps": outcome.summary.get("steps"),
                   "median_step_time_s": outcome.summary.get("median_step_time_s"),
                   "tokens_per_s": outcome.summary.get("tokens_per_s"),
-                  "wall_time_s": round(time.time() - started, 2), "trial_dir": f"{TRIALS_DIR}/{pending['trial_id']}",
+                  "wall_time_s": round(time.time() - started, 2), "trial_dir": trial_dir_name(pending["trial_id"]),
                   "wandb_mode": mode, "error": outcome.error, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        _append_result(sweep_dir, record)
+        append_result(sweep_dir, record)
         pending["status"], pending["metric"] = outcome.status, value
         save()
         ran += 1
@@ -408,7 +372,7 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a wandb sweep YAML serverless (resumable).")
-    parser.add_argument("config", help="sweep YAML in wandb's format, e.g. scripts/sweeps/paper_cpu.yaml")
+    parser.add_argument("config", help="sweep YAML in wandb's format, e.g. scripts/sweep_configs/paper_cpu.yaml")
     parser.add_argument("--sweep_dir", help="default: out/sweeps/<sweep name>/")
     parser.add_argument("--wandb_mode", choices=("offline", "online", "disabled"),
                         help="default: online if a wandb API key is configured, else offline")
@@ -421,9 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trials = run_sweep(args.config, args.sweep_dir, args.wandb_mode, args.max_trials, args.seed,
                            args.stop_on_failure, args.dry_run)
-    except SweepConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except ValueError as error:  # SweepConfigError, or a sweep folder whose state is not readable
+        return report_error(error)
     return 1 if any(t["status"] == "failed" for t in trials) else 0
 
 

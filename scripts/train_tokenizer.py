@@ -14,20 +14,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from any directory
-    sys.path.insert(0, str(REPO_ROOT))
+if __package__ in (None, ""):  # run as a script, from the repo root or from scripts/
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)  # nothing in scripts/ may shadow an installed package (`tokenizers`, `sweeps`, ...)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import argparse
-import json
-import shutil
-import tempfile
-from collections.abc import Iterator
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from dataset.chat_format import CHATML_TEMPLATE, ENDOFTEXT, IM_END, SPECIAL_TOKENS
+from dataset.chat_format import CHATML_TEMPLATE, ENDOFTEXT, IM_END, SPECIAL_TOKENS  # noqa: E402
+from dataset.tokenization import DEFAULT_TOKENIZER_DIR  # noqa: E402
 
 DEFAULT_VOCAB_SIZE = 6400  # MiniMind's size: small enough that the embedding does not dominate a tiny model
 MODEL_MAX_LENGTH = 32768
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE)
     parser.add_argument("--data_path", type=Path, default=None,
                         help="pretraining jsonl ({'text': ...} lines); default: the built-in corpus")
-    parser.add_argument("--out_dir", type=Path, default=REPO_ROOT / "model")
+    parser.add_argument("--out_dir", type=Path, default=DEFAULT_TOKENIZER_DIR)
     args = parser.parse_args(argv)
     if args.data_path is None:
         from dataset.corpus import ensure_default_corpus

@@ -70,7 +70,8 @@ def _perturbed(model):
 def _save_tiny(model, tokenizer, path: Path, task: str) -> Path:
     import yaml
 
-    from trainer.core import CONFIG_FILE, save_model_dir
+    from trainer.core import save_model_dir
+    from trainer.run_dir import CONFIG_FILE
 
     save_model_dir(model, tokenizer, path)
     (path / CONFIG_FILE).write_text(yaml.safe_dump({"task": task}))  # how the trainer records the task

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from transformers import LlamaForCausalLM
 
 from model.llama_compat import to_llama_config, to_llama_state_dict

@@ -1,4 +1,4 @@
-"""eval/ablation_report.py on a sweep folder laid out as scripts/sweep.py writes it (trials with their own
+"""eval/studies/ablation_report.py on a sweep folder laid out as scripts/sweep.py writes it (trials with their own
 run_summary.json and metrics.jsonl): the numbers in the table are the trials' logged numbers, diverged seeds are
 counted and kept out of the mean, and the plots are written. (test_sweep.py checks the same against a real sweep.)"""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.ablation_report import main, write_report
+from eval.studies.ablation_report import main, write_report
 
 CONFIG = {"name": "synthetic", "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
           "parameters": {"norm_type": {"values": ["rmsnorm", "prmsnorm", "none"]},
@@ -66,7 +66,7 @@ def _make_sweep(root: Path) -> tuple[Path, dict[str, dict]]:
 
 
 def _make_prms_p_sweep(root: Path) -> Path:
-    """A finished sweep like scripts/sweeps/prms_p.yaml: p and the seed swept, norm_type fixed (a `value:`)."""
+    """A finished sweep like scripts/sweep_configs/prms_p.yaml: p and the seed swept, norm_type fixed (a `value:`)."""
     sweep_dir = root / "prms_p_sweep"
     config = {"name": "prms_p", "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
               "parameters": {"prms_p": {"values": [0.0625, 0.25, 1.0]}, "seed": {"values": [0, 1]},
@@ -137,7 +137,7 @@ def test_diverged_seeds_are_counted_not_averaged(report):
     assert (row["finished"], row["diverged"]) == (1, 2)
     assert row["val_loss_mean"] == _final_loss("none", "post", 0, 2)  # 9.0 of the diverged curves is ignored
     assert data["counts"] == {"finished": 34, "diverged": 2, "failed": 0, "not run": 0}
-    line = next(l for l in path.read_text().splitlines() if l.startswith("| none | post | 0 |"))
+    line = next(row for row in path.read_text().splitlines() if row.startswith("| none | post | 0 |"))
     assert "| 1/3 | 2 |" in line
 
 

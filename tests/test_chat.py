@@ -1,4 +1,4 @@
-"""eval/chat.py and eval/chat_session.py on tiny model directories written like the trainer's."""
+"""eval/chat.py and model/chat_session.py on tiny model directories written like the trainer's."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from eval.chat import _use_template
-from eval.chat_session import ChatSession, GenerationSettings
-from eval.model_dir import ModelNotFound, load_model, locate_model, model_task, resolve_path
+from model.chat_session import ChatSession, GenerationSettings
+from model.loading import load_model
+from trainer.run_dir import REPO_ROOT, ModelNotFound, locate_model, model_task, resolve_input_path, resolve_path
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT = REPO / "eval" / "chat.py"
@@ -168,7 +169,8 @@ def test_history_is_dropped_oldest_first_to_fit_the_context(sft, system_prompt) 
     ids, budget = session._prompt_ids("last")
     text = session.tokenizer.decode(ids)
     assert len(ids) + session.settings.max_new_tokens <= 120 and budget == 40
-    assert "question 5" in text and "question 0" not in text and text.endswith("last<|im_end|>\n<|im_start|>assistant\n")
+    assert "question 5" in text and "question 0" not in text
+    assert text.endswith("last<|im_end|>\n<|im_start|>assistant\n")
     assert ("Be brief." in text) == bool(system_prompt)  # the system prompt is kept, only exchanges go
     # Whole exchanges go: every kept question still has its answer (the last "assistant" opens the reply).
     assert text.count("<|im_start|>user") == text.count("<|im_start|>assistant") and "answer 5" in text
@@ -201,10 +203,10 @@ def test_missing_model_is_one_line_naming_the_command(tmp_path) -> None:
 
 
 def test_default_model_falls_back_to_pretrain(tmp_path, monkeypatch, tiny_models) -> None:
-    import eval.model_dir as model_dir
+    from trainer import run_dir
 
-    monkeypatch.setattr(model_dir, "SFT_DIR", str(tmp_path / "sft"))
-    monkeypatch.setattr(model_dir, "PRETRAIN_DIR", str(tmp_path / "pretrain"))
+    monkeypatch.setitem(run_dir.DEFAULT_OUT_DIRS, "sft", str(tmp_path / "sft"))
+    monkeypatch.setitem(run_dir.DEFAULT_OUT_DIRS, "pretrain", str(tmp_path / "pretrain"))
     with pytest.raises(ModelNotFound, match="python trainer/train_pretrain.py"):
         locate_model()
     (tmp_path / "pretrain").symlink_to(tiny_models.pretrain)
@@ -214,11 +216,15 @@ def test_default_model_falls_back_to_pretrain(tmp_path, monkeypatch, tiny_models
     assert locate_model() == (tmp_path / "sft", None)
 
 
-def test_paths_resolve_like_the_trainers() -> None:
-    from trainer.args import resolve_path as trainer_resolve
-
-    for path in ("out/sft", "/tmp/x", "a/../b"):
-        assert resolve_path(path) == trainer_resolve(path)
+def test_paths_resolve_from_the_repo_root(tmp_path, monkeypatch) -> None:
+    assert resolve_path("out/sft") == REPO_ROOT / "out" / "sft" and resolve_path("/tmp/x") == Path("/tmp/x")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_path("~/runs") == tmp_path / "runs"
+    # Inputs: as typed from the current directory when that exists, else from the repo root.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.jsonl").write_text("")
+    assert resolve_input_path("mine.jsonl") == tmp_path / "mine.jsonl"
+    assert resolve_input_path("out/sft") == REPO_ROOT / "out" / "sft"
 
 
 def test_seed_makes_sampling_reproducible(monkeypatch, capsys, tiny_models) -> None:

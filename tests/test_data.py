@@ -107,7 +107,8 @@ def test_sft_mask_boundaries(tmp_path, cache, tokenizer):
 def test_sft_truncation_keeps_prefix_and_drops_unsupervised(tmp_path, cache, tokenizer):
     long_user = [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "ok"}]
     no_assistant = [{"role": "user", "content": "anyone?"}]
-    path = write_jsonl(tmp_path / "t.jsonl", [{"conversations": MULTI}, {"conversations": long_user}, {"conversations": no_assistant}])
+    path = write_jsonl(tmp_path / "t.jsonl",
+                       [{"conversations": MULTI}, {"conversations": long_user}, {"conversations": no_assistant}])
     full_ids, full_labels = expected_tokens(tokenizer, MULTI)
     # Cut in the middle of the second answer.
     cut = full_labels.index(IM_END) + 12
@@ -156,7 +157,8 @@ def test_minimind_sft_file_loads_unchanged(tmp_path, cache, tokenizer):
     ids, labels = expected_tokens(tokenizer, rows[0]["conversations"])
     assert ds[0]["input_ids"].tolist() == ids and ds[0]["labels"].tolist() == labels
     # Extra fields are ignored; a null content is an empty message.
-    ids, labels = expected_tokens(tokenizer, [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}])
+    ids, labels = expected_tokens(tokenizer, [{"role": "user", "content": "2+2?"},
+                                              {"role": "assistant", "content": "4"}])
     assert ds[1]["labels"].tolist() == labels
     weather = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": ""},
                {"role": "assistant", "content": "Sunny."}]
@@ -191,7 +193,8 @@ def test_packing_has_no_padding_and_loses_no_token(tmp_path, cache, tokenizer):
     assert len(ds) == len(stream) // L
     packed = torch.cat([ds[i]["input_ids"] for i in range(len(ds))]).tolist()
     assert packed == stream[: len(ds) * L]  # same tokens, same order, nothing lost but the short tail
-    assert all(ds[i]["input_ids"].shape == (L,) and torch.equal(ds[i]["input_ids"], ds[i]["labels"]) for i in range(len(ds)))
+    assert all(ds[i]["input_ids"].shape == (L,) and torch.equal(ds[i]["input_ids"], ds[i]["labels"])
+               for i in range(len(ds)))
     assert PAD not in packed
     stats = ds.stats
     assert stats["documents"] == len(docs) and stats["tokens"] == len(stream)
@@ -324,7 +327,8 @@ def test_default_corpus_splits_are_disjoint(default_corpus):
     # every long sentence of a val answer is found in the pretraining *val* text and nowhere in train.
     train_pieces = set().union(*map(_segments, pretrain_train))
     val_pieces = set().union(*map(_segments, pretrain_val))
-    answers = [m["content"] for r in _lines(default_corpus.sft_val) for m in r["conversations"] if m["role"] == "assistant"]
+    answers = [m["content"] for r in _lines(default_corpus.sft_val) for m in r["conversations"]
+               if m["role"] == "assistant"]
     answer_pieces = set().union(*map(_segments, answers))
     assert len(answer_pieces) > 300
     assert len(answer_pieces & val_pieces) > 0.9 * len(answer_pieces)

@@ -44,7 +44,7 @@ def ref_rms(t: torch.Tensor) -> float:
 
 
 def manual_forward(model: MiniNormForCausalLM, ids: torch.Tensor):
-    """The model's forward rewritten from the placement definitions in DESIGN.md, recording every norm's input
+    """The model's forward rewritten from the placement definitions in docs/DESIGN.md, recording every norm's input
     and output and keeping the residual stream after each block (with retained grads)."""
     trunk = model.model
     x = trunk.embed_tokens(ids)
@@ -209,7 +209,7 @@ def test_metric_matrix_and_heatmaps(tmp_path) -> None:
     steps, values = metric_series(path, "diag/grad_norm_global")
     np.testing.assert_array_equal(values, [3.0, 2.0])
 
-    from eval.diagnostics import main
+    from eval.studies.diagnostics import main
     written = main([str(tmp_path), "--out", str(tmp_path / "plots")])
     assert {p.name for p in written} == {"resid_rms.png", "grad_norm.png", "global.png"}
     assert all(p.stat().st_size > 1000 for p in written)
@@ -255,9 +255,9 @@ def test_loss_scale_divides_gradient_statistics() -> None:
 
 
 def test_grad_at_init_script_smoke(tmp_path) -> None:
-    """eval/grad_at_init.py end to end (random tokens: loading the real tokenizer takes seconds): tables, PNG,
+    """eval/studies/grad_at_init.py end to end (random tokens: loading the real tokenizer takes seconds): tables, PNG,
     and the no-norm runs shared by all placements."""
-    from eval.grad_at_init import main
+    from eval.studies.grad_at_init import main
     results = main(["--layers", "2", "--seq_len", "16", "--batch_size", "2", "--batches", "2", "--seeds", "2",
                     "--placements", "pre,post", "--norm_types", "rmsnorm,none", "--random_tokens",
                     "--threads", "1", "--out", str(tmp_path / "out")])
@@ -269,8 +269,9 @@ def test_grad_at_init_script_smoke(tmp_path) -> None:
 
 
 def test_grad_at_init_no_norm_is_one_network_for_every_placement() -> None:
-    """The premise that lets eval/grad_at_init.py measure the no-norm model once and reuse it for every placement."""
-    from eval.grad_at_init import measure
+    """The premise that lets eval/studies/grad_at_init.py measure the no-norm model once and reuse it for every
+    placement."""
+    from eval.studies.grad_at_init import measure
     ids = [batch()]
     reference = measure(tiny_model("pre", norm_type="none").config, ids, seeds=[0])
     for placement in PLACEMENTS[1:]:
@@ -292,7 +293,7 @@ class _CharTokenizer:
 
 
 def test_grad_at_init_packs_documents_with_eos(tmp_path) -> None:
-    from eval.grad_at_init import token_batches
+    from eval.studies.grad_at_init import token_batches
     data = tmp_path / "tiny.jsonl"
     data.write_text("".join(json.dumps({"text": "ab" * 7}) + "\n" for _ in range(20)))
     batches, label = token_batches(str(data), 2, 3, 5, tokenizer=_CharTokenizer())

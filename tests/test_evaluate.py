@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from eval.evaluate import FIXED_PROMPTS, detect_kind, evaluate_model_dir, main
-from eval.model_dir import load_model
+from model.loading import load_model
 
 
 def test_pretrain_perplexity_is_exp_of_mean_token_loss(tiny_models, tokenizer) -> None:
@@ -67,16 +67,16 @@ def test_sft_loss_covers_only_assistant_tokens(tiny_models, tokenizer) -> None:
 
 
 def test_cli_prints_table_and_samples_and_writes_json(tiny_models, tmp_path, capsys, monkeypatch) -> None:
-    import eval.model_dir
+    import model.loading
 
     loads: list[dict] = []
-    original_load = eval.model_dir.load_model
+    original_load = model.loading.load_model
 
     def recording_load(path, **kwargs):
         loads.append(kwargs)
         return original_load(path, **kwargs)
 
-    monkeypatch.setattr(eval.model_dir, "load_model", recording_load)
+    monkeypatch.setattr(model.loading, "load_model", recording_load)
     out = tmp_path / "report.json"
     code = main(["--model_path", str(tiny_models.sft), "--data", str(tiny_models.sft_data),
                  str(tiny_models.pretrain_data), "--max_seq_len", "32", "--json", str(out), "--device", "cpu"])

@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
-from eval.model_dir import load_model, model_task
+from model.loading import load_model
+from trainer.run_dir import model_task
 from scripts.convert_to_llama import convert_to_llama, main
 
 
@@ -38,7 +39,8 @@ def test_exported_directory_is_complete(tiny_models, exported, tokenizer) -> Non
     assert GenerationConfig.from_pretrained(exported).eos_token_id == tokenizer.eos_token_id == 2
     theirs = AutoTokenizer.from_pretrained(exported)
     messages = [{"role": "user", "content": "Hi 你好"}]
-    assert theirs.apply_chat_template(messages, tokenize=False) == tokenizer.apply_chat_template(messages, tokenize=False)
+    ours_rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert theirs.apply_chat_template(messages, tokenize=False) == ours_rendered
     assert theirs("The history of 北京")["input_ids"] == tokenizer("The history of 北京")["input_ids"]
     assert not [p.name for p in exported.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
     assert model_task(exported) == "pretrain"  # train_config.yaml came along, for eval/chat.py

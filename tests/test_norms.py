@@ -7,6 +7,7 @@ Triton is tested in tests/test_kernels.py; here the implementations are "eager" 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def ref_prms_forward(x: torch.Tensor, w: torch.Tensor, eps: float, k: int) -> to
 
 def ref_prms_backward(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float,
                       k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp64 backward from DESIGN.md: g = dy*w, dx_i = r*g_i - [i<k]*r^3*x_i*(1/k)*sum_j g_j*x_j,
+    """fp64 backward from docs/DESIGN.md: g = dy*w, dx_i = r*g_i - [i<k]*r^3*x_i*(1/k)*sum_j g_j*x_j,
     dw_i = sum over rows of dy_i*x_i*r."""
     x, w, dy = x.double(), w.double(), dy.double()
     n = x.shape[-1]
@@ -127,7 +128,7 @@ def test_rmsnorm_backward_formula_and_gradcheck() -> None:
     dx_ref, dw_ref = ref_prms_backward(x.detach(), norm.weight.detach(), dy, EPS, 41)
     torch.testing.assert_close(x.grad, dx_ref, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(norm.weight.grad, dw_ref, atol=1e-10, rtol=1e-10)
-    # The p = 1 closed form from DESIGN.md: dx = r * (g - x * r^2 * mean(g * x)).
+    # The p = 1 closed form from docs/DESIGN.md: dx = r * (g - x * r^2 * mean(g * x)).
     xd = x.detach()
     r = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS)
     g = dy * norm.weight.detach()
@@ -138,9 +139,20 @@ def test_rmsnorm_backward_formula_and_gradcheck() -> None:
 
 
 @pytest.mark.parametrize(("n", "p", "k"), [(41, 0.0625, 3), (96, 0.0625, 6), (123, 0.5, 62), (1128, 0.0625, 71),
-                                           (96, 1e-4, 1), (41, 1.0, 41), (96, 0.99, 96)])
+                                           (96, 1e-4, 1), (41, 1.0, 41), (96, 0.99, 96), (100, 0.07, 7),
+                                           (100, 0.14, 14), (1000, 0.001, 1), (3, 0.34, 2)])
 def test_partial_size(n: int, p: float, k: int) -> None:
-    assert partial_size(n, p) == k == min(n, max(1, math.ceil(n * p)))
+    # k = ceil(n * p) with p read as the decimal it is written as: a float product would give 8 for 100 * 0.07
+    # (7.000000000000001) and 15 for 100 * 0.14 (14.000000000000002).
+    assert partial_size(n, p) == k == min(n, max(1, math.ceil(Fraction(str(p)) * n)))
+
+
+@pytest.mark.parametrize("p", [0.0, -0.5, 1.5, float("nan"), "0.5", None])
+def test_p_outside_its_range_is_refused_everywhere(p) -> None:
+    with pytest.raises(ValueError, match=r"p=.* is not allowed; it must be a float in \(0, 1\]"):
+        RMSNorm(8, p=p)
+    with pytest.raises(ValueError, match=r"prms_p=.* is not allowed"):
+        MiniNormConfig(norm_type="prmsnorm", prms_p=p)
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -14,12 +14,13 @@ import pytest
 import yaml
 
 from scripts import sweep as sweep_mod
-from scripts.sweep import (SweepConfigError, build_command, load_sweep_config, propose_next, read_results,
-                           run_sweep, trial_id, validate_sweep_config)
+from scripts.sweep import (SweepConfigError, build_command, load_sweep_config, propose_next, run_sweep, trial_id,
+                           validate_sweep_config)
 from trainer.args import parse_args
+from trainer.sweep_dir import read_results, swept_names
 
 REPO = Path(__file__).resolve().parents[1]
-SWEEP_YAMLS = sorted((REPO / "scripts" / "sweeps").glob("*.yaml"))
+SWEEP_YAMLS = sorted((REPO / "scripts" / "sweep_configs").glob("*.yaml"))
 TEXTS = ["The history of the city begins with a small fishing village on the river.",
          "Water is a chemical compound of hydrogen and oxygen. It covers most of the Earth.",
          "A tiny language model learns to continue text one token at a time.",
@@ -32,7 +33,7 @@ def _expand(config: dict, limit: int) -> list[dict]:
         params = propose_next(config, trials, seed=0)
         if params is None:
             break
-        trials.append({"trial_id": trial_id(params, sweep_mod.swept_names(config)), "params": params,
+        trials.append({"trial_id": trial_id(params, swept_names(config)), "params": params,
                        "status": "finished", "metric": None})
     return trials
 
@@ -60,7 +61,7 @@ def test_committed_yamls_are_valid_wandb_sweep_configs(path):
 
 
 def test_paper_cpu_covers_the_study():
-    config = load_sweep_config(REPO / "scripts" / "sweeps" / "paper_cpu.yaml")
+    config = load_sweep_config(REPO / "scripts" / "sweep_configs" / "paper_cpu.yaml")
     trials = _expand(config, limit=1000)
     params = [t["params"] for t in trials]
     assert {p["norm_type"] for p in params} == {"rmsnorm", "layernorm", "prmsnorm", "none"}
@@ -82,6 +83,7 @@ def test_paper_cpu_covers_the_study():
     ({"parameters": {}}, "parameters"),
     ({"method": "random"}, "run_cap"),
     ({"command": "python train.py"}, "command"),
+    ({"command": ["${env}", "${interpreter}", "${program}", "${args_json}"]}, "command"),  # no flags: refused
 ])
 def test_bad_sweep_config_names_the_field(change, field):
     config = {"method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
@@ -158,6 +160,52 @@ def test_agent_style_flags_parse_in_the_trainer():
     assert (args.warmup_steps, args.learning_rate, args.use_wandb) == (0, 0.003, True)
 
 
+@pytest.mark.parametrize("path", SWEEP_YAMLS, ids=lambda p: p.stem)
+def test_each_trial_gets_its_own_run_dir_under_both_runners(path, monkeypatch):
+    """The trainer knows nothing of sweeps: the YAML names the trial's run directory. Under `wandb agent` (which
+    passes command items verbatim and sets WANDB_SWEEP_ID / WANDB_RUN_ID) it is out/sweeps/<sweep>/<run>; the
+    serverless runner's own --out_dir comes last and wins."""
+    from trainer.run_dir import REPO_ROOT
+    config = load_sweep_config(path)
+    params = propose_next(config, [], seed=0)
+    monkeypatch.setenv("WANDB_SWEEP_ID", "abc123")
+    monkeypatch.setenv("WANDB_RUN_ID", "run7")
+    agent = build_command(config, params, [])
+    assert parse_args("pretrain", agent[3:]).resolved_out_dir() == REPO_ROOT / "out/sweeps/abc123/run7"
+    serverless = build_command(config, params, ["--out_dir=/tmp/sweep/trials/t1"])
+    assert parse_args("pretrain", serverless[3:]).resolved_out_dir() == Path("/tmp/sweep/trials/t1")
+
+
+HIDE_INSTALLED_SWEEPS = textwrap.dedent("""
+    import importlib.machinery, sys
+    class HideInstalled:  # as if `pip install --no-deps sweeps` had not been run
+        def find_spec(self, name, path=None, target=None):
+            if name != "sweeps":
+                return None
+            entries = [entry for entry in sys.path if "-packages" not in entry]
+            spec = importlib.machinery.PathFinder.find_spec(name, entries)
+            if spec is None:
+                raise ModuleNotFoundError("No module named 'sweeps'", name=name)
+            return spec
+    sys.meta_path.insert(0, HideInstalled())
+""")
+
+
+@pytest.mark.parametrize("cwd", ["repo", "scripts"])
+def test_without_the_sweep_engine_the_runner_names_the_install_command(cwd, tmp_path):
+    """After `pip install -r requirements.txt` alone the engine is missing: one line naming the install command,
+    whatever shadows the name `sweeps` next to the script (a folder of YAMLs once did)."""
+    (tmp_path / "sitecustomize.py").write_text(HIDE_INSTALLED_SWEEPS)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    script = REPO / "scripts" / "sweep.py"
+    run = subprocess.run([sys.executable, str(script), str(REPO / "scripts" / "sweep_configs" / "smoke.yaml"),
+                          "--dry_run"], cwd=REPO if cwd == "repo" else script.parent, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install --no-deps sweeps==0.3.0" in lines[0], run.stderr
+
+
 def test_default_wandb_mode_is_offline_without_a_key(monkeypatch, tmp_path):
     for name in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(name, raising=False)
@@ -224,7 +272,7 @@ def _tiny_sweep(tmp_path: Path) -> Path:
     data.mkdir()
     (data / "train.jsonl").write_text("".join(json.dumps({"text": TEXTS[i % 4] * 2}) + "\n" for i in range(24)))
     (data / "val.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    config = yaml.safe_load((REPO / "scripts" / "sweeps" / "smoke.yaml").read_text())
+    config = yaml.safe_load((REPO / "scripts" / "sweep_configs" / "smoke.yaml").read_text())
     config["name"] = "tiny"
     config["parameters"].update({"data_path": {"value": str(data / "train.jsonl")},
                                  "val_data_path": {"value": str(data / "val.jsonl")},
@@ -243,8 +291,8 @@ def _run_cli(config: Path, sweep_dir: Path, *extra: str) -> subprocess.Completed
 
 
 def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
-    from eval.ablation_report import write_report
-    from trainer.metrics_log import read_metrics
+    from eval.studies.ablation_report import write_report
+    from trainer.run_dir import read_metrics
 
     config, sweep_dir = _tiny_sweep(tmp_path), tmp_path / "sweep"
     # "Killed" after the first trial: --max_trials 1 stops the runner between trials.

@@ -74,7 +74,8 @@ def test_chat_template_renders_chatml_exactly(tokenizer):
 
 
 def test_chat_template_has_no_default_system_prompt(tokenizer):
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                             add_generation_prompt=True)
     assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from trainer.args import parse_args
 from trainer.core import Trainer, TrainingDiverged
-from trainer.metrics_log import read_metrics
+from trainer.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--num_key_value_heads",
@@ -128,15 +128,24 @@ def test_gradient_accumulation_matches_the_full_batch(data_dir, reference_run, t
     assert _train_losses(out_dir) == pytest.approx(_train_losses(reference_run), rel=1e-5)
 
 
-def test_two_cpu_processes_match_one_process(data_dir, reference_run, tmp_path):
+# The README's two commands for two CPU processes.
+LAUNCHERS = {
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+    "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   str(REPO / "trainer" / "accelerate" / "cpu_2proc.yaml")],
+}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_two_cpu_processes_match_one_process(launcher, data_dir, reference_run, tmp_path):
     out_dir = tmp_path / "ddp"
     argv = _pretrain_argv(data_dir, out_dir, "--batch_size", "2")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(REPO / "trainer" / "train_pretrain.py"), *argv],
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([*LAUNCHERS[launcher], str(REPO / "trainer" / "train_pretrain.py"), *argv],
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "x2" in run.stdout + run.stderr  # one data-parallel job, not two independent ones
+    # One data-parallel job over two processes (not one process, nor two independent jobs).
+    assert run.stdout.count("MiniNorm pretrain:") == 1 and "x2, float32" in run.stdout, run.stdout[-3000:]
     assert _train_losses(out_dir) == pytest.approx(_train_losses(reference_run), rel=1e-5)
     ours, theirs = load_file(out_dir / "model.safetensors"), load_file(reference_run / "model.safetensors")
     for name, tensor in theirs.items():

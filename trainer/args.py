@@ -16,9 +16,8 @@ from typing import Any, Sequence
 import yaml
 
 from model.config import PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType
+from trainer.run_dir import DEFAULT_OUT_DIRS, TASKS, resolve_path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-TASKS = ("pretrain", "sft")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 # Model config fields exposed as flags, with their types and (for switches) allowed values.
@@ -47,7 +46,7 @@ class TrainArgs:
     data_path: str | None = None          # jsonl; None: the embedded default corpus (built on first use)
     val_data_path: str | None = None      # jsonl; None: default corpus's val split, or val_fraction of data_path
     val_fraction: float = 0.01
-    out_dir: str | None = None            # None: out/pretrain or out/sft
+    out_dir: str | None = None            # None: out/pretrain or out/sft (trainer/run_dir.py)
     tokenizer_path: str | None = None     # None: the committed tokenizer in model/
     skip_bad_lines: bool = False
     num_proc: int | None = None
@@ -84,17 +83,10 @@ class TrainArgs:
     model: dict[str, Any] = field(default_factory=dict)  # MiniNormConfig overrides given as flags or YAML
 
     def resolved_out_dir(self) -> Path:
-        return resolve_path(self.out_dir or f"out/{self.task}")
+        return resolve_path(self.out_dir or DEFAULT_OUT_DIRS[self.task])
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def resolve_path(path: str | Path) -> Path:
-    """Relative paths are taken from the repo root, so `cd trainer && python train_pretrain.py` writes to the
-    same out/ as running from the root."""
-    path = Path(path).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path
 
 
 def _str2bool(text: str) -> bool:

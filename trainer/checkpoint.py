@@ -1,9 +1,10 @@
 """Resumable training state, written atomically.
 
 A checkpoint is a directory `step_XXXXXXXX/` holding Accelerate's state (fp32 model weights, optimizer,
-scheduler, every process's RNG states) plus `trainer_state.json` (step, data position, counters). It is
-written under a temporary name and renamed into place only when complete, so a save killed midway leaves
-the previous checkpoint intact; `trainer_state.json` is written last and marks a checkpoint complete.
+scheduler, every process's RNG states) plus `trainer_state.json` (step, data position, counters; the names are
+trainer/run_dir.py's). It is written under a temporary name and renamed into place only when complete, so a save
+killed midway leaves the previous checkpoint intact; `trainer_state.json` is written last and marks a checkpoint
+complete.
 """
 
 from __future__ import annotations
@@ -17,17 +18,15 @@ from typing import Any
 from accelerate import Accelerator
 
 from dataset.atomic_io import atomic_write_text
-
-STATE_FILE = "trainer_state.json"
-PREFIX = "step_"
+from trainer.run_dir import STATE_FILE, checkpoint_name, checkpoint_step
 
 
 def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints under `root`, oldest first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    found = [p for p in root.iterdir() if checkpoint_step(p.name) is not None and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: checkpoint_step(p.name))
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -37,8 +36,8 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Collective: every process calls it. Returns the checkpoint directory."""
-    final = root / f"{PREFIX}{step:08d}"
-    tmp = root / f".tmp_{PREFIX}{step:08d}"
+    final = root / checkpoint_name(step)
+    tmp = root / f".tmp_{checkpoint_name(step)}"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)

@@ -23,28 +23,25 @@ from typing import Any, Literal
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
 from dataset.atomic_io import atomic_write_text
-from eval.metrics import LMEval, evaluate_lm, token_byte_lengths
-from model.model import MiniNormForCausalLM
-from trainer.args import (MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, resolve_dtype,
-                          resolve_path)
+from model.model import MiniNormForCausalLM, shift_labels
+from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, resolve_dtype
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.data import build_run_data, dataset_stats, shard_loader
+from trainer.evaluation import LMEval, evaluate_lm, token_byte_lengths
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.metrics_log import MetricsLog
 from trainer.optim import build_optimizer
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_OUT_DIRS, EXIT_DIVERGED, STATE_FILE, SUMMARY_FILE,
+                             VAL_METRICS, report_error, resolve_path)
 from trainer.schedule import warmup_cosine
 
-SUMMARY_FILE = "run_summary.json"
-CONFIG_FILE = "train_config.yaml"
-CHECKPOINT_DIR = "checkpoints"
 MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
 DEFAULT_PROMPTS = {"pretrain": "The history of", "sft": "What is the capital of France?"}
-DIVERGED_EXIT_CODE = 3  # the trainer scripts' exit status when training diverged (scripts/sweep.py reads it)
 
 StepOutcome = Literal["applied", "skipped", "diverged"]
 
@@ -105,7 +102,7 @@ def _build_model(args: TrainArgs, tokenizer) -> MiniNormForCausalLM:
         config = build_model_config(args, vocab_size=len(tokenizer))
         config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
         return MiniNormForCausalLM(config)
-    source = resolve_path(args.from_weight or "out/pretrain")
+    source = resolve_path(args.from_weight or DEFAULT_OUT_DIRS["pretrain"])
     if not (source / "config.json").is_file():
         raise FileNotFoundError(f"--from_weight {source}: no pretrained model there; create it with "
                                 f"`python trainer/train_pretrain.py` (or pass --from_weight DIR)")
@@ -121,23 +118,6 @@ def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, 
     config.update({name: getattr(model.config, name) for name in MODEL_FIELDS})
     config["out_dir"] = str(args.resolved_out_dir())
     return config
-
-
-def _apply_sweep_config(args: TrainArgs, accelerator: Accelerator) -> TrainArgs:
-    """Under `wandb agent`, the sweep's parameters arrive as command-line flags and in wandb.config; take any
-    that the flags did not already carry, so the same YAML drives both serverless and server sweeps."""
-    overrides: dict[str, Any] = {}
-    if accelerator.is_main_process and args.use_wandb:
-        run = accelerator.get_tracker("wandb", unwrap=True)
-        if getattr(run, "sweep_id", None):
-            overrides = dict(run.config)
-    overrides = broadcast_object_list([overrides])[0]
-    for key, value in overrides.items():
-        if key in MODEL_FIELDS:
-            args.model[key] = value
-        elif hasattr(args, key) and key not in ("task", "model"):
-            setattr(args, key, value)
-    return args
 
 
 def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
@@ -177,9 +157,6 @@ class Trainer:
 
     def __init__(self, args: TrainArgs) -> None:
         args.dtype = resolve_dtype(args.dtype)
-        if args.out_dir is None and args.use_wandb and os.environ.get("WANDB_SWEEP_ID"):
-            # Under `wandb agent`, give each trial its own directory instead of the shared default.
-            args.out_dir = f"out/sweeps/{os.environ['WANDB_SWEEP_ID']}/{os.environ.get('WANDB_RUN_ID', 'run')}"
         self.args = args
         self.out_dir = args.resolved_out_dir()
         self.accelerator = _make_accelerator(args)
@@ -194,7 +171,6 @@ class Trainer:
             if self.is_main:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
             self.accelerator.init_trackers(args.wandb_project, config=args.to_dict(), init_kwargs={"wandb": init})
-            self.args = args = _apply_sweep_config(args, self.accelerator)
             if self.is_main:
                 self.wandb_run_id = self.accelerator.get_tracker("wandb", unwrap=True).id
         set_seed(args.seed)
@@ -249,7 +225,7 @@ class Trainer:
     def _saved_wandb_id(self) -> str | None:
         if self.resume_from is None:
             return None
-        return json.loads((self.resume_from / "trainer_state.json").read_text()).get("wandb_run_id")
+        return json.loads((self.resume_from / STATE_FILE).read_text()).get("wandb_run_id")
 
     def _state(self, step: int, epoch: int, batches_done: int, tokens_seen: int) -> dict[str, Any]:
         return {"step": step, "epoch": epoch, "batches_done_in_epoch": batches_done, "tokens_seen": tokens_seen,
@@ -276,7 +252,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def _supervised_tokens(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        count = sum((b["labels"][:, 1:] != -100).sum() for b in batches)
+        count = sum((shift_labels(b["labels"]) != -100).sum() for b in batches)
         return self.accelerator.reduce(torch.as_tensor(count, device=self.accelerator.device), reduction="sum")
 
     def _optimizer_step(self, batches: list[dict[str, torch.Tensor]], arm_diagnostics: bool
@@ -393,8 +369,8 @@ class Trainer:
         return self._finish(step, tokens_seen, step_times)
 
     def _log_eval(self, step: int, result: LMEval) -> None:
-        self._log({"step": step, "split": "val", "val_loss": result.loss, "val_ppl": result.perplexity,
-                   "val_bpb": result.bits_per_byte})
+        self._log({"step": step, "split": "val", **{name: getattr(result, field)
+                                                     for name, field in VAL_METRICS.items()}})
         self._print(f"step {step}: val loss {result.loss:.4f}, ppl {result.perplexity:.2f}, "
                     f"bpb {result.bits_per_byte:.3f}")
 
@@ -462,7 +438,6 @@ def main(task: str, argv: list[str] | None = None) -> RunSummary:
         return Trainer(args).run()
     except TrainingDiverged as error:
         print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(DIVERGED_EXIT_CODE) from None
+        raise SystemExit(EXIT_DIVERGED) from None
     except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(report_error(error)) from None

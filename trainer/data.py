@@ -10,7 +10,8 @@ from typing import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
-from trainer.args import TrainArgs, resolve_path
+from trainer.args import TrainArgs
+from trainer.run_dir import resolve_path
 
 
 class EpochShuffleSampler(Sampler[int]):

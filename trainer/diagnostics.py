@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.metrics_log import read_metrics
+from trainer.run_dir import read_metrics
 
 PREFIX = "diag"
 NORM_NAMES = ("attn_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm")

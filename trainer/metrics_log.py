@@ -1,6 +1,5 @@
-"""The run's metrics file: one JSON object per line (`{"step": ..., "split": "train"|"val"|"diag", ...}`),
-written by the main process only. On resume, records past the checkpoint's step are dropped so the file
-continues the same curve instead of repeating steps."""
+"""The run's metrics file (trainer.run_dir.METRICS_FILE), written by the main process only. On resume, records past
+the checkpoint's step are dropped so the file continues the same curve instead of repeating steps."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dataset.atomic_io import atomic_write_text
-
-METRICS_FILE = "metrics.jsonl"
+from trainer.run_dir import METRICS_FILE, append_jsonl, read_metrics
 
 
 def _clean(value: Any) -> Any:
@@ -37,22 +35,5 @@ class MetricsLog:
             self.path.unlink()
 
     def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({key: _clean(value) for key, value in record.items()}) + "\n")
-
-
-def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
-    """Records of a metrics file (optionally one split), in order. Blank lines, and a last line cut short by a
-    killed run, are skipped."""
-    records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "step" in record and (split is None or record.get("split") == split):
-            records.append(record)
-    return records
+        if self.enabled:
+            append_jsonl(self.path, {key: _clean(value) for key, value in record.items()})

@@ -1,41 +1,29 @@
-"""Fused RMSNorm / partial RMSNorm Triton kernels (forward + backward), optionally fused with the residual add.
+"""The fast implementations behind `norm_impl` (model/norms.py picks one; the reference formula and the p rules
+are in model/rmsnorm_math.py, the math in docs/DESIGN.md, the kernel notes in docs/kernels.md):
 
-Public API (differentiable with respect to every tensor input; torch.compile-friendly custom ops):
-  rms_norm(x, weight, eps, p=1.0) -> y
-  add_rms_norm(x, residual, weight, eps, p=1.0) -> (y, h)     h = x + residual, y = rmsnorm(h)
+  compiled.py        norm_impl="compile": an autograd.Function over two torch.compile'd kernels (the CPU path)
+  fused.py           norm_impl="triton": rms_norm / add_rms_norm, the differentiable API of the Triton kernels
+  rmsnorm_triton.py  the Triton kernels and their launch planning
+  rmsnorm_ops.py     their torch.library custom ops (torch.compile-safe)
+  cuda_build.py      compiles the real launches for sm_80 / sm_90 without a GPU (the resource report)
 
-The kernels run on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 (slow; for tests). Importing this
-package imports triton; `model.norms` imports it only when `norm_impl` resolves to "triton".
+`from model.kernels import rms_norm, add_rms_norm, MAX_N` loads fused.py (and so triton) on first use: importing
+this package, or the compiled path, never needs triton.
 """
 
 from __future__ import annotations
 
-import torch
-
-from model.kernels import rmsnorm_ops  # noqa: F401  (registers the torch.ops.mininorm.* custom ops)
-from model.kernels.rmsnorm_triton import MAX_N
-from model.norms import partial_size
+from typing import Any
 
 __all__ = ["MAX_N", "add_rms_norm", "rms_norm"]
 
 
-def _k(n: int, p: float) -> int:
-    if not 0.0 < p <= 1.0:
-        raise ValueError(f"p={p!r} is not allowed; it must be in (0, 1]")
-    return partial_size(n, p)
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from model.kernels import fused
+        return getattr(fused, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, p: float = 1.0) -> torch.Tensor:
-    """(Partial) RMSNorm over the last dim: y = x * rsqrt(mean(x[..., :k]^2) + eps) * w, k = ceil(n*p).
-
-    Statistics in fp32; y has x's dtype; weight may have another dtype (its gradient keeps it)."""
-    y, _rstd = torch.ops.mininorm.rms_norm_fwd(x, weight, float(eps), _k(x.shape[-1], p))
-    return y
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, p: float = 1.0
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; y = rms_norm(h). Returns (y, h), both in the promoted dtype of x and residual,
-    from one read of each input and one write of each output; y equals rms_norm(h) exactly."""
-    y, h, _rstd = torch.ops.mininorm.add_rms_norm_fwd(x, residual, weight, float(eps), _k(x.shape[-1], p))
-    return y, h
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -5,7 +5,7 @@ machine can produce the exact cubin a GPU would load: the same kernel source, th
 launch planner (`rmsnorm_triton.plan_fwd` / `plan_bwd`), the same specialization. This proves, without a GPU,
 that the kernels compile for the architecture (the interpreter that runs them in CI accepts programs the
 compiler rejects), and it reports each launch configuration's registers per thread and spills to local memory.
-It says nothing about speed: that needs the GPU (`eval/bench_norm.py`).
+It says nothing about speed: that needs the GPU (`eval/benchmarks/bench_norm.py`).
 """
 
 from __future__ import annotations

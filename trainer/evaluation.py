@@ -1,5 +1,5 @@
-"""Language-model evaluation shared by the trainer's reports, eval/evaluate.py and the sweep report:
-token-weighted mean loss, perplexity and bits per byte over a dataloader."""
+"""Language-model evaluation shared by the trainer's validation and eval/evaluate.py: token-weighted mean loss,
+perplexity and bits per byte over a dataloader. The loss is the training loss itself (model.model.causal_lm_loss)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from model.model import causal_lm_loss, shift_labels
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,9 @@ def evaluate_lm(model: torch.nn.Module, dataloader, accelerator: Accelerator,
         if max_batches and index >= max_batches:
             break
         batch = {key: value.to(accelerator.device) for key, value in batch.items()}
-        labels = batch["labels"]
         logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
-        targets = labels[:, 1:]
-        nats = torch.nn.functional.cross_entropy(
-            logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-            ignore_index=-100, reduction="sum")
+        nats = causal_lm_loss(logits, batch["labels"], num_items_in_batch=1)  # the token sum
+        targets = shift_labels(batch["labels"])
         supervised = targets != -100
         totals[0] += nats.double()
         totals[1] += supervised.sum()

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script from the repo root or from eval/
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 import torch.nn.functional as F

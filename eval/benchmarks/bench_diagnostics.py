@@ -1,7 +1,7 @@
 """Step-time overhead of the normalization diagnostics (trainer/diagnostics.py).
 
-    python eval/bench_diagnostics.py                 # cpu-default preset, batch 8 x seq 256, AdamW, fp32
-    python eval/bench_diagnostics.py --blocks 6 --intervals 1,10,50,100
+    python eval/benchmarks/bench_diagnostics.py                 # cpu-default preset, batch 8 x seq 256, AdamW, fp32
+    python eval/benchmarks/bench_diagnostics.py --blocks 6 --intervals 1,10,50,100
 
 A training step here is what the training core does: forward, backward, clip_grad_norm_, AdamW step,
 zero_grad; with diagnostics, arm() before the forward, after_backward() after the backward, after_step() after
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `import model...` work from any directory
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse
 import statistics

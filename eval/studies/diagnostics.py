@@ -1,7 +1,7 @@
 """Heatmaps (layer x step) of the normalization diagnostics a training run logged.
 
-    python eval/diagnostics.py out/pretrain                  # a run directory (finds its metrics jsonl)
-    python eval/diagnostics.py out/pretrain/metrics.jsonl --out plots/diag
+    python eval/studies/diagnostics.py out/pretrain                  # a run directory (finds its metrics jsonl)
+    python eval/studies/diagnostics.py out/pretrain/metrics.jsonl --out plots/diag
 
 Writes one PNG per per-layer quantity (`resid_rms.png`, `attn_norm_in_rms.png`, `grad_norm.png`,
 `update_ratio.png`, ...) plus `global.png` (global gradient norm and update ratio over steps). Colours are on a
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `import trainer...` work from any directory
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse
 from collections.abc import Sequence
@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
 from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series  # noqa: E402
-from trainer.metrics_log import read_metrics  # noqa: E402
+from trainer.run_dir import METRICS_FILE, read_metrics, report_error  # noqa: E402
 
 # What each quantity means, for the plot titles.
 TITLES = {
@@ -47,7 +47,9 @@ def find_metrics_file(path: str | Path) -> Path:
         return path
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is neither a metrics jsonl file nor a run directory")
-    candidates = sorted(path.glob("metrics*.jsonl")) + sorted(path.glob("*.jsonl")) + sorted(path.rglob("*.jsonl"))
+    own = [path / METRICS_FILE] if (path / METRICS_FILE).is_file() else []
+    candidates = (own + sorted(path.glob("metrics*.jsonl")) + sorted(path.glob("*.jsonl"))
+                  + sorted(path.rglob("*.jsonl")))
     for candidate in dict.fromkeys(candidates):  # de-duplicated, first listed first
         if layer_quantities(read_metrics(candidate)):
             return candidate
@@ -143,4 +145,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except FileNotFoundError as error:
+        raise SystemExit(report_error(error)) from None

@@ -1,13 +1,13 @@
 """Compile the fused RMSNorm kernels for an NVIDIA GPU, on any machine, and print their resource usage.
 
-    python eval/kernel_build.py                     # sm_90 (H100/H200), bf16, N = 96 .. 16384
-    python eval/kernel_build.py --arch 80 --dtype fp16 --n 4096
+    python eval/benchmarks/kernel_build.py                     # sm_90 (H100/H200), bf16, N = 96 .. 16384
+    python eval/benchmarks/kernel_build.py --arch 80 --dtype fp16 --n 4096
 
 No GPU is needed: triton's bundled compiler and ptxas build the cubin a GPU would load, with the arguments our
 launch planner would pass (see model/kernels/cuda_build.py). The table shows, per row length, each kernel's launch
 configuration, registers per thread and spills to local memory, for plain RMSNorm and for the fused residual add
-+ partial RMSNorm (the variant with the most live values). It does not measure speed (eval/bench_norm.py does,
-on the GPU).
++ partial RMSNorm (the variant with the most live values). It does not measure speed
+(eval/benchmarks/bench_norm.py does, on the GPU).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script from the repo root or from eval/
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 import triton

@@ -1,4 +1,4 @@
-"""Ablation report of a sweep run by scripts/sweep.py: `python eval/ablation_report.py SWEEP_DIR [--out DIR]`.
+"""Ablation report of a sweep run by scripts/sweep.py: `python eval/studies/ablation_report.py SWEEP_DIR [--out DIR]`.
 
 Writes DIR/report.md (default SWEEP_DIR/report/): per variant (a trial's swept parameters minus `seed`), the
 final validation loss mean ± std over seeds, median step time, tokens/s and how many seeds diverged; plus
@@ -22,14 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+if __package__ in (None, ""):  # run as a script, from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scripts.sweep import STATE_FILE, TRIALS_DIR, read_results, swept_names  # noqa: E402
-# trainer.core only for its file name: after scripts.sweep (which loads transformers) it costs ~nothing more.
-from trainer.core import SUMMARY_FILE  # noqa: E402
-from trainer.metrics_log import METRICS_FILE, read_metrics  # noqa: E402
+from trainer.run_dir import METRICS_FILE, read_metrics, read_summary, report_error  # noqa: E402
+from trainer.sweep_dir import SWEEP_STATE_FILE, read_results, read_state, swept_names, trial_dir_name  # noqa: E402
 
 SEED_KEY = "seed"
 LINE_KEY = "norm_type"  # the parameter drawn as separate lines when present
@@ -81,25 +78,18 @@ class Variant:
 
 
 # --------------------------------------------------------------------------- loading
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
     """The sweep's config and its trials, in proposal order; the last results.jsonl record of a trial wins."""
-    state = _read_json(sweep_dir / STATE_FILE)
-    if not state:
-        raise FileNotFoundError(f"{sweep_dir}: no {STATE_FILE}; run `python scripts/sweep.py FILE.yaml` first")
+    state = read_state(sweep_dir)
+    if state is None:
+        raise FileNotFoundError(f"{sweep_dir}: no {SWEEP_STATE_FILE}; run `python scripts/sweep.py FILE.yaml` first")
     records = {record["trial_id"]: record for record in read_results(sweep_dir)}
     trials = []
     for entry in state["trials"]:
         record = records.get(entry["trial_id"])
-        trial_dir = sweep_dir / (record or {}).get("trial_dir", f"{TRIALS_DIR}/{entry['trial_id']}")
+        trial_dir = sweep_dir / (record or {}).get("trial_dir", trial_dir_name(entry["trial_id"]))
         trial = Trial(entry["trial_id"], entry["params"], record["status"] if record else "not run")
-        trial.summary = _read_json(trial_dir / SUMMARY_FILE)
+        trial.summary = read_summary(trial_dir)
         if (trial_dir / METRICS_FILE).exists():
             trial.val_curve = [(r["step"], float(r["val_loss"])) for r in read_metrics(trial_dir / METRICS_FILE, "val")]
         trials.append(trial)
@@ -325,9 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = write_report(args.sweep_dir, args.out)
-    except FileNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except (FileNotFoundError, ValueError) as error:
+        return report_error(error)
     print(f"report written to {path}")
     return 0
 

@@ -1,0 +1,232 @@
+"""Training-step benchmark through the real trainer: tokens/s and MFU of one optimizer step
+(forward + backward + clip + AdamW, Accelerate, real packed batches of the default corpus) for
+
+  - MiniNorm with RMSNorm, its norms as norm_impl=auto picks them (triton on CUDA, compile on CPU) and eager,
+  - MiniNorm with LayerNorm, and
+  - transformers' LlamaForCausalLM of the same shape, run through the very same trainer step,
+
+per preset and dtype, measured side by side in one run (interleaved steps, medians; on CUDA each step ends with
+a synchronize, so no step's queued kernels are billed to the next variant). A second table times forward +
+backward of each norm layer alone on a (rows, dim) fp32 input, interleaved the same way: the norms' own share
+of a step, including norm_impl="compile" against the plain torch.compile of the formula it replaced. First, a
+GEMM probe shows whether this CPU has a fast bf16 path (AMX / AVX512-BF16); without one, bf16 rows are skipped
+(they are ~30x slower than fp32) unless --force_bf16.
+
+    python eval/benchmarks/bench_train.py     # CPU: cpu-default and minimind-26m; CUDA: minimind-26m, minimind-64m
+    python eval/benchmarks/bench_train.py --presets cpu-default --dtypes float32,bfloat16 --steps 10
+    python eval/benchmarks/bench_train.py --skip_steps --threads 1 --norm_reps 200    # only the norm table
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from accelerate.state import AcceleratorState  # noqa: E402
+from torch import nn  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+
+from model.llama_compat import to_llama_config  # noqa: E402
+from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
+from trainer.args import cpu_has_fast_bf16, parse_args  # noqa: E402
+from trainer.core import Trainer  # noqa: E402
+from trainer.optim import build_optimizer  # noqa: E402
+from trainer.schedule import warmup_cosine  # noqa: E402
+
+
+def interleaved_times(fns: dict[str, Callable[[], float]], reps: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per call of each fn (each returns its own duration), called round-robin so that changes in the
+    machine's load hit all of them alike; the first `warmup` rounds are not kept."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for index in range(warmup + reps):
+        for name, fn in fns.items():
+            seconds = fn()
+            if index >= warmup:
+                times[name].append(seconds)
+    return times
+
+
+def gemm_gflops(dtype: torch.dtype, m: int = 1024, k: int = 512, n: int = 1408, reps: int = 5) -> float:
+    """Median GFLOP/s of one (m, k) @ (k, n) product: shows whether this CPU has a fast bf16 GEMM (AMX,
+    AVX512-BF16) or emulates it (AVX2 only: bf16 is then ~30x slower than fp32)."""
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * m * k * n / statistics.median(times) / 1e9
+
+
+# --------------------------------------------------------------------------- the training step
+def make_trainer(preset: str, dtype: str, norm_type: str, batch_size: int, seq_len: int, out_dir: str,
+                 norm_impl: str = "auto", peak_flops: float | None = None) -> Trainer:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    argv = ["--preset", preset, "--dtype", dtype, "--norm_type", norm_type, "--norm_impl", norm_impl,
+            "--batch_size", str(batch_size), "--max_seq_len", str(seq_len), "--out_dir", out_dir, "--max_steps", "1000"]
+    if peak_flops:
+        argv += ["--peak_flops", str(peak_flops)]
+    return Trainer(parse_args("pretrain", argv))
+
+
+def swap_in_llama(trainer: Trainer) -> None:
+    """Put a LlamaForCausalLM of the same shape into the trainer's step."""
+    llama = LlamaForCausalLM(to_llama_config(trainer.unwrapped.config))
+    optimizer = build_optimizer(llama, trainer.args.learning_rate, trainer.args.weight_decay)
+    args = trainer.args
+    scheduler = warmup_cosine(optimizer, min(args.warmup_steps, trainer.total_steps), trainer.total_steps,
+                              args.min_lr_ratio)  # the same schedule, now stepping Llama's optimizer
+    trainer.model, trainer.optimizer, trainer.scheduler = trainer.accelerator.prepare(llama, optimizer, scheduler)
+
+
+def timed_step(trainer: Trainer) -> Callable[[], float]:
+    """One optimizer step of the trainer on its next training batch; returns its duration in seconds."""
+    batches = iter(trainer.train_loader)
+
+    def step() -> float:
+        batch = next(batches)
+        started = time.perf_counter()
+        trainer._optimizer_step([batch], arm_diagnostics=False)
+        if trainer.accelerator.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    return step
+
+
+def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on_cpu: bool) -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for preset in presets:
+            for dtype in args.dtypes.split(","):
+                if on_cpu and dtype == "bfloat16" and not (cpu_has_fast_bf16() or args.force_bf16):
+                    rows.append((preset, dtype, None))
+                    continue
+
+                def make(folder: str, norm_type: str, norm_impl: str = "auto", preset: str = preset,
+                         dtype: str = dtype) -> Trainer:
+                    return make_trainer(preset, dtype, norm_type, args.batch_size, args.seq_len,
+                                        f"{scratch}/{folder}", norm_impl, args.peak_flops)
+
+                trainers = {
+                    f"MiniNorm RMSNorm ({auto_impl})": make("rms", "rmsnorm"),
+                    "MiniNorm RMSNorm (eager)": make("rms_eager", "rmsnorm", "eager"),
+                    "MiniNorm LayerNorm": make("ln", "layernorm"),
+                    "HF Llama": make("llama", "rmsnorm"),
+                }
+                swap_in_llama(trainers["HF Llama"])
+                times = interleaved_times({name: timed_step(t) for name, t in trainers.items()}, args.steps,
+                                          args.warmup)
+                rows.append((preset, dtype, {name: (statistics.median(t), trainers[name])
+                                             for name, t in times.items()}))
+    device = torch.cuda.get_device_name() if not on_cpu else f"CPU, {torch.get_num_threads()} threads"
+    print(f"\nTraining step (fwd + bwd + clip + AdamW) through trainer/core.py, batch {args.batch_size} x "
+          f"{args.seq_len}, median of {args.steps} interleaved steps, {device}, torch {torch.__version__}\n")
+    print("| preset | dtype | variant | step (ms) | tokens/s | MFU | vs HF Llama |")
+    print("|---|---|---|---|---|---|---|")
+    tokens = args.batch_size * args.seq_len
+    for preset, dtype, results in rows:
+        if results is None:
+            print(f"| {preset} | {dtype} | skipped: this CPU has no AMX/AVX512-BF16 (bf16 ~30x slower than fp32; "
+                  f"--force_bf16 to time it) | | | | |")
+            continue
+        llama_time = results["HF Llama"][0]
+        for name, (seconds, trainer) in results.items():
+            tokens_per_s = tokens / seconds
+            mfu = tokens_per_s * trainer.flops_per_token / trainer.peak_flops if trainer.peak_flops else float("nan")
+            print(f"| {preset} | {dtype} | {name} | {seconds * 1000:.0f} | {tokens_per_s:,.0f} | {mfu:.1%} | "
+                  f"{llama_time / seconds:.2f}x |")
+
+
+# --------------------------------------------------------------------------- the norms alone
+def norm_fwd_bwd(module: nn.Module | Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                 dy: torch.Tensor) -> Callable[[], float]:
+    def run() -> float:
+        xi = x.detach().requires_grad_(True)
+        start = time.perf_counter()
+        module(xi).backward(dy)
+        return time.perf_counter() - start
+
+    return run
+
+
+def bench_norms(args: argparse.Namespace) -> None:
+    dim = args.norm_dim
+    torch.manual_seed(0)
+    x, dy = torch.randn(args.norm_rows, dim), torch.randn(args.norm_rows, dim)
+    weight = nn.Parameter(torch.ones(dim))
+    compiled_eager = torch.compile(rms_norm_eager, dynamic=None)
+    candidates: dict[str, Callable[[], float]] = {
+        "RMSNorm eager": norm_fwd_bwd(RMSNorm(dim, 1e-6, 1.0, "eager"), x, dy),
+        "RMSNorm compile": norm_fwd_bwd(RMSNorm(dim, 1e-6, 1.0, "compile"), x, dy),
+        "pRMSNorm eager (p=1/16)": norm_fwd_bwd(RMSNorm(dim, 1e-6, 0.0625, "eager"), x, dy),
+        "pRMSNorm compile (p=1/16)": norm_fwd_bwd(RMSNorm(dim, 1e-6, 0.0625, "compile"), x, dy),
+        # What norm_impl="compile" used to be: torch.compile of the eager formula, differentiated by AOTAutograd.
+        "torch.compile(rms_norm_eager)": norm_fwd_bwd(lambda t: compiled_eager(t, weight, 1e-6, dim), x, dy),
+        "F.rms_norm": norm_fwd_bwd(lambda t: F.rms_norm(t, (dim,), weight, 1e-6), x, dy),
+        "nn.LayerNorm": norm_fwd_bwd(nn.LayerNorm(dim, eps=1e-6), x, dy),
+    }
+    print(f"\nNorm forward+backward, fp32 ({args.norm_rows}, {dim}), median of {args.norm_reps}:", flush=True)
+    medians = {name: statistics.median(t)
+               for name, t in interleaved_times(candidates, args.norm_reps, warmup=3).items()}
+    base = medians["RMSNorm eager"]
+    print("| norm | ms | speed-up vs eager RMSNorm |")
+    print("|---|---|---|")
+    for name, seconds in medians.items():
+        print(f"| {name} | {seconds * 1e3:.2f} | {base / seconds:.2f}x |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", default=None, help="comma-separated (default: cpu-default,minimind-26m on "
+                                                            "CPU; minimind-26m,minimind-64m on CUDA)")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--steps", type=int, default=6, help="timed training steps per variant")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, allocator)")
+    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--peak_flops", type=float, default=None,
+                        help="FLOP/s for MFU (default: the trainer's known value for the device and dtype)")
+    parser.add_argument("--force_bf16", action="store_true", help="time bf16 even on CPUs without fast bf16")
+    parser.add_argument("--norm_rows", type=int, default=4096)
+    parser.add_argument("--norm_dim", type=int, default=512)
+    parser.add_argument("--norm_reps", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--skip_steps", action="store_true", help="only the norm table")
+    parser.add_argument("--skip_norms", action="store_true", help="only the training-step table")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    on_cpu = not torch.cuda.is_available()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"{torch.get_num_threads()} threads, load average {load:.2f} at start", flush=True)
+    fp32_rate, bf16_rate = gemm_gflops(torch.float32), gemm_gflops(torch.bfloat16)
+    print(f"CPU GEMM (1024x512 @ 512x1408): fp32 {fp32_rate:.1f} GFLOP/s, bf16 {bf16_rate:.1f} GFLOP/s; "
+          f"fast bf16 (AMX/AVX512-BF16, the trainer's rule for --dtype auto): {cpu_has_fast_bf16()}", flush=True)
+    if not args.skip_steps:
+        presets = args.presets or ("cpu-default,minimind-26m" if on_cpu else "minimind-26m,minimind-64m")
+        auto_impl = resolve_norm_impl("auto", torch.device("cpu" if on_cpu else "cuda")).value
+        bench_steps(args, presets.split(","), auto_impl, on_cpu)
+    if not args.skip_norms:
+        bench_norms(args)
+    end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"\nload average {end_load:.2f} at end")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Loading a trained model directory for inference (chat, evaluation, export): ours, or any causal-LM directory
+transformers knows, such as the Llama directories scripts/convert_to_llama.py writes. Finding the directory, and
+naming the command that creates a missing one, is trainer/run_dir.py's job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
+from dataset.tokenization import load_tokenizer
+
+# Importing any module of the `model` package runs model/__init__.py, which registers the "mininorm" type with
+# transformers' Auto classes: AutoModelForCausalLM below loads our directories.
+
+
+def pick_device(device: str = "auto") -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_model(path: Path, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) from a model directory.
+
+    dtype "auto": bfloat16 on CUDA, float32 elsewhere. The saved norm_impl is kept, except that a saved "auto"
+    becomes "eager" on CPU: torch.compile's start-up costs more than it saves in a chat.
+    """
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would interleave with chat output
+    device = pick_device(device)
+    torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
+                   "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    overrides: dict[str, Any] = {}
+    config = AutoConfig.from_pretrained(path)
+    if getattr(config, "norm_impl", None) == "auto" and not device.startswith("cuda"):
+        overrides["norm_impl"] = "eager"
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **overrides).to(device).eval()
+    return loaded, load_tokenizer(path)

@@ -1,0 +1,52 @@
+"""(Partial) RMSNorm as plain functions: the allowed range of p, the partial size k, and the reference formula.
+
+One owner for these facts: the config's validation (model/config.py), the norm modules (model/norms.py), the
+compiled path (model/kernels/compiled.py) and the Triton kernels' API (model/kernels/fused.py) all use them.
+The math, forward and backward, is in docs/DESIGN.md ("The norms, exactly").
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+
+def check_p(p: float, field: str = "p") -> float:
+    """`p` as a float; a ValueError naming `field` unless it is a number in (0, 1]."""
+    if not isinstance(p, numbers.Real) or not 0.0 < float(p) <= 1.0:
+        raise ValueError(f"{field}={p!r} is not allowed; it must be a float in (0, 1]")
+    return float(p)
+
+
+def _decimal_fraction(p: float) -> tuple[int, int]:
+    """(numerator, denominator) of p's shortest decimal form, e.g. 0.07 -> (7, 100), 1e-05 -> (1, 100000).
+    Plain string and integer operations, so torch.compile traces it (it cannot trace `decimal`)."""
+    mantissa, _, exponent = repr(float(p)).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = int(whole + fraction)
+    scale = len(fraction) - int(exponent or 0)
+    return (digits, 10**scale) if scale >= 0 else (digits * 10**-scale, 1)
+
+
+def partial_size(dim: int, p: float) -> int:
+    """How many leading elements estimate the RMS: k = ceil(dim * p), clamped to [1, dim].
+
+    p is taken as the decimal it is written as and the product is exact integer arithmetic, so
+    partial_size(100, 0.07) is 7 (the float product 7.000000000000001 would round up to 8)."""
+    numerator, denominator = _decimal_fraction(p)
+    return min(dim, max(1, -(-dim * numerator // denominator)))
+
+
+def rstd(x32: torch.Tensor, eps: float, k: int) -> torch.Tensor:
+    """rsqrt(mean(x[..., :k]^2) + eps), keeping the last dim (size 1) for broadcasting."""
+    stats = x32 if k == x32.shape[-1] else x32[..., :k]
+    return torch.rsqrt(stats.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, k: int) -> torch.Tensor:
+    """Reference (partial) RMSNorm: y = x * rsqrt(mean(x[..., :k]^2) + eps) * w, in fp32, cast back."""
+    # At least fp32: half precision is upcast, fp64 stays fp64 (gradcheck and fp64 references need it).
+    compute = torch.promote_types(x.dtype, torch.float32)
+    x32 = x.to(compute)
+    return (x32 * rstd(x32, eps, k) * weight.to(compute)).to(x.dtype)

@@ -1,0 +1,188 @@
+"""The layering rules, read from the source with `ast`: the library (model/, dataset/, trainer/) never imports a
+tool (scripts/, eval/), one tool never imports another tool's module, and no modules import each other in a
+cycle (imports inside functions count: a lazy import is still a dependency). Plus one owner for the run
+directory's file names and for the rules every tool shares."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LIBRARY = ("model", "dataset", "trainer")
+TOOLS = ("scripts", "eval")
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the library and the tools under `root`."""
+    modules = {}
+    for top in LIBRARY + TOOLS:
+        for path in sorted((root / top).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest prefix of a dotted name that is one of our modules (None for outside packages)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in modules:
+            return ".".join(parts[:end])
+    return None
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """(our module it imports, line) for every import statement in the file, at any depth."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from a import b` imports the module a.b when there is one, else the name b from a.
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        for target in targets:
+            known = _known(target, modules)
+            if known is not None and known != name and (known, node.lineno) not in found:
+                found.append((known, node.lineno))
+    return found
+
+
+def layer_of(name: str) -> str:
+    return "library" if name.split(".")[0] in LIBRARY else "tool"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+def layering_violations(root: Path) -> list[str]:
+    """Every broken rule under `root`, one line each, naming the file and line."""
+    modules = module_files(root)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    problems = []
+    for name, path in modules.items():
+        where = path.relative_to(root)
+        own_packages = {name.rsplit(".", depth)[0] for depth in range(1, name.count(".") + 1)}
+        for target, line in imports_of(name, path, modules):
+            # Importing a.b.c runs a/__init__ and a/b/__init__ first: those are dependencies too, except the
+            # packages holding this very module (already initialised before it runs).
+            parents = {target.rsplit(".", depth)[0] for depth in range(1, target.count(".") + 1)}
+            graph[name] |= {target} | {p for p in parents if p in modules and p not in own_packages and p != name}
+            if layer_of(name) == "library" and layer_of(target) == "tool":
+                problems.append(f"{where}:{line}: the library imports the tool {target}")
+            elif layer_of(name) == "tool" and layer_of(target) == "tool":
+                problems.append(f"{where}:{line}: the tool {name} imports another tool, {target}")
+    for component in _cycles(graph):
+        problems.append(f"import cycle: {' <-> '.join(component)}")
+    return problems
+
+
+def test_library_below_tools_above_and_no_cycles() -> None:
+    assert layering_violations(REPO) == []
+
+
+def test_the_import_check_catches_each_kind_of_violation(tmp_path) -> None:
+    files = {
+        "model/__init__.py": "",
+        "model/norms.py": "import torch\n\ndef f():\n    from model.kernels import fast\n",
+        "model/kernels/__init__.py": "from ..norms import f\n",           # relative import, closing a cycle
+        "model/kernels/fast.py": "",
+        "trainer/core.py": "from eval.metrics import score\n",              # library -> tool
+        "eval/metrics.py": "score = 1\n",
+        "eval/report.py": "from scripts import sweep\nfrom trainer import core\n",  # tool -> tool (and library)
+        "scripts/sweep.py": "import trainer.core\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    problems = layering_violations(tmp_path)
+    assert problems == [
+        "trainer/core.py:1: the library imports the tool eval.metrics",
+        "eval/report.py:1: the tool eval.report imports another tool, scripts.sweep",
+        "import cycle: model.kernels <-> model.norms",
+    ]
+
+
+# ------------------------------------------------------------------------------------- one owner per fact
+def _string_constants(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+def _function_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+@pytest.mark.parametrize(("owner", "names"), [
+    ("trainer/run_dir.py", ("run_summary.json", "train_config.yaml", "metrics.jsonl", "trainer_state.json")),
+    ("trainer/sweep_dir.py", ("results.jsonl", "sweep_state.json")),
+])
+def test_file_names_are_spelled_out_by_their_owner_only(owner: str, names: tuple[str, ...]) -> None:
+    elsewhere = [f"{path.relative_to(REPO)} spells {name!r}"
+                 for path in module_files(REPO).values() if path != REPO / owner
+                 for name in names if name in _string_constants(path)]
+    assert elsewhere == []
+    assert set(names) <= _string_constants(REPO / owner)
+
+
+@pytest.mark.parametrize(("function", "owner"), [
+    ("resolve_path", "trainer/run_dir.py"),        # relative paths start at the repo root
+    ("read_jsonl", "trainer/run_dir.py"),          # the torn-line-tolerant reader
+    ("partial_size", "model/rmsnorm_math.py"),     # pRMSNorm's k
+    ("causal_lm_loss", "model/model.py"),          # training and validation loss
+])
+def test_shared_rules_are_defined_once(function: str, owner: str) -> None:
+    defined = [str(path.relative_to(REPO)) for path in module_files(REPO).values()
+               if function in _function_names(path)]
+    assert defined == [owner]

@@ -1,0 +1,187 @@
+"""The run directory: the one owner of what a training run writes, where relative paths start, how its jsonl
+files are read back, and the exit codes the trainer and the tools share.
+
+A run directory (`--out_dir`; by default out/pretrain or out/sft) holds
+
+    train_config.yaml                   the effective config, with `task:` (pretrain or sft)
+    metrics.jsonl                       one JSON object per line: {"step": ..., "split": "train"|"val"|"diag", ...}
+    run_summary.json                    the outcome: status "finished" or "diverged", final validation, speed
+    checkpoints/step_XXXXXXXX/          resumable states, each completed by its trainer_state.json
+    config.json, model.safetensors, generation_config.json, tokenizer files: a Hugging Face model directory
+
+Standard library only (PyYAML on demand), so a command-line tool can name a missing model in one line before
+torch loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+CONFIG_FILE = "train_config.yaml"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "run_summary.json"
+CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "step_"
+STATE_FILE = "trainer_state.json"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+TASKS = ("pretrain", "sft")
+DEFAULT_OUT_DIRS = {"pretrain": "out/pretrain", "sft": "out/sft"}
+CREATE_COMMANDS = {"pretrain": "python trainer/train_pretrain.py", "sft": "python trainer/train_full_sft.py"}
+# The validation metrics as the trainer logs them (metrics.jsonl, wandb; a sweep's metric is one of these names)
+# -> their keys in run_summary.json's "final_val".
+VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}
+
+EXIT_ERROR = 2     # bad input or a missing file: one line on stderr, nothing trained or written
+EXIT_DIVERGED = 3  # the loss (or gradient) became NaN/inf; run_summary.json says "diverged"
+
+
+def report_error(error: BaseException | str) -> int:
+    """The command-line tools' way to fail on bad input: one line on stderr, and EXIT_ERROR to exit with."""
+    print(f"error: {error}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+# --------------------------------------------------------------------------- paths
+def _expand(path: str | Path) -> Path:
+    # ~ and $VARIABLES are expanded as a shell would, also for programs started without one: `wandb agent` passes
+    # a sweep YAML's `--out_dir=out/sweeps/$WANDB_SWEEP_ID/$WANDB_RUN_ID` to the trainer verbatim.
+    return Path(os.path.expandvars(Path(path).expanduser()))
+
+
+def resolve_path(path: str | Path) -> Path:
+    """Relative paths start at the repo root, so `cd trainer && python train_pretrain.py` writes to the same
+    out/ as running from the root."""
+    path = _expand(path)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def resolve_input_path(path: str | Path) -> Path:
+    """An existing input: as typed from the current directory when that exists, else from the repo root."""
+    typed = _expand(path)
+    return typed.resolve() if typed.exists() else resolve_path(typed)
+
+
+def default_out_dir(task: str) -> Path:
+    return resolve_path(DEFAULT_OUT_DIRS[task])
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{CHECKPOINT_PREFIX}{step:08d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The optimizer step of a checkpoint folder's name, None for any other name."""
+    if not name.startswith(CHECKPOINT_PREFIX) or not name[len(CHECKPOINT_PREFIX):].isdigit():
+        return None
+    return int(name[len(CHECKPOINT_PREFIX):])
+
+
+# --------------------------------------------------------------------------- jsonl
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a jsonl file, in order. Blank lines, and a line cut short by a killed writer (the last
+    one, usually), are skipped."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one record as one line with a single write() on an O_APPEND descriptor, so a reader never sees half a
+    record from us. A last line torn by an earlier kill is ended first, so it cannot swallow this record."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(record, default=str) + "\n").encode()
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as handle:
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                data = b"\n" + data
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
+    """Records of a metrics file (optionally one split), in order; a run directory means its metrics.jsonl."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    return [record for record in read_jsonl(path)
+            if "step" in record and (split is None or record.get("split") == split)]
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """A run's run_summary.json; {} when there is none (yet) or it cannot be read."""
+    try:
+        summary = json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+# --------------------------------------------------------------------------- trained model directories
+class ModelNotFound(FileNotFoundError):
+    """No model directory where one was expected; the message says which command creates it."""
+
+
+def is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and any((path / name).is_file() for name in WEIGHT_FILES)
+
+
+def model_task(path: Path) -> str | None:
+    """"sft" or "pretrain": the `task` the trainer recorded in train_config.yaml, else guessed from the
+    directory name; None when neither tells."""
+    config_file = path / CONFIG_FILE
+    if config_file.is_file():
+        import yaml
+
+        task = (yaml.safe_load(config_file.read_text()) or {}).get("task")
+        if task in TASKS:
+            return task
+    name = path.name.lower()
+    if "sft" in name or "chat" in name:
+        return "sft"
+    if "pretrain" in name:
+        return "pretrain"
+    return None
+
+
+def _missing(path: Path, task: str) -> ModelNotFound:
+    out_flag = "" if path in [default_out_dir(name) for name in TASKS] else f" --out_dir {path}"
+    return ModelNotFound(f"no model at {path}; create it with `{CREATE_COMMANDS[task]}{out_flag}`")
+
+
+def locate_model(model_path: str | Path | None = None) -> tuple[Path, str | None]:
+    """The model directory to use and, when it is not the one asked for, a note saying so.
+
+    No path: the latest SFT model (out/sft), else the pretrained one (out/pretrain). Raises ModelNotFound.
+    """
+    if model_path is not None:
+        path = resolve_input_path(model_path)
+        if not is_model_dir(path):
+            task = model_task(path) or ("pretrain" if path == default_out_dir("pretrain") else "sft")
+            raise _missing(path, task)
+        return path, None
+    sft, pretrain = default_out_dir("sft"), default_out_dir("pretrain")
+    if is_model_dir(sft):
+        return sft, None
+    if is_model_dir(pretrain):
+        return pretrain, (f"no SFT model at {sft} (create it with `{CREATE_COMMANDS['sft']}`); "
+                          f"using the pretrained model at {pretrain}")
+    raise ModelNotFound(f"no model at {sft} or {pretrain}; create one with `{CREATE_COMMANDS['pretrain']}` "
+                        f"and then `{CREATE_COMMANDS['sft']}`")

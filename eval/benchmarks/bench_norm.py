@@ -1,10 +1,10 @@
 """Benchmark (and, on CUDA, check) the RMSNorm implementations.
 
-    python eval/bench_norm.py                      # CUDA if present, else CPU; markdown tables on stdout
-    python eval/bench_norm.py --device cpu --n 512 768 --m 4096
-    python eval/bench_norm.py --check              # CUDA: our kernels vs fp32 references at LLM shapes
-    python eval/bench_norm.py --sweep              # CUDA: our kernels under each launch configuration
-    python eval/bench_norm.py --profile_once 4096  # CUDA: one forward + backward of ours, for `ncu`
+    python eval/benchmarks/bench_norm.py                      # CUDA if present, else CPU; markdown tables on stdout
+    python eval/benchmarks/bench_norm.py --device cpu --n 512 768 --m 4096
+    python eval/benchmarks/bench_norm.py --check              # CUDA: our kernels vs fp32 references at LLM shapes
+    python eval/benchmarks/bench_norm.py --sweep              # CUDA: our kernels under each launch configuration
+    python eval/benchmarks/bench_norm.py --profile_once 4096  # CUDA: one forward + backward of ours, for `ncu`
 
 CUDA: forward, backward and forward+backward medians (triton.testing.do_bench, wall-clock including the Python
 dispatch) and, beside them, kernel-only times (the CUDA kernels' own durations from the profiler, median over

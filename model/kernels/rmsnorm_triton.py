@@ -1,6 +1,6 @@
 """Triton kernels for (partial) RMSNorm, optionally fused with the residual add, and their launchers.
 
-Math (DESIGN.md, "The norms, exactly"): for a row x of n elements, k = ceil(n*p) leading elements give the
+Math (docs/DESIGN.md, "The norms, exactly"): for a row x of n elements, k = ceil(n*p) leading elements give the
 statistic r = rsqrt(mean(x[:k]^2) + eps) (fp32); y = x * r * w, computed in fp32 and cast to the output dtype
 (fp64 inputs compute in fp64, like the eager reference, so gradcheck applies).
 Backward, g = dy * w:  dx_i = r*g_i - [i<k] * r^3 * x_i * (1/k) * sum_j g_j*x_j  and  dw = sum_rows dy*x*r.
@@ -196,12 +196,13 @@ class LaunchTarget:
 
 @dataclass(frozen=True)
 class LaunchTuning:
-    """The launch parameters a GPU run sweeps (`eval/bench_norm.py --sweep`); None keeps the heuristic's choice.
+    """The launch parameters a GPU run sweeps (`eval/benchmarks/bench_norm.py --sweep`); None keeps the
+    heuristic's choice.
 
     fwd_warps / bwd_warps: warps per program. bwd_programs_per_sm: the backward grid (programs per SM; each one
     also adds one fp32 partial-dW row to sum). bwd_stages: software-pipeline depth of the backward's row loop
     (1 = not pipelined; None = 2, except 1 for the residual variant with two gradient dtypes, where the pipeline's
-    buffers of fp32 tiles cost 83-116 registers per thread or spills on sm_90; `eval/kernel_build.py`).
+    buffers of fp32 tiles cost 83-116 registers per thread or spills on sm_90; `eval/benchmarks/kernel_build.py`).
     """
 
     fwd_warps: int | None = None
@@ -223,7 +224,7 @@ def block_config(n: int, target: LaunchTarget, backward: bool = False,
     one (1024 threads x 49 registers). The backward keeps about six row tiles live (x, dy, w, x*r, dy*w, the dW
     accumulator) where the forward keeps two or three, so it takes twice the warps (~8 values per thread, at
     most 32): compiled for sm_90 that is <= 64 registers per thread and no spills up to n = 8192
-    (`eval/kernel_build.py` prints the table).
+    (`eval/benchmarks/kernel_build.py` prints the table).
     The interpreter runs programs one after another in numpy, so there a program takes many rows at once.
     """
     if n > MAX_N:

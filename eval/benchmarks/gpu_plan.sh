@@ -2,9 +2,9 @@
 # One command for a time-limited GPU run: every stage writes its results into OUT_DIR and the run goes on when a
 # stage fails or runs out of time (each has its own limit), so a lease never ends with nothing written.
 #
-#   eval/gpu_plan.sh OUT_DIR                    # the kernel stages: env check bench ncu sweep (~8 min on an H100)
-#   eval/gpu_plan.sh OUT_DIR check bench        # chosen stages, in the order given
-#   eval/gpu_plan.sh OUT_DIR train real         # the trainer on the GPU (see the stages below)
+#   eval/benchmarks/gpu_plan.sh OUT_DIR                    # the kernel stages: env check bench ncu sweep (~8 min on an H100)
+#   eval/benchmarks/gpu_plan.sh OUT_DIR check bench        # chosen stages, in the order given
+#   eval/benchmarks/gpu_plan.sh OUT_DIR train real         # the trainer on the GPU (see the stages below)
 #
 # Stages (files written into OUT_DIR):
 #   env     nvidia-smi, driver, python/torch/triton/liger versions, GPU properties       env.txt
@@ -17,11 +17,11 @@
 #   real    pretrain minimind-26m for REAL_STEPS steps, SFT, then chat answers             real.md
 # Stage limits in seconds can be changed with LIMIT_<STAGE>=... (e.g. LIMIT_BENCH=300).
 set -u
-out=${1:?usage: eval/gpu_plan.sh OUT_DIR [STAGE ...]}
+out=${1:?usage: eval/benchmarks/gpu_plan.sh OUT_DIR [STAGE ...]}
 shift
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(env check bench ncu sweep)
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -58,28 +58,28 @@ except Exception as err:
 EOF"
         ;;
     check)
-        run check_bf16 "$(limit check 240)" "$out/check_bf16.md" $PY eval/bench_norm.py --check --dtype bf16
-        run check_fp32 "$(limit check 240)" "$out/check_fp32.md" $PY eval/bench_norm.py --check --dtype fp32 --no-big
-        run check_model "$(limit check 240)" "$out/check_model.md" $PY eval/bench_norm.py --check_model
+        run check_bf16 "$(limit check 240)" "$out/check_bf16.md" $PY eval/benchmarks/bench_norm.py --check --dtype bf16
+        run check_fp32 "$(limit check 240)" "$out/check_fp32.md" $PY eval/benchmarks/bench_norm.py --check --dtype fp32 --no-big
+        run check_model "$(limit check 240)" "$out/check_model.md" $PY eval/benchmarks/bench_norm.py --check_model
         ;;
     bench)
-        run bench "$(limit bench 300)" "$out/bench_bf16.md" $PY eval/bench_norm.py --out "$out/bench_bf16.json"
+        run bench "$(limit bench 300)" "$out/bench_bf16.md" $PY eval/benchmarks/bench_norm.py --out "$out/bench_bf16.json"
         # The model's own case: bf16 activations with fp32 master weights (methods that take such a weight).
-        run bench_fp32w "$(limit bench 300)" "$out/bench_bf16_fp32weight.md" $PY eval/bench_norm.py \
+        run bench_fp32w "$(limit bench 300)" "$out/bench_bf16_fp32weight.md" $PY eval/benchmarks/bench_norm.py \
             --weight_dtype fp32 --methods ours eager compile --out "$out/bench_bf16_fp32weight.json"
         ;;
     ncu)
         for n in 768 4096 16384; do
             run "ncu_$n" "$(limit ncu 120)" "$out/ncu_$n.txt" ncu --target-processes all --kernel-name regex:_rms_norm \
                 --set detailed --section WarpStateStats --section SchedulerStats \
-                $PY eval/bench_norm.py --profile_once "$n"
+                $PY eval/benchmarks/bench_norm.py --profile_once "$n"
         done
         ;;
     sweep)
-        run sweep "$(limit sweep 300)" "$out/sweep.md" $PY eval/bench_norm.py --sweep --out "$out/sweep.json"
+        run sweep "$(limit sweep 300)" "$out/sweep.md" $PY eval/benchmarks/bench_norm.py --sweep --out "$out/sweep.json"
         ;;
     train)
-        run train "$(limit train 300)" "$out/train.md" $PY eval/bench_train.py --dtypes bfloat16 --batch_size 32 \
+        run train "$(limit train 300)" "$out/train.md" $PY eval/benchmarks/bench_train.py --dtypes bfloat16 --batch_size 32 \
             --seq_len 512 --steps 10 --warmup 3
         ;;
     real)

@@ -181,7 +181,7 @@ class Trainer:
             raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
                              f"{self.model.config.max_position_embeddings}")
         if args.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.config_dict = _effective_config(args, self.model)
         self.optimizer = build_optimizer(self.model, args.learning_rate, args.weight_decay)

@@ -120,10 +120,13 @@ def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
     else:
         text = prompt
     inputs = tokenizer(text, return_tensors="pt").to(next(model.parameters()).device)
+    was_training = model.training
+    model.eval()  # no dropout while sampling
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
         output = model.generate(**inputs, max_new_tokens=48, do_sample=True, temperature=0.7, top_p=0.9,
                                 repetition_penalty=1.1)
+    model.train(was_training)
     completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     return f"{prompt} -> {completion.strip()}" if args.task == "sft" else prompt + completion
 
@@ -340,6 +343,10 @@ class Trainer:
         step = epoch = samples_done = tokens_seen = 0
         if self.resume_from is not None:
             load_checkpoint(accelerator, self.resume_from)
+            # Accelerate restores its micro-batch counter, which decides on which micro-batch the gradients sync
+            # and the optimizer steps; counted under another --accumulation_steps it would put the update in the
+            # middle of a group. A resumed run always starts on a group boundary.
+            accelerator.step = 0
             state = self.resume_state
             step, tokens_seen = state["step"], state["tokens_seen"]
             epoch, samples_done = saved_position(state)
@@ -355,7 +362,7 @@ class Trainer:
         progress = tqdm(total=self.total_steps, initial=step, disable=not self.is_main, dynamic_ncols=True,
                         desc=args.task)
         step_times: list[float] = []
-        step_rates: list[float] = []
+        step_token_counts: list[int] = []
         window_tokens, window_time, window_losses = 0, 0.0, []
         self.model.train()
         while step < self.total_steps:
@@ -374,7 +381,7 @@ class Trainer:
                 tokens_seen += step_tokens
                 elapsed = time.perf_counter() - started
                 step_times.append(elapsed)
-                step_rates.append(step_tokens / max(elapsed, 1e-9))
+                step_token_counts.append(step_tokens)
                 window_tokens, window_time = window_tokens + step_tokens, window_time + elapsed
                 window_losses.append(loss)
                 lr = self.scheduler.get_last_lr()[0]
@@ -403,7 +410,7 @@ class Trainer:
             else:
                 epoch, samples_done = epoch + 1, 0
         progress.close()
-        return self._finish(step, tokens_seen, step_times, step_rates)
+        return self._finish(step, tokens_seen, step_times, step_token_counts)
 
     def _log_eval(self, step: int, result: LMEval) -> None:
         self._log({"step": step, "split": "val", **{name: getattr(result, field)
@@ -457,12 +464,14 @@ class Trainer:
         model.tie_weights()
         return model
 
-    def _finish(self, step: int, tokens_seen: int, step_times: list[float], step_rates: list[float]) -> RunSummary:
+    def _finish(self, step: int, tokens_seen: int, step_times: list[float], step_tokens: list[int]) -> RunSummary:
         final = self.evaluate(0)
         self._log_eval(step, final)
         median = statistics.median(step_times) if step_times else float("nan")
-        # Real (unpadded) tokens over all processes, as the progress bar counts them: the median step's rate.
-        tokens_per_s = statistics.median(step_rates) if step_rates else float("nan")
+        # Real (unpadded) tokens over all processes, as the progress bar counts them, per second of training step;
+        # the first step of the session (compilation, allocator warm-up) is left out when there are others.
+        skip = 1 if len(step_times) > 1 else 0
+        tokens_per_s = sum(step_tokens[skip:]) / sum(step_times[skip:]) if step_times else float("nan")
         mfu = tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else float("nan")
         whole = self._whole_model()
         self.accelerator.wait_for_everyone()

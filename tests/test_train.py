@@ -134,26 +134,45 @@ def test_held_out_split_is_by_document(tokenizer, tmp_path):
     assert not train & val
 
 
-def test_nan_loss_stops_with_the_step_and_a_saved_state(train_data, tmp_path):
+@pytest.mark.parametrize("update_inside_backward", [False, True], ids=["plain", "update-inside-backward"])
+def test_nan_loss_stops_with_the_step_and_a_saved_state(update_inside_backward, train_data, tmp_path, monkeypatch,
+                                                        capsys):
+    """A NaN loss at step 6 stops the run with the last good state. With `update_inside_backward`, backward also
+    applies the optimizer update, as DeepSpeed's engine does: the loss must be checked before that backward, or
+    the saved weights are NaN. The run also says at its start what DeepSpeed's order means for a NaN gradient."""
+    import trainer.core
+
     out_dir = tmp_path / "nan"
+    monkeypatch.setattr(trainer.core, "update_inside_backward", lambda accelerator: update_inside_backward)
     AcceleratorState._reset_state(reset_partial_state=True)
-    trainer = Trainer(parse_args("pretrain", pretrain_argv(train_data, out_dir, "--batch_size", "4")))
+    run = Trainer(parse_args("pretrain", pretrain_argv(train_data, out_dir, "--batch_size", "4")))
     calls = {"n": 0}
 
     def poison_after_five(module, inputs, output):
         calls["n"] += module.training  # count training forwards only, not evaluation
         return output * float("nan") if calls["n"] > 5 else output
 
-    trainer.unwrapped.lm_head.register_forward_hook(poison_after_five)
+    run.unwrapped.lm_head.register_forward_hook(poison_after_five)
+    if update_inside_backward:
+        backward = run.accelerator.backward
+
+        def backward_then_update(loss, **kwargs):
+            backward(loss, **kwargs)
+            if run.accelerator.sync_gradients:
+                run.optimizer.optimizer.step()
+
+        monkeypatch.setattr(run.accelerator, "backward", backward_then_update)
     try:
         with pytest.raises(TrainingDiverged, match="optimizer step 6") as error:
-            trainer.run()
+            run.run()
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
     assert error.value.checkpoint.name == "step_00000005"
     weights = load_file(error.value.checkpoint / "model.safetensors")
     assert all(torch.isfinite(t).all() for t in weights.values())  # the last good weights, not NaN ones
     assert json.loads((out_dir / "run_summary.json").read_text())["status"] == "diverged"
+    said = "a non-finite gradient under a finite loss is caught one update late" in capsys.readouterr().out
+    assert said == update_inside_backward
 
 
 def test_yaml_config_with_command_line_overrides(tmp_path):

@@ -85,11 +85,18 @@ def test_fsdp2_trains_checkpoints_resumes_and_saves_like_one_process(train_data,
 
 
 def test_fsdp2_sft_matches_one_process(train_data, reference_run, sft_reference_run, tmp_path):
+    """With norm diagnostics on: their gradient norm, gathered from the shards, is the one clipping saw."""
     out_dir = tmp_path / "fsdp_sft"
-    run = launch_two_processes("fsdp", "sft", sft_argv(train_data, reference_run, out_dir, "--batch_size", "2"),
-                               tmp_path)
+    argv = sft_argv(train_data, reference_run, out_dir, "--batch_size", "2", "--diag_interval", "2")
+    run = launch_two_processes("fsdp", "sft", argv, tmp_path)
     assert_finished_cleanly(run, "FSDP")
     assert len(train_losses(out_dir)) == SFT_STEPS
     assert train_losses(out_dir) == pytest.approx(train_losses(sft_reference_run), rel=1e-5)
     assert val_losses(out_dir) == pytest.approx(val_losses(sft_reference_run), rel=1e-5)
     assert_same_model(out_dir, sft_reference_run)
+    train = {r["step"]: r for r in read_metrics(out_dir, "train")}
+    diag = read_metrics(out_dir, "diag")
+    assert [r["step"] for r in diag] == [1, 3, 5]
+    for record in diag:
+        assert record["diag/grad_norm_global"] == pytest.approx(train[record["step"]]["grad_norm"], rel=1e-5)
+        assert 0 < record["diag/update_ratio_global"] < 1

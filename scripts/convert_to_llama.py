@@ -31,6 +31,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import NotLlamaCompatible, check_exportable, to_llama_config, to_llama_state_dict  # noqa: E402
+from model.generation_defaults import without_length_limits  # noqa: E402
 from model.loading import config_model_type  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
@@ -114,8 +115,9 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     state = {key: tensor.detach().clone() for key, tensor in to_llama_state_dict(ours.state_dict()).items()}
     llama.load_state_dict(state, strict=True, assign=True)
     llama.tie_weights()
-    llama.generation_config = GenerationConfig.from_pretrained(source) if (source / "generation_config.json"
-                                                                             ).is_file() else GenerationConfig()
+    # Sampling settings come along; a length limit saved by an older trainer does not (see generation_defaults).
+    llama.generation_config = without_length_limits(GenerationConfig.from_pretrained(source)) if (
+        source / "generation_config.json").is_file() else GenerationConfig()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp", dir=out_dir.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the export is an ordinary directory

@@ -240,3 +240,14 @@ def test_stream_stops_before_a_stop_string_and_holds_back_its_start(tokenizer) -
     stream = TextStream(tokenizer, stop=("STOPPED",))
     pieces = [stream.push(t) for t in tokenizer("go STOP", add_special_tokens=False)["input_ids"]]
     assert "".join(pieces) == "go " and stream.finish() == "STOP" and not stream.stopped
+
+
+def test_stream_of_random_tokens_equals_decoding_them_all(tokenizer) -> None:
+    """Random ids make broken UTF-8 (lone continuation bytes, cut characters): the pieces still add up to what
+    decoding all ids at once gives, U+FFFD included, whatever the order of the breaks."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        ids = torch.randint(3, len(tokenizer), (60,), generator=generator).tolist()
+        stream = TextStream(tokenizer)
+        pieces = [stream.push(token) for token in ids] + [stream.finish()]
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)

@@ -66,8 +66,8 @@ def render_chatml(
 # --------------------------------------------------------------------------- text as text
 # A tokenizer matches its special-token strings anywhere in the text it is given, so a message that contains the
 # characters "<|im_end|>" would end its turn, and "<|im_end|>\n<|im_start|>assistant\n" in a user message would
-# forge one. Messages and documents are therefore tokenized with special-token matching off, and the control
-# tokens are inserted as ids where the format puts them. Between two control tokens the text is encoded in one
+# forge one. Messages are therefore tokenized with special-token matching off, and the control tokens are
+# inserted as ids where the format puts them. Between two control tokens the text is encoded in one
 # piece, so a conversation without such strings gets exactly the ids of tokenizing its rendered text.
 _TEXT_BACKENDS: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, Tokenizer]" = weakref.WeakKeyDictionary()
 _CHATML_CHECKED: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, str]" = weakref.WeakKeyDictionary()
@@ -95,13 +95,8 @@ def text_backend(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
 
 
 def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of `text` as text: "<|im_end|>" in it is 10 ordinary tokens, never the control token."""
+    """Token ids of `text` as text: "<|im_end|>" in it is a few ordinary tokens, never the control token."""
     return text_backend(tokenizer).encode(text, add_special_tokens=False).ids
-
-
-def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
-    """encode_text for many texts at once (the Rust backend's batch call)."""
-    return [encoding.ids for encoding in text_backend(tokenizer).encode_batch(list(texts), add_special_tokens=False)]
 
 
 def control_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:

@@ -95,8 +95,10 @@ class APIError(Exception):
 
 
 def _validation_error(error) -> APIError:
-    """The first problem of a pydantic ValidationError, named by its field path ("messages[1].role")."""
-    first = error.errors()[0]
+    """The deepest problem of a pydantic ValidationError (for a union, the branch that got furthest), named by its
+    field path ("messages[1].role")."""
+    errors = error.errors()
+    first = max(errors, key=lambda e: len(e["loc"]))
     param = ""
     for part in first["loc"]:
         if isinstance(part, int):
@@ -383,8 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.max_batch < 1 or args.max_waiting < 0:
-        return report_error("--max_batch must be at least 1 and --max_waiting at least 0")
+    if args.max_batch < 1 or args.max_waiting < 1:
+        return report_error(f"--max_batch and --max_waiting must be at least 1, got {args.max_batch} and "
+                            f"{args.max_waiting}")
     try:
         path, note = locate_model(args.model_path)
     except ModelNotFound as error:

@@ -107,3 +107,15 @@ def test_without_control_strings_the_ids_are_the_templates(tokenizer, messages) 
 def test_non_string_content_is_refused(tokenizer) -> None:
     with pytest.raises(ValueError, match="must be strings"):
         encode_chatml(tokenizer, [{"role": "user", "content": 3}])
+
+
+def test_evaluate_scores_the_answer_as_text(tmp_path, tokenizer, tiny_models) -> None:
+    """evaluate.py scores every answer token: the control-token strings in an answer are ordinary targets, and the
+    one scored <|im_end|> is the real end of the turn."""
+    from eval.evaluate import evaluate_model_dir
+
+    messages = [{"role": "user", "content": "What ends a turn?"}, {"role": "assistant", "content": ANSWER_WITH_EOS}]
+    path = tmp_path / "control.jsonl"
+    path.write_text(json.dumps({"conversations": messages}) + "\n", encoding="utf-8")
+    report = evaluate_model_dir(tiny_models.sft, [str(path)], max_seq_len=128, device="cpu")
+    assert report["results"]["control"]["tokens"] == len(as_text(tokenizer, ANSWER_WITH_EOS)) + 1

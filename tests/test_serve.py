@@ -156,6 +156,8 @@ BAD_REQUESTS = [
     ("number content", {"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
     ("object content", {"messages": [{"role": "user", "content": {"text": "x"}}]}, "messages[0].content"),
     ("null content", {"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+    ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+     "messages[0].content[0].type: Input should be 'text'"),
     ("message not an object", {"messages": ["hello"]}, "messages[0]"),
     ("temperature too high", {"messages": user("x"), "temperature": 2.5}, "temperature"),
     ("temperature negative", {"messages": user("x"), "temperature": -0.1}, "temperature"),

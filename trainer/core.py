@@ -25,10 +25,10 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import GenerationConfig
 
 from dataset.atomic_io import atomic_write_text
 from dataset.chat_format import encode_chatml, encode_text
+from model.generation_defaults import saved_generation_config
 from model.model import MiniNormForCausalLM, shift_labels
 from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, resolve_dtype
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -138,9 +138,7 @@ def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
 
 def save_model_dir(model: MiniNormForCausalLM, tokenizer, out_dir: Path) -> None:
     """Write a plain HF model directory; each file is moved into place whole."""
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-        max_new_tokens=256)
+    model.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".model_", dir=out_dir))
     try:

@@ -27,6 +27,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from dataset.atomic_io import atomic_write_text
+from dataset.chat_format import encode_chatml, encode_text
 from model.generation_defaults import saved_generation_config
 from model.model import MiniNormForCausalLM, shift_labels
 from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, resolve_dtype
@@ -122,12 +123,11 @@ def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, 
 
 def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
     prompt = args.sample_prompt or DEFAULT_PROMPTS[args.task]
-    if args.task == "sft":
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-    else:
-        text = prompt
-    inputs = tokenizer(text, return_tensors="pt").to(next(model.parameters()).device)
+    # The prompt is text, whatever it contains (a --sample_prompt with "<|im_end|>" in it stays text).
+    ids = (encode_chatml(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True).input_ids
+           if args.task == "sft" else encode_text(tokenizer, prompt))
+    input_ids = torch.tensor([ids], device=next(model.parameters()).device)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
         output = model.generate(**inputs, max_new_tokens=48, do_sample=True, temperature=0.7, top_p=0.9,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -28,23 +29,35 @@ def _regular_file_mode() -> int:
     return 0o666 & ~_current_umask()
 
 
-def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
-    """Write via a unique temp file, fsync, then ``os.replace``: readers (or a second rank writing the same file)
-    see the old content or the new, never a half-written file."""
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A fresh temp file beside ``path``, for writers that open a file by name; when the block ends without an
+    error it is fsynced and ``os.replace``d onto ``path``, else removed. Readers (or a second rank writing the
+    same file) see the old content or the new, never a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            # mkstemp creates the file 0600; give it the mode a plain open() would, so others can still read it.
-            os.fchmod(f.fileno(), _regular_file_mode())
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
+        try:  # mkstemp creates the file 0600; give it the mode a plain open() would, so others can read it
+            os.fchmod(fd, _regular_file_mode())
+        finally:
+            os.close(fd)
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """Write ``lines`` to ``path`` atomically (see ``atomic_path``)."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(lines)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -48,14 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _use_template(mode: str, task: str | None, tokenizer) -> bool:
-    if mode != "auto":
-        return mode == "chat"
-    if task is not None:
-        return task == "sft"
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
 def _answer(session, text: str, stream: bool) -> None:
     def write(piece: str) -> None:
         sys.stdout.write(piece)
@@ -91,14 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(f"note: {note}", file=sys.stderr)
 
-    from model.chat_session import ChatSession, GenerationSettings
+    from model.chat_session import ChatSession, uses_chat_template
+    from model.generation import GenerationSettings
     from model.loading import load_model
 
     if args.seed is not None:
         from transformers import set_seed
         set_seed(args.seed)
     model, tokenizer = load_model(path, device=args.device, dtype=args.dtype)
-    use_template = _use_template(args.mode, model_task(path), tokenizer)
+    use_template = uses_chat_template(args.mode, model_task(path), tokenizer)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
     session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings)

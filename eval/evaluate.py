@@ -126,13 +126,16 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
                    max_new_tokens: int = SAMPLE_TOKENS) -> list[tuple[str, str]]:
     """Greedy (prompt, answer) pairs from a loaded model; SFT models (and unknown tasks) answer through the chat
     template, pretrained ones continue the text."""
-    from model.chat_session import ChatSession, GenerationSettings
+    from model.chat_session import ChatSession
+    from model.generation import GenerationEngine, GenerationSettings
 
     task = task or "sft"
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
+    engine = GenerationEngine(model, tokenizer, max_batch=1)
     pairs = []
     for prompt in prompts or FIXED_PROMPTS[task]:
-        session = ChatSession(model, tokenizer, use_template=task == "sft", history_turns=0, settings=settings)
+        session = ChatSession(model, tokenizer, use_template=task == "sft", history_turns=0, settings=settings,
+                              engine=engine)
         pairs.append((prompt, session.reply(prompt).text.strip()))
     return pairs
 

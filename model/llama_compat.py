@@ -8,6 +8,7 @@ use this mapping as an independent reference; the export tool uses it to write p
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
 import torch
@@ -22,6 +23,18 @@ _KEY_RENAMES = {
 }
 
 
+# Why each switch has no LLaMA equivalent, appended to check_llama_compatible's message by check_exportable.
+_WHY = {
+    "norm_type": "LLaMA normalizes with RMSNorm",
+    "norm_placement": "LLaMA is pre-LN: x + f(RMSNorm(x)) with a final norm",
+    "qk_norm": "LLaMA has no norm on queries and keys",
+}
+
+
+class NotLlamaCompatible(ValueError):
+    """The model's config uses a switch that LLaMA cannot express."""
+
+
 def check_llama_compatible(config: MiniNormConfig) -> None:
     """Raise ValueError naming the first switch that makes `config` something LLaMA cannot express.
 
@@ -34,6 +47,18 @@ def check_llama_compatible(config: MiniNormConfig) -> None:
                          "LLaMA needs norm_placement='pre'")
     if config.qk_norm:
         raise ValueError("qk_norm=True is not LLaMA-compatible; LLaMA needs qk_norm=False")
+
+
+def check_exportable(config: MiniNormConfig, model_path: Path, target: str) -> None:
+    """The exporters' one-line refusal: NotLlamaCompatible naming the model, the `target` format, the switch and
+    why LLaMA (and so every LLaMA-format client) cannot express it."""
+    try:
+        check_llama_compatible(config)
+    except ValueError as error:
+        message = str(error)
+        why = next((reason for switch, reason in _WHY.items() if message.startswith(switch)), None)
+        raise NotLlamaCompatible(f"cannot convert {model_path} to {target}: {message}"
+                                 + (f" ({why})" if why else "")) from None
 
 
 def to_llama_config(config: MiniNormConfig) -> LlamaConfig:

@@ -5,6 +5,7 @@ naming the command that creates a missing one, is trainer/run_dir.py's job."""
 from __future__ import annotations
 
 from pathlib import Path
+import json
 from typing import Any
 
 import torch
@@ -15,6 +16,15 @@ from dataset.tokenization import load_tokenizer
 
 # Importing any module of the `model` package runs model/__init__.py, which registers the "mininorm" type with
 # transformers' Auto classes: AutoModelForCausalLM below loads our directories.
+
+
+def config_model_type(path: Path) -> str | None:
+    """model_type in path/config.json, read as plain JSON (no config class); None when missing or unreadable."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def pick_device(device: str = "auto") -> str:

@@ -50,3 +50,21 @@ def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, k: int) ->
     compute = torch.promote_types(x.dtype, torch.float32)
     x32 = x.to(compute)
     return (x32 * rstd(x32, eps, k) * weight.to(compute)).to(x.dtype)
+
+
+def rms_norm_input_grad(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, r: torch.Tensor,
+                        k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward of y = x * r * w with respect to x, in the dtype of its (fp32 or fp64) arguments.
+
+    With xhat = x * r, g = dy * w and c = sum_j g_j * xhat_j / k:  dx = r * (g - [i < k] * xhat * c)
+    (docs/DESIGN.md). `r` is rstd with its last dim kept. Returns (dx, xhat); the weight's gradient is the sum
+    over rows of dy * xhat, which each caller reduces in its own order.
+    """
+    xhat = x * r
+    g = dy * weight
+    c = (g * xhat).sum(dim=-1, keepdim=True) / k
+    n = x.shape[-1]
+    if k == n:
+        return r * (g - xhat * c), xhat
+    in_stats = torch.arange(n, device=x.device) < k
+    return r * (g - torch.where(in_stats, xhat * c, 0.0)), xhat

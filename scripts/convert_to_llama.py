@@ -30,30 +30,11 @@ from transformers import GenerationConfig, LlamaForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from model.config import MiniNormConfig  # noqa: E402
-from model.llama_compat import check_llama_compatible, to_llama_config, to_llama_state_dict  # noqa: E402
+from model.llama_compat import NotLlamaCompatible, check_exportable, to_llama_config, to_llama_state_dict  # noqa: E402
+from model.generation_defaults import without_length_limits  # noqa: E402
+from model.loading import config_model_type  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
-
-# Why each switch has no LLaMA equivalent, appended to llama_compat's message.
-_WHY = {
-    "norm_type": "LLaMA normalizes with RMSNorm",
-    "norm_placement": "LLaMA is pre-LN: x + f(RMSNorm(x)) with a final norm",
-    "qk_norm": "LLaMA has no norm on queries and keys",
-}
-
-
-class NotLlamaCompatible(ValueError):
-    """The model's config uses a switch that LLaMA cannot express."""
-
-
-def check_exportable(config: MiniNormConfig, model_path: Path) -> None:
-    try:
-        check_llama_compatible(config)
-    except ValueError as error:
-        message = str(error)
-        why = next((reason for switch, reason in _WHY.items() if message.startswith(switch)), None)
-        raise NotLlamaCompatible(f"cannot convert {model_path} to Llama: {message}"
-                                 + (f" ({why})" if why else "")) from None
 
 
 def _patch_config_json(path: Path) -> None:
@@ -75,15 +56,6 @@ def _tokenizer_files(model_path: Path, staging: Path) -> None:
     tokenizer_config = json.loads(config_file.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_file.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
-
-
-def config_model_type(path: Path) -> str | None:
-    """model_type in path/config.json, read as plain JSON (no config class); None when missing or unreadable."""
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def check_out_dir(source: Path, out_dir: Path) -> None:
@@ -135,7 +107,7 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
         raise ValueError(f"{source} is not a MiniNorm model (model_type={model_type!r})")
     check_out_dir(source, out_dir)
     config = MiniNormConfig.from_pretrained(source)
-    check_exportable(config, source)  # before loading any weights
+    check_exportable(config, source, "Llama")  # before loading any weights
     ours = MiniNormForCausalLM.from_pretrained(source, norm_impl="eager").eval()
     llama_config = to_llama_config(ours.config)
     with torch.device("meta"):
@@ -143,8 +115,9 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     state = {key: tensor.detach().clone() for key, tensor in to_llama_state_dict(ours.state_dict()).items()}
     llama.load_state_dict(state, strict=True, assign=True)
     llama.tie_weights()
-    llama.generation_config = GenerationConfig.from_pretrained(source) if (source / "generation_config.json"
-                                                                             ).is_file() else GenerationConfig()
+    # Sampling settings come along; a length limit saved by an older trainer does not (see generation_defaults).
+    llama.generation_config = without_length_limits(GenerationConfig.from_pretrained(source)) if (
+        source / "generation_config.json").is_file() else GenerationConfig()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp", dir=out_dir.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the export is an ordinary directory

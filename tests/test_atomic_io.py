@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dataset.atomic_io import atomic_write_lines, atomic_write_text
+from dataset.atomic_io import atomic_path, atomic_write_lines, atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,6 +53,23 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
         atomic_write_lines(path, broken_lines())
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_atomic_path_for_a_writer_that_opens_the_file_itself(tmp_path, restore_umask):
+    os.umask(0o022)
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="writer failed"):
+        with atomic_path(path) as staging:
+            staging.write_bytes(b"half")
+            raise RuntimeError("writer failed")
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["model.bin"]
+    with atomic_path(path) as staging:
+        assert staging.parent == tmp_path and staging != path
+        staging.write_bytes(b"new")
+        assert path.read_bytes() == b"old"  # replaced only when the block ends
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["model.bin"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
 
 def test_importing_the_writers_does_not_import_hf_datasets():

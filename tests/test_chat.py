@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eval.chat import _use_template
-from model.chat_session import ChatSession, GenerationSettings
+from model.chat_session import ChatSession, uses_chat_template
+from model.generation import GenerationSettings
 from model.loading import load_model
 from trainer.run_dir import REPO_ROOT, ModelNotFound, locate_model, model_task, resolve_input_path, resolve_path
 
@@ -180,7 +180,7 @@ def test_history_is_dropped_oldest_first_to_fit_the_context(sft, system_prompt) 
 def test_pretrained_model_continues_plain_text(pretrained, tiny_models) -> None:
     model, tokenizer = pretrained
     assert model_task(tiny_models.pretrain) == "pretrain" and model_task(tiny_models.sft) == "sft"
-    assert not _use_template("auto", "pretrain", tokenizer) and _use_template("auto", "sft", tokenizer)
+    assert not uses_chat_template("auto", "pretrain", tokenizer) and uses_chat_template("auto", "sft", tokenizer)
     session = greedy_session(pretrained, use_template=False)
     # A document starts after an eos in packed pretraining (the tokenizer has no bos); no template, no history.
     assert session.render("The history of") == "<|im_end|>The history of"

@@ -205,19 +205,51 @@ def test_weight_gradient_is_deterministic(dtype: torch.dtype) -> None:
         assert torch.equal(a, b)
 
 
-def test_longest_row_and_limits() -> None:
+def test_longest_kernel_row_and_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    launches = []
+    kernels = rmsnorm_triton._kernels
+    monkeypatch.setattr(rmsnorm_triton, "_kernels", lambda: launches.append(1) or kernels())
     x, w, dy = torch.randn(2, MAX_N), torch.rand(MAX_N) + 0.5, torch.randn(2, MAX_N)
+    y, dx, dw = _run(x, w, 0.01, dy)
+    assert len(launches) == 2  # the widest row the kernels take: forward and backward ran in Triton
+    y_ref, dx_ref, dw_ref = _reference(x, w, 0.01, dy)
+    _assert_close(y, y_ref, 1e-5, "y")
+    _assert_close(dx, dx_ref, 1e-5, "dx")
+    _assert_close(dw, dw_ref, 1e-5, "dw")
+    with pytest.raises(ValueError, match="weight"):
+        rms_norm(torch.randn(3, 8), torch.ones(9), EPS)
+    with pytest.raises(ValueError, match="p="):
+        rms_norm(torch.randn(3, 8), torch.ones(8), EPS, 0.0)
+    with pytest.raises(ValueError, match=str(MAX_N)):  # the planners themselves never take a wider row
+        rmsnorm_triton.plan_fwd(torch.randn(1, MAX_N + 1), None, torch.ones(MAX_N + 1), EPS, 1)
+
+
+@pytest.mark.parametrize("n", [MAX_N + 1, 4 * MAX_N + 3])
+def test_rows_wider_than_the_kernel_take_the_torch_path(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Wider rows would spill on a GPU: they are computed by the PyTorch formula, in blocks of rows, with the
+    kernels' semantics (rounded h, fp32 statistics, both residual dtypes, deterministic dW)."""
+    monkeypatch.setattr(rmsnorm_triton, "_kernels", lambda: pytest.fail("a Triton kernel was launched"))
+    monkeypatch.setattr(rmsnorm_triton, "_TORCH_BLOCK_ELEMENTS", 3 * n)  # blocks of 3 rows over 7: a short last one
+    x, w, dy = torch.randn(7, n), torch.rand(n) + 0.5, torch.randn(7, n)
     y, dx, dw = _run(x, w, 0.01, dy)
     y_ref, dx_ref, dw_ref = _reference(x, w, 0.01, dy)
     _assert_close(y, y_ref, 1e-5, "y")
     _assert_close(dx, dx_ref, 1e-5, "dx")
     _assert_close(dw, dw_ref, 1e-5, "dw")
-    with pytest.raises(ValueError, match="65536"):
-        rms_norm(torch.randn(1, MAX_N + 1), torch.ones(MAX_N + 1), EPS)
-    with pytest.raises(ValueError, match="weight"):
-        rms_norm(torch.randn(3, 8), torch.ones(9), EPS)
-    with pytest.raises(ValueError, match="p="):
-        rms_norm(torch.randn(3, 8), torch.ones(8), EPS, 0.0)
+    assert torch.equal(dw, _run(x, w, 0.01, dy)[2])
+
+    xb = torch.randn(7, n, dtype=torch.bfloat16, requires_grad=True)
+    res = torch.randn(7, n, requires_grad=True)
+    wg = w.clone().requires_grad_()
+    y, h = add_rms_norm(xb, res, wg, EPS, 0.5)
+    dh = torch.randn(7, n)
+    torch.autograd.backward((y, h), (dy, dh))
+    assert y.dtype == h.dtype == torch.float32 and torch.equal(h, xb.detach().float() + res.detach())
+    y_ref, dsum_ref, dw_ref = _reference(h, w, 0.5, dy)
+    _assert_close(y, y_ref, 1e-5, "fused y")
+    _assert_close(res.grad, dsum_ref + dh.double(), 1e-5, "dresidual")
+    _assert_close(xb.grad, dsum_ref + dh.double(), TOL[torch.bfloat16], "dx")
+    _assert_close(wg.grad, dw_ref, 1e-5, "fused dw")
 
 
 @pytest.mark.parametrize("n", [96, 768, 4096])

@@ -25,9 +25,10 @@ import torch
 import yaml
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import GenerationConfig
 
 from dataset.atomic_io import atomic_write_text
+from dataset.chat_format import encode_chatml, encode_text
+from model.generation_defaults import saved_generation_config
 from model.model import MiniNormForCausalLM, shift_labels
 from trainer.args import (MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, compile_enabled,
                           resolve_dtype)
@@ -114,12 +115,11 @@ def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, 
 
 def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
     prompt = args.sample_prompt or DEFAULT_PROMPTS[args.task]
-    if args.task == "sft":
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-    else:
-        text = prompt
-    inputs = tokenizer(text, return_tensors="pt").to(next(model.parameters()).device)
+    # The prompt is text, whatever it contains (a --sample_prompt with "<|im_end|>" in it stays text).
+    ids = (encode_chatml(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True).input_ids
+           if args.task == "sft" else encode_text(tokenizer, prompt))
+    input_ids = torch.tensor([ids], device=next(model.parameters()).device)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     was_training = model.training
     model.eval()  # no dropout while sampling
     with torch.random.fork_rng(devices=[]):
@@ -133,9 +133,7 @@ def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
 
 def save_model_dir(model: MiniNormForCausalLM, tokenizer, out_dir: Path) -> None:
     """Write a plain HF model directory; each file is moved into place whole."""
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-        max_new_tokens=256)
+    model.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".model_", dir=out_dir))
     try:

@@ -21,7 +21,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from model.rmsnorm_math import rms_norm_eager, rstd
+from model.rmsnorm_math import rms_norm_eager, rms_norm_input_grad, rstd
 
 _DW_BLOCK = 32  # rows per dW partial sum
 
@@ -32,15 +32,7 @@ def _rms_norm_bwd_kernel(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     compute = torch.promote_types(x.dtype, torch.float32)
     x32, dy32 = x.to(compute), dy.to(compute)
     m, n = x32.shape
-    r = rstd(x32, eps, k)
-    xhat = x32 * r
-    g = dy32 * weight.to(compute)
-    c = (g * xhat).sum(dim=-1, keepdim=True) / k
-    if k == n:
-        dx = r * (g - xhat * c)
-    else:
-        in_stats = torch.arange(n, device=x.device) < k
-        dx = r * (g - torch.where(in_stats, xhat * c, 0.0))
+    dx, xhat = rms_norm_input_grad(dy32, x32, weight.to(compute), rstd(x32, eps, k), k)
     # Zero-pad the rows to a multiple of the block (a no-op when M already is one) so that the partial sums are a
     # plain (M / B, B, N) reduction; the row count stays symbolic, so a new M does not recompile.
     partial = F.pad(dy32 * xhat, (0, 0, 0, (-m) % _DW_BLOCK)).reshape(-1, _DW_BLOCK, n).sum(dim=1)

@@ -28,7 +28,12 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_N = 65536  # one row must fit in one program's registers (fp32 statistics over a single block)
+from model.rmsnorm_math import rms_norm_input_grad, rstd as rstd_of
+
+# The kernels hold a whole row in one program's registers. Up to 16384 elements that compiles without spills (the
+# backward's few at 16384 aside); wider rows spilled hundreds of bytes per thread on sm_90 (612 B forward and
+# 1960 B backward at 65536), so they take the PyTorch formula instead (`_rows_fwd_torch`, `_rows_bwd_torch`).
+MAX_N = 16384
 # Multiply-adds contract to FMAs (one rounding instead of two). Passed explicitly: triton 3.9 warns that its
 # default changes to off in 3.10. The interpreter ignores the option.
 FP_FUSION = True
@@ -228,7 +233,8 @@ def block_config(n: int, target: LaunchTarget, backward: bool = False,
     The interpreter runs programs one after another in numpy, so there a program takes many rows at once.
     """
     if n > MAX_N:
-        raise ValueError(f"RMSNorm row length {n} exceeds the Triton kernel's maximum of {MAX_N}")
+        raise ValueError(f"RMSNorm row length {n} exceeds the Triton kernel's maximum of {MAX_N} (wider rows take "
+                         "the PyTorch path of rms_norm_fwd / rms_norm_bwd)")
     block_n = triton.next_power_of_2(n)
     if not target.gpu:
         return block_n, max(1, min(64, 16384 // block_n)), 4
@@ -303,15 +309,59 @@ class KernelLaunch:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Rows wider than MAX_N: the same computation in PyTorch, a block of rows at a time (bounded fp32 temporaries)
+# ---------------------------------------------------------------------------------------------------------------
+
+_TORCH_BLOCK_ELEMENTS = 1 << 24  # rows per block: about 16M elements, 64 MB of fp32 per temporary
+
+
+def _row_blocks(m: int, n: int) -> range:
+    return range(0, m, max(1, _TORCH_BLOCK_ELEMENTS // n))
+
+
+def _rows_fwd_torch(x2: torch.Tensor, r2: torch.Tensor | None, weight: torch.Tensor, eps: float, k: int,
+                    y2: torch.Tensor, h2: torch.Tensor | None, rstd: torch.Tensor) -> None:
+    acc = acc_dtype(y2.dtype)
+    w = weight.to(acc)
+    step = _row_blocks(*x2.shape).step
+    for start in _row_blocks(*x2.shape):
+        rows = slice(start, start + step)
+        x = x2[rows].to(acc)
+        if r2 is not None:
+            h2[rows] = x + r2[rows].to(acc)
+            x = h2[rows].to(acc)  # normalize the rounded sum, as the kernel does
+        r = rstd_of(x, eps, k)
+        rstd[rows] = r.squeeze(-1)
+        y2[rows] = x * r * w
+
+
+def _rows_bwd_torch(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, k: int,
+                    dh2: torch.Tensor | None, dx2: torch.Tensor, dr2: torch.Tensor | None) -> torch.Tensor:
+    acc = acc_dtype(x2.dtype)
+    w = weight.to(acc)
+    dw = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+    step = _row_blocks(*x2.shape).step
+    for start in _row_blocks(*x2.shape):  # a fixed order of blocks: dW is deterministic
+        rows = slice(start, start + step)
+        dy = dy2[rows].to(acc)
+        dx, xhat = rms_norm_input_grad(dy, x2[rows].to(acc), w, rstd[rows].unsqueeze(-1), k)
+        if dh2 is not None:
+            dx += dh2[rows].to(acc)
+        dx2[rows] = dx
+        if dr2 is not None:
+            dr2[rows] = dx
+        dw += (dy * xhat).sum(dim=0)
+    return dw
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Launchers (plain tensors in, plain tensors out; the custom ops in rmsnorm_ops.py wrap these)
 # ---------------------------------------------------------------------------------------------------------------
 
-def plan_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, k: int,
-             target: LaunchTarget | None = None, tuning: LaunchTuning = DEFAULT_TUNING
-             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, KernelLaunch | None]:
-    """Allocate the forward's outputs and plan its launch (None when there is nothing to compute)."""
+def _fwd_outputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Check the forward's inputs and allocate (y, h or None, rstd)."""
     _check(x, weight)
-    n = x.shape[-1]
     if residual is not None:
         if residual.shape != x.shape or residual.device != x.device:
             raise ValueError(f"residual {tuple(residual.shape)} on {residual.device} does not match input "
@@ -319,13 +369,28 @@ def plan_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
         out_dtype = torch.promote_types(x.dtype, residual.dtype)
     else:
         out_dtype = x.dtype
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    h = torch.empty(x.shape, dtype=out_dtype, device=x.device) if residual is not None else None
+    return y, h, torch.empty(x.shape[:-1], dtype=acc_dtype(out_dtype), device=x.device)
+
+
+def _bwd_outputs(x: torch.Tensor, weight: torch.Tensor, dx_dtype: torch.dtype | None,
+                 dr_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Check the backward's inputs and allocate (dx, dr or None)."""
+    _check(x, weight)
+    dx = torch.empty(x.shape, dtype=dx_dtype or x.dtype, device=x.device)
+    return dx, torch.empty(x.shape, dtype=dr_dtype, device=x.device) if dr_dtype is not None else None
+
+
+def plan_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, k: int,
+             target: LaunchTarget | None = None, tuning: LaunchTuning = DEFAULT_TUNING
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, KernelLaunch | None]:
+    """Allocate the forward's outputs and plan its launch (None when there is nothing to compute)."""
+    y, h, rstd = _fwd_outputs(x, residual, weight)
+    n = x.shape[-1]
     block_n, block_m, num_warps = block_config(n, target or LaunchTarget.of(x.device), tuning=tuning)
     x2 = _as_rows(x)
     m = x2.shape[0]
-    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    h = torch.empty(x.shape, dtype=out_dtype, device=x.device) if residual is not None else None
-    acc = acc_dtype(out_dtype)
-    rstd = torch.empty(x.shape[:-1], dtype=acc, device=x.device)
     if m == 0 or n == 0:
         return y, h, rstd, None
     r2 = _as_rows(residual) if residual is not None else x2
@@ -336,7 +401,7 @@ def plan_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
               m, n, k,
               x2.stride(0), r2.stride(0), n, n,
               float(eps), 1.0 / k),
-        options=dict(HAS_RESIDUAL=residual is not None, PARTIAL=k < n, ACC=_tl_acc(acc),
+        options=dict(HAS_RESIDUAL=residual is not None, PARTIAL=k < n, ACC=_tl_acc(rstd.dtype),
                      BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, enable_fp_fusion=FP_FUSION),
         device=x.device)
     return y, h, rstd, launch
@@ -351,8 +416,14 @@ def rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
     With a residual, h = x + residual (fp32 add, stored in the promoted dtype) and y = norm(h) in h's dtype.
     `target` overrides the launch heuristics' view of the device (tests run GPU configurations interpreted);
-    `tuning` overrides their choices (the GPU sweep).
+    `tuning` overrides their choices (the GPU sweep). Rows wider than MAX_N take the PyTorch path.
     """
+    n = x.shape[-1]
+    if n > MAX_N:
+        y, h, rstd = _fwd_outputs(x, residual, weight)
+        _rows_fwd_torch(_as_rows(x), _as_rows(residual) if residual is not None else None, weight, eps, k,
+                        y.view(-1, n), h.view(-1, n) if h is not None else None, rstd.view(-1))
+        return y, h, rstd
     y, h, rstd, launch = plan_fwd(x, residual, weight, eps, k, target, tuning)
     if launch is not None:
         launch.run(_kernels()[0])
@@ -365,15 +436,13 @@ def plan_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torc
              tuning: LaunchTuning = DEFAULT_TUNING
              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, KernelLaunch | None]:
     """Allocate the backward's outputs (dx, dr, fp32 partial-dW buffer) and plan its launch."""
-    _check(x, weight)
+    dx, dr = _bwd_outputs(x, weight, dx_dtype, dr_dtype)
     n = x.shape[-1]
     target = target or LaunchTarget.of(x.device)
     block_n, block_m, num_warps = block_config(n, target, backward=True, tuning=tuning)
     x2, dy2 = _as_rows(x), _as_rows(dy)
     dh2 = _as_rows(dh) if dh is not None else None
     m = x2.shape[0]
-    dx = torch.empty(x.shape, dtype=dx_dtype or x.dtype, device=x.device)
-    dr = torch.empty(x.shape, dtype=dr_dtype, device=x.device) if dr_dtype is not None else None
     if m == 0 or n == 0:
         return dx, dr, None, None
     programs, rows_per_program = bwd_programs(m, block_m, target, tuning)
@@ -404,8 +473,16 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: 
 
     dh, if given, is added to dx (the gradient of the returned sum h). dr_dtype, if given, requests a second
     copy of dx in that dtype (the residual's gradient when its dtype differs from x's; with equal dtypes the
-    caller hands the one dx to both inputs). Returns (dx, dr or None, dw in weight.dtype).
+    caller hands the one dx to both inputs). Returns (dx, dr or None, dw in weight.dtype). Rows wider than MAX_N
+    take the PyTorch path.
     """
+    n = x.shape[-1]
+    if n > MAX_N:
+        dx, dr = _bwd_outputs(x, weight, dx_dtype, dr_dtype)
+        dw = _rows_bwd_torch(_as_rows(dy), _as_rows(x), weight, rstd.reshape(-1), k,
+                             _as_rows(dh) if dh is not None else None, dx.view(-1, n),
+                             dr.view(-1, n) if dr is not None else None)
+        return dx, dr, dw.to(weight.dtype)
     dx, dr, dw_partial, launch = plan_bwd(dy, x, weight, rstd, k, dh, dx_dtype, dr_dtype, target, tuning)
     if launch is None:
         dx.zero_()

@@ -1,0 +1,258 @@
+"""Export a Llama-compatible MiniNorm model as one GGUF file, for llama.cpp, Ollama, LM Studio and the like.
+
+    python scripts/convert_to_gguf.py --model_path out/sft                       # -> out/sft-f16.gguf
+    python scripts/convert_to_gguf.py --model_path out/sft --outtype q8_0 --outfile out/sft.gguf
+
+The input is a MiniNorm model directory with norm_type='rmsnorm', norm_placement='pre' and qk_norm=False (any
+other config gets the Llama export's one-line refusal), or a Llama directory written by convert_to_llama.py.
+The file is written with the `gguf` package (llama.cpp's own writer): LLaMA architecture metadata, every tensor
+under llama.cpp's name, the byte-level BPE tokenizer as llama.cpp's `gpt2` model with the `gpt-2`
+pre-tokenizer (our split pattern is GPT-2's), eos `<|im_end|>`, no token added in front of a prompt, and the
+ChatML chat template. docs/gguf.md shows llama.cpp and Ollama using it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from the repo root or from scripts/
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+from typing import Any, NamedTuple  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+
+from dataset.atomic_io import atomic_path  # noqa: E402
+from model.config import MiniNormConfig  # noqa: E402
+from model.llama_compat import NotLlamaCompatible, check_exportable, to_llama_config, to_llama_state_dict  # noqa: E402
+from model.loading import config_model_type, load_model  # noqa: E402
+from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
+
+INSTALL_HINT = "the GGUF export needs the gguf package: pip install -r requirements.txt (or pip install gguf==0.19.0)"
+OUT_TYPES = ("f32", "f16", "bf16", "q8_0")
+GGUF_MAGIC = b"GGUF"
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise ValueError(INSTALL_HINT) from None
+    return gguf
+
+
+def default_outfile(model_dir: Path, outtype: str) -> Path:
+    """out/<model directory name>-<outtype>.gguf, under the repo root."""
+    return resolve_path(f"out/{model_dir.name}-{outtype}.gguf")
+
+
+def check_outfile(outfile: Path) -> None:
+    """Refuse to replace anything but an earlier GGUF file."""
+    if outfile.is_dir():
+        raise ValueError(f"--outfile {outfile} is a folder; name the .gguf file to write")
+    if outfile.exists():
+        with open(outfile, "rb") as f:
+            if f.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+                raise ValueError(f"--outfile {outfile} exists and is not a GGUF file; not replacing it")
+
+
+def _check_llama_dir(config: LlamaConfig, model_dir: Path) -> None:
+    """A Llama directory must be one that the plain LLaMA graph of llama.cpp computes exactly."""
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    problems = {"attention_bias": config.attention_bias, "mlp_bias": config.mlp_bias,
+                "hidden_act": config.hidden_act != "silu", "rope_type": rope_type != "default"}
+    bad = [name for name, is_bad in problems.items() if is_bad]
+    if bad:
+        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: {bad[0]}={getattr(config, bad[0], rope_type)!r}"
+                                 " is not what a MiniNorm Llama export has (no biases, silu, default RoPE)")
+
+
+def load_llama_weights(model_dir: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], Any]:
+    """(LlamaConfig, float32 state dict under transformers' Llama key names, tokenizer) of a MiniNorm model or a
+    Llama export. The config is checked before any weight is loaded."""
+    model_type = config_model_type(model_dir)
+    if model_type == MiniNormConfig.model_type:
+        check_exportable(MiniNormConfig.from_pretrained(model_dir), model_dir, "GGUF")
+    elif model_type == "llama":
+        _check_llama_dir(LlamaConfig.from_pretrained(model_dir), model_dir)
+    else:
+        raise ValueError(f"{model_dir} is not a MiniNorm model or a Llama export (model_type={model_type!r})")
+    model, tokenizer = load_model(model_dir, device="cpu", dtype="float32")
+    if model_type == "llama":
+        return model.config, dict(model.state_dict()), tokenizer
+    return to_llama_config(model.config), to_llama_state_dict(model.state_dict()), tokenizer
+
+
+def rope_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """q_proj / k_proj rows reordered for llama.cpp's LLaMA RoPE.
+
+    transformers rotates each head's first half against its second half (x_i with x_{i+d/2}); llama.cpp's
+    LLaMA graph rotates adjacent pairs (x_{2i} with x_{2i+1}). Moving row i of each half to position 2i and
+    row i + d/2 to 2i + 1 gives the same attention scores.
+    """
+    rows, columns = weight.shape
+    head_dim = rows // n_heads
+    return weight.reshape(n_heads, 2, head_dim // 2, columns).transpose(1, 2).reshape(rows, columns)
+
+
+def tensor_type(gguf: Any, shape: tuple[int, ...], outtype: str):
+    """The GGML type a tensor is stored in: norms (1-D) always f32, as llama.cpp expects; q8_0 needs rows that
+    are whole 32-element blocks (others fall back to f16)."""
+    types = gguf.GGMLQuantizationType
+    if len(shape) == 1 or outtype == "f32":
+        return types.F32
+    if outtype == "q8_0":
+        block = gguf.GGML_QUANT_SIZES[types.Q8_0][0]
+        return types.Q8_0 if shape[-1] % block == 0 else types.F16
+    return {"f16": types.F16, "bf16": types.BF16}[outtype]
+
+
+class GGUFTensor(NamedTuple):
+    name: str                # llama.cpp's name, e.g. blk.0.attn_q.weight
+    shape: tuple[int, ...]   # as in torch (rows, columns)
+    data: np.ndarray         # as stored: float32 / float16 / bf16 bits / q8_0 blocks
+    qtype: Any               # gguf.GGMLQuantizationType
+
+
+def gguf_tensors(gguf: Any, config: LlamaConfig, state: dict[str, torch.Tensor], outtype: str
+                 ) -> list[GGUFTensor]:
+    """(GGUF name, data as written, GGML type) for every weight; a tied LM head is not written (llama.cpp reuses
+    token_embd, as transformers does)."""
+    names = gguf.TensorNameMap(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    tensors = []
+    for key, value in state.items():
+        if key == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ValueError(f"no GGUF name for the weight {key!r} (LLaMA architecture)")
+        value = value.detach().float()
+        if key.endswith("self_attn.q_proj.weight"):
+            value = rope_interleaved(value, config.num_attention_heads)
+        elif key.endswith("self_attn.k_proj.weight"):
+            value = rope_interleaved(value, config.num_key_value_heads)
+        qtype = tensor_type(gguf, tuple(value.shape), outtype)
+        tensors.append(GGUFTensor(name, tuple(value.shape), gguf.quants.quantize(value.numpy(), qtype), qtype))
+    return tensors
+
+
+def vocabulary(gguf: Any, tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
+    """Token strings (byte-level BPE spelling, as in tokenizer.json) and llama.cpp token types, by id; ids the
+    tokenizer lacks (a padded embedding) become unused [PAD<id>] entries."""
+    by_id = {token_id: token for token, token_id in tokenizer.get_vocab().items()}
+    added = tokenizer.added_tokens_decoder  # id -> AddedToken
+    tokens, types = [], []
+    for token_id in range(vocab_size):
+        if token_id not in by_id:
+            tokens.append(f"[PAD{token_id}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif token_id in added:
+            tokens.append(added[token_id].content)
+            types.append(gguf.TokenType.CONTROL if added[token_id].special else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(by_id[token_id])
+            types.append(gguf.TokenType.NORMAL)
+    return tokens, types
+
+
+def _file_type(gguf: Any, outtype: str):
+    kinds = gguf.LlamaFileType
+    return {"f32": kinds.ALL_F32, "f16": kinds.MOSTLY_F16, "bf16": kinds.MOSTLY_BF16, "q8_0": kinds.MOSTLY_Q8_0}[
+        outtype]
+
+
+def write_gguf(gguf: Any, path: Path, name: str, model_dir: Path, config: LlamaConfig, tokenizer,
+               tensors: list[GGUFTensor], outtype: str) -> None:
+    logical_shapes = {tensor.name: tensor.shape for tensor in tensors}
+    writer = gguf.GGUFWriter(path, arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(name)
+    parameters = sum(int(np.prod(shape)) for shape in logical_shapes.values())
+    writer.add_size_label(gguf.size_label(parameters, 0, 0, 0))  # "4.5M": a tied head is counted once
+    writer.add_file_type(_file_type(gguf, outtype))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+
+    tokens, types = vocabulary(gguf, tokenizer, config.vocab_size)
+    writer.add_tokenizer_model("gpt2")  # llama.cpp's name for byte-level BPE
+    writer.add_tokenizer_pre("gpt-2")  # the split regex; ours is GPT-2's (tests/test_gguf.py checks)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(gguf.SpecialVocab(model_dir, load_merges=True).merges)
+    eos = tokenizer.eos_token_id
+    writer.add_eos_token_id(eos)
+    # The tokenizer has no bos: in packed pretraining every document follows an <|im_end|>, so that is this
+    # model's "start of text". Naming it keeps llama.cpp from its gpt2 default (id 11, an ordinary token here);
+    # nothing is ever added in front of a prompt.
+    writer.add_bos_token_id(eos)
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+    for setter, token_id in ((writer.add_pad_token_id, tokenizer.pad_token_id),
+                             (writer.add_unk_token_id, tokenizer.unk_token_id)):
+        if token_id is not None:
+            setter(token_id)
+    if tokenizer.chat_template:
+        writer.add_chat_template(tokenizer.chat_template)
+
+    for tensor in tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def convert_to_gguf(model_path: str | Path | None = None, outfile: str | Path | None = None,
+                    outtype: str = "f16", name: str | None = None) -> Path:
+    """Write the GGUF file; returns its path. Raises NotLlamaCompatible / ModelNotFound / ValueError."""
+    if outtype not in OUT_TYPES:
+        raise ValueError(f"--outtype {outtype!r} is not one of {', '.join(OUT_TYPES)}")
+    gguf = _gguf()
+    model_dir = locate_model(model_path)[0].resolve()
+    out = (resolve_path(outfile) if outfile is not None else default_outfile(model_dir, outtype)).resolve()
+    check_outfile(out)
+    config, state, tokenizer = load_llama_weights(model_dir)
+    tensors = gguf_tensors(gguf, config, state, outtype)
+    with atomic_path(out) as staging:
+        write_gguf(gguf, staging, name or f"MiniNorm {model_dir.name}", model_dir, config, tokenizer, tensors,
+                   outtype)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Export a Llama-compatible MiniNorm model as a GGUF file")
+    parser.add_argument("--model_path", default=None,
+                        help="MiniNorm model directory or its Llama export (default: out/sft, else out/pretrain)")
+    parser.add_argument("--outfile", default=None, help="the .gguf file (default: out/<model dir>-<outtype>.gguf)")
+    parser.add_argument("--outtype", default="f16", choices=OUT_TYPES,
+                        help="matrix storage (default: f16); norms stay f32. f32 is exact; q8_0 falls back to f16 "
+                             "for rows that are not whole 32-element blocks")
+    parser.add_argument("--name", default=None, help="general.name in the file (default: MiniNorm <model dir>)")
+    args = parser.parse_args(argv)
+    try:
+        out = convert_to_gguf(args.model_path, args.outfile, args.outtype, args.name)
+    except (ModelNotFound, NotLlamaCompatible, ValueError) as error:
+        return report_error(error)
+    print(f"wrote {out} ({args.outtype}, {out.stat().st_size / 2**20:.1f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,205 @@
+"""scripts/convert_to_gguf.py: the GGUF file, read back with the `gguf` reader, holds exactly the model directory's
+tensors (the safetensors file, read on its own) and its tokenizer, under llama.cpp's LLaMA names and metadata."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import regex
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+from safetensors.numpy import load_file
+
+from scripts.convert_to_gguf import convert_to_gguf, main, tensor_type
+from scripts.convert_to_llama import convert_to_llama
+
+OUT_TYPES = ("f32", "f16", "bf16", "q8_0")
+FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # llama.cpp's LLAMA_FTYPE_* numbers
+# GPT-2's split pattern, which llama.cpp's "gpt-2" pre-tokenizer applies.
+GPT2_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+TEXTS = ("Hello world! It's 2026, isn't it?", "北京是中华人民共和国的首都。", "emoji 🙂👍🏽 and  two  spaces\n\nnew",
+         "numbers 3.14159 1234567 -42", "<|im_start|>user\nHi<|im_end|>\n")
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    return {outtype: convert_to_gguf(tiny_models.pretrain, root / f"tiny-{outtype}.gguf", outtype)
+            for outtype in OUT_TYPES}
+
+
+def _field(reader: GGUFReader, key: str):
+    return reader.fields[key].contents()
+
+
+def _expected_tensors(model_dir, config) -> dict[str, np.ndarray]:
+    """The GGUF name and float32 value of every weight, from model.safetensors and llama.cpp's conventions as
+    written out here: its tensor names, and RoPE on adjacent pairs (so within each head, row i of the first half
+    goes to row 2i and row i of the second half to row 2i + 1)."""
+    weights = load_file(str(model_dir / "model.safetensors"))
+    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "attn_norm": "attn_norm", "mlp_norm": "ffn_norm"}
+    expected = {"token_embd.weight": weights.pop("model.embed_tokens.weight"),
+                "output_norm.weight": weights.pop("model.norm.weight")}
+    if "lm_head.weight" in weights:  # tied: the same matrix, which llama.cpp takes from token_embd
+        np.testing.assert_array_equal(weights.pop("lm_head.weight"), expected["token_embd.weight"])
+    for key, value in weights.items():
+        _, _, layer, rest = key.split(".", 3)
+        module = rest.removesuffix(".weight")
+        if module.split(".")[-1] in heads:
+            n_heads = heads[module.split(".")[-1]]
+            head_dim = value.shape[0] // n_heads
+            order = [h * head_dim + half * head_dim // 2 + i
+                     for h in range(n_heads) for i in range(head_dim // 2) for half in (0, 1)]
+            value = value[order]
+        expected[f"blk.{layer}.{names[module]}.weight"] = value
+    return {name: value.astype(np.float32) for name, value in expected.items()}
+
+
+@pytest.mark.parametrize("outtype", OUT_TYPES)
+def test_every_tensor_equals_the_safetensors(tiny_models, gguf_files, outtype) -> None:
+    config = json.loads((tiny_models.pretrain / "config.json").read_text())
+    expected = _expected_tensors(tiny_models.pretrain, config)
+    reader = GGUFReader(gguf_files[outtype])
+    assert sorted(t.name for t in reader.tensors) == sorted(expected)  # no output.weight: the head is tied
+    assert _field(reader, "general.file_type") == FILE_TYPES[outtype]
+    for tensor in reader.tensors:
+        want = expected[tensor.name]
+        assert list(tensor.shape) == list(want.shape[::-1])  # GGML lists dimensions fastest first
+        if want.ndim == 1 or outtype == "f32":  # norms are always f32; everything is exact
+            assert tensor.tensor_type == GGMLQuantizationType.F32
+            np.testing.assert_array_equal(tensor.data, want, err_msg=tensor.name)
+        elif outtype == "f16":
+            assert tensor.tensor_type == GGMLQuantizationType.F16
+            np.testing.assert_array_equal(tensor.data, want.astype(np.float16), err_msg=tensor.name)
+        elif outtype == "bf16":  # round to nearest even, as torch rounds
+            assert tensor.tensor_type == GGMLQuantizationType.BF16
+            bits = torch.from_numpy(want).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            np.testing.assert_array_equal(tensor.data.view(np.uint16), bits, err_msg=tensor.name)
+        else:  # q8_0: blocks of 32 int8 values times one scale, max |x| / 127 stored as f16, so each value is
+            # within half a step, plus up to 127 times the scale's f16 rounding (2^-11 relative): < 0.6 steps
+            assert tensor.tensor_type == GGMLQuantizationType.Q8_0
+            got = dequantize(tensor.data, tensor.tensor_type).reshape(want.shape)
+            step = np.abs(want.reshape(-1, 32)).max(axis=1, keepdims=True) / 127
+            assert (np.abs(got - want).reshape(-1, 32) <= step * 0.6).all(), tensor.name
+            assert np.abs(got - want).max() > 0  # really quantized
+
+
+def test_llama_metadata_equals_the_config(tiny_models, gguf_files) -> None:
+    config = json.loads((tiny_models.pretrain / "config.json").read_text())
+    reader = GGUFReader(gguf_files["f32"])
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    expected = {
+        "general.architecture": "llama", "llama.vocab_size": config["vocab_size"],
+        "llama.context_length": config["max_position_embeddings"],
+        "llama.embedding_length": config["hidden_size"], "llama.block_count": config["num_hidden_layers"],
+        "llama.feed_forward_length": config["intermediate_size"],
+        "llama.attention.head_count": config["num_attention_heads"],
+        "llama.attention.head_count_kv": config["num_key_value_heads"],
+        "llama.attention.key_length": head_dim, "llama.attention.value_length": head_dim,
+        "llama.rope.dimension_count": head_dim,
+        "llama.rope.freq_base": np.float32(config["rope_theta"]),
+        "llama.attention.layer_norm_rms_epsilon": np.float32(config["norm_eps"]),
+    }
+    assert {key: _field(reader, key) for key in expected} == expected
+
+
+def test_tokenizer_metadata_equals_the_tokenizer_files(tiny_models, gguf_files) -> None:
+    model_dir = tiny_models.pretrain
+    tokenizer_json = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    template_file = model_dir / "chat_template.jinja"
+    template = (template_file.read_text(encoding="utf-8") if template_file.is_file() else
+                json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"])
+    reader = GGUFReader(gguf_files["f16"])
+
+    vocab = dict(tokenizer_json["model"]["vocab"])
+    specials = {token["content"]: token["id"] for token in tokenizer_json["added_tokens"] if token["special"]}
+    vocab.update(specials)
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    assert tokens == [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    types = _field(reader, "tokenizer.ggml.token_type")
+    assert [i for i, kind in enumerate(types) if kind == 3] == sorted(specials.values())  # CONTROL
+    assert set(types) == {1, 3}  # the rest NORMAL
+    merges = tokenizer_json["model"]["merges"]
+    assert not any(" " in part for pair in merges for part in pair)  # else GGUF would need to escape them
+    assert _field(reader, "tokenizer.ggml.merges") == [" ".join(pair) for pair in merges]
+
+    assert _field(reader, "tokenizer.ggml.model") == "gpt2" and _field(reader, "tokenizer.ggml.pre") == "gpt-2"
+    im_end = specials["<|im_end|>"]
+    assert _field(reader, "tokenizer.ggml.eos_token_id") == im_end == 2
+    assert _field(reader, "tokenizer.ggml.bos_token_id") == im_end  # named, never added:
+    assert _field(reader, "tokenizer.ggml.add_bos_token") is False
+    assert _field(reader, "tokenizer.ggml.add_eos_token") is False
+    assert _field(reader, "tokenizer.ggml.padding_token_id") == specials["<|endoftext|>"]
+    assert _field(reader, "tokenizer.chat_template") == template
+
+
+def test_our_split_is_gpt2s(tokenizer) -> None:
+    """Why "gpt-2" is the right pre-tokenizer for llama.cpp: our tokenizer cuts text where GPT-2's pattern does,
+    with no prefix space (tests/test_llama_cpp.py then checks llama.cpp's token ids themselves)."""
+    pre_tokenizer = tokenizer.backend_tokenizer.pre_tokenizer
+    for text in TEXTS:
+        pieces = [text[start:end] for _, (start, end) in pre_tokenizer.pre_tokenize_str(text)]
+        assert pieces == GPT2_SPLIT.findall(text), text
+
+
+def test_a_llama_export_gives_the_same_tensors(tiny_models, gguf_files, tmp_path) -> None:
+    llama_dir = convert_to_llama(tiny_models.pretrain, tmp_path / "llama")
+    from_export = GGUFReader(convert_to_gguf(llama_dir, tmp_path / "from-llama.gguf", "f16"))
+    from_ours = GGUFReader(gguf_files["f16"])
+    names_and_types = [[(t.name, t.tensor_type) for t in reader.tensors] for reader in (from_export, from_ours)]
+    assert names_and_types[0] == names_and_types[1]
+    for ours, theirs in zip(from_ours.tensors, from_export.tensors):
+        assert ours.data.tobytes() == theirs.data.tobytes(), ours.name
+    assert _field(from_export, "tokenizer.ggml.tokens") == _field(from_ours, "tokenizer.ggml.tokens")
+
+
+def test_q8_0_falls_back_to_f16_for_rows_that_are_not_whole_blocks() -> None:
+    import gguf
+
+    assert tensor_type(gguf, (64, 96), "q8_0") == GGMLQuantizationType.Q8_0
+    assert tensor_type(gguf, (64, 48), "q8_0") == GGMLQuantizationType.F16
+    assert tensor_type(gguf, (64,), "q8_0") == GGMLQuantizationType.F32
+
+
+def _refused(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    return error
+
+
+def test_post_ln_model_is_refused_like_the_llama_export(tiny_models, tmp_path, capsys) -> None:
+    out = tmp_path / "post.gguf"
+    error = _refused(capsys, "--model_path", str(tiny_models.post_ln), "--outfile", str(out))
+    assert error.startswith(f"error: cannot convert {tiny_models.post_ln} to GGUF: norm_placement='post'")
+    assert "pre-LN" in error and not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_is_not_gguf_is_not_replaced(tiny_models, tmp_path, capsys) -> None:
+    out = tmp_path / "notes.gguf"
+    out.write_text("keep me")
+    error = _refused(capsys, "--model_path", str(tiny_models.pretrain), "--outfile", str(out))
+    assert "is not a GGUF file" in error and out.read_text() == "keep me"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.gguf"]
+
+
+def test_an_earlier_gguf_is_replaced(tiny_models, gguf_files, tmp_path, capsys) -> None:
+    out = tmp_path / "model.gguf"
+    out.write_bytes(gguf_files["f32"].read_bytes())
+    assert main(["--model_path", str(tiny_models.pretrain), "--outfile", str(out), "--outtype", "q8_0"]) == 0
+    assert _field(GGUFReader(out), "general.file_type") == FILE_TYPES["q8_0"]
+    assert [p.name for p in tmp_path.iterdir()] == ["model.gguf"]  # no temp file left
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_missing_gguf_package_is_a_one_line_install_hint(tiny_models, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
+    error = _refused(capsys, "--model_path", str(tiny_models.pretrain), "--outfile", str(tmp_path / "x.gguf"))
+    assert "pip install" in error and "gguf" in error

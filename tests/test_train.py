@@ -110,6 +110,20 @@ def test_compile_matches_eager_evaluates_and_samples(train_data, reference_run, 
     assert sorted(p.name for p in (out_dir / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
 
 
+@pytest.mark.parametrize(("max_steps", "compiled"), [(999, False), (1000, True)])
+def test_compile_auto_compiles_long_runs_only(train_data, tmp_path, max_steps, compiled):
+    """--compile auto: the one-time compile (tens of seconds on a CPU) is paid from 1000 optimizer steps on; a
+    shorter run stays eager. Only the trainer is built (compiling happens at the first forward)."""
+    from trainer.core import Trainer
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    argv = pretrain_argv(train_data, tmp_path / "run", "--compile", "auto", "--max_steps", str(max_steps))
+    trainer = Trainer(parse_args("pretrain", argv))
+    assert trainer.compiled is compiled
+    assert hasattr(trainer.unwrapped, "_compiled_call_impl") and (trainer.unwrapped._compiled_call_impl is not None) \
+        is compiled
+
+
 def test_held_out_split_is_by_document(tokenizer, tmp_path):
     """--data_path without --val_data_path: whole documents are held out. Each document here repeats one word that
     is a single token of its own, so every token tells its document: none may be on both sides."""

@@ -235,8 +235,14 @@ def resolve_dtype(dtype: str) -> str:
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
 
 
-def compile_enabled(mode: str, device) -> bool:
-    """Whether `--compile auto|on|off` compiles the model on `device` (a torch.device). auto: off for now."""
+# Whole-model compile costs a one-time 25-55 s on our 2-core CPUs and saves 10-50% of every step after it
+# (docs/benchmarks.md): it pays once a run is long enough, and short runs (smoke tests, tests) stay eager.
+COMPILE_AUTO_MIN_STEPS = 1000
+
+
+def compile_enabled(mode: str, total_steps: int) -> bool:
+    """Whether `--compile auto|on|off` compiles the model for a run of `total_steps` optimizer steps. auto: on
+    from COMPILE_AUTO_MIN_STEPS steps, on any device."""
     if mode != "auto":
         return mode == "on"
-    return False
+    return total_steps >= COMPILE_AUTO_MIN_STEPS

@@ -189,9 +189,6 @@ class Trainer:
         (self.model, self.optimizer, self.train_loader) = self.accelerator.prepare(
             self.model, self.optimizer, self.data.train_loader)
         self.unwrapped = self.accelerator.unwrap_model(self.model)
-        self.compiled = compile_enabled(args.compile, self.accelerator.device)
-        if self.compiled:
-            self.unwrapped.compile()  # in place: same module, same state_dict keys, so checkpoints do not care
         # Validation shards are padded to equal length with samples that carry no target, so that every process
         # runs the same number of forward passes (a collective under FSDP) and no sample counts twice.
         self.val_loader = shard_loader(self.data.val_loader, self.accelerator.process_index, self.world)
@@ -202,6 +199,9 @@ class Trainer:
             raise ValueError(f"one optimizer step needs {self.global_batch} samples, the training set has "
                              f"{len(self.data.train)}; lower --batch_size or --accumulation_steps")
         self.total_steps = self._total_steps()
+        self.compiled = compile_enabled(args.compile, self.total_steps)
+        if self.compiled:
+            self.unwrapped.compile()  # in place: same module, same state_dict keys, so checkpoints do not care
         self.scheduler = self.accelerator.prepare(warmup_cosine(
             self.optimizer, min(args.warmup_steps, self.total_steps), self.total_steps, args.min_lr_ratio))
         self.token_bytes = token_byte_lengths(self.tokenizer)

@@ -112,6 +112,35 @@ def tiny_models(tmp_path_factory, tokenizer) -> TinyModels:
         sft_data=sft_data, pretrain_data=pretrain_data)
 
 
+# ---------------------------------------------------------------- tiny training runs (trainer tests)
+@pytest.fixture(scope="session")
+def train_data(tmp_path_factory) -> Path:
+    """pretrain.jsonl and sft.jsonl (uneven answer lengths) for tiny trainer runs (tests/training_runs.py)."""
+    from tests.training_runs import write_train_data
+
+    return write_train_data(tmp_path_factory.mktemp("train_data"))
+
+
+@pytest.fixture(scope="session")
+def reference_run(train_data, tmp_path_factory) -> Path:
+    """8 optimizer steps, batch 4, one process, no dropout: the curve other pretraining runs must reproduce."""
+    from tests.training_runs import pretrain_argv, run_in_process
+
+    out_dir = tmp_path_factory.mktemp("reference")
+    run_in_process("pretrain", pretrain_argv(train_data, out_dir, "--batch_size", "4"))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def sft_reference_run(train_data, reference_run, tmp_path_factory) -> Path:
+    """SFT of the reference run on the uneven conversations, batch 4, one process."""
+    from tests.training_runs import run_in_process, sft_argv
+
+    out_dir = tmp_path_factory.mktemp("sft_reference")
+    run_in_process("sft", sft_argv(train_data, reference_run, out_dir, "--batch_size", "4"))
+    return out_dir
+
+
 # ---------------------------------------------------------------- live servers (scripts/serve.py) on free local ports
 def free_port() -> int:
     import socket

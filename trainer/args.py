@@ -19,6 +19,7 @@ from model.config import PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormT
 from trainer.run_dir import DEFAULT_OUT_DIRS, TASKS, resolve_path
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+COMPILE_MODES = ("auto", "on", "off")
 
 # Model config fields exposed as flags, with their types and (for switches) allowed values.
 MODEL_FIELDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
@@ -62,6 +63,8 @@ class TrainArgs:
     grad_clip: float = 1.0
     max_seq_len: int = 256
     dtype: str = "auto"                   # auto: see resolve_dtype
+    compile: str = "auto"                 # the whole model under torch.compile; auto: see compile_enabled
+    gradient_checkpointing: bool = False  # recompute each block in the backward: less activation memory
     seed: int = 42
     # Logging, evaluation, checkpoints.
     log_interval: int = 10
@@ -138,6 +141,8 @@ def _validate(args: TrainArgs) -> None:
         raise bad("task", args.task, f"choose one of {TASKS}")
     if args.dtype not in DTYPES:
         raise bad("dtype", args.dtype, f"choose one of {', '.join(DTYPES)}")
+    if args.compile not in COMPILE_MODES:
+        raise bad("compile", args.compile, f"choose one of {', '.join(COMPILE_MODES)}")
     if args.preset not in PRESETS:
         raise bad("preset", args.preset, f"choose one of {', '.join(PRESETS)}")
     for name in ("epochs", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
@@ -228,3 +233,16 @@ def resolve_dtype(dtype: str) -> str:
     if torch.cuda.is_available():
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
+
+
+# Whole-model compile costs a one-time 25-55 s on our 2-core CPUs and saves 10-50% of every step after it
+# (docs/benchmarks.md): it pays once a run is long enough, and short runs (smoke tests, tests) stay eager.
+COMPILE_AUTO_MIN_STEPS = 1000
+
+
+def compile_enabled(mode: str, total_steps: int) -> bool:
+    """Whether `--compile auto|on|off` compiles the model for a run of `total_steps` optimizer steps. auto: on
+    from COMPILE_AUTO_MIN_STEPS steps, on any device."""
+    if mode != "auto":
+        return mode == "on"
+    return total_steps >= COMPILE_AUTO_MIN_STEPS

@@ -18,7 +18,13 @@ from typing import Any
 from accelerate import Accelerator
 
 from dataset.atomic_io import atomic_write_text
+from trainer.args import TrainArgs
 from trainer.run_dir import STATE_FILE, checkpoint_name, checkpoint_step
+
+# Flags that decide which samples the training set holds and in which order: a checkpoint's data position means
+# nothing under other values, so resuming with a different one is refused. (--batch_size, --accumulation_steps and
+# the number of processes only group the same sample order differently: the position, counted in samples, maps.)
+DATA_ORDER_FLAGS = ("max_seq_len", "seed", "val_fraction")
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -55,10 +61,47 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
     return final
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path) -> dict[str, Any]:
-    """Restore model, optimizer, scheduler and RNG states; return the trainer state saved with them."""
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """The trainer state saved with a checkpoint (step, data position, config, data identity)."""
     state_file = path / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"--resume {path}: not a complete checkpoint (no {STATE_FILE})")
-    accelerator.load_state(str(path))
     return json.loads(state_file.read_text())
+
+
+def saved_position(state: dict[str, Any]) -> tuple[int, int]:
+    """(epoch, samples of that epoch's order already trained on, over all processes) of a trainer state."""
+    if "samples_done_in_epoch" not in state:
+        raise ValueError("the checkpoint was written by an older MiniNorm that counted its data position in "
+                         "per-process batches; it cannot be resumed exactly, start a new run")
+    return state["epoch"], state["samples_done_in_epoch"]
+
+
+def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, data: dict[str, Any]) -> None:
+    """Refuse, in one line naming the flag with its old and new value, to resume where the data position would
+    not map exactly: other data, another --max_seq_len, --seed or --val_fraction."""
+    saved = state.get("config", {})
+    for flag in DATA_ORDER_FLAGS:
+        old, new = saved.get(flag), getattr(args, flag)
+        if old is not None and old != new:
+            raise ValueError(f"--resume {path.name}: --{flag} was {old} there and is {new} now; the saved data "
+                             f"position is only valid for the same samples in the same order (resume with "
+                             f"--{flag} {old}, or start a new run)")
+    old_data = state.get("data")
+    same = old_data is None or {k: v for k, v in old_data.items() if k != "path"} == {
+        k: v for k, v in data.items() if k != "path"}
+    if not same:
+        raise ValueError(f"--resume {path.name}: --data_path was {_describe(old_data)} there and is "
+                         f"{_describe(data)} now; the saved data position is only valid for the same training "
+                         f"data (resume with the same file, or start a new run)")
+
+
+def _describe(data: dict[str, Any]) -> str:
+    return f"{data['path']} ({data['train_samples']} training samples, {data['tokens']} tokens)"
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path) -> dict[str, Any]:
+    """Restore model, optimizer, scheduler and RNG states; return the trainer state saved with them."""
+    state = read_trainer_state(path)
+    accelerator.load_state(str(path))
+    return state

@@ -36,7 +36,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "pretrain": {"max_steps": 200, "warmup_steps": 30},
     "sft": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
     "lora": {"max_steps": 120, "learning_rate": 2e-3, "warmup_steps": 10, "weight_decay": 0.0},
-    "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 1e-5, "warmup_steps": 10, "weight_decay": 0.0},
+    "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0},
 }
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {

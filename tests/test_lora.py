@@ -179,6 +179,22 @@ def test_resume_continues_the_uninterrupted_run(task, train_data, tiny_models, t
     assert len(train_losses(whole)) == 6 and train_losses(resumed) == train_losses(whole)[3:]
 
 
+def test_resume_with_another_adapter_shape_is_refused(train_data, tiny_models, tmp_path, capsys):
+    from trainer.core import main
+
+    whole = tmp_path / "whole"
+    run_in_process("lora", finetune_argv("lora", train_data, tiny_models.sft, whole, "--save_interval", "3"))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main("lora", finetune_argv("lora", train_data, tiny_models.sft, tmp_path / "resumed", "--lora_rank", "4",
+                                       "--resume", str(whole / "checkpoints" / "step_00000003")))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert exit_info.value.code == 2
+    assert "error: --resume step_00000003: --lora_rank was 8 there and is 4 now" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--lora_targets", "q_proj,lm_head"], "--lora_targets='q_proj,lm_head': 'lm_head' is not a projection"),
     (["--lora_rank", "0"], "--lora_rank=0 is not allowed"),

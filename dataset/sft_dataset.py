@@ -23,7 +23,7 @@ from datasets import Features, List, Value
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from dataset.chat_format import check_chatml_tokenizer, encode_chatml_batch
+from dataset.chat_format import ChatEncoding, check_chatml_tokenizer, encode_chatml_batch
 from dataset.jsonl import load_jsonl
 
 IGNORE_INDEX = -100
@@ -37,11 +37,44 @@ SAMPLE_FEATURES = Features(
 )
 
 
+def assistant_labels(encoding: ChatEncoding, final_answer_only: bool = False) -> list[int]:
+    """The labels of an encoded conversation: its ids on assistant tokens (each assistant message's content and
+    closing <|im_end|>), -100 elsewhere. `final_answer_only`: on the last assistant message's tokens only (what a
+    preference pair's two answers differ in); earlier turns are prompt."""
+    learned = encoding.assistant
+    if final_answer_only:
+        # Assistant messages are separated by their headers (never learned), so the last run of learned tokens is
+        # the last assistant message.
+        end = len(learned)
+        while end and not learned[end - 1]:
+            end -= 1
+        start = end
+        while start and learned[start - 1]:
+            start -= 1
+        learned = [start <= index < end for index in range(len(learned))]
+    return [token if is_learned else IGNORE_INDEX for token, is_learned in zip(encoding.input_ids, learned)]
+
+
+def collate_rows(rows: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad rows of ``input_ids`` and ``labels``: ``input_ids`` with the pad id, ``labels`` with -100, plus
+    ``attention_mask``."""
+    width = max(len(item["input_ids"]) for item in rows)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, item in enumerate(rows):
+        n = len(item["input_ids"])
+        input_ids[row, :n] = item["input_ids"]
+        labels[row, :n] = item["labels"]
+        attention_mask[row, :n] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
 def _encode_conversations(batch: dict, tokenizer: PreTrainedTokenizerBase, max_seq_len: int) -> dict:
     out: dict[str, list] = {name: [] for name in SAMPLE_FEATURES}
     for encoding in encode_chatml_batch(tokenizer, batch["conversations"]):
         ids = encoding.input_ids
-        labels = [token if learned else IGNORE_INDEX for token, learned in zip(ids, encoding.assistant)][:max_seq_len]
+        labels = assistant_labels(encoding)[:max_seq_len]
         supervised = sum(label != IGNORE_INDEX for label in labels)
         if supervised == 0:
             continue  # nothing to learn from; dropping it (a batch map may shrink) is counted by the caller
@@ -113,14 +146,5 @@ class SFTDataset(Dataset):
         }
 
     def collate(self, batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Right-pad a batch: ``input_ids`` with the pad id, ``labels`` with -100, plus ``attention_mask``."""
-        width = max(len(item["input_ids"]) for item in batch)
-        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, item in enumerate(batch):
-            n = len(item["input_ids"])
-            input_ids[row, :n] = item["input_ids"]
-            labels[row, :n] = item["labels"]
-            attention_mask[row, :n] = 1
-        return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+        """Right-pad a batch (collate_rows)."""
+        return collate_rows(batch, self.pad_token_id)

@@ -36,12 +36,13 @@ class Reply:
 
 
 def uses_chat_template(mode: str, task: str | None, tokenizer: PreTrainedTokenizerBase) -> bool:
-    """mode "chat" or "plain" decides; "auto": the template for SFT models (the trainer records the task), plain
-    continuation for pretrained ones, and for directories without a record whether the tokenizer has a template."""
+    """mode "chat" or "plain" decides; "auto": the template for fine-tuned models (SFT, LoRA, DPO: the trainer
+    records the task), plain continuation for pretrained ones, and for directories without a record whether the
+    tokenizer has a template."""
     if mode != "auto":
         return mode == "chat"
     if task is not None:
-        return task == "sft"
+        return task != "pretrain"
     return bool(getattr(tokenizer, "chat_template", None))
 
 

@@ -2,6 +2,7 @@
 
     python scripts/serve.py                                   # out/sft (else out/pretrain), http://127.0.0.1:8000
     python scripts/serve.py --model_path out/sft --port 8001 --api_key secret
+    python scripts/serve.py --lora out/lora                   # out/sft with the LoRA adapter, merged at load
 
 Endpoints: POST /v1/chat/completions (streamed as server-sent events when "stream": true), GET /v1/models,
 GET /v1/models/{id}, GET /health, and the chat page at /. Requests run through the library's GenerationEngine
@@ -29,7 +30,7 @@ from contextlib import asynccontextmanager  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, AsyncIterator, Literal  # noqa: E402
 
-from trainer.run_dir import ModelNotFound, locate_model, model_task, report_error  # noqa: E402
+from trainer.run_dir import ModelNotFound, locate_model_and_adapter, model_task, report_error  # noqa: E402
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
 MAX_BODY_BYTES = 1 << 20
@@ -351,25 +352,31 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
 
 
 def load_served_model(path: Path, mode: str = "auto", max_batch: int = 8, name: str | None = None,
-                      device: str = "auto", dtype: str = "auto") -> ServedModel:
+                      device: str = "auto", dtype: str = "auto", lora: Path | None = None) -> ServedModel:
+    """The model directory `path` (with the LoRA adapter directory `lora` merged into its weights, when given)
+    loaded for serving; its id is `name`, else the adapter's or the model's directory name."""
     from model.chat_session import uses_chat_template
     from model.generation import GenerationEngine
     from model.loading import load_model
 
-    model, tokenizer = load_model(path, device=device, dtype=dtype)
-    use_template = uses_chat_template(mode, model_task(path), tokenizer)
+    model, tokenizer = load_model(path, device=device, dtype=dtype, lora=lora)
+    source = lora or path
+    use_template = uses_chat_template(mode, model_task(source), tokenizer)
     if use_template:
         from dataset.chat_format import check_chatml_tokenizer
         check_chatml_tokenizer(tokenizer)
     engine = GenerationEngine(model, tokenizer, max_batch=max_batch)
-    return ServedModel(model=model, tokenizer=tokenizer, name=name or path.name, use_template=use_template,
-                       engine=engine, max_context=engine.max_context, created=int(path.stat().st_mtime))
+    return ServedModel(model=model, tokenizer=tokenizer, name=name or source.name, use_template=use_template,
+                       engine=engine, max_context=engine.max_context, created=int(source.stat().st_mtime))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Serve a MiniNorm model: OpenAI's chat API and a chat page",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model_path", help="model directory; default: out/sft, else out/pretrain")
+    parser.add_argument("--model_path", help="model directory; default: out/sft, else out/pretrain (with --lora: "
+                                             "the adapter's base model)")
+    parser.add_argument("--lora", help="a LoRA adapter directory (trainer/train_lora.py), merged into the model's "
+                                       "weights at load")
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 listens on every interface")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api_key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ requests")
@@ -389,19 +396,20 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(f"--max_batch and --max_waiting must be at least 1, got {args.max_batch} and "
                             f"{args.max_waiting}")
     try:
-        path, note = locate_model(args.model_path)
+        path, lora, note = locate_model_and_adapter(args.model_path, args.lora)
     except ModelNotFound as error:
         return report_error(error)
     if note:
         print(f"note: {note}", file=sys.stderr)
     try:
-        served = load_served_model(path, args.mode, args.max_batch, args.model_name, args.device, args.dtype)
+        served = load_served_model(path, args.mode, args.max_batch, args.model_name, args.device, args.dtype, lora)
     except ValueError as error:
         return report_error(error)
     import uvicorn
 
     style = "chat template" if served.use_template else "plain continuation of the last message (pretrained model)"
-    print(f"model {path} as {served.name!r} ({style}, context {served.max_context}, up to {args.max_batch} "
+    adapter = f" + LoRA {lora}" if lora else ""
+    print(f"model {path}{adapter} as {served.name!r} ({style}, context {served.max_context}, up to {args.max_batch} "
           f"requests per batch); chat page and API at http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
     if args.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {args.host} without --api_key: anyone who can reach it can use it",

@@ -82,7 +82,8 @@ def test_cli_prints_table_and_samples_and_writes_json(tiny_models, tmp_path, cap
                  str(tiny_models.pretrain_data), "--max_seq_len", "32", "--json", str(out), "--device", "cpu"])
     printed = capsys.readouterr().out
     assert code == 0
-    assert loads == [{"device": "cpu", "dtype": "float32"}]  # the samples reuse the evaluated model and --device
+    # The samples reuse the evaluated model and --device.
+    assert loads == [{"device": "cpu", "dtype": "float32", "lora": None}]
     report = json.loads(out.read_text(encoding="utf-8"))
     assert set(report["results"]) == {"sft", "pretrain"}
     assert report["results"]["sft"]["kind"] == "sft" and report["results"]["pretrain"]["kind"] == "pretrain"

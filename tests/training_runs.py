@@ -32,9 +32,10 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def write_train_data(root: Path) -> Path:
-    """pretrain.jsonl (random word documents), and sft.jsonl: conversations whose answers run from one word to
+    """pretrain.jsonl (random word documents); sft.jsonl: conversations whose answers run from one word to
     forty, so micro-batches and processes hold very different numbers of supervised tokens (a per-micro-batch
-    mean then differs from the token mean of the whole step)."""
+    mean then differs from the token mean of the whole step); dpo.jsonl: the same conversations as preference
+    pairs, the answer chosen over its first word repeated."""
     rng = random.Random(0)
     texts = [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 60)))} for _ in range(240)]
     write_jsonl(root / "pretrain.jsonl", texts)
@@ -45,6 +46,12 @@ def write_train_data(root: Path) -> Path:
         chats.append({"conversations": [{"role": "user", "content": f"{question} {i}?"},
                                         {"role": "assistant", "content": answer}]})
     write_jsonl(root / "sft.jsonl", chats)
+    pairs = []
+    for chat in chats:
+        prompt, answer = chat["conversations"][:1], chat["conversations"][1]["content"]
+        pairs.append({"chosen": prompt + [{"role": "assistant", "content": answer}],
+                      "rejected": prompt + [{"role": "assistant", "content": " ".join([answer.split()[0]] * 8)}]})
+    write_jsonl(root / "dpo.jsonl", pairs)
     return root
 
 
@@ -58,6 +65,14 @@ def sft_argv(data_dir: Path, pretrained: Path, out_dir: Path, *extra: str) -> li
             "--max_steps", str(SFT_STEPS), "--save_interval", "100", "--max_seq_len", "64", "--dtype", "float32",
             "--norm_impl", "eager", "--eval_interval", "3", "--eval_batches", "0", "--learning_rate", "3e-3",
             "--compile", "off", *extra]
+
+
+def finetune_argv(task: str, data_dir: Path, start: Path, out_dir: Path, *extra: str) -> list[str]:
+    """A tiny LoRA or DPO run from the model directory `start` on sft.jsonl or dpo.jsonl of `data_dir`."""
+    data = data_dir / ("dpo.jsonl" if task == "dpo" else "sft.jsonl")
+    return ["--data_path", str(data), "--from_weight", str(start), "--out_dir", str(out_dir), "--max_steps", "6",
+            "--batch_size", "4", "--save_interval", "100", "--max_seq_len", "64", "--dtype", "float32",
+            "--norm_impl", "eager", "--eval_interval", "3", "--eval_batches", "0", "--compile", "off", *extra]
 
 
 def run_in_process(task: str, argv: list[str]):

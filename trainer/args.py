@@ -35,6 +35,13 @@ MODEL_FIELDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "pretrain": {"max_steps": 200, "warmup_steps": 30},
     "sft": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
+    "lora": {"max_steps": 120, "learning_rate": 2e-3, "warmup_steps": 10, "weight_decay": 0.0},
+    "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0},
+}
+# Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
+TASK_FLAGS: dict[str, tuple[str, ...]] = {
+    "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
+    "dpo": ("beta",),
 }
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
@@ -73,7 +80,7 @@ class TrainArgs:
     save_interval: int = 200
     keep_checkpoints: int = 2
     resume: str | None = None             # "auto" or a checkpoint directory
-    from_weight: str | None = None        # SFT: the pretrained model directory
+    from_weight: str | None = None        # fine-tuning: the starting model (default: trainer/run_dir.py)
     use_wandb: bool = False
     wandb_project: str = "MiniNorm"
     wandb_run_name: str | None = None
@@ -81,6 +88,14 @@ class TrainArgs:
     diag_interval: int = 0                # 0: norm diagnostics off
     peak_flops: float | None = None       # for MFU; None: a known value for the device
     sample_prompt: str | None = None
+    # LoRA (trainer/train_lora.py): adapters of rank r scaled by alpha / r on the named projections.
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = "all"             # comma-separated projections, or all / attention / mlp
+    merge: bool = False                   # also write the merged plain model to OUT_DIR/merged
+    # DPO (trainer/train_dpo.py): the strength of the pull toward the reference model.
+    beta: float = 0.15
     # Model.
     preset: str = "cpu-default"
     model: dict[str, Any] = field(default_factory=dict)  # MiniNormConfig overrides given as flags or YAML
@@ -89,7 +104,9 @@ class TrainArgs:
         return resolve_path(self.out_dir or DEFAULT_OUT_DIRS[self.task])
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The run's settings: the task, its trainer's flags and the model overrides (not other tasks' flags)."""
+        keep = task_flags(self.task) | {"task", "model"}
+        return {name: value for name, value in dataclasses.asdict(self).items() if name in keep}
 
 
 def _str2bool(text: str) -> bool:
@@ -115,7 +132,7 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML file of flag values; command-line flags override it")
     defaults = TrainArgs(task=task, **TASK_DEFAULTS.get(task, {}))
     for f in dataclasses.fields(TrainArgs):
-        if f.name in ("task", "model"):
+        if f.name in ("task", "model") or f.name not in task_flags(task):
             continue
         default = getattr(defaults, f.name)
         if isinstance(default, bool):
@@ -131,6 +148,12 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
         else:
             model_group.add_argument(f"--{name}", type=kind, choices=choices, default=None)
     return parser
+
+
+def task_flags(task: str) -> set[str]:
+    """The TrainArgs fields that are flags of `task`'s trainer: the shared ones and its own."""
+    others = {name for owner, names in TASK_FLAGS.items() if owner != task for name in names}
+    return {f.name for f in dataclasses.fields(TrainArgs)} - {"task", "model"} - others
 
 
 def _validate(args: TrainArgs) -> None:
@@ -158,14 +181,25 @@ def _validate(args: TrainArgs) -> None:
         raise bad("min_lr_ratio", args.min_lr_ratio, "it must be in [0, 1]")
     if not 0 < args.val_fraction < 1:
         raise bad("val_fraction", args.val_fraction, "it must be in (0, 1)")
+    if args.task == "lora":
+        from model.lora import parse_targets
+        if args.lora_rank < 1:
+            raise bad("lora_rank", args.lora_rank, "it must be >= 1")
+        if not (args.lora_alpha > 0 and math.isfinite(args.lora_alpha)):
+            raise bad("lora_alpha", args.lora_alpha, "it must be a positive number")
+        if not 0 <= args.lora_dropout < 1:
+            raise bad("lora_dropout", args.lora_dropout, "it must be in [0, 1)")
+        parse_targets(args.lora_targets)
+    if args.task == "dpo" and not (args.beta > 0 and math.isfinite(args.beta)):
+        raise bad("beta", args.beta, "it must be a positive number")
 
 
 def _model_overrides(values: dict[str, Any]) -> dict[str, Any]:
     return {name: values[name] for name in MODEL_FIELDS if values.get(name) is not None}
 
 
-def load_yaml_config(path: str | Path) -> dict[str, Any]:
-    """Read a --config YAML; unknown keys are an error naming the file and the key."""
+def load_yaml_config(path: str | Path, task: str = "pretrain") -> dict[str, Any]:
+    """Read a --config YAML for `task`'s trainer; unknown keys are an error naming the file and the key."""
     path = resolve_path(path) if not Path(path).exists() else Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -175,7 +209,7 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"--config {path}: invalid YAML ({error})".replace("\n", " ")) from None
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a mapping of flag names to values")
-    known = {f.name for f in dataclasses.fields(TrainArgs)} - {"task", "model"} | set(MODEL_FIELDS)
+    known = task_flags(task) | set(MODEL_FIELDS)
     for key in data:
         if key not in known:
             raise ValueError(f"--config {path}: unknown key {key!r}; allowed keys are the trainer's flags "
@@ -189,7 +223,7 @@ def parse_args(task: str, argv: Sequence[str] | None = None) -> TrainArgs:
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
         try:
-            parser.set_defaults(**load_yaml_config(pre.config))
+            parser.set_defaults(**load_yaml_config(pre.config, task))
         except ValueError as error:
             parser.error(str(error))
     namespace = vars(parser.parse_args(argv))

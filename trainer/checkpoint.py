@@ -25,6 +25,8 @@ from trainer.run_dir import STATE_FILE, checkpoint_name, checkpoint_step
 # nothing under other values, so resuming with a different one is refused. (--batch_size, --accumulation_steps and
 # the number of processes only group the same sample order differently: the position, counted in samples, maps.)
 DATA_ORDER_FLAGS = ("max_seq_len", "seed", "val_fraction")
+# Flags that decide the shapes of a LoRA run's trainable tensors: the checkpoint's adapters fit no other value.
+ADAPTER_FLAGS = ("lora_rank", "lora_targets")
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -79,7 +81,8 @@ def saved_position(state: dict[str, Any]) -> tuple[int, int]:
 
 def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, data: dict[str, Any]) -> None:
     """Refuse, in one line naming the flag with its old and new value, to resume where the data position would
-    not map exactly: other data, another --max_seq_len, --seed or --val_fraction."""
+    not map exactly (other data, another --max_seq_len, --seed or --val_fraction) or, for LoRA, where the saved
+    adapters have another shape (--lora_rank, --lora_targets)."""
     saved = state.get("config", {})
     for flag in DATA_ORDER_FLAGS:
         old, new = saved.get(flag), getattr(args, flag)
@@ -87,6 +90,11 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
             raise ValueError(f"--resume {path.name}: --{flag} was {old} there and is {new} now; the saved data "
                              f"position is only valid for the same samples in the same order (resume with "
                              f"--{flag} {old}, or start a new run)")
+    for flag in ADAPTER_FLAGS:
+        old, new = saved.get(flag), getattr(args, flag)
+        if args.task == "lora" and old is not None and old != new:
+            raise ValueError(f"--resume {path.name}: --{flag} was {old} there and is {new} now; the saved adapters "
+                             f"have that shape (resume with --{flag} {old}, or start a new run)")
     old_data = state.get("data")
     same = old_data is None or {k: v for k, v in old_data.items() if k != "path"} == {
         k: v for k, v in data.items() if k != "path"}

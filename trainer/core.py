@@ -1,9 +1,11 @@
-"""The training core shared by pretraining and SFT.
+"""The training core shared by pretraining, SFT, LoRA and DPO.
 
 Accelerate owns devices, mixed precision, gradient accumulation and DDP/FSDP; this module owns the loop:
 optimizer steps over groups of `accumulation_steps` micro-batches, warmup+cosine schedule, clipping,
 evaluation, atomic checkpoints with exact resume, logging (tqdm, metrics.jsonl, wandb) and the final
-Hugging Face model directory.
+Hugging Face model directory. What differs between the kinds of run is confined to three places: the model
+(`_build_model`; LoRA wraps it with PEFT adapters), the objective (trainer/objectives.py: language modeling, or
+trainer/dpo.py's preference loss against a frozen reference model) and the data (trainer/data.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from tqdm.auto import tqdm
 from dataset.atomic_io import atomic_write_text
 from dataset.chat_format import encode_chatml, encode_text
 from model.generation_defaults import saved_generation_config
-from model.model import MiniNormForCausalLM, shift_labels
+from model.model import MiniNormForCausalLM
 from trainer.args import (MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, compile_enabled,
                           resolve_dtype)
 from trainer.checkpoint import (check_resume_compatible, latest_checkpoint, load_checkpoint, read_trainer_state,
@@ -37,15 +39,16 @@ from trainer.checkpoint import (check_resume_compatible, latest_checkpoint, load
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader
 from trainer.distributed import (full_state_dict, make_accelerator, shutdown, update_inside_backward,
                                  weights_are_sharded)
-from trainer.evaluation import LMEval, evaluate_lm, token_byte_lengths
+from trainer.evaluation import token_byte_lengths
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.metrics_log import MetricsLog
+from trainer.objectives import EvalResult, LanguageModeling, Objective
 from trainer.optim import build_optimizer
-from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_OUT_DIRS, EXIT_DIVERGED, SUMMARY_FILE,
-                             VAL_METRICS, report_error, resolve_path)
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
+                             EXIT_DIVERGED, MERGED_DIR, SUMMARY_FILE, is_chat_task, report_error, resolve_path)
 from trainer.schedule import warmup_cosine
 
-DEFAULT_PROMPTS = {"pretrain": "The history of", "sft": "What is the capital of France?"}
+PRETRAIN_PROMPT, CHAT_PROMPT = "The history of", "What is the capital of France?"
 
 StepOutcome = Literal["applied", "skipped", "diverged"]
 
@@ -90,15 +93,23 @@ def _load_tokenizer(args: TrainArgs):
     return load_tokenizer(resolve_path(args.tokenizer_path) if args.tokenizer_path else None)
 
 
+def _starting_weights(args: TrainArgs) -> Path:
+    """The model directory a fine-tuning run starts from: --from_weight, else its task's default."""
+    source_task = DEFAULT_FROM_WEIGHT[args.task]
+    source = resolve_path(args.from_weight or DEFAULT_OUT_DIRS[source_task])
+    if not (source / "config.json").is_file():
+        raise FileNotFoundError(f"--from_weight {source}: no model to start from there; create it with "
+                                f"`{CREATE_COMMANDS[source_task]}` (or pass --from_weight DIR)")
+    return source
+
+
 def _build_model(args: TrainArgs, tokenizer) -> MiniNormForCausalLM:
+    """A fresh model (pretraining) or the starting weights (every fine-tuning run), before any wrapping."""
     if args.task == "pretrain":
         config = build_model_config(args, vocab_size=len(tokenizer))
         config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
         return MiniNormForCausalLM(config)
-    source = resolve_path(args.from_weight or DEFAULT_OUT_DIRS["pretrain"])
-    if not (source / "config.json").is_file():
-        raise FileNotFoundError(f"--from_weight {source}: no pretrained model there; create it with "
-                                f"`python trainer/train_pretrain.py` (or pass --from_weight DIR)")
+    source = _starting_weights(args)
     fixed = sorted(set(args.model) - set(RUNTIME_MODEL_FIELDS))
     if fixed:
         raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "
@@ -114,10 +125,11 @@ def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, 
 
 
 def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
-    prompt = args.sample_prompt or DEFAULT_PROMPTS[args.task]
+    chat = is_chat_task(args.task)
+    prompt = args.sample_prompt or (CHAT_PROMPT if chat else PRETRAIN_PROMPT)
     # The prompt is text, whatever it contains (a --sample_prompt with "<|im_end|>" in it stays text).
     ids = (encode_chatml(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True).input_ids
-           if args.task == "sft" else encode_text(tokenizer, prompt))
+           if chat else encode_text(tokenizer, prompt))
     input_ids = torch.tensor([ids], device=next(model.parameters()).device)
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     was_training = model.training
@@ -128,12 +140,14 @@ def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
                                 repetition_penalty=1.1)
     model.train(was_training)
     completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-    return f"{prompt} -> {completion.strip()}" if args.task == "sft" else prompt + completion
+    return f"{prompt} -> {completion.strip()}" if chat else prompt + completion
 
 
-def save_model_dir(model: MiniNormForCausalLM, tokenizer, out_dir: Path) -> None:
-    """Write a plain HF model directory; each file is moved into place whole."""
-    model.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
+def save_model_dir(model: torch.nn.Module, tokenizer, out_dir: Path) -> None:
+    """Write a plain HF model directory (a PEFT adapter directory for a PEFT model); each file is moved into place
+    whole."""
+    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    base.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".model_", dir=out_dir))
     try:
@@ -177,18 +191,22 @@ class Trainer:
         if self.resume_state is not None:
             check_resume_compatible(self.resume_from, self.resume_state, args, self.data_identity)
         set_seed(args.seed)  # the same initial weights whatever the data building consumed
-        self.model = _build_model(args, self.tokenizer)
-        if args.max_seq_len > self.model.config.max_position_embeddings:
+        base = _build_model(args, self.tokenizer)
+        if args.max_seq_len > base.config.max_position_embeddings:
             raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
-                             f"{self.model.config.max_position_embeddings}")
+                             f"{base.config.max_position_embeddings}")
         if args.gradient_checkpointing:
-            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        self.config_dict = _effective_config(args, base)
+        self.model = self._wrap_for_task(base)
         self.num_params = sum(p.numel() for p in self.model.parameters())
-        self.config_dict = _effective_config(args, self.model)
+        self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self.optimizer = build_optimizer(self.model, args.learning_rate, args.weight_decay)
         (self.model, self.optimizer, self.train_loader) = self.accelerator.prepare(
             self.model, self.optimizer, self.data.train_loader)
         self.unwrapped = self.accelerator.unwrap_model(self.model)
+        self.base_model = base  # the MiniNormForCausalLM inside any wrapping (diagnostics, the model's shape)
+        self.objective = self._objective()
         # Validation shards are padded to equal length with samples that carry no target, so that every process
         # runs the same number of forward passes (a collective under FSDP) and no sample counts twice.
         self.val_loader = shard_loader(self.data.val_loader, self.accelerator.process_index, self.world)
@@ -206,12 +224,34 @@ class Trainer:
             self.optimizer, min(args.warmup_steps, self.total_steps), self.total_steps, args.min_lr_ratio))
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.metrics = MetricsLog(self.out_dir, enabled=self.is_main)
-        self.flops_per_token = flops_per_token(self.unwrapped.config, self.num_params, args.max_seq_len)
+        self.flops_per_token = flops_per_token(self.base_model.config, self.num_params, args.max_seq_len)
         self.peak_flops = args.peak_flops or peak_flops_for(self.accelerator.device, args.dtype)
         self.diagnostics = None
         if args.diag_interval:
             from trainer.diagnostics import NormDiagnostics
-            self.diagnostics = NormDiagnostics(self.unwrapped)
+            self.diagnostics = NormDiagnostics(self.base_model)
+
+    def _wrap_for_task(self, base: MiniNormForCausalLM) -> torch.nn.Module:
+        """The model the optimizer trains: the base model itself, or (LoRA) the base model frozen under PEFT
+        adapters."""
+        if self.args.task != "lora":
+            return base
+        if self.sharded:
+            raise ValueError("LoRA runs on one process or under DDP; FSDP/DeepSpeed sharding is not supported for "
+                             "it (the adapters are small: DDP is the setup to use)")
+        from model.lora import LoraSettings, add_lora, parse_targets
+        args = self.args
+        return add_lora(base, LoraSettings(rank=args.lora_rank, alpha=args.lora_alpha, dropout=args.lora_dropout,
+                                           targets=parse_targets(args.lora_targets)))
+
+    def _objective(self) -> Objective:
+        """What the run minimizes: language modeling, or (DPO) the preference loss against a frozen copy of the
+        starting weights, kept whole on every process (it has no gradients or optimizer state)."""
+        if self.args.task != "dpo":
+            return LanguageModeling()
+        from trainer.dpo import DirectPreference
+        reference = MiniNormForCausalLM.from_pretrained(_starting_weights(self.args), **self.args.model)
+        return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast)
 
     def _total_steps(self) -> int:
         """--max_steps, or the optimizer steps that complete --epochs passes over the data. A run resumed with
@@ -257,15 +297,16 @@ class Trainer:
             self.accelerator.log({k: v for k, v in record.items() if k not in ("step", "split")},
                                  step=record["step"])
 
-    def evaluate(self, max_batches: int) -> LMEval:
+    def evaluate(self, max_batches: int) -> EvalResult:
         """Collective: every process evaluates its shard (the same number of batches on each)."""
-        return evaluate_lm(self.unwrapped, self.val_loader, self.accelerator, self.token_bytes, max_batches)
+        return self.objective.evaluate(self.unwrapped, self.val_loader, self.accelerator, self.token_bytes,
+                                       max_batches)
 
     # ----------------------------------------------------------------- the loop
     def _token_counts(self, batches: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, int]:
-        """(supervised targets, real input tokens) of one optimizer step over all processes: the loss's divisor
-        and the step's throughput count (padding is not a token)."""
-        supervised = sum((shift_labels(b["labels"]) != -100).sum() for b in batches)
+        """(the objective's units -- supervised targets, or preference pairs --, real input tokens) of one optimizer
+        step over all processes: the loss's divisor and the step's throughput count (padding is not a token)."""
+        supervised = sum(self.objective.count_items(b) for b in batches)
         real = sum(b["attention_mask"].sum() if "attention_mask" in b else b["input_ids"].numel() for b in batches)
         counts = torch.stack([torch.as_tensor(supervised), torch.as_tensor(real)]).to(self.accelerator.device)
         counts = self.accelerator.reduce(counts, reduction="sum")
@@ -276,9 +317,9 @@ class Trainer:
         return None if norm is None else float(norm)  # None: DeepSpeed did not report one
 
     def _optimizer_step(self, batches: list[dict[str, torch.Tensor]], arm_diagnostics: bool
-                        ) -> tuple[StepOutcome, float, float, dict[str, float], int]:
-        """Forward/backward over one group of micro-batches, then one optimizer step.
-        Returns (outcome, global token-mean loss, gradient norm before clipping, diagnostics, real tokens)."""
+                        ) -> tuple[StepOutcome, float, float, dict[str, float], dict[str, float], int]:
+        """Forward/backward over one group of micro-batches, then one optimizer step. Returns (outcome, global
+        mean loss, gradient norm before clipping, diagnostics, the objective's statistics, real tokens)."""
         accelerator, model = self.accelerator, self.model
         num_items, real_tokens = self._token_counts(batches)
         num_items = num_items.clamp(min=1)
@@ -286,7 +327,9 @@ class Trainer:
         # after Accelerate's 1/accumulation and DDP's 1/world averaging, the gradient is the exact token mean.
         scale = self.args.accumulation_steps * self.world
         loss_sum = torch.zeros((), device=accelerator.device)
+        stat_sums = torch.zeros(len(self.objective.stat_names), device=accelerator.device)
         diag: dict[str, float] = {}
+        stats: dict[str, float] = {}
         # Hooks on a compiled module would make it recompile: the (rare) diagnostics step runs eagerly.
         stance = torch.compiler.set_stance("force_eager") if arm_diagnostics and self.compiled else nullcontext()
         with stance:
@@ -295,9 +338,9 @@ class Trainer:
                 if last and arm_diagnostics:
                     self.diagnostics.arm()
                 with accelerator.accumulate(model):
-                    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                                labels=batch["labels"], num_items_in_batch=num_items)
-                    loss_sum += out.loss.detach().float()
+                    micro_loss, micro_stats = self.objective.loss(model, batch, num_items)
+                    loss_sum += micro_loss.detach().float()
+                    stat_sums += micro_stats.float()
                     if last:
                         # The group's loss is known before its last backward, which DeepSpeed follows with the
                         # update: a non-finite loss stops the run before any update is applied, on every backend.
@@ -306,8 +349,11 @@ class Trainer:
                             if arm_diagnostics:
                                 self.diagnostics.disarm()
                             self.optimizer.zero_grad(set_to_none=True)
-                            return "diverged", loss, float("nan"), diag, real_tokens
-                    accelerator.backward(out.loss * scale)
+                            return "diverged", loss, float("nan"), diag, stats, real_tokens
+                    accelerator.backward(micro_loss * scale)
+        if self.objective.stat_names:  # means over the step's units, all processes
+            stat_means = (accelerator.reduce(stat_sums, reduction="sum") / num_items).tolist()
+            stats = dict(zip(self.objective.stat_names, stat_means))
         scaler = accelerator.scaler  # fp16 only
         if arm_diagnostics:  # under fp16 the gradients are still scaled here
             diag = self.diagnostics.after_backward(loss_scale=scaler.get_scale() if scaler is not None else 1.0)
@@ -327,7 +373,7 @@ class Trainer:
             if arm_diagnostics:
                 diag.update(self.diagnostics.after_step())
         self.optimizer.zero_grad(set_to_none=True)
-        return outcome, loss, float("nan") if grad_norm is None else grad_norm, diag, real_tokens
+        return outcome, loss, float("nan") if grad_norm is None else grad_norm, diag, stats, real_tokens
 
     def _start_epoch(self, epoch: int, samples_done: int):
         """An iterator over this process's batches of `epoch`, from global sample `samples_done` of the epoch's
@@ -361,7 +407,7 @@ class Trainer:
                         desc=args.task)
         step_times: list[float] = []
         step_token_counts: list[int] = []
-        window_tokens, window_time, window_losses = 0, 0.0, []
+        window_tokens, window_time, window_losses, window_stats = 0, 0.0, [], []
         self.model.train()
         while step < self.total_steps:
             batch_iter, steps_here = self._start_epoch(epoch, samples_done)
@@ -371,7 +417,7 @@ class Trainer:
                 started = time.perf_counter()
                 batches = [next(batch_iter) for _ in range(args.accumulation_steps)]
                 arm = self.diagnostics is not None and step % args.diag_interval == 0
-                outcome, loss, grad_norm, diag, step_tokens = self._optimizer_step(batches, arm)
+                outcome, loss, grad_norm, diag, stats, step_tokens = self._optimizer_step(batches, arm)
                 if outcome == "diverged":
                     return self._diverged(step, epoch, samples_done, tokens_seen, progress)
                 step += 1
@@ -382,8 +428,9 @@ class Trainer:
                 step_token_counts.append(step_tokens)
                 window_tokens, window_time = window_tokens + step_tokens, window_time + elapsed
                 window_losses.append(loss)
+                window_stats.append(stats)
                 lr = self.scheduler.get_last_lr()[0]
-                record = {"step": step, "split": "train", "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                record = {"step": step, "split": "train", "loss": loss, **stats, "lr": lr, "grad_norm": grad_norm,
                           "tokens_seen": tokens_seen, "step_time_s": elapsed}
                 if outcome == "skipped":
                     record["skipped"] = True  # fp16 gradient overflow: no update, the scaler lowered its scale
@@ -394,13 +441,19 @@ class Trainer:
                 if step % args.log_interval == 0 or step == self.total_steps:
                     tokens_per_s = window_tokens / max(window_time, 1e-9)
                     mfu = (tokens_per_s * self.flops_per_token / self.peak_flops) if self.peak_flops else float("nan")
-                    progress.set_postfix(loss=f"{statistics.fmean(window_losses):.3f}", lr=f"{lr:.2e}",
-                                         tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
+                    stat_means = {name: statistics.fmean(s[name] for s in window_stats)
+                                  for name in self.objective.stat_names}
+                    progress.set_postfix(loss=f"{statistics.fmean(window_losses):.3f}",
+                                         **{label: f"{stat_means[name]:.3f}"
+                                            for name, label in self.objective.progress_labels.items()},
+                                         lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
                     if args.use_wandb:
                         self.accelerator.log({"train/loss": statistics.fmean(window_losses), "train/lr": lr,
                                               "train/grad_norm": grad_norm, "train/tokens_per_s": tokens_per_s,
-                                              "train/mfu": mfu, "train/tokens_seen": tokens_seen}, step=step)
-                    window_tokens, window_time, window_losses = 0, 0.0, []
+                                              "train/mfu": mfu, "train/tokens_seen": tokens_seen,
+                                              **{f"train/{name}": value for name, value in stat_means.items()}},
+                                             step=step)
+                    window_tokens, window_time, window_losses, window_stats = 0, 0.0, [], []
                 if step % args.eval_interval == 0 and step < self.total_steps:
                     self._log_eval(step, self.evaluate(args.eval_batches))
                 if step % args.save_interval == 0 and step < self.total_steps:
@@ -410,11 +463,9 @@ class Trainer:
         progress.close()
         return self._finish(step, tokens_seen, step_times, step_token_counts)
 
-    def _log_eval(self, step: int, result: LMEval) -> None:
-        self._log({"step": step, "split": "val", **{name: getattr(result, field)
-                                                     for name, field in VAL_METRICS.items()}})
-        self._print(f"step {step}: val loss {result.loss:.4f}, ppl {result.perplexity:.2f}, "
-                    f"bpb {result.bits_per_byte:.3f}")
+    def _log_eval(self, step: int, result: EvalResult) -> None:
+        self._log({"step": step, "split": "val", **result.logged()})
+        self._print(f"step {step}: {result.describe()}")
 
     def _announce(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -426,6 +477,8 @@ class Trainer:
                  + (", gradient checkpointing" if self.args.gradient_checkpointing else ""),
                  f"data: {self.data.description}; {len(self.data.train)} train / {len(self.data.val)} val samples"
                  + (f"; stats {stats}" if stats else ""),
+                 f"trainable parameters: {self.trainable_params:,} of {self.num_params:,} "
+                 f"({self.trainable_params / self.num_params:.2%})",
                  f"{self.total_steps} optimizer steps ({self.steps_per_epoch} per epoch), global batch "
                  f"{self.global_batch} x {self.args.max_seq_len} tokens"]
         if update_inside_backward(self.accelerator):
@@ -462,6 +515,15 @@ class Trainer:
         model.tie_weights()
         return model
 
+    def _save_merged(self, adapted: torch.nn.Module) -> None:
+        """OUT_DIR/merged: a plain model directory with the adapters folded into the weights (and this run's
+        config, so tools know it is a chat model)."""
+        from model.lora import merged_model
+
+        merged_dir = self.out_dir / MERGED_DIR
+        save_model_dir(merged_model(adapted), self.tokenizer, merged_dir)
+        atomic_write_text(merged_dir / CONFIG_FILE, yaml.safe_dump(self.config_dict, sort_keys=False))
+
     def _finish(self, step: int, tokens_seen: int, step_times: list[float], step_tokens: list[int]) -> RunSummary:
         final = self.evaluate(0)
         self._log_eval(step, final)
@@ -478,18 +540,21 @@ class Trainer:
                              tokens_per_s=tokens_per_s, mfu=mfu, wall_time_s=time.perf_counter() - self.started)
         if self.is_main:
             save_model_dir(whole, self.tokenizer, self.out_dir)
+            saved = f"{'LoRA adapter' if self.args.task == 'lora' else 'model'} saved to {self.out_dir}"
+            if self.args.task == "lora" and self.args.merge:
+                self._save_merged(whole)
+                saved += f"; the merged model to {self.out_dir / MERGED_DIR}"
             with torch.compiler.set_stance("force_eager"):  # decoding shapes change every token: no compile
                 summary.sample = _sample_text(whole, self.tokenizer, self.args)
             self._write_summary(summary)
             tqdm.write(f"done: {step} steps, {tokens_seen:,} tokens in {summary.wall_time_s:.0f} s; "
-                       f"val loss {final.loss:.4f} (ppl {final.perplexity:.2f}, {final.bits_per_byte:.3f} bits/byte); "
-                       f"median step {median * 1000:.0f} ms, {tokens_per_s:,.0f} tok/s, MFU {mfu:.1%}")
+                       f"{final.describe()}; median step {median * 1000:.0f} ms, {tokens_per_s:,.0f} tok/s, "
+                       f"MFU {mfu:.1%}")
             tqdm.write(f"sample: {summary.sample}")
-            tqdm.write(f"model saved to {self.out_dir}")
+            tqdm.write(saved)
         if self.args.use_wandb:
-            self.accelerator.log({"final/val_loss": final.loss, "final/val_ppl": final.perplexity,
-                                  "final/val_bpb": final.bits_per_byte, "final/tokens_per_s": tokens_per_s},
-                                 step=step)
+            self.accelerator.log({**{f"final/{name}": value for name, value in final.logged().items()},
+                                  "final/tokens_per_s": tokens_per_s}, step=step)
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         return summary

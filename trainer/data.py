@@ -60,12 +60,28 @@ class RunData:
 
 
 def dataset_class(task: str) -> type[Dataset]:
-    """PretrainDataset (packed text) for "pretrain", SFTDataset (assistant-only loss) otherwise."""
+    """PretrainDataset (packed text) for "pretrain", DPODataset (preference pairs) for "dpo", SFTDataset
+    (assistant-only loss) for "sft" and "lora"."""
     if task == "pretrain":
         from dataset.pretrain_dataset import PretrainDataset
         return PretrainDataset
+    if task == "dpo":
+        from dataset.dpo_dataset import DPODataset
+        return DPODataset
     from dataset.sft_dataset import SFTDataset
     return SFTDataset
+
+
+def default_data(task: str, quiet: bool = False) -> tuple[Path, Path]:
+    """(train, val) files of a task's embedded default data, built on first use: the default corpus for
+    pretraining and SFT, and the LoRA and DPO sets derived from it (dataset/post_training_data.py)."""
+    if task in ("pretrain", "sft"):
+        from dataset.corpus import ensure_default_corpus
+        paths = ensure_default_corpus(quiet=quiet)
+        return (paths.pretrain_train, paths.pretrain_val) if task == "pretrain" else (paths.sft_train, paths.sft_val)
+    from dataset.post_training_data import ensure_post_training_data
+    derived = ensure_post_training_data()
+    return (derived.lora_train, derived.lora_val) if task == "lora" else (derived.dpo_train, derived.dpo_val)
 
 
 def _split_off_validation(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
@@ -91,10 +107,7 @@ def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
                             skip_bad_lines=args.skip_bad_lines)
 
     if args.data_path is None:
-        from dataset.corpus import ensure_default_corpus
-        paths = ensure_default_corpus(quiet=quiet)
-        train_path, val_path = ((paths.pretrain_train, paths.pretrain_val) if args.task == "pretrain"
-                                else (paths.sft_train, paths.sft_val))
+        train_path, val_path = default_data(args.task, quiet)
         if args.val_data_path is not None:
             val_path = resolve_path(args.val_data_path)
     else:
@@ -132,7 +145,9 @@ def data_identity(data: RunData) -> dict:
     count = len(train)
     digest = hashlib.sha256()
     for index in sorted({round(i * (count - 1) / 7) for i in range(8)}):
-        digest.update(train[index]["input_ids"].numpy().tobytes())
+        sample = train[index]
+        for key in sorted(k for k in sample if k.endswith("input_ids")):  # a preference pair's two sides
+            digest.update(sample[key].numpy().tobytes())
     return {"path": str(data.train_path), "train_samples": count, "tokens": dataset_stats(train).get("tokens"),
             "digest": digest.hexdigest()[:16]}
 
@@ -143,8 +158,9 @@ def dataset_stats(dataset: Dataset) -> dict:
 
 
 class _PaddedWithoutTargets(Dataset):
-    """`dataset` followed by `extra` copies of its first sample whose labels are all -100: they add forward passes
-    but no target, so they change no loss, token or byte count."""
+    """`dataset` followed by `extra` copies of its first sample whose labels (every "labels" field: a preference
+    pair has two) are all -100: they add forward passes but no target, so they change no loss, token or byte
+    count."""
 
     def __init__(self, dataset: Dataset, extra: int) -> None:
         self.dataset, self.extra = dataset, extra
@@ -156,7 +172,9 @@ class _PaddedWithoutTargets(Dataset):
         if index < len(self.dataset):
             return self.dataset[index]
         sample = dict(self.dataset[0])
-        sample["labels"] = torch.full_like(sample["labels"], -100)
+        for key in sample:
+            if key.endswith("labels"):
+                sample[key] = torch.full_like(sample[key], -100)
         return sample
 
 

@@ -62,6 +62,7 @@ RECIPES: dict[str, tuple[str, ...]] = {
 # Flags the benchmark sets itself: a recipe that sets them would fight the budget or the measurement.
 OWN_FLAGS = ("--max_steps", "--epochs", "--out_dir", "--seed", "--eval_interval", "--save_interval", "--resume")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+RESULTS_NAME = "results"  # OUT_DIR/results.{json,md}
 
 
 @dataclass
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval_batches", type=int, default=10, help="batches per intermediate validation")
     parser.add_argument("--calibration_steps", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    parser.add_argument("--out_dir", default="out/time_to_loss", help="runs, results.json and results.md")
+    parser.add_argument("--out_dir", default="out/time_to_loss", help="the runs and the results (.json, .md)")
     args = parser.parse_args(argv)
     try:
         custom = parse_custom_recipes(args.recipe)
@@ -263,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     report = (f"{header}, {load_end:.2f} at end. Budget {args.budget_s:g} s of training per run, seeds "
               f"{', '.join(map(str, seeds))}{common_text}.\n\n{table}\n")
     print("\n" + report)
-    atomic_write_text(args.out_dir / "results.md", report)
-    atomic_write_text(args.out_dir / "results.json", json.dumps(
+    atomic_write_text(args.out_dir / f"{RESULTS_NAME}.md", report)
+    atomic_write_text(args.out_dir / f"{RESULTS_NAME}.json", json.dumps(
         {"machine": header, "load_end": load_end, "budget_s": args.budget_s, "target_loss": args.target_loss,
          "recipes": {n: list(f) for n, f in recipes.items()}, "common_flags": common,
          "runs": [asdict(r) for r in results]}, indent=2))

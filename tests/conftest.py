@@ -132,6 +132,16 @@ def reference_run(train_data, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def muon_reference_run(train_data, tmp_path_factory) -> Path:
+    """The reference run's 8 steps with --optimizer muon and the WSD schedule, one process."""
+    from tests.training_runs import MUON_FLAGS, pretrain_argv, run_in_process
+
+    out_dir = tmp_path_factory.mktemp("muon_reference")
+    run_in_process("pretrain", pretrain_argv(train_data, out_dir, "--batch_size", "4", *MUON_FLAGS))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
 def sft_reference_run(train_data, reference_run, tmp_path_factory) -> Path:
     """SFT of the reference run on the uneven conversations, batch 4, one process."""
     from tests.training_runs import run_in_process, sft_argv

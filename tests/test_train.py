@@ -206,6 +206,13 @@ def test_yaml_config_with_command_line_overrides(tmp_path):
     (["--dtype", "int8"], "--dtype='int8' is not allowed"),
     (["--batch_size", "0"], "--batch_size=0 is not allowed"),
     (["--compile", "yes"], "--compile='yes' is not allowed; choose one of auto, on, off"),
+    (["--optimizer", "sgd"], "--optimizer='sgd' is not allowed; choose one of adamw, muon"),
+    (["--muon_adjust_lr", "spectral"], "--muon_adjust_lr='spectral' is not allowed; choose one of original, "
+                                       "match_rms_adamw"),
+    (["--lr_schedule", "linear"], "--lr_schedule='linear' is not allowed; choose one of cosine, wsd"),
+    (["--decay_fraction", "0"], "--decay_fraction=0.0 is not allowed; it must be in (0, 1]"),
+    (["--muon_lr", "-1"], "--muon_lr=-1.0 is not allowed; it must be a positive number"),
+    (["--muon_momentum", "1"], "--muon_momentum=1.0 is not allowed; it must be in [0, 1)"),
 ])
 def test_bad_flags_are_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit):

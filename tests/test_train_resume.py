@@ -13,7 +13,10 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 
-from tests.training_runs import REPO, pretrain_argv, run_in_process, train_losses, write_jsonl
+from safetensors.torch import load_file
+
+from tests.training_runs import (MUON_FLAGS, REPO, STEPS, pretrain_argv, run_in_process, train_losses,
+                                 write_jsonl)
 from trainer.args import parse_args
 from trainer.core import Trainer, main
 from trainer.run_dir import read_metrics
@@ -50,6 +53,23 @@ def test_resume_after_sigkill_with_dropout_reproduces_the_run_bit_for_bit(train_
     # Dropout draws from the restored RNG state: every step's loss and every validation equal, bit for bit.
     assert train_losses(out_dir) == train_losses(uninterrupted)
     assert read_metrics(out_dir / "metrics.jsonl", "val") == read_metrics(uninterrupted / "metrics.jsonl", "val")
+
+
+def test_muon_run_resumed_from_a_checkpoint_reproduces_it_bit_for_bit(train_data, muon_reference_run, tmp_path):
+    """--optimizer muon (WSD schedule): resumed at step 3, Muon's momentum buffers and AdamW's moments come back from
+    the checkpoint, and every later loss, validation and final weight equals the uninterrupted run's exactly."""
+    resumed = tmp_path / "resumed"
+    run_in_process("pretrain", pretrain_argv(train_data, resumed, "--batch_size", "4", *MUON_FLAGS, "--resume",
+                                             str(muon_reference_run / "checkpoints" / "step_00000003")))
+    assert train_losses(resumed) == train_losses(muon_reference_run)[3:]
+    assert read_metrics(resumed, "val") == read_metrics(muon_reference_run, "val")
+    ours, theirs = load_file(resumed / "model.safetensors"), load_file(muon_reference_run / "model.safetensors")
+    assert all(torch.equal(ours[name], tensor) for name, tensor in theirs.items())
+    # Both learning rates follow one schedule (each record holds the lr of the next step): WSD holds the peak
+    # through step 4, then decays linearly over the last half to the floor.
+    steps = read_metrics(muon_reference_run, "train")
+    assert [r["muon_lr"] / r["lr"] for r in steps] == pytest.approx([0.02 / 3e-3] * STEPS)
+    assert [r["muon_lr"] for r in steps[2:]] == pytest.approx([0.02, 0.0155, 0.011, 0.0065, 0.002, 0.002])
 
 
 def _run_recording_rows(argv: list[str]) -> list[torch.Tensor]:

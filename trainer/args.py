@@ -16,7 +16,9 @@ from typing import Any, Sequence
 import yaml
 
 from model.config import PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType
+from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import DEFAULT_OUT_DIRS, TASKS, resolve_path
+from trainer.schedule import LRSchedule
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
@@ -63,10 +65,17 @@ class TrainArgs:
     max_steps: int = -1                   # optimizer steps; -1: as many as `epochs` give
     batch_size: int = 16                  # per process, per micro-step
     accumulation_steps: int = 1
-    learning_rate: float = 2e-3
-    min_lr_ratio: float = 0.1             # cosine decays to learning_rate * min_lr_ratio
+    learning_rate: float = 2e-3           # AdamW's (with --optimizer muon: the embedding, LM head, norms)
+    min_lr_ratio: float = 0.1             # the schedule decays to peak lr * min_lr_ratio
     warmup_steps: int = 50
-    weight_decay: float = 0.1
+    lr_schedule: str = "cosine"           # cosine | wsd (warmup, stable, then linear decay over decay_fraction)
+    decay_fraction: float = 0.2           # wsd: the last fraction of the steps that decays
+    weight_decay: float = 0.1             # AdamW's, on matrices (not embeddings, norms, biases)
+    optimizer: str = "adamw"              # adamw | muon (Muon for the hidden matrices, AdamW for the rest)
+    muon_lr: float = 0.02                 # Muon's peak lr, before muon_adjust_lr's shape factor
+    muon_weight_decay: float = 0.01       # Muon's decoupled decay (x muon_lr per step: 2e-4, as AdamW's default)
+    muon_momentum: float = 0.95           # Muon's Nesterov momentum
+    muon_adjust_lr: str = "original"      # original | match_rms_adamw (trainer/optim.py, MuonAdjustLR)
     grad_clip: float = 1.0
     max_seq_len: int = 256
     dtype: str = "auto"                   # auto: see resolve_dtype
@@ -166,6 +175,9 @@ def _validate(args: TrainArgs) -> None:
         raise bad("dtype", args.dtype, f"choose one of {', '.join(DTYPES)}")
     if args.compile not in COMPILE_MODES:
         raise bad("compile", args.compile, f"choose one of {', '.join(COMPILE_MODES)}")
+    for name, enum in (("optimizer", OptimizerName), ("muon_adjust_lr", MuonAdjustLR), ("lr_schedule", LRSchedule)):
+        if getattr(args, name) not in tuple(enum):
+            raise bad(name, getattr(args, name), f"choose one of {', '.join(enum)}")
     if args.preset not in PRESETS:
         raise bad("preset", args.preset, f"choose one of {', '.join(PRESETS)}")
     for name in ("epochs", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
@@ -175,8 +187,16 @@ def _validate(args: TrainArgs) -> None:
     for name in ("warmup_steps", "eval_batches", "diag_interval"):
         if getattr(args, name) < 0:
             raise bad(name, getattr(args, name), "it must be >= 0")
-    if not (args.learning_rate > 0 and math.isfinite(args.learning_rate)):
-        raise bad("learning_rate", args.learning_rate, "it must be a positive number")
+    for name in ("learning_rate", "muon_lr"):
+        if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
+            raise bad(name, getattr(args, name), "it must be a positive number")
+    for name in ("weight_decay", "muon_weight_decay"):
+        if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
+            raise bad(name, getattr(args, name), "it must be a number >= 0")
+    if not 0 <= args.muon_momentum < 1:
+        raise bad("muon_momentum", args.muon_momentum, "it must be in [0, 1)")
+    if not 0 < args.decay_fraction <= 1:
+        raise bad("decay_fraction", args.decay_fraction, "it must be in (0, 1]")
     if not 0 <= args.min_lr_ratio <= 1:
         raise bad("min_lr_ratio", args.min_lr_ratio, "it must be in [0, 1]")
     if not 0 < args.val_fraction < 1:

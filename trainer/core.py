@@ -37,16 +37,17 @@ from trainer.args import (MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_m
 from trainer.checkpoint import (check_resume_compatible, latest_checkpoint, load_checkpoint, read_trainer_state,
                                 save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader
-from trainer.distributed import (full_state_dict, make_accelerator, shutdown, update_inside_backward,
-                                 weights_are_sharded)
+from trainer.distributed import (check_optimizer_supported, full_state_dict, make_accelerator, shutdown,
+                                 update_inside_backward, weights_are_sharded)
 from trainer.evaluation import token_byte_lengths
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.metrics_log import MetricsLog
 from trainer.objectives import EvalResult, LanguageModeling, Objective
-from trainer.optim import build_optimizer
+from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
-                             EXIT_DIVERGED, MERGED_DIR, SUMMARY_FILE, is_chat_task, report_error, resolve_path)
-from trainer.schedule import warmup_cosine
+                             EXIT_DIVERGED, MERGED_DIR, SUMMARY_FILE, is_chat_task, report_error,
+                             resolve_path)
+from trainer.schedule import build_scheduler
 
 PRETRAIN_PROMPT, CHAT_PROMPT = "The history of", "What is the capital of France?"
 
@@ -143,6 +144,20 @@ def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
     return f"{prompt} -> {completion.strip()}" if chat else prompt + completion
 
 
+def make_optimizer(model: torch.nn.Module, args: TrainArgs) -> torch.optim.Optimizer:
+    """The optimizer the flags ask for (trainer/optim.py builds it)."""
+    return build_optimizer(model, args.learning_rate, args.weight_decay, args.optimizer, muon_lr=args.muon_lr,
+                           muon_weight_decay=args.muon_weight_decay, muon_momentum=args.muon_momentum,
+                           muon_adjust_lr=args.muon_adjust_lr)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, args: TrainArgs,
+                   total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """The flags' schedule over `total_steps` optimizer steps (trainer/schedule.py)."""
+    return build_scheduler(optimizer, min(args.warmup_steps, total_steps), total_steps, args.min_lr_ratio,
+                           args.lr_schedule, args.decay_fraction)
+
+
 def save_model_dir(model: torch.nn.Module, tokenizer, out_dir: Path) -> None:
     """Write a plain HF model directory (a PEFT adapter directory for a PEFT model); each file is moved into place
     whole."""
@@ -201,7 +216,8 @@ class Trainer:
         self.model = self._wrap_for_task(base)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        self.optimizer = build_optimizer(self.model, args.learning_rate, args.weight_decay)
+        check_optimizer_supported(self.accelerator, args.optimizer)
+        self.optimizer = make_optimizer(self.model, args)
         (self.model, self.optimizer, self.train_loader) = self.accelerator.prepare(
             self.model, self.optimizer, self.data.train_loader)
         self.unwrapped = self.accelerator.unwrap_model(self.model)
@@ -220,8 +236,7 @@ class Trainer:
         self.compiled = compile_enabled(args.compile, self.total_steps)
         if self.compiled:
             self.unwrapped.compile()  # in place: same module, same state_dict keys, so checkpoints do not care
-        self.scheduler = self.accelerator.prepare(warmup_cosine(
-            self.optimizer, min(args.warmup_steps, self.total_steps), self.total_steps, args.min_lr_ratio))
+        self.scheduler = self.accelerator.prepare(make_scheduler(self.optimizer, args, self.total_steps))
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.metrics = MetricsLog(self.out_dir, enabled=self.is_main)
         self.flops_per_token = flops_per_token(self.base_model.config, self.num_params, args.max_seq_len)
@@ -429,8 +444,9 @@ class Trainer:
                 window_tokens, window_time = window_tokens + step_tokens, window_time + elapsed
                 window_losses.append(loss)
                 window_stats.append(stats)
-                lr = self.scheduler.get_last_lr()[0]
-                record = {"step": step, "split": "train", "loss": loss, **stats, "lr": lr, "grad_norm": grad_norm,
+                lrs = scheduled_lrs(self.optimizer)
+                lr = lrs["lr"]
+                record = {"step": step, "split": "train", "loss": loss, **stats, **lrs, "grad_norm": grad_norm,
                           "tokens_seen": tokens_seen, "step_time_s": elapsed}
                 if outcome == "skipped":
                     record["skipped"] = True  # fp16 gradient overflow: no update, the scaler lowered its scale
@@ -473,7 +489,8 @@ class Trainer:
         stats = dataset_stats(self.data.train)
         setup = str(self.accelerator.distributed_type).split(".")[-1]
         lines = [f"MiniNorm {self.args.task}: {self.num_params / 1e6:.2f}M parameters on {self.accelerator.device} "
-                 f"x{self.world}, {self.args.dtype}, {setup}, compile {'on' if self.compiled else 'off'}"
+                 f"x{self.world}, {self.args.dtype}, {setup}, compile {'on' if self.compiled else 'off'}, "
+                 f"optimizer {self.args.optimizer}"
                  + (", gradient checkpointing" if self.args.gradient_checkpointing else ""),
                  f"data: {self.data.description}; {len(self.data.train)} train / {len(self.data.val)} val samples"
                  + (f"; stats {stats}" if stats else ""),

@@ -60,6 +60,14 @@ def update_inside_backward(accelerator: Accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.DEEPSPEED
 
 
+def check_optimizer_supported(accelerator: Accelerator, optimizer: str) -> None:
+    """Refuse, in one line, an optimizer the process setup cannot run. Muon orthogonalizes each 2-D weight
+    matrix's update as a whole; DeepSpeed's ZeRO optimizer wrapper flattens the parameters into 1-D partitions."""
+    if optimizer == "muon" and accelerator.distributed_type == DistributedType.DEEPSPEED:
+        raise ValueError("--optimizer muon does not run under DeepSpeed: ZeRO flattens the parameters into 1-D "
+                         "partitions and Muon needs each weight matrix whole; use DDP or FSDP2, or --optimizer adamw")
+
+
 def full_state_dict(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Collective (every process calls it): the whole model's weights, complete on the main process (other
     processes may get an empty dict under FSDP)."""

@@ -43,9 +43,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
 from trainer.args import cpu_has_fast_bf16, parse_args  # noqa: E402
-from trainer.core import Trainer  # noqa: E402
-from trainer.optim import build_optimizer  # noqa: E402
-from trainer.schedule import warmup_cosine  # noqa: E402
+from trainer.core import Trainer, make_optimizer, make_scheduler  # noqa: E402
 
 
 def interleaved_times(fns: dict[str, Callable[[], float]], reps: int, warmup: int) -> dict[str, list[float]]:
@@ -88,10 +86,8 @@ def make_trainer(preset: str, dtype: str, norm_type: str, batch_size: int, seq_l
 def swap_in_llama(trainer: Trainer) -> None:
     """Put a LlamaForCausalLM of the same shape into the trainer's step."""
     llama = LlamaForCausalLM(to_llama_config(trainer.unwrapped.config))
-    optimizer = build_optimizer(llama, trainer.args.learning_rate, trainer.args.weight_decay)
-    args = trainer.args
-    scheduler = warmup_cosine(optimizer, min(args.warmup_steps, trainer.total_steps), trainer.total_steps,
-                              args.min_lr_ratio)  # the same schedule, now stepping Llama's optimizer
+    optimizer = make_optimizer(llama, trainer.args)
+    scheduler = make_scheduler(optimizer, trainer.args, trainer.total_steps)  # the same schedule, Llama's optimizer
     trainer.model, trainer.optimizer, trainer.scheduler = trainer.accelerator.prepare(llama, optimizer, scheduler)
 
 

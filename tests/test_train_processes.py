@@ -9,14 +9,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from tests.training_runs import (SFT_STEPS, STEPS, launch_two_processes, pretrain_argv, sft_argv, train_losses,
-                                 val_losses)
+from tests.training_runs import (SFT_STEPS, STEPS, assert_same_model, launch_two_processes, pretrain_argv, sft_argv,
+                                 train_losses, val_losses)
 from trainer.run_dir import read_metrics
 
 
@@ -25,13 +22,6 @@ def assert_finished_cleanly(run: subprocess.CompletedProcess, setup: str) -> Non
     # One data-parallel job over two processes (not one process, nor two independent jobs).
     assert run.stdout.count("MiniNorm ") == 1 and f"x2, float32, {setup}" in run.stdout, run.stdout[-3000:]
     assert "terminate called" not in run.stderr  # no abort at interpreter exit
-
-
-def assert_same_model(ours: Path, reference: Path) -> None:
-    mine, theirs = load_file(ours / "model.safetensors"), load_file(reference / "model.safetensors")
-    assert mine.keys() == theirs.keys()
-    for name, tensor in theirs.items():
-        torch.testing.assert_close(mine[name], tensor, rtol=1e-4, atol=1e-5)
 
 
 def test_torchrun_sft_with_uneven_label_masks_matches_one_process(train_data, reference_run, sft_reference_run,

@@ -117,7 +117,7 @@ def storage_is_shared(views: list[tuple[list[int], int, str]], node_local_allowe
                              f"checkpoints need one directory that every process sees, or one per machine that "
                              f"all of that machine's processes see ({_STORAGE_HELP})")
     if not node_local_allowed:
-        rank = next(rank for rank, (seen, _, _) in enumerate(views) if len(seen) < world)
+        rank = next(rank for rank, (seen, _, _) in enumerate(views) if 0 not in seen)
         raise ValueError(f"--out_dir {views[rank][2]}: rank {rank} does not see rank 0's files there, and sharded "
                          f"checkpoints (FSDP, DeepSpeed) need an --out_dir on storage shared by every machine "
                          f"({_STORAGE_HELP})")

@@ -17,6 +17,8 @@ from accelerate.state import PartialState
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
 MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
+# The run's process group, held until shutdown(); see there.
+_process_group: list[object] = []
 
 
 def _fsdp_requested() -> bool:
@@ -41,11 +43,14 @@ def make_accelerator(dtype: str, accumulation_steps: int, use_wandb: bool, timeo
         state = PartialState(cpu=True, timeout=timeout)
         if state.distributed_type == DistributedType.MULTI_CPU:
             PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
-    return Accelerator(cpu=cpu, mixed_precision=MIXED_PRECISION[dtype],
-                       gradient_accumulation_steps=accumulation_steps,
-                       step_scheduler_with_optimizer=False,  # the trainer steps it once per optimizer step
-                       kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)],
-                       log_with="wandb" if use_wandb else None)
+    accelerator = Accelerator(cpu=cpu, mixed_precision=MIXED_PRECISION[dtype],
+                              gradient_accumulation_steps=accumulation_steps,
+                              step_scheduler_with_optimizer=False,  # the trainer steps it once per optimizer step
+                              kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)],
+                              log_with="wandb" if use_wandb else None)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        _process_group[:] = [torch.distributed.group.WORLD]
+    return accelerator
 
 
 def set_collective_timeout(timeout_s: int) -> None:
@@ -95,6 +100,13 @@ def collective_timed_out(error: BaseException) -> bool:
 def shutdown() -> None:
     """End the process group explicitly (no barrier: after an error the other processes may be gone). Left to
     interpreter exit, gloo's threads still running make the C++ runtime abort ("terminate called without an
-    active exception") after the work is done."""
+    active exception") after the work is done.
+
+    Called once the trainer is gone. Its DDP reducer holds the process group too, and the reducer's destructor
+    keeps the GIL: were it the last holder (Accelerate's end_training destroys the group before the trainer goes),
+    gloo's destructor would wait, GIL held, for a worker thread that needs the GIL to free the last collective's
+    tensors, and the process would hang after training (seen on a loaded machine, 1 run in ~15). The reference
+    held here is dropped last, through the Python object, whose destructor releases the GIL first."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    _process_group.clear()

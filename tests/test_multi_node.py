@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from tests.training_runs import (REPO, assert_same_model, free_port, node_launcher, pretrain_argv,
                                  train_losses)
 from trainer.checkpoint import storage_is_shared
-from trainer.run_dir import EXIT_PEER_LOST
+from trainer.run_dir import EXIT_ERROR, EXIT_PEER_LOST
 
 # A /30 of our own: it exists only inside the two namespaces (each has its own routing table), so it cannot meet
 # the host's networks or another run's namespaces.
@@ -235,6 +235,7 @@ def test_two_nodes_with_an_out_dir_each_resume_exactly_or_refuse_in_one_line(two
         assert result.returncode != 0, f"node {node} did not refuse"
         errors = [text for text in result.stderr.splitlines() if text.startswith("error:")]
         assert len(errors) == 1 and errors[0].startswith(line), result.stderr[-3000:]
+        assert f"exitcode  : {EXIT_ERROR}" in result.stderr  # the worker's own exit code, in torchrun's report
     assert "resumed from" not in refused[0].stdout + refused[1].stdout
     assert (out_dirs[0] / "model.safetensors").read_bytes() == before  # nothing trained, nothing written
 

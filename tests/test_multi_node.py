@@ -57,7 +57,7 @@ class TwoNodes:
 
 
 def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
 
 
 def _create_namespaces(tag: str) -> TwoNodes:

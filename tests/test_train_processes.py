@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from tests.training_runs import (MUON_FLAGS, SFT_STEPS, STEPS, launch_two_processes, pretrain_argv, sft_argv,
+from tests.training_runs import (MUON_FLAGS, SFT_STEPS, STEPS, assert_same_model, launch_two_processes, pretrain_argv,
+                                 sft_argv,
                                  train_losses, val_losses)
 from trainer.run_dir import read_metrics
 
@@ -25,13 +23,6 @@ def assert_finished_cleanly(run: subprocess.CompletedProcess, setup: str) -> Non
     # One data-parallel job over two processes (not one process, nor two independent jobs).
     assert run.stdout.count("MiniNorm ") == 1 and f"x2, float32, {setup}" in run.stdout, run.stdout[-3000:]
     assert "terminate called" not in run.stderr  # no abort at interpreter exit
-
-
-def assert_same_model(ours: Path, reference: Path) -> None:
-    mine, theirs = load_file(ours / "model.safetensors"), load_file(reference / "model.safetensors")
-    assert mine.keys() == theirs.keys()
-    for name, tensor in theirs.items():
-        torch.testing.assert_close(mine[name], tensor, rtol=1e-4, atol=1e-5)
 
 
 def test_torchrun_sft_with_uneven_label_masks_matches_one_process(train_data, reference_run, sft_reference_run,
@@ -115,7 +106,4 @@ def test_fsdp2_with_muon_matches_one_process(train_data, muon_reference_run, tmp
     assert "optimizer muon" in run.stdout
     assert train_losses(out_dir) == pytest.approx(train_losses(muon_reference_run), rel=1e-4)
     assert val_losses(out_dir) == pytest.approx(val_losses(muon_reference_run), rel=1e-4)
-    mine, theirs = load_file(out_dir / "model.safetensors"), load_file(muon_reference_run / "model.safetensors")
-    assert mine.keys() == theirs.keys()
-    for name, tensor in theirs.items():
-        torch.testing.assert_close(mine[name], tensor, rtol=0, atol=1e-2)
+    assert_same_model(out_dir, muon_reference_run, rtol=0, atol=1e-2)

@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
 
 from trainer.run_dir import read_metrics
 
@@ -95,6 +97,14 @@ def val_losses(out_dir: Path) -> list[float]:
     return [r["val_loss"] for r in read_metrics(out_dir / "metrics.jsonl", "val")]
 
 
+def assert_same_model(ours: Path, reference: Path, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """The final weights of two runs equal (default: at fp32 tolerance)."""
+    mine, theirs = load_file(ours / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert mine.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(mine[name], tensor, rtol=rtol, atol=atol)
+
+
 def free_port() -> int:
     # Other jobs on the machine may run their own launches: a fixed port (Accelerate's default 29500) could join
     # them into our process group.
@@ -117,3 +127,14 @@ def launch_two_processes(name: str, task: str, argv: list[str], cwd: Path) -> su
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run([*launcher(name), str(script), *argv], capture_output=True, text=True, timeout=900,
                           env=env, cwd=cwd)
+
+
+def node_launcher(name: str, node_rank: int, master_addr: str, port: int) -> list[str]:
+    """The README's commands for one node of a 2-node job, one CPU process per node: torchrun, or accelerate with
+    multi_node_cpu.yaml."""
+    if name == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                "--node_rank", str(node_rank), "--master_addr", master_addr, "--master_port", str(port)]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+            str(REPO / "trainer" / "accelerate" / "multi_node_cpu.yaml"), "--machine_rank", str(node_rank),
+            "--main_process_ip", master_addr, "--main_process_port", str(port)]

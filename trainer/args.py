@@ -89,6 +89,11 @@ class TrainArgs:
     save_interval: int = 200
     keep_checkpoints: int = 2
     resume: str | None = None             # "auto" or a checkpoint directory
+    # Several processes: how long a collective waits for the others before the job fails (a dead node, a cut
+    # network). Set-up (the main process prepares the data while the others wait), resume and the first optimizer
+    # step get the longer init timeout; trainer/distributed.py applies them.
+    dist_init_timeout: int = 1800         # seconds
+    dist_timeout: int = 300               # seconds, from the end of the first optimizer step on
     from_weight: str | None = None        # fine-tuning: the starting model (default: trainer/run_dir.py)
     use_wandb: bool = False
     wandb_project: str = "MiniNorm"
@@ -181,7 +186,7 @@ def _validate(args: TrainArgs) -> None:
     if args.preset not in PRESETS:
         raise bad("preset", args.preset, f"choose one of {', '.join(PRESETS)}")
     for name in ("epochs", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
-                 "save_interval", "keep_checkpoints"):
+                 "save_interval", "keep_checkpoints", "dist_init_timeout", "dist_timeout"):
         if getattr(args, name) < 1:
             raise bad(name, getattr(args, name), "it must be >= 1")
     for name in ("warmup_steps", "eval_batches", "diag_interval"):

@@ -34,18 +34,19 @@ from model.generation_defaults import saved_generation_config
 from model.model import MiniNormForCausalLM
 from trainer.args import (MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, compile_enabled,
                           resolve_dtype)
-from trainer.checkpoint import (check_resume_compatible, latest_checkpoint, load_checkpoint, read_trainer_state,
+from trainer.checkpoint import (agree_on_resume, check_resume_compatible, load_checkpoint, probe_storage,
                                 save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader
-from trainer.distributed import (check_optimizer_supported, full_state_dict, make_accelerator, shutdown,
-                                 update_inside_backward, weights_are_sharded)
+from trainer.distributed import (check_optimizer_supported, collective_timed_out, full_state_dict, make_accelerator,
+                                 set_collective_timeout, shutdown, state_is_sharded, update_inside_backward,
+                                 weights_are_sharded)
 from trainer.evaluation import token_byte_lengths
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.metrics_log import MetricsLog
 from trainer.objectives import EvalResult, LanguageModeling, Objective
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
-                             EXIT_DIVERGED, MERGED_DIR, SUMMARY_FILE, is_chat_task, report_error,
+                             EXIT_DIVERGED, EXIT_PEER_LOST, MERGED_DIR, SUMMARY_FILE, is_chat_task, report_error,
                              resolve_path)
 from trainer.schedule import build_scheduler
 
@@ -181,14 +182,20 @@ class Trainer:
         args.dtype = resolve_dtype(args.dtype)
         self.args = args
         self.out_dir = args.resolved_out_dir()
-        self.accelerator = make_accelerator(args.dtype, args.accumulation_steps, args.use_wandb)
+        self.accelerator = make_accelerator(args.dtype, args.accumulation_steps, args.use_wandb,
+                                            timeout_s=args.dist_init_timeout)
         self.is_main = self.accelerator.is_main_process
         self.world = self.accelerator.num_processes
         self.sharded = weights_are_sharded(self.accelerator)
         self.started = time.perf_counter()
         self.wandb_run_id: str | None = None
-        self.resume_from = self._find_resume_checkpoint()
-        self.resume_state = read_trainer_state(self.resume_from) if self.resume_from is not None else None
+        # One --out_dir seen by every process, or one per machine (then each machine keeps a whole checkpoint).
+        self.shared_storage = probe_storage(self.accelerator, self.out_dir,
+                                            node_local_allowed=not state_is_sharded(self.accelerator))
+        explicit = resolve_path(args.resume) if args.resume and args.resume != "auto" else None
+        self.resume = agree_on_resume(self.accelerator, args.resume, self.out_dir / CHECKPOINT_DIR, explicit)
+        self.resume_from = self.resume.path if self.resume is not None else None
+        self.resume_state = self.resume.state if self.resume is not None else None
         if args.use_wandb:
             self.wandb_run_id = (self.resume_state or {}).get("wandb_run_id")
             init = {"name": args.wandb_run_name, "group": args.wandb_group, "dir": str(self.out_dir),
@@ -280,17 +287,7 @@ class Trainer:
         left_in_epoch = (len(self.data.train) - samples_done) // self.global_batch
         return self.resume_state["step"] + left_in_epoch + (self.args.epochs - epoch - 1) * self.steps_per_epoch
 
-    # ----------------------------------------------------------------- resume
-    def _find_resume_checkpoint(self) -> Path | None:
-        if not self.args.resume:
-            return None
-        if self.args.resume == "auto":
-            return latest_checkpoint(self.out_dir / CHECKPOINT_DIR)
-        path = resolve_path(self.args.resume)
-        if not path.is_dir():
-            raise FileNotFoundError(f"--resume {path}: no such checkpoint directory")
-        return path
-
+    # ----------------------------------------------------------------- checkpoints
     def _state(self, step: int, epoch: int, samples_done: int, tokens_seen: int) -> dict[str, Any]:
         return {"step": step, "epoch": epoch, "samples_done_in_epoch": samples_done, "tokens_seen": tokens_seen,
                 "total_steps": self.total_steps, "processes": self.world, "data": self.data_identity,
@@ -298,7 +295,8 @@ class Trainer:
 
     def _save(self, step: int, epoch: int, samples_done: int, tokens_seen: int) -> Path:
         return save_checkpoint(self.accelerator, self.out_dir / CHECKPOINT_DIR, step,
-                               self._state(step, epoch, samples_done, tokens_seen), self.args.keep_checkpoints)
+                               self._state(step, epoch, samples_done, tokens_seen), self.args.keep_checkpoints,
+                               shared_storage=self.shared_storage)
 
     # ----------------------------------------------------------------- logging
     def _print(self, text: str) -> None:
@@ -411,7 +409,8 @@ class Trainer:
             epoch, samples_done = saved_position(state)
             self.metrics.truncate_after(step)
             self._print(f"resumed from {self.resume_from} at optimizer step {step} (epoch {epoch}, sample "
-                        f"{samples_done} of {len(self.data.train)})")
+                        f"{samples_done} of {len(self.data.train)})" + (f"; {self.resume.note}" if self.resume.note
+                                                                       else ""))
         else:
             if args.resume == "auto":
                 self._print(f"--resume auto: no checkpoint in {self.out_dir / CHECKPOINT_DIR}; starting fresh")
@@ -424,6 +423,7 @@ class Trainer:
         step_token_counts: list[int] = []
         window_tokens, window_time, window_losses, window_stats = 0, 0.0, [], []
         self.model.train()
+        first_step = step
         while step < self.total_steps:
             batch_iter, steps_here = self._start_epoch(epoch, samples_done)
             for _ in range(steps_here):
@@ -436,6 +436,8 @@ class Trainer:
                 if outcome == "diverged":
                     return self._diverged(step, epoch, samples_done, tokens_seen, progress)
                 step += 1
+                if step == first_step + 1:  # set-up and the first (compiling) step are done: fail faster now
+                    set_collective_timeout(args.dist_timeout)
                 samples_done += self.global_batch
                 tokens_seen += step_tokens
                 elapsed = time.perf_counter() - started
@@ -588,5 +590,13 @@ def main(task: str, argv: list[str] | None = None) -> RunSummary:
         raise SystemExit(EXIT_DIVERGED) from None
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(report_error(error)) from None
+    except RuntimeError as error:
+        if not collective_timed_out(error):
+            raise
+        rank = os.environ.get("RANK", "0")
+        print(f"error: rank {rank} stopped: another process did not answer in time (--dist_timeout; "
+              f"--dist_init_timeout until the first step is done): a node died or the network failed "
+              f"({str(error).splitlines()[0]}); resume with --resume auto when every node is back", file=sys.stderr)
+        raise SystemExit(EXIT_PEER_LOST) from None
     finally:
         shutdown()

@@ -47,6 +47,7 @@ VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per
 
 EXIT_ERROR = 2     # bad input or a missing file: one line on stderr, nothing trained or written
 EXIT_DIVERGED = 3  # the loss (or gradient) became NaN/inf; run_summary.json says "diverged"
+EXIT_PEER_LOST = 4  # several processes: one waited --dist_timeout for the others (a node died, the network failed)
 
 
 def report_error(error: BaseException | str) -> int:

@@ -19,9 +19,9 @@ from datasets import Features, List, Value
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from dataset.chat_format import check_chatml_tokenizer, encode_chatml_batch
+from dataset.chat_format import encode_chatml_batch
 from dataset.jsonl import load_jsonl
-from dataset.sft_dataset import IGNORE_INDEX, assistant_labels, collate_rows
+from dataset.sft_dataset import IGNORE_INDEX, assistant_labels, chat_pad_token_id, collate_rows
 
 SIDES = ("chosen", "rejected")
 PAIR_FEATURES = Features(
@@ -65,12 +65,7 @@ class DPODataset(Dataset):
         skip_bad_lines: bool = False,
         cache_dir: str | Path | None = None,
     ) -> None:
-        if max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
-        check_chatml_tokenizer(tokenizer)
-        if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer has no pad token for collate()")
-        self.pad_token_id = int(tokenizer.pad_token_id)
+        self.pad_token_id = chat_pad_token_id(tokenizer, max_seq_len)
         raw, scan = load_jsonl(path, "preference", skip_bad_lines, cache_dir)
         samples = raw.map(
             _encode_pairs,

@@ -55,6 +55,16 @@ def assistant_labels(encoding: ChatEncoding, final_answer_only: bool = False) ->
     return [token if is_learned else IGNORE_INDEX for token, is_learned in zip(encoding.input_ids, learned)]
 
 
+def chat_pad_token_id(tokenizer: PreTrainedTokenizerBase, max_seq_len: int) -> int:
+    """The checks every chat dataset makes of its arguments; returns the id collate_rows pads with."""
+    if max_seq_len < 2:
+        raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
+    check_chatml_tokenizer(tokenizer)
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token for collate()")
+    return int(tokenizer.pad_token_id)
+
+
 def collate_rows(rows: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
     """Right-pad rows of ``input_ids`` and ``labels``: ``input_ids`` with the pad id, ``labels`` with -100, plus
     ``attention_mask``."""
@@ -103,12 +113,7 @@ class SFTDataset(Dataset):
         skip_bad_lines: bool = False,
         cache_dir: str | Path | None = None,
     ) -> None:
-        if max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
-        check_chatml_tokenizer(tokenizer)
-        if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer has no pad token for collate()")
-        self.pad_token_id = int(tokenizer.pad_token_id)
+        self.pad_token_id = chat_pad_token_id(tokenizer, max_seq_len)
         raw, scan = load_jsonl(path, "conversations", skip_bad_lines, cache_dir)
         self._samples = raw.map(
             _encode_conversations,

@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from eva
 
 import argparse  # noqa: E402
 
-from trainer.run_dir import ModelNotFound, locate_model_and_adapter, model_task, report_error  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
 
@@ -30,10 +30,7 @@ RESET, EXIT = "/reset", "/exit"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Chat with a MiniNorm model (or any causal-LM directory)",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model_path", help="model directory; default: out/sft, else out/pretrain (with --lora: "
-                                             "the adapter's base model)")
-    parser.add_argument("--lora", help="a LoRA adapter directory (trainer/train_lora.py), merged into the model's "
-                                       "weights at load")
+    add_model_source_flags(parser)
     parser.add_argument("--prompt", help="answer this one message and exit")
     parser.add_argument("--system", default=None, help="system prompt (chat models)")
     parser.add_argument("--history", type=int, default=2, help="past exchanges kept in the prompt (0: none)")

@@ -25,7 +25,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.run_dir import (ModelNotFound, is_chat_task, locate_model_and_adapter, model_task,  # noqa: E402
+from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter, model_task,  # noqa: E402
                              report_error, resolve_input_path, resolve_path)
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
@@ -150,9 +150,7 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain "
-                                                           "(with --lora: the adapter's base model)")
-    parser.add_argument("--lora", default=None, help="a LoRA adapter directory, merged into the model at load")
+    add_model_source_flags(parser)
     parser.add_argument("--data", nargs="+", default=list(DEFAULT_SPLITS),
                         help=f"{' / '.join(NAMED_SPLITS)} or jsonl files")
     parser.add_argument("--max_seq_len", type=int, default=256)

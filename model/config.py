@@ -69,7 +69,7 @@ def _check_choice(field: str, value: Any, enum: type[StrEnum]) -> StrEnum:
 
 
 class MiniNormConfig(PretrainedConfig):
-    """LLaMA-style decoder shape plus the normalization switches (see docs/DESIGN.md, "The norms, exactly")."""
+    """LLaMA-style decoder shape plus the normalization switches (see docs/architecture.md, "The norms, exactly")."""
 
     model_type = "mininorm"
     keys_to_ignore_at_inference = ["past_key_values"]

@@ -30,7 +30,7 @@ from contextlib import asynccontextmanager  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, AsyncIterator, Literal  # noqa: E402
 
-from trainer.run_dir import ModelNotFound, locate_model_and_adapter, model_task, report_error  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, model_task, report_error  # noqa: E402
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
 MAX_BODY_BYTES = 1 << 20
@@ -373,10 +373,7 @@ def load_served_model(path: Path, mode: str = "auto", max_batch: int = 8, name: 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Serve a MiniNorm model: OpenAI's chat API and a chat page",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model_path", help="model directory; default: out/sft, else out/pretrain (with --lora: "
-                                             "the adapter's base model)")
-    parser.add_argument("--lora", help="a LoRA adapter directory (trainer/train_lora.py), merged into the model's "
-                                       "weights at load")
+    add_model_source_flags(parser)
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 listens on every interface")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api_key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ requests")

@@ -1,4 +1,4 @@
-"""What the norm tests expect, derived from docs/DESIGN.md rather than from the code under test."""
+"""What the norm tests expect, derived from docs/architecture.md rather than from the code under test."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def ref_prms_forward(x: torch.Tensor, w: torch.Tensor, eps: float, p: float) -> 
 
 def ref_prms_backward(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float,
                       p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp64 backward from docs/DESIGN.md: g = dy*w, dx_i = r*g_i - [i<k]*r^3*x_i*(1/k)*sum_j g_j*x_j,
+    """fp64 backward from docs/architecture.md: g = dy*w, dx_i = r*g_i - [i<k]*r^3*x_i*(1/k)*sum_j g_j*x_j,
     dw_i = sum over rows of dy_i*x_i*r."""
     k = expected_partial_size(x.shape[-1], p)
     x, w, dy = x.double(), w.double(), dy.double()
@@ -169,7 +169,7 @@ def test_rmsnorm_backward_formula_and_gradcheck() -> None:
     dx_ref, dw_ref = ref_prms_backward(x.detach(), norm.weight.detach(), dy, EPS, 1.0)
     torch.testing.assert_close(x.grad, dx_ref, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(norm.weight.grad, dw_ref, atol=1e-10, rtol=1e-10)
-    # The p = 1 closed form from docs/DESIGN.md: dx = r * (g - x * r^2 * mean(g * x)).
+    # The p = 1 closed form from docs/architecture.md: dx = r * (g - x * r^2 * mean(g * x)).
     xd = x.detach()
     r = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS)
     g = dy * norm.weight.detach()

@@ -210,6 +210,14 @@ def locate_model(model_path: str | Path | None = None) -> tuple[Path, str | None
                         f"and then `{CREATE_COMMANDS['sft']}`")
 
 
+def add_model_source_flags(parser) -> None:
+    """--model_path and --lora, the flags every tool that loads a trained model reads (locate_model_and_adapter)."""
+    parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain "
+                                                           "(with --lora: the adapter's base model)")
+    parser.add_argument("--lora", default=None, help="a LoRA adapter directory (trainer/train_lora.py), merged into "
+                                                     "the model's weights at load")
+
+
 def locate_model_and_adapter(model_path: str | Path | None, lora_path: str | Path | None
                              ) -> tuple[Path, Path | None, str | None]:
     """(model directory, LoRA adapter directory or None, note) for a tool's --model_path and --lora flags.

@@ -53,12 +53,6 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     return get_peft_model(model, config)
 
 
-def trainable_parameters(model: nn.Module) -> tuple[int, int]:
-    """(parameters that train, all parameters), each counted once."""
-    unique = {id(p): p for p in model.parameters()}.values()
-    return sum(p.numel() for p in unique if p.requires_grad), sum(p.numel() for p in unique)
-
-
 def load_adapter(base_model: nn.Module, adapter_dir: Path, merge: bool) -> Any:
     """Base model + the adapter of `adapter_dir`: a PEFT model, or with `merge` the base model's own class with
     the adapter folded into its weights (no extra work per token)."""

@@ -63,6 +63,7 @@ class TrainArgs:
     # Schedule.
     epochs: int = 1
     max_steps: int = -1                   # optimizer steps; -1: as many as `epochs` give
+    time_budget_s: float = 0.0            # > 0: train this many seconds (see trainer/budget.py); 0: off
     batch_size: int = 16                  # per process, per micro-step
     accumulation_steps: int = 1
     learning_rate: float = 2e-3           # AdamW's (with --optimizer muon: the embedding, LM head, norms)
@@ -202,6 +203,8 @@ def _validate(args: TrainArgs) -> None:
         raise bad("muon_momentum", args.muon_momentum, "it must be in [0, 1)")
     if not 0 < args.decay_fraction <= 1:
         raise bad("decay_fraction", args.decay_fraction, "it must be in (0, 1]")
+    if not (args.time_budget_s >= 0 and math.isfinite(args.time_budget_s)):
+        raise bad("time_budget_s", args.time_budget_s, "it must be a number of seconds >= 0 (0: no time budget)")
     if not 0 <= args.min_lr_ratio <= 1:
         raise bad("min_lr_ratio", args.min_lr_ratio, "it must be in [0, 1]")
     if not 0 < args.val_fraction < 1:
@@ -297,11 +300,15 @@ def resolve_dtype(dtype: str) -> str:
 # Whole-model compile costs a one-time 25-55 s on our 2-core CPUs and saves 10-50% of every step after it
 # (docs/benchmarks.md): it pays once a run is long enough, and short runs (smoke tests, tests) stay eager.
 COMPILE_AUTO_MIN_STEPS = 1000
+COMPILE_AUTO_MIN_BUDGET_S = 600  # the same rule for a run on --time_budget_s
 
 
-def compile_enabled(mode: str, total_steps: int) -> bool:
-    """Whether `--compile auto|on|off` compiles the model for a run of `total_steps` optimizer steps. auto: on
-    from COMPILE_AUTO_MIN_STEPS steps, on any device."""
+def compile_enabled(mode: str, total_steps: int, time_budget_s: float = 0.0) -> bool:
+    """Whether `--compile auto|on|off` compiles the model for a run of `total_steps` optimizer steps (or, on a
+    time budget, of `time_budget_s` seconds). auto: on from COMPILE_AUTO_MIN_STEPS steps or
+    COMPILE_AUTO_MIN_BUDGET_S seconds, on any device."""
     if mode != "auto":
         return mode == "on"
+    if time_budget_s > 0:
+        return time_budget_s >= COMPILE_AUTO_MIN_BUDGET_S
     return total_steps >= COMPILE_AUTO_MIN_STEPS

@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
                              EXIT_DIVERGED, EXIT_PEER_LOST, MERGED_DIR, SUMMARY_FILE, is_chat_task, report_error,
                              resolve_path)
+from trainer.budget import TimeBudget
 from trainer.schedule import build_scheduler
 
 PRETRAIN_PROMPT, CHAT_PROMPT = "The history of", "What is the capital of France?"
@@ -153,10 +155,10 @@ def make_optimizer(model: torch.nn.Module, args: TrainArgs) -> torch.optim.Optim
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, args: TrainArgs,
-                   total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+                   total_steps: int | Callable[[], int]) -> torch.optim.lr_scheduler.LRScheduler:
     """The flags' schedule over `total_steps` optimizer steps (trainer/schedule.py)."""
-    return build_scheduler(optimizer, min(args.warmup_steps, total_steps), total_steps, args.min_lr_ratio,
-                           args.lr_schedule, args.decay_fraction)
+    return build_scheduler(optimizer, args.warmup_steps, total_steps, args.min_lr_ratio, args.lr_schedule,
+                           args.decay_fraction)
 
 
 def save_model_dir(model: torch.nn.Module, tokenizer, out_dir: Path) -> None:
@@ -240,10 +242,14 @@ class Trainer:
             raise ValueError(f"one optimizer step needs {self.global_batch} samples, the training set has "
                              f"{len(self.data.train)}; lower --batch_size or --accumulation_steps")
         self.total_steps = self._total_steps()
-        self.compiled = compile_enabled(args.compile, self.total_steps)
+        self.budget = self._time_budget()
+        self.session_step_times: list[float] = []  # this session's optimizer steps' seconds (checkpoints sum them)
+        self.train_time_before_s: float = (self.resume_state or {}).get("train_time_s", 0.0)
+        self.compiled = compile_enabled(args.compile, self.total_steps, args.time_budget_s)
         if self.compiled:
             self.unwrapped.compile()  # in place: same module, same state_dict keys, so checkpoints do not care
-        self.scheduler = self.accelerator.prepare(make_scheduler(self.optimizer, args, self.total_steps))
+        # The schedule reads the run's length at every step: a time budget fixes it after a few steps.
+        self.scheduler = self.accelerator.prepare(make_scheduler(self.optimizer, args, lambda: self.total_steps))
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.metrics = MetricsLog(self.out_dir, enabled=self.is_main)
         self.flops_per_token = flops_per_token(self.base_model.config, self.num_params, args.max_seq_len)
@@ -278,8 +284,11 @@ class Trainer:
     def _total_steps(self) -> int:
         """--max_steps, or the optimizer steps that complete --epochs passes over the data. A run resumed with
         another global batch finishes the same number of epochs: the steps already taken, plus what is left of
-        the data at the new batch size."""
-        if self.args.max_steps > 0:
+        the data at the new batch size. Under --time_budget_s: the length the budget fixed (a resumed run), else
+        the data's bound until the budget fixes it (trainer/budget.py)."""
+        if self.args.time_budget_s > 0 and (self.resume_state or {}).get("budget_fixed"):
+            return self.resume_state["total_steps"]
+        if self.args.max_steps > 0 and not self.args.time_budget_s:
             return self.args.max_steps
         if self.resume_state is None:
             return self.args.epochs * self.steps_per_epoch
@@ -287,11 +296,19 @@ class Trainer:
         left_in_epoch = (len(self.data.train) - samples_done) // self.global_batch
         return self.resume_state["step"] + left_in_epoch + (self.args.epochs - epoch - 1) * self.steps_per_epoch
 
+    def _time_budget(self) -> TimeBudget | None:
+        if not self.args.time_budget_s:
+            return None
+        fixed = bool((self.resume_state or {}).get("budget_fixed"))
+        return TimeBudget(self.args.time_budget_s, max_steps=self.total_steps, fixed=fixed)
+
     # ----------------------------------------------------------------- checkpoints
     def _state(self, step: int, epoch: int, samples_done: int, tokens_seen: int) -> dict[str, Any]:
         return {"step": step, "epoch": epoch, "samples_done_in_epoch": samples_done, "tokens_seen": tokens_seen,
                 "total_steps": self.total_steps, "processes": self.world, "data": self.data_identity,
-                "wandb_run_id": self.wandb_run_id, "config": self.config_dict}
+                "wandb_run_id": self.wandb_run_id, "config": self.config_dict,
+                "train_time_s": self.train_time_before_s + sum(self.session_step_times),
+                "budget_fixed": self.budget is not None and self.budget.fixed}
 
     def _save(self, step: int, epoch: int, samples_done: int, tokens_seen: int) -> Path:
         return save_checkpoint(self.accelerator, self.out_dir / CHECKPOINT_DIR, step,
@@ -420,6 +437,7 @@ class Trainer:
         progress = tqdm(total=self.total_steps, initial=step, disable=not self.is_main, dynamic_ncols=True,
                         desc=args.task)
         step_times: list[float] = []
+        self.session_step_times = step_times
         step_token_counts: list[int] = []
         window_tokens, window_time, window_losses, window_stats = 0, 0.0, [], []
         self.model.train()
@@ -443,6 +461,8 @@ class Trainer:
                 elapsed = time.perf_counter() - started
                 step_times.append(elapsed)
                 step_token_counts.append(step_tokens)
+                if self.budget is not None:
+                    self._fix_budget_length(step, step_times, progress)
                 window_tokens, window_time = window_tokens + step_tokens, window_time + elapsed
                 window_losses.append(loss)
                 window_stats.append(stats)
@@ -480,6 +500,16 @@ class Trainer:
                 epoch, samples_done = epoch + 1, 0
         progress.close()
         return self._finish(step, tokens_seen, step_times, step_token_counts)
+
+    def _fix_budget_length(self, step: int, step_times: list[float], progress) -> None:
+        length = self.budget.length_after(step, step_times, self.train_time_before_s)
+        if length is None:
+            return
+        self.total_steps = length
+        progress.total = length
+        progress.refresh()
+        self._print(f"--time_budget_s {self.args.time_budget_s:g}: {length} optimizer steps fit (pace "
+                    f"{statistics.median(step_times[1:] or step_times):.3f} s/step after the first step)")
 
     def _log_eval(self, step: int, result: EvalResult) -> None:
         self._log({"step": step, "split": "val", **result.logged()})

@@ -5,6 +5,7 @@ run). The factor multiplies every param group's own peak lr (AdamW's and Muon's 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from enum import StrEnum
 
 import torch
@@ -32,7 +33,14 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float,
-                    schedule: str = "cosine", decay_fraction: float = 0.2) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int | Callable[[], int],
+                    min_ratio: float, schedule: str = "cosine",
+                    decay_fraction: float = 0.2) -> torch.optim.lr_scheduler.LambdaLR:
+    """`total_steps` may be a callable, read at every step: a run on a time budget fixes its length after a few
+    steps (trainer/budget.py). Warmup never runs past the end."""
+    def total() -> int:
+        return total_steps() if callable(total_steps) else total_steps
+
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_multiplier(step, warmup_steps, total_steps, min_ratio, schedule, decay_fraction))
+        optimizer, lambda step: lr_multiplier(step, min(warmup_steps, total()), total(), min_ratio, schedule,
+                                              decay_fraction))

@@ -1,5 +1,6 @@
-"""eval/benchmarks/time_to_loss.py: the time to a target loss and the step budget from their records, the recipe
-rules, and a tiny end-to-end run of two recipes on the test data (a table and results.json with both)."""
+"""eval/benchmarks/time_to_loss.py: the time to a target loss from the run's records, the recipe rules, and a tiny
+end-to-end run of two recipes on the test data under the trainer's --time_budget_s (a table and results.json with
+both)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import json
 import pytest
 import yaml
 
-from eval.benchmarks.time_to_loss import (main, parse_custom_recipes, recipe_flags, steps_for_budget,
-                                          time_to_target)
+from eval.benchmarks.time_to_loss import main, parse_custom_recipes, recipe_flags, time_to_target
 from tests.training_runs import TINY
 
 
@@ -22,11 +22,6 @@ def test_time_to_target_sums_the_steps_up_to_the_first_validation_below_it():
     assert time_to_target(train, val, 5.0) is None
 
 
-def test_the_budget_becomes_steps_at_the_calibrated_pace():
-    assert steps_for_budget(60.0, 0.7) == 85
-    assert steps_for_budget(1.0, 5.0) == 1  # at least one step
-
-
 def test_recipes_are_named_flag_sets_that_leave_the_budget_to_the_benchmark():
     assert recipe_flags("baseline", {}) == ()
     assert recipe_flags("muon", {}) == ("--optimizer", "muon")
@@ -36,22 +31,25 @@ def test_recipes_are_named_flag_sets_that_leave_the_budget_to_the_benchmark():
         recipe_flags("nope", custom)
     with pytest.raises(ValueError, match="--max_steps=9 is set by the benchmark"):
         recipe_flags("long", parse_custom_recipes(["long=--max_steps=9"]))
+    with pytest.raises(ValueError, match="--time_budget_s is set by the benchmark"):
+        recipe_flags("long", parse_custom_recipes(["long=--time_budget_s 9"]))
     with pytest.raises(ValueError, match="expected NAME=FLAGS"):
         parse_custom_recipes(["--batch_size 32"])
 
 
 def test_two_recipes_end_to_end(train_data, tmp_path, capsys):
-    """Tiny model, a 1.5 s budget: both recipes calibrate, train, validate; the table and results.json say so."""
+    """Tiny model, a 1.5 s budget: both recipes train on the budget, validate; the table and results.json say so."""
     at = TINY.index("--eval_interval")  # the benchmark sets it
     common = TINY[:at] + TINY[at + 2:] + ["--data_path", str(train_data / "pretrain.jsonl"), "--batch_size", "4"]
-    assert main(["--recipes", "baseline,muon", "--budget_s", "1.5", "--target_loss", "100", "--evals", "2",
-                 "--calibration_steps", "3", "--common_flags", " ".join(common), "--out_dir", str(tmp_path)]) == 0
+    assert main(["--recipes", "baseline,muon", "--budget_s", "1.5", "--target_loss", "100",
+                 "--eval_interval", "2", "--common_flags", " ".join(common), "--out_dir", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     runs = {run["recipe"]: run for run in results["runs"]}
     assert set(runs) == {"baseline", "muon"} and all(run["status"] == "finished" for run in runs.values())
     for name, run in runs.items():
         assert run["steps"] >= 1 and run["time_to_target_s"] is not None and run["dtype"] == "float32"
         summary = json.loads((tmp_path / f"{name}_seed0" / "run_summary.json").read_text())
+        assert yaml.safe_load((tmp_path / f"{name}_seed0" / "train_config.yaml").read_text())["time_budget_s"] == 1.5
         assert run["val_loss"] == summary["final_val"]["loss"]
     assert yaml.safe_load((tmp_path / "muon_seed0" / "train_config.yaml").read_text())["optimizer"] == "muon"
     table = capsys.readouterr().out.split("| recipe |")[1]

@@ -7,14 +7,11 @@ default corpus for a fixed budget of training time, and the table reports, per r
   - the training seconds it took to first reach --target_loss (the first validation at or below it), and
   - the steps, tokens, dtype and compile setting the run ended up with.
 
-A budget in seconds becomes a number of optimizer steps (so that the learning-rate schedule ends where the budget
-does): a short calibration run of the same recipe times its steps, and the real run takes as many steps as fit
-in the budget at the calibration's median step time. The calibration's first step, which compiles (the norm
-kernels; with --compile on the whole model) and warms the caches, is left out of that median, and the real run
-reuses what it compiled: the times are warm-start times for every recipe alike (a cold start adds the one-time
-compile, measured in docs/benchmarks.md). The table shows each run's own training time, which differs from the
-budget by the calibration's error. Training time is the sum of the optimizer steps' times; validation,
-checkpoints and start-up are not in it.
+The budget is the trainer's own `--time_budget_s` (trainer/budget.py): each run fixes its length from the pace of
+its first timed steps so that its learning-rate schedule ends where the budget does. Training time is the sum of
+the optimizer steps' times, the first step included (it compiles: the norm kernels, and with --compile on the
+whole model; a later seed of the same recipe finds torch's compile cache warm); validation, checkpoints and
+start-up are not in it.
 
 The recipes run one after the other in one invocation, so they share the machine's state (load, caches, clock);
 with several --seeds they are interleaved per seed, and the table shows medians with the range over seeds.
@@ -41,7 +38,6 @@ import os  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
-import tempfile  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 
 import torch  # noqa: E402
@@ -60,7 +56,8 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "muon_wsd": ("--optimizer", "muon", "--lr_schedule", "wsd"),
 }
 # Flags the benchmark sets itself: a recipe that sets them would fight the budget or the measurement.
-OWN_FLAGS = ("--max_steps", "--epochs", "--out_dir", "--seed", "--eval_interval", "--save_interval", "--resume")
+OWN_FLAGS = ("--max_steps", "--time_budget_s", "--epochs", "--out_dir", "--seed", "--eval_interval",
+             "--save_interval", "--resume")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 RESULTS_NAME = "results"  # OUT_DIR/results.{json,md}
 
@@ -89,11 +86,6 @@ def time_to_target(train: list[dict], val: list[dict], target: float) -> float |
     if reached is None:
         return None
     return sum(record["step_time_s"] for record in train if record["step"] <= reached)
-
-
-def steps_for_budget(budget_s: float, step_s: float) -> int:
-    """Optimizer steps of `step_s` seconds that fit in `budget_s` of training; at least one."""
-    return max(1, int(budget_s / step_s)) if step_s > 0 else 1
 
 
 def recipe_flags(name: str, custom: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
@@ -128,23 +120,12 @@ def train(argv: list[str]) -> tuple[RunSummary, Trainer]:
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
-def calibrate(flags: list[str], steps: int, work_dir: Path) -> tuple[float, float]:
-    """(first step's seconds, median of the later steps' seconds) of a short run of the recipe: the first step
-    compiles and warms up, the later ones are the recipe's steady pace."""
-    out_dir = Path(tempfile.mkdtemp(prefix="calibrate_", dir=work_dir))
-    train([*flags, "--max_steps", str(steps), "--eval_interval", str(10 * steps), "--eval_batches", "1",
-           "--save_interval", str(10 * steps), "--out_dir", str(out_dir)])
-    times = [record["step_time_s"] for record in read_metrics(out_dir, "train")]
-    return times[0], statistics.median(times[1:])
-
-
-def run_recipe(name: str, flags: list[str], seed: int, steps: int, args: argparse.Namespace) -> RunResult:
+def run_recipe(name: str, flags: list[str], seed: int, args: argparse.Namespace) -> RunResult:
     out_dir = args.out_dir / f"{name}_seed{seed}"
-    eval_interval = max(1, steps // args.evals)
     try:
-        summary, trainer = train([*flags, "--seed", str(seed), "--max_steps", str(steps), "--out_dir", str(out_dir),
-                                  "--eval_interval", str(eval_interval), "--eval_batches", str(args.eval_batches),
-                                  "--save_interval", str(steps + 1)])
+        summary, trainer = train([*flags, "--seed", str(seed), "--time_budget_s", str(args.budget_s),
+                                  "--out_dir", str(out_dir), "--eval_interval", str(args.eval_interval),
+                                  "--eval_batches", str(args.eval_batches), "--save_interval", "1000000000"])
     except TrainingDiverged as error:
         train_records = read_metrics(out_dir, "train")
         return RunResult(recipe=name, seed=seed, steps=error.step, tokens=0, status="diverged",
@@ -218,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target_loss", type=float, default=5.6, help="the val loss whose time to reach is timed")
     parser.add_argument("--seeds", default="0", help="comma-separated; recipes are interleaved per seed")
     parser.add_argument("--common_flags", default="", help="trainer flags added to every recipe (data, model)")
-    parser.add_argument("--evals", type=int, default=10, help="validations per run (for the time to target)")
+    parser.add_argument("--eval_interval", type=int, default=25,
+                        help="optimizer steps between validations (for the time to target)")
     parser.add_argument("--eval_batches", type=int, default=10, help="batches per intermediate validation")
-    parser.add_argument("--calibration_steps", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--out_dir", default="out/time_to_loss", help="the runs and the results (.json, .md)")
     args = parser.parse_args(argv)
@@ -233,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         for flag in common:
             if flag.split("=")[0] in OWN_FLAGS:
                 raise ValueError(f"--common_flags: {flag} is set by the benchmark")
-        if args.budget_s <= 0 or args.evals < 1 or args.calibration_steps < 2 or not seeds:
-            raise ValueError("--budget_s must be > 0, --evals >= 1, --calibration_steps >= 2, --seeds not empty")
+        if args.budget_s <= 0 or args.eval_interval < 1 or not seeds:
+            raise ValueError("--budget_s must be > 0, --eval_interval >= 1, --seeds not empty")
     except ValueError as error:
         parser.error(str(error))
     if args.threads:
@@ -244,17 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     header = f"{machine_line()}; load average {load_start:.2f} at start"
     print(header, flush=True)
-    steps: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix=".calibration_", dir=args.out_dir) as work_dir:
-        for name, flags in recipes.items():
-            first, step = calibrate([*common, *flags], args.calibration_steps, Path(work_dir))
-            steps[name] = steps_for_budget(args.budget_s, step)
-            print(f"calibration {name}: first step {first:.2f} s (compile, warm-up; not budgeted), then "
-                  f"{step:.3f} s/step -> {steps[name]} steps", flush=True)
     results = []
     for seed in seeds:
         for name, flags in recipes.items():
-            result = run_recipe(name, [*common, *flags], seed, steps[name], args)
+            result = run_recipe(name, [*common, *flags], seed, args)
             results.append(result)
             print(f"{name} seed {seed}: {result.status}, {result.steps} steps in {result.train_time_s:.0f} s, val "
                   f"loss {result.val_loss:.4f}, {result.bits_per_byte:.3f} bits/byte", flush=True)

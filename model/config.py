@@ -38,9 +38,10 @@ def _swiglu_hidden(hidden_size: int) -> int:
     return 64 * math.ceil(hidden_size * 8 / 3 / 64)
 
 
-# Named shapes. "cpu-default" fits the default pretraining run in 10 minutes on 2 CPU cores; "cpu-deep" and
-# "cpu-wide" have about its parameter count (4.4M and 4.3M against 4.5M) at twice and half its depth, for recipe
-# searches of depth against width; the minimind-* presets match MiniMind's published sizes.
+# Named shapes. "cpu-default" (the first default) fits a pretraining run in 10 minutes on 2 CPU cores; "cpu-deep"
+# and "cpu-wide" have about its parameter count (4.4M and 4.3M against 4.5M) at twice and half its depth, for
+# recipe searches of depth against width: "cpu-wide" won and is the pretraining default (trainer/args.py,
+# docs/recipe.md); the minimind-* presets match MiniMind's published sizes.
 PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType({
     "cpu-default": MappingProxyType(dict(
         hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,

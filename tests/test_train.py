@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from trainer.args import parse_args
+from trainer.args import args_from_run_config, build_model_config, parse_args
 from trainer.core import Trainer, TrainingDiverged
 from trainer.run_dir import read_metrics
 
@@ -90,6 +91,19 @@ def test_pretrain_writes_a_loadable_hf_model_dir(reference_run):
     checkpoint = sorted((reference_run / "checkpoints").iterdir())[-1]
     weights = load_file(checkpoint / "model.safetensors")
     assert all(t.dtype == torch.float32 for t in weights.values())
+
+
+def test_run_config_gives_back_the_run_args(data_dir, reference_run):
+    """train_config.yaml, as the trainer wrote it, rebuilds the run's arguments and its model config."""
+    recorded = yaml.safe_load((reference_run / "train_config.yaml").read_text())
+    args = args_from_run_config(recorded)
+    expected = parse_args("pretrain", _pretrain_argv(data_dir, reference_run, "--batch_size", "4"))
+    assert {k: v for k, v in args.to_dict().items() if k not in ("model", "out_dir")} == \
+        {k: v for k, v in expected.to_dict().items() if k not in ("model", "out_dir")}
+    assert args.resolved_out_dir() == expected.resolved_out_dir()
+    assert build_model_config(args, 6400).to_dict() == build_model_config(expected, 6400).to_dict()
+    with pytest.raises(ValueError, match="unknown key 'hidden'"):
+        args_from_run_config({**recorded, "hidden": 3})
 
 
 KILL_DURING_SECOND_SAVE = """

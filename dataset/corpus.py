@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from dataset.atomic_io import atomic_write_text
-from dataset.sources import Dialog, package_versions, read_chatterbot, read_chitchat, read_wikipedia
+from dataset.sources import Dialog, WikiArticle, package_versions, read_chatterbot, read_chitchat, read_wikipedia
 from dataset.wiki_qa import conversations_for
 
 # Bump when the output of the builder changes, so existing caches get rebuilt.
@@ -71,6 +71,11 @@ def corpus_paths(cache_dir: Path) -> CorpusPaths:
         sft_train=cache_dir / "sft_train.jsonl",
         sft_val=cache_dir / "sft_val.jsonl",
     )
+
+
+def wiki_split_key(article: WikiArticle) -> str:
+    """The split key of a Wikipedia article: its text and every conversation made from it share it."""
+    return f"{WIKI_NAMESPACE}\x00{article.title}"
 
 
 def is_validation(split_key: str) -> bool:
@@ -126,7 +131,7 @@ def collect_records(progress: bool = False) -> tuple[list[_Record], list[_Record
     with tqdm(total=3, desc="default corpus", unit="source", disable=not progress) as bar:
         bar.set_postfix_str("wikipedia")
         for article in read_wikipedia():
-            key = f"{WIKI_NAMESPACE}\x00{article.title}"
+            key = wiki_split_key(article)
             pretrain.append(_Record(WIKI_NAMESPACE, key, {"text": article.extract}))
             for conversation in conversations_for(article):
                 sft.append(_Record(f"{WIKI_NAMESPACE}_qa", key, {"conversations": conversation}))
@@ -206,18 +211,24 @@ def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
     return manifest
 
 
-def _is_current(cache_dir: Path) -> bool:
+def manifest_is_current(cache_dir: Path, manifest_name: str, build_version: int, num_files: int) -> bool:
+    """Whether a manifest in `cache_dir` says its `num_files` files were built by this builder version from the
+    installed source packages, and those files are all there at their recorded sizes."""
     try:
-        manifest = json.loads((cache_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+        manifest = json.loads((cache_dir / manifest_name).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    if manifest.get("build_version") != BUILD_VERSION or manifest.get("packages") != package_versions():
+    if manifest.get("build_version") != build_version or manifest.get("packages") != package_versions():
         return False
     for name, info in manifest.get("files", {}).items():
         path = cache_dir / name
         if not path.is_file() or path.stat().st_size != info.get("bytes"):
             return False
-    return len(manifest.get("files", {})) == 4
+    return len(manifest.get("files", {})) == num_files
+
+
+def _is_current(cache_dir: Path) -> bool:
+    return manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION, 4)
 
 
 def ensure_default_corpus(cache_dir: Path | None = None, quiet: bool = False) -> CorpusPaths:

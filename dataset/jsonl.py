@@ -26,12 +26,14 @@ from dataset.atomic_io import atomic_write_lines, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["text", "conversations"]
+Kind = Literal["text", "conversations", "preference"]
 SCAN_VERSION = 1  # bump when validation or normalization rules change
 
+MESSAGES = List({"role": Value("string"), "content": Value("string")})
 FEATURES: dict[str, Features] = {
     "text": Features({"text": Value("string")}),
-    "conversations": Features({"conversations": List({"role": Value("string"), "content": Value("string")})}),
+    "conversations": Features({"conversations": MESSAGES}),
+    "preference": Features({"chosen": MESSAGES, "rejected": MESSAGES}),
 }
 
 
@@ -59,31 +61,58 @@ def _check_text(obj: object) -> tuple[dict, bool]:
     return {"text": obj["text"]}, len(obj) == 1
 
 
-def _check_conversations(obj: object) -> tuple[dict, bool]:
-    if not isinstance(obj, dict):
-        raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
-    if "conversations" not in obj:
-        raise BadLine('missing "conversations" field')
-    turns = obj["conversations"]
+def _check_messages(obj: dict, name: str) -> tuple[list[dict], bool]:
+    """The messages of field `name` of a record, normalized, and whether they were already plain."""
+    if name not in obj:
+        raise BadLine(f'missing "{name}" field')
+    turns = obj[name]
     if not isinstance(turns, list) or not turns:
-        raise BadLine('"conversations" must be a non-empty list of messages')
-    plain = len(obj) == 1
+        raise BadLine(f'"{name}" must be a non-empty list of messages')
+    plain = True
     messages = []
     for i, message in enumerate(turns):
         if not isinstance(message, dict):
-            raise BadLine(f"conversations[{i}] is not an object")
+            raise BadLine(f"{name}[{i}] is not an object")
         role, content = message.get("role"), message.get("content", 0)
         if not isinstance(role, str) or not role:
-            raise BadLine(f'conversations[{i}] has no "role" string')
+            raise BadLine(f'{name}[{i}] has no "role" string')
         # MiniMind tool-call turns carry "content": null; that is an empty message, not an error.
         if content is not None and not isinstance(content, str):
-            raise BadLine(f'conversations[{i}] has no "content" string')
+            raise BadLine(f'{name}[{i}] has no "content" string')
         plain = plain and content is not None and len(message) == 2
         messages.append({"role": role, "content": content or ""})
-    return {"conversations": messages}, plain
+    return messages, plain
 
 
-CHECKS = {"text": _check_text, "conversations": _check_conversations}
+def _check_conversations(obj: object) -> tuple[dict, bool]:
+    if not isinstance(obj, dict):
+        raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
+    messages, plain = _check_messages(obj, "conversations")
+    return {"conversations": messages}, plain and len(obj) == 1
+
+
+def _check_preference(obj: object) -> tuple[dict, bool]:
+    """A preference pair (MiniMind's DPO format): "chosen" and "rejected" conversations with the same prompt (every
+    message before the last) and a different last message, an assistant answer in both."""
+    if not isinstance(obj, dict):
+        raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
+    chosen, chosen_plain = _check_messages(obj, "chosen")
+    rejected, rejected_plain = _check_messages(obj, "rejected")
+    for name, messages in (("chosen", chosen), ("rejected", rejected)):
+        if messages[-1]["role"] != "assistant":
+            raise BadLine(f'{name}[{len(messages) - 1}] must be the assistant\'s answer, got role '
+                          f'{messages[-1]["role"]!r}')
+    if chosen[:-1] != rejected[:-1]:
+        differ = next((i for i, (a, b) in enumerate(zip(chosen[:-1], rejected[:-1])) if a != b),
+                      min(len(chosen), len(rejected)) - 1)
+        raise BadLine(f'"chosen" and "rejected" must share their prompt (every message before the last answer); '
+                      f'they differ at message {differ}')
+    return {"chosen": chosen, "rejected": rejected}, chosen_plain and rejected_plain and len(obj) == 2
+
+
+CHECKS = {"text": _check_text, "conversations": _check_conversations, "preference": _check_preference}
+
+
 
 
 def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> Iterator[tuple[int, dict | None, bool]]:

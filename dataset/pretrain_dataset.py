@@ -8,10 +8,18 @@ Rows can span document boundaries; the eos between documents tells the model whe
 input ids: the model shifts them (Hugging Face convention).
 
 The stream is read zero-copy from the memory-mapped Arrow cache, so multi-GB corpora do not load into RAM.
+
+A held-out split must be cut by document, not by row: rows span document boundaries, so splitting rows would put
+the rest of a validation document into training. ``split_documents`` gives two views of the same tokenized file,
+each packing only its own documents (in file order).
+
+The first token of every row is never a target: position t predicts token t + 1, so each row of L tokens trains
+on L - 1 of them, and 1/L of the stream (its every L-th token) is only ever seen as context.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -64,25 +72,57 @@ class PretrainDataset(Dataset):
             fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id},
             desc="tokenizing documents",
         )
-        lengths = np.concatenate(
+        self._doc_lengths = np.concatenate(
             [pc.list_value_length(chunk).to_numpy() for chunk in self._tokens.data.column("input_ids").chunks]
         ).astype(np.int64)
-        total = int(lengths.sum())
-        self._num_sequences = total // max_seq_len
-        if self._num_sequences == 0:
-            raise ValueError(f"{path}: {total} tokens is less than one sequence of max_seq_len={max_seq_len}")
+        self._skipped_lines = scan.skipped_lines
         self._chunks: list[np.ndarray] | None = None
-        packed = self._num_sequences * max_seq_len
+        self._path = path
+        self._select(np.arange(len(self._doc_lengths)))
+
+    def _select(self, documents: np.ndarray) -> None:
+        """Pack only `documents` (indices in file order, ascending): their tokens, concatenated, are the stream."""
+        lengths = self._doc_lengths[documents]
+        total = int(lengths.sum())
+        self._num_sequences = total // self.max_seq_len
+        if self._num_sequences == 0:
+            raise ValueError(f"{self._path}: {total} tokens is less than one sequence of "
+                             f"max_seq_len={self.max_seq_len}")
+        # Runs of consecutive documents become one segment (start in the file's stream, length); the view's stream
+        # is the segments one after the other.
+        file_starts = np.concatenate([[0], np.cumsum(self._doc_lengths)])[documents]
+        view_starts = np.concatenate([[0], np.cumsum(lengths)])
+        run_firsts = np.concatenate([[0], np.flatnonzero(np.diff(documents) != 1) + 1])
+        self._segment_starts = file_starts[run_firsts]
+        self._segment_offsets = np.append(view_starts[run_firsts], total)
+        packed = self._num_sequences * self.max_seq_len
+        self.documents = documents
         self.stats = {
-            "documents": int(len(lengths)),
+            "documents": int(len(documents)),
             "tokens": total,
             "sequences": self._num_sequences,
             "packing_efficiency": packed / total,
             "padding_tokens": 0,
             "dropped_tail_tokens": total - packed,
-            "skipped_lines": scan.skipped_lines,
-            "padded_baseline_efficiency": float(np.minimum(lengths, max_seq_len).sum()) / (len(lengths) * max_seq_len),
+            "skipped_lines": self._skipped_lines,
+            "padded_baseline_efficiency": float(np.minimum(lengths, self.max_seq_len).sum())
+            / (len(lengths) * self.max_seq_len),
         }
+
+    def split_documents(self, fraction: float, seed: int) -> tuple[PretrainDataset, PretrainDataset]:
+        """(train, validation) views: a seeded random `fraction` of the documents (at least one) is held out whole."""
+        count = len(self._doc_lengths)
+        order = np.random.default_rng(seed).permutation(count)
+        num_val = max(1, round(count * fraction))
+        if num_val >= count:
+            raise ValueError(f"{self._path}: only {count} documents, too few to hold out a validation split; "
+                             f"give --val_data_path")
+        views = []
+        for chosen in (order[num_val:], order[:num_val]):
+            view = copy.copy(self)
+            view._select(np.sort(chosen))
+            views.append(view)
+        return views[0], views[1]
 
     def _stream(self) -> tuple[list[np.ndarray], np.ndarray]:
         """Per-Arrow-chunk flat token arrays (zero-copy views of the mmap) and each chunk's start offset."""
@@ -93,6 +133,17 @@ class PretrainDataset(Dataset):
             self._starts = np.cumsum([0] + [len(c) for c in self._chunks])
         return self._chunks, self._starts
 
+    def _read(self, begin: int, end: int, pieces: list[np.ndarray]) -> None:
+        """Append the file's stream[begin:end] to `pieces` (it may cross Arrow chunks)."""
+        chunks, starts = self._stream()
+        chunk = int(np.searchsorted(starts, begin, side="right")) - 1
+        while begin < end:
+            offset = begin - starts[chunk]
+            piece = chunks[chunk][offset : offset + (end - begin)]
+            pieces.append(piece)
+            begin += len(piece)
+            chunk += 1
+
     def __len__(self) -> int:
         return self._num_sequences
 
@@ -101,16 +152,16 @@ class PretrainDataset(Dataset):
             index += self._num_sequences
         if not 0 <= index < self._num_sequences:
             raise IndexError(f"sequence {index} out of range [0, {self._num_sequences})")
-        chunks, starts = self._stream()
         begin, end = index * self.max_seq_len, (index + 1) * self.max_seq_len
-        pieces = []
-        chunk = int(np.searchsorted(starts, begin, side="right")) - 1
+        pieces: list[np.ndarray] = []
+        segment = int(np.searchsorted(self._segment_offsets, begin, side="right")) - 1
         while begin < end:
-            offset = begin - starts[chunk]
-            piece = chunks[chunk][offset : offset + (end - begin)]
-            pieces.append(piece)
-            begin += len(piece)
-            chunk += 1
+            inside = begin - self._segment_offsets[segment]
+            take = min(end, self._segment_offsets[segment + 1]) - begin
+            start = int(self._segment_starts[segment] + inside)
+            self._read(start, start + int(take), pieces)
+            begin += take
+            segment += 1
         input_ids = torch.from_numpy(np.concatenate(pieces).astype(np.int64))
         return {"input_ids": input_ids, "labels": input_ids.clone()}
 

@@ -5,10 +5,11 @@ Labels are the input ids on exactly these tokens of every assistant turn: its co
 prompt supplies it at inference), and the newline after ``<|im_end|>`` (the model stops at eos and never
 generates it). MiniMind issues #636 and #416 were off-by-one bugs exactly at these boundaries.
 
-The whole rendered conversation is tokenized in one call -- the same ids ``apply_chat_template`` gives at
-inference -- and the mask comes from character offsets: a token is supervised when its characters lie inside
-an assistant span reported by ``render_chatml``. Rows are cut to ``max_seq_len`` from the end; a row left
-with no supervised token is dropped and counted.
+Conversations are encoded by ``dataset.chat_format.encode_chatml_batch``, the encoder chat and the server use
+too: the same ids ``apply_chat_template`` gives, except that a control-token string inside a message stays text
+(an answer that mentions ``<|im_end|>`` does not teach the model to stop there). It also says which tokens are
+assistant tokens. Rows are cut to ``max_seq_len`` (the start is kept); a row left with no supervised token is
+dropped and counted.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from datasets import Features, List, Value
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from dataset.chat_format import IM_END, render_chatml
+from dataset.chat_format import ChatEncoding, check_chatml_tokenizer, encode_chatml_batch
 from dataset.jsonl import load_jsonl
 
 IGNORE_INDEX = -100
@@ -34,49 +35,56 @@ SAMPLE_FEATURES = Features(
         "truncated": Value("bool"),
     }
 )
-_PROBE = [
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Hi 你好 🙂"},
-    {"role": "assistant", "content": "Hello!"},
-    {"role": "user", "content": " spaced \n"},
-]
 
 
-def check_chatml_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
-    """The label spans assume ChatML with ``<|im_end|>`` as one token; fail early if the tokenizer differs."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("SFTDataset needs a tokenizer with a ChatML chat_template (see scripts/train_tokenizer.py)")
-    for add_generation_prompt in (False, True):
-        rendered = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=add_generation_prompt)
-        if rendered != render_chatml(_PROBE, add_generation_prompt)[0]:
-            raise ValueError(f"the tokenizer's chat_template is not plain ChatML; it renders {rendered!r}")
-    if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("SFTDataset needs a fast (Rust-backed) tokenizer for character offsets")
-    if len(tokenizer(IM_END, add_special_tokens=False)["input_ids"]) != 1:
-        raise ValueError(f"{IM_END!r} must be a single special token of the tokenizer")
+def assistant_labels(encoding: ChatEncoding, final_answer_only: bool = False) -> list[int]:
+    """The labels of an encoded conversation: its ids on assistant tokens (each assistant message's content and
+    closing <|im_end|>), -100 elsewhere. `final_answer_only`: on the last assistant message's tokens only (what a
+    preference pair's two answers differ in); earlier turns are prompt."""
+    learned = encoding.assistant
+    if final_answer_only:
+        # Assistant messages are separated by their headers (never learned), so the last run of learned tokens is
+        # the last assistant message.
+        end = len(learned)
+        while end and not learned[end - 1]:
+            end -= 1
+        start = end
+        while start and learned[start - 1]:
+            start -= 1
+        learned = [start <= index < end for index in range(len(learned))]
+    return [token if is_learned else IGNORE_INDEX for token, is_learned in zip(encoding.input_ids, learned)]
 
 
-def mask_labels(input_ids: Sequence[int], offsets: Sequence[Sequence[int]],
-                spans: Sequence[tuple[int, int]]) -> list[int]:
-    """Labels for one tokenized text: the id where the token's characters lie within a span, else -100."""
-    labels = [IGNORE_INDEX] * len(input_ids)
-    span = 0
-    for i, (start, end) in enumerate(offsets):
-        while span < len(spans) and spans[span][1] <= start:
-            span += 1
-        if span < len(spans) and spans[span][0] <= start and end <= spans[span][1]:
-            labels[i] = input_ids[i]
-    return labels
+def chat_pad_token_id(tokenizer: PreTrainedTokenizerBase, max_seq_len: int) -> int:
+    """The checks every chat dataset makes of its arguments; returns the id collate_rows pads with."""
+    if max_seq_len < 2:
+        raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
+    check_chatml_tokenizer(tokenizer)
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token for collate()")
+    return int(tokenizer.pad_token_id)
+
+
+def collate_rows(rows: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad rows of ``input_ids`` and ``labels``: ``input_ids`` with the pad id, ``labels`` with -100, plus
+    ``attention_mask``."""
+    width = max(len(item["input_ids"]) for item in rows)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, item in enumerate(rows):
+        n = len(item["input_ids"])
+        input_ids[row, :n] = item["input_ids"]
+        labels[row, :n] = item["labels"]
+        attention_mask[row, :n] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 
 def _encode_conversations(batch: dict, tokenizer: PreTrainedTokenizerBase, max_seq_len: int) -> dict:
-    rendered = [render_chatml(conversation) for conversation in batch["conversations"]]
-    # The Rust backend directly: same ids as tokenizer(...), about a third faster with offsets.
-    encodings = tokenizer.backend_tokenizer.encode_batch([text for text, _ in rendered], add_special_tokens=False)
     out: dict[str, list] = {name: [] for name in SAMPLE_FEATURES}
-    for encoding, (_, spans) in zip(encodings, rendered):
-        ids = encoding.ids
-        labels = mask_labels(ids, encoding.offsets, spans)[:max_seq_len]
+    for encoding in encode_chatml_batch(tokenizer, batch["conversations"]):
+        ids = encoding.input_ids
+        labels = assistant_labels(encoding)[:max_seq_len]
         supervised = sum(label != IGNORE_INDEX for label in labels)
         if supervised == 0:
             continue  # nothing to learn from; dropping it (a batch map may shrink) is counted by the caller
@@ -105,12 +113,7 @@ class SFTDataset(Dataset):
         skip_bad_lines: bool = False,
         cache_dir: str | Path | None = None,
     ) -> None:
-        if max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
-        check_chatml_tokenizer(tokenizer)
-        if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer has no pad token for collate()")
-        self.pad_token_id = int(tokenizer.pad_token_id)
+        self.pad_token_id = chat_pad_token_id(tokenizer, max_seq_len)
         raw, scan = load_jsonl(path, "conversations", skip_bad_lines, cache_dir)
         self._samples = raw.map(
             _encode_conversations,
@@ -148,14 +151,5 @@ class SFTDataset(Dataset):
         }
 
     def collate(self, batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Right-pad a batch: ``input_ids`` with the pad id, ``labels`` with -100, plus ``attention_mask``."""
-        width = max(len(item["input_ids"]) for item in batch)
-        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, item in enumerate(batch):
-            n = len(item["input_ids"])
-            input_ids[row, :n] = item["input_ids"]
-            labels[row, :n] = item["labels"]
-            attention_mask[row, :n] = 1
-        return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+        """Right-pad a batch (collate_rows)."""
+        return collate_rows(batch, self.pad_token_id)

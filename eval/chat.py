@@ -2,6 +2,7 @@
 
     python eval/chat.py                          # out/sft (falls back to out/pretrain and says so)
     python eval/chat.py --model_path out/pretrain --prompt "The history of"
+    python eval/chat.py --lora out/lora                # out/sft with the LoRA adapter of out/lora
     printf 'Hi!\\nWhat is the capital of France?\\n' | python eval/chat.py --temperature 0
 
 Interactive: streamed answers, `/reset` clears the history, `/exit` (or Ctrl-D) quits. `--prompt` answers once;
@@ -21,7 +22,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from eva
 
 import argparse  # noqa: E402
 
-from trainer.run_dir import ModelNotFound, locate_model, model_task, report_error  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
 
@@ -29,7 +30,7 @@ RESET, EXIT = "/reset", "/exit"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Chat with a MiniNorm model (or any causal-LM directory)",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model_path", help="model directory; default: out/sft, else out/pretrain")
+    add_model_source_flags(parser)
     parser.add_argument("--prompt", help="answer this one message and exit")
     parser.add_argument("--system", default=None, help="system prompt (chat models)")
     parser.add_argument("--history", type=int, default=2, help="past exchanges kept in the prompt (0: none)")
@@ -46,14 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--no_stream", action="store_true", help="print each answer when it is complete")
     return parser
-
-
-def _use_template(mode: str, task: str | None, tokenizer) -> bool:
-    if mode != "auto":
-        return mode == "chat"
-    if task is not None:
-        return task == "sft"
-    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def _answer(session, text: str, stream: bool) -> None:
@@ -85,27 +78,30 @@ def _lines(interactive: bool):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        path, note = locate_model(args.model_path)
+        path, lora, note = locate_model_and_adapter(args.model_path, args.lora)
     except ModelNotFound as error:
         return report_error(error)
     if note:
         print(f"note: {note}", file=sys.stderr)
 
-    from model.chat_session import ChatSession, GenerationSettings
+    from model.chat_session import ChatSession, uses_chat_template
+    from model.generation import GenerationSettings
     from model.loading import load_model
 
     if args.seed is not None:
         from transformers import set_seed
         set_seed(args.seed)
-    model, tokenizer = load_model(path, device=args.device, dtype=args.dtype)
-    use_template = _use_template(args.mode, model_task(path), tokenizer)
+    model, tokenizer = load_model(path, device=args.device, dtype=args.dtype, lora=lora)
+    use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
     session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings)
     params = sum(p.numel() for p in model.parameters())
     style = (f"chat template, {args.history} exchanges of history" if use_template
              else "pretrained model: plain continuation, no chat template, no history")
-    print(f"model {path} ({params / 1e6:.2f}M parameters, {model.device}); {style}", file=sys.stderr, flush=True)
+    adapter = f" + LoRA {lora}" if lora else ""
+    print(f"model {path}{adapter} ({params / 1e6:.2f}M parameters, {model.device}); {style}", file=sys.stderr,
+          flush=True)
     stream = not args.no_stream
 
     if args.prompt is not None:

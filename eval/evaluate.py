@@ -2,6 +2,7 @@
 
     python eval/evaluate.py --model_path out/pretrain                 # both default held-out splits
     python eval/evaluate.py --model_path out/sft --data sft_val my.jsonl --json out/sft/eval.json
+    python eval/evaluate.py --lora out/lora --data lora_val                     # out/sft + the adapter
 
 `--data` takes `pretrain_val`, `sft_val` (the default corpus's held-out splits) or jsonl files; a file's kind
 comes from its first line: `{"text": ...}` is packed pretraining text, `{"conversations": [...]}` is SFT data
@@ -24,10 +25,11 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.run_dir import (ModelNotFound, locate_model, model_task, report_error,  # noqa: E402
-                             resolve_input_path, resolve_path)
+from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter, model_task,  # noqa: E402
+                             report_error, resolve_input_path, resolve_path)
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
+NAMED_SPLITS = DEFAULT_SPLITS + ("lora_val",)  # lora_val: the LoRA default set's held-out conversations
 # A quick qualitative check: greedy answers to fixed English and Chinese prompts.
 FIXED_PROMPTS = {
     "pretrain": ("The history of", "The capital of France is", "Water is", "中国的首都是"),
@@ -38,13 +40,16 @@ SAMPLE_TOKENS = 40
 
 
 def resolve_data_spec(spec: str) -> tuple[str, Path]:
-    """(name, jsonl path) of one --data value: a default split's name or a file."""
+    """(name, jsonl path) of one --data value: a named split or a file."""
     if spec in DEFAULT_SPLITS:
         from dataset.corpus import ensure_default_corpus
         return spec, getattr(ensure_default_corpus(quiet=True), spec)
+    if spec in NAMED_SPLITS:
+        from dataset.post_training_data import ensure_post_training_data
+        return spec, getattr(ensure_post_training_data(), spec)
     path = resolve_input_path(spec)
     if not path.is_file():
-        raise FileNotFoundError(f"--data {spec}: no such file (or use one of {', '.join(DEFAULT_SPLITS)})")
+        raise FileNotFoundError(f"--data {spec}: no such file (or use one of {', '.join(NAMED_SPLITS)})")
     return path.stem, path
 
 
@@ -77,12 +82,13 @@ def _eval_loader(dataset, batch_size: int, accelerator):
     return shard_loader(loader, accelerator.process_index, accelerator.num_processes)
 
 
-def evaluate_model_dir(model_path: str | Path, data_specs: Sequence[str] | None = None, max_seq_len: int = 256,
-                       batch_size: int = 16, max_batches: int = 0, device: str = "auto",
-                       with_samples: bool = False) -> dict[str, Any]:
-    """Loss/perplexity/bits-per-byte of a model directory on each dataset (default: both held-out splits).
+def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] | None = None,
+                       max_seq_len: int = 256, batch_size: int = 16, max_batches: int = 0, device: str = "auto",
+                       with_samples: bool = False, lora: str | Path | None = None) -> dict[str, Any]:
+    """Loss/perplexity/bits-per-byte of a model directory (with the LoRA adapter `lora` merged in, when given) on
+    each dataset (default: both held-out splits).
 
-    Returns {"model_path", "task", "max_seq_len", "results": {name: {path, kind, loss, perplexity,
+    Returns {"model_path", "lora", "task", "max_seq_len", "results": {name: {path, kind, loss, perplexity,
     bits_per_byte, tokens, bytes}}}, plus "samples" ([{prompt, answer}], see sample_answers) when
     with_samples. max_batches=0 evaluates every batch.
     """
@@ -93,9 +99,9 @@ def evaluate_model_dir(model_path: str | Path, data_specs: Sequence[str] | None 
     from trainer.data import dataset_class
     from trainer.evaluation import evaluate_lm, token_byte_lengths
 
-    path, _ = locate_model(model_path)
+    path, adapter, _ = locate_model_and_adapter(model_path, lora)
     accelerator = Accelerator(cpu=device == "cpu")  # evaluate_lm moves the batches to its device
-    model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32")
+    model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32", lora=adapter)
     max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
     token_bytes = token_byte_lengths(tokenizer)
     results: dict[str, dict[str, Any]] = {}
@@ -106,7 +112,8 @@ def evaluate_model_dir(model_path: str | Path, data_specs: Sequence[str] | None 
         with torch.inference_mode():
             metrics = evaluate_lm(model, loader, accelerator, token_bytes, max_batches)
         results[name] = {"path": str(data_path), "kind": kind, **metrics.as_dict()}
-    report = {"model_path": str(path), "task": model_task(path), "max_seq_len": max_seq_len, "results": results}
+    report = {"model_path": str(path), "lora": str(adapter) if adapter else None, "task": model_task(adapter or path),
+              "max_seq_len": max_seq_len, "results": results}
     if with_samples:  # the model already loaded, on the device asked for
         report["samples"] = [{"prompt": prompt, "answer": answer}
                              for prompt, answer in sample_answers(model, tokenizer, report["task"])]
@@ -126,13 +133,16 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
                    max_new_tokens: int = SAMPLE_TOKENS) -> list[tuple[str, str]]:
     """Greedy (prompt, answer) pairs from a loaded model; SFT models (and unknown tasks) answer through the chat
     template, pretrained ones continue the text."""
-    from model.chat_session import ChatSession, GenerationSettings
+    from model.chat_session import ChatSession
+    from model.generation import GenerationEngine, GenerationSettings
 
-    task = task or "sft"
+    chat = task is None or is_chat_task(task)  # a model of unknown origin answers through the template
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)
+    engine = GenerationEngine(model, tokenizer, max_batch=1)
     pairs = []
-    for prompt in prompts or FIXED_PROMPTS[task]:
-        session = ChatSession(model, tokenizer, use_template=task == "sft", history_turns=0, settings=settings)
+    for prompt in prompts or FIXED_PROMPTS["sft" if chat else "pretrain"]:
+        session = ChatSession(model, tokenizer, use_template=chat, history_turns=0, settings=settings,
+                              engine=engine)
         pairs.append((prompt, session.reply(prompt).text.strip()))
     return pairs
 
@@ -140,9 +150,9 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain")
+    add_model_source_flags(parser)
     parser.add_argument("--data", nargs="+", default=list(DEFAULT_SPLITS),
-                        help=f"{' / '.join(DEFAULT_SPLITS)} or jsonl files")
+                        help=f"{' / '.join(NAMED_SPLITS)} or jsonl files")
     parser.add_argument("--max_seq_len", type=int, default=256)
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--max_batches", type=int, default=0, help="per dataset; 0: all")
@@ -151,14 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto or cpu")
     args = parser.parse_args(argv)
     try:
-        path, note = locate_model(args.model_path)
+        path, adapter, note = locate_model_and_adapter(args.model_path, args.lora)
         if note:
             print(f"note: {note}", file=sys.stderr)
         report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
-                                    args.device, with_samples=not args.no_samples)
+                                    args.device, with_samples=not args.no_samples, lora=adapter)
     except (ModelNotFound, FileNotFoundError, ValueError) as error:
         return report_error(error)
-    print(f"model {report['model_path']} (task: {report['task'] or 'unknown'}), max_seq_len {report['max_seq_len']}")
+    adapter = f" + LoRA {report['lora']}" if report["lora"] else ""
+    print(f"model {report['model_path']}{adapter} (task: {report['task'] or 'unknown'}), max_seq_len "
+          f"{report['max_seq_len']}")
     print(format_table(report))
     if "samples" in report:
         print(f"\ngreedy answers (max {SAMPLE_TOKENS} new tokens):")

@@ -1,37 +1,25 @@
-"""One conversation with a causal LM: history, prompt rendering, (streamed) generation and its speed.
+"""One conversation with a causal LM: history, prompt encoding, (streamed) generation and its speed.
 
 A fine-tuned model gets the ChatML template with the last `history_turns` exchanges and an optional system
 prompt. A pretrained model only knows documents, so it gets plain continuation: the text after an eos, which
-is how every document but the first starts in packed pretraining (our tokenizer has no bos). Generation stops
-at the tokenizer's eos, `<|im_end|>`; it is passed explicitly so directories whose generation_config lacks it
-stop too (MiniMind #555 looped forever for that reason).
+is how every document but the first starts in packed pretraining (our tokenizer has no bos). Either way the
+user's words are encoded as text (dataset.chat_format): a message containing "<|im_end|>" cannot end a turn or
+forge one. Generation (model/generation.py) stops at the tokenizer's eos, `<|im_end|>`, and at the model
+directory's configured eos ids, so directories whose generation_config lacks it stop too (MiniMind #555 looped
+forever for that reason).
 """
 
 from __future__ import annotations
 
-import time
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TextStreamer
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-
-@dataclass
-class GenerationSettings:
-    max_new_tokens: int = 256
-    temperature: float = 0.7   # 0: greedy
-    top_p: float = 0.9
-    top_k: int = 0             # 0: off
-    repetition_penalty: float = 1.0
-
-    def generate_kwargs(self) -> dict:
-        kwargs: dict = {"do_sample": self.temperature > 0, "repetition_penalty": self.repetition_penalty}
-        if self.temperature > 0:
-            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # 0 disables (None: 50)
-        else:  # the model dir's generation_config may carry sampling values; greedy must not warn about them
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        return kwargs
+from dataset.chat_format import encode_chatml, encode_text, render_chatml
+from model.generation import FINISH_ERROR, FINISH_STOP, GenerationEngine, GenerationSettings
 
 
 @dataclass
@@ -47,16 +35,24 @@ class Reply:
         return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
-class _CallbackStreamer(TextStreamer):
-    """transformers' TextStreamer, handing each finished piece of text to a callback instead of print()."""
+def uses_chat_template(mode: str, task: str | None, tokenizer: PreTrainedTokenizerBase) -> bool:
+    """mode "chat" or "plain" decides; "auto": the template for fine-tuned models (SFT, LoRA, DPO: the trainer
+    records the task), plain continuation for pretrained ones, and for directories without a record whether the
+    tokenizer has a template."""
+    if mode != "auto":
+        return mode == "chat"
+    if task is not None:
+        return task != "pretrain"
+    return bool(getattr(tokenizer, "chat_template", None))
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, on_text: Callable[[str], None]) -> None:
-        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        self.on_text = on_text
 
-    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
-        if text:
-            self.on_text(text)
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]],
+                  use_template: bool) -> list[int]:
+    """The prompt's token ids: ChatML with the assistant's header, or (plain continuation) eos + the last
+    message's text. Messages are text throughout: control-token strings in them stay text."""
+    if not use_template:
+        return [tokenizer.eos_token_id, *encode_text(tokenizer, messages[-1]["content"])]
+    return encode_chatml(tokenizer, messages, add_generation_prompt=True).input_ids
 
 
 class ChatSession:
@@ -64,10 +60,11 @@ class ChatSession:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, use_template: bool,
                  system_prompt: str | None = None, history_turns: int = 2,
-                 settings: GenerationSettings | None = None) -> None:
+                 settings: GenerationSettings | None = None, engine: GenerationEngine | None = None) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token; generation could not stop")
         self.model, self.tokenizer = model, tokenizer
+        self.engine = engine or GenerationEngine(model, tokenizer, max_batch=1)
         self.use_template = use_template
         self.system_prompt = system_prompt or None
         self.history_turns = max(0, history_turns)
@@ -87,20 +84,19 @@ class ChatSession:
         return system + kept + [{"role": "user", "content": user_text}]
 
     def render(self, user_text: str) -> str:
-        """The exact prompt text the model sees (before any cut to fit the context)."""
-        return self._render(self.messages(user_text))
-
-    def _render(self, messages: list[dict[str, str]]) -> str:
+        """The prompt as text (before any cut to fit the context); the model gets encode_prompt's ids, in which
+        a control-token string inside a message is text."""
+        messages = self.messages(user_text)
         if not self.use_template:
             return self.tokenizer.eos_token + messages[-1]["content"]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render_chatml(messages, add_generation_prompt=True)[0]
 
     def _prompt_ids(self, user_text: str) -> tuple[list[int], int]:
         """Prompt token ids and the new-token budget, dropping the oldest exchanges to fit the context."""
         messages = self.messages(user_text)
         first_past = 1 if self.system_prompt else 0  # index of the oldest past message
         while True:
-            ids = self.tokenizer(self._render(messages), add_special_tokens=False)["input_ids"]
+            ids = encode_prompt(self.tokenizer, messages, self.use_template)
             if len(ids) + self.settings.max_new_tokens <= self.max_context or len(messages) - first_past <= 1:
                 break
             del messages[first_past:first_past + 2]  # the oldest exchange: a user and an assistant message
@@ -108,23 +104,15 @@ class ChatSession:
             ids = ids[-(self.max_context // 2):]
         return ids, max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))
 
-    @torch.no_grad()
     def reply(self, user_text: str, on_text: Callable[[str], None] | None = None) -> Reply:
         """Answer one message; `on_text` receives the answer piece by piece as it is generated."""
         ids, budget = self._prompt_ids(user_text)
-        device = next(self.model.parameters()).device
-        input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-        streamer = _CallbackStreamer(self.tokenizer, on_text) if on_text is not None else None
-        eos = self.tokenizer.eos_token_id
-        started = time.perf_counter()
-        output = self.model.generate(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=budget,
-            eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id, streamer=streamer,
-            **self.settings.generate_kwargs())
-        seconds = time.perf_counter() - started
-        new = output[0, len(ids):].tolist()
-        stopped = bool(new) and new[-1] == eos
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        settings = dataclasses.replace(self.settings, max_new_tokens=budget)
+        generation = self.engine.generate(ids, settings, on_text=on_text)
+        if generation.finish_reason == FINISH_ERROR:
+            raise RuntimeError(f"generation failed: {generation.error}")
         if self.use_template:
-            self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": text.strip()}]
-        return Reply(text=text, new_tokens=len(new), seconds=seconds, stopped_at_eos=stopped, token_ids=new)
+            self.history += [{"role": "user", "content": user_text},
+                             {"role": "assistant", "content": generation.text.strip()}]
+        return Reply(text=generation.text, new_tokens=len(generation.token_ids), seconds=generation.seconds,
+                     stopped_at_eos=generation.finish_reason == FINISH_STOP, token_ids=generation.token_ids)

@@ -38,11 +38,18 @@ def _swiglu_hidden(hidden_size: int) -> int:
     return 64 * math.ceil(hidden_size * 8 / 3 / 64)
 
 
-# Named shapes. "cpu-default" fits the default pretraining run in 10 minutes on 2 CPU cores;
-# the minimind-* presets match MiniMind's published sizes.
+# Named shapes. "cpu-default" fits the default pretraining run in 10 minutes on 2 CPU cores; "cpu-deep" and
+# "cpu-wide" have about its parameter count (4.4M and 4.3M against 4.5M) at twice and half its depth, for recipe
+# searches of depth against width; the minimind-* presets match MiniMind's published sizes.
 PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType({
     "cpu-default": MappingProxyType(dict(
         hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+        max_position_embeddings=512)),
+    "cpu-deep": MappingProxyType(dict(
+        hidden_size=192, num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=2,
+        max_position_embeddings=512)),
+    "cpu-wide": MappingProxyType(dict(
+        hidden_size=320, num_hidden_layers=2, num_attention_heads=10, num_key_value_heads=2,
         max_position_embeddings=512)),
     "minimind-26m": MappingProxyType(dict(
         hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
@@ -62,7 +69,7 @@ def _check_choice(field: str, value: Any, enum: type[StrEnum]) -> StrEnum:
 
 
 class MiniNormConfig(PretrainedConfig):
-    """LLaMA-style decoder shape plus the normalization switches (see docs/DESIGN.md, "The norms, exactly")."""
+    """LLaMA-style decoder shape plus the normalization switches (see docs/architecture.md, "The norms, exactly")."""
 
     model_type = "mininorm"
     keys_to_ignore_at_inference = ["past_key_values"]

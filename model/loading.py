@@ -1,11 +1,12 @@
-"""Loading a trained model directory for inference (chat, evaluation, export): ours, or any causal-LM directory
-transformers knows, such as the Llama directories scripts/convert_to_llama.py writes. Finding the directory, and
-naming the command that creates a missing one, is trainer/run_dir.py's job."""
+"""Loading a trained model directory for inference (chat, evaluation, export, the server): ours, or any causal-LM
+directory transformers knows, such as the Llama directories scripts/convert_to_llama.py writes, optionally with a
+LoRA adapter on top (model/lora.py). Finding the directory, and naming the command that creates a missing one, is
+trainer/run_dir.py's job."""
 
 from __future__ import annotations
 
-from pathlib import Path
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,11 +34,13 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
-def load_model(path: Path, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer) from a model directory.
+def load_model(path: Path, device: str = "auto", dtype: str = "auto", lora: Path | None = None) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) from a model directory, with the LoRA adapter directory `lora` merged into
+    its weights when given (the adapter's own base model is `path`).
 
     dtype "auto": bfloat16 on CUDA, float32 elsewhere. The saved norm_impl is kept, except that a saved "auto"
-    becomes "eager" on CPU: torch.compile's start-up costs more than it saves in a chat.
+    becomes "eager" on CPU: torch.compile's start-up costs more than it saves in a chat. The adapter is merged in
+    fp32, before the cast to `dtype`.
     """
     hf_logging.disable_progress_bar()  # "Loading weights" bars would interleave with chat output
     device = pick_device(device)
@@ -47,5 +50,11 @@ def load_model(path: Path, device: str = "auto", dtype: str = "auto") -> tuple[A
     config = AutoConfig.from_pretrained(path)
     if getattr(config, "norm_impl", None) == "auto" and not device.startswith("cuda"):
         overrides["norm_impl"] = "eager"
-    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **overrides).to(device).eval()
-    return loaded, load_tokenizer(path)
+    if lora is None:
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **overrides)
+    else:
+        from model.lora import load_adapter
+
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **overrides)
+        loaded = load_adapter(base, lora, merge=True).to(torch_dtype)
+    return loaded.to(device).eval(), load_tokenizer(path)

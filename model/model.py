@@ -15,6 +15,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from model.config import MiniNormConfig, NormPlacement
@@ -114,7 +115,7 @@ class SwiGLU(nn.Module):
         return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
-class Block(nn.Module):
+class Block(GradientCheckpointingLayer):
     """One decoder block. For a sublayer f (attention, then the MLP), the placements are:
 
         pre:       x = x + f(N(x))          x ─┬───────────────(+)─>   final norm before the LM head
@@ -125,6 +126,10 @@ class Block(nn.Module):
                                                └─ N1 ─ f ─ N2 ─────────┘
         res_post:  x = x + N(f(x))          x ─┬──────────────(+)─>   + final norm (OLMo-2, Swin-v2)
                                                └─ f ─ N ────────┘
+
+    With `model.activation_checkpointing_enable()` (the trainer's --gradient_checkpointing) a block keeps only its
+    input for the backward and recomputes the rest, its dropout masks included (torch.utils.checkpoint restores
+    the RNG state), so the gradients are the plain run's.
     """
 
     def __init__(self, config: MiniNormConfig, layer_idx: int) -> None:
@@ -160,7 +165,7 @@ class MiniNormPreTrainedModel(PreTrainedModel):
     config_class = MiniNormConfig
     config: MiniNormConfig
     base_model_prefix = "model"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _no_split_modules = ["Block"]
     _skip_keys_device_placement = ["past_key_values"]
 

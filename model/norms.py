@@ -5,7 +5,7 @@ Every norm computes in fp32 and casts back to the input dtype. Every norm also o
 two sublayers; the Triton implementation fuses it into one kernel (one read of each input, one write of each
 output), the others do it in two steps. The formula itself and pRMSNorm's rules for p are in
 model/rmsnorm_math.py, the fast implementations that `norm_impl` selects in model/kernels/, the math in
-docs/DESIGN.md.
+docs/architecture.md.
 """
 
 from __future__ import annotations

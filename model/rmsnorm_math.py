@@ -2,7 +2,7 @@
 
 One owner for these facts: the config's validation (model/config.py), the norm modules (model/norms.py), the
 compiled path (model/kernels/compiled.py) and the Triton kernels' API (model/kernels/fused.py) all use them.
-The math, forward and backward, is in docs/DESIGN.md ("The norms, exactly").
+The math, forward and backward, is in docs/architecture.md ("The norms, exactly").
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def rms_norm_input_grad(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     """The backward of y = x * r * w with respect to x, in the dtype of its (fp32 or fp64) arguments.
 
     With xhat = x * r, g = dy * w and c = sum_j g_j * xhat_j / k:  dx = r * (g - [i < k] * xhat * c)
-    (docs/DESIGN.md). `r` is rstd with its last dim kept. Returns (dx, xhat); the weight's gradient is the sum
+    (docs/architecture.md). `r` is rstd with its last dim kept. Returns (dx, xhat); the weight's gradient is the sum
     over rows of dy * xhat, which each caller reduces in its own order.
     """
     xhat = x * r

@@ -51,9 +51,10 @@ def _tiny_model(tokenizer, seed: int, **overrides):
     from model import MiniNormConfig, MiniNormForCausalLM
 
     torch.manual_seed(seed)
-    config = MiniNormConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, max_position_embeddings=128, norm_impl="eager",
-                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **overrides)
+    fields = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, norm_impl="eager",
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = MiniNormConfig(**{**fields, **overrides})
     return MiniNormForCausalLM(config)
 
 
@@ -109,3 +110,141 @@ def tiny_models(tmp_path_factory, tokenizer) -> TinyModels:
         post_ln=_save_tiny(_perturbed(_tiny_model(tokenizer, seed=2, norm_placement="post")), tokenizer,
                            root / "post_ln", "pretrain"),
         sft_data=sft_data, pretrain_data=pretrain_data)
+
+
+# ---------------------------------------------------------------- tiny training runs (trainer tests)
+@pytest.fixture(scope="session")
+def train_data(tmp_path_factory) -> Path:
+    """pretrain.jsonl and sft.jsonl (uneven answer lengths) for tiny trainer runs (tests/training_runs.py)."""
+    from tests.training_runs import write_train_data
+
+    return write_train_data(tmp_path_factory.mktemp("train_data"))
+
+
+@pytest.fixture(scope="session")
+def reference_run(train_data, tmp_path_factory) -> Path:
+    """8 optimizer steps, batch 4, one process, no dropout: the curve other pretraining runs must reproduce."""
+    from tests.training_runs import pretrain_argv, run_in_process
+
+    out_dir = tmp_path_factory.mktemp("reference")
+    run_in_process("pretrain", pretrain_argv(train_data, out_dir, "--batch_size", "4"))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def muon_reference_run(train_data, tmp_path_factory) -> Path:
+    """The reference run's 8 steps with --optimizer muon and the WSD schedule, one process."""
+    from tests.training_runs import MUON_FLAGS, pretrain_argv, run_in_process
+
+    out_dir = tmp_path_factory.mktemp("muon_reference")
+    run_in_process("pretrain", pretrain_argv(train_data, out_dir, "--batch_size", "4", *MUON_FLAGS))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def sft_reference_run(train_data, reference_run, tmp_path_factory) -> Path:
+    """SFT of the reference run on the uneven conversations, batch 4, one process."""
+    from tests.training_runs import run_in_process, sft_argv
+
+    out_dir = tmp_path_factory.mktemp("sft_reference")
+    run_in_process("sft", sft_argv(train_data, reference_run, out_dir, "--batch_size", "4"))
+    return out_dir
+
+
+# ---------------------------------------------------------------- live servers (scripts/serve.py) on free local ports
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_health(url: str, process=None, timeout: float = 180) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}: {process.stderr.read()}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def sft_server(tiny_models):
+    """`python scripts/serve.py` itself, serving the tiny SFT model; yields its base URL."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "serve.py"),
+                                "--model_path", str(tiny_models.sft), "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_health(url, process)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def endless_model(tmp_path_factory, tokenizer) -> Path:
+    """An untrained SFT-task model with a 4096-token context that never ends its turn (its <|im_end|> embedding is
+    zero, so greedy decoding never picks it): requests run to their max_tokens, long enough to watch streaming
+    and disconnects."""
+    import torch
+
+    model = _perturbed(_tiny_model(tokenizer, seed=3, max_position_embeddings=4096))
+    with torch.no_grad():
+        model.get_input_embeddings().weight[tokenizer.eos_token_id] = 0
+    return _save_tiny(model.eval(), tokenizer, tmp_path_factory.mktemp("endless") / "endless", "sft")
+
+
+class ThreadedServer:
+    """The server's app (scripts/serve.py create_app) under uvicorn on a thread of this process."""
+
+    def __init__(self, app) -> None:
+        import threading
+
+        import uvicorn
+
+        self.url = f"http://127.0.0.1:{free_port()}"
+        port = int(self.url.rsplit(":", 1)[1])
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "ThreadedServer":
+        self.thread.start()
+        wait_for_health(self.url, timeout=60)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def threaded_server():
+    """ThreadedServer, the class: `with threaded_server(app) as server: ... server.url`."""
+    return ThreadedServer
+
+
+@pytest.fixture(scope="session")
+def serve_app():
+    """scripts/serve.py's app for a model directory: `serve_app(path, max_batch=8, api_key=None)`."""
+    from scripts.serve import create_app, load_served_model
+
+    def make(path: Path, max_batch: int = 8, **kwargs):
+        return create_app(load_served_model(path, max_batch=max_batch), **kwargs)
+
+    return make

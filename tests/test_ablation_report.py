@@ -161,7 +161,8 @@ def _write_sweep(root: Path, name: str, swept: dict[str, list], fixed: dict, los
     import itertools
     sweep_dir = root / name
     config = {"name": name, "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
-              "parameters": {**{k: {"values": v} for k, v in swept.items()}, **{k: {"value": v} for k, v in fixed.items()}}}
+              "parameters": {**{k: {"values": v} for k, v in swept.items()},
+                             **{k: {"value": v} for k, v in fixed.items()}}}
     trials = []
     for values in itertools.product(*swept.values()):
         params = {**fixed, **dict(zip(swept, values))}

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from eval.chat import _use_template
-from model.chat_session import ChatSession, GenerationSettings
+from model.chat_session import ChatSession, uses_chat_template
+from model.generation import GenerationSettings
 from model.loading import load_model
 from trainer.run_dir import REPO_ROOT, ModelNotFound, locate_model, model_task, resolve_input_path, resolve_path
 
@@ -179,7 +180,7 @@ def test_history_is_dropped_oldest_first_to_fit_the_context(sft, system_prompt) 
 def test_pretrained_model_continues_plain_text(pretrained, tiny_models) -> None:
     model, tokenizer = pretrained
     assert model_task(tiny_models.pretrain) == "pretrain" and model_task(tiny_models.sft) == "sft"
-    assert not _use_template("auto", "pretrain", tokenizer) and _use_template("auto", "sft", tokenizer)
+    assert not uses_chat_template("auto", "pretrain", tokenizer) and uses_chat_template("auto", "sft", tokenizer)
     session = greedy_session(pretrained, use_template=False)
     # A document starts after an eos in packed pretraining (the tokenizer has no bos); no template, no history.
     assert session.render("The history of") == "<|im_end|>The history of"
@@ -191,7 +192,17 @@ def test_cli_uses_plain_continuation_for_a_pretrained_model(monkeypatch, capsys,
                                      "--prompt", "The history of", *GREEDY)
     assert code == 0, err
     assert "plain continuation" in err
-    assert out == greedy_session(pretrained, use_template=False).reply("The history of").text + "\n"
+    # Independently: the argmax token, one full forward pass per step, after the eos that starts a document.
+    model, tokenizer = pretrained
+    ids = tokenizer("<|im_end|>The history of", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    prompt_length = ids.shape[1]
+    with torch.no_grad():
+        for _ in range(40):
+            next_id = model(ids).logits[0, -1].argmax()
+            ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
+            if next_id == tokenizer.eos_token_id:
+                break
+    assert out == tokenizer.decode(ids[0, prompt_length:], skip_special_tokens=True) + "\n"
 
 
 def test_missing_model_is_one_line_naming_the_command(tmp_path) -> None:

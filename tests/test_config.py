@@ -105,6 +105,14 @@ def test_cpu_default_preset() -> None:
     assert 4.3e6 < count < 4.7e6
 
 
+@pytest.mark.parametrize("preset, layers", [("cpu-deep", 8), ("cpu-wide", 2)])
+def test_depth_and_width_presets_match_cpu_default_in_size(preset: str, layers: int) -> None:
+    config = MiniNormConfig.from_preset(preset)
+    default = MiniNormConfig.from_preset("cpu-default")
+    assert config.num_hidden_layers == layers and config.hidden_size // config.num_attention_heads == 32
+    assert abs(param_count(config) / param_count(default) - 1) < 0.06
+
+
 def test_minimind_26m_preset_matches_minimind() -> None:
     config = MiniNormConfig.from_preset("minimind-26m")
     shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,

@@ -4,8 +4,11 @@ deterministic and leak-free splits."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from dataset.pretrain_dataset import PretrainDataset
 from dataset.sft_dataset import IGNORE_INDEX, SFTDataset
 
 IM_START, IM_END, PAD = 1, 2, 0
+REPO = Path(__file__).resolve().parents[1]
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -358,7 +362,15 @@ def test_default_corpus_loads_into_datasets(tmp_path, default_corpus, tokenizer)
 
 
 def test_split_assignment_and_windows():
-    assert is_validation("chitchat\x00abc") == is_validation("chitchat\x00abc")
+    # The same keys get the same side in another interpreter with another str-hash seed (hash() would not).
+    keys = [f"chitchat\x00{i}" for i in range(2000)]
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from dataset.corpus import is_validation; "
+              f"print(''.join('v' if is_validation(k) else 't' for k in {keys!r}))")
+    other = subprocess.run([sys.executable, "-c", script, str(REPO)], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert other.returncode == 0, other.stderr
+    here = "".join("v" if is_validation(k) else "t" for k in keys)
+    assert other.stdout.strip() == here and 10 < here.count("v") < 70
     share = sum(is_validation(f"k{i}") for i in range(20_000)) / 20_000
     assert 0.015 < share < 0.025
     turns = ["q1", "a1" * 10, "q2", "a2", "q3"]  # trailing question without a reply is dropped

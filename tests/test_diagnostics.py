@@ -44,8 +44,8 @@ def ref_rms(t: torch.Tensor) -> float:
 
 
 def manual_forward(model: MiniNormForCausalLM, ids: torch.Tensor):
-    """The model's forward rewritten from the placement definitions in docs/DESIGN.md, recording every norm's input
-    and output and keeping the residual stream after each block (with retained grads)."""
+    """The model's forward rewritten from the placement definitions in docs/architecture.md, recording every norm's
+    input and output and keeping the residual stream after each block (with retained grads)."""
     trunk = model.model
     x = trunk.embed_tokens(ids)
     rope = trunk.rotary(torch.arange(ids.shape[1]).expand(ids.shape[0], -1), x.dtype)

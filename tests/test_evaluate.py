@@ -82,7 +82,8 @@ def test_cli_prints_table_and_samples_and_writes_json(tiny_models, tmp_path, cap
                  str(tiny_models.pretrain_data), "--max_seq_len", "32", "--json", str(out), "--device", "cpu"])
     printed = capsys.readouterr().out
     assert code == 0
-    assert loads == [{"device": "cpu", "dtype": "float32"}]  # the samples reuse the evaluated model and --device
+    # The samples reuse the evaluated model and --device.
+    assert loads == [{"device": "cpu", "dtype": "float32", "lora": None}]
     report = json.loads(out.read_text(encoding="utf-8"))
     assert set(report["results"]) == {"sft", "pretrain"}
     assert report["results"]["sft"]["kind"] == "sft" and report["results"]["pretrain"]["kind"] == "pretrain"
@@ -103,11 +104,16 @@ def test_each_process_evaluates_its_own_samples_once(tiny_models, tokenizer, wor
     from trainer.data import dataset_class
 
     dataset = dataset_class("pretrain")(tiny_models.pretrain_data, tokenizer, 16)
-    assert len(dataset) % world or world == 1  # uneven shards: padding them would repeat samples
-    rows = []
+    assert len(dataset) % world or world == 1  # uneven shards: they are padded to equal length
+    rows, batches = [], []
     for rank in range(world):
         loader = _eval_loader(dataset, 2, SimpleNamespace(process_index=rank, num_processes=world))
-        rows += [row.tolist() for batch in loader for row in batch["input_ids"]]
+        batches.append(len(loader))
+        for batch in loader:
+            for ids, labels in zip(batch["input_ids"], batch["labels"], strict=True):
+                if (labels != -100).any():  # the padding samples carry no target: they count nowhere
+                    rows.append(ids.tolist())
+    assert len(set(batches)) == 1  # every process runs the same number of forward passes (a collective under FSDP)
     assert sorted(rows) == sorted(dataset[i]["input_ids"].tolist() for i in range(len(dataset)))
 
 

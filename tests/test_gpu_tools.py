@@ -40,5 +40,6 @@ def test_gpu_plan_goes_on_past_a_failed_stage(tmp_path: Path) -> None:
     assert "unknown stage 'nonsense'" in done.stderr
     summary = (out / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in summary] == ["sweep", "env"]
-    assert summary[0].startswith("sweep: exit 2") and "need a CUDA device" in (out / "sweep.md").read_text()
-    assert (out / "env.txt").exists()
+    stage_files = [out / line.rsplit("-> ", 1)[1] for line in summary]  # each line names the stage's own file
+    assert summary[0].startswith("sweep: exit 2") and "need a CUDA device" in stage_files[0].read_text()
+    assert stage_files[1].name == "env.txt" and stage_files[1].exists()

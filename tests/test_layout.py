@@ -181,6 +181,8 @@ def test_file_names_are_spelled_out_by_their_owner_only(owner: str, names: tuple
     ("read_jsonl", "trainer/run_dir.py"),          # the torn-line-tolerant reader
     ("partial_size", "model/rmsnorm_math.py"),     # pRMSNorm's k
     ("causal_lm_loss", "model/model.py"),          # training and validation loss
+    ("dpo_loss", "trainer/dpo.py"),                # the preference loss
+    ("assistant_labels", "dataset/sft_dataset.py"),  # which tokens SFT, LoRA and DPO learn from
 ])
 def test_shared_rules_are_defined_once(function: str, owner: str) -> None:
     defined = [str(path.relative_to(REPO)) for path in module_files(REPO).values()

@@ -238,6 +238,85 @@ def test_each_placement_trains(case: dict) -> None:
     assert losses[-1] < ratio * losses[0], losses
 
 
+def test_dropout_acts_in_training_only() -> None:
+    """Dropout (`dropout` > 0) drops and rescales at the embedding, the attention probabilities and both
+    sublayer outputs while training, and does nothing in eval mode."""
+    p = 0.3
+    ids = random_ids(2, 16)
+    model = tiny_model(dropout=p)
+    plain = tiny_model(dropout=0.0)
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, plain(ids).logits)  # eval: exactly the model without dropout
+    # Training: every nn.Dropout zeroes about p of its input and scales the rest by 1 / (1 - p).
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = [module.register_forward_hook(lambda m, args, out, name=name: seen.__setitem__(name, (args[0], out)))
+             for name, module in model.named_modules() if isinstance(module, nn.Dropout)]
+    sdpa_dropout: list[float] = []
+    original_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(*args, **kwargs):
+        sdpa_dropout.append(kwargs.get("dropout_p", 0.0))
+        return original_sdpa(*args, **kwargs)
+
+    model.train()
+    try:
+        torch.nn.functional.scaled_dot_product_attention = recording_sdpa
+        torch.manual_seed(1)
+        first = model(ids).logits
+        torch.manual_seed(1)
+        again = model(ids).logits
+        second = model(ids).logits
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original_sdpa
+        for hook in hooks:
+            hook.remove()
+    assert len(seen) == 1 + 2 * model.config.num_hidden_layers  # embedding, attention output, MLP output
+    for name, (before, after) in seen.items():
+        dropped = after == 0
+        assert abs(dropped.float().mean().item() - p) < 0.05, name
+        torch.testing.assert_close(after[~dropped], before[~dropped] / (1 - p))
+    assert sdpa_dropout == [p] * (3 * model.config.num_hidden_layers)  # three forwards, p on every layer
+    assert torch.equal(first, again) and not torch.equal(first, second)  # masks follow the seed
+    with torch.no_grad():
+        assert not torch.allclose(first, plain(ids).logits, atol=1e-3)
+
+
+def test_gradient_checkpointing_recomputes_blocks_with_the_same_gradients() -> None:
+    """Each block keeps only its input and runs again in the backward (its dropout masks included): the
+    gradients equal the plain run's bit for bit, and less activation memory is saved for the backward."""
+    ids = random_ids(2, 32)
+
+    def step(model: MiniNormForCausalLM) -> tuple[dict[str, torch.Tensor], int, int]:
+        calls = {"mlp": 0}
+        # A pre-hook: the recomputation stops as soon as it has every saved tensor back, before the MLP returns.
+        hook = model.model.layers[0].mlp.register_forward_pre_hook(
+            lambda *_: calls.__setitem__("mlp", calls["mlp"] + 1))
+        saved = {"bytes": 0}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved["bytes"] += t.numel() * t.element_size()
+            return t
+
+        torch.manual_seed(3)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(ids, labels=ids).loss
+        loss.backward()
+        hook.remove()
+        return {n: p.grad for n, p in model.named_parameters()}, calls["mlp"], saved["bytes"]
+
+    plain = tiny_model(dropout=0.1).train()
+    checkpointed = tiny_model(dropout=0.1).train()
+    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    grads, plain_calls, plain_bytes = step(plain)
+    grads_ckpt, ckpt_calls, ckpt_bytes = step(checkpointed)
+    assert (plain_calls, ckpt_calls) == (1, 2)  # the MLP ran again during the backward
+    assert ckpt_bytes < plain_bytes / 2
+    assert grads.keys() == grads_ckpt.keys()
+    for name, grad in grads.items():
+        assert torch.equal(grad, grads_ckpt[name]), name
+
+
 # ---------------------------------------------------------------------------------------------- save / load
 
 

@@ -71,8 +71,19 @@ def test_paper_cpu_covers_the_study():
     variants = {(p["norm_type"], p["norm_placement"], p["warmup_steps"]) for p in params}
     assert all(sum((p["norm_type"], p["norm_placement"], p["warmup_steps"]) == v for p in params) >= 3
                for v in variants)
-    assert len({t["trial_id"] for t in trials}) == len(trials)  # ids are unique and stable
-    assert [t["trial_id"] for t in trials] == [t["trial_id"] for t in _expand(config, limit=1000)]
+    assert len({t["trial_id"] for t in trials}) == len(trials)  # ids are unique ...
+    # ... and stable: another interpreter, with another str-hash seed, names the same trials the same way (a resumed
+    # sweep finds its finished trials by these names).
+    script = ("import sys, json; sys.path.insert(0, sys.argv[1]); from scripts.sweep import trial_id; "
+              "from trainer.sweep_dir import swept_names; from scripts.sweep import load_sweep_config; "
+              "config = load_sweep_config(sys.argv[2]); "
+              "print(json.dumps([trial_id(p, swept_names(config)) for p in json.loads(sys.stdin.read())]))")
+    other = subprocess.run([sys.executable, "-c", script, str(REPO), str(REPO / "scripts" / "sweep_configs" /
+                                                                         "paper_cpu.yaml")],
+                           input=json.dumps(params), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout) == [t["trial_id"] for t in trials]
 
 
 # ----------------------------------------------------------------------------- validation and proposals

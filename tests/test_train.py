@@ -1,14 +1,13 @@
-"""The training core end to end on a tiny model: outputs, exact resume after SIGKILL, gradient accumulation and
-2-process DDP against one process on the same global batch, SFT from a pretrained dir, divergence handling."""
+"""The training core in one process on a tiny model: outputs, gradient accumulation against the full batch (SFT's
+uneven label masks included), SFT from a pretrained dir and its real-token throughput, --compile against eager,
+the validation split by document, divergence handling, flags. Resume: tests/test_train_resume.py; several
+processes (DDP, FSDP2): tests/test_train_processes.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,68 +16,21 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, run_in_process, sft_argv, train_losses,
+                                 val_losses, write_jsonl)
 from trainer.args import args_from_run_config, build_model_config, parse_args
 from trainer.core import Trainer, TrainingDiverged
 from trainer.run_dir import read_metrics
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--num_key_value_heads",
-        "2", "--max_seq_len", "32", "--dtype", "float32", "--norm_impl", "eager", "--log_interval", "2",
-        "--eval_interval", "4", "--eval_batches", "0", "--warmup_steps", "2", "--learning_rate", "3e-3"]
-STEPS = 8
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    rng = random.Random(0)
-    words = ("the quick brown fox jumps over a lazy dog while birds sing in tall green trees near the river "
-             "and children play").split()
-    root = tmp_path_factory.mktemp("train_data")
-    texts = [{"text": " ".join(rng.choice(words) for _ in range(rng.randint(10, 60)))} for _ in range(240)]
-    _write_jsonl(root / "pretrain.jsonl", texts)
-    chats = [{"conversations": [{"role": "user", "content": f"What comes after {i}?"},
-                                {"role": "assistant", "content": f"{i + 1} comes after {i}."}]} for i in range(160)]
-    _write_jsonl(root / "sft.jsonl", chats)
-    return root
-
-
-def _run_in_process(task: str, argv: list[str]):
-    AcceleratorState._reset_state(reset_partial_state=True)  # each run builds its own Accelerator
-    try:
-        return Trainer(parse_args(task, argv)).run()
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-
-
-def _pretrain_argv(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
-    return ["--data_path", str(data_dir / "pretrain.jsonl"), "--out_dir", str(out_dir), "--max_steps", str(STEPS),
-            "--save_interval", "3", *TINY, *extra]
-
-
-def _train_losses(out_dir: Path) -> list[float]:
-    return [r["loss"] for r in read_metrics(out_dir / "metrics.jsonl", "train")]
-
-
-@pytest.fixture(scope="module")
-def reference_run(data_dir, tmp_path_factory) -> Path:
-    """8 optimizer steps, batch 4, one process: the curve the other runs must reproduce."""
-    out_dir = tmp_path_factory.mktemp("reference")
-    _run_in_process("pretrain", _pretrain_argv(data_dir, out_dir, "--batch_size", "4"))
-    return out_dir
 
 
 def test_pretrain_writes_a_loadable_hf_model_dir(reference_run):
     summary = json.loads((reference_run / "run_summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == STEPS
-    losses = _train_losses(reference_run)
+    losses = train_losses(reference_run)
     assert len(losses) == STEPS and losses[-1] < losses[0]
     val = read_metrics(reference_run / "metrics.jsonl", "val")
     assert [r["step"] for r in val] == [4, 8] and summary["final_val"]["loss"] == pytest.approx(val[-1]["val_loss"])
+    assert summary["sample"].startswith("The history of")
     model = AutoModelForCausalLM.from_pretrained(reference_run)
     assert type(model).__name__ == "MiniNormForCausalLM"
     assert model.config.norm_type == "rmsnorm" and model.config.norm_placement == "pre"
@@ -93,118 +45,149 @@ def test_pretrain_writes_a_loadable_hf_model_dir(reference_run):
     assert all(t.dtype == torch.float32 for t in weights.values())
 
 
-def test_run_config_gives_back_the_run_args(data_dir, reference_run):
-    """train_config.yaml, as the trainer wrote it, rebuilds the run's arguments and its model config."""
-    recorded = yaml.safe_load((reference_run / "train_config.yaml").read_text())
-    args = args_from_run_config(recorded)
-    expected = parse_args("pretrain", _pretrain_argv(data_dir, reference_run, "--batch_size", "4"))
-    assert {k: v for k, v in args.to_dict().items() if k not in ("model", "out_dir")} == \
-        {k: v for k, v in expected.to_dict().items() if k not in ("model", "out_dir")}
-    assert args.resolved_out_dir() == expected.resolved_out_dir()
-    assert build_model_config(args, 6400).to_dict() == build_model_config(expected, 6400).to_dict()
-    with pytest.raises(ValueError, match="unknown key 'hidden'"):
-        args_from_run_config({**recorded, "hidden": 3})
-
-
-KILL_DURING_SECOND_SAVE = """
-import os, signal, sys
-sys.path.insert(0, {repo!r})
-import accelerate
-original = accelerate.Accelerator.save_state
-def save_then_die(self, output_dir=None, **kwargs):
-    result = original(self, output_dir, **kwargs)
-    if "step_00000006" in str(output_dir):  # mid-save: state written, not yet marked complete nor renamed
-        os.kill(os.getpid(), signal.SIGKILL)
-    return result
-accelerate.Accelerator.save_state = save_then_die
-from trainer.core import main
-main("pretrain", {argv!r})
-"""
-
-
-def test_resume_after_sigkill_continues_the_same_curve(data_dir, reference_run, tmp_path):
-    out_dir = tmp_path / "killed"
-    argv = _pretrain_argv(data_dir, out_dir, "--batch_size", "4")
-    script = KILL_DURING_SECOND_SAVE.format(repo=str(REPO), argv=argv)
-    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    checkpoints = sorted(p.name for p in (out_dir / "checkpoints").iterdir())
-    assert "step_00000003" in checkpoints and "step_00000006" not in checkpoints  # the torn save left no trace
-    assert not (out_dir / "run_summary.json").exists()
-    _run_in_process("pretrain", argv + ["--resume", "auto"])
-    assert _train_losses(out_dir) == _train_losses(reference_run)  # bit-identical, every step
-    assert read_metrics(out_dir / "metrics.jsonl", "val") == read_metrics(reference_run / "metrics.jsonl", "val")
-
-
-def test_gradient_accumulation_matches_the_full_batch(data_dir, reference_run, tmp_path):
+@pytest.mark.parametrize("task", ["pretrain", "sft"])
+def test_gradient_accumulation_matches_the_full_batch(task, train_data, reference_run, sft_reference_run,
+                                                      tmp_path):
+    """Batch 2 x 2 micro-steps against batch 4. On SFT data the micro-batches hold very different numbers of
+    supervised tokens: a loss averaged per micro-batch (the classic bug) weights them wrongly and fails here."""
     out_dir = tmp_path / "accumulated"
-    _run_in_process("pretrain", _pretrain_argv(data_dir, out_dir, "--batch_size", "2", "--accumulation_steps", "2"))
-    assert _train_losses(out_dir) == pytest.approx(_train_losses(reference_run), rel=1e-5)
-
-
-# The README's two commands for two CPU processes.
-LAUNCHERS = {
-    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
-    "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                   str(REPO / "trainer" / "accelerate" / "cpu_2proc.yaml")],
-}
-
-
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_two_cpu_processes_match_one_process(launcher, data_dir, reference_run, tmp_path):
-    out_dir = tmp_path / "ddp"
-    argv = _pretrain_argv(data_dir, out_dir, "--batch_size", "2")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([*LAUNCHERS[launcher], str(REPO / "trainer" / "train_pretrain.py"), *argv],
-                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    # One data-parallel job over two processes (not one process, nor two independent jobs).
-    assert run.stdout.count("MiniNorm pretrain:") == 1 and "x2, float32" in run.stdout, run.stdout[-3000:]
-    assert _train_losses(out_dir) == pytest.approx(_train_losses(reference_run), rel=1e-5)
-    ours, theirs = load_file(out_dir / "model.safetensors"), load_file(reference_run / "model.safetensors")
+    extra = ("--batch_size", "2", "--accumulation_steps", "2")
+    if task == "pretrain":
+        run_in_process(task, pretrain_argv(train_data, out_dir, *extra))
+        reference = reference_run
+    else:
+        run_in_process(task, sft_argv(train_data, reference_run, out_dir, *extra))
+        reference = sft_reference_run
+    assert train_losses(out_dir) == pytest.approx(train_losses(reference), rel=1e-5)
+    ours, theirs = load_file(out_dir / "model.safetensors"), load_file(reference / "model.safetensors")
     for name, tensor in theirs.items():
         torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=1e-5)
-    val_ours = read_metrics(out_dir / "metrics.jsonl", "val")[-1]["val_loss"]
-    val_ref = read_metrics(reference_run / "metrics.jsonl", "val")[-1]["val_loss"]
-    assert val_ours == pytest.approx(val_ref, rel=1e-5)
 
 
-def test_sft_continues_from_the_pretrained_dir(data_dir, reference_run, tmp_path):
-    out_dir = tmp_path / "sft"
-    argv = ["--data_path", str(data_dir / "sft.jsonl"), "--from_weight", str(reference_run), "--out_dir",
-            str(out_dir), "--max_steps", "6", "--batch_size", "4", "--save_interval", "100", "--max_seq_len", "48",
-            "--dtype", "float32", "--norm_impl", "eager", "--eval_interval", "100", "--learning_rate", "3e-3"]
-    summary = _run_in_process("sft", argv)
-    assert summary.status == "finished" and summary.steps == 6
-    losses = _train_losses(out_dir)
+def test_sft_continues_from_the_pretrained_dir(train_data, reference_run, sft_reference_run, tokenizer, tmp_path):
+    summary = json.loads((sft_reference_run / "run_summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] == SFT_STEPS
+    losses = train_losses(sft_reference_run)
     assert losses[-1] < losses[0]
     pretrained = load_file(reference_run / "model.safetensors")
-    tuned = load_file(out_dir / "model.safetensors")
+    tuned = load_file(sft_reference_run / "model.safetensors")
     assert pretrained.keys() == tuned.keys() and any(not torch.equal(pretrained[k], tuned[k]) for k in tuned)
     with pytest.raises(ValueError, match="--hidden_size cannot change"):
-        _run_in_process("sft", argv + ["--hidden_size", "64"])
+        run_in_process("sft", sft_argv(train_data, reference_run, tmp_path / "x", "--hidden_size", "64"))
 
 
-def test_nan_loss_stops_with_the_step_and_a_saved_state(data_dir, tmp_path, monkeypatch):
-    out_dir = tmp_path / "nan"
+def test_sft_throughput_counts_real_tokens(train_data, reference_run, tokenizer, tmp_path):
+    """One epoch over a whole file (given as its own validation set, so nothing is held out): tokens_seen is every
+    conversation's real length, counted here with the tokenizer, and tokens/s is those tokens over the steps' time
+    (the first step, with its warm-up, left out), not the padded batch x max_seq_len."""
+    rows = [json.loads(line) for line in (train_data / "sft.jsonl").read_text().splitlines()][:48]
+    data = write_jsonl(tmp_path / "sft48.jsonl", rows)
+    real = sum(min(64, len(tokenizer.apply_chat_template(row["conversations"], tokenize=True)["input_ids"]))
+               for row in rows)
+    argv = sft_argv(train_data, reference_run, tmp_path / "run", "--batch_size", "4", "--max_steps", "-1",
+                    "--epochs", "1")
+    argv[argv.index("--data_path") + 1] = str(data)
+    summary = run_in_process("sft", [*argv, "--val_data_path", str(data)])
+    assert summary.steps == 12 and summary.tokens_seen == real < 12 * 4 * 64
+    steps = read_metrics(tmp_path / "run", "train")
+    first_step_tokens = steps[0]["tokens_seen"]
+    seconds = sum(r["step_time_s"] for r in steps[1:])
+    assert summary.tokens_per_s == pytest.approx((real - first_step_tokens) / seconds, rel=1e-9)
+
+
+def test_compile_matches_eager_evaluates_and_samples(train_data, reference_run, tmp_path):
+    """--compile on: the same losses as the eager reference (tolerance), validation and the sample run, checkpoints
+    and the final model save. (Resuming compiled, under DDP and FSDP2: tests/test_train_processes.py.)"""
+    out_dir = tmp_path / "compiled"
+    argv = pretrain_argv(train_data, out_dir, "--batch_size", "4", "--compile", "on")
+    summary = run_in_process("pretrain", argv)
+    assert summary.status == "finished" and summary.sample.startswith("The history of")
+    assert train_losses(out_dir) == pytest.approx(train_losses(reference_run), rel=1e-5)
+    assert val_losses(out_dir) == pytest.approx(val_losses(reference_run), rel=1e-5)
+    ours, theirs = load_file(out_dir / "model.safetensors"), load_file(reference_run / "model.safetensors")
+    assert ours.keys() == theirs.keys()  # compiling in place keeps the plain module's names
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=1e-5)
+    assert sorted(p.name for p in (out_dir / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
+
+
+@pytest.mark.parametrize(("max_steps", "compiled"), [(999, False), (1000, True)])
+def test_compile_auto_compiles_long_runs_only(train_data, tmp_path, max_steps, compiled):
+    """--compile auto: the one-time compile (tens of seconds on a CPU) is paid from 1000 optimizer steps on; a
+    shorter run stays eager. Only the trainer is built (compiling happens at the first forward)."""
+    from trainer.core import Trainer
+
     AcceleratorState._reset_state(reset_partial_state=True)
-    trainer = Trainer(parse_args("pretrain", _pretrain_argv(data_dir, out_dir, "--batch_size", "4")))
+    argv = pretrain_argv(train_data, tmp_path / "run", "--compile", "auto", "--max_steps", str(max_steps))
+    trainer = Trainer(parse_args("pretrain", argv))
+    assert trainer.compiled is compiled
+    assert hasattr(trainer.unwrapped, "_compiled_call_impl") and (trainer.unwrapped._compiled_call_impl is not None) \
+        is compiled
+
+
+def test_held_out_split_is_by_document(tokenizer, tmp_path):
+    """--data_path without --val_data_path: whole documents are held out. Each document here repeats one word that
+    is a single token of its own, so every token tells its document: none may be on both sides."""
+    words = [token[1:] for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+             if token.startswith("\u0120") and token[1:].isalpha() and len(token) > 4][:200]
+    ids = {tokenizer(" " + word, add_special_tokens=False)["input_ids"][0]: i for i, word in enumerate(words)}
+    assert len(ids) == len(words)
+    data = write_jsonl(tmp_path / "docs.jsonl", [{"text": " " + " ".join([word] * (20 + i % 50))}
+                                                 for i, word in enumerate(words)])
+    from trainer.data import build_run_data
+
+    args = parse_args("pretrain", ["--data_path", str(data), "--max_seq_len", "32", "--val_fraction", "0.05"])
+    run = build_run_data(args, tokenizer, quiet=True)
+
+    def documents(dataset) -> set[int]:
+        tokens = torch.cat([dataset[i]["input_ids"] for i in range(len(dataset))]).tolist()
+        assert set(tokens) <= set(ids) | {tokenizer.eos_token_id}
+        return {ids[t] for t in tokens if t in ids}
+
+    train, val = documents(run.train), documents(run.val)
+    assert len(val) >= 8 and len(train) > 150
+    assert not train & val
+
+
+@pytest.mark.parametrize("update_inside_backward", [False, True], ids=["plain", "update-inside-backward"])
+def test_nan_loss_stops_with_the_step_and_a_saved_state(update_inside_backward, train_data, tmp_path, monkeypatch,
+                                                        capsys):
+    """A NaN loss at step 6 stops the run with the last good state. With `update_inside_backward`, backward also
+    applies the optimizer update, as DeepSpeed's engine does: the loss must be checked before that backward, or
+    the saved weights are NaN. The run also says at its start what DeepSpeed's order means for a NaN gradient."""
+    import trainer.core
+
+    out_dir = tmp_path / "nan"
+    monkeypatch.setattr(trainer.core, "update_inside_backward", lambda accelerator: update_inside_backward)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    run = Trainer(parse_args("pretrain", pretrain_argv(train_data, out_dir, "--batch_size", "4")))
     calls = {"n": 0}
 
     def poison_after_five(module, inputs, output):
         calls["n"] += module.training  # count training forwards only, not evaluation
         return output * float("nan") if calls["n"] > 5 else output
 
-    trainer.unwrapped.lm_head.register_forward_hook(poison_after_five)
+    run.unwrapped.lm_head.register_forward_hook(poison_after_five)
+    if update_inside_backward:
+        backward = run.accelerator.backward
+
+        def backward_then_update(loss, **kwargs):
+            backward(loss, **kwargs)
+            if run.accelerator.sync_gradients:
+                run.optimizer.optimizer.step()
+
+        monkeypatch.setattr(run.accelerator, "backward", backward_then_update)
     try:
         with pytest.raises(TrainingDiverged, match="optimizer step 6") as error:
-            trainer.run()
+            run.run()
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
     assert error.value.checkpoint.name == "step_00000005"
     weights = load_file(error.value.checkpoint / "model.safetensors")
     assert all(torch.isfinite(t).all() for t in weights.values())  # the last good weights, not NaN ones
     assert json.loads((out_dir / "run_summary.json").read_text())["status"] == "diverged"
+    said = "a non-finite gradient under a finite loss is caught one update late" in capsys.readouterr().out
+    assert said == update_inside_backward
 
 
 def test_yaml_config_with_command_line_overrides(tmp_path):
@@ -223,6 +206,14 @@ def test_yaml_config_with_command_line_overrides(tmp_path):
     (["--prms_p", "1.5"], "prms_p=1.5 is not allowed"),
     (["--dtype", "int8"], "--dtype='int8' is not allowed"),
     (["--batch_size", "0"], "--batch_size=0 is not allowed"),
+    (["--compile", "yes"], "--compile='yes' is not allowed; choose one of auto, on, off"),
+    (["--optimizer", "sgd"], "--optimizer='sgd' is not allowed; choose one of adamw, muon"),
+    (["--muon_adjust_lr", "spectral"], "--muon_adjust_lr='spectral' is not allowed; choose one of original, "
+                                       "match_rms_adamw"),
+    (["--lr_schedule", "linear"], "--lr_schedule='linear' is not allowed; choose one of cosine, wsd"),
+    (["--decay_fraction", "0"], "--decay_fraction=0.0 is not allowed; it must be in (0, 1]"),
+    (["--muon_lr", "-1"], "--muon_lr=-1.0 is not allowed; it must be a positive number"),
+    (["--muon_momentum", "1"], "--muon_momentum=1.0 is not allowed; it must be in [0, 1)"),
 ])
 def test_bad_flags_are_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -279,3 +270,16 @@ INF, NAN = float("inf"), float("nan")
 def test_step_outcome_tells_an_fp16_overflow_from_divergence(loss, grad_norm, scaler_skipped, expected):
     from trainer.core import step_outcome
     assert step_outcome(loss, grad_norm, scaler_skipped) == expected
+
+
+def test_run_config_gives_back_the_run_args(train_data, reference_run):
+    """train_config.yaml, as the trainer wrote it, rebuilds the run's arguments and its model config."""
+    recorded = yaml.safe_load((reference_run / "train_config.yaml").read_text())
+    args = args_from_run_config(recorded)
+    expected = parse_args("pretrain", pretrain_argv(train_data, reference_run, "--batch_size", "4"))
+    assert {k: v for k, v in args.to_dict().items() if k not in ("model", "out_dir")} == \
+        {k: v for k, v in expected.to_dict().items() if k not in ("model", "out_dir")}
+    assert args.resolved_out_dir() == expected.resolved_out_dir()
+    assert build_model_config(args, 6400).to_dict() == build_model_config(expected, 6400).to_dict()
+    with pytest.raises(ValueError, match="unknown key 'hidden'"):
+        args_from_run_config({**recorded, "hidden": 3})

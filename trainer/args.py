@@ -16,9 +16,12 @@ from typing import Any, Sequence
 import yaml
 
 from model.config import PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType
+from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import DEFAULT_OUT_DIRS, TASKS, resolve_path
+from trainer.schedule import LRSchedule
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+COMPILE_MODES = ("auto", "on", "off")
 
 # Model config fields exposed as flags, with their types and (for switches) allowed values.
 MODEL_FIELDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
@@ -34,6 +37,13 @@ MODEL_FIELDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "pretrain": {"max_steps": 200, "warmup_steps": 30},
     "sft": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
+    "lora": {"max_steps": 120, "learning_rate": 2e-3, "warmup_steps": 10, "weight_decay": 0.0},
+    "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0},
+}
+# Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
+TASK_FLAGS: dict[str, tuple[str, ...]] = {
+    "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
+    "dpo": ("beta",),
 }
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
@@ -53,15 +63,25 @@ class TrainArgs:
     # Schedule.
     epochs: int = 1
     max_steps: int = -1                   # optimizer steps; -1: as many as `epochs` give
+    time_budget_s: float = 0.0            # > 0: train this many seconds (see trainer/budget.py); 0: off
     batch_size: int = 16                  # per process, per micro-step
     accumulation_steps: int = 1
-    learning_rate: float = 2e-3
-    min_lr_ratio: float = 0.1             # cosine decays to learning_rate * min_lr_ratio
+    learning_rate: float = 2e-3           # AdamW's (with --optimizer muon: the embedding, LM head, norms)
+    min_lr_ratio: float = 0.1             # the schedule decays to peak lr * min_lr_ratio
     warmup_steps: int = 50
-    weight_decay: float = 0.1
+    lr_schedule: str = "cosine"           # cosine | wsd (warmup, stable, then linear decay over decay_fraction)
+    decay_fraction: float = 0.2           # wsd: the last fraction of the steps that decays
+    weight_decay: float = 0.1             # AdamW's, on matrices (not embeddings, norms, biases)
+    optimizer: str = "adamw"              # adamw | muon (Muon for the hidden matrices, AdamW for the rest)
+    muon_lr: float = 0.02                 # Muon's peak lr, before muon_adjust_lr's shape factor
+    muon_weight_decay: float = 0.01       # Muon's decoupled decay (x muon_lr per step: 2e-4, as AdamW's default)
+    muon_momentum: float = 0.95           # Muon's Nesterov momentum
+    muon_adjust_lr: str = "original"      # original | match_rms_adamw (trainer/optim.py, MuonAdjustLR)
     grad_clip: float = 1.0
     max_seq_len: int = 256
     dtype: str = "auto"                   # auto: see resolve_dtype
+    compile: str = "auto"                 # the whole model under torch.compile; auto: see compile_enabled
+    gradient_checkpointing: bool = False  # recompute each block in the backward: less activation memory
     seed: int = 42
     # Logging, evaluation, checkpoints.
     log_interval: int = 10
@@ -70,7 +90,12 @@ class TrainArgs:
     save_interval: int = 200
     keep_checkpoints: int = 2
     resume: str | None = None             # "auto" or a checkpoint directory
-    from_weight: str | None = None        # SFT: the pretrained model directory
+    # Several processes: how long a collective waits for the others before the job fails (a dead node, a cut
+    # network). Set-up (the main process prepares the data while the others wait), resume and the first optimizer
+    # step get the longer init timeout; trainer/distributed.py applies them.
+    dist_init_timeout: int = 1800         # seconds
+    dist_timeout: int = 300               # seconds, from the end of the first optimizer step on
+    from_weight: str | None = None        # fine-tuning: the starting model (default: trainer/run_dir.py)
     use_wandb: bool = False
     wandb_project: str = "MiniNorm"
     wandb_run_name: str | None = None
@@ -78,6 +103,14 @@ class TrainArgs:
     diag_interval: int = 0                # 0: norm diagnostics off
     peak_flops: float | None = None       # for MFU; None: a known value for the device
     sample_prompt: str | None = None
+    # LoRA (trainer/train_lora.py): adapters of rank r scaled by alpha / r on the named projections.
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = "all"             # comma-separated projections, or all / attention / mlp
+    merge: bool = False                   # also write the merged plain model to OUT_DIR/merged
+    # DPO (trainer/train_dpo.py): the strength of the pull toward the reference model.
+    beta: float = 0.15
     # Model.
     preset: str = "cpu-default"
     model: dict[str, Any] = field(default_factory=dict)  # MiniNormConfig overrides given as flags or YAML
@@ -86,7 +119,9 @@ class TrainArgs:
         return resolve_path(self.out_dir or DEFAULT_OUT_DIRS[self.task])
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The run's settings: the task, its trainer's flags and the model overrides (not other tasks' flags)."""
+        keep = task_flags(self.task) | {"task", "model"}
+        return {name: value for name, value in dataclasses.asdict(self).items() if name in keep}
 
 
 def _str2bool(text: str) -> bool:
@@ -112,7 +147,7 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML file of flag values; command-line flags override it")
     defaults = TrainArgs(task=task, **TASK_DEFAULTS.get(task, {}))
     for f in dataclasses.fields(TrainArgs):
-        if f.name in ("task", "model"):
+        if f.name in ("task", "model") or f.name not in task_flags(task):
             continue
         default = getattr(defaults, f.name)
         if isinstance(default, bool):
@@ -130,6 +165,12 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
     return parser
 
 
+def task_flags(task: str) -> set[str]:
+    """The TrainArgs fields that are flags of `task`'s trainer: the shared ones and its own."""
+    others = {name for owner, names in TASK_FLAGS.items() if owner != task for name in names}
+    return {f.name for f in dataclasses.fields(TrainArgs)} - {"task", "model"} - others
+
+
 def _validate(args: TrainArgs) -> None:
     def bad(name: str, value: Any, allowed: str) -> ValueError:
         return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
@@ -138,29 +179,55 @@ def _validate(args: TrainArgs) -> None:
         raise bad("task", args.task, f"choose one of {TASKS}")
     if args.dtype not in DTYPES:
         raise bad("dtype", args.dtype, f"choose one of {', '.join(DTYPES)}")
+    if args.compile not in COMPILE_MODES:
+        raise bad("compile", args.compile, f"choose one of {', '.join(COMPILE_MODES)}")
+    for name, enum in (("optimizer", OptimizerName), ("muon_adjust_lr", MuonAdjustLR), ("lr_schedule", LRSchedule)):
+        if getattr(args, name) not in tuple(enum):
+            raise bad(name, getattr(args, name), f"choose one of {', '.join(enum)}")
     if args.preset not in PRESETS:
         raise bad("preset", args.preset, f"choose one of {', '.join(PRESETS)}")
     for name in ("epochs", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
-                 "save_interval", "keep_checkpoints"):
+                 "save_interval", "keep_checkpoints", "dist_init_timeout", "dist_timeout"):
         if getattr(args, name) < 1:
             raise bad(name, getattr(args, name), "it must be >= 1")
     for name in ("warmup_steps", "eval_batches", "diag_interval"):
         if getattr(args, name) < 0:
             raise bad(name, getattr(args, name), "it must be >= 0")
-    if not (args.learning_rate > 0 and math.isfinite(args.learning_rate)):
-        raise bad("learning_rate", args.learning_rate, "it must be a positive number")
+    for name in ("learning_rate", "muon_lr"):
+        if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
+            raise bad(name, getattr(args, name), "it must be a positive number")
+    for name in ("weight_decay", "muon_weight_decay"):
+        if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
+            raise bad(name, getattr(args, name), "it must be a number >= 0")
+    if not 0 <= args.muon_momentum < 1:
+        raise bad("muon_momentum", args.muon_momentum, "it must be in [0, 1)")
+    if not 0 < args.decay_fraction <= 1:
+        raise bad("decay_fraction", args.decay_fraction, "it must be in (0, 1]")
+    if not (args.time_budget_s >= 0 and math.isfinite(args.time_budget_s)):
+        raise bad("time_budget_s", args.time_budget_s, "it must be a number of seconds >= 0 (0: no time budget)")
     if not 0 <= args.min_lr_ratio <= 1:
         raise bad("min_lr_ratio", args.min_lr_ratio, "it must be in [0, 1]")
     if not 0 < args.val_fraction < 1:
         raise bad("val_fraction", args.val_fraction, "it must be in (0, 1)")
+    if args.task == "lora":
+        from model.lora import parse_targets
+        if args.lora_rank < 1:
+            raise bad("lora_rank", args.lora_rank, "it must be >= 1")
+        if not (args.lora_alpha > 0 and math.isfinite(args.lora_alpha)):
+            raise bad("lora_alpha", args.lora_alpha, "it must be a positive number")
+        if not 0 <= args.lora_dropout < 1:
+            raise bad("lora_dropout", args.lora_dropout, "it must be in [0, 1)")
+        parse_targets(args.lora_targets)
+    if args.task == "dpo" and not (args.beta > 0 and math.isfinite(args.beta)):
+        raise bad("beta", args.beta, "it must be a positive number")
 
 
 def _model_overrides(values: dict[str, Any]) -> dict[str, Any]:
     return {name: values[name] for name in MODEL_FIELDS if values.get(name) is not None}
 
 
-def load_yaml_config(path: str | Path) -> dict[str, Any]:
-    """Read a --config YAML; unknown keys are an error naming the file and the key."""
+def load_yaml_config(path: str | Path, task: str = "pretrain") -> dict[str, Any]:
+    """Read a --config YAML for `task`'s trainer; unknown keys are an error naming the file and the key."""
     path = resolve_path(path) if not Path(path).exists() else Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -170,7 +237,7 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"--config {path}: invalid YAML ({error})".replace("\n", " ")) from None
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a mapping of flag names to values")
-    known = {f.name for f in dataclasses.fields(TrainArgs)} - {"task", "model"} | set(MODEL_FIELDS)
+    known = task_flags(task) | set(MODEL_FIELDS)
     for key in data:
         if key not in known:
             raise ValueError(f"--config {path}: unknown key {key!r}; allowed keys are the trainer's flags "
@@ -184,7 +251,7 @@ def parse_args(task: str, argv: Sequence[str] | None = None) -> TrainArgs:
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
         try:
-            parser.set_defaults(**load_yaml_config(pre.config))
+            parser.set_defaults(**load_yaml_config(pre.config, task))
         except ValueError as error:
             parser.error(str(error))
     namespace = vars(parser.parse_args(argv))
@@ -239,3 +306,20 @@ def resolve_dtype(dtype: str) -> str:
     if torch.cuda.is_available():
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
+
+
+# Whole-model compile costs a one-time 25-55 s on our 2-core CPUs and saves 10-50% of every step after it
+# (docs/benchmarks.md): it pays once a run is long enough, and short runs (smoke tests, tests) stay eager.
+COMPILE_AUTO_MIN_STEPS = 1000
+COMPILE_AUTO_MIN_BUDGET_S = 600  # the same rule for a run on --time_budget_s
+
+
+def compile_enabled(mode: str, total_steps: int, time_budget_s: float = 0.0) -> bool:
+    """Whether `--compile auto|on|off` compiles the model for a run of `total_steps` optimizer steps (or, on a
+    time budget, of `time_budget_s` seconds). auto: on from COMPILE_AUTO_MIN_STEPS steps or
+    COMPILE_AUTO_MIN_BUDGET_S seconds, on any device."""
+    if mode != "auto":
+        return mode == "on"
+    if time_budget_s > 0:
+        return time_budget_s >= COMPILE_AUTO_MIN_BUDGET_S
+    return total_steps >= COMPILE_AUTO_MIN_STEPS

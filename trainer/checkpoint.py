@@ -1,24 +1,63 @@
-"""Resumable training state, written atomically.
+"""Resumable training state, written atomically, and the agreement of every process on what to resume.
 
 A checkpoint is a directory `step_XXXXXXXX/` holding Accelerate's state (fp32 model weights, optimizer,
-scheduler, every process's RNG states) plus `trainer_state.json` (step, data position, counters; the names are
-trainer/run_dir.py's). It is written under a temporary name and renamed into place only when complete, so a save
-killed midway leaves the previous checkpoint intact; `trainer_state.json` is written last and marks a checkpoint
-complete.
+scheduler, every process's RNG states) plus `trainer_state.json` (step, data position, counters, the list of the
+checkpoint's files; the names are trainer/run_dir.py's). It is written under a temporary name and renamed into
+place only when complete, so a save killed midway leaves the previous checkpoint intact; `trainer_state.json` is
+written last and marks a checkpoint complete. Complete means every process's part is in place where the processes
+that need it can read it: the save checks that before it writes `trainer_state.json`.
+
+Several machines: `--out_dir` is either one directory every process sees (shared storage: the main process writes
+the checkpoint) or one directory per machine (each machine's first process writes a whole copy there, its
+processes their own RNG states; possible when every process holds the whole model and optimizer, as under DDP).
+`probe_storage` finds out which at start-up. On resume the main process decides which checkpoint every process
+loads (with --resume auto, the newest one that every process holds) and tells the others; every process then checks
+that it can read each file it needs, its own RNG state included, and the job stops in one line naming the rank and
+the path otherwise: a process never silently starts from another step, or from its seed, while the others resume.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
 from dataset.atomic_io import atomic_write_text
+from trainer.args import TrainArgs
 from trainer.run_dir import STATE_FILE, checkpoint_name, checkpoint_step
+
+# Flags that decide which samples the training set holds and in which order: a checkpoint's data position means
+# nothing under other values, so resuming with a different one is refused. (--batch_size, --accumulation_steps and
+# the number of processes only group the same sample order differently: the position, counted in samples, maps.)
+DATA_ORDER_FLAGS = ("max_seq_len", "seed", "val_fraction")
+# Flags that decide the shapes of a LoRA run's trainable tensors: the checkpoint's adapters fit no other value.
+ADAPTER_FLAGS = ("lora_rank", "lora_targets")
+FILES_KEY = "files"  # trainer_state.json: every file of the checkpoint, relative to it
+_RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
+_STORAGE_HELP = "see docs/training.md, 'Several machines'"
+
+
+class CheckpointUnreadable(FileNotFoundError):
+    """A process cannot read a file of the checkpoint it must save or resume; the message names the rank and path."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: Path              # this process's path to the checkpoint
+    state: dict[str, Any]   # its trainer state, as the main process read it
+    note: str = ""          # why it is not the main process's newest checkpoint, if it is not
+
+
+def rng_state_file(rank: int) -> str:
+    return f"{RNG_STATE_NAME}_{rank}.pkl"
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -29,23 +68,89 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: checkpoint_step(p.name))
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    found = list_checkpoints(root)
-    return found[-1] if found else None
+def files_needed_by(files: list[str], rank: int, saved_processes: int) -> list[str]:
+    """The files of a checkpoint that process `rank` reads to resume from it: all but the other processes' RNG
+    states, its own included when the checkpoint has one for it (a checkpoint of fewer processes has none for the
+    extra ones: they start from the seed, as the docs say), and trainer_state.json."""
+    needed = [name for name in files if (match := _RNG_FILE.fullmatch(name)) is None or int(match[1]) == rank]
+    if rank < saved_processes and rng_state_file(rank) not in needed:
+        needed.append(rng_state_file(rank))
+    return [STATE_FILE, *needed] if STATE_FILE not in needed else needed
 
 
-def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Collective: every process calls it. Returns the checkpoint directory."""
+def _files_under(path: Path) -> list[str]:
+    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+
+
+def _readable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.R_OK)
+
+
+def probe_storage(accelerator: Accelerator, out_dir: Path, node_local_allowed: bool) -> bool:
+    """Collective. True when every process sees the same `out_dir` (shared storage), False when each machine has
+    its own (then each machine's local main process writes a whole checkpoint there). Every process writes a file
+    named by a token the main process chose and reports whose files it sees. Raises ValueError when neither holds
+    or when a machine-local directory cannot hold a whole checkpoint (`node_local_allowed` False: sharded weights
+    or optimizer state, whose parts only the process that holds them writes)."""
+    if accelerator.num_processes == 1:
+        return True
+    token = broadcast_object_list([uuid.uuid4().hex if accelerator.is_main_process else None])[0]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    world, rank = accelerator.num_processes, accelerator.process_index
+    probe = out_dir / f".storage_probe_{token}_{rank}"
+    probe.write_text(str(rank))
+    accelerator.wait_for_everyone()
+    seen = [other for other in range(world) if (out_dir / f".storage_probe_{token}_{other}").is_file()]
+    views = gather_object([(seen, accelerator.local_process_index, str(out_dir))])
+    accelerator.wait_for_everyone()
+    probe.unlink()
+    return storage_is_shared(views, node_local_allowed)
+
+
+def storage_is_shared(views: list[tuple[list[int], int, str]], node_local_allowed: bool) -> bool:
+    """The probe's verdict from every process's (ranks whose files it sees, its local rank, its out_dir)."""
+    world = len(views)
+    if all(len(seen) == world for seen, _, _ in views):
+        return True
+    for rank, (seen, _, out_dir) in enumerate(views):
+        writers = [other for other in seen if views[other][1] == 0]
+        if rank not in seen or any(views[other][0] != seen for other in seen) or len(writers) != 1:
+            raise ValueError(f"--out_dir {out_dir}: rank {rank} sees the files of ranks {seen} of {world} there; "
+                             f"checkpoints need one directory that every process sees, or one per machine that "
+                             f"all of that machine's processes see ({_STORAGE_HELP})")
+    if not node_local_allowed:
+        rank = next(rank for rank, (seen, _, _) in enumerate(views) if 0 not in seen)
+        raise ValueError(f"--out_dir {views[rank][2]}: rank {rank} does not see rank 0's files there, and sharded "
+                         f"checkpoints (FSDP, DeepSpeed) need an --out_dir on storage shared by every machine "
+                         f"({_STORAGE_HELP})")
+    return False
+
+
+def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict[str, Any], keep: int,
+                    shared_storage: bool = True) -> Path:
+    """Collective: every process calls it. Returns the checkpoint directory. With `shared_storage` False each
+    machine's local main process writes a whole copy under its own `root`. Raises CheckpointUnreadable, on every
+    process, when a process cannot read a part it would need to resume (nothing is marked complete then)."""
     final = root / checkpoint_name(step)
     tmp = root / f".tmp_{checkpoint_name(step)}"
-    if accelerator.is_main_process:
+    writer = accelerator.is_main_process if shared_storage else accelerator.is_local_main_process
+    if writer:
         shutil.rmtree(tmp, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
+    accelerator.project_configuration.save_on_each_node = not shared_storage
     accelerator.save_state(str(tmp), safe_serialization=True)
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=2))
+    views = gather_object([(str(tmp), _files_under(tmp))])
+    files = sorted(set().union(*(set(view) for _, view in views)))
+    for rank, (path, view) in enumerate(views):
+        missing = [name for name in files_needed_by(files, rank, len(views)) if name != STATE_FILE and name not in view]
+        if missing:
+            raise CheckpointUnreadable(f"checkpoint {final.name} is incomplete: rank {rank} cannot read "
+                                       f"{Path(path) / missing[0]}, which another process wrote; --out_dir must be "
+                                       f"storage that process can read ({_STORAGE_HELP})")
+    if writer:
+        atomic_write_text(tmp / STATE_FILE, json.dumps({**state, FILES_KEY: files}, indent=2))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -55,10 +160,111 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
     return final
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path) -> dict[str, Any]:
-    """Restore model, optimizer, scheduler and RNG states; return the trainer state saved with them."""
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """The trainer state saved with a checkpoint (step, data position, config, data identity)."""
     state_file = path / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"--resume {path}: not a complete checkpoint (no {STATE_FILE})")
-    accelerator.load_state(str(path))
     return json.loads(state_file.read_text())
+
+
+def saved_position(state: dict[str, Any]) -> tuple[int, int]:
+    """(epoch, samples of that epoch's order already trained on, over all processes) of a trainer state."""
+    if "samples_done_in_epoch" not in state:
+        raise ValueError("the checkpoint was written by an older MiniNorm that counted its data position in "
+                         "per-process batches; it cannot be resumed exactly, start a new run")
+    return state["epoch"], state["samples_done_in_epoch"]
+
+
+def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, data: dict[str, Any]) -> None:
+    """Refuse, in one line naming the flag with its old and new value, to resume where the data position would
+    not map exactly (other data, another --max_seq_len, --seed or --val_fraction) or, for LoRA, where the saved
+    adapters have another shape (--lora_rank, --lora_targets)."""
+    saved = state.get("config", {})
+    for flag in DATA_ORDER_FLAGS:
+        old, new = saved.get(flag), getattr(args, flag)
+        if old is not None and old != new:
+            raise ValueError(f"--resume {path.name}: --{flag} was {old} there and is {new} now; the saved data "
+                             f"position is only valid for the same samples in the same order (resume with "
+                             f"--{flag} {old}, or start a new run)")
+    for flag in ADAPTER_FLAGS:
+        old, new = saved.get(flag), getattr(args, flag)
+        if args.task == "lora" and old is not None and old != new:
+            raise ValueError(f"--resume {path.name}: --{flag} was {old} there and is {new} now; the saved adapters "
+                             f"have that shape (resume with --{flag} {old}, or start a new run)")
+    old_data = state.get("data")
+    same = old_data is None or {k: v for k, v in old_data.items() if k != "path"} == {
+        k: v for k, v in data.items() if k != "path"}
+    if not same:
+        raise ValueError(f"--resume {path.name}: --data_path was {_describe(old_data)} there and is "
+                         f"{_describe(data)} now; the saved data position is only valid for the same training "
+                         f"data (resume with the same file, or start a new run)")
+
+
+def _describe(data: dict[str, Any]) -> str:
+    return f"{data['path']} ({data['train_samples']} training samples, {data['tokens']} tokens)"
+
+
+def agree_on_resume(accelerator: Accelerator, resume: str | None, root: Path, path: Path | None
+                    ) -> ResumePoint | None:
+    """Collective: which checkpoint every process resumes (None: start fresh), decided once by the main process
+    and broadcast, then checked by every process. `resume`: None, "auto" (the newest checkpoint under `root`, this
+    process's checkpoints directory, that every process holds) or a checkpoint directory, `path` (resolved on each
+    machine). Raises, on every process with the same one line, FileNotFoundError when there is no such checkpoint
+    and CheckpointUnreadable naming the first rank and path that cannot be read."""
+    if not resume:
+        return None
+    held = [p.name for p in list_checkpoints(root)] if resume == "auto" else []
+    views = gather_object([(str(root), held)])
+    decision: dict[str, Any] = {}
+    if accelerator.is_main_process:
+        decision = _decide(resume, views, path)
+    decision = broadcast_object_list([decision])[0]
+    if "error" in decision:
+        raise FileNotFoundError(decision["error"])
+    if "name" not in decision:
+        return None
+    mine = root / decision["name"] if resume == "auto" else path
+    state = decision["state"]
+    needed = files_needed_by(state.get(FILES_KEY, decision["files"]), accelerator.process_index,
+                             state.get("processes", 1))
+    unreadable = next((str(mine / name) for name in needed if not _readable(mine / name)), None)
+    for rank, problem in enumerate(gather_object([unreadable])):
+        if problem is not None:
+            raise CheckpointUnreadable(f"--resume {resume}: rank {rank} cannot read {problem}; every process needs "
+                                       f"the checkpoint's model, optimizer and scheduler state and its own RNG state "
+                                       f"({_STORAGE_HELP})")
+    return ResumePoint(mine, state, decision["note"])
+
+
+def _decide(resume: str, views: list[tuple[str, list[str]]], path: Path | None) -> dict[str, Any]:
+    """The main process's decision for agree_on_resume: {} (start fresh), {"error"} or {"name", "state", "files"
+    (its listing, for checkpoints written before trainer_state.json listed them), "note"}."""
+    note = ""
+    if resume == "auto":
+        ours = views[0][1]
+        common = [name for name in ours if all(name in held for _, held in views)]
+        if not ours:
+            return {}
+        if not common:
+            rank = next(rank for rank, (_, held) in enumerate(views) if ours[-1] not in held)
+            return {"error": f"--resume auto: rank {rank} holds none of rank 0's checkpoints ({', '.join(ours)}) "
+                             f"under {views[rank][0]} ({_STORAGE_HELP})"}
+        if common[-1] != ours[-1]:
+            rank = next(rank for rank, (_, held) in enumerate(views) if ours[-1] not in held)
+            note = f"rank {rank} does not hold {ours[-1]}; {common[-1]} is the newest checkpoint every process holds"
+        chosen = Path(views[0][0]) / common[-1]
+    else:
+        chosen = path
+        if not chosen.is_dir():
+            return {"error": f"--resume {chosen}: no such checkpoint directory"}
+    try:
+        state = read_trainer_state(chosen)
+    except (FileNotFoundError, json.JSONDecodeError) as error:
+        return {"error": str(error)}
+    return {"name": chosen.name, "state": state, "files": _files_under(chosen), "note": note}
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path) -> None:
+    """Restore model, optimizer, scheduler and RNG states (agree_on_resume has checked every file is there)."""
+    accelerator.load_state(str(path))

@@ -1,8 +1,17 @@
-"""Datasets and dataloaders for a training run: the default corpus or the user's jsonl, a validation split,
-and a deterministic per-epoch shuffle that Accelerate shards across processes."""
+"""Datasets and dataloaders for a training run: the default corpus or the user's jsonl, a validation split held out
+by document, and a deterministic per-epoch shuffle that Accelerate shards across processes.
+
+The data position of a run is counted in samples of the epoch's order (global, over all processes): Accelerate
+hands batch i of the order to process i mod world, so after n optimizer steps exactly the first
+n x batch_size x accumulation_steps x processes samples have been trained on, whatever the grouping. A resumed run
+starts the order at that sample, so it may use another batch size, accumulation or number of processes.
+The loaders own their random generators: creating an iterator never draws from the global generator, whose state
+a checkpoint restores for dropout.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -15,20 +24,27 @@ from trainer.run_dir import resolve_path
 
 
 class EpochShuffleSampler(Sampler[int]):
-    """A permutation that depends only on (seed, epoch): every process, and a resumed run, sees the same order."""
+    """A permutation that depends only on (seed, epoch): every process, and a resumed run, sees the same order.
+    `set_position` starts the epoch's order at a given sample (a resumed run)."""
 
     def __init__(self, length: int, seed: int) -> None:
-        self.length, self.seed, self.epoch = length, seed, 0
+        self.length, self.seed, self.epoch, self.start = length, seed, 0, 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        # Accelerate's loader calls this at the start of every pass with its own epoch counter: the same epoch
+        # keeps the starting sample, a new one starts at its beginning.
+        if epoch != self.epoch:
+            self.epoch, self.start = epoch, 0
+
+    def set_position(self, epoch: int, start: int) -> None:
+        self.epoch, self.start = epoch, start
 
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.length, generator=generator).tolist())
+        return iter(torch.randperm(self.length, generator=generator)[self.start:].tolist())
 
     def __len__(self) -> int:
-        return self.length
+        return self.length - self.start
 
 
 @dataclass
@@ -40,18 +56,39 @@ class RunData:
     train_loader: DataLoader
     val_loader: DataLoader
     description: str
+    train_path: Path
 
 
 def dataset_class(task: str) -> type[Dataset]:
-    """PretrainDataset (packed text) for "pretrain", SFTDataset (assistant-only loss) otherwise."""
+    """PretrainDataset (packed text) for "pretrain", DPODataset (preference pairs) for "dpo", SFTDataset
+    (assistant-only loss) for "sft" and "lora"."""
     if task == "pretrain":
         from dataset.pretrain_dataset import PretrainDataset
         return PretrainDataset
+    if task == "dpo":
+        from dataset.dpo_dataset import DPODataset
+        return DPODataset
     from dataset.sft_dataset import SFTDataset
     return SFTDataset
 
 
-def _split_off_validation(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset, Subset]:
+def default_data(task: str, quiet: bool = False) -> tuple[Path, Path]:
+    """(train, val) files of a task's embedded default data, built on first use: the default corpus for
+    pretraining and SFT, and the LoRA and DPO sets derived from it (dataset/post_training_data.py)."""
+    if task in ("pretrain", "sft"):
+        from dataset.corpus import ensure_default_corpus
+        paths = ensure_default_corpus(quiet=quiet)
+        return (paths.pretrain_train, paths.pretrain_val) if task == "pretrain" else (paths.sft_train, paths.sft_val)
+    from dataset.post_training_data import ensure_post_training_data
+    derived = ensure_post_training_data()
+    return (derived.lora_train, derived.lora_val) if task == "lora" else (derived.dpo_train, derived.dpo_val)
+
+
+def _split_off_validation(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
+    """Hold out whole documents: packed pretraining rows span documents, so they are split before packing; an
+    SFT sample is one conversation, so its samples are split."""
+    if hasattr(dataset, "split_documents"):
+        return dataset.split_documents(fraction, seed)
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
     num_val = max(1, round(len(order) * fraction))
     if num_val >= len(order):
@@ -70,10 +107,7 @@ def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
                             skip_bad_lines=args.skip_bad_lines)
 
     if args.data_path is None:
-        from dataset.corpus import ensure_default_corpus
-        paths = ensure_default_corpus(quiet=quiet)
-        train_path, val_path = ((paths.pretrain_train, paths.pretrain_val) if args.task == "pretrain"
-                                else (paths.sft_train, paths.sft_val))
+        train_path, val_path = default_data(args.task, quiet)
         if args.val_data_path is not None:
             val_path = resolve_path(args.val_data_path)
     else:
@@ -91,9 +125,31 @@ def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
     collate = getattr(base, "collate", None)
     sampler = EpochShuffleSampler(len(train), args.seed)
     train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, collate_fn=collate,
-                              drop_last=True)
-    val_loader = DataLoader(val, batch_size=args.batch_size, shuffle=False, collate_fn=collate)
-    return RunData(train, val, collate, sampler, train_loader, val_loader, description)
+                              drop_last=True, generator=_own_generator(args.seed))
+    val_loader = DataLoader(val, batch_size=args.batch_size, shuffle=False, collate_fn=collate,
+                            generator=_own_generator(args.seed))
+    return RunData(train, val, collate, sampler, train_loader, val_loader, description, train_path)
+
+
+def _own_generator(seed: int) -> torch.Generator:
+    # A DataLoader draws its workers' base seed when an iterator is created: from this generator, not the global
+    # one. Otherwise a resumed run, which creates its iterator after restoring the global RNG state, would shift
+    # every dropout mask after it by one draw.
+    return torch.Generator().manual_seed(seed)
+
+
+def data_identity(data: RunData) -> dict:
+    """What a checkpoint remembers of its training data, to refuse a resume on other data: the file, the number of
+    training samples and tokens, and a digest of a few samples' token ids (the path may differ; the rest may not)."""
+    train = data.train
+    count = len(train)
+    digest = hashlib.sha256()
+    for index in sorted({round(i * (count - 1) / 7) for i in range(8)}):
+        sample = train[index]
+        for key in sorted(k for k in sample if k.endswith("input_ids")):  # a preference pair's two sides
+            digest.update(sample[key].numpy().tobytes())
+    return {"path": str(data.train_path), "train_samples": count, "tokens": dataset_stats(train).get("tokens"),
+            "digest": digest.hexdigest()[:16]}
 
 
 def dataset_stats(dataset: Dataset) -> dict:
@@ -101,9 +157,34 @@ def dataset_stats(dataset: Dataset) -> dict:
     return dict(getattr(base, "stats", {}))
 
 
+class _PaddedWithoutTargets(Dataset):
+    """`dataset` followed by `extra` copies of its first sample whose labels (every "labels" field: a preference
+    pair has two) are all -100: they add forward passes but no target, so they change no loss, token or byte
+    count."""
+
+    def __init__(self, dataset: Dataset, extra: int) -> None:
+        self.dataset, self.extra = dataset, extra
+
+    def __len__(self) -> int:
+        return len(self.dataset) + self.extra
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if index < len(self.dataset):
+            return self.dataset[index]
+        sample = dict(self.dataset[0])
+        for key in sample:
+            if key.endswith("labels"):
+                sample[key] = torch.full_like(sample[key], -100)
+        return sample
+
+
 def shard_loader(loader: DataLoader, rank: int, world: int) -> DataLoader:
-    """This process's share (every world-th sample) of an unshuffled loader, with no padding samples."""
+    """This process's share (every world-th sample) of an unshuffled loader. The shards are padded to equal
+    length with target-free samples, so every process runs the same number of batches (under FSDP each forward
+    pass is a collective) and no real sample is counted twice."""
     if world == 1:
         return loader
-    shard = Subset(loader.dataset, range(rank, len(loader.dataset), world))
-    return DataLoader(shard, batch_size=loader.batch_size, shuffle=False, collate_fn=loader.collate_fn)
+    padded = _PaddedWithoutTargets(loader.dataset, -len(loader.dataset) % world)
+    shard = Subset(padded, range(rank, len(padded), world))
+    return DataLoader(shard, batch_size=loader.batch_size, shuffle=False, collate_fn=loader.collate_fn,
+                      generator=loader.generator)

@@ -16,7 +16,8 @@ after_backward() after its backward: activation statistics then come from that o
 gradient norms read `.grad`, i.e. the gradient accumulated over all micro-steps -- the one clipping sees.
 With fp16 loss scaling the gradients are still scaled at that point: pass the scaler's current scale as
 `after_backward(loss_scale=...)`; bf16 and fp32 need nothing. Under DDP, activation statistics are this
-rank's; gradients are already all-reduced. resid_grad_rms is the gradient of the loss as backpropagated,
+rank's; gradients are already all-reduced (under FSDP2 the norms of sharded gradients and weights are gathered
+into whole-tensor values). resid_grad_rms is the gradient of the loss as backpropagated,
 i.e. including any 1/accumulation or loss-scale factor the trainer multiplies the loss by.
 
 When not armed, no hook is registered anywhere: the model runs exactly as without this module.
@@ -58,6 +59,12 @@ _LAYER_KEY = re.compile(rf"^{PREFIX}/(?P<quantity>[^/]+)/layer_(?P<layer>\d+)$")
 def rms(t: torch.Tensor) -> torch.Tensor:
     """sqrt(mean(t^2)) over all elements as a 0-d fp32 tensor, without materialising an fp32 copy of t."""
     return torch.linalg.vector_norm(t.detach(), dtype=torch.float32) / math.sqrt(max(t.numel(), 1))
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A norm of a sharded (FSDP2, DTensor) parameter or gradient as the whole tensor's value (a collective: every
+    process computes the same statistics in the same order); a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -178,7 +185,7 @@ class NormDiagnostics:
         grad_sq: dict[int, torch.Tensor] = {}
         for p in self.model.parameters():  # unique parameters (tied weights once), like clip_grad_norm_
             if p.grad is not None:
-                grad_sq[id(p)] = torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32).square()
+                grad_sq[id(p)] = _whole(torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)).square()
         if grad_sq:
             values[self.key("grad_norm_global")] = torch.stack(list(grad_sq.values())).sum().sqrt()
         for i, block in enumerate(self.layers):
@@ -203,8 +210,8 @@ class NormDiagnostics:
         for i, pairs in enumerate(self._snapshot):
             if not pairs:
                 continue
-            delta = torch.stack([torch.linalg.vector_norm(p - old, dtype=torch.float32) for p, old in pairs])
-            weight = torch.stack([torch.linalg.vector_norm(old, dtype=torch.float32) for _, old in pairs])
+            delta = torch.stack([_whole(torch.linalg.vector_norm(p - old, dtype=torch.float32)) for p, old in pairs])
+            weight = torch.stack([_whole(torch.linalg.vector_norm(old, dtype=torch.float32)) for _, old in pairs])
             delta_sq, weight_sq = delta.square().sum(), weight.square().sum()
             values[self.key("update_ratio", i)] = (delta_sq / weight_sq).sqrt()
             total_delta.append(delta_sq)

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from model.model import causal_lm_loss, shift_labels
+from trainer.run_dir import VAL_METRICS
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,13 @@ class LMEval:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    def logged(self) -> dict[str, float]:
+        """The metrics as the trainer logs them (metrics.jsonl, wandb): val_loss, val_ppl, val_bpb."""
+        return {name: getattr(self, key) for name, key in VAL_METRICS.items()}
+
+    def describe(self) -> str:
+        return f"val loss {self.loss:.4f} (ppl {self.perplexity:.2f}, {self.bits_per_byte:.3f} bits/byte)"
 
 
 def token_byte_lengths(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:

@@ -17,13 +17,15 @@ PEAK_FLOPS = {
 
 
 def flops_per_token(config: MiniNormConfig, num_params: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6 per non-embedding parameter plus the attention score/value products
-    (6 * layers * seq_len * hidden, causal half of 12), plus the LM head matmul (6 * hidden * vocab)."""
-    embedding = config.vocab_size * config.hidden_size
-    non_embedding = num_params - embedding
-    head = 6 * config.hidden_size * config.vocab_size
+    """Training FLOPs per token (forward + backward): 6 per parameter of the blocks and the final norm, plus the LM
+    head matmul (6 * hidden * vocab, once, whether or not its weight is tied to the embedding), plus the attention
+    score/value products (6 * layers * seq_len * hidden, the causal half of 12). The embedding lookup is free.
+    `num_params` counts a tied weight once, an untied head separately."""
+    matrix = config.vocab_size * config.hidden_size
+    embedding_and_head = matrix if config.tie_word_embeddings else 2 * matrix
+    blocks = num_params - embedding_and_head
     attention = 6 * config.num_hidden_layers * seq_len * config.hidden_size
-    return 6 * non_embedding + head + attention
+    return 6 * blocks + 6 * matrix + attention
 
 
 def peak_flops_for(device: torch.device, dtype: str) -> float | None:

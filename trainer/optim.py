@@ -1,21 +1,133 @@
-"""AdamW with weight decay on matrices only: norms' gains and biases, and embeddings, are not decayed."""
+"""The optimizers: AdamW alone, or Muon for the hidden weight matrices with AdamW for the rest.
+
+AdamW decays matrices only: norms' gains and biases, and embeddings, are not decayed. With `--optimizer muon`,
+torch's `torch.optim.Muon` updates the 2-D weight matrices inside the decoder blocks (attention and MLP
+projections) with the Newton-Schulz-orthogonalized momentum, and AdamW updates everything else: the token
+embedding, the LM head (tied to it or not), norms and biases, each side with its own learning rate. Both live in
+one optimizer object (`MuonWithAdamW`) whose param groups say which rule updates them, so Accelerate's prepare,
+the LR scheduler, gradient clipping and checkpoints (save_state / load_state) see a single ordinary optimizer.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
 
 import torch
 from torch import nn
 
+ADAMW_BETAS = (0.9, 0.95)
+ADAMW_EPS = 1e-8
 
-def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+
+class OptimizerName(StrEnum):
+    ADAMW = "adamw"
+    MUON = "muon"
+
+
+class MuonAdjustLR(StrEnum):
+    """torch's Muon `adjust_lr_fn`: how the learning rate scales with a matrix's shape (A, B).
+    original: lr * sqrt(max(1, A / B)) (Keller Jordan's Muon; lr about 0.02);
+    match_rms_adamw: lr * 0.2 * sqrt(max(A, B)) (Moonshot's; the update's RMS matches AdamW's, so AdamW's learning
+    rate and weight decay carry over)."""
+    ORIGINAL = "original"
+    MATCH_RMS_ADAMW = "match_rms_adamw"
+
+
+def _output_and_embedding_weights(model: nn.Module) -> set[int]:
+    """ids of every embedding's weight and of the LM head's weight (the same tensor when they are tied)."""
+    ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None:
+        ids.add(id(head.weight))
+    return ids
+
+
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]  # parameters() yields a tied weight once
+
+
+def decay_groups(model: nn.Module, weight_decay: float, params: list[nn.Parameter] | None = None) -> list[dict]:
+    """AdamW's two groups over `params` (default: all trainable ones): matrices decayed, embeddings and 1-D
+    tensors not."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay, seen = [], [], set()
-    for param in model.parameters():  # parameters() yields a tied weight once
-        if not param.requires_grad or id(param) in seen:
-            continue
-        seen.add(id(param))
+    decay, no_decay = [], []
+    for param in _trainable(model) if params is None else params:
         (decay if param.ndim >= 2 and id(param) not in embeddings else no_decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.AdamW:
-    return torch.optim.AdamW(decay_groups(model, weight_decay), lr=learning_rate, betas=(0.9, 0.95), eps=1e-8)
+def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(Muon's parameters, AdamW's parameters). Muon takes the 2-D hidden weight matrices only; the embedding and
+    the LM head are 2-D too but map tokens, not hidden features, so they stay with AdamW, as do norms and biases."""
+    excluded = _output_and_embedding_weights(model)
+    muon, adamw = [], []
+    for param in _trainable(model):
+        (muon if param.ndim == 2 and id(param) not in excluded else adamw).append(param)
+    return muon, adamw
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """One optimizer with two update rules: each param group carries `"update": "muon"` or `"adamw"` and its own
+    hyperparameters (lr included). `step()` hands each rule's groups to a torch.optim.Muon or AdamW that shares
+    this optimizer's state, so the scheduler (which scales every group's lr), clipping and state_dict /
+    load_state_dict work on this object as on any torch optimizer."""
+
+    def __init__(self, muon_params: list[nn.Parameter], adamw_groups: list[dict[str, Any]], *, muon_lr: float,
+                 muon_weight_decay: float, muon_momentum: float, muon_adjust_lr: str, adamw_lr: float) -> None:
+        rules: dict[str, torch.optim.Optimizer] = {  # AdamW's groups first: group 0's lr is --learning_rate's
+            "adamw": torch.optim.AdamW(adamw_groups, lr=adamw_lr, betas=ADAMW_BETAS, eps=ADAMW_EPS),
+            "muon": torch.optim.Muon(muon_params, lr=muon_lr, weight_decay=muon_weight_decay, momentum=muon_momentum,
+                                     nesterov=True, adjust_lr_fn=muon_adjust_lr),
+        }
+        groups = []
+        for rule, inner in rules.items():  # each inner optimizer has filled its groups with its defaults
+            for group in inner.param_groups:
+                group["update"] = rule
+                groups.append(group)
+        super().__init__(groups, defaults={})
+        self._rules = rules
+
+    def _sync_rules(self) -> None:
+        # load_state_dict replaces the group dicts and the state: hand the current ones to the inner optimizers.
+        for rule, inner in self._rules.items():
+            inner.param_groups = [g for g in self.param_groups if g["update"] == rule]
+            inner.state = self.state
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync_rules()
+        for inner in self._rules.values():
+            inner.step()
+        return loss
+
+
+def scheduled_lrs(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """The current peak-scaled learning rates to log: `lr` (AdamW's, group 0) and, with Muon, `muon_lr`."""
+    lrs = {"lr": optimizer.param_groups[0]["lr"]}
+    muon = next((g for g in optimizer.param_groups if g.get("update") == "muon"), None)
+    if muon is not None:
+        lrs["muon_lr"] = muon["lr"]
+    return lrs
+
+
+def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float, optimizer: str = "adamw",
+                    muon_lr: float = 0.02, muon_weight_decay: float = 0.01, muon_momentum: float = 0.95,
+                    muon_adjust_lr: str = "original") -> torch.optim.Optimizer:
+    """The run's optimizer. `learning_rate` and `weight_decay` are AdamW's; the muon_* values are Muon's."""
+    if OptimizerName(optimizer) is OptimizerName.ADAMW:
+        return torch.optim.AdamW(decay_groups(model, weight_decay), lr=learning_rate, betas=ADAMW_BETAS,
+                                 eps=ADAMW_EPS)
+    muon_params, adamw_params = muon_split(model)
+    if not muon_params:
+        raise ValueError("--optimizer muon: the model has no 2-D hidden weight matrices for Muon")
+    # AdamW's side keeps its decay rule: an untied LM head is decayed, embeddings, norms and biases are not.
+    adamw_groups = [g for g in decay_groups(model, weight_decay, adamw_params) if g["params"]]
+    return MuonWithAdamW(muon_params, adamw_groups, muon_lr=muon_lr, muon_weight_decay=muon_weight_decay,
+                         muon_momentum=muon_momentum, muon_adjust_lr=MuonAdjustLR(muon_adjust_lr).value,
+                         adamw_lr=learning_rate)

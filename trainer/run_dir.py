@@ -3,11 +3,13 @@ files are read back, and the exit codes the trainer and the tools share.
 
 A run directory (`--out_dir`; by default out/pretrain or out/sft) holds
 
-    train_config.yaml                   the effective config, with `task:` (pretrain or sft)
+    train_config.yaml                   the effective config, with `task:` (pretrain, sft, lora or dpo)
     metrics.jsonl                       one JSON object per line: {"step": ..., "split": "train"|"val"|"diag", ...}
     run_summary.json                    the outcome: status "finished" or "diverged", final validation, speed
     checkpoints/step_XXXXXXXX/          resumable states, each completed by its trainer_state.json
     config.json, model.safetensors, generation_config.json, tokenizer files: a Hugging Face model directory
+                                        (a LoRA run: adapter_config.json, adapter_model.safetensors, a PEFT adapter,
+                                        and with --merge the merged model directory in merged/)
 
 Standard library only (PyYAML on demand), so a command-line tool can name a missing model in one line before
 torch loads.
@@ -31,15 +33,21 @@ CHECKPOINT_PREFIX = "step_"
 STATE_FILE = "trainer_state.json"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
-TASKS = ("pretrain", "sft")
-DEFAULT_OUT_DIRS = {"pretrain": "out/pretrain", "sft": "out/sft"}
-CREATE_COMMANDS = {"pretrain": "python trainer/train_pretrain.py", "sft": "python trainer/train_full_sft.py"}
+TASKS = ("pretrain", "sft", "lora", "dpo")
+DEFAULT_OUT_DIRS = {"pretrain": "out/pretrain", "sft": "out/sft", "lora": "out/lora", "dpo": "out/dpo"}
+CREATE_COMMANDS = {"pretrain": "python trainer/train_pretrain.py", "sft": "python trainer/train_full_sft.py",
+                   "lora": "python trainer/train_lora.py", "dpo": "python trainer/train_dpo.py"}
+# The model a fine-tuning task starts from when no --from_weight is given (pretraining starts from nothing).
+DEFAULT_FROM_WEIGHT = {"sft": "pretrain", "lora": "sft", "dpo": "sft"}
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's name: a LoRA run's output is an adapter, not a model
+MERGED_DIR = "merged"                        # train_lora.py --merge: the merged plain model, inside the run
 # The validation metrics as the trainer logs them (metrics.jsonl, wandb; a sweep's metric is one of these names)
 # -> their keys in run_summary.json's "final_val".
 VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}
 
 EXIT_ERROR = 2     # bad input or a missing file: one line on stderr, nothing trained or written
 EXIT_DIVERGED = 3  # the loss (or gradient) became NaN/inf; run_summary.json says "diverged"
+EXIT_PEER_LOST = 4  # several processes: one waited --dist_timeout for the others (a node died, the network failed)
 
 
 def report_error(error: BaseException | str) -> int:
@@ -70,6 +78,11 @@ def resolve_input_path(path: str | Path) -> Path:
 
 def default_out_dir(task: str) -> Path:
     return resolve_path(DEFAULT_OUT_DIRS[task])
+
+
+def is_chat_task(task: str | None) -> bool:
+    """Whether a run of `task` makes a chat model (ChatML prompts): every task but pretraining."""
+    return task is not None and task != "pretrain"
 
 
 def checkpoint_name(step: int) -> str:
@@ -143,9 +156,16 @@ def is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and any((path / name).is_file() for name in WEIGHT_FILES)
 
 
+def is_adapter_dir(path: Path) -> bool:
+    """A PEFT adapter directory (what trainer/train_lora.py writes): it needs its base model to run."""
+    return (path / ADAPTER_CONFIG_FILE).is_file()
+
+
+
+
 def model_task(path: Path) -> str | None:
-    """"sft" or "pretrain": the `task` the trainer recorded in train_config.yaml, else guessed from the
-    directory name; None when neither tells."""
+    """One of TASKS: the `task` the trainer recorded in train_config.yaml, else guessed from the directory name
+    ("sft" or "pretrain"); None when neither tells."""
     config_file = path / CONFIG_FILE
     if config_file.is_file():
         import yaml
@@ -174,6 +194,9 @@ def locate_model(model_path: str | Path | None = None) -> tuple[Path, str | None
     if model_path is not None:
         path = resolve_input_path(model_path)
         if not is_model_dir(path):
+            if is_adapter_dir(path):
+                raise ModelNotFound(f"{path} is a LoRA adapter, not a whole model: pass it as --lora {path} (its "
+                                    f"base model is read from it, or give --model_path BASE)")
             task = model_task(path) or ("pretrain" if path == default_out_dir("pretrain") else "sft")
             raise _missing(path, task)
         return path, None
@@ -185,3 +208,37 @@ def locate_model(model_path: str | Path | None = None) -> tuple[Path, str | None
                           f"using the pretrained model at {pretrain}")
     raise ModelNotFound(f"no model at {sft} or {pretrain}; create one with `{CREATE_COMMANDS['pretrain']}` "
                         f"and then `{CREATE_COMMANDS['sft']}`")
+
+
+def add_model_source_flags(parser) -> None:
+    """--model_path and --lora, the flags every tool that loads a trained model reads (locate_model_and_adapter)."""
+    parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain "
+                                                           "(with --lora: the adapter's base model)")
+    parser.add_argument("--lora", default=None, help="a LoRA adapter directory (trainer/train_lora.py), merged into "
+                                                     "the model's weights at load")
+
+
+def locate_model_and_adapter(model_path: str | Path | None, lora_path: str | Path | None
+                             ) -> tuple[Path, Path | None, str | None]:
+    """(model directory, LoRA adapter directory or None, note) for a tool's --model_path and --lora flags.
+
+    With --lora, the base model is --model_path when given, else the one the adapter records
+    (`base_model_name_or_path` in its adapter_config.json). Raises ModelNotFound naming the command that creates
+    what is missing."""
+    if lora_path is None:
+        path, note = locate_model(model_path)
+        return path, None, note
+    adapter = resolve_input_path(lora_path)
+    if not is_adapter_dir(adapter):
+        raise ModelNotFound(f"--lora {adapter}: no LoRA adapter there ({ADAPTER_CONFIG_FILE} is missing); create "
+                            f"one with `{CREATE_COMMANDS['lora']}`")
+    if model_path is None:
+        try:
+            model_path = json.loads((adapter / ADAPTER_CONFIG_FILE).read_text())["base_model_name_or_path"]
+        except (OSError, ValueError, KeyError, TypeError):
+            model_path = None
+        if not model_path:
+            raise ModelNotFound(f"--lora {adapter}: its {ADAPTER_CONFIG_FILE} names no base model; pass it with "
+                                f"--model_path")
+    path, note = locate_model(model_path)
+    return path, adapter, note

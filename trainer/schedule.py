@@ -1,22 +1,46 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to a floor, stepped once per optimizer step."""
+"""Learning-rate schedules, stepped once per optimizer step: linear warmup, then either cosine decay to a floor
+or warmup-stable-decay (WSD: the peak held, then a linear decay to the floor over the last `decay_fraction` of the
+run). The factor multiplies every param group's own peak lr (AdamW's and Muon's alike)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from enum import StrEnum
 
 import torch
 
 
-def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+class LRSchedule(StrEnum):
+    COSINE = "cosine"
+    WSD = "wsd"
+
+
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: float,
+                  schedule: str = "cosine", decay_fraction: float = 0.2) -> float:
     """Factor on the peak learning rate before optimizer step `step` (0-based)."""
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
+    if LRSchedule(schedule) is LRSchedule.WSD:
+        decay_steps = max(1, round(decay_fraction * total_steps))
+        decay_start = max(warmup_steps, total_steps - decay_steps)
+        if step < decay_start:
+            return 1.0
+        progress = min(1.0, (step - decay_start + 1) / max(1, total_steps - decay_start))
+        return 1.0 - (1.0 - min_ratio) * progress
     decay_steps = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / decay_steps)
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
-                  min_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int | Callable[[], int],
+                    min_ratio: float, schedule: str = "cosine",
+                    decay_fraction: float = 0.2) -> torch.optim.lr_scheduler.LambdaLR:
+    """`total_steps` may be a callable, read at every step: a run on a time budget fixes its length after a few
+    steps (trainer/budget.py). Warmup never runs past the end."""
+    def total() -> int:
+        return total_steps() if callable(total_steps) else total_steps
+
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_multiplier(step, warmup_steps, total_steps, min_ratio))
+        optimizer, lambda step: lr_multiplier(step, min(warmup_steps, total()), total(), min_ratio, schedule,
+                                              decay_fraction))

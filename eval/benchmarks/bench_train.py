@@ -2,6 +2,7 @@
 (forward + backward + clip + AdamW, Accelerate, real packed batches of the default corpus) for
 
   - MiniNorm with RMSNorm, its norms as norm_impl=auto picks them (triton on CUDA, compile on CPU) and eager,
+  - MiniNorm with RMSNorm, the whole model under torch.compile (the trainer's --compile on),
   - MiniNorm with LayerNorm, and
   - transformers' LlamaForCausalLM of the same shape, run through the very same trainer step,
 
@@ -42,9 +43,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
 from trainer.args import cpu_has_fast_bf16, parse_args  # noqa: E402
-from trainer.core import Trainer  # noqa: E402
-from trainer.optim import build_optimizer  # noqa: E402
-from trainer.schedule import warmup_cosine  # noqa: E402
+from trainer.core import Trainer, make_optimizer, make_scheduler  # noqa: E402
 
 
 def interleaved_times(fns: dict[str, Callable[[], float]], reps: int, warmup: int) -> dict[str, list[float]]:
@@ -74,10 +73,11 @@ def gemm_gflops(dtype: torch.dtype, m: int = 1024, k: int = 512, n: int = 1408, 
 
 # --------------------------------------------------------------------------- the training step
 def make_trainer(preset: str, dtype: str, norm_type: str, batch_size: int, seq_len: int, out_dir: str,
-                 norm_impl: str = "auto", peak_flops: float | None = None) -> Trainer:
+                 norm_impl: str = "auto", peak_flops: float | None = None, compile_model: bool = False) -> Trainer:
     AcceleratorState._reset_state(reset_partial_state=True)
     argv = ["--preset", preset, "--dtype", dtype, "--norm_type", norm_type, "--norm_impl", norm_impl,
-            "--batch_size", str(batch_size), "--max_seq_len", str(seq_len), "--out_dir", out_dir, "--max_steps", "1000"]
+            "--batch_size", str(batch_size), "--max_seq_len", str(seq_len), "--out_dir", out_dir, "--max_steps", "1000",
+            "--compile", "on" if compile_model else "off"]
     if peak_flops:
         argv += ["--peak_flops", str(peak_flops)]
     return Trainer(parse_args("pretrain", argv))
@@ -86,10 +86,8 @@ def make_trainer(preset: str, dtype: str, norm_type: str, batch_size: int, seq_l
 def swap_in_llama(trainer: Trainer) -> None:
     """Put a LlamaForCausalLM of the same shape into the trainer's step."""
     llama = LlamaForCausalLM(to_llama_config(trainer.unwrapped.config))
-    optimizer = build_optimizer(llama, trainer.args.learning_rate, trainer.args.weight_decay)
-    args = trainer.args
-    scheduler = warmup_cosine(optimizer, min(args.warmup_steps, trainer.total_steps), trainer.total_steps,
-                              args.min_lr_ratio)  # the same schedule, now stepping Llama's optimizer
+    optimizer = make_optimizer(llama, trainer.args)
+    scheduler = make_scheduler(optimizer, trainer.args, trainer.total_steps)  # the same schedule, Llama's optimizer
     trainer.model, trainer.optimizer, trainer.scheduler = trainer.accelerator.prepare(llama, optimizer, scheduler)
 
 
@@ -109,6 +107,9 @@ def timed_step(trainer: Trainer) -> Callable[[], float]:
 
 
 def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on_cpu: bool) -> None:
+    variants = args.variants.split(",")
+    if "llama" not in variants:
+        raise SystemExit("--variants must include llama (the baseline)")
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for preset in presets:
@@ -118,38 +119,43 @@ def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on
                     continue
 
                 def make(folder: str, norm_type: str, norm_impl: str = "auto", preset: str = preset,
-                         dtype: str = dtype) -> Trainer:
+                         dtype: str = dtype, compile_model: bool = False) -> Trainer:
                     return make_trainer(preset, dtype, norm_type, args.batch_size, args.seq_len,
-                                        f"{scratch}/{folder}", norm_impl, args.peak_flops)
+                                        f"{scratch}/{folder}", norm_impl, args.peak_flops, compile_model)
 
-                trainers = {
-                    f"MiniNorm RMSNorm ({auto_impl})": make("rms", "rmsnorm"),
-                    "MiniNorm RMSNorm (eager)": make("rms_eager", "rmsnorm", "eager"),
-                    "MiniNorm LayerNorm": make("ln", "layernorm"),
-                    "HF Llama": make("llama", "rmsnorm"),
+                makers = {
+                    "rms": (f"MiniNorm RMSNorm ({auto_impl})", lambda: make("rms", "rmsnorm")),
+                    "rms_eager": ("MiniNorm RMSNorm (eager)", lambda: make("rms_eager", "rmsnorm", "eager")),
+                    "rms_compiled": ("MiniNorm RMSNorm, --compile on",
+                                     lambda: make("rms_compiled", "rmsnorm", compile_model=True)),
+                    "ln": ("MiniNorm LayerNorm", lambda: make("ln", "layernorm")),
+                    "llama": ("HF Llama", lambda: make("llama", "rmsnorm")),
                 }
+                trainers = {makers[key][0]: makers[key][1]() for key in variants}
                 swap_in_llama(trainers["HF Llama"])
-                times = interleaved_times({name: timed_step(t) for name, t in trainers.items()}, args.steps,
-                                          args.warmup)
-                rows.append((preset, dtype, {name: (statistics.median(t), trainers[name])
+                steps = {name: timed_step(t) for name, t in trainers.items()}
+                # The first step of each (compilation included) is timed on its own and reported, not medianed.
+                first = {name: step() for name, step in steps.items()}
+                times = interleaved_times(steps, args.steps, max(args.warmup - 1, 0))
+                rows.append((preset, dtype, {name: (statistics.median(t), trainers[name], first[name])
                                              for name, t in times.items()}))
     device = torch.cuda.get_device_name() if not on_cpu else f"CPU, {torch.get_num_threads()} threads"
     print(f"\nTraining step (fwd + bwd + clip + AdamW) through trainer/core.py, batch {args.batch_size} x "
           f"{args.seq_len}, median of {args.steps} interleaved steps, {device}, torch {torch.__version__}\n")
-    print("| preset | dtype | variant | step (ms) | tokens/s | MFU | vs HF Llama |")
-    print("|---|---|---|---|---|---|---|")
+    print("| preset | dtype | variant | step (ms) | tokens/s | MFU | vs HF Llama | first step (s) |")
+    print("|---|---|---|---|---|---|---|---|")
     tokens = args.batch_size * args.seq_len
     for preset, dtype, results in rows:
         if results is None:
             print(f"| {preset} | {dtype} | skipped: this CPU has no AMX/AVX512-BF16 (bf16 ~30x slower than fp32; "
-                  f"--force_bf16 to time it) | | | | |")
+                  f"--force_bf16 to time it) | | | | | |")
             continue
         llama_time = results["HF Llama"][0]
-        for name, (seconds, trainer) in results.items():
+        for name, (seconds, trainer, first) in results.items():
             tokens_per_s = tokens / seconds
             mfu = tokens_per_s * trainer.flops_per_token / trainer.peak_flops if trainer.peak_flops else float("nan")
             print(f"| {preset} | {dtype} | {name} | {seconds * 1000:.0f} | {tokens_per_s:,.0f} | {mfu:.1%} | "
-                  f"{llama_time / seconds:.2f}x |")
+                  f"{llama_time / seconds:.2f}x | {first:.1f} |")
 
 
 # --------------------------------------------------------------------------- the norms alone
@@ -196,8 +202,11 @@ def main(argv: list[str] | None = None) -> None:
                                                             "CPU; minimind-26m,minimind-64m on CUDA)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--steps", type=int, default=6, help="timed training steps per variant")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, allocator)")
-    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="steps before the timed ones (the first, with any compilation, is reported on its own)")
+    parser.add_argument("--variants", default="rms,rms_eager,rms_compiled,ln,llama",
+                        help="comma-separated: rms (norm_impl auto), rms_eager, rms_compiled (--compile on), ln, llama")
+    parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--seq_len", type=int, default=256)
     parser.add_argument("--peak_flops", type=float, default=None,
                         help="FLOP/s for MFU (default: the trainer's known value for the device and dtype)")

@@ -1,5 +1,5 @@
 """The fast implementations behind `norm_impl` (model/norms.py picks one; the reference formula and the p rules
-are in model/rmsnorm_math.py, the math in docs/DESIGN.md, the kernel notes in docs/kernels.md):
+are in model/rmsnorm_math.py, the math in docs/architecture.md, the kernel notes in docs/kernels.md):
 
   compiled.py        norm_impl="compile": an autograd.Function over two torch.compile'd kernels (the CPU path)
   fused.py           norm_impl="triton": rms_norm / add_rms_norm, the differentiable API of the Triton kernels

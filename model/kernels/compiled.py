@@ -6,7 +6,7 @@ autograd.Function calls two compiled kernels on an (M, N) view of the input:
   forward:  rms_norm_eager, one fused loop over the rows (rstd is not saved: only x and w are kept);
   backward: one fused loop over the rows recomputes rstd and, with g = dy * w, xhat = x * rstd,
             c = sum_j g_j * xhat_j / k, writes
-            dx = rstd * (g - [i < k] * xhat * c)   (= r*g - [i<k]*r^3*x*(1/k)*sum_j g_j*x_j, docs/DESIGN.md);
+            dx = rstd * (g - [i < k] * xhat * c)   (= r*g - [i<k]*r^3*x*(1/k)*sum_j g_j*x_j, docs/architecture.md);
             dW = sum over rows of dy * xhat is a second loop that sums blocks of _DW_BLOCK rows into an
             (M / _DW_BLOCK, N) partial buffer (a cache-sized working set, unlike a column reduction over all M
             rows), then one small sum over the partials.

@@ -2,7 +2,8 @@
 
 Registering them as custom ops keeps them opaque to torch.compile: Dynamo/AOTAutograd trace the fake
 implementations (shapes and dtypes only) and call the real kernels at run time, so `torch.compile(fullgraph=True)`
-of a model using them works, and a Triton upgrade cannot break the traced graph (torchtitan's lesson, docs/DESIGN.md).
+of a model using them works, and a Triton upgrade cannot break the traced graph (torchtitan's lesson,
+docs/architecture.md).
 
 Ops (namespace `mininorm`):
   rms_norm_fwd(x, weight, eps, k) -> (y, rstd)

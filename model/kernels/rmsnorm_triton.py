@@ -1,6 +1,6 @@
 """Triton kernels for (partial) RMSNorm, optionally fused with the residual add, and their launchers.
 
-Math (docs/DESIGN.md, "The norms, exactly"): for a row x of n elements, k = ceil(n*p) leading elements give the
+Math (docs/architecture.md, "The norms, exactly"): for a row x of n elements, k = ceil(n*p) leading elements give the
 statistic r = rsqrt(mean(x[:k]^2) + eps) (fp32); y = x * r * w, computed in fp32 and cast to the output dtype
 (fp64 inputs compute in fp64, like the eager reference, so gradcheck applies).
 Backward, g = dy * w:  dx_i = r*g_i - [i<k] * r^3 * x_i * (1/k) * sum_j g_j*x_j  and  dw = sum_rows dy*x*r.

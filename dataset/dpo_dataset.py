@@ -1,0 +1,112 @@
+"""DPO data: preference pairs, each a chosen and a rejected ChatML conversation with the same prompt.
+
+A jsonl line is MiniMind's ``{"chosen": [messages], "rejected": [messages]}``: the same messages up to a different
+final assistant answer (dataset.jsonl checks it, naming the file and line of a bad one). Both conversations are
+encoded by ``dataset.chat_format.encode_chatml_batch`` (text stays text), and labels follow the SFT rule
+(``dataset.sft_dataset.assistant_labels``) restricted to the final answer: its content and its closing
+``<|im_end|>``. DPO compares the log-probabilities of exactly these tokens. Rows are cut to ``max_seq_len`` (the
+start is kept); a pair whose chosen or rejected answer is cut away entirely is dropped and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from datasets import Features, List, Value
+from torch.utils.data import Dataset
+from transformers import PreTrainedTokenizerBase
+
+from dataset.chat_format import encode_chatml_batch
+from dataset.jsonl import load_jsonl
+from dataset.sft_dataset import IGNORE_INDEX, assistant_labels, chat_pad_token_id, collate_rows
+
+SIDES = ("chosen", "rejected")
+PAIR_FEATURES = Features(
+    {
+        **{f"{side}_{column}": List(Value("int32")) for side in SIDES for column in ("input_ids", "labels")},
+        "truncated": Value("bool"),
+    }
+)
+
+
+def _encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerBase, max_seq_len: int) -> dict:
+    out: dict[str, list] = {name: [] for name in PAIR_FEATURES}
+    count = len(batch["chosen"])
+    encodings = encode_chatml_batch(tokenizer, [*batch["chosen"], *batch["rejected"]])
+    for chosen, rejected in zip(encodings[:count], encodings[count:]):
+        labels = {side: assistant_labels(encoding, final_answer_only=True)[:max_seq_len]
+                  for side, encoding in zip(SIDES, (chosen, rejected))}
+        if any(all(label == IGNORE_INDEX for label in side_labels) for side_labels in labels.values()):
+            continue  # an answer cut away entirely: nothing to compare; dropped, and counted by the caller
+        for side, encoding in zip(SIDES, (chosen, rejected)):
+            out[f"{side}_input_ids"].append(encoding.input_ids[:max_seq_len])
+            out[f"{side}_labels"].append(labels[side])
+        out["truncated"].append(max(len(chosen.input_ids), len(rejected.input_ids)) > max_seq_len)
+    return out
+
+
+class DPODataset(Dataset):
+    """Preference pairs ``{"input_ids", "labels", "rejected_input_ids", "rejected_labels"}`` (LongTensors; the
+    first two are the chosen conversation's) from a jsonl of ``{"chosen": [...], "rejected": [...]}`` lines.
+    ``collate`` stacks a batch of B pairs as 2B rows, the chosen ones first.
+
+    ``stats``: pairs, samples, dropped_no_supervision, truncated, skipped_lines, tokens, supervised_tokens.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        tokenizer: PreTrainedTokenizerBase,
+        max_seq_len: int,
+        num_proc: int | None = None,
+        skip_bad_lines: bool = False,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        self.pad_token_id = chat_pad_token_id(tokenizer, max_seq_len)
+        raw, scan = load_jsonl(path, "preference", skip_bad_lines, cache_dir)
+        samples = raw.map(
+            _encode_pairs,
+            batched=True,
+            batch_size=500,
+            num_proc=num_proc,
+            remove_columns=raw.column_names,
+            features=PAIR_FEATURES,
+            fn_kwargs={"tokenizer": tokenizer, "max_seq_len": max_seq_len},
+            desc="tokenizing preference pairs",
+        )
+        if len(samples) == 0:
+            raise ValueError(f"{path}: no preference pair keeps a token of both answers within "
+                             f"max_seq_len={max_seq_len}")
+        ids = [chunk.flatten() for side in SIDES for chunk in samples.data.column(f"{side}_input_ids").chunks]
+        labels = [chunk.flatten() for side in SIDES for chunk in samples.data.column(f"{side}_labels").chunks]
+        self.stats = {
+            "pairs": len(raw),
+            "samples": len(samples),
+            "dropped_no_supervision": len(raw) - len(samples),
+            "truncated": int(np.sum(samples.with_format("numpy", columns=["truncated"])[:]["truncated"])),
+            "skipped_lines": scan.skipped_lines,
+            "tokens": int(sum(len(chunk) for chunk in ids)),
+            "supervised_tokens": int(sum(np.sum(np.asarray(chunk) != IGNORE_INDEX) for chunk in labels)),
+        }
+        self._rows = samples.remove_columns("truncated")
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        row = self._rows[index]
+        return {
+            "input_ids": torch.tensor(row["chosen_input_ids"], dtype=torch.long),
+            "labels": torch.tensor(row["chosen_labels"], dtype=torch.long),
+            "rejected_input_ids": torch.tensor(row["rejected_input_ids"], dtype=torch.long),
+            "rejected_labels": torch.tensor(row["rejected_labels"], dtype=torch.long),
+        }
+
+    def collate(self, batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """2B right-padded rows (collate_rows): the B chosen conversations, then the B rejected ones in the same
+        order, so row i and row B + i are one pair."""
+        rejected = [{"input_ids": item["rejected_input_ids"], "labels": item["rejected_labels"]} for item in batch]
+        return collate_rows([*batch, *rejected], self.pad_token_id)

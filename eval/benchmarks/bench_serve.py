@@ -1,0 +1,231 @@
+"""Serving benchmark: scripts/serve.py under 1 and 8 concurrent clients on 127.0.0.1, with and without batching.
+
+Starts the real server (a subprocess, `python scripts/serve.py`) once with --max_batch 1 (requests are decoded
+one at a time, the rest queue) and once with --max_batch 8 (concurrent requests share each decode step), then
+sends the same bounded set of streamed chat requests (greedy, a fixed max_tokens) from 1 and from 8 client
+threads. Per configuration: requests/s, p50/p95 latency of a whole request, p50 time to the first token,
+generated tokens/s (from the responses' usage counts) and the mean batch size the server decoded (from /health).
+Configurations are interleaved and repeated; the table shows medians over the repeats.
+
+    python eval/benchmarks/bench_serve.py                    # out/sft, else an untrained cpu-default model
+    python eval/benchmarks/bench_serve.py --model_path out/sft --requests 32 --max_tokens 64 --repeats 3
+
+An untrained model decodes as fast as a trained one of the same shape; it is used when no model directory exists
+(said in the output), and greedy decoding with a fixed max_tokens keeps the work the same in every configuration.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import argparse  # noqa: E402
+import http.client  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from trainer.run_dir import CONFIG_FILE, REPO_ROOT, ModelNotFound, locate_model  # noqa: E402
+
+PROMPTS = ("Hi! How are you?", "What is the capital of France?", "Tell me about the moon.", "你好，你是谁？",
+           "Write a short poem about rivers.", "Why is the sky blue?", "Give me three tips for learning Python.",
+           "What is a transformer?")
+CONFIGS = ((1, 8), (8, 1), (8, 8))  # (concurrent clients, server --max_batch)
+
+
+def untrained_default_model(root: Path) -> Path:
+    """The default preset (cpu-default) with fresh weights, saved like the trainer saves an SFT model."""
+    import yaml
+
+    from dataset.tokenization import load_tokenizer
+    from model import MiniNormConfig, MiniNormForCausalLM
+    from trainer.core import save_model_dir
+
+    tokenizer = load_tokenizer()
+    config = MiniNormConfig.from_preset("cpu-default", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                        eos_token_id=tokenizer.eos_token_id)
+    path = root / "cpu-default-untrained"
+    save_model_dir(MiniNormForCausalLM(config).eval(), tokenizer, path)
+    (path / CONFIG_FILE).write_text(yaml.safe_dump({"task": "sft"}))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """`python scripts/serve.py` on a free port, stopped on exit."""
+
+    def __init__(self, model_path: Path, max_batch: int) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, str(REPO_ROOT / "scripts" / "serve.py"), "--model_path", str(model_path),
+             "--port", str(self.port), "--max_batch", str(max_batch)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.process.stderr.read()}")
+            try:
+                self.health()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+
+    def health(self) -> dict:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            connection.request("GET", "/health")
+            return json.loads(connection.getresponse().read())
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def streamed_request(port: int, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+    """(latency s, time to the first content s, completion tokens) of one streamed chat request."""
+    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "stream": True, "temperature": 0,
+                       "max_tokens": max_tokens, "stream_options": {"include_usage": True}})
+    started = time.perf_counter()
+    first = None
+    tokens = 0
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
+        for line in response:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and any(c["delta"].get("content") for c in chunk["choices"]):
+                first = time.perf_counter() - started
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    finally:
+        connection.close()
+    latency = time.perf_counter() - started
+    return latency, first if first is not None else latency, tokens
+
+
+def run_load(server: Server, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+    """`requests` streamed requests spread over `clients` threads, each sending its share one after another."""
+    results: list[tuple[float, float, int]] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def client(index: int) -> None:
+        try:
+            for number in range(index, requests, clients):
+                result = streamed_request(server.port, PROMPTS[number % len(PROMPTS)], max_tokens)
+                with lock:
+                    results.append(result)
+        except BaseException as error:  # reported after the run
+            errors.append(error)
+
+    before = server.health()
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    after = server.health()
+    latencies = sorted(r[0] for r in results)
+    steps = after["decode_steps"] - before["decode_steps"]
+    return {
+        "requests_per_s": len(results) / wall,
+        "p50_latency": statistics.median(latencies),
+        "p95_latency": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))],
+        "p50_first_token": statistics.median(r[1] for r in results),
+        "tokens_per_s": sum(r[2] for r in results) / wall,
+        "mean_batch": (after["batched_rows"] - before["batched_rows"]) / steps if steps else float("nan"),
+    }
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def cpu_flags() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return ""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    return ", ".join(flag for flag in wanted if f" {flag}" in flags)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain, "
+                                                           "else an untrained cpu-default model")
+    parser.add_argument("--requests", type=int, default=32, help="requests per configuration and repeat")
+    parser.add_argument("--max_tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            model_path, note = locate_model(args.model_path)
+        except ModelNotFound:
+            if args.model_path is not None:
+                raise
+            model_path, note = untrained_default_model(Path(scratch)), "no trained model: an untrained cpu-default one"
+        print(f"model {model_path}" + (f" ({note})" if note else ""))
+        print(f"machine: {cpu_name()} ({cpu_flags()}), {os.cpu_count()} cores; {args.requests} streamed requests "
+              f"per run, greedy, max_tokens {args.max_tokens}; medians of {args.repeats} interleaved repeats")
+        servers = {batch: Server(model_path, batch) for batch in sorted({b for _, b in CONFIGS})}
+        try:
+            for server in servers.values():  # warm up: first requests pay for lazy initialisation
+                run_load(server, 2, 4, args.max_tokens)
+            runs: dict[tuple[int, int], list[dict[str, float]]] = {config: [] for config in CONFIGS}
+            for repeat in range(args.repeats):
+                for clients, batch in CONFIGS:
+                    runs[(clients, batch)].append(run_load(servers[batch], clients, args.requests, args.max_tokens))
+                    print(f"  repeat {repeat + 1}: {clients} clients, --max_batch {batch} done", file=sys.stderr)
+        finally:
+            for server in servers.values():
+                server.close()
+
+    header = ("| clients | --max_batch | requests/s | p50 latency (s) | p95 latency (s) | p50 first token (s) "
+              "| generated tokens/s | mean batch |")
+    print("\n" + header + "\n|" + "---|" * 8)
+    for clients, batch in CONFIGS:
+        med = {key: statistics.median(run[key] for run in runs[(clients, batch)]) for key in runs[(clients, batch)][0]}
+        print(f"| {clients} | {batch} | {med['requests_per_s']:.2f} | {med['p50_latency']:.3f} | "
+              f"{med['p95_latency']:.3f} | {med['p50_first_token']:.3f} | {med['tokens_per_s']:.0f} | "
+              f"{med['mean_batch']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

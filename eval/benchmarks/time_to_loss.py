@@ -1,0 +1,250 @@
+"""Time-to-loss benchmark: how good a model each training recipe gives for the same wall-clock time.
+
+Each recipe (a named set of trainer flags; `baseline` is today's defaults) trains the pretraining task on the
+default corpus for a fixed budget of training time, and the table reports, per recipe:
+
+  - val loss and bits/byte at the budget (the whole validation split, at the end of the run),
+  - the training seconds it took to first reach --target_loss (the first validation at or below it), and
+  - the steps, tokens, dtype and compile setting the run ended up with.
+
+The budget is the trainer's own `--time_budget_s` (trainer/budget.py): each run fixes its length from the pace of
+its first timed steps so that its learning-rate schedule ends where the budget does. Training time is the sum of
+the optimizer steps' times, the first step included (it compiles: the norm kernels, and with --compile on the
+whole model; a later seed of the same recipe finds torch's compile cache warm); validation, checkpoints and
+start-up are not in it.
+
+The recipes run one after the other in one invocation, so they share the machine's state (load, caches, clock);
+with several --seeds they are interleaved per seed, and the table shows medians with the range over seeds.
+
+    python eval/benchmarks/time_to_loss.py                                   # baseline vs muon, 240 s each
+    python eval/benchmarks/time_to_loss.py --budget_s 600 --target_loss 5.6 --seeds 0,1,2
+    python eval/benchmarks/time_to_loss.py --recipes baseline,big_batch \\
+        --recipe "big_batch=--batch_size 32 --learning_rate 3e-3"
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import statistics  # noqa: E402
+from dataclasses import asdict, dataclass  # noqa: E402
+
+import torch  # noqa: E402
+from accelerate.state import AcceleratorState  # noqa: E402
+
+from dataset.atomic_io import atomic_write_text  # noqa: E402
+from trainer.args import parse_args  # noqa: E402
+from trainer.core import RunSummary, Trainer, TrainingDiverged  # noqa: E402
+from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
+
+# Named recipes: trainer flags on top of the defaults. `baseline` is the default pretraining run's recipe.
+RECIPES: dict[str, tuple[str, ...]] = {
+    "baseline": (),
+    "muon": ("--optimizer", "muon"),
+    "wsd": ("--lr_schedule", "wsd"),
+    "muon_wsd": ("--optimizer", "muon", "--lr_schedule", "wsd"),
+}
+# Flags the benchmark sets itself: a recipe that sets them would fight the budget or the measurement.
+OWN_FLAGS = ("--max_steps", "--time_budget_s", "--epochs", "--out_dir", "--seed", "--eval_interval",
+             "--save_interval", "--resume")
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+RESULTS_NAME = "results"  # OUT_DIR/results.{json,md}
+
+
+@dataclass
+class RunResult:
+    recipe: str
+    seed: int
+    steps: int
+    tokens: int
+    train_time_s: float          # the sum of the optimizer steps' times
+    wall_time_s: float           # the whole run, validation and start-up included
+    val_loss: float              # at the budget, over the whole validation split
+    bits_per_byte: float
+    time_to_target_s: float | None  # training seconds to the first validation at or below the target
+    dtype: str
+    compiled: bool
+    status: str                  # finished | diverged
+
+
+def time_to_target(train: list[dict], val: list[dict], target: float) -> float | None:
+    """Training seconds (the steps' times, summed) up to the first validation record whose loss is at or below
+    `target`; None if none is. Records are the trainer's metrics.jsonl rows (train: step, step_time_s; val: step,
+    val_loss)."""
+    reached = next((record["step"] for record in val if record["val_loss"] <= target), None)
+    if reached is None:
+        return None
+    return sum(record["step_time_s"] for record in train if record["step"] <= reached)
+
+
+def recipe_flags(name: str, custom: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    recipes = {**RECIPES, **custom}
+    if name not in recipes:
+        raise ValueError(f"--recipes: unknown recipe {name!r}; known: {', '.join(recipes)} (define more with "
+                         f"--recipe NAME=FLAGS)")
+    flags = recipes[name]
+    for flag in flags:
+        if flag.split("=")[0] in OWN_FLAGS:
+            raise ValueError(f"recipe {name!r}: {flag} is set by the benchmark (the budget and the measurement)")
+    return flags
+
+
+def parse_custom_recipes(items: list[str]) -> dict[str, tuple[str, ...]]:
+    custom = {}
+    for item in items:
+        name, sep, flags = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--recipe {item!r}: expected NAME=FLAGS, e.g. big=\"--batch_size 32\"")
+        custom[name.strip()] = tuple(shlex.split(flags))
+    return custom
+
+
+def train(argv: list[str]) -> tuple[RunSummary, Trainer]:
+    """One training run in this process (each run builds its own Accelerator)."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        trainer = Trainer(parse_args("pretrain", argv))
+        return trainer.run(), trainer
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def run_recipe(name: str, flags: list[str], seed: int, args: argparse.Namespace) -> RunResult:
+    out_dir = args.out_dir / f"{name}_seed{seed}"
+    try:
+        summary, trainer = train([*flags, "--seed", str(seed), "--time_budget_s", str(args.budget_s),
+                                  "--out_dir", str(out_dir), "--eval_interval", str(args.eval_interval),
+                                  "--eval_batches", str(args.eval_batches), "--save_interval", "1000000000"])
+    except TrainingDiverged as error:
+        train_records = read_metrics(out_dir, "train")
+        return RunResult(recipe=name, seed=seed, steps=error.step, tokens=0, status="diverged",
+                         train_time_s=sum(r["step_time_s"] for r in train_records), wall_time_s=math.nan,
+                         val_loss=math.nan, bits_per_byte=math.nan, time_to_target_s=None, dtype="", compiled=False)
+    train_records, val_records = read_metrics(out_dir, "train"), read_metrics(out_dir, "val")
+    return RunResult(status="finished", recipe=name, seed=seed, steps=summary.steps, tokens=summary.tokens_seen,
+                     train_time_s=sum(r["step_time_s"] for r in train_records), wall_time_s=summary.wall_time_s,
+                     val_loss=summary.final_val["loss"], bits_per_byte=summary.final_val["bits_per_byte"],
+                     time_to_target_s=time_to_target(train_records, val_records, args.target_loss),
+                     dtype=trainer.args.dtype, compiled=trainer.compiled)
+
+
+# --------------------------------------------------------------------------- the report
+def _spread(values: list[float], fmt: str) -> str:
+    """The median, with the range when there are several values."""
+    middle, low, high = (format(v, fmt) for v in (statistics.median(values), min(values), max(values)))
+    return middle if low == high else f"{middle} ({low}-{high})"
+
+
+def _flags_cell(flags: tuple[str, ...]) -> str:
+    return f"`{shlex.join(flags)}`" if flags else "the defaults"
+
+
+def results_table(results: list[RunResult], recipes: dict[str, tuple[str, ...]], budget_s: float,
+                  target: float) -> str:
+    lines = [f"| recipe | flags | dtype, compile | steps | tokens | train time (s) | val loss at {budget_s:g} s | "
+             f"bits/byte | time to val loss {target:g} (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, flags in recipes.items():
+        all_runs = [r for r in results if r.recipe == name]
+        runs = [r for r in all_runs if r.status == "finished"]
+        diverged = f"{len(all_runs) - len(runs)} of {len(all_runs)} seeds diverged" if len(runs) < len(all_runs) else ""
+        if not runs:
+            lines.append(f"| {name} | {_flags_cell(flags)} | {diverged} | | | | | | |")
+            continue
+        reached = [r.time_to_target_s for r in runs if r.time_to_target_s is not None]
+        to_target = _spread(reached, ".0f") if reached else "not reached"
+        if reached and len(reached) < len(runs):
+            to_target += f" ({len(reached)} of {len(runs)} seeds)"
+        if diverged:
+            to_target += f"; {diverged}"
+        setup = ", ".join(sorted({f"{r.dtype}, {'compiled' if r.compiled else 'eager'}" for r in runs}))
+        cells = [_spread([r.steps for r in runs], ".0f"), _spread([r.tokens for r in runs], ",.0f"),
+                 _spread([r.train_time_s for r in runs], ".0f"), _spread([r.val_loss for r in runs], ".3f"),
+                 _spread([r.bits_per_byte for r in runs], ".3f"), to_target]
+        lines.append(f"| {name} | {_flags_cell(flags)} | {setup} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                 platform.processor() or platform.machine())
+    words = set(cpuinfo.split())
+    flags = ", ".join(f"{flag} {'yes' if flag in words else 'no'}" for flag in CPU_FLAGS)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()} CPUs"
+    return (f"{model} ({device}; {flags}), torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"{datetime.date.today().isoformat()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipes", default="baseline,muon", help=f"comma-separated; built in: {', '.join(RECIPES)}")
+    parser.add_argument("--recipe", action="append", default=[], metavar="NAME=FLAGS",
+                        help="define a recipe, e.g. 'big=--batch_size 32 --learning_rate 3e-3' (repeatable)")
+    parser.add_argument("--budget_s", type=float, default=240.0, help="training seconds per run")
+    parser.add_argument("--target_loss", type=float, default=5.6, help="the val loss whose time to reach is timed")
+    parser.add_argument("--seeds", default="0", help="comma-separated; recipes are interleaved per seed")
+    parser.add_argument("--common_flags", default="", help="trainer flags added to every recipe (data, model)")
+    parser.add_argument("--eval_interval", type=int, default=25,
+                        help="optimizer steps between validations (for the time to target)")
+    parser.add_argument("--eval_batches", type=int, default=10, help="batches per intermediate validation")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--out_dir", default="out/time_to_loss", help="the runs and the results (.json, .md)")
+    args = parser.parse_args(argv)
+    try:
+        custom = parse_custom_recipes(args.recipe)
+        names = [n.strip() for n in args.recipes.split(",") if n.strip()]
+        recipes = {name: recipe_flags(name, custom) for name in names}
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        common = shlex.split(args.common_flags)
+        for flag in common:
+            if flag.split("=")[0] in OWN_FLAGS:
+                raise ValueError(f"--common_flags: {flag} is set by the benchmark")
+        if args.budget_s <= 0 or args.eval_interval < 1 or not seeds:
+            raise ValueError("--budget_s must be > 0, --eval_interval >= 1, --seeds not empty")
+    except ValueError as error:
+        parser.error(str(error))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out_dir = resolve_path(args.out_dir)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    load_start = os.getloadavg()[0]
+    header = f"{machine_line()}; load average {load_start:.2f} at start"
+    print(header, flush=True)
+    results = []
+    for seed in seeds:
+        for name, flags in recipes.items():
+            result = run_recipe(name, [*common, *flags], seed, args)
+            results.append(result)
+            print(f"{name} seed {seed}: {result.status}, {result.steps} steps in {result.train_time_s:.0f} s, val "
+                  f"loss {result.val_loss:.4f}, {result.bits_per_byte:.3f} bits/byte", flush=True)
+    load_end = os.getloadavg()[0]
+    table = results_table(results, recipes, args.budget_s, args.target_loss)
+    common_text = f"; common flags `{shlex.join(common)}`" if common else ""
+    report = (f"{header}, {load_end:.2f} at end. Budget {args.budget_s:g} s of training per run, seeds "
+              f"{', '.join(map(str, seeds))}{common_text}.\n\n{table}\n")
+    print("\n" + report)
+    atomic_write_text(args.out_dir / f"{RESULTS_NAME}.md", report)
+    atomic_write_text(args.out_dir / f"{RESULTS_NAME}.json", json.dumps(
+        {"machine": header, "load_end": load_end, "budget_s": args.budget_s, "target_loss": args.target_loss,
+         "recipes": {n: list(f) for n, f in recipes.items()}, "common_flags": common,
+         "runs": [asdict(r) for r in results]}, indent=2))
+    return 0 if all(r.status == "finished" for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,461 @@
+"""Generation for chat and serving: one decode loop, shared by eval/chat.py, eval/evaluate.py and the server.
+
+`GenerationEngine` runs requests with continuous batching: each new request is prefilled on its own, then joins
+the running batch between two decode steps, and leaves it as soon as it is done (end of turn, its token budget,
+a stop string, or a cancel, e.g. a client that disconnected), so its slot is free for the next one. Rows of the
+batch have different lengths; their KV caches are left-padded to a common length and the padding is masked
+(positions count real tokens only), so a batched row computes what it would compute alone, up to float rounding.
+
+Every request samples with its own settings (temperature, top-p, top-k, penalties) and its own random generator,
+seeded from `seed` or, without one, from torch's global generator (so `transformers.set_seed` makes a run
+reproducible). Text is produced by `TextStream`: incremental detokenization that never cuts a multi-byte
+character and holds back text that could still become a stop string.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicCache
+from transformers.generation.logits_process import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
+                                                    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+FINISH_STOP = "stop"          # the end-of-turn token or a stop string
+FINISH_LENGTH = "length"      # max_new_tokens, or the model's context was full
+FINISH_CANCELLED = "cancelled"
+FINISH_ERROR = "error"
+
+
+@dataclass
+class GenerationSettings:
+    max_new_tokens: int = 256
+    temperature: float = 0.7   # 0: greedy
+    top_p: float = 0.9
+    top_k: int = 0             # 0: off
+    repetition_penalty: float = 1.0   # transformers' (CTRL's) multiplicative penalty on every seen token
+    presence_penalty: float = 0.0     # OpenAI's: subtracted once from each token already generated
+    frequency_penalty: float = 0.0    # OpenAI's: subtracted per occurrence in the generated tokens
+    seed: int | None = None
+    stop: tuple[str, ...] = ()        # stop strings: the text ends before the first one
+
+    def processors(self) -> LogitsProcessorList:
+        """transformers' processors for these settings, in generate()'s order (penalty, temperature, top-k,
+        top-p); empty for greedy decoding except the repetition penalty."""
+        processors = LogitsProcessorList()
+        if self.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
+        if self.temperature > 0:
+            if self.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_k > 0:
+                processors.append(TopKLogitsWarper(self.top_k))
+            if self.top_p < 1.0:
+                processors.append(TopPLogitsWarper(self.top_p))
+        return processors
+
+
+class TextStream:
+    """Token ids in, text out, piece by piece.
+
+    Each push decodes the ids not yet shown; while that text ends in an incomplete UTF-8 sequence (a character
+    split across tokens decodes to U+FFFD) nothing is shown. Text that could be the start of a stop string is
+    held back until it cannot; once a stop string appears, the text ends right before it and `stopped` is set.
+    Special tokens are not shown. The pieces add up to exactly `text`.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
+        self.ids: list[int] = []
+        self._decoded_upto = 0  # ids[:_decoded_upto] are part of _decoded
+        self._decoded = ""      # text of the complete characters decoded so far
+        self.text = ""          # the text handed out so far
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """The new text that `token_id` makes safe to show ("" when none)."""
+        if self.stopped:
+            return ""
+        self.ids.append(token_id)
+        tail = self.tokenizer.decode(self.ids[self._decoded_upto:], skip_special_tokens=True)
+        if tail.endswith("\ufffd"):
+            return ""
+        self._decoded += tail
+        self._decoded_upto = len(self.ids)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """The text still held back, at the end of generation."""
+        if not self.stopped and self._decoded_upto < len(self.ids):
+            self._decoded += self.tokenizer.decode(self.ids[self._decoded_upto:], skip_special_tokens=True)
+            self._decoded_upto = len(self.ids)
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        end = len(self._decoded)
+        hits = [i for i in (self._decoded.find(s, max(0, len(self.text) - len(s) + 1)) for s in self.stop) if i >= 0]
+        if hits:
+            end = min(hits)
+            self.stopped = True
+        elif not final:
+            for stop in self.stop:  # hold back a suffix that a stop string starts with
+                for size in range(min(len(stop) - 1, end - len(self.text)), 0, -1):
+                    if self._decoded.endswith(stop[:size]):
+                        end = min(end, len(self._decoded) - size)
+                        break
+        piece = self._decoded[len(self.text):end]
+        self.text += piece
+        return piece
+
+
+@dataclass
+class Generation:
+    """One request: its prompt and settings in, tokens and text out. Thread-safe to wait on and to cancel."""
+
+    prompt_ids: list[int]
+    settings: GenerationSettings
+    on_text: Callable[[str], None] | None = None       # each new piece of text (called on the engine's thread)
+    on_finish: Callable[["Generation"], None] | None = None
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    submitted_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None   # when its prefill began
+    finished_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self._done = threading.Event()
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop at the next step (a request nobody waits for any more frees its batch slot)."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    @property
+    def seconds(self) -> float:
+        """From the start of its prefill to its last token."""
+        if self.started_at is None or self.finished_at is None:
+            return 0.0
+        return self.finished_at - self.started_at
+
+
+class _Row:
+    """A generation in the running batch: its sampler state and its text."""
+
+    def __init__(self, generation: Generation, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
+                 device: torch.device) -> None:
+        self.generation = generation
+        settings = generation.settings
+        self.processors = settings.processors()
+        self.seen = torch.tensor([generation.prompt_ids], dtype=torch.long, device=device)  # for the penalty
+        self.track_seen = settings.repetition_penalty != 1.0
+        self.counts = (torch.zeros(vocab_size, device=device)
+                       if settings.presence_penalty or settings.frequency_penalty else None)
+        seed = settings.seed if settings.seed is not None else int(torch.randint(2**62, ()).item())
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.text = TextStream(tokenizer, settings.stop)
+        self.position = len(generation.prompt_ids)  # position id of the next input token
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """The next token from one row of logits (float32, shape [vocab])."""
+        settings = self.generation.settings
+        scores = logits[None]
+        if self.counts is not None:
+            scores = scores - settings.frequency_penalty * self.counts - settings.presence_penalty * (self.counts > 0)
+        scores = self.processors(self.seen, scores)
+        if settings.temperature <= 0:
+            token = int(scores.argmax(-1).item())
+        else:
+            probs = torch.softmax(scores, dim=-1)
+            token = int(torch.multinomial(probs[0], 1, generator=self.generator).item())
+        if self.track_seen:
+            self.seen = torch.cat([self.seen, self.seen.new_tensor([[token]])], dim=1)
+        if self.counts is not None:
+            self.counts[token] += 1
+        return token
+
+
+class GenerationEngine:
+    """Continuous batching over one causal LM (ours or any transformers model that takes position_ids, a padding
+    attention_mask and a DynamicCache). Use `generate()` from one thread, or `start()` the engine's own thread and
+    `submit()` from many."""
+
+    def __init__(self, model: Any, tokenizer: PreTrainedTokenizerBase, max_batch: int = 8,
+                 eos_token_ids: Sequence[int] | None = None) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
+        if eos_token_ids is None:
+            eos_token_ids = {tokenizer.eos_token_id}
+            configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+            eos_token_ids |= set(configured if isinstance(configured, list) else [configured])
+        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids if i is not None)
+        if not self.eos_token_ids:
+            raise ValueError("no eos token: generation could not stop")
+        self.max_context = getattr(model.config, "max_position_embeddings", None) or 2048
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self._pending: collections.deque[Generation] = collections.deque()
+        self._lock = threading.Condition()
+        self._rows: list[_Row] = []
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None       # [B, L] 1 where the cache holds a real token
+        self._next: torch.Tensor | None = None       # [B] the token each row feeds next
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.steps = 0             # decode steps run (for monitoring and measurements)
+        self.batched_rows = 0      # sum of the batch sizes of those steps
+        self.generated_tokens = 0  # every token sampled, for every request
+
+    # ------------------------------------------------------------------------------------------- requests
+    def submit(self, prompt_ids: Sequence[int], settings: GenerationSettings,
+               on_text: Callable[[str], None] | None = None,
+               on_finish: Callable[[Generation], None] | None = None) -> Generation:
+        """Queue a request. The caller checks that the prompt fits: 1 <= len(prompt_ids) < the model's context."""
+        if not 0 < len(prompt_ids) < self.max_context:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; it must have 1 to {self.max_context - 1}")
+        if settings.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {settings.max_new_tokens}")
+        generation = Generation(list(prompt_ids), settings, on_text, on_finish)
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the generation engine is closed")
+            self._pending.append(generation)
+            self._lock.notify()
+        return generation
+
+    def generate(self, prompt_ids: Sequence[int], settings: GenerationSettings,
+                 on_text: Callable[[str], None] | None = None) -> Generation:
+        """Run one request to its end: on the engine's thread when it runs, else on this one."""
+        generation = self.submit(prompt_ids, settings, on_text)
+        if self._thread is not None:
+            generation.wait()
+            return generation
+        try:
+            while not generation.done:
+                self.step()
+        except BaseException:  # Ctrl-C in a chat: drop the request, keep the engine usable
+            generation.cancel()
+            while not generation.done:
+                self.step()
+            raise
+        return generation
+
+    def start(self) -> None:
+        """Run requests on a thread of the engine's own, until close()."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="generation-engine", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(requests in the batch, requests waiting)."""
+        with self._lock:
+            return len(self._rows), len(self._pending)
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closing and not self._pending and not self._rows:
+                    self._lock.wait()
+                if self._closing:
+                    pending, self._pending = list(self._pending), collections.deque()
+                    break
+            self.step()
+        for generation in pending:
+            self._finish(generation, FINISH_CANCELLED)
+        for row in self._rows:
+            self._finish(row.generation, FINISH_CANCELLED, row)
+        self._rows, self._cache, self._mask, self._next = [], None, None, None
+
+    # ------------------------------------------------------------------------------------------- the loop
+    def step(self) -> None:
+        """Admit waiting requests up to max_batch, then one decode step for the batch."""
+        try:
+            with torch.inference_mode():
+                self._drop(lambda row: row.generation.cancelled, FINISH_CANCELLED)
+                self._admit()
+                if self._rows:
+                    self._decode()
+        except Exception as error:  # a failed step fails its requests, never the engine
+            message = f"{type(error).__name__}: {error}"
+            for row in self._rows:
+                row.generation.error = message
+                self._finish(row.generation, FINISH_ERROR, row)
+            self._rows, self._cache, self._mask, self._next = [], None, None, None
+
+    def _admit(self) -> None:
+        while len(self._rows) < self.max_batch:
+            with self._lock:
+                if not self._pending:
+                    return
+                generation = self._pending.popleft()
+            if generation.cancelled:
+                self._finish(generation, FINISH_CANCELLED)
+                continue
+            generation.started_at = time.perf_counter()
+            row = _Row(generation, self.tokenizer, self.vocab_size, self.device)
+            try:
+                cache = DynamicCache(config=self.model.config)
+                ids = torch.tensor([generation.prompt_ids], dtype=torch.long, device=self.device)
+                out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                token = row.sample(out.logits[0, -1].float())
+            except Exception as error:  # this request fails; the batch goes on
+                generation.error = f"{type(error).__name__}: {error}"
+                self._finish(generation, FINISH_ERROR, row)
+                continue
+            if self._accept(row, token):
+                try:
+                    self._join(row, out.past_key_values, token)
+                except Exception as error:  # the batch's state is suspect: step() fails and resets it
+                    generation.error = f"{type(error).__name__}: {error}"
+                    self._finish(generation, FINISH_ERROR, row)
+                    raise
+
+    def _decode(self) -> None:
+        batch = len(self._rows)
+        ones = self._mask.new_ones((batch, 1))
+        mask = torch.cat([self._mask, ones], dim=1)
+        positions = torch.tensor([[row.position] for row in self._rows], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=self._next[:, None], attention_mask=mask, position_ids=positions,
+                         past_key_values=self._cache, use_cache=True)
+        self._cache, self._mask = out.past_key_values, mask
+        self.steps += 1
+        self.batched_rows += batch
+        logits = out.logits[:, -1].float()
+        keep = []
+        for index, row in enumerate(self._rows):
+            row.position += 1
+            token = row.sample(logits[index])
+            if self._accept(row, token):
+                self._next[index] = token
+                keep.append(index)
+        if len(keep) < batch:
+            self._select(keep)
+
+    def _accept(self, row: _Row, token: int) -> bool:
+        """Record a sampled token; False (and the generation finished) when it ends the row."""
+        generation = row.generation
+        generation.token_ids.append(token)
+        self.generated_tokens += 1
+        if token in self.eos_token_ids:
+            self._finish(generation, FINISH_STOP, row)
+            return False
+        self._notify(generation, generation.on_text, row.text.push(token))
+        if row.text.stopped:
+            self._finish(generation, FINISH_STOP, row)
+        elif len(generation.token_ids) >= generation.settings.max_new_tokens or row.position + 1 >= self.max_context:
+            self._finish(generation, FINISH_LENGTH, row)
+        elif generation.cancelled:
+            self._finish(generation, FINISH_CANCELLED, row)
+        else:
+            return True
+        return False
+
+    def _finish(self, generation: Generation, reason: str, row: _Row | None = None) -> None:
+        if row is not None:
+            piece = row.text.finish()
+            if reason != FINISH_ERROR:
+                self._notify(generation, generation.on_text, piece)
+            generation.text = row.text.text
+        generation.finish_reason = reason
+        generation.finished_at = time.perf_counter()
+        generation._done.set()
+        self._notify(generation, generation.on_finish, generation)
+
+    @staticmethod
+    def _notify(generation: Generation, callback: Callable[[Any], None] | None, value: Any) -> None:
+        """Call a request's callback; one that fails cancels its own request and nothing else."""
+        if callback is None or value == "":
+            return
+        try:
+            callback(value)
+        except Exception:
+            generation.cancel()
+
+    # ------------------------------------------------------------------------------------------- the KV cache
+    @staticmethod
+    def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def _rebuild(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        for index, (keys, values) in enumerate(layers):
+            cache.update(keys, values, index)
+        return cache
+
+    def _join(self, row: _Row, cache: DynamicCache, token: int) -> None:
+        """Add a prefilled row to the batch, left-padding its cache or the batch's to a common length."""
+        new_len = len(row.generation.prompt_ids)
+        new_mask = torch.ones((1, new_len), dtype=torch.long, device=self.device)
+        next_token = torch.tensor([token], dtype=torch.long, device=self.device)
+        if not self._rows:
+            self._rows, self._cache, self._mask, self._next = [row], cache, new_mask, next_token
+            return
+        old_len = self._mask.shape[1]
+        width = max(old_len, new_len)
+
+        def left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:  # pads dim -2 (the sequence)
+            if length == width:
+                return tensor
+            shape = list(tensor.shape)
+            shape[-2] = width - length
+            return torch.cat([tensor.new_zeros(shape), tensor], dim=-2)
+
+        layers = [(torch.cat([left_pad(k, old_len), left_pad(nk, new_len)]),
+                   torch.cat([left_pad(v, old_len), left_pad(nv, new_len)]))
+                  for (k, v), (nk, nv) in zip(self._layers(self._cache), self._layers(cache))]
+        self._cache = self._rebuild(layers)
+        self._mask = torch.cat([torch.nn.functional.pad(self._mask, (width - old_len, 0)),
+                                torch.nn.functional.pad(new_mask, (width - new_len, 0))])
+        self._next = torch.cat([self._next, next_token])
+        self._rows.append(row)
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep these rows of the batch, and drop the columns that are padding in every remaining row."""
+        self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._cache, self._mask, self._next = None, None, None
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        mask = self._mask[index]
+        first = int(mask.any(dim=0).nonzero()[0].item())  # the first column some row still uses
+        self._mask, self._next = mask[:, first:], self._next[index]
+        self._cache = self._rebuild([(k[index, :, first:], v[index, :, first:]) for k, v in self._layers(self._cache)])
+
+    def _drop(self, condition: Callable[[_Row], bool], reason: str) -> None:
+        keep = [i for i, row in enumerate(self._rows) if not condition(row)]
+        if len(keep) == len(self._rows):
+            return
+        for i, row in enumerate(self._rows):
+            if i not in keep:
+                self._finish(row.generation, reason, row)
+        self._select(keep)

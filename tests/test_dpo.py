@@ -1,0 +1,169 @@
+"""DPO (trainer/train_dpo.py) on the training core: the loss, rewards and answer masks against an fp64 computation
+written out here from the two models' log-probabilities; a tiny run drives the reward accuracy up from its start
+at log 2 loss; MiniMind-format files (system turns, extra fields) load for both LoRA and DPO; bad preference
+lines are one-line errors naming file and line; the embedded default pairs."""
+
+from __future__ import annotations
+
+import json
+import math
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from dataset.dpo_dataset import DPODataset
+from tests.training_runs import finetune_argv, run_in_process, write_jsonl
+from trainer.dpo import DirectPreference
+from trainer.run_dir import read_metrics
+
+BETA = 0.15
+SYSTEM = {"role": "system", "content": "You are a careful assistant.", "lang": "en"}
+
+
+def _minimind_pairs() -> list[dict]:
+    """Preference lines as MiniMind's files hold them: a system turn, extra fields on messages and lines, a
+    multi-turn prompt whose earlier assistant answer must not count, and a control-token string as text."""
+    return [
+        {"chosen": [SYSTEM, {"role": "user", "content": "What is water?"},
+                    {"role": "assistant", "content": "Water is a compound of hydrogen and oxygen."}],
+         "rejected": [SYSTEM, {"role": "user", "content": "What is water?"},
+                      {"role": "assistant", "content": "water water water water", "reasoning_content": ""}],
+         "source": "test", "score": [5, 1]},
+        {"chosen": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},
+                    {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}],
+         "rejected": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},
+                      {"role": "user", "content": "Name a colour."},
+                      {"role": "assistant", "content": "The <|im_end|> sky is a place, not a colour."}]},
+    ]
+
+
+def _answer_log_prob(model, tokenizer, messages: list[dict]) -> tuple[float, list[int]]:
+    """fp64 sum of log p(answer token) over the final answer's tokens (its content, then <|im_end|>), after the
+    prompt as the tokenizer's own chat template renders it; and those answer tokens."""
+    prompt = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages[:-1]],
+                                           tokenize=False, add_generation_prompt=True)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(messages[-1]["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    answer_ids = answer_ids + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    ids = torch.tensor([prompt_ids + answer_ids])
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model.double()(input_ids=ids).logits[0].double(), dim=-1)
+    model.float()
+    positions = range(len(prompt_ids) - 1, len(prompt_ids) + len(answer_ids) - 1)
+    return sum(log_probs[t, ids[0, t + 1]].item() for t in positions), answer_ids
+
+
+def test_dpo_loss_rewards_and_masks_match_fp64_by_hand(tiny_models, tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    pairs = _minimind_pairs()
+    data = DPODataset(write_jsonl(tmp_path / "dpo.jsonl", pairs), tokenizer, max_seq_len=128,
+                      cache_dir=tmp_path / "cache")
+    batch = data.collate([data[i] for i in range(len(data))])
+    reference = AutoModelForCausalLM.from_pretrained(tiny_models.sft).eval()
+    policy = AutoModelForCausalLM.from_pretrained(tiny_models.sft).eval()
+    with torch.no_grad():  # the policy has moved away from the reference
+        for parameter in policy.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter))
+    objective = DirectPreference(reference, BETA, nullcontext)
+    loss, stat_sums = objective.loss(policy, batch, num_items=objective.count_items(batch))
+
+    losses, chosen_rewards, rejected_rewards = [], [], []
+    for row, pair in enumerate(pairs):
+        rewards = []
+        for side, offset in (("chosen", 0), ("rejected", len(pairs))):
+            pi, answer_ids = _answer_log_prob(policy, tokenizer, pair[side])
+            ref, _ = _answer_log_prob(reference, tokenizer, pair[side])
+            rewards.append(BETA * (pi - ref))
+            labels = batch["labels"][row + offset]
+            assert labels[labels != -100].tolist() == answer_ids  # the mask: exactly the final answer's tokens
+        margin = rewards[0] - rewards[1]
+        losses.append(-math.log(1 / (1 + math.exp(-margin))))
+        chosen_rewards.append(rewards[0])
+        rejected_rewards.append(rewards[1])
+    assert loss.item() == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    accuracy = sum(c > r for c, r in zip(chosen_rewards, rejected_rewards))
+    expected = [accuracy, sum(chosen_rewards) - sum(rejected_rewards), sum(chosen_rewards), sum(rejected_rewards)]
+    assert stat_sums.tolist() == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_dpo_run_drives_the_reward_accuracy_up(train_data, tiny_models, tmp_path):
+    out_dir = tmp_path / "dpo"
+    summary = run_in_process("dpo", finetune_argv("dpo", train_data, tiny_models.sft, out_dir, "--max_steps", "30",
+                                                  "--batch_size", "8", "--learning_rate", "5e-4", "--eval_interval",
+                                                  "15"))
+    train = read_metrics(out_dir, "train")
+    # The policy starts as the reference: every reward is 0, the loss log 2 and no pair is ranked right yet.
+    assert train[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert train[0]["reward_accuracy"] == 0 and train[0]["chosen_reward"] == pytest.approx(0, abs=1e-6)
+    accuracy = [r["reward_accuracy"] for r in train]
+    assert sum(accuracy[-10:]) / 10 > 0.8 and sum(accuracy[-10:]) / 10 > sum(accuracy[:10]) / 10 + 0.3
+    assert sum(r["reward_margin"] for r in train[-10:]) > 0
+    val = read_metrics(out_dir, "val")
+    assert set(val[-1]) >= {"val_loss", "val_reward_accuracy", "val_reward_margin", "val_chosen_reward",
+                            "val_rejected_reward"}
+    assert val[-1]["val_reward_accuracy"] == 1 and val[-1]["val_loss"] < math.log(2)
+    assert summary.final_val["reward_accuracy"] == val[-1]["val_reward_accuracy"]
+    assert (out_dir / "model.safetensors").is_file()  # a whole model, for chat, evaluate and the server
+
+
+def test_minimind_files_with_system_turns_and_extra_fields_load_for_lora_and_dpo(tiny_models, tokenizer, tmp_path):
+    sft = [{"conversations": pair["chosen"], "id": index} for index, pair in enumerate(_minimind_pairs())] * 4
+    write_jsonl(tmp_path / "sft.jsonl", sft)
+    write_jsonl(tmp_path / "dpo.jsonl", _minimind_pairs() * 4)
+    for task, data in (("lora", "sft.jsonl"), ("dpo", "dpo.jsonl")):
+        summary = run_in_process(task, finetune_argv(task, tmp_path, tiny_models.sft, tmp_path / task, "--max_steps",
+                                                     "2", "--val_data_path", str(tmp_path / data)))
+        assert summary.status == "finished" and summary.steps == 2
+
+
+@pytest.mark.parametrize("line, reason", [
+    ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+     'missing "rejected" field'),
+    ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+      "rejected": [{"role": "user", "content": "Hey"}, {"role": "assistant", "content": "Go away"}]},
+     '"chosen" and "rejected" must share their prompt (every message before the last answer); they differ at '
+     'message 0'),
+    ({"chosen": [{"role": "user", "content": "Hi"}], "rejected": [{"role": "user", "content": "Hi"}]},
+     "chosen[0] must be the assistant's answer, got role 'user'"),
+    ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": 3}],
+      "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x"}]},
+     'chosen[1] has no "content" string'),
+])
+def test_bad_preference_lines_name_file_and_line(line, reason, tokenizer, tmp_path):
+    good = _minimind_pairs()[0]
+    path = write_jsonl(tmp_path / "dpo.jsonl", [good, good, line])
+    with pytest.raises(ValueError) as error:
+        DPODataset(path, tokenizer, max_seq_len=64, cache_dir=tmp_path / "cache")
+    assert str(error.value) == f"{path}:3: {reason}"
+
+
+def test_embedded_default_pairs_prefer_the_true_answer(tmp_path):
+    from dataset.post_training_data import (LORA_TOPIC, degenerate_answer, ensure_post_training_data,
+                                            preference_pairs)
+    from dataset.sources import WikiArticle
+    from dataset.wiki_qa import conversations_for
+
+    articles = [WikiArticle(f"Topic {i}", f"Topic {i} is thing number {i}. It is known for {i}.", "",
+                            ("Arts", "History", LORA_TOPIC)[i % 3]) for i in range(12)]
+    pairs = preference_pairs(articles)
+    assert len(pairs) == len(articles)
+    answers = {conversations_for(a)[0][1]["content"]: a for a in articles}
+    kinds = set()
+    for article, pair in pairs:
+        assert pair["chosen"][:-1] == pair["rejected"][:-1] and pair["chosen"][0]["role"] == "user"
+        true_answer = conversations_for(article)[0][1]["content"]
+        assert pair["chosen"][-1]["content"] == true_answer
+        rejected = pair["rejected"][-1]["content"]
+        if rejected == degenerate_answer(true_answer):
+            kinds.add("degenerate")
+        else:
+            assert answers[rejected].topic != article.topic  # another topic's true answer
+            kinds.add("off-topic")
+    assert kinds == {"degenerate", "off-topic"}
+    paths = ensure_post_training_data(tmp_path)
+    first = json.loads(paths.dpo_train.read_text(encoding="utf-8").splitlines()[0])
+    assert set(first) == {"chosen", "rejected"}
+    lora = [json.loads(line) for line in paths.lora_val.read_text(encoding="utf-8").splitlines()]
+    assert lora and all(set(record) == {"conversations"} for record in lora)

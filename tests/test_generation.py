@@ -1,0 +1,253 @@
+"""model/generation.py: the decode loop chat, evaluation and the server share. References: transformers'
+generate() (greedy and seeded sampling, token for token), a cache-free full forward of each finished sequence
+(the logits every batched step saw), and the tokenizer's decode of all ids (the streamed text)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from model.chat_session import encode_prompt
+from model.generation import (FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, GenerationEngine,
+                              GenerationSettings, TextStream, _Row)
+from model.loading import load_model
+
+PROMPTS = ("The history of", "Water is a chemical compound of hydrogen and", "北京是", "A",
+           "A tiny language model learns to continue text one token at a time, and then")
+NEVER = -1  # an eos id no model emits: generations run to their budget
+
+
+@pytest.fixture(scope="module")
+def pretrained(tiny_models):
+    return load_model(tiny_models.pretrain)
+
+
+@pytest.fixture(scope="module")
+def sft(tiny_models):
+    return load_model(tiny_models.sft)
+
+
+def run_until_done(engine: GenerationEngine, *generations, max_steps: int = 2000) -> list[int]:
+    """Step the engine (on this thread) until the generations are done; the batch size after each step. Bounded,
+    so a broken engine fails the test instead of hanging it."""
+    sizes = []
+    for _ in range(max_steps):
+        if all(g.done for g in generations):
+            return sizes
+        engine.step()
+        sizes.append(engine.load[0])
+    raise AssertionError(f"not done after {max_steps} steps")
+
+
+def plain_ids(tokenizer, text: str) -> list[int]:
+    return encode_prompt(tokenizer, [{"role": "user", "content": text}], use_template=False)
+
+
+def hf_generate(model, ids: list[int], seed: int | None = None, **kwargs) -> list[int]:
+    if seed is not None:
+        torch.manual_seed(seed)
+    x = torch.tensor([ids])
+    out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), pad_token_id=0, **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("which", ["sft", "pretrained"])
+def test_greedy_equals_transformers_generate(which, request) -> None:
+    model, tokenizer = request.getfixturevalue(which)
+    engine = GenerationEngine(model, tokenizer, max_batch=1)
+    for text in PROMPTS:
+        ids = (encode_prompt(tokenizer, [{"role": "user", "content": text}], use_template=True) if which == "sft"
+               else plain_ids(tokenizer, text))
+        generation = engine.generate(ids, GenerationSettings(max_new_tokens=24, temperature=0.0))
+        expected = hf_generate(model, ids, max_new_tokens=24, do_sample=False, eos_token_id=tokenizer.eos_token_id)
+        assert generation.token_ids == expected
+        assert generation.text == tokenizer.decode(expected, skip_special_tokens=True)
+        assert generation.finish_reason == (FINISH_STOP if expected[-1] == tokenizer.eos_token_id else FINISH_LENGTH)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.8, top_p=0.9, top_k=0, repetition_penalty=1.0),
+                                      dict(temperature=1.3, top_p=0.7, top_k=40, repetition_penalty=1.2)])
+def test_seeded_sampling_equals_transformers_generate(pretrained, sampling) -> None:
+    """With the same seed our per-request generator draws what generate() draws from the global one, through
+    the same processors: temperature, top-k, top-p and the repetition penalty."""
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=1)
+    for seed, text in enumerate(PROMPTS[:3]):
+        ids = plain_ids(tokenizer, text)
+        ours = engine.generate(ids, GenerationSettings(max_new_tokens=30, seed=seed, **sampling)).token_ids
+        theirs = hf_generate(model, ids, seed=seed, max_new_tokens=30, do_sample=True,
+                             eos_token_id=tokenizer.eos_token_id, **sampling)
+        assert ours == theirs
+
+
+def test_batched_rows_see_the_logits_of_a_full_forward(pretrained, monkeypatch) -> None:
+    """Rows join a running batch at different times with different prompt lengths (left-padded caches) and leave
+    at different times; every logit vector a row sampled from equals a cache-free forward of its sequence."""
+    model, tokenizer = pretrained
+    seen: dict[int, list[torch.Tensor]] = {}
+    original = _Row.sample
+
+    def recording_sample(self, logits):
+        seen.setdefault(id(self.generation), []).append(logits.clone())
+        return original(self, logits)
+
+    monkeypatch.setattr(_Row, "sample", recording_sample)
+    engine = GenerationEngine(model, tokenizer, max_batch=3, eos_token_ids=[NEVER])
+    budgets = (9, 4, 12, 6, 7)
+    generations = []
+    for index, (text, budget) in enumerate(zip(PROMPTS, budgets)):
+        settings = GenerationSettings(max_new_tokens=budget, temperature=0.9, seed=index)
+        generations.append(engine.submit(plain_ids(tokenizer, text), settings))
+        if index % 2:
+            engine.step()  # the next prompt joins a batch already decoding
+    batch_sizes = run_until_done(engine, *generations)
+    assert max(batch_sizes) == 3 and engine.batched_rows > engine.steps  # it really ran batched
+    for generation, budget in zip(generations, budgets):
+        assert generation.finish_reason == FINISH_LENGTH and len(generation.token_ids) == budget
+        full = torch.tensor([generation.prompt_ids + generation.token_ids[:-1]])
+        with torch.no_grad():
+            reference = model(input_ids=full).logits[0, len(generation.prompt_ids) - 1:].float()
+        torch.testing.assert_close(torch.stack(seen[id(generation)]), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_greedy_answers_equal_single_answers(sft) -> None:
+    model, tokenizer = sft
+    questions = ("Hi!", "Who are you?", "What is the capital of France?", "你好")
+    settings = GenerationSettings(max_new_tokens=30, temperature=0.0)
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": q}], use_template=True) for q in questions]
+    single = [GenerationEngine(model, tokenizer, max_batch=1).generate(ids, settings).token_ids for ids in prompts]
+    engine = GenerationEngine(model, tokenizer, max_batch=4)
+    engine.start()
+    try:
+        generations = [engine.submit(ids, settings) for ids in prompts]
+        assert all(g.wait(60) for g in generations)
+    finally:
+        engine.close()
+    assert [g.token_ids for g in generations] == single
+    assert all(g.text == "I am a tiny model." and g.finish_reason == FINISH_STOP for g in generations)
+
+
+def test_a_cancelled_request_frees_its_slot(pretrained) -> None:
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER])
+    long = engine.submit(plain_ids(tokenizer, "The history of"), GenerationSettings(max_new_tokens=100))
+    waiting = engine.submit(plain_ids(tokenizer, "Water is"), GenerationSettings(max_new_tokens=5))
+    for _ in range(3):
+        engine.step()
+    assert engine.load == (1, 1) and len(long.token_ids) == 4 and not waiting.token_ids  # the only slot is taken
+    long.cancel()  # e.g. its client disconnected
+    run_until_done(engine, waiting)
+    assert long.finish_reason == FINISH_CANCELLED and len(long.token_ids) == 4
+    assert waiting.finish_reason == FINISH_LENGTH and len(waiting.token_ids) == 5
+
+
+def test_the_engine_thread_serves_and_closes(pretrained) -> None:
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=2, eos_token_ids=[NEVER])
+    engine.start()
+    pieces: list[str] = []
+    done = threading.Event()
+    generation = engine.submit(plain_ids(tokenizer, "The history of"), GenerationSettings(max_new_tokens=6),
+                               on_text=pieces.append, on_finish=lambda g: done.set())
+    assert done.wait(60) and generation.finish_reason == FINISH_LENGTH and "".join(pieces) == generation.text
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit([1], GenerationSettings())
+
+
+def test_a_failing_callback_or_step_fails_only_its_requests(pretrained, monkeypatch) -> None:
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=2, eos_token_ids=[NEVER])
+
+    def broken(piece: str) -> None:
+        raise ConnectionError("client went away")
+
+    bad = engine.submit(plain_ids(tokenizer, "The history of"), GenerationSettings(max_new_tokens=50),
+                        on_text=broken)
+    good = engine.submit(plain_ids(tokenizer, "Water is"), GenerationSettings(max_new_tokens=8))
+    run_until_done(engine, good)
+    assert bad.finish_reason == FINISH_CANCELLED and good.finish_reason == FINISH_LENGTH
+
+    calls = {"n": 0}
+    forward = type(model).forward
+
+    def failing_once(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("out of memory")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", failing_once)
+    first = engine.submit(plain_ids(tokenizer, "A"), GenerationSettings(max_new_tokens=20))
+    run_until_done(engine, first)
+    assert first.finish_reason == FINISH_ERROR and "out of memory" in first.error
+    after = engine.generate(plain_ids(tokenizer, "A"), GenerationSettings(max_new_tokens=4))
+    assert after.finish_reason == FINISH_LENGTH and len(after.token_ids) == 4
+
+
+def test_a_failure_while_joining_ends_every_request_it_touches(pretrained, monkeypatch) -> None:
+    """The joining request and the batch it joins end with an error (the batch's cache is suspect); none is lost
+    waiting forever, and the engine serves the next request."""
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=2, eos_token_ids=[NEVER])
+    running = engine.submit(plain_ids(tokenizer, "The history of"), GenerationSettings(max_new_tokens=50))
+    engine.step()
+    monkeypatch.setattr(GenerationEngine, "_join", lambda *args: (_ for _ in ()).throw(RuntimeError("bad cache")))
+    joining = engine.submit(plain_ids(tokenizer, "Water is"), GenerationSettings(max_new_tokens=50))
+    run_until_done(engine, running, joining)
+    assert running.finish_reason == joining.finish_reason == FINISH_ERROR and "bad cache" in joining.error
+    monkeypatch.undo()
+    after = engine.generate(plain_ids(tokenizer, "A"), GenerationSettings(max_new_tokens=4))
+    assert after.finish_reason == FINISH_LENGTH and engine.load == (0, 0)
+
+
+def test_the_context_limit_ends_a_generation(pretrained) -> None:
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER])
+    ids = plain_ids(tokenizer, "The history of")
+    generation = engine.generate(ids, GenerationSettings(max_new_tokens=10_000, temperature=0.0))
+    assert generation.finish_reason == FINISH_LENGTH
+    assert len(ids) + len(generation.token_ids) == model.config.max_position_embeddings
+
+
+# ------------------------------------------------------------------------------------------------ TextStream
+TEXTS = ("Hello, world! 你好，世界。 Emoji 🤖🎉👨‍👩‍👧 done.", "The end. STOP here", "a\n\nb  c")
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_stream_pieces_add_up_to_the_decoded_text(tokenizer, text) -> None:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    stream = TextStream(tokenizer)
+    pieces = [stream.push(token) for token in ids] + [stream.finish()]
+    assert "".join(pieces) == stream.text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert not any("\ufffd" in piece for piece in pieces)  # no character is ever cut in two
+
+
+def test_stream_stops_before_a_stop_string_and_holds_back_its_start(tokenizer) -> None:
+    text = "The end. STOP here and more"
+    stream = TextStream(tokenizer, stop=("STOP", "never"))
+    shown = ""
+    for token in tokenizer(text, add_special_tokens=False)["input_ids"]:
+        shown += stream.push(token)
+        assert "S" not in shown  # "S", "ST", "STO" could still become "STOP": held back
+        if stream.stopped:
+            break
+    shown += stream.finish()
+    assert stream.stopped and shown == stream.text == "The end. "
+    # A held-back start that never becomes a stop string is shown at the end.
+    stream = TextStream(tokenizer, stop=("STOPPED",))
+    pieces = [stream.push(t) for t in tokenizer("go STOP", add_special_tokens=False)["input_ids"]]
+    assert "".join(pieces) == "go " and stream.finish() == "STOP" and not stream.stopped
+
+
+def test_stream_of_random_tokens_equals_decoding_them_all(tokenizer) -> None:
+    """Random ids make broken UTF-8 (lone continuation bytes, cut characters): the pieces still add up to what
+    decoding all ids at once gives, U+FFFD included, whatever the order of the breaks."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        ids = torch.randint(3, len(tokenizer), (60,), generator=generator).tolist()
+        stream = TextStream(tokenizer)
+        pieces = [stream.push(token) for token in ids] + [stream.finish()]
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,167 @@
+"""The optimizers: which parameters Muon takes (the 2-D hidden matrices only), two steps of --optimizer muon against
+an independent fp64 reference of Muon (torch's docstring formula: Nesterov momentum, Newton-Schulz orthogonalization,
+decoupled decay, the shape factor) and of AdamW, the state surviving state_dict/load_state_dict inside one
+optimizer object, the WSD schedule, the one-line refusals. Training with Muon, exact resume and several processes:
+tests/test_train_resume.py and tests/test_train_processes.py."""
+
+from __future__ import annotations
+
+import copy
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate.utils import DistributedType
+
+from model import MiniNormConfig, MiniNormForCausalLM
+from trainer.optim import ADAMW_BETAS, ADAMW_EPS, build_optimizer, muon_split
+from trainer.schedule import lr_multiplier
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's defaults (Keller Jordan's quintic)
+NS_STEPS = 5
+
+
+def tiny_model(**overrides) -> MiniNormForCausalLM:
+    torch.manual_seed(0)
+    fields = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=80, norm_impl="eager")
+    return MiniNormForCausalLM(MiniNormConfig(**{**fields, **overrides}))
+
+
+def names(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> set[str]:
+    ids = {id(p) for p in params}
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if id(p) in ids}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_muon_takes_the_hidden_matrices_only(tied):
+    model = tiny_model(tie_word_embeddings=tied, qk_norm=True)
+    muon, adamw = muon_split(model)
+    projections = {f"model.layers.{i}.{part}.weight" for i in range(2) for part in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+        "mlp.up_proj", "mlp.down_proj")}
+    assert names(model, muon) == projections
+    rest = names(model, adamw)
+    assert "model.embed_tokens.weight" in rest and "lm_head.weight" in rest  # 2-D, but token maps: AdamW's
+    assert {n for n in rest if "norm" in n} and all(p.ndim == 1 for p in adamw if p is not model.lm_head.weight
+                                                     and p is not model.model.embed_tokens.weight)
+    assert len(muon) + len(adamw) == len(list(model.parameters()))  # every parameter once, a tied one too
+
+
+def newton_schulz_fp64(matrix: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """NS_k^(a,b,c) of torch.optim.Muon's docstring, in fp64: X = M / ||M||_F (wide orientation), then k times
+    X <- a X + (b A + c A^2) X with A = X X^T."""
+    a, b, c = NS_COEFFICIENTS
+    x = matrix.double()
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    x = x / max(x.norm().item(), eps)
+    for _ in range(NS_STEPS):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def test_two_muon_steps_match_an_fp64_reference():
+    """Steps with two different gradients, so the momentum buffer and Nesterov's look-ahead both matter. Muon:
+    B_t = mu B_{t-1} + g_t, U = g_t + mu B_t, W <- W (1 - lr wd) - lr sqrt(max(1, rows/cols)) NS(U) (torch scales
+    B by (1 - mu), which NS's normalization cancels). AdamW: the textbook bias-corrected update with decoupled
+    decay. torch orthogonalizes in bf16, hence the tolerance on Muon's update: 4% in Frobenius norm (bf16 gives
+    1.3-2%; a missing Nesterov term, a wrong orientation or shape factor is tens of percent off)."""
+    model = tiny_model(tie_word_embeddings=False)
+    lr, muon_lr, wd, muon_wd, mu = 1e-2, 0.05, 0.5, 2.0, 0.95  # large decays, so a wrong decay shows
+    optimizer = build_optimizer(model, lr, wd, "muon", muon_lr=muon_lr, muon_weight_decay=muon_wd, muon_momentum=mu)
+    muon_ids = {id(p) for p in muon_split(model)[0]}
+    params = dict(model.named_parameters())
+    start = {n: p.detach().double().clone() for n, p in params.items()}
+    torch.manual_seed(1)
+    grads = [{n: torch.randn_like(p) for n, p in params.items()} for _ in range(2)]
+    reference = {n: w.clone() for n, w in start.items()}
+    buffers = {n: torch.zeros_like(w) for n, w in start.items()}
+    exp_avg = {n: torch.zeros_like(w) for n, w in start.items()}
+    exp_avg_sq = {n: torch.zeros_like(w) for n, w in start.items()}
+    beta1, beta2 = ADAMW_BETAS
+    for t, step_grads in enumerate(grads, start=1):
+        before = {n: w.clone() for n, w in reference.items()}
+        for name, param in params.items():
+            param.grad = step_grads[name].clone()
+            g = step_grads[name].double()
+            if id(param) in muon_ids:
+                buffers[name] = mu * buffers[name] + g
+                update = newton_schulz_fp64(g + mu * buffers[name])
+                rows, cols = g.shape
+                reference[name] = (reference[name] * (1 - muon_lr * muon_wd)
+                                   - muon_lr * math.sqrt(max(1.0, rows / cols)) * update)
+            else:
+                decay = wd if param.ndim == 2 and name != "model.embed_tokens.weight" else 0.0
+                exp_avg[name] = beta1 * exp_avg[name] + (1 - beta1) * g
+                exp_avg_sq[name] = beta2 * exp_avg_sq[name] + (1 - beta2) * g * g
+                m_hat, v_hat = exp_avg[name] / (1 - beta1 ** t), exp_avg_sq[name] / (1 - beta2 ** t)
+                reference[name] = reference[name] * (1 - lr * decay) - lr * m_hat / (v_hat.sqrt() + ADAMW_EPS)
+        optimizer.step()
+        for name, param in params.items():
+            got, want = param.detach().double(), reference[name]
+            if id(param) in muon_ids:
+                # Compare the updates (the weights are dominated by their start), relative to the update's size.
+                got_update, want_update = got - before[name], want - before[name]
+                error = ((got_update - want_update).norm() / want_update.norm()).item()
+                assert error < 0.04, (name, t, error)
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7, msg=f"{name}, step {t}")
+            param.data.copy_(want)  # both sides go on from the same weights
+
+
+def test_muon_state_survives_state_dict_and_load_state_dict():
+    """A fresh optimizer loaded with another's state_dict (as a checkpoint resume does) continues exactly: the
+    momentum buffers and AdamW's moments reach the inner Muon and AdamW, not only the outer object."""
+    def two_steps(model, optimizer, seed: int) -> None:
+        torch.manual_seed(seed)
+        for _ in range(2):
+            for param in model.parameters():
+                param.grad = torch.randn_like(param)
+            optimizer.step()
+
+    model = tiny_model()
+    optimizer = build_optimizer(model, 1e-2, 0.1, "muon")
+    two_steps(model, optimizer, seed=1)
+    saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_state = copy.deepcopy(optimizer.state_dict())  # state_dict() holds the live tensors
+    two_steps(model, optimizer, seed=2)
+    resumed = tiny_model()
+    resumed.load_state_dict(saved_weights)
+    resumed_optimizer = build_optimizer(resumed, 1e-2, 0.1, "muon")
+    resumed_optimizer.load_state_dict(saved_state)
+    assert [g["update"] for g in resumed_optimizer.param_groups] == ["adamw", "muon"]  # tied: nothing decayed
+    two_steps(resumed, resumed_optimizer, seed=2)
+    for (name, want), got in zip(model.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(got, want), name
+
+
+def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
+    def factor(step: int) -> float:
+        return lr_multiplier(step, warmup_steps=10, total_steps=100, min_ratio=0.1, schedule="wsd",
+                             decay_fraction=0.2)
+
+    assert factor(0) == pytest.approx(1 / 11) and factor(9) == pytest.approx(10 / 11)
+    assert all(factor(step) == 1.0 for step in range(10, 80))
+    decay = [factor(step) for step in range(80, 100)]
+    assert decay[0] == pytest.approx(1 - 0.9 / 20) and decay[-1] == pytest.approx(0.1)
+    assert all(later < earlier for earlier, later in zip(decay, decay[1:]))
+    # cosine, the default, is unchanged: the floor is approached at the end, the peak right after warmup
+    assert lr_multiplier(10, 10, 100, 0.1) == pytest.approx(1.0)
+    assert lr_multiplier(99, 10, 100, 0.1) == pytest.approx(0.1, abs=1e-3)
+
+
+@pytest.mark.parametrize("setup, refused", [(DistributedType.DEEPSPEED, True), (DistributedType.FSDP, False),
+                                            (DistributedType.MULTI_CPU, False)])
+def test_muon_is_refused_where_it_cannot_run(setup, refused):
+    from trainer.distributed import check_optimizer_supported
+
+    accelerator = SimpleNamespace(distributed_type=setup)
+    check_optimizer_supported(accelerator, "adamw")
+    if refused:
+        with pytest.raises(ValueError, match="--optimizer muon does not run under DeepSpeed: ZeRO flattens"):
+            check_optimizer_supported(accelerator, "muon")
+    else:
+        check_optimizer_supported(accelerator, "muon")

@@ -1,0 +1,138 @@
+"""Exact resume: a run killed (SIGKILL) mid-save and resumed with --resume auto reproduces the uninterrupted run bit
+for bit, dropout on; a resume with another batch size or accumulation continues at exactly the next sample of the
+epoch's order; a resume that could not (other data, --max_seq_len, --seed, --val_fraction) is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+
+from safetensors.torch import load_file
+
+from tests.training_runs import (MUON_FLAGS, REPO, STEPS, pretrain_argv, run_in_process, train_losses,
+                                 write_jsonl)
+from trainer.args import parse_args
+from trainer.core import Trainer, main
+from trainer.run_dir import read_metrics
+
+KILL_DURING_SECOND_SAVE = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+import accelerate
+original = accelerate.Accelerator.save_state
+def save_then_die(self, output_dir=None, **kwargs):
+    result = original(self, output_dir, **kwargs)
+    if "step_00000006" in str(output_dir):  # mid-save: state written, not yet marked complete nor renamed
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+accelerate.Accelerator.save_state = save_then_die
+from trainer.core import main
+main("pretrain", {argv!r})
+"""
+
+
+def test_resume_after_sigkill_with_dropout_reproduces_the_run_bit_for_bit(train_data, tmp_path):
+    flags = ("--batch_size", "4", "--dropout", "0.1")
+    uninterrupted = tmp_path / "uninterrupted"
+    run_in_process("pretrain", pretrain_argv(train_data, uninterrupted, *flags))
+    out_dir = tmp_path / "killed"
+    argv = pretrain_argv(train_data, out_dir, *flags)
+    script = KILL_DURING_SECOND_SAVE.format(repo=str(REPO), argv=argv)
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    checkpoints = sorted(p.name for p in (out_dir / "checkpoints").iterdir())
+    assert "step_00000003" in checkpoints and "step_00000006" not in checkpoints  # the torn save left no trace
+    assert not (out_dir / "run_summary.json").exists()
+    run_in_process("pretrain", argv + ["--resume", "auto"])
+    # Dropout draws from the restored RNG state: every step's loss and every validation equal, bit for bit.
+    assert train_losses(out_dir) == train_losses(uninterrupted)
+    assert read_metrics(out_dir / "metrics.jsonl", "val") == read_metrics(uninterrupted / "metrics.jsonl", "val")
+
+
+def test_muon_run_resumed_from_a_checkpoint_reproduces_it_bit_for_bit(train_data, muon_reference_run, tmp_path):
+    """--optimizer muon (WSD schedule): resumed at step 3, Muon's momentum buffers and AdamW's moments come back from
+    the checkpoint, and every later loss, validation and final weight equals the uninterrupted run's exactly."""
+    resumed = tmp_path / "resumed"
+    run_in_process("pretrain", pretrain_argv(train_data, resumed, "--batch_size", "4", *MUON_FLAGS, "--resume",
+                                             str(muon_reference_run / "checkpoints" / "step_00000003")))
+    assert train_losses(resumed) == train_losses(muon_reference_run)[3:]
+    assert read_metrics(resumed, "val") == read_metrics(muon_reference_run, "val")
+    ours, theirs = load_file(resumed / "model.safetensors"), load_file(muon_reference_run / "model.safetensors")
+    assert all(torch.equal(ours[name], tensor) for name, tensor in theirs.items())
+    # Both learning rates follow one schedule (each record holds the lr of the next step): WSD holds the peak
+    # through step 4, then decays linearly over the last half to the floor.
+    steps = read_metrics(muon_reference_run, "train")
+    assert [r["muon_lr"] / r["lr"] for r in steps] == pytest.approx([0.02 / 3e-3] * STEPS)
+    assert [r["muon_lr"] for r in steps[2:]] == pytest.approx([0.02, 0.0155, 0.011, 0.0065, 0.002, 0.002])
+
+
+def _run_recording_rows(argv: list[str]) -> list[torch.Tensor]:
+    """Run the trainer in this process; return every training row its model saw, in order."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    rows: list[torch.Tensor] = []
+    try:
+        trainer = Trainer(parse_args("pretrain", argv))
+        embed = trainer.unwrapped.model.embed_tokens
+        embed.register_forward_pre_hook(lambda module, args: rows.extend(args[0].clone()) if module.training else None)
+        trainer.run()
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    return rows
+
+
+def test_resume_with_another_batch_size_continues_at_the_next_sample(train_data, tmp_path):
+    """A batch-4 run checkpointed at step 3 has trained on the first 12 samples of the epoch's order. Resumed with
+    batch 2 x 2 accumulation it must see samples 12-23 in order (and, the global batch being the same, give the
+    same losses); resumed with batch 8 it must see samples 12-19."""
+    base = tmp_path / "batch4"
+    seen = _run_recording_rows(pretrain_argv(train_data, base, "--batch_size", "4", "--max_steps", "6"))
+    assert len(seen) == 24
+    checkpoint = base / "checkpoints" / "step_00000003"
+    resumed = tmp_path / "batch2x2"
+    seen_2x2 = _run_recording_rows(pretrain_argv(train_data, resumed, "--batch_size", "2", "--accumulation_steps",
+                                                 "2", "--max_steps", "6", "--resume", str(checkpoint)))
+    assert len(seen_2x2) == 12 and all(torch.equal(a, b) for a, b in zip(seen_2x2, seen[12:24]))
+    assert train_losses(resumed)[-3:] == pytest.approx(train_losses(base)[3:], rel=1e-5)
+    seen_8 = _run_recording_rows(pretrain_argv(train_data, tmp_path / "batch8", "--batch_size", "8", "--max_steps",
+                                               "4", "--resume", str(checkpoint)))
+    assert len(seen_8) == 8 and all(torch.equal(a, b) for a, b in zip(seen_8, seen[12:20]))
+
+
+def _edited_copy(data: Path, tmp_path: Path) -> Path:
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rows[0] = {"text": "an edited first document about something else entirely"}
+    return write_jsonl(tmp_path / "edited.jsonl", rows)
+
+
+@pytest.mark.parametrize("change, message", [
+    (("--max_seq_len", "64"), "--max_seq_len was 32 there and is 64 now"),
+    (("--seed", "7"), "--seed was 42 there and is 7 now"),
+    (("--val_fraction", "0.05"), "--val_fraction was 0.01 there and is 0.05 now"),
+    ("other data", "--data_path was "),
+])
+def test_resume_that_cannot_map_the_data_position_is_refused(change, message, train_data, reference_run,
+                                                              tmp_path, capsys):
+    argv = pretrain_argv(train_data, tmp_path / "resumed", "--batch_size", "4", "--resume",
+                         str(reference_run / "checkpoints" / "step_00000003"))
+    if change == "other data":
+        argv[argv.index("--data_path") + 1] = str(_edited_copy(train_data / "pretrain.jsonl", tmp_path))
+    else:
+        argv += list(change)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main("pretrain", argv)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # the lines before it are progress bars
+    assert error.startswith("error: --resume step_00000003: ") and message in error
+    if change == "other data":
+        assert "edited.jsonl" in error and "pretrain.jsonl" in error
+    assert not (tmp_path / "resumed" / "metrics.jsonl").exists()  # refused before anything ran

@@ -1,0 +1,140 @@
+"""Tiny training runs for the trainer tests: their data, their flags, and how to run the trainer in this process
+or as several processes (the README's launch commands)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
+
+from trainer.run_dir import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--num_key_value_heads",
+        "2", "--max_seq_len", "32", "--dtype", "float32", "--norm_impl", "eager", "--log_interval", "2",
+        "--eval_interval", "4", "--eval_batches", "0", "--warmup_steps", "2", "--learning_rate", "3e-3",
+        "--compile", "off"]
+STEPS = 8
+MUON_FLAGS = ("--optimizer", "muon", "--lr_schedule", "wsd", "--decay_fraction", "0.5")
+SFT_STEPS = 6
+WORDS = ("the quick brown fox jumps over a lazy dog while birds sing in tall green trees near the river and "
+         "children play").split()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return path
+
+
+def write_train_data(root: Path) -> Path:
+    """pretrain.jsonl (random word documents); sft.jsonl: conversations whose answers run from one word to
+    forty, so micro-batches and processes hold very different numbers of supervised tokens (a per-micro-batch
+    mean then differs from the token mean of the whole step); dpo.jsonl: the same conversations as preference
+    pairs, the answer chosen over its first word repeated."""
+    rng = random.Random(0)
+    texts = [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 60)))} for _ in range(240)]
+    write_jsonl(root / "pretrain.jsonl", texts)
+    chats = []
+    for i in range(160):
+        answer = " ".join(rng.choice(WORDS) for _ in range(rng.choice((1, 2, 3, 25, 40))))
+        question = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12)))
+        chats.append({"conversations": [{"role": "user", "content": f"{question} {i}?"},
+                                        {"role": "assistant", "content": answer}]})
+    write_jsonl(root / "sft.jsonl", chats)
+    pairs = []
+    for chat in chats:
+        prompt, answer = chat["conversations"][:1], chat["conversations"][1]["content"]
+        pairs.append({"chosen": prompt + [{"role": "assistant", "content": answer}],
+                      "rejected": prompt + [{"role": "assistant", "content": " ".join([answer.split()[0]] * 8)}]})
+    write_jsonl(root / "dpo.jsonl", pairs)
+    return root
+
+
+def pretrain_argv(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
+    return ["--data_path", str(data_dir / "pretrain.jsonl"), "--out_dir", str(out_dir), "--max_steps", str(STEPS),
+            "--save_interval", "3", *TINY, *extra]
+
+
+def sft_argv(data_dir: Path, pretrained: Path, out_dir: Path, *extra: str) -> list[str]:
+    return ["--data_path", str(data_dir / "sft.jsonl"), "--from_weight", str(pretrained), "--out_dir", str(out_dir),
+            "--max_steps", str(SFT_STEPS), "--save_interval", "100", "--max_seq_len", "64", "--dtype", "float32",
+            "--norm_impl", "eager", "--eval_interval", "3", "--eval_batches", "0", "--learning_rate", "3e-3",
+            "--compile", "off", *extra]
+
+
+def finetune_argv(task: str, data_dir: Path, start: Path, out_dir: Path, *extra: str) -> list[str]:
+    """A tiny LoRA or DPO run from the model directory `start` on sft.jsonl or dpo.jsonl of `data_dir`."""
+    data = data_dir / ("dpo.jsonl" if task == "dpo" else "sft.jsonl")
+    return ["--data_path", str(data), "--from_weight", str(start), "--out_dir", str(out_dir), "--max_steps", "6",
+            "--batch_size", "4", "--save_interval", "100", "--max_seq_len", "64", "--dtype", "float32",
+            "--norm_impl", "eager", "--eval_interval", "3", "--eval_batches", "0", "--compile", "off", *extra]
+
+
+def run_in_process(task: str, argv: list[str]):
+    from trainer.args import parse_args
+    from trainer.core import Trainer
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # each run builds its own Accelerator
+    try:
+        return Trainer(parse_args(task, argv)).run()
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def train_losses(out_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(out_dir / "metrics.jsonl", "train")]
+
+
+def val_losses(out_dir: Path) -> list[float]:
+    return [r["val_loss"] for r in read_metrics(out_dir / "metrics.jsonl", "val")]
+
+
+def assert_same_model(ours: Path, reference: Path, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """The final weights of two runs equal (default: at fp32 tolerance)."""
+    mine, theirs = load_file(ours / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert mine.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(mine[name], tensor, rtol=rtol, atol=atol)
+
+
+def free_port() -> int:
+    # Other jobs on the machine may run their own launches: a fixed port (Accelerate's default 29500) could join
+    # them into our process group.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launcher(name: str) -> list[str]:
+    """The README's commands for two CPU processes: torchrun, accelerate with DDP, accelerate with FSDP2."""
+    if name == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    config = {"ddp": "cpu_2proc.yaml", "fsdp": "fsdp_cpu_2proc.yaml"}[name]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
+            "--config_file", str(REPO / "trainer" / "accelerate" / config)]
+
+
+def launch_two_processes(name: str, task: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    script = REPO / "trainer" / ("train_pretrain.py" if task == "pretrain" else "train_full_sft.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([*launcher(name), str(script), *argv], capture_output=True, text=True, timeout=900,
+                          env=env, cwd=cwd)
+
+
+def node_launcher(name: str, node_rank: int, master_addr: str, port: int) -> list[str]:
+    """The README's commands for one node of a 2-node job, one CPU process per node: torchrun, or accelerate with
+    multi_node_cpu.yaml."""
+    if name == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                "--node_rank", str(node_rank), "--master_addr", master_addr, "--master_port", str(port)]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+            str(REPO / "trainer" / "accelerate" / "multi_node_cpu.yaml"), "--machine_rank", str(node_rank),
+            "--main_process_ip", master_addr, "--main_process_port", str(port)]

@@ -1,0 +1,129 @@
+"""Direct Preference Optimization (Rafailov et al. 2023): the DPO loss and its objective for the training core.
+
+For a prompt x with a chosen answer y_c and a rejected one y_r, the policy pi (being trained) and the frozen
+reference model (the starting weights) give summed log-probabilities of each answer's tokens; the implicit
+rewards are r_c = beta * (log pi(y_c|x) - log ref(y_c|x)) and r_r likewise, and the loss is
+
+    -log sigmoid(r_c - r_r) = -log sigmoid(beta * ((pi_c - pi_r) - (ref_c - ref_r)))
+
+averaged over pairs. The answer's tokens are its content and closing <|im_end|> (dataset/dpo_dataset.py, the SFT
+mask rule restricted to the final answer). The reference's log-probabilities are computed once per batch without
+gradients, in the same autocast as the policy's forward, so at the first step r_c = r_r = 0 and the loss is log 2.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from model.model import shift_labels
+
+STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward")
+
+
+def sequence_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per row, the sum of log p(label[t + 1] | tokens up to t) over the labelled targets (-100: not counted), in
+    fp32: the log-probability of a row's labelled tokens given what precedes them."""
+    targets = shift_labels(labels)
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100,
+                          reduction="none")
+    return -nll.view(targets.shape).sum(dim=-1)
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
+             reference_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-pair DPO losses, chosen rewards, rejected rewards) from per-pair summed log-probabilities; the rewards
+    are detached (they are reported, not trained on)."""
+    chosen_rewards = beta * (policy_chosen - reference_chosen)
+    rejected_rewards = beta * (policy_rejected - reference_rejected)
+    losses = -F.logsigmoid(chosen_rewards - rejected_rewards)
+    return losses, chosen_rewards.detach(), rejected_rewards.detach()
+
+
+def real_pairs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Which pairs of a collated batch (2B rows: B chosen, then B rejected) carry a target: validation shards are
+    padded with target-free samples, which must count nowhere."""
+    pairs = batch["input_ids"].shape[0] // 2
+    return (batch["labels"][:pairs] != -100).any(dim=-1)
+
+
+@dataclass(frozen=True)
+class DPOEval:
+    loss: float              # mean DPO loss over the pairs
+    reward_accuracy: float   # fraction of pairs whose chosen reward exceeds the rejected one
+    reward_margin: float     # mean r_c - r_r
+    chosen_reward: float     # mean r_c
+    rejected_reward: float   # mean r_r
+    pairs: int
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def logged(self) -> dict[str, float]:
+        return {f"val_{name}": value for name, value in self.as_dict().items() if name != "pairs"}
+
+    def describe(self) -> str:
+        return (f"val DPO loss {self.loss:.4f}, reward accuracy {self.reward_accuracy:.1%}, margin "
+                f"{self.reward_margin:.3f} (chosen {self.chosen_reward:.3f}, rejected {self.rejected_reward:.3f})")
+
+
+class DirectPreference:
+    """The DPO objective: its unit is the preference pair. `reference` is the frozen starting model on the
+    training device; `autocast` is the mixed-precision context the policy's forward runs in."""
+
+    stat_names = STAT_NAMES
+    progress_labels = {"reward_accuracy": "acc", "reward_margin": "margin"}
+
+    def __init__(self, reference: torch.nn.Module, beta: float,
+                 autocast: Callable[[], AbstractContextManager]) -> None:
+        self.reference, self.beta, self.autocast = reference.eval().requires_grad_(False), beta, autocast
+
+    def count_items(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return real_pairs(batch).sum()
+
+    def _pair_terms(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]):
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
+        policy = sequence_log_probs(model(**inputs).logits, batch["labels"])
+        with torch.no_grad(), self.autocast():
+            reference = sequence_log_probs(self.reference(**inputs).logits, batch["labels"])
+        pairs = policy.shape[0] // 2
+        losses, chosen, rejected = dpo_loss(policy[:pairs], policy[pairs:], reference[:pairs], reference[pairs:],
+                                            self.beta)
+        return losses, chosen, rejected, real_pairs(batch)
+
+    @staticmethod
+    def _stat_sums(chosen: torch.Tensor, rejected: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        real = real.float()
+        return torch.stack([((chosen > rejected).float() * real).sum(), ((chosen - rejected) * real).sum(),
+                            (chosen * real).sum(), (rejected * real).sum()])
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+             num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        losses, chosen, rejected, real = self._pair_terms(model, batch)
+        return (losses * real).sum() / num_items, self._stat_sums(chosen, rejected, real)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator,
+                 token_bytes: torch.Tensor | None = None, max_batches: int = 0) -> DPOEval:
+        was_training = model.training
+        model.eval()
+        totals = torch.zeros(2 + len(STAT_NAMES), dtype=torch.float64, device=accelerator.device)  # loss, pairs
+        for index, batch in enumerate(loader):
+            if max_batches and index >= max_batches:
+                break
+            batch = {key: value.to(accelerator.device) for key, value in batch.items()}
+            losses, chosen, rejected, real = self._pair_terms(model, batch)
+            totals[0] += (losses * real).sum().double()
+            totals[1] += real.sum()
+            totals[2:] += self._stat_sums(chosen, rejected, real).double()
+        totals = accelerator.reduce(totals, reduction="sum")
+        model.train(was_training)
+        pairs = int(totals[1])
+        means = (totals / max(pairs, 1)).tolist() if pairs else [float("nan")] * len(totals)
+        return DPOEval(means[0], *means[2:], pairs=pairs)

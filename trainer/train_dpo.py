@@ -1,0 +1,15 @@
+"""DPO preference training of a chat model (defaults: out/sft -> out/dpo on the embedded demonstration pairs).
+
+    python trainer/train_dpo.py --help
+    python trainer/train_dpo.py --data_path dpo.jsonl --beta 0.15
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from the repo root or from trainer/
+
+from trainer.core import main  # noqa: E402
+
+if __name__ == "__main__":
+    main("dpo")

@@ -1,0 +1,15 @@
+"""LoRA fine-tuning of a chat model (defaults: out/sft -> out/lora, a PEFT adapter, on the embedded one-topic set).
+
+    python trainer/train_lora.py --help
+    python trainer/train_lora.py --data_path lora_identity.jsonl --lora_rank 16 --merge
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from the repo root or from trainer/
+
+from trainer.core import main  # noqa: E402
+
+if __name__ == "__main__":
+    main("lora")

@@ -24,7 +24,8 @@ def test_time_to_target_sums_the_steps_up_to_the_first_validation_below_it():
 
 def test_recipes_are_named_flag_sets_that_leave_the_budget_to_the_benchmark():
     assert recipe_flags("baseline", {}) == ()
-    assert recipe_flags("muon", {}) == ("--optimizer", "muon")
+    assert recipe_flags("wsd", {}) == ("--lr_schedule", "wsd")
+    assert "--optimizer" in recipe_flags("previous_default", {})  # the AdamW recipe the default replaced
     custom = parse_custom_recipes(["big=--batch_size 32 --learning_rate 3e-3"])
     assert recipe_flags("big", custom) == ("--batch_size", "32", "--learning_rate", "3e-3")
     with pytest.raises(ValueError, match="unknown recipe 'nope'"):
@@ -41,16 +42,16 @@ def test_two_recipes_end_to_end(train_data, tmp_path, capsys):
     """Tiny model, a 1.5 s budget: both recipes train on the budget, validate; the table and results.json say so."""
     at = TINY.index("--eval_interval")  # the benchmark sets it
     common = TINY[:at] + TINY[at + 2:] + ["--data_path", str(train_data / "pretrain.jsonl"), "--batch_size", "4"]
-    assert main(["--recipes", "baseline,muon", "--budget_s", "1.5", "--target_loss", "100",
+    assert main(["--recipes", "baseline,wsd", "--budget_s", "1.5", "--target_loss", "100",
                  "--eval_interval", "2", "--common_flags", " ".join(common), "--out_dir", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     runs = {run["recipe"]: run for run in results["runs"]}
-    assert set(runs) == {"baseline", "muon"} and all(run["status"] == "finished" for run in runs.values())
+    assert set(runs) == {"baseline", "wsd"} and all(run["status"] == "finished" for run in runs.values())
     for name, run in runs.items():
         assert run["steps"] >= 1 and run["time_to_target_s"] is not None and run["dtype"] == "float32"
         summary = json.loads((tmp_path / f"{name}_seed0" / "run_summary.json").read_text())
         assert yaml.safe_load((tmp_path / f"{name}_seed0" / "train_config.yaml").read_text())["time_budget_s"] == 1.5
         assert run["val_loss"] == summary["final_val"]["loss"]
-    assert yaml.safe_load((tmp_path / "muon_seed0" / "train_config.yaml").read_text())["optimizer"] == "muon"
+    assert yaml.safe_load((tmp_path / "wsd_seed0" / "train_config.yaml").read_text())["lr_schedule"] == "wsd"
     table = capsys.readouterr().out.split("| recipe |")[1]
-    assert "| baseline | the defaults |" in table and "| muon | `--optimizer muon` |" in table
+    assert "| baseline | the defaults |" in table and "| wsd | `--lr_schedule wsd` |" in table

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--num_key_value_heads",
         "2", "--max_seq_len", "32", "--dtype", "float32", "--norm_impl", "eager", "--log_interval", "2",
         "--eval_interval", "4", "--eval_batches", "0", "--warmup_steps", "2", "--learning_rate", "3e-3",
-        "--compile", "off"]
+        "--compile", "off", "--optimizer", "adamw"]
 STEPS = 8
 MUON_FLAGS = ("--optimizer", "muon", "--lr_schedule", "wsd", "--decay_fraction", "0.5")
 SFT_STEPS = 6

@@ -35,7 +35,10 @@ MODEL_FIELDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 # Per-task defaults where they differ from TrainArgs', sized so each default run takes under 10 minutes on
 # 2 CPU cores (see README).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "pretrain": {"max_steps": 200, "warmup_steps": 30},
+    # The recipe found by scripts/sweep_configs/recipe_cpu.yaml and checked at equal time (docs/recipe.md): Muon on
+    # the 2-layer, 320-wide shape, small batches, a short warmup.
+    "pretrain": {"max_steps": 400, "warmup_steps": 10, "optimizer": "muon", "learning_rate": 0.01, "muon_lr": 0.0375,
+                 "batch_size": 8, "preset": "cpu-wide"},
     "sft": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
     "lora": {"max_steps": 120, "learning_rate": 2e-3, "warmup_steps": 10, "weight_decay": 0.0},
     "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0},

@@ -147,11 +147,13 @@ def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
     return f"{prompt} -> {completion.strip()}" if chat else prompt + completion
 
 
-def make_optimizer(model: torch.nn.Module, args: TrainArgs) -> torch.optim.Optimizer:
-    """The optimizer the flags ask for (trainer/optim.py builds it)."""
+def make_optimizer(model: torch.nn.Module, args: TrainArgs, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer the flags ask for (trainer/optim.py builds it). An fp32 run on a CPU orthogonalizes Muon's
+    updates in fp32: `--dtype auto` picks fp32 exactly where the CPU's bf16 products are emulated."""
     return build_optimizer(model, args.learning_rate, args.weight_decay, args.optimizer, muon_lr=args.muon_lr,
                            muon_weight_decay=args.muon_weight_decay, muon_momentum=args.muon_momentum,
-                           muon_adjust_lr=args.muon_adjust_lr)
+                           muon_adjust_lr=args.muon_adjust_lr,
+                           orthogonalize_in_fp32=device.type == "cpu" and args.dtype == "float32")
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, args: TrainArgs,
@@ -226,7 +228,7 @@ class Trainer:
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         check_optimizer_supported(self.accelerator, args.optimizer)
-        self.optimizer = make_optimizer(self.model, args)
+        self.optimizer = make_optimizer(self.model, args, self.accelerator.device)
         (self.model, self.optimizer, self.train_loader) = self.accelerator.prepare(
             self.model, self.optimizer, self.data.train_loader)
         self.unwrapped = self.accelerator.unwrap_model(self.model)

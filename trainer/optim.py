@@ -6,11 +6,17 @@ projections) with the Newton-Schulz-orthogonalized momentum, and AdamW updates e
 embedding, the LM head (tied to it or not), norms and biases, each side with its own learning rate. Both live in
 one optimizer object (`MuonWithAdamW`) whose param groups say which rule updates them, so Accelerate's prepare,
 the LR scheduler, gradient clipping and checkpoints (save_state / load_state) see a single ordinary optimizer.
+
+torch's Muon orthogonalizes in bf16. On a CPU without AVX512-BF16 or AMX a bf16 matrix product is emulated
+(~30-200x slower than fp32), so a run that trains in fp32 on a CPU (what `--dtype auto` picks there) orthogonalizes
+in fp32 instead: the same quintic Newton-Schulz iteration, `newton_schulz_fp32`, put in place of torch's for the
+duration of Muon's step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from enum import StrEnum
 from typing import Any
 
@@ -68,6 +74,34 @@ def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]
     return muon, adamw
 
 
+def newton_schulz_fp32(matrix: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int,
+                       eps: float) -> torch.Tensor:
+    """Muon's orthogonalization in fp32 (torch's runs it in bf16; same signature): X = M / ||M||_F in the wide
+    orientation, then `ns_steps` times X <- a X + (b A + c A^2) X with A = X X^T."""
+    a, b, c = ns_coefficients
+    x = matrix.float()
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+@contextmanager
+def _orthogonalize_in_fp32() -> Iterator[None]:
+    from torch.optim import _muon  # torch's Muon looks its Newton-Schulz function up in this module per call
+
+    original = _muon._zeropower_via_newtonschulz
+    _muon._zeropower_via_newtonschulz = newton_schulz_fp32
+    try:
+        yield
+    finally:
+        _muon._zeropower_via_newtonschulz = original
+
+
 class MuonWithAdamW(torch.optim.Optimizer):
     """One optimizer with two update rules: each param group carries `"update": "muon"` or `"adamw"` and its own
     hyperparameters (lr included). `step()` hands each rule's groups to a torch.optim.Muon or AdamW that shares
@@ -75,7 +109,8 @@ class MuonWithAdamW(torch.optim.Optimizer):
     load_state_dict work on this object as on any torch optimizer."""
 
     def __init__(self, muon_params: list[nn.Parameter], adamw_groups: list[dict[str, Any]], *, muon_lr: float,
-                 muon_weight_decay: float, muon_momentum: float, muon_adjust_lr: str, adamw_lr: float) -> None:
+                 muon_weight_decay: float, muon_momentum: float, muon_adjust_lr: str, adamw_lr: float,
+                 orthogonalize_in_fp32: bool = False) -> None:
         rules: dict[str, torch.optim.Optimizer] = {  # AdamW's groups first: group 0's lr is --learning_rate's
             "adamw": torch.optim.AdamW(adamw_groups, lr=adamw_lr, betas=ADAMW_BETAS, eps=ADAMW_EPS),
             "muon": torch.optim.Muon(muon_params, lr=muon_lr, weight_decay=muon_weight_decay, momentum=muon_momentum,
@@ -88,6 +123,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
                 groups.append(group)
         super().__init__(groups, defaults={})
         self._rules = rules
+        self.orthogonalize_in_fp32 = orthogonalize_in_fp32
 
     def _sync_rules(self) -> None:
         # load_state_dict replaces the group dicts and the state: hand the current ones to the inner optimizers.
@@ -102,8 +138,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._sync_rules()
-        for inner in self._rules.values():
-            inner.step()
+        self._rules["adamw"].step()
+        with _orthogonalize_in_fp32() if self.orthogonalize_in_fp32 else nullcontext():
+            self._rules["muon"].step()
         return loss
 
 
@@ -118,8 +155,9 @@ def scheduled_lrs(optimizer: torch.optim.Optimizer) -> dict[str, float]:
 
 def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float, optimizer: str = "adamw",
                     muon_lr: float = 0.02, muon_weight_decay: float = 0.01, muon_momentum: float = 0.95,
-                    muon_adjust_lr: str = "original") -> torch.optim.Optimizer:
-    """The run's optimizer. `learning_rate` and `weight_decay` are AdamW's; the muon_* values are Muon's."""
+                    muon_adjust_lr: str = "original", orthogonalize_in_fp32: bool = False) -> torch.optim.Optimizer:
+    """The run's optimizer. `learning_rate` and `weight_decay` are AdamW's; the muon_* values are Muon's;
+    `orthogonalize_in_fp32`: Muon's Newton-Schulz iteration in fp32 rather than torch's bf16."""
     if OptimizerName(optimizer) is OptimizerName.ADAMW:
         return torch.optim.AdamW(decay_groups(model, weight_decay), lr=learning_rate, betas=ADAMW_BETAS,
                                  eps=ADAMW_EPS)
@@ -130,4 +168,4 @@ def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
     adamw_groups = [g for g in decay_groups(model, weight_decay, adamw_params) if g["params"]]
     return MuonWithAdamW(muon_params, adamw_groups, muon_lr=muon_lr, muon_weight_decay=muon_weight_decay,
                          muon_momentum=muon_momentum, muon_adjust_lr=MuonAdjustLR(muon_adjust_lr).value,
-                         adamw_lr=learning_rate)
+                         adamw_lr=learning_rate, orthogonalize_in_fp32=orthogonalize_in_fp32)

@@ -86,7 +86,7 @@ def make_trainer(preset: str, dtype: str, norm_type: str, batch_size: int, seq_l
 def swap_in_llama(trainer: Trainer) -> None:
     """Put a LlamaForCausalLM of the same shape into the trainer's step."""
     llama = LlamaForCausalLM(to_llama_config(trainer.unwrapped.config))
-    optimizer = make_optimizer(llama, trainer.args)
+    optimizer = make_optimizer(llama, trainer.args, trainer.accelerator.device)
     scheduler = make_scheduler(optimizer, trainer.args, trainer.total_steps)  # the same schedule, Llama's optimizer
     trainer.model, trainer.optimizer, trainer.scheduler = trainer.accelerator.prepare(llama, optimizer, scheduler)
 

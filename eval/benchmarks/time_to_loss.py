@@ -16,8 +16,8 @@ start-up are not in it.
 The recipes run one after the other in one invocation, so they share the machine's state (load, caches, clock);
 with several --seeds they are interleaved per seed, and the table shows medians with the range over seeds.
 
-    python eval/benchmarks/time_to_loss.py                                   # baseline vs muon, 240 s each
-    python eval/benchmarks/time_to_loss.py --budget_s 600 --target_loss 5.6 --seeds 0,1,2
+    python eval/benchmarks/time_to_loss.py                     # previous_default vs baseline, 100 s each
+    python eval/benchmarks/time_to_loss.py --budget_s 300 --target_loss 5.0 --seeds 0,1,2 --recipes baseline,wsd
     python eval/benchmarks/time_to_loss.py --recipes baseline,big_batch \\
         --recipe "big_batch=--batch_size 32 --learning_rate 3e-3"
 """
@@ -48,12 +48,14 @@ from trainer.args import parse_args  # noqa: E402
 from trainer.core import RunSummary, Trainer, TrainingDiverged  # noqa: E402
 from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
 
-# Named recipes: trainer flags on top of the defaults. `baseline` is the default pretraining run's recipe.
+# Named recipes: trainer flags on top of the defaults. `baseline` is the default pretraining run's recipe;
+# `previous_default` the AdamW recipe it replaced (docs/recipe.md).
 RECIPES: dict[str, tuple[str, ...]] = {
     "baseline": (),
-    "muon": ("--optimizer", "muon"),
+    "previous_default": ("--preset", "cpu-default", "--optimizer", "adamw", "--learning_rate", "2e-3",
+                         "--batch_size", "16", "--warmup_steps", "30"),
     "wsd": ("--lr_schedule", "wsd"),
-    "muon_wsd": ("--optimizer", "muon", "--lr_schedule", "wsd"),
+    "compiled": ("--compile", "on"),
 }
 # Flags the benchmark sets itself: a recipe that sets them would fight the budget or the measurement.
 OWN_FLAGS = ("--max_steps", "--time_budget_s", "--epochs", "--out_dir", "--seed", "--eval_interval",
@@ -192,11 +194,13 @@ def machine_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipes", default="baseline,muon", help=f"comma-separated; built in: {', '.join(RECIPES)}")
+    parser.add_argument("--recipes", default="previous_default,baseline",
+                        help=f"comma-separated; built in: {', '.join(RECIPES)}")
     parser.add_argument("--recipe", action="append", default=[], metavar="NAME=FLAGS",
                         help="define a recipe, e.g. 'big=--batch_size 32 --learning_rate 3e-3' (repeatable)")
-    parser.add_argument("--budget_s", type=float, default=240.0, help="training seconds per run")
-    parser.add_argument("--target_loss", type=float, default=5.6, help="the val loss whose time to reach is timed")
+    parser.add_argument("--budget_s", type=float, default=100.0, help="training seconds per run")
+    parser.add_argument("--target_loss", type=float, default=5.43,
+                        help="the val loss whose time to reach is timed (default: the previous default run's)")
     parser.add_argument("--seeds", default="0", help="comma-separated; recipes are interleaved per seed")
     parser.add_argument("--common_flags", default="", help="trainer flags added to every recipe (data, model)")
     parser.add_argument("--eval_interval", type=int, default=25,

@@ -1,9 +1,10 @@
 """The norms' speed inside a training step: RMSNorm vs LayerNorm (and pRMSNorm), with the fast norm paths.
 
 For each norm type, the study's model (docs/study.md: 8 layers, hidden 128, pre-LN by default) takes full
-training steps (forward, backward, clipping, AdamW) on token batches of the study's shape, with `norm_impl auto`
-(on CPU the compiled RMSNorm; LayerNorm is torch's native kernel). Two measurements, both interleaved round by
-round across the norm types, so that a change of the machine's load hits every variant alike:
+training steps (forward, backward, clipping, AdamW; `--dtype auto` as the trainer picks it) on token batches of
+the study's shape, with `norm_impl auto` (on CPU the compiled RMSNorm; LayerNorm is torch's native kernel). Two
+measurements, both interleaved round by round across the norm types, so that a change of the machine's load hits
+every variant alike:
 
   - step time: unprofiled steps, the median over rounds;
   - the norms' share of the step, profiled: torch.profiler records a few steps with every norm module's forward
@@ -36,6 +37,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
+from trainer.args import resolve_dtype  # noqa: E402
 
 # The study's model (scripts/sweep_configs/study_norms.yaml) and batch.
 STUDY_SHAPE = dict(hidden_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
@@ -49,6 +51,7 @@ class Variant:
     name: str
     model: MiniNormForCausalLM
     optimizer: torch.optim.Optimizer
+    dtype: torch.dtype
     step_times: list[float]
     shares: list[tuple[float, float, float]]  # per profiled round: (norm forward, norm backward, step) seconds
 
@@ -89,7 +92,8 @@ def batches(vocab_size: int, batch_size: int, seq_len: int, seed: int):
 
 def train_step(variant: Variant, input_ids: torch.Tensor) -> float:
     started = time.perf_counter()
-    loss = variant.model(input_ids=input_ids, labels=input_ids).loss
+    with torch.autocast("cpu", dtype=variant.dtype, enabled=variant.dtype != torch.float32):
+        loss = variant.model(input_ids=input_ids, labels=input_ids).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(variant.model.parameters(), 1.0)
     variant.optimizer.step()
@@ -116,7 +120,7 @@ def build(norm_type: str, placement: str, args: argparse.Namespace) -> Variant:
     if mark_norms(model) == 0:
         raise ValueError(f"norm_type {norm_type}: no norm modules to profile")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return Variant(norm_type, model, optimizer, [], [])
+    return Variant(norm_type, model, optimizer, getattr(torch, args.dtype), [], [])
 
 
 def machine_line() -> str:
@@ -158,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile_steps", type=int, default=3, help="profiled steps per variant per round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first (compiles)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="autocast precision; auto: as the trainer picks it on this CPU (bf16 where it is fast)")
     args = parser.parse_args(argv)
+    args.dtype = resolve_dtype(args.dtype)
     torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.norms.split(",") if n.strip()]
     try:
@@ -168,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     inputs = batches(variants[0].model.config.vocab_size, args.batch_size, args.seq_len, seed=0)
     impl = resolve_norm_impl("auto", torch.device("cpu")).value
     header = (f"{machine_line()}; load average {os.getloadavg()[0]:.2f} at start; "
-              f"placement {args.placement}, norm_impl auto ({impl} for RMSNorm on CPU), fp32, batch "
+              f"placement {args.placement}, norm_impl auto ({impl} for RMSNorm on CPU), {args.dtype}, batch "
               f"{args.batch_size} x {args.seq_len}, {args.rounds} interleaved rounds of {args.steps} timed + "
               f"{args.profile_steps} profiled steps per variant")
     print(header, flush=True)

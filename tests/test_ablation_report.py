@@ -152,3 +152,114 @@ def test_plots_are_written_and_linked(report):
 def test_cli(tmp_path, capsys):
     assert main([str(tmp_path / "nowhere")]) == 2
     assert "sweep_state.json" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- several parts, lr x warmup, gradients
+def _write_sweep(root: Path, name: str, swept: dict[str, list], fixed: dict, loss, grads=None) -> Path:
+    """A finished grid sweep folder: every combination of `swept`, final loss `loss(params)`, and (when `grads` is
+    given) diagnostics records: every block's gradient norm 1 at step 5, `grads(params)` at step 10."""
+    import itertools
+    sweep_dir = root / name
+    config = {"name": name, "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
+              "parameters": {**{k: {"values": v} for k, v in swept.items()},
+                             **{k: {"value": v} for k, v in fixed.items()}}}
+    trials = []
+    for values in itertools.product(*swept.values()):
+        params = {**fixed, **dict(zip(swept, values))}
+        trial_id = "_".join(f"{k}-{v}" for k, v in zip(swept, values))
+        trial_dir = sweep_dir / "trials" / trial_id
+        trial_dir.mkdir(parents=True)
+        final = loss(params)
+        lines = [{"step": s, "split": "val", "val_loss": final + 1.0 / s} for s in (5, 10)]
+        if grads is not None:
+            lines += [{"step": s, "split": "diag", **{f"diag/grad_norm/layer_{i:02d}": g if s == 10 else 1.0
+                                                      for i, g in enumerate(grads(params))}} for s in (5, 10)]
+        (trial_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        (trial_dir / "run_summary.json").write_text(json.dumps({"status": "finished", "final_val": {"loss": final}}))
+        trials.append({"trial_id": trial_id, "params": params, "status": "finished", "metric": final})
+    (sweep_dir / "sweep_state.json").write_text(json.dumps({"name": name, "config": config, "trials": trials}))
+    (sweep_dir / "results.jsonl").write_text("".join(
+        json.dumps({"trial_id": t["trial_id"], "params": t["params"], "status": "finished",
+                    "trial_dir": f"trials/{t['trial_id']}"}) + "\n" for t in trials))
+    return sweep_dir
+
+
+def _study_loss(p: dict) -> float:
+    return (5.0 + 0.1 * (p["norm_type"] == "layernorm") + (1.0 if p["norm_placement"] == "post" else 0.0)
+            * (1 + 100 * p["learning_rate"] * (p["warmup_steps"] == 0)) + 0.01 * p["seed"])
+
+
+def _study_grads(p: dict) -> list[float]:
+    decay = 10.0 if p["norm_placement"] == "post" else 1.5  # per block, toward the input
+    return [decay ** -(3 - i) * (1 + p["seed"]) for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def two_parts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parts")
+    fixed = {"max_steps": 10}
+    norms = _write_sweep(root, "norms", {"norm_type": ["rmsnorm", "layernorm"], "norm_placement": ["pre", "post"],
+                                         "seed": [0, 1]},
+                         {**fixed, "learning_rate": 0.003, "warmup_steps": 8}, _study_loss, _study_grads)
+    warmup = _write_sweep(root, "warmup", {"norm_placement": ["post", "pre"], "learning_rate": [0.001, 0.003, 0.01],
+                                           "warmup_steps": [0, 8], "seed": [0, 1]},
+                          {**fixed, "norm_type": "layernorm"}, _study_loss, _study_grads)
+    path = write_report([norms, warmup], root / "report")
+    return path, json.loads((path.parent / "report.json").read_text())
+
+
+def test_several_parts_get_a_section_each_and_prefixed_plots(two_parts):
+    path, data = two_parts
+    markdown = path.read_text()
+    assert data["sweeps"] == ["norms", "warmup"]
+    assert markdown.index("## Part `norms`") < markdown.index("## Part `warmup`")
+    assert data["counts"]["finished"] == 8 + 24
+    parts = [row["part"] for row in data["variants"]]
+    assert parts == ["norms"] * 4 + ["warmup"] * 12
+    assert {"norms_val_curves.png", "norms_grad_profile.png", "warmup_val_curves.png", "warmup_lr_warmup.png",
+            "warmup_grad_profile.png"} <= set(data["plots"])
+    for name in data["plots"]:
+        assert (path.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({name})" in markdown
+    # The bars need pre/post x warmup with nothing else varying: not drawn for the learning-rate grid.
+    assert "warmup_pre_post_warmup.png" not in data["plots"]
+    row = next(r for r in data["variants"] if r["part"] == "warmup" and r["params"] ==
+               {"norm_placement": "post", "learning_rate": 0.01, "warmup_steps": 0})
+    expected = [_study_loss({"norm_type": "layernorm", "norm_placement": "post", "learning_rate": 0.01,
+                             "warmup_steps": 0, "seed": s}) for s in (0, 1)]
+    assert row["val_loss_mean"] == pytest.approx(statistics.fmean(expected), abs=1e-12)
+    assert row["val_loss_std"] == pytest.approx(statistics.stdev(expected), abs=1e-12)
+
+
+def test_trials_run_in_two_parts_are_checked_for_equal_losses(two_parts):
+    path, data = two_parts
+    # layernorm x {pre, post} x lr 0.003 x warmup 8 x 2 seeds are in both grids.
+    assert len(data["duplicates"]) == 4
+    assert {d["params"]["norm_placement"] for d in data["duplicates"]} == {"pre", "post"}
+    assert all(d["parts"] == ["norms", "warmup"] and d["abs_diff"] == 0 for d in data["duplicates"])
+    assert "4 trials ran in two parts with identical parameters" in path.read_text()
+
+
+def test_changed_duplicate_is_reported(tmp_path):
+    fixed = {"learning_rate": 0.003, "warmup_steps": 8, "norm_placement": "pre"}
+    first = _write_sweep(tmp_path, "a", {"norm_type": ["rmsnorm"], "seed": [0]}, fixed, lambda p: 5.0)
+    second = _write_sweep(tmp_path, "b", {"norm_type": ["rmsnorm"], "seed": [0]}, fixed, lambda p: 5.25)
+    path = write_report([first, second], tmp_path / "report")
+    data = json.loads((path.parent / "report.json").read_text())
+    assert [d["abs_diff"] for d in data["duplicates"]] == [0.25]
+    assert "differ by at most 0.25" in path.read_text() and "**no**" in path.read_text()
+
+
+def test_gradient_ratio_is_first_over_last_block_at_the_last_diagnostics_step(two_parts):
+    path, data = two_parts
+    for row in data["variants"]:
+        # Per seed: (decay^-3 * (1 + seed)) / (1 + seed) = decay^-3 at step 10 (step 5's flat profile is older).
+        decay = 10.0 if row["params"]["norm_placement"] == "post" else 1.5
+        assert row["grad_in_out"] == pytest.approx(decay ** -3, rel=1e-12)
+    line = next(r for r in path.read_text().splitlines() if r.startswith("| layernorm | post |"))
+    assert "| 0.001 |" in line  # 10^-3 printed with 2 significant digits
+
+
+def test_same_sweep_name_twice_is_an_error(two_parts, tmp_path):
+    path, _ = two_parts
+    norms = path.parent.parent / "norms"
+    assert main([str(norms), str(norms), "--out", str(tmp_path)]) == 2

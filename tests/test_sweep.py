@@ -346,3 +346,20 @@ def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
         assert f"{summary['final_val']['loss']:.4f}" in markdown
         assert f"{summary['median_step_time_s'] * 1000:.1f}" in markdown
     assert (tmp_path / "report" / "val_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+    # --unigram: the baseline of the trials' own data (their data files, tokenizer and max_seq_len 32).
+    from torch.utils.data import DataLoader
+
+    from dataset.pretrain_dataset import PretrainDataset
+    from dataset.tokenization import load_tokenizer
+    from trainer.evaluation import unigram_eval
+    tokenizer = load_tokenizer()
+    train, val = (PretrainDataset(tmp_path / "data" / f"{split}.jsonl", tokenizer, 32) for split in ("train", "val"))
+    expected = unigram_eval(DataLoader(train, batch_size=5), DataLoader(val, batch_size=3), len(tokenizer))
+    report = write_report(sweep_dir, tmp_path / "report_unigram", unigram=True)
+    data = json.loads((tmp_path / "report_unigram" / "report.json").read_text())
+    assert data["unigram"]["tiny"]["loss"] == pytest.approx(expected.loss, rel=1e-12)
+    assert data["unigram"]["tiny"]["tokens"] == expected.tokens and data["unigram"]["tiny"]["max_seq_len"] == 32
+    for row in data["variants"]:
+        assert row["vs_unigram"] == pytest.approx(row["val_loss_mean"] - expected.loss, abs=1e-12)
+    assert f"Unigram baseline: **{expected.loss:.4f}** nats" in report.read_text()

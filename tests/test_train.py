@@ -11,13 +11,14 @@ import sys
 
 import pytest
 import torch
+import yaml
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, run_in_process, sft_argv, train_losses,
                                  val_losses, write_jsonl)
-from trainer.args import parse_args
+from trainer.args import args_from_run_config, build_model_config, parse_args
 from trainer.core import Trainer, TrainingDiverged
 from trainer.run_dir import read_metrics
 
@@ -269,3 +270,16 @@ INF, NAN = float("inf"), float("nan")
 def test_step_outcome_tells_an_fp16_overflow_from_divergence(loss, grad_norm, scaler_skipped, expected):
     from trainer.core import step_outcome
     assert step_outcome(loss, grad_norm, scaler_skipped) == expected
+
+
+def test_run_config_gives_back_the_run_args(train_data, reference_run):
+    """train_config.yaml, as the trainer wrote it, rebuilds the run's arguments and its model config."""
+    recorded = yaml.safe_load((reference_run / "train_config.yaml").read_text())
+    args = args_from_run_config(recorded)
+    expected = parse_args("pretrain", pretrain_argv(train_data, reference_run, "--batch_size", "4"))
+    assert {k: v for k, v in args.to_dict().items() if k not in ("model", "out_dir")} == \
+        {k: v for k, v in expected.to_dict().items() if k not in ("model", "out_dir")}
+    assert args.resolved_out_dir() == expected.resolved_out_dir()
+    assert build_model_config(args, 6400).to_dict() == build_model_config(expected, 6400).to_dict()
+    with pytest.raises(ValueError, match="unknown key 'hidden'"):
+        args_from_run_config({**recorded, "hidden": 3})

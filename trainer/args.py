@@ -271,6 +271,17 @@ def parse_args(task: str, argv: Sequence[str] | None = None) -> TrainArgs:
     return args
 
 
+def args_from_run_config(config: dict[str, Any]) -> TrainArgs:
+    """The TrainArgs a run directory's train_config.yaml records (the trainer's effective config, with the model
+    fields flat beside the flags), e.g. to rebuild a finished run's data exactly."""
+    names = {f.name for f in dataclasses.fields(TrainArgs)} - {"model"}
+    unknown = sorted(set(config) - names - set(MODEL_FIELDS))
+    if unknown:
+        raise ValueError(f"run config: unknown key {unknown[0]!r}; expected the trainer's flags")
+    return TrainArgs(**{k: v for k, v in config.items() if k in names},
+                     model={k: v for k, v in config.items() if k in MODEL_FIELDS and v is not None})
+
+
 def build_model_config(args: TrainArgs, vocab_size: int | None = None) -> MiniNormConfig:
     """The model config a fresh pretraining run uses: the preset, then the flag overrides."""
     overrides = dict(args.model)

@@ -1,9 +1,11 @@
 """Language-model evaluation shared by the trainer's validation and eval/evaluate.py: token-weighted mean loss,
-perplexity and bits per byte over a dataloader. The loss is the training loss itself (model.model.causal_lm_loss)."""
+perplexity and bits per byte over a dataloader. The loss is the training loss itself (model.model.causal_lm_loss).
+Also the unigram baseline: the same numbers for a model that knows only the training split's token frequencies."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -68,6 +70,35 @@ def evaluate_lm(model: torch.nn.Module, dataloader, accelerator: Accelerator,
     totals = accelerator.reduce(totals, reduction="sum")
     model.train(was_training)
     nats, tokens, num_bytes = totals.tolist()
+    loss = nats / tokens if tokens else float("nan")
+    return LMEval(loss=loss, perplexity=math.exp(min(loss, 700.0)),
+                  bits_per_byte=nats / math.log(2) / num_bytes if num_bytes else float("nan"),
+                  tokens=int(tokens), bytes=int(num_bytes))
+
+
+def _targets(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The supervised next-token targets of a batch, flat: what causal_lm_loss scores."""
+    targets = shift_labels(batch["labels"]).reshape(-1)
+    return targets[targets != -100]
+
+
+def unigram_eval(train_batches: Iterable[dict[str, torch.Tensor]], val_batches: Iterable[dict[str, torch.Tensor]],
+                 vocab_size: int, token_bytes: torch.Tensor | None = None) -> LMEval:
+    """The unigram baseline: the loss of a model that predicts every token from the training split's token
+    frequencies alone, ignoring the context (add-one smoothed: p(t) = (count(t) + 1) / (N + V) over the training
+    targets). Scored like evaluate_lm, token-weighted over the validation targets; a language model that has not
+    got below this has learned nothing but token frequencies."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for batch in train_batches:
+        counts += torch.bincount(_targets(batch), minlength=vocab_size)[:vocab_size].double()
+    log_probs = torch.log(counts + 1) - math.log(float(counts.sum()) + vocab_size)
+    nats = tokens = num_bytes = 0.0
+    for batch in val_batches:
+        targets = _targets(batch)
+        nats -= float(log_probs[targets].sum())
+        tokens += targets.numel()
+        if token_bytes is not None:
+            num_bytes += float(token_bytes[targets].sum())
     loss = nats / tokens if tokens else float("nan")
     return LMEval(loss=loss, perplexity=math.exp(min(loss, 700.0)),
                   bits_per_byte=nats / math.log(2) / num_bytes if num_bytes else float("nan"),

@@ -1,0 +1,32 @@
+"""eval/studies/norm_share.py: every norm module is marked, both ways, and the profiled time inside the norms is a
+real, positive part of the step; a model without norms is refused."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from eval.studies.norm_share import Variant, build, mark_norms, profiled_steps
+from model import MiniNormConfig, MiniNormForCausalLM
+
+TINY = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=64, norm_impl="eager")
+
+
+@pytest.mark.parametrize("placement, norms", [("pre", 2 * 2 + 1), ("sandwich", 4 * 2 + 1)])
+def test_every_norm_is_marked_and_its_time_is_part_of_the_step(placement, norms):
+    torch.manual_seed(0)
+    model = MiniNormForCausalLM(MiniNormConfig(**TINY, norm_placement=placement)).train()
+    assert mark_norms(model) == norms  # the blocks' norms and the final norm
+    variant = Variant("rmsnorm", model, torch.optim.AdamW(model.parameters()), torch.float32, [], [])
+    batches = iter([torch.randint(0, 64, (2, 16)) for _ in range(2)])
+    forward, backward, step = profiled_steps(variant, batches, 2)
+    assert forward > 0 and backward > 0 and forward + backward < step
+
+
+def test_a_model_without_norms_is_refused():
+    args = argparse.Namespace(prms_p=0.0625)
+    with pytest.raises(ValueError, match="no norm modules"):
+        build("none", "pre", args)

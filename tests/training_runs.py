@@ -23,7 +23,7 @@ TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_head
         "--eval_interval", "4", "--eval_batches", "0", "--warmup_steps", "2", "--learning_rate", "3e-3",
         "--compile", "off", "--optimizer", "adamw"]
 STEPS = 8
-MUON_FLAGS = ("--optimizer", "muon", "--lr_schedule", "wsd", "--decay_fraction", "0.5")
+MUON_FLAGS = ("--optimizer", "muon", "--muon_lr", "0.02", "--lr_schedule", "wsd", "--decay_fraction", "0.5")
 SFT_STEPS = 6
 WORDS = ("the quick brown fox jumps over a lazy dog while birds sing in tall green trees near the river and "
          "children play").split()

@@ -107,3 +107,14 @@ def test_fsdp2_with_muon_matches_one_process(train_data, muon_reference_run, tmp
     assert train_losses(out_dir) == pytest.approx(train_losses(muon_reference_run), rel=1e-4)
     assert val_losses(out_dir) == pytest.approx(val_losses(muon_reference_run), rel=1e-4)
     assert_same_model(out_dir, muon_reference_run, rtol=0, atol=1e-2)
+
+
+def test_time_budget_under_torchrun_stops_every_process_at_the_main_ones_length(train_data, tmp_path):
+    """Each process times its own steps; if each fixed its own length, one would wait forever in a collective the
+    other never joins. The main process decides, the others follow: the run ends, on the length it printed."""
+    out_dir = tmp_path / "budget"
+    argv = pretrain_argv(train_data, out_dir, "--batch_size", "2", "--time_budget_s", "2", "--save_interval", "1000")
+    result = launch_two_processes("torchrun", "pretrain", argv, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    decided = int((result.stdout + result.stderr).split("--time_budget_s 2: ")[1].split()[0])
+    assert [r["step"] for r in read_metrics(out_dir, "train")][-1] == decided

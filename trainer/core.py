@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import torch
 import yaml
-from accelerate.utils import set_seed
+from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
 
 from dataset.atomic_io import atomic_write_text
@@ -504,7 +504,13 @@ class Trainer:
         return self._finish(step, tokens_seen, step_times, step_token_counts)
 
     def _fix_budget_length(self, step: int, step_times: list[float], progress) -> None:
+        if self.budget.fixed:
+            return
         length = self.budget.length_after(step, step_times, self.train_time_before_s)
+        if self.world > 1:
+            # Collective, on every step until the length is fixed: all processes stop where the main one decided.
+            length = broadcast_object_list([length])[0]
+            self.budget.fixed = length is not None
         if length is None:
             return
         self.total_steps = length

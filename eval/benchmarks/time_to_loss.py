@@ -31,11 +31,9 @@ if __package__ in (None, ""):  # run as a script, from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
@@ -47,6 +45,7 @@ from dataset.atomic_io import atomic_write_text  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import RunSummary, Trainer, TrainingDiverged  # noqa: E402
 from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
 
 # Named recipes: trainer flags on top of the defaults. `baseline` is the default pretraining run's recipe;
 # `previous_default` the AdamW recipe it replaced (docs/recipe.md).
@@ -60,7 +59,6 @@ RECIPES: dict[str, tuple[str, ...]] = {
 # Flags the benchmark sets itself: a recipe that sets them would fight the budget or the measurement.
 OWN_FLAGS = ("--max_steps", "--time_budget_s", "--epochs", "--out_dir", "--seed", "--eval_interval",
              "--save_interval", "--resume")
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 RESULTS_NAME = "results"  # OUT_DIR/results.{json,md}
 
 
@@ -176,20 +174,6 @@ def results_table(results: list[RunResult], recipes: dict[str, tuple[str, ...]],
                  _spread([r.bits_per_byte for r in runs], ".3f"), to_target]
         lines.append(f"| {name} | {_flags_cell(flags)} | {setup} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def machine_line() -> str:
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                 platform.processor() or platform.machine())
-    words = set(cpuinfo.split())
-    flags = ", ".join(f"{flag} {'yes' if flag in words else 'no'}" for flag in CPU_FLAGS)
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()} CPUs"
-    return (f"{model} ({device}; {flags}), torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"{datetime.date.today().isoformat()}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,9 +24,7 @@ if __package__ in (None, ""):  # run as a script, from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -38,12 +36,12 @@ from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
 from trainer.args import resolve_dtype  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
 
 # The study's model (scripts/sweep_configs/study_norms.yaml) and batch.
 STUDY_SHAPE = dict(hidden_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=352, max_position_embeddings=512)
 FORWARD_RANGE, BACKWARD_RANGE = "norm.forward", "norm.backward"
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 @dataclass
@@ -121,19 +119,6 @@ def build(norm_type: str, placement: str, args: argparse.Namespace) -> Variant:
         raise ValueError(f"norm_type {norm_type}: no norm modules to profile")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return Variant(norm_type, model, optimizer, getattr(torch, args.dtype), [], [])
-
-
-def machine_line() -> str:
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                 platform.processor() or platform.machine())
-    words = set(cpuinfo.split())
-    flags = ", ".join(f"{flag} {'yes' if flag in words else 'no'}" for flag in CPU_FLAGS)
-    return (f"{model} ({flags}), torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-            f"{datetime.date.today().isoformat()}")
 
 
 def table(variants: list[Variant], args: argparse.Namespace) -> str:

@@ -19,8 +19,8 @@ from datasets import Features, List, Value
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
+from dataset.building import list_values, map_jsonl, supervised_stats
 from dataset.chat_format import encode_chatml_batch
-from dataset.jsonl import load_jsonl
 from dataset.sft_dataset import IGNORE_INDEX, assistant_labels, chat_pad_token_id, collate_rows
 
 SIDES = ("chosen", "rejected")
@@ -66,32 +66,25 @@ class DPODataset(Dataset):
         cache_dir: str | Path | None = None,
     ) -> None:
         self.pad_token_id = chat_pad_token_id(tokenizer, max_seq_len)
-        raw, scan = load_jsonl(path, "preference", skip_bad_lines, cache_dir)
-        samples = raw.map(
+        mapped = map_jsonl(
+            path,
+            "preference",
             _encode_pairs,
-            batched=True,
-            batch_size=500,
-            num_proc=num_proc,
-            remove_columns=raw.column_names,
+            {"tokenizer": tokenizer, "max_seq_len": max_seq_len},
             features=PAIR_FEATURES,
-            fn_kwargs={"tokenizer": tokenizer, "max_seq_len": max_seq_len},
+            batch_size=500,
             desc="tokenizing preference pairs",
+            num_proc=num_proc,
+            skip_bad_lines=skip_bad_lines,
+            cache_dir=cache_dir,
+            if_empty=f"no preference pair keeps a token of both answers within max_seq_len={max_seq_len}",
         )
-        if len(samples) == 0:
-            raise ValueError(f"{path}: no preference pair keeps a token of both answers within "
-                             f"max_seq_len={max_seq_len}")
-        ids = [chunk.flatten() for side in SIDES for chunk in samples.data.column(f"{side}_input_ids").chunks]
-        labels = [chunk.flatten() for side in SIDES for chunk in samples.data.column(f"{side}_labels").chunks]
-        self.stats = {
-            "pairs": len(raw),
-            "samples": len(samples),
-            "dropped_no_supervision": len(raw) - len(samples),
-            "truncated": int(np.sum(samples.with_format("numpy", columns=["truncated"])[:]["truncated"])),
-            "skipped_lines": scan.skipped_lines,
-            "tokens": int(sum(len(chunk) for chunk in ids)),
-            "supervised_tokens": int(sum(np.sum(np.asarray(chunk) != IGNORE_INDEX) for chunk in labels)),
-        }
-        self._rows = samples.remove_columns("truncated")
+        labels = [chunk.flatten() for side in SIDES for chunk in mapped.rows.data.column(f"{side}_labels").chunks]
+        self.stats = supervised_stats(
+            "pairs", mapped, tokens=list_values(mapped.rows, [f"{side}_input_ids" for side in SIDES]),
+            supervised_tokens=int(sum(np.sum(np.asarray(chunk) != IGNORE_INDEX) for chunk in labels)),
+        )
+        self._rows = mapped.rows.remove_columns("truncated")
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -29,7 +29,7 @@ from datasets import Features, List, Value
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from dataset.jsonl import load_jsonl
+from dataset.building import map_jsonl
 
 TOKEN_FEATURES = Features({"input_ids": List(Value("int32"))})
 
@@ -61,21 +61,23 @@ class PretrainDataset(Dataset):
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token to separate documents with")
         self.max_seq_len = max_seq_len
-        raw, scan = load_jsonl(path, "text", skip_bad_lines, cache_dir)
-        self._tokens = raw.map(
+        mapped = map_jsonl(
+            path,
+            "text",
             _tokenize_documents,
-            batched=True,
-            batch_size=1000,
-            num_proc=num_proc,
-            remove_columns=raw.column_names,
+            {"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id},
             features=TOKEN_FEATURES,
-            fn_kwargs={"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id},
+            batch_size=1000,
             desc="tokenizing documents",
+            num_proc=num_proc,
+            skip_bad_lines=skip_bad_lines,
+            cache_dir=cache_dir,
         )
+        self._tokens = mapped.rows
         self._doc_lengths = np.concatenate(
             [pc.list_value_length(chunk).to_numpy() for chunk in self._tokens.data.column("input_ids").chunks]
         ).astype(np.int64)
-        self._skipped_lines = scan.skipped_lines
+        self._skipped_lines = mapped.skipped_lines
         self._chunks: list[np.ndarray] | None = None
         self._path = path
         self._select(np.arange(len(self._doc_lengths)))

@@ -23,8 +23,8 @@ from datasets import Features, List, Value
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
+from dataset.building import list_values, map_jsonl, supervised_stats
 from dataset.chat_format import ChatEncoding, check_chatml_tokenizer, encode_chatml_batch
-from dataset.jsonl import load_jsonl
 
 IGNORE_INDEX = -100
 SAMPLE_FEATURES = Features(
@@ -114,31 +114,23 @@ class SFTDataset(Dataset):
         cache_dir: str | Path | None = None,
     ) -> None:
         self.pad_token_id = chat_pad_token_id(tokenizer, max_seq_len)
-        raw, scan = load_jsonl(path, "conversations", skip_bad_lines, cache_dir)
-        self._samples = raw.map(
+        mapped = map_jsonl(
+            path,
+            "conversations",
             _encode_conversations,
-            batched=True,
-            batch_size=500,
-            num_proc=num_proc,
-            remove_columns=raw.column_names,
+            {"tokenizer": tokenizer, "max_seq_len": max_seq_len},
             features=SAMPLE_FEATURES,
-            fn_kwargs={"tokenizer": tokenizer, "max_seq_len": max_seq_len},
+            batch_size=500,
             desc="tokenizing conversations",
+            num_proc=num_proc,
+            skip_bad_lines=skip_bad_lines,
+            cache_dir=cache_dir,
+            if_empty=f"no conversation has a supervised token within max_seq_len={max_seq_len}",
         )
-        if len(self._samples) == 0:
-            raise ValueError(f"{path}: no conversation has a supervised token within max_seq_len={max_seq_len}")
-        columns = self._samples.with_format("numpy", columns=["supervised", "truncated"])[:]
-        id_chunks = self._samples.data.column("input_ids").chunks
-        self.stats = {
-            "conversations": len(raw),
-            "samples": len(self._samples),
-            "dropped_no_supervision": len(raw) - len(self._samples),
-            "truncated": int(np.sum(columns["truncated"])),
-            "skipped_lines": scan.skipped_lines,
-            "tokens": int(sum(len(chunk.flatten()) for chunk in id_chunks)),
-            "supervised_tokens": int(np.sum(columns["supervised"])),
-        }
-        self._rows = self._samples.select_columns(["input_ids", "labels"])
+        supervised = mapped.rows.with_format("numpy", columns=["supervised"])[:]["supervised"]
+        self.stats = supervised_stats("conversations", mapped, tokens=list_values(mapped.rows, ["input_ids"]),
+                                      supervised_tokens=int(np.sum(supervised)))
+        self._rows = mapped.rows.select_columns(["input_ids", "labels"])
 
     def __len__(self) -> int:
         return len(self._rows)

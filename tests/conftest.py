@@ -37,7 +37,7 @@ _TINY_TEXTS = ("The history of the city begins with a small fishing village on t
 
 @dataclass(frozen=True)
 class TinyModels:
-    sft: Path             # trained to answer every question with TINY_REPLY and then <|im_end|>
+    sft: Path             # trained to answer every question (first or later turn) with TINY_REPLY, then <|im_end|>
     pretrain: Path        # untrained, Llama-compatible (rmsnorm, pre), task: pretrain
     post_ln: Path         # untrained, norm_placement="post" (not Llama-compatible)
     sft_data: Path        # the SFT jsonl the sft model was trained on
@@ -68,10 +68,19 @@ def _perturbed(model):
     return model.eval()
 
 
+def _write_conversations(path: Path, conversations: list[list[str]]) -> None:
+    """One jsonl line per conversation: each question answered with TINY_REPLY."""
+    lines = [{"conversations": [turn for question in questions
+                                for turn in ({"role": "user", "content": question},
+                                             {"role": "assistant", "content": TINY_REPLY})]}
+             for questions in conversations]
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+
+
 def _save_tiny(model, tokenizer, path: Path, task: str) -> Path:
     import yaml
 
-    from trainer.core import save_model_dir
+    from trainer.export import save_model_dir
     from trainer.run_dir import CONFIG_FILE
 
     save_model_dir(model, tokenizer, path)
@@ -89,13 +98,17 @@ def tiny_models(tmp_path_factory, tokenizer) -> TinyModels:
 
     root = tmp_path_factory.mktemp("tiny_models")
     sft_data, pretrain_data = root / "sft.jsonl", root / "pretrain.jsonl"
-    sft_data.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": q},
-                                                               {"role": "assistant", "content": TINY_REPLY}]},
-                                           ensure_ascii=False) + "\n" for q in _TINY_QUESTIONS), encoding="utf-8")
+    turns = [[q] for q in _TINY_QUESTIONS]
+    # The model also learns two-turn conversations, so that the reply follows a history too (the chat page's and
+    # the server's multi-turn tests); without them the second answer depends on the CPU's rounding. sft_data
+    # stays the one-turn file the evaluation and LoRA tests read.
+    _write_conversations(sft_data, turns)
+    two_turns = [[q, r] for q, r in zip(_TINY_QUESTIONS, _TINY_QUESTIONS[1:])]
+    _write_conversations(root / "sft_train.jsonl", turns + two_turns)
     pretrain_data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in _TINY_TEXTS),
                              encoding="utf-8")
 
-    data = SFTDataset(sft_data, tokenizer, max_seq_len=64, cache_dir=root / "cache")
+    data = SFTDataset(root / "sft_train.jsonl", tokenizer, max_seq_len=64, cache_dir=root / "cache")
     batch = data.collate([data[i] for i in range(len(data))])
     model = _tiny_model(tokenizer, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -152,14 +165,6 @@ def sft_reference_run(train_data, reference_run, tmp_path_factory) -> Path:
 
 
 # ---------------------------------------------------------------- live servers (scripts/serve.py) on free local ports
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_for_health(url: str, process=None, timeout: float = 180) -> None:
     import time
     import urllib.request
@@ -183,6 +188,8 @@ def sft_server(tiny_models):
     """`python scripts/serve.py` itself, serving the tiny SFT model; yields its base URL."""
     import subprocess
     import sys
+
+    from trainer.distributed import free_port
 
     port = free_port()
     process = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "serve.py"),
@@ -211,12 +218,14 @@ def endless_model(tmp_path_factory, tokenizer) -> Path:
 
 
 class ThreadedServer:
-    """The server's app (scripts/serve.py create_app) under uvicorn on a thread of this process."""
+    """The server's app (scripts/server/app.py create_app) under uvicorn on a thread of this process."""
 
     def __init__(self, app) -> None:
         import threading
 
         import uvicorn
+
+        from trainer.distributed import free_port
 
         self.url = f"http://127.0.0.1:{free_port()}"
         port = int(self.url.rsplit(":", 1)[1])
@@ -242,7 +251,8 @@ def threaded_server():
 @pytest.fixture(scope="session")
 def serve_app():
     """scripts/serve.py's app for a model directory: `serve_app(path, max_batch=8, api_key=None)`."""
-    from scripts.serve import create_app, load_served_model
+    from scripts.server.app import create_app
+    from scripts.server.served_model import load_served_model
 
     def make(path: Path, max_batch: int = 8, **kwargs):
         return create_app(load_served_model(path, max_batch=max_batch), **kwargs)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from eval.studies.ablation_report import main, write_report
+from eval.studies.ablation.report import write_report
+from eval.studies.ablation_report import main
 
 CONFIG = {"name": "synthetic", "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
           "parameters": {"norm_type": {"values": ["rmsnorm", "prmsnorm", "none"]},

@@ -20,17 +20,10 @@ from dataset.corpus import _is_current, corpus_paths, dialog_windows, ensure_def
 from dataset.jsonl import scan_jsonl
 from dataset.pretrain_dataset import PretrainDataset
 from dataset.sft_dataset import IGNORE_INDEX, SFTDataset
+from tests.training_runs import write_jsonl
 
 IM_START, IM_END, PAD = 1, 2, 0
 REPO = Path(__file__).resolve().parents[1]
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    """Rows are dicts (dumped as JSON) or raw strings (written verbatim, for malformed lines)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n")
-    return path
 
 
 def expected_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:

@@ -1,6 +1,9 @@
 """The layering rules, read from the source with `ast`: the library (model/, dataset/, trainer/) never imports a
 tool (scripts/, eval/), one tool never imports another tool's module, and no modules import each other in a
-cycle (imports inside functions count: a lazy import is still a dependency). Plus one owner for the run
+cycle (imports inside functions count: a lazy import is still a dependency). A tool is one file of a tool folder,
+or one package there (e.g. scripts/server/): the modules of one package may import each other, and one command
+may own a package (scripts/serve.py runs scripts/server/); a package that two tools import is shared logic, which
+belongs in the library. Plus one owner for the run
 directory's file names and for the rules every tool shares."""
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LIBRARY = ("model", "dataset", "trainer")
 TOOLS = ("scripts", "eval")
+# The folders whose files (or packages) are tools, each its own; the deepest folder that holds a module decides.
+TOOL_FOLDERS = ("scripts", "eval", "eval.benchmarks", "eval.studies")
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -63,6 +68,15 @@ def layer_of(name: str) -> str:
     return "library" if name.split(".")[0] in LIBRARY else "tool"
 
 
+def tool_of(name: str) -> str:
+    """The tool a module belongs to: `eval.studies.report.plots` -> `eval.studies.report`, `scripts.sweep` ->
+    itself, a tool folder's own `__init__` -> the folder."""
+    folder = max((f for f in TOOL_FOLDERS if name.startswith(f + ".")), key=len, default=None)
+    if folder is None:
+        return name
+    return folder + "." + name[len(folder) + 1:].split(".")[0]
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
     index: dict[str, int] = {}
@@ -105,10 +119,25 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
+def _package_owners(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Tool package -> the other tools that import it."""
+    owners: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if layer_of(name) != "tool":
+            continue
+        for target, _ in imports_of(name, path, modules):
+            tool = tool_of(target)
+            if (layer_of(target) == "tool" and tool != tool_of(name) and tool in modules
+                    and modules[tool].name == "__init__.py"):
+                owners.setdefault(tool, set()).add(tool_of(name))
+    return owners
+
+
 def layering_violations(root: Path) -> list[str]:
     """Every broken rule under `root`, one line each, naming the file and line."""
     modules = module_files(root)
     graph: dict[str, set[str]] = {name: set() for name in modules}
+    owners = _package_owners(modules)
     problems = []
     for name, path in modules.items():
         where = path.relative_to(root)
@@ -120,7 +149,8 @@ def layering_violations(root: Path) -> list[str]:
             graph[name] |= {target} | {p for p in parents if p in modules and p not in own_packages and p != name}
             if layer_of(name) == "library" and layer_of(target) == "tool":
                 problems.append(f"{where}:{line}: the library imports the tool {target}")
-            elif layer_of(name) == "tool" and layer_of(target) == "tool":
+            elif (layer_of(name) == "tool" and layer_of(target) == "tool" and tool_of(name) != tool_of(target)
+                  and len(owners.get(tool_of(target), ())) != 1):
                 problems.append(f"{where}:{line}: the tool {name} imports another tool, {target}")
     for component in _cycles(graph):
         problems.append(f"import cycle: {' <-> '.join(component)}")
@@ -141,6 +171,16 @@ def test_the_import_check_catches_each_kind_of_violation(tmp_path) -> None:
         "eval/metrics.py": "score = 1\n",
         "eval/report.py": "from scripts import sweep\nfrom trainer import core\n",  # tool -> tool (and library)
         "scripts/sweep.py": "import trainer.core\n",
+        "scripts/server/__init__.py": "",
+        "scripts/server/app.py": "from scripts.server.protocol import Request\n",  # within one package: fine
+        "scripts/server/protocol.py": "Request = dict\n",
+        "scripts/serve.py": "from scripts.server.app import Request\n",  # the one command that owns it: fine
+        "eval/studies/plots.py": "from eval.studies.report import main\n",  # two tools of one folder
+        "eval/studies/report.py": "main = 1\n",
+        "eval/studies/tables/__init__.py": "",                            # a package two tools import
+        "eval/studies/tables/markdown.py": "",
+        "eval/studies/one.py": "from eval.studies.tables import markdown\n",
+        "eval/studies/two.py": "from eval.studies.tables.markdown import x\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -149,6 +189,9 @@ def test_the_import_check_catches_each_kind_of_violation(tmp_path) -> None:
     assert problems == [
         "trainer/core.py:1: the library imports the tool eval.metrics",
         "eval/report.py:1: the tool eval.report imports another tool, scripts.sweep",
+        "eval/studies/one.py:1: the tool eval.studies.one imports another tool, eval.studies.tables.markdown",
+        "eval/studies/plots.py:1: the tool eval.studies.plots imports another tool, eval.studies.report",
+        "eval/studies/two.py:1: the tool eval.studies.two imports another tool, eval.studies.tables.markdown",
         "import cycle: model.kernels <-> model.norms",
     ]
 
@@ -183,8 +226,15 @@ def test_file_names_are_spelled_out_by_their_owner_only(owner: str, names: tuple
     ("causal_lm_loss", "model/model.py"),          # training and validation loss
     ("dpo_loss", "trainer/dpo.py"),                # the preference loss
     ("assistant_labels", "dataset/sft_dataset.py"),  # which tokens SFT, LoRA and DPO learn from
+    ("map_jsonl", "dataset/building.py"),          # load -> map -> check of every training dataset
+    ("save_model_dir", "trainer/export.py"),       # the model directory every trainer and test writes
+    ("model_flops_utilization", "trainer/flops.py"),  # MFU
+    ("machine_line", "trainer/machine.py"),        # the machine every benchmark and study names
+    ("save_figure", "trainer/figures.py"),         # the tail that saves every study's plots
+    ("free_port", "trainer/distributed.py"),       # launchers, servers and tests ask it for a port
+    ("write_jsonl", "tests/training_runs.py"),     # the tests' jsonl writer
 ])
 def test_shared_rules_are_defined_once(function: str, owner: str) -> None:
-    defined = [str(path.relative_to(REPO)) for path in module_files(REPO).values()
-               if function in _function_names(path)]
+    files = [*module_files(REPO).values(), *sorted((REPO / "tests").rglob("*.py"))]
+    defined = [str(path.relative_to(REPO)) for path in files if function in _function_names(path)]
     assert defined == [owner]

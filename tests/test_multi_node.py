@@ -24,9 +24,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.training_runs import (REPO, assert_same_model, free_port, node_launcher, pretrain_argv,
-                                 train_losses)
+from tests.training_runs import REPO, assert_same_model, node_launcher, pretrain_argv, train_losses
 from trainer.checkpoint import storage_is_shared
+from trainer.distributed import free_port
 from trainer.run_dir import EXIT_ERROR, EXIT_PEER_LOST
 
 # A /30 of our own: it exists only inside the two namespaces (each has its own routing table), so it cannot meet

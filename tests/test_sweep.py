@@ -302,7 +302,7 @@ def _run_cli(config: Path, sweep_dir: Path, *extra: str) -> subprocess.Completed
 
 
 def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
-    from eval.studies.ablation_report import write_report
+    from eval.studies.ablation.report import write_report
     from trainer.run_dir import read_metrics
 
     config, sweep_dir = _tiny_sweep(tmp_path), tmp_path / "sweep"

@@ -246,12 +246,12 @@ def test_resume_survives_a_metrics_line_cut_short_by_a_kill(tmp_path):
     (False, False, False, "float32"),
 ])
 def test_dtype_auto_picks_by_hardware(cuda, cuda_bf16, cpu_fast_bf16, expected, monkeypatch):
-    import trainer.args
+    import trainer.machine
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: cuda_bf16)
-    monkeypatch.setattr(trainer.args, "cpu_has_fast_bf16", lambda: cpu_fast_bf16)
-    assert trainer.args.resolve_dtype("auto") == expected
-    assert trainer.args.resolve_dtype("float32") == "float32"  # an explicit choice is kept
+    monkeypatch.setattr(trainer.machine, "cpu_has_fast_bf16", lambda: cpu_fast_bf16)
+    assert trainer.machine.resolve_dtype("auto") == expected
+    assert trainer.machine.resolve_dtype("float32") == "float32"  # an explicit choice is kept
 
 
 INF, NAN = float("inf"), float("nan")
@@ -268,7 +268,7 @@ INF, NAN = float("inf"), float("nan")
     (INF, INF, True, "diverged"),      # a non-finite loss is divergence under any precision
 ])
 def test_step_outcome_tells_an_fp16_overflow_from_divergence(loss, grad_norm, scaler_skipped, expected):
-    from trainer.core import step_outcome
+    from trainer.step import step_outcome
     assert step_outcome(loss, grad_norm, scaler_skipped) == expected
 
 

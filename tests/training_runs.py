@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
+from trainer.distributed import free_port
 from trainer.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,8 +29,10 @@ WORDS = ("the quick brown fox jumps over a lazy dog while birds sing in tall gre
          "children play").split()
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+def write_jsonl(path: Path, rows: list[dict | str]) -> Path:
+    """Rows are dicts (dumped as JSON) or raw strings (written verbatim, for malformed lines)."""
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n"
+                            for row in rows), encoding="utf-8")
     return path
 
 
@@ -103,14 +105,6 @@ def assert_same_model(ours: Path, reference: Path, rtol: float = 1e-4, atol: flo
     assert mine.keys() == theirs.keys()
     for name, tensor in theirs.items():
         torch.testing.assert_close(mine[name], tensor, rtol=rtol, atol=atol)
-
-
-def free_port() -> int:
-    # Other jobs on the machine may run their own launches: a fixed port (Accelerate's default 29500) could join
-    # them into our process group.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launcher(name: str) -> list[str]:

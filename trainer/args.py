@@ -1,7 +1,8 @@
 """Training arguments: one dataclass, filled from defaults < --config YAML < command line.
 
-Flag names follow MiniMind's where MiniMind has them. Every MiniNormConfig field is also a flag
-(`--hidden_size`, `--norm_type`, ...); left unset, it comes from `--preset` (or from `--from_weight`).
+Flag names follow MiniMind's where MiniMind has them. Each flag's default, --help section and help text live in
+its TrainArgs field (`_flag`). The MiniNormConfig fields in MODEL_FIELDS are flags too (`--hidden_size`,
+`--norm_type`, ...); left unset, they come from `--preset` (or from `--from_weight`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import yaml
 
 from model.config import PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType
+from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import DEFAULT_OUT_DIRS, TASKS, resolve_path
 from trainer.schedule import LRSchedule
@@ -23,14 +25,38 @@ from trainer.schedule import LRSchedule
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
 
-# Model config fields exposed as flags, with their types and (for switches) allowed values.
-MODEL_FIELDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
-    "vocab_size": (int, None), "hidden_size": (int, None), "num_hidden_layers": (int, None),
-    "num_attention_heads": (int, None), "num_key_value_heads": (int, None), "intermediate_size": (int, None),
-    "max_position_embeddings": (int, None), "rope_theta": (float, None), "tie_word_embeddings": (bool, None),
-    "dropout": (float, None), "initializer_range": (float, None),
-    "norm_type": (str, tuple(NormType)), "norm_placement": (str, tuple(NormPlacement)),
-    "prms_p": (float, None), "norm_eps": (float, None), "norm_impl": (str, tuple(NormImpl)), "qk_norm": (bool, None),
+
+class ModelFlag(NamedTuple):
+    """A MiniNormConfig field exposed as a flag: its type, its allowed values (switches only) and its --help text."""
+
+    kind: type
+    choices: tuple[str, ...] | None
+    help: str
+
+
+# Model config fields exposed as flags. Their defaults come from the preset (or the starting model), so --help
+# shows none; the group title says so.
+MODEL_FIELDS: dict[str, ModelFlag] = {
+    "vocab_size": ModelFlag(int, None, "vocabulary size (pretraining: the tokenizer's, unless given)"),
+    "hidden_size": ModelFlag(int, None, "width of the residual stream"),
+    "num_hidden_layers": ModelFlag(int, None, "number of decoder blocks"),
+    "num_attention_heads": ModelFlag(int, None, "query heads per attention layer (must divide hidden_size)"),
+    "num_key_value_heads": ModelFlag(int, None, "key/value heads, shared by groups of query heads (must divide "
+                                                "num_attention_heads)"),
+    "intermediate_size": ModelFlag(int, None, "width of the SwiGLU MLP (unset: derived from hidden_size)"),
+    "max_position_embeddings": ModelFlag(int, None, "longest sequence the model takes (RoPE positions)"),
+    "rope_theta": ModelFlag(float, None, "RoPE base frequency"),
+    "tie_word_embeddings": ModelFlag(bool, None, "share one matrix between the token embedding and the LM head"),
+    "dropout": ModelFlag(float, None, "dropout probability, in [0, 1)"),
+    "initializer_range": ModelFlag(float, None, "standard deviation of the initial weights"),
+    "norm_type": ModelFlag(str, tuple(NormType), "which norm; prmsnorm estimates the RMS from the first prms_p of "
+                                                 "each row (docs/architecture.md)"),
+    "norm_placement": ModelFlag(str, tuple(NormPlacement), "where the norms sit in a block (docs/architecture.md, "
+                                                           "Placements)"),
+    "prms_p": ModelFlag(float, None, "prmsnorm: the fraction of each row its RMS is estimated from, in (0, 1]"),
+    "norm_eps": ModelFlag(float, None, "epsilon added to the mean square inside the norms' square root (> 0)"),
+    "norm_impl": ModelFlag(str, tuple(NormImpl), "what computes the norms (docs/architecture.md, Implementations)"),
+    "qk_norm": ModelFlag(bool, None, "also normalize each head's queries and keys"),
 }
 # Per-task defaults where they differ from TrainArgs', sized so each default run takes under 10 minutes on
 # 2 CPU cores (see README).
@@ -51,71 +77,128 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
 
+# The --help sections, in the order --help lists them: key (a flag's "group") -> (title, description). The model
+# config fields (MODEL_FIELDS) are the MODEL_CONFIG_GROUP section, whose title depends on the task.
+MODEL_CONFIG_GROUP = "model config"
+FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
+    "lora": ("LoRA", "adapters of rank r, scaled by alpha / r, on the named projections"),
+    "dpo": ("DPO", None),
+    "model": ("model", None),
+    MODEL_CONFIG_GROUP: ("model config", None),
+    "data": ("data", None),
+    "optimisation": ("optimisation", None),
+    "schedule": ("schedule", None),
+    "checkpoint": ("output, checkpoints and resume", None),
+    "distributed": ("distributed", "several processes: how long a collective waits for the others before the job "
+                                   "fails (a dead node, a cut network)"),
+    "logging": ("logging and validation", None),
+    "diagnostics": ("diagnostics", None),
+}
+
+
+def _flag(group: str, default: Any, help: str) -> Any:
+    """A TrainArgs field that is a trainer flag: its default, its --help section (a FLAG_GROUPS key) and help."""
+    return field(default=default, metadata={"group": group, "help": help})
+
+
+def _choices(values: Any) -> str:
+    return " | ".join(str(value) for value in values)
+
 
 @dataclass
 class TrainArgs:
+    """Every trainer flag, with its default, --help section and help text (a None default: see its help)."""
+
     task: str = "pretrain"
     # Data and output.
-    data_path: str | None = None          # jsonl; None: the embedded default corpus (built on first use)
-    val_data_path: str | None = None      # jsonl; None: default corpus's val split, or val_fraction of data_path
-    val_fraction: float = 0.01
-    out_dir: str | None = None            # None: out/pretrain or out/sft (trainer/run_dir.py)
-    tokenizer_path: str | None = None     # None: the committed tokenizer in model/
-    skip_bad_lines: bool = False
-    num_proc: int | None = None
+    data_path: str | None = _flag("data", None, "training data, a jsonl file (default: the trainer's embedded "
+                                                "data, built on first use)")
+    val_data_path: str | None = _flag("data", None, "validation data, a jsonl file (default: the embedded data's "
+                                                    "validation split, or --val_fraction of --data_path)")
+    val_fraction: float = _flag("data", 0.01, "the fraction of --data_path's documents held out for validation when "
+                                              "no --val_data_path is given")
+    out_dir: str | None = _flag("checkpoint", None, "where the run writes its model, checkpoints and metrics "
+                                                    "(default: out/pretrain, out/sft, out/lora or out/dpo by "
+                                                    "trainer; trainer/run_dir.py)")
+    tokenizer_path: str | None = _flag("data", None, "tokenizer directory (default: the committed tokenizer in "
+                                                     "model/)")
+    skip_bad_lines: bool = _flag("data", False, "skip malformed jsonl lines (counted and logged) instead of "
+                                                "stopping at the first one")
+    num_proc: int | None = _flag("data", None, "processes that tokenize the data, for multi-GB files (default: "
+                                               "one)")
     # Schedule.
-    epochs: int = 1
-    max_steps: int = -1                   # optimizer steps; -1: as many as `epochs` give
-    time_budget_s: float = 0.0            # > 0: train this many seconds (see trainer/budget.py); 0: off
-    batch_size: int = 16                  # per process, per micro-step
-    accumulation_steps: int = 1
-    learning_rate: float = 2e-3           # AdamW's (with --optimizer muon: the embedding, LM head, norms)
-    min_lr_ratio: float = 0.1             # the schedule decays to peak lr * min_lr_ratio
-    warmup_steps: int = 50
-    lr_schedule: str = "cosine"           # cosine | wsd (warmup, stable, then linear decay over decay_fraction)
-    decay_fraction: float = 0.2           # wsd: the last fraction of the steps that decays
-    weight_decay: float = 0.1             # AdamW's, on matrices (not embeddings, norms, biases)
-    optimizer: str = "adamw"              # adamw | muon (Muon for the hidden matrices, AdamW for the rest)
-    muon_lr: float = 0.02                 # Muon's peak lr, before muon_adjust_lr's shape factor
-    muon_weight_decay: float = 0.01       # Muon's decoupled decay (x muon_lr per step: 2e-4, as AdamW's default)
-    muon_momentum: float = 0.95           # Muon's Nesterov momentum
-    muon_adjust_lr: str = "original"      # original | match_rms_adamw (trainer/optim.py, MuonAdjustLR)
-    grad_clip: float = 1.0
-    max_seq_len: int = 256
-    dtype: str = "auto"                   # auto: see resolve_dtype
-    compile: str = "auto"                 # the whole model under torch.compile; auto: see compile_enabled
-    gradient_checkpointing: bool = False  # recompute each block in the backward: less activation memory
-    seed: int = 42
+    epochs: int = _flag("schedule", 1, "passes over the training data (with --max_steps -1)")
+    max_steps: int = _flag("schedule", -1, "optimizer steps; -1: as many as --epochs give (not used with "
+                                           "--time_budget_s)")
+    time_budget_s: float = _flag("schedule", 0.0, "> 0: train this many seconds (see trainer/budget.py); 0: off")
+    batch_size: int = _flag("optimisation", 16, "samples per process, per micro-step (the global batch is "
+                                                "batch_size x accumulation_steps x processes)")
+    accumulation_steps: int = _flag("optimisation", 1, "micro-steps per optimizer step (gradient accumulation)")
+    learning_rate: float = _flag("optimisation", 2e-3, "AdamW's peak learning rate (with --optimizer muon: the "
+                                                       "embedding's, LM head's and norms')")
+    min_lr_ratio: float = _flag("schedule", 0.1, "the schedule decays to peak lr x min_lr_ratio")
+    warmup_steps: int = _flag("schedule", 50, "optimizer steps of linear warmup")
+    lr_schedule: str = _flag("schedule", "cosine", f"{_choices(LRSchedule)}: cosine decay after the warmup, or wsd "
+                                                   f"(warmup, stable, then linear decay over --decay_fraction)")
+    decay_fraction: float = _flag("schedule", 0.2, "wsd: the last fraction of the steps that decays")
+    weight_decay: float = _flag("optimisation", 0.1, "AdamW's weight decay, on matrices (not embeddings, norms, "
+                                                     "biases)")
+    optimizer: str = _flag("optimisation", "adamw", f"{_choices(OptimizerName)}: AdamW for every parameter, or Muon "
+                                                    f"for the hidden matrices and AdamW for the rest")
+    muon_lr: float = _flag("optimisation", 0.02, "Muon's peak learning rate, before --muon_adjust_lr's shape factor")
+    muon_weight_decay: float = _flag("optimisation", 0.01, "Muon's decoupled weight decay (x muon_lr per step: "
+                                                           "0.01 x 0.02 = 2e-4, as AdamW's 0.1 x 2e-3)")
+    muon_momentum: float = _flag("optimisation", 0.95, "Muon's Nesterov momentum")
+    muon_adjust_lr: str = _flag("optimisation", "original", f"{_choices(MuonAdjustLR)}: how Muon's lr scales with a "
+                                                            f"matrix's shape (trainer/optim.py, MuonAdjustLR)")
+    grad_clip: float = _flag("optimisation", 1.0, "clip the gradient's global norm to this; 0: no clipping")
+    max_seq_len: int = _flag("data", 256, "tokens per training sample")
+    dtype: str = _flag("optimisation", "auto", f"{_choices(DTYPES)}: the training precision; auto: see "
+                                               f"trainer/machine.py, resolve_dtype")
+    compile: str = _flag("optimisation", "auto", f"{_choices(COMPILE_MODES)}: the whole model under torch.compile; "
+                                                 f"auto: on for runs of {COMPILE_AUTO_MIN_STEPS} optimizer steps or "
+                                                 f"{COMPILE_AUTO_MIN_BUDGET_S} s or more (trainer/machine.py)")
+    gradient_checkpointing: bool = _flag("optimisation", False, "recompute each block in the backward: less "
+                                                                "activation memory")
+    seed: int = _flag("data", 42, "random seed: the initial weights, the validation split and the data order")
     # Logging, evaluation, checkpoints.
-    log_interval: int = 10
-    eval_interval: int = 200
-    eval_batches: int = 50                # cap per evaluation; 0 = the whole validation set
-    save_interval: int = 200
-    keep_checkpoints: int = 2
-    resume: str | None = None             # "auto" or a checkpoint directory
-    # Several processes: how long a collective waits for the others before the job fails (a dead node, a cut
-    # network). Set-up (the main process prepares the data while the others wait), resume and the first optimizer
-    # step get the longer init timeout; trainer/distributed.py applies them.
-    dist_init_timeout: int = 1800         # seconds
-    dist_timeout: int = 300               # seconds, from the end of the first optimizer step on
-    from_weight: str | None = None        # fine-tuning: the starting model (default: trainer/run_dir.py)
-    use_wandb: bool = False
-    wandb_project: str = "MiniNorm"
-    wandb_run_name: str | None = None
-    wandb_group: str | None = None
-    diag_interval: int = 0                # 0: norm diagnostics off
-    peak_flops: float | None = None       # for MFU; None: a known value for the device
-    sample_prompt: str | None = None
-    # LoRA (trainer/train_lora.py): adapters of rank r scaled by alpha / r on the named projections.
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_targets: str = "all"             # comma-separated projections, or all / attention / mlp
-    merge: bool = False                   # also write the merged plain model to OUT_DIR/merged
-    # DPO (trainer/train_dpo.py): the strength of the pull toward the reference model.
-    beta: float = 0.15
+    log_interval: int = _flag("logging", 10, "optimizer steps between progress-bar (and wandb) updates of the loss, "
+                                             "lr, tokens/s and MFU")
+    eval_interval: int = _flag("logging", 200, "optimizer steps between validations (there is one at the end too)")
+    eval_batches: int = _flag("logging", 50, "cap of validation batches per evaluation; 0 = the whole validation "
+                                             "set")
+    save_interval: int = _flag("checkpoint", 200, "optimizer steps between checkpoints")
+    keep_checkpoints: int = _flag("checkpoint", 2, "how many of the newest checkpoints to keep")
+    resume: str | None = _flag("checkpoint", None, "\"auto\" (the newest complete checkpoint in --out_dir, if any) "
+                                                   "or a checkpoint directory (default: start afresh)")
+    # trainer/distributed.py applies the two timeouts.
+    dist_init_timeout: int = _flag("distributed", 1800, "seconds; during set-up (the main process prepares the data "
+                                                        "while the others wait), resume and the first optimizer "
+                                                        "step")
+    dist_timeout: int = _flag("distributed", 300, "seconds, from the end of the first optimizer step on")
+    from_weight: str | None = _flag("model", None, "fine-tuning: the model directory to start from (default: the "
+                                                   "previous stage's output; trainer/run_dir.py)")
+    use_wandb: bool = _flag("logging", False, "log to Weights & Biases, the full config attached")
+    wandb_project: str = _flag("logging", "MiniNorm", "wandb project")
+    wandb_run_name: str | None = _flag("logging", None, "wandb run name (default: wandb's)")
+    wandb_group: str | None = _flag("logging", None, "wandb group (default: none)")
+    diag_interval: int = _flag("diagnostics", 0, "optimizer steps between norm diagnostics "
+                                                 "(docs/diagnostics.md); 0: off")
+    peak_flops: float | None = _flag("logging", None, "the device's peak FLOP/s, for MFU (default: a known value "
+                                                      "for the device, trainer/flops.py)")
+    sample_prompt: str | None = _flag("logging", None, "prompt of the text sample generated at the end (default: "
+                                                       "a built-in one)")
+    # LoRA (trainer/train_lora.py).
+    lora_rank: int = _flag("lora", 8, "rank r of the adapters")
+    lora_alpha: float = _flag("lora", 16.0, "alpha: the adapters' output is scaled by alpha / r")
+    lora_dropout: float = _flag("lora", 0.0, "dropout on the adapters' input")
+    lora_targets: str = _flag("lora", "all", "comma-separated projections, or all / attention / mlp")
+    merge: bool = _flag("lora", False, "also write the merged plain model to OUT_DIR/merged")
+    # DPO (trainer/train_dpo.py).
+    beta: float = _flag("dpo", 0.15, "the strength of the pull toward the reference model")
     # Model.
-    preset: str = "cpu-default"
+    preset: str = _flag("model", "cpu-default", f"named model shape: {_choices(PRESETS)} (model/config.py; "
+                                                f"fine-tuning takes the shape of --from_weight)")
     model: dict[str, Any] = field(default_factory=dict)  # MiniNormConfig overrides given as flags or YAML
 
     def resolved_out_dir(self) -> Path:
@@ -143,29 +226,59 @@ def _optional(kind: type):
     return parse
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default; a flag whose default is None says in its help text what unset means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def _section_heading(key: str, task: str) -> tuple[str, str | None]:
+    """The title and description of --help's section `key` for `task`'s trainer."""
+    if key != MODEL_CONFIG_GROUP:
+        return FLAG_GROUPS[key]
+    title = FLAG_GROUPS[key][0]
+    if task == "pretrain":
+        return f"{title} (default: the preset's value)", None
+    *others, last = [f"--{name}" for name in RUNTIME_MODEL_FIELDS]
+    return (f"{title} (default: the starting model's value)",
+            f"fine-tuning may change only {', '.join(others)} and {last}")
+
+
 def _build_parser(task: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=f"MiniNorm {task}: train on the embedded default corpus or your own jsonl",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     parser.add_argument("--config", help="YAML file of flag values; command-line flags override it")
     defaults = TrainArgs(task=task, **TASK_DEFAULTS.get(task, {}))
+    sections: dict[str, list[dataclasses.Field]] = {key: [] for key in FLAG_GROUPS}
     for f in dataclasses.fields(TrainArgs):
-        if f.name in ("task", "model") or f.name not in task_flags(task):
-            continue
-        default = getattr(defaults, f.name)
-        if isinstance(default, bool):
-            parser.add_argument(f"--{f.name}", type=_str2bool, nargs="?", const=True, default=default)
-            continue
-        hint = str(f.type)  # annotations are strings here, e.g. "int | None"
-        base = int if hint.startswith("int") else float if hint.startswith("float") else str
-        parser.add_argument(f"--{f.name}", type=_optional(base) if "None" in hint else base, default=default)
-    model_group = parser.add_argument_group("model (default: the preset's value)")
-    for name, (kind, choices) in MODEL_FIELDS.items():
-        if kind is bool:
-            model_group.add_argument(f"--{name}", type=_str2bool, nargs="?", const=True, default=None)
-        else:
-            model_group.add_argument(f"--{name}", type=kind, choices=choices, default=None)
+        if f.name in task_flags(task):
+            sections[f.metadata["group"]].append(f)  # a KeyError names a group FLAG_GROUPS lacks
+    for key, members in sections.items():
+        if not members and key != MODEL_CONFIG_GROUP:
+            continue  # another task's section
+        group = parser.add_argument_group(*_section_heading(key, task))
+        for f in members:
+            _add_flag(group, f.name, str(f.type), getattr(defaults, f.name), f.metadata["help"])
+        if key == MODEL_CONFIG_GROUP:
+            for name, (kind, choices, help) in MODEL_FIELDS.items():
+                if kind is bool:
+                    group.add_argument(f"--{name}", type=_str2bool, nargs="?", const=True, default=None,
+                                       metavar="BOOL", help=help)
+                else:
+                    group.add_argument(f"--{name}", type=kind, choices=choices, default=None, help=help)
     return parser
+
+
+def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any, help: str) -> None:
+    """One TrainArgs field as a flag; `hint` is its annotation, a string here (e.g. "int | None")."""
+    if isinstance(default, bool):
+        group.add_argument(f"--{name}", type=_str2bool, nargs="?", const=True, default=default, metavar="BOOL",
+                           help=help)
+        return
+    base = int if hint.startswith("int") else float if hint.startswith("float") else str
+    group.add_argument(f"--{name}", type=_optional(base) if "None" in hint else base, default=default, help=help)
 
 
 def task_flags(task: str) -> set[str]:
@@ -288,41 +401,3 @@ def build_model_config(args: TrainArgs, vocab_size: int | None = None) -> MiniNo
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)
     return MiniNormConfig.from_preset(args.preset, **overrides)
-
-
-def cpu_has_fast_bf16() -> bool:
-    """bf16 matmuls are fast only with AMX or AVX512-BF16; on AVX2-only CPUs bf16 autocast runs ~30x slower
-    than fp32 (measured on our AMD EPYC development machine)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def resolve_dtype(dtype: str) -> str:
-    """The training precision `--dtype auto` stands for on this machine: bf16 on a CUDA GPU that supports it,
-    else fp16 (with loss scaling) on CUDA; on CPU bf16 where it is fast (AMX/AVX512-BF16), else fp32."""
-    if dtype != "auto":
-        return dtype
-    import torch
-    if torch.cuda.is_available():
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    return "bfloat16" if cpu_has_fast_bf16() else "float32"
-
-
-# Whole-model compile costs a one-time 25-55 s on our 2-core CPUs and saves 10-50% of every step after it
-# (docs/benchmarks.md): it pays once a run is long enough, and short runs (smoke tests, tests) stay eager.
-COMPILE_AUTO_MIN_STEPS = 1000
-COMPILE_AUTO_MIN_BUDGET_S = 600  # the same rule for a run on --time_budget_s
-
-
-def compile_enabled(mode: str, total_steps: int, time_budget_s: float = 0.0) -> bool:
-    """Whether `--compile auto|on|off` compiles the model for a run of `total_steps` optimizer steps (or, on a
-    time budget, of `time_budget_s` seconds). auto: on from COMPILE_AUTO_MIN_STEPS steps or
-    COMPILE_AUTO_MIN_BUDGET_S seconds, on any device."""
-    if mode != "auto":
-        return mode == "on"
-    if time_budget_s > 0:
-        return time_budget_s >= COMPILE_AUTO_MIN_BUDGET_S
-    return total_steps >= COMPILE_AUTO_MIN_STEPS

@@ -1,11 +1,14 @@
 """The training core shared by pretraining, SFT, LoRA and DPO.
 
-Accelerate owns devices, mixed precision, gradient accumulation and DDP/FSDP; this module owns the loop:
-optimizer steps over groups of `accumulation_steps` micro-batches, warmup+cosine schedule, clipping,
-evaluation, atomic checkpoints with exact resume, logging (tqdm, metrics.jsonl, wandb) and the final
-Hugging Face model directory. What differs between the kinds of run is confined to three places: the model
-(`_build_model`; LoRA wraps it with PEFT adapters), the objective (trainer/objectives.py: language modeling, or
-trainer/dpo.py's preference loss against a frozen reference model) and the data (trainer/data.py).
+Accelerate owns devices, mixed precision, gradient accumulation and DDP/FSDP; this module owns the run: it builds
+the model, data, optimizer and schedule, and its loop (`Trainer.run`) takes optimizer steps over groups of
+`accumulation_steps` micro-batches (`Trainer.train_step`, which returns a trainer/step.py `StepResult`). The loop
+hands each result to components that decide their own timing: the reporter (trainer/reporting.py: progress bar,
+metrics.jsonl, wandb), evaluation and checkpoints at their intervals, the time budget (trainer/budget.py); the end
+of the run writes its artifacts through trainer/export.py. What differs between the kinds of run is confined to
+three places: the model (`_build_model`; LoRA wraps it with PEFT adapters), the objective (trainer/objectives.py:
+language modeling, or trainer/dpo.py's preference loss against a frozen reference model; `train_step` is the one
+place the loop meets it) and the data (trainer/data.py).
 """
 
 from __future__ import annotations
@@ -13,16 +16,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import yaml
@@ -30,42 +31,26 @@ from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
 
 from dataset.atomic_io import atomic_write_text
-from dataset.chat_format import encode_chatml, encode_text
-from model.generation_defaults import saved_generation_config
 from model.model import MiniNormForCausalLM
-from trainer.args import (MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, compile_enabled,
-                          resolve_dtype)
+from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config
+from trainer.budget import TimeBudget
 from trainer.checkpoint import (agree_on_resume, check_resume_compatible, load_checkpoint, probe_storage,
                                 save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader
-from trainer.distributed import (check_optimizer_supported, collective_timed_out, full_state_dict, make_accelerator,
+from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  set_collective_timeout, shutdown, state_is_sharded, update_inside_backward,
                                  weights_are_sharded)
 from trainer.evaluation import token_byte_lengths
+from trainer.export import sample_text, save_merged, save_model_dir, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
-from trainer.metrics_log import MetricsLog
+from trainer.machine import compile_enabled, resolve_dtype
 from trainer.objectives import EvalResult, LanguageModeling, Objective
 from trainer.optim import build_optimizer, scheduled_lrs
+from trainer.reporting import TrainingReporter
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
-                             EXIT_DIVERGED, EXIT_PEER_LOST, MERGED_DIR, SUMMARY_FILE, is_chat_task, report_error,
-                             resolve_path)
-from trainer.budget import TimeBudget
+                             EXIT_DIVERGED, EXIT_PEER_LOST, SUMMARY_FILE, report_error, resolve_path)
 from trainer.schedule import build_scheduler
-
-PRETRAIN_PROMPT, CHAT_PROMPT = "The history of", "What is the capital of France?"
-
-StepOutcome = Literal["applied", "skipped", "diverged"]
-
-
-def step_outcome(loss: float, grad_norm: float, scaler_skipped: bool | None) -> StepOutcome:
-    """What one optimizer step amounted to. `scaler_skipped`: None without an fp16 grad scaler, else whether the
-    scaler skipped the update. Under fp16 an inf/NaN gradient is an overflow the scaler handles (it skips the
-    update and lowers the scale), so only a non-finite loss is divergence; without a scaler either one is."""
-    if not math.isfinite(loss):
-        return "diverged"
-    if scaler_skipped is None:
-        return "applied" if math.isfinite(grad_norm) else "diverged"
-    return "skipped" if scaler_skipped else "applied"
+from trainer.step import RunPosition, SessionPace, StepResult, step_outcome
 
 
 class TrainingDiverged(RuntimeError):
@@ -128,25 +113,6 @@ def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, 
     return config
 
 
-def _sample_text(model: MiniNormForCausalLM, tokenizer, args: TrainArgs) -> str:
-    chat = is_chat_task(args.task)
-    prompt = args.sample_prompt or (CHAT_PROMPT if chat else PRETRAIN_PROMPT)
-    # The prompt is text, whatever it contains (a --sample_prompt with "<|im_end|>" in it stays text).
-    ids = (encode_chatml(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True).input_ids
-           if chat else encode_text(tokenizer, prompt))
-    input_ids = torch.tensor([ids], device=next(model.parameters()).device)
-    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-    was_training = model.training
-    model.eval()  # no dropout while sampling
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(args.seed)
-        output = model.generate(**inputs, max_new_tokens=48, do_sample=True, temperature=0.7, top_p=0.9,
-                                repetition_penalty=1.1)
-    model.train(was_training)
-    completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-    return f"{prompt} -> {completion.strip()}" if chat else prompt + completion
-
-
 def make_optimizer(model: torch.nn.Module, args: TrainArgs, device: torch.device) -> torch.optim.Optimizer:
     """The optimizer the flags ask for (trainer/optim.py builds it). An fp32 run on a CPU orthogonalizes Muon's
     updates in fp32: `--dtype auto` picks fp32 exactly where the CPU's bf16 products are emulated."""
@@ -161,22 +127,6 @@ def make_scheduler(optimizer: torch.optim.Optimizer, args: TrainArgs,
     """The flags' schedule over `total_steps` optimizer steps (trainer/schedule.py)."""
     return build_scheduler(optimizer, args.warmup_steps, total_steps, args.min_lr_ratio, args.lr_schedule,
                            args.decay_fraction)
-
-
-def save_model_dir(model: torch.nn.Module, tokenizer, out_dir: Path) -> None:
-    """Write a plain HF model directory (a PEFT adapter directory for a PEFT model); each file is moved into place
-    whole."""
-    base = model.get_base_model() if hasattr(model, "peft_config") else model
-    base.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".model_", dir=out_dir))
-    try:
-        model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        for item in staging.iterdir():
-            os.replace(item, out_dir / item.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 class Trainer:
@@ -245,7 +195,7 @@ class Trainer:
                              f"{len(self.data.train)}; lower --batch_size or --accumulation_steps")
         self.total_steps = self._total_steps()
         self.budget = self._time_budget()
-        self.session_step_times: list[float] = []  # this session's optimizer steps' seconds (checkpoints sum them)
+        self.pace = SessionPace()  # this session's optimizer steps (the budget's pace, checkpoints' training time)
         self.train_time_before_s: float = (self.resume_state or {}).get("train_time_s", 0.0)
         self.compiled = compile_enabled(args.compile, self.total_steps, args.time_budget_s)
         if self.compiled:
@@ -253,9 +203,12 @@ class Trainer:
         # The schedule reads the run's length at every step: a time budget fixes it after a few steps.
         self.scheduler = self.accelerator.prepare(make_scheduler(self.optimizer, args, lambda: self.total_steps))
         self.token_bytes = token_byte_lengths(self.tokenizer)
-        self.metrics = MetricsLog(self.out_dir, enabled=self.is_main)
         self.flops_per_token = flops_per_token(self.base_model.config, self.num_params, args.max_seq_len)
         self.peak_flops = args.peak_flops or peak_flops_for(self.accelerator.device, args.dtype)
+        self.reporter = TrainingReporter(self.accelerator, self.objective, self.out_dir, task=args.task,
+                                         log_interval=args.log_interval, use_wandb=args.use_wandb,
+                                         flops_per_token=self.flops_per_token, peak_flops=self.peak_flops,
+                                         current_lrs=lambda: scheduled_lrs(self.optimizer))
         self.diagnostics = None
         if args.diag_interval:
             from trainer.diagnostics import NormDiagnostics
@@ -304,37 +257,74 @@ class Trainer:
         fixed = bool((self.resume_state or {}).get("budget_fixed"))
         return TimeBudget(self.args.time_budget_s, max_steps=self.total_steps, fixed=fixed)
 
-    # ----------------------------------------------------------------- checkpoints
-    def _state(self, step: int, epoch: int, samples_done: int, tokens_seen: int) -> dict[str, Any]:
-        return {"step": step, "epoch": epoch, "samples_done_in_epoch": samples_done, "tokens_seen": tokens_seen,
-                "total_steps": self.total_steps, "processes": self.world, "data": self.data_identity,
-                "wandb_run_id": self.wandb_run_id, "config": self.config_dict,
-                "train_time_s": self.train_time_before_s + sum(self.session_step_times),
-                "budget_fixed": self.budget is not None and self.budget.fixed}
-
-    def _save(self, step: int, epoch: int, samples_done: int, tokens_seen: int) -> Path:
-        return save_checkpoint(self.accelerator, self.out_dir / CHECKPOINT_DIR, step,
-                               self._state(step, epoch, samples_done, tokens_seen), self.args.keep_checkpoints,
-                               shared_storage=self.shared_storage)
-
-    # ----------------------------------------------------------------- logging
-    def _print(self, text: str) -> None:
-        if self.is_main:
-            tqdm.write(text)
-
-    def _log(self, record: dict[str, Any], to_tracker: bool = True) -> None:
-        self.metrics.write(record)
-        if to_tracker and self.args.use_wandb:
-            # Keys go to wandb as they are ("val_loss", "diag/..."): a wandb sweep's metric is "val_loss".
-            self.accelerator.log({k: v for k, v in record.items() if k not in ("step", "split")},
-                                 step=record["step"])
-
-    def evaluate(self, max_batches: int) -> EvalResult:
-        """Collective: every process evaluates its shard (the same number of batches on each)."""
-        return self.objective.evaluate(self.unwrapped, self.val_loader, self.accelerator, self.token_bytes,
-                                       max_batches)
-
     # ----------------------------------------------------------------- the loop
+    def run(self) -> RunSummary:
+        """Train to the end of the run (or of its time budget), then evaluate, save and sample. Each component
+        decides its own timing: the reporter when it logs, the intervals when to evaluate, checkpoint and probe."""
+        args = self.args
+        position = self._start()
+        first_step = position.step
+        self.model.train()
+        for started, batches in self._step_batches(position):
+            result = self.train_step(batches, arm_diagnostics=self._due(args.diag_interval, position.step))
+            if result.outcome == "diverged":
+                return self._diverged(position)
+            result.time_s = time.perf_counter() - started
+            position.advance(result, self.global_batch)
+            self.pace.add(result)
+            if position.step == first_step + 1:  # set-up and the first (compiling) step are done: fail faster now
+                set_collective_timeout(args.dist_timeout)
+            self._fix_budget_length(position.step)
+            self.reporter.after_step(position, result, self.total_steps)
+            if self._due(args.eval_interval, position.step) and position.step < self.total_steps:
+                self.reporter.log_eval(position.step, self.evaluate(args.eval_batches))
+            if self._due(args.save_interval, position.step) and position.step < self.total_steps:
+                self._save(position)
+        self.reporter.close()
+        return self._finish(position)
+
+    @staticmethod
+    def _due(interval: int, step: int) -> bool:
+        """Whether an every-`interval`-steps event (0: never) falls on `step`."""
+        return interval > 0 and step % interval == 0
+
+    def _start(self) -> RunPosition:
+        """Where this session starts: the resumed checkpoint's position (its state loaded), or a fresh run."""
+        position = RunPosition()
+        if self.resume_from is not None:
+            load_checkpoint(self.accelerator, self.resume_from)
+            # Accelerate restores its micro-batch counter, which decides on which micro-batch the gradients sync
+            # and the optimizer steps; counted under another --accumulation_steps it would put the update in the
+            # middle of a group. A resumed run always starts on a group boundary.
+            self.accelerator.step = 0
+            state = self.resume_state
+            epoch, samples_done = saved_position(state)
+            position = RunPosition(state["step"], epoch, samples_done, state["tokens_seen"])
+            self.reporter.print(f"resumed from {self.resume_from} at optimizer step {position.step} (epoch {epoch}, "
+                                f"sample {samples_done} of {len(self.data.train)})"
+                                + (f"; {self.resume.note}" if self.resume.note else ""))
+        elif self.args.resume == "auto":
+            self.reporter.print(f"--resume auto: no checkpoint in {self.out_dir / CHECKPOINT_DIR}; starting fresh")
+        if self.is_main:
+            self._announce()
+        self.reporter.start(position.step if self.resume_from is not None else None, self.total_steps)
+        return position
+
+    def _step_batches(self, position: RunPosition) -> Iterator[tuple[float, list[dict[str, torch.Tensor]]]]:
+        """The batch groups of the optimizer steps left, epoch after epoch from `position` on (which the loop
+        advances), each with the time it was asked for: a step's time includes loading its batches."""
+        while position.step < self.total_steps:
+            self.data.train_sampler.set_position(position.epoch, position.samples_done)
+            self.train_loader.set_epoch(position.epoch)  # Accelerate's loader passes its epoch to the sampler
+            batch_iter = iter(self.train_loader)
+            for _ in range(len(self.train_loader) // self.args.accumulation_steps):
+                if position.step >= self.total_steps:
+                    return
+                started = time.perf_counter()
+                yield started, [next(batch_iter) for _ in range(self.args.accumulation_steps)]
+            position.epoch, position.samples_done = position.epoch + 1, 0
+
+    # ----------------------------------------------------------------- one optimizer step
     def _token_counts(self, batches: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, int]:
         """(the objective's units -- supervised targets, or preference pairs --, real input tokens) of one optimizer
         step over all processes: the loss's divisor and the step's throughput count (padding is not a token)."""
@@ -348,10 +338,10 @@ class Trainer:
         norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         return None if norm is None else float(norm)  # None: DeepSpeed did not report one
 
-    def _optimizer_step(self, batches: list[dict[str, torch.Tensor]], arm_diagnostics: bool
-                        ) -> tuple[StepOutcome, float, float, dict[str, float], dict[str, float], int]:
-        """Forward/backward over one group of micro-batches, then one optimizer step. Returns (outcome, global
-        mean loss, gradient norm before clipping, diagnostics, the objective's statistics, real tokens)."""
+    def train_step(self, batches: list[dict[str, torch.Tensor]], arm_diagnostics: bool = False) -> StepResult:
+        """Forward/backward over one group of micro-batches, then one optimizer step (unless the loss or gradient
+        diverged, or an fp16 overflow made the scaler skip it). The objective decides the loss; this is the one
+        place the loop meets it."""
         accelerator, model = self.accelerator, self.model
         num_items, real_tokens = self._token_counts(batches)
         num_items = num_items.clamp(min=1)
@@ -360,8 +350,7 @@ class Trainer:
         scale = self.args.accumulation_steps * self.world
         loss_sum = torch.zeros((), device=accelerator.device)
         stat_sums = torch.zeros(len(self.objective.stat_names), device=accelerator.device)
-        diag: dict[str, float] = {}
-        stats: dict[str, float] = {}
+        arm_diagnostics = arm_diagnostics and self.diagnostics is not None
         # Hooks on a compiled module would make it recompile: the (rare) diagnostics step runs eagerly.
         stance = torch.compiler.set_stance("force_eager") if arm_diagnostics and self.compiled else nullcontext()
         with stance:
@@ -381,16 +370,17 @@ class Trainer:
                             if arm_diagnostics:
                                 self.diagnostics.disarm()
                             self.optimizer.zero_grad(set_to_none=True)
-                            return "diverged", loss, float("nan"), diag, stats, real_tokens
+                            return StepResult("diverged", loss, tokens=real_tokens)
                     accelerator.backward(micro_loss * scale)
+        stats: dict[str, float] = {}
         if self.objective.stat_names:  # means over the step's units, all processes
             stat_means = (accelerator.reduce(stat_sums, reduction="sum") / num_items).tolist()
             stats = dict(zip(self.objective.stat_names, stat_means))
         scaler = accelerator.scaler  # fp16 only
+        diagnostics: dict[str, float] = {}
         if arm_diagnostics:  # under fp16 the gradients are still scaled here
-            diag = self.diagnostics.after_backward(loss_scale=scaler.get_scale() if scaler is not None else 1.0)
-        max_norm = self.args.grad_clip if self.args.grad_clip > 0 else float("inf")
-        grad_norm = self._grad_norm(max_norm)
+            diagnostics = self.diagnostics.after_backward(loss_scale=scaler.get_scale() if scaler is not None else 1.0)
+        grad_norm = self._grad_norm(self.args.grad_clip if self.args.grad_clip > 0 else float("inf"))
         checked_norm = 0.0 if grad_norm is None else grad_norm
         if scaler is None:
             outcome = step_outcome(loss, checked_norm, scaler_skipped=None)
@@ -403,110 +393,22 @@ class Trainer:
         if outcome == "applied":
             self.scheduler.step()
             if arm_diagnostics:
-                diag.update(self.diagnostics.after_step())
+                diagnostics.update(self.diagnostics.after_step())
         self.optimizer.zero_grad(set_to_none=True)
-        return outcome, loss, float("nan") if grad_norm is None else grad_norm, diag, stats, real_tokens
+        return StepResult(outcome, loss, float("nan") if grad_norm is None else grad_norm, real_tokens, stats,
+                          diagnostics)
 
-    def _start_epoch(self, epoch: int, samples_done: int):
-        """An iterator over this process's batches of `epoch`, from global sample `samples_done` of the epoch's
-        order on, and how many optimizer steps it holds."""
-        self.data.train_sampler.set_position(epoch, samples_done)
-        self.train_loader.set_epoch(epoch)  # Accelerate's loader passes its own epoch counter to the sampler
-        return iter(self.train_loader), len(self.train_loader) // self.args.accumulation_steps
+    # ----------------------------------------------------------------- the components' work
+    def evaluate(self, max_batches: int) -> EvalResult:
+        """Collective: every process evaluates its shard (the same number of batches on each)."""
+        return self.objective.evaluate(self.unwrapped, self.val_loader, self.accelerator, self.token_bytes,
+                                       max_batches)
 
-    def run(self) -> RunSummary:
-        args, accelerator = self.args, self.accelerator
-        step = epoch = samples_done = tokens_seen = 0
-        if self.resume_from is not None:
-            load_checkpoint(accelerator, self.resume_from)
-            # Accelerate restores its micro-batch counter, which decides on which micro-batch the gradients sync
-            # and the optimizer steps; counted under another --accumulation_steps it would put the update in the
-            # middle of a group. A resumed run always starts on a group boundary.
-            accelerator.step = 0
-            state = self.resume_state
-            step, tokens_seen = state["step"], state["tokens_seen"]
-            epoch, samples_done = saved_position(state)
-            self.metrics.truncate_after(step)
-            self._print(f"resumed from {self.resume_from} at optimizer step {step} (epoch {epoch}, sample "
-                        f"{samples_done} of {len(self.data.train)})" + (f"; {self.resume.note}" if self.resume.note
-                                                                       else ""))
-        else:
-            if args.resume == "auto":
-                self._print(f"--resume auto: no checkpoint in {self.out_dir / CHECKPOINT_DIR}; starting fresh")
-            self.metrics.reset()
-        if self.is_main:
-            self._announce()
-        progress = tqdm(total=self.total_steps, initial=step, disable=not self.is_main, dynamic_ncols=True,
-                        desc=args.task)
-        step_times: list[float] = []
-        self.session_step_times = step_times
-        step_token_counts: list[int] = []
-        window_tokens, window_time, window_losses, window_stats = 0, 0.0, [], []
-        self.model.train()
-        first_step = step
-        while step < self.total_steps:
-            batch_iter, steps_here = self._start_epoch(epoch, samples_done)
-            for _ in range(steps_here):
-                if step >= self.total_steps:
-                    break
-                started = time.perf_counter()
-                batches = [next(batch_iter) for _ in range(args.accumulation_steps)]
-                arm = self.diagnostics is not None and step % args.diag_interval == 0
-                outcome, loss, grad_norm, diag, stats, step_tokens = self._optimizer_step(batches, arm)
-                if outcome == "diverged":
-                    return self._diverged(step, epoch, samples_done, tokens_seen, progress)
-                step += 1
-                if step == first_step + 1:  # set-up and the first (compiling) step are done: fail faster now
-                    set_collective_timeout(args.dist_timeout)
-                samples_done += self.global_batch
-                tokens_seen += step_tokens
-                elapsed = time.perf_counter() - started
-                step_times.append(elapsed)
-                step_token_counts.append(step_tokens)
-                if self.budget is not None:
-                    self._fix_budget_length(step, step_times, progress)
-                window_tokens, window_time = window_tokens + step_tokens, window_time + elapsed
-                window_losses.append(loss)
-                window_stats.append(stats)
-                lrs = scheduled_lrs(self.optimizer)
-                lr = lrs["lr"]
-                record = {"step": step, "split": "train", "loss": loss, **stats, **lrs, "grad_norm": grad_norm,
-                          "tokens_seen": tokens_seen, "step_time_s": elapsed}
-                if outcome == "skipped":
-                    record["skipped"] = True  # fp16 gradient overflow: no update, the scaler lowered its scale
-                self._log(record, to_tracker=False)
-                if diag:
-                    self._log({"step": step, "split": "diag", **diag})
-                progress.update(1)
-                if step % args.log_interval == 0 or step == self.total_steps:
-                    tokens_per_s = window_tokens / max(window_time, 1e-9)
-                    mfu = (tokens_per_s * self.flops_per_token / self.peak_flops) if self.peak_flops else float("nan")
-                    stat_means = {name: statistics.fmean(s[name] for s in window_stats)
-                                  for name in self.objective.stat_names}
-                    progress.set_postfix(loss=f"{statistics.fmean(window_losses):.3f}",
-                                         **{label: f"{stat_means[name]:.3f}"
-                                            for name, label in self.objective.progress_labels.items()},
-                                         lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
-                    if args.use_wandb:
-                        self.accelerator.log({"train/loss": statistics.fmean(window_losses), "train/lr": lr,
-                                              "train/grad_norm": grad_norm, "train/tokens_per_s": tokens_per_s,
-                                              "train/mfu": mfu, "train/tokens_seen": tokens_seen,
-                                              **{f"train/{name}": value for name, value in stat_means.items()}},
-                                             step=step)
-                    window_tokens, window_time, window_losses, window_stats = 0, 0.0, [], []
-                if step % args.eval_interval == 0 and step < self.total_steps:
-                    self._log_eval(step, self.evaluate(args.eval_batches))
-                if step % args.save_interval == 0 and step < self.total_steps:
-                    self._save(step, epoch, samples_done, tokens_seen)
-            else:
-                epoch, samples_done = epoch + 1, 0
-        progress.close()
-        return self._finish(step, tokens_seen, step_times, step_token_counts)
-
-    def _fix_budget_length(self, step: int, step_times: list[float], progress) -> None:
-        if self.budget.fixed:
+    def _fix_budget_length(self, step: int) -> None:
+        """Under --time_budget_s: once the first steps are timed, fix the run's length (trainer/budget.py)."""
+        if self.budget is None or self.budget.fixed:
             return
-        length = self.budget.length_after(step, step_times, self.train_time_before_s)
+        length = self.budget.length_after(step, self.pace.times, self.train_time_before_s)
         if self.world > 1:
             # Collective, on every step until the length is fixed: all processes stop where the main one decided.
             length = broadcast_object_list([length])[0]
@@ -514,14 +416,23 @@ class Trainer:
         if length is None:
             return
         self.total_steps = length
-        progress.total = length
-        progress.refresh()
-        self._print(f"--time_budget_s {self.args.time_budget_s:g}: {length} optimizer steps fit (pace "
-                    f"{statistics.median(step_times[1:] or step_times):.3f} s/step after the first step)")
+        self.reporter.set_length(length)
+        self.reporter.print(f"--time_budget_s {self.args.time_budget_s:g}: {length} optimizer steps fit (pace "
+                            f"{statistics.median(self.pace.times[1:] or self.pace.times):.3f} s/step after the "
+                            f"first step)")
 
-    def _log_eval(self, step: int, result: EvalResult) -> None:
-        self._log({"step": step, "split": "val", **result.logged()})
-        self._print(f"step {step}: {result.describe()}")
+    def _state(self, position: RunPosition) -> dict[str, Any]:
+        """What a checkpoint records beside the weights and optimizer: the position, the run's identity, the
+        training time spent and whether a time budget fixed the length."""
+        return {"step": position.step, "epoch": position.epoch, "samples_done_in_epoch": position.samples_done,
+                "tokens_seen": position.tokens_seen, "total_steps": self.total_steps, "processes": self.world,
+                "data": self.data_identity, "wandb_run_id": self.wandb_run_id, "config": self.config_dict,
+                "train_time_s": self.train_time_before_s + self.pace.seconds(),
+                "budget_fixed": self.budget is not None and self.budget.fixed}
+
+    def _save(self, position: RunPosition) -> Path:
+        return save_checkpoint(self.accelerator, self.out_dir / CHECKPOINT_DIR, position.step, self._state(position),
+                               self.args.keep_checkpoints, shared_storage=self.shared_storage)
 
     def _announce(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -545,73 +456,48 @@ class Trainer:
         lines += ["effective config:", yaml.safe_dump(self.config_dict, sort_keys=False).rstrip()]
         tqdm.write("\n".join(lines))
 
-    def _diverged(self, step: int, epoch: int, samples_done: int, tokens_seen: int, progress) -> RunSummary:
-        progress.close()
-        checkpoint = self._save(step, epoch, samples_done, tokens_seen)
-        summary = RunSummary(status="diverged", out_dir=str(self.out_dir), steps=step, tokens_seen=tokens_seen,
-                             num_params=self.num_params, wall_time_s=time.perf_counter() - self.started)
+    # ----------------------------------------------------------------- the end of the run
+    def _diverged(self, position: RunPosition) -> RunSummary:
+        self.reporter.close()
+        checkpoint = self._save(position)
+        summary = RunSummary(status="diverged", out_dir=str(self.out_dir), steps=position.step,
+                             tokens_seen=position.tokens_seen, num_params=self.num_params,
+                             wall_time_s=time.perf_counter() - self.started)
         self._write_summary(summary)
         self.accelerator.end_training()
-        raise TrainingDiverged(step + 1, checkpoint)
+        raise TrainingDiverged(position.step + 1, checkpoint)
 
     def _write_summary(self, summary: RunSummary) -> None:
         if self.is_main:
             atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary.__dict__, indent=2))
 
-    def _whole_model(self) -> MiniNormForCausalLM | None:
-        """Collective. The trained model as one plain module on the main process (None elsewhere): the model
-        itself, or, when its weights are sharded, a copy assembled from every process's shard."""
-        if not self.sharded:
-            return self.unwrapped if self.is_main else None
-        state_dict = full_state_dict(self.accelerator, self.model)
-        if not self.is_main:
-            return None
-        with torch.device("meta"):
-            model = MiniNormForCausalLM(self.unwrapped.config)
-        model.load_state_dict(state_dict, assign=True)
-        model.tie_weights()
-        return model
-
-    def _save_merged(self, adapted: torch.nn.Module) -> None:
-        """OUT_DIR/merged: a plain model directory with the adapters folded into the weights (and this run's
-        config, so tools know it is a chat model)."""
-        from model.lora import merged_model
-
-        merged_dir = self.out_dir / MERGED_DIR
-        save_model_dir(merged_model(adapted), self.tokenizer, merged_dir)
-        atomic_write_text(merged_dir / CONFIG_FILE, yaml.safe_dump(self.config_dict, sort_keys=False))
-
-    def _finish(self, step: int, tokens_seen: int, step_times: list[float], step_tokens: list[int]) -> RunSummary:
+    def _finish(self, position: RunPosition) -> RunSummary:
+        """Collective: the final evaluation, then (main process) the model directory, the merged model of a LoRA
+        run with --merge, the sample and run_summary.json."""
         final = self.evaluate(0)
-        self._log_eval(step, final)
-        median = statistics.median(step_times) if step_times else float("nan")
-        # Real (unpadded) tokens over all processes, as the progress bar counts them, per second of training step;
-        # the first step of the session (compilation, allocator warm-up) is left out when there are others.
-        skip = 1 if len(step_times) > 1 else 0
-        tokens_per_s = sum(step_tokens[skip:]) / sum(step_times[skip:]) if step_times else float("nan")
-        mfu = tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else float("nan")
-        whole = self._whole_model()
+        tokens_per_s, mfu = self.pace.tokens_per_s(), self.reporter.mfu(self.pace.tokens_per_s())
+        self.reporter.log_final(position.step, final, tokens_per_s)
+        whole = whole_model(self.accelerator, self.model, self.unwrapped, self.sharded)
         self.accelerator.wait_for_everyone()
-        summary = RunSummary(status="finished", out_dir=str(self.out_dir), steps=step, tokens_seen=tokens_seen,
-                             num_params=self.num_params, final_val=final.as_dict(), median_step_time_s=median,
+        summary = RunSummary(status="finished", out_dir=str(self.out_dir), steps=position.step,
+                             tokens_seen=position.tokens_seen, num_params=self.num_params,
+                             final_val=final.as_dict(), median_step_time_s=self.pace.median_step_s(),
                              tokens_per_s=tokens_per_s, mfu=mfu, wall_time_s=time.perf_counter() - self.started)
         if self.is_main:
             save_model_dir(whole, self.tokenizer, self.out_dir)
             saved = f"{'LoRA adapter' if self.args.task == 'lora' else 'model'} saved to {self.out_dir}"
             if self.args.task == "lora" and self.args.merge:
-                self._save_merged(whole)
-                saved += f"; the merged model to {self.out_dir / MERGED_DIR}"
+                merged_dir = save_merged(whole, self.tokenizer, self.out_dir, self.config_dict)
+                saved += f"; the merged model to {merged_dir}"
             with torch.compiler.set_stance("force_eager"):  # decoding shapes change every token: no compile
-                summary.sample = _sample_text(whole, self.tokenizer, self.args)
+                summary.sample = sample_text(whole, self.tokenizer, self.args.task, self.args.sample_prompt,
+                                             self.args.seed)
             self._write_summary(summary)
-            tqdm.write(f"done: {step} steps, {tokens_seen:,} tokens in {summary.wall_time_s:.0f} s; "
-                       f"{final.describe()}; median step {median * 1000:.0f} ms, {tokens_per_s:,.0f} tok/s, "
-                       f"MFU {mfu:.1%}")
+            tqdm.write(f"done: {position.step} steps, {position.tokens_seen:,} tokens in {summary.wall_time_s:.0f} s; "
+                       f"{final.describe()}; median step {summary.median_step_time_s * 1000:.0f} ms, "
+                       f"{tokens_per_s:,.0f} tok/s, MFU {mfu:.1%}")
             tqdm.write(f"sample: {summary.sample}")
             tqdm.write(saved)
-        if self.args.use_wandb:
-            self.accelerator.log({**{f"final/{name}": value for name, value in final.logged().items()},
-                                  "final/tokens_per_s": tokens_per_s}, step=step)
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         return summary

@@ -4,11 +4,13 @@ The one owner of the facts that differ between them: how the Accelerator is buil
 whether the weights are sharded (then validation, the final save and the sample must involve every process), how
 to get the whole model back in one place, whether the update is applied inside `backward` (DeepSpeed), how long a
 collective waits for a process that is gone, and how a multi-process run ends without an abort at interpreter exit.
+Plus a free local port, for a launch's rendezvous (or a local server).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 
 import torch
@@ -19,6 +21,14 @@ from accelerate.utils import DistributedType, InitProcessGroupKwargs
 MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
 # The run's process group, held until shutdown(); see there.
 _process_group: list[object] = []
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no one listens on now. Other jobs on the machine may run their own launches: a
+    fixed port (Accelerate's default 29500) could join them into our process group."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _fsdp_requested() -> bool:

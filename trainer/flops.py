@@ -37,3 +37,8 @@ def peak_flops_for(device: torch.device, dtype: str) -> float | None:
             if chip != "cpu" and chip in name and kind == dtype:
                 return value
     return None
+
+
+def model_flops_utilization(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -> float:
+    """MFU: the model FLOP/s achieved over the device's peak (NaN when the peak is unknown)."""
+    return tokens_per_s * flops_per_token / peak_flops if peak_flops else float("nan")

@@ -1,6 +1,9 @@
-"""One line naming the machine a measurement ran on: CPU model and the flags that decide its speed (AVX2,
-AVX512, AVX512-BF16, AMX), the GPU if any, torch's version and threads, the date. Benchmarks and studies print it
-with every table."""
+"""The machine: what it is and what it runs fast.
+
+`machine_line()` names the machine a measurement ran on (CPU model and the flags that decide its speed: AVX2,
+AVX512, AVX512-BF16, AMX; the GPU if any, torch's version and threads, the date); benchmarks and studies print it
+with every table. The trainer's hardware-dependent defaults live here too: the precision `--dtype auto` stands for
+and whether `--compile auto` compiles."""
 
 from __future__ import annotations
 
@@ -14,11 +17,15 @@ import torch
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
-def machine_line() -> str:
+def _cpuinfo() -> str:
     try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        cpuinfo = ""
+        return ""
+
+
+def machine_line() -> str:
+    cpuinfo = _cpuinfo()
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
                  platform.processor() or platform.machine())
     words = set(cpuinfo.split())
@@ -26,3 +33,37 @@ def machine_line() -> str:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()} CPUs"
     return (f"{model} ({device}; {flags}), torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
             f"{datetime.date.today().isoformat()}")
+
+
+def cpu_has_fast_bf16() -> bool:
+    """bf16 matmuls are fast only with AMX or AVX512-BF16; on AVX2-only CPUs bf16 autocast runs ~30x slower
+    than fp32 (measured on our AMD EPYC development machine)."""
+    flags = set(_cpuinfo().split())
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(dtype: str) -> str:
+    """The training precision `--dtype auto` stands for on this machine: bf16 on a CUDA GPU that supports it,
+    else fp16 (with loss scaling) on CUDA; on CPU bf16 where it is fast (AMX/AVX512-BF16), else fp32."""
+    if dtype != "auto":
+        return dtype
+    if torch.cuda.is_available():
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "bfloat16" if cpu_has_fast_bf16() else "float32"
+
+
+# Whole-model compile costs a one-time 25-55 s on our 2-core CPUs and saves 10-50% of every step after it
+# (docs/benchmarks.md): it pays once a run is long enough, and short runs (smoke tests, tests) stay eager.
+COMPILE_AUTO_MIN_STEPS = 1000
+COMPILE_AUTO_MIN_BUDGET_S = 600  # the same rule for a run on --time_budget_s
+
+
+def compile_enabled(mode: str, total_steps: int, time_budget_s: float = 0.0) -> bool:
+    """Whether `--compile auto|on|off` compiles the model for a run of `total_steps` optimizer steps (or, on a
+    time budget, of `time_budget_s` seconds). auto: on from COMPILE_AUTO_MIN_STEPS steps or
+    COMPILE_AUTO_MIN_BUDGET_S seconds, on any device."""
+    if mode != "auto":
+        return mode == "on"
+    if time_budget_s > 0:
+        return time_budget_s >= COMPILE_AUTO_MIN_BUDGET_S
+    return total_steps >= COMPILE_AUTO_MIN_STEPS

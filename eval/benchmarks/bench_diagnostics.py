@@ -34,6 +34,7 @@ import torch
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.diagnostics import NormDiagnostics
+from trainer.machine import machine_line
 
 
 CALL_TIMES: list[float] = []  # per armed step: seconds spent inside arm(), after_backward() and after_step()
@@ -129,8 +130,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     base_median = statistics.median(step_times["off"])
     base_block = statistics.median(block_means["off"])
     print(f"\n{args.preset}, {args.norm_placement}/{args.norm_type} (norm_impl={args.norm_impl}), batch "
-          f"{args.batch_size} x seq {args.seq_len}, AdamW, fp32, {torch.get_num_threads()} threads, "
-          f"{args.blocks} blocks x {args.block_steps} steps per mode\n")
+          f"{args.batch_size} x seq {args.seq_len}, AdamW, fp32, {args.blocks} blocks x {args.block_steps} steps per "
+          f"mode; {machine_line()}\n")
     print("| diagnostics | median step (ms) | overhead | median block-mean step (ms) | overhead |")
     print("|---|---|---|---|---|")
     rows = {}

@@ -26,7 +26,6 @@ if __package__ in (None, ""):  # run as a script, from any directory
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -60,7 +59,7 @@ def fresh_model(root: Path, preset: str) -> Path:
 
     from dataset.tokenization import load_tokenizer
     from model import MiniNormConfig, MiniNormForCausalLM
-    from trainer.core import save_model_dir
+    from trainer.export import save_model_dir
 
     tokenizer = load_tokenizer()
     config = MiniNormConfig.from_preset(preset, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
@@ -104,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
 
+    from trainer.machine import machine_line
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = fresh_model(root, args.preset)
@@ -122,10 +123,9 @@ def main(argv: list[str] | None = None) -> None:
                                    *common, *extra], model)
             row["median_step_s"] = read_summary(out_dir).get("median_step_time_s", float("nan"))
             rows.append(row)
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     memory = "peak CUDA memory allocated" if torch.cuda.is_available() else "peak resident memory (RSS)"
     print(f"{args.preset}, B = {args.batch_size}, max_seq_len {args.max_seq_len}, fp32, {args.steps} steps, on "
-          f"{device}; {memory}; step times are medians ({SUMMARY_FILE})")
+          f"{machine_line()}; {memory}; step times are medians ({SUMMARY_FILE})")
     floor = rows[0]["peak_bytes"]
     print(f"{'run':<10} {'peak MiB':>9} {'over load':>10} {'vs sft':>7} {'median step s':>14}")
     sft_over = next(r["peak_bytes"] for r in rows if r["name"] == "sft") - floor

@@ -25,15 +25,14 @@ if __package__ in (None, ""):  # run as a script, from any directory
 import argparse  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
+from trainer.distributed import free_port  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, REPO_ROOT, ModelNotFound, locate_model  # noqa: E402
 
 PROMPTS = ("Hi! How are you?", "What is the capital of France?", "Tell me about the moon.", "你好，你是谁？",
@@ -48,7 +47,7 @@ def untrained_default_model(root: Path) -> Path:
 
     from dataset.tokenization import load_tokenizer
     from model import MiniNormConfig, MiniNormForCausalLM
-    from trainer.core import save_model_dir
+    from trainer.export import save_model_dir
 
     tokenizer = load_tokenizer()
     config = MiniNormConfig.from_preset("cpu-default", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
@@ -57,12 +56,6 @@ def untrained_default_model(root: Path) -> Path:
     save_model_dir(MiniNormForCausalLM(config).eval(), tokenizer, path)
     (path / CONFIG_FILE).write_text(yaml.safe_dump({"task": "sft"}))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Server:
@@ -164,25 +157,6 @@ def run_load(server: Server, clients: int, requests: int, max_tokens: int) -> di
     }
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return ""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    return ", ".join(flag for flag in wanted if f" {flag}" in flags)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -201,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             model_path, note = untrained_default_model(Path(scratch)), "no trained model: an untrained cpu-default one"
         print(f"model {model_path}" + (f" ({note})" if note else ""))
-        print(f"machine: {cpu_name()} ({cpu_flags()}), {os.cpu_count()} cores; {args.requests} streamed requests "
+        print(f"machine: {machine_line()}; {args.requests} streamed requests "
               f"per run, greedy, max_tokens {args.max_tokens}; medians of {args.repeats} interleaved repeats")
         servers = {batch: Server(model_path, batch) for batch in sorted({b for _, b in CONFIGS})}
         try:

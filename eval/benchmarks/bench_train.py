@@ -28,7 +28,6 @@ if __package__ in (None, ""):  # run as a script, from any directory
 
 import argparse  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -42,7 +41,8 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
-from trainer.args import cpu_has_fast_bf16, parse_args  # noqa: E402
+from trainer.args import parse_args  # noqa: E402
+from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
 from trainer.core import Trainer, make_optimizer, make_scheduler  # noqa: E402
 
 
@@ -98,7 +98,7 @@ def timed_step(trainer: Trainer) -> Callable[[], float]:
     def step() -> float:
         batch = next(batches)
         started = time.perf_counter()
-        trainer._optimizer_step([batch], arm_diagnostics=False)
+        trainer.train_step([batch])
         if trainer.accelerator.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - started
@@ -139,9 +139,8 @@ def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on
                 times = interleaved_times(steps, args.steps, max(args.warmup - 1, 0))
                 rows.append((preset, dtype, {name: (statistics.median(t), trainers[name], first[name])
                                              for name, t in times.items()}))
-    device = torch.cuda.get_device_name() if not on_cpu else f"CPU, {torch.get_num_threads()} threads"
     print(f"\nTraining step (fwd + bwd + clip + AdamW) through trainer/core.py, batch {args.batch_size} x "
-          f"{args.seq_len}, median of {args.steps} interleaved steps, {device}, torch {torch.__version__}\n")
+          f"{args.seq_len}, median of {args.steps} interleaved steps\n")
     print("| preset | dtype | variant | step (ms) | tokens/s | MFU | vs HF Llama | first step (s) |")
     print("|---|---|---|---|---|---|---|---|")
     tokens = args.batch_size * args.seq_len
@@ -153,7 +152,7 @@ def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on
         llama_time = results["HF Llama"][0]
         for name, (seconds, trainer, first) in results.items():
             tokens_per_s = tokens / seconds
-            mfu = tokens_per_s * trainer.flops_per_token / trainer.peak_flops if trainer.peak_flops else float("nan")
+            mfu = trainer.reporter.mfu(tokens_per_s)
             print(f"| {preset} | {dtype} | {name} | {seconds * 1000:.0f} | {tokens_per_s:,.0f} | {mfu:.1%} | "
                   f"{llama_time / seconds:.2f}x | {first:.1f} |")
 
@@ -222,8 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     on_cpu = not torch.cuda.is_available()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"{torch.get_num_threads()} threads, load average {load:.2f} at start", flush=True)
+    print(f"{machine_line()}; load average {load:.2f} at start", flush=True)
     fp32_rate, bf16_rate = gemm_gflops(torch.float32), gemm_gflops(torch.bfloat16)
     print(f"CPU GEMM (1024x512 @ 512x1408): fp32 {fp32_rate:.1f} GFLOP/s, bf16 {bf16_rate:.1f} GFLOP/s; "
           f"fast bf16 (AMX/AVX512-BF16, the trainer's rule for --dtype auto): {cpu_has_fast_bf16()}", flush=True)

@@ -23,9 +23,10 @@ import torch
 import triton
 
 from model.kernels.cuda_build import H100_SMS, build
+from model.kernels.dtypes import DTYPES
 from model.kernels.rmsnorm_triton import LaunchTuning
+from trainer.machine import machine_line
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
 
 
@@ -47,8 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     print(f"# Fused RMSNorm kernels compiled for sm_{args.arch} ({args.dtype} activations, fp32 weights, "
-          f"backward pipeline stages {args.bwd_stages or 'by heuristic'}), triton {triton.__version__}, "
-          f"torch {torch.__version__}\n")
+          f"backward pipeline stages {args.bwd_stages or 'by heuristic'}), triton {triton.__version__}; "
+          f"{machine_line()}\n")
     print("| variant | kernel | N | BLOCK_N × BLOCK_M | warps | stages | registers/thread | spill stores (B/thread) "
           "| shared memory (B) | bar.sync | cp.async |")
     print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")

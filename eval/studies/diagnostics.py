@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
 from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series  # noqa: E402
+from trainer.figures import save_figure  # noqa: E402
 from trainer.run_dir import METRICS_FILE, read_metrics, report_error  # noqa: E402
 
 # What each quantity means, for the plot titles.
@@ -88,9 +89,7 @@ def plot_heatmap(steps: np.ndarray, matrix: np.ndarray, quantity: str, out_path:
     ax.set_ylabel("layer")
     ax.set_yticks(np.arange(matrix.shape[0]))
     ax.set_title(_title(quantity) + (f"\n{run_label}" if run_label else ""), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_path)
 
 
 def plot_globals(records: list[dict], out_path: Path, run_label: str = "") -> bool:
@@ -106,9 +105,7 @@ def plot_globals(records: list[dict], out_path: Path, run_label: str = "") -> bo
         ax.set_xlabel("step")
         ax.set_title(key + (f" — {run_label}" if run_label else ""), fontsize=10)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_path)
     return True
 
 

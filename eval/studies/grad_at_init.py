@@ -25,7 +25,6 @@ if __package__ in (None, ""):  # run as a script: make `import model...` work fr
 
 import argparse
 import json
-import platform
 import time
 from collections.abc import Sequence
 
@@ -35,6 +34,8 @@ import torch
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.diagnostics import NormDiagnostics
+from trainer.figures import save_figure
+from trainer.machine import machine_line
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "grad_at_init"
 PLACEMENTS = ("pre", "post", "sandwich", "res_post")
@@ -235,9 +236,7 @@ def plot(results: dict, path: Path, quantity: str = "ffn_w2") -> None:
     fig.suptitle(f"Gradient norm of the FFN output matrix per layer at initialization, {meta['init']} init "
                  f"({meta['layers']} layers, hidden {meta['hidden_size']}, {len(meta['seeds'])} seeds, "
                  "band: ± std over seeds)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -309,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                  "intermediate_size": config.intermediate_size, "seq_len": args.seq_len,
                  "batch_size": args.batch_size, "batches": args.batches, "seeds": seeds, "data": data_label,
                  "argv": " ".join(argv if argv is not None else sys.argv[1:]), "seconds": time.time() - start,
-                 "torch": torch.__version__, "machine": f"{platform.machine()}, {torch.get_num_threads()} threads"},
+                 "machine": machine_line()},
         "runs": runs,
     }
     out.mkdir(parents=True, exist_ok=True)

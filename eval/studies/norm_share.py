@@ -35,8 +35,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
-from trainer.args import resolve_dtype  # noqa: E402
-from trainer.machine import machine_line  # noqa: E402
+from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 
 # The study's model (scripts/sweep_configs/study_norms.yaml) and batch.
 STUDY_SHAPE = dict(hidden_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,

@@ -6,6 +6,7 @@ are in model/rmsnorm_math.py, the math in docs/architecture.md, the kernel notes
   rmsnorm_triton.py  the Triton kernels and their launch planning
   rmsnorm_ops.py     their torch.library custom ops (torch.compile-safe)
   cuda_build.py      compiles the real launches for sm_80 / sm_90 without a GPU (the resource report)
+  dtypes.py          the short dtype names (fp32, bf16, fp16) the kernel tools take
 
 `from model.kernels import rms_norm, add_rms_norm, MAX_N` loads fused.py (and so triton) on first use: importing
 this package, or the compiled path, never needs triton.

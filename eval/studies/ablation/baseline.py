@@ -1,0 +1,54 @@
+"""The unigram baseline (the loss of a model that knows only the training split's token frequencies) of the data
+a trial was scored on, rebuilt from the trial's own train_config.yaml."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.run_dir import CONFIG_FILE
+
+# The trainer arguments that decide the data a trial is scored on, hence its unigram baseline.
+DATA_KEYS = ("data_path", "val_data_path", "val_fraction", "tokenizer_path", "max_seq_len")
+
+
+def _run_args(run_dir: Path):
+    """The trainer arguments a trial ran with, from its train_config.yaml."""
+    import yaml
+
+    from trainer.args import args_from_run_config
+
+    config_path = run_dir / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: missing; --unigram rebuilds a trial's data from it")
+    return args_from_run_config(yaml.safe_load(config_path.read_text()))
+
+
+def unigram_baseline(run_dir: Path) -> dict[str, Any]:
+    """The unigram baseline on the data a trial trained and was scored on, rebuilt from its train_config.yaml."""
+    from torch.utils.data import DataLoader
+
+    from dataset.tokenization import load_tokenizer
+    from trainer.data import build_run_data
+    from trainer.evaluation import token_byte_lengths, unigram_eval
+    from trainer.run_dir import resolve_path
+
+    args = _run_args(run_dir)
+    tokenizer = load_tokenizer(resolve_path(args.tokenizer_path) if args.tokenizer_path else None)
+    data = build_run_data(args, tokenizer, quiet=True)
+    train = DataLoader(data.train, batch_size=256, collate_fn=data.collate)  # every row, in order
+    result = unigram_eval(train, data.val_loader, len(tokenizer), token_byte_lengths(tokenizer))
+    return {**result.as_dict(), "from_trial": run_dir.name, "max_seq_len": args.max_seq_len,
+            "data": data.description}
+
+
+def data_key(run_dir: Path) -> str:
+    """What decides a trial's unigram baseline: its data, tokenizer and sequence length (and, when the validation
+    split is held out of the training file, the seed that draws it)."""
+    args = _run_args(run_dir)
+    key = {name: getattr(args, name) for name in DATA_KEYS}
+    if args.data_path is not None and args.val_data_path is None:
+        key["seed"] = args.seed
+    return json.dumps(key, sort_keys=True, default=str)
+

@@ -1,0 +1,97 @@
+"""write_report: report.md, report.json and the plots of one or more sweeps (the parts of a study)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from eval.studies.ablation.baseline import data_key, unigram_baseline
+from eval.studies.ablation.load import SEED_KEY, Part, duplicate_trials, group_variants, load_sweep
+from eval.studies.ablation.plots import plot_curves, plot_grad_profile, plot_lr_warmup, plot_pre_post, plot_prms_p
+from eval.studies.ablation.tables import markdown_table, variant_rows
+
+
+def _part_markdown(part: Part, rows: list[dict[str, Any]], plots: dict[str, bool], heading: bool) -> list[str]:
+    config, trials = part.config, part.trials
+    fixed = {k: spec["value"] for k, spec in config["parameters"].items() if "value" in spec}
+    counts = {s: sum(t.status == s for t in trials) for s in ("finished", "diverged", "failed", "not run")}
+    seeds = sorted({t.params.get(SEED_KEY) for t in trials if SEED_KEY in t.params}, key=str)
+    md = [f"## Part `{part.name}`", ""] if heading else []
+    if heading and config.get("description"):
+        md += [str(config["description"]), ""]
+    md += [f"Method `{config['method']}`, metric `{(config.get('metric') or {}).get('name')}`; "
+           f"{len(trials)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
+           (f"; seeds {seeds}" if seeds else "") + f"; folder `{part.sweep_dir}`.", "",
+           markdown_table(config, rows), ""]
+    for name, made in plots.items():
+        if made:
+            md += [f"![{name[:-4]}]({name})", ""]
+    md += ["Fixed settings: " + ", ".join(f"`{k}={v}`" for k, v in fixed.items()), ""]
+    return md
+
+
+def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path | None = None,
+                 unigram: bool = False) -> Path:
+    """Write report.md, report.json and the plots of one or more sweeps; returns the markdown path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    dirs = [Path(d) for d in (sweep_dirs if isinstance(sweep_dirs, (list, tuple)) else [sweep_dirs])]
+    out = Path(out_dir) if out_dir else dirs[0] / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [Part(d, *load_sweep(d)) for d in dirs]
+    names = [p.name for p in parts]
+    if len(set(names)) < len(names):
+        raise ValueError(f"two sweep folders hold sweeps of the same name ({', '.join(names)}); report them apart")
+    baselines: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        part.variants = group_variants(part.config, part.trials)
+        source = next((t for t in part.trials if t.final_val_loss is not None), None)
+        if unigram and source is not None:
+            key = data_key(source.run_dir)
+            if key not in baselines:
+                baselines[key] = unigram_baseline(source.run_dir)
+            part.unigram = baselines[key]
+    several = len(parts) > 1
+    md = [f"# Ablation report: {', '.join(f'`{n}`' for n in names)}", "",
+          "Final val loss: the trainer's last evaluation over the whole validation split (run_summary.json), "
+          "mean ± sample std (n-1) over the finished seeds; diverged (NaN/inf) and failed trials are counted "
+          "and left out of the mean. grad L0 / L_last: the gradient norm of the first block's parameters over "
+          "the last block's at the last diagnostics step (geometric mean over seeds; far below 1: the gradient "
+          "vanishes toward the input). Step time and tokens/s: median over the variant's trials of each run's "
+          "median step (the machine may be shared, so treat speed as indicative).", ""]
+    for baseline in baselines.values():
+        md += [f"Unigram baseline: **{baseline['loss']:.4f}** nats ({baseline['bits_per_byte']:.3f} bits/byte) on "
+               f"{baseline['tokens']:,} validation targets at max_seq_len {baseline['max_seq_len']}: add-one-smoothed "
+               f"token frequencies of the training split, scored like the trials (data: {baseline['data']}; "
+               f"rebuilt from trial `{baseline['from_trial']}`). \"vs unigram\" is the final loss minus it.", ""]
+    duplicates = duplicate_trials(parts)
+    if duplicates:
+        worst = max(d["abs_diff"] for d in duplicates)
+        md += [f"{len(duplicates)} trials ran in two parts with identical parameters; their final val losses differ "
+               f"by at most {worst:.2g} (the same parameters give the same numbers: "
+               + ("**yes**" if worst == 0 else "**no**") + "). Each part's table counts its own copy.", ""]
+    rows_all, plots_all, counts = [], [], {"finished": 0, "diverged": 0, "failed": 0, "not run": 0}
+    for part in parts:
+        rows = variant_rows(part.variants, part.name, part.baseline)
+        prefix = f"{part.name}_" if several else ""
+        plots = {f"{prefix}val_curves.png": plot_curves(part.variants, out / f"{prefix}val_curves.png", part.baseline),
+                 f"{prefix}prms_p.png": plot_prms_p(part.variants, out / f"{prefix}prms_p.png"),
+                 f"{prefix}pre_post_warmup.png": plot_pre_post(part.variants, out / f"{prefix}pre_post_warmup.png"),
+                 f"{prefix}lr_warmup.png": plot_lr_warmup(part.variants, out / f"{prefix}lr_warmup.png",
+                                                          part.baseline),
+                 f"{prefix}grad_profile.png": plot_grad_profile(part.variants, out / f"{prefix}grad_profile.png")}
+        md += _part_markdown(part, rows, plots, heading=several)
+        rows_all += rows
+        plots_all += [name for name, made in plots.items() if made]
+        for status in counts:
+            counts[status] += sum(t.status == status for t in part.trials)
+    (out / "report.md").write_text("\n".join(md))
+    payload = {"sweeps": names, "counts": counts, "variants": rows_all, "plots": plots_all,
+               "unigram": {p.name: p.unigram for p in parts if p.unigram}, "duplicates": duplicates,
+               "trials": [{"part": p.name, "trial_id": t.trial_id, "status": t.status, "params": t.params,
+                           "final_val_loss": t.final_val_loss, "grad_in_out": t.grad_in_out,
+                           "median_step_time_s": t.summary.get("median_step_time_s"),
+                           "tokens_per_s": t.summary.get("tokens_per_s")} for p in parts for t in p.trials]}
+    (out / "report.json").write_text(json.dumps(payload, indent=1, default=str, allow_nan=True))
+    return out / "report.md"

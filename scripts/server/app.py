@@ -1,0 +1,132 @@
+"""The FastAPI application around one served model: the API key, the routes of the OpenAI API, /health and the
+chat page (scripts/web/)."""
+
+# No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations (Request) at run time.
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from scripts.server.completion import Completion, generation_settings, prompt_ids
+from scripts.server.errors import APIError, add_error_handlers
+from scripts.server.protocol import CompletionId, completion_body, model_card, model_list, parse_chat_request
+from scripts.server.served_model import ServedModel
+from scripts.server.streaming import streaming_response
+
+WEB_DIR = Path(__file__).resolve().parents[1] / "web"
+MAX_BODY_BYTES = 1 << 20
+
+
+def authorize(request: Request, api_key: str | None) -> None:
+    """Nothing without an API key; else an APIError (401) unless the request carries it (compared in constant
+    time)."""
+    if api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+        raise APIError(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'",
+                       code="invalid_api_key")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body; an APIError (413) as soon as it is known to be over `limit` bytes (read no further)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body is {int(declared)} bytes; the limit is {limit}", code="too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"the request body is over the limit of {limit} bytes", code="too_large")
+    return bytes(body)
+
+
+def refuse_when_busy(served: ServedModel, max_waiting: int) -> None:
+    if served.engine.load[1] >= max_waiting:
+        raise APIError(503, f"the server is busy ({max_waiting} requests waiting); try again shortly",
+                       kind="server_error", code="overloaded")
+
+
+async def whole_answer(request: Request, completion: Completion,
+                       completion_id: CompletionId) -> Response | dict[str, Any]:
+    """The completion in one body once it ends; 499 (read by nobody) when the client hangs up first, which gives
+    the engine's slot back."""
+    gone = asyncio.ensure_future(request.receive())  # the body is read: the next message is a disconnect
+    done = asyncio.ensure_future(completion.until_done())
+    try:
+        await asyncio.wait({gone, done}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        done.cancel()
+        completion.cancel()  # a no-op once done
+    if not completion.generation.done:
+        return Response(status_code=499)
+    completion.check_finished()
+    generation = completion.generation
+    return completion_body(completion_id, generation.text, generation.finish_reason, completion.usage())
+
+
+def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int = 64,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI application around one loaded model and its running engine."""
+    counters = {"requests": 0}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        served.engine.start()
+        yield
+        served.engine.close()
+
+    app = FastAPI(title="MiniNorm", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    add_error_handlers(app)
+
+    def served_card() -> dict[str, Any]:
+        return model_card(served.name, served.created, served.max_context)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        running, waiting = served.engine.load
+        return {"status": "ok", "model": served.name, "running": running, "waiting": waiting,
+                "max_batch": served.engine.max_batch, "requests": counters["requests"],
+                "generated_tokens": served.engine.generated_tokens, "decode_steps": served.engine.steps,
+                "batched_rows": served.engine.batched_rows}
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict[str, Any]:
+        authorize(request, api_key)
+        return model_list([served_card()])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+        authorize(request, api_key)
+        if model_id != served.name:
+            raise APIError(404, f"no model {model_id!r}; this server has {served.name!r}", param="model",
+                           code="model_not_found")
+        return served_card()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):  # no return annotation: FastAPI would take it for the schema
+        authorize(request, api_key)
+        chat = parse_chat_request(await read_body(request, max_body_bytes))
+        ids = prompt_ids(chat, served)
+        settings = generation_settings(chat, served, len(ids))
+        refuse_when_busy(served, max_waiting)
+        counters["requests"] += 1
+        completion = Completion(served, ids, settings)
+        completion_id = CompletionId.new(served.name)
+        if chat.stream:
+            return streaming_response(completion, completion_id, chat.include_usage())
+        return await whole_answer(request, completion, completion_id)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html")
+
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    return app

@@ -1,0 +1,71 @@
+"""OpenAI's error shape, {"error": {"message", "type", "param", "code"}}, for every failure: the server's own
+(APIError), a request that fails the schema, an HTTP error of the framework (unknown path, wrong method) and an
+internal error."""
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+# Where pydantic names the branch of a union in an error's location; a client knows only the field path.
+_UNION_BRANCHES = ("str", "list[TextPart]", "function-after")
+
+
+class APIError(Exception):
+    """An OpenAI-style error response."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def validation_error(error: ValidationError) -> APIError:
+    """The deepest problem of a pydantic ValidationError (for a union, the branch that got furthest), named by its
+    field path ("messages[1].role")."""
+    errors = error.errors()
+    first = max(errors, key=lambda e: len(e["loc"]))
+    param = ""
+    for part in first["loc"]:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part not in _UNION_BRANCHES:
+            param += f".{part}" if param else str(part)
+    message = first["msg"]
+    if first["type"] == "missing":
+        message = "is required"
+    elif first["type"] == "too_short" and param == "messages":
+        message = "must hold at least one message"
+    return APIError(400, f"{param}: {message}", param=param or None)
+
+
+async def _api_error(request: Request, error: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+    return JSONResponse(APIError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
+
+
+async def _request_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    return JSONResponse(APIError(400, str(error.errors()[0].get("msg"))).body(), status_code=400)
+
+
+async def _server_error(request: Request, error: Exception) -> JSONResponse:
+    message = f"internal error: {type(error).__name__}: {error}"
+    return JSONResponse(APIError(500, message, kind="server_error").body(), status_code=500)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error `app` answers, in OpenAI's shape."""
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _request_validation_error)
+    app.add_exception_handler(Exception, _server_error)

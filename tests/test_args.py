@@ -1,0 +1,104 @@
+"""The trainers' --help: every flag has a help text, sits in a named section and shows its trainer's default."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.args import (FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FLAGS, _build_parser, _section_heading,
+                          task_flags)
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = ("pretrain", "sft", "lora", "dpo")
+GENERAL = {"-h", "--config"}  # argparse's own "options" section
+SECTIONS = {"model", MODEL_CONFIG_GROUP, "data", "optimisation", "schedule", "checkpoint", "distributed", "logging",
+            "diagnostics", "lora", "dpo"}
+
+
+def help_entries(text: str) -> dict[str, tuple[str, str]]:
+    """--help's entry per flag -> (its section's title, the entry on one line: invocation and help text)."""
+    entries, section, current = {}, None, None
+    for line in text.splitlines():
+        if re.match(r"^\S.*:$", line):
+            section, current = line[:-1], None
+        elif line.startswith("  -") and section is not None:
+            current = line.split()[0].rstrip(",")
+            entries[current] = (section, line.strip())
+        elif current is not None and line.startswith("    "):
+            entries[current] = (section, f"{entries[current][1]} {line.strip()}")
+        else:
+            current = None  # a blank line or a section's description
+    return entries
+
+
+def section_titles(task: str) -> set[str]:
+    return {_section_heading(key, task)[0] for key in FLAG_GROUPS}
+
+
+def test_the_sections_are_the_named_ones():
+    assert set(FLAG_GROUPS) == SECTIONS
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_flag_has_help_and_a_named_section(task):
+    parser = _build_parser(task)
+    flags = {action.option_strings[0]: action for action in parser._actions}
+    assert set(flags) == GENERAL | {f"--{name}" for name in task_flags(task) | set(MODEL_FIELDS)}
+    for flag, action in flags.items():
+        assert action.help and action.help.strip(), f"{task}: {flag} has no help text"
+    entries = help_entries(parser.format_help())
+    assert set(entries) == set(flags)  # the parser above reads every entry of the --help text
+    for flag, (section, entry) in entries.items():
+        if flag in GENERAL:
+            assert section == "options", (flag, section)
+            continue
+        assert section in section_titles(task), f"{task}: {flag} is under {section!r}, not a named section"
+        if flag.removeprefix("--") in MODEL_FIELDS:
+            assert section.startswith(FLAG_GROUPS[MODEL_CONFIG_GROUP][0]), (flag, section)
+        else:
+            assert "(default: " in entry, f"{task}: {flag}'s help does not show its default: {entry!r}"
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_task_only_flags_show_only_for_their_task(task):
+    entries = help_entries(_build_parser(task).format_help())
+    for owner, names in TASK_FLAGS.items():
+        for name in names:
+            assert (f"--{name}" in entries) == (owner == task), (task, name)
+    own_sections = {FLAG_GROUPS[owner][0] for owner in TASK_FLAGS if owner == task}
+    other_sections = {FLAG_GROUPS[owner][0] for owner in TASK_FLAGS if owner != task}
+    sections = {section for section, _ in entries.values()}
+    assert own_sections <= sections and not other_sections & sections
+
+
+@pytest.mark.parametrize("task, flag, default", [
+    ("pretrain", "optimizer", "muon"),
+    ("pretrain", "learning_rate", "0.01"),
+    ("pretrain", "preset", "cpu-wide"),
+    ("pretrain", "max_steps", "400"),
+    ("sft", "optimizer", "adamw"),
+    ("sft", "learning_rate", "0.0005"),
+    ("sft", "preset", "cpu-default"),
+    ("lora", "weight_decay", "0.0"),
+    ("lora", "lora_rank", "8"),
+    ("lora", "merge", "False"),
+    ("dpo", "batch_size", "8"),
+    ("dpo", "beta", "0.15"),
+])
+def test_help_shows_the_tasks_own_default(task, flag, default):
+    _, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]
+    assert entry.endswith(f"(default: {default})"), entry
+
+
+@pytest.mark.parametrize("script, default", [("trainer/train_pretrain.py", "muon"),
+                                             ("trainer/train_full_sft.py", "adamw")])
+def test_trainer_help_command(script, default):
+    run = subprocess.run([sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    entries = help_entries(run.stdout)
+    assert entries["--optimizer"][1].endswith(f"(default: {default})")
+    assert entries["--norm_type"][0].startswith("model config (default: ")

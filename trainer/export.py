@@ -1,0 +1,85 @@
+"""A finished run's artifacts: the Hugging Face model directory (a PEFT adapter directory for LoRA), the merged
+model of a LoRA run (`--merge`), and the sample generation that run_summary.json keeps."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+from accelerate import Accelerator
+
+from dataset.atomic_io import atomic_write_text
+from dataset.chat_format import encode_chatml, encode_text
+from model.generation_defaults import saved_generation_config
+from model.model import MiniNormForCausalLM
+from trainer.distributed import full_state_dict
+from trainer.run_dir import CONFIG_FILE, MERGED_DIR, is_chat_task
+
+PRETRAIN_PROMPT, CHAT_PROMPT = "The history of", "What is the capital of France?"
+
+
+def save_model_dir(model: torch.nn.Module, tokenizer, out_dir: Path) -> None:
+    """Write a plain HF model directory (a PEFT adapter directory for a PEFT model); each file is moved into place
+    whole."""
+    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    base.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".model_", dir=out_dir))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        for item in staging.iterdir():
+            os.replace(item, out_dir / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def whole_model(accelerator: Accelerator, model: torch.nn.Module, unwrapped: torch.nn.Module,
+                sharded: bool) -> torch.nn.Module | None:
+    """Collective. The trained model as one plain module on the main process (None elsewhere): the model itself,
+    or, when its weights are sharded, a copy assembled from every process's shard."""
+    if not sharded:
+        return unwrapped if accelerator.is_main_process else None
+    state_dict = full_state_dict(accelerator, model)
+    if not accelerator.is_main_process:
+        return None
+    with torch.device("meta"):
+        assembled = MiniNormForCausalLM(unwrapped.config)
+    assembled.load_state_dict(state_dict, assign=True)
+    assembled.tie_weights()
+    return assembled
+
+
+def sample_text(model: torch.nn.Module, tokenizer, task: str, prompt: str | None, seed: int) -> str:
+    """A short sampled continuation of `prompt` (default: one for the task), as run_summary.json keeps it."""
+    chat = is_chat_task(task)
+    prompt = prompt or (CHAT_PROMPT if chat else PRETRAIN_PROMPT)
+    # The prompt is text, whatever it contains (a --sample_prompt with "<|im_end|>" in it stays text).
+    ids = (encode_chatml(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True).input_ids
+           if chat else encode_text(tokenizer, prompt))
+    input_ids = torch.tensor([ids], device=next(model.parameters()).device)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    was_training = model.training
+    model.eval()  # no dropout while sampling
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        output = model.generate(**inputs, max_new_tokens=48, do_sample=True, temperature=0.7, top_p=0.9,
+                                repetition_penalty=1.1)
+    model.train(was_training)
+    completion = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    return f"{prompt} -> {completion.strip()}" if chat else prompt + completion
+
+
+def save_merged(adapted: torch.nn.Module, tokenizer, out_dir: Path, run_config: dict) -> Path:
+    """OUT_DIR/merged: a plain model directory with the LoRA adapters folded into the weights (and the run's
+    config, so tools know it is a chat model)."""
+    from model.lora import merged_model
+
+    merged_dir = out_dir / MERGED_DIR
+    save_model_dir(merged_model(adapted), tokenizer, merged_dir)
+    atomic_write_text(merged_dir / CONFIG_FILE, yaml.safe_dump(run_config, sort_keys=False))
+    return merged_dir

@@ -1,0 +1,81 @@
+"""What one optimizer step produced, and where the run stands after it.
+
+`Trainer.train_step` (trainer/core.py) returns a `StepResult`; the loop advances a `RunPosition` with it and hands
+both to the components that log, evaluate, checkpoint and fix a time budget's length.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Literal
+
+StepOutcome = Literal["applied", "skipped", "diverged"]
+
+
+def step_outcome(loss: float, grad_norm: float, scaler_skipped: bool | None) -> StepOutcome:
+    """What one optimizer step amounted to. `scaler_skipped`: None without an fp16 grad scaler, else whether the
+    scaler skipped the update. Under fp16 an inf/NaN gradient is an overflow the scaler handles (it skips the
+    update and lowers the scale), so only a non-finite loss is divergence; without a scaler either one is."""
+    if not math.isfinite(loss):
+        return "diverged"
+    if scaler_skipped is None:
+        return "applied" if math.isfinite(grad_norm) else "diverged"
+    return "skipped" if scaler_skipped else "applied"
+
+
+@dataclass
+class StepResult:
+    """One optimizer step over a group of micro-batches, on every process."""
+
+    outcome: StepOutcome
+    loss: float                   # the global mean loss over the step's units (tokens, preference pairs)
+    grad_norm: float = math.nan   # before clipping; NaN when the backend reports none (DeepSpeed) or it diverged
+    tokens: int = 0               # real (unpadded) input tokens over all processes: the throughput count
+    stats: dict[str, float] = field(default_factory=dict)        # the objective's statistics (means over units)
+    diagnostics: dict[str, float] = field(default_factory=dict)  # norm diagnostics, on armed steps only
+    time_s: float = math.nan      # wall time of the step, loading its batches included
+
+
+@dataclass
+class RunPosition:
+    """Where the run stands: optimizer steps done, the epoch and the global samples of it consumed, tokens seen.
+    A checkpoint saves it; resuming restores it."""
+
+    step: int = 0
+    epoch: int = 0
+    samples_done: int = 0
+    tokens_seen: int = 0
+
+    def advance(self, result: StepResult, global_batch: int) -> None:
+        self.step += 1
+        self.samples_done += global_batch
+        self.tokens_seen += result.tokens
+
+
+@dataclass
+class SessionPace:
+    """This session's optimizer steps (a resumed run starts a new session): seconds and real tokens of each."""
+
+    times: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+    def add(self, result: StepResult) -> None:
+        self.times.append(result.time_s)
+        self.tokens.append(result.tokens)
+
+    def seconds(self) -> float:
+        return sum(self.times)
+
+    def median_step_s(self) -> float:
+        return statistics.median(self.times) if self.times else math.nan
+
+    def tokens_per_s(self) -> float:
+        """Real tokens per second of training step; the session's first step (compilation, allocator warm-up) is
+        left out when there are others."""
+        if not self.times:
+            return math.nan
+        skip = 1 if len(self.times) > 1 else 0
+        return sum(self.tokens[skip:]) / sum(self.times[skip:])
+

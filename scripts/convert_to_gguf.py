@@ -192,7 +192,7 @@ def write_gguf(gguf: Any, path: Path, name: str, model_dir: Path, config: LlamaC
 
     tokens, types = vocabulary(gguf, tokenizer, config.vocab_size)
     writer.add_tokenizer_model("gpt2")  # llama.cpp's name for byte-level BPE
-    writer.add_tokenizer_pre("gpt-2")  # the split regex; ours is GPT-2's (tests/test_gguf.py checks)
+    writer.add_tokenizer_pre("gpt-2")  # the split regex; ours is GPT-2's (tests/unit/test_gguf.py checks)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(gguf.SpecialVocab(model_dir, load_merges=True).merges)

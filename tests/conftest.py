@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tests.paths import REPO
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +38,8 @@ _TINY_TEXTS = ("The history of the city begins with a small fishing village on t
 
 @dataclass(frozen=True)
 class TinyModels:
-    sft: Path             # trained to answer every question (first or later turn) with TINY_REPLY, then <|im_end|>
+    sft: Path             # trained to answer every question with TINY_REPLY and then <|im_end|>
+    chat: Path            # the same, also trained on two-turn conversations: its answer follows a history too
     pretrain: Path        # untrained, Llama-compatible (rmsnorm, pre), task: pretrain
     post_ln: Path         # untrained, norm_placement="post" (not Llama-compatible)
     sft_data: Path        # the SFT jsonl the sft model was trained on
@@ -77,6 +79,23 @@ def _write_conversations(path: Path, conversations: list[list[str]]) -> None:
     path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
 
 
+def _trained_sft(data_path: Path, tokenizer, cache_dir: Path):
+    """A tiny model trained, full-batch, until it answers every conversation of `data_path` with TINY_REPLY."""
+    import torch
+
+    from dataset.sft_dataset import SFTDataset
+
+    data = SFTDataset(data_path, tokenizer, max_seq_len=64, cache_dir=cache_dir)
+    batch = data.collate([data[i] for i in range(len(data))])
+    model = _tiny_model(tokenizer, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(80):  # full-batch steps until the fixed reply (and its <|im_end|>) is memorized
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model.eval()
+
+
 def _save_tiny(model, tokenizer, path: Path, task: str) -> Path:
     import yaml
 
@@ -92,37 +111,50 @@ def _save_tiny(model, tokenizer, path: Path, task: str) -> Path:
 def tiny_models(tmp_path_factory, tokenizer) -> TinyModels:
     """Tiny model directories written like the trainer's (about 10 s): an SFT model that reliably stops at
     <|im_end|>, an untrained pretrained one, a post-LN one, and their data files."""
-    import torch
-
-    from dataset.sft_dataset import SFTDataset
-
     root = tmp_path_factory.mktemp("tiny_models")
     sft_data, pretrain_data = root / "sft.jsonl", root / "pretrain.jsonl"
-    turns = [[q] for q in _TINY_QUESTIONS]
-    # The model also learns two-turn conversations, so that the reply follows a history too (the chat page's and
-    # the server's multi-turn tests); without them the second answer depends on the CPU's rounding. sft_data
-    # stays the one-turn file the evaluation and LoRA tests read.
-    _write_conversations(sft_data, turns)
+    _write_conversations(sft_data, [[q] for q in _TINY_QUESTIONS])
     two_turns = [[q, r] for q, r in zip(_TINY_QUESTIONS, _TINY_QUESTIONS[1:])]
-    _write_conversations(root / "sft_train.jsonl", turns + two_turns)
+    _write_conversations(root / "chat.jsonl", [[q] for q in _TINY_QUESTIONS] + two_turns)
     pretrain_data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in _TINY_TEXTS),
                              encoding="utf-8")
-
-    data = SFTDataset(root / "sft_train.jsonl", tokenizer, max_seq_len=64, cache_dir=root / "cache")
-    batch = data.collate([data[i] for i in range(len(data))])
-    model = _tiny_model(tokenizer, seed=0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(80):  # full-batch steps until the fixed reply (and its <|im_end|>) is memorized
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    model.eval()
     return TinyModels(
-        sft=_save_tiny(model, tokenizer, root / "sft", "sft"),
+        sft=_save_tiny(_trained_sft(sft_data, tokenizer, root / "cache"), tokenizer, root / "sft", "sft"),
+        chat=_save_tiny(_trained_sft(root / "chat.jsonl", tokenizer, root / "cache"), tokenizer, root / "chat",
+                        "sft"),
         pretrain=_save_tiny(_perturbed(_tiny_model(tokenizer, seed=1)), tokenizer, root / "pretrain", "pretrain"),
         post_ln=_save_tiny(_perturbed(_tiny_model(tokenizer, seed=2, norm_placement="post")), tokenizer,
                            root / "post_ln", "pretrain"),
         sft_data=sft_data, pretrain_data=pretrain_data)
+
+
+@pytest.fixture(scope="module")
+def sft(tiny_models):
+    """The tiny SFT model and its tokenizer, loaded (once per test module)."""
+    from model.loading import load_model
+
+    return load_model(tiny_models.sft)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tiny_models):
+    """The tiny untrained Llama-compatible model and its tokenizer, loaded (once per test module)."""
+    from model.loading import load_model
+
+    return load_model(tiny_models.pretrain)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's thread handoffs make
+    each op up to 50x slower: a module that asks for it (`pytestmark = pytest.mark.usefixtures("one_thread")`)
+    runs single-threaded, and the setting is restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------- tiny training runs (trainer tests)
@@ -192,7 +224,7 @@ def sft_server(tiny_models):
     from trainer.distributed import free_port
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "serve.py"),
+    process = subprocess.Popen([sys.executable, str(REPO / "scripts" / "serve.py"),
                                 "--model_path", str(tiny_models.sft), "--port", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

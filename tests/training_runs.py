@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 from trainer.distributed import free_port
 from trainer.run_dir import read_metrics
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--num_key_value_heads",
         "2", "--max_seq_len", "32", "--dtype", "float32", "--norm_impl", "eager", "--log_interval", "2",
         "--eval_interval", "4", "--eval_batches", "0", "--warmup_steps", "2", "--learning_rate", "3e-3",

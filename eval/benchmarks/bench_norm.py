@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     weight_dtype = dtype if args.weight_dtype == "same" else DTYPES[args.weight_dtype]
     if args.check and not triton_can_run(device):  # CPU only as a smoke test, under TRITON_INTERPRET=1
-        ap.error("--check needs a CUDA device (the CPU interpreter path is covered by tests/test_kernels.py)")
+        ap.error("--check needs a CUDA device (the CPU interpreter path is covered by tests/unit/test_kernels.py)")
     if (args.sweep or args.profile_once or args.check_model) and device.type != "cuda":
         ap.error("--sweep, --profile_once and --check_model need a CUDA device")
     m = args.m or (32768 if device.type == "cuda" else 1024)

@@ -1,7 +1,7 @@
 """Correctness of our RMSNorm kernels, kept apart from any timing: the kernels against fp32 autograd references
 at LLM shapes (values, both gradients, a bit-identical rerun; plain and with the residual add; one case of more
 than 2^31 elements), and the whole model with norm_impl="triton" against "eager" and under torch.compile. Each
-prints a markdown table and returns whether everything passed. tests/test_kernels.py checks the same on CPU
+prints a markdown table and returns whether everything passed. tests/unit/test_kernels.py checks the same on CPU
 under the Triton interpreter, at small shapes."""
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from scripts.sweep import (SweepConfigError, build_command, load_sweep_config, p
                            validate_sweep_config)
 from trainer.args import parse_args
 from trainer.sweep_dir import read_results, swept_names
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SWEEP_YAMLS = sorted((REPO / "scripts" / "sweep_configs").glob("*.yaml"))
 TEXTS = ["The history of the city begins with a small fishing village on the river.",
          "Water is a chemical compound of hydrogen and oxygen. It covers most of the Earth.",

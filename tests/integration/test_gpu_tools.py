@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(args: list[str], **env: str) -> subprocess.CompletedProcess:

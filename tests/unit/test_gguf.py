@@ -142,7 +142,7 @@ def test_tokenizer_metadata_equals_the_tokenizer_files(tiny_models, gguf_files) 
 
 def test_our_split_is_gpt2s(tokenizer) -> None:
     """Why "gpt-2" is the right pre-tokenizer for llama.cpp: our tokenizer cuts text where GPT-2's pattern does,
-    with no prefix space (tests/test_llama_cpp.py then checks llama.cpp's token ids themselves)."""
+    with no prefix space (tests/integration/test_llama_cpp.py then checks llama.cpp's token ids themselves)."""
     pre_tokenizer = tokenizer.backend_tokenizer.pre_tokenizer
     for text in TEXTS:
         pieces = [text[start:end] for _, (start, end) in pre_tokenizer.pre_tokenize_str(text)]

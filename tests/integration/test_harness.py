@@ -4,7 +4,6 @@ generations stop at the harness's own length limit (docs/harness.md)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +13,9 @@ from lm_eval.tasks import TaskManager
 
 from model.loading import load_model
 from scripts.convert_to_llama import convert_to_llama
+from tests.paths import REPO
 
-TASKS = Path(__file__).resolve().parents[1] / "eval" / "harness_tasks"
+TASKS = REPO / "eval" / "harness_tasks"
 
 
 def _generation_kwargs() -> dict:

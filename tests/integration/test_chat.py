@@ -13,22 +13,11 @@ import torch
 
 from model.chat_session import ChatSession, uses_chat_template
 from model.generation import GenerationSettings
-from model.loading import load_model
 from trainer.run_dir import REPO_ROOT, ModelNotFound, locate_model, model_task, resolve_input_path, resolve_path
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CHAT = REPO / "eval" / "chat.py"
 GREEDY = ["--temperature", "0", "--max_new_tokens", "40"]
-
-
-@pytest.fixture(scope="module")
-def sft(tiny_models):
-    return load_model(tiny_models.sft)
-
-
-@pytest.fixture(scope="module")
-def pretrained(tiny_models):
-    return load_model(tiny_models.pretrain)
 
 
 def greedy_session(loaded, use_template: bool = True, **kwargs) -> ChatSession:

@@ -1,5 +1,5 @@
 """Text is text: "<|im_start|>", "<|im_end|>" or "<|endoftext|>" typed inside a message are characters, never
-control tokens -- in SFT data, in chat and evaluation prompts (and in the server, tests/test_serve.py). The
+control tokens -- in SFT data, in chat and evaluation prompts (and in the server, tests/integration/test_serve.py). The
 expected ids are built independently: control tokens as their ids, text through transformers' own
 `split_special_tokens=True` tokenization."""
 

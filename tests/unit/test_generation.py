@@ -12,21 +12,10 @@ import torch
 from model.chat_session import encode_prompt
 from model.generation import (FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, GenerationEngine,
                               GenerationSettings, TextStream, _Row)
-from model.loading import load_model
 
 PROMPTS = ("The history of", "Water is a chemical compound of hydrogen and", "北京是", "A",
            "A tiny language model learns to continue text one token at a time, and then")
 NEVER = -1  # an eos id no model emits: generations run to their budget
-
-
-@pytest.fixture(scope="module")
-def pretrained(tiny_models):
-    return load_model(tiny_models.pretrain)
-
-
-@pytest.fixture(scope="module")
-def sft(tiny_models):
-    return load_model(tiny_models.sft)
 
 
 def run_until_done(engine: GenerationEngine, *generations, max_steps: int = 2000) -> list[int]:

@@ -2,7 +2,7 @@
 an independent fp64 reference of Muon (torch's docstring formula: Nesterov momentum, Newton-Schulz orthogonalization,
 decoupled decay, the shape factor) and of AdamW, the state surviving state_dict/load_state_dict inside one
 optimizer object, the WSD schedule, the one-line refusals. Training with Muon, exact resume and several processes:
-tests/test_train_resume.py and tests/test_train_processes.py."""
+tests/integration/test_train_resume.py and tests/integration/test_train_processes.py."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ from dataset.jsonl import scan_jsonl
 from dataset.pretrain_dataset import PretrainDataset
 from dataset.sft_dataset import IGNORE_INDEX, SFTDataset
 from tests.training_runs import write_jsonl
+from tests.paths import REPO
 
 IM_START, IM_END, PAD = 1, 2, 0
-REPO = Path(__file__).resolve().parents[1]
 
 
 def expected_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:

@@ -4,14 +4,13 @@ scripts/train_tokenizer.py regenerates the committed files."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 from dataset.chat_format import CHATML_TEMPLATE, render_chatml
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 ROUND_TRIP = [
     "The quick brown fox jumps over the lazy dog.",

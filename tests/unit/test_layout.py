@@ -13,8 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 LIBRARY = ("model", "dataset", "trainer")
 TOOLS = ("scripts", "eval")
 # The folders whose files (or packages) are tools, each its own; the deepest folder that holds a module decides.

@@ -6,13 +6,12 @@ import os
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from dataset.atomic_io import atomic_path, atomic_write_lines, atomic_write_text
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

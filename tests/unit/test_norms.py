@@ -1,6 +1,6 @@
 """Norms against independent references: fp64 formulas, torch.nn.RMSNorm, nn.LayerNorm, a hand-derived backward.
 
-Triton is tested in tests/test_kernels.py; here the implementations are "eager" (the reference) and "compile"
+Triton is tested in tests/unit/test_kernels.py; here the implementations are "eager" (the reference) and "compile"
 (the CPU fast path). Compiling costs seconds per new shape, so the compile tests use few shapes.
 """
 

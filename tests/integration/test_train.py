@@ -1,7 +1,7 @@
 """The training core in one process on a tiny model: outputs, gradient accumulation against the full batch (SFT's
 uneven label masks included), SFT from a pretrained dir and its real-token throughput, --compile against eager,
-the validation split by document, divergence handling, flags. Resume: tests/test_train_resume.py; several
-processes (DDP, FSDP2): tests/test_train_processes.py."""
+the validation split by document, divergence handling, flags. Resume: tests/integration/test_train_resume.py; several
+processes (DDP, FSDP2): tests/integration/test_train_processes.py."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def test_sft_throughput_counts_real_tokens(train_data, reference_run, tokenizer,
 
 def test_compile_matches_eager_evaluates_and_samples(train_data, reference_run, tmp_path):
     """--compile on: the same losses as the eager reference (tolerance), validation and the sample run, checkpoints
-    and the final model save. (Resuming compiled, under DDP and FSDP2: tests/test_train_processes.py.)"""
+    and the final model save. (Resuming compiled, under DDP and FSDP2: tests/integration/test_train_processes.py.)"""
     out_dir = tmp_path / "compiled"
     argv = pretrain_argv(train_data, out_dir, "--batch_size", "4", "--compile", "on")
     summary = run_in_process("pretrain", argv)

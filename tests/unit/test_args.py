@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import re
-import subprocess
+import runpy
 import sys
-from pathlib import Path
 
 import pytest
 
 from trainer.args import (FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FLAGS, _build_parser, _section_heading,
                           task_flags)
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 TASKS = ("pretrain", "sft", "lora", "dpo")
 GENERAL = {"-h", "--config"}  # argparse's own "options" section
 SECTIONS = {"model", MODEL_CONFIG_GROUP, "data", "optimisation", "schedule", "checkpoint", "distributed", "logging",
@@ -96,9 +95,12 @@ def test_help_shows_the_tasks_own_default(task, flag, default):
 
 @pytest.mark.parametrize("script, default", [("trainer/train_pretrain.py", "muon"),
                                              ("trainer/train_full_sft.py", "adamw")])
-def test_trainer_help_command(script, default):
-    run = subprocess.run([sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    entries = help_entries(run.stdout)
+def test_trainer_help_command(script, default, capsys, monkeypatch):
+    """The script itself, run as `python SCRIPT --help` would run it (in this process: no interpreter start-up)."""
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO / script), run_name="__main__")
+    assert exit_info.value.code == 0
+    entries = help_entries(capsys.readouterr().out)
     assert entries["--optimizer"][1].endswith(f"(default: {default})")
     assert entries["--norm_type"][0].startswith("model config (default: ")

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.paths import REPO
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
-WEB = Path(__file__).resolve().parents[1] / "scripts" / "web"
+WEB = REPO / "scripts" / "web"
 TIMEOUT_MS = 60_000
 
 
@@ -72,36 +73,39 @@ def test_page_works_offline_from_the_repository() -> None:
         assert "http://" not in text and "https://" not in text and "//cdn" not in text, name
 
 
-def test_chat_streams_answers_keeps_history_and_resets(page, sft_server, tiny_models, tmp_path) -> None:
+def test_chat_streams_answers_keeps_history_and_resets(page, serve_app, threaded_server, tiny_models,
+                                                       tmp_path) -> None:
+    """The tiny chat model (it learned two-turn conversations too) answers every turn with its reply."""
     from playwright.sync_api import expect
 
-    page.goto(sft_server)
-    expect(page.locator("#model-name")).to_contain_text(tiny_models.sft.name)
-    page.fill("#temperature", "0")
-    page.fill("#max-tokens", "40")
-    first = ask(page, "Who are you?")
-    answers = page.locator(".message.assistant")
-    expect(answers).to_have_count(1)
-    expect(answers.nth(0)).to_have_text(tiny_models.reply)
-    expect(page.locator("#stats")).to_contain_text("tokens/s")
-    body = json.loads(first.post_data)
-    assert body["stream"] is True and body["temperature"] == 0 and body["max_tokens"] == 40
-    assert sent_messages(first) == [{"role": "user", "content": "Who are you?"}]
+    with threaded_server(serve_app(tiny_models.chat)) as server:
+        page.goto(server.url)
+        expect(page.locator("#model-name")).to_contain_text(tiny_models.chat.name)
+        page.fill("#temperature", "0")
+        page.fill("#max-tokens", "40")
+        first = ask(page, "Who are you?")
+        answers = page.locator(".message.assistant")
+        expect(answers).to_have_count(1)
+        expect(answers.nth(0)).to_have_text(tiny_models.reply)
+        expect(page.locator("#stats")).to_contain_text("tokens/s")
+        body = json.loads(first.post_data)
+        assert body["stream"] is True and body["temperature"] == 0 and body["max_tokens"] == 40
+        assert sent_messages(first) == [{"role": "user", "content": "Who are you?"}]
 
-    second = ask(page, "Hi!")  # multi-turn: the whole conversation goes with the request
-    expect(answers).to_have_count(2)
-    expect(answers.nth(1)).to_have_text(tiny_models.reply)
-    assert sent_messages(second) == [{"role": "user", "content": "Who are you?"},
-                                     {"role": "assistant", "content": tiny_models.reply},
-                                     {"role": "user", "content": "Hi!"}]
-    expect(page.locator(".message.user")).to_have_text(["Who are you?", "Hi!"])
-    screenshot(page, tmp_path, "chat_page")
+        second = ask(page, "Hi!")  # multi-turn: the whole conversation goes with the request
+        expect(answers).to_have_count(2)
+        expect(answers.nth(1)).to_have_text(tiny_models.reply)
+        assert sent_messages(second) == [{"role": "user", "content": "Who are you?"},
+                                         {"role": "assistant", "content": tiny_models.reply},
+                                         {"role": "user", "content": "Hi!"}]
+        expect(page.locator(".message.user")).to_have_text(["Who are you?", "Hi!"])
+        screenshot(page, tmp_path, "chat_page")
 
-    page.click("#reset")
-    expect(page.locator(".message")).to_have_count(0)
-    third = ask(page, "Hello")
-    assert sent_messages(third) == [{"role": "user", "content": "Hello"}]  # the history is gone
-    expect(answers.nth(0)).to_have_text(tiny_models.reply)
+        page.click("#reset")
+        expect(page.locator(".message")).to_have_count(0)
+        third = ask(page, "Hello")
+        assert sent_messages(third) == [{"role": "user", "content": "Hello"}]  # the history is gone
+        expect(answers.nth(0)).to_have_text(tiny_models.reply)
 
 
 def test_the_answer_is_rendered_while_it_streams(page, endless_model, serve_app, threaded_server,

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SOURCE_DIRS = ("model", "dataset", "trainer", "scripts", "eval", "tests")
 

@@ -16,14 +16,7 @@ VOCAB = 512
 NORM_FIELDS = ("norm_type", "norm_placement", "prms_p", "norm_eps", "norm_impl", "qk_norm")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's thread handoffs make
-    each op up to 50x slower; run this module single-threaded and restore the setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_config(**overrides: object) -> MiniNormConfig:

@@ -18,13 +18,7 @@ PLACEMENTS = ("pre", "post", "sandwich", "res_post")
 LAYERS = 3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors gain nothing from two threads, and on a busy 2-core machine two threads thrash."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(placement: str, norm_type: str = "rmsnorm", seed: int = 0) -> MiniNormForCausalLM:

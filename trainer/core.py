@@ -276,10 +276,8 @@ class Trainer:
                 set_collective_timeout(args.dist_timeout)
             self._fix_budget_length(position.step)
             self.reporter.after_step(position, result, self.total_steps)
-            if self._due(args.eval_interval, position.step) and position.step < self.total_steps:
-                self.reporter.log_eval(position.step, self.evaluate(args.eval_batches))
-            if self._due(args.save_interval, position.step) and position.step < self.total_steps:
-                self._save(position)
+            self._evaluate_when_due(position.step)
+            self._checkpoint_when_due(position)
         self.reporter.close()
         return self._finish(position)
 
@@ -420,6 +418,16 @@ class Trainer:
         self.reporter.print(f"--time_budget_s {self.args.time_budget_s:g}: {length} optimizer steps fit (pace "
                             f"{statistics.median(self.pace.times[1:] or self.pace.times):.3f} s/step after the "
                             f"first step)")
+
+    def _evaluate_when_due(self, step: int) -> None:
+        """Every --eval_interval steps (the last step has the final evaluation instead). Collective."""
+        if self._due(self.args.eval_interval, step) and step < self.total_steps:
+            self.reporter.log_eval(step, self.evaluate(self.args.eval_batches))
+
+    def _checkpoint_when_due(self, position: RunPosition) -> None:
+        """Every --save_interval steps (the last step saves the model directory instead). Collective."""
+        if self._due(self.args.save_interval, position.step) and position.step < self.total_steps:
+            self._save(position)
 
     def _state(self, position: RunPosition) -> dict[str, Any]:
         """What a checkpoint records beside the weights and optimizer: the position, the run's identity, the

@@ -1,12 +1,17 @@
-"""The one place that reads MiniMind-format jsonl: line-level validation, then Arrow loading.
+"""The one place that reads MiniMind-format jsonl: one parser (Python's ``json``), line by line, into Arrow.
 
-MiniMind files are loaded unchanged, but ``datasets.load_dataset("json")`` infers one schema from the first
-10 MB and fails on later lines with extra or differently typed fields (``reasoning_content``, ``tools``, a
-``null`` content). So a streaming pass first checks every line -- a bad one raises
-``ValueError("data.jsonl:17: missing \\"text\\" field")`` unless ``skip_bad_lines`` -- and a file that is not
-already in the plain shape (only the needed fields, all strings) is rewritten once into a normalized copy
-in the cache. A plain file (MiniMind's usual case) is handed to ``load_dataset`` as is. The scan result is
-cached by (path, size, mtime), so a second run skips the scan.
+Every line is parsed with Python's ``json`` and checked -- a bad one raises ``ValueError("data.jsonl:17: missing
+\\"text\\" field")`` unless ``skip_bad_lines`` -- and the checked records (only the needed fields) are written,
+batch by batch, straight into an Arrow file in the cache, which the dataset memory-maps. Nothing parses the file a
+second time: ``datasets.load_dataset("json")`` (pyarrow's JSON reader) once read lines the check had passed
+differently (a duplicate key stored every text of the file with its quotes; a lone surrogate or a form-feed line
+ended in a DatasetGenerationError), and it inferred one schema from the first 10 MB. A line means what Python's
+``json`` reads, except what JSON leaves open or the model cannot use, which is a bad line: a duplicate key (in any
+object of the line), a lone surrogate in a kept string, nesting deeper than Python's ``json`` reads. A blank line
+(JSON whitespace only: space, tab, carriage return) is not a record; any other line is one JSON value.
+
+The Arrow file and the counts are cached by (path, size, mtime), so a second run reads neither the file nor
+the counts again, and the ``map`` built on the Arrow file keeps its own cache.
 """
 
 from __future__ import annotations
@@ -20,14 +25,20 @@ from pathlib import Path
 from typing import Literal
 
 import datasets
+import pyarrow as pa
 from datasets import Features, List, Value
 
-from dataset.atomic_io import atomic_write_lines, atomic_write_text
+from dataset.atomic_io import atomic_path, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 1  # bump when validation or normalization rules change
+SCAN_VERSION = 2  # bump when validation or the cached Arrow layout change
+JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
+# Deeper lines are bad: Python's json stops near the recursion limit, which its caller may have raised, so a fixed
+# bound keeps one answer per line.
+MAX_DEPTH = 100
+BATCH_RECORDS, BATCH_BYTES = 1000, 32 << 20  # an Arrow record batch holds at most this many records / line bytes
 
 MESSAGES = List({"role": Value("string"), "content": Value("string")})
 FEATURES: dict[str, Features] = {
@@ -43,32 +54,89 @@ class BadLine(ValueError):
 
 @dataclass(frozen=True)
 class JsonlScan:
-    """Result of validating a jsonl file. ``load_path`` is the file to give ``load_dataset``: the original,
-    or a normalized copy when some line needed changes or was skipped."""
+    """What reading a jsonl file gave: ``arrow_path``, the cached Arrow file of its records (the needed fields
+    only), how many ``records`` it holds and how many bad lines were skipped."""
 
-    load_path: str
+    arrow_path: str
     records: int
     skipped_lines: int
 
 
-def _check_text(obj: object) -> tuple[dict, bool]:
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    """``json``'s object hook: a key given twice means whatever a reader picks (Python the last value, others the
+    first or an error), so it is a bad line rather than a guess."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise BadLine(f"duplicate key {json.dumps(duplicate)}")
+    return obj
+
+
+def _parse_line(raw: bytes) -> object:
+    """The JSON value of one non-blank line, as Python's ``json`` reads it; anything else is a BadLine."""
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_object)
+    except BadLine:
+        raise
+    except UnicodeDecodeError as e:
+        raise BadLine(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise BadLine(f"invalid JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
+    except RecursionError:
+        raise BadLine(TOO_DEEP) from None
+    except ValueError as e:  # a number json cannot convert, e.g. an integer of more than 4300 digits
+        raise BadLine(f"invalid JSON ({e})") from None
+
+
+TOO_DEEP = f"nested too deeply (more than {MAX_DEPTH} levels of arrays and objects)"
+
+
+def _check_depth(raw: bytes, value: object) -> None:
+    """Raise BadLine when `value` nests deeper than MAX_DEPTH (walked without recursion, and only when the line
+    holds enough brackets to be that deep)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > MAX_DEPTH:
+                    raise BadLine(TOO_DEEP)
+                stack.append((child, depth + 1))
+
+
+def _string(value: object, where: str) -> str:
+    """A kept string, which must be text: a lone surrogate (``"\\ud800"``, valid JSON) cannot be stored or
+    tokenized."""
+    if not isinstance(value, str):
+        raise BadLine(f"{where} must be a string, got {type(value).__name__}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadLine(f"{where} holds a lone surrogate (U+{ord(value[e.start]):04X} at character {e.start}), "
+                          f"which is not text") from None
+    return value
+
+
+def _check_text(obj: object) -> dict:
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
     if "text" not in obj:
         raise BadLine('missing "text" field')
-    if not isinstance(obj["text"], str):
-        raise BadLine(f'"text" must be a string, got {type(obj["text"]).__name__}')
-    return {"text": obj["text"]}, len(obj) == 1
+    return {"text": _string(obj["text"], '"text"')}
 
 
-def _check_messages(obj: dict, name: str) -> tuple[list[dict], bool]:
-    """The messages of field `name` of a record, normalized, and whether they were already plain."""
+def _check_messages(obj: dict, name: str) -> list[dict]:
+    """The messages of field `name` of a record, normalized."""
     if name not in obj:
         raise BadLine(f'missing "{name}" field')
     turns = obj[name]
     if not isinstance(turns, list) or not turns:
         raise BadLine(f'"{name}" must be a non-empty list of messages')
-    plain = True
     messages = []
     for i, message in enumerate(turns):
         if not isinstance(message, dict):
@@ -79,25 +147,24 @@ def _check_messages(obj: dict, name: str) -> tuple[list[dict], bool]:
         # MiniMind tool-call turns carry "content": null; that is an empty message, not an error.
         if content is not None and not isinstance(content, str):
             raise BadLine(f'{name}[{i}] has no "content" string')
-        plain = plain and content is not None and len(message) == 2
-        messages.append({"role": role, "content": content or ""})
-    return messages, plain
+        messages.append({"role": _string(role, f'{name}[{i}] "role"'),
+                         "content": _string(content or "", f'{name}[{i}] "content"')})
+    return messages
 
 
-def _check_conversations(obj: object) -> tuple[dict, bool]:
+def _check_conversations(obj: object) -> dict:
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
-    messages, plain = _check_messages(obj, "conversations")
-    return {"conversations": messages}, plain and len(obj) == 1
+    return {"conversations": _check_messages(obj, "conversations")}
 
 
-def _check_preference(obj: object) -> tuple[dict, bool]:
+def _check_preference(obj: object) -> dict:
     """A preference pair (MiniMind's DPO format): "chosen" and "rejected" conversations with the same prompt (every
     message before the last) and a different last message, an assistant answer in both."""
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
-    chosen, chosen_plain = _check_messages(obj, "chosen")
-    rejected, rejected_plain = _check_messages(obj, "rejected")
+    chosen = _check_messages(obj, "chosen")
+    rejected = _check_messages(obj, "rejected")
     for name, messages in (("chosen", chosen), ("rejected", rejected)):
         if messages[-1]["role"] != "assistant":
             raise BadLine(f'{name}[{len(messages) - 1}] must be the assistant\'s answer, got role '
@@ -107,37 +174,31 @@ def _check_preference(obj: object) -> tuple[dict, bool]:
                       min(len(chosen), len(rejected)) - 1)
         raise BadLine(f'"chosen" and "rejected" must share their prompt (every message before the last answer); '
                       f'they differ at message {differ}')
-    return {"chosen": chosen, "rejected": rejected}, chosen_plain and rejected_plain and len(obj) == 2
+    return {"chosen": chosen, "rejected": rejected}
 
 
 CHECKS = {"text": _check_text, "conversations": _check_conversations, "preference": _check_preference}
 
 
-
-
-def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> Iterator[tuple[int, dict | None, bool]]:
-    """Yield ``(line_number, normalized_record, is_plain)`` per non-blank line; a bad line raises
-    ``ValueError("<path>:<line>: <reason>")``, or with ``skip_bad_lines`` yields ``(line, None, False)``."""
+def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> Iterator[tuple[int, dict | None, int]]:
+    """Yield ``(line_number, record, line_bytes)`` per non-blank line, the record holding only the needed fields;
+    a bad line raises ``ValueError("<path>:<line>: <reason>")``, or with ``skip_bad_lines`` yields ``None``."""
     check = CHECKS[kind]
     with open(path, "rb") as f:
         for line_number, raw in enumerate(f, start=1):
-            if not raw.strip():
+            if not raw.strip(JSON_WHITESPACE):
                 continue  # blank lines (a trailing newline, say) are not records
             try:
-                try:
-                    obj = json.loads(raw.decode("utf-8"))
-                except UnicodeDecodeError as e:
-                    raise BadLine(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-                except json.JSONDecodeError as e:
-                    raise BadLine(f"invalid JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
-                record, plain = check(obj)
+                value = _parse_line(raw)
+                _check_depth(raw, value)
+                record = check(value)
             except BadLine as e:
                 if not skip_bad_lines:
                     raise ValueError(f"{path}:{line_number}: {e}") from None
                 logger.warning("%s:%d: %s (skipped)", path, line_number, e)
-                yield line_number, None, False
+                yield line_number, None, len(raw)
                 continue
-            yield line_number, record, plain
+            yield line_number, record, len(raw)
 
 
 def _fingerprint(path: Path, kind: Kind, skip_bad_lines: bool) -> str:
@@ -146,9 +207,37 @@ def _fingerprint(path: Path, kind: Kind, skip_bad_lines: bool) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
+def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, arrow_path: Path) -> JsonlScan:
+    """Stream the checked records of ``path`` into the Arrow file ``arrow_path`` (the stream format ``datasets``
+    memory-maps), a bounded batch at a time, so a multi-GB file never sits in memory."""
+    schema = FEATURES[kind].arrow_schema
+    records = skipped = 0
+    batch: list[dict] = []
+    batch_bytes = 0
+    with atomic_path(arrow_path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as out:
+        for _, record, line_bytes in iter_records(path, kind, skip_bad_lines):
+            if record is None:
+                skipped += 1
+                continue
+            records += 1
+            batch.append(record)
+            batch_bytes += line_bytes
+            if len(batch) >= BATCH_RECORDS or batch_bytes >= BATCH_BYTES:
+                out.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+                batch, batch_bytes = [], 0
+        if batch:
+            out.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+        if records == 0:
+            detail = f" ({skipped} bad lines skipped)" if skipped else ""
+            raise ValueError(f"{path}: no {kind} records in the file{detail}; refusing to train on nothing")
+    if skipped:
+        logger.warning("%s: skipped %d bad line(s), loading the %d good one(s)", path, skipped, records)
+    return JsonlScan(arrow_path=str(arrow_path.resolve()), records=records, skipped_lines=skipped)
+
+
 def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
                cache_dir: str | Path | None = None) -> JsonlScan:
-    """Validate ``path`` line by line (cached) and decide which file to load; see the module docstring.
+    """Check ``path`` line by line and write its records into a cached Arrow file; see the module docstring.
 
     Raises ``ValueError`` naming the file and line for a bad line (unless skipped), and naming the file when
     it holds no records at all.
@@ -162,35 +251,11 @@ def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
     report_path = cache / f"{fingerprint}.json"
     try:
         scan = JsonlScan(**json.loads(report_path.read_text(encoding="utf-8")))
-        if Path(scan.load_path).is_file():
+        if Path(scan.arrow_path).is_file():
             return scan
     except (OSError, ValueError, TypeError):
         pass
-
-    records = skipped = 0
-    all_plain = True
-    for _, record, plain in iter_records(path, kind, skip_bad_lines):
-        if record is None:
-            skipped += 1
-        else:
-            records += 1
-        all_plain = all_plain and plain
-    if records == 0:
-        detail = f" ({skipped} bad lines skipped)" if skipped else ""
-        raise ValueError(f"{path}: no {kind} records in the file{detail}; refusing to train on nothing")
-    if skipped:
-        logger.warning("%s: skipped %d bad line(s), loading the %d good one(s)", path, skipped, records)
-
-    load_path = path
-    if not all_plain:
-        # Second pass only for files that need it; plain files (the usual case) are never copied.
-        load_path = cache / f"{fingerprint}.jsonl"
-        atomic_write_lines(
-            load_path,
-            (json.dumps(record, ensure_ascii=False) + "\n"
-             for _, record, _ in iter_records(path, kind, skip_bad_lines) if record is not None),
-        )
-    scan = JsonlScan(load_path=str(load_path.resolve()), records=records, skipped_lines=skipped)
+    scan = _write_arrow(path, kind, skip_bad_lines, cache / f"{fingerprint}.arrow")
     atomic_write_text(report_path, json.dumps(asdict(scan)))
     return scan
 
@@ -198,13 +263,6 @@ def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
 def load_jsonl(
     path: str | Path, kind: Kind, skip_bad_lines: bool = False, cache_dir: str | Path | None = None
 ) -> tuple[datasets.Dataset, JsonlScan]:
-    """Validated, Arrow-backed (memory-mapped, cached) dataset with the single column ``kind``."""
+    """Checked, Arrow-backed (memory-mapped, cached) dataset of ``kind`` records: the columns of ``FEATURES[kind]``."""
     scan = scan_jsonl(path, kind, skip_bad_lines, cache_dir)
-    dataset = datasets.load_dataset(
-        "json",
-        data_files=scan.load_path,
-        split="train",
-        features=FEATURES[kind],
-        cache_dir=str(cache_dir) if cache_dir is not None else None,
-    )
-    return dataset, scan
+    return datasets.Dataset.from_file(scan.arrow_path), scan

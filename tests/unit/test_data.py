@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dataset.corpus import _is_current, corpus_paths, dialog_windows, ensure_default_corpus, is_validation
-from dataset.jsonl import scan_jsonl
+from dataset.jsonl import load_jsonl
 from dataset.pretrain_dataset import PretrainDataset
 from dataset.sft_dataset import IGNORE_INDEX, SFTDataset
 from tests.training_runs import write_jsonl
@@ -224,7 +224,7 @@ def test_packing_with_num_proc_matches(tmp_path, cache, tokenizer):
 def test_minimind_pretrain_file_loads_unchanged(tmp_path, cache, tokenizer):
     rows = [{"text": "<|im_start|>鉴别一组中文文章的风格和特点。<|im_end|>"}, {"text": "Plain English text. " * 20}]
     path = write_jsonl(tmp_path / "pretrain_hq.jsonl", rows)
-    assert scan_jsonl(path, "text", cache_dir=cache).load_path == str(path.resolve())  # loaded as is
+    assert load_jsonl(path, "text", cache_dir=cache)[0]["text"] == [row["text"] for row in rows]  # read unchanged
     ds = PretrainDataset(path, tokenizer, 16, cache_dir=cache)
     first = tokenizer(rows[0]["text"], add_special_tokens=False)["input_ids"]
     assert ds[0]["input_ids"].tolist() == first[:16]

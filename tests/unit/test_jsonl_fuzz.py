@@ -1,0 +1,224 @@
+"""Property-based tests of the three jsonl loaders (issue 34): files of generated lines of every JSON shape either
+load with exactly the content Python's ``json`` reads from the good lines, or stop with one ``FILE:LINE: reason``
+at the first bad line (and skip_bad_lines skips exactly the bad lines).
+
+Each generated line carries its expected outcome by construction (a well-formed record, dressed up; a line made
+bad on purpose; a blank line), so the oracle never re-implements the loader's check. Bounded for CI; a longer run:
+``MININORM_FUZZ_EXAMPLES=2000 python -m pytest tests/unit/test_jsonl_fuzz.py`` (docs/data.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dataset.chat_format import encode_chatml_batch
+from dataset.dpo_dataset import DPODataset
+from dataset.pretrain_dataset import PretrainDataset
+from dataset.sft_dataset import SFTDataset
+
+EXAMPLES = int(os.environ.get("MININORM_FUZZ_EXAMPLES", "100"))  # per loader
+FIELDS = {"text": ("text",), "conversations": ("conversations",), "preference": ("chosen", "rejected")}
+SURROGATES = ["\ud800", "\udbff", "\udc00", "\udfff"]
+NOT_JSON_WHITESPACE = ["\f", "\v", "\x85", "\xa0", "\u2028", "\ufeff"]
+JSON_WHITESPACE = ["", " ", "\t", "\r", " \t\r"]
+DEEP = "[" * 1000 + "]" * 1000
+
+# Text that is text (any character but a surrogate, control characters included) and any string at all.
+texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+any_strings = st.text(st.one_of(st.characters(exclude_categories=()), st.sampled_from(SURROGATES)), max_size=8)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | any_strings,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_strings, inner, max_size=3),
+    max_leaves=8,
+)
+roles = st.sampled_from(["user", "assistant", "system", "tool"]) | texts.filter(bool)
+
+
+@dataclass(frozen=True)
+class Line:
+    raw: bytes
+    outcome: str  # "good", "bad" or "blank"
+
+
+def _encode(line: str) -> tuple[bytes, bool]:
+    """The line's bytes, and whether they are UTF-8 (a lone surrogate written raw is not)."""
+    try:
+        return line.encode("utf-8"), True
+    except UnicodeEncodeError:
+        return line.encode("utf-8", "surrogatepass"), False
+
+
+@st.composite
+def messages(draw, last_role: str | None = None, min_size: int = 1) -> list[dict]:
+    turns = draw(st.lists(st.fixed_dictionaries({"role": roles, "content": texts | st.none()},
+                                                optional={"reasoning_content": json_values}),
+                          min_size=min_size, max_size=3))
+    if last_role is not None:
+        turns[-1]["role"] = last_role
+    return turns
+
+
+@st.composite
+def good_records(draw, kind: str) -> dict:
+    if kind == "text":
+        record = {"text": draw(texts)}
+    elif kind == "conversations":
+        record = {"conversations": draw(messages())}
+    else:
+        prompt = draw(messages(min_size=0))
+        record = {side: prompt + draw(messages(last_role="assistant", min_size=1).map(lambda m: m[-1:]))
+                  for side in FIELDS[kind]}
+    extras = draw(st.dictionaries(any_strings.filter(lambda key: key not in FIELDS[kind]), json_values, max_size=2))
+    return {**extras, **record} if draw(st.booleans()) else {**record, **extras}
+
+
+def _dump(draw, obj: object) -> str:
+    return json.dumps(obj, ensure_ascii=draw(st.booleans()),
+                      separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+
+
+@st.composite
+def bad_objects(draw, kind: str) -> object:
+    """A JSON value that is not a valid record of `kind`, made so by construction."""
+    record = draw(good_records(kind))
+    field = draw(st.sampled_from(FIELDS[kind]))
+    how = draw(st.sampled_from(["not an object", "missing", "wrong type", "bad message", "surrogate"]
+                               + (["answer role", "prompt"] if kind == "preference" else [])))
+    if how == "not an object":
+        return draw(json_values.filter(lambda value: not isinstance(value, dict)))
+    if how == "missing":
+        del record[field]
+    elif how == "wrong type":
+        record[field] = draw(json_values.filter(lambda value: not isinstance(value, str if kind == "text" else list)
+                                                or value == []))
+    elif how == "surrogate" and kind == "text":
+        record[field] += draw(st.sampled_from(SURROGATES))
+    elif kind == "text":
+        record[field] = draw(st.sampled_from([1, None, ["a"], {"text": "a"}]))
+    elif how == "surrogate":
+        message = draw(st.sampled_from(record[field]))
+        key = draw(st.sampled_from(["role", "content"]))
+        message[key] = (message[key] or "") + draw(st.sampled_from(SURROGATES))
+    elif how == "bad message":
+        index = draw(st.integers(0, len(record[field]) - 1))
+        record[field][index] = draw(st.sampled_from([
+            "text", None, [], {"content": "no role"}, {"role": "", "content": "x"}, {"role": 3, "content": "x"},
+            {"role": "user", "content": 5}, {"role": "user", "content": ["x"]}]))
+    elif how == "answer role":
+        record[field][-1]["role"] = draw(roles.filter(lambda role: role != "assistant"))
+    else:  # the two prompts differ: one more message in one of them
+        record[field].insert(0, draw(messages().map(lambda m: m[0])))
+    return record
+
+
+@st.composite
+def lines(draw, kind: str) -> Line:
+    shape = draw(st.sampled_from(["good", "good", "good", "blank", "bad value", "duplicate", "deep", "truncated",
+                                  "odd whitespace", "raw control"]))
+    pad = draw(st.sampled_from(JSON_WHITESPACE)), draw(st.sampled_from(JSON_WHITESPACE))
+    if shape == "blank":
+        return Line(draw(st.sampled_from(JSON_WHITESPACE)).encode(), "blank")
+    record = draw(good_records(kind))
+    if shape == "good":
+        raw, utf8 = _encode(pad[0] + _dump(draw, record) + pad[1])
+        return Line(raw, "good" if utf8 else "bad")
+    if shape == "bad value":
+        text = _dump(draw, draw(bad_objects(kind)))
+    elif shape == "duplicate":  # a key repeated with another value, at the top or inside a message
+        key = draw(st.sampled_from(sorted(record)))
+        text = _dump(draw, record)[:-1] + f', {json.dumps(key)}: {_dump(draw, draw(json_values))}}}'
+        if kind != "text" and draw(st.booleans()):
+            text = _dump(draw, record).replace('"role"', '"role": "user", "role"', 1)
+    elif shape == "deep":
+        text = _dump(draw, record)[:-1] + f', "deep": {DEEP}}}'
+    elif shape == "truncated":
+        whole = _dump(draw, record)
+        text = whole[: draw(st.integers(1, len(whole) - 1))]
+    elif shape == "odd whitespace":
+        odd = draw(st.sampled_from(NOT_JSON_WHITESPACE))
+        text = draw(st.sampled_from([odd, odd + _dump(draw, record), _dump(draw, record) + odd]))
+    else:  # a control character written raw inside a string, which JSON forbids
+        text = '{"text": "a' + chr(draw(st.integers(0, 0x1F).filter(lambda c: c != 0x0A))) + 'b"}'
+    return Line(_encode(pad[0] + text + pad[1])[0], "bad")
+
+
+def _expected(kind: str, raw: bytes) -> dict:
+    """What Python's json reads from a good line: the kind's fields, a null content as an empty message."""
+    obj = json.loads(raw.decode("utf-8"))
+    if kind == "text":
+        return {"text": obj["text"]}
+    return {field: [{"role": m["role"], "content": m["content"] or ""} for m in obj[field]] for field in FIELDS[kind]}
+
+
+def _content(kind: str, loaded) -> list:
+    if kind == "text":
+        return [token for i in range(len(loaded)) for token in loaded[i]["input_ids"].tolist()]
+    keys = ["input_ids"] + (["rejected_input_ids"] if kind == "preference" else [])
+    return [[loaded[i][key].tolist() for key in keys] for i in range(len(loaded))]
+
+
+def _expected_content(kind: str, records: list[dict], tokenizer) -> tuple[list, bool]:
+    """The rows the loader should give for `records`, and whether there are none (a file-level error)."""
+    if kind == "text":
+        eos = tokenizer.eos_token_id
+        stream = [token for record in records
+                  for token in tokenizer(record["text"], add_special_tokens=False)["input_ids"] + [eos]]
+        stream = stream[: len(stream) // 2 * 2]  # max_seq_len 2: the odd last token is the dropped tail
+        return stream, not stream
+    if kind == "conversations":
+        kept = [r["conversations"] for r in records if any(m["role"] == "assistant" for m in r["conversations"])]
+        return [[encoding.input_ids] for encoding in encode_chatml_batch(tokenizer, kept)], not kept
+    chosen = encode_chatml_batch(tokenizer, [r["chosen"] for r in records])
+    rejected = encode_chatml_batch(tokenizer, [r["rejected"] for r in records])
+    return [[c.input_ids, r.input_ids] for c, r in zip(chosen, rejected)], not records
+
+
+LOADERS = {"text": (PretrainDataset, 2), "conversations": (SFTDataset, 100_000), "preference": (DPODataset, 100_000)}
+
+
+def _check_file(kind: str, file_lines: list[Line], final_newline: bool, tokenizer) -> None:
+    cls, max_seq_len = LOADERS[kind]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "data.jsonl"
+        path.write_bytes(b"\n".join(line.raw for line in file_lines) + (b"\n" if final_newline else b""))
+        bad = [number for number, line in enumerate(file_lines, start=1) if line.outcome == "bad"]
+        good = [_expected(kind, line.raw) for line in file_lines if line.outcome == "good"]
+        expected, nothing = _expected_content(kind, good, tokenizer)
+        for skip in (False, True) if bad else (False,):
+            try:
+                loaded = cls(path, tokenizer, max_seq_len, skip_bad_lines=skip, cache_dir=Path(tmp) / "cache")
+            except ValueError as e:
+                message = str(e)
+                assert "\n" not in message, message
+                if bad and not skip:
+                    assert message.startswith(f"{path}:{bad[0]}: "), message
+                else:
+                    assert nothing and re.match(re.escape(f"{path}: ") + r"\S", message), message
+                continue
+            assert not (bad and not skip), f"line {bad[0]} loaded: {file_lines[bad[0] - 1].raw!r}"
+            assert _content(kind, loaded) == expected
+            assert loaded.stats["skipped_lines"] == len(bad if skip else [])
+
+
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_loader_reads_what_json_reads_or_names_the_first_bad_line(kind, tokenizer):
+    @FUZZ
+    @given(file_lines=st.lists(lines(kind), min_size=1, max_size=6), final_newline=st.booleans())
+    def check(file_lines: list[Line], final_newline: bool) -> None:
+        _check_file(kind, file_lines, final_newline, tokenizer)
+
+    check()

@@ -1,0 +1,107 @@
+"""Hostile jsonl lines (issue 34): each one stops the load with one `FILE:LINE: reason`, or is skipped with
+skip_bad_lines, for all three loaders; and what the line check accepts is exactly what the dataset holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import dataset.jsonl
+from dataset.dpo_dataset import DPODataset
+from dataset.pretrain_dataset import PretrainDataset
+from dataset.sft_dataset import SFTDataset
+from tests.training_runs import write_jsonl
+
+CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]
+GOOD = {
+    "text": {"text": "good one " * 4},
+    "conversations": {"conversations": CHAT},
+    "preference": {"chosen": CHAT, "rejected": [CHAT[0], {"role": "assistant", "content": "Go away."}]},
+}
+LOADERS = {"text": PretrainDataset, "conversations": SFTDataset, "preference": DPODataset}
+DEEP = "[" * 1000 + "]" * 1000
+MAX_SEQ_LEN = {"text": 8, "conversations": 64, "preference": 64}
+
+
+def _with_extra(kind: str, extra: str) -> str:
+    """The good record of `kind` as a raw line with one more (ignored) field whose raw JSON is `extra`."""
+    return json.dumps(GOOD[kind])[:-1] + f', "extra": {extra}}}'
+
+
+# Raw lines, written verbatim as line 2 of a file between two good lines: (name, kind -> line, reason fragment).
+HOSTILE = {
+    "deep nesting in an ignored field": (lambda kind: _with_extra(kind, DEEP), "nested too deeply"),
+    "deep nesting alone": (lambda kind: DEEP, "nested too deeply"),
+    "lone surrogate": (lambda kind: {
+        "text": r'{"text": "a\ud800b"}',
+        "conversations": r'{"conversations": [{"role": "user", "content": "a\ud800b"}, '
+                         r'{"role": "assistant", "content": "ok"}]}',
+        "preference": json.dumps(GOOD["preference"]).replace("Go away.", r"Go \udfff away."),
+    }[kind], "lone surrogate"),
+    "lone surrogate with an extra key": (
+        lambda kind: _with_extra(kind, "1").replace("Hello there.", r"Hello \ud800").replace("good one", r"\ud800"),
+        "lone surrogate"),
+    "form feed line": (lambda kind: "\f", "invalid JSON"),
+    "vertical tab line": (lambda kind: "\v", "invalid JSON"),
+    "duplicate key": (lambda kind: {
+        "text": '{"text": 5, "text": "ok"}',
+        "conversations": '{"conversations": [{"role": "user", "content": 1, "content": "a"}, '
+                         '{"role": "assistant", "content": "ok"}]}',
+        "preference": json.dumps(GOOD["preference"])[:-1] + ', "chosen": []}',
+    }[kind], "duplicate key"),
+    "duplicate key in an ignored field": (lambda kind: _with_extra(kind, '{"a": 1, "a": 2}'), 'duplicate key "a"'),
+}
+
+
+@pytest.fixture()
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "hf_cache"
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_line_is_one_file_line_error_or_skipped(tmp_path, cache, tokenizer, kind, name):
+    make_line, reason = HOSTILE[name]
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD[kind], make_line(kind), GOOD[kind]])
+    with pytest.raises(ValueError) as info:
+        LOADERS[kind](path, tokenizer, MAX_SEQ_LEN[kind], cache_dir=cache)
+    message = str(info.value)
+    assert message.startswith(f"{path}:2: ") and reason in message and "\n" not in message, message
+    loaded = LOADERS[kind](path, tokenizer, MAX_SEQ_LEN[kind], skip_bad_lines=True,
+                            cache_dir=cache)
+    assert loaded.stats["skipped_lines"] == 1 and loaded.stats["documents" if kind == "text" else "samples"] == 2
+
+
+def test_blank_lines_are_json_whitespace_only(tmp_path, cache, tokenizer):
+    """Spaces, tabs and a carriage return make a blank line (skipped, no error); a form feed does not (JSON does
+    not count it as whitespace, so neither does the loader)."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD["text"], " \t\r", "", GOOD["text"]])
+    assert PretrainDataset(path, tokenizer, 8, cache_dir=cache).stats["skipped_lines"] == 0
+
+
+def test_duplicate_key_never_corrupts_the_other_texts(tmp_path, cache, tokenizer):
+    """pyarrow, reading a file the line check had passed, once stored every text with its quotes."""
+    texts = ["good", "better text"]
+    path = write_jsonl(tmp_path / "data.jsonl", [{"text": texts[0]}, '{"text": 5, "text": "ok"}', {"text": texts[1]}])
+    ds = PretrainDataset(path, tokenizer, 2, skip_bad_lines=True, cache_dir=cache)
+    stream = [token for i in range(len(ds)) for token in ds[i]["input_ids"].tolist()]
+    expected = [token for text in texts
+                for token in tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]]
+    assert stream == expected[: len(stream)] and len(expected) - len(stream) < 2
+
+
+def test_second_load_reads_the_cache(tmp_path, cache, tokenizer, monkeypatch):
+    path = write_jsonl(tmp_path / "data.jsonl", [{"text": "some words " * 20, "extra": [1, {"a": None}]}] * 3)
+    first = PretrainDataset(path, tokenizer, 8, cache_dir=cache)
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("the file was read again")
+
+    monkeypatch.setattr(dataset.jsonl, "_parse_line", no_parsing, raising=False)
+    monkeypatch.setattr(dataset.jsonl, "iter_records", no_parsing, raising=False)
+    second = PretrainDataset(path, tokenizer, 8, cache_dir=cache)
+    assert second._tokens.cache_files == first._tokens.cache_files
+    assert [second[i]["input_ids"].tolist() for i in range(len(second))] == \
+        [first[i]["input_ids"].tolist() for i in range(len(first))]

@@ -8,13 +8,15 @@ batch have different lengths; their KV caches are left-padded to a common length
 
 Every request samples with its own settings (temperature, top-p, top-k, penalties) and its own random generator,
 seeded from `seed` or, without one, from torch's global generator (so `transformers.set_seed` makes a run
-reproducible). Text is produced by `TextStream`: incremental detokenization that never cuts a multi-byte
-character and holds back text that could still become a stop string.
+reproducible). One request's failure (a seed torch's generator rejects, sampling scores that turn NaN or
+infinite) ends that request alone, with finish reason "error". Text is produced by `TextStream`: incremental
+detokenization that never cuts a multi-byte character and holds back text that could still become a stop string.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +32,13 @@ FINISH_STOP = "stop"          # the end-of-turn token or a stop string
 FINISH_LENGTH = "length"      # max_new_tokens, or the model's context was full
 FINISH_CANCELLED = "cancelled"
 FINISH_ERROR = "error"
+# A request's error when its sampling scores became NaN or +inf (or left no token possible): numerically extreme
+# settings or logits. Only that request ends; the message names no internals, so a server may show it.
+NON_FINITE_SCORES = "the sampling scores became NaN or infinite (numerically extreme sampling settings or logits)"
+
+
+class SamplingError(ValueError):
+    """One request's sampling cannot go on; the other requests of the batch are unaffected."""
 
 
 @dataclass
@@ -183,6 +192,10 @@ class _Row:
         if self.counts is not None:
             scores = scores - settings.frequency_penalty * self.counts - settings.presence_penalty * (self.counts > 0)
         scores = self.processors(self.seen, scores)
+        # -inf is a filtered-out token; NaN or +inf anywhere, or -inf everywhere, would fail (or corrupt) the draw
+        # below: all three, and nothing else, make the maximum non-finite (max propagates NaN).
+        if not math.isfinite(scores.max().item()):
+            raise SamplingError(NON_FINITE_SCORES)
         if settings.temperature <= 0:
             token = int(scores.argmax(-1).item())
         else:
@@ -322,22 +335,21 @@ class GenerationEngine:
                 self._finish(generation, FINISH_CANCELLED)
                 continue
             generation.started_at = time.perf_counter()
-            row = _Row(generation, self.tokenizer, self.vocab_size, self.device)
-            try:
+            row = None
+            try:  # everything of one request, its sampler state included: its error is its own
+                row = _Row(generation, self.tokenizer, self.vocab_size, self.device)
                 cache = DynamicCache(config=self.model.config)
                 ids = torch.tensor([generation.prompt_ids], dtype=torch.long, device=self.device)
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
                 token = row.sample(out.logits[0, -1].float())
             except Exception as error:  # this request fails; the batch goes on
-                generation.error = f"{type(error).__name__}: {error}"
-                self._finish(generation, FINISH_ERROR, row)
+                self._fail(generation, error, row)
                 continue
             if self._accept(row, token):
                 try:
                     self._join(row, out.past_key_values, token)
                 except Exception as error:  # the batch's state is suspect: step() fails and resets it
-                    generation.error = f"{type(error).__name__}: {error}"
-                    self._finish(generation, FINISH_ERROR, row)
+                    self._fail(generation, error, row)
                     raise
 
     def _decode(self) -> None:
@@ -354,7 +366,11 @@ class GenerationEngine:
         keep = []
         for index, row in enumerate(self._rows):
             row.position += 1
-            token = row.sample(logits[index])
+            try:
+                token = row.sample(logits[index])
+            except Exception as error:  # this row's sampling failed (e.g. NaN scores): it ends, the others go on
+                self._fail(row.generation, error, row)
+                continue
             if self._accept(row, token):
                 self._next[index] = token
                 keep.append(index)
@@ -379,6 +395,12 @@ class GenerationEngine:
         else:
             return True
         return False
+
+    def _fail(self, generation: Generation, error: Exception, row: _Row | None) -> None:
+        """End one request with FINISH_ERROR; a SamplingError's message is the request's, others name the
+        exception."""
+        generation.error = str(error) if isinstance(error, SamplingError) else f"{type(error).__name__}: {error}"
+        self._finish(generation, FINISH_ERROR, row)
 
     def _finish(self, generation: Generation, reason: str, row: _Row | None = None) -> None:
         if row is not None:

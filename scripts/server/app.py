@@ -10,17 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from scripts.server.completion import Completion, generation_settings, prompt_ids
 from scripts.server.errors import APIError, add_error_handlers
-from scripts.server.protocol import CompletionId, completion_body, model_card, model_list, parse_chat_request
+from scripts.server.protocol import (CompletionId, completion_body, model_card, model_list, parse_chat_request,
+                                     request_schemas)
 from scripts.server.served_model import ServedModel
 from scripts.server.streaming import streaming_response
 
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 MAX_BODY_BYTES = 1 << 20
+OPENAPI_URL = "/openapi.json"
+# The route reads its body itself (to bound its size and answer in OpenAI's error shape); the document still
+# describes it with the request model that validates it.
+_CHAT_REQUEST_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"$ref": "#/components/schemas/ChatRequest"}}}}}
 
 
 def authorize(request: Request, api_key: str | None) -> None:
@@ -83,8 +90,18 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
         yield
         served.engine.close()
 
-    app = FastAPI(title="MiniNorm", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="MiniNorm", docs_url=None, redoc_url=None, openapi_url=OPENAPI_URL, lifespan=lifespan)
     add_error_handlers(app)
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document of the routes, with the chat request's schemas added."""
+        if app.openapi_schema is None:
+            document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            document.setdefault("components", {}).setdefault("schemas", {}).update(request_schemas())
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     def served_card() -> dict[str, Any]:
         return model_card(served.name, served.created, served.max_context)
@@ -110,7 +127,7 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
                            code="model_not_found")
         return served_card()
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_CHAT_REQUEST_BODY)
     async def chat_completions(request: Request):  # no return annotation: FastAPI would take it for the schema
         authorize(request, api_key)
         chat = parse_chat_request(await read_body(request, max_body_bytes))

@@ -4,16 +4,19 @@ submission, and its text and end as they arrive."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from model.chat_session import encode_prompt
-from model.generation import FINISH_ERROR, GenerationSettings
+from model.generation import FINISH_ERROR, NON_FINITE_SCORES, GenerationSettings
 from scripts.server.errors import APIError
 from scripts.server.protocol import ChatRequest, usage_body
 from scripts.server.served_model import ServedModel
 
 MAX_STOP_STRINGS = 4
+GENERATION_FAILED = "the generation failed; the server's log has the details"
+logger = logging.getLogger(__name__)
 
 
 def prompt_ids(request: ChatRequest, served: ServedModel) -> list[int]:
@@ -48,7 +51,9 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
         top_p=defaults.top_p if request.top_p is None else request.top_p,
         top_k=defaults.top_k if request.top_k is None else request.top_k,
         repetition_penalty=request.repetition_penalty or defaults.repetition_penalty,
-        presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
+        presence_penalty=defaults.presence_penalty if request.presence_penalty is None else request.presence_penalty,
+        frequency_penalty=(defaults.frequency_penalty if request.frequency_penalty is None
+                           else request.frequency_penalty),
         seed=request.seed, stop=tuple(stop))
 
 
@@ -81,9 +86,13 @@ class Completion:
         self.generation.cancel()
 
     def check_finished(self) -> None:
-        """An APIError (500) when the generation failed."""
+        """An APIError (500) when the generation failed: the library's own message when its scores turned
+        non-finite, else a generic one (the exception, internal, goes to the log only)."""
         if self.generation.finish_reason == FINISH_ERROR:
-            raise APIError(500, f"generation failed: {self.generation.error}", kind="server_error")
+            error = self.generation.error
+            logger.error("a generation failed: %s", error)
+            message = f"the generation failed: {error}" if error == NON_FINITE_SCORES else GENERATION_FAILED
+            raise APIError(500, message, kind="server_error")
 
     def usage(self) -> dict[str, int]:
         return usage_body(self.prompt_tokens, len(self.generation.token_ids))

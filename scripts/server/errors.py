@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+INTERNAL_ERROR = "internal server error; the server's log has the details"
+
 # Where pydantic names the branch of a union in an error's location; a client knows only the field path.
 _UNION_BRANCHES = ("str", "list[TextPart]", "function-after")
 
@@ -59,8 +61,9 @@ async def _request_validation_error(request: Request, error: RequestValidationEr
 
 
 async def _server_error(request: Request, error: Exception) -> JSONResponse:
-    message = f"internal error: {type(error).__name__}: {error}"
-    return JSONResponse(APIError(500, message, kind="server_error").body(), status_code=500)
+    """A generic 500: exception text is internal, and the server logs it with its traceback (Starlette re-raises
+    the exception to uvicorn, which logs it)."""
+    return JSONResponse(APIError(500, INTERNAL_ERROR, kind="server_error").body(), status_code=500)
 
 
 def add_error_handlers(app: FastAPI) -> None:

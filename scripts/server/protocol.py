@@ -4,14 +4,34 @@ completion, the chunks of a streamed one, the model card). Field names of the pr
 # No `from __future__ import annotations`: pydantic reads the models' annotations, and error locations name the
 # union branches by their types ("list[TextPart]").
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from scripts.server.errors import APIError, validation_error
+
+# Limits where a value would bite: deeper bodies exhaust the parser's recursion, a seed beyond 64 bits is beyond
+# torch's generator (OpenAI's API takes a signed 64-bit seed), and a temperature or repetition penalty below
+# SMALLEST_DIVISOR (or a penalty above LARGEST_FACTOR) turns float32 logits into infinities and NaN.
+MAX_JSON_DEPTH = 64
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
+SMALLEST_DIVISOR, LARGEST_FACTOR = 1e-5, 1e5
+
+
+def _integral_float_as_int(value: Any) -> Any:
+    """OpenAI accepts 22.0 where an integer goes: a float without a fraction is that integer."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(**limits: int) -> Any:
+    """An integer field's type, within `limits` (ge, le); an integral float is taken as that integer (the limits
+    sit on the integer itself, so the JSON schema shows them as minimum and maximum)."""
+    return Annotated[Annotated[int, Field(**limits)], BeforeValidator(_integral_float_as_int)]
 
 
 # ----------------------------------------------------------------------------------------------- the request
@@ -42,19 +62,27 @@ class ChatRequest(BaseModel):
     messages: list[Message] = Field(min_length=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    stream: bool = False
+    max_tokens: integer(ge=1) | None = None
+    max_completion_tokens: integer(ge=1) | None = None
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None
+    seed: integer(ge=SEED_MIN, le=SEED_MAX) | None = None
     stop: str | list[str] | None = None
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    n: int = Field(1, ge=1, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    n: integer(ge=1, le=1) | None = None
     logprobs: bool | None = None
     # Extensions that vLLM and llama.cpp's server accept as well.
-    top_k: int | None = Field(None, ge=0)
-    repetition_penalty: float | None = Field(None, gt=0)
+    top_k: integer(ge=0) | None = None
+    repetition_penalty: float | None = Field(None, ge=SMALLEST_DIVISOR, le=LARGEST_FACTOR)
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_not_numerically_zero(cls, value: float | None) -> float | None:
+        if value is not None and 0 < value < SMALLEST_DIVISOR:
+            raise PydanticCustomError("temperature_range", "must be 0 (greedy) or at least {smallest}",
+                                      {"smallest": SMALLEST_DIVISOR})
+        return value
 
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk (and every chunk carries "usage": null)."""
@@ -65,18 +93,66 @@ class ChatRequest(BaseModel):
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
 
 
-def parse_chat_request(body: bytes) -> ChatRequest:
-    """The request in a body, or an APIError (400) that names what is wrong with it."""
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond the range of a 64-bit float")
+    return value
+
+
+def _check_json_value(data: Any) -> None:
+    """An APIError (400) for a value nested deeper than MAX_JSON_DEPTH or holding a string that is not Unicode
+    text (a lone surrogate, which JSON's \\u escapes can write). Iterative: depth cannot exhaust the stack."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise APIError(400, f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((key, depth) for key in value)
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise APIError(400, f"the body holds a string that is not valid Unicode (a lone surrogate): "
+                                    f"{value[:40]!a}") from None
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """A body's JSON object, or an APIError (400): strict JSON (no NaN or Infinity, no number beyond a 64-bit
+    float), at most MAX_JSON_DEPTH levels deep, valid Unicode throughout."""
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        data = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise APIError(400, f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, the hooks above, an integer too long
         raise APIError(400, f"the body is not valid JSON ({error})") from None
     if not isinstance(data, dict):
         raise APIError(400, "the body must be a JSON object")
+    _check_json_value(data)
+    return data
+
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    """The request in a body, or an APIError (400) that names what is wrong with it."""
+    data = parse_json_object(body)
     try:
         return ChatRequest.model_validate(data)
     except ValidationError as error:
         raise validation_error(error) from None
+
+
+def request_schemas(ref_prefix: str = "#/components/schemas/") -> dict[str, Any]:
+    """The JSON schemas of the chat request and the models it holds, by name, for an OpenAPI document."""
+    schema = ChatRequest.model_json_schema(ref_template=ref_prefix + "{model}")
+    return {**schema.pop("$defs", {}), "ChatRequest": schema}
 
 
 # ----------------------------------------------------------------------------------------------- the responses

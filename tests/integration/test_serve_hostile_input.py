@@ -1,0 +1,139 @@
+"""scripts/serve.py's app under uvicorn in this process, sent what a hostile or careless client sends: every such
+request gets a 400 in OpenAI's error shape (or, failing mid-generation, a finished stream with an error event),
+never a 500 with internal text, and never fails another request. Also: what OpenAI accepts is accepted, and the
+OpenAPI document describes the real request model."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from scripts.server.app import create_app
+from scripts.server.errors import INTERNAL_ERROR
+from scripts.server.served_model import load_served_model
+
+USER = [{"role": "user", "content": "Hi!"}]
+TIMEOUT = httpx.Timeout(60)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models):
+    return load_served_model(tiny_models.sft, max_batch=4)
+
+
+@pytest.fixture(scope="module")
+def server(served, threaded_server):
+    with threaded_server(create_app(served)) as running:
+        yield running.url
+
+
+def post(url: str, body: bytes | dict) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"{url}/v1/chat/completions", content=content, timeout=TIMEOUT,
+                      headers={"content-type": "application/json"})
+
+
+def with_fields(**fields) -> bytes:
+    """A well-formed request plus `fields`, written as Python's json writes them (NaN, Infinity and lone
+    surrogates as the \\u escapes JSON allows)."""
+    return json.dumps({"messages": USER, "max_tokens": 4, **fields}).encode()
+
+
+NESTED = b'{"messages": [{"role": "user", "content": "x"}], "extra": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+HOSTILE = {
+    "seed 2**64": (with_fields(seed=2**64), "seed"),
+    "seed -2**63 - 1": (with_fields(seed=-2**63 - 1), "seed"),
+    "temperature 1e-45": (with_fields(temperature=1e-45), "temperature"),
+    "temperature 2e-38": (with_fields(temperature=2e-38), "temperature"),
+    "repetition_penalty 3e-38": (with_fields(repetition_penalty=3e-38), "repetition_penalty"),
+    "repetition_penalty 2e-38": (with_fields(repetition_penalty=2e-38), "repetition_penalty"),
+    "repetition_penalty 1e300": (with_fields(repetition_penalty=1e300), "repetition_penalty"),
+    "repetition_penalty Infinity": (with_fields(repetition_penalty=float("inf")), "Infinity"),
+    "temperature NaN": (with_fields(temperature=float("nan")), "NaN"),
+    "top_p -Infinity": (with_fields(top_p=float("-inf")), "-Infinity"),
+    "a number beyond float64": (with_fields().replace(b'"max_tokens": 4', b'"top_p": 1e400'), "1e400"),
+    "an integer of 5000 digits": (with_fields().replace(b'"max_tokens": 4', b'"seed": ' + b"9" * 5000), "JSON"),
+    "lone surrogate in content": (json.dumps({"messages": [{"role": "user", "content": "a\ud800b"}]}).encode(),
+                                  "surrogate"),
+    "lone surrogate in a part": (json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "\udfff"}]}]}).encode(), "surrogate"),
+    "lone surrogate in stop": (with_fields(stop=["\ud83d"]), "surrogate"),
+    "lone surrogate in a key": (json.dumps({"messages": USER, "\ud800": 1}).encode(), "surrogate"),
+    "1000 levels in an extra field": (NESTED, "nested deeper"),
+    "1000 levels as messages": (b'{"messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", "nested deeper"),
+    "max_tokens 22.5": (with_fields(max_tokens=22.5), "max_tokens"),
+}
+
+
+@pytest.mark.parametrize(("body", "phrase"), HOSTILE.values(), ids=HOSTILE.keys())
+def test_hostile_values_get_openai_style_400s(server, body, phrase) -> None:
+    for stream in (False, True):
+        sent = body.replace(b'{"messages"', b'{"stream": true, "messages"', 1) if stream else body
+        response = post(server, sent)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert phrase in error["message"] and error["type"] == "invalid_request_error", error
+
+
+ACCEPTED = {
+    "max_tokens 22.0": dict(max_tokens=22.0),
+    "max_completion_tokens 3.0": dict(max_completion_tokens=3.0, max_tokens=None),
+    "nulls": dict(presence_penalty=None, frequency_penalty=None, n=None, stream=None, temperature=None, seed=None),
+    "n 1.0, top_k 5.0": dict(n=1.0, top_k=5.0, temperature=1.0),
+    "seed 2**63 - 1": dict(seed=2**63 - 1, temperature=1.0),
+    "seed -2**63": dict(seed=-2**63, temperature=1.0),
+    "seed 1e18 as a float": dict(seed=1e18, temperature=1.0),
+}
+
+
+@pytest.mark.parametrize("fields", ACCEPTED.values(), ids=ACCEPTED.keys())
+def test_what_openai_accepts_is_accepted(server, fields) -> None:
+    response = post(server, {"messages": USER, "max_tokens": 4, **fields})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["choices"][0]["finish_reason"] in ("stop", "length") and body["usage"]["completion_tokens"] >= 1
+
+
+def test_internal_errors_carry_no_internal_text(served, server, monkeypatch) -> None:
+    """An exception inside the server, before or during generation: a generic 500 (or stream error event); the
+    exception's text stays in the server's log."""
+    secret = "secret-internal-detail /srv/model"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError(secret)
+
+    with monkeypatch.context() as patch:  # failing before generation: the route's own exception
+        patch.setattr(served.engine, "submit", broken)
+        response = post(server, {"messages": USER})
+    assert response.status_code == 500 and secret not in response.text
+    assert response.json()["error"] == {"message": INTERNAL_ERROR, "type": "server_error", "param": None,
+                                        "code": None}
+    with monkeypatch.context() as patch:  # failing in the engine's decode step
+        patch.setattr(served.engine, "_decode", broken)
+        response = post(server, {"messages": USER, "max_tokens": 8})
+        assert response.status_code == 500 and secret not in response.text
+        assert response.json()["error"]["type"] == "server_error"
+        with httpx.stream("POST", f"{server}/v1/chat/completions", timeout=TIMEOUT,
+                          json={"messages": USER, "max_tokens": 8, "stream": True}) as stream:
+            assert stream.status_code == 200
+            events = [line for line in stream.iter_lines() if line]
+    assert secret not in "".join(events)
+    assert json.loads(events[-1].removeprefix("data: "))["error"]["type"] == "server_error"
+    assert post(server, {"messages": USER, "max_tokens": 3}).status_code == 200  # and it goes on serving
+
+
+def test_the_openapi_document_describes_the_chat_request(server) -> None:
+    document = httpx.get(f"{server}/openapi.json", timeout=TIMEOUT).json()
+    body = document["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+    schemas = document["components"]["schemas"]
+    request = schemas[body["schema"]["$ref"].rsplit("/", 1)[1]]
+    fields = {"model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stream",
+              "stream_options", "seed", "stop", "presence_penalty", "frequency_penalty", "n", "logprobs", "top_k",
+              "repetition_penalty"}
+    assert set(request["properties"]) == fields and request["required"] == ["messages"]
+    assert {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1} in request["properties"]["seed"]["anyOf"]
+    message = schemas[request["properties"]["messages"]["items"]["$ref"].rsplit("/", 1)[1]]
+    assert message["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant"]
+    assert {"/v1/models", "/health"} <= set(document["paths"])

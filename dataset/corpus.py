@@ -20,7 +20,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import dataset...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import argparse
 import hashlib
 import json
 import random
@@ -268,7 +267,9 @@ def corpus_stats(tokenizer) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from trainer.cli import ToolParser
+
+    parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR)
     parser.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
     parser.add_argument("--stats", action="store_true", help="print per-source counts (needs the tokenizer)")

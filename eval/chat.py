@@ -22,13 +22,14 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from eva
 
 import argparse  # noqa: E402
 
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Chat with a MiniNorm model (or any causal-LM directory)",
+    parser = ToolParser(description="Chat with a MiniNorm model (or any causal-LM directory)",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_source_flags(parser)
     parser.add_argument("--prompt", help="answer this one message and exit")

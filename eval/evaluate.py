@@ -23,8 +23,10 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from eva
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter, model_task,  # noqa: E402
                              report_error, resolve_input_path, resolve_path)
 
@@ -129,10 +131,31 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def answer_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """The text of generated tokens, with each byte that is not part of valid UTF-8 shown as \\xNN rather than as
+    U+FFFD: a byte-level model can emit any byte token, and a small one often emits bytes that form no character
+    (the start of a 3-byte Chinese character followed by another one's start, a lone continuation byte). Special
+    tokens are left out, as decode(skip_special_tokens=True) leaves them out."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
+    special = set(tokenizer.all_special_ids)
+    data = bytearray()
+    for token in tokenizer.convert_ids_to_tokens([i for i in token_ids if i not in special]):
+        data.extend(byte_of_char[char] for char in token)
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+def invalid_byte_count(answer: str) -> int:
+    """How many \\xNN escapes answer_text wrote into `answer`."""
+    return len(re.findall(r"\\x[0-9a-f]{2}", answer))
+
+
 def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequence[str] | None = None,
                    max_new_tokens: int = SAMPLE_TOKENS) -> list[tuple[str, str]]:
     """Greedy (prompt, answer) pairs from a loaded model; SFT models (and unknown tasks) answer through the chat
-    template, pretrained ones continue the text."""
+    template, pretrained ones continue the text. Bytes of the answer that are not valid UTF-8 are shown as \\xNN
+    (answer_text)."""
     from model.chat_session import ChatSession
     from model.generation import GenerationEngine, GenerationSettings
 
@@ -143,12 +166,12 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
     for prompt in prompts or FIXED_PROMPTS["sft" if chat else "pretrain"]:
         session = ChatSession(model, tokenizer, use_template=chat, history_turns=0, settings=settings,
                               engine=engine)
-        pairs.append((prompt, session.reply(prompt).text.strip()))
+        pairs.append((prompt, answer_text(tokenizer, session.reply(prompt).token_ids).strip()))
     return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    parser = ToolParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_source_flags(parser)
     parser.add_argument("--data", nargs="+", default=list(DEFAULT_SPLITS),
@@ -176,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ngreedy answers (max {SAMPLE_TOKENS} new tokens):")
         for sample in report["samples"]:
             print(f"  {sample['prompt']} -> {sample['answer']}")
+        invalid = sum(invalid_byte_count(sample["answer"]) for sample in report["samples"])
+        if invalid:
+            print(f"  ({invalid} \\xNN: bytes the model emitted that form no UTF-8 character, shown as they are)")
     if args.json:
         out = resolve_path(args.json)
         from dataset.atomic_io import atomic_write_text

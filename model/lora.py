@@ -7,6 +7,8 @@ transformers load it as they load any other; its `base_model_name_or_path` names
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,15 @@ def parse_targets(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+@contextmanager
+def _without_peft_deprecation():
+    """PEFT itself still reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model (we never
+    do); that one FutureWarning is silenced, any other still shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     """`model` wrapped by PEFT with fresh LoRA adapters (B = 0: the wrapped model computes what `model` did); only
     the adapters' parameters require gradients."""
@@ -50,7 +61,8 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
 
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=list(settings.targets), bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with _without_peft_deprecation():
+        return get_peft_model(model, config)
 
 
 def load_adapter(base_model: nn.Module, adapter_dir: Path, merge: bool) -> Any:
@@ -58,7 +70,8 @@ def load_adapter(base_model: nn.Module, adapter_dir: Path, merge: bool) -> Any:
     the adapter folded into its weights (no extra work per token)."""
     from peft import PeftModel
 
-    peft_model = PeftModel.from_pretrained(base_model, str(adapter_dir))
+    with _without_peft_deprecation():
+        peft_model = PeftModel.from_pretrained(base_model, str(adapter_dir))
     return peft_model.merge_and_unload() if merge else peft_model
 
 

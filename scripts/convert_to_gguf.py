@@ -21,7 +21,6 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import argparse  # noqa: E402
 from typing import Any, NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -32,6 +31,7 @@ from dataset.atomic_io import atomic_path  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import NotLlamaCompatible, check_exportable, to_llama_config, to_llama_state_dict  # noqa: E402
 from model.loading import config_model_type, load_model  # noqa: E402
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
 INSTALL_HINT = "the GGUF export needs the gguf package: pip install -r requirements.txt (or pip install gguf==0.19.0)"
@@ -237,7 +237,7 @@ def convert_to_gguf(model_path: str | Path | None = None, outfile: str | Path | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Export a Llama-compatible MiniNorm model as a GGUF file")
+    parser = ToolParser(description="Export a Llama-compatible MiniNorm model as a GGUF file")
     parser.add_argument("--model_path", default=None,
                         help="MiniNorm model directory or its Llama export (default: out/sft, else out/pretrain)")
     parser.add_argument("--outfile", default=None, help="the .gguf file (default: out/<model dir>-<outtype>.gguf)")

@@ -34,6 +34,7 @@ from model.llama_compat import NotLlamaCompatible, check_exportable, to_llama_co
 from model.generation_defaults import without_length_limits  # noqa: E402
 from model.loading import config_model_type  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
 
@@ -138,7 +139,7 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Export a Llama-compatible MiniNorm model as LlamaForCausalLM",
+    parser = ToolParser(description="Export a Llama-compatible MiniNorm model as LlamaForCausalLM",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model_path", default="out/pretrain", help="MiniNorm model directory")
     parser.add_argument("--out_dir", default="out/llama",

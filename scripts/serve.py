@@ -5,10 +5,11 @@
     python scripts/serve.py --lora out/lora                   # out/sft with the LoRA adapter, merged at load
 
 Endpoints: POST /v1/chat/completions (streamed as server-sent events when "stream": true), GET /v1/models,
-GET /v1/models/{id}, GET /health, and the chat page at /. Requests run through the library's GenerationEngine
-(model/generation.py): concurrent requests are decoded together in one batch (--max_batch), and a client that
-disconnects gives its slot back at the next step. Bad requests get OpenAI-style JSON errors; messages are encoded
-as text, so a control-token string inside one never becomes a control token.
+GET /v1/models/{id}, GET /health, GET /openapi.json (the request schema), and the chat page at /. Requests run
+through the library's GenerationEngine (model/generation.py): concurrent requests are decoded together in one batch
+(--max_batch), and a client that disconnects gives its slot back at the next step. Bad requests get OpenAI-style
+JSON errors, each request's alone; messages are encoded as text, so a control-token string inside one never
+becomes a control token.
 
 This file is the command (its flags); the server itself is the package scripts/server/.
 """
@@ -25,11 +26,12 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
 
 import argparse  # noqa: E402
 
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, report_error  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Serve a MiniNorm model: OpenAI's chat API and a chat page",
+    parser = ToolParser(description="Serve a MiniNorm model: OpenAI's chat API and a chat page",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_source_flags(parser)
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 listens on every interface")

@@ -9,14 +9,14 @@ trial, appended whole.
 
 Resumable: the proposed trials are kept in SWEEP_DIR/sweep_state.json (written atomically); restarted, the
 runner skips trials already recorded as finished or diverged, reruns any trial that was cut off (with
-`--resume auto`, so a trial with checkpoints continues from its last one) and retries crashed ones.
+`--resume auto`, so a trial with checkpoints continues from its last one, and `--overwrite`, so one without starts
+anew) and retries crashed ones.
 Exit code 3 from the trainer is a divergence (NaN/inf): recorded as "diverged", not as a crash. Any other
 failure is recorded as "failed" (with the tail of its log) and the sweep goes on, unless --stop_on_failure.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import netrc
@@ -41,6 +41,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, REPO_ROOT, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
                              report_error, resolve_path)
 from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, append_result,  # noqa: E402
@@ -334,8 +335,9 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
         attempted.add(pending["trial_id"])
         save()
         trial_dir = sweep_dir / trial_dir_name(pending["trial_id"])
+        # A rerun trial continues from its checkpoints; one cut off without any starts anew in its directory.
         extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={name}",
-                 "--resume=auto"]
+                 "--resume=auto", "--overwrite"]
         if "project" in config:
             extra.append(f"--wandb_project={config['project']}")
         if mode == "disabled":
@@ -371,7 +373,7 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a wandb sweep YAML serverless (resumable).")
+    parser = ToolParser(description="Run a wandb sweep YAML serverless (resumable).")
     parser.add_argument("config", help="sweep YAML in wandb's format, e.g. scripts/sweep_configs/paper_cpu.yaml")
     parser.add_argument("--sweep_dir", help="default: out/sweeps/<sweep name>/")
     parser.add_argument("--wandb_mode", choices=("offline", "online", "disabled"),

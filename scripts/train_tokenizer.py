@@ -19,7 +19,6 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)  # nothing in scripts/ may shadow an installed package (`tokenizers`, `sweeps`, ...)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
@@ -30,6 +29,7 @@ from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from dataset.chat_format import CHATML_TEMPLATE, ENDOFTEXT, IM_END, SPECIAL_TOKENS  # noqa: E402
 from dataset.tokenization import DEFAULT_TOKENIZER_DIR  # noqa: E402
+from trainer.cli import ToolParser  # noqa: E402
 
 DEFAULT_VOCAB_SIZE = 6400  # MiniMind's size: small enough that the embedding does not dominate a tiny model
 MODEL_MAX_LENGTH = 32768
@@ -88,7 +88,7 @@ def save(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE)
     parser.add_argument("--data_path", type=Path, default=None,
                         help="pretraining jsonl ({'text': ...} lines); default: the built-in corpus")

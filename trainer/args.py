@@ -17,9 +17,10 @@ from typing import Any, NamedTuple, Sequence
 import yaml
 
 from model.config import PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType
+from trainer.cli import ToolParser
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
-from trainer.run_dir import DEFAULT_OUT_DIRS, TASKS, resolve_path
+from trainer.run_dir import DEFAULT_OUT_DIRS, RUN_ID_KEY, TASKS, resolve_path
 from trainer.schedule import LRSchedule
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -171,6 +172,9 @@ class TrainArgs:
     keep_checkpoints: int = _flag("checkpoint", 2, "how many of the newest checkpoints to keep")
     resume: str | None = _flag("checkpoint", None, "\"auto\" (the newest complete checkpoint in --out_dir, if any) "
                                                    "or a checkpoint directory (default: start afresh)")
+    overwrite: bool = _flag("checkpoint", False, "where --out_dir holds another run (a finished model or checkpoints): "
+                                                 "remove its files and start anew there (default: refuse; --resume "
+                                                 "continues a directory's own run without it)")
     # trainer/distributed.py applies the two timeouts.
     dist_init_timeout: int = _flag("distributed", 1800, "seconds; during set-up (the main process prepares the data "
                                                         "while the others wait), resume and the first optimizer "
@@ -246,7 +250,7 @@ def _section_heading(key: str, task: str) -> tuple[str, str | None]:
 
 
 def _build_parser(task: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         description=f"MiniNorm {task}: train on the embedded default corpus or your own jsonl",
         formatter_class=_HelpFormatter)
     parser.add_argument("--config", help="YAML file of flag values; command-line flags override it")
@@ -388,7 +392,7 @@ def args_from_run_config(config: dict[str, Any]) -> TrainArgs:
     """The TrainArgs a run directory's train_config.yaml records (the trainer's effective config, with the model
     fields flat beside the flags), e.g. to rebuild a finished run's data exactly."""
     names = {f.name for f in dataclasses.fields(TrainArgs)} - {"model"}
-    unknown = sorted(set(config) - names - set(MODEL_FIELDS))
+    unknown = sorted(set(config) - names - set(MODEL_FIELDS) - {RUN_ID_KEY})
     if unknown:
         raise ValueError(f"run config: unknown key {unknown[0]!r}; expected the trainer's flags")
     return TrainArgs(**{k: v for k, v in config.items() if k in names},

@@ -19,10 +19,12 @@ the path otherwise: a process never silently starts from another step, or from i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,8 @@ from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_objec
 
 from dataset.atomic_io import atomic_write_text
 from trainer.args import TrainArgs
-from trainer.run_dir import STATE_FILE, checkpoint_name, checkpoint_step
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
+                             clear_previous_run, previous_run, recorded_run_id, refuse_previous_run)
 
 # Flags that decide which samples the training set holds and in which order: a checkpoint's data position means
 # nothing under other values, so resuming with a different one is refused. (--batch_size, --accumulation_steps and
@@ -126,6 +129,28 @@ def storage_is_shared(views: list[tuple[list[int], int, str]], node_local_allowe
     return False
 
 
+class _TiedHeadNotice(logging.Filter):
+    """Drops Accelerate's "Removed shared tensor {...lm_head.weight} while saving" notice: safetensors stores a tied
+    tensor once, and the LM head tied to the embedding is restored from it on load. Other names still show."""
+
+    _NOTICE = re.compile(r"Removed shared tensor \{(.*)\} while saving")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = self._NOTICE.search(record.getMessage())
+        return match is None or not all(name.strip().strip("'").endswith("lm_head.weight")
+                                        for name in match[1].split(","))
+
+
+@contextmanager
+def _tied_head_notice_silenced():
+    logger, notice = logging.getLogger("accelerate.utils.other"), _TiedHeadNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
+
+
 def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict[str, Any], keep: int,
                     shared_storage: bool = True) -> Path:
     """Collective: every process calls it. Returns the checkpoint directory. With `shared_storage` False each
@@ -139,7 +164,8 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
         root.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     accelerator.project_configuration.save_on_each_node = not shared_storage
-    accelerator.save_state(str(tmp), safe_serialization=True)
+    with _tied_head_notice_silenced():
+        accelerator.save_state(str(tmp), safe_serialization=True)
     accelerator.wait_for_everyone()
     views = gather_object([(str(tmp), _files_under(tmp))])
     files = sorted(set().union(*(set(view) for _, view in views)))
@@ -205,25 +231,46 @@ def _describe(data: dict[str, Any]) -> str:
     return f"{data['path']} ({data['train_samples']} training samples, {data['tokens']} tokens)"
 
 
-def agree_on_resume(accelerator: Accelerator, resume: str | None, root: Path, path: Path | None
-                    ) -> ResumePoint | None:
-    """Collective: which checkpoint every process resumes (None: start fresh), decided once by the main process
-    and broadcast, then checked by every process. `resume`: None, "auto" (the newest checkpoint under `root`, this
-    process's checkpoints directory, that every process holds) or a checkpoint directory, `path` (resolved on each
-    machine). Raises, on every process with the same one line, FileNotFoundError when there is no such checkpoint
-    and CheckpointUnreadable naming the first rank and path that cannot be read."""
-    if not resume:
-        return None
+@dataclass(frozen=True)
+class RunStart:
+    """What every process starts: a run id (the resumed checkpoint's run, or a new one), the checkpoint to resume
+    (None: start fresh) and the names --overwrite removed from --out_dir (empty: none)."""
+
+    run_id: str
+    resume: ResumePoint | None
+    cleared: tuple[str, ...] = ()
+
+
+def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, path: Path | None,
+                   overwrite: bool = False, writer: bool | None = None) -> RunStart:
+    """Collective: which run every process starts, decided once by the main process and broadcast, then checked by
+    every process. `resume`: None, "auto" (the newest checkpoint under out_dir/checkpoints, this process's, that
+    every process holds) or a checkpoint directory, `path` (resolved on each machine). One directory holds one run:
+    a fresh start where `out_dir` holds a finished model or checkpoints, or a resume of another run's checkpoint
+    there (run ids differ), is refused unless `overwrite`, and then that run's files are removed by the `writer`
+    processes (default: the main one). Raises, on every process with the same one line, ValueError for such a
+    refusal, FileNotFoundError when there is no such checkpoint and CheckpointUnreadable naming the first rank and
+    path that cannot be read."""
+    root = out_dir / CHECKPOINT_DIR
     held = [p.name for p in list_checkpoints(root)] if resume == "auto" else []
     views = gather_object([(str(root), held)])
     decision: dict[str, Any] = {}
     if accelerator.is_main_process:
-        decision = _decide(resume, views, path)
+        decision = _decide(resume, views, path) if resume else {}
+        if "error" not in decision:
+            decision.update(_one_run_per_directory(decision, resume, out_dir, path, overwrite))
     decision = broadcast_object_list([decision])[0]
     if "error" in decision:
         raise FileNotFoundError(decision["error"])
+    if "refused" in decision:
+        raise ValueError(decision["refused"])
+    cleared: tuple[str, ...] = ()
+    if decision.get("clear"):
+        if accelerator.is_main_process if writer is None else writer:
+            cleared = tuple(clear_previous_run(out_dir))
+        accelerator.wait_for_everyone()
     if "name" not in decision:
-        return None
+        return RunStart(decision["run_id"], None, cleared)
     mine = root / decision["name"] if resume == "auto" else path
     state = decision["state"]
     needed = files_needed_by(state.get(FILES_KEY, decision["files"]), accelerator.process_index,
@@ -234,12 +281,43 @@ def agree_on_resume(accelerator: Accelerator, resume: str | None, root: Path, pa
             raise CheckpointUnreadable(f"--resume {resume}: rank {rank} cannot read {problem}; every process needs "
                                        f"the checkpoint's model, optimizer and scheduler state and its own RNG state "
                                        f"({_STORAGE_HELP})")
-    return ResumePoint(mine, state, decision["note"])
+    return RunStart(decision["run_id"], ResumePoint(mine, state, decision["note"]), cleared)
+
+
+def _one_run_per_directory(decision: dict[str, Any], resume: str | None, out_dir: Path, path: Path | None,
+                           overwrite: bool) -> dict[str, Any]:
+    """The main process's check that the run starting in `out_dir` (`decision`: _decide's) mixes with no other:
+    {"run_id"} and, where --overwrite removes the previous run's files first, {"clear": True}; or {"refused"}."""
+    held = previous_run(out_dir)
+    if "name" not in decision:  # a new run
+        if held and not overwrite:
+            return {"refused": refuse_previous_run(out_dir, held).args[0]}
+        return {"run_id": uuid.uuid4().hex[:12], "clear": bool(held)}
+    checkpoint = out_dir / CHECKPOINT_DIR / decision["name"] if resume == "auto" else path
+    inside = checkpoint.resolve().parent == (out_dir / CHECKPOINT_DIR).resolve()
+    theirs, ours = decision["state"].get(RUN_ID_KEY), recorded_run_id(out_dir)
+    # A checkpoint continues the directory's run when the run ids agree; where either predates run ids, a
+    # directory's own checkpoints are its run's (the data-order checks of check_resume_compatible still apply).
+    same_run = theirs == ours if theirs and ours else inside
+    run_id = theirs or uuid.uuid4().hex[:12]
+    if same_run:
+        return {"run_id": run_id}
+    if inside:
+        return {"refused": f"--resume {resume}: {checkpoint} is a checkpoint of run {theirs}, but "
+                           f"{out_dir / CONFIG_FILE} records run {ours}: the directory mixes two runs; resume into "
+                           f"another --out_dir"}
+    if held and not overwrite:
+        source = f"run {theirs}" if theirs else "another run"
+        refusal = refuse_previous_run(out_dir, held, f" (run {ours})" if ours else "")
+        return {"refused": f"--resume {checkpoint}: that checkpoint is of {source}, and {refusal.args[0]}"}
+    # Another run's checkpoint into a directory that holds no finished run: the directory continues that run, and a
+    # cut-short run's leftovers (metrics.jsonl) must not join its curve.
+    return {"run_id": run_id, "clear": True}
 
 
 def _decide(resume: str, views: list[tuple[str, list[str]]], path: Path | None) -> dict[str, Any]:
-    """The main process's decision for agree_on_resume: {} (start fresh), {"error"} or {"name", "state", "files"
-    (its listing, for checkpoints written before trainer_state.json listed them), "note"}."""
+    """The main process's choice of a checkpoint for agree_on_start: {} (start fresh), {"error"} or {"name", "state",
+    "files" (its listing, for checkpoints written before trainer_state.json listed them), "note"}."""
     note = ""
     if resume == "auto":
         ours = views[0][1]
@@ -266,5 +344,5 @@ def _decide(resume: str, views: list[tuple[str, list[str]]], path: Path | None) 
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path) -> None:
-    """Restore model, optimizer, scheduler and RNG states (agree_on_resume has checked every file is there)."""
+    """Restore model, optimizer, scheduler and RNG states (agree_on_start has checked every file is there)."""
     accelerator.load_state(str(path))

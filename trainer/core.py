@@ -34,7 +34,7 @@ from dataset.atomic_io import atomic_write_text
 from model.model import MiniNormForCausalLM
 from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config
 from trainer.budget import TimeBudget
-from trainer.checkpoint import (agree_on_resume, check_resume_compatible, load_checkpoint, probe_storage,
+from trainer.checkpoint import (agree_on_start, check_resume_compatible, load_checkpoint, probe_storage,
                                 save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
@@ -48,7 +48,7 @@ from trainer.objectives import EvalResult, LanguageModeling, Objective
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
-                             EXIT_DIVERGED, EXIT_PEER_LOST, SUMMARY_FILE, report_error, resolve_path)
+                             EXIT_DIVERGED, EXIT_PEER_LOST, RUN_ID_KEY, SUMMARY_FILE, report_error, resolve_path)
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, step_outcome
 
@@ -147,7 +147,15 @@ class Trainer:
         self.shared_storage = probe_storage(self.accelerator, self.out_dir,
                                             node_local_allowed=not state_is_sharded(self.accelerator))
         explicit = resolve_path(args.resume) if args.resume and args.resume != "auto" else None
-        self.resume = agree_on_resume(self.accelerator, args.resume, self.out_dir / CHECKPOINT_DIR, explicit)
+        # One run per directory: refuse to replace or mix with another run there (--overwrite removes it first).
+        start = agree_on_start(self.accelerator, args.resume, self.out_dir, explicit, overwrite=args.overwrite,
+                               writer=self.accelerator.is_main_process if self.shared_storage
+                               else self.accelerator.is_local_main_process)
+        if start.cleared and self.is_main:
+            reason = "--overwrite: " if args.overwrite else "another run resumed here: "
+            tqdm.write(f"{reason}removed the previous run's {', '.join(start.cleared)} from {self.out_dir}")
+        self.run_id = start.run_id
+        self.resume = start.resume
         self.resume_from = self.resume.path if self.resume is not None else None
         self.resume_state = self.resume.state if self.resume is not None else None
         if args.use_wandb:
@@ -434,6 +442,7 @@ class Trainer:
         training time spent and whether a time budget fixed the length."""
         return {"step": position.step, "epoch": position.epoch, "samples_done_in_epoch": position.samples_done,
                 "tokens_seen": position.tokens_seen, "total_steps": self.total_steps, "processes": self.world,
+                RUN_ID_KEY: self.run_id,
                 "data": self.data_identity, "wandb_run_id": self.wandb_run_id, "config": self.config_dict,
                 "train_time_s": self.train_time_before_s + self.pace.seconds(),
                 "budget_fixed": self.budget is not None and self.budget.fixed}
@@ -444,7 +453,8 @@ class Trainer:
 
     def _announce(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out_dir / CONFIG_FILE, yaml.safe_dump(self.config_dict, sort_keys=False))
+        atomic_write_text(self.out_dir / CONFIG_FILE,
+                          yaml.safe_dump({**self.config_dict, RUN_ID_KEY: self.run_id}, sort_keys=False))
         stats = dataset_stats(self.data.train)
         setup = str(self.accelerator.distributed_type).split(".")[-1]
         lines = [f"MiniNorm {self.args.task}: {self.num_params / 1e6:.2f}M parameters on {self.accelerator.device} "

@@ -3,13 +3,17 @@ files are read back, and the exit codes the trainer and the tools share.
 
 A run directory (`--out_dir`; by default out/pretrain or out/sft) holds
 
-    train_config.yaml                   the effective config, with `task:` (pretrain, sft, lora or dpo)
+    train_config.yaml                   the effective config, with `task:` (pretrain, sft, lora or dpo) and
+                                        `run_id:`, the run's identity, which every checkpoint's state repeats
     metrics.jsonl                       one JSON object per line: {"step": ..., "split": "train"|"val"|"diag", ...}
     run_summary.json                    the outcome: status "finished" or "diverged", final validation, speed
     checkpoints/step_XXXXXXXX/          resumable states, each completed by its trainer_state.json
     config.json, model.safetensors, generation_config.json, tokenizer files: a Hugging Face model directory
                                         (a LoRA run: adapter_config.json, adapter_model.safetensors, a PEFT adapter,
                                         and with --merge the merged model directory in merged/)
+
+One directory holds one run: a trainer refuses to start a new run where one left a finished model or checkpoints
+(`previous_run`), unless --overwrite, which first removes that run's files (`clear_previous_run`).
 
 Standard library only (PyYAML on demand), so a command-line tool can name a missing model in one line before
 torch loads.
@@ -32,6 +36,8 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "step_"
 STATE_FILE = "trainer_state.json"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+RUN_ID_KEY = "run_id"  # train_config.yaml and every checkpoint's trainer_state.json: the run that wrote them
+OVERWRITE_FLAG = "--overwrite"
 
 TASKS = ("pretrain", "sft", "lora", "dpo")
 DEFAULT_OUT_DIRS = {"pretrain": "out/pretrain", "sft": "out/sft", "lora": "out/lora", "dpo": "out/dpo"}
@@ -41,6 +47,9 @@ CREATE_COMMANDS = {"pretrain": "python trainer/train_pretrain.py", "sft": "pytho
 DEFAULT_FROM_WEIGHT = {"sft": "pretrain", "lora": "sft", "dpo": "sft"}
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's name: a LoRA run's output is an adapter, not a model
 MERGED_DIR = "merged"                        # train_lora.py --merge: the merged plain model, inside the run
+# A finished run's model files (the tokenizer files beside them are the same for every run and stay).
+MODEL_FILES = ("config.json", *WEIGHT_FILES, "generation_config.json", ADAPTER_CONFIG_FILE,
+               "adapter_model.safetensors", MERGED_DIR)
 # The validation metrics as the trainer logs them (metrics.jsonl, wandb; a sweep's metric is one of these names)
 # -> their keys in run_summary.json's "final_val".
 VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}
@@ -94,6 +103,57 @@ def checkpoint_step(name: str) -> int | None:
     if not name.startswith(CHECKPOINT_PREFIX) or not name[len(CHECKPOINT_PREFIX):].isdigit():
         return None
     return int(name[len(CHECKPOINT_PREFIX):])
+
+
+# --------------------------------------------------------------------------- one run per directory
+def recorded_run_id(out_dir: Path) -> str | None:
+    """The run id train_config.yaml records; None where there is none (no run yet, or a MiniNorm before run ids)."""
+    config_file = out_dir / CONFIG_FILE
+    if not config_file.is_file():
+        return None
+    import yaml
+
+    try:
+        config = yaml.safe_load(config_file.read_text())
+    except yaml.YAMLError:
+        return None
+    run_id = config.get(RUN_ID_KEY) if isinstance(config, dict) else None
+    return str(run_id) if run_id else None
+
+
+def previous_run(out_dir: Path) -> str | None:
+    """What a run left in `out_dir` that a new run would replace or mix with, in words (None: nothing): a finished
+    model (run_summary.json, model files) or checkpoints."""
+    found = [name for name in (SUMMARY_FILE, *MODEL_FILES) if (out_dir / name).exists()]
+    checkpoints = sorted(p.name for p in (out_dir / CHECKPOINT_DIR).glob(f"{CHECKPOINT_PREFIX}*"))
+    parts = [f"a finished model ({', '.join(found)})"] if found else []
+    if checkpoints:
+        parts.append(f"checkpoints ({CHECKPOINT_DIR}/{checkpoints[-1]})")
+    return " and ".join(parts) or None
+
+
+def refuse_previous_run(out_dir: Path, what: str, why: str = "") -> ValueError:
+    """The one line that refuses to replace or mix with the run `what` (previous_run's words) in `out_dir`."""
+    return ValueError(f"--out_dir {out_dir} already holds a run{why}: {what}; pass {OVERWRITE_FLAG} to remove its "
+                      f"files and start anew there, --resume auto to continue it, or choose another --out_dir")
+
+
+def clear_previous_run(out_dir: Path) -> list[str]:
+    """Remove the files of the run in `out_dir` that a new run would mix with (checkpoints, metrics, summary, model,
+    config); returns their names."""
+    import shutil
+
+    removed = []
+    for name in (CHECKPOINT_DIR, METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, *MODEL_FILES):
+        path = out_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
 
 
 # --------------------------------------------------------------------------- jsonl

@@ -24,7 +24,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import model...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import argparse
 import statistics
 import time
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ import torch
 
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
+from trainer.cli import ToolParser
 from trainer.diagnostics import NormDiagnostics
 from trainer.machine import machine_line
 
@@ -80,7 +80,7 @@ def train_step(model: MiniNormForCausalLM, optimizer: torch.optim.Optimizer, ids
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="cpu-default")
     parser.add_argument("--norm_type", default="rmsnorm")
     parser.add_argument("--norm_placement", default="pre")

@@ -45,6 +45,7 @@ from eval.benchmarks.rmsnorm.checks import check_kernels, check_model
 from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods
 from model.kernels.dtypes import DTYPES
 from model.norms import triton_can_run
+from trainer.cli import ToolParser
 from trainer.machine import machine_line
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -238,7 +239,7 @@ def print_sweep(rows: list[dict], ceiling: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--weight_dtype", choices=["same", *DTYPES], default="same",

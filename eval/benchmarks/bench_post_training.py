@@ -24,11 +24,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script, from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, REPO_ROOT, SUMMARY_FILE, read_summary  # noqa: E402
 
 # Runs in the child process: the trainer (or just the model, for "load"), then the peak memory as JSON.
@@ -94,7 +94,7 @@ def run(name: str, task: str, argv: list[str], model: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ToolParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="minimind-26m")
     parser.add_argument("--batch_size", type=int, default=4, help="B: conversations (SFT, LoRA) or pairs (DPO)")
     parser.add_argument("--max_seq_len", type=int, default=256)

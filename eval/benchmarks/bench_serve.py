@@ -31,6 +31,7 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.distributed import free_port  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, REPO_ROOT, ModelNotFound, locate_model  # noqa: E402
@@ -158,7 +159,7 @@ def run_load(server: Server, clients: int, requests: int, max_tokens: int) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    parser = ToolParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain, "
                                                            "else an untrained cpu-default model")

@@ -25,13 +25,14 @@ import triton
 from model.kernels.cuda_build import H100_SMS, build
 from model.kernels.dtypes import DTYPES
 from model.kernels.rmsnorm_triton import LaunchTuning
+from trainer.cli import ToolParser
 from trainer.machine import machine_line
 
 GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = ToolParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10: 80 (A100), 90 (H100/H200)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (weights fp32)")

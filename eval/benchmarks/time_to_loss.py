@@ -42,6 +42,7 @@ import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import RunSummary, Trainer, TrainingDiverged  # noqa: E402
 from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
@@ -58,7 +59,7 @@ RECIPES: dict[str, tuple[str, ...]] = {
 }
 # Flags the benchmark sets itself: a recipe that sets them would fight the budget or the measurement.
 OWN_FLAGS = ("--max_steps", "--time_budget_s", "--epochs", "--out_dir", "--seed", "--eval_interval",
-             "--save_interval", "--resume")
+             "--save_interval", "--resume", "--overwrite")
 RESULTS_NAME = "results"  # OUT_DIR/results.{json,md}
 
 
@@ -125,7 +126,8 @@ def run_recipe(name: str, flags: list[str], seed: int, args: argparse.Namespace)
     try:
         summary, trainer = train([*flags, "--seed", str(seed), "--time_budget_s", str(args.budget_s),
                                   "--out_dir", str(out_dir), "--eval_interval", str(args.eval_interval),
-                                  "--eval_batches", str(args.eval_batches), "--save_interval", "1000000000"])
+                                  "--eval_batches", str(args.eval_batches), "--save_interval", "1000000000",
+                                  "--overwrite"])  # a rerun of the benchmark replaces its earlier runs
     except TrainingDiverged as error:
         train_records = read_metrics(out_dir, "train")
         return RunResult(recipe=name, seed=seed, steps=error.step, tokens=0, status="diverged",
@@ -177,7 +179,7 @@ def results_table(results: list[RunResult], recipes: dict[str, tuple[str, ...]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipes", default="previous_default,baseline",
                         help=f"comma-separated; built in: {', '.join(RECIPES)}")
     parser.add_argument("--recipe", action="append", default=[], metavar="NAME=FLAGS",

@@ -28,7 +28,6 @@ This file is the command; the work is done by its own package, eval/studies/abla
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -36,11 +35,12 @@ if __package__ in (None, ""):  # run as a script, from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from eval.studies.ablation.report import write_report  # noqa: E402
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Markdown + PNG report of sweeps run by scripts/sweep.py")
+    parser = ToolParser(description="Markdown + PNG report of sweeps run by scripts/sweep.py")
     parser.add_argument("sweep_dirs", nargs="+", metavar="sweep_dir",
                         help="e.g. out/sweeps/study_norms; several: one section per sweep")
     parser.add_argument("--out", help="output folder (default: the first SWEEP_DIR's report/)")

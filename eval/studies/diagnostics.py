@@ -16,7 +16,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import trainer...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import argparse
 from collections.abc import Sequence
 
 import matplotlib
@@ -26,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
 from trainer.run_dir import METRICS_FILE, read_metrics, report_error  # noqa: E402
@@ -130,7 +130,7 @@ def plot_run(source: str | Path, out_dir: str | Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help="a run directory or its metrics jsonl file")
     parser.add_argument("--out", default=None, help="output folder (default: <run dir>/diagnostics)")
     args = parser.parse_args(argv)

@@ -23,7 +23,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import model...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import argparse
 import json
 import time
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ import torch
 
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
+from trainer.cli import ToolParser
 from trainer.diagnostics import NormDiagnostics
 from trainer.figures import save_figure
 from trainer.machine import machine_line
@@ -240,7 +240,7 @@ def plot(results: dict, path: Path, quantity: str = "ffn_w2") -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="cpu-default")
     parser.add_argument("--layers", type=int, default=8, help="num_hidden_layers (the preset has 4; more layers "
                         "make a depth trend visible)")

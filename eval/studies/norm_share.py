@@ -35,6 +35,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
+from trainer.cli import ToolParser  # noqa: E402
 from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 
 # The study's model (scripts/sweep_configs/study_norms.yaml) and batch.
@@ -135,7 +136,7 @@ def table(variants: list[Variant], args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--norms", default="rmsnorm,layernorm,prmsnorm")
     parser.add_argument("--placement", default="pre", help="norm_placement of every variant")
     parser.add_argument("--prms_p", type=float, default=0.0625)

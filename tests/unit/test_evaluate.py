@@ -130,3 +130,38 @@ def test_dataset_kind_comes_from_the_first_line(tmp_path) -> None:
 def test_cli_errors_are_one_line(tmp_path, capsys) -> None:
     assert main(["--model_path", str(tmp_path / "missing"), "--no_samples"]) == 2
     assert "python trainer/train_full_sft.py" in capsys.readouterr().err
+
+
+def _byte_tokens(tokenizer, data: bytes) -> list[int]:
+    """One byte-level token per byte (every byte is in a byte-level BPE vocabulary)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    char_of_byte = bytes_to_unicode()
+    return tokenizer.convert_tokens_to_ids([char_of_byte[byte] for byte in data])
+
+
+def test_answers_show_bytes_that_are_not_utf8_as_escapes(tiny_models, tokenizer, capsys, monkeypatch) -> None:
+    """Characters split over byte tokens decode whole; bytes that form no character (the start of 你 without its
+    end, a lone continuation byte) show as \\xNN, where decode shows U+FFFD, and the output says what they are."""
+    from eval.evaluate import answer_text
+    from model.chat_session import ChatSession, Reply
+
+    split = _byte_tokens(tokenizer, "你好".encode())
+    assert answer_text(tokenizer, split) == tokenizer.decode(split) == "你好"
+    text = "Hello 世界, the moon!"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert answer_text(tokenizer, ids) == tokenizer.decode(ids, skip_special_tokens=True) == text
+    broken = _byte_tokens(tokenizer, "你".encode() + "你".encode()[:2] + "好".encode() + b"\xa0")
+    assert tokenizer.decode(broken) == "你\ufffd好\ufffd"  # what the answers showed before
+    assert answer_text(tokenizer, broken) == "你\\xe4\\xbd好\\xa0"
+
+    def reply(self, user_text, on_text=None):
+        return Reply(text=tokenizer.decode(broken), new_tokens=len(broken), seconds=1.0, stopped_at_eos=False,
+                     token_ids=list(broken))
+
+    monkeypatch.setattr(ChatSession, "reply", reply)
+    assert main(["--model_path", str(tiny_models.sft), "--data", str(tiny_models.sft_data), "--max_seq_len", "32",
+                 "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "你好，你是谁？ -> 你\\xe4\\xbd好\\xa0" in printed and "\ufffd" not in printed
+    assert f"({3 * len(FIXED_PROMPTS['sft'])} \\xNN: bytes the model emitted that form no UTF-8 character" in printed

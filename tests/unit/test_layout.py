@@ -238,3 +238,25 @@ def test_shared_rules_are_defined_once(function: str, owner: str) -> None:
     files = [*module_files(REPO).values(), *sorted((REPO / "tests").rglob("*.py"))]
     defined = [str(path.relative_to(REPO)) for path in files if function in _function_names(path)]
     assert defined == [owner]
+
+
+def _parser_constructions(path: Path) -> list[str]:
+    """The parser classes a file calls by name: ArgumentParser (argparse's, whatever the import) or ToolParser."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if name in ("ArgumentParser", "ToolParser"):
+                names.append(name)
+    return names
+
+
+def test_every_command_line_is_parsed_by_the_shared_tool_parser() -> None:
+    """A bad flag is one error line (trainer/cli.py's ToolParser), never argparse's page of usage: no tool or
+    library module builds an argparse.ArgumentParser of its own."""
+    constructions = {str(path.relative_to(REPO)): _parser_constructions(path) for path in module_files(REPO).values()}
+    own = [name for name, calls in constructions.items() if "ArgumentParser" in calls and name != "trainer/cli.py"]
+    assert own == []
+    users = {name for name, calls in constructions.items() if "ToolParser" in calls}
+    assert {"trainer/args.py", "eval/evaluate.py", "scripts/sweep.py", "eval/benchmarks/time_to_loss.py",
+            "eval/studies/ablation_report.py"} <= users

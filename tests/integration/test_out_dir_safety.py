@@ -1,0 +1,138 @@
+"""One run per --out_dir: a trainer never silently replaces a finished model or mixes two runs. A new run where one
+finished, or a resume of another run's checkpoint there, is refused in one line naming the directory and
+--overwrite; --overwrite removes the old run's files first; --resume auto continues the directory's own run (its run
+id, in train_config.yaml and every checkpoint, says which), also in a directory written before run ids."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from accelerate.state import AcceleratorState
+
+from tests.training_runs import finetune_argv, pretrain_argv, run_in_process, train_losses
+from trainer.core import main
+from trainer.run_dir import read_metrics
+
+SHORT = ("--batch_size", "4", "--max_steps", "4")
+
+
+def _refused(task: str, argv: list[str], capsys) -> str:
+    """The one error line of a trainer run that must refuse before writing anything."""
+    capsys.readouterr()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(task, argv)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def _run_id(out_dir: Path) -> str:
+    return yaml.safe_load((out_dir / "train_config.yaml").read_text())["run_id"]
+
+
+def _checkpoint_run_id(checkpoint: Path) -> str:
+    return json.loads((checkpoint / "trainer_state.json").read_text())["run_id"]
+
+
+@pytest.fixture
+def finished(train_data, tmp_path) -> Path:
+    """A finished 4-step run with a checkpoint at step 3."""
+    out_dir = tmp_path / "first"
+    run_in_process("pretrain", pretrain_argv(train_data, out_dir, *SHORT))
+    return out_dir
+
+
+def test_a_new_run_where_one_finished_is_refused_and_changes_nothing(finished, train_data, capsys):
+    before = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
+    error = _refused("pretrain", pretrain_argv(train_data, finished, "--max_steps", "2"), capsys)
+    assert error.startswith(f"error: --out_dir {finished} already holds a run: a finished model (run_summary.json, "
+                            f"config.json, model.safetensors, generation_config.json) and checkpoints "
+                            f"(checkpoints/step_00000003); pass --overwrite "), error
+    assert {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()} == before
+
+
+def test_a_finished_run_without_checkpoints_is_not_restarted_by_resume_auto(train_data, tmp_path, capsys):
+    out_dir = tmp_path / "no_checkpoints"
+    run_in_process("pretrain", pretrain_argv(train_data, out_dir, *SHORT, "--save_interval", "100"))
+    error = _refused("pretrain", pretrain_argv(train_data, out_dir, *SHORT, "--resume", "auto"), capsys)
+    assert f"--out_dir {out_dir} already holds a run: a finished model" in error and "--overwrite" in error
+
+
+def test_overwrite_removes_the_old_run_first(finished, train_data, capsys):
+    old_id = _run_id(finished)
+    capsys.readouterr()
+    run_in_process("pretrain", pretrain_argv(train_data, finished, "--batch_size", "4", "--max_steps", "2",
+                                             "--save_interval", "100", "--overwrite"))
+    out = capsys.readouterr().out
+    assert (f"--overwrite: removed the previous run's checkpoints, metrics.jsonl, run_summary.json, "
+            f"train_config.yaml, config.json, model.safetensors, generation_config.json from {finished}") in out
+    assert not (finished / "checkpoints").exists()  # the old step 3 cannot be resumed into the new run
+    assert [r["step"] for r in read_metrics(finished, "train")] == [1, 2]
+    assert json.loads((finished / "run_summary.json").read_text())["steps"] == 2
+    assert _run_id(finished) != old_id
+
+
+def test_resume_auto_continues_the_directorys_own_run(finished, train_data, tmp_path):
+    """The run id is the directory's and every checkpoint's; an interrupted run (here: the finished run without its
+    final model) resumed with --resume auto keeps its id and gives the uninterrupted run's losses."""
+    run_id = _run_id(finished)
+    assert _checkpoint_run_id(finished / "checkpoints" / "step_00000003") == run_id
+    interrupted = tmp_path / "interrupted"
+    shutil.copytree(finished, interrupted)
+    for name in ("run_summary.json", "model.safetensors", "config.json", "generation_config.json"):
+        (interrupted / name).unlink()
+    run_in_process("pretrain", pretrain_argv(train_data, interrupted, *SHORT, "--resume", "auto"))
+    assert _run_id(interrupted) == run_id
+    assert train_losses(interrupted) == train_losses(finished)
+    assert json.loads((interrupted / "run_summary.json").read_text())["steps"] == 4
+
+
+def test_resume_of_another_runs_checkpoint_is_refused(finished, train_data, tmp_path, capsys):
+    other = tmp_path / "other"
+    run_in_process("pretrain", pretrain_argv(train_data, other, *SHORT))
+    checkpoint = other / "checkpoints" / "step_00000003"
+    argv = pretrain_argv(train_data, finished, *SHORT, "--resume", str(checkpoint))
+    error = _refused("pretrain", argv, capsys)
+    assert error.startswith(f"error: --resume {checkpoint}: that checkpoint is of run {_run_id(other)}, and "
+                            f"--out_dir {finished} already holds a run (run {_run_id(finished)}): "), error
+    assert "--overwrite" in error
+    # Into a directory holding no run, the checkpoint's run goes on there, under its own id.
+    branched = tmp_path / "branched"
+    run_in_process("pretrain", pretrain_argv(train_data, branched, *SHORT, "--resume", str(checkpoint)))
+    assert _run_id(branched) == _run_id(other)
+    assert len(train_losses(branched)) == 1
+
+
+def test_a_directory_from_before_run_ids_resumes_its_own_checkpoints(finished, train_data):
+    """Written by a MiniNorm without run ids: --resume auto falls back to the data-order checks."""
+    config = yaml.safe_load((finished / "train_config.yaml").read_text())
+    del config["run_id"]
+    (finished / "train_config.yaml").write_text(yaml.safe_dump(config))
+    state_file = finished / "checkpoints" / "step_00000003" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["run_id"]
+    state_file.write_text(json.dumps(state))
+    for name in ("run_summary.json", "model.safetensors"):
+        (finished / name).unlink()
+    run_in_process("pretrain", pretrain_argv(train_data, finished, *SHORT, "--resume", "auto"))
+    assert [r["step"] for r in read_metrics(finished, "train")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("task", ["sft", "lora", "dpo"])
+def test_fine_tuning_runs_refuse_to_replace_a_finished_run(task, train_data, tiny_models, tmp_path, capsys):
+    out_dir = tmp_path / task
+    argv = finetune_argv(task, train_data, tiny_models.sft, out_dir, "--max_steps", "2")
+    run_in_process(task, argv)
+    error = _refused(task, argv, capsys)
+    assert error.startswith(f"error: --out_dir {out_dir} already holds a run: a finished model"), error
+    run_in_process(task, argv + ["--overwrite"])
+    assert [r["step"] for r in read_metrics(out_dir, "train")] == [1, 2]

@@ -1,0 +1,49 @@
+"""The short usage error of every command line: the error line first, then one line pointing to --help, exit
+code 2; never argparse's page of usage. (That every tool uses the shared parser: tests/unit/test_layout.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.paths import REPO
+
+
+def test_a_trainer_with_a_bad_preset_prints_two_lines():
+    run = subprocess.run([sys.executable, "trainer/train_pretrain.py", "--preset", "foo"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.splitlines() == [
+        "error: --preset='foo' is not allowed; choose one of cpu-default, cpu-deep, cpu-wide, minimind-26m, "
+        "minimind-64m",
+        "train_pretrain.py: run with --help for the flags"]
+
+
+@pytest.mark.parametrize("module, argv, error", [
+    ("eval.evaluate", ["--bogus"], "error: unrecognized arguments: --bogus"),
+    ("eval.chat", ["--temperature", "hot"], "error: argument --temperature: invalid float value: 'hot'"),
+    ("scripts.sweep", [], "error: the following arguments are required: config"),
+    ("eval.benchmarks.time_to_loss", ["--budget_s"], "error: argument --budget_s: expected one argument"),
+])
+def test_tools_print_the_error_and_a_pointer_to_help(module, argv, error, capsys):
+    import importlib
+
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    first, second = captured.err.splitlines()  # exactly two lines
+    assert first == error and second.endswith(": run with --help for the flags")
+    assert "usage:" not in captured.err + captured.out
+
+
+def test_help_still_lists_the_flags(capsys):
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args("pretrain", ["--help"])
+    assert exit_info.value.code == 0
+    assert "usage:" in capsys.readouterr().out

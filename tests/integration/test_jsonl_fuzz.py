@@ -4,7 +4,7 @@ at the first bad line (and skip_bad_lines skips exactly the bad lines).
 
 Each generated line carries its expected outcome by construction (a well-formed record, dressed up; a line made
 bad on purpose; a blank line), so the oracle never re-implements the loader's check. Bounded for CI; a longer run:
-``MININORM_FUZZ_EXAMPLES=2000 python -m pytest tests/unit/test_jsonl_fuzz.py`` (docs/data.md).
+``MININORM_FUZZ_EXAMPLES=2000 python -m pytest tests/integration/test_jsonl_fuzz.py`` (docs/data.md).
 """
 
 from __future__ import annotations

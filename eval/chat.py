@@ -20,6 +20,10 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from eva
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads  # noqa: E402
+
+bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+
 import argparse  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
@@ -45,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="chat template or plain continuation; auto: chat for SFT models, plain for "
                              "pretrained ones")
     parser.add_argument("--device", default="auto")
+    add_threads_flag(parser)
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--no_stream", action="store_true", help="print each answer when it is complete")
     return parser
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is not None:
         from transformers import set_seed
         set_seed(args.seed)
+    print(start_threads(args.threads), file=sys.stderr)
     model, tokenizer = load_model(path, device=args.device, dtype=args.dtype, lora=lora)
     use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

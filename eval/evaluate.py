@@ -21,6 +21,10 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from eva
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads  # noqa: E402
+
+bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+
 import argparse  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -182,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument("--no_samples", action="store_true", help="skip the fixed prompts' greedy answers")
     parser.add_argument("--device", default="auto", help="auto or cpu")
+    add_threads_flag(parser)
     args = parser.parse_args(argv)
+    print(start_threads(args.threads), file=sys.stderr)
     try:
         path, adapter, note = locate_model_and_adapter(args.model_path, args.lora)
         if note:

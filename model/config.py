@@ -9,13 +9,14 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
-from model.rmsnorm_math import check_p
+from model.rmsnorm_math import check_p, floor_fraction
 
 
 class NormType(StrEnum):
     RMSNORM = "rmsnorm"
     PRMSNORM = "prmsnorm"
     LAYERNORM = "layernorm"
+    DYT = "dyt"
     NONE = "none"
 
 
@@ -24,6 +25,49 @@ class NormPlacement(StrEnum):
     POST = "post"
     SANDWICH = "sandwich"
     RES_POST = "res_post"
+    DEEPNORM = "deepnorm"
+    MIX = "mix"
+
+
+# The names the papers use for two placements: accepted as input, stored as the placement's own value.
+PLACEMENT_ALIASES: MappingProxyType[str, NormPlacement] = MappingProxyType({
+    "peri": NormPlacement.SANDWICH,      # Peri-LN (Kim et al., ICML 2025)
+    "reordered": NormPlacement.RES_POST,  # OLMo-2's reordered norm
+})
+# The paper or model each placement is known by, for --help and the validation message.
+PLACEMENT_NAMES: MappingProxyType[NormPlacement, str] = MappingProxyType({
+    NormPlacement.SANDWICH: "Peri-LN",
+    NormPlacement.RES_POST: "OLMo-2 reordered norm",
+    NormPlacement.DEEPNORM: "DeepNet",
+    NormPlacement.MIX: "Mix-LN",
+})
+
+
+class QKNormScope(StrEnum):
+    HEAD = "head"  # one norm over each head's head_dim features (Gemma-3, Qwen-3)
+    FULL = "full"  # one norm over all query heads together, one over all key heads (OLMo-2)
+
+
+def placement_choices() -> str:
+    """The allowed norm_placement values with their paper names and aliases, for messages and --help."""
+    aliases = {target: alias for alias, target in PLACEMENT_ALIASES.items()}
+    parts = []
+    for placement in NormPlacement:
+        notes = [PLACEMENT_NAMES[placement]] if placement in PLACEMENT_NAMES else []
+        if placement in aliases:
+            notes.append(f"alias {aliases[placement]!r}")
+        parts.append(repr(placement.value) + (f" ({'; '.join(notes)})" if notes else ""))
+    return ", ".join(parts)
+
+
+def deepnorm_alpha(num_layers: int) -> float:
+    """DeepNorm's residual weight for a decoder-only model of L blocks: (2L)^(1/4) (Wang et al. 2022)."""
+    return (2 * num_layers) ** 0.25
+
+
+def deepnorm_beta(num_layers: int) -> float:
+    """DeepNorm's init gain of the value, output and MLP projections for L decoder blocks: (8L)^(-1/4)."""
+    return (8 * num_layers) ** -0.25
 
 
 class NormImpl(StrEnum):
@@ -69,6 +113,34 @@ def _check_choice(field: str, value: Any, enum: type[StrEnum]) -> StrEnum:
         raise ValueError(f"{field}={value!r} is not allowed; choose one of {allowed}") from None
 
 
+def _check_placement(value: Any) -> NormPlacement:
+    if isinstance(value, str) and value in PLACEMENT_ALIASES:
+        return PLACEMENT_ALIASES[value]
+    try:
+        return NormPlacement(value)
+    except ValueError:
+        raise ValueError(f"norm_placement={value!r} is not allowed; choose one of {placement_choices()}") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_combination(config: "MiniNormConfig") -> None:
+    """Refuse, in one line naming both fields, the combinations that have no meaning."""
+    if config.norm_type != NormType.NONE:
+        return
+    if config.norm_placement == NormPlacement.DEEPNORM:
+        raise ValueError("norm_placement='deepnorm' is not allowed with norm_type='none': DeepNorm's up-weighted "
+                         "residual x = N(alpha * x + f(x)) grows without bound unless N normalizes it")
+    if config.norm_depth_scaling:
+        raise ValueError("norm_depth_scaling=True is not allowed with norm_type='none': it scales a norm's output "
+                         "and there is no norm")
+    if not config.norm_affine:
+        raise ValueError("norm_affine=False is not allowed with norm_type='none': there is no norm whose gain "
+                         "and bias it would remove")
+
+
 class MiniNormConfig(PretrainedConfig):
     """LLaMA-style decoder shape plus the normalization switches (see docs/architecture.md, "The norms, exactly")."""
 
@@ -97,14 +169,32 @@ class MiniNormConfig(PretrainedConfig):
     norm_eps: float = 1e-6
     norm_impl: str = "auto"
     qk_norm: bool = False
+    # The norm laboratory (docs/architecture.md). A checkpoint saved before these existed loads with these
+    # defaults, which are the model it was.
+    qk_norm_scope: str = "head"
+    norm_affine: bool = True
+    dyt_alpha_init: float = 0.5
+    mix_ln_ratio: float = 0.25
+    norm_depth_scaling: bool = False
+    init_depth_scaling: bool = True
 
     def __post_init__(self, **kwargs: Any) -> None:
         self.norm_type = _check_choice("norm_type", self.norm_type, NormType).value
-        self.norm_placement = _check_choice("norm_placement", self.norm_placement, NormPlacement).value
+        self.norm_placement = _check_placement(self.norm_placement).value
         self.norm_impl = _check_choice("norm_impl", self.norm_impl, NormImpl).value
+        self.qk_norm_scope = _check_choice("qk_norm_scope", self.qk_norm_scope, QKNormScope).value
         self.prms_p = check_p(self.prms_p, "prms_p")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps!r} is not allowed; it must be > 0")
+        for field in ("norm_affine", "norm_depth_scaling", "init_depth_scaling"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; it must be true or false")
+        if not (_is_number(self.dyt_alpha_init) and 0 < self.dyt_alpha_init < math.inf):
+            raise ValueError(f"dyt_alpha_init={self.dyt_alpha_init!r} is not allowed; it must be a finite float > 0")
+        if not (_is_number(self.mix_ln_ratio) and 0 <= self.mix_ln_ratio <= 1):
+            raise ValueError(f"mix_ln_ratio={self.mix_ln_ratio!r} is not allowed; it must be a float in [0, 1]")
+        self.dyt_alpha_init, self.mix_ln_ratio = float(self.dyt_alpha_init), float(self.mix_ln_ratio)
+        _check_combination(self)
         for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads", "max_position_embeddings"):
             value = getattr(self, field)
@@ -128,6 +218,21 @@ class MiniNormConfig(PretrainedConfig):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def block_placements(self) -> list[NormPlacement]:
+        """Each block's own placement: norm_placement, except for `mix`, whose first floor(mix_ln_ratio * L)
+        blocks are post-LN and the rest pre-LN (Mix-LN)."""
+        placement = NormPlacement(self.norm_placement)
+        layers = self.num_hidden_layers
+        if placement != NormPlacement.MIX:
+            return [placement] * layers
+        post = floor_fraction(layers, self.mix_ln_ratio)
+        return [NormPlacement.POST] * post + [NormPlacement.PRE] * (layers - post)
+
+    @property
+    def has_final_norm(self) -> bool:
+        """A final norm before the LM head exists exactly when the last block leaves an un-normalized stream."""
+        return self.block_placements()[-1] not in (NormPlacement.POST, NormPlacement.DEEPNORM)
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "MiniNormConfig":

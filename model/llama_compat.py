@@ -1,6 +1,7 @@
 """Mapping between MiniNorm and transformers' LLaMA: the config, the state-dict keys, and the compatibility check.
 
-A MiniNorm model with `norm_type="rmsnorm"`, `norm_placement="pre"` and `qk_norm=False` is a LLaMA: the same
+A MiniNorm model with `norm_type="rmsnorm"`, `norm_placement="pre"`, `qk_norm=False`, `norm_affine=True` and
+`norm_depth_scaling=False` is a LLaMA: the same
 GQA attention with rotate-half RoPE, SwiGLU MLP, RMSNorm computed in fp32, final norm and LM head. Only two key
 names differ (`attn_norm` / `mlp_norm` are LLaMA's `input_layernorm` / `post_attention_layernorm`). The tests
 use this mapping as an independent reference; the export tool uses it to write plain LLaMA checkpoints.
@@ -28,6 +29,8 @@ _WHY = {
     "norm_type": "LLaMA normalizes with RMSNorm",
     "norm_placement": "LLaMA is pre-LN: x + f(RMSNorm(x)) with a final norm",
     "qk_norm": "LLaMA has no norm on queries and keys",
+    "norm_affine": "LLaMA's RMSNorm has a learned gain",
+    "norm_depth_scaling": "LLaMA does not scale its norms' outputs by depth",
 }
 
 
@@ -38,7 +41,9 @@ class NotLlamaCompatible(ValueError):
 def check_llama_compatible(config: MiniNormConfig) -> None:
     """Raise ValueError naming the first switch that makes `config` something LLaMA cannot express.
 
-    `norm_impl` (how the norm is computed) and `dropout` (training only) do not matter for the architecture.
+    `norm_impl` (how the norm is computed), `dropout` (training only) and `init_depth_scaling` (the initial weights
+    only) do not matter for the architecture; `prms_p`, `dyt_alpha_init`, `mix_ln_ratio` and `qk_norm_scope` are
+    read only by switches refused here.
     """
     if config.norm_type != NormType.RMSNORM:
         raise ValueError(f"norm_type={config.norm_type!r} is not LLaMA-compatible; LLaMA needs norm_type='rmsnorm'")
@@ -47,6 +52,10 @@ def check_llama_compatible(config: MiniNormConfig) -> None:
                          "LLaMA needs norm_placement='pre'")
     if config.qk_norm:
         raise ValueError("qk_norm=True is not LLaMA-compatible; LLaMA needs qk_norm=False")
+    if not config.norm_affine:
+        raise ValueError("norm_affine=False is not LLaMA-compatible; LLaMA needs norm_affine=True")
+    if config.norm_depth_scaling:
+        raise ValueError("norm_depth_scaling=True is not LLaMA-compatible; LLaMA needs norm_depth_scaling=False")
 
 
 def check_exportable(config: MiniNormConfig, model_path: Path, target: str) -> None:

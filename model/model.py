@@ -18,8 +18,8 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from model.config import MiniNormConfig, NormPlacement
-from model.norms import build_norm
+from model.config import MiniNormConfig, NormPlacement, QKNormScope, deepnorm_alpha, deepnorm_beta
+from model.norms import DyT, build_norm
 
 
 class RotaryEmbedding(nn.Module):
@@ -76,19 +76,28 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         self.o_proj.scaled_by_depth = True
-        # QK-norm (OLMo-2, Gemma-3): the configured norm over each head's query and key vectors.
-        self.q_norm = build_norm(config, self.head_dim) if config.qk_norm else None
-        self.k_norm = build_norm(config, self.head_dim) if config.qk_norm else None
+        for proj in (self.v_proj, self.o_proj):
+            proj.deepnorm_gain = True
+        # QK-norm: the configured norm over each head's query and key vectors (scope "head": Gemma-3, Qwen-3), or
+        # one norm over all query heads together and one over all key heads (scope "full": OLMo-2).
+        self.qk_norm_full = config.qk_norm_scope == QKNormScope.FULL
+        q_width = self.num_heads * self.head_dim if self.qk_norm_full else self.head_dim
+        k_width = self.num_kv_heads * self.head_dim if self.qk_norm_full else self.head_dim
+        self.q_norm = build_norm(config, q_width) if config.qk_norm else None
+        self.k_norm = build_norm(config, k_width) if config.qk_norm else None
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                 cache: Cache | None) -> torch.Tensor:
         batch, q_len, _ = x.shape
-        q = self.q_proj(x).view(batch, q_len, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, q_len, self.num_kv_heads, self.head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.q_norm is not None and self.qk_norm_full:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(batch, q_len, self.num_heads, self.head_dim)
+        k = k.view(batch, q_len, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, q_len, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
@@ -109,6 +118,8 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.down_proj.scaled_by_depth = True
+        for proj in (self.gate_proj, self.up_proj, self.down_proj):
+            proj.deepnorm_gain = True
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,6 +137,13 @@ class Block(GradientCheckpointingLayer):
                                                └─ N1 ─ f ─ N2 ─────────┘
         res_post:  x = x + N(f(x))          x ─┬──────────────(+)─>   + final norm (OLMo-2, Swin-v2)
                                                └─ f ─ N ────────┘
+        deepnorm:  x = N(alpha * x + f(x))  post-LN with the residual weighted by alpha = (2L)^(1/4); no final
+                                            norm (DeepNet; the init gain beta is in _init_weights)
+        mix:       the first floor(mix_ln_ratio * L) blocks post, the rest pre (Mix-LN); each Block gets its own
+                   placement (MiniNormConfig.block_placements), so a Block is never "mix" itself
+
+    norm_depth_scaling multiplies the output of each of the block's norms (not the QK-norms) by 1/sqrt(l), l the
+    1-based block index (LayerNorm Scaling, Sun et al. 2025).
 
     With `model.activation_checkpointing_enable()` (the trainer's --gradient_checkpointing) a block keeps only its
     input for the backward and recomputes the rest, its dropout masks included (torch.utils.checkpoint restores
@@ -134,7 +152,7 @@ class Block(GradientCheckpointingLayer):
 
     def __init__(self, config: MiniNormConfig, layer_idx: int) -> None:
         super().__init__()
-        self.placement = NormPlacement(config.norm_placement)
+        self.placement = config.block_placements()[layer_idx]
         self.self_attn = Attention(config, layer_idx)
         self.mlp = SwiGLU(config)
         has_in = self.placement in (NormPlacement.PRE, NormPlacement.SANDWICH)
@@ -144,21 +162,35 @@ class Block(GradientCheckpointingLayer):
         self.mlp_norm = build_norm(config, dim) if has_in else None
         self.attn_out_norm = build_norm(config, dim) if has_out else None
         self.mlp_out_norm = build_norm(config, dim) if has_out else None
+        # None where nothing is multiplied (block 1 scales by 1 too), so those blocks run exactly as without it.
+        self.norm_scale = 1 / math.sqrt(layer_idx + 1) if config.norm_depth_scaling and layer_idx > 0 else None
+        self.residual_alpha = deepnorm_alpha(config.num_hidden_layers)
+
+    def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        y = norm(x)
+        return y if self.norm_scale is None else y * self.norm_scale
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                 cache: Cache | None) -> torch.Tensor:
+        n = self._norm
         if self.placement == NormPlacement.PRE:
             # The residual add after attention and the MLP's input norm run as one fused step.
-            mlp_in, x = self.mlp_norm.add_and_norm(self.self_attn(self.attn_norm(x), rope, mask, cache), x)
+            mlp_in, x = self.mlp_norm.add_and_norm(self.self_attn(n(self.attn_norm, x), rope, mask, cache), x)
+            if self.norm_scale is not None:
+                mlp_in = mlp_in * self.norm_scale
             return x + self.mlp(mlp_in)
         if self.placement == NormPlacement.POST:
-            x = self.attn_out_norm(x + self.self_attn(x, rope, mask, cache))
-            return self.mlp_out_norm(x + self.mlp(x))
+            x = n(self.attn_out_norm, x + self.self_attn(x, rope, mask, cache))
+            return n(self.mlp_out_norm, x + self.mlp(x))
+        if self.placement == NormPlacement.DEEPNORM:
+            alpha = self.residual_alpha
+            x = n(self.attn_out_norm, alpha * x + self.self_attn(x, rope, mask, cache))
+            return n(self.mlp_out_norm, alpha * x + self.mlp(x))
         if self.placement == NormPlacement.SANDWICH:
-            x = x + self.attn_out_norm(self.self_attn(self.attn_norm(x), rope, mask, cache))
-            return x + self.mlp_out_norm(self.mlp(self.mlp_norm(x)))
-        x = x + self.attn_out_norm(self.self_attn(x, rope, mask, cache))
-        return x + self.mlp_out_norm(self.mlp(x))
+            x = x + n(self.attn_out_norm, self.self_attn(n(self.attn_norm, x), rope, mask, cache))
+            return x + n(self.mlp_out_norm, self.mlp(n(self.mlp_norm, x)))
+        x = x + n(self.attn_out_norm, self.self_attn(x, rope, mask, cache))
+        return x + n(self.mlp_out_norm, self.mlp(x))
 
 
 class MiniNormPreTrainedModel(PreTrainedModel):
@@ -171,17 +203,30 @@ class MiniNormPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
+        config = self.config
+        std = config.initializer_range
         if isinstance(module, nn.Linear):
-            # Residual output projections shrink with depth so the residual stream's variance stays O(1).
-            scale = math.sqrt(2 * self.config.num_hidden_layers) if getattr(module, "scaled_by_depth", False) else 1
-            init.normal_(module.weight, mean=0.0, std=std / scale)
+            if config.norm_placement == NormPlacement.DEEPNORM:
+                # DeepNet: the value, output and MLP projections' init std is multiplied by beta (query and key
+                # keep 1); beta takes the place of the depth scaling below.
+                if getattr(module, "deepnorm_gain", False):
+                    std = std * deepnorm_beta(config.num_hidden_layers)
+            elif config.init_depth_scaling and getattr(module, "scaled_by_depth", False):
+                # Residual output projections shrink with depth so the residual stream's variance stays O(1).
+                std = std / math.sqrt(2 * config.num_hidden_layers)
+            init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, DyT):
+            init.constant_(module.alpha, module.alpha_init)
+            if module.weight is not None:
+                init.ones_(module.weight)
+                init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
+            if module.weight is not None:
+                init.ones_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif hasattr(module, "weight") and isinstance(module.weight, nn.Parameter) and module.weight.ndim == 1:
@@ -189,15 +234,14 @@ class MiniNormPreTrainedModel(PreTrainedModel):
 
 
 class MiniNormModel(MiniNormPreTrainedModel):
-    """The decoder trunk: embeddings, blocks and the final norm (absent for post-LN)."""
+    """The decoder trunk: embeddings, blocks and the final norm (absent when the last block is post-LN or DeepNorm)."""
 
     def __init__(self, config: MiniNormConfig) -> None:
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
-        needs_final = NormPlacement(config.norm_placement) != NormPlacement.POST
-        self.norm = build_norm(config, config.hidden_size) if needs_final else nn.Identity()
+        self.norm = build_norm(config, config.hidden_size) if config.has_final_norm else nn.Identity()
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.post_init()
 

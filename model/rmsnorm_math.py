@@ -1,4 +1,6 @@
 """(Partial) RMSNorm as plain functions: the allowed range of p, the partial size k, and the reference formula.
+Also the exact fraction of a count that a decimal gives (`floor_fraction`: Mix-LN's number of post-LN blocks),
+which shares partial_size's exact decimal arithmetic.
 
 One owner for these facts: the config's validation (model/config.py), the norm modules (model/norms.py), the
 compiled path (model/kernels/compiled.py) and the Triton kernels' API (model/kernels/fused.py) all use them.
@@ -36,6 +38,13 @@ def partial_size(dim: int, p: float) -> int:
     partial_size(100, 0.07) is 7 (the float product 7.000000000000001 would round up to 8)."""
     numerator, denominator = _decimal_fraction(p)
     return min(dim, max(1, -(-dim * numerator // denominator)))
+
+
+def floor_fraction(count: int, fraction: float) -> int:
+    """floor(count * fraction) with `fraction` taken as the decimal it is written as (exact integer arithmetic), so
+    floor_fraction(100, 0.29) is 29 (the float product 28.999999999999996 would floor to 28)."""
+    numerator, denominator = _decimal_fraction(fraction)
+    return count * numerator // denominator
 
 
 def rstd(x32: torch.Tensor, eps: float, k: int) -> torch.Tensor:

@@ -3,8 +3,9 @@
     python scripts/convert_to_gguf.py --model_path out/sft                       # -> out/sft-f16.gguf
     python scripts/convert_to_gguf.py --model_path out/sft --outtype q8_0 --outfile out/sft.gguf
 
-The input is a MiniNorm model directory with norm_type='rmsnorm', norm_placement='pre' and qk_norm=False (any
-other config gets the Llama export's one-line refusal), or a Llama directory written by convert_to_llama.py.
+The input is a MiniNorm model directory with norm_type='rmsnorm', norm_placement='pre', qk_norm=False,
+norm_affine=True and norm_depth_scaling=False (any other config gets the Llama export's one-line
+refusal), or a Llama directory written by convert_to_llama.py.
 The file is written with the `gguf` package (llama.cpp's own writer): LLaMA architecture metadata, every tensor
 under llama.cpp's name, the byte-level BPE tokenizer as llama.cpp's `gpt2` model with the `gpt-2`
 pre-tokenizer (our split pattern is GPT-2's), eos `<|im_end|>`, no token added in front of a prompt, and the

@@ -2,12 +2,12 @@
 
     python scripts/convert_to_llama.py --model_path out/pretrain --out_dir out/llama
 
-A model with norm_type='rmsnorm', norm_placement='pre' and qk_norm=False is a LLaMA with renamed norm keys
-(model/llama_compat.py holds the mapping), so the result loads in plain transformers, vLLM, llama.cpp's
-converter and so on, with the same logits. Any other config is refused, naming the switch. The directory is
-written under a temporary name and renamed into place, and the logits are checked against ours unless
---no_verify. An existing --out_dir is replaced only when it is empty or a previous export; one that contains
-the model, or lies inside it, is refused.
+A model with norm_type='rmsnorm', norm_placement='pre', qk_norm=False, norm_affine=True and
+norm_depth_scaling=False is a LLaMA with renamed norm keys (model/llama_compat.py holds the mapping), so the
+result loads in plain transformers, vLLM, llama.cpp's converter and so on, with the same logits. Any other
+config is refused, naming the switch. The directory is written under a temporary name and renamed into place,
+and the logits are checked against ours unless --no_verify. An existing --out_dir is replaced only when it is
+empty or a previous export; one that contains the model, or lies inside it, is refused.
 """
 
 from __future__ import annotations

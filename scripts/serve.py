@@ -24,6 +24,10 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads  # noqa: E402
+
+bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+
 import argparse  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
@@ -45,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; auto: cuda when there is one")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                         help="the weights' dtype; auto: bfloat16 on CUDA, float32 elsewhere")
+    add_threads_flag(parser)
     return parser
 
 
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from scripts.server.app import create_app
     from scripts.server.served_model import load_served_model
 
+    print(start_threads(args.threads), file=sys.stderr)  # the engine's thread takes this count too
     try:
         served = load_served_model(path, args.mode, args.max_batch, args.model_name, args.device, args.dtype, lora)
     except ValueError as error:

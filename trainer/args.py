@@ -16,12 +16,14 @@ from typing import Any, NamedTuple, Sequence
 
 import yaml
 
-from model.config import PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType
+from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
+                          QKNormScope, placement_choices)
 from trainer.cli import ToolParser
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import DEFAULT_OUT_DIRS, RUN_ID_KEY, TASKS, resolve_path
 from trainer.schedule import LRSchedule
+from trainer.threads import THREADS_AUTO, THREADS_HELP, parse_threads
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
@@ -51,13 +53,23 @@ MODEL_FIELDS: dict[str, ModelFlag] = {
     "dropout": ModelFlag(float, None, "dropout probability, in [0, 1)"),
     "initializer_range": ModelFlag(float, None, "standard deviation of the initial weights"),
     "norm_type": ModelFlag(str, tuple(NormType), "which norm; prmsnorm estimates the RMS from the first prms_p of "
-                                                 "each row (docs/architecture.md)"),
-    "norm_placement": ModelFlag(str, tuple(NormPlacement), "where the norms sit in a block (docs/architecture.md, "
-                                                           "Placements)"),
+                                                 "each row, dyt is Dynamic Tanh (docs/architecture.md)"),
+    "norm_placement": ModelFlag(str, (*NormPlacement, *PLACEMENT_ALIASES),
+                                f"where the norms sit in a block: {placement_choices()} (docs/architecture.md, "
+                                f"Placements)"),
     "prms_p": ModelFlag(float, None, "prmsnorm: the fraction of each row its RMS is estimated from, in (0, 1]"),
     "norm_eps": ModelFlag(float, None, "epsilon added to the mean square inside the norms' square root (> 0)"),
     "norm_impl": ModelFlag(str, tuple(NormImpl), "what computes the norms (docs/architecture.md, Implementations)"),
-    "qk_norm": ModelFlag(bool, None, "also normalize each head's queries and keys"),
+    "qk_norm": ModelFlag(bool, None, "also normalize the queries and keys"),
+    "qk_norm_scope": ModelFlag(str, tuple(QKNormScope), "qk_norm: one norm per head (head) or one over all heads "
+                                                        "together (full, OLMo-2)"),
+    "norm_affine": ModelFlag(bool, None, "the norms' gain (and bias); false: parameter-free norms (DyT keeps alpha)"),
+    "dyt_alpha_init": ModelFlag(float, None, "dyt: the initial value of alpha in w * tanh(alpha * x) + b (> 0)"),
+    "mix_ln_ratio": ModelFlag(float, None, "mix: the fraction of blocks, from the first, that are post-LN, in [0, 1]"),
+    "norm_depth_scaling": ModelFlag(bool, None, "multiply each block norm's output by 1/sqrt(l), l the block's "
+                                                "1-based index (LayerNorm Scaling)"),
+    "init_depth_scaling": ModelFlag(bool, None, "initialise the attention output and MLP down projections with std "
+                                                "/ sqrt(2 x layers) (deepnorm: its beta gain instead)"),
 }
 # Per-task defaults where they differ from TrainArgs', sized so each default run takes under 10 minutes on
 # 2 CPU cores (see README).
@@ -159,6 +171,7 @@ class TrainArgs:
     compile: str = _flag("optimisation", "auto", f"{_choices(COMPILE_MODES)}: the whole model under torch.compile; "
                                                  f"auto: on for runs of {COMPILE_AUTO_MIN_STEPS} optimizer steps or "
                                                  f"{COMPILE_AUTO_MIN_BUDGET_S} s or more (trainer/machine.py)")
+    threads: str = _flag("optimisation", THREADS_AUTO, THREADS_HELP)
     gradient_checkpointing: bool = _flag("optimisation", False, "recompute each block in the backward: less "
                                                                 "activation memory")
     seed: int = _flag("data", 42, "random seed: the initial weights, the validation split and the data order")
@@ -301,6 +314,7 @@ def _validate(args: TrainArgs) -> None:
         raise bad("dtype", args.dtype, f"choose one of {', '.join(DTYPES)}")
     if args.compile not in COMPILE_MODES:
         raise bad("compile", args.compile, f"choose one of {', '.join(COMPILE_MODES)}")
+    parse_threads(args.threads)
     for name, enum in (("optimizer", OptimizerName), ("muon_adjust_lr", MuonAdjustLR), ("lr_schedule", LRSchedule)):
         if getattr(args, name) not in tuple(enum):
             raise bad(name, getattr(args, name), f"choose one of {', '.join(enum)}")

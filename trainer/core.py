@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from dataset.atomic_io import atomic_write_text
 from model.model import MiniNormForCausalLM
 from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config
-from trainer.budget import TimeBudget
+from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.checkpoint import (agree_on_start, check_resume_compatible, load_checkpoint, probe_storage,
                                 save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader
@@ -51,6 +51,7 @@ from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAU
                              EXIT_DIVERGED, EXIT_PEER_LOST, RUN_ID_KEY, SUMMARY_FILE, report_error, resolve_path)
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, step_outcome
+from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
 
 
 class TrainingDiverged(RuntimeError):
@@ -135,6 +136,8 @@ class Trainer:
     def __init__(self, args: TrainArgs) -> None:
         args.dtype = resolve_dtype(args.dtype)
         self.args = args
+        self.threads = ThreadPolicy(parse_threads(args.threads))  # first: the set-up runs at this count too
+        self.threads.start()
         self.out_dir = args.resolved_out_dir()
         self.accelerator = make_accelerator(args.dtype, args.accumulation_steps, args.use_wandb,
                                             timeout_s=args.dist_init_timeout)
@@ -158,6 +161,7 @@ class Trainer:
         self.resume = start.resume
         self.resume_from = self.resume.path if self.resume is not None else None
         self.resume_state = self.resume.state if self.resume is not None else None
+        self.threads.keep_runs((self.resume_state or {}).get(THREADS_KEY))
         if args.use_wandb:
             self.wandb_run_id = (self.resume_state or {}).get("wandb_run_id")
             init = {"name": args.wandb_run_name, "group": args.wandb_group, "dir": str(self.out_dir),
@@ -203,6 +207,7 @@ class Trainer:
                              f"{len(self.data.train)}; lower --batch_size or --accumulation_steps")
         self.total_steps = self._total_steps()
         self.budget = self._time_budget()
+        self._announced_length: int | None = None  # the last length a time budget's plan printed
         self.pace = SessionPace()  # this session's optimizer steps (the budget's pace, checkpoints' training time)
         self.train_time_before_s: float = (self.resume_state or {}).get("train_time_s", 0.0)
         self.compiled = compile_enabled(args.compile, self.total_steps, args.time_budget_s)
@@ -282,7 +287,7 @@ class Trainer:
             self.pace.add(result)
             if position.step == first_step + 1:  # set-up and the first (compiling) step are done: fail faster now
                 set_collective_timeout(args.dist_timeout)
-            self._fix_budget_length(position.step)
+            self._plan_budget_length(position.step)
             self.reporter.after_step(position, result, self.total_steps)
             self._evaluate_when_due(position.step)
             self._checkpoint_when_due(position)
@@ -410,22 +415,27 @@ class Trainer:
         return self.objective.evaluate(self.unwrapped, self.val_loader, self.accelerator, self.token_bytes,
                                        max_batches)
 
-    def _fix_budget_length(self, step: int) -> None:
-        """Under --time_budget_s: once the first steps are timed, fix the run's length (trainer/budget.py)."""
-        if self.budget is None or self.budget.fixed:
+    def _plan_budget_length(self, step: int) -> None:
+        """Under --time_budget_s: plan the run's length from the pace after every step once the first steps are
+        timed (trainer/budget.py); say so when the plan is new or moved by 5% or more."""
+        if self.budget is None:
             return
         length = self.budget.length_after(step, self.pace.times, self.train_time_before_s)
         if self.world > 1:
-            # Collective, on every step until the length is fixed: all processes stop where the main one decided.
+            # Collective, after every step (an int: far below a step's cost): all stop where the main one decided.
             length = broadcast_object_list([length])[0]
             self.budget.fixed = length is not None
         if length is None:
             return
-        self.total_steps = length
-        self.reporter.set_length(length)
-        self.reporter.print(f"--time_budget_s {self.args.time_budget_s:g}: {length} optimizer steps fit (pace "
-                            f"{statistics.median(self.pace.times[1:] or self.pace.times):.3f} s/step after the "
-                            f"first step)")
+        announced = self._announced_length
+        if length != self.total_steps:
+            self.total_steps = length
+            self.reporter.set_length(length)
+        if announced is None or abs(length - announced) >= 0.05 * announced:
+            self._announced_length = length
+            pace = statistics.median(self.pace.times[1:][-PACE_WINDOW:] or self.pace.times)
+            self.reporter.print(f"--time_budget_s {self.args.time_budget_s:g}: {length} optimizer steps fit (pace "
+                                f"{pace:.3f} s/step" + (")" if announced is None else ", re-planned)"))
 
     def _evaluate_when_due(self, step: int) -> None:
         """Every --eval_interval steps (the last step has the final evaluation instead). Collective."""
@@ -439,13 +449,13 @@ class Trainer:
 
     def _state(self, position: RunPosition) -> dict[str, Any]:
         """What a checkpoint records beside the weights and optimizer: the position, the run's identity, the
-        training time spent and whether a time budget fixed the length."""
+        training time spent and whether a time budget planned the length."""
         return {"step": position.step, "epoch": position.epoch, "samples_done_in_epoch": position.samples_done,
                 "tokens_seen": position.tokens_seen, "total_steps": self.total_steps, "processes": self.world,
                 RUN_ID_KEY: self.run_id,
                 "data": self.data_identity, "wandb_run_id": self.wandb_run_id, "config": self.config_dict,
                 "train_time_s": self.train_time_before_s + self.pace.seconds(),
-                "budget_fixed": self.budget is not None and self.budget.fixed}
+                "budget_fixed": self.budget is not None and self.budget.fixed, THREADS_KEY: self.threads.threads}
 
     def _save(self, position: RunPosition) -> Path:
         return save_checkpoint(self.accelerator, self.out_dir / CHECKPOINT_DIR, position.step, self._state(position),
@@ -461,6 +471,7 @@ class Trainer:
                  f"x{self.world}, {self.args.dtype}, {setup}, compile {'on' if self.compiled else 'off'}, "
                  f"optimizer {self.args.optimizer}"
                  + (", gradient checkpointing" if self.args.gradient_checkpointing else ""),
+                 self.threads.describe(),
                  f"data: {self.data.description}; {len(self.data.train)} train / {len(self.data.val)} val samples"
                  + (f"; stats {stats}" if stats else ""),
                  f"trainable parameters: {self.trainable_params:,} of {self.num_params:,} "

@@ -27,7 +27,8 @@ Keys (flat, wandb-friendly; `XX` is the zero-padded layer index):
     diag/resid_grad_rms/layer_XX       RMS of dLoss/d(residual stream) leaving block XX
     diag/{attn_norm,mlp_norm,attn_out_norm,mlp_out_norm}_{in,out}_rms/layer_XX
                                        RMS of each norm's input and output (only the norms the placement has)
-    diag/final_norm_{in,out}_rms       the final norm before the LM head (not for post-LN, which has none)
+    diag/final_norm_{in,out}_rms       the final norm before the LM head (absent where the model has none: post-LN,
+                                       DeepNorm, Mix-LN with mix_ln_ratio 1)
     diag/grad_norm/layer_XX            L2 norm of the gradient of all of block XX's parameters
     diag/grad_norm_attn/layer_XX       ... of its attention parameters only
     diag/grad_norm_mlp/layer_XX        ... of its MLP parameters only
@@ -84,7 +85,8 @@ class NormDiagnostics:
         self.layers: list[nn.Module] = list(model.model.layers)
         self.width = max(2, len(str(len(self.layers) - 1)))
         final = model.model.norm
-        # Post-LN has no final norm: the trunk ends in nn.Identity (NoNorm, the "none" ablation, subclasses it).
+        # Post-LN (DeepNorm, all-post Mix-LN) has no final norm: the trunk ends in nn.Identity (NoNorm, the "none"
+        # ablation, subclasses it). Every norm type (DyT included) is watched by its forward, whatever it computes.
         self.final_norm: nn.Module | None = None if type(final) is nn.Identity else final
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._patched: list[nn.Module] = []

@@ -36,8 +36,8 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int | Callable[[], int],
                     min_ratio: float, schedule: str = "cosine",
                     decay_fraction: float = 0.2) -> torch.optim.lr_scheduler.LambdaLR:
-    """`total_steps` may be a callable, read at every step: a run on a time budget fixes its length after a few
-    steps (trainer/budget.py). Warmup never runs past the end."""
+    """`total_steps` may be a callable, read at every step: a run on a time budget plans its length after a few
+    steps and re-plans it as its pace changes (trainer/budget.py). Warmup never runs past the end."""
     def total() -> int:
         return total_steps() if callable(total_steps) else total_steps
 

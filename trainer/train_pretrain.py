@@ -8,6 +8,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from the repo root or from trainer/
 
+from trainer.threads import bound_openmp_waits  # noqa: E402
+
+bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+
 from trainer.core import main  # noqa: E402
 
 if __name__ == "__main__":

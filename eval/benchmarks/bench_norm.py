@@ -5,6 +5,8 @@
     python eval/benchmarks/bench_norm.py --check              # CUDA: our kernels vs fp32 references at LLM shapes
     python eval/benchmarks/bench_norm.py --sweep              # CUDA: our kernels under each launch configuration
     python eval/benchmarks/bench_norm.py --profile_once 4096  # CUDA: one forward + backward of ours, for `ncu`
+    python eval/benchmarks/bench_norm.py --lab --threads 2    # CPU: every norm type, with and without affine
+                                                              # parameters, and the default model's step with each
 
 CUDA: forward, backward and forward+backward medians (triton.testing.do_bench, wall-clock including the Python
 dispatch) and, beside them, kernel-only times (the CUDA kernels' own durations from the profiler, median over
@@ -21,8 +23,12 @@ CPU: eager, torch.compile, `F.rms_norm` and `nn.LayerNorm` with time.perf_counte
 kernel is ~1000x slower than anything else on CPU and is not a speed path; it is timed (and `--check` runs) on
 CPU only when TRITON_INTERPRET=1 is set, to smoke-test this script without a GPU (use a small --m).
 
-The timing is here; the compared implementations and the correctness checks (--check, --check_model) are in
-this command's own package, eval/benchmarks/rmsnorm/.
+--lab (CPU): the norm laboratory's table (docs/benchmarks.md): RMSNorm, LayerNorm, DyT and their parameter-free
+variants, as the model builds them, each timed forward+backward at the default run's activation shape and inside a
+full training step of the default pretraining model, interleaved round by round (eval/benchmarks/rmsnorm/lab.py).
+
+The timing is here; the compared implementations, the correctness checks (--check, --check_model) and the
+laboratory's variants are in this command's own package, eval/benchmarks/rmsnorm/.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ if __package__ in (None, ""):  # run as a script from the repo root or from eval
 import torch
 
 from eval.benchmarks.rmsnorm.checks import check_kernels, check_model
+from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_table, run_lab
 from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods
 from model.kernels.dtypes import DTYPES
 from model.norms import triton_can_run
@@ -259,6 +266,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA: run our forward and backward once at (--m, N) and exit (for ncu)")
     ap.add_argument("--out", type=Path, default=None, help="also write the raw rows as JSON here")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
+    lab = ap.add_argument_group("--lab: the norm laboratory's table (CPU)")
+    lab.add_argument("--lab", action="store_true", help="every norm type and the default model's step with each")
+    lab.add_argument("--lab_norms", nargs="+", default=list(DEFAULT_LAB_NORMS), choices=list(LAB_VARIANTS),
+                     help="the variants, in table order (the first is the reference)")
+    lab.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
+    lab.add_argument("--norm_repeats", type=int, default=50, help="norm forward+backward calls per variant per round")
+    lab.add_argument("--lab_steps", type=int, default=3, help="training steps per variant per round")
+    lab.add_argument("--lab_warmup", type=int, default=3, help="untimed calls and steps per variant first (compiles)")
     args = ap.parse_args(argv)
 
     cuda = torch.cuda.is_available()
@@ -274,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     if (args.sweep or args.profile_once or args.check_model) and device.type != "cuda":
         ap.error("--sweep, --profile_once and --check_model need a CUDA device")
     m = args.m or (32768 if device.type == "cuda" else 1024)
+
+    if args.lab:
+        return lab_main(args, dtype)
 
     if args.check_model:
         ok = check_model(device)
@@ -321,6 +339,31 @@ def main(argv: list[str] | None = None) -> int:
             print_table(results["residual"], ceiling)
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+def lab_main(args: argparse.Namespace, dtype: torch.dtype) -> int:
+    """--lab: run the interleaved laboratory and print its markdown table (and --out JSON)."""
+    import os
+
+    if torch.cuda.is_available() and args.device != "cpu":
+        print("--lab times the CPU paths: run it with --device cpu", file=sys.stderr)
+        return 2
+    threads = torch.get_num_threads()
+    start_load = os.getloadavg()[0]
+    variants, setup = run_lab(args.lab_norms, args.rounds, args.norm_repeats, args.lab_steps, args.lab_warmup, dtype,
+                              log=lambda line: print(line, file=sys.stderr, flush=True))
+    header = (f"{machine_line()}; {threads} threads; load average {start_load:.2f} at start, "
+              f"{os.getloadavg()[0]:.2f} at the end; norm: {setup['norm_dtype']} input {setup['batch_size']} x "
+              f"{setup['seq_len']} x {setup['hidden_size']}, norm_impl {setup['norm_impl']}, median of "
+              f"{args.norm_repeats} calls; step: {setup['preset']} model, batch {setup['batch_size']} x "
+              f"{setup['seq_len']}, {setup['optimizer']}, {setup['step_dtype']}, eager, median of {args.lab_steps} "
+              f"steps; {args.rounds} interleaved rounds, median over rounds")
+    print(f"# Norm laboratory: {header}\n")
+    print(lab_table(variants))
+    if args.out:
+        rows = [{"norm": v.name, "norm_ms": v.norm_ms, "step_ms": v.step_ms} for v in variants]
+        args.out.write_text(json.dumps({"header": header, "setup": setup, "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -38,6 +38,8 @@ from trainer.figures import save_figure
 from trainer.machine import machine_line
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "grad_at_init"
+# The defaults are the committed results' variants; --placements and --norm_types take any MiniNormConfig values
+# (deepnorm, mix, dyt, ...), and a combination the config refuses is skipped with its reason.
 PLACEMENTS = ("pre", "post", "sandwich", "res_post")
 NORM_TYPES = ("rmsnorm", "layernorm", "prmsnorm", "none")
 # Per layer, which parameters each reported quantity covers (attribute paths inside a Block).
@@ -281,13 +283,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     no_norm_entry = None
     for placement in args.placements.split(","):
         for norm_type in args.norm_types.split(","):
+            try:
+                config = MiniNormConfig.from_preset(args.preset, num_hidden_layers=args.layers, norm_type=norm_type,
+                                                    norm_placement=placement, norm_impl="eager",
+                                                    max_position_embeddings=max(512, args.seq_len))
+            except ValueError as error:  # a refused combination (deepnorm without a norm): no network to measure
+                print(f"{placement:>9s} {norm_type:>9s}  skipped: {error}", flush=True)
+                continue
             if norm_type == "none" and no_norm_entry is not None:
-                # Without norms every placement is the same network (x = x + f(x)) with the same init: reuse.
+                # Without norms every placement allowed is the same network (x = x + f(x)) with the same init: reuse.
                 runs.append({**no_norm_entry, "placement": placement})
                 continue
-            config = MiniNormConfig.from_preset(args.preset, num_hidden_layers=args.layers, norm_type=norm_type,
-                                                norm_placement=placement, norm_impl="eager",
-                                                max_position_embeddings=max(512, args.seq_len))
             t0 = time.time()
             measured = measure(config, batches, seeds, args.init)
             entry = {"placement": placement, "norm_type": norm_type, "loss_mean": float(measured["loss"].mean())}

@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 
 from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from model.norms import LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
+from model.norms import DyT, LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 
@@ -58,7 +58,7 @@ def mark_norms(model: torch.nn.Module) -> int:
     """Wrap every norm module's forward and backward in profiler ranges; returns how many norms were marked."""
     marked = 0
     for module in model.modules():
-        if not isinstance(module, (RMSNorm, LayerNorm)):
+        if not isinstance(module, (RMSNorm, LayerNorm, DyT)):
             continue
         marked += 1
         ranges: dict[str, record_function] = {}

@@ -20,9 +20,10 @@ def param_count(config: MiniNormConfig) -> int:
 
 
 @pytest.mark.parametrize(("field", "value", "allowed"), [
-    ("norm_type", "batchnorm", ["'rmsnorm'", "'prmsnorm'", "'layernorm'", "'none'"]),
+    ("norm_type", "batchnorm", ["'rmsnorm'", "'prmsnorm'", "'layernorm'", "'dyt'", "'none'"]),
     ("norm_type", "RMSNorm", ["'rmsnorm'"]),
-    ("norm_placement", "peri", ["'pre'", "'post'", "'sandwich'", "'res_post'"]),
+    # "peri" and "reordered" are aliases of sandwich and res_post (tests/unit/test_norm_lab.py).
+    ("norm_placement", "middle", ["'pre'", "'post'", "'sandwich'", "'res_post'", "'deepnorm'", "'mix'"]),
     ("norm_impl", "cuda", ["'auto'", "'eager'", "'compile'", "'triton'"]),
     ("prms_p", 0, ["(0, 1]"]),
     ("prms_p", -0.1, ["(0, 1]"]),
@@ -70,6 +71,8 @@ def test_defaults() -> None:
     assert (config.norm_type, config.norm_placement, config.norm_impl, config.qk_norm) == ("rmsnorm", "pre", "auto",
                                                                                            False)
     assert (config.prms_p, config.norm_eps) == (0.0625, 1e-6)
+    assert (config.qk_norm_scope, config.norm_affine, config.dyt_alpha_init, config.mix_ln_ratio,
+            config.norm_depth_scaling, config.init_depth_scaling) == ("head", True, 0.5, 0.25, False, True)
     assert config.intermediate_size == 704 and config.head_dim == 32
     assert config.tie_word_embeddings and config.eos_token_id == 2
 

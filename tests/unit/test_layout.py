@@ -260,3 +260,33 @@ def test_every_command_line_is_parsed_by_the_shared_tool_parser() -> None:
     users = {name for name, calls in constructions.items() if "ToolParser" in calls}
     assert {"trainer/args.py", "eval/evaluate.py", "scripts/sweep.py", "eval/benchmarks/time_to_loss.py",
             "eval/studies/ablation_report.py"} <= users
+
+
+# The commands that run a model for a while: OpenMP's wait policy must be set before torch loads (trainer/threads.py).
+MODEL_RUNNERS = ("trainer/train_pretrain.py", "trainer/train_full_sft.py", "trainer/train_lora.py",
+                 "trainer/train_dpo.py", "eval/chat.py", "eval/evaluate.py", "scripts/serve.py")
+BEFORE_TORCH = {"__future__", "sys", "pathlib", "trainer.threads"}  # what may be imported before the call
+
+
+def openmp_waits_problem(source: str) -> str | None:
+    """Why the module-level code does not call bound_openmp_waits() before anything that may load torch."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
+                getattr(node.value.func, "id", None) == "bound_openmp_waits":
+            return None
+        modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        if any(module not in BEFORE_TORCH for module in modules):
+            return f"line {node.lineno} imports {', '.join(modules)} before bound_openmp_waits()"
+    return "bound_openmp_waits() is never called at module level"
+
+
+@pytest.mark.parametrize("tool", MODEL_RUNNERS)
+def test_commands_that_run_models_bound_openmp_waits_before_torch_loads(tool: str) -> None:
+    assert openmp_waits_problem((REPO / tool).read_text(encoding="utf-8")) is None
+
+
+def test_the_openmp_waits_check_catches_a_late_call() -> None:
+    late = "import sys\nimport torch\nfrom trainer.threads import bound_openmp_waits\nbound_openmp_waits()\n"
+    assert openmp_waits_problem(late) == "line 2 imports torch before bound_openmp_waits()"
+    assert openmp_waits_problem("import sys\n") == "bound_openmp_waits() is never called at module level"

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.norms import LayerNorm, RMSNorm
+from model.norms import DyT, LayerNorm, RMSNorm
 from tests.norm_reference import expected_partial_size
 
 DELTAS = (1e-3, 0.5, 7.0, 1e3)
@@ -173,3 +173,72 @@ def test_with_eps_rescaling_is_the_same_as_changing_eps(kind: str, delta: float)
     # And the approximation error is what that formula predicts: tiny for delta >= 1, visible for 1e-3 * N(0,1).
     off = (scaled(delta * a) - make_norm(kind, n, torch.Generator().manual_seed(1), eps=0.0)(a)).abs().max()
     assert (off > 1e-2) == (delta == 1e-3)
+
+
+# ------------------------------------------------------------------ parameter-free norms and Dynamic Tanh (issue 27)
+
+
+def make_free_norm(kind: str, n: int, eps: float = 0.0) -> nn.Module:
+    """The parameter-free variant (norm_affine=False): no gain, no bias."""
+    if kind == "layernorm":
+        return LayerNorm(n, eps=eps, elementwise_affine=False).to(DTYPE)
+    return RMSNorm(n, eps=eps, p=1.0 if kind == "rmsnorm" else 0.3, impl="eager", affine=False).to(DTYPE)
+
+
+@pytest.mark.parametrize("delta", DELTAS)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_parameter_free_norms_keep_the_rescaling_invariances(kind: str, seed: int, delta: float) -> None:
+    """Without gain and bias: N(delta * a) = N(a), and W -> delta * W leaves the output unchanged and divides
+    dLoss/dW by delta."""
+    gen = torch.Generator().manual_seed(seed)
+    lead, n = random_shape(gen)
+    m = int(torch.randint(2, 65, (1,), generator=gen))
+    norm = make_free_norm(kind, n)
+    assert not list(norm.parameters())
+    a = randn(lead + (n,), gen)
+    close(norm(delta * a), norm(a))
+    x, w, c = randn(lead + (m,), gen), randn((n, m), gen), randn(lead + (n,), gen)
+    grads = []
+    for scale in (1.0, delta):
+        w_scaled = (scale * w).requires_grad_(True)
+        y = norm(x @ w_scaled.T)
+        grads.append((y.detach(), torch.autograd.grad((c * y).sum(), w_scaled)[0]))
+    close(grads[1][0], grads[0][0])
+    close(grads[1][1], grads[0][1] / delta)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_parameter_free_layernorm_recenters_and_parameter_free_rmsnorm_does_not(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    lead, n = random_shape(gen)
+    n = max(n, 8)
+    a = randn(lead + (n,), gen)
+    shift = 3.0 * randn(lead + (1,), gen)
+    layer_norm = make_free_norm("layernorm", n)
+    close(layer_norm(a + shift), layer_norm(a))
+    rms_norm = make_free_norm("rmsnorm", n)
+    change = (rms_norm(a + shift) - rms_norm(a)).abs().max().item()
+    assert change > 1e-3 * rms_norm(a).abs().max().item()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("affine", [True, False])
+def test_dyt_is_not_scale_invariant_but_trades_scale_for_alpha(affine: bool, seed: int) -> None:
+    """DyT has no statistics, so DyT(delta * a) != DyT(a) for delta != 1 (it saturates or linearises); what holds
+    instead is DyT_alpha(delta * a) = DyT_{alpha * delta}(a), exactly in fp64."""
+    gen = torch.Generator().manual_seed(seed)
+    lead, n = random_shape(gen)
+    a = randn(lead + (n,), gen)
+    norm = DyT(n, alpha_init=0.5, affine=affine).to(DTYPE)
+    if affine:
+        with torch.no_grad():
+            norm.weight.copy_(torch.rand(n, generator=gen, dtype=DTYPE) + 0.5)
+            norm.bias.copy_(torch.randn(n, generator=gen, dtype=DTYPE))
+    base = norm(a)
+    for delta in DELTAS:
+        change = (norm(delta * a) - base).abs().max().item()
+        assert change > 1e-2, f"DyT should not be scale invariant (delta {delta}: change {change:.2e})"
+        moved = DyT(n, alpha_init=0.5 * delta, affine=affine).to(DTYPE)
+        moved.load_state_dict({**norm.state_dict(), "alpha": norm.alpha.detach() * delta})
+        close(norm(delta * a), moved(a))

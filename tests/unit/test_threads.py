@@ -1,0 +1,126 @@
+"""The CPU thread policy (trainer/threads.py): other processes' load measured from /proc, the thread count it
+implies, the pins that override it, OpenMP's bounded spin, and a run's count kept across a resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import torch
+
+import trainer.threads as threads
+from tests.training_runs import pretrain_argv, run_in_process
+from trainer.run_dir import CHECKPOINT_DIR, STATE_FILE
+from trainer.threads import (CpuSample, ThreadPolicy, bound_openmp_waits, others_load, parse_threads,
+                             read_cpu_sample, threads_for)
+
+
+@pytest.fixture(autouse=True)
+def _restore_thread_count():
+    count = torch.get_num_threads()
+    yield
+    torch.set_num_threads(count)
+
+
+def test_threads_flag_takes_auto_or_a_positive_count():
+    assert parse_threads("auto") == "auto"
+    assert parse_threads("3") == 3
+    for bad in ("0", "-2", "two", ""):
+        with pytest.raises(ValueError, match=rf"^--threads={bad!r} is not allowed; use 'auto' or a positive"):
+            parse_threads(bad)
+
+
+def test_others_load_is_the_busy_time_that_is_not_ours():
+    before = CpuSample(busy=1000, total=4000, own=300)
+    # 200 ticks elapsed over 2 CPUs (100 each): 150 busy, 50 of them ours: others used 100 ticks = one core.
+    after = CpuSample(busy=1150, total=4200, own=350)
+    assert others_load(before, after, cores=2) == pytest.approx(1.0)
+    assert others_load(before, before, cores=2) == 0.0  # an empty window tells nothing
+    # Our own threads spinning do not count as others' load.
+    assert others_load(before, CpuSample(busy=1200, total=4200, own=500), cores=2) == 0.0
+
+
+@pytest.mark.parametrize("cores, others, expected", [
+    (2, 0.0, 2), (2, 0.2, 2), (2, 0.3, 1), (2, 1.0, 1), (2, 1.9, 1), (4, 1.0, 3), (4, 1.3, 2), (1, 0.9, 1)])
+def test_one_thread_per_core_others_leave_free_at_least_one(cores, others, expected):
+    assert threads_for(cores, others) == expected
+
+
+def test_the_proc_counters_are_read_for_our_cpus_only(tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    lines = ["cpu  999 0 999 999 0 0 0 0 0 0"]
+    # user nice system idle iowait irq softirq steal: busy = all but idle and iowait; steal counts as busy.
+    lines += [f"cpu{cpu} 10 1 5 100 4 1 1 3 0 0" for cpu in cpus]
+    lines.append(f"cpu{max(cpus) + 1} 5000 0 0 0 0 0 0 0 0 0")  # a CPU we may not run on
+    (tmp_path / "stat").write_text("\n".join(lines) + "\n")
+    (tmp_path / "self").mkdir()
+    # The command name may hold spaces and parentheses; utime and stime are the 14th and 15th fields.
+    (tmp_path / "self" / "stat").write_text("4242 (python (x) y) R 1 2 3 4 5 6 7 8 9 10 70 30 0 0 20 0 4\n")
+    sample = read_cpu_sample(tmp_path)
+    assert sample == CpuSample(busy=21 * len(cpus), total=125 * len(cpus), own=100)
+    assert read_cpu_sample(tmp_path / "missing") is None
+
+
+def test_a_busy_competitor_takes_a_core_from_the_auto_count():
+    cores = threads.usable_cores()
+    competitor = subprocess.Popen(["sh", "-c", "while :; do :; done"])
+    try:
+        time.sleep(0.3)  # let it start
+        before = read_cpu_sample()
+        time.sleep(1.0)
+        after = read_cpu_sample()
+    finally:
+        competitor.kill()
+        competitor.wait()
+    others = others_load(before, after, cores)
+    assert others >= 0.5  # the loop keeps one core busy (more load from elsewhere only adds to it)
+    assert threads_for(cores, others) <= max(1, cores - 1)
+
+
+def test_auto_uses_the_measured_load_and_pins_override_it(monkeypatch):
+    monkeypatch.setattr(threads, "usable_cores", lambda: 4)
+    monkeypatch.setattr(threads, "START_WINDOW_S", 0.0)
+    samples = iter([CpuSample(0, 0, 0), CpuSample(busy=150, total=400, own=50)])  # others: one core of four
+    policy = ThreadPolicy("auto", environ={}, sample=lambda: next(samples))
+    policy.start()
+    assert (policy.threads, torch.get_num_threads()) == (3, 3)
+    assert policy.describe().startswith("threads: 3 (auto: 4 usable cores, other processes used 1.0")
+    assert ThreadPolicy(2, environ={"OMP_NUM_THREADS": "1"}).describe().startswith("threads: 2 (pinned by --threads")
+    assert ThreadPolicy("auto", environ={"OMP_NUM_THREADS": "1"}).threads == 1
+
+
+def test_a_resumed_run_keeps_its_checkpoints_count_unless_one_is_pinned():
+    policy = ThreadPolicy("auto", environ={})
+    policy.keep_runs(1)
+    assert (policy.threads, policy.pinned_by, torch.get_num_threads()) == (1, "the resumed run's checkpoint", 1)
+    pinned = ThreadPolicy(3, environ={})
+    pinned.keep_runs(1)
+    assert pinned.threads == 3 and "the run had 1 before: its last bits may differ" in pinned.describe()
+
+
+def test_openmp_spin_is_bounded_unless_the_user_chose_a_wait_policy():
+    environ: dict[str, str] = {}
+    bound_openmp_waits(environ)
+    assert environ == {"GOMP_SPINCOUNT": str(threads.SPIN_COUNT)}
+    for chosen in ({"GOMP_SPINCOUNT": "100000"}, {"OMP_WAIT_POLICY": "ACTIVE"}):
+        environ = dict(chosen)
+        bound_openmp_waits(environ)
+        assert environ == chosen
+
+
+def test_a_checkpoint_records_the_runs_thread_count_and_a_resume_takes_it_back(train_data, tmp_path, monkeypatch,
+                                                                             capsys):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    first = tmp_path / "run"
+    run_in_process("pretrain", pretrain_argv(train_data, first, "--threads", "1"))
+    checkpoint = first / CHECKPOINT_DIR / "step_00000003"
+    assert json.loads((checkpoint / STATE_FILE).read_text())["threads"] == 1
+    torch.set_num_threads(2)
+    capsys.readouterr()
+    run_in_process("pretrain", pretrain_argv(train_data, tmp_path / "resumed", "--resume", str(checkpoint)))
+    printed = capsys.readouterr()
+    assert "threads: 1 (pinned by the resumed run's checkpoint" in printed.out + printed.err
+    assert torch.get_num_threads() == 1

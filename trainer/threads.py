@@ -1,0 +1,211 @@
+"""CPU threads on a machine shared with other processes: how many intra-op threads a run uses, and how long
+OpenMP's idle threads spin before they sleep.
+
+Why: torch's CPU kernels run OpenMP parallel regions (about 1,250 operators per step of the default
+pretraining run, most of them small: bf16 casts, Muon's Newton-Schulz products, optimizer updates), and each ends
+at a barrier that waits for every thread. When another process keeps one of two cores busy, one of our two
+threads is often off its core, and the other spins at the barrier for OpenMP's default spin time (about 300,000
+iterations) on the core the first one needs: the step became 4-6x slower (docs/benchmarks.md, "A busy machine").
+
+Two settings, both decided once per process:
+- OpenMP's spin, bounded (`bound_openmp_waits`, GOMP_SPINCOUNT=SPIN_COUNT): a waiting thread soon sleeps and
+  gives its core back. libgomp reads it when it loads, that is when torch is imported, so every tool that runs a
+  model calls this first thing (tests/unit/test_layout.py checks it). A value the user set (GOMP_SPINCOUNT or
+  OMP_WAIT_POLICY) is kept.
+- The thread count (`ThreadPolicy`, `--threads auto`, the default): the cores this process may use (its CPU
+  affinity, a cgroup CPU quota) minus the cores other processes keep busy on them at start, at least one. Others'
+  load is measured, not guessed from /proc/loadavg (which counts our own threads): the busy time of our CPUs in
+  /proc/stat (time stolen by a hypervisor included) minus this process's own CPU time (/proc/self/stat), over
+  START_WINDOW_S; a core counts as taken when others use more than OTHERS_THRESHOLD of it. A number
+  (`--threads 2`) pins the count, and so does OMP_NUM_THREADS (torchrun sets 1 for each of its processes).
+
+Exactness: the thread count changes the last bits of a training step (the weight gradients' matrix products
+split their sums by thread; tests/integration/test_threads_exact.py shows it), so it is fixed for a whole run:
+a checkpoint records it and a resumed run takes it back, which keeps resume bit-exact. Load that comes and goes
+during a run is what the bounded spin is for: it changes no result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+START_WINDOW_S = 0.25      # the first measurement of others' load, before the work starts
+OTHERS_THRESHOLD = 0.25    # a core counts as taken when other processes use more than this share of it
+THREADS_AUTO = "auto"
+THREADS_ALLOWED = "use 'auto' or a positive number of threads"
+THREADS_KEY = "threads"  # in a checkpoint's state: the run's thread count
+THREADS_HELP = ("CPU threads: auto (one per core that other processes leave free at start; OMP_NUM_THREADS pins "
+                "it if set; a resumed run keeps its checkpoint's) or a number that pins it (trainer/threads.py)")
+SPIN_COUNT = 3000          # GOMP_SPINCOUNT: iterations a waiting OpenMP thread spins before it sleeps
+
+
+def parse_threads(value: str) -> str | int:
+    """`auto` or a positive thread count (the --threads flag)."""
+    if value == THREADS_AUTO:
+        return THREADS_AUTO
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"--threads={value!r} is not allowed; {THREADS_ALLOWED}")
+    return count
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota (containers)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Cumulative clock ticks: busy and total over this process's CPUs, and this process's own CPU time."""
+
+    busy: int
+    total: int
+    own: int
+
+
+def read_cpu_sample(proc: Path = Path("/proc")) -> CpuSample | None:
+    """The counters now, or None where /proc does not tell them (then the policy keeps its thread count)."""
+    cpus = {f"cpu{index}" for index in os.sched_getaffinity(0)} if hasattr(os, "sched_getaffinity") else None
+    busy = total = 0
+    try:
+        for line in (proc / "stat").read_text().splitlines():
+            fields = line.split()
+            if not fields or not fields[0].startswith("cpu") or fields[0] == "cpu":
+                continue
+            if cpus is not None and fields[0] not in cpus:
+                continue
+            # user nice system idle iowait irq softirq steal: idle and iowait are free time, steal is not ours.
+            ticks = [int(value) for value in fields[1:9]]
+            total += sum(ticks)
+            busy += sum(ticks) - ticks[3] - ticks[4]
+        # The fields after the command name (which may hold spaces): utime and stime are the 12th and 13th.
+        own_fields = (proc / "self" / "stat").read_text().rsplit(")", 1)[1].split()
+        own = int(own_fields[11]) + int(own_fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+    return CpuSample(busy, total, own) if total else None
+
+
+def others_load(before: CpuSample, after: CpuSample, cores: int) -> float:
+    """Cores' worth of CPU time other processes used between two samples (0 when the window is empty)."""
+    elapsed = after.total - before.total
+    if elapsed <= 0:
+        return 0.0
+    others = (after.busy - before.busy) - (after.own - before.own)
+    return max(0.0, others / elapsed * cores)
+
+
+def threads_for(cores: int, others: float) -> int:
+    """One thread per core that other processes leave free, at least one."""
+    taken = max(0, math.ceil(others - OTHERS_THRESHOLD))
+    return max(1, cores - taken)
+
+
+def add_threads_flag(parser: argparse.ArgumentParser) -> None:
+    """The --threads flag of a tool that runs the model (chat, evaluation, the server)."""
+    parser.add_argument("--threads", default=THREADS_AUTO, type=_threads_flag, help=THREADS_HELP)
+
+
+def _threads_flag(value: str) -> str | int:
+    try:
+        return parse_threads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; {THREADS_ALLOWED}") from None
+
+
+def bound_openmp_waits(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Bound OpenMP's spin (GOMP_SPINCOUNT=SPIN_COUNT) unless the user chose a wait policy. Call it before torch
+    is imported: libgomp reads it when it loads."""
+    if "GOMP_SPINCOUNT" not in environ and "OMP_WAIT_POLICY" not in environ:
+        environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+
+
+def openmp_waits(environ: Mapping[str, str] = os.environ) -> str:
+    """How OpenMP's waiting threads behave in this process, in words."""
+    if "OMP_WAIT_POLICY" in environ:
+        return f"OMP_WAIT_POLICY={environ['OMP_WAIT_POLICY']}"
+    if "GOMP_SPINCOUNT" in environ:
+        return f"OpenMP spins {environ['GOMP_SPINCOUNT']} before it sleeps"
+    return "OpenMP's default spin (bound_openmp_waits was not called before torch loaded)"
+
+
+class ThreadPolicy:
+    """The intra-op thread count of this process, decided once: pinned (--threads N, OMP_NUM_THREADS, a resumed
+    run's checkpoint) or `auto` (the usable cores others leave free at start)."""
+
+    def __init__(self, setting: str | int = THREADS_AUTO, *, environ: Mapping[str, str] = os.environ,
+                 sample: Callable[[], CpuSample | None] = read_cpu_sample) -> None:
+        self.cores = usable_cores()
+        self._sample = sample
+        self.pinned_by: str | None = None
+        self.others = 0.0
+        self.note = ""
+        omp = environ.get("OMP_NUM_THREADS", "").strip()
+        if setting != THREADS_AUTO:
+            self.threads, self.pinned_by = int(setting), "--threads"
+        elif omp.isdigit() and int(omp) > 0:
+            self.threads, self.pinned_by = int(omp), "OMP_NUM_THREADS"
+        else:
+            self.threads = self.cores
+
+    @property
+    def auto(self) -> bool:
+        return self.pinned_by is None
+
+    def start(self) -> None:
+        """Set the thread count (auto: after a START_WINDOW_S look at others' load)."""
+        if self.auto:
+            before = self._sample()
+            time.sleep(START_WINDOW_S)
+            after = self._sample()
+            if before is not None and after is not None:
+                self.others = others_load(before, after, self.cores)
+                self.threads = threads_for(self.cores, self.others)
+        _set_threads(self.threads)
+
+    def keep_runs(self, saved: int | None) -> None:
+        """A resumed run keeps the thread count its checkpoint recorded (the last bits depend on it), unless one
+        was pinned for this session; then say that the bits may differ from an uninterrupted run."""
+        if saved is None:
+            return
+        if self.auto:
+            self.threads, self.pinned_by = saved, "the resumed run's checkpoint"
+            _set_threads(saved)
+        elif saved != self.threads:
+            self.note = (f"; the run had {saved} before: its last bits may differ from an uninterrupted run's")
+
+    def describe(self) -> str:
+        if self.auto:
+            how = f"auto: {self.cores} usable cores, other processes used {self.others:.1f}"
+        else:
+            how = f"pinned by {self.pinned_by}"
+        return f"threads: {self.threads} ({how}; {openmp_waits()}){self.note}"
+
+
+def start_threads(setting: str | int = THREADS_AUTO) -> str:
+    """A tool's thread count, set before it loads its model (chat, evaluation, the server); the line to print."""
+    policy = ThreadPolicy(setting)
+    policy.start()
+    return policy.describe()
+
+
+def _set_threads(count: int) -> None:
+    import torch  # here, not above: bound_openmp_waits must be importable before torch loads
+
+    torch.set_num_threads(count)

@@ -21,12 +21,13 @@ from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, 
 from trainer.cli import ToolParser
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
-from trainer.run_dir import DEFAULT_OUT_DIRS, RUN_ID_KEY, TASKS, resolve_path
+from trainer.run_dir import DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
 from trainer.schedule import LRSchedule
 from trainer.threads import THREADS_AUTO, THREADS_HELP, parse_threads
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
+DISTILL_DATA = ("sft", "pretrain")  # the tasks whose data a distillation run reads
 
 
 class ModelFlag(NamedTuple):
@@ -81,11 +82,13 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "sft": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
     "lora": {"max_steps": 120, "learning_rate": 2e-3, "warmup_steps": 10, "weight_decay": 0.0},
     "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0},
+    "distill": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
 }
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
     "dpo": ("beta",),
+    "distill": ("teacher", "alpha", "temperature", "distill_data"),
 }
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
@@ -96,6 +99,8 @@ MODEL_CONFIG_GROUP = "model config"
 FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
     "lora": ("LoRA", "adapters of rank r, scaled by alpha / r, on the named projections"),
     "dpo": ("DPO", None),
+    "distill": ("distillation", "loss = alpha x CE + (1 - alpha) x T^2 x KL(teacher^T || student^T) on the "
+                                "supervised tokens (trainer/distillation.py)"),
     "model": ("model", None),
     MODEL_CONFIG_GROUP: ("model config", None),
     "data": ("data", None),
@@ -131,7 +136,8 @@ class TrainArgs:
     val_fraction: float = _flag("data", 0.01, "the fraction of --data_path's documents held out for validation when "
                                               "no --val_data_path is given")
     out_dir: str | None = _flag("checkpoint", None, "where the run writes its model, checkpoints and metrics "
-                                                    "(default: out/pretrain, out/sft, out/lora or out/dpo by "
+                                                    "(default: out/pretrain, out/sft, out/lora, out/dpo or "
+                                                    "out/distill by "
                                                     "trainer; trainer/run_dir.py)")
     tokenizer_path: str | None = _flag("data", None, "tokenizer directory (default: the committed tokenizer in "
                                                      "model/)")
@@ -213,6 +219,16 @@ class TrainArgs:
     merge: bool = _flag("lora", False, "also write the merged plain model to OUT_DIR/merged")
     # DPO (trainer/train_dpo.py).
     beta: float = _flag("dpo", 0.15, "the strength of the pull toward the reference model")
+    # Distillation (trainer/train_distillation.py).
+    teacher: str | None = _flag("distill", None, "the teacher's model directory, which must use the student's "
+                                                 f"tokenizer and may be larger (default: "
+                                                 f"{DEFAULT_OUT_DIRS[DEFAULT_TEACHER]})")
+    alpha: float = _flag("distill", 0.5, "the weight of the cross-entropy to the labels, in [0, 1]; the KL to the "
+                                         "teacher has 1 - alpha")
+    temperature: float = _flag("distill", 2.0, "T, the softmax temperature of both distributions in the KL (> 0)")
+    distill_data: str = _flag("distill", "sft", f"{_choices(DISTILL_DATA)}: the kind of --data_path (and of the "
+                                                f"default data): SFT conversations (the assistant's tokens are "
+                                                f"supervised) or pretraining text (every token)")
     # Model.
     preset: str = _flag("model", "cpu-default", f"named model shape: {_choices(PRESETS)} (model/config.py; "
                                                 f"fine-tuning takes the shape of --from_weight)")
@@ -354,6 +370,13 @@ def _validate(args: TrainArgs) -> None:
         parse_targets(args.lora_targets)
     if args.task == "dpo" and not (args.beta > 0 and math.isfinite(args.beta)):
         raise bad("beta", args.beta, "it must be a positive number")
+    if args.task == "distill":
+        if not 0 <= args.alpha <= 1:
+            raise bad("alpha", args.alpha, "it must be in [0, 1]")
+        if not (args.temperature > 0 and math.isfinite(args.temperature)):
+            raise bad("temperature", args.temperature, "it must be a positive number")
+        if args.distill_data not in DISTILL_DATA:
+            raise bad("distill_data", args.distill_data, f"choose one of {', '.join(DISTILL_DATA)}")
 
 
 def _model_overrides(values: dict[str, Any]) -> dict[str, Any]:

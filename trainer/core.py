@@ -1,4 +1,4 @@
-"""The training core shared by pretraining, SFT, LoRA and DPO.
+"""The training core shared by pretraining, SFT, LoRA, DPO and distillation.
 
 Accelerate owns devices, mixed precision, gradient accumulation and DDP/FSDP; this module owns the run: it builds
 the model, data, optimizer and schedule, and its loop (`Trainer.run`) takes optimizer steps over groups of
@@ -241,8 +241,15 @@ class Trainer:
                                            targets=parse_targets(args.lora_targets)))
 
     def _objective(self) -> Objective:
-        """What the run minimizes: language modeling, or (DPO) the preference loss against a frozen copy of the
-        starting weights, kept whole on every process (it has no gradients or optimizer state)."""
+        """What the run minimizes: language modeling, (DPO) the preference loss against a frozen copy of the
+        starting weights, or (distillation) CE and KL to a frozen --teacher; a frozen model is kept whole on every
+        process (it has no gradients or optimizer state)."""
+        if self.args.task == "distill":
+            from trainer.distillation import Distillation, load_teacher
+            teacher = load_teacher(self.args.teacher, self.tokenizer, self.base_model.config.vocab_size,
+                                   **self.args.model)
+            return Distillation(teacher.to(self.accelerator.device), self.args.alpha, self.args.temperature,
+                                self.accelerator.autocast)
         if self.args.task != "dpo":
             return LanguageModeling()
         from trainer.dpo import DirectPreference

@@ -59,6 +59,11 @@ class RunData:
     train_path: Path
 
 
+def data_task(args: TrainArgs) -> str:
+    """The task whose data a run reads: its own, or a distillation's --distill_data (sft or pretrain)."""
+    return args.distill_data if args.task == "distill" else args.task
+
+
 def dataset_class(task: str) -> type[Dataset]:
     """PretrainDataset (packed text) for "pretrain", DPODataset (preference pairs) for "dpo", SFTDataset
     (assistant-only loss) for "sft" and "lora"."""
@@ -100,14 +105,14 @@ def _split_off_validation(dataset: Dataset, fraction: float, seed: int) -> tuple
 def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
     """Train/val datasets and loaders for `args.task`. With no --data_path the embedded default corpus is built
     on first use (a no-op afterwards) and its held-out split is the validation set."""
-    dataset_type = dataset_class(args.task)
+    dataset_type = dataset_class(data_task(args))
 
     def load(path: Path) -> Dataset:
         return dataset_type(path, tokenizer, args.max_seq_len, num_proc=args.num_proc,
                             skip_bad_lines=args.skip_bad_lines)
 
     if args.data_path is None:
-        train_path, val_path = default_data(args.task, quiet)
+        train_path, val_path = default_data(data_task(args), quiet)
         if args.val_data_path is not None:
             val_path = resolve_path(args.val_data_path)
     else:

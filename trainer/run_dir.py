@@ -3,7 +3,7 @@ files are read back, and the exit codes the trainer and the tools share.
 
 A run directory (`--out_dir`; by default out/pretrain or out/sft) holds
 
-    train_config.yaml                   the effective config, with `task:` (pretrain, sft, lora or dpo) and
+    train_config.yaml                   the effective config, with `task:` (one of TASKS) and
                                         `run_id:`, the run's identity, which every checkpoint's state repeats
     metrics.jsonl                       one JSON object per line: {"step": ..., "split": "train"|"val"|"diag", ...}
     run_summary.json                    the outcome: status "finished" or "diverged", final validation, speed
@@ -39,12 +39,16 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 RUN_ID_KEY = "run_id"  # train_config.yaml and every checkpoint's trainer_state.json: the run that wrote them
 OVERWRITE_FLAG = "--overwrite"
 
-TASKS = ("pretrain", "sft", "lora", "dpo")
-DEFAULT_OUT_DIRS = {"pretrain": "out/pretrain", "sft": "out/sft", "lora": "out/lora", "dpo": "out/dpo"}
+TASKS = ("pretrain", "sft", "lora", "dpo", "distill")
+DEFAULT_OUT_DIRS = {"pretrain": "out/pretrain", "sft": "out/sft", "lora": "out/lora", "dpo": "out/dpo",
+                    "distill": "out/distill"}
 CREATE_COMMANDS = {"pretrain": "python trainer/train_pretrain.py", "sft": "python trainer/train_full_sft.py",
-                   "lora": "python trainer/train_lora.py", "dpo": "python trainer/train_dpo.py"}
-# The model a fine-tuning task starts from when no --from_weight is given (pretraining starts from nothing).
-DEFAULT_FROM_WEIGHT = {"sft": "pretrain", "lora": "sft", "dpo": "sft"}
+                   "lora": "python trainer/train_lora.py", "dpo": "python trainer/train_dpo.py",
+                   "distill": "python trainer/train_distillation.py"}
+# The model a fine-tuning task starts from when no --from_weight is given (pretraining starts from nothing): for
+# distillation, the student's; the task whose model is a distillation's teacher when no --teacher is given.
+DEFAULT_FROM_WEIGHT = {"sft": "pretrain", "lora": "sft", "dpo": "sft", "distill": "pretrain"}
+DEFAULT_TEACHER = "sft"
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's name: a LoRA run's output is an adapter, not a model
 MERGED_DIR = "merged"                        # train_lora.py --merge: the merged plain model, inside the run
 # A finished run's model files (the tokenizer files beside them are the same for every run and stay).
@@ -230,7 +234,10 @@ def model_task(path: Path) -> str | None:
     if config_file.is_file():
         import yaml
 
-        task = (yaml.safe_load(config_file.read_text()) or {}).get("task")
+        config = yaml.safe_load(config_file.read_text()) or {}
+        task = config.get("task")
+        if task == "distill" and config.get("distill_data") == "pretrain":
+            return "pretrain"  # a student distilled on plain text continues text, as a pretrained model does
         if task in TASKS:
             return task
     name = path.name.lower()

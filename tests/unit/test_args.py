@@ -12,10 +12,10 @@ from trainer.args import (FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FL
                           task_flags)
 from tests.paths import REPO
 
-TASKS = ("pretrain", "sft", "lora", "dpo")
+TASKS = ("pretrain", "sft", "lora", "dpo", "distill")
 GENERAL = {"-h", "--config"}  # argparse's own "options" section
 SECTIONS = {"model", MODEL_CONFIG_GROUP, "data", "optimisation", "schedule", "checkpoint", "distributed", "logging",
-            "diagnostics", "lora", "dpo"}
+            "diagnostics", "lora", "dpo", "distill"}
 
 
 def help_entries(text: str) -> dict[str, tuple[str, str]]:
@@ -87,6 +87,10 @@ def test_task_only_flags_show_only_for_their_task(task):
     ("lora", "merge", "False"),
     ("dpo", "batch_size", "8"),
     ("dpo", "beta", "0.15"),
+    ("distill", "alpha", "0.5"),
+    ("distill", "temperature", "2.0"),
+    ("distill", "distill_data", "sft"),
+    ("distill", "teacher", "out/sft"),
 ])
 def test_help_shows_the_tasks_own_default(task, flag, default):
     _, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]

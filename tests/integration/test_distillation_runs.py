@@ -1,0 +1,82 @@
+"""Distillation (trainer/train_distillation.py) end to end on the training core: a tiny run on SFT data lowers the
+KL to the teacher and logs CE and KL beside the loss; resumed from its checkpoint it reproduces the uninterrupted
+run bit for bit; it runs on pretraining text too; a teacher with another tokenizer is refused in one
+line before anything is trained."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
+
+from tests.training_runs import finetune_argv, run_in_process, train_losses
+from trainer.core import main
+from trainer.run_dir import model_task, read_metrics, read_summary
+
+
+def _argv(train_data, tiny_models, out_dir, *extra: str) -> list[str]:
+    """The tiny SFT model teaches the untrained one on the random-word chats."""
+    return finetune_argv("distill", train_data, tiny_models.pretrain, out_dir, "--teacher", str(tiny_models.sft),
+                         "--learning_rate", "3e-3", "--warmup_steps", "1", "--save_interval", "3", *extra)
+
+
+@pytest.fixture(scope="module")
+def distilled(train_data, tiny_models, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("distill") / "run"
+    run_in_process("distill", _argv(train_data, tiny_models, out_dir, "--alpha", "0.25", "--temperature", "2"))
+    return out_dir
+
+
+def test_a_distillation_run_lowers_the_kl_and_logs_ce_and_kl(distilled):
+    train = read_metrics(distilled, "train")
+    assert len(train) == 6 and all({"loss", "ce", "kl"} <= set(record) for record in train)
+    for record in train:  # the loss is the stats' weighted sum (the step's token means)
+        assert record["loss"] == pytest.approx(0.25 * record["ce"] + 0.75 * 4 * record["kl"], rel=1e-4)
+    kl = [record["kl"] for record in train]  # measured: 1.11, 0.88, 0.94, 0.73, 0.66, 0.71
+    assert sum(kl[-2:]) < 0.8 * sum(kl[:2])
+    summary = read_summary(distilled)
+    assert summary["status"] == "finished" and summary["final_val"]["loss"] > 0  # the student's plain CE
+    assert (distilled / "model.safetensors").is_file()
+
+
+def test_a_resumed_distillation_run_reproduces_it_bit_for_bit(distilled, train_data, tiny_models, tmp_path):
+    resumed = tmp_path / "resumed"
+    run_in_process("distill", _argv(train_data, tiny_models, resumed, "--alpha", "0.25", "--temperature", "2",
+                                    "--resume", str(distilled / "checkpoints" / "step_00000003")))
+    assert train_losses(resumed) == train_losses(distilled)[3:]
+    ours, theirs = load_file(resumed / "model.safetensors"), load_file(distilled / "model.safetensors")
+    assert all(torch.equal(ours[name], tensor) for name, tensor in theirs.items())
+
+
+def test_distillation_on_pretraining_text(train_data, tiny_models, tmp_path):
+    out_dir = tmp_path / "text"
+    run_in_process("distill", _argv(train_data, tiny_models, out_dir, "--distill_data", "pretrain", "--data_path",
+                                    str(train_data / "pretrain.jsonl"), "--max_steps", "2", "--max_seq_len", "32"))
+    train = read_metrics(out_dir, "train")
+    assert len(train) == 2 and all(record["kl"] > 0 and record["ce"] > 0 for record in train)
+    assert "distill_data: pretrain" in (out_dir / "train_config.yaml").read_text()
+    assert model_task(out_dir) == "pretrain"  # chat and the server continue its text, without the chat template
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(train_data, tiny_models, tokenizer, tmp_path,
+                                                                 capsys):
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_models.sft, teacher)
+    other = tokenizer.__class__.from_pretrained(teacher)
+    other.add_tokens(["<|teacher_only|>"])
+    other.save_pretrained(teacher)
+    out_dir = tmp_path / "refused"
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main("distill", _argv(train_data, tiny_models, out_dir, "--teacher", str(teacher)))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err.strip().splitlines()  # the models' loading bars, then the error line
+    errors = [line for line in stderr if line.startswith("error")]
+    assert errors == stderr[-1:] and errors[0].startswith(f"error: --teacher {teacher}: its tokenizer differs")
+    assert not list(out_dir.glob("checkpoints/*")) and not (out_dir / "model.safetensors").exists()

@@ -1,0 +1,114 @@
+"""Reward functions (trainer/rewards.py): TRL's contract (keyword call, extra columns, None leaves a completion
+unscored, weights), the loader (a file's function, a built-in, one-line errors), the built-ins against values
+worked out by hand, and the one-line errors for a function that raises, returns the wrong count, NaN or text."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainer.rewards import (BUILTIN, LENGTH_BUFFER_CHARS, LENGTH_LIMIT_CHARS, RewardError, final_answer,
+                             length_penalty, load_reward, math_answer, repetition_penalty, score)
+
+USER_REWARDS = '''
+def contains_word(prompts, completions, word, **columns):
+    """1 if the row's word is in the completion; None (unscored) for an empty completion."""
+    return [None if not c else float(w in c) for c, w in zip(completions, word)]
+
+def seen(prompts, completions, **columns):
+    seen.calls.append((list(prompts), list(completions), dict(columns)))
+    return [0.5] * len(completions)
+seen.calls = []
+
+def raises(prompts, completions, **columns):
+    raise KeyError("answer")
+
+def too_few(prompts, completions, **columns):
+    return [1.0]
+
+def nan(prompts, completions, **columns):
+    return [0.0, float("nan")]
+
+def text(prompts, completions, **columns):
+    return ["good", 1.0]
+'''
+
+
+@pytest.fixture
+def user_file(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(USER_REWARDS)
+    return path
+
+
+def test_a_users_function_gets_prompts_completions_and_the_rows_other_columns(user_file):
+    reward = load_reward(f"{user_file}:seen")
+    columns = {"answer": ["4", "5"], "word": ["cat", "dog"]}
+    totals, per_function = score([reward], ["p1", "p2"], ["c1", "c2"], columns)
+    assert totals == [0.5, 0.5] and per_function == [[0.5, 0.5]]
+    assert reward.function.calls == [(["p1", "p2"], ["c1", "c2"], columns)]
+
+
+def test_none_leaves_a_completion_unscored_and_weights_multiply(user_file):
+    rewards = [load_reward(f"{user_file}:contains_word", weight=2.0), load_reward("length_penalty", weight=0.5)]
+    long = "x" * LENGTH_LIMIT_CHARS  # the length penalty's -1
+    totals, per_function = score(rewards, ["a", "b", "c"], ["a cat", "", long], {"word": ["cat", "cat", "cat"]})
+    assert per_function[0][:1] == [1.0] and math.isnan(per_function[0][1]) and per_function[0][2] == 0.0
+    assert totals == [2.0 * 1.0 + 0.0, 0.5 * 0.0, 2.0 * 0.0 + 0.5 * -1.0]
+
+
+@pytest.mark.parametrize("name, message", [
+    ("raises", "reward {spec}: raised KeyError: 'answer'"),
+    ("too_few", "reward {spec}: returned 1 values for 2 completions"),
+    ("nan", "reward {spec}: returned NaN for completion 1 (return None to leave a completion unscored)"),
+    ("text", "reward {spec}: returned 'good' for completion 0, not a number or None"),
+])
+def test_a_broken_reward_function_is_one_line_naming_it(name, message, user_file):
+    spec = f"{user_file}:{name}"
+    with pytest.raises(RewardError) as error:
+        score([load_reward(spec)], ["p", "q"], ["a", "b"], {})
+    assert str(error.value) == message.format(spec=spec)
+
+
+def test_the_loader_refuses_bad_specs_in_one_line(user_file, tmp_path):
+    assert load_reward("math_answer").function is BUILTIN["math_answer"]
+    cases = {"nonsense": "expected path/to/file.py:function or a built-in (math_answer, length_penalty, "
+                         "repetition_penalty)",
+             f"{tmp_path}/missing.py:f": "no file",
+             f"{user_file}:absent": "defines no function 'absent'"}
+    broken = tmp_path / "broken.py"
+    broken.write_text("import not_a_module_anywhere\n")
+    cases[f"{broken}:f"] = "raised ModuleNotFoundError: No module named 'not_a_module_anywhere'"
+    for spec, message in cases.items():
+        with pytest.raises(ValueError) as error:
+            load_reward(spec)
+        assert str(error.value).startswith(f"--reward {spec!r}: ") and message in str(error.value)
+        assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("completion, number", [
+    ("The answer is 42.", 42.0), ("3 apples and 4 pears: 7", 7.0), ("so x = -2.5", -2.5),
+    ("1,234 in total", 1234.0), ("half: 1/2", 0.5), ("\\boxed{12} and then 13", 12.0),
+    ("steps 5 + 6 #### 11\nmore text 99", 11.0), ("no number here", None),
+])
+def test_final_answer(completion, number):
+    assert final_answer(completion) == number
+
+
+def test_math_answer_compares_numerically_with_the_rows_answer():
+    completions = ["It is 12.", "It is 12.0", "It is 13", "I do not know", "#### 0.5", "so 7"]
+    answers = ["12", 12, "12", "12", "1/2", "Tom has 3 + 4 = 7 apples #### 7"]
+    assert math_answer([""] * 6, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+
+
+def test_length_penalty_by_hand():
+    start = LENGTH_LIMIT_CHARS - LENGTH_BUFFER_CHARS
+    lengths = [0, start, start + LENGTH_BUFFER_CHARS // 4, LENGTH_LIMIT_CHARS, LENGTH_LIMIT_CHARS + 50]
+    assert length_penalty([], ["y" * n for n in lengths]) == [0.0, 0.0, -0.25, -1.0, -1.0]
+
+
+def test_repetition_penalty_by_hand():
+    # "a b c a b c": trigrams abc, bca, cab, abc -> 1 of 4 repeats; "the the the the the": 3 trigrams, 2 repeat.
+    completions = ["a b c a b c", "The the THE the the", "all different words here", "too short"]
+    assert repetition_penalty([], completions) == [-0.25, -2 / 3, 0.0, 0.0]

@@ -1,0 +1,177 @@
+"""The RL math (trainer/rl_losses.py) against fp64 computations written out here token by token with the math
+module: group advantages, the GRPO, Dr. GRPO and CISPO losses and their gradients on a hand-made batch (clipped and
+unclipped tokens, a padded completion), the k3 KL, GAE, and PPO's clipped policy and value losses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.rl_losses import gae, group_advantages, kl_k3, policy_loss, ppo_policy_loss, ppo_value_loss
+
+# Four completions of up to four tokens (two prompts, groups of two); the third has two tokens, then padding.
+MASK = [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+OLD = [[-1.0, -2.0, -0.5, -1.5], [-0.7, -1.1, -2.2, 0.0], [-0.3, -0.9, 0.0, 0.0], [-1.2, -0.4, -0.8, -2.5]]
+# Ratios exp(new - old) inside and outside [0.8, 1.2] in both directions.
+SHIFT = [[0.0, 0.5, -0.5, 0.1], [0.15, -0.1, 0.3, 0.0], [-0.4, 0.05, 0.0, 0.0], [0.25, -0.3, 0.0, 0.12]]
+NEW = [[o + s for o, s in zip(old, shift)] for old, shift in zip(OLD, SHIFT)]
+REF = [[o - 0.2 * (i + 1) / (t + 1) for t, o in enumerate(old)] for i, old in enumerate(OLD)]
+ADVANTAGES = [0.7, -0.7, 1.3, -0.4]
+EPS_LOW, EPS_HIGH, BETA = 0.2, 0.28, 0.05
+
+
+def _tensors():
+    new = torch.tensor(NEW, dtype=torch.float64, requires_grad=True)
+    return (new, torch.tensor(OLD, dtype=torch.float64), torch.tensor(ADVANTAGES, dtype=torch.float64),
+            torch.tensor(MASK, dtype=torch.float64), torch.tensor(REF, dtype=torch.float64))
+
+
+def _token_terms(kind: str, i: int, t: int) -> tuple[float, float, bool]:
+    """(loss term, its derivative in the new log-probability, clipped?) of token t of completion i, KL included."""
+    new, old, ref, a = NEW[i][t], OLD[i][t], REF[i][t], ADVANTAGES[i]
+    r = math.exp(new - old)
+    kl = math.exp(ref - new) - (ref - new) - 1
+    d_kl = -math.exp(ref - new) + 1
+    if kind == "cispo":
+        weight = min(max(r, 1 - EPS_LOW), 1 + EPS_HIGH)  # a constant: no gradient through the weight
+        term, d_term, clipped = -weight * a * new, -weight * a, not 1 - EPS_LOW <= r <= 1 + EPS_HIGH
+    else:
+        term = -min(r * a, min(max(r, 1 - EPS_LOW), 1 + EPS_HIGH) * a)
+        # The clipped term is the minimum only where r left the range in the direction A pushes it: a constant
+        # there; elsewhere the term is -r a, whose derivative in the log-probability is -r a.
+        clipped = (r < 1 - EPS_LOW and a < 0) or (r > 1 + EPS_HIGH and a > 0)
+        d_term = 0.0 if clipped else -r * a
+    return term + BETA * kl, d_term + BETA * d_kl, clipped
+
+
+def _reference(kind: str, max_len: int = 6) -> tuple[float, list[list[float]], float, float]:
+    """(loss, gradient in NEW, clip fraction, mean KL) with each loss type's normalisation."""
+    lengths = [sum(row) for row in MASK]
+    total_tokens = sum(lengths)
+    loss, grad, clipped, kl = 0.0, [[0.0] * 4 for _ in MASK], 0, 0.0
+    for i, row in enumerate(MASK):
+        for t in range(lengths[i]):
+            term, d_term, was_clipped = _token_terms(kind, i, t)
+            weight = {"grpo": 1 / (lengths[i] * len(MASK)), "dr_grpo": 1 / (len(MASK) * max_len),
+                      "cispo": 1 / total_tokens}[kind]
+            loss += weight * term
+            grad[i][t] = weight * d_term
+            clipped += was_clipped
+            kl += (math.exp(REF[i][t] - NEW[i][t]) - (REF[i][t] - NEW[i][t]) - 1) / total_tokens
+    return loss, grad, clipped / total_tokens, kl
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "cispo"])
+def test_policy_losses_and_gradients_match_fp64_by_hand(kind):
+    new, old, advantages, mask, ref = _tensors()
+    result = policy_loss(kind, new, old, advantages, mask, EPS_LOW, EPS_HIGH, beta=BETA, ref_logp=ref,
+                         max_completion_length=6)
+    result.loss.backward()
+    loss, grad, clip_fraction, kl = _reference(kind)
+    assert result.loss.item() == pytest.approx(loss, rel=1e-12)
+    for row, expected in zip(new.grad.tolist(), grad):
+        assert row == pytest.approx(expected, rel=1e-10, abs=1e-15)
+    assert result.clip_fraction == pytest.approx(clip_fraction) and 0 < clip_fraction < 1
+    assert result.kl == pytest.approx(kl, rel=1e-12)
+
+
+def test_at_the_rollouts_own_policy_grpo_is_minus_the_mean_advantage_and_cispo_its_log_prob_gradient():
+    """With new == old (the first update of a rollout) every ratio is 1: GRPO's loss is -mean(A) and nothing is
+    clipped, and CISPO's gradient is -A / (all tokens), REINFORCE's with the token mean."""
+    _, old, advantages, mask, _ = _tensors()
+    grpo = policy_loss("grpo", old.clone(), old, advantages, mask)
+    assert grpo.loss.item() == pytest.approx(-sum(ADVANTAGES) / 4) and grpo.clip_fraction == 0.0
+    logp = old.clone().requires_grad_(True)
+    policy_loss("cispo", logp, old, advantages, mask).loss.backward()
+    total = sum(map(sum, MASK))
+    expected = [[-ADVANTAGES[i] / total * MASK[i][t] for t in range(4)] for i in range(4)]
+    for row, want in zip(logp.grad.tolist(), expected):
+        assert row == pytest.approx(want, rel=1e-12)
+
+
+def test_bad_policy_loss_arguments_are_refused():
+    new, old, advantages, mask, _ = _tensors()
+    with pytest.raises(ValueError, match="--loss_type='ppo' is not allowed; choose one of grpo, dr_grpo, cispo"):
+        policy_loss("ppo", new, old, advantages, mask)
+    with pytest.raises(ValueError, match="beta > 0 needs ref_logp"):
+        policy_loss("grpo", new, old, advantages, mask, beta=0.1)
+    with pytest.raises(ValueError, match="dr_grpo needs max_completion_length"):
+        policy_loss("dr_grpo", new, old, advantages, mask)
+
+
+def test_group_advantages_match_fp64_by_hand():
+    rewards = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [3.0, -1.0, 2.0, 0.25]]
+    scaled = group_advantages(torch.tensor(rewards, dtype=torch.float64))
+    centred = group_advantages(torch.tensor(rewards, dtype=torch.float64), scale=False)
+    for row, got_scaled, got_centred in zip(rewards, scaled.tolist(), centred.tolist()):
+        mean = sum(row) / len(row)
+        std = math.sqrt(sum((r - mean) ** 2 for r in row) / (len(row) - 1))  # Bessel's correction
+        assert got_scaled == pytest.approx([(r - mean) / (std + 1e-4) for r in row], rel=1e-12, abs=1e-15)
+        assert got_centred == pytest.approx([r - mean for r in row], rel=1e-12, abs=1e-15)
+    assert scaled[1].tolist() == [0.0] * 4  # equal rewards: no signal
+
+
+def test_k3_kl_matches_by_hand_and_is_zero_at_the_reference():
+    logp = torch.tensor([-1.0, -0.2, -3.0], dtype=torch.float64)
+    ref = torch.tensor([-1.5, -0.2, -0.1], dtype=torch.float64)
+    expected = [math.exp(r - p) - (r - p) - 1 for p, r in zip(logp.tolist(), ref.tolist())]
+    assert kl_k3(logp, ref).tolist() == pytest.approx(expected, rel=1e-12)
+    assert kl_k3(logp, ref)[1].item() == 0.0 and (kl_k3(logp, ref) >= 0).all()
+
+
+def test_gae_matches_the_recursion_by_hand():
+    gamma, lam = 0.9, 0.8
+    rewards = [[0.0, 0.0, 0.0, 1.0], [0.1, -0.2, 0.5, 0.0]]
+    values = [[0.2, 0.4, 0.1, 0.6], [0.3, -0.1, 0.2, 9.0]]  # the padding's value (9.0) must not leak in
+    mask = [[1, 1, 1, 1], [1, 1, 1, 0]]
+    advantages, returns = gae(torch.tensor(rewards, dtype=torch.float64), torch.tensor(values, dtype=torch.float64),
+                              torch.tensor(mask, dtype=torch.float64), gamma, lam)
+    for i in range(2):
+        length = sum(mask[i])
+        expected = [0.0] * 4
+        for t in range(length):  # the definition: A_t = sum_l (gamma lam)^l delta_{t+l}
+            for k in range(t, length):
+                next_value = values[i][k + 1] if k + 1 < length else 0.0
+                delta = rewards[i][k] + gamma * next_value - values[i][k]
+                expected[t] += (gamma * lam) ** (k - t) * delta
+        assert advantages[i].tolist() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+        assert returns[i].tolist() == pytest.approx([expected[t] + values[i][t] if t < length else 0.0
+                                                     for t in range(4)], rel=1e-12, abs=1e-15)
+
+
+def test_ppo_policy_and_value_losses_match_fp64_by_hand():
+    epsilon = 0.2
+    new, old, _, mask, _ = _tensors()
+    token_advantages = [[0.5, -1.0, 0.3, 2.0], [-0.2, 0.9, -1.4, 0.0], [1.1, -0.6, 0.0, 0.0], [-0.3, 0.4, 0.7, -0.9]]
+    result = ppo_policy_loss(new, old, torch.tensor(token_advantages, dtype=torch.float64), mask, epsilon)
+    result.loss.backward()
+    total = sum(map(sum, MASK))
+    loss, clipped = 0.0, 0
+    for i, row in enumerate(MASK):
+        for t in range(sum(row)):
+            r, a = math.exp(NEW[i][t] - OLD[i][t]), token_advantages[i][t]
+            loss -= min(r * a, min(max(r, 1 - epsilon), 1 + epsilon) * a) / total
+            was_clipped = (r > 1 + epsilon and a > 0) or (r < 1 - epsilon and a < 0)
+            clipped += was_clipped
+            assert new.grad[i, t].item() == pytest.approx(0.0 if was_clipped else -r * a / total, rel=1e-10,
+                                                          abs=1e-15)
+    assert result.loss.item() == pytest.approx(loss, rel=1e-12)
+    assert result.clip_fraction == pytest.approx(clipped / total)
+
+    values = torch.tensor([[0.5, 0.1, -0.3], [1.0, 0.2, 0.0]], dtype=torch.float64, requires_grad=True)
+    old_values = [[0.2, 0.15, 0.0], [0.5, 0.3, 0.0]]
+    returns = [[0.9, 0.0, -0.2], [0.4, 0.25, 0.0]]
+    value_mask = [[1, 1, 1], [1, 1, 0]]
+    got = ppo_value_loss(values, torch.tensor(old_values, dtype=torch.float64),
+                         torch.tensor(returns, dtype=torch.float64), torch.tensor(value_mask, dtype=torch.float64),
+                         clip=0.2)
+    expected = 0.0
+    for i in range(2):
+        for t in range(3):
+            if value_mask[i][t]:
+                v, o, ret = values[i, t].item(), old_values[i][t], returns[i][t]
+                v_clipped = o + min(max(v - o, -0.2), 0.2)
+                expected += 0.5 * max((v - ret) ** 2, (v_clipped - ret) ** 2) / 5
+    assert got.item() == pytest.approx(expected, rel=1e-12)

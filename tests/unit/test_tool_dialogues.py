@@ -1,0 +1,103 @@
+"""The tool-use dialogue generator (dataset/tool_dialogues.py): MiniMind's SFT shape, answers taken from real tool
+results, determinism, and held-out entities and problems that never reach training."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dataset.sources import read_wikipedia
+from dataset.tool_dialogues import tool_dialogues
+from dataset.tools import run_tool
+
+ROLES = ["system", "user", "assistant", "tool", "assistant"]
+
+
+@pytest.fixture(scope="module")
+def extracts() -> dict[str, str]:
+    return {article.title: article.extract for article in read_wikipedia()}
+
+
+@pytest.fixture(scope="module")
+def train():
+    return tool_dialogues("train", seed=0, wiki_count=150, arithmetic_count=400)
+
+
+@pytest.fixture(scope="module")
+def held_out():
+    return tool_dialogues("held_out", seed=0, wiki_count=150, arithmetic_count=100)
+
+
+def call_of(dialogue: dict) -> tuple[str, dict]:
+    (call,) = json.loads(dialogue["conversations"][2]["tool_calls"])
+    assert set(call) == {"name", "arguments"}
+    return call["name"], call["arguments"]
+
+
+def canonical_problem(expression: str) -> tuple:
+    """An independent canonical form: operands sorted for the commutative operators."""
+    a, operator, b = expression.split()
+    return (operator, *sorted((int(a), int(b)))) if operator in "+*" else (operator, int(a), int(b))
+
+
+def test_dialogues_have_minimind_tool_shape_and_answers_from_the_result(train, held_out, extracts):
+    for dialogue in train + held_out:
+        messages = dialogue["conversations"]
+        assert [m["role"] for m in messages] == ROLES
+        tools = json.loads(messages[0]["tools"])
+        assert [t["function"]["name"] for t in tools] == ["wiki", "calculator"]
+        assert messages[2]["content"] == ""
+        name, arguments = call_of(dialogue)
+        assert messages[3]["content"] == run_tool(name, arguments)  # the real tool result, as the chat loop gets it
+        answer = messages[4]["content"]
+        if name == "wiki":
+            summary = extracts[arguments["title"]]
+            assert answer and summary.startswith(answer) and answer in messages[3]["content"]
+            assert answer.endswith((".", "!", "?"))
+        else:
+            expression = arguments["expression"]
+            value = eval(expression, {"__builtins__": {}}, {})  # the reference: Python's own arithmetic
+            shown = answer.removeprefix(f"{expression} = ").removesuffix(".")
+            assert answer == f"{expression} = {messages[3]['content']}."
+            assert math.isclose(float(shown), value, rel_tol=1e-11)
+            a, _, b = expression.split()
+            assert a in messages[1]["content"] and b in messages[1]["content"]
+
+
+def test_counts_and_mix(train, held_out):
+    for dialogues, arithmetic in ((train, 400), (held_out, 100)):
+        names = [call_of(d)[0] for d in dialogues]
+        assert names.count("wiki") == 150 and names.count("calculator") == arithmetic
+        assert names[:20].count("wiki") not in (0, 20)  # shuffled together, not one block after the other
+
+
+def test_same_seed_same_dialogues_other_seed_other_dialogues(train):
+    assert tool_dialogues("train", seed=0, wiki_count=150, arithmetic_count=400) == train
+    other = tool_dialogues("train", seed=1, wiki_count=150, arithmetic_count=400)
+    assert other != train and len(other) == len(train)
+
+
+def test_held_out_entities_and_problems_never_appear_in_training(train, held_out, default_corpus, extracts):
+    train_titles = {call_of(d)[1]["title"] for d in train if call_of(d)[0] == "wiki"}
+    held_out_titles = {call_of(d)[1]["title"] for d in held_out if call_of(d)[0] == "wiki"}
+    assert len(held_out_titles) == 150 and not train_titles & held_out_titles
+    # Nor anywhere else in training: the held-out summaries are in no pretraining or SFT training line.
+    training_text = default_corpus.pretrain_train.read_text(encoding="utf-8") + \
+        default_corpus.sft_train.read_text(encoding="utf-8")
+    for title in held_out_titles:
+        first_sentence = extracts[title].split(". ")[0]
+        assert json.dumps(first_sentence, ensure_ascii=False)[1:-1] not in training_text, title
+    train_problems = {canonical_problem(call_of(d)[1]["expression"]) for d in train if call_of(d)[0] == "calculator"}
+    held_out_problems = {canonical_problem(call_of(d)[1]["expression"]) for d in held_out
+                         if call_of(d)[0] == "calculator"}
+    assert len(train_problems) == 400 and len(held_out_problems) == 100
+    assert not train_problems & held_out_problems
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="split must be one of train, held_out, got 'test'"):
+        tool_dialogues("test", seed=0, wiki_count=1, arithmetic_count=1)
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        tool_dialogues("train", seed=0, wiki_count=-1, arithmetic_count=1)

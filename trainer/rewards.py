@@ -1,0 +1,163 @@
+"""Reward functions for the RL trainers: loading them from `--reward` specs, the built-in ones, and calling them
+under a contract whose breaches stop a run with one line.
+
+A reward function has TRL's signature: `function(prompts: list[str], completions: list[str], **columns) ->
+list[float | None]`, one value per completion, where `columns` are the data rows' other fields, one list each,
+aligned with the completions (e.g. `answer=[...]`). None means "this function does not score this completion":
+it adds nothing to that completion's weighted sum, as TRL's nansum does. A spec is `path/to/file.py:function` or
+the name of a built-in (BUILTIN).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+RewardFunction = Callable[..., list]
+
+# DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476), counted in characters (a reward sees text):
+# 0 up to LENGTH_LIMIT - LENGTH_BUFFER, then falling linearly to -1 at LENGTH_LIMIT, -1 beyond.
+LENGTH_LIMIT_CHARS = 512
+LENGTH_BUFFER_CHARS = 128
+REPETITION_NGRAM = 3  # the n of the repetition penalty's n-grams (words and punctuation marks)
+
+_NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+"
+
+
+class RewardError(ValueError):
+    """A reward function broke the contract (raised, wrong count, NaN or not a number): one line naming it."""
+
+
+def _to_number(text: str) -> float | None:
+    text = text.strip().replace(",", "").rstrip(".")
+    try:
+        if "/" in text:
+            numerator, denominator = text.split("/")
+            return float(numerator) / float(denominator)
+        return float(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def final_answer(completion: str) -> float | None:
+    """The number a completion gives as its final answer: the last number inside its last \\boxed{...}, else after
+    its last "####" (GSM8K's mark), else in the whole text; None when there is none."""
+    for pattern in (r"\\boxed\{([^{}]*)\}", r"####([^\n]*)"):
+        found = re.findall(pattern, completion)
+        if found:
+            completion = found[-1]
+            break
+    numbers = re.findall(_NUMBER, completion)
+    return _to_number(numbers[-1]) if numbers else None
+
+
+def math_answer(prompts: list[str], completions: list[str], answer: Sequence, **columns) -> list[float]:
+    """1.0 where the completion's final answer (final_answer) equals the row's `answer` (a number, or a text whose
+    final answer is one, such as GSM8K's "... #### 42") numerically (relative tolerance 1e-6), else 0.0."""
+    rewards = []
+    for completion, expected in zip(completions, answer):
+        got, want = final_answer(completion), final_answer(str(expected))
+        rewards.append(float(got is not None and want is not None and math.isclose(got, want, rel_tol=1e-6,
+                                                                                     abs_tol=1e-9)))
+    return rewards
+
+
+def length_penalty(prompts: list[str], completions: list[str], **columns) -> list[float]:
+    """DAPO's soft overlong punishment in characters: 0 up to LENGTH_LIMIT_CHARS - LENGTH_BUFFER_CHARS, then
+    linearly down to -1 at LENGTH_LIMIT_CHARS, and -1 beyond."""
+    start = LENGTH_LIMIT_CHARS - LENGTH_BUFFER_CHARS
+    return [max(-1.0, min(0.0, (start - len(completion)) / LENGTH_BUFFER_CHARS)) for completion in completions]
+
+
+def repetition_penalty(prompts: list[str], completions: list[str], **columns) -> list[float]:
+    """Minus the fraction of a completion's word n-grams (n = REPETITION_NGRAM; words and punctuation marks,
+    lower-cased) that repeat an earlier one: 0 for text without repeats, toward -1 for a loop; 0 for text too
+    short to hold an n-gram."""
+    rewards = []
+    for completion in completions:
+        words = re.findall(r"\w+|[^\w\s]", completion.lower())
+        grams = [tuple(words[i:i + REPETITION_NGRAM]) for i in range(len(words) - REPETITION_NGRAM + 1)]
+        rewards.append(-(len(grams) - len(set(grams))) / len(grams) if grams else 0.0)
+    return rewards
+
+
+BUILTIN: dict[str, RewardFunction] = {"math_answer": math_answer, "length_penalty": length_penalty,
+                                      "repetition_penalty": repetition_penalty}
+
+
+@dataclass(frozen=True)
+class Reward:
+    name: str                  # the spec it was loaded from: what its errors and logs call it
+    function: RewardFunction
+    weight: float = 1.0
+
+
+def load_reward(spec: str, weight: float = 1.0) -> Reward:
+    """The reward function `spec` names: `path/to/file.py:function` or a built-in's name. A ValueError (one line)
+    names the spec and what is wrong."""
+    if spec in BUILTIN:
+        return Reward(spec, BUILTIN[spec], weight)
+    path, _, name = spec.rpartition(":")
+    if not path.endswith(".py") or not name:
+        raise ValueError(f"--reward {spec!r}: expected path/to/file.py:function or a built-in "
+                         f"({', '.join(BUILTIN)})")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"--reward {spec!r}: no file {file}")
+    module_spec = importlib.util.spec_from_file_location(f"mininorm_reward_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:  # any error of the user's module: one line, not its traceback
+        raise ValueError(f"--reward {spec!r}: importing {file} raised {type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"--reward {spec!r}: {file} defines no function {name!r}")
+    return Reward(spec, function, weight)
+
+
+def _checked(reward: Reward, values, count: int) -> list[float]:
+    """The values as floats (None -> NaN), or a RewardError naming the function and the breach."""
+    try:
+        values = list(values)
+    except TypeError:
+        raise RewardError(f"reward {reward.name}: returned {type(values).__name__}, not a list of numbers") from None
+    if len(values) != count:
+        raise RewardError(f"reward {reward.name}: returned {len(values)} values for {count} completions")
+    checked = []
+    for index, value in enumerate(values):
+        if value is None:
+            checked.append(math.nan)
+            continue
+        if not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+            raise RewardError(f"reward {reward.name}: returned {value!r} for completion {index}, not a number "
+                              f"or None")
+        number = float(value)
+        if math.isnan(number):
+            raise RewardError(f"reward {reward.name}: returned NaN for completion {index} (return None to leave a "
+                              f"completion unscored)")
+        checked.append(number)
+    return checked
+
+
+def score(rewards: Sequence[Reward], prompts: list[str], completions: list[str],
+          columns: dict[str, list]) -> tuple[list[float], list[list[float]]]:
+    """(each completion's weighted sum of the rewards, each reward's values with None as NaN, in their order). A
+    function that raises, returns another number of values than completions, NaN, or something not a number raises
+    RewardError (one line naming it). A completion no function scores gets 0."""
+    per_function: list[list[float]] = []
+    for reward in rewards:
+        try:
+            values = reward.function(prompts=prompts, completions=completions, **columns)
+        except Exception as error:  # the user's code: its failure is reported in one line
+            message = str(error).splitlines()[0] if str(error) else ""
+            raise RewardError(f"reward {reward.name}: raised {type(error).__name__}: {message}") from None
+        per_function.append(_checked(reward, values, len(completions)))
+    totals = [sum(reward.weight * values[i] for reward, values in zip(rewards, per_function)
+                  if not math.isnan(values[i])) for i in range(len(completions))]
+    return totals, per_function

@@ -1,0 +1,153 @@
+"""The reinforcement-learning math of the policy-gradient trainers, as pure functions of tensors (no model, no
+rollouts): group-relative advantages, the GRPO / Dr. GRPO / CISPO policy losses, the k3 KL estimator to a reference
+model, GAE, and PPO's clipped policy and value losses.
+
+Conventions. A batch holds B completions of up to T tokens; `mask` (B, T) is 1 on a completion's tokens and 0 on
+its padding, which must trail. `logp` (B, T) are the log-probabilities of the sampled tokens under the policy being
+trained (with gradients), `old_logp` those under the policy that sampled them (detached), `ref_logp` those under the
+frozen reference model. The importance ratio is r = exp(logp - old_logp), 1 at the first update of a rollout. A
+loss is a 0-d tensor to minimize; each function names the paper and equation it follows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+ADVANTAGE_EPS = 1e-4  # added to a group's standard deviation: a group whose rewards are all equal gets advantages 0
+
+
+class LossType(StrEnum):
+    GRPO = "grpo"
+    DR_GRPO = "dr_grpo"
+    CISPO = "cispo"
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    loss: torch.Tensor     # 0-d, to minimize (the KL term included)
+    clip_fraction: float   # the fraction of the completions' tokens whose ratio was clipped
+    kl: float              # the mean k3 KL to the reference over the completions' tokens (0 without a reference)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of `values` over the positions where `mask` is 1."""
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = ADVANTAGE_EPS) -> torch.Tensor:
+    """Group-relative advantages (GRPO, Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, section 4.1.2, outcome
+    supervision):
+    rewards (P, G), one row per prompt and its G completions, -> (r - mean of the row) / (std of the row + eps),
+    the std with Bessel's correction as TRL and MiniMind compute it. scale=False leaves out the division (Dr. GRPO,
+    Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783: the std weighs too easy and too hard
+    questions up)."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if not scale:
+        return centred
+    return centred / (rewards.std(dim=1, keepdim=True) + eps)
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per token, the k3 estimator of KL(pi || pi_ref) from a token sampled from pi (Schulman 2020, "Approximating
+    KL Divergence"; DeepSeekMath equation 4): exp(ref_logp - logp) - (ref_logp - logp) - 1, unbiased and >= 0."""
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float,
+                      epsilon_high: float) -> torch.Tensor:
+    """Per token, minus PPO's clipped surrogate (Schulman et al. 2017, "Proximal Policy Optimization Algorithms",
+    arXiv:1707.06347, equation 7): -min(r A, clip(r, 1 - epsilon_low, 1 + epsilon_high) A). Separate low and
+    high ranges as in DAPO (Yu et al. 2025, arXiv:2503.14476); equal ranges give PPO's."""
+    return -torch.minimum(ratio * advantages, ratio.clamp(1 - epsilon_low, 1 + epsilon_high) * advantages)
+
+
+def _clipped(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float) -> torch.Tensor:
+    """Where the clipped surrogate's gradient is zero: the ratio left the range in the direction the advantage
+    pushes it."""
+    return ((ratio < 1 - epsilon_low) & (advantages < 0)) | ((ratio > 1 + epsilon_high) & (advantages > 0))
+
+
+def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor, epsilon_low: float = 0.2, epsilon_high: float = 0.2, beta: float = 0.0,
+                ref_logp: torch.Tensor | None = None, max_completion_length: int | None = None) -> PolicyLoss:
+    """The policy loss of one batch of B completions with one advantage each (B,), for `loss_type`:
+
+    grpo     DeepSeekMath (Shao et al. 2024, arXiv:2402.03300) equation 3: per token the clipped surrogate plus
+             beta x k3 KL; the mean over each completion's tokens (1/|o_i|), then the mean over the completions.
+    dr_grpo  Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): the same per-token terms, summed over all tokens and
+             divided by the constant B x max_completion_length, so a long completion's tokens weigh no less than
+             a short one's (pair it with group_advantages(scale=False)).
+    cispo    CISPO (MiniMax 2025, "MiniMax-M1", arXiv:2506.13585): per token -sg(r_hat) A log pi, where
+             r_hat = clip(r, 1 - epsilon_low, 1 + epsilon_high) is detached (sg), so every token keeps a gradient
+             (none is dropped by clipping) and the clip bounds its weight; plus beta x k3 KL; the token mean over
+             the batch (1 / sum |o_i|). MiniMax-M1 sets no lower bound: pass epsilon_low=1 (or more).
+    """
+    if loss_type not in tuple(LossType):
+        raise ValueError(f"--loss_type={loss_type!r} is not allowed; choose one of {', '.join(LossType)}")
+    loss_type = LossType(loss_type)
+    mask = mask.to(logp.dtype)
+    ratio = torch.exp(logp - old_logp)
+    advantages = advantages.to(logp.dtype).unsqueeze(1).expand_as(logp)
+    if loss_type == LossType.CISPO:
+        weight = ratio.clamp(1 - epsilon_low, 1 + epsilon_high).detach()
+        per_token = -weight * advantages * logp
+        clipped = (ratio < 1 - epsilon_low) | (ratio > 1 + epsilon_high)
+    else:
+        per_token = clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high)
+        clipped = _clipped(ratio, advantages, epsilon_low, epsilon_high)
+    kl = kl_k3(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
+    if beta:
+        if ref_logp is None:
+            raise ValueError("policy_loss: beta > 0 needs ref_logp, the reference model's log-probabilities")
+        per_token = per_token + beta * kl
+    if loss_type == LossType.GRPO:
+        loss = ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+    elif loss_type == LossType.DR_GRPO:
+        if max_completion_length is None:
+            raise ValueError("policy_loss: loss_type dr_grpo needs max_completion_length")
+        loss = (per_token * mask).sum() / (logp.shape[0] * max_completion_length)
+    else:
+        loss = masked_mean(per_token, mask)
+    return PolicyLoss(loss, float(masked_mean(clipped.to(mask.dtype), mask)), float(masked_mean(kl.detach(), mask)))
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016, "High-Dimensional Continuous Control Using
+    Generalized Advantage Estimation", arXiv:1506.02438, equation 16), per token of B completions (B, T):
+    delta_t = r_t + gamma V_{t+1} - V_t with V = 0 after a completion's last token (the episode ends there), and
+    A_t = delta_t + gamma lam A_{t+1}. Returns (advantages, returns = advantages + values), 0 on padding; both
+    detached (they are targets)."""
+    rewards, values, mask = rewards.detach(), values.detach(), mask.to(values.dtype)
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantages[:, t] = (delta + gamma * lam * next_advantage) * mask[:, t]
+        next_value, next_advantage = values[:, t] * mask[:, t], advantages[:, t]
+    return advantages, (advantages + values) * mask
+
+
+def ppo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                    epsilon: float = 0.2) -> PolicyLoss:
+    """PPO's clipped policy loss (Schulman et al. 2017, equation 7) with per-token advantages (B, T), e.g. from
+    gae(): the token mean of -min(r A, clip(r, 1 - epsilon, 1 + epsilon) A) over the completions' tokens."""
+    mask = mask.to(logp.dtype)
+    ratio = torch.exp(logp - old_logp)
+    loss = masked_mean(clipped_surrogate(ratio, advantages, epsilon, epsilon), mask)
+    clipped = _clipped(ratio, advantages, epsilon, epsilon).to(mask.dtype)
+    return PolicyLoss(loss, float(masked_mean(clipped, mask)), 0.0)
+
+
+def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                   clip: float = 0.2) -> torch.Tensor:
+    """PPO's clipped value loss (as OpenAI baselines' ppo2 and TRL compute it): the token mean of
+    0.5 max((V - R)^2, (V_clipped - R)^2), with V_clipped = old_V + clip(V - old_V, -clip, clip): a value
+    prediction gains nothing from moving more than `clip` from the one the rollout saw."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask.to(values.dtype))

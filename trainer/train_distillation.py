@@ -1,0 +1,20 @@
+"""White-box distillation of a teacher model into a student (defaults: teacher out/sft, student out/pretrain ->
+out/distill on the embedded chats; trainer/distillation.py has the loss).
+
+    python trainer/train_distillation.py --help
+    python trainer/train_distillation.py --teacher out/big_sft --from_weight out/small_pretrain --alpha 0.5
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from the repo root or from trainer/
+
+from trainer.threads import bound_openmp_waits  # noqa: E402
+
+bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+
+from trainer.core import main  # noqa: E402
+
+if __name__ == "__main__":
+    main("distill")

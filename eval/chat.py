@@ -27,6 +27,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
+from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_threads_flag(parser)
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--no_stream", action="store_true", help="print each answer when it is complete")
+    add_rope_scaling_flag(parser)
     return parser
 
 
@@ -93,12 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     from model.chat_session import ChatSession, uses_chat_template
     from model.generation import GenerationSettings
     from model.loading import load_model
+    from model.rope import extend_context
 
     if args.seed is not None:
         from transformers import set_seed
         set_seed(args.seed)
     print(start_threads(args.threads), file=sys.stderr)
     model, tokenizer = load_model(path, device=args.device, dtype=args.dtype, lora=lora)
+    try:
+        extend_context(model, args.rope_scaling_factor)
+    except ValueError as error:
+        return report_error(error)
     use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)

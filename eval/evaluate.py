@@ -31,6 +31,7 @@ import re  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
+from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter, model_task,  # noqa: E402
                              report_error, resolve_input_path, resolve_path)
 
@@ -90,7 +91,8 @@ def _eval_loader(dataset, batch_size: int, accelerator):
 
 def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] | None = None,
                        max_seq_len: int = 256, batch_size: int = 16, max_batches: int = 0, device: str = "auto",
-                       with_samples: bool = False, lora: str | Path | None = None) -> dict[str, Any]:
+                       with_samples: bool = False, lora: str | Path | None = None,
+                       rope_scaling_factor: float | None = None) -> dict[str, Any]:
     """Loss/perplexity/bits-per-byte of a model directory (with the LoRA adapter `lora` merged in, when given) on
     each dataset (default: both held-out splits).
 
@@ -102,12 +104,14 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     from accelerate import Accelerator
 
     from model.loading import load_model
+    from model.rope import extend_context
     from trainer.data import dataset_class
     from trainer.evaluation import evaluate_lm, token_byte_lengths
 
     path, adapter, _ = locate_model_and_adapter(model_path, lora)
     accelerator = Accelerator(cpu=device == "cpu")  # evaluate_lm moves the batches to its device
     model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32", lora=adapter)
+    extend_context(model, rope_scaling_factor)
     max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
     token_bytes = token_byte_lengths(tokenizer)
     results: dict[str, dict[str, Any]] = {}
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument("--no_samples", action="store_true", help="skip the fixed prompts' greedy answers")
     parser.add_argument("--device", default="auto", help="auto or cpu")
+    add_rope_scaling_flag(parser)
     add_threads_flag(parser)
     args = parser.parse_args(argv)
     print(start_threads(args.threads), file=sys.stderr)
@@ -194,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         if note:
             print(f"note: {note}", file=sys.stderr)
         report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
-                                    args.device, with_samples=not args.no_samples, lora=adapter)
+                                    args.device, with_samples=not args.no_samples, lora=adapter,
+                                    rope_scaling_factor=args.rope_scaling_factor)
     except (ModelNotFound, FileNotFoundError, ValueError) as error:
         return report_error(error)
     adapter = f" + LoRA {report['lora']}" if report["lora"] else ""

@@ -10,6 +10,7 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 from model.rmsnorm_math import check_p, floor_fraction
+from model.rope import check_rope_scaling
 
 
 class NormType(StrEnum):
@@ -155,6 +156,9 @@ class MiniNormConfig(PretrainedConfig):
     intermediate_size: int | None = None  # None: the SwiGLU default derived from hidden_size
     max_position_embeddings: int = 512
     rope_theta: float = 1e6
+    # None: plain RoPE; or {"rope_type": "linear" | "dynamic" | "yarn", "factor": ..., ...} as transformers
+    # defines it (model/rope.py), e.g. YaRN to run past the trained length at inference.
+    rope_scaling: dict | None = None
     tie_word_embeddings: bool = True
     dropout: float = 0.0
     initializer_range: float = 0.02
@@ -209,6 +213,7 @@ class MiniNormConfig(PretrainedConfig):
         if (self.hidden_size // self.num_attention_heads) % 2:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not allowed; head_dim = "
                              f"hidden_size / num_attention_heads must be even for RoPE")
+        self.rope_scaling = check_rope_scaling(self.rope_scaling, self.max_position_embeddings)
         if self.intermediate_size is None:
             self.intermediate_size = _swiglu_hidden(self.hidden_size)
         if not 0.0 <= self.dropout < 1.0:

@@ -1,10 +1,13 @@
-"""Mapping between MiniNorm and transformers' LLaMA: the config, the state-dict keys, and the compatibility check.
+"""Mapping between MiniNorm and transformers' LLaMA and Qwen3 (dense): the configs, the state-dict keys, and the
+compatibility checks.
 
-A MiniNorm model with `norm_type="rmsnorm"`, `norm_placement="pre"`, `qk_norm=False`, `norm_affine=True` and
-`norm_depth_scaling=False` is a LLaMA: the same
-GQA attention with rotate-half RoPE, SwiGLU MLP, RMSNorm computed in fp32, final norm and LM head. Only two key
-names differ (`attn_norm` / `mlp_norm` are LLaMA's `input_layernorm` / `post_attention_layernorm`). The tests
-use this mapping as an independent reference; the export tool uses it to write plain LLaMA checkpoints.
+A MiniNorm model with `norm_type="rmsnorm"`, `norm_placement="pre"`, `norm_affine=True` and
+`norm_depth_scaling=False` is a LLaMA when `qk_norm=False`, and a Qwen3 when `qk_norm=True` with
+`qk_norm_scope="head"`: the same GQA attention with rotate-half RoPE, SwiGLU MLP, RMSNorm computed in fp32
+(Qwen3 adds one over each head's queries and keys, before RoPE), final norm and LM head. Only two key names
+differ (`attn_norm` / `mlp_norm` are their `input_layernorm` / `post_attention_layernorm`). The tests use this
+mapping as an independent reference; the export tool uses it to write plain LLaMA / Qwen3 checkpoints, and
+model/interop.py to import them.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Qwen3Config
 
-from model.config import MiniNormConfig, NormPlacement, NormType
+from model.config import MiniNormConfig, NormPlacement, NormType, QKNormScope
 
 # Our key suffix -> LLaMA's. Everything else has the same name in both models.
 _KEY_RENAMES = {
@@ -24,56 +27,83 @@ _KEY_RENAMES = {
 }
 
 
-# Why each switch has no LLaMA equivalent, appended to check_llama_compatible's message by check_exportable.
-_WHY = {
-    "norm_type": "LLaMA normalizes with RMSNorm",
-    "norm_placement": "LLaMA is pre-LN: x + f(RMSNorm(x)) with a final norm",
-    "qk_norm": "LLaMA has no norm on queries and keys",
-    "norm_affine": "LLaMA's RMSNorm has a learned gain",
-    "norm_depth_scaling": "LLaMA does not scale its norms' outputs by depth",
+# What each architecture needs of the switches that change the computation: (field, required value, why the
+# target needs it). The refusal names the first switch that differs, then why.
+_REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
+    "llama": (
+        ("norm_type", NormType.RMSNORM.value, "LLaMA normalizes with RMSNorm"),
+        ("norm_placement", NormPlacement.PRE.value, "LLaMA is pre-LN: x + f(RMSNorm(x)) with a final norm"),
+        ("qk_norm", False, "LLaMA has no norm on queries and keys; --target qwen3 exports per-head QK-norm"),
+        ("norm_affine", True, "LLaMA's RMSNorm has a learned gain"),
+        ("norm_depth_scaling", False, "LLaMA does not scale its norms' outputs by depth"),
+    ),
+    "qwen3": (
+        ("norm_type", NormType.RMSNORM.value, "Qwen3 normalizes with RMSNorm"),
+        ("norm_placement", NormPlacement.PRE.value, "Qwen3 is pre-LN: x + f(RMSNorm(x)) with a final norm"),
+        ("qk_norm", True, "Qwen3 normalizes each head's queries and keys; --target llama exports a model without"),
+        ("qk_norm_scope", QKNormScope.HEAD.value, "Qwen3's QK-norm is one RMSNorm over each head's head_dim"),
+        ("norm_affine", True, "Qwen3's RMSNorm has a learned gain"),
+        ("norm_depth_scaling", False, "Qwen3 does not scale its norms' outputs by depth"),
+    ),
 }
+# The architectures' display names, for messages.
+ARCHITECTURES = {"llama": "LLaMA", "qwen3": "Qwen3"}
 
 
-class NotLlamaCompatible(ValueError):
-    """The model's config uses a switch that LLaMA cannot express."""
+class NotExportable(ValueError):
+    """The model's config uses a switch that the target architecture cannot express."""
+
+
+NotLlamaCompatible = NotExportable  # the name the Llama-only exporters used
+
+
+def _first_mismatch(config: MiniNormConfig, architecture: str) -> tuple[str, str] | None:
+    """(message, why) for the first switch that `architecture` cannot express; None when it can express all."""
+    name = ARCHITECTURES[architecture]
+    for field, required, why in _REQUIREMENTS[architecture]:
+        if field == "qk_norm_scope" and not config.qk_norm:
+            continue  # read only with QK-norm on
+        value = getattr(config, field)
+        if value != required:
+            return f"{field}={value!r} is not {name}-compatible; {name} needs {field}={required!r}", why
+    return None
+
+
+def check_compatible(config: MiniNormConfig, architecture: str = "llama") -> None:
+    """Raise ValueError naming the first switch that makes `config` something `architecture` (a key of
+    ARCHITECTURES) cannot express.
+
+    `norm_impl` (how the norm is computed), `dropout` (training only) and `init_depth_scaling` (the initial weights
+    only) do not matter for the architecture; `prms_p`, `dyt_alpha_init` and `mix_ln_ratio` are read only by
+    switches refused here.
+    """
+    mismatch = _first_mismatch(config, architecture)
+    if mismatch is not None:
+        raise ValueError(mismatch[0])
 
 
 def check_llama_compatible(config: MiniNormConfig) -> None:
-    """Raise ValueError naming the first switch that makes `config` something LLaMA cannot express.
-
-    `norm_impl` (how the norm is computed), `dropout` (training only) and `init_depth_scaling` (the initial weights
-    only) do not matter for the architecture; `prms_p`, `dyt_alpha_init`, `mix_ln_ratio` and `qk_norm_scope` are
-    read only by switches refused here.
-    """
-    if config.norm_type != NormType.RMSNORM:
-        raise ValueError(f"norm_type={config.norm_type!r} is not LLaMA-compatible; LLaMA needs norm_type='rmsnorm'")
-    if config.norm_placement != NormPlacement.PRE:
-        raise ValueError(f"norm_placement={config.norm_placement!r} is not LLaMA-compatible; "
-                         "LLaMA needs norm_placement='pre'")
-    if config.qk_norm:
-        raise ValueError("qk_norm=True is not LLaMA-compatible; LLaMA needs qk_norm=False")
-    if not config.norm_affine:
-        raise ValueError("norm_affine=False is not LLaMA-compatible; LLaMA needs norm_affine=True")
-    if config.norm_depth_scaling:
-        raise ValueError("norm_depth_scaling=True is not LLaMA-compatible; LLaMA needs norm_depth_scaling=False")
+    """check_compatible for LLaMA."""
+    check_compatible(config, "llama")
 
 
-def check_exportable(config: MiniNormConfig, model_path: Path, target: str) -> None:
-    """The exporters' one-line refusal: NotLlamaCompatible naming the model, the `target` format, the switch and
-    why LLaMA (and so every LLaMA-format client) cannot express it."""
-    try:
-        check_llama_compatible(config)
-    except ValueError as error:
-        message = str(error)
-        why = next((reason for switch, reason in _WHY.items() if message.startswith(switch)), None)
-        raise NotLlamaCompatible(f"cannot convert {model_path} to {target}: {message}"
-                                 + (f" ({why})" if why else "")) from None
+def check_exportable(config: MiniNormConfig, model_path: Path, target: str, architecture: str = "llama") -> None:
+    """The exporters' one-line refusal: NotExportable naming the model, the `target` format, the switch and
+    why `architecture` (and so every client of that format) cannot express it."""
+    mismatch = _first_mismatch(config, architecture)
+    if mismatch is not None:
+        message, why = mismatch
+        raise NotExportable(f"cannot convert {model_path} to {target}: {message} ({why})")
 
 
-def to_llama_config(config: MiniNormConfig) -> LlamaConfig:
-    """The LlamaConfig of the same shape (raises ValueError when the config is not LLaMA-compatible)."""
-    check_llama_compatible(config)
-    return LlamaConfig(
+def rope_parameters(config: MiniNormConfig) -> dict:
+    """transformers' rope_parameters for the config: rope_theta, the RoPE type and its scaling keys."""
+    return {"rope_type": "default", **(config.rope_scaling or {}), "rope_theta": config.rope_theta}
+
+
+def _shared_fields(config: MiniNormConfig) -> dict:
+    """The fields LlamaConfig and Qwen3Config name alike."""
+    return dict(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -83,18 +113,34 @@ def to_llama_config(config: MiniNormConfig) -> LlamaConfig:
         head_dim=config.head_dim,
         hidden_act="silu",
         max_position_embeddings=config.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rope_parameters=rope_parameters(config),
         rms_norm_eps=config.norm_eps,
         tie_word_embeddings=config.tie_word_embeddings,
         initializer_range=config.initializer_range,
         attention_bias=False,
-        mlp_bias=False,
-        # Our dropout also acts on the residual branches, which LLaMA has no switch for; export is for inference.
+        # Our dropout also acts on the residual branches, which neither has a switch for; export is for inference.
         attention_dropout=0.0,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
     )
+
+
+def to_llama_config(config: MiniNormConfig) -> LlamaConfig:
+    """The LlamaConfig of the same shape (raises ValueError when the config is not LLaMA-compatible)."""
+    check_compatible(config, "llama")
+    return LlamaConfig(**_shared_fields(config), mlp_bias=False)
+
+
+def to_qwen3_config(config: MiniNormConfig) -> Qwen3Config:
+    """The Qwen3Config of the same shape (raises ValueError when the config is not Qwen3-compatible)."""
+    check_compatible(config, "qwen3")
+    return Qwen3Config(**_shared_fields(config), use_sliding_window=False)
+
+
+def to_target_config(config: MiniNormConfig, architecture: str) -> LlamaConfig | Qwen3Config:
+    """to_llama_config or to_qwen3_config, by the ARCHITECTURES key."""
+    return {"llama": to_llama_config, "qwen3": to_qwen3_config}[architecture](config)
 
 
 def to_llama_key(key: str) -> str:
@@ -108,3 +154,11 @@ def to_llama_key(key: str) -> str:
 def to_llama_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The same tensors (not copies) under LLaMA's key names."""
     return {to_llama_key(key): tensor for key, tensor in state_dict.items()}
+
+
+def from_llama_key(key: str) -> str:
+    """One LLaMA / Qwen3 state-dict key as MiniNorm names it (the inverse of to_llama_key)."""
+    for ours, theirs in _KEY_RENAMES.items():
+        if key.endswith(theirs):
+            return key[: -len(theirs)] + ours
+    return key

@@ -20,24 +20,33 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from model.config import MiniNormConfig, NormPlacement, QKNormScope, deepnorm_alpha, deepnorm_beta
 from model.norms import DyT, build_norm
+from model.rope import inverse_frequencies
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE with the rotate-half layout (as LLaMA checkpoints use): cos/sin per position, duplicated halves."""
+    """RoPE with the rotate-half layout (as LLaMA checkpoints use): cos/sin per position, duplicated halves, with
+    the config's rope_scaling (linear, dynamic or YaRN, as transformers computes them; model/rope.py)."""
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, rope_scaling: dict[str, Any] | None = None,
+                 max_position_embeddings: int = 0) -> None:
         super().__init__()
         self.head_dim, self.theta = head_dim, theta
+        self.rope_scaling, self.max_position_embeddings = rope_scaling, max_position_embeddings
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # The frequencies are recomputed (head_dim/2 numbers) rather than kept in a buffer: a non-persistent
         # buffer is left uninitialised when from_pretrained builds the model on the meta device.
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=position_ids.device).float()
-        inv_freq = 1.0 / (self.theta ** (exponents / self.head_dim))
+        dynamic = bool(self.rope_scaling) and self.rope_scaling["rope_type"] == "dynamic"
+        seq_len = position_ids.max() + 1 if dynamic and position_ids.numel() else None  # read by dynamic only
+        inv_freq, attention_factor = inverse_frequencies(self.head_dim, self.theta, self.rope_scaling,
+                                                         self.max_position_embeddings, seq_len, position_ids.device)
         freqs = position_ids[..., None].float() * inv_freq  # (B, T, head_dim/2), always fp32
         angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        cos, sin = angles.cos(), angles.sin()
+        if attention_factor != 1.0:  # YaRN scales the attention logits by attention_factor^2 through q and k
+            cos, sin = cos * attention_factor, sin * attention_factor
+        return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -242,7 +251,8 @@ class MiniNormModel(MiniNormPreTrainedModel):
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm = build_norm(config, config.hidden_size) if config.has_final_norm else nn.Identity()
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
+                                      config.max_position_embeddings)
         self.post_init()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

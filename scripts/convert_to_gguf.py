@@ -3,10 +3,11 @@
     python scripts/convert_to_gguf.py --model_path out/sft                       # -> out/sft-f16.gguf
     python scripts/convert_to_gguf.py --model_path out/sft --outtype q8_0 --outfile out/sft.gguf
 
-The input is a MiniNorm model directory with norm_type='rmsnorm', norm_placement='pre', qk_norm=False,
-norm_affine=True and norm_depth_scaling=False (any other config gets the Llama export's one-line
-refusal), or a Llama directory written by convert_to_llama.py.
-The file is written with the `gguf` package (llama.cpp's own writer): LLaMA architecture metadata, every tensor
+The input is a MiniNorm model directory with norm_type='rmsnorm', norm_placement='pre', norm_affine=True and
+norm_depth_scaling=False (any other config gets the Llama export's one-line refusal), or a Llama directory written
+by convert_to_llama.py. qk_norm=False writes llama.cpp's LLaMA architecture; qk_norm=True (qk_norm_scope='head')
+writes its qwen3 architecture (per-head QK-norm, RoPE on rotate-half pairs, so q/k rows keep their order).
+The file is written with the `gguf` package (llama.cpp's own writer): the architecture's metadata, every tensor
 under llama.cpp's name, the byte-level BPE tokenizer as llama.cpp's `gpt2` model with the `gpt-2`
 pre-tokenizer (our split pattern is GPT-2's), eos `<|im_end|>`, no token added in front of a prompt, and the
 ChatML chat template. docs/gguf.md shows llama.cpp and Ollama using it.
@@ -26,11 +27,11 @@ from typing import Any, NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from transformers import LlamaConfig  # noqa: E402
+from transformers import LlamaConfig, Qwen3Config  # noqa: E402
 
 from dataset.atomic_io import atomic_path  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
-from model.llama_compat import NotLlamaCompatible, check_exportable, to_llama_config, to_llama_state_dict  # noqa: E402
+from model.llama_compat import NotLlamaCompatible, check_exportable, to_llama_state_dict, to_target_config  # noqa: E402
 from model.loading import config_model_type, load_model  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
@@ -66,7 +67,7 @@ def check_outfile(outfile: Path) -> None:
 def _check_llama_dir(config: LlamaConfig, model_dir: Path) -> None:
     """A Llama directory must be one that the plain LLaMA graph of llama.cpp computes exactly."""
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-    problems = {"attention_bias": config.attention_bias, "mlp_bias": config.mlp_bias,
+    problems = {"attention_bias": config.attention_bias, "mlp_bias": getattr(config, "mlp_bias", False),
                 "hidden_act": config.hidden_act != "silu", "rope_type": rope_type != "default"}
     bad = [name for name, is_bad in problems.items() if is_bad]
     if bad:
@@ -74,12 +75,16 @@ def _check_llama_dir(config: LlamaConfig, model_dir: Path) -> None:
                                  " is not what a MiniNorm Llama export has (no biases, silu, default RoPE)")
 
 
-def load_llama_weights(model_dir: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], Any]:
-    """(LlamaConfig, float32 state dict under transformers' Llama key names, tokenizer) of a MiniNorm model or a
-    Llama export. The config is checked before any weight is loaded."""
+def load_llama_weights(model_dir: Path) -> tuple[LlamaConfig | Qwen3Config, dict[str, torch.Tensor], Any]:
+    """(LlamaConfig, or Qwen3Config for a model with per-head QK-norm; float32 state dict under transformers' key
+    names; tokenizer) of a MiniNorm model or a Llama export. The config is checked before any weight is loaded."""
     model_type = config_model_type(model_dir)
     if model_type == MiniNormConfig.model_type:
-        check_exportable(MiniNormConfig.from_pretrained(model_dir), model_dir, "GGUF")
+        config = MiniNormConfig.from_pretrained(model_dir)
+        architecture = "qwen3" if config.qk_norm else "llama"
+        check_exportable(config, model_dir, "GGUF", architecture=architecture)
+        target = to_target_config(config, architecture)
+        _check_llama_dir(target, model_dir)  # the GGUF written here has plain RoPE
     elif model_type == "llama":
         _check_llama_dir(LlamaConfig.from_pretrained(model_dir), model_dir)
     else:
@@ -87,7 +92,7 @@ def load_llama_weights(model_dir: Path) -> tuple[LlamaConfig, dict[str, torch.Te
     model, tokenizer = load_model(model_dir, device="cpu", dtype="float32")
     if model_type == "llama":
         return model.config, dict(model.state_dict()), tokenizer
-    return to_llama_config(model.config), to_llama_state_dict(model.state_dict()), tokenizer
+    return target, to_llama_state_dict(model.state_dict()), tokenizer
 
 
 def rope_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -121,20 +126,28 @@ class GGUFTensor(NamedTuple):
     qtype: Any               # gguf.GGMLQuantizationType
 
 
-def gguf_tensors(gguf: Any, config: LlamaConfig, state: dict[str, torch.Tensor], outtype: str
+def gguf_arch(gguf: Any, config: LlamaConfig | Qwen3Config):
+    """llama.cpp's architecture for the config: qwen3 (per-head QK-norm, RoPE on rotate-half pairs) or llama."""
+    return gguf.MODEL_ARCH.QWEN3 if config.model_type == "qwen3" else gguf.MODEL_ARCH.LLAMA
+
+
+def gguf_tensors(gguf: Any, config: LlamaConfig | Qwen3Config, state: dict[str, torch.Tensor], outtype: str
                  ) -> list[GGUFTensor]:
     """(GGUF name, data as written, GGML type) for every weight; a tied LM head is not written (llama.cpp reuses
     token_embd, as transformers does)."""
-    names = gguf.TensorNameMap(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    arch = gguf_arch(gguf, config)
+    names = gguf.TensorNameMap(arch, config.num_hidden_layers)
     tensors = []
     for key, value in state.items():
         if key == "lm_head.weight" and config.tie_word_embeddings:
             continue
         name = names.get_name(key, try_suffixes=(".weight", ".bias"))
         if name is None:
-            raise ValueError(f"no GGUF name for the weight {key!r} (LLaMA architecture)")
+            raise ValueError(f"no GGUF name for the weight {key!r} ({arch.name} architecture)")
         value = value.detach().float()
-        if key.endswith("self_attn.q_proj.weight"):
+        if arch == gguf.MODEL_ARCH.QWEN3:
+            pass  # llama.cpp's qwen3 graph rotates half against half (NEOX), as transformers does
+        elif key.endswith("self_attn.q_proj.weight"):
             value = rope_interleaved(value, config.num_attention_heads)
         elif key.endswith("self_attn.k_proj.weight"):
             value = rope_interleaved(value, config.num_key_value_heads)
@@ -171,7 +184,7 @@ def _file_type(gguf: Any, outtype: str):
 def write_gguf(gguf: Any, path: Path, name: str, model_dir: Path, config: LlamaConfig, tokenizer,
                tensors: list[GGUFTensor], outtype: str) -> None:
     logical_shapes = {tensor.name: tensor.shape for tensor in tensors}
-    writer = gguf.GGUFWriter(path, arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+    writer = gguf.GGUFWriter(path, arch=gguf.MODEL_ARCH_NAMES[gguf_arch(gguf, config)])
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
     parameters = sum(int(np.prod(shape)) for shape in logical_shapes.values())
@@ -238,7 +251,7 @@ def convert_to_gguf(model_path: str | Path | None = None, outfile: str | Path | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ToolParser(description="Export a Llama-compatible MiniNorm model as a GGUF file")
+    parser = ToolParser(description="Export a Llama- or Qwen3-compatible MiniNorm model as a GGUF file")
     parser.add_argument("--model_path", default=None,
                         help="MiniNorm model directory or its Llama export (default: out/sft, else out/pretrain)")
     parser.add_argument("--outfile", default=None, help="the .gguf file (default: out/<model dir>-<outtype>.gguf)")

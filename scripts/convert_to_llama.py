@@ -1,13 +1,15 @@
-"""Export a Llama-compatible MiniNorm model as a stock `LlamaForCausalLM` directory.
+"""Export a MiniNorm model as a stock transformers `LlamaForCausalLM` or `Qwen3ForCausalLM` directory.
 
     python scripts/convert_to_llama.py --model_path out/pretrain --out_dir out/llama
+    python scripts/convert_to_llama.py --model_path out/qk --target qwen3 --out_dir out/qwen3
 
-A model with norm_type='rmsnorm', norm_placement='pre', qk_norm=False, norm_affine=True and
-norm_depth_scaling=False is a LLaMA with renamed norm keys (model/llama_compat.py holds the mapping), so the
-result loads in plain transformers, vLLM, llama.cpp's converter and so on, with the same logits. Any other
-config is refused, naming the switch. The directory is written under a temporary name and renamed into place,
-and the logits are checked against ours unless --no_verify. An existing --out_dir is replaced only when it is
-empty or a previous export; one that contains the model, or lies inside it, is refused.
+A model with norm_type='rmsnorm', norm_placement='pre', norm_affine=True and norm_depth_scaling=False is a LLaMA
+(qk_norm=False) or a Qwen3 (qk_norm=True, qk_norm_scope='head') with renamed norm keys (model/llama_compat.py holds
+the mapping), so the result loads in plain transformers, vLLM, llama.cpp's converter and so on, with the same
+logits. Any other config is refused, naming the switch. The directory is written under a temporary name and
+renamed into place, and the logits are checked against ours unless --no_verify. An existing --out_dir is replaced
+only when it is empty or a previous export to the same target; one that contains the model, or lies inside it, is
+refused.
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
 import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
-import tempfile  # noqa: E402
 
 import torch  # noqa: E402
-from transformers import GenerationConfig, LlamaForCausalLM  # noqa: E402
+from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedModel, Qwen3ForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from model.config import MiniNormConfig  # noqa: E402
-from model.llama_compat import NotLlamaCompatible, check_exportable, to_llama_config, to_llama_state_dict  # noqa: E402
+from model.export_dir import check_out_dir, staged_dir  # noqa: E402
+from model.llama_compat import NotExportable, check_exportable, to_llama_state_dict, to_target_config  # noqa: E402
 from model.generation_defaults import without_length_limits  # noqa: E402
 from model.loading import config_model_type  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
@@ -39,11 +41,14 @@ from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_err
 
 
 def _patch_config_json(path: Path) -> None:
-    """Add the top-level rope_theta; save_pretrained already wrote "architectures" and "dtype" (the weights')."""
+    """Add the top-level rope_theta (and rope_scaling); save_pretrained already wrote "architectures" and "dtype"
+    (the weights')."""
     config = json.loads(path.read_text())
     # Readers that predate rope_parameters (transformers 4.x, llama.cpp's converter) look for rope_theta and
     # would silently fall back to 10000.
     config["rope_theta"] = config["rope_parameters"]["rope_theta"]
+    if config["rope_parameters"]["rope_type"] != "default":  # and their rope_scaling, for the same reason
+        config["rope_scaling"] = {k: v for k, v in config["rope_parameters"].items() if k != "rope_theta"}
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -59,46 +64,30 @@ def _tokenizer_files(model_path: Path, staging: Path) -> None:
     config_file.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
 
 
-def check_out_dir(source: Path, out_dir: Path) -> None:
-    """Refuse an --out_dir whose replacement would delete the source model or an unrelated folder.
-
-    Both paths must be resolved (symlinks and `..` gone), or a spelling like a/x/../pretrain slips through.
-    """
-    if out_dir == source or out_dir in source.parents or source in out_dir.parents:
-        raise ValueError(f"--out_dir {out_dir} overlaps the model at {source}; choose a folder outside it")
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise ValueError(f"--out_dir {out_dir} is a file; choose a folder")
-    # Only an empty folder or an earlier export is ours to replace.
-    if any(out_dir.iterdir()) and config_model_type(out_dir) != "llama":
-        raise ValueError(f"--out_dir {out_dir} is neither empty nor a previous Llama export; not replacing it")
-
-
-def _install(staging: Path, out_dir: Path) -> None:
-    """Rename the finished directory into place; a previous export (see check_out_dir) is replaced only then."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        out_dir.rename(old)
-    staging.rename(out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+# --target -> (the name messages use, the transformers class written).
+TARGETS: dict[str, tuple[str, type[PreTrainedModel]]] = {
+    "llama": ("Llama", LlamaForCausalLM),
+    "qwen3": ("Qwen3", Qwen3ForCausalLM),
+}
 
 
 @torch.no_grad()
-def max_logit_difference(ours: MiniNormForCausalLM, llama_dir: Path, seq_len: int = 16) -> float:
+def max_logit_difference(ours: MiniNormForCausalLM, export_dir: Path, target: str = "llama", seq_len: int = 16
+                         ) -> float:
     """Largest |logit difference| between our model and the exported directory loaded by stock transformers."""
-    llama = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    theirs = TARGETS[target][1].from_pretrained(export_dir, dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, ours.config.vocab_size, (2, min(seq_len, ours.config.max_position_embeddings)),
                         generator=generator)
-    return (ours.float()(ids).logits - llama(ids).logits).abs().max().item()
+    return (ours.float()(ids).logits - theirs(ids).logits).abs().max().item()
 
 
-def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool = True) -> Path:
-    """Write the LLaMA directory; returns its path. Raises NotLlamaCompatible / ModelNotFound / ValueError."""
+def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool = True, target: str = "llama") -> Path:
+    """Write the `target` ("llama" or "qwen3") directory; returns its path. Raises NotExportable / ModelNotFound /
+    ValueError."""
+    if target not in TARGETS:
+        raise ValueError(f"--target {target!r} is not allowed; choose one of {', '.join(map(repr, TARGETS))}")
+    name, model_class = TARGETS[target]
     source = locate_model(model_path)[0].resolve()
     out_dir = resolve_path(out_dir).resolve()
     # Checked as plain JSON: MiniNormConfig.from_pretrained on another model type (say, an earlier export)
@@ -106,52 +95,50 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     model_type = config_model_type(source)
     if model_type != MiniNormConfig.model_type:
         raise ValueError(f"{source} is not a MiniNorm model (model_type={model_type!r})")
-    check_out_dir(source, out_dir)
+    check_out_dir(source, out_dir, lambda folder: config_model_type(folder) == target, f"a previous {name} export")
     config = MiniNormConfig.from_pretrained(source)
-    check_exportable(config, source, "Llama")  # before loading any weights
+    check_exportable(config, source, name, architecture=target)  # before loading any weights
     ours = MiniNormForCausalLM.from_pretrained(source, norm_impl="eager").eval()
-    llama_config = to_llama_config(ours.config)
     with torch.device("meta"):
-        llama = LlamaForCausalLM(llama_config)
+        exported = model_class(to_target_config(ours.config, target))
     state = {key: tensor.detach().clone() for key, tensor in to_llama_state_dict(ours.state_dict()).items()}
-    llama.load_state_dict(state, strict=True, assign=True)
-    llama.tie_weights()
+    exported.load_state_dict(state, strict=True, assign=True)
+    exported.tie_weights()
     # Sampling settings come along; a length limit saved by an older trainer does not (see generation_defaults).
-    llama.generation_config = without_length_limits(GenerationConfig.from_pretrained(source)) if (
+    exported.generation_config = without_length_limits(GenerationConfig.from_pretrained(source)) if (
         source / "generation_config.json").is_file() else GenerationConfig()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp", dir=out_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the export is an ordinary directory
-    try:
-        llama.save_pretrained(staging, safe_serialization=True)
+    with staged_dir(out_dir) as staging:
+        exported.save_pretrained(staging, safe_serialization=True)
         _patch_config_json(staging / "config.json")
         _tokenizer_files(source, staging)
         if (source / CONFIG_FILE).is_file():  # keeps the task (sft/pretrain) for eval/chat.py
             shutil.copy2(source / CONFIG_FILE, staging / CONFIG_FILE)
         if verify:
-            diff = max_logit_difference(ours, staging)
+            diff = max_logit_difference(ours, staging, target)
             if not diff <= 1e-4:
                 raise RuntimeError(f"the exported model's logits differ from ours by {diff:.3g}; nothing written")
-        _install(staging, out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ToolParser(description="Export a Llama-compatible MiniNorm model as LlamaForCausalLM",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ToolParser(description="Export a MiniNorm model as a stock LlamaForCausalLM or Qwen3ForCausalLM",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model_path", default="out/pretrain", help="MiniNorm model directory")
+    parser.add_argument("--target", default="llama", choices=tuple(TARGETS),
+                        help="llama: LlamaForCausalLM (needs qk_norm=False); qwen3: Qwen3ForCausalLM (needs "
+                             "qk_norm=True with qk_norm_scope='head'); both need pre-LN RMSNorm with gains")
     parser.add_argument("--out_dir", default="out/llama",
-                        help="where the LLaMA directory goes; an empty folder or a previous export is replaced")
+                        help="where the exported directory goes; an empty folder or a previous export to the same "
+                             "target is replaced")
     parser.add_argument("--no_verify", action="store_true", help="skip the logits check against our model")
     args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()
     try:
-        out = convert_to_llama(args.model_path, args.out_dir, verify=not args.no_verify)
-    except (ModelNotFound, NotLlamaCompatible, ValueError) as error:
+        out = convert_to_llama(args.model_path, args.out_dir, verify=not args.no_verify, target=args.target)
+    except (ModelNotFound, NotExportable, ValueError) as error:
         return report_error(error)
-    print(f"wrote {out} (LlamaForCausalLM{'' if args.no_verify else ', logits verified against ours'})")
+    class_name = TARGETS[args.target][1].__name__
+    print(f"wrote {out} ({class_name}{'' if args.no_verify else ', logits verified against ours'})")
     return 0
 
 

@@ -31,6 +31,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
+from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, report_error  # noqa: E402
 
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                         help="the weights' dtype; auto: bfloat16 on CUDA, float32 elsewhere")
     add_threads_flag(parser)
+    add_rope_scaling_flag(parser)
     return parser
 
 
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(start_threads(args.threads), file=sys.stderr)  # the engine's thread takes this count too
     try:
-        served = load_served_model(path, args.mode, args.max_batch, args.model_name, args.device, args.dtype, lora)
+        served = load_served_model(path, args.mode, args.max_batch, args.model_name, args.device, args.dtype, lora,
+                                   args.rope_scaling_factor)
     except ValueError as error:
         return report_error(error)
     import uvicorn

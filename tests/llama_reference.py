@@ -19,3 +19,15 @@ def llama_from_mininorm(model: MiniNormForCausalLM, attn_implementation: str = "
         assert llama.lm_head.weight.data_ptr() == llama.model.embed_tokens.weight.data_ptr()
     first = next(model.parameters())
     return llama.to(device=first.device, dtype=first.dtype).train(model.training)
+
+
+def with_random_norm_gains(model, spread: float):
+    """The model (eval mode) with every norm gain drawn around 1 (1 + spread * N(0, 1)), so that a norm weight mapped
+    to the wrong place, or left out, changes the logits."""
+    import torch
+
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.copy_(1 + spread * torch.randn_like(parameter))
+    return model.eval()

@@ -1,0 +1,149 @@
+"""Importing a transformers Llama or Qwen3 (dense) checkpoint as a MiniNorm model: the config mapping, the checks
+that refuse what MiniNorm cannot compute exactly, and the weights.
+
+A Llama is MiniNorm's pre-LN RMSNorm model without QK-norm; a Qwen3 is the same with per-head QK-norm
+(model/llama_compat.py). Whatever else a checkpoint uses (biases, a sliding window, a head_dim that is not
+hidden_size / num_attention_heads, a RoPE variant MiniNorm does not compute) is refused in one line naming the
+field, before any weight is read. An import may also swap the RMSNorms for another norm (SWAPPABLE_NORMS), keeping
+the learned gains: the start of a "what if its norms were different?" fine-tune, no longer the same function.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors import safe_open
+
+from model.config import MiniNormConfig, NormType
+from model.llama_compat import from_llama_key
+from model.model import MiniNormForCausalLM
+from model.rope import ROPE_TYPES
+
+IMPORTABLE = ("llama", "qwen3")
+# The rope_type values MiniNorm's RotaryEmbedding computes exactly as transformers does.
+SUPPORTED_ROPE_TYPES = ("default", *ROPE_TYPES)
+
+
+class NotImportable(ValueError):
+    """The checkpoint uses something MiniNorm cannot compute exactly."""
+
+
+def _refuse(source: Path, field: str, value: Any, why: str) -> NotImportable:
+    return NotImportable(f"cannot import {source}: {field}={value!r} {why}")
+
+
+def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None) from a config.json's rope_parameters (transformers 5) or its
+    rope_theta / rope_scaling (transformers 4)."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    if params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise _refuse(source, "partial_rotary_factor", hf.get("partial_rotary_factor"),
+                      "is not supported; MiniNorm rotates the whole head")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise _refuse(source, "rope_type", rope_type,
+                      f"is not supported; MiniNorm computes rope_type {', '.join(map(repr, SUPPORTED_ROPE_TYPES))}")
+    return float(theta), ({"rope_type": rope_type, **params} if rope_type != "default" else None)
+
+
+# The norms an import may swap the checkpoint's RMSNorm for: each keeps the learned gain (`weight`) and starts its
+# own extra parameters (LayerNorm's and DyT's bias, DyT's alpha) at their initial values.
+SWAPPABLE_NORMS = (NormType.RMSNORM.value, NormType.PRMSNORM.value, NormType.LAYERNORM.value, NormType.DYT.value)
+
+
+def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = NormType.RMSNORM.value
+                         ) -> MiniNormConfig:
+    """The MiniNormConfig of a Llama / Qwen3 config.json (a plain dict); NotImportable names the first field that
+    does not map. `norm_type` other than rmsnorm (one of SWAPPABLE_NORMS) swaps every norm, QK-norms included."""
+    if norm_type not in SWAPPABLE_NORMS:
+        raise ValueError(f"--norm_type {norm_type!r} is not allowed; choose one of "
+                         f"{', '.join(map(repr, SWAPPABLE_NORMS))}")
+    model_type = hf.get("model_type")
+    if model_type not in IMPORTABLE:
+        raise _refuse(source, "model_type", model_type,
+                      f"cannot be imported; choose one of {', '.join(map(repr, IMPORTABLE))}")
+    heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
+    checks = [
+        ("hidden_act", hf.get("hidden_act", "silu"), lambda v: v == "silu",
+         "is not supported; MiniNorm's MLP is SwiGLU with silu"),
+        ("attention_bias", hf.get("attention_bias", False), lambda v: v is False,
+         "is not supported; MiniNorm's projections have no bias"),
+        ("mlp_bias", hf.get("mlp_bias", False), lambda v: v is False,
+         "is not supported; MiniNorm's projections have no bias"),
+        ("head_dim", hf.get("head_dim") or hidden // heads, lambda v: v * heads == hidden,
+         f"is not supported; MiniNorm's head_dim is hidden_size / num_attention_heads = {hidden / heads:g}"),
+        ("use_sliding_window", hf.get("use_sliding_window", False), lambda v: v is False,
+         "is not supported; MiniNorm attends to the whole context"),
+        ("layer_types", hf.get("layer_types"), lambda v: v is None or set(v) <= {"full_attention"},
+         "is not supported; MiniNorm attends to the whole context in every layer"),
+        ("pretraining_tp", hf.get("pretraining_tp", 1), lambda v: v == 1,
+         "is not supported; MiniNorm computes its projections whole"),
+    ]
+    for field, value, ok, why in checks:
+        if not ok(value):
+            raise _refuse(source, field, value, why)
+    rope_theta, rope_scaling = _rope_of(hf, source)
+    fields: dict[str, Any] = dict(
+        vocab_size=hf["vocab_size"], hidden_size=hidden, num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=heads, num_key_value_heads=hf.get("num_key_value_heads") or heads,
+        intermediate_size=hf["intermediate_size"], max_position_embeddings=hf["max_position_embeddings"],
+        rope_theta=rope_theta, tie_word_embeddings=hf.get("tie_word_embeddings", False),
+        initializer_range=hf.get("initializer_range", 0.02), norm_eps=hf.get("rms_norm_eps", 1e-6),
+        bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"), pad_token_id=hf.get("pad_token_id"),
+        norm_type=norm_type, norm_placement="pre", qk_norm=model_type == "qwen3", qk_norm_scope="head")
+    if rope_scaling is not None:
+        fields["rope_scaling"] = rope_scaling
+    return MiniNormConfig(**fields)
+
+
+def _weight_files(source: Path) -> list[Path]:
+    index = source / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({source / name for name in json.loads(index.read_text())["weight_map"].values()})
+    single = source / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise NotImportable(f"cannot import {source}: no model.safetensors (or its index) there; save the model "
+                        "with safe_serialization=True")
+
+
+def read_state_dict(source: Path, config: MiniNormConfig) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors in fp32 under MiniNorm's key names. A tied config takes the LM head from the
+    embedding; a checkpoint whose own lm_head.weight then differs from it, or an untied one without an LM head,
+    is refused: transformers would silently drop or invent that head."""
+    state: dict[str, torch.Tensor] = {}
+    for file in _weight_files(source):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                state[from_llama_key(key)] = f.get_tensor(key).float()
+    head, embedding = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
+    if config.tie_word_embeddings:
+        if head is not None and not torch.equal(head, embedding):
+            raise NotImportable(f"cannot import {source}: tie_word_embeddings=True but its lm_head.weight differs "
+                                "from model.embed_tokens.weight; the tied model would drop its LM head")
+        state["lm_head.weight"] = embedding
+    elif head is None:
+        raise NotImportable(f"cannot import {source}: tie_word_embeddings=False but it has no lm_head.weight")
+    return state
+
+
+def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor]) -> MiniNormForCausalLM:
+    """The MiniNorm model with the checkpoint's tensors. With swapped norms, the parameters the checkpoint lacks
+    (only norm biases and DyT's alpha) keep their initial values: zero bias, alpha = dyt_alpha_init."""
+    if config.norm_type == NormType.RMSNORM:
+        with torch.device("meta"):  # every tensor comes from the checkpoint: no initialisation to pay for
+            model = MiniNormForCausalLM(config)
+        model.load_state_dict(state, strict=True, assign=True)
+    else:
+        model = MiniNormForCausalLM(config)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        left = [key for key in missing if not key.endswith((".bias", ".alpha"))]
+        if unexpected or left:
+            raise NotImportable(f"cannot import with norm_type={config.norm_type!r}: the weights "
+                                f"{(unexpected or left)[0]!r} do not map")
+    model.tie_weights()
+    return model.eval()

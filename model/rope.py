@@ -1,0 +1,150 @@
+"""RoPE's inverse frequencies, plain or with a context-extending `rope_scaling` exactly as transformers defines it.
+
+`rope_scaling` is None (plain RoPE) or a dict with a `rope_type`:
+
+    linear   {"factor": s}: every frequency divided by s (position interpolation, Chen et al. 2023).
+    dynamic  {"factor": s}: NTK-aware; while a sequence fits max_position_embeddings (L) the frequencies are plain,
+             beyond that the base becomes theta * (s * T / L - (s - 1)) ** (d / (d - 2)) for the sequence's length T.
+    yarn     {"factor": s, "original_max_position_embeddings": L0, optional "beta_fast" (32), "beta_slow" (1),
+             "attention_factor", "mscale", "mscale_all_dim", "truncate" (true)}: YaRN (Peng et al. 2023). Frequency
+             i keeps its value where its wavelength makes more than beta_fast turns over L0, is divided by s where it
+             makes fewer than beta_slow, and is blended linearly in between; cos and sin are multiplied by the
+             attention factor, by default 0.1 ln(s) + 1.
+
+The arithmetic follows transformers' modeling_rope_utils step for step (the same fp32 tensors where it uses them),
+so the logits equal LlamaForCausalLM's with the same rope_parameters (tests/unit/test_rope_scaling.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+ROPE_TYPES = ("linear", "dynamic", "yarn")
+# The keys each type reads besides rope_type; anything else is refused, naming it.
+ROPE_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
+             "mscale_all_dim", "truncate"),
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_rope_scaling(value: Any, max_position_embeddings: int) -> dict[str, Any] | None:
+    """The validated rope_scaling (None, or a new dict with yarn's original_max_position_embeddings filled in as
+    transformers does); ValueError naming the key and the allowed values otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"rope_scaling={value!r} is not allowed; it must be null or a dict with a rope_type")
+    scaling = dict(value)
+    if "type" in scaling and "rope_type" not in scaling:  # the older spelling transformers also reads
+        scaling["rope_type"] = scaling.pop("type")
+    rope_type = scaling.pop("rope_type", None)
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_scaling rope_type={rope_type!r} is not allowed; choose one of "
+                         f"{', '.join(map(repr, ROPE_TYPES))}")
+    unknown = sorted(set(scaling) - set(ROPE_KEYS[rope_type]))
+    if unknown:
+        raise ValueError(f"rope_scaling {unknown[0]}={scaling[unknown[0]]!r} is not allowed with rope_type="
+                         f"{rope_type!r}; its keys are {', '.join(ROPE_KEYS[rope_type])}")
+    if not (_is_number(scaling.get("factor")) and scaling["factor"] >= 1):
+        raise ValueError(f"rope_scaling factor={scaling.get('factor')!r} is not allowed; it must be a number >= 1")
+    if rope_type == "yarn":
+        scaling.setdefault("original_max_position_embeddings", max_position_embeddings)
+        original = scaling["original_max_position_embeddings"]
+        if not (isinstance(original, int) and not isinstance(original, bool) and original >= 1):
+            raise ValueError(f"rope_scaling original_max_position_embeddings={original!r} is not allowed; it must "
+                             "be a positive integer")
+        for key in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
+            if scaling.get(key) is not None and not _is_number(scaling[key]):
+                raise ValueError(f"rope_scaling {key}={scaling[key]!r} is not allowed; it must be a number")
+        if not isinstance(scaling.get("truncate", True), bool):
+            raise ValueError(f"rope_scaling truncate={scaling['truncate']!r} is not allowed; it must be true or false")
+    return {"rope_type": rope_type, **scaling}
+
+
+def yarn_attention_factor(scaling: Mapping[str, Any]) -> float:
+    """The factor YaRN multiplies cos and sin by: attention_factor when given, else 0.1 ln(s) + 1 (or the ratio of
+    that with mscale to that with mscale_all_dim, when both are given)."""
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+
+    def magnitude(scale: float, weight: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * weight * math.log(scale) + 1.0
+
+    factor = scaling["factor"]
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return magnitude(factor, scaling["mscale"]) / magnitude(factor, scaling["mscale_all_dim"])
+    return magnitude(factor)
+
+
+def _powers(head_dim: int, base: float | torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    """theta^(2i/d) for i < d/2, in fp32 (base may be an fp32 tensor, as dynamic scaling makes it)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
+    return base ** (exponents / head_dim)
+
+
+def _yarn(head_dim: int, theta: float, scaling: Mapping[str, Any], device: torch.device | None) -> torch.Tensor:
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dimension_of(turns: float) -> float:
+        """The (fractional) frequency index whose wavelength fits `turns` times into the original length."""
+        return head_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension_of(beta_fast), dimension_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of zero width would divide by zero
+    powers = _powers(head_dim, theta, device)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1).to(device)
+    keep = 1 - ramp  # 1: the frequency is kept (extrapolated), 0: divided by the factor (interpolated)
+    return 1.0 / (factor * powers) * (1 - keep) + 1.0 / powers * keep
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: Mapping[str, Any] | None, max_position_embeddings: int,
+                        seq_len: torch.Tensor | None = None, device: torch.device | None = None
+                        ) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies (head_dim/2,) in fp32, the factor cos and sin are multiplied by). `seq_len`, the
+    longest position + 1 of the batch, matters only for dynamic scaling."""
+    rope_type = scaling["rope_type"] if scaling else None
+    if rope_type == "linear":
+        return 1.0 / _powers(head_dim, theta, device) / scaling["factor"], 1.0
+    if rope_type == "dynamic" and seq_len is not None and int(seq_len) > max_position_embeddings:
+        grown = scaling["factor"] * seq_len / max_position_embeddings - (scaling["factor"] - 1)
+        return 1.0 / _powers(head_dim, theta * grown ** (head_dim / (head_dim - 2)), device), 1.0
+    if rope_type == "yarn":
+        return _yarn(head_dim, theta, scaling, device), yarn_attention_factor(scaling)
+    return 1.0 / _powers(head_dim, theta, device), 1.0
+
+
+def extend_context(model: Any, factor: float | None) -> None:
+    """YaRN at inference, as the tools' --rope_scaling_factor asks: a MiniNorm model without rope_scaling gets
+    {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": L} and max_position_embeddings
+    factor x L, in its config and its RotaryEmbedding. None changes nothing; ValueError names what is refused."""
+    if factor is None:
+        return
+    config = model.config
+    if not (_is_number(factor) and factor > 1):
+        raise ValueError(f"--rope_scaling_factor={factor!r} is not allowed; it must be a number > 1")
+    if getattr(config, "model_type", None) != "mininorm":
+        raise ValueError(f"--rope_scaling_factor works on MiniNorm models, not model_type="
+                         f"{getattr(config, 'model_type', None)!r}; set rope_parameters in its config.json instead")
+    if config.rope_scaling is not None:
+        raise ValueError(f"--rope_scaling_factor is not allowed: the model already has rope_scaling="
+                         f"{config.rope_scaling!r}")
+    original = config.max_position_embeddings
+    scaling = check_rope_scaling({"rope_type": "yarn", "factor": float(factor),
+                                  "original_max_position_embeddings": original}, original)
+    config.rope_scaling, config.max_position_embeddings = scaling, int(original * factor)
+    rotary = model.model.rotary
+    rotary.rope_scaling, rotary.max_position_embeddings = scaling, config.max_position_embeddings

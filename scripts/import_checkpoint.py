@@ -1,0 +1,118 @@
+"""Import a transformers Llama or Qwen3 (dense) checkpoint directory as a MiniNorm model directory.
+
+    python scripts/import_checkpoint.py --source path/to/hf_model --out_dir out/imported
+    python trainer/train_full_sft.py --from_weight out/imported --tokenizer_path out/imported
+
+A Llama is MiniNorm's pre-LN RMSNorm model; a Qwen3 is the same with per-head QK-norm (qk_norm=True,
+qk_norm_scope='head'). The result has MiniNorm's config, the weights in fp32, the checkpoint's tokenizer files,
+chat template and generation settings when it has them, and imported_from.json (the source and the measured logit
+difference); the trainers' --from_weight, chat, evaluation and the server take it like a model trained here. What
+MiniNorm cannot compute exactly (biases, a sliding window, a head_dim other than hidden_size / num_attention_heads,
+an unsupported RoPE type, an LM head that contradicts tie_word_embeddings) is refused in one line before any weight
+is loaded. The logits are checked against transformers' own model unless --no_verify. --norm_type layernorm (or
+prmsnorm, dyt) swaps every norm for that one, keeping the learned gains, for a fine-tune with other norms; the logit
+difference is then measured, not required to be small. An existing --out_dir is replaced only when it is empty or
+an earlier import.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from the repo root or from scripts/
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from model.export_dir import check_out_dir, staged_dir  # noqa: E402
+from model.generation_defaults import without_length_limits  # noqa: E402
+from model.interop import SWAPPABLE_NORMS, NotImportable, mininorm_config_from, model_from, read_state_dict  # noqa: E402
+from model.model import MiniNormForCausalLM  # noqa: E402
+from trainer.cli import ToolParser  # noqa: E402
+from trainer.run_dir import report_error, resolve_input_path, resolve_path  # noqa: E402
+
+PROVENANCE_FILE = "imported_from.json"
+# The tokenizer's files and the chat template, copied as they are when the checkpoint has them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
+MAX_LOGIT_DIFFERENCE = 1e-4
+
+
+@torch.no_grad()
+def max_logit_difference(source: Path, ours: MiniNormForCausalLM, seq_len: int = 16) -> float:
+    """Largest |logit difference| between transformers' model of `source` and ours, on random token ids."""
+    theirs = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    ids = torch.randint(0, ours.config.vocab_size, (2, min(seq_len, ours.config.max_position_embeddings)),
+                        generator=torch.Generator().manual_seed(0))
+    return (ours.float().eval()(ids).logits - theirs(ids).logits).abs().max().item()
+
+
+def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = True, norm_type: str = "rmsnorm"
+                      ) -> tuple[Path, float | None]:
+    """Write the MiniNorm directory; returns (its path, the measured max |logit difference| or None).
+    `norm_type` other than rmsnorm swaps the norms (model/interop.py): the difference is then measured, not
+    required to be small. Raises NotImportable / ValueError."""
+    source = resolve_input_path(source).resolve()
+    out_dir = resolve_path(out_dir).resolve()
+    config_file = source / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"--source {source}: no config.json there; pass a transformers checkpoint directory")
+    hf_config = json.loads(config_file.read_text())
+    check_out_dir(source, out_dir, lambda folder: (folder / PROVENANCE_FILE).is_file(), "an earlier import")
+    config = mininorm_config_from(hf_config, source, norm_type)  # refuses before any weight is read
+    ours = model_from(config, read_state_dict(source, config))
+    if (source / "generation_config.json").is_file():
+        ours.generation_config = without_length_limits(GenerationConfig.from_pretrained(source))
+    diff = None
+    with staged_dir(out_dir) as staging:
+        ours.save_pretrained(staging, safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, staging / name)
+        if verify:
+            diff = max_logit_difference(source, ours)
+            if norm_type == "rmsnorm" and not diff <= MAX_LOGIT_DIFFERENCE:
+                raise RuntimeError(f"the imported model's logits differ from {source}'s by {diff:.3g}; "
+                                   "nothing written")
+        provenance = {"source": str(source), "model_type": hf_config["model_type"], "norm_type": norm_type,
+                      "max_logit_difference": diff}
+        (staging / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+    return out_dir, diff
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ToolParser(description="Import a transformers Llama or Qwen3 (dense) checkpoint as a MiniNorm model",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--source", required=True,
+                        help="transformers checkpoint directory (config.json, model.safetensors, tokenizer files)")
+    parser.add_argument("--out_dir", default="out/imported",
+                        help="where the MiniNorm directory goes; an empty folder or an earlier import is replaced")
+    parser.add_argument("--norm_type", default="rmsnorm", choices=SWAPPABLE_NORMS,
+                        help="the norm the model gets: rmsnorm keeps the checkpoint's function exactly; another one "
+                             "keeps each learned gain, starts biases at 0 (and DyT's alpha at its init) and changes "
+                             "the logits (the difference is measured and printed); fine-tune it afterwards")
+    parser.add_argument("--no_verify", action="store_true",
+                        help="skip the logits check against transformers' own model of --source")
+    args = parser.parse_args(argv)
+    hf_logging.disable_progress_bar()
+    try:
+        out, diff = import_checkpoint(args.source, args.out_dir, verify=not args.no_verify, norm_type=args.norm_type)
+    except (NotImportable, ValueError) as error:
+        return report_error(error)
+    swapped = "" if args.norm_type == "rmsnorm" else f", norm_type={args.norm_type!r}"
+    measured = "" if diff is None else f", max logit difference {diff:.2g} from transformers"
+    print(f"wrote {out} (MiniNorm{swapped}{measured})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""scripts/import_checkpoint.py: a transformers Llama or Qwen3 checkpoint becomes a MiniNorm model with the same
+logits, which the trainers continue from; what MiniNorm cannot compute is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from model.model import MiniNormForCausalLM
+from scripts.import_checkpoint import import_checkpoint, main
+from tests.llama_reference import with_random_norm_gains
+from tests.paths import REPO
+from tests.training_runs import run_in_process, sft_argv, train_losses
+
+SHAPE = dict(vocab_size=6400, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=8, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=1,
+             eos_token_id=2, pad_token_id=0)
+ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+
+
+def hf_model(kind: str, tied: bool, seed: int = 0, **overrides):
+    """A tiny randomly initialised transformers model whose norm gains are random too (not the ones at init)."""
+    config_class, model_class = ARCHITECTURES[kind]
+    torch.manual_seed(seed)
+    config = config_class(**{**SHAPE, "tie_word_embeddings": tied,
+                             "rope_parameters": {"rope_type": "default", "rope_theta": 5e4}, **overrides})
+    return with_random_norm_gains(model_class(config), 0.5)
+
+
+def save_checkpoint(model, folder):
+    """save_pretrained plus MiniNorm's tokenizer (its vocabulary fits SHAPE), chat template included."""
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(REPO / "model" / name, folder / name)
+    return folder
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_imported_model_has_the_checkpoints_logits(kind: str, tied: bool, tmp_path) -> None:
+    theirs = hf_model(kind, tied)
+    source = save_checkpoint(theirs, tmp_path / "hf")
+    out, diff = import_checkpoint(source, tmp_path / "imported")
+    ours = MiniNormForCausalLM.from_pretrained(out, norm_impl="eager").eval()
+    assert ours.config.qk_norm is (kind == "qwen3") and ours.config.tie_word_embeddings is tied
+    assert ours.config.rope_theta == 5e4 and ours.config.norm_eps == 1e-5
+    ids = torch.randint(0, 6400, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, atol=1e-5, rtol=0)
+        # A KV-cached continuation (positions 40.., as generation uses) agrees too.
+        prefix = ours(ids[:, :30], use_cache=True)
+        torch.testing.assert_close(ours(ids[:, 30:], past_key_values=prefix.past_key_values).logits,
+                                   theirs(ids).logits[:, 30:], atol=1e-5, rtol=0)
+    assert diff is not None and diff <= 1e-5
+    assert (ours.lm_head.weight.data_ptr() == ours.model.embed_tokens.weight.data_ptr()) is tied
+    assert json.loads((out / "imported_from.json").read_text())["model_type"] == kind
+
+
+def test_a_yarn_checkpoint_keeps_its_rope_scaling(tmp_path) -> None:
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 16}
+    theirs = hf_model("qwen3", True, rope_parameters={**yarn, "rope_theta": 5e4})
+    out, _ = import_checkpoint(save_checkpoint(theirs, tmp_path / "hf"), tmp_path / "imported")
+    ours = MiniNormForCausalLM.from_pretrained(out, norm_impl="eager").eval()
+    assert ours.config.rope_scaling == yarn and ours.config.rope_theta == 5e4
+    ids = torch.randint(0, 6400, (1, 128), generator=torch.Generator().manual_seed(4))  # 4x the original length
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_tokenizer_and_chat_template_come_along(tmp_path, tokenizer) -> None:
+    source = save_checkpoint(hf_model("qwen3", True), tmp_path / "hf")
+    out, _ = import_checkpoint(source, tmp_path / "imported", verify=False)
+    imported = AutoTokenizer.from_pretrained(out)
+    messages = [{"role": "user", "content": "Hi 你好"}]
+    assert imported.apply_chat_template(messages, tokenize=False) == tokenizer.apply_chat_template(
+        messages, tokenize=False)
+    assert imported("The history of 北京")["input_ids"] == tokenizer("The history of 北京")["input_ids"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_fine_tuning_continues_from_an_import(kind: str, tmp_path, train_data) -> None:
+    source = save_checkpoint(hf_model(kind, tied=kind == "llama"), tmp_path / "hf")
+    imported, _ = import_checkpoint(source, tmp_path / "imported")
+    out = tmp_path / "sft"
+    run_in_process("sft", sft_argv(train_data, imported, out, "--tokenizer_path", str(imported)))
+    losses = train_losses(out)
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    trained = MiniNormForCausalLM.from_pretrained(out)
+    assert trained.config.qk_norm is (kind == "qwen3")
+    start = load_file(imported / "model.safetensors")
+    assert not torch.equal(load_file(out / "model.safetensors")["model.layers.0.mlp.up_proj.weight"],
+                           start["model.layers.0.mlp.up_proj.weight"])  # the imported weights were trained
+
+
+def _with_layernorms(model):
+    """The transformers model with every RMSNorm (QK-norms included) replaced by torch's nn.LayerNorm carrying the
+    same gain and a zero bias: the independent reference for an import with --norm_type layernorm."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child).__name__.endswith("RMSNorm"):
+                layer_norm = torch.nn.LayerNorm(child.weight.shape[0], eps=child.variance_epsilon)
+                with torch.no_grad():
+                    layer_norm.weight.copy_(child.weight)
+                setattr(parent, name, layer_norm)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_an_import_can_swap_the_norm_keeping_the_gains(kind: str, tmp_path, capsys) -> None:
+    theirs = hf_model(kind, tied=True)
+    source = save_checkpoint(theirs, tmp_path / "hf")
+    ids = torch.randint(0, 6400, (2, 24), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        original = theirs(ids).logits
+    assert main(["--source", str(source), "--out_dir", str(tmp_path / "ln"), "--norm_type", "layernorm"]) == 0
+    assert "norm_type='layernorm', max logit difference" in capsys.readouterr().out
+    ours = MiniNormForCausalLM.from_pretrained(tmp_path / "ln", norm_impl="eager").eval()
+    assert ours.config.norm_type == "layernorm" and ours.config.qk_norm is (kind == "qwen3")
+    assert not ours.model.layers[0].mlp_norm.bias.any()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, _with_layernorms(theirs)(ids).logits, atol=1e-5, rtol=0)
+        assert (ours(ids).logits - original).abs().max() > 1e-3  # a different function from the checkpoint's
+    recorded = json.loads((tmp_path / "ln" / "imported_from.json").read_text())
+    assert recorded["norm_type"] == "layernorm" and recorded["max_logit_difference"] > 1e-3
+
+
+def test_a_dyt_import_starts_alpha_at_its_init(tmp_path) -> None:
+    source = save_checkpoint(hf_model("qwen3", tied=False), tmp_path / "hf")
+    out, _ = import_checkpoint(source, tmp_path / "dyt", norm_type="dyt")
+    ours = MiniNormForCausalLM.from_pretrained(out)
+    assert ours.config.norm_type == "dyt"
+    norm = ours.model.layers[1].self_attn.q_norm
+    assert norm.alpha.item() == ours.config.dyt_alpha_init and not norm.bias.any()
+    torch.testing.assert_close(norm.weight, load_file(source / "model.safetensors")[
+        "model.layers.1.self_attn.q_norm.weight"], atol=0, rtol=0)
+
+
+def test_a_norm_without_a_gain_to_keep_is_refused(tmp_path, capsys) -> None:
+    source = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
+    with pytest.raises(SystemExit):
+        main(["--source", str(source), "--out_dir", str(tmp_path / "x"), "--norm_type", "none"])
+    assert "invalid choice: 'none'" in capsys.readouterr().err
+
+
+def _refused(capsys, source, out) -> str:
+    assert main(["--source", str(source), "--out_dir", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and not out.exists()
+    return error
+
+
+@pytest.mark.parametrize(("kind", "overrides", "named"), [
+    ("llama", dict(attention_bias=True), "attention_bias=True"),
+    ("llama", dict(mlp_bias=True), "mlp_bias=True"),
+    ("qwen3", dict(attention_bias=True), "attention_bias=True"),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "use_sliding_window=True"),
+    ("llama", dict(head_dim=16), "head_dim=16"),
+    ("qwen3", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+])
+def test_what_does_not_map_is_refused_in_one_line(kind, overrides, named, tmp_path, capsys) -> None:
+    config_class = ARCHITECTURES[kind][0]
+    config = config_class(**{**SHAPE, **overrides})
+    config.save_pretrained(tmp_path / "hf")  # the refusal comes before any weight is needed
+    error = _refused(capsys, tmp_path / "hf", tmp_path / "imported")
+    assert named in error and str(tmp_path / "hf") in error
+
+
+def test_an_unsupported_rope_type_is_refused(tmp_path, capsys) -> None:
+    config = LlamaConfig(**SHAPE, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 64})
+    config.save_pretrained(tmp_path / "hf")
+    assert "rope_type='llama3'" in _refused(capsys, tmp_path / "hf", tmp_path / "imported")
+
+
+def test_another_architecture_is_refused(tmp_path, capsys) -> None:
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    assert "model_type='gpt2'" in _refused(capsys, tmp_path / "hf", tmp_path / "imported")
+
+
+def test_a_tied_config_with_its_own_lm_head_is_refused(tmp_path, capsys) -> None:
+    source = save_checkpoint(hf_model("llama", tied=False), tmp_path / "hf")
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    error = _refused(capsys, source, tmp_path / "imported")
+    assert "tie_word_embeddings=True" in error and "lm_head.weight" in error
+
+
+def test_an_untied_config_without_lm_head_is_refused(tmp_path, capsys) -> None:
+    source = save_checkpoint(hf_model("llama", tied=False), tmp_path / "hf")
+    weights = load_file(source / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, source / "model.safetensors", metadata={"format": "pt"})
+    error = _refused(capsys, source, tmp_path / "imported")
+    assert "tie_word_embeddings=False" in error and "no lm_head.weight" in error
+
+
+def test_a_folder_that_is_not_an_import_is_left_alone(tmp_path, capsys) -> None:
+    source = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert main(["--source", str(source), "--out_dir", str(out)]) == 2
+    assert "neither empty nor an earlier import" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert main(["--source", str(source), "--out_dir", str(tmp_path / "imported")]) == 0
+    assert main(["--source", str(source), "--out_dir", str(tmp_path / "imported"), "--no_verify"]) == 0  # replaced

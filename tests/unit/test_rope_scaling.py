@@ -1,0 +1,175 @@
+"""rope_scaling (linear, dynamic, YaRN): the same logits as transformers' LlamaForCausalLM with the same weights and
+rope_parameters, at positions up to factor x the original length; validation; default models unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eval.chat import main as chat_main
+from eval.evaluate import evaluate_model_dir
+from model.config import MiniNormConfig
+from model.model import MiniNormForCausalLM
+from model.rope import extend_context
+from scripts.server.served_model import load_served_model
+from tests.llama_reference import llama_from_mininorm, with_random_norm_gains
+from trainer.export import save_model_dir
+
+ORIGINAL = 64  # the "trained" length
+FACTOR = 4
+# head_dim 32 and theta 1e4: YaRN's ramp then spans frequencies 0..5 of 16 (kept, blended and interpolated ones).
+SHAPE = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+             rope_theta=1e4, norm_impl="eager")
+SCALINGS = {
+    "linear": ({"rope_type": "linear", "factor": FACTOR}, ORIGINAL * FACTOR),
+    "dynamic": ({"rope_type": "dynamic", "factor": FACTOR}, ORIGINAL),  # grows past max_position_embeddings
+    "yarn": ({"rope_type": "yarn", "factor": FACTOR, "original_max_position_embeddings": ORIGINAL},
+             ORIGINAL * FACTOR),
+    "yarn-betas": ({"rope_type": "yarn", "factor": 2.5, "original_max_position_embeddings": ORIGINAL,
+                    "beta_fast": 8, "beta_slow": 2, "truncate": False}, ORIGINAL * FACTOR),
+    "yarn-mscale": ({"rope_type": "yarn", "factor": FACTOR, "original_max_position_embeddings": ORIGINAL,
+                     "mscale": 0.8, "mscale_all_dim": 0.5}, ORIGINAL * FACTOR),
+    "yarn-attention-factor": ({"rope_type": "yarn", "factor": FACTOR, "original_max_position_embeddings": ORIGINAL,
+                               "attention_factor": 1.3}, ORIGINAL * FACTOR),
+}
+
+
+def scaled_model(scaling: dict | None, max_positions: int, seed: int = 0) -> MiniNormForCausalLM:
+    torch.manual_seed(seed)
+    config = MiniNormConfig(**SHAPE, max_position_embeddings=max_positions, rope_scaling=scaling)
+    return with_random_norm_gains(MiniNormForCausalLM(config), 0.3)
+
+
+@pytest.mark.parametrize("name", list(SCALINGS))
+def test_logits_equal_llama_with_the_same_rope_scaling(name: str) -> None:
+    scaling, max_positions = SCALINGS[name]
+    ours = scaled_model(scaling, max_positions)
+    llama = llama_from_mininorm(ours).eval()
+    assert llama.config.rope_parameters["rope_type"] == scaling["rope_type"]
+    ids = torch.randint(0, 512, (2, ORIGINAL * FACTOR), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = llama(ids).logits
+        torch.testing.assert_close(ours(ids).logits, expected, atol=2e-5, rtol=0)
+        # The scaling matters at these positions: plain RoPE on the same weights gives other logits.
+        plain = scaled_model(None, max_positions)
+        plain.load_state_dict(ours.state_dict())
+        assert (plain(ids).logits - expected).abs().max() > 1e-3
+
+
+def test_yarn_generation_with_the_kv_cache_matches_one_pass() -> None:
+    scaling, max_positions = SCALINGS["yarn"]
+    ours = scaled_model(scaling, max_positions)
+    ids = torch.randint(0, 512, (1, 200), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        whole = ours(ids).logits
+        prefix = ours(ids[:, :150], use_cache=True)
+        rest = ours(ids[:, 150:], past_key_values=prefix.past_key_values).logits
+    torch.testing.assert_close(rest, whole[:, 150:], atol=2e-5, rtol=0)
+
+
+def test_rope_scaling_survives_save_and_load(tmp_path) -> None:
+    scaling, max_positions = SCALINGS["yarn-betas"]
+    scaled_model(scaling, max_positions).save_pretrained(tmp_path)
+    loaded = MiniNormConfig.from_pretrained(tmp_path)
+    assert loaded.rope_scaling == scaling
+
+
+def test_default_config_round_trips_without_rope_scaling(tmp_path) -> None:
+    MiniNormConfig().save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["rope_scaling"] is None
+    assert MiniNormConfig.from_pretrained(tmp_path).rope_scaling is None
+
+
+def test_plain_rope_is_unchanged_bit_for_bit() -> None:
+    """Without rope_scaling, cos and sin are exactly what RoPE's formula gave before rope_scaling existed."""
+    model = MiniNormForCausalLM(MiniNormConfig.from_preset("cpu-default"))
+    positions = torch.arange(512).expand(2, -1)
+    cos, sin = model.model.rotary(positions, torch.float32)
+    head_dim = model.config.head_dim
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.cat([positions[..., None].float() * inv_freq] * 2, dim=-1)
+    assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
+
+
+def test_yarn_original_length_defaults_to_max_position_embeddings() -> None:
+    config = MiniNormConfig(**SHAPE, max_position_embeddings=128, rope_scaling={"rope_type": "yarn", "factor": 2})
+    assert config.rope_scaling == {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 128}
+
+
+@pytest.mark.parametrize(("scaling", "named"), [
+    ({"rope_type": "llama3", "factor": 8}, "rope_type='llama3'"),
+    ({"factor": 2}, "rope_type=None"),
+    ({"rope_type": "yarn", "factor": 0.5}, "factor=0.5"),
+    ({"rope_type": "linear", "factor": "2"}, "factor='2'"),
+    ({"rope_type": "linear", "factor": 2, "beta_fast": 32}, "beta_fast=32"),
+    ({"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 0}, "original_max_position_embeddings=0"),
+    ({"rope_type": "yarn", "factor": 2, "truncate": "yes"}, "truncate='yes'"),
+    ("yarn", "rope_scaling='yarn'"),
+])
+def test_bad_rope_scaling_is_refused_naming_the_key(scaling, named: str) -> None:
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")) as info:
+        MiniNormConfig(**SHAPE, rope_scaling=scaling)
+    assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------- --rope_scaling_factor
+def test_extend_context_is_yarn_over_the_trained_length() -> None:
+    trained = scaled_model(None, ORIGINAL)
+    extend_context(trained, FACTOR)
+    assert trained.config.max_position_embeddings == ORIGINAL * FACTOR
+    assert trained.config.rope_scaling == SCALINGS["yarn"][0]
+    reference = scaled_model(SCALINGS["yarn"][0], ORIGINAL * FACTOR)
+    reference.load_state_dict(trained.state_dict())
+    ids = torch.randint(0, 512, (1, ORIGINAL * FACTOR), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(trained(ids).logits, llama_from_mininorm(reference).eval()(ids).logits,
+                                   atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("factor", "named"), [(1.0, "it must be a number > 1"), (float("nan"), "nan")])
+def test_extend_context_refuses_a_factor_that_extends_nothing(factor: float, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        extend_context(scaled_model(None, ORIGINAL), factor)
+
+
+def test_extend_context_refuses_a_model_it_cannot_change() -> None:
+    with pytest.raises(ValueError, match="already has rope_scaling"):
+        extend_context(scaled_model(SCALINGS["linear"][0], ORIGINAL), 2.0)
+    with pytest.raises(ValueError, match="model_type='llama'"):
+        extend_context(llama_from_mininorm(scaled_model(None, ORIGINAL)), 2.0)
+
+
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory, tokenizer):
+    """A model directory trained (as far as its config says) on 32 positions."""
+    folder = tmp_path_factory.mktemp("short") / "pretrain"
+    torch.manual_seed(0)
+    config = MiniNormConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, max_position_embeddings=32, norm_impl="eager",
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    save_model_dir(MiniNormForCausalLM(config).eval(), tokenizer, folder)
+    return folder
+
+
+def test_evaluate_reads_past_the_trained_length(short_model, tmp_path) -> None:
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps({"text": "the river " * 60}) + "\n" for _ in range(3)))
+    plain = evaluate_model_dir(short_model, [str(data)], max_seq_len=128, batch_size=2)
+    extended = evaluate_model_dir(short_model, [str(data)], max_seq_len=128, batch_size=2, rope_scaling_factor=4)
+    assert (plain["max_seq_len"], extended["max_seq_len"]) == (32, 128)
+    assert extended["results"]["long"]["loss"] != plain["results"]["long"]["loss"]  # other windows, other RoPE
+    assert torch.isfinite(torch.tensor(extended["results"]["long"]["loss"]))
+
+
+def test_chat_and_server_take_the_flag(short_model, capsys) -> None:
+    assert chat_main(["--model_path", str(short_model), "--prompt", "The river", "--max_new_tokens", "40",
+                      "--temperature", "0", "--rope_scaling_factor", "4", "--no_stream"]) == 0
+    assert chat_main(["--model_path", str(short_model), "--prompt", "x", "--rope_scaling_factor", "0.5"]) == 2
+    assert "--rope_scaling_factor=0.5" in capsys.readouterr().err.strip().splitlines()[-1]
+    served = load_served_model(short_model, device="cpu", rope_scaling_factor=4)
+    try:
+        assert served.max_context == 128 and served.model.config.rope_scaling["factor"] == 4
+    finally:
+        served.engine.close()

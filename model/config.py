@@ -103,6 +103,11 @@ PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType({
     "minimind-64m": MappingProxyType(dict(
         hidden_size=768, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
         max_position_embeddings=32768)),
+    # cpu-wide's shape with its MLP split into 4 experts of the same width, one per token (top-1): the same active
+    # parameters per token as cpu-wide, four times the MLP parameters (docs/architecture.md, Mixture of experts).
+    "cpu-moe": MappingProxyType(dict(
+        hidden_size=320, num_hidden_layers=2, num_attention_heads=10, num_key_value_heads=2,
+        max_position_embeddings=512, num_experts=4, num_experts_per_tok=1)),
 })
 
 
@@ -140,6 +145,30 @@ def _check_combination(config: "MiniNormConfig") -> None:
     if not config.norm_affine:
         raise ValueError("norm_affine=False is not allowed with norm_type='none': there is no norm whose gain "
                          "and bias it would remove")
+
+
+def _check_moe(config: "MiniNormConfig") -> None:
+    """Validate the mixture-of-experts fields (and fill moe_intermediate_size's default)."""
+    if not isinstance(config.num_experts, int) or isinstance(config.num_experts, bool) or config.num_experts < 0:
+        raise ValueError(f"num_experts={config.num_experts!r} is not allowed; it must be an integer >= 0 "
+                         f"(0: the dense MLP)")
+    top_k = config.num_experts_per_tok
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1 or (config.num_experts and
+                                                                               top_k > config.num_experts):
+        raise ValueError(f"num_experts_per_tok={top_k!r} is not allowed; it must be an integer in "
+                         f"[1, num_experts={config.num_experts}]")
+    if config.moe_intermediate_size is None:
+        config.moe_intermediate_size = config.intermediate_size
+    width = config.moe_intermediate_size
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise ValueError(f"moe_intermediate_size={width!r} is not allowed; it must be a positive integer")
+    if not isinstance(config.norm_topk_prob, bool):
+        raise ValueError(f"norm_topk_prob={config.norm_topk_prob!r} is not allowed; it must be true or false")
+    for field in ("router_aux_loss_coef", "router_z_loss_coef"):
+        value = getattr(config, field)
+        if not (_is_number(value) and 0 <= value < math.inf):
+            raise ValueError(f"{field}={value!r} is not allowed; it must be a finite float >= 0")
+        setattr(config, field, float(value))
 
 
 class MiniNormConfig(PretrainedConfig):
@@ -181,6 +210,14 @@ class MiniNormConfig(PretrainedConfig):
     mix_ln_ratio: float = 0.25
     norm_depth_scaling: bool = False
     init_depth_scaling: bool = True
+    # Mixture of experts (docs/architecture.md, "Mixture of experts"); transformers' Qwen3-MoE names. 0 experts: the
+    # dense SwiGLU MLP, and the other MoE fields are not read.
+    num_experts: int = 0
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int | None = None  # None: intermediate_size (top-1 then has the dense model's FLOPs)
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.001
+    router_z_loss_coef: float = 0.0
 
     def __post_init__(self, **kwargs: Any) -> None:
         self.norm_type = _check_choice("norm_type", self.norm_type, NormType).value
@@ -218,7 +255,13 @@ class MiniNormConfig(PretrainedConfig):
             self.intermediate_size = _swiglu_hidden(self.hidden_size)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r} is not allowed; it must be in [0, 1)")
+        _check_moe(self)
         super().__post_init__(**kwargs)
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the blocks' MLPs are sparse mixtures of experts."""
+        return self.num_experts > 0
 
     @property
     def head_dim(self) -> int:

@@ -31,6 +31,7 @@ _KEY_RENAMES = {
 # target needs it). The refusal names the first switch that differs, then why.
 _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
     "llama": (
+        ("num_experts", 0, "LLaMA's MLP is dense, not a mixture of experts"),
         ("norm_type", NormType.RMSNORM.value, "LLaMA normalizes with RMSNorm"),
         ("norm_placement", NormPlacement.PRE.value, "LLaMA is pre-LN: x + f(RMSNorm(x)) with a final norm"),
         ("qk_norm", False, "LLaMA has no norm on queries and keys; --target qwen3 exports per-head QK-norm"),
@@ -38,6 +39,7 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
         ("norm_depth_scaling", False, "LLaMA does not scale its norms' outputs by depth"),
     ),
     "qwen3": (
+        ("num_experts", 0, "Qwen3's MLP is dense; a mixture of experts is the Qwen3-MoE architecture"),
         ("norm_type", NormType.RMSNORM.value, "Qwen3 normalizes with RMSNorm"),
         ("norm_placement", NormPlacement.PRE.value, "Qwen3 is pre-LN: x + f(RMSNorm(x)) with a final norm"),
         ("qk_norm", True, "Qwen3 normalizes each head's queries and keys; --target llama exports a model without"),

@@ -1,12 +1,14 @@
 """MiniNorm: a compact LLaMA-style decoder whose normalization type and placement are config switches.
 
-Token embedding -> N blocks (causal GQA attention with RoPE, SwiGLU MLP) -> final norm -> LM head tied to the
-embedding. It is a transformers PreTrainedModel, so save_pretrained/from_pretrained/generate work as usual.
+Token embedding -> N blocks (causal GQA attention with RoPE, SwiGLU MLP or a sparse mixture of SwiGLU experts) ->
+final norm -> LM head tied to the embedding. It is a transformers PreTrainedModel, so save_pretrained/from_pretrained/
+generate work as usual.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,11 +18,18 @@ from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
 from model.config import MiniNormConfig, NormPlacement, QKNormScope, deepnorm_alpha, deepnorm_beta
 from model.norms import DyT, build_norm
 from model.rope import inverse_frequencies
+
+
+@dataclass
+class MoeOutput(MoeCausalLMOutputWithPast):
+    """transformers' MoE output (loss, aux_loss, logits, router_logits, ...) plus the router z-loss."""
+
+    z_loss: torch.FloatTensor | None = None
 
 
 class RotaryEmbedding(nn.Module):
@@ -121,11 +130,12 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, config: MiniNormConfig) -> None:
+    def __init__(self, config: MiniNormConfig, width: int | None = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        width = config.intermediate_size if width is None else width
+        self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
         self.down_proj.scaled_by_depth = True
         for proj in (self.gate_proj, self.up_proj, self.down_proj):
             proj.deepnorm_gain = True
@@ -133,6 +143,61 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class SparseMoE(nn.Module):
+    """A sparse mixture of SwiGLU experts in place of the MLP (Switch / Qwen3-MoE routing):
+
+        p = softmax(W_r x)  (fp32),   S = top-k of p,   y = sum_{i in S} w_i E_i(x)
+
+    with w_i = p_i, or p_i / sum_{j in S} p_j under norm_topk_prob. forward returns (y, router logits); the
+    model turns the logits of every block into the load-balancing and z losses (moe_losses)."""
+
+    def __init__(self, config: MiniNormConfig) -> None:
+        super().__init__()
+        self.top_k, self.norm_topk_prob = config.num_experts_per_tok, config.norm_topk_prob
+        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(config, config.moe_intermediate_size) for _ in range(config.num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = x.reshape(-1, x.shape[-1])
+        logits = self.gate(flat)  # (tokens, experts)
+        weights, chosen = torch.topk(F.softmax(logits, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(flat)
+        # One pass per expert over the tokens routed to it (gathered with index_select, scattered back with
+        # index_add): the work is the routed tokens' only, and there is no Python loop over tokens. An expert no
+        # token chose still runs, on zero rows, so that its gradient is zero rather than missing: DDP expects every
+        # parameter to receive one in every step.
+        for expert_index, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == expert_index)
+            out.index_add_(0, token, (expert(flat.index_select(0, token)) * weights[token, slot, None]).to(out.dtype))
+        return out.view_as(x), logits
+
+
+def moe_losses(router_logits: list[torch.Tensor], top_k: int,
+               token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(load-balancing loss, router z-loss) over all MoE blocks' router logits (each (tokens, experts)), the
+    tokens where token_mask (flat, same order) is 0 left out.
+
+    Load balancing (Switch Transformer eq. 4-6, as transformers' Qwen3-MoE computes it): with f_i the fraction of
+    (token, block) pairs whose top-k includes expert i (summing to k) and P_i the mean router probability of
+    expert i, both over all blocks' tokens, aux = E * sum_i f_i P_i (k at uniform routing). z-loss (ST-MoE): the
+    mean over tokens and blocks of logsumexp(router logits)^2."""
+    num_experts = router_logits[0].shape[-1]
+    logits = torch.cat(router_logits)  # (blocks * tokens, experts), in fp32 at least
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    weight = None if token_mask is None else token_mask.reshape(-1).to(logits.dtype).repeat(len(router_logits))
+    probs = F.softmax(logits, dim=-1)
+    counts = F.one_hot(torch.topk(probs, top_k, dim=-1).indices, num_experts).sum(dim=1).to(logits.dtype)
+    z = torch.logsumexp(logits, dim=-1) ** 2
+    if weight is None:
+        return num_experts * (counts.mean(0) * probs.mean(0)).sum(), z.mean()
+    total = weight.sum().clamp(min=1)
+    fraction, mean_prob = (counts * weight[:, None]).sum(0) / total, (probs * weight[:, None]).sum(0) / total
+    return num_experts * (fraction * mean_prob).sum(), (z * weight).sum() / total
 
 
 class Block(GradientCheckpointingLayer):
@@ -163,7 +228,7 @@ class Block(GradientCheckpointingLayer):
         super().__init__()
         self.placement = config.block_placements()[layer_idx]
         self.self_attn = Attention(config, layer_idx)
-        self.mlp = SwiGLU(config)
+        self.mlp = SparseMoE(config) if config.is_moe else SwiGLU(config)
         has_in = self.placement in (NormPlacement.PRE, NormPlacement.SANDWICH)
         has_out = self.placement != NormPlacement.PRE
         dim = config.hidden_size
@@ -180,26 +245,41 @@ class Block(GradientCheckpointingLayer):
         return y if self.norm_scale is None else y * self.norm_scale
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-                cache: Cache | None) -> torch.Tensor:
+                cache: Cache | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The block's output; with a mixture-of-experts MLP, (output, router logits)."""
+        if not isinstance(self.mlp, SparseMoE):
+            return self._sublayers(x, rope, mask, cache, self.mlp)
+        router_logits = []
+
+        def mlp(h: torch.Tensor) -> torch.Tensor:
+            out, logits = self.mlp(h)
+            router_logits.append(logits)
+            return out
+
+        x = self._sublayers(x, rope, mask, cache, mlp)
+        return x, router_logits[0]
+
+    def _sublayers(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                   cache: Cache | None, mlp: Any) -> torch.Tensor:
         n = self._norm
         if self.placement == NormPlacement.PRE:
             # The residual add after attention and the MLP's input norm run as one fused step.
             mlp_in, x = self.mlp_norm.add_and_norm(self.self_attn(n(self.attn_norm, x), rope, mask, cache), x)
             if self.norm_scale is not None:
                 mlp_in = mlp_in * self.norm_scale
-            return x + self.mlp(mlp_in)
+            return x + mlp(mlp_in)
         if self.placement == NormPlacement.POST:
             x = n(self.attn_out_norm, x + self.self_attn(x, rope, mask, cache))
-            return n(self.mlp_out_norm, x + self.mlp(x))
+            return n(self.mlp_out_norm, x + mlp(x))
         if self.placement == NormPlacement.DEEPNORM:
             alpha = self.residual_alpha
             x = n(self.attn_out_norm, alpha * x + self.self_attn(x, rope, mask, cache))
-            return n(self.mlp_out_norm, alpha * x + self.mlp(x))
+            return n(self.mlp_out_norm, alpha * x + mlp(x))
         if self.placement == NormPlacement.SANDWICH:
             x = x + n(self.attn_out_norm, self.self_attn(n(self.attn_norm, x), rope, mask, cache))
-            return x + n(self.mlp_out_norm, self.mlp(n(self.mlp_norm, x)))
+            return x + n(self.mlp_out_norm, mlp(n(self.mlp_norm, x)))
         x = x + n(self.attn_out_norm, self.self_attn(x, rope, mask, cache))
-        return x + n(self.mlp_out_norm, self.mlp(x))
+        return x + n(self.mlp_out_norm, mlp(x))
 
 
 class MiniNormPreTrainedModel(PreTrainedModel):
@@ -257,7 +337,8 @@ class MiniNormModel(MiniNormPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Cache | None = None,
-                use_cache: bool = False) -> tuple[torch.Tensor, Cache | None]:
+                use_cache: bool = False) -> tuple[torch.Tensor, Cache | None, list[torch.Tensor]]:
+        """(final hidden states, the cache, each MoE block's router logits (tokens, experts); empty when dense)."""
         batch, q_len = input_ids.shape
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
@@ -274,9 +355,13 @@ class MiniNormModel(MiniNormPreTrainedModel):
         x = self.dropout(self.embed_tokens(input_ids))
         rope = self.rotary(position_ids, x.dtype)
         mask = attention_mask_4d(attention_mask, q_len, kv_len, x.device)
+        router_logits = []
         for block in self.layers:
             x = block(x, rope, mask, past_key_values)
-        return self.norm(x), past_key_values
+            if isinstance(x, tuple):
+                x, logits = x
+                router_logits.append(logits)
+        return self.norm(x), past_key_values, router_logits
 
 
 class MiniNormForCausalLM(MiniNormPreTrainedModel, GenerationMixin):
@@ -298,19 +383,35 @@ class MiniNormForCausalLM(MiniNormPreTrainedModel, GenerationMixin):
                 position_ids: torch.Tensor | None = None, past_key_values: Cache | None = None,
                 labels: torch.Tensor | None = None, use_cache: bool | None = None,
                 logits_to_keep: int = 0, num_items_in_batch: int | torch.Tensor | None = None,
-                **kwargs: Any) -> CausalLMOutputWithPast:
+                **kwargs: Any) -> CausalLMOutputWithPast | MoeOutput:
         """`labels` are the input ids themselves (shifted here), -100 where no loss is taken.
         `num_items_in_batch`: when given, the loss is the token sum divided by it (exact gradient accumulation
-        over micro-batches with different numbers of supervised tokens); otherwise the token mean."""
-        hidden, cache = self.model(input_ids, attention_mask, position_ids, past_key_values,
-                                   use_cache=bool(use_cache))
+        over micro-batches with different numbers of supervised tokens); otherwise the token mean.
+
+        A mixture-of-experts model returns a MoeOutput: `aux_loss` (the load-balancing loss),
+        `z_loss` and `router_logits` besides, and `loss` = the cross-entropy + router_aux_loss_coef * aux_loss +
+        router_z_loss_coef * z_loss. Given `num_items_in_batch`, the router terms are weighted by this
+        micro-batch's share of the supervised tokens, so that summed over micro-batches (and processes) they are
+        the token-weighted mean, as the cross-entropy is."""
+        hidden, cache, router_logits = self.model(input_ids, attention_mask, position_ids, past_key_values,
+                                                  use_cache=bool(use_cache))
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
             loss = causal_lm_loss(logits, labels, num_items_in_batch)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        if not router_logits:
+            return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        token_mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1]:]
+        aux_loss, z_loss = moe_losses(router_logits, self.config.num_experts_per_tok, token_mask)
+        if loss is not None:
+            router_loss = self.config.router_aux_loss_coef * aux_loss + self.config.router_z_loss_coef * z_loss
+            if num_items_in_batch is not None:
+                router_loss = router_loss * (shift_labels(labels) != -100).sum() / num_items_in_batch
+            loss = loss + router_loss
+        return MoeOutput(loss=loss, aux_loss=aux_loss, z_loss=z_loss, logits=logits,
+                         past_key_values=cache, router_logits=tuple(router_logits))
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:

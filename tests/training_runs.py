@@ -132,3 +132,20 @@ def node_launcher(name: str, node_rank: int, master_addr: str, port: int) -> lis
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
             str(REPO / "trainer" / "accelerate" / "multi_node_cpu.yaml"), "--machine_rank", str(node_rank),
             "--main_process_ip", master_addr, "--main_process_port", str(port)]
+
+
+def pretrain_from_the_command_line(data_dir: Path, out_dir: Path, *flags: str) -> dict:
+    """`python trainer/train_pretrain.py` as a user runs it, on the tiny data with these flags: it must finish its
+    STEPS steps with finite, falling training losses and finite validation losses. Returns the saved config.json."""
+    import math
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, "trainer/train_pretrain.py", *pretrain_argv(data_dir, out_dir, *flags)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    summary = json.loads((out_dir / "run_summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] == STEPS
+    losses = train_losses(out_dir)
+    assert len(losses) == STEPS and all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+    assert all(math.isfinite(loss) for loss in val_losses(out_dir))
+    return json.loads((out_dir / "config.json").read_text())

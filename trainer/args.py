@@ -28,6 +28,7 @@ from trainer.threads import THREADS_AUTO, THREADS_HELP, parse_threads
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
 DISTILL_DATA = ("sft", "pretrain")  # the tasks whose data a distillation run reads
+DEFAULT_REWARD = "math_answer"      # GRPO's reward without --reward (trainer/rewards.py)
 
 
 class ModelFlag(NamedTuple):
@@ -71,6 +72,13 @@ MODEL_FIELDS: dict[str, ModelFlag] = {
                                                 "1-based index (LayerNorm Scaling)"),
     "init_depth_scaling": ModelFlag(bool, None, "initialise the attention output and MLP down projections with std "
                                                 "/ sqrt(2 x layers) (deepnorm: its beta gain instead)"),
+    "num_experts": ModelFlag(int, None, "experts per block's sparse MLP (0: the dense SwiGLU MLP; "
+                                        "docs/architecture.md, Mixture of experts)"),
+    "num_experts_per_tok": ModelFlag(int, None, "MoE: experts each token is routed to (top-k), in [1, num_experts]"),
+    "moe_intermediate_size": ModelFlag(int, None, "MoE: each expert's SwiGLU width (unset: intermediate_size)"),
+    "norm_topk_prob": ModelFlag(bool, None, "MoE: renormalise the top-k routing probabilities to sum to 1"),
+    "router_aux_loss_coef": ModelFlag(float, None, "MoE: weight of the load-balancing loss added to the loss (>= 0)"),
+    "router_z_loss_coef": ModelFlag(float, None, "MoE: weight of the router z-loss added to the loss (>= 0)"),
 }
 # Per-task defaults where they differ from TrainArgs', sized so each default run takes under 10 minutes on
 # 2 CPU cores (see README).
@@ -83,12 +91,17 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "lora": {"max_steps": 120, "learning_rate": 2e-3, "warmup_steps": 10, "weight_decay": 0.0},
     "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0},
     "distill": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
+    # Not tuned yet: batch_size counts prompts (x --num_generations completions); MiniMind's beta.
+    "grpo": {"max_steps": 50, "batch_size": 4, "learning_rate": 1e-5, "warmup_steps": 5, "weight_decay": 0.0,
+             "temperature": 1.0, "beta": 0.02, "eval_batches": 25},
 }
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
     "dpo": ("beta",),
     "distill": ("teacher", "alpha", "temperature", "distill_data"),
+    "grpo": ("beta", "temperature", "reward", "reward_weights", "num_generations", "max_completion_length", "top_p",
+             "loss_type", "epsilon", "epsilon_high"),
 }
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
@@ -101,6 +114,9 @@ FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
     "dpo": ("DPO", None),
     "distill": ("distillation", "loss = alpha x CE + (1 - alpha) x T^2 x KL(teacher^T || student^T) on the "
                                 "supervised tokens (trainer/distillation.py)"),
+    "grpo": ("GRPO", "per prompt, --num_generations sampled completions scored by the --reward functions; "
+                     "advantages within each prompt's group; one optimizer step per rollout batch "
+                     "(trainer/grpo.py)"),
     "model": ("model", None),
     MODEL_CONFIG_GROUP: ("model config", None),
     "data": ("data", None),
@@ -114,9 +130,14 @@ FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
 }
 
 
-def _flag(group: str, default: Any, help: str) -> Any:
-    """A TrainArgs field that is a trainer flag: its default, its --help section (a FLAG_GROUPS key) and help."""
+def _flag(group: str | dict[str, str], default: Any, help: str | dict[str, str]) -> Any:
+    """A TrainArgs field that is a trainer flag: its default, its --help section (a FLAG_GROUPS key) and help. A
+    flag several tasks own (TASK_FLAGS) may give each task its own section and help: {task: ...}."""
     return field(default=default, metadata={"group": group, "help": help})
+
+
+def _for_task(value: str | dict[str, str], task: str) -> str:
+    return value[task] if isinstance(value, dict) else value
 
 
 def _choices(values: Any) -> str:
@@ -136,9 +157,8 @@ class TrainArgs:
     val_fraction: float = _flag("data", 0.01, "the fraction of --data_path's documents held out for validation when "
                                               "no --val_data_path is given")
     out_dir: str | None = _flag("checkpoint", None, "where the run writes its model, checkpoints and metrics "
-                                                    "(default: out/pretrain, out/sft, out/lora, out/dpo or "
-                                                    "out/distill by "
-                                                    "trainer; trainer/run_dir.py)")
+                                                    "(default: out/pretrain, out/sft, out/lora, out/dpo, "
+                                                    "out/distill or out/grpo by trainer; trainer/run_dir.py)")
     tokenizer_path: str | None = _flag("data", None, "tokenizer directory (default: the committed tokenizer in "
                                                      "model/)")
     skip_bad_lines: bool = _flag("data", False, "skip malformed jsonl lines (counted and logged) instead of "
@@ -218,17 +238,36 @@ class TrainArgs:
     lora_targets: str = _flag("lora", "all", "comma-separated projections, or all / attention / mlp")
     merge: bool = _flag("lora", False, "also write the merged plain model to OUT_DIR/merged")
     # DPO (trainer/train_dpo.py).
-    beta: float = _flag("dpo", 0.15, "the strength of the pull toward the reference model")
+    beta: float = _flag({"dpo": "dpo", "grpo": "grpo"}, 0.15,
+                        {"dpo": "the strength of the pull toward the reference model",
+                         "grpo": "the weight of the k3 KL to the reference model (a frozen copy of the starting "
+                                 "weights); 0: no reference model"})
     # Distillation (trainer/train_distillation.py).
     teacher: str | None = _flag("distill", None, "the teacher's model directory, which must use the student's "
                                                  f"tokenizer and may be larger (default: "
                                                  f"{DEFAULT_OUT_DIRS[DEFAULT_TEACHER]})")
     alpha: float = _flag("distill", 0.5, "the weight of the cross-entropy to the labels, in [0, 1]; the KL to the "
                                          "teacher has 1 - alpha")
-    temperature: float = _flag("distill", 2.0, "T, the softmax temperature of both distributions in the KL (> 0)")
+    temperature: float = _flag({"distill": "distill", "grpo": "grpo"}, 2.0,
+                               {"distill": "T, the softmax temperature of both distributions in the KL (> 0)",
+                                "grpo": "the rollouts' sampling temperature (> 0)"})
     distill_data: str = _flag("distill", "sft", f"{_choices(DISTILL_DATA)}: the kind of --data_path (and of the "
                                                 f"default data): SFT conversations (the assistant's tokens are "
                                                 f"supervised) or pretraining text (every token)")
+    # GRPO (trainer/train_grpo.py).
+    reward: list[str] | None = _flag("grpo", None, f"a reward function: a built-in (math_answer, length_penalty, "
+                                                   f"repetition_penalty) or path/to/file.py:function with TRL's "
+                                                   f"signature; repeat the flag for several (default: "
+                                                   f"{DEFAULT_REWARD})")
+    reward_weights: list[float] | None = _flag("grpo", None, "one weight per --reward, in their order (default: "
+                                                             "1 each)")
+    num_generations: int = _flag("grpo", 4, "G: completions sampled per prompt (>= 2)")
+    max_completion_length: int = _flag("grpo", 64, "the most tokens a completion has")
+    top_p: float = _flag("grpo", 1.0, "the rollouts' nucleus sampling threshold, in (0, 1]")
+    loss_type: str = _flag("grpo", "grpo", "grpo | dr_grpo | cispo (trainer/rl_losses.py, policy_loss; "
+                                           "docs/post_training.md)")
+    epsilon: float = _flag("grpo", 0.2, "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon_high]")
+    epsilon_high: float | None = _flag("grpo", None, "the ratio's upper clip range (default: --epsilon)")
     # Model.
     preset: str = _flag("model", "cpu-default", f"named model shape: {_choices(PRESETS)} (model/config.py; "
                                                 f"fine-tuning takes the shape of --from_weight)")
@@ -287,13 +326,13 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
     sections: dict[str, list[dataclasses.Field]] = {key: [] for key in FLAG_GROUPS}
     for f in dataclasses.fields(TrainArgs):
         if f.name in task_flags(task):
-            sections[f.metadata["group"]].append(f)  # a KeyError names a group FLAG_GROUPS lacks
+            sections[_for_task(f.metadata["group"], task)].append(f)  # a KeyError: a group FLAG_GROUPS lacks
     for key, members in sections.items():
         if not members and key != MODEL_CONFIG_GROUP:
             continue  # another task's section
         group = parser.add_argument_group(*_section_heading(key, task))
         for f in members:
-            _add_flag(group, f.name, str(f.type), getattr(defaults, f.name), f.metadata["help"])
+            _add_flag(group, f.name, str(f.type), getattr(defaults, f.name), _for_task(f.metadata["help"], task))
         if key == MODEL_CONFIG_GROUP:
             for name, (kind, choices, help) in MODEL_FIELDS.items():
                 if kind is bool:
@@ -304,11 +343,25 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
     return parser
 
 
+class _Repeated(argparse.Action):
+    """A repeatable flag: its values in order; the first use on the command line replaces the default."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        current = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*(current if current is not self.default and current else []), values])
+
+
 def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any, help: str) -> None:
     """One TrainArgs field as a flag; `hint` is its annotation, a string here (e.g. "int | None")."""
     if isinstance(default, bool):
         group.add_argument(f"--{name}", type=_str2bool, nargs="?", const=True, default=default, metavar="BOOL",
                            help=help)
+        return
+    if hint.startswith("list[str]"):  # repeatable: each use adds one; the command line replaces a YAML list
+        group.add_argument(f"--{name}", action=_Repeated, default=default, help=help)
+        return
+    if hint.startswith("list[float]"):
+        group.add_argument(f"--{name}", type=float, nargs="+", default=default, help=help)
         return
     base = int if hint.startswith("int") else float if hint.startswith("float") else str
     group.add_argument(f"--{name}", type=_optional(base) if "None" in hint else base, default=default, help=help)
@@ -317,6 +370,7 @@ def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any
 def task_flags(task: str) -> set[str]:
     """The TrainArgs fields that are flags of `task`'s trainer: the shared ones and its own."""
     others = {name for owner, names in TASK_FLAGS.items() if owner != task for name in names}
+    others -= set(TASK_FLAGS.get(task, ()))  # a flag this task shares with another
     return {f.name for f in dataclasses.fields(TrainArgs)} - {"task", "model"} - others
 
 
@@ -377,6 +431,36 @@ def _validate(args: TrainArgs) -> None:
             raise bad("temperature", args.temperature, "it must be a positive number")
         if args.distill_data not in DISTILL_DATA:
             raise bad("distill_data", args.distill_data, f"choose one of {', '.join(DISTILL_DATA)}")
+    if args.task == "grpo":
+        _validate_grpo(args, bad)
+
+
+def _validate_grpo(args: TrainArgs, bad: Any) -> None:
+    from trainer.rl_losses import LossType
+    if args.loss_type not in tuple(LossType):
+        raise bad("loss_type", args.loss_type, f"choose one of {', '.join(LossType)}")
+    if args.num_generations < 2:
+        raise bad("num_generations", args.num_generations, "it must be >= 2 (advantages compare a prompt's "
+                                                           "completions with each other)")
+    if args.max_completion_length < 1:
+        raise bad("max_completion_length", args.max_completion_length, "it must be >= 1")
+    if not (args.temperature > 0 and math.isfinite(args.temperature)):
+        raise bad("temperature", args.temperature, "it must be a positive number")
+    if not 0 < args.top_p <= 1:
+        raise bad("top_p", args.top_p, "it must be in (0, 1]")
+    if not (args.beta >= 0 and math.isfinite(args.beta)):
+        raise bad("beta", args.beta, "it must be a number >= 0 (0: no reference model)")
+    for name in ("epsilon", "epsilon_high"):
+        value = getattr(args, name)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise bad(name, value, "it must be a positive number")
+    if not args.reward:
+        args.reward = [DEFAULT_REWARD]
+    if args.reward_weights is not None:
+        if len(args.reward_weights) != len(args.reward):
+            raise bad("reward_weights", args.reward_weights, f"give one weight per --reward ({len(args.reward)})")
+        if not all(math.isfinite(weight) for weight in args.reward_weights):
+            raise bad("reward_weights", args.reward_weights, "every weight must be a finite number")
 
 
 def _model_overrides(values: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The training core shared by pretraining, SFT, LoRA, DPO and distillation.
+"""The training core shared by pretraining, SFT, LoRA, DPO, distillation and GRPO.
 
 Accelerate owns devices, mixed precision, gradient accumulation and DDP/FSDP; this module owns the run: it builds
 the model, data, optimizer and schedule, and its loop (`Trainer.run`) takes optimizer steps over groups of
@@ -7,8 +7,8 @@ hands each result to components that decide their own timing: the reporter (trai
 metrics.jsonl, wandb), evaluation and checkpoints at their intervals, the time budget (trainer/budget.py); the end
 of the run writes its artifacts through trainer/export.py. What differs between the kinds of run is confined to
 three places: the model (`_build_model`; LoRA wraps it with PEFT adapters), the objective (trainer/objectives.py:
-language modeling, or trainer/dpo.py's preference loss against a frozen reference model; `train_step` is the one
-place the loop meets it) and the data (trainer/data.py).
+language modeling, trainer/dpo.py's preference loss against a frozen reference model, trainer/grpo.py's policy
+loss on the rollouts it samples first; `train_step` is the one place the loop meets it) and the data (trainer/data.py).
 """
 
 from __future__ import annotations
@@ -242,14 +242,30 @@ class Trainer:
 
     def _objective(self) -> Objective:
         """What the run minimizes: language modeling, (DPO) the preference loss against a frozen copy of the
-        starting weights, or (distillation) CE and KL to a frozen --teacher; a frozen model is kept whole on every
-        process (it has no gradients or optimizer state)."""
+        starting weights, (distillation) CE and KL to a frozen --teacher, or (GRPO) the policy loss of its
+        rollouts, with a frozen copy of the starting weights as the KL's reference; a frozen model is kept whole on
+        every process (it has no gradients or optimizer state)."""
         if self.args.task == "distill":
             from trainer.distillation import Distillation, load_teacher
             teacher = load_teacher(self.args.teacher, self.tokenizer, self.base_model.config.vocab_size,
                                    **self.args.model)
             return Distillation(teacher.to(self.accelerator.device), self.args.alpha, self.args.temperature,
                                 self.accelerator.autocast)
+        if self.args.task == "grpo":
+            from trainer.grpo import GroupRelativePolicy, RolloutSettings
+            from trainer.rewards import load_reward
+            args = self.args
+            weights = args.reward_weights or [1.0] * len(args.reward)
+            rewards = [load_reward(spec, weight) for spec, weight in zip(args.reward, weights)]
+            reference = None
+            if args.beta > 0:
+                reference = MiniNormForCausalLM.from_pretrained(_starting_weights(args), **args.model)
+                reference = reference.to(self.accelerator.device)
+            settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length,
+                                       args.temperature, args.top_p, args.beta, args.epsilon,
+                                       args.epsilon if args.epsilon_high is None else args.epsilon_high)
+            return GroupRelativePolicy(rewards, self.tokenizer, settings, reference, args.seed,
+                                       self.accelerator.process_index, self.accelerator.autocast)
         if self.args.task != "dpo":
             return LanguageModeling()
         from trainer.dpo import DirectPreference
@@ -285,19 +301,24 @@ class Trainer:
         position = self._start()
         first_step = position.step
         self.model.train()
-        for started, batches in self._step_batches(position):
-            result = self.train_step(batches, arm_diagnostics=self._due(args.diag_interval, position.step))
-            if result.outcome == "diverged":
-                return self._diverged(position)
-            result.time_s = time.perf_counter() - started
-            position.advance(result, self.global_batch)
-            self.pace.add(result)
-            if position.step == first_step + 1:  # set-up and the first (compiling) step are done: fail faster now
-                set_collective_timeout(args.dist_timeout)
-            self._plan_budget_length(position.step)
-            self.reporter.after_step(position, result, self.total_steps)
-            self._evaluate_when_due(position.step)
-            self._checkpoint_when_due(position)
+        try:
+            for started, batches in self._step_batches(position):
+                result = self.train_step(batches, arm_diagnostics=self._due(args.diag_interval, position.step),
+                                         step=position.step)
+                if result.outcome == "diverged":
+                    return self._diverged(position)
+                result.time_s = time.perf_counter() - started
+                position.advance(result, self.global_batch)
+                self.pace.add(result)
+                if position.step == first_step + 1:  # set-up and the first (compiling) step are done: fail faster
+                    set_collective_timeout(args.dist_timeout)
+                self._plan_budget_length(position.step)
+                self.reporter.after_step(position, result, self.total_steps)
+                self._evaluate_when_due(position.step)
+                self._checkpoint_when_due(position)
+        except ValueError:  # bad input met mid-run (a GRPO reward function's breach): its line after the bar's
+            self.reporter.close()
+            raise
         self.reporter.close()
         return self._finish(position)
 
@@ -356,11 +377,16 @@ class Trainer:
         norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
         return None if norm is None else float(norm)  # None: DeepSpeed did not report one
 
-    def train_step(self, batches: list[dict[str, torch.Tensor]], arm_diagnostics: bool = False) -> StepResult:
+    def train_step(self, batches: list[dict[str, torch.Tensor]], arm_diagnostics: bool = False,
+                   step: int = 0) -> StepResult:
         """Forward/backward over one group of micro-batches, then one optimizer step (unless the loss or gradient
         diverged, or an fp16 overflow made the scaler skip it). The objective decides the loss; this is the one
-        place the loop meets it."""
+        place the loop meets it. An objective with a `rollout` (GRPO) first turns each micro-batch of prompts into
+        scored completions, seeded by `step` (the optimizer steps done), so a resumed run samples the same ones."""
         accelerator, model = self.accelerator, self.model
+        rollout = getattr(self.objective, "rollout", None)
+        if rollout is not None:
+            batches = [rollout(self.unwrapped, batch, step, index) for index, batch in enumerate(batches)]
         num_items, real_tokens = self._token_counts(batches)
         num_items = num_items.clamp(min=1)
         # Each micro-batch's loss is its token sum over the whole group's supervised tokens (all processes):

@@ -65,14 +65,17 @@ def data_task(args: TrainArgs) -> str:
 
 
 def dataset_class(task: str) -> type[Dataset]:
-    """PretrainDataset (packed text) for "pretrain", DPODataset (preference pairs) for "dpo", SFTDataset
-    (assistant-only loss) for "sft" and "lora"."""
+    """PretrainDataset (packed text) for "pretrain", DPODataset (preference pairs) for "dpo", PromptDataset (RL
+    prompts) for "grpo", SFTDataset (assistant-only loss) for "sft" and "lora"."""
     if task == "pretrain":
         from dataset.pretrain_dataset import PretrainDataset
         return PretrainDataset
     if task == "dpo":
         from dataset.dpo_dataset import DPODataset
         return DPODataset
+    if task == "grpo":
+        from dataset.prompt_dataset import PromptDataset
+        return PromptDataset
     from dataset.sft_dataset import SFTDataset
     return SFTDataset
 
@@ -84,6 +87,9 @@ def default_data(task: str, quiet: bool = False) -> tuple[Path, Path]:
         from dataset.corpus import ensure_default_corpus
         paths = ensure_default_corpus(quiet=quiet)
         return (paths.pretrain_train, paths.pretrain_val) if task == "pretrain" else (paths.sft_train, paths.sft_val)
+    if task == "grpo":
+        raise ValueError("--data_path is required for grpo: a jsonl of {\"prompt\": ..., \"answer\": ...}, "
+                         "{\"messages\": [...], ...} or MiniMind's rlaif.jsonl rows (there is no default data yet)")
     from dataset.post_training_data import ensure_post_training_data
     derived = ensure_post_training_data()
     return (derived.lora_train, derived.lora_val) if task == "lora" else (derived.dpo_train, derived.dpo_val)

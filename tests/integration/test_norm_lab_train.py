@@ -6,7 +6,6 @@ LayerNorm), each finishing with a falling loss and saving a model that loads bac
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -14,7 +13,8 @@ import sys
 import pytest
 
 from model.model import MiniNormForCausalLM
-from tests.training_runs import REPO, STEPS, pretrain_argv, train_losses, val_losses
+from tests.paths import REPO
+from tests.training_runs import pretrain_from_the_command_line
 
 RUNS = {
     "dyt-deepnorm": (["--norm_type", "dyt", "--norm_affine", "false", "--dyt_alpha_init", "0.8", "--norm_placement",
@@ -32,16 +32,7 @@ RUNS = {
 def test_new_switches_train_from_the_command_line(name: str, train_data, tmp_path) -> None:
     flags, expected = RUNS[name]
     out_dir = tmp_path / name
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([sys.executable, "trainer/train_pretrain.py", *pretrain_argv(train_data, out_dir, *flags)],
-                         cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr[-4000:]
-    summary = json.loads((out_dir / "run_summary.json").read_text())
-    assert summary["status"] == "finished" and summary["steps"] == STEPS
-    losses = train_losses(out_dir)
-    assert len(losses) == STEPS and all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
-    assert all(math.isfinite(loss) for loss in val_losses(out_dir))
-    saved = json.loads((out_dir / "config.json").read_text())
+    saved = pretrain_from_the_command_line(train_data, out_dir, *flags)
     assert {key: saved[key] for key in expected} == expected
     model = MiniNormForCausalLM.from_pretrained(out_dir)
     assert all(getattr(model.config, key) == value for key, value in expected.items())

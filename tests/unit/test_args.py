@@ -12,10 +12,10 @@ from trainer.args import (FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FL
                           task_flags)
 from tests.paths import REPO
 
-TASKS = ("pretrain", "sft", "lora", "dpo", "distill")
+TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo")
 GENERAL = {"-h", "--config"}  # argparse's own "options" section
 SECTIONS = {"model", MODEL_CONFIG_GROUP, "data", "optimisation", "schedule", "checkpoint", "distributed", "logging",
-            "diagnostics", "lora", "dpo", "distill"}
+            "diagnostics", "lora", "dpo", "distill", "grpo"}
 
 
 def help_entries(text: str) -> dict[str, tuple[str, str]]:
@@ -65,9 +65,10 @@ def test_every_flag_has_help_and_a_named_section(task):
 @pytest.mark.parametrize("task", TASKS)
 def test_task_only_flags_show_only_for_their_task(task):
     entries = help_entries(_build_parser(task).format_help())
-    for owner, names in TASK_FLAGS.items():
-        for name in names:
-            assert (f"--{name}" in entries) == (owner == task), (task, name)
+    for names in TASK_FLAGS.values():
+        for name in names:  # a flag several tasks own (GRPO's --beta, --temperature) shows for each of them
+            owned = name in TASK_FLAGS.get(task, ())
+            assert (f"--{name}" in entries) == owned, (task, name)
     own_sections = {FLAG_GROUPS[owner][0] for owner in TASK_FLAGS if owner == task}
     other_sections = {FLAG_GROUPS[owner][0] for owner in TASK_FLAGS if owner != task}
     sections = {section for section, _ in entries.values()}
@@ -91,6 +92,10 @@ def test_task_only_flags_show_only_for_their_task(task):
     ("distill", "temperature", "2.0"),
     ("distill", "distill_data", "sft"),
     ("distill", "teacher", "out/sft"),
+    ("grpo", "beta", "0.02"),
+    ("grpo", "temperature", "1.0"),
+    ("grpo", "num_generations", "4"),
+    ("grpo", "loss_type", "grpo"),
 ])
 def test_help_shows_the_tasks_own_default(task, flag, default):
     _, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]
@@ -108,3 +113,43 @@ def test_trainer_help_command(script, default, capsys, monkeypatch):
     entries = help_entries(capsys.readouterr().out)
     assert entries["--optimizer"][1].endswith(f"(default: {default})")
     assert entries["--norm_type"][0].startswith("model config (default: ")
+
+
+@pytest.mark.parametrize("task, flag, section, words", [
+    ("dpo", "beta", "DPO", "pull toward the reference model"),
+    ("grpo", "beta", "GRPO", "the k3 KL to the reference model"),
+    ("distill", "temperature", "distillation", "softmax temperature"),
+    ("grpo", "temperature", "GRPO", "sampling temperature"),
+])
+def test_a_shared_flag_has_each_tasks_section_and_help(task, flag, section, words):
+    found, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]
+    assert found == section and words in entry
+
+
+def test_grpo_rewards_repeat_and_the_command_line_replaces_the_configs(tmp_path):
+    from trainer.args import parse_args
+
+    assert parse_args("grpo", []).reward == ["math_answer"]
+    args = parse_args("grpo", ["--reward", "a.py:f", "--reward", "length_penalty", "--reward_weights", "1", "0.5"])
+    assert args.reward == ["a.py:f", "length_penalty"] and args.reward_weights == [1.0, 0.5]
+    config = tmp_path / "grpo.yaml"
+    config.write_text("reward: [math_answer, repetition_penalty]\n")
+    assert parse_args("grpo", ["--config", str(config)]).reward == ["math_answer", "repetition_penalty"]
+    assert parse_args("grpo", ["--config", str(config), "--reward", "b.py:g"]).reward == ["b.py:g"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num_generations", "1"], "--num_generations=1 is not allowed; it must be >= 2 (advantages compare a "
+                                 "prompt's completions with each other)"),
+    (["--loss_type", "ppo"], "--loss_type='ppo' is not allowed; choose one of grpo, dr_grpo, cispo"),
+    (["--beta", "-1"], "--beta=-1.0 is not allowed; it must be a number >= 0 (0: no reference model)"),
+    (["--top_p", "0"], "--top_p=0.0 is not allowed; it must be in (0, 1]"),
+    (["--reward", "math_answer", "--reward_weights", "1", "2"],
+     "--reward_weights=[1.0, 2.0] is not allowed; give one weight per --reward (1)"),
+])
+def test_bad_grpo_flags_are_one_line(flags, message, capsys):
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args("grpo", flags)
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"

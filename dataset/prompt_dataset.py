@@ -1,0 +1,110 @@
+"""RL prompt data: prompts to sample completions for, each with the row's other fields for the reward functions.
+
+A jsonl line is one of
+- ``{"prompt": "...", ...}``: one user message;
+- ``{"messages": [...], ...}`` or MiniMind's ``{"conversations": [...]}`` (its rlaif.jsonl): a conversation whose
+  prompt is every message before its last assistant turn (an rlaif row's last assistant turn is empty or absent);
+every other field (e.g. ``answer``) is a column handed to the reward functions (trainer/rewards.py). The prompt is
+encoded as ChatML with the assistant's header open (``add_generation_prompt``): what the policy continues. A
+prompt longer than ``max_seq_len`` tokens is dropped and counted. A bad line is an error naming the file, the line
+and the field (or, with ``skip_bad_lines``, skipped and counted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from transformers import PreTrainedTokenizerBase
+
+from dataset.chat_format import encode_chatml_batch
+
+PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
+
+
+def prompt_messages(row: Any) -> list[dict[str, str]]:
+    """The messages of a row's prompt, or a ValueError naming the field that is wrong."""
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    if "prompt" in row:
+        if not isinstance(row["prompt"], str) or not row["prompt"]:
+            raise ValueError("field 'prompt' must be a non-empty string")
+        return [{"role": "user", "content": row["prompt"]}]
+    name = next((field for field in ("messages", "conversations") if field in row), None)
+    if name is None:
+        raise ValueError(f"no prompt: expected one of the fields {', '.join(PROMPT_FIELDS)}")
+    messages = row[name]
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                 and isinstance(m.get("content"), str) for m in messages):
+        raise ValueError(f"field {name!r} must be a list of {{\"role\": str, \"content\": str}} messages")
+    if messages and messages[-1]["role"] == "assistant":
+        messages = messages[:-1]  # the answer the policy is to write (rlaif.jsonl: empty)
+    if not messages:
+        raise ValueError(f"field {name!r} holds no message before its last assistant turn")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def prompt_text(messages: Sequence[dict[str, str]]) -> str:
+    """What a reward function sees as the prompt: the last user message's content (the question)."""
+    return next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
+
+
+class PromptDataset(Dataset):
+    """Prompts ``{"input_ids": LongTensor, "prompt": str, "columns": dict}`` from a jsonl file (see the module's
+    docstring). ``collate`` keeps a batch as lists: ``prompt_ids`` (lists of ints), ``prompts``, and ``columns``
+    (one list per column name over the batch; None where a row lacks it).
+
+    ``stats``: prompts, tokens (prompt tokens), dropped_too_long, skipped_lines."""
+
+    def __init__(self, path: str | Path, tokenizer: PreTrainedTokenizerBase, max_seq_len: int,
+                 num_proc: int | None = None, skip_bad_lines: bool = False) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file (expected a jsonl of prompts)")
+        rows, messages, skipped = [], [], 0
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    row_messages = prompt_messages(row)
+                except ValueError as error:  # json.JSONDecodeError is one
+                    if skip_bad_lines:
+                        skipped += 1
+                        continue
+                    raise ValueError(f"{path}, line {number}: {str(error).splitlines()[0]} (pass --skip_bad_lines "
+                                     f"to skip bad lines)") from None
+                rows.append(row)
+                messages.append(row_messages)
+        encodings = encode_chatml_batch(tokenizer, messages, add_generation_prompt=True) if messages else []
+        self.samples: list[tuple[list[int], str, dict]] = []
+        dropped = 0
+        for row, row_messages, encoding in zip(rows, messages, encodings):
+            if len(encoding.input_ids) > max_seq_len:
+                dropped += 1
+                continue
+            columns = {key: value for key, value in row.items() if key not in PROMPT_FIELDS}
+            self.samples.append((encoding.input_ids, prompt_text(row_messages), columns))
+        if not self.samples:
+            raise ValueError(f"{path}: no prompt of at most --max_seq_len={max_seq_len} tokens")
+        self.stats = {"prompts": len(self.samples), "tokens": sum(len(ids) for ids, _, _ in self.samples),
+                      "dropped_too_long": dropped, "skipped_lines": skipped}
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        ids, prompt, columns = self.samples[index]
+        return {"input_ids": torch.tensor(ids, dtype=torch.long), "prompt": prompt, "columns": columns}
+
+    @staticmethod
+    def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        names = sorted({name for sample in samples for name in sample["columns"]})
+        return {"prompt_ids": [sample["input_ids"].tolist() for sample in samples],
+                "prompts": [sample["prompt"] for sample in samples],
+                "columns": {name: [sample["columns"].get(name) for sample in samples] for name in names}}

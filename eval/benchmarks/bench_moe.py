@@ -1,0 +1,80 @@
+"""How the sparse MoE MLP's cost scales with the expert count: forward + backward of one block's MLP.
+
+    python eval/benchmarks/bench_moe.py                       # cpu-wide's width, batch 8 x seq 256, top-1, fp32
+    python eval/benchmarks/bench_moe.py --experts 1,4,16 --top_k 2 --threads 2
+
+Every variant runs the same tokens through experts as wide as the dense SwiGLU MLP (moe_intermediate_size =
+intermediate_size), so at top-1 each token does the dense MLP's FLOPs plus the router's; what grows with the
+expert count is the routing: the per-expert gather / scatter (index_select, index_add) and the number of
+smaller matmuls. Variants are run interleaved, round by round, so drifting machine load hits each alike; reported:
+the median over rounds of each variant's mean call time, and its ratio to the dense MLP.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `import model...` work from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import statistics
+import time
+
+import torch
+
+from model.config import MiniNormConfig
+from model.model import SparseMoE, SwiGLU
+from trainer.cli import ToolParser
+from trainer.machine import machine_line
+
+
+def call_seconds(mlp: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
+    """Mean seconds of one forward + backward of `mlp` over `x`."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = mlp(x)
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+    return (time.perf_counter() - start) / calls
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = ToolParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="cpu-wide")
+    parser.add_argument("--experts", default="1,2,4,8,16", help="expert counts to time besides the dense MLP")
+    parser.add_argument("--top_k", type=int, default=1)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5, help="calls per variant per round")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dense_config = MiniNormConfig.from_preset(args.preset)
+    variants: dict[str, torch.nn.Module] = {"dense": SwiGLU(dense_config)}
+    for count in (int(value) for value in args.experts.split(",")):
+        config = MiniNormConfig.from_preset(args.preset, num_experts=count, num_experts_per_tok=min(args.top_k, count))
+        moe = SparseMoE(config)
+        for module in moe.modules():  # a trained router's spread, so tokens land on every expert
+            if isinstance(module, torch.nn.Linear):
+                torch.nn.init.normal_(module.weight, std=0.02 if module is not moe.gate else 1.0)
+        variants[f"{count} experts"] = moe
+    x = torch.randn(args.batch_size * args.seq_len, dense_config.hidden_size, requires_grad=True)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for name, mlp in variants.items():  # warm-up
+        call_seconds(mlp, x, 1)
+    for _ in range(args.rounds):
+        for name, mlp in variants.items():
+            times[name].append(call_seconds(mlp, x, args.calls))
+    print(machine_line())
+    print(f"{args.preset}: hidden {dense_config.hidden_size}, expert width {dense_config.intermediate_size}, "
+          f"{x.shape[0]} tokens, top-{args.top_k}, {args.threads} thread(s), {args.rounds} rounds x {args.calls} calls")
+    reference = statistics.median(times["dense"])
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        print(f"{name:>12}: {median * 1e3:8.2f} ms  x{median / reference:.2f}")
+
+
+if __name__ == "__main__":
+    main()

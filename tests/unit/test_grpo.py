@@ -1,0 +1,214 @@
+"""The GRPO objective (trainer/grpo.py) against references written here in fp64: the completions' log-probs, the
+loss and gradient it computes on a hand-made rollout batch for each --loss_type, and its rollouts: groups of
+completions scored by the rewards with every column aligned, advantages normalised within each group, the same
+samples for the same optimizer step, and a reward's breach as one line."""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from dataset.chat_format import encode_chatml
+from dataset.prompt_dataset import PromptDataset, prompt_messages
+from model import MiniNormConfig, MiniNormForCausalLM
+from trainer.grpo import GroupRelativePolicy, RolloutSettings, completion_log_probs
+from trainer.rewards import Reward, RewardError
+
+VOCAB = 17
+
+
+def _model(vocab: int = VOCAB, seed: int = 0) -> MiniNormForCausalLM:
+    torch.manual_seed(seed)
+    config = MiniNormConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=64, norm_impl="eager")
+    return MiniNormForCausalLM(config)
+
+
+def _settings(loss_type: str = "grpo", beta: float = 0.0, group: int = 2) -> RolloutSettings:
+    return RolloutSettings(loss_type, group, max_completion_length=6, temperature=1.0, top_p=1.0, beta=beta,
+                           epsilon_low=0.2, epsilon_high=0.28)
+
+
+class _Pad:
+    pad_token_id = 0
+
+
+def _hand_made_batch() -> dict:
+    """Four completions (two prompts of two), prompts of 3 and 5 tokens, completions of 2, 4, 1 and 3 tokens."""
+    generator = torch.Generator().manual_seed(1)
+    starts, lengths = [3, 5, 3, 5], [2, 4, 1, 3]
+    width = max(s + n for s, n in zip(starts, lengths))
+    input_ids = torch.zeros(4, width, dtype=torch.long)
+    attention_mask = torch.zeros(4, width, dtype=torch.long)
+    for row, (start, length) in enumerate(zip(starts, lengths)):
+        input_ids[row, :start + length] = torch.randint(1, VOCAB, (start + length,), generator=generator)
+        attention_mask[row, :start + length] = 1
+    mask = torch.tensor([[t < n for t in range(max(lengths))] for n in lengths])
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "starts": torch.tensor(starts),
+            "completion_mask": mask, "advantages": torch.tensor([0.7, -0.7, 1.3, -0.4]),
+            "ref_logp": -torch.rand(4, max(lengths), generator=generator) * 3,
+            "rollout_stats": torch.tensor([0.5, 0.25, 2.5])}
+
+
+def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, beta: float,
+                    settings: RolloutSettings) -> torch.Tensor:
+    """The loss in fp64, token by token: log p from log_softmax of the logits one position back; ratio
+    exp(logp - sg(logp)) = 1 with the policy's gradient; per token -min(r A, clip(r) A) (grpo, dr_grpo) or
+    -sg(clip(r)) A logp (cispo), plus beta (exp(ref - logp) - (ref - logp) - 1); then each loss's mean."""
+    logits = model64(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    rows = []
+    for i in range(4):
+        start, length = int(batch["starts"][i]), int(batch["completion_mask"][i].sum())
+        terms = []
+        for t in range(length):
+            logp = torch.log_softmax(logits[i, start + t - 1], dim=-1)[batch["input_ids"][i, start + t]]
+            ratio = torch.exp(logp - logp.detach())
+            advantage = float(batch["advantages"][i])
+            clipped = ratio.clamp(1 - settings.epsilon_low, 1 + settings.epsilon_high)
+            if loss_type == "cispo":
+                term = -clipped.detach() * advantage * logp
+            else:
+                term = -torch.minimum(ratio * advantage, clipped * advantage)
+            ref = float(batch["ref_logp"][i, t])
+            terms.append(term + beta * (torch.exp(ref - logp) - (ref - logp) - 1))
+        rows.append(terms)
+    if loss_type == "grpo":
+        return sum(sum(terms) / len(terms) for terms in rows) / 4
+    if loss_type == "dr_grpo":
+        return sum(sum(terms) for terms in rows) / (4 * settings.max_completion_length)
+    return sum(sum(terms) for terms in rows) / sum(len(terms) for terms in rows)
+
+
+def test_completion_log_probs_are_the_tokens_log_probs_one_position_back():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 7, VOCAB, dtype=torch.float64, generator=generator)
+    input_ids = torch.randint(0, VOCAB, (2, 7), generator=generator)
+    got = completion_log_probs(logits, input_ids, torch.tensor([2, 4]), 3)
+    for i, start in enumerate((2, 4)):
+        for t in range(3):
+            position = min(start + t, 6)
+            row = logits[i, position - 1].tolist()
+            expected = row[input_ids[i, position]] - math.log(sum(math.exp(x) for x in row))
+            assert got[i, t].item() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "cispo"])
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_the_objectives_loss_and_gradient_equal_an_fp64_reference(loss_type, beta):
+    model, batch = _model(), _hand_made_batch()
+    model64 = copy.deepcopy(model).double()
+    settings = _settings(loss_type, beta)
+    objective = GroupRelativePolicy([], _Pad(), settings, None, seed=0, process_index=0, autocast=nullcontext)
+    units = objective.count_items(batch)
+    assert int(units) == (10 if loss_type == "cispo" else 4)  # tokens, or completions
+    loss, stats = objective.loss(model, batch, units)
+    expected = _reference_loss(model64, batch, loss_type, beta, settings)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    loss.backward()
+    expected.backward()
+    for (name, ours), theirs in zip(model.named_parameters(), model64.parameters()):
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4, atol=1e-7, msg=name)
+    reward, reward_std, kl, clip_fraction, length = (stats / units).tolist()
+    assert (reward, reward_std, clip_fraction, length) == pytest.approx((0.5, 0.25, 0.0, 2.5))
+    assert kl > 0  # the k3 KL to the hand-made reference, logged even with beta 0
+    # Another process's share of the step: the loss is this micro-batch's sum over the step's units.
+    half, _ = objective.loss(model, batch, 2 * units)
+    assert half.item() == pytest.approx(loss.item() / 2, rel=1e-6)
+
+
+@pytest.fixture
+def policy(tokenizer):
+    return _model(vocab=len(tokenizer), seed=3)
+
+
+def _prompts(tokenizer) -> dict:
+    samples = [{"input_ids": torch.tensor([1, 2, 3]), "prompt": "one", "columns": {"answer": "1"}},
+               {"input_ids": torch.tensor([4, 5]), "prompt": "two", "columns": {"answer": "2"}}]
+    return PromptDataset.collate(samples)
+
+
+def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, policy):
+    seen = {}
+
+    def reward(prompts, completions, answer, **columns):
+        seen.update(prompts=prompts, answer=answer, completions=completions)
+        return [float(len(c) % 5) for c in completions]
+
+    settings = _settings(group=3)
+    objective = GroupRelativePolicy([Reward("lengths", reward)], tokenizer, settings, None, seed=7, process_index=0,
+                                    autocast=nullcontext)
+    batch = objective.rollout(policy, _prompts(tokenizer), step=5, micro_batch=0)
+    assert seen["prompts"] == ["one"] * 3 + ["two"] * 3 and seen["answer"] == ["1"] * 3 + ["2"] * 3
+    rewards = [float(len(c) % 5) for c in seen["completions"]]
+    assert len(set(rewards[:3])) > 1 and len(set(rewards[3:])) > 1  # two groups of unequal rewards
+    for first in (0, 3):  # fp64 by hand: (r - mean) / (sample std + 1e-4)
+        group = rewards[first:first + 3]
+        mean = sum(group) / 3
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / 2)
+        expected = [(r - mean) / (std + 1e-4) for r in group]
+        assert batch["advantages"][first:first + 3].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert objective.stat_names[-1] == "rewards/reward"
+    assert batch["reward_means"].tolist() == pytest.approx([sum(rewards) / 6])
+    assert batch["input_ids"][:3, :3].tolist() == [[1, 2, 3]] * 3 and batch["starts"].tolist() == [3] * 3 + [2] * 3
+    assert batch["completion_mask"].sum(dim=1).tolist() == [len(t) for t in _token_lists(batch)]
+    again = objective.rollout(policy, _prompts(tokenizer), step=5, micro_batch=0)
+    assert torch.equal(again["input_ids"], batch["input_ids"])  # the same step samples the same completions
+    other = objective.rollout(policy, _prompts(tokenizer), step=6, micro_batch=0)
+    assert not torch.equal(other["input_ids"], batch["input_ids"])
+
+
+def _token_lists(batch: dict) -> list[list[int]]:
+    return [row[start:int(mask.sum())].tolist()
+            for row, start, mask in zip(batch["input_ids"], batch["starts"], batch["attention_mask"])]
+
+
+def test_a_reward_that_returns_nan_stops_the_rollout_in_one_line(tokenizer, policy):
+    def nan_reward(prompts, completions, **columns):
+        return [math.nan] * len(completions)
+
+    objective = GroupRelativePolicy([Reward("nan.py:nan_reward", nan_reward)], tokenizer, _settings(), None,
+                                    seed=0, process_index=0, autocast=nullcontext)
+    with pytest.raises(RewardError, match=r"^reward nan.py:nan_reward: returned NaN for completion 0 "):
+        objective.rollout(policy, _prompts(tokenizer), step=0, micro_batch=0)
+
+
+@pytest.mark.parametrize("row, messages", [
+    ({"prompt": "hi", "answer": 1}, [{"role": "user", "content": "hi"}]),
+    ({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]},
+     [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]),
+    ({"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]},
+     [{"role": "user", "content": "q"}]),
+])
+def test_prompt_rows_in_each_format(row, messages):
+    assert prompt_messages(row) == messages
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"answer": 1}, "no prompt: expected one of the fields prompt, messages, conversations"),
+    ({"prompt": 3}, "field 'prompt' must be a non-empty string"),
+    ({"conversations": [{"role": "assistant", "content": "a"}]},
+     "field 'conversations' holds no message before its last assistant turn"),
+])
+def test_a_bad_prompt_row_names_its_field(row, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        prompt_messages(row)
+
+
+def test_a_prompt_file_names_a_bad_line_drops_long_prompts_and_keeps_the_columns(tokenizer, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "What is 1 + 1?", "answer": "2", "level": 1}\n{"answer": 3}\n'
+                    f'{{"prompt": "{"long " * 80}"}}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{path}, line 2: no prompt: expected one of the fields prompt, "
+                                         rf"messages, conversations \(pass --skip_bad_lines to skip bad lines\)$"):
+        PromptDataset(path, tokenizer, max_seq_len=32)
+    data = PromptDataset(path, tokenizer, max_seq_len=32, skip_bad_lines=True)
+    assert data.stats == {"prompts": 1, "tokens": len(data[0]["input_ids"]), "dropped_too_long": 1,
+                          "skipped_lines": 1}
+    expected = encode_chatml(tokenizer, [{"role": "user", "content": "What is 1 + 1?"}], add_generation_prompt=True)
+    assert data[0]["input_ids"].tolist() == expected.input_ids
+    assert PromptDataset.collate([data[0]]) == {"prompt_ids": [expected.input_ids], "prompts": ["What is 1 + 1?"],
+                                                "columns": {"answer": ["2"], "level": [1]}}

@@ -1,0 +1,208 @@
+"""Group-relative policy optimisation (GRPO and its Dr. GRPO and CISPO losses): the objective for the training core.
+
+Each optimizer step first samples its rollouts (`rollout`, which trainer/core.py's train_step calls on every
+micro-batch of prompts before the loss): G = --num_generations completions per prompt with model/generation.py's
+GenerationEngine (batched, KV cache), the policy in eval mode (no dropout) and without gradients. Each completion's
+sampling seed is derived from (--seed, optimizer step, process, micro-batch, completion), so a resumed run samples
+the same rollouts as the uninterrupted one. The --reward functions score the completions (trainer/rewards.py; a
+broken one stops the run with one line before anything of the step is applied), the rewards become advantages
+within each prompt's group (trainer/rl_losses.py, group_advantages; Dr. GRPO leaves out the std), and the frozen
+reference's log-probs are computed once (only with --beta > 0).
+
+One optimizer step per rollout batch: the policy that sampled the completions is the policy being trained, so
+the old log-probs are the current ones detached, the importance ratio is exactly 1 and nothing is clipped (the
+clip fraction logs 0; it is kept for several updates per rollout, not built). The loss is rl_losses.policy_loss's;
+its unit (what it averages over, over the whole step) is the completion for grpo and dr_grpo and the completion
+token for cispo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings
+from trainer.rewards import Reward, score
+from trainer.rl_losses import LossType, group_advantages, policy_loss
+
+STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length")  # then each reward's mean
+
+
+def reward_stat_name(reward: Reward) -> str:
+    """The logged name of one reward function's mean (as TRL's rewards/<function>/mean): rewards/<function>."""
+    return f"rewards/{getattr(reward.function, '__name__', reward.name)}"
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    loss_type: str
+    num_generations: int
+    max_completion_length: int
+    temperature: float
+    top_p: float
+    beta: float
+    epsilon_low: float
+    epsilon_high: float
+
+
+def rollout_seed(seed: int, step: int, process: int, micro_batch: int, completion: int) -> int:
+    """The sampling seed of one completion: a digest of where it is in the run, the same on a resumed run."""
+    key = f"{seed}/{step}/{process}/{micro_batch}/{completion}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:7], "big")
+
+
+def completion_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor,
+                         length: int) -> torch.Tensor:
+    """(N, length) log-probabilities, in fp32 (fp64 stays fp64), of the tokens input_ids[i, starts[i] + t] given
+    what precedes them, from a causal LM's logits (N, T, V); positions past a row's end are clamped (mask them)."""
+    positions = (starts.unsqueeze(1) + torch.arange(length, device=starts.device)).clamp(max=input_ids.shape[1] - 1)
+    selected = logits.gather(1, (positions - 1).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    log_p = torch.log_softmax(selected.to(torch.promote_types(selected.dtype, torch.float32)), dim=-1)
+    return log_p.gather(-1, input_ids.gather(1, positions).unsqueeze(-1)).squeeze(-1)
+
+
+def sample_completions(model: torch.nn.Module, tokenizer, prompt_ids: Sequence[Sequence[int]],
+                       settings: Sequence[GenerationSettings]) -> list[list[int]]:
+    """The completions' token ids (the end-of-turn token included when sampled), one request per prompt/settings
+    pair, all in one batch of the engine; the model in eval mode, eager (decoding shapes change every token)."""
+    engine = GenerationEngine(model, tokenizer, max_batch=len(prompt_ids))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            generations = [engine.submit(ids, setting) for ids, setting in zip(prompt_ids, settings)]
+            while not all(generation.done for generation in generations):
+                engine.step()
+    finally:
+        model.train(was_training)
+    failed = next((g for g in generations if g.finish_reason == FINISH_ERROR), None)
+    if failed is not None:
+        raise RuntimeError(f"rollout: sampling a completion failed: {failed.error}")
+    return [generation.token_ids for generation in generations]
+
+
+def _padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, :len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[index, :len(row)] = 1
+    return ids, mask
+
+
+@dataclass
+class GRPOEval:
+    loss: float               # minus the mean reward: lower is better, as for every other validation loss
+    reward: float             # the mean weighted reward of one greedy completion per validation prompt
+    completion_length: float  # their mean length in tokens
+    prompts: int
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def logged(self) -> dict[str, float]:
+        return {f"val_{name}": value for name, value in self.as_dict().items() if name != "prompts"}
+
+    def describe(self) -> str:
+        return (f"val reward {self.reward:.4f} (greedy, {self.prompts} prompts), completion length "
+                f"{self.completion_length:.1f} tokens")
+
+
+class GroupRelativePolicy:
+    """The GRPO objective. `reference`: the frozen starting model on the training device (None when beta is 0);
+    `autocast`: the mixed-precision context of the reference's forward."""
+
+    progress_labels = {"reward": "reward", "kl": "kl", "completion_length": "len"}
+
+    def __init__(self, rewards: Sequence[Reward], tokenizer, settings: RolloutSettings,
+                 reference: torch.nn.Module | None, seed: int, process_index: int,
+                 autocast: Callable[[], AbstractContextManager]) -> None:
+        self.rewards, self.tokenizer, self.settings = list(rewards), tokenizer, settings
+        self.reference = reference.eval().requires_grad_(False) if reference is not None else None
+        self.seed, self.process_index, self.autocast = seed, process_index, autocast
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.stat_names = STAT_NAMES + tuple(reward_stat_name(reward) for reward in self.rewards)
+
+    # ----------------------------------------------------------------- rollouts
+    def rollout(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
+        """The micro-batch of P prompts -> P x G scored completions, as the tensors the loss reads."""
+        s, group = self.settings, self.settings.num_generations
+        prompt_ids = [ids for ids in batch["prompt_ids"] for _ in range(group)]
+        settings = [GenerationSettings(max_new_tokens=s.max_completion_length, temperature=s.temperature,
+                                       top_p=s.top_p, seed=rollout_seed(self.seed, step, self.process_index,
+                                                                        micro_batch, index))
+                    for index in range(len(prompt_ids))]
+        completions = sample_completions(model, self.tokenizer, prompt_ids, settings)
+        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
+        columns = {name: [value for value in values for _ in range(group)]
+                   for name, values in batch["columns"].items()}
+        prompts = [prompt for prompt in batch["prompts"] for _ in range(group)]
+        totals, per_function = score(self.rewards, prompts, texts, columns)
+        rewards = torch.tensor(totals, dtype=torch.float32).view(-1, group)
+        advantages = group_advantages(rewards, scale=s.loss_type != LossType.DR_GRPO).flatten()
+        device = next(model.parameters()).device
+        input_ids, attention_mask = _padded([p + c for p, c in zip(prompt_ids, completions)], self.pad_id)
+        lengths = torch.tensor([len(c) for c in completions])
+        width = int(lengths.max())
+        out = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
+               "starts": torch.tensor([len(p) for p in prompt_ids], device=device),
+               "completion_mask": (torch.arange(width) < lengths.unsqueeze(1)).to(device),
+               "advantages": advantages.to(device),
+               "rollout_stats": torch.tensor([float(rewards.mean()), float(rewards.std(dim=1).mean()),
+                                              float(lengths.float().mean())], device=device),
+               # each function's mean over the completions it scored (None: unscored; NaN if it scored none)
+               "reward_means": torch.tensor(per_function, dtype=torch.float64).nanmean(dim=1).float().to(device)}
+        if self.reference is not None:
+            with torch.no_grad(), self.autocast():
+                logits = self.reference(input_ids=out["input_ids"], attention_mask=out["attention_mask"]).logits
+                out["ref_logp"] = completion_log_probs(logits, out["input_ids"], out["starts"], width).float()
+        return out
+
+    # ----------------------------------------------------------------- the loss
+    def count_items(self, batch: dict[str, Any]) -> torch.Tensor:
+        if self.settings.loss_type == LossType.CISPO:
+            return batch["completion_mask"].sum()
+        return torch.tensor(batch["completion_mask"].shape[0], device=batch["completion_mask"].device)
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any],
+             num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s, mask = self.settings, batch["completion_mask"]
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logp = completion_log_probs(logits, batch["input_ids"], batch["starts"], mask.shape[1])
+        result = policy_loss(s.loss_type, logp, logp.detach(), batch["advantages"], mask, s.epsilon_low,
+                             s.epsilon_high, s.beta, batch.get("ref_logp"), s.max_completion_length)
+        local = self.count_items(batch).to(result.loss.dtype)
+        reward, reward_std, length = batch["rollout_stats"].tolist()
+        stats = torch.tensor([reward, reward_std, result.kl, result.clip_fraction, length], device=mask.device)
+        stats = torch.cat([stats, batch.get("reward_means", stats.new_zeros(len(self.rewards)))])
+        return result.loss * local / num_items, stats * local
+
+    # ----------------------------------------------------------------- validation
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator,
+                 token_bytes: torch.Tensor | None = None, max_batches: int = 0) -> GRPOEval:
+        """One greedy completion per validation prompt, scored by the run's rewards."""
+        totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # reward sum, length sum, prompts
+        greedy = GenerationSettings(max_new_tokens=self.settings.max_completion_length, temperature=0.0)
+        for index, batch in enumerate(loader):
+            if max_batches and index >= max_batches:
+                break
+            completions = sample_completions(model, self.tokenizer, batch["prompt_ids"],
+                                             [greedy] * len(batch["prompt_ids"]))
+            texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
+            rewards, _ = score(self.rewards, batch["prompts"], texts, batch["columns"])
+            totals += torch.tensor([sum(rewards), sum(len(c) for c in completions), len(texts)],
+                                   dtype=torch.float64, device=accelerator.device)
+        totals = accelerator.reduce(totals, reduction="sum")
+        prompts = int(totals[2])
+        reward = float(totals[0] / prompts) if prompts else float("nan")
+        length = float(totals[1] / prompts) if prompts else float("nan")
+        return GRPOEval(-reward, reward, length, prompts)

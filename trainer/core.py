@@ -267,7 +267,7 @@ class Trainer:
             return GroupRelativePolicy(rewards, self.tokenizer, settings, reference, args.seed,
                                        self.accelerator.process_index, self.accelerator.autocast)
         if self.args.task != "dpo":
-            return LanguageModeling()
+            return LanguageModeling(moe=self.base_model.config.is_moe)
         from trainer.dpo import DirectPreference
         reference = MiniNormForCausalLM.from_pretrained(_starting_weights(self.args), **self.args.model)
         return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast)

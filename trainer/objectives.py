@@ -50,10 +50,13 @@ class Objective(Protocol):
 
 
 class LanguageModeling:
-    """Next-token cross-entropy on the labelled tokens (model.model.causal_lm_loss): pretraining, SFT, LoRA."""
+    """Next-token cross-entropy on the labelled tokens (model.model.causal_lm_loss): pretraining, SFT, LoRA. For a
+    mixture-of-experts model (`moe`) the loss includes the router's terms, and the load-balancing loss and the
+    z-loss are logged on their own (`aux_loss`, `z_loss`: their means over the step's labelled tokens)."""
 
-    stat_names: tuple[str, ...] = ()
-    progress_labels: dict[str, str] = {}
+    def __init__(self, moe: bool = False) -> None:
+        self.stat_names: tuple[str, ...] = ("aux_loss", "z_loss") if moe else ()
+        self.progress_labels: dict[str, str] = {"aux_loss": "aux"} if moe else {}
 
     def count_items(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return (shift_labels(batch["labels"]) != -100).sum()
@@ -62,7 +65,12 @@ class LanguageModeling:
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                     labels=batch["labels"], num_items_in_batch=num_items)
-        return out.loss, torch.zeros(0, device=out.loss.device)
+        if not self.stat_names:
+            return out.loss, torch.zeros(0, device=out.loss.device)
+        # The router's terms are micro-batch means: weighted by the micro-batch's labelled tokens, they average
+        # over the step like the loss does.
+        stats = torch.stack([out.aux_loss.detach(), out.z_loss.detach()]).float() * self.count_items(batch)
+        return out.loss, stats
 
     def evaluate(self, model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator,
                  token_bytes: torch.Tensor, max_batches: int) -> LMEval:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from model.model import MiniNormForCausalLM, SparseMoE
+from trainer.run_dir import read_metrics
 from tests.training_runs import (assert_same_model, launch_two_processes, pretrain_argv, pretrain_from_the_command_line,
                                  run_in_process, train_losses, val_losses)
 
@@ -22,6 +23,9 @@ def test_moe_pretraining_runs_from_the_command_line(train_data, tmp_path) -> Non
     expected = dict(num_experts=4, num_experts_per_tok=1, moe_intermediate_size=48, norm_topk_prob=False,
                     router_aux_loss_coef=0.01, router_z_loss_coef=0.001)
     assert {key: saved[key] for key in expected} == expected
+    # The router's two losses are logged beside the loss at every step (means over the step's labelled tokens).
+    records = read_metrics(out_dir, "train")
+    assert all(0.5 < r["aux_loss"] <= 4 and math.isfinite(r["z_loss"]) and r["z_loss"] > 0 for r in records)
     model = MiniNormForCausalLM.from_pretrained(out_dir)
     assert all(isinstance(block.mlp, SparseMoE) and len(block.mlp.experts) == 4 for block in model.model.layers)
     ids = torch.arange(3, 13)[None]

@@ -11,6 +11,7 @@ from model.config import MiniNormConfig
 from model.llama_compat import check_llama_compatible, to_llama_config, to_llama_state_dict
 from model.model import MiniNormForCausalLM
 from tests.llama_reference import llama_from_mininorm
+from tests.model_training import assert_fits_batch
 
 VOCAB = 512
 NORM_FIELDS = ("norm_type", "norm_placement", "prms_p", "norm_eps", "norm_impl", "qk_norm")
@@ -215,20 +216,7 @@ def test_each_placement_trains(case: dict) -> None:
     steps, ratio = case.pop("steps", 25), case.pop("ratio", 0.5)
     torch.manual_seed(0)
     model = MiniNormForCausalLM(tiny_config(prms_p=0.25, **case)).train()
-    ids = random_ids(4, 32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    losses = []
-    for step in range(steps):
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        if step == 0:  # every parameter, every norm gain included, takes part in the forward pass
-            unused = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-            assert not unused
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    assert all(torch.isfinite(torch.tensor(losses)))
-    assert losses[-1] < ratio * losses[0], losses
+    assert_fits_batch(model, random_ids(4, 32), steps, ratio)
 
 
 def test_dropout_acts_in_training_only() -> None:

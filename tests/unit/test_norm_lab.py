@@ -20,6 +20,7 @@ from model.llama_compat import NotLlamaCompatible, check_exportable, check_llama
 from model.model import Attention, MiniNormForCausalLM
 from model.norms import DyT, LayerNorm, RMSNorm, build_norm
 from trainer.args import MODEL_FIELDS, build_model_config, parse_args
+from tests.model_training import assert_fits_batch
 from trainer.diagnostics import NormDiagnostics
 
 NEW_FIELDS = ("qk_norm_scope", "norm_affine", "dyt_alpha_init", "mix_ln_ratio", "norm_depth_scaling",
@@ -314,7 +315,7 @@ def test_parameter_free_models_have_no_norm_gains_and_train(norm_type: str) -> N
     assert names == ([name for name in names if name.endswith(".alpha")] if norm_type == "dyt" else [])
     assert not any(name.endswith((".weight", ".bias")) for name in names)
     # Parameter-free DyT bounds the final hidden state to [-1, 1], so the logits start ~50x smaller: slower.
-    assert_trains(model, ratio=0.8 if norm_type == "dyt" else 0.5)
+    assert_fits_batch(model, ids_of(4, 24), ratio=0.8 if norm_type == "dyt" else 0.5)
 
 
 # ---------------------------------------------------------------------------------------------- placements
@@ -511,26 +512,11 @@ NEW_CASES = {
 }
 
 
-def assert_trains(model: MiniNormForCausalLM, steps: int = 25, ratio: float = 0.5) -> None:
-    ids = ids_of(4, 24)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    losses = []
-    for step in range(steps):
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        if step == 0:  # every parameter (DyT's alpha included) takes part
-            unused = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-            assert not unused
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < ratio * losses[0], losses
-
-
 @pytest.mark.parametrize("overrides", NEW_CASES.values(), ids=NEW_CASES.keys())
 def test_each_new_switch_trains(overrides: dict) -> None:
     # DyT bounds the final hidden state to [-1, 1] (times its gain), so the logits start small and learn slower.
-    assert_trains(model_of(**overrides).train(), ratio=0.8 if overrides.get("norm_type") == "dyt" else 0.5)
+    ratio = 0.8 if overrides.get("norm_type") == "dyt" else 0.5
+    assert_fits_batch(model_of(**overrides).train(), ids_of(4, 24), ratio=ratio)
 
 
 @pytest.mark.parametrize("overrides", NEW_CASES.values(), ids=NEW_CASES.keys())

@@ -316,10 +316,8 @@ class Trainer:
                 self.reporter.after_step(position, result, self.total_steps)
                 self._evaluate_when_due(position.step)
                 self._checkpoint_when_due(position)
-        except ValueError:  # bad input met mid-run (a GRPO reward function's breach): its line after the bar's
+        finally:  # also when a step raises (e.g. a GRPO reward function's breach): its error line follows the bar
             self.reporter.close()
-            raise
-        self.reporter.close()
         return self._finish(position)
 
     @staticmethod

@@ -1,20 +1,31 @@
-"""ChatML, the one chat format of MiniNorm (the same as MiniMind's).
+"""ChatML with tools and thinking: the one chat format of MiniNorm (MiniMind's, laid out as Qwen3 lays out tools).
 
-Each message renders as ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; ``add_generation_prompt`` appends
-``<|im_start|>assistant\\n``. No default system prompt is injected, so the rendering is exact and predictable.
+A conversation renders as ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, with these additions:
 
-The Jinja template below is what ``scripts/train_tokenizer.py`` writes into ``tokenizer_config.json``;
-``render_chatml`` is the same format in plain Python that also reports where each assistant turn lies.
-``encode_chatml`` is how MiniNorm turns messages into token ids -- for SFT data, chat, evaluation and the server --
-with every message's text encoded as text: a control-token string inside a message never becomes a control
-token. ``check_chatml_tokenizer`` makes sure a tokenizer's own template renders this same format.
+- ``tools`` (OpenAI's ``[{"type": "function", "function": {...}}]``, from the request or from the first message's
+  ``tools`` field when it is a system message, MiniMind's place for them) go into the system turn, one compact line
+  per tool: ``# Tools`` then ``name(arg: type, opt?: type): description``;
+- an assistant message is ``<think>\\n{reasoning_content}\\n</think>\\n\\n{content}``, then each of its
+  ``tool_calls`` as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (a newline before each); with no
+  reasoning the think block is empty, ``<think>\\n\\n</think>\\n\\n``, exactly what the generation prompt injects;
+- consecutive ``tool`` messages share one ``user`` turn, each as ``<tool_response>{content}</tool_response>``;
+- ``add_generation_prompt`` appends ``<|im_start|>assistant\\n`` and, unless ``open_thinking``, the empty think
+  block, so the model answers directly; with ``open_thinking`` the model may think first.
+
+No default system prompt is injected. ``chat_segments`` is the format, built once: ``render_chatml`` joins it into
+text and ``encode_chatml`` into token ids, with every message's text encoded as text (a control-token string inside a
+message never becomes a control token). ``CHATML_TEMPLATE`` is the same format in Jinja, written into
+``tokenizer_config.json`` by ``scripts/train_tokenizer.py``; ``check_chatml_tokenizer`` makes sure a tokenizer
+renders what ``chat_segments`` does (tests/unit/test_chat_template.py compares them on many conversations).
 """
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
@@ -22,44 +33,281 @@ from transformers import PreTrainedTokenizerBase
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
+TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+TOOL_RESPONSE, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"
+THINK, THINK_END = "<think>", "</think>"
+RESERVED_TOKENS: tuple[str, ...] = tuple(f"<|reserved_{i}|>" for i in range(4))  # spares for later formats
 
-# Order fixes the ids: <|endoftext|>=0, <|im_start|>=1, <|im_end|>=2 (MiniMind's order).
-SPECIAL_TOKENS: tuple[str, ...] = (ENDOFTEXT, IM_START, IM_END)
+# The tokens the template emits (and nothing else may): a message's text never becomes one of them.
+CONTROL_TOKENS: tuple[str, ...] = (IM_START, IM_END, TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END,
+                                   THINK, THINK_END)
+# Order fixes the ids: <|endoftext|>=0, <|im_start|>=1, <|im_end|>=2 (MiniMind's order), then the tool and thinking
+# tokens 3..8 and the reserved ones.
+SPECIAL_TOKENS: tuple[str, ...] = (ENDOFTEXT, *CONTROL_TOKENS, *RESERVED_TOKENS)
 
+EMPTY_THINK = "\n\n"  # what lies between <think> and </think> when there is no reasoning
+AFTER_THINK = "\n\n"  # between </think> and the content
+
+# The format in Jinja (transformers' apply_chat_template, llama.cpp). It takes tool_calls as lists and arguments as
+# objects; a JSON-string "arguments" (OpenAI's wire form) is written as given, and a JSON-string "tool_calls" or
+# "tools" (MiniMind's data) must be parsed first: normalize_messages does both.
 CHATML_TEMPLATE = (
+    "{%- set tools = tools if tools else (messages[0].tools if messages and messages[0].role == 'system' "
+    "and messages[0].tools is defined and messages[0].tools else none) -%}"
+    "{%- if tools -%}"
+    "{%- set tool_lines = namespace(text='# Tools') -%}"
+    "{%- for tool in tools -%}"
+    "{%- set f = tool.function if tool.function is defined else tool -%}"
+    "{%- set p = f.parameters if f.parameters is defined and f.parameters else {} -%}"
+    "{%- set required = p.required if p.required is defined else [] -%}"
+    "{%- set tool_lines.text = tool_lines.text + '\\n' + f.name + '(' -%}"
+    "{%- for name, prop in (p.properties if p.properties is defined else {}).items() -%}"
+    "{%- set tool_lines.text = tool_lines.text + (', ' if not loop.first else '') + name "
+    "+ ('' if name in required else '?') + ': ' + ((prop.type if prop.type is defined else 'any') | string) -%}"
+    "{%- endfor -%}"
+    "{%- set tool_lines.text = tool_lines.text + ')' -%}"
+    "{%- if f.description is defined and f.description -%}"
+    "{%- set tool_lines.text = tool_lines.text + ': ' + f.description -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if not (messages and messages[0].role == 'system') -%}"
+    "{{- '<|im_start|>system\\n' + tool_lines.text + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}"
+    "{%- set content = message.content if message.content is defined and message.content else '' -%}"
+    "{%- if message.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user\\n' -}}{%- else -%}"
+    "{{- '\\n' -}}"
+    "{%- endif -%}"
+    "{{- '<tool_response>' + content + '</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif message.role == 'assistant' -%}"
+    "{%- set reasoning = message.reasoning_content if message.reasoning_content is defined "
+    "and message.reasoning_content else '' -%}"
+    "{%- set calls = message.tool_calls if message.tool_calls is defined and message.tool_calls else [] -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content -}}"
+    "{%- for call in calls -%}"
+    "{%- set call = call.function if call.function is defined else call -%}"
+    "{%- set arguments = call.arguments if call.arguments is defined else {} -%}"
+    "{{- '\\n' if content or not loop.first else '' -}}"
+    "{{- '<tool_call>{\"name\": ' + (call.name | tojson) + ', \"arguments\": ' "
+    "+ (arguments if arguments is string else arguments | tojson) + '}</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{%- if loop.first and message.role == 'system' and tools -%}"
+    "{%- set content = content + '\\n\\n' + tool_lines.text if content else tool_lines.text -%}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if not open_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
     "{%- endif -%}"
 )
 
 
-def render_chatml(
-    messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False
-) -> tuple[str, list[tuple[int, int]]]:
-    """Render messages as ChatML text.
+# --------------------------------------------------------------------------- messages
+def _json_value(value: Any, field: str) -> Any:
+    """A field that may come as a JSON string (MiniMind's data) or as the value itself (OpenAI's requests)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError as error:
+            raise ValueError(f"{field} is not valid JSON ({getattr(error, 'msg', error)})") from None
+    return value
 
-    Returns the text and, for every assistant message, the character span ``[start, end)`` that the loss
-    should cover: the content plus its closing ``<|im_end|>`` -- not the ``<|im_start|>assistant\\n`` header
-    and not the newline after ``<|im_end|>``.
-    """
+
+def parse_tools(value: Any, field: str = "tools") -> list[dict]:
+    """OpenAI-format tool schemas from a list or its JSON string; each as {"type": "function", "function": {...}}
+    (a bare function object is accepted too). None or "" means no tools."""
+    if value is None or value == "":
+        return []
+    tools = _json_value(value, field)
+    if not isinstance(tools, list):
+        raise ValueError(f"{field} must be a list of tool schemas, got {type(tools).__name__}")
+    parsed = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError(f'{field}[{i}] must be {{"type": "function", "function": {{"name": ...}}}}')
+        parameters = function.get("parameters") or {}
+        if not isinstance(parameters, dict) or not isinstance(parameters.get("properties", {}), dict):
+            raise ValueError(f'{field}[{i}].function.parameters must be a JSON schema object with "properties"')
+        parsed.append({"type": "function", "function": function})
+    return parsed
+
+
+def parse_tool_calls(value: Any, field: str = "tool_calls") -> list[dict]:
+    """Tool calls as [{"name": str, "arguments": dict}]: from OpenAI's list of {"type": "function", "function":
+    {"name", "arguments"}} (arguments a JSON string or an object) or MiniMind's JSON string of
+    [{"name", "arguments"}]. None or "" means no calls."""
+    if value is None or value == "":
+        return []
+    calls = _json_value(value, field)
+    if isinstance(calls, dict):
+        calls = [calls]
+    if not isinstance(calls, list):
+        raise ValueError(f"{field} must be a list of calls, got {type(calls).__name__}")
+    parsed = []
+    for i, call in enumerate(calls):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError(f'{field}[{i}] must be {{"name": ..., "arguments": {{...}}}} or OpenAI\'s '
+                             f'{{"type": "function", "function": {{"name": ..., "arguments": ...}}}}')
+        arguments = function.get("arguments")
+        arguments = {} if arguments is None or arguments == "" else _json_value(arguments, f"{field}[{i}].arguments")
+        if not isinstance(arguments, dict):
+            raise ValueError(f"{field}[{i}].arguments must be a JSON object, got {type(arguments).__name__}")
+        parsed.append({"name": function["name"], "arguments": arguments})
+    return parsed
+
+
+def _text_field(message: Mapping[str, Any], name: str, where: str) -> str:
+    value = message.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]], field: str = "messages") -> list[dict]:
+    """Messages in the canonical form both renderers read: role and content strings (content None is ""), and
+    only where present, reasoning_content (a string), tool_calls (parse_tool_calls) and, on a first system
+    message, tools (parse_tools). Raises ValueError naming the message (``{field}[i]``) and the field."""
+    normalized = []
+    for index, message in enumerate(messages):
+        where = f"{field}[{index}]"
+        if not isinstance(message, Mapping):
+            raise ValueError(f"{where} must be an object with role and content, got {type(message).__name__}")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not (content is None or isinstance(content, str)):
+            raise ValueError(f"a message's role and content must be strings, got {type(role).__name__} and "
+                             f"{type(content).__name__}")
+        out: dict[str, Any] = {"role": role, "content": content or ""}
+        reasoning = _text_field(message, "reasoning_content", where)
+        if reasoning:
+            if role != "assistant":
+                raise ValueError(f"{where}.reasoning_content: only assistant messages think, this one is {role!r}")
+            out["reasoning_content"] = reasoning
+        calls = parse_tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
+        if calls:
+            if role != "assistant":
+                raise ValueError(f"{where}.tool_calls: only assistant messages call tools, this one is {role!r}")
+            out["tool_calls"] = calls
+        tools = parse_tools(message.get("tools"), f"{where}.tools")
+        if tools:
+            if index != 0 or role != "system":
+                raise ValueError(f"{where}.tools: only the first message, a system one, may carry tools")
+            out["tools"] = tools
+        normalized.append(out)
+    return normalized
+
+
+def tool_call_text(call: Mapping[str, Any]) -> str:
+    """The JSON between <tool_call> and </tool_call>: {"name": ..., "arguments": {...}}."""
+    return f'{{"name": {json.dumps(call["name"], ensure_ascii=False)}, "arguments": ' \
+           f'{json.dumps(call["arguments"], ensure_ascii=False)}}}'
+
+
+def tools_text(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The tools as the system turn shows them: "# Tools", then per tool ``name(arg: type, opt?: type):
+    description`` -- a fraction of the tokens of their JSON schemas (docs/tools.md has the counts)."""
+    lines = ["# Tools"]
+    for tool in tools:
+        function = tool["function"]
+        parameters = function.get("parameters") or {}
+        required = parameters.get("required") or []
+        arguments = ", ".join(f"{name}{'' if name in required else '?'}: {prop.get('type', 'any')}"
+                              for name, prop in (parameters.get("properties") or {}).items())
+        description = function.get("description")
+        lines.append(f"{function['name']}({arguments})" + (f": {description}" if description else ""))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the format, once
+@dataclass(frozen=True)
+class Segment:
+    """A piece of a rendered conversation: a control token (`control`) or text. `learned_from`: None when no
+    character of it is supervised, else the offset of its first supervised character (to its end)."""
+
+    text: str
+    control: bool = False
+    learned_from: int | None = None
+
+
+def chat_segments(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
+                  tools: Sequence[Mapping[str, Any]] | str | None = None,
+                  open_thinking: bool = False) -> list[Segment]:
+    """The conversation as segments, never two text segments in a row. Supervised: an assistant message's
+    thinking (its whole think block, when it has reasoning), content, tool calls and closing <|im_end|>; not its
+    ``assistant\\n`` header, an empty think block (the prompt supplies it), nor the newline after <|im_end|>."""
+    messages = normalize_messages(messages)
+    tools = parse_tools(tools) or (messages[0].get("tools", []) if messages and messages[0]["role"] == "system"
+                                   else [])
+    segments: list[Segment] = []
+
+    def control(token: str, learned: bool = False) -> None:
+        segments.append(Segment(token, control=True, learned_from=0 if learned else None))
+
+    def text(value: str, learned_from: int | None = None) -> None:
+        segments.append(Segment(value, learned_from=learned_from))
+
+    if tools and not (messages and messages[0]["role"] == "system"):
+        control(IM_START), text(f"system\n{tools_text(tools)}"), control(IM_END), text("\n")
+    for index, message in enumerate(messages):
+        role, content = message["role"], message["content"]
+        if role == "tool":
+            if index == 0 or messages[index - 1]["role"] != "tool":
+                control(IM_START), text("user\n")
+            else:
+                text("\n")
+            control(TOOL_RESPONSE), text(content), control(TOOL_RESPONSE_END)
+            if index == len(messages) - 1 or messages[index + 1]["role"] != "tool":
+                control(IM_END), text("\n")
+        elif role == "assistant":
+            reasoning = message.get("reasoning_content", "")
+            thinks = bool(reasoning)
+            control(IM_START), text("assistant\n")
+            control(THINK, thinks), text(f"\n{reasoning}\n" if thinks else EMPTY_THINK, 0 if thinks else None)
+            control(THINK_END, thinks)
+            calls = message.get("tool_calls", [])
+            text(AFTER_THINK + content + ("\n" if content and calls else ""), 0 if thinks else len(AFTER_THINK))
+            for number, call in enumerate(calls):
+                if number:
+                    text("\n", 0)
+                control(TOOL_CALL, True), text(tool_call_text(call), 0), control(TOOL_CALL_END, True)
+            control(IM_END, True), text("\n")
+        else:
+            if index == 0 and role == "system" and tools:
+                content = f"{content}\n\n{tools_text(tools)}" if content else tools_text(tools)
+            control(IM_START), text(f"{role}\n{content}"), control(IM_END), text("\n")
+    if add_generation_prompt:
+        control(IM_START), text("assistant\n")
+        if not open_thinking:
+            control(THINK), text(EMPTY_THINK), control(THINK_END), text(AFTER_THINK)
+    return segments
+
+
+def render_chatml(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
+                  tools: Sequence[Mapping[str, Any]] | str | None = None,
+                  open_thinking: bool = False) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation as text, and the character spans ``[start, end)`` the SFT loss covers (chat_segments),
+    adjacent supervised pieces merged: e.g. an assistant's content with its closing ``<|im_end|>``."""
     parts: list[str] = []
     spans: list[tuple[int, int]] = []
     pos = 0
-    for message in messages:
-        role, content = message["role"], message["content"]
-        header = f"{IM_START}{role}\n"
-        body = f"{content}{IM_END}"
-        if role == "assistant":
-            start = pos + len(header)
-            spans.append((start, start + len(body)))
-        piece = header + body + "\n"
-        parts.append(piece)
-        pos += len(piece)
-    if add_generation_prompt:
-        parts.append(f"{IM_START}assistant\n")
+    for segment in chat_segments(messages, add_generation_prompt, tools, open_thinking):
+        if segment.learned_from is not None and segment.learned_from < len(segment.text):
+            start = pos + segment.learned_from
+            if spans and spans[-1][1] == start:
+                start = spans.pop()[0]
+            spans.append((start, pos + len(segment.text)))
+        parts.append(segment.text)
+        pos += len(segment.text)
     return "".join(parts), spans
 
 
@@ -72,11 +320,20 @@ def render_chatml(
 _TEXT_BACKENDS: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, Tokenizer]" = weakref.WeakKeyDictionary()
 _CHATML_CHECKED: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, str]" = weakref.WeakKeyDictionary()
 _PROBE = [
-    {"role": "system", "content": "You are terse."},
+    {"role": "system", "content": "You are terse.", "tools": [
+        {"type": "function", "function": {"name": "wiki", "description": "Look up.", "parameters": {
+            "type": "object", "properties": {"title": {"type": "string"}, "n": {"type": "integer"}},
+            "required": ["title"]}}}]},
     {"role": "user", "content": "Hi 你好 🙂"},
+    {"role": "assistant", "content": "", "reasoning_content": "Look it up.",
+     "tool_calls": [{"name": "wiki", "arguments": {"title": "Ω"}}, {"name": "wiki", "arguments": {}}]},
+    {"role": "tool", "content": "A."},
+    {"role": "tool", "content": "B."},
     {"role": "assistant", "content": "Hello!"},
     {"role": "user", "content": " spaced \n"},
 ]
+_PROBE_RENDERINGS = ({"add_generation_prompt": False}, {"add_generation_prompt": True},
+                     {"add_generation_prompt": True, "open_thinking": True})
 
 
 def text_backend(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
@@ -108,80 +365,135 @@ def control_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
 
 
 def check_chatml_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
-    """The encoders below build ChatML themselves; fail early, naming the problem, if the tokenizer's own template
-    (what other programs use with the exported model) renders anything else, or if it lacks the control tokens."""
+    """The encoders below build the format themselves; fail early, in one line, if the tokenizer lacks its control
+    tokens (a tokenizer made before the tool and thinking tokens) or if its own template (what other programs use
+    with the exported model) renders anything else."""
     if _CHATML_CHECKED.get(tokenizer) == tokenizer.chat_template:
         return
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat_template; MiniNorm's ChatML one is written by "
-                         "scripts/train_tokenizer.py")
-    for add_generation_prompt in (False, True):
-        rendered = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=add_generation_prompt)
-        if rendered != render_chatml(_PROBE, add_generation_prompt)[0]:
-            raise ValueError(f"the tokenizer's chat_template is not plain ChatML; it renders {rendered!r}")
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("a fast (Rust-backed) tokenizer is needed for ChatML encoding")
-    for token in (IM_START, IM_END):
-        control_id(tokenizer, token)
+    special = {added.content for added in tokenizer.added_tokens_decoder.values() if added.special}
+    missing = [token for token in CONTROL_TOKENS if token not in special]
+    if missing:
+        raise ValueError(f"the tokenizer lacks the control tokens {' '.join(missing)} (it predates MiniNorm's tool "
+                         f"and thinking tokens); retrain the model with today's tokenizer (model/, "
+                         f"scripts/train_tokenizer.py)")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat_template; MiniNorm's is written by scripts/train_tokenizer.py")
+    for kwargs in _PROBE_RENDERINGS:
+        rendered = tokenizer.apply_chat_template(_PROBE, tokenize=False, **kwargs)
+        if rendered != render_chatml(_PROBE, **kwargs)[0]:
+            raise ValueError(f"the tokenizer's chat_template is not MiniNorm's ChatML (dataset/chat_format.py); "
+                             f"with {kwargs} it renders {rendered!r}")
     _CHATML_CHECKED[tokenizer] = tokenizer.chat_template
 
 
 @dataclass(frozen=True)
 class ChatEncoding:
-    """Token ids of a ChatML conversation, and for each id whether it is an assistant token the SFT loss learns:
-    an assistant message's content and its closing <|im_end|> (not its header, not the newline after it)."""
+    """Token ids of a conversation, and for each id whether it is an assistant token the SFT loss learns
+    (chat_segments says which)."""
 
     input_ids: list[int]
     assistant: list[bool]
 
 
-def _chatml_segments(messages: Sequence[Mapping[str, str]],
-                     add_generation_prompt: bool) -> list[tuple[str, str, int | None]]:
-    """ChatML as a list of ("control", token, -) and ("text", text, first assistant character or None) pieces;
-    an assistant message's closing control token is ("control", IM_END, 1)."""
-    segments: list[tuple[str, str, int | None]] = []
-    for message in messages:
-        role, content = message["role"], message["content"]
-        if not isinstance(role, str) or not isinstance(content, str):
-            raise ValueError(f"a message's role and content must be strings, got {type(role).__name__} and "
-                             f"{type(content).__name__}")
-        header = f"{role}\n"
-        is_assistant = role == "assistant"
-        segments += [("control", IM_START, None), ("text", header + content, len(header) if is_assistant else None),
-                     ("control", IM_END, 1 if is_assistant else None), ("text", "\n", None)]
-    if add_generation_prompt:
-        segments += [("control", IM_START, None), ("text", "assistant\n", None)]
-    return segments
-
-
-def encode_chatml_batch(tokenizer: PreTrainedTokenizerBase, conversations: Sequence[Sequence[Mapping[str, str]]],
-                        add_generation_prompt: bool = False) -> list[ChatEncoding]:
+def encode_chatml_batch(tokenizer: PreTrainedTokenizerBase, conversations: Sequence[Sequence[Mapping[str, Any]]],
+                        add_generation_prompt: bool = False, tools: Sequence[Mapping[str, Any]] | str | None = None,
+                        open_thinking: bool = False) -> list[ChatEncoding]:
     """encode_chatml for many conversations, with one batch call to the tokenizer."""
     check_chatml_tokenizer(tokenizer)
-    ids_of = {token: control_id(tokenizer, token) for token in (IM_START, IM_END)}
-    all_segments = [_chatml_segments(messages, add_generation_prompt) for messages in conversations]
-    texts = [text for segments in all_segments for kind, text, _ in segments if kind == "text"]
+    ids_of = {token: control_id(tokenizer, token) for token in CONTROL_TOKENS}
+    all_segments = [chat_segments(messages, add_generation_prompt, tools, open_thinking)
+                    for messages in conversations]
+    texts = [segment.text for segments in all_segments for segment in segments if not segment.control]
     encodings = iter(text_backend(tokenizer).encode_batch(texts, add_special_tokens=False))
     result = []
     for segments in all_segments:
         ids: list[int] = []
         assistant: list[bool] = []
-        for kind, text, learned_from in segments:
-            if kind == "control":
-                ids.append(ids_of[text])
+        for segment in segments:
+            learned_from = segment.learned_from
+            if segment.control:
+                ids.append(ids_of[segment.text])
                 assistant.append(learned_from is not None)
                 continue
             encoding = next(encodings)
             ids += encoding.ids
-            # A token is learned when it starts inside the content; a token that straddles the header and the
-            # content (a newline merged across them) belongs to the header, which the prompt supplies.
+            # A token is learned when it starts inside the supervised part; a token that straddles the boundary (a
+            # newline merged across header and content) belongs to the part before it, which the prompt supplies.
             assistant += [learned_from is not None and start >= learned_from for start, _ in encoding.offsets]
         result.append(ChatEncoding(ids, assistant))
     return result
 
 
-def encode_chatml(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]],
-                  add_generation_prompt: bool = False) -> ChatEncoding:
-    """The ChatML token ids of `messages` (what render_chatml's text tokenizes to when no message contains a
-    control-token string), with every message's role and content encoded as text."""
-    return encode_chatml_batch(tokenizer, [messages], add_generation_prompt)[0]
+def encode_chatml(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, Any]],
+                  add_generation_prompt: bool = False, tools: Sequence[Mapping[str, Any]] | str | None = None,
+                  open_thinking: bool = False) -> ChatEncoding:
+    """The token ids of `messages` (what render_chatml's text tokenizes to when no message contains a
+    control-token string), with every message's text encoded as text."""
+    return encode_chatml_batch(tokenizer, [messages], add_generation_prompt, tools, open_thinking)[0]
+
+
+# --------------------------------------------------------------------------- reading a generated reply
+@dataclass(frozen=True)
+class AssistantReply:
+    """A generated assistant turn read back into OpenAI's message fields: ``content``, ``reasoning_content`` and
+    ``tool_calls`` ([{"name", "arguments": dict}]). A call that cannot be read -- invalid JSON, no name, arguments
+    that are not an object, a tool not offered -- stays in ``content`` as the text the model wrote."""
+
+    content: str
+    reasoning_content: str
+    tool_calls: list[dict]
+
+
+def _read_call(text: str, tool_names: set[str] | None) -> dict | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    if tool_names is not None and value["name"] not in tool_names:
+        return None
+    try:
+        return parse_tool_calls([value])[0]
+    except ValueError:
+        return None
+
+
+def parse_assistant_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int],
+                        tool_names: Sequence[str] | None = None) -> AssistantReply:
+    """Read a generated reply (the ids after the generation prompt, up to <|im_end|> if present) by its control
+    ids, never by text: a "<tool_call>" the model spelled in ordinary pieces is content. An opening <think> is
+    optional (with open_thinking off the prompt already holds the empty block); reasoning is what comes before
+    </think>. Text outside the calls is the content, stripped of the format's newlines."""
+    ids_of = {token: control_id(tokenizer, token) for token in CONTROL_TOKENS}
+    ids = list(ids)
+    if ids_of[IM_END] in ids:
+        ids = ids[:ids.index(ids_of[IM_END])]
+    decode = lambda part: tokenizer.decode(part, skip_special_tokens=False)  # noqa: E731
+    reasoning = ""
+    if ids_of[THINK_END] in ids:
+        end = ids.index(ids_of[THINK_END])
+        thought = ids[1:end] if ids and ids[0] == ids_of[THINK] else ids[:end]
+        reasoning, ids = decode(thought).strip("\n"), ids[end + 1:]
+    names = set(tool_names) if tool_names is not None else None
+    content: list[str] = []
+    calls: list[dict] = []
+    start = 0
+    while start < len(ids):
+        if ids[start] == ids_of[TOOL_CALL] and ids_of[TOOL_CALL_END] in ids[start:]:
+            end = ids.index(ids_of[TOOL_CALL_END], start)
+            call = _read_call(decode(ids[start + 1:end]), names)
+            if call is None:
+                content.append(decode(ids[start:end + 1]))
+            else:
+                calls.append(call)
+            start = end + 1
+            continue
+        stop = start + 1
+        while stop < len(ids) and ids[stop] != ids_of[TOOL_CALL]:
+            stop += 1
+        content.append(decode(ids[start:stop]))
+        start = stop
+    return AssistantReply("".join(content).strip("\n"), reasoning, calls)

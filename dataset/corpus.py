@@ -9,7 +9,9 @@ Outputs, under ``dataset/cache/`` (git-ignored):
 ``{"conversations": [{"role": ..., "content": ...}, ...]}``, plus ``manifest.json``. The validation split is
 ~2 % chosen by hashing a topic key -- the Wikipedia title, the chit-chat conversation id, the chatterbot
 opening line -- and the same key decides both the pretraining and the SFT side, so no article or dialog
-seen in training (in either stage) shows up in validation. Exact duplicates are removed before splitting.
+seen in training (in either stage) shows up in validation. Exact duplicates are removed before splitting. The
+SFT files also hold arithmetic word problems with worked answers (dataset/arithmetic.py, its own held-out rule on
+the problem's arithmetic): the answer format the default GRPO run rewards.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from dataset.arithmetic import SPLIT_NAMESPACE as ARITHMETIC_SOURCE
+from dataset.arithmetic import sft_problems
 from dataset.atomic_io import atomic_write_text
 from dataset.sources import Dialog, WikiArticle, package_versions, read_chatterbot, read_chitchat, read_wikipedia
 from dataset.wiki_qa import conversations_for
 
 # Bump when the output of the builder changes, so existing caches get rebuilt.
-BUILD_VERSION = 1
+BUILD_VERSION = 2  # 2: arithmetic word problems in the SFT files
 VAL_PER_MILLE = 20  # 2 % validation
 SHUFFLE_SEED = 1234
 SFT_WINDOW_CHARS = 1500  # long chit-chats are cut into windows of whole exchanges of about this size
@@ -61,6 +65,7 @@ class _Record:
     source: str
     split_key: str
     payload: dict
+    validation: bool | None = None  # None: is_validation(split_key) decides; a source with its own rule sets it
 
 
 def corpus_paths(cache_dir: Path) -> CorpusPaths:
@@ -148,6 +153,11 @@ def collect_records(progress: bool = False) -> tuple[list[_Record], list[_Record
         pretrain.append(_Record(dialog.source, key, {"text": "\n".join(dialog.turns)}))
         for window in dialog_windows(dialog.turns):
             sft.append(_Record(dialog.source, key, {"conversations": window}))
+    # Arithmetic word problems (dataset/arithmetic.py) teach the answer format the default GRPO run rewards.
+    train_problems, held_out_problems = sft_problems()
+    for problems, held_out in ((train_problems, False), (held_out_problems, True)):
+        sft.extend(_Record(ARITHMETIC_SOURCE, p.split_key, {"conversations": p.conversation()}, validation=held_out)
+                   for p in problems)
     return pretrain, sft
 
 
@@ -162,8 +172,11 @@ def _write_jsonl(path: Path, records: Sequence[_Record]) -> int:
 
 
 def _split(records: list[_Record]) -> tuple[list[_Record], list[_Record]]:
-    train = [r for r in records if not is_validation(r.split_key)]
-    val = [r for r in records if is_validation(r.split_key)]
+    def validation(record: _Record) -> bool:
+        return is_validation(record.split_key) if record.validation is None else record.validation
+
+    train = [r for r in records if not validation(r)]
+    val = [r for r in records if validation(r)]
     # Mix the sources so any prefix of a file is representative; fixed seed keeps builds identical.
     random.Random(SHUFFLE_SEED).shuffle(train)
     random.Random(SHUFFLE_SEED + 1).shuffle(val)

@@ -29,18 +29,22 @@ import pyarrow as pa
 from datasets import Features, List, Value
 
 from dataset.atomic_io import atomic_path, atomic_write_text
+from dataset.chat_format import normalize_messages
 
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 2  # bump when validation or the cached Arrow layout change
+SCAN_VERSION = 3  # bump when validation or the cached Arrow layout change
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 # Deeper lines are bad: Python's json stops near the recursion limit, which its caller may have raised, so a fixed
 # bound keeps one answer per line.
 MAX_DEPTH = 100
 BATCH_RECORDS, BATCH_BYTES = 1000, 32 << 20  # an Arrow record batch holds at most this many records / line bytes
 
-MESSAGES = List({"role": Value("string"), "content": Value("string")})
+# A message's tool calls and a system message's tools are kept as canonical JSON strings ("" when absent), the form
+# dataset.chat_format reads back.
+MESSAGES = List({"role": Value("string"), "content": Value("string"), "reasoning_content": Value("string"),
+                 "tool_calls": Value("string"), "tools": Value("string")})
 FEATURES: dict[str, Features] = {
     "text": Features({"text": Value("string")}),
     "conversations": Features({"conversations": MESSAGES}),
@@ -131,13 +135,13 @@ def _check_text(obj: object) -> dict:
 
 
 def _check_messages(obj: dict, name: str) -> list[dict]:
-    """The messages of field `name` of a record, normalized."""
+    """The messages of field `name` of a record, normalized: role and content, and MiniMind's extra fields
+    (reasoning_content, tool_calls, a system message's tools) as dataset.chat_format reads them."""
     if name not in obj:
         raise BadLine(f'missing "{name}" field')
     turns = obj[name]
     if not isinstance(turns, list) or not turns:
         raise BadLine(f'"{name}" must be a non-empty list of messages')
-    messages = []
     for i, message in enumerate(turns):
         if not isinstance(message, dict):
             raise BadLine(f"{name}[{i}] is not an object")
@@ -147,9 +151,25 @@ def _check_messages(obj: dict, name: str) -> list[dict]:
         # MiniMind tool-call turns carry "content": null; that is an empty message, not an error.
         if content is not None and not isinstance(content, str):
             raise BadLine(f'{name}[{i}] has no "content" string')
-        messages.append({"role": _string(role, f'{name}[{i}] "role"'),
-                         "content": _string(content or "", f'{name}[{i}] "content"')})
+    try:
+        normalized = normalize_messages(turns, name)
+    except ValueError as error:
+        raise BadLine(str(error)) from None
+    messages = []
+    for i, message in enumerate(normalized):
+        where = f"{name}[{i}]"
+        messages.append({
+            "role": _string(message["role"], f'{where} "role"'),
+            "content": _string(message["content"], f'{where} "content"'),
+            "reasoning_content": _string(message.get("reasoning_content", ""), f'{where} "reasoning_content"'),
+            "tool_calls": _string(_canonical_json(message.get("tool_calls")), f'{where} "tool_calls"'),
+            "tools": _string(_canonical_json(message.get("tools")), f'{where} "tools"'),
+        })
     return messages
+
+
+def _canonical_json(value: list | None) -> str:
+    return json.dumps(value, ensure_ascii=False) if value else ""
 
 
 def _check_conversations(obj: object) -> dict:

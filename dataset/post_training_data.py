@@ -1,4 +1,4 @@
-"""Default data for LoRA and DPO, derived from the embedded Wikipedia question-answer conversations.
+"""Default data for LoRA, DPO and GRPO: Wikipedia question-answer conversations and arithmetic word problems.
 
     python dataset/post_training_data.py        # build (no-op when the cache is current); prints the files
 
@@ -12,6 +12,9 @@ title decides, so an article never crosses it):
   article's question from another topic (off-topic) or the true answer's first words repeated (degenerate).
   These pairs demonstrate the mechanics of DPO -- the trained model learns to prefer on-topic, non-repeating
   answers -- not alignment quality: no human judged them.
+- ``grpo_{train,val}.jsonl``: arithmetic word problems (dataset/arithmetic.py) as prompt rows
+  ``{"prompt": ..., "answer": N}`` for the ``math_answer`` reward: training prompts that the default SFT data
+  does not contain, and the held-out problems (whose arithmetic no training file contains).
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ if __package__ in (None, ""):  # run as a script: make `import dataset...` work 
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from dataset.arithmetic import rl_problems
 from dataset.atomic_io import atomic_write_text
 from dataset.corpus import DEFAULT_CACHE_DIR, is_validation, manifest_is_current, wiki_split_key
 from dataset.sources import WikiArticle, package_versions, read_wikipedia
 from dataset.wiki_qa import conversations_for
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2  # 2: the GRPO files
 MANIFEST_NAME = "post_training_manifest.json"
 LORA_TOPIC = "Biology and health sciences"
 REPEATED_WORDS = 4   # a degenerate answer repeats the true answer's first words ...
@@ -44,11 +48,14 @@ class PostTrainingPaths:
     lora_val: Path
     dpo_train: Path
     dpo_val: Path
+    grpo_train: Path
+    grpo_val: Path
 
 
 def post_training_paths(cache_dir: Path) -> PostTrainingPaths:
     return PostTrainingPaths(lora_train=cache_dir / "lora_train.jsonl", lora_val=cache_dir / "lora_val.jsonl",
-                             dpo_train=cache_dir / "dpo_train.jsonl", dpo_val=cache_dir / "dpo_val.jsonl")
+                             dpo_train=cache_dir / "dpo_train.jsonl", dpo_val=cache_dir / "dpo_val.jsonl",
+                            grpo_train=cache_dir / "grpo_train.jsonl", grpo_val=cache_dir / "grpo_val.jsonl")
 
 
 def _pick(title: str, salt: str, modulo: int) -> int:
@@ -90,7 +97,7 @@ def _write(path: Path, records: list[dict]) -> dict:
 
 
 def build_post_training_data(cache_dir: Path) -> dict:
-    """Write the four files and the manifest (last: its presence says the files are complete); return it."""
+    """Write the six files and the manifest (last: its presence says the files are complete); return it."""
     articles = list(read_wikipedia())
     paths = post_training_paths(cache_dir)
     lora = [(article, {"conversations": conversation}) for article in articles if article.topic == LORA_TOPIC
@@ -102,6 +109,9 @@ def build_post_training_data(cache_dir: Path) -> dict:
         val = [record for article, record in items if is_validation(wiki_split_key(article))]
         train = [record for article, record in items if not is_validation(wiki_split_key(article))]
         files[train_path.name], files[val_path.name] = _write(train_path, train), _write(val_path, val)
+    rl_train, rl_val = rl_problems()
+    files[paths.grpo_train.name] = _write(paths.grpo_train, [problem.prompt_row() for problem in rl_train])
+    files[paths.grpo_val.name] = _write(paths.grpo_val, [problem.prompt_row() for problem in rl_val])
     manifest = {"build_version": BUILD_VERSION, "packages": package_versions(), "lora_topic": LORA_TOPIC,
                 "files": files}
     atomic_write_text(cache_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
@@ -109,9 +119,9 @@ def build_post_training_data(cache_dir: Path) -> dict:
 
 
 def ensure_post_training_data(cache_dir: Path | None = None) -> PostTrainingPaths:
-    """The LoRA and DPO default files, built first unless the cache is current (a few seconds)."""
+    """The LoRA, DPO and GRPO default files, built first unless the cache is current (a few seconds)."""
     cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    if not manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION, 4):
+    if not manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION, len(fields(PostTrainingPaths))):
         cache_dir.mkdir(parents=True, exist_ok=True)
         build_post_training_data(cache_dir)
     return post_training_paths(cache_dir)

@@ -55,10 +55,11 @@ def prompt_text(messages: Sequence[dict[str, str]]) -> str:
 
 class PromptDataset(Dataset):
     """Prompts ``{"input_ids": LongTensor, "prompt": str, "columns": dict}`` from a jsonl file (see the module's
-    docstring). ``collate`` keeps a batch as lists: ``prompt_ids`` (lists of ints), ``prompts``, and ``columns``
-    (one list per column name over the batch; None where a row lacks it).
+    docstring). ``collate`` keeps a batch as lists: ``prompt_ids`` (lists of ints), ``prompts``, ``padding``
+    (flags) and ``columns`` (one list per column name over the batch; None where a row lacks it).
 
-    ``stats``: prompts, tokens (prompt tokens), dropped_too_long, skipped_lines."""
+    ``stats``: prompts, tokens (prompt tokens), dropped_too_long, skipped_lines; ``column_names``: every column
+    some prompt has."""
 
     def __init__(self, path: str | Path, tokenizer: PreTrainedTokenizerBase, max_seq_len: int,
                  num_proc: int | None = None, skip_bad_lines: bool = False) -> None:
@@ -92,6 +93,7 @@ class PromptDataset(Dataset):
             self.samples.append((encoding.input_ids, prompt_text(row_messages), columns))
         if not self.samples:
             raise ValueError(f"{path}: no prompt of at most --max_seq_len={max_seq_len} tokens")
+        self.column_names = frozenset(name for _, _, columns in self.samples for name in columns)
         self.stats = {"prompts": len(self.samples), "tokens": sum(len(ids) for ids, _, _ in self.samples),
                       "dropped_too_long": dropped, "skipped_lines": skipped}
 
@@ -107,4 +109,6 @@ class PromptDataset(Dataset):
         names = sorted({name for sample in samples for name in sample["columns"]})
         return {"prompt_ids": [sample["input_ids"].tolist() for sample in samples],
                 "prompts": [sample["prompt"] for sample in samples],
+                # a copy that pads a validation shard to equal length (trainer/data.py): not counted
+                "padding": [bool(sample.get("padding", False)) for sample in samples],
                 "columns": {name: [sample["columns"].get(name) for sample in samples] for name in names}}

@@ -1,9 +1,13 @@
-"""Loading the tokenizer committed in ``model/`` (regenerate it with ``scripts/train_tokenizer.py``)."""
+"""Loading the tokenizer committed in ``model/`` (regenerate it with ``scripts/train_tokenizer.py``), and making sure
+a model is trained further with the tokenizer it was trained with."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "model"
@@ -12,3 +16,26 @@ DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "model"
 def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerBase:
     """The tokenizer at ``path`` (a directory or hub id); by default MiniNorm's own from ``model/``."""
     return AutoTokenizer.from_pretrained(str(path) if path is not None else str(DEFAULT_TOKENIZER_DIR))
+
+
+def token_map_digest(backend: Tokenizer) -> str:
+    """A digest of what gives a token id its meaning: the vocabulary, the merges and the added tokens with their ids
+    (not padding, truncation or the chat template)."""
+    spec = json.loads(backend.to_str())
+    added = sorted((token["id"], token["content"], token["special"]) for token in spec.get("added_tokens", []))
+    key = json.dumps([spec.get("model"), spec.get("pre_tokenizer"), spec.get("normalizer"), added], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def check_same_tokenizer(tokenizer: PreTrainedTokenizerBase, model_dir: Path, flag: str) -> None:
+    """Refuse, in one line, to train the model in ``model_dir`` further with another tokenizer than the one saved
+    beside it: with the same vocabulary size nothing else would notice, and every id would mean another token. A
+    directory without a tokenizer.json is not checked."""
+    saved = model_dir / "tokenizer.json"
+    if not saved.is_file() or not getattr(tokenizer, "is_fast", False):
+        return
+    if token_map_digest(Tokenizer.from_file(str(saved))) != token_map_digest(tokenizer.backend_tokenizer):
+        source = getattr(tokenizer, "name_or_path", "") or "the given tokenizer"
+        raise ValueError(f"{flag} {model_dir}: its tokenizer.json differs from the tokenizer in {source} (a model "
+                         f"made before MiniNorm's tool and thinking tokens?); its ids would mean other tokens -- pass "
+                         f"--tokenizer_path {model_dir}, or train it again from scratch with today's tokenizer")

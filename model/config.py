@@ -108,6 +108,13 @@ PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType({
     "cpu-moe": MappingProxyType(dict(
         hidden_size=320, num_hidden_layers=2, num_attention_heads=10, num_key_value_heads=2,
         max_position_embeddings=512, num_experts=4, num_experts_per_tok=1)),
+    # MiniMind-3's MoE model (198M parameters, 64M active): minimind-3's shape, per-head QK-norm, its MLP width
+    # ceil(768 pi / 64) * 64 = 2432 as each of 4 experts, top-1 (docs/architecture.md, "The minimind-* presets").
+    "minimind-3-moe": MappingProxyType(dict(
+        hidden_size=768, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+        max_position_embeddings=32768, rope_theta=1e6, qk_norm=True, intermediate_size=2432,
+        num_experts=4, num_experts_per_tok=1, moe_intermediate_size=2432, norm_topk_prob=True,
+        router_aux_loss_coef=5e-4)),
 })
 
 

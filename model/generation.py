@@ -184,6 +184,9 @@ class _Row:
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.text = TextStream(tokenizer, settings.stop)
         self.position = len(generation.prompt_ids)  # position id of the next input token
+        # Plain greedy (no penalty, no processor): the token is the argmax of the raw logits, which the engine
+        # takes for all such rows of a batch at once (greedy_token) instead of row by row through sample().
+        self.plain_greedy = settings.temperature <= 0 and not self.processors and self.counts is None
 
     def sample(self, logits: torch.Tensor) -> int:
         """The next token from one row of logits (float32, shape [vocab])."""
@@ -206,6 +209,13 @@ class _Row:
         if self.counts is not None:
             self.counts[token] += 1
         return token
+
+    @staticmethod
+    def greedy_token(argmax: int, maximum: float) -> int:
+        """A plain-greedy row's next token, given its logits' argmax and maximum: what sample() returns."""
+        if not math.isfinite(maximum):
+            raise SamplingError(NON_FINITE_SCORES)
+        return argmax
 
 
 class GenerationEngine:
@@ -363,11 +373,14 @@ class GenerationEngine:
         self.steps += 1
         self.batched_rows += batch
         logits = out.logits[:, -1].float()
+        greedy = None
+        if any(row.plain_greedy for row in self._rows):  # one argmax and one max for the batch, two syncs in all
+            greedy = list(zip(logits.argmax(-1).tolist(), logits.amax(-1).tolist()))
         keep = []
         for index, row in enumerate(self._rows):
             row.position += 1
             try:
-                token = row.sample(logits[index])
+                token = row.greedy_token(*greedy[index]) if row.plain_greedy else row.sample(logits[index])
             except Exception as error:  # this row's sampling failed (e.g. NaN scores): it ends, the others go on
                 self._fail(row.generation, error, row)
                 continue

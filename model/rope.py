@@ -143,8 +143,14 @@ def extend_context(model: Any, factor: float | None) -> None:
         raise ValueError(f"--rope_scaling_factor is not allowed: the model already has rope_scaling="
                          f"{config.rope_scaling!r}")
     original = config.max_position_embeddings
-    scaling = check_rope_scaling({"rope_type": "yarn", "factor": float(factor),
-                                  "original_max_position_embeddings": original}, original)
-    config.rope_scaling, config.max_position_embeddings = scaling, int(original * factor)
+    scaling = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original}
+    set_rope_scaling(model, scaling, int(original * factor))
+
+
+def set_rope_scaling(model: Any, scaling: Mapping[str, Any] | None, max_position_embeddings: int) -> None:
+    """Give a loaded MiniNorm model another rope_scaling (validated; None: plain RoPE) and max_position_embeddings,
+    in its config and its RotaryEmbedding alike (the frequencies are recomputed at every forward)."""
+    checked = check_rope_scaling(scaling, max_position_embeddings)
+    model.config.rope_scaling, model.config.max_position_embeddings = checked, max_position_embeddings
     rotary = model.model.rotary
-    rotary.rope_scaling, rotary.max_position_embeddings = scaling, config.max_position_embeddings
+    rotary.rope_scaling, rotary.max_position_embeddings = checked, max_position_embeddings

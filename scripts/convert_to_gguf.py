@@ -6,7 +6,10 @@
 The input is a MiniNorm model directory with norm_type='rmsnorm', norm_placement='pre', norm_affine=True and
 norm_depth_scaling=False (any other config gets the Llama export's one-line refusal), or a Llama directory written
 by convert_to_llama.py. qk_norm=False writes llama.cpp's LLaMA architecture; qk_norm=True (qk_norm_scope='head')
-writes its qwen3 architecture (per-head QK-norm, RoPE on rotate-half pairs, so q/k rows keep their order).
+writes its qwen3 architecture (per-head QK-norm, RoPE on rotate-half pairs, so q/k rows keep their order), and
+its qwen3moe architecture for a mixture of experts (num_experts > 0; each block's experts stacked into
+ffn_{gate,up,down}_exps). llama.cpp's qwen3moe always renormalises the top-k routing weights, so an MoE model
+needs norm_topk_prob=True.
 The file is written with the `gguf` package (llama.cpp's own writer): the architecture's metadata, every tensor
 under llama.cpp's name, the byte-level BPE tokenizer as llama.cpp's `gpt2` model with the `gpt-2`
 pre-tokenizer (our split pattern is GPT-2's), eos `<|im_end|>`, no token added in front of a prompt, and the
@@ -27,11 +30,12 @@ from typing import Any, NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from transformers import LlamaConfig, Qwen3Config  # noqa: E402
+from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig  # noqa: E402
 
 from dataset.atomic_io import atomic_path  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
-from model.llama_compat import NotLlamaCompatible, check_exportable, to_llama_state_dict, to_target_config  # noqa: E402
+from model.llama_compat import (NotLlamaCompatible, check_exportable, stacked_experts,  # noqa: E402
+                                to_llama_state_dict, to_target_config)
 from model.loading import config_model_type, load_model  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
@@ -75,14 +79,24 @@ def _check_llama_dir(config: LlamaConfig, model_dir: Path) -> None:
                                  " is not what a MiniNorm Llama export has (no biases, silu, default RoPE)")
 
 
-def load_llama_weights(model_dir: Path) -> tuple[LlamaConfig | Qwen3Config, dict[str, torch.Tensor], Any]:
-    """(LlamaConfig, or Qwen3Config for a model with per-head QK-norm; float32 state dict under transformers' key
-    names; tokenizer) of a MiniNorm model or a Llama export. The config is checked before any weight is loaded."""
+def _check_moe(config: MiniNormConfig, model_dir: Path) -> None:
+    """What llama.cpp's qwen3moe graph computes beyond Qwen3-MoE's switches: renormalised top-k weights."""
+    if config.is_moe and not config.norm_topk_prob:
+        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: norm_topk_prob=False is not what llama.cpp "
+                                 "computes (its qwen3moe always renormalises the top-k routing weights to sum to 1)")
+
+
+def load_llama_weights(model_dir: Path) -> tuple[LlamaConfig | Qwen3Config | Qwen3MoeConfig, dict[str, torch.Tensor],
+                                                 Any]:
+    """(LlamaConfig, or Qwen3Config for a model with per-head QK-norm, or Qwen3MoeConfig for a mixture of experts;
+    float32 state dict under transformers' key names, experts stacked as llama.cpp holds them; tokenizer) of a
+    MiniNorm model or a Llama export. The config is checked before any weight is loaded."""
     model_type = config_model_type(model_dir)
     if model_type == MiniNormConfig.model_type:
         config = MiniNormConfig.from_pretrained(model_dir)
-        architecture = "qwen3" if config.qk_norm else "llama"
+        architecture = "qwen3_moe" if config.is_moe else "qwen3" if config.qk_norm else "llama"
         check_exportable(config, model_dir, "GGUF", architecture=architecture)
+        _check_moe(config, model_dir)
         target = to_target_config(config, architecture)
         _check_llama_dir(target, model_dir)  # the GGUF written here has plain RoPE
     elif model_type == "llama":
@@ -92,7 +106,7 @@ def load_llama_weights(model_dir: Path) -> tuple[LlamaConfig | Qwen3Config, dict
     model, tokenizer = load_model(model_dir, device="cpu", dtype="float32")
     if model_type == "llama":
         return model.config, dict(model.state_dict()), tokenizer
-    return target, to_llama_state_dict(model.state_dict()), tokenizer
+    return target, stacked_experts(to_llama_state_dict(model.state_dict()), target.num_hidden_layers), tokenizer
 
 
 def rope_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -126,9 +140,11 @@ class GGUFTensor(NamedTuple):
     qtype: Any               # gguf.GGMLQuantizationType
 
 
-def gguf_arch(gguf: Any, config: LlamaConfig | Qwen3Config):
-    """llama.cpp's architecture for the config: qwen3 (per-head QK-norm, RoPE on rotate-half pairs) or llama."""
-    return gguf.MODEL_ARCH.QWEN3 if config.model_type == "qwen3" else gguf.MODEL_ARCH.LLAMA
+def gguf_arch(gguf: Any, config: LlamaConfig | Qwen3Config | Qwen3MoeConfig):
+    """llama.cpp's architecture for the config: qwen3 (per-head QK-norm, RoPE on rotate-half pairs), qwen3moe (the
+    same with sparse MLPs) or llama."""
+    return {"qwen3": gguf.MODEL_ARCH.QWEN3, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE}.get(config.model_type,
+                                                                                  gguf.MODEL_ARCH.LLAMA)
 
 
 def gguf_tensors(gguf: Any, config: LlamaConfig | Qwen3Config, state: dict[str, torch.Tensor], outtype: str
@@ -145,8 +161,8 @@ def gguf_tensors(gguf: Any, config: LlamaConfig | Qwen3Config, state: dict[str, 
         if name is None:
             raise ValueError(f"no GGUF name for the weight {key!r} ({arch.name} architecture)")
         value = value.detach().float()
-        if arch == gguf.MODEL_ARCH.QWEN3:
-            pass  # llama.cpp's qwen3 graph rotates half against half (NEOX), as transformers does
+        if arch in (gguf.MODEL_ARCH.QWEN3, gguf.MODEL_ARCH.QWEN3MOE):
+            pass  # llama.cpp's qwen3 graphs rotate half against half (NEOX), as transformers does
         elif key.endswith("self_attn.q_proj.weight"):
             value = rope_interleaved(value, config.num_attention_heads)
         elif key.endswith("self_attn.k_proj.weight"):
@@ -203,6 +219,10 @@ def write_gguf(gguf: Any, path: Path, name: str, model_dir: Path, config: LlamaC
     writer.add_rope_dimension_count(config.head_dim)
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if config.model_type == "qwen3_moe":
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
 
     tokens, types = vocabulary(gguf, tokenizer, config.vocab_size)
     writer.add_tokenizer_model("gpt2")  # llama.cpp's name for byte-level BPE
@@ -251,7 +271,7 @@ def convert_to_gguf(model_path: str | Path | None = None, outfile: str | Path | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ToolParser(description="Export a Llama- or Qwen3-compatible MiniNorm model as a GGUF file")
+    parser = ToolParser(description="Export a Llama-, Qwen3- or Qwen3-MoE-compatible MiniNorm model as a GGUF file")
     parser.add_argument("--model_path", default=None,
                         help="MiniNorm model directory or its Llama export (default: out/sft, else out/pretrain)")
     parser.add_argument("--outfile", default=None, help="the .gguf file (default: out/<model dir>-<outtype>.gguf)")

@@ -1,15 +1,19 @@
-"""Export a MiniNorm model as a stock transformers `LlamaForCausalLM` or `Qwen3ForCausalLM` directory.
+"""Export a MiniNorm model as a stock transformers `LlamaForCausalLM`, `Qwen3ForCausalLM` or `Qwen3MoeForCausalLM`
+directory.
 
     python scripts/convert_to_llama.py --model_path out/pretrain --out_dir out/llama
     python scripts/convert_to_llama.py --model_path out/qk --target qwen3 --out_dir out/qwen3
+    python scripts/convert_to_llama.py --model_path out/moe --target qwen3_moe --out_dir out/qwen3_moe
 
 A model with norm_type='rmsnorm', norm_placement='pre', norm_affine=True and norm_depth_scaling=False is a LLaMA
 (qk_norm=False) or a Qwen3 (qk_norm=True, qk_norm_scope='head') with renamed norm keys (model/llama_compat.py holds
 the mapping), so the result loads in plain transformers, vLLM, llama.cpp's converter and so on, with the same
-logits. Any other config is refused, naming the switch. The directory is written under a temporary name and
-renamed into place, and the logits are checked against ours unless --no_verify. An existing --out_dir is replaced
-only when it is empty or a previous export to the same target; one that contains the model, or lies inside it, is
-refused.
+logits; the same model with a mixture of experts (num_experts > 0) is a Qwen3-MoE (qwen3_moe). Each --target names
+the class written and is never switched silently: a target that cannot express the model is refused, naming the
+switch (an MoE model on --target qwen3 names num_experts and points to qwen3_moe). The directory is written under
+a temporary name and renamed into place, and the logits are checked against ours unless --no_verify. An existing
+--out_dir is replaced only when it is empty or a previous export to the same target; one that contains the model,
+or lies inside it, is refused.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 
 import torch  # noqa: E402
-from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedModel, Qwen3ForCausalLM  # noqa: E402
+from transformers import (GenerationConfig, LlamaForCausalLM, PreTrainedModel, Qwen3ForCausalLM,  # noqa: E402
+                          Qwen3MoeForCausalLM)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from model.config import MiniNormConfig  # noqa: E402
 from model.export_dir import check_out_dir, staged_dir  # noqa: E402
-from model.llama_compat import NotExportable, check_exportable, to_llama_state_dict, to_target_config  # noqa: E402
+from model.llama_compat import NotExportable, check_exportable, to_target_config, to_target_state_dict  # noqa: E402
 from model.generation_defaults import without_length_limits  # noqa: E402
 from model.loading import config_model_type  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
@@ -49,6 +54,8 @@ def _patch_config_json(path: Path) -> None:
     config["rope_theta"] = config["rope_parameters"]["rope_theta"]
     if config["rope_parameters"]["rope_type"] != "default":  # and their rope_scaling, for the same reason
         config["rope_scaling"] = {k: v for k, v in config["rope_parameters"].items() if k != "rope_theta"}
+    if "num_local_experts" in config:  # transformers 5 writes Qwen3-MoE's expert count under its attribute_map
+        config["num_experts"] = config["num_local_experts"]  # name; Qwen3-MoE checkpoints and their readers use this
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -68,6 +75,7 @@ def _tokenizer_files(model_path: Path, staging: Path) -> None:
 TARGETS: dict[str, tuple[str, type[PreTrainedModel]]] = {
     "llama": ("Llama", LlamaForCausalLM),
     "qwen3": ("Qwen3", Qwen3ForCausalLM),
+    "qwen3_moe": ("Qwen3-MoE", Qwen3MoeForCausalLM),
 }
 
 
@@ -83,8 +91,8 @@ def max_logit_difference(ours: MiniNormForCausalLM, export_dir: Path, target: st
 
 
 def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool = True, target: str = "llama") -> Path:
-    """Write the `target` ("llama" or "qwen3") directory; returns its path. Raises NotExportable / ModelNotFound /
-    ValueError."""
+    """Write the `target` ("llama", "qwen3" or "qwen3_moe") directory; returns its path. Raises NotExportable /
+    ModelNotFound / ValueError."""
     if target not in TARGETS:
         raise ValueError(f"--target {target!r} is not allowed; choose one of {', '.join(map(repr, TARGETS))}")
     name, model_class = TARGETS[target]
@@ -101,7 +109,8 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     ours = MiniNormForCausalLM.from_pretrained(source, norm_impl="eager").eval()
     with torch.device("meta"):
         exported = model_class(to_target_config(ours.config, target))
-    state = {key: tensor.detach().clone() for key, tensor in to_llama_state_dict(ours.state_dict()).items()}
+    state = {key: tensor.detach().clone() for key, tensor in to_target_state_dict(ours.state_dict(),
+                                                                                   ours.config).items()}
     exported.load_state_dict(state, strict=True, assign=True)
     exported.tie_weights()
     # Sampling settings come along; a length limit saved by an older trainer does not (see generation_defaults).
@@ -121,12 +130,15 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ToolParser(description="Export a MiniNorm model as a stock LlamaForCausalLM or Qwen3ForCausalLM",
+    parser = ToolParser(description="Export a MiniNorm model as a stock LlamaForCausalLM, Qwen3ForCausalLM or "
+                                    "Qwen3MoeForCausalLM",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model_path", default="out/pretrain", help="MiniNorm model directory")
     parser.add_argument("--target", default="llama", choices=tuple(TARGETS),
                         help="llama: LlamaForCausalLM (needs qk_norm=False); qwen3: Qwen3ForCausalLM (needs "
-                             "qk_norm=True with qk_norm_scope='head'); both need pre-LN RMSNorm with gains")
+                             "qk_norm=True with qk_norm_scope='head'); qwen3_moe: Qwen3MoeForCausalLM (qwen3's "
+                             "needs, with num_experts > 0); all need pre-LN RMSNorm with gains; llama and qwen3 "
+                             "need num_experts=0")
     parser.add_argument("--out_dir", default="out/llama",
                         help="where the exported directory goes; an empty folder or a previous export to the same "
                              "target is replaced")

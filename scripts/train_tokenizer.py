@@ -3,10 +3,11 @@
     python scripts/train_tokenizer.py                 # writes model/tokenizer.json + tokenizer_config.json
     python scripts/train_tokenizer.py --vocab_size 8000 --out_dir /tmp/tok --data_path my_pretrain.jsonl
 
-Byte-level BPE (GPT-2 style pre-tokenization, no normalizer) round-trips any text exactly. Special tokens
-are MiniMind's, in MiniMind's order: ``<|endoftext|>``=0 (pad/unk), ``<|im_start|>``=1, ``<|im_end|>``=2
-(eos); there is no bos. The ChatML chat template comes from ``dataset/chat_format.py``. Only the training
-split is used, so validation text stays unseen.
+Byte-level BPE (GPT-2 style pre-tokenization, no normalizer) round-trips any text exactly. The special tokens
+and the chat template come from ``dataset/chat_format.py``: ``<|endoftext|>``=0 (pad/unk), ``<|im_start|>``=1,
+``<|im_end|>``=2 (eos) in MiniMind's order, then ``<tool_call>`` ``</tool_call>`` ``<tool_response>``
+``</tool_response>`` ``<think>`` ``</think>`` (3-8) and four spares ``<|reserved_0|>``... (9-12); there is no bos.
+The vocabulary size counts them. Only the training split is used, so validation text stays unseen.
 """
 
 from __future__ import annotations

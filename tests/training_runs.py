@@ -36,6 +36,57 @@ def write_jsonl(path: Path, rows: list[dict | str]) -> Path:
     return path
 
 
+# The reward files of the GRPO and PPO runs: a letter count (a reward that moves), and one that breaks the
+# reward contract on its third call (one value short).
+LETTER_REWARD = """
+def letter_e(prompts, completions, answer, **columns):
+    assert len(prompts) == len(completions) == len(answer)
+    return [completion.count("e") / 10 for completion in completions]
+"""
+BROKEN_REWARD = """
+calls = 0
+
+def short_by_one(prompts, completions, **columns):
+    global calls
+    calls += 1
+    return [0.0] * (len(completions) - (1 if calls == 3 else 0))
+"""
+
+
+def write_prompt_data(root: Path) -> Path:
+    """prompts.jsonl (prompts in each accepted format, with an answer column) and two reward files for the GRPO
+    and PPO runs: letters.py (letter_e, a reward that moves) and broken.py (short_by_one, which returns one value
+    too few on its third call)."""
+    rows = [{"prompt": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(12)]
+    rows += [{"messages": [{"role": "user", "content": f"Say {i} twice."}], "answer": f"{i} {i}"} for i in range(2)]
+    rows += [{"conversations": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": ""}],
+              "answer": "red"}]
+    write_jsonl(root / "prompts.jsonl", rows)
+    (root / "letters.py").write_text(LETTER_REWARD)
+    (root / "broken.py").write_text(BROKEN_REWARD)
+    return root
+
+
+# A reward that counts a word the tiny model of pretrain_word_model writes about once in 16 tokens.
+FREQUENT_WORD_REWARD = """
+def count_the(prompts, completions, **columns):
+    return [completion.lower().split().count("the") / 4 for completion in completions]
+"""
+
+
+def pretrain_word_model(root: Path) -> Path:
+    """A tiny model pretrained (60 steps, ~10 s) on write_train_data's 22-word corpus, so that it writes those
+    words, "the" among them; with prompts.jsonl (write_prompt_data) and words.py (count_the) beside it for the RL
+    trainers' behavioural tests. Returns the model directory."""
+    write_train_data(root)
+    write_prompt_data(root)
+    (root / "words.py").write_text(FREQUENT_WORD_REWARD)
+    argv = pretrain_argv(root, root / "pretrained", "--learning_rate", "0.03", "--warmup_steps", "5")
+    argv[argv.index("--max_steps") + 1] = "60"
+    run_in_process("pretrain", argv)
+    return root / "pretrained"
+
+
 def write_train_data(root: Path) -> Path:
     """pretrain.jsonl (random word documents); sft.jsonl: conversations whose answers run from one word to
     forty, so micro-batches and processes hold very different numbers of supervised tokens (a per-micro-batch
@@ -117,7 +168,8 @@ def launcher(name: str) -> list[str]:
 
 
 def launch_two_processes(name: str, task: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    script = REPO / "trainer" / ("train_pretrain.py" if task == "pretrain" else "train_full_sft.py")
+    script = REPO / "trainer" / {"pretrain": "train_pretrain.py", "sft": "train_full_sft.py", "grpo": "train_grpo.py",
+                                 "ppo": "train_ppo.py"}[task]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run([*launcher(name), str(script), *argv], capture_output=True, text=True, timeout=900,
                           env=env, cwd=cwd)

@@ -28,7 +28,9 @@ from trainer.threads import THREADS_AUTO, THREADS_HELP, parse_threads
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
 DISTILL_DATA = ("sft", "pretrain")  # the tasks whose data a distillation run reads
-DEFAULT_REWARD = "math_answer"      # GRPO's reward without --reward (trainer/rewards.py)
+DEFAULT_REWARD = "math_answer"      # GRPO's and PPO's reward without --reward (trainer/rewards.py)
+ROLLOUT_GROUPS = {"grpo": "grpo", "ppo": "ppo"}  # the --help section of a flag GRPO and PPO share
+LORA_GROUPS = {"lora": "lora", **ROLLOUT_GROUPS}  # the adapter flags: LoRA's section, or GRPO's/PPO's (--lora)
 
 
 class ModelFlag(NamedTuple):
@@ -94,14 +96,23 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     # Not tuned yet: batch_size counts prompts (x --num_generations completions); MiniMind's beta.
     "grpo": {"max_steps": 50, "batch_size": 4, "learning_rate": 1e-5, "warmup_steps": 5, "weight_decay": 0.0,
              "temperature": 1.0, "beta": 0.02, "eval_batches": 25},
+    # Not tuned yet: one completion per prompt (MiniMind's), TRL's KL weight.
+    "ppo": {"max_steps": 50, "batch_size": 8, "learning_rate": 1e-5, "warmup_steps": 5, "weight_decay": 0.0,
+            "temperature": 1.0, "beta": 0.05, "eval_batches": 25, "num_generations": 1},
 }
+# --lora on an RL trainer: the policy trained as LoRA adapters (with train_lora.py's adapter flags).
+POLICY_LORA_FLAGS = ("lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge")
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
     "dpo": ("beta",),
     "distill": ("teacher", "alpha", "temperature", "distill_data"),
-    "grpo": ("beta", "temperature", "reward", "reward_weights", "num_generations", "max_completion_length", "top_p",
-             "loss_type", "epsilon", "epsilon_high"),
+    "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
+             "max_completion_length", "top_p", "loss_type", "epsilon", "epsilon_high", "num_iterations")
+            + POLICY_LORA_FLAGS,
+    "ppo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
+            "max_completion_length", "top_p", "epsilon", "cliprange_value", "vf_coef", "gamma", "lam", "ppo_epochs")
+           + POLICY_LORA_FLAGS,
 }
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
@@ -115,8 +126,11 @@ FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
     "distill": ("distillation", "loss = alpha x CE + (1 - alpha) x T^2 x KL(teacher^T || student^T) on the "
                                 "supervised tokens (trainer/distillation.py)"),
     "grpo": ("GRPO", "per prompt, --num_generations sampled completions scored by the --reward functions; "
-                     "advantages within each prompt's group; one optimizer step per rollout batch "
-                     "(trainer/grpo.py)"),
+                     "advantages within each prompt's group; --num_iterations optimizer updates per rollout "
+                     "batch (trainer/grpo.py)"),
+    "ppo": ("PPO", "per prompt, --num_generations sampled completions scored by the --reward functions (the KL to "
+                   "the reference paid per token), a critic's values, GAE advantages; --ppo_epochs optimizer "
+                   "updates per rollout batch (trainer/ppo.py)"),
     "model": ("model", None),
     MODEL_CONFIG_GROUP: ("model config", None),
     "data": ("data", None),
@@ -151,14 +165,15 @@ class TrainArgs:
     task: str = "pretrain"
     # Data and output.
     data_path: str | None = _flag("data", None, "training data, a jsonl file (default: the trainer's embedded "
-                                                "data, built on first use)")
+                                                "data, built on first use; GRPO and PPO: arithmetic word problems, "
+                                                "dataset/arithmetic.py)")
     val_data_path: str | None = _flag("data", None, "validation data, a jsonl file (default: the embedded data's "
                                                     "validation split, or --val_fraction of --data_path)")
     val_fraction: float = _flag("data", 0.01, "the fraction of --data_path's documents held out for validation when "
                                               "no --val_data_path is given")
     out_dir: str | None = _flag("checkpoint", None, "where the run writes its model, checkpoints and metrics "
                                                     "(default: out/pretrain, out/sft, out/lora, out/dpo, "
-                                                    "out/distill or out/grpo by trainer; trainer/run_dir.py)")
+                                                    "out/distill, out/grpo or out/ppo by trainer; trainer/run_dir.py)")
     tokenizer_path: str | None = _flag("data", None, "tokenizer directory (default: the committed tokenizer in "
                                                      "model/)")
     skip_bad_lines: bool = _flag("data", False, "skip malformed jsonl lines (counted and logged) instead of "
@@ -231,43 +246,71 @@ class TrainArgs:
                                                       "for the device, trainer/flops.py)")
     sample_prompt: str | None = _flag("logging", None, "prompt of the text sample generated at the end (default: "
                                                        "a built-in one)")
-    # LoRA (trainer/train_lora.py).
-    lora_rank: int = _flag("lora", 8, "rank r of the adapters")
-    lora_alpha: float = _flag("lora", 16.0, "alpha: the adapters' output is scaled by alpha / r")
-    lora_dropout: float = _flag("lora", 0.0, "dropout on the adapters' input")
-    lora_targets: str = _flag("lora", "all", "comma-separated projections, or all / attention / mlp")
-    merge: bool = _flag("lora", False, "also write the merged plain model to OUT_DIR/merged")
+    # LoRA (trainer/train_lora.py; GRPO and PPO with --lora).
+    lora: bool = _flag(ROLLOUT_GROUPS, False, "train the policy as LoRA adapters on its frozen starting weights, "
+                                              "saved as a PEFT adapter directory; the KL's reference is the same "
+                                              "model without them")
+    lora_rank: int = _flag(LORA_GROUPS, 8, "rank r of the adapters")
+    lora_alpha: float = _flag(LORA_GROUPS, 16.0, "alpha: the adapters' output is scaled by alpha / r")
+    lora_dropout: float = _flag(LORA_GROUPS, 0.0, "dropout on the adapters' input")
+    lora_targets: str = _flag(LORA_GROUPS, "all", "comma-separated projections, or all / attention / mlp")
+    merge: bool = _flag(LORA_GROUPS, False, "also write the merged plain model to OUT_DIR/merged")
     # DPO (trainer/train_dpo.py).
-    beta: float = _flag({"dpo": "dpo", "grpo": "grpo"}, 0.15,
+    beta: float = _flag({"dpo": "dpo", "grpo": "grpo", "ppo": "ppo"}, 0.15,
                         {"dpo": "the strength of the pull toward the reference model",
                          "grpo": "the weight of the k3 KL to the reference model (a frozen copy of the starting "
-                                 "weights); 0: no reference model"})
+                                 "weights); 0: no reference model",
+                         "ppo": "the weight of the KL to the reference model (a frozen copy of the starting "
+                                "weights), paid per token in the rewards (TRL's and MiniMind's kl_coef); 0: no "
+                                "reference model"})
     # Distillation (trainer/train_distillation.py).
     teacher: str | None = _flag("distill", None, "the teacher's model directory, which must use the student's "
                                                  f"tokenizer and may be larger (default: "
                                                  f"{DEFAULT_OUT_DIRS[DEFAULT_TEACHER]})")
     alpha: float = _flag("distill", 0.5, "the weight of the cross-entropy to the labels, in [0, 1]; the KL to the "
                                          "teacher has 1 - alpha")
-    temperature: float = _flag({"distill": "distill", "grpo": "grpo"}, 2.0,
+    temperature: float = _flag({"distill": "distill", "grpo": "grpo", "ppo": "ppo"}, 2.0,
                                {"distill": "T, the softmax temperature of both distributions in the KL (> 0)",
-                                "grpo": "the rollouts' sampling temperature (> 0)"})
+                                "grpo": "the rollouts' sampling temperature (> 0)",
+                                "ppo": "the rollouts' sampling temperature (> 0)"})
     distill_data: str = _flag("distill", "sft", f"{_choices(DISTILL_DATA)}: the kind of --data_path (and of the "
                                                 f"default data): SFT conversations (the assistant's tokens are "
                                                 f"supervised) or pretraining text (every token)")
-    # GRPO (trainer/train_grpo.py).
-    reward: list[str] | None = _flag("grpo", None, f"a reward function: a built-in (math_answer, length_penalty, "
-                                                   f"repetition_penalty) or path/to/file.py:function with TRL's "
-                                                   f"signature; repeat the flag for several (default: "
-                                                   f"{DEFAULT_REWARD})")
-    reward_weights: list[float] | None = _flag("grpo", None, "one weight per --reward, in their order (default: "
-                                                             "1 each)")
-    num_generations: int = _flag("grpo", 4, "G: completions sampled per prompt (>= 2)")
-    max_completion_length: int = _flag("grpo", 64, "the most tokens a completion has")
-    top_p: float = _flag("grpo", 1.0, "the rollouts' nucleus sampling threshold, in (0, 1]")
+    # GRPO and PPO (trainer/train_grpo.py, trainer/train_ppo.py).
+    reward: list[str] | None = _flag(ROLLOUT_GROUPS, None,
+                                     f"a reward function: a built-in (math_answer, length_penalty, "
+                                     f"repetition_penalty) or path/to/file.py:function with TRL's signature; repeat "
+                                     f"the flag for several (default without --reward_model: {DEFAULT_REWARD}, which "
+                                     f"needs an \"answer\" field in the data: the default arithmetic problems have "
+                                     f"one)")
+    reward_model: str | None = _flag(ROLLOUT_GROUPS, None, "a learned reward model: a transformers "
+                                                           "AutoModelForSequenceClassification directory (one label) "
+                                                           "scoring prompt + completion in its tokenizer's chat "
+                                                           "template; alone, or beside the --reward functions")
+    reward_weights: list[float] | None = _flag(ROLLOUT_GROUPS, None, "one weight per --reward, in their order, then "
+                                                                     "one for --reward_model (default: 1 each)")
+    num_generations: int = _flag(ROLLOUT_GROUPS, 4, {"grpo": "G: completions sampled per prompt (>= 2)",
+                                                     "ppo": "completions sampled per prompt (>= 1)"})
+    max_completion_length: int = _flag(ROLLOUT_GROUPS, 64, "the most tokens a completion has")
+    top_p: float = _flag(ROLLOUT_GROUPS, 1.0, "the rollouts' nucleus sampling threshold, in (0, 1]")
     loss_type: str = _flag("grpo", "grpo", "grpo | dr_grpo | cispo (trainer/rl_losses.py, policy_loss; "
                                            "docs/post_training.md)")
-    epsilon: float = _flag("grpo", 0.2, "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon_high]")
+    epsilon: float = _flag(ROLLOUT_GROUPS, 0.2,
+                           {"grpo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon_high]",
+                            "ppo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon] (MiniMind's "
+                                   "clip_epsilon, TRL's cliprange)"})
     epsilon_high: float | None = _flag("grpo", None, "the ratio's upper clip range (default: --epsilon)")
+    num_iterations: int = _flag("grpo", 1, "optimizer updates per rollout batch (TRL's num_iterations): the "
+                                           "later ones take the importance ratio against the log-probs of the "
+                                           "policy that sampled, so the clipping acts; --max_steps counts rollouts")
+    # PPO (trainer/train_ppo.py).
+    ppo_epochs: int = _flag("ppo", 2, "optimizer updates per rollout batch, each over the whole batch (MiniMind's "
+                                      "ppo_update_iters, TRL's num_ppo_epochs); --max_steps counts rollouts")
+    gamma: float = _flag("ppo", 1.0, "GAE's discount per token, in [0, 1]")
+    lam: float = _flag("ppo", 0.95, "GAE's lambda, in [0, 1]")
+    vf_coef: float = _flag("ppo", 0.1, "the weight of the critic's value loss beside the policy loss (> 0)")
+    cliprange_value: float = _flag("ppo", 0.2, "the value loss is clipped where a value moves more than this from "
+                                               "the rollout's (> 0)")
     # Model.
     preset: str = _flag("model", "cpu-default", f"named model shape: {_choices(PRESETS)} (model/config.py; "
                                                 f"fine-tuning takes the shape of --from_weight)")
@@ -374,6 +417,11 @@ def task_flags(task: str) -> set[str]:
     return {f.name for f in dataclasses.fields(TrainArgs)} - {"task", "model"} - others
 
 
+def uses_lora(args: TrainArgs) -> bool:
+    """Whether the run trains LoRA adapters: train_lora.py, or GRPO/PPO with --lora."""
+    return args.task == "lora" or (args.lora and args.task in ("grpo", "ppo"))
+
+
 def _validate(args: TrainArgs) -> None:
     def bad(name: str, value: Any, allowed: str) -> ValueError:
         return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
@@ -413,7 +461,7 @@ def _validate(args: TrainArgs) -> None:
         raise bad("min_lr_ratio", args.min_lr_ratio, "it must be in [0, 1]")
     if not 0 < args.val_fraction < 1:
         raise bad("val_fraction", args.val_fraction, "it must be in (0, 1)")
-    if args.task == "lora":
+    if uses_lora(args):
         from model.lora import parse_targets
         if args.lora_rank < 1:
             raise bad("lora_rank", args.lora_rank, "it must be >= 1")
@@ -433,6 +481,8 @@ def _validate(args: TrainArgs) -> None:
             raise bad("distill_data", args.distill_data, f"choose one of {', '.join(DISTILL_DATA)}")
     if args.task == "grpo":
         _validate_grpo(args, bad)
+    if args.task == "ppo":
+        _validate_ppo(args, bad)
 
 
 def _validate_grpo(args: TrainArgs, bad: Any) -> None:
@@ -442,6 +492,29 @@ def _validate_grpo(args: TrainArgs, bad: Any) -> None:
     if args.num_generations < 2:
         raise bad("num_generations", args.num_generations, "it must be >= 2 (advantages compare a prompt's "
                                                            "completions with each other)")
+    if args.num_iterations < 1:
+        raise bad("num_iterations", args.num_iterations, "it must be >= 1")
+    if args.epsilon_high is not None and not (args.epsilon_high > 0 and math.isfinite(args.epsilon_high)):
+        raise bad("epsilon_high", args.epsilon_high, "it must be a positive number")
+    _validate_rollouts(args, bad)
+
+
+def _validate_ppo(args: TrainArgs, bad: Any) -> None:
+    if args.num_generations < 1:
+        raise bad("num_generations", args.num_generations, "it must be >= 1")
+    if args.ppo_epochs < 1:
+        raise bad("ppo_epochs", args.ppo_epochs, "it must be >= 1")
+    for name in ("gamma", "lam"):
+        if not 0 <= getattr(args, name) <= 1:
+            raise bad(name, getattr(args, name), "it must be in [0, 1]")
+    for name in ("vf_coef", "cliprange_value"):
+        if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
+            raise bad(name, getattr(args, name), "it must be a positive number")
+    _validate_rollouts(args, bad)
+
+
+def _validate_rollouts(args: TrainArgs, bad: Any) -> None:
+    """What GRPO and PPO share: the sampling, the KL weight, the clip range and the rewards."""
     if args.max_completion_length < 1:
         raise bad("max_completion_length", args.max_completion_length, "it must be >= 1")
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
@@ -450,15 +523,15 @@ def _validate_grpo(args: TrainArgs, bad: Any) -> None:
         raise bad("top_p", args.top_p, "it must be in (0, 1]")
     if not (args.beta >= 0 and math.isfinite(args.beta)):
         raise bad("beta", args.beta, "it must be a number >= 0 (0: no reference model)")
-    for name in ("epsilon", "epsilon_high"):
-        value = getattr(args, name)
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise bad(name, value, "it must be a positive number")
-    if not args.reward:
+    if not (args.epsilon > 0 and math.isfinite(args.epsilon)):
+        raise bad("epsilon", args.epsilon, "it must be a positive number")
+    if not args.reward and not args.reward_model:
         args.reward = [DEFAULT_REWARD]
     if args.reward_weights is not None:
-        if len(args.reward_weights) != len(args.reward):
-            raise bad("reward_weights", args.reward_weights, f"give one weight per --reward ({len(args.reward)})")
+        count = len(args.reward or []) + bool(args.reward_model)
+        if len(args.reward_weights) != count:
+            raise bad("reward_weights", args.reward_weights, f"give one weight per --reward and --reward_model "
+                                                             f"({count})")
         if not all(math.isfinite(weight) for weight in args.reward_weights):
             raise bad("reward_weights", args.reward_weights, "every weight must be a finite number")
 

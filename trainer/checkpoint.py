@@ -33,7 +33,7 @@ from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
 from dataset.atomic_io import atomic_write_text
-from trainer.args import TrainArgs
+from trainer.args import TrainArgs, uses_lora
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
                              clear_previous_run, previous_run, recorded_run_id, refuse_previous_run)
 
@@ -42,7 +42,7 @@ from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE
 # the number of processes only group the same sample order differently: the position, counted in samples, maps.)
 DATA_ORDER_FLAGS = ("max_seq_len", "seed", "val_fraction")
 # Flags that decide the shapes of a LoRA run's trainable tensors: the checkpoint's adapters fit no other value.
-ADAPTER_FLAGS = ("lora_rank", "lora_targets")
+ADAPTER_FLAGS = ("lora", "lora_rank", "lora_targets")
 FILES_KEY = "files"  # trainer_state.json: every file of the checkpoint, relative to it
 _RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
 _STORAGE_HELP = "see docs/training.md, 'Several machines'"
@@ -205,7 +205,8 @@ def saved_position(state: dict[str, Any]) -> tuple[int, int]:
 def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, data: dict[str, Any]) -> None:
     """Refuse, in one line naming the flag with its old and new value, to resume where the data position would
     not map exactly (other data, another --max_seq_len, --seed or --val_fraction) or, for LoRA, where the saved
-    adapters have another shape (--lora_rank, --lora_targets)."""
+    adapters have another shape (--lora_rank, --lora_targets) or are absent (GRPO/PPO's --lora), or, for
+    distillation, where --teacher names another directory."""
     saved = state.get("config", {})
     for flag in DATA_ORDER_FLAGS:
         old, new = saved.get(flag), getattr(args, flag)
@@ -215,9 +216,15 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
                              f"--{flag} {old}, or start a new run)")
     for flag in ADAPTER_FLAGS:
         old, new = saved.get(flag), getattr(args, flag)
-        if args.task == "lora" and old is not None and old != new:
+        if (uses_lora(args) or saved.get("lora")) and old is not None and old != new:
             raise ValueError(f"--resume {path.name}: --{flag} was {old} there and is {new} now; the saved adapters "
                              f"have that shape (resume with --{flag} {old}, or start a new run)")
+    if args.task == "distill" and "teacher" in saved:
+        from trainer.distillation import teacher_directory
+        old, new = teacher_directory(saved["teacher"]), teacher_directory(args.teacher)
+        if old != new:
+            raise ValueError(f"--resume {path.name}: --teacher was {old} there and is {new} now; a run distils from "
+                             f"one teacher (resume with --teacher {old}, or start a new run)")
     old_data = state.get("data")
     same = old_data is None or {k: v for k, v in old_data.items() if k != "path"} == {
         k: v for k, v in data.items() if k != "path"}

@@ -1,4 +1,4 @@
-"""The training core shared by pretraining, SFT, LoRA, DPO, distillation and GRPO.
+"""The training core shared by pretraining, SFT, LoRA, DPO, distillation, GRPO and PPO.
 
 Accelerate owns devices, mixed precision, gradient accumulation and DDP/FSDP; this module owns the run: it builds
 the model, data, optimizer and schedule, and its loop (`Trainer.run`) takes optimizer steps over groups of
@@ -6,9 +6,10 @@ the model, data, optimizer and schedule, and its loop (`Trainer.run`) takes opti
 hands each result to components that decide their own timing: the reporter (trainer/reporting.py: progress bar,
 metrics.jsonl, wandb), evaluation and checkpoints at their intervals, the time budget (trainer/budget.py); the end
 of the run writes its artifacts through trainer/export.py. What differs between the kinds of run is confined to
-three places: the model (`_build_model`; LoRA wraps it with PEFT adapters), the objective (trainer/objectives.py:
-language modeling, trainer/dpo.py's preference loss against a frozen reference model, trainer/grpo.py's policy
-loss on the rollouts it samples first; `train_step` is the one place the loop meets it) and the data (trainer/data.py).
+three places: the model (`_build_model`; LoRA wraps it with PEFT adapters, PPO puts a critic beside it), the
+objective (trainer/objectives.py: language modeling, trainer/dpo.py's preference loss against a frozen reference
+model, trainer/grpo.py's and trainer/ppo.py's policy losses on the rollouts they sample first; `train_step` is the
+one place the loop meets it) and the data (trainer/data.py).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
 
 from dataset.atomic_io import atomic_write_text
+from dataset.tokenization import check_same_tokenizer
 from model.model import MiniNormForCausalLM
-from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config
+from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, uses_lora
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.checkpoint import (agree_on_start, check_resume_compatible, load_checkpoint, probe_storage,
                                 save_checkpoint, saved_position)
@@ -48,9 +50,10 @@ from trainer.objectives import EvalResult, LanguageModeling, Objective
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
-                             EXIT_DIVERGED, EXIT_PEER_LOST, RUN_ID_KEY, SUMMARY_FILE, report_error, resolve_path)
+                             EXIT_DIVERGED, EXIT_PEER_LOST, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE, report_error,
+                             resolve_path)
 from trainer.schedule import build_scheduler
-from trainer.step import RunPosition, SessionPace, StepResult, step_outcome
+from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
 
 
@@ -100,6 +103,7 @@ def _build_model(args: TrainArgs, tokenizer) -> MiniNormForCausalLM:
         config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
         return MiniNormForCausalLM(config)
     source = _starting_weights(args)
+    check_same_tokenizer(tokenizer, source, "--from_weight")
     fixed = sorted(set(args.model) - set(RUNTIME_MODEL_FIELDS))
     if fixed:
         raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "
@@ -228,21 +232,29 @@ class Trainer:
             self.diagnostics = NormDiagnostics(self.base_model)
 
     def _wrap_for_task(self, base: MiniNormForCausalLM) -> torch.nn.Module:
-        """The model the optimizer trains: the base model itself, or (LoRA) the base model frozen under PEFT
-        adapters."""
-        if self.args.task != "lora":
-            return base
+        """The model the optimizer trains: the base model itself, (LoRA, or GRPO/PPO with --lora) the base model
+        frozen under PEFT adapters, or (PPO) the policy beside a critic started from the same weights
+        (trainer/ppo.py)."""
+        policy = base
+        if uses_lora(self.args):
+            if self.sharded:
+                raise ValueError("LoRA runs on one process or under DDP; FSDP/DeepSpeed sharding is not supported "
+                                 "for it (the adapters are small: DDP is the setup to use)")
+            from model.lora import LoraSettings, add_lora, parse_targets
+            args = self.args
+            policy = add_lora(base, LoraSettings(rank=args.lora_rank, alpha=args.lora_alpha,
+                                                 dropout=args.lora_dropout, targets=parse_targets(args.lora_targets)))
+        if self.args.task != "ppo":
+            return policy
         if self.sharded:
-            raise ValueError("LoRA runs on one process or under DDP; FSDP/DeepSpeed sharding is not supported for "
-                             "it (the adapters are small: DDP is the setup to use)")
-        from model.lora import LoraSettings, add_lora, parse_targets
-        args = self.args
-        return add_lora(base, LoraSettings(rank=args.lora_rank, alpha=args.lora_alpha, dropout=args.lora_dropout,
-                                           targets=parse_targets(args.lora_targets)))
+            raise ValueError("PPO runs on one process or under DDP; FSDP/DeepSpeed sharding is not supported "
+                             "for it (its policy and critic are exported apart)")
+        from trainer.ppo import PolicyAndCritic, load_critic
+        return PolicyAndCritic(policy, load_critic(_starting_weights(self.args), **self.args.model))
 
     def _objective(self) -> Objective:
         """What the run minimizes: language modeling, (DPO) the preference loss against a frozen copy of the
-        starting weights, (distillation) CE and KL to a frozen --teacher, or (GRPO) the policy loss of its
+        starting weights, (distillation) CE and KL to a frozen --teacher, or (GRPO, PPO) the policy loss of its
         rollouts, with a frozen copy of the starting weights as the KL's reference; a frozen model is kept whole on
         every process (it has no gradients or optimizer state)."""
         if self.args.task == "distill":
@@ -251,26 +263,49 @@ class Trainer:
                                    **self.args.model)
             return Distillation(teacher.to(self.accelerator.device), self.args.alpha, self.args.temperature,
                                 self.accelerator.autocast)
-        if self.args.task == "grpo":
-            from trainer.grpo import GroupRelativePolicy, RolloutSettings
-            from trainer.rewards import load_reward
-            args = self.args
-            weights = args.reward_weights or [1.0] * len(args.reward)
-            rewards = [load_reward(spec, weight) for spec, weight in zip(args.reward, weights)]
-            reference = None
-            if args.beta > 0:
-                reference = MiniNormForCausalLM.from_pretrained(_starting_weights(args), **args.model)
-                reference = reference.to(self.accelerator.device)
-            settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length,
-                                       args.temperature, args.top_p, args.beta, args.epsilon,
-                                       args.epsilon if args.epsilon_high is None else args.epsilon_high)
-            return GroupRelativePolicy(rewards, self.tokenizer, settings, reference, args.seed,
-                                       self.accelerator.process_index, self.accelerator.autocast)
+        if self.args.task in ROLLOUT_TASKS:
+            return self._rollout_objective()
         if self.args.task != "dpo":
             return LanguageModeling(moe=self.base_model.config.is_moe)
         from trainer.dpo import DirectPreference
         reference = MiniNormForCausalLM.from_pretrained(_starting_weights(self.args), **self.args.model)
         return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast)
+
+    def _rollout_objective(self) -> Objective:
+        """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's
+        reference (none with --beta 0)."""
+        from torch.utils.data import Subset
+
+        from trainer.rewards import check_columns, load_reward
+        args = self.args
+        specs = args.reward or []
+        weights = args.reward_weights or [1.0] * (len(specs) + bool(args.reward_model))
+        rewards = [load_reward(spec, weight) for spec, weight in zip(specs, weights)]
+        if args.reward_model:
+            from trainer.reward_model import load_reward_model
+            rewards.append(load_reward_model(resolve_path(args.reward_model), weights[-1], self.accelerator.device))
+        train = self.data.train.dataset if isinstance(self.data.train, Subset) else self.data.train
+        check_columns(rewards, train.column_names, str(self.data.train_path))
+        reference = None
+        if args.beta > 0 and uses_lora(args):  # the starting weights are the policy without its adapters
+            from trainer.grpo import WithoutAdapters
+            reference = WithoutAdapters(getattr(self.unwrapped, "policy", self.unwrapped))
+        elif args.beta > 0:
+            reference = MiniNormForCausalLM.from_pretrained(_starting_weights(args), **args.model)
+            reference = reference.to(self.accelerator.device)
+        common = (reference, args.seed, self.accelerator.process_index, self.accelerator.autocast, self.world)
+        if args.task == "ppo":
+            from trainer.ppo import PPOSettings, ProximalPolicy
+            settings = PPOSettings(args.num_generations, args.max_completion_length, args.temperature, args.top_p,
+                                   args.beta, args.epsilon, args.cliprange_value, args.vf_coef, args.gamma,
+                                   args.lam, args.ppo_epochs)
+            return ProximalPolicy(rewards, self.tokenizer, settings, *common)
+        from trainer.grpo import GroupRelativePolicy, RolloutSettings
+        settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length,
+                                   args.temperature, args.top_p, args.beta, args.epsilon,
+                                   args.epsilon if args.epsilon_high is None else args.epsilon_high,
+                                   args.num_iterations)
+        return GroupRelativePolicy(rewards, self.tokenizer, settings, *common)
 
     def _total_steps(self) -> int:
         """--max_steps, or the optimizer steps that complete --epochs passes over the data. A run resumed with
@@ -379,20 +414,36 @@ class Trainer:
                    step: int = 0) -> StepResult:
         """Forward/backward over one group of micro-batches, then one optimizer step (unless the loss or gradient
         diverged, or an fp16 overflow made the scaler skip it). The objective decides the loss; this is the one
-        place the loop meets it. An objective with a `rollout` (GRPO) first turns each micro-batch of prompts into
-        scored completions, seeded by `step` (the optimizer steps done), so a resumed run samples the same ones."""
-        accelerator, model = self.accelerator, self.model
+        place the loop meets it. An objective with a `rollout` (GRPO, PPO) first turns each micro-batch of prompts
+        into scored completions, seeded by `step` (the optimizer steps done), so a resumed run samples the same
+        ones, and may take several optimizer updates on them (its `updates_per_rollout`: GRPO's --num_iterations,
+        PPO's --ppo_epochs); the step is then all of them, and the schedule advances once per step."""
         rollout = getattr(self.objective, "rollout", None)
         if rollout is not None:
             batches = [rollout(self.unwrapped, batch, step, index) for index, batch in enumerate(batches)]
         num_items, real_tokens = self._token_counts(batches)
         num_items = num_items.clamp(min=1)
+        arm_diagnostics = arm_diagnostics and self.diagnostics is not None
+        updates = getattr(self.objective, "updates_per_rollout", 1)
+        results = []
+        for update in range(updates):  # a checkpoint never falls between them: a rollout is never saved
+            result = self._update(batches, num_items, real_tokens, arm_diagnostics and update == updates - 1)
+            if result.outcome == "diverged":
+                return result
+            results.append(result)
+        if any(result.outcome == "applied" for result in results):
+            self.scheduler.step()
+        return combine_updates(results)
+
+    def _update(self, batches: list[dict[str, torch.Tensor]], num_items: torch.Tensor, real_tokens: int,
+                arm_diagnostics: bool) -> StepResult:
+        """One optimizer update over the step's micro-batches (the schedule is train_step's)."""
+        accelerator, model = self.accelerator, self.model
         # Each micro-batch's loss is its token sum over the whole group's supervised tokens (all processes):
         # after Accelerate's 1/accumulation and DDP's 1/world averaging, the gradient is the exact token mean.
         scale = self.args.accumulation_steps * self.world
         loss_sum = torch.zeros((), device=accelerator.device)
         stat_sums = torch.zeros(len(self.objective.stat_names), device=accelerator.device)
-        arm_diagnostics = arm_diagnostics and self.diagnostics is not None
         # Hooks on a compiled module would make it recompile: the (rare) diagnostics step runs eagerly.
         stance = torch.compiler.set_stance("force_eager") if arm_diagnostics and self.compiled else nullcontext()
         with stance:
@@ -432,10 +483,8 @@ class Trainer:
             # Always step: the scaler itself skips an update whose gradients overflowed and lowers its scale.
             self.optimizer.step()
             outcome = step_outcome(loss, checked_norm, scaler_skipped=accelerator.optimizer_step_was_skipped)
-        if outcome == "applied":
-            self.scheduler.step()
-            if arm_diagnostics:
-                diagnostics.update(self.diagnostics.after_step())
+        if outcome == "applied" and arm_diagnostics:
+            diagnostics.update(self.diagnostics.after_step())
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(outcome, loss, float("nan") if grad_norm is None else grad_norm, real_tokens, stats,
                           diagnostics)
@@ -538,6 +587,7 @@ class Trainer:
         tokens_per_s, mfu = self.pace.tokens_per_s(), self.reporter.mfu(self.pace.tokens_per_s())
         self.reporter.log_final(position.step, final, tokens_per_s)
         whole = whole_model(self.accelerator, self.model, self.unwrapped, self.sharded)
+        whole = getattr(whole, "policy", whole)  # PPO trains its policy beside a critic: the policy is the model
         self.accelerator.wait_for_everyone()
         summary = RunSummary(status="finished", out_dir=str(self.out_dir), steps=position.step,
                              tokens_seen=position.tokens_seen, num_params=self.num_params,
@@ -545,8 +595,8 @@ class Trainer:
                              tokens_per_s=tokens_per_s, mfu=mfu, wall_time_s=time.perf_counter() - self.started)
         if self.is_main:
             save_model_dir(whole, self.tokenizer, self.out_dir)
-            saved = f"{'LoRA adapter' if self.args.task == 'lora' else 'model'} saved to {self.out_dir}"
-            if self.args.task == "lora" and self.args.merge:
+            saved = f"{'LoRA adapter' if uses_lora(self.args) else 'model'} saved to {self.out_dir}"
+            if uses_lora(self.args) and self.args.merge:
                 merged_dir = save_merged(whole, self.tokenizer, self.out_dir, self.config_dict)
                 saved += f"; the merged model to {merged_dir}"
             with torch.compiler.set_stance("force_eager"):  # decoding shapes change every token: no compile

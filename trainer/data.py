@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from trainer.args import TrainArgs
-from trainer.run_dir import resolve_path
+from trainer.run_dir import ROLLOUT_TASKS, resolve_path
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -66,14 +66,14 @@ def data_task(args: TrainArgs) -> str:
 
 def dataset_class(task: str) -> type[Dataset]:
     """PretrainDataset (packed text) for "pretrain", DPODataset (preference pairs) for "dpo", PromptDataset (RL
-    prompts) for "grpo", SFTDataset (assistant-only loss) for "sft" and "lora"."""
+    prompts) for "grpo" and "ppo", SFTDataset (assistant-only loss) for "sft" and "lora"."""
     if task == "pretrain":
         from dataset.pretrain_dataset import PretrainDataset
         return PretrainDataset
     if task == "dpo":
         from dataset.dpo_dataset import DPODataset
         return DPODataset
-    if task == "grpo":
+    if task in ROLLOUT_TASKS:
         from dataset.prompt_dataset import PromptDataset
         return PromptDataset
     from dataset.sft_dataset import SFTDataset
@@ -82,16 +82,16 @@ def dataset_class(task: str) -> type[Dataset]:
 
 def default_data(task: str, quiet: bool = False) -> tuple[Path, Path]:
     """(train, val) files of a task's embedded default data, built on first use: the default corpus for
-    pretraining and SFT, and the LoRA and DPO sets derived from it (dataset/post_training_data.py)."""
+    pretraining and SFT, the LoRA and DPO sets derived from it, and (GRPO, PPO) the arithmetic word problems with
+    their held-out problems (dataset/post_training_data.py)."""
     if task in ("pretrain", "sft"):
         from dataset.corpus import ensure_default_corpus
         paths = ensure_default_corpus(quiet=quiet)
         return (paths.pretrain_train, paths.pretrain_val) if task == "pretrain" else (paths.sft_train, paths.sft_val)
-    if task == "grpo":
-        raise ValueError("--data_path is required for grpo: a jsonl of {\"prompt\": ..., \"answer\": ...}, "
-                         "{\"messages\": [...], ...} or MiniMind's rlaif.jsonl rows (there is no default data yet)")
     from dataset.post_training_data import ensure_post_training_data
     derived = ensure_post_training_data()
+    if task in ROLLOUT_TASKS:
+        return derived.grpo_train, derived.grpo_val
     return (derived.lora_train, derived.lora_val) if task == "lora" else (derived.dpo_train, derived.dpo_val)
 
 
@@ -170,8 +170,8 @@ def dataset_stats(dataset: Dataset) -> dict:
 
 class _PaddedWithoutTargets(Dataset):
     """`dataset` followed by `extra` copies of its first sample whose labels (every "labels" field: a preference
-    pair has two) are all -100: they add forward passes but no target, so they change no loss, token or byte
-    count."""
+    pair has two) are all -100, or, for a sample without labels (an RL prompt), marked `padding`: they add forward
+    passes but no target, so they change no loss, token, byte or prompt count."""
 
     def __init__(self, dataset: Dataset, extra: int) -> None:
         self.dataset, self.extra = dataset, extra
@@ -183,9 +183,11 @@ class _PaddedWithoutTargets(Dataset):
         if index < len(self.dataset):
             return self.dataset[index]
         sample = dict(self.dataset[0])
-        for key in sample:
-            if key.endswith("labels"):
-                sample[key] = torch.full_like(sample[key], -100)
+        labelled = [key for key in sample if key.endswith("labels")]
+        for key in labelled:
+            sample[key] = torch.full_like(sample[key], -100)
+        if not labelled:  # a prompt (GRPO, PPO): its validation skips what is marked
+            sample["padding"] = True
         return sample
 
 

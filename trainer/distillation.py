@@ -15,6 +15,7 @@ student, but both must use one tokenizer: the two distributions are compared tok
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -54,6 +55,11 @@ def tokenizer_mismatch(student_tokenizer, teacher_tokenizer) -> str | None:
     return None
 
 
+def teacher_directory(teacher: str | None) -> Path:
+    """The directory --teacher names (None: DEFAULT_TEACHER's output)."""
+    return resolve_input_path(teacher) if teacher else resolve_path(DEFAULT_OUT_DIRS[DEFAULT_TEACHER])
+
+
 def load_teacher(teacher: str | None, student_tokenizer, student_vocab_size: int, **runtime) -> torch.nn.Module:
     """The teacher model of the directory `teacher` (--teacher; None: DEFAULT_TEACHER's output), after checking it
     shares the student's tokenizer and vocabulary size; a one-line error otherwise. `runtime`: the run's model
@@ -61,7 +67,7 @@ def load_teacher(teacher: str | None, student_tokenizer, student_vocab_size: int
     from dataset.tokenization import load_tokenizer
     from model.model import MiniNormForCausalLM
 
-    teacher_dir = resolve_input_path(teacher) if teacher else resolve_path(DEFAULT_OUT_DIRS[DEFAULT_TEACHER])
+    teacher_dir = teacher_directory(teacher)
     if not is_model_dir(teacher_dir):
         raise FileNotFoundError(f"--teacher {teacher_dir}: no model there; create it with "
                                 f"`{CREATE_COMMANDS[DEFAULT_TEACHER]}` (or pass --teacher DIR)")

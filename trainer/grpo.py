@@ -3,33 +3,37 @@
 Each optimizer step first samples its rollouts (`rollout`, which trainer/core.py's train_step calls on every
 micro-batch of prompts before the loss): G = --num_generations completions per prompt with model/generation.py's
 GenerationEngine (batched, KV cache), the policy in eval mode (no dropout) and without gradients. Each completion's
-sampling seed is derived from (--seed, optimizer step, process, micro-batch, completion), so a resumed run samples
-the same rollouts as the uninterrupted one. The --reward functions score the completions (trainer/rewards.py; a
-broken one stops the run with one line before anything of the step is applied), the rewards become advantages
-within each prompt's group (trainer/rl_losses.py, group_advantages; Dr. GRPO leaves out the std), and the frozen
-reference's log-probs are computed once (only with --beta > 0).
+sampling seed is derived from (--seed, optimizer step, the prompt's index in the step's global batch, the
+completion's index in its group), so a resumed run samples the same rollouts as the uninterrupted one, and two
+processes the same as one process over the same global batch. The --reward functions score the completions
+(trainer/rewards.py; a broken one stops the run with one line before anything of the step is applied), the rewards
+become advantages within each prompt's group (trainer/rl_losses.py, group_advantages; Dr. GRPO leaves out the
+std), and the frozen reference's log-probs are computed once (only with --beta > 0). RolloutObjective holds what PPO
+(trainer/ppo.py) shares: the sampling, the scoring, the reference's log-probs and the greedy validation.
 
-One optimizer step per rollout batch: the policy that sampled the completions is the policy being trained, so
-the old log-probs are the current ones detached, the importance ratio is exactly 1 and nothing is clipped (the
-clip fraction logs 0; it is kept for several updates per rollout, not built). The loss is rl_losses.policy_loss's;
-its unit (what it averages over, over the whole step) is the completion for grpo and dr_grpo and the completion
-token for cispo.
+--num_iterations updates per rollout batch (TRL's name; the core's `updates_per_rollout`, one optimizer step of
+the run). The first update's policy is the one that sampled the completions, so its old log-probs are its own,
+detached: the importance ratio is exactly 1 and nothing is clipped. With more than one, the first update records
+those log-probs in the rollout batch and the later ones take their ratio against them (fixed at sampling time),
+so the clipping acts. The loss is rl_losses.policy_loss's; its unit (what it averages over, over the whole step)
+is the completion for grpo and dr_grpo and the completion token for cispo.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings
-from trainer.rewards import Reward, score
+from trainer.rewards import Reward, math_answer, score
 from trainer.rl_losses import LossType, group_advantages, policy_loss
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length")  # then each reward's mean
@@ -50,12 +54,21 @@ class RolloutSettings:
     beta: float
     epsilon_low: float
     epsilon_high: float
+    num_iterations: int = 1  # optimizer updates per rollout batch
 
 
-def rollout_seed(seed: int, step: int, process: int, micro_batch: int, completion: int) -> int:
-    """The sampling seed of one completion: a digest of where it is in the run, the same on a resumed run."""
-    key = f"{seed}/{step}/{process}/{micro_batch}/{completion}".encode()
+def rollout_seed(seed: int, step: int, sample: int, generation: int) -> int:
+    """The sampling seed of one completion: a digest of where it is in the run -- the optimizer step, its prompt's
+    index in the step's global batch, its index in the prompt's group --, the same on a resumed run and whatever
+    the number of processes."""
+    key = f"{seed}/{step}/{sample}/{generation}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:7], "big")
+
+
+def first_sample(micro_batch: int, process: int, world: int, batch_size: int) -> int:
+    """The index in the step's global batch of a micro-batch's first prompt: the data loader hands the step's
+    micro-batch m of process p the (m x world + p)-th batch of the epoch's order (trainer/data.py)."""
+    return (micro_batch * world + process) * batch_size
 
 
 def completion_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor,
@@ -72,6 +85,8 @@ def sample_completions(model: torch.nn.Module, tokenizer, prompt_ids: Sequence[S
                        settings: Sequence[GenerationSettings]) -> list[list[int]]:
     """The completions' token ids (the end-of-turn token included when sampled), one request per prompt/settings
     pair, all in one batch of the engine; the model in eval mode, eager (decoding shapes change every token)."""
+    if hasattr(model, "peft_config"):  # PEFT's adapters live inside the base model's layers: it samples with them
+        model = model.get_base_model()
     engine = GenerationEngine(model, tokenizer, max_batch=len(prompt_ids))
     was_training = model.training
     model.eval()
@@ -86,6 +101,29 @@ def sample_completions(model: torch.nn.Module, tokenizer, prompt_ids: Sequence[S
     if failed is not None:
         raise RuntimeError(f"rollout: sampling a completion failed: {failed.error}")
     return [generation.token_ids for generation in generations]
+
+
+class WithoutAdapters:
+    """The frozen reference of a policy trained as LoRA adapters (--lora): the same PEFT model with its adapters
+    disabled, i.e. the starting weights, at no memory cost. Called as a causal LM; always in eval mode."""
+
+    def __init__(self, peft_model: torch.nn.Module) -> None:
+        self.peft_model = peft_model
+
+    def eval(self) -> WithoutAdapters:
+        return self
+
+    def requires_grad_(self, requires_grad: bool = False) -> WithoutAdapters:
+        return self  # the base weights are frozen already; the adapters are the policy's to train
+
+    def __call__(self, **inputs: Any) -> Any:
+        was_training = self.peft_model.training
+        self.peft_model.eval()
+        try:
+            with self.peft_model.disable_adapter():
+                return self.peft_model(**inputs)
+        finally:
+            self.peft_model.train(was_training)
 
 
 def _padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +142,7 @@ class GRPOEval:
     reward: float             # the mean weighted reward of one greedy completion per validation prompt
     completion_length: float  # their mean length in tokens
     prompts: int
+    accuracy: float = float("nan")  # the fraction whose greedy completion has math_answer 1 (NaN: no "answer")
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -112,42 +151,58 @@ class GRPOEval:
         return {f"val_{name}": value for name, value in self.as_dict().items() if name != "prompts"}
 
     def describe(self) -> str:
-        return (f"val reward {self.reward:.4f} (greedy, {self.prompts} prompts), completion length "
+        accuracy = "" if math.isnan(self.accuracy) else f"accuracy {self.accuracy:.2%}, "
+        return (f"val reward {self.reward:.4f} (greedy, {self.prompts} prompts), {accuracy}completion length "
                 f"{self.completion_length:.1f} tokens")
 
 
-class GroupRelativePolicy:
-    """The GRPO objective. `reference`: the frozen starting model on the training device (None when beta is 0);
-    `autocast`: the mixed-precision context of the reference's forward."""
+class SamplingSettings(Protocol):
+    """What a rollout samples (RolloutSettings, trainer/ppo.py's PPOSettings)."""
 
-    progress_labels = {"reward": "reward", "kl": "kl", "completion_length": "len"}
+    num_generations: int
+    max_completion_length: int
+    temperature: float
+    top_p: float
 
-    def __init__(self, rewards: Sequence[Reward], tokenizer, settings: RolloutSettings,
+
+class RolloutObjective:
+    """What the policy-gradient objectives share (GRPO here, PPO in trainer/ppo.py): sampling and scoring the
+    rollouts, the frozen reference's log-probs and the greedy validation. `reference`: the frozen starting model
+    on the training device (None when beta is 0); `autocast`: the mixed-precision context of its forward;
+    `process_index` of `world` processes: where this process's prompts sit in each step's global batch."""
+
+    def __init__(self, rewards: Sequence[Reward], tokenizer, settings: SamplingSettings,
                  reference: torch.nn.Module | None, seed: int, process_index: int,
-                 autocast: Callable[[], AbstractContextManager]) -> None:
+                 autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
         self.rewards, self.tokenizer, self.settings = list(rewards), tokenizer, settings
         self.reference = reference.eval().requires_grad_(False) if reference is not None else None
-        self.seed, self.process_index, self.autocast = seed, process_index, autocast
+        self.seed, self.process_index, self.world, self.autocast = seed, process_index, world, autocast
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.stat_names = STAT_NAMES + tuple(reward_stat_name(reward) for reward in self.rewards)
+        self.reward_names = tuple(reward_stat_name(reward) for reward in self.rewards)
 
-    # ----------------------------------------------------------------- rollouts
-    def rollout(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
-        """The micro-batch of P prompts -> P x G scored completions, as the tensors the loss reads."""
+    @staticmethod
+    def policy_of(model: torch.nn.Module) -> torch.nn.Module:
+        """The language model that samples, within what the optimizer trains (here: the model itself)."""
+        return model
+
+    def sample(self, model: torch.nn.Module, batch: dict[str, Any], step: int,
+               micro_batch: int) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+        """The micro-batch of P prompts -> P x G scored completions: (the tensors every loss reads -- input_ids,
+        attention_mask, starts, completion_mask, reward_means --, the weighted rewards (P x G,), the completions'
+        lengths (P x G,))."""
         s, group = self.settings, self.settings.num_generations
         prompt_ids = [ids for ids in batch["prompt_ids"] for _ in range(group)]
+        first = first_sample(micro_batch, self.process_index, self.world, len(batch["prompt_ids"]))
         settings = [GenerationSettings(max_new_tokens=s.max_completion_length, temperature=s.temperature,
-                                       top_p=s.top_p, seed=rollout_seed(self.seed, step, self.process_index,
-                                                                        micro_batch, index))
+                                       top_p=s.top_p, seed=rollout_seed(self.seed, step, first + index // group,
+                                                                        index % group))
                     for index in range(len(prompt_ids))]
-        completions = sample_completions(model, self.tokenizer, prompt_ids, settings)
+        completions = sample_completions(self.policy_of(model), self.tokenizer, prompt_ids, settings)
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
         columns = {name: [value for value in values for _ in range(group)]
                    for name, values in batch["columns"].items()}
         prompts = [prompt for prompt in batch["prompts"] for _ in range(group)]
         totals, per_function = score(self.rewards, prompts, texts, columns)
-        rewards = torch.tensor(totals, dtype=torch.float32).view(-1, group)
-        advantages = group_advantages(rewards, scale=s.loss_type != LossType.DR_GRPO).flatten()
         device = next(model.parameters()).device
         input_ids, attention_mask = _padded([p + c for p, c in zip(prompt_ids, completions)], self.pad_id)
         lengths = torch.tensor([len(c) for c in completions])
@@ -155,15 +210,76 @@ class GroupRelativePolicy:
         out = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
                "starts": torch.tensor([len(p) for p in prompt_ids], device=device),
                "completion_mask": (torch.arange(width) < lengths.unsqueeze(1)).to(device),
-               "advantages": advantages.to(device),
-               "rollout_stats": torch.tensor([float(rewards.mean()), float(rewards.std(dim=1).mean()),
-                                              float(lengths.float().mean())], device=device),
                # each function's mean over the completions it scored (None: unscored; NaN if it scored none)
                "reward_means": torch.tensor(per_function, dtype=torch.float64).nanmean(dim=1).float().to(device)}
+        return out, torch.tensor(totals, dtype=torch.float32), lengths
+
+    def reference_log_probs(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The frozen reference's log-probs (fp32) of the batch's completion tokens."""
+        with torch.no_grad(), self.autocast():
+            logits = self.reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            return completion_log_probs(logits, batch["input_ids"], batch["starts"],
+                                        batch["completion_mask"].shape[1]).float()
+
+    # ----------------------------------------------------------------- validation
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator,
+                 token_bytes: torch.Tensor | None = None, max_batches: int = 0) -> GRPOEval:
+        """One greedy completion per validation prompt, scored by the run's rewards; where the data has an "answer"
+        field, also the accuracy: the fraction of prompts whose completion math_answer scores 1."""
+        # reward sum, length sum, prompts, correct answers, prompts with an "answer" field
+        totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
+        greedy = GenerationSettings(max_new_tokens=self.settings.max_completion_length, temperature=0.0)
+        for index, batch in enumerate(loader):
+            if max_batches and index >= max_batches:
+                break
+            keep = [i for i, padding in enumerate(batch.get("padding") or [False] * len(batch["prompts"]))
+                    if not padding]  # a validation shard's padding copies are not counted
+            if not keep:
+                continue
+            prompts = [batch["prompts"][i] for i in keep]
+            columns = {name: [values[i] for i in keep] for name, values in batch["columns"].items()}
+            completions = sample_completions(self.policy_of(model), self.tokenizer,
+                                             [batch["prompt_ids"][i] for i in keep], [greedy] * len(keep))
+            texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
+            rewards, _ = score(self.rewards, prompts, texts, columns)
+            answers = columns.get("answer")
+            correct = sum(math_answer(prompts, texts, answers)) if answers is not None else 0.0
+            totals += torch.tensor([sum(rewards), sum(len(c) for c in completions), len(texts), correct,
+                                    len(texts) if answers is not None else 0],
+                                   dtype=torch.float64, device=accelerator.device)
+        totals = accelerator.reduce(totals, reduction="sum")
+        prompts = int(totals[2])
+        reward = float(totals[0] / prompts) if prompts else float("nan")
+        length = float(totals[1] / prompts) if prompts else float("nan")
+        accuracy = float(totals[3] / totals[4]) if totals[4] else float("nan")
+        return GRPOEval(-reward, reward, length, prompts, accuracy)
+
+
+class GroupRelativePolicy(RolloutObjective):
+    """The GRPO objective (RolloutObjective has the arguments)."""
+
+    progress_labels = {"reward": "reward", "kl": "kl", "completion_length": "len"}
+
+    def __init__(self, rewards: Sequence[Reward], tokenizer, settings: RolloutSettings,
+                 reference: torch.nn.Module | None, seed: int, process_index: int,
+                 autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
+        super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world)
+        self.stat_names = STAT_NAMES + self.reward_names
+        self.updates_per_rollout = settings.num_iterations
+
+    # ----------------------------------------------------------------- rollouts
+    def rollout(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
+        """The micro-batch of P prompts -> P x G scored completions, as the tensors the loss reads."""
+        out, totals, lengths = self.sample(model, batch, step, micro_batch)
+        rewards = totals.view(-1, self.settings.num_generations)
+        advantages = group_advantages(rewards, scale=self.settings.loss_type != LossType.DR_GRPO).flatten()
+        device = out["input_ids"].device
+        out["advantages"] = advantages.to(device)
+        out["rollout_stats"] = torch.tensor([float(rewards.mean()), float(rewards.std(dim=1).mean()),
+                                             float(lengths.float().mean())], device=device)
         if self.reference is not None:
-            with torch.no_grad(), self.autocast():
-                logits = self.reference(input_ids=out["input_ids"], attention_mask=out["attention_mask"]).logits
-                out["ref_logp"] = completion_log_probs(logits, out["input_ids"], out["starts"], width).float()
+            out["ref_logp"] = self.reference_log_probs(out)
         return out
 
     # ----------------------------------------------------------------- the loss
@@ -177,32 +293,15 @@ class GroupRelativePolicy:
         s, mask = self.settings, batch["completion_mask"]
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         logp = completion_log_probs(logits, batch["input_ids"], batch["starts"], mask.shape[1])
-        result = policy_loss(s.loss_type, logp, logp.detach(), batch["advantages"], mask, s.epsilon_low,
+        old_logp = batch.get("old_logp")
+        if old_logp is None:  # the rollout's first update: the policy that sampled it
+            old_logp = logp.detach()
+            if self.updates_per_rollout > 1:
+                batch["old_logp"] = old_logp
+        result = policy_loss(s.loss_type, logp, old_logp, batch["advantages"], mask, s.epsilon_low,
                              s.epsilon_high, s.beta, batch.get("ref_logp"), s.max_completion_length)
         local = self.count_items(batch).to(result.loss.dtype)
         reward, reward_std, length = batch["rollout_stats"].tolist()
         stats = torch.tensor([reward, reward_std, result.kl, result.clip_fraction, length], device=mask.device)
         stats = torch.cat([stats, batch.get("reward_means", stats.new_zeros(len(self.rewards)))])
         return result.loss * local / num_items, stats * local
-
-    # ----------------------------------------------------------------- validation
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator,
-                 token_bytes: torch.Tensor | None = None, max_batches: int = 0) -> GRPOEval:
-        """One greedy completion per validation prompt, scored by the run's rewards."""
-        totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # reward sum, length sum, prompts
-        greedy = GenerationSettings(max_new_tokens=self.settings.max_completion_length, temperature=0.0)
-        for index, batch in enumerate(loader):
-            if max_batches and index >= max_batches:
-                break
-            completions = sample_completions(model, self.tokenizer, batch["prompt_ids"],
-                                             [greedy] * len(batch["prompt_ids"]))
-            texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
-            rewards, _ = score(self.rewards, batch["prompts"], texts, batch["columns"])
-            totals += torch.tensor([sum(rewards), sum(len(c) for c in completions), len(texts)],
-                                   dtype=torch.float64, device=accelerator.device)
-        totals = accelerator.reduce(totals, reduction="sum")
-        prompts = int(totals[2])
-        reward = float(totals[0] / prompts) if prompts else float("nan")
-        length = float(totals[1] / prompts) if prompts else float("nan")
-        return GRPOEval(-reward, reward, length, prompts)

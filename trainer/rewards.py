@@ -87,6 +87,7 @@ def repetition_penalty(prompts: list[str], completions: list[str], **columns) ->
 
 BUILTIN: dict[str, RewardFunction] = {"math_answer": math_answer, "length_penalty": length_penalty,
                                       "repetition_penalty": repetition_penalty}
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {"math_answer": ("answer",)}  # the data fields a built-in reads
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,15 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
     if not callable(function):
         raise ValueError(f"--reward {spec!r}: {file} defines no function {name!r}")
     return Reward(spec, function, weight)
+
+
+def check_columns(rewards: Sequence[Reward], columns: set[str] | frozenset[str], source: str) -> None:
+    """A ValueError (one line) where a built-in reward reads a data field that `source` (the data) lacks."""
+    for reward in rewards:
+        missing = [name for name in REQUIRED_COLUMNS.get(reward.name, ()) if name not in columns]
+        if missing:
+            raise ValueError(f"--reward {reward.name} reads the data's {missing[0]!r} field, which {source} lacks; "
+                             f"give another --reward (a built-in or path/to/file.py:function)")
 
 
 def _checked(reward: Reward, values, count: int) -> list[float]:

@@ -1,6 +1,7 @@
 """The reinforcement-learning math of the policy-gradient trainers, as pure functions of tensors (no model, no
 rollouts): group-relative advantages, the GRPO / Dr. GRPO / CISPO policy losses, the k3 KL estimator to a reference
-model, GAE, and PPO's clipped policy and value losses.
+model, and PPO's pieces: the KL-penalised per-token rewards, GAE, whitening, the clipped policy and value losses and
+their sum, and the critic's explained variance.
 
 Conventions. A batch holds B completions of up to T tokens; `mask` (B, T) is 1 on a completion's tokens and 0 on
 its padding, which must trail. `logp` (B, T) are the log-probabilities of the sampled tokens under the policy being
@@ -151,3 +152,63 @@ def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torc
     prediction gains nothing from moving more than `clip` from the one the rollout saw."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
     return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask.to(values.dtype))
+
+
+WHITEN_EPS = 1e-8  # added to the variance before its square root (TRL's masked_whiten, MiniMind's PPO)
+
+
+@dataclass(frozen=True)
+class PPOLoss:
+    loss: torch.Tensor     # 0-d, to minimize: the policy loss + vf_coef x the value loss
+    policy_loss: float
+    value_loss: float
+    clip_fraction: float   # the fraction of the completions' tokens whose ratio was clipped
+
+
+def kl_penalized_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                         beta: float) -> torch.Tensor:
+    """Per-token rewards (B, T) for PPO on language (Ziegler et al. 2019, "Fine-Tuning Language Models from Human
+    Preferences", arXiv:1909.08593, section 2.2; Ouyang et al. 2022, InstructGPT, equation 2; TRL's PPOTrainer):
+    each token pays -beta (logp - ref_logp), the k1 estimate of the KL to the reference from the sampled token (its
+    sum over a completion estimates the completion's KL without bias), and the completion's score (B,) comes at its
+    last token; 0 on padding. The log-probs are the rollout's (detached): the KL is a reward, not a loss term."""
+    mask = mask.to(logp.dtype)
+    rewards = -beta * (logp.detach() - ref_logp.detach()) * mask
+    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    rewards[rows, last] += scores.to(rewards.dtype)
+    return rewards
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = WHITEN_EPS) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the positions where `mask` is 1, the variance with Bessel's correction
+    (TRL's masked_whiten); 0 on padding. PPO whitens its advantages over the rollout batch's tokens."""
+    mask = mask.to(values.dtype)
+    count = mask.sum()
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask) * count / (count - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(variance + eps) * mask
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over the completions' tokens: 1 for a critic that predicts the
+    returns, 0 for one no better than their mean, below 0 for worse; NaN when the returns do not vary."""
+    mask = mask.to(values.dtype)
+
+    def variance(x: torch.Tensor) -> torch.Tensor:
+        return masked_mean((x - masked_mean(x, mask)) ** 2, mask)
+
+    spread = variance(returns)
+    return float(1 - variance(returns - values) / spread) if spread > 0 else float("nan")
+
+
+def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, values: torch.Tensor, old_values: torch.Tensor,
+             advantages: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, epsilon: float,
+             cliprange_value: float, vf_coef: float) -> PPOLoss:
+    """PPO's loss (Schulman et al. 2017, equation 9, without the entropy bonus, as TRL's PPOTrainer): the clipped
+    policy loss plus vf_coef x the clipped value loss, both token means over the completions (ppo_policy_loss,
+    ppo_value_loss); old_logp and old_values are the rollout's, advantages and returns from gae()."""
+    policy = ppo_policy_loss(logp, old_logp, advantages, mask, epsilon)
+    value = ppo_value_loss(values, old_values, returns, mask, cliprange_value)
+    return PPOLoss(policy.loss + vf_coef * value, float(policy.loss.detach()), float(value.detach()),
+                   policy.clip_fraction)

@@ -39,15 +39,18 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 RUN_ID_KEY = "run_id"  # train_config.yaml and every checkpoint's trainer_state.json: the run that wrote them
 OVERWRITE_FLAG = "--overwrite"
 
-TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo")
+TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo")
+ROLLOUT_TASKS = ("grpo", "ppo")  # the tasks that train on completions they sample from the policy
 DEFAULT_OUT_DIRS = {"pretrain": "out/pretrain", "sft": "out/sft", "lora": "out/lora", "dpo": "out/dpo",
-                    "distill": "out/distill", "grpo": "out/grpo"}
+                    "distill": "out/distill", "grpo": "out/grpo", "ppo": "out/ppo"}
 CREATE_COMMANDS = {"pretrain": "python trainer/train_pretrain.py", "sft": "python trainer/train_full_sft.py",
                    "lora": "python trainer/train_lora.py", "dpo": "python trainer/train_dpo.py",
-                   "distill": "python trainer/train_distillation.py", "grpo": "python trainer/train_grpo.py"}
+                   "distill": "python trainer/train_distillation.py", "grpo": "python trainer/train_grpo.py",
+                   "ppo": "python trainer/train_ppo.py"}
 # The model a fine-tuning task starts from when no --from_weight is given (pretraining starts from nothing): for
 # distillation, the student's; the task whose model is a distillation's teacher when no --teacher is given.
-DEFAULT_FROM_WEIGHT = {"sft": "pretrain", "lora": "sft", "dpo": "sft", "distill": "pretrain", "grpo": "sft"}
+DEFAULT_FROM_WEIGHT = {"sft": "pretrain", "lora": "sft", "dpo": "sft", "distill": "pretrain", "grpo": "sft",
+                       "ppo": "sft"}
 DEFAULT_TEACHER = "sft"
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's name: a LoRA run's output is an adapter, not a model
 MERGED_DIR = "merged"                        # train_lora.py --merge: the merged plain model, inside the run

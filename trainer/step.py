@@ -38,6 +38,19 @@ class StepResult:
     time_s: float = math.nan      # wall time of the step, loading its batches included
 
 
+def combine_updates(results: list[StepResult]) -> StepResult:
+    """One optimizer step that took several updates on one rollout (GRPO's --num_iterations, PPO's --ppo_epochs):
+    applied if any update was; the loss, gradient norm and statistics are the updates' means; the diagnostics are
+    the last update's. One update is its own result."""
+    if len(results) == 1:
+        return results[0]
+    outcome: StepOutcome = "applied" if any(r.outcome == "applied" for r in results) else "skipped"
+    stats = {name: statistics.fmean(r.stats[name] for r in results) for name in results[0].stats}
+    return StepResult(outcome, statistics.fmean(r.loss for r in results),
+                      statistics.fmean(r.grad_norm for r in results), results[0].tokens, stats,
+                      results[-1].diagnostics)
+
+
 @dataclass
 class RunPosition:
     """Where the run stands: optimizer steps done, the epoch and the global samples of it consumed, tokens seen.

@@ -129,24 +129,25 @@ def test_history_is_rendered_with_the_chat_template(sft) -> None:
     session = greedy_session(sft, system_prompt="Be brief.", history_turns=2)
     first = session.reply("Who are you?").text.strip()
     second = session.reply("Hello").text.strip()
+    think = "<think>\n\n</think>\n\n"  # the empty think block before every answer without reasoning
     assert session.render("Third?") == (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         "<|im_start|>user\nWho are you?<|im_end|>\n"
-        f"<|im_start|>assistant\n{first}<|im_end|>\n"
+        f"<|im_start|>assistant\n{think}{first}<|im_end|>\n"
         "<|im_start|>user\nHello<|im_end|>\n"
-        f"<|im_start|>assistant\n{second}<|im_end|>\n"
+        f"<|im_start|>assistant\n{think}{second}<|im_end|>\n"
         "<|im_start|>user\nThird?<|im_end|>\n"
-        "<|im_start|>assistant\n")
+        f"<|im_start|>assistant\n{think}")
     session.history_turns = 1
     assert session.render("Third?") == (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         "<|im_start|>user\nHello<|im_end|>\n"
-        f"<|im_start|>assistant\n{second}<|im_end|>\n"
+        f"<|im_start|>assistant\n{think}{second}<|im_end|>\n"
         "<|im_start|>user\nThird?<|im_end|>\n"
-        "<|im_start|>assistant\n")
+        f"<|im_start|>assistant\n{think}")
     session.reset()
     assert session.render("Hi") == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                                    "<|im_start|>assistant\n")
+                                    f"<|im_start|>assistant\n{think}")
 
 
 @pytest.mark.parametrize("system_prompt", [None, "Be brief."])
@@ -160,7 +161,7 @@ def test_history_is_dropped_oldest_first_to_fit_the_context(sft, system_prompt) 
     text = session.tokenizer.decode(ids)
     assert len(ids) + session.settings.max_new_tokens <= 120 and budget == 40
     assert "question 5" in text and "question 0" not in text
-    assert text.endswith("last<|im_end|>\n<|im_start|>assistant\n")
+    assert text.endswith("last<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert ("Be brief." in text) == bool(system_prompt)  # the system prompt is kept, only exchanges go
     # Whole exchanges go: every kept question still has its answer (the last "assistant" opens the reply).
     assert text.count("<|im_start|>user") == text.count("<|im_start|>assistant") and "answer 5" in text

@@ -80,3 +80,19 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(train_data, tin
     errors = [line for line in stderr if line.startswith("error")]
     assert errors == stderr[-1:] and errors[0].startswith(f"error: --teacher {teacher}: its tokenizer differs")
     assert not list(out_dir.glob("checkpoints/*")) and not (out_dir / "model.safetensors").exists()
+
+
+def test_resuming_with_another_teacher_is_refused_in_one_line(distilled, train_data, tiny_models, tmp_path, capsys):
+    checkpoint = distilled / "checkpoints" / "step_00000003"
+    argv = finetune_argv("distill", train_data, tiny_models.pretrain, tmp_path / "resumed", "--teacher",
+                         str(tiny_models.chat), "--learning_rate", "3e-3", "--warmup_steps", "1", "--save_interval",
+                         "3", "--alpha", "0.25", "--temperature", "2", "--resume", str(checkpoint))
+    with pytest.raises(SystemExit) as stopped:
+        main("distill", argv)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (f"error: --resume step_00000003: --teacher was {tiny_models.sft} there and is {tiny_models.chat} "
+                     f"now; a run distils from one teacher (resume with --teacher {tiny_models.sft}, or start a new "
+                     f"run)")
+    assert not (tmp_path / "resumed" / "metrics.jsonl").exists()

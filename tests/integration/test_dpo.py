@@ -98,7 +98,9 @@ def test_dpo_run_drives_the_reward_accuracy_up(train_data, tiny_models, tmp_path
     assert train[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert train[0]["reward_accuracy"] == 0 and train[0]["chosen_reward"] == pytest.approx(0, abs=1e-6)
     accuracy = [r["reward_accuracy"] for r in train]
-    assert sum(accuracy[-10:]) / 10 > 0.8 and sum(accuracy[-10:]) / 10 > sum(accuracy[:10]) / 10 + 0.3
+    # (With the think block before every answer the pairs are ranked right from about step 6: the start is the
+    # first 5 steps.)
+    assert sum(accuracy[-10:]) / 10 > 0.8 and sum(accuracy[-10:]) / 10 > sum(accuracy[:5]) / 5 + 0.3
     assert sum(r["reward_margin"] for r in train[-10:]) > 0
     val = read_metrics(out_dir, "val")
     assert set(val[-1]) >= {"val_loss", "val_reward_accuracy", "val_reward_margin", "val_chosen_reward",

@@ -1,46 +1,27 @@
 """GRPO (trainer/train_grpo.py) end to end on the training core: a tiny run samples, scores and trains, logs the
 reward, KL, clip fraction and completion length, and saves; resumed from its checkpoint it samples the same
 rollouts and reproduces the uninterrupted run bit for bit; a reward function that breaks its contract stops the run
-in one line and the checkpoint saved before stays complete."""
+in one line and the checkpoint saved before stays complete; several updates per rollout (--num_iterations) clip;
+and a reward that counts a frequent word rises within a few dozen steps on a tiny model."""
 
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
-from tests.training_runs import run_in_process, train_losses, write_jsonl
+from tests.training_runs import pretrain_word_model, run_in_process, train_losses, write_prompt_data
 from trainer.core import main
-from trainer.run_dir import SUMMARY_FILE, model_task, read_metrics, read_summary
-
-LETTER_REWARD = """
-def letter_e(prompts, completions, answer, **columns):
-    assert len(prompts) == len(completions) == len(answer)
-    return [completion.count("e") / 10 for completion in completions]
-"""
-BROKEN_REWARD = """
-calls = 0
-
-def short_by_one(prompts, completions, **columns):
-    global calls
-    calls += 1
-    return [0.0] * (len(completions) - (1 if calls == 3 else 0))
-"""
+from trainer.run_dir import CONFIG_FILE, SUMMARY_FILE, model_task, read_metrics, read_summary
 
 
 @pytest.fixture(scope="module")
 def grpo_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("grpo_data")
-    rows = [{"prompt": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(12)]
-    rows += [{"messages": [{"role": "user", "content": f"Say {i} twice."}], "answer": f"{i} {i}"} for i in range(2)]
-    rows += [{"conversations": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": ""}],
-              "answer": "red"}]
-    write_jsonl(root / "prompts.jsonl", rows)
-    (root / "letters.py").write_text(LETTER_REWARD)
-    (root / "broken.py").write_text(BROKEN_REWARD)
-    return root
+    return write_prompt_data(tmp_path_factory.mktemp("grpo_data"))
 
 
 def _argv(data, start, out_dir, *extra: str) -> list[str]:
@@ -103,3 +84,168 @@ def test_a_reward_that_breaks_its_contract_stops_the_run_in_one_line(grpo_data, 
     checkpoint = out_dir / "checkpoints" / "step_00000002"  # saved after step 2; the 3rd step's rollout broke
     assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == 2
     assert not (out_dir / SUMMARY_FILE).exists() and not (out_dir / "checkpoints" / "step_00000003").exists()
+
+
+def test_several_updates_per_rollout_clip_the_ratio(grpo_data, tiny_models, tmp_path):
+    """--num_iterations 3: each of the 2 steps (rollouts) takes 3 updates; the later ones take the ratio against
+    the sampling policy's log-probs, so tokens clip (one update per rollout never clips: the test above)."""
+    out_dir = tmp_path / "iterations"
+    argv = _argv(grpo_data, tiny_models.pretrain, out_dir, "--num_iterations", "3")
+    argv[argv.index("--max_steps") + 1] = "2"
+    run_in_process("grpo", argv)
+    train = read_metrics(out_dir, "train")
+    assert len(train) == 2  # --max_steps counts rollouts
+    assert all(record["clip_fraction"] > 0 for record in train)
+
+
+def test_grpo_raises_a_reward_that_counts_a_frequent_word(tmp_path):
+    """A tiny model pretrained on a 22-word corpus writes "the" about once in 16 tokens; 30 GRPO steps (fixed
+    seed, groups of 4) more than triple the reward that counts it."""
+    pretrained = pretrain_word_model(tmp_path)
+    out_dir = tmp_path / "grpo"
+    run_in_process("grpo", ["--data_path", str(tmp_path / "prompts.jsonl"), "--from_weight", str(pretrained),
+                            "--out_dir", str(out_dir), "--max_steps", "30", "--batch_size", "2",
+                            "--num_generations", "4", "--max_completion_length", "16", "--learning_rate", "3e-3",
+                            "--warmup_steps", "2", "--max_seq_len", "48", "--dtype", "float32", "--norm_impl",
+                            "eager", "--compile", "off", "--log_interval", "1", "--save_interval", "100",
+                            "--eval_interval", "100", "--eval_batches", "1", "--seed", "0", "--reward",
+                            f"{tmp_path / 'words.py'}:count_the"])
+    rewards = [record["reward"] for record in read_metrics(out_dir, "train")]
+    assert len(rewards) == 30
+    first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
+    assert last > 3 * first and last > first + 0.4, rewards
+
+
+def _greedy_completion(model, prompt_ids: list[int], max_tokens: int, stop: set[int]) -> list[int]:
+    """Greedy decoding by full forwards, token by token (independent of the trainer's engine)."""
+    ids = list(prompt_ids)
+    for _ in range(max_tokens):
+        with torch.no_grad():
+            token = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(token)
+        if token in stop:
+            break
+    return ids[len(prompt_ids):]
+
+
+def test_grpo_defaults_to_the_arithmetic_problems_and_reports_their_held_out_accuracy(tiny_models, tmp_path):
+    """No --data_path, no --reward: the embedded arithmetic problems, math_answer, and the greedy accuracy on every
+    held-out problem at the end, which equals an independent count (full forwards, own answer parsing)."""
+    from dataset.chat_format import encode_chatml
+    from dataset.post_training_data import ensure_post_training_data
+    from dataset.tokenization import load_tokenizer
+    from model.model import MiniNormForCausalLM
+
+    out_dir = tmp_path / "default"
+    run_in_process("grpo", ["--from_weight", str(tiny_models.pretrain), "--out_dir", str(out_dir), "--max_steps",
+                            "1", "--batch_size", "4", "--num_generations", "2", "--max_completion_length", "5",
+                            "--max_seq_len", "96", "--dtype", "float32", "--norm_impl", "eager", "--compile", "off",
+                            "--eval_interval", "100", "--save_interval", "100", "--beta", "0"])
+    config = yaml.safe_load((out_dir / CONFIG_FILE).read_text())
+    paths = ensure_post_training_data()
+    assert config["reward"] == ["math_answer"] and config["data_path"] is None
+    rows = [json.loads(line) for line in paths.grpo_val.read_text().splitlines()]
+    final = read_summary(out_dir)["final_val"]
+    assert final["prompts"] == len(rows) == 300
+    tokenizer = load_tokenizer()
+    model = MiniNormForCausalLM.from_pretrained(out_dir).eval()
+    stop = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    correct, lengths = 0, 0
+    for row in rows:
+        prompt = encode_chatml(tokenizer, [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True)
+        completion = _greedy_completion(model, prompt.input_ids, 5, stop)
+        lengths += len(completion)
+        numbers = [w.strip(".,") for w in tokenizer.decode(completion, skip_special_tokens=True).split()]
+        numbers = [w for w in numbers if w.lstrip("-").isdigit()]
+        correct += bool(numbers) and int(numbers[-1]) == int(row["answer"])
+    assert final["completion_length"] == pytest.approx(lengths / len(rows))
+    assert final["accuracy"] == pytest.approx(correct / len(rows))
+    assert read_metrics(out_dir, "val")[-1]["val_accuracy"] == pytest.approx(correct / len(rows))
+
+
+def test_two_processes_sample_and_train_like_one_process(grpo_data, tiny_models, tmp_path):
+    """torchrun, two processes of 2 prompts against one process of 4 (the same global batch): each completion's
+    seed depends on its prompt's place in the global batch, not on the process, so both sample the same rollouts;
+    losses, rewards, the validation (7 prompts: one shard padded, the copy not counted) and the weights agree.
+    (PPO samples the same rollouts too, but whitens its advantages over each micro-batch: not compared.)"""
+    task = "grpo"
+    from tests.training_runs import assert_same_model, launch_two_processes
+
+    def argv(out_dir, batch_size: str) -> list[str]:
+        flags = _argv(grpo_data, tiny_models.pretrain, out_dir, "--val_data_path", str(grpo_data / "val.jsonl"),
+                      "--eval_interval", "2")
+        flags[flags.index("--batch_size") + 1] = batch_size
+        return flags
+
+    rows = [json.loads(line) for line in (grpo_data / "prompts.jsonl").read_text().splitlines()]
+    (grpo_data / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:7]))
+    one = tmp_path / "one"
+    run_in_process(task, argv(one, "4"))
+    two = tmp_path / "two"
+    run = launch_two_processes("torchrun", task, argv(two, "2"), tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "x2, float32" in run.stdout
+    for split in ("train", "val"):
+        ours, theirs = read_metrics(two, split), read_metrics(one, split)
+        assert len(ours) == len(theirs) >= 2
+        for mine, reference in zip(ours, theirs):
+            for name, value in reference.items():
+                if isinstance(value, (int, float)) and not name.endswith("_s") and name != "mfu":  # not timings
+                    assert mine[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (split, name)
+    assert read_summary(two)["final_val"]["prompts"] == 7
+    assert_same_model(two, one)
+
+
+@pytest.mark.parametrize("task", ["grpo", "ppo"])
+def test_lora_trains_only_the_policys_adapters_and_saves_an_adapter_chat_loads(task, grpo_data, tiny_models,
+                                                                               tmp_path, capsys):
+    """--lora: the starting weights stay as they were (in the checkpoint), the adapters move, the KL's reference is
+    the policy without them (0 at the first step, > 0 after), and the run saves a PEFT adapter that chat runs."""
+    from eval.chat import main as chat
+
+    out_dir = tmp_path / f"{task}_lora"
+    argv = _argv(grpo_data, tiny_models.pretrain, out_dir, "--lora", "--lora_rank", "4", "--learning_rate", "1e-2")
+    if task == "ppo":
+        argv[argv.index("--num_generations") + 1] = "2"
+    run_in_process(task, argv)
+    assert (out_dir / "adapter_config.json").is_file() and not (out_dir / "model.safetensors").exists()
+    adapter = load_file(out_dir / "adapter_model.safetensors")
+    assert adapter and all("lora_" in name for name in adapter)
+    assert any(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)  # B starts at 0
+    start = load_file(tiny_models.pretrain / "model.safetensors")
+    saved = load_file(out_dir / "checkpoints" / "step_00000002" / "model.safetensors")
+    prefix = "policy.base_model.model." if task == "ppo" else "base_model.model."
+    frozen = {name[len(prefix):].replace(".base_layer", ""): tensor for name, tensor in saved.items()
+              if name.startswith(prefix) and "lora_" not in name}
+    assert set(start) <= set(frozen)
+    assert all(torch.equal(frozen[name], tensor) for name, tensor in start.items())
+    kl = [record["kl"] for record in read_metrics(out_dir, "train")]
+    assert kl[0] == pytest.approx(0, abs=1e-6) and max(kl[1:]) > 0
+    capsys.readouterr()
+    assert chat(["--lora", str(out_dir), "--model_path", str(tiny_models.pretrain), "--prompt", "Hi",
+                 "--temperature", "0", "--no_stream", "--max_new_tokens", "5"]) == 0
+
+
+def test_a_reward_model_scores_beside_a_reward_function(grpo_data, tiny_models, tmp_path):
+    """--reward_model DIR with --reward and --reward_weights: logged as rewards/reward_model, weighted into the
+    reward; a tiny randomly initialised LlamaForSequenceClassification (one label) is the reward model."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from dataset.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id)).save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    out_dir = tmp_path / "with_rm"
+    argv = _argv(grpo_data, tiny_models.pretrain, out_dir, "--reward_model", str(tmp_path / "rm"))
+    at = argv.index("--reward_weights")
+    argv[at:at + 3] = ["--reward_weights", "1", "0.5", "2"]
+    argv[argv.index("--max_steps") + 1] = "2"
+    run_in_process("grpo", argv)
+    for record in read_metrics(out_dir, "train"):
+        assert record["rewards/reward_model"] != 0
+        assert record["reward"] == pytest.approx(record["rewards/letter_e"] + 0.5 * record["rewards/math_answer"]
+                                                 + 2 * record["rewards/reward_model"], rel=1e-5)

@@ -60,10 +60,13 @@ def _encode(line: str) -> tuple[bytes, bool]:
 @st.composite
 def messages(draw, last_role: str | None = None, min_size: int = 1) -> list[dict]:
     turns = draw(st.lists(st.fixed_dictionaries({"role": roles, "content": texts | st.none()},
-                                                optional={"reasoning_content": json_values}),
+                                                optional={"reasoning_content": texts | st.none()}),
                           min_size=min_size, max_size=3))
     if last_role is not None:
         turns[-1]["role"] = last_role
+    for turn in turns:  # only an assistant thinks: a thought elsewhere is a bad line (bad_objects)
+        if turn["role"] != "assistant" and turn.get("reasoning_content"):
+            turn["reasoning_content"] = ""
     return turns
 
 
@@ -91,7 +94,7 @@ def bad_objects(draw, kind: str) -> object:
     """A JSON value that is not a valid record of `kind`, made so by construction."""
     record = draw(good_records(kind))
     field = draw(st.sampled_from(FIELDS[kind]))
-    how = draw(st.sampled_from(["not an object", "missing", "wrong type", "bad message", "surrogate"]
+    how = draw(st.sampled_from(["not an object", "missing", "wrong type", "bad message", "surrogate", "bad extra"]
                                + (["answer role", "prompt"] if kind == "preference" else [])))
     if how == "not an object":
         return draw(json_values.filter(lambda value: not isinstance(value, dict)))
@@ -113,6 +116,11 @@ def bad_objects(draw, kind: str) -> object:
         record[field][index] = draw(st.sampled_from([
             "text", None, [], {"content": "no role"}, {"role": "", "content": "x"}, {"role": 3, "content": "x"},
             {"role": "user", "content": 5}, {"role": "user", "content": ["x"]}]))
+    elif how == "bad extra" and kind != "text":
+        message = draw(st.sampled_from(record[field]))
+        key = draw(st.sampled_from(["reasoning_content", "tool_calls", "tools"]))
+        message[key] = draw(st.sampled_from([3, ["x"]] + ([] if key == "reasoning_content" else
+                                                          ["not json", '[{"name": 1}]'])))
     elif how == "answer role":
         record[field][-1]["role"] = draw(roles.filter(lambda role: role != "assistant"))
     else:  # the two prompts differ: one more message in one of them
@@ -156,7 +164,8 @@ def _expected(kind: str, raw: bytes) -> dict:
     obj = json.loads(raw.decode("utf-8"))
     if kind == "text":
         return {"text": obj["text"]}
-    return {field: [{"role": m["role"], "content": m["content"] or ""} for m in obj[field]] for field in FIELDS[kind]}
+    return {field: [{"role": m["role"], "content": m["content"] or "", "reasoning_content": m.get("reasoning_content")}
+                    for m in obj[field]] for field in FIELDS[kind]}
 
 
 def _content(kind: str, loaded) -> list:

@@ -30,14 +30,20 @@ def user(text: str) -> list[dict[str, str]]:
 def prompt_tokens(tokenizer, messages) -> int:
     """Independently of the server: the template's rendering tokenized, special-token strings in messages as text."""
     text_ids = lambda s: tokenizer(s, add_special_tokens=False, split_special_tokens=True)["input_ids"]  # noqa: E731
+    think = 1 + len(text_ids("\n\n")) + 1  # the empty think block: <think> "\n\n" </think>
     count = 0
     for message in messages:
-        count += 1 + len(text_ids(f"{message['role']}\n{message['content']}")) + 1 + len(text_ids("\n"))
-    return count + 1 + len(text_ids("assistant\n"))
+        if message["role"] == "assistant":  # header, empty think block, "\n\n" + the answer
+            count += 1 + len(text_ids("assistant\n")) + think + len(text_ids("\n\n" + message["content"]))
+        else:
+            count += 1 + len(text_ids(f"{message['role']}\n{message['content']}"))
+        count += 1 + len(text_ids("\n"))
+    return count + 1 + len(text_ids("assistant\n")) + think + len(text_ids("\n\n"))
 
 
-def greedy_answer(model_dir, messages, max_new_tokens: int = 40) -> str:
-    """transformers' generate() on the template's ids: what the server must answer at temperature 0."""
+def greedy_answer(model_dir, messages, max_new_tokens: int = 40, with_ids: bool = False):
+    """transformers' generate() on the template's ids: what the server must answer at temperature 0 (and, with
+    `with_ids`, the generated ids: a tiny model's odd answer may not be the text's own tokenization)."""
     import torch
 
     from model.loading import load_model
@@ -47,7 +53,9 @@ def greedy_answer(model_dir, messages, max_new_tokens: int = 40) -> str:
     ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                          do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    new = out[0, ids.shape[1]:]
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    return (text, new.tolist()) if with_ids else text
 
 
 # ------------------------------------------------------------------------------------------- the openai client
@@ -83,11 +91,11 @@ def test_streaming(sft_server, tiny_models, tokenizer) -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert len([p for p in pieces if p]) > 1  # streamed piece by piece
-    expected = greedy_answer(tiny_models.sft, messages, max_new_tokens=100)
+    expected, expected_ids = greedy_answer(tiny_models.sft, messages, max_new_tokens=100, with_ids=True)
     assert "".join(pieces) == expected
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == prompt_tokens(tokenizer, messages)
-    assert chunks[-1].usage.completion_tokens == len(tokenizer(expected)["input_ids"]) + 1
+    assert expected_ids[-1] == tokenizer.eos_token_id and chunks[-1].usage.completion_tokens == len(expected_ids)
     # Without include_usage, no usage chunk; the raw stream ends with [DONE].
     with httpx.stream("POST", f"{sft_server}/v1/chat/completions",
                       json={"messages": user("Hi!"), "stream": True, **GREEDY}) as raw:

@@ -12,10 +12,10 @@ from trainer.args import (FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FL
                           task_flags)
 from tests.paths import REPO
 
-TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo")
+TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo")
 GENERAL = {"-h", "--config"}  # argparse's own "options" section
 SECTIONS = {"model", MODEL_CONFIG_GROUP, "data", "optimisation", "schedule", "checkpoint", "distributed", "logging",
-            "diagnostics", "lora", "dpo", "distill", "grpo"}
+            "diagnostics", "lora", "dpo", "distill", "grpo", "ppo"}
 
 
 def help_entries(text: str) -> dict[str, tuple[str, str]]:
@@ -96,6 +96,11 @@ def test_task_only_flags_show_only_for_their_task(task):
     ("grpo", "temperature", "1.0"),
     ("grpo", "num_generations", "4"),
     ("grpo", "loss_type", "grpo"),
+    ("grpo", "num_iterations", "1"),
+    ("ppo", "num_generations", "1"),
+    ("ppo", "beta", "0.05"),
+    ("ppo", "ppo_epochs", "2"),
+    ("ppo", "lam", "0.95"),
 ])
 def test_help_shows_the_tasks_own_default(task, flag, default):
     _, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]
@@ -120,6 +125,8 @@ def test_trainer_help_command(script, default, capsys, monkeypatch):
     ("grpo", "beta", "GRPO", "the k3 KL to the reference model"),
     ("distill", "temperature", "distillation", "softmax temperature"),
     ("grpo", "temperature", "GRPO", "sampling temperature"),
+    ("ppo", "beta", "PPO", "paid per token in the rewards"),
+    ("ppo", "reward", "PPO", "TRL's signature"),
 ])
 def test_a_shared_flag_has_each_tasks_section_and_help(task, flag, section, words):
     found, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]
@@ -152,4 +159,20 @@ def test_bad_grpo_flags_are_one_line(flags, message, capsys):
 
     with pytest.raises(SystemExit):
         parse_args("grpo", flags)
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+
+
+@pytest.mark.parametrize("task, flags, message", [
+    ("grpo", ["--num_iterations", "0"], "--num_iterations=0 is not allowed; it must be >= 1"),
+    ("ppo", ["--num_generations", "0"], "--num_generations=0 is not allowed; it must be >= 1"),
+    ("ppo", ["--ppo_epochs", "0"], "--ppo_epochs=0 is not allowed; it must be >= 1"),
+    ("ppo", ["--gamma", "1.5"], "--gamma=1.5 is not allowed; it must be in [0, 1]"),
+    ("ppo", ["--vf_coef", "0"], "--vf_coef=0.0 is not allowed; it must be a positive number"),
+    ("ppo", ["--epsilon", "-0.2"], "--epsilon=-0.2 is not allowed; it must be a positive number"),
+])
+def test_bad_rollout_flags_are_one_line(task, flags, message, capsys):
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(task, flags)
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"

@@ -17,7 +17,7 @@ def test_a_trainer_with_a_bad_preset_prints_two_lines():
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.splitlines() == [
         "error: --preset='foo' is not allowed; choose one of cpu-default, cpu-deep, cpu-wide, minimind-26m, "
-        "minimind-64m, cpu-moe",
+        "minimind-64m, cpu-moe, minimind-3-moe",
         "train_pretrain.py: run with --help for the flags"]
 
 

@@ -23,21 +23,28 @@ from dataset.sft_dataset import IGNORE_INDEX, SFTDataset
 from tests.training_runs import write_jsonl
 from tests.paths import REPO
 
-IM_START, IM_END, PAD = 1, 2, 0
+IM_START, IM_END, PAD, THINK, THINK_END = 1, 2, 0, 7, 8
 
 
 def expected_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     """Independent expectation, built piece by piece from the format definition: each message is
-    <|im_start|> + "role\\n" + content + <|im_end|> + "\\n"; only an assistant's content and <|im_end|> are
-    labelled."""
+    <|im_start|> + "role\\n" + content + <|im_end|> + "\\n", an assistant's content preceded by its think block
+    <think> + "\\n" + reasoning + "\\n" + </think> + "\\n\\n" (an empty one when it has no reasoning). Labelled: an
+    assistant's content and <|im_end|>, and its think block when it has reasoning."""
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     ids: list[int] = []
     labels: list[int] = []
     for m in messages:
         supervised = m["role"] == "assistant"
-        header, content, newline = [IM_START, *enc(m["role"] + "\n")], enc(m["content"]), enc("\n")
-        ids += header + content + [IM_END] + newline
+        header, content, newline = [IM_START, *enc(m["role"] + "\n")], enc(m["content"] or ""), enc("\n")
+        ids += header
         labels += [IGNORE_INDEX] * len(header)
+        if supervised:
+            reasoning = m.get("reasoning_content") or ""
+            think = [THINK, *enc(f"\n{reasoning}\n"), THINK_END, *enc("\n\n")]
+            ids += think
+            labels += think if reasoning else [IGNORE_INDEX] * len(think)
+        ids += content + [IM_END] + newline
         labels += (content + [IM_END]) if supervised else [IGNORE_INDEX] * (len(content) + 1)
         labels += [IGNORE_INDEX] * len(newline)
     return ids, labels
@@ -91,7 +98,7 @@ def test_sft_mask_boundaries(tmp_path, cache, tokenizer):
     """The header before an answer and the newline after its <|im_end|> are never labelled."""
     ds = SFTDataset(write_jsonl(tmp_path / "s.jsonl", [{"conversations": MULTI}]), tokenizer, 512, cache_dir=cache)
     ids, labels = ds[0]["input_ids"].tolist(), ds[0]["labels"].tolist()
-    header = [IM_START, *tokenizer("assistant\n", add_special_tokens=False)["input_ids"]]
+    header = tokenizer("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
     for i in range(len(ids)):
         if ids[i : i + len(header)] == header:
@@ -153,10 +160,10 @@ def test_minimind_sft_file_loads_unchanged(tmp_path, cache, tokenizer):
     assert len(ds) == 3 and ds.stats["skipped_lines"] == 0
     ids, labels = expected_tokens(tokenizer, rows[0]["conversations"])
     assert ds[0]["input_ids"].tolist() == ids and ds[0]["labels"].tolist() == labels
-    # Extra fields are ignored; a null content is an empty message.
-    ids, labels = expected_tokens(tokenizer, [{"role": "user", "content": "2+2?"},
-                                              {"role": "assistant", "content": "4"}])
-    assert ds[1]["labels"].tolist() == labels
+    # The reasoning is learned (a record's top-level "tools" is not MiniMind's place for them: ignored); a null
+    # content is an empty message.
+    ids, labels = expected_tokens(tokenizer, rows[1]["conversations"])
+    assert ds[1]["input_ids"].tolist() == ids and ds[1]["labels"].tolist() == labels
     weather = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": ""},
                {"role": "assistant", "content": "Sunny."}]
     assert ds[2]["labels"].tolist() == expected_tokens(tokenizer, weather)[1]

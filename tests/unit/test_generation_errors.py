@@ -83,3 +83,30 @@ def test_scores_that_turn_non_finite_mid_decode_end_only_their_row(pretrained, a
     run_until_done(engine, bad, good)
     assert (bad.finish_reason, bad.error, len(bad.token_ids)) == (FINISH_ERROR, NON_FINITE_SCORES, sampled)
     assert (good.finish_reason, good.token_ids) == (FINISH_LENGTH, alone["Water is"])
+
+
+def test_greedy_logits_that_turn_nan_end_only_their_row(pretrained, alone, monkeypatch) -> None:
+    """A plain-greedy row (its token taken with the batch's one argmax, not through its sampler) whose logits
+    become NaN mid-decode ends there with the library's message; the row beside it goes on."""
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=2, eos_token_ids=[NEVER])
+    bad = engine.submit(ids(tokenizer, "A tiny language model"), GenerationSettings(max_new_tokens=40,
+                                                                                   temperature=0.0))
+    good = engine.submit(ids(tokenizer, "Water is"), GREEDY)
+    engine.step()
+    engine.step()
+    decoded = len(bad.token_ids)
+    assert engine.load == (2, 0) and decoded >= 2 and all(row.plain_greedy for row in engine._rows)
+    bad_index = next(index for index, row in enumerate(engine._rows) if row.generation is bad)
+    forward = model.forward
+
+    def poisoned(*args, **inputs):
+        out = forward(*args, **inputs)
+        if out.logits.shape[0] == 2:  # while the bad row is in the batch
+            out.logits[bad_index] = float("nan")
+        return out
+
+    monkeypatch.setattr(model, "forward", poisoned)
+    run_until_done(engine, bad, good)
+    assert (bad.finish_reason, bad.error, len(bad.token_ids)) == (FINISH_ERROR, NON_FINITE_SCORES, decoded)
+    assert (good.finish_reason, good.token_ids) == (FINISH_LENGTH, alone["Water is"])

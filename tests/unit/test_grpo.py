@@ -28,9 +28,9 @@ def _model(vocab: int = VOCAB, seed: int = 0) -> MiniNormForCausalLM:
     return MiniNormForCausalLM(config)
 
 
-def _settings(loss_type: str = "grpo", beta: float = 0.0, group: int = 2) -> RolloutSettings:
+def _settings(loss_type: str = "grpo", beta: float = 0.0, group: int = 2, iterations: int = 1) -> RolloutSettings:
     return RolloutSettings(loss_type, group, max_completion_length=6, temperature=1.0, top_p=1.0, beta=beta,
-                           epsilon_low=0.2, epsilon_high=0.28)
+                           epsilon_low=0.2, epsilon_high=0.28, num_iterations=iterations)
 
 
 class _Pad:
@@ -55,10 +55,11 @@ def _hand_made_batch() -> dict:
 
 
 def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, beta: float,
-                    settings: RolloutSettings) -> torch.Tensor:
+                    settings: RolloutSettings, old: list[list[float]] | None = None) -> torch.Tensor:
     """The loss in fp64, token by token: log p from log_softmax of the logits one position back; ratio
-    exp(logp - sg(logp)) = 1 with the policy's gradient; per token -min(r A, clip(r) A) (grpo, dr_grpo) or
-    -sg(clip(r)) A logp (cispo), plus beta (exp(ref - logp) - (ref - logp) - 1); then each loss's mean."""
+    exp(logp - sg(logp)) = 1 with the policy's gradient (or exp(logp - old) against given old log-probs); per
+    token -min(r A, clip(r) A) (grpo, dr_grpo) or -sg(clip(r)) A logp (cispo), plus beta (exp(ref - logp) -
+    (ref - logp) - 1); then each loss's mean."""
     logits = model64(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     rows = []
     for i in range(4):
@@ -66,7 +67,7 @@ def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, b
         terms = []
         for t in range(length):
             logp = torch.log_softmax(logits[i, start + t - 1], dim=-1)[batch["input_ids"][i, start + t]]
-            ratio = torch.exp(logp - logp.detach())
+            ratio = torch.exp(logp - (logp.detach() if old is None else old[i][t]))
             advantage = float(batch["advantages"][i])
             clipped = ratio.clamp(1 - settings.epsilon_low, 1 + settings.epsilon_high)
             if loss_type == "cispo":
@@ -211,4 +212,88 @@ def test_a_prompt_file_names_a_bad_line_drops_long_prompts_and_keeps_the_columns
     expected = encode_chatml(tokenizer, [{"role": "user", "content": "What is 1 + 1?"}], add_generation_prompt=True)
     assert data[0]["input_ids"].tolist() == expected.input_ids
     assert PromptDataset.collate([data[0]]) == {"prompt_ids": [expected.input_ids], "prompts": ["What is 1 + 1?"],
-                                                "columns": {"answer": ["2"], "level": [1]}}
+                                                "padding": [False], "columns": {"answer": ["2"], "level": [1]}}
+    assert data.column_names == {"answer", "level"}
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "cispo"])
+def test_several_updates_per_rollout_take_the_ratio_against_the_sampling_policy(loss_type):
+    """--num_iterations 3: the first update is the single-update loss exactly (ratio 1) and records its log-probs;
+    after the policy moved, the next update's ratio is against those, so tokens clip."""
+    model, batch = _model(), _hand_made_batch()
+    settings = _settings(loss_type, beta=0.1, iterations=3)
+    several = GroupRelativePolicy([], _Pad(), settings, None, seed=0, process_index=0, autocast=nullcontext)
+    single = GroupRelativePolicy([], _Pad(), _settings(loss_type, beta=0.1), None, seed=0, process_index=0,
+                                 autocast=nullcontext)
+    assert several.updates_per_rollout == 3 and single.updates_per_rollout == 1
+    units = several.count_items(batch)
+    reused = dict(batch)
+    first, first_stats = several.loss(model, reused, units)
+    first.backward()
+    gradients = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    expected, expected_stats = single.loss(model, dict(batch), units)
+    expected.backward()
+    assert torch.equal(first, expected) and torch.equal(first_stats, expected_stats)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), gradients))
+    assert "old_logp" not in batch and "old_logp" in reused  # recorded in the rollout batch it reuses
+    old = reused["old_logp"]
+    model64 = copy.deepcopy(model).double()
+    logits = model64(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    for i in range(4):
+        start, length = int(batch["starts"][i]), int(batch["completion_mask"][i].sum())
+        for t in range(length):
+            expected_logp = torch.log_softmax(logits[i, start + t - 1], dim=-1)[batch["input_ids"][i, start + t]]
+            assert old[i, t].item() == pytest.approx(expected_logp.item(), rel=1e-5)
+    with torch.no_grad():  # an update moved the policy
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    model.zero_grad()
+    second, stats = several.loss(model, reused, units)
+    moved64 = copy.deepcopy(model).double()
+    reference = _reference_loss(moved64, batch, loss_type, 0.1, settings, old=old.double().tolist())
+    assert second.item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-7)
+    second.backward()
+    reference.backward()
+    for (name, ours), theirs in zip(model.named_parameters(), moved64.parameters()):
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4, atol=1e-7, msg=name)
+    clip_fraction = (stats / units).tolist()[3]
+    assert first_stats[3].item() == 0.0 and clip_fraction > 0
+
+
+class _OneProcess:
+    device = torch.device("cpu")
+
+    @staticmethod
+    def reduce(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+        return tensor
+
+
+def test_validation_reports_the_greedy_accuracy_on_the_answers(tokenizer, policy, monkeypatch):
+    import trainer.grpo as grpo
+    texts = {"a": "so it is 12.", "b": "the answer is 8", "c": "\\boxed{3.5} apples", "d": "40 apples in all",
+             "e": "no number here"}
+    asked = []
+
+    def greedy(model, tok, prompt_ids, settings):  # the "completion" of prompt [k] is texts' k-th text
+        asked.append([s.temperature for s in settings])
+        return [tokenizer.encode(list(texts.values())[ids[0]], add_special_tokens=False) for ids in prompt_ids]
+
+    monkeypatch.setattr(grpo, "sample_completions", greedy)
+    rows = [([0], "a", {"answer": 12}), ([1], "b", {"answer": "7"}), ([2], "c", {"answer": "3.50"}),
+            ([3], "d", {"answer": "... #### 40"}), ([4], "e", {"answer": 0})]
+    batches = [PromptDataset.collate([{"input_ids": torch.tensor(ids), "prompt": p, "columns": c}
+                                      for ids, p, c in rows[:3]]),
+               PromptDataset.collate([{"input_ids": torch.tensor(ids), "prompt": p, "columns": c}
+                                      for ids, p, c in rows[3:]])]
+    constant = Reward("constant", lambda prompts, completions, **columns: [0.25] * len(completions))
+    objective = GroupRelativePolicy([constant], tokenizer, _settings(), None, seed=0, process_index=0,
+                                    autocast=nullcontext)
+    result = objective.evaluate(policy, batches, _OneProcess())
+    assert all(t == 0.0 for temperatures in asked for t in temperatures)  # greedy
+    # by hand: a (12 = 12), c (3.5 = 3.50) and d (40 = 40) are right, b (8 != 7) and e (no number) are not
+    assert result.prompts == 5 and result.accuracy == pytest.approx(3 / 5) and result.reward == pytest.approx(0.25)
+    assert result.logged()["val_accuracy"] == pytest.approx(3 / 5) and "accuracy 60.00%" in result.describe()
+    assert objective.evaluate(policy, batches, _OneProcess(), max_batches=1).accuracy == pytest.approx(2 / 3)
+    no_answers = [PromptDataset.collate([{"input_ids": torch.tensor([0]), "prompt": "a", "columns": {}}])]
+    assert math.isnan(objective.evaluate(policy, no_answers, _OneProcess()).accuracy)

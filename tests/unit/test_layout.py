@@ -264,8 +264,8 @@ def test_every_command_line_is_parsed_by_the_shared_tool_parser() -> None:
 
 # The commands that run a model for a while: OpenMP's wait policy must be set before torch loads (trainer/threads.py).
 MODEL_RUNNERS = ("trainer/train_pretrain.py", "trainer/train_full_sft.py", "trainer/train_lora.py",
-                 "trainer/train_dpo.py", "trainer/train_distillation.py", "trainer/train_grpo.py", "eval/chat.py",
-                 "eval/evaluate.py", "scripts/serve.py")
+                 "trainer/train_dpo.py", "trainer/train_distillation.py", "trainer/train_grpo.py",
+                 "trainer/train_ppo.py", "eval/chat.py", "eval/evaluate.py", "scripts/serve.py")
 BEFORE_TORCH = {"__future__", "sys", "pathlib", "trainer.threads"}  # what may be imported before the call
 
 

@@ -53,6 +53,34 @@ def test_dense_default_and_moe_defaults() -> None:
     assert (preset.num_experts, preset.num_experts_per_tok, preset.hidden_size) == (4, 1, 320)
 
 
+def test_minimind_3_moe_preset_has_minimind_3_moe_published_size() -> None:
+    """MiniMind-3-MoE: "198M-A64M" (its README), from its model_minimind.py: hidden 768, 8 layers, 8 query and 4
+    key/value heads of 96, per-head QK-norm, vocabulary 6400 tied to the head, 4 SwiGLU experts of width
+    ceil(768 pi / 64) * 64 with a 768 x 4 router, top-1 with renormalised weights. Counted here by hand."""
+    import math
+
+    config = MiniNormConfig.from_preset("minimind-3-moe")
+    hidden, layers, heads, kv_heads, vocab, experts = 768, 8, 8, 4, 6400, 4
+    width = math.ceil(hidden * math.pi / 64) * 64
+    head_dim = hidden // heads
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + 2 * head_dim  # q, o, k, v; QK-norm
+    expert = 3 * hidden * width
+    per_block = attention + 2 * hidden + hidden * experts  # + the block's two norms and the router
+    total = vocab * hidden + layers * (per_block + experts * expert) + hidden  # + the final norm
+    active = vocab * hidden + layers * (per_block + 1 * expert) + hidden
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (experts, 1, width)
+    assert (config.norm_topk_prob, config.router_aux_loss_coef, config.rope_theta, config.vocab_size) == (
+        True, 5e-4, 1e6, vocab)
+    assert config.qk_norm and config.qk_norm_scope == "head" and config.tie_word_embeddings
+    with torch.device("meta"):
+        model = MiniNormForCausalLM(config)
+    count = sum(p.numel() for p in model.parameters())
+    idle = sum(p.numel() for block in model.model.layers for e in block.mlp.experts[config.num_experts_per_tok:]
+               for p in e.parameters())
+    assert (count, count - idle) == (total, active)
+    assert (round(total / 1e6), round(active / 1e6)) == (198, 64)  # the published "198M-A64M"
+
+
 def reference_moe(block: SparseMoE, x: torch.Tensor, top_k: int, renormalise: bool) -> torch.Tensor:
     """fp64, every expert on every token, the chosen ones weighted by their (renormalised) probability."""
     x = x.double().reshape(-1, x.shape[-1])
@@ -255,13 +283,18 @@ def test_save_and_load_keep_the_experts(tmp_path) -> None:
     torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
-def test_llama_and_qwen3_exports_refuse_moe_naming_num_experts(architecture: str, tmp_path) -> None:
+@pytest.mark.parametrize(("architecture", "hint"), [("llama", "not a mixture of experts"),
+                                                     ("qwen3", "--target qwen3_moe")])
+def test_llama_and_qwen3_exports_refuse_moe_naming_num_experts(architecture: str, hint: str, tmp_path) -> None:
     config = moe_config(norm_type="layernorm")  # the experts are named first, before any norm switch
     with pytest.raises(NotExportable) as info:
         check_exportable(config, tmp_path, "transformers", architecture)
     message = str(info.value)
-    assert "num_experts=4" in message and "\n" not in message
+    assert "num_experts=4" in message and hint in message and "\n" not in message
+    check_exportable(moe_config(qk_norm=True), tmp_path, "transformers", "qwen3_moe")  # Qwen3-MoE takes it
+    with pytest.raises(NotExportable, match="num_experts=0 is not Qwen3-MoE-compatible; Qwen3-MoE needs num_experts "
+                                            ">= 1"):
+        check_exportable(MiniNormConfig(**TINY, qk_norm=True), tmp_path, "transformers", "qwen3_moe")
 
 
 def test_flops_per_token_counts_the_active_experts_only() -> None:

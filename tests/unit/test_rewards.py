@@ -112,3 +112,13 @@ def test_repetition_penalty_by_hand():
     # "a b c a b c": trigrams abc, bca, cab, abc -> 1 of 4 repeats; "the the the the the": 3 trigrams, 2 repeat.
     completions = ["a b c a b c", "The the THE the the", "all different words here", "too short"]
     assert repetition_penalty([], completions) == [-0.25, -2 / 3, 0.0, 0.0]
+
+
+def test_math_answer_on_data_without_an_answer_field_is_refused_in_one_line():
+    from trainer.rewards import check_columns, load_reward
+    check_columns([load_reward("math_answer"), load_reward("length_penalty")], {"answer", "level"}, "data.jsonl")
+    check_columns([load_reward("length_penalty")], set(), "data.jsonl")
+    with pytest.raises(ValueError) as refused:
+        check_columns([load_reward("length_penalty"), load_reward("math_answer")], {"level"}, "data.jsonl")
+    assert str(refused.value) == ("--reward math_answer reads the data's 'answer' field, which data.jsonl lacks; "
+                                  "give another --reward (a built-in or path/to/file.py:function)")

@@ -1,6 +1,7 @@
 """The RL math (trainer/rl_losses.py) against fp64 computations written out here token by token with the math
 module: group advantages, the GRPO, Dr. GRPO and CISPO losses and their gradients on a hand-made batch (clipped and
-unclipped tokens, a padded completion), the k3 KL, GAE, and PPO's clipped policy and value losses."""
+unclipped tokens, a padded completion), the k3 KL, GAE, and PPO's pieces: the KL-penalised per-token rewards,
+whitening, the clipped policy and value losses, their sum and gradients, and the explained variance."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 import pytest
 import torch
 
-from trainer.rl_losses import gae, group_advantages, kl_k3, policy_loss, ppo_policy_loss, ppo_value_loss
+from trainer.rl_losses import (explained_variance, gae, group_advantages, kl_k3, kl_penalized_rewards, policy_loss,
+                               ppo_loss, ppo_policy_loss, ppo_value_loss, whiten)
 
 # Four completions of up to four tokens (two prompts, groups of two); the third has two tokens, then padding.
 MASK = [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
@@ -175,3 +177,91 @@ def test_ppo_policy_and_value_losses_match_fp64_by_hand():
                 v_clipped = o + min(max(v - o, -0.2), 0.2)
                 expected += 0.5 * max((v - ret) ** 2, (v_clipped - ret) ** 2) / 5
     assert got.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_kl_penalized_rewards_pay_the_kl_per_token_and_the_score_at_the_last_token():
+    beta, scores = 0.1, [2.0, -1.0]
+    logp = [[-1.0, -0.5, -2.0], [-0.2, -3.0, -9.0]]
+    ref = [[-1.5, -0.5, -1.0], [-0.4, -2.0, -1.0]]
+    mask = [[1, 1, 1], [1, 1, 0]]
+    got = kl_penalized_rewards(torch.tensor(scores, dtype=torch.float64), torch.tensor(logp, dtype=torch.float64),
+                               torch.tensor(ref, dtype=torch.float64), torch.tensor(mask), beta)
+    expected = [[-beta * (logp[i][t] - ref[i][t]) if mask[i][t] else 0.0 for t in range(3)] for i in range(2)]
+    expected[0][2] += 2.0  # the first completion's last token
+    expected[1][1] -= 1.0  # the second's: its padding gets nothing
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+
+
+def test_whitening_over_the_masked_tokens_matches_fp64_by_hand():
+    values = [[0.5, -1.0, 2.0, 7.0], [0.25, 3.0, 9.0, 9.0]]
+    mask = [[1, 1, 1, 0], [1, 1, 0, 0]]
+    got = whiten(torch.tensor(values, dtype=torch.float64), torch.tensor(mask))
+    kept = [v for row, m in zip(values, mask) for v, keep in zip(row, m) if keep]
+    mean = sum(kept) / len(kept)
+    variance = sum((v - mean) ** 2 for v in kept) / (len(kept) - 1)  # Bessel's correction, as TRL
+    expected = [[(v - mean) / math.sqrt(variance + 1e-8) if keep else 0.0 for v, keep in zip(row, m)]
+                for row, m in zip(values, mask)]
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+
+
+def test_explained_variance_matches_fp64_by_hand():
+    values, returns = [[0.5, 0.1, 9.0], [1.0, -0.3, 0.2]], [[0.9, 0.0, -5.0], [0.4, -0.2, 0.5]]
+    mask = [[1, 1, 0], [1, 1, 1]]
+    pairs = [(v, r) for vs, rs, m in zip(values, returns, mask) for v, r, keep in zip(vs, rs, m) if keep]
+
+    def variance(xs):
+        mean = sum(xs) / len(xs)
+        return sum((x - mean) ** 2 for x in xs) / len(xs)
+
+    expected = 1 - variance([r - v for v, r in pairs]) / variance([r for _, r in pairs])
+    got = explained_variance(torch.tensor(values, dtype=torch.float64), torch.tensor(returns, dtype=torch.float64),
+                             torch.tensor(mask))
+    assert got == pytest.approx(expected, rel=1e-12)
+    same = torch.tensor(returns, dtype=torch.float64)
+    assert explained_variance(same, same, torch.tensor(mask)) == 1.0
+
+
+def test_the_ppo_loss_and_its_gradients_match_fp64_by_hand():
+    """policy + vf_coef x value on a hand-made batch with clipped ratios and clipped values, a padded token."""
+    epsilon, clip_value, vf_coef = 0.2, 0.2, 0.3
+    logp = [[-1.0, -0.3, -2.0], [-0.5, -1.5, 0.0]]
+    old_logp = [[-1.1, -0.7, -1.6], [-0.5, -1.2, 0.0]]
+    advantages = [[1.0, 0.5, -0.8], [-1.2, 0.3, 0.0]]
+    values = [[0.5, 0.45, -0.3], [1.0, 0.2, 0.0]]
+    old_values = [[0.2, 0.4, 0.0], [0.5, 0.3, 0.0]]
+    returns = [[0.9, 0.0, -0.2], [0.4, 0.25, 0.0]]
+    mask = [[1, 1, 1], [1, 1, 0]]
+    logp_t = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
+    values_t = torch.tensor(values, dtype=torch.float64, requires_grad=True)
+    result = ppo_loss(logp_t, torch.tensor(old_logp, dtype=torch.float64), values_t,
+                      torch.tensor(old_values, dtype=torch.float64), torch.tensor(advantages, dtype=torch.float64),
+                      torch.tensor(returns, dtype=torch.float64), torch.tensor(mask), epsilon, clip_value, vf_coef)
+    result.loss.backward()
+    n = sum(map(sum, mask))
+    policy = value = 0.0
+    clipped = 0
+    for i in range(2):
+        for t in range(3):
+            if not mask[i][t]:
+                assert logp_t.grad[i, t].item() == 0.0 and values_t.grad[i, t].item() == 0.0
+                continue
+            r, a = math.exp(logp[i][t] - old_logp[i][t]), advantages[i][t]
+            policy -= min(r * a, min(max(r, 1 - epsilon), 1 + epsilon) * a) / n
+            ratio_clipped = (r > 1 + epsilon and a > 0) or (r < 1 - epsilon and a < 0)
+            clipped += ratio_clipped
+            assert logp_t.grad[i, t].item() == pytest.approx(0.0 if ratio_clipped else -r * a / n, abs=1e-15)
+            v, o, ret = values[i][t], old_values[i][t], returns[i][t]
+            v_clipped = o + min(max(v - o, -clip_value), clip_value)
+            unclipped_loss, clipped_loss = (v - ret) ** 2, (v_clipped - ret) ** 2
+            value += 0.5 * max(unclipped_loss, clipped_loss) / n
+            # d/dv: (v - R) / n where the unclipped error is the larger; 0 where the clipped one is and v is clipped
+            if unclipped_loss >= clipped_loss:
+                d_value = (v - ret) / n
+            else:
+                d_value = (v_clipped - ret) / n if abs(v - o) < clip_value else 0.0
+            assert values_t.grad[i, t].item() == pytest.approx(vf_coef * d_value, rel=1e-12, abs=1e-15)
+    assert 0 < clipped < n  # the batch has clipped and unclipped ratios
+    assert result.policy_loss == pytest.approx(policy, rel=1e-12)
+    assert result.value_loss == pytest.approx(value, rel=1e-12)
+    assert result.loss.item() == pytest.approx(policy + vf_coef * value, rel=1e-12)
+    assert result.clip_fraction == pytest.approx(clipped / n)

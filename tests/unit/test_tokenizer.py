@@ -1,5 +1,6 @@
 """The committed tokenizer: ids of the special tokens, exact round trips, the ChatML template, and that
-scripts/train_tokenizer.py regenerates the committed files."""
+scripts/train_tokenizer.py regenerates the committed files. The template's tools, tool calls and thinking:
+tests/unit/test_chat_template.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from transformers import AutoTokenizer
 
 from dataset.chat_format import CHATML_TEMPLATE, render_chatml
 from tests.paths import REPO
+
+# Written out here, independently of dataset/chat_format.py's list: the ids are a contract with saved models.
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
+           "</tool_response>", "<think>", "</think>", "<|reserved_0|>", "<|reserved_1|>", "<|reserved_2|>",
+           "<|reserved_3|>"]
+EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
 ROUND_TRIP = [
@@ -27,7 +34,8 @@ ROUND_TRIP = [
 def test_loads_with_auto_tokenizer_and_special_ids():
     tok = AutoTokenizer.from_pretrained(str(REPO / "model"))
     assert len(tok) == 6400
-    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert tok.convert_tokens_to_ids(SPECIAL) == list(range(len(SPECIAL)))
+    assert sorted(int(i) for i, t in tok.added_tokens_decoder.items() if t.special) == list(range(len(SPECIAL)))
     assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2)
     assert (tok.pad_token, tok.pad_token_id) == ("<|endoftext|>", 0)
     assert tok.unk_token == "<|endoftext|>"
@@ -48,6 +56,10 @@ def test_special_tokens_are_single_tokens(tokenizer):
     ids = tokenizer("<|im_start|>user\nhi<|im_end|>\n<|endoftext|>", add_special_tokens=False)["input_ids"]
     assert ids[0] == 1 and ids[-1] == 0 and ids.count(2) == 1
     assert tokenizer.decode(ids, skip_special_tokens=True) == "user\nhi\n"
+    text = "<think>a</think><tool_call>b</tool_call><tool_response>c</tool_response><|reserved_3|>"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert [i for i in ids if i < len(SPECIAL)] == [7, 8, 3, 4, 5, 6, 12]
+    assert tokenizer.decode(ids) == text
 
 
 def test_chat_template_renders_chatml_exactly(tokenizer):
@@ -61,13 +73,14 @@ def test_chat_template_renders_chatml_exactly(tokenizer):
     expected = (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nHi!<|im_end|>\n"
-        "<|im_start|>assistant\nHello, how can I help?<|im_end|>\n"
+        "<|im_start|>assistant\n" + EMPTY_THINK + "Hello, how can I help?<|im_end|>\n"
         "<|im_start|>user\n什么是AI？<|im_end|>\n"
-        "<|im_start|>assistant\n人工智能 🤖<|im_end|>\n"
+        "<|im_start|>assistant\n" + EMPTY_THINK + "人工智能 🤖<|im_end|>\n"
     )
     assert tokenizer.apply_chat_template(messages, tokenize=False) == expected
     assert tokenizer.apply_chat_template(messages[:4], tokenize=False, add_generation_prompt=True) == (
-        expected[: expected.index("<|im_start|>assistant\n人工")] + "<|im_start|>assistant\n"
+        expected[: expected.index("<|im_start|>assistant\n<think>\n\n</think>\n\n人工")] + "<|im_start|>assistant\n"
+        + EMPTY_THINK
     )
     assert render_chatml(messages)[0] == expected
 
@@ -75,14 +88,15 @@ def test_chat_template_renders_chatml_exactly(tokenizer):
 def test_chat_template_has_no_default_system_prompt(tokenizer):
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
                                              add_generation_prompt=True)
-    assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n" + EMPTY_THINK
 
 
 def test_chat_template_token_ids(tokenizer):
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
     ids = tokenizer.apply_chat_template(messages, tokenize=True)["input_ids"]
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    assert ids == [1, *enc("user\n"), *enc("Hi"), 2, *enc("\n"), 1, *enc("assistant\n"), *enc("Yo"), 2, *enc("\n")]
+    assert ids == [1, *enc("user\n"), *enc("Hi"), 2, *enc("\n"), 1, *enc("assistant\n"), 7, *enc("\n\n"), 8,
+                   *enc("\n\nYo"), 2, *enc("\n")]
 
 
 def test_render_chatml_spans_cover_assistant_content_and_im_end():
@@ -112,7 +126,7 @@ def test_train_tokenizer_on_small_corpus(tmp_path):
     main(["--vocab_size", "300", "--data_path", str(data), "--out_dir", str(tmp_path / "tok")])
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
     assert len(tok) == 300
-    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert tok.convert_tokens_to_ids(SPECIAL) == list(range(len(SPECIAL)))
     assert tok.chat_template == CHATML_TEMPLATE
     for text in ROUND_TRIP:
         assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
@@ -125,3 +139,25 @@ def test_script_regenerates_committed_tokenizer(tmp_path, default_corpus):
     main(["--data_path", str(default_corpus.pretrain_train), "--out_dir", str(tmp_path)])
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / name).read_bytes() == (REPO / "model" / name).read_bytes(), name
+
+
+def test_fine_tuning_with_another_tokenizer_is_refused_in_one_line(tmp_path, tokenizer, tiny_models):
+    """A model directory keeps the tokenizer it was trained with; training it further with another one (the default
+    tokenizer after it changed, say) is refused before any step, naming both and the way out."""
+    from trainer.args import parse_args
+    from trainer.core import _build_model
+
+    args = parse_args("sft", ["--from_weight", str(tiny_models.pretrain)])
+    assert _build_model(args, tokenizer).config.vocab_size == len(tokenizer)  # its own tokenizer: accepted
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (old / name).write_bytes((tiny_models.pretrain / name).read_bytes())
+    spec = json.loads((tiny_models.pretrain / "tokenizer.json").read_text(encoding="utf-8"))
+    # Yesterday's layout: three special tokens, then ordinary pieces where <tool_call>... are today.
+    spec["added_tokens"] = spec["added_tokens"][:3]
+    (old / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    args = parse_args("sft", ["--from_weight", str(old)])
+    with pytest.raises(ValueError, match=r"^--from_weight .*old: its tokenizer.json differs from the tokenizer in "
+                                         r".*model.*--tokenizer_path .*old, or train it again"):
+        _build_model(args, tokenizer)

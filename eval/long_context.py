@@ -1,0 +1,173 @@
+"""Loss per position bucket on documents longer than the trained length, with and without RoPE scaling.
+
+    python eval/long_context.py --model_path out/pretrain                     # plain vs YaRN, 4 x 256 tokens
+    python eval/long_context.py --length 2048 --bucket 256 --scalings none,yarn:8@256,linear:8,dynamic:8@256
+
+Every validation document (pretrain_val, or --data) with at least --length + 1 tokens is cut to its first
+--length + 1 tokens, tokenized as pretraining tokenizes it; each is scored from position 0 in one forward pass,
+and the next-token losses are averaged per bucket of --bucket positions, over all documents (every document adds
+the same number of tokens to each bucket). A model trained on rows of --trained_length tokens (pretraining's
+--max_seq_len, 256 by default) has never attended over longer spans: the buckets past it show what each scaling
+buys.
+
+--scalings is a comma-separated list of `none` or TYPE:FACTOR[@L] with TYPE yarn, linear or dynamic, as
+transformers' rope_scaling defines them (model/rope.py): L is yarn's original_max_position_embeddings and the
+length past which dynamic scaling starts (default: the model's max_position_embeddings, which is what
+--rope_scaling_factor in chat, evaluate and serve uses).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads  # noqa: E402
+
+bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+
+import json  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any, Sequence  # noqa: E402
+
+from trainer.cli import ToolParser  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, report_error  # noqa: E402
+
+ROPE_TYPES = ("yarn", "linear", "dynamic")
+
+
+@dataclass(frozen=True)
+class Scaling:
+    label: str
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+
+
+def parse_scaling(spec: str, model_length: int) -> Scaling:
+    """`none` or TYPE:FACTOR[@L] -> the rope_scaling dict and max_position_embeddings to set; ValueError names
+    the bad item and the allowed form."""
+    form = f"--scalings item {spec!r} is not allowed; use none or TYPE:FACTOR[@L] with TYPE one of " \
+           f"{', '.join(ROPE_TYPES)} (e.g. yarn:4@256)"
+    if spec == "none":
+        return Scaling("none", None, model_length)
+    rope_type, sep, rest = spec.partition(":")
+    factor_text, at, length_text = rest.partition("@")
+    try:
+        factor = float(factor_text)
+        original = int(length_text) if at else model_length
+    except ValueError:
+        raise ValueError(form) from None
+    if not sep or rope_type not in ROPE_TYPES or factor <= 1 or original < 1:
+        raise ValueError(form)
+    if rope_type == "yarn":
+        scaling = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
+        return Scaling(spec, scaling, int(original * factor))
+    if rope_type == "dynamic":  # grows the base once a sequence passes max_position_embeddings
+        return Scaling(spec, {"rope_type": "dynamic", "factor": factor}, original)
+    return Scaling(spec, {"rope_type": "linear", "factor": factor}, int(original * factor))
+
+
+def long_documents(data_path: Path, tokenizer: Any, length: int, limit: int) -> list[list[int]]:
+    """The first length + 1 token ids of every document with that many (pretraining's tokenization), at most
+    `limit` documents (0: all)."""
+    from dataset.jsonl import iter_records
+
+    documents = []
+    for _, record, _ in iter_records(data_path, "text"):
+        ids = tokenizer(record["text"], add_special_tokens=False)["input_ids"]
+        if len(ids) > length:
+            documents.append(ids[:length + 1])
+            if limit and len(documents) == limit:
+                break
+    return documents
+
+
+def bucket_losses(model: Any, documents: Sequence[Sequence[int]], bucket: int, batch_size: int) -> list[float]:
+    """Mean next-token loss (nats) per bucket of `bucket` positions, over all documents."""
+    import torch
+    import torch.nn.functional as F
+
+    total = None
+    with torch.inference_mode():
+        for start in range(0, len(documents), batch_size):
+            ids = torch.tensor(documents[start:start + batch_size])
+            logits = model(input_ids=ids[:, :-1]).logits.float()
+            nats = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").sum(0)
+            total = nats if total is None else total + nats
+    per_position = total / len(documents)
+    return [float(chunk.mean()) for chunk in per_position.split(bucket)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ToolParser(description=__doc__.split("\n")[0])
+    add_model_source_flags(parser)
+    parser.add_argument("--data", default="pretrain_val", help="pretrain_val or a jsonl file of {\"text\": ...}")
+    parser.add_argument("--length", type=int, default=1024, help="positions scored per document")
+    parser.add_argument("--bucket", type=int, default=128, help="positions per bucket")
+    parser.add_argument("--trained_length", type=int, default=256,
+                        help="the tokens per training row (pretraining's --max_seq_len): marks the buckets past it")
+    parser.add_argument("--scalings", default="none,yarn:4@256,yarn:2,dynamic:4@256,linear:4@256",
+                        help="comma-separated: none or TYPE:FACTOR[@L] (see the description)")
+    parser.add_argument("--max_documents", type=int, default=0, help="0: every long enough document")
+    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--json", default=None, help="also write the table to this JSON file")
+    add_threads_flag(parser)
+    args = parser.parse_args(argv)
+    print(start_threads(args.threads), file=sys.stderr)
+    try:
+        return report(args)
+    except (ModelNotFound, FileNotFoundError, ValueError) as error:
+        return report_error(error)
+
+
+def report(args: Any) -> int:
+    from dataset.atomic_io import atomic_write_text
+    from dataset.corpus import ensure_default_corpus
+    from model.loading import load_model
+    from model.rope import set_rope_scaling
+    from trainer.machine import machine_line
+    from trainer.run_dir import resolve_input_path, resolve_path
+
+    path, adapter, note = locate_model_and_adapter(args.model_path, args.lora)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
+    if model.config.rope_scaling is not None:
+        raise ValueError(f"{path} already has rope_scaling={model.config.rope_scaling!r}; this tool compares "
+                         "scalings of a plain-RoPE model")
+    model_length = model.config.max_position_embeddings
+    scalings = [parse_scaling(item.strip(), model_length) for item in args.scalings.split(",")]
+    data_path = ensure_default_corpus(quiet=True).pretrain_val if args.data == "pretrain_val" \
+        else resolve_input_path(args.data)
+    documents = long_documents(data_path, tokenizer, args.length, args.max_documents)
+    if not documents:
+        raise ValueError(f"--data {args.data}: no document has more than --length {args.length} tokens")
+    rows = {}
+    for scaling in scalings:
+        set_rope_scaling(model, scaling.rope_scaling, scaling.max_position_embeddings)
+        rows[scaling.label] = bucket_losses(model, documents, args.bucket, args.batch_size)
+    set_rope_scaling(model, None, model_length)
+    starts = list(range(0, args.length, args.bucket))
+    print(f"model {path} (max_position_embeddings {model_length}), {len(documents)} documents of "
+          f"{args.length} scored positions from {data_path.name}; {machine_line()}")
+    print("mean next-token loss (nats) per position bucket; * = past the trained length "
+          f"{args.trained_length}")
+    header = ["scaling"] + [f"{start}-{start + args.bucket - 1}{'*' if start >= args.trained_length else ''}"
+                            for start in starts]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for label, losses in rows.items():
+        print(f"| {label} | " + " | ".join(f"{loss:.3f}" for loss in losses) + " |")
+    if args.json:
+        out = resolve_path(args.json)
+        atomic_write_text(out, json.dumps({"model_path": str(path), "documents": len(documents),
+                                           "length": args.length, "bucket_starts": starts, "losses": rows},
+                                          indent=2))
+        print(f"results written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

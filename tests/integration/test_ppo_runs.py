@@ -1,0 +1,118 @@
+"""PPO (trainer/train_ppo.py) end to end on the training core: `python trainer/train_ppo.py` samples, scores and
+trains policy and critic, logs the rollout and critic statistics, saves the policy alone as the model and both in
+its checkpoints; resumed from a checkpoint it reproduces the uninterrupted run bit for bit (rollouts and critic
+included); a broken reward function stops it in one line; and a reward that counts a frequent word rises within
+a few dozen steps on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.paths import REPO
+from tests.training_runs import pretrain_word_model, run_in_process, train_losses, write_prompt_data
+from trainer.core import main
+from trainer.run_dir import model_task, read_metrics, read_summary
+
+STATS = {"loss", "reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
+         "completion_length", "rewards/letter_e"}
+
+
+@pytest.fixture(scope="module")
+def ppo_data(tmp_path_factory):
+    return write_prompt_data(tmp_path_factory.mktemp("ppo_data"))
+
+
+def _argv(data, start, out_dir, *extra: str) -> list[str]:
+    return ["--data_path", str(data / "prompts.jsonl"), "--from_weight", str(start), "--out_dir", str(out_dir),
+            "--max_steps", "5", "--batch_size", "4", "--max_completion_length", "12", "--save_interval", "2",
+            "--eval_interval", "100", "--eval_batches", "1", "--log_interval", "1", "--learning_rate", "1e-3",
+            "--warmup_steps", "1", "--max_seq_len", "48", "--dtype", "float32", "--norm_impl", "eager",
+            "--compile", "off", "--threads", "1", "--reward", f"{data / 'letters.py'}:letter_e", *extra]
+
+
+def _command_line(argv: list[str]) -> None:
+    run = subprocess.run([sys.executable, "trainer/train_ppo.py", *argv], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def ppo_run(ppo_data, tiny_models, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("ppo") / "run"
+    _command_line(_argv(ppo_data, tiny_models.pretrain, out_dir))
+    return out_dir
+
+
+def test_a_ppo_run_from_the_command_line_logs_its_statistics_and_saves_the_policy(ppo_run, tiny_models):
+    train = read_metrics(ppo_run, "train")
+    assert len(train) == 5
+    for record in train:
+        assert STATS <= set(record)
+        assert 1 <= record["completion_length"] <= 12 and record["value_loss"] >= 0
+        assert record["reward"] == pytest.approx(record["rewards/letter_e"])
+    assert train[0]["kl"] == 0  # the policy starts as the reference
+    assert max(record["kl"] for record in train[1:]) > 0  # and moves away from it
+    assert any(record["clip_fraction"] > 0 for record in train)  # --ppo_epochs 2: the second update clips
+    summary = read_summary(ppo_run)
+    assert summary["status"] == "finished" and summary["final_val"]["prompts"] >= 1
+    assert model_task(ppo_run) == "ppo"
+    # The model directory is the policy alone, a plain model of the starting one's shape ...
+    policy, start = load_file(ppo_run / "model.safetensors"), load_file(tiny_models.pretrain / "model.safetensors")
+    assert policy.keys() == start.keys()
+    assert any(not torch.equal(policy[name], start[name]) for name in start)
+    # ... and a checkpoint holds the critic beside it, its value head trained away from zero.
+    checkpoint = load_file(ppo_run / "checkpoints" / "step_00000004" / "model.safetensors")
+    assert {f"policy.{name}" for name in start} <= checkpoint.keys()
+    assert checkpoint["critic.value_head.weight"].abs().sum() > 0
+
+
+def test_a_resumed_ppo_run_equals_the_uninterrupted_one(ppo_run, ppo_data, tiny_models, tmp_path):
+    resumed = tmp_path / "resumed"
+    _command_line(_argv(ppo_data, tiny_models.pretrain, resumed, "--resume",
+                        str(ppo_run / "checkpoints" / "step_00000002")))
+    theirs, ours = read_metrics(ppo_run, "train")[2:], read_metrics(resumed, "train")
+    assert train_losses(resumed) == train_losses(ppo_run)[2:]
+    for name in ("reward", "completion_length", "value_loss", "explained_variance"):
+        assert [r[name] for r in ours] == [r[name] for r in theirs], name
+    for path in ("model.safetensors", "checkpoints/step_00000004/model.safetensors"):  # the critic: in the second
+        mine, reference = load_file(resumed / path), load_file(ppo_run / path)
+        assert mine.keys() == reference.keys()
+        assert all(torch.equal(mine[name], tensor) for name, tensor in reference.items()), path
+
+
+def test_a_reward_that_breaks_its_contract_stops_the_ppo_run_in_one_line(ppo_data, tiny_models, tmp_path, capsys):
+    out_dir = tmp_path / "broken"
+    argv = _argv(ppo_data, tiny_models.pretrain, out_dir)
+    argv[argv.index(f"{ppo_data / 'letters.py'}:letter_e")] = f"{ppo_data / 'broken.py'}:short_by_one"
+    with pytest.raises(SystemExit) as stopped:
+        main("ppo", argv)
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == f"error: reward {ppo_data / 'broken.py'}:short_by_one: returned 3 values for 4 completions"
+    checkpoint = out_dir / "checkpoints" / "step_00000002"  # saved after step 2; the 3rd step's rollout broke
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == 2
+
+
+def test_ppo_raises_a_reward_that_counts_a_frequent_word(tmp_path):
+    """A tiny model pretrained on a 22-word corpus writes "the" about once in 16 tokens; 20 PPO steps (fixed
+    seed) more than double the reward that counts it."""
+    pretrained = pretrain_word_model(tmp_path)
+    out_dir = tmp_path / "ppo"
+    run_in_process("ppo", ["--data_path", str(tmp_path / "prompts.jsonl"), "--from_weight", str(pretrained),
+                           "--out_dir", str(out_dir), "--max_steps", "20", "--batch_size", "8",
+                           "--max_completion_length", "16", "--ppo_epochs", "4", "--learning_rate", "3e-3",
+                           "--warmup_steps", "2", "--max_seq_len", "48", "--dtype", "float32", "--norm_impl",
+                           "eager", "--compile", "off", "--log_interval", "1", "--save_interval", "100",
+                           "--eval_interval", "100", "--eval_batches", "1", "--seed", "0", "--reward",
+                           f"{tmp_path / 'words.py'}:count_the"])
+    rewards = [record["reward"] for record in read_metrics(out_dir, "train")]
+    assert len(rewards) == 20
+    first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
+    assert last > 2 * first and last > first + 0.5, rewards

@@ -1,0 +1,71 @@
+"""eval/long_context.py: its per-bucket losses against losses computed here from models loaded with each
+rope_scaling in their config (transformers' own path), and its one-line refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from eval.long_context import main, parse_scaling
+
+LENGTH, BUCKET = 48, 16
+
+
+def reference_buckets(path, documents: list[list[int]], **config) -> list[float]:
+    """Mean fp64 next-token loss per bucket of positions, each document scored alone."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **config).eval()
+    per_position = torch.zeros(LENGTH, dtype=torch.float64)
+    with torch.no_grad():
+        for ids in documents:
+            ids = torch.tensor([ids])
+            logits = model(input_ids=ids[:, :-1]).logits[0].double()
+            per_position += F.cross_entropy(logits, ids[0, 1:], reduction="none")
+    return [float(chunk.mean()) for chunk in (per_position / len(documents)).split(BUCKET)]
+
+
+def test_bucket_losses_equal_models_loaded_with_each_scaling(tiny_models, tokenizer, tmp_path) -> None:
+    texts = ["The river runs past the old mill and the bridge. " * 12, "Numbers: " + " ".join(map(str, range(80))),
+             "Too short to count."]
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
+    out = tmp_path / "table.json"
+    assert main(["--model_path", str(tiny_models.pretrain), "--data", str(data), "--length", str(LENGTH),
+                 "--bucket", str(BUCKET), "--scalings", "none,yarn:4@16,linear:2,dynamic:4@16", "--batch_size", "2",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    documents = [tokenizer(text, add_special_tokens=False)["input_ids"][:LENGTH + 1] for text in texts[:2]]
+    assert report["documents"] == 2 and report["bucket_starts"] == [0, 16, 32]
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    expected = {
+        "none": reference_buckets(tiny_models.pretrain, documents),
+        "yarn:4@16": reference_buckets(tiny_models.pretrain, documents, rope_scaling=yarn,
+                                       max_position_embeddings=64),
+        "linear:2": reference_buckets(tiny_models.pretrain, documents,
+                                      rope_scaling={"rope_type": "linear", "factor": 2.0}),
+        "dynamic:4@16": reference_buckets(tiny_models.pretrain, documents,
+                                          rope_scaling={"rope_type": "dynamic", "factor": 4.0},
+                                          max_position_embeddings=16),
+    }
+    for label, losses in expected.items():
+        assert report["losses"][label] == pytest.approx(losses, rel=1e-5), label
+    # The rows differ: each scaling reached the model.
+    rows = [tuple(round(loss, 6) for loss in report["losses"][label]) for label in expected]
+    assert len(set(rows)) == len(rows)
+
+
+@pytest.mark.parametrize("spec", ["yarn", "yarn:x", "yarn:1", "rope:4", "yarn:4@", "yarn:4@-3", "linear:0.5"])
+def test_bad_scaling_items_are_refused_in_one_line(spec: str) -> None:
+    with pytest.raises(ValueError, match=r"--scalings item .* use none or TYPE:FACTOR\[@L\]") as error:
+        parse_scaling(spec, 128)
+    assert "\n" not in str(error.value)
+
+
+def test_no_long_enough_document_is_one_line(tiny_models, tmp_path, capsys) -> None:
+    data = tmp_path / "short.jsonl"
+    data.write_text(json.dumps({"text": "short"}) + "\n", encoding="utf-8")
+    assert main(["--model_path", str(tiny_models.pretrain), "--data", str(data), "--length", "64"]) != 0
+    assert "no document has more than --length 64 tokens" in capsys.readouterr().err

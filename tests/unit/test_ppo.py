@@ -1,0 +1,185 @@
+"""The PPO objective (trainer/ppo.py) against references written here in fp64, token by token: the loss and the
+gradients of policy and critic on a hand-made rollout batch; a rollout's old log-probs and values, its rewards
+with the KL folded in, GAE advantages (whitened) and returns; and the critic a run starts with."""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from dataset.prompt_dataset import PromptDataset
+from model import MiniNormConfig, MiniNormForCausalLM
+from trainer.ppo import CriticModel, PolicyAndCritic, PPOSettings, ProximalPolicy, completion_values, load_critic
+from trainer.rewards import Reward
+
+VOCAB = 17
+EPSILON, CLIP_VALUE, VF_COEF, BETA, GAMMA, LAM = 0.2, 0.2, 0.3, 0.1, 0.9, 0.8
+
+
+def _model(vocab: int = VOCAB, seed: int = 0) -> MiniNormForCausalLM:
+    torch.manual_seed(seed)
+    config = MiniNormConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=64, norm_impl="eager")
+    return MiniNormForCausalLM(config)
+
+
+def _policy_and_critic(vocab: int = VOCAB) -> PolicyAndCritic:
+    critic = CriticModel(_model(vocab, seed=1).model)
+    with torch.no_grad():  # a critic that has learned something: values of order 1
+        critic.value_head.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+        critic.value_head.bias.fill_(0.1)
+    return PolicyAndCritic(_model(vocab), critic)
+
+
+def _settings(group: int = 1) -> PPOSettings:
+    return PPOSettings(num_generations=group, max_completion_length=6, temperature=1.0, top_p=1.0, beta=BETA,
+                       epsilon=EPSILON, cliprange_value=CLIP_VALUE, vf_coef=VF_COEF, gamma=GAMMA, lam=LAM,
+                       ppo_epochs=2)
+
+
+class _Pad:
+    pad_token_id = 0
+
+
+def _hand_made_batch() -> dict:
+    """Four completions, prompts of 3 and 5 tokens, completions of 2, 4, 1 and 3 tokens, with old log-probs and
+    values away from the model's (so ratios and values clip), per-token advantages and returns."""
+    generator = torch.Generator().manual_seed(1)
+    starts, lengths = [3, 5, 3, 5], [2, 4, 1, 3]
+    width = max(s + n for s, n in zip(starts, lengths))
+    input_ids = torch.zeros(4, width, dtype=torch.long)
+    attention_mask = torch.zeros(4, width, dtype=torch.long)
+    for row, (start, length) in enumerate(zip(starts, lengths)):
+        input_ids[row, :start + length] = torch.randint(1, VOCAB, (start + length,), generator=generator)
+        attention_mask[row, :start + length] = 1
+    mask = torch.tensor([[t < n for t in range(max(lengths))] for n in lengths])
+    shape = (4, max(lengths))
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "starts": torch.tensor(starts),
+            "completion_mask": mask, "old_logp": -torch.rand(shape, generator=generator) * 4,
+            "old_values": (torch.rand(shape, generator=generator) * 2 - 1) * mask,
+            "advantages": torch.randn(shape, generator=generator) * mask,
+            "returns": torch.randn(shape, generator=generator) * mask,
+            "rollout_stats": torch.tensor([0.5, 0.25, 0.01, 0.3, 2.5]), "reward_means": torch.zeros(0)}
+
+
+def test_completion_values_are_the_values_one_position_back():
+    values = torch.arange(14, dtype=torch.float32).view(2, 7)
+    assert completion_values(values, torch.tensor([2, 4]), 3).tolist() == [[1, 2, 3], [10, 11, 12]]
+
+
+def test_the_objectives_loss_and_gradients_equal_an_fp64_reference():
+    model, batch = _policy_and_critic(), _hand_made_batch()
+    model64 = copy.deepcopy(model).double()
+    objective = ProximalPolicy([], _Pad(), _settings(), None, seed=0, process_index=0, autocast=nullcontext)
+    units = objective.count_items(batch)
+    assert int(units) == 10  # completion tokens
+    loss, stats = objective.loss(model, batch, units)
+    logits = model64.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    values = model64.critic(batch["input_ids"], batch["attention_mask"])
+    expected, clipped, value_clipped = 0.0, 0, 0
+    for i in range(4):
+        start = int(batch["starts"][i])
+        for t in range(int(batch["completion_mask"][i].sum())):
+            logp = torch.log_softmax(logits[i, start + t - 1], dim=-1)[batch["input_ids"][i, start + t]]
+            ratio = torch.exp(logp - float(batch["old_logp"][i, t]))
+            advantage = float(batch["advantages"][i, t])
+            policy = -torch.minimum(ratio * advantage, ratio.clamp(1 - EPSILON, 1 + EPSILON) * advantage)
+            clipped += bool((ratio > 1 + EPSILON and advantage > 0) or (ratio < 1 - EPSILON and advantage < 0))
+            value, old = values[i, start + t - 1], float(batch["old_values"][i, t])
+            target = float(batch["returns"][i, t])
+            value_clipped += bool(abs(value - old) > CLIP_VALUE)
+            moved = old + (value - old).clamp(-CLIP_VALUE, CLIP_VALUE)
+            value_loss = 0.5 * torch.maximum((value - target) ** 2, (moved - target) ** 2)
+            expected = expected + policy + VF_COEF * value_loss
+    expected = expected / 10
+    assert 0 < clipped < 10 and 0 < value_clipped < 10  # both clips act on some tokens, not all
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss.backward()
+    expected.backward()
+    for (name, ours), theirs in zip(model.named_parameters(), model64.parameters()):
+        assert ours.grad is not None and ours.grad.abs().sum() > 0, name  # policy and critic both learn
+        # fp32 against fp64: the critic's embedding gradients reach ~20, so the tolerance scales with the largest
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4,
+                                   atol=1e-6 * float(theirs.grad.abs().max()), msg=name)
+    reward, reward_std, kl, clip_fraction, _, _, explained, length = (stats / units).tolist()
+    assert (reward, reward_std, kl, explained, length) == pytest.approx((0.5, 0.25, 0.01, 0.3, 2.5))
+    assert clip_fraction == pytest.approx(clipped / 10)
+    # Another process's share of the step: the loss is this micro-batch's sum over the step's units.
+    half, _ = objective.loss(model, batch, 2 * units)
+    assert half.item() == pytest.approx(loss.item() / 2, rel=1e-6)
+
+
+def _prompts() -> dict:
+    samples = [{"input_ids": torch.tensor([1, 2, 3]), "prompt": "one", "columns": {}},
+               {"input_ids": torch.tensor([4, 5]), "prompt": "two", "columns": {}}]
+    return PromptDataset.collate(samples)
+
+
+def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(tokenizer):
+    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
+    scored = []
+
+    def lengths(prompts, completions, **columns):
+        scored.extend(float(len(c) % 5) for c in completions)
+        return scored[-len(completions):]
+
+    objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(group=2), reference, seed=7,
+                               process_index=0, autocast=nullcontext)
+    batch = objective.rollout(model, _prompts(), step=3, micro_batch=0)
+    assert model.training  # back in training mode after the no-grad forwards
+    model64, reference64 = copy.deepcopy(model).double().eval(), copy.deepcopy(reference).double()
+    mask = batch["completion_mask"]
+    rows, kls = [], []
+    for i in range(4):
+        start, length = int(batch["starts"][i]), int(mask[i].sum())
+        ids = batch["input_ids"][i:i + 1, :start + length]  # the row alone, without padding
+        logits = model64.policy(input_ids=ids).logits[0]
+        ref_logits = reference64(input_ids=ids).logits[0]
+        values = model64.critic(ids)[0]
+        logp = [torch.log_softmax(logits[start + t - 1], -1)[ids[0, start + t]].item() for t in range(length)]
+        ref = [torch.log_softmax(ref_logits[start + t - 1], -1)[ids[0, start + t]].item() for t in range(length)]
+        value = [values[start + t - 1].item() for t in range(length)]
+        assert batch["old_logp"][i, :length].tolist() == pytest.approx(logp, rel=1e-4, abs=1e-5)
+        assert batch["old_values"][i, :length].tolist() == pytest.approx(value, rel=1e-4, abs=1e-5)
+        assert batch["old_values"][i, length:].abs().sum() == 0
+        rewards = [-BETA * (p - r) for p, r in zip(logp, ref)]
+        rewards[-1] += scored[i]  # the score at the last token
+        advantages = [0.0] * length
+        for t in range(length):  # A_t = sum_l (gamma lam)^l delta_{t+l}, V = 0 after the last token
+            for k in range(t, length):
+                next_value = value[k + 1] if k + 1 < length else 0.0
+                advantages[t] += (GAMMA * LAM) ** (k - t) * (rewards[k] + GAMMA * next_value - value[k])
+        assert batch["returns"][i, :length].tolist() == pytest.approx(
+            [a + v for a, v in zip(advantages, value)], rel=1e-4, abs=1e-5)
+        rows.append(advantages)
+        kls.extend(p - r for p, r in zip(logp, ref))
+    flat = [a for row in rows for a in row]
+    mean = sum(flat) / len(flat)
+    std = math.sqrt(sum((a - mean) ** 2 for a in flat) / (len(flat) - 1) + 1e-8)
+    for i, row in enumerate(rows):
+        assert batch["advantages"][i, :len(row)].tolist() == pytest.approx([(a - mean) / std for a in row],
+                                                                           rel=1e-3, abs=1e-4)
+        assert batch["advantages"][i, len(row):].abs().sum() == 0
+    reward, reward_std, kl, _, length = batch["rollout_stats"].tolist()
+    score_mean = sum(scored) / 4
+    assert reward == pytest.approx(score_mean)
+    assert reward_std == pytest.approx(math.sqrt(sum((s - score_mean) ** 2 for s in scored) / 4))
+    assert kl == pytest.approx(sum(kls) / len(kls), rel=1e-4, abs=1e-6)
+    assert length == pytest.approx(float(mask.sum()) / 4)
+    # The first update's policy is the one that sampled: its ratio is 1 (to float rounding), nothing clips.
+    _, stats = objective.loss(model, batch, objective.count_items(batch))
+    assert stats[3].item() == 0.0
+
+
+def test_the_critic_starts_from_the_starting_models_trunk_with_zero_values(tmp_path):
+    start = _model(seed=5)
+    start.save_pretrained(tmp_path)
+    critic = load_critic(tmp_path)
+    trunk = start.model.state_dict()
+    assert all(torch.equal(tensor, trunk[name]) for name, tensor in critic.model.state_dict().items())
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(critic(ids), torch.zeros(2, 6))

@@ -1,0 +1,162 @@
+"""Proximal policy optimisation with a learned critic (PPO, Schulman et al. 2017, arXiv:1707.06347), as MiniMind's
+train_ppo.py and TRL's PPOTrainer run it on a language model: the objective for the training core.
+
+What the optimizer trains is a `PolicyAndCritic`: the policy (the language model, which the run exports) and a
+separate critic, a copy of the starting model's trunk under a scalar value head (zero at the start, so every value
+starts at 0) -- not a value head on the policy's own trunk: the value regression's gradients would then pull on
+the representation the policy samples from, and the exported policy would carry a head no tool reads. MiniMind
+and TRL keep the critic separate too. One optimizer, gradient clip and schedule cover both (as TRL's
+policy-and-value wrapper); --vf_coef weighs the critic's loss. Checkpoints hold both, so a resumed run continues
+the critic (and its optimizer state) where it stopped.
+
+Each optimizer step samples its rollouts as GRPO does (trainer/grpo.py, RolloutObjective: --num_generations
+completions per prompt, seeded by the step, scored by the --reward functions), then computes without gradients
+the rollout's log-probs under the policy and values under the critic (old_logp, old_values: fixed for the step)
+and the frozen reference's log-probs. The KL penalty is folded into the rewards (TRL's convention;
+rl_losses.kl_penalized_rewards: -beta x the k1 KL per token, the score at the last token); GAE with --gamma and
+--lam gives the advantages and returns; the advantages are whitened over the micro-batch's completion tokens (as
+MiniMind's, per process). Then --ppo_epochs optimizer updates on that batch (the core's `updates_per_rollout`;
+each over the whole batch, TRL's num_mini_batches = 1), each minimizing rl_losses.ppo_loss. The loss's unit is the
+completion token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import torch
+from torch import nn
+
+from model.model import MiniNormForCausalLM, MiniNormModel
+from trainer.grpo import RolloutObjective, completion_log_probs
+from trainer.rewards import Reward
+from trainer.rl_losses import explained_variance, gae, kl_penalized_rewards, masked_mean, ppo_loss, whiten
+
+STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
+              "completion_length")  # then each reward's mean
+
+
+@dataclass(frozen=True)
+class PPOSettings:
+    num_generations: int
+    max_completion_length: int
+    temperature: float
+    top_p: float
+    beta: float             # the KL penalty's weight in the rewards
+    epsilon: float          # the policy ratio's clip range
+    cliprange_value: float  # how far a value may move from the rollout's before its loss is clipped
+    vf_coef: float          # the value loss's weight
+    gamma: float            # GAE's discount
+    lam: float              # GAE's lambda
+    ppo_epochs: int         # optimizer updates per rollout batch
+
+
+class CriticModel(nn.Module):
+    """A scalar value per position: the decoder trunk, then a linear head (zero-initialised)."""
+
+    def __init__(self, trunk: MiniNormModel) -> None:
+        super().__init__()
+        self.model = trunk
+        self.value_head = nn.Linear(trunk.config.hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden, _, _ = self.model(input_ids, attention_mask)
+        return self.value_head(hidden).squeeze(-1)
+
+
+def load_critic(source: Path, **overrides: Any) -> CriticModel:
+    """The critic of a PPO run: the trunk of the model in `source` (the policy's starting weights), a new head."""
+    return CriticModel(MiniNormForCausalLM.from_pretrained(source, **overrides).model)
+
+
+class PolicyValues(NamedTuple):
+    logits: torch.Tensor  # (B, T, V), the policy's
+    values: torch.Tensor  # (B, T), the critic's
+
+
+class PolicyAndCritic(nn.Module):
+    """What a PPO run's optimizer trains: one forward gives the policy's logits and the critic's values."""
+
+    def __init__(self, policy: MiniNormForCausalLM, critic: CriticModel) -> None:
+        super().__init__()
+        self.policy, self.critic = policy, critic
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> PolicyValues:
+        return PolicyValues(self.policy(input_ids=input_ids, attention_mask=attention_mask).logits,
+                            self.critic(input_ids, attention_mask))
+
+
+def completion_values(values: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+    """(N, length) fp32 values of the states before each completion token: the critic's value at the position that
+    predicts the token (one position back), as completion_log_probs reads the logits; clamped past a row's end."""
+    positions = (starts.unsqueeze(1) + torch.arange(length, device=starts.device)).clamp(max=values.shape[1] - 1)
+    return values.gather(1, positions - 1).float()
+
+
+class ProximalPolicy(RolloutObjective):
+    """The PPO objective; `model` is the run's PolicyAndCritic (RolloutObjective has the other arguments)."""
+
+    progress_labels = {"reward": "reward", "kl": "kl", "value_loss": "vf", "completion_length": "len"}
+
+    def __init__(self, rewards: Sequence[Reward], tokenizer, settings: PPOSettings,
+                 reference: torch.nn.Module | None, seed: int, process_index: int,
+                 autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
+        super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world)
+        self.stat_names = STAT_NAMES + self.reward_names
+        self.updates_per_rollout = settings.ppo_epochs
+
+    @staticmethod
+    def policy_of(model: torch.nn.Module) -> torch.nn.Module:
+        return model.policy
+
+    # ----------------------------------------------------------------- rollouts
+    def rollout(self, model: PolicyAndCritic, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
+        """The micro-batch of P prompts -> P x G scored completions with their old log-probs and values,
+        advantages (whitened) and returns."""
+        out, scores, lengths = self.sample(model, batch, step, micro_batch)
+        s, mask = self.settings, out["completion_mask"]
+        width = mask.shape[1]
+        was_training = model.training
+        model.eval()  # the policy as it sampled: no dropout
+        try:
+            with torch.no_grad(), self.autocast():
+                logits = model.policy(input_ids=out["input_ids"], attention_mask=out["attention_mask"]).logits
+                old_logp = completion_log_probs(logits, out["input_ids"], out["starts"], width).float()
+                values = model.critic(out["input_ids"], out["attention_mask"])
+                old_values = completion_values(values, out["starts"], width) * mask
+        finally:
+            model.train(was_training)
+        ref_logp = self.reference_log_probs(out) if self.reference is not None else old_logp
+        scores = scores.to(old_logp.device)
+        rewards = kl_penalized_rewards(scores, old_logp, ref_logp, mask, s.beta)
+        advantages, returns = gae(rewards, old_values, mask, s.gamma, s.lam)
+        out.update(old_logp=old_logp, old_values=old_values, returns=returns, advantages=whiten(advantages, mask))
+        out["rollout_stats"] = torch.tensor(
+            [float(scores.mean()), float(scores.std(correction=0)), float(masked_mean(old_logp - ref_logp, mask)),
+             explained_variance(old_values, returns, mask), float(lengths.float().mean())], device=old_logp.device)
+        return out
+
+    # ----------------------------------------------------------------- the loss
+    def count_items(self, batch: dict[str, Any]) -> torch.Tensor:
+        return batch["completion_mask"].sum()
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any],
+             num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s, mask = self.settings, batch["completion_mask"]
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        logp = completion_log_probs(out.logits, batch["input_ids"], batch["starts"], mask.shape[1])
+        values = completion_values(out.values, batch["starts"], mask.shape[1])
+        result = ppo_loss(logp, batch["old_logp"], values, batch["old_values"], batch["advantages"],
+                          batch["returns"], mask, s.epsilon, s.cliprange_value, s.vf_coef)
+        local = self.count_items(batch).to(result.loss.dtype)
+        reward, reward_std, kl, explained, length = batch["rollout_stats"].tolist()
+        stats = torch.tensor([reward, reward_std, kl, result.clip_fraction, result.policy_loss, result.value_loss,
+                              explained, length], device=mask.device)
+        stats = torch.cat([stats, batch["reward_means"]])
+        return result.loss * local / num_items, stats * local

@@ -1,0 +1,21 @@
+"""Proximal policy optimisation of a chat model with a critic and reward functions (default: out/sft -> out/ppo;
+trainer/ppo.py has the objective and the critic, trainer/rl_losses.py the losses, trainer/rewards.py the rewards).
+
+    python trainer/train_ppo.py --help
+    python trainer/train_ppo.py --data_path math.jsonl --reward math_answer --ppo_epochs 4
+    python trainer/train_ppo.py --data_path rlaif.jsonl --reward my_rewards.py:brevity --beta 0.02
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from the repo root or from trainer/
+
+from trainer.threads import bound_openmp_waits  # noqa: E402
+
+bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+
+from trainer.core import main  # noqa: E402
+
+if __name__ == "__main__":
+    main("ppo")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +84,10 @@ def attention_mask_4d(padding_mask: torch.Tensor | None, q_len: int, kv_len: int
 
 
 class Attention(nn.Module):
+    # Called with (queries, keys, mask) after RoPE when set on an instance: how diagnostics see the attention logits,
+    # which scaled_dot_product_attention never materialises.
+    logit_observer: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None] | None = None
+
     def __init__(self, config: MiniNormConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -121,6 +125,8 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
+        if self.logit_observer is not None:  # set only on a diagnostics step (trainer/diagnostics.py)
+            self.logit_observer(q, k, mask)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
             is_causal=mask is None and q_len == k.shape[2] and q_len > 1,

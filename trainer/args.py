@@ -280,13 +280,14 @@ class TrainArgs:
     reward: list[str] | None = _flag(ROLLOUT_GROUPS, None,
                                      f"a reward function: a built-in (math_answer, length_penalty, "
                                      f"repetition_penalty) or path/to/file.py:function with TRL's signature; repeat "
-                                     f"the flag for several (default without --reward_model: {DEFAULT_REWARD}, which "
-                                     f"needs an \"answer\" field in the data: the default arithmetic problems have "
-                                     f"one)")
+                                     f"the flag for several (default: {DEFAULT_REWARD} unless --reward_model is "
+                                     f"given; it needs an \"answer\" field in the data, which the default arithmetic "
+                                     f"problems have)")
     reward_model: str | None = _flag(ROLLOUT_GROUPS, None, "a learned reward model: a transformers "
                                                            "AutoModelForSequenceClassification directory (one label) "
                                                            "scoring prompt + completion in its tokenizer's chat "
-                                                           "template; alone, or beside the --reward functions")
+                                                           "template; alone, or beside the --reward functions "
+                                                           "(default: none)")
     reward_weights: list[float] | None = _flag(ROLLOUT_GROUPS, None, "one weight per --reward, in their order, then "
                                                                      "one for --reward_model (default: 1 each)")
     num_generations: int = _flag(ROLLOUT_GROUPS, 4, {"grpo": "G: completions sampled per prompt (>= 2)",
@@ -530,8 +531,8 @@ def _validate_rollouts(args: TrainArgs, bad: Any) -> None:
     if args.reward_weights is not None:
         count = len(args.reward or []) + bool(args.reward_model)
         if len(args.reward_weights) != count:
-            raise bad("reward_weights", args.reward_weights, f"give one weight per --reward and --reward_model "
-                                                             f"({count})")
+            model = " and one for --reward_model" if args.reward_model else ""
+            raise bad("reward_weights", args.reward_weights, f"give one weight per --reward{model} ({count})")
         if not all(math.isfinite(weight) for weight in args.reward_weights):
             raise bad("reward_weights", args.reward_weights, "every weight must be a finite number")
 

@@ -29,6 +29,10 @@ Keys (flat, wandb-friendly; `XX` is the zero-padded layer index):
                                        RMS of each norm's input and output (only the norms the placement has)
     diag/final_norm_{in,out}_rms       the final norm before the LM head (absent where the model has none: post-LN,
                                        DeepNorm, Mix-LN with mix_ln_ratio 1)
+    diag/attn_logit_max/layer_XX       the largest attention logit q.k/sqrt(head_dim) (after RoPE and QK-norm,
+                                       before the softmax) over the keys each query may attend to (a padded
+                                       batch's padding queries included; packed pretraining rows have none)
+    diag/logits_rms, diag/logits_max   RMS and largest value of the output logits (the LM head's output)
     diag/grad_norm/layer_XX            L2 norm of the gradient of all of block XX's parameters
     diag/grad_norm_attn/layer_XX       ... of its attention parameters only
     diag/grad_norm_mlp/layer_XX        ... of its MLP parameters only
@@ -113,6 +117,10 @@ class NormDiagnostics:
                     self._watch_norm(norm, self.key(f"{name}_in_rms", i), self.key(f"{name}_out_rms", i))
         if self.final_norm is not None:
             self._watch_norm(self.final_norm, self.key("final_norm_in_rms"), self.key("final_norm_out_rms"))
+        for i, block in enumerate(self.layers):
+            block.self_attn.logit_observer = self._logit_observer(self.key("attn_logit_max", i))
+            self._patched.append(block.self_attn)
+        self._handles.append(self.model.lm_head.register_forward_hook(self._logits_hook))
         with torch.no_grad():
             self._snapshot = [[(p, p.detach().clone()) for p in block.parameters() if p.ndim == 2]
                               for block in self.layers]
@@ -123,13 +131,30 @@ class NormDiagnostics:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for norm in self._patched:
-            norm.__dict__.pop("add_and_norm", None)
+        for module in self._patched:
+            module.__dict__.pop("add_and_norm", None)
+            module.__dict__.pop("logit_observer", None)
         self._patched.clear()
         self.armed = False
 
     def _record(self, key: str, t: torch.Tensor) -> None:
         self._values[key] = rms(t)
+
+    def _logit_observer(self, key: str) -> Callable:
+        @torch.no_grad()
+        def observe(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> None:
+            if k.shape[1] != q.shape[1]:  # grouped-query attention: each key head serves several query heads
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            logits = q.float() @ k.float().transpose(-1, -2) * q.shape[-1] ** -0.5
+            if mask is None:  # plain causal: query i (the last q_len of kv_len positions) sees keys up to itself
+                q_len, kv_len = logits.shape[-2:]
+                mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
+            self._values[key] = logits.masked_fill(~mask, float("-inf")).amax()
+        return observe
+
+    def _logits_hook(self, module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        self._values[self.key("logits_rms")] = rms(output)
+        self._values[self.key("logits_max")] = output.detach().float().amax()
 
     def _block_hook(self, layer: int) -> Callable:
         resid_key, grad_key = self.key("resid_rms", layer), self.key("resid_grad_rms", layer)

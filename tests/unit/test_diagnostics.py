@@ -80,7 +80,8 @@ def manual_forward(model: MiniNormForCausalLM, ids: torch.Tensor):
 def no_hooks_left(model: nn.Module) -> bool:
     for module in model.modules():
         if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks or "add_and_norm" in module.__dict__):
+                or module._backward_pre_hooks or "add_and_norm" in module.__dict__
+                or "logit_observer" in module.__dict__):
             return False
     return True
 
@@ -106,7 +107,7 @@ def test_activation_stats_match_a_manual_forward(placement: str, norm_type: str)
     for i, h in enumerate(resid):
         expected[f"diag/resid_grad_rms/layer_{i:02d}"] = ref_rms(h.grad)
 
-    activation_keys = {k for k in stats if "rms" in k}
+    activation_keys = {k for k in stats if "rms" in k and k != "diag/logits_rms"}  # logits: a test of their own
     assert activation_keys == set(expected)
     for key, value in expected.items():
         assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-12), key
@@ -231,7 +232,7 @@ def test_end_to_end_with_adamw_and_real_log_lines(tmp_path) -> None:
     steps, matrix = metric_matrix(path, "update_ratio")
     np.testing.assert_array_equal(steps, [0, 2])
     assert matrix.shape == (LAYERS, 2) and np.isfinite(matrix).all() and (matrix > 0).all()
-    assert len(layer_quantities(json.loads(line) for line in path.read_text().splitlines())) == 14
+    assert len(layer_quantities(json.loads(line) for line in path.read_text().splitlines())) == 15
 
 
 def test_loss_scale_divides_gradient_statistics() -> None:
@@ -295,3 +296,62 @@ def test_grad_at_init_packs_documents_with_eos(tmp_path) -> None:
     stream = torch.cat([b.flatten() for b in batches])
     assert set(stream.tolist()) <= {0, 1 + ord("a") % 90, 1 + ord("b") % 90}
     assert "tiny.jsonl" in label
+
+
+def reference_attention_logit_max(model: MiniNormForCausalLM, ids: torch.Tensor) -> tuple[list[float], torch.Tensor]:
+    """Per block, max over heads, batch and causal (query, key) pairs of q.k/sqrt(d), in fp64 from the block's
+    attention input, its weights and RoPE written out here (rotate-half, inv_freq = theta^(-2i/d)); and the
+    logits of the same forward."""
+    config, trunk = model.config, model.model
+    d, heads, kv_heads = config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    batch_size, length = ids.shape
+    inv_freq = config.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        first, second = t[..., :d // 2], t[..., d // 2:]
+        return t * cos + torch.cat((-second, first), -1) * sin
+
+    inputs: list[torch.Tensor] = []
+    handles = [b.self_attn.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach()))
+               for b in trunk.layers]
+    with torch.no_grad():
+        logits = model(ids).logits
+    for handle in handles:
+        handle.remove()
+    maxima = []
+    for block, h in zip(trunk.layers, inputs):
+        attn = block.self_attn
+        q = (h.double() @ attn.q_proj.weight.double().T).view(batch_size, length, heads, d)
+        k = (h.double() @ attn.k_proj.weight.double().T).view(batch_size, length, kv_heads, d)
+        if attn.q_norm is not None:  # per-head QK-norm: RMSNorm over head_dim with the module's gains
+            q = q * (q.pow(2).mean(-1, keepdim=True) + config.norm_eps).rsqrt() * attn.q_norm.weight.double()
+            k = k * (k.pow(2).mean(-1, keepdim=True) + config.norm_eps).rsqrt() * attn.k_norm.weight.double()
+        q, k = rotate(q.transpose(1, 2)), rotate(k.transpose(1, 2)).repeat_interleave(heads // kv_heads, dim=1)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        maxima.append(scores.masked_fill(~causal, float("-inf")).max().item())
+    return maxima, logits
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_attention_logit_max_and_output_logits_match_fp64(qk_norm: bool) -> None:
+    torch.manual_seed(0)
+    config = MiniNormConfig(vocab_size=97, hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=64, norm_impl="eager", qk_norm=qk_norm,
+                            rope_theta=100.0)
+    model = MiniNormForCausalLM(config)
+    with torch.no_grad():
+        for parameter in model.parameters():  # gains away from 1, so a skipped QK-norm gain would show
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    ids = batch()
+    maxima, logits = reference_attention_logit_max(model, ids)
+    stats, armed_logits = armed_step(model, ids)
+    assert torch.equal(armed_logits, logits)  # observing changes nothing
+    for i, expected in enumerate(maxima):
+        assert stats[f"diag/attn_logit_max/layer_{i:02d}"] == pytest.approx(expected, rel=1e-5)
+    assert stats["diag/logits_rms"] == pytest.approx(ref_rms(logits), rel=1e-6)
+    assert stats["diag/logits_max"] == pytest.approx(logits.max().item(), rel=1e-6)
+    assert no_hooks_left(model)
+

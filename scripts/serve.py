@@ -9,7 +9,8 @@ GET /v1/models/{id}, GET /health, GET /openapi.json (the request schema), and th
 through the library's GenerationEngine (model/generation.py): concurrent requests are decoded together in one batch
 (--max_batch), and a client that disconnects gives its slot back at the next step. Bad requests get OpenAI-style
 JSON errors, each request's alone; messages are encoded as text, so a control-token string inside one never
-becomes a control token.
+becomes a control token. OpenAI's `tools` and `tool_choice` and `chat_template_kwargs: {"open_thinking": true}` are
+taken; replies carry `tool_calls` and `reasoning_content` (docs/serving.md, "Tools and thinking").
 
 This file is the command (its flags); the server itself is the package scripts/server/.
 """

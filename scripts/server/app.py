@@ -75,8 +75,7 @@ async def whole_answer(request: Request, completion: Completion,
     if not completion.generation.done:
         return Response(status_code=499)
     completion.check_finished()
-    generation = completion.generation
-    return completion_body(completion_id, generation.text, generation.finish_reason, completion.usage())
+    return completion_body(completion_id, completion.message(), completion.finish_reason(), completion.usage())
 
 
 def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int = 64,
@@ -131,11 +130,11 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
     async def chat_completions(request: Request):  # no return annotation: FastAPI would take it for the schema
         authorize(request, api_key)
         chat = parse_chat_request(await read_body(request, max_body_bytes))
-        ids = prompt_ids(chat, served)
+        ids, reader = prompt_ids(chat, served)
         settings = generation_settings(chat, served, len(ids))
         refuse_when_busy(served, max_waiting)
         counters["requests"] += 1
-        completion = Completion(served, ids, settings)
+        completion = Completion(served, ids, settings, reader)
         completion_id = CompletionId.new(served.name)
         if chat.stream:
             return streaming_response(completion, completion_id, chat.include_usage())

@@ -8,10 +8,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from dataset.chat_format import encode_chatml
 from model.chat_session import encode_prompt
-from model.generation import FINISH_ERROR, NON_FINITE_SCORES, GenerationSettings
+from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings
 from scripts.server.errors import APIError
 from scripts.server.protocol import ChatRequest, usage_body
+from scripts.server.replies import ReplyReader, forced_call_prefix
 from scripts.server.served_model import ServedModel
 
 MAX_STOP_STRINGS = 4
@@ -19,14 +21,29 @@ GENERATION_FAILED = "the generation failed; the server's log has the details"
 logger = logging.getLogger(__name__)
 
 
-def prompt_ids(request: ChatRequest, served: ServedModel) -> list[int]:
-    """The prompt's token ids; an APIError when they leave no room in the context for an answer."""
-    ids = encode_prompt(served.tokenizer, request.prompt_messages(), served.use_template)
+def prompt_ids(request: ChatRequest, served: ServedModel) -> tuple[list[int], ReplyReader]:
+    """The prompt's token ids (the request's tools and open_thinking rendered by the library's chat format, and
+    the start of a call when tool_choice demands one) and the reader of the reply; an APIError when they leave no
+    room in the context for an answer."""
+    messages = request.prompt_messages()
+    tools = request.offered_tools()
+    forced = request.forced_tool()
+    if served.use_template:
+        # A demanded call starts right after the empty think block: the model does not think first.
+        ids = encode_chatml(served.tokenizer, messages, add_generation_prompt=True, tools=tools,
+                            open_thinking=request.open_thinking() and forced is None).input_ids
+        prefix = forced_call_prefix(served.tokenizer, forced)
+    else:
+        ids, prefix = encode_prompt(served.tokenizer, messages, use_template=False), []
+    ids = ids + prefix
     if len(ids) >= served.max_context:
         raise APIError(400, f"the prompt is {len(ids)} tokens; the model's context is {served.max_context} tokens, "
                             f"for the prompt and the answer together", param="messages",
                        code="context_length_exceeded")
-    return ids
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    reader = ReplyReader(served.tokenizer, [t["function"]["name"] for t in tools], prefix, stop,
+                         request.parallel_tool_calls is not False) if served.use_template else None
+    return ids, reader
 
 
 def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: int) -> GenerationSettings:
@@ -61,19 +78,25 @@ class Completion:
     """A prompt submitted to the engine. The engine decodes on a thread of its own; its text pieces and its end
     come back to the event loop through a queue."""
 
-    def __init__(self, served: ServedModel, ids: list[int], settings: GenerationSettings) -> None:
+    def __init__(self, served: ServedModel, ids: list[int], settings: GenerationSettings,
+                 reader: ReplyReader | None = None) -> None:
         loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
 
         def send(kind: str, value: Any) -> None:  # called on the engine's thread
             loop.call_soon_threadsafe(self._events.put_nowait, (kind, value))
 
-        self.prompt_tokens = len(ids)
-        self.generation = served.engine.submit(ids, settings, on_text=lambda piece: send("text", piece),
-                                               on_finish=lambda done: send("done", done))
+        def text(piece: str) -> None:  # with the number of ids generated when the piece came out
+            send("text", (piece, len(submitted[0].token_ids) if submitted else 0))
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """The text as it is generated, until the end."""
+        submitted: list[Generation] = []
+        self.prompt_tokens = len(ids)
+        self.reader = reader  # None: plain continuation, the text is the reply
+        self.generation = served.engine.submit(ids, settings, on_text=text, on_finish=lambda done: send("done", done))
+        submitted.append(self.generation)
+
+    async def pieces(self) -> AsyncIterator[tuple[str, int]]:
+        """The text as it is generated, each piece with the number of ids generated up to it, until the end."""
         while (event := await self._events.get())[0] == "text":
             yield event[1]
 
@@ -93,6 +116,17 @@ class Completion:
             logger.error("a generation failed: %s", error)
             message = f"the generation failed: {error}" if error == NON_FINITE_SCORES else GENERATION_FAILED
             raise APIError(500, message, kind="server_error")
+
+    def message(self) -> dict[str, Any]:
+        """The finished reply's message fields (content, and reasoning_content and tool_calls where there are)."""
+        if self.reader is None:
+            return {"content": self.generation.text}
+        return self.reader.message(self.generation.token_ids)
+
+    def finish_reason(self) -> str | None:
+        if self.reader is None:
+            return self.generation.finish_reason
+        return self.reader.finish_reason(self.generation.token_ids, self.generation.finish_reason)
 
     def usage(self) -> dict[str, int]:
         return usage_body(self.prompt_tokens, len(self.generation.token_ids))

@@ -10,9 +10,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator)
 from pydantic_core import PydanticCustomError
 
+from dataset.chat_format import normalize_messages, parse_tools
 from scripts.server.errors import APIError, validation_error
 
 # Limits where a value would bite: deeper bodies exhaust the parser's recursion, a seed beyond 64 bits is beyond
@@ -41,14 +43,70 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(strict=True)
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; an object is taken as well
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(strict=True)
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    tool_calls: list[ToolCall] | None = None   # assistant; before content, whose check reads it
+    content: str | list[TextPart] | None = Field(None, validate_default=True)  # None: an assistant's tool calls
     name: str | None = None
+    reasoning_content: str | None = None       # assistant (MiniMind's and DeepSeek's field)
+    tool_call_id: str | None = None            # tool
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_calling(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+            raise PydanticCustomError("content_missing", "is required (it may be null only on an assistant "
+                                      "message with tool_calls)", {})
+        return value
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionSchema(BaseModel):
+    model_config = ConfigDict(strict=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")  # OpenAI's rule for the name
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(strict=True)
+    type: Literal["function"]
+    function: FunctionSchema
+
+
+class FunctionName(BaseModel):
+    model_config = ConfigDict(strict=True)
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True)
+    type: Literal["function"]
+    function: FunctionName
+
+
+class ChatTemplateKwargs(BaseModel):
+    model_config = ConfigDict(strict=True)
+    open_thinking: bool = False  # MiniMind's switch: the model may think before it answers
 
 
 class StreamOptions(BaseModel):
@@ -75,6 +133,10 @@ class ChatRequest(BaseModel):
     # Extensions that vLLM and llama.cpp's server accept as well.
     top_k: integer(ge=0) | None = None
     repetition_penalty: float | None = Field(None, ge=SMALLEST_DIVISOR, le=LARGEST_FACTOR)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's and MiniMind's servers take it
 
     @field_validator("temperature")
     @classmethod
@@ -88,9 +150,52 @@ class ChatRequest(BaseModel):
         """Whether a stream ends with a usage chunk (and every chunk carries "usage": null)."""
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def prompt_messages(self) -> list[dict[str, str]]:
-        """The conversation as the library's chat format takes it: text only, "developer" read as "system"."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def prompt_messages(self) -> list[dict[str, Any]]:
+        """The conversation as the library's chat format takes it (normalize_messages): "developer" read as
+        "system", tool calls with their arguments parsed; an APIError (400) naming the field when an argument
+        string is not a JSON object."""
+        messages = []
+        for m in self.messages:
+            message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.reasoning_content:
+                message["reasoning_content"] = m.reasoning_content
+            if m.tool_calls:
+                message["tool_calls"] = [{"name": c.function.name, "arguments": c.function.arguments}
+                                         for c in m.tool_calls]
+            messages.append(message)
+        try:
+            return normalize_messages(messages)
+        except ValueError as error:
+            raise APIError(400, str(error), param="messages") from None
+
+    def offered_tools(self) -> list[dict[str, Any]]:
+        """The tools the prompt shows: none with tool_choice "none"; the schemas as the chat format takes them,
+        or an APIError (400) naming the tool when its parameters are not a JSON schema object."""
+        if not self.tools or self.tool_choice == "none":
+            return []
+        try:
+            return parse_tools([t.model_dump(exclude_none=True) for t in self.tools])
+        except ValueError as error:
+            raise APIError(400, str(error), param="tools") from None
+
+    def forced_tool(self) -> str | None:
+        """What tool_choice demands: None (the model decides), "" (some tool: "required") or a tool's name. An
+        APIError (400) when it names a tool the request does not offer, or demands one with no tools."""
+        choice = self.tool_choice
+        if choice is None or choice in ("auto", "none"):
+            return None
+        names = [t.function.name for t in self.tools or []]
+        if not names:
+            raise APIError(400, "tool_choice: a tool is required but the request offers no tools", param="tool_choice")
+        if isinstance(choice, NamedToolChoice):
+            if choice.function.name not in names:
+                raise APIError(400, f"tool_choice: no tool {choice.function.name!r} among the tools offered "
+                                    f"({', '.join(names)})", param="tool_choice")
+            return choice.function.name
+        return ""
+
+    def open_thinking(self) -> bool:
+        return bool(self.chat_template_kwargs and self.chat_template_kwargs.open_thinking)
 
 
 def _no_constant(name: str) -> float:
@@ -173,12 +278,13 @@ def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_body(completion: CompletionId, text: str, finish_reason: str | None,
+def completion_body(completion: CompletionId, message: dict[str, Any], finish_reason: str | None,
                     token_usage: dict[str, int]) -> dict[str, Any]:
-    """A whole completion ("chat.completion")."""
+    """A whole completion ("chat.completion"); `message` is what the assistant's message holds besides its role
+    (content, and reasoning_content and tool_calls when there are any)."""
     return {"id": completion.id, "object": "chat.completion", "created": completion.created,
             "model": completion.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": {"role": "assistant", **message},
                          "finish_reason": finish_reason, "logprobs": None}],
             "usage": token_usage}
 

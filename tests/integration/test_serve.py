@@ -160,7 +160,7 @@ TOO_LONG = "word " * 300  # the tiny model's context is 128 tokens
 BAD_REQUESTS = [
     ("missing messages", {"model": "m"}, "messages: is required"),
     ("empty messages", {"messages": []}, "messages: must hold at least one message"),
-    ("unknown role", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ("unknown role", {"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
     ("number content", {"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
     ("object content", {"messages": [{"role": "user", "content": {"text": "x"}}]}, "messages[0].content"),
     ("null content", {"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),

@@ -46,10 +46,32 @@ def field(valid: st.SearchStrategy, edges: st.SearchStrategy = st.nothing()) -> 
     return st.one_of(valid, edges, json_values)
 
 
+def tool_call() -> st.SearchStrategy:
+    arguments = any_text | st.just('{"title": "x"}') | json_values.map(json.dumps)
+    return st.fixed_dictionaries({"id": field(any_text), "type": field(st.just("function")), "function": field(
+        st.fixed_dictionaries({"name": field(any_text | st.just("wiki")), "arguments": field(arguments)}))})
+
+
 def message() -> st.SearchStrategy:
     content = any_text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": any_text}), max_size=2)
-    return st.fixed_dictionaries({"role": field(st.sampled_from(["system", "developer", "user", "assistant"])),
-                                  "content": field(content)}, optional={"name": field(any_text)})
+    return st.fixed_dictionaries({"role": field(st.sampled_from(["system", "developer", "user", "assistant", "tool"])),
+                                  "content": field(content | st.none())},
+                                 optional={"name": field(any_text), "tool_call_id": field(any_text),
+                                           "reasoning_content": field(any_text),
+                                           "tool_calls": field(st.lists(tool_call(), max_size=2))})
+
+
+def tool() -> st.SearchStrategy:
+    parameters = st.fixed_dictionaries({}, optional={"type": field(st.just("object")), "properties": field(
+        st.dictionaries(st.text(max_size=6), st.fixed_dictionaries({"type": field(st.just("string"))}), max_size=2)),
+        "required": field(st.lists(any_text, max_size=2))})
+    return st.fixed_dictionaries({"type": field(st.just("function")), "function": field(st.fixed_dictionaries(
+        {"name": field(st.sampled_from(["wiki", "a-b_1", "x" * 65]))},
+        optional={"description": field(any_text), "parameters": field(parameters)}))})
+
+
+named_choice = st.fixed_dictionaries({"type": field(st.just("function")), "function": field(
+    st.fixed_dictionaries({"name": field(st.sampled_from(["wiki", "calc"]))}))})
 
 
 FIELD_VALUES = {  # one strategy per field of the request model
@@ -69,6 +91,10 @@ FIELD_VALUES = {  # one strategy per field of the request model
     "logprobs": field(st.booleans()),
     "top_k": field(st.integers(0, 100), integer_edges),
     "repetition_penalty": field(st.floats(0, 3), float_edges),
+    "tools": field(st.lists(tool(), max_size=2)),
+    "tool_choice": field(st.sampled_from(["auto", "none", "required"]) | named_choice),
+    "parallel_tool_calls": field(st.booleans()),
+    "chat_template_kwargs": field(st.fixed_dictionaries({}, optional={"open_thinking": field(st.booleans())})),
 }
 assert set(FIELD_VALUES) == set(ChatRequest.model_fields), "a field of the request model is not fuzzed"
 
@@ -103,7 +129,7 @@ def send(url: str, request: dict) -> None:
         last = [line for line in text.splitlines() if line][-1]
         assert last == "data: [DONE]" or "error" in json.loads(last.removeprefix("data: ")), text[-300:]
     else:
-        assert json.loads(text)["choices"][0]["finish_reason"] in ("stop", "length")
+        assert json.loads(text)["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
 
 
 class WellFormedStreams:

@@ -65,6 +65,45 @@ HOSTILE = {
     "1000 levels as messages": (b'{"messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", "nested deeper"),
     "max_tokens 22.5": (with_fields(max_tokens=22.5), "max_tokens"),
 }
+WIKI = {"type": "function", "function": {"name": "wiki", "parameters": {
+    "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}}
+
+
+def calling(arguments) -> list[dict]:
+    """USER, then an assistant message calling wiki with `arguments` (OpenAI sends them as a JSON string)."""
+    return USER + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "wiki", "arguments": arguments}}]}]
+
+
+# Malformed tools payloads: a 400 whose message names the field.
+HOSTILE.update({
+    "tools not a list": (with_fields(tools={"type": "function"}), "tools: "),
+    "a tool without its function": (with_fields(tools=[{"type": "function"}]), "tools[0].function"),
+    "a tool of another type": (with_fields(tools=[{"type": "retrieval", "function": {"name": "x"}}]),
+                               "tools[0].type"),
+    "a tool name with a space": (with_fields(tools=[{"type": "function", "function": {"name": "a b"}}]),
+                                 "tools[0].function.name"),
+    "parameters not an object": (with_fields(tools=[{"type": "function", "function": {
+        "name": "a", "parameters": "x"}}]), "tools[0].function.parameters"),
+    "properties not an object": (with_fields(tools=[{"type": "function", "function": {
+        "name": "a", "parameters": {"properties": [1]}}}]), "tools[0].function.parameters"),
+    "tool_choice unknown word": (with_fields(tools=[WIKI], tool_choice="always"), "tool_choice"),
+    "tool_choice names no offered tool": (with_fields(tools=[WIKI], tool_choice={
+        "type": "function", "function": {"name": "calc"}}), "tool_choice: no tool 'calc'"),
+    "tool_choice without a name": (with_fields(tools=[WIKI], tool_choice={"type": "function", "function": {}}),
+                                   "tool_choice.function.name"),
+    "tool_choice required without tools": (with_fields(tool_choice="required"), "tool_choice"),
+    "a tool message without content": (with_fields(messages=USER + [{"role": "tool", "tool_call_id": "c"}]),
+                                       "messages[1].content: is required"),
+    "call arguments not JSON": (with_fields(messages=calling("{oops")), "messages[1].tool_calls[0].arguments"),
+    "call arguments a list": (with_fields(messages=calling("[1]")), "messages[1].tool_calls[0].arguments"),
+    "a call without a name": (with_fields(messages=USER + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"arguments": "{}"}}]}]), "tool_calls[0].function.name"),
+    "reasoning on a user message": (with_fields(messages=[{"role": "user", "content": "x", "reasoning_content": "r"}]),
+                                    "messages[0].reasoning_content"),
+    "open_thinking a string": (with_fields(chat_template_kwargs={"open_thinking": "yes"}),
+                               "chat_template_kwargs.open_thinking"),
+})
 
 
 @pytest.mark.parametrize(("body", "phrase"), HOSTILE.values(), ids=HOSTILE.keys())
@@ -85,6 +124,12 @@ ACCEPTED = {
     "seed 2**63 - 1": dict(seed=2**63 - 1, temperature=1.0),
     "seed -2**63": dict(seed=-2**63, temperature=1.0),
     "seed 1e18 as a float": dict(seed=1e18, temperature=1.0),
+    "a tool loop": dict(tools=[WIKI], tool_choice="auto", parallel_tool_calls=False,
+                        chat_template_kwargs={"open_thinking": True}, messages=calling('{"title": "x"}') + [
+                            {"role": "tool", "tool_call_id": "call_1", "content": "X is a letter."}]),
+    "thinking sent back": dict(messages=USER + [{"role": "assistant", "content": "Hi", "reasoning_content": "r"},
+                                                {"role": "user", "content": "Again"}]),
+    "tool_choice none, named": dict(tools=[WIKI], tool_choice="none"),
 }
 
 
@@ -131,9 +176,9 @@ def test_the_openapi_document_describes_the_chat_request(server) -> None:
     request = schemas[body["schema"]["$ref"].rsplit("/", 1)[1]]
     fields = {"model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stream",
               "stream_options", "seed", "stop", "presence_penalty", "frequency_penalty", "n", "logprobs", "top_k",
-              "repetition_penalty"}
+              "repetition_penalty", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
     assert set(request["properties"]) == fields and request["required"] == ["messages"]
     assert {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1} in request["properties"]["seed"]["anyOf"]
     message = schemas[request["properties"]["messages"]["items"]["$ref"].rsplit("/", 1)[1]]
-    assert message["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant"]
+    assert message["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant", "tool"]
     assert {"/v1/models", "/health"} <= set(document["paths"])

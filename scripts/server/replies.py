@@ -1,0 +1,124 @@
+"""A generated reply read back into OpenAI's message fields: content, reasoning_content and tool_calls (with their
+ids), whole or as the deltas of a stream. The reading is the library's (dataset/chat_format.py's
+parse_assistant_ids: by control ids, never by text); a call the model wrote badly stays in the content."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from dataset.chat_format import (THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, control_id, encode_text,
+                                 parse_assistant_ids)
+
+FINISH_TOOL_CALLS = "tool_calls"
+UNFINISHED_CHARACTER = "\ufffd"  # what decoding shows for the first bytes of a character still being generated
+
+
+def tool_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def forced_call_prefix(tokenizer: Any, tool_name: str | None) -> list[int]:
+    """The start of the reply that tool_choice imposes, appended to the prompt: nothing (None: the model decides),
+    <tool_call> ("": some tool) or <tool_call> and the call's text up to its arguments (a tool's name)."""
+    if tool_name is None:
+        return []
+    ids = [control_id(tokenizer, TOOL_CALL)]
+    if tool_name:
+        ids += encode_text(tokenizer, f'{{"name": {json.dumps(tool_name, ensure_ascii=False)}, "arguments":')
+    return ids
+
+
+class ReplyReader:
+    """Reads one completion's generated ids (after `prefix`, the part of the reply the prompt imposed) with the
+    request's tools; `stop` strings cut the content where the first one begins, as they cut plain text."""
+
+    def __init__(self, tokenizer: Any, tool_names: Sequence[str], prefix: Sequence[int] = (),
+                 stop: Sequence[str] = (), parallel_tool_calls: bool = True) -> None:
+        self.tokenizer, self.tool_names, self.prefix = tokenizer, list(tool_names), list(prefix)
+        self.stop, self.parallel = tuple(s for s in stop if s), parallel_tool_calls
+        self.think, self.think_end = control_id(tokenizer, THINK), control_id(tokenizer, THINK_END)
+        self.tool_call, self.tool_call_end = control_id(tokenizer, TOOL_CALL), control_id(tokenizer, TOOL_CALL_END)
+        self._ids: dict[int, str] = {}  # a call's id, by its place in the reply, the same in every chunk
+
+    def fields(self, generated: Sequence[int]) -> tuple[str, str, list[dict]]:
+        """content, reasoning_content and the calls ([{"name", "arguments": dict}]) of the whole reply."""
+        return self.read(self.prefix + list(generated))
+
+    def read(self, ids: Sequence[int]) -> tuple[str, str, list[dict]]:
+        """fields() for the reply's ids, the imposed prefix included."""
+        reply = parse_assistant_ids(self.tokenizer, ids, self.tool_names)
+        content = reply.content
+        for stop in self.stop:
+            content = content.split(stop, 1)[0]
+        calls = reply.tool_calls if self.parallel else reply.tool_calls[:1]
+        return content, reply.reasoning_content, calls
+
+    def wire_calls(self, calls: list[dict]) -> list[dict[str, Any]]:
+        """Calls in OpenAI's form: an id each (kept for the reply), arguments as a JSON string."""
+        return [{"id": self._ids.setdefault(i, tool_call_id()), "type": "function",
+                 "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
+                for i, call in enumerate(calls)]
+
+    def message(self, generated: Sequence[int]) -> dict[str, Any]:
+        """The assistant message's fields besides its role: content (None when there is only a call, as OpenAI
+        sends it), and reasoning_content and tool_calls where there are any."""
+        content, reasoning, calls = self.fields(generated)
+        message: dict[str, Any] = {"content": content or (None if calls else "")}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = self.wire_calls(calls)
+        return message
+
+    def finish_reason(self, generated: Sequence[int], engine_reason: str | None) -> str | None:
+        """"tool_calls" when the model stopped after calling tools, else the engine's reason."""
+        return FINISH_TOOL_CALLS if engine_reason == "stop" and self.fields(generated)[2] else engine_reason
+
+
+class DeltaStream:
+    """The deltas of a streamed reply: reasoning_content, content and whole tool calls, each sent once, so that
+    the deltas joined are the message ReplyReader.message gives for the final ids. While the reply is unfinished,
+    what may still change is held back: an unclosed call, a character still being generated, the format's
+    trailing newlines, the end of the content where a stop string may begin, and (the reply having opened a think
+    block) everything after it until </think>."""
+
+    def __init__(self, reader: ReplyReader) -> None:
+        self.reader = reader
+        self.reasoning, self.content, self.calls = "", "", 0
+
+    def _partial(self, generated: list[int]) -> tuple[str, str, list[dict]]:
+        ids = self.reader.prefix + generated
+        if ids and ids[0] == self.reader.think and self.reader.think_end not in ids:  # still thinking
+            text = self.reader.tokenizer.decode(ids[1:], skip_special_tokens=False)
+            return "", text.strip("\n").rstrip(UNFINISHED_CHARACTER), []
+        if self.reader.tool_call in ids:  # an unclosed call may yet become a call or content: leave it out
+            last = len(ids) - 1 - ids[::-1].index(self.reader.tool_call)
+            if self.reader.tool_call_end not in ids[last:]:
+                ids = ids[:last]
+        content, reasoning, calls = self.reader.read(ids)
+        hold = max((len(s) - 1 for s in self.reader.stop), default=0)
+        content = content.rstrip(UNFINISHED_CHARACTER)
+        return content[:len(content) - hold] if hold else content, reasoning.rstrip(UNFINISHED_CHARACTER), calls
+
+    def deltas(self, generated: Sequence[int], final: bool = False) -> list[dict[str, Any]]:
+        """The deltas the ids generated so far add (final: the reply is complete)."""
+        if final:
+            content, reasoning, calls = self.reader.fields(generated)
+        else:
+            content, reasoning, calls = self._partial(list(generated))
+        out: list[dict[str, Any]] = []
+        if reasoning.startswith(self.reasoning) and len(reasoning) > len(self.reasoning):
+            out.append({"reasoning_content": reasoning[len(self.reasoning):]})
+            self.reasoning = reasoning
+        if content.startswith(self.content) and len(content) > len(self.content):
+            out.append({"content": content[len(self.content):]})
+            self.content = content
+        wire = self.reader.wire_calls(calls)
+        for index in range(self.calls, len(wire)):
+            out.append({"tool_calls": [{"index": index, **wire[index]}]})
+        self.calls = max(self.calls, len(wire))
+        return out
+

@@ -1,0 +1,200 @@
+"""Tool calling and thinking through scripts/serve.py's app (under uvicorn in this process) with the official
+`openai` client: a tiny model trained, full-batch, to answer fixed questions with fixed tool calls, a fixed answer
+after a tool's response, a fixed thought, and badly written calls. The expected calls and texts are the training
+data's; the prompt token counts come from the library's encoder in this process."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import openai
+import pytest
+
+from tests.conftest import _save_tiny, _tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WIKI = {"type": "function", "function": {"name": "wiki", "description": "Look a title up.", "parameters": {
+    "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}}
+TOOLS = [WIKI]
+ASK = [{"role": "user", "content": "What is Paris?"}]
+CALL = {"name": "wiki", "arguments": {"title": "Paris"}}
+SUMMARY = "Paris is the capital of France."
+ANSWER = "It is the capital of France."
+THOUGHT = "The user wants me to think."
+BAD_CALL_TEXT = '{"name": "wiki", "arguments": {oops}'  # invalid JSON between the tags
+GREEDY = {"temperature": 0.0, "max_tokens": 40}
+
+
+def tool_turn(call_id: str = "call_1") -> list[dict]:
+    """The conversation after the call: the assistant's call (OpenAI's wire form) and the tool's response."""
+    return ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": "wiki", "arguments": json.dumps(CALL["arguments"])}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": SUMMARY}]
+
+
+def training_rows(tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(ids, labels) of each trained reply: the call, the answer after the response, a thought, a bad call and a
+    call to a tool that is not offered."""
+    from dataset.chat_format import IM_END, TOOL_CALL, TOOL_CALL_END, control_id, encode_chatml, encode_text
+
+    def supervised(messages, **kwargs):
+        encoding = encode_chatml(tokenizer, messages, **kwargs)
+        return encoding.input_ids, [i if a else -100 for i, a in zip(encoding.input_ids, encoding.assistant)]
+
+    def raw_reply(question: str, call_text: str):
+        prompt = encode_chatml(tokenizer, [{"role": "user", "content": question}], add_generation_prompt=True,
+                               tools=TOOLS).input_ids
+        reply = [control_id(tokenizer, TOOL_CALL), *encode_text(tokenizer, call_text),
+                 control_id(tokenizer, TOOL_CALL_END), control_id(tokenizer, IM_END)]
+        return prompt + reply, [-100] * len(prompt) + reply
+
+    return [
+        supervised(ASK + [{"role": "assistant", "content": "", "tool_calls": [CALL]}], tools=TOOLS),
+        supervised(tool_turn() + [{"role": "assistant", "content": ANSWER}], tools=TOOLS),
+        supervised([{"role": "user", "content": "Think first."},
+                    {"role": "assistant", "content": "Done.", "reasoning_content": THOUGHT}]),
+        raw_reply("Break it.", BAD_CALL_TEXT),
+        raw_reply("Use magic.", '{"name": "magic", "arguments": {}}'),
+    ]
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory, tokenizer):
+    import torch
+
+    rows = training_rows(tokenizer)
+    width = max(len(ids) for ids, _ in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+    model = _tiny_model(tokenizer, seed=0, max_position_embeddings=256)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(120):  # full-batch steps until every reply is memorized
+        model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return _save_tiny(model.eval(), tokenizer, tmp_path_factory.mktemp("tools") / "tools", "sft")
+
+
+@pytest.fixture(scope="module")
+def server(tool_model, threaded_server):
+    from scripts.server.app import create_app
+    from scripts.server.served_model import load_served_model
+
+    with threaded_server(create_app(load_served_model(tool_model, max_batch=2))) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def streamed(client, **request) -> tuple[dict, str]:
+    """A streamed completion's deltas joined into a message (tool calls by index), and its finish reason."""
+    message = {"content": "", "reasoning_content": "", "tool_calls": {}}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **request):
+        choice = chunk.choices[0]
+        delta = choice.delta.model_dump(exclude_none=True)
+        message["content"] += delta.get("content") or ""
+        message["reasoning_content"] += delta.get("reasoning_content") or ""
+        for call in delta.get("tool_calls") or []:
+            message["tool_calls"][call["index"]] = {"name": call["function"]["name"],
+                                                    "arguments": call["function"]["arguments"], "id": call["id"]}
+        if choice.finish_reason:
+            assert finish is None, "one finish reason, in the last chunk"
+            finish = choice.finish_reason
+    return message, finish
+
+
+def whole(message) -> dict:
+    """A non-streamed message in streamed()'s shape."""
+    data = message.model_dump()
+    return {"content": data["content"] or "", "reasoning_content": data.get("reasoning_content") or "",
+            "tool_calls": {i: {"name": c["function"]["name"], "arguments": c["function"]["arguments"], "id": c["id"]}
+                           for i, c in enumerate(data.get("tool_calls") or [])}}
+
+
+def same_but_ids(a: dict, b: dict) -> bool:
+    strip = lambda m: {**m, "tool_calls": {i: {**c, "id": None} for i, c in m["tool_calls"].items()}}  # noqa: E731
+    return strip(a) == strip(b)
+
+
+def test_a_two_request_tool_loop_with_the_openai_client(client) -> None:
+    first = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, **GREEDY)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert re.fullmatch(r"call_[0-9a-f]{24}", call.id) and call.type == "function"
+    assert call.function.name == "wiki" and json.loads(call.function.arguments) == CALL["arguments"]
+    assert not choice.message.content
+    # the second request sends the call back as the client received it, and the tool's response
+    second = client.chat.completions.create(model="m", tools=TOOLS, **GREEDY, messages=ASK + [
+        choice.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": SUMMARY}])
+    assert second.choices[0].message.content == ANSWER and second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.tool_calls is None
+
+
+CASES = {
+    "call": dict(messages=ASK, tools=TOOLS),
+    "answer after the response": dict(messages=tool_turn(), tools=TOOLS),
+    "thinking": dict(messages=[{"role": "user", "content": "Think first."}],
+                     extra_body={"chat_template_kwargs": {"open_thinking": True}}),
+    "bad call": dict(messages=[{"role": "user", "content": "Break it."}], tools=TOOLS),
+    "unknown tool": dict(messages=[{"role": "user", "content": "Use magic."}], tools=TOOLS),
+}
+
+
+@pytest.mark.parametrize("request_fields", CASES.values(), ids=CASES.keys())
+def test_streamed_deltas_join_into_the_whole_message(client, request_fields) -> None:
+    response = client.chat.completions.create(model="m", **request_fields, **GREEDY)
+    message, finish = streamed(client, model="m", **request_fields, **GREEDY)
+    assert same_but_ids(message, whole(response.choices[0].message)), (message, response.choices[0].message)
+    assert finish == response.choices[0].finish_reason
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", call["id"]) for call in message["tool_calls"].values())
+
+
+def test_thinking_comes_back_as_reasoning_content(client) -> None:
+    response = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Think first."}],
+                                              extra_body={"chat_template_kwargs": {"open_thinking": True}}, **GREEDY)
+    message = response.choices[0].message.model_dump()
+    assert message["reasoning_content"] == THOUGHT and message["content"] == "Done."
+
+
+@pytest.mark.parametrize(("question", "text"), [("Break it.", BAD_CALL_TEXT),
+                                                ("Use magic.", '{"name": "magic", "arguments": {}}')])
+def test_a_badly_written_call_comes_back_as_content(client, question, text) -> None:
+    response = client.chat.completions.create(model="m", messages=[{"role": "user", "content": question}],
+                                              tools=TOOLS, **GREEDY)
+    choice = response.choices[0]
+    assert choice.message.content == f"<tool_call>{text}</tool_call>"
+    assert choice.message.tool_calls is None and choice.finish_reason == "stop"
+
+
+def test_tool_choice_none_renders_no_tools_and_reads_no_calls(client, tokenizer) -> None:
+    from dataset.chat_format import encode_chatml
+
+    response = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="none", **GREEDY)
+    expected = len(encode_chatml(tokenizer, ASK, add_generation_prompt=True).input_ids)
+    assert response.usage.prompt_tokens == expected
+    assert response.choices[0].message.tool_calls is None and response.choices[0].finish_reason != "tool_calls"
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "wiki"}}])
+def test_a_demanded_call_is_started_in_the_prompt(client, tokenizer, choice) -> None:
+    """tool_choice "required" or a named tool: the reply starts with the call (its opening, and for a named tool
+    its name, are appended to the prompt), so the model writes the arguments."""
+    from dataset.chat_format import encode_chatml, encode_text
+
+    base = len(encode_chatml(tokenizer, ASK, add_generation_prompt=True, tools=TOOLS).input_ids)
+    forced = 1 + (len(encode_text(tokenizer, '{"name": "wiki", "arguments":')) if isinstance(choice, dict) else 0)
+    response = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=choice, **GREEDY)
+    assert response.usage.prompt_tokens == base + forced
+    [call] = response.choices[0].message.tool_calls
+    assert call.function.name == "wiki" and json.loads(call.function.arguments) == CALL["arguments"]
+    message, finish = streamed(client, model="m", messages=ASK, tools=TOOLS, tool_choice=choice, **GREEDY)
+    assert same_but_ids(message, whole(response.choices[0].message)) and finish == "tool_calls"

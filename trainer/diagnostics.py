@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -302,3 +302,26 @@ def metric_series(source: str | Path | Iterable[Mapping[str, Any]], key: str) ->
     by_step = {int(r["step"]): float(r[key]) for r in records if r.get(key) is not None}
     steps = np.array(sorted(by_step), dtype=np.int64)
     return steps, np.array([by_step[int(s)] for s in steps], dtype=float)
+
+
+# A spike (loss or gradient norm): a value above SPIKE_FACTOR x the median of the SPIKE_WINDOW values before it, once
+# at least SPIKE_MIN_HISTORY of them exist (the median ignores the one-off outliers a mean would chase); a
+# non-finite value is always one.
+SPIKE_FACTOR = 1.5
+SPIKE_WINDOW = 50
+SPIKE_MIN_HISTORY = 10
+
+
+def spike_steps(steps: Sequence[int], values: Sequence[float], factor: float = SPIKE_FACTOR,
+                window: int = SPIKE_WINDOW, min_history: int = SPIKE_MIN_HISTORY) -> list[int]:
+    """The steps whose value is a spike by the rule above; the history holds only finite values."""
+    spikes, history = [], []
+    for step, value in zip(steps, values):
+        if not math.isfinite(value):
+            spikes.append(int(step))
+            continue
+        recent = history[-window:]
+        if len(recent) >= min_history and value > factor * float(np.median(recent)):
+            spikes.append(int(step))
+        history.append(value)
+    return spikes

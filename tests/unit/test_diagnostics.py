@@ -355,3 +355,19 @@ def test_attention_logit_max_and_output_logits_match_fp64(qk_norm: bool) -> None
     assert stats["diag/logits_max"] == pytest.approx(logits.max().item(), rel=1e-6)
     assert no_hooks_left(model)
 
+
+
+def test_spike_steps_follow_the_running_median_rule() -> None:
+    from trainer.diagnostics import spike_steps
+
+    # 12 steady values, then a 1.6x jump (a spike), a 1.4x one (not), a NaN (always), a later 2x one.
+    values = [2.0, 2.2, 1.8, 2.0, 2.1, 1.9, 2.0, 2.0, 2.2, 1.8, 2.0, 2.0, 3.2, 2.8, float("nan"), 2.0, 4.1]
+    steps = list(range(10, 10 + len(values)))
+    # Medians of the finite values before each: 2.0 throughout (written out: the spikes barely move it).
+    assert spike_steps(steps, values) == [22, 24, 26]
+    assert spike_steps(steps, values, min_history=13) == [24, 26]  # step 22 has 12 values before it
+    assert spike_steps(steps, values, factor=1.3) == [22, 23, 24, 26]
+    assert spike_steps(steps, values, window=1, min_history=1) == [22, 24, 26]  # each against its predecessor
+    assert spike_steps([], []) == []
+    # One huge spike does not hide the next one, as it would under a running mean (3.64 x 1.5 > 3.5).
+    assert spike_steps(range(12), [2.0] * 10 + [20.0, 3.5]) == [10, 11]

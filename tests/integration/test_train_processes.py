@@ -116,5 +116,6 @@ def test_time_budget_under_torchrun_stops_every_process_at_the_main_ones_length(
     argv = pretrain_argv(train_data, out_dir, "--batch_size", "2", "--time_budget_s", "2", "--save_interval", "1000")
     result = launch_two_processes("torchrun", "pretrain", argv, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    decided = int((result.stdout + result.stderr).split("--time_budget_s 2: ")[1].split()[0])
+    # The main process re-plans as its pace changes (a loaded machine): the length it printed last is the one.
+    decided = int((result.stdout + result.stderr).split("--time_budget_s 2: ")[-1].split()[0])
     assert [r["step"] for r in read_metrics(out_dir, "train")][-1] == decided

@@ -4,9 +4,16 @@
     python eval/chat.py --model_path out/pretrain --prompt "The history of"
     python eval/chat.py --lora out/lora                # out/sft with the LoRA adapter of out/lora
     printf 'Hi!\\nWhat is the capital of France?\\n' | python eval/chat.py --temperature 0
+    python eval/chat.py --prompt "What is 17 * 23?" --no_tools    # no tools in the prompt, no calls run
 
 Interactive: streamed answers, `/reset` clears the history, `/exit` (or Ctrl-D) quits. `--prompt` answers once;
 piped stdin answers each line until EOF. Answers go to stdout; the banner and tokens/s go to stderr.
+
+Chat models get the built-in tools (dataset/tools.py) unless `--no_tools`: a reply the model writes as a tool call
+is run, its result fed back and the model asked again (model/chat_session.py, at most MAX_TOOL_ROUNDS rounds). Each
+call shows on stdout before the answer as `[tool] calculator({"expression": "2+3"}) -> 5`, and with `--think` the
+model's thinking as `[think] ...`. With tools or thinking on, each generation is printed when it is complete (a
+call's JSON is not streamed as if it were the answer).
 """
 
 from __future__ import annotations
@@ -31,6 +38,18 @@ from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
+MAX_ROUNDS_NOTE = "the tool-round limit was reached"
+
+
+def _tool_names(text: str) -> list[str]:
+    from dataset.tools import TOOLS
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in TOOLS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown tool {', '.join(unknown) or '(none given)'}; "
+                                         f"allowed: {', '.join(TOOLS)}")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,19 +72,46 @@ def build_parser() -> argparse.ArgumentParser:
     add_threads_flag(parser)
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--no_stream", action="store_true", help="print each answer when it is complete")
+    parser.add_argument("--no_tools", action="store_true",
+                        help="offer no tools: the prompt lists none and a call the model writes stays text "
+                             "(without it, chat models are offered the built-in tools of --tools)")
+    parser.add_argument("--tools", type=_tool_names, default=None, metavar="NAMES",
+                        help="the built-in tools to offer, comma-separated; None: all of them "
+                             "(`python dataset/tools.py --schemas` lists them)")
+    parser.add_argument("--think", action="store_true",
+                        help="open_thinking: the model may think before answering, shown as [think] lines; "
+                             "without it an empty think block is injected and the model answers directly")
     add_rope_scaling_flag(parser)
     return parser
 
 
-def _answer(session, text: str, stream: bool) -> None:
-    def write(piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+THINK_PREFIX, TOOL_PREFIX = "[think] ", "[tool] "
 
-    reply = session.reply(text, on_text=write if stream else None)
+
+def _write(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
+def _show_round(round_) -> None:
+    """Before the answer: the thinking, the text beside a call, each call with its result, calls not run."""
+    if round_.reasoning:
+        _write("".join(f"{THINK_PREFIX}{line}\n" for line in round_.reasoning.splitlines()))
+    if round_.results and round_.content:
+        _write(round_.content + "\n")
+    for result in round_.results:
+        _write(f"{TOOL_PREFIX}{result.describe()}\n")
+    for call in round_.unrun:
+        _write(f"{TOOL_PREFIX}{call['name']}: not run, {MAX_ROUNDS_NOTE}\n")
+
+
+def _answer(session, text: str, stream: bool) -> None:
+    # With tools or thinking, a generation is shown once it is read back: its call or thought is not the answer.
+    stream = stream and not session.tools and not session.open_thinking
+    reply = session.reply(text, on_text=_write if stream else None, on_round=_show_round)
     if not stream:
-        write(reply.text)
-    write("\n")
+        _write(reply.text)
+    _write("\n")
     ending = "" if reply.stopped_at_eos else ", stopped at max_new_tokens"
     print(f"[{reply.new_tokens} tokens, {reply.tokens_per_s:.1f} tokens/s{ending}]", file=sys.stderr, flush=True)
 
@@ -92,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(f"note: {note}", file=sys.stderr)
 
+    from dataset.tools import tool_schemas
     from model.chat_session import ChatSession, uses_chat_template
     from model.generation import GenerationSettings
     from model.loading import load_model
@@ -109,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
-    session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings)
+    session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings,
+                          tools=None if args.no_tools else tool_schemas(args.tools), open_thinking=args.think)
     params = sum(p.numel() for p in model.parameters())
-    style = (f"chat template, {args.history} exchanges of history" if use_template
-             else "pretrained model: plain continuation, no chat template, no history")
+    tools = f"tools: {', '.join(t['function']['name'] for t in session.tools)}" if session.tools else "no tools"
+    thinking = ", thinking on" if session.open_thinking else ""
+    style = (f"chat template, {args.history} exchanges of history, {tools}{thinking}" if use_template
+             else "pretrained model: plain continuation, no chat template, no history, no tools")
     adapter = f" + LoRA {lora}" if lora else ""
     print(f"model {path}{adapter} ({params / 1e6:.2f}M parameters, {model.device}); {style}", file=sys.stderr,
           flush=True)

@@ -7,19 +7,53 @@ user's words are encoded as text (dataset.chat_format): a message containing "<|
 forge one. Generation (model/generation.py) stops at the tokenizer's eos, `<|im_end|>`, and at the model
 directory's configured eos ids, so directories whose generation_config lacks it stop too (MiniMind #555 looped
 forever for that reason).
+
+With `tools` (OpenAI-format schemas, e.g. dataset.tools.tool_schemas()) a reply is a tool loop: generate; if the
+reply holds tool calls (read from its control ids), run each with dataset.tools.run_tool (every failure, an unknown
+tool included, comes back as an "Error: ..." text the model reads), append the assistant's call and the tool
+messages, and generate again -- at most `max_tool_rounds` rounds of calls, then the model's calls are no longer run.
+The history keeps the whole exchange (calls and results), so the next user turn sees it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dataset.chat_format import encode_chatml, encode_text, render_chatml
+from dataset.chat_format import encode_chatml, encode_text, parse_assistant_ids, render_chatml
+from dataset.tools import run_tool
 from model.generation import FINISH_ERROR, FINISH_STOP, GenerationEngine, GenerationSettings
+
+MAX_TOOL_ROUNDS = 3  # rounds of tool calls per user message; a model that keeps calling is stopped there
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """One call the model made and what the tool returned (an "Error: ..." text when it failed)."""
+
+    name: str
+    arguments: dict
+    result: str
+
+    def describe(self) -> str:
+        """``calculator({"expression": "2+3"}) -> 5``"""
+        return f"{self.name}({json.dumps(self.arguments, ensure_ascii=False)}) -> {self.result}"
+
+
+@dataclass(frozen=True)
+class ToolRound:
+    """One generation of the tool loop: the model's thinking, its text and the calls it made, with their results
+    (empty in the last round; `unrun`: calls made after the last allowed round, which were not run)."""
+
+    reasoning: str
+    content: str
+    results: list[ToolResult]
+    unrun: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -28,7 +62,8 @@ class Reply:
     new_tokens: int
     seconds: float
     stopped_at_eos: bool  # False: it ran into max_new_tokens (or the context length)
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # the last generation's
+    rounds: list[ToolRound] = field(default_factory=list)  # every generation, read back (chat template only)
 
     @property
     def tokens_per_s(self) -> float:
@@ -46,42 +81,67 @@ def uses_chat_template(mode: str, task: str | None, tokenizer: PreTrainedTokeniz
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]],
-                  use_template: bool) -> list[int]:
-    """The prompt's token ids: ChatML with the assistant's header, or (plain continuation) eos + the last
-    message's text. Messages are text throughout: control-token strings in them stay text."""
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, Any]],
+                  use_template: bool, tools: Sequence[Mapping[str, Any]] | None = None,
+                  open_thinking: bool = False) -> list[int]:
+    """The prompt's token ids: ChatML with the assistant's header (and the tools in the system turn), or (plain
+    continuation) eos + the last message's text. Messages are text throughout: control-token strings in them stay
+    text."""
     if not use_template:
         return [tokenizer.eos_token_id, *encode_text(tokenizer, messages[-1]["content"])]
-    return encode_chatml(tokenizer, messages, add_generation_prompt=True).input_ids
+    return encode_chatml(tokenizer, messages, add_generation_prompt=True, tools=tools,
+                         open_thinking=open_thinking).input_ids
+
+
+def _exchanges(history: Sequence[dict]) -> list[list[dict]]:
+    """The history cut into exchanges, each from a user message up to the next one (calls and results inside)."""
+    exchanges: list[list[dict]] = []
+    for message in history:
+        if message["role"] == "user" or not exchanges:
+            exchanges.append([])
+        exchanges[-1].append(message)
+    return exchanges
 
 
 class ChatSession:
-    """Multi-turn chat (use_template=True) or plain continuation (False) with one model."""
+    """Multi-turn chat (use_template=True) or plain continuation (False) with one model; with `tools`, each reply
+    runs the tool loop (chat template only)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, use_template: bool,
                  system_prompt: str | None = None, history_turns: int = 2,
-                 settings: GenerationSettings | None = None, engine: GenerationEngine | None = None) -> None:
+                 settings: GenerationSettings | None = None, engine: GenerationEngine | None = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None, open_thinking: bool = False,
+                 max_tool_rounds: int = MAX_TOOL_ROUNDS) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token; generation could not stop")
+        if max_tool_rounds < 0:
+            raise ValueError(f"max_tool_rounds must be 0 or more, got {max_tool_rounds}")
         self.model, self.tokenizer = model, tokenizer
         self.engine = engine or GenerationEngine(model, tokenizer, max_batch=1)
         self.use_template = use_template
         self.system_prompt = system_prompt or None
         self.history_turns = max(0, history_turns)
         self.settings = settings or GenerationSettings()
-        # Every exchange, alternating user / assistant messages, oldest first; messages() keeps the last
-        # history_turns of them (the only place that cut is made).
-        self.history: list[dict[str, str]] = []
+        self.tools = list(tools or []) if use_template else []  # plain continuation has no turns to call from
+        self.open_thinking = open_thinking and use_template
+        self.max_tool_rounds = max_tool_rounds
+        # Every exchange, oldest first: a user message, then the assistant's calls, the tool messages and its
+        # answer; messages() keeps the last history_turns exchanges (the only place that cut is made).
+        self.history: list[dict[str, Any]] = []
         self.max_context = getattr(model.config, "max_position_embeddings", None) or 2048
 
     def reset(self) -> None:
         self.history.clear()
 
-    def messages(self, user_text: str) -> list[dict[str, str]]:
-        """System prompt, the last `history_turns` exchanges and the new user message."""
-        kept = self.history[-2 * self.history_turns:] if self.history_turns else []
+    def _conversation(self, current: list[dict]) -> list[dict]:
+        """System prompt, the last `history_turns` exchanges and the exchange in progress."""
+        kept = _exchanges(self.history)[-self.history_turns:] if self.history_turns else []
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return system + kept + [{"role": "user", "content": user_text}]
+        return system + [message for exchange in kept for message in exchange] + current
+
+    def messages(self, user_text: str) -> list[dict[str, Any]]:
+        """System prompt, the last `history_turns` exchanges and the new user message."""
+        return self._conversation([{"role": "user", "content": user_text}])
 
     def render(self, user_text: str) -> str:
         """The prompt as text (before any cut to fit the context); the model gets encode_prompt's ids, in which
@@ -89,30 +149,65 @@ class ChatSession:
         messages = self.messages(user_text)
         if not self.use_template:
             return self.tokenizer.eos_token + messages[-1]["content"]
-        return render_chatml(messages, add_generation_prompt=True)[0]
+        return render_chatml(messages, add_generation_prompt=True, tools=self.tools or None,
+                             open_thinking=self.open_thinking)[0]
 
-    def _prompt_ids(self, user_text: str) -> tuple[list[int], int]:
-        """Prompt token ids and the new-token budget, dropping the oldest exchanges to fit the context."""
-        messages = self.messages(user_text)
+    def _prompt_ids(self, user_text: str | list[dict]) -> tuple[list[int], int]:
+        """Prompt token ids and the new-token budget, dropping the oldest exchanges to fit the context (the
+        exchange in progress -- a user message, or it with calls and results -- is kept)."""
+        current = [{"role": "user", "content": user_text}] if isinstance(user_text, str) else user_text
+        messages = self._conversation(current)
         first_past = 1 if self.system_prompt else 0  # index of the oldest past message
         while True:
-            ids = encode_prompt(self.tokenizer, messages, self.use_template)
-            if len(ids) + self.settings.max_new_tokens <= self.max_context or len(messages) - first_past <= 1:
+            ids = encode_prompt(self.tokenizer, messages, self.use_template, self.tools or None, self.open_thinking)
+            past = messages[first_past:len(messages) - len(current)]
+            if len(ids) + self.settings.max_new_tokens <= self.max_context or not past:
                 break
-            del messages[first_past:first_past + 2]  # the oldest exchange: a user and an assistant message
+            del messages[first_past:first_past + len(_exchanges(past)[0])]  # the oldest exchange
         if len(ids) >= self.max_context:  # a single message longer than the context: keep its end
             ids = ids[-(self.max_context // 2):]
         return ids, max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))
 
-    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None) -> Reply:
-        """Answer one message; `on_text` receives the answer piece by piece as it is generated."""
-        ids, budget = self._prompt_ids(user_text)
-        settings = dataclasses.replace(self.settings, max_new_tokens=budget)
-        generation = self.engine.generate(ids, settings, on_text=on_text)
-        if generation.finish_reason == FINISH_ERROR:
-            raise RuntimeError(f"generation failed: {generation.error}")
+    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None,
+              on_round: Callable[[ToolRound], None] | None = None) -> Reply:
+        """Answer one message; `on_text` receives each generation's text piece by piece as it is generated (a tool
+        call's JSON and the thinking included: their control tokens are not text), `on_round` each generation read
+        back, after its calls ran."""
+        current: list[dict[str, Any]] = [{"role": "user", "content": user_text}]
+        rounds: list[ToolRound] = []
+        new_tokens, seconds = 0, 0.0
+        while True:
+            ids, budget = self._prompt_ids(current)
+            settings = dataclasses.replace(self.settings, max_new_tokens=budget)
+            generation = self.engine.generate(ids, settings, on_text=on_text)
+            if generation.finish_reason == FINISH_ERROR:
+                raise RuntimeError(f"generation failed: {generation.error}")
+            new_tokens, seconds = new_tokens + len(generation.token_ids), seconds + generation.seconds
+            if not self.use_template:
+                text = generation.text
+                break
+            # Any tool name counts as a call here (an unknown one gets run_tool's error back); without tools, no
+            # call is read and "<tool_call>..." stays text.
+            parsed = parse_assistant_ids(self.tokenizer, generation.token_ids, None if self.tools else [])
+            text = parsed.content if self.tools or self.open_thinking else generation.text
+            message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+            if parsed.reasoning_content:
+                message["reasoning_content"] = parsed.reasoning_content
+            if parsed.tool_calls:
+                message["tool_calls"] = parsed.tool_calls
+            current.append(message)
+            run_now = len(rounds) < self.max_tool_rounds
+            results = [ToolResult(call["name"], call["arguments"], run_tool(call["name"], call["arguments"]))
+                       for call in parsed.tool_calls] if run_now else []
+            current += [{"role": "tool", "content": result.result} for result in results]
+            rounds.append(ToolRound(parsed.reasoning_content, parsed.content, results,
+                                    [] if run_now else parsed.tool_calls))
+            if on_round is not None:
+                on_round(rounds[-1])
+            if not results:
+                break
         if self.use_template:
-            self.history += [{"role": "user", "content": user_text},
-                             {"role": "assistant", "content": generation.text.strip()}]
-        return Reply(text=generation.text, new_tokens=len(generation.token_ids), seconds=generation.seconds,
-                     stopped_at_eos=generation.finish_reason == FINISH_STOP, token_ids=generation.token_ids)
+            self.history += current
+        return Reply(text=text, new_tokens=new_tokens, seconds=seconds,
+                     stopped_at_eos=generation.finish_reason == FINISH_STOP, token_ids=generation.token_ids,
+                     rounds=rounds)

@@ -17,7 +17,8 @@ from trainer.run_dir import REPO_ROOT, ModelNotFound, locate_model, model_task, 
 from tests.paths import REPO
 
 CHAT = REPO / "eval" / "chat.py"
-GREEDY = ["--temperature", "0", "--max_new_tokens", "40"]
+# The generic tiny models were not trained with tools: these tests run without them (test_chat_tools.py has the loop).
+GREEDY = ["--temperature", "0", "--max_new_tokens", "40", "--no_tools"]
 
 
 def greedy_session(loaded, use_template: bool = True, **kwargs) -> ChatSession:
@@ -103,9 +104,9 @@ def test_piped_lines_are_sent_stripped(monkeypatch, capsys, tiny_models) -> None
     sent: list[str] = []
     original = ChatSession.reply
 
-    def recording_reply(self, user_text, on_text=None):
+    def recording_reply(self, user_text, **kwargs):
         sent.append(user_text)
-        return original(self, user_text, on_text)
+        return original(self, user_text, **kwargs)
 
     monkeypatch.setattr(ChatSession, "reply", recording_reply)
     code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,

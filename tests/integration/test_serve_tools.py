@@ -11,7 +11,7 @@ import re
 import openai
 import pytest
 
-from tests.conftest import _save_tiny, _tiny_model
+from tests.memorized_model import memorized_model, supervised_row
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,8 +40,7 @@ def training_rows(tokenizer) -> list[tuple[list[int], list[int]]]:
     from dataset.chat_format import IM_END, TOOL_CALL, TOOL_CALL_END, control_id, encode_chatml, encode_text
 
     def supervised(messages, **kwargs):
-        encoding = encode_chatml(tokenizer, messages, **kwargs)
-        return encoding.input_ids, [i if a else -100 for i, a in zip(encoding.input_ids, encoding.assistant)]
+        return supervised_row(tokenizer, messages, **kwargs)
 
     def raw_reply(question: str, call_text: str):
         prompt = encode_chatml(tokenizer, [{"role": "user", "content": question}], add_generation_prompt=True,
@@ -62,21 +61,7 @@ def training_rows(tokenizer) -> list[tuple[list[int], list[int]]]:
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory, tokenizer):
-    import torch
-
-    rows = training_rows(tokenizer)
-    width = max(len(ids) for ids, _ in rows)
-    pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])
-    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
-    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
-    model = _tiny_model(tokenizer, seed=0, max_position_embeddings=256)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(120):  # full-batch steps until every reply is memorized
-        model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return _save_tiny(model.eval(), tokenizer, tmp_path_factory.mktemp("tools") / "tools", "sft")
+    return memorized_model(tokenizer, training_rows(tokenizer), tmp_path_factory.mktemp("tools") / "tools")
 
 
 @pytest.fixture(scope="module")

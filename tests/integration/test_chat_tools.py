@@ -1,0 +1,186 @@
+"""The chat tool loop (model/chat_session.py, eval/chat.py) with a tiny model trained, full-batch, on the built-in
+tools' prompt: it calls the calculator for "What is 2+3?" and answers after the response, answers plainly when no
+tools are offered, calls a tool that does not exist, calls again and again for "Loop.", and thinks when asked. The
+prompts the loop sends are compared with the library's encoder run on the conversation written out here."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from dataset.tools import TOOLS, Tool, run_tool, tool_schemas
+from model.chat_session import ChatSession
+from model.generation import GenerationEngine, GenerationSettings
+from tests.memorized_model import memorized_model, supervised_row
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ASK = [{"role": "user", "content": "What is 2+3?"}]
+CALL = {"name": "calculator", "arguments": {"expression": "2+3"}}
+ANSWER = "The answer is 5."
+PLAIN_ANSWER = "I cannot compute that."  # what it says when no tools are offered
+MAGIC = [{"role": "user", "content": "Use magic."}]
+MAGIC_ANSWER = "Magic failed."
+LOOP = [{"role": "user", "content": "Loop."}]
+LOOP_CALL = {"name": "calculator", "arguments": {"expression": "1+1"}}
+THOUGHT, THOUGHT_ANSWER = "The user wants me to think.", "Done."
+GREEDY = ["--temperature", "0", "--max_new_tokens", "40"]
+
+
+def called(messages: list[dict], call: dict) -> list[dict]:
+    """The conversation after the assistant's call and the tool's real response."""
+    return messages + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                       {"role": "tool", "content": run_tool(call["name"], call["arguments"])}]
+
+
+def training_rows(tokenizer) -> list[tuple[list[int], list[int]]]:
+    tools = tool_schemas()
+    loops = [LOOP]
+    for _ in range(3):
+        loops.append(called(loops[-1], LOOP_CALL))
+    return [
+        supervised_row(tokenizer, ASK + [{"role": "assistant", "content": "", "tool_calls": [CALL]}], tools=tools),
+        supervised_row(tokenizer, called(ASK, CALL) + [{"role": "assistant", "content": ANSWER}], tools=tools),
+        supervised_row(tokenizer, ASK + [{"role": "assistant", "content": PLAIN_ANSWER}]),
+        supervised_row(tokenizer, MAGIC + [{"role": "assistant", "content": "", "tool_calls": [
+            {"name": "magic", "arguments": {}}]}], tools=tools),
+        supervised_row(tokenizer, called(MAGIC, {"name": "magic", "arguments": {}})
+                       + [{"role": "assistant", "content": MAGIC_ANSWER}], tools=tools),
+        *(supervised_row(tokenizer, loop + [{"role": "assistant", "content": "", "tool_calls": [LOOP_CALL]}],
+                         tools=tools) for loop in loops),
+        supervised_row(tokenizer, [{"role": "user", "content": "Think first."}, {
+            "role": "assistant", "content": THOUGHT_ANSWER, "reasoning_content": THOUGHT}], tools=tools),
+    ]
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory, tokenizer):
+    return memorized_model(tokenizer, training_rows(tokenizer), tmp_path_factory.mktemp("chat_tools") / "model",
+                           steps=150, positions=512)
+
+
+@pytest.fixture(scope="module")
+def loaded(tool_model):
+    from model.loading import load_model
+
+    return load_model(tool_model, device="cpu", dtype="float32")
+
+
+def session(loaded, **kwargs) -> ChatSession:
+    model, tokenizer = loaded
+    return ChatSession(model, tokenizer, True, settings=GenerationSettings(max_new_tokens=40, temperature=0.0),
+                       **{"tools": tool_schemas(), **kwargs})
+
+
+@pytest.fixture
+def prompts(monkeypatch) -> list[list[int]]:
+    """The prompt ids of every generation the chat runs, in order."""
+    sent: list[list[int]] = []
+    original = GenerationEngine.generate
+
+    def recording(self, prompt_ids, settings, on_text=None):
+        sent.append(list(prompt_ids))
+        return original(self, prompt_ids, settings, on_text)
+
+    monkeypatch.setattr(GenerationEngine, "generate", recording)
+    return sent
+
+
+def chat(monkeypatch, capsys, tool_model, *args: str, stdin: str = "") -> str:
+    """eval/chat.py's main() in this process; its stdout."""
+    from eval import chat as chat_tool
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = chat_tool.main(["--model_path", str(tool_model), *GREEDY, *args])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return captured.out
+
+
+def test_the_cli_shows_the_call_its_result_and_the_answer(monkeypatch, capsys, tool_model, tokenizer,
+                                                          prompts) -> None:
+    from dataset.chat_format import encode_chatml
+
+    out = chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?")
+    assert out == f'[tool] calculator({{"expression": "2+3"}}) -> {2 + 3}\n{ANSWER}\n'
+    # Two generations: the question with the tools, then the same conversation with the call and its result.
+    tools = tool_schemas()
+    assert prompts == [encode_chatml(tokenizer, ASK, add_generation_prompt=True, tools=tools).input_ids,
+                       encode_chatml(tokenizer, called(ASK, CALL), add_generation_prompt=True, tools=tools).input_ids]
+    # Piped lines go through the same loop (the history then holds the whole first exchange).
+    out = chat(monkeypatch, capsys, tool_model, "--no_stream", stdin="What is 2+3?\n")
+    assert out == f'[tool] calculator({{"expression": "2+3"}}) -> 5\n{ANSWER}\n'
+
+
+def test_no_tools_sends_a_prompt_without_tools_and_answers_plainly(monkeypatch, capsys, tool_model, tokenizer,
+                                                                   prompts) -> None:
+    from dataset.chat_format import encode_chatml
+
+    out = chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?", "--no_tools")
+    assert out == f"{PLAIN_ANSWER}\n"
+    assert prompts == [encode_chatml(tokenizer, ASK, add_generation_prompt=True).input_ids]
+    assert "# Tools" not in tokenizer.decode(prompts[0])
+
+
+def test_thinking_is_shown_before_the_answer(monkeypatch, capsys, tool_model) -> None:
+    out = chat(monkeypatch, capsys, tool_model, "--prompt", "Think first.", "--think")
+    assert out == f"[think] {THOUGHT}\n{THOUGHT_ANSWER}\n"
+
+
+def test_the_history_keeps_the_whole_exchange(loaded) -> None:
+    chat_session = session(loaded)
+    reply = chat_session.reply("What is 2+3?")
+    assert reply.text == ANSWER and reply.stopped_at_eos
+    assert chat_session.history == called(ASK, CALL) + [{"role": "assistant", "content": ANSWER}]
+    assert "<tool_response>5</tool_response>" in chat_session.render("And 3+4?")
+
+
+def test_an_unknown_tool_gets_an_error_back(loaded) -> None:
+    chat_session = session(loaded)
+    reply = chat_session.reply("Use magic.")
+    [first, last] = reply.rounds
+    [result] = first.results
+    assert result.name == "magic" and result.result.startswith("Error: unknown tool 'magic'")
+    assert chat_session.history[2] == {"role": "tool", "content": result.result}
+    assert reply.text == MAGIC_ANSWER and not last.results
+
+
+def test_a_tool_that_raises_gets_an_error_back(loaded, monkeypatch) -> None:
+    def broken(expression: str) -> str:
+        raise ZeroDivisionError("a bug in the tool")
+
+    monkeypatch.setitem(TOOLS, "calculator", Tool(TOOLS["calculator"].schema, broken))
+    chat_session = session(loaded)
+    reply = chat_session.reply("What is 2+3?")
+    assert reply.rounds[0].results[0].result == "Error: calculator failed (ZeroDivisionError)"
+    assert chat_session.history[2] == {"role": "tool", "content": "Error: calculator failed (ZeroDivisionError)"}
+
+
+@pytest.mark.parametrize("bound", [3, 1, 0])
+def test_the_loop_stops_at_the_bound(loaded, bound) -> None:
+    chat_session = session(loaded, max_tool_rounds=bound)
+    reply = chat_session.reply("Loop.")
+    assert [len(r.results) for r in reply.rounds] == [1] * bound + [0]
+    assert reply.rounds[-1].unrun == [LOOP_CALL]  # it called once more; that call was not run
+    assert [m["role"] for m in chat_session.history].count("tool") == bound
+
+
+def test_the_cli_says_when_a_call_is_not_run(monkeypatch, capsys, tool_model) -> None:
+    out = chat(monkeypatch, capsys, tool_model, "--prompt", "Loop.")
+    lines = out.splitlines()
+    assert lines[:3] == ['[tool] calculator({"expression": "1+1"}) -> 2'] * 3
+    assert lines[3].startswith("[tool] calculator: not run")
+
+
+def test_tools_picks_the_offered_tools(monkeypatch, capsys, tool_model, tokenizer, prompts) -> None:
+    from dataset.chat_format import encode_chatml
+    from eval.chat import build_parser
+
+    chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?", "--tools", "calculator", "--max_new_tokens", "1")
+    only = tool_schemas(["calculator"])
+    assert prompts[0] == encode_chatml(tokenizer, ASK, add_generation_prompt=True, tools=only).input_ids
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--tools", "calculator,magic"])
+    assert "unknown tool magic; allowed: wiki, calculator, convert_units" in capsys.readouterr().err

@@ -1,0 +1,38 @@
+"""A tiny SFT model directory trained, full-batch, until it reproduces a few fixed replies: the tool tests use it
+to get a model that makes a given tool call and answers a given way after a tool's response."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.conftest import _save_tiny, _tiny_model
+
+Row = tuple[list[int], list[int]]  # token ids and labels (-100 where nothing is learned)
+
+
+def supervised_row(tokenizer, messages: Sequence[dict], **kwargs) -> Row:
+    """A conversation's ids with its assistant tokens as labels (dataset.chat_format's SFT masking)."""
+    from dataset.chat_format import encode_chatml
+
+    encoding = encode_chatml(tokenizer, messages, **kwargs)
+    return encoding.input_ids, [i if a else -100 for i, a in zip(encoding.input_ids, encoding.assistant)]
+
+
+def memorized_model(tokenizer, rows: Sequence[Row], path: Path, steps: int = 120, positions: int = 256) -> Path:
+    """Train a tiny model (`positions` long) on `rows`, full-batch, for `steps` AdamW steps, and save it at `path`
+    as an SFT run directory."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+    model = _tiny_model(tokenizer, seed=0, max_position_embeddings=positions)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):  # full-batch steps until every reply is memorized
+        model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return _save_tiny(model.eval(), tokenizer, path, "sft")

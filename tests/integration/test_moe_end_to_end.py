@@ -101,7 +101,7 @@ def test_chat_prompt_answers_with_an_moe_checkpoint(moe_sft, tiny_models, tokeni
     assert expected == tiny_models.reply  # the model learnt its answer, so the check is not on noise
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
     run = subprocess.run([sys.executable, str(REPO / "eval" / "chat.py"), "--model_path", str(moe_sft), "--prompt",
-                          QUESTION, "--temperature", "0", "--max_new_tokens", "40"],
+                          QUESTION, "--temperature", "0", "--max_new_tokens", "40", "--no_tools"],
                          capture_output=True, text=True, encoding="utf-8", timeout=300, env=env, cwd=REPO)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout == expected + "\n"

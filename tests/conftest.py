@@ -215,9 +215,9 @@ def wait_for_health(url: str, process=None, timeout: float = 180) -> None:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
-def sft_server(tiny_models):
-    """`python scripts/serve.py` itself, serving the tiny SFT model; yields its base URL."""
+def serve_process(model_path: Path):
+    """`python scripts/serve.py` itself on a free port, serving `model_path`; yields its base URL once healthy
+    (a generator for fixtures to `yield from`)."""
     import subprocess
     import sys
 
@@ -225,7 +225,7 @@ def sft_server(tiny_models):
 
     port = free_port()
     process = subprocess.Popen([sys.executable, str(REPO / "scripts" / "serve.py"),
-                                "--model_path", str(tiny_models.sft), "--port", str(port)],
+                                "--model_path", str(model_path), "--port", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -234,6 +234,12 @@ def sft_server(tiny_models):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def sft_server(tiny_models):
+    """The server serving the tiny SFT model; yields its base URL."""
+    yield from serve_process(tiny_models.sft)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.training_runs import pretrain_word_model, run_in_process, train_losses, write_prompt_data
+from tests.training_runs import (frequent_word_rewards, run_in_process, train_losses,
+                                 write_prompt_data)
 from trainer.core import main
 from trainer.run_dir import CONFIG_FILE, SUMMARY_FILE, model_task, read_metrics, read_summary
 
@@ -101,17 +102,7 @@ def test_several_updates_per_rollout_clip_the_ratio(grpo_data, tiny_models, tmp_
 def test_grpo_raises_a_reward_that_counts_a_frequent_word(tmp_path):
     """A tiny model pretrained on a 22-word corpus writes "the" about once in 16 tokens; 30 GRPO steps (fixed
     seed, groups of 4) more than triple the reward that counts it."""
-    pretrained = pretrain_word_model(tmp_path)
-    out_dir = tmp_path / "grpo"
-    run_in_process("grpo", ["--data_path", str(tmp_path / "prompts.jsonl"), "--from_weight", str(pretrained),
-                            "--out_dir", str(out_dir), "--max_steps", "30", "--batch_size", "2",
-                            "--num_generations", "4", "--max_completion_length", "16", "--learning_rate", "3e-3",
-                            "--warmup_steps", "2", "--max_seq_len", "48", "--dtype", "float32", "--norm_impl",
-                            "eager", "--compile", "off", "--log_interval", "1", "--save_interval", "100",
-                            "--eval_interval", "100", "--eval_batches", "1", "--seed", "0", "--reward",
-                            f"{tmp_path / 'words.py'}:count_the"])
-    rewards = [record["reward"] for record in read_metrics(out_dir, "train")]
-    assert len(rewards) == 30
+    rewards = frequent_word_rewards("grpo", tmp_path, 30, "--batch_size", "2", "--num_generations", "4")
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert last > 3 * first and last > first + 0.4, rewards
 

@@ -18,10 +18,9 @@ from safetensors.torch import load_file
 
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM, SparseMoE
-from tests.conftest import wait_for_health
+from tests.conftest import serve_process
 from tests.paths import REPO
 from tests.training_runs import pretrain_argv, run_in_process, train_losses
-from trainer.distributed import free_port
 from trainer.export import save_model_dir
 from trainer.run_dir import CONFIG_FILE, read_metrics
 
@@ -111,16 +110,7 @@ def test_chat_prompt_answers_with_an_moe_checkpoint(moe_sft, tiny_models, tokeni
 @pytest.fixture(scope="module")
 def moe_server(moe_sft):
     """`python scripts/serve.py` serving the MoE model; yields its base URL."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, str(REPO / "scripts" / "serve.py"), "--model_path", str(moe_sft),
-                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_health(url, process)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    yield from serve_process(moe_sft)
 
 
 def test_the_server_answers_with_an_moe_checkpoint_plain_and_streamed(moe_server, moe_sft, tiny_models,

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.paths import REPO
-from tests.training_runs import pretrain_word_model, run_in_process, train_losses, write_prompt_data
+from tests.training_runs import (frequent_word_rewards, train_losses,
+                                 write_prompt_data)
 from trainer.core import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
@@ -103,16 +104,6 @@ def test_a_reward_that_breaks_its_contract_stops_the_ppo_run_in_one_line(ppo_dat
 def test_ppo_raises_a_reward_that_counts_a_frequent_word(tmp_path):
     """A tiny model pretrained on a 22-word corpus writes "the" about once in 16 tokens; 20 PPO steps (fixed
     seed) more than double the reward that counts it."""
-    pretrained = pretrain_word_model(tmp_path)
-    out_dir = tmp_path / "ppo"
-    run_in_process("ppo", ["--data_path", str(tmp_path / "prompts.jsonl"), "--from_weight", str(pretrained),
-                           "--out_dir", str(out_dir), "--max_steps", "20", "--batch_size", "8",
-                           "--max_completion_length", "16", "--ppo_epochs", "4", "--learning_rate", "3e-3",
-                           "--warmup_steps", "2", "--max_seq_len", "48", "--dtype", "float32", "--norm_impl",
-                           "eager", "--compile", "off", "--log_interval", "1", "--save_interval", "100",
-                           "--eval_interval", "100", "--eval_batches", "1", "--seed", "0", "--reward",
-                           f"{tmp_path / 'words.py'}:count_the"])
-    rewards = [record["reward"] for record in read_metrics(out_dir, "train")]
-    assert len(rewards) == 20
+    rewards = frequent_word_rewards("ppo", tmp_path, 20, "--batch_size", "8", "--ppo_epochs", "4")
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert last > 2 * first and last > first + 0.5, rewards

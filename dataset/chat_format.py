@@ -50,18 +50,21 @@ AFTER_THINK = "\n\n"  # between </think> and the content
 
 # The format in Jinja (transformers' apply_chat_template, llama.cpp). It takes tool_calls as lists and arguments as
 # objects; a JSON-string "arguments" (OpenAI's wire form) is written as given, and a JSON-string "tool_calls" or
-# "tools" (MiniMind's data) must be parsed first: normalize_messages does both.
+# "tools" (MiniMind's data), which it refuses in one line, must be parsed first: normalize_messages does both.
 CHATML_TEMPLATE = (
     "{%- set tools = tools if tools else (messages[0].tools if messages and messages[0].role == 'system' "
     "and messages[0].tools is defined and messages[0].tools else none) -%}"
+    "{%- if tools is string -%}"
+    "{{- raise_exception('tools must be a list of tool schemas, not a JSON string: parse it first') -}}"
+    "{%- endif -%}"
     "{%- if tools -%}"
     "{%- set tool_lines = namespace(text='# Tools') -%}"
     "{%- for tool in tools -%}"
     "{%- set f = tool.function if tool.function is defined else tool -%}"
     "{%- set p = f.parameters if f.parameters is defined and f.parameters else {} -%}"
-    "{%- set required = p.required if p.required is defined else [] -%}"
+    "{%- set required = p.required if p.required is defined and p.required else [] -%}"
     "{%- set tool_lines.text = tool_lines.text + '\\n' + f.name + '(' -%}"
-    "{%- for name, prop in (p.properties if p.properties is defined else {}).items() -%}"
+    "{%- for name, prop in (p.properties if p.properties is defined and p.properties else {}).items() -%}"
     "{%- set tool_lines.text = tool_lines.text + (', ' if not loop.first else '') + name "
     "+ ('' if name in required else '?') + ': ' + ((prop.type if prop.type is defined else 'any') | string) -%}"
     "{%- endfor -%}"
@@ -86,10 +89,14 @@ CHATML_TEMPLATE = (
     "{%- set reasoning = message.reasoning_content if message.reasoning_content is defined "
     "and message.reasoning_content else '' -%}"
     "{%- set calls = message.tool_calls if message.tool_calls is defined and message.tool_calls else [] -%}"
+    "{%- if calls is string -%}"
+    "{{- raise_exception('messages[' ~ loop.index0 ~ '].tool_calls must be a list of calls, not a JSON string: "
+    "parse it first') -}}"
+    "{%- endif -%}"
     "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content -}}"
     "{%- for call in calls -%}"
     "{%- set call = call.function if call.function is defined else call -%}"
-    "{%- set arguments = call.arguments if call.arguments is defined else {} -%}"
+    "{%- set arguments = call.arguments if call.arguments is defined and call.arguments else {} -%}"
     "{{- '\\n' if content or not loop.first else '' -}}"
     "{{- '<tool_call>{\"name\": ' + (call.name | tojson) + ', \"arguments\": ' "
     "+ (arguments if arguments is string else arguments | tojson) + '}</tool_call>' -}}"

@@ -13,7 +13,8 @@ needs norm_topk_prob=True.
 The file is written with the `gguf` package (llama.cpp's own writer): the architecture's metadata, every tensor
 under llama.cpp's name, the byte-level BPE tokenizer as llama.cpp's `gpt2` model with the `gpt-2`
 pre-tokenizer (our split pattern is GPT-2's), eos `<|im_end|>`, no token added in front of a prompt, and the
-ChatML chat template. docs/gguf.md shows llama.cpp and Ollama using it.
+model's chat template (ChatML with tools and thinking) as tokenizer.chat_template. docs/gguf.md shows llama.cpp
+and Ollama using it.
 """
 
 from __future__ import annotations

@@ -62,12 +62,17 @@ def _patch_config_json(path: Path) -> None:
 def _tokenizer_files(model_path: Path, staging: Path) -> None:
     from dataset.tokenization import load_tokenizer
 
-    load_tokenizer(model_path).save_pretrained(staging)
+    tokenizer = load_tokenizer(model_path)
+    tokenizer.save_pretrained(staging)
     # transformers 5 names the class TokenizersBackend; older readers know the same tokenizer.json loader
     # as PreTrainedTokenizerFast.
     config_file = staging / "tokenizer_config.json"
     tokenizer_config = json.loads(config_file.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    # transformers 5 writes the template to chat_template.jinja only; readers before it (transformers 4.x, tools
+    # that read the JSON) look for it here.
+    if tokenizer.chat_template:
+        tokenizer_config["chat_template"] = tokenizer.chat_template
     config_file.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
 
 

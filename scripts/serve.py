@@ -5,9 +5,10 @@
     python scripts/serve.py --lora out/lora                   # out/sft with the LoRA adapter, merged at load
 
 Endpoints: POST /v1/chat/completions (streamed as server-sent events when "stream": true), GET /v1/models,
-GET /v1/models/{id}, GET /health, GET /openapi.json (the request schema), and the chat page at /. Requests run
-through the library's GenerationEngine (model/generation.py): concurrent requests are decoded together in one batch
-(--max_batch), and a client that disconnects gives its slot back at the next step. Bad requests get OpenAI-style
+GET /v1/models/{id}, GET /tools and POST /tools/run (the built-in tools, for clients' tool loops), GET /health,
+GET /openapi.json (the request schema), and the chat page at /. Requests run through the library's
+GenerationEngine (model/generation.py): concurrent requests are decoded together in one batch (--max_batch), and a
+client that disconnects gives its slot back at the next step. Bad requests get OpenAI-style
 JSON errors, each request's alone; messages are encoded as text, so a control-token string inside one never
 becomes a control token. OpenAI's `tools` and `tool_choice` and `chat_template_kwargs: {"open_thinking": true}` are
 taken; replies carry `tool_calls` and `reasoning_content` (docs/serving.md, "Tools and thinking").
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_source_flags(parser)
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 listens on every interface")
     parser.add_argument("--port", type=int, default=8000, help="the port to listen on")
-    parser.add_argument("--api_key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ requests")
+    parser.add_argument("--api_key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1/ and /tools requests")
     parser.add_argument("--model_name", default=None, help="the model id clients see; default: the directory name")
     parser.add_argument("--mode", choices=("auto", "chat", "plain"), default="auto",
                         help="chat template or plain continuation of the last message; auto: chat for SFT models")
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; auto: cuda when there is one")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                         help="the weights' dtype; auto: bfloat16 on CUDA, float32 elsewhere")
+    parser.add_argument("--no_tools", action="store_true", help="offer clients no built-in tools (GET /tools)")
     add_threads_flag(parser)
     add_rope_scaling_flag(parser)
     return parser
@@ -86,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {args.host} without --api_key: anyone who can reach it can use it",
               file=sys.stderr)
-    uvicorn.run(create_app(served, args.api_key, args.max_waiting), host=args.host, port=args.port,
-                log_level="warning")
+    uvicorn.run(create_app(served, args.api_key, args.max_waiting, tools=not args.no_tools), host=args.host,
+                port=args.port, log_level="warning")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""The FastAPI application around one served model: the API key, the routes of the OpenAI API, /health and the
-chat page (scripts/web/)."""
+"""The FastAPI application around one served model: the API key, the routes of the OpenAI API, the built-in tools
+for clients' tool loops (/tools), /health and the chat page (scripts/web/)."""
 
 # No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations (Request) at run time.
 import asyncio
@@ -14,6 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from scripts.server.builtin_tools import RUN_REQUEST_BODY, offered_tools, parse_run_request, run_call
 from scripts.server.completion import Completion, generation_settings, prompt_ids
 from scripts.server.errors import APIError, add_error_handlers
 from scripts.server.protocol import (CompletionId, completion_body, model_card, model_list, parse_chat_request,
@@ -79,9 +80,11 @@ async def whole_answer(request: Request, completion: Completion,
 
 
 def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int = 64,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI application around one loaded model and its running engine."""
+               max_body_bytes: int = MAX_BODY_BYTES, tools: bool = True) -> FastAPI:
+    """The FastAPI application around one loaded model and its running engine; `tools`: offer the built-in tools
+    (when the model can use them: builtin_tools.offered_tools)."""
     counters = {"requests": 0}
+    offered = offered_tools(served, tools)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -139,6 +142,17 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
         if chat.stream:
             return streaming_response(completion, completion_id, chat.include_usage())
         return await whole_answer(request, completion, completion_id)
+
+    @app.get("/tools")
+    async def list_tools(request: Request) -> dict[str, Any]:
+        authorize(request, api_key)
+        return offered.body()
+
+    @app.post("/tools/run", openapi_extra=RUN_REQUEST_BODY)
+    async def run_tool_call(request: Request) -> dict[str, Any]:
+        authorize(request, api_key)
+        name, arguments = parse_run_request(await read_body(request, max_body_bytes), offered)
+        return await run_call(name, arguments)
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:

@@ -1,16 +1,19 @@
 """The chat page (scripts/web/) in a real browser: Debian's Chromium, headless, driven by Playwright with the
 system browser (never a downloaded build). Install it with `apt-get install -y chromium`; .ci/run does.
-Screenshots go to the test's temp folder, or to $MININORM_SCREENSHOTS when set."""
+Screenshots go to the test's temp folder, or to $MININORM_SCREENSHOTS when set. The tool loop runs against a tiny
+model trained, full-batch, to make fixed tool calls and answer a fixed way after the tool's real result."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import httpx
 import pytest
+from tests.memorized_model import memorized_model, supervised_row
 from tests.paths import REPO
 
 CHROMIUM = "/usr/bin/chromium"
@@ -126,7 +129,7 @@ def test_the_answer_is_rendered_while_it_streams(page, endless_model, serve_app,
                 if (answer) window.seenLengths.push(answer.textContent.length);
             }).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});
         }""")
-        ask(page, "<b>Tell</b> me <|im_end|> a long story")
+        sent = json.loads(ask(page, "<b>Tell</b> me <|im_end|> a long story").post_data)
         answer = page.locator(".message.assistant")
         expect(answer).to_have_attribute("data-finish", "length")
         expect(page.locator(".message.user b")).to_have_count(0)  # the user's markup stays text
@@ -135,9 +138,11 @@ def test_the_answer_is_rendered_while_it_streams(page, endless_model, serve_app,
         lengths = page.evaluate("window.seenLengths")
         final = answer.text_content()
         assert len(set(lengths)) >= 5 and max(lengths) == len(final)  # it grew in several steps
-        expected = httpx.post(f"{server.url}/v1/chat/completions", timeout=120, json={
-            "messages": [{"role": "user", "content": "<b>Tell</b> me <|im_end|> a long story"}],
-            "temperature": 0, "max_tokens": 150}).json()["choices"][0]["message"]["content"]
+        assert sent["messages"] == [{"role": "user", "content": "<b>Tell</b> me <|im_end|> a long story"}]
+        assert sent["temperature"] == 0 and sent["max_tokens"] == 150  # and the tools the server offers
+        whole = {key: value for key, value in sent.items() if key not in ("stream", "stream_options")}
+        expected = httpx.post(f"{server.url}/v1/chat/completions", timeout=120,
+                              json=whole).json()["choices"][0]["message"]["content"]
         assert final == expected
 
         # Stop: a long answer is cut where it is, and the page goes on working.
@@ -182,3 +187,232 @@ def test_the_page_asks_for_the_api_key(page, tiny_models, serve_app, threaded_se
         page.fill("#temperature", "0")
         ask(page, "Hello")
         expect(page.locator(".message.assistant")).to_have_text(tiny_models.reply)
+
+
+# ---------------------------------------------------------------------------------------------------- the tool loop
+WIKI_ASK = [{"role": "user", "content": "What is Paris?"}]
+WIKI_CALL = {"name": "wiki", "arguments": {"title": "Paris"}}
+WIKI_ANSWER = "Paris is the capital of France."
+LOOP_ASK = [{"role": "user", "content": "Loop."}]
+LOOP_CALL = {"name": "calculator", "arguments": {"expression": "1+1"}}
+THOUGHT, THOUGHT_ANSWER = "The user wants me to think.", "Done."
+BAD_CALL_TEXT = '{"name": "wiki", "arguments": {oops}'  # invalid JSON between the tags: not a call
+
+
+def called(messages: list[dict], call: dict) -> list[dict]:
+    """The conversation after the assistant's call and the tool's real result (the library's run_tool)."""
+    from dataset.tools import run_tool
+
+    return messages + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                       {"role": "tool", "content": run_tool(call["name"], call["arguments"])}]
+
+
+def tool_rows(tokenizer) -> list:
+    """With the server's tools in the prompt: a wiki call and the answer after its result, a calculator call made
+    again and again, a thought (open_thinking) and a call written as invalid JSON."""
+    from dataset.chat_format import IM_END, TOOL_CALL, TOOL_CALL_END, control_id, encode_chatml, encode_text
+    from dataset.tools import tool_schemas
+
+    tools = tool_schemas()
+    prompt = encode_chatml(tokenizer, [{"role": "user", "content": "Break it."}], add_generation_prompt=True,
+                           tools=tools).input_ids
+    bad = [control_id(tokenizer, TOOL_CALL), *encode_text(tokenizer, BAD_CALL_TEXT),
+           control_id(tokenizer, TOOL_CALL_END), control_id(tokenizer, IM_END)]
+    loops = [LOOP_ASK]
+    for _ in range(3):
+        loops.append(called(loops[-1], LOOP_CALL))
+    return [
+        supervised_row(tokenizer, WIKI_ASK + [{"role": "assistant", "content": "", "tool_calls": [WIKI_CALL]}],
+                       tools=tools),
+        supervised_row(tokenizer, called(WIKI_ASK, WIKI_CALL) + [{"role": "assistant", "content": WIKI_ANSWER}],
+                       tools=tools),
+        *(supervised_row(tokenizer, loop + [{"role": "assistant", "content": "", "tool_calls": [LOOP_CALL]}],
+                         tools=tools) for loop in loops),
+        supervised_row(tokenizer, [{"role": "user", "content": "Think first."}, {
+            "role": "assistant", "content": THOUGHT_ANSWER, "reasoning_content": THOUGHT}], tools=tools),
+        (prompt + bad, [-100] * len(prompt) + bad),
+    ]
+
+
+class Recorder:
+    """An ASGI app around the server's: the JSON body of every chat request the server receives, in order."""
+
+    def __init__(self, app) -> None:
+        self.app, self.bodies = app, []
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
+            return await self.app(scope, receive, send)
+        chunks: list[bytes] = []
+
+        async def receiving():
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    self.bodies.append(json.loads(b"".join(chunks)))
+            return message
+
+        return await self.app(scope, receiving, send)
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory, tokenizer, serve_app, threaded_server):
+    """The server of a model trained on tool_rows(); yields (its URL, the Recorder)."""
+    path = memorized_model(tokenizer, tool_rows(tokenizer), tmp_path_factory.mktemp("page_tools") / "model",
+                           steps=150, positions=512)
+    recorder = Recorder(serve_app(path, max_batch=1))
+    with threaded_server(recorder) as server:
+        yield server.url, recorder
+
+
+def open_page(page, url: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(url)
+    expect(page.locator("#tools")).to_be_checked()  # the server offers tools: on by default
+    expect(page.locator("#think")).not_to_be_checked()
+    page.fill("#temperature", "0")
+    page.fill("#max-tokens", "40")
+
+
+def wire_call(call: dict, call_id: str) -> dict:
+    return {"id": call_id, "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+
+
+def test_a_tool_call_is_shown_run_and_answered(page, tool_server, tmp_path) -> None:
+    """The model calls wiki: the page shows the call and the (long, so collapsed) result, runs the tool through the
+    server, sends the call and the result back, and shows the answer; the history keeps the whole exchange."""
+    from playwright.sync_api import expect
+
+    from dataset.tools import run_tool, tool_schemas
+
+    url, recorder = tool_server
+    open_page(page, url)
+    start = len(recorder.bodies)
+    ask(page, "What is Paris?")
+    expect(page.locator(".message.assistant .content")).to_have_text(WIKI_ANSWER)
+    tool = page.locator(".message.tool")
+    expect(tool).to_have_count(1)
+    expect(tool.locator(".tool-call")).to_have_text('wiki({"title": "Paris"})')
+    summary = run_tool("wiki", {"title": "Paris"})
+    assert len(summary) > 120
+    result = tool.locator("details.tool-result")
+    expect(result).not_to_have_attribute("open", re.compile(".*"))  # collapsed
+    expect(result.locator(".tool-result-text")).to_be_hidden()
+    assert result.locator(".tool-result-text").text_content() == summary
+    expect(page.locator("#stats")).to_contain_text("1 tool call")
+    roles = page.eval_on_selector_all("#messages > *", "nodes => nodes.map(n => n.className)")
+    assert roles == ["message user", "message tool", "message assistant"]  # no empty bubble for the call
+    screenshot(page, tmp_path, "tool_call")
+    result.locator("summary").click()
+    expect(result.locator(".tool-result-text")).to_be_visible()
+
+    # What the server received: the question with the tools, then the call as the server sent it and the result.
+    first, second = recorder.bodies[start:]
+    assert first["messages"] == WIKI_ASK and first["tools"] == tool_schemas() and "chat_template_kwargs" not in first
+    [call] = second["messages"][1]["tool_calls"]
+    assert re.fullmatch(r"call_[0-9a-f]{24}", call["id"])
+    assert second["messages"] == WIKI_ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [wire_call(WIKI_CALL, call["id"])]},
+        {"role": "tool", "tool_call_id": call["id"], "content": summary}]
+    assert second["tools"] == tool_schemas()
+
+    ask(page, "Think first.")  # the next message carries the whole exchange
+    expect(page.locator("#send")).to_be_enabled()  # answered: the server has the request
+    assert recorder.bodies[-1]["messages"] == second["messages"] + [
+        {"role": "assistant", "content": WIKI_ANSWER}, {"role": "user", "content": "Think first."}]
+
+
+def test_thinking_is_shown_collapsed_above_the_answer(page, tool_server, tmp_path) -> None:
+    from playwright.sync_api import expect
+
+    url, recorder = tool_server
+    open_page(page, url)
+    page.check("#think")
+    request = ask(page, "Think first.")
+    assert json.loads(request.post_data)["chat_template_kwargs"] == {"open_thinking": True}
+    answer = page.locator(".message.assistant")
+    expect(answer.locator(".content")).to_have_text(THOUGHT_ANSWER)
+    thinking = answer.locator("details.thinking")
+    expect(thinking).to_have_count(1)
+    assert thinking.get_attribute("open") is None
+    expect(thinking.locator(".thinking-text")).to_be_hidden()
+    assert thinking.locator(".thinking-text").text_content() == THOUGHT
+    assert answer.evaluate("div => div.firstElementChild.tagName") == "DETAILS"  # above the answer
+    thinking.locator("summary").click()
+    expect(thinking.locator(".thinking-text")).to_be_visible()
+    screenshot(page, tmp_path, "thinking")
+    assert recorder.bodies[-1]["messages"] == [{"role": "user", "content": "Think first."}]
+    ask(page, "Hello")
+    expect(page.locator("#send")).to_be_enabled()
+    assert recorder.bodies[-1]["messages"][1] == {"role": "assistant", "content": THOUGHT_ANSWER,
+                                                  "reasoning_content": THOUGHT}
+
+
+def test_a_badly_written_call_is_shown_as_text(page, tool_server) -> None:
+    from playwright.sync_api import expect
+
+    url, recorder = tool_server
+    open_page(page, url)
+    start = len(recorder.bodies)
+    ask(page, "Break it.")
+    answer = page.locator(".message.assistant .content")
+    expect(answer).to_have_text(f"<tool_call>{BAD_CALL_TEXT}</tool_call>")
+    assert answer.evaluate("node => node.children.length") == 0  # text, not markup
+    expect(page.locator(".message.tool")).to_have_count(0)
+    expect(page.locator("#send")).to_be_enabled()
+    assert len(recorder.bodies) == start + 1  # nothing was run, nothing asked again
+
+
+def test_the_loop_stops_at_the_round_limit(page, tool_server) -> None:
+    """A model that calls the calculator again and again: three rounds run (the server's max_tool_rounds), the
+    fourth call is shown, not run, and the history keeps no unanswered call."""
+    from playwright.sync_api import expect
+
+    from model.chat_session import MAX_TOOL_ROUNDS
+
+    url, recorder = tool_server
+    open_page(page, url)
+    start = len(recorder.bodies)
+    ask(page, "Loop.")
+    tools = page.locator(".message.tool")
+    expect(tools).to_have_count(MAX_TOOL_ROUNDS + 1)
+    expect(tools.nth(MAX_TOOL_ROUNDS).locator(".tool-note")).to_contain_text(f"not run: at most {MAX_TOOL_ROUNDS}")
+    expect(page.locator("#send")).to_be_enabled()
+    for index in range(MAX_TOOL_ROUNDS):
+        expect(tools.nth(index)).to_have_text('calculator({"expression": "1+1"})→ 2')
+    sent = recorder.bodies[start:]
+    assert len(sent) == MAX_TOOL_ROUNDS + 1
+    assert [len(body["messages"]) for body in sent] == [1, 3, 5, 7]
+    assert [m["role"] for m in sent[-1]["messages"]] == ["user"] + ["assistant", "tool"] * MAX_TOOL_ROUNDS
+    ask(page, "Hello")
+    expect(page.locator("#send")).to_be_enabled()
+    assert recorder.bodies[-1]["messages"][7] == {"role": "assistant", "content": ""}  # the unrun call is left out
+
+
+def test_tools_off_sends_no_tools(page, tool_server) -> None:
+    from playwright.sync_api import expect
+
+    url, recorder = tool_server
+    open_page(page, url)
+    page.uncheck("#tools")
+    request = ask(page, "What is Paris?")
+    assert "tools" not in json.loads(request.post_data)
+    expect(page.locator("#send")).to_be_enabled()
+    expect(page.locator(".message.assistant")).to_have_count(1)
+    expect(page.locator(".message.tool")).to_have_count(0)
+
+
+def test_the_tools_switch_is_off_where_the_server_offers_none(page, tiny_models, serve_app, threaded_server) -> None:
+    """The tiny SFT model's 128-token context cannot hold the tools' descriptions: the switch is off, disabled,
+    and says why."""
+    from playwright.sync_api import expect
+
+    with threaded_server(serve_app(tiny_models.sft, max_batch=1)) as server:
+        page.goto(server.url)
+        expect(page.locator("#model-name")).to_contain_text(tiny_models.sft.name)
+        expect(page.locator("#tools")).to_be_disabled()
+        expect(page.locator("#tools")).not_to_be_checked()
+        expect(page.locator("#tools-label")).to_have_attribute("title", re.compile("context is 128"))

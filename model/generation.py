@@ -8,7 +8,10 @@ batch have different lengths; their KV caches are left-padded to a common length
 
 Every request samples with its own settings (temperature, top-p, top-k, penalties) and its own random generator,
 seeded from `seed` or, without one, from torch's global generator (so `transformers.set_seed` makes a run
-reproducible). One request's failure (a seed torch's generator rejects, sampling scores that turn NaN or
+reproducible). How a step runs is `decode`: "forward" calls the model's forward with a DynamicCache (any
+transformers model); "static" and "compiled" run MiniNorm models through model/decode_step.py (a preallocated
+per-row KV cache, no padding; "compiled" also compiles the step), which computes the same logits up to float
+rounding, faster. One request's failure (a seed torch's generator rejects, sampling scores that turn NaN or
 infinite) ends that request alone, with finish reason "error". Text is produced by `TextStream`: incremental
 detokenization that never cuts a multi-byte character and holds back text that could still become a stop string.
 """
@@ -28,6 +31,8 @@ from transformers.cache_utils import DynamicCache
 from transformers.generation.logits_process import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
+from model.decode_step import DecodeStep, StaticKVCache, supports_decode_step
+
 FINISH_STOP = "stop"          # the end-of-turn token or a stop string
 FINISH_LENGTH = "length"      # max_new_tokens, or the model's context was full
 FINISH_CANCELLED = "cancelled"
@@ -35,6 +40,7 @@ FINISH_ERROR = "error"
 # A request's error when its sampling scores became NaN or +inf (or left no token possible): numerically extreme
 # settings or logits. Only that request ends; the message names no internals, so a server may show it.
 NON_FINITE_SCORES = "the sampling scores became NaN or infinite (numerically extreme sampling settings or logits)"
+DECODE_MODES = ("forward", "static", "compiled")  # GenerationEngine(decode=...): see the module's docstring
 
 
 class SamplingError(ValueError):
@@ -221,12 +227,17 @@ class _Row:
 class GenerationEngine:
     """Continuous batching over one causal LM (ours or any transformers model that takes position_ids, a padding
     attention_mask and a DynamicCache). Use `generate()` from one thread, or `start()` the engine's own thread and
-    `submit()` from many."""
+    `submit()` from many. `decode` (DECODE_MODES) picks how a step runs; "static" and "compiled" fall back to
+    "forward" for a model that is not MiniNorm's."""
 
     def __init__(self, model: Any, tokenizer: PreTrainedTokenizerBase, max_batch: int = 8,
-                 eos_token_ids: Sequence[int] | None = None) -> None:
+                 eos_token_ids: Sequence[int] | None = None, decode: str = "forward") -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode={decode!r} is not allowed; choose one of {', '.join(map(repr, DECODE_MODES))}")
+        self._step = (DecodeStep(model, compiled=decode == "compiled")
+                      if decode != "forward" and supports_decode_step(model) else None)
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
         if eos_token_ids is None:
             eos_token_ids = {tokenizer.eos_token_id}
@@ -241,8 +252,8 @@ class GenerationEngine:
         self._pending: collections.deque[Generation] = collections.deque()
         self._lock = threading.Condition()
         self._rows: list[_Row] = []
-        self._cache: DynamicCache | None = None
-        self._mask: torch.Tensor | None = None       # [B, L] 1 where the cache holds a real token
+        self._cache: DynamicCache | StaticKVCache | None = None
+        self._mask: torch.Tensor | None = None       # [B, L] 1 where the cache holds a real token ("forward" only)
         self._next: torch.Tensor | None = None       # [B] the token each row feeds next
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -362,20 +373,33 @@ class GenerationEngine:
                     self._fail(generation, error, row)
                     raise
 
-    def _decode(self) -> None:
-        batch = len(self._rows)
-        ones = self._mask.new_ones((batch, 1))
+    def _forward(self) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """One step of the batch: the next-token logits (B, vocab), fp32, and their (argmax, max) per row when the
+        step computed them."""
+        if self._step is not None:
+            cache = self._cache
+            last = max(row.position for row in self._rows)
+            cache.reserve(last + 2)  # a spare column: length == capacity would be a new case for the compiled step
+            cache.length = last + 1
+            logits, argmax, maximum = self._step(self._next, cache)
+            return logits, (argmax, maximum)
+        ones = self._mask.new_ones((len(self._rows), 1))
         mask = torch.cat([self._mask, ones], dim=1)
         positions = torch.tensor([[row.position] for row in self._rows], dtype=torch.long, device=self.device)
         out = self.model(input_ids=self._next[:, None], attention_mask=mask, position_ids=positions,
                          past_key_values=self._cache, use_cache=True)
         self._cache, self._mask = out.past_key_values, mask
+        return out.logits[:, -1].float(), None
+
+    def _decode(self) -> None:
+        batch = len(self._rows)
+        logits, best = self._forward()
         self.steps += 1
         self.batched_rows += batch
-        logits = out.logits[:, -1].float()
         greedy = None
         if any(row.plain_greedy for row in self._rows):  # one argmax and one max for the batch, two syncs in all
-            greedy = list(zip(logits.argmax(-1).tolist(), logits.amax(-1).tolist()))
+            argmax, maximum = best if best is not None else (logits.argmax(-1), logits.amax(-1))
+            greedy = list(zip(argmax.tolist(), maximum.tolist()))
         keep = []
         for index, row in enumerate(self._rows):
             row.position += 1
@@ -387,6 +411,8 @@ class GenerationEngine:
             if self._accept(row, token):
                 self._next[index] = token
                 keep.append(index)
+        if self._step is not None:
+            self._cache.positions += 1
         if len(keep) < batch:
             self._select(keep)
 
@@ -448,10 +474,21 @@ class GenerationEngine:
         return cache
 
     def _join(self, row: _Row, cache: DynamicCache, token: int) -> None:
-        """Add a prefilled row to the batch, left-padding its cache or the batch's to a common length."""
+        """Add a prefilled row to the batch: into the static cache as it is ("static", "compiled"), or left-padding
+        its cache or the batch's to a common length ("forward")."""
+        next_token = torch.tensor([token], dtype=torch.long, device=self.device)
+        if self._step is not None:
+            layers = self._layers(cache)
+            if not self._rows:
+                self._cache = StaticKVCache(self.model.config, 0, 0, layers[0][0].dtype, self.device)
+                self._next = next_token[:0]
+            self._cache.append_row(layers)
+            self._cache.positions[-1] = row.position
+            self._next = torch.cat([self._next, next_token])
+            self._rows.append(row)
+            return
         new_len = len(row.generation.prompt_ids)
         new_mask = torch.ones((1, new_len), dtype=torch.long, device=self.device)
-        next_token = torch.tensor([token], dtype=torch.long, device=self.device)
         if not self._rows:
             self._rows, self._cache, self._mask, self._next = [row], cache, new_mask, next_token
             return
@@ -481,6 +518,10 @@ class GenerationEngine:
             self._cache, self._mask, self._next = None, None, None
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        if self._step is not None:
+            self._cache.select_rows(keep)
+            self._next = self._next[index]
+            return
         mask = self._mask[index]
         first = int(mask.any(dim=0).nonzero()[0].item())  # the first column some row still uses
         self._mask, self._next = mask[:, first:], self._next[index]

@@ -37,6 +37,9 @@ from trainer.rewards import Reward, math_answer, score
 from trainer.rl_losses import LossType, group_advantages, policy_loss
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length")  # then each reward's mean
+# How rollouts decode (model/generation.py's DECODE_MODES): a compiled step over a static KV cache, 1.5-1.7x the
+# speed of decoding through the model's forward (docs/benchmarks.md, rollout decoding); it compiles once per process.
+ROLLOUT_DECODE = "compiled"
 
 
 def reward_stat_name(reward: Reward) -> str:
@@ -84,10 +87,11 @@ def completion_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, starts: 
 def sample_completions(model: torch.nn.Module, tokenizer, prompt_ids: Sequence[Sequence[int]],
                        settings: Sequence[GenerationSettings]) -> list[list[int]]:
     """The completions' token ids (the end-of-turn token included when sampled), one request per prompt/settings
-    pair, all in one batch of the engine; the model in eval mode, eager (decoding shapes change every token)."""
+    pair, all in one batch of the engine; the model in eval mode. The prefills run eagerly (their shapes change with
+    every prompt, which would recompile a compiled model), the decode steps as ROLLOUT_DECODE says."""
     if hasattr(model, "peft_config"):  # PEFT's adapters live inside the base model's layers: it samples with them
         model = model.get_base_model()
-    engine = GenerationEngine(model, tokenizer, max_batch=len(prompt_ids))
+    engine = GenerationEngine(model, tokenizer, max_batch=len(prompt_ids), decode=ROLLOUT_DECODE)
     was_training = model.training
     model.eval()
     try:

@@ -5,9 +5,12 @@ not depend on the weights' values, and greedy decoding with a fixed number of ne
 keeps the work the same in every variant. Variants, for one stream and for a batch of `--batch` streams (the same
 prompt `--batch` times, as a GRPO group is):
 
-    engine      model.generation.GenerationEngine as trainer/grpo.py's rollouts drive it (submit all, step())
+    engine      model.generation.GenerationEngine as trainer/grpo.py's rollouts drive it (submit all, step()),
+                decoding as `--decode` says (default: the rollouts' trainer.grpo.ROLLOUT_DECODE, a compiled step
+                over a static KV cache; compiled once, in the warm-up round)
     engine@REF  the same, with model/generation.py as it is at git revision REF (--engine_ref; e.g. HEAD), so a
-                change of the engine is measured against its baseline in the same run
+                change of the engine is measured against its baseline in the same run (its own default decode
+                mode; model/decode_step.py is imported as it is now)
     generate    transformers' generate() on the same model object (greedy, DynamicCache)
     llama.cpp   the pinned llama-cpp-python on the model's f32 GGUF (scripts/convert_to_gguf.py), its stock
                 settings (f16 KV cache), greedy via Llama.generate; one stream only (the high-level binding
@@ -44,7 +47,9 @@ from typing import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
+from model.generation import DECODE_MODES  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
+from trainer.grpo import ROLLOUT_DECODE  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import REPO_ROOT  # noqa: E402
 
@@ -81,9 +86,12 @@ def engine_module_at(ref: str, root: Path) -> ModuleType:
     return module
 
 
-def engine_run(module: ModuleType, model, tokenizer, prompt: list[int], batch: int, tokens: int) -> Callable[[], int]:
+def engine_run(module: ModuleType, model, tokenizer, prompt: list[int], batch: int, tokens: int,
+               decode: str | None = None) -> Callable[[], int]:
+    options = {} if decode is None else {"decode": decode}
+
     def run() -> int:
-        engine = module.GenerationEngine(model, tokenizer, max_batch=batch, eos_token_ids=NO_EOS)
+        engine = module.GenerationEngine(model, tokenizer, max_batch=batch, eos_token_ids=NO_EOS, **options)
         settings = module.GenerationSettings(max_new_tokens=tokens, temperature=0.0)
         generations = [engine.submit(prompt, settings) for _ in range(batch)]
         while not all(generation.done for generation in generations):
@@ -133,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every variant")
     parser.add_argument("--engine_ref", default=None, help="also run model/generation.py at this git revision")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decode", default=ROLLOUT_DECODE, choices=DECODE_MODES,
+                        help="the engine's decode mode (model/generation.py)")
     parser.add_argument("--stance", default="force_eager", choices=("force_eager", "default"),
                         help="torch.compiler stance of the torch variants (force_eager: as GRPO/PPO rollouts run)")
     args = parser.parse_args(argv)
@@ -155,12 +165,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.engine_ref:
                 runs[(f"engine@{args.engine_ref}", batch)] = engine_run(
                     engine_module_at(args.engine_ref, root), model, tokenizer, prompt, batch, args.tokens)
-            runs[("engine", batch)] = engine_run(generation, model, tokenizer, prompt, batch, args.tokens)
+            runs[("engine", batch)] = engine_run(generation, model, tokenizer, prompt, batch, args.tokens, args.decode)
             runs[("generate", batch)] = generate_run(model, prompt, batch, args.tokens)
         runs[("llama.cpp", 1)] = llama_cpp_run(gguf, prompt, args.tokens, args.threads)
         print(f"machine: {machine_line()}")
         print(f"{args.preset} (seed {args.seed}), prompt {len(prompt)} tokens, {args.tokens} new tokens per stream, "
-              f"greedy, torch stance {args.stance}, {args.threads} thread(s) everywhere, "
+              f"greedy, engine decode {args.decode}, torch stance {args.stance}, {args.threads} thread(s) everywhere, "
               f"median of {args.rounds} interleaved rounds (+1 warm-up)")
         rates: dict[tuple[str, int], list[float]] = {key: [] for key in runs}
         for round_index in range(args.rounds + 1):

@@ -23,6 +23,11 @@ rebuilt from a trial's own train_config.yaml, to the tables and plots.
 Every number comes from the trials' own files: run_summary.json (final val loss, step time, tokens/s) and
 metrics.jsonl (the curves, the diagnostics). Diverged and failed trials are counted, not averaged.
 
+`--study2` adds the second edition's section (eval/studies/ablation/study2.py says every rule): per variant
+(a `config` variant file) the best loss, the learning-rate sensitivity, loss against the rate in one plot, val loss
+against steps and wall-clock seconds, speed relative to pre RMSNorm, stability, and the Post-LN plateau escapes.
+`--write_seed2 DIR` writes the second-seed sweep (DIR/<first sweep>_seed2.yaml) from the first SWEEP_DIR's grid.
+
 This file is the command; the work is done by its own package, eval/studies/ablation/.
 """
 
@@ -35,6 +40,7 @@ if __package__ in (None, ""):  # run as a script, from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from eval.studies.ablation.report import write_report  # noqa: E402
+from eval.studies.ablation.study2 import ESCAPE_MARGIN  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
@@ -46,9 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="output folder (default: the first SWEEP_DIR's report/)")
     parser.add_argument("--unigram", action="store_true",
                         help="add the unigram baseline of each sweep's data (rebuilt from a trial's train_config.yaml)")
+    parser.add_argument("--study2", action="store_true",
+                        help="add the second edition's section (docs/study.md): best loss and learning-rate "
+                             "sensitivity per variant, loss-vs-rate and wall-clock plots, stability, Post-LN escapes")
+    parser.add_argument("--step_times", help="--study2: the interleaved step times "
+                                             "(JSON of eval/benchmarks/bench_norm_variants.py)")
+    parser.add_argument("--escape_margin", type=float, default=ESCAPE_MARGIN,
+                        help="--study2: nats below the unigram loss that count as off the plateau")
+    parser.add_argument("--write_seed2", metavar="DIR",
+                        help="write DIR/<first sweep>_seed2.yaml: one more seed of every variant at its best rate "
+                             "of the first SWEEP_DIR's learning-rate grid (and print the command that runs it)")
     args = parser.parse_args(argv)
+    if (args.step_times or args.escape_margin != ESCAPE_MARGIN) and not args.study2:
+        parser.error("--step_times and --escape_margin need --study2")
+    if not args.escape_margin >= 0:
+        parser.error(f"--escape_margin: {args.escape_margin} is not allowed; it must be >= 0 (nats)")
     try:
-        path = write_report(args.sweep_dirs, args.out, args.unigram)
+        path = write_report(args.sweep_dirs, args.out, args.unigram, args.study2, args.step_times,
+                            args.escape_margin, args.write_seed2)
     except (FileNotFoundError, ValueError) as error:
         return report_error(error)
     print(f"report written to {path}")

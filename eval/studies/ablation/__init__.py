@@ -5,4 +5,7 @@
   tables.py    the numbers per variant and their markdown table
   plots.py     the PNG plots
   report.py    write_report: report.md, report.json and the plots of one or more sweeps
+  study2.py          the second edition's numbers (--study2): best loss, learning-rate sensitivity, plateau escape,
+                     stability, wall clock, relative speed
+  study2_plots.py    its plots; study2_section.py its section of the report and the second-seed YAML (--write_seed2)
 """

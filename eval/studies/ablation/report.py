@@ -9,6 +9,8 @@ from typing import Any
 from eval.studies.ablation.baseline import data_key, unigram_baseline
 from eval.studies.ablation.load import SEED_KEY, Part, duplicate_trials, group_variants, load_sweep
 from eval.studies.ablation.plots import plot_curves, plot_grad_profile, plot_lr_warmup, plot_pre_post, plot_prms_p
+from eval.studies.ablation.study2 import ESCAPE_MARGIN, read_bench_step_times
+from eval.studies.ablation.study2_section import study2_section, write_seed2_yaml
 from eval.studies.ablation.tables import markdown_table, variant_rows
 
 
@@ -32,8 +34,11 @@ def _part_markdown(part: Part, rows: list[dict[str, Any]], plots: dict[str, bool
 
 
 def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path | None = None,
-                 unigram: bool = False) -> Path:
-    """Write report.md, report.json and the plots of one or more sweeps; returns the markdown path."""
+                 unigram: bool = False, study2: bool = False, step_times: str | Path | None = None,
+                 escape_margin: float = ESCAPE_MARGIN, seed2_dir: str | Path | None = None) -> Path:
+    """Write report.md, report.json and the plots of one or more sweeps; returns the markdown path. `study2` adds
+    the second edition's section over all the parts together (with `step_times`, the interleaved benchmark's JSON);
+    `seed2_dir` also writes the second-seed sweep YAML there, from the first part's learning-rate grid."""
     import matplotlib
     matplotlib.use("Agg")
     dirs = [Path(d) for d in (sweep_dirs if isinstance(sweep_dirs, (list, tuple)) else [sweep_dirs])]
@@ -86,6 +91,18 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
         plots_all += [name for name, made in plots.items() if made]
         for status in counts:
             counts[status] += sum(t.status == status for t in part.trials)
+    if study2:
+        bench = read_bench_step_times(step_times) if step_times else None
+        unigram_losses = {p.baseline for p in parts if p.baseline is not None}
+        if len(unigram_losses) > 1:
+            raise ValueError("--study2: the parts were scored on different data (unigram losses "
+                             f"{sorted(unigram_losses)}); report them apart")
+        section, study2_payload = study2_section(parts, out, next(iter(unigram_losses), None), bench, escape_margin)
+        md += section
+        plots_all += study2_payload["plots"]
+    if seed2_dir:
+        seed2 = write_seed2_yaml(parts[0], seed2_dir)
+        print(f"second-seed sweep written: OMP_NUM_THREADS=1 python scripts/sweep.py {seed2}")
     (out / "report.md").write_text("\n".join(md))
     payload = {"sweeps": names, "counts": counts, "variants": rows_all, "plots": plots_all,
                "unigram": {p.name: p.unigram for p in parts if p.unigram}, "duplicates": duplicates,
@@ -93,5 +110,7 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
                            "final_val_loss": t.final_val_loss, "grad_in_out": t.grad_in_out,
                            "median_step_time_s": t.summary.get("median_step_time_s"),
                            "tokens_per_s": t.summary.get("tokens_per_s")} for p in parts for t in p.trials]}
+    if study2:
+        payload["study2"] = study2_payload
     (out / "report.json").write_text(json.dumps(payload, indent=1, default=str, allow_nan=True))
     return out / "report.md"

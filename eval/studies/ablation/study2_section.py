@@ -1,0 +1,245 @@
+"""The second edition's section of the report (`--study2`): tables, plots and numbers over all the parts together,
+and the second-seed sweep YAML written from the learning-rate grid's results (`--write_seed2`)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from eval.studies.ablation.load import SEED_KEY, Part, Trial
+from eval.studies.ablation.study2 import (BASELINE_VARIANT, ESCAPE_MARGIN, INIT_KEY, LR_KEY, POST_LN_VARIANT,
+                                          VARIANT_KEY, WARMUP_KEY, best_rate, escape_step, losses_by_rate,
+                                          lr_sensitivity, relative_step_times, run_value, stability,
+                                          trial_metrics, variant_name, wall_clock_curve)
+from eval.studies.ablation.study2_plots import plot_curves_steps_and_time, plot_loss_vs_rate, plot_resid_rms
+from trainer.run_dir import REPO_ROOT
+from trainer.sweep_dir import swept_names
+
+
+def _f(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _trial_numbers(trial: Trial, unigram: float | None, margin: float) -> dict[str, Any]:
+    records = trial_metrics(trial)
+    steps = trial.summary.get("steps") if trial.status == "diverged" else None
+    return {"variant": variant_name(trial.params), "trial_id": trial.trial_id, "status": trial.status,
+            "learning_rate": run_value(trial, LR_KEY), "seed": run_value(trial, SEED_KEY),
+            "warmup_steps": run_value(trial, WARMUP_KEY), "init_depth_scaling": run_value(trial, INIT_KEY),
+            "final_val_loss": trial.final_val_loss, "val_curve": trial.val_curve,
+            "wall_clock_curve": wall_clock_curve(records),
+            "median_step_time_s": trial.summary.get("median_step_time_s"),
+            "escape_step": escape_step(trial.val_curve, unigram, margin) if unigram is not None else None,
+            "stability": stability(records, trial.status, steps).as_dict()}
+
+
+def _representative(rows: list[dict[str, Any]], variant: str, lr: float) -> dict[str, Any] | None:
+    """The variant's lowest-seed finished trial at the rate: the one drawn in the curves and profiles."""
+    match = [r for r in rows
+             if r["variant"] == variant and r["learning_rate"] == lr and r["final_val_loss"] is not None]
+    return min(match, key=lambda r: (r["seed"] is None, r["seed"] or 0)) if match else None
+
+
+def _escape_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["variant"] == POST_LN_VARIANT and r["status"] in ("finished", "diverged"):
+            groups.setdefault((r["learning_rate"], r["warmup_steps"], r["init_depth_scaling"]), []).append(r)
+    out = []
+    for (lr, warmup, init), members in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        members.sort(key=lambda r: (r["seed"] is None, r["seed"] or 0))
+        out.append({"learning_rate": lr, "warmup_steps": warmup, "init_depth_scaling": init,
+                    "seeds": [r["seed"] for r in members], "escape_steps": [r["escape_step"] for r in members],
+                    "escaped": sum(r["escape_step"] is not None for r in members), "runs": len(members),
+                    "final_val_loss": [r["final_val_loss"] for r in members]})
+    return out
+
+
+def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_step_times: dict[str, float] | None,
+                   margin: float = ESCAPE_MARGIN) -> tuple[list[str], dict[str, Any]]:
+    """Markdown lines and the JSON payload of the second edition's section; writes its plots into `out`."""
+    trials = [t for p in parts for t in p.trials]
+    rows = [_trial_numbers(t, unigram, margin) for t in trials if t.status != "not run"]
+    # The rate tables pool only the parts that vary nothing but the variant, the rate and the seed (the grid and its
+    # second seed); a part that also sweeps, say, the warmup (the Post-LN part) feeds the escape table alone.
+    grid_ids = {t.trial_id for p in parts if set(swept_names(p.config)) <= {VARIANT_KEY, LR_KEY, SEED_KEY}
+                for t in p.trials}
+    by_rate = losses_by_rate([t for t in trials if t.trial_id in grid_ids])
+    rows_grid = [r for r in rows if r["trial_id"] in grid_ids]
+    grid_size = max((len(r) for r in by_rate.values()), default=0)
+    trial_times: dict[str, float] = {}
+    for name in by_rate:
+        times = [r["median_step_time_s"] for r in rows_grid if r["variant"] == name and r["median_step_time_s"]]
+        trial_times[name] = statistics.median(times) if times else math.nan
+    relative = relative_step_times(trial_times)
+    bench_relative = relative_step_times(bench_step_times or {})
+    variants, curves_steps, curves_time, profiles = [], {}, {}, {}
+    for name, rates in by_rate.items():
+        best = best_rate(rates)
+        rep = _representative(rows_grid, name, best[0]) if best else None
+        seconds_per_step = (bench_step_times or {}).get(name)
+        if rep is not None:
+            curves_steps[name] = rep["val_curve"]
+            curves_time[name] = ([(s * seconds_per_step, v) for s, v in rep["val_curve"]] if seconds_per_step
+                                 else rep["wall_clock_curve"])
+            profiles[name] = rep["stability"]["resid_rms"]
+        at_best = [r for r in rows_grid if r["variant"] == name and best and r["learning_rate"] == best[0]]
+        mine = [r for r in rows_grid if r["variant"] == name]
+        variants.append({
+            "variant": name, "rates": len(rates), "best_rate": best[0] if best else None,
+            "best_loss": best[1] if best else None,
+            "best_loss_seeds": [v for v in rates.get(best[0], [])] if best else [],
+            "lr_sensitivity": lr_sensitivity(rates, unigram) if unigram is not None else None,
+            "diverged_or_failed": sum(r["status"] != "finished" for r in mine), "trials": len(mine),
+            "nonfinite_rates": sorted({r["learning_rate"] for r in mine if r["status"] == "diverged"}),
+            "attn_logit_max_grid": max((r["stability"]["attn_logit_max"] for r in mine
+                                        if math.isfinite(r["stability"]["attn_logit_max"])), default=math.nan),
+            "attn_logit_max": max((r["stability"]["attn_logit_max"] for r in at_best
+                                   if math.isfinite(r["stability"]["attn_logit_max"])), default=math.nan),
+            "logits_rms_max": max((r["stability"]["logits_rms_max"] for r in at_best
+                                   if math.isfinite(r["stability"]["logits_rms_max"])), default=math.nan),
+            "logits_max": max((r["stability"]["logits_max"] for r in at_best
+                               if math.isfinite(r["stability"]["logits_max"])), default=math.nan),
+            "loss_spikes": sum(len(r["stability"]["loss_spikes"]) for r in at_best),
+            "grad_spikes": sum(len(r["stability"]["grad_spikes"]) for r in at_best),
+            "resid_rms": profiles.get(name, []),
+            "median_step_time_s": trial_times[name], "step_time_vs_baseline": relative.get(name, math.nan),
+            "bench_step_time_s": (bench_step_times or {}).get(name, math.nan),
+            "bench_step_time_vs_baseline": bench_relative.get(name, math.nan)})
+    escapes = _escape_rows(rows)
+    plots = {"study2_loss_vs_rate.png": plot_loss_vs_rate(
+                 {n: {lr: statistics.fmean(f) for lr, s in r.items() if (f := [v for v in s if v is not None])}
+                  for n, r in by_rate.items()},
+                 {n: [lr for lr, s in r.items() if all(v is None for v in s)] for n, r in by_rate.items()},
+                 out / "study2_loss_vs_rate.png", unigram),
+             "study2_curves_steps_time.png": plot_curves_steps_and_time(curves_steps, curves_time,
+                                                                        out / "study2_curves_steps_time.png", unigram),
+             "study2_resid_rms.png": plot_resid_rms(profiles, out / "study2_resid_rms.png")}
+    md = _markdown(variants, by_rate, escapes, plots, unigram, grid_size, margin, bench_step_times is not None)
+    payload = {"variants": variants, "losses_by_rate": {n: {str(lr): s for lr, s in r.items()}
+                                                         for n, r in by_rate.items()},
+               "post_ln_escapes": escapes, "escape_margin": margin, "unigram": unigram,
+               "trials": rows, "plots": [n for n, made in plots.items() if made]}
+    return md, payload
+
+
+def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, list[float | None]]],
+              escapes: list[dict[str, Any]], plots: dict[str, bool], unigram: float | None, grid_size: int,
+              margin: float, interleaved: bool) -> list[str]:
+    md = ["## Second edition: learning rates, depth, time and stability", "",
+          "Best loss: per variant, the lowest over the rates of the mean final val loss of the finished seeds. "
+          "LR sensitivity (Wortsman et al. 2023, capped at the unigram loss instead of the loss at initialization): "
+          "the mean over the variant's rates of min(loss, unigram), a rate's loss being the mean over its seeds "
+          "with a diverged or failed seed counted as the unigram loss, minus the best loss (0 when every rate is "
+          "capped). Step time: median over the variant's trials of each trial's median step; \"vs "
+          f"{BASELINE_VARIANT}\": its ratio to the baseline's (above 1: slower). Spikes: a step whose loss (or "
+          "gradient norm) exceeds 1.5 x the median of the previous 50 finite values (at least 10 of them), or is "
+          "not finite, counted over the best rate's trials. Attention logit: the largest q.k/sqrt(d) before the "
+          "softmax on the diagnostic steps.", ""]
+    if not variants:
+        return md + ["No trial of the second edition has run yet.", ""]
+    header = ["variant", "rates", "best rate", "best loss (seeds)", "vs unigram", "LR sensitivity",
+              "diverged/failed", "step (ms)", f"vs {BASELINE_VARIANT}"] + (["interleaved vs baseline"]
+                                                                         if interleaved else [])
+    md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for v in variants:
+        seeds = ", ".join(_f(s) for s in v["best_loss_seeds"])
+        partial = f" ({v['rates']}/{grid_size} rates)" if v["rates"] < grid_size else ""
+        cells = [v["variant"], str(v["rates"]), f"{v['best_rate']:.3g}" if v["best_rate"] else "–",
+                 f"{_f(v['best_loss'])} ({seeds})" if v["best_loss"] is not None else "–",
+                 f"{v['best_loss'] - unigram:+.3f}" if unigram is not None and v["best_loss"] is not None else "–",
+                 _f(v["lr_sensitivity"]) + partial, f"{v['diverged_or_failed']}/{v['trials']}",
+                 _f(v["median_step_time_s"] * 1000, 1), _f(v["step_time_vs_baseline"], 2)]
+        if interleaved:
+            cells.append(_f(v["bench_step_time_vs_baseline"], 2))
+        md.append("| " + " | ".join(cells) + " |")
+    rates = sorted({lr for r in by_rate.values() for lr in r})
+    md += ["", "Final val loss per rate (mean over finished seeds; `div` every seed diverged or failed):", "",
+           "| variant | " + " | ".join(f"{lr:.3g}" for lr in rates) + " |", "|" + "---|" * (len(rates) + 1)]
+    for name, r in by_rate.items():
+        cells = []
+        for lr in rates:
+            finished = [v for v in r.get(lr, []) if v is not None]
+            cells.append(_f(statistics.fmean(finished)) if finished else ("div" if lr in r else ""))
+        md.append(f"| {name} | " + " | ".join(cells) + " |")
+    md += ["", "Stability at each variant's best rate (max over its seeds); non-finite stops and the attention "
+           "logit over the whole grid too. Residual RMS: first / last block at the last diagnostic step.", "",
+           "| variant | attn logit max (best rate) | attn logit max (grid) | logits RMS max | logits max | "
+           "resid RMS first / last | loss spikes | grad spikes | non-finite stops at rates |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for v in variants:
+        resid = v["resid_rms"]
+        md.append(f"| {v['variant']} | {_f(v['attn_logit_max'], 2)} | {_f(v['attn_logit_max_grid'], 2)} | "
+                  f"{_f(v['logits_rms_max'], 2)} | {_f(v['logits_max'], 2)} | "
+                  + (f"{resid[0]:.3g} / {resid[-1]:.3g}" if resid else "–")
+                  + f" | {v['loss_spikes']} | {v['grad_spikes']} | "
+                  + (", ".join(f"{lr:.3g}" for lr in v["nonfinite_rates"]) or "none") + " |")
+    if escapes:
+        md += ["", f"Post-LN (`{POST_LN_VARIANT}`) plateau escape: the first evaluation step whose val loss is at "
+               f"least {margin} nats below the unigram loss ({_f(unigram)}); `–` never.", "",
+               "| learning rate | warmup steps | init_depth_scaling | escaped / runs | escape step per seed | "
+               "final val loss per seed |", "|---|---|---|---|---|---|"]
+        for e in escapes:
+            md.append(f"| {e['learning_rate']:.3g} | {e['warmup_steps']} | {e['init_depth_scaling']} | "
+                      f"{e['escaped']}/{e['runs']} | "
+                      + ", ".join(f"seed {s}: {'–' if x is None else x}" for s, x in zip(e["seeds"], e["escape_steps"]))
+                      + " | " + ", ".join(_f(x) for x in e["final_val_loss"]) + " |")
+    md.append("")
+    for name, made in plots.items():
+        if made:
+            md += [f"![{name[:-4]}]({name})", ""]
+    return md
+
+
+# --------------------------------------------------------------------------------------------- second seed
+def write_seed2_yaml(part: Part, directory: str | Path) -> Path:
+    """From a finished learning-rate grid (a part sweeping `config` and `learning_rate`), write a sweep YAML that
+    runs one more seed of every variant at its best rate, DIRECTORY/<part>_seed2.yaml: per variant a --config file
+    (its variant file plus `learning_rate: BEST`) in DIRECTORY/<part>_seed2_rates/, and the sweep over those files.
+    Returns the YAML's path."""
+    import yaml
+    config = part.config
+    swept = {k for k, spec in config["parameters"].items() if "values" in spec}
+    if not {VARIANT_KEY, LR_KEY} <= swept:
+        raise ValueError(f"{part.sweep_dir}: --write_seed2 needs a part that sweeps {VARIANT_KEY} and {LR_KEY}")
+    by_rate = losses_by_rate(part.trials)
+    expected = len(config["parameters"][LR_KEY]["values"])
+    files = {Path(str(t.params[VARIANT_KEY])).stem: str(t.params[VARIANT_KEY]) for t in part.trials}
+    incomplete = sorted(n for n in files if len(by_rate.get(n, {})) < expected)
+    if incomplete:
+        raise ValueError(f"{part.sweep_dir}: the grid is not complete for {', '.join(incomplete)}; "
+                         f"finish the learning-rate part first")
+    path = Path(directory) / f"{part.name}_seed2.yaml"
+    rates_dir = path.parent / f"{path.stem}_rates"
+    rates_dir.mkdir(parents=True, exist_ok=True)
+    seeds = [t.params.get(SEED_KEY, 0) for t in part.trials]
+    seed = max(int(s) for s in seeds) + 1 if seeds else 1
+    stamp = time.strftime("%Y-%m-%d")
+    generated, chosen = [], {}
+    for name, source in files.items():  # the grid's order: the baseline first
+        best = best_rate(by_rate[name])
+        if best is None:
+            continue  # no rate finished: nothing to repeat
+        chosen[name] = best
+        text = (REPO_ROOT / source).read_text()
+        target = rates_dir / f"{name}.yaml"
+        target.write_text(f"# Generated {stamp} by eval/studies/ablation_report.py --write_seed2 from "
+                          f"{part.sweep_dir}:\n# {source} at its best rate (final val loss {best[1]:.4f}).\n"
+                          f"{text.rstrip()}\nlearning_rate: {best[0]}\n")
+        inside = target.resolve().is_relative_to(REPO_ROOT)  # the sweep runs trials from the repo root
+        generated.append(str(target.resolve().relative_to(REPO_ROOT) if inside else target.resolve()))
+    new = {k: v for k, v in config.items()}
+    new["name"] = path.stem
+    new["description"] = f"second seed of every variant of {config.get('name')} at its best learning rate"
+    parameters = {k: v for k, v in config["parameters"].items() if k not in (LR_KEY, SEED_KEY)}
+    parameters[VARIANT_KEY] = {"values": generated}
+    parameters[SEED_KEY] = {"values": [seed]}
+    new["parameters"] = parameters
+    lines = [f"# Generated {stamp} by eval/studies/ablation_report.py --write_seed2 from {part.sweep_dir}",
+             f"# ({config.get('name')}): seed {seed} of every variant at its best rate (the lowest final val loss of "
+             "the grid):"] + [f"#   {n}: {lr:.3g} ({loss:.4f})" for n, (lr, loss) in chosen.items()]
+    path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(new, sort_keys=False, width=120))
+    return path

@@ -1,0 +1,286 @@
+"""The second edition of the normalization study (docs/study.md): the report's computations against values worked
+out by hand (learning-rate sensitivity, best rate, plateau escape, spikes and the other stability numbers, wall
+clock, relative speed), the section and the second-seed YAML on a synthetic sweep, and the interleaved step-time
+benchmark's pieces (eval/benchmarks/bench_norm_variants.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval.benchmarks import bench_norm_variants as bench
+from eval.studies.ablation.load import Part, load_sweep
+from eval.studies.ablation.report import write_report
+from eval.studies.ablation.study2 import (best_rate, capped_mean, escape_step, losses_by_rate, lr_sensitivity,
+                                          read_bench_step_times, relative_step_times, stability, wall_clock_curve)
+from eval.studies.ablation.study2_section import write_seed2_yaml
+from tests.paths import REPO
+
+VARIANTS = "scripts/sweep_configs/study2_variants"
+
+
+# --------------------------------------------------------------------------- learning-rate sensitivity
+def test_capped_mean_counts_missing_seeds_as_the_cap():
+    assert capped_mean([5.0, 9.0], cap=7.0) == 6.0           # (5 + 7) / 2
+    assert capped_mean([None, 4.0], cap=7.0) == 5.5          # a diverged seed is the cap
+    assert capped_mean([math.nan], cap=7.0) == 7.0
+
+
+def test_lr_sensitivity_by_hand():
+    # One seed per rate: capped 5, 4, 7 (diverged), 7 (7.5 above the cap) -> mean 5.75; best 4 -> 1.75.
+    assert lr_sensitivity({1e-3: [5.0], 2e-3: [4.0], 4e-3: [None], 8e-3: [7.5]}, cap=7.0) == pytest.approx(1.75)
+    # Two seeds: rate 1e-3 -> (5 + 6) / 2 = 5.5; rate 2e-3 -> (4 + 7) / 2 = 5.5; mean 5.5. Best over the finished
+    # seeds: 1e-3 -> 5.5, 2e-3 -> 4.0 -> 4.0; sensitivity 1.5.
+    assert lr_sensitivity({1e-3: [5.0, 6.0], 2e-3: [4.0, None]}, cap=7.0) == pytest.approx(1.5)
+    # A flat variant is insensitive; one that failed everywhere is at the cap everywhere (0 by the definition).
+    assert lr_sensitivity({1e-3: [4.0], 1e-2: [4.0]}, cap=7.0) == 0.0
+    assert lr_sensitivity({1e-3: [None], 1e-2: [None]}, cap=7.0) == 0.0
+    # The best loss itself above the cap: everything is capped (stuck on the plateau at every rate).
+    assert lr_sensitivity({1e-3: [7.2], 1e-2: [7.4]}, cap=7.0) == 0.0
+
+
+def test_best_rate_is_the_lowest_mean_over_finished_seeds():
+    assert best_rate({1e-3: [5.0, 5.2], 2e-3: [4.9, None], 4e-3: [5.05]}) == (2e-3, 4.9)
+    assert best_rate({1e-3: [None]}) is None
+
+
+# --------------------------------------------------------------------------- plateau escape, stability, time
+def test_escape_step_is_the_first_eval_margin_below_the_unigram_loss():
+    curve = [(50, 6.90), (100, 6.70), (150, 6.50), (200, 6.80)]
+    assert escape_step(curve, unigram=6.88, margin=0.25) == 150   # 6.50 <= 6.63; 6.70 is not
+    assert escape_step(curve, unigram=6.88, margin=0.10) == 100   # 6.70 <= 6.78
+    assert escape_step(curve, unigram=6.88, margin=0.50) is None  # never at or below 6.38
+
+
+def _train(step: int, loss: float, grad: float, seconds: float = 0.1) -> dict:
+    return {"step": step, "split": "train", "loss": loss, "grad_norm": grad, "step_time_s": seconds}
+
+
+def test_stability_numbers_by_hand():
+    records = [_train(s, 2.0, 1.0) for s in range(1, 13)]
+    records += [_train(13, 3.1, 1.0), _train(14, 2.0, 1.6), _train(15, 2.0, 1.4)]  # 3.1 > 1.5 x 2; 1.6 > 1.5 x 1
+    records += [{"step": 5, "split": "diag", "diag/attn_logit_max/layer_00": 3.0, "diag/attn_logit_max/layer_01": 9.5,
+                 "diag/logits_rms": 1.5, "diag/logits_max": 12.0,
+                 "diag/resid_rms/layer_00": 1.0, "diag/resid_rms/layer_01": 2.0},
+                {"step": 10, "split": "diag", "diag/attn_logit_max/layer_00": 7.0, "diag/attn_logit_max/layer_01": 4.0,
+                 "diag/logits_rms": 2.5, "diag/logits_max": 11.0,
+                 "diag/resid_rms/layer_00": 1.5, "diag/resid_rms/layer_01": 4.0}]
+    result = stability(records)
+    assert result.loss_spikes == [13]
+    assert result.grad_spikes == [14]
+    assert result.attn_logit_max == 9.5          # layer 1 at step 5
+    assert result.logits_rms_max == 2.5 and result.logits_max == 12.0
+    assert result.resid_rms == [1.5, 4.0]        # the last diagnostic step
+    assert result.nonfinite_step is None
+    assert stability(records + [_train(16, math.nan, math.nan)], "diverged", 16).nonfinite_step == 16
+    assert 16 in stability(records + [_train(16, math.nan, math.nan)], "diverged", 16).loss_spikes
+
+
+def test_wall_clock_curve_sums_the_step_times_up_to_each_evaluation():
+    records = [_train(1, 8.0, 1.0, 10.0), _train(2, 7.0, 1.0, 1.0), {"step": 2, "split": "val", "val_loss": 7.5},
+               _train(3, 6.0, 1.0, 1.0), _train(4, 5.0, 1.0, 2.0), {"step": 4, "split": "val", "val_loss": 6.0}]
+    assert wall_clock_curve(records) == [(11.0, 7.5), (14.0, 6.0)]
+
+
+def test_relative_step_times():
+    assert relative_step_times({"pre_rmsnorm": 0.1, "peri_ln": 0.125, "x": math.nan}) == {"pre_rmsnorm": 1.0,
+                                                                                           "peri_ln": 1.25}
+    assert relative_step_times({"peri_ln": 0.125}) == {}
+
+
+# --------------------------------------------------------------------------- a synthetic second edition
+RATES = [0.001, 0.002, 0.004]
+# variant -> rate -> (final loss or None for diverged, val curve); the unigram loss of the data is not needed here:
+# the section is given it.
+LOSSES = {"pre_rmsnorm": {0.001: 5.0, 0.002: 4.5, 0.004: 4.8},
+          "post_ln": {0.001: 5.5, 0.002: 6.95, 0.004: None}}
+UNIGRAM = 6.9
+
+
+def _write_grid(root: Path, name: str = "study2_synth", seeds: tuple[int, ...] = (0,), losses: dict = LOSSES,
+                warmups: tuple[int, ...] = (1,)) -> Path:
+    """A finished sweep folder: variant files x rates x seeds (x warmups when several: then swept)."""
+    sweep_dir = root / name
+    config = {"name": name, "method": "grid", "metric": {"name": "val_loss", "goal": "minimize"},
+              "parameters": {"config": {"values": [f"{VARIANTS}/{v}.yaml" for v in losses]},
+                             "learning_rate": {"values": sorted({lr for r in losses.values() for lr in r})},
+                             "seed": {"values": list(seeds)}, "max_steps": {"value": 4},
+                             "warmup_steps": {"values": list(warmups)} if len(warmups) > 1 else {"value": warmups[0]}}}
+    trials = []
+    for variant, by_rate in losses.items():
+        for lr, final in by_rate.items():
+            for seed, warmup in ((s, w) for s in seeds for w in warmups):
+                params = {"config": f"{VARIANTS}/{variant}.yaml", "learning_rate": lr, "seed": seed, "max_steps": 4,
+                          "warmup_steps": warmup}
+                trial_id = f"{variant}_{lr}_{seed}_{warmup}"
+                trial_dir = sweep_dir / "trials" / trial_id
+                trial_dir.mkdir(parents=True)
+                status = "finished" if final is not None else "diverged"
+                lines = [_train(s, 7.0, 1.0, 0.5) for s in (1, 2, 3, 4)]
+                if final is not None:
+                    lines += [{"step": 2, "split": "val", "val_loss": max(final, 6.8)},
+                              {"step": 4, "split": "val", "val_loss": final}]
+                    summary = {"status": status, "steps": 4, "final_val": {"loss": final},
+                               "median_step_time_s": 0.5 if variant == "pre_rmsnorm" else 0.6}
+                else:
+                    lines = lines[:2] + [_train(3, math.nan, math.nan)]
+                    summary = {"status": status, "steps": 3, "final_val": {}}
+                (trial_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+                (trial_dir / "run_summary.json").write_text(json.dumps(summary))
+                trials.append({"trial_id": trial_id, "params": params, "status": status, "metric": final})
+    (sweep_dir / "sweep_state.json").write_text(json.dumps({"name": name, "config": config, "trials": trials}))
+    (sweep_dir / "results.jsonl").write_text("".join(
+        json.dumps({"trial_id": t["trial_id"], "params": t["params"], "status": t["status"],
+                    "trial_dir": f"trials/{t['trial_id']}"}) + "\n" for t in trials))
+    return sweep_dir
+
+
+def test_losses_by_rate_groups_by_variant_file(tmp_path):
+    _, trials = load_sweep(_write_grid(tmp_path))
+    assert losses_by_rate(trials) == {"pre_rmsnorm": {0.001: [5.0], 0.002: [4.5], 0.004: [4.8]},
+                                      "post_ln": {0.001: [5.5], 0.002: [6.95], 0.004: [None]}}
+
+
+def test_study2_section_numbers(tmp_path, monkeypatch):
+    import eval.studies.ablation.report as report
+    sweep = _write_grid(tmp_path)
+    # A Post-LN part that also sweeps the warmup, at a rate outside the grid: the escape table only.
+    post = _write_grid(tmp_path, "study2_synth_post", seeds=(0, 1), losses={"post_ln": {0.008: 6.5}}, warmups=(0, 2))
+    bench_file = tmp_path / "bench.json"
+    bench_file.write_text(json.dumps({"variants": {"pre_rmsnorm": {"median_step_s": 0.2},
+                                                   "post_ln": {"median_step_s": 0.3}}}))
+    monkeypatch.setattr(report, "data_key", lambda run_dir: "same data")
+    monkeypatch.setattr(report, "unigram_baseline", lambda run_dir: {
+        "loss": UNIGRAM, "bits_per_byte": 2.7, "tokens": 100, "max_seq_len": 8, "data": "synthetic",
+        "from_trial": run_dir.name})
+    path = write_report([sweep, post], tmp_path / "report", unigram=True, study2=True, step_times=bench_file,
+                        escape_margin=0.25)
+    data = json.loads((path.parent / "report.json").read_text())["study2"]
+    rows = {v["variant"]: v for v in data["variants"]}
+    # pre_rmsnorm: capped 5.0, 4.5, 4.8 -> mean 4.7667; best 4.5 -> 0.2667.
+    assert rows["pre_rmsnorm"]["best_rate"] == 0.002 and rows["pre_rmsnorm"]["best_loss"] == 4.5
+    assert rows["pre_rmsnorm"]["lr_sensitivity"] == pytest.approx((5.0 + 4.5 + 4.8) / 3 - 4.5)
+    # post_ln: capped 5.5, 6.9 (6.95 above the unigram), 6.9 (diverged) -> mean 6.4333; best 5.5 -> 0.9333.
+    assert rows["post_ln"]["lr_sensitivity"] == pytest.approx((5.5 + 6.9 + 6.9) / 3 - 5.5)
+    assert rows["post_ln"]["nonfinite_rates"] == [0.004] and rows["post_ln"]["diverged_or_failed"] == 1
+    assert rows["post_ln"]["rates"] == 3 and rows["post_ln"]["trials"] == 3   # the warmup part is not pooled
+    assert rows["post_ln"]["step_time_vs_baseline"] == pytest.approx(1.2)         # 0.6 / 0.5, the trials' medians
+    assert rows["post_ln"]["bench_step_time_vs_baseline"] == pytest.approx(1.5)   # 0.3 / 0.2, interleaved
+    # Escapes: the first eval at or below 6.9 - 0.25 = 6.65; post_ln at 1e-3 curve (2, 6.8), (4, 5.5) -> 4;
+    # at 2e-3 never (6.95); at 4e-3 diverged before any evaluation.
+    escapes = {e["learning_rate"]: e for e in data["post_ln_escapes"]}
+    assert escapes[0.001]["escape_steps"] == [4] and escapes[0.001]["escaped"] == 1
+    assert escapes[0.002]["escape_steps"] == [None] and escapes[0.002]["escaped"] == 0
+    assert escapes[0.004]["runs"] == 1 and escapes[0.004]["escaped"] == 0
+    # The warmup part at 8e-3: curve (2, 6.8), (4, 6.5) -> step 4, both seeds, per warmup.
+    at_8e3 = [e for e in data["post_ln_escapes"] if e["learning_rate"] == 0.008]
+    assert [(e["warmup_steps"], e["escaped"], e["runs"], e["escape_steps"]) for e in at_8e3] == [
+        (0, 2, 2, [4, 4]), (2, 2, 2, [4, 4])]
+    markdown = path.read_text()
+    assert "## Second edition" in markdown and "| post_ln | 5.500 | 6.950 | div |" in markdown
+    for plot in ("study2_loss_vs_rate.png", "study2_curves_steps_time.png"):
+        assert (path.parent / plot).is_file() and f"]({plot})" in markdown
+    # Wall clock from the trial's own logged step times: 0.5 s each, val at steps 2 and 4.
+    trial = next(t for t in data["trials"] if t["variant"] == "pre_rmsnorm" and t["learning_rate"] == 0.002)
+    assert trial["wall_clock_curve"] == [[1.0, 6.8], [2.0, 4.5]]
+
+
+def test_read_bench_step_times_names_the_expected_layout(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="variants.NAME.median_step_s"):
+        read_bench_step_times(bad)
+
+
+def test_write_seed2_yaml_repeats_each_variant_at_its_best_rate(tmp_path):
+    from scripts.sweep import load_sweep_config
+    sweep = _write_grid(tmp_path)
+    part = Part(sweep, *load_sweep(sweep))
+    path = write_seed2_yaml(part, tmp_path)
+    assert path == tmp_path / "study2_synth_seed2.yaml"
+    config = load_sweep_config(path)  # a valid sweep (the runner's and wandb's checks)
+    assert config["parameters"]["seed"] == {"values": [1]}
+    assert "learning_rate" not in config["parameters"]
+    files = config["parameters"]["config"]["values"]
+    rates = {Path(f).stem: yaml.safe_load(Path(f).read_text())["learning_rate"] for f in files}
+    assert rates == {"pre_rmsnorm": 0.002, "post_ln": 0.001}
+    variant = yaml.safe_load((REPO / VARIANTS / "post_ln.yaml").read_text())
+    generated = yaml.safe_load(Path(files[0] if "post_ln" in files[0] else files[1]).read_text())
+    assert generated == {**variant, "learning_rate": 0.001}
+
+
+def test_write_seed2_yaml_refuses_an_unfinished_grid(tmp_path):
+    sweep = _write_grid(tmp_path)
+    part = Part(sweep, *load_sweep(sweep))
+    part.trials = [t for t in part.trials if t.params["learning_rate"] != 0.004]
+    with pytest.raises(ValueError, match="not complete for post_ln, pre_rmsnorm"):
+        write_seed2_yaml(part, tmp_path)
+
+
+# --------------------------------------------------------------------------- the interleaved benchmark
+def test_rotation_puts_every_variant_first_once_per_cycle():
+    names = ["a", "b", "c"]
+    assert [bench.rotation(names, r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
+                                                            ["a", "b", "c"]]
+
+
+def test_interleaved_order_and_warmup():
+    calls: list[str] = []
+    clock = {"a": iter(range(100)), "b": iter(range(100, 200))}
+
+    def fn(name):
+        def step():
+            calls.append(name)
+            return float(next(clock[name]))
+        return step
+
+    times = bench.interleaved({"a": fn("a"), "b": fn("b")}, rounds=2, steps=2, warmup=1)
+    assert calls == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
+    assert times == {"a": [2.0, 3.0, 4.0, 5.0], "b": [102.0, 103.0, 104.0, 105.0]}  # warmup round dropped
+
+
+def test_summarize_medians_and_ratio():
+    summary = bench.summarize({"pre_rmsnorm": [0.1, 0.3, 0.2], "dyt": [0.5, 0.4, 0.2, 0.3]})
+    assert summary["pre_rmsnorm"] == {"median_step_s": 0.2, "vs_baseline": 1.0, "steps": 3}
+    assert summary["dyt"]["median_step_s"] == pytest.approx(0.35)
+    assert summary["dyt"]["vs_baseline"] == pytest.approx(1.75)
+    assert "| dyt | 350.0 | 1.750 | 4 |" in bench.markdown_table(summary)
+    assert math.isnan(bench.summarize({"dyt": [0.1]})["dyt"]["vs_baseline"])
+
+
+def test_variant_argv_is_the_trial_without_diagnostics():
+    from trainer.args import build_model_config, parse_args
+    config = yaml.safe_load((REPO / "scripts/sweep_configs/study2_lr.yaml").read_text())
+    argv = bench.variant_argv(config, f"{VARIANTS}/olmo2.yaml", "/tmp/unused", compile_mode="off")
+    args = parse_args("pretrain", argv)
+    rates = config["parameters"]["learning_rate"]["values"]
+    assert args.learning_rate == rates[len(rates) // 2]
+    assert args.diag_interval == 0 and args.compile == "off"
+    model = build_model_config(args)
+    assert (model.num_hidden_layers, model.hidden_size) == (12, 64)
+    assert (model.norm_placement, model.qk_norm, model.qk_norm_scope) == ("res_post", True, "full")
+
+
+def test_cli_refuses_study2_options_without_study2_and_a_negative_margin(tmp_path, capsys):
+    from eval.studies.ablation_report import main
+    sweep = _write_grid(tmp_path)
+    with pytest.raises(SystemExit):
+        main([str(sweep), "--escape_margin", "0.1"])
+    assert "need --study2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(sweep), "--study2", "--escape_margin", "-0.1"])
+    assert "--escape_margin: -0.1 is not allowed" in capsys.readouterr().err
+
+
+def test_benchmark_times_real_trainers_of_two_variants(tmp_path):
+    config = yaml.safe_load((REPO / "scripts/sweep_configs/study2_smoke.yaml").read_text())
+    payload = bench.run(config, rounds=2, steps=1, warmup=0, compile_mode="off", variants=["post_ln", "pre_rmsnorm"])
+    assert list(payload["variants"]) == ["pre_rmsnorm", "post_ln"]   # the sweep's order
+    assert all(len(t) == 2 and all(s > 0 for s in t) for t in payload["times_s"].values())
+    assert payload["variants"]["pre_rmsnorm"]["vs_baseline"] == 1.0
+    with pytest.raises(ValueError, match="--variants: nope not in"):
+        bench.run(config, 1, 1, 0, "off", variants=["nope"])

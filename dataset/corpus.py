@@ -35,19 +35,18 @@ from tqdm import tqdm
 from dataset.arithmetic import SPLIT_NAMESPACE as ARITHMETIC_SOURCE
 from dataset.arithmetic import sft_problems
 from dataset.atomic_io import atomic_write_text
-from dataset.sources import Dialog, WikiArticle, package_versions, read_chatterbot, read_chitchat, read_wikipedia
+from dataset.sources import Dialog, package_versions, read_chatterbot, read_chitchat, read_wikipedia
+from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, is_validation, wiki_split_key
 from dataset.wiki_qa import conversations_for
 
 # Bump when the output of the builder changes, so existing caches get rebuilt.
 BUILD_VERSION = 2  # 2: arithmetic word problems in the SFT files
-VAL_PER_MILLE = 20  # 2 % validation
 SHUFFLE_SEED = 1234
 SFT_WINDOW_CHARS = 1500  # long chit-chats are cut into windows of whole exchanges of about this size
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE_DIR = REPO_ROOT / "dataset" / "cache"
 MANIFEST_NAME = "manifest.json"
-WIKI_NAMESPACE = "wikipedia_en"
 
 
 @dataclass(frozen=True)
@@ -75,17 +74,6 @@ def corpus_paths(cache_dir: Path) -> CorpusPaths:
         sft_train=cache_dir / "sft_train.jsonl",
         sft_val=cache_dir / "sft_val.jsonl",
     )
-
-
-def wiki_split_key(article: WikiArticle) -> str:
-    """The split key of a Wikipedia article: its text and every conversation made from it share it."""
-    return f"{WIKI_NAMESPACE}\x00{article.title}"
-
-
-def is_validation(split_key: str) -> bool:
-    """Deterministic, process-independent (unlike ``hash()``) train/val assignment of a split key."""
-    digest = hashlib.sha256(split_key.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") % 1000 < VAL_PER_MILLE
 
 
 def dialog_windows(turns: Sequence[str], max_chars: int = SFT_WINDOW_CHARS) -> list[list[dict[str, str]]]:

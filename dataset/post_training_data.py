@@ -31,7 +31,8 @@ from dataclasses import dataclass, fields
 
 from dataset.arithmetic import rl_problems
 from dataset.atomic_io import atomic_write_text
-from dataset.corpus import DEFAULT_CACHE_DIR, is_validation, manifest_is_current, wiki_split_key
+from dataset.corpus import DEFAULT_CACHE_DIR, manifest_is_current
+from dataset.splits import is_validation, wiki_split_key
 from dataset.sources import WikiArticle, package_versions, read_wikipedia
 from dataset.wiki_qa import conversations_for
 

@@ -2,17 +2,20 @@
 
 Each dialogue is ``{"conversations": [system, user, assistant call, tool, assistant answer]}``:
 
-- the system message carries the offered tools' schemas as a JSON string in ``tools`` (as MiniMind's data does);
+- the system message carries the schemas of every built-in tool as a JSON string in ``tools`` (as MiniMind's data
+  does) and no other text: exactly the system turn ``eval/chat.py`` and the server's page give a model by default;
 - the assistant's first message has empty content and ``tool_calls``, a JSON string
   ``[{"name": ..., "arguments": {...}}]``;
 - the ``tool`` message holds what ``run_tool`` returns for that call (cut to the result budget);
-- the final answer is taken from the tool result: the summary's first sentence, or ``<expression> = <result>``.
+- the final answer is taken from the tool result: the summary's first sentence, ``<expression> = <result>.``, or the
+  conversion's ``<value> <unit> = <value> <unit>.``;
+- one dialogue in THINKING_EVERY carries ``reasoning_content`` on both assistant turns (what ``--think`` shows).
 
-Two kinds: "What is X?" -> ``wiki(X)`` over the embedded Wikipedia summaries, and arithmetic questions (in symbols or
-words) -> ``calculator``. Held-out entities are the corpus's own validation articles (so they appear nowhere in
-training: not in pretraining text, not in the QA SFT data, not here); held-out problems are chosen by a hash of the
-problem with its operands in canonical order, so "3 + 5" and "5 + 3" fall on the same side. The same seed gives the
-same dialogues.
+Three kinds: "What is X?" -> ``wiki(X)`` over the embedded Wikipedia summaries, arithmetic questions (in symbols or
+words) -> ``calculator``, and unit questions -> ``convert_units``. Held-out entities are the corpus's own validation
+articles (so they appear nowhere in training: not in pretraining text, not in the QA SFT data, not here); held-out
+problems are chosen by a hash of the problem with its operands in canonical order, so "3 + 5" and "5 + 3" fall on
+the same side (conversions by a hash of value and units). The same seed gives the same dialogues.
 """
 
 from __future__ import annotations
@@ -24,16 +27,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from dataset.corpus import is_validation, wiki_split_key
+from dataset.splits import is_validation, wiki_split_key
 from dataset.sources import WikiArticle, read_wikipedia
-from dataset.tools import ResultBudget, is_tool_error, run_tool, tool_schemas
+from dataset.tools import TOOLS, ResultBudget, is_tool_error, run_tool, tool_schemas
 from dataset.wiki_qa import question_for, split_sentences
 
 Split = Literal["train", "held_out"]
 SPLITS: tuple[Split, ...] = ("train", "held_out")
-DIALOGUE_TOOLS = ("wiki", "calculator")  # the tools every generated system turn offers
-TOOL_SYSTEM_PROMPT = "You are a helpful assistant. Use the tools to look facts up and to calculate."
-HELD_OUT_PROBLEMS_PER_MILLE = 100  # 10 % of arithmetic problems are kept for evaluation
+HELD_OUT_PROBLEMS_PER_MILLE = 100  # 10 % of arithmetic problems and conversions are kept for evaluation
+THINKING_EVERY = 5  # one dialogue in five thinks aloud before the call and before the answer
 
 # operator -> (its symbol in the expression, the words a question may use instead)
 OPERATORS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -52,6 +54,21 @@ ARITHMETIC_QUESTIONS = (
 )
 
 
+# (from_unit, to_unit) pairs a user asks about, in the words the tool's result uses
+CONVERSIONS = (
+    ("miles", "kilometers"), ("kilometers", "miles"), ("pounds", "kilograms"), ("kilograms", "pounds"),
+    ("feet", "meters"), ("meters", "feet"), ("inches", "centimeters"), ("gallons", "liters"), ("liters", "gallons"),
+    ("degrees Fahrenheit", "degrees Celsius"), ("degrees Celsius", "degrees Fahrenheit"), ("hours", "minutes"),
+    ("ounces", "grams"), ("acres", "square meters"), ("megabytes", "kilobytes"),
+)
+CONVERSION_QUESTIONS = (
+    "How many {to} is {value} {source}?",
+    "Convert {value} {source} to {to}.",
+    "What is {value} {source} in {to}?",
+    "How much is {value} {source} in {to}?",
+)
+
+
 @dataclass(frozen=True)
 class ArithmeticProblem:
     question: str
@@ -59,12 +76,19 @@ class ArithmeticProblem:
     key: str  # the problem with commutative operands sorted: what the held-out split hashes
 
 
+@dataclass(frozen=True)
+class Conversion:
+    question: str
+    arguments: dict  # convert_units' value, from_unit, to_unit
+    key: str  # what the held-out split hashes
+
+
 def is_held_out_article(article: WikiArticle) -> bool:
     """Held-out entities are exactly the default corpus's validation articles."""
     return is_validation(wiki_split_key(article))
 
 
-def is_held_out_problem(problem: ArithmeticProblem) -> bool:
+def is_held_out_problem(problem: ArithmeticProblem | Conversion) -> bool:
     digest = hashlib.sha256(f"tool_dialogues\x00{problem.key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % 1000 < HELD_OUT_PROBLEMS_PER_MILLE
 
@@ -86,26 +110,36 @@ def arithmetic_problem(rng: random.Random) -> ArithmeticProblem:
     return ArithmeticProblem(question, f"{a} {symbol} {b}", f"{operands[0]} {operator} {operands[1]}")
 
 
-def system_message(tool_names: Sequence[str] = DIALOGUE_TOOLS) -> dict[str, str]:
-    return {"role": "system", "content": TOOL_SYSTEM_PROMPT,
-            "tools": json.dumps(tool_schemas(tool_names), ensure_ascii=False)}
+def conversion(rng: random.Random) -> Conversion:
+    """One unit question; values are whole numbers, or one decimal one time in four."""
+    source, to = rng.choice(CONVERSIONS)
+    value: int | float = rng.randint(1, 500) if rng.random() < 0.75 else rng.randint(1, 999) / 10
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 5.0 is the problem 5 is: one key, one side of the split
+    question = rng.choice(CONVERSION_QUESTIONS).format(value=value, source=source, to=to)
+    return Conversion(question, {"value": value, "from_unit": source, "to_unit": to}, f"{value} {source} -> {to}")
 
 
-def _dialogue(question: str, tool: str, arguments: dict, answer_of, budget: ResultBudget) -> dict | None:
+def system_message() -> dict[str, str]:
+    """Every built-in tool and no prompt text: what a chat model is given when the user sets no system prompt."""
+    return {"role": "system", "content": "", "tools": json.dumps(tool_schemas(TOOLS), ensure_ascii=False)}
+
+
+def _dialogue(question: str, tool: str, arguments: dict, answer_of, budget: ResultBudget,
+              thinking: tuple[str, str] | None = None) -> dict | None:
     result = run_tool(tool, arguments, budget)
     if is_tool_error(result):
         return None
     answer = answer_of(result)
     if not answer:
         return None
-    call = json.dumps([{"name": tool, "arguments": arguments}], ensure_ascii=False)
-    return {"conversations": [
-        system_message(),
-        {"role": "user", "content": question},
-        {"role": "assistant", "content": "", "tool_calls": call},
-        {"role": "tool", "content": result},
-        {"role": "assistant", "content": answer},
-    ]}
+    call = {"role": "assistant", "content": "", "tool_calls": json.dumps([{"name": tool, "arguments": arguments}],
+                                                                          ensure_ascii=False)}
+    final = {"role": "assistant", "content": answer}
+    if thinking is not None:
+        call["reasoning_content"], final["reasoning_content"] = thinking
+    return {"conversations": [system_message(), {"role": "user", "content": question}, call,
+                              {"role": "tool", "content": result}, final]}
 
 
 def first_sentence(result: str) -> str:
@@ -114,28 +148,70 @@ def first_sentence(result: str) -> str:
     return sentences[0] if sentences and sentences[0].endswith((".", "!", "?")) else ""
 
 
-def wiki_dialogue(article: WikiArticle, budget: ResultBudget | None = None) -> dict | None:
+def wiki_dialogue(article: WikiArticle, budget: ResultBudget | None = None, thinks: bool = False) -> dict | None:
     """"What is X?" -> wiki(X) -> the summary -> its first sentence; None when the lookup does not come back whole
     (an ambiguous title, a first sentence longer than the budget)."""
-    return _dialogue(question_for(article), "wiki", {"title": article.title}, first_sentence, budget or ResultBudget())
+    thinking = (f"The user asks about {article.title}. I will look it up.",
+                "The article's first sentence answers the question.") if thinks else None
+    return _dialogue(question_for(article), "wiki", {"title": article.title}, first_sentence, budget or ResultBudget(),
+                     thinking)
 
 
-def arithmetic_dialogue(problem: ArithmeticProblem, budget: ResultBudget | None = None) -> dict | None:
+def arithmetic_dialogue(problem: ArithmeticProblem, budget: ResultBudget | None = None,
+                        thinks: bool = False) -> dict | None:
     """A question -> calculator(expression) -> the value -> "<expression> = <value>."."""
+    thinking = (f"This is arithmetic: {problem.expression}. I will use the calculator.",
+                "The calculator gave the value.") if thinks else None
     return _dialogue(problem.question, "calculator", {"expression": problem.expression},
-                     lambda value: f"{problem.expression} = {value}.", budget or ResultBudget())
+                     lambda value: f"{problem.expression} = {value}.", budget or ResultBudget(), thinking)
 
 
-def tool_dialogues(split: Split, seed: int, wiki_count: int, arithmetic_count: int,
+def conversion_dialogue(problem: Conversion, budget: ResultBudget | None = None, thinks: bool = False) -> dict | None:
+    """A unit question -> convert_units(value, from_unit, to_unit) -> "<value> <unit> = <value> <unit>" -> it, with a
+    full stop."""
+    thinking = (f"This converts {problem.arguments['from_unit']} to {problem.arguments['to_unit']}. I will use "
+                "the converter.", "The converter gave the value.") if thinks else None
+    return _dialogue(problem.question, "convert_units", problem.arguments, lambda result: f"{result}.",
+                     budget or ResultBudget(), thinking)
+
+
+def _distinct(split: Split, count: int, draw, make) -> list[dict]:
+    """``count`` dialogues ``make(problem)`` of distinct problems ``draw()`` on the split's side of the hash."""
+    held_out = split == "held_out"
+    seen: set[str] = set()
+    dialogues: list[dict] = []
+    attempts = 0
+    while len(dialogues) < count:
+        attempts += 1
+        if attempts > 100 * (count + 10):
+            raise ValueError(f"cannot draw {count} distinct {split} problems")
+        problem = draw()
+        if problem.key in seen or is_held_out_problem(problem) != held_out:
+            continue
+        seen.add(problem.key)
+        dialogue = make(problem)
+        if dialogue is not None:
+            dialogues.append(dialogue)
+    return dialogues
+
+
+def tool_dialogues(split: Split, seed: int, wiki_count: int, arithmetic_count: int, conversion_count: int = 0,
                    articles: Sequence[WikiArticle] | None = None, budget: ResultBudget | None = None) -> list[dict]:
-    """``wiki_count`` lookup dialogues and ``arithmetic_count`` calculator dialogues of one split, shuffled; fewer
-    lookups when the split has fewer usable articles. Deterministic in (split, seed, counts, articles)."""
+    """``wiki_count`` lookup dialogues, ``arithmetic_count`` calculator dialogues and ``conversion_count`` unit
+    dialogues of one split, shuffled; fewer lookups when the split has fewer usable articles. Deterministic in
+    (split, seed, counts, articles)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    if wiki_count < 0 or arithmetic_count < 0:
-        raise ValueError(f"counts must be >= 0, got wiki_count={wiki_count}, arithmetic_count={arithmetic_count}")
+    if min(wiki_count, arithmetic_count, conversion_count) < 0:
+        raise ValueError(f"counts must be >= 0, got wiki_count={wiki_count}, arithmetic_count={arithmetic_count}, "
+                         f"conversion_count={conversion_count}")
     held_out = split == "held_out"
     rng = random.Random(f"tool_dialogues\x00{split}\x00{seed}")
+    budget = budget or ResultBudget()
+
+    def thinks() -> bool:
+        return rng.randrange(THINKING_EVERY) == 0
+
     pool = sorted((a for a in (read_wikipedia() if articles is None else articles)
                    if is_held_out_article(a) == held_out), key=lambda a: a.title)
     rng.shuffle(pool)
@@ -143,23 +219,12 @@ def tool_dialogues(split: Split, seed: int, wiki_count: int, arithmetic_count: i
     for article in pool:
         if len(dialogues) == wiki_count:
             break
-        dialogue = wiki_dialogue(article, budget)
+        dialogue = wiki_dialogue(article, budget, thinks())
         if dialogue is not None:
             dialogues.append(dialogue)
-    seen: set[str] = set()
-    attempts = 0
-    arithmetic: list[dict] = []
-    while len(arithmetic) < arithmetic_count:
-        attempts += 1
-        if attempts > 100 * (arithmetic_count + 10):
-            raise ValueError(f"cannot draw {arithmetic_count} distinct {split} arithmetic problems")
-        problem = arithmetic_problem(rng)
-        if problem.key in seen or is_held_out_problem(problem) != held_out:
-            continue
-        seen.add(problem.key)
-        dialogue = arithmetic_dialogue(problem, budget)
-        if dialogue is not None:
-            arithmetic.append(dialogue)
-    dialogues += arithmetic
+    dialogues += _distinct(split, arithmetic_count, lambda: arithmetic_problem(rng),
+                           lambda problem: arithmetic_dialogue(problem, budget, thinks()))
+    dialogues += _distinct(split, conversion_count, lambda: conversion(rng),
+                           lambda problem: conversion_dialogue(problem, budget, thinks()))
     rng.shuffle(dialogues)
     return dialogues

@@ -31,8 +31,23 @@ def memorized_model(tokenizer, rows: Sequence[Row], path: Path, steps: int = 120
     mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
     model = _tiny_model(tokenizer, seed=0, max_position_embeddings=positions)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(steps):  # full-batch steps until every reply is memorized
-        model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return _save_tiny(model.eval(), tokenizer, path, "sft")
+    supervised = labels[:, 1:] != -100
+
+    def memorized() -> bool:
+        """Every supervised token is the argmax after its prefix: greedy decoding then replays each reply."""
+        model.eval()
+        with torch.no_grad():
+            predicted = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].argmax(-1)
+        model.train()
+        return bool((predicted[supervised] == labels[:, 1:][supervised]).all())
+
+    # Full-batch steps until every reply is memorized: `steps`, then more in rounds of `steps` if the last bits
+    # (which depend on the thread count and the machine) left a token wrong -- a clear error after four rounds.
+    for _ in range(4):
+        for _ in range(steps):
+            model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if memorized():
+            return _save_tiny(model.eval(), tokenizer, path, "sft")
+    raise AssertionError(f"the tiny model did not memorise its {len(rows)} rows in {4 * steps} steps")

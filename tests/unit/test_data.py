@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dataset.corpus import _is_current, corpus_paths, dialog_windows, ensure_default_corpus, is_validation
+from dataset.corpus import _is_current, corpus_paths, dialog_windows, ensure_default_corpus
+from dataset.splits import is_validation
 from dataset.jsonl import load_jsonl
 from dataset.pretrain_dataset import PretrainDataset
 from dataset.sft_dataset import IGNORE_INDEX, SFTDataset
@@ -364,7 +365,7 @@ def test_default_corpus_loads_into_datasets(tmp_path, default_corpus, tokenizer)
 def test_split_assignment_and_windows():
     # The same keys get the same side in another interpreter with another str-hash seed (hash() would not).
     keys = [f"chitchat\x00{i}" for i in range(2000)]
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from dataset.corpus import is_validation; "
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from dataset.splits import is_validation; "
               f"print(''.join('v' if is_validation(k) else 't' for k in {keys!r}))")
     other = subprocess.run([sys.executable, "-c", script, str(REPO)], capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTHONHASHSEED": "12345"})

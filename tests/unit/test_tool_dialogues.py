@@ -9,8 +9,9 @@ import math
 import pytest
 
 from dataset.sources import read_wikipedia
+from dataset.chat_format import encode_chatml
 from dataset.tool_dialogues import tool_dialogues
-from dataset.tools import run_tool
+from dataset.tools import TOOLS, run_tool, tool_schemas
 
 ROLES = ["system", "user", "assistant", "tool", "assistant"]
 
@@ -22,12 +23,12 @@ def extracts() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def train():
-    return tool_dialogues("train", seed=0, wiki_count=150, arithmetic_count=400)
+    return tool_dialogues("train", seed=0, wiki_count=150, arithmetic_count=400, conversion_count=60)
 
 
 @pytest.fixture(scope="module")
 def held_out():
-    return tool_dialogues("held_out", seed=0, wiki_count=150, arithmetic_count=100)
+    return tool_dialogues("held_out", seed=0, wiki_count=150, arithmetic_count=100, conversion_count=40)
 
 
 def call_of(dialogue: dict) -> tuple[str, dict]:
@@ -47,7 +48,7 @@ def test_dialogues_have_minimind_tool_shape_and_answers_from_the_result(train, h
         messages = dialogue["conversations"]
         assert [m["role"] for m in messages] == ROLES
         tools = json.loads(messages[0]["tools"])
-        assert [t["function"]["name"] for t in tools] == ["wiki", "calculator"]
+        assert [t["function"]["name"] for t in tools] == list(TOOLS) and messages[0]["content"] == ""
         assert messages[2]["content"] == ""
         name, arguments = call_of(dialogue)
         assert messages[3]["content"] == run_tool(name, arguments)  # the real tool result, as the chat loop gets it
@@ -56,6 +57,10 @@ def test_dialogues_have_minimind_tool_shape_and_answers_from_the_result(train, h
             summary = extracts[arguments["title"]]
             assert answer and summary.startswith(answer) and answer in messages[3]["content"]
             assert answer.endswith((".", "!", "?"))
+        elif name == "convert_units":
+            assert answer == messages[3]["content"] + "."
+            assert str(arguments["value"]) in messages[1]["content"]
+            assert arguments["from_unit"] in messages[1]["content"] and arguments["to_unit"] in messages[1]["content"]
         else:
             expression = arguments["expression"]
             value = eval(expression, {"__builtins__": {}}, {})  # the reference: Python's own arithmetic
@@ -67,15 +72,36 @@ def test_dialogues_have_minimind_tool_shape_and_answers_from_the_result(train, h
 
 
 def test_counts_and_mix(train, held_out):
-    for dialogues, arithmetic in ((train, 400), (held_out, 100)):
+    for dialogues, arithmetic, conversions in ((train, 400, 60), (held_out, 100, 40)):
         names = [call_of(d)[0] for d in dialogues]
         assert names.count("wiki") == 150 and names.count("calculator") == arithmetic
+        assert names.count("convert_units") == conversions
         assert names[:20].count("wiki") not in (0, 20)  # shuffled together, not one block after the other
 
 
+def test_the_system_turn_is_the_one_chat_gives_by_default(train):
+    """A generated dialogue's prompt is token for token what eval/chat.py sends: the tools, no system prompt."""
+    from transformers import AutoTokenizer
+
+    from tests.paths import REPO
+
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "model")
+    messages = train[0]["conversations"]
+    as_trained = encode_chatml(tokenizer, messages[:2], add_generation_prompt=True).input_ids
+    as_chat = encode_chatml(tokenizer, messages[1:2], add_generation_prompt=True, tools=tool_schemas()).input_ids
+    assert as_trained == as_chat
+
+
+def test_some_dialogues_think_on_both_assistant_turns(train):
+    thinking = [d for d in train if "reasoning_content" in d["conversations"][2]]
+    assert 0.1 < len(thinking) / len(train) < 0.3
+    for dialogue in thinking:
+        assert dialogue["conversations"][4]["reasoning_content"]
+
+
 def test_same_seed_same_dialogues_other_seed_other_dialogues(train):
-    assert tool_dialogues("train", seed=0, wiki_count=150, arithmetic_count=400) == train
-    other = tool_dialogues("train", seed=1, wiki_count=150, arithmetic_count=400)
+    assert tool_dialogues("train", seed=0, wiki_count=150, arithmetic_count=400, conversion_count=60) == train
+    other = tool_dialogues("train", seed=1, wiki_count=150, arithmetic_count=400, conversion_count=60)
     assert other != train and len(other) == len(train)
 
 
@@ -94,6 +120,11 @@ def test_held_out_entities_and_problems_never_appear_in_training(train, held_out
                          if call_of(d)[0] == "calculator"}
     assert len(train_problems) == 400 and len(held_out_problems) == 100
     assert not train_problems & held_out_problems
+    conversions = {split: {json.dumps(call_of(d)[1], sort_keys=True) for d in dialogues
+                           if call_of(d)[0] == "convert_units"} for split, dialogues in (("train", train),
+                                                                                       ("held_out", held_out))}
+    assert len(conversions["train"]) == 60 and len(conversions["held_out"]) == 40
+    assert not conversions["train"] & conversions["held_out"]
 
 
 def test_bad_arguments_are_refused():

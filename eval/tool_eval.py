@@ -1,0 +1,150 @@
+"""How well a chat model uses the built-in tools on questions it never trained on.
+
+    python eval/tool_eval.py                                  # out/sft, the default held-out questions
+    python eval/tool_eval.py --model_path out/sft --wiki 200 --arithmetic 200 --json out/sft/tools.json
+
+The questions are the held-out side of dataset/tool_dialogues.py: "What is X?" about the default corpus's validation
+articles (in no training file), arithmetic problems and unit conversions whose hash puts them outside training. Each
+is asked once, greedily, through the same tool loop as eval/chat.py (model/chat_session.py, every built-in tool
+offered, no system prompt). The table gives, per tool, the fraction of questions where the model's first call is the
+right tool with the right argument, and the fraction whose final answer contains the fact (dataset/tool_scoring.py
+says exactly what counts); `--show N` prints N transcripts of each kind.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from the repo root or from eval/
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads  # noqa: E402
+
+bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from dataclasses import asdict, dataclass  # noqa: E402
+
+from dataset.atomic_io import atomic_write_text  # noqa: E402
+
+from trainer.cli import ToolParser  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, report_error, resolve_path  # noqa: E402
+
+KINDS = ("wiki", "calculator", "convert_units")
+
+
+@dataclass
+class Outcome:
+    kind: str
+    question: str
+    calls: list[str]  # every call the model made, as "name(arguments) -> result"
+    right_call: bool
+    answer: str
+    has_fact: bool
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ToolParser(description="Tool use on held-out questions: the right call, the fact in the answer",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_source_flags(parser)
+    parser.add_argument("--wiki", type=int, default=100, help="held-out 'What is X?' questions (wiki)")
+    parser.add_argument("--arithmetic", type=int, default=100, help="held-out arithmetic questions (calculator)")
+    parser.add_argument("--conversions", type=int, default=50, help="held-out unit questions (convert_units)")
+    parser.add_argument("--seed", type=int, default=0, help="which held-out questions are drawn")
+    parser.add_argument("--max_new_tokens", type=int, default=160, help="tokens per generation (call or answer)")
+    parser.add_argument("--show", type=int, default=2, help="transcripts printed per tool")
+    parser.add_argument("--json", default=None, help="also write every outcome and the table to this file")
+    add_threads_flag(parser)
+    return parser
+
+
+def ask(session, question) -> Outcome:
+    from dataset.tool_scoring import answer_has_fact, is_right_call
+
+    session.reset()
+    reply = session.reply(question.question)
+    results = [result for round_ in reply.rounds for result in round_.results]
+    right = bool(results) and is_right_call(question, results[0].name, results[0].arguments)
+    return Outcome(question.kind, question.question, [r.describe() for r in results], right, reply.text,
+                   answer_has_fact(question, reply.text))
+
+
+def table(outcomes: list[Outcome]) -> list[dict]:
+    rows = []
+    for kind in (*KINDS, "all"):
+        mine = [o for o in outcomes if kind in (o.kind, "all")]
+        if not mine:
+            continue
+        n = len(mine)
+        rows.append({"tool": kind, "questions": n,
+                     "called_a_tool": sum(bool(o.calls) for o in mine) / n,
+                     "right_call": sum(o.right_call for o in mine) / n,
+                     "fact_in_answer": sum(o.has_fact for o in mine) / n})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'tool':<14} {'questions':>9} {'called a tool':>14} {'right call':>11} {'fact in answer':>15}")
+    for row in rows:
+        print(f"{row['tool']:<14} {row['questions']:>9} {row['called_a_tool']:>14.1%} {row['right_call']:>11.1%} "
+              f"{row['fact_in_answer']:>15.1%}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if min(args.wiki, args.arithmetic, args.conversions) < 0:
+        return report_error(ValueError("--wiki, --arithmetic and --conversions must be >= 0"))
+    try:
+        path, lora, note = locate_model_and_adapter(args.model_path, args.lora)
+    except ModelNotFound as error:
+        return report_error(error)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+
+    from dataset.tool_dialogues import tool_dialogues
+    from dataset.tool_scoring import ToolQuestion
+    from dataset.tools import tool_schemas
+    from model.chat_session import ChatSession
+    from model.generation import GenerationSettings
+    from model.loading import load_model
+
+    print(start_threads(args.threads), file=sys.stderr)
+    model, tokenizer = load_model(path, lora=lora)
+    questions = [ToolQuestion.from_dialogue(d) for d in
+                 tool_dialogues("held_out", args.seed, args.wiki, args.arithmetic, args.conversions)]
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    session = ChatSession(model, tokenizer, use_template=True, history_turns=0, settings=settings,
+                          tools=tool_schemas())
+    started = time.perf_counter()
+    outcomes = []
+    for number, question in enumerate(questions, 1):
+        outcomes.append(ask(session, question))
+        if number % 25 == 0:
+            print(f"{number}/{len(questions)} questions, {time.perf_counter() - started:.0f} s", file=sys.stderr,
+                  flush=True)
+    rows = table(outcomes)
+    print(f"model {path}{' + ' + str(lora) if lora else ''}: {len(questions)} held-out questions, greedy")
+    print_table(rows)
+    for kind in KINDS:
+        for outcome in [o for o in outcomes if o.kind == kind][:args.show]:
+            print(f"\n[{kind}] user: {outcome.question}")
+            for call in outcome.calls:
+                print(f"  call: {call}")
+            print(f"  answer: {outcome.answer}")
+            print(f"  right call: {outcome.right_call}, fact in answer: {outcome.has_fact}")
+    if args.json:
+        target = resolve_path(args.json)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, json.dumps({"model": str(path), "table": rows,
+                                              "outcomes": [asdict(o) for o in outcomes]}, indent=1,
+                                             ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

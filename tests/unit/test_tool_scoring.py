@@ -1,0 +1,62 @@
+"""The scoring of tool-use replies (dataset/tool_scoring.py): the right call as the tool resolves it, the fact as a run
+of the first sentence's words beyond the question's own, values as whole numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataset.tool_dialogues import tool_dialogues
+from dataset.tool_scoring import SPAN_WORDS, ToolQuestion, answer_has_fact, is_right_call
+
+
+@pytest.fixture(scope="module")
+def questions() -> dict[str, ToolQuestion]:
+    dialogues = tool_dialogues("held_out", seed=0, wiki_count=5, arithmetic_count=5, conversion_count=5)
+    by_kind: dict[str, ToolQuestion] = {}
+    for dialogue in dialogues:
+        question = ToolQuestion.from_dialogue(dialogue)
+        by_kind.setdefault(question.kind, question)
+    return by_kind
+
+
+def test_questions_keep_the_dialogue_call_result_and_fact(questions):
+    wiki, calculator, units = questions["wiki"], questions["calculator"], questions["convert_units"]
+    assert set(wiki.arguments) == {"title"} and wiki.result.startswith(wiki.fact) and wiki.fact.endswith(".")
+    assert calculator.fact == calculator.result
+    assert units.result.split(" = ")[1].startswith(units.fact + " ")
+    float(units.fact)
+
+
+def test_a_call_is_right_when_the_tool_resolves_it_to_the_same_result(questions):
+    wiki, calculator = questions["wiki"], questions["calculator"]
+    assert is_right_call(wiki, "wiki", wiki.arguments)
+    assert is_right_call(wiki, "wiki", {"title": wiki.arguments["title"].upper() + "!"})  # the forgiving lookup
+    assert not is_right_call(wiki, "calculator", {"expression": "1 + 1"})
+    assert not is_right_call(wiki, "wiki", {"title": "Eiffel Tower"})
+    spaced = calculator.arguments["expression"]
+    assert is_right_call(calculator, "calculator", {"expression": spaced.replace(" ", "")})
+    assert not is_right_call(calculator, "calculator", {"expression": spaced + " + 1"})
+    assert not is_right_call(calculator, "calculator", {"text": spaced})  # bad arguments: an error result
+
+
+def test_wiki_fact_is_a_run_of_the_first_sentence_beyond_the_question():
+    question = ToolQuestion("wiki", "What is the Mirror Lake State Park?", {"title": "Mirror Lake"}, "",
+                            "Mirror Lake State Park is a park in Wisconsin near the city of Baraboo.")
+    assert answer_has_fact(question, question.fact)
+    assert answer_has_fact(question, "It is a park in Wisconsin near the city, I read.")
+    assert not answer_has_fact(question, "Mirror Lake State Park is a lake.")  # the question's own words
+    assert not answer_has_fact(question, "The park in Wisconsin is nice.")  # SPAN_WORDS - 1 new words in a row
+    assert answer_has_fact(question, "A park in Wisconsin near Baraboo")
+    assert SPAN_WORDS == 4
+    short = ToolQuestion("wiki", "What is X?", {"title": "X"}, "", "X is big.")
+    assert answer_has_fact(short, "Well, x is big!") and not answer_has_fact(short, "X is large.")
+
+
+def test_values_count_as_whole_numbers(questions):
+    calculator = ToolQuestion("calculator", "What is 438 + 949?", {"expression": "438 + 949"}, "1387", "1387")
+    assert answer_has_fact(calculator, "438 + 949 = 1387.")
+    assert not answer_has_fact(calculator, "438 + 949 = 13870.")
+    assert not answer_has_fact(calculator, "It is 21387.")
+    decimal = ToolQuestion("calculator", "", {}, "2.5", "2.5")
+    assert answer_has_fact(decimal, "5 / 2 = 2.5") and not answer_has_fact(decimal, "12.5") \
+        and not answer_has_fact(decimal, "2.55")

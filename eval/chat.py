@@ -35,7 +35,7 @@ import argparse  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
-from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, model_task, report_error  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
 MAX_ROUNDS_NOTE = "the tool-round limit was reached"
@@ -132,11 +132,9 @@ def _lines(interactive: bool):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        path, lora, note = locate_model_and_adapter(args.model_path, args.lora)
+        path, lora = locate_tool_model(args)
     except ModelNotFound as error:
         return report_error(error)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
 
     from dataset.tools import tool_schemas
     from model.chat_session import ChatSession, uses_chat_template

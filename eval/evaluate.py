@@ -32,8 +32,8 @@ from typing import Any, Sequence  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
-from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter, model_task,  # noqa: E402
-                             report_error, resolve_input_path, resolve_path)
+from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
+                             locate_tool_model, model_task, report_error, resolve_input_path, resolve_path)
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
 NAMED_SPLITS = DEFAULT_SPLITS + ("lora_val",)  # lora_val: the LoRA default set's held-out conversations
@@ -195,9 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(start_threads(args.threads), file=sys.stderr)
     try:
-        path, adapter, note = locate_model_and_adapter(args.model_path, args.lora)
-        if note:
-            print(f"note: {note}", file=sys.stderr)
+        path, adapter = locate_tool_model(args)
         report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
                                     args.device, with_samples=not args.no_samples, lora=adapter,
                                     rope_scaling_factor=args.rope_scaling_factor)

@@ -33,7 +33,7 @@ from dataclasses import dataclass  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
-from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, report_error  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 ROPE_TYPES = ("yarn", "linear", "dynamic")
 
@@ -130,9 +130,7 @@ def report(args: Any) -> int:
     from trainer.machine import machine_line
     from trainer.run_dir import resolve_input_path, resolve_path
 
-    path, adapter, note = locate_model_and_adapter(args.model_path, args.lora)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
+    path, adapter = locate_tool_model(args)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
     if model.config.rope_scaling is not None:
         raise ValueError(f"{path} already has rope_scaling={model.config.rope_scaling!r}; this tool compares "

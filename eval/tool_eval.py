@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
-from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, report_error, resolve_path  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
 
 KINDS = ("wiki", "calculator", "convert_units")
 
@@ -100,11 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.wiki, args.arithmetic, args.conversions) < 0:
         return report_error(ValueError("--wiki, --arithmetic and --conversions must be >= 0"))
     try:
-        path, lora, note = locate_model_and_adapter(args.model_path, args.lora)
+        path, lora = locate_tool_model(args)
     except ModelNotFound as error:
         return report_error(error)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
 
     from dataset.tool_dialogues import tool_dialogues
     from dataset.tool_scoring import ToolQuestion

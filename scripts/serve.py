@@ -34,7 +34,7 @@ import argparse  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
-from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_model_and_adapter, report_error  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,11 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(f"--max_batch and --max_waiting must be at least 1, got {args.max_batch} and "
                             f"{args.max_waiting}")
     try:
-        path, lora, note = locate_model_and_adapter(args.model_path, args.lora)
+        path, lora = locate_tool_model(args)
     except ModelNotFound as error:
         return report_error(error)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
     # The server (FastAPI, torch) is imported only now: --help and a wrong flag stay fast.
     from scripts.server.app import create_app
     from scripts.server.served_model import load_served_model

@@ -312,3 +312,12 @@ def locate_model_and_adapter(model_path: str | Path | None, lora_path: str | Pat
                                 f"--model_path")
     path, note = locate_model(model_path)
     return path, adapter, note
+
+
+def locate_tool_model(args: Any) -> tuple[Path, Path | None]:
+    """locate_model_and_adapter for a tool's parsed --model_path and --lora (add_model_source_flags), with its note
+    (which model was chosen, and why) printed on stderr. Raises ModelNotFound."""
+    path, adapter, note = locate_model_and_adapter(args.model_path, args.lora)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return path, adapter

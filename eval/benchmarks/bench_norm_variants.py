@@ -92,26 +92,6 @@ def markdown_table(summary: dict[str, dict[str, float]], baseline: str = BASELIN
     return "\n".join(lines)
 
 
-def _timed_step(trainer) -> Callable[[], float]:
-    import torch
-    batches = iter(trainer.train_loader)
-
-    def step() -> float:
-        nonlocal batches
-        try:
-            batch = next(batches)
-        except StopIteration:
-            batches = iter(trainer.train_loader)
-            batch = next(batches)
-        started = time.perf_counter()
-        trainer.train_step([batch])
-        if trainer.accelerator.device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - started
-
-    return step
-
-
 def run(config: dict[str, Any], rounds: int, steps: int, warmup: int, compile_mode: str | None,
         variants: list[str] | None = None) -> dict[str, Any]:
     """Build a trainer per variant and time them interleaved; the JSON payload."""
@@ -120,6 +100,7 @@ def run(config: dict[str, Any], rounds: int, steps: int, warmup: int, compile_mo
     from trainer.args import parse_args
     from trainer.core import Trainer
     from trainer.machine import machine_line
+    from trainer.step_timer import timed_step
 
     files = [str(v) for v in config["parameters"][VARIANT_KEY]["values"]]
     if variants:
@@ -133,7 +114,7 @@ def run(config: dict[str, Any], rounds: int, steps: int, warmup: int, compile_mo
         for file in files:
             AcceleratorState._reset_state(reset_partial_state=True)
             argv = variant_argv(config, file, str(Path(scratch) / variant_name(file)), compile_mode)
-            fns[variant_name(file)] = _timed_step(Trainer(parse_args("pretrain", argv)))
+            fns[variant_name(file)] = timed_step(Trainer(parse_args("pretrain", argv)))
         times = interleaved(fns, rounds, steps, warmup)
     summary = summarize(times)
     return {"sweep": config.get("name"), "machine": machine_line(), "threads": _threads(),

@@ -45,6 +45,7 @@ from trainer.cli import ToolParser  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
 from trainer.core import Trainer, make_optimizer, make_scheduler  # noqa: E402
+from trainer.step_timer import timed_step  # noqa: E402
 
 
 def interleaved_times(fns: dict[str, Callable[[], float]], reps: int, warmup: int) -> dict[str, list[float]]:
@@ -90,21 +91,6 @@ def swap_in_llama(trainer: Trainer) -> None:
     optimizer = make_optimizer(llama, trainer.args, trainer.accelerator.device)
     scheduler = make_scheduler(optimizer, trainer.args, trainer.total_steps)  # the same schedule, Llama's optimizer
     trainer.model, trainer.optimizer, trainer.scheduler = trainer.accelerator.prepare(llama, optimizer, scheduler)
-
-
-def timed_step(trainer: Trainer) -> Callable[[], float]:
-    """One optimizer step of the trainer on its next training batch; returns its duration in seconds."""
-    batches = iter(trainer.train_loader)
-
-    def step() -> float:
-        batch = next(batches)
-        started = time.perf_counter()
-        trainer.train_step([batch])
-        if trainer.accelerator.device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - started
-
-    return step
 
 
 def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on_cpu: bool) -> None:

@@ -93,8 +93,14 @@ def swap_in_llama(trainer: Trainer) -> None:
     trainer.model, trainer.optimizer, trainer.scheduler = trainer.accelerator.prepare(llama, optimizer, scheduler)
 
 
+STEP_VARIANTS = ("rms", "rms_eager", "rms_compiled", "ln", "llama")  # the keys of bench_steps' makers
+
+
 def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on_cpu: bool) -> None:
     variants = args.variants.split(",")
+    unknown = [name for name in variants if name not in STEP_VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {','.join(unknown)}; allowed: {','.join(STEP_VARIANTS)}")
     if "llama" not in variants:
         raise SystemExit("--variants must include llama (the baseline)")
     rows = []
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=6, help="timed training steps per variant")
     parser.add_argument("--warmup", type=int, default=2,
                         help="steps before the timed ones (the first, with any compilation, is reported on its own)")
-    parser.add_argument("--variants", default="rms,rms_eager,rms_compiled,ln,llama",
+    parser.add_argument("--variants", default=",".join(STEP_VARIANTS),
                         help="comma-separated: rms (norm_impl auto), rms_eager, rms_compiled (--compile on), ln, llama")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--seq_len", type=int, default=256)

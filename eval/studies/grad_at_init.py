@@ -2,6 +2,10 @@
 
     python eval/studies/grad_at_init.py                       # 8-layer cpu-default shape, 3 seeds, 2 batches: ~3 min
     python eval/studies/grad_at_init.py --layers 12 --seeds 5 --data_path my.jsonl
+    python eval/studies/grad_at_init.py --variants scripts/sweep_configs/study2_variants --layers 12 --hidden_size 64
+
+With --variants, the networks are the given trainer `--config` files (every norm switch: parameter-free norms,
+LayerNorm Scaling, QK-norm, ...) instead of the placement x norm-type grid, each named by its file's stem.
 
 Xiong et al. ("On Layer Normalization in the Transformer Architecture") show that at initialization the
 gradient of the FFN's weights grows toward the output layers with Post-LN and stays flat with Pre-LN. This
@@ -36,6 +40,7 @@ from trainer.cli import ToolParser
 from trainer.diagnostics import NormDiagnostics
 from trainer.figures import save_figure
 from trainer.machine import machine_line
+from trainer.run_dir import report_error
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "grad_at_init"
 # The defaults are the committed results' variants; --placements and --norm_types take any MiniNormConfig values
@@ -55,6 +60,36 @@ ACTIVATIONS = ("resid_rms", "resid_grad_rms")
 
 INIT_LABELS = {"model": "MiniNorm's own (N(0, 0.02), residual projections / sqrt(2L))",
                "xavier": "Xavier-normal block weights, no depth scaling (Xiong et al.'s setting)"}
+
+
+def variant_files(spec: str) -> list[Path]:
+    """The YAML files of --variants: comma-separated files or directories (a directory: its *.yaml, sorted)."""
+    files: list[Path] = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        path = Path(part)
+        if path.is_dir():
+            files += sorted(path.glob("*.yaml"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ValueError(f"--variants: {part} is neither a YAML file nor a directory")
+    if not files:
+        raise ValueError(f"--variants {spec}: no YAML files there")
+    return files
+
+
+def variant_fields(path: Path) -> dict:
+    """A variant file's model fields: every key must be a MiniNormConfig field (the norm switches)."""
+    import yaml
+
+    fields = yaml.safe_load(path.read_text()) or {}
+    known = MiniNormConfig().to_dict()
+    unknown = sorted(k for k in fields if k not in known) if isinstance(fields, dict) else []
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: not a variant file (a mapping of model fields), got {fields!r}")
+    if unknown:
+        raise ValueError(f"{path}: {', '.join(unknown)} not model fields (a variant file sets norm switches only)")
+    return fields
 
 
 def random_batches(num_batches: int, batch_size: int, seq_len: int, vocab_size: int,
@@ -158,8 +193,14 @@ def growth(values: np.ndarray) -> float:
     return float(values[-1] / values[0])
 
 
+def row_label(entry: dict) -> str:
+    """The first cells of a table row: the variant file's stem, or placement | norm type."""
+    return entry["variant"] if "variant" in entry else f"{entry['placement']} | {entry['norm_type']}"
+
+
 def write_table(results: dict, path: Path) -> None:
     meta = results["meta"]
+    first = "variant" if any("variant" in e for e in results["runs"]) else "placement | norm"
     lines = [
         "# Gradient norm per layer at initialization",
         "",
@@ -176,33 +217,33 @@ def write_table(results: dict, path: Path) -> None:
         "",
     ]
     layers = meta["layers"]
-    header = ("| placement | norm | " + " | ".join(f"L{i}" for i in range(layers))
+    columns = first.count("|") + 1
+    header = (f"| {first} | " + " | ".join(f"L{i}" for i in range(layers))
               + " | growth | first ± std / last ± std |")
-    lines += [header, "|" + "---|" * (layers + 4)]
+    lines += [header, "|" + "---|" * (layers + columns + 2)]
     for entry in results["runs"]:
         mean, std = np.array(entry["ffn_w2_mean"]), np.array(entry["ffn_w2_seed_std"])
         cells = " | ".join(f"{v:.3g}" for v in mean)
-        lines.append(f"| {entry['placement']} | {entry['norm_type']} | {cells} | {growth(mean):.2f} | "
+        lines.append(f"| {row_label(entry)} | {cells} | {growth(mean):.2f} | "
                      f"{mean[0]:.3g} ± {std[0]:.2g} / {mean[-1]:.3g} ± {std[-1]:.2g} |")
     lines += ["", "Whole-block gradient norm (all parameters of the block), mean over batches and seeds:", "",
-              "| placement | norm | " + " | ".join(f"L{i}" for i in range(layers)) + " | growth |",
-              "|" + "---|" * (layers + 3)]
+              f"| {first} | " + " | ".join(f"L{i}" for i in range(layers)) + " | growth |",
+              "|" + "---|" * (layers + columns + 1)]
     for entry in results["runs"]:
         mean = np.array(entry["block_mean"])
-        lines.append(f"| {entry['placement']} | {entry['norm_type']} | "
-                     + " | ".join(f"{v:.3g}" for v in mean) + f" | {growth(mean):.2f} |")
+        lines.append(f"| {row_label(entry)} | " + " | ".join(f"{v:.3g}" for v in mean) + f" | {growth(mean):.2f} |")
     for quantity, title in (("resid_rms", "RMS of the residual stream leaving each block"),
                             ("resid_grad_rms", "RMS of dLoss/d(residual stream) leaving each block")):
         if not all(f"{quantity}_mean" in e for e in results["runs"]):
             continue
         lines += ["", f"{title} (NormDiagnostics), mean over batches and seeds:", "",
-                  "| placement | norm | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
-                  "|" + "---|" * (layers + 2)]
+                  f"| {first} | " + " | ".join(f"L{i}" for i in range(layers)) + " |",
+                  "|" + "---|" * (layers + columns)]
         for entry in results["runs"]:
-            lines.append(f"| {entry['placement']} | {entry['norm_type']} | "
-                         + " | ".join(f"{v:.3g}" for v in entry[f"{quantity}_mean"]) + " |")
+            lines.append(f"| {row_label(entry)} | " + " | ".join(f"{v:.3g}" for v in entry[f"{quantity}_mean"])
+                         + " |")
     lines += ["", "Initial loss (mean over batches and seeds): "
-              + ", ".join(f"{e['placement']}/{e['norm_type']} {e['loss_mean']:.3f}" for e in results["runs"]), ""]
+              + ", ".join(f"{row_label(e).replace(' | ', '/')} {e['loss_mean']:.3f}" for e in results["runs"]), ""]
     path.write_text("\n".join(lines))
 
 
@@ -213,25 +254,34 @@ def plot(results: dict, path: Path, quantity: str = "ffn_w2") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    norm_types = list(dict.fromkeys(e["norm_type"] for e in results["runs"]))
-    fig, axes = plt.subplots(2, len(norm_types), figsize=(4.2 * len(norm_types), 7.2), squeeze=False)
+    def panel(entry: dict) -> str:  # one panel per norm type; variant files share one panel
+        return "variants" if "variant" in entry else f"norm_type = {entry['norm_type']}"
+
+    panels = list(dict.fromkeys(panel(e) for e in results["runs"]))
+    variants = panels == ["variants"]
+    fig, axes = plt.subplots(2, len(panels), figsize=(11 if variants else 4.2 * len(panels), 7.2), squeeze=False)
+    if variants:  # a dozen lines: twenty distinct colours, and the relative panel on a log scale as well
+        for ax in axes.flat:
+            ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+        axes[1][0].set_yscale("log")
     styles = {"pre": "o-", "post": "s-", "sandwich": "^-", "res_post": "d-"}
-    for column, norm_type in enumerate(norm_types):
+    for column, name in enumerate(panels):
         top, bottom = axes[0][column], axes[1][column]
-        for entry in (e for e in results["runs"] if e["norm_type"] == norm_type):
+        for entry in (e for e in results["runs"] if panel(e) == name):
             mean, std = np.array(entry[f"{quantity}_mean"]), np.array(entry[f"{quantity}_seed_std"])
             layers = np.arange(len(mean))
             style = styles.get(entry["placement"], "o-")
-            top.plot(layers, mean, style, label=entry["placement"], markersize=4)
+            label = entry.get("variant", entry["placement"])
+            top.plot(layers, mean, style, label=label, markersize=4)
             top.fill_between(layers, np.maximum(mean - std, mean * 0.05), mean + std, alpha=0.15)
-            bottom.plot(layers, mean / mean[0], style, label=entry["placement"], markersize=4)
+            bottom.plot(layers, mean / mean[0], style, label=label, markersize=4)
         top.set_yscale("log")
-        top.set_title(f"norm_type = {norm_type}", fontsize=10)
+        top.set_title(name, fontsize=10)
         bottom.axhline(1.0, color="gray", lw=0.8, ls="--")
         bottom.set_xlabel("layer (0 = next to the embedding)")
         for ax in (top, bottom):
             ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7 if name == "variants" else 8, ncol=2 if name == "variants" else 1)
     axes[0][0].set_ylabel("||dLoss/dW2_ffn|| at init (log)")
     axes[1][0].set_ylabel("relative to layer 0")
     meta = results["meta"]
@@ -246,12 +296,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--preset", default="cpu-default")
     parser.add_argument("--layers", type=int, default=8, help="num_hidden_layers (the preset has 4; more layers "
                         "make a depth trend visible)")
+    parser.add_argument("--hidden_size", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--intermediate_size", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--num_attention_heads", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--num_key_value_heads", type=int, default=None, help="default: the preset's")
     parser.add_argument("--seq_len", type=int, default=256)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--placements", default=",".join(PLACEMENTS))
     parser.add_argument("--norm_types", default=",".join(NORM_TYPES))
+    parser.add_argument("--variants", default=None,
+                        help="trainer --config files of model fields (comma-separated files or directories of *.yaml, "
+                             "e.g. scripts/sweep_configs/study2_variants): measure these instead of --placements x "
+                             "--norm_types")
     parser.add_argument("--data_path", default=None, help="pretraining jsonl ({'text': ...} lines); "
                         "default: the embedded default corpus")
     parser.add_argument("--random_tokens", action="store_true",
@@ -279,14 +337,35 @@ def main(argv: Sequence[str] | None = None) -> dict:
     else:
         batches, data_label = token_batches(args.data_path, args.batches, args.batch_size, args.seq_len)
     seeds = list(range(args.seeds))
+    shape = {"num_hidden_layers": args.layers, "max_position_embeddings": max(512, args.seq_len),
+             **{name: getattr(args, name) for name in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                        "num_key_value_heads") if getattr(args, name) is not None}}
+
+    def measured_entry(config: MiniNormConfig, names: dict) -> dict:
+        t0 = time.time()
+        measured = measure(config, batches, seeds, args.init)
+        entry = {**names, "loss_mean": float(measured["loss"].mean())}
+        for quantity in (*QUANTITIES, *ACTIVATIONS):
+            per_seed = measured[quantity].mean(axis=1)  # (seeds, layers): mean over batches
+            entry[f"{quantity}_mean"] = per_seed.mean(axis=0).tolist()
+            entry[f"{quantity}_seed_std"] = per_seed.std(axis=0).tolist()
+        w2 = np.array(entry["ffn_w2_mean"])
+        print(f"{row_label(entry):>22s}  ffn W2 grad norm first {w2[0]:.3g} last {w2[-1]:.3g} "
+              f"growth {growth(w2):.2f}  ({time.time() - t0:.0f} s)", flush=True)
+        return entry
+
     runs = []
+    if args.variants:
+        for file in variant_files(args.variants):
+            config = MiniNormConfig.from_preset(args.preset, **shape, **{**variant_fields(file), "norm_impl": "eager"})
+            runs.append(measured_entry(config, {"variant": file.stem, "placement": config.norm_placement,
+                                                "norm_type": config.norm_type}))
     no_norm_entry = None
-    for placement in args.placements.split(","):
+    for placement in [] if args.variants else args.placements.split(","):
         for norm_type in args.norm_types.split(","):
             try:
-                config = MiniNormConfig.from_preset(args.preset, num_hidden_layers=args.layers, norm_type=norm_type,
-                                                    norm_placement=placement, norm_impl="eager",
-                                                    max_position_embeddings=max(512, args.seq_len))
+                config = MiniNormConfig.from_preset(args.preset, **shape, norm_type=norm_type,
+                                                    norm_placement=placement, norm_impl="eager")
             except ValueError as error:  # a refused combination (deepnorm without a norm): no network to measure
                 print(f"{placement:>9s} {norm_type:>9s}  skipped: {error}", flush=True)
                 continue
@@ -294,21 +373,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 # Without norms every placement allowed is the same network (x = x + f(x)) with the same init: reuse.
                 runs.append({**no_norm_entry, "placement": placement})
                 continue
-            t0 = time.time()
-            measured = measure(config, batches, seeds, args.init)
-            entry = {"placement": placement, "norm_type": norm_type, "loss_mean": float(measured["loss"].mean())}
-            for quantity in (*QUANTITIES, *ACTIVATIONS):
-                per_seed = measured[quantity].mean(axis=1)  # (seeds, layers): mean over batches
-                entry[f"{quantity}_mean"] = per_seed.mean(axis=0).tolist()
-                entry[f"{quantity}_seed_std"] = per_seed.std(axis=0).tolist()
+            entry = measured_entry(config, {"placement": placement, "norm_type": norm_type})
             runs.append(entry)
             if norm_type == "none":
                 no_norm_entry = entry
-            w2 = np.array(entry["ffn_w2_mean"])
-            print(f"{placement:>9s} {norm_type:>9s}  ffn W2 grad norm first {w2[0]:.3g} last {w2[-1]:.3g} "
-                  f"growth {growth(w2):.2f}  ({time.time() - t0:.0f} s)", flush=True)
 
-    config = MiniNormConfig.from_preset(args.preset, num_hidden_layers=args.layers)
+    config = MiniNormConfig.from_preset(args.preset, **shape)
     results = {
         "meta": {"preset": args.preset, "init": args.init, "layers": args.layers, "hidden_size": config.hidden_size,
                  "intermediate_size": config.intermediate_size, "seq_len": args.seq_len,
@@ -326,4 +396,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as error:  # a bad --variants file or shape: one line
+        sys.exit(report_error(error))

@@ -634,3 +634,48 @@ def test_grad_at_init_study_takes_the_new_variants_and_skips_refused_ones(tmp_pa
         [("deepnorm", "dyt"), ("mix", "dyt"), ("mix", "none"), ("peri", "dyt"), ("peri", "none")]
     assert all(min(r["block_mean"]) > 0 for r in results["runs"])
     assert "deepnorm      none  skipped: norm_placement='deepnorm' is not allowed" in capsys.readouterr().out
+
+
+def test_grad_at_init_measures_the_study_variant_files(tmp_path) -> None:
+    """--variants: each trainer --config file of the second study is measured as the network it describes (the
+    parameter-free norm, LayerNorm Scaling and QK-norm included): its gradients equal those of a model built by hand
+    from the file's fields, and a file with a field the model does not have is refused naming the file."""
+    import yaml
+
+    from eval.studies.grad_at_init import layer_grad_norms, main, random_batches
+    from model.config import MiniNormConfig
+    from model.model import MiniNormForCausalLM
+
+    from tests.paths import REPO
+
+    directory = REPO / "scripts" / "sweep_configs" / "study2_variants"
+    shape = dict(num_hidden_layers=3, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                 num_key_value_heads=2)
+    results = main(["--variants", str(directory), "--layers", "3", "--hidden_size", "32", "--intermediate_size", "64",
+                    "--num_attention_heads", "4", "--num_key_value_heads", "2", "--seq_len", "16", "--batch_size", "2",
+                    "--batches", "1", "--seeds", "1", "--random_tokens", "--threads", "1",
+                    "--out", str(tmp_path / "o")])
+    files = sorted(directory.glob("*.yaml"))
+    assert [r["variant"] for r in results["runs"]] == [f.stem for f in files]
+    batch = random_batches(1, 2, 16, MiniNormConfig().vocab_size)[0]
+    for file, entry in zip(files, results["runs"]):
+        fields = yaml.safe_load(file.read_text())
+        torch.manual_seed(0)
+        model = MiniNormForCausalLM(MiniNormConfig.from_preset(
+            "cpu-default", **shape, max_position_embeddings=512, norm_impl="eager", **fields)).train()
+        model(batch, labels=batch).loss.backward()
+        expected = layer_grad_norms(model)
+        for quantity in ("ffn_w2", "attn", "block"):
+            torch.testing.assert_close(torch.tensor(entry[f"{quantity}_mean"]), torch.tensor(expected[quantity]),
+                                       msg=f"{file.stem} {quantity}")
+    by_name = {r["variant"]: r for r in results["runs"]}
+    # The switches the placement x norm grid cannot express change the network at initialization.
+    for variant in ("pre_rmsnorm_lns", "pre_rmsnorm_qk", "pre_rmsnorm_free"):
+        assert by_name[variant]["block_mean"] != by_name["pre_rmsnorm"]["block_mean"], variant
+    table = (tmp_path / "o" / "grad_at_init.md").read_text()
+    assert "| pre_rmsnorm_lns |" in table and "| variant |" in table
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("norm_type: rmsnorm\nlearning_rate: 0.1\n")
+    with pytest.raises(ValueError, match="bad.yaml.*learning_rate"):
+        main(["--variants", str(bad), "--layers", "2", "--random_tokens", "--out", str(tmp_path / "b")])

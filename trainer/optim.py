@@ -7,21 +7,28 @@ embedding, the LM head (tied to it or not), norms and biases, each side with its
 one optimizer object (`MuonWithAdamW`) whose param groups say which rule updates them, so Accelerate's prepare,
 the LR scheduler, gradient clipping and checkpoints (save_state / load_state) see a single ordinary optimizer.
 
+Muon's step is torch's arithmetic (`torch.optim.Muon` holds the groups, defaults and state; `muon_step` updates
+them) with one change of schedule: the Newton-Schulz iteration runs once per *shape*, the matrices of that shape
+stacked into batched products (`orthogonalize`), instead of once per matrix. torch loops over the matrices (it has
+no foreach path for Muon): 15 small products and copies per matrix per step, each a parallel region whose threads
+meet at a barrier -- the regions that slow most when another process shares the cores (docs/benchmarks.md, "A busy
+machine"). Batched, the cpu-wide model's 14 matrices take 3 iterations instead of 14; the results are the same
+products on the same numbers (tests/unit/test_optim.py compares the step with torch's).
+
 torch's Muon orthogonalizes in bf16. On a CPU without AVX512-BF16 or AMX a bf16 matrix product is emulated
 (~30-200x slower than fp32), so a run that trains in fp32 on a CPU (what `--dtype auto` picks there) orthogonalizes
-in fp32 instead: the same quintic Newton-Schulz iteration, `newton_schulz_fp32`, put in place of torch's for the
-duration of Muon's step.
+in fp32 instead (`orthogonalize_in_fp32`): the same quintic iteration in fp32.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
 import torch
 from torch import nn
+from torch.optim._muon import _adjust_lr  # Muon's shape factor for the learning rate, as torch's step applies it
 
 ADAMW_BETAS = (0.9, 0.95)
 ADAMW_EPS = 1e-8
@@ -74,39 +81,58 @@ def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]
     return muon, adamw
 
 
-def newton_schulz_fp32(matrix: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int,
-                       eps: float) -> torch.Tensor:
-    """Muon's orthogonalization in fp32 (torch's runs it in bf16; same signature): X = M / ||M||_F in the wide
-    orientation, then `ns_steps` times X <- a X + (b A + c A^2) X with A = X X^T."""
+def orthogonalize(matrices: list[torch.Tensor], ns_coefficients: tuple[float, float, float], ns_steps: int,
+                  eps: float, dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+    """Muon's Newton-Schulz orthogonalization of each matrix, as torch.optim.Muon computes it (in `dtype`: X = M /
+    ||M||_F in the wide orientation, then `ns_steps` times X <- a X + (b A + c A^2) X with A = X X^T), the
+    matrices of one wide-orientation shape stacked into one batched product per operation."""
     a, b, c = ns_coefficients
-    x = matrix.float()
-    tall = x.size(0) > x.size(1)
-    if tall:
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
+    by_shape: dict[tuple[int, int], list[tuple[int, bool]]] = {}
+    for index, matrix in enumerate(matrices):
+        tall = matrix.size(0) > matrix.size(1)
+        wide_shape = (matrix.size(1), matrix.size(0)) if tall else (matrix.size(0), matrix.size(1))
+        by_shape.setdefault(wide_shape, []).append((index, tall))
+    out: list[torch.Tensor] = [matrices[0]] * len(matrices)
+    for members in by_shape.values():
+        x = torch.stack([matrices[i].to(dtype).T if tall else matrices[i].to(dtype) for i, tall in members])
+        x = x / torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True).clamp(min=eps)
+        for _ in range(ns_steps):
+            gram = torch.bmm(x, x.mT)
+            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        for (index, tall), result in zip(members, x.unbind(0)):
+            out[index] = result.T if tall else result
+    return out
 
 
-@contextmanager
-def _orthogonalize_in_fp32() -> Iterator[None]:
-    from torch.optim import _muon  # torch's Muon looks its Newton-Schulz function up in this module per call
-
-    original = _muon._zeropower_via_newtonschulz
-    _muon._zeropower_via_newtonschulz = newton_schulz_fp32
-    try:
-        yield
-    finally:
-        _muon._zeropower_via_newtonschulz = original
+@torch.no_grad()
+def muon_step(muon: torch.optim.Muon, dtype: torch.dtype = torch.bfloat16) -> None:
+    """torch.optim.Muon's step on its own groups and state, orthogonalizing with `orthogonalize` (batched by
+    shape, in `dtype`): per matrix, B <- B.lerp(g, 1 - mu); U = g.lerp(B, mu) (Nesterov) or B; W <- W (1 - lr wd);
+    W <- W - lr' NS(U), with lr' torch's shape-adjusted rate."""
+    for group in muon.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            continue
+        momentum, lr = group["momentum"], float(group["lr"])
+        updates = []
+        for param in params:
+            state = muon.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
+            buffer = state["momentum_buffer"]
+            buffer.lerp_(param.grad, 1 - momentum)
+            updates.append(param.grad.lerp(buffer, momentum) if group["nesterov"] else buffer)
+        for param, update in zip(params, orthogonalize(updates, group["ns_coefficients"], group["ns_steps"],
+                                                      group["eps"], dtype)):
+            param.mul_(1 - lr * group["weight_decay"])
+            param.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], param.shape))
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
     """One optimizer with two update rules: each param group carries `"update": "muon"` or `"adamw"` and its own
-    hyperparameters (lr included). `step()` hands each rule's groups to a torch.optim.Muon or AdamW that shares
-    this optimizer's state, so the scheduler (which scales every group's lr), clipping and state_dict /
-    load_state_dict work on this object as on any torch optimizer."""
+    hyperparameters (lr included). `step()` hands each rule's groups to a torch.optim.AdamW or Muon (the latter
+    stepped by `muon_step`) that shares this optimizer's state, so the scheduler (which scales every group's lr),
+    clipping and state_dict / load_state_dict work on this object as on any torch optimizer."""
 
     def __init__(self, muon_params: list[nn.Parameter], adamw_groups: list[dict[str, Any]], *, muon_lr: float,
                  muon_weight_decay: float, muon_momentum: float, muon_adjust_lr: str, adamw_lr: float,
@@ -139,8 +165,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
                 loss = closure()
         self._sync_rules()
         self._rules["adamw"].step()
-        with _orthogonalize_in_fp32() if self.orthogonalize_in_fp32 else nullcontext():
-            self._rules["muon"].step()
+        muon_step(self._rules["muon"], torch.float32 if self.orthogonalize_in_fp32 else torch.bfloat16)
         return loss
 
 

@@ -94,11 +94,12 @@ def test_fsdp2_sft_matches_one_process(train_data, reference_run, sft_reference_
 
 
 def test_fsdp2_with_muon_matches_one_process(train_data, muon_reference_run, tmp_path):
-    """Under FSDP2 torch's Muon receives DTensor shards of each matrix; DTensor's sharding propagation gathers what
-    the Newton-Schulz products need, so each matrix is orthogonalized whole, as in one process. Muon orthogonalizes
-    in bf16 and the sharded products sum in another order, so this is not fp32 agreement: the losses agree to
-    1e-4 (measured: 1.5e-5), where orthogonalizing each process's shard on its own (checked by breaking it) is
-    6e-3 off by step 2; single weights differ by up to 5e-3 (bf16 rounding amplified by Muon's large steps)."""
+    """Under FSDP2 Muon's step (trainer/optim.py) receives DTensor shards of each matrix; DTensor's sharding
+    propagation gathers what the Newton-Schulz products need, so each matrix is orthogonalized whole, as in one
+    process. Muon orthogonalizes in bf16 and the sharded products sum in another order, so this is not fp32
+    agreement: the losses agree to 1e-4 (measured: 1.5e-5), where orthogonalizing each process's shard on its own
+    (checked by breaking it) is 6e-3 off by step 2; single weights differ by up to 5e-3 (bf16 rounding amplified by
+    Muon's large steps)."""
     out_dir = tmp_path / "fsdp_muon"
     run = launch_two_processes("fsdp", "pretrain", pretrain_argv(train_data, out_dir, "--batch_size", "2",
                                                                  *MUON_FLAGS), tmp_path)

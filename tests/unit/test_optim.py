@@ -115,22 +115,67 @@ def test_two_muon_steps_match_an_fp64_reference(fp32, tolerance):
             param.data.copy_(want)  # both sides go on from the same weights
 
 
-def test_fp32_orthogonalization_replaces_torchs_only_during_the_step(monkeypatch):
-    from torch.optim import _muon
+@pytest.mark.parametrize("tied", [True, False])
+def test_muon_step_equals_torchs_muon_step(tied):
+    """Our Muon step (Newton-Schulz batched by shape) against torch.optim.Muon's own step on a copy of the same
+    matrices, three steps with different gradients, warmup-scaled learning rates and both shape-factor rules: every
+    update within 1% of torch's in Frobenius norm (both orthogonalize in bf16: batching changes the order of no
+    sum, but a BLAS may block a batched product differently; a wrong momentum, Nesterov term, orientation or decay is
+    tens of percent off). The momentum buffers match too."""
+    for adjust in ("original", "match_rms_adamw"):
+        model = tiny_model(tie_word_embeddings=tied)
+        ours = build_optimizer(model, 1e-2, 0.1, "muon", muon_lr=0.05, muon_weight_decay=0.5, muon_adjust_lr=adjust)
+        matrices = muon_split(model)[0]
+        copies = [torch.nn.Parameter(p.detach().clone()) for p in matrices]
+        reference = torch.optim.Muon(copies, lr=0.05, weight_decay=0.5, momentum=0.95, nesterov=True,
+                                     adjust_lr_fn=adjust)
+        torch.manual_seed(3)
+        for step, scale in enumerate((0.3, 1.0, 0.7)):
+            for group in ours.param_groups:
+                group["lr"] = (0.05 if group["update"] == "muon" else 1e-2) * scale
+            reference.param_groups[0]["lr"] = 0.05 * scale
+            before = [p.detach().clone() for p in matrices]
+            for param in model.parameters():
+                param.grad = torch.randn_like(param)
+            for param, twin in zip(matrices, copies):
+                twin.grad = param.grad.clone()
+            ours.step()
+            reference.step()
+            for index, (param, twin, start) in enumerate(zip(matrices, copies, before)):
+                got, want = param.detach() - start, twin.detach() - start
+                error = ((got - want).norm() / want.norm()).item()
+                assert error < 1e-2, (adjust, step, index, error)
+                torch.testing.assert_close(ours.state[param]["momentum_buffer"],
+                                           reference.state[twin]["momentum_buffer"])
+                param.data.copy_(twin.detach())  # both go on from the same weights
 
-    import trainer.optim
 
-    torchs, ours = _muon._zeropower_via_newtonschulz, trainer.optim.newton_schulz_fp32
-    seen = []
-    monkeypatch.setattr(trainer.optim, "newton_schulz_fp32", lambda m, *rest: seen.append(m.shape) or ours(m, *rest))
-    model = tiny_model()
-    optimizer = build_optimizer(model, 1e-2, 0.1, "muon", orthogonalize_in_fp32=True)
-    for param in model.parameters():
-        param.grad = torch.randn_like(param)
-    optimizer.step()
-    assert len(seen) == len(muon_split(model)[0])  # every Muon matrix went through the fp32 iteration
-    assert _muon._zeropower_via_newtonschulz is torchs  # and torch's own is back after the step
-    assert ours(torch.randn(8, 5), (3.4445, -4.7750, 2.0315), 5, 1e-7).dtype == torch.float32
+def test_orthogonalize_batches_each_shape_into_one_product(monkeypatch):
+    """The matrices of one wide-orientation shape (a tall one transposed joins the wide ones) go through one batched
+    product per operation: 3 shapes -> 3 x 5 Gram products for 7 matrices, not 7 x 5. Each result equals the
+    matrix orthogonalized alone (fp32) and torch's per-matrix function (bf16, to its precision)."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from trainer.optim import orthogonalize
+
+    torch.manual_seed(0)
+    shapes = [(12, 20), (20, 12), (12, 20), (6, 20), (20, 6), (16, 16), (6, 20)]
+    matrices = [torch.randn(shape) for shape in shapes]
+    calls = []
+    bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda x, y: calls.append(x.shape[0]) or bmm(x, y))
+    batched = orthogonalize(matrices, NS_COEFFICIENTS, NS_STEPS, 1e-7, torch.float32)
+    assert sorted(calls) == sorted([3] * NS_STEPS + [3] * NS_STEPS + [1] * NS_STEPS)
+    monkeypatch.setattr(torch, "bmm", bmm)
+    for matrix, got in zip(matrices, batched):
+        assert got.shape == matrix.shape and got.dtype == torch.float32
+        alone = orthogonalize([matrix], NS_COEFFICIENTS, NS_STEPS, 1e-7, torch.float32)[0]
+        torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, newton_schulz_fp64(matrix).float(), rtol=1e-4, atol=1e-4)
+        torchs = _zeropower_via_newtonschulz(matrix, NS_COEFFICIENTS, NS_STEPS, 1e-7)
+        in_bf16 = orthogonalize([matrix], NS_COEFFICIENTS, NS_STEPS, 1e-7)[0]
+        assert in_bf16.dtype == torch.bfloat16
+        assert ((in_bf16.float() - torchs.float()).norm() / torchs.float().norm()).item() < 1e-2
 
 
 def test_muon_state_survives_state_dict_and_load_state_dict():

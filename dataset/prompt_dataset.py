@@ -5,7 +5,8 @@ A jsonl line is one of
 - ``{"messages": [...], ...}`` or MiniMind's ``{"conversations": [...]}`` (its rlaif.jsonl): a conversation whose
   prompt is every message before its last assistant turn (an rlaif row's last assistant turn is empty or absent);
 every other field (e.g. ``answer``) is a column handed to the reward functions (trainer/rewards.py). The prompt is
-encoded as ChatML with the assistant's header open (``add_generation_prompt``): what the policy continues. A
+encoded as ChatML with the assistant's header open (``add_generation_prompt``; with ``open_thinking`` the thinking
+block is left open too, so the policy may think first): what the policy continues. A
 prompt longer than ``max_seq_len`` tokens is dropped and counted. A bad line is an error naming the file, the line
 and the field (or, with ``skip_bad_lines``, skipped and counted).
 """
@@ -62,7 +63,7 @@ class PromptDataset(Dataset):
     some prompt has."""
 
     def __init__(self, path: str | Path, tokenizer: PreTrainedTokenizerBase, max_seq_len: int,
-                 num_proc: int | None = None, skip_bad_lines: bool = False) -> None:
+                 num_proc: int | None = None, skip_bad_lines: bool = False, open_thinking: bool = False) -> None:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file (expected a jsonl of prompts)")
@@ -82,7 +83,8 @@ class PromptDataset(Dataset):
                                      f"to skip bad lines)") from None
                 rows.append(row)
                 messages.append(row_messages)
-        encodings = encode_chatml_batch(tokenizer, messages, add_generation_prompt=True) if messages else []
+        encodings = (encode_chatml_batch(tokenizer, messages, add_generation_prompt=True,
+                                         open_thinking=open_thinking) if messages else [])
         self.samples: list[tuple[list[int], str, dict]] = []
         dropped = 0
         for row, row_messages, encoding in zip(rows, messages, encodings):

@@ -108,10 +108,12 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "dpo": ("beta",),
     "distill": ("teacher", "alpha", "temperature", "distill_data"),
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
-             "max_completion_length", "top_p", "loss_type", "epsilon", "epsilon_high", "num_iterations")
+             "max_completion_length", "top_p", "open_thinking", "loss_type", "epsilon", "epsilon_high",
+             "num_iterations")
             + POLICY_LORA_FLAGS,
     "ppo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
-            "max_completion_length", "top_p", "epsilon", "cliprange_value", "vf_coef", "gamma", "lam", "ppo_epochs")
+            "max_completion_length", "top_p", "open_thinking", "epsilon", "cliprange_value", "vf_coef", "gamma",
+            "lam", "ppo_epochs")
            + POLICY_LORA_FLAGS,
 }
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
@@ -279,10 +281,10 @@ class TrainArgs:
     # GRPO and PPO (trainer/train_grpo.py, trainer/train_ppo.py).
     reward: list[str] | None = _flag(ROLLOUT_GROUPS, None,
                                      f"a reward function: a built-in (math_answer, length_penalty, "
-                                     f"repetition_penalty) or path/to/file.py:function with TRL's signature; repeat "
-                                     f"the flag for several (default: {DEFAULT_REWARD} unless --reward_model is "
-                                     f"given; it needs an \"answer\" field in the data, which the default arithmetic "
-                                     f"problems have)")
+                                     f"repetition_penalty, think_format) or path/to/file.py:function with TRL's "
+                                     f"signature; repeat the flag for several (default: {DEFAULT_REWARD} unless "
+                                     f"--reward_model is given; it needs an \"answer\" field in the data, which the "
+                                     f"default arithmetic problems have)")
     reward_model: str | None = _flag(ROLLOUT_GROUPS, None, "a learned reward model: a transformers "
                                                            "AutoModelForSequenceClassification directory (one label) "
                                                            "scoring prompt + completion in its tokenizer's chat "
@@ -294,6 +296,9 @@ class TrainArgs:
                                                      "ppo": "completions sampled per prompt (>= 1)"})
     max_completion_length: int = _flag(ROLLOUT_GROUPS, 64, "the most tokens a completion has")
     top_p: float = _flag(ROLLOUT_GROUPS, 1.0, "the rollouts' nucleus sampling threshold, in (0, 1]")
+    open_thinking: bool = _flag(ROLLOUT_GROUPS, False, "render the prompts with the thinking block open, so the "
+                                                       "policy may think before it answers (the think_format "
+                                                       "reward needs it); default: the empty block, a direct answer")
     loss_type: str = _flag("grpo", "grpo", "grpo | dr_grpo | cispo (trainer/rl_losses.py, policy_loss; "
                                            "docs/post_training.md)")
     epsilon: float = _flag(ROLLOUT_GROUPS, 0.2,

@@ -414,13 +414,13 @@ class Trainer:
                    step: int = 0) -> StepResult:
         """Forward/backward over one group of micro-batches, then one optimizer step (unless the loss or gradient
         diverged, or an fp16 overflow made the scaler skip it). The objective decides the loss; this is the one
-        place the loop meets it. An objective with a `rollout` (GRPO, PPO) first turns each micro-batch of prompts
+        place the loop meets it. An objective with `rollouts` (GRPO, PPO) first turns the micro-batches of prompts
         into scored completions, seeded by `step` (the optimizer steps done), so a resumed run samples the same
         ones, and may take several optimizer updates on them (its `updates_per_rollout`: GRPO's --num_iterations,
         PPO's --ppo_epochs); the step is then all of them, and the schedule advances once per step."""
-        rollout = getattr(self.objective, "rollout", None)
-        if rollout is not None:
-            batches = [rollout(self.unwrapped, batch, step, index) for index, batch in enumerate(batches)]
+        rollouts = getattr(self.objective, "rollouts", None)
+        if rollouts is not None:  # collective: what spans the step's global batch is computed over all processes
+            batches = rollouts(self.unwrapped, batches, step, self.accelerator)
         num_items, real_tokens = self._token_counts(batches)
         num_items = num_items.clamp(min=1)
         arm_diagnostics = arm_diagnostics and self.diagnostics is not None

@@ -113,9 +113,11 @@ def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
     on first use (a no-op afterwards) and its held-out split is the validation set."""
     dataset_type = dataset_class(data_task(args))
 
+    prompts = {"open_thinking": args.open_thinking} if data_task(args) in ROLLOUT_TASKS else {}
+
     def load(path: Path) -> Dataset:
         return dataset_type(path, tokenizer, args.max_seq_len, num_proc=args.num_proc,
-                            skip_bad_lines=args.skip_bad_lines)
+                            skip_bad_lines=args.skip_bad_lines, **prompts)
 
     if args.data_path is None:
         train_path, val_path = default_data(data_task(args), quiet)

@@ -1,15 +1,17 @@
 """Group-relative policy optimisation (GRPO and its Dr. GRPO and CISPO losses): the objective for the training core.
 
-Each optimizer step first samples its rollouts (`rollout`, which trainer/core.py's train_step calls on every
-micro-batch of prompts before the loss): G = --num_generations completions per prompt with model/generation.py's
+Each optimizer step first samples its rollouts (`rollouts`, which trainer/core.py's train_step calls on the step's
+micro-batches of prompts before the loss): G = --num_generations completions per prompt with model/generation.py's
 GenerationEngine (batched, KV cache), the policy in eval mode (no dropout) and without gradients. Each completion's
 sampling seed is derived from (--seed, optimizer step, the prompt's index in the step's global batch, the
 completion's index in its group), so a resumed run samples the same rollouts as the uninterrupted one, and two
 processes the same as one process over the same global batch. The --reward functions score the completions
 (trainer/rewards.py; a broken one stops the run with one line before anything of the step is applied), the rewards
 become advantages within each prompt's group (trainer/rl_losses.py, group_advantages; Dr. GRPO leaves out the
-std), and the frozen reference's log-probs are computed once (only with --beta > 0). RolloutObjective holds what PPO
-(trainer/ppo.py) shares: the sampling, the scoring, the reference's log-probs and the greedy validation.
+std), and the frozen reference's log-probs are computed once (only with --beta > 0). The logged rollout statistics
+are computed over the step's whole global batch (all micro-batches, all processes). RolloutObjective holds what PPO
+(trainer/ppo.py) shares: the sampling, the scoring, the step-wide sums, the reference's log-probs and the greedy
+validation.
 
 --num_iterations updates per rollout batch (TRL's name; the core's `updates_per_rollout`, one optimizer step of
 the run). The first update's policy is the one that sampled the completions, so its old log-probs are its own,
@@ -32,6 +34,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
+from dataset.chat_format import IM_END
 from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings
 from trainer.rewards import Reward, math_answer, score
 from trainer.rl_losses import LossType, group_advantages, policy_loss
@@ -68,10 +71,30 @@ def rollout_seed(seed: int, step: int, sample: int, generation: int) -> int:
     return int.from_bytes(hashlib.sha256(key).digest()[:7], "big")
 
 
+def global_sums(accelerator: Accelerator, *values: torch.Tensor | float) -> torch.Tensor:
+    """The values (numbers or tensors, flattened and concatenated) summed over all processes, in fp64, on the CPU:
+    one collective."""
+    flat = torch.cat([torch.as_tensor(value, dtype=torch.float64).detach().reshape(-1).cpu() for value in values])
+    return accelerator.reduce(flat.to(accelerator.device), reduction="sum").cpu()
+
+
 def first_sample(micro_batch: int, process: int, world: int, batch_size: int) -> int:
     """The index in the step's global batch of a micro-batch's first prompt: the data loader hands the step's
     micro-batch m of process p the (m x world + p)-th batch of the epoch's order (trainer/data.py)."""
     return (micro_batch * world + process) * batch_size
+
+
+def completion_text(tokenizer, ids: Sequence[int]) -> str:
+    """What the reward functions read of a completion: its token ids decoded with every control token kept as its
+    text (<think>, </think>, <tool_call>, ... -- our tokenizer marks them special, so skip_special_tokens would
+    drop them; Qwen3's keeps them, and TRL's and MiniMind's format rewards read them), except the end-of-turn token
+    that ends it (<|im_end|>, or the end-of-text / padding token), which is not text. A tag that the model wrote in
+    ordinary tokens reads the same as the control token: a reward sees text."""
+    ends = {tokenizer.convert_tokens_to_ids(IM_END), tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
+    ids = list(ids)
+    while ids and ids[-1] in ends:
+        ids.pop()
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def completion_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor,
@@ -189,11 +212,39 @@ class RolloutObjective:
         """The language model that samples, within what the optimizer trains (here: the model itself)."""
         return model
 
+    def rollouts(self, model: torch.nn.Module, batches: Sequence[dict[str, Any]], step: int,
+                 accelerator: Accelerator) -> list[dict[str, Any]]:
+        """Collective (every process, once per optimizer step): each micro-batch of prompts sampled and scored
+        (`rollout`), then what spans the step's whole global batch -- every micro-batch of every process -- computed
+        over it (`finish_rollouts`: the logged statistics, PPO's whitening), so that the step does not depend on how
+        its prompts are split between processes and micro-batches."""
+        sampled = [self.rollout(model, batch, step, index) for index, batch in enumerate(batches)]
+        self.finish_rollouts(sampled, accelerator)
+        return sampled
+
+    def reward_sums(self, batches: Sequence[dict[str, Any]]) -> torch.Tensor:
+        """This process's fp64 sums over its micro-batches of the step: [completions, weighted rewards, completion
+        tokens, then each function's values over the completions it scored, then the number it scored]."""
+        scores = torch.cat([batch["scores"] for batch in batches]).double()
+        values = torch.cat([batch["reward_values"] for batch in batches], dim=1)
+        tokens = sum(int(batch["completion_mask"].sum()) for batch in batches)
+        return torch.cat([torch.tensor([len(scores), float(scores.sum()), tokens], dtype=torch.float64),
+                          values.nan_to_num(0.0).sum(dim=1), (~values.isnan()).sum(dim=1).double()])
+
+    def reward_means(self, sums: torch.Tensor, batches: Sequence[dict[str, Any]]) -> tuple[float, float]:
+        """From reward_sums summed over all processes: (the mean weighted reward, the mean completion length); sets
+        each batch's "reward_means", each function's mean over the completions it scored (NaN if none)."""
+        functions = len(self.rewards)
+        count, means = sums[0], sums[3:3 + functions] / sums[3 + functions:3 + 2 * functions]
+        for batch in batches:
+            batch["reward_means"] = means.float().to(batch["completion_mask"].device)
+        return float(sums[1] / count), float(sums[2] / count)
+
     def sample(self, model: torch.nn.Module, batch: dict[str, Any], step: int,
-               micro_batch: int) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
-        """The micro-batch of P prompts -> P x G scored completions: (the tensors every loss reads -- input_ids,
-        attention_mask, starts, completion_mask, reward_means --, the weighted rewards (P x G,), the completions'
-        lengths (P x G,))."""
+               micro_batch: int) -> dict[str, Any]:
+        """The micro-batch of P prompts -> P x G scored completions: the tensors every loss reads (input_ids,
+        attention_mask, starts, completion_mask), the weighted rewards ("scores", P x G, fp32 on the CPU) and each
+        function's values with None as NaN ("reward_values", functions x completions, fp64)."""
         s, group = self.settings, self.settings.num_generations
         prompt_ids = [ids for ids in batch["prompt_ids"] for _ in range(group)]
         first = first_sample(micro_batch, self.process_index, self.world, len(batch["prompt_ids"]))
@@ -202,7 +253,7 @@ class RolloutObjective:
                                                                         index % group))
                     for index in range(len(prompt_ids))]
         completions = sample_completions(self.policy_of(model), self.tokenizer, prompt_ids, settings)
-        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
+        texts = [completion_text(self.tokenizer, ids) for ids in completions]
         columns = {name: [value for value in values for _ in range(group)]
                    for name, values in batch["columns"].items()}
         prompts = [prompt for prompt in batch["prompts"] for _ in range(group)]
@@ -214,9 +265,9 @@ class RolloutObjective:
         out = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
                "starts": torch.tensor([len(p) for p in prompt_ids], device=device),
                "completion_mask": (torch.arange(width) < lengths.unsqueeze(1)).to(device),
-               # each function's mean over the completions it scored (None: unscored; NaN if it scored none)
-               "reward_means": torch.tensor(per_function, dtype=torch.float64).nanmean(dim=1).float().to(device)}
-        return out, torch.tensor(totals, dtype=torch.float32), lengths
+               "scores": torch.tensor(totals, dtype=torch.float32),
+               "reward_values": torch.tensor(per_function, dtype=torch.float64).view(len(per_function), len(texts))}
+        return out
 
     def reference_log_probs(self, batch: dict[str, Any]) -> torch.Tensor:
         """The frozen reference's log-probs (fp32) of the batch's completion tokens."""
@@ -245,7 +296,7 @@ class RolloutObjective:
             columns = {name: [values[i] for i in keep] for name, values in batch["columns"].items()}
             completions = sample_completions(self.policy_of(model), self.tokenizer,
                                              [batch["prompt_ids"][i] for i in keep], [greedy] * len(keep))
-            texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
+            texts = [completion_text(self.tokenizer, ids) for ids in completions]
             rewards, _ = score(self.rewards, prompts, texts, columns)
             answers = columns.get("answer")
             correct = sum(math_answer(prompts, texts, answers)) if answers is not None else 0.0
@@ -275,16 +326,25 @@ class GroupRelativePolicy(RolloutObjective):
     # ----------------------------------------------------------------- rollouts
     def rollout(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
         """The micro-batch of P prompts -> P x G scored completions, as the tensors the loss reads."""
-        out, totals, lengths = self.sample(model, batch, step, micro_batch)
-        rewards = totals.view(-1, self.settings.num_generations)
+        out = self.sample(model, batch, step, micro_batch)
+        rewards = out["scores"].view(-1, self.settings.num_generations)
         advantages = group_advantages(rewards, scale=self.settings.loss_type != LossType.DR_GRPO).flatten()
         device = out["input_ids"].device
         out["advantages"] = advantages.to(device)
-        out["rollout_stats"] = torch.tensor([float(rewards.mean()), float(rewards.std(dim=1).mean()),
-                                             float(lengths.float().mean())], device=device)
         if self.reference is not None:
             out["ref_logp"] = self.reference_log_probs(out)
         return out
+
+    def finish_rollouts(self, batches: Sequence[dict[str, Any]], accelerator: Accelerator) -> None:
+        """Collective: the logged rollout statistics over the step's global batch -- the mean reward and
+        completion length over its completions, the mean over its groups of their rewards' std --, the same in every
+        micro-batch ("rollout_stats"; the loss weighs them by its units, which sum to the step's)."""
+        groups = torch.cat([batch["scores"].view(-1, self.settings.num_generations).std(dim=1) for batch in batches])
+        sums = global_sums(accelerator, self.reward_sums(batches), groups.double().sum(), len(groups))
+        reward, length = self.reward_means(sums[:-2], batches)
+        reward_std = float(sums[-2] / sums[-1])
+        for batch in batches:
+            batch["rollout_stats"] = torch.tensor([reward, reward_std, length], device=batch["completion_mask"].device)
 
     # ----------------------------------------------------------------- the loss
     def count_items(self, batch: dict[str, Any]) -> torch.Tensor:

@@ -14,14 +14,16 @@ completions per prompt, seeded by the step, scored by the --reward functions), t
 the rollout's log-probs under the policy and values under the critic (old_logp, old_values: fixed for the step)
 and the frozen reference's log-probs. The KL penalty is folded into the rewards (TRL's convention;
 rl_losses.kl_penalized_rewards: -beta x the k1 KL per token, the score at the last token); GAE with --gamma and
---lam gives the advantages and returns; the advantages are whitened over the micro-batch's completion tokens (as
-MiniMind's, per process). Then --ppo_epochs optimizer updates on that batch (the core's `updates_per_rollout`;
-each over the whole batch, TRL's num_mini_batches = 1), each minimizing rl_losses.ppo_loss. The loss's unit is the
-completion token.
+--lam gives the advantages and returns; the advantages are whitened over the completion tokens of the step's whole
+global batch, every micro-batch of every process (TRL's whole rollout batch; MiniMind whitens per process, so its
+two processes do not take one process's step). Then --ppo_epochs optimizer updates on that batch (the core's
+`updates_per_rollout`; each over the whole batch, TRL's num_mini_batches = 1), each minimizing rl_losses.ppo_loss.
+The loss's unit is the completion token.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -29,12 +31,13 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import torch
+from accelerate import Accelerator
 from torch import nn
 
 from model.model import MiniNormForCausalLM, MiniNormModel
-from trainer.grpo import RolloutObjective, completion_log_probs
+from trainer.grpo import RolloutObjective, completion_log_probs, global_sums
 from trainer.rewards import Reward
-from trainer.rl_losses import explained_variance, gae, kl_penalized_rewards, masked_mean, ppo_loss, whiten
+from trainer.rl_losses import explained_fraction, gae, kl_penalized_rewards, ppo_loss, whiten
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
               "completion_length")  # then each reward's mean
@@ -117,9 +120,9 @@ class ProximalPolicy(RolloutObjective):
 
     # ----------------------------------------------------------------- rollouts
     def rollout(self, model: PolicyAndCritic, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
-        """The micro-batch of P prompts -> P x G scored completions with their old log-probs and values,
-        advantages (whitened) and returns."""
-        out, scores, lengths = self.sample(model, batch, step, micro_batch)
+        """The micro-batch of P prompts -> P x G scored completions with their old log-probs and values, GAE
+        advantages (whitened by finish_rollouts) and returns, and the k1 KL to the reference per token."""
+        out = self.sample(model, batch, step, micro_batch)
         s, mask = self.settings, out["completion_mask"]
         width = mask.shape[1]
         was_training = model.training
@@ -133,14 +136,53 @@ class ProximalPolicy(RolloutObjective):
         finally:
             model.train(was_training)
         ref_logp = self.reference_log_probs(out) if self.reference is not None else old_logp
-        scores = scores.to(old_logp.device)
-        rewards = kl_penalized_rewards(scores, old_logp, ref_logp, mask, s.beta)
+        rewards = kl_penalized_rewards(out["scores"].to(old_logp.device), old_logp, ref_logp, mask, s.beta)
         advantages, returns = gae(rewards, old_values, mask, s.gamma, s.lam)
-        out.update(old_logp=old_logp, old_values=old_values, returns=returns, advantages=whiten(advantages, mask))
-        out["rollout_stats"] = torch.tensor(
-            [float(scores.mean()), float(scores.std(correction=0)), float(masked_mean(old_logp - ref_logp, mask)),
-             explained_variance(old_values, returns, mask), float(lengths.float().mean())], device=old_logp.device)
+        out.update(old_logp=old_logp, old_values=old_values, returns=returns, advantages=advantages,
+                   kl=(old_logp - ref_logp) * mask)
         return out
+
+    def finish_rollouts(self, batches: Sequence[dict[str, Any]], accelerator: Accelerator) -> None:
+        """Collective: over the step's global batch -- every micro-batch of every process, fp64 sums, two
+        collectives --, the advantages whitened with the mean and variance of all its tokens' (TRL whitens over its
+        whole rollout batch), and the logged statistics, the same in every micro-batch ("rollout_stats"): the
+        reward's mean and std over its completions, the mean k1 KL and the critic's explained variance over its
+        tokens, the mean completion length. So one process of 4 prompts, two of 2 and one of 2 micro-batches of 2
+        take the same step."""
+        masks = [batch["completion_mask"].cpu().double() for batch in batches]
+
+        def token_sum(values: Callable[[dict[str, Any]], torch.Tensor], centre: float = 0.0,
+                      power: int = 1) -> torch.Tensor:
+            """The sum over the process's completion tokens of (values - centre) ** power."""
+            return sum(((((values(batch).cpu().double() - centre) * mask) ** power).sum()
+                        for batch, mask in zip(batches, masks)), torch.zeros((), dtype=torch.float64))
+
+        def advantages(batch: dict[str, Any]) -> torch.Tensor:
+            return batch["advantages"]
+
+        def returns(batch: dict[str, Any]) -> torch.Tensor:
+            return batch["returns"]
+
+        def residuals(batch: dict[str, Any]) -> torch.Tensor:
+            return batch["returns"] - batch["old_values"]
+
+        reward_sums = self.reward_sums(batches)
+        first = global_sums(accelerator, reward_sums, sum(mask.sum() for mask in masks), token_sum(advantages),
+                            token_sum(returns), token_sum(residuals), token_sum(lambda batch: batch["kl"]))
+        reward, length = self.reward_means(first[:len(reward_sums)], batches)
+        completions, tokens = float(first[0]), float(first[len(reward_sums)])
+        advantage, returned, residual, kl = (first[len(reward_sums) + 1:] / max(tokens, 1.0)).tolist()
+        scores = torch.cat([batch["scores"] for batch in batches]).double()
+        second = global_sums(accelerator, token_sum(advantages, advantage, 2), token_sum(returns, returned, 2),
+                             token_sum(residuals, residual, 2), ((scores - reward) ** 2).sum())
+        squares_advantage, squares_returns, squares_residual, squares_reward = second.tolist()
+        moments = (advantage, squares_advantage / max(tokens - 1, 1.0))  # Bessel's correction, as whiten's own
+        explained = explained_fraction(squares_residual / max(tokens, 1.0), squares_returns / max(tokens, 1.0))
+        reward_std = math.sqrt(squares_reward / completions)
+        for batch in batches:
+            mask = batch["completion_mask"]
+            batch["advantages"] = whiten(batch["advantages"], mask, moments=moments)
+            batch["rollout_stats"] = torch.tensor([reward, reward_std, kl, explained, length], device=mask.device)
 
     # ----------------------------------------------------------------- the loss
     def count_items(self, batch: dict[str, Any]) -> torch.Tensor:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataset.chat_format import THINK, THINK_END
+
 RewardFunction = Callable[..., list]
 
 # DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476), counted in characters (a reward sees text):
@@ -55,12 +57,18 @@ def final_answer(completion: str) -> float | None:
     return _to_number(numbers[-1]) if numbers else None
 
 
+def answer_part(completion: str) -> str:
+    """What a completion answers: the text after its last </think> (the whole text when it has none)."""
+    return completion.rpartition(THINK_END)[2]
+
+
 def math_answer(prompts: list[str], completions: list[str], answer: Sequence, **columns) -> list[float]:
-    """1.0 where the completion's final answer (final_answer) equals the row's `answer` (a number, or a text whose
-    final answer is one, such as GSM8K's "... #### 42") numerically (relative tolerance 1e-6), else 0.0."""
+    """1.0 where the final answer (final_answer) of the completion's answer part (after its thinking, answer_part)
+    equals the row's `answer` (a number, or a text whose final answer is one, such as GSM8K's "... #### 42")
+    numerically (relative tolerance 1e-6), else 0.0."""
     rewards = []
     for completion, expected in zip(completions, answer):
-        got, want = final_answer(completion), final_answer(str(expected))
+        got, want = final_answer(answer_part(completion)), final_answer(str(expected))
         rewards.append(float(got is not None and want is not None and math.isclose(got, want, rel_tol=1e-6,
                                                                                      abs_tol=1e-9)))
     return rewards
@@ -85,8 +93,22 @@ def repetition_penalty(prompts: list[str], completions: list[str], **columns) ->
     return rewards
 
 
+def think_format(prompts: list[str], completions: list[str], **columns) -> list[float]:
+    """1.0 where the completion is a thinking block and then an answer, else 0.0 (DeepSeek-R1's format reward, on
+    this project's template): it starts with <think> (nothing before it, not even whitespace), holds exactly one
+    <think> and one </think>, in that order, with anything (or nothing) between them, and after </think> comes text
+    that is not only whitespace. The tags are read as text: the completion's control tokens decoded
+    (trainer/grpo.py, completion_text), or the same characters written in ordinary tokens."""
+    rewards = []
+    for completion in completions:
+        _, closed, answer = completion.partition(THINK_END)
+        rewards.append(float(completion.startswith(THINK) and bool(closed) and completion.count(THINK) == 1
+                             and completion.count(THINK_END) == 1 and bool(answer.strip())))
+    return rewards
+
+
 BUILTIN: dict[str, RewardFunction] = {"math_answer": math_answer, "length_penalty": length_penalty,
-                                      "repetition_penalty": repetition_penalty}
+                                      "repetition_penalty": repetition_penalty, "think_format": think_format}
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {"math_answer": ("answer",)}  # the data fields a built-in reads
 
 

@@ -1,7 +1,7 @@
 """Distillation (trainer/train_distillation.py) end to end on the training core: a tiny run on SFT data lowers the
 KL to the teacher and logs CE and KL beside the loss; resumed from its checkpoint it reproduces the uninterrupted
-run bit for bit; it runs on pretraining text too; a teacher with another tokenizer is refused in one
-line before anything is trained."""
+run bit for bit; two processes (torchrun) take the one process's steps; it runs on pretraining text too; a teacher
+with another tokenizer is refused in one line before anything is trained."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from tests.training_runs import finetune_argv, run_in_process, train_losses
+from tests.training_runs import assert_same_model, finetune_argv, launch_two_processes, run_in_process, train_losses
 from trainer.core import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
@@ -49,6 +49,26 @@ def test_a_resumed_distillation_run_reproduces_it_bit_for_bit(distilled, train_d
     assert train_losses(resumed) == train_losses(distilled)[3:]
     ours, theirs = load_file(resumed / "model.safetensors"), load_file(distilled / "model.safetensors")
     assert all(torch.equal(ours[name], tensor) for name, tensor in theirs.items())
+
+
+def test_two_processes_distill_like_one_process(distilled, train_data, tiny_models, tmp_path):
+    """torchrun, two processes of 2 conversations against the one-process run of 4 (the same global batch): CE and
+    KL are means over the supervised tokens of both processes (unequal between them), so every logged statistic,
+    the validation and the final weights agree."""
+    out_dir = tmp_path / "two"
+    argv = _argv(train_data, tiny_models, out_dir, "--alpha", "0.25", "--temperature", "2")
+    argv[argv.index("--batch_size") + 1] = "2"
+    run = launch_two_processes("torchrun", "distill", argv, tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "x2, float32" in run.stdout
+    for split in ("train", "val"):
+        ours, theirs = read_metrics(out_dir, split), read_metrics(distilled, split)
+        assert len(ours) == len(theirs) >= 2
+        for mine, reference in zip(ours, theirs):
+            for name, value in reference.items():
+                if isinstance(value, (int, float)) and not name.endswith("_s") and name != "mfu":  # not timings
+                    assert mine[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (split, name)
+    assert_same_model(out_dir, distilled)
 
 
 def test_distillation_on_pretraining_text(train_data, tiny_models, tmp_path):

@@ -158,7 +158,7 @@ def test_two_processes_sample_and_train_like_one_process(grpo_data, tiny_models,
     """torchrun, two processes of 2 prompts against one process of 4 (the same global batch): each completion's
     seed depends on its prompt's place in the global batch, not on the process, so both sample the same rollouts;
     losses, rewards, the validation (7 prompts: one shard padded, the copy not counted) and the weights agree.
-    (PPO samples the same rollouts too, but whitens its advantages over each micro-batch: not compared.)"""
+    (PPO's: tests/integration/test_ppo_runs.py.)"""
     task = "grpo"
     from tests.training_runs import assert_same_model, launch_two_processes
 

@@ -1,8 +1,8 @@
 """PPO (trainer/train_ppo.py) end to end on the training core: `python trainer/train_ppo.py` samples, scores and
 trains policy and critic, logs the rollout and critic statistics, saves the policy alone as the model and both in
 its checkpoints; resumed from a checkpoint it reproduces the uninterrupted run bit for bit (rollouts and critic
-included); a broken reward function stops it in one line; and a reward that counts a frequent word rises within
-a few dozen steps on a tiny model."""
+included); two processes take one process's steps; a broken reward function stops it in one line; and a reward
+that counts a frequent word rises within a few dozen steps on a tiny model."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.paths import REPO
-from tests.training_runs import (frequent_word_rewards, train_losses,
-                                 write_prompt_data)
+from tests.training_runs import (assert_same_model, frequent_word_rewards, launch_two_processes,
+                                 run_in_process, train_losses, write_prompt_data)
 from trainer.core import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
@@ -107,3 +107,39 @@ def test_ppo_raises_a_reward_that_counts_a_frequent_word(tmp_path):
     rewards = frequent_word_rewards("ppo", tmp_path, 20, "--batch_size", "8", "--ppo_epochs", "4")
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert last > 2 * first and last > first + 0.5, rewards
+
+
+def test_two_processes_take_the_same_steps_as_one_process(ppo_data, tiny_models, tmp_path):
+    """torchrun, two processes of 2 prompts against one process of 4 (the same global batch, the same rollouts:
+    trainer/grpo.py's seeds): the advantages are whitened and the statistics taken over the step's global batch
+    (all processes), so every logged statistic, the validation (7 prompts: one shard padded, the copy not
+    counted), the policy and the critic agree. Whitening per process (MiniMind's) fails this test."""
+    def argv(out_dir, batch_size: str) -> list[str]:
+        flags = _argv(ppo_data, tiny_models.pretrain, out_dir, "--val_data_path", str(ppo_data / "val.jsonl"),
+                      "--eval_interval", "2", "--num_generations", "2")
+        flags[flags.index("--batch_size") + 1] = batch_size
+        flags[flags.index("--max_steps") + 1] = "4"
+        return flags
+
+    rows = [json.loads(line) for line in (ppo_data / "prompts.jsonl").read_text().splitlines()]
+    (ppo_data / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:7]))
+    one = tmp_path / "one"
+    run_in_process("ppo", argv(one, "4"))
+    two = tmp_path / "two"
+    run = launch_two_processes("torchrun", "ppo", argv(two, "2"), tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "x2, float32" in run.stdout
+    for split in ("train", "val"):
+        ours, theirs = read_metrics(two, split), read_metrics(one, split)
+        assert len(ours) == len(theirs) >= 2
+        for mine, reference in zip(ours, theirs):
+            for name, value in reference.items():
+                if isinstance(value, (int, float)) and not name.endswith("_s") and name != "mfu":  # not timings
+                    assert mine[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (split, name)
+    assert read_summary(two)["final_val"]["prompts"] == 7
+    assert_same_model(two, one)
+    checkpoint = "checkpoints/step_00000002/model.safetensors"  # the policy and the critic
+    mine, theirs = load_file(two / checkpoint), load_file(one / checkpoint)
+    assert mine.keys() == theirs.keys() and "critic.value_head.weight" in mine
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(mine[name], tensor, rtol=1e-4, atol=1e-5, msg=name)

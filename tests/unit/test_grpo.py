@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from contextlib import nullcontext
 
 import pytest
@@ -35,6 +36,14 @@ def _settings(loss_type: str = "grpo", beta: float = 0.0, group: int = 2, iterat
 
 class _Pad:
     pad_token_id = 0
+
+
+class _OneProcess:
+    device = torch.device("cpu")
+
+    @staticmethod
+    def reduce(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+        return tensor
 
 
 def _hand_made_batch() -> dict:
@@ -142,7 +151,7 @@ def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, p
     settings = _settings(group=3)
     objective = GroupRelativePolicy([Reward("lengths", reward)], tokenizer, settings, None, seed=7, process_index=0,
                                     autocast=nullcontext)
-    batch = objective.rollout(policy, _prompts(tokenizer), step=5, micro_batch=0)
+    batch = objective.rollouts(policy, [_prompts(tokenizer)], step=5, accelerator=_OneProcess())[0]
     assert seen["prompts"] == ["one"] * 3 + ["two"] * 3 and seen["answer"] == ["1"] * 3 + ["2"] * 3
     rewards = [float(len(c) % 5) for c in seen["completions"]]
     assert len(set(rewards[:3])) > 1 and len(set(rewards[3:])) > 1  # two groups of unequal rewards
@@ -154,12 +163,48 @@ def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, p
         assert batch["advantages"][first:first + 3].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert objective.stat_names[-1] == "rewards/reward"
     assert batch["reward_means"].tolist() == pytest.approx([sum(rewards) / 6])
+    stds = [statistics.stdev(rewards[first:first + 3]) for first in (0, 3)]
+    assert batch["rollout_stats"].tolist() == pytest.approx(
+        [sum(rewards) / 6, sum(stds) / 2, float(batch["completion_mask"].sum()) / 6], rel=1e-6)
     assert batch["input_ids"][:3, :3].tolist() == [[1, 2, 3]] * 3 and batch["starts"].tolist() == [3] * 3 + [2] * 3
     assert batch["completion_mask"].sum(dim=1).tolist() == [len(t) for t in _token_lists(batch)]
     again = objective.rollout(policy, _prompts(tokenizer), step=5, micro_batch=0)
     assert torch.equal(again["input_ids"], batch["input_ids"])  # the same step samples the same completions
     other = objective.rollout(policy, _prompts(tokenizer), step=6, micro_batch=0)
     assert not torch.equal(other["input_ids"], batch["input_ids"])
+
+
+def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(tokenizer, policy, monkeypatch):
+    """Two micro-batches of two prompts, cispo (its unit is the token, so the loss weighs each micro-batch's
+    statistics by its tokens): the step's logged reward, reward std, completion length and the function's mean
+    (over the completions it scored: it leaves every third unscored) are those of all eight completions."""
+    import trainer.grpo as grpo
+
+    def sample(model, tok, prompt_ids, settings):  # completions of 1 to 6 tokens, by their seeds
+        return [[100 + i for i in range(1 + setting.seed % 6)] for setting in settings]
+
+    monkeypatch.setattr(grpo, "sample_completions", sample)
+    values = []
+
+    def reward(prompts, completions, **columns):
+        values.extend(float(len(c) % 7) if i % 3 else None for i, c in enumerate(completions))
+        return values[-len(completions):]
+
+    objective = GroupRelativePolicy([Reward("lengths", reward)], tokenizer, _settings("cispo"), None, seed=7,
+                                    process_index=0, autocast=nullcontext)
+    other = PromptDataset.collate([{"input_ids": torch.tensor([6, 7, 8, 9]), "prompt": "three", "columns": {}},
+                                   {"input_ids": torch.tensor([10]), "prompt": "four", "columns": {}}])
+    batches = objective.rollouts(policy, [_prompts(tokenizer), other], step=2, accelerator=_OneProcess())
+    units = sum(objective.count_items(batch) for batch in batches)
+    stats = sum(objective.loss(policy, batch, units)[1] for batch in batches) / units
+    totals = [v if v is not None else 0.0 for v in values]  # an unscored completion adds nothing
+    scored = [v for v in values if v is not None]
+    stds = [statistics.stdev(totals[first:first + 2]) for first in range(0, 8, 2)]
+    lengths = [int(n) for batch in batches for n in batch["completion_mask"].sum(dim=1)]
+    assert sum(lengths[:4]) != sum(lengths[4:])  # the micro-batches' token weights differ
+    reward, reward_std, _, _, length, function_mean = stats.tolist()
+    assert (reward, reward_std, length, function_mean) == pytest.approx(
+        (sum(totals) / 8, sum(stds) / 4, sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
 
 
 def _token_lists(batch: dict) -> list[list[int]]:
@@ -259,14 +304,6 @@ def test_several_updates_per_rollout_take_the_ratio_against_the_sampling_policy(
         torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4, atol=1e-7, msg=name)
     clip_fraction = (stats / units).tolist()[3]
     assert first_stats[3].item() == 0.0 and clip_fraction > 0
-
-
-class _OneProcess:
-    device = torch.device("cpu")
-
-    @staticmethod
-    def reduce(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
-        return tensor
 
 
 def test_validation_reports_the_greedy_accuracy_on_the_answers(tokenizer, policy, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from contextlib import nullcontext
 
 import pytest
@@ -43,6 +44,14 @@ def _settings(group: int = 1) -> PPOSettings:
 
 class _Pad:
     pad_token_id = 0
+
+
+class _OneProcess:
+    device = torch.device("cpu")
+
+    @staticmethod
+    def reduce(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+        return tensor
 
 
 def _hand_made_batch() -> dict:
@@ -129,7 +138,7 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
 
     objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(group=2), reference, seed=7,
                                process_index=0, autocast=nullcontext)
-    batch = objective.rollout(model, _prompts(), step=3, micro_batch=0)
+    batch = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
     assert model.training  # back in training mode after the no-grad forwards
     model64, reference64 = copy.deepcopy(model).double().eval(), copy.deepcopy(reference).double()
     mask = batch["completion_mask"]
@@ -173,6 +182,44 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
     # The first update's policy is the one that sampled: its ratio is 1 (to float rounding), nothing clips.
     _, stats = objective.loss(model, batch, objective.count_items(batch))
     assert stats[3].item() == 0.0
+
+
+def test_the_advantages_are_whitened_and_the_statistics_taken_over_the_whole_step(tokenizer):
+    """Two micro-batches (as two processes, or --accumulation_steps 2, sample them): the advantages are whitened
+    with the mean and variance of all the step's completion tokens, and the logged reward, its std, the KL, the
+    explained variance and the length are over all of them -- what one micro-batch of all four prompts gives.
+    Each micro-batch's own GAE advantages, returns and values are `rollout`'s (no collective, checked above)."""
+    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
+
+    def lengths(prompts, completions, **columns):
+        return [float(len(c) % 5) for c in completions]
+
+    objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(group=2), reference, seed=7,
+                               process_index=0, autocast=nullcontext)
+    other = PromptDataset.collate([{"input_ids": torch.tensor([6, 7, 8, 9]), "prompt": "three", "columns": {}},
+                                   {"input_ids": torch.tensor([10]), "prompt": "four", "columns": {}}])
+    raw = [objective.rollout(model, prompts, step=3, micro_batch=index)
+           for index, prompts in enumerate([_prompts(), other])]
+    batches = objective.rollouts(model, [_prompts(), other], step=3, accelerator=_OneProcess())
+
+    def tokens(name: str, source: list[dict]) -> list[float]:
+        return [float(value) for batch in source for row, mask in zip(batch[name], batch["completion_mask"])
+                for value, keep in zip(row, mask) if keep]
+
+    advantages, returns = tokens("advantages", raw), tokens("returns", raw)
+    residuals = [r - v for r, v in zip(returns, tokens("old_values", raw))]
+    mean = statistics.fmean(advantages)
+    scale = math.sqrt(statistics.variance(advantages) + 1e-8)  # Bessel's correction
+    assert tokens("advantages", batches) == pytest.approx([(a - mean) / scale for a in advantages],
+                                                          rel=1e-4, abs=1e-5)
+    scores = [float(s) for batch in raw for s in batch["scores"]]
+    expected = [statistics.fmean(scores), statistics.pstdev(scores), statistics.fmean(tokens("kl", raw)),
+                1 - statistics.pvariance(residuals) / statistics.pvariance(returns), len(advantages) / 8]
+    for batch in batches:
+        assert batch["rollout_stats"].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    # one micro-batch alone is whitened with its own tokens' moments, which differ
+    alone = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
+    assert not torch.allclose(alone["advantages"], batches[0]["advantages"])
 
 
 def test_the_critic_starts_from_the_starting_models_trunk_with_zero_values(tmp_path):

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from trainer.rewards import (BUILTIN, LENGTH_BUFFER_CHARS, LENGTH_LIMIT_CHARS, RewardError, final_answer,
-                             length_penalty, load_reward, math_answer, repetition_penalty, score)
+                             length_penalty, load_reward, math_answer, repetition_penalty, score, think_format)
 
 USER_REWARDS = '''
 def contains_word(prompts, completions, word, **columns):
@@ -74,7 +74,7 @@ def test_a_broken_reward_function_is_one_line_naming_it(name, message, user_file
 def test_the_loader_refuses_bad_specs_in_one_line(user_file, tmp_path):
     assert load_reward("math_answer").function is BUILTIN["math_answer"]
     cases = {"nonsense": "expected path/to/file.py:function or a built-in (math_answer, length_penalty, "
-                         "repetition_penalty)",
+                         "repetition_penalty, think_format)",
              f"{tmp_path}/missing.py:f": "no file",
              f"{user_file}:absent": "defines no function 'absent'"}
     broken = tmp_path / "broken.py"
@@ -100,6 +100,31 @@ def test_math_answer_compares_numerically_with_the_rows_answer():
     completions = ["It is 12.", "It is 12.0", "It is 13", "I do not know", "#### 0.5", "so 7"]
     answers = ["12", 12, "12", "12", "1/2", "Tom has 3 + 4 = 7 apples #### 7"]
     assert math_answer([""] * 6, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+
+
+def test_math_answer_reads_the_answer_after_the_thinking():
+    completions = ["<think>\n3 + 4 = 7? no, 8\n</think>\n\nIt is 7.", "<think>\nit is 7\n</think>\n\nno idea",
+                   "no thinking: 7"]
+    assert math_answer([""] * 3, completions, answer=[7, 7, 7]) == [1.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("<think>\nadd them\n</think>\n\n7", 1.0),
+    ("<think></think>7", 1.0),                     # empty thinking is allowed, the answer is what counts
+    ("<think>\n\n</think>\n\nThe answer is 7.", 1.0),  # the template's empty block
+    ("<think>\nadd them\n</think>\n\n", 0.0),     # no answer after the thinking
+    ("<think>\nadd them\n</think> \n\t", 0.0),     # only whitespace after it
+    ("<think>\nadd them, 7", 0.0),                 # never closed
+    ("7</think>", 0.0),                             # no opening tag
+    (" <think>x</think>7", 0.0),                    # something before <think>
+    ("<think>a</think>b</think>7", 0.0),            # two closing tags
+    ("<think>a<think>b</think>7", 0.0),             # two opening tags
+    ("</think>x<think>7", 0.0),                     # the wrong order
+    ("", 0.0),
+])
+def test_think_format_by_hand(completion, expected):
+    assert think_format(["p"], [completion]) == [expected]
+    assert load_reward("think_format").function is think_format
 
 
 def test_length_penalty_by_hand():

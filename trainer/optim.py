@@ -34,6 +34,12 @@ ADAMW_BETAS = (0.9, 0.95)
 ADAMW_EPS = 1e-8
 
 
+def adamw(params: list[dict[str, Any]] | list[nn.Parameter], lr: float) -> torch.optim.AdamW:
+    """torch's AdamW with our betas and eps, fused: one kernel per parameter instead of about ten elementwise
+    operations (on the default CPU run 2.5-4x faster for the same update to ~1e-8, and fewer parallel regions)."""
+    return torch.optim.AdamW(params, lr=lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, fused=True)
+
+
 class OptimizerName(StrEnum):
     ADAMW = "adamw"
     MUON = "muon"
@@ -138,7 +144,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
                  muon_weight_decay: float, muon_momentum: float, muon_adjust_lr: str, adamw_lr: float,
                  orthogonalize_in_fp32: bool = False) -> None:
         rules: dict[str, torch.optim.Optimizer] = {  # AdamW's groups first: group 0's lr is --learning_rate's
-            "adamw": torch.optim.AdamW(adamw_groups, lr=adamw_lr, betas=ADAMW_BETAS, eps=ADAMW_EPS),
+            "adamw": adamw(adamw_groups, adamw_lr),
             "muon": torch.optim.Muon(muon_params, lr=muon_lr, weight_decay=muon_weight_decay, momentum=muon_momentum,
                                      nesterov=True, adjust_lr_fn=muon_adjust_lr),
         }
@@ -184,8 +190,7 @@ def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
     """The run's optimizer. `learning_rate` and `weight_decay` are AdamW's; the muon_* values are Muon's;
     `orthogonalize_in_fp32`: Muon's Newton-Schulz iteration in fp32 rather than torch's bf16."""
     if OptimizerName(optimizer) is OptimizerName.ADAMW:
-        return torch.optim.AdamW(decay_groups(model, weight_decay), lr=learning_rate, betas=ADAMW_BETAS,
-                                 eps=ADAMW_EPS)
+        return adamw(decay_groups(model, weight_decay), learning_rate)
     muon_params, adamw_params = muon_split(model)
     if not muon_params:
         raise ValueError("--optimizer muon: the model has no 2-D hidden weight matrices for Muon")

@@ -88,10 +88,12 @@ def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]
 
 
 def orthogonalize(matrices: list[torch.Tensor], ns_coefficients: tuple[float, float, float], ns_steps: int,
-                  eps: float, dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+                  eps: float, dtype: torch.dtype = torch.bfloat16,
+                  out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     """Muon's Newton-Schulz orthogonalization of each matrix, as torch.optim.Muon computes it (in `dtype`: X = M /
     ||M||_F in the wide orientation, then `ns_steps` times X <- a X + (b A + c A^2) X with A = X X^T), the
-    matrices of one wide-orientation shape stacked into one batched product per operation."""
+    matrices of one wide-orientation shape stacked into one batched product per operation. `out_dtype`: the results
+    cast to it, one cast per shape (what the parameters' update would do to each matrix on its own)."""
     a, b, c = ns_coefficients
     by_shape: dict[tuple[int, int], list[tuple[int, bool]]] = {}
     for index, matrix in enumerate(matrices):
@@ -105,6 +107,8 @@ def orthogonalize(matrices: list[torch.Tensor], ns_coefficients: tuple[float, fl
         for _ in range(ns_steps):
             gram = torch.bmm(x, x.mT)
             x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        if out_dtype is not None:
+            x = x.to(out_dtype)
         for (index, tall), result in zip(members, x.unbind(0)):
             out[index] = result.T if tall else result
     return out
@@ -128,8 +132,10 @@ def muon_step(muon: torch.optim.Muon, dtype: torch.dtype = torch.bfloat16) -> No
             buffer = state["momentum_buffer"]
             buffer.lerp_(param.grad, 1 - momentum)
             updates.append(param.grad.lerp(buffer, momentum) if group["nesterov"] else buffer)
-        for param, update in zip(params, orthogonalize(updates, group["ns_coefficients"], group["ns_steps"],
-                                                      group["eps"], dtype)):
+        dtypes = {param.dtype for param in params}
+        orthogonalized = orthogonalize(updates, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype,
+                                       out_dtype=dtypes.pop() if len(dtypes) == 1 else None)
+        for param, update in zip(params, orthogonalized):
             param.mul_(1 - lr * group["weight_decay"])
             param.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], param.shape))
 

@@ -2,7 +2,9 @@
 benchmark starts and stops itself), for
 
   - MiniNorm as it ships: `--threads auto` and OpenMP's spin bounded (trainer/threads.py),
-  - MiniNorm with that policy off: one thread per core and OpenMP's default spin (what it did before), and
+  - MiniNorm with that policy off: one thread per core and OpenMP's default spin,
+  - `before`: MiniNorm as it was before issue 26, the policy off and the optimizer stepping as torch's own classes
+    do (unfused AdamW, Muon's per-matrix Newton-Schulz loop): the same arithmetic in more parallel regions, and
   - transformers' LlamaForCausalLM of the same shape in a plain loop (fp32, torch.optim.AdamW, torch's defaults),
 
 each in a worker process of its own (OpenMP reads its wait policy when a process loads torch), all measured in
@@ -12,6 +14,7 @@ gives the median step of every variant at every level and its ratio to the same 
     python eval/benchmarks/bench_load.py                     # 4 rounds of 4 steps per variant and level
     python eval/benchmarks/bench_load.py --rounds 6 --steps 5 --competitors 0,1
     python eval/benchmarks/bench_load.py --variants mininorm,mininorm:30000,policy_off   # other spin counts
+    python eval/benchmarks/bench_load.py --competitors 0,1 --rounds 8 --variants mininorm,before   # the goal's pair
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from trainer.threads import bound_openmp_waits, usable_cores  # noqa: E402
 VARIANTS = {
     "mininorm": "MiniNorm (threads auto, bounded spin)",
     "policy_off": "MiniNorm, policy off (all cores, default spin)",
+    "before": "MiniNorm before issue 26 (policy off, torch's per-matrix Muon step, unfused AdamW)",
     "llama": "HF Llama, plain fp32 AdamW loop",
 }
 BUSY_LOOP = "while True:\n    pass\n"
@@ -45,6 +49,17 @@ def label(variant: str) -> str:
     """`mininorm:N` is MiniNorm's policy with OpenMP spinning N iterations (GOMP_SPINCOUNT) instead of ours."""
     name, _, spin = variant.partition(":")
     return f"MiniNorm (threads auto, spin {spin})" if spin else VARIANTS[name]
+
+
+def use_torch_optimizer_steps() -> None:
+    """The optimizer as it stepped before issue 26's changes to trainer/optim.py: AdamW unfused (about ten
+    elementwise operations per parameter) and torch.optim.Muon's own step (Newton-Schulz one matrix at a time)."""
+    import torch
+
+    import trainer.optim as optim
+
+    optim.adamw = lambda params, lr: torch.optim.AdamW(params, lr=lr, betas=optim.ADAMW_BETAS, eps=optim.ADAMW_EPS)
+    optim.muon_step = lambda muon, dtype: muon.step()
 
 
 def worker(variant: str, out_dir: str) -> None:
@@ -57,6 +72,8 @@ def worker(variant: str, out_dir: str) -> None:
     from trainer.core import Trainer
 
     threads = "auto" if variant.startswith("mininorm") else str(usable_cores())
+    if variant == "before":
+        use_torch_optimizer_steps()
     trainer = Trainer(parse_args("pretrain", ["--out_dir", out_dir, "--overwrite", "--threads", threads]))
     batches = iter(trainer.train_loader)
     if variant == "llama":

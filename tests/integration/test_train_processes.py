@@ -112,11 +112,16 @@ def test_fsdp2_with_muon_matches_one_process(train_data, muon_reference_run, tmp
 
 def test_time_budget_under_torchrun_stops_every_process_at_the_main_ones_length(train_data, tmp_path):
     """Each process times its own steps; if each fixed its own length, one would wait forever in a collective the
-    other never joins. The main process decides, the others follow: the run ends, on the length it printed."""
+    other never joins. The main process decides, the others follow: the run ends (no process waits), on the main
+    process's plan."""
     out_dir = tmp_path / "budget"
     argv = pretrain_argv(train_data, out_dir, "--batch_size", "2", "--time_budget_s", "2", "--save_interval", "1000")
     result = launch_two_processes("torchrun", "pretrain", argv, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    # The main process re-plans as its pace changes (a loaded machine): the length it printed last is the one.
-    decided = int((result.stdout + result.stderr).split("--time_budget_s 2: ")[-1].split()[0])
-    assert [r["step"] for r in read_metrics(out_dir, "train")][-1] == decided
+    output = result.stdout + result.stderr
+    # The main process re-plans after every step as its pace changes (a loaded machine) and prints a plan when it is
+    # new or has moved by 5% or more: the run ends within 5% of the plan it printed last.
+    announced = int(output.split("--time_budget_s 2: ")[-1].split()[0])
+    final = [r["step"] for r in read_metrics(out_dir, "train")][-1]
+    assert abs(final - announced) < 0.05 * announced, (final, announced)
+    assert f"done: {final} steps" in output

@@ -108,6 +108,13 @@ def run(config: dict[str, Any], rounds: int, steps: int, warmup: int, compile_mo
         if unknown:
             raise ValueError(f"--variants: {', '.join(unknown)} not in the sweep's {VARIANT_KEY} values")
         files = [f for f in files if variant_name(f) in variants]
+    import torch._dynamo
+
+    # Every variant compiles the same forward code for its own modules, one recompilation each: dynamo's default
+    # limit (8 per code object) would leave the later variants of twelve eager, timed unlike their trials.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(files) + 8)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                           64 * len(files))
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
         fns = {}

@@ -282,5 +282,7 @@ def test_benchmark_times_real_trainers_of_two_variants(tmp_path):
     assert list(payload["variants"]) == ["pre_rmsnorm", "post_ln"]   # the sweep's order
     assert all(len(t) == 2 and all(s > 0 for s in t) for t in payload["times_s"].values())
     assert payload["variants"]["pre_rmsnorm"]["vs_baseline"] == 1.0
+    import torch._dynamo  # compiled, each variant recompiles the one forward: the limit leaves room for all of them
+    assert torch._dynamo.config.recompile_limit >= 4 * 2 + 8
     with pytest.raises(ValueError, match="--variants: nope not in"):
         bench.run(config, 1, 1, 0, "off", variants=["nope"])

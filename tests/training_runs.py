@@ -166,6 +166,20 @@ def val_losses(out_dir: Path) -> list[float]:
     return [r["val_loss"] for r in read_metrics(out_dir / "metrics.jsonl", "val")]
 
 
+def assert_same_logged_metrics(ours: Path, reference: Path, rel: float = 1e-4, abs_: float = 1e-6) -> None:
+    """Two runs logged the same statistics (every number of metrics.jsonl's train and val records but timings and
+    MFU): what a two-process run must show against the one-process run of the same global batch."""
+    import pytest
+
+    for split in ("train", "val"):
+        mine, theirs = read_metrics(ours, split), read_metrics(reference, split)
+        assert len(mine) == len(theirs) >= 2, split
+        for got, want in zip(mine, theirs):
+            for name, value in want.items():
+                if isinstance(value, (int, float)) and not name.endswith("_s") and name != "mfu":  # not timings
+                    assert got[name] == pytest.approx(value, rel=rel, abs=abs_), (split, name)
+
+
 def assert_same_model(ours: Path, reference: Path, rtol: float = 1e-4, atol: float = 1e-5) -> None:
     """The final weights of two runs equal (default: at fp32 tolerance)."""
     mine, theirs = load_file(ours / "model.safetensors"), load_file(reference / "model.safetensors")

@@ -12,7 +12,8 @@ import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from tests.training_runs import assert_same_model, finetune_argv, launch_two_processes, run_in_process, train_losses
+from tests.training_runs import (assert_same_logged_metrics, assert_same_model, finetune_argv, launch_two_processes,
+                                 run_in_process, train_losses)
 from trainer.core import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
@@ -61,13 +62,7 @@ def test_two_processes_distill_like_one_process(distilled, train_data, tiny_mode
     run = launch_two_processes("torchrun", "distill", argv, tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "x2, float32" in run.stdout
-    for split in ("train", "val"):
-        ours, theirs = read_metrics(out_dir, split), read_metrics(distilled, split)
-        assert len(ours) == len(theirs) >= 2
-        for mine, reference in zip(ours, theirs):
-            for name, value in reference.items():
-                if isinstance(value, (int, float)) and not name.endswith("_s") and name != "mfu":  # not timings
-                    assert mine[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (split, name)
+    assert_same_logged_metrics(out_dir, distilled)
     assert_same_model(out_dir, distilled)
 
 

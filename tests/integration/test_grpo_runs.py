@@ -14,7 +14,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.training_runs import (frequent_word_rewards, run_in_process, train_losses,
+from tests.training_runs import (assert_same_logged_metrics, frequent_word_rewards, run_in_process, train_losses,
                                  write_prompt_data)
 from trainer.core import main
 from trainer.run_dir import CONFIG_FILE, SUMMARY_FILE, model_task, read_metrics, read_summary
@@ -176,13 +176,7 @@ def test_two_processes_sample_and_train_like_one_process(grpo_data, tiny_models,
     run = launch_two_processes("torchrun", task, argv(two, "2"), tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "x2, float32" in run.stdout
-    for split in ("train", "val"):
-        ours, theirs = read_metrics(two, split), read_metrics(one, split)
-        assert len(ours) == len(theirs) >= 2
-        for mine, reference in zip(ours, theirs):
-            for name, value in reference.items():
-                if isinstance(value, (int, float)) and not name.endswith("_s") and name != "mfu":  # not timings
-                    assert mine[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (split, name)
+    assert_same_logged_metrics(two, one)
     assert read_summary(two)["final_val"]["prompts"] == 7
     assert_same_model(two, one)
 

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.paths import REPO
-from tests.training_runs import (assert_same_model, frequent_word_rewards, launch_two_processes,
-                                 run_in_process, train_losses, write_prompt_data)
+from tests.training_runs import (assert_same_logged_metrics, assert_same_model, frequent_word_rewards,
+                                 launch_two_processes, run_in_process, train_losses, write_prompt_data)
 from trainer.core import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
@@ -129,13 +129,7 @@ def test_two_processes_take_the_same_steps_as_one_process(ppo_data, tiny_models,
     run = launch_two_processes("torchrun", "ppo", argv(two, "2"), tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "x2, float32" in run.stdout
-    for split in ("train", "val"):
-        ours, theirs = read_metrics(two, split), read_metrics(one, split)
-        assert len(ours) == len(theirs) >= 2
-        for mine, reference in zip(ours, theirs):
-            for name, value in reference.items():
-                if isinstance(value, (int, float)) and not name.endswith("_s") and name != "mfu":  # not timings
-                    assert mine[name] == pytest.approx(value, rel=1e-4, abs=1e-6), (split, name)
+    assert_same_logged_metrics(two, one)
     assert read_summary(two)["final_val"]["prompts"] == 7
     assert_same_model(two, one)
     checkpoint = "checkpoints/step_00000002/model.safetensors"  # the policy and the critic

@@ -217,6 +217,10 @@ class MiniNormConfig(PretrainedConfig):
     mix_ln_ratio: float = 0.25
     norm_depth_scaling: bool = False
     init_depth_scaling: bool = True
+    # Smeared keys (docs/architecture.md, "Smeared keys"): each attention key mixed with the previous position's,
+    # which lets one layer match "the token before this key" -- what copying from the context needs. Not an
+    # operation of LLaMA or Qwen3: those exports refuse it.
+    smeared_keys: bool = False
     # Mixture of experts (docs/architecture.md, "Mixture of experts"); transformers' Qwen3-MoE names. 0 experts: the
     # dense SwiGLU MLP, and the other MoE fields are not read.
     num_experts: int = 0
@@ -234,7 +238,7 @@ class MiniNormConfig(PretrainedConfig):
         self.prms_p = check_p(self.prms_p, "prms_p")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps!r} is not allowed; it must be > 0")
-        for field in ("norm_affine", "norm_depth_scaling", "init_depth_scaling"):
+        for field in ("norm_affine", "norm_depth_scaling", "init_depth_scaling", "smeared_keys"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; it must be true or false")
         if not (_is_number(self.dyt_alpha_init) and 0 < self.dyt_alpha_init < math.inf):

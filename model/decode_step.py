@@ -28,10 +28,11 @@ CAPACITY_CHUNK = 128  # the cache grows by whole chunks of columns, so a long ge
 
 
 def supports_decode_step(model: Any) -> bool:
-    """Whether `decode_logits` can run this model: a MiniNorm causal LM (its trunk's modules are called directly)."""
+    """Whether `decode_logits` can run this model: a MiniNorm causal LM (its trunk's modules are called directly)
+    whose keys are not smeared (the static cache holds only the keys attention reads)."""
     from model.model import MiniNormForCausalLM
 
-    return isinstance(model, MiniNormForCausalLM)
+    return isinstance(model, MiniNormForCausalLM) and not model.config.smeared_keys
 
 
 class StaticKVCache:

@@ -47,6 +47,8 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
         ("qk_norm", False, "LLaMA has no norm on queries and keys; --target qwen3 exports per-head QK-norm"),
         ("norm_affine", True, "LLaMA's RMSNorm has a learned gain"),
         ("norm_depth_scaling", False, "LLaMA does not scale its norms' outputs by depth"),
+        ("smeared_keys", False, "LLaMA's attention keys are each position's own: it cannot mix in the "
+                                "previous position's"),
     ),
     "qwen3": (
         ("num_experts", 0, "Qwen3's MLP is dense; --target qwen3_moe exports a mixture of experts"),
@@ -56,6 +58,8 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
         ("qk_norm_scope", QKNormScope.HEAD.value, "Qwen3's QK-norm is one RMSNorm over each head's head_dim"),
         ("norm_affine", True, "Qwen3's RMSNorm has a learned gain"),
         ("norm_depth_scaling", False, "Qwen3 does not scale its norms' outputs by depth"),
+        ("smeared_keys", False, "Qwen3's attention keys are each position's own: it cannot mix in the "
+                                "previous position's"),
     ),
     # Every MiniNorm MoE block is sparse: Qwen3-MoE's decoder_sparse_step=1 with no mlp_only_layers says so, and
     # it has no other shape switch MiniNorm lacks. The router z-loss is a training loss only; it is not exported.
@@ -67,6 +71,8 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
         ("qk_norm_scope", QKNormScope.HEAD.value, "Qwen3-MoE's QK-norm is one RMSNorm over each head's head_dim"),
         ("norm_affine", True, "Qwen3-MoE's RMSNorm has a learned gain"),
         ("norm_depth_scaling", False, "Qwen3-MoE does not scale its norms' outputs by depth"),
+        ("smeared_keys", False, "Qwen3-MoE's attention keys are each position's own: it cannot mix in the "
+                                "previous position's"),
     ),
 }
 # The architectures' display names, for messages.

@@ -109,6 +109,9 @@ class Attention(nn.Module):
         self.k_norm = build_norm(config, k_width) if config.qk_norm else None
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
+        # Smeared keys: one logit per KV head, the weight sigmoid(key_smear) of a key's own position against the
+        # previous one's (initialised to 0: half and half).
+        self.key_smear = nn.Parameter(torch.zeros(self.num_kv_heads)) if config.smeared_keys else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                 cache: Cache | None) -> torch.Tensor:
@@ -122,8 +125,16 @@ class Attention(nn.Module):
         if self.q_norm is not None and not self.qk_norm_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        raw_k = k
+        if self.key_smear is not None:
+            k = self._smear(k, mask, cache)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        if cache is not None:
+        if cache is not None and self.key_smear is not None:
+            # The cache keeps each position's own key beside the key attention reads, so the next call can smear
+            # with it; beam reordering and cropping then stay exact, as they act on the whole tensor.
+            both, v = cache.update(torch.cat([k, raw_k], dim=-1), v, self.layer_idx)
+            k = both[..., :self.head_dim]
+        elif cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         if self.logit_observer is not None:  # set only on a diagnostics step (trainer/diagnostics.py)
             self.logit_observer(q, k, mask)
@@ -133,6 +144,25 @@ class Attention(nn.Module):
             enable_gqa=self.num_kv_heads != self.num_heads)
         out = out.transpose(1, 2).reshape(batch, q_len, self.num_heads * self.head_dim)
         return self.resid_dropout(self.o_proj(out))
+
+
+    def _smear(self, k: torch.Tensor, mask: torch.Tensor | None, cache: Cache | None) -> torch.Tensor:
+        """k'_t = s k_t + (1 - s) k_{t-1} per KV head, s = sigmoid(key_smear); k: (B, kv heads, T, head_dim), the
+        keys before RoPE. The previous key of the first position is the cache's last own key, or zero at the start of
+        a sequence and where the previous position is padding."""
+        batch, _, q_len, _ = k.shape
+        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
+        if past:
+            first = cache.layers[self.layer_idx].keys[:, :, -1:, self.head_dim:].to(k.dtype)
+        else:
+            first = k.new_zeros(batch, self.num_kv_heads, 1, self.head_dim)
+        previous = torch.cat([first, k[:, :, :-1]], dim=2)
+        if mask is not None:  # (B|1, 1, q_len, past + q_len), True where a query may attend
+            before = torch.arange(past - 1, past + q_len - 1, device=k.device)
+            readable = mask[:, 0, torch.arange(q_len, device=k.device), before.clamp(min=0)] & (before >= 0)
+            previous = previous * readable[:, None, :, None].to(k.dtype)
+        own = torch.sigmoid(self.key_smear.float()).to(k.dtype)[None, :, None, None]
+        return own * k + (1 - own) * previous
 
 
 class SwiGLU(nn.Module):
@@ -300,6 +330,8 @@ class MiniNormPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         config = self.config
         std = config.initializer_range
+        if isinstance(module, Attention) and module.key_smear is not None:
+            init.zeros_(module.key_smear)
         if isinstance(module, nn.Linear):
             if config.norm_placement == NormPlacement.DEEPNORM:
                 # DeepNet: the value, output and MLP projections' init std is multiplied by beta (query and key

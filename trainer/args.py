@@ -74,6 +74,9 @@ MODEL_FIELDS: dict[str, ModelFlag] = {
                                                 "1-based index (LayerNorm Scaling)"),
     "init_depth_scaling": ModelFlag(bool, None, "initialise the attention output and MLP down projections with std "
                                                 "/ sqrt(2 x layers) (deepnorm: its beta gain instead)"),
+    "smeared_keys": ModelFlag(bool, None, "mix each attention key with the previous position's by a learned weight "
+                                          "per KV head (Olsson et al. 2022; docs/architecture.md, Smeared keys): "
+                                          "copying from the context forms early; not exportable to LLaMA/Qwen3"),
     "num_experts": ModelFlag(int, None, "experts per block's sparse MLP (0: the dense SwiGLU MLP; "
                                         "docs/architecture.md, Mixture of experts)"),
     "num_experts_per_tok": ModelFlag(int, None, "MoE: experts each token is routed to (top-k), in [1, num_experts]"),

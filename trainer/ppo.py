@@ -181,7 +181,7 @@ class ProximalPolicy(RolloutObjective):
         reward_std = math.sqrt(squares_reward / completions)
         for batch in batches:
             mask = batch["completion_mask"]
-            batch["advantages"] = whiten(batch["advantages"], mask, moments=moments)
+            batch["advantages"] = whiten(batch["advantages"], mask, moments)
             batch["rollout_stats"] = torch.tensor([reward, reward_std, kl, explained, length], device=mask.device)
 
     # ----------------------------------------------------------------- the loss

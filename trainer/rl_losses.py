@@ -180,36 +180,19 @@ def kl_penalized_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: tor
     return rewards
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = WHITEN_EPS,
-           moments: tuple[float, float] | None = None) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over the positions where `mask` is 1, the variance with Bessel's correction
-    (TRL's masked_whiten); 0 on padding. `moments` (mean, variance), when given, replace the batch's own: PPO
-    whitens its advantages over all the tokens of the step's global batch (trainer/ppo.py), of which `values` may
-    be one micro-batch."""
-    mask = mask.to(values.dtype)
-    if moments is None:
-        count = mask.sum()
-        mean = masked_mean(values, mask)
-        variance = masked_mean((values - mean) ** 2, mask) * count / (count - 1).clamp(min=1)
-    else:
-        mean, variance = (torch.tensor(moment, dtype=values.dtype, device=values.device) for moment in moments)
-    return (values - mean) * torch.rsqrt(variance + eps) * mask
+def whiten(values: torch.Tensor, mask: torch.Tensor, moments: tuple[float, float],
+           eps: float = WHITEN_EPS) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) where `mask` is 1, 0 on padding (TRL's masked_whiten), with the given `moments`
+    (mean, variance with Bessel's correction): PPO takes them over all the tokens of the step's global batch
+    (trainer/ppo.py finish_rollouts), of which `values` may be one micro-batch."""
+    mean, variance = (torch.tensor(moment, dtype=values.dtype, device=values.device) for moment in moments)
+    return (values - mean) * torch.rsqrt(variance + eps) * mask.to(values.dtype)
 
 
 def explained_fraction(residual_variance: float, return_variance: float) -> float:
-    """1 - Var(returns - values) / Var(returns), from the two variances; NaN when the returns do not vary."""
+    """1 - Var(returns - values) / Var(returns), from the two variances: 1 for a critic that predicts the returns,
+    0 for one no better than their mean, below 0 for worse; NaN when the returns do not vary."""
     return 1 - residual_variance / return_variance if return_variance > 0 else float("nan")
-
-
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns) over the completions' tokens: 1 for a critic that predicts the
-    returns, 0 for one no better than their mean, below 0 for worse; NaN when the returns do not vary."""
-    mask = mask.to(values.dtype)
-
-    def variance(x: torch.Tensor) -> float:
-        return float(masked_mean((x - masked_mean(x, mask)) ** 2, mask))
-
-    return explained_fraction(variance(returns - values), variance(returns))
 
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, values: torch.Tensor, old_values: torch.Tensor,

@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from model.chat_session import encode_prompt
+from model.config import MiniNormConfig
 from model.generation import (FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, GenerationEngine,
                               GenerationSettings, TextStream, _Row)
+from model.model import MiniNormForCausalLM
+from tests.unit.test_model import randomize
 
 PROMPTS = ("The history of", "Water is a chemical compound of hydrogen and", "北京是", "A",
            "A tiny language model learns to continue text one token at a time, and then")
@@ -74,7 +77,20 @@ def test_seeded_sampling_equals_transformers_generate(pretrained, sampling) -> N
 def test_batched_rows_see_the_logits_of_a_full_forward(pretrained, monkeypatch) -> None:
     """Rows join a running batch at different times with different prompt lengths (left-padded caches) and leave
     at different times; every logit vector a row sampled from equals a cache-free forward of its sequence."""
-    model, tokenizer = pretrained
+    assert_rows_see_a_full_forward(*pretrained, monkeypatch)
+
+
+def test_a_model_with_smeared_keys_decodes_batched_rows_exactly(tokenizer, monkeypatch) -> None:
+    """The same with smeared keys (a key mixes in the previous position's; the engine leaves the static decode step
+    for the forward): each new token mixes with its row's last key, in caches left-padded to a common length."""
+    torch.manual_seed(0)
+    config = MiniNormConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, norm_impl="eager", smeared_keys=True)
+    model = randomize(MiniNormForCausalLM(config)).eval()
+    assert_rows_see_a_full_forward(model, tokenizer, monkeypatch)
+
+
+def assert_rows_see_a_full_forward(model, tokenizer, monkeypatch) -> None:
     seen: dict[int, list[torch.Tensor]] = {}
     original = _Row.sample
 

@@ -109,6 +109,7 @@ POLICY_LORA_FLAGS = ("lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_ta
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
     "dpo": ("beta",),
+    "pretrain": ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after"),
     "distill": ("teacher", "alpha", "temperature", "distill_data"),
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
              "max_completion_length", "top_p", "open_thinking", "loss_type", "epsilon", "epsilon_high",
@@ -128,6 +129,8 @@ MODEL_CONFIG_GROUP = "model config"
 FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
     "lora": ("LoRA", "adapters of rank r, scaled by alpha / r, on the named projections"),
     "dpo": ("DPO", None),
+    "pretrain": ("copy rows", "a curriculum for in-context copying, best with --smeared_keys true: beside each "
+                          "micro-batch, rows that repeat a span, supervised on the repeat (docs/tools.md, Copy rows)"),
     "distill": ("distillation", "loss = alpha x CE + (1 - alpha) x T^2 x KL(teacher^T || student^T) on the "
                                 "supervised tokens (trainer/distillation.py)"),
     "grpo": ("GRPO", "per prompt, --num_generations sampled completions scored by the --reward functions; "
@@ -268,6 +271,16 @@ class TrainArgs:
                          "ppo": "the weight of the KL to the reference model (a frozen copy of the starting "
                                 "weights), paid per token in the rewards (TRL's and MiniMind's kl_coef); 0: no "
                                 "reference model"})
+    # Copy rows beside pretraining (dataset/copy_rows.py, trainer/objectives.py).
+    copy_rows: int = _flag("pretrain", 0, "copy rows added to each micro-batch (0: none): sequences of 128 "
+                                          "tokens, half random, half the batch's own text, with a span repeated "
+                                          "and the loss on the repeat only")
+    copy_weight: float = _flag("pretrain", 1.0, "the weight of the copy rows' mean loss beside the "
+                                                "language-modeling loss for the first --copy_steps steps (>= 0)")
+    copy_steps: int = _flag("pretrain", 250, "the steps at --copy_weight; later steps use --copy_weight_after "
+                                             "(>= 0)")
+    copy_weight_after: float = _flag("pretrain", 0.1, "the copy loss's weight after --copy_steps steps (>= 0; 0: "
+                                                      "the rows stop and the copying they taught fades)")
     # Distillation (trainer/train_distillation.py).
     teacher: str | None = _flag("distill", None, "the teacher's model directory, which must use the student's "
                                                  f"tokenizer and may be larger (default: "
@@ -458,6 +471,13 @@ def _validate(args: TrainArgs) -> None:
         if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
             raise bad(name, getattr(args, name), "it must be a positive number")
     for name in ("weight_decay", "muon_weight_decay"):
+        if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
+            raise bad(name, getattr(args, name), "it must be a number >= 0")
+    if args.copy_rows < 0:
+        raise bad("copy_rows", args.copy_rows, "it must be >= 0 (0: no copy rows)")
+    if args.copy_steps < 0:
+        raise bad("copy_steps", args.copy_steps, "it must be >= 0")
+    for name in ("copy_weight", "copy_weight_after"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
             raise bad(name, getattr(args, name), "it must be a number >= 0")
     if not 0 <= args.muon_momentum < 1:

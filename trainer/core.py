@@ -46,7 +46,7 @@ from trainer.evaluation import token_byte_lengths
 from trainer.export import sample_text, save_merged, save_model_dir, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.machine import compile_enabled, resolve_dtype
-from trainer.objectives import EvalResult, LanguageModeling, Objective
+from trainer.objectives import CopySettings, EvalResult, LanguageModeling, LanguageModelingWithCopies, Objective
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
@@ -265,8 +265,15 @@ class Trainer:
                                 self.accelerator.autocast)
         if self.args.task in ROLLOUT_TASKS:
             return self._rollout_objective()
+        moe = self.base_model.config.is_moe
+        if self.args.task == "pretrain" and self.args.copy_rows:
+            settings = CopySettings(self.args.copy_rows, self.args.copy_weight, self.args.copy_steps,
+                                    self.args.copy_weight_after)
+            vocab = range(max(self.tokenizer.all_special_ids) + 1, self.base_model.config.vocab_size)
+            return LanguageModelingWithCopies(settings, vocab, self.args.seed, self.accelerator.process_index,
+                                              self.world, self.args.accumulation_steps, moe)
         if self.args.task != "dpo":
-            return LanguageModeling(moe=self.base_model.config.is_moe)
+            return LanguageModeling(moe=moe)
         from trainer.dpo import DirectPreference
         reference = MiniNormForCausalLM.from_pretrained(_starting_weights(self.args), **self.args.model)
         return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast)
@@ -418,6 +425,9 @@ class Trainer:
         into scored completions, seeded by `step` (the optimizer steps done), so a resumed run samples the same
         ones, and may take several optimizer updates on them (its `updates_per_rollout`: GRPO's --num_iterations,
         PPO's --ppo_epochs); the step is then all of them, and the schedule advances once per step."""
+        start_step = getattr(self.objective, "start_step", None)
+        if start_step is not None:  # an objective whose loss depends on the step (copy rows' schedule and seeds)
+            start_step(step)
         rollouts = getattr(self.objective, "rollouts", None)
         if rollouts is not None:  # collective: what spans the step's global batch is computed over all processes
             batches = rollouts(self.unwrapped, batches, step, self.accelerator)

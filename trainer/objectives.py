@@ -8,12 +8,14 @@ validates. Language modeling (pretraining, SFT, LoRA) is here; DPO is trainer/dp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
+from dataset.copy_rows import ROW_LENGTH, copy_rows
 from model.model import shift_labels
 from trainer.evaluation import LMEval, evaluate_lm
 
@@ -55,6 +57,7 @@ class LanguageModeling:
     z-loss are logged on their own (`aux_loss`, `z_loss`: their means over the step's labelled tokens)."""
 
     def __init__(self, moe: bool = False) -> None:
+        self.moe = moe
         self.stat_names: tuple[str, ...] = ("aux_loss", "z_loss") if moe else ()
         self.progress_labels: dict[str, str] = {"aux_loss": "aux"} if moe else {}
 
@@ -65,7 +68,7 @@ class LanguageModeling:
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                     labels=batch["labels"], num_items_in_batch=num_items)
-        if not self.stat_names:
+        if not self.moe:
             return out.loss, torch.zeros(0, device=out.loss.device)
         # The router's terms are micro-batch means: weighted by the micro-batch's labelled tokens, they average
         # over the step like the loss does.
@@ -75,3 +78,62 @@ class LanguageModeling:
     def evaluate(self, model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator,
                  token_bytes: torch.Tensor, max_batches: int) -> LMEval:
         return evaluate_lm(model, loader, accelerator, token_bytes, max_batches)
+
+
+@dataclass(frozen=True)
+class CopySettings:
+    """The copy rows beside each micro-batch (--copy_rows, --copy_weight, --copy_steps, --copy_weight_after)."""
+
+    rows: int
+    weight: float
+    steps: int
+    weight_after: float
+
+    def weight_at(self, step: int) -> float:
+        """The copy loss's weight at optimizer step `step` (0-based)."""
+        return self.weight if step < self.steps else self.weight_after
+
+
+class LanguageModelingWithCopies(LanguageModeling):
+    """Language modeling plus, on every training micro-batch, the mean loss of copy rows (dataset/copy_rows.py: half
+    random tokens, half the micro-batch's own text, a span repeated, the loss on the repeat) times the step's
+    weight, divided by the step's micro-batches over all processes: the step's gradient is the language-modeling
+    token mean plus weight x the mean of its micro-batches' copy losses, however the step is split. The rows of
+    micro-batch m on process p are drawn from (seed, step, m x processes + p), the global index of its data, so a
+    resumed run and the same global batch on other processes draw the same rows. `copy_loss` is logged (the copy
+    rows' mean loss, over the step's micro-batches weighted by their supervised tokens); the logged `loss` is the
+    minimized sum: the language-modeling loss plus weight x copy_loss."""
+
+    def __init__(self, settings: CopySettings, vocab: range, seed: int, process_index: int, processes: int,
+                 accumulation_steps: int, moe: bool = False) -> None:
+        super().__init__(moe)
+        self.settings, self.vocab, self.seed = settings, vocab, seed
+        self.process_index, self.processes, self.accumulation_steps = process_index, processes, accumulation_steps
+        self.stat_names = self.stat_names + ("copy_loss",)
+        self.progress_labels = {**self.progress_labels, "copy_loss": "copy"}
+        self.step, self.micro_batch = 0, 0
+
+    def start_step(self, step: int) -> None:
+        """Called by the training core before each optimizer step's micro-batches (`step`: the steps done)."""
+        self.step, self.micro_batch = step, 0
+
+    def row_seed(self, step: int, micro_batch: int, process_index: int) -> int:
+        """The seed of a micro-batch's copy rows: one per (run seed, step, global micro-batch index)."""
+        global_index = micro_batch * self.processes + process_index
+        return (self.seed * 1_000_003 + step) * 10_007 + global_index
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+             num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, stats = super().loss(model, batch, num_items)
+        weight = self.settings.weight_at(self.step)
+        if not model.training or weight == 0:
+            return loss, torch.cat([stats, torch.zeros(1, device=loss.device)])
+        seed = self.row_seed(self.step, self.micro_batch, self.process_index)
+        self.micro_batch += 1
+        text = batch["input_ids"].cpu()
+        ids, labels = copy_rows(seed, self.settings.rows, self.vocab, text, min(ROW_LENGTH, text.shape[1]))
+        device = batch["input_ids"].device
+        copy = model(input_ids=ids.to(device), labels=labels.to(device)).loss
+        share = 1 / (self.accumulation_steps * self.processes)
+        copy_stat = copy.detach().float() * self.count_items(batch)
+        return loss + weight * share * copy, torch.cat([stats, copy_stat[None]])

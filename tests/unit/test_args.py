@@ -15,7 +15,7 @@ from tests.paths import REPO
 TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo")
 GENERAL = {"-h", "--config"}  # argparse's own "options" section
 SECTIONS = {"model", MODEL_CONFIG_GROUP, "data", "optimisation", "schedule", "checkpoint", "distributed", "logging",
-            "diagnostics", "lora", "dpo", "distill", "grpo", "ppo"}
+            "diagnostics", "pretrain", "lora", "dpo", "distill", "grpo", "ppo"}
 
 
 def help_entries(text: str) -> dict[str, tuple[str, str]]:

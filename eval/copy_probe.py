@@ -1,0 +1,128 @@
+"""Can a model copy from its context? Its loss on a sequence's first occurrence against its repeat.
+
+    python eval/copy_probe.py --model_path out/pretrain
+    python eval/copy_probe.py --model_path out/pretrain --lengths 17,60 --rows 32 --json out/pretrain/copy.json
+
+Two probes, each a sequence followed by the same sequence again in one row, scored from position 0 in one forward
+pass: random token ids (--lengths of them; nothing predicts them but the first occurrence), and the first --text
+tokens of validation documents, repeated after a newline. For each, the mean next-token loss (nats) over the
+first occurrence's tokens and over the repeat's (its first token excluded: nothing announces the repeat). A model
+that copies (an induction head) predicts the repeat almost exactly; one that cannot scores it like the first
+occurrence (docs/tools.md, "Where the obstacle is").
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script, from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads  # noqa: E402
+
+bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+
+import json  # noqa: E402
+from typing import Any  # noqa: E402
+
+from trainer.cli import ToolParser  # noqa: E402
+from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
+
+
+def repeat_losses(model: Any, first: Any, separator: list[int]) -> tuple[float, float]:
+    """(mean loss on the first occurrence's tokens 2..L, mean loss on the repeat's tokens 2..L) of the rows
+    `first` (rows, L) each followed by `separator` and itself."""
+    import torch
+    import torch.nn.functional as F
+
+    rows, length = first.shape
+    gap = torch.tensor(separator, dtype=torch.long).expand(rows, -1)
+    ids = torch.cat([first, gap, first], dim=1)
+    with torch.inference_mode():
+        logits = model(input_ids=ids[:, :-1]).logits.float()
+    nats = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # nats[:, t] predicts ids[t + 1]
+    repeat_start = length + len(separator)
+    return float(nats[:, :length - 1].mean()), float(nats[:, repeat_start:repeat_start + length - 1].mean())
+
+
+def text_rows(data_path: Path, tokenizer: Any, length: int, count: int) -> list[list[int]]:
+    """The first `length` token ids of the first `count` documents that have that many."""
+    from dataset.jsonl import iter_records
+
+    rows = []
+    for _, record, _ in iter_records(data_path, "text"):
+        ids = tokenizer(record["text"], add_special_tokens=False)["input_ids"]
+        if len(ids) >= length:
+            rows.append(ids[:length])
+            if len(rows) == count:
+                break
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ToolParser(description=__doc__.split("\n")[0])
+    add_model_source_flags(parser)
+    parser.add_argument("--lengths", default="17,37,60", help="comma-separated lengths of the random sequences")
+    parser.add_argument("--text", type=int, default=40, help="tokens of each validation document repeated (0: none)")
+    parser.add_argument("--rows", type=int, default=16, help="sequences per probe")
+    parser.add_argument("--seed", type=int, default=1, help="draws the random sequences")
+    parser.add_argument("--data", default="pretrain_val", help="pretrain_val or a jsonl file of {\"text\": ...}")
+    parser.add_argument("--json", default=None, help="also write the table to this JSON file")
+    add_threads_flag(parser)
+    args = parser.parse_args(argv)
+    print(start_threads(args.threads), file=sys.stderr)
+    try:
+        return report(args)
+    except (ModelNotFound, FileNotFoundError, ValueError) as error:
+        return report_error(error)
+
+
+def report(args: Any) -> int:
+    import torch
+
+    from dataset.atomic_io import atomic_write_text
+    from dataset.corpus import ensure_default_corpus
+    from model.loading import load_model
+    from trainer.machine import machine_line
+    from trainer.run_dir import resolve_input_path, resolve_path
+
+    try:
+        lengths = [int(item) for item in args.lengths.split(",") if item.strip()]
+    except ValueError:
+        raise ValueError(f"--lengths {args.lengths!r} is not allowed; give comma-separated integers >= 2") from None
+    if any(length < 2 for length in lengths) or args.rows < 1 or args.text == 1 or args.text < 0:
+        raise ValueError("--lengths items must be >= 2, --rows >= 1 and --text 0 or >= 2")
+    path, adapter = locate_tool_model(args)
+    model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
+    model.eval()
+    low = max(tokenizer.all_special_ids) + 1
+    generator = torch.Generator().manual_seed(args.seed)
+    results = {}
+    for length in lengths:
+        first = torch.randint(low, model.config.vocab_size, (args.rows, length), generator=generator)
+        results[f"random {length}"] = repeat_losses(model, first, [])
+    if args.text:
+        data_path = ensure_default_corpus(quiet=True).pretrain_val if args.data == "pretrain_val" \
+            else resolve_input_path(args.data)
+        rows = text_rows(data_path, tokenizer, args.text, args.rows)
+        if not rows:
+            raise ValueError(f"--data {args.data}: no document has {args.text} tokens")
+        newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
+        results[f"text {args.text}"] = repeat_losses(model, torch.tensor(rows), newline)
+    print(f"model {path}; {args.rows} rows per probe; {machine_line()}")
+    print("| probe | first occurrence (nats) | repeat (nats) |")
+    print("|---|---:|---:|")
+    for name, (first_loss, repeat_loss) in results.items():
+        print(f"| {name} | {first_loss:.2f} | {repeat_loss:.2f} |")
+    if args.json:
+        out = resolve_path(args.json)
+        table = {name: {"first": first_loss, "repeat": repeat_loss} for name, (first_loss, repeat_loss)
+                 in results.items()}
+        atomic_write_text(out, json.dumps({"model_path": str(path), "rows": args.rows, "probes": table}, indent=2))
+        print(f"results written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

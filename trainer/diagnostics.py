@@ -96,6 +96,7 @@ class NormDiagnostics:
         self._patched: list[nn.Module] = []
         self._values: dict[str, torch.Tensor] = {}
         self._snapshot: list[list[tuple[nn.Parameter, torch.Tensor]]] | None = None
+        self._forwards = 0
         self.armed = False
 
     # ----------------------------------------------------------------------------------------------- keys
@@ -109,6 +110,10 @@ class NormDiagnostics:
         """Attach hooks for the next forward/backward and snapshot the blocks' 2-D weights."""
         self.disarm()
         self._values = {}
+        # Only the armed micro-batch's first forward is observed: an objective that runs the model again on other
+        # rows (the copy rows beside pretraining) must not overwrite the statistics of the batch itself.
+        self._forwards = 0
+        self._handles.append(self.model.model.register_forward_pre_hook(self._count_forward))
         for i, block in enumerate(self.layers):
             self._handles.append(block.register_forward_hook(self._block_hook(i)))
             for name in NORM_NAMES:
@@ -140,9 +145,18 @@ class NormDiagnostics:
     def _record(self, key: str, t: torch.Tensor) -> None:
         self._values[key] = rms(t)
 
+    def _count_forward(self, module: nn.Module, args: Any) -> None:
+        self._forwards += 1
+
+    def _observing(self) -> bool:
+        """Whether the forward running now is the armed micro-batch's first."""
+        return self._forwards == 1
+
     def _logit_observer(self, key: str) -> Callable:
         @torch.no_grad()
         def observe(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> None:
+            if not self._observing():
+                return
             if k.shape[1] != q.shape[1]:  # grouped-query attention: each key head serves several query heads
                 k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             logits = q.float() @ k.float().transpose(-1, -2) * q.shape[-1] ** -0.5
@@ -153,6 +167,8 @@ class NormDiagnostics:
         return observe
 
     def _logits_hook(self, module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        if not self._observing():
+            return
         self._values[self.key("logits_rms")] = rms(output)
         self._values[self.key("logits_max")] = output.detach().float().amax()
 
@@ -161,7 +177,7 @@ class NormDiagnostics:
 
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             out = _first_tensor(output)
-            if out is None:
+            if out is None or not self._observing():
                 return
             self._record(resid_key, out)
             if out.requires_grad:
@@ -173,7 +189,7 @@ class NormDiagnostics:
         inside_fused = [False]
 
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if inside_fused[0]:
+            if inside_fused[0] or not self._observing():
                 return  # add_and_norm's wrapper below records this call
             x, y = _first_tensor(args), _first_tensor(output)
             if x is not None and y is not None:
@@ -194,8 +210,9 @@ class NormDiagnostics:
                 normed, summed = method(norm, x, residual)
             finally:
                 inside_fused[0] = False
-            self._record(in_key, summed)
-            self._record(out_key, normed)
+            if self._observing():
+                self._record(in_key, summed)
+                self._record(out_key, normed)
             return normed, summed
         norm.add_and_norm = add_and_norm
         self._patched.append(norm)

@@ -118,6 +118,25 @@ def test_activation_stats_match_a_manual_forward(placement: str, norm_type: str)
         {f"{n}_{side}_rms" for n in has for side in ("in", "out")}
 
 
+@pytest.mark.parametrize("placement", ["pre", "sandwich"])
+def test_a_second_forward_on_other_rows_leaves_the_batchs_activation_statistics(placement: str) -> None:
+    """The copy rows beside pretraining run the model a second time in the armed micro-batch: the activation,
+    attention-logit and output-logit statistics stay those of the batch's own (first) forward."""
+    model = tiny_model(placement)
+    ids, other = batch(1), torch.randint(0, 97, (3, 20), generator=torch.Generator().manual_seed(9))
+    alone, _ = armed_step(model, ids)
+    model.zero_grad()
+    diag = NormDiagnostics(model)
+    diag.arm()
+    loss = model(ids, labels=ids).loss + 0.5 * model(other, labels=other).loss
+    loss.backward()
+    both = diag.after_backward()
+    observed = [key for key in alone if "grad_norm" not in key]  # parameter gradients do see both forwards
+    assert observed and any("attn_logit_max" in key for key in observed)
+    for key in observed:
+        assert both[key] == pytest.approx(alone[key], rel=1e-6, abs=1e-12), key
+
+
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_grad_norms_match_clip_grad_norm(placement: str) -> None:
     model = tiny_model(placement)

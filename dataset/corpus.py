@@ -231,6 +231,19 @@ def _is_current(cache_dir: Path) -> bool:
     return manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION, 4)
 
 
+DEFAULT_TEXT_DATA = "pretrain_val"  # a tool's --data default: the validation text of the embedded corpus
+
+
+def resolve_text_data(name: str) -> Path:
+    """A tool's --data: DEFAULT_TEXT_DATA (the embedded corpus's validation split, built if missing) or a jsonl
+    file of {"text": ...} (from the current directory, else the repo root)."""
+    if name == DEFAULT_TEXT_DATA:
+        return ensure_default_corpus(quiet=True).pretrain_val
+    from trainer.run_dir import resolve_input_path
+
+    return resolve_input_path(name)
+
+
 def ensure_default_corpus(cache_dir: Path | None = None, quiet: bool = False) -> CorpusPaths:
     """Return the default corpus files, building them first unless the cache is already current."""
     cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR

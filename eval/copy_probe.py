@@ -82,10 +82,10 @@ def report(args: Any) -> int:
     import torch
 
     from dataset.atomic_io import atomic_write_text
-    from dataset.corpus import ensure_default_corpus
+    from dataset.corpus import resolve_text_data
     from model.loading import load_model
     from trainer.machine import machine_line
-    from trainer.run_dir import resolve_input_path, resolve_path
+    from trainer.run_dir import resolve_path
 
     try:
         lengths = [int(item) for item in args.lengths.split(",") if item.strip()]
@@ -103,8 +103,7 @@ def report(args: Any) -> int:
         first = torch.randint(low, model.config.vocab_size, (args.rows, length), generator=generator)
         results[f"random {length}"] = repeat_losses(model, first, [])
     if args.text:
-        data_path = ensure_default_corpus(quiet=True).pretrain_val if args.data == "pretrain_val" \
-            else resolve_input_path(args.data)
+        data_path = resolve_text_data(args.data)
         rows = text_rows(data_path, tokenizer, args.text, args.rows)
         if not rows:
             raise ValueError(f"--data {args.data}: no document has {args.text} tokens")

@@ -124,11 +124,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(args: Any) -> int:
     from dataset.atomic_io import atomic_write_text
-    from dataset.corpus import ensure_default_corpus
+    from dataset.corpus import resolve_text_data
     from model.loading import load_model
     from model.rope import set_rope_scaling
     from trainer.machine import machine_line
-    from trainer.run_dir import resolve_input_path, resolve_path
+    from trainer.run_dir import resolve_path
 
     path, adapter = locate_tool_model(args)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
@@ -137,8 +137,7 @@ def report(args: Any) -> int:
                          "scalings of a plain-RoPE model")
     model_length = model.config.max_position_embeddings
     scalings = [parse_scaling(item.strip(), model_length) for item in args.scalings.split(",")]
-    data_path = ensure_default_corpus(quiet=True).pretrain_val if args.data == "pretrain_val" \
-        else resolve_input_path(args.data)
+    data_path = resolve_text_data(args.data)
     documents = long_documents(data_path, tokenizer, args.length, args.max_documents)
     if not documents:
         raise ValueError(f"--data {args.data}: no document has more than --length {args.length} tokens")

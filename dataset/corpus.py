@@ -5,10 +5,11 @@
     python dataset/corpus.py --stats    # also print per-source document and token counts
 
 Outputs, under ``dataset/cache/`` (git-ignored):
-``pretrain_{train,val}.jsonl`` with lines ``{"text": ...}`` and ``sft_{train,val}.jsonl`` with lines
-``{"conversations": [{"role": ..., "content": ...}, ...]}``, plus ``manifest.json``. The validation split is
-~2 % chosen by hashing a topic key -- the Wikipedia title, the chit-chat conversation id, the chatterbot
-opening line -- and the same key decides both the pretraining and the SFT side, so no article or dialog
+``pretrain_{train,val}.jsonl`` with lines ``{"text": ...}``, ``sft_{train,val}.jsonl`` with lines
+``{"conversations": [{"role": ..., "content": ...}, ...]}`` and ``sft_tools_{train,val}.jsonl`` (the SFT files plus
+tool-use dialogues, dataset/tool_dialogues.py: the trainer's ``--sft_data tools``), plus ``manifest.json``. The
+validation split is ~2 % chosen by hashing a topic key -- the Wikipedia title, the chit-chat conversation id, the
+chatterbot opening line -- and the same key decides both the pretraining and the SFT side, so no article or dialog
 seen in training (in either stage) shows up in validation. Exact duplicates are removed before splitting. The
 SFT files also hold arithmetic word problems with worked answers (dataset/arithmetic.py, its own held-out rule on
 the problem's arithmetic): the answer format the default GRPO run rewards.
@@ -28,7 +29,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from tqdm import tqdm
 
@@ -37,11 +38,17 @@ from dataset.arithmetic import sft_problems
 from dataset.atomic_io import atomic_write_text
 from dataset.sources import Dialog, package_versions, read_chatterbot, read_chitchat, read_wikipedia
 from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, is_validation, wiki_split_key
+from dataset.tool_dialogues import tool_dialogues
 from dataset.wiki_qa import conversations_for
 
 # Bump when the output of the builder changes, so existing caches get rebuilt.
-BUILD_VERSION = 2  # 2: arithmetic word problems in the SFT files
+BUILD_VERSION = 3  # 2: arithmetic word problems in the SFT files; 3: the sft_tools files
 SHUFFLE_SEED = 1234
+# The tool-use dialogues of the sft_tools files: (lookups, calculations, unit conversions). Training: 20,000,
+# 42% of the training rows (docs/tools.md measured this mix); validation: eval/tool_eval.py's default questions.
+TOOL_DIALOGUES_TRAIN = (9000, 8000, 3000)
+TOOL_DIALOGUES_VAL = (100, 100, 50)
+TOOL_DIALOGUES_SEED = 0
 SFT_WINDOW_CHARS = 1500  # long chit-chats are cut into windows of whole exchanges of about this size
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +62,8 @@ class CorpusPaths:
     pretrain_val: Path
     sft_train: Path
     sft_val: Path
+    sft_tools_train: Path
+    sft_tools_val: Path
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,8 @@ def corpus_paths(cache_dir: Path) -> CorpusPaths:
         pretrain_val=cache_dir / "pretrain_val.jsonl",
         sft_train=cache_dir / "sft_train.jsonl",
         sft_val=cache_dir / "sft_val.jsonl",
+        sft_tools_train=cache_dir / "sft_tools_train.jsonl",
+        sft_tools_val=cache_dir / "sft_tools_val.jsonl",
     )
 
 
@@ -171,8 +182,17 @@ def _split(records: list[_Record]) -> tuple[list[_Record], list[_Record]]:
     return train, val
 
 
+def _with_tool_dialogues(conversations: list[_Record], validation: bool) -> list[_Record]:
+    """The SFT split plus its tool-use dialogues (held-out articles and problems for validation), shuffled."""
+    counts = TOOL_DIALOGUES_VAL if validation else TOOL_DIALOGUES_TRAIN
+    dialogues = tool_dialogues("held_out" if validation else "train", TOOL_DIALOGUES_SEED, *counts)
+    records = conversations + [_Record("tool_dialogues", "", dialogue, validation) for dialogue in dialogues]
+    random.Random(SHUFFLE_SEED + 2 + validation).shuffle(records)
+    return records
+
+
 def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
-    """Build all four files and the manifest; returns the manifest."""
+    """Build all six files and the manifest; returns the manifest."""
     started = time.perf_counter()
     pretrain, sft = collect_records(progress=not quiet)
     pretrain, pretrain_duplicates = _dedupe(pretrain, lambda r: r.payload["text"])
@@ -189,6 +209,8 @@ def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
         (paths.sft_train, splits["sft"]["train"]),
         (paths.sft_val, splits["sft"]["val"]),
     ]
+    tools = {split: _with_tool_dialogues(splits["sft"][split], validation=split == "val") for split in ("train", "val")}
+    targets += [(paths.sft_tools_train, tools["train"]), (paths.sft_tools_val, tools["val"])]
     for path, records in tqdm(targets, desc="writing jsonl", unit="file", disable=quiet):
         files[path.name] = {"records": len(records), "bytes": _write_jsonl(path, records)}
     manifest = {
@@ -202,11 +224,11 @@ def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
                 split: dict(sorted(Counter(r.source for r in records).items()))
                 for split, records in by_split.items()
             }
-            for stage, by_split in splits.items()
+            for stage, by_split in {**splits, "sft_tools": tools}.items()
         },
         "build_seconds": round(time.perf_counter() - started, 2),
     }
-    # The manifest goes last: its presence says the four files are complete.
+    # The manifest goes last: its presence says the files are complete.
     atomic_write_text(cache_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 
@@ -228,7 +250,7 @@ def manifest_is_current(cache_dir: Path, manifest_name: str, build_version: int,
 
 
 def _is_current(cache_dir: Path) -> bool:
-    return manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION, 4)
+    return manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION, len(fields(CorpusPaths)))
 
 
 DEFAULT_TEXT_DATA = "pretrain_val"  # a tool's --data default: the validation text of the embedded corpus

@@ -36,7 +36,8 @@ from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task
                              locate_tool_model, model_task, report_error, resolve_input_path, resolve_path)
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
-NAMED_SPLITS = DEFAULT_SPLITS + ("lora_val",)  # lora_val: the LoRA default set's held-out conversations
+CORPUS_SPLITS = DEFAULT_SPLITS + ("sft_tools_val",)  # sft_tools_val: sft_val with held-out tool-use dialogues
+NAMED_SPLITS = CORPUS_SPLITS + ("lora_val",)  # lora_val: the LoRA default set's held-out conversations
 # A quick qualitative check: greedy answers to fixed English and Chinese prompts.
 FIXED_PROMPTS = {
     "pretrain": ("The history of", "The capital of France is", "Water is", "中国的首都是"),
@@ -48,7 +49,7 @@ SAMPLE_TOKENS = 40
 
 def resolve_data_spec(spec: str) -> tuple[str, Path]:
     """(name, jsonl path) of one --data value: a named split or a file."""
-    if spec in DEFAULT_SPLITS:
+    if spec in CORPUS_SPLITS:
         from dataset.corpus import ensure_default_corpus
         return spec, getattr(ensure_default_corpus(quiet=True), spec)
     if spec in NAMED_SPLITS:

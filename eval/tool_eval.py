@@ -31,6 +31,7 @@ import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
+from dataset.corpus import TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
@@ -52,10 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ToolParser(description="Tool use on held-out questions: the right call, the fact in the answer",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_source_flags(parser)
-    parser.add_argument("--wiki", type=int, default=100, help="held-out 'What is X?' questions (wiki)")
-    parser.add_argument("--arithmetic", type=int, default=100, help="held-out arithmetic questions (calculator)")
-    parser.add_argument("--conversions", type=int, default=50, help="held-out unit questions (convert_units)")
-    parser.add_argument("--seed", type=int, default=0, help="which held-out questions are drawn")
+    # The defaults are the questions of the embedded sft_tools_val file (dataset/corpus.py).
+    wiki, arithmetic, conversions = TOOL_DIALOGUES_VAL
+    parser.add_argument("--wiki", type=int, default=wiki, help="held-out 'What is X?' questions (wiki)")
+    parser.add_argument("--arithmetic", type=int, default=arithmetic, help="held-out arithmetic questions (calculator)")
+    parser.add_argument("--conversions", type=int, default=conversions, help="held-out unit questions (convert_units)")
+    parser.add_argument("--seed", type=int, default=TOOL_DIALOGUES_SEED, help="which held-out questions are drawn")
     parser.add_argument("--max_new_tokens", type=int, default=160, help="tokens per generation (call or answer)")
     parser.add_argument("--show", type=int, default=2, help="transcripts printed per tool")
     parser.add_argument("--json", default=None, help="also write every outcome and the table to this file")

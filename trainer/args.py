@@ -28,6 +28,7 @@ from trainer.threads import THREADS_AUTO, THREADS_HELP, parse_threads
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
 DISTILL_DATA = ("sft", "pretrain")  # the tasks whose data a distillation run reads
+SFT_DATA = ("default", "tools")  # the embedded SFT sets (dataset/corpus.py): the conversations, and with tool use
 DEFAULT_REWARD = "math_answer"      # GRPO's and PPO's reward without --reward (trainer/rewards.py)
 ROLLOUT_GROUPS = {"grpo": "grpo", "ppo": "ppo"}  # the --help section of a flag GRPO and PPO share
 LORA_GROUPS = {"lora": "lora", **ROLLOUT_GROUPS}  # the adapter flags: LoRA's section, or GRPO's/PPO's (--lora)
@@ -110,6 +111,7 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
     "dpo": ("beta",),
     "pretrain": ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after"),
+    "sft": ("sft_data",),
     "distill": ("teacher", "alpha", "temperature", "distill_data"),
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
              "max_completion_length", "top_p", "open_thinking", "loss_type", "epsilon", "epsilon_high",
@@ -131,6 +133,7 @@ FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
     "dpo": ("DPO", None),
     "pretrain": ("copy rows", "a curriculum for in-context copying, best with --smeared_keys true: beside each "
                           "micro-batch, rows that repeat a span, supervised on the repeat (docs/tools.md, Copy rows)"),
+    "sft": ("SFT data", None),
     "distill": ("distillation", "loss = alpha x CE + (1 - alpha) x T^2 x KL(teacher^T || student^T) on the "
                                 "supervised tokens (trainer/distillation.py)"),
     "grpo": ("GRPO", "per prompt, --num_generations sampled completions scored by the --reward functions; "
@@ -281,6 +284,11 @@ class TrainArgs:
                                              "(>= 0)")
     copy_weight_after: float = _flag("pretrain", 0.1, "the copy loss's weight after --copy_steps steps (>= 0; 0: "
                                                       "the rows stop and the copying they taught fades)")
+    # The embedded SFT set (dataset/corpus.py).
+    sft_data: str = _flag("sft", "default", f"{_choices(SFT_DATA)}: the embedded SFT set used without --data_path: "
+                                            "the corpus's conversations, or the same plus 20,000 tool-use "
+                                            "dialogues (wiki lookups, calculations, unit conversions; "
+                                            "docs/tools.md)")
     # Distillation (trainer/train_distillation.py).
     teacher: str | None = _flag("distill", None, "the teacher's model directory, which must use the student's "
                                                  f"tokenizer and may be larger (default: "
@@ -480,6 +488,10 @@ def _validate(args: TrainArgs) -> None:
     for name in ("copy_weight", "copy_weight_after"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
             raise bad(name, getattr(args, name), "it must be a number >= 0")
+    if args.sft_data not in SFT_DATA:
+        raise bad("sft_data", args.sft_data, f"choose one of {', '.join(SFT_DATA)}")
+    if args.sft_data != "default" and args.data_path is not None:
+        raise bad("sft_data", args.sft_data, "leave it at default with --data_path (the file is the data)")
     if not 0 <= args.muon_momentum < 1:
         raise bad("muon_momentum", args.muon_momentum, "it must be in [0, 1)")
     if not 0 < args.decay_fraction <= 1:

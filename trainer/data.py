@@ -80,14 +80,17 @@ def dataset_class(task: str) -> type[Dataset]:
     return SFTDataset
 
 
-def default_data(task: str, quiet: bool = False) -> tuple[Path, Path]:
+def default_data(task: str, quiet: bool = False, sft_data: str = "default") -> tuple[Path, Path]:
     """(train, val) files of a task's embedded default data, built on first use: the default corpus for
-    pretraining and SFT, the LoRA and DPO sets derived from it, and (GRPO, PPO) the arithmetic word problems with
-    their held-out problems (dataset/post_training_data.py)."""
+    pretraining and SFT (`sft_data` "tools": its SFT files with the tool-use dialogues), the LoRA and DPO sets
+    derived from it, and (GRPO, PPO) the arithmetic word problems with their held-out problems
+    (dataset/post_training_data.py)."""
     if task in ("pretrain", "sft"):
         from dataset.corpus import ensure_default_corpus
         paths = ensure_default_corpus(quiet=quiet)
-        return (paths.pretrain_train, paths.pretrain_val) if task == "pretrain" else (paths.sft_train, paths.sft_val)
+        if task == "pretrain":
+            return paths.pretrain_train, paths.pretrain_val
+        return (paths.sft_tools_train, paths.sft_tools_val) if sft_data == "tools" else (paths.sft_train, paths.sft_val)
     from dataset.post_training_data import ensure_post_training_data
     derived = ensure_post_training_data()
     if task in ROLLOUT_TASKS:
@@ -120,7 +123,7 @@ def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
                             skip_bad_lines=args.skip_bad_lines, **prompts)
 
     if args.data_path is None:
-        train_path, val_path = default_data(data_task(args), quiet)
+        train_path, val_path = default_data(data_task(args), quiet, args.sft_data)
         if args.val_data_path is not None:
             val_path = resolve_path(args.val_data_path)
     else:

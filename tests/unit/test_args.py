@@ -15,7 +15,7 @@ from tests.paths import REPO
 TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo")
 GENERAL = {"-h", "--config"}  # argparse's own "options" section
 SECTIONS = {"model", MODEL_CONFIG_GROUP, "data", "optimisation", "schedule", "checkpoint", "distributed", "logging",
-            "diagnostics", "pretrain", "lora", "dpo", "distill", "grpo", "ppo"}
+            "diagnostics", "pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo"}
 
 
 def help_entries(text: str) -> dict[str, tuple[str, str]]:
@@ -169,8 +169,11 @@ def test_bad_grpo_flags_are_one_line(flags, message, capsys):
     ("ppo", ["--gamma", "1.5"], "--gamma=1.5 is not allowed; it must be in [0, 1]"),
     ("ppo", ["--vf_coef", "0"], "--vf_coef=0.0 is not allowed; it must be a positive number"),
     ("ppo", ["--epsilon", "-0.2"], "--epsilon=-0.2 is not allowed; it must be a positive number"),
+    ("sft", ["--sft_data", "tool"], "--sft_data='tool' is not allowed; choose one of default, tools"),
+    ("sft", ["--sft_data", "tools", "--data_path", "my.jsonl"],
+     "--sft_data='tools' is not allowed; leave it at default with --data_path (the file is the data)"),
 ])
-def test_bad_rollout_flags_are_one_line(task, flags, message, capsys):
+def test_bad_task_flags_are_one_line(task, flags, message, capsys):
     from trainer.args import parse_args
 
     with pytest.raises(SystemExit):

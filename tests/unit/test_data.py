@@ -344,7 +344,7 @@ def test_default_corpus_splits_are_disjoint(default_corpus):
 
 def test_default_corpus_is_deterministic_and_cached(tmp_path, default_corpus):
     rebuilt = ensure_default_corpus(tmp_path / "again", quiet=True)
-    for name in ("pretrain_train", "pretrain_val", "sft_train", "sft_val"):
+    for name in ("pretrain_train", "pretrain_val", "sft_train", "sft_val", "sft_tools_train", "sft_tools_val"):
         assert getattr(rebuilt, name).read_bytes() == getattr(default_corpus, name).read_bytes(), name
     mtime = rebuilt.sft_train.stat().st_mtime_ns
     started = time.perf_counter()
@@ -353,6 +353,31 @@ def test_default_corpus_is_deterministic_and_cached(tmp_path, default_corpus):
     assert _is_current(tmp_path / "again")
     rebuilt.pretrain_val.write_text("", encoding="utf-8")  # a damaged cache is not current: it gets rebuilt
     assert not _is_current(tmp_path / "again")
+
+
+def test_default_corpus_tool_files(default_corpus, monkeypatch):
+    """sft_tools_* = the SFT split plus its tool-use dialogues: validation holds eval/tool_eval.py's default
+    questions, whose titles no training dialogue looks up; the dialogues are mixed in, not appended."""
+    from dataset.corpus import TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_TRAIN, TOOL_DIALOGUES_VAL
+    from dataset.tool_dialogues import tool_dialogues
+    from trainer.data import default_data
+
+    key = lambda row: json.dumps(row, sort_keys=True)  # noqa: E731
+    titles = {}
+    for split, held_out, counts in (("train", False, TOOL_DIALOGUES_TRAIN), ("val", True, TOOL_DIALOGUES_VAL)):
+        rows = _lines(getattr(default_corpus, f"sft_tools_{split}"))
+        plain = _lines(getattr(default_corpus, f"sft_{split}"))
+        dialogues = tool_dialogues("held_out" if held_out else "train", TOOL_DIALOGUES_SEED, *counts)
+        assert sorted(map(key, rows)) == sorted(map(key, plain + dialogues)), split
+        assert len(dialogues) > 0.99 * sum(counts)
+        positions = [i for i, row in enumerate(rows) if "tools" in row["conversations"][0]]
+        assert positions[0] < len(rows) // 10 and positions[-1] > len(rows) * 9 // 10, split  # shuffled in
+        calls = [json.loads(row["conversations"][2]["tool_calls"])[0] for row in dialogues]
+        titles[split] = {call["arguments"]["title"] for call in calls if call["name"] == "wiki"}
+    assert len(titles["val"]) == TOOL_DIALOGUES_VAL[0] and not titles["val"] & titles["train"]
+    monkeypatch.setattr("dataset.corpus.DEFAULT_CACHE_DIR", default_corpus.sft_train.parent)
+    assert default_data("sft", True, "tools") == (default_corpus.sft_tools_train, default_corpus.sft_tools_val)
+    assert default_data("sft", True) == (default_corpus.sft_train, default_corpus.sft_val)
 
 
 def test_default_corpus_loads_into_datasets(tmp_path, default_corpus, tokenizer):

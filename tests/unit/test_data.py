@@ -380,6 +380,24 @@ def test_default_corpus_tool_files(default_corpus, monkeypatch):
     assert default_data("sft", True) == (default_corpus.sft_train, default_corpus.sft_val)
 
 
+def test_sft_data_flag_picks_the_embedded_set(default_corpus, monkeypatch):
+    """An SFT run without --data_path reads sft_{train,val}, or sft_tools_{train,val} with --sft_data tools."""
+    import trainer.data
+    from trainer.args import parse_args
+
+    class Recorded(list):  # a dataset that only remembers its file
+        def __init__(self, path, *args, **kwargs):
+            super().__init__(range(64))
+            self.path = path
+
+    monkeypatch.setattr("dataset.corpus.DEFAULT_CACHE_DIR", default_corpus.sft_train.parent)
+    monkeypatch.setattr(trainer.data, "dataset_class", lambda task: Recorded)
+    for flags, expected in (([], ("sft_train", "sft_val")),
+                            (["--sft_data", "tools"], ("sft_tools_train", "sft_tools_val"))):
+        data = trainer.data.build_run_data(parse_args("sft", flags), tokenizer=None, quiet=True)
+        assert (data.train.path, data.val.path) == tuple(getattr(default_corpus, name) for name in expected)
+
+
 def test_default_corpus_loads_into_datasets(tmp_path, default_corpus, tokenizer):
     pre = PretrainDataset(default_corpus.pretrain_val, tokenizer, 256, cache_dir=tmp_path)
     assert pre.stats["packing_efficiency"] >= 0.99

@@ -25,8 +25,11 @@ TIMEOUT_MS = 60_000
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # expect() waits 5 s by default, its own setting apart from the page's: on a loaded 2-core machine a reply can
+    # take longer, so its assertions wait as long as the page's actions do.
+    expect.set_options(timeout=TIMEOUT_MS)
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"no browser at {CHROMIUM}: apt-get install -y chromium")
     with sync_playwright() as playwright:

@@ -44,8 +44,9 @@ from dataset.wiki_qa import conversations_for
 # Bump when the output of the builder changes, so existing caches get rebuilt.
 BUILD_VERSION = 3  # 2: arithmetic word problems in the SFT files; 3: the sft_tools files
 SHUFFLE_SEED = 1234
-# The tool-use dialogues of the sft_tools files: (lookups, calculations, unit conversions). Training: 20,000,
-# 42% of the training rows (docs/tools.md measured this mix); validation: eval/tool_eval.py's default questions.
+# The tool-use dialogues of the sft_tools files, (lookups, calculations, unit conversions) asked for; fewer lookups
+# come out where an article yields no dialogue (19,987 in training, 42% of its rows: the mix docs/tools.md
+# measured). Validation: eval/tool_eval.py's default questions.
 TOOL_DIALOGUES_TRAIN = (9000, 8000, 3000)
 TOOL_DIALOGUES_VAL = (100, 100, 50)
 TOOL_DIALOGUES_SEED = 0

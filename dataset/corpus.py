@@ -7,7 +7,8 @@
 Outputs, under ``dataset/cache/`` (git-ignored):
 ``pretrain_{train,val}.jsonl`` with lines ``{"text": ...}``, ``sft_{train,val}.jsonl`` with lines
 ``{"conversations": [{"role": ..., "content": ...}, ...]}`` and ``sft_tools_{train,val}.jsonl`` (the SFT files plus
-tool-use dialogues, dataset/tool_dialogues.py: the trainer's ``--sft_data tools``), plus ``manifest.json``. The
+tool-use dialogues and small talk with the tools offered, dataset/tool_dialogues.py: the trainer's
+``--sft_data tools``), plus ``manifest.json``. The
 validation split is ~2 % chosen by hashing a topic key -- the Wikipedia title, the chit-chat conversation id, the
 chatterbot opening line -- and the same key decides both the pretraining and the SFT side, so no article or dialog
 seen in training (in either stage) shows up in validation. Exact duplicates are removed before splitting. The
@@ -36,21 +37,24 @@ from tqdm import tqdm
 from dataset.arithmetic import SPLIT_NAMESPACE as ARITHMETIC_SOURCE
 from dataset.arithmetic import sft_problems
 from dataset.atomic_io import atomic_write_text
-from dataset.sources import Dialog, package_versions, read_chatterbot, read_chitchat, read_wikipedia
-from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, is_validation, wiki_split_key
-from dataset.tool_dialogues import tool_dialogues
+from dataset.sources import (Dialog, conversation_text, dialog_windows, normalized_text, package_versions,
+                             read_chatterbot, read_chitchat, read_wikipedia)
+from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, dialog_split_key, is_validation, wiki_split_key
+from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
 from dataset.wiki_qa import conversations_for
 
 # Bump when the output of the builder changes, so existing caches get rebuilt.
-BUILD_VERSION = 3  # 2: arithmetic word problems in the SFT files; 3: the sft_tools files
+BUILD_VERSION = 4  # 2: arithmetic word problems in the SFT files; 3: the sft_tools files; 4: their small talk
 SHUFFLE_SEED = 1234
 # The tool-use dialogues of the sft_tools files, (lookups, calculations, unit conversions) asked for; fewer lookups
-# come out where an article yields no dialogue (19,987 in training, 42% of its rows: the mix docs/tools.md
-# measured). Validation: eval/tool_eval.py's default questions.
+# come out where an article yields no dialogue (19,987 in training). Validation: eval/tool_eval.py's default questions.
 TOOL_DIALOGUES_TRAIN = (9000, 8000, 3000)
 TOOL_DIALOGUES_VAL = (100, 100, 50)
 TOOL_DIALOGUES_SEED = 0
-SFT_WINDOW_CHARS = 1500  # long chit-chats are cut into windows of whole exchanges of about this size
+# Chit-chat openings under the tools system turn, answered without a call (so "Hi!" gets no lookup); the same seed.
+# With them the tool data is 46% of the training rows: the mix docs/tools.md measured.
+SMALL_TALK_TRAIN = 3000
+SMALL_TALK_VAL = 50
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE_DIR = REPO_ROOT / "dataset" / "cache"
@@ -88,38 +92,12 @@ def corpus_paths(cache_dir: Path) -> CorpusPaths:
     )
 
 
-def dialog_windows(turns: Sequence[str], max_chars: int = SFT_WINDOW_CHARS) -> list[list[dict[str, str]]]:
-    """Alternating user/assistant conversations from a dialog's turns.
-
-    Each window starts with a user turn and holds whole exchanges, adding exchanges while the window stays
-    within ``max_chars`` (one exchange always fits); a trailing question without a reply is dropped.
-    """
-    exchanges = [(turns[i], turns[i + 1]) for i in range(0, len(turns) - 1, 2)]
-    windows: list[list[dict[str, str]]] = []
-    current: list[dict[str, str]] = []
-    size = 0
-    for question, answer in exchanges:
-        length = len(question) + len(answer)
-        if current and size + length > max_chars:
-            windows.append(current)
-            current, size = [], 0
-        current += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        size += length
-    if current:
-        windows.append(current)
-    return windows
-
-
-def _normalized(text: str) -> str:
-    return " ".join(text.lower().split())
-
-
 def _dedupe(records: Iterable[_Record], text_of) -> tuple[list[_Record], int]:
     seen: set[str] = set()
     kept: list[_Record] = []
     dropped = 0
     for record in records:
-        fingerprint = hashlib.sha1(_normalized(text_of(record)).encode("utf-8")).hexdigest()
+        fingerprint = hashlib.sha1(normalized_text(text_of(record)).encode("utf-8")).hexdigest()
         if fingerprint in seen:
             dropped += 1
             continue
@@ -148,7 +126,7 @@ def collect_records(progress: bool = False) -> tuple[list[_Record], list[_Record
         dialogs += read_chatterbot()
         bar.update()
     for dialog in dialogs:
-        key = f"{dialog.source}\x00{dialog.key}"
+        key = dialog_split_key(dialog)
         # Pretraining sees a dialog as plain text, one turn per line.
         pretrain.append(_Record(dialog.source, key, {"text": "\n".join(dialog.turns)}))
         for window in dialog_windows(dialog.turns):
@@ -162,7 +140,7 @@ def collect_records(progress: bool = False) -> tuple[list[_Record], list[_Record
 
 
 def _conversation_text(record: _Record) -> str:
-    return "\x1f".join(f"{m['role']}\x1e{m['content']}" for m in record.payload["conversations"])
+    return conversation_text(record.payload["conversations"])
 
 
 def _write_jsonl(path: Path, records: Sequence[_Record]) -> int:
@@ -184,9 +162,12 @@ def _split(records: list[_Record]) -> tuple[list[_Record], list[_Record]]:
 
 
 def _with_tool_dialogues(conversations: list[_Record], validation: bool) -> list[_Record]:
-    """The SFT split plus its tool-use dialogues (held-out articles and problems for validation), shuffled."""
+    """The SFT split plus its tool-use dialogues and small talk with tools offered (held-out articles, problems and
+    conversations for validation), shuffled."""
+    split = "held_out" if validation else "train"
     counts = TOOL_DIALOGUES_VAL if validation else TOOL_DIALOGUES_TRAIN
-    dialogues = tool_dialogues("held_out" if validation else "train", TOOL_DIALOGUES_SEED, *counts)
+    dialogues = tool_dialogues(split, TOOL_DIALOGUES_SEED, *counts)
+    dialogues += small_talk_dialogues(split, TOOL_DIALOGUES_SEED, SMALL_TALK_VAL if validation else SMALL_TALK_TRAIN)
     records = conversations + [_Record("tool_dialogues", "", dialogue, validation) for dialogue in dialogues]
     random.Random(SHUFFLE_SEED + 2 + validation).shuffle(records)
     return records

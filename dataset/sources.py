@@ -11,7 +11,7 @@ import importlib.metadata
 import importlib.util
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +43,41 @@ class Dialog:
     source: str
     key: str
     turns: tuple[str, ...]
+
+
+def normalized_text(text: str) -> str:
+    """What duplicates are compared by: lower case, runs of whitespace as one space."""
+    return " ".join(text.lower().split())
+
+
+def conversation_text(conversation: Sequence[dict[str, str]]) -> str:
+    """A conversation's roles and contents as one string (for duplicate checks)."""
+    return "\x1f".join(f"{m['role']}\x1e{m['content']}" for m in conversation)
+
+
+SFT_WINDOW_CHARS = 1500  # long chit-chats are cut into windows of whole exchanges of about this size
+
+
+def dialog_windows(turns: Sequence[str], max_chars: int = SFT_WINDOW_CHARS) -> list[list[dict[str, str]]]:
+    """Alternating user/assistant conversations from a dialog's turns.
+
+    Each window starts with a user turn and holds whole exchanges, adding exchanges while the window stays
+    within ``max_chars`` (one exchange always fits); a trailing question without a reply is dropped.
+    """
+    exchanges = [(turns[i], turns[i + 1]) for i in range(0, len(turns) - 1, 2)]
+    windows: list[list[dict[str, str]]] = []
+    current: list[dict[str, str]] = []
+    size = 0
+    for question, answer in exchanges:
+        length = len(question) + len(answer)
+        if current and size + length > max_chars:
+            windows.append(current)
+            current, size = [], 0
+        current += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        size += length
+    if current:
+        windows.append(current)
+    return windows
 
 
 def package_dir(import_name: str) -> Path:

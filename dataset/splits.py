@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from dataset.sources import WikiArticle
+from dataset.sources import Dialog, WikiArticle
 
 VAL_PER_MILLE = 20  # 2 % validation
 WIKI_NAMESPACE = "wikipedia_en"
@@ -15,6 +15,11 @@ WIKI_NAMESPACE = "wikipedia_en"
 def wiki_split_key(article: WikiArticle) -> str:
     """The split key of a Wikipedia article: its text and every conversation made from it share it."""
     return f"{WIKI_NAMESPACE}\x00{article.title}"
+
+
+def dialog_split_key(dialog: Dialog) -> str:
+    """The split key of a chit-chat or chatterbot dialog: its text and every SFT window of it share it."""
+    return f"{dialog.source}\x00{dialog.key}"
 
 
 def is_validation(split_key: str) -> bool:

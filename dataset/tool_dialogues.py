@@ -16,6 +16,9 @@ words) -> ``calculator``, and unit questions -> ``convert_units``. Held-out enti
 articles (so they appear nowhere in training: not in pretraining text, not in the QA SFT data, not here); held-out
 problems are chosen by a hash of the problem with its operands in canonical order, so "3 + 5" and "5 + 3" fall on
 the same side (conversions by a hash of value and units). The same seed gives the same dialogues.
+
+A fourth kind teaches when not to call: small talk under the same system turn, answered without a call
+(``small_talk_dialogues``: the opening window of a chit-chat conversation, held out as the corpus holds it out).
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from dataset.splits import is_validation, wiki_split_key
-from dataset.sources import WikiArticle, read_wikipedia
+from dataset.sources import (Dialog, WikiArticle, conversation_text, dialog_windows, normalized_text, read_chitchat,
+                             read_wikipedia)
+from dataset.splits import dialog_split_key, is_validation, wiki_split_key
 from dataset.tools import TOOLS, ResultBudget, is_tool_error, run_tool, tool_schemas
 from dataset.wiki_qa import question_for, split_sentences
 
@@ -227,4 +231,30 @@ def tool_dialogues(split: Split, seed: int, wiki_count: int, arithmetic_count: i
     dialogues += _distinct(split, conversion_count, lambda: conversion(rng),
                            lambda problem: conversion_dialogue(problem, budget, thinks()))
     rng.shuffle(dialogues)
+    return dialogues
+
+
+def small_talk_dialogues(split: Split, seed: int, count: int, dialogs: Sequence[Dialog] | None = None) -> list[dict]:
+    """``count`` chit-chat conversations of one split (fewer when it has fewer) with every tool offered and none
+    called: the system turn of the tool dialogues, then the conversation's opening window as the SFT files hold it,
+    no two the same up to case and spacing. Held-out conversations are the corpus's validation dialogs.
+    Deterministic in (split, seed, count, dialogs)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    held_out = split == "held_out"
+    pool = sorted((d for d in (read_chitchat() if dialogs is None else dialogs)
+                   if is_validation(dialog_split_key(d)) == held_out), key=dialog_split_key)
+    random.Random(f"small_talk\x00{split}\x00{seed}").shuffle(pool)
+    dialogues: list[dict] = []
+    seen: set[str] = set()
+    for dialog in pool:
+        if len(dialogues) == count:
+            break
+        windows = dialog_windows(dialog.turns)
+        text = normalized_text(conversation_text(windows[0])) if windows else ""
+        if text and text not in seen:
+            seen.add(text)
+            dialogues.append({"conversations": [system_message(), *windows[0]]})
     return dialogues

@@ -4,11 +4,12 @@
     python eval/tool_eval.py --model_path out/sft --wiki 200 --arithmetic 200 --json out/sft/tools.json
 
 The questions are the held-out side of dataset/tool_dialogues.py: "What is X?" about the default corpus's validation
-articles (in no training file), arithmetic problems and unit conversions whose hash puts them outside training. Each
-is asked once, greedily, through the same tool loop as eval/chat.py (model/chat_session.py, every built-in tool
-offered, no system prompt). The table gives, per tool, the fraction of questions where the model's first call is the
-right tool with the right argument, and the fraction whose final answer contains the fact (dataset/tool_scoring.py
-says exactly what counts); `--show N` prints N transcripts of each kind.
+articles (in no training file), arithmetic problems and unit conversions whose hash puts them outside training, and
+small talk (the openings of held-out chit-chat conversations). Each is asked once, greedily, through the same tool
+loop as eval/chat.py (model/chat_session.py, every built-in tool offered, no system prompt). The table gives, per
+tool, the fraction of questions where the model's first call is the right tool with the right argument, and the
+fraction whose final answer contains the fact; for small talk, the fraction answered without a call
+(dataset/tool_scoring.py says exactly what counts); `--show N` prints N transcripts of each kind.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
-from dataset.corpus import TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
+from dataset.corpus import SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
+from dataset.tool_scoring import SMALL_TALK  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
 
-KINDS = ("wiki", "calculator", "convert_units")
+TOOL_KINDS = ("wiki", "calculator", "convert_units")
 
 
 @dataclass
@@ -44,7 +46,7 @@ class Outcome:
     kind: str
     question: str
     calls: list[str]  # every call the model made, as "name(arguments) -> result"
-    right_call: bool
+    right_call: bool  # small talk: no call
     answer: str
     has_fact: bool
 
@@ -58,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wiki", type=int, default=wiki, help="held-out 'What is X?' questions (wiki)")
     parser.add_argument("--arithmetic", type=int, default=arithmetic, help="held-out arithmetic questions (calculator)")
     parser.add_argument("--conversions", type=int, default=conversions, help="held-out unit questions (convert_units)")
+    parser.add_argument("--small_talk", type=int, default=SMALL_TALK_VAL,
+                        help="held-out chit-chat openings, right when answered without a call")
     parser.add_argument("--seed", type=int, default=TOOL_DIALOGUES_SEED, help="which held-out questions are drawn")
     parser.add_argument("--max_new_tokens", type=int, default=160, help="tokens per generation (call or answer)")
     parser.add_argument("--show", type=int, default=2, help="transcripts printed per tool")
@@ -67,47 +71,51 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def ask(session, question) -> Outcome:
-    from dataset.tool_scoring import answer_has_fact, is_right_call
+    from dataset.tool_scoring import answer_has_fact, is_right_reply
 
     session.reset()
     reply = session.reply(question.question)
     results = [result for round_ in reply.rounds for result in round_.results]
-    right = bool(results) and is_right_call(question, results[0].name, results[0].arguments)
+    right = is_right_reply(question, [(result.name, result.arguments) for result in results])
     return Outcome(question.kind, question.question, [r.describe() for r in results], right, reply.text,
                    answer_has_fact(question, reply.text))
 
 
 def table(outcomes: list[Outcome]) -> list[dict]:
+    """One row per tool, "all" over the tool questions, and small talk (its right call is no call; no fact)."""
+    groups = {kind: [o for o in outcomes if o.kind == kind] for kind in TOOL_KINDS}
+    groups["all"] = [o for o in outcomes if o.kind in TOOL_KINDS]
+    groups[SMALL_TALK] = [o for o in outcomes if o.kind == SMALL_TALK]
     rows = []
-    for kind in (*KINDS, "all"):
-        mine = [o for o in outcomes if kind in (o.kind, "all")]
+    for kind, mine in groups.items():
         if not mine:
             continue
         n = len(mine)
         rows.append({"tool": kind, "questions": n,
                      "called_a_tool": sum(bool(o.calls) for o in mine) / n,
                      "right_call": sum(o.right_call for o in mine) / n,
-                     "fact_in_answer": sum(o.has_fact for o in mine) / n})
+                     "fact_in_answer": None if kind == SMALL_TALK else sum(o.has_fact for o in mine) / n})
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
     print(f"{'tool':<14} {'questions':>9} {'called a tool':>14} {'right call':>11} {'fact in answer':>15}")
     for row in rows:
-        print(f"{row['tool']:<14} {row['questions']:>9} {row['called_a_tool']:>14.1%} {row['right_call']:>11.1%} "
-              f"{row['fact_in_answer']:>15.1%}")
+        fact = "-" if row["fact_in_answer"] is None else f"{row['fact_in_answer']:.1%}"
+        right = f"{row['right_call']:.1%}" + (" (none)" if row["tool"] == SMALL_TALK else "")
+        print(f"{row['tool']:<14} {row['questions']:>9} {row['called_a_tool']:>14.1%} {right:>11} {fact:>15}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if min(args.wiki, args.arithmetic, args.conversions) < 0:
-        return report_error(ValueError("--wiki, --arithmetic and --conversions must be >= 0"))
+    if min(args.wiki, args.arithmetic, args.conversions, args.small_talk) < 0:
+        return report_error(ValueError("--wiki, --arithmetic, --conversions and --small_talk must be >= 0"))
     try:
         path, lora = locate_tool_model(args)
     except ModelNotFound as error:
         return report_error(error)
 
-    from dataset.tool_dialogues import tool_dialogues
+    from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
     from dataset.tool_scoring import ToolQuestion
     from dataset.tools import tool_schemas
     from model.chat_session import ChatSession
@@ -116,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(start_threads(args.threads), file=sys.stderr)
     model, tokenizer = load_model(path, lora=lora)
-    questions = [ToolQuestion.from_dialogue(d) for d in
-                 tool_dialogues("held_out", args.seed, args.wiki, args.arithmetic, args.conversions)]
+    dialogues = tool_dialogues("held_out", args.seed, args.wiki, args.arithmetic, args.conversions)
+    dialogues += small_talk_dialogues("held_out", args.seed, args.small_talk)
+    questions = [ToolQuestion.from_dialogue(d) for d in dialogues]
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=0.0)
     session = ChatSession(model, tokenizer, use_template=True, history_turns=0, settings=settings,
                           tools=tool_schemas())
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = table(outcomes)
     print(f"model {path}{' + ' + str(lora) if lora else ''}: {len(questions)} held-out questions, greedy")
     print_table(rows)
-    for kind in KINDS:
+    for kind in (*TOOL_KINDS, SMALL_TALK):
         for outcome in [o for o in outcomes if o.kind == kind][:args.show]:
             print(f"\n[{kind}] user: {outcome.question}")
             for call in outcome.calls:

@@ -287,8 +287,9 @@ class TrainArgs:
     # The embedded SFT set (dataset/corpus.py).
     sft_data: str = _flag("sft", "default", f"{_choices(SFT_DATA)}: the embedded SFT set used without --data_path: "
                                             "the corpus's conversations, or the same plus 20,000 tool-use "
-                                            "dialogues (wiki lookups, calculations, unit conversions; "
-                                            "docs/tools.md)")
+                                            "dialogues (wiki lookups, calculations, unit conversions) and "
+                                            "3,000 chit-chats with the tools offered and none called "
+                                            "(docs/tools.md)")
     # Distillation (trainer/train_distillation.py).
     teacher: str | None = _flag("distill", None, "the teacher's model directory, which must use the student's "
                                                  f"tokenizer and may be larger (default: "

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dataset.corpus import _is_current, corpus_paths, dialog_windows, ensure_default_corpus
+from dataset.corpus import _is_current, corpus_paths, ensure_default_corpus
 from dataset.splits import is_validation
 from dataset.jsonl import load_jsonl
 from dataset.pretrain_dataset import PretrainDataset
@@ -356,25 +356,36 @@ def test_default_corpus_is_deterministic_and_cached(tmp_path, default_corpus):
 
 
 def test_default_corpus_tool_files(default_corpus, monkeypatch):
-    """sft_tools_* = the SFT split plus its tool-use dialogues: validation holds eval/tool_eval.py's default
-    questions, whose titles no training dialogue looks up; the dialogues are mixed in, not appended."""
-    from dataset.corpus import TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_TRAIN, TOOL_DIALOGUES_VAL
-    from dataset.tool_dialogues import tool_dialogues
+    """sft_tools_* = the SFT split plus its tool-use dialogues and small talk with the tools offered: validation holds
+    eval/tool_eval.py's default questions, whose titles and conversations no training dialogue holds; the dialogues
+    are mixed in, not appended."""
+    from dataset.corpus import SMALL_TALK_TRAIN, SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_TRAIN, \
+        TOOL_DIALOGUES_VAL
+    from dataset.sources import conversation_text, normalized_text
+    from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
     from trainer.data import default_data
 
     key = lambda row: json.dumps(row, sort_keys=True)  # noqa: E731
-    titles = {}
-    for split, held_out, counts in (("train", False, TOOL_DIALOGUES_TRAIN), ("val", True, TOOL_DIALOGUES_VAL)):
+    titles, openings = {}, {}
+    for split, held_out, counts, talks in (("train", False, TOOL_DIALOGUES_TRAIN, SMALL_TALK_TRAIN),
+                                           ("val", True, TOOL_DIALOGUES_VAL, SMALL_TALK_VAL)):
         rows = _lines(getattr(default_corpus, f"sft_tools_{split}"))
         plain = _lines(getattr(default_corpus, f"sft_{split}"))
         dialogues = tool_dialogues("held_out" if held_out else "train", TOOL_DIALOGUES_SEED, *counts)
-        assert sorted(map(key, rows)) == sorted(map(key, plain + dialogues)), split
-        assert len(dialogues) > 0.99 * sum(counts)
+        small_talk = small_talk_dialogues("held_out" if held_out else "train", TOOL_DIALOGUES_SEED, talks)
+        assert sorted(map(key, rows)) == sorted(map(key, plain + dialogues + small_talk)), split
+        assert len(dialogues) > 0.99 * sum(counts) and len(small_talk) == talks
+        # each small-talk dialogue is a conversation of the split's plain SFT rows (which are deduplicated up to case
+        # and spacing), with the tools' system turn
+        text = lambda conversation: normalized_text(conversation_text(conversation))  # noqa: E731
+        assert {text(d["conversations"][1:]) for d in small_talk} <= {text(row["conversations"]) for row in plain}
+        openings[split] = {key(d["conversations"]) for d in small_talk}
         positions = [i for i, row in enumerate(rows) if "tools" in row["conversations"][0]]
         assert positions[0] < len(rows) // 10 and positions[-1] > len(rows) * 9 // 10, split  # shuffled in
         calls = [json.loads(row["conversations"][2]["tool_calls"])[0] for row in dialogues]
         titles[split] = {call["arguments"]["title"] for call in calls if call["name"] == "wiki"}
     assert len(titles["val"]) == TOOL_DIALOGUES_VAL[0] and not titles["val"] & titles["train"]
+    assert not openings["val"] & openings["train"]
     monkeypatch.setattr("dataset.corpus.DEFAULT_CACHE_DIR", default_corpus.sft_train.parent)
     assert default_data("sft", True, "tools") == (default_corpus.sft_tools_train, default_corpus.sft_tools_val)
     assert default_data("sft", True) == (default_corpus.sft_train, default_corpus.sft_val)
@@ -418,6 +429,8 @@ def test_split_assignment_and_windows():
     share = sum(is_validation(f"k{i}") for i in range(20_000)) / 20_000
     assert 0.015 < share < 0.025
     turns = ["q1", "a1" * 10, "q2", "a2", "q3"]  # trailing question without a reply is dropped
+    from dataset.sources import dialog_windows
+
     windows = dialog_windows(turns, max_chars=25)
     assert windows == [
         [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1" * 10}],

@@ -1,12 +1,13 @@
 """The scoring of tool-use replies (dataset/tool_scoring.py): the right call as the tool resolves it, the fact as a run
-of the first sentence's words beyond the question's own, values as whole numbers."""
+of the first sentence's words beyond the question's own, values as whole numbers, no call for small talk."""
 
 from __future__ import annotations
 
 import pytest
 
-from dataset.tool_dialogues import tool_dialogues
-from dataset.tool_scoring import SPAN_WORDS, ToolQuestion, answer_has_fact, is_right_call
+from dataset.sources import Dialog
+from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
+from dataset.tool_scoring import SMALL_TALK, SPAN_WORDS, ToolQuestion, answer_has_fact, is_right_reply
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +30,30 @@ def test_questions_keep_the_dialogue_call_result_and_fact(questions):
 
 def test_a_call_is_right_when_the_tool_resolves_it_to_the_same_result(questions):
     wiki, calculator = questions["wiki"], questions["calculator"]
-    assert is_right_call(wiki, "wiki", wiki.arguments)
-    assert is_right_call(wiki, "wiki", {"title": wiki.arguments["title"].upper() + "!"})  # the forgiving lookup
-    assert not is_right_call(wiki, "calculator", {"expression": "1 + 1"})
-    assert not is_right_call(wiki, "wiki", {"title": "Eiffel Tower"})
+    assert is_right_reply(wiki, [("wiki", wiki.arguments)])
+    assert is_right_reply(wiki, [("wiki", {"title": wiki.arguments["title"].upper() + "!"})])  # the forgiving lookup
+    assert not is_right_reply(wiki, [("calculator", {"expression": "1 + 1"})])
+    assert not is_right_reply(wiki, [("wiki", {"title": "Eiffel Tower"})])
+    assert not is_right_reply(wiki, [("calculator", {"expression": "1 + 1"}), ("wiki", wiki.arguments)])  # the first
+    assert not is_right_reply(wiki, [])
     spaced = calculator.arguments["expression"]
-    assert is_right_call(calculator, "calculator", {"expression": spaced.replace(" ", "")})
-    assert not is_right_call(calculator, "calculator", {"expression": spaced + " + 1"})
-    assert not is_right_call(calculator, "calculator", {"text": spaced})  # bad arguments: an error result
+    assert is_right_reply(calculator, [("calculator", {"expression": spaced.replace(" ", "")})])
+    assert not is_right_reply(calculator, [("calculator", {"expression": spaced + " + 1"})])
+    assert not is_right_reply(calculator, [("calculator", {"text": spaced})])  # bad arguments: an error result
+
+
+def test_small_talk_is_right_without_a_call():
+    dialogs = [Dialog("chitchat", str(i), ("Hi! How are you?", f"Fine, thanks ({i}).", "Good.")) for i in range(200)]
+    dialogues = small_talk_dialogues("held_out", seed=0, count=3, dialogs=dialogs)
+    assert len(dialogues) == 3  # 200 keys hold about 4 held-out ones
+    same = [Dialog("chitchat", str(i), ("Hi! How are you?", "Fine.")) for i in range(200)]
+    assert len(small_talk_dialogues("held_out", seed=0, count=3, dialogs=same)) == 1  # no opening twice
+    (system, user, reply) = dialogues[0]["conversations"]
+    assert "tools" in system and "tool_calls" not in reply and user == {"role": "user", "content": "Hi! How are you?"}
+    question = ToolQuestion.from_dialogue(dialogues[0])
+    assert (question.kind, question.question) == (SMALL_TALK, "Hi! How are you?")
+    assert is_right_reply(question, []) and not is_right_reply(question, [("wiki", {"title": "Hi"})])
+    assert not answer_has_fact(question, "Fine, thanks.")
 
 
 def test_wiki_fact_is_a_run_of_the_first_sentence_beyond_the_question():

@@ -106,8 +106,10 @@ def _dedupe(records: Iterable[_Record], text_of) -> tuple[list[_Record], int]:
     return kept, dropped
 
 
-def collect_records(progress: bool = False) -> tuple[list[_Record], list[_Record]]:
-    """All pretraining and SFT records, tagged with source and split key, before dedup."""
+def collect_records(progress: bool = False, chitchat: Sequence[Dialog] | None = None) -> tuple[list[_Record],
+                                                                                              list[_Record]]:
+    """All pretraining and SFT records, tagged with source and split key, before dedup; ``chitchat``: the chit-chat
+    dialogs when the caller has read them already."""
     pretrain: list[_Record] = []
     sft: list[_Record] = []
     with tqdm(total=3, desc="default corpus", unit="source", disable=not progress) as bar:
@@ -120,7 +122,7 @@ def collect_records(progress: bool = False) -> tuple[list[_Record], list[_Record
         bar.update()
         dialogs: list[Dialog] = []
         bar.set_postfix_str("chitchat")
-        dialogs += read_chitchat()
+        dialogs += read_chitchat() if chitchat is None else chitchat
         bar.update()
         bar.set_postfix_str("chatterbot")
         dialogs += read_chatterbot()
@@ -161,13 +163,14 @@ def _split(records: list[_Record]) -> tuple[list[_Record], list[_Record]]:
     return train, val
 
 
-def _with_tool_dialogues(conversations: list[_Record], validation: bool) -> list[_Record]:
+def _with_tool_dialogues(conversations: list[_Record], validation: bool, chitchat: Sequence[Dialog]) -> list[_Record]:
     """The SFT split plus its tool-use dialogues and small talk with tools offered (held-out articles, problems and
     conversations for validation), shuffled."""
     split = "held_out" if validation else "train"
     counts = TOOL_DIALOGUES_VAL if validation else TOOL_DIALOGUES_TRAIN
     dialogues = tool_dialogues(split, TOOL_DIALOGUES_SEED, *counts)
-    dialogues += small_talk_dialogues(split, TOOL_DIALOGUES_SEED, SMALL_TALK_VAL if validation else SMALL_TALK_TRAIN)
+    dialogues += small_talk_dialogues(split, TOOL_DIALOGUES_SEED, SMALL_TALK_VAL if validation else SMALL_TALK_TRAIN,
+                                      chitchat)
     records = conversations + [_Record("tool_dialogues", "", dialogue, validation) for dialogue in dialogues]
     random.Random(SHUFFLE_SEED + 2 + validation).shuffle(records)
     return records
@@ -176,7 +179,8 @@ def _with_tool_dialogues(conversations: list[_Record], validation: bool) -> list
 def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
     """Build all six files and the manifest; returns the manifest."""
     started = time.perf_counter()
-    pretrain, sft = collect_records(progress=not quiet)
+    chitchat = tuple(read_chitchat())  # read once: the SFT records and the small talk both take it
+    pretrain, sft = collect_records(progress=not quiet, chitchat=chitchat)
     pretrain, pretrain_duplicates = _dedupe(pretrain, lambda r: r.payload["text"])
     sft, sft_duplicates = _dedupe(sft, _conversation_text)
     paths = corpus_paths(cache_dir)
@@ -191,7 +195,7 @@ def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
         (paths.sft_train, splits["sft"]["train"]),
         (paths.sft_val, splits["sft"]["val"]),
     ]
-    tools = {split: _with_tool_dialogues(splits["sft"][split], validation=split == "val") for split in ("train", "val")}
+    tools = {split: _with_tool_dialogues(splits["sft"][split], split == "val", chitchat) for split in ("train", "val")}
     targets += [(paths.sft_tools_train, tools["train"]), (paths.sft_tools_val, tools["val"])]
     for path, records in tqdm(targets, desc="writing jsonl", unit="file", disable=quiet):
         files[path.name] = {"records": len(records), "bytes": _write_jsonl(path, records)}

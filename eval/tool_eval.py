@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.corpus import SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
-from dataset.tool_scoring import SMALL_TALK  # noqa: E402
+from dataset.tool_scoring import SMALL_TALK, ToolQuestion, answer_has_fact, is_right_reply  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
@@ -71,8 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def ask(session, question) -> Outcome:
-    from dataset.tool_scoring import answer_has_fact, is_right_reply
-
     session.reset()
     reply = session.reply(question.question)
     results = [result for round_ in reply.rounds for result in round_.results]
@@ -116,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(error)
 
     from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
-    from dataset.tool_scoring import ToolQuestion
     from dataset.tools import tool_schemas
     from model.chat_session import ChatSession
     from model.generation import GenerationSettings

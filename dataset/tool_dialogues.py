@@ -130,9 +130,13 @@ def system_message() -> dict[str, str]:
 
 
 def _dialogue(question: str, tool: str, arguments: dict, answer_of, budget: ResultBudget,
-              thinking: tuple[str, str] | None = None) -> dict | None:
+              thinking: tuple[str, str] | None = None, may_fail: bool = False) -> dict | None:
+    """The five-turn dialogue, or None when a lookup that ``may_fail`` does not come back; a generated calculation
+    that fails is a bug in the generator, and it says so rather than silently leaving a problem out."""
     result = run_tool(tool, arguments, budget)
     if is_tool_error(result):
+        if not may_fail:
+            raise ValueError(f"the generated problem {question!r} fails: {tool}({arguments}) -> {result}")
         return None
     answer = answer_of(result)
     if not answer:
@@ -158,7 +162,7 @@ def wiki_dialogue(article: WikiArticle, budget: ResultBudget | None = None, thin
     thinking = (f"The user asks about {article.title}. I will look it up.",
                 "The article's first sentence answers the question.") if thinks else None
     return _dialogue(question_for(article), "wiki", {"title": article.title}, first_sentence, budget or ResultBudget(),
-                     thinking)
+                     thinking, may_fail=True)
 
 
 def arithmetic_dialogue(problem: ArithmeticProblem, budget: ResultBudget | None = None,

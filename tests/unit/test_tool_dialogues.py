@@ -132,3 +132,16 @@ def test_bad_arguments_are_refused():
         tool_dialogues("test", seed=0, wiki_count=1, arithmetic_count=1)
     with pytest.raises(ValueError, match="counts must be >= 0"):
         tool_dialogues("train", seed=0, wiki_count=-1, arithmetic_count=1)
+
+
+def test_a_generated_calculation_that_fails_stops_the_build_instead_of_vanishing(monkeypatch):
+    """A failing lookup (an ambiguous title) is left out; a failing calculation or conversion is a bug, so the build
+    names it rather than quietly training on fewer (and load-dependent) dialogues."""
+    from dataset.tools import Tool
+
+    def broken(expression: str) -> str:
+        raise RuntimeError("bug")
+
+    monkeypatch.setitem(TOOLS, "calculator", Tool(TOOLS["calculator"].schema, broken))
+    with pytest.raises(ValueError, match=r"the generated problem .* fails: calculator\(.*calculator failed"):
+        tool_dialogues("train", seed=0, wiki_count=0, arithmetic_count=3)

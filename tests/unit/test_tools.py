@@ -116,6 +116,31 @@ def test_calculator_refuses_hostile_input_with_an_error_string(expression):
     assert len(result) <= DEFAULT_RESULT_CHARS
 
 
+
+def test_calculator_time_budget_counts_its_own_cpu_time_not_a_busy_machines_wall_time(monkeypatch):
+    """A stall of the whole process (a loaded machine, here a sleep inside a step) leaves 2 + 2 a valid calculation,
+    so the default corpus's dialogues do not depend on the load; work of its own past the budget is refused."""
+    import time
+
+    import dataset.tools as tools
+
+    def stalled_sqrt(x: float) -> float:
+        time.sleep(2 * tools.CALCULATOR_CPU_SECONDS)  # wall time passes, the thread's CPU time does not
+        return math.sqrt(x)
+
+    monkeypatch.setitem(tools.CALCULATOR_FUNCTIONS, "sqrt", stalled_sqrt)
+    assert calc("sqrt(16) + 1") == "5"
+
+    def busy_sqrt(x: float) -> float:
+        until = time.thread_time() + 2 * tools.CALCULATOR_CPU_SECONDS
+        while time.thread_time() < until:
+            pass
+        return math.sqrt(x)
+
+    monkeypatch.setattr(tools, "CALCULATOR_CPU_SECONDS", 0.05)
+    monkeypatch.setitem(tools.CALCULATOR_FUNCTIONS, "sqrt", busy_sqrt)
+    assert calc("sqrt(16) + 1") == f"{ERROR_PREFIX}expression takes too long"
+
 # ------------------------------------------------------------------------------------------------------------ wiki
 @pytest.fixture(scope="module")
 def extracts() -> dict[str, str]:

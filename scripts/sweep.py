@@ -10,7 +10,8 @@ trial, appended whole.
 Resumable: the proposed trials are kept in SWEEP_DIR/sweep_state.json (written atomically); restarted, the
 runner skips trials already recorded as finished or diverged, reruns any trial that was cut off (with
 `--resume auto`, so a trial with checkpoints continues from its last one, and `--overwrite`, so one without starts
-anew) and retries crashed ones.
+anew) and retries crashed ones. `--workers N` runs N trials at a time: worker threads only wait on their
+subprocesses, the main thread proposes and records every trial, so the state and the results have one writer.
 Exit code 3 from the trainer is a divergence (NaN/inf): recorded as "diverged", not as a crash. Any other
 failure is recorded as "failed" (with the tail of its log) and the sweep goes on, unless --stop_on_failure.
 """
@@ -28,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,18 +241,18 @@ class TrialOutcome:
     error: str = ""
 
 
-_current_child: subprocess.Popen | None = None
+_running_children: set[subprocess.Popen] = set()  # the trials in flight (several with --workers)
 
 
 def _terminate_child(signum, frame) -> None:  # noqa: ARG001
-    # Stop the running trial with us; its directory has no run_summary.json, so a restart reruns it.
-    if _current_child is not None and _current_child.poll() is None:
-        _current_child.terminate()
+    # Stop the running trials with us; their directories have no run_summary.json, so a restart reruns them.
+    for child in list(_running_children):
+        if child.poll() is None:
+            child.terminate()
     raise SystemExit(128 + signum)
 
 
 def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> TrialOutcome:
-    global _current_child
     trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / TRIAL_LOG
     summary_path = trial_dir / SUMMARY_FILE
@@ -259,9 +261,12 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
     with open(log_path, "ab") as log:
         log.write(f"\n$ {shlex.join(command)}\n".encode())
         log.flush()
-        _current_child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        returncode = _current_child.wait()
-        _current_child = None
+        child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        _running_children.add(child)
+        try:
+            returncode = child.wait()
+        finally:
+            _running_children.discard(child)
     summary = read_summary(trial_dir)
     if returncode == 0 and summary.get("status") == "finished":
         return TrialOutcome("finished", returncode, summary)
@@ -296,8 +301,11 @@ def _load_state(sweep_dir: Path, name: str, config: dict[str, Any]) -> dict[str,
 
 def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wandb_mode: str | None = None,
               max_trials: int | None = None, seed: int = 0, stop_on_failure: bool = False,
-              dry_run: bool = False) -> list[dict[str, Any]]:
-    """Run (or resume) a sweep; returns the trials of the state file with their statuses."""
+              dry_run: bool = False, workers: int = 1) -> list[dict[str, Any]]:
+    """Run (or resume) a sweep, ``workers`` trials at a time; returns the trials of the state file with their
+    statuses. Only this process writes the state and the results (the trials run as its subprocesses)."""
+    if workers < 1:
+        raise SweepConfigError(f"--workers must be at least 1, got {workers}")
     config = load_sweep_config(config_path)
     name = sweep_name(config, config_path)
     sweep_dir = resolve_path(sweep_dir) if sweep_dir else default_sweep_dir(name)
@@ -314,23 +322,34 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     env.setdefault("WANDB_DIR", str(sweep_dir))
     swept = swept_names(config)
     save = (lambda: None) if dry_run else (lambda: write_state(sweep_dir, state))
-    ran, attempted = 0, set()  # a trial that fails now is retried on the next start, not in a loop now
+    attempted: set[str] = set()  # a trial that fails now is retried on the next start, not in a loop now
     print(f"sweep {name!r} ({config['method']}) in {sweep_dir}; wandb {mode}; "
-          f"{sum(t['status'] in DONE_STATUSES for t in state['trials'])} trials already done", flush=True)
-    while max_trials is None or ran < max_trials:
+          f"{sum(t['status'] in DONE_STATUSES for t in state['trials'])} trials already done"
+          + (f"; {workers} at a time" if workers > 1 else ""), flush=True)
+
+    def next_trial() -> dict[str, Any] | None:
+        """The first trial not done (nor started by this run), else a new proposal; trials in flight count as
+        running for the engine, so it never proposes one twice."""
         pending = next((t for t in state["trials"]
                         if t["status"] not in DONE_STATUSES and t["trial_id"] not in attempted), None)
         if pending is None:
             params = propose_next(config, state["trials"], seed)
             if params is None:
-                break
+                return None
             pending = {"trial_id": trial_id(params, swept), "params": params, "status": "pending", "metric": None}
             state["trials"].append(pending)
             save()
-        if dry_run:
+        return pending
+
+    if dry_run:
+        while (max_trials is None or len(attempted) < max_trials) and (pending := next_trial()) is not None:
             pending["status"] = "finished"  # only to move on to the next proposal; nothing is saved
+            attempted.add(pending["trial_id"])
             print(f"[dry run] {pending['trial_id']}: {({k: pending['params'][k] for k in swept})}")
-            continue
+        print(f"[dry run] {len(state['trials'])} trials; nothing was run or written")
+        return state["trials"]
+
+    def start(pending: dict[str, Any]) -> tuple[dict[str, Any], int, float, Future]:
         pending["status"] = "running"
         attempted.add(pending["trial_id"])
         save()
@@ -343,30 +362,49 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
         if mode == "disabled":
             extra.append("--use_wandb=false")
         index = state["trials"].index(pending) + 1
-        print(f"[{index}] {pending['trial_id']} ...", end=" ", flush=True)
-        started = time.time()
-        outcome = run_trial(build_command(config, pending["params"], extra), trial_dir, env)
+        print(f"[{index}] {pending['trial_id']} ...", end=" " if workers == 1 else " started\n", flush=True)
+        return pending, index, time.time(), pool.submit(run_trial, build_command(config, pending["params"], extra),
+                                                        trial_dir, env)
+
+    def record(pending: dict[str, Any], index: int, started: float, outcome: TrialOutcome) -> None:
         value = metric_value(outcome.summary, metric) if outcome.status == "finished" else None
-        record = {"trial_id": pending["trial_id"], "params": pending["params"], "status": outcome.status,
+        result = {"trial_id": pending["trial_id"], "params": pending["params"], "status": outcome.status,
                   "returncode": outcome.returncode, "metric_name": metric, "metric": value,
                   "final_val": outcome.summary.get("final_val", {}), "steps": outcome.summary.get("steps"),
                   "median_step_time_s": outcome.summary.get("median_step_time_s"),
                   "tokens_per_s": outcome.summary.get("tokens_per_s"),
                   "wall_time_s": round(time.time() - started, 2), "trial_dir": trial_dir_name(pending["trial_id"]),
                   "wandb_mode": mode, "error": outcome.error, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        append_result(sweep_dir, record)
+        append_result(sweep_dir, result)
         pending["status"], pending["metric"] = outcome.status, value
         save()
-        ran += 1
         shown = f"{metric}={value:.4f}" if value is not None else outcome.status
-        print(f"{outcome.status} ({shown}, {record['wall_time_s']:.0f} s)", flush=True)
+        prefix = "" if workers == 1 else f"[{index}] {pending['trial_id']} "
+        print(f"{prefix}{outcome.status} ({shown}, {result['wall_time_s']:.0f} s)", flush=True)
         if outcome.status == "failed":
             print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
-            if stop_on_failure:
-                raise SystemExit(1)
-    if dry_run:
-        print(f"[dry run] {len(state['trials'])} trials; nothing was run or written")
-        return state["trials"]
+
+    ran, failed = 0, False
+    in_flight: dict[Future, tuple[dict[str, Any], int, float]] = {}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        while True:
+            while (len(in_flight) < workers and not (failed and stop_on_failure)
+                   and (max_trials is None or ran + len(in_flight) < max_trials)):
+                pending = next_trial()
+                if pending is None:
+                    break
+                pending, index, started, future = start(pending)
+                in_flight[future] = (pending, index, started)
+            if not in_flight:
+                break
+            for future in wait(in_flight, return_when=FIRST_COMPLETED).done:
+                pending, index, started = in_flight.pop(future)
+                outcome = future.result()
+                record(pending, index, started, outcome)
+                ran += 1
+                failed = failed or outcome.status == "failed"
+    if failed and stop_on_failure:
+        raise SystemExit(1)
     counts = {s: sum(t["status"] == s for t in state["trials"]) for s in ("finished", "diverged", "failed")}
     print(f"sweep {name!r}: {len(state['trials'])} trials proposed; {counts}; results in {sweep_dir / RESULTS_FILE}")
     return state["trials"]
@@ -382,11 +420,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random/bayes proposals")
     parser.add_argument("--stop_on_failure", action="store_true", help="stop at the first crashed trial")
     parser.add_argument("--dry_run", action="store_true", help="print the trials' parameters, run nothing")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="run this many trials at a time (set OMP_NUM_THREADS so that workers x threads fits "
+                             "the cores); a resumed sweep may use another number")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate_child)
     try:
         trials = run_sweep(args.config, args.sweep_dir, args.wandb_mode, args.max_trials, args.seed,
-                           args.stop_on_failure, args.dry_run)
+                           args.stop_on_failure, args.dry_run, args.workers)
     except ValueError as error:  # SweepConfigError, or a sweep folder whose state is not readable
         return report_error(error)
     return 1 if any(t["status"] == "failed" for t in trials) else 0

@@ -240,6 +240,14 @@ FAKE_TRAINER = textwrap.dedent("""
         f.write("x")
     if args.mode == "crash":
         print("Traceback: boom", file=sys.stderr); sys.exit(1)
+    if args.mode == "meet":  # finishes only once another trial has started beside it
+        import os, time
+        meeting = pathlib.Path(os.environ["MEET_DIR"]); (meeting / out.name).touch()
+        waited = 0
+        while len(list(meeting.iterdir())) < 2:
+            if waited > 600:
+                print("nobody came", file=sys.stderr); sys.exit(1)
+            time.sleep(0.1); waited += 1
     status = "diverged" if args.mode == "diverge" else "finished"
     summary = {"status": status, "steps": 4, "final_val": {} if status == "diverged" else {"loss": 1.5 + args.seed},
                "median_step_time_s": 0.01, "tokens_per_s": 100.0}
@@ -275,6 +283,30 @@ def test_diverged_is_recorded_not_crashed_and_failures_retry(tmp_path):
     path.write_text(yaml.safe_dump(changed))
     with pytest.raises(SweepConfigError, match="different config"):
         run_sweep(path, sweep_dir, wandb_mode="disabled")
+
+
+def test_workers_run_trials_side_by_side_and_record_each_once(tmp_path, monkeypatch):
+    """--workers 2: each "meet" trial waits until another has started, so a runner that ran them one at a time
+    would see them fail; the state and results still hold every trial once, and a restart has nothing to do."""
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAINER)
+    (tmp_path / "meeting").mkdir()
+    monkeypatch.setenv("MEET_DIR", str(tmp_path / "meeting"))
+    path = tmp_path / "fake.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "fake", "program": str(tmp_path / "fake_train.py"), "method": "grid",
+        "command": ["${interpreter}", "${program}", "${args}"], "metric": {"name": "val_loss", "goal": "minimize"},
+        "parameters": {"mode": {"value": "meet"}, "seed": {"values": [1, 2, 3]}}}))
+    sweep_dir = tmp_path / "sweep"
+    with pytest.raises(SweepConfigError, match="--workers must be at least 1, got 0"):
+        run_sweep(path, sweep_dir, wandb_mode="disabled", workers=0)
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled", workers=2)
+    assert [(t["params"]["seed"], t["status"], t["metric"]) for t in trials] == [
+        (1, "finished", 2.5), (2, "finished", 3.5), (3, "finished", 4.5)]
+    records = read_results(sweep_dir)
+    assert sorted(r["params"]["seed"] for r in records) == [1, 2, 3] and len({r["trial_dir"] for r in records}) == 3
+    assert json.loads((sweep_dir / "sweep_state.json").read_text())["trials"] == trials
+    assert run_sweep(path, sweep_dir, wandb_mode="disabled", workers=2) == trials and len(read_results(sweep_dir)) == 3
+    assert all((sweep_dir / r["trial_dir"] / "attempts.txt").read_text() == "x" for r in records)
 
 
 # ----------------------------------------------------------------------------- a real sweep, end to end

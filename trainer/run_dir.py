@@ -230,6 +230,16 @@ def is_adapter_dir(path: Path) -> bool:
 
 
 
+def recorded_setting(run_dir: Path, key: str) -> Any:
+    """The value of trainer argument ``key`` a run recorded in its train_config.yaml; None when it has none."""
+    config_file = run_dir / CONFIG_FILE
+    if not config_file.is_file():
+        return None
+    import yaml
+
+    return (yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}).get(key)
+
+
 def model_task(path: Path) -> str | None:
     """One of TASKS: the `task` the trainer recorded in train_config.yaml, else guessed from the directory name
     ("sft" or "pretrain"); None when neither tells."""

@@ -679,3 +679,42 @@ def test_grad_at_init_measures_the_study_variant_files(tmp_path) -> None:
     bad.write_text("norm_type: rmsnorm\nlearning_rate: 0.1\n")
     with pytest.raises(ValueError, match="bad.yaml.*learning_rate"):
         main(["--variants", str(bad), "--layers", "2", "--random_tokens", "--out", str(tmp_path / "b")])
+
+
+def test_norm_inputs_reports_each_norms_input_and_dyt_saturation(tmp_path, tokenizer, capsys) -> None:
+    """eval/studies/norm_inputs.py: the first block's norm sees the token embeddings, so its input RMS and DyT's
+    saturated fraction are checked against the embeddings themselves in fp64; a norm has no alpha; the command line
+    writes one column group per model."""
+    from eval.studies.norm_inputs import SATURATED_AT, main, norm_inputs
+    from model.config import MiniNormConfig
+    from model.model import MiniNormForCausalLM
+    from trainer.export import save_model_dir
+
+    shape = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, norm_impl="eager")
+    torch.manual_seed(0)
+    dyt = MiniNormForCausalLM(MiniNormConfig(**shape, norm_type="dyt")).eval()
+    embedding_rms = dyt.model.embed_tokens.weight.double().square().mean().sqrt().item()
+    with torch.no_grad():
+        dyt.model.layers[0].attn_norm.alpha.fill_(1.5 / embedding_rms)  # about a tenth of the units beyond 3
+    batches = [torch.randint(0, len(tokenizer), (2, 16), generator=torch.Generator().manual_seed(i)) for i in (0, 1)]
+    stats = norm_inputs(dyt, batches)
+    embedded = torch.cat([dyt.model.embed_tokens(b).double() for b in batches])
+    first = stats[0]
+    assert first.name == "model.layers.0.attn_norm" and stats[-1].name == "model.norm"
+    assert first.input_rms == pytest.approx(embedded.square().mean().sqrt().item(), rel=1e-9)
+    expected = ((1.5 / embedding_rms * embedded).abs() > SATURATED_AT).double().mean().item()
+    assert first.saturated == pytest.approx(expected, abs=1e-6) and 0.02 < first.saturated < 0.3
+    assert first.alpha == pytest.approx(1.5 / embedding_rms, rel=1e-6)
+    assert len(stats) == 2 * 2 + 1 and all(s.alpha is not None for s in stats)
+
+    torch.manual_seed(0)
+    rms = MiniNormForCausalLM(MiniNormConfig(**shape)).eval()
+    assert all(s.alpha is None and s.saturated is None for s in norm_inputs(rms, batches))
+    for name, model in (("dyt", dyt), ("rms", rms)):
+        save_model_dir(model, tokenizer, tmp_path / name)
+    assert main([str(tmp_path / "dyt"), str(tmp_path / "rms"), "--labels", "D,R", "--seq_len", "16", "--batches",
+                 "1", "--batch_size", "2", "--out", str(tmp_path / "table")]) == 0
+    text = (tmp_path / "table").read_text()
+    assert "| norm | D: input RMS | alpha | saturated | R: input RMS | alpha | saturated |" in text
+    assert text.count("| model.layers.") == 4 and "| model.norm |" in text

@@ -117,29 +117,50 @@ def test_calculator_refuses_hostile_input_with_an_error_string(expression):
 
 
 
-def test_calculator_time_budget_counts_its_own_cpu_time_not_a_busy_machines_wall_time(monkeypatch):
-    """A stall of the whole process (a loaded machine, here a sleep inside a step) leaves 2 + 2 a valid calculation,
-    so the default corpus's dialogues do not depend on the load; work of its own past the budget is refused."""
+def test_calculator_time_budget_counts_its_own_work_only(monkeypatch):
+    """A stall of the whole process (a loaded machine, here a sleep inside a step) and a garbage collection that a
+    step's allocations would start (here one made slow) leave 24 * 26 a valid calculation, so the default corpus's
+    dialogues do not depend on the load or the heap; the expression's own work past the budget is refused."""
+    import gc
     import time
 
     import dataset.tools as tools
+
+    def spend_cpu(seconds: float) -> None:
+        until = time.thread_time() + seconds
+        while time.thread_time() < until:
+            pass
 
     def stalled_sqrt(x: float) -> float:
         time.sleep(2 * tools.CALCULATOR_CPU_SECONDS)  # wall time passes, the thread's CPU time does not
         return math.sqrt(x)
 
+    def allocating_sqrt(x: float) -> float:
+        _ = [[] for _ in range(10 * gc.get_threshold()[0])]  # enough new containers to start a collection
+        return math.sqrt(x)
+
+    def slow_collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            spend_cpu(2 * tools.CALCULATOR_CPU_SECONDS)
+
     monkeypatch.setitem(tools.CALCULATOR_FUNCTIONS, "sqrt", stalled_sqrt)
-    assert calc("sqrt(16) + 1") == "5"
+    assert calc("sqrt(16) + 24 * 26") == "628"
+    monkeypatch.setitem(tools.CALCULATOR_FUNCTIONS, "sqrt", allocating_sqrt)
+    gc.callbacks.append(slow_collection)
+    try:
+        assert calc("sqrt(16) + 24 * 26") == "628"
+    finally:
+        gc.callbacks.remove(slow_collection)
+    assert gc.isenabled()
 
     def busy_sqrt(x: float) -> float:
-        until = time.thread_time() + 2 * tools.CALCULATOR_CPU_SECONDS
-        while time.thread_time() < until:
-            pass
+        spend_cpu(2 * tools.CALCULATOR_CPU_SECONDS)
         return math.sqrt(x)
 
     monkeypatch.setattr(tools, "CALCULATOR_CPU_SECONDS", 0.05)
     monkeypatch.setitem(tools.CALCULATOR_FUNCTIONS, "sqrt", busy_sqrt)
     assert calc("sqrt(16) + 1") == f"{ERROR_PREFIX}expression takes too long"
+
 
 # ------------------------------------------------------------------------------------------------------------ wiki
 @pytest.fixture(scope="module")

@@ -230,6 +230,19 @@ def is_adapter_dir(path: Path) -> bool:
 
 
 
+def code_version() -> str:
+    """The checkout's commit (``git describe --always --dirty``: "-dirty" when tracked files differ from it), or
+    "unknown" outside a git checkout."""
+    import subprocess
+
+    try:
+        described = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
+                                   capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return described.stdout.strip() if described.returncode == 0 and described.stdout.strip() else "unknown"
+
+
 def recorded_setting(run_dir: Path, key: str) -> Any:
     """The value of trainer argument ``key`` a run recorded in its train_config.yaml; None when it has none."""
     config_file = run_dir / CONFIG_FILE

@@ -26,6 +26,12 @@ from trainer.run_dir import read_metrics
 def test_pretrain_writes_a_loadable_hf_model_dir(reference_run):
     summary = json.loads((reference_run / "run_summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == STEPS
+    from trainer.machine import machine_line
+    cpu_and_torch = machine_line().split(" thread(s)")[0].rsplit(", ", 1)[0]  # all but the thread count and date
+    assert summary["machine"].startswith(cpu_and_torch + ", ")  # the run names the machine it ran on
+    described = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=12"],
+                               capture_output=True, text=True)
+    assert summary["code"] == (described.stdout.strip() if described.returncode == 0 else "unknown")  # and the code
     losses = train_losses(reference_run)
     assert len(losses) == STEPS and losses[-1] < losses[0]
     val = read_metrics(reference_run / "metrics.jsonl", "val")

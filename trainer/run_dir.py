@@ -113,18 +113,24 @@ def checkpoint_step(name: str) -> int | None:
 
 
 # --------------------------------------------------------------------------- one run per directory
-def recorded_run_id(out_dir: Path) -> str | None:
-    """The run id train_config.yaml records; None where there is none (no run yet, or a MiniNorm before run ids)."""
-    config_file = out_dir / CONFIG_FILE
+def recorded_config(run_dir: Path) -> dict[str, Any]:
+    """The trainer arguments a run recorded in its train_config.yaml; {} where there is none (no run there, or a
+    file that is not a YAML mapping)."""
+    config_file = run_dir / CONFIG_FILE
     if not config_file.is_file():
-        return None
+        return {}
     import yaml
 
     try:
-        config = yaml.safe_load(config_file.read_text())
+        config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
     except yaml.YAMLError:
-        return None
-    run_id = config.get(RUN_ID_KEY) if isinstance(config, dict) else None
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def recorded_run_id(out_dir: Path) -> str | None:
+    """The run id train_config.yaml records; None where there is none (no run yet, or a MiniNorm before run ids)."""
+    run_id = recorded_config(out_dir).get(RUN_ID_KEY)
     return str(run_id) if run_id else None
 
 
@@ -228,8 +234,6 @@ def is_adapter_dir(path: Path) -> bool:
     return (path / ADAPTER_CONFIG_FILE).is_file()
 
 
-
-
 def code_version() -> str:
     """The checkout's commit (``git describe --always --dirty``: "-dirty" when tracked files differ from it), or
     "unknown" outside a git checkout."""
@@ -243,29 +247,15 @@ def code_version() -> str:
     return described.stdout.strip() if described.returncode == 0 and described.stdout.strip() else "unknown"
 
 
-def recorded_setting(run_dir: Path, key: str) -> Any:
-    """The value of trainer argument ``key`` a run recorded in its train_config.yaml; None when it has none."""
-    config_file = run_dir / CONFIG_FILE
-    if not config_file.is_file():
-        return None
-    import yaml
-
-    return (yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}).get(key)
-
-
 def model_task(path: Path) -> str | None:
     """One of TASKS: the `task` the trainer recorded in train_config.yaml, else guessed from the directory name
     ("sft" or "pretrain"); None when neither tells."""
-    config_file = path / CONFIG_FILE
-    if config_file.is_file():
-        import yaml
-
-        config = yaml.safe_load(config_file.read_text()) or {}
-        task = config.get("task")
-        if task == "distill" and config.get("distill_data") == "pretrain":
-            return "pretrain"  # a student distilled on plain text continues text, as a pretrained model does
-        if task in TASKS:
-            return task
+    config = recorded_config(path)
+    task = config.get("task")
+    if task == "distill" and config.get("distill_data") == "pretrain":
+        return "pretrain"  # a student distilled on plain text continues text, as a pretrained model does
+    if task in TASKS:
+        return task
     name = path.name.lower()
     if "sft" in name or "chat" in name:
         return "sft"

@@ -27,7 +27,7 @@ from torch import nn  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
-from trainer.run_dir import recorded_setting, report_error  # noqa: E402
+from trainer.run_dir import recorded_config, report_error  # noqa: E402
 
 SATURATED_AT = 3.0  # |alpha * x| beyond which tanh' = 1 - tanh^2 < 0.01
 NORM_MODULES = (RMSNorm, LayerNorm, DyT)  # the no-norm ablation's identities have nothing to report
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def training_seq_len(model_dir: Path) -> int:
     """The max_seq_len the model was trained with (as its run recorded it), else 128."""
-    value = recorded_setting(model_dir, "max_seq_len")
+    value = recorded_config(model_dir).get("max_seq_len")
     return value if isinstance(value, int) and value > 1 else 128
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.run_dir import CONFIG_FILE
+from trainer.run_dir import CONFIG_FILE, recorded_config
 
 # The trainer arguments that decide the data a trial is scored on, hence its unigram baseline.
 DATA_KEYS = ("data_path", "val_data_path", "val_fraction", "tokenizer_path", "max_seq_len")
@@ -15,14 +15,13 @@ DATA_KEYS = ("data_path", "val_data_path", "val_fraction", "tokenizer_path", "ma
 
 def _run_args(run_dir: Path):
     """The trainer arguments a trial ran with, from its train_config.yaml."""
-    import yaml
-
     from trainer.args import args_from_run_config
 
-    config_path = run_dir / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: missing; --unigram rebuilds a trial's data from it")
-    return args_from_run_config(yaml.safe_load(config_path.read_text()))
+    config = recorded_config(run_dir)
+    if not config:
+        raise FileNotFoundError(f"{run_dir / CONFIG_FILE}: missing or not a YAML mapping; --unigram rebuilds a "
+                                f"trial's data from it")
+    return args_from_run_config(config)
 
 
 def unigram_baseline(run_dir: Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from eval.studies.ablation.load import SEED_KEY, Trial
 from trainer.diagnostics import PREFIX, metric_matrix, spike_steps
-from trainer.run_dir import METRICS_FILE, read_metrics, recorded_setting
+from trainer.run_dir import METRICS_FILE, read_metrics, recorded_config
 
 VARIANT_KEY = "config"            # the sweep parameter naming a variant file
 BASELINE_VARIANT = "pre_rmsnorm"  # the variant every speed is relative to
@@ -48,7 +48,7 @@ def run_value(trial: Trial, key: str) -> Any:
     """A trainer argument of a trial: its sweep parameter when swept or fixed there, else its train_config.yaml."""
     if key in trial.params:
         return trial.params[key]
-    return None if trial.run_dir is None else recorded_setting(trial.run_dir, key)
+    return None if trial.run_dir is None else recorded_config(trial.run_dir).get(key)
 
 
 # --------------------------------------------------------------------------------------------- learning rates

@@ -286,3 +286,22 @@ def test_benchmark_times_real_trainers_of_two_variants(tmp_path):
     assert torch._dynamo.config.recompile_limit >= 4 * 2 + 8
     with pytest.raises(ValueError, match="--variants: nope not in"):
         bench.run(config, 1, 1, 0, "off", variants=["nope"])
+
+
+def test_a_trials_recorded_arguments_are_read_once_and_bad_files_refused(tmp_path):
+    """trainer.run_dir.recorded_config reads train_config.yaml ({} when missing, unreadable or not a mapping); the
+    unigram baseline needs it and refuses a trial without one in one line naming the file."""
+    from eval.studies.ablation.baseline import _run_args
+    from trainer.run_dir import CONFIG_FILE, recorded_config
+
+    assert recorded_config(tmp_path) == {}
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / CONFIG_FILE}: missing or not a YAML mapping"):
+        _run_args(tmp_path)
+    for text in ("[1, 2]", "key: [unclosed", ""):
+        (tmp_path / CONFIG_FILE).write_text(text)
+        assert recorded_config(tmp_path) == {}, text
+        with pytest.raises(FileNotFoundError, match="not a YAML mapping"):
+            _run_args(tmp_path)
+    (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump({"task": "pretrain", "max_seq_len": 64}))
+    assert recorded_config(tmp_path) == {"task": "pretrain", "max_seq_len": 64}
+    assert _run_args(tmp_path).max_seq_len == 64

@@ -4,7 +4,9 @@ gradient passes).
 
 A norm divides by its input's scale, so a growing residual stream changes nothing it outputs; DyT's tanh does not,
 so the same growth saturates it unless alpha shrinks in step. This is the check behind the second study's DyT
-finding (docs/study.md): run it on a trial's model directory.
+finding (docs/study.md): run it on a trial's model directory. (The trainer's diagnostics log each norm's input RMS
+during training; this reads a finished model and adds DyT's alpha and saturation. It runs on the CPU, where every
+norm computes through its forward, so a forward hook sees every call.)
 
     python eval/studies/norm_inputs.py out/sweeps/study2_lr/trials/<trial> [more model dirs] [--out PATH]
 """

@@ -14,6 +14,11 @@ anew) and retries crashed ones. `--workers N` runs N trials at a time: worker th
 subprocesses, the main thread proposes and records every trial, so the state and the results have one writer.
 Exit code 3 from the trainer is a divergence (NaN/inf): recorded as "diverged", not as a crash. Any other
 failure is recorded as "failed" (with the tail of its log) and the sweep goes on, unless --stop_on_failure.
+
+`--records_dir DIR` keeps what is worth committing (trainer/sweep_dir.py says what) in DIR, saved after every
+trial: on another machine the same command brings the done trials back and runs only the rest. `--only
+NAME=VALUE[,VALUE]` (a grid sweep; repeatable) runs just the trials with those values now; the others stay
+proposed for a later run without it.
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, REPO_ROOT, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
                              report_error, resolve_path)
 from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, append_result,  # noqa: E402
-                               default_sweep_dir, read_results, read_state, swept_names, trial_dir_name,
-                               write_state)
+                               default_sweep_dir, read_results, read_state, restore_records, save_records,
+                               swept_names, trial_dir_name, write_state)
 
 METHODS = ("grid", "random", "bayes")
 FLAG_MACROS = {"${args}", "${args_no_boolean_flags}"}  # wandb agent's macros that pass the parameters as --flags
@@ -182,6 +187,34 @@ def propose_next(config: dict[str, Any], trials: list[dict[str, Any]], seed: int
     return {name: _plain(spec["value"]) for name, spec in run.config.items()}
 
 
+def parse_only(config: dict[str, Any], specs: list[str]) -> dict[str, list[Any]]:
+    """`--only NAME=VALUE[,VALUE]` flags -> {name: the grid values they pick}; a SweepConfigError names a flag
+    that is not a swept parameter of a grid sweep, or a value its grid does not hold, with the allowed ones."""
+    if specs and config["method"] != "grid":
+        raise SweepConfigError(f"--only needs a grid sweep; this one is {config['method']!r}")
+    swept = swept_names(config)
+    only: dict[str, list[Any]] = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        if not sep or name not in swept:
+            raise SweepConfigError(f"--only {spec!r}: expected NAME=VALUE[,VALUE] with NAME one of {', '.join(swept)}")
+        grid = config["parameters"][name].get("values", [])
+        for text in values.split(","):
+            picked = [value for value in grid if _format_arg(value) == text or _same_number(value, text)]
+            if not picked:
+                raise SweepConfigError(f"--only {name}={text}: not in the grid; allowed: "
+                                       + ", ".join(_format_arg(value) for value in grid))
+            only.setdefault(name, []).extend(picked)
+    return only
+
+
+def _same_number(value: Any, text: str) -> bool:
+    try:
+        return not isinstance(value, (bool, str)) and float(value) == float(text)
+    except (TypeError, ValueError):
+        return False
+
+
 # --------------------------------------------------------------------------- running one trial
 def default_wandb_mode() -> str:
     """online when a wandb API key is configured, else offline (no server needed)."""
@@ -289,29 +322,43 @@ def metric_value(summary: dict[str, Any], metric: str | None) -> float | None:
 
 
 # --------------------------------------------------------------------------- the sweep
-def _load_state(sweep_dir: Path, name: str, config: dict[str, Any]) -> dict[str, Any]:
+def _load_state(sweep_dir: Path, name: str, config: dict[str, Any], flag: str = "--sweep_dir") -> dict[str, Any]:
     state = read_state(sweep_dir)
     if state is None:
         return {"name": name, "config": config, "trials": []}
     if state.get("config") != config:
         raise SweepConfigError(f"{sweep_dir}: holds sweep {state.get('name')!r} with a different config; "
-                               f"use another --sweep_dir (or delete it to start over)")
+                               f"use another {flag} (or delete it to start over)")
     return state
 
 
 def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wandb_mode: str | None = None,
               max_trials: int | None = None, seed: int = 0, stop_on_failure: bool = False,
-              dry_run: bool = False, workers: int = 1) -> list[dict[str, Any]]:
+              dry_run: bool = False, workers: int = 1, records_dir: str | Path | None = None,
+              only: list[str] | None = None) -> list[dict[str, Any]]:
     """Run (or resume) a sweep, ``workers`` trials at a time; returns the trials of the state file with their
-    statuses. Only this process writes the state and the results (the trials run as its subprocesses)."""
+    statuses. Only this process writes the state and the results (the trials run as its subprocesses).
+    ``records_dir``: restore done trials from it first, save every trial into it (trainer/sweep_dir.py);
+    ``only``: `NAME=VALUE[,VALUE]` filters, the trials run now (the rest stay proposed)."""
     if workers < 1:
         raise SweepConfigError(f"--workers must be at least 1, got {workers}")
     config = load_sweep_config(config_path)
     name = sweep_name(config, config_path)
+    picked = parse_only(config, only or [])
     sweep_dir = resolve_path(sweep_dir) if sweep_dir else default_sweep_dir(name)
+    records_dir = resolve_path(records_dir) if records_dir else None
+    if records_dir is not None and records_dir == sweep_dir:
+        raise SweepConfigError(f"--records_dir must differ from the sweep folder {sweep_dir}")
     if not dry_run:
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        if records_dir is not None:
+            _load_state(records_dir, name, config, "--records_dir")  # another sweep's records: refused, not mixed
+            restored = restore_records(records_dir, sweep_dir)
+            print(f"{len(restored)} done trials brought back from {records_dir}", flush=True)
     state = _load_state(sweep_dir, name, config)
+
+    def selected(params: dict[str, Any]) -> bool:
+        return all(params.get(key) in values for key, values in picked.items())
     done = {r["trial_id"]: r for r in read_results(sweep_dir) if r.get("status") in DONE_STATUSES}
     metric = (config.get("metric") or {}).get("name")
     for trial in state["trials"]:  # the results file is the record; the state may lag a kill behind it
@@ -330,15 +377,17 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     def next_trial() -> dict[str, Any] | None:
         """The first trial not done (nor started by this run), else a new proposal; trials in flight count as
         running for the engine, so it never proposes one twice."""
-        pending = next((t for t in state["trials"]
-                        if t["status"] not in DONE_STATUSES and t["trial_id"] not in attempted), None)
-        if pending is None:
+        pending = next((t for t in state["trials"] if t["status"] not in DONE_STATUSES
+                        and t["trial_id"] not in attempted and selected(t["params"])), None)
+        while pending is None:  # with --only, proposals it leaves out stay in the state, pending, for later
             params = propose_next(config, state["trials"], seed)
             if params is None:
                 return None
-            pending = {"trial_id": trial_id(params, swept), "params": params, "status": "pending", "metric": None}
-            state["trials"].append(pending)
+            proposal = {"trial_id": trial_id(params, swept), "params": params, "status": "pending", "metric": None}
+            state["trials"].append(proposal)
             save()
+            if selected(params):
+                pending = proposal
         return pending
 
     if dry_run:
@@ -378,12 +427,16 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
         append_result(sweep_dir, result)
         pending["status"], pending["metric"] = outcome.status, value
         save()
+        if records_dir is not None:
+            save_records(sweep_dir, records_dir, [pending["trial_id"]])
         shown = f"{metric}={value:.4f}" if value is not None else outcome.status
         prefix = "" if workers == 1 else f"[{index}] {pending['trial_id']} "
         print(f"{prefix}{outcome.status} ({shown}, {result['wall_time_s']:.0f} s)", flush=True)
         if outcome.status == "failed":
             print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
 
+    if records_dir is not None:  # done trials from before the records folder existed
+        save_records(sweep_dir, records_dir)
     ran, failed = 0, False
     in_flight: dict[Future, tuple[dict[str, Any], int, float]] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -423,11 +476,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1,
                         help="run this many trials at a time (set OMP_NUM_THREADS so that workers x threads fits "
                              "the cores); a resumed sweep may use another number")
+    parser.add_argument("--records_dir",
+                        help="keep the sweep's committable record here (state, results, each done trial's summary, "
+                             "config and gzipped metrics), saved after every trial; restored from on a new machine")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME=VALUE[,VALUE]",
+                        help="grid sweeps: run only the trials with these values of a swept parameter now "
+                             "(repeatable: every flag must match); the rest stay proposed for a later run")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate_child)
     try:
         trials = run_sweep(args.config, args.sweep_dir, args.wandb_mode, args.max_trials, args.seed,
-                           args.stop_on_failure, args.dry_run, args.workers)
+                           args.stop_on_failure, args.dry_run, args.workers, args.records_dir, args.only)
     except ValueError as error:  # SweepConfigError, or a sweep folder whose state is not readable
         return report_error(error)
     return 1 if any(t["status"] == "failed" for t in trials) else 0

@@ -3,8 +3,11 @@ real two-trial grid sweep of a tiny model with wandb offline."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,6 +20,7 @@ from scripts import sweep as sweep_mod
 from scripts.sweep import (SweepConfigError, build_command, load_sweep_config, propose_next, run_sweep, trial_id,
                            validate_sweep_config)
 from trainer.args import parse_args
+from trainer.run_dir import read_metrics
 from trainer.sweep_dir import read_results, swept_names
 from tests.paths import REPO
 
@@ -252,6 +256,7 @@ FAKE_TRAINER = textwrap.dedent("""
     summary = {"status": status, "steps": 4, "final_val": {} if status == "diverged" else {"loss": 1.5 + args.seed},
                "median_step_time_s": 0.01, "tokens_per_s": 100.0}
     (out / "run_summary.json").write_text(json.dumps(summary))
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 4, "split": "val", "val_loss": 1.5 + args.seed}) + "\\n")
     sys.exit(3 if status == "diverged" else 0)
 """)
 
@@ -307,6 +312,87 @@ def test_workers_run_trials_side_by_side_and_record_each_once(tmp_path, monkeypa
     assert json.loads((sweep_dir / "sweep_state.json").read_text())["trials"] == trials
     assert run_sweep(path, sweep_dir, wandb_mode="disabled", workers=2) == trials and len(read_results(sweep_dir)) == 3
     assert all((sweep_dir / r["trial_dir"] / "attempts.txt").read_text() == "x" for r in records)
+
+
+def _fake_sweep(tmp_path: Path, parameters: dict, method: str = "grid") -> Path:
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAINER)
+    path = tmp_path / "fake.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "fake", "program": str(tmp_path / "fake_train.py"), "method": method,
+        "command": ["${interpreter}", "${program}", "${args}"], "metric": {"name": "val_loss", "goal": "minimize"},
+        "parameters": parameters, **({"run_cap": 2} if method == "random" else {})}))
+    return path
+
+
+def test_records_dir_outlives_the_sweep_folder(tmp_path):
+    """What a new machine sees: the sweep folder is gone, the committed records folder is there; the same command
+    brings the done trials back (the report reads them as before) and runs only the rest."""
+    from eval.studies.ablation.load import load_sweep
+
+    path = _fake_sweep(tmp_path, {"mode": {"values": ["ok", "diverge", "crash"]}, "seed": {"values": [1, 2]}})
+    sweep_dir, records = tmp_path / "sweep", tmp_path / "records"
+    run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records, only=["seed=1"])
+    done = {r["trial_id"]: r for r in read_results(sweep_dir) if r["status"] != "failed"}
+    assert sorted(r["params"]["mode"] for r in done.values()) == ["diverge", "ok"]
+    for tid, record in done.items():  # each done trial's summary and config as they are, its metrics gzipped
+        kept = records / record["trial_dir"]
+        ran = sweep_dir / record["trial_dir"]
+        assert (kept / "run_summary.json").read_bytes() == (ran / "run_summary.json").read_bytes()
+        assert gzip.decompress((kept / "metrics.jsonl.gz").read_bytes()) == (ran / "metrics.jsonl").read_bytes()
+        assert not (kept / "attempts.txt").exists() and not (kept / "train.log").exists()
+    assert read_results(records) == read_results(sweep_dir)
+    failed = next(r for r in read_results(records) if r["status"] == "failed")
+    assert not (records / failed["trial_dir"]).exists()  # a failed trial is retried, not kept
+
+    # A new machine: no sweep folder. Only the failed trial and the seed-2 ones run; the done ones come back.
+    shutil.rmtree(sweep_dir)
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records)
+    assert sorted((t["params"]["mode"], t["params"]["seed"], t["status"]) for t in trials) == [
+        ("crash", 1, "failed"), ("crash", 2, "failed"), ("diverge", 1, "diverged"), ("diverge", 2, "diverged"),
+        ("ok", 1, "finished"), ("ok", 2, "finished")]
+    for tid, record in done.items():
+        assert not (sweep_dir / record["trial_dir"] / "attempts.txt").exists()  # brought back, not rerun
+        assert read_metrics(sweep_dir / record["trial_dir"]) == [
+            {"step": 4, "split": "val", "val_loss": 1.5 + record["params"]["seed"]}]
+    assert sum(r["trial_id"] in done for r in read_results(sweep_dir)) == 2  # each once
+    _, loaded = load_sweep(sweep_dir)
+    assert {(t.params["mode"], t.params["seed"]): t.final_val_loss for t in loaded if t.status == "finished"} == {
+        ("ok", 1): 2.5, ("ok", 2): 3.5}
+    # Restarted again, over both folders: nothing to do, nothing doubled.
+    before = read_results(sweep_dir)
+    run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records, only=["mode=ok,diverge"])
+    assert read_results(sweep_dir) == before == read_results(records)
+
+    # Records of another sweep are refused, naming the flag, before anything is copied.
+    other = _fake_sweep(tmp_path / "other", {"mode": {"values": ["ok"]}, "seed": {"value": 9}})
+    with pytest.raises(SweepConfigError, match="records.*different config; use another --records_dir"):
+        run_sweep(other, tmp_path / "sweep2", wandb_mode="disabled", records_dir=records)
+    assert not (tmp_path / "sweep2" / "results.jsonl").exists()
+
+
+def test_only_runs_part_of_a_grid_and_leaves_the_rest_proposed(tmp_path, capsys):
+    path = _fake_sweep(tmp_path, {"mode": {"values": ["ok", "diverge"]}, "seed": {"values": [1, 2, 3]}})
+    sweep_dir = tmp_path / "sweep"
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled", only=["seed=3,2", "mode=ok"])
+    ran = sorted((r["params"]["mode"], r["params"]["seed"]) for r in read_results(sweep_dir))
+    assert ran == [("ok", 2), ("ok", 3)]
+    assert len(trials) == 6 and sum(t["status"] == "pending" for t in trials) == 4  # the rest: proposed, waiting
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled")
+    assert sorted((t["params"]["mode"], t["params"]["seed"]) for t in trials) == sorted(
+        (m, s) for m in ("ok", "diverge") for s in (1, 2, 3))
+    assert all(t["status"] in ("finished", "diverged") for t in trials) and len(read_results(sweep_dir)) == 6
+    # Bad filters: one line naming the flag and the allowed values.
+    for only, message in ((["seed=7"], "--only seed=7: not in the grid; allowed: 1, 2, 3"),
+                          (["bogus=1"], "NAME one of mode, seed"), (["seed"], "expected NAME=VALUE")):
+        with pytest.raises(SweepConfigError, match=re.escape(message)):
+            run_sweep(path, tmp_path / "unused", wandb_mode="disabled", only=only)
+    random_path = _fake_sweep(tmp_path / "r", {"seed": {"values": [1, 2]}}, method="random")
+    with pytest.raises(SweepConfigError, match="--only needs a grid sweep"):
+        run_sweep(random_path, tmp_path / "unused", wandb_mode="disabled", only=["seed=1"])
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "unused"), "--only", "seed=0.5"]) == 2
+    assert "allowed: 1, 2, 3" in capsys.readouterr().err
+    assert not (tmp_path / "unused").exists()
 
 
 # ----------------------------------------------------------------------------- a real sweep, end to end

@@ -53,6 +53,7 @@ def _make_sweep(root: Path) -> tuple[Path, dict[str, dict]]:
                         lines += [{"step": s, "split": "val", "val_loss": v, "val_ppl": math.exp(v), "val_bpb": 2.0}
                                   for s, v in ((10, final + 0.5), (20, final))]
                         lines.append({"step": 20, "split": "diag", "rms/layer0": 1.0})
+                    summary.update(machine="CPU A" if seed == 0 else "CPU B", code="abc1234")
                     (trial_dir / "run_summary.json").write_text(json.dumps(summary))
                     (trial_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
                     status = summary["status"]
@@ -129,6 +130,14 @@ def test_table_numbers_are_the_trials_numbers(report):
         assert row["median_step_time_s"] == statistics.median(s["median_step_time_s"] for s in finished)
         assert row["tokens_per_s"] == statistics.median(s["tokens_per_s"] for s in finished)
         assert f"| {p['norm_type']} | {p['norm_placement']} | {p['warmup_steps']} |" in markdown
+
+
+def test_machines_and_code_of_the_trials_are_named(report):
+    """A study spanning sessions spans machines: the report says which ran how many trials (diverged ones too)."""
+    path, data, _ = report
+    assert ("Machines: CPU A: 12 trials; CPU B: 24 trials. Code: 1 version (`git describe`: `abc1234`)."
+            in path.read_text())
+    assert {(t["machine"], t["code"]) for t in data["trials"]} == {("CPU A", "abc1234"), ("CPU B", "abc1234")}
 
 
 def test_diverged_seeds_are_counted_not_averaged(report):

@@ -33,6 +33,24 @@ def _part_markdown(part: Part, rows: list[dict[str, Any]], plots: dict[str, bool
     return md
 
 
+def _machines_markdown(parts: list[Part]) -> list[str]:
+    """Where and from which code the finished and diverged trials ran (run_summary.json's `machine` and `code`):
+    a study that spans sessions spans machines, and their kernels round differently."""
+    ran = [t for p in parts for t in p.trials if t.status in ("finished", "diverged")]
+    if not ran:
+        return []
+    machines: dict[str, int] = {}
+    for trial in ran:
+        key = trial.summary.get("machine") or "not recorded"
+        machines[key] = machines.get(key, 0) + 1
+    codes = {t.summary.get("code") for t in ran if t.summary.get("code")}
+    line = "Machines: " + "; ".join(f"{name}: {n} trial{'s' if n > 1 else ''}" for name, n in machines.items())
+    if codes:
+        line += (f". Code: {len(codes)} version{'s' if len(codes) > 1 else ''} (`git describe`: "
+                 + ", ".join(f"`{c}`" for c in sorted(codes)) + ")")
+    return [line + ".", ""]
+
+
 def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path | None = None,
                  unigram: bool = False, study2: bool = False, step_times: str | Path | None = None,
                  escape_margin: float = ESCAPE_MARGIN, seed2_dir: str | Path | None = None) -> Path:
@@ -70,6 +88,7 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
                f"{baseline['tokens']:,} validation targets at max_seq_len {baseline['max_seq_len']}: add-one-smoothed "
                f"token frequencies of the training split, scored like the trials (data: {baseline['data']}; "
                f"rebuilt from trial `{baseline['from_trial']}`). \"vs unigram\" is the final loss minus it.", ""]
+    md += _machines_markdown(parts)
     duplicates = duplicate_trials(parts)
     if duplicates:
         worst = max(d["abs_diff"] for d in duplicates)
@@ -109,7 +128,8 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
                "trials": [{"part": p.name, "trial_id": t.trial_id, "status": t.status, "params": t.params,
                            "final_val_loss": t.final_val_loss, "grad_in_out": t.grad_in_out,
                            "median_step_time_s": t.summary.get("median_step_time_s"),
-                           "tokens_per_s": t.summary.get("tokens_per_s")} for p in parts for t in p.trials]}
+                           "tokens_per_s": t.summary.get("tokens_per_s"), "machine": t.summary.get("machine"),
+                           "code": t.summary.get("code")} for p in parts for t in p.trials]}
     if study2:
         payload["study2"] = study2_payload
     (out / "report.json").write_text(json.dumps(payload, indent=1, default=str, allow_nan=True))

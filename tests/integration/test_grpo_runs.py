@@ -160,7 +160,7 @@ def test_two_processes_sample_and_train_like_one_process(grpo_data, tiny_models,
     losses, rewards, the validation (7 prompts: one shard padded, the copy not counted) and the weights agree.
     (PPO's: tests/integration/test_ppo_runs.py.)"""
     task = "grpo"
-    from tests.training_runs import assert_same_model, launch_two_processes
+    from tests.training_runs import ADAM_STEPS_ATOL, assert_same_model, launch_two_processes
 
     def argv(out_dir, batch_size: str) -> list[str]:
         flags = _argv(grpo_data, tiny_models.pretrain, out_dir, "--val_data_path", str(grpo_data / "val.jsonl"),
@@ -178,7 +178,7 @@ def test_two_processes_sample_and_train_like_one_process(grpo_data, tiny_models,
     assert "x2, float32" in run.stdout
     assert_same_logged_metrics(two, one)
     assert read_summary(two)["final_val"]["prompts"] == 7
-    assert_same_model(two, one)
+    assert_same_model(two, one, atol=ADAM_STEPS_ATOL)
 
 
 @pytest.mark.parametrize("task", ["grpo", "ppo"])

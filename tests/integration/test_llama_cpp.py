@@ -86,8 +86,13 @@ def test_every_token_is_the_same_bytes(ggufs, tokenizer) -> None:
         assert (llm.token_eos(), llm.n_vocab()) == (tokenizer.eos_token_id, len(tokenizer))
 
 
-@pytest.mark.parametrize("name,outtype,atol", [("pretrain", "f32", 1e-4), ("sft", "f32", 1e-4), ("sft", "f16", 5e-2)])
-def test_logits_equal_ours(tiny_models, ggufs, tokenizer, name, outtype, atol) -> None:
+# An f16 file: llama.cpp rounds the activations and the KV cache to f16 as well as the weights, and how it rounds
+# depends on the CPU its build targets. Measured against our fp32 logits (-7.6 to 13.9) on an AMD EPYC: mean 0.0015,
+# 99.99th percentile 0.031, max 0.126 at one position (rounding the weights alone: max 0.030); the largest stays far
+# from what a wrong tensor gives (off everywhere), and the mean bound catches a small error that is everywhere.
+@pytest.mark.parametrize("name,outtype,atol,mean_atol", [("pretrain", "f32", 1e-4, 1e-4), ("sft", "f32", 1e-4, 1e-4),
+                                                         ("sft", "f16", 0.25, 5e-3)])
+def test_logits_equal_ours(tiny_models, ggufs, tokenizer, name, outtype, atol, mean_atol) -> None:
     ours, _ = load_model(getattr(tiny_models, name), device="cpu", dtype="float32")
     ids = tokenizer(TEXTS["chatml"] + TEXTS["chinese"])["input_ids"]
     with torch.no_grad():
@@ -95,7 +100,7 @@ def test_logits_equal_ours(tiny_models, ggufs, tokenizer, name, outtype, atol) -
     with _llama(ggufs[name, outtype]) as llm:
         llm.eval(ids)
         got = np.array(llm.scores[:len(ids)])
-    assert np.abs(got - expected).max() < atol
+    assert np.abs(got - expected).max() < atol and np.abs(got - expected).mean() < mean_atol
     assert (got.argmax(-1) == expected.argmax(-1)).all()
 
 

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.paths import REPO
-from tests.training_runs import (assert_same_logged_metrics, assert_same_model, frequent_word_rewards,
+from tests.training_runs import (ADAM_STEPS_ATOL, assert_same_logged_metrics, assert_same_model, frequent_word_rewards,
                                  launch_two_processes, run_in_process, train_losses, write_prompt_data)
 from trainer.core import main
 from trainer.run_dir import model_task, read_metrics, read_summary
@@ -131,9 +131,9 @@ def test_two_processes_take_the_same_steps_as_one_process(ppo_data, tiny_models,
     assert "x2, float32" in run.stdout
     assert_same_logged_metrics(two, one)
     assert read_summary(two)["final_val"]["prompts"] == 7
-    assert_same_model(two, one)
+    assert_same_model(two, one, atol=ADAM_STEPS_ATOL)
     checkpoint = "checkpoints/step_00000002/model.safetensors"  # the policy and the critic
     mine, theirs = load_file(two / checkpoint), load_file(one / checkpoint)
     assert mine.keys() == theirs.keys() and "critic.value_head.weight" in mine
     for name, tensor in theirs.items():
-        torch.testing.assert_close(mine[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(mine[name], tensor, rtol=1e-4, atol=ADAM_STEPS_ATOL, msg=name)

@@ -52,7 +52,7 @@ from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, REPO_ROOT, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
                              report_error, resolve_path)
 from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, append_result,  # noqa: E402
-                               default_sweep_dir, read_results, read_state, restore_records, save_records,
+                               default_sweep_dir, done_records, read_results, read_state, restore_records, save_records,
                                swept_names, trial_dir_name, write_state)
 
 METHODS = ("grid", "random", "bayes")
@@ -391,11 +391,17 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
         return pending
 
     if dry_run:
-        while (max_trials is None or len(attempted) < max_trials) and (pending := next_trial()) is not None:
+        # done in the records folder: a real run would bring these back, not run them
+        restorable = set(done_records(records_dir)) if records_dir is not None else set()
+        listed = 0
+        while (max_trials is None or listed < max_trials) and (pending := next_trial()) is not None:
             pending["status"] = "finished"  # only to move on to the next proposal; nothing is saved
             attempted.add(pending["trial_id"])
-            print(f"[dry run] {pending['trial_id']}: {({k: pending['params'][k] for k in swept})}")
-        print(f"[dry run] {len(state['trials'])} trials; nothing was run or written")
+            if pending["trial_id"] not in restorable:
+                listed += 1
+                print(f"[dry run] {pending['trial_id']}: {({k: pending['params'][k] for k in swept})}")
+        print(f"[dry run] {listed} trials to run" + (f", {len(restorable)} done in {records_dir}" if restorable else "")
+              + "; nothing was run or written")
         return state["trials"]
 
     def start(pending: dict[str, Any]) -> tuple[dict[str, Any], int, float, Future]:

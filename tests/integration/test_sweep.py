@@ -325,7 +325,7 @@ def _fake_sweep(tmp_path: Path, parameters: dict, method: str = "grid") -> Path:
     return path
 
 
-def test_records_dir_outlives_the_sweep_folder(tmp_path):
+def test_records_dir_outlives_the_sweep_folder(tmp_path, capsys):
     """What a new machine sees: the sweep folder is gone, the committed records folder is there; the same command
     brings the done trials back (the report reads them as before) and runs only the rest."""
     from eval.studies.ablation.load import load_sweep
@@ -347,6 +347,11 @@ def test_records_dir_outlives_the_sweep_folder(tmp_path):
 
     # A new machine: no sweep folder. Only the failed trial and the seed-2 ones run; the done ones come back.
     shutil.rmtree(sweep_dir)
+    capsys.readouterr()
+    run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records, dry_run=True)  # lists what would run
+    listed = capsys.readouterr().out
+    assert f"[dry run] 4 trials to run, 2 done in {records}" in listed and listed.count("[dry run] mode-") == 4
+    assert not sweep_dir.exists()
     trials = run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records)
     assert sorted((t["params"]["mode"], t["params"]["seed"], t["status"]) for t in trials) == [
         ("crash", 1, "failed"), ("crash", 2, "failed"), ("diverge", 1, "diverged"), ("diverge", 2, "diverged"),

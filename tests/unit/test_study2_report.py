@@ -167,6 +167,8 @@ def test_study2_section_numbers(tmp_path, monkeypatch):
     # post_ln: capped 5.5, 6.9 (6.95 above the unigram), 6.9 (diverged) -> mean 6.4333; best 5.5 -> 0.9333.
     assert rows["post_ln"]["lr_sensitivity"] == pytest.approx((5.5 + 6.9 + 6.9) / 3 - 5.5)
     assert rows["post_ln"]["nonfinite_rates"] == [0.004] and rows["post_ln"]["diverged_or_failed"] == 1
+    # post_ln's best is the grid's lowest rate: marked, since its optimum may lie below; pre_rmsnorm's is inside.
+    assert rows["post_ln"]["best_rate_at_edge"] and not rows["pre_rmsnorm"]["best_rate_at_edge"]
     assert rows["post_ln"]["rates"] == 3 and rows["post_ln"]["trials"] == 3   # the warmup part is not pooled
     assert rows["post_ln"]["step_time_vs_baseline"] == pytest.approx(1.2)         # 0.6 / 0.5, the trials' medians
     assert rows["post_ln"]["bench_step_time_vs_baseline"] == pytest.approx(1.5)   # 0.3 / 0.2, interleaved
@@ -182,6 +184,7 @@ def test_study2_section_numbers(tmp_path, monkeypatch):
         (0, 2, 2, [4, 4]), (2, 2, 2, [4, 4])]
     markdown = path.read_text()
     assert "## Second edition" in markdown and "| post_ln | 5.500 | 6.950 | div |" in markdown
+    assert "| post_ln | 3 | 0.001 (edge) | 5.500 (5.500) |" in markdown and "| pre_rmsnorm | 3 | 0.002 | " in markdown
     for plot in ("study2_loss_vs_rate.png", "study2_curves_steps_time.png"):
         assert (path.parent / plot).is_file() and f"]({plot})" in markdown
     # Wall clock from the trial's own logged step times: 0.5 s each, val at steps 2 and 4.

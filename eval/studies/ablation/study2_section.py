@@ -90,6 +90,8 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
         mine = [r for r in rows_grid if r["variant"] == name]
         variants.append({
             "variant": name, "rates": len(rates), "best_rate": best[0] if best else None,
+            # the lowest or highest rate of the variant's grid: its optimum may lie outside the grid
+            "best_rate_at_edge": bool(best and len(rates) >= 3 and best[0] in (min(rates), max(rates))),
             "best_loss": best[1] if best else None,
             "best_loss_seeds": [v for v in rates.get(best[0], [])] if best else [],
             "lr_sensitivity": lr_sensitivity(rates, unigram) if unigram is not None else None,
@@ -138,7 +140,8 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
           f"{BASELINE_VARIANT}\": its ratio to the baseline's (above 1: slower). Spikes: a step whose loss (or "
           "gradient norm) exceeds 1.5 x the median of the previous 50 finite values (at least 10 of them), or is "
           "not finite, counted over the best rate's trials. Attention logit: the largest q.k/sqrt(d) before the "
-          "softmax on the diagnostic steps.", ""]
+          "softmax on the diagnostic steps. A best rate marked (edge) is the lowest or highest rate of the "
+          "variant's grid: its optimum may lie outside the grid, and its sensitivity is then a lower bound.", ""]
     if not variants:
         return md + ["No trial of the second edition has run yet.", ""]
     header = ["variant", "rates", "best rate", "best loss (seeds)", "vs unigram", "LR sensitivity",
@@ -148,7 +151,8 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
     for v in variants:
         seeds = ", ".join(_f(s) for s in v["best_loss_seeds"])
         partial = f" ({v['rates']}/{grid_size} rates)" if v["rates"] < grid_size else ""
-        cells = [v["variant"], str(v["rates"]), f"{v['best_rate']:.3g}" if v["best_rate"] else "–",
+        edge = " (edge)" if v["best_rate_at_edge"] else ""
+        cells = [v["variant"], str(v["rates"]), f"{v['best_rate']:.3g}{edge}" if v["best_rate"] else "–",
                  f"{_f(v['best_loss'])} ({seeds})" if v["best_loss"] is not None else "–",
                  f"{v['best_loss'] - unigram:+.3f}" if unigram is not None and v["best_loss"] is not None else "–",
                  _f(v["lr_sensitivity"]) + partial, f"{v['diverged_or_failed']}/{v['trials']}",

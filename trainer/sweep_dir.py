@@ -29,7 +29,7 @@ TRIALS_DIR = "trials"
 TRIAL_LOG = "train.log"
 DONE_STATUSES = ("finished", "diverged")
 RECORD_FILES = (SUMMARY_FILE, CONFIG_FILE)  # a done trial's files kept as they are in a records folder
-RECORD_METRICS = METRICS_FILE + ".gz"       # ... and its metrics, gzipped (a tenth of the size)
+RECORD_METRICS = METRICS_FILE + ".gz"       # ... and its metrics, gzipped (a quarter of the size in the study)
 
 
 def default_sweep_dir(name: str) -> Path:

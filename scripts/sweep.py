@@ -352,7 +352,9 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     if not dry_run:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if records_dir is not None:
-            _load_state(records_dir, name, config, "--records_dir")  # another sweep's records: refused, not mixed
+            # another sweep in either folder: refused before anything is copied, not mixed
+            _load_state(sweep_dir, name, config)
+            _load_state(records_dir, name, config, "--records_dir")
             restored = restore_records(records_dir, sweep_dir)
             print(f"{len(restored)} done trials brought back from {records_dir}", flush=True)
     state = _load_state(sweep_dir, name, config)

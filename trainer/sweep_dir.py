@@ -106,15 +106,12 @@ def save_records(sweep_dir: Path, records_dir: Path, trial_ids: Iterable[str] | 
 
 def restore_records(records_dir: Path, sweep_dir: Path) -> list[str]:
     """Bring the done trials of ``records_dir`` that ``sweep_dir`` has not done back into it (their record
-    files, their results line, their place in the state); returns their ids. A ValueError when the two hold
-    different sweeps."""
+    files, their results line, their place in the state); returns their ids. The caller checks first that both
+    folders hold the sweep it runs (scripts/sweep.py's state check, naming the flag)."""
     records_state = read_state(records_dir)
     if records_state is None:
         return []
     state = read_state(sweep_dir)
-    if state is not None and state.get("config") != records_state.get("config"):
-        raise ValueError(f"{records_dir}: holds sweep {records_state.get('name')!r} with another config than "
-                         f"{sweep_dir}; use another --records_dir or --sweep_dir")
     have = done_records(sweep_dir)
     missing = {tid: r for tid, r in done_records(records_dir).items() if tid not in have}
     for tid, record in missing.items():

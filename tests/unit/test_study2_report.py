@@ -216,6 +216,31 @@ def test_write_seed2_yaml_repeats_each_variant_at_its_best_rate(tmp_path):
     assert generated == {**variant, "learning_rate": 0.001}
 
 
+def test_write_seed2_yaml_pools_the_grids_extra_rates(tmp_path):
+    """A part that adds a rate to the grid (study2_lr_high.yaml: the rate a fixed `value:`) moves a variant's best
+    rate there; another variant keeps its own; an incomplete extra part is refused; a part that sweeps more (the
+    Post-LN warmups) is not a grid and is left out."""
+    from scripts.sweep import load_sweep_config
+    grid = _write_grid(tmp_path)
+    high = _write_grid(tmp_path, "study2_high", losses={"pre_rmsnorm": {0.008: 4.4}, "post_ln": {0.008: None}})
+    state = json.loads((high / "sweep_state.json").read_text())
+    state["config"]["parameters"]["learning_rate"] = {"value": 0.008}
+    (high / "sweep_state.json").write_text(json.dumps(state))
+    warm = _write_grid(tmp_path, "study2_warm", losses={"pre_rmsnorm": {0.001: 1.0}, "post_ln": {0.001: 1.0}},
+                       warmups=(0, 1))
+    parts = [Part(d, *load_sweep(d)) for d in (grid, high, warm)]
+    path = write_seed2_yaml(parts[0], tmp_path / "out", parts[1:])
+    files = load_sweep_config(path)["parameters"]["config"]["values"]
+    rates = {Path(f).stem: yaml.safe_load(Path(f).read_text())["learning_rate"] for f in files}
+    assert rates == {"pre_rmsnorm": 0.008, "post_ln": 0.001}
+    assert "study2_high" in path.read_text().splitlines()[0]
+    for trial in parts[1].trials:
+        if "post_ln" in trial.params["config"]:
+            trial.status = "not run"
+    with pytest.raises(ValueError, match="study2_high: the grid is not complete for post_ln"):
+        write_seed2_yaml(parts[0], tmp_path / "out", parts[1:])
+
+
 def test_write_seed2_yaml_refuses_an_unfinished_grid(tmp_path):
     sweep = _write_grid(tmp_path)
     part = Part(sweep, *load_sweep(sweep))

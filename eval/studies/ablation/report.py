@@ -56,7 +56,8 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
                  escape_margin: float = ESCAPE_MARGIN, seed2_dir: str | Path | None = None) -> Path:
     """Write report.md, report.json and the plots of one or more sweeps; returns the markdown path. `study2` adds
     the second edition's section over all the parts together (with `step_times`, the interleaved benchmark's JSON);
-    `seed2_dir` also writes the second-seed sweep YAML there, from the first part's learning-rate grid."""
+    `seed2_dir` also writes the second-seed sweep YAML there, from the first part's learning-rate grid (and
+    the other parts that extend it: `is_rate_grid`)."""
     import matplotlib
     matplotlib.use("Agg")
     dirs = [Path(d) for d in (sweep_dirs if isinstance(sweep_dirs, (list, tuple)) else [sweep_dirs])]
@@ -120,7 +121,7 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
         md += section
         plots_all += study2_payload["plots"]
     if seed2_dir:
-        seed2 = write_seed2_yaml(parts[0], seed2_dir)
+        seed2 = write_seed2_yaml(parts[0], seed2_dir, parts[1:])
         print(f"second-seed sweep written: OMP_NUM_THREADS=1 python scripts/sweep.py {seed2}")
     (out / "report.md").write_text("\n".join(md))
     payload = {"sweeps": names, "counts": counts, "variants": rows_all, "plots": plots_all,

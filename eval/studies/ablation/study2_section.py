@@ -58,6 +58,17 @@ def _escape_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def is_rate_grid(part: Part) -> bool:
+    """A part that varies nothing but the variant, the learning rate and the seed: the grid, its extra rates, its
+    second seed. Such parts pool into one learning-rate grid."""
+    return set(swept_names(part.config)) <= {VARIANT_KEY, LR_KEY, SEED_KEY}
+
+
+def _part_rates(part: Part) -> list[float]:
+    spec = part.config["parameters"].get(LR_KEY, {})
+    return [float(lr) for lr in (spec["values"] if "values" in spec else [spec["value"]] if "value" in spec else [])]
+
+
 def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_step_times: dict[str, float] | None,
                    margin: float = ESCAPE_MARGIN) -> tuple[list[str], dict[str, Any]]:
     """Markdown lines and the JSON payload of the second edition's section; writes its plots into `out`."""
@@ -65,8 +76,7 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
     rows = [_trial_numbers(t, unigram, margin) for t in trials if t.status != "not run"]
     # The rate tables pool only the parts that vary nothing but the variant, the rate and the seed (the grid and its
     # second seed); a part that also sweeps, say, the warmup (the Post-LN part) feeds the escape table alone.
-    grid_ids = {t.trial_id for p in parts if set(swept_names(p.config)) <= {VARIANT_KEY, LR_KEY, SEED_KEY}
-                for t in p.trials}
+    grid_ids = {t.trial_id for p in parts if is_rate_grid(p) for t in p.trials}
     by_rate = losses_by_rate([t for t in trials if t.trial_id in grid_ids])
     rows_grid = [r for r in rows if r["trial_id"] in grid_ids]
     grid_size = max((len(r) for r in by_rate.values()), default=0)
@@ -199,29 +209,35 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
 
 
 # --------------------------------------------------------------------------------------------- second seed
-def write_seed2_yaml(part: Part, directory: str | Path) -> Path:
+def write_seed2_yaml(part: Part, directory: str | Path, more: list[Part] | None = None) -> Path:
     """From a finished learning-rate grid (a part sweeping `config` and `learning_rate`), write a sweep YAML that
     runs one more seed of every variant at its best rate, DIRECTORY/<part>_seed2.yaml: per variant a --config file
     (its variant file plus `learning_rate: BEST`) in DIRECTORY/<part>_seed2_rates/, and the sweep over those files.
-    Returns the YAML's path."""
+    `more`: other parts; those that are rate grids too (`is_rate_grid`, e.g. the grid's extra rates) pool into the
+    best rate, and each must be complete. Returns the YAML's path."""
     import yaml
     config = part.config
     swept = {k for k, spec in config["parameters"].items() if "values" in spec}
     if not {VARIANT_KEY, LR_KEY} <= swept:
         raise ValueError(f"{part.sweep_dir}: --write_seed2 needs a part that sweeps {VARIANT_KEY} and {LR_KEY}")
-    by_rate = losses_by_rate(part.trials)
-    expected = len(config["parameters"][LR_KEY]["values"])
+    grid = [part] + [p for p in more or [] if is_rate_grid(p)]
+    for member in grid:
+        expected = len(_part_rates(member))
+        mine = losses_by_rate(member.trials)
+        names = {variant_name(t.params) for t in member.trials}
+        incomplete = sorted(n for n in names if len(mine.get(n, {})) < expected)
+        if incomplete:
+            raise ValueError(f"{member.sweep_dir}: the grid is not complete for {', '.join(incomplete)}; "
+                             f"finish the learning-rate part first")
+    by_rate = losses_by_rate([t for member in grid for t in member.trials])
     files = {Path(str(t.params[VARIANT_KEY])).stem: str(t.params[VARIANT_KEY]) for t in part.trials}
-    incomplete = sorted(n for n in files if len(by_rate.get(n, {})) < expected)
-    if incomplete:
-        raise ValueError(f"{part.sweep_dir}: the grid is not complete for {', '.join(incomplete)}; "
-                         f"finish the learning-rate part first")
     path = Path(directory) / f"{part.name}_seed2.yaml"
     rates_dir = path.parent / f"{path.stem}_rates"
     rates_dir.mkdir(parents=True, exist_ok=True)
-    seeds = [t.params.get(SEED_KEY, 0) for t in part.trials]
+    seeds = [t.params.get(SEED_KEY, 0) for member in grid for t in member.trials]
     seed = max(int(s) for s in seeds) + 1 if seeds else 1
     stamp = time.strftime("%Y-%m-%d")
+    sources = " + ".join(f"{m.sweep_dir} ({m.name})" for m in grid)
     generated, chosen = [], {}
     for name, source in files.items():  # the grid's order: the baseline first
         best = best_rate(by_rate[name])
@@ -231,7 +247,7 @@ def write_seed2_yaml(part: Part, directory: str | Path) -> Path:
         text = (REPO_ROOT / source).read_text()
         target = rates_dir / f"{name}.yaml"
         target.write_text(f"# Generated {stamp} by eval/studies/ablation_report.py --write_seed2 from "
-                          f"{part.sweep_dir}:\n# {source} at its best rate (final val loss {best[1]:.4f}).\n"
+                          f"{sources}:\n# {source} at its best rate (final val loss {best[1]:.4f}).\n"
                           f"{text.rstrip()}\nlearning_rate: {best[0]}\n")
         inside = target.resolve().is_relative_to(REPO_ROOT)  # the sweep runs trials from the repo root
         generated.append(str(target.resolve().relative_to(REPO_ROOT) if inside else target.resolve()))
@@ -242,8 +258,8 @@ def write_seed2_yaml(part: Part, directory: str | Path) -> Path:
     parameters[VARIANT_KEY] = {"values": generated}
     parameters[SEED_KEY] = {"values": [seed]}
     new["parameters"] = parameters
-    lines = [f"# Generated {stamp} by eval/studies/ablation_report.py --write_seed2 from {part.sweep_dir}",
-             f"# ({config.get('name')}): seed {seed} of every variant at its best rate (the lowest final val loss of "
+    lines = [f"# Generated {stamp} by eval/studies/ablation_report.py --write_seed2 from {sources}:",
+             f"# seed {seed} of every variant at its best rate (the lowest final val loss of "
              "the grid):"] + [f"#   {n}: {lr:.3g} ({loss:.4f})" for n, (lr, loss) in chosen.items()]
     path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(new, sort_keys=False, width=120))
     return path

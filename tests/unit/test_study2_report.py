@@ -192,6 +192,30 @@ def test_study2_section_numbers(tmp_path, monkeypatch):
     assert trial["wall_clock_curve"] == [[1.0, 6.8], [2.0, 4.5]]
 
 
+def test_extra_rates_for_some_variants_move_the_best_rate_not_the_sensitivity(tmp_path, monkeypatch):
+    """A part that extends only pre_rmsnorm upward (like study2_lr_top.yaml) pools into the grid: its best rate moves
+    there (and is at the edge), but its sensitivity stays a mean over the rates every variant ran, so that the
+    variants' sensitivities stay comparable; the per-rate table gets the extra column."""
+    from eval.studies.ablation import report
+    sweep = _write_grid(tmp_path)
+    top = _write_grid(tmp_path, "study2_synth_top", losses={"pre_rmsnorm": {0.008: 4.0}})
+    monkeypatch.setattr(report, "data_key", lambda run_dir: "same data")
+    monkeypatch.setattr(report, "unigram_baseline", lambda run_dir: {
+        "loss": UNIGRAM, "bits_per_byte": 2.7, "tokens": 100, "max_seq_len": 8, "data": "synthetic",
+        "from_trial": run_dir.name})
+    path = write_report([sweep, top], tmp_path / "report", unigram=True, study2=True)
+    rows = {v["variant"]: v for v in json.loads((path.parent / "report.json").read_text())["study2"]["variants"]}
+    pre = rows["pre_rmsnorm"]
+    assert (pre["best_rate"], pre["best_loss"], pre["best_rate_at_edge"]) == (0.008, 4.0, True)
+    assert pre["lr_sensitivity"] == pytest.approx((5.0 + 4.5 + 4.8) / 3 - 4.5)   # over 1e-3, 2e-3, 4e-3 only
+    assert (pre["shared_rates"], pre["extra_rates"]) == (3, [0.008])
+    assert rows["post_ln"]["lr_sensitivity"] == pytest.approx((5.5 + 6.9 + 6.9) / 3 - 5.5)
+    markdown = path.read_text()
+    assert "| pre_rmsnorm | 3 + 1 | 0.008 (edge) | 4.000 (4.000) |" in markdown
+    assert "| post_ln | 3 | 0.001 (edge) |" in markdown and "/3 rates)" not in markdown   # no variant is partial
+    assert "| pre_rmsnorm | 5.000 | 4.500 | 4.800 | 4.000 |" in markdown
+
+
 def test_read_bench_step_times_names_the_expected_layout(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rows": []}))

@@ -64,6 +64,15 @@ def is_rate_grid(part: Part) -> bool:
     return set(swept_names(part.config)) <= {VARIANT_KEY, LR_KEY, SEED_KEY}
 
 
+def shared_rates(grid: list[Part]) -> set[float]:
+    """The rates of the grid parts that cover every variant of the grid (part 1 and its extra rate, not a part that
+    extends a few variants upward): the rates the learning-rate sensitivity is taken over, so that every variant's is
+    a mean over the same rates. Empty when no part declares its rates."""
+    variants = [{variant_name(t.params) for t in p.trials} for p in grid]
+    everyone = set().union(*variants) if variants else set()
+    return {lr for p, names in zip(grid, variants) if names == everyone for lr in _part_rates(p)}
+
+
 def _part_rates(part: Part) -> list[float]:
     spec = part.config["parameters"].get(LR_KEY, {})
     return [float(lr) for lr in (spec["values"] if "values" in spec else [spec["value"]] if "value" in spec else [])]
@@ -76,10 +85,12 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
     rows = [_trial_numbers(t, unigram, margin) for t in trials if t.status != "not run"]
     # The rate tables pool only the parts that vary nothing but the variant, the rate and the seed (the grid and its
     # second seed); a part that also sweeps, say, the warmup (the Post-LN part) feeds the escape table alone.
-    grid_ids = {t.trial_id for p in parts if is_rate_grid(p) for t in p.trials}
+    grid_parts = [p for p in parts if is_rate_grid(p)]
+    grid_ids = {t.trial_id for p in grid_parts for t in p.trials}
     by_rate = losses_by_rate([t for t in trials if t.trial_id in grid_ids])
     rows_grid = [r for r in rows if r["trial_id"] in grid_ids]
-    grid_size = max((len(r) for r in by_rate.values()), default=0)
+    shared = shared_rates(grid_parts) or {lr for r in by_rate.values() for lr in r}
+    grid_size = len(shared)
     trial_times: dict[str, float] = {}
     for name in by_rate:
         times = [r["median_step_time_s"] for r in rows_grid if r["variant"] == name and r["median_step_time_s"]]
@@ -104,7 +115,11 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
             "best_rate_at_edge": bool(best and len(rates) >= 3 and best[0] in (min(rates), max(rates))),
             "best_loss": best[1] if best else None,
             "best_loss_seeds": [v for v in rates.get(best[0], [])] if best else [],
-            "lr_sensitivity": lr_sensitivity(rates, unigram) if unigram is not None else None,
+            # over the shared rates only: a variant's extra rates move its best rate, not its sensitivity
+            "lr_sensitivity": (lr_sensitivity({lr: s for lr, s in rates.items() if lr in shared}, unigram)
+                               if unigram is not None else None),
+            "shared_rates": sum(lr in shared for lr in rates),
+            "extra_rates": sorted(lr for lr in rates if lr not in shared),
             "diverged_or_failed": sum(r["status"] != "finished" for r in mine), "trials": len(mine),
             "nonfinite_rates": sorted({r["learning_rate"] for r in mine if r["status"] == "diverged"}),
             "attn_logit_max_grid": max((r["stability"]["attn_logit_max"] for r in mine
@@ -146,7 +161,9 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
           "LR sensitivity (Wortsman et al. 2023, capped at the unigram loss instead of the loss at initialization): "
           "the mean over the variant's rates of min(loss, unigram), a rate's loss being the mean over its seeds "
           "with a diverged or failed seed counted as the unigram loss, minus the best loss (0 when every rate is "
-          "capped). Step time: median over the variant's trials of each trial's median step; \"vs "
+          "capped), both terms over the rates every variant ran (a part that adds rates for some variants only "
+          "moves their best rate; the rates column counts those as \"+ N\"). Step time: median over the variant's "
+          "trials of each trial's median step; \"vs "
           f"{BASELINE_VARIANT}\": its ratio to the baseline's (above 1: slower). Spikes: a step whose loss (or "
           "gradient norm) exceeds 1.5 x the median of the previous 50 finite values (at least 10 of them), or is "
           "not finite, counted over the best rate's trials. Attention logit: the largest q.k/sqrt(d) before the "
@@ -160,9 +177,10 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
     md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in variants:
         seeds = ", ".join(_f(s) for s in v["best_loss_seeds"])
-        partial = f" ({v['rates']}/{grid_size} rates)" if v["rates"] < grid_size else ""
+        partial = f" ({v['shared_rates']}/{grid_size} rates)" if v["shared_rates"] < grid_size else ""
         edge = " (edge)" if v["best_rate_at_edge"] else ""
-        cells = [v["variant"], str(v["rates"]), f"{v['best_rate']:.3g}{edge}" if v["best_rate"] else "–",
+        extra = f" + {len(v['extra_rates'])}" if v["extra_rates"] else ""
+        cells = [v["variant"], f"{v['shared_rates']}{extra}", f"{v['best_rate']:.3g}{edge}" if v["best_rate"] else "–",
                  f"{_f(v['best_loss'])} ({seeds})" if v["best_loss"] is not None else "–",
                  f"{v['best_loss'] - unigram:+.3f}" if unigram is not None and v["best_loss"] is not None else "–",
                  _f(v["lr_sensitivity"]) + partial, f"{v['diverged_or_failed']}/{v['trials']}",

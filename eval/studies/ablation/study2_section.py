@@ -122,8 +122,8 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
             "extra_rates": sorted(lr for lr in rates if lr not in shared),
             "diverged_or_failed": sum(r["status"] != "finished" for r in mine), "trials": len(mine),
             "nonfinite_rates": sorted({r["learning_rate"] for r in mine if r["status"] == "diverged"}),
-            "attn_logit_max_grid": max((r["stability"]["attn_logit_max"] for r in mine
-                                        if math.isfinite(r["stability"]["attn_logit_max"])), default=math.nan),
+            "attn_logit_max_grid": max((r["stability"]["attn_logit_max"] for r in mine if r["learning_rate"] in shared
+                                        and math.isfinite(r["stability"]["attn_logit_max"])), default=math.nan),
             "attn_logit_max": max((r["stability"]["attn_logit_max"] for r in at_best
                                    if math.isfinite(r["stability"]["attn_logit_max"])), default=math.nan),
             "logits_rms_max": max((r["stability"]["logits_rms_max"] for r in at_best
@@ -197,8 +197,9 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
             finished = [v for v in r.get(lr, []) if v is not None]
             cells.append(_f(statistics.fmean(finished)) if finished else ("div" if lr in r else ""))
         md.append(f"| {name} | " + " | ".join(cells) + " |")
-    md += ["", "Stability at each variant's best rate (max over its seeds); non-finite stops and the attention "
-           "logit over the whole grid too. Residual RMS: first / last block at the last diagnostic step.", "",
+    md += ["", "Stability at each variant's best rate (max over its seeds); non-finite stops over all its rates, "
+           "the attention logit over the rates every variant ran too. Residual RMS: first / last block at the last "
+           "diagnostic step.", "",
            "| variant | attn logit max (best rate) | attn logit max (grid) | logits RMS max | logits max | "
            "resid RMS first / last | loss spikes | grad spikes | non-finite stops at rates |",
            "|---|---|---|---|---|---|---|---|---|"]

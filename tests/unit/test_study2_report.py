@@ -216,6 +216,31 @@ def test_extra_rates_for_some_variants_move_the_best_rate_not_the_sensitivity(tm
     assert "| pre_rmsnorm | 5.000 | 4.500 | 4.800 | 4.000 |" in markdown
 
 
+def test_a_second_seed_refines_the_chosen_rate_but_does_not_move_it(tmp_path, monkeypatch):
+    """Part 2 (each variant's best rate again, seed 1; its rate lives in the variant file, not the sweep) pools into
+    the grid: the best rate stays the one the grid's seed chose (2e-3) and its loss becomes the mean over both seeds
+    (4.5 and 5.3 -> 4.9), even though 4e-3's single seed (4.8) is now lower: re-choosing among means of unequal seed
+    counts would favour the rates that ran once."""
+    from eval.studies.ablation import report
+    sweep = _write_grid(tmp_path)
+    seed2 = _write_grid(tmp_path, "study2_synth_seed2", seeds=(1,), losses={"pre_rmsnorm": {0.002: 5.3},
+                                                                            "post_ln": {0.001: 5.7}})
+    state = json.loads((seed2 / "sweep_state.json").read_text())
+    del state["config"]["parameters"]["learning_rate"]
+    (seed2 / "sweep_state.json").write_text(json.dumps(state))
+    monkeypatch.setattr(report, "data_key", lambda run_dir: "same data")
+    monkeypatch.setattr(report, "unigram_baseline", lambda run_dir: {
+        "loss": UNIGRAM, "bits_per_byte": 2.7, "tokens": 100, "max_seq_len": 8, "data": "synthetic",
+        "from_trial": run_dir.name})
+    path = write_report([sweep, seed2], tmp_path / "report", unigram=True, study2=True)
+    rows = {v["variant"]: v for v in json.loads((path.parent / "report.json").read_text())["study2"]["variants"]}
+    pre = rows["pre_rmsnorm"]
+    assert (pre["best_rate"], pre["best_loss"], pre["best_loss_seeds"]) == (0.002, pytest.approx(4.9), [4.5, 5.3])
+    # capped means over the rates: 5.0, 4.9 (two seeds), 4.8 -> 4.9; minus the chosen rate's 4.9 -> 0
+    assert pre["lr_sensitivity"] == pytest.approx(0.0, abs=1e-12)
+    assert rows["post_ln"]["best_rate"] == 0.001 and rows["post_ln"]["best_loss"] == pytest.approx(5.6)
+
+
 def test_read_bench_step_times_names_the_expected_layout(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rows": []}))

@@ -67,12 +67,15 @@ def best_rate(by_rate: dict[float, list[float | None]]) -> tuple[float, float] |
     return lr, means[lr]
 
 
-def lr_sensitivity(by_rate: dict[float, list[float | None]], cap: float) -> float:
-    """Mean over the rates of the capped loss minus the best (uncapped, never above the cap) loss."""
-    best = best_rate(by_rate)
-    if best is None:
-        return 0.0  # every rate failed: all at the cap, and the best is the cap too
-    return statistics.fmean(capped_mean(seeds, cap) for seeds in by_rate.values()) - min(best[1], cap)
+def lr_sensitivity(by_rate: dict[float, list[float | None]], cap: float, best_loss: float | None = None) -> float:
+    """Mean over the rates of the capped loss minus the best (uncapped, never above the cap) loss; `best_loss`: the
+    best when the caller chose it (the chosen rate's mean over its seeds), else the lowest mean over the rates."""
+    if best_loss is None:
+        best = best_rate(by_rate)
+        if best is None:
+            return 0.0  # every rate failed: all at the cap, and the best is the cap too
+        best_loss = best[1]
+    return statistics.fmean(capped_mean(seeds, cap) for seeds in by_rate.values()) - min(best_loss, cap)
 
 
 def losses_by_rate(trials: list[Trial]) -> dict[str, dict[float, list[float | None]]]:

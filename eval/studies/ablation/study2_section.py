@@ -88,6 +88,7 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
     grid_parts = [p for p in parts if is_rate_grid(p)]
     grid_ids = {t.trial_id for p in grid_parts for t in p.trials}
     by_rate = losses_by_rate([t for t in trials if t.trial_id in grid_ids])
+    first_seed = losses_by_rate([t for p in grid_parts if _part_rates(p) for t in p.trials])
     rows_grid = [r for r in rows if r["trial_id"] in grid_ids]
     shared = shared_rates(grid_parts) or {lr for r in by_rate.values() for lr in r}
     grid_size = len(shared)
@@ -99,7 +100,12 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
     bench_relative = relative_step_times(bench_step_times or {})
     variants, curves_steps, curves_time, profiles = [], {}, {}, {}
     for name, rates in by_rate.items():
-        best = best_rate(rates)
+        # The rate is chosen on the grid's own seed (the parts that declare rates), as --write_seed2 chose it; a
+        # second seed then refines that rate's loss but cannot move the choice (re-choosing among means of unequal
+        # seed counts would favour rates that ran once).
+        chosen = best_rate(first_seed.get(name, {}))
+        finished = [v for v in rates.get(chosen[0], []) if v is not None] if chosen else []
+        best = (chosen[0], statistics.fmean(finished)) if finished else best_rate(rates)
         rep = _representative(rows_grid, name, best[0]) if best else None
         seconds_per_step = (bench_step_times or {}).get(name)
         if rep is not None:
@@ -116,7 +122,8 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
             "best_loss": best[1] if best else None,
             "best_loss_seeds": [v for v in rates.get(best[0], [])] if best else [],
             # over the shared rates only: a variant's extra rates move its best rate, not its sensitivity
-            "lr_sensitivity": (lr_sensitivity({lr: s for lr, s in rates.items() if lr in shared}, unigram)
+            "lr_sensitivity": (lr_sensitivity({lr: s for lr, s in rates.items() if lr in shared}, unigram,
+                                              best[1] if best and best[0] in shared else None)
                                if unigram is not None else None),
             "shared_rates": sum(lr in shared for lr in rates),
             "extra_rates": sorted(lr for lr in rates if lr not in shared),

@@ -164,7 +164,9 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
               escapes: list[dict[str, Any]], plots: dict[str, bool], unigram: float | None, grid_size: int,
               margin: float, interleaved: bool) -> list[str]:
     md = ["## Second edition: learning rates, depth, time and stability", "",
-          "Best loss: per variant, the lowest over the rates of the mean final val loss of the finished seeds. "
+          "Best rate: per variant, the rate with the lowest final val loss of the grid's own seed (the parts that "
+          "declare rates); best loss: the mean over the finished seeds at that rate (a second seed refines it, "
+          "never moves the rate). "
           "LR sensitivity (Wortsman et al. 2023, capped at the unigram loss instead of the loss at initialization): "
           "the mean over the variant's rates of min(loss, unigram), a rate's loss being the mean over its seeds "
           "with a diverged or failed seed counted as the unigram loss, minus the best loss (0 when every rate is "

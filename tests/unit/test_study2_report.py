@@ -139,6 +139,15 @@ def _write_grid(root: Path, name: str = "study2_synth", seeds: tuple[int, ...] =
     return sweep_dir
 
 
+def _stub_unigram(monkeypatch) -> None:
+    """Every part shares one data key and the unigram loss UNIGRAM (no corpus is rebuilt)."""
+    from eval.studies.ablation import report
+    monkeypatch.setattr(report, "data_key", lambda run_dir: "same data")
+    monkeypatch.setattr(report, "unigram_baseline", lambda run_dir: {
+        "loss": UNIGRAM, "bits_per_byte": 2.7, "tokens": 100, "max_seq_len": 8, "data": "synthetic",
+        "from_trial": run_dir.name})
+
+
 def test_losses_by_rate_groups_by_variant_file(tmp_path):
     _, trials = load_sweep(_write_grid(tmp_path))
     assert losses_by_rate(trials) == {"pre_rmsnorm": {0.001: [5.0], 0.002: [4.5], 0.004: [4.8]},
@@ -146,17 +155,13 @@ def test_losses_by_rate_groups_by_variant_file(tmp_path):
 
 
 def test_study2_section_numbers(tmp_path, monkeypatch):
-    import eval.studies.ablation.report as report
     sweep = _write_grid(tmp_path)
     # A Post-LN part that also sweeps the warmup, at a rate outside the grid: the escape table only.
     post = _write_grid(tmp_path, "study2_synth_post", seeds=(0, 1), losses={"post_ln": {0.008: 6.5}}, warmups=(0, 2))
     bench_file = tmp_path / "bench.json"
     bench_file.write_text(json.dumps({"variants": {"pre_rmsnorm": {"median_step_s": 0.2},
                                                    "post_ln": {"median_step_s": 0.3}}}))
-    monkeypatch.setattr(report, "data_key", lambda run_dir: "same data")
-    monkeypatch.setattr(report, "unigram_baseline", lambda run_dir: {
-        "loss": UNIGRAM, "bits_per_byte": 2.7, "tokens": 100, "max_seq_len": 8, "data": "synthetic",
-        "from_trial": run_dir.name})
+    _stub_unigram(monkeypatch)
     path = write_report([sweep, post], tmp_path / "report", unigram=True, study2=True, step_times=bench_file,
                         escape_margin=0.25)
     data = json.loads((path.parent / "report.json").read_text())["study2"]
@@ -196,13 +201,9 @@ def test_extra_rates_for_some_variants_move_the_best_rate_not_the_sensitivity(tm
     """A part that extends only pre_rmsnorm upward (like study2_lr_top.yaml) pools into the grid: its best rate moves
     there (and is at the edge), but its sensitivity stays a mean over the rates every variant ran, so that the
     variants' sensitivities stay comparable; the per-rate table gets the extra column."""
-    from eval.studies.ablation import report
     sweep = _write_grid(tmp_path)
     top = _write_grid(tmp_path, "study2_synth_top", losses={"pre_rmsnorm": {0.008: 4.0}})
-    monkeypatch.setattr(report, "data_key", lambda run_dir: "same data")
-    monkeypatch.setattr(report, "unigram_baseline", lambda run_dir: {
-        "loss": UNIGRAM, "bits_per_byte": 2.7, "tokens": 100, "max_seq_len": 8, "data": "synthetic",
-        "from_trial": run_dir.name})
+    _stub_unigram(monkeypatch)
     path = write_report([sweep, top], tmp_path / "report", unigram=True, study2=True)
     rows = {v["variant"]: v for v in json.loads((path.parent / "report.json").read_text())["study2"]["variants"]}
     pre = rows["pre_rmsnorm"]
@@ -221,17 +222,13 @@ def test_a_second_seed_refines_the_chosen_rate_but_does_not_move_it(tmp_path, mo
     the grid: the best rate stays the one the grid's seed chose (2e-3) and its loss becomes the mean over both seeds
     (4.5 and 5.3 -> 4.9), even though 4e-3's single seed (4.8) is now lower: re-choosing among means of unequal seed
     counts would favour the rates that ran once."""
-    from eval.studies.ablation import report
     sweep = _write_grid(tmp_path)
     seed2 = _write_grid(tmp_path, "study2_synth_seed2", seeds=(1,), losses={"pre_rmsnorm": {0.002: 5.3},
                                                                             "post_ln": {0.001: 5.7}})
     state = json.loads((seed2 / "sweep_state.json").read_text())
     del state["config"]["parameters"]["learning_rate"]
     (seed2 / "sweep_state.json").write_text(json.dumps(state))
-    monkeypatch.setattr(report, "data_key", lambda run_dir: "same data")
-    monkeypatch.setattr(report, "unigram_baseline", lambda run_dir: {
-        "loss": UNIGRAM, "bits_per_byte": 2.7, "tokens": 100, "max_seq_len": 8, "data": "synthetic",
-        "from_trial": run_dir.name})
+    _stub_unigram(monkeypatch)
     path = write_report([sweep, seed2], tmp_path / "report", unigram=True, study2=True)
     rows = {v["variant"]: v for v in json.loads((path.parent / "report.json").read_text())["study2"]["variants"]}
     pre = rows["pre_rmsnorm"]
@@ -277,7 +274,13 @@ def test_write_seed2_yaml_pools_the_grids_extra_rates(tmp_path):
     (high / "sweep_state.json").write_text(json.dumps(state))
     warm = _write_grid(tmp_path, "study2_warm", losses={"pre_rmsnorm": {0.001: 1.0}, "post_ln": {0.001: 1.0}},
                        warmups=(0, 1))
-    parts = [Part(d, *load_sweep(d)) for d in (grid, high, warm)]
+    # A second-seed part (its rate lives in the variant file) whose seed is far worse at 8e-3: it must not move the
+    # choice (pooled, 8e-3's mean 5.2 would lose to 2e-3's single 4.5).
+    seed2 = _write_grid(tmp_path, "study2_seed2", seeds=(1,), losses={"pre_rmsnorm": {0.008: 6.0}})
+    state = json.loads((seed2 / "sweep_state.json").read_text())
+    del state["config"]["parameters"]["learning_rate"]
+    (seed2 / "sweep_state.json").write_text(json.dumps(state))
+    parts = [Part(d, *load_sweep(d)) for d in (grid, high, warm, seed2)]
     path = write_seed2_yaml(parts[0], tmp_path / "out", parts[1:])
     files = load_sweep_config(path)["parameters"]["config"]["values"]
     rates = {Path(f).stem: yaml.safe_load(Path(f).read_text())["learning_rate"] for f in files}
@@ -287,7 +290,7 @@ def test_write_seed2_yaml_pools_the_grids_extra_rates(tmp_path):
         if "post_ln" in trial.params["config"]:
             trial.status = "not run"
     with pytest.raises(ValueError, match="study2_high: the grid is not complete for post_ln"):
-        write_seed2_yaml(parts[0], tmp_path / "out", parts[1:])
+        write_seed2_yaml(parts[0], tmp_path / "out", parts[1:3])
 
 
 def test_write_seed2_yaml_refuses_an_unfinished_grid(tmp_path):

@@ -73,6 +73,13 @@ def shared_rates(grid: list[Part]) -> set[float]:
     return {lr for p, names in zip(grid, variants) if names == everyone for lr in _part_rates(p)}
 
 
+def chosen_rate_losses(grid: list[Part]) -> dict[str, dict[float, list[float | None]]]:
+    """losses_by_rate over the grid parts that declare their rates (the grid's own seed): the losses a variant's best
+    rate is chosen on, by the report and by --write_seed2 alike. A second-seed part (its rate inside each variant
+    file) is left out, so it refines the chosen rate's loss but never moves the choice."""
+    return losses_by_rate([t for p in grid if _part_rates(p) for t in p.trials])
+
+
 def _part_rates(part: Part) -> list[float]:
     spec = part.config["parameters"].get(LR_KEY, {})
     return [float(lr) for lr in (spec["values"] if "values" in spec else [spec["value"]] if "value" in spec else [])]
@@ -88,7 +95,7 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
     grid_parts = [p for p in parts if is_rate_grid(p)]
     grid_ids = {t.trial_id for p in grid_parts for t in p.trials}
     by_rate = losses_by_rate([t for t in trials if t.trial_id in grid_ids])
-    first_seed = losses_by_rate([t for p in grid_parts if _part_rates(p) for t in p.trials])
+    first_seed = chosen_rate_losses(grid_parts)
     rows_grid = [r for r in rows if r["trial_id"] in grid_ids]
     shared = shared_rates(grid_parts) or {lr for r in by_rate.values() for lr in r}
     grid_size = len(shared)
@@ -100,9 +107,7 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
     bench_relative = relative_step_times(bench_step_times or {})
     variants, curves_steps, curves_time, profiles = [], {}, {}, {}
     for name, rates in by_rate.items():
-        # The rate is chosen on the grid's own seed (the parts that declare rates), as --write_seed2 chose it; a
-        # second seed then refines that rate's loss but cannot move the choice (re-choosing among means of unequal
-        # seed counts would favour rates that ran once).
+        # Re-choosing among means of unequal seed counts would favour the rates that ran once (chosen_rate_losses).
         chosen = best_rate(first_seed.get(name, {}))
         finished = [v for v in rates.get(chosen[0], []) if v is not None] if chosen else []
         best = (chosen[0], statistics.fmean(finished)) if finished else best_rate(rates)
@@ -257,7 +262,7 @@ def write_seed2_yaml(part: Part, directory: str | Path, more: list[Part] | None 
         if incomplete:
             raise ValueError(f"{member.sweep_dir}: the grid is not complete for {', '.join(incomplete)}; "
                              f"finish the learning-rate part first")
-    by_rate = losses_by_rate([t for member in grid for t in member.trials])
+    by_rate = chosen_rate_losses(grid)
     files = {Path(str(t.params[VARIANT_KEY])).stem: str(t.params[VARIANT_KEY]) for t in part.trials}
     path = Path(directory) / f"{part.name}_seed2.yaml"
     rates_dir = path.parent / f"{path.stem}_rates"

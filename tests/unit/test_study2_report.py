@@ -116,7 +116,7 @@ def _write_grid(root: Path, name: str = "study2_synth", seeds: tuple[int, ...] =
             for seed, warmup in ((s, w) for s in seeds for w in warmups):
                 params = {"config": f"{VARIANTS}/{variant}.yaml", "learning_rate": lr, "seed": seed, "max_steps": 4,
                           "warmup_steps": warmup}
-                trial_id = f"{variant}_{lr}_{seed}_{warmup}"
+                trial_id = f"{name}_{variant}_{lr}_{seed}_{warmup}"   # unique across parts, as the sweep runner's are
                 trial_dir = sweep_dir / "trials" / trial_id
                 trial_dir.mkdir(parents=True)
                 status = "finished" if final is not None else "diverged"
@@ -156,8 +156,10 @@ def test_losses_by_rate_groups_by_variant_file(tmp_path):
 
 def test_study2_section_numbers(tmp_path, monkeypatch):
     sweep = _write_grid(tmp_path)
-    # A Post-LN part that also sweeps the warmup, at a rate outside the grid: the escape table only.
-    post = _write_grid(tmp_path, "study2_synth_post", seeds=(0, 1), losses={"post_ln": {0.008: 6.5}}, warmups=(0, 2))
+    # A Post-LN part that also sweeps the warmup, at a rate outside the grid and at the grid's 1e-3, where its cell
+    # with the grid's warmup (1) and seed 0 is the grid's own training again: the escape table only.
+    post = _write_grid(tmp_path, "study2_synth_post", seeds=(0, 1), losses={"post_ln": {0.001: 5.5, 0.008: 6.5}},
+                       warmups=(0, 1, 2))
     bench_file = tmp_path / "bench.json"
     bench_file.write_text(json.dumps({"variants": {"pre_rmsnorm": {"median_step_s": 0.2},
                                                    "post_ln": {"median_step_s": 0.3}}}))
@@ -179,14 +181,18 @@ def test_study2_section_numbers(tmp_path, monkeypatch):
     assert rows["post_ln"]["bench_step_time_vs_baseline"] == pytest.approx(1.5)   # 0.3 / 0.2, interleaved
     # Escapes: the first eval at or below 6.9 - 0.25 = 6.65; post_ln at 1e-3 curve (2, 6.8), (4, 5.5) -> 4;
     # at 2e-3 never (6.95); at 4e-3 diverged before any evaluation.
-    escapes = {e["learning_rate"]: e for e in data["post_ln_escapes"]}
-    assert escapes[0.001]["escape_steps"] == [4] and escapes[0.001]["escaped"] == 1
-    assert escapes[0.002]["escape_steps"] == [None] and escapes[0.002]["escaped"] == 0
-    assert escapes[0.004]["runs"] == 1 and escapes[0.004]["escaped"] == 0
+    escapes = {(e["learning_rate"], e["warmup_steps"]): e for e in data["post_ln_escapes"]}
+    assert escapes[0.002, 1]["escape_steps"] == [None] and escapes[0.002, 1]["escaped"] == 0
+    assert escapes[0.004, 1]["runs"] == 1 and escapes[0.004, 1]["escaped"] == 0
+    # At 1e-3 with the grid's warmup, seed 0 ran in both parts: it counts once (the grid's), beside the Post-LN
+    # part's seed 1.
+    assert escapes[0.001, 1]["seeds"] == [0, 1] and escapes[0.001, 1]["escape_steps"] == [4, 4]
+    assert escapes[0.001, 1]["runs"] == 2 and escapes[0.001, 1]["escaped"] == 2
+    assert escapes[0.001, 1]["final_val_loss"] == [5.5, 5.5]
     # The warmup part at 8e-3: curve (2, 6.8), (4, 6.5) -> step 4, both seeds, per warmup.
     at_8e3 = [e for e in data["post_ln_escapes"] if e["learning_rate"] == 0.008]
     assert [(e["warmup_steps"], e["escaped"], e["runs"], e["escape_steps"]) for e in at_8e3] == [
-        (0, 2, 2, [4, 4]), (2, 2, 2, [4, 4])]
+        (0, 2, 2, [4, 4]), (1, 2, 2, [4, 4]), (2, 2, 2, [4, 4])]
     markdown = path.read_text()
     assert "## Second edition" in markdown and "| post_ln | 5.500 | 6.950 | div |" in markdown
     assert "| post_ln | 3 | 0.001 (edge) | 5.500 (5.500) |" in markdown and "| pre_rmsnorm | 3 | 0.002 | " in markdown

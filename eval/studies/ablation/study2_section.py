@@ -44,10 +44,14 @@ def _representative(rows: list[dict[str, Any]], variant: str, lr: float) -> dict
 
 
 def _escape_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per Post-LN rate x warmup x init, every seed's escape. A training two parts both ran (the grid's Post-LN
+    point is also a cell of the Post-LN part: same settings, same seed) counts once, as the first part ran it."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         if r["variant"] == POST_LN_VARIANT and r["status"] in ("finished", "diverged"):
-            groups.setdefault((r["learning_rate"], r["warmup_steps"], r["init_depth_scaling"]), []).append(r)
+            members = groups.setdefault((r["learning_rate"], r["warmup_steps"], r["init_depth_scaling"]), [])
+            if all(m["seed"] != r["seed"] for m in members):
+                members.append(r)
     out = []
     for (lr, warmup, init), members in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         members.sort(key=lambda r: (r["seed"] is None, r["seed"] or 0))
@@ -226,7 +230,8 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
                   + (", ".join(f"{lr:.3g}" for lr in v["nonfinite_rates"]) or "none") + " |")
     if escapes:
         md += ["", f"Post-LN (`{POST_LN_VARIANT}`) plateau escape: the first evaluation step whose val loss is at "
-               f"least {margin} nats below the unigram loss ({_f(unigram)}); `–` never.", "",
+               f"least {margin} nats below the unigram loss ({_f(unigram)}); `–` never. A training two parts both ran "
+               "(same settings and seed) counts once.", "",
                "| learning rate | warmup steps | init_depth_scaling | escaped / runs | escape step per seed | "
                "final val loss per seed |", "|---|---|---|---|---|---|"]
         for e in escapes:

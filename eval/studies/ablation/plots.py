@@ -15,7 +15,12 @@ LR_KEY, WARMUP_KEY, PLACEMENT_KEY = "learning_rate", "warmup_steps", "norm_place
 
 
 def label(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items()) or "all trials"
+    """A legend entry; a trainer --config file is named by its stem, as the report names a variant."""
+    return ", ".join(f"{k}={_short(v)}" for k, v in params.items()) or "all trials"
+
+
+def _short(value: Any) -> Any:
+    return Path(value).stem if isinstance(value, str) and value.endswith((".yaml", ".yml")) else value
 
 
 def _panels(variants: list[Variant]) -> tuple[list[str], dict[str, list[Variant]]]:
@@ -155,7 +160,7 @@ def plot_lr_warmup(variants: list[Variant], path: Path, baseline: float | None =
     if not variants or not {LR_KEY, WARMUP_KEY} <= set(variants[0].params):
         return False
     kinds = list(dict.fromkeys(v.params.get(LINE_KEY, "all") for v in variants))
-    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 4.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 6.6), squeeze=False, sharey=True)
     for ax, kind in zip(axes.flat, kinds):
         lines: dict[str, list[Variant]] = {}
         for v in variants:
@@ -178,7 +183,8 @@ def plot_lr_warmup(variants: list[Variant], path: Path, baseline: float | None =
         ax.set_ylabel("final val loss (mean ± std over seeds)")
         ax.set_title(f"learning rate x warmup ({LINE_KEY}={kind})" if kind != "all" else "learning rate x warmup")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        # Below the axes: with a line per warmup x init, a legend inside hides the points.
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     save_figure(fig, path)
     return True
 

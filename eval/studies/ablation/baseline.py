@@ -31,15 +31,16 @@ def unigram_baseline(run_dir: Path) -> dict[str, Any]:
     from dataset.tokenization import load_tokenizer
     from trainer.data import build_run_data
     from trainer.evaluation import token_byte_lengths, unigram_eval
-    from trainer.run_dir import resolve_path
+    from trainer.run_dir import REPO_ROOT, resolve_path
 
     args = _run_args(run_dir)
     tokenizer = load_tokenizer(resolve_path(args.tokenizer_path) if args.tokenizer_path else None)
     data = build_run_data(args, tokenizer, quiet=True)
     train = DataLoader(data.train, batch_size=256, collate_fn=data.collate)  # every row, in order
     result = unigram_eval(train, data.val_loader, len(tokenizer), token_byte_lengths(tokenizer))
+    # Paths inside the checkout relative to it: the committed reports name no machine's folders.
     return {**result.as_dict(), "from_trial": run_dir.name, "max_seq_len": args.max_seq_len,
-            "data": data.description}
+            "data": data.description.replace(f"{REPO_ROOT}/", "")}
 
 
 def data_key(run_dir: Path) -> str:

@@ -139,6 +139,14 @@ def _write_grid(root: Path, name: str = "study2_synth", seeds: tuple[int, ...] =
     return sweep_dir
 
 
+def _rates_in_variant_files(sweep_dir: Path) -> None:
+    """Make a synthetic part look like part 2: its sweep declares no learning rate (each rate lives in its variant
+    file), so it refines the grid's chosen rates without choosing any."""
+    state = json.loads((sweep_dir / "sweep_state.json").read_text())
+    del state["config"]["parameters"]["learning_rate"]
+    (sweep_dir / "sweep_state.json").write_text(json.dumps(state))
+
+
 def _stub_unigram(monkeypatch) -> None:
     """Every part shares one data key and the unigram loss UNIGRAM (no corpus is rebuilt)."""
     from eval.studies.ablation import report
@@ -231,9 +239,7 @@ def test_a_second_seed_refines_the_chosen_rate_but_does_not_move_it(tmp_path, mo
     sweep = _write_grid(tmp_path)
     seed2 = _write_grid(tmp_path, "study2_synth_seed2", seeds=(1,), losses={"pre_rmsnorm": {0.002: 5.3},
                                                                             "post_ln": {0.001: 5.7}})
-    state = json.loads((seed2 / "sweep_state.json").read_text())
-    del state["config"]["parameters"]["learning_rate"]
-    (seed2 / "sweep_state.json").write_text(json.dumps(state))
+    _rates_in_variant_files(seed2)
     _stub_unigram(monkeypatch)
     path = write_report([sweep, seed2], tmp_path / "report", unigram=True, study2=True)
     rows = {v["variant"]: v for v in json.loads((path.parent / "report.json").read_text())["study2"]["variants"]}
@@ -283,9 +289,7 @@ def test_write_seed2_yaml_pools_the_grids_extra_rates(tmp_path):
     # A second-seed part (its rate lives in the variant file) whose seed is far worse at 8e-3: it must not move the
     # choice (pooled, 8e-3's mean 5.2 would lose to 2e-3's single 4.5).
     seed2 = _write_grid(tmp_path, "study2_seed2", seeds=(1,), losses={"pre_rmsnorm": {0.008: 6.0}})
-    state = json.loads((seed2 / "sweep_state.json").read_text())
-    del state["config"]["parameters"]["learning_rate"]
-    (seed2 / "sweep_state.json").write_text(json.dumps(state))
+    _rates_in_variant_files(seed2)
     parts = [Part(d, *load_sweep(d)) for d in (grid, high, warm, seed2)]
     path = write_seed2_yaml(parts[0], tmp_path / "out", parts[1:])
     files = load_sweep_config(path)["parameters"]["config"]["values"]

@@ -106,12 +106,15 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 # --lora on an RL trainer: the policy trained as LoRA adapters (with train_lora.py's adapter flags).
 POLICY_LORA_FLAGS = ("lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge")
+# The copy rows' flags (trainer/objectives.py): pretraining teaches copying with them, SFT may (a model given smeared
+# keys at SFT learns to copy there).
+COPY_FLAGS = ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after")
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
     "dpo": ("beta",),
-    "pretrain": ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after"),
-    "sft": ("sft_data",),
+    "pretrain": COPY_FLAGS,
+    "sft": ("sft_data",) + COPY_FLAGS,
     "distill": ("teacher", "alpha", "temperature", "distill_data"),
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
              "max_completion_length", "top_p", "open_thinking", "loss_type", "epsilon", "epsilon_high",
@@ -133,7 +136,9 @@ FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
     "dpo": ("DPO", None),
     "pretrain": ("copy rows", "a curriculum for in-context copying, best with --smeared_keys true: beside each "
                           "micro-batch, rows that repeat a span, supervised on the repeat (docs/tools.md, Copy rows)"),
-    "sft": ("SFT data", None),
+    "sft": ("SFT data and copy rows", "copy rows as pretraining's (its copy rows section), beside each "
+                                      "SFT micro-batch; with --smeared_keys true it teaches a model to copy "
+                                      "(docs/tools.md)"),
     "distill": ("distillation", "loss = alpha x CE + (1 - alpha) x T^2 x KL(teacher^T || student^T) on the "
                                 "supervised tokens (trainer/distillation.py)"),
     "grpo": ("GRPO", "per prompt, --num_generations sampled completions scored by the --reward functions; "
@@ -153,6 +158,9 @@ FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
     "logging": ("logging and validation", None),
     "diagnostics": ("diagnostics", None),
 }
+
+
+COPY_GROUPS = {"pretrain": "pretrain", "sft": "sft"}  # each task's --help section of the copy flags
 
 
 def _flag(group: str | dict[str, str], default: Any, help: str | dict[str, str]) -> Any:
@@ -274,16 +282,16 @@ class TrainArgs:
                          "ppo": "the weight of the KL to the reference model (a frozen copy of the starting "
                                 "weights), paid per token in the rewards (TRL's and MiniMind's kl_coef); 0: no "
                                 "reference model"})
-    # Copy rows beside pretraining (dataset/copy_rows.py, trainer/objectives.py).
-    copy_rows: int = _flag("pretrain", 0, "copy rows added to each micro-batch (0: none): sequences of 128 "
-                                          "tokens, half random, half the batch's own text, with a span repeated "
-                                          "and the loss on the repeat only")
-    copy_weight: float = _flag("pretrain", 1.0, "the weight of the copy rows' mean loss beside the "
-                                                "language-modeling loss for the first --copy_steps steps (>= 0)")
-    copy_steps: int = _flag("pretrain", 250, "the steps at --copy_weight; later steps use --copy_weight_after "
-                                             "(>= 0)")
-    copy_weight_after: float = _flag("pretrain", 0.1, "the copy loss's weight after --copy_steps steps (>= 0; 0: "
-                                                      "the rows stop and the copying they taught fades)")
+    # Copy rows beside pretraining or SFT (dataset/copy_rows.py, trainer/objectives.py).
+    copy_rows: int = _flag(COPY_GROUPS, 0, "copy rows added to each micro-batch (0: none): sequences of 128 tokens, "
+                                           "half random, half the batch's own text, with a span repeated and the "
+                                           "loss on the repeat only")
+    copy_weight: float = _flag(COPY_GROUPS, 1.0, "the weight of the copy rows' mean loss beside the "
+                                                 "language-modeling loss for the first --copy_steps steps (>= 0)")
+    copy_steps: int = _flag(COPY_GROUPS, 250, "the steps at --copy_weight; later steps use --copy_weight_after "
+                                              "(>= 0)")
+    copy_weight_after: float = _flag(COPY_GROUPS, 0.1, "the copy loss's weight after --copy_steps steps (>= 0; 0: "
+                                                       "the rows stop and the copying they taught fades)")
     # The embedded SFT set (dataset/corpus.py).
     sft_data: str = _flag("sft", "default", f"{_choices(SFT_DATA)}: the embedded SFT set used without --data_path: "
                                             "the corpus's conversations, or the same plus 20,000 tool-use "
@@ -388,7 +396,7 @@ def _section_heading(key: str, task: str) -> tuple[str, str | None]:
         return f"{title} (default: the preset's value)", None
     *others, last = [f"--{name}" for name in RUNTIME_MODEL_FIELDS]
     return (f"{title} (default: the starting model's value)",
-            f"fine-tuning may change only {', '.join(others)} and {last}")
+            f"fine-tuning may change only {', '.join(others)} and {last}, and add smeared keys (--smeared_keys true)")
 
 
 def _build_parser(task: str) -> argparse.ArgumentParser:

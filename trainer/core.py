@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from dataset.atomic_io import atomic_write_text
 from dataset.tokenization import check_same_tokenizer
+from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, uses_lora
 from trainer.budget import PACE_WINDOW, TimeBudget
@@ -109,10 +110,18 @@ def _build_model(args: TrainArgs, tokenizer) -> MiniNormForCausalLM:
         return MiniNormForCausalLM(config)
     source = _starting_weights(args)
     check_same_tokenizer(tokenizer, source, "--from_weight")
-    fixed = sorted(set(args.model) - set(RUNTIME_MODEL_FIELDS))
+    fixed = sorted(set(args.model) - set(RUNTIME_MODEL_FIELDS) - {"smeared_keys"})
     if fixed:
         raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "
-                         f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set")
+                         f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set, and --smeared_keys true "
+                         f"added")
+    if "smeared_keys" in args.model:
+        had = bool(MiniNormConfig.from_pretrained(source).smeared_keys)
+        if had and not args.model["smeared_keys"]:
+            raise ValueError(f"--smeared_keys false: {source} was trained with smeared keys; fine-tuning keeps them "
+                             f"(leave the flag unset)")
+    # A model given smeared keys here starts them at logit 0 (_init_weights: each key half its own, half the
+    # previous position's), as a fresh model does.
     return MiniNormForCausalLM.from_pretrained(source, **args.model)
 
 
@@ -271,7 +280,7 @@ class Trainer:
         if self.args.task in ROLLOUT_TASKS:
             return self._rollout_objective()
         moe = self.base_model.config.is_moe
-        if self.args.task == "pretrain" and self.args.copy_rows:
+        if self.args.task in ("pretrain", "sft") and self.args.copy_rows:
             settings = CopySettings(self.args.copy_rows, self.args.copy_weight, self.args.copy_steps,
                                     self.args.copy_weight_after)
             vocab = range(max(self.tokenizer.all_special_ids) + 1, self.base_model.config.vocab_size)

@@ -1,6 +1,7 @@
 """Pretraining with copy rows (--copy_rows, trainer/objectives.py) end to end: it logs the copy loss beside the loss,
 a resumed run reproduces the uninterrupted one bit for bit (the rows and the weight schedule are functions of the
-step), and two processes take the steps of one process with two micro-batches (the rows follow the global batch)."""
+step), and two processes take the steps of one process with two micro-batches (the rows follow the global batch).
+SFT takes the same rows, and may give a model trained without smeared keys its smeared keys."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from model.model import MiniNormForCausalLM
 from tests.training_runs import (assert_same_logged_metrics, assert_same_model, launch_two_processes,
-                                 pretrain_argv, run_in_process, train_losses)
+                                 pretrain_argv, run_in_process, sft_argv, train_losses)
 from trainer.run_dir import read_metrics
 
 # The weight drops from 1.0 to 0.5 after step 4, so a run resumed at step 3 crosses the switch.
@@ -52,3 +54,35 @@ def test_two_processes_with_copy_rows_train_like_one_process(copying, train_data
     assert run.returncode == 0, run.stderr[-4000:]
     assert_same_logged_metrics(out_dir, copying)
     assert_same_model(out_dir, copying)
+
+
+def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(reference_run, train_data, tmp_path):
+    """The plain reference model fine-tuned with --smeared_keys true --copy_rows: it starts as the pretrained model
+    with each key half its own, half the previous position's (logit 0, as a fresh model), logs the copy loss, and
+    saves a model with smeared keys; a model that has them cannot lose them, and no other shape field changes."""
+    argv = sft_argv(train_data, reference_run, tmp_path / "sft", "--smeared_keys", "true", "--copy_rows", "2",
+                    "--copy_steps", "3", "--batch_size", "4")
+    run_in_process("sft", argv)
+    train = read_metrics(tmp_path / "sft", "train")
+    assert train and all(record["copy_loss"] > 0 for record in train)
+    tuned = MiniNormForCausalLM.from_pretrained(tmp_path / "sft")
+    assert tuned.config.smeared_keys
+    smear = [p for name, p in tuned.named_parameters() if name.endswith("key_smear")]
+    assert len(smear) == tuned.config.num_hidden_layers and any(p.abs().max() > 0 for p in smear)  # trained
+
+    from trainer.args import parse_args
+    from trainer.core import _build_model, _load_tokenizer
+    args = parse_args("sft", argv)
+    start = _build_model(args, _load_tokenizer(args))
+    plain = load_file(reference_run / "model.safetensors")
+    weights = start.state_dict()
+    assert all(torch.equal(weights[name], tensor) for name, tensor in plain.items() if name in weights)
+    added = {name for name in set(weights) - set(plain) if name != "lm_head.weight"}  # the head is the tied embedding
+    assert added == {f"model.layers.{i}.self_attn.key_smear" for i in range(start.config.num_hidden_layers)}
+    assert all(torch.equal(p, torch.zeros_like(p)) for name, p in start.named_parameters()
+               if name.endswith("key_smear"))
+
+    with pytest.raises(ValueError, match="--smeared_keys false: .* was trained with smeared keys"):
+        run_in_process("sft", sft_argv(train_data, tmp_path / "sft", tmp_path / "back", "--smeared_keys", "false"))
+    with pytest.raises(ValueError, match="--qk_norm cannot change when fine-tuning"):
+        run_in_process("sft", sft_argv(train_data, reference_run, tmp_path / "qk", "--qk_norm", "true"))

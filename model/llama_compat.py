@@ -37,6 +37,9 @@ class AtLeast:
     minimum: int
 
 
+# Where a model's smeared keys came from, and how to train one that exports.
+SMEARED_KEYS_HINT = ("; the default SFT adds smeared keys (the chat model that uses its tools): train_full_sft.py "
+                     "--smeared_keys false --copy_rows 0 keeps a model exportable")
 # What each architecture needs of the switches that change the computation: (field, required value or
 # AtLeast(minimum), why the target needs it). The refusal names the first switch that differs, then why.
 _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
@@ -47,8 +50,8 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
         ("qk_norm", False, "LLaMA has no norm on queries and keys; --target qwen3 exports per-head QK-norm"),
         ("norm_affine", True, "LLaMA's RMSNorm has a learned gain"),
         ("norm_depth_scaling", False, "LLaMA does not scale its norms' outputs by depth"),
-        ("smeared_keys", False, "LLaMA's attention keys are each position's own: it cannot mix in the "
-                                "previous position's"),
+        ("smeared_keys", False, f"LLaMA's attention keys are each position's own: it cannot mix in the "
+                                f"previous position's{SMEARED_KEYS_HINT}"),
     ),
     "qwen3": (
         ("num_experts", 0, "Qwen3's MLP is dense; --target qwen3_moe exports a mixture of experts"),
@@ -58,8 +61,8 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
         ("qk_norm_scope", QKNormScope.HEAD.value, "Qwen3's QK-norm is one RMSNorm over each head's head_dim"),
         ("norm_affine", True, "Qwen3's RMSNorm has a learned gain"),
         ("norm_depth_scaling", False, "Qwen3 does not scale its norms' outputs by depth"),
-        ("smeared_keys", False, "Qwen3's attention keys are each position's own: it cannot mix in the "
-                                "previous position's"),
+        ("smeared_keys", False, f"Qwen3's attention keys are each position's own: it cannot mix in the "
+                                f"previous position's{SMEARED_KEYS_HINT}"),
     ),
     # Every MiniNorm MoE block is sparse: Qwen3-MoE's decoder_sparse_step=1 with no mlp_only_layers says so, and
     # it has no other shape switch MiniNorm lacks. The router z-loss is a training loss only; it is not exported.
@@ -71,8 +74,8 @@ _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {
         ("qk_norm_scope", QKNormScope.HEAD.value, "Qwen3-MoE's QK-norm is one RMSNorm over each head's head_dim"),
         ("norm_affine", True, "Qwen3-MoE's RMSNorm has a learned gain"),
         ("norm_depth_scaling", False, "Qwen3-MoE does not scale its norms' outputs by depth"),
-        ("smeared_keys", False, "Qwen3-MoE's attention keys are each position's own: it cannot mix in the "
-                                "previous position's"),
+        ("smeared_keys", False, f"Qwen3-MoE's attention keys are each position's own: it cannot mix in the "
+                                f"previous position's{SMEARED_KEYS_HINT}"),
     ),
 }
 # The architectures' display names, for messages.

@@ -1,7 +1,7 @@
 """Export a Llama-compatible MiniNorm model as one GGUF file, for llama.cpp, Ollama, LM Studio and the like.
 
-    python scripts/convert_to_gguf.py --model_path out/sft                       # -> out/sft-f16.gguf
-    python scripts/convert_to_gguf.py --model_path out/sft --outtype q8_0 --outfile out/sft.gguf
+    python scripts/convert_to_gguf.py --model_path out/sft_plain                 # -> out/sft_plain-f16.gguf
+    python scripts/convert_to_gguf.py --model_path out/sft_plain --outtype q8_0 --outfile out/sft.gguf
 
 The input is a MiniNorm model directory with norm_type='rmsnorm', norm_placement='pre', norm_affine=True and
 norm_depth_scaling=False (any other config gets the Llama export's one-line refusal), or a Llama directory written

@@ -136,7 +136,7 @@ def sft_argv(data_dir: Path, pretrained: Path, out_dir: Path, *extra: str) -> li
     return ["--data_path", str(data_dir / "sft.jsonl"), "--from_weight", str(pretrained), "--out_dir", str(out_dir),
             "--max_steps", str(SFT_STEPS), "--save_interval", "100", "--max_seq_len", "64", "--dtype", "float32",
             "--norm_impl", "eager", "--eval_interval", "3", "--eval_batches", "0", "--learning_rate", "3e-3",
-            "--compile", "off", *extra]
+            "--compile", "off", "--smeared_keys", "false", "--copy_rows", "0", *extra]
 
 
 def finetune_argv(task: str, data_dir: Path, start: Path, out_dir: Path, *extra: str) -> list[str]:

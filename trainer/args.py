@@ -28,7 +28,7 @@ from trainer.threads import THREADS_AUTO, THREADS_HELP, parse_threads
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
 DISTILL_DATA = ("sft", "pretrain")  # the tasks whose data a distillation run reads
-SFT_DATA = ("default", "tools")  # the embedded SFT sets (dataset/corpus.py): the conversations, and with tool use
+SFT_DATA = ("tools", "chat")  # the embedded SFT sets (dataset/corpus.py): with the tool-use dialogues, and without
 DEFAULT_REWARD = "math_answer"      # GRPO's and PPO's reward without --reward (trainer/rewards.py)
 ROLLOUT_GROUPS = {"grpo": "grpo", "ppo": "ppo"}  # the --help section of a flag GRPO and PPO share
 LORA_GROUPS = {"lora": "lora", **ROLLOUT_GROUPS}  # the adapter flags: LoRA's section, or GRPO's/PPO's (--lora)
@@ -86,14 +86,18 @@ MODEL_FIELDS: dict[str, ModelFlag] = {
     "router_aux_loss_coef": ModelFlag(float, None, "MoE: weight of the load-balancing loss added to the loss (>= 0)"),
     "router_z_loss_coef": ModelFlag(float, None, "MoE: weight of the router z-loss added to the loss (>= 0)"),
 }
-# Per-task defaults where they differ from TrainArgs', sized so each default run takes under 10 minutes on
-# 2 CPU cores (see README).
+# Per-task defaults where they differ from TrainArgs', sized so each default run but SFT's takes under 10 minutes
+# on 2 CPU cores (see README); SFT's makes the chat model that uses its tools, about 50 minutes.
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     # The recipe found by scripts/sweep_configs/recipe_cpu.yaml and checked at equal time (docs/recipe.md): Muon on
     # the 2-layer, 320-wide shape, small batches, a short warmup.
     "pretrain": {"max_steps": 400, "warmup_steps": 10, "optimizer": "muon", "learning_rate": 0.01, "muon_lr": 0.0375,
                  "batch_size": 8, "preset": "cpu-wide"},
-    "sft": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
+    # The chat model that uses its tools (docs/tools.md): the tool dialogues (--sft_data tools) are longer than 256
+    # tokens, copying from the context forms only with smeared keys and copy rows (after ~600 steps here), and
+    # choosing what to copy takes the rest of the 2,400 steps.
+    "sft": {"max_steps": 2400, "learning_rate": 2e-3, "warmup_steps": 20, "max_seq_len": 384, "copy_rows": 8,
+            "copy_steps": 1200},
     "lora": {"max_steps": 120, "learning_rate": 2e-3, "warmup_steps": 10, "weight_decay": 0.0},
     "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0},
     "distill": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
@@ -125,6 +129,9 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
             "lam", "ppo_epochs")
            + POLICY_LORA_FLAGS,
 }
+# Model fields a fine-tuning task sets unless its command line does: SFT gives the model smeared keys, so that copy
+# rows teach it to copy (docs/tools.md; `--smeared_keys false` keeps a plain model plain, and exportable).
+TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"sft": {"smeared_keys": True}}
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
 
@@ -293,11 +300,11 @@ class TrainArgs:
     copy_weight_after: float = _flag(COPY_GROUPS, 0.1, "the copy loss's weight after --copy_steps steps (>= 0; 0: "
                                                        "the rows stop and the copying they taught fades)")
     # The embedded SFT set (dataset/corpus.py).
-    sft_data: str = _flag("sft", "default", f"{_choices(SFT_DATA)}: the embedded SFT set used without --data_path: "
-                                            "the corpus's conversations, or the same plus 20,000 tool-use "
-                                            "dialogues (wiki lookups, calculations, unit conversions) and "
-                                            "3,000 chit-chats with the tools offered and none called "
-                                            "(docs/tools.md)")
+    sft_data: str | None = _flag("sft", None, f"{_choices(SFT_DATA)}: the embedded SFT set used without "
+                                              "--data_path: the corpus's conversations plus 20,000 tool-use "
+                                              "dialogues (wiki lookups, calculations, unit conversions) and 3,000 "
+                                              "chit-chats with the tools offered and none called (docs/tools.md), "
+                                              "or the conversations alone (default: tools)")
     # Distillation (trainer/train_distillation.py).
     teacher: str | None = _flag("distill", None, "the teacher's model directory, which must use the student's "
                                                  f"tokenizer and may be larger (default: "
@@ -395,8 +402,11 @@ def _section_heading(key: str, task: str) -> tuple[str, str | None]:
     if task == "pretrain":
         return f"{title} (default: the preset's value)", None
     *others, last = [f"--{name}" for name in RUNTIME_MODEL_FIELDS]
+    sft_adds = TASK_MODEL_DEFAULTS.get(task, {}).get("smeared_keys")
+    added = "; SFT adds them unless --smeared_keys false" if sft_adds else ""
     return (f"{title} (default: the starting model's value)",
-            f"fine-tuning may change only {', '.join(others)} and {last}, and add smeared keys (--smeared_keys true)")
+            f"fine-tuning may change only {', '.join(others)} and {last}, and add smeared keys (--smeared_keys "
+            f"true{added})")
 
 
 def _build_parser(task: str) -> argparse.ArgumentParser:
@@ -497,10 +507,10 @@ def _validate(args: TrainArgs) -> None:
     for name in ("copy_weight", "copy_weight_after"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
             raise bad(name, getattr(args, name), "it must be a number >= 0")
-    if args.sft_data not in SFT_DATA:
+    if args.sft_data is not None and args.sft_data not in SFT_DATA:
         raise bad("sft_data", args.sft_data, f"choose one of {', '.join(SFT_DATA)}")
-    if args.sft_data != "default" and args.data_path is not None:
-        raise bad("sft_data", args.sft_data, "leave it at default with --data_path (the file is the data)")
+    if args.sft_data is not None and args.data_path is not None:
+        raise bad("sft_data", args.sft_data, "leave it unset with --data_path (the file is the data)")
     if not 0 <= args.muon_momentum < 1:
         raise bad("muon_momentum", args.muon_momentum, "it must be in [0, 1)")
     if not 0 < args.decay_fraction <= 1:
@@ -620,7 +630,7 @@ def parse_args(task: str, argv: Sequence[str] | None = None) -> TrainArgs:
             parser.error(str(error))
     namespace = vars(parser.parse_args(argv))
     namespace.pop("config")
-    model = _model_overrides(namespace)
+    model = {**TASK_MODEL_DEFAULTS.get(task, {}), **_model_overrides(namespace)}
     for name in MODEL_FIELDS:
         namespace.pop(name)
     args = TrainArgs(task=task, model=model, **namespace)

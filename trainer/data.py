@@ -80,9 +80,10 @@ def dataset_class(task: str) -> type[Dataset]:
     return SFTDataset
 
 
-def default_data(task: str, quiet: bool = False, sft_data: str = "default") -> tuple[Path, Path]:
+def default_data(task: str, quiet: bool = False, sft_data: str | None = None) -> tuple[Path, Path]:
     """(train, val) files of a task's embedded default data, built on first use: the default corpus for
-    pretraining and SFT (`sft_data` "tools": its SFT files with the tool-use dialogues), the LoRA and DPO sets
+    pretraining and SFT (`sft_data` "chat": its SFT files of conversations; "tools" or None: the same with the
+    tool-use dialogues), the LoRA and DPO sets
     derived from it, and (GRPO, PPO) the arithmetic word problems with their held-out problems
     (dataset/post_training_data.py)."""
     if task in ("pretrain", "sft"):
@@ -90,7 +91,7 @@ def default_data(task: str, quiet: bool = False, sft_data: str = "default") -> t
         paths = ensure_default_corpus(quiet=quiet)
         if task == "pretrain":
             return paths.pretrain_train, paths.pretrain_val
-        return (paths.sft_tools_train, paths.sft_tools_val) if sft_data == "tools" else (paths.sft_train, paths.sft_val)
+        return (paths.sft_train, paths.sft_val) if sft_data == "chat" else (paths.sft_tools_train, paths.sft_tools_val)
     from dataset.post_training_data import ensure_post_training_data
     derived = ensure_post_training_data()
     if task in ROLLOUT_TASKS:
@@ -123,7 +124,8 @@ def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
                             skip_bad_lines=args.skip_bad_lines, **prompts)
 
     if args.data_path is None:
-        train_path, val_path = default_data(data_task(args), quiet, args.sft_data)
+        # Distillation's SFT data stays the conversations: its student is the plain pretrained model.
+        train_path, val_path = default_data(data_task(args), quiet, args.sft_data if args.task == "sft" else "chat")
         if args.val_data_path is not None:
             val_path = resolve_path(args.val_data_path)
     else:

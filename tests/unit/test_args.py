@@ -81,7 +81,11 @@ def test_task_only_flags_show_only_for_their_task(task):
     ("pretrain", "preset", "cpu-wide"),
     ("pretrain", "max_steps", "400"),
     ("sft", "optimizer", "adamw"),
-    ("sft", "learning_rate", "0.0005"),
+    ("sft", "learning_rate", "0.002"),
+    ("sft", "max_steps", "2400"),
+    ("sft", "max_seq_len", "384"),
+    ("sft", "copy_rows", "8"),
+    ("sft", "copy_steps", "1200"),
     ("sft", "preset", "cpu-default"),
     ("lora", "weight_decay", "0.0"),
     ("lora", "lora_rank", "8"),
@@ -169,9 +173,9 @@ def test_bad_grpo_flags_are_one_line(flags, message, capsys):
     ("ppo", ["--gamma", "1.5"], "--gamma=1.5 is not allowed; it must be in [0, 1]"),
     ("ppo", ["--vf_coef", "0"], "--vf_coef=0.0 is not allowed; it must be a positive number"),
     ("ppo", ["--epsilon", "-0.2"], "--epsilon=-0.2 is not allowed; it must be a positive number"),
-    ("sft", ["--sft_data", "tool"], "--sft_data='tool' is not allowed; choose one of default, tools"),
+    ("sft", ["--sft_data", "tool"], "--sft_data='tool' is not allowed; choose one of tools, chat"),
     ("sft", ["--sft_data", "tools", "--data_path", "my.jsonl"],
-     "--sft_data='tools' is not allowed; leave it at default with --data_path (the file is the data)"),
+     "--sft_data='tools' is not allowed; leave it unset with --data_path (the file is the data)"),
 ])
 def test_bad_task_flags_are_one_line(task, flags, message, capsys):
     from trainer.args import parse_args
@@ -179,3 +183,13 @@ def test_bad_task_flags_are_one_line(task, flags, message, capsys):
     with pytest.raises(SystemExit):
         parse_args(task, flags)
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+
+
+def test_sft_gives_the_model_smeared_keys_unless_told_not_to():
+    """SFT's default adds smeared keys (its copy rows need them); --smeared_keys false keeps a plain model plain;
+    the other fine-tuning tasks set no model field by default."""
+    from trainer.args import parse_args
+
+    assert parse_args("sft", []).model == {"smeared_keys": True}
+    assert parse_args("sft", ["--smeared_keys", "false"]).model == {"smeared_keys": False}
+    assert all(parse_args(task, []).model == {} for task in ("lora", "dpo", "distill", "grpo", "ppo"))

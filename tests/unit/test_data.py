@@ -387,12 +387,13 @@ def test_default_corpus_tool_files(default_corpus, monkeypatch):
     assert len(titles["val"]) == TOOL_DIALOGUES_VAL[0] and not titles["val"] & titles["train"]
     assert not openings["val"] & openings["train"]
     monkeypatch.setattr("dataset.corpus.DEFAULT_CACHE_DIR", default_corpus.sft_train.parent)
-    assert default_data("sft", True, "tools") == (default_corpus.sft_tools_train, default_corpus.sft_tools_val)
-    assert default_data("sft", True) == (default_corpus.sft_train, default_corpus.sft_val)
+    assert default_data("sft", True) == (default_corpus.sft_tools_train, default_corpus.sft_tools_val)
+    assert default_data("sft", True, "chat") == (default_corpus.sft_train, default_corpus.sft_val)
 
 
 def test_sft_data_flag_picks_the_embedded_set(default_corpus, monkeypatch):
-    """An SFT run without --data_path reads sft_{train,val}, or sft_tools_{train,val} with --sft_data tools."""
+    """An SFT run without --data_path reads sft_tools_{train,val} (--sft_data tools, the default), or sft_{train,val}
+    with --sft_data chat; a distillation's SFT data is the conversations."""
     import trainer.data
     from trainer.args import parse_args
 
@@ -403,9 +404,11 @@ def test_sft_data_flag_picks_the_embedded_set(default_corpus, monkeypatch):
 
     monkeypatch.setattr("dataset.corpus.DEFAULT_CACHE_DIR", default_corpus.sft_train.parent)
     monkeypatch.setattr(trainer.data, "dataset_class", lambda task: Recorded)
-    for flags, expected in (([], ("sft_train", "sft_val")),
-                            (["--sft_data", "tools"], ("sft_tools_train", "sft_tools_val"))):
-        data = trainer.data.build_run_data(parse_args("sft", flags), tokenizer=None, quiet=True)
+    for task, flags, expected in (("sft", [], ("sft_tools_train", "sft_tools_val")),
+                                  ("sft", ["--sft_data", "tools"], ("sft_tools_train", "sft_tools_val")),
+                                  ("sft", ["--sft_data", "chat"], ("sft_train", "sft_val")),
+                                  ("distill", [], ("sft_train", "sft_val"))):
+        data = trainer.data.build_run_data(parse_args(task, flags), tokenizer=None, quiet=True)
         assert (data.train.path, data.val.path) == tuple(getattr(default_corpus, name) for name in expected)
 
 

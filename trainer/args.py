@@ -87,7 +87,7 @@ MODEL_FIELDS: dict[str, ModelFlag] = {
     "router_z_loss_coef": ModelFlag(float, None, "MoE: weight of the router z-loss added to the loss (>= 0)"),
 }
 # Per-task defaults where they differ from TrainArgs', sized so each default run but SFT's takes under 10 minutes
-# on 2 CPU cores (see README); SFT's makes the chat model that uses its tools, about 50 minutes.
+# on 2 CPU cores (see README); SFT's makes the chat model that uses its tools, about an hour.
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     # The recipe found by scripts/sweep_configs/recipe_cpu.yaml and checked at equal time (docs/recipe.md): Muon on
     # the 2-layer, 320-wide shape, small batches, a short warmup.

@@ -86,3 +86,18 @@ def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(referenc
         run_in_process("sft", sft_argv(train_data, tmp_path / "sft", tmp_path / "back", "--smeared_keys", "false"))
     with pytest.raises(ValueError, match="--qk_norm cannot change when fine-tuning"):
         run_in_process("sft", sft_argv(train_data, reference_run, tmp_path / "qk", "--qk_norm", "true"))
+
+
+def test_an_sft_that_adds_smeared_keys_resumes_bit_for_bit(reference_run, train_data, tmp_path):
+    """The default SFT's shape (smeared keys added, copy rows, the weight switching mid-run) on the tiny model: a
+    run resumed from its step-3 checkpoint ends with the uninterrupted run's losses and weights."""
+    flags = ("--smeared_keys", "true", "--copy_rows", "2", "--copy_steps", "4", "--copy_weight_after", "0.5",
+             "--batch_size", "4", "--save_interval", "3")
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run_in_process("sft", sft_argv(train_data, reference_run, whole, *flags))
+    run_in_process("sft", sft_argv(train_data, reference_run, resumed, *flags, "--resume",
+                                   str(whole / "checkpoints" / "step_00000003")))
+    assert train_losses(resumed) == [loss for record, loss in zip(read_metrics(whole, "train"), train_losses(whole))
+                                     if record["step"] > 3]
+    ours, theirs = load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")
+    assert set(ours) == set(theirs) and all(torch.equal(ours[name], tensor) for name, tensor in theirs.items())

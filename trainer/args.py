@@ -134,6 +134,9 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
 TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"sft": {"smeared_keys": True}}
 # What a fine-tuning run may change on a pretrained model without changing its weights' meaning.
 RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
+# Switches a fine-tuning task may turn on in a model that lacks them (off -> on only): they add weights, so only a
+# task that trains every weight may (LoRA would leave a new smear frozen at half and half).
+ADDABLE_MODEL_FIELDS: dict[str, tuple[str, ...]] = {"sft": ("smeared_keys",)}
 
 # The --help sections, in the order --help lists them: key (a flag's "group") -> (title, description). The model
 # config fields (MODEL_FIELDS) are the MODEL_CONFIG_GROUP section, whose title depends on the task.
@@ -402,11 +405,11 @@ def _section_heading(key: str, task: str) -> tuple[str, str | None]:
     if task == "pretrain":
         return f"{title} (default: the preset's value)", None
     *others, last = [f"--{name}" for name in RUNTIME_MODEL_FIELDS]
-    sft_adds = TASK_MODEL_DEFAULTS.get(task, {}).get("smeared_keys")
-    added = "; SFT adds them unless --smeared_keys false" if sft_adds else ""
-    return (f"{title} (default: the starting model's value)",
-            f"fine-tuning may change only {', '.join(others)} and {last}, and add smeared keys (--smeared_keys "
-            f"true{added})")
+    allowed = f"fine-tuning may change only {', '.join(others)} and {last}"
+    for name in ADDABLE_MODEL_FIELDS.get(task, ()):
+        default = " (the default)" if TASK_MODEL_DEFAULTS.get(task, {}).get(name) else ""
+        allowed += f", and turn on --{name} in a model without it{default}"
+    return f"{title} (default: the starting model's value)", allowed
 
 
 def _build_parser(task: str) -> argparse.ArgumentParser:

@@ -35,7 +35,8 @@ from dataset.atomic_io import atomic_write_text
 from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
-from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config, uses_lora
+from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
+                          uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.checkpoint import (agree_on_start, check_resume_compatible, load_checkpoint, probe_storage,
                                 save_checkpoint, saved_position)
@@ -110,18 +111,19 @@ def _build_model(args: TrainArgs, tokenizer) -> MiniNormForCausalLM:
         return MiniNormForCausalLM(config)
     source = _starting_weights(args)
     check_same_tokenizer(tokenizer, source, "--from_weight")
-    fixed = sorted(set(args.model) - set(RUNTIME_MODEL_FIELDS) - {"smeared_keys"})
+    addable = ADDABLE_MODEL_FIELDS.get(args.task, ())
+    fixed = sorted(set(args.model) - set(RUNTIME_MODEL_FIELDS) - set(addable))
     if fixed:
+        turned_on = "".join(f", and --{name} true" for name in addable)
         raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "
-                         f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set, and --smeared_keys true "
-                         f"added")
-    if "smeared_keys" in args.model:
-        had = bool(MiniNormConfig.from_pretrained(source).smeared_keys)
-        if had and not args.model["smeared_keys"]:
-            raise ValueError(f"--smeared_keys false: {source} was trained with smeared keys; fine-tuning keeps them "
-                             f"(leave the flag unset)")
-    # A model given smeared keys here starts them at logit 0 (_init_weights: each key half its own, half the
-    # previous position's), as a fresh model does.
+                         f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set{turned_on}")
+    starting = MiniNormConfig.from_pretrained(source)
+    for name in addable:
+        if name in args.model and getattr(starting, name) and not args.model[name]:
+            raise ValueError(f"--{name} false: {source} was trained with it on; fine-tuning keeps it (leave the "
+                             f"flag unset)")
+    # A switch turned on here starts its new weights as a fresh model's do (smeared keys: logit 0, each key half its
+    # own, half the previous position's).
     return MiniNormForCausalLM.from_pretrained(source, **args.model)
 
 

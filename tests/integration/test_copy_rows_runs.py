@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from model.model import MiniNormForCausalLM
-from tests.training_runs import (assert_same_logged_metrics, assert_same_model, launch_two_processes,
+from tests.training_runs import (assert_same_logged_metrics, assert_same_model, finetune_argv, launch_two_processes,
                                  pretrain_argv, run_in_process, sft_argv, train_losses)
 from trainer.run_dir import read_metrics
 
@@ -82,10 +82,14 @@ def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(referenc
     assert all(torch.equal(p, torch.zeros_like(p)) for name, p in start.named_parameters()
                if name.endswith("key_smear"))
 
-    with pytest.raises(ValueError, match="--smeared_keys false: .* was trained with smeared keys"):
+    with pytest.raises(ValueError, match="--smeared_keys false: .* was trained with it on"):
         run_in_process("sft", sft_argv(train_data, tmp_path / "sft", tmp_path / "back", "--smeared_keys", "false"))
     with pytest.raises(ValueError, match="--qk_norm cannot change when fine-tuning"):
         run_in_process("sft", sft_argv(train_data, reference_run, tmp_path / "qk", "--qk_norm", "true"))
+    # LoRA trains adapters only: a smear it added would stay frozen at half and half.
+    with pytest.raises(ValueError, match="--smeared_keys cannot change when fine-tuning"):
+        run_in_process("lora", finetune_argv("lora", train_data, reference_run, tmp_path / "lora",
+                                             "--smeared_keys", "true"))
 
 
 def test_an_sft_that_adds_smeared_keys_resumes_bit_for_bit(reference_run, train_data, tmp_path):

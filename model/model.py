@@ -382,8 +382,10 @@ class MiniNormModel(MiniNormPreTrainedModel):
             past_key_values = DynamicCache(config=self.config)
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         kv_len = past_len + q_len
-        if attention_mask is not None and bool(attention_mask.all()):
-            attention_mask = None  # no padding: take SDPA's causal fast path
+        # No padding: take SDPA's causal fast path. Asking needs the mask's values, which a compiled graph cannot
+        # branch on (a graph break); compiled, the mask is applied as it is, with the same result.
+        if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
+            attention_mask = None
         if position_ids is None:
             if attention_mask is not None:
                 # Left padding shifts the positions: count only real tokens.

@@ -30,6 +30,7 @@ import torch
 import yaml
 from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
+from transformers.utils import logging as hf_logging
 
 from dataset.atomic_io import atomic_write_text
 from dataset.tokenization import check_same_tokenizer
@@ -103,12 +104,13 @@ def _starting_weights(args: TrainArgs) -> Path:
     return source
 
 
-def _build_model(args: TrainArgs, tokenizer) -> MiniNormForCausalLM:
-    """A fresh model (pretraining) or the starting weights (every fine-tuning run), before any wrapping."""
+def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[str]]:
+    """(a fresh model (pretraining) or the starting weights (every fine-tuning run), before any wrapping; the model
+    switches this run turns on, whose new weights the starting checkpoint lacks)."""
     if args.task == "pretrain":
         config = build_model_config(args, vocab_size=len(tokenizer))
         config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-        return MiniNormForCausalLM(config)
+        return MiniNormForCausalLM(config), []
     source = _starting_weights(args)
     check_same_tokenizer(tokenizer, source, "--from_weight")
     addable = ADDABLE_MODEL_FIELDS.get(args.task, ())
@@ -122,9 +124,25 @@ def _build_model(args: TrainArgs, tokenizer) -> MiniNormForCausalLM:
         if name in args.model and getattr(starting, name) and not args.model[name]:
             raise ValueError(f"--{name} false: {source} was trained with it on; fine-tuning keeps it (leave the "
                              f"flag unset)")
+    added = [name for name in addable if args.model.get(name) and not getattr(starting, name)]
+    if not added:
+        return MiniNormForCausalLM.from_pretrained(source, **args.model), []
     # A switch turned on here starts its new weights as a fresh model's do (smeared keys: logit 0, each key half its
-    # own, half the previous position's).
-    return MiniNormForCausalLM.from_pretrained(source, **args.model)
+    # own, half the previous position's). transformers would report them as missing from the checkpoint, which
+    # they are on purpose; any other missing weight is still an error.
+    with torch.device("meta"):
+        before = set(MiniNormForCausalLM(starting).state_dict())
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = MiniNormForCausalLM.from_pretrained(source, output_loading_info=True, **args.model)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    lacking = sorted(set(info["missing_keys"]) - (set(model.state_dict()) - before))
+    if lacking:
+        raise ValueError(f"--from_weight {source}: the checkpoint lacks {lacking[0]}"
+                         + (f" and {len(lacking) - 1} more weights" if len(lacking) > 1 else ""))
+    return model, added
 
 
 def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, Any]:
@@ -199,7 +217,7 @@ class Trainer:
         if self.resume_state is not None:
             check_resume_compatible(self.resume_from, self.resume_state, args, self.data_identity)
         set_seed(args.seed)  # the same initial weights whatever the data building consumed
-        base = _build_model(args, self.tokenizer)
+        base, self.added_switches = _build_model(args, self.tokenizer)
         if args.max_seq_len > base.config.max_position_embeddings:
             raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
                              f"{base.config.max_position_embeddings}")
@@ -584,6 +602,8 @@ class Trainer:
                  f"({self.trainable_params / self.num_params:.2%})",
                  f"{self.total_steps} optimizer steps ({self.steps_per_epoch} per epoch), global batch "
                  f"{self.global_batch} x {self.args.max_seq_len} tokens"]
+        lines += [f"--{name} true: added to the starting weights (their new weights start as a fresh model's)"
+                  for name in self.added_switches]
         if update_inside_backward(self.accelerator):
             lines.append("note: DeepSpeed applies each update inside backward, before the trainer sees the gradient: "
                          "a non-finite loss still stops the run before its update, but a non-finite gradient under a "

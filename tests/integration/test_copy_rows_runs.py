@@ -5,9 +5,12 @@ SFT takes the same rows, and may give a model trained without smeared keys its s
 
 from __future__ import annotations
 
+import logging
+import shutil
+
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from model.model import MiniNormForCausalLM
 from tests.training_runs import (assert_same_logged_metrics, assert_same_model, finetune_argv, launch_two_processes,
@@ -17,6 +20,17 @@ from trainer.run_dir import read_metrics
 # The weight drops from 1.0 to 0.5 after step 4, so a run resumed at step 3 crosses the switch.
 COPY = ("--copy_rows", "2", "--copy_steps", "4", "--copy_weight", "1.0", "--copy_weight_after", "0.5",
         "--smeared_keys", "true", "--batch_size", "4")
+
+
+class _Collect(logging.Handler):
+    """The log records' texts (transformers' loggers do not propagate to the root logger pytest watches)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.texts.append(record.getMessage())
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +73,8 @@ def test_two_processes_with_copy_rows_train_like_one_process(copying, train_data
 def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(reference_run, train_data, tmp_path):
     """The plain reference model fine-tuned with --smeared_keys true --copy_rows: it starts as the pretrained model
     with each key half its own, half the previous position's (logit 0, as a fresh model), logs the copy loss, and
-    saves a model with smeared keys; a model that has them cannot lose them, and no other shape field changes."""
+    saves a model with smeared keys; a model that has them cannot lose them, and no other shape field changes. The
+    new weights are announced as added, not reported as missing; a checkpoint missing any other weight is refused."""
     argv = sft_argv(train_data, reference_run, tmp_path / "sft", "--smeared_keys", "true", "--copy_rows", "2",
                     "--copy_steps", "3", "--batch_size", "4")
     run_in_process("sft", argv)
@@ -73,7 +88,14 @@ def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(referenc
     from trainer.args import parse_args
     from trainer.core import _build_model, _load_tokenizer
     args = parse_args("sft", argv)
-    start = _build_model(args, _load_tokenizer(args))
+    reports = _Collect()
+    logging.getLogger("transformers").addHandler(reports)
+    try:
+        start, added_switches = _build_model(args, _load_tokenizer(args))
+    finally:
+        logging.getLogger("transformers").removeHandler(reports)
+    assert added_switches == ["smeared_keys"]
+    assert not [text for text in reports.texts if "MISSING" in text]  # transformers' load report: quiet about them
     plain = load_file(reference_run / "model.safetensors")
     weights = start.state_dict()
     assert all(torch.equal(weights[name], tensor) for name, tensor in plain.items() if name in weights)
@@ -81,6 +103,14 @@ def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(referenc
     assert added == {f"model.layers.{i}.self_attn.key_smear" for i in range(start.config.num_hidden_layers)}
     assert all(torch.equal(p, torch.zeros_like(p)) for name, p in start.named_parameters()
                if name.endswith("key_smear"))
+
+    broken = tmp_path / "broken"
+    shutil.copytree(reference_run, broken)
+    save_file({name: tensor for name, tensor in plain.items() if name != "model.norm.weight"},
+              broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"^--from_weight .*broken: the checkpoint lacks model\.norm\.weight$"):
+        _build_model(parse_args("sft", sft_argv(train_data, broken, tmp_path / "not_run", "--smeared_keys", "true")),
+                     _load_tokenizer(args))
 
     with pytest.raises(ValueError, match="--smeared_keys false: .* was trained with it on"):
         run_in_process("sft", sft_argv(train_data, tmp_path / "sft", tmp_path / "back", "--smeared_keys", "false"))

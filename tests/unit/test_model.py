@@ -189,6 +189,21 @@ def test_batch_equals_rows_with_padding(side: str) -> None:
             torch.testing.assert_close(batched[i, real], alone, atol=1e-5, rtol=1e-5, msg=f"row {i}")
 
 
+@pytest.mark.parametrize("side", ["left", "right", "none"])
+def test_padding_mask_compiles_without_graph_break(side: str) -> None:
+    """SFT's batches carry a padding mask, and --compile compiles the model whole: the mask must not break the graph
+    (fullgraph=True raises on a break), and the compiled logits are the eager ones, with and without padding."""
+    model = tiny_model(norm_type="prmsnorm", qk_norm=True)
+    rows = [random_ids(1, n, seed=n)[0] for n in ((7, 7) if side == "none" else (11, 5, 8))]
+    ids, mask = pad_batch(rows, "right" if side == "none" else side)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        real = mask.bool()
+        torch.testing.assert_close(compiled(ids, attention_mask=mask).logits[real],
+                                   model(ids, attention_mask=mask).logits[real], atol=1e-5, rtol=1e-5)
+
+
 def test_logits_to_keep() -> None:
     model = tiny_model()
     ids = random_ids(2, 9)

@@ -148,7 +148,7 @@ def test_fine_tuning_with_another_tokenizer_is_refused_in_one_line(tmp_path, tok
     from trainer.core import _build_model
 
     args = parse_args("sft", ["--from_weight", str(tiny_models.pretrain)])
-    assert _build_model(args, tokenizer).config.vocab_size == len(tokenizer)  # its own tokenizer: accepted
+    assert _build_model(args, tokenizer)[0].config.vocab_size == len(tokenizer)  # its own tokenizer: accepted
     old = tmp_path / "old"
     old.mkdir()
     for name in ("config.json", "model.safetensors"):

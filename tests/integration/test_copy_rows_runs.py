@@ -70,14 +70,17 @@ def test_two_processes_with_copy_rows_train_like_one_process(copying, train_data
     assert_same_model(out_dir, copying)
 
 
-def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(reference_run, train_data, tmp_path):
+def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(reference_run, train_data, tmp_path,
+                                                                        capsys):
     """The plain reference model fine-tuned with --smeared_keys true --copy_rows: it starts as the pretrained model
     with each key half its own, half the previous position's (logit 0, as a fresh model), logs the copy loss, and
     saves a model with smeared keys; a model that has them cannot lose them, and no other shape field changes. The
     new weights are announced as added, not reported as missing; a checkpoint missing any other weight is refused."""
     argv = sft_argv(train_data, reference_run, tmp_path / "sft", "--smeared_keys", "true", "--copy_rows", "2",
                     "--copy_steps", "3", "--batch_size", "4")
+    capsys.readouterr()
     run_in_process("sft", argv)
+    assert "--smeared_keys true: added to the starting weights" in capsys.readouterr().out
     train = read_metrics(tmp_path / "sft", "train")
     assert train and all(record["copy_loss"] > 0 for record in train)
     tuned = MiniNormForCausalLM.from_pretrained(tmp_path / "sft")

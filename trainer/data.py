@@ -83,9 +83,8 @@ def dataset_class(task: str) -> type[Dataset]:
 def default_data(task: str, quiet: bool = False, sft_data: str | None = None) -> tuple[Path, Path]:
     """(train, val) files of a task's embedded default data, built on first use: the default corpus for
     pretraining and SFT (`sft_data` "chat": its SFT files of conversations; "tools" or None: the same with the
-    tool-use dialogues), the LoRA and DPO sets
-    derived from it, and (GRPO, PPO) the arithmetic word problems with their held-out problems
-    (dataset/post_training_data.py)."""
+    tool-use dialogues), the LoRA and DPO sets derived from it, and (GRPO, PPO) the arithmetic word problems with
+    their held-out problems (dataset/post_training_data.py)."""
     if task in ("pretrain", "sft"):
         from dataset.corpus import ensure_default_corpus
         paths = ensure_default_corpus(quiet=quiet)

@@ -34,7 +34,7 @@ from dataset.sources import (Dialog, WikiArticle, conversation_text, dialog_wind
                              read_wikipedia)
 from dataset.splits import dialog_split_key, is_validation, wiki_split_key
 from dataset.tools import TOOLS, ResultBudget, is_tool_error, run_tool, tool_schemas
-from dataset.wiki_qa import question_for, split_sentences
+from dataset.wiki_qa import PERSON_QUESTIONS, question_for, split_sentences
 
 Split = Literal["train", "held_out"]
 SPLITS: tuple[Split, ...] = ("train", "held_out")
@@ -156,13 +156,15 @@ def first_sentence(result: str) -> str:
     return sentences[0] if sentences and sentences[0].endswith((".", "!", "?")) else ""
 
 
-def wiki_dialogue(article: WikiArticle, budget: ResultBudget | None = None, thinks: bool = False) -> dict | None:
-    """"What is X?" -> wiki(X) -> the summary -> its first sentence; None when the lookup does not come back whole
-    (an ambiguous title, a first sentence longer than the budget)."""
+def wiki_dialogue(article: WikiArticle, budget: ResultBudget | None = None, thinks: bool = False,
+                  variant: int = 0) -> dict | None:
+    """"What is X?" (the phrasing `variant` of dataset/wiki_qa.py's question_for) -> wiki(X) -> the summary -> its
+    first sentence; None when the lookup does not come back whole (an ambiguous title, a first sentence longer than
+    the budget)."""
     thinking = (f"The user asks about {article.title}. I will look it up.",
                 "The article's first sentence answers the question.") if thinks else None
-    return _dialogue(question_for(article), "wiki", {"title": article.title}, first_sentence, budget or ResultBudget(),
-                     thinking, may_fail=True)
+    return _dialogue(question_for(article, variant), "wiki", {"title": article.title}, first_sentence,
+                     budget or ResultBudget(), thinking, may_fail=True)
 
 
 def arithmetic_dialogue(problem: ArithmeticProblem, budget: ResultBudget | None = None,
@@ -204,12 +206,16 @@ def _distinct(split: Split, count: int, draw, make) -> list[dict]:
 
 
 def tool_dialogues(split: Split, seed: int, wiki_count: int, arithmetic_count: int, conversion_count: int = 0,
-                   articles: Sequence[WikiArticle] | None = None, budget: ResultBudget | None = None) -> list[dict]:
+                   articles: Sequence[WikiArticle] | None = None, budget: ResultBudget | None = None,
+                   questions_per_article: int = 1) -> list[dict]:
     """``wiki_count`` lookup dialogues, ``arithmetic_count`` calculator dialogues and ``conversion_count`` unit
-    dialogues of one split, shuffled; fewer lookups when the split has fewer usable articles. Deterministic in
-    (split, seed, counts, articles)."""
+    dialogues of one split, shuffled; fewer lookups when the split has fewer usable articles. Each article is asked
+    about in ``questions_per_article`` phrasings (at most 7: people have 7). Deterministic in (split, seed, counts,
+    articles, questions_per_article)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if not 1 <= questions_per_article <= len(PERSON_QUESTIONS):
+        raise ValueError(f"questions_per_article must be in 1..{len(PERSON_QUESTIONS)}, got {questions_per_article}")
     if min(wiki_count, arithmetic_count, conversion_count) < 0:
         raise ValueError(f"counts must be >= 0, got wiki_count={wiki_count}, arithmetic_count={arithmetic_count}, "
                          f"conversion_count={conversion_count}")
@@ -225,11 +231,12 @@ def tool_dialogues(split: Split, seed: int, wiki_count: int, arithmetic_count: i
     rng.shuffle(pool)
     dialogues: list[dict] = []
     for article in pool:
-        if len(dialogues) == wiki_count:
-            break
-        dialogue = wiki_dialogue(article, budget, thinks())
-        if dialogue is not None:
-            dialogues.append(dialogue)
+        for variant in range(questions_per_article):
+            if len(dialogues) == wiki_count:
+                break
+            dialogue = wiki_dialogue(article, budget, thinks(), variant)
+            if dialogue is not None:
+                dialogues.append(dialogue)
     dialogues += _distinct(split, arithmetic_count, lambda: arithmetic_problem(rng),
                            lambda problem: arithmetic_dialogue(problem, budget, thinks()))
     dialogues += _distinct(split, conversion_count, lambda: conversion(rng),

@@ -102,8 +102,10 @@ def _is_past(extract: str) -> bool:
     return was != -1 and (is_ == -1 or was < is_)
 
 
-def question_for(article: WikiArticle) -> str:
-    h = _hash(article.title, "question")
+def question_for(article: WikiArticle, variant: int = 0) -> str:
+    """The question about an article; another `variant` asks it in the next phrasing (distinct phrasings for
+    variants below the number of templates: 7 for people, 12 otherwise)."""
+    h = _hash(article.title, "question") + variant
     if article.topic == "People":
         be = "was" if _is_past(article.extract) else "is"
         template = PERSON_QUESTIONS[h % len(PERSON_QUESTIONS)]

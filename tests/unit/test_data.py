@@ -359,19 +359,21 @@ def test_default_corpus_tool_files(default_corpus, monkeypatch):
     """sft_tools_* = the SFT split plus its tool-use dialogues and small talk with the tools offered: validation holds
     eval/tool_eval.py's default questions, whose titles and conversations no training dialogue holds; the dialogues
     are mixed in, not appended."""
-    from dataset.corpus import SMALL_TALK_TRAIN, SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_TRAIN, \
-        TOOL_DIALOGUES_VAL
+    from dataset.corpus import LOOKUP_PHRASINGS_TRAIN, SMALL_TALK_TRAIN, SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, \
+        TOOL_DIALOGUES_TRAIN, TOOL_DIALOGUES_VAL
     from dataset.sources import conversation_text, normalized_text
     from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
     from trainer.data import default_data
 
     key = lambda row: json.dumps(row, sort_keys=True)  # noqa: E731
     titles, openings = {}, {}
-    for split, held_out, counts, talks in (("train", False, TOOL_DIALOGUES_TRAIN, SMALL_TALK_TRAIN),
-                                           ("val", True, TOOL_DIALOGUES_VAL, SMALL_TALK_VAL)):
+    for split, held_out, counts, talks, phrasings in (
+            ("train", False, TOOL_DIALOGUES_TRAIN, SMALL_TALK_TRAIN, LOOKUP_PHRASINGS_TRAIN),
+            ("val", True, TOOL_DIALOGUES_VAL, SMALL_TALK_VAL, 1)):
         rows = _lines(getattr(default_corpus, f"sft_tools_{split}"))
         plain = _lines(getattr(default_corpus, f"sft_{split}"))
-        dialogues = tool_dialogues("held_out" if held_out else "train", TOOL_DIALOGUES_SEED, *counts)
+        dialogues = tool_dialogues("held_out" if held_out else "train", TOOL_DIALOGUES_SEED, *counts,
+                                   questions_per_article=phrasings)
         small_talk = small_talk_dialogues("held_out" if held_out else "train", TOOL_DIALOGUES_SEED, talks)
         assert sorted(map(key, rows)) == sorted(map(key, plain + dialogues + small_talk)), split
         assert len(dialogues) > 0.99 * sum(counts) and len(small_talk) == talks

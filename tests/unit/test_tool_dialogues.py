@@ -105,6 +105,23 @@ def test_same_seed_same_dialogues_other_seed_other_dialogues(train):
     assert other != train and len(other) == len(train)
 
 
+def test_each_article_is_asked_in_distinct_phrasings():
+    """questions_per_article=2: every article's lookup twice, in two different questions that both hold the title and
+    call wiki with it; one phrasing gives the first of them."""
+    one = tool_dialogues("train", seed=0, wiki_count=60, arithmetic_count=0)
+    two = tool_dialogues("train", seed=0, wiki_count=120, arithmetic_count=0, questions_per_article=2)
+    questions: dict[str, list[str]] = {}
+    for dialogue in two:
+        _, arguments = call_of(dialogue)
+        questions.setdefault(arguments["title"], []).append(dialogue["conversations"][1]["content"])
+    assert len(two) == 120 and len(questions) == 60
+    for title, asked in questions.items():
+        assert len(asked) == 2 and len(set(asked)) == 2 and all(title in question for question in asked), asked
+    assert {d["conversations"][1]["content"] for d in one} < {q for asked in questions.values() for q in asked}
+    with pytest.raises(ValueError, match="questions_per_article"):
+        tool_dialogues("train", seed=0, wiki_count=1, arithmetic_count=0, questions_per_article=8)
+
+
 def test_held_out_entities_and_problems_never_appear_in_training(train, held_out, default_corpus, extracts):
     train_titles = {call_of(d)[1]["title"] for d in train if call_of(d)[0] == "wiki"}
     held_out_titles = {call_of(d)[1]["title"] for d in held_out if call_of(d)[0] == "wiki"}

@@ -44,16 +44,17 @@ from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
 from dataset.wiki_qa import conversations_for
 
 # Bump when the output of the builder changes, so existing caches get rebuilt.
-# 2: arithmetic word problems in the SFT files; 3: the sft_tools files; 4: their small talk; 5: two lookups per article
-BUILD_VERSION = 5
+# 2: arithmetic word problems in the SFT files; 3: the sft_tools files; 4: their small talk; 5: two lookups per
+# article; 6: one again (4's files)
+BUILD_VERSION = 6
 SHUFFLE_SEED = 1234
 # The tool-use dialogues of the sft_tools files, (lookups, calculations, unit conversions) asked for; fewer lookups
 # come out where an article yields no dialogue. Validation: eval/tool_eval.py's default questions.
-TOOL_DIALOGUES_TRAIN = (18000, 8000, 3000)
+TOOL_DIALOGUES_TRAIN = (9000, 8000, 3000)
 TOOL_DIALOGUES_VAL = (100, 100, 50)
-# Training asks about each article in two phrasings: finding where the title starts in a question is what a model
-# learns last and what some seeds miss at one phrasing (docs/tools.md, "The seed matters"); validation in one.
-LOOKUP_PHRASINGS_TRAIN = 2
+# Phrasings of each training article's lookup. Two (BUILD_VERSION 5) rescued the seed whose lookups failed at one but
+# cost the default seed 9 points of right calls (docs/tools.md, "The seed matters"): one until more seeds decide.
+LOOKUP_PHRASINGS_TRAIN = 1
 TOOL_DIALOGUES_SEED = 0
 # Chit-chat openings under the tools system turn, answered without a call (so "Hi!" gets no lookup); the same seed.
 # With them the tool data is 46% of the training rows: the mix docs/tools.md measured.

@@ -231,6 +231,8 @@ def tool_dialogues(split: Split, seed: int, wiki_count: int, arithmetic_count: i
     rng.shuffle(pool)
     dialogues: list[dict] = []
     for article in pool:
+        if len(dialogues) == wiki_count:
+            break
         for variant in range(questions_per_article):
             if len(dialogues) == wiki_count:
                 break

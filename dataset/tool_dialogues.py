@@ -230,15 +230,12 @@ def tool_dialogues(split: Split, seed: int, wiki_count: int, arithmetic_count: i
                    if is_held_out_article(a) == held_out), key=lambda a: a.title)
     rng.shuffle(pool)
     dialogues: list[dict] = []
-    for article in pool:
+    for article, variant in ((a, v) for a in pool for v in range(questions_per_article)):
         if len(dialogues) == wiki_count:
             break
-        for variant in range(questions_per_article):
-            if len(dialogues) == wiki_count:
-                break
-            dialogue = wiki_dialogue(article, budget, thinks(), variant)
-            if dialogue is not None:
-                dialogues.append(dialogue)
+        dialogue = wiki_dialogue(article, budget, thinks(), variant)
+        if dialogue is not None:
+            dialogues.append(dialogue)
     dialogues += _distinct(split, arithmetic_count, lambda: arithmetic_problem(rng),
                            lambda problem: arithmetic_dialogue(problem, budget, thinks()))
     dialogues += _distinct(split, conversion_count, lambda: conversion(rng),

@@ -443,7 +443,9 @@ class Trainer:
         step over all processes: the loss's divisor and the step's throughput count (padding is not a token)."""
         supervised = sum(self.objective.count_items(b) for b in batches)
         real = sum(b["attention_mask"].sum() if "attention_mask" in b else b["input_ids"].numel() for b in batches)
-        counts = torch.stack([torch.as_tensor(supervised), torch.as_tensor(real)]).to(self.accelerator.device)
+        # One is a tensor on the batches' device, the other may be a Python int: both go to the device first.
+        device = self.accelerator.device
+        counts = torch.stack([torch.as_tensor(supervised, device=device), torch.as_tensor(real, device=device)])
         counts = self.accelerator.reduce(counts, reduction="sum")
         return counts[0], int(counts[1])
 

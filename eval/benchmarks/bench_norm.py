@@ -5,6 +5,7 @@
     python eval/benchmarks/bench_norm.py --check              # CUDA: our kernels vs fp32 references at LLM shapes
     python eval/benchmarks/bench_norm.py --sweep              # CUDA: our kernels under each launch configuration
     python eval/benchmarks/bench_norm.py --profile_once 4096  # CUDA: one forward + backward of ours, for `ncu`
+    python eval/benchmarks/bench_norm.py --profile_host 512   # CUDA: where each method's wall-clock time goes
     python eval/benchmarks/bench_norm.py --lab --threads 2    # CPU: every norm type, with and without affine
                                                               # parameters, and the default model's step with each
 
@@ -145,6 +146,9 @@ def _time_fwd_bwd(fn: Callable, inputs: list[torch.Tensor], grads: list[torch.Te
 def bench_shape(m: int, n: int, p: float, dtype: torch.dtype, weight_dtype: torch.dtype, device: torch.device,
                 residual: bool, only: list[str] | None = None) -> list[dict]:
     b = torch.finfo(dtype).bits // 8
+    # Every shape's compiled methods are new lambdas of the same code: without a reset, Dynamo's per-code cache
+    # hits its recompile limit (8) by the 7th shape and silently runs the method eagerly (seen on the H200).
+    torch._dynamo.reset()
     x = torch.randn(m, n, dtype=dtype, device=device, requires_grad=True)
     w = (torch.rand(n, device=device) + 0.5).to(weight_dtype).requires_grad_()
     dy = torch.randn(m, n, dtype=dtype, device=device)
@@ -242,6 +246,42 @@ def print_sweep(rows: list[dict], ceiling: float) -> None:
               f"| {r['bwd_kernel_gbs']:.4g} ({100 * r['bwd_kernel_gbs'] / ceiling:.0f}%) |")
 
 
+# ------------------------------------------------------------------------------------------------ --profile_host
+
+
+def profile_host(m: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype, device: torch.device,
+                 only: list[str] | None, calls: int = 20) -> None:
+    """Forward+backward of each method under torch.profiler with the host's side recorded: the wall-clock time per
+    call (synchronized) and the operators that take the CPU's time. On the H200 our fwd+bwd took 0.8-1.1 ms of
+    wall clock at M = 32768, N <= 8192 while its kernels took 0.07-0.8 ms; this shows where the rest goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(m, n, dtype=dtype, device=device, requires_grad=True)
+    w = (torch.rand(n, device=device) + 0.5).to(weight_dtype).requires_grad_()
+    dy = torch.randn(m, n, dtype=dtype, device=device)
+    for name, fn in norm_methods(n, 1.0, device).items():
+        if only and not any(word in name for word in only):
+            continue
+
+        def fwd_bwd(fn=fn) -> None:
+            torch.autograd.grad(fn(x, w), (x, w), dy)
+
+        for _ in range(5):
+            fwd_bwd()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(calls):
+            fwd_bwd()
+            torch.cuda.synchronize()
+        wall_ms = 1e3 * (time.perf_counter() - started) / calls
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fwd_bwd()
+            torch.cuda.synchronize()
+        print(f"## {name}: M={m} N={n}, {wall_ms:.3f} ms per synchronized forward+backward (mean of {calls})\n")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -264,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="CUDA: our kernels under each launch configuration")
     ap.add_argument("--profile_once", type=int, metavar="N", default=None,
                     help="CUDA: run our forward and backward once at (--m, N) and exit (for ncu)")
+    ap.add_argument("--profile_host", type=int, metavar="N", default=None,
+                    help="CUDA: each method's forward+backward at (--m, N) under torch.profiler, host side included")
     ap.add_argument("--out", type=Path, default=None, help="also write the raw rows as JSON here")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
     lab = ap.add_argument_group("--lab: the norm laboratory's table (CPU)")
@@ -286,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     weight_dtype = dtype if args.weight_dtype == "same" else DTYPES[args.weight_dtype]
     if args.check and not triton_can_run(device):  # CPU only as a smoke test, under TRITON_INTERPRET=1
         ap.error("--check needs a CUDA device (the CPU interpreter path is covered by tests/unit/test_kernels.py)")
-    if (args.sweep or args.profile_once or args.check_model) and device.type != "cuda":
-        ap.error("--sweep, --profile_once and --check_model need a CUDA device")
+    if (args.sweep or args.profile_once or args.profile_host or args.check_model) and device.type != "cuda":
+        ap.error("--sweep, --profile_once, --profile_host and --check_model need a CUDA device")
     m = args.m or (32768 if device.type == "cuda" else 1024)
 
     if args.lab:
@@ -306,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         _, _, rstd = kern.rms_norm_fwd(x, None, w, EPS, n)
         kern.rms_norm_bwd(torch.randn_like(x), x, w, rstd, n)
         torch.cuda.synchronize()
+        return 0
+
+    if args.profile_host:
+        profile_host(m, args.profile_host, dtype, weight_dtype, device, args.methods)
         return 0
 
     if args.check:

@@ -26,7 +26,7 @@ def test_bench_norm_check_runs_under_the_interpreter() -> None:
 
 
 def test_bench_norm_gpu_modes_refuse_the_cpu() -> None:
-    for flag in (["--sweep"], ["--profile_once", "512"], ["--check_model"]):
+    for flag in (["--sweep"], ["--profile_once", "512"], ["--profile_host", "512"], ["--check_model"]):
         done = _run([sys.executable, "eval/benchmarks/bench_norm.py", "--device", "cpu", *flag])
         assert done.returncode == 2 and "need a CUDA device" in done.stderr, (flag, done.stderr)
 

@@ -94,9 +94,10 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "pretrain": {"max_steps": 400, "warmup_steps": 10, "optimizer": "muon", "learning_rate": 0.01, "muon_lr": 0.0375,
                  "batch_size": 8, "preset": "cpu-wide"},
     # The chat model that uses its tools (docs/tools.md): the tool dialogues (--sft_data tools) are longer than 256
-    # tokens, copying from the context forms only with smeared keys and copy rows (after ~600 steps here), and
-    # choosing what to copy takes the rest of the 2,400 steps.
-    "sft": {"max_steps": 2400, "learning_rate": 2e-3, "warmup_steps": 20, "max_seq_len": 384, "copy_rows": 8,
+    # tokens, copying from the context forms only with smeared keys and copy rows (after ~600 steps here, from the
+    # plain pretrained model; the README's route starts from a pretraining that copies, and unset --copy_rows then
+    # adds none), and choosing what to copy takes the rest of the 2,400 steps.
+    "sft": {"max_steps": 2400, "learning_rate": 2e-3, "warmup_steps": 20, "max_seq_len": 384, "copy_rows": None,
             "copy_steps": 1200},
     "lora": {"max_steps": 120, "learning_rate": 2e-3, "warmup_steps": 10, "weight_decay": 0.0},
     "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0},
@@ -171,6 +172,10 @@ FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
 
 
 COPY_GROUPS = {"pretrain": "pretrain", "sft": "sft"}  # each task's --help section of the copy flags
+_COPY_ROWS_HELP = ("copy rows added to each micro-batch (0: none): sequences of 128 tokens, half random, half the "
+                   "batch's own text, with a span repeated and the loss on the repeat only")
+# SFT's copy rows when it gives a plain model smeared keys (docs/tools.md, Copying learned in SFT).
+COPY_ROWS_TO_LEARN = 8
 
 
 def _flag(group: str | dict[str, str], default: Any, help: str | dict[str, str]) -> Any:
@@ -293,9 +298,10 @@ class TrainArgs:
                                 "weights), paid per token in the rewards (TRL's and MiniMind's kl_coef); 0: no "
                                 "reference model"})
     # Copy rows beside pretraining or SFT (dataset/copy_rows.py, trainer/objectives.py).
-    copy_rows: int = _flag(COPY_GROUPS, 0, "copy rows added to each micro-batch (0: none): sequences of 128 tokens, "
-                                           "half random, half the batch's own text, with a span repeated and the "
-                                           "loss on the repeat only")
+    copy_rows: int | None = _flag(COPY_GROUPS, 0, {
+        "pretrain": _COPY_ROWS_HELP,
+        "sft": f"{_COPY_ROWS_HELP}; unset: {COPY_ROWS_TO_LEARN} when this run gives the model smeared keys (they "
+               f"must learn to copy), else 0: a model pretrained with them copies already (default: unset)"})
     copy_weight: float = _flag(COPY_GROUPS, 1.0, "the weight of the copy rows' mean loss beside the "
                                                  "language-modeling loss for the first --copy_steps steps (>= 0)")
     copy_steps: int = _flag(COPY_GROUPS, 250, "the steps at --copy_weight; later steps use --copy_weight_after "
@@ -469,6 +475,15 @@ def task_flags(task: str) -> set[str]:
     return {f.name for f in dataclasses.fields(TrainArgs)} - {"task", "model"} - others
 
 
+def resolve_copy_rows(args: TrainArgs, added_switches: Sequence[str]) -> int:
+    """The copy rows a run adds to each micro-batch: --copy_rows, or unset (SFT's default) COPY_ROWS_TO_LEARN when
+    the run gives the model its smeared keys (`added_switches`, the switches turned on in the starting weights),
+    else 0."""
+    if args.copy_rows is not None:
+        return args.copy_rows
+    return COPY_ROWS_TO_LEARN if "smeared_keys" in added_switches else 0
+
+
 def uses_lora(args: TrainArgs) -> bool:
     """Whether the run trains LoRA adapters: train_lora.py, or GRPO/PPO with --lora."""
     return args.task == "lora" or (args.lora and args.task in ("grpo", "ppo"))
@@ -503,7 +518,7 @@ def _validate(args: TrainArgs) -> None:
     for name in ("weight_decay", "muon_weight_decay"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
             raise bad(name, getattr(args, name), "it must be a number >= 0")
-    if args.copy_rows < 0:
+    if args.copy_rows is not None and args.copy_rows < 0:
         raise bad("copy_rows", args.copy_rows, "it must be >= 0 (0: no copy rows)")
     if args.copy_steps < 0:
         raise bad("copy_steps", args.copy_steps, "it must be >= 0")

@@ -37,7 +37,7 @@ from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
-                          uses_lora)
+                          resolve_copy_rows, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.checkpoint import (agree_on_start, check_resume_compatible, load_checkpoint, probe_storage,
                                 save_checkpoint, saved_position)
@@ -218,6 +218,7 @@ class Trainer:
             check_resume_compatible(self.resume_from, self.resume_state, args, self.data_identity)
         set_seed(args.seed)  # the same initial weights whatever the data building consumed
         base, self.added_switches = _build_model(args, self.tokenizer)
+        args.copy_rows = resolve_copy_rows(args, self.added_switches)  # unset: by whether smeared keys are new
         if args.max_seq_len > base.config.max_position_embeddings:
             raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
                              f"{base.config.max_position_embeddings}")

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from model.model import MiniNormForCausalLM
 from tests.training_runs import (assert_same_logged_metrics, assert_same_model, finetune_argv, launch_two_processes,
                                  pretrain_argv, run_in_process, sft_argv, train_losses)
+from trainer.args import COPY_ROWS_TO_LEARN
 from trainer.run_dir import read_metrics
 
 # The weight drops from 1.0 to 0.5 after step 4, so a run resumed at step 3 crosses the switch.
@@ -72,17 +73,19 @@ def test_two_processes_with_copy_rows_train_like_one_process(copying, train_data
 
 def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(reference_run, train_data, tmp_path,
                                                                         capsys):
-    """The plain reference model fine-tuned with --smeared_keys true --copy_rows: it starts as the pretrained model
-    with each key half its own, half the previous position's (logit 0, as a fresh model), logs the copy loss, and
-    saves a model with smeared keys; a model that has them cannot lose them, and no other shape field changes. The
-    new weights are announced as added, not reported as missing; a checkpoint missing any other weight is refused."""
-    argv = sft_argv(train_data, reference_run, tmp_path / "sft", "--smeared_keys", "true", "--copy_rows", "2",
+    """The plain reference model fine-tuned with --smeared_keys true and --copy_rows unset (SFT's default): it starts
+    as the pretrained model with each key half its own, half the previous position's (logit 0, as a fresh model),
+    takes COPY_ROWS_TO_LEARN copy rows, logs the copy loss, and saves a model with smeared keys; a model that has them
+    cannot lose them, and no other shape field changes. The new weights are announced as added, not reported as
+    missing; a checkpoint missing any other weight is refused."""
+    argv = sft_argv(train_data, reference_run, tmp_path / "sft", "--smeared_keys", "true", "--copy_rows", "none",
                     "--copy_steps", "3", "--batch_size", "4")
     capsys.readouterr()
     run_in_process("sft", argv)
     assert "--smeared_keys true: added to the starting weights" in capsys.readouterr().out
     train = read_metrics(tmp_path / "sft", "train")
     assert train and all(record["copy_loss"] > 0 for record in train)
+    assert f"copy_rows: {COPY_ROWS_TO_LEARN}\n" in (tmp_path / "sft" / "train_config.yaml").read_text()
     tuned = MiniNormForCausalLM.from_pretrained(tmp_path / "sft")
     assert tuned.config.smeared_keys
     smear = [p for name, p in tuned.named_parameters() if name.endswith("key_smear")]
@@ -138,3 +141,15 @@ def test_an_sft_that_adds_smeared_keys_resumes_bit_for_bit(reference_run, train_
                                      if record["step"] > 3]
     ours, theirs = load_file(resumed / "model.safetensors"), load_file(whole / "model.safetensors")
     assert set(ours) == set(theirs) and all(torch.equal(ours[name], tensor) for name, tensor in theirs.items())
+
+
+def test_sft_of_a_model_that_copies_adds_no_copy_rows_unless_asked(copying, train_data, tmp_path):
+    """A model pretrained with smeared keys (and copy rows) copies already: SFT with --copy_rows unset adds no rows
+    (the README's chat model); --copy_rows N still adds N."""
+    run_in_process("sft", sft_argv(train_data, copying, tmp_path / "unset", "--smeared_keys", "true", "--copy_rows",
+                                   "none", "--batch_size", "4"))
+    assert "copy_rows: 0\n" in (tmp_path / "unset" / "train_config.yaml").read_text()
+    assert all("copy_loss" not in record for record in read_metrics(tmp_path / "unset", "train"))
+    run_in_process("sft", sft_argv(train_data, copying, tmp_path / "asked", "--smeared_keys", "true", "--copy_rows",
+                                   "2", "--batch_size", "4"))
+    assert all(record["copy_loss"] > 0 for record in read_metrics(tmp_path / "asked", "train"))

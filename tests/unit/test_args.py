@@ -84,7 +84,7 @@ def test_task_only_flags_show_only_for_their_task(task):
     ("sft", "learning_rate", "0.002"),
     ("sft", "max_steps", "2400"),
     ("sft", "max_seq_len", "384"),
-    ("sft", "copy_rows", "8"),
+    ("sft", "copy_rows", "unset"),
     ("sft", "copy_steps", "1200"),
     ("sft", "preset", "cpu-default"),
     ("lora", "weight_decay", "0.0"),
@@ -193,3 +193,13 @@ def test_sft_gives_the_model_smeared_keys_unless_told_not_to():
     assert parse_args("sft", []).model == {"smeared_keys": True}
     assert parse_args("sft", ["--smeared_keys", "false"]).model == {"smeared_keys": False}
     assert all(parse_args(task, []).model == {} for task in ("lora", "dpo", "distill", "grpo", "ppo"))
+
+
+def test_unset_copy_rows_teach_only_a_model_given_smeared_keys_in_this_run():
+    from trainer.args import COPY_ROWS_TO_LEARN, parse_args, resolve_copy_rows
+    sft = parse_args("sft", [])
+    assert sft.copy_rows is None
+    assert resolve_copy_rows(sft, ["smeared_keys"]) == COPY_ROWS_TO_LEARN > 0
+    assert resolve_copy_rows(sft, []) == 0
+    assert resolve_copy_rows(parse_args("sft", ["--copy_rows", "3"]), []) == 3
+    assert resolve_copy_rows(parse_args("pretrain", []), []) == 0

@@ -38,8 +38,9 @@ class AtLeast:
 
 
 # Where a model's smeared keys came from, and how to train one that exports.
-SMEARED_KEYS_HINT = ("; the default SFT adds smeared keys (the chat model that uses its tools): train_full_sft.py "
-                     "--smeared_keys false --copy_rows 0 keeps a model exportable")
+SMEARED_KEYS_HINT = ("; smeared keys come from pretraining with --smeared_keys true (the base of the chat model that "
+                     "uses its tools) or from the default SFT: a plain pretraining, then train_full_sft.py "
+                     "--smeared_keys false, keeps a model exportable")
 # What each architecture needs of the switches that change the computation: (field, required value or
 # AtLeast(minimum), why the target needs it). The refusal names the first switch that differs, then why.
 _REQUIREMENTS: dict[str, tuple[tuple[str, object, str], ...]] = {

@@ -60,17 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--system", default=None, help="system prompt (chat models)")
     parser.add_argument("--history", type=int, default=2, help="past exchanges kept in the prompt (0: none)")
     parser.add_argument("--temperature", type=float, default=0.7, help="0 means greedy decoding")
-    parser.add_argument("--top_p", type=float, default=0.9)
+    parser.add_argument("--top_p", type=float, default=0.9,
+                        help="nucleus sampling: sample among the most likely tokens whose probabilities add up to "
+                             "top_p (1: all)")
     parser.add_argument("--top_k", type=int, default=0, help="0 means off")
-    parser.add_argument("--repetition_penalty", type=float, default=1.0)
-    parser.add_argument("--max_new_tokens", type=int, default=256)
+    parser.add_argument("--repetition_penalty", type=float, default=1.0,
+                        help="make every token already in the conversation less likely: its logit divided by this "
+                             "(multiplied if negative), as transformers' repetition_penalty; 1: off")
+    parser.add_argument("--max_new_tokens", type=int, default=256,
+                        help="the most tokens the model writes in one turn (each tool call's turn its own)")
     parser.add_argument("--seed", type=int, default=None, help="fix the sampling for reproducible answers")
     parser.add_argument("--mode", choices=("auto", "chat", "plain"), default="auto",
                         help="chat template or plain continuation; auto: chat for SFT models, plain for "
                              "pretrained ones")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N; auto: a GPU if there is one")
     add_threads_flag(parser)
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                        help="the weights' precision; auto: bfloat16 on a GPU, float32 on a CPU")
     parser.add_argument("--no_stream", action="store_true", help="print each answer when it is complete")
     parser.add_argument("--no_tools", action="store_true",
                         help="offer no tools: the prompt lists none and a call the model writes stays text "

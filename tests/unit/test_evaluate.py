@@ -61,9 +61,12 @@ def test_sft_loss_covers_only_assistant_tokens(tiny_models, tokenizer) -> None:
             nats += F.cross_entropy(predicted, torch.tensor(answer_ids), reduction="sum").item()
             count += len(answer_ids)
     assert result["kind"] == "sft" and result["tokens"] == count
-    # The memorized replies cost ~0.02 nats: compare absolutely (padded batches vs single rows differ in fp32).
-    assert result["loss"] == pytest.approx(nats / count, rel=1e-5, abs=1e-5)
-    assert result["perplexity"] == pytest.approx(math.exp(nats / count), rel=1e-5)
+    # The memorized replies cost ~0.003-0.02 nats a token: compare absolutely. Padded batches and single rows round
+    # differently in fp32 (by 1.5e-5 in the mean on an AVX2-only CPU, whose kernels sum in another order); the exact
+    # token count above is what catches a wrong mask.
+    assert result["loss"] == pytest.approx(nats / count, rel=1e-5, abs=1e-4)
+    assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-9)
+    assert result["perplexity"] == pytest.approx(math.exp(nats / count), rel=1e-4)
 
 
 def test_cli_prints_table_and_samples_and_writes_json(tiny_models, tmp_path, capsys, monkeypatch) -> None:

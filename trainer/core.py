@@ -200,15 +200,6 @@ class Trainer:
         self.resume_from = self.resume.path if self.resume is not None else None
         self.resume_state = self.resume.state if self.resume is not None else None
         self.threads.keep_runs((self.resume_state or {}).get(THREADS_KEY))
-        if args.use_wandb:
-            self.wandb_run_id = (self.resume_state or {}).get("wandb_run_id")
-            init = {"name": args.wandb_run_name, "group": args.wandb_group, "dir": str(self.out_dir),
-                    "id": self.wandb_run_id, "resume": "allow" if self.wandb_run_id else None}
-            if self.is_main:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-            self.accelerator.init_trackers(args.wandb_project, config=args.to_dict(), init_kwargs={"wandb": init})
-            if self.is_main:
-                self.wandb_run_id = self.accelerator.get_tracker("wandb", unwrap=True).id
         set_seed(args.seed)
         self.tokenizer = _load_tokenizer(args)
         with self.accelerator.main_process_first():
@@ -225,6 +216,15 @@ class Trainer:
         if args.gradient_checkpointing:
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.config_dict = _effective_config(args, base)
+        if args.use_wandb:  # after the model: the logged config carries what the rules above resolved
+            self.wandb_run_id = (self.resume_state or {}).get("wandb_run_id")
+            init = {"name": args.wandb_run_name, "group": args.wandb_group, "dir": str(self.out_dir),
+                    "id": self.wandb_run_id, "resume": "allow" if self.wandb_run_id else None}
+            if self.is_main:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.accelerator.init_trackers(args.wandb_project, config=args.to_dict(), init_kwargs={"wandb": init})
+            if self.is_main:
+                self.wandb_run_id = self.accelerator.get_tracker("wandb", unwrap=True).id
         self.model = self._wrap_for_task(base)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 
 from model.model import MiniNormForCausalLM
@@ -143,12 +144,23 @@ def test_an_sft_that_adds_smeared_keys_resumes_bit_for_bit(reference_run, train_
     assert set(ours) == set(theirs) and all(torch.equal(ours[name], tensor) for name, tensor in theirs.items())
 
 
-def test_sft_of_a_model_that_copies_adds_no_copy_rows_unless_asked(copying, train_data, tmp_path):
+def test_sft_of_a_model_that_copies_adds_no_copy_rows_unless_asked(copying, train_data, tmp_path, monkeypatch):
     """A model pretrained with smeared keys (and copy rows) copies already: SFT with --copy_rows unset adds no rows
-    (the README's chat model); --copy_rows N still adds N."""
+    (the README's chat model), and wandb's run config says so (the resolved number, not the unset flag); --copy_rows N
+    still adds N."""
+    logged: list[dict] = []
+    init_trackers = Accelerator.init_trackers
+
+    def spy(self, project_name, config=None, init_kwargs=None):
+        logged.append(dict(config))
+        return init_trackers(self, project_name, config=config, init_kwargs=init_kwargs)
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(Accelerator, "init_trackers", spy)
     run_in_process("sft", sft_argv(train_data, copying, tmp_path / "unset", "--smeared_keys", "true", "--copy_rows",
-                                   "none", "--batch_size", "4"))
+                                   "none", "--batch_size", "4", "--use_wandb"))
     assert "copy_rows: 0\n" in (tmp_path / "unset" / "train_config.yaml").read_text()
+    assert [config["copy_rows"] for config in logged] == [0]
     assert all("copy_loss" not in record for record in read_metrics(tmp_path / "unset", "train"))
     run_in_process("sft", sft_argv(train_data, copying, tmp_path / "asked", "--smeared_keys", "true", "--copy_rows",
                                    "2", "--batch_size", "4"))

@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "top_p (1: all)")
     parser.add_argument("--top_k", type=int, default=0, help="0 means off")
     parser.add_argument("--repetition_penalty", type=float, default=1.0,
-                        help="make every token already in the conversation less likely: its logit divided by this "
-                             "(multiplied if negative), as transformers' repetition_penalty; 1: off")
+                        help="make every token of the prompt and the answer so far less likely: its logit divided "
+                             "by this (multiplied if negative), as transformers' repetition_penalty; 1: off")
     parser.add_argument("--max_new_tokens", type=int, default=256,
                         help="the most tokens the model writes in one turn (each tool call's turn its own)")
     parser.add_argument("--seed", type=int, default=None, help="fix the sampling for reproducible answers")

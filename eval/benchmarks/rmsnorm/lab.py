@@ -26,8 +26,8 @@ from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from model.norms import build_norm
 from trainer.args import TASK_DEFAULTS, TrainArgs, build_model_config
+from trainer.core import make_optimizer
 from trainer.machine import resolve_dtype
-from trainer.optim import build_optimizer
 
 # name -> MiniNormConfig overrides. The names are what --lab_norms takes.
 LAB_VARIANTS: dict[str, dict[str, object]] = {
@@ -43,8 +43,10 @@ DEFAULT_LAB_NORMS = ("rmsnorm", "layernorm", "dyt", "rmsnorm-free", "layernorm-f
 
 
 def default_run() -> TrainArgs:
-    """The settings of `python trainer/train_pretrain.py` with no flags."""
-    return TrainArgs(task="pretrain", **TASK_DEFAULTS["pretrain"])
+    """The settings of `python trainer/train_pretrain.py` with no flags, --dtype resolved as the trainer does."""
+    run = TrainArgs(task="pretrain", **TASK_DEFAULTS["pretrain"])
+    run.dtype = resolve_dtype(run.dtype)
+    return run
 
 
 @dataclass
@@ -64,8 +66,8 @@ def build_variant(name: str, run: TrainArgs, vocab_size: int) -> LabVariant:
     config: MiniNormConfig = build_model_config(run, vocab_size=vocab_size)
     torch.manual_seed(run.seed)
     model = MiniNormForCausalLM(config).train()
-    optimizer = build_optimizer(model, run.learning_rate, run.weight_decay, run.optimizer, run.muon_lr,
-                                run.muon_weight_decay, run.muon_momentum, run.muon_adjust_lr)
+    # The trainer's own optimizer: an fp32 run on a CPU also orthogonalizes Muon's updates in fp32.
+    optimizer = make_optimizer(model, run, torch.device("cpu"))
     return LabVariant(name, build_norm(config, config.hidden_size).train(), model, optimizer)
 
 
@@ -109,7 +111,7 @@ def run_lab(names: list[str], rounds: int, norm_repeats: int, steps: int, warmup
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(run.batch_size, run.max_seq_len, hidden, generator=generator).to(norm_dtype).requires_grad_()
     dy = torch.randn(x.shape, generator=generator).to(norm_dtype)
-    step_dtype = getattr(torch, resolve_dtype(run.dtype))
+    step_dtype = getattr(torch, run.dtype)
 
     def token_batches() -> Iterator[torch.Tensor]:
         tokens = torch.Generator().manual_seed(1)

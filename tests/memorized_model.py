@@ -23,6 +23,9 @@ def memorized_model(tokenizer, rows: Sequence[Row], path: Path, steps: int = 120
     """Train a tiny model (`positions` long) on `rows`, full-batch, for `steps` AdamW steps, and save it at `path`
     as an SFT run directory."""
     import torch
+    import torch.nn.functional as F
+
+    from model.model import shift_labels
 
     width = max(len(ids) for ids, _ in rows)
     pad = tokenizer.pad_token_id
@@ -31,21 +34,28 @@ def memorized_model(tokenizer, rows: Sequence[Row], path: Path, steps: int = 120
     mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
     model = _tiny_model(tokenizer, seed=0, max_position_embeddings=positions)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    supervised = labels[:, 1:] != -100
+    targets = shift_labels(labels)
+    supervised = targets != -100
+
+    def supervised_logits() -> torch.Tensor:
+        """The logits of the positions that predict a supervised token only: the loss and the check need no
+        others, and the vocabulary-wide softmax at every other position was most of a step's time."""
+        hidden = model.model(input_ids, mask)[0]
+        return model.lm_head(hidden[supervised])
 
     def memorized() -> bool:
         """Every supervised token is the argmax after its prefix: greedy decoding then replays each reply."""
         model.eval()
         with torch.no_grad():
-            predicted = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].argmax(-1)
+            predicted = supervised_logits().argmax(-1)
         model.train()
-        return bool((predicted[supervised] == labels[:, 1:][supervised]).all())
+        return bool((predicted == targets[supervised]).all())
 
     # Full-batch steps until every reply is memorized: `steps`, then more in rounds of `steps` if the last bits
     # (which depend on the thread count and the machine) left a token wrong -- a clear error after four rounds.
     for _ in range(4):
         for _ in range(steps):
-            model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
+            F.cross_entropy(supervised_logits().float(), targets[supervised]).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         if memorized():

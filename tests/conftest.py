@@ -7,7 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from tests.paths import REPO
+from trainer.threads import bound_openmp_waits
+
+# Before any test loads torch (libgomp reads it then), as every command that runs a model does: OpenMP's idle threads
+# soon sleep instead of spinning on a core that the suite's other worker (-n) or a test's subprocesses need.
+bound_openmp_waits()
 
 
 @pytest.fixture(scope="session")

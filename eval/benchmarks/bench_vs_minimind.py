@@ -6,7 +6,8 @@ real (unpadded) tokens per second of training, the two runs one after the other 
     python eval/benchmarks/bench_vs_minimind.py --minimind_dir ../minimind --preset cpu-default --steps 40 --warmup 10 \
         --batch_size 4 --seq_len 256 --minimind_device cpu
 
-The text is the embedded corpus's pretraining split (`{"text": ...}` lines, the format MiniMind reads). MiniMind pads
+The text is the embedded corpus's pretraining split or --data_path (`{"text": ...}` lines, the format MiniMind reads;
+ours splits its validation lines off a --data_path, as its trainer does without --val_data_path). MiniMind pads
 every document to --seq_len and masks the padding out of its loss, so its real tokens per step are the batch's
 unpadded tokens, counted with its own tokenizer and truncation (bos + text + eos, at most --seq_len); ours packs
 documents, so every token is real. Both run --steps optimizer steps of --batch_size sequences of --seq_len tokens
@@ -100,10 +101,11 @@ def run_minimind(minimind_dir: Path, data_path: Path, args: argparse.Namespace, 
 def run_ours(args: argparse.Namespace, scratch: Path) -> dict:
     """Run our pretraining script for --steps optimizer steps; read the per-step times it recorded."""
     out_dir = scratch / "ours"
+    data = ["--data_path", str(args.data_path)] if args.data_path else []  # none: the embedded corpus, as MiniMind's
     command = [sys.executable, str(REPO_ROOT / "trainer" / "train_pretrain.py"), "--preset", args.preset,
                "--batch_size", str(args.batch_size), "--max_seq_len", str(args.seq_len),
                "--max_steps", str(args.steps), "--eval_interval", str(10**9), "--save_interval", str(10**9),
-               "--out_dir", str(out_dir), *args.ours_args]
+               "--out_dir", str(out_dir), *data, *args.ours_args]
     started = time.perf_counter()
     with open(args.log_dir / "ours_log.txt", "w") as log:  # written as it runs: a run cut short leaves its log
         returncode = subprocess.run(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -128,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps each trainer runs")
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the throughput")
     parser.add_argument("--log_interval", type=int, default=10, help="MiniMind's --log_interval (its time marks)")
+    parser.add_argument("--data_path", type=Path, default=None,
+                        help="the text both trainers read, {\"text\": ...} jsonl lines (default: the embedded corpus's "
+                             "pretraining split)")
     parser.add_argument("--minimind_device", default=None,
                         help="MiniMind's --device (default: its own default, cuda:0 when CUDA is there)")
     parser.add_argument("--ours_args", nargs=argparse.REMAINDER, default=[],
@@ -141,9 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.minimind_dir / "trainer" / "train_pretrain.py").is_file():
         parser.error(f"--minimind_dir {args.minimind_dir}: no trainer/train_pretrain.py there")
     args.minimind_dir = args.minimind_dir.resolve()
+    if args.data_path and not args.data_path.is_file():
+        parser.error(f"--data_path {args.data_path}: no such file")
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
-    data_path = ensure_default_corpus(quiet=True).pretrain_train
+    if args.data_path:
+        args.data_path = args.data_path.resolve()  # MiniMind runs in its own trainer/ folder
+    data_path = args.data_path or ensure_default_corpus(quiet=True).pretrain_train
+    text = str(args.data_path) if args.data_path else "the embedded corpus's pretraining split"
     per_sample = minimind_real_tokens_per_sample(args.minimind_dir, data_path, args.seq_len)
     with tempfile.TemporaryDirectory() as scratch:
         minimind = run_minimind(args.minimind_dir, data_path, args, Path(scratch))
@@ -152,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     minimind["padded_tokens_per_s"] = minimind["steps_per_s"] * args.batch_size * args.seq_len
     print(f"# Pretraining throughput, ours vs MiniMind's trainer: {machine_line()}\n")
     print(f"{args.preset} width and depth, batch {args.batch_size} x {args.seq_len}, {args.steps} steps each "
-          f"(the first {args.warmup} not timed), text: the embedded corpus's pretraining split; MiniMind's samples "
+          f"(the first {args.warmup} not timed), text: {text}; MiniMind's samples "
           f"hold {per_sample:.0f} real tokens of {args.seq_len} on average\n")
     print("| trainer | parameters | steps/s | real tokens/s | padded tokens/s | vs MiniMind (real tokens/s) | "
           "loss at the last step |")

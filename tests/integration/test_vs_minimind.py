@@ -13,6 +13,7 @@ from pathlib import Path
 
 from model.config import MiniNormConfig
 from tests.paths import REPO
+from tests.training_runs import WORDS, write_jsonl
 
 STAND_IN = '''
 import argparse, time
@@ -39,8 +40,11 @@ def test_ours_against_a_minimind_stand_in(tmp_path: Path) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(REPO / "model" / name, checkout / "model" / name)
     result = tmp_path / "result.json"
+    # A small text for both (the embedded corpus, the default, would take our trainer half a minute to tokenize).
+    text = write_jsonl(tmp_path / "text.jsonl", [{"text": " ".join(WORDS[i:] + WORDS[:i]) * 3} for i in range(200)])
     done = subprocess.run(
         [sys.executable, "eval/benchmarks/bench_vs_minimind.py", "--minimind_dir", str(checkout),
+         "--data_path", str(text),
          "--preset", "cpu-default", "--batch_size", "2", "--seq_len", "64", "--steps", "24", "--warmup", "2",
          "--log_interval", "10", "--minimind_device", "cpu", "--log_dir", str(tmp_path / "logs"),
          "--json", str(result), "--ours_args", "--threads", "1"],
@@ -51,6 +55,8 @@ def test_ours_against_a_minimind_stand_in(tmp_path: Path) -> None:
     assert given["hidden_size"] == str(preset.hidden_size)
     assert given["num_hidden_layers"] == str(preset.num_hidden_layers)
     assert (given["batch_size"], given["max_seq_len"], given["accumulation_steps"]) == ("2", "64", "1")
+    assert given["data_path"] == str(text)
+    assert f"data: train {text} (val: 1% held out)" in (tmp_path / "logs" / "ours_log.txt").read_text()
     data = json.loads(result.read_text())
     # Time marks at steps 10 and 20 (the first at or after --warmup; the run stops at the first mark >= --steps).
     assert data["minimind"]["last_step"] == 30 and data["minimind"]["params_m"] == 1.5

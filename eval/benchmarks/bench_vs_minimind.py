@@ -146,12 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.minimind_dir / "trainer" / "train_pretrain.py").is_file():
         parser.error(f"--minimind_dir {args.minimind_dir}: no trainer/train_pretrain.py there")
     args.minimind_dir = args.minimind_dir.resolve()
-    if args.data_path and not args.data_path.is_file():
-        parser.error(f"--data_path {args.data_path}: no such file")
+    if args.data_path:
+        if not args.data_path.is_file():
+            parser.error(f"--data_path {args.data_path}: no such file")
+        args.data_path = args.data_path.resolve()  # MiniMind runs in its own trainer/ folder
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
-    if args.data_path:
-        args.data_path = args.data_path.resolve()  # MiniMind runs in its own trainer/ folder
     data_path = args.data_path or ensure_default_corpus(quiet=True).pretrain_train
     text = str(args.data_path) if args.data_path else "the embedded corpus's pretraining split"
     per_sample = minimind_real_tokens_per_sample(args.minimind_dir, data_path, args.seq_len)

@@ -185,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     add_model_source_flags(parser)
     parser.add_argument("--data", nargs="+", default=list(DEFAULT_SPLITS),
                         help=f"{' / '.join(NAMED_SPLITS)} or jsonl files")
-    parser.add_argument("--max_seq_len", type=int, default=256)
-    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--max_seq_len", type=int, default=256,
+                        help="tokens per scored row (at most the model's max_position_embeddings)")
+    parser.add_argument("--batch_size", type=int, default=16, help="rows per forward pass")
     parser.add_argument("--max_batches", type=int, default=0, help="per dataset; 0: all")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument("--no_samples", action="store_true", help="skip the fixed prompts' greedy answers")

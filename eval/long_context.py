@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scalings", default="none,yarn:4@256,yarn:2,dynamic:4@256,linear:4@256",
                         help="comma-separated: none or TYPE:FACTOR[@L] (see the description)")
     parser.add_argument("--max_documents", type=int, default=0, help="0: every long enough document")
-    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--batch_size", type=int, default=4, help="documents per forward pass")
     parser.add_argument("--json", default=None, help="also write the table to this JSON file")
     add_threads_flag(parser)
     args = parser.parse_args(argv)

@@ -90,10 +90,11 @@ def save(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE)
+    parser.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE, help="tokens in the trained vocabulary")
     parser.add_argument("--data_path", type=Path, default=None,
                         help="pretraining jsonl ({'text': ...} lines); default: the built-in corpus")
-    parser.add_argument("--out_dir", type=Path, default=DEFAULT_TOKENIZER_DIR)
+    parser.add_argument("--out_dir", type=Path, default=DEFAULT_TOKENIZER_DIR,
+                        help="where tokenizer.json goes (default: model/, the committed tokenizer)")
     args = parser.parse_args(argv)
     if args.data_path is None:
         from dataset.corpus import ensure_default_corpus

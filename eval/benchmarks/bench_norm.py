@@ -287,7 +287,7 @@ def profile_host(m: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype, 
 
 def main(argv: list[str] | None = None) -> int:
     ap = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA when there is one")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--weight_dtype", choices=["same", *DTYPES], default="same",
                     help="the one weight every method gets (default: the activations' dtype)")

@@ -95,11 +95,11 @@ def run(name: str, task: str, argv: list[str], model: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="minimind-26m")
+    parser.add_argument("--preset", default="minimind-26m", help="model preset (model/config.py)")
     parser.add_argument("--batch_size", type=int, default=4, help="B: conversations (SFT, LoRA) or pairs (DPO)")
-    parser.add_argument("--max_seq_len", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--lora_rank", type=int, default=8)
+    parser.add_argument("--max_seq_len", type=int, default=256, help="tokens per conversation (longer ones are cut)")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps of each configuration")
+    parser.add_argument("--lora_rank", type=int, default=8, help="rank of the LoRA configuration's adapters")
     args = parser.parse_args(argv)
     import torch
 

@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain, "
                                                            "else an untrained cpu-default model")
     parser.add_argument("--requests", type=int, default=32, help="requests per configuration and repeat")
-    parser.add_argument("--max_tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max_tokens", type=int, default=64, help="tokens each request asks for (greedy)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every configuration")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as scratch:

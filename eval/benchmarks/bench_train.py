@@ -192,20 +192,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default=None, help="comma-separated (default: cpu-default,minimind-26m on "
                                                             "CPU; minimind-26m,minimind-64m on CUDA)")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes of the step table")
     parser.add_argument("--steps", type=int, default=6, help="timed training steps per variant")
     parser.add_argument("--warmup", type=int, default=2,
                         help="steps before the timed ones (the first, with any compilation, is reported on its own)")
     parser.add_argument("--variants", default=",".join(STEP_VARIANTS),
                         help="comma-separated: rms (norm_impl auto), rms_eager, rms_compiled (--compile on), ln, llama")
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--batch_size", type=int, default=8, help="sequences per training step")
+    parser.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
     parser.add_argument("--peak_flops", type=float, default=None,
                         help="FLOP/s for MFU (default: the trainer's known value for the device and dtype)")
     parser.add_argument("--force_bf16", action="store_true", help="time bf16 even on CPUs without fast bf16")
-    parser.add_argument("--norm_rows", type=int, default=4096)
-    parser.add_argument("--norm_dim", type=int, default=512)
-    parser.add_argument("--norm_reps", type=int, default=50)
+    parser.add_argument("--norm_rows", type=int, default=4096, help="rows of the norm table's input")
+    parser.add_argument("--norm_dim", type=int, default=512, help="row length of the norm table's input")
+    parser.add_argument("--norm_reps", type=int, default=50, help="timed calls of each norm (median reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--skip_steps", action="store_true", help="only the norm table")
     parser.add_argument("--skip_norms", action="store_true", help="only the training-step table")

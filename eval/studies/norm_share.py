@@ -137,16 +137,16 @@ def table(variants: list[Variant], args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--norms", default="rmsnorm,layernorm,prmsnorm")
+    parser.add_argument("--norms", default="rmsnorm,layernorm,prmsnorm", help="comma-separated norm types to profile")
     parser.add_argument("--placement", default="pre", help="norm_placement of every variant")
-    parser.add_argument("--prms_p", type=float, default=0.0625)
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--seq_len", type=int, default=128)
+    parser.add_argument("--prms_p", type=float, default=0.0625, help="partial RMSNorm's ratio p (prmsnorm only)")
+    parser.add_argument("--batch_size", type=int, default=8, help="sequences per step")
+    parser.add_argument("--seq_len", type=int, default=128, help="tokens per sequence")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each: steps, then a profile)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
     parser.add_argument("--profile_steps", type=int, default=3, help="profiled steps per variant per round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first (compiles)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="autocast precision; auto: as the trainer picks it on this CPU (bf16 where it is fast)")
     args = parser.parse_args(argv)

@@ -4,7 +4,7 @@ cycle (imports inside functions count: a lazy import is still a dependency). A t
 or one package there (e.g. scripts/server/): the modules of one package may import each other, and one command
 may own a package (scripts/serve.py runs scripts/server/); a package that two tools import is shared logic, which
 belongs in the library. Plus one owner for the run
-directory's file names and for the rules every tool shares."""
+directory's file names and for the rules every tool shares, and a --help text on every flag."""
 
 from __future__ import annotations
 
@@ -261,6 +261,36 @@ def test_every_command_line_is_parsed_by_the_shared_tool_parser() -> None:
     assert {"trainer/args.py", "eval/evaluate.py", "scripts/sweep.py", "eval/benchmarks/time_to_loss.py",
             "eval/studies/ablation_report.py"} <= users
 
+
+
+def flags_without_help(source: str) -> list[int]:
+    """The lines of `add_argument` calls that give no --help text (no help=, or an empty literal one)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            given = {keyword.arg: keyword.value for keyword in node.keywords}
+            if None in given:  # **options: the help text is in the mapping
+                continue
+            text = given.get("help")
+            if text is None or (isinstance(text, ast.Constant) and not str(text.value).strip()):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_every_flag_says_what_it_does_in_help() -> None:
+    missing = {str(path.relative_to(REPO)): lines for path in module_files(REPO).values()
+               if (lines := flags_without_help(path.read_text(encoding="utf-8")))}
+    assert missing == {}
+
+
+def test_the_help_check_catches_a_bare_or_empty_flag() -> None:
+    source = textwrap.dedent("""
+        parser.add_argument("--a", type=int, help="a count")
+        parser.add_argument("--b", type=int)
+        group.add_argument("--c", help="")
+        parser.add_argument("--d", **spec)
+    """)
+    assert flags_without_help(source) == [3, 4]
 
 # The commands that run a model for a while: OpenMP's wait policy must be set before torch loads (trainer/threads.py).
 MODEL_RUNNERS = ("trainer/train_pretrain.py", "trainer/train_full_sft.py", "trainer/train_lora.py",

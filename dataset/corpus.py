@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -42,6 +43,9 @@ from dataset.sources import (Dialog, conversation_text, dialog_windows, normaliz
 from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, dialog_split_key, is_validation, wiki_split_key
 from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
 from dataset.wiki_qa import conversations_for
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Bump when the output of the builder changes, so existing caches get rebuilt.
 # 2: arithmetic word problems in the SFT files; 3: the sft_tools files; 4: their small talk; 5: two lookups per
@@ -267,7 +271,7 @@ def ensure_default_corpus(cache_dir: Path | None = None, quiet: bool = False) ->
     return corpus_paths(cache_dir)
 
 
-def corpus_stats(tokenizer) -> dict:
+def corpus_stats(tokenizer: PreTrainedTokenizerBase) -> dict:
     """Per-source counts of the deduplicated corpus (both splits), with token counts from ``tokenizer``.
 
     Pretraining tokens include the one eos separator each document gets when packed.

@@ -30,6 +30,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.corpus import SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
@@ -37,6 +38,9 @@ from dataset.tool_scoring import SMALL_TALK, ToolQuestion, answer_has_fact, is_r
 
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
+
+if TYPE_CHECKING:
+    from model.chat_session import ChatSession
 
 TOOL_KINDS = ("wiki", "calculator", "convert_units")
 
@@ -70,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def ask(session, question) -> Outcome:
+def ask(session: ChatSession, question: ToolQuestion) -> Outcome:
     session.reset()
     reply = session.reply(question.question)
     results = [result for round_ in reply.rounds for result in round_.results]

@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from typing import Any, NamedTuple  # noqa: E402
+from typing import TYPE_CHECKING, Any, NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -40,6 +40,10 @@ from model.llama_compat import (NotLlamaCompatible, check_exportable, stacked_ex
 from model.loading import config_model_type, load_model  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
+
+if TYPE_CHECKING:
+    from gguf import MODEL_ARCH, GGMLQuantizationType
+    from transformers import PreTrainedTokenizerBase
 
 INSTALL_HINT = "the GGUF export needs the gguf package: pip install -r requirements.txt (or pip install gguf==0.19.0)"
 OUT_TYPES = ("f32", "f16", "bf16", "q8_0")
@@ -122,7 +126,7 @@ def rope_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     return weight.reshape(n_heads, 2, head_dim // 2, columns).transpose(1, 2).reshape(rows, columns)
 
 
-def tensor_type(gguf: Any, shape: tuple[int, ...], outtype: str):
+def tensor_type(gguf: Any, shape: tuple[int, ...], outtype: str) -> GGMLQuantizationType:
     """The GGML type a tensor is stored in: norms (1-D) always f32, as llama.cpp expects; q8_0 needs rows that
     are whole 32-element blocks (others fall back to f16)."""
     types = gguf.GGMLQuantizationType
@@ -141,7 +145,7 @@ class GGUFTensor(NamedTuple):
     qtype: Any               # gguf.GGMLQuantizationType
 
 
-def gguf_arch(gguf: Any, config: LlamaConfig | Qwen3Config | Qwen3MoeConfig):
+def gguf_arch(gguf: Any, config: LlamaConfig | Qwen3Config | Qwen3MoeConfig) -> MODEL_ARCH:
     """llama.cpp's architecture for the config: qwen3 (per-head QK-norm, RoPE on rotate-half pairs), qwen3moe (the
     same with sparse MLPs) or llama."""
     return {"qwen3": gguf.MODEL_ARCH.QWEN3, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE}.get(config.model_type,
@@ -173,7 +177,7 @@ def gguf_tensors(gguf: Any, config: LlamaConfig | Qwen3Config, state: dict[str, 
     return tensors
 
 
-def vocabulary(gguf: Any, tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
+def vocabulary(gguf: Any, tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> tuple[list[str], list[int]]:
     """Token strings (byte-level BPE spelling, as in tokenizer.json) and llama.cpp token types, by id; ids the
     tokenizer lacks (a padded embedding) become unused [PAD<id>] entries."""
     by_id = {token_id: token for token, token_id in tokenizer.get_vocab().items()}
@@ -198,8 +202,8 @@ def _file_type(gguf: Any, outtype: str):
         outtype]
 
 
-def write_gguf(gguf: Any, path: Path, name: str, model_dir: Path, config: LlamaConfig, tokenizer,
-               tensors: list[GGUFTensor], outtype: str) -> None:
+def write_gguf(gguf: Any, path: Path, name: str, model_dir: Path, config: LlamaConfig,
+               tokenizer: PreTrainedTokenizerBase, tensors: list[GGUFTensor], outtype: str) -> None:
     logical_shapes = {tensor.name: tensor.shape for tensor in tensors}
     writer = gguf.GGUFWriter(path, arch=gguf.MODEL_ARCH_NAMES[gguf_arch(gguf, config)])
     writer.add_type(gguf.GGUFType.MODEL)

@@ -14,13 +14,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from trainer.args import TrainArgs
 from trainer.run_dir import ROLLOUT_TASKS, resolve_path
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -111,7 +114,7 @@ def _split_off_validation(dataset: Dataset, fraction: float, seed: int) -> tuple
     return Subset(dataset, sorted(order[num_val:])), Subset(dataset, sorted(order[:num_val]))
 
 
-def build_run_data(args: TrainArgs, tokenizer, quiet: bool = False) -> RunData:
+def build_run_data(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, quiet: bool = False) -> RunData:
     """Train/val datasets and loaders for `args.task`. With no --data_path the embedded default corpus is built
     on first use (a no-op afterwards) and its held-out split is the validation set."""
     dataset_type = dataset_class(data_task(args))

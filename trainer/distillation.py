@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,9 @@ from model.model import shift_labels
 from trainer.evaluation import LMEval, evaluate_lm
 from trainer.run_dir import (CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, is_model_dir, resolve_input_path,
                              resolve_path)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 STAT_NAMES = ("ce", "kl")
 
@@ -44,7 +47,8 @@ def distillation_losses(student_logits: torch.Tensor, teacher_logits: torch.Tens
     return alpha * ce + (1 - alpha) * temperature ** 2 * kl, ce, kl
 
 
-def tokenizer_mismatch(student_tokenizer, teacher_tokenizer) -> str | None:
+def tokenizer_mismatch(student_tokenizer: PreTrainedTokenizerBase,
+                       teacher_tokenizer: PreTrainedTokenizerBase) -> str | None:
     """How the two tokenizers differ, in words (None: they map the same strings to the same ids)."""
     student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     if len(student) != len(teacher):
@@ -60,7 +64,8 @@ def teacher_directory(teacher: str | None) -> Path:
     return resolve_input_path(teacher) if teacher else resolve_path(DEFAULT_OUT_DIRS[DEFAULT_TEACHER])
 
 
-def load_teacher(teacher: str | None, student_tokenizer, student_vocab_size: int, **runtime) -> torch.nn.Module:
+def load_teacher(teacher: str | None, student_tokenizer: PreTrainedTokenizerBase, student_vocab_size: int,
+                 **runtime) -> torch.nn.Module:
     """The teacher model of the directory `teacher` (--teacher; None: DEFAULT_TEACHER's output), after checking it
     shares the student's tokenizer and vocabulary size; a one-line error otherwise. `runtime`: the run's model
     fields a loaded model may change (norm_impl, dropout)."""

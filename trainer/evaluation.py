@@ -48,7 +48,7 @@ def token_byte_lengths(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_lm(model: torch.nn.Module, dataloader, accelerator: Accelerator,
+def evaluate_lm(model: torch.nn.Module, dataloader: Iterable[dict[str, torch.Tensor]], accelerator: Accelerator,
                 token_bytes: torch.Tensor | None = None, max_batches: int = 0) -> LMEval:
     """Token-weighted loss over `dataloader` (summed across processes). max_batches=0 means all batches."""
     was_training = model.training

@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import yaml
@@ -19,10 +20,13 @@ from model.model import MiniNormForCausalLM
 from trainer.distributed import full_state_dict
 from trainer.run_dir import CONFIG_FILE, MERGED_DIR, is_chat_task
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 PRETRAIN_PROMPT, CHAT_PROMPT = "The history of", "What is the capital of France?"
 
 
-def save_model_dir(model: torch.nn.Module, tokenizer, out_dir: Path) -> None:
+def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
     """Write a plain HF model directory (a PEFT adapter directory for a PEFT model); each file is moved into place
     whole."""
     base = model.get_base_model() if hasattr(model, "peft_config") else model
@@ -54,7 +58,8 @@ def whole_model(accelerator: Accelerator, model: torch.nn.Module, unwrapped: tor
     return assembled
 
 
-def sample_text(model: torch.nn.Module, tokenizer, task: str, prompt: str | None, seed: int) -> str:
+def sample_text(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, task: str, prompt: str | None,
+                seed: int) -> str:
     """A short sampled continuation of `prompt` (default: one for the task), as run_summary.json keeps it."""
     chat = is_chat_task(task)
     prompt = prompt or (CHAT_PROMPT if chat else PRETRAIN_PROMPT)
@@ -74,7 +79,8 @@ def sample_text(model: torch.nn.Module, tokenizer, task: str, prompt: str | None
     return f"{prompt} -> {completion.strip()}" if chat else prompt + completion
 
 
-def save_merged(adapted: torch.nn.Module, tokenizer, out_dir: Path, run_config: dict) -> Path:
+def save_merged(adapted: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: Path,
+                run_config: dict) -> Path:
     """OUT_DIR/merged: a plain model directory with the LoRA adapters folded into the weights (and the run's
     config, so tools know it is a chat model)."""
     from model.lora import merged_model

@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -38,6 +38,9 @@ from dataset.chat_format import IM_END
 from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings
 from trainer.rewards import Reward, math_answer, score
 from trainer.rl_losses import LossType, group_advantages, policy_loss
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length")  # then each reward's mean
 # How rollouts decode (model/generation.py's DECODE_MODES): a compiled step over a static KV cache, 1.5-1.7x the
@@ -84,7 +87,7 @@ def first_sample(micro_batch: int, process: int, world: int, batch_size: int) ->
     return (micro_batch * world + process) * batch_size
 
 
-def completion_text(tokenizer, ids: Sequence[int]) -> str:
+def completion_text(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
     """What the reward functions read of a completion: its token ids decoded with every control token kept as its
     text (<think>, </think>, <tool_call>, ... -- our tokenizer marks them special, so skip_special_tokens would
     drop them; Qwen3's keeps them, and TRL's and MiniMind's format rewards read them), except the end-of-turn token
@@ -107,7 +110,7 @@ def completion_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, starts: 
     return log_p.gather(-1, input_ids.gather(1, positions).unsqueeze(-1)).squeeze(-1)
 
 
-def sample_completions(model: torch.nn.Module, tokenizer, prompt_ids: Sequence[Sequence[int]],
+def sample_completions(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[Sequence[int]],
                        settings: Sequence[GenerationSettings]) -> list[list[int]]:
     """The completions' token ids (the end-of-turn token included when sampled), one request per prompt/settings
     pair, all in one batch of the engine; the model in eval mode. The prefills run eagerly (their shapes change with
@@ -198,7 +201,7 @@ class RolloutObjective:
     on the training device (None when beta is 0); `autocast`: the mixed-precision context of its forward;
     `process_index` of `world` processes: where this process's prompts sit in each step's global batch."""
 
-    def __init__(self, rewards: Sequence[Reward], tokenizer, settings: SamplingSettings,
+    def __init__(self, rewards: Sequence[Reward], tokenizer: PreTrainedTokenizerBase, settings: SamplingSettings,
                  reference: torch.nn.Module | None, seed: int, process_index: int,
                  autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
         self.rewards, self.tokenizer, self.settings = list(rewards), tokenizer, settings
@@ -316,7 +319,7 @@ class GroupRelativePolicy(RolloutObjective):
 
     progress_labels = {"reward": "reward", "kl": "kl", "completion_length": "len"}
 
-    def __init__(self, rewards: Sequence[Reward], tokenizer, settings: RolloutSettings,
+    def __init__(self, rewards: Sequence[Reward], tokenizer: PreTrainedTokenizerBase, settings: RolloutSettings,
                  reference: torch.nn.Module | None, seed: int, process_index: int,
                  autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
         super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world)

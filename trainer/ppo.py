@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
 from accelerate import Accelerator
@@ -38,6 +38,9 @@ from model.model import MiniNormForCausalLM, MiniNormModel
 from trainer.grpo import RolloutObjective, completion_log_probs, global_sums
 from trainer.rewards import Reward
 from trainer.rl_losses import explained_fraction, gae, kl_penalized_rewards, ppo_loss, whiten
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
               "completion_length")  # then each reward's mean
@@ -107,7 +110,7 @@ class ProximalPolicy(RolloutObjective):
 
     progress_labels = {"reward": "reward", "kl": "kl", "value_loss": "vf", "completion_length": "len"}
 
-    def __init__(self, rewards: Sequence[Reward], tokenizer, settings: PPOSettings,
+    def __init__(self, rewards: Sequence[Reward], tokenizer: PreTrainedTokenizerBase, settings: PPOSettings,
                  reference: torch.nn.Module | None, seed: int, process_index: int,
                  autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
         super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world)

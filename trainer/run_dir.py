@@ -25,7 +25,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,7 +296,7 @@ def locate_model(model_path: str | Path | None = None) -> tuple[Path, str | None
                         f"and then `{CREATE_COMMANDS['sft']}`")
 
 
-def add_model_source_flags(parser) -> None:
+def add_model_source_flags(parser: argparse.ArgumentParser) -> None:
     """--model_path and --lora, the flags every tool that loads a trained model reads (locate_model_and_adapter)."""
     parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain "
                                                            "(with --lora: the adapter's base model)")

@@ -43,7 +43,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from types import ModuleType  # noqa: E402
-from typing import Callable  # noqa: E402
+from typing import TYPE_CHECKING, Callable  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -53,11 +53,16 @@ from trainer.grpo import ROLLOUT_DECODE  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import REPO_ROOT  # noqa: E402
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from model import MiniNormForCausalLM
+
 PROMPT = "Once upon a time, in a small village by the river, there lived an old fisherman who"
 NO_EOS = (-1,)  # an id no token has: every stream decodes exactly --tokens new tokens
 
 
-def fresh_model(root: Path, preset: str, seed: int):
+def fresh_model(root: Path, preset: str, seed: int) -> tuple[MiniNormForCausalLM, PreTrainedTokenizerBase, Path]:
     """(model, tokenizer, model directory): `preset` with weights from `seed`, saved for the GGUF conversion."""
     from dataset.tokenization import load_tokenizer
     from model import MiniNormConfig, MiniNormForCausalLM
@@ -86,8 +91,8 @@ def engine_module_at(ref: str, root: Path) -> ModuleType:
     return module
 
 
-def engine_run(module: ModuleType, model, tokenizer, prompt: list[int], batch: int, tokens: int,
-               decode: str | None = None) -> Callable[[], int]:
+def engine_run(module: ModuleType, model: MiniNormForCausalLM, tokenizer: PreTrainedTokenizerBase,
+               prompt: list[int], batch: int, tokens: int, decode: str | None = None) -> Callable[[], int]:
     options = {} if decode is None else {"decode": decode}
 
     def run() -> int:
@@ -101,7 +106,7 @@ def engine_run(module: ModuleType, model, tokenizer, prompt: list[int], batch: i
     return run
 
 
-def generate_run(model, prompt: list[int], batch: int, tokens: int) -> Callable[[], int]:
+def generate_run(model: MiniNormForCausalLM, prompt: list[int], batch: int, tokens: int) -> Callable[[], int]:
     from transformers import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,

@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `import model...` work fr
 import json
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -41,6 +42,9 @@ from trainer.diagnostics import NormDiagnostics
 from trainer.figures import save_figure
 from trainer.machine import machine_line
 from trainer.run_dir import report_error
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "grad_at_init"
 # The defaults are the committed results' variants; --placements and --norm_types take any MiniNormConfig values
@@ -99,7 +103,7 @@ def random_batches(num_batches: int, batch_size: int, seq_len: int, vocab_size: 
 
 
 def token_batches(data_path: str | None, num_batches: int, batch_size: int, seq_len: int, seed: int = 0,
-                  tokenizer=None) -> tuple[list[torch.Tensor], str]:
+                  tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[list[torch.Tensor], str]:
     """Fixed batches (B, seq_len) of packed documents from the pretraining jsonl, and a label of their source.
 
     Documents are tokenized in file order, joined by eos and cut into rows (the packing the trainer uses);

@@ -22,6 +22,7 @@ if __package__ in (None, ""):  # run as a script, from any directory
 import math  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -30,6 +31,9 @@ from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import recorded_config, report_error  # noqa: E402
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SATURATED_AT = 3.0  # |alpha * x| beyond which tanh' = 1 - tanh^2 < 0.01
 NORM_MODULES = (RMSNorm, LayerNorm, DyT)  # the no-norm ablation's identities have nothing to report
@@ -76,7 +80,8 @@ def norm_inputs(model: nn.Module, batches: Sequence[torch.Tensor]) -> list[NormI
             for name, total in sums.items()]
 
 
-def validation_batches(tokenizer, seq_len: int, num_batches: int, batch_size: int) -> list[torch.Tensor]:
+def validation_batches(tokenizer: PreTrainedTokenizerBase, seq_len: int, num_batches: int,
+                       batch_size: int) -> list[torch.Tensor]:
     """The first packed rows of the default corpus's validation split (the text every trial is scored on)."""
     from dataset.corpus import ensure_default_corpus
     from dataset.pretrain_dataset import PretrainDataset

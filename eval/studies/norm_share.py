@@ -27,6 +27,7 @@ import argparse  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
@@ -81,7 +82,7 @@ def mark_norms(model: torch.nn.Module) -> int:
     return marked
 
 
-def batches(vocab_size: int, batch_size: int, seq_len: int, seed: int):
+def batches(vocab_size: int, batch_size: int, seq_len: int, seed: int) -> Iterator[torch.Tensor]:
     """Random token batches: a step's speed does not depend on which tokens it sees (no data-dependent work)."""
     generator = torch.Generator().manual_seed(seed)
     while True:
@@ -99,7 +100,7 @@ def train_step(variant: Variant, input_ids: torch.Tensor) -> float:
     return time.perf_counter() - started
 
 
-def profiled_steps(variant: Variant, inputs, steps: int) -> tuple[float, float, float]:
+def profiled_steps(variant: Variant, inputs: Iterator[torch.Tensor], steps: int) -> tuple[float, float, float]:
     """(norm forward, norm backward, whole steps) seconds over `steps` profiled steps."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         with record_function("train.step"):

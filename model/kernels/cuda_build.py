@@ -14,9 +14,10 @@ import contextlib
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from triton.backends.compiler import GPUTarget
@@ -24,6 +25,9 @@ from triton.runtime.driver import driver
 
 from model.kernels import rmsnorm_triton as kern
 from model.norms import partial_size
+
+if TYPE_CHECKING:
+    from triton.compiler import CompiledKernel
 
 H100_SMS = 132  # streaming multiprocessors of an H100 SXM; only the backward grid depends on it
 
@@ -78,7 +82,7 @@ def _compile_only(arch: int) -> Iterator[None]:
         driver.set_active(previous)
 
 
-def compile_launch(kernel_body, launch: kern.KernelLaunch, arch: int):
+def compile_launch(kernel_body: Callable[..., Any], launch: kern.KernelLaunch, arch: int) -> CompiledKernel:
     """Compile `kernel_body` (an undecorated kernel function) for sm_<arch> exactly as `launch` would run it."""
     if kern._interpreting():
         raise RuntimeError("TRITON_INTERPRET=1 is set: the interpreter compiles nothing; unset it to build for CUDA")
@@ -87,7 +91,7 @@ def compile_launch(kernel_body, launch: kern.KernelLaunch, arch: int):
         return jitted.warmup(*launch.args, grid=launch.grid, **launch.options)
 
 
-def compiled_variants(kernel_body, launches: list[kern.KernelLaunch], arch: int = 90) -> int:
+def compiled_variants(kernel_body: Callable[..., Any], launches: list[kern.KernelLaunch], arch: int = 90) -> int:
     """How many distinct binaries one JIT function compiles for `launches` (1 when they differ only in what it
     does not specialize on, such as the row count)."""
     if kern._interpreting():

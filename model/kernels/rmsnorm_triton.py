@@ -21,14 +21,18 @@ import contextlib
 import functools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
 import triton.language as tl
 
 from model.rmsnorm_math import rms_norm_input_grad, rstd as rstd_of
+
+if TYPE_CHECKING:
+    from triton.runtime.jit import KernelInterface
 
 # The kernels hold a whole row in one program's registers. Up to 16384 elements that compiles without spills (the
 # backward's few at 16384 aside); wider rows spilled hundreds of bytes per thread on sm_90 (612 B forward and
@@ -147,7 +151,7 @@ _DO_NOT_SPECIALIZE = {
 }
 
 
-def jit(body):
+def jit(body: Callable[..., Any]) -> KernelInterface[Any]:
     """`body` (one of the two kernel functions) decorated for the backend in force, with its JIT options."""
     return triton.jit(body, do_not_specialize=_DO_NOT_SPECIALIZE[body])
 
@@ -303,7 +307,7 @@ class KernelLaunch:
     options: dict[str, Any]
     device: torch.device
 
-    def run(self, kernel) -> None:
+    def run(self, kernel: KernelInterface[Any]) -> None:
         with _device_guard(self.device):
             kernel[self.grid](*self.args, **self.options)
 

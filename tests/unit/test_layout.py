@@ -3,8 +3,8 @@ tool (scripts/, eval/), one tool never imports another tool's module, and no mod
 cycle (imports inside functions count: a lazy import is still a dependency). A tool is one file of a tool folder,
 or one package there (e.g. scripts/server/): the modules of one package may import each other, and one command
 may own a package (scripts/serve.py runs scripts/server/); a package that two tools import is shared logic, which
-belongs in the library. Plus one owner for the run
-directory's file names and for the rules every tool shares, and a --help text on every flag."""
+belongs in the library. Plus one owner for the run directory's file names and for the rules every tool shares, a
+--help text on every flag and type hints on public functions."""
 
 from __future__ import annotations
 
@@ -291,6 +291,46 @@ def test_the_help_check_catches_a_bare_or_empty_flag() -> None:
         parser.add_argument("--d", **spec)
     """)
     assert flags_without_help(source) == [3, 4]
+
+
+def untyped_public_functions(source: str) -> list[str]:
+    """`line name` of each public function or public class's method whose parameters (self and cls aside) or return
+    (__init__'s aside) have no type hint."""
+    found = []
+    for node in ast.parse(source).body:
+        functions = [node] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            functions += [item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for function in functions:
+            if function.name.startswith("_") and function.name != "__init__":
+                continue
+            arguments = [a for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+                         if a.arg not in ("self", "cls")]
+            if any(a.annotation is None for a in arguments) or \
+                    (function.returns is None and function.name != "__init__"):
+                found.append(f"{function.lineno} {function.name}")
+    return found
+
+
+def test_public_functions_have_type_hints() -> None:
+    untyped = {str(path.relative_to(REPO)): names for path in module_files(REPO).values()
+               if (names := untyped_public_functions(path.read_text(encoding="utf-8")))}
+    assert untyped == {}
+
+
+def test_the_type_hint_check_catches_a_missing_hint() -> None:
+    source = textwrap.dedent("""
+        def typed(a: int, *, b: str = "") -> int: ...
+        def no_return(a: int): ...
+        def bare_parameter(a) -> None: ...
+        def _private(a): ...
+        class Public:
+            def __init__(self, a: int): ...
+            def method(self, b) -> None: ...
+        class _Private:
+            def method(self, b): ...
+    """)
+    assert untyped_public_functions(source) == ["3 no_return", "4 bare_parameter", "8 method"]
 
 # The commands that run a model for a while: OpenMP's wait policy must be set before torch loads (trainer/threads.py).
 MODEL_RUNNERS = ("trainer/train_pretrain.py", "trainer/train_full_sft.py", "trainer/train_lora.py",

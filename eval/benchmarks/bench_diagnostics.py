@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--derive", default="10,50,100", help="intervals to derive the overhead for")
     parser.add_argument("--block_steps", type=int, default=10, help="steps of one mode before the next mode's block")
     parser.add_argument("--blocks", type=int, default=2, help="blocks per mode (steps per mode = blocks x block_steps)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps of each mode first")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (the first with diagnostics)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.threads:

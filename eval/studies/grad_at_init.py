@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--num_key_value_heads", type=int, default=None, help="default: the preset's")
     parser.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
     parser.add_argument("--batch_size", type=int, default=8, help="sequences per batch")
-    parser.add_argument("--batches", type=int, default=2, help="batches each gradient is averaged over")
+    parser.add_argument("--batches", type=int, default=2, help="fixed batches the gradient norms are averaged over")
     parser.add_argument("--seeds", type=int, default=3, help="initializations per variant (seeds 0 to N-1)")
     parser.add_argument("--placements", default=",".join(PLACEMENTS), help="comma-separated norm placements")
     parser.add_argument("--norm_types", default=",".join(NORM_TYPES), help="comma-separated norm types")

@@ -8,13 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dataset.atomic_io import atomic_path
+
 FIGURE_DPI = 110
 
 
 def save_figure(fig: Any, path: str | Path) -> None:
-    """Lay out, write and close `fig` (a matplotlib Figure)."""
+    """Lay out, write (atomically) and close `fig` (a matplotlib Figure)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=FIGURE_DPI)
+    with atomic_path(path) as staged:  # the temp file's name has no image suffix: name the format
+        fig.savefig(staged, dpi=FIGURE_DPI, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)

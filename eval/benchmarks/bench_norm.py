@@ -48,6 +48,7 @@ if __package__ in (None, ""):  # run as a script from the repo root or from eval
 
 import torch
 
+from dataset.atomic_io import atomic_write_text
 from eval.benchmarks.rmsnorm.checks import check_kernels, check_model
 from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_table, run_lab
 from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                           residual=True, only=args.methods)]
             print_table(results["residual"], ceiling)
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
     return 0
 
 
@@ -409,7 +410,7 @@ def lab_main(args: argparse.Namespace, dtype: torch.dtype) -> int:
     print(lab_table(variants))
     if args.out:
         rows = [{"norm": v.name, "norm_ms": v.norm_ms, "step_ms": v.step_ms} for v in variants]
-        args.out.write_text(json.dumps({"header": header, "setup": setup, "rows": rows}, indent=1) + "\n")
+        atomic_write_text(args.out, json.dumps({"header": header, "setup": setup, "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -138,6 +138,7 @@ def _threads() -> int:
 def main(argv: list[str] | None = None) -> int:
     import yaml
 
+    from dataset.atomic_io import atomic_write_text
     from trainer.cli import ToolParser
     from trainer.run_dir import report_error
 
@@ -166,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         return report_error(error)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1, allow_nan=True))
+    atomic_write_text(out, json.dumps(payload, indent=1, allow_nan=True))
     table = markdown_table(payload["variants"])
-    out.with_suffix(".md").write_text(f"# Interleaved step times: `{payload['sweep']}`\n\n{payload['machine']}; "
-                                      f"{payload['threads']} threads; load average {payload['load_average'][0]:.2f} "
-                                      f"at start, {payload['load_average'][1]:.2f} at end; {args.rounds} rounds x "
-                                      f"{args.steps} steps after {args.warmup} warmup rounds.\n\n{table}\n")
+    atomic_write_text(out.with_suffix(".md"),
+                      f"# Interleaved step times: `{payload['sweep']}`\n\n{payload['machine']}; "
+                      f"{payload['threads']} threads; load average {payload['load_average'][0]:.2f} "
+                      f"at start, {payload['load_average'][1]:.2f} at end; {args.rounds} rounds x "
+                      f"{args.steps} steps after {args.warmup} warmup rounds.\n\n{table}\n")
     print(table)
     print(f"written to {out}")
     return 0

@@ -34,6 +34,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.corpus import ensure_default_corpus  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
@@ -88,7 +89,7 @@ def run_minimind(minimind_dir: Path, data_path: Path, args: argparse.Namespace, 
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
-    (args.log_dir / "minimind_log.txt").write_text("\n".join(log_lines) + "\n")
+    atomic_write_text(args.log_dir / "minimind_log.txt", "\n".join(log_lines) + "\n")
     timed = [mark for mark in marks if mark[1] >= args.warmup]
     if len(timed) < 2:
         raise SystemExit(f"MiniMind's trainer logged {len(marks)} progress lines (need two at or after step "
@@ -175,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
           f"| {ours['last_loss']:.3f} |")
     print("\n(losses are per token of different tokenizers and data orders: not comparable with each other)")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine_line(), "args": {k: str(v) for k, v in vars(args).items()},
-                                         "minimind_tokens_per_sample": per_sample, "minimind": minimind,
-                                         "ours": ours}, indent=1) + "\n")
+        record = {"machine": machine_line(), "args": {k: str(v) for k, v in vars(args).items()},
+                  "minimind_tokens_per_sample": per_sample, "minimind": minimind, "ours": ours}
+        atomic_write_text(args.json, json.dumps(record, indent=1) + "\n")
     return 0
 
 

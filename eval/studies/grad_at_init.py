@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from dataset.atomic_io import atomic_write_text
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.cli import ToolParser
@@ -248,7 +249,7 @@ def write_table(results: dict, path: Path) -> None:
                          + " |")
     lines += ["", "Initial loss (mean over batches and seeds): "
               + ", ".join(f"{row_label(e).replace(' | ', '/')} {e['loss_mean']:.3f}" for e in results["runs"]), ""]
-    path.write_text("\n".join(lines))
+    atomic_write_text(path, "\n".join(lines))
 
 
 def plot(results: dict, path: Path, quantity: str = "ffn_w2") -> None:
@@ -392,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "runs": runs,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    atomic_write_text(out / "results.json", json.dumps(results, indent=1))
     write_table(results, out / "grad_at_init.md")
     plot(results, out / "grad_at_init.png")
     print(f"wrote {out / 'grad_at_init.md'} and {out / 'grad_at_init.png'} in {time.time() - start:.0f} s")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from dataset.atomic_io import atomic_write_text  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
@@ -142,8 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"|alpha x| > {SATURATED_AT:g}); {machine_line()}\n\n{table(results)}\n")
     print(text)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text, encoding="utf-8")
+        atomic_write_text(args.out, text)
     return 0
 
 

@@ -4,7 +4,7 @@ cycle (imports inside functions count: a lazy import is still a dependency). A t
 or one package there (e.g. scripts/server/): the modules of one package may import each other, and one command
 may own a package (scripts/serve.py runs scripts/server/); a package that two tools import is shared logic, which
 belongs in the library. Plus one owner for the run directory's file names and for the rules every tool shares, a
---help text on every flag and type hints on public functions."""
+--help text on every flag, type hints on public functions, and whole files written atomically."""
 
 from __future__ import annotations
 
@@ -331,6 +331,71 @@ def test_the_type_hint_check_catches_a_missing_hint() -> None:
             def method(self, b): ...
     """)
     assert untyped_public_functions(source) == ["3 no_return", "4 bare_parameter", "8 method"]
+
+
+# Whole files are written through dataset/atomic_io.py (a kill leaves the old file or the new, never half of one);
+# these functions write in place on purpose: into a fresh temp or staging directory that is renamed or dropped
+# whole, inside atomic_path's block, or a log streamed as a run goes.
+IN_PLACE_WRITERS = {
+    ("model/kernels/cuda_build.py", "_ptxas_report"),                  # a temp directory for ptxas
+    ("trainer/checkpoint.py", "probe_storage"),                         # a probe file, removed after
+    ("trainer/sweep_dir.py", "_write_bytes"),                           # inside atomic_path
+    ("scripts/convert_to_llama.py", "_patch_config_json"),              # the staging directory
+    ("scripts/convert_to_llama.py", "_tokenizer_files"),                # the staging directory
+    ("scripts/import_checkpoint.py", "import_checkpoint"),              # the staging directory
+    ("scripts/sweep.py", "run_trial"),                                  # the trial's streamed log
+    ("eval/benchmarks/bench_rollout.py", "engine_module_at"),           # a temp directory
+    ("eval/benchmarks/bench_vs_minimind.py", "run_ours"),               # our trainer's streamed log
+    ("eval/benchmarks/bench_post_training.py", "fresh_model"),          # a temp directory
+    ("eval/benchmarks/bench_post_training.py", "write_data"),           # a temp directory
+    ("eval/benchmarks/bench_serve.py", "untrained_default_model"),      # a temp directory
+}
+
+
+def in_place_writes(source: str) -> list[tuple[str, int]]:
+    """(enclosing function, line) of each write_text / write_bytes call and each open() for writing."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call):
+                name = getattr(child.func, "attr", None) or getattr(child.func, "id", None)
+                if name == "open":  # open(path, mode) or path.open(mode)
+                    position = 0 if isinstance(child.func, ast.Attribute) else 1
+                    mode = next((k.value for k in child.keywords if k.arg == "mode"),
+                                child.args[position] if len(child.args) > position else None)
+                    if isinstance(mode, ast.Constant) and set(str(mode.value)) & set("wax+"):
+                        found.append((function, child.lineno))
+                elif name in ("write_text", "write_bytes"):
+                    found.append((function, child.lineno))
+            visit(child, inner)
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+def test_whole_files_are_written_atomically() -> None:
+    unexpected = {str(path.relative_to(REPO)): writes for path in module_files(REPO).values()
+                  if path.name != "atomic_io.py" and (writes := [
+                      (function, line) for function, line in in_place_writes(path.read_text(encoding="utf-8"))
+                      if (str(path.relative_to(REPO)), function) not in IN_PLACE_WRITERS])}
+    assert unexpected == {}
+
+
+def test_the_atomic_write_check_catches_each_kind_of_write() -> None:
+    source = textwrap.dedent("""
+        def save(path, text):
+            path.write_text(text)
+            with open(path, "a") as f:
+                f.write(text)
+            with path.open(mode="wb") as f:
+                pass
+            with open(path) as f, path.open("r") as g:
+                return f.read()
+        blob.write_bytes(b"")
+    """)
+    assert in_place_writes(source) == [("save", 3), ("save", 4), ("save", 6), ("<module>", 10)]
 
 # The commands that run a model for a while: OpenMP's wait policy must be set before torch loads (trainer/threads.py).
 MODEL_RUNNERS = ("trainer/train_pretrain.py", "trainer/train_full_sft.py", "trainer/train_lora.py",

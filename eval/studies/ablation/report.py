@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dataset.atomic_io import atomic_write_text
 from eval.studies.ablation.baseline import data_key, unigram_baseline
 from eval.studies.ablation.load import SEED_KEY, Part, duplicate_trials, group_variants, load_sweep
 from eval.studies.ablation.plots import plot_curves, plot_grad_profile, plot_lr_warmup, plot_pre_post, plot_prms_p
@@ -123,7 +124,7 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
     if seed2_dir:
         seed2 = write_seed2_yaml(parts[0], seed2_dir, parts[1:])
         print(f"second-seed sweep written: OMP_NUM_THREADS=1 python scripts/sweep.py {seed2}")
-    (out / "report.md").write_text("\n".join(md))
+    atomic_write_text(out / "report.md", "\n".join(md))
     payload = {"sweeps": names, "counts": counts, "variants": rows_all, "plots": plots_all,
                "unigram": {p.name: p.unigram for p in parts if p.unigram}, "duplicates": duplicates,
                "trials": [{"part": p.name, "trial_id": t.trial_id, "status": t.status, "params": t.params,
@@ -133,5 +134,5 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
                            "code": t.summary.get("code")} for p in parts for t in p.trials]}
     if study2:
         payload["study2"] = study2_payload
-    (out / "report.json").write_text(json.dumps(payload, indent=1, default=str, allow_nan=True))
+    atomic_write_text(out / "report.json", json.dumps(payload, indent=1, default=str, allow_nan=True))
     return out / "report.md"

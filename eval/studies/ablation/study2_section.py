@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dataset.atomic_io import atomic_write_text
 from eval.studies.ablation.load import SEED_KEY, Part, Trial
 from eval.studies.ablation.study2 import (BASELINE_VARIANT, ESCAPE_MARGIN, INIT_KEY, LR_KEY, POST_LN_VARIANT,
                                           VARIANT_KEY, WARMUP_KEY, best_rate, escape_step, losses_by_rate,
@@ -284,9 +285,9 @@ def write_seed2_yaml(part: Part, directory: str | Path, more: list[Part] | None 
         chosen[name] = best
         text = (REPO_ROOT / source).read_text()
         target = rates_dir / f"{name}.yaml"
-        target.write_text(f"# Generated {stamp} by eval/studies/ablation_report.py --write_seed2 from "
-                          f"{sources}:\n# {source} at its best rate (final val loss {best[1]:.4f}).\n"
-                          f"{text.rstrip()}\nlearning_rate: {best[0]}\n")
+        atomic_write_text(target, f"# Generated {stamp} by eval/studies/ablation_report.py --write_seed2 from "
+                                  f"{sources}:\n# {source} at its best rate (final val loss {best[1]:.4f}).\n"
+                                  f"{text.rstrip()}\nlearning_rate: {best[0]}\n")
         inside = target.resolve().is_relative_to(REPO_ROOT)  # the sweep runs trials from the repo root
         generated.append(str(target.resolve().relative_to(REPO_ROOT) if inside else target.resolve()))
     new = {k: v for k, v in config.items()}
@@ -299,5 +300,5 @@ def write_seed2_yaml(part: Part, directory: str | Path, more: list[Part] | None 
     lines = [f"# Generated {stamp} by eval/studies/ablation_report.py --write_seed2 from {sources}:",
              f"# seed {seed} of every variant at its best rate (the lowest final val loss of "
              "the grid):"] + [f"#   {n}: {lr:.3g} ({loss:.4f})" for n, (lr, loss) in chosen.items()]
-    path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(new, sort_keys=False, width=120))
+    atomic_write_text(path, "\n".join(lines) + "\n" + yaml.safe_dump(new, sort_keys=False, width=120))
     return path

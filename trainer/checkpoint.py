@@ -241,21 +241,23 @@ def _describe(data: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class RunStart:
     """What every process starts: a run id (the resumed checkpoint's run, or a new one), the checkpoint to resume
-    (None: start fresh) and the names --overwrite removed from --out_dir (empty: none)."""
+    (None: start fresh) and whether a previous run's files in --out_dir are to go before this run writes there
+    (`clear_previous_files`)."""
 
     run_id: str
     resume: ResumePoint | None
-    cleared: tuple[str, ...] = ()
+    clear: bool = False
 
 
 def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, path: Path | None,
-                   overwrite: bool = False, writer: bool | None = None) -> RunStart:
+                   overwrite: bool = False) -> RunStart:
     """Collective: which run every process starts, decided once by the main process and broadcast, then checked by
     every process. `resume`: None, "auto" (the newest checkpoint under out_dir/checkpoints, this process's, that
     every process holds) or a checkpoint directory, `path` (resolved on each machine). One directory holds one run:
     a fresh start where `out_dir` holds a finished model or checkpoints, or a resume of another run's checkpoint
-    there (run ids differ), is refused unless `overwrite`, and then that run's files are removed by the `writer`
-    processes (default: the main one). Raises, on every process with the same one line, ValueError for such a
+    there (run ids differ), is refused unless `overwrite`, and then that run's files are to be removed
+    (`RunStart.clear`; clear_previous_files removes them once the new run's inputs have all been checked). Nothing
+    is written here. Raises, on every process with the same one line, ValueError for such a
     refusal, FileNotFoundError when there is no such checkpoint and CheckpointUnreadable naming the first rank and
     path that cannot be read."""
     root = out_dir / CHECKPOINT_DIR
@@ -271,13 +273,9 @@ def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, 
         raise FileNotFoundError(decision["error"])
     if "refused" in decision:
         raise ValueError(decision["refused"])
-    cleared: tuple[str, ...] = ()
-    if decision.get("clear"):
-        if accelerator.is_main_process if writer is None else writer:
-            cleared = tuple(clear_previous_run(out_dir))
-        accelerator.wait_for_everyone()
+    clear = bool(decision.get("clear"))
     if "name" not in decision:
-        return RunStart(decision["run_id"], None, cleared)
+        return RunStart(decision["run_id"], None, clear)
     mine = root / decision["name"] if resume == "auto" else path
     state = decision["state"]
     needed = files_needed_by(state.get(FILES_KEY, decision["files"]), accelerator.process_index,
@@ -288,7 +286,20 @@ def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, 
             raise CheckpointUnreadable(f"--resume {resume}: rank {rank} cannot read {problem}; every process needs "
                                        f"the checkpoint's model, optimizer and scheduler state and its own RNG state "
                                        f"({_STORAGE_HELP})")
-    return RunStart(decision["run_id"], ResumePoint(mine, state, decision["note"]), cleared)
+    return RunStart(decision["run_id"], ResumePoint(mine, state, decision["note"]), clear)
+
+
+def clear_previous_files(accelerator: Accelerator, out_dir: Path, start: RunStart, writer: bool) -> tuple[str, ...]:
+    """Collective where `start.clear` (agree_on_start's decision, the same on every process): the `writer` processes
+    remove the previous run's files from `out_dir`. Called once every input of the new run has been checked and
+    before it writes there, so that a run refused for a bad flag leaves the previous one whole. Returns the names
+    this process removed."""
+    cleared: tuple[str, ...] = ()
+    if start.clear:
+        if writer:
+            cleared = tuple(clear_previous_run(out_dir))
+        accelerator.wait_for_everyone()
+    return cleared
 
 
 def _one_run_per_directory(decision: dict[str, Any], resume: str | None, out_dir: Path, path: Path | None,

@@ -39,8 +39,8 @@ from model.model import MiniNormForCausalLM
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
                           resolve_copy_rows, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
-from trainer.checkpoint import (agree_on_start, check_resume_compatible, load_checkpoint, probe_storage,
-                                save_checkpoint, saved_position)
+from trainer.checkpoint import (agree_on_start, check_resume_compatible, clear_previous_files, load_checkpoint,
+                                probe_storage, save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  set_collective_timeout, shutdown, state_is_sharded, update_inside_backward,
@@ -102,6 +102,19 @@ def _starting_weights(args: TrainArgs) -> Path:
         raise FileNotFoundError(f"--from_weight {source}: no model to start from there; create it with "
                                 f"`{CREATE_COMMANDS[source_task]}` (or pass --from_weight DIR)")
     return source
+
+
+def _check_model_sources(args: TrainArgs) -> None:
+    """The model directories the run starts from (--from_weight) or scores with (--teacher, --reward_model) exist:
+    a missing one is a one-line error before any data is tokenized."""
+    if args.task != "pretrain":
+        _starting_weights(args)
+    if args.task == "distill":
+        from trainer.distillation import teacher_model_dir
+        teacher_model_dir(args.teacher)
+    if args.reward_model:
+        from trainer.reward_model import reward_model_dir
+        reward_model_dir(resolve_path(args.reward_model))
 
 
 def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[str]]:
@@ -174,6 +187,7 @@ class Trainer:
     def __init__(self, args: TrainArgs) -> None:
         args.dtype = resolve_dtype(args.dtype)
         self.args = args
+        _check_model_sources(args)
         self.threads = ThreadPolicy(parse_threads(args.threads))  # first: the set-up runs at this count too
         self.threads.start()
         self.out_dir = args.resolved_out_dir()
@@ -189,12 +203,7 @@ class Trainer:
                                             node_local_allowed=not state_is_sharded(self.accelerator))
         explicit = resolve_path(args.resume) if args.resume and args.resume != "auto" else None
         # One run per directory: refuse to replace or mix with another run there (--overwrite removes it first).
-        start = agree_on_start(self.accelerator, args.resume, self.out_dir, explicit, overwrite=args.overwrite,
-                               writer=self.accelerator.is_main_process if self.shared_storage
-                               else self.accelerator.is_local_main_process)
-        if start.cleared and self.is_main:
-            reason = "--overwrite: " if args.overwrite else "another run resumed here: "
-            tqdm.write(f"{reason}removed the previous run's {', '.join(start.cleared)} from {self.out_dir}")
+        start = agree_on_start(self.accelerator, args.resume, self.out_dir, explicit, overwrite=args.overwrite)
         self.run_id = start.run_id
         self.resume = start.resume
         self.resume_from = self.resume.path if self.resume is not None else None
@@ -257,6 +266,13 @@ class Trainer:
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.flops_per_token = flops_per_token(self.base_model.config, self.num_params, args.max_seq_len)
         self.peak_flops = args.peak_flops or peak_flops_for(self.accelerator.device, args.dtype)
+        # Every input is checked by now: only now may the previous run's files go (a refused run leaves them whole).
+        cleared = clear_previous_files(self.accelerator, self.out_dir, start,
+                                       writer=self.is_main if self.shared_storage
+                                       else self.accelerator.is_local_main_process)
+        if cleared and self.is_main:
+            reason = "--overwrite: " if args.overwrite else "another run resumed here: "
+            tqdm.write(f"{reason}removed the previous run's {', '.join(cleared)} from {self.out_dir}")
         self.reporter = TrainingReporter(self.accelerator, self.objective, self.out_dir, task=args.task,
                                          log_interval=args.log_interval, use_wandb=args.use_wandb,
                                          flops_per_token=self.flops_per_token, peak_flops=self.peak_flops,

@@ -64,6 +64,15 @@ def teacher_directory(teacher: str | None) -> Path:
     return resolve_input_path(teacher) if teacher else resolve_path(DEFAULT_OUT_DIRS[DEFAULT_TEACHER])
 
 
+def teacher_model_dir(teacher: str | None) -> Path:
+    """teacher_directory(teacher), which must hold a model: else a one-line FileNotFoundError."""
+    teacher_dir = teacher_directory(teacher)
+    if not is_model_dir(teacher_dir):
+        raise FileNotFoundError(f"--teacher {teacher_dir}: no model there; create it with "
+                                f"`{CREATE_COMMANDS[DEFAULT_TEACHER]}` (or pass --teacher DIR)")
+    return teacher_dir
+
+
 def load_teacher(teacher: str | None, student_tokenizer: PreTrainedTokenizerBase, student_vocab_size: int,
                  **runtime) -> torch.nn.Module:
     """The teacher model of the directory `teacher` (--teacher; None: DEFAULT_TEACHER's output), after checking it
@@ -72,10 +81,7 @@ def load_teacher(teacher: str | None, student_tokenizer: PreTrainedTokenizerBase
     from dataset.tokenization import load_tokenizer
     from model.model import MiniNormForCausalLM
 
-    teacher_dir = teacher_directory(teacher)
-    if not is_model_dir(teacher_dir):
-        raise FileNotFoundError(f"--teacher {teacher_dir}: no model there; create it with "
-                                f"`{CREATE_COMMANDS[DEFAULT_TEACHER]}` (or pass --teacher DIR)")
+    teacher_dir = teacher_model_dir(teacher)
     why = "distillation compares the two models' next-token distributions id by id, so both need one tokenizer"
     try:
         teacher_tokenizer = load_tokenizer(teacher_dir)

@@ -25,6 +25,15 @@ REWARD_MODEL_NAME = "reward_model"  # what its logs call it: rewards/reward_mode
 CONTENT_MARKS = ("\ue000prompt\ue001", "\ue000completion\ue001")
 
 
+def reward_model_dir(directory: str | Path) -> Path:
+    """The --reward_model directory, which must hold a model's config.json: else a one-line FileNotFoundError."""
+    directory = Path(directory).expanduser()
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"--reward_model {directory}: no model there (expected a transformers "
+                                f"AutoModelForSequenceClassification directory)")
+    return directory
+
+
 class RewardModelScorer:
     """Callable with TRL's reward signature; one sequence at a time (no padding: each score is the model's output
     on exactly that text), in eval mode, without gradients, on `device`."""
@@ -34,10 +43,7 @@ class RewardModelScorer:
     def __init__(self, directory: str | Path, device: torch.device | str = "cpu") -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        directory = Path(directory).expanduser()
-        if not (directory / "config.json").is_file():
-            raise FileNotFoundError(f"--reward_model {directory}: no model there (expected a transformers "
-                                    f"AutoModelForSequenceClassification directory)")
+        directory = reward_model_dir(directory)
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         if self.tokenizer.chat_template is None:
             raise ValueError(f"--reward_model {directory}: its tokenizer has no chat template to render the "

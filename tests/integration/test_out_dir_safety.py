@@ -1,6 +1,7 @@
 """One run per --out_dir: a trainer never silently replaces a finished model or mixes two runs. A new run where one
 finished, or a resume of another run's checkpoint there, is refused in one line naming the directory and
---overwrite; --overwrite removes the old run's files first; --resume auto continues the directory's own run (its run
+--overwrite; --overwrite removes the old run's files, but only once the new run's inputs are all
+checked (a bad one leaves the old run whole); --resume auto continues the directory's own run (its run
 id, in train_config.yaml and every checkpoint, says which), also in a directory written before run ids."""
 
 from __future__ import annotations
@@ -136,3 +137,28 @@ def test_fine_tuning_runs_refuse_to_replace_a_finished_run(task, train_data, tin
     assert error.startswith(f"error: --out_dir {out_dir} already holds a run: a finished model"), error
     run_in_process(task, argv + ["--overwrite"])
     assert [r["step"] for r in read_metrics(out_dir, "train")] == [1, 2]
+
+
+@pytest.mark.parametrize("task, bad_flags, error_start", [
+    ("pretrain", ["--data_path", "{missing}"], "error: no such data file: {missing}"),
+    ("sft", ["--from_weight", "{missing}"], "error: --from_weight {missing}: no model to start from there"),
+    ("distill", ["--teacher", "{missing}"], "error: --teacher {missing}: no model there"),
+    ("grpo", ["--reward_model", "{missing}"], "error: --reward_model {missing}: no model there"),
+])
+def test_overwrite_with_a_bad_input_is_refused_and_leaves_the_old_run_whole(task, bad_flags, error_start, finished,
+                                                                          train_data, tiny_models, tmp_path,
+                                                                          capsys):
+    """--overwrite removes the previous run's files only once the new run's inputs have all been checked: a
+    mistyped path is a one-line error that changes nothing (it used to remove the old model first)."""
+    missing = str(tmp_path / "missing")
+    before = {p.relative_to(finished): p.read_bytes() for p in finished.rglob("*") if p.is_file()}
+    if task == "pretrain":
+        argv = pretrain_argv(train_data, finished, *SHORT)
+    else:
+        argv = finetune_argv(task, train_data, tiny_models.sft, finished, "--max_steps", "2")
+    flag = bad_flags[0]
+    argv = [*argv[:argv.index(flag)], *argv[argv.index(flag) + 2:]] if flag in argv else argv
+    argv += [flag, missing, "--overwrite"]
+    error = _refused(task, argv, capsys)
+    assert error.startswith(error_start.format(missing=missing)), error
+    assert {p.relative_to(finished): p.read_bytes() for p in finished.rglob("*") if p.is_file()} == before

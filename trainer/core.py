@@ -202,7 +202,8 @@ class Trainer:
         self.shared_storage = probe_storage(self.accelerator, self.out_dir,
                                             node_local_allowed=not state_is_sharded(self.accelerator))
         explicit = resolve_path(args.resume) if args.resume and args.resume != "auto" else None
-        # One run per directory: refuse to replace or mix with another run there (--overwrite removes it first).
+        # One run per directory: refuse to replace or mix with another run there (--overwrite: its files go once
+        # this run's inputs are all checked, clear_previous_files below).
         start = agree_on_start(self.accelerator, args.resume, self.out_dir, explicit, overwrite=args.overwrite)
         self.run_id = start.run_id
         self.resume = start.resume

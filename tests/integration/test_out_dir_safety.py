@@ -139,13 +139,13 @@ def test_fine_tuning_runs_refuse_to_replace_a_finished_run(task, train_data, tin
     assert [r["step"] for r in read_metrics(out_dir, "train")] == [1, 2]
 
 
-@pytest.mark.parametrize("task, bad_flags, error_start", [
-    ("pretrain", ["--data_path", "{missing}"], "error: no such data file: {missing}"),
-    ("sft", ["--from_weight", "{missing}"], "error: --from_weight {missing}: no model to start from there"),
-    ("distill", ["--teacher", "{missing}"], "error: --teacher {missing}: no model there"),
-    ("grpo", ["--reward_model", "{missing}"], "error: --reward_model {missing}: no model there"),
+@pytest.mark.parametrize("task, flag, error_start", [
+    ("pretrain", "--data_path", "error: no such data file: {missing}"),
+    ("sft", "--from_weight", "error: --from_weight {missing}: no model to start from there"),
+    ("distill", "--teacher", "error: --teacher {missing}: no model there"),
+    ("grpo", "--reward_model", "error: --reward_model {missing}: no model there"),
 ])
-def test_overwrite_with_a_bad_input_is_refused_and_leaves_the_old_run_whole(task, bad_flags, error_start, finished,
+def test_overwrite_with_a_bad_input_is_refused_and_leaves_the_old_run_whole(task, flag, error_start, finished,
                                                                           train_data, tiny_models, tmp_path,
                                                                           capsys):
     """--overwrite removes the previous run's files only once the new run's inputs have all been checked: a
@@ -156,8 +156,8 @@ def test_overwrite_with_a_bad_input_is_refused_and_leaves_the_old_run_whole(task
         argv = pretrain_argv(train_data, finished, *SHORT)
     else:
         argv = finetune_argv(task, train_data, tiny_models.sft, finished, "--max_steps", "2")
-    flag = bad_flags[0]
-    argv = [*argv[:argv.index(flag)], *argv[argv.index(flag) + 2:]] if flag in argv else argv
+    if flag in argv:  # the flag's good value goes: the missing path replaces it
+        argv = [*argv[:argv.index(flag)], *argv[argv.index(flag) + 2:]]
     argv += [flag, missing, "--overwrite"]
     error = _refused(task, argv, capsys)
     assert error.startswith(error_start.format(missing=missing)), error

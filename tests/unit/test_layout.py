@@ -263,7 +263,6 @@ def test_every_command_line_is_parsed_by_the_shared_tool_parser() -> None:
             "eval/studies/ablation_report.py"} <= users
 
 
-
 def flags_without_help(source: str) -> list[int]:
     """The lines of `add_argument` calls that give no --help text (no help=, or an empty literal one)."""
     lines = []
@@ -398,6 +397,7 @@ def test_the_atomic_write_check_catches_each_kind_of_write() -> None:
         blob.write_bytes(b"")
     """)
     assert in_place_writes(source) == [("save", 3), ("save", 4), ("save", 6), ("<module>", 10)]
+
 
 # The commands that run a model for a while: OpenMP's wait policy must be set before torch loads (trainer/threads.py).
 MODEL_RUNNERS = ("trainer/train_pretrain.py", "trainer/train_full_sft.py", "trainer/train_lora.py",

@@ -16,7 +16,11 @@ Two settings, both decided once per process:
   affinity, a cgroup CPU quota) minus the cores other processes keep busy on them at start, at least one. Others'
   load is measured, not guessed from /proc/loadavg (which counts our own threads): the busy time of our CPUs in
   /proc/stat (time stolen by a hypervisor included) minus this process's own CPU time (/proc/self/stat), over
-  START_WINDOW_S; a core counts as taken when others use more than OTHERS_THRESHOLD of it. A number
+  windows of START_WINDOW_S; a core counts as taken when others use more than OTHERS_THRESHOLD of it in every one
+  of up to START_WINDOWS windows (the quietest window decides; the look ends at the first window that leaves every
+  core free). Why the quietest: the count holds for the whole run; one thread on an idle machine made the default
+  step 1.5x slower, two beside a steady competitor only 1.16x (docs/benchmarks.md, "One thread or two"), so a
+  burst at start (a compiler, a test's worker starting) must not take a core for the run. A number
   (`--threads 2`) pins the count, and so does OMP_NUM_THREADS (torchrun sets 1 for each of its processes).
 
 Exactness: the thread count changes the last bits of a training step (the weight gradients' matrix products
@@ -35,7 +39,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-START_WINDOW_S = 0.25      # the first measurement of others' load, before the work starts
+START_WINDOW_S = 0.25      # one look at others' load, before the work starts
+START_WINDOWS = 4          # looks at most (1 s) before a core counts as taken for the run
 OTHERS_THRESHOLD = 0.25    # a core counts as taken when other processes use more than this share of it
 THREADS_AUTO = "auto"
 THREADS_ALLOWED = "use 'auto' or a positive number of threads"
@@ -169,15 +174,32 @@ class ThreadPolicy:
         return self.pinned_by is None
 
     def start(self) -> None:
-        """Set the thread count (auto: after a START_WINDOW_S look at others' load)."""
+        """Set the thread count (auto: after looking at others' load, see `quietest_load`)."""
         if self.auto:
-            before = self._sample()
+            others = self.quietest_load()
+            if others is not None:
+                self.others = others
+                self.threads = threads_for(self.cores, others)
+        _set_threads(self.threads)
+
+    def quietest_load(self) -> float | None:
+        """Others' load in the quietest of up to START_WINDOWS windows of START_WINDOW_S, ending early at a
+        window that leaves every core free; None where /proc does not tell."""
+        quietest = None
+        before = self._sample()
+        if before is None:
+            return None
+        for _ in range(START_WINDOWS):
             time.sleep(START_WINDOW_S)
             after = self._sample()
-            if before is not None and after is not None:
-                self.others = others_load(before, after, self.cores)
-                self.threads = threads_for(self.cores, self.others)
-        _set_threads(self.threads)
+            if after is None:
+                return quietest
+            load = others_load(before, after, self.cores)
+            quietest = load if quietest is None else min(quietest, load)
+            if threads_for(self.cores, quietest) == self.cores:
+                break
+            before = after
+        return quietest
 
     def keep_runs(self, saved: int | None) -> None:
         """A resumed run keeps the thread count its checkpoint recorded (the last bits depend on it), unless one

@@ -2,6 +2,7 @@
 benchmark starts and stops itself), for
 
   - MiniNorm as it ships: `--threads auto` and OpenMP's spin bounded (trainer/threads.py),
+  - MiniNorm on one thread (`--threads 1`, spin bounded): what `auto` chooses when it finds a core taken at start,
   - MiniNorm with that policy off: one thread per core and OpenMP's default spin,
   - `before`: MiniNorm as it was before issue 26, the policy off and the optimizer stepping as torch's own classes
     do (unfused AdamW, Muon's per-matrix Newton-Schulz loop): the same arithmetic in more parallel regions, and
@@ -15,6 +16,7 @@ gives the median step of every variant at every level and its ratio to the same 
     python eval/benchmarks/bench_load.py --rounds 6 --steps 5 --competitors 0,1
     python eval/benchmarks/bench_load.py --variants mininorm,mininorm:30000,policy_off   # other spin counts
     python eval/benchmarks/bench_load.py --competitors 0,1 --rounds 8 --variants mininorm,before   # the goal's pair
+    python eval/benchmarks/bench_load.py --start_bursts 5 --rounds 0   # `auto`'s count beside a burst at start only
 """
 
 from __future__ import annotations
@@ -38,11 +40,14 @@ from trainer.threads import bound_openmp_waits, usable_cores  # noqa: E402
 
 VARIANTS = {
     "mininorm": "MiniNorm (threads auto, bounded spin)",
+    "one_thread": "MiniNorm on one thread (bounded spin)",
     "policy_off": "MiniNorm, policy off (all cores, default spin)",
     "before": "MiniNorm before issue 26 (policy off, torch's per-matrix Muon step, unfused AdamW)",
     "llama": "HF Llama, plain fp32 AdamW loop",
 }
 BUSY_LOOP = "while True:\n    pass\n"
+BURST_S = 0.4  # a competitor busy this long as `auto` starts looking: a compiler, a test's worker starting
+BURST_LOOP = f"import time\nend = time.time() + {BURST_S}\nwhile time.time() < end:\n    pass\n"
 
 
 def label(variant: str) -> str:
@@ -71,7 +76,7 @@ def worker(variant: str, out_dir: str) -> None:
     from trainer.args import parse_args
     from trainer.core import Trainer
 
-    threads = "auto" if variant.startswith("mininorm") else str(usable_cores())
+    threads = "auto" if variant.startswith("mininorm") else "1" if variant == "one_thread" else str(usable_cores())
     if variant == "before":
         use_torch_optimizer_steps()
     trainer = Trainer(parse_args("pretrain", ["--out_dir", out_dir, "--overwrite", "--threads", threads]))
@@ -106,7 +111,7 @@ class Worker:
     def __init__(self, variant: str, out_dir: str) -> None:
         env = {key: value for key, value in os.environ.items()
                if key not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-        if variant.startswith("mininorm"):
+        if variant.startswith("mininorm") or variant == "one_thread":
             bound_openmp_waits(env)
             env["GOMP_SPINCOUNT"] = variant.partition(":")[2] or env["GOMP_SPINCOUNT"]
         self.process = subprocess.Popen([sys.executable, __file__, "--worker", variant, "--out_dir", out_dir],
@@ -129,13 +134,81 @@ class Worker:
         self.process.wait()
 
 
+def start_decisions(trials: int) -> None:
+    """`--threads auto`'s count when a burst of BURST_S runs beside its start, as shipped and with one window
+    (the policy before 2026-12-02), alternating, `trials` times each; and beside a steady competitor."""
+    import trainer.threads as threads
+
+    shipped = threads.START_WINDOWS
+    counts: dict[str, list[int]] = {}
+    for scene, loop in (("a burst at start", BURST_LOOP), ("a steady competitor", BUSY_LOOP)):
+        for _ in range(trials):
+            for windows in (1, shipped):
+                threads.START_WINDOWS = windows
+                competitor = subprocess.Popen([sys.executable, "-c", loop])
+                try:
+                    time.sleep(0.05)  # let it start
+                    policy = threads.ThreadPolicy("auto", environ={})
+                    policy.start()
+                finally:
+                    competitor.kill()
+                    competitor.wait()
+                counts.setdefault(f"{scene}, {windows} window{'s' if windows > 1 else ''}", []).append(policy.threads)
+                time.sleep(0.5)
+    threads.START_WINDOWS = shipped
+    print(f"\n`--threads auto` on {usable_cores()} usable cores, {trials} starts each (alternating): thread counts\n")
+    for scene, chosen in counts.items():
+        print(f"- {scene}: {' '.join(map(str, chosen))}")
+
+
+def step_table(variants: list[str], levels: list[int], rounds: int, steps: int, warmup: int) -> None:
+    """Every variant's training step at every load level, interleaved round after round; the medians' table."""
+    times: dict[tuple[str, int], list[float]] = {(v, n): [] for v in variants for n in levels}
+    with tempfile.TemporaryDirectory() as scratch:
+        workers = {}
+        for variant in variants:  # one at a time, on an idle machine: `auto` decides its threads at start
+            workers[variant] = Worker(variant, f"{scratch}/{variant}")
+            workers[variant].steps(warmup)
+            print(f"{label(variant)}: {workers[variant].ready['ready']}", flush=True)
+        try:
+            for _ in range(rounds):
+                for level in levels:
+                    competitors = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(level)]
+                    try:
+                        time.sleep(0.5)
+                        for variant in variants:
+                            times[variant, level] += workers[variant].steps(steps)
+                    finally:
+                        for competitor in competitors:
+                            competitor.kill()
+                            competitor.wait()
+        finally:
+            for process in workers.values():
+                process.close()
+    print(f"\nDefault pretraining step (cpu-wide preset, batch 8 x 256, `--dtype auto`; the Llama loop fp32), "
+          f"median of {rounds} rounds x {steps} steps per cell, ms; x: the same variant's idle median\n")
+    header = " | ".join(f"{n} busy process{'es' if n != 1 else ''}" if n else "idle" for n in levels)
+    print(f"| variant | {header} |")
+    print("|---" * (len(levels) + 1) + "|")
+    for variant in variants:
+        idle = statistics.median(times[variant, levels[0]])
+        cells = []
+        for level in levels:
+            median = statistics.median(times[variant, level])
+            cells.append(f"{median * 1e3:.0f}" + (f" ({median / idle:.2f}x)" if level else ""))
+        print(f"| {label(variant)} | {' | '.join(cells)} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=4, help="rounds over every load level and variant")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="rounds over every load level and variant (0: no step table)")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per variant, level and round")
     parser.add_argument("--warmup", type=int, default=4, help="steps per variant before the first round")
     parser.add_argument("--competitors", default="0,1,2", help="comma-separated numbers of busy processes")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated: {', '.join(VARIANTS)}")
+    parser.add_argument("--start_bursts", type=int, default=0,
+                        help="also start `--threads auto` this many times beside a short burst and a steady load")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out_dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -151,40 +224,10 @@ def main(argv: list[str] | None = None) -> None:
         if name not in VARIANTS or (spin and (name != "mininorm" or not spin.isdigit())):
             parser.error(f"--variants: {variant!r} is not allowed; choose from {', '.join(VARIANTS)} or mininorm:N")
     print(f"{machine_line()}; load average {os.getloadavg()[0]:.2f} at start", flush=True)
-    times: dict[tuple[str, int], list[float]] = {(v, n): [] for v in variants for n in levels}
-    with tempfile.TemporaryDirectory() as scratch:
-        workers = {}
-        for variant in variants:  # one at a time, on an idle machine: `auto` decides its threads at start
-            workers[variant] = Worker(variant, f"{scratch}/{variant}")
-            workers[variant].steps(args.warmup)
-            print(f"{label(variant)}: {workers[variant].ready['ready']}", flush=True)
-        try:
-            for _ in range(args.rounds):
-                for level in levels:
-                    competitors = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(level)]
-                    try:
-                        time.sleep(0.5)
-                        for variant in variants:
-                            times[variant, level] += workers[variant].steps(args.steps)
-                    finally:
-                        for competitor in competitors:
-                            competitor.kill()
-                            competitor.wait()
-        finally:
-            for process in workers.values():
-                process.close()
-    print(f"\nDefault pretraining step (cpu-wide preset, batch 8 x 256, `--dtype auto`; the Llama loop fp32), median "
-          f"of {args.rounds} rounds x {args.steps} steps per cell, ms; x: the same variant's idle median\n")
-    header = " | ".join(f"{n} busy process{'es' if n != 1 else ''}" if n else "idle" for n in levels)
-    print(f"| variant | {header} |")
-    print("|---" * (len(levels) + 1) + "|")
-    for variant in variants:
-        idle = statistics.median(times[variant, levels[0]])
-        cells = []
-        for level in levels:
-            median = statistics.median(times[variant, level])
-            cells.append(f"{median * 1e3:.0f}" + (f" ({median / idle:.2f}x)" if level else ""))
-        print(f"| {label(variant)} | {' | '.join(cells)} |")
+    if args.rounds > 0:
+        step_table(variants, levels, args.rounds, args.steps, args.warmup)
+    if args.start_bursts > 0:
+        start_decisions(args.start_bursts)
     print(f"\nload average {os.getloadavg()[0]:.2f} at end")
 
 

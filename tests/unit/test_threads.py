@@ -80,16 +80,50 @@ def test_a_busy_competitor_takes_a_core_from_the_auto_count():
     assert threads_for(cores, others) <= max(1, cores - 1)
 
 
-def test_auto_uses_the_measured_load_and_pins_override_it(monkeypatch):
+def cumulative_samples(others_per_window: list[float], cores: int = 4) -> list[CpuSample]:
+    """/proc counters whose successive windows of 100 ticks per CPU show these loads of other processes (in
+    cores), beside our own process busy on half a core."""
+    samples = [CpuSample(0, 0, 0)]
+    for others in others_per_window:
+        last = samples[-1]
+        samples.append(CpuSample(busy=last.busy + round(100 * others) + 50, total=last.total + 100 * cores,
+                                 own=last.own + 50))
+    return samples
+
+
+def policy_over(samples: list[CpuSample], monkeypatch) -> ThreadPolicy:
+    """An auto policy on four cores that reads these samples, in order, and no more."""
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     monkeypatch.setattr(threads, "START_WINDOW_S", 0.0)
-    samples = iter([CpuSample(0, 0, 0), CpuSample(busy=150, total=400, own=50)])  # others: one core of four
-    policy = ThreadPolicy("auto", environ={}, sample=lambda: next(samples))
+    unread = iter(samples)
+    policy = ThreadPolicy("auto", environ={}, sample=lambda: next(unread))
     policy.start()
+    assert next(unread, None) is None, "the policy stopped before reading every sample"
+    return policy
+
+
+def test_auto_uses_the_measured_load_and_pins_override_it(monkeypatch):
+    # Others keep one core of four busy through every window: it is taken for the run.
+    policy = policy_over(cumulative_samples([1.0] * threads.START_WINDOWS), monkeypatch)
     assert (policy.threads, torch.get_num_threads()) == (3, 3)
     assert policy.describe().startswith("threads: 3 (auto: 4 usable cores, other processes used 1.0")
     assert ThreadPolicy(2, environ={"OMP_NUM_THREADS": "1"}).describe().startswith("threads: 2 (pinned by --threads")
     assert ThreadPolicy("auto", environ={"OMP_NUM_THREADS": "1"}).threads == 1
+
+
+def test_a_burst_at_start_takes_no_core_for_the_run(monkeypatch):
+    # Others took two cores in the first window and none in the second: all four, and the look ends there.
+    policy = policy_over(cumulative_samples([2.0, 0.1]), monkeypatch)
+    assert (policy.threads, policy.others) == (4, pytest.approx(0.1))
+    # A load that varies in every window: the quietest window decides.
+    policy = policy_over(cumulative_samples([3.0, 1.6, 1.2, 2.5]), monkeypatch)
+    assert (policy.threads, policy.others) == (3, pytest.approx(1.2))
+
+
+def test_auto_keeps_every_core_where_proc_does_not_tell(monkeypatch):
+    assert policy_over([None], monkeypatch).threads == 4
+    # The counters vanish after a busy window: that window's load stands.
+    assert policy_over(cumulative_samples([2.0]) + [None], monkeypatch).threads == 2
 
 
 def test_a_resumed_run_keeps_its_checkpoints_count_unless_one_is_pinned():

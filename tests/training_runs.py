@@ -21,7 +21,9 @@ from tests.paths import REPO
 TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--num_key_value_heads",
         "2", "--max_seq_len", "32", "--dtype", "float32", "--norm_impl", "eager", "--log_interval", "2",
         "--eval_interval", "4", "--eval_batches", "0", "--warmup_steps", "2", "--learning_rate", "3e-3",
-        "--compile", "off", "--optimizer", "adamw"]
+        "--compile", "off", "--optimizer", "adamw", "--threads", "1"]
+# --threads 1: tiny tensors gain nothing from a second thread, and a pinned count keeps a tiny run's last bits and
+# start-up independent of the machine's load (`auto` looks up to a second at a busy machine; test_threads.py tests it).
 STEPS = 8
 MUON_FLAGS = ("--optimizer", "muon", "--muon_lr", "0.02", "--lr_schedule", "wsd", "--decay_fraction", "0.5")
 SFT_STEPS = 6

@@ -154,7 +154,8 @@ def test_a_checkpoint_records_the_runs_thread_count_and_a_resume_takes_it_back(t
     assert json.loads((checkpoint / STATE_FILE).read_text())["threads"] == 1
     torch.set_num_threads(2)
     capsys.readouterr()
-    run_in_process("pretrain", pretrain_argv(train_data, tmp_path / "resumed", "--resume", str(checkpoint)))
+    run_in_process("pretrain", pretrain_argv(train_data, tmp_path / "resumed", "--resume", str(checkpoint),
+                                             "--threads", "auto"))
     printed = capsys.readouterr()
     assert "threads: 1 (pinned by the resumed run's checkpoint" in printed.out + printed.err
     assert torch.get_num_threads() == 1

@@ -18,12 +18,13 @@ from trainer.distributed import free_port
 from trainer.run_dir import read_metrics
 from tests.paths import REPO
 
+# Tiny tensors gain nothing from a second thread, and a pinned count keeps a tiny run's last bits and start-up
+# independent of the machine's load (`auto` looks up to a second at a busy machine; test_threads.py tests it).
+ONE_THREAD = ("--threads", "1")
 TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "4", "--num_key_value_heads",
         "2", "--max_seq_len", "32", "--dtype", "float32", "--norm_impl", "eager", "--log_interval", "2",
         "--eval_interval", "4", "--eval_batches", "0", "--warmup_steps", "2", "--learning_rate", "3e-3",
-        "--compile", "off", "--optimizer", "adamw", "--threads", "1"]
-# --threads 1: tiny tensors gain nothing from a second thread, and a pinned count keeps a tiny run's last bits and
-# start-up independent of the machine's load (`auto` looks up to a second at a busy machine; test_threads.py tests it).
+        "--compile", "off", "--optimizer", "adamw", *ONE_THREAD]
 STEPS = 8
 MUON_FLAGS = ("--optimizer", "muon", "--muon_lr", "0.02", "--lr_schedule", "wsd", "--decay_fraction", "0.5")
 SFT_STEPS = 6
@@ -138,7 +139,7 @@ def sft_argv(data_dir: Path, pretrained: Path, out_dir: Path, *extra: str) -> li
     return ["--data_path", str(data_dir / "sft.jsonl"), "--from_weight", str(pretrained), "--out_dir", str(out_dir),
             "--max_steps", str(SFT_STEPS), "--save_interval", "100", "--max_seq_len", "64", "--dtype", "float32",
             "--norm_impl", "eager", "--eval_interval", "3", "--eval_batches", "0", "--learning_rate", "3e-3",
-            "--compile", "off", "--smeared_keys", "false", "--copy_rows", "0", *extra]
+            "--compile", "off", "--smeared_keys", "false", "--copy_rows", "0", *ONE_THREAD, *extra]
 
 
 def finetune_argv(task: str, data_dir: Path, start: Path, out_dir: Path, *extra: str) -> list[str]:
@@ -146,7 +147,8 @@ def finetune_argv(task: str, data_dir: Path, start: Path, out_dir: Path, *extra:
     data = data_dir / ("dpo.jsonl" if task == "dpo" else "sft.jsonl")
     return ["--data_path", str(data), "--from_weight", str(start), "--out_dir", str(out_dir), "--max_steps", "6",
             "--batch_size", "4", "--save_interval", "100", "--max_seq_len", "64", "--dtype", "float32",
-            "--norm_impl", "eager", "--eval_interval", "3", "--eval_batches", "0", "--compile", "off", *extra]
+            "--norm_impl", "eager", "--eval_interval", "3", "--eval_batches", "0", "--compile", "off", *ONE_THREAD,
+            *extra]
 
 
 def run_in_process(task: str, argv: list[str]):

@@ -14,8 +14,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.training_runs import (assert_same_logged_metrics, frequent_word_rewards, run_in_process, train_losses,
-                                 write_prompt_data)
+from tests.training_runs import (ONE_THREAD, assert_same_logged_metrics, frequent_word_rewards, run_in_process,
+                                 train_losses, write_prompt_data)
 from trainer.core import main
 from trainer.run_dir import CONFIG_FILE, SUMMARY_FILE, model_task, read_metrics, read_summary
 
@@ -31,7 +31,7 @@ def _argv(data, start, out_dir, *extra: str) -> list[str]:
             "--save_interval", "2", "--eval_interval", "100", "--eval_batches", "1", "--log_interval", "1",
             "--learning_rate", "1e-3", "--warmup_steps", "1", "--max_seq_len", "48", "--dtype", "float32",
             "--norm_impl", "eager", "--compile", "off", "--reward", f"{data / 'letters.py'}:letter_e",
-            "--reward", "math_answer", "--reward_weights", "1", "0.5", *extra]
+            "--reward", "math_answer", "--reward_weights", "1", "0.5", *ONE_THREAD, *extra]
 
 
 @pytest.fixture(scope="module")

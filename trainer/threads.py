@@ -18,9 +18,10 @@ Two settings, both decided once per process:
   /proc/stat (time stolen by a hypervisor included) minus this process's own CPU time (/proc/self/stat), over
   windows of START_WINDOW_S; a core counts as taken when others use more than OTHERS_THRESHOLD of it in every one
   of up to START_WINDOWS windows (the quietest window decides; the look ends at the first window that leaves every
-  core free). Why the quietest: the count holds for the whole run; one thread on an idle machine made the default
-  step 1.5x slower, two beside a steady competitor only 1.16x (docs/benchmarks.md, "One thread or two"), so a
-  burst at start (a compiler, a test's worker starting) must not take a core for the run. A number
+  core free). Why the quietest: the count holds for the whole run; on an idle machine one thread made the default
+  step 1.5x slower than two, beside a steady competitor two made it only 1.16x slower than one (docs/benchmarks.md,
+  "One thread or two"), so a burst at start (a compiler, a test's worker starting) must not take a core for the
+  run. A number
   (`--threads 2`) pins the count, and so does OMP_NUM_THREADS (torchrun sets 1 for each of its processes).
 
 Exactness: the thread count changes the last bits of a training step (the weight gradients' matrix products

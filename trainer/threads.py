@@ -156,9 +156,9 @@ class ThreadPolicy:
     run's checkpoint) or `auto` (the usable cores others leave free at start)."""
 
     def __init__(self, setting: str | int = THREADS_AUTO, *, environ: Mapping[str, str] = os.environ,
-                 sample: Callable[[], CpuSample | None] = read_cpu_sample) -> None:
+                 sample: Callable[[], CpuSample | None] = read_cpu_sample, windows: int = START_WINDOWS) -> None:
         self.cores = usable_cores()
-        self._sample = sample
+        self._sample, self._windows = sample, windows
         self.pinned_by: str | None = None
         self.others = 0.0
         self.note = ""
@@ -184,13 +184,13 @@ class ThreadPolicy:
         _set_threads(self.threads)
 
     def quietest_load(self) -> float | None:
-        """Others' load in the quietest of up to START_WINDOWS windows of START_WINDOW_S, ending early at a
-        window that leaves every core free; None where /proc does not tell."""
+        """Others' load in the quietest of up to `windows` (START_WINDOWS) windows of START_WINDOW_S, ending
+        early at a window that leaves every core free; None where /proc does not tell."""
         quietest = None
         before = self._sample()
         if before is None:
             return None
-        for _ in range(START_WINDOWS):
+        for _ in range(self._windows):
             time.sleep(START_WINDOW_S)
             after = self._sample()
             if after is None:

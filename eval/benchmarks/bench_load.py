@@ -137,25 +137,22 @@ class Worker:
 def start_decisions(trials: int) -> None:
     """`--threads auto`'s count when a burst of BURST_S runs beside its start, as shipped and with one window
     (the policy before 2026-12-02), alternating, `trials` times each; and beside a steady competitor."""
-    import trainer.threads as threads
+    from trainer.threads import START_WINDOWS, ThreadPolicy
 
-    shipped = threads.START_WINDOWS
     counts: dict[str, list[int]] = {}
     for scene, loop in (("a burst at start", BURST_LOOP), ("a steady competitor", BUSY_LOOP)):
         for _ in range(trials):
-            for windows in (1, shipped):
-                threads.START_WINDOWS = windows
+            for windows in (1, START_WINDOWS):
                 competitor = subprocess.Popen([sys.executable, "-c", loop])
                 try:
                     time.sleep(0.05)  # let it start
-                    policy = threads.ThreadPolicy("auto", environ={})
+                    policy = ThreadPolicy("auto", environ={}, windows=windows)
                     policy.start()
                 finally:
                     competitor.kill()
                     competitor.wait()
                 counts.setdefault(f"{scene}, {windows} window{'s' if windows > 1 else ''}", []).append(policy.threads)
                 time.sleep(0.5)
-    threads.START_WINDOWS = shipped
     print(f"\n`--threads auto` on {usable_cores()} usable cores, {trials} starts each (alternating): thread counts\n")
     for scene, chosen in counts.items():
         print(f"- {scene}: {' '.join(map(str, chosen))}")

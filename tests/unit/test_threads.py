@@ -120,7 +120,8 @@ def test_a_burst_at_start_takes_no_core_for_the_run(monkeypatch):
     assert (policy.threads, policy.others) == (3, pytest.approx(1.2))
 
 
-def test_auto_keeps_every_core_where_proc_does_not_tell(monkeypatch):
+def test_auto_uses_what_proc_told_before_it_stopped_telling(monkeypatch):
+    # No counters at all: every core.
     assert policy_over([None], monkeypatch).threads == 4
     # The counters vanish after a busy window: that window's load stands.
     assert policy_over(cumulative_samples([2.0]) + [None], monkeypatch).threads == 2

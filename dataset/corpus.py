@@ -41,7 +41,7 @@ from dataset.atomic_io import atomic_write_text
 from dataset.sources import (Dialog, conversation_text, dialog_windows, normalized_text, package_versions,
                              read_chatterbot, read_chitchat, read_wikipedia)
 from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, dialog_split_key, is_validation, wiki_split_key
-from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
+from dataset.tool_dialogues import after_other_exchanges, small_talk_dialogues, tool_dialogues
 from dataset.wiki_qa import conversations_for
 
 if TYPE_CHECKING:
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
 
 # Bump when the output of the builder changes, so existing caches get rebuilt.
 # 2: arithmetic word problems in the SFT files; 3: the sft_tools files; 4: their small talk; 5: two lookups per
-# article; 6: one again (4's files)
-BUILD_VERSION = 6
+# article; 6: one again (4's files); 7: a third of each continue a chat (after_other_exchanges)
+BUILD_VERSION = 7
 SHUFFLE_SEED = 1234
 # The tool-use dialogues of the sft_tools files, (lookups, calculations, unit conversions) asked for; fewer lookups
 # come out where an article yields no dialogue (19,987 in training). Validation: eval/tool_eval.py's default questions.
@@ -178,10 +178,12 @@ def _with_tool_dialogues(conversations: list[_Record], validation: bool, chitcha
     conversations for validation), shuffled."""
     split = "held_out" if validation else "train"
     counts = TOOL_DIALOGUES_VAL if validation else TOOL_DIALOGUES_TRAIN
-    dialogues = tool_dialogues(split, TOOL_DIALOGUES_SEED, *counts, questions_per_article=1 if validation
-                               else LOOKUP_PHRASINGS_TRAIN)
-    dialogues += small_talk_dialogues(split, TOOL_DIALOGUES_SEED, SMALL_TALK_VAL if validation else SMALL_TALK_TRAIN,
+    tool_use = tool_dialogues(split, TOOL_DIALOGUES_SEED, *counts, questions_per_article=1 if validation
+                              else LOOKUP_PHRASINGS_TRAIN)
+    small_talk = small_talk_dialogues(split, TOOL_DIALOGUES_SEED, SMALL_TALK_VAL if validation else SMALL_TALK_TRAIN,
                                       chitchat)
+    tool_use, small_talk = after_other_exchanges(tool_use, small_talk, TOOL_DIALOGUES_SEED)
+    dialogues = tool_use + small_talk
     records = conversations + [_Record("tool_dialogues", "", dialogue, validation) for dialogue in dialogues]
     random.Random(SHUFFLE_SEED + 2 + validation).shuffle(records)
     return records

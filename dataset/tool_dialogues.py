@@ -19,6 +19,12 @@ the same side (conversions by a hash of value and units). The same seed gives th
 
 A fourth kind teaches when not to call: small talk under the same system turn, answered without a call
 (``small_talk_dialogues``: the opening window of a chit-chat conversation, held out as the corpus holds it out).
+
+A chat goes on: ``after_other_exchanges`` puts a small-talk exchange before the question of one tool
+dialogue in MULTI_TURN_EVERY, and a tool exchange (question, call, result, answer) before one small talk in
+MULTI_TURN_EVERY. Without them a model learns that a question after small talk is small talk: the README's chat
+model made the right call for 6% of the held-out questions asked after one exchange of small talk, 78% asked first;
+with them 69% and 77% (docs/tools.md, "A chat that goes on").
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ Split = Literal["train", "held_out"]
 SPLITS: tuple[Split, ...] = ("train", "held_out")
 HELD_OUT_PROBLEMS_PER_MILLE = 100  # 10 % of arithmetic problems and conversions are kept for evaluation
 THINKING_EVERY = 5  # one dialogue in five thinks aloud before the call and before the answer
+MULTI_TURN_EVERY = 3  # one dialogue in three of each kind comes after an exchange of the other kind
 
 # operator -> (its symbol in the expression, the words a question may use instead)
 OPERATORS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -268,3 +275,39 @@ def small_talk_dialogues(split: Split, seed: int, count: int, dialogs: Sequence[
             seen.add(text)
             dialogues.append({"conversations": [system_message(), *windows[0]]})
     return dialogues
+
+
+def exchanges(dialogue: dict) -> list[list[dict]]:
+    """A dialogue's exchanges without its system turn, each a user message and everything up to the next one."""
+    out: list[list[dict]] = []
+    for message in dialogue["conversations"]:
+        if message["role"] == "user":
+            out.append([])
+        if out:
+            out[-1].append(message)
+    return out
+
+
+def after_other_exchanges(tool_use: Sequence[dict], small_talk: Sequence[dict], seed: int,
+                          every: int = MULTI_TURN_EVERY) -> tuple[list[dict], list[dict]]:
+    """The two lists with one dialogue in ``every`` of each continuing a chat: a tool dialogue gets the first
+    exchange of a small-talk dialogue before its question, a small-talk dialogue the exchange of a tool dialogue
+    before its opening. The exchanges come from the other list (the same split), the system turn stays
+    first; the rest is unchanged. Deterministic in (lists, seed, every)."""
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
+    if not tool_use or not small_talk:
+        return list(tool_use), list(small_talk)
+    rng = random.Random(f"after_other\x00{seed}")
+
+    def continued(dialogues: Sequence[dict], others: Sequence[dict]) -> list[dict]:
+        out = []
+        for dialogue in dialogues:
+            if rng.randrange(every) == 0:
+                system, *rest = dialogue["conversations"]
+                before = exchanges(others[rng.randrange(len(others))])[0]
+                dialogue = {**dialogue, "conversations": [system, *before, *rest]}
+            out.append(dialogue)
+        return out
+
+    return continued(tool_use, small_talk), continued(small_talk, tool_use)

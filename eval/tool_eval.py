@@ -9,7 +9,10 @@ small talk (the openings of held-out chit-chat conversations). Each is asked onc
 loop as eval/chat.py (model/chat_session.py, every built-in tool offered, no system prompt). The table gives, per
 tool, the fraction of questions where the model's first call is the right tool with the right argument, and the
 fraction whose final answer contains the fact; for small talk, the fraction answered without a call
-(dataset/tool_scoring.py says exactly what counts); `--show N` prints N transcripts of each kind.
+(dataset/tool_scoring.py says exactly what counts); `--show N` prints N transcripts of each kind. `--after_other`
+asks each question second, as a chat that goes on: one held-out exchange of the other kind is in the history (a
+small-talk opening and the corpus's reply before a tool question; a lookup, calculation or conversion with its call,
+result and answer before small talk).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from dataclasses import asdict, dataclass  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
+from dataset.chat_format import normalize_messages  # noqa: E402
+from dataset.tool_dialogues import exchanges, small_talk_dialogues, tool_dialogues  # noqa: E402
 from dataset.corpus import SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
 from dataset.tool_scoring import SMALL_TALK, ToolQuestion, answer_has_fact, is_right_reply  # noqa: E402
 
@@ -53,6 +58,7 @@ class Outcome:
     right_call: bool  # small talk: no call
     answer: str
     has_fact: bool
+    before: list[dict]  # the exchange in the history when the question was asked (--after_other), else []
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,18 +75,45 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=TOOL_DIALOGUES_SEED, help="which held-out questions are drawn")
     parser.add_argument("--max_new_tokens", type=int, default=160, help="tokens per generation (call or answer)")
     parser.add_argument("--show", type=int, default=2, help="transcripts printed per tool")
+    parser.add_argument("--after_other", action="store_true",
+                        help="ask each question after one held-out exchange of the other kind (small talk before a "
+                             "tool question, a tool exchange before small talk): the multi-turn case")
     parser.add_argument("--json", default=None, help="also write every outcome and the table to this file")
     add_threads_flag(parser)
     return parser
 
 
-def ask(session: ChatSession, question: ToolQuestion) -> Outcome:
+def ask(session: ChatSession, question: ToolQuestion, history: list[dict] | None = None) -> Outcome:
     session.reset()
+    session.history += history or []  # history_turns=1 keeps exactly this exchange
+    before = list(session.history)
     reply = session.reply(question.question)
     results = [result for round_ in reply.rounds for result in round_.results]
     right = is_right_reply(question, [(result.name, result.arguments) for result in results])
     return Outcome(question.kind, question.question, [r.describe() for r in results], right, reply.text,
-                   answer_has_fact(question, reply.text))
+                   answer_has_fact(question, reply.text), before)
+
+
+def first_exchange(dialogue: dict) -> list[dict]:
+    """A dialogue's first exchange as chat history (its tool calls parsed)."""
+    return normalize_messages(exchanges(dialogue)[0])
+
+
+def histories(dialogues: list[dict], questions: list[ToolQuestion]) -> list[list[dict]]:
+    """For each question, one exchange of the other kind, taken in turn: small talk before a tool question, a
+    tool exchange before small talk."""
+    small_talk = [first_exchange(d) for d, q in zip(dialogues, questions) if q.kind == SMALL_TALK]
+    tool_use = [first_exchange(d) for d, q in zip(dialogues, questions) if q.kind != SMALL_TALK]
+    if not small_talk or not tool_use:
+        raise ValueError("--after_other needs both tool questions and small talk (counts above 0)")
+    taken = {SMALL_TALK: 0, "tool": 0}
+    out = []
+    for question in questions:
+        kind = SMALL_TALK if question.kind == SMALL_TALK else "tool"
+        pool = tool_use if kind == SMALL_TALK else small_talk
+        out.append(pool[taken[kind] % len(pool)])
+        taken[kind] += 1
+    return out
 
 
 def table(outcomes: list[Outcome]) -> list[dict]:
@@ -112,12 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if min(args.wiki, args.arithmetic, args.conversions, args.small_talk) < 0:
         return report_error(ValueError("--wiki, --arithmetic, --conversions and --small_talk must be >= 0"))
+    if args.after_other and (args.small_talk == 0 or args.wiki + args.arithmetic + args.conversions == 0):
+        return report_error(ValueError("--after_other needs small talk and tool questions: --small_talk and one of "
+                                       "--wiki, --arithmetic, --conversions above 0"))
     try:
         path, lora = locate_tool_model(args)
     except ModelNotFound as error:
         return report_error(error)
 
-    from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
     from dataset.tools import tool_schemas
     from model.chat_session import ChatSession
     from model.generation import GenerationSettings
@@ -128,22 +163,26 @@ def main(argv: list[str] | None = None) -> int:
     dialogues = tool_dialogues("held_out", args.seed, args.wiki, args.arithmetic, args.conversions)
     dialogues += small_talk_dialogues("held_out", args.seed, args.small_talk)
     questions = [ToolQuestion.from_dialogue(d) for d in dialogues]
+    before = histories(dialogues, questions) if args.after_other else [[] for _ in questions]
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=0.0)
-    session = ChatSession(model, tokenizer, use_template=True, history_turns=0, settings=settings,
+    session = ChatSession(model, tokenizer, use_template=True, history_turns=1, settings=settings,
                           tools=tool_schemas())
     started = time.perf_counter()
     outcomes = []
-    for number, question in enumerate(questions, 1):
-        outcomes.append(ask(session, question))
+    for number, (question, history) in enumerate(zip(questions, before), 1):
+        outcomes.append(ask(session, question, history))
         if number % 25 == 0:
             print(f"{number}/{len(questions)} questions, {time.perf_counter() - started:.0f} s", file=sys.stderr,
                   flush=True)
     rows = table(outcomes)
-    print(f"model {path}{' + ' + str(lora) if lora else ''}: {len(questions)} held-out questions, greedy")
+    after = ", each after an exchange of the other kind" if args.after_other else ""
+    print(f"model {path}{' + ' + str(lora) if lora else ''}: {len(questions)} held-out questions{after}, greedy")
     print_table(rows)
     for kind in (*TOOL_KINDS, SMALL_TALK):
         for outcome in [o for o in outcomes if o.kind == kind][:args.show]:
-            print(f"\n[{kind}] user: {outcome.question}")
+            print(f"\n[{kind}]" + "".join(f"\n  before, {m['role']}: {m['content'] or m.get('tool_calls')}"
+                                          for m in outcome.before))
+            print(f"  user: {outcome.question}")
             for call in outcome.calls:
                 print(f"  call: {call}")
             print(f"  answer: {outcome.answer}")

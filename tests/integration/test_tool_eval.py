@@ -1,7 +1,8 @@
 """eval/tool_eval.py on a tiny model that has memorised the tool dialogues of a few held-out questions and one small
 talk: asked those questions it makes the right calls and answers with the facts (every rate 100%) and answers the
 small talk without a call; asked other held-out questions it repeats its memorised calls, which are wrong for them
-(0%). The JSON report holds each transcript."""
+(0%). With --after_other each question comes after an exchange of the other kind, which the model memorised too.
+The JSON report holds each transcript."""
 
 from __future__ import annotations
 
@@ -21,12 +22,20 @@ COUNTS = ["--wiki", "1", "--arithmetic", "1", "--conversions", "1", "--small_tal
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory, tokenizer):
     rows = []
-    for dialogue in tool_dialogues("held_out", 0, 1, 1, 1):
-        messages = normalize_messages(dialogue["conversations"])
-        rows.append(supervised_row(tokenizer, messages[:3]))  # the question -> the call
-        rows.append(supervised_row(tokenizer, messages))  # ... the tool's result -> the answer
     (small_talk,) = small_talk_dialogues("held_out", 0, 1)
-    rows.append(supervised_row(tokenizer, normalize_messages(small_talk["conversations"])[:3]))  # a reply, no call
+    talk = normalize_messages(small_talk["conversations"])
+    dialogues = tool_dialogues("held_out", 0, 1, 1, 1)
+    for dialogue in dialogues:
+        messages = normalize_messages(dialogue["conversations"])
+        for before in ([], talk[1:3]):  # asked first, and after the small talk's opening exchange (--after_other)
+            chat = messages[:1] + before + messages[1:]
+            rows.append(supervised_row(tokenizer, chat[:3 + len(before)]))  # the question -> the call
+            rows.append(supervised_row(tokenizer, chat))  # ... the tool's result -> the answer
+    rows.append(supervised_row(tokenizer, talk[:3]))  # a reply, no call
+    first_tool_exchange = normalize_messages(dialogues[0]["conversations"])[1:]
+    # the same opening after a lookup gets another reply (the conversation's second), so the answer shows whether the
+    # model saw the history
+    rows.append(supervised_row(tokenizer, talk[:1] + first_tool_exchange + [talk[1], talk[4]]))
     return memorized_model(tokenizer, rows, tmp_path_factory.mktemp("tool_eval") / "model", steps=150,
                            positions=512)
 
@@ -58,8 +67,28 @@ def test_other_held_out_questions_get_the_memorised_wrong_calls(tool_model, tmp_
     assert {row["tool"]: row["right_call"] for row in report["table"]}["all"] == 0.0
 
 
+def test_after_other_each_question_comes_after_an_exchange_of_the_other_kind(tool_model, tmp_path):
+    report = run(tool_model, tmp_path, "--after_other")
+    for row in report["table"]:
+        assert row["right_call"] == 1.0 and row["fact_in_answer"] in (1.0, None), row
+    (talk,) = small_talk_dialogues("held_out", 0, 1)
+    first_tool = tool_dialogues("held_out", 0, 1, 1, 1)[0]
+    tools_before = [normalize_messages(talk["conversations"])[1:3]] * 3
+    talk_before = [normalize_messages(first_tool["conversations"])[1:]]
+    assert [outcome["before"] for outcome in report["outcomes"]] == tools_before + talk_before
+    talk = normalize_messages(talk["conversations"])
+    assert report["outcomes"][-1]["answer"].strip() == talk[4]["content"].strip() != talk[2]["content"].strip()
+
+
 def test_negative_counts_are_refused(tool_model, capsys):
     from eval import tool_eval
 
     assert tool_eval.main(["--model_path", str(tool_model), "--wiki", "-1"]) != 0
     assert "--wiki, --arithmetic, --conversions and --small_talk must be >= 0" in capsys.readouterr().err
+
+
+def test_after_other_without_small_talk_is_refused(tool_model, capsys):
+    from eval import tool_eval
+
+    assert tool_eval.main(["--model_path", str(tool_model), "--small_talk", "0", "--after_other"]) != 0
+    assert "--after_other needs small talk and tool questions" in capsys.readouterr().err

@@ -358,7 +358,7 @@ def test_default_corpus_is_deterministic_and_cached(tmp_path, default_corpus):
 def test_default_corpus_tool_files(default_corpus, monkeypatch):
     """sft_tools_* = the SFT split plus its tool-use dialogues and small talk with the tools offered: validation holds
     eval/tool_eval.py's default questions, whose titles and conversations no training dialogue holds; the dialogues
-    are mixed in, not appended."""
+    are mixed in, not appended; a third of each kind continue a chat, after an exchange of the other kind."""
     from dataset.corpus import LOOKUP_PHRASINGS_TRAIN, SMALL_TALK_TRAIN, SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, \
         TOOL_DIALOGUES_TRAIN, TOOL_DIALOGUES_VAL
     from dataset.sources import conversation_text, normalized_text
@@ -366,6 +366,22 @@ def test_default_corpus_tool_files(default_corpus, monkeypatch):
     from trainer.data import default_data
 
     key = lambda row: json.dumps(row, sort_keys=True)  # noqa: E731
+
+    def without_the_exchange_before(row: dict) -> tuple[dict, list[dict] | None]:
+        """A continued row as it was generated, and the exchange put before it (None: not continued)."""
+        conversation = row["conversations"]
+        if "tools" not in conversation[0]:
+            return row, None
+        users = [i for i, message in enumerate(conversation) if message["role"] == "user"]
+        calls_first = bool(conversation[2].get("tool_calls"))
+        if calls_first and len(users) > 1:  # small talk after a lookup, calculation or conversion
+            end = users[1]
+        elif not calls_first and any(message.get("tool_calls") for message in conversation):  # a call after a chat
+            end = 3
+        else:
+            return row, None
+        return {**row, "conversations": conversation[:1] + conversation[end:]}, conversation[1:end]
+
     titles, openings = {}, {}
     for split, held_out, counts, talks, phrasings in (
             ("train", False, TOOL_DIALOGUES_TRAIN, SMALL_TALK_TRAIN, LOOKUP_PHRASINGS_TRAIN),
@@ -375,8 +391,15 @@ def test_default_corpus_tool_files(default_corpus, monkeypatch):
         dialogues = tool_dialogues("held_out" if held_out else "train", TOOL_DIALOGUES_SEED, *counts,
                                    questions_per_article=phrasings)
         small_talk = small_talk_dialogues("held_out" if held_out else "train", TOOL_DIALOGUES_SEED, talks)
-        assert sorted(map(key, rows)) == sorted(map(key, plain + dialogues + small_talk)), split
+        generated, befores = zip(*map(without_the_exchange_before, rows))
+        assert sorted(map(key, generated)) == sorted(map(key, plain + dialogues + small_talk)), split
         assert len(dialogues) > 0.99 * sum(counts) and len(small_talk) == talks
+        # what came before is the first exchange of a dialogue of the same split, of the other kind
+        exchanges_of_split = [key(d["conversations"][1:3]) for d in small_talk] + \
+            [key(d["conversations"][1:]) for d in dialogues]
+        continued = [before for before in befores if before is not None]
+        assert continued and {key(before) for before in continued} <= set(exchanges_of_split), split
+        assert 0.25 < len(continued) / (len(dialogues) + len(small_talk)) < 0.42, split
         # each small-talk dialogue is a conversation of the split's plain SFT rows (which are deduplicated up to case
         # and spacing), with the tools' system turn
         text = lambda conversation: normalized_text(conversation_text(conversation))  # noqa: E731

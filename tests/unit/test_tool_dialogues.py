@@ -10,7 +10,7 @@ import pytest
 
 from dataset.sources import read_wikipedia
 from dataset.chat_format import encode_chatml
-from dataset.tool_dialogues import tool_dialogues
+from dataset.tool_dialogues import MULTI_TURN_EVERY, after_other_exchanges, small_talk_dialogues, tool_dialogues
 from dataset.tools import TOOLS, run_tool, tool_schemas
 
 ROLES = ["system", "user", "assistant", "tool", "assistant"]
@@ -162,3 +162,53 @@ def test_a_generated_calculation_that_fails_stops_the_build_instead_of_vanishing
     monkeypatch.setitem(TOOLS, "calculator", Tool(TOOLS["calculator"].schema, broken))
     with pytest.raises(ValueError, match=r"the generated problem .* fails: calculator\(.*calculator failed"):
         tool_dialogues("train", seed=0, wiki_count=0, arithmetic_count=3)
+
+
+def test_a_third_of_each_kind_continues_a_chat_after_the_other_kinds_first_exchange(train):
+    """after_other_exchanges: about one dialogue in MULTI_TURN_EVERY of each kind gets, after the system turn, the
+    first exchange (user .. up to the next user) of a dialogue of the other kind; the rest is the dialogue as it
+    was; the same seed gives the same lists, another seed others."""
+    talk = small_talk_dialogues("train", seed=0, count=300)
+    tool_use, small_talk = after_other_exchanges(train, talk, seed=0)
+    assert after_other_exchanges(train, talk, seed=0) == (tool_use, small_talk)
+    assert after_other_exchanges(train, talk, seed=1) != (tool_use, small_talk)
+
+    def first_exchange(conversation: list[dict]) -> list[dict]:  # independent of the module's exchanges()
+        nxt = next(i for i in range(2, len(conversation)) if conversation[i]["role"] == "user")
+        return conversation[1:nxt]
+
+    talk_openings = [d["conversations"][1:3] for d in talk]
+    tool_exchanges = [d["conversations"][1:] for d in train]
+    for originals, continued, others in ((train, tool_use, talk_openings), (talk, small_talk, tool_exchanges)):
+        assert len(continued) == len(originals)
+        changed = 0
+        for original, row in zip(originals, continued):
+            if row == original:
+                continue
+            changed += 1
+            conversation = row["conversations"]
+            assert conversation[0] == original["conversations"][0] and conversation[1]["role"] == "user"
+            before = first_exchange(conversation)
+            assert before in others
+            assert conversation[:1] + conversation[1 + len(before):] == original["conversations"]
+        assert abs(changed / len(originals) - 1 / MULTI_TURN_EVERY) < 0.08, changed
+
+
+def test_a_continued_tool_dialogue_learns_its_call_and_answer_after_the_small_talk(tokenizer, train):
+    """Encoded for SFT, a continued lookup learns the small-talk reply, the call and the answer (the assistant
+    tokens), never the user's or the tool's text."""
+    from dataset.chat_format import normalize_messages
+
+    talk = small_talk_dialogues("train", seed=0, count=50)
+    tool_use, _ = after_other_exchanges(train, talk, seed=0, every=1)
+    messages = normalize_messages(tool_use[0]["conversations"])
+    tools = messages[0].pop("tools")
+    encoding = encode_chatml(tokenizer, messages, tools=tools)
+    learned = tokenizer.decode([t for t, a in zip(encoding.input_ids, encoding.assistant) if a])
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "tool", "assistant"]
+    for message in (messages[2], messages[6]):
+        assert message["content"] in learned
+    assert json.dumps(messages[4]["tool_calls"][0]["arguments"], ensure_ascii=False) in learned
+    assert messages[1]["content"] not in learned and messages[3]["content"] not in learned
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        after_other_exchanges(train, talk, seed=0, every=0)

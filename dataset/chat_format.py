@@ -214,6 +214,17 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]], field: str = "mess
     return normalized
 
 
+def split_exchanges(messages: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Messages cut into exchanges, each from a user message up to the next one (an assistant's calls and the tool
+    results inside); messages before the first user message make an exchange of their own."""
+    exchanges: list[list[Mapping[str, Any]]] = []
+    for message in messages:
+        if message["role"] == "user" or not exchanges:
+            exchanges.append([])
+        exchanges[-1].append(message)
+    return exchanges
+
+
 def tool_call_text(call: Mapping[str, Any]) -> str:
     """The JSON between <tool_call> and </tool_call>: {"name": ..., "arguments": {...}}."""
     return f'{{"name": {json.dumps(call["name"], ensure_ascii=False)}, "arguments": ' \

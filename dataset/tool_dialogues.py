@@ -38,6 +38,7 @@ from typing import Literal
 
 from dataset.sources import (Dialog, WikiArticle, conversation_text, dialog_windows, normalized_text, read_chitchat,
                              read_wikipedia)
+from dataset.chat_format import split_exchanges
 from dataset.splits import dialog_split_key, is_validation, wiki_split_key
 from dataset.tools import TOOLS, ResultBudget, is_tool_error, run_tool, tool_schemas
 from dataset.wiki_qa import PERSON_QUESTIONS, question_for, split_sentences
@@ -277,15 +278,9 @@ def small_talk_dialogues(split: Split, seed: int, count: int, dialogs: Sequence[
     return dialogues
 
 
-def exchanges(dialogue: dict) -> list[list[dict]]:
-    """A dialogue's exchanges without its system turn, each a user message and everything up to the next one."""
-    out: list[list[dict]] = []
-    for message in dialogue["conversations"]:
-        if message["role"] == "user":
-            out.append([])
-        if out:
-            out[-1].append(message)
-    return out
+def first_exchange(dialogue: dict) -> list[dict]:
+    """A dialogue's first exchange after its system turn: the user message and everything up to the next one."""
+    return split_exchanges(dialogue["conversations"][1:])[0]
 
 
 def after_other_exchanges(tool_use: Sequence[dict], small_talk: Sequence[dict], seed: int,
@@ -305,7 +300,7 @@ def after_other_exchanges(tool_use: Sequence[dict], small_talk: Sequence[dict], 
         for dialogue in dialogues:
             if rng.randrange(every) == 0:
                 system, *rest = dialogue["conversations"]
-                before = exchanges(others[rng.randrange(len(others))])[0]
+                before = first_exchange(others[rng.randrange(len(others))])
                 dialogue = {**dialogue, "conversations": [system, *before, *rest]}
             out.append(dialogue)
         return out

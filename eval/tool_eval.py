@@ -32,13 +32,15 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
+from itertools import cycle  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.chat_format import normalize_messages  # noqa: E402
-from dataset.tool_dialogues import exchanges, small_talk_dialogues, tool_dialogues  # noqa: E402
 from dataset.corpus import SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
+from dataset.tool_dialogues import first_exchange, small_talk_dialogues, tool_dialogues  # noqa: E402
 from dataset.tool_scoring import SMALL_TALK, ToolQuestion, answer_has_fact, is_right_reply  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
@@ -94,26 +96,15 @@ def ask(session: ChatSession, question: ToolQuestion, history: list[dict] | None
                    answer_has_fact(question, reply.text), before)
 
 
-def first_exchange(dialogue: dict) -> list[dict]:
-    """A dialogue's first exchange as chat history (its tool calls parsed)."""
-    return normalize_messages(exchanges(dialogue)[0])
-
-
 def histories(dialogues: list[dict], questions: list[ToolQuestion]) -> list[list[dict]]:
-    """For each question, one exchange of the other kind, taken in turn: small talk before a tool question, a
-    tool exchange before small talk."""
-    small_talk = [first_exchange(d) for d, q in zip(dialogues, questions) if q.kind == SMALL_TALK]
-    tool_use = [first_exchange(d) for d, q in zip(dialogues, questions) if q.kind != SMALL_TALK]
-    if not small_talk or not tool_use:
-        raise ValueError("--after_other needs both tool questions and small talk (counts above 0)")
-    taken = {SMALL_TALK: 0, "tool": 0}
-    out = []
-    for question in questions:
-        kind = SMALL_TALK if question.kind == SMALL_TALK else "tool"
-        pool = tool_use if kind == SMALL_TALK else small_talk
-        out.append(pool[taken[kind] % len(pool)])
-        taken[kind] += 1
-    return out
+    """For each question, the first exchange of a question of the other kind, in turn, as chat history (tool calls
+    parsed): small talk before a tool question, a tool exchange before small talk. Both kinds must be asked."""
+    def exchanges_of(small_talk: bool) -> Iterator[list[dict]]:
+        return cycle([normalize_messages(first_exchange(d)) for d, q in zip(dialogues, questions)
+                      if (q.kind == SMALL_TALK) == small_talk])
+
+    others = {True: exchanges_of(False), False: exchanges_of(True)}  # keyed by: the question is small talk
+    return [next(others[q.kind == SMALL_TALK]) for q in questions]
 
 
 def table(outcomes: list[Outcome]) -> list[dict]:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dataset.chat_format import encode_chatml, encode_text, parse_assistant_ids, render_chatml
+from dataset.chat_format import encode_chatml, encode_text, parse_assistant_ids, render_chatml, split_exchanges
 from dataset.tools import run_tool
 from model.generation import FINISH_ERROR, FINISH_STOP, GenerationEngine, GenerationSettings
 
@@ -93,16 +93,6 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping
                          open_thinking=open_thinking).input_ids
 
 
-def _exchanges(history: Sequence[dict]) -> list[list[dict]]:
-    """The history cut into exchanges, each from a user message up to the next one (calls and results inside)."""
-    exchanges: list[list[dict]] = []
-    for message in history:
-        if message["role"] == "user" or not exchanges:
-            exchanges.append([])
-        exchanges[-1].append(message)
-    return exchanges
-
-
 class ChatSession:
     """Multi-turn chat (use_template=True) or plain continuation (False) with one model; with `tools`, each reply
     runs the tool loop (chat template only)."""
@@ -135,7 +125,7 @@ class ChatSession:
 
     def _conversation(self, current: list[dict]) -> list[dict]:
         """System prompt, the last `history_turns` exchanges and the exchange in progress."""
-        kept = _exchanges(self.history)[-self.history_turns:] if self.history_turns else []
+        kept = split_exchanges(self.history)[-self.history_turns:] if self.history_turns else []
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + [message for exchange in kept for message in exchange] + current
 
@@ -163,7 +153,7 @@ class ChatSession:
             past = messages[first_past:len(messages) - len(current)]
             if len(ids) + self.settings.max_new_tokens <= self.max_context or not past:
                 break
-            del messages[first_past:first_past + len(_exchanges(past)[0])]  # the oldest exchange
+            del messages[first_past:first_past + len(split_exchanges(past)[0])]  # the oldest exchange
         if len(ids) >= self.max_context:  # a single message longer than the context: keep its end
             ids = ids[-(self.max_context // 2):]
         return ids, max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))

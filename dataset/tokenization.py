@@ -1,5 +1,5 @@
-"""Loading the tokenizer committed in ``model/`` (regenerate it with ``scripts/train_tokenizer.py``), and making sure
-a model is trained further with the tokenizer it was trained with."""
+"""Loading the tokenizer committed in ``model/`` (regenerate it with ``scripts/train_tokenizer.py``), making sure
+a model is trained further with the tokenizer it was trained with, and where each token of a text starts."""
 
 from __future__ import annotations
 
@@ -39,3 +39,9 @@ def check_same_tokenizer(tokenizer: PreTrainedTokenizerBase, model_dir: Path, fl
         raise ValueError(f"{flag} {model_dir}: its tokenizer.json differs from the tokenizer in {source} (a model "
                          f"made before MiniNorm's tool and thinking tokens?); its ids would mean other tokens -- pass "
                          f"--tokenizer_path {model_dir}, or train it again from scratch with today's tokenizer")
+
+
+def token_starts(tokenizer: PreTrainedTokenizerBase, text: str) -> list[tuple[int, int]]:
+    """Each token of `text` (no special tokens) with the offset of its first character in `text`."""
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return [(token, start) for token, (start, _) in zip(encoding["input_ids"], encoding["offset_mapping"])]

@@ -24,7 +24,7 @@ A chat goes on: ``after_other_exchanges`` puts a small-talk exchange before the 
 dialogue in MULTI_TURN_EVERY, and a tool exchange (question, call, result, answer) before one small talk in
 MULTI_TURN_EVERY. Without them a model learns that a question after small talk is small talk: the README's chat
 model made the right call for 6% of the held-out questions asked after one exchange of small talk, 78% asked first;
-with them 69% and 77% (docs/tools.md, "A chat that goes on").
+with them 69% and 77% (docs/tools.md, "A chat that goes on"; 62-75% and 66-82% on three pretraining seeds of four).
 """
 
 from __future__ import annotations

@@ -13,13 +13,18 @@ Two questions per reply (eval/tool_eval.py prints them as a table):
 
 Small talk (a chit-chat opening with every tool offered, ``SMALL_TALK``) is right when the model calls nothing; it
 has no fact to find.
+
+Where a wrong call goes wrong (``where_call_goes_wrong``): no call, another tool, or the argument copied from the
+question (``COPIED_ARGUMENT``) wrong from its first token or only later, or that argument right and another wrong.
+The first token has its own place because the measured wrong calls gather there and at other copies whose token
+has no cue in the question (docs/tools.md, "Where the calls go wrong").
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +33,8 @@ from dataset.tools import run_tool
 SMALL_TALK = "small_talk"  # the kind of a question whose right reply calls no tool
 SPAN_WORDS = 4  # a run this long of the first sentence's new words is a fact, not a coincidence of common words
 _WORD = re.compile(r"\w+")
+COPIED_ARGUMENT = {"wiki": "title", "calculator": "expression", "convert_units": "value"}  # what the question holds
+WRONG_CALLS = ("no call", "another tool", "first token", "later token", "another argument")
 
 
 @dataclass(frozen=True)
@@ -90,3 +97,32 @@ def answer_has_fact(question: ToolQuestion, answer: str) -> bool:
     if length == 0:
         return False
     return bool(_runs(sentence, length) & _runs([word for word in _words(answer) if word not in asked], length))
+
+
+def where_call_goes_wrong(question: ToolQuestion, calls: Sequence[tuple[str, Mapping[str, Any]]],
+                          tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> str | None:
+    """None for a right reply; else one of WRONG_CALLS for the first call (small talk with a call: ``another
+    tool``). For the copied argument, ``tokenize(text)`` gives each token of ``{"<name>": <value>}`` as JSON as
+    (token id, the offset of its first character): ``first token`` when the tokens already differ at the one that
+    holds the value's first character (or before it), ``later token`` when they differ after it, ``another
+    argument`` when the copied argument is right and another is wrong."""
+    if is_right_reply(question, calls):
+        return None
+    if not calls:
+        return "no call"
+    name, arguments = calls[0]
+    if name != question.kind:
+        return "another tool"
+    key = COPIED_ARGUMENT[name]
+    wanted, given = question.arguments[key], arguments.get(key)
+    if given == wanted:
+        return "another argument"
+    # the value's first character: after '{"key": ' and, for a string, its opening quote
+    value_start = len(json.dumps({key: None})) - len("null}") + isinstance(wanted, str)
+    wanted_tokens = list(tokenize(json.dumps({key: wanted}, ensure_ascii=False)))
+    given_ids = [token for token, _ in tokenize(json.dumps({key: given}, ensure_ascii=False))]
+    differs = next((i for i, (token, _) in enumerate(wanted_tokens) if i >= len(given_ids) or given_ids[i] != token),
+                   len(wanted_tokens))
+    if differs == len(wanted_tokens):  # the given value goes on after the wanted one
+        return "later token"
+    return "first token" if wanted_tokens[differs][1] <= value_start else "later token"

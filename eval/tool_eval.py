@@ -9,10 +9,11 @@ small talk (the openings of held-out chit-chat conversations). Each is asked onc
 loop as eval/chat.py (model/chat_session.py, every built-in tool offered, no system prompt). The table gives, per
 tool, the fraction of questions where the model's first call is the right tool with the right argument, and the
 fraction whose final answer contains the fact; for small talk, the fraction answered without a call
-(dataset/tool_scoring.py says exactly what counts); `--show N` prints N transcripts of each kind. `--after_other`
-asks each question second, as a chat that goes on: one held-out exchange of the other kind is in the history (a
-small-talk opening and the corpus's reply before a tool question; a lookup, calculation or conversion with its call,
-result and answer before small talk).
+(dataset/tool_scoring.py says exactly what counts). A second table counts the wrong calls by where they go wrong: no
+call, another tool, the argument copied from the question wrong from its first token or only later, or another
+argument. `--show N` prints N transcripts of each kind. `--after_other` asks each question second, as a chat that
+goes on: one held-out exchange of the other kind is in the history (a small-talk opening and the corpus's reply
+before a tool question; a lookup, calculation or conversion with its call, result and answer before small talk).
 """
 
 from __future__ import annotations
@@ -32,16 +33,19 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
+from functools import partial  # noqa: E402
 from itertools import cycle  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.chat_format import normalize_messages  # noqa: E402
 from dataset.corpus import SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
+from dataset.tokenization import token_starts  # noqa: E402
 from dataset.tool_dialogues import first_exchange, small_talk_dialogues, tool_dialogues  # noqa: E402
-from dataset.tool_scoring import SMALL_TALK, ToolQuestion, answer_has_fact, is_right_reply  # noqa: E402
+from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_has_fact, is_right_reply,  # noqa: E402
+                                  where_call_goes_wrong)
 
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
@@ -61,6 +65,7 @@ class Outcome:
     answer: str
     has_fact: bool
     before: list[dict]  # the exchange in the history when the question was asked (--after_other), else []
+    wrong_at: str | None = None  # where a wrong call goes wrong (dataset/tool_scoring.WRONG_CALLS); None if right
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,15 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def ask(session: ChatSession, question: ToolQuestion, history: list[dict] | None = None) -> Outcome:
+def ask(session: ChatSession, question: ToolQuestion, history: list[dict] | None = None,
+        tokenize: Callable[[str], Sequence[tuple[int, int]]] | None = None) -> Outcome:
+    """The question asked after `history`, scored; with `tokenize` (the model's), where a wrong call goes wrong."""
     session.reset()
     session.history += history or []  # history_turns=1 keeps exactly this exchange
     before = list(session.history)
     reply = session.reply(question.question)
     results = [result for round_ in reply.rounds for result in round_.results]
-    right = is_right_reply(question, [(result.name, result.arguments) for result in results])
-    return Outcome(question.kind, question.question, [r.describe() for r in results], right, reply.text,
-                   answer_has_fact(question, reply.text), before)
+    calls = [(result.name, result.arguments) for result in results]
+    wrong_at = where_call_goes_wrong(question, calls, tokenize) if tokenize else None
+    return Outcome(question.kind, question.question, [r.describe() for r in results], is_right_reply(question, calls),
+                   reply.text, answer_has_fact(question, reply.text), before, wrong_at)
 
 
 def histories(dialogues: list[dict], questions: list[ToolQuestion]) -> list[list[dict]]:
@@ -122,6 +130,12 @@ def table(outcomes: list[Outcome]) -> list[dict]:
                      "right_call": sum(o.right_call for o in mine) / n,
                      "fact_in_answer": None if kind == SMALL_TALK else sum(o.has_fact for o in mine) / n})
     return rows
+
+
+def wrong_calls(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
+    """Per tool, how many wrong calls go wrong where (every WRONG_CALLS entry, zeros included)."""
+    return {kind: {where: sum(o.kind == kind and o.wrong_at == where for o in outcomes) for where in WRONG_CALLS}
+            for kind in TOOL_KINDS if any(o.kind == kind for o in outcomes)}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -161,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     outcomes = []
     for number, (question, history) in enumerate(zip(questions, before), 1):
-        outcomes.append(ask(session, question, history))
+        outcomes.append(ask(session, question, history, partial(token_starts, tokenizer)))
         if number % 25 == 0:
             print(f"{number}/{len(questions)} questions, {time.perf_counter() - started:.0f} s", file=sys.stderr,
                   flush=True)
@@ -169,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     after = ", each after an exchange of the other kind" if args.after_other else ""
     print(f"model {path}{' + ' + str(lora) if lora else ''}: {len(questions)} held-out questions{after}, greedy")
     print_table(rows)
+    wrong = wrong_calls(outcomes)
+    print("\nwrong calls, by where they go wrong (the copied argument: the title, the expression, the value)")
+    print(f"{'tool':<14}" + "".join(f" {where:>16}" for where in WRONG_CALLS))
+    for kind, counts in wrong.items():
+        print(f"{kind:<14}" + "".join(f" {counts[where]:>16}" for where in WRONG_CALLS))
     for kind in (*TOOL_KINDS, SMALL_TALK):
         for outcome in [o for o in outcomes if o.kind == kind][:args.show]:
             print(f"\n[{kind}]" + "".join(f"\n  before, {m['role']}: {m['content'] or m.get('tool_calls')}"
@@ -177,11 +196,12 @@ def main(argv: list[str] | None = None) -> int:
             for call in outcome.calls:
                 print(f"  call: {call}")
             print(f"  answer: {outcome.answer}")
-            print(f"  right call: {outcome.right_call}, fact in answer: {outcome.has_fact}")
+            wrong_at = f" (wrong at: {outcome.wrong_at})" if outcome.wrong_at else ""
+            print(f"  right call: {outcome.right_call}{wrong_at}, fact in answer: {outcome.has_fact}")
     if args.json:
         target = resolve_path(args.json)
         target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(target, json.dumps({"model": str(path), "table": rows,
+        atomic_write_text(target, json.dumps({"model": str(path), "table": rows, "wrong_calls": wrong,
                                               "outcomes": [asdict(o) for o in outcomes]}, indent=1,
                                              ensure_ascii=False) + "\n")
     return 0

@@ -1,8 +1,8 @@
 """eval/tool_eval.py on a tiny model that has memorised the tool dialogues of a few held-out questions and one small
 talk: asked those questions it makes the right calls and answers with the facts (every rate 100%) and answers the
-small talk without a call; asked other held-out questions it repeats its memorised calls, which are wrong for them
-(0%). With --after_other each question comes after an exchange of the other kind, which the model memorised too.
-The JSON report holds each transcript."""
+small talk without a call; asked other held-out questions it makes no call (0%, each counted as "no call"; where
+other wrong calls go wrong is tested in tests/unit/test_tool_scoring.py). With --after_other each question comes
+after an exchange of the other kind, which the model memorised too. The JSON report holds each transcript."""
 
 from __future__ import annotations
 
@@ -58,13 +58,20 @@ def test_memorised_questions_score_every_call_and_fact(tool_model, tmp_path, cap
     for row in rows.values():
         assert (row["called_a_tool"], row["right_call"], row["fact_in_answer"]) == (1.0, 1.0, 1.0), row
     assert [len(outcome["calls"]) for outcome in report["outcomes"]] == [1, 1, 1, 0]
+    assert [outcome["wrong_at"] for outcome in report["outcomes"]] == [None] * 4
+    assert all(n == 0 for counts in report["wrong_calls"].values() for n in counts.values())
     table = capsys.readouterr().out
     assert "right call" in table and "100.0%" in table and "100.0% (none)" in table
 
 
-def test_other_held_out_questions_get_the_memorised_wrong_calls(tool_model, tmp_path):
+def test_other_held_out_questions_get_no_right_call(tool_model, tmp_path, capsys):
     report = run(tool_model, tmp_path, "--seed", "1")
     assert {row["tool"]: row["right_call"] for row in report["table"]}["all"] == 0.0
+    # none of them is answered with a call: each is placed as "no call", in the outcomes and in the counts
+    assert [outcome["wrong_at"] for outcome in report["outcomes"]] == ["no call"] * 3 + [None]
+    assert {kind: {where: n for where, n in counts.items() if n} for kind, counts in report["wrong_calls"].items()} \
+        == {kind: {"no call": 1} for kind in ("wiki", "calculator", "convert_units")}
+    assert "wrong calls, by where they go wrong" in capsys.readouterr().out
 
 
 def test_after_other_each_question_comes_after_an_exchange_of_the_other_kind(tool_model, tmp_path):

@@ -3,11 +3,15 @@ of the first sentence's words beyond the question's own, values as whole numbers
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from dataset.sources import Dialog
+from dataset.tokenization import token_starts
 from dataset.tool_dialogues import small_talk_dialogues, tool_dialogues
-from dataset.tool_scoring import SMALL_TALK, SPAN_WORDS, ToolQuestion, answer_has_fact, is_right_reply
+from dataset.tool_scoring import (SMALL_TALK, SPAN_WORDS, WRONG_CALLS, ToolQuestion, answer_has_fact, is_right_reply,
+                                  where_call_goes_wrong)
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +81,33 @@ def test_values_count_as_whole_numbers(questions):
     decimal = ToolQuestion("calculator", "", {}, "2.5", "2.5")
     assert answer_has_fact(decimal, "5 / 2 = 2.5") and not answer_has_fact(decimal, "12.5") \
         and not answer_has_fact(decimal, "2.55")
+
+
+def _first_changed(text: str) -> str:
+    return ("9" if text[0] != "9" else "8") if text[0].isdigit() else "Q" + text[1:]
+
+
+@pytest.mark.parametrize("tokens", ["characters", "model"])
+def test_a_wrong_call_is_placed_at_the_copied_arguments_first_token_or_later(questions, tokenizer, tokens):
+    tokenize = (lambda text: [(ord(c), i) for i, c in enumerate(text)]) if tokens == "characters" else \
+        partial(token_starts, tokenizer)
+    wiki, calculator, units = questions["wiki"], questions["calculator"], questions["convert_units"]
+    where = lambda question, calls: where_call_goes_wrong(question, calls, tokenize)  # noqa: E731
+    assert where(wiki, [("wiki", wiki.arguments)]) is None and where(wiki, []) == "no call"
+    assert where(wiki, [("calculator", calculator.arguments)]) == "another tool"
+    title = wiki.arguments["title"]
+    assert where(wiki, [("wiki", {"title": "Q" + title[1:]})]) == "first token"  # "Qereford cattle"
+    assert where(wiki, [("wiki", {"title": title + " Qq"})]) == "later token"
+    expression = calculator.arguments["expression"]
+    assert where(calculator, [("calculator", {"expression": _first_changed(expression) + expression[1:]})]) \
+        == "first token"
+    assert where(calculator, [("calculator", {"expression": expression + " + 1"})]) == "later token"
+    value = str(units.arguments["value"])
+    assert where(units, [("convert_units", {**units.arguments, "value": float(_first_changed(value) + value[1:])})]) \
+        == "first token"  # 326 -> 926
+    assert where(units, [("convert_units", {**units.arguments, "value": float(value + "1")})]) == "later token"
+    other_unit = "miles" if units.arguments["to_unit"] != "miles" else "feet"
+    assert where(units, [("convert_units", {**units.arguments, "to_unit": other_unit})]) == "another argument"
+    small_talk = ToolQuestion(SMALL_TALK, "Hi!", {}, "", "")
+    assert where(small_talk, []) is None and where(small_talk, [("wiki", {"title": "Hi"})]) == "another tool"
+    assert set(WRONG_CALLS) == {"no call", "another tool", "first token", "later token", "another argument"}

@@ -84,7 +84,9 @@ def test_values_count_as_whole_numbers(questions):
 
 
 def _first_changed(text: str) -> str:
-    return ("9" if text[0] != "9" else "8") if text[0].isdigit() else "Q" + text[1:]
+    """`text` with another first character: a digit for a digit, else "Q"."""
+    first = ("9" if text[0] != "9" else "8") if text[0].isdigit() else "Q"
+    return first + text[1:]
 
 
 @pytest.mark.parametrize("tokens", ["characters", "model"])
@@ -96,14 +98,14 @@ def test_a_wrong_call_is_placed_at_the_copied_arguments_first_token_or_later(que
     assert where(wiki, [("wiki", wiki.arguments)]) is None and where(wiki, []) == "no call"
     assert where(wiki, [("calculator", calculator.arguments)]) == "another tool"
     title = wiki.arguments["title"]
-    assert where(wiki, [("wiki", {"title": "Q" + title[1:]})]) == "first token"  # "Qereford cattle"
+    assert where(wiki, [("wiki", {"title": _first_changed(title)})]) == "first token"  # "Qereford cattle"
     assert where(wiki, [("wiki", {"title": title + " Qq"})]) == "later token"
     expression = calculator.arguments["expression"]
-    assert where(calculator, [("calculator", {"expression": _first_changed(expression) + expression[1:]})]) \
+    assert where(calculator, [("calculator", {"expression": _first_changed(expression)})]) \
         == "first token"
     assert where(calculator, [("calculator", {"expression": expression + " + 1"})]) == "later token"
     value = str(units.arguments["value"])
-    assert where(units, [("convert_units", {**units.arguments, "value": float(_first_changed(value) + value[1:])})]) \
+    assert where(units, [("convert_units", {**units.arguments, "value": float(_first_changed(value))})]) \
         == "first token"  # 326 -> 926
     assert where(units, [("convert_units", {**units.arguments, "value": float(value + "1")})]) == "later token"
     other_unit = "miles" if units.arguments["to_unit"] != "miles" else "feet"

@@ -101,11 +101,11 @@ def answer_has_fact(question: ToolQuestion, answer: str) -> bool:
 
 def where_call_goes_wrong(question: ToolQuestion, calls: Sequence[tuple[str, Mapping[str, Any]]],
                           tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> str | None:
-    """None for a right reply; else one of WRONG_CALLS for the first call (small talk with a call: ``another
-    tool``). For the copied argument, ``tokenize(text)`` gives each token of ``{"<name>": <value>}`` as JSON as
-    (token id, the offset of its first character): ``first token`` when the tokens already differ at the one that
-    holds the value's first character (or before it), ``later token`` when they differ after it, ``another
-    argument`` when the copied argument is right and another is wrong."""
+    """None for a right reply (``is_right_reply``); else one of WRONG_CALLS for the first call (small talk with a
+    call: ``another tool``). For the copied argument, ``tokenize(text)`` gives each token of ``{"<name>": <value>}``
+    as JSON as (token id, the offset of its first character): ``first token`` when the tokens already differ at the
+    one that holds the value's first character (or before it), ``later token`` when they differ after it,
+    ``another argument`` when the copied argument is right and another is wrong."""
     if is_right_reply(question, calls):
         return None
     if not calls:

@@ -44,7 +44,7 @@ from dataset.chat_format import normalize_messages  # noqa: E402
 from dataset.corpus import SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
 from dataset.tokenization import token_starts  # noqa: E402
 from dataset.tool_dialogues import first_exchange, small_talk_dialogues, tool_dialogues  # noqa: E402
-from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_has_fact, is_right_reply,  # noqa: E402
+from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_has_fact,  # noqa: E402
                                   where_call_goes_wrong)
 
 from trainer.cli import ToolParser  # noqa: E402
@@ -65,7 +65,7 @@ class Outcome:
     answer: str
     has_fact: bool
     before: list[dict]  # the exchange in the history when the question was asked (--after_other), else []
-    wrong_at: str | None = None  # where a wrong call goes wrong (dataset/tool_scoring.WRONG_CALLS); None if right
+    wrong_at: str | None  # where a wrong call goes wrong (dataset/tool_scoring.WRONG_CALLS); None if right
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,18 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def ask(session: ChatSession, question: ToolQuestion, history: list[dict] | None = None,
-        tokenize: Callable[[str], Sequence[tuple[int, int]]] | None = None) -> Outcome:
-    """The question asked after `history`, scored; with `tokenize` (the model's), where a wrong call goes wrong."""
+def ask(session: ChatSession, question: ToolQuestion, history: list[dict],
+        tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> Outcome:
+    """The question asked after `history`, scored; `tokenize` (the model's, as token_starts) places a wrong call."""
     session.reset()
-    session.history += history or []  # history_turns=1 keeps exactly this exchange
+    session.history += history  # history_turns=1 keeps exactly this exchange
     before = list(session.history)
     reply = session.reply(question.question)
     results = [result for round_ in reply.rounds for result in round_.results]
     calls = [(result.name, result.arguments) for result in results]
-    wrong_at = where_call_goes_wrong(question, calls, tokenize) if tokenize else None
-    return Outcome(question.kind, question.question, [r.describe() for r in results], is_right_reply(question, calls),
-                   reply.text, answer_has_fact(question, reply.text), before, wrong_at)
+    wrong_at = where_call_goes_wrong(question, calls, tokenize)
+    return Outcome(question.kind, question.question, [r.describe() for r in results], wrong_at is None, reply.text,
+                   answer_has_fact(question, reply.text), before, wrong_at)
 
 
 def histories(dialogues: list[dict], questions: list[ToolQuestion]) -> list[list[dict]]:

@@ -6,6 +6,11 @@ hundred steps, which the default pretraining alone never teaches it. Half the ro
 the repeat is predictable, so only copying lowers their loss), half are pretraining text with one of its own
 spans written again later (copying text, which the tools' dialogues ask for). Rows are a function of a seed, so a
 resumed run, or the same step split over other processes, draws the same ones.
+
+With cue pairs, the copy's first token is taught too: the span follows a cue token and its repeat that cue's
+partner, one of a fixed table of (cue, partner) pairs, and the repeat's first token is in the loss. As in a tool
+call's argument (`"value": 80` for "Convert 80 liters"), the token before the copy differs from the token before the
+original, and only a learned relation between the two says where the copy starts (docs/tools.md, "Cue pairs").
 """
 
 from __future__ import annotations
@@ -14,15 +19,22 @@ import torch
 
 ROW_LENGTH = 128           # tokens per copy row
 SPAN_LENGTHS = (5, 60)     # the repeated span's length, drawn per row (inclusive), at most half a row less one
+CUE_TABLE_SEED = 0         # the cue pairs are one table for every run and row, so they can be learned
 
 
 def copy_rows(seed: int, rows: int, vocab: range, text: torch.Tensor | None = None,
-              length: int = ROW_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
+              length: int = ROW_LENGTH, cue_pairs: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, labels), each (rows, length): row r holds random token ids from `vocab` when r is even or no
     `text` is given, else the first `length` tokens of text row (r // 2) % len(text); then a span of it (its length
     drawn from SPAN_LENGTHS) is written again at a later place. `labels` is -100 except on the repeat's 2nd token
-    onwards -- the tokens that copying predicts; the repeat's first token is not, nothing announces it."""
+    onwards -- the tokens that copying predicts; the repeat's first token is not, nothing announces it.
+    With `cue_pairs` > 0, a pair drawn per row from the first `cue_pairs` of `cue_table(vocab)` puts its cue just
+    before the span and its partner just before the repeat, and the repeat's first token is in `labels` too."""
     generator = torch.Generator().manual_seed(seed)
+    table = cue_table(vocab)[:cue_pairs] if cue_pairs else None
+    if table is not None and len(table) < cue_pairs:
+        raise ValueError(f"{cue_pairs} cue pairs need {2 * cue_pairs} distinct tokens; the vocabulary has "
+                         f"{len(vocab)}")
     if length < 2 * SPAN_LENGTHS[0] + 2:
         raise ValueError(f"copy rows of {length} tokens are too short; they need at least {2 * SPAN_LENGTHS[0] + 2}")
     if text is not None and text.shape[1] < length:
@@ -34,11 +46,24 @@ def copy_rows(seed: int, rows: int, vocab: range, text: torch.Tensor | None = No
         if text is not None and row % 2:
             ids[row] = text[(row // 2) % len(text), :length]
         span = _draw(generator, shortest, longest)
-        start = _draw(generator, 0, length - 2 * span)
-        repeat = _draw(generator, start + span, length - span)
+        if table is None:
+            start = _draw(generator, 0, length - 2 * span)
+            repeat = _draw(generator, start + span, length - span)
+        else:  # room for the cue before the span and for its partner between the span and the repeat
+            start = _draw(generator, 1, length - 2 * span - 1)
+            repeat = _draw(generator, start + span + 1, length - span)
+            ids[row, start - 1], ids[row, repeat - 1] = table[_draw(generator, 0, len(table) - 1)]
         ids[row, repeat:repeat + span] = ids[row, start:start + span].clone()
-        labels[row, repeat + 1:repeat + span] = ids[row, repeat + 1:repeat + span]
+        first_supervised = repeat if table is not None else repeat + 1
+        labels[row, first_supervised:repeat + span] = ids[row, first_supervised:repeat + span]
     return ids, labels
+
+
+def cue_table(vocab: range) -> torch.Tensor:
+    """The (cue, partner) token pairs of copy rows with cue pairs, (len(vocab) // 2, 2): `vocab` shuffled by
+    CUE_TABLE_SEED and paired off, so no token is in two pairs; a run's first N pairs stay the same for any N."""
+    order = torch.randperm(len(vocab), generator=torch.Generator().manual_seed(CUE_TABLE_SEED)) + vocab.start
+    return order[:len(order) // 2 * 2].view(-1, 2)
 
 
 def _draw(generator: torch.Generator, low: int, high: int) -> int:

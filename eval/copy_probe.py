@@ -2,13 +2,17 @@
 
     python eval/copy_probe.py --model_path out/pretrain
     python eval/copy_probe.py --model_path out/pretrain --lengths 17,60 --rows 32 --json out/pretrain/copy.json
+    python eval/copy_probe.py --model_path out/cue_pairs --cue_pairs 64
 
 Two probes, each a sequence followed by the same sequence again in one row, scored from position 0 in one forward
 pass: random token ids (--lengths of them; nothing predicts them but the first occurrence), and the first --text
 tokens of validation documents, repeated after a newline. For each, the mean next-token loss (nats) over the
 first occurrence's tokens and over the repeat's (its first token excluded: nothing announces the repeat). A model
 that copies (an induction head) predicts the repeat almost exactly; one that cannot scores it like the first
-occurrence (docs/tools.md, "Where the obstacle is").
+occurrence (docs/tools.md, "Where the obstacle is"). The last column is the repeat's first token alone.
+With --cue_pairs N, a third probe for each length: the random sequence after the cue of one of the copy rows'
+first N cue pairs and its repeat after that cue's partner (dataset/copy_rows.py), so the repeat's first token is
+announced to a model pretrained with `--copy_cue_pairs` N or more (docs/tools.md, "Cue pairs").
 """
 
 from __future__ import annotations
@@ -30,20 +34,22 @@ from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 
-def repeat_losses(model: Any, first: Any, separator: list[int]) -> tuple[float, float]:
-    """(mean loss on the first occurrence's tokens 2..L, mean loss on the repeat's tokens 2..L) of the rows
-    `first` (rows, L) each followed by `separator` and itself."""
+def repeat_losses(model: Any, first: Any, between: Any, before: Any = None) -> tuple[float, float, float]:
+    """(mean loss on the first occurrence's tokens 2..L, on the repeat's tokens 2..L, on the repeat's first token)
+    of the rows `first` (rows, L), each `before` (rows, B; default none), itself, `between` (rows, S) and itself."""
     import torch
     import torch.nn.functional as F
 
     rows, length = first.shape
-    gap = torch.tensor(separator, dtype=torch.long).expand(rows, -1)
-    ids = torch.cat([first, gap, first], dim=1)
+    before = first[:, :0] if before is None else before
+    ids = torch.cat([before, first, between, first], dim=1)
     with torch.inference_mode():
         logits = model(input_ids=ids[:, :-1]).logits.float()
     nats = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # nats[:, t] predicts ids[t + 1]
-    repeat_start = length + len(separator)
-    return float(nats[:, :length - 1].mean()), float(nats[:, repeat_start:repeat_start + length - 1].mean())
+    start = before.shape[1]
+    repeat = start + length + between.shape[1]
+    return (float(nats[:, start:start + length - 1].mean()), float(nats[:, repeat:repeat + length - 1].mean()),
+            float(nats[:, repeat - 1].mean()))
 
 
 def text_rows(data_path: Path, tokenizer: Any, length: int, count: int) -> list[list[int]]:
@@ -68,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=16, help="sequences per probe")
     parser.add_argument("--seed", type=int, default=1, help="draws the random sequences")
     parser.add_argument("--data", default="pretrain_val", help="pretrain_val or a jsonl file of {\"text\": ...}")
+    parser.add_argument("--cue_pairs", type=int, default=0, help="also probe each length after a cue pair, drawn "
+                        "from the copy rows' first N (0: no such probe; see --copy_cue_pairs)")
     parser.add_argument("--json", default=None, help="also write the table to this JSON file")
     add_threads_flag(parser)
     args = parser.parse_args(argv)
@@ -82,6 +90,7 @@ def report(args: Any) -> int:
     import torch
 
     from dataset.atomic_io import atomic_write_text
+    from dataset.copy_rows import cue_table
     from dataset.corpus import resolve_text_data
     from model.loading import load_model
     from trainer.machine import machine_line
@@ -91,33 +100,41 @@ def report(args: Any) -> int:
         lengths = [int(item) for item in args.lengths.split(",") if item.strip()]
     except ValueError:
         raise ValueError(f"--lengths {args.lengths!r} is not allowed; give comma-separated integers >= 2") from None
-    if any(length < 2 for length in lengths) or args.rows < 1 or args.text == 1 or args.text < 0:
-        raise ValueError("--lengths items must be >= 2, --rows >= 1 and --text 0 or >= 2")
+    if any(length < 2 for length in lengths) or args.rows < 1 or args.text == 1 or args.text < 0 or args.cue_pairs < 0:
+        raise ValueError("--lengths items must be >= 2, --rows >= 1, --text 0 or >= 2 and --cue_pairs >= 0")
     path, adapter = locate_tool_model(args)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
     model.eval()
     low = max(tokenizer.all_special_ids) + 1
     generator = torch.Generator().manual_seed(args.seed)
     results = {}
+    pairs = cue_table(range(low, model.config.vocab_size))[:args.cue_pairs]
+    if len(pairs) < args.cue_pairs:
+        raise ValueError(f"--cue_pairs {args.cue_pairs} is not allowed; this vocabulary has {len(pairs)} pairs")
     for length in lengths:
         first = torch.randint(low, model.config.vocab_size, (args.rows, length), generator=generator)
-        results[f"random {length}"] = repeat_losses(model, first, [])
+        results[f"random {length}"] = repeat_losses(model, first, first[:, :0])
+    for length in lengths if args.cue_pairs else ():
+        first = torch.randint(low, model.config.vocab_size, (args.rows, length), generator=generator)
+        cue, partner = pairs[torch.randint(0, len(pairs), (args.rows,), generator=generator)].unbind(1)
+        results[f"cue pair {length}"] = repeat_losses(model, first, partner[:, None], cue[:, None])
     if args.text:
         data_path = resolve_text_data(args.data)
         rows = text_rows(data_path, tokenizer, args.text, args.rows)
         if not rows:
             raise ValueError(f"--data {args.data}: no document has {args.text} tokens")
         newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
-        results[f"text {args.text}"] = repeat_losses(model, torch.tensor(rows), newline)
+        results[f"text {args.text}"] = repeat_losses(model, torch.tensor(rows),
+                                                     torch.tensor(newline).expand(len(rows), -1))
     print(f"model {path}; {args.rows} rows per probe; {machine_line()}")
-    print("| probe | first occurrence (nats) | repeat (nats) |")
-    print("|---|---:|---:|")
-    for name, (first_loss, repeat_loss) in results.items():
-        print(f"| {name} | {first_loss:.2f} | {repeat_loss:.2f} |")
+    print("| probe | first occurrence (nats) | repeat (nats) | repeat's first token (nats) |")
+    print("|---|---:|---:|---:|")
+    for name, (first_loss, repeat_loss, repeat_first) in results.items():
+        print(f"| {name} | {first_loss:.2f} | {repeat_loss:.2f} | {repeat_first:.2f} |")
     if args.json:
         out = resolve_path(args.json)
-        table = {name: {"first": first_loss, "repeat": repeat_loss} for name, (first_loss, repeat_loss)
-                 in results.items()}
+        table = {name: {"first": first_loss, "repeat": repeat_loss, "repeat_first_token": repeat_first}
+                 for name, (first_loss, repeat_loss, repeat_first) in results.items()}
         atomic_write_text(out, json.dumps({"model_path": str(path), "rows": args.rows, "probes": table}, indent=2))
         print(f"results written to {out}")
     return 0

@@ -113,7 +113,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 POLICY_LORA_FLAGS = ("lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge")
 # The copy rows' flags (trainer/objectives.py): pretraining teaches copying with them, SFT may (a model given smeared
 # keys at SFT learns to copy there).
-COPY_FLAGS = ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after")
+COPY_FLAGS = ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after", "copy_cue_pairs")
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
@@ -308,6 +308,9 @@ class TrainArgs:
                                               "(>= 0)")
     copy_weight_after: float = _flag(COPY_GROUPS, 0.1, "the copy loss's weight after --copy_steps steps (>= 0; 0: "
                                                        "the rows stop and the copying they taught fades)")
+    copy_cue_pairs: int = _flag(COPY_GROUPS, 0, "the (cue, partner) token pairs of the copy rows (0: none): the span "
+                                                "follows a pair's cue, the repeat its partner, and the repeat's "
+                                                "first token is in the loss too (docs/tools.md, Cue pairs)")
     # The embedded SFT set (dataset/corpus.py).
     sft_data: str | None = _flag("sft", None, f"{_choices(SFT_DATA)}: the embedded SFT set used without "
                                               "--data_path: the corpus's conversations plus 20,000 tool-use "
@@ -522,6 +525,8 @@ def _validate(args: TrainArgs) -> None:
         raise bad("copy_rows", args.copy_rows, "it must be >= 0 (0: no copy rows)")
     if args.copy_steps < 0:
         raise bad("copy_steps", args.copy_steps, "it must be >= 0")
+    if args.copy_cue_pairs < 0:
+        raise bad("copy_cue_pairs", args.copy_cue_pairs, "it must be >= 0 (0: no cue pairs)")
     for name in ("copy_weight", "copy_weight_after"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
             raise bad(name, getattr(args, name), "it must be a number >= 0")

@@ -320,7 +320,7 @@ class Trainer:
         moe = self.base_model.config.is_moe
         if self.args.task in ("pretrain", "sft") and self.args.copy_rows:
             settings = CopySettings(self.args.copy_rows, self.args.copy_weight, self.args.copy_steps,
-                                    self.args.copy_weight_after)
+                                    self.args.copy_weight_after, self.args.copy_cue_pairs)
             vocab = range(max(self.tokenizer.all_special_ids) + 1, self.base_model.config.vocab_size)
             return LanguageModelingWithCopies(settings, vocab, self.args.seed, self.accelerator.process_index,
                                               self.world, self.args.accumulation_steps, moe)

@@ -82,12 +82,14 @@ class LanguageModeling:
 
 @dataclass(frozen=True)
 class CopySettings:
-    """The copy rows beside each micro-batch (--copy_rows, --copy_weight, --copy_steps, --copy_weight_after)."""
+    """The copy rows beside each micro-batch (--copy_rows, --copy_weight, --copy_steps, --copy_weight_after,
+    --copy_cue_pairs)."""
 
     rows: int
     weight: float
     steps: int
     weight_after: float
+    cue_pairs: int = 0
 
     def weight_at(self, step: int) -> float:
         """The copy loss's weight at optimizer step `step` (0-based)."""
@@ -131,7 +133,8 @@ class LanguageModelingWithCopies(LanguageModeling):
         seed = self.row_seed(self.step, self.micro_batch, self.process_index)
         self.micro_batch += 1
         text = batch["input_ids"].cpu()
-        ids, labels = copy_rows(seed, self.settings.rows, self.vocab, text, min(ROW_LENGTH, text.shape[1]))
+        ids, labels = copy_rows(seed, self.settings.rows, self.vocab, text, min(ROW_LENGTH, text.shape[1]),
+                                self.settings.cue_pairs)
         device = batch["input_ids"].device
         copy = model(input_ids=ids.to(device), labels=labels.to(device)).loss
         share = 1 / (self.accumulation_steps * self.processes)

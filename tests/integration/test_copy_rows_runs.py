@@ -19,9 +19,9 @@ from tests.training_runs import (assert_same_logged_metrics, assert_same_model, 
 from trainer.args import COPY_ROWS_TO_LEARN
 from trainer.run_dir import read_metrics
 
-# The weight drops from 1.0 to 0.5 after step 4, so a run resumed at step 3 crosses the switch.
+# The weight drops from 1.0 to 0.5 after step 4, so a run resumed at step 3 crosses the switch; the rows have cue pairs.
 COPY = ("--copy_rows", "2", "--copy_steps", "4", "--copy_weight", "1.0", "--copy_weight_after", "0.5",
-        "--smeared_keys", "true", "--batch_size", "4")
+        "--copy_cue_pairs", "4", "--smeared_keys", "true", "--batch_size", "4")
 
 
 class _Collect(logging.Handler):
@@ -49,7 +49,7 @@ def test_a_run_with_copy_rows_logs_the_copy_loss(copying):
     # the copy rows' loss is added to the language modeling one: the logged loss exceeds it by weight x copy_loss
     assert all(record["loss"] > record["copy_loss"] for record in train if record["step"] <= 4)
     config = (copying / "train_config.yaml").read_text()
-    assert "copy_rows: 2" in config and "smeared_keys: true" in config
+    assert "copy_rows: 2" in config and "copy_cue_pairs: 4" in config and "smeared_keys: true" in config
 
 
 def test_a_resumed_run_with_copy_rows_reproduces_it_bit_for_bit(copying, train_data, tmp_path):

@@ -174,6 +174,7 @@ def test_bad_grpo_flags_are_one_line(flags, message, capsys):
     ("ppo", ["--vf_coef", "0"], "--vf_coef=0.0 is not allowed; it must be a positive number"),
     ("ppo", ["--epsilon", "-0.2"], "--epsilon=-0.2 is not allowed; it must be a positive number"),
     ("sft", ["--sft_data", "tool"], "--sft_data='tool' is not allowed; choose one of tools, chat"),
+    ("pretrain", ["--copy_cue_pairs", "-1"], "--copy_cue_pairs=-1 is not allowed; it must be >= 0 (0: no cue pairs)"),
     ("sft", ["--sft_data", "tools", "--data_path", "my.jsonl"],
      "--sft_data='tools' is not allowed; leave it unset with --data_path (the file is the data)"),
 ])

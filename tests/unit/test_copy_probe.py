@@ -1,5 +1,6 @@
-"""eval/copy_probe.py: its first-occurrence and repeat losses against each row scored alone in fp64 by
-transformers' AutoModelForCausalLM, the JSON table, and one-line refusals."""
+"""eval/copy_probe.py: its first-occurrence, repeat and repeat's-first-token losses against each row scored alone in
+fp64 by transformers' AutoModelForCausalLM (the cue-pair probe's rows built from the copy rows' cue table), the JSON
+table, and one-line refusals."""
 
 from __future__ import annotations
 
@@ -10,21 +11,25 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from dataset.copy_rows import cue_table
 from eval.copy_probe import main
 
 
-def reference(path, rows: list[list[int]], separator: list[int]) -> tuple[float, float]:
-    """Mean fp64 loss over each row's tokens 2..L of the first occurrence and of the repeat, rows scored alone."""
+def reference(path, rows: list[list[int]], separators: list[list[int]],
+              cues: list[list[int]] | None = None) -> tuple[float, float, float]:
+    """Mean fp64 loss over each row's tokens 2..L of the first occurrence, of the repeat, and on the repeat's first
+    token, rows (cue + row + separator + row) scored alone."""
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    first, repeat = [], []
+    first, repeat, repeat_first = [], [], []
     with torch.no_grad():
-        for row in rows:
-            ids = torch.tensor([row + separator + row])
+        for row, separator, cue in zip(rows, separators, cues or [[]] * len(rows)):
+            ids = torch.tensor([cue + row + separator + row])
             nats = F.cross_entropy(model(input_ids=ids).logits[0, :-1].double(), ids[0, 1:], reduction="none")
-            length, start = len(row), len(row) + len(separator)
-            first += nats[:length - 1].tolist()  # nats[t] is the loss of token t + 1
+            length, start = len(row), len(cue) + len(row) + len(separator)
+            first += nats[len(cue):len(cue) + length - 1].tolist()  # nats[t] is the loss of token t + 1
             repeat += nats[start:start + length - 1].tolist()
-    return sum(first) / len(first), sum(repeat) / len(repeat)
+            repeat_first.append(float(nats[start - 1]))
+    return sum(first) / len(first), sum(repeat) / len(repeat), sum(repeat_first) / len(repeat_first)
 
 
 def test_the_table_equals_each_row_scored_alone(tiny_models, tokenizer, tmp_path) -> None:
@@ -34,25 +39,36 @@ def test_the_table_equals_each_row_scored_alone(tiny_models, tokenizer, tmp_path
     data.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
     out = tmp_path / "copy.json"
     assert main(["--model_path", str(tiny_models.pretrain), "--lengths", "5,9", "--rows", "3", "--text", "8",
-                 "--data", str(data), "--seed", "4", "--json", str(out)]) == 0
+                 "--data", str(data), "--seed", "4", "--cue_pairs", "2", "--json", str(out)]) == 0
     probes = json.loads(out.read_text())["probes"]
-    assert list(probes) == ["random 5", "random 9", "text 8"]
+    assert list(probes) == ["random 5", "random 9", "cue pair 5", "cue pair 9", "text 8"]
+
+    def measured(name: str) -> tuple[float, float, float]:
+        return probes[name]["first"], probes[name]["repeat"], probes[name]["repeat_first_token"]
+
     generator = torch.Generator().manual_seed(4)
     low, vocab = max(tokenizer.all_special_ids) + 1, len(tokenizer)
     for length in (5, 9):
         rows = torch.randint(low, vocab, (3, length), generator=generator).tolist()
-        expected = reference(tiny_models.pretrain, rows, [])
-        assert (probes[f"random {length}"]["first"], probes[f"random {length}"]["repeat"]) == \
-            pytest.approx(expected, rel=1e-5)
+        assert measured(f"random {length}") == pytest.approx(reference(tiny_models.pretrain, rows, [[]] * 3),
+                                                             rel=1e-5)
+    pairs = cue_table(range(low, vocab))[:2]
+    for length in (5, 9):
+        rows = torch.randint(low, vocab, (3, length), generator=generator).tolist()
+        drawn = pairs[torch.randint(0, 2, (3,), generator=generator)].tolist()
+        expected = reference(tiny_models.pretrain, rows, [[partner] for _, partner in drawn],
+                             [[cue] for cue, _ in drawn])
+        assert measured(f"cue pair {length}") == pytest.approx(expected, rel=1e-5)
     rows = [tokenizer(text, add_special_tokens=False)["input_ids"][:8] for text in texts[:2]]
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
-    assert (probes["text 8"]["first"], probes["text 8"]["repeat"]) == \
-        pytest.approx(reference(tiny_models.pretrain, rows, newline), rel=1e-5)
+    assert measured("text 8") == pytest.approx(reference(tiny_models.pretrain, rows, [newline] * 2), rel=1e-5)
 
 
 @pytest.mark.parametrize("flags, message", [(["--lengths", "5,x"], "--lengths '5,x' is not allowed"),
                                              (["--lengths", "1"], "--lengths items must be >= 2"),
-                                             (["--text", "1"], "--text 0 or >= 2")])
+                                             (["--text", "1"], "--text 0 or >= 2"),
+                                             (["--cue_pairs", "-1"], "--cue_pairs >= 0"),
+                                             (["--cue_pairs", "100000"], "this vocabulary has")])
 def test_bad_flags_are_one_line(tiny_models, flags, message, capsys) -> None:
     assert main(["--model_path", str(tiny_models.pretrain), *flags]) != 0
     err = capsys.readouterr().err

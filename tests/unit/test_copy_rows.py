@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dataset.copy_rows import SPAN_LENGTHS, copy_rows
+from dataset.copy_rows import SPAN_LENGTHS, copy_rows, cue_table
 from tests.unit.test_model import VOCAB, random_ids, tiny_model
 from trainer.objectives import CopySettings, LanguageModeling, LanguageModelingWithCopies
 
@@ -53,6 +53,36 @@ def test_rows_are_a_function_of_the_seed() -> None:
     assert not torch.equal(copy_rows(8, 4, TOKENS, text, 64)[0], first[0])
 
 
+@pytest.mark.parametrize("length", [128, 12])
+def test_cue_pairs_put_a_cue_before_the_span_its_partner_before_the_repeat_and_supervise_the_whole_repeat(
+        length: int) -> None:
+    text = random_ids(3, 200, seed=5)
+    pairs = {tuple(pair) for pair in cue_table(TOKENS)[:4].tolist()}
+    ids, labels = copy_rows(seed=3, rows=40, vocab=TOKENS, text=text, length=length, cue_pairs=4)
+    used = set()
+    for row in range(40):
+        repeat, span = repeated_span(ids[row], labels[row])  # the repeat's first token is supervised too
+        assert SPAN_LENGTHS[0] <= span <= min(SPAN_LENGTHS[1], length // 2 - 1)
+        assert torch.equal(labels[row, repeat:repeat + span], ids[row, repeat:repeat + span])
+        partner = int(ids[row, repeat - 1])
+        cue = next(c for c, p in pairs if p == partner)
+        sources = [s for s in range(1, repeat - span) if torch.equal(ids[row, s:s + span],
+                                                                      ids[row, repeat:repeat + span])]
+        assert any(int(ids[row, s - 1]) == cue for s in sources), f"row {row}: no source after the cue"
+        used.add((cue, partner))
+    assert used == pairs
+
+
+def test_the_cue_table_pairs_distinct_tokens_and_keeps_its_first_pairs_for_any_count() -> None:
+    table = cue_table(TOKENS)
+    assert table.shape == (len(TOKENS) // 2, 2)
+    tokens = table.flatten().tolist()
+    assert len(set(tokens)) == len(tokens) and set(tokens) <= set(TOKENS)
+    assert torch.equal(cue_table(TOKENS), table)  # one table for every run and row
+    with pytest.raises(ValueError, match=f"{len(table) + 1} cue pairs need {2 * len(table) + 2} distinct tokens"):
+        copy_rows(0, 2, TOKENS, length=64, cue_pairs=len(table) + 1)
+
+
 def test_rows_too_short_for_a_span_are_refused() -> None:
     with pytest.raises(ValueError, match="copy rows of 11 tokens are too short"):
         copy_rows(0, 2, TOKENS, length=11)
@@ -60,24 +90,27 @@ def test_rows_too_short_for_a_span_are_refused() -> None:
         copy_rows(0, 2, TOKENS, text=random_ids(2, 20), length=32)
 
 
-def objective(accumulation: int = 2, processes: int = 1, process_index: int = 0) -> LanguageModelingWithCopies:
-    return LanguageModelingWithCopies(CopySettings(rows=3, weight=0.7, steps=2, weight_after=0.2), TOKENS, seed=11,
+def objective(accumulation: int = 2, processes: int = 1, process_index: int = 0,
+              cue_pairs: int = 0) -> LanguageModelingWithCopies:
+    return LanguageModelingWithCopies(CopySettings(rows=3, weight=0.7, steps=2, weight_after=0.2,
+                                                   cue_pairs=cue_pairs), TOKENS, seed=11,
                                       process_index=process_index, processes=processes,
                                       accumulation_steps=accumulation)
 
 
-def test_the_loss_is_language_modeling_plus_the_weighted_copy_mean_by_hand() -> None:
+@pytest.mark.parametrize("cue_pairs", [0, 3])
+def test_the_loss_is_language_modeling_plus_the_weighted_copy_mean_by_hand(cue_pairs: int) -> None:
     model = tiny_model().train()
     ids = random_ids(2, 40)
     batch = {"input_ids": ids, "labels": ids}
     num_items = torch.tensor(150)  # the step's supervised tokens over all its micro-batches
-    copies = objective(accumulation=2)
+    copies = objective(accumulation=2, cue_pairs=cue_pairs)
     plain, _ = LanguageModeling().loss(model, batch, num_items)
     for step, weight in ((1, 0.7), (2, 0.2)):
         copies.start_step(step)
         for micro_batch in range(2):
             loss, stats = copies.loss(model, batch, num_items)
-            rows, labels = copy_rows(copies.row_seed(step, micro_batch, 0), 3, TOKENS, ids, 40)
+            rows, labels = copy_rows(copies.row_seed(step, micro_batch, 0), 3, TOKENS, ids, 40, cue_pairs)
             logits = model(rows).logits[:, :-1].double()
             targets = labels[:, 1:]
             copy_mean = F.cross_entropy(logits[targets != -100], targets[targets != -100])

@@ -133,6 +133,13 @@ def test_weight_zero_is_plain_language_modeling_without_the_rows() -> None:
     assert len(calls) == 2 and stats.tolist() == [0.0]  # one forward each: no copy rows drawn
 
 
+def test_more_cue_pairs_than_the_vocabulary_makes_are_refused_before_any_step() -> None:
+    with pytest.raises(ValueError, match=r"--copy_cue_pairs=252 is not allowed; the vocabulary's 502 ordinary tokens "
+                                         r"make 251 pairs"):
+        objective(cue_pairs=252)
+    assert objective(cue_pairs=251).settings.cue_pairs == 251
+
+
 def test_a_micro_batch_draws_the_rows_of_its_global_index() -> None:
     """Micro-batch 1 of one process (accumulation 2) holds the data of micro-batch 0 on process 1 of two: both draw
     the same rows, so the step is the same however it is split."""

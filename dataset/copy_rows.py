@@ -31,10 +31,8 @@ def copy_rows(seed: int, rows: int, vocab: range, text: torch.Tensor | None = No
     With `cue_pairs` > 0, a pair drawn per row from the first `cue_pairs` of `cue_table(vocab)` puts its cue just
     before the span and its partner just before the repeat, and the repeat's first token is in `labels` too."""
     generator = torch.Generator().manual_seed(seed)
+    check_cue_pairs(cue_pairs, vocab)
     table = cue_table(vocab)[:cue_pairs] if cue_pairs else None
-    if table is not None and len(table) < cue_pairs:
-        raise ValueError(f"{cue_pairs} cue pairs need {2 * cue_pairs} distinct tokens; the vocabulary has "
-                         f"{len(vocab)}")
     if length < 2 * SPAN_LENGTHS[0] + 2:
         raise ValueError(f"copy rows of {length} tokens are too short; they need at least {2 * SPAN_LENGTHS[0] + 2}")
     if text is not None and text.shape[1] < length:
@@ -57,6 +55,13 @@ def copy_rows(seed: int, rows: int, vocab: range, text: torch.Tensor | None = No
         first_supervised = repeat if table is not None else repeat + 1
         labels[row, first_supervised:repeat + span] = ids[row, first_supervised:repeat + span]
     return ids, labels
+
+
+def check_cue_pairs(cue_pairs: int, vocab: range) -> None:
+    """Refuse more cue pairs than `vocab` makes (or fewer than none)."""
+    if not 0 <= cue_pairs <= len(vocab) // 2:
+        raise ValueError(f"{cue_pairs} cue pairs are too many or too few; the vocabulary's {len(vocab)} ordinary "
+                         f"tokens make 0 to {len(vocab) // 2} pairs")
 
 
 def cue_table(vocab: range) -> torch.Tensor:

@@ -90,7 +90,7 @@ def report(args: Any) -> int:
     import torch
 
     from dataset.atomic_io import atomic_write_text
-    from dataset.copy_rows import cue_table
+    from dataset.copy_rows import check_cue_pairs, cue_table
     from dataset.corpus import resolve_text_data
     from model.loading import load_model
     from trainer.machine import machine_line
@@ -100,17 +100,19 @@ def report(args: Any) -> int:
         lengths = [int(item) for item in args.lengths.split(",") if item.strip()]
     except ValueError:
         raise ValueError(f"--lengths {args.lengths!r} is not allowed; give comma-separated integers >= 2") from None
-    if any(length < 2 for length in lengths) or args.rows < 1 or args.text == 1 or args.text < 0 or args.cue_pairs < 0:
-        raise ValueError("--lengths items must be >= 2, --rows >= 1, --text 0 or >= 2 and --cue_pairs >= 0")
+    if any(length < 2 for length in lengths) or args.rows < 1 or args.text == 1 or args.text < 0:
+        raise ValueError("--lengths items must be >= 2, --rows >= 1 and --text 0 or >= 2")
     path, adapter = locate_tool_model(args)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
     model.eval()
     low = max(tokenizer.all_special_ids) + 1
     generator = torch.Generator().manual_seed(args.seed)
     results = {}
+    try:
+        check_cue_pairs(args.cue_pairs, range(low, model.config.vocab_size))
+    except ValueError as error:
+        raise ValueError(f"--cue_pairs {args.cue_pairs} is not allowed; {error}") from None
     pairs = cue_table(range(low, model.config.vocab_size))[:args.cue_pairs]
-    if len(pairs) < args.cue_pairs:
-        raise ValueError(f"--cue_pairs {args.cue_pairs} is not allowed; this vocabulary has {len(pairs)} pairs")
     for length in lengths:
         first = torch.randint(low, model.config.vocab_size, (args.rows, length), generator=generator)
         results[f"random {length}"] = repeat_losses(model, first, first[:, :0])

@@ -15,7 +15,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from dataset.copy_rows import ROW_LENGTH, copy_rows, cue_table
+from dataset.copy_rows import ROW_LENGTH, check_cue_pairs, copy_rows
 from model.model import shift_labels
 from trainer.evaluation import LMEval, evaluate_lm
 
@@ -109,9 +109,10 @@ class LanguageModelingWithCopies(LanguageModeling):
     def __init__(self, settings: CopySettings, vocab: range, seed: int, process_index: int, processes: int,
                  accumulation_steps: int, moe: bool = False) -> None:
         super().__init__(moe)
-        if settings.cue_pairs > len(cue_table(vocab)):  # refused before the first step, not at it
-            raise ValueError(f"--copy_cue_pairs={settings.cue_pairs} is not allowed; the vocabulary's {len(vocab)} "
-                             f"ordinary tokens make {len(cue_table(vocab))} pairs")
+        try:  # refused before the first step, not at it
+            check_cue_pairs(settings.cue_pairs, vocab)
+        except ValueError as error:
+            raise ValueError(f"--copy_cue_pairs={settings.cue_pairs} is not allowed; {error}") from None
         self.settings, self.vocab, self.seed = settings, vocab, seed
         self.process_index, self.processes, self.accumulation_steps = process_index, processes, accumulation_steps
         self.stat_names = self.stat_names + ("copy_loss",)

@@ -73,13 +73,14 @@ def test_cue_pairs_put_a_cue_before_the_span_its_partner_before_the_repeat_and_s
     assert used == pairs
 
 
-def test_the_cue_table_pairs_distinct_tokens_and_keeps_its_first_pairs_for_any_count() -> None:
+def test_the_cue_table_pairs_distinct_tokens_once_for_every_run() -> None:
     table = cue_table(TOKENS)
     assert table.shape == (len(TOKENS) // 2, 2)
     tokens = table.flatten().tolist()
     assert len(set(tokens)) == len(tokens) and set(tokens) <= set(TOKENS)
     assert torch.equal(cue_table(TOKENS), table)  # one table for every run and row
-    with pytest.raises(ValueError, match=f"{len(table) + 1} cue pairs need {2 * len(table) + 2} distinct tokens"):
+    with pytest.raises(ValueError, match=f"{len(table) + 1} cue pairs are too many or too few; the vocabulary's "
+                                         f"502 ordinary tokens make 0 to {len(table)} pairs"):
         copy_rows(0, 2, TOKENS, length=64, cue_pairs=len(table) + 1)
 
 
@@ -134,8 +135,8 @@ def test_weight_zero_is_plain_language_modeling_without_the_rows() -> None:
 
 
 def test_more_cue_pairs_than_the_vocabulary_makes_are_refused_before_any_step() -> None:
-    with pytest.raises(ValueError, match=r"--copy_cue_pairs=252 is not allowed; the vocabulary's 502 ordinary tokens "
-                                         r"make 251 pairs"):
+    with pytest.raises(ValueError, match=r"--copy_cue_pairs=252 is not allowed; 252 cue pairs are too many or too few; "
+                                         r"the vocabulary's 502 ordinary tokens make 0 to 251 pairs"):
         objective(cue_pairs=252)
     assert objective(cue_pairs=251).settings.cue_pairs == 251
 

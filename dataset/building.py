@@ -70,8 +70,12 @@ def list_values(rows: datasets.Dataset, columns: Sequence[str]) -> int:
 def supervised_stats(unit: str, mapped: MappedJsonl, tokens: int, supervised_tokens: int) -> dict:
     """The ``stats`` of a dataset that learns from some tokens of each row only (SFT, DPO): the records read, named
     ``unit``; the samples kept; the records dropped for keeping no supervised token within max_seq_len; the rows
-    cut to max_seq_len (the rows' bool column ``truncated``); the bad lines skipped; and the tokens given."""
-    truncated = mapped.rows.with_format("numpy", columns=["truncated"])[:]["truncated"]
+    cut to max_seq_len (the rows' bool column ``truncated``); the bad lines skipped; the tokens given; and, of the
+    samples kept, those whose supervision the cut shortened (``supervision_cut``: a reply that loses its end, and
+    with it the ``<|im_end|>`` that teaches the model to stop) and the supervised tokens they lost (the rows' int
+    column ``supervised_cut``)."""
+    columns = mapped.rows.with_format("numpy", columns=["truncated", "supervised_cut"])[:]
+    truncated, supervised_cut = columns["truncated"], columns["supervised_cut"]
     return {
         unit: mapped.records,
         "samples": len(mapped.rows),
@@ -80,4 +84,6 @@ def supervised_stats(unit: str, mapped: MappedJsonl, tokens: int, supervised_tok
         "skipped_lines": mapped.skipped_lines,
         "tokens": tokens,
         "supervised_tokens": supervised_tokens,
+        "supervision_cut": int(np.sum(supervised_cut > 0)),
+        "supervised_tokens_cut": int(np.sum(supervised_cut)),
     }

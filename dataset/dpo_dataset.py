@@ -28,6 +28,7 @@ PAIR_FEATURES = Features(
     {
         **{f"{side}_{column}": List(Value("int32")) for side in SIDES for column in ("input_ids", "labels")},
         "truncated": Value("bool"),
+        "supervised_cut": Value("int32"),
     }
 )
 
@@ -37,14 +38,17 @@ def _encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerBase, max_seq_len: 
     count = len(batch["chosen"])
     encodings = encode_chatml_batch(tokenizer, [*batch["chosen"], *batch["rejected"]])
     for chosen, rejected in zip(encodings[:count], encodings[count:]):
-        labels = {side: assistant_labels(encoding, final_answer_only=True)[:max_seq_len]
-                  for side, encoding in zip(SIDES, (chosen, rejected))}
+        all_labels = {side: assistant_labels(encoding, final_answer_only=True)
+                      for side, encoding in zip(SIDES, (chosen, rejected))}
+        labels = {side: side_labels[:max_seq_len] for side, side_labels in all_labels.items()}
         if any(all(label == IGNORE_INDEX for label in side_labels) for side_labels in labels.values()):
             continue  # an answer cut away entirely: nothing to compare; dropped, and counted by the caller
         for side, encoding in zip(SIDES, (chosen, rejected)):
             out[f"{side}_input_ids"].append(encoding.input_ids[:max_seq_len])
             out[f"{side}_labels"].append(labels[side])
         out["truncated"].append(max(len(chosen.input_ids), len(rejected.input_ids)) > max_seq_len)
+        out["supervised_cut"].append(sum(label != IGNORE_INDEX for side_labels in all_labels.values()
+                                         for label in side_labels[max_seq_len:]))
     return out
 
 
@@ -53,7 +57,8 @@ class DPODataset(Dataset):
     first two are the chosen conversation's) from a jsonl of ``{"chosen": [...], "rejected": [...]}`` lines.
     ``collate`` stacks a batch of B pairs as 2B rows, the chosen ones first.
 
-    ``stats``: pairs, samples, dropped_no_supervision, truncated, skipped_lines, tokens, supervised_tokens.
+    ``stats``: pairs, samples, dropped_no_supervision, truncated, skipped_lines, tokens, supervised_tokens,
+    supervision_cut, supervised_tokens_cut (dataset.building.supervised_stats; both answers of a pair counted).
     """
 
     def __init__(
@@ -84,7 +89,7 @@ class DPODataset(Dataset):
             "pairs", mapped, tokens=list_values(mapped.rows, [f"{side}_input_ids" for side in SIDES]),
             supervised_tokens=int(sum(np.sum(np.asarray(chunk) != IGNORE_INDEX) for chunk in labels)),
         )
-        self._rows = mapped.rows.remove_columns("truncated")
+        self._rows = mapped.rows.remove_columns(["truncated", "supervised_cut"])
 
     def __len__(self) -> int:
         return len(self._rows)

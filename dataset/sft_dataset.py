@@ -9,7 +9,7 @@ Conversations are encoded by ``dataset.chat_format.encode_chatml_batch``, the en
 too: the same ids ``apply_chat_template`` gives, except that a control-token string inside a message stays text
 (an answer that mentions ``<|im_end|>`` does not teach the model to stop there). It also says which tokens are
 assistant tokens. Rows are cut to ``max_seq_len`` (the start is kept); a row left with no supervised token is
-dropped and counted.
+dropped and counted, and so are the rows whose replies the cut shortened and the supervised tokens they lost.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ SAMPLE_FEATURES = Features(
         "labels": List(Value("int32")),
         "supervised": Value("int32"),
         "truncated": Value("bool"),
+        "supervised_cut": Value("int32"),
     }
 )
 
@@ -84,7 +85,8 @@ def _encode_conversations(batch: dict, tokenizer: PreTrainedTokenizerBase, max_s
     out: dict[str, list] = {name: [] for name in SAMPLE_FEATURES}
     for encoding in encode_chatml_batch(tokenizer, batch["conversations"]):
         ids = encoding.input_ids
-        labels = assistant_labels(encoding)[:max_seq_len]
+        all_labels = assistant_labels(encoding)
+        labels = all_labels[:max_seq_len]
         supervised = sum(label != IGNORE_INDEX for label in labels)
         if supervised == 0:
             continue  # nothing to learn from; dropping it (a batch map may shrink) is counted by the caller
@@ -92,6 +94,7 @@ def _encode_conversations(batch: dict, tokenizer: PreTrainedTokenizerBase, max_s
         out["labels"].append(labels)
         out["supervised"].append(supervised)
         out["truncated"].append(len(ids) > max_seq_len)
+        out["supervised_cut"].append(sum(label != IGNORE_INDEX for label in all_labels[max_seq_len:]))
     return out
 
 
@@ -101,7 +104,7 @@ class SFTDataset(Dataset):
     ``reasoning_content`` or ``tools`` are ignored). Use ``DataLoader(ds, collate_fn=ds.collate)``.
 
     ``stats``: conversations, samples, dropped_no_supervision, truncated, skipped_lines, tokens,
-    supervised_tokens.
+    supervised_tokens, supervision_cut, supervised_tokens_cut (dataset.building.supervised_stats).
     """
 
     def __init__(

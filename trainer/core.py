@@ -41,7 +41,7 @@ from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIEL
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.checkpoint import (agree_on_start, check_resume_compatible, clear_previous_files, load_checkpoint,
                                 probe_storage, save_checkpoint, saved_position)
-from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader
+from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  set_collective_timeout, shutdown, state_is_sharded, update_inside_backward,
                                  weights_are_sharded)
@@ -610,6 +610,7 @@ class Trainer:
         atomic_write_text(self.out_dir / CONFIG_FILE,
                           yaml.safe_dump({**self.config_dict, RUN_ID_KEY: self.run_id}, sort_keys=False))
         stats = dataset_stats(self.data.train)
+        cut_note = supervision_cut_note(stats, self.args.max_seq_len)
         setup = str(self.accelerator.distributed_type).split(".")[-1]
         lines = [f"MiniNorm {self.args.task}: {self.num_params / 1e6:.2f}M parameters on {self.accelerator.device} "
                  f"x{self.world}, {self.args.dtype}, {setup}, compile {'on' if self.compiled else 'off'}, "
@@ -618,6 +619,7 @@ class Trainer:
                  self.threads.describe(),
                  f"data: {self.data.description}; {len(self.data.train)} train / {len(self.data.val)} val samples"
                  + (f"; stats {stats}" if stats else ""),
+                 *([cut_note] if cut_note else []),
                  f"trainable parameters: {self.trainable_params:,} of {self.num_params:,} "
                  f"({self.trainable_params / self.num_params:.2%})",
                  f"{self.total_steps} optimizer steps ({self.steps_per_epoch} per epoch), global batch "

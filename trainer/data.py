@@ -177,6 +177,18 @@ def dataset_stats(dataset: Dataset) -> dict:
     return dict(getattr(base, "stats", {}))
 
 
+def supervision_cut_note(stats: dict, max_seq_len: int) -> str | None:
+    """The line a run prints when --max_seq_len cut supervised tokens off the samples it kept (an SFT reply that
+    loses its end is never learnt to its end, nor to stop there); None when nothing supervised was cut."""
+    cut = stats.get("supervised_tokens_cut", 0)
+    if not cut:
+        return None
+    given = stats["supervised_tokens"] + cut
+    return (f"note: --max_seq_len {max_seq_len} cuts the supervised end off {stats['supervision_cut']:,} of "
+            f"{stats['samples']:,} samples ({cut:,} of their {given:,} supervised tokens, {cut / given:.1%}); a "
+            "larger --max_seq_len keeps them")
+
+
 class _PaddedWithoutTargets(Dataset):
     """`dataset` followed by `extra` copies of its first sample whose labels (every "labels" field: a preference
     pair has two) are all -100, or, for a sample without labels (an RL prompt), marked `padding`: they add forward

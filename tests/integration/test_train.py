@@ -101,6 +101,32 @@ def test_sft_throughput_counts_real_tokens(train_data, reference_run, tokenizer,
     assert summary.tokens_per_s == pytest.approx((real - first_step_tokens) / seconds, rel=1e-9)
 
 
+def test_sft_run_notes_the_supervision_its_max_seq_len_cuts(train_data, reference_run, tokenizer, tmp_path, capsys):
+    """A reply longer than --max_seq_len allows loses its end: the run says how many samples and supervised tokens,
+    counted here from the tokenizer's own chat template; a run whose replies all fit says nothing."""
+    short = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    reply = "A long answer that keeps going " * 8
+    long = [{"role": "user", "content": "Tell me everything."}, {"role": "assistant", "content": reply}]
+    data = write_jsonl(tmp_path / "cut.jsonl", [{"conversations": short}, {"conversations": long}] * 2)
+    full = tokenizer.apply_chat_template(long, tokenize=True)["input_ids"]
+    answer = len(tokenizer(reply, add_special_tokens=False)["input_ids"]) + 1  # the reply, then <|im_end|>
+    end = len(full) - 1  # the answer's tokens end before the closing newline
+    assert end - answer < 64 < end
+    cut = end - 64
+    base = [*sft_argv(train_data, reference_run, tmp_path / "run", "--max_steps", "1", "--batch_size", "2"),
+            "--val_data_path", str(data)]
+    base[base.index("--data_path") + 1] = str(data)
+    run_in_process("sft", base)
+    printed = capsys.readouterr().out
+    given = 2 * (answer + len(tokenizer("Hello.", add_special_tokens=False)["input_ids"]) + 1)
+    assert (f"note: --max_seq_len 64 cuts the supervised end off 2 of 4 samples ({2 * cut} of their {given} "
+            f"supervised tokens, {2 * cut / given:.1%}); a larger --max_seq_len keeps them") in printed
+    base[base.index("--max_seq_len") + 1] = str(len(full))
+    base[base.index("--out_dir") + 1] = str(tmp_path / "fits")
+    run_in_process("sft", base)
+    assert "cuts the supervised end" not in capsys.readouterr().out
+
+
 def test_compile_matches_eager_evaluates_and_samples(train_data, reference_run, tmp_path):
     """--compile on: the same losses as the eager reference (tolerance), validation and the sample run, checkpoints
     and the final model save. (Resuming compiled, under DDP and FSDP2: tests/integration/test_train_processes.py.)"""

@@ -126,8 +126,56 @@ def test_sft_truncation_keeps_prefix_and_drops_unsupervised(tmp_path, cache, tok
     assert ds.stats["dropped_no_supervision"] == 2
     assert ds.stats["truncated"] == 1
     assert ds.stats["supervised_tokens"] == sum(lab != IGNORE_INDEX for lab in full_labels[:cut])
+    # The kept sample lost the second answer's end and the whole third answer; the long user turn's conversation,
+    # dropped, is counted as dropped, not as cut.
+    assert ds.stats["supervision_cut"] == 1
+    assert ds.stats["supervised_tokens_cut"] == sum(lab != IGNORE_INDEX for lab in full_labels[cut:])
     for i in range(len(ds)):
         assert (ds[i]["labels"] != IGNORE_INDEX).any()
+
+
+def test_sft_stats_count_no_cut_when_the_supervision_ends_within_max_seq_len(tmp_path, cache, tokenizer):
+    """A row cut after its last reply's <|im_end|> (only the closing newline goes) is truncated but loses no
+    supervised token."""
+    full_ids, full_labels = expected_tokens(tokenizer, SINGLE)
+    last_supervised = max(i for i, lab in enumerate(full_labels) if lab != IGNORE_INDEX)
+    path = write_jsonl(tmp_path / "s.jsonl", [{"conversations": SINGLE}])
+    ds = SFTDataset(path, tokenizer, max_seq_len=last_supervised + 1, cache_dir=cache)
+    assert ds.stats["truncated"] == 1 and len(full_ids) > last_supervised + 1
+    assert ds.stats["supervision_cut"] == 0 and ds.stats["supervised_tokens_cut"] == 0
+    shorter = SFTDataset(path, tokenizer, max_seq_len=last_supervised, cache_dir=cache)
+    assert shorter.stats["supervision_cut"] == 1 and shorter.stats["supervised_tokens_cut"] == 1
+
+
+def test_dpo_stats_count_the_supervised_tokens_cut_from_both_answers(tmp_path, cache, tokenizer):
+    from dataset.dpo_dataset import DPODataset
+
+    prompt = [{"role": "user", "content": "Name a colour."}]
+    chosen = [*prompt, {"role": "assistant", "content": "Blue, the colour of a clear sky at noon."}]
+    rejected = [*prompt, {"role": "assistant", "content": "Seven."}]
+    chosen_ids, chosen_labels = expected_tokens(tokenizer, chosen)
+    _, rejected_labels = expected_tokens(tokenizer, rejected)
+    rejected_end = max(i for i, lab in enumerate(rejected_labels) if lab != IGNORE_INDEX) + 1
+    cut = rejected_end + 2  # the rejected answer whole, the chosen one cut short
+    assert cut < max(i for i, lab in enumerate(chosen_labels) if lab != IGNORE_INDEX)
+    path = write_jsonl(tmp_path / "p.jsonl", [{"chosen": chosen, "rejected": rejected}])
+    ds = DPODataset(path, tokenizer, max_seq_len=cut, cache_dir=cache)
+    assert ds[0]["input_ids"].tolist() == chosen_ids[:cut]
+    assert ds.stats["supervision_cut"] == 1
+    assert ds.stats["supervised_tokens_cut"] == sum(lab != IGNORE_INDEX for lab in chosen_labels[cut:])
+    assert set(ds[0]) == {"input_ids", "labels", "rejected_input_ids", "rejected_labels"}
+
+
+def test_supervision_cut_note_names_the_flag_and_the_share():
+    from trainer.data import supervision_cut_note
+
+    assert supervision_cut_note({"samples": 10, "supervised_tokens": 400, "supervision_cut": 0,
+                                 "supervised_tokens_cut": 0}, 384) is None
+    assert supervision_cut_note({"documents": 3, "tokens": 900}, 256) is None  # pretraining has no supervision stats
+    note = supervision_cut_note({"samples": 1000, "supervised_tokens": 9000, "supervision_cut": 120,
+                                 "supervised_tokens_cut": 1000}, 384)
+    assert note == ("note: --max_seq_len 384 cuts the supervised end off 120 of 1,000 samples (1,000 of their "
+                    "10,000 supervised tokens, 10.0%); a larger --max_seq_len keeps them")
 
 
 def test_sft_collate_pads_right(tmp_path, cache, tokenizer):

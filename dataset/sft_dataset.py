@@ -9,7 +9,7 @@ Conversations are encoded by ``dataset.chat_format.encode_chatml_batch``, the en
 too: the same ids ``apply_chat_template`` gives, except that a control-token string inside a message stays text
 (an answer that mentions ``<|im_end|>`` does not teach the model to stop there). It also says which tokens are
 assistant tokens. Rows are cut to ``max_seq_len`` (the start is kept); a row left with no supervised token is
-dropped and counted, and so are the rows whose replies the cut shortened and the supervised tokens they lost.
+dropped and counted; a row whose replies the cut shortened is kept and counted, with the supervised tokens it lost.
 """
 
 from __future__ import annotations

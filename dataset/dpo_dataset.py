@@ -21,7 +21,8 @@ from transformers import PreTrainedTokenizerBase
 
 from dataset.building import list_values, map_jsonl, supervised_stats
 from dataset.chat_format import encode_chatml_batch
-from dataset.sft_dataset import IGNORE_INDEX, assistant_labels, chat_pad_token_id, collate_rows
+from dataset.sft_dataset import (IGNORE_INDEX, assistant_labels, chat_pad_token_id, collate_rows,
+                                 supervised_count)
 
 SIDES = ("chosen", "rejected")
 PAIR_FEATURES = Features(
@@ -41,14 +42,14 @@ def _encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerBase, max_seq_len: 
         all_labels = {side: assistant_labels(encoding, final_answer_only=True)
                       for side, encoding in zip(SIDES, (chosen, rejected))}
         labels = {side: side_labels[:max_seq_len] for side, side_labels in all_labels.items()}
-        if any(all(label == IGNORE_INDEX for label in side_labels) for side_labels in labels.values()):
+        if not all(supervised_count(side_labels) for side_labels in labels.values()):
             continue  # an answer cut away entirely: nothing to compare; dropped, and counted by the caller
         for side, encoding in zip(SIDES, (chosen, rejected)):
             out[f"{side}_input_ids"].append(encoding.input_ids[:max_seq_len])
             out[f"{side}_labels"].append(labels[side])
         out["truncated"].append(max(len(chosen.input_ids), len(rejected.input_ids)) > max_seq_len)
-        out["supervised_cut"].append(sum(label != IGNORE_INDEX for side_labels in all_labels.values()
-                                         for label in side_labels[max_seq_len:]))
+        out["supervised_cut"].append(sum(supervised_count(side_labels[max_seq_len:])
+                                         for side_labels in all_labels.values()))
     return out
 
 

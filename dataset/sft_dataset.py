@@ -56,6 +56,11 @@ def assistant_labels(encoding: ChatEncoding, final_answer_only: bool = False) ->
     return [token if is_learned else IGNORE_INDEX for token, is_learned in zip(encoding.input_ids, learned)]
 
 
+def supervised_count(labels: Sequence[int]) -> int:
+    """How many of ``labels`` are learnt (not -100)."""
+    return sum(label != IGNORE_INDEX for label in labels)
+
+
 def chat_pad_token_id(tokenizer: PreTrainedTokenizerBase, max_seq_len: int) -> int:
     """The checks every chat dataset makes of its arguments; returns the id collate_rows pads with."""
     if max_seq_len < 2:
@@ -87,14 +92,14 @@ def _encode_conversations(batch: dict, tokenizer: PreTrainedTokenizerBase, max_s
         ids = encoding.input_ids
         all_labels = assistant_labels(encoding)
         labels = all_labels[:max_seq_len]
-        supervised = sum(label != IGNORE_INDEX for label in labels)
+        supervised = supervised_count(labels)
         if supervised == 0:
             continue  # nothing to learn from; dropping it (a batch map may shrink) is counted by the caller
         out["input_ids"].append(ids[:max_seq_len])
         out["labels"].append(labels)
         out["supervised"].append(supervised)
         out["truncated"].append(len(ids) > max_seq_len)
-        out["supervised_cut"].append(sum(label != IGNORE_INDEX for label in all_labels[max_seq_len:]))
+        out["supervised_cut"].append(supervised_count(all_labels[max_seq_len:]))
     return out
 
 

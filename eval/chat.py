@@ -34,7 +34,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
-from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
+from trainer.inference_flags import add_penalty_flags, add_rope_scaling_flag, penalty_settings  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
@@ -64,9 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="nucleus sampling: sample among the most likely tokens whose probabilities add up to "
                              "top_p (1: all)")
     parser.add_argument("--top_k", type=int, default=0, help="0 means off")
-    parser.add_argument("--repetition_penalty", type=float, default=1.0,
-                        help="make every token of the prompt and the answer so far less likely: its logit divided "
-                             "by this (multiplied if negative), as transformers' repetition_penalty; 1: off")
+    add_penalty_flags(parser)
     parser.add_argument("--max_new_tokens", type=int, default=256,
                         help="the most tokens the model writes in one turn (each tool call's turn its own)")
     parser.add_argument("--seed", type=int, default=None, help="fix the sampling for reproducible answers")
@@ -159,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(error)
     use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, top_k=args.top_k, repetition_penalty=args.repetition_penalty)
+                                  top_p=args.top_p, top_k=args.top_k, **penalty_settings(args))
     session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings,
                           tools=None if args.no_tools else tool_schemas(args.tools), open_thinking=args.think)
     params = sum(p.numel() for p in model.parameters())

@@ -5,15 +5,15 @@
 
 The questions are the held-out side of dataset/tool_dialogues.py: "What is X?" about the default corpus's validation
 articles (in no training file), arithmetic problems and unit conversions whose hash puts them outside training, and
-small talk (the openings of held-out chit-chat conversations). Each is asked once, greedily, through the same tool
-loop as eval/chat.py (model/chat_session.py, every built-in tool offered, no system prompt). The table gives, per
-tool, the fraction of questions where the model's first call is the right tool with the right argument, and the
-fraction whose final answer contains the fact; for small talk, the fraction answered without a call
-(dataset/tool_scoring.py says exactly what counts). A second table counts the wrong calls by where they go wrong: no
-call, another tool, the argument copied from the question wrong from its first token or only later, or another
-argument. `--show N` prints N transcripts of each kind. `--after_other` asks each question second, as a chat that
-goes on: one held-out exchange of the other kind is in the history (a small-talk opening and the corpus's reply
-before a tool question; a lookup, calculation or conversion with its call, result and answer before small talk).
+small talk (the openings of held-out chit-chat conversations). Each is asked once, greedily (with eval/chat.py's
+penalties on repeats if given), through the same tool loop as eval/chat.py (model/chat_session.py, every built-in tool
+offered, no system prompt). The table gives, per tool, the fraction of questions where the model's first call is the
+right tool with the right argument, and the fraction whose final answer contains the fact; for small talk, the fraction
+answered without a call (dataset/tool_scoring.py says exactly what counts). A second table counts the wrong calls by
+where they go wrong: no call, another tool, the argument copied from the question wrong from its first token or only
+later, or another argument. `--show N` prints N transcripts of each kind. `--after_other` asks each question second, as
+a chat that goes on: one held-out exchange of the other kind is in the history (a small-talk opening and the corpus's
+reply before a tool question; a lookup, calculation or conversion with its call, result and answer before small talk).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_
                                   where_call_goes_wrong)
 
 from trainer.cli import ToolParser  # noqa: E402
+from trainer.inference_flags import add_penalty_flags, penalty_settings  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="held-out chit-chat openings, right when answered without a call")
     parser.add_argument("--seed", type=int, default=TOOL_DIALOGUES_SEED, help="which held-out questions are drawn")
     parser.add_argument("--max_new_tokens", type=int, default=160, help="tokens per generation (call or answer)")
+    add_penalty_flags(parser)  # greedy decoding, with these penalties if given (each call and each answer apart)
     parser.add_argument("--show", type=int, default=2, help="transcripts printed per tool")
     parser.add_argument("--after_other", action="store_true",
                         help="ask each question after one held-out exchange of the other kind (small talk before a "
@@ -147,7 +149,8 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if min(args.wiki, args.arithmetic, args.conversions, args.small_talk) < 0:
         return report_error(ValueError("--wiki, --arithmetic, --conversions and --small_talk must be >= 0"))
     if args.after_other and (args.small_talk == 0 or args.wiki + args.arithmetic + args.conversions == 0):
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     dialogues += small_talk_dialogues("held_out", args.seed, args.small_talk)
     questions = [ToolQuestion.from_dialogue(d) for d in dialogues]
     before = histories(dialogues, questions) if args.after_other else [[] for _ in questions]
-    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, **penalty_settings(args))
     session = ChatSession(model, tokenizer, use_template=True, history_turns=1, settings=settings,
                           tools=tool_schemas())
     started = time.perf_counter()
@@ -181,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     rows = table(outcomes)
     after = ", each after an exchange of the other kind" if args.after_other else ""
-    print(f"model {path}{' + ' + str(lora) if lora else ''}: {len(questions)} held-out questions{after}, greedy")
+    penalties = "".join(f", {name} {value:g}" for name, value in penalty_settings(args).items()
+                        if value != parser.get_default(name))
+    print(f"model {path}{' + ' + str(lora) if lora else ''}: {len(questions)} held-out questions{after}, "
+          f"greedy{penalties}")
     print_table(rows)
     wrong = wrong_calls(outcomes)
     print("\nwrong calls, by where they go wrong (the copied argument: the title, the expression, the value)")
@@ -201,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         target = resolve_path(args.json)
         target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(target, json.dumps({"model": str(path), "table": rows, "wrong_calls": wrong,
-                                              "outcomes": [asdict(o) for o in outcomes]}, indent=1,
-                                             ensure_ascii=False) + "\n")
+        report = {"model": str(path), "decoding": penalty_settings(args), "table": rows, "wrong_calls": wrong,
+                  "outcomes": [asdict(o) for o in outcomes]}
+        atomic_write_text(target, json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     return 0
 
 

@@ -16,13 +16,12 @@ from pydantic_core import PydanticCustomError
 
 from dataset.chat_format import normalize_messages, parse_tools
 from scripts.server.errors import APIError, validation_error
+from trainer.inference_flags import LARGEST_FACTOR, OPENAI_PENALTY_RANGE, SMALLEST_DIVISOR
 
-# Limits where a value would bite: deeper bodies exhaust the parser's recursion, a seed beyond 64 bits is beyond
-# torch's generator (OpenAI's API takes a signed 64-bit seed), and a temperature or repetition penalty below
-# SMALLEST_DIVISOR (or a penalty above LARGEST_FACTOR) turns float32 logits into infinities and NaN.
+# Limits where a value would bite: deeper bodies exhaust the parser's recursion, and a seed beyond 64 bits is
+# beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits are the library's.
 MAX_JSON_DEPTH = 64
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
-SMALLEST_DIVISOR, LARGEST_FACTOR = 1e-5, 1e5
 
 
 def _integral_float_as_int(value: Any) -> Any:
@@ -126,8 +125,8 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     seed: integer(ge=SEED_MIN, le=SEED_MAX) | None = None
     stop: str | list[str] | None = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=OPENAI_PENALTY_RANGE[0], le=OPENAI_PENALTY_RANGE[1])
+    frequency_penalty: float | None = Field(None, ge=OPENAI_PENALTY_RANGE[0], le=OPENAI_PENALTY_RANGE[1])
     n: integer(ge=1, le=1) | None = None
     logprobs: bool | None = None
     # Extensions that vLLM and llama.cpp's server accept as well.

@@ -236,3 +236,20 @@ def test_seed_makes_sampling_reproducible(monkeypatch, capsys, tiny_models) -> N
     second = chat_in_process(monkeypatch, capsys, *args)
     assert first[0] == second[0] == 0
     assert first[1] == second[1] and first[1].strip()
+
+
+def test_penalty_flags_reach_the_session(monkeypatch, capsys, tiny_models) -> None:
+    sessions: list[ChatSession] = []
+    original = ChatSession.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        sessions.append(self)
+
+    monkeypatch.setattr(ChatSession, "__init__", recording_init)
+    code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.pretrain), "--prompt", "The",
+                                   "--temperature", "0", "--max_new_tokens", "4", "--repetition_penalty", "1.3",
+                                   "--presence_penalty", "0.5", "--frequency_penalty", "-1")
+    assert code == 0, err
+    (settings,) = [session.settings for session in sessions]
+    assert (settings.repetition_penalty, settings.presence_penalty, settings.frequency_penalty) == (1.3, 0.5, -1.0)

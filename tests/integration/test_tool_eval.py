@@ -99,3 +99,25 @@ def test_after_other_without_small_talk_is_refused(tool_model, capsys):
 
     assert tool_eval.main(["--model_path", str(tool_model), "--small_talk", "0", "--after_other"]) != 0
     assert "--after_other needs small talk and tool questions" in capsys.readouterr().err
+
+
+def test_penalties_reach_the_decoding(tool_model, tmp_path, capsys):
+    """transformers' repetition penalty counts the prompt too: dividing the logits of every prompt token by 100
+    breaks the memorised calls, which copy their argument from the question."""
+    report = run(tool_model, tmp_path, "--repetition_penalty", "100")
+    assert report["decoding"] == {"repetition_penalty": 100.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    assert {row["tool"]: row["right_call"] for row in report["table"]}["all"] < 1.0
+    assert "greedy, repetition_penalty 100\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag, value, message", [("--frequency_penalty", "2.5", "2.5 is outside -2 .. 2"),
+                                                  ("--presence_penalty", "nan", "nan is outside -2 .. 2"),
+                                                  ("--repetition_penalty", "0", "0 is outside 1e-05 .. 100000"),
+                                                  ("--repetition_penalty", "x", "'x' is not a number")])
+def test_penalties_out_of_range_are_refused_in_one_line(tool_model, capsys, flag, value, message):
+    from eval import tool_eval
+
+    with pytest.raises(SystemExit) as exit_:
+        tool_eval.main(["--model_path", str(tool_model), flag, value])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"error: argument {flag}: {message}"

@@ -74,6 +74,32 @@ def test_seeded_sampling_equals_transformers_generate(pretrained, sampling) -> N
         assert ours == theirs
 
 
+@pytest.mark.parametrize("penalties", [dict(presence_penalty=-2.0), dict(frequency_penalty=0.7),
+                                       dict(presence_penalty=1.5, frequency_penalty=-1.0)])
+def test_greedy_with_presence_and_frequency_penalties_follows_openais_formula(pretrained, penalties) -> None:
+    """OpenAI's penalties as its documentation writes them: each logit minus frequency_penalty times the token's
+    count in the completion so far, minus presence_penalty if that count is above zero; the prompt's tokens are not
+    counted. The reference applies them to a cache-free float64 forward of the sequence so far."""
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER])
+    budget, changed = 24, 0
+    for text in PROMPTS[:3]:
+        ids = plain_ids(tokenizer, text)
+        ours = engine.generate(ids, GenerationSettings(max_new_tokens=budget, temperature=0.0, **penalties))
+        reference: list[int] = []
+        for _ in range(budget):
+            with torch.no_grad():
+                logits = model(torch.tensor([ids + reference])).logits[0, -1].double()
+            counts = torch.bincount(torch.tensor(reference, dtype=torch.long), minlength=logits.numel()).double()
+            scores = (logits - penalties.get("frequency_penalty", 0.0) * counts
+                      - penalties.get("presence_penalty", 0.0) * (counts > 0).double())
+            reference.append(int(scores.argmax()))
+        assert ours.token_ids == reference
+        plain = engine.generate(ids, GenerationSettings(max_new_tokens=budget, temperature=0.0)).token_ids
+        changed += plain != reference
+    assert changed  # the penalties made a difference the reference agrees with
+
+
 def test_batched_rows_see_the_logits_of_a_full_forward(pretrained, monkeypatch) -> None:
     """Rows join a running batch at different times with different prompt lengths (left-padded caches) and leave
     at different times; every logit vector a row sampled from equals a cache-free forward of its sequence."""

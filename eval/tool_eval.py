@@ -9,11 +9,14 @@ small talk (the openings of held-out chit-chat conversations). Each is asked onc
 penalties on repeats if given), through the same tool loop as eval/chat.py (model/chat_session.py, every built-in tool
 offered, no system prompt). The table gives, per tool, the fraction of questions where the model's first call is the
 right tool with the right argument, and the fraction whose final answer contains the fact; for small talk, the fraction
-answered without a call (dataset/tool_scoring.py says exactly what counts). A second table counts the wrong calls by
-where they go wrong: no call, another tool, the argument copied from the question wrong from its first token or only
-later, or another argument. `--show N` prints N transcripts of each kind. `--after_other` asks each question second, as
-a chat that goes on: one held-out exchange of the other kind is in the history (a small-talk opening and the corpus's
-reply before a tool question; a lookup, calculation or conversion with its call, result and answer before small talk).
+answered without a call (dataset/tool_scoring.py says exactly what counts); and the fraction whose final answer never
+ended (it ran into --max_new_tokens: a small model's repetition loop) and the mean share of its answers' word trigrams
+that repeat an earlier one (the GRPO reward repetition_penalty, trainer/rewards.py). A second table counts the wrong
+calls by where they go wrong: no call, another tool, the argument copied from the question wrong from its first token or
+only later, or another argument. `--show N` prints N transcripts of each kind. `--after_other` asks each question
+second, as a chat that goes on: one held-out exchange of the other kind is in the history (a small-talk opening and the
+corpus's reply before a tool question; a lookup, calculation or conversion with its call, result and answer before small
+talk).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_
 
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.inference_flags import add_penalty_flags, penalty_settings  # noqa: E402
+from trainer.rewards import repetition_penalty  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
 
 if TYPE_CHECKING:
@@ -67,6 +71,7 @@ class Outcome:
     has_fact: bool
     before: list[dict]  # the exchange in the history when the question was asked (--after_other), else []
     wrong_at: str | None  # where a wrong call goes wrong (dataset/tool_scoring.WRONG_CALLS); None if right
+    ended: bool  # the last generation ended its turn, rather than running into --max_new_tokens
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,7 +108,7 @@ def ask(session: ChatSession, question: ToolQuestion, history: list[dict],
     calls = [(result.name, result.arguments) for result in results]
     wrong_at = where_call_goes_wrong(question, calls, tokenize)
     return Outcome(question.kind, question.question, [r.describe() for r in results], wrong_at is None, reply.text,
-                   answer_has_fact(question, reply.text), before, wrong_at)
+                   answer_has_fact(question, reply.text), before, wrong_at, reply.stopped_at_eos)
 
 
 def histories(dialogues: list[dict], questions: list[ToolQuestion]) -> list[list[dict]]:
@@ -130,7 +135,9 @@ def table(outcomes: list[Outcome]) -> list[dict]:
         rows.append({"tool": kind, "questions": n,
                      "called_a_tool": sum(bool(o.calls) for o in mine) / n,
                      "right_call": sum(o.right_call for o in mine) / n,
-                     "fact_in_answer": None if kind == SMALL_TALK else sum(o.has_fact for o in mine) / n})
+                     "fact_in_answer": None if kind == SMALL_TALK else sum(o.has_fact for o in mine) / n,
+                     "never_ended": sum(not o.ended for o in mine) / n,
+                     "repeated_trigrams": -sum(repetition_penalty([], [o.answer for o in mine])) / n})
     return rows
 
 
@@ -141,11 +148,13 @@ def wrong_calls(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'tool':<14} {'questions':>9} {'called a tool':>14} {'right call':>11} {'fact in answer':>15}")
+    print(f"{'tool':<14} {'questions':>9} {'called a tool':>14} {'right call':>11} {'fact in answer':>15} "
+          f"{'never ended':>12} {'repeated trigrams':>18}")
     for row in rows:
         fact = "-" if row["fact_in_answer"] is None else f"{row['fact_in_answer']:.1%}"
         right = f"{row['right_call']:.1%}" + (" (none)" if row["tool"] == SMALL_TALK else "")
-        print(f"{row['tool']:<14} {row['questions']:>9} {row['called_a_tool']:>14.1%} {right:>11} {fact:>15}")
+        print(f"{row['tool']:<14} {row['questions']:>9} {row['called_a_tool']:>14.1%} {right:>11} {fact:>15} "
+              f"{row['never_ended']:>12.1%} {row['repeated_trigrams']:>18.1%}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  call: {call}")
             print(f"  answer: {outcome.answer}")
             wrong_at = f" (wrong at: {outcome.wrong_at})" if outcome.wrong_at else ""
-            print(f"  right call: {outcome.right_call}{wrong_at}, fact in answer: {outcome.has_fact}")
+            unended = "" if outcome.ended else " (never ended: it ran into --max_new_tokens)"
+            print(f"  right call: {outcome.right_call}{wrong_at}, fact in answer: {outcome.has_fact}{unended}")
     if args.json:
         target = resolve_path(args.json)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -121,3 +121,27 @@ def test_penalties_out_of_range_are_refused_in_one_line(tool_model, capsys, flag
         tool_eval.main(["--model_path", str(tool_model), flag, value])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[0] == f"error: argument {flag}: {message}"
+
+
+def test_answers_cut_by_max_new_tokens_count_as_never_ended(tool_model, tmp_path):
+    ended = run(tool_model, tmp_path)
+    assert [row["never_ended"] for row in ended["table"]] == [0.0] * 5
+    assert all(outcome["ended"] for outcome in ended["outcomes"])
+    cut = run(tool_model, tmp_path, "--max_new_tokens", "3")
+    assert [row["never_ended"] for row in cut["table"]] == [1.0] * 5
+    assert not any(outcome["ended"] for outcome in cut["outcomes"])
+
+
+def test_the_table_counts_unended_answers_and_repeated_trigrams_by_hand():
+    from eval.tool_eval import Outcome, table
+
+    def outcome(kind: str, answer: str, ended: bool) -> Outcome:
+        return Outcome(kind, "q", [], True, answer, False, [], None, ended)
+
+    # "the cat sat the cat sat": 4 word trigrams, the last repeats the first (1/4); "Fine." has none (0).
+    rows = {row["tool"]: row for row in table([outcome("wiki", "Fine.", True),
+                                               outcome("wiki", "the cat sat the cat sat", False),
+                                               outcome("small_talk", "Hi, hi, hi, hi", True)])}
+    assert (rows["wiki"]["never_ended"], rows["wiki"]["repeated_trigrams"]) == (0.5, 0.125)
+    # "hi , hi , hi , hi": 7 tokens, 5 trigrams, 3 repeat ("hi , hi" and ", hi ," again)
+    assert (rows["small_talk"]["never_ended"], rows["small_talk"]["repeated_trigrams"]) == (0.0, 0.6)

@@ -7,7 +7,9 @@
     python eval/chat.py --prompt "What is 17 * 23?" --no_tools    # no tools in the prompt, no calls run
 
 Interactive: streamed answers, `/reset` clears the history, `/exit` (or Ctrl-D) quits. `--prompt` answers once;
-piped stdin answers each line until EOF. Answers go to stdout; the banner and tokens/s go to stderr.
+piped stdin answers each line until EOF. Answers go to stdout; the banner and tokens/s go to stderr. Answers are
+sampled (temperature 0.7, top-p 0.9) with a frequency penalty of 0.25, which ends the small models' loops
+(trainer/inference_flags.py's CHAT_FREQUENCY_PENALTY; `--frequency_penalty 0`: OpenAI's plain decoding).
 
 Chat models get the built-in tools (dataset/tools.py) unless `--no_tools`: a reply the model writes as a tool call
 is run, its result fed back and the model asked again (model/chat_session.py, at most MAX_TOOL_ROUNDS rounds). Each
@@ -34,7 +36,12 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
-from trainer.inference_flags import add_penalty_flags, add_rope_scaling_flag, penalty_settings  # noqa: E402
+from trainer.inference_flags import (  # noqa: E402
+    CHAT_FREQUENCY_PENALTY,
+    add_penalty_flags,
+    add_rope_scaling_flag,
+    penalty_settings,
+)
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
@@ -64,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="nucleus sampling: sample among the most likely tokens whose probabilities add up to "
                              "top_p (1: all)")
     parser.add_argument("--top_k", type=int, default=0, help="0 means off")
-    add_penalty_flags(parser)
+    add_penalty_flags(parser, frequency_penalty=CHAT_FREQUENCY_PENALTY)
     parser.add_argument("--max_new_tokens", type=int, default=256,
                         help="the most tokens the model writes in one turn (each tool call's turn its own)")
     parser.add_argument("--seed", type=int, default=None, help="fix the sampling for reproducible answers")

@@ -13,6 +13,9 @@ from collections.abc import Callable
 SMALLEST_DIVISOR, LARGEST_FACTOR = 1e-5, 1e5
 OPENAI_PENALTY_RANGE = (-2.0, 2.0)
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")  # GenerationSettings' names
+# Chat's frequency penalty (eval/chat.py's flag, the server's default): greedy and sampled answers of the chat model
+# loop until the token budget without it; 0.25 ends nearly all, the tool calls as good (docs/tools.md has the cost).
+CHAT_FREQUENCY_PENALTY = 0.25
 
 
 def add_rope_scaling_flag(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +36,9 @@ def _float_within(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
-def add_penalty_flags(parser: argparse.ArgumentParser) -> None:
-    """--repetition_penalty, --presence_penalty, --frequency_penalty: off by default; penalty_settings(args)."""
+def add_penalty_flags(parser: argparse.ArgumentParser, frequency_penalty: float = 0.0) -> None:
+    """--repetition_penalty, --presence_penalty, --frequency_penalty: off by default, the last one
+    `frequency_penalty` by default; penalty_settings(args)."""
     parser.add_argument("--repetition_penalty", type=_float_within(SMALLEST_DIVISOR, LARGEST_FACTOR), default=1.0,
                         help="make every token of the prompt and the answer so far less likely: its logit divided "
                              "by this (multiplied if negative), as transformers' repetition_penalty; 1: off")
@@ -42,7 +46,7 @@ def add_penalty_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--presence_penalty", type=_float_within(low, high), default=0.0,
                         help="subtract this from the logit of every token the answer has already used, once "
                              "(OpenAI's presence_penalty; the prompt is not counted); 0: off")
-    parser.add_argument("--frequency_penalty", type=_float_within(low, high), default=0.0,
+    parser.add_argument("--frequency_penalty", type=_float_within(low, high), default=frequency_penalty,
                         help="subtract this times the number of times the answer has already used the token "
                              "(OpenAI's frequency_penalty; the prompt is not counted); 0: off")
 

@@ -15,6 +15,7 @@ from scripts.server.errors import APIError
 from scripts.server.protocol import ChatRequest, usage_body
 from scripts.server.replies import ReplyReader, forced_call_prefix
 from scripts.server.served_model import ServedModel
+from trainer.inference_flags import CHAT_FREQUENCY_PENALTY
 
 MAX_STOP_STRINGS = 4
 GENERATION_FAILED = "the generation failed; the server's log has the details"
@@ -47,8 +48,8 @@ def prompt_ids(request: ChatRequest, served: ServedModel) -> tuple[list[int], Re
 
 
 def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: int) -> GenerationSettings:
-    """The request's sampling and limits; what it leaves out is the library's default (eval/chat.py's), and with
-    no max_tokens the answer may fill the context."""
+    """The request's sampling and limits; what it leaves out is eval/chat.py's default (the library's sampling,
+    chat's frequency penalty), and with no max_tokens the answer may fill the context."""
     defaults = GenerationSettings()
     budget = served.max_context - prompt_len
     max_tokens = request.max_completion_tokens or request.max_tokens
@@ -69,7 +70,7 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
         top_k=defaults.top_k if request.top_k is None else request.top_k,
         repetition_penalty=request.repetition_penalty or defaults.repetition_penalty,
         presence_penalty=defaults.presence_penalty if request.presence_penalty is None else request.presence_penalty,
-        frequency_penalty=(defaults.frequency_penalty if request.frequency_penalty is None
+        frequency_penalty=(CHAT_FREQUENCY_PENALTY if request.frequency_penalty is None
                            else request.frequency_penalty),
         seed=request.seed, stop=tuple(stop))
 

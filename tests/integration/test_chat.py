@@ -13,6 +13,7 @@ import torch
 
 from model.chat_session import ChatSession, uses_chat_template
 from model.generation import GenerationSettings
+from trainer.inference_flags import CHAT_FREQUENCY_PENALTY
 from trainer.run_dir import REPO_ROOT, ModelNotFound, locate_model, model_task, resolve_input_path, resolve_path
 from tests.paths import REPO
 
@@ -24,7 +25,8 @@ GREEDY = ["--temperature", "0", "--max_new_tokens", "40", "--no_tools"]
 def greedy_session(loaded, use_template: bool = True, **kwargs) -> ChatSession:
     model, tokenizer = loaded
     return ChatSession(model, tokenizer, use_template,
-                       settings=GenerationSettings(max_new_tokens=40, temperature=0.0), **kwargs)
+                       settings=GenerationSettings(max_new_tokens=40, temperature=0.0,
+                                                   frequency_penalty=CHAT_FREQUENCY_PENALTY), **kwargs)
 
 
 def start_chat(*args: str, cwd: Path = REPO) -> subprocess.Popen:
@@ -183,13 +185,16 @@ def test_cli_uses_plain_continuation_for_a_pretrained_model(monkeypatch, capsys,
                                      "--prompt", "The history of", *GREEDY)
     assert code == 0, err
     assert "plain continuation" in err
-    # Independently: the argmax token, one full forward pass per step, after the eos that starts a document.
+    # Independently: the argmax token, one full forward pass per step, after the eos that starts a document, less
+    # chat's default frequency penalty (OpenAI's formula: the penalty times the answer's own uses of the token).
     model, tokenizer = pretrained
     ids = tokenizer("<|im_end|>The history of", add_special_tokens=False, return_tensors="pt")["input_ids"]
     prompt_length = ids.shape[1]
+    uses = torch.zeros(model.config.vocab_size, dtype=torch.float64)
     with torch.no_grad():
         for _ in range(40):
-            next_id = model(ids).logits[0, -1].argmax()
+            next_id = (model(ids).logits[0, -1].double() - CHAT_FREQUENCY_PENALTY * uses).argmax()
+            uses[next_id] += 1
             ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
             if next_id == tokenizer.eos_token_id:
                 break
@@ -253,3 +258,12 @@ def test_penalty_flags_reach_the_session(monkeypatch, capsys, tiny_models) -> No
     assert code == 0, err
     (settings,) = [session.settings for session in sessions]
     assert (settings.repetition_penalty, settings.presence_penalty, settings.frequency_penalty) == (1.3, 0.5, -1.0)
+    sessions.clear()  # without the flags: chat's own frequency penalty, which 0 turns off
+    for flags, expected in (((), CHAT_FREQUENCY_PENALTY), (("--frequency_penalty", "0"), 0.0)):
+        code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.pretrain), "--prompt",
+                                       "The", "--temperature", "0", "--max_new_tokens", "4", *flags)
+        assert code == 0, err
+        settings = sessions.pop().settings
+        assert (settings.repetition_penalty, settings.presence_penalty, settings.frequency_penalty) == (1.0, 0.0,
+                                                                                                        expected)
+    assert CHAT_FREQUENCY_PENALTY > 0

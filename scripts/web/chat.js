@@ -180,7 +180,8 @@ async function complete(messages, bubble, useTools) {
   const reply = { content: "", reasoning: "", calls: [], finish: null, usage: null, failure: null };
   const request = {
     messages, stream: true, stream_options: { include_usage: true },
-    temperature: numberOrNothing("temperature"), max_tokens: numberOrNothing("max-tokens"),
+    temperature: numberOrNothing("temperature"), frequency_penalty: numberOrNothing("frequency-penalty"),
+    max_tokens: numberOrNothing("max-tokens"),
   };
   if (useTools) request.tools = tools.offered;
   if ($("think").checked) request.chat_template_kwargs = { open_thinking: true };

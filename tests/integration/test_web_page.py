@@ -96,6 +96,7 @@ def test_chat_streams_answers_keeps_history_and_resets(page, serve_app, threaded
         expect(page.locator("#stats")).to_contain_text("tokens/s")
         body = json.loads(first.post_data)
         assert body["stream"] is True and body["temperature"] == 0 and body["max_tokens"] == 40
+        assert "frequency_penalty" not in body  # left empty: the server's default
         assert sent_messages(first) == [{"role": "user", "content": "Who are you?"}]
 
         second = ask(page, "Hi!")  # multi-turn: the whole conversation goes with the request
@@ -124,6 +125,7 @@ def test_the_answer_is_rendered_while_it_streams(page, endless_model, serve_app,
         page.goto(server.url)
         expect(page.locator("#model-name")).to_contain_text("context 4096")
         page.fill("#temperature", "0")
+        page.fill("#frequency-penalty", "0.5")
         page.fill("#max-tokens", "150")
         page.evaluate("""() => {
             window.seenLengths = [];
@@ -142,7 +144,7 @@ def test_the_answer_is_rendered_while_it_streams(page, endless_model, serve_app,
         final = answer.text_content()
         assert len(set(lengths)) >= 5 and max(lengths) == len(final)  # it grew in several steps
         assert sent["messages"] == [{"role": "user", "content": "<b>Tell</b> me <|im_end|> a long story"}]
-        assert sent["temperature"] == 0 and sent["max_tokens"] == 150  # and the tools the server offers
+        assert (sent["temperature"], sent["frequency_penalty"], sent["max_tokens"]) == (0, 0.5, 150)  # and tools
         whole = {key: value for key, value in sent.items() if key not in ("stream", "stream_options")}
         expected = httpx.post(f"{server.url}/v1/chat/completions", timeout=120,
                               json=whole).json()["choices"][0]["message"]["content"]

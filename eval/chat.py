@@ -7,9 +7,9 @@
     python eval/chat.py --prompt "What is 17 * 23?" --no_tools    # no tools in the prompt, no calls run
 
 Interactive: streamed answers, `/reset` clears the history, `/exit` (or Ctrl-D) quits. `--prompt` answers once;
-piped stdin answers each line until EOF. Answers go to stdout; the banner and tokens/s go to stderr. Answers are
-sampled (temperature 0.7, top-p 0.9) with a frequency penalty of 0.25, which ends the small models' loops
-(trainer/inference_flags.py's CHAT_FREQUENCY_PENALTY; `--frequency_penalty 0`: OpenAI's plain decoding).
+piped stdin answers each line until EOF. Answers go to stdout; the banner and tokens/s go to stderr. Decoding
+takes chat's frequency penalty (trainer/inference_flags.py's CHAT_FREQUENCY_PENALTY), which ends the small models'
+loops; `--frequency_penalty 0` turns it off.
 
 Chat models get the built-in tools (dataset/tools.py) unless `--no_tools`: a reply the model writes as a tool call
 is run, its result fed back and the model asked again (model/chat_session.py, at most MAX_TOOL_ROUNDS rounds). Each

@@ -2,9 +2,10 @@
 
 Starts the real server (a subprocess, `python scripts/serve.py`) once with --max_batch 1 (requests are decoded
 one at a time, the rest queue) and once with --max_batch 8 (concurrent requests share each decode step), then
-sends the same bounded set of streamed chat requests (greedy, a fixed max_tokens) from 1 and from 8 client
-threads. Per configuration: requests/s, p50/p95 latency of a whole request, p50 time to the first token,
-generated tokens/s (from the responses' usage counts) and the mean batch size the server decoded (from /health).
+sends the same bounded set of streamed chat requests (plain greedy: no frequency penalty, so that every row takes
+the batched argmax; a fixed max_tokens) from 1 and from 8 client threads. Per configuration: requests/s, p50/p95
+latency of a whole request, p50 time to the first token, generated tokens/s (from the responses' usage counts) and
+the mean batch size the server decoded (from /health).
 Configurations are interleaved and repeated; the table shows medians over the repeats.
 
     python eval/benchmarks/bench_serve.py                    # out/sft, else an untrained cpu-default model
@@ -96,7 +97,7 @@ class Server:
 def streamed_request(port: int, prompt: str, max_tokens: int) -> tuple[float, float, int]:
     """(latency s, time to the first content s, completion tokens) of one streamed chat request."""
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "stream": True, "temperature": 0,
-                       "max_tokens": max_tokens, "stream_options": {"include_usage": True}})
+                       "frequency_penalty": 0, "max_tokens": max_tokens, "stream_options": {"include_usage": True}})
     started = time.perf_counter()
     first = None
     tokens = 0

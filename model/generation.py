@@ -174,51 +174,82 @@ class Generation:
         return self.finished_at - self.started_at
 
 
+class _Penalties:
+    """OpenAI's presence and frequency penalties of a batch's rows: each row's uses of each token in its completion
+    so far and the amount they take off the token's logit (frequency_penalty x uses, plus presence_penalty once
+    used), kept up to date as tokens are chosen so that a decode step pays one subtraction for the whole batch. A row
+    without penalties has weights 0, and so amounts 0."""
+
+    def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
+        self.counts = torch.zeros((rows, vocab_size), device=device)
+        self.amounts = torch.zeros((rows, vocab_size), device=device)
+        self.weights = torch.zeros((rows, 2), device=device)  # per row: frequency_penalty, presence_penalty
+
+    def add_row(self, settings: GenerationSettings, token: int) -> None:
+        """A row joining the batch, with the first token of its completion."""
+        weights = self.weights.new_tensor([[settings.frequency_penalty, settings.presence_penalty]])
+        self.weights = torch.cat([self.weights, weights])
+        self.counts = torch.cat([self.counts, self.counts.new_zeros((1, self.counts.shape[1]))])
+        self.amounts = torch.cat([self.amounts, self.amounts.new_zeros((1, self.amounts.shape[1]))])
+        self._count(torch.tensor([len(self.weights) - 1]), torch.tensor([token]))
+
+    def record(self, tokens: Sequence[int]) -> None:
+        """Every row's next token, in the batch's order."""
+        self._count(torch.arange(len(tokens)), torch.tensor(tokens))
+
+    def _count(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        rows, tokens = rows.to(self.counts.device), tokens.to(self.counts.device)
+        self.counts[rows, tokens] += 1
+        self.amounts[rows, tokens] = self.weights[rows, 0] * self.counts[rows, tokens] + self.weights[rows, 1]
+
+    def select(self, index: torch.Tensor) -> None:
+        self.counts, self.amounts, self.weights = self.counts[index], self.amounts[index], self.weights[index]
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """The batch's logits (B, vocab), less each row's penalties."""
+        return logits - self.amounts
+
+
 class _Row:
     """A generation in the running batch: its sampler state and its text."""
 
-    def __init__(self, generation: Generation, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
-                 device: torch.device) -> None:
+    def __init__(self, generation: Generation, tokenizer: PreTrainedTokenizerBase, device: torch.device) -> None:
         self.generation = generation
         settings = generation.settings
         self.processors = settings.processors()
         self.seen = torch.tensor([generation.prompt_ids], dtype=torch.long, device=device)  # for the penalty
         self.track_seen = settings.repetition_penalty != 1.0
-        self.counts = (torch.zeros(vocab_size, device=device)
-                       if settings.presence_penalty or settings.frequency_penalty else None)
+        # OpenAI's penalties are applied to the whole batch's logits at once, from counts the engine keeps beside
+        # the KV cache (_Penalties); a row only says whether it has them.
+        self.penalised = bool(settings.presence_penalty or settings.frequency_penalty)
         seed = settings.seed if settings.seed is not None else int(torch.randint(2**62, ()).item())
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.text = TextStream(tokenizer, settings.stop)
         self.position = len(generation.prompt_ids)  # position id of the next input token
-        # Plain greedy (no penalty, no processor): the token is the argmax of the raw logits, which the engine
-        # takes for all such rows of a batch at once (greedy_token) instead of row by row through sample().
-        self.plain_greedy = settings.temperature <= 0 and not self.processors and self.counts is None
+        # Greedy without a transformers processor (OpenAI's penalties allowed): the token is the argmax of the
+        # (penalised) scores, which the engine takes for all such rows of a batch at once (greedy_token) instead of
+        # row by row through sample().
+        self.greedy = settings.temperature <= 0 and not self.processors
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """The next token from one row of logits (float32, shape [vocab])."""
-        settings = self.generation.settings
-        scores = logits[None]
-        if self.counts is not None:
-            scores = scores - settings.frequency_penalty * self.counts - settings.presence_penalty * (self.counts > 0)
-        scores = self.processors(self.seen, scores)
+    def sample(self, scores: torch.Tensor) -> int:
+        """The next token from one row's scores (float32, shape [vocab]): its logits, less OpenAI's penalties."""
+        scores = self.processors(self.seen, scores[None])
         # -inf is a filtered-out token; NaN or +inf anywhere, or -inf everywhere, would fail (or corrupt) the draw
         # below: all three, and nothing else, make the maximum non-finite (max propagates NaN).
         if not math.isfinite(scores.max().item()):
             raise SamplingError(NON_FINITE_SCORES)
-        if settings.temperature <= 0:
+        if self.generation.settings.temperature <= 0:
             token = int(scores.argmax(-1).item())
         else:
             probs = torch.softmax(scores, dim=-1)
             token = int(torch.multinomial(probs[0], 1, generator=self.generator).item())
         if self.track_seen:
             self.seen = torch.cat([self.seen, self.seen.new_tensor([[token]])], dim=1)
-        if self.counts is not None:
-            self.counts[token] += 1
         return token
 
     @staticmethod
     def greedy_token(argmax: int, maximum: float) -> int:
-        """A plain-greedy row's next token, given its logits' argmax and maximum: what sample() returns."""
+        """A greedy row's next token, given its scores' argmax and maximum: what sample() returns."""
         if not math.isfinite(maximum):
             raise SamplingError(NON_FINITE_SCORES)
         return argmax
@@ -255,6 +286,7 @@ class GenerationEngine:
         self._cache: DynamicCache | StaticKVCache | None = None
         self._mask: torch.Tensor | None = None       # [B, L] 1 where the cache holds a real token ("forward" only)
         self._next: torch.Tensor | None = None       # [B] the token each row feeds next
+        self._penalties: _Penalties | None = None  # None while no row of the batch has OpenAI's penalties
         self._thread: threading.Thread | None = None
         self._closing = False
         self.steps = 0             # decode steps run (for monitoring and measurements)
@@ -328,7 +360,7 @@ class GenerationEngine:
             self._finish(generation, FINISH_CANCELLED)
         for row in self._rows:
             self._finish(row.generation, FINISH_CANCELLED, row)
-        self._rows, self._cache, self._mask, self._next = [], None, None, None
+        self._clear()
 
     # ------------------------------------------------------------------------------------------- the loop
     def step(self) -> None:
@@ -344,7 +376,7 @@ class GenerationEngine:
             for row in self._rows:
                 row.generation.error = message
                 self._finish(row.generation, FINISH_ERROR, row)
-            self._rows, self._cache, self._mask, self._next = [], None, None, None
+            self._clear()
 
     def _admit(self) -> None:
         while len(self._rows) < self.max_batch:
@@ -358,7 +390,7 @@ class GenerationEngine:
             generation.started_at = time.perf_counter()
             row = None
             try:  # everything of one request, its sampler state included: its error is its own
-                row = _Row(generation, self.tokenizer, self.vocab_size, self.device)
+                row = _Row(generation, self.tokenizer, self.device)
                 cache = DynamicCache(config=self.model.config)
                 ids = torch.tensor([generation.prompt_ids], dtype=torch.long, device=self.device)
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -393,24 +425,29 @@ class GenerationEngine:
 
     def _decode(self) -> None:
         batch = len(self._rows)
-        logits, best = self._forward()
+        scores, best = self._forward()
         self.steps += 1
         self.batched_rows += batch
+        if self._penalties is not None:
+            scores, best = self._penalties.apply(scores), None
         greedy = None
-        if any(row.plain_greedy for row in self._rows):  # one argmax and one max for the batch, two syncs in all
-            argmax, maximum = best if best is not None else (logits.argmax(-1), logits.amax(-1))
+        if any(row.greedy for row in self._rows):  # one argmax and one max for the batch, two syncs in all
+            argmax, maximum = best if best is not None else (scores.argmax(-1), scores.amax(-1))
             greedy = list(zip(argmax.tolist(), maximum.tolist()))
-        keep = []
+        keep, tokens = [], [0] * batch  # a failed row's 0 is never read: the row leaves the batch
         for index, row in enumerate(self._rows):
             row.position += 1
             try:
-                token = row.greedy_token(*greedy[index]) if row.plain_greedy else row.sample(logits[index])
+                token = row.greedy_token(*greedy[index]) if row.greedy else row.sample(scores[index])
             except Exception as error:  # this row's sampling failed (e.g. NaN scores): it ends, the others go on
                 self._fail(row.generation, error, row)
                 continue
+            tokens[index] = token
             if self._accept(row, token):
                 self._next[index] = token
                 keep.append(index)
+        if self._penalties is not None:
+            self._penalties.record(tokens)
         if self._step is not None:
             self._cache.positions += 1
         if len(keep) < batch:
@@ -475,7 +512,11 @@ class GenerationEngine:
 
     def _join(self, row: _Row, cache: DynamicCache, token: int) -> None:
         """Add a prefilled row to the batch: into the static cache as it is ("static", "compiled"), or left-padding
-        its cache or the batch's to a common length ("forward")."""
+        its cache or the batch's to a common length ("forward"); its first token counted for the penalties."""
+        if row.penalised and self._penalties is None:
+            self._penalties = _Penalties(len(self._rows), self.vocab_size, self.device)
+        if self._penalties is not None:
+            self._penalties.add_row(row.generation.settings, token)
         next_token = torch.tensor([token], dtype=torch.long, device=self.device)
         if self._step is not None:
             layers = self._layers(cache)
@@ -515,9 +556,13 @@ class GenerationEngine:
         """Keep these rows of the batch, and drop the columns that are padding in every remaining row."""
         self._rows = [self._rows[i] for i in keep]
         if not keep:
-            self._cache, self._mask, self._next = None, None, None
+            self._clear()
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        if self._penalties is not None:
+            self._penalties.select(index)
+            if not any(row.penalised for row in self._rows):
+                self._penalties = None
         if self._step is not None:
             self._cache.select_rows(keep)
             self._next = self._next[index]
@@ -526,6 +571,10 @@ class GenerationEngine:
         first = int(mask.any(dim=0).nonzero()[0].item())  # the first column some row still uses
         self._mask, self._next = mask[:, first:], self._next[index]
         self._cache = self._rebuild([(k[index, :, first:], v[index, :, first:]) for k, v in self._layers(self._cache)])
+
+    def _clear(self) -> None:
+        """An empty batch."""
+        self._rows, self._cache, self._mask, self._next, self._penalties = [], None, None, None, None
 
     def _drop(self, condition: Callable[[_Row], bool], reason: str) -> None:
         keep = [i for i, row in enumerate(self._rows) if not condition(row)]

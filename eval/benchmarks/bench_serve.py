@@ -2,10 +2,10 @@
 
 Starts the real server (a subprocess, `python scripts/serve.py`) once with --max_batch 1 (requests are decoded
 one at a time, the rest queue) and once with --max_batch 8 (concurrent requests share each decode step), then
-sends the same bounded set of streamed chat requests (plain greedy: no frequency penalty, so that every row takes
-the batched argmax; a fixed max_tokens) from 1 and from 8 client threads. Per configuration: requests/s, p50/p95
-latency of a whole request, p50 time to the first token, generated tokens/s (from the responses' usage counts) and
-the mean batch size the server decoded (from /health).
+sends the same bounded set of streamed chat requests (plain greedy: frequency penalty 0, not the server's default,
+so that the work stays what the earlier tables measured; a fixed max_tokens) from 1 and from 8 client threads. Per
+configuration: requests/s, p50/p95 latency of a whole request, p50 time to the first token, generated tokens/s
+(from the responses' usage counts) and the mean batch size the server decoded (from /health).
 Configurations are interleaved and repeated; the table shows medians over the repeats.
 
     python eval/benchmarks/bench_serve.py                    # out/sft, else an untrained cpu-default model

@@ -41,7 +41,7 @@ def run_batched(engine: GenerationEngine, tokenizer, settings: list[GenerationSe
 
     def init_through_sample(self, *args):
         original_init(self, *args)
-        self.plain_greedy = False  # greedy rows go through sample() too, which records their logits
+        self.greedy = False  # greedy rows go through sample() too, which records their logits
 
     monkeypatch.setattr(_Row, "sample", recording_sample)
     monkeypatch.setattr(_Row, "__init__", init_through_sample)
@@ -99,6 +99,14 @@ def greedy() -> list[GenerationSettings]:
     return [GenerationSettings(max_new_tokens=budget, temperature=0.0) for budget in BUDGETS]
 
 
+def penalised() -> list[GenerationSettings]:
+    """OpenAI's penalties, different per row, on greedy and sampled rows, one row without them."""
+    penalties = [(0.7, 0.0), (0.0, 0.0), (-1.0, 1.5), (0.5, 0.3), (0.0, -2.0)]
+    return [GenerationSettings(max_new_tokens=budget, temperature=0.9 * (index == 3), seed=index,
+                               frequency_penalty=frequency, presence_penalty=presence)
+            for index, (budget, (frequency, presence)) in enumerate(zip(BUDGETS, penalties))]
+
+
 @pytest.mark.parametrize("which", ["pretrained", "post_ln_model", "moe_qk_norm_model"])
 def test_static_rows_see_the_logits_of_a_full_forward(which, request, monkeypatch) -> None:
     model, tokenizer = request.getfixturevalue(which)
@@ -111,10 +119,10 @@ def test_static_rows_see_the_logits_of_a_full_forward(which, request, monkeypatc
         torch.testing.assert_close(seen, full_forward_logits(model, generation), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("settings", [greedy, sampled])
+@pytest.mark.parametrize("settings", [greedy, sampled, penalised])
 def test_static_tokens_equal_the_forward_engines(pretrained, settings, monkeypatch) -> None:
     """Batched, different prompt lengths, rows joining and leaving: the same tokens as decoding through the model's
-    forward (left-padded DynamicCache), greedy and with seeded sampling."""
+    forward (left-padded DynamicCache), greedy, with seeded sampling and with OpenAI's penalties."""
     model, tokenizer = pretrained
     tokens = {}
     for decode in ("forward", "static"):

@@ -74,6 +74,17 @@ def test_seeded_sampling_equals_transformers_generate(pretrained, sampling) -> N
         assert ours == theirs
 
 
+def openai_penalised_greedy(model, prompt: list[int], budget: int, frequency: float, presence: float) -> list[int]:
+    """Greedy decoding under OpenAI's penalties, from a cache-free float64 forward of the sequence at every step."""
+    reference: list[int] = []
+    for _ in range(budget):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + reference])).logits[0, -1].double()
+        counts = torch.bincount(torch.tensor(reference, dtype=torch.long), minlength=logits.numel()).double()
+        reference.append(int((logits - frequency * counts - presence * (counts > 0).double()).argmax()))
+    return reference
+
+
 @pytest.mark.parametrize("penalties", [dict(presence_penalty=-2.0), dict(frequency_penalty=0.7),
                                        dict(presence_penalty=1.5, frequency_penalty=-1.0)])
 def test_greedy_with_presence_and_frequency_penalties_follows_openais_formula(pretrained, penalties) -> None:
@@ -86,18 +97,52 @@ def test_greedy_with_presence_and_frequency_penalties_follows_openais_formula(pr
     for text in PROMPTS[:3]:
         ids = plain_ids(tokenizer, text)
         ours = engine.generate(ids, GenerationSettings(max_new_tokens=budget, temperature=0.0, **penalties))
-        reference: list[int] = []
-        for _ in range(budget):
-            with torch.no_grad():
-                logits = model(torch.tensor([ids + reference])).logits[0, -1].double()
-            counts = torch.bincount(torch.tensor(reference, dtype=torch.long), minlength=logits.numel()).double()
-            scores = (logits - penalties.get("frequency_penalty", 0.0) * counts
-                      - penalties.get("presence_penalty", 0.0) * (counts > 0).double())
-            reference.append(int(scores.argmax()))
+        reference = openai_penalised_greedy(model, ids, budget, penalties.get("frequency_penalty", 0.0),
+                                            penalties.get("presence_penalty", 0.0))
         assert ours.token_ids == reference
         plain = engine.generate(ids, GenerationSettings(max_new_tokens=budget, temperature=0.0)).token_ids
         changed += plain != reference
     assert changed  # the penalties made a difference the reference agrees with
+
+
+def test_penalised_rows_decode_batched_with_plain_and_sampled_rows(pretrained, monkeypatch) -> None:
+    """OpenAI's penalties are applied to the whole batch at once, from counts kept beside the KV cache: rows with
+    different penalties (and rows without, greedy and sampled) join a running batch at different times and leave at
+    different times. Each greedy row follows the float64 reference of its own penalties; the sampled penalised row
+    draws what it draws alone; and a greedy row never goes through its sampler after its first token."""
+    model, tokenizer = pretrained
+    sampled_calls: dict[int, int] = {}
+    original = _Row.sample
+
+    def counting_sample(self, scores):
+        sampled_calls[id(self.generation)] = sampled_calls.get(id(self.generation), 0) + 1
+        return original(self, scores)
+
+    monkeypatch.setattr(_Row, "sample", counting_sample)
+    penalties = [(0.7, 0.0), (0.0, 0.0), (-1.0, 1.5), (0.0, -2.0), (0.25, 0.0)]
+    budgets = (14, 5, 20, 9, 12)
+    sampled = GenerationSettings(max_new_tokens=16, temperature=0.9, frequency_penalty=0.5, presence_penalty=0.3,
+                                 seed=7)
+    engine = GenerationEngine(model, tokenizer, max_batch=3, eos_token_ids=[NEVER])
+    prompts = [plain_ids(tokenizer, text) for text in PROMPTS]
+    generations = []
+    for index, (prompt, (frequency, presence), budget) in enumerate(zip(prompts, penalties, budgets)):
+        settings = GenerationSettings(max_new_tokens=budget, temperature=0.0, frequency_penalty=frequency,
+                                      presence_penalty=presence)
+        generations.append(engine.submit(prompt, settings))
+        if index == 1:
+            generations.append(engine.submit(prompts[0], sampled))
+        if index % 2:
+            engine.step()  # the next prompt joins a batch already decoding
+    sizes = run_until_done(engine, *generations)
+    assert max(sizes) == 3 and engine.batched_rows > engine.steps  # it really ran batched
+    greedy = [g for g in generations if g.settings is not sampled]
+    for generation, prompt, (frequency, presence), budget in zip(greedy, prompts, penalties, budgets):
+        assert generation.token_ids == openai_penalised_greedy(model, prompt, budget, frequency, presence)
+        assert sampled_calls[id(generation)] == 1  # its first token, at the prefill; the rest batched
+    alone = GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER]).generate(prompts[0], sampled)
+    assert generations[2].token_ids == alone.token_ids and len(alone.token_ids) == 16
+    assert engine._penalties is None and engine.load == (0, 0)
 
 
 def test_batched_rows_see_the_logits_of_a_full_forward(pretrained, monkeypatch) -> None:

@@ -96,7 +96,7 @@ def test_greedy_logits_that_turn_nan_end_only_their_row(pretrained, alone, monke
     engine.step()
     engine.step()
     decoded = len(bad.token_ids)
-    assert engine.load == (2, 0) and decoded >= 2 and all(row.plain_greedy for row in engine._rows)
+    assert engine.load == (2, 0) and decoded >= 2 and all(row.greedy for row in engine._rows)
     bad_index = next(index for index, row in enumerate(engine._rows) if row.generation is bad)
     forward = model.forward
 

@@ -78,8 +78,7 @@ def test_scores_that_turn_non_finite_mid_decode_end_only_their_row(pretrained, a
     sampled = len(bad.token_ids)
     assert engine.load == (2, 0) and sampled >= 2  # both rows are decoding together
     bad_row = next(row for row in engine._rows if row.generation is bad)
-    original = bad_row.processors
-    monkeypatch.setattr(bad_row, "processors", lambda seen, scores: original(seen, scores) * float("nan"))
+    monkeypatch.setattr(bad_row, "processors", [*bad_row.processors, lambda seen, scores: scores * float("nan")])
     run_until_done(engine, bad, good)
     assert (bad.finish_reason, bad.error, len(bad.token_ids)) == (FINISH_ERROR, NON_FINITE_SCORES, sampled)
     assert (good.finish_reason, good.token_ids) == (FINISH_LENGTH, alone["Water is"])

@@ -382,6 +382,11 @@ def control_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
     raise ValueError(f"{token!r} must be a special token of the tokenizer")
 
 
+def tool_call_span(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
+    """The ids of the control tokens around a tool call's JSON, <tool_call> and </tool_call>."""
+    return control_id(tokenizer, TOOL_CALL), control_id(tokenizer, TOOL_CALL_END)
+
+
 def check_chatml_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
     """The encoders below build the format themselves; fail early, in one line, if the tokenizer lacks its control
     tokens (a tokenizer made before the tool and thinking tokens) or if its own template (what other programs use

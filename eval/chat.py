@@ -15,7 +15,8 @@ Chat models get the built-in tools (dataset/tools.py) unless `--no_tools`: a rep
 is run, its result fed back and the model asked again (model/chat_session.py, at most MAX_TOOL_ROUNDS rounds). Each
 call shows on stdout before the answer as `[tool] calculator({"expression": "2+3"}) -> 5`, and with `--think` the
 model's thinking as `[think] ...`. With tools or thinking on, each generation is printed when it is complete (a
-call's JSON is not streamed as if it were the answer).
+call's JSON is not streamed as if it were the answer). A call's JSON is decoded greedily whatever `--temperature`
+(`--sampled_tool_calls` draws it too).
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tools", type=_tool_names, default=None, metavar="NAMES",
                         help="the built-in tools to offer, comma-separated; None: all of them "
                              "(`python dataset/tools.py --schemas` lists them)")
+    parser.add_argument("--sampled_tool_calls", action="store_true",
+                        help="draw a tool call's tokens like the answer's; without it a call's JSON is decoded "
+                             "greedily whatever --temperature (its one right spelling)")
     parser.add_argument("--think", action="store_true",
                         help="open_thinking: the model may think before answering, shown as [think] lines; "
                              "without it an empty think block is injected and the model answers directly")
@@ -166,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, **penalty_settings(args))
     session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings,
-                          tools=None if args.no_tools else tool_schemas(args.tools), open_thinking=args.think)
+                          tools=None if args.no_tools else tool_schemas(args.tools), open_thinking=args.think,
+                          greedy_tool_calls=not args.sampled_tool_calls)
     params = sum(p.numel() for p in model.parameters())
     tools = f"tools: {', '.join(t['function']['name'] for t in session.tools)}" if session.tools else "no tools"
     thinking = ", thinking on" if session.open_thinking else ""

@@ -12,7 +12,9 @@ With `tools` (OpenAI-format schemas, e.g. dataset.tools.tool_schemas()) a reply 
 reply holds tool calls (read from its control ids), run each with dataset.tools.run_tool (every failure, an unknown
 tool included, comes back as an "Error: ..." text the model reads), append the assistant's call and the tool
 messages, and generate again -- at most `max_tool_rounds` rounds of calls, then the model's calls are no longer run.
-The history keeps the whole exchange (calls and results), so the next user turn sees it.
+The history keeps the whole exchange (calls and results), so the next user turn sees it. A call's JSON is decoded
+greedily whatever the temperature (`greedy_tool_calls`): it has one right spelling, which a draw can break ("6 - 98"
+copied for the question's "66 - 98"); the words around it are sampled as asked.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any, Callable
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dataset.chat_format import encode_chatml, encode_text, parse_assistant_ids, render_chatml, split_exchanges
+from dataset.chat_format import (encode_chatml, encode_text, parse_assistant_ids, render_chatml, split_exchanges,
+                                 tool_call_span)
 from dataset.tools import run_tool
 from model.generation import FINISH_ERROR, FINISH_STOP, GenerationEngine, GenerationSettings
 
@@ -101,7 +104,7 @@ class ChatSession:
                  system_prompt: str | None = None, history_turns: int = 2,
                  settings: GenerationSettings | None = None, engine: GenerationEngine | None = None,
                  tools: Sequence[Mapping[str, Any]] | None = None, open_thinking: bool = False,
-                 max_tool_rounds: int = MAX_TOOL_ROUNDS) -> None:
+                 max_tool_rounds: int = MAX_TOOL_ROUNDS, greedy_tool_calls: bool = True) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token; generation could not stop")
         if max_tool_rounds < 0:
@@ -113,6 +116,8 @@ class ChatSession:
         self.history_turns = max(0, history_turns)
         self.settings = settings or GenerationSettings()
         self.tools = list(tools or []) if use_template else []  # plain continuation has no turns to call from
+        if self.tools and greedy_tool_calls:
+            self.settings = dataclasses.replace(self.settings, greedy_span=tool_call_span(tokenizer))
         self.open_thinking = open_thinking and use_template
         self.max_tool_rounds = max_tool_rounds
         # Every exchange, oldest first: a user message, then the assistant's calls, the tool messages and its

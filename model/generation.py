@@ -11,9 +11,10 @@ seeded from `seed` or, without one, from torch's global generator (so `transform
 reproducible). How a step runs is `decode`: "forward" calls the model's forward with a DynamicCache (any
 transformers model); "static" and "compiled" run MiniNorm models through model/decode_step.py (a preallocated
 per-row KV cache, no padding; "compiled" also compiles the step), which computes the same logits up to float
-rounding, faster. One request's failure (a seed torch's generator rejects, sampling scores that turn NaN or
-infinite) ends that request alone, with finish reason "error". Text is produced by `TextStream`: incremental
-detokenization that never cuts a multi-byte character and holds back text that could still become a stop string.
+rounding, faster. `greedy_span` decodes a span of a sampled request greedily (chat and the server pass a tool
+call's JSON). One request's failure (a seed torch's generator rejects, sampling scores that turn NaN or infinite)
+ends that request alone, with finish reason "error". Text is produced by `TextStream`: incremental detokenization
+that never cuts a multi-byte character and holds back text that could still become a stop string.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import collections
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -58,6 +59,10 @@ class GenerationSettings:
     frequency_penalty: float = 0.0    # OpenAI's: subtracted per occurrence in the generated tokens
     seed: int | None = None
     stop: tuple[str, ...] = ()        # stop strings: the text ends before the first one
+    # (open, close) token ids of a span decoded greedily whatever the temperature: from `open` through `close` the
+    # row takes its top token (after the penalties) instead of drawing one -- a tool call's JSON, which a draw can
+    # corrupt and which has one right spelling. A prompt that ends inside the span starts there.
+    greedy_span: tuple[int, int] | None = None
 
     def processors(self) -> list[LogitsProcessor]:
         """transformers' processors for these settings, in generate()'s order (penalty, temperature, top-k,
@@ -175,6 +180,14 @@ class Generation:
         return self.finished_at - self.started_at
 
 
+def _ends_inside(ids: Sequence[int], open_id: int, close_id: int) -> bool:
+    """Whether `ids` end inside an open...close span: an `open` after the last `close`."""
+    for token in reversed(ids):
+        if token in (open_id, close_id):
+            return token == open_id
+    return False
+
+
 class _Penalties:
     """OpenAI's presence and frequency penalties of a batch's rows: each row's uses of each token in its completion
     so far and the amount they take off the token's logit (frequency_penalty x uses, plus presence_penalty once
@@ -227,6 +240,9 @@ class _Row:
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.text = TextStream(tokenizer, settings.stop)
         self.position = len(generation.prompt_ids)  # position id of the next input token
+        span = settings.greedy_span
+        self.in_greedy_span = span is not None and _ends_inside(generation.prompt_ids, *span)
+        self.span_processors = replace(settings, temperature=0.0).processors()  # a greedy row's: repetition penalty
         # Greedy without a transformers processor (OpenAI's penalties allowed): the token is the argmax of the
         # (penalised) scores, which the engine takes for all such rows of a batch at once (greedy_token) instead of
         # row by row through sample().
@@ -235,19 +251,22 @@ class _Row:
     def sample(self, scores: torch.Tensor) -> int:
         """The next token from one row's scores (float32, shape [vocab]): its logits, less OpenAI's penalties."""
         scores = scores[None]
-        for processor in self.processors:
+        for processor in self.span_processors if self.in_greedy_span else self.processors:
             scores = processor(self.seen, scores)
         # -inf is a filtered-out token; NaN or +inf anywhere, or -inf everywhere, would fail (or corrupt) the draw
         # below: all three, and nothing else, make the maximum non-finite (max propagates NaN).
         if not math.isfinite(scores.max().item()):
             raise SamplingError(NON_FINITE_SCORES)
-        if self.generation.settings.temperature <= 0:
+        settings = self.generation.settings
+        if settings.temperature <= 0 or self.in_greedy_span:
             token = int(scores.argmax(-1).item())
         else:
             probs = torch.softmax(scores, dim=-1)
             token = int(torch.multinomial(probs[0], 1, generator=self.generator).item())
         if self.track_seen:
             self.seen = torch.cat([self.seen, self.seen.new_tensor([[token]])], dim=1)
+        if settings.greedy_span is not None and token in settings.greedy_span:
+            self.in_greedy_span = token == settings.greedy_span[0]
         return token
 
     @staticmethod

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from dataset.chat_format import encode_chatml
+from dataset.chat_format import encode_chatml, tool_call_span
 from model.chat_session import encode_prompt
 from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings
 from scripts.server.errors import APIError
@@ -49,7 +49,8 @@ def prompt_ids(request: ChatRequest, served: ServedModel) -> tuple[list[int], Re
 
 def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: int) -> GenerationSettings:
     """The request's sampling and limits; what it leaves out is eval/chat.py's default (the library's sampling,
-    chat's frequency penalty), and with no max_tokens the answer may fill the context."""
+    chat's frequency penalty, tool calls decoded greedily when tools are offered), and with no max_tokens the
+    answer may fill the context."""
     defaults = GenerationSettings()
     budget = served.max_context - prompt_len
     max_tokens = request.max_completion_tokens or request.max_tokens
@@ -72,7 +73,8 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
         presence_penalty=defaults.presence_penalty if request.presence_penalty is None else request.presence_penalty,
         frequency_penalty=(CHAT_FREQUENCY_PENALTY if request.frequency_penalty is None
                            else request.frequency_penalty),
-        seed=request.seed, stop=tuple(stop))
+        seed=request.seed, stop=tuple(stop),
+        greedy_span=tool_call_span(served.tokenizer) if served.use_template and request.offered_tools() else None)
 
 
 class Completion:

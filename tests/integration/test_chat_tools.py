@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from dataset.chat_format import tool_call_span
 from dataset.tools import TOOLS, Tool, run_tool, tool_schemas
 from model.chat_session import ChatSession
 from model.generation import GenerationEngine, GenerationSettings
@@ -184,3 +185,44 @@ def test_tools_picks_the_offered_tools(monkeypatch, capsys, tool_model, tokenize
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--tools", "calculator,magic"])
     assert "unknown tool magic; allowed: wiki, calculator, convert_units" in capsys.readouterr().err
+
+
+
+def test_a_sampled_reply_spells_its_call_greedily(loaded) -> None:
+    """Sampled hot (temperature 1.5), the memorized model still opens its call for "What is 2+3?" on nearly every
+    seed; by default the call's JSON is then decoded greedily and is exactly the call it learned every time, while
+    drawn (greedy_tool_calls=False) it is mostly misspelled. The CLI's --sampled_tool_calls turns it off."""
+    model, tokenizer = loaded
+    opening = tool_call_span(tokenizer)[0]
+    outcomes = {}
+    for greedy in (True, False):
+        opened = exact = 0
+        for seed in range(16):
+            settings = GenerationSettings(max_new_tokens=40, temperature=1.5, top_p=1.0, seed=seed)
+            chat_session = ChatSession(model, tokenizer, True, settings=settings, tools=tool_schemas(),
+                                       max_tool_rounds=0, greedy_tool_calls=greedy)  # calls read, not run
+            assert chat_session.settings.greedy_span == (tool_call_span(tokenizer) if greedy else None)
+            reply = chat_session.reply("What is 2+3?")
+            if opening in reply.token_ids:  # one generation: with max_tool_rounds=0 no call is run
+                opened += 1
+                exact += reply.rounds[0].unrun == [CALL]
+        outcomes[greedy] = opened, exact
+    (opened, exact), (drawn_opened, drawn_exact) = outcomes[True], outcomes[False]
+    assert opened >= 8 and exact == opened
+    assert drawn_opened >= 8 and drawn_exact < drawn_opened / 2
+
+
+def test_the_cli_decodes_calls_greedily_unless_told(monkeypatch, capsys, tool_model) -> None:
+    sessions: list[ChatSession] = []
+    original = ChatSession.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        sessions.append(self)
+
+    monkeypatch.setattr(ChatSession, "__init__", recording_init)
+    chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?")
+    chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?", "--sampled_tool_calls")
+    chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?", "--no_tools")
+    span = tool_call_span(sessions[0].tokenizer)
+    assert [session.settings.greedy_span for session in sessions] == [span, None, None]

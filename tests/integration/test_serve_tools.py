@@ -183,3 +183,18 @@ def test_a_demanded_call_is_started_in_the_prompt(client, tokenizer, choice) -> 
     assert call.function.name == "wiki" and json.loads(call.function.arguments) == CALL["arguments"]
     message, finish = streamed(client, model="m", messages=ASK, tools=TOOLS, tool_choice=choice, **GREEDY)
     assert same_but_ids(message, whole(response.choices[0].message)) and finish == "tool_calls"
+
+
+@pytest.mark.parametrize("choice", [None, "required"])
+def test_sampled_requests_spell_their_calls_greedily(client, choice) -> None:
+    """With tools offered, a call's JSON is decoded greedily whatever the temperature (the server's default, as in
+    chat): sampled hot, every call the model opens is the one it learned, and a demanded call (its opening in the
+    prompt) is spelled right on every seed."""
+    fields = {} if choice is None else {"tool_choice": choice}
+    calls = []
+    for seed in range(12):
+        response = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, temperature=1.5, top_p=1.0,
+                                                  seed=seed, max_tokens=40, **fields)
+        calls += [{"name": call.function.name, "arguments": json.loads(call.function.arguments)}
+                  for call in response.choices[0].message.tool_calls or []]
+    assert len(calls) >= (12 if choice else 6) and all(call == CALL for call in calls)

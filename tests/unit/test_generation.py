@@ -5,6 +5,7 @@ generate() (greedy and seeded sampling, token for token), a cache-free full forw
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -143,6 +144,37 @@ def test_penalised_rows_decode_batched_with_plain_and_sampled_rows(pretrained, m
     alone = GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER]).generate(prompts[0], sampled)
     assert generations[2].token_ids == alone.token_ids and len(alone.token_ids) == 16
     assert engine._penalties is None and engine.load == (0, 0)
+
+
+def full_forward_argmax(model, ids: list[int]) -> int:
+    with torch.no_grad():
+        return int(model(torch.tensor([ids])).logits[0, -1].double().argmax())
+
+
+def test_a_greedy_span_is_decoded_greedily_and_the_rest_sampled(pretrained) -> None:
+    """GenerationSettings.greedy_span (a tool call's JSON in chat): from its open token through its close token a
+    sampled row takes the top token of a cache-free float64 forward; before it, it draws what it draws without the
+    span (same seed); after the close it draws again. A prompt that ends inside the span starts greedily."""
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=2, eos_token_ids=[NEVER])
+    prompt = plain_ids(tokenizer, PROMPTS[0])
+    sampled = GenerationSettings(max_new_tokens=30, temperature=1.0, top_p=1.0, seed=3)
+    free = engine.generate(prompt, sampled).token_ids
+    opening = free[2]
+
+    def top_tokens(prefix: list[int], tokens: list[int]) -> list[int]:  # the top token before each of `tokens`
+        return [full_forward_argmax(model, prefix + tokens[:i]) for i in range(len(tokens))]
+
+    never_closed = engine.generate(prompt, replace(sampled, greedy_span=(opening, NEVER))).token_ids
+    assert never_closed[:3] == free[:3]  # drawn as without the span, the open token included
+    assert never_closed[3:] == top_tokens(prompt, never_closed)[3:]  # then greedy to the end
+    assert free[3:] != never_closed[3:]  # which the draws were not
+    closing = never_closed[3]  # the span's first token closes it: the draws resume after it
+    closed = engine.generate(prompt, replace(sampled, greedy_span=(opening, closing))).token_ids
+    assert closed[:4] == never_closed[:4]
+    assert sum(a != b for a, b in zip(closed[4:], top_tokens(prompt, closed)[4:])) > 5  # drawn again
+    started = engine.generate(prompt + [opening], replace(sampled, greedy_span=(opening, NEVER))).token_ids
+    assert started == top_tokens(prompt + [opening], started)
 
 
 def test_batched_rows_see_the_logits_of_a_full_forward(pretrained, monkeypatch) -> None:

@@ -302,3 +302,19 @@ def serve_app():
         return create_app(load_served_model(path, max_batch=max_batch), **kwargs)
 
     return make
+
+
+@pytest.fixture
+def chat_sessions(monkeypatch) -> list:
+    """Every ChatSession made while the test runs (eval/chat.py builds one per run), in order."""
+    from model.chat_session import ChatSession
+
+    sessions: list[ChatSession] = []
+    original = ChatSession.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        sessions.append(self)
+
+    monkeypatch.setattr(ChatSession, "__init__", recording_init)
+    return sessions

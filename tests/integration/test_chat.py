@@ -243,27 +243,19 @@ def test_seed_makes_sampling_reproducible(monkeypatch, capsys, tiny_models) -> N
     assert first[1] == second[1] and first[1].strip()
 
 
-def test_penalty_flags_reach_the_session(monkeypatch, capsys, tiny_models) -> None:
-    sessions: list[ChatSession] = []
-    original = ChatSession.__init__
-
-    def recording_init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        sessions.append(self)
-
-    monkeypatch.setattr(ChatSession, "__init__", recording_init)
+def test_penalty_flags_reach_the_session(monkeypatch, capsys, tiny_models, chat_sessions) -> None:
     code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.pretrain), "--prompt", "The",
                                    "--temperature", "0", "--max_new_tokens", "4", "--repetition_penalty", "1.3",
                                    "--presence_penalty", "0.5", "--frequency_penalty", "-1")
     assert code == 0, err
-    (settings,) = [session.settings for session in sessions]
+    (settings,) = [session.settings for session in chat_sessions]
     assert (settings.repetition_penalty, settings.presence_penalty, settings.frequency_penalty) == (1.3, 0.5, -1.0)
-    sessions.clear()  # without the flags: chat's own frequency penalty, which 0 turns off
+    chat_sessions.clear()  # without the flags: chat's own frequency penalty, which 0 turns off
     for flags, expected in (((), CHAT_FREQUENCY_PENALTY), (("--frequency_penalty", "0"), 0.0)):
         code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.pretrain), "--prompt",
                                        "The", "--temperature", "0", "--max_new_tokens", "4", *flags)
         assert code == 0, err
-        settings = sessions.pop().settings
+        settings = chat_sessions.pop().settings
         assert (settings.repetition_penalty, settings.presence_penalty, settings.frequency_penalty) == (1.0, 0.0,
                                                                                                         expected)
     assert CHAT_FREQUENCY_PENALTY > 0

@@ -212,17 +212,9 @@ def test_a_sampled_reply_spells_its_call_greedily(loaded) -> None:
     assert drawn_opened >= 8 and drawn_exact < drawn_opened / 2
 
 
-def test_the_cli_decodes_calls_greedily_unless_told(monkeypatch, capsys, tool_model) -> None:
-    sessions: list[ChatSession] = []
-    original = ChatSession.__init__
-
-    def recording_init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        sessions.append(self)
-
-    monkeypatch.setattr(ChatSession, "__init__", recording_init)
+def test_the_cli_decodes_calls_greedily_unless_told(monkeypatch, capsys, tool_model, chat_sessions) -> None:
     chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?")
     chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?", "--sampled_tool_calls")
     chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?", "--no_tools")
-    span = tool_call_span(sessions[0].tokenizer)
-    assert [session.settings.greedy_span for session in sessions] == [span, None, None]
+    span = tool_call_span(chat_sessions[0].tokenizer)
+    assert [session.settings.greedy_span for session in chat_sessions] == [span, None, None]

@@ -489,7 +489,8 @@ def parse_assistant_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int],
     """Read a generated reply (the ids after the generation prompt, up to <|im_end|> if present) by its control
     ids, never by text: a "<tool_call>" the model spelled in ordinary pieces is content. An opening <think> is
     optional (with open_thinking off the prompt already holds the empty block); reasoning is what comes before
-    </think>. Text outside the calls is the content, stripped of the format's newlines."""
+    </think>, and a reply that opened <think> and never closed it (cut by its token budget) is all reasoning. Text
+    outside the calls is the content, stripped of the format's newlines."""
     ids_of = {token: control_id(tokenizer, token) for token in CONTROL_TOKENS}
     ids = list(ids)
     if ids_of[IM_END] in ids:
@@ -500,6 +501,8 @@ def parse_assistant_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int],
         end = ids.index(ids_of[THINK_END])
         thought = ids[1:end] if ids and ids[0] == ids_of[THINK] else ids[:end]
         reasoning, ids = decode(thought).strip("\n"), ids[end + 1:]
+    elif ids and ids[0] == ids_of[THINK]:  # still thinking when it stopped
+        reasoning, ids = decode(ids[1:]).strip("\n"), []
     names = set(tool_names) if tool_names is not None else None
     content: list[str] = []
     calls: list[dict] = []

@@ -150,6 +150,19 @@ def test_thinking_comes_back_as_reasoning_content(client) -> None:
     assert message["reasoning_content"] == THOUGHT and message["content"] == "Done."
 
 
+def test_a_thought_cut_by_max_tokens_is_reasoning_streamed_or_not(client) -> None:
+    """A reply that opened <think> and ran out of tokens before </think> is all reasoning (as it streamed: the
+    reasoning deltas are the message's), never content that starts with the tag."""
+    fields = dict(model="m", messages=[{"role": "user", "content": "Think first."}], temperature=0.0, max_tokens=5,
+                  extra_body={"chat_template_kwargs": {"open_thinking": True}})
+    response = client.chat.completions.create(**fields)
+    message = response.choices[0].message.model_dump()
+    assert response.choices[0].finish_reason == "length"
+    assert not message["content"] and message["reasoning_content"] and THOUGHT.startswith(message["reasoning_content"])
+    streamed_message, finish = streamed(client, **fields)
+    assert same_but_ids(streamed_message, whole(response.choices[0].message)) and finish == "length"
+
+
 @pytest.mark.parametrize(("question", "text"), [("Break it.", BAD_CALL_TEXT),
                                                 ("Use magic.", '{"name": "magic", "arguments": {}}')])
 def test_a_badly_written_call_comes_back_as_content(client, question, text) -> None:

@@ -265,3 +265,17 @@ def test_a_badly_written_call_stays_content(tokenizer):
     assert reply.content == ('<tool_call>{"name": "wiki", "arguments": {</tool_call>\n'
                              '<tool_call>{"name": "shell", "arguments": {}}</tool_call>\n'
                              '<tool_call>{"name": "wiki", "arguments": {}}</tool_call>')
+
+
+def test_a_reply_cut_inside_its_thought_is_all_reasoning(tokenizer):
+    """Cut by its token budget before </think>, a reply is the thought so far: no content (no "<think>" text in the
+    answer), and a call written inside the unfinished thought is not a call."""
+    from dataset.chat_format import parse_assistant_ids
+
+    t = lambda s: encode_text(tokenizer, s)  # noqa: E731
+    call = [TOOL_CALL, *t('{"name": "wiki", "arguments": {"title": "X"}}'), TOOL_CALL_END]
+    cut = [THINK, *t("\nI should look X up: "), *call, *t(" then")]
+    reply = parse_assistant_ids(tokenizer, cut, tool_names=["wiki"])
+    assert (reply.content, reply.tool_calls) == ("", [])
+    assert reply.reasoning_content == 'I should look X up: <tool_call>{"name": "wiki", "arguments": {"title": "X"}}' \
+                                      '</tool_call> then'

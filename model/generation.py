@@ -242,7 +242,8 @@ class _Row:
         self.position = len(generation.prompt_ids)  # position id of the next input token
         span = settings.greedy_span
         self.in_greedy_span = span is not None and _ends_inside(generation.prompt_ids, *span)
-        self.span_processors = replace(settings, temperature=0.0).processors()  # a greedy row's: repetition penalty
+        # inside the span, a greedy row's processors: the repetition penalty alone
+        self.span_processors = replace(settings, temperature=0.0).processors() if span is not None else []
         # Greedy without a transformers processor (OpenAI's penalties allowed): the token is the argmax of the
         # (penalised) scores, which the engine takes for all such rows of a batch at once (greedy_token) instead of
         # row by row through sample().

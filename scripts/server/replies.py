@@ -82,8 +82,8 @@ class DeltaStream:
     """The deltas of a streamed reply: reasoning_content, content and whole tool calls, each sent once, so that
     the deltas joined are the message ReplyReader.message gives for the final ids. While the reply is unfinished,
     what may still change is held back: an unclosed call, a character still being generated, the format's
-    trailing newlines, the end of the content where a stop string may begin, and (the reply having opened a think
-    block) everything after it until </think>."""
+    trailing newlines and the end of the content where a stop string may begin. A think block still open reads as
+    reasoning (parse_assistant_ids), so a thought streams as it is generated."""
 
     def __init__(self, reader: ReplyReader) -> None:
         self.reader = reader
@@ -91,9 +91,6 @@ class DeltaStream:
 
     def _partial(self, generated: list[int]) -> tuple[str, str, list[dict]]:
         ids = self.reader.prefix + generated
-        if ids and ids[0] == self.reader.think and self.reader.think_end not in ids:  # still thinking
-            text = self.reader.tokenizer.decode(ids[1:], skip_special_tokens=False)
-            return "", text.strip("\n").rstrip(UNFINISHED_CHARACTER), []
         if self.reader.tool_call in ids:  # an unclosed call may yet become a call or content: leave it out
             last = len(ids) - 1 - ids[::-1].index(self.reader.tool_call)
             if self.reader.tool_call_end not in ids[last:]:

@@ -161,6 +161,10 @@ def test_a_thought_cut_by_max_tokens_is_reasoning_streamed_or_not(client) -> Non
     assert not message["content"] and message["reasoning_content"] and THOUGHT.startswith(message["reasoning_content"])
     streamed_message, finish = streamed(client, **fields)
     assert same_but_ids(streamed_message, whole(response.choices[0].message)) and finish == "length"
+    deltas = [chunk.choices[0].delta.model_dump(exclude_none=True)
+              for chunk in client.chat.completions.create(stream=True, **fields) if chunk.choices]
+    pieces = [delta["reasoning_content"] for delta in deltas if delta.get("reasoning_content")]
+    assert len(pieces) > 1  # the thought streamed as it was generated, not at the end
 
 
 @pytest.mark.parametrize(("question", "text"), [("Break it.", BAD_CALL_TEXT),

@@ -139,6 +139,45 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass: `num_hidden_layers: true` in a config.json must not read as 1
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_fields(config: "MiniNormConfig") -> None:
+    """Refuse, in one line naming the field and the allowed values, a value of the wrong type or range: a string
+    "false" is truthy, NaN passes every `not x > 0` guard written the other way round, and a bool passes
+    isinstance(v, int)."""
+    for field in ("qk_norm", "tie_word_embeddings", "use_cache", "norm_affine", "norm_depth_scaling",
+                  "init_depth_scaling", "smeared_keys"):
+        if not isinstance(getattr(config, field), bool):
+            raise ValueError(f"{field}={getattr(config, field)!r} is not allowed; it must be true or false")
+    for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                  "max_position_embeddings"):
+        value = getattr(config, field)
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{field}={value!r} is not allowed; it must be a positive integer")
+    size = config.intermediate_size
+    if size is not None and (not _is_int(size) or size < 1):
+        raise ValueError(f"intermediate_size={size!r} is not allowed; it must be a positive integer (or null: "
+                         f"the SwiGLU width derived from hidden_size)")
+    for field in ("rope_theta", "norm_eps", "initializer_range"):
+        value = getattr(config, field)
+        if not (_is_number(value) and 0 < value < math.inf):
+            raise ValueError(f"{field}={value!r} is not allowed; it must be a finite float > 0")
+        setattr(config, field, float(value))
+    if not (_is_number(config.dropout) and 0 <= config.dropout < 1):
+        raise ValueError(f"dropout={config.dropout!r} is not allowed; it must be a float in [0, 1)")
+    config.dropout = float(config.dropout)
+    for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(config, field)
+        ids = value if isinstance(value, list) and field == "eos_token_id" else [value]
+        if value is not None and not all(_is_int(i) and 0 <= i < config.vocab_size for i in ids):
+            also = " (or a list of them)" if field == "eos_token_id" else ""
+            raise ValueError(f"{field}={value!r} is not allowed; it must be null or a token id in "
+                             f"[0, vocab_size={config.vocab_size}){also}")
+
+
 def _check_combination(config: "MiniNormConfig") -> None:
     """Refuse, in one line naming both fields, the combinations that have no meaning."""
     if config.norm_type != NormType.NONE:
@@ -236,22 +275,13 @@ class MiniNormConfig(PretrainedConfig):
         self.norm_impl = _check_choice("norm_impl", self.norm_impl, NormImpl).value
         self.qk_norm_scope = _check_choice("qk_norm_scope", self.qk_norm_scope, QKNormScope).value
         self.prms_p = check_p(self.prms_p, "prms_p")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps={self.norm_eps!r} is not allowed; it must be > 0")
-        for field in ("norm_affine", "norm_depth_scaling", "init_depth_scaling", "smeared_keys"):
-            if not isinstance(getattr(self, field), bool):
-                raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; it must be true or false")
+        _check_fields(self)
         if not (_is_number(self.dyt_alpha_init) and 0 < self.dyt_alpha_init < math.inf):
             raise ValueError(f"dyt_alpha_init={self.dyt_alpha_init!r} is not allowed; it must be a finite float > 0")
         if not (_is_number(self.mix_ln_ratio) and 0 <= self.mix_ln_ratio <= 1):
             raise ValueError(f"mix_ln_ratio={self.mix_ln_ratio!r} is not allowed; it must be a float in [0, 1]")
         self.dyt_alpha_init, self.mix_ln_ratio = float(self.dyt_alpha_init), float(self.mix_ln_ratio)
         _check_combination(self)
-        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                      "num_key_value_heads", "max_position_embeddings"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field}={value!r} is not allowed; it must be a positive integer")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not allowed; it must divide "
                              f"hidden_size={self.hidden_size}")
@@ -264,8 +294,6 @@ class MiniNormConfig(PretrainedConfig):
         self.rope_scaling = check_rope_scaling(self.rope_scaling, self.max_position_embeddings)
         if self.intermediate_size is None:
             self.intermediate_size = _swiglu_hidden(self.hidden_size)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout!r} is not allowed; it must be in [0, 1)")
         _check_moe(self)
         super().__post_init__(**kwargs)
 

@@ -31,12 +31,32 @@ def param_count(config: MiniNormConfig) -> int:
     ("norm_eps", 0.0, ["> 0"]),
     ("dropout", 1.0, ["[0, 1)"]),
     ("hidden_size", 0, ["positive integer"]),
+    # Values a config.json can hold that used to be accepted (and gave another model) or failed with a traceback.
+    ("rope_theta", float("nan"), ["finite float > 0"]),
+    ("rope_theta", 0, ["finite float > 0"]),
+    ("rope_theta", -1.0, ["finite float > 0"]),
+    ("norm_eps", float("inf"), ["finite float > 0"]),
+    ("norm_eps", "1e-6", ["finite float > 0"]),
+    ("norm_eps", None, ["finite float > 0"]),
+    ("initializer_range", "x", ["finite float > 0"]),
+    ("qk_norm", "false", ["true or false"]),  # a string "false" is truthy
+    ("tie_word_embeddings", "false", ["true or false"]),
+    ("intermediate_size", "128", ["positive integer"]),
+    ("intermediate_size", 0, ["positive integer"]),
+    ("intermediate_size", -64, ["positive integer"]),
+    ("intermediate_size", 128.0, ["positive integer"]),
+    ("num_hidden_layers", True, ["positive integer"]),  # bool passes isinstance(value, int)
+    ("vocab_size", True, ["positive integer"]),
+    ("dropout", "0.1", ["[0, 1)"]),
+    ("dropout", None, ["[0, 1)"]),
+    ("pad_token_id", "0", ["null or a token id", "[0, vocab_size=6400)"]),
+    ("eos_token_id", 6400, ["null or a token id", "[0, vocab_size=6400)"]),
 ])
 def test_invalid_value_names_field_value_and_allowed(field: str, value: object, allowed: list[str]) -> None:
     with pytest.raises(ValueError) as info:
         MiniNormConfig(**{field: value})
     message = str(info.value)
-    assert f"{field}={value!r}" in message
+    assert message.startswith(f"{field}={value!r}")  # this field's own check, not a later one that reads it
     for choice in allowed:
         assert choice in message
 

@@ -1,30 +1,61 @@
 """Writing a converted model directory (an export to Llama / Qwen3, an import from them) safely: the output
 folder is checked before anything is loaded, the result is built under a temporary name beside it and renamed
-into place only when complete, and only an empty folder or an earlier result of the same tool is replaced."""
+into place only when complete, and only an empty folder or an earlier result of the same tool is replaced.
+
+A tool knows its own earlier results by a marker file it writes into each (EXPORT_MARKER, IMPORT_MARKER), never by
+what the folder looks like: a transformers checkpoint downloaded from elsewhere has the same config.json as an
+export, and its other files (a model card, notes, extra shards) are not ours to delete."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Iterator, Mapping
+
+# The marker files: JSON recording where the result came from (the source, the measured logit difference, ...).
+EXPORT_MARKER = "exported_from.json"  # scripts/convert_to_llama.py
+IMPORT_MARKER = "imported_from.json"  # scripts/import_checkpoint.py
 
 
-def check_out_dir(source: Path, out_dir: Path, is_replaceable: Callable[[Path], bool], what: str) -> None:
-    """Refuse an --out_dir whose replacement would delete the source model or an unrelated folder. A non-empty
-    folder is replaced only when `is_replaceable(out_dir)`; `what` names such a folder ("a previous Llama export").
+def is_marked(folder: Path, marker: str, recorded: Mapping[str, Any] | None = None) -> bool:
+    """Whether `folder` holds the JSON object `marker` with every item of `recorded` (say, the same target)."""
+    try:
+        content = json.loads((folder / marker).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(content, dict) and all(content.get(k) == v for k, v in (recorded or {}).items())
+
+
+def check_out_dir(source: Path, out_dir: Path, marker: str, what: str, recorded: Mapping[str, Any] | None = None
+                  ) -> None:
+    """Refuse an --out_dir whose replacement would delete the source model or a folder this tool did not write.
+    A non-empty folder is replaced only when it holds `marker` recording `recorded` (is_marked); `what` names such
+    a folder ("a previous Llama export").
 
     Both paths must be resolved (symlinks and `..` gone), or a spelling like a/x/../pretrain slips through.
     """
     if out_dir == source or out_dir in source.parents or source in out_dir.parents:
         raise ValueError(f"--out_dir {out_dir} overlaps the model at {source}; choose a folder outside it")
+    check_parents_are_folders(out_dir, "--out_dir")
     if not out_dir.exists():
         return
     if not out_dir.is_dir():
         raise ValueError(f"--out_dir {out_dir} is a file; choose a folder")
-    if any(out_dir.iterdir()) and not is_replaceable(out_dir):
-        raise ValueError(f"--out_dir {out_dir} is neither empty nor {what}; not replacing it")
+    if any(out_dir.iterdir()) and not is_marked(out_dir, marker, recorded):
+        raise ValueError(f"--out_dir {out_dir} is neither empty nor {what} (which holds {marker}); not replacing "
+                         f"it: choose another folder, or delete it yourself")
+
+
+def check_parents_are_folders(path: Path, flag: str) -> None:
+    """Refuse a path under an existing file (mkdir would fail there with FileExistsError, after the work)."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
+            return
 
 
 def _install(staging: Path, out_dir: Path) -> None:
@@ -40,14 +71,15 @@ def _install(staging: Path, out_dir: Path) -> None:
 
 
 @contextmanager
-def staged_dir(out_dir: Path) -> Iterator[Path]:
-    """A temporary folder beside `out_dir` to write into; renamed to `out_dir` when the block ends without an
-    error, removed otherwise."""
+def staged_dir(out_dir: Path, marker: str, provenance: dict[str, Any]) -> Iterator[Path]:
+    """A temporary folder beside `out_dir` to write into; when the block ends without an error, `provenance` (which
+    the block may still fill in) is written to `marker` in it and it is renamed to `out_dir`; removed otherwise."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp", dir=out_dir.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
     try:
         yield staging
+        (staging / marker).write_text(json.dumps(provenance, indent=2) + "\n")
         _install(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

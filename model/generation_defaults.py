@@ -7,6 +7,8 @@ A length saved there is not a fallback but an override: transformers lets a save
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from transformers import GenerationConfig
 
 # Generation settings that bound (or stretch) an answer's length or time; none of them is saved with a model.
@@ -25,3 +27,16 @@ def without_length_limits(config: GenerationConfig) -> GenerationConfig:
 def saved_generation_config(eos_token_id: int, pad_token_id: int | None) -> GenerationConfig:
     """The generation config every model directory is saved with: stop at eos (`<|im_end|>`), no bos."""
     return GenerationConfig(eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=None)
+
+
+def read_generation_config(model_dir: Path) -> GenerationConfig:
+    """model_dir's generation_config.json without its length limits (a default one when the file is absent), for a
+    converted directory; ValueError naming the file when it is not a JSON object transformers reads."""
+    file = model_dir / "generation_config.json"
+    if not file.is_file():
+        return GenerationConfig()
+    try:
+        return without_length_limits(GenerationConfig.from_pretrained(model_dir))
+    except (OSError, TypeError, ValueError, AttributeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{file}: not a generation config ({reason})") from None

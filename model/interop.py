@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
@@ -23,6 +23,9 @@ from model.model import MiniNormForCausalLM
 from model.rope import ROPE_TYPES
 
 IMPORTABLE = ("llama", "qwen3")
+# The config.json fields every import reads: the shape, without defaults.
+REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                  "max_position_embeddings")
 # The rope_type values MiniNorm's RotaryEmbedding computes exactly as transformers does.
 SUPPORTED_ROPE_TYPES = ("default", *ROPE_TYPES)
 
@@ -38,15 +41,21 @@ def _refuse(source: Path, field: str, value: Any, why: str) -> NotImportable:
 def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling or None) from a config.json's rope_parameters (transformers 5) or its
     rope_theta / rope_scaling (transformers 4)."""
-    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    params = hf.get(field) or {}
+    if not isinstance(params, Mapping):
+        raise _refuse(source, field, params, "is not allowed; it must be an object (or null)")
+    params = dict(params)
     theta = params.pop("rope_theta", hf.get("rope_theta", 10000.0))
     rope_type = params.pop("rope_type", params.pop("type", "default"))
-    if params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise _refuse(source, "partial_rotary_factor", hf.get("partial_rotary_factor"),
-                      "is not supported; MiniNorm rotates the whole head")
+    partial = params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise _refuse(source, "partial_rotary_factor", partial, "is not supported; MiniNorm rotates the whole head")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise _refuse(source, "rope_type", rope_type,
                       f"is not supported; MiniNorm computes rope_type {', '.join(map(repr, SUPPORTED_ROPE_TYPES))}")
+    if not (isinstance(theta, (int, float)) and not isinstance(theta, bool)):
+        raise _refuse(source, "rope_theta", theta, "is not allowed; it must be a finite float > 0")
     return float(theta), ({"rope_type": rope_type, **params} if rope_type != "default" else None)
 
 
@@ -62,10 +71,18 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = N
     if norm_type not in SWAPPABLE_NORMS:
         raise ValueError(f"--norm_type {norm_type!r} is not allowed; choose one of "
                          f"{', '.join(map(repr, SWAPPABLE_NORMS))}")
+    if not isinstance(hf, Mapping):
+        raise NotImportable(f"cannot import {source}: its config.json is not a JSON object")
     model_type = hf.get("model_type")
     if model_type not in IMPORTABLE:
         raise _refuse(source, "model_type", model_type,
                       f"cannot be imported; choose one of {', '.join(map(repr, IMPORTABLE))}")
+    for field in REQUIRED_SIZES:  # read below before MiniNormConfig could name them
+        value = hf.get(field)
+        if field not in hf:
+            raise NotImportable(f"cannot import {source}: its config.json has no {field} (a positive integer)")
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise _refuse(source, field, value, "is not allowed; config.json must give it as a positive integer")
     heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
     checks = [
         ("hidden_act", hf.get("hidden_act", "silu"), lambda v: v == "silu",
@@ -97,13 +114,32 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = N
         norm_type=norm_type, norm_placement="pre", qk_norm=model_type == "qwen3", qk_norm_scope="head")
     if rope_scaling is not None:
         fields["rope_scaling"] = rope_scaling
-    return MiniNormConfig(**fields)
+    try:
+        return MiniNormConfig(**fields)
+    except ValueError as error:  # a value MiniNorm refuses, under MiniNorm's name for it (rms_norm_eps: norm_eps)
+        raise NotImportable(f"cannot import {source}: as MiniNorm's config, {error}") from None
 
 
 def _weight_files(source: Path) -> list[Path]:
     index = source / "model.safetensors.index.json"
     if index.is_file():
-        return sorted({source / name for name in json.loads(index.read_text())["weight_map"].values()})
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
+            raise NotImportable(f"cannot import {source}: {index.name} is not a JSON object ({error})") from None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise NotImportable(f"cannot import {source}: {index.name} has no weight_map (tensor name -> shard file)")
+        files = set()
+        for name in weight_map.values():
+            file = (source / str(name)).resolve()
+            # A shard is a file in the checkpoint folder: a name like ../../etc/passwd is not read.
+            if not isinstance(name, str) or file.parent != source.resolve():
+                raise NotImportable(f"cannot import {source}: {index.name} names the shard {name!r}, which is not "
+                                    "a file in that folder")
+            if not file.is_file():
+                raise NotImportable(f"cannot import {source}: {index.name} names the shard {name}, which is missing")
+            files.add(file)
+        return sorted(files)
     single = source / "model.safetensors"
     if single.is_file():
         return [single]
@@ -117,10 +153,19 @@ def read_state_dict(source: Path, config: MiniNormConfig) -> dict[str, torch.Ten
     is refused: transformers would silently drop or invent that head."""
     state: dict[str, torch.Tensor] = {}
     for file in _weight_files(source):
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                state[from_llama_key(key)] = f.get_tensor(key).float()
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    # Older checkpoints saved RoPE's inverse frequencies; they follow from rope_theta, and
+                    # transformers ignores them too.
+                    if not key.endswith("rotary_emb.inv_freq"):
+                        state[from_llama_key(key)] = f.get_tensor(key).float()
+        except SafetensorError as error:
+            raise NotImportable(f"cannot import {source}: {file} is not a readable safetensors file ({error})"
+                                ) from None
     head, embedding = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
+    if embedding is None:
+        raise NotImportable(f"cannot import {source}: its weights have no model.embed_tokens.weight")
     if config.tie_word_embeddings:
         if head is not None and not torch.equal(head, embedding):
             raise NotImportable(f"cannot import {source}: tie_word_embeddings=True but its lm_head.weight differs "
@@ -131,19 +176,34 @@ def read_state_dict(source: Path, config: MiniNormConfig) -> dict[str, torch.Ten
     return state
 
 
-def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor]) -> MiniNormForCausalLM:
+def _few(names: Any, shown: int = 3) -> str:
+    names = sorted(names)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source: Path | str = "the checkpoint"
+               ) -> MiniNormForCausalLM:
     """The MiniNorm model with the checkpoint's tensors. With swapped norms, the parameters the checkpoint lacks
-    (only norm biases and DyT's alpha) keep their initial values: zero bias, alpha = dyt_alpha_init."""
-    if config.norm_type == NormType.RMSNORM:
+    (only norm biases and DyT's alpha) keep their initial values: zero bias, alpha = dyt_alpha_init. Weights
+    that do not map (missing, unexpected, or of another shape than config.json gives) are refused in one line."""
+    with torch.device("meta"):  # the expected names and shapes, at no cost
+        expected = {key: tensor.shape for key, tensor in MiniNormForCausalLM(config).state_dict().items()}
+    swapped = config.norm_type != NormType.RMSNORM
+    missing = [key for key in expected.keys() - state.keys() if not (swapped and key.endswith((".bias", ".alpha")))]
+    unexpected = state.keys() - expected.keys()
+    shapes = [f"{key} ({list(state[key].shape)}, config.json gives {list(expected[key])})"
+              for key in expected.keys() & state.keys() if state[key].shape != expected[key]]
+    problems = [f"{what} {_few(keys, shown)}" for what, keys, shown in (
+        ("missing", missing, 3), ("unexpected", unexpected, 3), ("of another shape", shapes, 1)) if keys]
+    if problems:
+        raise NotImportable(f"cannot import {source}: its weights do not match its config.json"
+                            f"{'' if not swapped else f' with norm_type={config.norm_type!r}'}: {'; '.join(problems)}")
+    if not swapped:
         with torch.device("meta"):  # every tensor comes from the checkpoint: no initialisation to pay for
             model = MiniNormForCausalLM(config)
         model.load_state_dict(state, strict=True, assign=True)
     else:
         model = MiniNormForCausalLM(config)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        left = [key for key in missing if not key.endswith((".bias", ".alpha"))]
-        if unexpected or left:
-            raise NotImportable(f"cannot import with norm_type={config.norm_type!r}: the weights "
-                                f"{(unexpected or left)[0]!r} do not map")
+        model.load_state_dict(state, strict=False)
     model.tie_weights()
     return model.eval()

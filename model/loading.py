@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from safetensors import SafetensorError
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from dataset.tokenization import load_tokenizer
+from model.generation_defaults import read_generation_config
 
 # Importing any module of the `model` package runs model/__init__.py, which registers the "mininorm" type with
 # transformers' Auto classes: AutoModelForCausalLM below loads our directories.
@@ -26,6 +28,90 @@ def config_model_type(path: Path) -> str | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return config.get("model_type") if isinstance(config, dict) else None
+
+
+def weights_file(path: Path) -> Path:
+    """The file a model directory's weights are read from (the shard index when sharded), for messages."""
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return path / name
+    return path / "model.safetensors"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _few(names: Any, shown: int = 3) -> str:
+    """'a, b, c and 5 more': a long list of weight names kept to one readable line."""
+    names = sorted(names)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def load_config(path: Path) -> PretrainedConfig:
+    """path/config.json as its config class; ValueError naming the file when it is not valid JSON, not an object, or
+    holds a value the class refuses."""
+    file = path / "config.json"
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, TypeError, ValueError, KeyError) as error:
+        raise ValueError(f"{file}: {_first_line(error)}") from None
+
+
+def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, **kwargs: Any) -> PreTrainedModel:
+    """`model_class.from_pretrained(path, **kwargs)`, refusing every weight that is missing, unexpected or of
+    another shape, and an LM head that config.json says is tied but the file holds separately.
+
+    transformers only logs those and initialises the missing weights at random: a damaged file, or a config.json
+    that disagrees with it (num_hidden_layers, qk_norm, num_experts, tie_word_embeddings), would load, run and
+    export as a different model. Every load of a model directory for inference or export goes through here.
+    """
+    load_config(path)  # a bad config.json or generation_config.json is named before any weight is read
+    read_generation_config(path)
+    file = weights_file(path)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its table of missing keys would precede our one-line refusal
+    try:
+        model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True,
+                                                  **kwargs)
+    except SafetensorError as error:
+        raise ValueError(f"{file} is not a readable safetensors file ({error})") from None
+    except OSError as error:  # a shard the index names is missing, no weights file at all, ...
+        raise ValueError(f"cannot load {path}: {_first_line(error)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    problems = []
+    if info["missing_keys"]:
+        problems.append(f"missing {_few(info['missing_keys'])}")
+    if info["unexpected_keys"]:
+        problems.append(f"unexpected {_few(info['unexpected_keys'])}")
+    if info["mismatched_keys"]:
+        shapes = {f"{key} ({list(saved)} in the file, {list(wanted)} by config.json)"
+                  for key, saved, wanted in info["mismatched_keys"]}
+        problems.append(f"of another shape {_few(shapes, shown=1)}")
+    if problems:
+        raise ValueError(f"cannot load {path}: the weights in {file} do not match its config.json: "
+                         f"{'; '.join(problems)}")
+    embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    if tied and head is not None and head.weight is not embeddings.weight:
+        raise ValueError(f"cannot load {path}: config.json says tie_word_embeddings=true but {file} holds its own "
+                         f"lm_head.weight, which differs from the embedding")
+    return model
+
+
+def load_dir_tokenizer(path: Path) -> Any:
+    """The tokenizer saved in the model directory `path`; ValueError naming the folder and its tokenizer files when
+    they are missing or damaged."""
+    try:
+        return load_tokenizer(path)
+    except Exception as error:  # noqa: BLE001 -- transformers and tokenizers raise any kind on a damaged file
+        missing = [name for name in ("tokenizer.json", "tokenizer_config.json") if not (path / name).is_file()]
+        what = f"no {' or '.join(missing)} there" if missing else f"tokenizer.json / tokenizer_config.json: " \
+                                                                   f"{_first_line(error)}"
+        raise ValueError(f"cannot read the tokenizer of {path}: {what}") from None
 
 
 def pick_device(device: str = "auto") -> str:
@@ -47,14 +133,14 @@ def load_model(path: Path, device: str = "auto", dtype: str = "auto", lora: Path
     torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
                    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     overrides: dict[str, Any] = {}
-    config = AutoConfig.from_pretrained(path)
+    config = load_config(path)
     if getattr(config, "norm_impl", None) == "auto" and not device.startswith("cuda"):
         overrides["norm_impl"] = "eager"
     if lora is None:
-        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **overrides)
+        loaded = load_strictly(path, dtype=torch_dtype, **overrides)
     else:
         from model.lora import load_adapter
 
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **overrides)
+        base = load_strictly(path, dtype=torch.float32, **overrides)
         loaded = load_adapter(base, lora, merge=True).to(torch_dtype)
-    return loaded.to(device).eval(), load_tokenizer(path)
+    return loaded.to(device).eval(), load_dir_tokenizer(path)

@@ -11,9 +11,10 @@ the mapping), so the result loads in plain transformers, vLLM, llama.cpp's conve
 logits; the same model with a mixture of experts (num_experts > 0) is a Qwen3-MoE (qwen3_moe). Each --target names
 the class written and is never switched silently: a target that cannot express the model is refused, naming the
 switch (an MoE model on --target qwen3 names num_experts and points to qwen3_moe). The directory is written under
-a temporary name and renamed into place, and the logits are checked against ours unless --no_verify. An existing
---out_dir is replaced only when it is empty or a previous export to the same target; one that contains the model,
-or lies inside it, is refused.
+a temporary name and renamed into place, and the logits are checked against ours unless --no_verify. The model
+directory is loaded strictly: a weight missing from model.safetensors, or one config.json does not expect, is
+refused in one line. An existing --out_dir is replaced only when it is empty or a previous export by this tool
+to the same target (its exported_from.json says so); one that contains the model, or lies inside it, is refused.
 """
 
 from __future__ import annotations
@@ -31,15 +32,15 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 
 import torch  # noqa: E402
-from transformers import (GenerationConfig, LlamaForCausalLM, PreTrainedModel, Qwen3ForCausalLM,  # noqa: E402
+from transformers import (LlamaForCausalLM, PreTrainedModel, Qwen3ForCausalLM,  # noqa: E402
                           Qwen3MoeForCausalLM)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from model.config import MiniNormConfig  # noqa: E402
-from model.export_dir import check_out_dir, staged_dir  # noqa: E402
+from model.export_dir import EXPORT_MARKER, check_out_dir, staged_dir  # noqa: E402
 from model.llama_compat import NotExportable, check_exportable, to_target_config, to_target_state_dict  # noqa: E402
-from model.generation_defaults import without_length_limits  # noqa: E402
-from model.loading import config_model_type  # noqa: E402
+from model.generation_defaults import read_generation_config  # noqa: E402
+from model.loading import config_model_type, load_config, load_dir_tokenizer, load_strictly  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
@@ -60,9 +61,7 @@ def _patch_config_json(path: Path) -> None:
 
 
 def _tokenizer_files(model_path: Path, staging: Path) -> None:
-    from dataset.tokenization import load_tokenizer
-
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_dir_tokenizer(model_path)
     tokenizer.save_pretrained(staging)
     # transformers 5 names the class TokenizersBackend; older readers know the same tokenizer.json loader
     # as PreTrainedTokenizerFast.
@@ -106,12 +105,14 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     # Checked as plain JSON: MiniNormConfig.from_pretrained on another model type (say, an earlier export)
     # fails with a traceback instead of this line.
     model_type = config_model_type(source)
+    if model_type is None:
+        load_config(source)  # names config.json and what is wrong with it
     if model_type != MiniNormConfig.model_type:
         raise ValueError(f"{source} is not a MiniNorm model (model_type={model_type!r})")
-    check_out_dir(source, out_dir, lambda folder: config_model_type(folder) == target, f"a previous {name} export")
-    config = MiniNormConfig.from_pretrained(source)
+    check_out_dir(source, out_dir, EXPORT_MARKER, f"a previous {name} export", {"target": target})
+    config = load_config(source)
     check_exportable(config, source, name, architecture=target)  # before loading any weights
-    ours = MiniNormForCausalLM.from_pretrained(source, norm_impl="eager").eval()
+    ours = load_strictly(source, MiniNormForCausalLM, norm_impl="eager").eval()
     with torch.device("meta"):
         exported = model_class(to_target_config(ours.config, target))
     state = {key: tensor.detach().clone() for key, tensor in to_target_state_dict(ours.state_dict(),
@@ -119,9 +120,9 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     exported.load_state_dict(state, strict=True, assign=True)
     exported.tie_weights()
     # Sampling settings come along; a length limit saved by an older trainer does not (see generation_defaults).
-    exported.generation_config = without_length_limits(GenerationConfig.from_pretrained(source)) if (
-        source / "generation_config.json").is_file() else GenerationConfig()
-    with staged_dir(out_dir) as staging:
+    exported.generation_config = read_generation_config(source)
+    provenance: dict[str, object] = {"source": str(source), "target": target, "max_logit_difference": None}
+    with staged_dir(out_dir, EXPORT_MARKER, provenance) as staging:
         exported.save_pretrained(staging, safe_serialization=True)
         _patch_config_json(staging / "config.json")
         _tokenizer_files(source, staging)
@@ -130,7 +131,8 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
         if verify:
             diff = max_logit_difference(ours, staging, target)
             if not diff <= 1e-4:
-                raise RuntimeError(f"the exported model's logits differ from ours by {diff:.3g}; nothing written")
+                raise ValueError(f"the exported model's logits differ from ours by {diff:.3g}; nothing written")
+            provenance["max_logit_difference"] = diff
     return out_dir
 
 
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                              "need num_experts=0")
     parser.add_argument("--out_dir", default="out/llama",
                         help="where the exported directory goes; an empty folder or a previous export to the same "
-                             "target is replaced")
+                             f"target (its {EXPORT_MARKER} says so) is replaced")
     parser.add_argument("--no_verify", action="store_true", help="skip the logits check against our model")
     args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()

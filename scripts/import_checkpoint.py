@@ -30,17 +30,16 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from model.export_dir import check_out_dir, staged_dir  # noqa: E402
-from model.generation_defaults import without_length_limits  # noqa: E402
+from model.export_dir import IMPORT_MARKER, check_out_dir, staged_dir  # noqa: E402
+from model.generation_defaults import read_generation_config  # noqa: E402
 from model.interop import SWAPPABLE_NORMS, NotImportable, mininorm_config_from, model_from, read_state_dict  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import report_error, resolve_input_path, resolve_path  # noqa: E402
 
-PROVENANCE_FILE = "imported_from.json"
 # The tokenizer's files and the chat template, copied as they are when the checkpoint has them.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
@@ -66,14 +65,18 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
     config_file = source / "config.json"
     if not config_file.is_file():
         raise ValueError(f"--source {source}: no config.json there; pass a transformers checkpoint directory")
-    hf_config = json.loads(config_file.read_text())
-    check_out_dir(source, out_dir, lambda folder: (folder / PROVENANCE_FILE).is_file(), "an earlier import")
+    try:
+        hf_config = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{config_file}: not readable JSON ({error})") from None
+    check_out_dir(source, out_dir, IMPORT_MARKER, "an earlier import")
     config = mininorm_config_from(hf_config, source, norm_type)  # refuses before any weight is read
-    ours = model_from(config, read_state_dict(source, config))
-    if (source / "generation_config.json").is_file():
-        ours.generation_config = without_length_limits(GenerationConfig.from_pretrained(source))
+    ours = model_from(config, read_state_dict(source, config), source)
+    ours.generation_config = read_generation_config(source)
     diff = None
-    with staged_dir(out_dir) as staging:
+    provenance = {"source": str(source), "model_type": hf_config["model_type"], "norm_type": norm_type,
+                  "max_logit_difference": diff}
+    with staged_dir(out_dir, IMPORT_MARKER, provenance) as staging:
         ours.save_pretrained(staging, safe_serialization=True)
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
@@ -81,11 +84,9 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
         if verify:
             diff = max_logit_difference(source, ours)
             if norm_type == "rmsnorm" and not diff <= MAX_LOGIT_DIFFERENCE:
-                raise RuntimeError(f"the imported model's logits differ from {source}'s by {diff:.3g}; "
-                                   "nothing written")
-        provenance = {"source": str(source), "model_type": hf_config["model_type"], "norm_type": norm_type,
-                      "max_logit_difference": diff}
-        (staging / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+                raise ValueError(f"the imported model's logits differ from {source}'s by {diff:.3g}; "
+                                 "nothing written")
+            provenance["max_logit_difference"] = diff
     return out_dir, diff
 
 

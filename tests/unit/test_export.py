@@ -7,9 +7,11 @@ import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
 from model.loading import load_model
+from model.model import MiniNormForCausalLM
 from trainer.run_dir import model_task
 from scripts.convert_to_llama import convert_to_llama, main
 
@@ -47,13 +49,26 @@ def test_exported_directory_is_complete(tiny_models, exported, tokenizer) -> Non
 
 
 def test_export_replaces_a_previous_one(tiny_models, tmp_path) -> None:
-    out = tmp_path / "llama"
-    out.mkdir()
-    (out / "config.json").write_text('{"model_type": "llama"}')  # what an earlier export left
+    out = convert_to_llama(tiny_models.pretrain, tmp_path / "llama", verify=False)
+    assert json.loads((out / "exported_from.json").read_text())["target"] == "llama"  # the marker it is known by
     (out / "stale.txt").write_text("old")
     assert main(["--model_path", str(tiny_models.pretrain), "--out_dir", str(out), "--no_verify"]) == 0
     assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"]
+
+
+def test_a_llama_checkpoint_from_elsewhere_is_not_replaced(tiny_models, exported, tmp_path, capsys) -> None:
+    """A real transformers Llama directory (here: an export without our marker, plus a model card and notes) has
+    the config.json of an export; its files are not ours to delete."""
+    foreign = tmp_path / "downloaded"
+    shutil.copytree(exported, foreign)
+    (foreign / "exported_from.json").unlink()
+    (foreign / "README.md").write_text("model card")
+    (foreign / "training_logs.txt").write_text("irreplaceable")
+    files = sorted(p.name for p in foreign.iterdir())
+    error = _refused(capsys, "--model_path", str(tiny_models.pretrain), "--out_dir", str(foreign))
+    assert str(foreign) in error and "exported_from.json" in error
+    assert sorted(p.name for p in foreign.iterdir()) == files and (foreign / "README.md").read_text() == "model card"
 
 
 def test_export_fills_an_empty_folder(tiny_models, tmp_path) -> None:
@@ -121,3 +136,116 @@ def test_post_ln_model_is_refused_naming_the_switch(tiny_models, tmp_path, capsy
     assert len(error.splitlines()) == 1
     assert "norm_placement='post'" in error and "pre-LN" in error
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------- a model directory loaded strictly
+def _drop_weight(key: str):
+    def edit(folder) -> None:
+        weights = load_file(folder / "model.safetensors")
+        del weights[key]
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return edit
+
+
+def _set_config(**fields):
+    def edit(folder) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return edit
+
+
+def _truncate(folder) -> None:
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:1000])
+
+
+def _untied_saying_tied(folder) -> None:
+    """An untied model's weights (its own lm_head.weight) under a config that says tied."""
+    model = MiniNormForCausalLM.from_pretrained(folder, tie_word_embeddings=False)
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    model.save_pretrained(folder)
+    _set_config(tie_word_embeddings=True)(folder)
+
+
+# (what is wrong, the edit of a copy of the tied tiny model, the export target that takes such a config, what the
+# one-line refusal names)
+MISMATCHES = [
+    ("missing_tensor", _drop_weight("model.norm.weight"), "llama",
+     ["missing model.norm.weight", "model.safetensors"]),
+    ("tied_saved_as_untied", _set_config(tie_word_embeddings=False), "llama", ["missing lm_head.weight"]),
+    ("untied_saved_as_tied", _untied_saying_tied, "llama", ["tie_word_embeddings=true", "lm_head.weight"]),
+    ("qk_norm", _set_config(qk_norm=True), "qwen3",
+     ["missing model.layers.0.self_attn.k_norm.weight", "and 1 more"]),
+    ("num_experts", _set_config(num_experts=2, qk_norm=True), "qwen3_moe",
+     ["missing model.layers.0.mlp.experts.0.down_proj.weight", "unexpected model.layers.0.mlp.down_proj.weight"]),
+    ("fewer_layers", _set_config(num_hidden_layers=1), "llama", ["unexpected model.layers.1.", "and 6 more"]),
+    ("more_layers", _set_config(num_hidden_layers=3), "llama", ["missing model.layers.2."]),
+    ("intermediate_size", _set_config(intermediate_size=64), "llama", ["of another shape model.layers.0.mlp."]),
+    ("truncated", _truncate, "llama", ["model.safetensors is not a readable safetensors file"]),
+]
+
+
+@pytest.mark.parametrize(("edit", "target", "named"), [case[1:] for case in MISMATCHES],
+                         ids=[case[0] for case in MISMATCHES])
+def test_weights_that_do_not_match_the_config_are_refused(tiny_models, tmp_path, capsys, edit, target,
+                                                          named) -> None:
+    """transformers loads such a directory with the missing weights initialised at random (and only logs it): the
+    chat, evaluation and server loader (load_model) and the export refuse it in one line naming the keys."""
+    model, _ = _copied_model(tiny_models, tmp_path / "model")
+    edit(model)
+    with pytest.raises(ValueError) as info:
+        load_model(model, device="cpu")
+    assert str(model) in str(info.value) and all(part in str(info.value) for part in named), info.value
+    error = _refused(capsys, "--model_path", str(model), "--out_dir", str(tmp_path / "out"), "--target", target)
+    assert str(model) in error and all(part in error for part in named), error
+    assert not (tmp_path / "out").exists()
+
+
+def _write(name: str, text: str):
+    return lambda folder: (folder / name).write_text(text)
+
+
+def _remove(*names: str):
+    def edit(folder) -> None:
+        for name in names:
+            (folder / name).unlink()
+    return edit
+
+
+# (what is wrong, the edit of a copy of the tiny model, what the one-line refusal names)
+BAD_INPUTS = [
+    ("norm_eps_string", _set_config(norm_eps="1e-6"), ["config.json", "norm_eps='1e-6'", "finite float > 0"]),
+    ("dropout_null", _set_config(dropout=None), ["config.json", "dropout=None", "[0, 1)"]),
+    ("pad_token_id_string", _set_config(pad_token_id="0"), ["config.json", "pad_token_id='0'", "token id"]),
+    ("intermediate_size_string", _set_config(intermediate_size="128"), ["intermediate_size='128'", "positive"]),
+    ("config_not_json", _write("config.json", "{"), ["config.json"]),
+    ("generation_config_not_json", _write("generation_config.json", "{"), ["generation_config.json"]),
+    ("generation_config_a_list", _write("generation_config.json", "[]"), ["generation_config.json"]),
+    ("tokenizer_garbage", _write("tokenizer.json", "{garbage"), ["tokenizer", "tokenizer.json"]),
+    ("tokenizer_missing", _remove("tokenizer.json", "tokenizer_config.json"), ["no tokenizer.json"]),
+]
+
+
+@pytest.mark.parametrize(("edit", "named"), [case[1:] for case in BAD_INPUTS], ids=[case[0] for case in BAD_INPUTS])
+def test_bad_input_is_one_line_naming_the_file(tiny_models, tmp_path, capsys, edit, named) -> None:
+    model, _ = _copied_model(tiny_models, tmp_path / "model")
+    edit(model)
+    error = _refused(capsys, "--model_path", str(model), "--out_dir", str(tmp_path / "llama"))
+    assert str(model) in error and all(part in error for part in named), error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing written, no staging folder left
+
+
+def test_an_out_dir_under_a_file_is_one_line(tiny_models, tmp_path, capsys) -> None:
+    (tmp_path / "file").write_text("keep me")
+    error = _refused(capsys, "--model_path", str(tiny_models.pretrain), "--out_dir", str(tmp_path / "file" / "x"))
+    assert f"{tmp_path / 'file'} is a file" in error and (tmp_path / "file").read_text() == "keep me"
+
+
+def test_logits_that_differ_are_one_line_and_nothing_written(tiny_models, tmp_path, capsys, monkeypatch) -> None:
+    import scripts.convert_to_llama as tool
+
+    monkeypatch.setattr(tool, "max_logit_difference", lambda *args, **kwargs: 0.5)
+    assert main(["--model_path", str(tiny_models.pretrain), "--out_dir", str(tmp_path / "llama")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "logits differ from ours by 0.5; nothing written" in error
+    assert list(tmp_path.iterdir()) == []

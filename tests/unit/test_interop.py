@@ -212,3 +212,89 @@ def test_a_folder_that_is_not_an_import_is_left_alone(tmp_path, capsys) -> None:
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert main(["--source", str(source), "--out_dir", str(tmp_path / "imported")]) == 0
     assert main(["--source", str(source), "--out_dir", str(tmp_path / "imported"), "--no_verify"]) == 0  # replaced
+
+
+# ---------------------------------------------------------------------- bad input: one line naming file and field
+def _set_config(**fields):
+    def edit(folder) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return edit
+
+
+def _drop_config(field: str):
+    def edit(folder) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        del config[field]
+        (folder / "config.json").write_text(json.dumps(config))
+    return edit
+
+
+def _write(name: str, content: object):
+    return lambda folder: (folder / name).write_text(content if isinstance(content, str) else json.dumps(content))
+
+
+def _truncate(folder) -> None:
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:1000])
+
+
+def _qwen3_labelled_llama(folder) -> None:
+    for file in folder.iterdir():
+        file.unlink()
+    save_checkpoint(hf_model("qwen3", tied=True), folder)
+    _set_config(model_type="llama")(folder)
+
+
+# (what is wrong, the edit of a copy of a tiny tied Llama checkpoint, what the one-line refusal names)
+BAD_SOURCES = [
+    *[(f"no_{field}", _drop_config(field), [f"config.json has no {field}"])
+      for field in ("num_attention_heads", "hidden_size", "vocab_size", "intermediate_size",
+                    "max_position_embeddings")],
+    ("zero_heads", _set_config(num_attention_heads=0), ["num_attention_heads=0", "positive integer"]),
+    ("string_heads", _set_config(num_attention_heads="4"), ["num_attention_heads='4'", "positive integer"]),
+    ("string_eps", _set_config(rms_norm_eps="1e-5"), ["norm_eps='1e-5'", "finite float > 0"]),
+    ("config_a_list", _write("config.json", "[]"), ["config.json is not a JSON object"]),
+    ("config_not_json", _write("config.json", "{"), ["config.json"]),
+    ("qwen3_labelled_llama", _qwen3_labelled_llama, ["unexpected model.layers.0.self_attn.k_norm.weight"]),
+    ("intermediate_size_disagrees", _set_config(intermediate_size=128),
+     ["of another shape model.layers.0.mlp.down_proj.weight", "[32, 64]", "[32, 128]"]),
+    ("truncated", _truncate, ["model.safetensors is not a readable safetensors file"]),
+    ("missing_shard", _write("model.safetensors.index.json", {"weight_map": {"a": "model-2.safetensors"}}),
+     ["model.safetensors.index.json", "model-2.safetensors", "missing"]),
+    ("index_without_weight_map", _write("model.safetensors.index.json", {"metadata": {}}),
+     ["model.safetensors.index.json has no weight_map"]),
+    ("shard_outside_the_folder", _write("model.safetensors.index.json", {"weight_map": {"a": "../../etc/passwd"}}),
+     ["'../../etc/passwd'", "not a file in that folder"]),
+    ("partial_rotary_factor", _set_config(rope_parameters={"rope_type": "default", "rope_theta": 5e4,
+                                                           "partial_rotary_factor": 0.5}),
+     ["partial_rotary_factor=0.5"]),
+    ("string_rope_parameters", _set_config(rope_parameters="default"), ["rope_parameters='default'", "object"]),
+]
+
+
+@pytest.mark.parametrize(("edit", "named"), [case[1:] for case in BAD_SOURCES], ids=[case[0] for case in BAD_SOURCES])
+def test_bad_input_is_one_line_naming_the_file_and_field(tmp_path, capsys, edit, named) -> None:
+    source = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
+    edit(source)
+    error = _refused(capsys, source, tmp_path / "imported")
+    assert str(source) in error and all(part in error for part in named), error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # nothing written, no staging folder left
+
+
+def test_an_out_dir_under_a_file_is_one_line(tmp_path, capsys) -> None:
+    source = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
+    (tmp_path / "file").write_text("keep me")
+    assert main(["--source", str(source), "--out_dir", str(tmp_path / "file" / "x")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and f"{tmp_path / 'file'} is a file" in error
+
+
+def test_saved_rope_inverse_frequencies_are_ignored_as_transformers_does(tmp_path) -> None:
+    """Older checkpoints saved each layer's rotary_emb.inv_freq; they follow from rope_theta."""
+    theirs = hf_model("llama", tied=True)
+    source = save_checkpoint(theirs, tmp_path / "hf")
+    weights = load_file(source / "model.safetensors")
+    weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    save_file(weights, source / "model.safetensors", metadata={"format": "pt"})
+    _, diff = import_checkpoint(source, tmp_path / "imported")
+    assert diff is not None and diff <= 1e-5

@@ -344,7 +344,7 @@ IN_PLACE_WRITERS = {
     ("trainer/sweep_dir.py", "_write_bytes"),                           # inside atomic_path
     ("scripts/convert_to_llama.py", "_patch_config_json"),              # the staging directory
     ("scripts/convert_to_llama.py", "_tokenizer_files"),                # the staging directory
-    ("scripts/import_checkpoint.py", "import_checkpoint"),              # the staging directory
+    ("model/export_dir.py", "staged_dir"),                              # the marker, in the staging directory
     ("scripts/sweep.py", "run_trial"),                                  # the trial's streamed log
     ("eval/benchmarks/bench_rollout.py", "engine_module_at"),           # a temp directory
     ("eval/benchmarks/bench_vs_minimind.py", "run_ours"),               # our trainer's streamed log

@@ -13,8 +13,10 @@ needs norm_topk_prob=True.
 The file is written with the `gguf` package (llama.cpp's own writer): the architecture's metadata, every tensor
 under llama.cpp's name, the byte-level BPE tokenizer as llama.cpp's `gpt2` model with the `gpt-2`
 pre-tokenizer (our split pattern is GPT-2's), eos `<|im_end|>`, no token added in front of a prompt, and the
-model's chat template (ChatML with tools and thinking) as tokenizer.chat_template. docs/gguf.md shows llama.cpp
-and Ollama using it.
+model's chat template (ChatML with tools and thinking) as tokenizer.chat_template. A tokenizer that splits text
+otherwise (an imported checkpoint's own pre-tokenizer or normalizer) is refused: llama.cpp would cut text where
+it does not. The file records its source under mininorm.source, and an existing --outfile is replaced only when
+it has that key (an earlier export by this tool). docs/gguf.md shows llama.cpp and Ollama using it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import json  # noqa: E402
 from typing import TYPE_CHECKING, Any, NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -34,10 +37,11 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig  # noqa: E402
 
 from dataset.atomic_io import atomic_path  # noqa: E402
+from model.export_dir import check_parents_are_folders  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import (NotLlamaCompatible, check_exportable, stacked_experts,  # noqa: E402
                                 to_llama_state_dict, to_target_config)
-from model.loading import config_model_type, load_model  # noqa: E402
+from model.loading import config_model_type, load_config, load_model  # noqa: E402
 from trainer.cli import ToolParser  # noqa: E402
 from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
@@ -48,6 +52,11 @@ if TYPE_CHECKING:
 INSTALL_HINT = "the GGUF export needs the gguf package: pip install -r requirements.txt (or pip install gguf==0.19.0)"
 OUT_TYPES = ("f32", "f16", "bf16", "q8_0")
 GGUF_MAGIC = b"GGUF"
+# The metadata key that marks a file this tool wrote (its value: the model directory): only such a file is replaced.
+SOURCE_KEY = "mininorm.source"
+# The only split llama.cpp's "gpt-2" pre-tokenizer computes: byte-level, GPT-2's regex, no prefix space
+# (tests/unit/test_gguf.py checks ours is exactly this). trim_offsets changes offsets, not the pieces.
+GPT2_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
 
 
 def _gguf():
@@ -63,14 +72,53 @@ def default_outfile(model_dir: Path, outtype: str) -> Path:
     return resolve_path(f"out/{model_dir.name}-{outtype}.gguf")
 
 
-def check_outfile(outfile: Path) -> None:
-    """Refuse to replace anything but an earlier GGUF file."""
+def _written_here(gguf: Any, path: Path) -> bool:
+    """Whether the GGUF file at `path` has SOURCE_KEY, i.e. this tool wrote it."""
+    try:
+        return SOURCE_KEY in gguf.GGUFReader(path).fields
+    except Exception:  # noqa: BLE001 -- a damaged file of any kind is not one to replace
+        return False
+
+
+def check_outfile(gguf: Any, outfile: Path) -> None:
+    """Refuse to replace anything but a GGUF file this tool wrote: one downloaded elsewhere is not ours to delete."""
+    check_parents_are_folders(outfile, "--outfile")
     if outfile.is_dir():
         raise ValueError(f"--outfile {outfile} is a folder; name the .gguf file to write")
     if outfile.exists():
         with open(outfile, "rb") as f:
             if f.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
                 raise ValueError(f"--outfile {outfile} exists and is not a GGUF file; not replacing it")
+        if not _written_here(gguf, outfile):
+            raise ValueError(f"--outfile {outfile} is a GGUF file this tool did not write (no {SOURCE_KEY} in its "
+                             "metadata); not replacing it: choose another name, or delete it yourself")
+
+
+def check_tokenizer(model_dir: Path) -> None:
+    """Refuse a tokenizer that llama.cpp's `gpt2` model with the `gpt-2` pre-tokenizer would not reproduce: another
+    split regex, a prefix space, a normalizer, or a model other than byte-level BPE."""
+    file = model_dir / "tokenizer.json"
+    try:
+        spec = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{file}: cannot read it ({error})") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{file}: not a tokenizer.json (a JSON object)")
+    pre, model = spec.get("pre_tokenizer"), spec.get("model")
+    shown = json.dumps(pre)
+    shown = shown if len(shown) <= 100 else shown[:100] + "..."
+    why = ("is not GPT-2's byte-level split (ByteLevel with use_regex=true, add_prefix_space=false), the only one "
+           "written as llama.cpp's 'gpt-2' pre-tokenizer; llama.cpp would cut text where this tokenizer does not")
+    if not isinstance(pre, dict) or {key: pre.get(key) for key in GPT2_PRE_TOKENIZER} != GPT2_PRE_TOKENIZER:
+        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: {file.name}'s pre_tokenizer {shown} {why}")
+    if spec.get("normalizer") is not None:
+        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: {file.name}'s normalizer "
+                                 f"{json.dumps(spec['normalizer'])[:100]} is not supported; llama.cpp's 'gpt2' "
+                                 "tokenizer does not normalize text")
+    if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("byte_fallback"):
+        kind = model.get("type") if isinstance(model, dict) else model
+        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: {file.name}'s model {kind!r} is not the "
+                                 "byte-level BPE that llama.cpp's 'gpt2' tokenizer is")
 
 
 def _check_llama_dir(config: LlamaConfig, model_dir: Path) -> None:
@@ -97,17 +145,20 @@ def load_llama_weights(model_dir: Path) -> tuple[LlamaConfig | Qwen3Config | Qwe
     float32 state dict under transformers' key names, experts stacked as llama.cpp holds them; tokenizer) of a
     MiniNorm model or a Llama export. The config is checked before any weight is loaded."""
     model_type = config_model_type(model_dir)
+    if model_type is None:
+        load_config(model_dir)  # names config.json and what is wrong with it
     if model_type == MiniNormConfig.model_type:
-        config = MiniNormConfig.from_pretrained(model_dir)
+        config = load_config(model_dir)
         architecture = "qwen3_moe" if config.is_moe else "qwen3" if config.qk_norm else "llama"
         check_exportable(config, model_dir, "GGUF", architecture=architecture)
         _check_moe(config, model_dir)
         target = to_target_config(config, architecture)
         _check_llama_dir(target, model_dir)  # the GGUF written here has plain RoPE
     elif model_type == "llama":
-        _check_llama_dir(LlamaConfig.from_pretrained(model_dir), model_dir)
+        _check_llama_dir(load_config(model_dir), model_dir)
     else:
         raise ValueError(f"{model_dir} is not a MiniNorm model or a Llama export (model_type={model_type!r})")
+    check_tokenizer(model_dir)
     model, tokenizer = load_model(model_dir, device="cpu", dtype="float32")
     if model_type == "llama":
         return model.config, dict(model.state_dict()), tokenizer
@@ -208,6 +259,7 @@ def write_gguf(gguf: Any, path: Path, name: str, model_dir: Path, config: LlamaC
     writer = gguf.GGUFWriter(path, arch=gguf.MODEL_ARCH_NAMES[gguf_arch(gguf, config)])
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
+    writer.add_string(SOURCE_KEY, str(model_dir))
     parameters = sum(int(np.prod(shape)) for shape in logical_shapes.values())
     writer.add_size_label(gguf.size_label(parameters, 0, 0, 0))  # "4.5M": a tied head is counted once
     writer.add_file_type(_file_type(gguf, outtype))
@@ -266,7 +318,7 @@ def convert_to_gguf(model_path: str | Path | None = None, outfile: str | Path | 
     gguf = _gguf()
     model_dir = locate_model(model_path)[0].resolve()
     out = (resolve_path(outfile) if outfile is not None else default_outfile(model_dir, outtype)).resolve()
-    check_outfile(out)
+    check_outfile(gguf, out)
     config, state, tokenizer = load_llama_weights(model_dir)
     tensors = gguf_tensors(gguf, config, state, outtype)
     with atomic_path(out) as staging:

@@ -4,6 +4,7 @@ tensors (the safetensors file, read on its own) and its tokenizer, under llama.c
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -203,3 +204,89 @@ def test_missing_gguf_package_is_a_one_line_install_hint(tiny_models, tmp_path, 
     monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
     error = _refused(capsys, "--model_path", str(tiny_models.pretrain), "--outfile", str(tmp_path / "x.gguf"))
     assert "pip install" in error and "gguf" in error
+
+
+def _copied_model(tiny_models, folder):
+    shutil.copytree(tiny_models.pretrain, folder)
+    return folder
+
+
+def _edit_tokenizer(**fields):
+    def edit(folder) -> None:
+        spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+        (folder / "tokenizer.json").write_text(json.dumps({**spec, **fields}), encoding="utf-8")
+    return edit
+
+
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+# (what differs from GPT-2's byte-level split, the tokenizer.json edit, what the refusal names)
+FOREIGN_TOKENIZERS = [
+    ("qwen2_split", _edit_tokenizer(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}),
+     "pre_tokenizer {\"type\": \"Sequence\""),
+    ("prefix_space", _edit_tokenizer(pre_tokenizer={"type": "ByteLevel", "add_prefix_space": True,
+                                                    "trim_offsets": True, "use_regex": True}),
+     "pre_tokenizer {\"type\": \"ByteLevel\", \"add_prefix_space\": true"),
+    ("nfc_normalizer", _edit_tokenizer(normalizer={"type": "NFC"}), "normalizer {\"type\": \"NFC\"}"),
+]
+
+
+@pytest.mark.parametrize(("edit", "named"), [case[1:] for case in FOREIGN_TOKENIZERS],
+                         ids=[case[0] for case in FOREIGN_TOKENIZERS])
+def test_a_tokenizer_llama_cpp_would_split_otherwise_is_refused(tiny_models, tmp_path, capsys, edit, named) -> None:
+    """The GGUF says pre='gpt-2': only a tokenizer that cuts text exactly as GPT-2's split does may be written so
+    (an imported checkpoint keeps its own pre-tokenizer)."""
+    model = _copied_model(tiny_models, tmp_path / "model")
+    edit(model)
+    error = _refused(capsys, "--model_path", str(model), "--outfile", str(tmp_path / "x.gguf"))
+    assert f"cannot convert {model} to GGUF: tokenizer.json's" in error and named in error, error
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_a_gguf_from_elsewhere_is_not_replaced(tiny_models, tmp_path, capsys) -> None:
+    import gguf
+
+    out = tmp_path / "downloaded.gguf"
+    writer = gguf.GGUFWriter(out, arch="llama")
+    writer.add_name("someone else's model")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    before = out.read_bytes()
+    error = _refused(capsys, "--model_path", str(tiny_models.pretrain), "--outfile", str(out))
+    assert "this tool did not write" in error and "mininorm.source" in error and out.read_bytes() == before
+
+
+def test_the_file_records_its_source(tiny_models, gguf_files) -> None:
+    assert _field(GGUFReader(gguf_files["f16"]), "mininorm.source") == str(tiny_models.pretrain.resolve())
+
+
+# (what is wrong, the edit of a copy of the tiny model, what the one-line refusal names)
+BAD_MODELS = [
+    ("missing_tensor", "missing model.norm.weight"),
+    ("truncated", "model.safetensors is not a readable safetensors file"),
+    ("outfile_under_a_file", "is a file, not a folder"),
+]
+
+
+@pytest.mark.parametrize(("case", "named"), BAD_MODELS, ids=[case[0] for case in BAD_MODELS])
+def test_bad_input_is_one_line(tiny_models, tmp_path, capsys, case, named) -> None:
+    from safetensors.torch import load_file as load_torch, save_file
+
+    model = _copied_model(tiny_models, tmp_path / "model")
+    weights = model / "model.safetensors"
+    out = tmp_path / "x.gguf"
+    if case == "missing_tensor":
+        tensors = load_torch(weights)
+        del tensors["model.norm.weight"]
+        save_file(tensors, weights, metadata={"format": "pt"})
+    elif case == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        out = model / "config.json" / "x.gguf"
+    error = _refused(capsys, "--model_path", str(model), "--outfile", str(out))
+    assert named in error and str(model) in error, error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -30,6 +30,8 @@ from typing import Any
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
+from dataset.json_text import check_json_value, check_text, read_json, read_json_field
+
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
@@ -118,12 +120,11 @@ CHATML_TEMPLATE = (
 
 # --------------------------------------------------------------------------- messages
 def _json_value(value: Any, field: str) -> Any:
-    """A field that may come as a JSON string (MiniMind's data) or as the value itself (OpenAI's requests)."""
+    """A field that may come as a JSON string (MiniMind's data), read by the project's strict reader, or as the
+    value itself (OpenAI's requests), held to the same rules (dataset/json_text.py); a ValueError naming the field."""
     if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError as error:
-            raise ValueError(f"{field} is not valid JSON ({getattr(error, 'msg', error)})") from None
+        return read_json_field(value, field)
+    check_json_value(value, field)
     return value
 
 
@@ -141,8 +142,22 @@ def parse_tools(value: Any, field: str = "tools") -> list[dict]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             raise ValueError(f'{field}[{i}] must be {{"type": "function", "function": {{"name": ...}}}}')
         parameters = function.get("parameters") or {}
+        where = f"{field}[{i}].function.parameters"
         if not isinstance(parameters, dict) or not isinstance(parameters.get("properties", {}), dict):
-            raise ValueError(f'{field}[{i}].function.parameters must be a JSON schema object with "properties"')
+            raise ValueError(f'{where} must be a JSON schema object with "properties"')
+        # What tools_text reads: each property a schema object, "required" a list of names (a string would be
+        # read as a substring test).
+        for name, prop in (parameters.get("properties") or {}).items():
+            if not isinstance(prop, dict):
+                raise ValueError(f"{where}.properties[{json.dumps(name, ensure_ascii=False)}] must be a JSON schema "
+                                 f"object, got {type(prop).__name__}")
+        required = parameters.get("required")
+        if required is not None and not isinstance(required, list):
+            raise ValueError(f"{where}.required must be a list of property names, got {type(required).__name__}")
+        for name in required or []:
+            if not isinstance(name, str):
+                raise ValueError(f"{where}.required must be a list of property names, got a list holding "
+                                 f"{type(name).__name__}")
         parsed.append({"type": "function", "function": function})
     return parsed
 
@@ -164,6 +179,7 @@ def parse_tool_calls(value: Any, field: str = "tool_calls") -> list[dict]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             raise ValueError(f'{field}[{i}] must be {{"name": ..., "arguments": {{...}}}} or OpenAI\'s '
                              f'{{"type": "function", "function": {{"name": ..., "arguments": ...}}}}')
+        check_text(function["name"], f"{field}[{i}].name")
         arguments = function.get("arguments")
         arguments = {} if arguments is None or arguments == "" else _json_value(arguments, f"{field}[{i}].arguments")
         if not isinstance(arguments, dict):
@@ -178,7 +194,7 @@ def _text_field(message: Mapping[str, Any], name: str, where: str) -> str:
         return ""
     if not isinstance(value, str):
         raise ValueError(f"{where}.{name} must be a string, got {type(value).__name__}")
-    return value
+    return check_text(value, f"{where}.{name}")  # a lone surrogate cannot be tokenized
 
 
 def normalize_messages(messages: Sequence[Mapping[str, Any]], field: str = "messages") -> list[dict]:
@@ -194,7 +210,8 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]], field: str = "mess
         if not isinstance(role, str) or not (content is None or isinstance(content, str)):
             raise ValueError(f"a message's role and content must be strings, got {type(role).__name__} and "
                              f"{type(content).__name__}")
-        out: dict[str, Any] = {"role": role, "content": content or ""}
+        out: dict[str, Any] = {"role": check_text(role, f"{where}.role"), "content": _text_field(message, "content",
+                                                                                                  where)}
         reasoning = _text_field(message, "reasoning_content", where)
         if reasoning:
             if role != "assistant":
@@ -470,55 +487,70 @@ class AssistantReply:
 
 
 def _read_call(text: str, tool_names: set[str] | None) -> dict | None:
+    """The call a model wrote between <tool_call> and </tool_call>, or None (it stays content): JSON the strict
+    reader refuses (a key given twice means whatever a reader picks), no name, arguments not an object, or a name
+    that is not offered. The name checked is the returned call's own, and it must be the one the model wrote at the
+    top: a nested "function" object naming another tool cannot slip past the check."""
     try:
-        value = json.loads(text)
+        value = read_json(text)
     except ValueError:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    if tool_names is not None and value["name"] not in tool_names:
-        return None
     try:
-        return parse_tool_calls([value])[0]
+        call = parse_tool_calls([value])[0]
     except ValueError:
         return None
+    if call["name"] != value["name"] or (tool_names is not None and call["name"] not in tool_names):
+        return None
+    return call
 
 
 def parse_assistant_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int],
-                        tool_names: Sequence[str] | None = None) -> AssistantReply:
+                        tool_names: Sequence[str] | None = None, unfinished: bool = False) -> AssistantReply:
     """Read a generated reply (the ids after the generation prompt, up to <|im_end|> if present) by its control
-    ids, never by text: a "<tool_call>" the model spelled in ordinary pieces is content. An opening <think> is
-    optional (with open_thinking off the prompt already holds the empty block); reasoning is what comes before
-    </think>, and a reply that opened <think> and never closed it (cut by its token budget) is all reasoning. Text
-    outside the calls is the content, stripped of the format's newlines."""
+    ids, never by text: a "<tool_call>" the model spelled in ordinary pieces is content.
+
+    A reply thinks only when its first token is <think> (the format's prompt never leaves a thought open: it holds
+    the closed empty block, or with open_thinking ends at the assistant's header, where the model writes <think>
+    itself); the thought ends at the first </think>, and a reply cut before it is all reasoning. Any other <think>
+    or </think> is a stray control token: content, shown as its text, as a stray <tool_call> is. So every prefix of
+    a reply reads as the start of the whole one (what lets a stream send reasoning and content as they come).
+
+    A call is a </tool_call> with the nearest <tool_call> before it; an opener with another opener before its
+    closer is stray, and stays content with its text. `unfinished`: the reply is still being generated, so an
+    opener with no closer after it yet (and what follows it) is left out: it may still become a call. Text outside
+    the calls is the content, stripped of the format's newlines; `tool_names`: the tools a call may name (None:
+    any)."""
     ids_of = {token: control_id(tokenizer, token) for token in CONTROL_TOKENS}
     ids = list(ids)
     if ids_of[IM_END] in ids:
         ids = ids[:ids.index(ids_of[IM_END])]
     decode = lambda part: tokenizer.decode(part, skip_special_tokens=False)  # noqa: E731
     reasoning = ""
-    if ids_of[THINK_END] in ids:
-        end = ids.index(ids_of[THINK_END])
-        thought = ids[1:end] if ids and ids[0] == ids_of[THINK] else ids[:end]
-        reasoning, ids = decode(thought).strip("\n"), ids[end + 1:]
-    elif ids and ids[0] == ids_of[THINK]:  # still thinking when it stopped
-        reasoning, ids = decode(ids[1:]).strip("\n"), []
+    if ids and ids[0] == ids_of[THINK]:
+        end = ids.index(ids_of[THINK_END]) if ids_of[THINK_END] in ids else len(ids)
+        reasoning, ids = decode(ids[1:end]).strip("\n"), ids[end + 1:]
     names = set(tool_names) if tool_names is not None else None
+    opener, closer = ids_of[TOOL_CALL], ids_of[TOOL_CALL_END]
     content: list[str] = []
     calls: list[dict] = []
     start = 0
     while start < len(ids):
-        if ids[start] == ids_of[TOOL_CALL] and ids_of[TOOL_CALL_END] in ids[start:]:
-            end = ids.index(ids_of[TOOL_CALL_END], start)
-            call = _read_call(decode(ids[start + 1:end]), names)
-            if call is None:
-                content.append(decode(ids[start:end + 1]))
-            else:
-                calls.append(call)
-            start = end + 1
-            continue
+        if ids[start] == opener:
+            after = next((i for i in range(start + 1, len(ids)) if ids[i] in (opener, closer)), None)
+            if after is not None and ids[after] == closer:
+                call = _read_call(decode(ids[start + 1:after]), names)
+                if call is None:
+                    content.append(decode(ids[start:after + 1]))
+                else:
+                    calls.append(call)
+                start = after + 1
+                continue
+            if after is None and unfinished:
+                break
         stop = start + 1
-        while stop < len(ids) and ids[stop] != ids_of[TOOL_CALL]:
+        while stop < len(ids) and ids[stop] != opener:
             stop += 1
         content.append(decode(ids[start:stop]))
         start = stop

@@ -1,14 +1,16 @@
 """The one place that reads MiniMind-format jsonl: one parser (Python's ``json``), line by line, into Arrow.
 
-Every line is parsed with Python's ``json`` and checked -- a bad one raises ``ValueError("data.jsonl:17: missing
-\\"text\\" field")`` unless ``skip_bad_lines`` -- and the checked records (only the needed fields) are written,
-batch by batch, straight into an Arrow file in the cache, which the dataset memory-maps. Nothing parses the file a
-second time: ``datasets.load_dataset("json")`` (pyarrow's JSON reader) once read lines the check had passed
-differently (a duplicate key stored every text of the file with its quotes; a lone surrogate or a form-feed line
-ended in a DatasetGenerationError), and it inferred one schema from the first 10 MB. A line means what Python's
-``json`` reads, except what JSON leaves open or the model cannot use, which is a bad line: a duplicate key (in any
-object of the line), a lone surrogate in a kept string, nesting deeper than Python's ``json`` reads. A blank line
-(JSON whitespace only: space, tab, carriage return) is not a record; any other line is one JSON value.
+Every line is parsed with Python's ``json`` (through the project's strict reader, dataset/json_text.py) and
+checked -- a bad one raises ``ValueError("data.jsonl:17: missing \\"text\\" field")`` unless ``skip_bad_lines`` --
+and the checked records (only the needed fields) are written, batch by batch, straight into an Arrow file in the
+cache, which the dataset memory-maps. Nothing parses the file a second time: ``datasets.load_dataset("json")``
+(pyarrow's JSON reader) once read lines the check had passed differently (a duplicate key stored every text of the
+file with its quotes; a lone surrogate or a form-feed line ended in a DatasetGenerationError), and it inferred one
+schema from the first 10 MB. A line means what Python's ``json`` reads, except what JSON leaves open or the model
+cannot use, which is a bad line: a duplicate key (in any object of the line, or of a tool_calls / tools string), a
+lone surrogate in a kept string (a tool_calls or tools string included), nesting deeper than the reader's
+MAX_DEPTH (100 levels), an integer longer than its MAX_INT_DIGITS. A blank line (JSON whitespace only: space,
+tab, carriage return) is not a record; any other line is one JSON value.
 
 The Arrow file and the counts are cached by (path, size, mtime), so a second run reads neither the file nor
 the counts again, and the ``map`` built on the Arrow file keeps its own cache.
@@ -30,15 +32,13 @@ from datasets import Features, List, Value
 
 from dataset.atomic_io import atomic_path, atomic_write_text
 from dataset.chat_format import normalize_messages
+from dataset.json_text import JsonTextError, check_text, read_json
 
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 3  # bump when validation or the cached Arrow layout change
+SCAN_VERSION = 4  # bump when validation or the cached Arrow layout change
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
-# Deeper lines are bad: Python's json stops near the recursion limit, which its caller may have raised, so a fixed
-# bound keeps one answer per line.
-MAX_DEPTH = 100
 BATCH_RECORDS, BATCH_BYTES = 1000, 32 << 20  # an Arrow record batch holds at most this many records / line bytes
 
 # A message's tool calls and a system message's tools are kept as canonical JSON strings ("" when absent), the form
@@ -66,50 +66,16 @@ class JsonlScan:
     skipped_lines: int
 
 
-def _object(pairs: list[tuple[str, object]]) -> dict:
-    """``json``'s object hook: a key given twice means whatever a reader picks (Python the last value, others the
-    first or an error), so it is a bad line rather than a guess."""
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise BadLine(f"duplicate key {json.dumps(duplicate)}")
-    return obj
-
-
 def _parse_line(raw: bytes) -> object:
-    """The JSON value of one non-blank line, as Python's ``json`` reads it; anything else is a BadLine."""
+    """The JSON value of one non-blank line, by the project's strict reader (dataset/json_text.py: a duplicate key
+    in any object, nesting deeper than its MAX_DEPTH, an integer too long are bad lines); a lone surrogate is
+    checked in the kept strings only (``_string``), naming the field. Anything else is a BadLine."""
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=_object)
-    except BadLine:
-        raise
+        return read_json(raw.decode("utf-8"), surrogates=False)
     except UnicodeDecodeError as e:
         raise BadLine(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise BadLine(f"invalid JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
-    except RecursionError:
-        raise BadLine(TOO_DEEP) from None
-    except ValueError as e:  # a number json cannot convert, e.g. an integer of more than 4300 digits
-        raise BadLine(f"invalid JSON ({e})") from None
-
-
-TOO_DEEP = f"nested too deeply (more than {MAX_DEPTH} levels of arrays and objects)"
-
-
-def _check_depth(raw: bytes, value: object) -> None:
-    """Raise BadLine when `value` nests deeper than MAX_DEPTH (walked without recursion, and only when the line
-    holds enough brackets to be that deep)."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
-        return
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        for child in children:
-            if isinstance(child, (dict, list)):
-                if depth + 1 > MAX_DEPTH:
-                    raise BadLine(TOO_DEEP)
-                stack.append((child, depth + 1))
+    except JsonTextError as e:
+        raise BadLine(str(e)) from None
 
 
 def _string(value: object, where: str) -> str:
@@ -117,13 +83,10 @@ def _string(value: object, where: str) -> str:
     tokenized."""
     if not isinstance(value, str):
         raise BadLine(f"{where} must be a string, got {type(value).__name__}")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise BadLine(f"{where} holds a lone surrogate (U+{ord(value[e.start]):04X} at character {e.start}), "
-                          f"which is not text") from None
-    return value
+    try:
+        return check_text(value, where)
+    except ValueError as e:
+        raise BadLine(str(e)) from None
 
 
 def _check_text(obj: object) -> dict:
@@ -209,9 +172,7 @@ def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> 
             if not raw.strip(JSON_WHITESPACE):
                 continue  # blank lines (a trailing newline, say) are not records
             try:
-                value = _parse_line(raw)
-                _check_depth(raw, value)
-                record = check(value)
+                record = check(_parse_line(raw))
             except BadLine as e:
                 if not skip_bad_lines:
                     raise ValueError(f"{path}:{line_number}: {e}") from None

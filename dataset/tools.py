@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+from dataset.json_text import check_json_value, read_json_field
 from dataset.sources import WikiArticle, read_wikipedia
 from dataset.wiki_qa import split_sentences
 
@@ -582,12 +583,15 @@ def check_arguments(name: str, arguments: Mapping[str, Any]) -> None:
 
 
 def parse_arguments(arguments: Mapping[str, Any] | str) -> Mapping[str, Any]:
-    """A call's arguments as a mapping: OpenAI sends them as a JSON string, MiniMind's data as an object."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as error:
-            raise ToolError(f"arguments are not valid JSON ({error.msg} at character {error.pos})") from None
+    """A call's arguments as a mapping: OpenAI sends them as a JSON string, MiniMind's data as an object. Either
+    way they follow the project's strict JSON rules (dataset/json_text.py); ToolError names what is wrong."""
+    try:
+        if isinstance(arguments, str):
+            arguments = read_json_field(arguments, "arguments") if arguments.strip() else {}
+        elif isinstance(arguments, Mapping):
+            check_json_value(arguments, "arguments")  # no lone surrogate may reach a tool (or its result)
+    except ValueError as error:
+        raise ToolError(str(error)) from None
     if not isinstance(arguments, Mapping):
         raise ToolError(f"arguments must be a JSON object, got {type(arguments).__name__}")
     return arguments

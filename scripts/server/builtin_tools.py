@@ -77,7 +77,7 @@ def parse_run_request(body: bytes, offered: OfferedTools) -> tuple[str, Any]:
     try:
         arguments = parse_arguments(data.get("arguments", {}))
     except ToolError as error:
-        raise APIError(400, f"arguments: {error}", param="arguments") from None
+        raise APIError(400, str(error), param="arguments") from None  # it names the arguments itself
     return name, arguments
 
 

@@ -42,7 +42,9 @@ def prompt_ids(request: ChatRequest, served: ServedModel) -> tuple[list[int], Re
                             f"for the prompt and the answer together", param="messages",
                        code="context_length_exceeded")
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    reader = ReplyReader(served.tokenizer, [t["function"]["name"] for t in tools], prefix, stop,
+    # A named tool_choice allows that tool only: a reply that names another (say by a key given twice) is no call.
+    names = [forced] if forced else [t["function"]["name"] for t in tools]
+    reader = ReplyReader(served.tokenizer, names, prefix, stop,
                          request.parallel_tool_calls is not False) if served.use_template else None
     return ids, reader
 

@@ -9,8 +9,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from dataset.chat_format import (THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, control_id, encode_text,
-                                 parse_assistant_ids)
+from dataset.chat_format import TOOL_CALL, control_id, encode_text, parse_assistant_ids
 
 FINISH_TOOL_CALLS = "tool_calls"
 UNFINISHED_CHARACTER = "\ufffd"  # what decoding shows for the first bytes of a character still being generated
@@ -33,23 +32,23 @@ def forced_call_prefix(tokenizer: Any, tool_name: str | None) -> list[int]:
 
 class ReplyReader:
     """Reads one completion's generated ids (after `prefix`, the part of the reply the prompt imposed) with the
-    request's tools; `stop` strings cut the content where the first one begins, as they cut plain text."""
+    tools a call may name (`tool_names`: under a named tool_choice, that tool only -- the imposed prefix names it,
+    and the model's text after it must not rename it); `stop` strings cut the content where the first one begins,
+    as they cut plain text."""
 
     def __init__(self, tokenizer: Any, tool_names: Sequence[str], prefix: Sequence[int] = (),
                  stop: Sequence[str] = (), parallel_tool_calls: bool = True) -> None:
         self.tokenizer, self.tool_names, self.prefix = tokenizer, list(tool_names), list(prefix)
         self.stop, self.parallel = tuple(s for s in stop if s), parallel_tool_calls
-        self.think, self.think_end = control_id(tokenizer, THINK), control_id(tokenizer, THINK_END)
-        self.tool_call, self.tool_call_end = control_id(tokenizer, TOOL_CALL), control_id(tokenizer, TOOL_CALL_END)
         self._ids: dict[int, str] = {}  # a call's id, by its place in the reply, the same in every chunk
 
     def fields(self, generated: Sequence[int]) -> tuple[str, str, list[dict]]:
         """content, reasoning_content and the calls ([{"name", "arguments": dict}]) of the whole reply."""
         return self.read(self.prefix + list(generated))
 
-    def read(self, ids: Sequence[int]) -> tuple[str, str, list[dict]]:
-        """fields() for the reply's ids, the imposed prefix included."""
-        reply = parse_assistant_ids(self.tokenizer, ids, self.tool_names)
+    def read(self, ids: Sequence[int], unfinished: bool = False) -> tuple[str, str, list[dict]]:
+        """fields() for the reply's ids, the imposed prefix included (`unfinished`: parse_assistant_ids's)."""
+        reply = parse_assistant_ids(self.tokenizer, ids, self.tool_names, unfinished)
         content = reply.content
         for stop in self.stop:
             content = content.split(stop, 1)[0]
@@ -82,20 +81,17 @@ class DeltaStream:
     """The deltas of a streamed reply: reasoning_content, content and whole tool calls, each sent once, so that
     the deltas joined are the message ReplyReader.message gives for the final ids. While the reply is unfinished,
     what may still change is held back: an unclosed call, a character still being generated, the format's
-    trailing newlines and the end of the content where a stop string may begin. A think block still open reads as
-    reasoning (parse_assistant_ids), so a thought streams as it is generated."""
+    trailing newlines and the end of the content where a stop string may begin. What is a thought, a call or
+    content is parse_assistant_ids's rule alone (an unclosed call is its `unfinished` reading): a think block still
+    open reads as reasoning, so a thought streams as it is generated, and every prefix reads as the start of the
+    whole reply."""
 
     def __init__(self, reader: ReplyReader) -> None:
         self.reader = reader
         self.reasoning, self.content, self.calls = "", "", 0
 
     def _partial(self, generated: list[int]) -> tuple[str, str, list[dict]]:
-        ids = self.reader.prefix + generated
-        if self.reader.tool_call in ids:  # an unclosed call may yet become a call or content: leave it out
-            last = len(ids) - 1 - ids[::-1].index(self.reader.tool_call)
-            if self.reader.tool_call_end not in ids[last:]:
-                ids = ids[:last]
-        content, reasoning, calls = self.reader.read(ids)
+        content, reasoning, calls = self.reader.read(self.reader.prefix + generated, unfinished=True)
         hold = max((len(s) - 1 for s in self.reader.stop), default=0)
         content = content.rstrip(UNFINISHED_CHARACTER)
         return content[:len(content) - hold] if hold else content, reasoning.rstrip(UNFINISHED_CHARACTER), calls

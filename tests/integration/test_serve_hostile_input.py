@@ -106,6 +106,34 @@ HOSTILE.update({
 })
 
 
+def offering(parameters) -> bytes:
+    return with_fields(tools=[{"type": "function", "function": {"name": "f", "parameters": parameters}}])
+
+
+# JSON inside a field's string, which the body's own checks cannot see, and tool schemas tools_text cannot read: a
+# 400 naming the field (each was a 500).
+HOSTILE.update({
+    "call arguments with an integer of 5000 digits": (
+        with_fields(messages=calling('{"title": ' + "1" * 5000 + "}")),
+        "messages[1].tool_calls[0].arguments is not valid JSON (an integer of more than 4300 digits)"),
+    "call arguments nested 5000 deep": (with_fields(messages=calling("[" * 5000)),
+                                        "messages[1].tool_calls[0].arguments is nested too deeply"),
+    "call arguments with a key twice": (with_fields(messages=calling('{"title": "a", "title": "b"}')),
+                                        'messages[1].tool_calls[0].arguments has a duplicate key "title"'),
+    "call arguments with a lone surrogate": (with_fields(messages=calling('{"title": "\\ud800"}')),
+                                             'messages[1].tool_calls[0].arguments["title"] holds a lone surrogate'),
+    "call arguments with a lone surrogate in a key": (with_fields(messages=calling('{"\\udc00": 1}')),
+                                                      "messages[1].tool_calls[0].arguments holds a lone surrogate"),
+    "a property that is not a schema": (offering({"properties": {"x": "string"}}),
+                                        'tools[0].function.parameters.properties["x"] must be a JSON schema object'),
+    "a property that is null": (offering({"properties": {"x": None}}), 'properties["x"] must be a JSON schema'),
+    "required a number": (offering({"properties": {"x": {"type": "string"}}, "required": 5}),
+                          "tools[0].function.parameters.required must be a list of property names, got int"),
+    "required a string": (offering({"properties": {"x": {}, "y": {}}, "required": "xy"}),
+                          "required must be a list of property names, got str"),
+})
+
+
 @pytest.mark.parametrize(("body", "phrase"), HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_values_get_openai_style_400s(server, body, phrase) -> None:
     for stream in (False, True):

@@ -75,6 +75,13 @@ def test_a_call_the_tool_refuses_is_answered_with_its_error_text(server, argumen
     ({"name": "calculator", "arguments": None}, "arguments", "must be a JSON object"),
     ({"name": "calculator", "args": {}}, "args", "unknown field; the fields are name and arguments"),
     (b"{not json", None, "not valid JSON"),
+    ({"name": "calculator", "arguments": '{"expression": ' + "1" * 5000 + "}"}, "arguments",
+     "arguments is not valid JSON (an integer of more than 4300 digits)"),
+    ({"name": "calculator", "arguments": "[" * 50000 + "]" * 50000}, "arguments", "arguments is nested too deeply"),
+    ({"name": "wiki", "arguments": '{"title": "Paris", "title": "Rome"}'}, "arguments",
+     'arguments has a duplicate key "title"'),
+    ({"name": "wiki", "arguments": '{"title": "Paris\\ud800"}'}, "arguments",
+     'arguments["title"] holds a lone surrogate (U+D800 at character 5)'),
     (b"[]", None, "must be a JSON object"),
 ])
 def test_a_request_that_cannot_run_is_a_one_line_400(server, body, param, words) -> None:

@@ -215,3 +215,95 @@ def test_sampled_requests_spell_their_calls_greedily(client, choice) -> None:
         calls += [{"name": call.function.name, "arguments": json.loads(call.function.arguments)}
                   for call in response.choices[0].message.tool_calls or []]
     assert len(calls) >= (12 if choice else 6) and all(call == CALL for call in calls)
+
+
+# --------------------------------------------------------------------------- the reply reader, without a model
+def _ids(tokenizer, *pieces) -> list[int]:
+    """Ids from pieces: a str is text, a control token's name (dataset.chat_format's constants) is its id."""
+    from dataset.chat_format import CONTROL_TOKENS, control_id, encode_text
+
+    return [i for p in pieces for i in ([control_id(tokenizer, p)] if p in CONTROL_TOKENS
+                                        else encode_text(tokenizer, p))]
+
+
+def _joined_stream(reader, ids: list[int]) -> dict:
+    """The deltas of a DeltaStream fed `ids` one more at a time, then final, joined into a message."""
+    from scripts.server.replies import DeltaStream
+
+    stream = DeltaStream(reader)
+    joined = {"content": "", "reasoning_content": "", "tool_calls": []}
+    deltas = [d for n in range(1, len(ids) + 1) for d in stream.deltas(ids[:n])] + stream.deltas(ids, final=True)
+    for delta in deltas:
+        for key, value in delta.items():
+            joined[key] += [(c["function"]["name"], c["function"]["arguments"]) for c in value] \
+                if key == "tool_calls" else value
+    return joined
+
+
+GOOD = ("<tool_call>", '{"name": "wiki", "arguments": {"title": "X"}}', "</tool_call>")
+REPLIES = {  # (pieces, stop strings)
+    "a stray </think> mid-reply (the fuzzer's)": (("Hello there ", "</think>", "World"), ()),
+    "plain": (("Hello there, world",), ()),
+    "a call after words": (("Let me see.\n", *GOOD), ()),
+    "a stray opener, then a call": (("<tool_call>", '{"name": "wi', *GOOD, " after"), ()),
+    "a stray opener, words, a call, a stray opener": (("<tool_call>", "oops ", *GOOD, "<tool_call>", "tail"), ()),
+    "a thought, then an answer": (("<think>", "\nthinking a lot\n", "</think>", "\n\nanswer"), ()),
+    "a thought cut short": (("<think>", "\nstill thinking", "<tool_call>", '{"name"'), ()),
+    "a thought holding an unclosed call, then a call": (("<think>", "a", "<tool_call>", "b", "</think>", "c",
+                                                         *GOOD), ()),
+    "two closers": (("<think>", "a", "</think>", "b", "</think>", "c"), ()),
+    "words, then a thought's tags": (("pre", "<think>", "x", "</think>", "post"), ()),
+    "a closer before an opener": (("</tool_call>", *GOOD, "</think>", "</tool_call>"), ()),
+    "a call not offered": (("x ", "<tool_call>", '{"name": "calculator", "arguments": {}}', "</tool_call>", " y"),
+                           ()),
+    "a stop string": (("Hello STOP world",), ("STOP",)),
+    "a stop string across a call": (("abc ST", *GOOD, "OP d"), ("STOP",)),
+    "newlines around a call": (("abc\n\n", *GOOD, "\n\ndef", "<|im_end|>"), ()),
+    "characters of several tokens": (("I like 🙂🙂 and 中文 </think>",), ()),
+}
+
+
+@pytest.mark.parametrize(("pieces", "stop"), REPLIES.values(), ids=REPLIES.keys())
+def test_a_streamed_reply_joins_into_the_whole_reply(tokenizer, pieces, stop) -> None:
+    """Whatever the ids, the deltas sent as they come (reasoning, content, calls) join into the message read from
+    the whole reply: one rule (parse_assistant_ids) says what a thought, a call and content are."""
+    from scripts.server.replies import ReplyReader
+
+    ids = _ids(tokenizer, *pieces)
+    whole_message = ReplyReader(tokenizer, ["wiki"], stop=stop).message(ids)
+    reader = ReplyReader(tokenizer, ["wiki"], stop=stop)
+    assert _joined_stream(reader, ids) == {
+        "content": whole_message["content"] or "", "reasoning_content": whole_message.get("reasoning_content", ""),
+        "tool_calls": [(c["function"]["name"], c["function"]["arguments"])
+                       for c in whole_message.get("tool_calls", [])]}
+
+
+def test_a_stray_think_end_is_content_streamed_or_not(tokenizer) -> None:
+    from scripts.server.replies import ReplyReader
+
+    ids = _ids(tokenizer, "Hello there ", "</think>", "World")
+    assert ReplyReader(tokenizer, []).message(ids) == {"content": "Hello there </think>World"}
+    assert _joined_stream(ReplyReader(tokenizer, []), ids) == {
+        "content": "Hello there </think>World", "reasoning_content": "", "tool_calls": []}
+
+
+@pytest.mark.parametrize("text", [' {"title": "Paris"}, "name": "wiki"}',
+                                  ' {}, "function": {"name": "wiki", "arguments": {"title": "Paris"}}}'])
+def test_a_named_tool_choice_cannot_be_renamed_by_the_reply(tokenizer, text) -> None:
+    """tool_choice names calculator: the prompt ends with the call's start, naming it; a reply that goes on to name
+    wiki (a key given twice, a nested function object) is no call, though wiki is offered."""
+    from types import SimpleNamespace
+
+    from scripts.server.completion import prompt_ids
+    from scripts.server.protocol import parse_chat_request
+
+    calculator = {"type": "function", "function": {"name": "calculator", "parameters": {
+        "type": "object", "properties": {"expression": {"type": "string"}}}}}
+    request = parse_chat_request(json.dumps({"messages": ASK, "tools": [WIKI, calculator], "tool_choice": {
+        "type": "function", "function": {"name": "calculator"}}}).encode())
+    served = SimpleNamespace(tokenizer=tokenizer, use_template=True, max_context=4096)
+    _, reader = prompt_ids(request, served)
+    message = reader.message(_ids(tokenizer, text, "</tool_call>", "<|im_end|>"))
+    assert "tool_calls" not in message and message["content"].startswith('<tool_call>{"name": "calculator"')
+    good = reader.message(_ids(tokenizer, ' {"expression": "1+1"}}', "</tool_call>"))
+    assert [c["function"]["name"] for c in good["tool_calls"]] == ["calculator"]

@@ -279,3 +279,111 @@ def test_a_reply_cut_inside_its_thought_is_all_reasoning(tokenizer):
     assert (reply.content, reply.tool_calls) == ("", [])
     assert reply.reasoning_content == 'I should look X up: <tool_call>{"name": "wiki", "arguments": {"title": "X"}}' \
                                       '</tool_call> then'
+
+
+# --------------------------------------------------------------------------- hostile text fields and replies
+DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("tool_calls", [{"name": "f", "arguments": DEEP}],
+     r"messages\[1\].tool_calls\[0\].arguments is nested too deeply \(more than 100 levels"),
+    ("tool_calls", DEEP, r"messages\[1\].tool_calls is nested too deeply"),
+    ("tool_calls", [{"name": "f", "arguments": '{"x": ' + "1" * 5000 + "}"}],
+     r"messages\[1\].tool_calls\[0\].arguments is not valid JSON \(an integer of more than 4300 digits"),
+    ("tool_calls", [{"name": "f", "arguments": '{"x": 1, "x": 2}'}],
+     r'messages\[1\].tool_calls\[0\].arguments has a duplicate key "x"'),
+    ("tool_calls", [{"name": "f", "arguments": '{"x": ["\\ud800"]}'}],
+     r'messages\[1\].tool_calls\[0\].arguments\["x"\]\[0\] holds a lone surrogate \(U\+D800 at character 0\)'),
+    ("tool_calls", [{"name": "f", "arguments": '{"\\udc00": 1}'}],
+     r"messages\[1\].tool_calls\[0\].arguments holds a lone surrogate \(U\+DC00 at character 0\) in a key"),
+    ("tool_calls", [{"name": "f", "arguments": {"x": "a\ud800"}}],
+     r'messages\[1\].tool_calls\[0\]\["arguments"\]\["x"\] holds a lone surrogate \(U\+D800 at character 1\)'),
+    ("content", "a\udfffb", r"messages\[1\].content holds a lone surrogate \(U\+DFFF at character 1\)"),
+    ("reasoning_content", "\ud800", r"messages\[1\].reasoning_content holds a lone surrogate"),
+])
+def test_hostile_json_in_a_field_is_refused_in_one_line(tokenizer, field, value, error):
+    """Deep nesting, a huge integer, a duplicate key or a lone surrogate inside a field's JSON string (or its
+    text) is a ValueError naming the field -- never a RecursionError, an AttributeError or the tokenizer's
+    TypeError."""
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", field: value}]
+    for encode in (lambda: render_chatml(messages), lambda: encode_chatml(tokenizer, messages)):
+        with pytest.raises(ValueError, match=error) as caught:
+            encode()
+        assert "\n" not in str(caught.value)
+
+
+def test_hostile_tools_json_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"messages\[0\].tools is nested too deeply"):
+        render_chatml([{"role": "system", "content": "s", "tools": DEEP}, {"role": "user", "content": "q"}])
+    with pytest.raises(ValueError, match=r'tools\[0\]\["description"\] holds a lone surrogate'):
+        render_chatml([{"role": "user", "content": "q"}], tools=[{"name": "f", "description": "\ud800"}])
+
+
+@pytest.mark.parametrize("parameters, error", [
+    ({"properties": {"x": "string"}},
+     r'tools\[0\].function.parameters.properties\["x"\] must be a JSON schema object, got str'),
+    ({"properties": {"x": None}}, r'properties\["x"\] must be a JSON schema object, got NoneType'),
+    ({"properties": {"x": ["string"]}}, r'properties\["x"\] must be a JSON schema object, got list'),
+    ({"properties": {"x": {}}, "required": 5},
+     r"tools\[0\].function.parameters.required must be a list of property names, got int"),
+    ({"properties": {"x": {}, "y": {}}, "required": "xy"}, r"required must be a list of property names, got str"),
+    ({"properties": {"x": {}}, "required": ["x", 3]},
+     r"required must be a list of property names, got a list holding int"),
+])
+def test_a_tool_schema_is_checked_before_it_is_rendered(parameters, error):
+    with pytest.raises(ValueError, match=error):
+        render_chatml([{"role": "user", "content": "q"}],
+                      tools=[{"type": "function", "function": {"name": "f", "parameters": parameters}}])
+
+
+def _call(tokenizer, text: str) -> list[int]:
+    return [TOOL_CALL, *encode_text(tokenizer, text), TOOL_CALL_END]
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 1000,
+    '{"name": "calculator", "arguments": {"a": ' + "[" * 1000 + "]" * 1000 + "}}",
+    '{"name": "calculator", "arguments": "' + "[" * 1000 + '"}',
+    '{"name": "calculator", "arguments": {"x": ' + "9" * 5000 + "}}",
+    '{"name": "calculator", "arguments": {"x": "\\ud800"}}',
+    # the name checked is the name of the call returned: a nested function object cannot call another tool
+    '{"name": "calculator", "function": {"name": "shell", "arguments": {"cmd": "rm -rf /"}}}',
+    # a key given twice means whatever a reader picks: not a call
+    '{"name": "calculator", "arguments": {}, "name": "wiki"}',
+    '{"name": "calculator", "arguments": {"expression": "1", "expression": "2"}}',
+])
+def test_an_unreadable_or_ambiguous_call_stays_content(tokenizer, text):
+    from dataset.chat_format import parse_assistant_ids
+
+    reply = parse_assistant_ids(tokenizer, _call(tokenizer, text), tool_names=["calculator", "wiki"])
+    assert reply.tool_calls == [] and reply.content == f"<tool_call>{text}</tool_call>"
+
+
+def test_a_closer_pairs_with_the_nearest_opener_before_it(tokenizer):
+    """A stray <tool_call> (and its text) stays content; the well-formed call after it is still a call."""
+    from dataset.chat_format import parse_assistant_ids
+
+    good = '{"name": "calculator", "arguments": {"expression": "1+1"}}'
+    stray = [TOOL_CALL, *encode_text(tokenizer, "oops ")]
+    reply = parse_assistant_ids(tokenizer, stray + _call(tokenizer, good), tool_names=["calculator"])
+    assert reply.tool_calls == [{"name": "calculator", "arguments": {"expression": "1+1"}}]
+    assert reply.content == "<tool_call>oops "
+    reply = parse_assistant_ids(tokenizer, [*stray, *stray, *_call(tokenizer, good), *stray], ["calculator"])
+    assert len(reply.tool_calls) == 1 and reply.content == "<tool_call>oops <tool_call>oops <tool_call>oops "
+
+
+@pytest.mark.parametrize("pieces, reasoning, content", [
+    # a reply thinks only when its first token is <think>: a later </think> is a stray tag, shown as text
+    (["Hello there ", THINK_END, "World"], "", "Hello there </think>World"),
+    (["pre", THINK, "x", THINK_END, "post"], "", "pre<think>x</think>post"),
+    ([THINK, "a", THINK_END, "b", THINK_END, "c"], "a", "b</think>c"),
+    ([THINK, "\nR\n", THINK_END, "\n\nok", THINK, "more"], "R", "ok<think>more"),
+    ([THINK_END, "x"], "", "</think>x"),
+])
+def test_a_thought_is_only_the_block_the_reply_opens_with(tokenizer, pieces, reasoning, content):
+    from dataset.chat_format import parse_assistant_ids
+
+    ids = [i for p in pieces for i in ([p] if isinstance(p, int) else encode_text(tokenizer, p))]
+    reply = parse_assistant_ids(tokenizer, ids, tool_names=[])
+    assert (reply.reasoning_content, reply.content) == (reasoning, content)

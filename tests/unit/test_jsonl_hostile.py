@@ -105,3 +105,36 @@ def test_second_load_reads_the_cache(tmp_path, cache, tokenizer, monkeypatch):
     assert second._tokens.cache_files == first._tokens.cache_files
     assert [second[i]["input_ids"].tolist() for i in range(len(second))] == \
         [first[i]["input_ids"].tolist() for i in range(len(first))]
+
+
+def _calling(tool_calls: str) -> dict:
+    return {"conversations": [{"role": "user", "content": "q"},
+                              {"role": "assistant", "content": None, "tool_calls": tool_calls}]}
+
+
+# MiniMind's JSON-string fields hold JSON of their own, read by the same strict reader as the line: (line, reason).
+HOSTILE_STRINGS = {
+    "tool_calls nested 5000 deep": (_calling("[" * 5000 + "]" * 5000),
+                                    "conversations[1].tool_calls is nested too deeply (more than 100 levels"),
+    "tools nested 5000 deep": ({"conversations": [{"role": "system", "content": "s", "tools": "[" * 5000},
+                                                  {"role": "user", "content": "q"}]},
+                               "conversations[0].tools is nested too deeply"),
+    "arguments nested 5000 deep": (_calling('[{"name": "f", "arguments": "' + "[" * 5000 + '"}]'),
+                                   "conversations[1].tool_calls[0].arguments is nested too deeply"),
+    "a lone surrogate in the arguments": (_calling('[{"name": "f", "arguments": {"x": "\\ud800"}}]'),
+                                          'conversations[1].tool_calls[0]["arguments"]["x"] holds a lone surrogate'),
+    "a key twice in the calls": (_calling('[{"name": "f", "name": "g", "arguments": {}}]'),
+                                 'conversations[1].tool_calls has a duplicate key "name"'),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_STRINGS)
+def test_hostile_json_strings_are_one_line_errors_or_skipped(tmp_path, cache, tokenizer, name):
+    line, reason = HOSTILE_STRINGS[name]
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD["conversations"], line, GOOD["conversations"]])
+    with pytest.raises(ValueError) as info:
+        SFTDataset(path, tokenizer, MAX_SEQ_LEN["conversations"], cache_dir=cache)
+    message = str(info.value)
+    assert message.startswith(f"{path}:2: ") and reason in message and "\n" not in message, message
+    loaded = SFTDataset(path, tokenizer, MAX_SEQ_LEN["conversations"], skip_bad_lines=True, cache_dir=cache)
+    assert loaded.stats["skipped_lines"] == 1 and loaded.stats["samples"] == 2

@@ -223,6 +223,7 @@ def test_file_names_are_spelled_out_by_their_owner_only(owner: str, names: tuple
 @pytest.mark.parametrize(("function", "owner"), [
     ("resolve_path", "trainer/run_dir.py"),        # relative paths start at the repo root
     ("read_jsonl", "trainer/run_dir.py"),          # the torn-line-tolerant reader
+    ("read_json", "dataset/json_text.py"),         # the strict reader of JSON held in text
     ("partial_size", "model/rmsnorm_math.py"),     # pRMSNorm's k
     ("causal_lm_loss", "model/model.py"),          # training and validation loss
     ("dpo_loss", "trainer/dpo.py"),                # the preference loss

@@ -330,7 +330,7 @@ def test_run_tool_accepts_exactly_what_the_schema_accepts(name, arguments):
 
 @pytest.mark.parametrize("name, arguments, message", [
     ("search", {"q": "x"}, "unknown tool 'search'; tools: wiki, calculator, convert_units"),
-    ("calculator", '{"expression": "1+1"', "arguments are not valid JSON"),
+    ("calculator", '{"expression": "1+1"', "arguments is not valid JSON (Expecting"),
     ("calculator", "[1, 2]", "arguments must be a JSON object, got list"),
     ("calculator", '"1+1"', "arguments must be a JSON object, got str"),
     ("calculator", "", "calculator: missing argument expression"),
@@ -363,4 +363,25 @@ def test_command_line_runs_a_tool_and_prints_the_schemas(capsys):
         main([])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines()[0] == "error: name a tool or pass --schemas"
+
+
+
+# ------------------------------------------------------------------------------------------- arguments as JSON text
+@pytest.mark.parametrize("arguments, message", [
+    ('{"expression": ' + "1" * 5000 + "}", "arguments is not valid JSON (an integer of more than 4300 digits)"),
+    ("[" * 5000, "arguments is nested too deeply (more than 100 levels of arrays and objects)"),
+    ('{"expression": ' + "[" * 101 + "]" * 101 + "}", "arguments is nested too deeply"),
+    ('{"expression": "1", "expression": "2"}', 'arguments has a duplicate key "expression"'),
+    ('{"expression": "1+\\ud800"}', 'arguments["expression"] holds a lone surrogate (U+D800 at character 2)'),
+    ({"expression": "1+\ud800"}, 'arguments["expression"] holds a lone surrogate (U+D800 at character 2)'),
+])
+def test_hostile_argument_text_is_a_tool_error(arguments, message):
+    """What the arguments' JSON text may hold is the project's one strict reader's rule (dataset/json_text.py):
+    an error naming the problem, never a crash inside parse_arguments."""
+    from dataset.tools import ToolError, parse_arguments
+
+    with pytest.raises(ToolError) as caught:
+        parse_arguments(arguments)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert run_tool("calculator", arguments) == ERROR_PREFIX + str(caught.value)
 

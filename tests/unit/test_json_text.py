@@ -1,0 +1,69 @@
+"""The one strict reader of JSON held in a text field (dataset/json_text.py): what Python's json reads, less what
+I-JSON (RFC 7493) forbids -- a duplicate key, a lone surrogate -- and less what would make its caller crash or
+depend on the process -- nesting past a fixed depth, an integer past a fixed length; each refusal a one-line
+reason, and nothing recursive for the depth to exhaust."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from dataset.json_text import MAX_DEPTH, MAX_INT_DIGITS, JsonTextError, check_json_value, read_json, read_json_field
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, 2.5, "x", null, true]}', "[]", '"\\ud83d\\ude00"', " 7 ",
+                                  "[" * MAX_DEPTH + "]" * MAX_DEPTH, "1" * MAX_INT_DIGITS, '{"a": {"a": 1}}'])
+def test_what_json_reads_and_the_rules_allow_reads_as_json_does(text):
+    assert read_json(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("{oops", "invalid JSON (Expecting property name enclosed in double quotes at column 2)"),
+    ('{"a": 1}\n{"b"', "invalid JSON (Extra data at line 2 column 1)"),
+    ("", "invalid JSON (Expecting value at column 1)"),
+    ("1" * (MAX_INT_DIGITS + 1), f"invalid JSON (an integer of more than {MAX_INT_DIGITS} digits)"),
+    ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), f"nested too deeply (more than {MAX_DEPTH} levels"),
+    ("[" * 100_000, f"nested too deeply (more than {MAX_DEPTH} levels"),
+    ('{"a": 1, "b": {"c": 2, "c": 3}}', 'duplicate key "c"'),
+    ('{"a": ["\\ud800"]}', 'lone surrogate (U+D800 at character 0) in ["a"][0]'),
+    ('{"x\\udfff": 1}', "lone surrogate (U+DFFF at character 1) in a key"),
+    ('"\\ude00\\ud83d"', "lone surrogate (U+DE00 at character 0)"),
+])
+def test_each_refusal_is_one_line(text, reason):
+    with pytest.raises(JsonTextError) as caught:
+        read_json(text)
+    assert str(caught.value).startswith(reason) and "\n" not in str(caught.value)
+
+
+def test_the_depth_bound_does_not_depend_on_the_recursion_limit():
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        with pytest.raises(JsonTextError, match="nested too deeply"):
+            read_json("[" * 5000 + "]" * 5000)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_a_field_message_names_the_field():
+    with pytest.raises(ValueError, match=r"^messages\[1\].tool_calls is not valid JSON \(Expecting value"):
+        read_json_field("nope", "messages[1].tool_calls")
+    with pytest.raises(ValueError, match=r'^args\["a"\]\[1\] holds a lone surrogate \(U\+D800 at character 2\)'):
+        read_json_field('{"a": [0, "xy\\ud800"]}', "args")
+    with pytest.raises(ValueError, match=r"^args is nested too deeply"):
+        read_json_field("[" * 5000, "args")
+    with pytest.raises(ValueError, match=r'^args has a duplicate key "a"'):
+        read_json_field('{"a": 1, "a": 1}', "args")
+
+
+def test_a_value_given_as_itself_follows_the_same_rules():
+    check_json_value({"a": [1, "ok", {"b": None}]}, "v")
+    deep: list = []
+    for _ in range(MAX_DEPTH):
+        deep = [deep]
+    with pytest.raises(ValueError, match=r"^v is nested too deeply"):
+        check_json_value(deep, "v")
+    with pytest.raises(ValueError, match=r'^v\["a"\]\[0\] holds a lone surrogate'):
+        check_json_value({"a": ["\ud800"]}, "v")

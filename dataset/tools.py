@@ -19,15 +19,17 @@ if __package__ in (None, ""):  # run as a script: make `import dataset...` work 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ast
+import contextlib
 import difflib
 import functools
 import gc
 import json
 import math
 import re
+import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -298,6 +300,30 @@ class _Evaluator:
                         f"functions ({', '.join(CALCULATOR_FUNCTIONS)})")
 
 
+# No garbage collection inside a walk: a full collection of a big process's heap takes CPU time of its own (0.7 s for
+# 8M objects), which is not the expression's; the walk allocates next to nothing. Walks run on several threads at
+# once (the server's POST /tools/run), so the collector's switch is shared: the first walk to start turns it off
+# (noting whether it was on) and the last to end turns it back on, under a lock.
+_COLLECTION_LOCK = threading.Lock()
+_collection = {"walks": 0, "was_enabled": False}
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    with _COLLECTION_LOCK:
+        if _collection["walks"] == 0:
+            _collection["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _collection["walks"] += 1
+    try:
+        yield
+    finally:
+        with _COLLECTION_LOCK:
+            _collection["walks"] -= 1
+            if _collection["walks"] == 0 and _collection["was_enabled"]:
+                gc.enable()
+
+
 def evaluate(expression: str) -> int | float:
     """The value of an arithmetic expression, computed without ``eval``; raises ToolError for anything else."""
     if len(expression) > MAX_EXPRESSION_CHARS:
@@ -311,15 +337,8 @@ def evaluate(expression: str) -> int | float:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         raise ToolError(f"cannot parse the expression ({type(error).__name__})") from None
     try:
-        # No garbage collection inside the walk: a full collection of a big process's heap takes CPU time of its
-        # own (0.7 s for 8M objects), which is not the expression's; the walk allocates next to nothing.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with _no_collection():
             return _Evaluator(time.thread_time() + CALCULATOR_CPU_SECONDS).value(tree)
-        finally:
-            if collecting:
-                gc.enable()
     except ZeroDivisionError:
         raise ToolError("division by zero") from None
     except OverflowError:

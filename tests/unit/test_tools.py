@@ -385,3 +385,66 @@ def test_hostile_argument_text_is_a_tool_error(arguments, message):
     assert message in str(caught.value) and "\n" not in str(caught.value)
     assert run_tool("calculator", arguments) == ERROR_PREFIX + str(caught.value)
 
+
+def test_overlapping_calculations_keep_the_collector_off_until_the_last_ends(monkeypatch):
+    """The calculator turns the garbage collector off during its walk (test above) and run_tool runs on several
+    threads at once (the server's POST /tools/run): the collector stays off while any walk is in progress and is on
+    again once the last one ends, whatever the order they start and end in."""
+    import gc
+    import threading
+
+    import dataset.tools as tools
+
+    entered = {1.0: threading.Event(), 4.0: threading.Event()}
+    release = {1.0: threading.Event(), 4.0: threading.Event()}
+
+    def blocking_sqrt(x: float) -> float:
+        entered[x].set()
+        release[x].wait(30)
+        return math.sqrt(x)
+
+    monkeypatch.setitem(tools.CALCULATOR_FUNCTIONS, "sqrt", blocking_sqrt)
+    results: dict[float, str] = {}
+    threads = {x: threading.Thread(target=lambda x=x: results.__setitem__(x, calc(f"sqrt({x})"))) for x in entered}
+    assert gc.isenabled()
+    try:
+        threads[1.0].start()
+        assert entered[1.0].wait(30)
+        threads[4.0].start()
+        assert entered[4.0].wait(30)
+        assert not gc.isenabled()
+        release[1.0].set()
+        threads[1.0].join(30)
+        assert not gc.isenabled()  # the other walk is still in progress
+        release[4.0].set()
+        threads[4.0].join(30)
+        assert gc.isenabled() and results == {1.0: "1", 4.0: "2"}
+    finally:
+        for event in release.values():
+            event.set()
+        for thread in threads.values():
+            thread.join(30)
+        gc.enable()
+
+
+def test_concurrent_calculations_never_leave_the_collector_off():
+    """Many threads calculating at once, switching as often as the interpreter allows (the race between reading the
+    collector's state and turning it off showed within a few rounds): it is on once they are done."""
+    import gc
+    import sys
+    import threading
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(50):
+            threads = [threading.Thread(target=lambda: [calc("(17 + 5) * 3 / 4") for _ in range(300)])
+                       for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert gc.isenabled()
+    finally:
+        sys.setswitchinterval(interval)
+        gc.enable()

@@ -9,7 +9,7 @@ Two questions per reply (eval/tool_eval.py prints them as a table):
   "is a" do not make a fact: "Tikal is the ruin of an ancient city" counts through "ruin of an ancient"); for
   ``calculator`` and
   ``convert_units``, the tool's value as a whole number in the answer (``1387`` in "438 + 949 = 1387.", not in
-  "13870").
+  "13870", "1387.5", "-1387" or "1,387,000").
 
 Small talk (a chit-chat opening with every tool offered, ``SMALL_TALK``) is right when the model calls nothing; it
 has no fact to find.
@@ -86,11 +86,19 @@ def is_right_reply(question: ToolQuestion, calls: Sequence[tuple[str, Mapping[st
     return name == question.kind and run_tool(name, dict(arguments)) == question.result
 
 
+def _whole_number(fact: str) -> re.Pattern:
+    """`fact` as a number of its own: no digit, decimal point or minus sign (ASCII or U+2212) right before it, and
+    no digit right after it, nor a decimal point or thousands separator followed by one ("5" is not in "5.5", "-5"
+    or "5,000"; it is in "It is 5." and "5, then")."""
+    return re.compile(rf"(?<![\d.\-\u2212]){re.escape(fact)}(?!\d|[.,]\d)")
+
+
 def answer_has_fact(question: ToolQuestion, answer: str) -> bool:
+    """Whether `answer` holds the question's fact (see the module's docstring); small talk has none."""
     if question.kind == SMALL_TALK:
         return False
     if question.kind != "wiki":
-        return re.search(rf"(?<![\d.]){re.escape(question.fact)}(?![\d])", answer) is not None
+        return _whole_number(question.fact).search(answer) is not None
     asked = set(_words(question.question))
     sentence = [word for word in _words(question.fact) if word not in asked]
     length = min(SPAN_WORDS, len(sentence))

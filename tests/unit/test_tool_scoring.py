@@ -113,3 +113,15 @@ def test_a_wrong_call_is_placed_at_the_copied_arguments_first_token_or_later(que
     small_talk = ToolQuestion(SMALL_TALK, "Hi!", {}, "", "")
     assert where(small_talk, []) is None and where(small_talk, [("wiki", {"title": "Hi"})]) == "another tool"
     assert set(WRONG_CALLS) == {"no call", "another tool", "first token", "later token", "another argument"}
+
+
+@pytest.mark.parametrize("answer, found", [
+    ("It is 5.", True), ("5", True), ("It is 5, I think.", True), ("(5)", True), ("x=5!", True),
+    ("It is 5.5.", False), ("It is -5.", False), ("It is 5,000.", False), ("It is 2.5", False), ("15", False),
+    ("It is \u22125.", False),
+])
+def test_a_value_is_found_only_as_that_whole_number(answer, found):
+    """'5' is not in '5.5', '-5' or '5,000': a decimal point or a thousands separator before a digit, or a minus
+    sign, make another number; a sentence's full stop or comma after it do not."""
+    question = ToolQuestion("calculator", "What is 2 + 3?", {"expression": "2 + 3"}, "5", "5")
+    assert answer_has_fact(question, answer) is found

@@ -169,10 +169,16 @@ def _checked(reward: Reward, values, count: int) -> list[float]:
         if not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
             raise RewardError(f"reward {reward.name}: returned {value!r} for completion {index}, not a number "
                               f"or None")
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int past 1.8e308
+            raise RewardError(f"reward {reward.name}: returned a number beyond the float range for completion "
+                              f"{index}, not a finite number") from None
         if math.isnan(number):
             raise RewardError(f"reward {reward.name}: returned NaN for completion {index} (return None to leave a "
                               f"completion unscored)")
+        if math.isinf(number):  # one infinite reward makes every advantage of its group NaN
+            raise RewardError(f"reward {reward.name}: returned {number} for completion {index}, not a finite number")
         checked.append(number)
     return checked
 
@@ -180,8 +186,8 @@ def _checked(reward: Reward, values, count: int) -> list[float]:
 def score(rewards: Sequence[Reward], prompts: list[str], completions: list[str],
           columns: dict[str, list]) -> tuple[list[float], list[list[float]]]:
     """(each completion's weighted sum of the rewards, each reward's values with None as NaN, in their order). A
-    function that raises, returns another number of values than completions, NaN, or something not a number raises
-    RewardError (one line naming it). A completion no function scores gets 0."""
+    function that raises, returns another number of values than completions, NaN, an infinity, or something not a
+    number raises RewardError (one line naming it). A completion no function scores gets 0."""
     per_function: list[list[float]] = []
     for reward in rewards:
         try:

@@ -32,6 +32,15 @@ def nan(prompts, completions, **columns):
 
 def text(prompts, completions, **columns):
     return ["good", 1.0]
+
+def inf(prompts, completions, **columns):
+    return [1.0, float("inf")]
+
+def minus_inf(prompts, completions, **columns):
+    return [-float("inf"), 0.0]
+
+def huge(prompts, completions, **columns):
+    return [10 ** 400, 0.0]
 '''
 
 
@@ -63,6 +72,9 @@ def test_none_leaves_a_completion_unscored_and_weights_multiply(user_file):
     ("too_few", "reward {spec}: returned 1 values for 2 completions"),
     ("nan", "reward {spec}: returned NaN for completion 1 (return None to leave a completion unscored)"),
     ("text", "reward {spec}: returned 'good' for completion 0, not a number or None"),
+    ("inf", "reward {spec}: returned inf for completion 1, not a finite number"),
+    ("minus_inf", "reward {spec}: returned -inf for completion 0, not a finite number"),
+    ("huge", "reward {spec}: returned a number beyond the float range for completion 0, not a finite number"),
 ])
 def test_a_broken_reward_function_is_one_line_naming_it(name, message, user_file):
     spec = f"{user_file}:{name}"

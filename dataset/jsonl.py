@@ -37,7 +37,7 @@ from dataset.json_text import JsonTextError, check_text, read_json
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 4  # bump when validation or the cached Arrow layout change
+SCAN_VERSION = 5  # bump when validation or the cached Arrow layout change
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 BATCH_RECORDS, BATCH_BYTES = 1000, 32 << 20  # an Arrow record batch holds at most this many records / line bytes
 
@@ -66,12 +66,13 @@ class JsonlScan:
     skipped_lines: int
 
 
-def _parse_line(raw: bytes) -> object:
+def parse_line(raw: bytes, surrogates: bool = False) -> object:
     """The JSON value of one non-blank line, by the project's strict reader (dataset/json_text.py: a duplicate key
     in any object, nesting deeper than its MAX_DEPTH, an integer too long are bad lines); a lone surrogate is
-    checked in the kept strings only (``_string``), naming the field. Anything else is a BadLine."""
+    checked in the kept strings only (``_string``, naming the field) unless ``surrogates`` asks for every string.
+    Anything else is a BadLine."""
     try:
-        return read_json(raw.decode("utf-8"), surrogates=False)
+        return read_json(raw.decode("utf-8"), surrogates=surrogates)
     except UnicodeDecodeError as e:
         raise BadLine(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
     except JsonTextError as e:
@@ -157,6 +158,9 @@ def _check_preference(obj: object) -> dict:
                       min(len(chosen), len(rejected)) - 1)
         raise BadLine(f'"chosen" and "rejected" must share their prompt (every message before the last answer); '
                       f'they differ at message {differ}')
+    if chosen[-1] == rejected[-1]:  # both log-ratios equal: the loss is log 2 and its gradient zero
+        raise BadLine(f'"chosen" and "rejected" have the same answer (message {len(chosen) - 1}): the pair prefers '
+                      f'nothing')
     return {"chosen": chosen, "rejected": rejected}
 
 
@@ -172,7 +176,7 @@ def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> 
             if not raw.strip(JSON_WHITESPACE):
                 continue  # blank lines (a trailing newline, say) are not records
             try:
-                record = check(_parse_line(raw))
+                record = check(parse_line(raw))
             except BadLine as e:
                 if not skip_bad_lines:
                     raise ValueError(f"{path}:{line_number}: {e}") from None

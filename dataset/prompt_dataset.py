@@ -13,7 +13,6 @@ and the field (or, with ``skip_bad_lines``, skipped and counted).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from dataset.chat_format import encode_chatml_batch
+from dataset.jsonl import JSON_WHITESPACE, parse_line
 
 PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
 
@@ -68,18 +68,19 @@ class PromptDataset(Dataset):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file (expected a jsonl of prompts)")
         rows, messages, skipped = [], [], 0
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                if not raw.strip(JSON_WHITESPACE):
                     continue
                 try:
-                    row = json.loads(line)
+                    # Every field reaches the reward functions, so a lone surrogate anywhere is a bad line.
+                    row = parse_line(raw, surrogates=True)
                     row_messages = prompt_messages(row)
-                except ValueError as error:  # json.JSONDecodeError is one
+                except ValueError as error:  # BadLine is one
                     if skip_bad_lines:
                         skipped += 1
                         continue
-                    raise ValueError(f"{path}, line {number}: {str(error).splitlines()[0]} (pass --skip_bad_lines "
+                    raise ValueError(f"{path}:{number}: {str(error).splitlines()[0]} (pass --skip_bad_lines "
                                      f"to skip bad lines)") from None
                 rows.append(row)
                 messages.append(row_messages)

@@ -132,6 +132,9 @@ def test_minimind_files_with_system_turns_and_extra_fields_load_for_lora_and_dpo
     ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": 3}],
       "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x"}]},
      'chosen[1] has no "content" string'),
+    ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+      "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+     '"chosen" and "rejected" have the same answer (message 1): the pair prefers nothing'),
 ])
 def test_bad_preference_lines_name_file_and_line(line, reason, tokenizer, tmp_path):
     good = _minimind_pairs()[0]

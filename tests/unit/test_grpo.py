@@ -244,11 +244,35 @@ def test_a_bad_prompt_row_names_its_field(row, message):
         prompt_messages(row)
 
 
+# Raw lines the strict reader refuses, each written as line 2 between good prompts: (bytes, reason fragment).
+HOSTILE_PROMPT_LINES = {
+    "not UTF-8": (b'{"prompt": "caf\xe9"}', "not valid UTF-8"),
+    "a lone surrogate in the prompt": (rb'{"prompt": "a\ud800b"}', "lone surrogate"),
+    "a lone surrogate in a column": (rb'{"prompt": "ok", "answer": "\udfff"}', "lone surrogate"),
+    "deep nesting": (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    "a duplicate key": (b'{"prompt": "a", "prompt": "b"}', 'duplicate key "prompt"'),
+    "a form feed line": (b"\f", "invalid JSON"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_PROMPT_LINES)
+def test_a_hostile_prompt_line_is_named_or_skipped(name, tokenizer, tmp_path):
+    line, reason = HOSTILE_PROMPT_LINES[name]
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'{"prompt": "What is 1 + 1?", "answer": "2"}\n' + line + b'\n{"prompt": "Hi"}\n')
+    with pytest.raises(ValueError) as error:
+        PromptDataset(path, tokenizer, max_seq_len=64)
+    assert str(error.value).startswith(f"{path}:2: ") and reason in str(error.value)
+    data = PromptDataset(path, tokenizer, max_seq_len=64, skip_bad_lines=True)
+    assert data.stats["skipped_lines"] == 1 and [data[i]["prompt"] for i in range(len(data))] == \
+        ["What is 1 + 1?", "Hi"]
+
+
 def test_a_prompt_file_names_a_bad_line_drops_long_prompts_and_keeps_the_columns(tokenizer, tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "What is 1 + 1?", "answer": "2", "level": 1}\n{"answer": 3}\n'
                     f'{{"prompt": "{"long " * 80}"}}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=rf"^{path}, line 2: no prompt: expected one of the fields prompt, "
+    with pytest.raises(ValueError, match=rf"^{path}:2: no prompt: expected one of the fields prompt, "
                                          rf"messages, conversations \(pass --skip_bad_lines to skip bad lines\)$"):
         PromptDataset(path, tokenizer, max_seq_len=32)
     data = PromptDataset(path, tokenizer, max_seq_len=32, skip_bad_lines=True)

@@ -99,7 +99,7 @@ def test_second_load_reads_the_cache(tmp_path, cache, tokenizer, monkeypatch):
     def no_parsing(*args, **kwargs):
         raise AssertionError("the file was read again")
 
-    monkeypatch.setattr(dataset.jsonl, "_parse_line", no_parsing, raising=False)
+    monkeypatch.setattr(dataset.jsonl, "parse_line", no_parsing)
     monkeypatch.setattr(dataset.jsonl, "iter_records", no_parsing, raising=False)
     second = PretrainDataset(path, tokenizer, 8, cache_dir=cache)
     assert second._tokens.cache_files == first._tokens.cache_files

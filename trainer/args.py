@@ -18,7 +18,7 @@ import yaml
 
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
-from trainer.cli import ToolParser
+from trainer.cli import ToolParser, path_arg, seed
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
@@ -32,6 +32,11 @@ SFT_DATA = ("tools", "chat")  # the embedded SFT sets (dataset/corpus.py): with 
 DEFAULT_REWARD = "math_answer"      # GRPO's and PPO's reward without --reward (trainer/rewards.py)
 ROLLOUT_GROUPS = {"grpo": "grpo", "ppo": "ppo"}  # the --help section of a flag GRPO and PPO share
 LORA_GROUPS = {"lora": "lora", **ROLLOUT_GROUPS}  # the adapter flags: LoRA's section, or GRPO's/PPO's (--lora)
+# The flags that name a file or directory: never empty, and `none` is not their default (an unset shell variable
+# in `--out_dir "$DIR" --overwrite` would otherwise clear the default run).
+PATH_FLAGS = ("data_path", "val_data_path", "out_dir", "tokenizer_path", "resume", "from_weight", "teacher",
+              "reward_model")
+UNSET_WORDS = ("none", "null")  # what a flag that may be unset takes for unset (not a path flag)
 
 
 class ModelFlag(NamedTuple):
@@ -392,11 +397,33 @@ def _str2bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
 
 
-def _optional(kind: type):
-    def parse(text: str):
-        return None if str(text).lower() in ("none", "null", "") else kind(text)
+def _optional(kind: type) -> Any:
+    """The type of a flag that may be unset: `none` or `null` (or an empty value) unsets it."""
+    def parse(text: str) -> Any:
+        return None if str(text).lower() in (*UNSET_WORDS, "") else kind(text)
     parse.__name__ = kind.__name__
+    parse.kind = kind  # the --config YAML's checks name it
+    parse.unsettable = True
     return parse
+
+
+def _path(text: str) -> str:
+    """A path flag's value: not empty, and not a word that unsets other flags (leaving the flag out does)."""
+    if text.strip().lower() in UNSET_WORDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a path; leave the flag out for its default")
+    return path_arg(text)
+
+
+_path.kind = str
+
+
+def _reward_spec(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a built-in or path/to/file.py:function, got an empty value")
+    return text
+
+
+_reward_spec.kind = str
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -425,7 +452,7 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
     parser = ToolParser(
         description=f"MiniNorm {task}: train on the embedded default corpus or your own jsonl",
         formatter_class=_HelpFormatter)
-    parser.add_argument("--config", help="YAML file of flag values; command-line flags override it")
+    parser.add_argument("--config", type=path_arg, help="YAML file of flag values; command-line flags override it")
     defaults = TrainArgs(task=task, **TASK_DEFAULTS.get(task, {}))
     sections: dict[str, list[dataclasses.Field]] = {key: [] for key in FLAG_GROUPS}
     for f in dataclasses.fields(TrainArgs):
@@ -462,13 +489,18 @@ def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any
                            help=help)
         return
     if hint.startswith("list[str]"):  # repeatable: each use adds one; the command line replaces a YAML list
-        group.add_argument(f"--{name}", action=_Repeated, default=default, help=help)
+        group.add_argument(f"--{name}", action=_Repeated, type=_reward_spec, default=default, help=help)
         return
     if hint.startswith("list[float]"):
         group.add_argument(f"--{name}", type=float, nargs="+", default=default, help=help)
         return
     base = int if hint.startswith("int") else float if hint.startswith("float") else str
-    group.add_argument(f"--{name}", type=_optional(base) if "None" in hint else base, default=default, help=help)
+    kind = _optional(base) if "None" in hint else base
+    group.add_argument(f"--{name}", type=FLAG_TYPES.get(name, kind), default=default, help=help)
+
+
+# Flags whose type is not their annotation's plain one (the path flags: unset only by leaving them out).
+FLAG_TYPES: dict[str, Any] = {"seed": seed, **{name: _path for name in PATH_FLAGS}}
 
 
 def task_flags(task: str) -> set[str]:
@@ -512,6 +544,14 @@ def _validate(args: TrainArgs) -> None:
                  "save_interval", "keep_checkpoints", "dist_init_timeout", "dist_timeout"):
         if getattr(args, name) < 1:
             raise bad(name, getattr(args, name), "it must be >= 1")
+    if args.max_steps != -1 and args.max_steps < 1:
+        raise bad("max_steps", args.max_steps, "it must be >= 1, or -1 (as many as --epochs give)")
+    if args.num_proc is not None and args.num_proc < 1:
+        raise bad("num_proc", args.num_proc, "it must be >= 1")
+    if args.peak_flops is not None and not (args.peak_flops > 0 and math.isfinite(args.peak_flops)):
+        raise bad("peak_flops", args.peak_flops, "it must be a positive number")
+    if not (args.grad_clip >= 0 and math.isfinite(args.grad_clip)):
+        raise bad("grad_clip", args.grad_clip, "it must be a number >= 0 (0: no clipping)")
     for name in ("warmup_steps", "eval_batches", "diag_interval"):
         if getattr(args, name) < 0:
             raise bad(name, getattr(args, name), "it must be >= 0")
@@ -623,13 +663,23 @@ def _model_overrides(values: dict[str, Any]) -> dict[str, Any]:
     return {name: values[name] for name in MODEL_FIELDS if values.get(name) is not None}
 
 
-def load_yaml_config(path: str | Path, task: str = "pretrain") -> dict[str, Any]:
-    """Read a --config YAML for `task`'s trainer; unknown keys are an error naming the file and the key."""
+def load_yaml_config(path: str | Path, task: str = "pretrain",
+                     parser: argparse.ArgumentParser | None = None) -> dict[str, Any]:
+    """Read a --config YAML for `task`'s trainer: each value converted and checked as its flag's command-line value
+    would be (`parser`: the trainer's). An unknown key, a value its flag would refuse, a file that cannot be read:
+    a ValueError naming the file and the key."""
     path = resolve_path(path) if not Path(path).exists() else Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise ValueError(f"--config {path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"--config {path}: is a directory, not a YAML file") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"--config {path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                         f"{error.start})") from None
+    except OSError as error:
+        raise ValueError(f"--config {path}: cannot be read ({error.strerror})") from None
     except yaml.YAMLError as error:
         raise ValueError(f"--config {path}: invalid YAML ({error})".replace("\n", " ")) from None
     if not isinstance(data, dict):
@@ -639,7 +689,64 @@ def load_yaml_config(path: str | Path, task: str = "pretrain") -> dict[str, Any]
         if key not in known:
             raise ValueError(f"--config {path}: unknown key {key!r}; allowed keys are the trainer's flags "
                              f"(see --help)")
-    return data
+    actions = {action.dest: action for action in (parser or _build_parser(task))._actions}
+    values = {}
+    for key, value in data.items():
+        try:
+            values[key] = _from_yaml(actions[key], value)
+        except (ValueError, argparse.ArgumentTypeError) as error:
+            raise ValueError(f"--config {path}: key {key!r}: {error}") from None
+    return values
+
+
+_NOUNS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean (true/false)"}
+
+
+def _shown(value: Any) -> str:
+    """A YAML value as an error shows it: null, true, a list, 'text', 1.5."""
+    if value is None or isinstance(value, bool):
+        return yaml.safe_dump(value).split("\n")[0]
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "a mapping"
+    if isinstance(value, int) and value.bit_length() > 64:
+        return "an integer of more than 64 bits"  # str() refuses one of over 4,300 digits
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _from_yaml(action: argparse.Action, value: Any) -> Any:
+    """A YAML value as `action`'s flag takes it on the command line: through the flag's type (its text, for a
+    number) and its choices; a list for a flag that takes several values. Null only unsets a flag that may be
+    unset."""
+    if value is None:
+        if action.default is None or getattr(action.type, "unsettable", False):
+            return None
+    if isinstance(action, _Repeated) or action.nargs == "+":
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise ValueError("expected one or more values, got an empty list")
+        return [_yaml_scalar(action, item) for item in items]
+    return _yaml_scalar(action, value)
+
+
+def _yaml_scalar(action: argparse.Action, value: Any) -> Any:
+    kind = bool if action.type is _str2bool else getattr(action.type, "kind", action.type or str)
+    expected = f"expected {_NOUNS.get(kind, 'a value')}, got {_shown(value)}"
+    if isinstance(value, bool) and kind is bool:
+        return value
+    if isinstance(value, bool):  # `compile: off` is YAML's false
+        quote = " (YAML reads unquoted on/off/yes/no as booleans: quote it)" if kind is str else ""
+        raise ValueError(expected + quote)
+    if not isinstance(value, (str, int, float)):  # null, a list, a mapping, a date
+        raise ValueError(expected)
+    try:
+        converted = (action.type or str)(value if isinstance(value, str) else repr(value))
+    except argparse.ArgumentTypeError as error:
+        raise ValueError(str(error)) from None
+    except (TypeError, ValueError):
+        raise ValueError(expected) from None
+    if action.choices is not None and converted not in action.choices:
+        raise ValueError(f"expected one of {', '.join(map(str, action.choices))}, got {_shown(value)}")
+    return converted
 
 
 def parse_args(task: str, argv: Sequence[str] | None = None) -> TrainArgs:
@@ -648,7 +755,7 @@ def parse_args(task: str, argv: Sequence[str] | None = None) -> TrainArgs:
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
         try:
-            parser.set_defaults(**load_yaml_config(pre.config, task))
+            parser.set_defaults(**load_yaml_config(pre.config, task, parser))
         except ValueError as error:
             parser.error(str(error))
     namespace = vars(parser.parse_args(argv))

@@ -3,12 +3,17 @@
 argparse answers a bad flag with the whole usage (some fifty lines for a trainer) and the error last; a ToolParser
 prints the error first, then one line that points to --help, and exits with the tools' EXIT_ERROR (2, argparse's
 own code). --help is unchanged.
+
+The flag types shared by several command lines live here too, so that each range is checked in one place: a seed
+(numpy's and torch's range), integers with a lower bound, floats within a range, paths that are not empty.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from trainer.run_dir import EXIT_ERROR
@@ -20,3 +25,68 @@ class ToolParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}\n{self.prog}: run with --help for the flags", file=sys.stderr)
         raise SystemExit(EXIT_ERROR)
+
+
+SEED_RANGE = (0, 2 ** 32 - 1)  # what numpy's and torch's seeding take
+
+
+def _flag_type(kind: type, function: Callable[[str], object]) -> Callable[[str], object]:
+    """`function` marked with the Python type it returns (`kind`), which a --config YAML's checks name."""
+    function.kind = kind  # type: ignore[attr-defined]
+    return function
+
+
+def int_within(low: int, high: int | None = None, note: str = "") -> Callable[[str], int]:
+    """An integer flag's type: in low .. high (high None: no upper bound); `note` says what a value means."""
+    allowed = f"an integer in {low} .. {high}" if high is not None else f"an integer >= {low}"
+    allowed += f" ({note})" if note else ""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text} is not {allowed}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text} is not {allowed}")
+        return value
+    return _flag_type(int, parse)
+
+
+seed = int_within(*SEED_RANGE)  # every --seed
+
+
+def float_within(low: float, high: float, note: str = "") -> Callable[[str], float]:
+    """A float flag's type: a number in low .. high, ends included (NaN never); `note` says what a value means."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= value <= high:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text} is outside {low:g} .. {high:g}{f' ({note})' if note else ''}")
+        return value
+    return _flag_type(float, parse)
+
+
+def non_negative_float(note: str = "") -> Callable[[str], float]:
+    """A float flag's type: a finite number >= 0; `note` says what a value means (e.g. 0: greedy)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (value >= 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0{f' ({note})' if note else ''}")
+        return value
+    return _flag_type(float, parse)
+
+
+def path_arg(text: str) -> str:
+    """A path flag's type: an empty value (an unset shell variable) names no file, so it is refused rather than
+    taken for the flag's default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty value")
+    return text
+
+
+_flag_type(str, path_arg)

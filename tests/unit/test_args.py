@@ -204,3 +204,134 @@ def test_unset_copy_rows_teach_only_a_model_given_smeared_keys_in_this_run():
     assert resolve_copy_rows(sft, []) == 0
     assert resolve_copy_rows(parse_args("sft", ["--copy_rows", "3"]), []) == 3
     assert resolve_copy_rows(parse_args("pretrain", []), []) == 0
+
+
+# A --config YAML value goes through its flag's own conversion and checks: (task, YAML, the error after the file).
+@pytest.mark.parametrize("task, text, message", [
+    ("pretrain", "batch_size: null\n", "key 'batch_size': expected an integer, got null"),
+    ("pretrain", "batch_size: 1.5\n", "key 'batch_size': expected an integer, got 1.5"),
+    ("pretrain", "batch_size: true\n", "key 'batch_size': expected an integer, got true"),
+    ("pretrain", "max_steps: 2.5\n", "key 'max_steps': expected an integer, got 2.5"),
+    ("pretrain", "seed: 1.5\n", "key 'seed': 1.5 is not an integer in 0 .. 4294967295"),
+    ("pretrain", "seed: -1\n", "key 'seed': -1 is not an integer in 0 .. 4294967295"),
+    ("pretrain", "learning_rate: [0.1]\n", "key 'learning_rate': expected a number, got a list"),
+    ("pretrain", "learning_rate: fast\n", "key 'learning_rate': expected a number, got 'fast'"),
+    ("pretrain", "compile: off\n", "key 'compile': expected a string, got false (YAML reads unquoted on/off/yes/no "
+                                   "as booleans: quote it)"),
+    ("pretrain", "qk_norm: maybe\n", "key 'qk_norm': expected a boolean (true/false), got 'maybe'"),
+    ("pretrain", "hidden_size: 64.5\n", "key 'hidden_size': expected an integer, got 64.5"),
+    ("pretrain", "norm_type: bogus\n", "key 'norm_type': expected one of rmsnorm, prmsnorm, layernorm, dyt, none, "
+                                       "got 'bogus'"),
+    ("pretrain", "out_dir: ''\n", "key 'out_dir': expected a path, got an empty value"),
+    ("pretrain", "data_path: none\n", "key 'data_path': 'none' is not a path; leave the flag out for its default"),
+    ("pretrain", "gradient_checkpointing: {a: 1}\n", "key 'gradient_checkpointing': expected a boolean (true/false), "
+                                                     "got a mapping"),
+    ("lora", "lora_targets: [q_proj, v_proj]\n", "key 'lora_targets': expected a string, got a list"),
+    ("grpo", "reward: [math_answer, null]\n", "key 'reward': expected a string, got null"),
+    ("grpo", "reward: []\n", "key 'reward': expected one or more values, got an empty list"),
+    ("grpo", "reward_weights: [1, x]\n", "key 'reward_weights': expected a number, got 'x'"),
+    ("grpo", "reward_weights: null\nreward: [a.py:f, b.py:g]\n", None),  # null: unset, then 1 each
+])
+def test_config_values_are_converted_and_checked_as_their_flags(task, text, message, tmp_path, capsys):
+    from trainer.args import parse_args
+
+    config = tmp_path / "run.yaml"
+    config.write_text(text)
+    if message is None:
+        parse_args(task, ["--config", str(config)])
+        return
+    with pytest.raises(SystemExit):
+        parse_args(task, ["--config", str(config)])
+    assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message}"
+
+
+def test_config_values_take_what_the_command_line_takes(tmp_path):
+    from trainer.args import parse_args
+
+    config = tmp_path / "run.yaml"
+    config.write_text("reward: length_penalty\nreward_weights: 2\nthreads: 3\nlearning_rate: 1\npeak_flops: 1e12\n"
+                      "out_dir: null\nhidden_size: null\nqk_norm: true\nbatch_size: '4'\nmax_steps: 7\n")
+    args = parse_args("grpo", ["--config", str(config)])
+    assert (args.reward, args.reward_weights, args.threads) == (["length_penalty"], [2.0], "3")
+    assert (args.learning_rate, args.peak_flops, args.out_dir) == (1.0, 1e12, None)
+    assert (args.model, args.batch_size, args.max_steps) == ({"qk_norm": True}, 4, 7)
+    assert parse_args("grpo", ["--config", str(config), "--batch_size", "2"]).batch_size == 2  # flags still win
+
+
+def test_every_committed_config_still_parses():
+    from trainer.args import parse_args
+
+    variants = sorted((REPO / "scripts/sweep_configs/study2_variants").glob("*.yaml"))
+    assert variants
+    for path in variants:
+        parse_args("pretrain", ["--config", str(path)])
+
+
+def test_a_config_that_is_not_a_utf8_file_is_one_line(tmp_path, capsys):
+    from trainer.args import parse_args
+
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"wandb_run_name: caf\xe9\n")
+    for config, message in ((tmp_path, "is a directory, not a YAML file"),
+                            (latin, "not UTF-8 text (byte 0xe9 at offset 19)")):
+        with pytest.raises(SystemExit):
+            parse_args("pretrain", ["--config", str(config)])
+        assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message}"
+
+
+# A path flag never takes an empty value ("$UNSET") or none for its default: --out_dir "" --overwrite would clear
+# the default run's directory.
+EMPTY = "expected a path, got an empty value"
+NOT_A_PATH = "is not a path; leave the flag out for its default"
+
+
+@pytest.mark.parametrize("task, flags, message", [
+    ("pretrain", ["--out_dir", ""], f"argument --out_dir: {EMPTY}"),
+    ("pretrain", ["--out_dir", " "], f"argument --out_dir: {EMPTY}"),
+    ("pretrain", ["--out_dir", "none"], f"argument --out_dir: 'none' {NOT_A_PATH}"),
+    ("pretrain", ["--data_path", ""], f"argument --data_path: {EMPTY}"),
+    ("pretrain", ["--val_data_path", "NULL"], f"argument --val_data_path: 'NULL' {NOT_A_PATH}"),
+    ("pretrain", ["--tokenizer_path", ""], f"argument --tokenizer_path: {EMPTY}"),
+    ("pretrain", ["--resume", ""], f"argument --resume: {EMPTY}"),
+    ("pretrain", ["--config", ""], f"argument --config: {EMPTY}"),
+    ("sft", ["--from_weight", ""], f"argument --from_weight: {EMPTY}"),
+    ("sft", ["--from_weight", "none"], f"argument --from_weight: 'none' {NOT_A_PATH}"),
+    ("distill", ["--teacher", ""], f"argument --teacher: {EMPTY}"),
+    ("grpo", ["--reward_model", ""], f"argument --reward_model: {EMPTY}"),
+    ("grpo", ["--reward", ""], "argument --reward: expected a built-in or path/to/file.py:function, got an empty "
+                               "value"),
+])
+def test_empty_path_flags_are_refused(task, flags, message, capsys):
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(task, flags)
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seed", "-1"], "argument --seed: -1 is not an integer in 0 .. 4294967295"),
+    (["--seed", str(2 ** 32)], "argument --seed: 4294967296 is not an integer in 0 .. 4294967295"),
+    (["--max_steps", "0"], "--max_steps=0 is not allowed; it must be >= 1, or -1 (as many as --epochs give)"),
+    (["--max_steps", "-5"], "--max_steps=-5 is not allowed; it must be >= 1, or -1 (as many as --epochs give)"),
+    (["--peak_flops", "-1"], "--peak_flops=-1.0 is not allowed; it must be a positive number"),
+    (["--peak_flops", "nan"], "--peak_flops=nan is not allowed; it must be a positive number"),
+    (["--grad_clip", "nan"], "--grad_clip=nan is not allowed; it must be a number >= 0 (0: no clipping)"),
+    (["--grad_clip", "-1"], "--grad_clip=-1.0 is not allowed; it must be a number >= 0 (0: no clipping)"),
+    (["--num_proc", "-1"], "--num_proc=-1 is not allowed; it must be >= 1"),
+    (["--num_proc", "0"], "--num_proc=0 is not allowed; it must be >= 1"),
+])
+def test_bad_numbers_are_one_line_naming_the_flag(flags, message, capsys):
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args("pretrain", flags)
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+
+
+def test_the_documented_unset_words_still_unset():
+    from trainer.args import parse_args
+
+    args = parse_args("pretrain", ["--copy_rows", "none", "--num_proc", "null", "--max_steps", "-1", "--grad_clip",
+                                   "0", "--seed", "0"])
+    assert (args.copy_rows, args.num_proc, args.max_steps, args.grad_clip, args.seed) == (None, None, -1, 0.0, 0)

@@ -14,6 +14,8 @@ processes their own RNG states; possible when every process holds the whole mode
 loads (with --resume auto, the newest one that every process holds) and tells the others; every process then checks
 that it can read each file it needs, its own RNG state included, and the job stops in one line naming the rank and
 the path otherwise: a process never silently starts from another step, or from its seed, while the others resume.
+A resume reads its trainer state through `read_trainer_state` (the one place that validates it) and loads every
+file (`load_checkpoint`, which names a damaged one) before --overwrite removes the directory's previous run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_objec
 
 from dataset.atomic_io import atomic_write_text
 from trainer.args import TrainArgs, uses_lora
+from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
                              clear_previous_run, previous_run, recorded_run_id, refuse_previous_run)
 
@@ -44,6 +47,7 @@ DATA_ORDER_FLAGS = ("max_seq_len", "seed", "val_fraction")
 # Flags that decide the shapes of a LoRA run's trainable tensors: the checkpoint's adapters fit no other value.
 ADAPTER_FLAGS = ("lora", "lora_rank", "lora_targets")
 FILES_KEY = "files"  # trainer_state.json: every file of the checkpoint, relative to it
+DATA_KEYS = {"path", "train_samples", "tokens"}  # trainer_state.json's "data" (trainer/data.py data_identity)
 _RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
 _STORAGE_HELP = "see docs/training.md, 'Several machines'"
 
@@ -186,19 +190,84 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
     return final
 
 
+class CheckpointDamaged(ValueError):
+    """A file of the checkpoint to resume cannot be read or holds what no save writes; the message names it."""
+
+
 def read_trainer_state(path: Path) -> dict[str, Any]:
-    """The trainer state saved with a checkpoint (step, data position, config, data identity)."""
+    """The trainer state saved with a checkpoint (step, data position, config, data identity), validated here, the
+    one place that reads it: CheckpointDamaged names the file and the field that is wrong, FileNotFoundError says
+    there is none."""
     state_file = path / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"--resume {path}: not a complete checkpoint (no {STATE_FILE})")
-    return json.loads(state_file.read_text())
+    try:
+        state = json.loads(state_file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise CheckpointDamaged(f"{state_file}: is not UTF-8 text; the checkpoint is damaged") from None
+    except json.JSONDecodeError as error:
+        raise CheckpointDamaged(f"{state_file}: is not valid JSON ({error}); the checkpoint is damaged") from None
+    _check_state(state_file, state, checkpoint_step(path.name))
+    return state
+
+
+def _is_count(value: Any, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
+    """Raise CheckpointDamaged for a trainer state that no save writes: a resume would fail on it with a traceback
+    or, worse, go on from a position that is not the checkpoint's (a negative step re-saves over older
+    checkpoints; an epoch past the run's steps "finishes" it without a step, over the finished model)."""
+    def bad(field: str, allowed: str) -> CheckpointDamaged:
+        shown = "missing" if field not in state else f"{state[field]!r}"
+        return CheckpointDamaged(f"{state_file}: '{field}' must be {allowed}, not {shown}; the checkpoint is damaged")
+
+    if not isinstance(state, dict):
+        kind = {type(None): "null", list: "a list", str: "a string", bool: "true or false"}.get(type(state), "a number")
+        raise CheckpointDamaged(f"{state_file}: is not a JSON object ({kind}); the checkpoint is damaged")
+    if "samples_done_in_epoch" not in state:
+        raise CheckpointDamaged(f"{state_file}: the checkpoint was written by an older MiniNorm that counted its data "
+                                f"position in per-process batches; it cannot be resumed exactly, start a new run")
+    for field in ("step", "epoch", "tokens_seen"):
+        if field not in state:
+            raise CheckpointDamaged(f"{state_file}: '{field}' is missing; the checkpoint is damaged")
+    for field in ("step", "epoch", "samples_done_in_epoch", "tokens_seen", "total_steps"):
+        if field in state and not _is_count(state[field]):
+            raise bad(field, "an integer >= 0")
+    for field in ("processes", THREADS_KEY):
+        if state.get(field) is not None and not _is_count(state[field], least=1):
+            raise bad(field, "an integer >= 1")
+    if named_step is not None and state["step"] != named_step:
+        raise CheckpointDamaged(f"{state_file}: 'step' is {state['step']}, but the checkpoint is "
+                                f"{checkpoint_name(named_step)}; the checkpoint is damaged")
+    # Every epoch a run finished took at least one optimizer step (a run needs one step's samples per epoch).
+    if state["epoch"] > state["step"]:
+        raise CheckpointDamaged(f"{state_file}: 'epoch' is {state['epoch']}, more than its {state['step']} optimizer "
+                                f"steps; the checkpoint is damaged")
+    train_time = state.get("train_time_s", 0.0)
+    if not isinstance(train_time, (int, float)) or isinstance(train_time, bool) or not train_time >= 0:
+        raise bad("train_time_s", "a number >= 0")
+    for field in (RUN_ID_KEY, "wandb_run_id"):
+        if state.get(field) is not None and not isinstance(state[field], str):
+            raise bad(field, "a string")
+    if "budget_fixed" in state and not isinstance(state["budget_fixed"], bool):
+        raise bad("budget_fixed", "true or false")
+    if "config" in state and not isinstance(state["config"], dict):
+        raise bad("config", "a JSON object of the run's flags")
+    data = state.get("data")
+    if data is not None and not (isinstance(data, dict) and DATA_KEYS <= set(data)):
+        raise bad("data", f"a JSON object with {', '.join(sorted(DATA_KEYS))}")
+    files = state.get(FILES_KEY)
+    if files is not None and not (isinstance(files, list) and all(
+            isinstance(name, str) and name and not Path(name).is_absolute() and ".." not in Path(name).parts
+            for name in files)):
+        raise bad(FILES_KEY, "a list of file names inside the checkpoint")
 
 
 def saved_position(state: dict[str, Any]) -> tuple[int, int]:
-    """(epoch, samples of that epoch's order already trained on, over all processes) of a trainer state."""
-    if "samples_done_in_epoch" not in state:
-        raise ValueError("the checkpoint was written by an older MiniNorm that counted its data position in "
-                         "per-process batches; it cannot be resumed exactly, start a new run")
+    """(epoch, samples of that epoch's order already trained on, over all processes) of a trainer state
+    (read_trainer_state has checked both)."""
     return state["epoch"], state["samples_done_in_epoch"]
 
 
@@ -232,10 +301,67 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
         raise ValueError(f"--resume {path.name}: --data_path was {_describe(old_data)} there and is "
                          f"{_describe(data)} now; the saved data position is only valid for the same training "
                          f"data (resume with the same file, or start a new run)")
+    samples = data.get("train_samples")
+    if samples is not None and state["samples_done_in_epoch"] > samples:
+        raise CheckpointDamaged(f"--resume {path.name}: {STATE_FILE}: 'samples_done_in_epoch' is "
+                                f"{state['samples_done_in_epoch']}, more than the {samples} training samples")
+
+
+def _comparable(value: Any) -> Any:
+    """A config value as trainer_state.json holds it (tuples are lists there)."""
+    return json.loads(json.dumps(value))
+
+
+def _architecture_fields() -> list[str]:
+    """The model fields that decide the saved weights' set, shapes or meaning: all but what only changes how the
+    model runs (norm_impl) or trains (dropout), which a resume may change as it may the learning rate."""
+    from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS
+    return [name for name in MODEL_FIELDS if name not in RUNTIME_MODEL_FIELDS]
+
+
+def _refuse_architecture(path: Path, changes: list[str]) -> ValueError:
+    return ValueError(f"--resume {path.name}: the checkpoint's model differs: {', '.join(changes)}; the saved weights "
+                      f"have that architecture (resume without those flags, or start a new run)")
+
+
+def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs) -> None:
+    """A resume continues the checkpoint's model (docs/training.md: a bare `--resume auto` continues the run):
+    each architecture field the command line leaves unset is taken from the checkpoint's config into `args.model`
+    (a fine-tuning run's other fields come from --from_weight, checked by check_saved_architecture); one given with
+    another value is refused in one line naming each such flag with its old and new value."""
+    from trainer.args import ADDABLE_MODEL_FIELDS, TASK_MODEL_DEFAULTS
+    saved = state.get("config", {})
+    task_defaults = TASK_MODEL_DEFAULTS.get(args.task, {})
+    changes = []
+    for name in _architecture_fields():
+        if saved.get(name) is None:  # a checkpoint from before the field existed
+            continue
+        old = _comparable(saved[name])
+        # A task's default (SFT's smeared keys) is no flag the user gave: the checkpoint's value wins over it.
+        given = name in args.model and not (name in task_defaults and args.model[name] == task_defaults[name])
+        if given and _comparable(args.model[name]) != old:
+            changes.append(f"--{name} was {old} there and is {_comparable(args.model[name])} now")
+        elif args.task == "pretrain" or name in ADDABLE_MODEL_FIELDS.get(args.task, ()):
+            args.model[name] = saved[name]
+    if changes:
+        raise _refuse_architecture(path, changes)
+
+
+def check_saved_architecture(path: Path, state: dict[str, Any], config: Any) -> None:
+    """The model built for a resume (its `config`) has the checkpoint's architecture: else one line naming each
+    field that differs (a fine-tuning run resumed with a --from_weight of another shape), not a state_dict
+    traceback or, for a field the weights do not show (norm_eps, rope_theta), another model without a word."""
+    saved = state.get("config", {})
+    changes = [f"{name} was {_comparable(saved[name])} there and is {_comparable(getattr(config, name))} now"
+               for name in _architecture_fields()
+               if saved.get(name) is not None and hasattr(config, name)
+               and _comparable(saved[name]) != _comparable(getattr(config, name))]
+    if changes:
+        raise _refuse_architecture(path, changes)
 
 
 def _describe(data: dict[str, Any]) -> str:
-    return f"{data['path']} ({data['train_samples']} training samples, {data['tokens']} tokens)"
+    return f"{data.get('path')} ({data.get('train_samples')} training samples, {data.get('tokens')} tokens)"
 
 
 @dataclass(frozen=True)
@@ -266,7 +392,7 @@ def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, 
     decision: dict[str, Any] = {}
     if accelerator.is_main_process:
         decision = _decide(resume, views, path) if resume else {}
-        if "error" not in decision:
+        if "error" not in decision and "refused" not in decision:
             decision.update(_one_run_per_directory(decision, resume, out_dir, path, overwrite))
     decision = broadcast_object_list([decision])[0]
     if "error" in decision:
@@ -356,11 +482,86 @@ def _decide(resume: str, views: list[tuple[str, list[str]]], path: Path | None) 
             return {"error": f"--resume {chosen}: no such checkpoint directory"}
     try:
         state = read_trainer_state(chosen)
-    except (FileNotFoundError, json.JSONDecodeError) as error:
+    except FileNotFoundError as error:
         return {"error": str(error)}
+    except CheckpointDamaged as error:
+        return {"refused": f"--resume {resume}: {error}"}
     return {"name": chosen.name, "state": state, "files": _files_under(chosen), "note": note}
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path) -> None:
-    """Restore model, optimizer, scheduler and RNG states (agree_on_start has checked every file is there)."""
-    accelerator.load_state(str(path))
+def load_checkpoint(accelerator: Accelerator, path: Path, resume: str) -> None:
+    """Collective: restore model, optimizer, scheduler and RNG states (agree_on_start has checked every file is
+    there). A file that cannot be read raises CheckpointDamaged naming it (and the rank, with several processes) on
+    every process. The trainer calls this before --overwrite removes anything: a refused resume leaves the
+    directory's previous run whole."""
+    problem = None
+    try:
+        _restore_rng_state(path / rng_state_file(accelerator.process_index))
+        accelerator.load_state(str(path))
+    except CheckpointDamaged as error:
+        problem = str(error)
+    except Exception as error:  # noqa: BLE001 -- torch, safetensors and pickle raise any kind on a damaged file
+        problem = _damage_report(path, error)
+    problems = gather_object([problem])
+    for rank, problem in enumerate(problems):
+        if problem is not None:
+            where = f"rank {rank}: " if len(problems) > 1 else ""
+            raise CheckpointDamaged(f"--resume {resume}: {where}{problem}")
+
+
+# What Accelerate restores from a process's random_states_N.pkl on every device (and a save always writes).
+_RNG_KEYS = ("random_state", "numpy_random_seed", "torch_manual_seed")
+
+
+def _restore_rng_state(file: Path) -> None:
+    """Set the Python, NumPy and torch generators from `file` (its absence is no error: a checkpoint of fewer
+    processes has none for the extra ones, which start from the seed). Accelerate's load_state sets them too but
+    only logs, at info level, when it cannot: the resume would go on from the seed's state, inexactly, unseen."""
+    if not file.is_file():
+        return
+    import random
+
+    import numpy as np
+    import torch
+    from accelerate.utils import load
+
+    try:
+        states = load(file)
+        if not isinstance(states, dict) or not all(key in states for key in _RNG_KEYS):
+            raise ValueError(f"no {', '.join(_RNG_KEYS)} in it")
+        random.setstate(states["random_state"])
+        np.random.set_state(states["numpy_random_seed"])
+        torch.set_rng_state(states["torch_manual_seed"])
+    except Exception as error:  # noqa: BLE001 -- unpickling and the generators raise any kind on bad values
+        raise CheckpointDamaged(f"{file} is damaged ({_first_line(error)}); the random states cannot be restored, "
+                                f"and the resume would not be exact") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    if "WeightsUnpickler error:" in text:  # torch's advice on weights_only comes first; the cause follows it
+        text = "WeightsUnpickler error: " + text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0]
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+def _damage_report(path: Path, error: BaseException) -> str:
+    """Which file of the checkpoint `path` made its load fail with `error`: each file is read again on its own (only
+    after a failure), in the order Accelerate reads them."""
+    from accelerate.utils import load
+    from safetensors import safe_open
+
+    order = ("model", "optimizer", "scheduler")
+    files = sorted((p for p in path.rglob("*") if p.is_file() and p.name != STATE_FILE),
+                   key=lambda p: (next((i for i, name in enumerate(order) if p.name.startswith(name)), len(order)),
+                                  str(p)))
+    for file in files:
+        try:
+            if file.suffix == ".safetensors":
+                with safe_open(str(file), framework="pt") as tensors:
+                    for key in tensors.keys():
+                        tensors.get_tensor(key)
+            elif file.suffix in (".bin", ".pt", ".pkl"):
+                load(file, map_location="cpu")  # as Accelerate reads them: weights only, no code run
+        except Exception as damage:  # noqa: BLE001 -- as above
+            return f"{file} is damaged ({_first_line(damage)})"
+    return f"{path} cannot be loaded into this run's model or optimizer ({_first_line(error)})"

@@ -39,8 +39,9 @@ from model.model import MiniNormForCausalLM
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
                           resolve_copy_rows, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
-from trainer.checkpoint import (agree_on_start, check_resume_compatible, clear_previous_files, load_checkpoint,
-                                probe_storage, save_checkpoint, saved_position)
+from trainer.checkpoint import (adopt_saved_architecture, agree_on_start, check_resume_compatible,
+                                check_saved_architecture, clear_previous_files, load_checkpoint, probe_storage,
+                                save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  set_collective_timeout, shutdown, state_is_sharded, update_inside_backward,
@@ -53,8 +54,8 @@ from trainer.objectives import CopySettings, EvalResult, LanguageModeling, Langu
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
-                             EXIT_DIVERGED, EXIT_PEER_LOST, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE, code_version,
-                             report_error, resolve_path)
+                             EXIT_DIVERGED, EXIT_PEER_LOST, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE, WEIGHT_FILES,
+                             check_out_dir, code_version, is_model_dir, report_error, resolve_path)
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -91,30 +92,46 @@ class RunSummary:
 
 def _load_tokenizer(args: TrainArgs):
     from dataset.tokenization import load_tokenizer
-    return load_tokenizer(resolve_path(args.tokenizer_path) if args.tokenizer_path else None)
+    if not args.tokenizer_path:
+        return load_tokenizer(None)
+    from model.loading import load_dir_tokenizer
+    try:
+        return load_dir_tokenizer(resolve_path(args.tokenizer_path))
+    except ValueError as error:
+        raise ValueError(f"--tokenizer_path {resolve_path(args.tokenizer_path)}: {error}") from None
 
 
 def _starting_weights(args: TrainArgs) -> Path:
     """The model directory a fine-tuning run starts from: --from_weight, else its task's default."""
     source_task = DEFAULT_FROM_WEIGHT[args.task]
     source = resolve_path(args.from_weight or DEFAULT_OUT_DIRS[source_task])
-    if not (source / "config.json").is_file():
-        raise FileNotFoundError(f"--from_weight {source}: no model to start from there; create it with "
-                                f"`{CREATE_COMMANDS[source_task]}` (or pass --from_weight DIR)")
+    if not is_model_dir(source):
+        raise FileNotFoundError(f"--from_weight {source}: no model to start from there (config.json and "
+                                f"{' or '.join(WEIGHT_FILES)}); create it with `{CREATE_COMMANDS[source_task]}` (or "
+                                f"pass --from_weight DIR)")
     return source
 
 
-def _check_model_sources(args: TrainArgs) -> None:
-    """The model directories the run starts from (--from_weight) or scores with (--teacher, --reward_model) exist:
-    a missing one is a one-line error before any data is tokenized."""
+def _check_inputs(args: TrainArgs) -> None:
+    """The run's paths, before any work: the model directories it starts from (--from_weight) or scores with
+    (--teacher, --reward_model) hold a model whose config.json reads, and --out_dir can be a directory apart from
+    them. A bad one is a one-line error naming the flag, before any data is tokenized or anything written."""
+    from model.loading import load_config
+    inputs: dict[str, Path] = {}
     if args.task != "pretrain":
-        _starting_weights(args)
+        inputs["--from_weight"] = _starting_weights(args)
     if args.task == "distill":
         from trainer.distillation import teacher_model_dir
-        teacher_model_dir(args.teacher)
+        inputs["--teacher"] = teacher_model_dir(args.teacher)
     if args.reward_model:
         from trainer.reward_model import reward_model_dir
-        reward_model_dir(resolve_path(args.reward_model))
+        inputs["--reward_model"] = reward_model_dir(resolve_path(args.reward_model))
+    for flag, source in inputs.items():
+        try:
+            load_config(source)
+        except ValueError as error:
+            raise ValueError(f"{flag} {error}") from None
+    check_out_dir(args.resolved_out_dir(), inputs)
 
 
 def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[str]]:
@@ -187,7 +204,7 @@ class Trainer:
     def __init__(self, args: TrainArgs) -> None:
         args.dtype = resolve_dtype(args.dtype)
         self.args = args
-        _check_model_sources(args)
+        _check_inputs(args)
         self.threads = ThreadPolicy(parse_threads(args.threads))  # first: the set-up runs at this count too
         self.threads.start()
         self.out_dir = args.resolved_out_dir()
@@ -209,6 +226,8 @@ class Trainer:
         self.resume = start.resume
         self.resume_from = self.resume.path if self.resume is not None else None
         self.resume_state = self.resume.state if self.resume is not None else None
+        if self.resume_state is not None:  # before the data: a refused architecture costs no tokenizing
+            adopt_saved_architecture(self.resume_from, self.resume_state, args)
         self.threads.keep_runs((self.resume_state or {}).get(THREADS_KEY))
         set_seed(args.seed)
         self.tokenizer = _load_tokenizer(args)
@@ -219,6 +238,8 @@ class Trainer:
             check_resume_compatible(self.resume_from, self.resume_state, args, self.data_identity)
         set_seed(args.seed)  # the same initial weights whatever the data building consumed
         base, self.added_switches = _build_model(args, self.tokenizer)
+        if self.resume_state is not None:
+            check_saved_architecture(self.resume_from, self.resume_state, base.config)
         args.copy_rows = resolve_copy_rows(args, self.added_switches)  # unset: by whether smeared keys are new
         if args.max_seq_len > base.config.max_position_embeddings:
             raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
@@ -267,6 +288,13 @@ class Trainer:
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.flops_per_token = flops_per_token(self.base_model.config, self.num_params, args.max_seq_len)
         self.peak_flops = args.peak_flops or peak_flops_for(self.accelerator.device, args.dtype)
+        if self.resume_from is not None:
+            # Read before anything is removed: a damaged checkpoint is refused with the previous run still whole.
+            load_checkpoint(self.accelerator, self.resume_from, args.resume)
+            # Accelerate restores its micro-batch counter, which decides on which micro-batch the gradients sync
+            # and the optimizer steps; counted under another --accumulation_steps it would put the update in the
+            # middle of a group. A resumed run always starts on a group boundary.
+            self.accelerator.step = 0
         # Every input is checked by now: only now may the previous run's files go (a refused run leaves them whole).
         cleared = clear_previous_files(self.accelerator, self.out_dir, start,
                                        writer=self.is_main if self.shared_storage
@@ -422,12 +450,7 @@ class Trainer:
     def _start(self) -> RunPosition:
         """Where this session starts: the resumed checkpoint's position (its state loaded), or a fresh run."""
         position = RunPosition()
-        if self.resume_from is not None:
-            load_checkpoint(self.accelerator, self.resume_from)
-            # Accelerate restores its micro-batch counter, which decides on which micro-batch the gradients sync
-            # and the optimizer steps; counted under another --accumulation_steps it would put the update in the
-            # middle of a group. A resumed run always starts on a group boundary.
-            self.accelerator.step = 0
+        if self.resume_from is not None:  # its states were loaded at set-up (Trainer.__init__)
             state = self.resume_state
             epoch, samples_done = saved_position(state)
             position = RunPosition(state["step"], epoch, samples_done, state["tokens_seen"])

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from trainer.rewards import Reward
+from trainer.run_dir import is_model_dir
 
 REWARD_MODEL_NAME = "reward_model"  # what its logs call it: rewards/reward_model
 # Put in place of the prompt and the completion to find them in a rendering: private-use characters no template
@@ -26,9 +27,10 @@ CONTENT_MARKS = ("\ue000prompt\ue001", "\ue000completion\ue001")
 
 
 def reward_model_dir(directory: str | Path) -> Path:
-    """The --reward_model directory, which must hold a model's config.json: else a one-line FileNotFoundError."""
+    """The --reward_model directory, which must hold a model (config.json and weights): else a one-line
+    FileNotFoundError."""
     directory = Path(directory).expanduser()
-    if not (directory / "config.json").is_file():
+    if not is_model_dir(directory):
         raise FileNotFoundError(f"--reward_model {directory}: no model there (expected a transformers "
                                 f"AutoModelForSequenceClassification directory)")
     return directory

@@ -154,6 +154,31 @@ def refuse_previous_run(out_dir: Path, what: str, why: str = "") -> ValueError:
                       f"files and start anew there, --resume auto to continue it, or choose another --out_dir")
 
 
+def check_out_dir(out_dir: Path, inputs: dict[str, Path]) -> None:
+    """Refuse, in one line naming the flags, an --out_dir that cannot be a directory (a file, or under one) or that
+    is, holds or lies inside one of the run's `inputs` (flag -> model directory it reads): the run writes its files
+    there and --overwrite removes a run's model files, which would destroy the input. Paths are compared resolved,
+    so a symlink is seen through."""
+    from model.export_dir import check_parents_are_folders
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out_dir {out_dir} is a file, not a directory; choose a directory")
+    check_parents_are_folders(out_dir, "--out_dir")
+    real_out = out_dir.resolve()
+    for flag, source in inputs.items():
+        real = source.resolve()
+        if real == real_out:
+            relation = f"is {flag} {source}"
+        elif real in real_out.parents:
+            relation = f"is inside {flag} {source}"
+        elif real_out in real.parents:
+            relation = f"holds {flag} {source}"
+        else:
+            continue
+        raise ValueError(f"--out_dir {out_dir} {relation}: the run would write over (with {OVERWRITE_FLAG}: remove) "
+                         f"the model it reads; choose an --out_dir apart from the run's inputs")
+
+
 def clear_previous_run(out_dir: Path) -> list[str]:
     """Remove the files of the run in `out_dir` that a new run would mix with (checkpoints, metrics, summary, model,
     config); returns their names."""

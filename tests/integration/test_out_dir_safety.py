@@ -162,3 +162,102 @@ def test_overwrite_with_a_bad_input_is_refused_and_leaves_the_old_run_whole(task
     error = _refused(task, argv, capsys)
     assert error.startswith(error_start.format(missing=missing)), error
     assert {p.relative_to(finished): p.read_bytes() for p in finished.rglob("*") if p.is_file()} == before
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def _damage(path: Path, how: str) -> None:
+    path.write_bytes(path.read_bytes()[:1000] if how == "truncated" else b"damaged" if how == "garbage" else b"")
+
+
+@pytest.mark.parametrize("name, how", [
+    ("model.safetensors", "truncated"),
+    ("optimizer.bin", "garbage"),
+    ("scheduler.bin", "garbage"),
+    ("random_states_0.pkl", "empty"),
+])
+def test_overwrite_with_a_damaged_checkpoint_is_refused_and_leaves_the_old_run_whole(name, how, finished,
+                                                                                     reference_run, train_data,
+                                                                                     tmp_path, capsys):
+    """--overwrite --resume CHECKPOINT removes the directory's run only once the checkpoint has been read: a damaged
+    file of it is one line naming the file, and the finished run stays (it used to be removed first)."""
+    checkpoint = tmp_path / "damaged" / "step_00000003"
+    shutil.copytree(reference_run / "checkpoints" / "step_00000003", checkpoint)
+    _damage(checkpoint / name, how)
+    before = _snapshot(finished)
+    error = _refused("pretrain", pretrain_argv(train_data, finished, *SHORT, "--resume", str(checkpoint),
+                                               "--overwrite"), capsys)
+    assert error.startswith(f"error: --resume {checkpoint}: {checkpoint / name} ") and "damaged" in error, error
+    assert _snapshot(finished) == before
+
+
+@pytest.fixture
+def starting_model(tiny_models, tmp_path) -> Path:
+    """A copy of the tiny SFT model, to start fine-tuning runs from (and to see that nothing removes it)."""
+    return Path(shutil.copytree(tiny_models.sft, tmp_path / "start"))
+
+
+@pytest.mark.parametrize("task, flag, where", [
+    ("lora", "--from_weight", "same"),
+    ("sft", "--from_weight", "same"),
+    ("dpo", "--from_weight", "out_dir inside"),
+    ("sft", "--from_weight", "input inside"),
+    ("lora", "--from_weight", "symlink"),
+    ("distill", "--teacher", "same"),
+    ("grpo", "--reward_model", "same"),
+])
+def test_an_out_dir_that_is_the_runs_input_is_refused_before_anything_is_touched(task, flag, where, starting_model,
+                                                                                tiny_models, train_data, tmp_path,
+                                                                                capsys):
+    """With --overwrite the run would remove the model it starts from (a LoRA run emptied its base model and
+    exited 0); it is refused in one line naming both flags, also through a symlink and when one holds the other."""
+    source = starting_model
+    out_dir = {"same": source, "out_dir inside": source / "run", "input inside": tmp_path / "outer",
+               "symlink": tmp_path / "link"}[where]
+    if where == "symlink":
+        out_dir.symlink_to(source)
+    if where == "input inside":
+        out_dir.mkdir()
+        source = Path(shutil.move(str(source), out_dir / "merged"))
+    argv = finetune_argv(task, train_data, tiny_models.sft, out_dir, "--max_steps", "2", "--overwrite")
+    argv[argv.index("--from_weight") + 1] = str(source if flag == "--from_weight" else tiny_models.sft)
+    if flag != "--from_weight":
+        argv += [flag, str(source)]
+    before = _snapshot(source)
+    error = _refused(task, argv, capsys)
+    assert error.startswith("error: --out_dir ") and flag in error and "choose an --out_dir apart" in error, error
+    assert _snapshot(source) == before
+
+
+@pytest.mark.parametrize("case, error_start", [
+    ("out_dir a file", "error: --out_dir {file} is a file, not a directory"),
+    ("out_dir under a file", "error: --out_dir {file}/run: {file} is a file, not a folder"),
+    ("tokenizer_path a file", "error: --tokenizer_path {file}: cannot read the tokenizer of {file}"),
+    ("from_weight without weights", "error: --from_weight {weightless}: no model to start from there"),
+    ("from_weight with a damaged config.json", "error: --from_weight {damaged}/config.json: "),
+])
+def test_a_path_flag_that_cannot_be_used_is_one_line_naming_it(case, error_start, tiny_models, train_data, tmp_path,
+                                                              capsys):
+    """Each used to end in an OSError traceback (FileExistsError, NotADirectoryError, a tokenizer or config that is
+    not JSON), some only after the data was tokenized."""
+    file = tmp_path / "afile"
+    file.write_text("hi\n")
+    weightless, damaged = tmp_path / "weightless", tmp_path / "damaged"
+    weightless.mkdir()
+    shutil.copy(tiny_models.sft / "config.json", weightless)
+    shutil.copytree(tiny_models.sft, damaged)
+    (damaged / "config.json").write_text("{ not json")
+    task, out_dir = ("pretrain" if case.startswith(("out_dir", "tokenizer")) else "sft"), tmp_path / "out"
+    extra = {"out_dir a file": [], "out_dir under a file": [], "tokenizer_path a file": ["--tokenizer_path", str(file)],
+             "from_weight without weights": [], "from_weight with a damaged config.json": []}[case]
+    out_dir = {"out_dir a file": file, "out_dir under a file": file / "run"}.get(case, out_dir)
+    if task == "pretrain":
+        argv = pretrain_argv(train_data, out_dir, *SHORT, *extra)
+    else:
+        start = weightless if "without" in case else damaged
+        argv = finetune_argv(task, train_data, start, out_dir, "--max_steps", "2")
+    error = _refused(task, argv, capsys)
+    assert error.startswith(error_start.format(file=file, weightless=weightless, damaged=damaged)), error
+    assert not out_dir.exists() or out_dir == file

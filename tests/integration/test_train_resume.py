@@ -5,6 +5,7 @@ epoch's order; a resume that could not (other data, --max_seq_len, --seed, --val
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,69 @@ def test_resume_that_cannot_map_the_data_position_is_refused(change, message, tr
     if change == "other data":
         assert "edited.jsonl" in error and "pretrain.jsonl" in error
     assert not (tmp_path / "resumed" / "metrics.jsonl").exists()  # refused before anything ran
+
+
+def _refused_line(argv: list[str], capsys) -> str:
+    capsys.readouterr()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main("pretrain", argv)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_bare_resume_auto_continues_the_runs_architecture(train_data, tmp_path):
+    """A --norm_type prmsnorm run resumed with the documented bare `--resume auto` stays prmsnorm (it used to load
+    into an RMSNorm model without a word) and reproduces the uninterrupted run."""
+    flags = ("--batch_size", "4", "--max_steps", "4")
+    arch = ("--norm_type", "prmsnorm", "--prms_p", "0.25", "--norm_eps", "1e-5", "--rope_theta", "5000")
+    uninterrupted = tmp_path / "uninterrupted"
+    run_in_process("pretrain", pretrain_argv(train_data, uninterrupted, *flags, *arch))
+    interrupted = tmp_path / "interrupted"
+    run_in_process("pretrain", pretrain_argv(train_data, interrupted, *flags, *arch, "--save_interval", "2"))
+    for name in ("run_summary.json", "model.safetensors", "config.json", "generation_config.json"):
+        (interrupted / name).unlink()
+    run_in_process("pretrain", pretrain_argv(train_data, interrupted, *flags, "--resume", "auto"))
+    config = json.loads((interrupted / "config.json").read_text())
+    assert (config["norm_type"], config["prms_p"], config["norm_eps"], config["rope_theta"]) == (
+        "prmsnorm", 0.25, 1e-5, 5000.0)
+    assert train_losses(interrupted) == train_losses(uninterrupted)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--norm_type", "layernorm"), "--norm_type was rmsnorm there and is layernorm now"),
+    (("--norm_placement", "post"), "--norm_placement was pre there and is post now"),
+    (("--qk_norm", "true"), "--qk_norm was False there and is True now"),
+    (("--hidden_size", "64", "--smeared_keys", "true"),
+     "--hidden_size was 32 there and is 64 now, --smeared_keys was False there and is True now"),
+    (("--norm_eps", "0.1"), "--norm_eps was 1e-06 there and is 0.1 now"),
+    (("--rope_theta", "100"), "--rope_theta was 1000000.0 there and is 100.0 now"),
+])
+def test_a_resume_with_another_architecture_is_refused_in_one_line(flags, message, train_data, reference_run,
+                                                                   tmp_path, capsys):
+    """Some used to end in a `RuntimeError: Error(s) in loading state_dict` traceback, the others (norm_eps,
+    rope_theta) to train the saved weights as another model without a word."""
+    argv = pretrain_argv(train_data, tmp_path / "resumed", "--batch_size", "4", *flags, "--resume",
+                         str(reference_run / "checkpoints" / "step_00000003"))
+    error = _refused_line(argv, capsys)
+    assert error.startswith("error: --resume step_00000003: the checkpoint's model differs: ") and message in error
+    assert not (tmp_path / "resumed").exists()
+
+
+@pytest.mark.parametrize("content", [b"damaged", b""])
+def test_a_damaged_rng_state_is_refused_naming_the_file(content, train_data, reference_run, tmp_path, capsys):
+    """Accelerate only logs (at info level) that it could not load the random states: the run went on from the
+    seed's, "resumed" but not exactly (other dropout masks), without a word."""
+    checkpoint = tmp_path / "step_00000003"
+    shutil.copytree(reference_run / "checkpoints" / "step_00000003", checkpoint)
+    (checkpoint / "random_states_0.pkl").write_bytes(content)
+    argv = pretrain_argv(train_data, tmp_path / "resumed", "--batch_size", "4", "--dropout", "0.1", "--resume",
+                         str(checkpoint))
+    error = _refused_line(argv, capsys)
+    assert error.startswith(f"error: --resume {checkpoint}: {checkpoint / 'random_states_0.pkl'} is damaged"), error
+    assert not (tmp_path / "resumed" / "metrics.jsonl").exists()

@@ -4,6 +4,7 @@ refusal is one line naming the flag with both values."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,132 @@ def test_a_distillation_keeps_its_teacher(tmp_path):
     assert str(refused.value) == (f"--resume step_00000002: --teacher was {tmp_path / 'b'} there and is "
                                   f"{tmp_path / 'a'} now; a run distils from one teacher (resume with --teacher "
                                   f"{tmp_path / 'b'}, or start a new run)")
+
+
+# ---------------------------------------------------------------- trainer_state.json, validated where it is read
+GOOD_STATE = {"step": 3, "epoch": 0, "samples_done_in_epoch": 12, "tokens_seen": 384, "total_steps": 4,
+              "processes": 1, "run_id": "5ea30241348b", "wandb_run_id": None, "train_time_s": 0.5,
+              "budget_fixed": False, "threads": 1, "config": {"seed": 42},
+              "data": {"path": "/d/pretrain.jsonl", "train_samples": 296, "tokens": 9500, "digest": "3ae8"},
+              "files": ["model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.bin"]}
+
+
+def _write_state(tmp_path: Path, content: object, name: str = "step_00000003") -> Path:
+    checkpoint = tmp_path / "checkpoints" / name
+    checkpoint.mkdir(parents=True)
+    state_file = checkpoint / "trainer_state.json"
+    if isinstance(content, bytes):
+        state_file.write_bytes(content)
+    else:
+        state_file.write_text(content if isinstance(content, str) else json.dumps(content))
+    return checkpoint
+
+
+def _without(*keys: str) -> dict:
+    return {k: v for k, v in GOOD_STATE.items() if k not in keys}
+
+
+@pytest.mark.parametrize("content, message", [
+    ([1, 2], "is not a JSON object (a list)"),
+    ("null", "is not a JSON object (null)"),
+    (b"\xff\xfe\x00\x81", "is not UTF-8 text"),
+    ("{", "is not valid JSON"),
+    (_without("step"), "'step' is missing"),
+    (_without("epoch"), "'epoch' is missing"),
+    (_without("tokens_seen"), "'tokens_seen' is missing"),
+    (_without("samples_done_in_epoch"), "older MiniNorm"),
+    ({**GOOD_STATE, "step": "3"}, "'step' must be an integer >= 0, not '3'"),
+    ({**GOOD_STATE, "step": True}, "'step' must be an integer >= 0, not True"),
+    ({**GOOD_STATE, "step": -5}, "'step' must be an integer >= 0, not -5"),
+    ({**GOOD_STATE, "samples_done_in_epoch": -4}, "'samples_done_in_epoch' must be an integer >= 0, not -4"),
+    ({**GOOD_STATE, "epoch": 99}, "'epoch' is 99, more than its 3 optimizer steps"),
+    ({**GOOD_STATE, "step": 5}, "'step' is 5, but the checkpoint is step_00000003"),
+    ({**GOOD_STATE, "files": "model.safetensors"}, "'files' must be a list of file names"),
+    ({**GOOD_STATE, "files": ["../../etc/passwd"]}, "'files' must be a list of file names"),
+    ({**GOOD_STATE, "config": [1]}, "'config' must be a JSON object"),
+    ({**GOOD_STATE, "data": "x"}, "'data' must be a JSON object"),
+    ({**GOOD_STATE, "data": {"path": "/d"}}, "'data' must be a JSON object"),
+    ({**GOOD_STATE, "processes": 0}, "'processes' must be an integer >= 1"),
+    ({**GOOD_STATE, "total_steps": "4"}, "'total_steps' must be an integer >= 0"),
+    ({**GOOD_STATE, "train_time_s": "x"}, "'train_time_s' must be a number >= 0"),
+    ({**GOOD_STATE, "run_id": 5}, "'run_id' must be a string"),
+    ({**GOOD_STATE, "threads": "many"}, "'threads' must be an integer >= 1"),
+], ids=lambda value: None)
+def test_a_damaged_trainer_state_is_refused_in_one_line_naming_the_file_and_field(content, message, tmp_path):
+    from trainer.checkpoint import read_trainer_state
+
+    checkpoint = _write_state(tmp_path, content)
+    with pytest.raises(ValueError) as refused:
+        read_trainer_state(checkpoint)
+    text = str(refused.value)
+    assert text.startswith(f"{checkpoint / 'trainer_state.json'}: ") and message in text, text
+    assert "\n" not in text
+
+
+def test_a_sound_trainer_state_is_read_as_written(tmp_path):
+    from trainer.checkpoint import read_trainer_state
+
+    assert read_trainer_state(_write_state(tmp_path, GOOD_STATE)) == GOOD_STATE
+    # Written before some fields existed (data, files, run_id...): still read; a copy under another name too.
+    old = _without("data", "files", "run_id", "threads", "budget_fixed", "processes", "total_steps")
+    assert read_trainer_state(_write_state(tmp_path, old, name="copied")) == old
+
+
+def test_a_data_position_past_the_training_set_is_refused(tmp_path):
+    state = {**GOOD_STATE, "samples_done_in_epoch": 10 ** 9}
+    args = parse_args("pretrain", [])
+    with pytest.raises(ValueError) as refused:
+        check_resume_compatible(CHECKPOINT, state, args, GOOD_STATE["data"])
+    assert str(refused.value) == ("--resume step_00000002: trainer_state.json: 'samples_done_in_epoch' is "
+                                  "1000000000, more than the 296 training samples")
+
+
+# ---------------------------------------------------------------- the model's architecture
+def test_a_bare_resume_takes_the_architecture_from_the_checkpoint():
+    from trainer.checkpoint import adopt_saved_architecture
+
+    saved = {"config": {"norm_type": "prmsnorm", "prms_p": 0.25, "hidden_size": 32, "norm_impl": "triton",
+                        "dropout": 0.1}}
+    args = parse_args("pretrain", ["--dropout", "0.0"])
+    adopt_saved_architecture(CHECKPOINT, saved, args)
+    # The architecture comes from the checkpoint; what only changes how it runs (norm_impl, dropout) stays the flags'.
+    assert args.model == {"norm_type": "prmsnorm", "prms_p": 0.25, "hidden_size": 32, "dropout": 0.0}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--norm_type", "rmsnorm"], "--norm_type was prmsnorm there and is rmsnorm now"),
+    (["--norm_eps", "0.1"], "--norm_eps was 1e-06 there and is 0.1 now"),
+    (["--hidden_size", "80", "--qk_norm", "true"],
+     "--hidden_size was 32 there and is 80 now, --qk_norm was False there and is True now"),
+])
+def test_an_architecture_flag_that_differs_from_the_checkpoint_is_refused(flags, message):
+    from trainer.checkpoint import adopt_saved_architecture
+
+    saved = {"config": {"norm_type": "prmsnorm", "norm_eps": 1e-6, "hidden_size": 32, "qk_norm": False}}
+    with pytest.raises(ValueError) as refused:
+        adopt_saved_architecture(CHECKPOINT, saved, parse_args("pretrain", flags))
+    assert str(refused.value) == (f"--resume step_00000002: the checkpoint's model differs: {message}; the saved "
+                                  f"weights have that architecture (resume without those flags, or start a new run)")
+
+
+def test_a_resumed_sft_run_keeps_the_smeared_keys_it_was_started_with():
+    """SFT turns smeared keys on unless told otherwise: a run started with --smeared_keys false resumes without
+    them (the task's default is not a flag the user gave)."""
+    from trainer.checkpoint import adopt_saved_architecture
+
+    args = parse_args("sft", [])
+    adopt_saved_architecture(CHECKPOINT, {"config": {"smeared_keys": False, "hidden_size": 32}}, args)
+    assert args.model["smeared_keys"] is False and "hidden_size" not in args.model  # fine-tuning: --from_weight's
+
+
+def test_the_built_model_must_have_the_checkpoints_architecture():
+    from model.config import MiniNormConfig
+    from trainer.checkpoint import check_saved_architecture
+
+    config = MiniNormConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, norm_type="rmsnorm")
+    check_saved_architecture(CHECKPOINT, {"config": {"hidden_size": 32, "norm_type": "rmsnorm"}}, config)
+    with pytest.raises(ValueError) as refused:
+        check_saved_architecture(CHECKPOINT, {"config": {"hidden_size": 64, "norm_type": "rmsnorm",
+                                                         "dropout": 0.5}}, config)
+    assert str(refused.value).startswith("--resume step_00000002: the checkpoint's model differs: hidden_size was 64 "
+                                         "there and is 32 now; ")

@@ -36,12 +36,17 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 
 import argparse  # noqa: E402
 
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, int_within, seed, utf8_text  # noqa: E402
 from trainer.inference_flags import (  # noqa: E402
     CHAT_FREQUENCY_PENALTY,
     add_penalty_flags,
     add_rope_scaling_flag,
+    device_type,
+    max_new_tokens,
     penalty_settings,
+    temperature,
+    top_k,
+    top_p,
 )
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, model_task, report_error  # noqa: E402
 
@@ -64,22 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ToolParser(description="Chat with a MiniNorm model (or any causal-LM directory)",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_source_flags(parser)
-    parser.add_argument("--prompt", help="answer this one message and exit")
-    parser.add_argument("--system", default=None, help="system prompt (chat models)")
-    parser.add_argument("--history", type=int, default=2, help="past exchanges kept in the prompt (0: none)")
-    parser.add_argument("--temperature", type=float, default=0.7, help="0 means greedy decoding")
-    parser.add_argument("--top_p", type=float, default=0.9,
+    parser.add_argument("--prompt", type=utf8_text, help="answer this one message and exit")
+    parser.add_argument("--system", type=utf8_text, default=None, help="system prompt (chat models)")
+    parser.add_argument("--history", type=int_within(0, note="0: none"), default=2,
+                        help="past exchanges kept in the prompt (0: none)")
+    parser.add_argument("--temperature", type=temperature, default=0.7,
+                        help="0 means greedy decoding; else at least 1e-05")
+    parser.add_argument("--top_p", type=top_p, default=0.9,
                         help="nucleus sampling: sample among the most likely tokens whose probabilities add up to "
                              "top_p (1: all)")
-    parser.add_argument("--top_k", type=int, default=0, help="0 means off")
+    parser.add_argument("--top_k", type=top_k, default=0, help="0 means off")
     add_penalty_flags(parser, frequency_penalty=CHAT_FREQUENCY_PENALTY)
-    parser.add_argument("--max_new_tokens", type=int, default=256,
+    parser.add_argument("--max_new_tokens", type=max_new_tokens, default=256,
                         help="the most tokens the model writes in one turn (each tool call's turn its own)")
-    parser.add_argument("--seed", type=int, default=None, help="fix the sampling for reproducible answers")
+    parser.add_argument("--seed", type=seed, default=None, help="fix the sampling for reproducible answers")
     parser.add_argument("--mode", choices=("auto", "chat", "plain"), default="auto",
                         help="chat template or plain continuation; auto: chat for SFT models, plain for "
                              "pretrained ones")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N; auto: a GPU if there is one")
+    parser.add_argument("--device", type=device_type(), default="auto",
+                        help="cpu, cuda or cuda:N; auto: a GPU if there is one")
     add_threads_flag(parser)
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                         help="the weights' precision; auto: bfloat16 on a GPU, float32 on a CPU")

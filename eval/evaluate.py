@@ -30,8 +30,8 @@ import json  # noqa: E402
 import re  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.cli import ToolParser  # noqa: E402
-from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
+from trainer.cli import ToolParser, int_within, output_file  # noqa: E402
+from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
                              locate_tool_model, model_task, report_error, resolve_input_path, resolve_path)
 
@@ -185,13 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     add_model_source_flags(parser)
     parser.add_argument("--data", nargs="+", default=list(DEFAULT_SPLITS),
                         help=f"{' / '.join(NAMED_SPLITS)} or jsonl files")
-    parser.add_argument("--max_seq_len", type=int, default=256,
+    parser.add_argument("--max_seq_len", type=int_within(1), default=256,
                         help="tokens per scored row (at most the model's max_position_embeddings)")
-    parser.add_argument("--batch_size", type=int, default=16, help="rows per forward pass")
-    parser.add_argument("--max_batches", type=int, default=0, help="per dataset; 0: all")
-    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--batch_size", type=int_within(1), default=16, help="rows per forward pass")
+    parser.add_argument("--max_batches", type=int_within(0, note="0: all"), default=0, help="per dataset; 0: all")
+    parser.add_argument("--json", type=output_file, default=None, help="also write the results to this JSON file")
     parser.add_argument("--no_samples", action="store_true", help="skip the fixed prompts' greedy answers")
-    parser.add_argument("--device", default="auto", help="auto or cpu")
+    parser.add_argument("--device", type=device_type(indexed=False), default="auto",
+                        help="auto (a GPU if there is one, placed by Accelerate) or cpu")
     add_rope_scaling_flag(parser)
     add_threads_flag(parser)
     args = parser.parse_args(argv)

@@ -50,8 +50,8 @@ from dataset.tool_dialogues import first_exchange, small_talk_dialogues, tool_di
 from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_has_fact,  # noqa: E402
                                   where_call_goes_wrong)
 
-from trainer.cli import ToolParser  # noqa: E402
-from trainer.inference_flags import add_penalty_flags, penalty_settings  # noqa: E402
+from trainer.cli import ToolParser, int_within, output_file, seed  # noqa: E402
+from trainer.inference_flags import add_penalty_flags, max_new_tokens, penalty_settings  # noqa: E402
 from trainer.rewards import repetition_penalty  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
 
@@ -85,14 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--conversions", type=int, default=conversions, help="held-out unit questions (convert_units)")
     parser.add_argument("--small_talk", type=int, default=SMALL_TALK_VAL,
                         help="held-out chit-chat openings, right when answered without a call")
-    parser.add_argument("--seed", type=int, default=TOOL_DIALOGUES_SEED, help="which held-out questions are drawn")
-    parser.add_argument("--max_new_tokens", type=int, default=160, help="tokens per generation (call or answer)")
+    parser.add_argument("--seed", type=seed, default=TOOL_DIALOGUES_SEED, help="which held-out questions are drawn")
+    parser.add_argument("--max_new_tokens", type=max_new_tokens, default=160,
+                        help="tokens per generation (call or answer)")
     add_penalty_flags(parser)  # greedy decoding, with these penalties if given (each call and each answer apart)
-    parser.add_argument("--show", type=int, default=2, help="transcripts printed per tool")
+    parser.add_argument("--show", type=int_within(0), default=2, help="transcripts printed per tool")
     parser.add_argument("--after_other", action="store_true",
                         help="ask each question after one held-out exchange of the other kind (small talk before a "
                              "tool question, a tool exchange before small talk): the multi-turn case")
-    parser.add_argument("--json", default=None, help="also write every outcome and the table to this file")
+    parser.add_argument("--json", type=output_file, default=None,
+                        help="also write every outcome and the table to this file")
     add_threads_flag(parser)
     return parser
 

@@ -5,7 +5,8 @@ prints the error first, then one line that points to --help, and exits with the 
 own code). --help is unchanged.
 
 The flag types shared by several command lines live here too, so that each range is checked in one place: a seed
-(numpy's and torch's range), integers with a lower bound, floats within a range, paths that are not empty.
+(numpy's and torch's range), integers with a lower bound, floats within a range, paths that are not empty, an output
+file that is not a directory, text that is UTF-8.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from trainer.run_dir import EXIT_ERROR
+from trainer.run_dir import EXIT_ERROR, resolve_path
 
 
 class ToolParser(argparse.ArgumentParser):
@@ -55,30 +56,44 @@ def int_within(low: int, high: int | None = None, note: str = "") -> Callable[[s
 seed = int_within(*SEED_RANGE)  # every --seed
 
 
-def float_within(low: float, high: float, note: str = "") -> Callable[[str], float]:
-    """A float flag's type: a number in low .. high, ends included (NaN never); `note` says what a value means."""
+def float_within(low: float, high: float, above_low: bool = False) -> Callable[[str], float]:
+    """A float flag's type: a number in low .. high, ends included (NaN never); `above_low`: low excluded."""
+    allowed = f"({low:g}, {high:g}]" if above_low else f"{low:g} .. {high:g}"
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low <= value <= high:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{text} is outside {low:g} .. {high:g}{f' ({note})' if note else ''}")
+        if not (low < value <= high if above_low else low <= value <= high):  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text} is outside {allowed}")
         return value
     return _flag_type(float, parse)
 
 
-def non_negative_float(note: str = "") -> Callable[[str], float]:
-    """A float flag's type: a finite number >= 0; `note` says what a value means (e.g. 0: greedy)."""
+def zero_or_at_least(smallest: float, zero_means: str) -> Callable[[str], float]:
+    """A float flag's type: 0 (which means `zero_means`) or a finite number >= `smallest`."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (value >= 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0{f' ({note})' if note else ''}")
+        if not (value == 0 or (value >= smallest and math.isfinite(value))):
+            raise argparse.ArgumentTypeError(f"{text} is not 0 ({zero_means}) or a finite number >= {smallest:g}")
         return value
     return _flag_type(float, parse)
+
+
+def utf8_text(text: str) -> str:
+    """A text flag's type: argv holds bytes that are not UTF-8 as lone surrogates, which a tokenizer refuses."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("not valid UTF-8 (the argument holds bytes that form no character)") from None
+    return text
+
+
+_flag_type(str, utf8_text)
 
 
 def path_arg(text: str) -> str:
@@ -90,3 +105,14 @@ def path_arg(text: str) -> str:
 
 
 _flag_type(str, path_arg)
+
+
+def output_file(text: str) -> str:
+    """An output file flag's type (resolved as the tools resolve it, trainer/run_dir.py): refused up front where it
+    is a directory, not after the work whose results it would hold."""
+    if resolve_path(path_arg(text)).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, expected a file")
+    return text
+
+
+_flag_type(str, output_file)

@@ -1,12 +1,17 @@
 """The inference tools' shared flags: running past the trained length (eval/chat.py, eval/evaluate.py,
-scripts/serve.py) and the penalties on repeated tokens (eval/chat.py, eval/tool_eval.py), with the ranges the
-server's requests obey as well. Kept free of torch so that --help stays fast; model/rope.py's extend_context
-applies the first, model/generation.py's GenerationSettings the others."""
+scripts/serve.py), the penalties on repeated tokens (eval/chat.py, eval/tool_eval.py), with the ranges the
+server's requests obey as well, the decoding's ranges (temperature, top-p, top-k, the tokens of a turn) and the
+device of eval/chat.py and eval/evaluate.py. Kept free of torch so that --help stays fast (a cuda device is checked
+with torch, once given); model/rope.py's extend_context applies the first, model/generation.py's GenerationSettings
+the others."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
+
+from trainer.cli import float_within, int_within, zero_or_at_least
 
 # A temperature or repetition penalty below SMALLEST_DIVISOR (or a penalty above LARGEST_FACTOR) turns float32
 # logits into infinities and NaN. OpenAI's API takes presence and frequency penalties in OPENAI_PENALTY_RANGE.
@@ -24,29 +29,49 @@ def add_rope_scaling_flag(parser: argparse.ArgumentParser) -> None:
                              "original length is the model's max_position_embeddings); MiniNorm models only")
 
 
-def _float_within(low: float, high: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low <= value <= high:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{text} is outside {low:g} .. {high:g}")
-        return value
+# The decoding flags' types (the server's requests take the same ranges, scripts/server/protocol.py): a temperature
+# below SMALLEST_DIVISOR overflows as a penalty would; ChatSession would quietly write one token for 0 new tokens.
+temperature = zero_or_at_least(SMALLEST_DIVISOR, "greedy")
+top_p = float_within(0.0, 1.0, above_low=True)
+top_k = int_within(0, note="0: off")
+max_new_tokens = int_within(1)
+DEVICE_FORM = re.compile(r"cuda(:(\d+))?")
+
+
+def device_type(indexed: bool = True) -> Callable[[str], str]:
+    """A --device flag's type: auto, cpu, and (`indexed`) cuda or cuda:N of a CUDA device this machine has; a tool
+    that leaves the placement to Accelerate takes auto or cpu only."""
+    forms = "auto, cpu, cuda or cuda:N" if indexed else "auto or cpu"
+
+    def parse(text: str) -> str:
+        if text in ("auto", "cpu"):
+            return text
+        form = DEVICE_FORM.fullmatch(text) if indexed else None
+        if form is None and not (indexed and text.startswith("cuda:")):
+            raise argparse.ArgumentTypeError(f"expected {forms}, got {text!r}")
+        import torch  # only for a cuda device: --help and cpu runs stay fast
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text} is not a device of this machine: auto or cpu (no CUDA device)")
+        if form is None or (form.group(2) is not None and int(form.group(2)) >= count):
+            raise argparse.ArgumentTypeError(f"{text} is not a device of this machine: auto, cpu, cuda or "
+                                             f"cuda:0 .. cuda:{count - 1}")
+        return text
     return parse
 
 
 def add_penalty_flags(parser: argparse.ArgumentParser, frequency_penalty: float = 0.0) -> None:
     """--repetition_penalty, --presence_penalty, --frequency_penalty: off by default, the last one
     `frequency_penalty` by default; penalty_settings(args)."""
-    parser.add_argument("--repetition_penalty", type=_float_within(SMALLEST_DIVISOR, LARGEST_FACTOR), default=1.0,
+    parser.add_argument("--repetition_penalty", type=float_within(SMALLEST_DIVISOR, LARGEST_FACTOR), default=1.0,
                         help="make every token of the prompt and the answer so far less likely: its logit divided "
                              "by this (multiplied if negative), as transformers' repetition_penalty; 1: off")
     low, high = OPENAI_PENALTY_RANGE
-    parser.add_argument("--presence_penalty", type=_float_within(low, high), default=0.0,
+    parser.add_argument("--presence_penalty", type=float_within(low, high), default=0.0,
                         help="subtract this from the logit of every token the answer has already used, once "
                              "(OpenAI's presence_penalty; the prompt is not counted); 0: off")
-    parser.add_argument("--frequency_penalty", type=_float_within(low, high), default=frequency_penalty,
+    parser.add_argument("--frequency_penalty", type=float_within(low, high), default=frequency_penalty,
                         help="subtract this times the number of times the answer has already used the token "
                              "(OpenAI's frequency_penalty; the prompt is not counted); 0: off")
 

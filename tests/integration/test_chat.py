@@ -259,3 +259,48 @@ def test_penalty_flags_reach_the_session(monkeypatch, capsys, tiny_models, chat_
         assert (settings.repetition_penalty, settings.presence_penalty, settings.frequency_penalty) == (1.0, 0.0,
                                                                                                         expected)
     assert CHAT_FREQUENCY_PENALTY > 0
+
+
+NOT_UTF8 = "a\udcffb"  # how Python's argv holds the byte 0xff, which no UTF-8 text has
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seed", "-1"], "argument --seed: -1 is not an integer in 0 .. 4294967295"),
+    (["--prompt", NOT_UTF8], "argument --prompt: not valid UTF-8 (the argument holds bytes that form no character)"),
+    (["--system", NOT_UTF8], "argument --system: not valid UTF-8 (the argument holds bytes that form no character)"),
+    (["--device", "bogus"], "argument --device: expected auto, cpu, cuda or cuda:N, got 'bogus'"),
+    (["--temperature", "nan"], "argument --temperature: nan is not 0 (greedy) or a finite number >= 1e-05"),
+    (["--temperature", "-1"], "argument --temperature: -1 is not 0 (greedy) or a finite number >= 1e-05"),
+    (["--temperature", "1e-9"], "argument --temperature: 1e-9 is not 0 (greedy) or a finite number >= 1e-05"),
+    (["--top_p", "2"], "argument --top_p: 2 is outside (0, 1]"),
+    (["--top_p", "nan"], "argument --top_p: nan is outside (0, 1]"),
+    (["--top_p", "0"], "argument --top_p: 0 is outside (0, 1]"),
+    (["--top_k", "-1"], "argument --top_k: -1 is not an integer >= 0 (0: off)"),
+    (["--history", "-1"], "argument --history: -1 is not an integer >= 0 (0: none)"),
+    (["--max_new_tokens", "0"], "argument --max_new_tokens: 0 is not an integer >= 1"),
+])
+def test_bad_flags_are_one_line_naming_the_flag(flags, message, capsys) -> None:
+    from eval.chat import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(flags)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+
+
+def test_a_cuda_device_must_exist(monkeypatch, capsys) -> None:
+    from eval.chat import build_parser
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert build_parser().parse_args(["--device", "cuda:1"]).device == "cuda:1"
+    for device in ("cuda:2", "cuda:-1", "cuda:x"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--device", device])
+        assert capsys.readouterr().err.splitlines()[0] == (
+            f"error: argument --device: {device} is not a device of this machine: auto, cpu, cuda or cuda:0 .. cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--device", "cuda"])
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "error: argument --device: cuda is not a device of this machine: auto or cpu (no CUDA device)")

@@ -145,3 +145,19 @@ def test_the_table_counts_unended_answers_and_repeated_trigrams_by_hand():
     assert (rows["wiki"]["never_ended"], rows["wiki"]["repeated_trigrams"]) == (0.5, 0.125)
     # "hi , hi , hi , hi": 7 tokens, 5 trigrams, 3 repeat ("hi , hi" and ", hi ," again)
     assert (rows["small_talk"]["never_ended"], rows["small_talk"]["repeated_trigrams"]) == (0.0, 0.6)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seed", "-1"], "argument --seed: -1 is not an integer in 0 .. 4294967295"),
+    (["--max_new_tokens", "0"], "argument --max_new_tokens: 0 is not an integer >= 1"),
+    (["--show", "-1"], "argument --show: -1 is not an integer >= 0"),
+    (["--json", ""], "argument --json: expected a path, got an empty value"),
+    (["--json", "."], "argument --json: . is a directory, expected a file"),
+])
+def test_bad_flags_are_one_line_naming_the_flag(flags, message, capsys):
+    from eval import tool_eval
+
+    with pytest.raises(SystemExit) as exit_:
+        tool_eval.build_parser().parse_args(flags)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"

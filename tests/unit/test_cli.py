@@ -23,7 +23,7 @@ def test_a_trainer_with_a_bad_preset_prints_two_lines():
 
 @pytest.mark.parametrize("module, argv, error", [
     ("eval.evaluate", ["--bogus"], "error: unrecognized arguments: --bogus"),
-    ("eval.chat", ["--temperature", "hot"], "error: argument --temperature: invalid float value: 'hot'"),
+    ("eval.chat", ["--temperature", "hot"], "error: argument --temperature: 'hot' is not a number"),
     ("scripts.sweep", [], "error: the following arguments are required: config"),
     ("eval.benchmarks.time_to_loss", ["--budget_s"], "error: argument --budget_s: expected one argument"),
 ])

@@ -168,3 +168,18 @@ def test_answers_show_bytes_that_are_not_utf8_as_escapes(tiny_models, tokenizer,
     printed = capsys.readouterr().out
     assert "你好，你是谁？ -> 你\\xe4\\xbd好\\xa0" in printed and "\ufffd" not in printed
     assert f"({3 * len(FIXED_PROMPTS['sft'])} \\xNN: bytes the model emitted that form no UTF-8 character" in printed
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max_batches", "-1"], "argument --max_batches: -1 is not an integer >= 0 (0: all)"),
+    (["--batch_size", "0"], "argument --batch_size: 0 is not an integer >= 1"),
+    (["--max_seq_len", "0"], "argument --max_seq_len: 0 is not an integer >= 1"),
+    (["--json", "."], "argument --json: . is a directory, expected a file"),
+    (["--device", "cuda:7"], "argument --device: expected auto or cpu, got 'cuda:7'"),
+    (["--device", "gpu"], "argument --device: expected auto or cpu, got 'gpu'"),
+])
+def test_bad_flags_are_refused_before_any_work(flags, message, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model_path", str(tmp_path / "missing"), "--no_samples", *flags])  # no model: parsing comes first
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"

@@ -70,16 +70,23 @@ def messages(draw, last_role: str | None = None, min_size: int = 1) -> list[dict
     return turns
 
 
+def _as_loaded(message: dict) -> tuple:
+    """A message as the loader compares it: a null content or thought is an empty one."""
+    return message["role"], message["content"] or "", message.get("reasoning_content") or ""
+
+
 @st.composite
 def good_records(draw, kind: str) -> dict:
     if kind == "text":
         record = {"text": draw(texts)}
     elif kind == "conversations":
         record = {"conversations": draw(messages())}
-    else:
+    else:  # a shared prompt, then two different answers (the same answer twice is a bad line)
         prompt = draw(messages(min_size=0))
-        record = {side: prompt + draw(messages(last_role="assistant", min_size=1).map(lambda m: m[-1:]))
-                  for side in FIELDS[kind]}
+        answer = messages(last_role="assistant", min_size=1).map(lambda m: m[-1])
+        chosen = draw(answer)
+        rejected = draw(answer.filter(lambda message: _as_loaded(message) != _as_loaded(chosen)))
+        record = {"chosen": prompt + [chosen], "rejected": prompt + [rejected]}
     extras = draw(st.dictionaries(any_strings.filter(lambda key: key not in FIELDS[kind]), json_values, max_size=2))
     return {**extras, **record} if draw(st.booleans()) else {**record, **extras}
 
@@ -95,7 +102,7 @@ def bad_objects(draw, kind: str) -> object:
     record = draw(good_records(kind))
     field = draw(st.sampled_from(FIELDS[kind]))
     how = draw(st.sampled_from(["not an object", "missing", "wrong type", "bad message", "surrogate", "bad extra"]
-                               + (["answer role", "prompt"] if kind == "preference" else [])))
+                               + (["answer role", "prompt", "same answer"] if kind == "preference" else [])))
     if how == "not an object":
         return draw(json_values.filter(lambda value: not isinstance(value, dict)))
     if how == "missing":
@@ -123,6 +130,8 @@ def bad_objects(draw, kind: str) -> object:
                                                           ["not json", '[{"name": 1}]'])))
     elif how == "answer role":
         record[field][-1]["role"] = draw(roles.filter(lambda role: role != "assistant"))
+    elif how == "same answer":
+        record["rejected"][-1] = dict(record["chosen"][-1])
     else:  # the two prompts differ: one more message in one of them
         record[field].insert(0, draw(messages().map(lambda m: m[0])))
     return record

@@ -6,6 +6,7 @@ trainer/run_dir.py's job."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +61,16 @@ def load_config(path: Path) -> PretrainedConfig:
         raise ValueError(f"{file}: {_first_line(error)}") from None
 
 
-def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, **kwargs: Any) -> PreTrainedModel:
-    """`model_class.from_pretrained(path, **kwargs)`, refusing every weight that is missing, unexpected or of
-    another shape, and an LM head that config.json says is tied but the file holds separately.
+def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_missing: Collection[str] = (),
+                  **kwargs: Any) -> PreTrainedModel:
+    """`model_class.from_pretrained(path, **kwargs)`, refusing every weight that is missing (but those named in
+    `allowed_missing`, new on purpose), unexpected or of another shape, and an LM head that config.json says is
+    tied but the file holds separately.
 
     transformers only logs those and initialises the missing weights at random: a damaged file, or a config.json
     that disagrees with it (num_hidden_layers, qk_norm, num_experts, tie_word_embeddings), would load, run and
-    export as a different model. Every load of a model directory for inference or export goes through here.
+    export as a different model. Every load of a model directory -- for inference, export, or a training run's
+    starting weights, teacher, critic and reward model -- goes through here.
     """
     load_config(path)  # a bad config.json or generation_config.json is named before any weight is read
     read_generation_config(path)
@@ -83,8 +87,9 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, **kwargs:
     finally:
         hf_logging.set_verbosity(verbosity)
     problems = []
-    if info["missing_keys"]:
-        problems.append(f"missing {_few(info['missing_keys'])}")
+    missing = set(info["missing_keys"]) - set(allowed_missing)
+    if missing:
+        problems.append(f"missing {_few(missing)}")
     if info["unexpected_keys"]:
         problems.append(f"unexpected {_few(info['unexpected_keys'])}")
     if info["mismatched_keys"]:

@@ -30,7 +30,6 @@ import torch
 import yaml
 from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
-from transformers.utils import logging as hf_logging
 
 from dataset.atomic_io import atomic_write_text
 from dataset.tokenization import check_same_tokenizer
@@ -55,7 +54,8 @@ from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
                              EXIT_DIVERGED, EXIT_PEER_LOST, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE, WEIGHT_FILES,
-                             check_out_dir, code_version, is_model_dir, report_error, resolve_path)
+                             check_out_dir, code_version, is_model_dir, load_input_model, report_error,
+                             resolve_path)
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -155,24 +155,16 @@ def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[
             raise ValueError(f"--{name} false: {source} was trained with it on; fine-tuning keeps it (leave the "
                              f"flag unset)")
     added = [name for name in addable if args.model.get(name) and not getattr(starting, name)]
-    if not added:
-        return MiniNormForCausalLM.from_pretrained(source, **args.model), []
     # A switch turned on here starts its new weights as a fresh model's do (smeared keys: logit 0, each key half its
-    # own, half the previous position's). transformers would report them as missing from the checkpoint, which
-    # they are on purpose; any other missing weight is still an error.
-    with torch.device("meta"):
-        before = set(MiniNormForCausalLM(starting).state_dict())
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        model, info = MiniNormForCausalLM.from_pretrained(source, output_loading_info=True, **args.model)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    lacking = sorted(set(info["missing_keys"]) - (set(model.state_dict()) - before))
-    if lacking:
-        raise ValueError(f"--from_weight {source}: the checkpoint lacks {lacking[0]}"
-                         + (f" and {len(lacking) - 1} more weights" if len(lacking) > 1 else ""))
-    return model, added
+    # own, half the previous position's): missing from the checkpoint on purpose. Any other missing weight, or one
+    # of another shape, is an error (transformers would start it at random).
+    new_weights: set[str] = set()
+    if added:
+        with torch.device("meta"):
+            before = set(MiniNormForCausalLM(starting).state_dict())
+            after = MiniNormForCausalLM(MiniNormConfig.from_pretrained(source, **args.model)).state_dict()
+        new_weights = set(after) - before
+    return load_input_model(source, "--from_weight", allowed_missing=new_weights, **args.model), added
 
 
 def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, Any]:
@@ -355,7 +347,7 @@ class Trainer:
         if self.args.task != "dpo":
             return LanguageModeling(moe=moe)
         from trainer.dpo import DirectPreference
-        reference = MiniNormForCausalLM.from_pretrained(_starting_weights(self.args), **self.args.model)
+        reference = load_input_model(_starting_weights(self.args), "--from_weight", **self.args.model)
         return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast)
 
     def _rollout_objective(self) -> Objective:
@@ -378,7 +370,7 @@ class Trainer:
             from trainer.grpo import WithoutAdapters
             reference = WithoutAdapters(getattr(self.unwrapped, "policy", self.unwrapped))
         elif args.beta > 0:
-            reference = MiniNormForCausalLM.from_pretrained(_starting_weights(args), **args.model)
+            reference = load_input_model(_starting_weights(args), "--from_weight", **args.model)
             reference = reference.to(self.accelerator.device)
         common = (reference, args.seed, self.accelerator.process_index, self.accelerator.autocast, self.world)
         if args.task == "ppo":

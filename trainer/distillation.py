@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader
 
 from model.model import shift_labels
 from trainer.evaluation import LMEval, evaluate_lm
-from trainer.run_dir import (CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, is_model_dir, resolve_input_path,
-                             resolve_path)
+from trainer.run_dir import (CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, is_model_dir, load_input_model,
+                             resolve_input_path, resolve_path)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -79,7 +79,6 @@ def load_teacher(teacher: str | None, student_tokenizer: PreTrainedTokenizerBase
     shares the student's tokenizer and vocabulary size; a one-line error otherwise. `runtime`: the run's model
     fields a loaded model may change (norm_impl, dropout)."""
     from dataset.tokenization import load_tokenizer
-    from model.model import MiniNormForCausalLM
 
     teacher_dir = teacher_model_dir(teacher)
     why = "distillation compares the two models' next-token distributions id by id, so both need one tokenizer"
@@ -91,7 +90,7 @@ def load_teacher(teacher: str | None, student_tokenizer: PreTrainedTokenizerBase
     mismatch = tokenizer_mismatch(student_tokenizer, teacher_tokenizer)
     if mismatch is not None:
         raise ValueError(f"--teacher {teacher_dir}: its tokenizer differs from the student's ({mismatch}); {why}")
-    teacher = MiniNormForCausalLM.from_pretrained(teacher_dir, **runtime)
+    teacher = load_input_model(teacher_dir, "--teacher", **runtime)
     if teacher.config.vocab_size != student_vocab_size:
         raise ValueError(f"--teacher {teacher_dir}: vocab_size {teacher.config.vocab_size}, the student's is "
                          f"{student_vocab_size}; {why}")

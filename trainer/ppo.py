@@ -37,6 +37,7 @@ from torch import nn
 from model.model import MiniNormForCausalLM, MiniNormModel
 from trainer.grpo import RolloutObjective, completion_log_probs, global_sums
 from trainer.rewards import Reward
+from trainer.run_dir import load_input_model
 from trainer.rl_losses import explained_fraction, gae, kl_penalized_rewards, ppo_loss, whiten
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class CriticModel(nn.Module):
 
 def load_critic(source: Path, **overrides: Any) -> CriticModel:
     """The critic of a PPO run: the trunk of the model in `source` (the policy's starting weights), a new head."""
-    return CriticModel(MiniNormForCausalLM.from_pretrained(source, **overrides).model)
+    return CriticModel(load_input_model(source, "--from_weight", **overrides).model)
 
 
 class PolicyValues(NamedTuple):

@@ -45,12 +45,17 @@ class RewardModelScorer:
     def __init__(self, directory: str | Path, device: torch.device | str = "cpu") -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        from model.loading import load_strictly
+
         directory = reward_model_dir(directory)
         self.tokenizer = AutoTokenizer.from_pretrained(directory)
         if self.tokenizer.chat_template is None:
             raise ValueError(f"--reward_model {directory}: its tokenizer has no chat template to render the "
                              f"prompt and completion with")
-        self.model = AutoModelForSequenceClassification.from_pretrained(directory).to(device).eval()
+        try:  # strictly: a score head missing from the file would score at random
+            self.model = load_strictly(directory, AutoModelForSequenceClassification).to(device).eval()
+        except ValueError as error:
+            raise ValueError(f"--reward_model {error}") from None
         if self.model.config.num_labels != 1:
             raise ValueError(f"--reward_model {directory}: num_labels is {self.model.config.num_labels}; a reward "
                              f"model has one (a scalar score)")

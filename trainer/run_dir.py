@@ -257,6 +257,20 @@ def is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and any((path / name).is_file() for name in WEIGHT_FILES)
 
 
+def load_input_model(source: Path, flag: str, allowed_missing: set[str] | frozenset[str] = frozenset(),
+                     **overrides: Any) -> Any:
+    """The MiniNorm model in the directory `flag` names (a run's starting weights, teacher or critic), loaded
+    strictly (model.loading.load_strictly): a weight missing from its file (but `allowed_missing`, new on purpose),
+    unexpected or of another shape is a one-line error naming the flag, where transformers would start it at
+    random and the run would train on."""
+    from model.loading import load_strictly
+    from model.model import MiniNormForCausalLM
+    try:
+        return load_strictly(source, MiniNormForCausalLM, allowed_missing=allowed_missing, **overrides)
+    except ValueError as error:
+        raise ValueError(f"{flag} {error}") from None
+
+
 def is_adapter_dir(path: Path) -> bool:
     """A PEFT adapter directory (what trainer/train_lora.py writes): it needs its base model to run."""
     return (path / ADAPTER_CONFIG_FILE).is_file()

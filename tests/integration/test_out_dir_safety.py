@@ -21,8 +21,9 @@ from trainer.run_dir import read_metrics
 SHORT = ("--batch_size", "4", "--max_steps", "4")
 
 
-def _refused(task: str, argv: list[str], capsys) -> str:
-    """The one error line of a trainer run that must refuse before writing anything."""
+def _refused(task: str, argv: list[str], capsys, after_tokenizing: bool = False) -> str:
+    """The one error line of a trainer run that must refuse before writing anything (`after_tokenizing`: the
+    refusal comes after the progress bars of the data and the weights, as their last line)."""
     capsys.readouterr()
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
@@ -32,8 +33,11 @@ def _refused(task: str, argv: list[str], capsys) -> str:
         AcceleratorState._reset_state(reset_partial_state=True)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
+    if after_tokenizing:
+        assert all(not line or line.startswith(("tokenizing ", "Loading weights")) for line in err[:-1]), err
+    else:
+        assert len(err) == 1, err
+    return err[-1]
 
 
 def _run_id(out_dir: Path) -> str:
@@ -261,3 +265,24 @@ def test_a_path_flag_that_cannot_be_used_is_one_line_naming_it(case, error_start
     error = _refused(task, argv, capsys)
     assert error.startswith(error_start.format(file=file, weightless=weightless, damaged=damaged)), error
     assert not out_dir.exists() or out_dir == file
+
+
+@pytest.mark.parametrize("task, flag", [("sft", "--from_weight"), ("lora", "--from_weight"),
+                                        ("distill", "--teacher")])
+def test_an_input_model_missing_a_weight_is_refused_naming_it(task, flag, tiny_models, train_data, tmp_path,
+                                                              capsys):
+    """transformers fills a weight missing from model.safetensors with a fresh initialisation and only logs it: a
+    run started (or distilled) from such a damaged model trained on as if nothing were wrong (rc 0)."""
+    from safetensors.torch import load_file, save_file
+
+    damaged = Path(shutil.copytree(tiny_models.sft, tmp_path / "damaged"))
+    weights = load_file(damaged / "model.safetensors")
+    save_file({name: tensor for name, tensor in weights.items() if name != "model.norm.weight"},
+              damaged / "model.safetensors", metadata={"format": "pt"})
+    start = damaged if flag == "--from_weight" else tiny_models.sft
+    argv = finetune_argv(task, train_data, start, tmp_path / "out", "--max_steps", "2")
+    if flag == "--teacher":
+        argv += ["--teacher", str(damaged)]
+    error = _refused(task, argv, capsys, after_tokenizing=True)  # the weights are read after the data is built
+    assert error.startswith(f"error: {flag} ") and "model.norm.weight" in error and str(damaged) in error, \
+        error

@@ -99,3 +99,15 @@ def test_a_directory_that_is_not_a_reward_model_is_refused_in_one_line(tokenizer
     _reward_model(tokenizer, tmp_path / "two", num_labels=2)
     with pytest.raises(ValueError, match=r"^--reward_model .*: num_labels is 2; a reward model has one"):
         RewardModelScorer(tmp_path / "two")
+
+
+def test_a_reward_model_missing_its_score_head_is_refused(tokenizer, tmp_path):
+    """transformers starts a head missing from the file at random and only logs it: every score would be noise."""
+    from safetensors.torch import load_file, save_file
+
+    _reward_model(tokenizer, tmp_path / "rm")
+    weights = load_file(tmp_path / "rm" / "model.safetensors")
+    save_file({name: tensor for name, tensor in weights.items() if name != "score.weight"},
+              tmp_path / "rm" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"^--reward_model cannot load .*rm: .*missing score\.weight$"):
+        load_reward_model(tmp_path / "rm", weight=1.0)

@@ -33,7 +33,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 
 from trainer.cli import ToolParser  # noqa: E402
-from trainer.inference_flags import add_rope_scaling_flag  # noqa: E402
+from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 
@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="chat template or plain continuation of the last message; auto: chat for SFT models")
     parser.add_argument("--max_batch", type=int, default=8, help="requests decoded together")
     parser.add_argument("--max_waiting", type=int, default=64, help="queued requests beyond which 503 is returned")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; auto: cuda when there is one")
+    parser.add_argument("--device", type=device_type(), default="auto",
+                        help="cpu, cuda, cuda:1, ...; auto: cuda when there is one")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                         help="the weights' dtype; auto: bfloat16 on CUDA, float32 elsewhere")
     parser.add_argument("--no_tools", action="store_true", help="offer clients no built-in tools (GET /tools)")

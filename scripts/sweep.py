@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, seed  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, REPO_ROOT, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
                              report_error, resolve_path)
 from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, append_result,  # noqa: E402
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wandb_mode", choices=("offline", "online", "disabled"),
                         help="default: online if a wandb API key is configured, else offline")
     parser.add_argument("--max_trials", type=int, help="run at most this many trials now, then stop (resumable)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random/bayes proposals")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random/bayes proposals")
     parser.add_argument("--stop_on_failure", action="store_true", help="stop at the first crashed trial")
     parser.add_argument("--dry_run", action="store_true", help="print the trials' parameters, run nothing")
     parser.add_argument("--workers", type=int, default=1,

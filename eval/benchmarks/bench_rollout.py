@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Callable  # noqa: E402
 import torch  # noqa: E402
 
 from model.generation import DECODE_MODES  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, seed  # noqa: E402
 from trainer.grpo import ROLLOUT_DECODE  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import REPO_ROOT  # noqa: E402
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the table shows medians")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every variant")
     parser.add_argument("--engine_ref", default=None, help="also run model/generation.py at this git revision")
-    parser.add_argument("--seed", type=int, default=0, help="draws the model's fresh weights")
+    parser.add_argument("--seed", type=seed, default=0, help="draws the model's fresh weights")
     parser.add_argument("--decode", default=ROLLOUT_DECODE, choices=DECODE_MODES,
                         help="the engine's decode mode (model/generation.py)")
     parser.add_argument("--stance", default="force_eager", choices=("force_eager", "default"),

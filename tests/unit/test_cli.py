@@ -26,6 +26,13 @@ def test_a_trainer_with_a_bad_preset_prints_two_lines():
     ("eval.chat", ["--temperature", "hot"], "error: argument --temperature: 'hot' is not a number"),
     ("scripts.sweep", [], "error: the following arguments are required: config"),
     ("eval.benchmarks.time_to_loss", ["--budget_s"], "error: argument --budget_s: expected one argument"),
+    # every --seed takes what numpy and torch can seed with, every --device what the machine has (one type each)
+    ("scripts.sweep", ["c.yaml", "--seed", "-1"], "error: argument --seed: -1 is not an integer in 0 .. 4294967295"),
+    ("eval.copy_probe", ["--seed", "-1"], "error: argument --seed: -1 is not an integer in 0 .. 4294967295"),
+    ("eval.benchmarks.bench_rollout", ["--seed", "4294967296"],
+     "error: argument --seed: 4294967296 is not an integer in 0 .. 4294967295"),
+    ("scripts.serve", ["--device", "bogus"],
+     "error: argument --device: expected auto, cpu, cuda or cuda:N, got 'bogus'"),
 ])
 def test_tools_print_the_error_and_a_pointer_to_help(module, argv, error, capsys):
     import importlib

@@ -6,10 +6,14 @@
     printf 'Hi!\\nWhat is the capital of France?\\n' | python eval/chat.py --temperature 0
     python eval/chat.py --prompt "What is 17 * 23?" --no_tools    # no tools in the prompt, no calls run
 
-Interactive: streamed answers, `/reset` clears the history, `/exit` (or Ctrl-D) quits. `--prompt` answers once;
-piped stdin answers each line until EOF. Answers go to stdout; the banner and tokens/s go to stderr. Decoding
-takes chat's frequency penalty (trainer/inference_flags.py's CHAT_FREQUENCY_PENALTY), which ends the small models'
-loops; `--frequency_penalty 0` turns it off.
+Interactive: streamed answers, `/reset` clears the history, `/exit` (or Ctrl-D) quits; a line that starts with `//`
+is sent with one `/`, and any other `/word` is an unknown command (not sent). Ctrl-C stops an answer: on a terminal
+the session goes on without that message, on piped input the run ends (exit code 130). `--prompt` answers once;
+piped stdin answers each line until EOF (a line that is not UTF-8 is refused and skipped). What is cut to fit the
+model's context (the oldest exchanges, or the start of a message too long for it) is said on stderr. Answers go to
+stdout; the banner, those notes and tokens/s go to stderr. Decoding takes chat's frequency penalty
+(trainer/inference_flags.py's CHAT_FREQUENCY_PENALTY), which ends the small models' loops; `--frequency_penalty 0`
+turns it off.
 
 Chat models get the built-in tools (dataset/tools.py) unless `--no_tools`: a reply the model writes as a tool call
 is run, its result fed back and the model asked again (model/chat_session.py, at most MAX_TOOL_ROUNDS rounds). Each
@@ -35,7 +39,9 @@ from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
 
 import argparse  # noqa: E402
+import re  # noqa: E402
 
+from dataset.json_text import surrogate_at  # noqa: E402
 from trainer.cli import ToolParser, int_within, seed, utf8_text  # noqa: E402
 from trainer.inference_flags import (  # noqa: E402
     CHAT_FREQUENCY_PENALTY,
@@ -51,7 +57,10 @@ from trainer.inference_flags import (  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
+COMMAND = re.compile(r"/([A-Za-z][\w-]*)(?:\s+(.*))?", re.DOTALL)  # "/usr/bin is ..." is no command: a message
 MAX_ROUNDS_NOTE = "the tool-round limit was reached"
+INTERRUPTED = "(interrupted: that message and its partial answer are not kept in the history)"
+INTERRUPTED_EXIT = 130  # a shell's code for a run ended by SIGINT
 
 
 def _tool_names(text: str) -> list[str]:
@@ -128,6 +137,20 @@ def _show_round(round_) -> None:
         _write(f"{TOOL_PREFIX}{call['name']}: not run, {MAX_ROUNDS_NOTE}\n")
 
 
+def _fit_notes(fit, max_context: int, max_new_tokens: int) -> list[str]:
+    """What was cut from the prompt to fit the context, in words (nothing when nothing was cut)."""
+    notes = []
+    if fit is not None and fit.dropped_exchanges:
+        count = fit.dropped_exchanges
+        notes.append(f"(the oldest {count} exchange{'s' if count > 1 else ''} of the history "
+                     f"{'were' if count > 1 else 'was'} left out of the prompt: the model's context is {max_context} "
+                     f"tokens, with room for --max_new_tokens {max_new_tokens})")
+    if fit is not None and fit.uncut_tokens:
+        notes.append(f"(the prompt is {fit.uncut_tokens} tokens, over the model's context of {max_context}: only its "
+                     f"last {len(fit.ids)} tokens were kept)")
+    return notes
+
+
 def _answer(session, text: str, stream: bool) -> None:
     # With tools or thinking, a generation is shown once it is read back: its call or thought is not the answer.
     stream = stream and not session.tools and not session.open_thinking
@@ -135,12 +158,18 @@ def _answer(session, text: str, stream: bool) -> None:
     if not stream:
         _write(reply.text)
     _write("\n")
+    for note in _fit_notes(reply.fit, session.max_context, session.settings.max_new_tokens):
+        print(note, file=sys.stderr)
     ending = "" if reply.stopped_at_eos else ", stopped at max_new_tokens"
     print(f"[{reply.new_tokens} tokens, {reply.tokens_per_s:.1f} tokens/s{ending}]", file=sys.stderr, flush=True)
 
 
 def _lines(interactive: bool):
     """User messages: prompted input() on a terminal, else the lines of stdin until EOF."""
+    # Bytes that are not UTF-8 come through as lone surrogates, for _read to refuse that line alone (a strict
+    # decoder would end the whole run at the first bad byte).
+    if callable(getattr(sys.stdin, "reconfigure", None)):
+        sys.stdin.reconfigure(errors="surrogateescape")
     if not interactive:
         yield from (line.rstrip("\n") for line in sys.stdin)
         return
@@ -150,6 +179,54 @@ def _lines(interactive: bool):
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return
+
+
+def _read(line: str, where: str) -> tuple[str, str]:
+    """What a line of input is: ("command", /reset or /exit), ("message", its text), ("error", why it is not sent)
+    or ("nothing", "") for a blank line."""
+    text = line.strip()  # stray spaces and a CR are not the user's words
+    index = surrogate_at(text)
+    if index is not None:
+        code = ord(text[index])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        return "error", f"{where} is not valid UTF-8 ({what} at character {index}); not sent"
+    if text.startswith("//"):  # the way to send a line that starts with "/"
+        return "message", text[1:]
+    command = COMMAND.fullmatch(text)
+    if command is None:
+        return ("message", text) if text else ("nothing", "")
+    name = "/" + command[1]
+    if name not in (RESET, EXIT):
+        return "error", (f"unknown command {name} (commands: {RESET}, {EXIT}; start a message with // to send a line "
+                         f"that begins with /); not sent")
+    if command[2]:
+        return "error", f"{name} takes no words after it; not sent"
+    return "command", name
+
+
+def _converse(session, stream: bool, interactive: bool) -> int:
+    """Answer each line of input until /exit or its end; Ctrl-C drops the answer in progress (and ends a piped
+    run), never the session's history."""
+    for number, line in enumerate(_lines(interactive), start=1):
+        kind, value = _read(line, "that message" if interactive else f"line {number}")
+        if kind == "error":
+            print(f"error: {value}", file=sys.stderr, flush=True)
+        elif value == EXIT:
+            break
+        elif value == RESET:
+            session.reset()
+            print("(history cleared)", file=sys.stderr, flush=True)
+        elif kind == "message":
+            if interactive:
+                sys.stdout.write("bot> ")
+            try:
+                _answer(session, value, stream)
+            except KeyboardInterrupt:
+                _write("\n")  # ends a partly streamed answer's line
+                print(INTERRUPTED, file=sys.stderr, flush=True)
+                if not interactive:
+                    return INTERRUPTED_EXIT
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,25 +268,21 @@ def main(argv: list[str] | None = None) -> int:
     stream = not args.no_stream
 
     if args.prompt is not None:
-        _answer(session, args.prompt, stream)
+        try:
+            _answer(session, args.prompt, stream)
+        except KeyboardInterrupt:
+            _write("\n")
+            print("(interrupted)", file=sys.stderr, flush=True)
+            return INTERRUPTED_EXIT
         return 0
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"type a message; {RESET} clears the history, {EXIT} quits", file=sys.stderr)
-    for line in _lines(interactive):
-        command = line.strip()
-        if command == EXIT:
-            break
-        if command == RESET:
-            session.reset()
-            print("(history cleared)", file=sys.stderr, flush=True)
-            continue
-        if not command:
-            continue
-        if interactive:
-            sys.stdout.write("bot> ")
-        _answer(session, command, stream)  # stripped: stray spaces and a CR are not the user's words
-    return 0
+    try:
+        return _converse(session, stream, interactive)
+    except KeyboardInterrupt:  # while piped input was being read
+        print("(interrupted)", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -67,10 +67,26 @@ class Reply:
     stopped_at_eos: bool  # False: it ran into max_new_tokens (or the context length)
     token_ids: list[int] = field(default_factory=list)  # the last generation's
     rounds: list[ToolRound] = field(default_factory=list)  # every generation, read back (chat template only)
+    fit: PromptFit | None = None  # how the prompt was cut to fit the context (the round that cut most)
 
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+class PromptFit(NamedTuple):
+    """A prompt made to fit the model's context: its ids, the new-token budget left beside them, the past exchanges
+    left out (oldest first) and, when even the message in progress did not fit, the length it had before its start
+    was cut away (0: not cut)."""
+
+    ids: list[int]
+    budget: int
+    dropped_exchanges: int = 0
+    uncut_tokens: int = 0
+
+    @property
+    def cut(self) -> bool:
+        return self.dropped_exchanges > 0 or self.uncut_tokens > 0
 
 
 def uses_chat_template(mode: str, task: str | None, tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -148,20 +164,30 @@ class ChatSession:
                              open_thinking=self.open_thinking)[0]
 
     def _prompt_ids(self, user_text: str | list[dict]) -> tuple[list[int], int]:
+        """Prompt token ids and the new-token budget (fit_prompt's)."""
+        fit = self.fit_prompt(user_text)
+        return fit.ids, fit.budget
+
+    def fit_prompt(self, user_text: str | list[dict]) -> PromptFit:
         """Prompt token ids and the new-token budget, dropping the oldest exchanges to fit the context (the
-        exchange in progress -- a user message, or it with calls and results -- is kept)."""
+        exchange in progress -- a user message, or it with calls and results -- is kept); what was cut is
+        recorded, for the caller to say."""
         current = [{"role": "user", "content": user_text}] if isinstance(user_text, str) else user_text
         messages = self._conversation(current)
         first_past = 1 if self.system_prompt else 0  # index of the oldest past message
+        dropped = 0
         while True:
             ids = encode_prompt(self.tokenizer, messages, self.use_template, self.tools or None, self.open_thinking)
             past = messages[first_past:len(messages) - len(current)]
             if len(ids) + self.settings.max_new_tokens <= self.max_context or not past:
                 break
             del messages[first_past:first_past + len(split_exchanges(past)[0])]  # the oldest exchange
+            dropped += 1
+        uncut = 0
         if len(ids) >= self.max_context:  # a single message longer than the context: keep its end
-            ids = ids[-(self.max_context // 2):]
-        return ids, max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))
+            uncut, ids = len(ids), ids[-(self.max_context // 2):]
+        budget = max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))
+        return PromptFit(ids, budget, dropped, uncut)
 
     def reply(self, user_text: str, on_text: Callable[[str], None] | None = None,
               on_round: Callable[[ToolRound], None] | None = None) -> Reply:
@@ -171,10 +197,14 @@ class ChatSession:
         current: list[dict[str, Any]] = [{"role": "user", "content": user_text}]
         rounds: list[ToolRound] = []
         new_tokens, seconds = 0, 0.0
+        fit: PromptFit | None = None
         while True:
-            ids, budget = self._prompt_ids(current)
-            settings = dataclasses.replace(self.settings, max_new_tokens=budget)
-            generation = self.engine.generate(ids, settings, on_text=on_text)
+            prompt = self.fit_prompt(current)
+            if prompt.cut and (fit is None or (prompt.dropped_exchanges, prompt.uncut_tokens)
+                               > (fit.dropped_exchanges, fit.uncut_tokens)):
+                fit = prompt
+            settings = dataclasses.replace(self.settings, max_new_tokens=prompt.budget)
+            generation = self.engine.generate(prompt.ids, settings, on_text=on_text)
             if generation.finish_reason == FINISH_ERROR:
                 raise RuntimeError(f"generation failed: {generation.error}")
             new_tokens, seconds = new_tokens + len(generation.token_ids), seconds + generation.seconds
@@ -205,4 +235,4 @@ class ChatSession:
             self.history += current
         return Reply(text=text, new_tokens=new_tokens, seconds=seconds,
                      stopped_at_eos=generation.finish_reason == FINISH_STOP, token_ids=generation.token_ids,
-                     rounds=rounds)
+                     rounds=rounds, fit=fit)

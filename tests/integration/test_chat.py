@@ -304,3 +304,110 @@ def test_a_cuda_device_must_exist(monkeypatch, capsys) -> None:
         build_parser().parse_args(["--device", "cuda"])
     assert capsys.readouterr().err.splitlines()[0] == (
         "error: argument --device: cuda is not a device of this machine: auto or cpu (no CUDA device)")
+
+
+# ------------------------------------------------------------------------ hostile stdin, commands, Ctrl-C, context
+class TerminalInput(io.StringIO):
+    """A terminal's input for eval/chat.py: input() reads it line by line (it has no file descriptor of its own)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def chat_with_stdin(monkeypatch, capsys, stdin, *args: str) -> tuple[int, str, str]:
+    """main() with `stdin` as sys.stdin, whatever kind of stream it is."""
+    from eval import chat
+
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code = chat.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("errors", ["strict", "surrogateescape"])  # a UTF-8 locale's stdin, and the C locale's
+def test_a_line_that_is_not_utf8_is_refused_and_the_session_goes_on(monkeypatch, capsys, tiny_models,
+                                                                  errors) -> None:
+    stdin = io.TextIOWrapper(io.BytesIO(b"\xff\xfe bad\nWho are you?\n"), encoding="utf-8", errors=errors)
+    code, out, err = chat_with_stdin(monkeypatch, capsys, stdin, "--model_path", str(tiny_models.sft), *GREEDY,
+                                     "--no_stream")
+    assert code == 0, err
+    assert out == f"{tiny_models.reply}\n"
+    assert "error: line 1 is not valid UTF-8 (byte 0xff at character 0); not sent" in err.splitlines()
+    assert "Traceback" not in err
+
+
+def test_commands_take_no_words_and_unknown_ones_are_not_sent(monkeypatch, capsys, tiny_models) -> None:
+    sent: list[str] = []
+    original = ChatSession.reply
+
+    def recording_reply(self, user_text, **kwargs):
+        sent.append(user_text)
+        return original(self, user_text, **kwargs)
+
+    monkeypatch.setattr(ChatSession, "reply", recording_reply)
+    stdin = "/reset extra\n/help\n//etc is a folder\n/exit now\n/usr/bin is a path\nHi\n/exit\nnever sent\n"
+    code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
+                                   "--no_stream", stdin=stdin)
+    assert code == 0, err
+    assert sent == ["/etc is a folder", "/usr/bin is a path", "Hi"]  # "//" sends a line that starts with "/"
+    lines = err.splitlines()
+    assert "error: /reset takes no words after it; not sent" in lines
+    assert "error: /exit takes no words after it; not sent" in lines
+    assert "error: unknown command /help (commands: /reset, /exit; start a message with // to send a line that " \
+           "begins with /); not sent" in lines
+    assert "(history cleared)" not in err
+
+
+def interrupt_generation(monkeypatch, times: int = 1) -> None:
+    """Ctrl-C in the middle of the next `times` generations: the third decode step of each raises it."""
+    from model.generation import GenerationEngine
+
+    original, steps = GenerationEngine.step, {"count": 0}
+
+    def step(self) -> None:
+        steps["count"] += 1
+        if steps["count"] % 3 == 0 and steps["count"] <= 3 * times:
+            raise KeyboardInterrupt
+        original(self)
+
+    monkeypatch.setattr(GenerationEngine, "step", step)
+
+
+def test_ctrl_c_on_a_terminal_drops_that_answer_and_says_so(monkeypatch, capsys, tiny_models, chat_sessions) -> None:
+    interrupt_generation(monkeypatch)
+    code, out, err = chat_with_stdin(monkeypatch, capsys, TerminalInput("Tell me a story\nWho are you?\n"),
+                                     "--model_path", str(tiny_models.sft), *GREEDY)
+    assert code == 0, err
+    assert "Traceback" not in err and out.endswith(f"bot> {tiny_models.reply}\n\nyou> ")
+    assert "(interrupted: that message and its partial answer are not kept in the history)" in err.splitlines()
+    (session,) = chat_sessions
+    assert [m["content"] for m in session.history if m["role"] == "user"] == ["Who are you?"]
+    assert session.engine.load == (0, 0)  # the interrupted request left the engine
+
+
+def test_ctrl_c_on_piped_input_ends_the_run_in_one_line(monkeypatch, capsys, tiny_models) -> None:
+    interrupt_generation(monkeypatch)
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
+                                     stdin="Tell me a story\nnever answered\n")
+    assert code == 130
+    assert "Traceback" not in err and tiny_models.reply not in out
+    assert err.splitlines()[-1] == "(interrupted: that message and its partial answer are not kept in the history)"
+
+
+def test_what_is_cut_to_fit_the_context_is_said(monkeypatch, capsys, tiny_models) -> None:
+    # The tiny model's context is 128 tokens: 100 new tokens leave no room for the first exchange beside the second
+    # message, and a message of 300 words does not fit at all.
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), "--temperature",
+                                     "0", "--max_new_tokens", "100", "--no_tools", "--no_stream",
+                                     stdin="Who are you?\nAnd you?\n" + "word " * 300 + "\n")
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if line.startswith("(") and "context" in line]
+    # The first message fitted: nothing said. The second left out the first exchange; the third left out both and
+    # was cut itself.
+    assert notes[:2] == [
+        "(the oldest 1 exchange of the history was left out of the prompt: the model's context is 128 tokens, with "
+        "room for --max_new_tokens 100)",
+        "(the oldest 2 exchanges of the history were left out of the prompt: the model's context is 128 tokens, "
+        "with room for --max_new_tokens 100)"]
+    assert len(notes) == 3 and notes[2].startswith("(the prompt is ") and notes[2].endswith(
+        " tokens, over the model's context of 128: only its last 64 tokens were kept)")

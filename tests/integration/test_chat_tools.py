@@ -218,3 +218,30 @@ def test_the_cli_decodes_calls_greedily_unless_told(monkeypatch, capsys, tool_mo
     chat(monkeypatch, capsys, tool_model, "--prompt", "What is 2+3?", "--no_tools")
     span = tool_call_span(chat_sessions[0].tokenizer)
     assert [session.settings.greedy_span for session in chat_sessions] == [span, None, None]
+
+
+def test_ctrl_c_during_a_tool_call_drops_that_exchange_and_the_session_goes_on(monkeypatch, capsys, tool_model,
+                                                                               chat_sessions) -> None:
+    from eval import chat as chat_tool
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    calls = {"count": 0}
+
+    def interrupted_once(name: str, arguments: dict) -> str:
+        calls["count"] += 1
+        if calls["count"] == 1:
+            raise KeyboardInterrupt
+        return run_tool(name, arguments)
+
+    monkeypatch.setattr("model.chat_session.run_tool", interrupted_once)
+    monkeypatch.setattr(sys, "stdin", Terminal("What is 2+3?\nWhat is 2+3?\n"))
+    code = chat_tool.main(["--model_path", str(tool_model), *GREEDY])
+    captured = capsys.readouterr()
+    assert code == 0 and "Traceback" not in captured.err
+    assert "(interrupted: that message and its partial answer are not kept in the history)" in captured.err
+    assert f'[tool] calculator({{"expression": "2+3"}}) -> 5\n{ANSWER}\n' in captured.out
+    (chat_session,) = chat_sessions
+    assert [m["role"] for m in chat_session.history] == ["user", "assistant", "tool", "assistant"]  # the 2nd only

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.requests import ClientDisconnect
 
 from scripts.server.builtin_tools import RUN_REQUEST_BODY, offered_tools, parse_run_request, run_call
 from scripts.server.completion import Completion, generation_settings, prompt_ids
@@ -42,16 +43,35 @@ def authorize(request: Request, api_key: str | None) -> None:
                        code="invalid_api_key")
 
 
+def check_json_content_type(request: Request) -> None:
+    """An APIError (415) unless the body is declared JSON (application/json or application/*+json) or not declared
+    at all. A form or another site's page can send text/plain or a form type without the browser asking first (a
+    CORS "simple request"), so reading those as JSON would let any page a user visits drive this server; FastAPI
+    refuses them for its own JSON bodies in the same way."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return
+    media_type = declared.partition(";")[0].strip().lower()
+    kind, _, subtype = media_type.partition("/")
+    if kind != "application" or not (subtype == "json" or subtype.endswith("+json")):
+        raise APIError(415, f"Content-Type must be application/json, got {declared!r}", code="unsupported_media_type")
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request's body; an APIError (413) as soon as it is known to be over `limit` bytes (read no further)."""
+    """The request's JSON body; an APIError: 415 when it is declared as another type, 413 as soon as it is known to
+    be over `limit` bytes (read no further), 499 (read by nobody) when the client hangs up before its end."""
+    check_json_content_type(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"the request body is {int(declared)} bytes; the limit is {limit}", code="too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise APIError(413, f"the request body is over the limit of {limit} bytes", code="too_large")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise APIError(413, f"the request body is over the limit of {limit} bytes", code="too_large")
+    except ClientDisconnect:  # not the server's error: no 500, no traceback in its log
+        raise APIError(499, "the client closed the connection before its body ended") from None
     return bytes(body)
 
 

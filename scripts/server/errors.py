@@ -53,7 +53,9 @@ async def _api_error(request: Request, error: APIError) -> JSONResponse:
 
 
 async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
-    return JSONResponse(APIError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
+    # The framework's headers go along: a 405's Allow names the methods the route takes (HTTP requires it).
+    return JSONResponse(APIError(error.status_code, str(error.detail)).body(), status_code=error.status_code,
+                        headers=error.headers)
 
 
 async def _request_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

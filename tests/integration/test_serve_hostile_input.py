@@ -210,3 +210,58 @@ def test_the_openapi_document_describes_the_chat_request(server) -> None:
     message = schemas[request["properties"]["messages"]["items"]["$ref"].rsplit("/", 1)[1]]
     assert message["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant", "tool"]
     assert {"/v1/models", "/health"} <= set(document["paths"])
+
+
+# ------------------------------------------------------------------------- what the HTTP layer carries
+NOT_JSON_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                  "text/plain;charset=UTF-8"]
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/tools/run"])
+@pytest.mark.parametrize("content_type", NOT_JSON_TYPES)
+def test_a_body_declared_as_something_else_than_json_is_a_415(server, route, content_type) -> None:
+    """What a form or another site's page can send without the browser asking first (a CORS "simple request"):
+    refused, as FastAPI refuses it for its own JSON bodies."""
+    response = httpx.post(f"{server}{route}", content=json.dumps({"messages": USER, "max_tokens": 2}).encode(),
+                          headers={"content-type": content_type}, timeout=TIMEOUT)
+    assert response.status_code == 415, response.text
+    assert response.json()["error"]["message"] == (f"Content-Type must be application/json, got {content_type!r}")
+
+
+@pytest.mark.parametrize("content_type", [None, "application/json", "application/json; charset=utf-8",
+                                          "Application/JSON", "application/merge-patch+json"])
+def test_a_json_body_or_an_undeclared_one_is_read(server, content_type) -> None:
+    headers = {"content-type": content_type} if content_type else {}
+    response = httpx.post(f"{server}/v1/chat/completions", headers=headers, timeout=TIMEOUT,
+                          content=json.dumps({"messages": USER, "max_tokens": 2}).encode())
+    assert response.status_code == 200, response.text
+
+
+def test_a_wrong_method_is_a_405_naming_the_allowed_ones(server) -> None:
+    for method, path, allowed in (("POST", "/v1/models", "GET"), ("DELETE", "/v1/chat/completions", "POST"),
+                                  ("PUT", "/tools/run", "POST")):
+        response = httpx.request(method, f"{server}{path}", timeout=TIMEOUT)
+        assert response.status_code == 405 and response.headers.get("allow") == allowed, (method, path)
+        assert response.json()["error"]["message"] == "Method Not Allowed"
+
+
+def test_a_client_gone_before_its_body_ends_is_no_server_error(served) -> None:
+    """A Content-Length longer than what arrives, then a hang-up: the route reads a disconnect where the rest of the
+    body should be. It answers 499 (read by nobody), not a 500 and a traceback in the server's log."""
+    import asyncio
+
+    received = [{"type": "http.request", "body": b'{"messages": [', "more_body": True}, {"type": "http.disconnect"}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return received.pop(0) if received else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+    asyncio.run(create_app(served)(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499

@@ -29,6 +29,18 @@ def _regular_file_mode() -> int:
     return 0o666 & ~_current_umask()
 
 
+def make_dirs(path: str | Path) -> Path:
+    """``mkdir -p path``; a ValueError names the file in the way when it, or a folder above it, is a file (the
+    one-line error a cache or output folder gets, not a FileExistsError traceback)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise ValueError(f"{blocker}: not a directory (a file is in the way of the folder {path})") from None
+    return path
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A fresh temp file beside ``path``, for writers that open a file by name; when the block ends without an

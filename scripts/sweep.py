@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import netrc
 import os
 import random
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,12 +50,13 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dataset.atomic_io import make_dirs  # noqa: E402
 from trainer.cli import ToolParser, seed  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, REPO_ROOT, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
                              report_error, resolve_path)
-from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, append_result,  # noqa: E402
-                               default_sweep_dir, done_records, read_results, read_state, restore_records, save_records,
-                               swept_names, trial_dir_name, write_state)
+from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, TRIALS_DIR, append_result,  # noqa: E402
+                               default_sweep_dir, done_records, is_folder_name, read_results, read_state,
+                               restore_records, save_records, swept_names, sweep_dir_lock, trial_dir_name, write_state)
 
 METHODS = ("grid", "random", "bayes")
 FLAG_MACROS = {"${args}", "${args_no_boolean_flags}"}  # wandb agent's macros that pass the parameters as --flags
@@ -94,14 +97,27 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
             raise bad("metric.name", "expected a metric name, e.g. val_loss")
         if metric.get("goal", "minimize") not in ("minimize", "maximize"):
             raise bad("metric.goal", f"{metric.get('goal')!r} is not one of minimize, maximize")
+    if "name" in config and not is_folder_name(config["name"]):
+        # the sweep's folder is out/sweeps/<name>: a path there would put it (and its trials) anywhere
+        raise bad("name", f"{config['name']!r} is not a folder name (letters, digits, '.', '_', '=', '-')")
     parameters = config.get("parameters")
     if not isinstance(parameters, dict) or not parameters:
         raise bad("parameters", "expected a non-empty mapping of parameter name to spec")
     for name, spec in parameters.items():
+        if not isinstance(name, str):  # wandb's engine asserts on it (a traceback)
+            raise bad("parameters", f"parameter names must be strings, got {name!r}")
         if not isinstance(spec, dict):
             raise bad(f"parameters.{name}", "expected a mapping such as {values: [...]} or {value: x}")
         if "parameters" in spec:
             raise bad(f"parameters.{name}", "nested parameters are not supported by the trainer's flat flags")
+        # NaN or inf would be proposed and run as a trial (`--seed=nan`), and NaN never equals itself, so a trial
+        # holding one is never found again on resume.
+        numbers = [(key, spec.get(key)) for key in ("value", "min", "max", "mu", "sigma", "q") if key in spec]
+        if isinstance(spec.get("values"), list):
+            numbers += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
+        for key, value in numbers:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f"parameters.{name}.{key}", f"{value} is not a finite number")
     command = config.get("command")
     if command is not None and not (isinstance(command, list) and all(isinstance(c, str) for c in command)):
         raise bad("command", "expected a list of strings")
@@ -126,12 +142,37 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     return config
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, less a mapping key given twice: it keeps the last silently, so a parameter written
+    twice would sweep only one of its value lists."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: PyYAML refuses it itself
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {json.dumps(key, default=str)}",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_sweep_config(path: str | Path) -> dict[str, Any]:
+    """A sweep YAML, read and validated; a SweepConfigError names the file and what is wrong with it."""
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text())
+        config = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except FileNotFoundError:
         raise SweepConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise SweepConfigError(f"{path}: is a directory, not a sweep YAML") from None
+    except UnicodeDecodeError as error:
+        raise SweepConfigError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                               f"{error.start})") from None
     except yaml.YAMLError as error:
         raise SweepConfigError(f"{path}: invalid YAML ({error})".replace("\n", " ")) from None
     return validate_sweep_config(config, str(path))
@@ -337,9 +378,18 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
               dry_run: bool = False, workers: int = 1, records_dir: str | Path | None = None,
               only: list[str] | None = None) -> list[dict[str, Any]]:
     """Run (or resume) a sweep, ``workers`` trials at a time; returns the trials of the state file with their
-    statuses. Only this process writes the state and the results (the trials run as its subprocesses).
+    statuses. Only this process writes the state and the results (the trials run as its subprocesses), and only
+    one runner at a time uses a sweep folder (a second one is refused).
     ``records_dir``: restore done trials from it first, save every trial into it (trainer/sweep_dir.py);
     ``only``: `NAME=VALUE[,VALUE]` filters, the trials run now (the rest stay proposed)."""
+    with ExitStack() as held:
+        return _run_sweep(held, config_path, sweep_dir, wandb_mode, max_trials, seed, stop_on_failure, dry_run,
+                          workers, records_dir, only)
+
+
+def _run_sweep(held: ExitStack, config_path: str | Path, sweep_dir: str | Path | None, wandb_mode: str | None,
+               max_trials: int | None, seed: int, stop_on_failure: bool, dry_run: bool, workers: int,
+               records_dir: str | Path | None, only: list[str] | None) -> list[dict[str, Any]]:
     if workers < 1:
         raise SweepConfigError(f"--workers must be at least 1, got {workers}")
     config = load_sweep_config(config_path)
@@ -350,7 +400,9 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     if records_dir is not None and records_dir == sweep_dir:
         raise SweepConfigError(f"--records_dir must differ from the sweep folder {sweep_dir}")
     if not dry_run:
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (sweep_dir / TRIALS_DIR, *([] if records_dir is None else [records_dir])):
+            make_dirs(folder)  # a file in the way: one line naming it
+        held.enter_context(sweep_dir_lock(sweep_dir))
         if records_dir is not None:
             # another sweep in either folder: refused before anything is copied, not mixed
             _load_state(sweep_dir, name, config)

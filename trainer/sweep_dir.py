@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterable
+import os
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,11 @@ RESULTS_FILE = "results.jsonl"
 TRIALS_DIR = "trials"
 TRIAL_LOG = "train.log"
 DONE_STATUSES = ("finished", "diverged")
+TRIAL_STATUSES = ("pending", "running", "failed", *DONE_STATUSES)  # a trial's status in the state file
+LOCK_FILE = ".sweep.lock"  # held by the one runner of a sweep folder
+# A trial id names its folder: one plain path component (scripts/sweep.py's trial_id makes them so), never a path
+# that leads out of the sweep folder.
+_FOLDER_NAME = re.compile(r"[A-Za-z0-9_=-][A-Za-z0-9._=-]*")
 RECORD_FILES = (SUMMARY_FILE, CONFIG_FILE)  # a done trial's files kept as they are in a records folder
 RECORD_METRICS = METRICS_FILE + ".gz"       # ... and its metrics, gzipped (a quarter of the size in the study)
 
@@ -46,10 +54,33 @@ def swept_names(config: dict[str, Any]) -> list[str]:
     return [name for name, spec in config["parameters"].items() if "value" not in spec]
 
 
+def is_folder_name(name: Any) -> bool:
+    """Whether ``name`` is one plain path component (a sweep's or a trial's folder), not a path."""
+    return isinstance(name, str) and _FOLDER_NAME.fullmatch(name) is not None
+
+
+def _read_text(path: Path) -> str | None:
+    """A sweep file's text; None when it does not exist. A ValueError names a file that cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not a file") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                         f"{error.start})") from None
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+
+
 def read_results(sweep_dir: Path) -> list[dict[str, Any]]:
-    """results.jsonl records in order; a torn last line (a kill mid-write) is ignored."""
+    """results.jsonl records in order; a torn last line (a kill mid-write) is ignored, and so is a line that is no
+    trial's result (its trial_id not a folder name). A ValueError names a file that cannot be read."""
     path = sweep_dir / RESULTS_FILE
-    return read_jsonl(path) if path.exists() else []
+    if _read_text(path) is None:
+        return []
+    return [record for record in read_jsonl(path) if is_folder_name(record.get("trial_id"))]
 
 
 def append_result(sweep_dir: Path, record: dict[str, Any]) -> None:
@@ -60,15 +91,54 @@ def read_state(sweep_dir: Path) -> dict[str, Any] | None:
     """sweep_state.json ({"name", "config", "trials"}); None when there is none. A ValueError names a file that
     is not a sweep state."""
     path = sweep_dir / SWEEP_STATE_FILE
-    try:
-        state = json.loads(path.read_text())
-    except FileNotFoundError:
+    text = _read_text(path)
+    if text is None:
         return None
+    try:
+        state = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(state, dict) or not isinstance(state.get("trials"), list):
         raise ValueError(f"{path}: not a sweep state (expected name, config and trials)")
+    # Each trial is checked here, once, so the runner and the report never meet a trial they cannot use (nor
+    # one whose id would put its folder outside the sweep folder).
+    for index, trial in enumerate(state["trials"]):
+        where = f"{path}: trials[{index}]"
+        if not isinstance(trial, dict):
+            raise ValueError(f"{where}: expected a mapping (trial_id, params, status, metric)")
+        if not is_folder_name(trial.get("trial_id")):
+            raise ValueError(f"{where}.trial_id: expected a folder name, got {trial.get('trial_id')!r}")
+        if not isinstance(trial.get("params"), dict):
+            raise ValueError(f"{where}.params: expected a mapping of parameter name to value")
+        if trial.get("status") not in TRIAL_STATUSES:
+            raise ValueError(f"{where}.status: expected one of {', '.join(TRIAL_STATUSES)}, "
+                             f"got {trial.get('status')!r}")
     return state
+
+
+@contextmanager
+def sweep_dir_lock(sweep_dir: Path) -> Iterator[None]:
+    """Hold the sweep folder for one runner: a second one on it would run the same trials in the same folders and
+    record them twice. A ValueError names the folder when another runner holds it. The lock goes with the
+    process, so a killed runner leaves none behind."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): unguarded, as before
+        yield
+        return
+    fd = os.open(sweep_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise ValueError(f"{sweep_dir}: another sweep runner is using it" + (f" (pid {holder})" if holder else "")
+                             + "; wait for it to end, or use another --sweep_dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_state(sweep_dir: Path, state: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -252,6 +253,12 @@ FAKE_TRAINER = textwrap.dedent("""
             if waited > 600:
                 print("nobody came", file=sys.stderr); sys.exit(1)
             time.sleep(0.1); waited += 1
+    if args.mode == "hold":  # runs until the test lets it end
+        import os, time
+        for _ in range(6000):
+            if pathlib.Path(os.environ["HOLD_FILE"]).exists():
+                break
+            time.sleep(0.1)
     status = "diverged" if args.mode == "diverge" else "finished"
     summary = {"status": status, "steps": 4, "final_val": {} if status == "diverged" else {"loss": 1.5 + args.seed},
                "median_step_time_s": 0.01, "tokens_per_s": 100.0}
@@ -486,3 +493,117 @@ def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
     for row in data["variants"]:
         assert row["vs_unigram"] == pytest.approx(row["val_loss_mean"] - expected.loss, abs=1e-12)
     assert f"Unigram baseline: **{expected.loss:.4f}** nats" in report.read_text()
+
+
+# ----------------------------------------------------------------------------- hostile YAMLs and damaged sweep folders
+@pytest.mark.parametrize("text, field", [
+    ("parameters:\n  1: {values: [1, 2]}\n", "parameters: parameter names must be strings, got 1"),
+    ("parameters:\n  seed: {values: [1, .nan]}\n", "parameters.seed.values[1]: nan is not a finite number"),
+    ("parameters:\n  lr: {min: 0.0, max: .inf}\n", "parameters.lr.max: inf is not a finite number"),
+    ("parameters:\n  seed: {value: .nan}\n", "parameters.seed.value: nan is not a finite number"),
+    ("parameters:\n  seed: {values: [1]}\n  seed: {values: [2]}\n", 'duplicate key "seed"'),
+    ("name: ../escape\nparameters:\n  seed: {values: [1]}\n", "name: '../escape' is not a folder name"),
+    ("name: a/b\nparameters:\n  seed: {values: [1]}\n", "name: 'a/b' is not a folder name"),
+])
+def test_hostile_sweep_yaml_is_one_line_naming_the_field(tmp_path, capsys, text, field):
+    path = tmp_path / "bad.yaml"
+    # a program that would fail at once, were a trial ever started
+    path.write_text(f"method: grid\nprogram: {tmp_path / 'never_run.py'}\n" + text)
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(path) in err and field in err, err
+    assert not (tmp_path / "s").exists()
+
+
+def _done_sweep(tmp_path: Path) -> tuple[Path, Path]:
+    """A fake grid sweep of two trials with the first one done."""
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    sweep_dir = tmp_path / "sweep"
+    run_sweep(path, sweep_dir, wandb_mode="disabled", max_trials=1)
+    return path, sweep_dir
+
+
+def _damage_state(change):
+    def damage(sweep_dir: Path) -> None:
+        state = json.loads((sweep_dir / "sweep_state.json").read_text())
+        change(state)
+        (sweep_dir / "sweep_state.json").write_text(json.dumps(state))
+    return damage
+
+
+def _replace_with_dir(name: str):
+    def damage(sweep_dir: Path) -> None:
+        (sweep_dir / name).unlink()
+        (sweep_dir / name).mkdir()
+    return damage
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_damage_state(lambda s: s["trials"].append(1)), "trials[1]: expected a mapping"),
+    (_damage_state(lambda s: s["trials"][0].pop("trial_id")), "trials[0].trial_id: expected a folder name"),
+    (_damage_state(lambda s: s["trials"][0].update(trial_id=[1])), "trials[0].trial_id: expected a folder name"),
+    (_damage_state(lambda s: s["trials"][0].update(trial_id="../../../../escaped", status="pending")),
+     "trials[0].trial_id: expected a folder name"),
+    (_damage_state(lambda s: s["trials"][0].update(params="x")), "trials[0].params: expected a mapping"),
+    (_damage_state(lambda s: s["trials"][0].pop("params")), "trials[0].params: expected a mapping"),
+    (_damage_state(lambda s: s["trials"][0].update(status=5)), "trials[0].status: expected one of"),
+    (lambda d: (d / "sweep_state.json").write_bytes(b"\xff{}"), "not UTF-8"),
+    (_replace_with_dir("sweep_state.json"), "is a directory"),
+    (_replace_with_dir("results.jsonl"), "is a directory"),
+    (lambda d: open(d / "results.jsonl", "ab").write(b"\xff\n"), "not UTF-8"),
+])
+def test_a_damaged_sweep_folder_is_one_line_naming_the_file(tmp_path, capsys, damage, message):
+    path, sweep_dir = _done_sweep(tmp_path)
+    damage(sweep_dir)
+    capsys.readouterr()
+    assert sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--wandb_mode", "disabled"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(sweep_dir) in err and message in err, err
+    assert sorted(p.name for p in (sweep_dir / "trials").iterdir()) == ["seed-1_fde21282"]  # nothing else ran
+    assert not (tmp_path.parent / "escaped").exists()
+
+
+def test_a_results_line_that_is_no_result_is_skipped_like_a_torn_one(tmp_path):
+    path, sweep_dir = _done_sweep(tmp_path)
+    with open(sweep_dir / "results.jsonl", "a") as handle:
+        handle.write(json.dumps({"trial_id": [1], "status": "finished"}) + "\n")
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled")
+    assert [t["status"] for t in trials] == ["finished", "finished"]
+    assert (sweep_dir / "trials" / "seed-1_fde21282" / "attempts.txt").read_text() == "x"  # not run again
+
+
+@pytest.mark.parametrize("blocked", ["sweep", "sweep/trials"])
+def test_a_sweep_folder_that_is_a_file_is_one_line(tmp_path, capsys, blocked):
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    (tmp_path / blocked).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / blocked).write_text("x")
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--wandb_mode", "disabled"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(tmp_path / blocked) in err and "not a directory" in err, err
+
+
+def test_a_second_runner_on_the_same_sweep_folder_is_refused(tmp_path):
+    """Two runners on one folder would both run the first trial, in the same trial folder, and record it twice."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1, 2]}})
+    sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
+    env = dict(os.environ, HOLD_FILE=str(hold))
+    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
+               "--wandb_mode", "disabled"]
+    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        started = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "attempts.txt"
+        for _ in range(6000):  # the first runner is inside its first trial
+            if started.exists() or first.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert started.exists(), first.stdout.read() if first.poll() is not None else "first runner never started"
+        second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stdout + second.stderr
+        err = second.stderr.strip()
+        assert err.count("\n") == 0 and str(sweep_dir) in err and "another sweep runner" in err, err
+    finally:
+        hold.touch()
+        first.wait(timeout=600)
+    assert first.returncode == 0
+    assert [r["params"]["seed"] for r in read_results(sweep_dir)] == [1, 2]
+    assert started.read_text() == "x"

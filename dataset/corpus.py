@@ -29,15 +29,16 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from dataset.arithmetic import SPLIT_NAMESPACE as ARITHMETIC_SOURCE
 from dataset.arithmetic import sft_problems
-from dataset.atomic_io import atomic_write_text
+from dataset.atomic_io import atomic_write_text, make_dirs
+from dataset.json_text import read_json
 from dataset.sources import (Dialog, conversation_text, dialog_windows, normalized_text, package_versions,
                              read_chatterbot, read_chitchat, read_wikipedia)
 from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, dialog_split_key, is_validation, wiki_split_key
@@ -232,24 +233,31 @@ def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
     return manifest
 
 
-def manifest_is_current(cache_dir: Path, manifest_name: str, build_version: int, num_files: int) -> bool:
-    """Whether a manifest in `cache_dir` says its `num_files` files were built by this builder version from the
-    installed source packages, and those files are all there at their recorded sizes."""
+def manifest_is_current(cache_dir: Path, manifest_name: str, build_version: int, names: Collection[str]) -> bool:
+    """Whether a manifest in `cache_dir` says the files `names` (exactly those) were built by this builder version
+    from the installed source packages, and those files are all there at their recorded sizes. A manifest that
+    cannot be read, or is not one (another shape, other files), is not current: the caller rebuilds."""
     try:
-        manifest = json.loads((cache_dir / manifest_name).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = read_json((cache_dir / manifest_name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing, unreadable, not UTF-8, not JSON
         return False
-    if manifest.get("build_version") != build_version or manifest.get("packages") != package_versions():
+    if not isinstance(manifest, dict) or manifest.get("build_version") != build_version \
+            or manifest.get("packages") != package_versions():
         return False
-    for name, info in manifest.get("files", {}).items():
+    files = manifest.get("files")
+    if not isinstance(files, dict) or set(files) != set(names):
+        return False
+    for name, info in files.items():
+        size = info.get("bytes") if isinstance(info, dict) else None
         path = cache_dir / name
-        if not path.is_file() or path.stat().st_size != info.get("bytes"):
+        if type(size) is not int or not path.is_file() or path.stat().st_size != size:  # a bool is no size
             return False
-    return len(manifest.get("files", {})) == num_files
+    return True
 
 
 def _is_current(cache_dir: Path) -> bool:
-    return manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION, len(fields(CorpusPaths)))
+    return manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION,
+                               [path.name for path in astuple(corpus_paths(cache_dir))])
 
 
 DEFAULT_TEXT_DATA = "pretrain_val"  # a tool's --data default: the validation text of the embedded corpus
@@ -267,7 +275,7 @@ def resolve_text_data(name: str) -> Path:
 
 def ensure_default_corpus(cache_dir: Path | None = None, quiet: bool = False) -> CorpusPaths:
     """Return the default corpus files, building them first unless the cache is already current."""
-    cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    cache_dir = make_dirs(Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR)
     if not _is_current(cache_dir):
         build_default_corpus(cache_dir, quiet=quiet)
     return corpus_paths(cache_dir)

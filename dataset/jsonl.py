@@ -22,7 +22,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -30,7 +30,7 @@ import datasets
 import pyarrow as pa
 from datasets import Features, List, Value
 
-from dataset.atomic_io import atomic_path, atomic_write_text
+from dataset.atomic_io import atomic_path, atomic_write_text, make_dirs
 from dataset.chat_format import normalize_messages
 from dataset.json_text import JsonTextError, check_text, read_json
 
@@ -230,19 +230,35 @@ def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such data file: {path}")
-    cache = Path(cache_dir or datasets.config.HF_DATASETS_CACHE) / "mininorm_jsonl"
-    cache.mkdir(parents=True, exist_ok=True)
+    cache = make_dirs(Path(cache_dir or datasets.config.HF_DATASETS_CACHE) / "mininorm_jsonl")
     fingerprint = _fingerprint(path, kind, skip_bad_lines)
-    report_path = cache / f"{fingerprint}.json"
-    try:
-        scan = JsonlScan(**json.loads(report_path.read_text(encoding="utf-8")))
-        if Path(scan.arrow_path).is_file():
-            return scan
-    except (OSError, ValueError, TypeError):
-        pass
-    scan = _write_arrow(path, kind, skip_bad_lines, cache / f"{fingerprint}.arrow")
+    report_path, arrow_path = cache / f"{fingerprint}.json", cache / f"{fingerprint}.arrow"
+    cached = _cached_scan(report_path, arrow_path)
+    if cached is not None:
+        return cached
+    scan = _write_arrow(path, kind, skip_bad_lines, arrow_path)
     atomic_write_text(report_path, json.dumps(asdict(scan)))
     return scan
+
+
+def _cached_scan(report_path: Path, arrow_path: Path) -> JsonlScan | None:
+    """The cached scan, or None when the cache cannot be trusted and is rebuilt: a report that is missing, not a
+    report, or names another Arrow file (whose records would be another file's), or an Arrow file that does not
+    hold exactly the report's records (cut short, or damaged)."""
+    try:
+        report = read_json(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or set(report) != {f.name for f in fields(JsonlScan)} \
+            or report["arrow_path"] != str(arrow_path.resolve()) \
+            or any(type(report[name]) is not int or report[name] < 0 for name in ("records", "skipped_lines")):
+        return None
+    try:
+        with pa.memory_map(str(arrow_path)) as source, pa.ipc.open_stream(source) as reader:
+            rows = sum(batch.num_rows for batch in reader)
+    except (OSError, pa.ArrowException):
+        return None
+    return JsonlScan(**report) if rows == report["records"] else None
 
 
 def load_jsonl(

@@ -27,10 +27,10 @@ if __package__ in (None, ""):  # run as a script: make `import dataset...` work 
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass
 
 from dataset.arithmetic import rl_problems
-from dataset.atomic_io import atomic_write_text
+from dataset.atomic_io import atomic_write_text, make_dirs
 from dataset.corpus import DEFAULT_CACHE_DIR, manifest_is_current
 from dataset.splits import is_validation, wiki_split_key
 from dataset.sources import WikiArticle, package_versions, read_wikipedia
@@ -121,9 +121,9 @@ def build_post_training_data(cache_dir: Path) -> dict:
 
 def ensure_post_training_data(cache_dir: Path | None = None) -> PostTrainingPaths:
     """The LoRA, DPO and GRPO default files, built first unless the cache is current (a few seconds)."""
-    cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    if not manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION, len(fields(PostTrainingPaths))):
-        cache_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = make_dirs(Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR)
+    names = [path.name for path in astuple(post_training_paths(cache_dir))]
+    if not manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION, names):
         build_post_training_data(cache_dir)
     return post_training_paths(cache_dir)
 

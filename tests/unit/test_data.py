@@ -403,6 +403,53 @@ def test_default_corpus_is_deterministic_and_cached(tmp_path, default_corpus):
     assert not _is_current(tmp_path / "again")
 
 
+@pytest.mark.parametrize("manifest", [
+    [], "text", {"build_version": 2, "files": []}, {"build_version": 2, "files": {"a.jsonl": 5}},
+    {"build_version": 2, "files": {"a.jsonl": {"bytes": "3"}}},
+    {"build_version": 2, "files": {"a.jsonl": {"bytes": True}}},  # True == 1 in Python
+], ids=["list", "string", "files a list", "info an int", "bytes a string", "bytes a bool"])
+def test_a_damaged_manifest_means_a_rebuild(tmp_path, manifest):
+    from dataset.corpus import manifest_is_current
+    from dataset.sources import package_versions
+
+    (tmp_path / "a.jsonl").write_text("x")
+    if isinstance(manifest, dict):
+        manifest["packages"] = package_versions()
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    assert manifest_is_current(tmp_path, "m.json", 2, ["a.jsonl"]) is False
+
+
+def test_a_manifest_of_other_files_is_not_current(tmp_path):
+    """A manifest that lists as many files as expected, but not the expected ones (another builder's, or names
+    that lead out of the folder), does not make missing files current."""
+    from dataset.corpus import manifest_is_current
+    from dataset.sources import package_versions
+
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "other.jsonl").write_text("abc")
+    (tmp_path / "outside.jsonl").write_text("abc")
+    for files in ({"other.jsonl": {"bytes": 3}}, {"../outside.jsonl": {"bytes": 3}}):
+        (tmp_path / "cache" / "m.json").write_text(json.dumps({"build_version": 2, "packages": package_versions(),
+                                                               "files": files}))
+        assert manifest_is_current(tmp_path / "cache", "m.json", 2, ["a.jsonl"]) is False
+    (tmp_path / "cache" / "a.jsonl").write_text("abc")
+    (tmp_path / "cache" / "m.json").write_text(json.dumps({"build_version": 2, "packages": package_versions(),
+                                                           "files": {"a.jsonl": {"bytes": 3}}}))
+    assert manifest_is_current(tmp_path / "cache", "m.json", 2, ["a.jsonl"]) is True
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_a_data_cache_folder_that_is_a_file_is_one_line(tmp_path, under):
+    from dataset.post_training_data import ensure_post_training_data
+
+    blocker = tmp_path / "cache"
+    blocker.write_text("x")
+    cache_dir = blocker / "sub" if under else blocker
+    for ensure in (ensure_default_corpus, ensure_post_training_data):
+        with pytest.raises(ValueError, match=rf"^{blocker}: not a directory"):
+            ensure(cache_dir)
+
+
 def test_default_corpus_tool_files(default_corpus, monkeypatch):
     """sft_tools_* = the SFT split plus its tool-use dialogues and small talk with the tools offered: validation holds
     eval/tool_eval.py's default questions, whose titles and conversations no training dialogue holds; the dialogues

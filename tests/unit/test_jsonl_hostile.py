@@ -138,3 +138,51 @@ def test_hostile_json_strings_are_one_line_errors_or_skipped(tmp_path, cache, to
     assert message.startswith(f"{path}:2: ") and reason in message and "\n" not in message, message
     loaded = SFTDataset(path, tokenizer, MAX_SEQ_LEN["conversations"], skip_bad_lines=True, cache_dir=cache)
     assert loaded.stats["skipped_lines"] == 1 and loaded.stats["samples"] == 2
+
+
+# ----------------------------------------------------------------------------- a damaged scan cache
+def _scan_files(path: Path, cache: Path) -> tuple[Path, Path]:
+    """The report JSON and the Arrow file of `path`'s scan."""
+    scan = dataset.jsonl.scan_jsonl(path, "text", cache_dir=cache)
+    return Path(scan.arrow_path).with_suffix(".json"), Path(scan.arrow_path)
+
+
+def _arrow_without_its_last_batches(arrow: Path) -> None:
+    import pyarrow as pa
+    with pa.ipc.open_stream(arrow.read_bytes()) as reader:
+        first = reader.read_next_batch()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, first.schema) as writer:
+        writer.write_batch(first)
+    arrow.write_bytes(sink.getvalue().to_pybytes())
+
+
+@pytest.mark.parametrize("damage", [
+    lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(other), "records": 2,
+                                                               "skipped_lines": 0})),  # another file's records
+    lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(report), "records": 1,
+                                                               "skipped_lines": 0})),  # not an Arrow file
+    lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(arrow), "records": "many",
+                                                               "skipped_lines": None})),
+    lambda report, arrow, other: report.write_text("[]"),
+    lambda report, arrow, other: arrow.write_bytes(arrow.read_bytes()[:len(arrow.read_bytes()) // 2]),
+    lambda report, arrow, other: _arrow_without_its_last_batches(arrow),  # whole batches lost: fewer rows
+], ids=["foreign arrow", "not arrow", "wrong types", "not a report", "truncated arrow", "lost batches"])
+def test_a_damaged_scan_cache_is_rebuilt_not_read(tmp_path, cache, damage):
+    texts = [f"line {i}" for i in range(2 * dataset.jsonl.BATCH_RECORDS + 5)]
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in texts])
+    other = write_jsonl(tmp_path / "b.jsonl", [{"text": "other"}, {"text": "file"}])
+    _, other_arrow = _scan_files(other, cache)
+    report, arrow = _scan_files(path, cache)
+    damage(report, arrow, other_arrow)
+    loaded, scan = dataset.jsonl.load_jsonl(path, "text", cache_dir=cache)
+    assert loaded["text"] == texts and scan.records == len(texts) and scan.arrow_path == str(arrow.resolve())
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_a_scan_cache_folder_that_is_a_file_is_one_line(tmp_path, under):
+    path = write_jsonl(tmp_path / "a.jsonl", [GOOD["text"]])
+    blocker = tmp_path / "hf_cache"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match=rf"^{blocker}: not a directory"):
+        dataset.jsonl.scan_jsonl(path, "text", cache_dir=blocker / "sub" if under else blocker)

@@ -20,7 +20,6 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)  # nothing in scripts/ may shadow an installed package (`tokenizers`, `sweeps`, ...)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import json  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
@@ -28,20 +27,34 @@ from collections.abc import Iterator  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
+from dataset.atomic_io import atomic_path, make_dirs  # noqa: E402
 from dataset.chat_format import CHATML_TEMPLATE, ENDOFTEXT, IM_END, SPECIAL_TOKENS  # noqa: E402
+from dataset.jsonl import iter_records  # noqa: E402
 from dataset.tokenization import DEFAULT_TOKENIZER_DIR  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, int_within, path_arg  # noqa: E402
+from trainer.run_dir import report_error  # noqa: E402
 
 DEFAULT_VOCAB_SIZE = 6400  # MiniMind's size: small enough that the embedding does not dominate a tiny model
+# The vocabulary always holds the 256 byte symbols and the special tokens: a smaller size would silently give this
+# many. The top is far beyond any vocabulary a small model uses (its embedding alone would be gigabytes).
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
+MAX_VOCAB_SIZE = 2**24
 MODEL_MAX_LENGTH = 32768
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def iter_texts(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)["text"]
+    """The texts of a pretraining jsonl file, checked line by line as training reads them (dataset/jsonl.py): a
+    bad line is a ValueError naming the file and the line, and so is a file with no text at all."""
+    if not path.is_file():
+        raise ValueError(f"--data_path {path}: " + ("is a directory, expected a jsonl file" if path.is_dir()
+                                                    else "no such file"))
+    texts = 0
+    for _, record, _ in iter_records(path, "text"):
+        texts += 1
+        yield record["text"]
+    if not texts:
+        raise ValueError(f"{path}: no text records; refusing to train a tokenizer on nothing")
 
 
 def train_bpe(texts: Iterator[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
@@ -77,33 +90,44 @@ def wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 def save(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> list[Path]:
     """Save only the tokenizer files into ``out_dir`` (which may hold other files, like model/)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
         # save_jinja_files=False keeps the chat template inside tokenizer_config.json.
         tokenizer.save_pretrained(tmp, save_jinja_files=False)
         written = []
         for name in sorted(p.name for p in Path(tmp).iterdir()):
-            shutil.copyfile(Path(tmp) / name, out_dir / name)
+            with atomic_path(out_dir / name) as target:  # a kill leaves the old file or the new, never half
+                shutil.copyfile(Path(tmp) / name, target)
             written.append(out_dir / name)
     return written
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE, help="tokens in the trained vocabulary")
-    parser.add_argument("--data_path", type=Path, default=None,
+    parser.add_argument("--vocab_size", type=int_within(MIN_VOCAB_SIZE, MAX_VOCAB_SIZE,
+                                                        "the byte symbols and special tokens included"),
+                        default=DEFAULT_VOCAB_SIZE, help="tokens in the trained vocabulary")
+    parser.add_argument("--data_path", type=path_arg, default=None,
                         help="pretraining jsonl ({'text': ...} lines); default: the built-in corpus")
-    parser.add_argument("--out_dir", type=Path, default=DEFAULT_TOKENIZER_DIR,
+    parser.add_argument("--out_dir", type=path_arg, default=str(DEFAULT_TOKENIZER_DIR),
                         help="where tokenizer.json goes (default: model/, the committed tokenizer)")
     args = parser.parse_args(argv)
-    if args.data_path is None:
-        from dataset.corpus import ensure_default_corpus
+    try:
+        out_dir = make_dirs(args.out_dir)  # a file in the way is found now, not after the training
+        if args.data_path is None:
+            from dataset.corpus import ensure_default_corpus
 
-        args.data_path = ensure_default_corpus().pretrain_train
-    tokenizer = wrap(train_bpe(iter_texts(args.data_path), args.vocab_size))
-    for path in save(tokenizer, args.out_dir):
+            data_path = ensure_default_corpus().pretrain_train
+        else:
+            data_path = Path(args.data_path)
+        tokenizer = wrap(train_bpe(iter_texts(data_path), args.vocab_size))
+        written = save(tokenizer, out_dir)
+    except ValueError as error:
+        return report_error(error)
+    for path in written:
         print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

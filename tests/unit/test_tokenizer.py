@@ -132,6 +132,60 @@ def test_train_tokenizer_on_small_corpus(tmp_path):
         assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
 
 
+@pytest.mark.parametrize("content, message", [
+    (b"", "no text records"),
+    (b"\n  \n", "no text records"),
+    (b'{"text": "ok"}\n\xff\xfe\n', ":2: not valid UTF-8"),
+    (b'{"text": "a\\ud800b"}\n', ":1: "),  # a lone surrogate: not text the tokenizer can encode
+    (b"not json\n", ":1: invalid JSON"),
+    (b'{"txt": "ok"}\n', ":1: "),
+    (b'{"text": 5}\n', ":1: "),
+], ids=["empty", "blank lines", "not UTF-8", "lone surrogate", "not JSON", "no text field", "text not a string"])
+def test_train_tokenizer_refuses_bad_data_in_one_line(tmp_path, capsys, content, message):
+    from scripts.train_tokenizer import main
+
+    data = tmp_path / "pretrain.jsonl"
+    data.write_bytes(content)
+    assert main(["--vocab_size", "300", "--data_path", str(data), "--out_dir", str(tmp_path / "tok")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(data) in err and message in err, err
+    assert not (tmp_path / "tok" / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("case", ["missing data", "data a directory", "out_dir a file", "out_dir under a file"])
+def test_train_tokenizer_refuses_bad_paths_in_one_line(tmp_path, capsys, case):
+    from scripts.train_tokenizer import main
+
+    data = tmp_path / "pretrain.jsonl"
+    data.write_text(json.dumps({"text": "hello world"}) + "\n")
+    (tmp_path / "afile").write_text("x")
+    data_path, out_dir, named = {
+        "missing data": (tmp_path / "missing.jsonl", tmp_path / "tok", tmp_path / "missing.jsonl"),
+        "data a directory": (tmp_path, tmp_path / "tok", tmp_path),
+        "out_dir a file": (data, tmp_path / "afile", tmp_path / "afile"),
+        "out_dir under a file": (data, tmp_path / "afile" / "tok", tmp_path / "afile"),
+    }[case]
+    assert main(["--vocab_size", "300", "--data_path", str(data_path), "--out_dir", str(out_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(named) in err, err
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("vocab_size", ["0", "-5", "268", str(2**64), "many"])
+def test_train_tokenizer_vocab_size_out_of_range_is_one_line(tmp_path, capsys, vocab_size):
+    """Fewer than the 256 byte symbols and 13 special tokens cannot be: the trainer would silently make 269."""
+    from scripts.train_tokenizer import main
+
+    data = tmp_path / "pretrain.jsonl"
+    data.write_text(json.dumps({"text": "hello world"}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--vocab_size", vocab_size, "--data_path", str(data), "--out_dir", str(tmp_path / "tok")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--vocab_size" in err and "269 .. " in err, err
+    assert not (tmp_path / "tok").exists()
+
+
 def test_script_regenerates_committed_tokenizer(tmp_path, default_corpus):
     """The committed files are exactly what the script produces from the default corpus."""
     from scripts.train_tokenizer import main

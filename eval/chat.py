@@ -42,7 +42,7 @@ import argparse  # noqa: E402
 import re  # noqa: E402
 
 from dataset.json_text import surrogate_at  # noqa: E402
-from trainer.cli import ToolParser, int_within, seed, utf8_text  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main, seed, utf8_text  # noqa: E402
 from trainer.inference_flags import (  # noqa: E402
     CHAT_FREQUENCY_PENALTY,
     add_penalty_flags,
@@ -246,10 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         from transformers import set_seed
         set_seed(args.seed)
     print(start_threads(args.threads), file=sys.stderr)
-    model, tokenizer = load_model(path, device=args.device, dtype=args.dtype, lora=lora)
     try:
+        model, tokenizer = load_model(path, device=args.device, dtype=args.dtype, lora=lora)
         extend_context(model, args.rope_scaling_factor)
-    except ValueError as error:
+    except ValueError as error:  # a damaged model directory, a scaling the model cannot take
         return report_error(error)
     use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -286,4 +286,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

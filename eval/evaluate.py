@@ -30,7 +30,7 @@ import json  # noqa: E402
 import re  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.cli import ToolParser, int_within, output_file  # noqa: E402
+from trainer.cli import ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
                              locate_tool_model, model_task, report_error, resolve_input_path, resolve_path)
@@ -224,4 +224,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -50,7 +50,7 @@ from dataset.tool_dialogues import first_exchange, small_talk_dialogues, tool_di
 from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_has_fact,  # noqa: E402
                                   where_call_goes_wrong)
 
-from trainer.cli import ToolParser, int_within, output_file, seed  # noqa: E402
+from trainer.cli import ToolParser, int_within, output_file, run_main, seed  # noqa: E402
 from trainer.inference_flags import add_penalty_flags, max_new_tokens, penalty_settings  # noqa: E402
 from trainer.rewards import repetition_penalty  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
@@ -178,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     from model.loading import load_model
 
     print(start_threads(args.threads), file=sys.stderr)
-    model, tokenizer = load_model(path, lora=lora)
+    try:
+        model, tokenizer = load_model(path, lora=lora)
+    except ValueError as error:  # a damaged model directory
+        return report_error(error)
     dialogues = tool_dialogues("held_out", args.seed, args.wiki, args.arithmetic, args.conversions)
     dialogues += small_talk_dialogues("held_out", args.seed, args.small_talk)
     questions = [ToolQuestion.from_dialogue(d) for d in dialogues]
@@ -226,4 +229,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -28,6 +28,24 @@ class ToolParser(argparse.ArgumentParser):
         raise SystemExit(EXIT_ERROR)
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a program killed by SIGPIPE
+
+
+def run_main(main: Callable[[], int]) -> NoReturn:
+    """Exit with `main()`'s code; a reader that stopped early (`tool | head`) ends the tool quietly with
+    EXIT_BROKEN_PIPE, not a BrokenPipeError traceback (Python ignores SIGPIPE, so the write raises)."""
+    try:
+        code = main()
+        sys.stdout.flush()  # inside the try: a buffered answer meets the closed pipe here
+    except BrokenPipeError:
+        import os
+        # stdout's buffer still holds what could not be written; the interpreter's own flush at exit would fail
+        # again and print a warning, so stdout points at /dev/null from here on.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(EXIT_BROKEN_PIPE) from None
+    raise SystemExit(code)
+
+
 SEED_RANGE = (0, 2 ** 32 - 1)  # what numpy's and torch's seeding take
 
 

@@ -411,3 +411,31 @@ def test_what_is_cut_to_fit_the_context_is_said(monkeypatch, capsys, tiny_models
         "with room for --max_new_tokens 100)"]
     assert len(notes) == 3 and notes[2].startswith("(the prompt is ") and notes[2].endswith(
         " tokens, over the model's context of 128: only its last 64 tokens were kept)")
+
+
+@pytest.mark.parametrize("module", ["eval.chat", "eval.tool_eval", "eval.evaluate", "eval.copy_probe",
+                                    "eval.long_context"])
+def test_a_damaged_model_is_one_line_in_every_tool_that_loads_one(module, tiny_models, tmp_path, capsys) -> None:
+    """The strict loader's refusal (a weight missing from model.safetensors) is the tools' one error line, not a
+    traceback (chat and tool_eval let it through)."""
+    import importlib
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    damaged = Path(shutil.copytree(tiny_models.sft, tmp_path / "damaged"))
+    weights = load_file(damaged / "model.safetensors")
+    save_file({name: tensor for name, tensor in weights.items() if name != "model.norm.weight"},
+              damaged / "model.safetensors", metadata={"format": "pt"})
+    code = importlib.import_module(module).main(["--model_path", str(damaged)])
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("threads: ")]
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: cannot load ") and "model.norm.weight" in err[0]
+
+
+def test_a_reader_that_stops_early_ends_chat_without_a_traceback(tiny_models) -> None:
+    """`chat.py ... | head -c 3`: once the reader has gone, writing the answer raised BrokenPipeError, printed as a
+    traceback. The tool ends quietly with 128 + SIGPIPE, as a program killed by the signal would."""
+    process = start_chat("--model_path", str(tiny_models.sft), *GREEDY, "--no_stream", "--prompt", "Hi")
+    process.stdout.close()  # the reader is gone before the answer is written (loading takes seconds)
+    err = process.stderr.read()
+    assert process.wait(timeout=300) == 141 and "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 if __package__ in (None, ""):  # run as a script, from the repo root or from scripts/
     # The repo root replaces scripts/ on sys.path: nothing in scripts/ may shadow an installed package (the
@@ -52,6 +51,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
 
 from dataset.atomic_io import make_dirs  # noqa: E402
 from trainer.cli import ToolParser, seed  # noqa: E402
+from trainer.yaml_file import read_yaml  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, REPO_ROOT, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
                              report_error, resolve_path)
 from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, TRIALS_DIR, append_result,  # noqa: E402
@@ -142,39 +142,13 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     return config
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, less a mapping key given twice: it keeps the last silently, so a parameter written
-    twice would sweep only one of its value lists."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:  # an unhashable key: PyYAML refuses it itself
-                continue
-            if duplicate:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {json.dumps(key, default=str)}",
-                                                        key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_sweep_config(path: str | Path) -> dict[str, Any]:
     """A sweep YAML, read and validated; a SweepConfigError names the file and what is wrong with it."""
     path = Path(path)
     try:
-        config = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
-    except FileNotFoundError:
-        raise SweepConfigError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise SweepConfigError(f"{path}: is a directory, not a sweep YAML") from None
-    except UnicodeDecodeError as error:
-        raise SweepConfigError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
-                               f"{error.start})") from None
-    except yaml.YAMLError as error:
-        raise SweepConfigError(f"{path}: invalid YAML ({error})".replace("\n", " ")) from None
+        config = read_yaml(path, "a sweep YAML")
+    except ValueError as error:
+        raise SweepConfigError(str(error)) from None
     return validate_sweep_config(config, str(path))
 
 

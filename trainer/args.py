@@ -24,6 +24,7 @@ from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
 from trainer.schedule import LRSchedule
 from trainer.threads import THREADS_AUTO, THREADS_HELP, parse_threads
+from trainer.yaml_file import read_yaml
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
@@ -670,18 +671,9 @@ def load_yaml_config(path: str | Path, task: str = "pretrain",
     a ValueError naming the file and the key."""
     path = resolve_path(path) if not Path(path).exists() else Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise ValueError(f"--config {path}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"--config {path}: is a directory, not a YAML file") from None
-    except UnicodeDecodeError as error:
-        raise ValueError(f"--config {path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
-                         f"{error.start})") from None
-    except OSError as error:
-        raise ValueError(f"--config {path}: cannot be read ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        raise ValueError(f"--config {path}: invalid YAML ({error})".replace("\n", " ")) from None
+        data = read_yaml(path) or {}
+    except ValueError as error:
+        raise ValueError(f"--config {error}") from None
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a mapping of flag names to values")
     known = task_flags(task) | set(MODEL_FIELDS)

@@ -1,0 +1,47 @@
+"""Reading a YAML file a user wrote (a trainer's --config, a sweep): PyYAML's safe loader, less a mapping key given
+twice, which PyYAML resolves silently by keeping the last -- a learning rate or a swept parameter written twice
+would use one of them without a word. Every failure is a ValueError of one line naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: PyYAML refuses it itself
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {json.dumps(key, default=str)} (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path, what: str = "a YAML file") -> Any:
+    """The value of the YAML file `path` (`what` it should be, for the message when it is a directory); a
+    ValueError ``"{path}: {reason}"`` when it cannot be read, is not UTF-8, is not YAML or gives a key twice."""
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not {what}") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                         f"{error.start})") from None
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+    except yaml.constructor.ConstructorError as error:
+        raise ValueError(f"{path}: {error.problem}") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: invalid YAML ({error})".replace("\n", " ")) from None

@@ -207,6 +207,8 @@ def _read(line: str, where: str) -> tuple[str, str]:
 def _converse(session, stream: bool, interactive: bool) -> int:
     """Answer each line of input until /exit or its end; Ctrl-C drops the answer in progress (and ends a piped
     run), never the session's history."""
+    from model.chat_session import MessageTooLong
+
     for number, line in enumerate(_lines(interactive), start=1):
         kind, value = _read(line, "that message" if interactive else f"line {number}")
         if kind == "error":
@@ -221,6 +223,9 @@ def _converse(session, stream: bool, interactive: bool) -> int:
                 sys.stdout.write("bot> ")
             try:
                 _answer(session, value, stream)
+            except MessageTooLong as error:
+                print(f"error: {'that message' if interactive else f'line {number}'} {error}", file=sys.stderr,
+                      flush=True)
             except KeyboardInterrupt:
                 _write("\n")  # ends a partly streamed answer's line
                 print(INTERRUPTED, file=sys.stderr, flush=True)
@@ -237,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(error)
 
     from dataset.tools import tool_schemas
-    from model.chat_session import ChatSession, uses_chat_template
+    from model.chat_session import ChatSession, MessageTooLong, uses_chat_template
     from model.generation import GenerationSettings
     from model.loading import load_model
     from model.rope import extend_context
@@ -270,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompt is not None:
         try:
             _answer(session, args.prompt, stream)
+        except MessageTooLong as error:
+            return report_error(f"--prompt {error}")
         except KeyboardInterrupt:
             _write("\n")
             print("(interrupted)", file=sys.stderr, flush=True)

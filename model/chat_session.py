@@ -74,6 +74,11 @@ class Reply:
         return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
+class MessageTooLong(ValueError):
+    """A user message that does not fit the model's context even alone; str() says how long it is, for the caller
+    to name the message ("line 3 takes 700 tokens ...")."""
+
+
 class PromptFit(NamedTuple):
     """A prompt made to fit the model's context: its ids, the new-token budget left beside them, the past exchanges
     left out (oldest first) and, when even the message in progress did not fit, the length it had before its start
@@ -171,7 +176,8 @@ class ChatSession:
     def fit_prompt(self, user_text: str | list[dict]) -> PromptFit:
         """Prompt token ids and the new-token budget, dropping the oldest exchanges to fit the context (the
         exchange in progress -- a user message, or it with calls and results -- is kept); what was cut is
-        recorded, for the caller to say."""
+        recorded, for the caller to say. A chat message too long for the context alone is a MessageTooLong; a
+        plain text, or an exchange its tool results made too long, keeps its end."""
         current = [{"role": "user", "content": user_text}] if isinstance(user_text, str) else user_text
         messages = self._conversation(current)
         first_past = 1 if self.system_prompt else 0  # index of the oldest past message
@@ -184,7 +190,11 @@ class ChatSession:
             del messages[first_past:first_past + len(split_exchanges(past)[0])]  # the oldest exchange
             dropped += 1
         uncut = 0
-        if len(ids) >= self.max_context:  # a single message longer than the context: keep its end
+        if len(ids) >= self.max_context and self.use_template and len(current) == 1:
+            # Cut to its end, the prompt would lose the system turn (the tools) and the message's own header.
+            raise MessageTooLong(f"takes {len(ids)} tokens in the chat format, over the model's context of "
+                                 f"{self.max_context}; not sent (shorten it)")
+        if len(ids) >= self.max_context:  # a plain text, or an exchange grown by its tool results: keep the end
             uncut, ids = len(ids), ids[-(self.max_context // 2):]
         budget = max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))
         return PromptFit(ids, budget, dropped, uncut)

@@ -402,15 +402,21 @@ def test_what_is_cut_to_fit_the_context_is_said(monkeypatch, capsys, tiny_models
                                      stdin="Who are you?\nAnd you?\n" + "word " * 300 + "\n")
     assert code == 0, err
     notes = [line for line in err.splitlines() if line.startswith("(") and "context" in line]
-    # The first message fitted: nothing said. The second left out the first exchange; the third left out both and
-    # was cut itself.
-    assert notes[:2] == [
+    # The first message fitted: nothing said. The second left out the first exchange; the third is refused: cut to
+    # its end it would lose the system turn and its own header (the server answers it with a 400 too).
+    assert notes == [
         "(the oldest 1 exchange of the history was left out of the prompt: the model's context is 128 tokens, with "
-        "room for --max_new_tokens 100)",
-        "(the oldest 2 exchanges of the history were left out of the prompt: the model's context is 128 tokens, "
-        "with room for --max_new_tokens 100)"]
-    assert len(notes) == 3 and notes[2].startswith("(the prompt is ") and notes[2].endswith(
-        " tokens, over the model's context of 128: only its last 64 tokens were kept)")
+        "room for --max_new_tokens 100)"]
+    refused = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(refused) == 1 and refused[0].startswith("error: line 3 takes ") and refused[0].endswith(
+        " tokens in the chat format, over the model's context of 128; not sent (shorten it)"), err
+    assert out.count("\n") == 2  # two answers, none for the refused line
+
+    # A plain continuation (a pretrained model) keeps the end of a text too long for its context, and says so.
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.pretrain),
+                                     "--temperature", "0", "--max_new_tokens", "4", "--no_stream",
+                                     stdin="word " * 300 + "\n")
+    assert code == 0 and "(the prompt is " in err and "only its last 64 tokens were kept)" in err, err
 
 
 @pytest.mark.parametrize("module", ["eval.chat", "eval.tool_eval", "eval.evaluate", "eval.copy_probe",
@@ -439,3 +445,12 @@ def test_a_reader_that_stops_early_ends_chat_without_a_traceback(tiny_models) ->
     process.stdout.close()  # the reader is gone before the answer is written (loading takes seconds)
     err = process.stderr.read()
     assert process.wait(timeout=300) == 141 and "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_in_one_line(monkeypatch, capsys, tiny_models) -> None:
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), "--no_tools",
+                                     "--prompt", "word " * 300)
+    lines = [line for line in err.splitlines() if not line.startswith(("threads: ", "model "))]
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith("error: --prompt takes ") and lines[0].endswith("over the model's context of 128; "
+                                                                             "not sent (shorten it)")

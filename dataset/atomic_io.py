@@ -1,5 +1,6 @@
-"""The project's one atomic-write helper. Standard library only, so importing it costs nothing (the trainer,
-the metrics log and the sweep runner all use it without pulling in HF ``datasets``)."""
+"""The project's file helpers: its one atomic write, folders made and text files read with one-line errors.
+Standard library only, so importing it costs nothing (the trainer, the metrics log and the sweep runner all use it
+without pulling in HF ``datasets``)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ def make_dirs(path: str | Path) -> Path:
         blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
         raise ValueError(f"{blocker}: not a directory (a file is in the way of the folder {path})") from None
     return path
+
+
+def read_text_file(path: Path, what: str = "a file") -> str:
+    """The UTF-8 text of `path`; a ValueError ``"{path}: {reason}"`` when it does not exist, is a directory (not
+    `what`), is not UTF-8 or cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not {what}") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                         f"{error.start})") from None
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
 
 
 @contextmanager

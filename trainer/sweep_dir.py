@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dataset.atomic_io import atomic_path, atomic_write_text
+from dataset.atomic_io import atomic_path, atomic_write_text, read_text_file
 from trainer.run_dir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, append_jsonl, read_jsonl, resolve_path
 
 SWEEP_STATE_FILE = "sweep_state.json"
@@ -61,17 +61,9 @@ def is_folder_name(name: Any) -> bool:
 
 def _read_text(path: Path) -> str | None:
     """A sweep file's text; None when it does not exist. A ValueError names a file that cannot be read."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return None
-    except IsADirectoryError:
-        raise ValueError(f"{path}: is a directory, not a file") from None
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
-                         f"{error.start})") from None
-    except OSError as error:
-        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+    return read_text_file(path)
 
 
 def read_results(sweep_dir: Path) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from dataset.atomic_io import read_text_file
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -30,17 +32,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_yaml(path: Path, what: str = "a YAML file") -> Any:
     """The value of the YAML file `path` (`what` it should be, for the message when it is a directory); a
     ValueError ``"{path}: {reason}"`` when it cannot be read, is not UTF-8, is not YAML or gives a key twice."""
+    text = read_text_file(path, what)
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path}: is a directory, not {what}") from None
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
-                         f"{error.start})") from None
-    except OSError as error:
-        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except yaml.constructor.ConstructorError as error:
         raise ValueError(f"{path}: {error.problem}") from None
     except yaml.YAMLError as error:

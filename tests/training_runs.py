@@ -162,6 +162,29 @@ def run_in_process(task: str, argv: list[str]):
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def refused_run(task: str, argv: list[str], capsys, after_progress: bool = False) -> str:
+    """The one error line of a trainer run that must refuse (exit code 2) before writing anything; `after_progress`:
+    the refusal comes after the progress bars of the data or the weights, as their last line."""
+    import pytest
+
+    from trainer.core import main
+
+    capsys.readouterr()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(task, argv)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    if after_progress:
+        assert all(not line or line.startswith(("tokenizing ", "Loading weights")) for line in err[:-1]), err
+    else:
+        assert len(err) == 1, err
+    return err[-1]
+
+
 def train_losses(out_dir: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(out_dir / "metrics.jsonl", "train")]
 

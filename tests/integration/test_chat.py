@@ -95,6 +95,20 @@ def chat_in_process(monkeypatch, capsys, *args: str, stdin: str = "") -> tuple[i
     return code, captured.out, captured.err
 
 
+@pytest.fixture
+def sent(monkeypatch) -> list[str]:
+    """The user messages chat hands to ChatSession.reply, in order (the real reply still runs)."""
+    messages: list[str] = []
+    original = ChatSession.reply
+
+    def recording_reply(self, user_text, **kwargs):
+        messages.append(user_text)
+        return original(self, user_text, **kwargs)
+
+    monkeypatch.setattr(ChatSession, "reply", recording_reply)
+    return messages
+
+
 def test_stdin_eof_ends_the_session(monkeypatch, capsys, tiny_models) -> None:
     code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
                                      "--history", "0", "--no_stream", stdin="Hello\nBye")
@@ -102,15 +116,7 @@ def test_stdin_eof_ends_the_session(monkeypatch, capsys, tiny_models) -> None:
     assert out == f"{tiny_models.reply}\n{tiny_models.reply}\n"
 
 
-def test_piped_lines_are_sent_stripped(monkeypatch, capsys, tiny_models) -> None:
-    sent: list[str] = []
-    original = ChatSession.reply
-
-    def recording_reply(self, user_text, **kwargs):
-        sent.append(user_text)
-        return original(self, user_text, **kwargs)
-
-    monkeypatch.setattr(ChatSession, "reply", recording_reply)
+def test_piped_lines_are_sent_stripped(monkeypatch, capsys, tiny_models, sent) -> None:
     code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
                                    "--no_stream", stdin="  Who are you?  \r\n\t/reset \n")
     assert code == 0, err
@@ -336,15 +342,7 @@ def test_a_line_that_is_not_utf8_is_refused_and_the_session_goes_on(monkeypatch,
     assert "Traceback" not in err
 
 
-def test_commands_take_no_words_and_unknown_ones_are_not_sent(monkeypatch, capsys, tiny_models) -> None:
-    sent: list[str] = []
-    original = ChatSession.reply
-
-    def recording_reply(self, user_text, **kwargs):
-        sent.append(user_text)
-        return original(self, user_text, **kwargs)
-
-    monkeypatch.setattr(ChatSession, "reply", recording_reply)
+def test_commands_take_no_words_and_unknown_ones_are_not_sent(monkeypatch, capsys, tiny_models, sent) -> None:
     stdin = "/reset extra\n/help\n//etc is a folder\n/exit now\n/usr/bin is a path\nHi\n/exit\nnever sent\n"
     code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
                                    "--no_stream", stdin=stdin)

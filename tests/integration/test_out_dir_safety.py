@@ -12,32 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from accelerate.state import AcceleratorState
 
-from tests.training_runs import finetune_argv, pretrain_argv, run_in_process, train_losses
-from trainer.core import main
+from tests.training_runs import finetune_argv, pretrain_argv, refused_run, run_in_process, train_losses
 from trainer.run_dir import read_metrics
 
 SHORT = ("--batch_size", "4", "--max_steps", "4")
-
-
-def _refused(task: str, argv: list[str], capsys, after_tokenizing: bool = False) -> str:
-    """The one error line of a trainer run that must refuse before writing anything (`after_tokenizing`: the
-    refusal comes after the progress bars of the data and the weights, as their last line)."""
-    capsys.readouterr()
-    AcceleratorState._reset_state(reset_partial_state=True)
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            main(task, argv)
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    if after_tokenizing:
-        assert all(not line or line.startswith(("tokenizing ", "Loading weights")) for line in err[:-1]), err
-    else:
-        assert len(err) == 1, err
-    return err[-1]
 
 
 def _run_id(out_dir: Path) -> str:
@@ -58,7 +37,7 @@ def finished(train_data, tmp_path) -> Path:
 
 def test_a_new_run_where_one_finished_is_refused_and_changes_nothing(finished, train_data, capsys):
     before = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
-    error = _refused("pretrain", pretrain_argv(train_data, finished, "--max_steps", "2"), capsys)
+    error = refused_run("pretrain", pretrain_argv(train_data, finished, "--max_steps", "2"), capsys)
     assert error.startswith(f"error: --out_dir {finished} already holds a run: a finished model (run_summary.json, "
                             f"config.json, model.safetensors, generation_config.json) and checkpoints "
                             f"(checkpoints/step_00000003); pass --overwrite "), error
@@ -68,7 +47,7 @@ def test_a_new_run_where_one_finished_is_refused_and_changes_nothing(finished, t
 def test_a_finished_run_without_checkpoints_is_not_restarted_by_resume_auto(train_data, tmp_path, capsys):
     out_dir = tmp_path / "no_checkpoints"
     run_in_process("pretrain", pretrain_argv(train_data, out_dir, *SHORT, "--save_interval", "100"))
-    error = _refused("pretrain", pretrain_argv(train_data, out_dir, *SHORT, "--resume", "auto"), capsys)
+    error = refused_run("pretrain", pretrain_argv(train_data, out_dir, *SHORT, "--resume", "auto"), capsys)
     assert f"--out_dir {out_dir} already holds a run: a finished model" in error and "--overwrite" in error
 
 
@@ -106,7 +85,7 @@ def test_resume_of_another_runs_checkpoint_is_refused(finished, train_data, tmp_
     run_in_process("pretrain", pretrain_argv(train_data, other, *SHORT))
     checkpoint = other / "checkpoints" / "step_00000003"
     argv = pretrain_argv(train_data, finished, *SHORT, "--resume", str(checkpoint))
-    error = _refused("pretrain", argv, capsys)
+    error = refused_run("pretrain", argv, capsys)
     assert error.startswith(f"error: --resume {checkpoint}: that checkpoint is of run {_run_id(other)}, and "
                             f"--out_dir {finished} already holds a run (run {_run_id(finished)}): "), error
     assert "--overwrite" in error
@@ -137,7 +116,7 @@ def test_fine_tuning_runs_refuse_to_replace_a_finished_run(task, train_data, tin
     out_dir = tmp_path / task
     argv = finetune_argv(task, train_data, tiny_models.sft, out_dir, "--max_steps", "2")
     run_in_process(task, argv)
-    error = _refused(task, argv, capsys)
+    error = refused_run(task, argv, capsys)
     assert error.startswith(f"error: --out_dir {out_dir} already holds a run: a finished model"), error
     run_in_process(task, argv + ["--overwrite"])
     assert [r["step"] for r in read_metrics(out_dir, "train")] == [1, 2]
@@ -163,7 +142,7 @@ def test_overwrite_with_a_bad_input_is_refused_and_leaves_the_old_run_whole(task
     if flag in argv:  # the flag's good value goes: the missing path replaces it
         argv = [*argv[:argv.index(flag)], *argv[argv.index(flag) + 2:]]
     argv += [flag, missing, "--overwrite"]
-    error = _refused(task, argv, capsys)
+    error = refused_run(task, argv, capsys)
     assert error.startswith(error_start.format(missing=missing)), error
     assert {p.relative_to(finished): p.read_bytes() for p in finished.rglob("*") if p.is_file()} == before
 
@@ -191,7 +170,7 @@ def test_overwrite_with_a_damaged_checkpoint_is_refused_and_leaves_the_old_run_w
     shutil.copytree(reference_run / "checkpoints" / "step_00000003", checkpoint)
     _damage(checkpoint / name, how)
     before = _snapshot(finished)
-    error = _refused("pretrain", pretrain_argv(train_data, finished, *SHORT, "--resume", str(checkpoint),
+    error = refused_run("pretrain", pretrain_argv(train_data, finished, *SHORT, "--resume", str(checkpoint),
                                                "--overwrite"), capsys)
     assert error.startswith(f"error: --resume {checkpoint}: {checkpoint / name} ") and "damaged" in error, error
     assert _snapshot(finished) == before
@@ -230,7 +209,7 @@ def test_an_out_dir_that_is_the_runs_input_is_refused_before_anything_is_touched
     if flag != "--from_weight":
         argv += [flag, str(source)]
     before = _snapshot(source)
-    error = _refused(task, argv, capsys)
+    error = refused_run(task, argv, capsys)
     assert error.startswith("error: --out_dir ") and flag in error and "choose an --out_dir apart" in error, error
     assert _snapshot(source) == before
 
@@ -262,7 +241,7 @@ def test_a_path_flag_that_cannot_be_used_is_one_line_naming_it(case, error_start
     else:
         start = weightless if "without" in case else damaged
         argv = finetune_argv(task, train_data, start, out_dir, "--max_steps", "2")
-    error = _refused(task, argv, capsys)
+    error = refused_run(task, argv, capsys)
     assert error.startswith(error_start.format(file=file, weightless=weightless, damaged=damaged)), error
     assert not out_dir.exists() or out_dir == file
 
@@ -283,6 +262,6 @@ def test_an_input_model_missing_a_weight_is_refused_naming_it(task, flag, tiny_m
     argv = finetune_argv(task, train_data, start, tmp_path / "out", "--max_steps", "2")
     if flag == "--teacher":
         argv += ["--teacher", str(damaged)]
-    error = _refused(task, argv, capsys, after_tokenizing=True)  # the weights are read after the data is built
+    error = refused_run(task, argv, capsys, after_progress=True)  # the weights are read after the data is built
     assert error.startswith(f"error: {flag} ") and "model.norm.weight" in error and str(damaged) in error, \
         error

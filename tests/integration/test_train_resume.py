@@ -16,10 +16,10 @@ from accelerate.state import AcceleratorState
 
 from safetensors.torch import load_file
 
-from tests.training_runs import (MUON_FLAGS, REPO, STEPS, pretrain_argv, run_in_process, train_losses,
+from tests.training_runs import (MUON_FLAGS, REPO, STEPS, pretrain_argv, refused_run, run_in_process, train_losses,
                                  write_jsonl)
 from trainer.args import parse_args
-from trainer.core import Trainer, main
+from trainer.core import Trainer
 from trainer.run_dir import read_metrics
 
 KILL_DURING_SECOND_SAVE = """
@@ -127,32 +127,11 @@ def test_resume_that_cannot_map_the_data_position_is_refused(change, message, tr
         argv[argv.index("--data_path") + 1] = str(_edited_copy(train_data / "pretrain.jsonl", tmp_path))
     else:
         argv += list(change)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            main("pretrain", argv)
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]  # the lines before it are progress bars
+    error = refused_run("pretrain", argv, capsys, after_progress=True)
     assert error.startswith("error: --resume step_00000003: ") and message in error
     if change == "other data":
         assert "edited.jsonl" in error and "pretrain.jsonl" in error
     assert not (tmp_path / "resumed" / "metrics.jsonl").exists()  # refused before anything ran
-
-
-def _refused_line(argv: list[str], capsys) -> str:
-    capsys.readouterr()
-    AcceleratorState._reset_state(reset_partial_state=True)
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            main("pretrain", argv)
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
 
 
 def test_a_bare_resume_auto_continues_the_runs_architecture(train_data, tmp_path):
@@ -188,7 +167,7 @@ def test_a_resume_with_another_architecture_is_refused_in_one_line(flags, messag
     rope_theta) to train the saved weights as another model without a word."""
     argv = pretrain_argv(train_data, tmp_path / "resumed", "--batch_size", "4", *flags, "--resume",
                          str(reference_run / "checkpoints" / "step_00000003"))
-    error = _refused_line(argv, capsys)
+    error = refused_run("pretrain", argv, capsys)
     assert error.startswith("error: --resume step_00000003: the checkpoint's model differs: ") and message in error
     assert not (tmp_path / "resumed").exists()
 
@@ -202,6 +181,6 @@ def test_a_damaged_rng_state_is_refused_naming_the_file(content, train_data, ref
     (checkpoint / "random_states_0.pkl").write_bytes(content)
     argv = pretrain_argv(train_data, tmp_path / "resumed", "--batch_size", "4", "--dropout", "0.1", "--resume",
                          str(checkpoint))
-    error = _refused_line(argv, capsys)
+    error = refused_run("pretrain", argv, capsys)
     assert error.startswith(f"error: --resume {checkpoint}: {checkpoint / 'random_states_0.pkl'} is damaged"), error
     assert not (tmp_path / "resumed" / "metrics.jsonl").exists()

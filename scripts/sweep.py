@@ -7,6 +7,10 @@ the trials; each trial runs as a training subprocess built from the YAML's `comm
 and writes its own directory under SWEEP_DIR/trials/. Outcomes go to SWEEP_DIR/results.jsonl, one line per
 trial, appended whole.
 
+Checked before anything runs: the YAML (wandb's schema, a first proposal) and, when its program is one of this
+repo's trainers, every parameter value (the trainer's own flag checks, trainer/args.py check_args) and the metric
+(one the trainer logs, trainer/run_dir.py logged_metrics).
+
 Resumable: the proposed trials are kept in SWEEP_DIR/sweep_state.json (written atomically); restarted, the
 runner skips trials already recorded as finished or diverged, reruns any trial that was cut off (with
 `--resume auto`, so a trial with checkpoints continues from its last one, and `--overwrite`, so one without starts
@@ -52,14 +56,18 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
 from dataset.atomic_io import make_dirs  # noqa: E402
 from trainer.cli import ToolParser, seed  # noqa: E402
 from trainer.yaml_file import read_yaml  # noqa: E402
-from trainer.run_dir import (EXIT_DIVERGED, REPO_ROOT, SUMMARY_FILE, VAL_METRICS, read_summary,  # noqa: E402
-                             report_error, resolve_path)
-from trainer.sweep_dir import (DONE_STATUSES, RESULTS_FILE, TRIAL_LOG, TRIALS_DIR, append_result,  # noqa: E402
+from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, REPO_ROOT, SUMMARY_FILE, TASKS,  # noqa: E402
+                             TRAINER_SCRIPTS, final_metric, logged_metrics, read_summary, report_error, resolve_path,
+                             trainer_task)
+from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, TRIAL_LOG, TRIALS_DIR,  # noqa: E402
+                               append_result,
                                default_sweep_dir, done_records, is_folder_name, read_results, read_state,
                                restore_records, save_records, swept_names, sweep_dir_lock, trial_dir_name, write_state)
 
 METHODS = ("grid", "random", "bayes")
 FLAG_MACROS = {"${args}", "${args_no_boolean_flags}"}  # wandb agent's macros that pass the parameters as --flags
+DEFAULT_PROGRAM = "trainer/train_pretrain.py"  # a YAML without `program` or `command`: as wandb agent's defaults
+DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 INSTALL_HINT = ("the wandb sweep engine is missing: pip install --no-deps sweeps==0.3.0 && "
                 "pip install jsonschema==4.26.0 jsonref==1.1.0 scipy==1.17.1 scikit-learn==1.9.1")
 
@@ -136,10 +144,91 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     # The schema accepts some specs the engine then refuses (e.g. {min, max} under grid): ask it for a first
     # trial now, so the error comes before the sweep folder exists rather than at the first proposal.
     try:
-        _sweeps_module().next_run(config, [])
+        first = propose_next(config, [], seed=0)
     except ValueError as error:
         raise bad("parameters", f"wandb's sweep engine cannot propose a trial: {error}".replace("\n", " ")) from None
+    task = trainer_of(config)
+    if task is not None:  # another program's flags and metrics are its own business
+        _check_metric(config, task, bad)
+        _check_parameters(config, task, first, bad)
     return config
+
+
+def trainer_of(config: dict[str, Any]) -> str | None:
+    """The task whose trainer (trainer/run_dir.py, TRAINER_SCRIPTS) a sweep's trials run: its `program`, when its
+    `command` runs `${program}`; None for any other program."""
+    if "${program}" not in (config.get("command") or DEFAULT_COMMAND):
+        return None
+    return trainer_task(config.get("program", DEFAULT_PROGRAM))
+
+
+def _check_metric(config: dict[str, Any], task: str, bad: Any) -> None:
+    """A metric the trainer never logs would leave every trial's metric None (and a bayes search blind)."""
+    metric = (config.get("metric") or {}).get("name")
+    allowed = logged_metrics(task)
+    if metric is not None and metric not in allowed:
+        raise bad("metric.name", f"{metric!r} is not a metric {TRAINER_SCRIPTS[task]} logs; allowed: "
+                                 f"{', '.join(allowed)}")
+
+
+def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] | None, bad: Any) -> None:
+    """Each value a parameter may take (its `value`, each of its `values`, the bounds of its {min, max}), put in the
+    first proposed trial in place of that parameter's, must pass the trainer's own parsing and checks
+    (trainer/args.py, check_args): a flag it lacks or a value it refuses is found now, not as failed trials. A value
+    refused only beside another swept one is refused too: in a grid that pair is one of its trials."""
+    from trainer.args import check_args  # torch: only for sweeps that drive one of this repo's trainers
+
+    program = str(REPO_ROOT / config.get("program", DEFAULT_PROGRAM))
+
+    def refusal(params: dict[str, Any]) -> str | None:
+        command = build_command(config, params, [])
+        try:
+            check_args(task, command[command.index(program) + 1:])
+        except ValueError as error:
+            return str(error)
+        return None
+
+    def refuse(name: str, key: str, value: Any, error: str) -> SweepConfigError:
+        return bad(f"parameters.{name}.{key}", f"{TRAINER_SCRIPTS[task]} refuses {_format_arg(value)}: {error}")
+
+    candidates = {name: _candidates(name, spec) for name, spec in config["parameters"].items()}
+    base = first or {name: spec["value"] for name, spec in config["parameters"].items() if "value" in spec}
+    error = refusal(base)
+    if error is not None:  # the first trial: blame the parameter without which it passes
+        for name in base:
+            rest = {k: v for k, v in base.items() if k != name}
+            if refusal(rest) is None:
+                for key, value in candidates[name]:
+                    if (refused := refusal({**rest, name: value})) is not None:
+                        raise refuse(name, key, value, refused)
+                raise bad(f"parameters.{name}", f"{TRAINER_SCRIPTS[task]} refuses {_format_arg(base[name])}, the "
+                                                f"first trial's: {error}")
+        raise bad("parameters", f"{TRAINER_SCRIPTS[task]} refuses the first trial {base}: {error}")
+    for name, values in candidates.items():
+        for key, value in values:
+            if name not in base or value != base[name]:
+                error = refusal({**base, name: value})
+                if error is not None:
+                    raise refuse(name, key, value, error)
+
+
+def _candidates(name: str, spec: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(field, value) for the values a parameter spec may give a trial: a distribution's bounds as wandb's engine
+    samples them (its own type: int_uniform gives ints; log_uniform's min and max are exponents); none for a
+    distribution without bounds (normal, beta)."""
+    if "value" in spec:
+        return [("value", spec["value"])]
+    if "values" in spec:
+        return [(f"values[{index}]", value) for index, value in enumerate(spec["values"])]
+    if "min" not in spec or "max" not in spec:
+        return []
+    import numpy as np
+    from sweeps.params import HyperParameter
+
+    parameter = HyperParameter(name, spec)
+    # ppf(0) of int_uniform is min - 1; the smallest positive quantile is min for every bounded distribution.
+    return [(key, _plain(parameter.ppf(quantile))) for key, quantile in (("min", np.nextafter(0.0, 1.0)),
+                                                                         ("max", 1.0))]
 
 
 def load_sweep_config(path: str | Path) -> dict[str, Any]:
@@ -255,10 +344,8 @@ def _format_arg(value: Any) -> str:
 def build_command(config: dict[str, Any], params: dict[str, Any], extra: list[str]) -> list[str]:
     """The trial's command line: the YAML's `command` with wandb agent's macros expanded, then `extra` flags
     (out dir, run name, group) appended so they win over anything the YAML sets."""
-    program = config.get("program", "trainer/train_pretrain.py")
-    if not Path(program).is_absolute():
-        program = str(REPO_ROOT / program)
-    template = config.get("command") or ["${env}", "${interpreter}", "${program}", "${args}"]
+    program = str(REPO_ROOT / config.get("program", DEFAULT_PROGRAM))  # an absolute program stays as it is
+    template = config.get("command") or DEFAULT_COMMAND
     flags = [f"--{k}={_format_arg(v)}" for k, v in params.items()]
     macros: dict[str, list[str]] = {
         "${env}": [] if os.name == "nt" else ["/usr/bin/env"],
@@ -301,7 +388,7 @@ def _terminate_child(signum, frame) -> None:  # noqa: ARG001
 
 
 def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> TrialOutcome:
-    trial_dir.mkdir(parents=True, exist_ok=True)
+    """Run one trial in `trial_dir` (the caller makes it) and read its outcome."""
     log_path = trial_dir / TRIAL_LOG
     summary_path = trial_dir / SUMMARY_FILE
     if summary_path.exists():
@@ -325,15 +412,14 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
 
 
 def metric_value(summary: dict[str, Any], metric: str | None) -> float | None:
-    """The sweep metric of a finished trial, from its run_summary.json."""
+    """The sweep metric of a finished trial, from its run_summary.json: a metric a trainer logs (trainer/run_dir.py,
+    logged_metrics); for another program, a number of that name in its summary or in the summary's final_val."""
     if not metric or not summary:
         return None
-    name = metric.split("/")[-1]
-    final = summary.get("final_val") or {}
-    if name in VAL_METRICS and VAL_METRICS[name] in final:
-        return final[VAL_METRICS[name]]
-    value = summary.get(name, final.get(name))
-    return value if isinstance(value, (int, float)) else None
+    if any(metric in logged_metrics(task) for task in TASKS):
+        return final_metric(summary, metric)
+    value = summary.get(metric, (summary.get("final_val") or {}).get(metric))
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -432,7 +518,7 @@ def _run_sweep(held: ExitStack, config_path: str | Path, sweep_dir: str | Path |
               + "; nothing was run or written")
         return state["trials"]
 
-    def start(pending: dict[str, Any]) -> tuple[dict[str, Any], int, float, Future]:
+    def start(pending: dict[str, Any]) -> tuple[dict[str, Any], int, float, Future] | None:
         pending["status"] = "running"
         attempted.add(pending["trial_id"])
         save()
@@ -446,6 +532,11 @@ def _run_sweep(held: ExitStack, config_path: str | Path, sweep_dir: str | Path |
             extra.append("--use_wandb=false")
         index = state["trials"].index(pending) + 1
         print(f"[{index}] {pending['trial_id']} ...", end=" " if workers == 1 else " started\n", flush=True)
+        try:
+            make_dirs(trial_dir)  # here, not in the worker thread: a file in the way is one line, not a traceback
+        except ValueError as error:
+            record(pending, index, time.time(), TrialOutcome("failed", EXIT_ERROR, {}, str(error)))
+            return None
         return pending, index, time.time(), pool.submit(run_trial, build_command(config, pending["params"], extra),
                                                         trial_dir, env)
 
@@ -453,9 +544,7 @@ def _run_sweep(held: ExitStack, config_path: str | Path, sweep_dir: str | Path |
         value = metric_value(outcome.summary, metric) if outcome.status == "finished" else None
         result = {"trial_id": pending["trial_id"], "params": pending["params"], "status": outcome.status,
                   "returncode": outcome.returncode, "metric_name": metric, "metric": value,
-                  "final_val": outcome.summary.get("final_val", {}), "steps": outcome.summary.get("steps"),
-                  "median_step_time_s": outcome.summary.get("median_step_time_s"),
-                  "tokens_per_s": outcome.summary.get("tokens_per_s"),
+                  **{key: outcome.summary.get(key, {} if key == "final_val" else None) for key in RESULT_SUMMARY_KEYS},
                   "wall_time_s": round(time.time() - started, 2), "trial_dir": trial_dir_name(pending["trial_id"]),
                   "wandb_mode": mode, "error": outcome.error, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         append_result(sweep_dir, result)
@@ -466,7 +555,9 @@ def _run_sweep(held: ExitStack, config_path: str | Path, sweep_dir: str | Path |
         shown = f"{metric}={value:.4f}" if value is not None else outcome.status
         prefix = "" if workers == 1 else f"[{index}] {pending['trial_id']} "
         print(f"{prefix}{outcome.status} ({shown}, {result['wall_time_s']:.0f} s)", flush=True)
-        if outcome.status == "failed":
+        if outcome.status == "failed" and "\n" not in outcome.error.strip():
+            print(f"  trial failed (exit {outcome.returncode}): {outcome.error.strip()}", file=sys.stderr)
+        elif outcome.status == "failed":
             print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
 
     if records_dir is not None:  # done trials from before the records folder existed
@@ -480,7 +571,11 @@ def _run_sweep(held: ExitStack, config_path: str | Path, sweep_dir: str | Path |
                 pending = next_trial()
                 if pending is None:
                     break
-                pending, index, started, future = start(pending)
+                begun = start(pending)
+                if begun is None:  # failed before it could start (recorded)
+                    ran, failed = ran + 1, True
+                    continue
+                pending, index, started, future = begun
                 in_flight[future] = (pending, index, started)
             if not in_flight:
                 break

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, NoReturn, Sequence
 
 import yaml
 
@@ -744,23 +744,36 @@ def _yaml_scalar(action: argparse.Action, value: Any) -> Any:
 def parse_args(task: str, argv: Sequence[str] | None = None) -> TrainArgs:
     """Parse a trainer's command line (with an optional --config YAML underneath it)."""
     parser = _build_parser(task)
+    try:
+        return _parse(task, parser, argv)
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def check_args(task: str, argv: Sequence[str]) -> TrainArgs:
+    """What parse_args makes of `argv`, but a command line the trainer would refuse raises a ValueError with the
+    trainer's own message instead of exiting: a sweep checks its parameters with it before any trial runs."""
+    parser = _build_parser(task)
+
+    def refuse(message: str) -> NoReturn:
+        raise ValueError(message)
+
+    parser.error = refuse  # argparse's own refusals (an unknown flag, a bad value) go through error()
+    return _parse(task, parser, argv)
+
+
+def _parse(task: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> TrainArgs:
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
-        try:
-            parser.set_defaults(**load_yaml_config(pre.config, task, parser))
-        except ValueError as error:
-            parser.error(str(error))
+        parser.set_defaults(**load_yaml_config(pre.config, task, parser))
     namespace = vars(parser.parse_args(argv))
     namespace.pop("config")
     model = {**TASK_MODEL_DEFAULTS.get(task, {}), **_model_overrides(namespace)}
     for name in MODEL_FIELDS:
         namespace.pop(name)
     args = TrainArgs(task=task, model=model, **namespace)
-    try:
-        _validate(args)
-        build_model_config(args)  # fail fast on model-field errors, before any data work
-    except ValueError as error:
-        parser.error(str(error))
+    _validate(args)
+    build_model_config(args)  # fail fast on model-field errors, before any data work
     return args
 
 

@@ -23,6 +23,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from model.model import shift_labels
+from trainer.run_dir import DPO_VAL_METRICS
 
 STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward")
 
@@ -66,7 +67,7 @@ class DPOEval:
         return asdict(self)
 
     def logged(self) -> dict[str, float]:
-        return {f"val_{name}": value for name, value in self.as_dict().items() if name != "pairs"}
+        return {name: getattr(self, key) for name, key in DPO_VAL_METRICS.items()}
 
     def describe(self) -> str:
         return (f"val DPO loss {self.loss:.4f}, reward accuracy {self.reward_accuracy:.1%}, margin "

@@ -38,6 +38,7 @@ from dataset.chat_format import IM_END
 from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings
 from trainer.rewards import Reward, math_answer, score
 from trainer.rl_losses import LossType, group_advantages, policy_loss
+from trainer.run_dir import ROLLOUT_VAL_METRICS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -178,7 +179,7 @@ class GRPOEval:
         return asdict(self)
 
     def logged(self) -> dict[str, float]:
-        return {f"val_{name}": value for name, value in self.as_dict().items() if name != "prompts"}
+        return {name: getattr(self, key) for name, key in ROLLOUT_VAL_METRICS.items()}
 
     def describe(self) -> str:
         accuracy = "" if math.isnan(self.accuracy) else f"accuracy {self.accuracy:.2%}, "

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from trainer.flops import model_flops_utilization
 from trainer.metrics_log import MetricsLog
 from trainer.objectives import EvalResult, Objective
+from trainer.run_dir import FINAL_PREFIX
 from trainer.step import RunPosition, StepResult
 
 
@@ -106,8 +107,8 @@ class TrainingReporter:
     def log_final(self, step: int, result: EvalResult, tokens_per_s: float) -> None:
         self.log_eval(step, result)
         if self.use_wandb:
-            self.accelerator.log({**{f"final/{name}": value for name, value in result.logged().items()},
-                                  "final/tokens_per_s": tokens_per_s}, step=step)
+            self.accelerator.log({**{FINAL_PREFIX + name: value for name, value in result.logged().items()},
+                                  FINAL_PREFIX + "tokens_per_s": tokens_per_s}, step=step)
 
     def close(self) -> None:
         if self.progress is not None:

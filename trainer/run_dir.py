@@ -22,6 +22,7 @@ torch loads.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -46,10 +47,11 @@ TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo")
 ROLLOUT_TASKS = ("grpo", "ppo")  # the tasks that train on completions they sample from the policy
 DEFAULT_OUT_DIRS = {"pretrain": "out/pretrain", "sft": "out/sft", "lora": "out/lora", "dpo": "out/dpo",
                     "distill": "out/distill", "grpo": "out/grpo", "ppo": "out/ppo"}
-CREATE_COMMANDS = {"pretrain": "python trainer/train_pretrain.py", "sft": "python trainer/train_full_sft.py",
-                   "lora": "python trainer/train_lora.py", "dpo": "python trainer/train_dpo.py",
-                   "distill": "python trainer/train_distillation.py", "grpo": "python trainer/train_grpo.py",
-                   "ppo": "python trainer/train_ppo.py"}
+TRAINER_SCRIPTS = {"pretrain": "trainer/train_pretrain.py", "sft": "trainer/train_full_sft.py",
+                   "lora": "trainer/train_lora.py", "dpo": "trainer/train_dpo.py",
+                   "distill": "trainer/train_distillation.py", "grpo": "trainer/train_grpo.py",
+                   "ppo": "trainer/train_ppo.py"}  # each task's trainer, from the repo root
+CREATE_COMMANDS = {task: f"python {script}" for task, script in TRAINER_SCRIPTS.items()}
 # The model a fine-tuning task starts from when no --from_weight is given (pretraining starts from nothing): for
 # distillation, the student's; the task whose model is a distillation's teacher when no --teacher is given.
 DEFAULT_FROM_WEIGHT = {"sft": "pretrain", "lora": "sft", "dpo": "sft", "distill": "pretrain", "grpo": "sft",
@@ -60,13 +62,48 @@ MERGED_DIR = "merged"                        # train_lora.py --merge: the merged
 # A finished run's model files (the tokenizer files beside them are the same for every run and stay).
 MODEL_FILES = ("config.json", *WEIGHT_FILES, "generation_config.json", ADAPTER_CONFIG_FILE,
                "adapter_model.safetensors", MERGED_DIR)
-# The validation metrics as the trainer logs them (metrics.jsonl, wandb; a sweep's metric is one of these names)
-# -> their keys in run_summary.json's "final_val".
-VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}
+# The validation metrics as each task's trainer logs them (metrics.jsonl's "val" records, wandb) -> their keys in
+# run_summary.json's "final_val". The eval results' logged() read these (trainer/evaluation.py, dpo.py, grpo.py).
+VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}  # language modeling
+DPO_VAL_METRICS = {"val_loss": "loss", "val_reward_accuracy": "reward_accuracy", "val_reward_margin": "reward_margin",
+                   "val_chosen_reward": "chosen_reward", "val_rejected_reward": "rejected_reward"}
+ROLLOUT_VAL_METRICS = {"val_loss": "loss", "val_reward": "reward", "val_completion_length": "completion_length",
+                       "val_accuracy": "accuracy"}  # GRPO's and PPO's greedy validation
+TASK_VAL_METRICS = {"pretrain": VAL_METRICS, "sft": VAL_METRICS, "lora": VAL_METRICS, "distill": VAL_METRICS,
+                    "dpo": DPO_VAL_METRICS, "grpo": ROLLOUT_VAL_METRICS, "ppo": ROLLOUT_VAL_METRICS}
+FINAL_PREFIX = "final/"  # wandb: the final validation, and the run's throughput, logged once more at the end
+FINAL_RUN_METRICS = ("tokens_per_s",)  # run_summary.json numbers also logged as final/<name>
 
 EXIT_ERROR = 2     # bad input or a missing file: one line on stderr, nothing trained or written
 EXIT_DIVERGED = 3  # the loss (or gradient) became NaN/inf; run_summary.json says "diverged"
 EXIT_PEER_LOST = 4  # several processes: one waited --dist_timeout for the others (a node died, the network failed)
+
+
+def trainer_task(program: str | Path) -> str | None:
+    """The task whose trainer `program` is (a path from the repo root, or absolute); None for any other program."""
+    path = resolve_path(program).resolve()
+    return next((task for task, script in TRAINER_SCRIPTS.items() if (REPO_ROOT / script).resolve() == path), None)
+
+
+def logged_metrics(task: str) -> dict[str, tuple[str, ...]]:
+    """The metric names `task`'s trainer logs whose final value run_summary.json holds (a sweep's metric must be one
+    of them) -> where it lies there: ("final_val", key) or (key,)."""
+    names: dict[str, tuple[str, ...]] = {name: ("final_val", key) for name, key in TASK_VAL_METRICS[task].items()}
+    names.update({FINAL_PREFIX + name: where for name, where in names.items()})
+    names.update({FINAL_PREFIX + key: (key,) for key in FINAL_RUN_METRICS})
+    return names
+
+
+def final_metric(summary: dict[str, Any], name: str) -> float | None:
+    """The final value of the logged metric `name` (any task's) in a run_summary.json; None where the summary lacks
+    it or it is not a finite number (a NaN would poison a bayes search)."""
+    where = next((names[name] for task in TASKS if name in (names := logged_metrics(task))), None)
+    value: Any = summary
+    for key in where or ():
+        value = value.get(key) if isinstance(value, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value
 
 
 def report_error(error: BaseException | str) -> int:

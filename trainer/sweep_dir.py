@@ -31,6 +31,9 @@ RESULTS_FILE = "results.jsonl"
 TRIALS_DIR = "trials"
 TRIAL_LOG = "train.log"
 DONE_STATUSES = ("finished", "diverged")
+# The run_summary.json numbers each results.jsonl record repeats: they outlive the trial's folder (the report reads
+# them there when the folder is gone).
+RESULT_SUMMARY_KEYS = ("final_val", "steps", "median_step_time_s", "tokens_per_s")
 TRIAL_STATUSES = ("pending", "running", "failed", *DONE_STATUSES)  # a trial's status in the state file
 LOCK_FILE = ".sweep.lock"  # held by the one runner of a sweep folder
 # A trial id names its folder: one plain path component (scripts/sweep.py's trial_id makes them so), never a path

@@ -607,3 +607,138 @@ def test_a_second_runner_on_the_same_sweep_folder_is_refused(tmp_path):
     assert first.returncode == 0
     assert [r["params"]["seed"] for r in read_results(sweep_dir)] == [1, 2]
     assert started.read_text() == "x"
+
+
+# ----------------------------------------------------------------------------- parameters and metric checked up front
+def _trainer_yaml(tmp_path: Path, text: str, program: str = "trainer/train_pretrain.py") -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"program: {program}\n" + textwrap.dedent(text))
+    return path
+
+
+@pytest.mark.parametrize("text, field, message", [
+    ("method: grid\nparameters:\n  learning_rate: {values: [0.001, -1]}\n",
+     "parameters.learning_rate.values[1]", "--learning_rate=-1.0 is not allowed; it must be a positive number"),
+    ("method: grid\nparameters:\n  norm_type: {values: [rmsnorm, bogus]}\n",
+     "parameters.norm_type.values[1]", "invalid choice: 'bogus'"),
+    ("method: grid\nparameters:\n  batch_size: {values: [1.5]}\n",
+     "parameters.batch_size.values[0]", "invalid int value: '1.5'"),
+    ("method: grid\nparameters:\n  seed: {values: [1]}\n  warmup_steps: {value: -3}\n",
+     "parameters.warmup_steps.value", "--warmup_steps=-3 is not allowed"),
+    ("method: grid\nparameters:\n  bogus_flag: {values: [1, 2]}\n",
+     "parameters.bogus_flag.values[0]", "unrecognized arguments: --bogus_flag=1"),
+    ("method: random\nrun_cap: 2\nparameters:\n  learning_rate: {min: -1.0, max: 0.1}\n",
+     "parameters.learning_rate.min", "it must be a positive number"),
+    ("method: random\nrun_cap: 2\nparameters:\n  batch_size: {min: 1.5, max: 4.0}\n",
+     "parameters.batch_size.min", "invalid int value"),
+])
+def test_a_parameter_the_trainer_refuses_is_one_line_before_any_trial(tmp_path, capsys, text, field, message):
+    path = _trainer_yaml(tmp_path, text)
+    # --dry_run: a check that came only with the trials would let this pass, instead of training
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{path}: {field}:" in err and message in err, err
+    assert "trainer/train_pretrain.py" in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_parameters_are_checked_against_the_trainer_the_sweep_runs(tmp_path, capsys):
+    # train_dpo.py: beta must be > 0 there, and the copy-row flags are pretraining's, not its own.
+    for text, field in (("method: grid\nparameters:\n  beta: {values: [0.1, 0]}\n", "parameters.beta.values[1]"),
+                        ("method: grid\nparameters:\n  copy_rows: {value: 2}\n", "parameters.copy_rows.value")):
+        path = _trainer_yaml(tmp_path, text, program="trainer/train_dpo.py")
+        assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and field in err and "trainer/train_dpo.py" in err, err
+    # Any other program is the YAML's own business: its flags are not checked.
+    path = _fake_sweep(tmp_path / "fake", {"learning_rate": {"values": [-1]}, "seed": {"value": 1}})
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run"]) == 0
+
+
+@pytest.mark.parametrize("program, name, allowed", [
+    ("trainer/train_pretrain.py", "val_los", "val_loss, val_ppl, val_bpb"),
+    ("trainer/train_dpo.py", "val_ppl", "val_loss, val_reward_accuracy"),
+    ("trainer/train_grpo.py", "reward", "val_loss, val_reward"),
+])
+def test_a_metric_the_trainer_never_logs_is_one_line_listing_the_allowed(tmp_path, capsys, program, name, allowed):
+    path = _trainer_yaml(tmp_path, f"method: bayes\nrun_cap: 2\nmetric: {{name: {name}, goal: minimize}}\n"
+                                   f"parameters:\n  learning_rate: {{min: 0.001, max: 0.01}}\n", program=program)
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{path}: metric.name: {name!r}" in err and program in err, err
+    assert f"allowed: {allowed}" in err
+    assert not (tmp_path / "s").exists()
+
+
+def _assert_metric_value_finds_every_logged_name(task: str, out_dir: Path) -> None:
+    """Every metric name the task's trainer logs is found in its run_summary.json, with the value it logged last."""
+    from trainer.run_dir import logged_metrics, read_summary
+
+    summary, val = read_summary(out_dir), read_metrics(out_dir, "val")[-1]
+    names = logged_metrics(task)
+    assert {"val_loss", "final/val_loss"} <= set(names)
+    for name in names:
+        value = sweep_mod.metric_value(summary, name)
+        logged = val.get(name.removeprefix("final/"), summary.get(name.removeprefix("final/")))
+        if isinstance(logged, float) and logged != logged:  # NaN (GRPO's accuracy without answers): no metric
+            assert value is None, name
+        else:
+            assert value == logged and value is not None, name
+    metric = {"dpo": "val_reward_accuracy", "grpo": "val_reward"}.get(task, "val_ppl")
+    config = {"method": "bayes", "run_cap": 2, "program": f"trainer/train_{task}.py",
+              "metric": {"name": metric, "goal": "maximize"},
+              "parameters": {"learning_rate": {"min": 0.001, "max": 0.01}}}
+    validate_sweep_config(config, "ok.yaml")  # accepted up front
+
+
+def test_metric_value_finds_every_name_a_pretraining_run_logs(reference_run):
+    _assert_metric_value_finds_every_logged_name("pretrain", reference_run)
+
+
+def test_metric_value_finds_every_name_dpo_and_grpo_runs_log(train_data, tiny_models, tmp_path):
+    from tests.training_runs import ONE_THREAD, finetune_argv, run_in_process, write_prompt_data
+
+    run_in_process("dpo", finetune_argv("dpo", train_data, tiny_models.sft, tmp_path / "dpo", "--max_steps", "2"))
+    _assert_metric_value_finds_every_logged_name("dpo", tmp_path / "dpo")
+    (tmp_path / "prompts").mkdir()
+    data = write_prompt_data(tmp_path / "prompts")
+    run_in_process("grpo", ["--data_path", str(data / "prompts.jsonl"), "--from_weight", str(tiny_models.pretrain),
+                            "--out_dir", str(tmp_path / "grpo"), "--max_steps", "1", "--batch_size", "2",
+                            "--num_generations", "2", "--max_completion_length", "4", "--eval_batches", "1",
+                            "--max_seq_len", "48", "--dtype", "float32", "--norm_impl", "eager", "--compile", "off",
+                            "--save_interval", "100", *ONE_THREAD])
+    _assert_metric_value_finds_every_logged_name("grpo", tmp_path / "grpo")
+
+
+# ----------------------------------------------------------------------------- trial folders gone or in the way
+def test_a_done_trial_whose_folder_is_gone_keeps_its_result_in_the_report(tmp_path):
+    from eval.studies.ablation.load import load_sweep
+
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    sweep_dir = tmp_path / "sweep"
+    run_sweep(path, sweep_dir, wandb_mode="disabled")
+    first = read_results(sweep_dir)[0]
+    shutil.rmtree(sweep_dir / first["trial_dir"])
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled")  # results.jsonl is the record: not run again
+    assert [t["status"] for t in trials] == ["finished", "finished"] and len(read_results(sweep_dir)) == 2
+    assert not (sweep_dir / first["trial_dir"]).exists()
+    _, loaded = load_sweep(sweep_dir)
+    gone = next(t for t in loaded if t.trial_id == first["trial_id"])
+    assert gone.status == "finished" and gone.final_val_loss == 2.5 == first["metric"]
+    assert gone.summary["median_step_time_s"] == 0.01 and gone.summary["tokens_per_s"] == 100.0
+
+
+def test_a_file_in_the_way_of_a_trial_folder_is_one_line(tmp_path, capsys):
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    sweep_dir = tmp_path / "sweep"
+    blocked = sweep_dir / "trials" / trial_id({"seed": 1}, ["seed"])
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("x")
+    assert sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--wandb_mode", "disabled"]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "Traceback" not in captured.out
+    lines = [line for line in captured.err.splitlines() if str(blocked) in line]
+    assert len(lines) == 1 and "not a directory" in lines[0], captured.err
+    records = {r["params"]["seed"]: r for r in read_results(sweep_dir)}
+    assert records[1]["status"] == "failed" and str(blocked) in records[1]["error"]
+    assert records[2]["status"] == "finished"  # the sweep went on

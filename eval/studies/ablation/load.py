@@ -13,7 +13,8 @@ from typing import Any
 
 from trainer.diagnostics import metric_matrix
 from trainer.run_dir import METRICS_FILE, read_metrics, read_summary
-from trainer.sweep_dir import SWEEP_STATE_FILE, read_results, read_state, swept_names, trial_dir_name
+from trainer.sweep_dir import (RESULT_SUMMARY_KEYS, SWEEP_STATE_FILE, read_results, read_state, swept_names,
+                               trial_dir_name)
 
 SEED_KEY = "seed"
 
@@ -115,6 +116,9 @@ def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
         trial_dir = sweep_dir / (record or {}).get("trial_dir", trial_dir_name(entry["trial_id"]))
         trial = Trial(entry["trial_id"], entry["params"], record["status"] if record else "not run", run_dir=trial_dir)
         trial.summary = read_summary(trial_dir)
+        if not trial.summary and record is not None:  # the folder is gone: its numbers live on in results.jsonl
+            trial.summary = {"status": record.get("status"),
+                             **{key: record[key] for key in RESULT_SUMMARY_KEYS if key in record}}
         if (trial_dir / METRICS_FILE).exists():
             metrics = read_metrics(trial_dir / METRICS_FILE)
             trial.val_curve = [(r["step"], float(r["val_loss"])) for r in metrics if r.get("split") == "val"]

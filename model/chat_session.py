@@ -192,8 +192,9 @@ class ChatSession:
         uncut = 0
         if len(ids) >= self.max_context and self.use_template and len(current) == 1:
             # Cut to its end, the prompt would lose the system turn (the tools) and the message's own header.
-            raise MessageTooLong(f"takes {len(ids)} tokens in the chat format, over the model's context of "
-                                 f"{self.max_context}; not sent (shorten it)")
+            with_tools = ", the tools' schemas included" if self.tools else ""
+            raise MessageTooLong(f"takes {len(ids)} tokens in the chat format{with_tools}, over the model's context "
+                                 f"of {self.max_context}; not sent (shorten it)")
         if len(ids) >= self.max_context:  # a plain text, or an exchange grown by its tool results: keep the end
             uncut, ids = len(ids), ids[-(self.max_context // 2):]
         budget = max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))

@@ -152,12 +152,11 @@ def parse_tools(value: Any, field: str = "tools") -> list[dict]:
                 raise ValueError(f"{where}.properties[{json.dumps(name, ensure_ascii=False)}] must be a JSON schema "
                                  f"object, got {type(prop).__name__}")
         required = parameters.get("required")
-        if required is not None and not isinstance(required, list):
-            raise ValueError(f"{where}.required must be a list of property names, got {type(required).__name__}")
-        for name in required or []:
-            if not isinstance(name, str):
-                raise ValueError(f"{where}.required must be a list of property names, got a list holding "
-                                 f"{type(name).__name__}")
+        odd = ([] if required is None else [required] if not isinstance(required, list)
+               else [name for name in required if not isinstance(name, str)])
+        if odd:
+            held = "a list holding " if isinstance(required, list) else ""
+            raise ValueError(f"{where}.required must be a list of property names, got {held}{type(odd[0]).__name__}")
         parsed.append({"type": "function", "function": function})
     return parsed
 

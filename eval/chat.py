@@ -210,12 +210,13 @@ def _converse(session, stream: bool, interactive: bool) -> int:
     from model.chat_session import MessageTooLong
 
     for number, line in enumerate(_lines(interactive), start=1):
-        kind, value = _read(line, "that message" if interactive else f"line {number}")
+        where = "that message" if interactive else f"line {number}"
+        kind, value = _read(line, where)
         if kind == "error":
             print(f"error: {value}", file=sys.stderr, flush=True)
-        elif value == EXIT:
+        elif kind == "command" and value == EXIT:
             break
-        elif value == RESET:
+        elif kind == "command" and value == RESET:
             session.reset()
             print("(history cleared)", file=sys.stderr, flush=True)
         elif kind == "message":
@@ -224,8 +225,7 @@ def _converse(session, stream: bool, interactive: bool) -> int:
             try:
                 _answer(session, value, stream)
             except MessageTooLong as error:
-                print(f"error: {'that message' if interactive else f'line {number}'} {error}", file=sys.stderr,
-                      flush=True)
+                print(f"error: {where} {error}", file=sys.stderr, flush=True)
             except KeyboardInterrupt:
                 _write("\n")  # ends a partly streamed answer's line
                 print(INTERRUPTED, file=sys.stderr, flush=True)

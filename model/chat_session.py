@@ -67,7 +67,9 @@ class Reply:
     stopped_at_eos: bool  # False: it ran into max_new_tokens (or the context length)
     token_ids: list[int] = field(default_factory=list)  # the last generation's
     rounds: list[ToolRound] = field(default_factory=list)  # every generation, read back (chat template only)
-    fit: PromptFit | None = None  # how the prompt was cut to fit the context (the round that cut most)
+    # How the last round's prompt was cut to fit the context: the exchange only grows from round to round, so no
+    # earlier round cut more.
+    fit: PromptFit | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -88,10 +90,6 @@ class PromptFit(NamedTuple):
     budget: int
     dropped_exchanges: int = 0
     uncut_tokens: int = 0
-
-    @property
-    def cut(self) -> bool:
-        return self.dropped_exchanges > 0 or self.uncut_tokens > 0
 
 
 def uses_chat_template(mode: str, task: str | None, tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -168,11 +166,6 @@ class ChatSession:
         return render_chatml(messages, add_generation_prompt=True, tools=self.tools or None,
                              open_thinking=self.open_thinking)[0]
 
-    def _prompt_ids(self, user_text: str | list[dict]) -> tuple[list[int], int]:
-        """Prompt token ids and the new-token budget (fit_prompt's)."""
-        fit = self.fit_prompt(user_text)
-        return fit.ids, fit.budget
-
     def fit_prompt(self, user_text: str | list[dict]) -> PromptFit:
         """Prompt token ids and the new-token budget, dropping the oldest exchanges to fit the context (the
         exchange in progress -- a user message, or it with calls and results -- is kept); what was cut is
@@ -208,12 +201,8 @@ class ChatSession:
         current: list[dict[str, Any]] = [{"role": "user", "content": user_text}]
         rounds: list[ToolRound] = []
         new_tokens, seconds = 0, 0.0
-        fit: PromptFit | None = None
         while True:
             prompt = self.fit_prompt(current)
-            if prompt.cut and (fit is None or (prompt.dropped_exchanges, prompt.uncut_tokens)
-                               > (fit.dropped_exchanges, fit.uncut_tokens)):
-                fit = prompt
             settings = dataclasses.replace(self.settings, max_new_tokens=prompt.budget)
             generation = self.engine.generate(prompt.ids, settings, on_text=on_text)
             if generation.finish_reason == FINISH_ERROR:
@@ -246,4 +235,4 @@ class ChatSession:
             self.history += current
         return Reply(text=text, new_tokens=new_tokens, seconds=seconds,
                      stopped_at_eos=generation.finish_reason == FINISH_STOP, token_ids=generation.token_ids,
-                     rounds=rounds, fit=fit)
+                     rounds=rounds, fit=prompt)

@@ -166,7 +166,7 @@ def test_history_is_dropped_oldest_first_to_fit_the_context(sft, system_prompt) 
         session.history += [{"role": "user", "content": f"question {index} " * 5},
                             {"role": "assistant", "content": f"answer {index} " * 5}]
     session.max_context = 120
-    ids, budget = session._prompt_ids("last")
+    ids, budget = session.fit_prompt("last")[:2]
     text = session.tokenizer.decode(ids)
     assert len(ids) + session.settings.max_new_tokens <= 120 and budget == 40
     assert "question 5" in text and "question 0" not in text
@@ -452,3 +452,12 @@ def test_a_prompt_too_long_for_the_context_is_refused_in_one_line(monkeypatch, c
     assert code == 2 and out == "" and len(lines) == 1, err
     assert lines[0].startswith("error: --prompt takes ") and lines[0].endswith("over the model's context of 128; "
                                                                              "not sent (shorten it)")
+
+
+def test_a_line_escaped_with_two_slashes_is_sent_even_when_it_spells_a_command(monkeypatch, capsys, tiny_models,
+                                                                                sent) -> None:
+    """'//exit' and '//reset' are the messages '/exit' and '/reset' (they ended the session and cleared the
+    history: the command check looked at the text, not at what the line was read as)."""
+    code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
+                                   "--no_stream", stdin="//reset\n//exit\nHi\n")
+    assert code == 0 and sent == ["/reset", "/exit", "Hi"] and "(history cleared)" not in err, err

@@ -87,14 +87,14 @@ def test_chat_session_sends_the_forged_turn_as_text(tokenizer, tiny_models) -> N
     model, tokenizer = load_model(tiny_models.sft)
     session = ChatSession(model, tokenizer, use_template=True,
                           settings=GenerationSettings(max_new_tokens=20, temperature=0.0))
-    ids, _ = session._prompt_ids(FORGED_TURN)
+    ids, _ = session.fit_prompt(FORGED_TURN)[:2]
     assert ids.count(IM_START) == 2 and ids.count(IM_END) == 1
     session.reply(FORGED_TURN)
     assert session.history[0] == {"role": "user", "content": FORGED_TURN}
     # An answer that contains the strings goes back into the history, and both are sent as text the next turn.
     session.history[-1]["content"] = ANSWER_WITH_EOS
     session.settings = GenerationSettings(max_new_tokens=1)  # the two turns must fit the tiny model's context
-    ids, _ = session._prompt_ids("next")
+    ids, _ = session.fit_prompt("next")[:2]
     assert ids.count(IM_START) == 4 and ids.count(IM_END) == 3 and ids.count(ENDOFTEXT) == 0
 
 

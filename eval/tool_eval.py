@@ -80,10 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_source_flags(parser)
     # The defaults are the questions of the embedded sft_tools_val file (dataset/corpus.py).
     wiki, arithmetic, conversions = TOOL_DIALOGUES_VAL
-    parser.add_argument("--wiki", type=int, default=wiki, help="held-out 'What is X?' questions (wiki)")
-    parser.add_argument("--arithmetic", type=int, default=arithmetic, help="held-out arithmetic questions (calculator)")
-    parser.add_argument("--conversions", type=int, default=conversions, help="held-out unit questions (convert_units)")
-    parser.add_argument("--small_talk", type=int, default=SMALL_TALK_VAL,
+    parser.add_argument("--wiki", type=int_within(0), default=wiki, help="held-out 'What is X?' questions (wiki)")
+    parser.add_argument("--arithmetic", type=int_within(0), default=arithmetic,
+                        help="held-out arithmetic questions (calculator)")
+    parser.add_argument("--conversions", type=int_within(0), default=conversions,
+                        help="held-out unit questions (convert_units)")
+    parser.add_argument("--small_talk", type=int_within(0), default=SMALL_TALK_VAL,
                         help="held-out chit-chat openings, right when answered without a call")
     parser.add_argument("--seed", type=seed, default=TOOL_DIALOGUES_SEED, help="which held-out questions are drawn")
     parser.add_argument("--max_new_tokens", type=max_new_tokens, default=160,
@@ -162,8 +164,6 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if min(args.wiki, args.arithmetic, args.conversions, args.small_talk) < 0:
-        return report_error(ValueError("--wiki, --arithmetic, --conversions and --small_talk must be >= 0"))
     if args.after_other and (args.small_talk == 0 or args.wiki + args.arithmetic + args.conversions == 0):
         return report_error(ValueError("--after_other needs small talk and tool questions: --small_talk and one of "
                                        "--wiki, --arithmetic, --conversions above 0"))

@@ -95,7 +95,8 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = N
          f"is not supported; MiniNorm's head_dim is hidden_size / num_attention_heads = {hidden / heads:g}"),
         ("use_sliding_window", hf.get("use_sliding_window", False), lambda v: v is False,
          "is not supported; MiniNorm attends to the whole context"),
-        ("layer_types", hf.get("layer_types"), lambda v: v is None or set(v) <= {"full_attention"},
+        ("layer_types", hf.get("layer_types"),
+         lambda v: v is None or (isinstance(v, list) and all(t == "full_attention" for t in v)),
          "is not supported; MiniNorm attends to the whole context in every layer"),
         ("pretraining_tp", hf.get("pretraining_tp", 1), lambda v: v == 1,
          "is not supported; MiniNorm computes its projections whole"),
@@ -181,8 +182,7 @@ def _few(names: Any, shown: int = 3) -> str:
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
-def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source: Path | str = "the checkpoint"
-               ) -> MiniNormForCausalLM:
+def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source: Path) -> MiniNormForCausalLM:
     """The MiniNorm model with the checkpoint's tensors. With swapped norms, the parameters the checkpoint lacks
     (only norm biases and DyT's alpha) keep their initial values: zero bias, alpha = dyt_alpha_init. Weights
     that do not map (missing, unexpected, or of another shape than config.json gives) are refused in one line."""

@@ -54,7 +54,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataset.atomic_io import make_dirs  # noqa: E402
-from trainer.cli import ToolParser, seed  # noqa: E402
+from trainer.cli import ToolParser, int_within, seed  # noqa: E402
 from trainer.yaml_file import read_yaml  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, REPO_ROOT, SUMMARY_FILE, TASKS,  # noqa: E402
                              TRAINER_SCRIPTS, final_metric, logged_metrics, read_summary, report_error, resolve_path,
@@ -598,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep_dir", help="default: out/sweeps/<sweep name>/")
     parser.add_argument("--wandb_mode", choices=("offline", "online", "disabled"),
                         help="default: online if a wandb API key is configured, else offline")
-    parser.add_argument("--max_trials", type=int, help="run at most this many trials now, then stop (resumable)")
+    parser.add_argument("--max_trials", type=int_within(1),
+                        help="run at most this many trials now, then stop (resumable)")
     parser.add_argument("--seed", type=seed, default=0, help="seed of the random/bayes proposals")
     parser.add_argument("--stop_on_failure", action="store_true", help="stop at the first crashed trial")
     parser.add_argument("--dry_run", action="store_true", help="print the trials' parameters, run nothing")

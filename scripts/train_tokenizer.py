@@ -89,8 +89,7 @@ def wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def save(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> list[Path]:
-    """Save only the tokenizer files into ``out_dir`` (which may hold other files, like model/)."""
-    make_dirs(out_dir)
+    """Save only the tokenizer files into ``out_dir`` (which may hold other files, like model/; main made it)."""
     with tempfile.TemporaryDirectory() as tmp:
         # save_jinja_files=False keeps the chat template inside tokenizer_config.json.
         tokenizer.save_pretrained(tmp, save_jinja_files=False)

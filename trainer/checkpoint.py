@@ -34,7 +34,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
-from dataset.atomic_io import atomic_write_text
+from dataset.atomic_io import atomic_write_text, read_text_file
 from trainer.args import TrainArgs, uses_lora
 from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
@@ -202,11 +202,11 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     if not state_file.is_file():
         raise FileNotFoundError(f"--resume {path}: not a complete checkpoint (no {STATE_FILE})")
     try:
-        state = json.loads(state_file.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise CheckpointDamaged(f"{state_file}: is not UTF-8 text; the checkpoint is damaged") from None
+        state = json.loads(read_text_file(state_file))
     except json.JSONDecodeError as error:
         raise CheckpointDamaged(f"{state_file}: is not valid JSON ({error}); the checkpoint is damaged") from None
+    except ValueError as error:  # read_text_file's: not UTF-8, or the file cannot be read
+        raise CheckpointDamaged(f"{error}; the checkpoint is damaged") from None
     _check_state(state_file, state, checkpoint_step(path.name))
     return state
 

@@ -90,8 +90,9 @@ def test_after_other_each_question_comes_after_an_exchange_of_the_other_kind(too
 def test_negative_counts_are_refused(tool_model, capsys):
     from eval import tool_eval
 
-    assert tool_eval.main(["--model_path", str(tool_model), "--wiki", "-1"]) != 0
-    assert "--wiki, --arithmetic, --conversions and --small_talk must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # the flags' own type: before the model loads
+        tool_eval.main(["--model_path", str(tool_model), "--wiki", "-1"])
+    assert exit_info.value.code == 2 and "argument --wiki: -1 is not an integer >= 0" in capsys.readouterr().err
 
 
 def test_after_other_without_small_talk_is_refused(tool_model, capsys):

@@ -161,7 +161,7 @@ def _check_fields(config: "MiniNormConfig") -> None:
     if size is not None and (not _is_int(size) or size < 1):
         raise ValueError(f"intermediate_size={size!r} is not allowed; it must be a positive integer (or null: "
                          f"the SwiGLU width derived from hidden_size)")
-    for field in ("rope_theta", "norm_eps", "initializer_range"):
+    for field in ("rope_theta", "norm_eps", "initializer_range", "dyt_alpha_init"):
         value = getattr(config, field)
         if not (_is_number(value) and 0 < value < math.inf):
             raise ValueError(f"{field}={value!r} is not allowed; it must be a finite float > 0")
@@ -195,18 +195,17 @@ def _check_combination(config: "MiniNormConfig") -> None:
 
 def _check_moe(config: "MiniNormConfig") -> None:
     """Validate the mixture-of-experts fields (and fill moe_intermediate_size's default)."""
-    if not isinstance(config.num_experts, int) or isinstance(config.num_experts, bool) or config.num_experts < 0:
+    if not _is_int(config.num_experts) or config.num_experts < 0:
         raise ValueError(f"num_experts={config.num_experts!r} is not allowed; it must be an integer >= 0 "
                          f"(0: the dense MLP)")
     top_k = config.num_experts_per_tok
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1 or (config.num_experts and
-                                                                               top_k > config.num_experts):
+    if not _is_int(top_k) or top_k < 1 or (config.num_experts and top_k > config.num_experts):
         raise ValueError(f"num_experts_per_tok={top_k!r} is not allowed; it must be an integer in "
                          f"[1, num_experts={config.num_experts}]")
     if config.moe_intermediate_size is None:
         config.moe_intermediate_size = config.intermediate_size
     width = config.moe_intermediate_size
-    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+    if not _is_int(width) or width < 1:
         raise ValueError(f"moe_intermediate_size={width!r} is not allowed; it must be a positive integer")
     if not isinstance(config.norm_topk_prob, bool):
         raise ValueError(f"norm_topk_prob={config.norm_topk_prob!r} is not allowed; it must be true or false")
@@ -276,11 +275,9 @@ class MiniNormConfig(PretrainedConfig):
         self.qk_norm_scope = _check_choice("qk_norm_scope", self.qk_norm_scope, QKNormScope).value
         self.prms_p = check_p(self.prms_p, "prms_p")
         _check_fields(self)
-        if not (_is_number(self.dyt_alpha_init) and 0 < self.dyt_alpha_init < math.inf):
-            raise ValueError(f"dyt_alpha_init={self.dyt_alpha_init!r} is not allowed; it must be a finite float > 0")
         if not (_is_number(self.mix_ln_ratio) and 0 <= self.mix_ln_ratio <= 1):
             raise ValueError(f"mix_ln_ratio={self.mix_ln_ratio!r} is not allowed; it must be a float in [0, 1]")
-        self.dyt_alpha_init, self.mix_ln_ratio = float(self.dyt_alpha_init), float(self.mix_ln_ratio)
+        self.mix_ln_ratio = float(self.mix_ln_ratio)
         _check_combination(self)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not allowed; it must divide "

@@ -45,8 +45,9 @@ def check_out_dir(source: Path, out_dir: Path, marker: str, what: str, recorded:
     if not out_dir.is_dir():
         raise ValueError(f"--out_dir {out_dir} is a file; choose a folder")
     if any(out_dir.iterdir()) and not is_marked(out_dir, marker, recorded):
-        raise ValueError(f"--out_dir {out_dir} is neither empty nor {what} (which holds {marker}); not replacing "
-                         f"it: choose another folder, or delete it yourself")
+        records = "".join(f", {key}={value}" for key, value in (recorded or {}).items())
+        raise ValueError(f"--out_dir {out_dir} is neither empty nor {what} (known by its {marker}{records}); not "
+                         f"replacing it: choose another folder, or delete it yourself")
 
 
 def check_parents_are_folders(path: Path, flag: str) -> None:

@@ -30,6 +30,22 @@ def _regular_file_mode() -> int:
     return 0o666 & ~_current_umask()
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The file that keeps `path` from being a folder: `path` itself or a folder above it (None: nothing does)."""
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+
+
+def check_folder_path(path: Path, flag: str, itself: bool = True) -> None:
+    """Refuse, in one line naming `flag`, a `path` that cannot be made a folder because it, or a folder above it,
+    is a file (mkdir would fail there, after the work); `itself=False`: `path` is to be a file, and only the
+    folders above it are checked."""
+    blocker = file_in_the_way(path if itself else path.parent)
+    if blocker == path:
+        raise ValueError(f"{flag} {path} is a file, not a folder")
+    if blocker is not None:
+        raise ValueError(f"{flag} {path}: {blocker} is a file, not a folder")
+
+
 def make_dirs(path: str | Path) -> Path:
     """``mkdir -p path``; a ValueError names the file in the way when it, or a folder above it, is a file (the
     one-line error a cache or output folder gets, not a FileExistsError traceback)."""
@@ -37,7 +53,7 @@ def make_dirs(path: str | Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        blocker = file_in_the_way(path) or path
         raise ValueError(f"{blocker}: not a directory (a file is in the way of the folder {path})") from None
     return path
 

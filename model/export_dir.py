@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from dataset.atomic_io import check_folder_path
+
 # The marker files: JSON recording where the result came from (the source, the measured logit difference, ...).
 EXPORT_MARKER = "exported_from.json"  # scripts/convert_to_llama.py
 IMPORT_MARKER = "imported_from.json"  # scripts/import_checkpoint.py
@@ -39,24 +41,13 @@ def check_out_dir(source: Path, out_dir: Path, marker: str, what: str, recorded:
     """
     if out_dir == source or out_dir in source.parents or source in out_dir.parents:
         raise ValueError(f"--out_dir {out_dir} overlaps the model at {source}; choose a folder outside it")
-    check_parents_are_folders(out_dir, "--out_dir")
+    check_folder_path(out_dir, "--out_dir")
     if not out_dir.exists():
         return
-    if not out_dir.is_dir():
-        raise ValueError(f"--out_dir {out_dir} is a file; choose a folder")
     if any(out_dir.iterdir()) and not is_marked(out_dir, marker, recorded):
         records = "".join(f", {key}={value}" for key, value in (recorded or {}).items())
         raise ValueError(f"--out_dir {out_dir} is neither empty nor {what} (known by its {marker}{records}); not "
                          f"replacing it: choose another folder, or delete it yourself")
-
-
-def check_parents_are_folders(path: Path, flag: str) -> None:
-    """Refuse a path under an existing file (mkdir would fail there with FileExistsError, after the work)."""
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
-            return
 
 
 def _install(staging: Path, out_dir: Path) -> None:

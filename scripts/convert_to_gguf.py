@@ -36,8 +36,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig  # noqa: E402
 
-from dataset.atomic_io import atomic_path  # noqa: E402
-from model.export_dir import check_parents_are_folders  # noqa: E402
+from dataset.atomic_io import atomic_path, check_folder_path  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import (NotLlamaCompatible, check_exportable, stacked_experts,  # noqa: E402
                                 to_llama_state_dict, to_target_config)
@@ -82,7 +81,7 @@ def _written_here(gguf: Any, path: Path) -> bool:
 
 def check_outfile(gguf: Any, outfile: Path) -> None:
     """Refuse to replace anything but a GGUF file this tool wrote: one downloaded elsewhere is not ours to delete."""
-    check_parents_are_folders(outfile, "--outfile")
+    check_folder_path(outfile, "--outfile", itself=False)
     if outfile.is_dir():
         raise ValueError(f"--outfile {outfile} is a folder; name the .gguf file to write")
     if outfile.exists():

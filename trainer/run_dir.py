@@ -196,11 +196,9 @@ def check_out_dir(out_dir: Path, inputs: dict[str, Path]) -> None:
     is, holds or lies inside one of the run's `inputs` (flag -> model directory it reads): the run writes its files
     there and --overwrite removes a run's model files, which would destroy the input. Paths are compared resolved,
     so a symlink is seen through."""
-    from model.export_dir import check_parents_are_folders
+    from dataset.atomic_io import check_folder_path
 
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out_dir {out_dir} is a file, not a directory; choose a directory")
-    check_parents_are_folders(out_dir, "--out_dir")
+    check_folder_path(out_dir, "--out_dir")
     real_out = out_dir.resolve()
     for flag, source in inputs.items():
         real = source.resolve()

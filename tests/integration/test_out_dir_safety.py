@@ -215,7 +215,7 @@ def test_an_out_dir_that_is_the_runs_input_is_refused_before_anything_is_touched
 
 
 @pytest.mark.parametrize("case, error_start", [
-    ("out_dir a file", "error: --out_dir {file} is a file, not a directory"),
+    ("out_dir a file", "error: --out_dir {file} is a file, not a folder"),
     ("out_dir under a file", "error: --out_dir {file}/run: {file} is a file, not a folder"),
     ("tokenizer_path a file", "error: --tokenizer_path {file}: cannot read the tokenizer of {file}"),
     ("from_weight without weights", "error: --from_weight {weightless}: no model to start from there"),

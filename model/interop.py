@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 
 from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
+from model.loading import few
 from model.model import MiniNormForCausalLM
 from model.rope import ROPE_TYPES
 
@@ -177,11 +178,6 @@ def read_state_dict(source: Path, config: MiniNormConfig) -> dict[str, torch.Ten
     return state
 
 
-def _few(names: Any, shown: int = 3) -> str:
-    names = sorted(names)
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
-
-
 def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source: Path) -> MiniNormForCausalLM:
     """The MiniNorm model with the checkpoint's tensors. With swapped norms, the parameters the checkpoint lacks
     (only norm biases and DyT's alpha) keep their initial values: zero bias, alpha = dyt_alpha_init. Weights
@@ -193,7 +189,7 @@ def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source
     unexpected = state.keys() - expected.keys()
     shapes = [f"{key} ({list(state[key].shape)}, config.json gives {list(expected[key])})"
               for key in expected.keys() & state.keys() if state[key].shape != expected[key]]
-    problems = [f"{what} {_few(keys, shown)}" for what, keys, shown in (
+    problems = [f"{what} {few(keys, shown)}" for what, keys, shown in (
         ("missing", missing, 3), ("unexpected", unexpected, 3), ("of another shape", shapes, 1)) if keys]
     if problems:
         raise NotImportable(f"cannot import {source}: its weights do not match its config.json"

@@ -44,7 +44,7 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _few(names: Any, shown: int = 3) -> str:
+def few(names: Any, shown: int = 3) -> str:
     """'a, b, c and 5 more': a long list of weight names kept to one readable line."""
     names = sorted(names)
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
@@ -89,13 +89,13 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     problems = []
     missing = set(info["missing_keys"]) - set(allowed_missing)
     if missing:
-        problems.append(f"missing {_few(missing)}")
+        problems.append(f"missing {few(missing)}")
     if info["unexpected_keys"]:
-        problems.append(f"unexpected {_few(info['unexpected_keys'])}")
+        problems.append(f"unexpected {few(info['unexpected_keys'])}")
     if info["mismatched_keys"]:
         shapes = {f"{key} ({list(saved)} in the file, {list(wanted)} by config.json)"
                   for key, saved, wanted in info["mismatched_keys"]}
-        problems.append(f"of another shape {_few(shapes, shown=1)}")
+        problems.append(f"of another shape {few(shapes, shown=1)}")
     if problems:
         raise ValueError(f"cannot load {path}: the weights in {file} do not match its config.json: "
                          f"{'; '.join(problems)}")

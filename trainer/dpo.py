@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from model.model import shift_labels
 from trainer.run_dir import DPO_VAL_METRICS
 
-STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward")
+STAT_NAMES = tuple(name for name in DPO_VAL_METRICS.values() if name != "loss")  # what a pair adds beside its loss
 
 
 def sequence_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from dataset.atomic_io import check_folder_path
+from trainer.run_dir import path_overlap
 
 # The marker files: JSON recording where the result came from (the source, the measured logit difference, ...).
 EXPORT_MARKER = "exported_from.json"  # scripts/convert_to_llama.py
@@ -35,11 +36,10 @@ def check_out_dir(source: Path, out_dir: Path, marker: str, what: str, recorded:
                   ) -> None:
     """Refuse an --out_dir whose replacement would delete the source model or a folder this tool did not write.
     A non-empty folder is replaced only when it holds `marker` recording `recorded` (is_marked); `what` names such
-    a folder ("a previous Llama export").
-
-    Both paths must be resolved (symlinks and `..` gone), or a spelling like a/x/../pretrain slips through.
+    a folder ("a previous Llama export"). The paths are compared resolved (trainer.run_dir.path_overlap, as a
+    trainer's --out_dir is), so a symlink or a spelling like a/x/../pretrain does not slip through.
     """
-    if out_dir == source or out_dir in source.parents or source in out_dir.parents:
+    if path_overlap(out_dir, source):
         raise ValueError(f"--out_dir {out_dir} overlaps the model at {source}; choose a folder outside it")
     check_folder_path(out_dir, "--out_dir")
     if not out_dir.exists():

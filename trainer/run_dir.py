@@ -132,6 +132,20 @@ def resolve_input_path(path: str | Path) -> Path:
     return typed.resolve() if typed.exists() else resolve_path(typed)
 
 
+def path_overlap(path: Path, other: Path) -> str | None:
+    """How `path` lies against `other`, both resolved as the file system will see them (symlinks and `..` seen
+    through, a relative path taken from the current directory): "is" (the same folder), "is inside" or "holds";
+    None: apart. The one test of whether writing into (or replacing) one may destroy the other."""
+    real, real_other = path.resolve(), other.resolve()
+    if real == real_other:
+        return "is"
+    if real_other in real.parents:
+        return "is inside"
+    if real in real_other.parents:
+        return "holds"
+    return None
+
+
 def default_out_dir(task: str) -> Path:
     return resolve_path(DEFAULT_OUT_DIRS[task])
 
@@ -194,24 +208,16 @@ def refuse_previous_run(out_dir: Path, what: str, why: str = "") -> ValueError:
 def check_out_dir(out_dir: Path, inputs: dict[str, Path]) -> None:
     """Refuse, in one line naming the flags, an --out_dir that cannot be a directory (a file, or under one) or that
     is, holds or lies inside one of the run's `inputs` (flag -> model directory it reads): the run writes its files
-    there and --overwrite removes a run's model files, which would destroy the input. Paths are compared resolved,
-    so a symlink is seen through."""
+    there and --overwrite removes a run's model files, which would destroy the input (path_overlap: a symlink is
+    seen through)."""
     from dataset.atomic_io import check_folder_path
 
     check_folder_path(out_dir, "--out_dir")
-    real_out = out_dir.resolve()
     for flag, source in inputs.items():
-        real = source.resolve()
-        if real == real_out:
-            relation = f"is {flag} {source}"
-        elif real in real_out.parents:
-            relation = f"is inside {flag} {source}"
-        elif real_out in real.parents:
-            relation = f"holds {flag} {source}"
-        else:
-            continue
-        raise ValueError(f"--out_dir {out_dir} {relation}: the run would write over (with {OVERWRITE_FLAG}: remove) "
-                         f"the model it reads; choose an --out_dir apart from the run's inputs")
+        if relation := path_overlap(out_dir, source):
+            raise ValueError(f"--out_dir {out_dir} {relation} {flag} {source}: the run would write over (with "
+                             f"{OVERWRITE_FLAG}: remove) the model it reads; choose an --out_dir apart from the run's "
+                             f"inputs")
 
 
 def clear_previous_run(out_dir: Path) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from model.loading import load_model
 from model.model import MiniNormForCausalLM
-from trainer.run_dir import model_task
+from model.export_dir import EXPORT_MARKER, check_out_dir
+from trainer.run_dir import model_task, path_overlap
 from scripts.convert_to_llama import convert_to_llama, main
 
 
@@ -111,6 +113,23 @@ def test_the_model_itself_or_a_folder_inside_it_is_refused(tiny_models, tmp_path
     error = _refused(capsys, "--model_path", str(model), "--out_dir", str(tmp_path / out_dir))
     assert "overlaps the model" in error
     assert sorted(p.name for p in model.iterdir()) == files
+
+
+@pytest.mark.parametrize("spelling", ["symlink", "relative"])
+def test_the_out_dir_check_resolves_the_paths_itself(tmp_path, monkeypatch, spelling) -> None:
+    """model.export_dir.check_out_dir compares the paths as the trainers' --out_dir check does (path_overlap): it
+    compared them as given, so a link to the model, or a relative spelling of it, holding the marker passed and the
+    model would have been replaced."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / EXPORT_MARKER).write_text('{"target": "llama"}')
+    (tmp_path / "link").symlink_to(model)
+    monkeypatch.chdir(tmp_path)
+    out_dir = {"symlink": tmp_path / "link", "relative": Path("model")}[spelling]
+    with pytest.raises(ValueError, match="overlaps the model"):
+        check_out_dir(model, out_dir, EXPORT_MARKER, "a previous Llama export", {"target": "llama"})
+    assert path_overlap(out_dir, model) == "is" and path_overlap(model / "sub", out_dir) == "is inside"
+    assert path_overlap(tmp_path, out_dir) == "holds" and path_overlap(tmp_path / "other", out_dir) is None
 
 
 def test_a_folder_that_is_not_an_export_is_refused_and_left_alone(tiny_models, tmp_path, capsys) -> None:

@@ -1,6 +1,6 @@
-"""The project's file helpers: its one atomic write, folders made and text files read with one-line errors.
-Standard library only, so importing it costs nothing (the trainer, the metrics log and the sweep runner all use it
-without pulling in HF ``datasets``)."""
+"""The project's file helpers: its one atomic write, folders made and text files read with one-line errors, and the
+words those one-line errors share (an exception's first line). Standard library only, so importing it costs nothing
+(the trainer, the metrics log and the sweep runner all use it without pulling in HF ``datasets``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,17 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def first_line(error: BaseException, named: bool = False) -> str:
+    """The first line of `error`'s message, for a one-line refusal (its type's name when it has none); `named`: after
+    its type's name (``"ValueError: ..."``), for errors of any kind."""
+    text = str(error).strip()
+    if "WeightsUnpickler error:" in text:  # torch's advice on weights_only comes first; the cause follows it
+        text = "WeightsUnpickler error: " + text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0]
+    if not text:
+        return type(error).__name__
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if named else text.splitlines()[0]
 
 
 def _current_umask() -> int:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from transformers import GenerationConfig
 
+from dataset.atomic_io import first_line
+
 # Generation settings that bound (or stretch) an answer's length or time; none of them is saved with a model.
 LENGTH_FIELDS = ("max_length", "max_new_tokens", "min_length", "min_new_tokens", "max_time")
 
@@ -38,5 +40,4 @@ def read_generation_config(model_dir: Path) -> GenerationConfig:
     try:
         return without_length_limits(GenerationConfig.from_pretrained(model_dir))
     except (OSError, TypeError, ValueError, AttributeError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"{file}: not a generation config ({reason})") from None
+        raise ValueError(f"{file}: not a generation config ({first_line(error)})") from None

@@ -15,6 +15,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from dataset.atomic_io import first_line
 from dataset.tokenization import load_tokenizer
 from model.generation_defaults import read_generation_config
 
@@ -39,11 +40,6 @@ def weights_file(path: Path) -> Path:
     return path / "model.safetensors"
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def few(names: Any, shown: int = 3) -> str:
     """'a, b, c and 5 more': a long list of weight names kept to one readable line."""
     names = sorted(names)
@@ -58,7 +54,7 @@ def load_config(path: Path) -> PretrainedConfig:
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, TypeError, ValueError, KeyError) as error:
-        raise ValueError(f"{file}: {_first_line(error)}") from None
+        raise ValueError(f"{file}: {first_line(error)}") from None
 
 
 def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_missing: Collection[str] = (),
@@ -83,7 +79,7 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     except SafetensorError as error:
         raise ValueError(f"{file} is not a readable safetensors file ({error})") from None
     except OSError as error:  # a shard the index names is missing, no weights file at all, ...
-        raise ValueError(f"cannot load {path}: {_first_line(error)}") from None
+        raise ValueError(f"cannot load {path}: {first_line(error)}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     problems = []
@@ -115,7 +111,7 @@ def load_dir_tokenizer(path: Path) -> Any:
     except Exception as error:  # noqa: BLE001 -- transformers and tokenizers raise any kind on a damaged file
         missing = [name for name in ("tokenizer.json", "tokenizer_config.json") if not (path / name).is_file()]
         what = f"no {' or '.join(missing)} there" if missing else f"tokenizer.json / tokenizer_config.json: " \
-                                                                   f"{_first_line(error)}"
+                                                                   f"{first_line(error)}"
         raise ValueError(f"cannot read the tokenizer of {path}: {what}") from None
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
-from dataset.atomic_io import atomic_write_text, read_text_file
+from dataset.atomic_io import atomic_write_text, first_line, read_text_file
 from trainer.args import TrainArgs, uses_lora
 from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
@@ -533,15 +533,8 @@ def _restore_rng_state(file: Path) -> None:
         np.random.set_state(states["numpy_random_seed"])
         torch.set_rng_state(states["torch_manual_seed"])
     except Exception as error:  # noqa: BLE001 -- unpickling and the generators raise any kind on bad values
-        raise CheckpointDamaged(f"{file} is damaged ({_first_line(error)}); the random states cannot be restored, "
-                                f"and the resume would not be exact") from None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    if "WeightsUnpickler error:" in text:  # torch's advice on weights_only comes first; the cause follows it
-        text = "WeightsUnpickler error: " + text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n")[0]
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+        raise CheckpointDamaged(f"{file} is damaged ({first_line(error, named=True)}); the random states cannot be "
+                                f"restored, and the resume would not be exact") from None
 
 
 def _damage_report(path: Path, error: BaseException) -> str:
@@ -563,5 +556,5 @@ def _damage_report(path: Path, error: BaseException) -> str:
             elif file.suffix in (".bin", ".pt", ".pkl"):
                 load(file, map_location="cpu")  # as Accelerate reads them: weights only, no code run
         except Exception as damage:  # noqa: BLE001 -- as above
-            return f"{file} is damaged ({_first_line(damage)})"
-    return f"{path} cannot be loaded into this run's model or optimizer ({_first_line(error)})"
+            return f"{file} is damaged ({first_line(damage, named=True)})"
+    return f"{path} cannot be loaded into this run's model or optimizer ({first_line(error, named=True)})"

@@ -80,3 +80,17 @@ def test_importing_the_writers_does_not_import_hf_datasets():
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "False"
+
+
+def test_first_line_keeps_one_line_and_torchs_cause():
+    from dataset.atomic_io import first_line
+
+    assert first_line(ValueError("  bad value\nsecond line ")) == "bad value"
+    assert first_line(KeyError()) == "KeyError"  # no message: its type's name
+    assert first_line(OSError("gone"), named=True) == "OSError: gone"
+    assert first_line(RuntimeError(), named=True) == "RuntimeError"
+    # torch.load(weights_only=True) puts its advice first and the cause after "WeightsUnpickler error:".
+    unpickler = RuntimeError("Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` "
+                             "will likely succeed.\n Please file an issue.\n\nWeightsUnpickler error: Unsupported "
+                             "operand 149\n\nCheck the documentation of torch.load to learn more.")
+    assert first_line(unpickler, named=True) == "RuntimeError: WeightsUnpickler error: Unsupported operand 149"

@@ -1,6 +1,7 @@
 """The project's file helpers: its one atomic write, folders made and text files read with one-line errors, and the
-words those one-line errors share (an exception's first line). Standard library only, so importing it costs nothing
-(the trainer, the metrics log and the sweep runner all use it without pulling in HF ``datasets``)."""
+words those one-line errors share (an exception's first line, text that is not UTF-8). Standard library only, so
+importing it costs nothing (the trainer, the metrics log and the sweep runner all use it without pulling in HF
+``datasets``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,20 @@ def first_line(error: BaseException, named: bool = False) -> str:
     if not text:
         return type(error).__name__
     return f"{type(error).__name__}: {text.splitlines()[0]}" if named else text.splitlines()[0]
+
+
+def not_utf8(error: UnicodeDecodeError) -> str:
+    """The words for bytes that do not decode as UTF-8: ``"not valid UTF-8 (byte 0xff at offset 12)"``."""
+    return f"not valid UTF-8 (byte 0x{error.object[error.start]:02x} at offset {error.start})"
+
+
+def not_utf8_at(text: str, index: int) -> str:
+    """The same words for a text with a lone surrogate at `index`: how Python holds a byte that is not UTF-8 (argv,
+    a stream read with errors="surrogateescape": U+DC80..U+DCFF, named as that byte), or a surrogate given as such:
+    ``"not valid UTF-8 (byte 0xff at character 3)"``."""
+    code = ord(text[index])
+    what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+    return f"not valid UTF-8 ({what} at character {index})"
 
 
 def _current_umask() -> int:
@@ -79,8 +94,7 @@ def read_text_file(path: Path, what: str = "a file") -> str:
     except IsADirectoryError:
         raise ValueError(f"{path}: is a directory, not {what}") from None
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
-                         f"{error.start})") from None
+        raise ValueError(f"{path}: {not_utf8(error)}") from None
     except OSError as error:
         raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
 

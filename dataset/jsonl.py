@@ -30,7 +30,7 @@ import datasets
 import pyarrow as pa
 from datasets import Features, List, Value
 
-from dataset.atomic_io import atomic_path, atomic_write_text, make_dirs
+from dataset.atomic_io import atomic_path, atomic_write_text, make_dirs, not_utf8
 from dataset.chat_format import normalize_messages
 from dataset.json_text import JsonTextError, check_text, read_json
 
@@ -74,7 +74,7 @@ def parse_line(raw: bytes, surrogates: bool = False) -> object:
     try:
         return read_json(raw.decode("utf-8"), surrogates=surrogates)
     except UnicodeDecodeError as e:
-        raise BadLine(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        raise BadLine(not_utf8(e)) from None
     except JsonTextError as e:
         raise BadLine(str(e)) from None
 

@@ -41,6 +41,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 import re  # noqa: E402
 
+from dataset.atomic_io import not_utf8_at  # noqa: E402
 from dataset.json_text import surrogate_at  # noqa: E402
 from trainer.cli import ToolParser, int_within, run_main, seed, utf8_text  # noqa: E402
 from trainer.inference_flags import (  # noqa: E402
@@ -187,9 +188,7 @@ def _read(line: str, where: str) -> tuple[str, str]:
     text = line.strip()  # stray spaces and a CR are not the user's words
     index = surrogate_at(text)
     if index is not None:
-        code = ord(text[index])
-        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
-        return "error", f"{where} is not valid UTF-8 ({what} at character {index}); not sent"
+        return "error", f"{where} is {not_utf8_at(text, index)}; not sent"
     if text.startswith("//"):  # the way to send a line that starts with "/"
         return "message", text[1:]
     command = COMMAND.fullmatch(text)

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from dataset.atomic_io import not_utf8_at
 from trainer.run_dir import EXIT_ERROR, resolve_path
 
 
@@ -106,8 +107,8 @@ def utf8_text(text: str) -> str:
     """A text flag's type: argv holds bytes that are not UTF-8 as lone surrogates, which a tokenizer refuses."""
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError("not valid UTF-8 (the argument holds bytes that form no character)") from None
+    except UnicodeEncodeError as error:
+        raise argparse.ArgumentTypeError(not_utf8_at(text, error.start)) from None
     return text
 
 

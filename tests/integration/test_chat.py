@@ -272,8 +272,8 @@ NOT_UTF8 = "a\udcffb"  # how Python's argv holds the byte 0xff, which no UTF-8 t
 
 @pytest.mark.parametrize("flags, message", [
     (["--seed", "-1"], "argument --seed: -1 is not an integer in 0 .. 4294967295"),
-    (["--prompt", NOT_UTF8], "argument --prompt: not valid UTF-8 (the argument holds bytes that form no character)"),
-    (["--system", NOT_UTF8], "argument --system: not valid UTF-8 (the argument holds bytes that form no character)"),
+    (["--prompt", NOT_UTF8], "argument --prompt: not valid UTF-8 (byte 0xff at character 1)"),
+    (["--system", NOT_UTF8], "argument --system: not valid UTF-8 (byte 0xff at character 1)"),
     (["--device", "bogus"], "argument --device: expected auto, cpu, cuda or cuda:N, got 'bogus'"),
     (["--temperature", "nan"], "argument --temperature: nan is not 0 (greedy) or a finite number >= 1e-05"),
     (["--temperature", "-1"], "argument --temperature: -1 is not 0 (greedy) or a finite number >= 1e-05"),

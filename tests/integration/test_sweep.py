@@ -547,10 +547,10 @@ def _replace_with_dir(name: str):
     (_damage_state(lambda s: s["trials"][0].update(params="x")), "trials[0].params: expected a mapping"),
     (_damage_state(lambda s: s["trials"][0].pop("params")), "trials[0].params: expected a mapping"),
     (_damage_state(lambda s: s["trials"][0].update(status=5)), "trials[0].status: expected one of"),
-    (lambda d: (d / "sweep_state.json").write_bytes(b"\xff{}"), "not UTF-8"),
+    (lambda d: (d / "sweep_state.json").write_bytes(b"\xff{}"), "not valid UTF-8 (byte 0xff at offset 0)"),
     (_replace_with_dir("sweep_state.json"), "is a directory"),
     (_replace_with_dir("results.jsonl"), "is a directory"),
-    (lambda d: open(d / "results.jsonl", "ab").write(b"\xff\n"), "not UTF-8"),
+    (lambda d: open(d / "results.jsonl", "ab").write(b"\xff\n"), "not valid UTF-8 (byte 0xff at offset "),
 ])
 def test_a_damaged_sweep_folder_is_one_line_naming_the_file(tmp_path, capsys, damage, message):
     path, sweep_dir = _done_sweep(tmp_path)

@@ -275,7 +275,7 @@ def test_a_config_that_is_not_a_utf8_file_is_one_line(tmp_path, capsys):
     twice = tmp_path / "twice.yaml"  # PyYAML keeps the last silently: which one did the user mean?
     twice.write_text("learning_rate: 0.01\nbatch_size: 4\nlearning_rate: 0.001\n", encoding="utf-8")
     for config, message in ((tmp_path, "is a directory, not a YAML file"),
-                            (latin, "not UTF-8 text (byte 0xe9 at offset 19)"),
+                            (latin, "not valid UTF-8 (byte 0xe9 at offset 19)"),
                             (twice, 'duplicate key "learning_rate" (line 3)')):
         with pytest.raises(SystemExit):
             parse_args("pretrain", ["--config", str(config)])

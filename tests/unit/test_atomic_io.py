@@ -94,3 +94,16 @@ def test_first_line_keeps_one_line_and_torchs_cause():
                              "will likely succeed.\n Please file an issue.\n\nWeightsUnpickler error: Unsupported "
                              "operand 149\n\nCheck the documentation of torch.load to learn more.")
     assert first_line(unpickler, named=True) == "RuntimeError: WeightsUnpickler error: Unsupported operand 149"
+
+
+def test_text_that_is_not_utf8_is_worded_once_naming_the_byte_and_where(tmp_path):
+    from dataset.atomic_io import not_utf8_at, read_text_file
+
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9\n")
+    with pytest.raises(ValueError) as refused:
+        read_text_file(latin)
+    assert str(refused.value) == f"{latin}: not valid UTF-8 (byte 0xe9 at offset 3)"
+    # Text decoded with errors="surrogateescape" (argv, piped stdin) holds such a byte as U+DC80..U+DCFF.
+    assert not_utf8_at(b"caf\xe9".decode("utf-8", "surrogateescape"), 3) == "not valid UTF-8 (byte 0xe9 at character 3)"
+    assert not_utf8_at("a\ud800", 1) == "not valid UTF-8 (U+D800 at character 1)"

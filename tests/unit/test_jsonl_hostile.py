@@ -186,3 +186,9 @@ def test_a_scan_cache_folder_that_is_a_file_is_one_line(tmp_path, under):
     blocker.write_text("x")
     with pytest.raises(ValueError, match=rf"^{blocker}: not a directory"):
         dataset.jsonl.scan_jsonl(path, "text", cache_dir=blocker / "sub" if under else blocker)
+
+
+def test_a_line_that_is_not_utf8_names_the_byte_and_its_offset():
+    with pytest.raises(dataset.jsonl.BadLine) as refused:
+        dataset.jsonl.parse_line(b'{"text": "caf\xe9"}')
+    assert str(refused.value) == "not valid UTF-8 (byte 0xe9 at offset 13)"

@@ -72,7 +72,7 @@ def _without(*keys: str) -> dict:
 @pytest.mark.parametrize("content, message", [
     ([1, 2], "is not a JSON object (a list)"),
     ("null", "is not a JSON object (null)"),
-    (b"\xff\xfe\x00\x81", "not UTF-8 text (byte 0xff at offset 0)"),
+    (b"\xff\xfe\x00\x81", "not valid UTF-8 (byte 0xff at offset 0)"),
     ("{", "is not valid JSON"),
     (_without("step"), "'step' is missing"),
     (_without("epoch"), "'epoch' is missing"),

@@ -56,12 +56,11 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
 from dataset.atomic_io import make_dirs  # noqa: E402
 from trainer.cli import ToolParser, int_within, seed  # noqa: E402
 from trainer.yaml_file import read_yaml  # noqa: E402
-from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, REPO_ROOT, SUMMARY_FILE, TASKS,  # noqa: E402
-                             TRAINER_SCRIPTS, final_metric, logged_metrics, read_summary, report_error, resolve_path,
-                             trainer_task)
+from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, FINAL_METRIC_PLACES, REPO_ROOT, SUMMARY_FILE,  # noqa: E402
+                             TRAINER_SCRIPTS, final_metric, logged_metrics, path_overlap, read_summary, report_error,
+                             resolve_path, trainer_task)
 from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, TRIAL_LOG, TRIALS_DIR,  # noqa: E402
-                               append_result,
-                               default_sweep_dir, done_records, is_folder_name, read_results, read_state,
+                               append_result, default_sweep_dir, done_records, is_folder_name, read_state,
                                restore_records, save_records, swept_names, sweep_dir_lock, trial_dir_name, write_state)
 
 METHODS = ("grid", "random", "bayes")
@@ -154,12 +153,17 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     return config
 
 
+def program_path(config: dict[str, Any]) -> str:
+    """The program `${program}` runs: the YAML's `program` from the repo root (an absolute one stays as it is)."""
+    return str(REPO_ROOT / config.get("program", DEFAULT_PROGRAM))
+
+
 def trainer_of(config: dict[str, Any]) -> str | None:
     """The task whose trainer (trainer/run_dir.py, TRAINER_SCRIPTS) a sweep's trials run: its `program`, when its
     `command` runs `${program}`; None for any other program."""
     if "${program}" not in (config.get("command") or DEFAULT_COMMAND):
         return None
-    return trainer_task(config.get("program", DEFAULT_PROGRAM))
+    return trainer_task(program_path(config))
 
 
 def _check_metric(config: dict[str, Any], task: str, bad: Any) -> None:
@@ -178,7 +182,7 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
     refused only beside another swept one is refused too: in a grid that pair is one of its trials."""
     from trainer.args import check_args  # torch: only for sweeps that drive one of this repo's trainers
 
-    program = str(REPO_ROOT / config.get("program", DEFAULT_PROGRAM))
+    program = program_path(config)
 
     def refusal(params: dict[str, Any]) -> str | None:
         command = build_command(config, params, [])
@@ -344,7 +348,7 @@ def _format_arg(value: Any) -> str:
 def build_command(config: dict[str, Any], params: dict[str, Any], extra: list[str]) -> list[str]:
     """The trial's command line: the YAML's `command` with wandb agent's macros expanded, then `extra` flags
     (out dir, run name, group) appended so they win over anything the YAML sets."""
-    program = str(REPO_ROOT / config.get("program", DEFAULT_PROGRAM))  # an absolute program stays as it is
+    program = program_path(config)
     template = config.get("command") or DEFAULT_COMMAND
     flags = [f"--{k}={_format_arg(v)}" for k, v in params.items()]
     macros: dict[str, list[str]] = {
@@ -413,10 +417,10 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
 
 def metric_value(summary: dict[str, Any], metric: str | None) -> float | None:
     """The sweep metric of a finished trial, from its run_summary.json: a metric a trainer logs (trainer/run_dir.py,
-    logged_metrics); for another program, a number of that name in its summary or in the summary's final_val."""
+    FINAL_METRIC_PLACES); for another program, a number of that name in its summary or in the summary's final_val."""
     if not metric or not summary:
         return None
-    if any(metric in logged_metrics(task) for task in TASKS):
+    if metric in FINAL_METRIC_PLACES:
         return final_metric(summary, metric)
     value = summary.get(metric, (summary.get("final_val") or {}).get(metric))
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -443,153 +447,148 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     ``records_dir``: restore done trials from it first, save every trial into it (trainer/sweep_dir.py);
     ``only``: `NAME=VALUE[,VALUE]` filters, the trials run now (the rest stay proposed)."""
     with ExitStack() as held:
-        return _run_sweep(held, config_path, sweep_dir, wandb_mode, max_trials, seed, stop_on_failure, dry_run,
-                          workers, records_dir, only)
+        if workers < 1:
+            raise SweepConfigError(f"--workers must be at least 1, got {workers}")
+        config = load_sweep_config(config_path)
+        name = sweep_name(config, config_path)
+        picked = parse_only(config, only or [])
+        sweep_dir = resolve_path(sweep_dir) if sweep_dir else default_sweep_dir(name)
+        records_dir = resolve_path(records_dir) if records_dir else None
+        if records_dir is not None and path_overlap(records_dir, sweep_dir) == "is":
+            raise SweepConfigError(f"--records_dir must differ from the sweep folder {sweep_dir}")
+        if not dry_run:
+            for folder in (sweep_dir / TRIALS_DIR, *([] if records_dir is None else [records_dir])):
+                make_dirs(folder)  # a file in the way: one line naming it
+            held.enter_context(sweep_dir_lock(sweep_dir))
+            if records_dir is not None:
+                # another sweep in either folder: refused before anything is copied, not mixed
+                _load_state(sweep_dir, name, config)
+                _load_state(records_dir, name, config, "--records_dir")
+                restored = restore_records(records_dir, sweep_dir)
+                print(f"{len(restored)} done trials brought back from {records_dir}", flush=True)
+        state = _load_state(sweep_dir, name, config)
 
+        def selected(params: dict[str, Any]) -> bool:
+            return all(params.get(key) in values for key, values in picked.items())
+        done = done_records(sweep_dir)
+        metric = (config.get("metric") or {}).get("name")
+        for trial in state["trials"]:  # the results file is the record; the state may lag a kill behind it
+            if (result := done.get(trial["trial_id"])) is not None:
+                trial["status"], trial["metric"] = result["status"], result.get("metric")
+        mode = wandb_mode or default_wandb_mode()
+        env = dict(os.environ, WANDB_MODE=mode, WANDB_SILENT="true", PYTHONUNBUFFERED="1")
+        env.setdefault("WANDB_DIR", str(sweep_dir))
+        swept = swept_names(config)
+        save = (lambda: None) if dry_run else (lambda: write_state(sweep_dir, state))
+        attempted: set[str] = set()  # a trial that fails now is retried on the next start, not in a loop now
+        print(f"sweep {name!r} ({config['method']}) in {sweep_dir}; wandb {mode}; "
+              f"{sum(t['status'] in DONE_STATUSES for t in state['trials'])} trials already done"
+              + (f"; {workers} at a time" if workers > 1 else ""), flush=True)
 
-def _run_sweep(held: ExitStack, config_path: str | Path, sweep_dir: str | Path | None, wandb_mode: str | None,
-               max_trials: int | None, seed: int, stop_on_failure: bool, dry_run: bool, workers: int,
-               records_dir: str | Path | None, only: list[str] | None) -> list[dict[str, Any]]:
-    if workers < 1:
-        raise SweepConfigError(f"--workers must be at least 1, got {workers}")
-    config = load_sweep_config(config_path)
-    name = sweep_name(config, config_path)
-    picked = parse_only(config, only or [])
-    sweep_dir = resolve_path(sweep_dir) if sweep_dir else default_sweep_dir(name)
-    records_dir = resolve_path(records_dir) if records_dir else None
-    if records_dir is not None and records_dir == sweep_dir:
-        raise SweepConfigError(f"--records_dir must differ from the sweep folder {sweep_dir}")
-    if not dry_run:
-        for folder in (sweep_dir / TRIALS_DIR, *([] if records_dir is None else [records_dir])):
-            make_dirs(folder)  # a file in the way: one line naming it
-        held.enter_context(sweep_dir_lock(sweep_dir))
-        if records_dir is not None:
-            # another sweep in either folder: refused before anything is copied, not mixed
-            _load_state(sweep_dir, name, config)
-            _load_state(records_dir, name, config, "--records_dir")
-            restored = restore_records(records_dir, sweep_dir)
-            print(f"{len(restored)} done trials brought back from {records_dir}", flush=True)
-    state = _load_state(sweep_dir, name, config)
+        def next_trial() -> dict[str, Any] | None:
+            """The first trial not done (nor started by this run), else a new proposal; trials in flight count as
+            running for the engine, so it never proposes one twice."""
+            pending = next((t for t in state["trials"] if t["status"] not in DONE_STATUSES
+                            and t["trial_id"] not in attempted and selected(t["params"])), None)
+            while pending is None:  # with --only, proposals it leaves out stay in the state, pending, for later
+                params = propose_next(config, state["trials"], seed)
+                if params is None:
+                    return None
+                proposal = {"trial_id": trial_id(params, swept), "params": params, "status": "pending", "metric": None}
+                state["trials"].append(proposal)
+                save()
+                if selected(params):
+                    pending = proposal
+            return pending
 
-    def selected(params: dict[str, Any]) -> bool:
-        return all(params.get(key) in values for key, values in picked.items())
-    done = {r["trial_id"]: r for r in read_results(sweep_dir) if r.get("status") in DONE_STATUSES}
-    metric = (config.get("metric") or {}).get("name")
-    for trial in state["trials"]:  # the results file is the record; the state may lag a kill behind it
-        if trial["trial_id"] in done:
-            trial["status"], trial["metric"] = done[trial["trial_id"]]["status"], done[trial["trial_id"]].get("metric")
-    mode = wandb_mode or default_wandb_mode()
-    env = dict(os.environ, WANDB_MODE=mode, WANDB_SILENT="true", PYTHONUNBUFFERED="1")
-    env.setdefault("WANDB_DIR", str(sweep_dir))
-    swept = swept_names(config)
-    save = (lambda: None) if dry_run else (lambda: write_state(sweep_dir, state))
-    attempted: set[str] = set()  # a trial that fails now is retried on the next start, not in a loop now
-    print(f"sweep {name!r} ({config['method']}) in {sweep_dir}; wandb {mode}; "
-          f"{sum(t['status'] in DONE_STATUSES for t in state['trials'])} trials already done"
-          + (f"; {workers} at a time" if workers > 1 else ""), flush=True)
+        if dry_run:
+            # done in the records folder: a real run would bring these back, not run them
+            restorable = set(done_records(records_dir)) if records_dir is not None else set()
+            listed = 0
+            while (max_trials is None or listed < max_trials) and (pending := next_trial()) is not None:
+                pending["status"] = "finished"  # only to move on to the next proposal; nothing is saved
+                attempted.add(pending["trial_id"])
+                if pending["trial_id"] not in restorable:
+                    listed += 1
+                    print(f"[dry run] {pending['trial_id']}: {({k: pending['params'][k] for k in swept})}")
+            restorable_note = f", {len(restorable)} done in {records_dir}" if restorable else ""
+            print(f"[dry run] {listed} trials to run{restorable_note}; nothing was run or written")
+            return state["trials"]
 
-    def next_trial() -> dict[str, Any] | None:
-        """The first trial not done (nor started by this run), else a new proposal; trials in flight count as
-        running for the engine, so it never proposes one twice."""
-        pending = next((t for t in state["trials"] if t["status"] not in DONE_STATUSES
-                        and t["trial_id"] not in attempted and selected(t["params"])), None)
-        while pending is None:  # with --only, proposals it leaves out stay in the state, pending, for later
-            params = propose_next(config, state["trials"], seed)
-            if params is None:
-                return None
-            proposal = {"trial_id": trial_id(params, swept), "params": params, "status": "pending", "metric": None}
-            state["trials"].append(proposal)
-            save()
-            if selected(params):
-                pending = proposal
-        return pending
-
-    if dry_run:
-        # done in the records folder: a real run would bring these back, not run them
-        restorable = set(done_records(records_dir)) if records_dir is not None else set()
-        listed = 0
-        while (max_trials is None or listed < max_trials) and (pending := next_trial()) is not None:
-            pending["status"] = "finished"  # only to move on to the next proposal; nothing is saved
+        def start(pending: dict[str, Any]) -> tuple[dict[str, Any], int, float, Future] | None:
+            pending["status"] = "running"
             attempted.add(pending["trial_id"])
-            if pending["trial_id"] not in restorable:
-                listed += 1
-                print(f"[dry run] {pending['trial_id']}: {({k: pending['params'][k] for k in swept})}")
-        print(f"[dry run] {listed} trials to run" + (f", {len(restorable)} done in {records_dir}" if restorable else "")
-              + "; nothing was run or written")
-        return state["trials"]
+            save()
+            trial_dir = sweep_dir / trial_dir_name(pending["trial_id"])
+            # A rerun trial continues from its checkpoints; one cut off without any starts anew in its directory.
+            extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={name}",
+                     "--resume=auto", "--overwrite"]
+            if "project" in config:
+                extra.append(f"--wandb_project={config['project']}")
+            if mode == "disabled":
+                extra.append("--use_wandb=false")
+            index = state["trials"].index(pending) + 1
+            print(f"[{index}] {pending['trial_id']} ...", end=" " if workers == 1 else " started\n", flush=True)
+            try:
+                make_dirs(trial_dir)  # here, not in the worker thread: a file in the way is one line, not a traceback
+            except ValueError as error:
+                record(pending, index, time.time(), TrialOutcome("failed", EXIT_ERROR, {}, str(error)))
+                return None
+            return pending, index, time.time(), pool.submit(run_trial, build_command(config, pending["params"], extra),
+                                                            trial_dir, env)
 
-    def start(pending: dict[str, Any]) -> tuple[dict[str, Any], int, float, Future] | None:
-        pending["status"] = "running"
-        attempted.add(pending["trial_id"])
-        save()
-        trial_dir = sweep_dir / trial_dir_name(pending["trial_id"])
-        # A rerun trial continues from its checkpoints; one cut off without any starts anew in its directory.
-        extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={name}",
-                 "--resume=auto", "--overwrite"]
-        if "project" in config:
-            extra.append(f"--wandb_project={config['project']}")
-        if mode == "disabled":
-            extra.append("--use_wandb=false")
-        index = state["trials"].index(pending) + 1
-        print(f"[{index}] {pending['trial_id']} ...", end=" " if workers == 1 else " started\n", flush=True)
-        try:
-            make_dirs(trial_dir)  # here, not in the worker thread: a file in the way is one line, not a traceback
-        except ValueError as error:
-            record(pending, index, time.time(), TrialOutcome("failed", EXIT_ERROR, {}, str(error)))
-            return None
-        return pending, index, time.time(), pool.submit(run_trial, build_command(config, pending["params"], extra),
-                                                        trial_dir, env)
+        def record(pending: dict[str, Any], index: int, started: float, outcome: TrialOutcome) -> None:
+            value = metric_value(outcome.summary, metric) if outcome.status == "finished" else None
+            result = {"trial_id": pending["trial_id"], "params": pending["params"], "status": outcome.status,
+                      "returncode": outcome.returncode, "metric_name": metric, "metric": value,
+                      **{key: outcome.summary.get(key, {} if key == "final_val" else None)
+                         for key in RESULT_SUMMARY_KEYS},
+                      "wall_time_s": round(time.time() - started, 2), "trial_dir": trial_dir_name(pending["trial_id"]),
+                      "wandb_mode": mode, "error": outcome.error, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            append_result(sweep_dir, result)
+            pending["status"], pending["metric"] = outcome.status, value
+            save()
+            if records_dir is not None:
+                save_records(sweep_dir, records_dir, [pending["trial_id"]])
+            shown = f"{metric}={value:.4f}" if value is not None else outcome.status
+            prefix = "" if workers == 1 else f"[{index}] {pending['trial_id']} "
+            print(f"{prefix}{outcome.status} ({shown}, {result['wall_time_s']:.0f} s)", flush=True)
+            if outcome.status == "failed" and "\n" not in outcome.error.strip():
+                print(f"  trial failed (exit {outcome.returncode}): {outcome.error.strip()}", file=sys.stderr)
+            elif outcome.status == "failed":
+                print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
 
-    def record(pending: dict[str, Any], index: int, started: float, outcome: TrialOutcome) -> None:
-        value = metric_value(outcome.summary, metric) if outcome.status == "finished" else None
-        result = {"trial_id": pending["trial_id"], "params": pending["params"], "status": outcome.status,
-                  "returncode": outcome.returncode, "metric_name": metric, "metric": value,
-                  **{key: outcome.summary.get(key, {} if key == "final_val" else None) for key in RESULT_SUMMARY_KEYS},
-                  "wall_time_s": round(time.time() - started, 2), "trial_dir": trial_dir_name(pending["trial_id"]),
-                  "wandb_mode": mode, "error": outcome.error, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        append_result(sweep_dir, result)
-        pending["status"], pending["metric"] = outcome.status, value
-        save()
-        if records_dir is not None:
-            save_records(sweep_dir, records_dir, [pending["trial_id"]])
-        shown = f"{metric}={value:.4f}" if value is not None else outcome.status
-        prefix = "" if workers == 1 else f"[{index}] {pending['trial_id']} "
-        print(f"{prefix}{outcome.status} ({shown}, {result['wall_time_s']:.0f} s)", flush=True)
-        if outcome.status == "failed" and "\n" not in outcome.error.strip():
-            print(f"  trial failed (exit {outcome.returncode}): {outcome.error.strip()}", file=sys.stderr)
-        elif outcome.status == "failed":
-            print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
-
-    if records_dir is not None:  # done trials from before the records folder existed
-        save_records(sweep_dir, records_dir)
-    ran, failed = 0, False
-    in_flight: dict[Future, tuple[dict[str, Any], int, float]] = {}
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        while True:
-            while (len(in_flight) < workers and not (failed and stop_on_failure)
-                   and (max_trials is None or ran + len(in_flight) < max_trials)):
-                pending = next_trial()
-                if pending is None:
+        if records_dir is not None:  # done trials from before the records folder existed
+            save_records(sweep_dir, records_dir)
+        ran, failed = 0, False
+        in_flight: dict[Future, tuple[dict[str, Any], int, float]] = {}
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            while True:
+                while (len(in_flight) < workers and not (failed and stop_on_failure)
+                       and (max_trials is None or ran + len(in_flight) < max_trials)):
+                    pending = next_trial()
+                    if pending is None:
+                        break
+                    begun = start(pending)
+                    if begun is None:  # failed before it could start (recorded)
+                        ran, failed = ran + 1, True
+                        continue
+                    pending, index, started, future = begun
+                    in_flight[future] = (pending, index, started)
+                if not in_flight:
                     break
-                begun = start(pending)
-                if begun is None:  # failed before it could start (recorded)
-                    ran, failed = ran + 1, True
-                    continue
-                pending, index, started, future = begun
-                in_flight[future] = (pending, index, started)
-            if not in_flight:
-                break
-            for future in wait(in_flight, return_when=FIRST_COMPLETED).done:
-                pending, index, started = in_flight.pop(future)
-                outcome = future.result()
-                record(pending, index, started, outcome)
-                ran += 1
-                failed = failed or outcome.status == "failed"
-    if failed and stop_on_failure:
-        raise SystemExit(1)
-    counts = {s: sum(t["status"] == s for t in state["trials"]) for s in ("finished", "diverged", "failed")}
-    print(f"sweep {name!r}: {len(state['trials'])} trials proposed; {counts}; results in {sweep_dir / RESULTS_FILE}")
-    return state["trials"]
+                for future in wait(in_flight, return_when=FIRST_COMPLETED).done:
+                    pending, index, started = in_flight.pop(future)
+                    outcome = future.result()
+                    record(pending, index, started, outcome)
+                    ran += 1
+                    failed = failed or outcome.status == "failed"
+        if failed and stop_on_failure:
+            raise SystemExit(1)
+        counts = {s: sum(t["status"] == s for t in state["trials"]) for s in ("finished", "diverged", "failed")}
+        print(f"sweep {name!r}: {len(state['trials'])} trials proposed; {counts}; "
+              f"results in {sweep_dir / RESULTS_FILE}")
+        return state["trials"]
 
 
 def main(argv: list[str] | None = None) -> int:

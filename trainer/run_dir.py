@@ -94,12 +94,15 @@ def logged_metrics(task: str) -> dict[str, tuple[str, ...]]:
     return names
 
 
+# Every metric some task's trainer logs -> where run_summary.json holds its final value (the tasks agree on each).
+FINAL_METRIC_PLACES = {name: where for task in TASKS for name, where in logged_metrics(task).items()}
+
+
 def final_metric(summary: dict[str, Any], name: str) -> float | None:
-    """The final value of the logged metric `name` (any task's) in a run_summary.json; None where the summary lacks
-    it or it is not a finite number (a NaN would poison a bayes search)."""
-    where = next((names[name] for task in TASKS if name in (names := logged_metrics(task))), None)
+    """The final value of the logged metric `name` (any task's, FINAL_METRIC_PLACES) in a run_summary.json; None
+    where the summary lacks it or it is not a finite number (a NaN would poison a bayes search)."""
     value: Any = summary
-    for key in where or ():
+    for key in FINAL_METRIC_PLACES.get(name, ()):
         value = value.get(key) if isinstance(value, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None

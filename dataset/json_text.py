@@ -1,57 +1,72 @@
 """The one strict reader of JSON the project reads from text: a call's arguments, MiniMind's ``tool_calls`` and
-``tools`` strings, the JSON a model writes between <tool_call> and </tool_call>, and each line of a jsonl file.
+``tools`` strings, the JSON a model writes between <tool_call> and </tool_call>, each line of a jsonl file, and the
+server's request bodies.
 
-It reads what Python's ``json`` reads, less what I-JSON (RFC 7493) forbids because readers disagree on it -- a key
-given twice (Python keeps the last value, others the first or refuse), a lone surrogate (``"\\ud800"``, valid JSON
-but not text: the tokenizer cannot encode it) -- and less what would make the answer depend on the process: nesting
-deeper than ``MAX_DEPTH`` (Python's ``json`` recurses and stops near the recursion limit, which a caller may have
-raised) and an integer longer than ``MAX_INT_DIGITS`` (Python's conversion limit is a process setting). Each refusal
-is a ``JsonTextError`` with a one-line reason; ``read_json_field`` words it after the field's name, the form the
-chat format, the tools and the server answer with.
+It reads what Python's ``json`` reads, less what is not JSON (RFC 8259: ``NaN`` and ``Infinity``, which Python
+writes and reads by default, and a number beyond a 64-bit float, which Python reads as an infinity), less what
+I-JSON (RFC 7493) forbids because readers disagree on it -- a key given twice (Python keeps the last value, others
+the first or refuse), a lone surrogate (``"\\ud800"``, valid JSON but not text: the tokenizer cannot encode it) --
+and less what would make the answer depend on the process: nesting deeper than ``MAX_DEPTH`` (Python's ``json``
+recurses and stops near the recursion limit, which a caller may have raised) and an integer longer than
+``MAX_INT_DIGITS`` (Python's conversion limit is a process setting). Bytes are read as UTF-8, the one encoding of
+JSON exchanged between systems (RFC 8259). Each refusal is a ``JsonTextError`` with a one-line reason;
+``read_json_field`` words it after the field's name, the form the chat format, the tools and the server answer with.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
+
+from dataset.atomic_io import not_utf8
 
 # Deeper values are refused: a fixed bound gives one answer whatever the recursion limit, and leaves the recursive
 # writers (json.dumps of a call's arguments) far from it.
 MAX_DEPTH = 100
 MAX_INT_DIGITS = 4300  # Python's default conversion limit, fixed here so that raising it changes nothing
-TOO_DEEP = f"nested too deeply (more than {MAX_DEPTH} levels of arrays and objects)"
 # A \u escape of a surrogate: only a text holding one (or a raw surrogate) can give a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+_VERB = re.compile(r"(?:is|has an?|holds an?) ")  # what a problem starts with, and its reason does not
 
 
 class JsonTextError(ValueError):
-    """Why a text is not JSON the project reads. ``str()`` is the reason alone, for a caller that names the place
-    itself (``data.jsonl:3: duplicate key "a"``); ``about(field)`` is the reason after the field's name."""
+    """Why a text is not JSON the project reads, written once as `problem`: what follows the name of the field that
+    holds the value (``has a duplicate key "a"``), at `where` inside it (``["a"][0]``). ``about(field)`` is that
+    sentence. ``str()`` is for a caller that names the place itself (``data.jsonl:3: duplicate key "a"``): the
+    problem without its verb (``duplicate key "a"``, ``invalid JSON (...)``), or, when it lies inside the value,
+    the sentence from there (``["a"][0] holds a lone surrogate ...``)."""
 
-    def __init__(self, reason: str, about: str) -> None:
+    def __init__(self, problem: str, where: str = "") -> None:
+        self.problem, self.where = problem, where
+        if where:
+            reason = self.about("")
+        elif problem.startswith("is not valid JSON"):  # "invalid JSON (...)": what a bad jsonl line is known by
+            reason = "in" + problem.removeprefix("is not ")
+        else:
+            reason = _VERB.sub("", problem, count=1)
         super().__init__(reason)
-        self._about = about  # with "{field}" where the field's name goes
 
     def about(self, field: str) -> str:
         """The one-line error for `field`: ``messages[1].tool_calls[0].arguments has a duplicate key "x"``."""
-        return self._about.replace("{field}", field, 1)
+        return f"{field}{self.where} {self.problem}"
 
 
 def _invalid(detail: str) -> JsonTextError:
-    return JsonTextError(f"invalid JSON ({detail})", f"{{field}} is not valid JSON ({detail})")
+    return JsonTextError(f"is not valid JSON ({detail})")
 
 
 def _too_deep() -> JsonTextError:
-    return JsonTextError(TOO_DEEP, f"{{field}} is {TOO_DEEP}")
+    return JsonTextError(f"is nested too deeply (more than {MAX_DEPTH} levels of arrays and objects)")
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict:
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
-        duplicate = json.dumps(next(key for key, _ in pairs if key in seen or seen.add(key)))
-        raise JsonTextError(f"duplicate key {duplicate}", f"{{field}} has a duplicate key {duplicate}")
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise JsonTextError(f"has a duplicate key {json.dumps(duplicate)}")
     return obj
 
 
@@ -59,6 +74,17 @@ def _integer(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise _invalid(f"an integer of more than {MAX_INT_DIGITS} digits")
     return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _invalid(f"{text} is beyond the range of a 64-bit float")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise _invalid(f"{name} is not a JSON number")
 
 
 def _path(keys: tuple[str | int, ...]) -> str:
@@ -90,10 +116,7 @@ def _walk(value: Any, depth_limit: bool, surrogates: bool) -> None:
         node, depth, keys = stack.pop()
         if isinstance(node, str):
             if surrogates and (index := surrogate_at(node)) is not None:
-                where = _path(keys)
-                words = lone_surrogate(node, index)
-                raise JsonTextError(f"lone surrogate (U+{ord(node[index]):04X} at character {index})"
-                                    + (f" in {where}" if where else ""), "{field}" + where + " " + words)
+                raise JsonTextError(lone_surrogate(node, index), _path(keys))
             continue
         if not isinstance(node, (dict, list)):
             continue
@@ -102,22 +125,25 @@ def _walk(value: Any, depth_limit: bool, surrogates: bool) -> None:
         if isinstance(node, dict):
             for key, child in node.items():
                 if surrogates and isinstance(key, str) and (index := surrogate_at(key)) is not None:
-                    where = _path(keys)
-                    words = lone_surrogate(key, index)
-                    raise JsonTextError(f"lone surrogate (U+{ord(key[index]):04X} at character {index}) in a key"
-                                        + (f" of {where}" if where else ""),
-                                        "{field}" + where + " " + words.replace(", which", " in a key, which"))
+                    raise JsonTextError(lone_surrogate(key, index).replace(", which", " in a key, which"),
+                                        _path(keys))
                 stack.append((child, depth + 1, (*keys, key)))
         else:
             stack.extend((child, depth + 1, (*keys, index)) for index, child in enumerate(node))
 
 
-def read_json(text: str, surrogates: bool = True) -> Any:
-    """The JSON value of `text`, as Python's ``json`` reads it, or a JsonTextError (see the module's docstring).
-    ``surrogates=False`` leaves lone surrogates to the caller (the jsonl loader checks only the strings it keeps,
-    naming each)."""
+def read_json(text: str | bytes, surrogates: bool = True) -> Any:
+    """The JSON value of `text` (bytes: UTF-8), as Python's ``json`` reads it, or a JsonTextError (see the module's
+    docstring). ``surrogates=False`` leaves lone surrogates to the caller (the jsonl loader checks only the strings
+    it keeps, naming each)."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise JsonTextError(f"is {not_utf8(error)}") from None
     try:
-        value = json.loads(text, object_pairs_hook=_object, parse_int=_integer)
+        value = json.loads(text, object_pairs_hook=_object, parse_int=_integer, parse_float=_finite_float,
+                           parse_constant=_no_constant)
     except JsonTextError:
         raise
     except json.JSONDecodeError as error:
@@ -133,7 +159,7 @@ def read_json(text: str, surrogates: bool = True) -> Any:
     return value
 
 
-def read_json_field(text: str, field: str) -> Any:
+def read_json_field(text: str | bytes, field: str) -> Any:
     """read_json for a field's text; the ValueError names the field: ``args is not valid JSON (...)``."""
     try:
         return read_json(text)

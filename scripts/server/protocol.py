@@ -3,8 +3,6 @@ completion, the chunks of a streamed one, the model card). Field names of the pr
 
 # No `from __future__ import annotations`: pydantic reads the models' annotations, and error locations name the
 # union branches by their types ("list[TextPart]").
-import json
-import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,12 +13,12 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
 from pydantic_core import PydanticCustomError
 
 from dataset.chat_format import normalize_messages, parse_tools
+from dataset.json_text import read_json_field
 from scripts.server.errors import APIError, validation_error
 from trainer.inference_flags import LARGEST_FACTOR, OPENAI_PENALTY_RANGE, SMALLEST_DIVISOR
 
-# Limits where a value would bite: deeper bodies exhaust the parser's recursion, and a seed beyond 64 bits is
-# beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits are the library's.
-MAX_JSON_DEPTH = 64
+# A seed beyond 64 bits is beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits
+# are the library's.
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
 
 
@@ -197,50 +195,16 @@ class ChatRequest(BaseModel):
         return bool(self.chat_template_kwargs and self.chat_template_kwargs.open_thinking)
 
 
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is beyond the range of a 64-bit float")
-    return value
-
-
-def _check_json_value(data: Any) -> None:
-    """An APIError (400) for a value nested deeper than MAX_JSON_DEPTH or holding a string that is not Unicode
-    text (a lone surrogate, which JSON's \\u escapes can write). Iterative: depth cannot exhaust the stack."""
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise APIError(400, f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(value, dict):
-            stack.extend((key, depth) for key in value)
-            stack.extend((item, depth + 1) for item in value.values())
-        elif isinstance(value, list):
-            stack.extend((item, depth + 1) for item in value)
-        elif isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise APIError(400, f"the body holds a string that is not valid Unicode (a lone surrogate): "
-                                    f"{value[:40]!a}") from None
-
-
 def parse_json_object(body: bytes) -> dict[str, Any]:
-    """A body's JSON object, or an APIError (400): strict JSON (no NaN or Infinity, no number beyond a 64-bit
-    float), at most MAX_JSON_DEPTH levels deep, valid Unicode throughout."""
+    """A body's JSON object, read by the project's one strict reader (dataset/json_text.py: UTF-8; no NaN or
+    Infinity, no number beyond a 64-bit float, no key given twice, no lone surrogate; at most MAX_DEPTH levels),
+    or an APIError (400) that names the problem: ``body has a duplicate key "messages"``."""
     try:
-        data = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
-    except RecursionError:
-        raise APIError(400, f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, the hooks above, an integer too long
-        raise APIError(400, f"the body is not valid JSON ({error})") from None
+        data = read_json_field(body, "body")
+    except ValueError as error:
+        raise APIError(400, str(error)) from None
     if not isinstance(data, dict):
-        raise APIError(400, "the body must be a JSON object")
-    _check_json_value(data)
+        raise APIError(400, "body must be a JSON object")
     return data
 
 

@@ -5,6 +5,7 @@ OpenAPI document describes the real request model."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import httpx
@@ -61,8 +62,16 @@ HOSTILE = {
         {"type": "text", "text": "\udfff"}]}]}).encode(), "surrogate"),
     "lone surrogate in stop": (with_fields(stop=["\ud83d"]), "surrogate"),
     "lone surrogate in a key": (json.dumps({"messages": USER, "\ud800": 1}).encode(), "surrogate"),
-    "1000 levels in an extra field": (NESTED, "nested deeper"),
-    "1000 levels as messages": (b'{"messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", "nested deeper"),
+    "1000 levels in an extra field": (NESTED, "body is nested too deeply (more than 100 levels"),
+    "1000 levels as messages": (b'{"messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", "body is nested too deeply"),
+    "101 levels in an extra field": (NESTED.replace(b"[" * 1000 + b"]" * 1000, b"[" * 100 + b"]" * 100),
+                                     "body is nested too deeply (more than 100 levels"),
+    "a key given twice": (with_fields().replace(b'"max_tokens": 4', b'"max_tokens": 4, "max_tokens": 9000'),
+                          'body has a duplicate key "max_tokens"'),
+    "a key given twice in a message": (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode().replace(
+        b'"content"', b'"role": "system", "content"'), 'body has a duplicate key "role"'),
+    "UTF-16": ('{"messages": [{"role": "user", "content": "x"}]}'.encode("utf-16"),
+               "body is not valid UTF-8 (byte 0xff at offset 0)"),
     "max_tokens 22.5": (with_fields(max_tokens=22.5), "max_tokens"),
 }
 WIKI = {"type": "function", "function": {"name": "wiki", "parameters": {
@@ -124,6 +133,10 @@ HOSTILE.update({
                                              'messages[1].tool_calls[0].arguments["title"] holds a lone surrogate'),
     "call arguments with a lone surrogate in a key": (with_fields(messages=calling('{"\\udc00": 1}')),
                                                       "messages[1].tool_calls[0].arguments holds a lone surrogate"),
+    "call arguments with NaN": (with_fields(messages=calling('{"title": NaN}')),
+                                "messages[1].tool_calls[0].arguments is not valid JSON (NaN is not a JSON number)"),
+    "call arguments with 1e999": (with_fields(messages=calling('{"title": 1e999}')),
+                                  "messages[1].tool_calls[0].arguments is not valid JSON (1e999 is beyond the range"),
     "a property that is not a schema": (offering({"properties": {"x": "string"}}),
                                         'tools[0].function.parameters.properties["x"] must be a JSON schema object'),
     "a property that is null": (offering({"properties": {"x": None}}), 'properties["x"] must be a JSON schema'),
@@ -158,6 +171,7 @@ ACCEPTED = {
     "thinking sent back": dict(messages=USER + [{"role": "assistant", "content": "Hi", "reasoning_content": "r"},
                                                 {"role": "user", "content": "Again"}]),
     "tool_choice none, named": dict(tools=[WIKI], tool_choice="none"),
+    "100 levels, the strict reader's bound": dict(extra=functools.reduce(lambda inner, _: [inner], range(98), [])),
 }
 
 

@@ -1,7 +1,8 @@
-"""The one strict reader of JSON held in a text field (dataset/json_text.py): what Python's json reads, less what
-I-JSON (RFC 7493) forbids -- a duplicate key, a lone surrogate -- and less what would make its caller crash or
-depend on the process -- nesting past a fixed depth, an integer past a fixed length; each refusal a one-line
-reason, and nothing recursive for the depth to exhaust."""
+"""The one strict reader of JSON held in a text field or a body (dataset/json_text.py): what Python's json reads,
+less what is not JSON -- NaN, Infinity, a number beyond a 64-bit float --, less what I-JSON (RFC 7493) forbids -- a
+duplicate key, a lone surrogate -- and less what would make its caller crash or depend on the process -- nesting
+past a fixed depth, an integer past a fixed length; bytes read as UTF-8; each refusal a one-line reason, and
+nothing recursive for the depth to exhaust."""
 
 from __future__ import annotations
 
@@ -27,14 +28,27 @@ def test_what_json_reads_and_the_rules_allow_reads_as_json_does(text):
     ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), f"nested too deeply (more than {MAX_DEPTH} levels"),
     ("[" * 100_000, f"nested too deeply (more than {MAX_DEPTH} levels"),
     ('{"a": 1, "b": {"c": 2, "c": 3}}', 'duplicate key "c"'),
-    ('{"a": ["\\ud800"]}', 'lone surrogate (U+D800 at character 0) in ["a"][0]'),
+    ('{"a": ["\\ud800"]}', '["a"][0] holds a lone surrogate (U+D800 at character 0), which is not text'),
     ('{"x\\udfff": 1}', "lone surrogate (U+DFFF at character 1) in a key"),
+    ('{"a": {"x\\udfff": 1}}', '["a"] holds a lone surrogate (U+DFFF at character 1) in a key'),
+    ("[NaN]", "invalid JSON (NaN is not a JSON number)"),
+    ('{"a": Infinity}', "invalid JSON (Infinity is not a JSON number)"),
+    ("-Infinity", "invalid JSON (-Infinity is not a JSON number)"),
+    ('{"a": 1e400}', "invalid JSON (1e400 is beyond the range of a 64-bit float)"),
+    ("[-2e308]", "invalid JSON (-2e308 is beyond the range of a 64-bit float)"),
+    (b'{"a": "\xff"}', "not valid UTF-8 (byte 0xff at offset 7)"),
+    ('{"a": 1}'.encode("utf-16"), "not valid UTF-8 (byte 0xff at offset 0)"),
     ('"\\ude00\\ud83d"', "lone surrogate (U+DE00 at character 0)"),
 ])
 def test_each_refusal_is_one_line(text, reason):
     with pytest.raises(JsonTextError) as caught:
         read_json(text)
     assert str(caught.value).startswith(reason) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("text", [b'{"a": ["\xc3\xa9", 1.5e308, -0.0, 1e-400]}', '{"a": ["\u00e9", 1.5e308, -0.0]}'])
+def test_bytes_are_read_as_utf8_and_floats_within_float64_as_floats(text):
+    assert read_json(text) == json.loads(text)
 
 
 def test_the_depth_bound_does_not_depend_on_the_recursion_limit():
@@ -56,6 +70,10 @@ def test_a_field_message_names_the_field():
         read_json_field("[" * 5000, "args")
     with pytest.raises(ValueError, match=r'^args has a duplicate key "a"'):
         read_json_field('{"a": 1, "a": 1}', "args")
+    with pytest.raises(ValueError, match=r"^args is not valid JSON \(NaN is not a JSON number\)$"):
+        read_json_field('{"a": NaN}', "args")
+    with pytest.raises(ValueError, match=r"^body is not valid UTF-8 \(byte 0xff at offset 0\)$"):
+        read_json_field(b"\xff{}", "body")
 
 
 def test_a_value_given_as_itself_follows_the_same_rules():

@@ -11,6 +11,7 @@ the learned gains: the start of a "what if its norms were different?" fine-tune,
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,14 +22,11 @@ from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
 from model.loading import few
 from model.model import MiniNormForCausalLM
-from model.rope import ROPE_TYPES
 
 IMPORTABLE = ("llama", "qwen3")
-# The config.json fields every import reads: the shape, without defaults.
+# The config.json fields every import reads: the shape, without defaults (MiniNormConfig checks their values).
 REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                   "max_position_embeddings")
-# The rope_type values MiniNorm's RotaryEmbedding computes exactly as transformers does.
-SUPPORTED_ROPE_TYPES = ("default", *ROPE_TYPES)
 
 
 class NotImportable(ValueError):
@@ -39,9 +37,10 @@ def _refuse(source: Path, field: str, value: Any, why: str) -> NotImportable:
     return NotImportable(f"cannot import {source}: {field}={value!r} {why}")
 
 
-def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[float, dict | None]:
+def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[Any, dict | None]:
     """(rope_theta, rope_scaling or None) from a config.json's rope_parameters (transformers 5) or its
-    rope_theta / rope_scaling (transformers 4)."""
+    rope_theta / rope_scaling (transformers 4), as found: MiniNormConfig checks both (model/rope.py, ROPE_TYPES:
+    the rope types it computes as transformers does)."""
     field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
     params = hf.get(field) or {}
     if not isinstance(params, Mapping):
@@ -52,12 +51,7 @@ def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[float, dict | None]:
     partial = params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
         raise _refuse(source, "partial_rotary_factor", partial, "is not supported; MiniNorm rotates the whole head")
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise _refuse(source, "rope_type", rope_type,
-                      f"is not supported; MiniNorm computes rope_type {', '.join(map(repr, SUPPORTED_ROPE_TYPES))}")
-    if not (isinstance(theta, (int, float)) and not isinstance(theta, bool)):
-        raise _refuse(source, "rope_theta", theta, "is not allowed; it must be a finite float > 0")
-    return float(theta), ({"rope_type": rope_type, **params} if rope_type != "default" else None)
+    return theta, ({"rope_type": rope_type, **params} if rope_type != "default" else None)
 
 
 # The norms an import may swap the checkpoint's RMSNorm for: each keeps the learned gain (`weight`) and starts its
@@ -78,13 +72,9 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = N
     if model_type not in IMPORTABLE:
         raise _refuse(source, "model_type", model_type,
                       f"cannot be imported; choose one of {', '.join(map(repr, IMPORTABLE))}")
-    for field in REQUIRED_SIZES:  # read below before MiniNormConfig could name them
-        value = hf.get(field)
+    for field in REQUIRED_SIZES:  # a missing intermediate_size would read as MiniNormConfig's derived width
         if field not in hf:
             raise NotImportable(f"cannot import {source}: its config.json has no {field} (a positive integer)")
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            raise _refuse(source, field, value, "is not allowed; config.json must give it as a positive integer")
-    heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
     checks = [
         ("hidden_act", hf.get("hidden_act", "silu"), lambda v: v == "silu",
          "is not supported; MiniNorm's MLP is SwiGLU with silu"),
@@ -92,8 +82,6 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = N
          "is not supported; MiniNorm's projections have no bias"),
         ("mlp_bias", hf.get("mlp_bias", False), lambda v: v is False,
          "is not supported; MiniNorm's projections have no bias"),
-        ("head_dim", hf.get("head_dim") or hidden // heads, lambda v: v * heads == hidden,
-         f"is not supported; MiniNorm's head_dim is hidden_size / num_attention_heads = {hidden / heads:g}"),
         ("use_sliding_window", hf.get("use_sliding_window", False), lambda v: v is False,
          "is not supported; MiniNorm attends to the whole context"),
         ("layer_types", hf.get("layer_types"),
@@ -107,8 +95,9 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = N
             raise _refuse(source, field, value, why)
     rope_theta, rope_scaling = _rope_of(hf, source)
     fields: dict[str, Any] = dict(
-        vocab_size=hf["vocab_size"], hidden_size=hidden, num_hidden_layers=hf["num_hidden_layers"],
-        num_attention_heads=heads, num_key_value_heads=hf.get("num_key_value_heads") or heads,
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         intermediate_size=hf["intermediate_size"], max_position_embeddings=hf["max_position_embeddings"],
         rope_theta=rope_theta, tie_word_embeddings=hf.get("tie_word_embeddings", False),
         initializer_range=hf.get("initializer_range", 0.02), norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -117,9 +106,14 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = N
     if rope_scaling is not None:
         fields["rope_scaling"] = rope_scaling
     try:
-        return MiniNormConfig(**fields)
+        config = MiniNormConfig(**fields)
     except ValueError as error:  # a value MiniNorm refuses, under MiniNorm's name for it (rms_norm_eps: norm_eps)
         raise NotImportable(f"cannot import {source}: as MiniNorm's config, {error}") from None
+    head_dim = hf.get("head_dim") or config.head_dim  # not a MiniNormConfig field: it follows from the sizes
+    if head_dim != config.head_dim:
+        raise _refuse(source, "head_dim", head_dim, f"is not supported; MiniNorm's head_dim is hidden_size / "
+                                                    f"num_attention_heads = {config.head_dim}")
+    return config
 
 
 def _weight_files(source: Path) -> list[Path]:
@@ -182,9 +176,12 @@ def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source
     """The MiniNorm model with the checkpoint's tensors. With swapped norms, the parameters the checkpoint lacks
     (only norm biases and DyT's alpha) keep their initial values: zero bias, alpha = dyt_alpha_init. Weights
     that do not map (missing, unexpected, or of another shape than config.json gives) are refused in one line."""
-    with torch.device("meta"):  # the expected names and shapes, at no cost
-        expected = {key: tensor.shape for key, tensor in MiniNormForCausalLM(config).state_dict().items()}
     swapped = config.norm_type != NormType.RMSNORM
+    # Unswapped, every tensor comes from the checkpoint: built on the meta device, no initialisation to pay for.
+    # Swapped, the norms' new parameters start at their initial values, so that model is built for real.
+    with torch.device("meta") if not swapped else nullcontext():
+        model = MiniNormForCausalLM(config)
+    expected = {key: tensor.shape for key, tensor in model.state_dict().items()}
     missing = [key for key in expected.keys() - state.keys() if not (swapped and key.endswith((".bias", ".alpha")))]
     unexpected = state.keys() - expected.keys()
     shapes = [f"{key} ({list(state[key].shape)}, config.json gives {list(expected[key])})"
@@ -194,12 +191,6 @@ def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source
     if problems:
         raise NotImportable(f"cannot import {source}: its weights do not match its config.json"
                             f"{'' if not swapped else f' with norm_type={config.norm_type!r}'}: {'; '.join(problems)}")
-    if not swapped:
-        with torch.device("meta"):  # every tensor comes from the checkpoint: no initialisation to pay for
-            model = MiniNormForCausalLM(config)
-        model.load_state_dict(state, strict=True, assign=True)
-    else:
-        model = MiniNormForCausalLM(config)
-        model.load_state_dict(state, strict=False)
+    model.load_state_dict(state, strict=not swapped, assign=not swapped)
     model.tie_weights()
     return model.eval()

@@ -153,8 +153,9 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
     async def chat_completions(request: Request):  # no return annotation: FastAPI would take it for the schema
         authorize(request, api_key)
         chat = parse_chat_request(await read_body(request, max_body_bytes))
-        ids, reader = prompt_ids(chat, served)
-        settings = generation_settings(chat, served, len(ids))
+        tools = chat.offered_tools()
+        ids, reader = prompt_ids(chat, served, tools)
+        settings = generation_settings(chat, served, len(ids), tools)
         refuse_when_busy(served, max_waiting)
         counters["requests"] += 1
         completion = Completion(served, ids, settings, reader)

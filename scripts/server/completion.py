@@ -22,12 +22,12 @@ GENERATION_FAILED = "the generation failed; the server's log has the details"
 logger = logging.getLogger(__name__)
 
 
-def prompt_ids(request: ChatRequest, served: ServedModel) -> tuple[list[int], ReplyReader]:
-    """The prompt's token ids (the request's tools and open_thinking rendered by the library's chat format, and
-    the start of a call when tool_choice demands one) and the reader of the reply; an APIError when they leave no
-    room in the context for an answer."""
+def prompt_ids(request: ChatRequest, served: ServedModel,
+               tools: list[dict[str, Any]]) -> tuple[list[int], ReplyReader | None]:
+    """The prompt's token ids (`tools`, the request's offered_tools(), and its open_thinking rendered by the
+    library's chat format, and the start of a call when tool_choice demands one) and the reader of the reply; an
+    APIError when they leave no room in the context for an answer."""
     messages = request.prompt_messages()
-    tools = request.offered_tools()
     forced = request.forced_tool()
     if served.use_template:
         # A demanded call starts right after the empty think block: the model does not think first.
@@ -41,17 +41,17 @@ def prompt_ids(request: ChatRequest, served: ServedModel) -> tuple[list[int], Re
         raise APIError(400, f"the prompt is {len(ids)} tokens; the model's context is {served.max_context} tokens, "
                             f"for the prompt and the answer together", param="messages",
                        code="context_length_exceeded")
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     # A named tool_choice allows that tool only: a reply that names another (say by a key given twice) is no call.
     names = [forced] if forced else [t["function"]["name"] for t in tools]
-    reader = ReplyReader(served.tokenizer, names, prefix, stop,
+    reader = ReplyReader(served.tokenizer, names, prefix, request.stop_strings(),
                          request.parallel_tool_calls is not False) if served.use_template else None
     return ids, reader
 
 
-def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: int) -> GenerationSettings:
+def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: int,
+                        tools: list[dict[str, Any]]) -> GenerationSettings:
     """The request's sampling and limits; what it leaves out is eval/chat.py's default (the library's sampling,
-    chat's frequency penalty, tool calls decoded greedily when tools are offered), and with no max_tokens the
+    chat's frequency penalty, tool calls decoded greedily when `tools` are offered), and with no max_tokens the
     answer may fill the context."""
     defaults = GenerationSettings()
     budget = served.max_context - prompt_len
@@ -63,7 +63,7 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
                        param=param, code="context_length_exceeded")
     if request.logprobs:
         raise APIError(400, "logprobs are not supported", param="logprobs")
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    stop = request.stop_strings()
     if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
         raise APIError(400, f"stop: up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
     return GenerationSettings(
@@ -76,7 +76,7 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
         frequency_penalty=(CHAT_FREQUENCY_PENALTY if request.frequency_penalty is None
                            else request.frequency_penalty),
         seed=request.seed, stop=tuple(stop),
-        greedy_span=tool_call_span(served.tokenizer) if served.use_template and request.offered_tools() else None)
+        greedy_span=tool_call_span(served.tokenizer) if served.use_template and tools else None)
 
 
 class Completion:

@@ -147,6 +147,10 @@ class ChatRequest(BaseModel):
         """Whether a stream ends with a usage chunk (and every chunk carries "usage": null)."""
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def stop_strings(self) -> list[str]:
+        """`stop` as a list (a string is one stop string)."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
     def prompt_messages(self) -> list[dict[str, Any]]:
         """The conversation as the library's chat format takes it (normalize_messages): "developer" read as
         "system", tool calls with their arguments parsed; an APIError (400) naming the field when an argument
@@ -167,7 +171,8 @@ class ChatRequest(BaseModel):
 
     def offered_tools(self) -> list[dict[str, Any]]:
         """The tools the prompt shows: none with tool_choice "none"; the schemas as the chat format takes them,
-        or an APIError (400) naming the tool when its parameters are not a JSON schema object."""
+        or an APIError (400) naming the tool when its parameters are not a JSON schema object. Parsed on each
+        call: the route calls it once and hands the result on."""
         if not self.tools or self.tool_choice == "none":
             return []
         try:

@@ -302,8 +302,20 @@ def test_a_named_tool_choice_cannot_be_renamed_by_the_reply(tokenizer, text) -> 
     request = parse_chat_request(json.dumps({"messages": ASK, "tools": [WIKI, calculator], "tool_choice": {
         "type": "function", "function": {"name": "calculator"}}}).encode())
     served = SimpleNamespace(tokenizer=tokenizer, use_template=True, max_context=4096)
-    _, reader = prompt_ids(request, served)
+    _, reader = prompt_ids(request, served, request.offered_tools())
     message = reader.message(_ids(tokenizer, text, "</tool_call>", "<|im_end|>"))
     assert "tool_calls" not in message and message["content"].startswith('<tool_call>{"name": "calculator"')
     good = reader.message(_ids(tokenizer, ' {"expression": "1+1"}}', "</tool_call>"))
     assert [c["function"]["name"] for c in good["tool_calls"]] == ["calculator"]
+
+
+def test_a_request_s_tools_are_parsed_once(server, client, monkeypatch) -> None:
+    """The route parses the offered tools once and hands them on: to the prompt and to the greedy tool-call span."""
+    import scripts.server.protocol as protocol
+
+    calls = []
+    parse_tools = protocol.parse_tools
+    monkeypatch.setattr(protocol, "parse_tools", lambda tools: calls.append(tools) or parse_tools(tools))
+    response = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, **GREEDY)
+    assert response.choices[0].message.tool_calls[0].function.name == "wiki"
+    assert len(calls) == 1

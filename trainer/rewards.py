@@ -58,8 +58,13 @@ def final_answer(completion: str) -> float | None:
 
 
 def answer_part(completion: str) -> str:
-    """What a completion answers: the text after its last </think> (the whole text when it has none)."""
-    return completion.rpartition(THINK_END)[2]
+    """What a completion answers, split from its thinking by the chat format's rule (dataset/chat_format.py,
+    parse_assistant_ids, which the chat and the server read replies with; it reads ids, a reward sees text): only a
+    completion that opens with <think> thinks, its thought ends at the first </think> (any later one is the answer's
+    text), and one cut before that is all thinking, answering nothing. Any other completion is all answer."""
+    if not completion.startswith(THINK):
+        return completion
+    return completion[len(THINK):].partition(THINK_END)[2]
 
 
 def math_answer(prompts: list[str], completions: list[str], answer: Sequence, **columns) -> list[float]:

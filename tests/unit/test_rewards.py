@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from trainer.rewards import (BUILTIN, LENGTH_BUFFER_CHARS, LENGTH_LIMIT_CHARS, RewardError, final_answer,
+from dataset.chat_format import parse_assistant_ids
+from trainer.rewards import (BUILTIN, LENGTH_BUFFER_CHARS, LENGTH_LIMIT_CHARS, RewardError, answer_part, final_answer,
                              length_penalty, load_reward, math_answer, repetition_penalty, score, think_format)
 
 USER_REWARDS = '''
@@ -118,6 +119,27 @@ def test_math_answer_reads_the_answer_after_the_thinking():
     completions = ["<think>\n3 + 4 = 7? no, 8\n</think>\n\nIt is 7.", "<think>\nit is 7\n</think>\n\nno idea",
                    "no thinking: 7"]
     assert math_answer([""] * 3, completions, answer=[7, 7, 7]) == [1.0, 0.0, 1.0]
+
+
+def test_math_answer_splits_the_thinking_as_the_chat_format_does():
+    """The thought ends at the first </think>, and only a completion that opens with <think> thinks (the rule of
+    the chat's and the server's reply parser); the answer was taken after the last </think>, so both scored 0."""
+    completions = ["<think>\nit is 8? no\n</think>\n\nIt is 7.</think>", "It is 7.</think>\n\nI think"]
+    assert math_answer([""] * 2, completions, answer=[7, 7]) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("completion, answer", [
+    ("<think>\nsum\n</think>\n\nIt is 7.", "\n\nIt is 7."),  # TRL's convention: the answer after the thinking
+    ("<think>a</think>It is 7.</think>", "It is 7.</think>"),  # the thought ends at the first </think>
+    ("It is 7, I think</think>no", "It is 7, I think</think>no"),  # no opening <think>: no thinking
+    (" <think>x</think>7", " <think>x</think>7"),  # something before <think>: no thinking either
+    ("<think>cut off at 7", ""),  # cut before </think>: all thinking, no answer
+    ("plain 7", "plain 7"),
+])
+def test_answer_part_is_the_content_the_reply_parser_reads(tokenizer, completion, answer):
+    assert answer_part(completion) == answer
+    # The same completion's ids, as the chat and the server read them (the parser strips the format's newlines).
+    assert parse_assistant_ids(tokenizer, tokenizer(completion)["input_ids"]).content == answer.strip("\n")
 
 
 @pytest.mark.parametrize("completion, expected", [

@@ -35,17 +35,26 @@ from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
 from dataset.atomic_io import atomic_write_text, first_line, read_text_file
-from trainer.args import TrainArgs, uses_lora
+from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TASK_MODEL_DEFAULTS, TrainArgs,
+                          uses_lora)
 from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
                              clear_previous_run, previous_run, recorded_run_id, refuse_previous_run)
 
-# Flags that decide which samples the training set holds and in which order: a checkpoint's data position means
-# nothing under other values, so resuming with a different one is refused. (--batch_size, --accumulation_steps and
-# the number of processes only group the same sample order differently: the position, counted in samples, maps.)
+# The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
+# another is refused, in one line naming each such flag with both values (_keep_saved). The architecture fields a
+# command line leaves unset are taken from the checkpoint (adopt_saved_architecture); the other kept flags are not:
+# left unset, they take their defaults, which must match too.
+
+# Which samples the training set holds and in which order: a checkpoint's data position means nothing under other
+# values. (--batch_size, --accumulation_steps and the number of processes only group the same sample order
+# differently: the position, counted in samples, maps.)
 DATA_ORDER_FLAGS = ("max_seq_len", "seed", "val_fraction")
-# Flags that decide the shapes of a LoRA run's trainable tensors: the checkpoint's adapters fit no other value.
+# The shapes of a LoRA run's trainable tensors: the checkpoint's adapters fit no other value.
 ADAPTER_FLAGS = ("lora", "lora_rank", "lora_targets")
+# The model fields that decide the saved weights' set, shapes or meaning: all but what only changes how the model
+# runs (norm_impl) or trains (dropout), which a resume may change as it may the learning rate.
+ARCHITECTURE_FIELDS = tuple(name for name in MODEL_FIELDS if name not in RUNTIME_MODEL_FIELDS)
 FILES_KEY = "files"  # trainer_state.json: every file of the checkpoint, relative to it
 DATA_KEYS = {"path", "train_samples", "tokens"}  # trainer_state.json's "data" (trainer/data.py data_identity)
 _RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
@@ -277,30 +286,21 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
     adapters have another shape (--lora_rank, --lora_targets) or are absent (GRPO/PPO's --lora), or, for
     distillation, where --teacher names another directory."""
     saved = state.get("config", {})
-    for flag in DATA_ORDER_FLAGS:
-        old, new = saved.get(flag), getattr(args, flag)
-        if old is not None and old != new:
-            raise ValueError(f"--resume {path.name}: --{flag} was {old} there and is {new} now; the saved data "
-                             f"position is only valid for the same samples in the same order (resume with "
-                             f"--{flag} {old}, or start a new run)")
-    for flag in ADAPTER_FLAGS:
-        old, new = saved.get(flag), getattr(args, flag)
-        if (uses_lora(args) or saved.get("lora")) and old is not None and old != new:
-            raise ValueError(f"--resume {path.name}: --{flag} was {old} there and is {new} now; the saved adapters "
-                             f"have that shape (resume with --{flag} {old}, or start a new run)")
+    _keep_saved(path, saved, {flag: getattr(args, flag) for flag in DATA_ORDER_FLAGS},
+                "the saved data position is only valid for the same samples in the same order")
+    if uses_lora(args) or saved.get("lora"):
+        _keep_saved(path, saved, {flag: getattr(args, flag) for flag in ADAPTER_FLAGS},
+                    "the saved adapters have that shape")
     if args.task == "distill" and "teacher" in saved:
         from trainer.distillation import teacher_directory
-        old, new = teacher_directory(saved["teacher"]), teacher_directory(args.teacher)
-        if old != new:
-            raise ValueError(f"--resume {path.name}: --teacher was {old} there and is {new} now; a run distils from "
-                             f"one teacher (resume with --teacher {old}, or start a new run)")
+        _keep_saved(path, {"teacher": str(teacher_directory(saved["teacher"]))},
+                    {"teacher": str(teacher_directory(args.teacher))}, "a run distils from one teacher")
     old_data = state.get("data")
     same = old_data is None or {k: v for k, v in old_data.items() if k != "path"} == {
         k: v for k, v in data.items() if k != "path"}
     if not same:
-        raise ValueError(f"--resume {path.name}: --data_path was {_describe(old_data)} there and is "
-                         f"{_describe(data)} now; the saved data position is only valid for the same training "
-                         f"data (resume with the same file, or start a new run)")
+        raise _refused(path, f"--data_path was {_describe(old_data)} there and is {_describe(data)} now",
+                       "the saved data position is only valid for the same training data", "resume with the same file")
     samples = data.get("train_samples")
     if samples is not None and state["samples_done_in_epoch"] > samples:
         raise CheckpointDamaged(f"--resume {path.name}: {STATE_FILE}: 'samples_done_in_epoch' is "
@@ -312,16 +312,40 @@ def _comparable(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _architecture_fields() -> list[str]:
-    """The model fields that decide the saved weights' set, shapes or meaning: all but what only changes how the
-    model runs (norm_impl) or trains (dropout), which a resume may change as it may the learning rate."""
-    from trainer.args import MODEL_FIELDS, RUNTIME_MODEL_FIELDS
-    return [name for name in MODEL_FIELDS if name not in RUNTIME_MODEL_FIELDS]
+_Changes = dict[str, tuple[Any, Any]]  # name -> (its value in the checkpoint's config, its value now)
 
 
-def _refuse_architecture(path: Path, changes: list[str]) -> ValueError:
-    return ValueError(f"--resume {path.name}: the checkpoint's model differs: {', '.join(changes)}; the saved weights "
-                      f"have that architecture (resume without those flags, or start a new run)")
+def _changes(saved: dict[str, Any], now: dict[str, Any]) -> _Changes:
+    """Each name of `now` whose value differs from the one the checkpoint's config `saved` records, compared as
+    trainer_state.json holds them (a name it does not record, or records as null, is no change: an older
+    checkpoint)."""
+    return {name: (_comparable(saved[name]), _comparable(value)) for name, value in now.items()
+            if saved.get(name) is not None and _comparable(saved[name]) != _comparable(value)}
+
+
+def _was_and_is(changes: _Changes, flags: bool = True) -> str:
+    """'--a was 1 there and is 2 now, ...' (`flags` False: fields of the built model's config, named bare)."""
+    dashes = "--" if flags else ""
+    return ", ".join(f"{dashes}{name} was {old} there and is {new} now" for name, (old, new) in changes.items())
+
+
+def _refused(path: Path, changes: str, why: str, advice: str) -> ValueError:
+    """A refused resume in one line: what changed, why the checkpoint holds only for what it was, what to do."""
+    return ValueError(f"--resume {path.name}: {changes}; {why} ({advice}, or start a new run)")
+
+
+def _keep_saved(path: Path, saved: dict[str, Any], now: dict[str, Any], why: str) -> None:
+    """Refuse to resume with other values of the flags `now` than the checkpoint's config `saved` records, naming
+    each one that differs and `why` the checkpoint holds only for its own values."""
+    changes = _changes(saved, now)
+    if changes:
+        advice = "resume with " + " ".join(f"--{name} {old}" for name, (old, _) in changes.items())
+        raise _refused(path, _was_and_is(changes), why, advice)
+
+
+def _refuse_architecture(path: Path, changes: str) -> ValueError:
+    return _refused(path, f"the checkpoint's model differs: {changes}", "the saved weights have that architecture",
+                    "resume without those flags")
 
 
 def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs) -> None:
@@ -329,35 +353,27 @@ def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs)
     each architecture field the command line leaves unset is taken from the checkpoint's config into `args.model`
     (a fine-tuning run's other fields come from --from_weight, checked by check_saved_architecture); one given with
     another value is refused in one line naming each such flag with its old and new value."""
-    from trainer.args import ADDABLE_MODEL_FIELDS, TASK_MODEL_DEFAULTS
     saved = state.get("config", {})
     task_defaults = TASK_MODEL_DEFAULTS.get(args.task, {})
-    changes = []
-    for name in _architecture_fields():
-        if saved.get(name) is None:  # a checkpoint from before the field existed
-            continue
-        old = _comparable(saved[name])
-        # A task's default (SFT's smeared keys) is no flag the user gave: the checkpoint's value wins over it.
-        given = name in args.model and not (name in task_defaults and args.model[name] == task_defaults[name])
-        if given and _comparable(args.model[name]) != old:
-            changes.append(f"--{name} was {old} there and is {_comparable(args.model[name])} now")
-        elif args.task == "pretrain" or name in ADDABLE_MODEL_FIELDS.get(args.task, ()):
-            args.model[name] = saved[name]
+    # A task's default (SFT's smeared keys) is no flag the user gave: the checkpoint's value wins over it.
+    given = {name: args.model[name] for name in ARCHITECTURE_FIELDS
+             if name in args.model and not (name in task_defaults and args.model[name] == task_defaults[name])}
+    changes = _changes(saved, given)
     if changes:
-        raise _refuse_architecture(path, changes)
+        raise _refuse_architecture(path, _was_and_is(changes))
+    for name in ARCHITECTURE_FIELDS:
+        if saved.get(name) is not None and (args.task == "pretrain" or name in ADDABLE_MODEL_FIELDS.get(args.task, ())):
+            args.model[name] = saved[name]
 
 
 def check_saved_architecture(path: Path, state: dict[str, Any], config: Any) -> None:
     """The model built for a resume (its `config`) has the checkpoint's architecture: else one line naming each
     field that differs (a fine-tuning run resumed with a --from_weight of another shape), not a state_dict
     traceback or, for a field the weights do not show (norm_eps, rope_theta), another model without a word."""
-    saved = state.get("config", {})
-    changes = [f"{name} was {_comparable(saved[name])} there and is {_comparable(getattr(config, name))} now"
-               for name in _architecture_fields()
-               if saved.get(name) is not None and hasattr(config, name)
-               and _comparable(saved[name]) != _comparable(getattr(config, name))]
+    built = {name: getattr(config, name) for name in ARCHITECTURE_FIELDS if hasattr(config, name)}
+    changes = _changes(state.get("config", {}), built)
     if changes:
-        raise _refuse_architecture(path, changes)
+        raise _refuse_architecture(path, _was_and_is(changes, flags=False))
 
 
 def _describe(data: dict[str, Any]) -> str:

@@ -33,6 +33,15 @@ def test_a_lora_policy_resumes_only_as_lora(task):
                                 parse_args(task, ["--lora", "--lora_rank", "4"]), {})
 
 
+def test_every_data_order_flag_that_differs_is_named_in_one_line():
+    saved = _state(max_seq_len=32, seed=42, val_fraction=0.01)
+    with pytest.raises(ValueError) as refused:
+        check_resume_compatible(CHECKPOINT, saved, parse_args("pretrain", ["--max_seq_len", "64", "--seed", "7"]), {})
+    assert str(refused.value) == ("--resume step_00000002: --max_seq_len was 32 there and is 64 now, --seed was 42 "
+                                  "there and is 7 now; the saved data position is only valid for the same samples "
+                                  "in the same order (resume with --max_seq_len 32 --seed 42, or start a new run)")
+
+
 def test_a_distillation_keeps_its_teacher(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -383,6 +383,20 @@ def test_records_dir_outlives_the_sweep_folder(tmp_path, capsys):
     assert not (tmp_path / "sweep2" / "results.jsonl").exists()
 
 
+@pytest.mark.parametrize("spelling", ["same", "symlink"])
+def test_a_records_dir_that_is_the_sweep_folder_is_refused(tmp_path, spelling):
+    """Also through a symlink: the folders are compared resolved (trainer.run_dir.path_overlap), not as spelt."""
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1]}})
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    records = {"same": sweep_dir, "symlink": tmp_path / "link"}[spelling]
+    if spelling == "symlink":
+        records.symlink_to(sweep_dir)
+    with pytest.raises(SweepConfigError, match="--records_dir must differ from the sweep folder"):
+        run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records)
+    assert list(sweep_dir.iterdir()) == []
+
+
 def test_only_runs_part_of_a_grid_and_leaves_the_rest_proposed(tmp_path, capsys):
     path = _fake_sweep(tmp_path, {"mode": {"values": ["ok", "diverge"]}, "seed": {"values": [1, 2, 3]}})
     sweep_dir = tmp_path / "sweep"

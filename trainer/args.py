@@ -18,7 +18,7 @@ import yaml
 
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
-from trainer.cli import ToolParser, path_arg, seed
+from trainer.cli import ToolParser, flag_type, path_arg, seed
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
@@ -403,9 +403,8 @@ def _optional(kind: type) -> Any:
     def parse(text: str) -> Any:
         return None if str(text).lower() in (*UNSET_WORDS, "") else kind(text)
     parse.__name__ = kind.__name__
-    parse.kind = kind  # the --config YAML's checks name it
     parse.unsettable = True
-    return parse
+    return flag_type(kind, parse)
 
 
 def _path(text: str) -> str:
@@ -415,7 +414,7 @@ def _path(text: str) -> str:
     return path_arg(text)
 
 
-_path.kind = str
+flag_type(str, _path)
 
 
 def _reward_spec(text: str) -> str:
@@ -424,7 +423,7 @@ def _reward_spec(text: str) -> str:
     return text
 
 
-_reward_spec.kind = str
+flag_type(str, _reward_spec)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

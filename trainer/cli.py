@@ -50,8 +50,9 @@ def run_main(main: Callable[[], int]) -> NoReturn:
 SEED_RANGE = (0, 2 ** 32 - 1)  # what numpy's and torch's seeding take
 
 
-def _flag_type(kind: type, function: Callable[[str], object]) -> Callable[[str], object]:
-    """`function` marked with the Python type it returns (`kind`), which a --config YAML's checks name."""
+def flag_type(kind: type, function: Callable[[str], object]) -> Callable[[str], object]:
+    """`function` marked with the Python type it returns (`kind`), which a --config YAML's checks name
+    (trainer/args.py)."""
     function.kind = kind  # type: ignore[attr-defined]
     return function
 
@@ -69,7 +70,7 @@ def int_within(low: int, high: int | None = None, note: str = "") -> Callable[[s
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"{text} is not {allowed}")
         return value
-    return _flag_type(int, parse)
+    return flag_type(int, parse)
 
 
 seed = int_within(*SEED_RANGE)  # every --seed
@@ -87,7 +88,7 @@ def float_within(low: float, high: float, above_low: bool = False) -> Callable[[
         if not (low < value <= high if above_low else low <= value <= high):  # NaN fails too
             raise argparse.ArgumentTypeError(f"{text} is outside {allowed}")
         return value
-    return _flag_type(float, parse)
+    return flag_type(float, parse)
 
 
 def zero_or_at_least(smallest: float, zero_means: str) -> Callable[[str], float]:
@@ -100,7 +101,7 @@ def zero_or_at_least(smallest: float, zero_means: str) -> Callable[[str], float]
         if not (value == 0 or (value >= smallest and math.isfinite(value))):
             raise argparse.ArgumentTypeError(f"{text} is not 0 ({zero_means}) or a finite number >= {smallest:g}")
         return value
-    return _flag_type(float, parse)
+    return flag_type(float, parse)
 
 
 def utf8_text(text: str) -> str:
@@ -112,7 +113,7 @@ def utf8_text(text: str) -> str:
     return text
 
 
-_flag_type(str, utf8_text)
+flag_type(str, utf8_text)
 
 
 def path_arg(text: str) -> str:
@@ -123,7 +124,7 @@ def path_arg(text: str) -> str:
     return text
 
 
-_flag_type(str, path_arg)
+flag_type(str, path_arg)
 
 
 def output_file(text: str) -> str:
@@ -134,4 +135,4 @@ def output_file(text: str) -> str:
     return text
 
 
-_flag_type(str, output_file)
+flag_type(str, output_file)

@@ -133,3 +133,17 @@ def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (see ``atomic_write_lines``)."""
     atomic_write_lines(path, [text])
+
+
+def path_overlap(path: Path, other: Path) -> str | None:
+    """How `path` lies against `other`, both resolved as the file system will see them (symlinks and `..` seen
+    through, a relative path taken from the current directory): "is" (the same folder), "is inside" or "holds";
+    None: apart. The one test of whether writing into (or replacing) one may destroy the other."""
+    real, real_other = path.resolve(), other.resolve()
+    if real == real_other:
+        return "is"
+    if real_other in real.parents:
+        return "is inside"
+    if real in real_other.parents:
+        return "holds"
+    return None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from dataset.atomic_io import check_folder_path
-from trainer.run_dir import path_overlap
+from dataset.atomic_io import path_overlap
 
 # The marker files: JSON recording where the result came from (the source, the measured logit difference, ...).
 EXPORT_MARKER = "exported_from.json"  # scripts/convert_to_llama.py
@@ -36,7 +36,7 @@ def check_out_dir(source: Path, out_dir: Path, marker: str, what: str, recorded:
                   ) -> None:
     """Refuse an --out_dir whose replacement would delete the source model or a folder this tool did not write.
     A non-empty folder is replaced only when it holds `marker` recording `recorded` (is_marked); `what` names such
-    a folder ("a previous Llama export"). The paths are compared resolved (trainer.run_dir.path_overlap, as a
+    a folder ("a previous Llama export"). The paths are compared resolved (dataset.atomic_io.path_overlap, as a
     trainer's --out_dir is), so a symlink or a spelling like a/x/../pretrain does not slip through.
     """
     if path_overlap(out_dir, source):

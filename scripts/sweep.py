@@ -53,11 +53,11 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dataset.atomic_io import make_dirs  # noqa: E402
+from dataset.atomic_io import make_dirs, path_overlap  # noqa: E402
 from trainer.cli import ToolParser, int_within, seed  # noqa: E402
 from trainer.yaml_file import read_yaml  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, FINAL_METRIC_PLACES, REPO_ROOT, SUMMARY_FILE,  # noqa: E402
-                             TRAINER_SCRIPTS, final_metric, logged_metrics, path_overlap, read_summary, report_error,
+                             TRAINER_SCRIPTS, final_metric, logged_metrics, read_summary, report_error,
                              resolve_path, trainer_task)
 from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, TRIAL_LOG, TRIALS_DIR,  # noqa: E402
                                append_result, default_sweep_dir, done_records, is_folder_name, read_state,

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dataset.atomic_io import path_overlap
+
 if TYPE_CHECKING:
     import argparse
 
@@ -133,20 +135,6 @@ def resolve_input_path(path: str | Path) -> Path:
     """An existing input: as typed from the current directory when that exists, else from the repo root."""
     typed = _expand(path)
     return typed.resolve() if typed.exists() else resolve_path(typed)
-
-
-def path_overlap(path: Path, other: Path) -> str | None:
-    """How `path` lies against `other`, both resolved as the file system will see them (symlinks and `..` seen
-    through, a relative path taken from the current directory): "is" (the same folder), "is inside" or "holds";
-    None: apart. The one test of whether writing into (or replacing) one may destroy the other."""
-    real, real_other = path.resolve(), other.resolve()
-    if real == real_other:
-        return "is"
-    if real_other in real.parents:
-        return "is inside"
-    if real in real_other.parents:
-        return "holds"
-    return None
 
 
 def default_out_dir(task: str) -> Path:

@@ -385,7 +385,7 @@ def test_records_dir_outlives_the_sweep_folder(tmp_path, capsys):
 
 @pytest.mark.parametrize("spelling", ["same", "symlink"])
 def test_a_records_dir_that_is_the_sweep_folder_is_refused(tmp_path, spelling):
-    """Also through a symlink: the folders are compared resolved (trainer.run_dir.path_overlap), not as spelt."""
+    """Also through a symlink: the folders are compared resolved (dataset.atomic_io.path_overlap), not as spelt."""
     path = _fake_sweep(tmp_path, {"seed": {"values": [1]}})
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir()

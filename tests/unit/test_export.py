@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from model.loading import load_model
 from model.model import MiniNormForCausalLM
 from model.export_dir import EXPORT_MARKER, check_out_dir
-from trainer.run_dir import model_task, path_overlap
+from dataset.atomic_io import path_overlap
+from trainer.run_dir import model_task
 from scripts.convert_to_llama import convert_to_llama, main
 
 

@@ -3,6 +3,7 @@ completion, the chunks of a streamed one, the model card). Field names of the pr
 
 # No `from __future__ import annotations`: pydantic reads the models' annotations, and error locations name the
 # union branches by their types ("list[TextPart]").
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -111,6 +112,11 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")  # "json_schema" carries its schema: never read
+    type: str  # OpenAI's "text", "json_object", "json_schema": ChatRequest takes "text" only
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(strict=True)
     model: str | None = None
@@ -134,6 +140,7 @@ class ChatRequest(BaseModel):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's and MiniMind's servers take it
+    response_format: ResponseFormat | None = None
 
     @field_validator("temperature")
     @classmethod
@@ -141,6 +148,17 @@ class ChatRequest(BaseModel):
         if value is not None and 0 < value < SMALLEST_DIVISOR:
             raise PydanticCustomError("temperature_range", "must be 0 (greedy) or at least {smallest}",
                                       {"smallest": SMALLEST_DIVISOR})
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _free_text_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        # Text is what the model writes anyway; JSON could only be promised by constrained decoding, which the
+        # engine does not do, and free text in its place would be a silent breach of the request.
+        if value is not None and value.type != "text":
+            raise PydanticCustomError("response_format", "only {allowed} is supported (a {asked} reply would need "
+                                      "constrained decoding, which this server does not do)",
+                                      {"allowed": '{"type": "text"}', "asked": json.dumps(value.type)})
         return value
 
     def include_usage(self) -> bool:

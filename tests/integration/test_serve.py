@@ -190,6 +190,23 @@ def test_bad_requests_get_openai_style_400s(sft_server, body, phrase) -> None:
     assert phrase in error["message"] and error["type"] == "invalid_request_error"
 
 
+def test_response_format_text_is_taken_and_json_refused(sft_server, tiny_models) -> None:
+    """{"type": "text"} is what the server does anyway; a JSON reply it cannot promise (no constrained decoding): a
+    400 naming response_format and the allowed value, not free text in silence."""
+    api = client(sft_server)
+    answer = api.chat.completions.create(model="m", messages=user("Hi!"), response_format={"type": "text"}, **GREEDY)
+    assert answer.choices[0].message.content == tiny_models.reply
+    schema = {"name": "answer", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}
+    for response_format in ({"type": "json_object"}, {"type": "json_schema", "json_schema": schema}):
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refused:
+                api.chat.completions.create(model="m", messages=user("Hi!"), response_format=response_format,
+                                            stream=stream, **GREEDY)
+            error = refused.value.body
+            assert error["param"] == "response_format", error
+            assert error["message"].startswith('response_format: only {"type": "text"} is supported (a "json_')
+
+
 def test_malformed_and_oversized_bodies(sft_server) -> None:
     url = f"{sft_server}/v1/chat/completions"
     for content in (b"{not json", b"\xff\xfe", b"[1, 2]", b""):

@@ -95,6 +95,7 @@ FIELD_VALUES = {  # one strategy per field of the request model
     "tool_choice": field(st.sampled_from(["auto", "none", "required"]) | named_choice),
     "parallel_tool_calls": field(st.booleans()),
     "chat_template_kwargs": field(st.fixed_dictionaries({}, optional={"open_thinking": field(st.booleans())})),
+    "response_format": field(st.fixed_dictionaries({"type": field(st.sampled_from(["text", "json_object"]))})),
 }
 assert set(FIELD_VALUES) == set(ChatRequest.model_fields), "a field of the request model is not fuzzed"
 

@@ -154,8 +154,9 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
 
 
 def program_path(config: dict[str, Any]) -> str:
-    """The program `${program}` runs: the YAML's `program` from the repo root (an absolute one stays as it is)."""
-    return str(REPO_ROOT / config.get("program", DEFAULT_PROGRAM))
+    """The program `${program}` runs: the YAML's `program` as the trainers read a path (resolve_path: `~` and
+    `$VARS` expanded, a relative path from the repo root), so the trial runs the program trainer_of names."""
+    return str(resolve_path(config.get("program", DEFAULT_PROGRAM)))
 
 
 def trainer_of(config: dict[str, Any]) -> str | None:

@@ -176,6 +176,16 @@ def test_agent_style_flags_parse_in_the_trainer():
     assert (args.warmup_steps, args.learning_rate, args.use_wandb) == (0, 0.003, True)
 
 
+def test_the_program_a_trial_runs_is_the_trainer_its_checks_name(monkeypatch):
+    """`program` is read as the trainers read a path (`$VARS` and `~` expanded): the trainer whose flags and metrics
+    the runner checks (trainer_of) is the one the trial's command runs."""
+    monkeypatch.setenv("MININORM_HOME", str(REPO))
+    config = {"program": "$MININORM_HOME/trainer/train_pretrain.py",
+              "command": ["${env}", "${interpreter}", "${program}", "${args}"]}
+    assert sweep_mod.trainer_of(config) == "pretrain"
+    assert build_command(config, {}, [])[2] == str(REPO / "trainer" / "train_pretrain.py")
+
+
 @pytest.mark.parametrize("path", SWEEP_YAMLS, ids=lambda p: p.stem)
 def test_each_trial_gets_its_own_run_dir_under_both_runners(path, monkeypatch):
     """The trainer knows nothing of sweeps: the YAML names the trial's run directory. Under `wandb agent` (which

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
+from dataset.atomic_io import first_line
 from dataset.chat_format import encode_chatml_batch
 from dataset.jsonl import JSON_WHITESPACE, parse_line
 
@@ -80,7 +81,7 @@ class PromptDataset(Dataset):
                     if skip_bad_lines:
                         skipped += 1
                         continue
-                    raise ValueError(f"{path}:{number}: {str(error).splitlines()[0]} (pass --skip_bad_lines "
+                    raise ValueError(f"{path}:{number}: {first_line(error)} (pass --skip_bad_lines "
                                      f"to skip bad lines)") from None
                 rows.append(row)
                 messages.append(row_messages)

@@ -31,7 +31,7 @@ import yaml
 from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
 
-from dataset.atomic_io import atomic_write_text
+from dataset.atomic_io import atomic_write_text, first_line
 from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
@@ -713,7 +713,7 @@ def main(task: str, argv: list[str] | None = None) -> RunSummary:
         rank = os.environ.get("RANK", "0")
         print(f"error: rank {rank} stopped: another process did not answer in time (--dist_timeout; "
               f"--dist_init_timeout until the first step is done): a node died or the network failed "
-              f"({str(error).splitlines()[0]}); resume with --resume auto when every node is back", file=sys.stderr)
+              f"({first_line(error)}); resume with --resume auto when every node is back", file=sys.stderr)
         raise SystemExit(EXIT_PEER_LOST) from None
     finally:
         shutdown()

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
+from dataset.atomic_io import first_line
 from model.model import shift_labels
 from trainer.evaluation import LMEval, evaluate_lm
 from trainer.run_dir import (CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, is_model_dir, load_input_model,
@@ -85,7 +86,7 @@ def load_teacher(teacher: str | None, student_tokenizer: PreTrainedTokenizerBase
     try:
         teacher_tokenizer = load_tokenizer(teacher_dir)
     except (OSError, ValueError) as error:
-        raise ValueError(f"--teacher {teacher_dir}: no tokenizer can be read there ({str(error).splitlines()[0]}); "
+        raise ValueError(f"--teacher {teacher_dir}: no tokenizer can be read there ({first_line(error)}); "
                          f"{why}") from None
     mismatch = tokenizer_mismatch(student_tokenizer, teacher_tokenizer)
     if mismatch is not None:

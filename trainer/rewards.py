@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataset.atomic_io import first_line
 from dataset.chat_format import THINK, THINK_END
 
 RewardFunction = Callable[..., list]
@@ -141,8 +142,7 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
     try:
         module_spec.loader.exec_module(module)
     except Exception as error:  # any error of the user's module: one line, not its traceback
-        raise ValueError(f"--reward {spec!r}: importing {file} raised {type(error).__name__}: "
-                         f"{str(error).splitlines()[0] if str(error) else ''}") from None
+        raise ValueError(f"--reward {spec!r}: importing {file} raised {first_line(error, named=True)}") from None
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"--reward {spec!r}: {file} defines no function {name!r}")
@@ -198,8 +198,7 @@ def score(rewards: Sequence[Reward], prompts: list[str], completions: list[str],
         try:
             values = reward.function(prompts=prompts, completions=completions, **columns)
         except Exception as error:  # the user's code: its failure is reported in one line
-            message = str(error).splitlines()[0] if str(error) else ""
-            raise RewardError(f"reward {reward.name}: raised {type(error).__name__}: {message}") from None
+            raise RewardError(f"reward {reward.name}: raised {first_line(error, named=True)}") from None
         per_function.append(_checked(reward, values, len(completions)))
     totals = [sum(reward.weight * values[i] for reward, values in zip(rewards, per_function)
                   if not math.isnan(values[i])) for i in range(len(completions))]

@@ -12,9 +12,13 @@ reproducible). How a step runs is `decode`: "forward" calls the model's forward 
 transformers model); "static" and "compiled" run MiniNorm models through model/decode_step.py (a preallocated
 per-row KV cache, no padding; "compiled" also compiles the step), which computes the same logits up to float
 rounding, faster. `greedy_span` decodes a span of a sampled request greedily (chat and the server pass a tool
-call's JSON). One request's failure (a seed torch's generator rejects, sampling scores that turn NaN or infinite)
-ends that request alone, with finish reason "error". Text is produced by `TextStream`: incremental detokenization
-that never cuts a multi-byte character and holds back text that could still become a stop string.
+call's JSON). A request with `logprobs` set records, for each generated token, its log-probability under the
+model's raw distribution at that step (log_softmax of the logits, before temperature, penalties, top-k and top-p:
+what the model says, not what the sampler made of it) and that many of the most likely tokens; a step computes them
+for the rows that ask only. One request's failure (a seed torch's generator rejects, sampling scores that turn NaN
+or infinite) ends that request alone, with finish reason "error". Text is produced by `TextStream`: incremental
+detokenization that never cuts a multi-byte character and holds back text that could still become a stop string;
+`token_bytes` gives each token's own bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.generation.logits_process import (LogitsProcessor, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
@@ -42,6 +47,7 @@ FINISH_ERROR = "error"
 # settings or logits. Only that request ends; the message names no internals, so a server may show it.
 NON_FINITE_SCORES = "the sampling scores became NaN or infinite (numerically extreme sampling settings or logits)"
 DECODE_MODES = ("forward", "static", "compiled")  # GenerationEngine(decode=...): see the module's docstring
+_BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE's alphabet, read back
 
 
 class SamplingError(ValueError):
@@ -63,6 +69,9 @@ class GenerationSettings:
     # row takes its top token (after the penalties) instead of drawing one -- a tool call's JSON, which a draw can
     # corrupt and which has one right spelling. A prompt that ends inside the span starts there.
     greedy_span: tuple[int, int] | None = None
+    # None: no log-probabilities; n: each generated token's log-probability and the n most likely tokens of the step
+    # (Generation.logprobs)
+    logprobs: int | None = None
 
     def processors(self) -> list[LogitsProcessor]:
         """transformers' processors for these settings, in generate()'s order (penalty, temperature, top-k,
@@ -79,6 +88,20 @@ class GenerationSettings:
             if self.top_p < 1.0:
                 processors.append(TopPLogitsWarper(self.top_p))
         return processors
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> list[bytes]:
+    """Each token's own bytes: a byte-level BPE token's bytes, which may be part of a character only (the first byte
+    of a 3-byte Chinese character), and an added token's text (<|im_end|>) in UTF-8. A token that is not written in
+    the byte-level alphabet (another kind of tokenizer) is the UTF-8 of its decoded text."""
+    added = tokenizer.added_tokens_decoder
+    out = []
+    for token_id, piece in zip(token_ids, tokenizer.convert_ids_to_tokens(list(token_ids))):
+        if token_id in added or piece is None or not all(char in _BYTE_OF_CHAR for char in piece):
+            out.append(tokenizer.decode([token_id]).encode("utf-8"))
+        else:
+            out.append(bytes(_BYTE_OF_CHAR[char] for char in piece))
+    return out
 
 
 class TextStream:
@@ -137,6 +160,39 @@ class TextStream:
         return piece
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model's raw distribution at its step (log_softmax of the
+    logits), and the most likely tokens of that distribution, (id, log-probability), most likely first."""
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+class _StepLogprobs:
+    """One step's log-probabilities for the rows of the batch that record them, from the step's raw logits: a
+    log_softmax and a top-k for those rows only, and one host copy of the top-k."""
+
+    def __init__(self, logits: torch.Tensor, rows: list[int], counts: list[int]) -> None:
+        self.logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+        self.index = {row: i for i, row in enumerate(rows)}
+        values, ids = self.logprobs.topk(max(counts), dim=-1)
+        self.top = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, rows: Sequence[_Row]) -> _StepLogprobs | None:
+        """For the rows (in batch order) of `logits` (rows, vocab) that record log-probabilities; None when none do."""
+        wanted = [(index, row.logprobs) for index, row in enumerate(rows) if row.logprobs is not None]
+        if not wanted:
+            return None
+        return cls(logits, [index for index, _ in wanted], [count for _, count in wanted])
+
+    def record(self, row: int, generation: Generation, token: int) -> None:
+        """Add `token`'s entry (the batch's row `row`) to the generation's log-probabilities."""
+        i = self.index[row]
+        top = self.top[i][:generation.settings.logprobs]
+        generation.logprobs.append(TokenLogprob(self.logprobs[i, token].item(), tuple(top)))
+
+
 @dataclass
 class Generation:
     """One request: its prompt and settings in, tokens and text out. Thread-safe to wait on and to cancel."""
@@ -146,6 +202,7 @@ class Generation:
     on_text: Callable[[str], None] | None = None       # each new piece of text (called on the engine's thread)
     on_finish: Callable[["Generation"], None] | None = None
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id when settings.logprobs is set
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
@@ -248,6 +305,7 @@ class _Row:
         # (penalised) scores, which the engine takes for all such rows of a batch at once (greedy_token) instead of
         # row by row through sample().
         self.greedy = settings.temperature <= 0 and not self.processors
+        self.logprobs = settings.logprobs  # None: this row records none
 
     def sample(self, scores: torch.Tensor) -> int:
         """The next token from one row's scores (float32, shape [vocab]): its logits, less OpenAI's penalties."""
@@ -325,6 +383,9 @@ class GenerationEngine:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens; it must have 1 to {self.max_context - 1}")
         if settings.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {settings.max_new_tokens}")
+        if settings.logprobs is not None and not 0 <= settings.logprobs <= self.vocab_size:
+            raise ValueError(f"logprobs must be None or 0 to {self.vocab_size} (the vocabulary), got "
+                             f"{settings.logprobs}")
         generation = Generation(list(prompt_ids), settings, on_text, on_finish)
         with self._lock:
             if self._closing:
@@ -418,6 +479,8 @@ class GenerationEngine:
                 ids = torch.tensor([generation.prompt_ids], dtype=torch.long, device=self.device)
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
                 token = row.sample(out.logits[0, -1].float())
+                if (logprobs := _StepLogprobs.of(out.logits[:, -1], [row])) is not None:
+                    logprobs.record(0, generation, token)
             except Exception as error:  # this request fails; the batch goes on
                 self._fail(generation, error, row)
                 continue
@@ -451,6 +514,7 @@ class GenerationEngine:
         scores, best = self._forward()
         self.steps += 1
         self.batched_rows += batch
+        logprobs = _StepLogprobs.of(scores, self._rows)  # before the penalties: the model's own distribution
         if self._penalties is not None:
             scores, best = self._penalties.apply(scores), None
         greedy = None
@@ -465,6 +529,8 @@ class GenerationEngine:
             except Exception as error:  # this row's sampling failed (e.g. NaN scores): it ends, the others go on
                 self._fail(row.generation, error, row)
                 continue
+            if row.logprobs is not None:  # before _accept, whose callbacks may read them
+                logprobs.record(index, row.generation, token)
             tokens[index] = token
             if self._accept(row, token):
                 self._next[index] = token

@@ -96,7 +96,8 @@ async def whole_answer(request: Request, completion: Completion,
     if not completion.generation.done:
         return Response(status_code=499)
     completion.check_finished()
-    return completion_body(completion_id, completion.message(), completion.finish_reason(), completion.usage())
+    return completion_body(completion_id, completion.message(), completion.finish_reason(), completion.usage(),
+                           completion.logprobs())
 
 
 def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int = 64,

@@ -1,5 +1,5 @@
 """One chat completion on the engine: the request in the engine's terms (prompt ids, generation settings), its
-submission, and its text and end as they arrive."""
+submission, and its text, its tokens' log-probabilities and its end as they arrive."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 from dataset.chat_format import encode_chatml, tool_call_span
 from model.chat_session import encode_prompt
-from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings
+from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings, token_bytes
 from scripts.server.errors import APIError
-from scripts.server.protocol import ChatRequest, usage_body
+from scripts.server.protocol import ChatRequest, logprobs_body, token_logprob_body, usage_body
 from scripts.server.replies import ReplyReader, forced_call_prefix
 from scripts.server.served_model import ServedModel
 from trainer.inference_flags import CHAT_FREQUENCY_PENALTY
@@ -61,8 +61,6 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
         raise APIError(400, f"{param}={max_tokens} is beyond the model's context of {served.max_context} tokens: "
                             f"the prompt takes {prompt_len}, so at most {budget} can be generated",
                        param=param, code="context_length_exceeded")
-    if request.logprobs:
-        raise APIError(400, "logprobs are not supported", param="logprobs")
     stop = request.stop_strings()
     if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
         raise APIError(400, f"stop: up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
@@ -75,7 +73,7 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
         presence_penalty=defaults.presence_penalty if request.presence_penalty is None else request.presence_penalty,
         frequency_penalty=(CHAT_FREQUENCY_PENALTY if request.frequency_penalty is None
                            else request.frequency_penalty),
-        seed=request.seed, stop=tuple(stop),
+        seed=request.seed, stop=tuple(stop), logprobs=request.logprob_count(),
         greedy_span=tool_call_span(served.tokenizer) if served.use_template and tools else None)
 
 
@@ -97,6 +95,8 @@ class Completion:
         submitted: list[Generation] = []
         self.prompt_tokens = len(ids)
         self.reader = reader  # None: plain continuation, the text is the reply
+        self.tokenizer = served.tokenizer
+        self.wants_logprobs = settings.logprobs is not None
         self.generation = served.engine.submit(ids, settings, on_text=text, on_finish=lambda done: send("done", done))
         submitted.append(self.generation)
 
@@ -132,6 +132,22 @@ class Completion:
         if self.reader is None:
             return self.generation.finish_reason
         return self.reader.finish_reason(self.generation.token_ids, self.generation.finish_reason)
+
+    def logprobs(self, start: int = 0, end: int | None = None) -> dict[str, Any] | None:
+        """The choice's "logprobs" for generated tokens [start, end) (all by default): one entry per token, in
+        order -- every generated token, a thought's, a call's and the closing <|im_end|> included; None when the
+        request did not ask for them, or the range is empty."""
+        if not self.wants_logprobs:
+            return None
+        ids = self.generation.token_ids[start:end]
+        records = self.generation.logprobs[start:start + len(ids)]
+        if not ids:
+            return None
+        every = list(dict.fromkeys(ids + [top_id for record in records for top_id, _ in record.top]))
+        data = dict(zip(every, token_bytes(self.tokenizer, every)))
+        return logprobs_body([token_logprob_body(data[token], record.logprob,
+                                                 [token_logprob_body(data[i], value) for i, value in record.top])
+                              for token, record in zip(ids, records)])
 
     def usage(self) -> dict[str, int]:
         return usage_body(self.prompt_tokens, len(self.generation.token_ids))

@@ -21,6 +21,8 @@ from trainer.inference_flags import LARGEST_FACTOR, OPENAI_PENALTY_RANGE, SMALLE
 # A seed beyond 64 bits is beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits
 # are the library's.
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
+MAX_TOP_LOGPROBS = 20  # OpenAI's
+MIN_LOGPROB = -9999.0  # OpenAI's and vLLM's floor for a token the model rules out: JSON has no -Infinity
 
 
 def _integral_float_as_int(value: Any) -> Any:
@@ -133,6 +135,7 @@ class ChatRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=OPENAI_PENALTY_RANGE[0], le=OPENAI_PENALTY_RANGE[1])
     n: integer(ge=1, le=1) | None = None
     logprobs: bool | None = None
+    top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
     # Extensions that vLLM and llama.cpp's server accept as well.
     top_k: integer(ge=0) | None = None
     repetition_penalty: float | None = Field(None, ge=SMALLEST_DIVISOR, le=LARGEST_FACTOR)
@@ -164,6 +167,13 @@ class ChatRequest(BaseModel):
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk (and every chunk carries "usage": null)."""
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def logprob_count(self) -> int | None:
+        """None without logprobs; else how many of the most likely tokens each token's entry lists (top_logprobs,
+        default 0). An APIError (400) for top_logprobs without "logprobs": true, as OpenAI answers."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, 'top_logprobs: needs "logprobs": true', param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def stop_strings(self) -> list[str]:
         """`stop` as a list (a string is one stop string)."""
@@ -264,23 +274,40 @@ def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def token_logprob_body(data: bytes, logprob: float, top: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One token's logprob entry: its text (its bytes decoded, a part of a character as U+FFFD, as OpenAI writes
+    it), its log-probability, its exact bytes, and (`top`, for a generated token) the most likely tokens'
+    entries."""
+    body = {"token": data.decode("utf-8", errors="replace"), "logprob": max(logprob, MIN_LOGPROB),
+            "bytes": list(data)}
+    if top is not None:
+        body["top_logprobs"] = top
+    return body
+
+
+def logprobs_body(content: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """A choice's "logprobs": the entries of its tokens, or None (not asked for, or none in this chunk)."""
+    return None if content is None else {"content": content, "refusal": None}
+
+
 def completion_body(completion: CompletionId, message: dict[str, Any], finish_reason: str | None,
-                    token_usage: dict[str, int]) -> dict[str, Any]:
+                    token_usage: dict[str, int], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """A whole completion ("chat.completion"); `message` is what the assistant's message holds besides its role
-    (content, and reasoning_content and tool_calls when there are any)."""
+    (content, and reasoning_content and tool_calls when there are any); `logprobs`: logprobs_body's."""
     return {"id": completion.id, "object": "chat.completion", "created": completion.created,
             "model": completion.model,
             "choices": [{"index": 0, "message": {"role": "assistant", **message},
-                         "finish_reason": finish_reason, "logprobs": None}],
+                         "finish_reason": finish_reason, "logprobs": logprobs}],
             "usage": token_usage}
 
 
 def chunk_body(completion: CompletionId, delta: dict[str, Any], finish_reason: str | None = None,
-               include_usage: bool = False) -> dict[str, Any]:
-    """One chunk of a streamed completion ("chat.completion.chunk"): `delta` is what the message gains."""
+               include_usage: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One chunk of a streamed completion ("chat.completion.chunk"): `delta` is what the message gains, `logprobs`
+    the entries this chunk carries (logprobs_body's)."""
     body = {"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
             "model": completion.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
     if include_usage:
         body["usage"] = None
     return body

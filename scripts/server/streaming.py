@@ -27,21 +27,33 @@ def _chunk_event(body: dict[str, Any]) -> str:
 
 async def completion_events(completion: Completion, completion_id: CompletionId,
                             include_usage: bool) -> AsyncIterator[str]:
-    """The events of one completion; leaving early (the client went away) gives its slot back."""
+    """The events of one completion; leaving early (the client went away) gives its slot back. With logprobs, a
+    chunk carries the entries of the tokens generated since the chunk before it that carried any: joined, they are
+    the whole completion's, in order; text the stream holds back (a possible stop string, a character or a call not
+    yet complete) arrives after its tokens' entries, and the closing token's entry comes with the last chunks."""
+    sent = 0  # the tokens whose logprobs entries have been sent
+
+    def chunk(delta: dict[str, Any], generated: int, finish_reason: str | None = None) -> str:
+        nonlocal sent
+        logprobs = completion.logprobs(sent, generated)
+        sent = max(sent, generated)
+        return _chunk_event(chunk_body(completion_id, delta, finish_reason, include_usage, logprobs))
+
     try:
         yield _chunk_event(chunk_body(completion_id, {"role": "assistant", "content": ""}, None, include_usage))
         deltas = DeltaStream(completion.reader) if completion.reader is not None else None
         async for piece, generated in completion.pieces():
             for delta in deltas.deltas(completion.generation.token_ids[:generated]) if deltas else [{"content": piece}]:
-                yield _chunk_event(chunk_body(completion_id, delta, None, include_usage))
+                yield chunk(delta, generated)
         try:
             completion.check_finished()
         except APIError as error:  # the status line is sent already: the error goes in the stream
             yield _event(json.dumps(error.body()))
             return
+        generated = len(completion.generation.token_ids)
         for delta in deltas.deltas(completion.generation.token_ids, final=True) if deltas else []:
-            yield _chunk_event(chunk_body(completion_id, delta, None, include_usage))
-        yield _chunk_event(chunk_body(completion_id, {}, completion.finish_reason(), include_usage))
+            yield chunk(delta, generated)
+        yield chunk({}, generated, completion.finish_reason())
         if include_usage:
             yield _chunk_event(usage_chunk_body(completion_id, completion.usage()))
         yield _event("[DONE]")

@@ -178,7 +178,8 @@ BAD_REQUESTS = [
     ("prompt longer than the context", {"messages": user(TOO_LONG)}, "the model's context is 128 tokens"),
     ("n above one", {"messages": user("x"), "n": 2}, "n"),
     ("five stop strings", {"messages": user("x"), "stop": list("abcde")}, "stop"),
-    ("logprobs", {"messages": user("x"), "logprobs": True}, "logprobs are not supported"),
+    ("top_logprobs without logprobs", {"messages": user("x"), "top_logprobs": 2}, 'needs "logprobs": true'),
+    ("top_logprobs above 20", {"messages": user("x"), "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
 ]
 
 

@@ -89,6 +89,7 @@ FIELD_VALUES = {  # one strategy per field of the request model
     "frequency_penalty": field(st.floats(-2, 2) | st.none(), float_edges),
     "n": field(st.sampled_from([1, 1.0, None]), integer_edges),
     "logprobs": field(st.booleans()),
+    "top_logprobs": field(st.integers(0, 20), integer_edges),
     "top_k": field(st.integers(0, 100), integer_edges),
     "repetition_penalty": field(st.floats(0, 3), float_edges),
     "tools": field(st.lists(tool(), max_size=2)),

@@ -172,6 +172,8 @@ ACCEPTED = {
                                                 {"role": "user", "content": "Again"}]),
     "tool_choice none, named": dict(tools=[WIKI], tool_choice="none"),
     "response_format text": dict(response_format={"type": "text"}),
+    "logprobs, top_logprobs 2.0": dict(logprobs=True, top_logprobs=2.0),
+    "top_logprobs null": dict(logprobs=False, top_logprobs=None),
     "100 levels, the strict reader's bound": dict(extra=functools.reduce(lambda inner, _: [inner], range(98), [])),
 }
 
@@ -220,7 +222,7 @@ def test_the_openapi_document_describes_the_chat_request(server) -> None:
     fields = {"model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stream",
               "stream_options", "seed", "stop", "presence_penalty", "frequency_penalty", "n", "logprobs", "top_k",
               "repetition_penalty", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-              "response_format"}
+              "response_format", "top_logprobs"}
     assert set(request["properties"]) == fields and request["required"] == ["messages"]
     assert {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1} in request["properties"]["seed"]["anyOf"]
     message = schemas[request["properties"]["messages"]["items"]["$ref"].rsplit("/", 1)[1]]

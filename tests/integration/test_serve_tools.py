@@ -319,3 +319,20 @@ def test_a_request_s_tools_are_parsed_once(server, client, monkeypatch) -> None:
     response = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, **GREEDY)
     assert response.choices[0].message.tool_calls[0].function.name == "wiki"
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(("request_fields", "parts"), [
+    (CASES["call"], ["<tool_call>", '"name": "wiki"', '"title": "Paris"', "</tool_call>"]),
+    (CASES["thinking"], [THOUGHT, "</think>", "Done."])], ids=["call", "thinking"])
+def test_logprobs_cover_every_generated_token_of_a_call_or_a_thought(client, request_fields, parts) -> None:
+    """The logprobs' entries are every generated token in order -- a call's control tokens and JSON, a thought and
+    its tags, the closing <|im_end|> -- whether the reply reads as content, reasoning or a call; streamed alike."""
+    fields = dict(model="m", **request_fields, **GREEDY, logprobs=True)
+    response = client.chat.completions.create(**fields)
+    content = response.choices[0].logprobs.content
+    assert len(content) == response.usage.completion_tokens
+    text = b"".join(bytes(entry.bytes) for entry in content).decode()
+    assert text.endswith("<|im_end|>") and all(part in text for part in parts), text
+    assert [text.index(part) for part in parts] == sorted(text.index(part) for part in parts)
+    chunks = [c for c in client.chat.completions.create(stream=True, **fields) if c.choices and c.choices[0].logprobs]
+    assert [entry for chunk in chunks for entry in chunk.choices[0].logprobs.content] == content

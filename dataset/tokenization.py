@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "model"
+_BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE's alphabet, read back
 
 
 def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerBase:
@@ -45,3 +48,17 @@ def token_starts(tokenizer: PreTrainedTokenizerBase, text: str) -> list[tuple[in
     """Each token of `text` (no special tokens) with the offset of its first character in `text`."""
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     return [(token, start) for token, (start, _) in zip(encoding["input_ids"], encoding["offset_mapping"])]
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> list[bytes]:
+    """Each token's own bytes: a byte-level BPE token's bytes, which may be part of a character only (the first byte
+    of a 3-byte Chinese character), and an added token's text (<|im_end|>) in UTF-8. A token that is not written in
+    the byte-level alphabet (another kind of tokenizer) is the UTF-8 of its decoded text."""
+    added = tokenizer.added_tokens_decoder
+    out = []
+    for token_id, piece in zip(token_ids, tokenizer.convert_ids_to_tokens(list(token_ids))):
+        if token_id in added or piece is None or not all(char in _BYTE_OF_CHAR for char in piece):
+            out.append(tokenizer.decode([token_id]).encode("utf-8"))
+        else:
+            out.append(bytes(_BYTE_OF_CHAR[char] for char in piece))
+    return out

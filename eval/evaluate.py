@@ -145,13 +145,10 @@ def answer_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
     U+FFFD: a byte-level model can emit any byte token, and a small one often emits bytes that form no character
     (the start of a 3-byte Chinese character followed by another one's start, a lone continuation byte). Special
     tokens are left out, as decode(skip_special_tokens=True) leaves them out."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from dataset.tokenization import token_bytes
 
-    byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
     special = set(tokenizer.all_special_ids)
-    data = bytearray()
-    for token in tokenizer.convert_ids_to_tokens([i for i in token_ids if i not in special]):
-        data.extend(byte_of_char[char] for char in token)
+    data = b"".join(token_bytes(tokenizer, [i for i in token_ids if i not in special]))
     return data.decode("utf-8", errors="backslashreplace")
 
 

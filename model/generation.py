@@ -17,8 +17,7 @@ model's raw distribution at that step (log_softmax of the logits, before tempera
 what the model says, not what the sampler made of it) and that many of the most likely tokens; a step computes them
 for the rows that ask only. One request's failure (a seed torch's generator rejects, sampling scores that turn NaN
 or infinite) ends that request alone, with finish reason "error". Text is produced by `TextStream`: incremental
-detokenization that never cuts a multi-byte character and holds back text that could still become a stop string;
-`token_bytes` gives each token's own bytes.
+detokenization that never cuts a multi-byte character and holds back text that could still become a stop string.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.generation.logits_process import (LogitsProcessor, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
@@ -47,7 +45,6 @@ FINISH_ERROR = "error"
 # settings or logits. Only that request ends; the message names no internals, so a server may show it.
 NON_FINITE_SCORES = "the sampling scores became NaN or infinite (numerically extreme sampling settings or logits)"
 DECODE_MODES = ("forward", "static", "compiled")  # GenerationEngine(decode=...): see the module's docstring
-_BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE's alphabet, read back
 
 
 class SamplingError(ValueError):
@@ -88,20 +85,6 @@ class GenerationSettings:
             if self.top_p < 1.0:
                 processors.append(TopPLogitsWarper(self.top_p))
         return processors
-
-
-def token_bytes(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> list[bytes]:
-    """Each token's own bytes: a byte-level BPE token's bytes, which may be part of a character only (the first byte
-    of a 3-byte Chinese character), and an added token's text (<|im_end|>) in UTF-8. A token that is not written in
-    the byte-level alphabet (another kind of tokenizer) is the UTF-8 of its decoded text."""
-    added = tokenizer.added_tokens_decoder
-    out = []
-    for token_id, piece in zip(token_ids, tokenizer.convert_ids_to_tokens(list(token_ids))):
-        if token_id in added or piece is None or not all(char in _BYTE_OF_CHAR for char in piece):
-            out.append(tokenizer.decode([token_id]).encode("utf-8"))
-        else:
-            out.append(bytes(_BYTE_OF_CHAR[char] for char in piece))
-    return out
 
 
 class TextStream:

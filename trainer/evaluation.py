@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from dataset import tokenization
 from model.model import causal_lm_loss, shift_labels
 from trainer.run_dir import VAL_METRICS
 
@@ -38,12 +38,10 @@ class LMEval:
 
 def token_byte_lengths(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
     """UTF-8 byte length of every token id of a byte-level BPE tokenizer; special tokens count 0."""
-    byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
     special = set(tokenizer.all_special_ids)
+    ids = [index for index in range(len(tokenizer)) if index not in special]
     lengths = torch.zeros(len(tokenizer), dtype=torch.long)
-    for token, index in tokenizer.get_vocab().items():
-        if index not in special:
-            lengths[index] = sum(1 for char in token if char in byte_of_char) if token else 0
+    lengths[ids] = torch.tensor([len(piece) for piece in tokenization.token_bytes(tokenizer, ids)], dtype=torch.long)
     return lengths
 
 

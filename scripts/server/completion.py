@@ -10,7 +10,8 @@ from typing import Any
 
 from dataset.chat_format import encode_chatml, tool_call_span
 from model.chat_session import encode_prompt
-from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings, token_bytes
+from dataset.tokenization import token_bytes
+from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings
 from scripts.server.errors import APIError
 from scripts.server.protocol import ChatRequest, logprobs_body, token_logprob_body, usage_body
 from scripts.server.replies import ReplyReader, forced_call_prefix

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.generation import GenerationEngine, GenerationSettings, _StepLogprobs, token_bytes
+from dataset.tokenization import token_bytes
+from model.generation import GenerationEngine, GenerationSettings, _StepLogprobs
 from tests.unit.test_generation import NEVER, PROMPTS, plain_ids, run_until_done
 
 TOLERANCE = 1e-4  # float32 logits through a KV cache against a float64 forward without one

@@ -30,7 +30,7 @@ import datasets
 import pyarrow as pa
 from datasets import Features, List, Value
 
-from dataset.atomic_io import atomic_path, atomic_write_text, make_dirs, not_utf8
+from dataset.atomic_io import atomic_path, atomic_write_text, make_dirs
 from dataset.chat_format import normalize_messages
 from dataset.json_text import JsonTextError, check_text, read_json
 
@@ -72,9 +72,7 @@ def parse_line(raw: bytes, surrogates: bool = False) -> object:
     checked in the kept strings only (``_string``, naming the field) unless ``surrogates`` asks for every string.
     Anything else is a BadLine."""
     try:
-        return read_json(raw.decode("utf-8"), surrogates=surrogates)
-    except UnicodeDecodeError as e:
-        raise BadLine(not_utf8(e)) from None
+        return read_json(raw, surrogates=surrogates)
     except JsonTextError as e:
         raise BadLine(str(e)) from None
 

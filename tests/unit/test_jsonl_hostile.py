@@ -52,6 +52,9 @@ HOSTILE = {
         "preference": json.dumps(GOOD["preference"])[:-1] + ', "chosen": []}',
     }[kind], "duplicate key"),
     "duplicate key in an ignored field": (lambda kind: _with_extra(kind, '{"a": 1, "a": 2}'), 'duplicate key "a"'),
+    # Not JSON, though Python's json reads them.
+    "NaN in an ignored field": (lambda kind: _with_extra(kind, "NaN"), "NaN is not a JSON number"),
+    "a number beyond float64": (lambda kind: _with_extra(kind, "-1e999"), "beyond the range of a 64-bit float"),
 }
 
 

@@ -43,7 +43,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
 if __package__ in (None, ""):  # run as a script, from the repo root or from scripts/
@@ -438,6 +438,181 @@ def _load_state(sweep_dir: Path, name: str, config: dict[str, Any], flag: str = 
     return state
 
 
+def _restore_records(sweep_dir: Path, records_dir: Path, name: str, config: dict[str, Any]) -> None:
+    """Bring the done trials of the records folder back into the sweep folder (trainer/sweep_dir.py)."""
+    # another sweep in either folder: refused before anything is copied, not mixed
+    _load_state(sweep_dir, name, config)
+    _load_state(records_dir, name, config, "--records_dir")
+    restored = restore_records(records_dir, sweep_dir)
+    print(f"{len(restored)} done trials brought back from {records_dir}", flush=True)
+
+
+class _Attempt(NamedTuple):
+    """A trial this run started: its entry in the state, its number as printed, and when it started."""
+    trial: dict[str, Any]
+    index: int
+    started: float
+
+
+class SweepRunner:
+    """One run of a sweep over its folder, which the caller holds (sweep_dir_lock) unless it is a dry run.
+
+    Holds the state (read back, and reconciled with the results file), the wandb mode and environment the trials
+    run with, the `--only` filter and the trials this run attempted. Only the main thread calls its methods, so the
+    state and the results have one writer; worker threads only wait on the trials' subprocesses (run_trial)."""
+
+    def __init__(self, config: dict[str, Any], name: str, sweep_dir: Path, records_dir: Path | None,
+                 wandb_mode: str | None, picked: dict[str, list[Any]], seed: int, workers: int,
+                 dry_run: bool) -> None:
+        self.config, self.name, self.sweep_dir, self.records_dir = config, name, sweep_dir, records_dir
+        self.picked, self.seed, self.workers, self.dry_run = picked, seed, workers, dry_run
+        self.state = _load_state(sweep_dir, name, config)
+        done = done_records(sweep_dir)
+        for trial in self.state["trials"]:  # the results file is the record; the state may lag a kill behind it
+            if (result := done.get(trial["trial_id"])) is not None:
+                trial["status"], trial["metric"] = result["status"], result.get("metric")
+        self.metric = (config.get("metric") or {}).get("name")
+        self.mode = wandb_mode or default_wandb_mode()
+        self.env = dict(os.environ, WANDB_MODE=self.mode, WANDB_SILENT="true", PYTHONUNBUFFERED="1")
+        self.env.setdefault("WANDB_DIR", str(sweep_dir))
+        self.swept = swept_names(config)
+        self.attempted: set[str] = set()  # a trial that fails now is retried on the next start, not in a loop now
+
+    def announce(self) -> None:
+        """The sweep's first line: its name, method, folder, wandb mode and how many trials are already done."""
+        done = sum(t["status"] in DONE_STATUSES for t in self.state["trials"])
+        print(f"sweep {self.name!r} ({self.config['method']}) in {self.sweep_dir}; wandb {self.mode}; "
+              f"{done} trials already done" + (f"; {self.workers} at a time" if self.workers > 1 else ""), flush=True)
+
+    def selected(self, params: dict[str, Any]) -> bool:
+        """Whether a trial's parameters pass the `--only` filter."""
+        return all(params.get(key) in values for key, values in self.picked.items())
+
+    def save(self) -> None:
+        """Write the state file (atomically); a dry run writes nothing."""
+        if not self.dry_run:
+            write_state(self.sweep_dir, self.state)
+
+    def next_trial(self) -> dict[str, Any] | None:
+        """The first trial not done (nor started by this run), else a new proposal; trials in flight count as
+        running for the engine, so it never proposes one twice."""
+        pending = next((t for t in self.state["trials"] if t["status"] not in DONE_STATUSES
+                        and t["trial_id"] not in self.attempted and self.selected(t["params"])), None)
+        while pending is None:  # with --only, proposals it leaves out stay in the state, pending, for later
+            params = propose_next(self.config, self.state["trials"], self.seed)
+            if params is None:
+                return None
+            proposal = {"trial_id": trial_id(params, self.swept), "params": params, "status": "pending",
+                        "metric": None}
+            self.state["trials"].append(proposal)
+            self.save()
+            if self.selected(params):
+                pending = proposal
+        return pending
+
+    def list_trials(self, max_trials: int | None) -> list[dict[str, Any]]:
+        """The dry run: print the trials a real run would run now, run and write nothing; returns the trials."""
+        # done in the records folder: a real run would bring these back, not run them
+        restorable = set(done_records(self.records_dir)) if self.records_dir is not None else set()
+        listed = 0
+        while (max_trials is None or listed < max_trials) and (pending := self.next_trial()) is not None:
+            pending["status"] = "finished"  # only to move on to the next proposal; nothing is saved
+            self.attempted.add(pending["trial_id"])
+            if pending["trial_id"] not in restorable:
+                listed += 1
+                print(f"[dry run] {pending['trial_id']}: {({k: pending['params'][k] for k in self.swept})}")
+        restorable_note = f", {len(restorable)} done in {self.records_dir}" if restorable else ""
+        print(f"[dry run] {listed} trials to run{restorable_note}; nothing was run or written")
+        return self.state["trials"]
+
+    def run_trials(self, max_trials: int | None, stop_on_failure: bool) -> list[dict[str, Any]]:
+        """Run the trials, `workers` at a time, until none is left (or max_trials ran, or one failed and
+        stop_on_failure); returns the trials of the state with their statuses."""
+        if self.records_dir is not None:  # done trials from before the records folder existed
+            save_records(self.sweep_dir, self.records_dir)
+        ran, failed = 0, False
+        in_flight: dict[Future, _Attempt] = {}
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            while True:
+                while (len(in_flight) < self.workers and not (failed and stop_on_failure)
+                       and (max_trials is None or ran + len(in_flight) < max_trials)):
+                    pending = self.next_trial()
+                    if pending is None:
+                        break
+                    begun = self.start(pending, pool)
+                    if begun is None:  # failed before it could start (recorded)
+                        ran, failed = ran + 1, True
+                        continue
+                    attempt, future = begun
+                    in_flight[future] = attempt
+                if not in_flight:
+                    break
+                for future in wait(in_flight, return_when=FIRST_COMPLETED).done:
+                    attempt = in_flight.pop(future)
+                    outcome = future.result()
+                    self.record(attempt, outcome)
+                    ran += 1
+                    failed = failed or outcome.status == "failed"
+        if failed and stop_on_failure:
+            raise SystemExit(1)
+        counts = {s: sum(t["status"] == s for t in self.state["trials"]) for s in ("finished", "diverged", "failed")}
+        print(f"sweep {self.name!r}: {len(self.state['trials'])} trials proposed; {counts}; "
+              f"results in {self.sweep_dir / RESULTS_FILE}")
+        return self.state["trials"]
+
+    def start(self, pending: dict[str, Any], pool: ThreadPoolExecutor) -> tuple[_Attempt, Future] | None:
+        """Mark a trial running (saved), make its directory and hand its subprocess to a worker; None when it
+        failed before it could start (recorded as failed)."""
+        pending["status"] = "running"
+        self.attempted.add(pending["trial_id"])
+        self.save()
+        trial_dir = self.sweep_dir / trial_dir_name(pending["trial_id"])
+        # A rerun trial continues from its checkpoints; one cut off without any starts anew in its directory.
+        extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={self.name}",
+                 "--resume=auto", "--overwrite"]
+        if "project" in self.config:
+            extra.append(f"--wandb_project={self.config['project']}")
+        if self.mode == "disabled":
+            extra.append("--use_wandb=false")
+        index = self.state["trials"].index(pending) + 1
+        print(f"[{index}] {pending['trial_id']} ...", end=" " if self.workers == 1 else " started\n", flush=True)
+        try:
+            make_dirs(trial_dir)  # here, not in the worker thread: a file in the way is one line, not a traceback
+        except ValueError as error:
+            self.record(_Attempt(pending, index, time.time()), TrialOutcome("failed", EXIT_ERROR, {}, str(error)))
+            return None
+        started = time.time()
+        future = pool.submit(run_trial, build_command(self.config, pending["params"], extra), trial_dir, self.env)
+        return _Attempt(pending, index, started), future
+
+    def record(self, attempt: _Attempt, outcome: TrialOutcome) -> None:
+        """A trial's outcome: appended to the results file, then the state saved (and the trial's records)."""
+        trial = attempt.trial
+        value = metric_value(outcome.summary, self.metric) if outcome.status == "finished" else None
+        result = {"trial_id": trial["trial_id"], "params": trial["params"], "status": outcome.status,
+                  "returncode": outcome.returncode, "metric_name": self.metric, "metric": value,
+                  **{key: outcome.summary.get(key, {} if key == "final_val" else None) for key in RESULT_SUMMARY_KEYS},
+                  "wall_time_s": round(time.time() - attempt.started, 2),
+                  "trial_dir": trial_dir_name(trial["trial_id"]), "wandb_mode": self.mode, "error": outcome.error,
+                  "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        append_result(self.sweep_dir, result)
+        trial["status"], trial["metric"] = outcome.status, value
+        self.save()
+        if self.records_dir is not None:
+            save_records(self.sweep_dir, self.records_dir, [trial["trial_id"]])
+        self.print_outcome(attempt, outcome, value, result["wall_time_s"])
+
+    def print_outcome(self, attempt: _Attempt, outcome: TrialOutcome, value: float | None, wall_time_s: float) -> None:
+        """A recorded trial's line (and, when it failed, its error or log tail on stderr)."""
+        shown = f"{self.metric}={value:.4f}" if value is not None else outcome.status
+        prefix = "" if self.workers == 1 else f"[{attempt.index}] {attempt.trial['trial_id']} "
+        print(f"{prefix}{outcome.status} ({shown}, {wall_time_s:.0f} s)", flush=True)
+        if outcome.status == "failed" and "\n" not in outcome.error.strip():
+            print(f"  trial failed (exit {outcome.returncode}): {outcome.error.strip()}", file=sys.stderr)
+        elif outcome.status == "failed":
+            print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
+
+
 def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wandb_mode: str | None = None,
               max_trials: int | None = None, seed: int = 0, stop_on_failure: bool = False,
               dry_run: bool = False, workers: int = 1, records_dir: str | Path | None = None,
@@ -447,149 +622,27 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     one runner at a time uses a sweep folder (a second one is refused).
     ``records_dir``: restore done trials from it first, save every trial into it (trainer/sweep_dir.py);
     ``only``: `NAME=VALUE[,VALUE]` filters, the trials run now (the rest stay proposed)."""
-    with ExitStack() as held:
-        if workers < 1:
-            raise SweepConfigError(f"--workers must be at least 1, got {workers}")
-        config = load_sweep_config(config_path)
-        name = sweep_name(config, config_path)
-        picked = parse_only(config, only or [])
-        sweep_dir = resolve_path(sweep_dir) if sweep_dir else default_sweep_dir(name)
-        records_dir = resolve_path(records_dir) if records_dir else None
-        if records_dir is not None and path_overlap(records_dir, sweep_dir) == "is":
-            raise SweepConfigError(f"--records_dir must differ from the sweep folder {sweep_dir}")
+    if workers < 1:
+        raise SweepConfigError(f"--workers must be at least 1, got {workers}")
+    config = load_sweep_config(config_path)
+    name = sweep_name(config, config_path)
+    picked = parse_only(config, only or [])
+    sweep_dir = resolve_path(sweep_dir) if sweep_dir else default_sweep_dir(name)
+    records_dir = resolve_path(records_dir) if records_dir else None
+    if records_dir is not None and path_overlap(records_dir, sweep_dir) == "is":
+        raise SweepConfigError(f"--records_dir must differ from the sweep folder {sweep_dir}")
+    with ExitStack() as held:  # the sweep folder's lock (none for a dry run), released on every way out
         if not dry_run:
             for folder in (sweep_dir / TRIALS_DIR, *([] if records_dir is None else [records_dir])):
                 make_dirs(folder)  # a file in the way: one line naming it
             held.enter_context(sweep_dir_lock(sweep_dir))
             if records_dir is not None:
-                # another sweep in either folder: refused before anything is copied, not mixed
-                _load_state(sweep_dir, name, config)
-                _load_state(records_dir, name, config, "--records_dir")
-                restored = restore_records(records_dir, sweep_dir)
-                print(f"{len(restored)} done trials brought back from {records_dir}", flush=True)
-        state = _load_state(sweep_dir, name, config)
-
-        def selected(params: dict[str, Any]) -> bool:
-            return all(params.get(key) in values for key, values in picked.items())
-        done = done_records(sweep_dir)
-        metric = (config.get("metric") or {}).get("name")
-        for trial in state["trials"]:  # the results file is the record; the state may lag a kill behind it
-            if (result := done.get(trial["trial_id"])) is not None:
-                trial["status"], trial["metric"] = result["status"], result.get("metric")
-        mode = wandb_mode or default_wandb_mode()
-        env = dict(os.environ, WANDB_MODE=mode, WANDB_SILENT="true", PYTHONUNBUFFERED="1")
-        env.setdefault("WANDB_DIR", str(sweep_dir))
-        swept = swept_names(config)
-        save = (lambda: None) if dry_run else (lambda: write_state(sweep_dir, state))
-        attempted: set[str] = set()  # a trial that fails now is retried on the next start, not in a loop now
-        print(f"sweep {name!r} ({config['method']}) in {sweep_dir}; wandb {mode}; "
-              f"{sum(t['status'] in DONE_STATUSES for t in state['trials'])} trials already done"
-              + (f"; {workers} at a time" if workers > 1 else ""), flush=True)
-
-        def next_trial() -> dict[str, Any] | None:
-            """The first trial not done (nor started by this run), else a new proposal; trials in flight count as
-            running for the engine, so it never proposes one twice."""
-            pending = next((t for t in state["trials"] if t["status"] not in DONE_STATUSES
-                            and t["trial_id"] not in attempted and selected(t["params"])), None)
-            while pending is None:  # with --only, proposals it leaves out stay in the state, pending, for later
-                params = propose_next(config, state["trials"], seed)
-                if params is None:
-                    return None
-                proposal = {"trial_id": trial_id(params, swept), "params": params, "status": "pending", "metric": None}
-                state["trials"].append(proposal)
-                save()
-                if selected(params):
-                    pending = proposal
-            return pending
-
+                _restore_records(sweep_dir, records_dir, name, config)
+        runner = SweepRunner(config, name, sweep_dir, records_dir, wandb_mode, picked, seed, workers, dry_run)
+        runner.announce()
         if dry_run:
-            # done in the records folder: a real run would bring these back, not run them
-            restorable = set(done_records(records_dir)) if records_dir is not None else set()
-            listed = 0
-            while (max_trials is None or listed < max_trials) and (pending := next_trial()) is not None:
-                pending["status"] = "finished"  # only to move on to the next proposal; nothing is saved
-                attempted.add(pending["trial_id"])
-                if pending["trial_id"] not in restorable:
-                    listed += 1
-                    print(f"[dry run] {pending['trial_id']}: {({k: pending['params'][k] for k in swept})}")
-            restorable_note = f", {len(restorable)} done in {records_dir}" if restorable else ""
-            print(f"[dry run] {listed} trials to run{restorable_note}; nothing was run or written")
-            return state["trials"]
-
-        def start(pending: dict[str, Any]) -> tuple[dict[str, Any], int, float, Future] | None:
-            pending["status"] = "running"
-            attempted.add(pending["trial_id"])
-            save()
-            trial_dir = sweep_dir / trial_dir_name(pending["trial_id"])
-            # A rerun trial continues from its checkpoints; one cut off without any starts anew in its directory.
-            extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={name}",
-                     "--resume=auto", "--overwrite"]
-            if "project" in config:
-                extra.append(f"--wandb_project={config['project']}")
-            if mode == "disabled":
-                extra.append("--use_wandb=false")
-            index = state["trials"].index(pending) + 1
-            print(f"[{index}] {pending['trial_id']} ...", end=" " if workers == 1 else " started\n", flush=True)
-            try:
-                make_dirs(trial_dir)  # here, not in the worker thread: a file in the way is one line, not a traceback
-            except ValueError as error:
-                record(pending, index, time.time(), TrialOutcome("failed", EXIT_ERROR, {}, str(error)))
-                return None
-            return pending, index, time.time(), pool.submit(run_trial, build_command(config, pending["params"], extra),
-                                                            trial_dir, env)
-
-        def record(pending: dict[str, Any], index: int, started: float, outcome: TrialOutcome) -> None:
-            value = metric_value(outcome.summary, metric) if outcome.status == "finished" else None
-            result = {"trial_id": pending["trial_id"], "params": pending["params"], "status": outcome.status,
-                      "returncode": outcome.returncode, "metric_name": metric, "metric": value,
-                      **{key: outcome.summary.get(key, {} if key == "final_val" else None)
-                         for key in RESULT_SUMMARY_KEYS},
-                      "wall_time_s": round(time.time() - started, 2), "trial_dir": trial_dir_name(pending["trial_id"]),
-                      "wandb_mode": mode, "error": outcome.error, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            append_result(sweep_dir, result)
-            pending["status"], pending["metric"] = outcome.status, value
-            save()
-            if records_dir is not None:
-                save_records(sweep_dir, records_dir, [pending["trial_id"]])
-            shown = f"{metric}={value:.4f}" if value is not None else outcome.status
-            prefix = "" if workers == 1 else f"[{index}] {pending['trial_id']} "
-            print(f"{prefix}{outcome.status} ({shown}, {result['wall_time_s']:.0f} s)", flush=True)
-            if outcome.status == "failed" and "\n" not in outcome.error.strip():
-                print(f"  trial failed (exit {outcome.returncode}): {outcome.error.strip()}", file=sys.stderr)
-            elif outcome.status == "failed":
-                print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
-
-        if records_dir is not None:  # done trials from before the records folder existed
-            save_records(sweep_dir, records_dir)
-        ran, failed = 0, False
-        in_flight: dict[Future, tuple[dict[str, Any], int, float]] = {}
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            while True:
-                while (len(in_flight) < workers and not (failed and stop_on_failure)
-                       and (max_trials is None or ran + len(in_flight) < max_trials)):
-                    pending = next_trial()
-                    if pending is None:
-                        break
-                    begun = start(pending)
-                    if begun is None:  # failed before it could start (recorded)
-                        ran, failed = ran + 1, True
-                        continue
-                    pending, index, started, future = begun
-                    in_flight[future] = (pending, index, started)
-                if not in_flight:
-                    break
-                for future in wait(in_flight, return_when=FIRST_COMPLETED).done:
-                    pending, index, started = in_flight.pop(future)
-                    outcome = future.result()
-                    record(pending, index, started, outcome)
-                    ran += 1
-                    failed = failed or outcome.status == "failed"
-        if failed and stop_on_failure:
-            raise SystemExit(1)
-        counts = {s: sum(t["status"] == s for t in state["trials"]) for s in ("finished", "diverged", "failed")}
-        print(f"sweep {name!r}: {len(state['trials'])} trials proposed; {counts}; "
-              f"results in {sweep_dir / RESULTS_FILE}")
-        return state["trials"]
+            return runner.list_trials(max_trials)
+        return runner.run_trials(max_trials, stop_on_failure)
 
 
 def main(argv: list[str] | None = None) -> int:

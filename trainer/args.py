@@ -378,7 +378,8 @@ class TrainArgs:
     # Model.
     preset: str = _flag("model", "cpu-default", f"named model shape: {_choices(PRESETS)} (model/config.py; "
                                                 f"fine-tuning takes the shape of --from_weight)")
-    model: dict[str, Any] = field(default_factory=dict)  # MiniNormConfig overrides given as flags or YAML
+    # MiniNormConfig overrides given as flags or YAML (not the task's defaults: requested_model_fields)
+    model: dict[str, Any] = field(default_factory=dict)
 
     def resolved_out_dir(self) -> Path:
         return resolve_path(self.out_dir or DEFAULT_OUT_DIRS[self.task])
@@ -767,7 +768,7 @@ def _parse(task: str, parser: argparse.ArgumentParser, argv: Sequence[str] | Non
         parser.set_defaults(**load_yaml_config(pre.config, task, parser))
     namespace = vars(parser.parse_args(argv))
     namespace.pop("config")
-    model = {**TASK_MODEL_DEFAULTS.get(task, {}), **_model_overrides(namespace)}
+    model = _model_overrides(namespace)
     for name in MODEL_FIELDS:
         namespace.pop(name)
     args = TrainArgs(task=task, model=model, **namespace)
@@ -787,9 +788,16 @@ def args_from_run_config(config: dict[str, Any]) -> TrainArgs:
                      model={k: v for k, v in config.items() if k in MODEL_FIELDS and v is not None})
 
 
+def requested_model_fields(args: TrainArgs) -> dict[str, Any]:
+    """The model fields a run asks for: its flags (`args.model`, what the user gave) over its task's defaults
+    (TASK_MODEL_DEFAULTS). Kept apart until the model is built, so that a resume can tell a flag the user gave from
+    a task's default, which the checkpoint's value overrides."""
+    return {**TASK_MODEL_DEFAULTS.get(args.task, {}), **args.model}
+
+
 def build_model_config(args: TrainArgs, vocab_size: int | None = None) -> MiniNormConfig:
     """The model config a fresh pretraining run uses: the preset, then the flag overrides."""
-    overrides = dict(args.model)
+    overrides = requested_model_fields(args)
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)
     return MiniNormConfig.from_preset(args.preset, **overrides)

@@ -35,8 +35,7 @@ from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
 from dataset.atomic_io import atomic_write_text, first_line, read_text_file
-from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TASK_MODEL_DEFAULTS, TrainArgs,
-                          uses_lora)
+from trainer.args import ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, uses_lora
 from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
                              clear_previous_run, previous_run, recorded_run_id, refuse_previous_run)
@@ -354,10 +353,9 @@ def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs)
     (a fine-tuning run's other fields come from --from_weight, checked by check_saved_architecture); one given with
     another value is refused in one line naming each such flag with its old and new value."""
     saved = state.get("config", {})
-    task_defaults = TASK_MODEL_DEFAULTS.get(args.task, {})
-    # A task's default (SFT's smeared keys) is no flag the user gave: the checkpoint's value wins over it.
-    given = {name: args.model[name] for name in ARCHITECTURE_FIELDS
-             if name in args.model and not (name in task_defaults and args.model[name] == task_defaults[name])}
+    # args.model holds the flags the user gave only: a task's default (SFT's smeared keys) is applied under them
+    # when the model is built (requested_model_fields), so the checkpoint's value wins over it.
+    given = {name: args.model[name] for name in ARCHITECTURE_FIELDS if name in args.model}
     changes = _changes(saved, given)
     if changes:
         raise _refuse_architecture(path, _was_and_is(changes))

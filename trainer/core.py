@@ -36,7 +36,7 @@ from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
-                          resolve_copy_rows, uses_lora)
+                          requested_model_fields, resolve_copy_rows, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.checkpoint import (adopt_saved_architecture, agree_on_start, check_resume_compatible,
                                 check_saved_architecture, clear_previous_files, load_checkpoint, probe_storage,
@@ -144,17 +144,18 @@ def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[
     source = _starting_weights(args)
     check_same_tokenizer(tokenizer, source, "--from_weight")
     addable = ADDABLE_MODEL_FIELDS.get(args.task, ())
-    fixed = sorted(set(args.model) - set(RUNTIME_MODEL_FIELDS) - set(addable))
+    requested = requested_model_fields(args)
+    fixed = sorted(set(requested) - set(RUNTIME_MODEL_FIELDS) - set(addable))
     if fixed:
         turned_on = "".join(f", and --{name} true" for name in addable)
         raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "
                          f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set{turned_on}")
     starting = MiniNormConfig.from_pretrained(source)
     for name in addable:
-        if name in args.model and getattr(starting, name) and not args.model[name]:
+        if name in requested and getattr(starting, name) and not requested[name]:
             raise ValueError(f"--{name} false: {source} was trained with it on; fine-tuning keeps it (leave the "
                              f"flag unset)")
-    added = [name for name in addable if args.model.get(name) and not getattr(starting, name)]
+    added = [name for name in addable if requested.get(name) and not getattr(starting, name)]
     # A switch turned on here starts its new weights as a fresh model's do (smeared keys: logit 0, each key half its
     # own, half the previous position's): missing from the checkpoint on purpose. Any other missing weight, or one
     # of another shape, is an error (transformers would start it at random).
@@ -162,9 +163,9 @@ def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[
     if added:
         with torch.device("meta"):
             before = set(MiniNormForCausalLM(starting).state_dict())
-            after = MiniNormForCausalLM(MiniNormConfig.from_pretrained(source, **args.model)).state_dict()
+            after = MiniNormForCausalLM(MiniNormConfig.from_pretrained(source, **requested)).state_dict()
         new_weights = set(after) - before
-    return load_input_model(source, "--from_weight", allowed_missing=new_weights, **args.model), added
+    return load_input_model(source, "--from_weight", allowed_missing=new_weights, **requested), added
 
 
 def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, Any]:
@@ -322,7 +323,7 @@ class Trainer:
             raise ValueError("PPO runs on one process or under DDP; FSDP/DeepSpeed sharding is not supported "
                              "for it (its policy and critic are exported apart)")
         from trainer.ppo import PolicyAndCritic, load_critic
-        return PolicyAndCritic(policy, load_critic(_starting_weights(self.args), **self.args.model))
+        return PolicyAndCritic(policy, load_critic(_starting_weights(self.args), **requested_model_fields(self.args)))
 
     def _objective(self) -> Objective:
         """What the run minimizes: language modeling, (DPO) the preference loss against a frozen copy of the
@@ -332,7 +333,7 @@ class Trainer:
         if self.args.task == "distill":
             from trainer.distillation import Distillation, load_teacher
             teacher = load_teacher(self.args.teacher, self.tokenizer, self.base_model.config.vocab_size,
-                                   **self.args.model)
+                                   **requested_model_fields(self.args))
             return Distillation(teacher.to(self.accelerator.device), self.args.alpha, self.args.temperature,
                                 self.accelerator.autocast)
         if self.args.task in ROLLOUT_TASKS:
@@ -347,7 +348,7 @@ class Trainer:
         if self.args.task != "dpo":
             return LanguageModeling(moe=moe)
         from trainer.dpo import DirectPreference
-        reference = load_input_model(_starting_weights(self.args), "--from_weight", **self.args.model)
+        reference = load_input_model(_starting_weights(self.args), "--from_weight", **requested_model_fields(self.args))
         return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast)
 
     def _rollout_objective(self) -> Objective:
@@ -370,7 +371,7 @@ class Trainer:
             from trainer.grpo import WithoutAdapters
             reference = WithoutAdapters(getattr(self.unwrapped, "policy", self.unwrapped))
         elif args.beta > 0:
-            reference = load_input_model(_starting_weights(args), "--from_weight", **args.model)
+            reference = load_input_model(_starting_weights(args), "--from_weight", **requested_model_fields(args))
             reference = reference.to(self.accelerator.device)
         common = (reference, args.seed, self.accelerator.process_index, self.accelerator.autocast, self.world)
         if args.task == "ppo":

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.args import parse_args
+from trainer.args import parse_args, requested_model_fields
 from trainer.checkpoint import check_resume_compatible
 
 CHECKPOINT = Path("/runs/x/checkpoints/step_00000002")
@@ -169,6 +169,25 @@ def test_a_resumed_sft_run_keeps_the_smeared_keys_it_was_started_with():
     args = parse_args("sft", [])
     adopt_saved_architecture(CHECKPOINT, {"config": {"smeared_keys": False, "hidden_size": 32}}, args)
     assert args.model["smeared_keys"] is False and "hidden_size" not in args.model  # fine-tuning: --from_weight's
+
+
+def test_an_sft_flag_the_user_gives_is_not_taken_for_the_tasks_default():
+    """`--smeared_keys true`, typed, on a run saved without them is a change the resume refuses (it was read as
+    SFT's own default and dropped in silence); the flag equal to the checkpoint's is no change."""
+    from trainer.checkpoint import adopt_saved_architecture
+
+    with pytest.raises(ValueError) as refused:
+        adopt_saved_architecture(CHECKPOINT, {"config": {"smeared_keys": False}},
+                                 parse_args("sft", ["--smeared_keys", "true"]))
+    assert "--smeared_keys was False there and is True now" in str(refused.value)
+    args = parse_args("sft", ["--smeared_keys", "true"])
+    adopt_saved_architecture(CHECKPOINT, {"config": {"smeared_keys": True}}, args)
+    assert requested_model_fields(args)["smeared_keys"] is True
+
+
+def test_sfts_default_is_applied_under_the_flags_not_recorded_as_one():
+    assert parse_args("sft", []).model == {}
+    assert parse_args("sft", ["--smeared_keys", "true"]).model == {"smeared_keys": True}
 
 
 def test_the_built_model_must_have_the_checkpoints_architecture():

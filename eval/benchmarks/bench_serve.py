@@ -6,10 +6,13 @@ sends the same bounded set of streamed chat requests (plain greedy: frequency pe
 so that the work stays what the earlier tables measured; a fixed max_tokens) from 1 and from 8 client threads. Per
 configuration: requests/s, p50/p95 latency of a whole request, p50 time to the first token, generated tokens/s
 (from the responses' usage counts) and the mean batch size the server decoded (from /health).
-Configurations are interleaved and repeated; the table shows medians over the repeats.
+Configurations are interleaved and repeated; the table shows medians over the repeats. `--logprobs N` adds the
+8-client, batched configuration with `"logprobs": true, "top_logprobs": N` in every request: what asking for
+log-probabilities costs, beside the same configuration without them.
 
     python eval/benchmarks/bench_serve.py                    # out/sft, else an untrained cpu-default model
     python eval/benchmarks/bench_serve.py --model_path out/sft --requests 32 --max_tokens 64 --repeats 3
+    python eval/benchmarks/bench_serve.py --logprobs 5   # + the batched configuration with top-5 logprobs
 
 An untrained model decodes as fast as a trained one of the same shape; it is used when no model directory exists
 (said in the output), and greedy decoding with a fixed max_tokens keeps the work the same in every configuration.
@@ -32,7 +35,7 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, int_within  # noqa: E402
 from trainer.distributed import free_port  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, REPO_ROOT, ModelNotFound, locate_model  # noqa: E402
@@ -40,7 +43,7 @@ from trainer.run_dir import CONFIG_FILE, REPO_ROOT, ModelNotFound, locate_model 
 PROMPTS = ("Hi! How are you?", "What is the capital of France?", "Tell me about the moon.", "你好，你是谁？",
            "Write a short poem about rivers.", "Why is the sky blue?", "Give me three tips for learning Python.",
            "What is a transformer?")
-CONFIGS = ((1, 8), (8, 1), (8, 8))  # (concurrent clients, server --max_batch)
+CONFIGS = ((1, 8, None), (8, 1, None), (8, 8, None))  # (concurrent clients, server --max_batch, top_logprobs)
 
 
 def untrained_default_model(root: Path) -> Path:
@@ -94,13 +97,18 @@ class Server:
         self.process.wait(timeout=30)
 
 
-def streamed_request(port: int, prompt: str, max_tokens: int) -> tuple[float, float, int]:
-    """(latency s, time to the first content s, completion tokens) of one streamed chat request."""
-    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "stream": True, "temperature": 0,
-                       "frequency_penalty": 0, "max_tokens": max_tokens, "stream_options": {"include_usage": True}})
+def streamed_request(port: int, prompt: str, max_tokens: int, top_logprobs: int | None = None
+                     ) -> tuple[float, float, int]:
+    """(latency s, time to the first content s, completion tokens) of one streamed chat request; `top_logprobs`:
+    ask for log-probabilities with that many of the most likely tokens (None: none)."""
+    request = {"messages": [{"role": "user", "content": prompt}], "stream": True, "temperature": 0,
+               "frequency_penalty": 0, "max_tokens": max_tokens, "stream_options": {"include_usage": True}}
+    if top_logprobs is not None:
+        request.update(logprobs=True, top_logprobs=top_logprobs)
+    body = json.dumps(request)
     started = time.perf_counter()
     first = None
-    tokens = 0
+    tokens = entries = 0
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     try:
         connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
@@ -115,13 +123,17 @@ def streamed_request(port: int, prompt: str, max_tokens: int) -> tuple[float, fl
                 first = time.perf_counter() - started
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
+            entries += sum(len((c.get("logprobs") or {}).get("content", [])) for c in chunk["choices"])
     finally:
         connection.close()
     latency = time.perf_counter() - started
+    if top_logprobs is not None and entries != tokens:  # the work measured must be the work asked for
+        raise RuntimeError(f"{entries} logprobs entries for {tokens} completion tokens")
     return latency, first if first is not None else latency, tokens
 
 
-def run_load(server: Server, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+def run_load(server: Server, clients: int, requests: int, max_tokens: int,
+             top_logprobs: int | None = None) -> dict[str, float]:
     """`requests` streamed requests spread over `clients` threads, each sending its share one after another."""
     results: list[tuple[float, float, int]] = []
     lock = threading.Lock()
@@ -130,7 +142,7 @@ def run_load(server: Server, clients: int, requests: int, max_tokens: int) -> di
     def client(index: int) -> None:
         try:
             for number in range(index, requests, clients):
-                result = streamed_request(server.port, PROMPTS[number % len(PROMPTS)], max_tokens)
+                result = streamed_request(server.port, PROMPTS[number % len(PROMPTS)], max_tokens, top_logprobs)
                 with lock:
                     results.append(result)
         except BaseException as error:  # reported after the run
@@ -167,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=32, help="requests per configuration and repeat")
     parser.add_argument("--max_tokens", type=int, default=64, help="tokens each request asks for (greedy)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every configuration")
+    parser.add_argument("--logprobs", type=int_within(0), default=None,
+                        help="also run 8 clients, --max_batch 8, asking for logprobs with this many top_logprobs "
+                             "(the server takes 0-20)")
     args = parser.parse_args(argv)
+    configs = CONFIGS + (((8, 8, args.logprobs),) if args.logprobs is not None else ())
 
     with tempfile.TemporaryDirectory() as scratch:
         try:
@@ -179,25 +195,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {model_path}" + (f" ({note})" if note else ""))
         print(f"machine: {machine_line()}; {args.requests} streamed requests "
               f"per run, greedy, max_tokens {args.max_tokens}; medians of {args.repeats} interleaved repeats")
-        servers = {batch: Server(model_path, batch) for batch in sorted({b for _, b in CONFIGS})}
+        servers = {batch: Server(model_path, batch) for batch in sorted({b for _, b, _ in configs})}
         try:
             for server in servers.values():  # warm up: first requests pay for lazy initialisation
                 run_load(server, 2, 4, args.max_tokens)
-            runs: dict[tuple[int, int], list[dict[str, float]]] = {config: [] for config in CONFIGS}
+            runs: dict[tuple[int, int, int | None], list[dict[str, float]]] = {config: [] for config in configs}
             for repeat in range(args.repeats):
-                for clients, batch in CONFIGS:
-                    runs[(clients, batch)].append(run_load(servers[batch], clients, args.requests, args.max_tokens))
-                    print(f"  repeat {repeat + 1}: {clients} clients, --max_batch {batch} done", file=sys.stderr)
+                for clients, batch, top in configs:
+                    runs[(clients, batch, top)].append(run_load(servers[batch], clients, args.requests,
+                                                                args.max_tokens, top))
+                    print(f"  repeat {repeat + 1}: {clients} clients, --max_batch {batch}, logprobs {top} done",
+                          file=sys.stderr)
         finally:
             for server in servers.values():
                 server.close()
 
-    header = ("| clients | --max_batch | requests/s | p50 latency (s) | p95 latency (s) | p50 first token (s) "
-              "| generated tokens/s | mean batch |")
-    print("\n" + header + "\n|" + "---|" * 8)
-    for clients, batch in CONFIGS:
-        med = {key: statistics.median(run[key] for run in runs[(clients, batch)]) for key in runs[(clients, batch)][0]}
-        print(f"| {clients} | {batch} | {med['requests_per_s']:.2f} | {med['p50_latency']:.3f} | "
+    header = ("| clients | --max_batch | top_logprobs | requests/s | p50 latency (s) | p95 latency (s) "
+              "| p50 first token (s) | generated tokens/s | mean batch |")
+    print("\n" + header + "\n|" + "---|" * 9)
+    for config in configs:
+        clients, batch, top = config
+        med = {key: statistics.median(run[key] for run in runs[config]) for key in runs[config][0]}
+        print(f"| {clients} | {batch} | {'-' if top is None else top} | {med['requests_per_s']:.2f} | "
+              f"{med['p50_latency']:.3f} | "
               f"{med['p95_latency']:.3f} | {med['p50_first_token']:.3f} | {med['tokens_per_s']:.0f} | "
               f"{med['mean_batch']:.2f} |")
     return 0

@@ -116,7 +116,7 @@ class StreamOptions(BaseModel):
 
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")  # "json_schema" carries its schema: never read
-    type: str  # OpenAI's "text", "json_object", "json_schema": ChatRequest takes "text" only
+    type: Literal["text", "json_object", "json_schema"]  # OpenAI's; ChatRequest takes "text" only
 
 
 class ChatRequest(BaseModel):

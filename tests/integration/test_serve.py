@@ -180,6 +180,8 @@ BAD_REQUESTS = [
     ("five stop strings", {"messages": user("x"), "stop": list("abcde")}, "stop"),
     ("top_logprobs without logprobs", {"messages": user("x"), "top_logprobs": 2}, 'needs "logprobs": true'),
     ("top_logprobs above 20", {"messages": user("x"), "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("response_format of no known type", {"messages": user("x"), "response_format": {"type": "xml"}},
+     "response_format.type: Input should be 'text', 'json_object' or 'json_schema'"),
 ]
 
 

@@ -45,7 +45,8 @@ class JsonTextError(ValueError):
         elif problem.startswith("is not valid JSON"):  # "invalid JSON (...)": what a bad jsonl line is known by
             reason = "in" + problem.removeprefix("is not ")
         else:
-            reason = _VERB.sub("", problem, count=1)
+            verb = _VERB.match(problem)
+            reason = problem[verb.end():] if verb else problem
         super().__init__(reason)
 
     def about(self, field: str) -> str:

@@ -14,9 +14,11 @@ from collections.abc import Callable
 from trainer.cli import float_within, int_within, zero_or_at_least
 
 # A temperature or repetition penalty below SMALLEST_DIVISOR (or a penalty above LARGEST_FACTOR) turns float32
-# logits into infinities and NaN. OpenAI's API takes presence and frequency penalties in OPENAI_PENALTY_RANGE.
+# logits into infinities and NaN. OpenAI's API takes presence and frequency penalties in OPENAI_PENALTY_RANGE, and
+# at most MAX_TOP_LOGPROBS most likely tokens per generated one.
 SMALLEST_DIVISOR, LARGEST_FACTOR = 1e-5, 1e5
 OPENAI_PENALTY_RANGE = (-2.0, 2.0)
+MAX_TOP_LOGPROBS = 20
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")  # GenerationSettings' names
 # Chat's frequency penalty (eval/chat.py's flag, the server's default): greedy and sampled answers of the chat model
 # loop until the token budget without it; 0.25 ends nearly all, the tool calls as good (docs/tools.md has the cost).

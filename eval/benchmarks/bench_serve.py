@@ -36,6 +36,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 from trainer.cli import ToolParser, int_within  # noqa: E402
+from trainer.inference_flags import MAX_TOP_LOGPROBS  # noqa: E402
 from trainer.distributed import free_port  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, REPO_ROOT, ModelNotFound, locate_model  # noqa: E402
@@ -179,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=32, help="requests per configuration and repeat")
     parser.add_argument("--max_tokens", type=int, default=64, help="tokens each request asks for (greedy)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every configuration")
-    parser.add_argument("--logprobs", type=int_within(0), default=None,
-                        help="also run 8 clients, --max_batch 8, asking for logprobs with this many top_logprobs "
-                             "(the server takes 0-20)")
+    parser.add_argument("--logprobs", type=int_within(0, MAX_TOP_LOGPROBS), default=None,
+                        help="also run 8 clients, --max_batch 8, asking for logprobs with this many top_logprobs")
     args = parser.parse_args(argv)
     configs = CONFIGS + (((8, 8, args.logprobs),) if args.logprobs is not None else ())
 
@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                 for clients, batch, top in configs:
                     runs[(clients, batch, top)].append(run_load(servers[batch], clients, args.requests,
                                                                 args.max_tokens, top))
-                    print(f"  repeat {repeat + 1}: {clients} clients, --max_batch {batch}, logprobs {top} done",
+                    asked = "" if top is None else f", top_logprobs {top}"
+                    print(f"  repeat {repeat + 1}: {clients} clients, --max_batch {batch}{asked} done",
                           file=sys.stderr)
         finally:
             for server in servers.values():

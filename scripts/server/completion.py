@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from dataset.chat_format import encode_chatml, tool_call_span
-from model.chat_session import encode_prompt
 from dataset.tokenization import token_bytes
+from model.chat_session import encode_prompt
 from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings
 from scripts.server.errors import APIError
 from scripts.server.protocol import ChatRequest, logprobs_body, token_logprob_body, usage_body
@@ -97,7 +97,6 @@ class Completion:
         self.prompt_tokens = len(ids)
         self.reader = reader  # None: plain continuation, the text is the reply
         self.tokenizer = served.tokenizer
-        self.wants_logprobs = settings.logprobs is not None
         self.generation = served.engine.submit(ids, settings, on_text=text, on_finish=lambda done: send("done", done))
         submitted.append(self.generation)
 
@@ -138,7 +137,7 @@ class Completion:
         """The choice's "logprobs" for generated tokens [start, end) (all by default): one entry per token, in
         order -- every generated token, a thought's, a call's and the closing <|im_end|> included; None when the
         request did not ask for them, or the range is empty."""
-        if not self.wants_logprobs:
+        if self.generation.settings.logprobs is None:
             return None
         ids = self.generation.token_ids[start:end]
         records = self.generation.logprobs[start:start + len(ids)]

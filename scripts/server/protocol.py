@@ -16,12 +16,11 @@ from pydantic_core import PydanticCustomError
 from dataset.chat_format import normalize_messages, parse_tools
 from dataset.json_text import read_json_field
 from scripts.server.errors import APIError, validation_error
-from trainer.inference_flags import LARGEST_FACTOR, OPENAI_PENALTY_RANGE, SMALLEST_DIVISOR
+from trainer.inference_flags import LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_PENALTY_RANGE, SMALLEST_DIVISOR
 
 # A seed beyond 64 bits is beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits
 # are the library's.
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
-MAX_TOP_LOGPROBS = 20  # OpenAI's
 MIN_LOGPROB = -9999.0  # OpenAI's and vLLM's floor for a token the model rules out: JSON has no -Infinity
 
 
@@ -153,6 +152,13 @@ class ChatRequest(BaseModel):
                                       {"smallest": SMALLEST_DIVISOR})
         return value
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_with_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):  # OpenAI's rule
+            raise PydanticCustomError("top_logprobs", 'needs "logprobs": true', {})
+        return value
+
     @field_validator("response_format")
     @classmethod
     def _free_text_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
@@ -170,9 +176,7 @@ class ChatRequest(BaseModel):
 
     def logprob_count(self) -> int | None:
         """None without logprobs; else how many of the most likely tokens each token's entry lists (top_logprobs,
-        default 0). An APIError (400) for top_logprobs without "logprobs": true, as OpenAI answers."""
-        if self.top_logprobs is not None and not self.logprobs:
-            raise APIError(400, 'top_logprobs: needs "logprobs": true', param="top_logprobs")
+        default 0)."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def stop_strings(self) -> list[str]:
@@ -233,7 +237,9 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     Infinity, no number beyond a 64-bit float, no key given twice, no lone surrogate; at most MAX_DEPTH levels),
     or an APIError (400) that names the problem: ``body has a duplicate key "messages"``."""
     try:
-        data = read_json_field(body, "body")
+        # A UTF-8 byte order mark before the JSON is ignored, as RFC 8259 allows and as Python's json.loads does
+        # for bytes; a jsonl line keeps refusing one (it is not JSON whitespace).
+        data = read_json_field(body.removeprefix(b"\xef\xbb\xbf"), "body")
     except ValueError as error:
         raise APIError(400, str(error)) from None
     if not isinstance(data, dict):
@@ -285,9 +291,9 @@ def token_logprob_body(data: bytes, logprob: float, top: list[dict[str, Any]] | 
     return body
 
 
-def logprobs_body(content: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    """A choice's "logprobs": the entries of its tokens, or None (not asked for, or none in this chunk)."""
-    return None if content is None else {"content": content, "refusal": None}
+def logprobs_body(content: list[dict[str, Any]]) -> dict[str, Any]:
+    """A choice's "logprobs": the entries of its tokens."""
+    return {"content": content, "refusal": None}
 
 
 def completion_body(completion: CompletionId, message: dict[str, Any], finish_reason: str | None,

@@ -36,7 +36,7 @@ async def completion_events(completion: Completion, completion_id: CompletionId,
     def chunk(delta: dict[str, Any], generated: int, finish_reason: str | None = None) -> str:
         nonlocal sent
         logprobs = completion.logprobs(sent, generated)
-        sent = max(sent, generated)
+        sent = generated
         return _chunk_event(chunk_body(completion_id, delta, finish_reason, include_usage, logprobs))
 
     try:

@@ -186,6 +186,13 @@ def test_what_openai_accepts_is_accepted(server, fields) -> None:
     assert body["choices"][0]["finish_reason"] in ("stop", "length") and body["usage"]["completion_tokens"] >= 1
 
 
+def test_a_byte_order_mark_before_the_body_is_ignored(server) -> None:
+    """RFC 8259 lets a parser ignore a UTF-8 BOM, and Python's json.loads of bytes does: some Windows clients send
+    one."""
+    response = post(server, b"\xef\xbb\xbf" + json.dumps({"messages": USER, "max_tokens": 2}).encode())
+    assert response.status_code == 200, response.text
+
+
 def test_internal_errors_carry_no_internal_text(served, server, monkeypatch) -> None:
     """An exception inside the server, before or during generation: a generic 500 (or stream error event); the
     exception's text stays in the server's log."""

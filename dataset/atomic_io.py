@@ -105,7 +105,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     error it is fsynced and ``os.replace``d onto ``path``, else removed. Readers (or a second rank writing the
     same file) see the old content or the new, never a half-written file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         try:  # mkstemp creates the file 0600; give it the mode a plain open() would, so others can read it

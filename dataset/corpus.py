@@ -319,6 +319,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--stats", action="store_true", help="print per-source counts (needs the tokenizer)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer dir for --stats (default: model/)")
     args = parser.parse_args(argv)
+    try:
+        make_dirs(args.cache_dir)  # a file in the way: one line now, not a traceback (or one after --force's build)
+    except ValueError as error:
+        parser.error(str(error))
     if args.force:
         build_default_corpus(args.cache_dir)
     ensure_default_corpus(args.cache_dir)

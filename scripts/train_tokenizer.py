@@ -27,7 +27,7 @@ from collections.abc import Iterator  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from dataset.atomic_io import atomic_path, make_dirs  # noqa: E402
+from dataset.atomic_io import atomic_path, check_folder_path  # noqa: E402
 from dataset.chat_format import CHATML_TEMPLATE, ENDOFTEXT, IM_END, SPECIAL_TOKENS  # noqa: E402
 from dataset.jsonl import iter_records  # noqa: E402
 from dataset.tokenization import DEFAULT_TOKENIZER_DIR  # noqa: E402
@@ -89,7 +89,7 @@ def wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def save(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> list[Path]:
-    """Save only the tokenizer files into ``out_dir`` (which may hold other files, like model/; main made it)."""
+    """Save only the tokenizer files into ``out_dir`` (which may hold other files, like model/; made if missing)."""
     with tempfile.TemporaryDirectory() as tmp:
         # save_jinja_files=False keeps the chat template inside tokenizer_config.json.
         tokenizer.save_pretrained(tmp, save_jinja_files=False)
@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where tokenizer.json goes (default: model/, the committed tokenizer)")
     args = parser.parse_args(argv)
     try:
-        out_dir = make_dirs(args.out_dir)  # a file in the way is found now, not after the training
+        out_dir = Path(args.out_dir)
+        check_folder_path(out_dir, "--out_dir")  # a file in the way is found now, not after the training
         if args.data_path is None:
             from dataset.corpus import ensure_default_corpus
 

@@ -560,3 +560,17 @@ def test_split_assignment_and_windows():
         [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}],
     ]
     assert dialog_windows(turns, max_chars=1000) == [windows[0] + windows[1]]
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_the_corpus_command_names_a_file_in_the_way_of_its_cache_in_one_line(tmp_path, capsys, force):
+    """`python dataset/corpus.py --cache_dir FILE` (and with --force, which builds first) is one line, not a
+    traceback after the build."""
+    from dataset.corpus import main
+
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a folder")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--cache_dir", str(blocker)] + (["--force"] if force else []))
+    assert exit_info.value.code == 2
+    assert f"error: {blocker}: not a directory" in capsys.readouterr().err

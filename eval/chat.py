@@ -10,7 +10,8 @@ Interactive: streamed answers, `/reset` clears the history, `/exit` (or Ctrl-D) 
 is sent with one `/`, and any other `/word` is an unknown command (not sent). Ctrl-C stops an answer: on a terminal
 the session goes on without that message, on piped input the run ends (exit code 130). `--prompt` answers once;
 piped stdin answers each line until EOF (a line that is not UTF-8 is refused and skipped). What is cut to fit the
-model's context (the oldest exchanges, or the start of a message too long for it) is said on stderr. Answers go to
+model's context (the oldest exchanges; for a plain model, the start of a text too long for it) is said on stderr;
+a chat message too long for the context even alone is refused, not sent. Answers go to
 stdout; the banner, those notes and tokens/s go to stderr. Decoding takes chat's frequency penalty
 (trainer/inference_flags.py's CHAT_FREQUENCY_PENALTY), which ends the small models' loops; `--frequency_penalty 0`
 turns it off.

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from dataset.atomic_io import first_line
+
 CAPACITY_CHUNK = 128  # the cache grows by whole chunks of columns, so a long generation reallocates rarely
 
 
@@ -159,6 +161,6 @@ class DecodeStep:
                 return DecodeStep._compiled_fn(self.model, tokens, cache, head_t)
         except Exception as error:  # compiling failed; an eager rerun rewrites the same cache columns
             DecodeStep._compile_failed = True
-            print(f"decode step: torch.compile failed ({type(error).__name__}: {str(error).splitlines()[0]}); "
+            print(f"decode step: torch.compile failed ({first_line(error, named=True)}); "
                   "decoding eagerly", file=sys.stderr)
             return decode_logits(self.model, tokens, cache, head_t)

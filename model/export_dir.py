@@ -15,8 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from dataset.atomic_io import check_folder_path
-from dataset.atomic_io import path_overlap
+from dataset.atomic_io import check_folder_path, path_overlap
 
 # The marker files: JSON recording where the result came from (the source, the measured logit difference, ...).
 EXPORT_MARKER = "exported_from.json"  # scripts/convert_to_llama.py

@@ -246,7 +246,8 @@ class Trainer:
                     "id": self.wandb_run_id, "resume": "allow" if self.wandb_run_id else None}
             if self.is_main:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
-            self.accelerator.init_trackers(args.wandb_project, config=args.to_dict(), init_kwargs={"wandb": init})
+            logged = {**args.to_dict(), "model": requested_model_fields(args)}  # SFT's default included
+            self.accelerator.init_trackers(args.wandb_project, config=logged, init_kwargs={"wandb": init})
             if self.is_main:
                 self.wandb_run_id = self.accelerator.get_tracker("wandb", unwrap=True).id
         self.model = self._wrap_for_task(base)

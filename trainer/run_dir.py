@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dataset.atomic_io import path_overlap
+from dataset.atomic_io import check_folder_path, path_overlap
 
 if TYPE_CHECKING:
     import argparse
@@ -201,8 +201,6 @@ def check_out_dir(out_dir: Path, inputs: dict[str, Path]) -> None:
     is, holds or lies inside one of the run's `inputs` (flag -> model directory it reads): the run writes its files
     there and --overwrite removes a run's model files, which would destroy the input (path_overlap: a symlink is
     seen through)."""
-    from dataset.atomic_io import check_folder_path
-
     check_folder_path(out_dir, "--out_dir")
     for flag, source in inputs.items():
         if relation := path_overlap(out_dir, source):

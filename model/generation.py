@@ -169,11 +169,15 @@ class _StepLogprobs:
             return None
         return cls(logits, [index for index, _ in wanted], [count for _, count in wanted])
 
-    def record(self, row: int, generation: Generation, token: int) -> None:
-        """Add `token`'s entry (the batch's row `row`) to the generation's log-probabilities."""
-        i = self.index[row]
-        top = self.top[i][:generation.settings.logprobs]
-        generation.logprobs.append(TokenLogprob(self.logprobs[i, token].item(), tuple(top)))
+    def record(self, chosen: Sequence[tuple[int, Generation, int]]) -> None:
+        """Add each (batch row, generation, token)'s entry to the generation's log-probabilities: the chosen
+        tokens' values come to the host in one copy, not one per row."""
+        if not chosen:
+            return
+        rows = [self.index[row] for row, _, _ in chosen]
+        values = self.logprobs[rows, [token for _, _, token in chosen]].tolist()
+        for i, (_, generation, _), value in zip(rows, chosen, values):
+            generation.logprobs.append(TokenLogprob(value, tuple(self.top[i][:generation.settings.logprobs])))
 
 
 @dataclass
@@ -463,7 +467,7 @@ class GenerationEngine:
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
                 token = row.sample(out.logits[0, -1].float())
                 if (logprobs := _StepLogprobs.of(out.logits[:, -1], [row])) is not None:
-                    logprobs.record(0, generation, token)
+                    logprobs.record([(0, generation, token)])
             except Exception as error:  # this request fails; the batch goes on
                 self._fail(generation, error, row)
                 continue
@@ -504,7 +508,7 @@ class GenerationEngine:
         if any(row.greedy for row in self._rows):  # one argmax and one max for the batch, two syncs in all
             argmax, maximum = best if best is not None else (scores.argmax(-1), scores.amax(-1))
             greedy = list(zip(argmax.tolist(), maximum.tolist()))
-        keep, tokens = [], [0] * batch  # a failed row's 0 is never read: the row leaves the batch
+        sampled = []
         for index, row in enumerate(self._rows):
             row.position += 1
             try:
@@ -512,8 +516,12 @@ class GenerationEngine:
             except Exception as error:  # this row's sampling failed (e.g. NaN scores): it ends, the others go on
                 self._fail(row.generation, error, row)
                 continue
-            if row.logprobs is not None:  # before _accept, whose callbacks may read them
-                logprobs.record(index, row.generation, token)
+            sampled.append((index, row, token))
+        if logprobs is not None:  # before _accept, whose callbacks may read them
+            logprobs.record([(index, row.generation, token) for index, row, token in sampled
+                             if row.logprobs is not None])
+        keep, tokens = [], [0] * batch  # a failed row's 0 is never read: the row leaves the batch
+        for index, row, token in sampled:
             tokens[index] = token
             if self._accept(row, token):
                 self._next[index] = token

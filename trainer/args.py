@@ -471,7 +471,9 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
                     group.add_argument(f"--{name}", type=_str2bool, nargs="?", const=True, default=None,
                                        metavar="BOOL", help=help)
                 else:
-                    group.add_argument(f"--{name}", type=kind, choices=choices, default=None, help=help)
+                    # plain strings: argparse lists the choices by repr, which for an enum member is <Enum.X: 'x'>
+                    shown = None if choices is None else tuple(map(str, choices))
+                    group.add_argument(f"--{name}", type=kind, choices=shown, default=None, help=help)
     return parser
 
 

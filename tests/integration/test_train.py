@@ -234,7 +234,9 @@ def test_yaml_config_with_command_line_overrides(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--norm_type", "batchnorm"], "invalid choice: 'batchnorm'"),
+    (["--norm_type", "batchnorm"], "invalid choice: 'batchnorm' (choose from 'rmsnorm', 'prmsnorm', 'layernorm'"),
+    (["--norm_placement", "mid"], "invalid choice: 'mid' (choose from 'pre', 'post', 'sandwich'"),
+    (["--norm_impl", "cuda"], "invalid choice: 'cuda' (choose from 'auto', 'eager', 'compile', 'triton')"),
     (["--prms_p", "1.5"], "prms_p=1.5 is not allowed"),
     (["--dtype", "int8"], "--dtype='int8' is not allowed"),
     (["--batch_size", "0"], "--batch_size=0 is not allowed"),

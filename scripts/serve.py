@@ -31,8 +31,9 @@ from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
 
 import argparse  # noqa: E402
+import socket  # noqa: E402
 
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, int_within  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
@@ -42,14 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_source_flags(parser)
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 listens on every interface")
-    parser.add_argument("--port", type=int, default=8000, help="the port to listen on")
+    parser.add_argument("--port", type=int_within(0, 65535, "0: a free port, printed at start"), default=8000,
+                        help="the port to listen on")
     parser.add_argument("--api_key", default=None,
                         help="require 'Authorization: Bearer KEY' on /v1/ and /tools requests")
     parser.add_argument("--model_name", default=None, help="the model id clients see; default: the directory name")
     parser.add_argument("--mode", choices=("auto", "chat", "plain"), default="auto",
                         help="chat template or plain continuation of the last message; auto: chat for SFT models")
-    parser.add_argument("--max_batch", type=int, default=8, help="requests decoded together")
-    parser.add_argument("--max_waiting", type=int, default=64, help="queued requests beyond which 503 is returned")
+    parser.add_argument("--max_batch", type=int_within(1), default=8, help="requests decoded together")
+    parser.add_argument("--max_waiting", type=int_within(1), default=64,
+                        help="queued requests beyond which 503 is returned")
     parser.add_argument("--device", type=device_type(), default="auto",
                         help="cpu, cuda, cuda:1, ...; auto: cuda when there is one")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
@@ -60,14 +63,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: a free one), as uvicorn binds its own (IPv6 for a host with a colon).
+    Bound before the model loads, so that a port in use or a host that is not this machine's is a one-line error
+    at once, not a log line from uvicorn after the load."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:  # address in use, not this machine's, a name that does not resolve
+        sock.close()
+        raise ValueError(f"cannot listen on --host {host} --port {port}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.max_batch < 1 or args.max_waiting < 1:
-        return report_error(f"--max_batch and --max_waiting must be at least 1, got {args.max_batch} and "
-                            f"{args.max_waiting}")
     try:
         path, lora = locate_tool_model(args)
-    except ModelNotFound as error:
+        sock = listening_socket(args.host, args.port)
+    except (ModelNotFound, ValueError) as error:
         return report_error(error)
     # The server (FastAPI, torch) is imported only now: --help and a wrong flag stay fast.
     from scripts.server.app import create_app
@@ -78,18 +94,21 @@ def main(argv: list[str] | None = None) -> int:
         served = load_served_model(path, args.mode, args.max_batch, args.model_name, args.device, args.dtype, lora,
                                    args.rope_scaling_factor)
     except ValueError as error:
+        sock.close()
         return report_error(error)
     import uvicorn
 
     style = "chat template" if served.use_template else "plain continuation of the last message (pretrained model)"
     adapter = f" + LoRA {lora}" if lora else ""
+    host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"model {path}{adapter} as {served.name!r} ({style}, context {served.max_context}, up to {args.max_batch} "
-          f"requests per batch); chat page and API at http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
+          f"requests per batch); chat page and API at http://{host}:{sock.getsockname()[1]}/", file=sys.stderr,
+          flush=True)
     if args.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {args.host} without --api_key: anyone who can reach it can use it",
               file=sys.stderr)
-    uvicorn.run(create_app(served, args.api_key, args.max_waiting, tools=not args.no_tools), host=args.host,
-                port=args.port, log_level="warning")
+    app = create_app(served, args.api_key, args.max_waiting, tools=not args.no_tools)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
 
 

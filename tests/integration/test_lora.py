@@ -157,8 +157,10 @@ def test_serve_with_lora_answers_with_the_adapter(lora_run, tiny_models, adapter
     from scripts.serve import main
 
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: apps.append(app))
-    assert main(["--lora", str(lora_run), "--model_path", str(tiny_models.sft)]) == 0
+    with monkeypatch.context() as patch:  # until threaded_server runs the app under uvicorn itself
+        patch.setattr(uvicorn.Server, "run", lambda server, sockets: (apps.append(server.config.app),
+                                                                      sockets[0].close()))
+        assert main(["--lora", str(lora_run), "--model_path", str(tiny_models.sft), "--port", "0"]) == 0
     with threaded_server(apps[0]) as server:
         models = httpx.get(f"{server.url}/v1/models").json()
         answer = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={

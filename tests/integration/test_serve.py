@@ -305,3 +305,38 @@ def test_many_streams_at_once_all_run_to_their_end(endless_app_factory, threaded
             results = list(pool.map(ask, [f"question {i}" for i in range(8)]))
         assert all(text and finish == "length" and usage.completion_tokens == 40 for text, finish, usage in results)
         assert httpx.get(f"{server.url}/health").json()["generated_tokens"] == 8 * 40
+
+
+# ------------------------------------------------------------------------------------------- where it listens
+def test_a_port_in_use_is_one_line_before_the_model_loads(tiny_models, monkeypatch, capsys) -> None:
+    import socket
+
+    import scripts.server.served_model
+    from scripts.serve import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(scripts.server.served_model, "load_served_model", never)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["--model_path", str(tiny_models.sft), "--port", str(port)]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: cannot listen on --host 127.0.0.1 --port {port}: "
+                                               "Address already in use")
+
+
+def test_port_zero_listens_on_a_free_port_and_prints_it(tiny_models, monkeypatch, capsys) -> None:
+    import uvicorn
+
+    from scripts.serve import main
+
+    served = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets: served.append((server.config.app, sockets)))
+    assert main(["--model_path", str(tiny_models.sft), "--port", "0"]) == 0
+    (app, (sock,)), = served
+    port = sock.getsockname()[1]
+    sock.close()
+    assert port != 0 and f"chat page and API at http://127.0.0.1:{port}/" in capsys.readouterr().err
+    assert {route.path for route in app.routes} >= {"/v1/chat/completions", "/health"}

@@ -8,11 +8,12 @@
 
 Interactive: streamed answers, `/reset` clears the history, `/exit` (or Ctrl-D) quits; a line that starts with `//`
 is sent with one `/`, and any other `/word` is an unknown command (not sent). Ctrl-C stops an answer: on a terminal
-the session goes on without that message, on piped input the run ends (exit code 130). `--prompt` answers once;
-piped stdin answers each line until EOF (a line that is not UTF-8 is refused and skipped). What is cut to fit the
-model's context (the oldest exchanges; for a plain model, the start of a text too long for it) is said on stderr;
-a chat message too long for the context even alone is refused, not sent. Answers go to
-stdout; the banner, those notes and tokens/s go to stderr. Decoding takes chat's frequency penalty
+the session goes on without that message; at the prompt, on piped input, with `--prompt` or while the model loads it
+ends the run as it ends every tool (trainer/cli.py's run_main: `interrupted` on stderr, exit code 130). `--prompt`
+answers once; piped stdin answers each line until EOF (a line that is not UTF-8 is refused and skipped). What is
+cut to fit the model's context (the oldest exchanges; for a plain model, the start of a text too long for it) is said
+on stderr; a chat message too long for the context even alone is refused, not sent. Answers go to stdout; the
+banner, those notes and tokens/s go to stderr. Decoding takes chat's frequency penalty
 (trainer/inference_flags.py's CHAT_FREQUENCY_PENALTY), which ends the small models' loops; `--frequency_penalty 0`
 turns it off.
 
@@ -62,7 +63,6 @@ RESET, EXIT = "/reset", "/exit"
 COMMAND = re.compile(r"/([A-Za-z][\w-]*)(?:\s+(.*))?", re.DOTALL)  # "/usr/bin is ..." is no command: a message
 MAX_ROUNDS_NOTE = "the tool-round limit was reached"
 INTERRUPTED = "(interrupted: that message and its partial answer are not kept in the history)"
-INTERRUPTED_EXIT = 130  # a shell's code for a run ended by SIGINT
 
 
 def _tool_names(text: str) -> list[str]:
@@ -156,7 +156,11 @@ def _fit_notes(fit, max_context: int, max_new_tokens: int) -> list[str]:
 def _answer(session, text: str, stream: bool) -> None:
     # With tools or thinking, a generation is shown once it is read back: its call or thought is not the answer.
     stream = stream and not session.tools and not session.open_thinking
-    reply = session.reply(text, on_text=_write if stream else None, on_round=_show_round)
+    try:
+        reply = session.reply(text, on_text=_write if stream else None, on_round=_show_round)
+    except KeyboardInterrupt:
+        _write("\n")  # ends a partly streamed answer's line, whether the session goes on or the run ends
+        raise
     if not stream:
         _write(reply.text)
     _write("\n")
@@ -178,9 +182,12 @@ def _lines(interactive: bool):
     while True:
         try:
             yield input("\nyou> ")
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:  # Ctrl-D: the session is over, as with /exit
             print(file=sys.stderr)
             return
+        except KeyboardInterrupt:  # Ctrl-C: run_main ends the run; the newline moves its line off the prompt's
+            print(file=sys.stderr)
+            raise
 
 
 def _read(line: str, where: str) -> tuple[str, str]:
@@ -205,8 +212,9 @@ def _read(line: str, where: str) -> tuple[str, str]:
 
 
 def _converse(session, stream: bool, interactive: bool) -> int:
-    """Answer each line of input until /exit or its end; Ctrl-C drops the answer in progress (and ends a piped
-    run), never the session's history."""
+    """Answer each line of input until /exit or its end. Ctrl-C during an answer on a terminal drops that answer
+    and the session goes on; elsewhere (piped input, the prompt) it ends the run through run_main. The session's
+    history never keeps the interrupted exchange."""
     from model.chat_session import MessageTooLong
 
     for number, line in enumerate(_lines(interactive), start=1):
@@ -227,10 +235,9 @@ def _converse(session, stream: bool, interactive: bool) -> int:
             except MessageTooLong as error:
                 print(f"error: {where} {error}", file=sys.stderr, flush=True)
             except KeyboardInterrupt:
-                _write("\n")  # ends a partly streamed answer's line
+                if not interactive:  # no one to go on with: the run ends as any tool's Ctrl-C does
+                    raise
                 print(INTERRUPTED, file=sys.stderr, flush=True)
-                if not interactive:
-                    return INTERRUPTED_EXIT
     return 0
 
 
@@ -277,19 +284,11 @@ def main(argv: list[str] | None = None) -> int:
             _answer(session, args.prompt, stream)
         except MessageTooLong as error:
             return report_error(f"--prompt {error}")
-        except KeyboardInterrupt:
-            _write("\n")
-            print("(interrupted)", file=sys.stderr, flush=True)
-            return INTERRUPTED_EXIT
         return 0
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"type a message; {RESET} clears the history, {EXIT} quits", file=sys.stderr)
-    try:
-        return _converse(session, stream, interactive)
-    except KeyboardInterrupt:  # while piped input was being read
-        print("(interrupted)", file=sys.stderr, flush=True)
-        return INTERRUPTED_EXIT
+    return _converse(session, stream, interactive)
 
 
 if __name__ == "__main__":

@@ -30,14 +30,21 @@ class ToolParser(argparse.ArgumentParser):
 
 
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a program killed by SIGPIPE
+EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a program killed by SIGINT (Ctrl-C)
+INTERRUPTED_LINE = "interrupted"  # all that Ctrl-C prints: the user asked for the stop, there is nothing to debug
 
 
 def run_main(main: Callable[[], int]) -> NoReturn:
-    """Exit with `main()`'s code; a reader that stopped early (`tool | head`) ends the tool quietly with
-    EXIT_BROKEN_PIPE, not a BrokenPipeError traceback (Python ignores SIGPIPE, so the write raises)."""
+    """Exit with `main()`'s code. Two ways out are owned here, once for every tool: a reader that stopped early
+    (`tool | head`) ends the tool quietly with EXIT_BROKEN_PIPE, not a BrokenPipeError traceback (Python ignores
+    SIGPIPE, so the write raises); Ctrl-C (KeyboardInterrupt) ends it with INTERRUPTED_LINE on stderr and
+    EXIT_INTERRUPTED, not a KeyboardInterrupt traceback."""
     try:
         code = main()
         sys.stdout.flush()  # inside the try: a buffered answer meets the closed pipe here
+    except KeyboardInterrupt:
+        print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:
         import os
         # stdout's buffer still holds what could not be written; the interpreter's own flush at exit would fail

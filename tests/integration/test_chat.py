@@ -383,13 +383,60 @@ def test_ctrl_c_on_a_terminal_drops_that_answer_and_says_so(monkeypatch, capsys,
     assert session.engine.load == (0, 0)  # the interrupted request left the engine
 
 
+def chat_as_a_script(monkeypatch, capsys, stdin, *args: str) -> tuple[int, str, str]:
+    """main() as the script runs it, through trainer/cli.py's run_main (which owns the Ctrl-C exit): exit code,
+    stdout, stderr."""
+    from eval import chat
+    from trainer.cli import run_main
+
+    monkeypatch.setattr(sys, "stdin", stdin)
+    with pytest.raises(SystemExit) as exit_info:
+        try:
+            run_main(lambda: chat.main(list(args)))
+        except KeyboardInterrupt:  # left to escape, it would stop the whole test session
+            pytest.fail("KeyboardInterrupt went through run_main")
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
 def test_ctrl_c_on_piped_input_ends_the_run_in_one_line(monkeypatch, capsys, tiny_models) -> None:
+    """No one is there for the session to go on with: the run ends with every tool's Ctrl-C line and code."""
     interrupt_generation(monkeypatch)
-    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
-                                     stdin="Tell me a story\nnever answered\n")
+    code, out, err = chat_as_a_script(monkeypatch, capsys, io.StringIO("Tell me a story\nnever answered\n"),
+                                      "--model_path", str(tiny_models.sft), *GREEDY)
     assert code == 130
     assert "Traceback" not in err and tiny_models.reply not in out
-    assert err.splitlines()[-1] == "(interrupted: that message and its partial answer are not kept in the history)"
+    assert out.endswith("\n")  # the partly streamed answer's line is ended
+    assert err.splitlines()[-1] == "interrupted" and "not kept in the history" not in err
+
+
+def test_ctrl_c_during_a_prompts_answer_ends_the_run_in_one_line(monkeypatch, capsys, tiny_models) -> None:
+    interrupt_generation(monkeypatch)
+    code, out, err = chat_as_a_script(monkeypatch, capsys, io.StringIO(""), "--model_path", str(tiny_models.sft),
+                                      *GREEDY, "--prompt", "Tell me a story")
+    assert code == 130 and "Traceback" not in err
+    assert out.endswith("\n") and tiny_models.reply not in out
+    assert err.splitlines()[-1] == "interrupted"
+
+
+class CtrlCAfterInput(TerminalInput):
+    """A terminal where the user presses Ctrl-C at the prompt once the given lines are read."""
+
+    def readline(self, *args) -> str:
+        line = super().readline(*args)
+        if not line:
+            raise KeyboardInterrupt
+        return line
+
+
+def test_ctrl_c_at_the_prompt_ends_the_session_in_one_line(monkeypatch, capsys, tiny_models) -> None:
+    """Ctrl-C at `you>` (not during an answer) ends the run as every tool's Ctrl-C does; Ctrl-D stays a plain end
+    (test_ctrl_c_on_a_terminal_drops_that_answer_and_says_so ends on it with 0)."""
+    code, out, err = chat_as_a_script(monkeypatch, capsys, CtrlCAfterInput("Who are you?\n"),
+                                      "--model_path", str(tiny_models.sft), *GREEDY)
+    assert code == 130 and "Traceback" not in err
+    assert out.endswith(f"bot> {tiny_models.reply}\n\nyou> ")
+    assert err.splitlines()[-2:] == ["", "interrupted"]  # the line after the prompt's, as Ctrl-D's blank line
 
 
 def test_what_is_cut_to_fit_the_context_is_said(monkeypatch, capsys, tiny_models) -> None:

@@ -54,3 +54,33 @@ def test_help_still_lists_the_flags(capsys):
         parse_args("pretrain", ["--help"])
     assert exit_info.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_ctrl_c_ends_a_tool_in_one_line_with_the_shells_code(capsys):
+    """run_main owns Ctrl-C for every tool: KeyboardInterrupt out of main is `interrupted` on stderr and 128 + SIGINT,
+    as a shell reports a program the signal ended, not a traceback."""
+    import signal
+
+    from trainer.cli import EXIT_INTERRUPTED, run_main
+
+    def main() -> int:
+        print("half of the answer")
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_info:
+        try:
+            run_main(main)
+        except KeyboardInterrupt:  # left to escape, it would stop the whole test session
+            pytest.fail("KeyboardInterrupt went through run_main")
+    assert exit_info.value.code == EXIT_INTERRUPTED == 128 + signal.SIGINT == 130
+    assert exit_info.value.__context__ is None or exit_info.value.__suppress_context__  # no chained traceback
+    captured = capsys.readouterr()
+    assert captured.err == "interrupted\n" and captured.out == "half of the answer\n"
+
+
+def test_run_main_exits_with_mains_code(capsys):
+    from trainer.cli import run_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(lambda: 3)
+    assert exit_info.value.code == 3 and capsys.readouterr().err == ""

@@ -1,0 +1,88 @@
+"""A real SIGINT (Ctrl-C) to the tools' processes: each ends through trainer/cli.py's run_main with one line,
+`interrupted`, and exit code 130 (128 + SIGINT, what a shell reports), never a KeyboardInterrupt traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.paths import REPO
+
+INTERRUPTED_EXIT = 130
+
+
+def start_tool(script: str, *args: str, tmp_path: Path) -> subprocess.Popen:
+    """`python <script> args` with pipes; SIGINT is back to its default in the child, so Python turns it into
+    KeyboardInterrupt even where the test runner's worker ignores the signal (an ignored SIGINT is inherited)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8",
+           "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets")}  # the data's Arrow cache stays in tmp_path
+    return subprocess.Popen([sys.executable, script, *args], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+class StderrReader:
+    """Reads a process's stderr on a thread, so the test can wait for a mark that a progress bar writes without a
+    newline."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.chunks: list[bytes] = []
+        self.thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self.thread.start()
+
+    def _read(self, process: subprocess.Popen) -> None:
+        while chunk := os.read(process.stderr.fileno(), 65536):
+            self.chunks.append(chunk)
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode("utf-8", errors="replace")
+
+    def wait_for(self, mark: str, process: subprocess.Popen, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while mark not in self.text():
+            assert process.poll() is None, f"ended before {mark!r}: {self.text()}"
+            assert time.monotonic() < deadline, f"no {mark!r} in {timeout} s: {self.text()}"
+            time.sleep(0.05)
+
+
+def test_ctrl_c_while_evaluate_works_ends_it_in_one_line(tiny_models, tmp_path) -> None:
+    """SIGINT while evaluate.py tokenizes a file that takes it many seconds more to score."""
+    text = "The history of the city begins with a small fishing village on the river. " * 4
+    data = tmp_path / "big.jsonl"
+    data.write_text("".join(json.dumps({"text": f"{i} {text}"}) + "\n" for i in range(20_000)), encoding="utf-8")
+    process = start_tool("eval/evaluate.py", "--model_path", str(tiny_models.pretrain), "--data", str(data),
+                         "--no_samples", "--threads", "1", "--max_seq_len", "128", tmp_path=tmp_path)
+    stderr = StderrReader(process)
+    stderr.wait_for("tokenizing documents", process)  # at work on the data
+    process.send_signal(signal.SIGINT)
+    out = process.stdout.read()  # not communicate(): the thread reads stderr
+    process.wait(timeout=120)
+    stderr.thread.join(timeout=30)
+    err = stderr.text()
+    assert process.returncode == INTERRUPTED_EXIT, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines()[-1] == "interrupted", err  # splitlines: a progress bar's \r ends a line too
+    assert b"bits/byte" not in out  # stopped at work: no table
+
+
+def test_ctrl_c_while_chat_waits_for_piped_input_ends_it_in_one_line(tiny_models, tmp_path) -> None:
+    """SIGINT after chat answered the first piped line, while it reads the next."""
+    process = start_tool("eval/chat.py", "--model_path", str(tiny_models.sft), "--temperature", "0",
+                         "--max_new_tokens", "40", "--no_tools", tmp_path=tmp_path)
+    stderr = StderrReader(process)
+    process.stdin.write(b"Who are you?\n")
+    process.stdin.flush()
+    assert process.stdout.readline().decode("utf-8") == f"{tiny_models.reply}\n"  # answered; the pipe stays open
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=120)
+    stderr.thread.join(timeout=30)
+    err = stderr.text()
+    assert process.returncode == INTERRUPTED_EXIT, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines()[-1] == "interrupted", err

@@ -71,11 +71,17 @@ def _read_text(path: Path) -> str | None:
 
 def read_results(sweep_dir: Path) -> list[dict[str, Any]]:
     """results.jsonl records in order; a torn last line (a kill mid-write) is ignored, and so is a line that is no
-    trial's result (its trial_id not a folder name). A ValueError names a file that cannot be read."""
+    trial's result (its trial_id not a folder name); [] when there is no file yet. A ValueError names a file that
+    cannot be read."""
     path = sweep_dir / RESULTS_FILE
-    if _read_text(path) is None:
-        return []
-    return [record for record in read_jsonl(path) if is_folder_name(record.get("trial_id"))]
+    try:  # one read, by the shared torn-line-tolerant reader (the runner calls this after every trial)
+        records = read_jsonl(path)
+    except (OSError, UnicodeDecodeError):
+        if not path.exists() and not path.is_symlink():  # no results yet (a dangling link is refused below)
+            return []
+        read_text_file(path)  # the failure only: its ValueError names the file and why (directory, not UTF-8)
+        raise  # readable by now (it changed in between): the first error stands
+    return [record for record in records if is_folder_name(record.get("trial_id"))]
 
 
 def append_result(sweep_dir: Path, record: dict[str, Any]) -> None:

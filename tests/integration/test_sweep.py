@@ -596,6 +596,28 @@ def test_a_results_line_that_is_no_result_is_skipped_like_a_torn_one(tmp_path):
     assert (sweep_dir / "trials" / "seed-1_fde21282" / "attempts.txt").read_text() == "x"  # not run again
 
 
+def test_results_are_read_once_and_a_torn_last_line_is_skipped(tmp_path, monkeypatch):
+    """The runner reads results.jsonl after every trial: one read each time, not a check and then a parse."""
+    _, sweep_dir = _done_sweep(tmp_path)
+    with open(sweep_dir / "results.jsonl", "a") as handle:
+        handle.write('{"trial_id": "seed-2_x", "status": "fini')  # a kill mid-write
+    opened: list[Path] = []
+    path_open = Path.open
+
+    def counting_open(self: Path, *args, **kwargs):
+        opened.append(self)
+        return path_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    assert [r["params"] for r in read_results(sweep_dir)] == [{"seed": 1}]
+    assert opened == [sweep_dir / "results.jsonl"]
+    assert read_results(tmp_path / "no_sweep") == []
+    (tmp_path / "dangling").mkdir()
+    (tmp_path / "dangling" / "results.jsonl").symlink_to(tmp_path / "gone")
+    with pytest.raises(ValueError, match="results.jsonl: no such file"):
+        read_results(tmp_path / "dangling")
+
+
 @pytest.mark.parametrize("blocked", ["sweep", "sweep/trials"])
 def test_a_sweep_folder_that_is_a_file_is_one_line(tmp_path, capsys, blocked):
     path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})

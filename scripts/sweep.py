@@ -373,12 +373,16 @@ def build_command(config: dict[str, Any], params: dict[str, Any], extra: list[st
     return command + extra
 
 
+TAIL_LINES = 15  # a failed trial's last lines of output, kept as its error
+
+
 @dataclass
 class TrialOutcome:
     status: str              # finished | diverged | failed
     returncode: int
     summary: dict[str, Any]
-    error: str = ""
+    error: str = ""          # a failed trial's: one message, or (log_tail) the last lines of its output
+    log_tail: bool = False   # error is the trial's own output, not a message of the runner's
 
 
 _running_children: set[subprocess.Popen] = set()  # the trials in flight (several with --workers)
@@ -401,6 +405,8 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
     with open(log_path, "ab") as log:
         log.write(f"\n$ {shlex.join(command)}\n".encode())
         log.flush()
+        # the log holds earlier attempts and this one's command line: its own output starts here
+        output_start = os.fstat(log.fileno()).st_size
         child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         _running_children.add(child)
         try:
@@ -412,8 +418,12 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
         return TrialOutcome("finished", returncode, summary)
     if returncode == EXIT_DIVERGED or summary.get("status") == "diverged":
         return TrialOutcome("diverged", returncode, summary)
-    tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-    return TrialOutcome("failed", returncode, summary, "\n".join(tail))
+    with open(log_path, "rb") as log:
+        log.seek(output_start)
+        tail = log.read().decode(errors="replace").strip().splitlines()[-TAIL_LINES:]
+    if not tail:  # e.g. killed by the OOM killer; the log's last line is then the command, which is no error
+        return TrialOutcome("failed", returncode, summary, f"it printed nothing (its command is in {log_path})")
+    return TrialOutcome("failed", returncode, summary, "\n".join(tail), log_tail=True)
 
 
 def metric_value(summary: dict[str, Any], metric: str | None) -> float | None:
@@ -607,10 +617,15 @@ class SweepRunner:
         shown = f"{self.metric}={value:.4f}" if value is not None else outcome.status
         prefix = "" if self.workers == 1 else f"[{attempt.index}] {attempt.trial['trial_id']} "
         print(f"{prefix}{outcome.status} ({shown}, {wall_time_s:.0f} s)", flush=True)
-        if outcome.status == "failed" and "\n" not in outcome.error.strip():
-            print(f"  trial failed (exit {outcome.returncode}): {outcome.error.strip()}", file=sys.stderr)
-        elif outcome.status == "failed":
-            print(f"  trial failed (exit {outcome.returncode}); log tail:\n{outcome.error}", file=sys.stderr)
+        if outcome.status != "failed":
+            return
+        failed = f"  trial failed (exit {outcome.returncode})"
+        if not outcome.log_tail:
+            print(f"{failed}: {outcome.error}", file=sys.stderr)
+        elif "\n" not in outcome.error:  # output, not a message: said so even when it is one line
+            print(f"{failed}; last line of its log: {outcome.error}", file=sys.stderr)
+        else:
+            print(f"{failed}; log tail:\n{outcome.error}", file=sys.stderr)
 
 
 def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wandb_mode: str | None = None,

@@ -255,6 +255,8 @@ FAKE_TRAINER = textwrap.dedent("""
         f.write("x")
     if args.mode == "crash":
         print("Traceback: boom", file=sys.stderr); sys.exit(1)
+    if args.mode == "silent":  # fails printing nothing (as a trial the OOM killer ends)
+        sys.exit(1)
     if args.mode == "meet":  # finishes only once another trial has started beside it
         import os, time
         meeting = pathlib.Path(os.environ["MEET_DIR"]); (meeting / out.name).touch()
@@ -305,6 +307,24 @@ def test_diverged_is_recorded_not_crashed_and_failures_retry(tmp_path):
     path.write_text(yaml.safe_dump(changed))
     with pytest.raises(SweepConfigError, match="different config"):
         run_sweep(path, sweep_dir, wandb_mode="disabled")
+
+
+def test_a_failed_trial_says_whether_its_error_is_a_message_or_its_output(tmp_path, capsys):
+    """A failed trial's error is its own output (this attempt's): a trial that printed nothing is said to have,
+    rather than shown the log's last line, its command line, as its error; one line of output is shown as the
+    log's, not as a message."""
+    path = _fake_sweep(tmp_path, {"mode": {"values": ["silent", "crash"]}, "seed": {"value": 1}})
+    sweep_dir = tmp_path / "sweep"
+    for attempt in (1, 2):  # the retry's log holds the first attempt's output too
+        capsys.readouterr()
+        run_sweep(path, sweep_dir, wandb_mode="disabled")
+        err = capsys.readouterr().err
+        records = {r["params"]["mode"]: r for r in read_results(sweep_dir)[-2:]}
+        silent = f"it printed nothing (its command is in {sweep_dir / records['silent']['trial_dir'] / 'train.log'})"
+        assert records["silent"]["error"] == silent and f"  trial failed (exit 1): {silent}\n" in err, err
+        assert records["crash"]["error"] == "Traceback: boom"
+        assert "  trial failed (exit 1); last line of its log: Traceback: boom\n" in err, err
+        assert "fake_train.py" not in err  # no command line shown as an error
 
 
 def test_workers_run_trials_side_by_side_and_record_each_once(tmp_path, monkeypatch):

@@ -40,7 +40,8 @@ import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -268,11 +269,32 @@ def trial_id(params: dict[str, Any], swept: list[str]) -> str:
     return f"{readable}_{digest}" if readable else digest
 
 
+@contextmanager
+def _seeded_global_rngs(seed: int) -> Iterator[None]:
+    """numpy's and Python's global generators seeded with ``seed`` for the block, then put back as they were.
+
+    wandb's engine takes no generator: it calls random.uniform/shuffle (params.py, grid_search.py) and np.random.*
+    (bayes_search.py; its Gaussian process has a fixed random_state) on the globals, so local generators cannot
+    seed it. Saving and restoring the globals keeps run_sweep from changing the RNG state of a Python caller (a
+    training loop, a test) while the proposals stay those of a plain reseed. Only the main thread proposes."""
+    import numpy as np
+
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+
+
 def propose_next(config: dict[str, Any], trials: list[dict[str, Any]], seed: int) -> dict[str, Any] | None:
     """The next trial's parameters from wandb's engine, or None when the sweep is complete.
 
     The samplers draw from numpy's and Python's global generators: seeding them from (seed, trial index)
-    makes the proposals the same on every restart, given the same history."""
+    makes the proposals the same on every restart, given the same history. The caller's generators are left as
+    they were (_seeded_global_rngs)."""
     sweeps = _sweeps_module()
     cap = config.get("run_cap")
     if cap is not None and len(trials) >= cap:
@@ -286,11 +308,8 @@ def propose_next(config: dict[str, Any], trials: list[dict[str, Any]], seed: int
             name=trial["trial_id"], config={k: {"value": v} for k, v in trial["params"].items()},
             state=sweeps.RunState.finished if finished else sweeps.RunState.running,
             summary_metrics={metric: value} if metric and value is not None else {}))
-    import numpy as np
-    index_seed = seed * 100_003 + len(trials)
-    np.random.seed(index_seed % 2**32)
-    random.seed(index_seed)
-    run = sweeps.next_run(config, runs)
+    with _seeded_global_rngs(seed * 100_003 + len(trials)):
+        run = sweeps.next_run(config, runs)
     if run is None:
         return None
     return {name: _plain(spec["value"]) for name, spec in run.config.items()}

@@ -164,6 +164,37 @@ def test_bayes_proposals_use_history_and_are_reproducible():
     assert propose_next(config, history, seed=7) is None  # run_cap reached
 
 
+def test_proposals_leave_the_callers_global_generators_as_they_were(tmp_path):
+    """wandb's engine draws from numpy's and Python's global generators; a caller's (a training loop calling
+    run_sweep, say) are seeded for each proposal and then put back, not left reseeded."""
+    import random
+
+    import numpy as np
+
+    def seed_globals() -> None:
+        random.seed(1234)
+        np.random.seed(1234)
+
+    def draws() -> tuple[float, float]:
+        return random.random(), float(np.random.random())
+
+    seed_globals()
+    expected = draws()
+    seed_globals()
+    trials = run_sweep(_fake_sweep(tmp_path, {"seed": {"values": [1, 2, 3]}}, method="random"), tmp_path / "sweep",
+                       wandb_mode="disabled", dry_run=True, seed=5)  # validation and random proposals
+    assert len(trials) == 2 and draws() == expected
+    config = validate_sweep_config({  # bayes: numpy's generator, with a history to fit
+        "method": "bayes", "run_cap": 9, "metric": {"name": "val_loss", "goal": "minimize"},
+        "parameters": {"learning_rate": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-2}}})
+    history = [{"trial_id": f"t{i}", "params": {"learning_rate": lr}, "status": "finished", "metric": 5.0 + i}
+               for i, lr in enumerate((1e-3, 5e-3, 2e-4))]
+    seed_globals()
+    proposed = propose_next(config, history, seed=7)
+    assert draws() == expected
+    assert propose_next(config, history, seed=7) == proposed  # still seeded: the same proposal again
+
+
 def test_agent_style_flags_parse_in_the_trainer():
     config = {"program": "trainer/train_pretrain.py",
               "command": ["${env}", "${interpreter}", "${program}", "--use_wandb", "${args}"]}

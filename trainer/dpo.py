@@ -14,7 +14,7 @@ gradients, in the same autocast as the policy's forward, so at the first step r_
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -23,6 +23,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from model.model import shift_labels
+from trainer.evaluation import LoggedEval
 from trainer.run_dir import DPO_VAL_METRICS
 
 STAT_NAMES = tuple(name for name in DPO_VAL_METRICS.values() if name != "loss")  # what a pair adds beside its loss
@@ -55,19 +56,15 @@ def real_pairs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class DPOEval:
+class DPOEval(LoggedEval):
+    metrics = DPO_VAL_METRICS
+
     loss: float              # mean DPO loss over the pairs
     reward_accuracy: float   # fraction of pairs whose chosen reward exceeds the rejected one
     reward_margin: float     # mean r_c - r_r
     chosen_reward: float     # mean r_c
     rejected_reward: float   # mean r_r
     pairs: int
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-    def logged(self) -> dict[str, float]:
-        return {name: getattr(self, key) for name, key in DPO_VAL_METRICS.items()}
 
     def describe(self) -> str:
         return (f"val DPO loss {self.loss:.4f}, reward accuracy {self.reward_accuracy:.1%}, margin "

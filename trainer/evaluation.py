@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 from accelerate import Accelerator
@@ -17,20 +18,30 @@ from model.model import causal_lm_loss, shift_labels
 from trainer.run_dir import VAL_METRICS
 
 
-@dataclass(frozen=True)
-class LMEval:
-    loss: float          # mean next-token cross-entropy over supervised tokens, in nats
-    perplexity: float
-    bits_per_byte: float  # total bits / UTF-8 bytes of the predicted tokens (special tokens count 0 bytes)
-    tokens: int
-    bytes: int
+class LoggedEval:
+    """What every validation result (trainer/objectives.py's EvalResult) shares: its fields for run_summary.json and
+    the metrics it logs, named by `metrics` (logged name -> field: trainer/run_dir.py's table of its task). A plain
+    base, not a dataclass, so frozen and unfrozen dataclasses alike build on it."""
+
+    metrics: ClassVar[dict[str, str]]
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
     def logged(self) -> dict[str, float]:
-        """The metrics as the trainer logs them (metrics.jsonl, wandb): val_loss, val_ppl, val_bpb."""
-        return {name: getattr(self, key) for name, key in VAL_METRICS.items()}
+        """The metrics as the trainer logs them (metrics.jsonl, wandb): val_loss and the task's others."""
+        return {name: getattr(self, key) for name, key in self.metrics.items()}
+
+
+@dataclass(frozen=True)
+class LMEval(LoggedEval):
+    metrics = VAL_METRICS  # val_loss, val_ppl, val_bpb
+
+    loss: float          # mean next-token cross-entropy over supervised tokens, in nats
+    perplexity: float
+    bits_per_byte: float  # total bits / UTF-8 bytes of the predicted tokens (special tokens count 0 bytes)
+    tokens: int
+    bytes: int
 
     def describe(self) -> str:
         return f"val loss {self.loss:.4f} (ppl {self.perplexity:.2f}, {self.bits_per_byte:.3f} bits/byte)"

@@ -27,7 +27,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 
 from dataset.chat_format import IM_END
 from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings
+from trainer.evaluation import LoggedEval
 from trainer.rewards import Reward, math_answer, score
 from trainer.rl_losses import LossType, group_advantages, policy_loss
 from trainer.run_dir import ROLLOUT_VAL_METRICS
@@ -168,18 +169,14 @@ def _padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torc
 
 
 @dataclass
-class GRPOEval:
+class GRPOEval(LoggedEval):
+    metrics = ROLLOUT_VAL_METRICS
+
     loss: float               # minus the mean reward: lower is better, as for every other validation loss
     reward: float             # the mean weighted reward of one greedy completion per validation prompt
     completion_length: float  # their mean length in tokens
     prompts: int
     accuracy: float = float("nan")  # the fraction whose greedy completion has math_answer 1 (NaN: no "answer")
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-    def logged(self) -> dict[str, float]:
-        return {name: getattr(self, key) for name, key in ROLLOUT_VAL_METRICS.items()}
 
     def describe(self) -> str:
         accuracy = "" if math.isnan(self.accuracy) else f"accuracy {self.accuracy:.2%}, "

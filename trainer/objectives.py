@@ -21,7 +21,8 @@ from trainer.evaluation import LMEval, evaluate_lm
 
 
 class EvalResult(Protocol):
-    """A validation result: what run_summary.json's final_val holds, what is logged, and one line for people."""
+    """A validation result: what run_summary.json's final_val holds, what is logged, and one line for people
+    (trainer/evaluation.py's LoggedEval gives the first two, from the result's fields and its task's metric table)."""
 
     loss: float
 

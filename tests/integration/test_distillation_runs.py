@@ -9,12 +9,10 @@ import shutil
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from tests.training_runs import (assert_same_logged_metrics, assert_same_model, finetune_argv, launch_two_processes,
-                                 run_in_process, train_losses)
-from trainer.core import main
+                                 refused_run, run_in_process, train_losses)
 from trainer.run_dir import model_task, read_metrics, read_summary
 
 
@@ -84,16 +82,9 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(train_data, tin
     other.add_tokens(["<|teacher_only|>"])
     other.save_pretrained(teacher)
     out_dir = tmp_path / "refused"
-    AcceleratorState._reset_state(reset_partial_state=True)
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            main("distill", _argv(train_data, tiny_models, out_dir, "--teacher", str(teacher)))
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-    assert exit_info.value.code == 2
-    stderr = capsys.readouterr().err.strip().splitlines()  # the models' loading bars, then the error line
-    errors = [line for line in stderr if line.startswith("error")]
-    assert errors == stderr[-1:] and errors[0].startswith(f"error: --teacher {teacher}: its tokenizer differs")
+    error = refused_run("distill", _argv(train_data, tiny_models, out_dir, "--teacher", str(teacher)), capsys,
+                        after_progress=True)  # the models' loading bars, then the error line
+    assert error.startswith(f"error: --teacher {teacher}: its tokenizer differs")
     assert not list(out_dir.glob("checkpoints/*")) and not (out_dir / "model.safetensors").exists()
 
 
@@ -102,11 +93,7 @@ def test_resuming_with_another_teacher_is_refused_in_one_line(distilled, train_d
     argv = finetune_argv("distill", train_data, tiny_models.pretrain, tmp_path / "resumed", "--teacher",
                          str(tiny_models.chat), "--learning_rate", "3e-3", "--warmup_steps", "1", "--save_interval",
                          "3", "--alpha", "0.25", "--temperature", "2", "--resume", str(checkpoint))
-    with pytest.raises(SystemExit) as stopped:
-        main("distill", argv)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    assert stopped.value.code == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
+    error = refused_run("distill", argv, capsys)
     assert error == (f"error: --resume step_00000003: --teacher was {tiny_models.sft} there and is {tiny_models.chat} "
                      f"now; a run distils from one teacher (resume with --teacher {tiny_models.sft}, or start a new "
                      f"run)")

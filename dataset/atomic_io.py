@@ -61,15 +61,18 @@ def file_in_the_way(path: Path) -> Path | None:
     return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
 
 
+def _not_a_folder(path: Path, blocker: Path) -> str:
+    """The one wording of a file where the folder `path` must go (`blocker`: `path` itself or a folder above it)."""
+    return f"{path} is a file, not a folder" if blocker == path else f"{path}: {blocker} is a file, not a folder"
+
+
 def check_folder_path(path: Path, flag: str, itself: bool = True) -> None:
     """Refuse, in one line naming `flag`, a `path` that cannot be made a folder because it, or a folder above it,
     is a file (mkdir would fail there, after the work); `itself=False`: `path` is to be a file, and only the
     folders above it are checked."""
     blocker = file_in_the_way(path if itself else path.parent)
-    if blocker == path:
-        raise ValueError(f"{flag} {path} is a file, not a folder")
     if blocker is not None:
-        raise ValueError(f"{flag} {path}: {blocker} is a file, not a folder")
+        raise ValueError(f"{flag} {_not_a_folder(path, blocker)}")
 
 
 def make_dirs(path: str | Path) -> Path:
@@ -79,8 +82,7 @@ def make_dirs(path: str | Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = file_in_the_way(path) or path
-        raise ValueError(f"{blocker}: not a directory (a file is in the way of the folder {path})") from None
+        raise ValueError(_not_a_folder(path, file_in_the_way(path) or path)) from None
     return path
 
 

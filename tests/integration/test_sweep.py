@@ -676,7 +676,7 @@ def test_a_sweep_folder_that_is_a_file_is_one_line(tmp_path, capsys, blocked):
     (tmp_path / blocked).write_text("x")
     assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--wandb_mode", "disabled"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and str(tmp_path / blocked) in err and "not a directory" in err, err
+    assert err.count("\n") == 0 and str(tmp_path / blocked) in err and "is a file, not a folder" in err, err
 
 
 def test_a_second_runner_on_the_same_sweep_folder_is_refused(tmp_path):
@@ -835,7 +835,7 @@ def test_a_file_in_the_way_of_a_trial_folder_is_one_line(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and "Traceback" not in captured.out
     lines = [line for line in captured.err.splitlines() if str(blocked) in line]
-    assert len(lines) == 1 and "not a directory" in lines[0], captured.err
+    assert len(lines) == 1 and "is a file, not a folder" in lines[0], captured.err
     records = {r["params"]["seed"]: r for r in read_results(sweep_dir)}
     assert records[1]["status"] == "failed" and str(blocked) in records[1]["error"]
     assert records[2]["status"] == "finished"  # the sweep went on

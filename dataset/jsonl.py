@@ -247,9 +247,12 @@ def _cached_scan(report_path: Path, arrow_path: Path) -> JsonlScan | None:
         report = read_json(report_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    # The counts must be ints (3.0 and True would pass the row count's ==); the row count below bounds the
+    # records, so only skipped_lines, which no row count checks, needs its sign checked here.
     if not isinstance(report, dict) or set(report) != {f.name for f in fields(JsonlScan)} \
             or report["arrow_path"] != str(arrow_path.resolve()) \
-            or any(type(report[name]) is not int or report[name] < 0 for name in ("records", "skipped_lines")):
+            or any(type(report[name]) is not int for name in ("records", "skipped_lines")) \
+            or report["skipped_lines"] < 0:
         return None
     try:
         with pa.memory_map(str(arrow_path)) as source, pa.ipc.open_stream(source) as reader:

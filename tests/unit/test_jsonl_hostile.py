@@ -160,6 +160,9 @@ def _arrow_without_its_last_batches(arrow: Path) -> None:
     arrow.write_bytes(sink.getvalue().to_pybytes())
 
 
+ARROW_ROWS = 2 * dataset.jsonl.BATCH_RECORDS + 5  # the damaged cache's file: three batches
+
+
 @pytest.mark.parametrize("damage", [
     lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(other), "records": 2,
                                                                "skipped_lines": 0})),  # another file's records
@@ -167,12 +170,17 @@ def _arrow_without_its_last_batches(arrow: Path) -> None:
                                                                "skipped_lines": 0})),  # not an Arrow file
     lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(arrow), "records": "many",
                                                                "skipped_lines": None})),
+    lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(arrow), "records": ARROW_ROWS * 1.0,
+                                                               "skipped_lines": 0})),  # == the row count, a float
+    lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(arrow), "records": ARROW_ROWS,
+                                                               "skipped_lines": -1})),
     lambda report, arrow, other: report.write_text("[]"),
     lambda report, arrow, other: arrow.write_bytes(arrow.read_bytes()[:len(arrow.read_bytes()) // 2]),
     lambda report, arrow, other: _arrow_without_its_last_batches(arrow),  # whole batches lost: fewer rows
-], ids=["foreign arrow", "not arrow", "wrong types", "not a report", "truncated arrow", "lost batches"])
+], ids=["foreign arrow", "not arrow", "wrong types", "float records", "negative skips", "not a report",
+        "truncated arrow", "lost batches"])
 def test_a_damaged_scan_cache_is_rebuilt_not_read(tmp_path, cache, damage):
-    texts = [f"line {i}" for i in range(2 * dataset.jsonl.BATCH_RECORDS + 5)]
+    texts = [f"line {i}" for i in range(ARROW_ROWS)]
     path = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in texts])
     other = write_jsonl(tmp_path / "b.jsonl", [{"text": "other"}, {"text": "file"}])
     _, other_arrow = _scan_files(other, cache)
@@ -180,6 +188,7 @@ def test_a_damaged_scan_cache_is_rebuilt_not_read(tmp_path, cache, damage):
     damage(report, arrow, other_arrow)
     loaded, scan = dataset.jsonl.load_jsonl(path, "text", cache_dir=cache)
     assert loaded["text"] == texts and scan.records == len(texts) and scan.arrow_path == str(arrow.resolve())
+    assert type(scan.records) is int and scan.skipped_lines == 0  # the rebuilt report's counts, not the damaged one's
 
 
 @pytest.mark.parametrize("under", [False, True])

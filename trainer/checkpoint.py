@@ -38,7 +38,7 @@ from dataset.atomic_io import atomic_write_text, first_line, read_text_file
 from trainer.args import ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, uses_lora
 from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
-                             clear_previous_run, previous_run, recorded_run_id, refuse_previous_run)
+                             clear_previous_run, list_checkpoints, previous_run, recorded_run_id, refuse_previous_run)
 
 # The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
 # another is refused, in one line naming each such flag with both values (_keep_saved). The architecture fields a
@@ -73,14 +73,6 @@ class ResumePoint:
 
 def rng_state_file(rank: int) -> str:
     return f"{RNG_STATE_NAME}_{rank}.pkl"
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if checkpoint_step(p.name) is not None and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: checkpoint_step(p.name))
 
 
 def files_needed_by(files: list[str], rank: int, saved_processes: int) -> list[str]:

@@ -157,6 +157,14 @@ def checkpoint_step(name: str) -> int | None:
     return int(name[len(CHECKPOINT_PREFIX):])
 
 
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under `root` (a run's CHECKPOINT_DIR), oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if checkpoint_step(p.name) is not None and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: checkpoint_step(p.name))
+
+
 # --------------------------------------------------------------------------- one run per directory
 def recorded_config(run_dir: Path) -> dict[str, Any]:
     """The trainer arguments a run recorded in its train_config.yaml; {} where there is none (no run there, or a
@@ -337,7 +345,13 @@ def model_task(path: Path) -> str | None:
 
 
 def _missing(path: Path, task: str) -> ModelNotFound:
+    if path.is_file():
+        return ModelNotFound(f"{path} is a file, not a model folder (config.json and the weights)")
     out_flag = "" if path in [default_out_dir(name) for name in TASKS] else f" --out_dir {path}"
+    if checkpoints := list_checkpoints(path / CHECKPOINT_DIR):  # a run that stopped before it saved its model
+        return ModelNotFound(f"no model at {path} yet: its run stopped at {checkpoints[-1].name} before the end; "
+                             f"finish it by running its command again with --resume auto (its flags are in "
+                             f"{path / CONFIG_FILE})")
     return ModelNotFound(f"no model at {path}; create it with `{CREATE_COMMANDS[task]}{out_flag}`")
 
 

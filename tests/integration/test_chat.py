@@ -229,6 +229,27 @@ def test_default_model_falls_back_to_pretrain(tmp_path, monkeypatch, tiny_models
     assert locate_model() == (tmp_path / "sft", None)
 
 
+def test_a_path_that_holds_no_model_says_what_it_holds(tmp_path) -> None:
+    from trainer.run_dir import CHECKPOINT_DIR, CONFIG_FILE, STATE_FILE, checkpoint_name
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a model")
+    with pytest.raises(ModelNotFound, match=f"^{a_file} is a file, not a model folder"):
+        locate_model(a_file)
+    stopped = tmp_path / "stopped"
+    for step in (10, 20):
+        (stopped / CHECKPOINT_DIR / checkpoint_name(step)).mkdir(parents=True)
+        (stopped / CHECKPOINT_DIR / checkpoint_name(step) / STATE_FILE).write_text("{}")
+    (stopped / CHECKPOINT_DIR / checkpoint_name(30)).mkdir()  # incomplete: no trainer state
+    with pytest.raises(ModelNotFound) as refused:
+        locate_model(stopped)
+    assert str(refused.value) == (f"no model at {stopped} yet: its run stopped at {checkpoint_name(20)} before the "
+                                  f"end; finish it by running its command again with --resume auto (its flags are in "
+                                  f"{stopped / CONFIG_FILE})")
+    with pytest.raises(ModelNotFound, match=f"^no model at {tmp_path}; create it with"):
+        locate_model(tmp_path)
+
+
 def test_paths_resolve_from_the_repo_root(tmp_path, monkeypatch) -> None:
     assert resolve_path("out/sft") == REPO_ROOT / "out" / "sft" and resolve_path("/tmp/x") == Path("/tmp/x")
     monkeypatch.setenv("HOME", str(tmp_path))

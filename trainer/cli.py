@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from dataset.atomic_io import not_utf8_at
-from trainer.run_dir import EXIT_ERROR, resolve_path
+from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
 
 
 class ToolParser(argparse.ArgumentParser):
@@ -29,8 +29,6 @@ class ToolParser(argparse.ArgumentParser):
         raise SystemExit(EXIT_ERROR)
 
 
-EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a program killed by SIGPIPE
-EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a program killed by SIGINT (Ctrl-C)
 INTERRUPTED_LINE = "interrupted"  # all that Ctrl-C prints: the user asked for the stop, there is nothing to debug
 
 

@@ -53,9 +53,9 @@ from trainer.objectives import CopySettings, EvalResult, LanguageModeling, Langu
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
-                             EXIT_DIVERGED, EXIT_PEER_LOST, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE, WEIGHT_FILES,
-                             check_out_dir, code_version, is_model_dir, load_input_model, report_error,
-                             resolve_path)
+                             EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE,
+                             WEIGHT_FILES, check_out_dir, code_version, is_model_dir, list_checkpoints,
+                             load_input_model, report_error, resolve_path)
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -698,6 +698,14 @@ class Trainer:
         return summary
 
 
+def _resume_hint(args: TrainArgs) -> str:
+    """Where an interrupted run can go on from: its newest complete checkpoint, if it has one."""
+    checkpoints = list_checkpoints(args.resolved_out_dir() / CHECKPOINT_DIR)
+    if not checkpoints:
+        return f"no checkpoint was saved yet (every --save_interval {args.save_interval} steps)"
+    return f"its newest checkpoint is {checkpoints[-1]}: run the same command with --resume auto to go on from it"
+
+
 def main(task: str, argv: list[str] | None = None) -> RunSummary:
     """Entry point of the thin trainer scripts."""
     from trainer.args import parse_args
@@ -707,6 +715,9 @@ def main(task: str, argv: list[str] | None = None) -> RunSummary:
     except TrainingDiverged as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(EXIT_DIVERGED) from None
+    except KeyboardInterrupt:  # Ctrl-C: no traceback, but where the run can go on from
+        print(f"interrupted; {_resume_hint(args)}", file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(report_error(error)) from None
     except RuntimeError as error:

@@ -79,6 +79,8 @@ FINAL_RUN_METRICS = ("tokens_per_s",)  # run_summary.json numbers also logged as
 EXIT_ERROR = 2     # bad input or a missing file: one line on stderr, nothing trained or written
 EXIT_DIVERGED = 3  # the loss (or gradient) became NaN/inf; run_summary.json says "diverged"
 EXIT_PEER_LOST = 4  # several processes: one waited --dist_timeout for the others (a node died, the network failed)
+EXIT_INTERRUPTED = 128 + 2  # Ctrl-C: what a shell reports for a program killed by SIGINT
+EXIT_BROKEN_PIPE = 128 + 13  # the reader of a tool's output stopped early: what a shell reports for SIGPIPE
 
 
 def trainer_task(program: str | Path) -> str | None:

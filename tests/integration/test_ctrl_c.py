@@ -86,3 +86,28 @@ def test_ctrl_c_while_chat_waits_for_piped_input_ends_it_in_one_line(tiny_models
     assert process.returncode == INTERRUPTED_EXIT, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.splitlines()[-1] == "interrupted", err
+
+
+def test_ctrl_c_while_a_trainer_trains_names_its_newest_checkpoint(train_data, tmp_path) -> None:
+    """SIGINT once a pretraining run has saved a checkpoint: one line naming it and how to go on, exit code 130."""
+    from tests.training_runs import pretrain_argv
+    from trainer.run_dir import CHECKPOINT_DIR, STATE_FILE, list_checkpoints
+
+    out_dir = tmp_path / "run"
+    process = start_tool("trainer/train_pretrain.py",
+                         *pretrain_argv(train_data, out_dir, "--max_steps", "100000", "--save_interval", "2"),
+                         tmp_path=tmp_path)
+    stderr = StderrReader(process)
+    deadline = time.monotonic() + 300
+    while not list(out_dir.glob(f"{CHECKPOINT_DIR}/*/{STATE_FILE}")):
+        assert process.poll() is None and time.monotonic() < deadline, stderr.text()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=120)
+    stderr.thread.join(timeout=30)
+    err = stderr.text()
+    assert process.returncode == INTERRUPTED_EXIT, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    newest = list_checkpoints(out_dir / CHECKPOINT_DIR)[-1]
+    assert err.splitlines()[-1] == (f"interrupted; its newest checkpoint is {newest}: run the same command with "
+                                    "--resume auto to go on from it"), err

@@ -61,7 +61,8 @@ def test_ctrl_c_ends_a_tool_in_one_line_with_the_shells_code(capsys):
     as a shell reports a program the signal ended, not a traceback."""
     import signal
 
-    from trainer.cli import EXIT_INTERRUPTED, run_main
+    from trainer.cli import run_main
+    from trainer.run_dir import EXIT_INTERRUPTED
 
     def main() -> int:
         print("half of the answer")

@@ -55,11 +55,11 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataset.atomic_io import make_dirs, path_overlap  # noqa: E402
-from trainer.cli import ToolParser, int_within, seed  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main, seed  # noqa: E402
 from trainer.yaml_file import read_yaml  # noqa: E402
-from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, FINAL_METRIC_PLACES, REPO_ROOT, SUMMARY_FILE,  # noqa: E402
-                             TRAINER_SCRIPTS, final_metric, logged_metrics, read_summary, report_error,
-                             resolve_path, trainer_task)
+from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, FINAL_METRIC_PLACES,  # noqa: E402
+                             REPO_ROOT, SUMMARY_FILE, TRAINER_SCRIPTS, final_metric, logged_metrics, read_summary,
+                             report_error, resolve_path, trainer_task)
 from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, TRIAL_LOG, TRIALS_DIR,  # noqa: E402
                                append_result, default_sweep_dir, done_records, is_folder_name, read_state,
                                restore_records, save_records, swept_names, sweep_dir_lock, trial_dir_name, write_state)
@@ -407,12 +407,23 @@ class TrialOutcome:
 _running_children: set[subprocess.Popen] = set()  # the trials in flight (several with --workers)
 
 
-def _terminate_child(signum, frame) -> None:  # noqa: ARG001
-    # Stop the running trials with us; their directories have no run_summary.json, so a restart reruns them.
+def _stop_children() -> None:
+    """Stop the running trials with us; their directories have no run_summary.json, so a restart reruns them."""
     for child in list(_running_children):
         if child.poll() is None:
             child.terminate()
+
+
+def _terminate_child(signum, frame) -> None:  # noqa: ARG001
+    _stop_children()
     raise SystemExit(128 + signum)
+
+
+def _interrupt(signum, frame) -> None:  # noqa: ARG001
+    # The trials stop here, in the handler: unwinding first would wait in the worker pool's exit for trials that a
+    # `kill -INT` of the runner alone leaves running.
+    _stop_children()
+    raise KeyboardInterrupt
 
 
 def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> TrialOutcome:
@@ -700,14 +711,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="grid sweeps: run only the trials with these values of a swept parameter now "
                              "(repeatable: every flag must match); the rest stay proposed for a later run")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate_child)
+    handlers = {signal.SIGTERM: _terminate_child, signal.SIGINT: _interrupt}
+    previous = {number: signal.signal(number, handler) for number, handler in handlers.items()}
     try:
         trials = run_sweep(args.config, args.sweep_dir, args.wandb_mode, args.max_trials, args.seed,
                            args.stop_on_failure, args.dry_run, args.workers, args.records_dir, args.only)
     except ValueError as error:  # SweepConfigError, or a sweep folder whose state is not readable
         return report_error(error)
+    except KeyboardInterrupt:  # Ctrl-C (a terminal sends the trials one too; `kill -INT` only us: _interrupt)
+        print("interrupted; the trials in flight were stopped: run the same command again to go on (done trials "
+              "are kept, a cut-off trial resumes from its newest checkpoint)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:  # main() may run inside another program (the tests): its own handlers come back
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     return 1 if any(t["status"] == "failed" for t in trials) else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -704,6 +705,35 @@ def test_a_second_runner_on_the_same_sweep_folder_is_refused(tmp_path):
     assert first.returncode == 0
     assert [r["params"]["seed"] for r in read_results(sweep_dir)] == [1, 2]
     assert started.read_text() == "x"
+
+
+def test_ctrl_c_stops_the_runner_and_its_trials_in_one_line_and_a_rerun_goes_on(tmp_path):
+    """SIGINT to the runner alone (as `kill -INT` sends it; a terminal's Ctrl-C reaches the trials too): the trial in
+    flight is stopped with it, the exit is 130 with one line, and the same command runs the cut-off trial again."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1, 2]}})
+    sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
+    env = dict(os.environ, HOLD_FILE=str(hold))
+    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
+               "--wandb_mode", "disabled"]
+    runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    first = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"])
+    for _ in range(6000):  # the runner is inside its first trial
+        if (first / "attempts.txt").exists() or runner.poll() is not None:
+            break
+        time.sleep(0.05)
+    runner.send_signal(signal.SIGINT)
+    out, err = runner.communicate(timeout=120)
+    assert runner.returncode == 130, out + err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "interrupted; the trials in flight were stopped: run the same command again to go on"), err
+    hold.touch()  # a trial left running would now finish and write its summary
+    time.sleep(2)
+    assert not (first / "run_summary.json").exists()
+    assert json.loads((sweep_dir / "sweep_state.json").read_text())["trials"][0]["status"] == "running"
+    assert subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=600).returncode == 0
+    assert [r["params"]["seed"] for r in read_results(sweep_dir)] == [1, 2]
+    assert (first / "attempts.txt").read_text() == "xx"  # cut off once, run again
 
 
 # ----------------------------------------------------------------------------- parameters and metric checked up front

@@ -218,6 +218,14 @@ def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, arrow_path: Path)
     return JsonlScan(arrow_path=str(arrow_path.resolve()), records=records, skipped_lines=skipped)
 
 
+def check_data_file(path: Path) -> None:
+    """Refuse, in one line, a data path that is not a file: missing, or a folder."""
+    if path.is_dir():
+        raise FileNotFoundError(f"{path} is a folder, not a data file (a .jsonl file)")
+    if not path.is_file():
+        raise FileNotFoundError(f"no such data file: {path}")
+
+
 def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
                cache_dir: str | Path | None = None) -> JsonlScan:
     """Check ``path`` line by line and write its records into a cached Arrow file; see the module docstring.
@@ -226,8 +234,7 @@ def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
     it holds no records at all.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such data file: {path}")
+    check_data_file(path)
     cache = make_dirs(Path(cache_dir or datasets.config.HF_DATASETS_CACHE) / "mininorm_jsonl")
     fingerprint = _fingerprint(path, kind, skip_bad_lines)
     report_path, arrow_path = cache / f"{fingerprint}.json", cache / f"{fingerprint}.arrow"

@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dataset.atomic_io import first_line
 from dataset.chat_format import encode_chatml_batch
-from dataset.jsonl import JSON_WHITESPACE, parse_line
+from dataset.jsonl import JSON_WHITESPACE, check_data_file, parse_line
 
 PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
 
@@ -66,8 +66,7 @@ class PromptDataset(Dataset):
     def __init__(self, path: str | Path, tokenizer: PreTrainedTokenizerBase, max_seq_len: int,
                  num_proc: int | None = None, skip_bad_lines: bool = False, open_thinking: bool = False) -> None:
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file (expected a jsonl of prompts)")
+        check_data_file(path)
         rows, messages, skipped = [], [], 0
         with open(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):

@@ -55,9 +55,12 @@ def resolve_data_spec(spec: str) -> tuple[str, Path]:
     if spec in NAMED_SPLITS:
         from dataset.post_training_data import ensure_post_training_data
         return spec, getattr(ensure_post_training_data(), spec)
+    from dataset.jsonl import check_data_file
     path = resolve_input_path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"--data {spec}: no such file (or use one of {', '.join(NAMED_SPLITS)})")
+    try:
+        check_data_file(path)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"--data {spec}: {error} (or use one of {', '.join(NAMED_SPLITS)})") from None
     return path.stem, path
 
 

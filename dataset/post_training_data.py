@@ -136,4 +136,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from trainer.cli import run_main  # dataset/ imports trainer/ only inside functions: trainer/ imports dataset/
+
+    run_main(main)

@@ -651,4 +651,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from trainer.cli import run_main  # dataset/ imports trainer/ only inside functions: trainer/ imports dataset/
+
+    run_main(main)

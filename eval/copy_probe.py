@@ -30,7 +30,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import json  # noqa: E402
 from typing import Any  # noqa: E402
 
-from trainer.cli import ToolParser, seed  # noqa: E402
+from trainer.cli import ToolParser, run_main, seed  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 
@@ -143,4 +143,4 @@ def report(args: Any) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

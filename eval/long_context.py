@@ -32,7 +32,7 @@ import json  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 ROPE_TYPES = ("yarn", "linear", "dynamic")
@@ -167,4 +167,4 @@ def report(args: Any) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

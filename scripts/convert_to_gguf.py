@@ -41,7 +41,7 @@ from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import (NotLlamaCompatible, check_exportable, stacked_experts,  # noqa: E402
                                 to_llama_state_dict, to_target_config)
 from model.loading import config_model_type, load_config, load_model  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
 if TYPE_CHECKING:
@@ -345,4 +345,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

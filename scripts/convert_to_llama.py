@@ -42,7 +42,7 @@ from model.llama_compat import NotExportable, check_exportable, to_target_config
 from model.generation_defaults import read_generation_config  # noqa: E402
 from model.loading import config_model_type, load_config, load_dir_tokenizer, load_strictly  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
 
@@ -162,4 +162,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

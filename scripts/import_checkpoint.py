@@ -37,7 +37,7 @@ from model.export_dir import IMPORT_MARKER, check_out_dir, staged_dir  # noqa: E
 from model.generation_defaults import read_generation_config  # noqa: E402
 from model.interop import SWAPPABLE_NORMS, NotImportable, mininorm_config_from, model_from, read_state_dict  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.run_dir import report_error, resolve_input_path, resolve_path  # noqa: E402
 
 # The tokenizer's files and the chat template, copied as they are when the checkpoint has them.
@@ -116,4 +116,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -33,7 +33,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 import socket  # noqa: E402
 
-from trainer.cli import ToolParser, int_within  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
@@ -113,4 +113,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

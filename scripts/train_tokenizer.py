@@ -31,7 +31,7 @@ from dataset.atomic_io import atomic_path, check_folder_path  # noqa: E402
 from dataset.chat_format import CHATML_TEMPLATE, ENDOFTEXT, IM_END, SPECIAL_TOKENS  # noqa: E402
 from dataset.jsonl import iter_records  # noqa: E402
 from dataset.tokenization import DEFAULT_TOKENIZER_DIR  # noqa: E402
-from trainer.cli import ToolParser, int_within, path_arg  # noqa: E402
+from trainer.cli import ToolParser, int_within, path_arg, run_main  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
 DEFAULT_VOCAB_SIZE = 6400  # MiniMind's size: small enough that the embedding does not dominate a tiny model
@@ -130,4 +130,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

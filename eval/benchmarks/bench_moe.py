@@ -25,7 +25,7 @@ import torch
 
 from model.config import MiniNormConfig
 from model.model import SparseMoE, SwiGLU
-from trainer.cli import ToolParser
+from trainer.cli import ToolParser, run_main
 from trainer.machine import machine_line
 
 
@@ -77,4 +77,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

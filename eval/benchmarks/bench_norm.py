@@ -54,7 +54,7 @@ from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_tab
 from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods
 from model.kernels.dtypes import DTYPES
 from model.norms import triton_can_run
-from trainer.cli import ToolParser
+from trainer.cli import ToolParser, run_main
 from trainer.machine import machine_line
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -415,4 +415,4 @@ def lab_main(args: argparse.Namespace, dtype: torch.dtype) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -180,4 +180,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from trainer.cli import run_main  # as main()'s imports: importing this module loads none of the library
+
+    run_main(main)

@@ -28,7 +28,7 @@ import json  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, REPO_ROOT, SUMMARY_FILE, read_summary  # noqa: E402
 
 # Runs in the child process: the trainer (or just the model, for "load"), then the peak memory as JSON.
@@ -137,4 +137,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

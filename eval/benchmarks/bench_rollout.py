@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Callable  # noqa: E402
 import torch  # noqa: E402
 
 from model.generation import DECODE_MODES  # noqa: E402
-from trainer.cli import ToolParser, seed  # noqa: E402
+from trainer.cli import ToolParser, run_main, seed  # noqa: E402
 from trainer.grpo import ROLLOUT_DECODE  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import REPO_ROOT  # noqa: E402
@@ -198,4 +198,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

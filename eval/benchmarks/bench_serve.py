@@ -35,7 +35,7 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from trainer.cli import ToolParser, int_within  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.inference_flags import MAX_TOP_LOGPROBS  # noqa: E402
 from trainer.distributed import free_port  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
@@ -225,4 +225,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -41,7 +41,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
 from trainer.core import Trainer, make_optimizer, make_scheduler  # noqa: E402
@@ -229,4 +229,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -37,7 +37,7 @@ import time  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.corpus import ensure_default_corpus  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import read_jsonl, read_metrics, read_summary  # noqa: E402
 
@@ -183,4 +183,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -25,7 +25,7 @@ import triton
 from model.kernels.cuda_build import H100_SMS, build
 from model.kernels.dtypes import DTYPES
 from model.kernels.rmsnorm_triton import LaunchTuning
-from trainer.cli import ToolParser
+from trainer.cli import ToolParser, run_main
 from trainer.machine import machine_line
 
 GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -69,4 +69,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import RunSummary, Trainer, TrainingDiverged  # noqa: E402
 from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
@@ -237,4 +237,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

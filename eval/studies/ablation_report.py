@@ -41,7 +41,7 @@ if __package__ in (None, ""):  # run as a script, from any directory
 
 from eval.studies.ablation.report import write_report  # noqa: E402
 from eval.studies.ablation.study2 import ESCAPE_MARGIN  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
 
@@ -77,4 +77,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
 from trainer.run_dir import METRICS_FILE, read_metrics, report_error  # noqa: E402
@@ -141,8 +141,15 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     return written
 
 
-if __name__ == "__main__":
+def command_line() -> int:
+    """The command: main()'s paths are for in-process callers, which get its FileNotFoundError too; here a missing
+    run or metrics file is one line."""
     try:
         main()
     except FileNotFoundError as error:
-        raise SystemExit(report_error(error)) from None
+        return report_error(error)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(command_line)

@@ -38,7 +38,7 @@ import torch
 from dataset.atomic_io import atomic_write_text
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
-from trainer.cli import ToolParser
+from trainer.cli import ToolParser, run_main
 from trainer.diagnostics import NormDiagnostics
 from trainer.figures import save_figure
 from trainer.machine import machine_line
@@ -400,8 +400,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     return results
 
 
-if __name__ == "__main__":
+def command_line() -> int:
+    """The command: main()'s results are for in-process callers, which get its ValueError too; here a bad
+    --variants file or shape is one line."""
     try:
         main()
-    except ValueError as error:  # a bad --variants file or shape: one line
-        sys.exit(report_error(error))
+    except ValueError as error:
+        return report_error(error)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(command_line)

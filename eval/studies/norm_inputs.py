@@ -29,7 +29,7 @@ from torch import nn  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import recorded_config, report_error  # noqa: E402
 
@@ -154,4 +154,4 @@ def training_seq_len(model_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

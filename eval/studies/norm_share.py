@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
-from trainer.cli import ToolParser  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 
 # The study's model (scripts/sweep_configs/study_norms.yaml) and batch.
@@ -179,4 +179,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -111,3 +111,23 @@ def test_ctrl_c_while_a_trainer_trains_names_its_newest_checkpoint(train_data, t
     newest = list_checkpoints(out_dir / CHECKPOINT_DIR)[-1]
     assert err.splitlines()[-1] == (f"interrupted; its newest checkpoint is {newest}: run the same command with "
                                     "--resume auto to go on from it"), err
+
+
+def test_ctrl_c_while_serve_serves_ends_it_in_one_line(tiny_models, tmp_path) -> None:
+    """SIGINT to scripts/serve.py once it answers: uvicorn shuts the server down and raises the signal again once
+    done, so a KeyboardInterrupt comes out of its run; run_main ends it in one line (was a traceback, exit 1)."""
+    from tests.conftest import wait_for_health
+    from trainer.distributed import free_port
+
+    port = free_port()
+    process = start_tool("scripts/serve.py", "--model_path", str(tiny_models.sft), "--port", str(port),
+                         "--threads", "1", tmp_path=tmp_path)
+    stderr = StderrReader(process)
+    wait_for_health(f"http://127.0.0.1:{port}", timeout=180)
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=120)
+    stderr.thread.join(timeout=30)
+    err = stderr.text()
+    assert process.returncode == INTERRUPTED_EXIT, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines()[-1] == "interrupted", err

@@ -1,0 +1,142 @@
+"""One way out for every command line, read from the source with `ast`: each file's `if __name__ == "__main__":`
+block hands main to trainer/cli.py's run_main, which owns the exit code, Ctrl-C (one line, exit 130) and a reader
+that stopped early (`tool | head`: a quiet exit 141), so a new tool cannot end in a KeyboardInterrupt or
+BrokenPipeError traceback. The trainers' block is `main("<task>")` from trainer/core.py, which owns their handling
+(its Ctrl-C line names the newest checkpoint)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from tests.paths import REPO
+from trainer.run_dir import EXIT_BROKEN_PIPE
+
+FOLDERS = ("scripts", "eval", "dataset", "model", "trainer")  # the tools and the library: any file may be a command
+TRAINER_COMMAND = "trainer/train_*.py"
+
+
+def main_block(tree: ast.Module) -> ast.If | None:
+    for node in tree.body:
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+                and isinstance(node.test.comparators[0], ast.Constant)
+                and node.test.comparators[0].value == "__main__"):
+            return node
+    return None
+
+
+def _imports(statements: list[ast.stmt], module: str, name: str) -> bool:
+    return any(isinstance(node, ast.ImportFrom) and node.module == module and not node.level
+               and any(alias.name == name and alias.asname is None for alias in node.names)
+               for statement in statements for node in ast.walk(statement))
+
+
+def _call_of(statement: ast.stmt, name: str) -> ast.Call | None:
+    if (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)
+            and isinstance(statement.value.func, ast.Name) and statement.value.func.id == name):
+        return statement.value
+    return None
+
+
+def main_block_problem(source: str, trainer: bool = False) -> str | None:
+    """Why the file's command line does not end through run_main (None: it does, or the file is no command). The
+    block holds imports and then `run_main(one argument)`, run_main imported from trainer.cli: anything else the
+    command does goes in the function it runs. A trainer's block (`trainer`) is `main("<task>")` from
+    trainer.core."""
+    tree = ast.parse(source)
+    block = main_block(tree)
+    if block is None:
+        return None
+    *before, last = block.body
+    if trainer:
+        call = _call_of(last, "main")
+        if (not before and call is not None and len(call.args) == 1 and not call.keywords
+                and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)
+                and _imports(tree.body, "trainer.core", "main")):
+            return None
+        return f"line {block.lineno}: a trainer's block is main(\"<task>\") from trainer.core"
+    call = _call_of(last, "run_main")
+    if call is None or len(call.args) != 1 or call.keywords:
+        return f"line {block.lineno}: the block does not end in run_main(main)"
+    if any(not isinstance(statement, (ast.Import, ast.ImportFrom)) for statement in before):
+        return f"line {block.lineno}: the block does more than import and call run_main"
+    if not _imports(tree.body, "trainer.cli", "run_main"):
+        return f"line {block.lineno}: run_main is not trainer.cli's"
+    return None
+
+
+def command_files() -> list[Path]:
+    return sorted(path for folder in FOLDERS for path in (REPO / folder).rglob("*.py")
+                  if main_block(ast.parse(path.read_text(encoding="utf-8"))) is not None)
+
+
+def test_every_command_line_ends_through_run_main() -> None:
+    files = command_files()
+    names = {str(path.relative_to(REPO)) for path in files}
+    # The scan finds the commands (a wrong folder or test would find none and pass).
+    assert {"scripts/serve.py", "eval/chat.py", "eval/studies/grad_at_init.py", "eval/benchmarks/bench_norm.py",
+            "dataset/corpus.py", "trainer/train_pretrain.py"} <= names
+    problems = {name: problem for path in files
+                if (problem := main_block_problem(path.read_text(encoding="utf-8"),
+                                                  trainer=path.match(TRAINER_COMMAND)))
+                for name in [str(path.relative_to(REPO))]}
+    assert problems == {}
+
+
+@pytest.mark.parametrize(("source", "trainer", "problem"), [
+    ('from trainer.cli import run_main\nif __name__ == "__main__":\n    run_main(main)\n', False, None),
+    ('if __name__ == "__main__":\n    from trainer.cli import run_main\n\n    run_main(main)\n', False, None),
+    ("def main(): ...\n", False, None),  # a module, not a command
+    ('if __name__ == "__main__":\n    raise SystemExit(main())\n', False,
+     "line 1: the block does not end in run_main(main)"),
+    ('import sys\nif __name__ == "__main__":\n    sys.exit(main())\n', False,
+     "line 2: the block does not end in run_main(main)"),
+    ('if __name__ == "__main__":\n    main()\n', False, "line 1: the block does not end in run_main(main)"),
+    ('from trainer.cli import run_main\nif __name__ == "__main__":\n    try:\n        main()\n'
+     '    except ValueError:\n        pass\n    run_main(main)\n', False,
+     "line 2: the block does more than import and call run_main"),
+    ('def run_main(f): f()\nif __name__ == "__main__":\n    run_main(main)\n', False,
+     "line 2: run_main is not trainer.cli's"),
+    ('from trainer.core import main\nif __name__ == "__main__":\n    main("pretrain")\n', True, None),
+    ('from trainer.core import main\nif __name__ == "__main__":\n    main()\n', True,
+     "line 2: a trainer's block is main(\"<task>\") from trainer.core"),
+])
+def test_the_main_block_check_catches_each_other_ending(source: str, trainer: bool, problem: str | None) -> None:
+    assert main_block_problem(textwrap.dedent(source), trainer) == problem
+
+
+def user_env() -> dict[str, str]:
+    """This environment as a user's shell has it: stdout block-buffered into a pipe (the test runner may set
+    PYTHONUNBUFFERED)."""
+    return {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+
+
+@pytest.mark.parametrize("tool", ["scripts/convert_to_llama.py", "eval/studies/norm_share.py"])
+def test_help_into_head_prints_its_first_line_and_no_traceback(tool: str) -> None:
+    command = f"{sys.executable} {tool} --help | head -1; exit ${{PIPESTATUS[0]}}"
+    result = subprocess.run(["bash", "-c", command], cwd=REPO, env=user_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode in (0, EXIT_BROKEN_PIPE), result.stderr  # 141: head was gone before the help was written
+    assert result.stdout.startswith("usage: ") and result.stdout.count("\n") == 1
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_reader_gone_before_the_output_ends_the_tool_quietly(buffered: bool) -> None:
+    """`python dataset/tools.py --schemas` into a pipe whose reader has closed: exit 141, nothing on stderr (was a
+    BrokenPipeError traceback unbuffered, 'Exception ignored ... BrokenPipeError' and 120 buffered)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: every write fails, no race
+    env = user_env() if buffered else {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        result = subprocess.run([sys.executable, "dataset/tools.py", "--schemas"], cwd=REPO, env=env,
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (EXIT_BROKEN_PIPE, "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -51,14 +52,45 @@ def token_starts(tokenizer: PreTrainedTokenizerBase, text: str) -> list[tuple[in
 
 
 def token_bytes(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> list[bytes]:
-    """Each token's own bytes: a byte-level BPE token's bytes, which may be part of a character only (the first byte
-    of a 3-byte Chinese character), and an added token's text (<|im_end|>) in UTF-8. A token that is not written in
-    the byte-level alphabet (another kind of tokenizer) is the UTF-8 of its decoded text."""
+    """Each token's own bytes, which may be part of a character only (the first byte of a 3-byte Chinese
+    character): a byte-level BPE token's bytes (MiniNorm's and Qwen's tokenizers); a SentencePiece-style token's
+    text with its word mark "▁" as a space, or its one byte for a byte-fallback token ("<0xE4>"; Llama's
+    tokenizers); an added token's text (<|im_end|>) in UTF-8. A token of any other kind is the UTF-8 of its
+    decoded text."""
     added = tokenizer.added_tokens_decoder
+    kind = _piece_kind(tokenizer)
     out = []
     for token_id, piece in zip(token_ids, tokenizer.convert_ids_to_tokens(list(token_ids))):
-        if token_id in added or piece is None or not all(char in _BYTE_OF_CHAR for char in piece):
+        if token_id in added or piece is None:
             out.append(tokenizer.decode([token_id]).encode("utf-8"))
-        else:
+        elif kind == "byte_level" and all(char in _BYTE_OF_CHAR for char in piece):
             out.append(bytes(_BYTE_OF_CHAR[char] for char in piece))
+        elif kind == "sentencepiece" and (byte := _BYTE_FALLBACK.fullmatch(piece)):
+            out.append(bytes([int(byte.group(1), 16)]))
+        elif kind == "sentencepiece":
+            out.append(piece.replace(_WORD_MARK, " ").encode("utf-8"))
+        else:
+            out.append(tokenizer.decode([token_id]).encode("utf-8"))
     return out
+
+
+_WORD_MARK = "\u2581"  # SentencePiece's "▁": a space before the word
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte no piece holds, as its own token
+
+
+def _piece_kind(tokenizer: PreTrainedTokenizerBase) -> str:
+    """How the tokenizer writes a token's bytes, read from its decoder: "byte_level" (one character per byte),
+    "sentencepiece" ("▁" for a space) or "other". A tokenizer without a fast backend is taken as byte-level,
+    as MiniNorm's own are."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.decoder is None:
+        return "byte_level" if backend is None else "other"
+    decoder = json.loads(backend.decoder.__getstate__())
+    steps = decoder.get("decoders") or [decoder]
+    types = {step.get("type") for step in steps}
+    if "ByteLevel" in types:
+        return "byte_level"
+    if "Metaspace" in types or any(step.get("type") == "Replace" and step.get("pattern", {}).get("String")
+                                   == _WORD_MARK for step in steps):
+        return "sentencepiece"
+    return "other"

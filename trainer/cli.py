@@ -38,7 +38,10 @@ def run_main(main: Callable[[], int]) -> NoReturn:
     SIGPIPE, so the write raises); Ctrl-C (KeyboardInterrupt) ends it with INTERRUPTED_LINE on stderr and
     EXIT_INTERRUPTED, not a KeyboardInterrupt traceback."""
     try:
-        code = main()
+        try:
+            code = main()
+        except SystemExit as stop:  # --help, a flag's error, a tool's own sys.exit: its output is flushed here too
+            code = stop.code
         sys.stdout.flush()  # inside the try: a buffered answer meets the closed pipe here
     except KeyboardInterrupt:
         print(INTERRUPTED_LINE, file=sys.stderr, flush=True)

@@ -221,7 +221,7 @@ def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, arrow_path: Path)
 def check_data_file(path: Path) -> None:
     """Refuse, in one line, a data path that is not a file: missing, or a folder."""
     if path.is_dir():
-        raise FileNotFoundError(f"{path} is a folder, not a data file (a .jsonl file)")
+        raise FileNotFoundError(f"{path} is a folder, not a jsonl data file")
     if not path.is_file():
         raise FileNotFoundError(f"no such data file: {path}")
 

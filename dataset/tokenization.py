@@ -15,6 +15,8 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "model"
 _BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE's alphabet, read back
+_WORD_MARK = "\u2581"  # SentencePiece's "▁": a space before the word
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte no piece holds, as its own token
 
 
 def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerBase:
@@ -72,10 +74,6 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) ->
         else:
             out.append(tokenizer.decode([token_id]).encode("utf-8"))
     return out
-
-
-_WORD_MARK = "\u2581"  # SentencePiece's "▁": a space before the word
-_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte no piece holds, as its own token
 
 
 def _piece_kind(tokenizer: PreTrainedTokenizerBase) -> str:

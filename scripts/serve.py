@@ -71,10 +71,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # listening now: a second server bound but not yet listening could share the port
     except OSError as error:  # address in use, not this machine's, a name that does not resolve
         sock.close()
         raise ValueError(f"cannot listen on --host {host} --port {port}: {error.strerror or error}") from None
-    sock.set_inheritable(True)
     return sock
 
 

@@ -38,6 +38,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from collections.abc import Iterator
@@ -55,7 +56,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataset.atomic_io import make_dirs, path_overlap  # noqa: E402
-from trainer.cli import ToolParser, int_within, run_main, seed  # noqa: E402
+from trainer.cli import INTERRUPTED_LINE, ToolParser, int_within, run_main, seed  # noqa: E402
 from trainer.yaml_file import read_yaml  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, FINAL_METRIC_PLACES,  # noqa: E402
                              REPO_ROOT, SUMMARY_FILE, TRAINER_SCRIPTS, final_metric, logged_metrics, read_summary,
@@ -404,25 +405,48 @@ class TrialOutcome:
     log_tail: bool = False   # error is the trial's own output, not a message of the runner's
 
 
-_running_children: set[subprocess.Popen] = set()  # the trials in flight (several with --workers)
+class _Trials:
+    """The trials' subprocesses in flight (several with --workers), which a signal stops with the runner. A worker
+    starts its trial under the lock, so a stop that comes while one starts still reaches it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()  # a second signal may come while the handler of the first holds it
+        self.running: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def start(self, command: list[str], **popen: Any) -> subprocess.Popen:
+        with self.lock:
+            child = subprocess.Popen(command, **popen)
+            self.running.add(child)
+            if self.stopping:
+                child.terminate()
+        return child
+
+    def done(self, child: subprocess.Popen) -> None:
+        with self.lock:
+            self.running.discard(child)
+
+    def stop(self) -> None:
+        """Stop the running trials with us; their directories have no run_summary.json, so a restart reruns them."""
+        with self.lock:
+            self.stopping = True
+            for child in self.running:
+                if child.poll() is None:
+                    child.terminate()
 
 
-def _stop_children() -> None:
-    """Stop the running trials with us; their directories have no run_summary.json, so a restart reruns them."""
-    for child in list(_running_children):
-        if child.poll() is None:
-            child.terminate()
+_trials = _Trials()
 
 
 def _terminate_child(signum, frame) -> None:  # noqa: ARG001
-    _stop_children()
+    _trials.stop()
     raise SystemExit(128 + signum)
 
 
 def _interrupt(signum, frame) -> None:  # noqa: ARG001
     # The trials stop here, in the handler: unwinding first would wait in the worker pool's exit for trials that a
     # `kill -INT` of the runner alone leaves running.
-    _stop_children()
+    _trials.stop()
     raise KeyboardInterrupt
 
 
@@ -437,12 +461,11 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
         log.flush()
         # the log holds earlier attempts and this one's command line: its own output starts here
         output_start = os.fstat(log.fileno()).st_size
-        child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        _running_children.add(child)
+        child = _trials.start(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             returncode = child.wait()
         finally:
-            _running_children.discard(child)
+            _trials.done(child)
     summary = read_summary(trial_dir)
     if returncode == 0 and summary.get("status") == "finished":
         return TrialOutcome("finished", returncode, summary)
@@ -719,12 +742,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # SweepConfigError, or a sweep folder whose state is not readable
         return report_error(error)
     except KeyboardInterrupt:  # Ctrl-C (a terminal sends the trials one too; `kill -INT` only us: _interrupt)
-        print("interrupted; the trials in flight were stopped: run the same command again to go on (done trials "
-              "are kept, a cut-off trial resumes from its newest checkpoint)", file=sys.stderr)
+        print(f"{INTERRUPTED_LINE}; the trials in flight were stopped: run the same command again to go on (done "
+              "trials are kept, a cut-off trial resumes from its newest checkpoint)", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:  # main() may run inside another program (the tests): its own handlers come back
         for number, handler in previous.items():
             signal.signal(number, handler)
+        _trials.stopping = False
     return 1 if any(t["status"] == "failed" for t in trials) else 0
 
 

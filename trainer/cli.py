@@ -32,7 +32,7 @@ class ToolParser(argparse.ArgumentParser):
 INTERRUPTED_LINE = "interrupted"  # all that Ctrl-C prints: the user asked for the stop, there is nothing to debug
 
 
-def run_main(main: Callable[[], int]) -> NoReturn:
+def run_main(main: Callable[[], int | None]) -> NoReturn:
     """Exit with `main()`'s code. Two ways out are owned here, once for every tool: a reader that stopped early
     (`tool | head`) ends the tool quietly with EXIT_BROKEN_PIPE, not a BrokenPipeError traceback (Python ignores
     SIGPIPE, so the write raises); Ctrl-C (KeyboardInterrupt) ends it with INTERRUPTED_LINE on stderr and

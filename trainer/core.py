@@ -38,6 +38,7 @@ from model.model import MiniNormForCausalLM
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
                           requested_model_fields, resolve_copy_rows, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
+from trainer.cli import INTERRUPTED_LINE
 from trainer.checkpoint import (adopt_saved_architecture, agree_on_start, check_resume_compatible,
                                 check_saved_architecture, clear_previous_files, load_checkpoint, probe_storage,
                                 save_checkpoint, saved_position)
@@ -716,7 +717,7 @@ def main(task: str, argv: list[str] | None = None) -> RunSummary:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(EXIT_DIVERGED) from None
     except KeyboardInterrupt:  # Ctrl-C: no traceback, but where the run can go on from
-        print(f"interrupted; {_resume_hint(args)}", file=sys.stderr)
+        print(f"{INTERRUPTED_LINE}; {_resume_hint(args)}", file=sys.stderr)
         raise SystemExit(EXIT_INTERRUPTED) from None
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(report_error(error)) from None

@@ -351,9 +351,9 @@ def _missing(path: Path, task: str) -> ModelNotFound:
         return ModelNotFound(f"{path} is a file, not a model folder (config.json and the weights)")
     out_flag = "" if path in [default_out_dir(name) for name in TASKS] else f" --out_dir {path}"
     if checkpoints := list_checkpoints(path / CHECKPOINT_DIR):  # a run that stopped before it saved its model
-        return ModelNotFound(f"no model at {path} yet: its run stopped at {checkpoints[-1].name} before the end; "
-                             f"finish it by running its command again with --resume auto (its flags are in "
-                             f"{path / CONFIG_FILE})")
+        return ModelNotFound(f"no model at {path} yet: its run has not finished (newest checkpoint "
+                             f"{checkpoints[-1].name}); if it is no longer training, finish it by running its command "
+                             f"again with --resume auto (its flags are in {path / CONFIG_FILE})")
     return ModelNotFound(f"no model at {path}; create it with `{CREATE_COMMANDS[task]}{out_flag}`")
 
 

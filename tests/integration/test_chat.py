@@ -14,7 +14,8 @@ import torch
 from model.chat_session import ChatSession, uses_chat_template
 from model.generation import GenerationSettings
 from trainer.inference_flags import CHAT_FREQUENCY_PENALTY
-from trainer.run_dir import REPO_ROOT, ModelNotFound, locate_model, model_task, resolve_input_path, resolve_path
+from trainer.run_dir import (EXIT_INTERRUPTED, REPO_ROOT, ModelNotFound, locate_model, model_task, resolve_input_path,
+                              resolve_path)
 from tests.paths import REPO
 
 CHAT = REPO / "eval" / "chat.py"
@@ -243,9 +244,9 @@ def test_a_path_that_holds_no_model_says_what_it_holds(tmp_path) -> None:
     (stopped / CHECKPOINT_DIR / checkpoint_name(30)).mkdir()  # incomplete: no trainer state
     with pytest.raises(ModelNotFound) as refused:
         locate_model(stopped)
-    assert str(refused.value) == (f"no model at {stopped} yet: its run stopped at {checkpoint_name(20)} before the "
-                                  f"end; finish it by running its command again with --resume auto (its flags are in "
-                                  f"{stopped / CONFIG_FILE})")
+    assert str(refused.value) == (f"no model at {stopped} yet: its run has not finished (newest checkpoint "
+                                  f"{checkpoint_name(20)}); if it is no longer training, finish it by running its "
+                                  f"command again with --resume auto (its flags are in {stopped / CONFIG_FILE})")
     with pytest.raises(ModelNotFound, match=f"^no model at {tmp_path}; create it with"):
         locate_model(tmp_path)
 
@@ -425,7 +426,7 @@ def test_ctrl_c_on_piped_input_ends_the_run_in_one_line(monkeypatch, capsys, tin
     interrupt_generation(monkeypatch)
     code, out, err = chat_as_a_script(monkeypatch, capsys, io.StringIO("Tell me a story\nnever answered\n"),
                                       "--model_path", str(tiny_models.sft), *GREEDY)
-    assert code == 130
+    assert code == EXIT_INTERRUPTED
     assert "Traceback" not in err and tiny_models.reply not in out
     assert out.endswith("\n")  # the partly streamed answer's line is ended
     assert err.splitlines()[-1] == "interrupted" and "not kept in the history" not in err
@@ -435,7 +436,7 @@ def test_ctrl_c_during_a_prompts_answer_ends_the_run_in_one_line(monkeypatch, ca
     interrupt_generation(monkeypatch)
     code, out, err = chat_as_a_script(monkeypatch, capsys, io.StringIO(""), "--model_path", str(tiny_models.sft),
                                       *GREEDY, "--prompt", "Tell me a story")
-    assert code == 130 and "Traceback" not in err
+    assert code == EXIT_INTERRUPTED and "Traceback" not in err
     assert out.endswith("\n") and tiny_models.reply not in out
     assert err.splitlines()[-1] == "interrupted"
 
@@ -455,7 +456,7 @@ def test_ctrl_c_at_the_prompt_ends_the_session_in_one_line(monkeypatch, capsys, 
     (test_ctrl_c_on_a_terminal_drops_that_answer_and_says_so ends on it with 0)."""
     code, out, err = chat_as_a_script(monkeypatch, capsys, CtrlCAfterInput("Who are you?\n"),
                                       "--model_path", str(tiny_models.sft), *GREEDY)
-    assert code == 130 and "Traceback" not in err
+    assert code == EXIT_INTERRUPTED and "Traceback" not in err
     assert out.endswith(f"bot> {tiny_models.reply}\n\nyou> ")
     assert err.splitlines()[-2:] == ["", "interrupted"]  # the line after the prompt's, as Ctrl-D's blank line
 

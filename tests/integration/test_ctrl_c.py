@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from tests.paths import REPO
+from trainer.run_dir import EXIT_INTERRUPTED
 
-INTERRUPTED_EXIT = 130
 
 
 def start_tool(script: str, *args: str, tmp_path: Path) -> subprocess.Popen:
@@ -65,7 +65,7 @@ def test_ctrl_c_while_evaluate_works_ends_it_in_one_line(tiny_models, tmp_path) 
     process.wait(timeout=120)
     stderr.thread.join(timeout=30)
     err = stderr.text()
-    assert process.returncode == INTERRUPTED_EXIT, err
+    assert process.returncode == EXIT_INTERRUPTED, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.splitlines()[-1] == "interrupted", err  # splitlines: a progress bar's \r ends a line too
     assert b"bits/byte" not in out  # stopped at work: no table
@@ -83,7 +83,7 @@ def test_ctrl_c_while_chat_waits_for_piped_input_ends_it_in_one_line(tiny_models
     process.wait(timeout=120)
     stderr.thread.join(timeout=30)
     err = stderr.text()
-    assert process.returncode == INTERRUPTED_EXIT, err
+    assert process.returncode == EXIT_INTERRUPTED, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.splitlines()[-1] == "interrupted", err
 
@@ -106,7 +106,7 @@ def test_ctrl_c_while_a_trainer_trains_names_its_newest_checkpoint(train_data, t
     process.wait(timeout=120)
     stderr.thread.join(timeout=30)
     err = stderr.text()
-    assert process.returncode == INTERRUPTED_EXIT, err
+    assert process.returncode == EXIT_INTERRUPTED, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     newest = list_checkpoints(out_dir / CHECKPOINT_DIR)[-1]
     assert err.splitlines()[-1] == (f"interrupted; its newest checkpoint is {newest}: run the same command with "
@@ -128,6 +128,6 @@ def test_ctrl_c_while_serve_serves_ends_it_in_one_line(tiny_models, tmp_path) ->
     process.wait(timeout=120)
     stderr.thread.join(timeout=30)
     err = stderr.text()
-    assert process.returncode == INTERRUPTED_EXIT, err
+    assert process.returncode == EXIT_INTERRUPTED, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.splitlines()[-1] == "interrupted", err

@@ -205,7 +205,7 @@ def test_a_scan_cache_folder_that_is_a_file_is_one_line(tmp_path, under):
 def test_a_data_path_that_is_missing_or_a_folder_is_one_line(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"^no such data file: {tmp_path / 'none.jsonl'}$"):
         dataset.jsonl.scan_jsonl(tmp_path / "none.jsonl", "text", cache_dir=tmp_path / "cache")
-    with pytest.raises(FileNotFoundError, match=f"^{tmp_path} is a folder, not a data file"):
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path} is a folder, not a jsonl data file$"):
         dataset.jsonl.scan_jsonl(tmp_path, "text", cache_dir=tmp_path / "cache")
 
 

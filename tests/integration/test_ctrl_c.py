@@ -51,6 +51,19 @@ class StderrReader:
             time.sleep(0.05)
 
 
+def interrupt(process: subprocess.Popen, stderr: StderrReader) -> tuple[bytes, str]:
+    """Send SIGINT and let the process end: its stdout and stderr, once its exit code is checked to be
+    EXIT_INTERRUPTED with no traceback."""
+    process.send_signal(signal.SIGINT)
+    out = process.stdout.read()  # not communicate(): the thread reads stderr
+    process.wait(timeout=120)
+    stderr.thread.join(timeout=30)
+    err = stderr.text()
+    assert process.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    return out, err
+
+
 def test_ctrl_c_while_evaluate_works_ends_it_in_one_line(tiny_models, tmp_path) -> None:
     """SIGINT while evaluate.py tokenizes a file that takes it many seconds more to score."""
     text = "The history of the city begins with a small fishing village on the river. " * 4
@@ -60,13 +73,7 @@ def test_ctrl_c_while_evaluate_works_ends_it_in_one_line(tiny_models, tmp_path) 
                          "--no_samples", "--threads", "1", "--max_seq_len", "128", tmp_path=tmp_path)
     stderr = StderrReader(process)
     stderr.wait_for("tokenizing documents", process)  # at work on the data
-    process.send_signal(signal.SIGINT)
-    out = process.stdout.read()  # not communicate(): the thread reads stderr
-    process.wait(timeout=120)
-    stderr.thread.join(timeout=30)
-    err = stderr.text()
-    assert process.returncode == EXIT_INTERRUPTED, err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    out, err = interrupt(process, stderr)
     assert err.splitlines()[-1] == "interrupted", err  # splitlines: a progress bar's \r ends a line too
     assert b"bits/byte" not in out  # stopped at work: no table
 
@@ -79,12 +86,7 @@ def test_ctrl_c_while_chat_waits_for_piped_input_ends_it_in_one_line(tiny_models
     process.stdin.write(b"Who are you?\n")
     process.stdin.flush()
     assert process.stdout.readline().decode("utf-8") == f"{tiny_models.reply}\n"  # answered; the pipe stays open
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=120)
-    stderr.thread.join(timeout=30)
-    err = stderr.text()
-    assert process.returncode == EXIT_INTERRUPTED, err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    _, err = interrupt(process, stderr)
     assert err.splitlines()[-1] == "interrupted", err
 
 
@@ -102,12 +104,7 @@ def test_ctrl_c_while_a_trainer_trains_names_its_newest_checkpoint(train_data, t
     while not list(out_dir.glob(f"{CHECKPOINT_DIR}/*/{STATE_FILE}")):
         assert process.poll() is None and time.monotonic() < deadline, stderr.text()
         time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=120)
-    stderr.thread.join(timeout=30)
-    err = stderr.text()
-    assert process.returncode == EXIT_INTERRUPTED, err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    _, err = interrupt(process, stderr)
     newest = list_checkpoints(out_dir / CHECKPOINT_DIR)[-1]
     assert err.splitlines()[-1] == (f"interrupted; its newest checkpoint is {newest}: run the same command with "
                                     "--resume auto to go on from it"), err
@@ -124,10 +121,5 @@ def test_ctrl_c_while_serve_serves_ends_it_in_one_line(tiny_models, tmp_path) ->
                          "--threads", "1", tmp_path=tmp_path)
     stderr = StderrReader(process)
     wait_for_health(f"http://127.0.0.1:{port}", timeout=180)
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=120)
-    stderr.thread.join(timeout=30)
-    err = stderr.text()
-    assert process.returncode == EXIT_INTERRUPTED, err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    _, err = interrupt(process, stderr)
     assert err.splitlines()[-1] == "interrupted", err

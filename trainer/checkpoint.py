@@ -298,6 +298,19 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
                                 f"{state['samples_done_in_epoch']}, more than the {samples} training samples")
 
 
+# Flags a resume compares elsewhere, or that name a place rather than a setting (a moved file is the same file).
+_NOT_NOTED = frozenset({"resume", "overwrite", "out_dir", "data_path", "val_data_path", "tokenizer_path",
+                        "from_weight", "teacher", "reward_model", "threads"})
+
+
+def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
+    """The run's settings that differ from the checkpoint's (a resume may change them: the learning rate, the
+    length, the intervals), as '--a was 1 there and is 2 now, ...'; "" when none does. The kept flags are
+    refused before this (check_resume_compatible), so what is named here is what the run goes on with anew."""
+    now = {name: value for name, value in config.items() if name not in _NOT_NOTED}
+    return _was_and_is(_changes(state.get("config", {}), now))
+
+
 def _comparable(value: Any) -> Any:
     """A config value as trainer_state.json holds it (tuples are lists there)."""
     return json.loads(json.dumps(value))

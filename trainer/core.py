@@ -39,7 +39,7 @@ from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIEL
                           requested_model_fields, resolve_copy_rows, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE
-from trainer.checkpoint import (adopt_saved_architecture, agree_on_start, check_resume_compatible,
+from trainer.checkpoint import (adopt_saved_architecture, agree_on_start, changed_flags, check_resume_compatible,
                                 check_saved_architecture, clear_previous_files, load_checkpoint, probe_storage,
                                 save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
@@ -452,6 +452,8 @@ class Trainer:
             self.reporter.print(f"resumed from {self.resume_from} at optimizer step {position.step} (epoch {epoch}, "
                                 f"sample {samples_done} of {len(self.data.train)})"
                                 + (f"; {self.resume.note}" if self.resume.note else ""))
+            if changed := changed_flags(state, self.config_dict):  # a resume that changes the schedule says so
+                self.reporter.print(f"changed since the checkpoint: {changed}; the run goes on with the new values")
         elif self.args.resume == "auto":
             self.reporter.print(f"--resume auto: no checkpoint in {self.out_dir / CHECKPOINT_DIR}; starting fresh")
         if self.is_main:

@@ -107,6 +107,23 @@ def test_resume_with_another_batch_size_continues_at_the_next_sample(train_data,
     assert len(seen_8) == 8 and all(torch.equal(a, b) for a, b in zip(seen_8, seen[12:20]))
 
 
+def test_a_resume_names_the_settings_it_changes(train_data, reference_run, tmp_path, capsys):
+    """A resume may change the length or the learning rate (the schedule follows them): it says so in one line, and
+    says nothing when the command line is the checkpoint's."""
+    checkpoint = reference_run / "checkpoints" / "step_00000003"
+
+    def changed_lines(*flags: str) -> list[str]:
+        run_in_process("pretrain", pretrain_argv(train_data, tmp_path / "-".join(flags or ("same",)), "--batch_size",
+                                                 "4", *flags, "--resume", str(checkpoint)))
+        captured = capsys.readouterr()
+        return [line for line in (captured.out + captured.err).splitlines() if "changed since the checkpoint" in line]
+
+    assert changed_lines("--max_steps", "5", "--learning_rate", "0.002") == [
+        f"changed since the checkpoint: --max_steps was {STEPS} there and is 5 now, --learning_rate was 0.003 there "
+        "and is 0.002 now; the run goes on with the new values"]
+    assert changed_lines() == []
+
+
 def _edited_copy(data: Path, tmp_path: Path) -> Path:
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     rows[0] = {"text": "an edited first document about something else entirely"}

@@ -709,6 +709,13 @@ def _resume_hint(args: TrainArgs) -> str:
     return f"its newest checkpoint is {checkpoints[-1]}: run the same command with --resume auto to go on from it"
 
 
+def command_line(task: str) -> int:
+    """A trainer script's command (trainer/train_*.py, under trainer.cli's run_main): main(task) on sys.argv, 0 once
+    the run is done; its failures and Ctrl-C end through SystemExit with their own codes."""
+    main(task)
+    return 0
+
+
 def main(task: str, argv: list[str] | None = None) -> RunSummary:
     """Entry point of the thin trainer scripts."""
     from trainer.args import parse_args

@@ -13,7 +13,10 @@ from trainer.threads import bound_openmp_waits  # noqa: E402
 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
 
-from trainer.core import main  # noqa: E402
+from functools import partial  # noqa: E402
+
+from trainer.cli import run_main  # noqa: E402
+from trainer.core import command_line  # noqa: E402
 
 if __name__ == "__main__":
-    main("lora")
+    run_main(partial(command_line, "lora"))

@@ -1,8 +1,8 @@
 """One way out for every command line, read from the source with `ast`: each file's `if __name__ == "__main__":`
 block hands main to trainer/cli.py's run_main, which owns the exit code, Ctrl-C (one line, exit 130) and a reader
 that stopped early (`tool | head`: a quiet exit 141), so a new tool cannot end in a KeyboardInterrupt or
-BrokenPipeError traceback. The trainers' block is `main("<task>")` from trainer/core.py, which owns their handling
-(its Ctrl-C line names the newest checkpoint)."""
+BrokenPipeError traceback. A trainer's runs trainer/core.py's command_line, whose Ctrl-C line names the newest
+checkpoint."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from tests.paths import REPO
 from trainer.run_dir import EXIT_BROKEN_PIPE
 
 FOLDERS = ("scripts", "eval", "dataset", "model", "trainer")  # the tools and the library: any file may be a command
-TRAINER_COMMAND = "trainer/train_*.py"
 
 
 def main_block(tree: ast.Module) -> ast.If | None:
@@ -44,23 +43,15 @@ def _call_of(statement: ast.stmt, name: str) -> ast.Call | None:
     return None
 
 
-def main_block_problem(source: str, trainer: bool = False) -> str | None:
+def main_block_problem(source: str) -> str | None:
     """Why the file's command line does not end through run_main (None: it does, or the file is no command). The
     block holds imports and then `run_main(one argument)`, run_main imported from trainer.cli: anything else the
-    command does goes in the function it runs. A trainer's block (`trainer`) is `main("<task>")` from
-    trainer.core."""
+    command does goes in the function it runs (a trainer's: run_main(partial(command_line, "<task>")))."""
     tree = ast.parse(source)
     block = main_block(tree)
     if block is None:
         return None
     *before, last = block.body
-    if trainer:
-        call = _call_of(last, "main")
-        if (not before and call is not None and len(call.args) == 1 and not call.keywords
-                and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)
-                and _imports(tree.body, "trainer.core", "main")):
-            return None
-        return f"line {block.lineno}: a trainer's block is main(\"<task>\") from trainer.core"
     call = _call_of(last, "run_main")
     if call is None or len(call.args) != 1 or call.keywords:
         return f"line {block.lineno}: the block does not end in run_main(main)"
@@ -83,32 +74,30 @@ def test_every_command_line_ends_through_run_main() -> None:
     assert {"scripts/serve.py", "eval/chat.py", "eval/studies/grad_at_init.py", "eval/benchmarks/bench_norm.py",
             "dataset/corpus.py", "trainer/train_pretrain.py"} <= names
     problems = {name: problem for path in files
-                if (problem := main_block_problem(path.read_text(encoding="utf-8"),
-                                                  trainer=path.match(TRAINER_COMMAND)))
+                if (problem := main_block_problem(path.read_text(encoding="utf-8")))
                 for name in [str(path.relative_to(REPO))]}
     assert problems == {}
 
 
-@pytest.mark.parametrize(("source", "trainer", "problem"), [
-    ('from trainer.cli import run_main\nif __name__ == "__main__":\n    run_main(main)\n', False, None),
-    ('if __name__ == "__main__":\n    from trainer.cli import run_main\n\n    run_main(main)\n', False, None),
-    ("def main(): ...\n", False, None),  # a module, not a command
-    ('if __name__ == "__main__":\n    raise SystemExit(main())\n', False,
+@pytest.mark.parametrize(("source", "problem"), [
+    ('from trainer.cli import run_main\nif __name__ == "__main__":\n    run_main(main)\n', None),
+    ('if __name__ == "__main__":\n    from trainer.cli import run_main\n\n    run_main(main)\n', None),
+    ("def main(): ...\n", None),  # a module, not a command
+    ('if __name__ == "__main__":\n    raise SystemExit(main())\n',
      "line 1: the block does not end in run_main(main)"),
-    ('import sys\nif __name__ == "__main__":\n    sys.exit(main())\n', False,
+    ('import sys\nif __name__ == "__main__":\n    sys.exit(main())\n',
      "line 2: the block does not end in run_main(main)"),
-    ('if __name__ == "__main__":\n    main()\n', False, "line 1: the block does not end in run_main(main)"),
+    ('if __name__ == "__main__":\n    main()\n', "line 1: the block does not end in run_main(main)"),
     ('from trainer.cli import run_main\nif __name__ == "__main__":\n    try:\n        main()\n'
-     '    except ValueError:\n        pass\n    run_main(main)\n', False,
+     '    except ValueError:\n        pass\n    run_main(main)\n',
      "line 2: the block does more than import and call run_main"),
-    ('def run_main(f): f()\nif __name__ == "__main__":\n    run_main(main)\n', False,
+    ('def run_main(f): f()\nif __name__ == "__main__":\n    run_main(main)\n',
      "line 2: run_main is not trainer.cli's"),
-    ('from trainer.core import main\nif __name__ == "__main__":\n    main("pretrain")\n', True, None),
-    ('from trainer.core import main\nif __name__ == "__main__":\n    main()\n', True,
-     "line 2: a trainer's block is main(\"<task>\") from trainer.core"),
+    ('from trainer.core import main\nif __name__ == "__main__":\n    main("pretrain")\n',
+     "line 2: the block does not end in run_main(main)"),
 ])
-def test_the_main_block_check_catches_each_other_ending(source: str, trainer: bool, problem: str | None) -> None:
-    assert main_block_problem(textwrap.dedent(source), trainer) == problem
+def test_the_main_block_check_catches_each_other_ending(source: str, problem: str | None) -> None:
+    assert main_block_problem(textwrap.dedent(source)) == problem
 
 
 def user_env() -> dict[str, str]:

@@ -29,7 +29,7 @@ from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from dataset.atomic_io import atomic_path, check_folder_path  # noqa: E402
 from dataset.chat_format import CHATML_TEMPLATE, ENDOFTEXT, IM_END, SPECIAL_TOKENS  # noqa: E402
-from dataset.jsonl import iter_records  # noqa: E402
+from dataset.jsonl import check_data_file, iter_records  # noqa: E402
 from dataset.tokenization import DEFAULT_TOKENIZER_DIR  # noqa: E402
 from trainer.cli import ToolParser, int_within, path_arg, run_main  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
@@ -46,9 +46,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def iter_texts(path: Path) -> Iterator[str]:
     """The texts of a pretraining jsonl file, checked line by line as training reads them (dataset/jsonl.py): a
     bad line is a ValueError naming the file and the line, and so is a file with no text at all."""
-    if not path.is_file():
-        raise ValueError(f"--data_path {path}: " + ("is a directory, expected a jsonl file" if path.is_dir()
-                                                    else "no such file"))
+    try:
+        check_data_file(path)
+    except FileNotFoundError as error:
+        raise ValueError(f"--data_path: {error}") from None
     texts = 0
     for _, record, _ in iter_records(path, "text"):
         texts += 1

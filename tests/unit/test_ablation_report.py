@@ -164,6 +164,18 @@ def test_cli(tmp_path, capsys):
     assert "sweep_state.json" in capsys.readouterr().err
 
 
+def test_a_file_where_a_folder_goes_is_one_line_and_writes_nothing(two_parts, tmp_path, capsys):
+    a_file = tmp_path / "notes.md"
+    a_file.write_text("x")
+    assert main([str(a_file)]) == 2  # as SWEEP_DIR: its report/ folder was made first, a NotADirectoryError
+    assert capsys.readouterr().err == (f"error: {a_file}: no sweep_state.json; run `python scripts/sweep.py "
+                                       "FILE.yaml` first\n")
+    norms = two_parts[0].parent.parent / "norms"
+    assert main([str(norms), "--out", str(a_file)]) == 2
+    assert capsys.readouterr().err == f"error: {a_file} is a file, not a folder\n"
+    assert not (norms / "report").exists()  # the sweep folder gets no report/ of its own either
+
+
 # --------------------------------------------------------------------------- several parts, lr x warmup, gradients
 def _write_sweep(root: Path, name: str, swept: dict[str, list], fixed: dict, loss, grads=None) -> Path:
     """A finished grid sweep folder: every combination of `swept`, final loss `loss(params)`, and (when `grads` is

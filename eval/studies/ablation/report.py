@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dataset.atomic_io import atomic_write_text
+from dataset.atomic_io import atomic_write_text, make_dirs
 from eval.studies.ablation.baseline import data_key, unigram_baseline
 from eval.studies.ablation.load import SEED_KEY, Part, duplicate_trials, group_variants, load_sweep
 from eval.studies.ablation.plots import plot_curves, plot_grad_profile, plot_lr_warmup, plot_pre_post, plot_prms_p
@@ -62,9 +62,8 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
     import matplotlib
     matplotlib.use("Agg")
     dirs = [Path(d) for d in (sweep_dirs if isinstance(sweep_dirs, (list, tuple)) else [sweep_dirs])]
-    out = Path(out_dir) if out_dir else dirs[0] / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    parts = [Part(d, *load_sweep(d)) for d in dirs]
+    parts = [Part(d, *load_sweep(d)) for d in dirs]  # read first: a wrong folder leaves nothing behind
+    out = make_dirs(Path(out_dir) if out_dir else dirs[0] / "report")
     names = [p.name for p in parts]
     if len(set(names)) < len(names):
         raise ValueError(f"two sweep folders hold sweeps of the same name ({', '.join(names)}); report them apart")

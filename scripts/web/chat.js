@@ -18,12 +18,16 @@ function headers() {
   return result;
 }
 
-function showError(message) {
+// source: what the message is about ("model": the model or its tools could not be loaded; "chat": a request)
+function showError(message, source = "chat") {
   $("error").textContent = message;
+  $("error").dataset.source = source;
   $("error").hidden = false;
 }
 
-function clearError() {
+// With a source, only that source's message goes: a model load finishing late leaves a chat's error shown.
+function clearError(source) {
+  if (source !== undefined && $("error").dataset.source !== source) return;
   $("error").hidden = true;
   $("error").textContent = "";
 }
@@ -71,16 +75,16 @@ async function loadModel() {
     const response = await fetch("/v1/models", { headers: headers() });
     if (!response.ok) {
       $("model-name").textContent = response.status === 401 ? "enter the API key" : "";
-      showError(await errorMessage(response));
+      showError(await errorMessage(response), "model");
       return;
     }
     const model = (await response.json()).data[0];
     $("model-name").textContent = `${model.id} · context ${model.max_context} tokens`;
     $("max-tokens").max = model.max_context - 1;
     await loadTools();
-    clearError();
+    clearError("model");
   } catch (error) {
-    showError(`the server cannot be reached (${error.message})`);
+    showError(`the server cannot be reached (${error.message})`, "model");
   }
 }
 

@@ -160,6 +160,27 @@ def test_the_answer_is_rendered_while_it_streams(page, endless_model, serve_app,
         expect(page.locator("#send")).to_be_enabled()
 
 
+def test_a_model_load_that_ends_late_leaves_a_chat_error_shown(page, sft_server) -> None:
+    """The page loads the model's name, then the server's tools; a question sent before they arrive (a slow or busy
+    server) and refused keeps its error: the load's end clears only the load's own message (it cleared any)."""
+    from playwright.sync_api import expect
+
+    held = []
+    page.route("**/tools", lambda route: held.append(route))  # the tools request waits here until let go
+    page.goto(sft_server)
+    expect(page.locator("#model-name")).to_contain_text("context")
+    page.fill("#temperature", "5")
+    ask(page, "Who are you?")
+    error = page.locator("#error")
+    expect(error).to_contain_text("400")
+    assert len(held) == 1
+    held[0].continue_()
+    # the tools' answer retitles their switch; the load ends in the same turn of the page's event loop
+    expect(page.locator("#tools-label")).not_to_have_attribute("title", "let the model call the server's tools")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("400")
+
+
 def test_server_errors_are_shown_in_the_page(page, sft_server, tmp_path) -> None:
     from playwright.sync_api import expect
 

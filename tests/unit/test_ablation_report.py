@@ -165,7 +165,7 @@ def test_cli(tmp_path, capsys):
 
 
 def test_a_file_where_a_folder_goes_is_one_line_and_writes_nothing(two_parts, tmp_path, capsys):
-    a_file = tmp_path / "notes.md"
+    a_file = tmp_path / "notes.txt"
     a_file.write_text("x")
     assert main([str(a_file)]) == 2  # as SWEEP_DIR: its report/ folder was made first, a NotADirectoryError
     assert capsys.readouterr().err == (f"error: {a_file}: no sweep_state.json; run `python scripts/sweep.py "

@@ -40,9 +40,10 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
     try:
         try:
             code = main()
-        except SystemExit as stop:  # --help, a flag's error, a tool's own sys.exit: its output is flushed here too
-            code = stop.code
-        sys.stdout.flush()  # inside the try: a buffered answer meets the closed pipe here
+        finally:  # inside the outer try: a buffered answer meets the closed pipe here, also on the way out of a
+            # SystemExit (--help, a flag's error), which goes on as it was raised (with its traceback: a trainer's
+            # objects, its process group among them, are not torn down before the interpreter's exit)
+            sys.stdout.flush()
     except KeyboardInterrupt:
         print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
         raise SystemExit(EXIT_INTERRUPTED) from None

@@ -55,7 +55,7 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dataset.atomic_io import make_dirs, path_overlap  # noqa: E402
+from dataset.atomic_io import check_folder_path, make_dirs, path_overlap  # noqa: E402
 from trainer.cli import INTERRUPTED_LINE, ToolParser, int_within, run_main, seed  # noqa: E402
 from trainer.yaml_file import read_yaml  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, FINAL_METRIC_PLACES,  # noqa: E402
@@ -701,8 +701,11 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
         raise SweepConfigError(f"--records_dir must differ from the sweep folder {sweep_dir}")
     with ExitStack() as held:  # the sweep folder's lock (none for a dry run), released on every way out
         if not dry_run:
+            check_folder_path(sweep_dir, "--sweep_dir")  # a file in the way: one line naming it and the flag
+            if records_dir is not None:
+                check_folder_path(records_dir, "--records_dir")
             for folder in (sweep_dir / TRIALS_DIR, *([] if records_dir is None else [records_dir])):
-                make_dirs(folder)  # a file in the way: one line naming it
+                make_dirs(folder)  # a file at trials/: one line naming it
             held.enter_context(sweep_dir_lock(sweep_dir))
             if records_dir is not None:
                 _restore_records(sweep_dir, records_dir, name, config)
@@ -724,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=seed, default=0, help="seed of the random/bayes proposals")
     parser.add_argument("--stop_on_failure", action="store_true", help="stop at the first crashed trial")
     parser.add_argument("--dry_run", action="store_true", help="print the trials' parameters, run nothing")
-    parser.add_argument("--workers", type=int, default=1,
+    parser.add_argument("--workers", type=int_within(1), default=1,
                         help="run this many trials at a time (set OMP_NUM_THREADS so that workers x threads fits "
                              "the cores); a resumed sweep may use another number")
     parser.add_argument("--records_dir",

@@ -678,6 +678,28 @@ def test_a_sweep_folder_that_is_a_file_is_one_line(tmp_path, capsys, blocked):
     assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--wandb_mode", "disabled"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(tmp_path / blocked) in err and "is a file, not a folder" in err, err
+    if blocked == "sweep":  # the flag and the file, not "sweep/trials: sweep is a file"
+        assert f"--sweep_dir {tmp_path / 'sweep'} is a file, not a folder" in err and "trials" not in err, err
+
+
+def test_records_dir_that_is_a_file_is_one_line_naming_the_flag(tmp_path, capsys):
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    (tmp_path / "records").write_text("x")
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--records_dir",
+                           str(tmp_path / "records"), "--wandb_mode", "disabled"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--records_dir {tmp_path / 'records'} is a file, not a folder" in err, err
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("workers", ["0", "-1", "two"])
+def test_workers_below_one_is_a_flag_error(tmp_path, capsys, workers):
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    with pytest.raises(SystemExit) as exit_info:
+        sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--workers", workers])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"--workers: {workers} is not an integer >= 1" in err, err
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_a_second_runner_on_the_same_sweep_folder_is_refused(tmp_path):

@@ -21,7 +21,7 @@ from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, 
 from trainer.cli import ToolParser, flag_type, path_arg, seed
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
-from trainer.run_dir import DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
+from trainer.run_dir import CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
 from trainer.schedule import LRSchedule
 from trainer.threads import THREADS_AUTO, THREADS_HELP, parse_threads
 from trainer.yaml_file import read_yaml
@@ -678,6 +678,8 @@ def load_yaml_config(path: str | Path, task: str = "pretrain",
         raise ValueError(f"--config {error}") from None
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a mapping of flag names to values")
+    if "task" in data:
+        data = _recorded_run_flags(path, data, task)
     known = task_flags(task) | set(MODEL_FIELDS)
     for key in data:
         if key not in known:
@@ -691,6 +693,28 @@ def load_yaml_config(path: str | Path, task: str = "pretrain",
         except (ValueError, argparse.ArgumentTypeError) as error:
             raise ValueError(f"--config {path}: key {key!r}: {error}") from None
     return values
+
+
+# What a run's train_config.yaml records of how that run started, not of what it trains: a --config made of it
+# starts a run of its own (its own id; a file in the way of --out_dir is refused, not removed, unless the command
+# line says --overwrite).
+_RUN_START_KEYS = (RUN_ID_KEY, "resume", "overwrite")
+
+
+def _recorded_run_flags(path: Path, recorded: dict[str, Any], task: str) -> dict[str, Any]:
+    """The flags of a run's train_config.yaml (it has `task:`) given as --config: the same task's trainer takes
+    them, less how that run started (_RUN_START_KEYS) and, for a fine-tuning run, the starting model's architecture
+    (recorded for the record: it comes from --from_weight again)."""
+    theirs = recorded["task"]
+    if theirs != task:
+        if theirs not in TASKS:
+            raise ValueError(f"--config {path}: key 'task': {_shown(theirs)} is not one of {', '.join(TASKS)}")
+        raise ValueError(f"--config {path}: a {theirs} run's config (task: {theirs}); this is the {task} trainer: "
+                         f"run it with `{CREATE_COMMANDS[theirs]} --config {path}`")
+    keep_model = set(MODEL_FIELDS) if task == "pretrain" else {*RUNTIME_MODEL_FIELDS,
+                                                                *ADDABLE_MODEL_FIELDS.get(task, ())}
+    return {key: value for key, value in recorded.items()
+            if key != "task" and key not in _RUN_START_KEYS and (key not in MODEL_FIELDS or key in keep_model)}
 
 
 _NOUNS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean (true/false)"}

@@ -351,9 +351,12 @@ def _missing(path: Path, task: str) -> ModelNotFound:
         return ModelNotFound(f"{path} is a file, not a model folder (config.json and the weights)")
     out_flag = "" if path in [default_out_dir(name) for name in TASKS] else f" --out_dir {path}"
     if checkpoints := list_checkpoints(path / CHECKPOINT_DIR):  # a run that stopped before it saved its model
+        recorded = recorded_config(path).get("task")
+        finish = (f"with `{CREATE_COMMANDS[recorded]} --config {path / CONFIG_FILE} --resume auto` (its own flags)"
+                  if recorded in TASKS and (path / CONFIG_FILE).is_file()
+                  else "by running its command again with --resume auto")
         return ModelNotFound(f"no model at {path} yet: its run has not finished (newest checkpoint "
-                             f"{checkpoints[-1].name}); if it is no longer training, finish it by running its command "
-                             f"again with --resume auto (its flags are in {path / CONFIG_FILE})")
+                             f"{checkpoints[-1].name}); if it is no longer training, finish it {finish}")
     return ModelNotFound(f"no model at {path}; create it with `{CREATE_COMMANDS[task]}{out_flag}`")
 
 

@@ -246,7 +246,12 @@ def test_a_path_that_holds_no_model_says_what_it_holds(tmp_path) -> None:
         locate_model(stopped)
     assert str(refused.value) == (f"no model at {stopped} yet: its run has not finished (newest checkpoint "
                                   f"{checkpoint_name(20)}); if it is no longer training, finish it by running its "
-                                  f"command again with --resume auto (its flags are in {stopped / CONFIG_FILE})")
+                                  f"command again with --resume auto")
+    (stopped / CONFIG_FILE).write_text("task: sft\nrun_id: abc\n")  # the run's own flags: the command to finish it
+    with pytest.raises(ModelNotFound) as refused:
+        locate_model(stopped)
+    assert str(refused.value).endswith(f"finish it with `python trainer/train_full_sft.py --config "
+                                       f"{stopped / CONFIG_FILE} --resume auto` (its own flags)"), refused.value
     with pytest.raises(ModelNotFound, match=f"^no model at {tmp_path}; create it with"):
         locate_model(tmp_path)
 

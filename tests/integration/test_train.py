@@ -6,6 +6,7 @@ processes (DDP, FSDP2): tests/integration/test_train_processes.py."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -317,3 +318,32 @@ def test_run_config_gives_back_the_run_args(train_data, reference_run):
     assert build_model_config(args, 6400).to_dict() == build_model_config(expected, 6400).to_dict()
     with pytest.raises(ValueError, match="unknown key 'hidden'"):
         args_from_run_config({**recorded, "hidden": 3})
+
+
+@pytest.mark.parametrize("task", ["pretrain", "sft"])
+def test_a_runs_train_config_given_as_config_trains_the_run_again(task, reference_run, sft_reference_run, tmp_path):
+    """A run's train_config.yaml as --config, with only another --out_dir: the same run (losses to the bit), under
+    an id of its own; the fine-tuning run's recorded architecture comes from --from_weight again, not as flags."""
+    run = reference_run if task == "pretrain" else sft_reference_run
+    recorded = run / "train_config.yaml"
+    again = tmp_path / "again"
+    run_in_process(task, ["--config", str(recorded), "--out_dir", str(again)])
+    assert train_losses(again) == train_losses(run) and val_losses(again) == val_losses(run)
+    assert yaml.safe_load((again / "train_config.yaml").read_text())["run_id"] != \
+        yaml.safe_load(recorded.read_text())["run_id"]
+
+
+def test_a_stopped_run_finishes_with_its_own_config_and_resume_auto(reference_run, tmp_path, capsys):
+    """What the chat tools tell a user whose run stopped before its model: `--config RUN/train_config.yaml --resume
+    auto` goes on from the newest checkpoint with the run's own flags (none named as changed) to the same end."""
+    stopped = tmp_path / "stopped"
+    shutil.copytree(reference_run, stopped)
+    for name in ("run_summary.json", "model.safetensors", "config.json", "generation_config.json"):
+        (stopped / name).unlink()
+    capsys.readouterr()
+    run_in_process("pretrain", ["--config", str(stopped / "train_config.yaml"), "--out_dir", str(stopped),
+                                "--resume", "auto"])
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "step_00000006" in out and "changed since the checkpoint" not in out, out
+    assert val_losses(stopped) == val_losses(reference_run)
+    assert load_file(stopped / "model.safetensors").keys() == load_file(reference_run / "model.safetensors").keys()

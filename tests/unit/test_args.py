@@ -258,6 +258,35 @@ def test_config_values_take_what_the_command_line_takes(tmp_path):
     assert parse_args("grpo", ["--config", str(config), "--batch_size", "2"]).batch_size == 2  # flags still win
 
 
+def test_a_runs_recorded_config_is_taken_by_its_own_trainer_only(tmp_path, capsys):
+    """train_config.yaml (`task:` and `run_id:` beside the flags) is a --config: its own task's trainer takes its
+    flags, not how that run started (its id, --resume, --overwrite: a copy never clears the run it came from), and a
+    fine-tuning run's recorded architecture is the starting model's, which --from_weight gives again."""
+    from trainer.args import parse_args
+
+    config = tmp_path / "train_config.yaml"
+    config.write_text("task: pretrain\nrun_id: 0123abcd\nresume: auto\noverwrite: true\nbatch_size: 3\n"
+                      "hidden_size: 80\nnorm_impl: eager\n")
+    args = parse_args("pretrain", ["--config", str(config)])
+    assert (args.batch_size, args.resume, args.overwrite) == (3, None, False)
+    assert args.model == {"hidden_size": 80, "norm_impl": "eager"}
+    assert parse_args("pretrain", ["--config", str(config), "--resume", "auto"]).resume == "auto"
+    config.write_text("task: sft\nrun_id: 0123abcd\nbatch_size: 3\nhidden_size: 48\nnorm_type: layernorm\n"
+                      "norm_impl: eager\ndropout: 0.1\nsmeared_keys: true\n")
+    args = parse_args("sft", ["--config", str(config)])
+    assert args.model == {"norm_impl": "eager", "dropout": 0.1, "smeared_keys": True} and args.batch_size == 3
+    for task, text, message in (
+            ("pretrain", "task: sft\n", f"a sft run's config (task: sft); this is the pretrain trainer: run it with "
+                                        f"`python trainer/train_full_sft.py --config {config}`"),
+            ("sft", "task: chat\n", "key 'task': 'chat' is not one of pretrain, sft, lora, dpo, distill, grpo, ppo"),
+            ("pretrain", "run_id: 0123abcd\n", "unknown key 'run_id'; allowed keys are the trainer's flags (see "
+                                               "--help)")):  # a hand-written YAML: only flags
+        config.write_text(text)
+        with pytest.raises(SystemExit):
+            parse_args(task, ["--config", str(config)])
+        assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message}"
+
+
 def test_every_committed_config_still_parses():
     from trainer.args import parse_args
 

@@ -39,9 +39,9 @@ from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIEL
                           requested_model_fields, resolve_copy_rows, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE
-from trainer.checkpoint import (adopt_saved_architecture, agree_on_start, changed_flags, check_resume_compatible,
-                                check_saved_architecture, clear_previous_files, load_checkpoint, probe_storage,
-                                save_checkpoint, saved_position)
+from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
+                                check_resume_compatible, check_saved_architecture, clear_previous_files,
+                                load_checkpoint, probe_storage, save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  set_collective_timeout, shutdown, state_is_sharded, update_inside_backward,
@@ -231,26 +231,10 @@ class Trainer:
         if self.resume_state is not None:
             check_resume_compatible(self.resume_from, self.resume_state, args, self.data_identity)
         set_seed(args.seed)  # the same initial weights whatever the data building consumed
-        base, self.added_switches = _build_model(args, self.tokenizer)
-        if self.resume_state is not None:
-            check_saved_architecture(self.resume_from, self.resume_state, base.config)
-        args.copy_rows = resolve_copy_rows(args, self.added_switches)  # unset: by whether smeared keys are new
-        if args.max_seq_len > base.config.max_position_embeddings:
-            raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
-                             f"{base.config.max_position_embeddings}")
-        if args.gradient_checkpointing:
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        base = self._base_model()
         self.config_dict = _effective_config(args, base)
         if args.use_wandb:  # after the model: the logged config carries what the rules above resolved
-            self.wandb_run_id = (self.resume_state or {}).get("wandb_run_id")
-            init = {"name": args.wandb_run_name, "group": args.wandb_group, "dir": str(self.out_dir),
-                    "id": self.wandb_run_id, "resume": "allow" if self.wandb_run_id else None}
-            if self.is_main:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-            logged = {**args.to_dict(), "model": requested_model_fields(args)}  # SFT's default included
-            self.accelerator.init_trackers(args.wandb_project, config=logged, init_kwargs={"wandb": init})
-            if self.is_main:
-                self.wandb_run_id = self.accelerator.get_tracker("wandb", unwrap=True).id
+            self._start_wandb()
         self.model = self._wrap_for_task(base)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -264,7 +248,58 @@ class Trainer:
         # Validation shards are padded to equal length with samples that carry no target, so that every process
         # runs the same number of forward passes (a collective under FSDP) and no sample counts twice.
         self.val_loader = shard_loader(self.data.val_loader, self.accelerator.process_index, self.world)
-        # Optimizer steps per epoch: global batches in one pass over the (shuffled, sharded) training set.
+        self._plan_length()
+        self.compiled = compile_enabled(args.compile, self.total_steps, args.time_budget_s)
+        if self.compiled:
+            self.unwrapped.compile()  # in place: same module, same state_dict keys, so checkpoints do not care
+        # The schedule reads the run's length at every step: a time budget fixes it after a few steps.
+        self.scheduler = self.accelerator.prepare(make_scheduler(self.optimizer, args, lambda: self.total_steps))
+        self.token_bytes = token_byte_lengths(self.tokenizer)
+        self.flops_per_token = flops_per_token(self.base_model.config, self.num_params, args.max_seq_len)
+        self.peak_flops = args.peak_flops or peak_flops_for(self.accelerator.device, args.dtype)
+        self._restore_and_clear(start)
+        self.reporter = TrainingReporter(self.accelerator, self.objective, self.out_dir, task=args.task,
+                                         log_interval=args.log_interval, use_wandb=args.use_wandb,
+                                         flops_per_token=self.flops_per_token, peak_flops=self.peak_flops,
+                                         current_lrs=lambda: scheduled_lrs(self.optimizer))
+        self.diagnostics = None
+        if args.diag_interval:
+            from trainer.diagnostics import NormDiagnostics
+            self.diagnostics = NormDiagnostics(self.base_model)
+
+    def _base_model(self) -> MiniNormForCausalLM:
+        """The model this run trains, before any wrapping: fresh or the starting weights, checked against a
+        resumed checkpoint's architecture and against --max_seq_len; the copy rows resolved by its switches."""
+        args = self.args
+        base, self.added_switches = _build_model(args, self.tokenizer)
+        if self.resume_state is not None:
+            check_saved_architecture(self.resume_from, self.resume_state, base.config)
+        args.copy_rows = resolve_copy_rows(args, self.added_switches)  # unset: by whether smeared keys are new
+        if args.max_seq_len > base.config.max_position_embeddings:
+            raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
+                             f"{base.config.max_position_embeddings}")
+        if args.gradient_checkpointing:
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return base
+
+    def _start_wandb(self) -> None:
+        """The wandb run (resumed under its id where the checkpoint records one), its config what this run resolved
+        (SFT's default model fields included)."""
+        args = self.args
+        self.wandb_run_id = (self.resume_state or {}).get("wandb_run_id")
+        init = {"name": args.wandb_run_name, "group": args.wandb_group, "dir": str(self.out_dir),
+                "id": self.wandb_run_id, "resume": "allow" if self.wandb_run_id else None}
+        if self.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        logged = {**args.to_dict(), "model": requested_model_fields(args)}
+        self.accelerator.init_trackers(args.wandb_project, config=logged, init_kwargs={"wandb": init})
+        if self.is_main:
+            self.wandb_run_id = self.accelerator.get_tracker("wandb", unwrap=True).id
+
+    def _plan_length(self) -> None:
+        """The run's length: optimizer steps per epoch (global batches in one pass over the shuffled, sharded
+        training set), the planned total, a time budget's plan, and the training time spent before a resume."""
+        args = self.args
         self.global_batch = args.batch_size * args.accumulation_steps * self.world
         self.steps_per_epoch = len(self.data.train) // self.global_batch
         if self.steps_per_epoch < 1:
@@ -275,36 +310,23 @@ class Trainer:
         self._announced_length: int | None = None  # the last length a time budget's plan printed
         self.pace = SessionPace()  # this session's optimizer steps (the budget's pace, checkpoints' training time)
         self.train_time_before_s: float = (self.resume_state or {}).get("train_time_s", 0.0)
-        self.compiled = compile_enabled(args.compile, self.total_steps, args.time_budget_s)
-        if self.compiled:
-            self.unwrapped.compile()  # in place: same module, same state_dict keys, so checkpoints do not care
-        # The schedule reads the run's length at every step: a time budget fixes it after a few steps.
-        self.scheduler = self.accelerator.prepare(make_scheduler(self.optimizer, args, lambda: self.total_steps))
-        self.token_bytes = token_byte_lengths(self.tokenizer)
-        self.flops_per_token = flops_per_token(self.base_model.config, self.num_params, args.max_seq_len)
-        self.peak_flops = args.peak_flops or peak_flops_for(self.accelerator.device, args.dtype)
+
+    def _restore_and_clear(self, start: RunStart) -> None:
+        """Load the checkpoint a resume goes on from, then (every input checked by now, so a refused run leaves
+        the previous one whole) remove the previous run's files that --overwrite or this resume replaces."""
         if self.resume_from is not None:
             # Read before anything is removed: a damaged checkpoint is refused with the previous run still whole.
-            load_checkpoint(self.accelerator, self.resume_from, args.resume)
+            load_checkpoint(self.accelerator, self.resume_from, self.args.resume)
             # Accelerate restores its micro-batch counter, which decides on which micro-batch the gradients sync
             # and the optimizer steps; counted under another --accumulation_steps it would put the update in the
             # middle of a group. A resumed run always starts on a group boundary.
             self.accelerator.step = 0
-        # Every input is checked by now: only now may the previous run's files go (a refused run leaves them whole).
         cleared = clear_previous_files(self.accelerator, self.out_dir, start,
                                        writer=self.is_main if self.shared_storage
                                        else self.accelerator.is_local_main_process)
         if cleared and self.is_main:
-            reason = "--overwrite: " if args.overwrite else "another run resumed here: "
+            reason = "--overwrite: " if self.args.overwrite else "another run resumed here: "
             tqdm.write(f"{reason}removed the previous run's {', '.join(cleared)} from {self.out_dir}")
-        self.reporter = TrainingReporter(self.accelerator, self.objective, self.out_dir, task=args.task,
-                                         log_interval=args.log_interval, use_wandb=args.use_wandb,
-                                         flops_per_token=self.flops_per_token, peak_flops=self.peak_flops,
-                                         current_lrs=lambda: scheduled_lrs(self.optimizer))
-        self.diagnostics = None
-        if args.diag_interval:
-            from trainer.diagnostics import NormDiagnostics
-            self.diagnostics = NormDiagnostics(self.base_model)
 
     def _wrap_for_task(self, base: MiniNormForCausalLM) -> torch.nn.Module:
         """The model the optimizer trains: the base model itself, (LoRA, or GRPO/PPO with --lora) the base model

@@ -16,6 +16,8 @@ runner skips trials already recorded as finished or diverged, reruns any trial t
 `--resume auto`, so a trial with checkpoints continues from its last one, and `--overwrite`, so one without starts
 anew) and retries crashed ones. `--workers N` runs N trials at a time: worker threads only wait on their
 subprocesses, the main thread proposes and records every trial, so the state and the results have one writer.
+A trial is tied to the runner (trainer/tether.py): Ctrl-C or SIGTERM stops it with the runner, and on Linux so does a
+runner killed outright (SIGKILL, the OOM killer), so no trial trains on unseen in a folder that the next run uses.
 Exit code 3 from the trainer is a divergence (NaN/inf): recorded as "diverged", not as a crash. Any other
 failure is recorded as "failed" (with the tail of its log) and the sweep goes on, unless --stop_on_failure.
 
@@ -461,7 +463,9 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
         log.flush()
         # the log holds earlier attempts and this one's command line: its own output starts here
         output_start = os.fstat(log.fileno()).st_size
-        child = _trials.start(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # tied to this process (trainer/tether.py): a runner killed outright takes its trials with it
+        tethered = [sys.executable, "-m", "trainer.tether", str(os.getpid()), *command]
+        child = _trials.start(tethered, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             returncode = child.wait()
         finally:

@@ -190,8 +190,9 @@ def test_tools_picks_the_offered_tools(monkeypatch, capsys, tool_model, tokenize
 
 def test_a_sampled_reply_spells_its_call_greedily(loaded) -> None:
     """Sampled hot (temperature 1.5), the memorized model still opens its reply with its call for "What is 2+3?" on
-    nearly every seed; by default the call's JSON is then decoded greedily and is exactly the call it learned every time, while
-    drawn (greedy_tool_calls=False) it is mostly misspelled. The CLI's --sampled_tool_calls turns it off."""
+    nearly every seed; by default the call's JSON is then decoded greedily and is exactly the call it learned every
+    time, while drawn (greedy_tool_calls=False) it is mostly misspelled. The CLI's --sampled_tool_calls turns it
+    off."""
     model, tokenizer = loaded
     opening = tool_call_span(tokenizer)[0]
     outcomes = {}

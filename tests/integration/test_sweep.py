@@ -299,6 +299,7 @@ FAKE_TRAINER = textwrap.dedent("""
             time.sleep(0.1); waited += 1
     if args.mode == "hold":  # runs until the test lets it end
         import os, time
+        (out / "pid.txt").write_text(str(os.getpid()))
         for _ in range(6000):
             if pathlib.Path(os.environ["HOLD_FILE"]).exists():
                 break
@@ -756,6 +757,59 @@ def test_ctrl_c_stops_the_runner_and_its_trials_in_one_line_and_a_rerun_goes_on(
     assert subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=600).returncode == 0
     assert [r["params"]["seed"] for r in read_results(sweep_dir)] == [1, 2]
     assert (first / "attempts.txt").read_text() == "xx"  # cut off once, run again
+
+
+def _process_ended(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")  # a zombie has ended (its new parent may not reap it here)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_runner_killed_outright_takes_its_trial_with_it(tmp_path):
+    """SIGKILL (or the OOM killer) gives the runner no chance to stop its trials: the tether does (SIGTERM from the
+    kernel). A trial left running would go on writing in a folder that the rerun uses again."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1, 2]}})
+    sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
+    env = dict(os.environ, HOLD_FILE=str(hold))
+    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
+               "--wandb_mode", "disabled"]
+    runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid_file = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "pid.txt"
+    for _ in range(6000):  # the runner is inside its first trial
+        if (pid_file.exists() and pid_file.read_text()) or runner.poll() is not None:
+            break
+        time.sleep(0.05)
+    trial = int(pid_file.read_text())
+    runner.kill()
+    runner.wait(timeout=60)
+    try:
+        for _ in range(1200):
+            if _process_ended(trial):
+                break
+            time.sleep(0.05)
+        assert _process_ended(trial), "the trial trains on after its runner was killed"
+    finally:
+        hold.touch()  # a trial left running ends now
+    assert not (pid_file.parent / "run_summary.json").exists()
+    assert subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=600).returncode == 0
+    assert [r["params"]["seed"] for r in read_results(sweep_dir)] == [1, 2]
+
+
+def test_a_trial_program_that_cannot_run_is_a_failed_trial_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "missing.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "missing", "program": "x.py", "method": "grid", "command": [str(tmp_path / "no_such_program"),
+                                                                            "${args}"],
+        "parameters": {"seed": {"values": [1]}}}))
+    (tmp_path / "x.py").write_text("")
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--wandb_mode", "disabled"]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    assert f"cannot run {tmp_path / 'no_such_program'}: No such file or directory" in captured.err, captured.err
+    assert [r["status"] for r in read_results(tmp_path / "sweep")] == ["failed"]
 
 
 # ----------------------------------------------------------------------------- parameters and metric checked up front

@@ -396,6 +396,7 @@ def build_command(config: dict[str, Any], params: dict[str, Any], extra: list[st
 
 
 TAIL_LINES = 15  # a failed trial's last lines of output, kept as its error
+TETHER = REPO_ROOT / "trainer" / "tether.py"  # runs a trial tied to this process
 
 
 @dataclass
@@ -464,7 +465,7 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
         # the log holds earlier attempts and this one's command line: its own output starts here
         output_start = os.fstat(log.fileno()).st_size
         # tied to this process (trainer/tether.py): a runner killed outright takes its trials with it
-        tethered = [sys.executable, "-m", "trainer.tether", str(os.getpid()), *command]
+        tethered = [sys.executable, str(TETHER), str(os.getpid()), *command]
         child = _trials.start(tethered, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             returncode = child.wait()

@@ -16,8 +16,9 @@ runner skips trials already recorded as finished or diverged, reruns any trial t
 `--resume auto`, so a trial with checkpoints continues from its last one, and `--overwrite`, so one without starts
 anew) and retries crashed ones. `--workers N` runs N trials at a time: worker threads only wait on their
 subprocesses, the main thread proposes and records every trial, so the state and the results have one writer.
-A trial is tied to the runner (trainer/tether.py): Ctrl-C or SIGTERM stops it with the runner, and on Linux so does a
-runner killed outright (SIGKILL, the OOM killer), so no trial trains on unseen in a folder that the next run uses.
+A trial is tied to the runner with whatever it starts (trainer/tether.py, on POSIX systems): Ctrl-C or SIGTERM stops
+it with the runner, and on Linux so does a runner killed outright (SIGKILL, the OOM killer), so no trial trains on
+unseen in a folder that the next run uses.
 Exit code 3 from the trainer is a divergence (NaN/inf): recorded as "diverged", not as a crash. Any other
 failure is recorded as "failed" (with the tail of its log) and the sweep goes on, unless --stop_on_failure.
 
@@ -464,8 +465,8 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
         log.flush()
         # the log holds earlier attempts and this one's command line: its own output starts here
         output_start = os.fstat(log.fileno()).st_size
-        # tied to this process (trainer/tether.py): a runner killed outright takes its trials with it
-        tethered = [sys.executable, str(TETHER), str(os.getpid()), *command]
+        # tied to this process with all it starts (trainer/tether.py; process groups are POSIX's)
+        tethered = [sys.executable, str(TETHER), str(os.getpid()), *command] if os.name == "posix" else command
         child = _trials.start(tethered, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             returncode = child.wait()
@@ -695,8 +696,6 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     one runner at a time uses a sweep folder (a second one is refused).
     ``records_dir``: restore done trials from it first, save every trial into it (trainer/sweep_dir.py);
     ``only``: `NAME=VALUE[,VALUE]` filters, the trials run now (the rest stay proposed)."""
-    if workers < 1:
-        raise SweepConfigError(f"--workers must be at least 1, got {workers}")
     config = load_sweep_config(config_path)
     name = sweep_name(config, config_path)
     picked = parse_only(config, only or [])

@@ -81,6 +81,13 @@ EXIT_DIVERGED = 3  # the loss (or gradient) became NaN/inf; run_summary.json say
 EXIT_PEER_LOST = 4  # several processes: one waited --dist_timeout for the others (a node died, the network failed)
 EXIT_INTERRUPTED = 128 + 2  # Ctrl-C: what a shell reports for a program killed by SIGINT
 EXIT_BROKEN_PIPE = 128 + 13  # the reader of a tool's output stopped early: what a shell reports for SIGPIPE
+EXIT_CANNOT_EXECUTE = 126  # a command found but not runnable (no permission, not a program): a shell's code
+EXIT_NOT_FOUND = 127  # a command that does not exist: a shell's code
+
+
+def exit_code_of(returncode: int) -> int:
+    """A child's exit as a shell reports it: its code, or 128 + N for one killed by signal N (Popen's -N)."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def trainer_task(program: str | Path) -> str | None:
@@ -352,7 +359,9 @@ def _missing(path: Path, task: str) -> ModelNotFound:
     out_flag = "" if path in [default_out_dir(name) for name in TASKS] else f" --out_dir {path}"
     if checkpoints := list_checkpoints(path / CHECKPOINT_DIR):  # a run that stopped before it saved its model
         recorded = recorded_config(path).get("task")
-        finish = (f"with `{CREATE_COMMANDS[recorded]} --config {path / CONFIG_FILE} --resume auto` (its own flags)"
+        # --out_dir: the config records where the run was written, which a moved or copied run is no longer
+        finish = (f"with `{CREATE_COMMANDS[recorded]} --config {path / CONFIG_FILE} --out_dir {path} --resume auto` "
+                  f"(its own flags)"
                   if recorded in TASKS and (path / CONFIG_FILE).is_file()
                   else "by running its command again with --resume auto")
         return ModelNotFound(f"no model at {path} yet: its run has not finished (newest checkpoint "

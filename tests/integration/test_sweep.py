@@ -372,8 +372,6 @@ def test_workers_run_trials_side_by_side_and_record_each_once(tmp_path, monkeypa
         "command": ["${interpreter}", "${program}", "${args}"], "metric": {"name": "val_loss", "goal": "minimize"},
         "parameters": {"mode": {"value": "meet"}, "seed": {"values": [1, 2, 3]}}}))
     sweep_dir = tmp_path / "sweep"
-    with pytest.raises(SweepConfigError, match="--workers must be at least 1, got 0"):
-        run_sweep(path, sweep_dir, wandb_mode="disabled", workers=0)
     trials = run_sweep(path, sweep_dir, wandb_mode="disabled", workers=2)
     assert [(t["params"]["seed"], t["status"], t["metric"]) for t in trials] == [
         (1, "finished", 2.5), (2, "finished", 3.5), (3, "finished", 4.5)]
@@ -767,11 +765,26 @@ def _process_ended(pid: int) -> bool:
     return state in ("Z", "X")  # a zombie has ended (its new parent may not reap it here)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_a_runner_killed_outright_takes_its_trial_with_it(tmp_path):
+# A trial's program started by a shell that stays its parent: the trainer is the tether's grandchild.
+SHELL_WRAPPER = 'echo "wrapper starts the trainer"\n"$@"\necho "wrapper done"\n'
+
+
+@pytest.mark.parametrize("through_shell, stop", [
+    pytest.param(False, signal.SIGKILL, marks=pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                                                 reason="the parent-death signal is Linux's")),
+    pytest.param(True, signal.SIGKILL, marks=pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                                                reason="the parent-death signal is Linux's")),
+    (True, signal.SIGTERM)])
+def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell, stop):
     """SIGKILL (or the OOM killer) gives the runner no chance to stop its trials: the tether does (SIGTERM from the
-    kernel). A trial left running would go on writing in a folder that the rerun uses again."""
+    kernel); SIGTERM stops them through the runner. Either way the trial's whole process group goes, a trainer that
+    a shell started included. A trial left running would go on writing in a folder that the rerun uses again."""
     path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1, 2]}})
+    if through_shell:
+        (tmp_path / "wrap.sh").write_text(SHELL_WRAPPER)
+        config = yaml.safe_load(path.read_text())
+        config["command"] = ["/bin/sh", str(tmp_path / "wrap.sh"), "${interpreter}", "${program}", "${args}"]
+        path.write_text(yaml.safe_dump(config))
     sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
     env = dict(os.environ, HOLD_FILE=str(hold))
     command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
@@ -783,14 +796,14 @@ def test_a_runner_killed_outright_takes_its_trial_with_it(tmp_path):
             break
         time.sleep(0.05)
     trial = int(pid_file.read_text())
-    runner.kill()
+    runner.send_signal(stop)
     runner.wait(timeout=60)
     try:
         for _ in range(1200):
             if _process_ended(trial):
                 break
             time.sleep(0.05)
-        assert _process_ended(trial), "the trial trains on after its runner was killed"
+        assert _process_ended(trial), "the trial trains on after its runner stopped"
     finally:
         hold.touch()  # a trial left running ends now
     assert not (pid_file.parent / "run_summary.json").exists()
@@ -798,18 +811,29 @@ def test_a_runner_killed_outright_takes_its_trial_with_it(tmp_path):
     assert [r["params"]["seed"] for r in read_results(sweep_dir)] == [1, 2]
 
 
-def test_a_trial_program_that_cannot_run_is_a_failed_trial_not_a_traceback(tmp_path, capsys):
+@pytest.mark.parametrize("program, code, reason", [("no_such_program", 127, "No such file or directory"),
+                                                    ("not_executable.sh", 126, "Permission denied")])
+def test_a_trial_program_that_cannot_run_is_a_failed_trial_not_a_traceback(tmp_path, capsys, program, code, reason):
+    """Exit codes as a shell's: 127 for a command that is not there, 126 for one that cannot be run."""
     path = tmp_path / "missing.yaml"
     path.write_text(yaml.safe_dump({
-        "name": "missing", "program": "x.py", "method": "grid", "command": [str(tmp_path / "no_such_program"),
-                                                                            "${args}"],
+        "name": "missing", "program": "x.py", "method": "grid", "command": [str(tmp_path / program), "${args}"],
         "parameters": {"seed": {"values": [1]}}}))
     (tmp_path / "x.py").write_text("")
+    (tmp_path / "not_executable.sh").write_text("echo hi\n")  # mode 644
     assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--wandb_mode", "disabled"]) == 1
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err + captured.out
-    assert f"cannot run {tmp_path / 'no_such_program'}: No such file or directory" in captured.err, captured.err
-    assert [r["status"] for r in read_results(tmp_path / "sweep")] == ["failed"]
+    assert f"cannot run {tmp_path / program}: {reason}" in captured.err, captured.err
+    assert [(r["status"], r["returncode"]) for r in read_results(tmp_path / "sweep")] == [("failed", code)]
+
+
+@pytest.mark.parametrize("script, code", [("raise SystemExit(3)", 3), ("import os, signal; os.kill(os.getpid(), "
+                                                                       "signal.SIGTERM)", 128 + 15)])
+def test_the_tether_exits_as_its_command_did(tmp_path, script, code):
+    result = subprocess.run([sys.executable, str(REPO / "trainer" / "tether.py"), str(os.getpid()), sys.executable,
+                             "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == code and result.stderr == "", result.stderr
 
 
 # ----------------------------------------------------------------------------- parameters and metric checked up front

@@ -145,6 +145,11 @@ RUNTIME_MODEL_FIELDS = ("norm_impl", "dropout")
 # task that trains every weight may (LoRA would leave a new smear frozen at half and half).
 ADDABLE_MODEL_FIELDS: dict[str, tuple[str, ...]] = {"sft": ("smeared_keys",)}
 
+
+def settable_model_fields(task: str) -> tuple[str, ...]:
+    """The model fields a fine-tuning run of `task` may set on its starting model (pretraining sets them all)."""
+    return (*RUNTIME_MODEL_FIELDS, *ADDABLE_MODEL_FIELDS.get(task, ()))
+
 # The --help sections, in the order --help lists them: key (a flag's "group") -> (title, description). The model
 # config fields (MODEL_FIELDS) are the MODEL_CONFIG_GROUP section, whose title depends on the task.
 MODEL_CONFIG_GROUP = "model config"
@@ -711,8 +716,7 @@ def _recorded_run_flags(path: Path, recorded: dict[str, Any], task: str) -> dict
             raise ValueError(f"--config {path}: key 'task': {_shown(theirs)} is not one of {', '.join(TASKS)}")
         raise ValueError(f"--config {path}: a {theirs} run's config (task: {theirs}); this is the {task} trainer: "
                          f"run it with `{CREATE_COMMANDS[theirs]} --config {path}`")
-    keep_model = set(MODEL_FIELDS) if task == "pretrain" else {*RUNTIME_MODEL_FIELDS,
-                                                                *ADDABLE_MODEL_FIELDS.get(task, ())}
+    keep_model = set(MODEL_FIELDS) if task == "pretrain" else set(settable_model_fields(task))
     return {key: value for key, value in recorded.items()
             if key != "task" and key not in _RUN_START_KEYS and (key not in MODEL_FIELDS or key in keep_model)}
 

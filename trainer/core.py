@@ -36,7 +36,7 @@ from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
-                          requested_model_fields, resolve_copy_rows, uses_lora)
+                          requested_model_fields, resolve_copy_rows, settable_model_fields, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE
 from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
@@ -146,7 +146,7 @@ def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[
     check_same_tokenizer(tokenizer, source, "--from_weight")
     addable = ADDABLE_MODEL_FIELDS.get(args.task, ())
     requested = requested_model_fields(args)
-    fixed = sorted(set(requested) - set(RUNTIME_MODEL_FIELDS) - set(addable))
+    fixed = sorted(set(requested) - set(settable_model_fields(args.task)))
     if fixed:
         turned_on = "".join(f", and --{name} true" for name in addable)
         raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "

@@ -251,7 +251,8 @@ def test_a_path_that_holds_no_model_says_what_it_holds(tmp_path) -> None:
     with pytest.raises(ModelNotFound) as refused:
         locate_model(stopped)
     assert str(refused.value).endswith(f"finish it with `python trainer/train_full_sft.py --config "
-                                       f"{stopped / CONFIG_FILE} --resume auto` (its own flags)"), refused.value
+                                       f"{stopped / CONFIG_FILE} --out_dir {stopped} --resume auto` (its own "
+                                       f"flags)"), refused.value
     with pytest.raises(ModelNotFound, match=f"^no model at {tmp_path}; create it with"):
         locate_model(tmp_path)
 

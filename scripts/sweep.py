@@ -61,9 +61,9 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
 from dataset.atomic_io import check_folder_path, make_dirs, path_overlap  # noqa: E402
 from trainer.cli import INTERRUPTED_LINE, ToolParser, int_within, run_main, seed  # noqa: E402
 from trainer.yaml_file import read_yaml  # noqa: E402
-from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, FINAL_METRIC_PLACES,  # noqa: E402
-                             REPO_ROOT, SUMMARY_FILE, TRAINER_SCRIPTS, final_metric, logged_metrics, read_summary,
-                             report_error, resolve_path, trainer_task)
+from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_FOUND,  # noqa: E402
+                             FINAL_METRIC_PLACES, REPO_ROOT, SUMMARY_FILE, TRAINER_SCRIPTS, final_metric,
+                             logged_metrics, read_summary, report_error, resolve_path, trainer_task)
 from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, TRIAL_LOG, TRIALS_DIR,  # noqa: E402
                                append_result, default_sweep_dir, done_records, is_folder_name, read_state,
                                restore_records, save_records, swept_names, sweep_dir_lock, trial_dir_name, write_state)
@@ -467,7 +467,10 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
         output_start = os.fstat(log.fileno()).st_size
         # tied to this process with all it starts (trainer/tether.py; process groups are POSIX's)
         tethered = [sys.executable, str(TETHER), str(os.getpid()), *command] if os.name == "posix" else command
-        child = _trials.start(tethered, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            child = _trials.start(tethered, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        except OSError as error:  # untethered (not POSIX): the program cannot run, which the tether says otherwise
+            return TrialOutcome("failed", EXIT_NOT_FOUND, {}, f"cannot run {command[0]}: {error.strerror}")
         try:
             returncode = child.wait()
         finally:

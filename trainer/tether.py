@@ -2,14 +2,16 @@
 
     python trainer/tether.py PARENT_PID COMMAND [ARG ...]
 
-The sweep runner starts each trial so. This small supervisor puts the command in a process group of its own and
-hands every SIGTERM or SIGINT it gets to that whole group, so a trial that starts its trainer through a shell or a
-launcher is stopped whole. On Linux it also asks the kernel for a SIGTERM when its parent dies, even by SIGKILL or
-the OOM killer (prctl PR_SET_PDEATHSIG): a runner killed outright leaves no trial training on in a folder that the
-next runner uses again. The request is made here, in a process of one thread, not in the runner's preexec_fn, which
-is unsafe in a process with threads (the runner's workers); it follows the thread that started this process, a
-worker of the runner's pool, which lives until the pool shuts down, after its trials. The exit code is the
-command's, or a shell's for a command killed by a signal (128 + N), that cannot be found (127) or run (126).
+The sweep runner starts each trial so. This small supervisor puts the command in a process group of its own, with
+no stdin, and hands the signals that end a run (SIGTERM, SIGINT, a hangup, Ctrl-\\) to that whole group, so a trial
+that starts its trainer through a shell or a launcher is stopped whole; Ctrl-Z pauses it and `fg` resumes it. On
+Linux it also asks the kernel for a SIGTERM when its parent dies, even by SIGKILL or the OOM killer (prctl
+PR_SET_PDEATHSIG), and the trial for one when this process dies: a runner killed outright leaves no trial training
+on in a folder that the next runner uses again. The request is made here, in a process of one thread, not in the
+runner's preexec_fn, which is unsafe in a process with threads (the runner's workers); it follows the thread that
+started this process, a worker of the runner's pool, which lives until the pool shuts down, after its trials. The
+exit code is the command's, or a shell's for a command killed by a signal (128 + N), that cannot be found (127) or
+run (126).
 Run as a file, not with -m, so that no PYTHONSAFEPATH or working folder decides whether it is found.
 """
 
@@ -20,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo's packages importable
@@ -28,38 +31,65 @@ from trainer.cli import run_main  # noqa: E402
 from trainer.run_dir import EXIT_CANNOT_EXECUTE, EXIT_ERROR, EXIT_NOT_FOUND, exit_code_of  # noqa: E402
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-FORWARDED = (signal.SIGTERM, signal.SIGINT)  # what a stop of the runner sends; the trial's group gets it whole
+# What ends a trial: a stop of the runner (SIGTERM, SIGINT) and what a terminal sends to its foreground group, the
+# runner's, which the trial is no longer in (a hangup, Ctrl-\). The trial's group gets it whole, woken if paused.
+ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _parent_death_request() -> Callable[[], bool] | None:
+    """A call that asks the kernel for SIGTERM when the calling process's parent dies (True: it held); None where
+    the system has no such request. Loaded once, before any fork: the trial's preexec_fn only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+
+
+_die_with_parent = _parent_death_request()
 
 
 def tie_to_parent(parent_pid: int) -> bool:
     """Ask for SIGTERM when this process's parent dies; False where the system has no such request. A parent that
     died before the request held (this process is then another's child) ends this process at once, as the signal
     would have."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    libc.prctl.restype = ctypes.c_int
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+    if _die_with_parent is None or not _die_with_parent():
         return False
     if os.getppid() != parent_pid:
         raise SystemExit(exit_code_of(-signal.SIGTERM))
     return True
 
 
+def _start_trial() -> None:
+    """The trial's preexec_fn (this process has one thread, so it is safe here): a process group of its own, and
+    the trial dies with this process too (a tether killed outright)."""
+    os.setpgrp()
+    if _die_with_parent is not None:
+        _die_with_parent()
+
+
 class _Group:
-    """The command's process group and the signals that came for it, before it existed too."""
+    """The trial's process group and the signals that came for it, before it existed too."""
 
     def __init__(self) -> None:
         self.pid: int | None = None
         self.pending: list[int] = []
 
-    def forward(self, signum: int, frame: object = None) -> None:  # noqa: ARG002
+    def handle(self, signum: int, frame: object = None) -> None:  # noqa: ARG002
         if self.pid is None:
             self.pending.append(signum)
-            return
+        elif signum == signal.SIGTSTP:  # Ctrl-Z: the trial pauses with the runner, and goes on with it (SIGCONT)
+            self._send(signal.SIGTSTP)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            self._send(signum)
+            if signum != signal.SIGCONT:  # a paused trial could not end
+                self._send(signal.SIGCONT)
+
+    def _send(self, signum: int) -> None:
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:  # the whole group has ended
@@ -72,20 +102,22 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python trainer/tether.py PARENT_PID COMMAND [ARG ...]", file=sys.stderr)
         return EXIT_ERROR
     group = _Group()
-    for number in FORWARDED:  # before anything can come: a stop while the command starts still reaches it
-        signal.signal(number, group.forward)
+    for number in (*ENDING, signal.SIGTSTP, signal.SIGCONT):  # before the trial starts: none is lost meanwhile
+        signal.signal(number, group.handle)
     tie_to_parent(int(argv[0]))
     try:
-        # a group of its own (this process has one thread: preexec_fn is safe here); Python's ignored SIGPIPE and
-        # SIGXFSZ go back to their defaults in the command (restore_signals)
-        child = subprocess.Popen(argv[1:], preexec_fn=os.setpgrp)
+        # stdin: nothing (a trial that read the terminal from a background group would stop, and the runner wait for
+        # ever); Python's ignored SIGPIPE and SIGXFSZ go back to their defaults in the trial (restore_signals)
+        child = subprocess.Popen(argv[1:], stdin=subprocess.DEVNULL, preexec_fn=_start_trial)
     except OSError as error:  # a missing or non-executable program: the trial's one line, not a traceback
         print(f"cannot run {argv[1]}: {error.strerror}", file=sys.stderr)
         return EXIT_NOT_FOUND if error.errno == errno.ENOENT else EXIT_CANNOT_EXECUTE
     group.pid = child.pid
     for signum in group.pending:
-        group.forward(signum)
-    return exit_code_of(child.wait())
+        group.handle(signum)
+    code = child.wait()
+    group.pid = None  # its group id may be another's from now on
+    return exit_code_of(code)
 
 
 if __name__ == "__main__":

@@ -297,6 +297,8 @@ FAKE_TRAINER = textwrap.dedent("""
             if waited > 600:
                 print("nobody came", file=sys.stderr); sys.exit(1)
             time.sleep(0.1); waited += 1
+    if args.mode == "stdin":  # reads its input to the end: a trial's stdin must be empty, not the runner's
+        sys.stdin.read()
     if args.mode == "hold":  # runs until the test lets it end
         import os, time
         (out / "pid.txt").write_text(str(os.getpid()))
@@ -769,16 +771,23 @@ def _process_ended(pid: int) -> bool:
 SHELL_WRAPPER = 'echo "wrapper starts the trainer"\n"$@"\necho "wrapper done"\n'
 
 
-@pytest.mark.parametrize("through_shell, stop", [
-    pytest.param(False, signal.SIGKILL, marks=pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                                                 reason="the parent-death signal is Linux's")),
-    pytest.param(True, signal.SIGKILL, marks=pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                                                reason="the parent-death signal is Linux's")),
-    (True, signal.SIGTERM)])
-def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell, stop):
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize("through_shell, stop, to_group", [
+    pytest.param(False, signal.SIGKILL, False, marks=LINUX_ONLY), pytest.param(True, signal.SIGKILL, False,
+                                                                               marks=LINUX_ONLY),
+    (True, signal.SIGTERM, False), (True, signal.SIGHUP, True), (True, signal.SIGQUIT, True)])
+def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell, stop, to_group):
     """SIGKILL (or the OOM killer) gives the runner no chance to stop its trials: the tether does (SIGTERM from the
-    kernel); SIGTERM stops them through the runner. Either way the trial's whole process group goes, a trainer that
-    a shell started included. A trial left running would go on writing in a folder that the rerun uses again."""
+    kernel); SIGTERM stops them through the runner; a hangup or Ctrl-\\ reaches the terminal's foreground group (the
+    runner's and its tethers', not the trials' own groups), and the tether hands it on. Each time the trial's whole
+    process group goes, a trainer that a shell started included. A trial left running would go on writing in a
+    folder that the rerun uses again."""
     path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1, 2]}})
     if through_shell:
         (tmp_path / "wrap.sh").write_text(SHELL_WRAPPER)
@@ -789,14 +798,18 @@ def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell,
     env = dict(os.environ, HOLD_FILE=str(hold))
     command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
                "--wandb_mode", "disabled"]
-    runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              process_group=0)  # a terminal's job: its own group, in the test's session
     pid_file = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "pid.txt"
     for _ in range(6000):  # the runner is inside its first trial
         if (pid_file.exists() and pid_file.read_text()) or runner.poll() is not None:
             break
         time.sleep(0.05)
     trial = int(pid_file.read_text())
-    runner.send_signal(stop)
+    if to_group:
+        os.killpg(runner.pid, stop)
+    else:
+        runner.send_signal(stop)
     runner.wait(timeout=60)
     try:
         for _ in range(1200):
@@ -809,6 +822,58 @@ def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell,
     assert not (pid_file.parent / "run_summary.json").exists()
     assert subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=600).returncode == 0
     assert [r["params"]["seed"] for r in read_results(sweep_dir)] == [1, 2]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="job control is POSIX's")
+def test_ctrl_z_pauses_the_trial_with_the_runner_and_fg_resumes_both(tmp_path):
+    """Ctrl-Z (SIGTSTP to the terminal's foreground group, the runner's) pauses the trial in its own group too, and
+    SIGCONT (`fg`) lets the sweep go on to its end."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
+    sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
+    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
+               "--wandb_mode", "disabled"]
+    runner = subprocess.Popen(command, cwd=REPO, env=dict(os.environ, HOLD_FILE=str(hold)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+    pid_file = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "pid.txt"
+    try:
+        for _ in range(6000):
+            if (pid_file.exists() and pid_file.read_text()) or runner.poll() is not None:
+                break
+            time.sleep(0.05)
+        trial = int(pid_file.read_text())
+        os.killpg(runner.pid, signal.SIGTSTP)
+        for _ in range(1200):
+            if _process_state(trial) == "T":
+                break
+            time.sleep(0.05)
+        assert _process_state(trial) == "T", "the trial runs on while its runner is paused"
+        os.killpg(runner.pid, signal.SIGCONT)
+        hold.touch()
+        assert runner.wait(timeout=120) == 0
+    finally:
+        hold.touch()
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+    assert [r["status"] for r in read_results(sweep_dir)] == ["finished"]
+
+
+def test_a_trial_reads_no_input(tmp_path):
+    """A trial's stdin is empty: it is not the runner's (a terminal, where a background trial that read it would stop
+    and the runner wait for ever; here a pipe the test never closes)."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "stdin"}, "seed": {"values": [1]}})
+    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(tmp_path / "sweep"),
+               "--wandb_mode", "disabled"]
+    runner = subprocess.Popen(command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        assert runner.wait(timeout=120) == 0
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            for child in Path("/proc").glob("[0-9]*/cmdline"):  # the blocked trial, left by the old runner
+                if b"fake_train.py" in child.read_bytes() and str(tmp_path).encode() in child.read_bytes():
+                    os.kill(int(child.parent.name), signal.SIGKILL)
+    assert [r["status"] for r in read_results(tmp_path / "sweep")] == ["finished"]
 
 
 @pytest.mark.parametrize("program, code, reason", [("no_such_program", 127, "No such file or directory"),

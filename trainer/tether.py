@@ -103,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     group = _Group()
     for number in (*ENDING, signal.SIGTSTP, signal.SIGCONT):  # before the trial starts: none is lost meanwhile
-        signal.signal(number, group.handle)
+        # An ignored one stays ignored, the trial's too (`nohup`: a hangup must not end the trials either); SIGTERM
+        # is how the runner stops a trial, so it is always handed on.
+        if number == signal.SIGTERM or signal.getsignal(number) != signal.SIG_IGN:
+            signal.signal(number, group.handle)
     tie_to_parent(int(argv[0]))
     try:
         # stdin: nothing (a trial that read the terminal from a background group would stop, and the runner wait for

@@ -772,6 +772,43 @@ SHELL_WRAPPER = 'echo "wrapper starts the trainer"\n"$@"\necho "wrapper done"\n'
 
 
 LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+DEFAULT_SIGNALS = {"SIGHUP": "SIG_DFL", "SIGINT": "SIG_DFL", "SIGQUIT": "SIG_DFL"}
+
+
+def with_signals(dispositions: dict[str, str]) -> list[str]:
+    """A command prefix that sets these signals' dispositions, then execs the rest (an exec keeps SIG_DFL and
+    SIG_IGN): no preexec_fn in the test's threaded process."""
+    setting = "; ".join(f"signal.signal(signal.{name}, signal.{how})" for name, how in dispositions.items())
+    return [sys.executable, "-c", f"import os, signal, sys; {setting}; os.execv(sys.argv[1], sys.argv[1:])"]
+
+
+def test_a_hangup_under_nohup_ends_no_trial(tmp_path):
+    """`nohup python scripts/sweep.py ...` (SIGHUP ignored): the terminal's hangup ends neither the runner nor,
+    through the tether, its trial."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
+    sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
+    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
+               "--wandb_mode", "disabled"]
+    runner = subprocess.Popen([*with_signals({"SIGHUP": "SIG_IGN"}), *command], cwd=REPO,
+                              env=dict(os.environ, HOLD_FILE=str(hold)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, process_group=0)
+    pid_file = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "pid.txt"
+    try:
+        for _ in range(6000):
+            if (pid_file.exists() and pid_file.read_text()) or runner.poll() is not None:
+                break
+            time.sleep(0.05)
+        trial = int(pid_file.read_text())
+        os.killpg(runner.pid, signal.SIGHUP)
+        time.sleep(2)  # what a hangup would have ended by now
+        assert runner.poll() is None and not _process_ended(trial)
+        hold.touch()
+        assert runner.wait(timeout=120) == 0
+    finally:
+        hold.touch()
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+    assert [r["status"] for r in read_results(sweep_dir)] == ["finished"]
 
 
 def _process_state(pid: int) -> str:
@@ -798,8 +835,10 @@ def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell,
     env = dict(os.environ, HOLD_FILE=str(hold))
     command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
                "--wandb_mode", "disabled"]
-    runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              process_group=0)  # a terminal's job: its own group, in the test's session
+    # A terminal's job: its own group, in the test's session, with the signals' default actions (a suite run under
+    # nohup, or in the background of a script, passes them on ignored)
+    runner = subprocess.Popen([*with_signals(DEFAULT_SIGNALS), *command], cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
     pid_file = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "pid.txt"
     for _ in range(6000):  # the runner is inside its first trial
         if (pid_file.exists() and pid_file.read_text()) or runner.poll() is not None:

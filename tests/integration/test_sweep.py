@@ -782,22 +782,30 @@ def with_signals(dispositions: dict[str, str]) -> list[str]:
     return [sys.executable, "-c", f"import os, signal, sys; {setting}; os.execv(sys.argv[1], sys.argv[1:])"]
 
 
+def _runner_in_first_trial(path: Path, hold: Path, signals: dict[str, str]) -> tuple[subprocess.Popen, list[str], Path]:
+    """The sweep runner of the "hold" sweep at `path` as a terminal's job (its own process group, in the test's
+    session), with these signal dispositions, once its first trial runs: the runner, its command (for a rerun) and
+    the file where the trial wrote its pid."""
+    sweep_dir = path.parent / "sweep"
+    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
+               "--wandb_mode", "disabled"]
+    runner = subprocess.Popen([*with_signals(signals), *command], cwd=REPO, env=dict(os.environ, HOLD_FILE=str(hold)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+    pid_file = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "pid.txt"
+    for _ in range(6000):
+        if (pid_file.exists() and pid_file.read_text()) or runner.poll() is not None:
+            break
+        time.sleep(0.05)
+    return runner, command, pid_file
+
+
 def test_a_hangup_under_nohup_ends_no_trial(tmp_path):
     """`nohup python scripts/sweep.py ...` (SIGHUP ignored): the terminal's hangup ends neither the runner nor,
     through the tether, its trial."""
     path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
-    sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
-    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
-               "--wandb_mode", "disabled"]
-    runner = subprocess.Popen([*with_signals({"SIGHUP": "SIG_IGN"}), *command], cwd=REPO,
-                              env=dict(os.environ, HOLD_FILE=str(hold)), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, process_group=0)
-    pid_file = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "pid.txt"
+    hold = tmp_path / "hold"
+    runner, _, pid_file = _runner_in_first_trial(path, hold, {"SIGHUP": "SIG_IGN"})
     try:
-        for _ in range(6000):
-            if (pid_file.exists() and pid_file.read_text()) or runner.poll() is not None:
-                break
-            time.sleep(0.05)
         trial = int(pid_file.read_text())
         os.killpg(runner.pid, signal.SIGHUP)
         time.sleep(2)  # what a hangup would have ended by now
@@ -808,7 +816,7 @@ def test_a_hangup_under_nohup_ends_no_trial(tmp_path):
         hold.touch()
         if runner.poll() is None:
             os.killpg(runner.pid, signal.SIGKILL)
-    assert [r["status"] for r in read_results(sweep_dir)] == ["finished"]
+    assert [r["status"] for r in read_results(tmp_path / "sweep")] == ["finished"]
 
 
 def _process_state(pid: int) -> str:
@@ -832,18 +840,8 @@ def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell,
         config["command"] = ["/bin/sh", str(tmp_path / "wrap.sh"), "${interpreter}", "${program}", "${args}"]
         path.write_text(yaml.safe_dump(config))
     sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
-    env = dict(os.environ, HOLD_FILE=str(hold))
-    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
-               "--wandb_mode", "disabled"]
-    # A terminal's job: its own group, in the test's session, with the signals' default actions (a suite run under
-    # nohup, or in the background of a script, passes them on ignored)
-    runner = subprocess.Popen([*with_signals(DEFAULT_SIGNALS), *command], cwd=REPO, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
-    pid_file = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "pid.txt"
-    for _ in range(6000):  # the runner is inside its first trial
-        if (pid_file.exists() and pid_file.read_text()) or runner.poll() is not None:
-            break
-        time.sleep(0.05)
+    # the signals' default actions: a suite run under nohup, or in a script's background, passes them on ignored
+    runner, command, pid_file = _runner_in_first_trial(path, hold, DEFAULT_SIGNALS)
     trial = int(pid_file.read_text())
     if to_group:
         os.killpg(runner.pid, stop)
@@ -859,7 +857,9 @@ def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell,
     finally:
         hold.touch()  # a trial left running ends now
     assert not (pid_file.parent / "run_summary.json").exists()
-    assert subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=600).returncode == 0
+    rerun = subprocess.run(command, cwd=REPO, env=dict(os.environ, HOLD_FILE=str(hold)), capture_output=True,
+                           timeout=600)
+    assert rerun.returncode == 0
     assert [r["params"]["seed"] for r in read_results(sweep_dir)] == [1, 2]
 
 
@@ -868,17 +868,9 @@ def test_ctrl_z_pauses_the_trial_with_the_runner_and_fg_resumes_both(tmp_path):
     """Ctrl-Z (SIGTSTP to the terminal's foreground group, the runner's) pauses the trial in its own group too, and
     SIGCONT (`fg`) lets the sweep go on to its end."""
     path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
-    sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
-    command = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path), "--sweep_dir", str(sweep_dir),
-               "--wandb_mode", "disabled"]
-    runner = subprocess.Popen(command, cwd=REPO, env=dict(os.environ, HOLD_FILE=str(hold)),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
-    pid_file = sweep_dir / "trials" / trial_id({"mode": "hold", "seed": 1}, ["seed"]) / "pid.txt"
+    hold = tmp_path / "hold"
+    runner, _, pid_file = _runner_in_first_trial(path, hold, {"SIGTSTP": "SIG_DFL"})
     try:
-        for _ in range(6000):
-            if (pid_file.exists() and pid_file.read_text()) or runner.poll() is not None:
-                break
-            time.sleep(0.05)
         trial = int(pid_file.read_text())
         os.killpg(runner.pid, signal.SIGTSTP)
         for _ in range(1200):
@@ -893,7 +885,7 @@ def test_ctrl_z_pauses_the_trial_with_the_runner_and_fg_resumes_both(tmp_path):
         hold.touch()
         if runner.poll() is None:
             os.killpg(runner.pid, signal.SIGKILL)
-    assert [r["status"] for r in read_results(sweep_dir)] == ["finished"]
+    assert [r["status"] for r in read_results(tmp_path / "sweep")] == ["finished"]
 
 
 def test_a_trial_reads_no_input(tmp_path):

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -799,24 +801,33 @@ def _runner_in_first_trial(path: Path, hold: Path, signals: dict[str, str]) -> t
     return runner, command, pid_file
 
 
-def test_a_hangup_under_nohup_ends_no_trial(tmp_path):
-    """`nohup python scripts/sweep.py ...` (SIGHUP ignored): the terminal's hangup ends neither the runner nor,
-    through the tether, its trial."""
-    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
-    hold = tmp_path / "hold"
-    runner, _, pid_file = _runner_in_first_trial(path, hold, {"SIGHUP": "SIG_IGN"})
+@contextmanager
+def _then_the_sweep_finishes(runner: subprocess.Popen, hold: Path) -> Iterator[None]:
+    """After the block, the held trial may end: the runner ends its one-trial sweep with the trial finished (a runner
+    that is still there on the way out, the block failed, is killed with its group)."""
     try:
-        trial = int(pid_file.read_text())
-        os.killpg(runner.pid, signal.SIGHUP)
-        time.sleep(2)  # what a hangup would have ended by now
-        assert runner.poll() is None and not _process_ended(trial)
+        yield
         hold.touch()
         assert runner.wait(timeout=120) == 0
     finally:
         hold.touch()
         if runner.poll() is None:
             os.killpg(runner.pid, signal.SIGKILL)
-    assert [r["status"] for r in read_results(tmp_path / "sweep")] == ["finished"]
+    sweep_dir = Path(runner.args[runner.args.index("--sweep_dir") + 1])
+    assert [r["status"] for r in read_results(sweep_dir)] == ["finished"]
+
+
+def test_a_hangup_under_nohup_ends_no_trial(tmp_path):
+    """`nohup python scripts/sweep.py ...` (SIGHUP ignored): the terminal's hangup ends neither the runner nor,
+    through the tether, its trial."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
+    hold = tmp_path / "hold"
+    runner, _, pid_file = _runner_in_first_trial(path, hold, {"SIGHUP": "SIG_IGN"})
+    with _then_the_sweep_finishes(runner, hold):
+        trial = int(pid_file.read_text())
+        os.killpg(runner.pid, signal.SIGHUP)
+        time.sleep(2)  # what a hangup would have ended by now
+        assert runner.poll() is None and not _process_ended(trial)
 
 
 def _process_state(pid: int) -> str:
@@ -870,7 +881,7 @@ def test_ctrl_z_pauses_the_trial_with_the_runner_and_fg_resumes_both(tmp_path):
     path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
     hold = tmp_path / "hold"
     runner, _, pid_file = _runner_in_first_trial(path, hold, {"SIGTSTP": "SIG_DFL"})
-    try:
+    with _then_the_sweep_finishes(runner, hold):
         trial = int(pid_file.read_text())
         os.killpg(runner.pid, signal.SIGTSTP)
         for _ in range(1200):
@@ -879,13 +890,6 @@ def test_ctrl_z_pauses_the_trial_with_the_runner_and_fg_resumes_both(tmp_path):
             time.sleep(0.05)
         assert _process_state(trial) == "T", "the trial runs on while its runner is paused"
         os.killpg(runner.pid, signal.SIGCONT)
-        hold.touch()
-        assert runner.wait(timeout=120) == 0
-    finally:
-        hold.touch()
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
-    assert [r["status"] for r in read_results(tmp_path / "sweep")] == ["finished"]
 
 
 def test_a_trial_reads_no_input(tmp_path):

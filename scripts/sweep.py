@@ -469,7 +469,7 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
         tethered = [sys.executable, str(TETHER), str(os.getpid()), *command] if os.name == "posix" else command
         try:
             child = _trials.start(tethered, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        except OSError as error:  # untethered (not POSIX): the program cannot run, which the tether says otherwise
+        except OSError as error:  # untethered (not POSIX): the tether's one line, said here
             return TrialOutcome("failed", EXIT_NOT_FOUND, {}, f"cannot run {command[0]}: {error.strerror}")
         try:
             returncode = child.wait()

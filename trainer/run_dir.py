@@ -362,7 +362,7 @@ def _missing(path: Path, task: str) -> ModelNotFound:
         # --out_dir: the config records where the run was written, which a moved or copied run is no longer
         finish = (f"with `{CREATE_COMMANDS[recorded]} --config {path / CONFIG_FILE} --out_dir {path} --resume auto` "
                   f"(its own flags)"
-                  if recorded in TASKS and (path / CONFIG_FILE).is_file()
+                  if recorded in TASKS
                   else "by running its command again with --resume auto")
         return ModelNotFound(f"no model at {path} yet: its run has not finished (newest checkpoint "
                              f"{checkpoints[-1].name}); if it is no longer training, finish it {finish}")

@@ -38,7 +38,8 @@ from dataset.atomic_io import atomic_write_text, first_line, read_text_file
 from trainer.args import ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, uses_lora
 from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
-                             clear_previous_run, list_checkpoints, previous_run, recorded_run_id, refuse_previous_run)
+                             clear_previous_run, is_adapter_dir, is_model_dir, list_checkpoints, previous_run,
+                             read_summary, recorded_config, recorded_run_id, refuse_previous_run)
 
 # The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
 # another is refused, in one line naming each such flag with both values (_keep_saved). The architecture fields a
@@ -311,6 +312,21 @@ def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
     return _was_and_is(_changes(state.get("config", {}), now))
 
 
+def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
+    """The summary of the run that finished in `out_dir` where `args` (a `--resume auto`) ask for that very run
+    again: the flags its train_config.yaml records, model fields only where the command gives them, paths and
+    threads aside (_NOT_NOTED); {} where the run did not finish there, or anything differs."""
+    summary = read_summary(out_dir)
+    model_saved = is_adapter_dir(out_dir) if uses_lora(args) else is_model_dir(out_dir)
+    if summary.get("status") != "finished" or not model_saved:
+        return {}
+    recorded = recorded_config(out_dir)
+    asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **args.model}
+    differs = any(name not in _NOT_NOTED and _comparable(recorded[name]) != _comparable(value)
+                  for name, value in asked.items() if name in recorded)
+    return {} if differs or not recorded else summary
+
+
 def _comparable(value: Any) -> Any:
     """A config value as trainer_state.json holds it (tuples are lists there)."""
     return json.loads(json.dumps(value))
@@ -454,7 +470,7 @@ def _one_run_per_directory(decision: dict[str, Any], resume: str | None, out_dir
     held = previous_run(out_dir)
     if "name" not in decision:  # a new run
         if held and not overwrite:
-            return {"refused": refuse_previous_run(out_dir, held).args[0]}
+            return {"refused": refuse_previous_run(out_dir, held, resuming=resume == "auto").args[0]}
         return {"run_id": uuid.uuid4().hex[:12], "clear": bool(held)}
     checkpoint = out_dir / CHECKPOINT_DIR / decision["name"] if resume == "auto" else path
     inside = checkpoint.resolve().parent == (out_dir / CHECKPOINT_DIR).resolve()

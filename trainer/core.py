@@ -41,7 +41,8 @@ from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE
 from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
                                 check_resume_compatible, check_saved_architecture, clear_previous_files,
-                                load_checkpoint, probe_storage, save_checkpoint, saved_position)
+                                finished_run_asked_again, load_checkpoint, probe_storage, save_checkpoint,
+                                saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  set_collective_timeout, shutdown, state_is_sharded, update_inside_backward,
@@ -54,9 +55,9 @@ from trainer.objectives import CopySettings, EvalResult, LanguageModeling, Langu
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
-                             EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE,
-                             WEIGHT_FILES, check_out_dir, code_version, is_model_dir, list_checkpoints,
-                             load_input_model, report_error, resolve_path)
+                             EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, OVERWRITE_FLAG, ROLLOUT_TASKS,
+                             RUN_ID_KEY, SUMMARY_FILE, WEIGHT_FILES, check_out_dir, code_version, is_model_dir,
+                             list_checkpoints, load_input_model, report_error, resolve_path)
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -209,6 +210,9 @@ class Trainer:
         self.sharded = weights_are_sharded(self.accelerator)
         self.started = time.perf_counter()
         self.wandb_run_id: str | None = None
+        self.finished = self._finished_already()
+        if self.finished is not None:  # nothing left to set up either: run() returns it
+            return
         # One --out_dir seen by every process, or one per machine (then each machine keeps a whole checkpoint).
         self.shared_storage = probe_storage(self.accelerator, self.out_dir,
                                             node_local_allowed=not state_is_sharded(self.accelerator))
@@ -266,6 +270,27 @@ class Trainer:
         if args.diag_interval:
             from trainer.diagnostics import NormDiagnostics
             self.diagnostics = NormDiagnostics(self.base_model)
+
+    def _finished_already(self) -> RunSummary | None:
+        """`--resume auto` asking again for the very run that finished in --out_dir (the same flags): nothing is left
+        to train, and its model stays as it is; that run's summary, or None. Collective: the main process decides
+        (a run on storage of each machine's own keeps its summary on the main one)."""
+        args = self.args
+        summary = finished_run_asked_again(self.out_dir, args) if self.is_main and args.resume == "auto" else {}
+        if self.world > 1:
+            summary = broadcast_object_list([summary])[0]
+        if not summary:
+            return None
+        if self.is_main:
+            checkpoints = list_checkpoints(self.out_dir / CHECKPOINT_DIR)
+            loss = summary.get("final_val", {}).get("loss")
+            tqdm.write(f"--resume auto: {self.out_dir} holds this run, finished ({summary['steps']} steps"
+                       + (f", val loss {loss:.4f}" if isinstance(loss, float) else "") + "): nothing left to train, "
+                       "its model stays as it is; "
+                       + (f"a larger --max_steps trains it on from {CHECKPOINT_DIR}/{checkpoints[-1].name}, "
+                          if checkpoints else "")
+                       + f"{OVERWRITE_FLAG} trains it anew")
+        return RunSummary(**{name: summary[name] for name in RunSummary.__dataclass_fields__ if name in summary})
 
     def _base_model(self) -> MiniNormForCausalLM:
         """The model this run trains, before any wrapping: fresh or the starting weights, checked against a
@@ -437,6 +462,9 @@ class Trainer:
         """Train to the end of the run (or of its time budget), then evaluate, save and sample. Each component
         decides its own timing: the reporter when it logs, the intervals when to evaluate, checkpoint and probe."""
         args = self.args
+        if self.finished is not None:
+            self.accelerator.end_training()
+            return self.finished
         position = self._start()
         first_step = position.step
         self.model.train()

@@ -207,10 +207,14 @@ def previous_run(out_dir: Path) -> str | None:
     return " and ".join(parts) or None
 
 
-def refuse_previous_run(out_dir: Path, what: str, why: str = "") -> ValueError:
-    """The one line that refuses to replace or mix with the run `what` (previous_run's words) in `out_dir`."""
-    return ValueError(f"--out_dir {out_dir} already holds a run{why}: {what}; pass {OVERWRITE_FLAG} to remove its "
-                      f"files and start anew there, --resume auto to continue it, or choose another --out_dir")
+def refuse_previous_run(out_dir: Path, what: str, why: str = "", resuming: bool = False) -> ValueError:
+    """The one line that refuses to replace or mix with the run `what` (previous_run's words) in `out_dir`;
+    `resuming`: asked by a `--resume auto` that found no checkpoint there to go on from."""
+    ways = "" if resuming else "--resume auto to continue it, "
+    return ValueError(f"--out_dir {out_dir} already holds a run{why}: {what}"
+                      + (", and no checkpoint to go on from" if resuming else "")
+                      + f"; pass {OVERWRITE_FLAG} to remove its files and start anew there, {ways}or choose another "
+                      f"--out_dir")
 
 
 def check_out_dir(out_dir: Path, inputs: dict[str, Path]) -> None:

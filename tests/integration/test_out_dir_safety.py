@@ -44,11 +44,44 @@ def test_a_new_run_where_one_finished_is_refused_and_changes_nothing(finished, t
     assert {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()} == before
 
 
+def _files(out_dir: Path) -> dict[Path, bytes]:
+    return {path.relative_to(out_dir): path.read_bytes() for path in out_dir.rglob("*") if path.is_file()}
+
+
+def test_resume_auto_asking_again_for_the_finished_run_leaves_it_as_it_is(finished, train_data, capsys):
+    """The same command with --resume auto where its run finished: nothing is left to train (it used to train the
+    steps after the newest checkpoint again); a larger --max_steps goes on from that checkpoint."""
+    before = _files(finished)
+    capsys.readouterr()
+    summary = run_in_process("pretrain", pretrain_argv(train_data, finished, *SHORT, "--resume", "auto"))
+    out = capsys.readouterr().out
+    loss = json.loads((finished / "run_summary.json").read_text())["final_val"]["loss"]
+    assert (f"--resume auto: {finished} holds this run, finished (4 steps, val loss {loss:.4f}): nothing left to "
+            f"train, its model stays as it is; a larger --max_steps trains it on from checkpoints/step_00000003, "
+            f"--overwrite trains it anew") in out, out
+    assert "resumed from" not in out
+    assert _files(finished) == before
+    assert summary.status == "finished" and summary.steps == 4 and summary.final_val["loss"] == loss
+    run_in_process("pretrain", pretrain_argv(train_data, finished, *SHORT, "--max_steps", "5", "--resume", "auto"))
+    out = capsys.readouterr().out
+    assert "at optimizer step 3" in out and "--max_steps was 4 there and is 5 now" in out
+    assert json.loads((finished / "run_summary.json").read_text())["steps"] == 5
+
+
 def test_a_finished_run_without_checkpoints_is_not_restarted_by_resume_auto(train_data, tmp_path, capsys):
     out_dir = tmp_path / "no_checkpoints"
-    run_in_process("pretrain", pretrain_argv(train_data, out_dir, *SHORT, "--save_interval", "100"))
-    error = refused_run("pretrain", pretrain_argv(train_data, out_dir, *SHORT, "--resume", "auto"), capsys)
-    assert f"--out_dir {out_dir} already holds a run: a finished model" in error and "--overwrite" in error
+    argv = pretrain_argv(train_data, out_dir, *SHORT, "--save_interval", "100")
+    run_in_process("pretrain", argv)
+    before = _files(out_dir)
+    capsys.readouterr()
+    run_in_process("pretrain", argv + ["--resume", "auto"])  # the same run: nothing to do
+    assert "nothing left to train, its model stays as it is; --overwrite trains it anew" in capsys.readouterr().out
+    assert _files(out_dir) == before
+    error = refused_run("pretrain", argv + ["--max_steps", "5", "--resume", "auto"], capsys)
+    assert error == (f"error: --out_dir {out_dir} already holds a run: a finished model (run_summary.json, "
+                     f"config.json, model.safetensors, generation_config.json), and no checkpoint to go on from; "
+                     f"pass --overwrite to remove its files and start anew there, or choose another --out_dir")
+    assert _files(out_dir) == before
 
 
 def test_overwrite_removes_the_old_run_first(finished, train_data, capsys):

@@ -17,8 +17,8 @@ runner skips trials already recorded as finished or diverged, reruns any trial t
 anew) and retries crashed ones. `--workers N` runs N trials at a time: worker threads only wait on their
 subprocesses, the main thread proposes and records every trial, so the state and the results have one writer.
 A trial is tied to the runner with whatever it starts (trainer/tether.py, on POSIX systems): Ctrl-C or SIGTERM stops
-it with the runner, and on Linux so does a runner killed outright (SIGKILL, the OOM killer), so no trial trains on
-unseen in a folder that the next run uses.
+it with the runner, and so does a runner killed outright (SIGKILL, the OOM killer), so no trial trains on unseen in
+a folder that the next run uses.
 Exit code 3 from the trainer is a divergence (NaN/inf): recorded as "diverged", not as a crash. Any other
 failure is recorded as "failed" (with the tail of its log) and the sweep goes on, unless --stop_on_failure.
 
@@ -454,6 +454,22 @@ def _interrupt(signum, frame) -> None:  # noqa: ARG001
     raise KeyboardInterrupt
 
 
+@contextmanager
+def _tie() -> Iterator[int | None]:
+    """The reading end of a pipe for one trial's tether (None where there is no tether: not POSIX). Its writing
+    end stays in this process alone (not inherited) until the trial is done, so the kernel closes it when this
+    process ends in any way, a SIGKILL too, and the tether then stops the trial."""
+    if os.name != "posix":
+        yield None
+        return
+    read_end, write_end = os.pipe()
+    try:
+        yield read_end
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> TrialOutcome:
     """Run one trial in `trial_dir` (the caller makes it) and read its outcome."""
     log_path = trial_dir / TRIAL_LOG
@@ -465,16 +481,17 @@ def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> Trial
         log.flush()
         # the log holds earlier attempts and this one's command line: its own output starts here
         output_start = os.fstat(log.fileno()).st_size
-        # tied to this process with all it starts (trainer/tether.py; process groups are POSIX's)
-        tethered = [sys.executable, str(TETHER), str(os.getpid()), *command] if os.name == "posix" else command
-        try:
-            child = _trials.start(tethered, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        except OSError as error:  # untethered (not POSIX): the tether's one line, said here
-            return TrialOutcome("failed", EXIT_NOT_FOUND, {}, f"cannot run {command[0]}: {error.strerror}")
-        try:
-            returncode = child.wait()
-        finally:
-            _trials.done(child)
+        with _tie() as tie:  # tied to this process with all it starts (trainer/tether.py; POSIX's process groups)
+            tethered = [sys.executable, str(TETHER), str(tie), *command] if tie is not None else command
+            try:
+                child = _trials.start(tethered, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      pass_fds=() if tie is None else (tie,))
+            except OSError as error:  # untethered (not POSIX): the tether's one line, said here
+                return TrialOutcome("failed", EXIT_NOT_FOUND, {}, f"cannot run {command[0]}: {error.strerror}")
+            try:
+                returncode = child.wait()
+            finally:
+                _trials.done(child)
     summary = read_summary(trial_dir)
     if returncode == 0 and summary.get("status") == "finished":
         return TrialOutcome("finished", returncode, summary)

@@ -1,17 +1,17 @@
 """Run a command tied to the process that starts it, with whatever the command starts in turn:
 
-    python trainer/tether.py PARENT_PID COMMAND [ARG ...]
+    python trainer/tether.py TIE_FD COMMAND [ARG ...]
 
 The sweep runner starts each trial so. This small supervisor puts the command in a process group of its own, with
 no stdin, and hands the signals that end a run (SIGTERM, SIGINT, a hangup, Ctrl-\\) to that whole group, so a trial
-that starts its trainer through a shell or a launcher is stopped whole; Ctrl-Z pauses it and `fg` resumes it. On
-Linux it also asks the kernel for a SIGTERM when its parent dies, even by SIGKILL or the OOM killer (prctl
-PR_SET_PDEATHSIG), and the trial for one when this process dies: a runner killed outright leaves no trial training
-on in a folder that the next runner uses again. The request is made here, in a process of one thread, not in the
-runner's preexec_fn, which is unsafe in a process with threads (the runner's workers); it follows the thread that
-started this process, a worker of the runner's pool, which lives until the pool shuts down, after its trials. The
-exit code is the command's, or a shell's for a command killed by a signal (128 + N), that cannot be found (127) or
-run (126).
+that starts its trainer through a shell or a launcher is stopped whole; Ctrl-Z pauses it and `fg` resumes it.
+TIE_FD is the reading end of a pipe whose writing end only the starting process holds: when that process ends, even
+by SIGKILL or the OOM killer, the kernel closes it, and the end of the pipe stops the trial as SIGTERM would. A
+runner killed outright so leaves no trial training on in a folder that the next runner uses again, on every POSIX
+system (Linux's parent-death signal would also fire when the runner's thread that started this process ends, and
+exists nowhere else). On Linux the trial also gets SIGTERM when this process dies (prctl PR_SET_PDEATHSIG, asked in
+the trial's preexec_fn while this process still has one thread). The exit code is the command's, or a shell's for
+a command killed by a signal (128 + N), that cannot be found (127) or run (126).
 Run as a file, not with -m, so that no PYTHONSAFEPATH or working folder decides whether it is found.
 """
 
@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +39,7 @@ ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 def _parent_death_request() -> Callable[[], bool] | None:
     """A call that asks the kernel for SIGTERM when the calling process's parent dies (True: it held); None where
-    the system has no such request. Loaded once, before any fork: the trial's preexec_fn only calls it."""
+    the system has no such request. Loaded once, before the fork: the trial's preexec_fn only calls it."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -50,17 +51,6 @@ def _parent_death_request() -> Callable[[], bool] | None:
 
 
 _die_with_parent = _parent_death_request()
-
-
-def tie_to_parent(parent_pid: int) -> bool:
-    """Ask for SIGTERM when this process's parent dies; False where the system has no such request. A parent that
-    died before the request held (this process is then another's child) ends this process at once, as the signal
-    would have."""
-    if _die_with_parent is None or not _die_with_parent():
-        return False
-    if os.getppid() != parent_pid:
-        raise SystemExit(exit_code_of(-signal.SIGTERM))
-    return True
 
 
 def _start_trial() -> None:
@@ -96,10 +86,18 @@ class _Group:
             pass
 
 
+def _watch_tie(tie_fd: int, group: _Group) -> None:
+    """Wait for the end of the tie (nothing is ever written to it): the starting process has ended, and the trial
+    ends with it."""
+    while os.read(tie_fd, 1):
+        pass
+    group.handle(signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2 or not argv[0].isdigit():
-        print("usage: python trainer/tether.py PARENT_PID COMMAND [ARG ...]", file=sys.stderr)
+        print("usage: python trainer/tether.py TIE_FD COMMAND [ARG ...]", file=sys.stderr)
         return EXIT_ERROR
     group = _Group()
     for number in (*ENDING, signal.SIGTSTP, signal.SIGCONT):  # before the trial starts: none is lost meanwhile
@@ -107,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         # is how the runner stops a trial, so it is always handed on.
         if number == signal.SIGTERM or signal.getsignal(number) != signal.SIG_IGN:
             signal.signal(number, group.handle)
-    tie_to_parent(int(argv[0]))
     try:
         # stdin: nothing (a trial that read the terminal from a background group would stop, and the runner wait for
-        # ever); Python's ignored SIGPIPE and SIGXFSZ go back to their defaults in the trial (restore_signals)
+        # ever); Python's ignored SIGPIPE and SIGXFSZ go back to their defaults in the trial (restore_signals); the
+        # tie is not the trial's (close_fds)
         child = subprocess.Popen(argv[1:], stdin=subprocess.DEVNULL, preexec_fn=_start_trial)
     except OSError as error:  # a missing or non-executable program: the trial's one line, not a traceback
         print(f"cannot run {argv[1]}: {error.strerror}", file=sys.stderr)
@@ -118,6 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     group.pid = child.pid
     for signum in group.pending:
         group.handle(signum)
+    # Watched from now on: the preexec_fn above ran in a process of one thread. A runner that ended meanwhile has
+    # closed the tie already, and the trial ends at once. The watcher starts with every signal blocked, so that the
+    # kernel hands each to the main thread, the only one where Python runs handlers: one taken by the watcher would
+    # wait until the trial ended (the main thread does not wake from its wait for it).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        threading.Thread(target=_watch_tie, args=(int(argv[0]), group), daemon=True).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     code = child.wait()
     group.pid = None  # its group id may be another's from now on
     return exit_code_of(code)

@@ -773,7 +773,6 @@ def _process_ended(pid: int) -> bool:
 SHELL_WRAPPER = 'echo "wrapper starts the trainer"\n"$@"\necho "wrapper done"\n'
 
 
-LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 DEFAULT_SIGNALS = {"SIGHUP": "SIG_DFL", "SIGINT": "SIG_DFL", "SIGQUIT": "SIG_DFL"}
 
 
@@ -835,15 +834,14 @@ def _process_state(pid: int) -> str:
 
 
 @pytest.mark.parametrize("through_shell, stop, to_group", [
-    pytest.param(False, signal.SIGKILL, False, marks=LINUX_ONLY), pytest.param(True, signal.SIGKILL, False,
-                                                                               marks=LINUX_ONLY),
-    (True, signal.SIGTERM, False), (True, signal.SIGHUP, True), (True, signal.SIGQUIT, True)])
+    (False, signal.SIGKILL, False), (True, signal.SIGKILL, False), (True, signal.SIGTERM, False),
+    (True, signal.SIGHUP, True), (True, signal.SIGQUIT, True)])
 def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell, stop, to_group):
-    """SIGKILL (or the OOM killer) gives the runner no chance to stop its trials: the tether does (SIGTERM from the
-    kernel); SIGTERM stops them through the runner; a hangup or Ctrl-\\ reaches the terminal's foreground group (the
-    runner's and its tethers', not the trials' own groups), and the tether hands it on. Each time the trial's whole
-    process group goes, a trainer that a shell started included. A trial left running would go on writing in a
-    folder that the rerun uses again."""
+    """SIGKILL (or the OOM killer) gives the runner no chance to stop its trials: the tether does (the kernel closes
+    the runner's end of the tie); SIGTERM stops them through the runner; a hangup or Ctrl-\\ reaches the terminal's
+    foreground group (the runner's and its tethers', not the trials' own groups), and the tether hands it on. Each
+    time the trial's whole process group goes, a trainer that a shell started included. A trial left running would
+    go on writing in a folder that the rerun uses again."""
     path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1, 2]}})
     if through_shell:
         (tmp_path / "wrap.sh").write_text(SHELL_WRAPPER)
@@ -931,9 +929,30 @@ def test_a_trial_program_that_cannot_run_is_a_failed_trial_not_a_traceback(tmp_p
 @pytest.mark.parametrize("script, code", [("raise SystemExit(3)", 3), ("import os, signal; os.kill(os.getpid(), "
                                                                        "signal.SIGTERM)", 128 + 15)])
 def test_the_tether_exits_as_its_command_did(tmp_path, script, code):
-    result = subprocess.run([sys.executable, str(REPO / "trainer" / "tether.py"), str(os.getpid()), sys.executable,
-                             "-c", script], capture_output=True, text=True, timeout=120)
+    read_end, write_end = os.pipe()
+    try:
+        result = subprocess.run([sys.executable, str(REPO / "trainer" / "tether.py"), str(read_end), sys.executable,
+                                 "-c", script], capture_output=True, text=True, timeout=120, pass_fds=(read_end,))
+    finally:
+        os.close(read_end)
+        os.close(write_end)
     assert result.returncode == code and result.stderr == "", result.stderr
+
+
+def test_the_tether_stops_its_command_when_the_tie_ends():
+    """The tie's writing end closed (its holder ended, here: closed it): the command is stopped as by SIGTERM."""
+    read_end, write_end = os.pipe()
+    tether = subprocess.Popen([sys.executable, str(REPO / "trainer" / "tether.py"), str(read_end), "sleep", "600"],
+                              pass_fds=(read_end,))
+    os.close(read_end)
+    try:
+        time.sleep(1)
+        assert tether.poll() is None  # the tie holds: the command runs
+        os.close(write_end)
+        assert tether.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if tether.poll() is None:
+            tether.kill()
 
 
 # ----------------------------------------------------------------------------- parameters and metric checked up front

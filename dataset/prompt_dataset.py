@@ -22,14 +22,15 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from dataset.atomic_io import first_line
-from dataset.chat_format import encode_chatml_batch
+from dataset.chat_format import encode_chatml_batch, normalize_messages
 from dataset.jsonl import JSON_WHITESPACE, check_data_file, parse_line
 
 PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
 
 
-def prompt_messages(row: Any) -> list[dict[str, str]]:
-    """The messages of a row's prompt, or a ValueError naming the field that is wrong."""
+def prompt_messages(row: Any) -> list[dict[str, Any]]:
+    """The messages of a row's prompt, normalized as SFT's are (dataset/chat_format.py, normalize_messages: tools,
+    tool calls and reasoning kept), or a ValueError naming the field that is wrong."""
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     if "prompt" in row:
@@ -39,18 +40,35 @@ def prompt_messages(row: Any) -> list[dict[str, str]]:
     name = next((field for field in ("messages", "conversations") if field in row), None)
     if name is None:
         raise ValueError(f"no prompt: expected one of the fields {', '.join(PROMPT_FIELDS)}")
-    messages = row[name]
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                                 and isinstance(m.get("content"), str) for m in messages):
-        raise ValueError(f"field {name!r} must be a list of {{\"role\": str, \"content\": str}} messages")
+    if not isinstance(row[name], list):
+        raise ValueError(f"field {name!r} must be a list of messages, got {type(row[name]).__name__}")
+    _check_roles_and_contents(row[name], name)
+    messages = normalize_messages(row[name], name)
     if messages and messages[-1]["role"] == "assistant":
         messages = messages[:-1]  # the answer the policy is to write (rlaif.jsonl: empty)
     if not messages:
         raise ValueError(f"field {name!r} holds no message before its last assistant turn")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return messages
 
 
-def prompt_text(messages: Sequence[dict[str, str]]) -> str:
+def _check_roles_and_contents(messages: list, name: str) -> None:
+    """What SFT's reader (dataset/jsonl.py) checks before normalize_messages, whose own error for these does not
+    say which message: every message an object with a non-empty "role" string and a "content" string or null."""
+    for index, message in enumerate(messages):
+        where = f"{name}[{index}]"
+        if not isinstance(message, dict):
+            raise ValueError(f"{where} must be an object with role and content, got {type(message).__name__}")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            got = "an empty one" if role == "" else type(role).__name__
+            raise ValueError(f"{where}.role must be a non-empty string, got {got}")
+        if "content" not in message:
+            raise ValueError(f"{where}.content is missing (a string, or null for none)")
+        if not isinstance(message["content"], (str, type(None))):
+            raise ValueError(f"{where}.content must be a string or null, got {type(message['content']).__name__}")
+
+
+def prompt_text(messages: Sequence[dict[str, Any]]) -> str:
     """What a reward function sees as the prompt: the last user message's content (the question)."""
     return next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
 
@@ -67,7 +85,7 @@ class PromptDataset(Dataset):
                  num_proc: int | None = None, skip_bad_lines: bool = False, open_thinking: bool = False) -> None:
         path = Path(path)
         check_data_file(path)
-        rows, messages, skipped = [], [], 0
+        rows, messages, lines, skipped = [], [], [], 0
         with open(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 if not raw.strip(JSON_WHITESPACE):
@@ -84,19 +102,23 @@ class PromptDataset(Dataset):
                                      f"to skip bad lines)") from None
                 rows.append(row)
                 messages.append(row_messages)
+                lines.append(number)
         encodings = (encode_chatml_batch(tokenizer, messages, add_generation_prompt=True,
                                          open_thinking=open_thinking) if messages else [])
         self.samples: list[tuple[list[int], str, dict]] = []
+        kept_rows: list[tuple[int, dict]] = []
         dropped = 0
-        for row, row_messages, encoding in zip(rows, messages, encodings):
+        for row, row_messages, encoding, number in zip(rows, messages, encodings, lines):
             if len(encoding.input_ids) > max_seq_len:
                 dropped += 1
                 continue
             columns = {key: value for key, value in row.items() if key not in PROMPT_FIELDS}
             self.samples.append((encoding.input_ids, prompt_text(row_messages), columns))
+            kept_rows.append((number, columns))
         if not self.samples:
             raise ValueError(f"{path}: no prompt of at most --max_seq_len={max_seq_len} tokens")
-        self.column_names = frozenset(name for _, _, columns in self.samples for name in columns)
+        self.rows = tuple(kept_rows)
+        self.column_names = frozenset(name for _, columns in kept_rows for name in columns)
         self.stats = {"prompts": len(self.samples), "tokens": sum(len(ids) for ids, _, _ in self.samples),
                       "dropped_too_long": dropped, "skipped_lines": skipped}
 

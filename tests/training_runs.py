@@ -62,8 +62,8 @@ def write_prompt_data(root: Path) -> Path:
     too few on its third call)."""
     rows = [{"prompt": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(12)]
     rows += [{"messages": [{"role": "user", "content": f"Say {i} twice."}], "answer": f"{i} {i}"} for i in range(2)]
-    rows += [{"conversations": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": ""}],
-              "answer": "red"}]
+    rows += [{"conversations": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": ""}],
+              "answer": "7"}]
     write_jsonl(root / "prompts.jsonl", rows)
     (root / "letters.py").write_text(LETTER_REWARD)
     (root / "broken.py").write_text(BROKEN_REWARD)

@@ -413,8 +413,12 @@ class Trainer:
         if args.reward_model:
             from trainer.reward_model import load_reward_model
             rewards.append(load_reward_model(resolve_path(args.reward_model), weights[-1], self.accelerator.device))
-        train = self.data.train.dataset if isinstance(self.data.train, Subset) else self.data.train
-        check_columns(rewards, train.column_names, str(self.data.train_path))
+        checked = []  # a held-out validation split is the training file's: checked with it
+        for data, path in ((self.data.train, self.data.train_path), (self.data.val, self.data.val_path)):
+            prompts = data.dataset if isinstance(data, Subset) else data
+            if all(prompts is not done for done in checked):
+                check_columns(rewards, prompts.rows, str(path))
+                checked.append(prompts)
         reference = None
         if args.beta > 0 and uses_lora(args):  # the starting weights are the policy without its adapters
             from trainer.grpo import WithoutAdapters

@@ -60,6 +60,7 @@ class RunData:
     val_loader: DataLoader
     description: str
     train_path: Path
+    val_path: Path  # the training file's where the validation split is held out of it
 
 
 def data_task(args: TrainArgs) -> str:
@@ -148,7 +149,8 @@ def build_run_data(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, quiet: b
                               drop_last=True, generator=_own_generator(args.seed))
     val_loader = DataLoader(val, batch_size=args.batch_size, shuffle=False, collate_fn=collate,
                             generator=_own_generator(args.seed))
-    return RunData(train, val, collate, sampler, train_loader, val_loader, description, train_path)
+    return RunData(train, val, collate, sampler, train_loader, val_loader, description, train_path,
+                   val_path or train_path)
 
 
 def _own_generator(seed: int) -> torch.Generator:

@@ -11,11 +11,13 @@ the name of a built-in (BUILTIN).
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dataset.atomic_io import first_line
 from dataset.chat_format import THINK, THINK_END
@@ -68,13 +70,23 @@ def answer_part(completion: str) -> str:
     return completion[len(THINK):].partition(THINK_END)[2]
 
 
+def answer_number(answer: Any) -> float | None:
+    """The number a row's `answer` gives math_answer: a JSON number, or the final answer (final_answer) of a text
+    such as GSM8K's "... #### 42"; None for anything else (null, true, an object, a list, a text without a number)."""
+    if isinstance(answer, float):
+        return answer  # its str() may have an exponent, which final_answer reads as two numbers
+    if isinstance(answer, (int, str)) and not isinstance(answer, bool):
+        return final_answer(str(answer))  # an int's digits: no overflow where float() would raise
+    return None
+
+
 def math_answer(prompts: list[str], completions: list[str], answer: Sequence, **columns) -> list[float]:
     """1.0 where the final answer (final_answer) of the completion's answer part (after its thinking, answer_part)
-    equals the row's `answer` (a number, or a text whose final answer is one, such as GSM8K's "... #### 42")
-    numerically (relative tolerance 1e-6), else 0.0."""
+    equals the row's `answer` (answer_number: a number, or a text whose final answer is one, such as GSM8K's
+    "... #### 42") numerically (relative tolerance 1e-6), else 0.0."""
     rewards = []
     for completion, expected in zip(completions, answer):
-        got, want = final_answer(answer_part(completion)), final_answer(str(expected))
+        got, want = final_answer(answer_part(completion)), answer_number(expected)
         rewards.append(float(got is not None and want is not None and math.isclose(got, want, rel_tol=1e-6,
                                                                                      abs_tol=1e-9)))
     return rewards
@@ -115,7 +127,20 @@ def think_format(prompts: list[str], completions: list[str], **columns) -> list[
 
 BUILTIN: dict[str, RewardFunction] = {"math_answer": math_answer, "length_penalty": length_penalty,
                                       "repetition_penalty": repetition_penalty, "think_format": think_format}
-REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {"math_answer": ("answer",)}  # the data fields a built-in reads
+REWARD_ARGUMENTS = ("prompts", "completions")  # what score passes every function by name: no column may be one
+
+
+@dataclass(frozen=True)
+class Column:
+    """A data field a built-in reward reads on every row: `needs` says what it must hold (for the error line),
+    `reads` is what the reward makes of it (None: nothing, so the reward could never score that row)."""
+    name: str
+    needs: str
+    reads: Callable[[Any], Any]
+
+
+REQUIRED_COLUMNS: dict[str, tuple[Column, ...]] = {
+    "math_answer": (Column("answer", "a number or a number as text", answer_number),)}
 
 
 @dataclass(frozen=True)
@@ -149,13 +174,42 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
     return Reward(spec, function, weight)
 
 
-def check_columns(rewards: Sequence[Reward], columns: set[str] | frozenset[str], source: str) -> None:
-    """A ValueError (one line) where a built-in reward reads a data field that `source` (the data) lacks."""
+def check_columns(rewards: Sequence[Reward], rows: Sequence[tuple[int, Mapping[str, Any]]], source: str) -> None:
+    """A ValueError (one line) where a row of `source` (the data: its rows' line numbers and fields,
+    dataset/prompt_dataset.py's `rows`) has a field named as an argument every reward gets (REWARD_ARGUMENTS), or a
+    built-in reward reads a field that the data lacks, or that a row lacks or holds in a form the reward cannot read
+    (naming `source`:line)."""
+    for line, row in rows:
+        reserved = next((name for name in REWARD_ARGUMENTS if name in row), None)
+        if reserved is not None:
+            raise ValueError(f'{source}:{line}: field "{reserved}" is reserved (reward functions receive the '
+                             f"{reserved} under that name); rename it")
+    present = {name for _, row in rows for name in row}
     for reward in rewards:
-        missing = [name for name in REQUIRED_COLUMNS.get(reward.name, ()) if name not in columns]
-        if missing:
-            raise ValueError(f"--reward {reward.name} reads the data's {missing[0]!r} field, which {source} lacks; "
-                             f"give another --reward (a built-in or path/to/file.py:function)")
+        for column in REQUIRED_COLUMNS.get(reward.name, ()):
+            if column.name not in present:
+                raise ValueError(f"--reward {reward.name} reads the data's {column.name!r} field, which {source} "
+                                 f"lacks; give another --reward (a built-in or path/to/file.py:function)")
+            for line, row in rows:
+                _check_value(reward.name, column, row, f"{source}:{line}")
+
+
+def _check_value(reward: str, column: Column, row: Mapping[str, Any], where: str) -> None:
+    if column.name not in row:
+        raise ValueError(f'{where}: "{column.name}" is missing; the {reward} reward needs {column.needs} on every '
+                         f"row")
+    if column.reads(row[column.name]) is None:
+        raise ValueError(f'{where}: "{column.name}" must be {column.needs} for the {reward} reward, got '
+                         f"{_described(row[column.name])}")
+
+
+def _described(value: Any) -> str:
+    """A JSON value as an error line names it: its kind, or a text (shortened) as JSON, on one line."""
+    if isinstance(value, str):
+        return "the text " + json.dumps(value if len(value) <= 40 else value[:40] + "...", ensure_ascii=False)
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
 
 
 def _checked(reward: Reward, values, count: int) -> list[float]:
@@ -196,7 +250,7 @@ def score(rewards: Sequence[Reward], prompts: list[str], completions: list[str],
     per_function: list[list[float]] = []
     for reward in rewards:
         try:
-            values = reward.function(prompts=prompts, completions=completions, **columns)
+            values = reward.function(prompts=prompts, completions=completions, **columns)  # REWARD_ARGUMENTS
         except Exception as error:  # the user's code: its failure is reported in one line
             raise RewardError(f"reward {reward.name}: raised {first_line(error, named=True)}") from None
         per_function.append(_checked(reward, values, len(completions)))

@@ -235,3 +235,20 @@ def test_a_reward_model_scores_beside_a_reward_function(grpo_data, tiny_models, 
         assert record["rewards/reward_model"] != 0
         assert record["reward"] == pytest.approx(record["rewards/letter_e"] + 0.5 * record["rewards/math_answer"]
                                                  + 2 * record["rewards/reward_model"], rel=1e-5)
+
+
+def test_a_validation_file_row_math_answer_cannot_read_is_refused_before_training(grpo_data, tiny_models, tmp_path,
+                                                                                  capsys):
+    """Every row of every file the run reads, the --val_data_path one too (it was only the training file's):
+    a bad answer would score 0 for ever and count in the accuracy."""
+    val = tmp_path / "val.jsonl"
+    val.write_text(json.dumps({"prompt": "What is 2 + 2?", "answer": 4}) + "\n"
+                   + json.dumps({"prompt": "What is 3 + 3?", "answer": {"value": 6}}) + "\n")
+    out_dir = tmp_path / "refused"
+    with pytest.raises(SystemExit) as stopped:
+        main("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--val_data_path", str(val)))
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (f'error: {val}:2: "answer" must be a number or a number as text for the math_answer reward, '
+                     f"got an object")
+    assert not out_dir.exists() or not any(out_dir.iterdir())

@@ -1,0 +1,141 @@
+"""GRPO/PPO prompt data (dataset/prompt_dataset.py) against what the reward functions need (trainer/rewards.py):
+every row's `answer` readable by math_answer, no column that collides with the reward call's own arguments, and
+prompt messages held to SFT's rules (normalize_messages) with their tools, tool calls and reasoning kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dataset.chat_format import encode_chatml
+from dataset.prompt_dataset import PromptDataset
+from trainer.rewards import REWARD_ARGUMENTS, Reward, check_columns, load_reward, math_answer, score
+
+GOOD_ROWS = [{"prompt": "What is 1 + 1?", "answer": 2}, {"prompt": "Half of 1?", "answer": 0.5},
+             {"prompt": "GSM8K style", "answer": "3 + 4 = 7\n#### 7"}, {"prompt": "A fraction", "answer": "1/2"}]
+
+
+def _write(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def _load_for_math_answer(path: Path, tokenizer) -> PromptDataset:
+    """The data as a run with the default reward loads it: the dataset, then the reward's column check."""
+    data = PromptDataset(path, tokenizer, max_seq_len=64)
+    check_columns([load_reward("length_penalty"), load_reward("math_answer")], data.rows, str(path))
+    return data
+
+
+def test_math_answer_accepts_numbers_and_texts_holding_one(tokenizer, tmp_path):
+    assert len(_load_for_math_answer(_write(tmp_path / "p.jsonl", GOOD_ROWS), tokenizer)) == len(GOOD_ROWS)
+
+
+MISSING = '"answer" is missing; the math_answer reward needs a number or a number as text on every row'
+WRONG = '"answer" must be a number or a number as text for the math_answer reward, got '
+
+
+@pytest.mark.parametrize("row, reason", [
+    ({"prompt": "q"}, MISSING),
+    ({"prompt": "q", "answer": None}, WRONG + "null"),
+    ({"prompt": "q", "answer": {"value": 3}}, WRONG + "an object"),
+    ({"prompt": "q", "answer": [3]}, WRONG + "a list"),
+    ({"prompt": "q", "answer": True}, WRONG + "true"),
+    ({"prompt": "q", "answer": "seven\nhundred"}, WRONG + 'the text "seven\\nhundred"'),
+    ({"prompt": "q", "answer": "x" * 50}, WRONG + f'the text "{"x" * 40}..."'),
+])
+def test_math_answer_refuses_a_row_whose_answer_it_cannot_read_naming_its_line(row, reason, tokenizer, tmp_path):
+    path = _write(tmp_path / "p.jsonl", [*GOOD_ROWS, row, GOOD_ROWS[0]])
+    with pytest.raises(ValueError) as refused:
+        _load_for_math_answer(path, tokenizer)
+    assert str(refused.value) == f"{path}:5: {reason}"
+
+
+def test_a_reward_that_reads_no_answer_accepts_any_answer(tokenizer, tmp_path):
+    path = _write(tmp_path / "p.jsonl", [*GOOD_ROWS, {"prompt": "q", "answer": {"free": "form"}}, {"prompt": "q"}])
+    data = PromptDataset(path, tokenizer, max_seq_len=64)
+    check_columns([load_reward("length_penalty")], data.rows, str(path))
+
+
+def test_math_answer_reads_a_json_number_as_that_number():
+    # str(1e20) is "1e+20", whose last number is 20; str(1e-07) is "1e-07", whose last number is -7.
+    completions = ["100000000000000000000", "20", "0.0000001", "-7"]
+    assert math_answer([""] * 4, completions, [1e20, 1e20, 1e-07, 1e-07]) == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_the_reserved_names_are_exactly_the_reward_calls_own_arguments():
+    seen = []
+
+    def record(**kwargs):
+        seen.append(set(kwargs))
+        return [0.0]
+
+    score([Reward("record", record)], ["p"], ["c"], {})
+    assert seen == [set(REWARD_ARGUMENTS)]
+
+
+@pytest.mark.parametrize("name", REWARD_ARGUMENTS)
+def test_a_field_named_like_a_reward_argument_is_refused_before_training(name, tokenizer, tmp_path):
+    """Whatever the rewards (a function of the user's gets the columns too): it was a TypeError after the first
+    rollout, naming no file."""
+    path = _write(tmp_path / "p.jsonl", [*GOOD_ROWS, {"prompt": "q", "answer": 1, name: ["x"]}])
+    data = PromptDataset(path, tokenizer, max_seq_len=64)
+    with pytest.raises(ValueError) as refused:
+        check_columns([load_reward("length_penalty")], data.rows, str(path))
+    assert str(refused.value) == (f'{path}:5: field "{name}" is reserved (reward functions receive the {name} under '
+                                  f"that name); rename it")
+
+
+@pytest.mark.parametrize("message, reason", [
+    ({"role": "assistant", "content": None, "tool_calls": "[{"}, "messages[1].tool_calls is not valid JSON"),
+    ({"role": "assistant", "content": "a", "reasoning_content": 7},
+     "messages[1].reasoning_content must be a string, got int"),
+    ({"role": "user", "content": "a", "reasoning_content": "why"},
+     "messages[1].reasoning_content: only assistant messages think, this one is 'user'"),
+    ({"role": "user", "content": "a", "tool_calls": [{"name": "f", "arguments": {}}]},
+     "messages[1].tool_calls: only assistant messages call tools, this one is 'user'"),
+    ({"role": "system", "content": "s", "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "messages[1].tools: only the first message, a system one, may carry tools"),
+    ({"role": 7, "content": "a"}, "messages[1].role must be a non-empty string, got int"),
+    ({"role": "", "content": "a"}, "messages[1].role must be a non-empty string, got an empty one"),
+    ({"role": "user", "content": ["a"]}, "messages[1].content must be a string or null, got list"),
+    ({"role": "user"}, "messages[1].content is missing (a string, or null for none)"),
+    ("hi", "messages[1] must be an object with role and content, got str"),
+])
+def test_a_malformed_prompt_message_is_refused_naming_its_field(message, reason, tokenizer, tmp_path):
+    row = {"messages": [{"role": "user", "content": "q"}, message, {"role": "user", "content": "q2"}], "answer": 1}
+    path = _write(tmp_path / "p.jsonl", [GOOD_ROWS[0], row])
+    with pytest.raises(ValueError) as refused:
+        PromptDataset(path, tokenizer, max_seq_len=256)
+    assert str(refused.value).startswith(f"{path}:2: {reason}")
+    assert str(refused.value).endswith("(pass --skip_bad_lines to skip bad lines)") and "\n" not in str(refused.value)
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "You help.", "tools": json.dumps([WEATHER])},  # MiniMind's JSON-string form
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "reasoning_content": "I should look it up.",
+     "tool_calls": json.dumps([{"name": "weather", "arguments": {"city": "Oslo"}}])},
+    {"role": "tool", "content": "rain, 4 C"},
+    {"role": "user", "content": "And <|im_end|> tomorrow?"},
+    {"role": "assistant", "content": ""},  # rlaif's empty answer turn: the policy writes it
+]
+
+
+@pytest.mark.parametrize("field", ["messages", "conversations"])
+def test_a_prompt_keeps_its_tools_tool_calls_and_reasoning(field, tokenizer, tmp_path):
+    path = _write(tmp_path / "p.jsonl", [{field: TOOL_CONVERSATION, "answer": 4}])
+    data = PromptDataset(path, tokenizer, max_seq_len=512)
+    expected = encode_chatml(tokenizer, TOOL_CONVERSATION[:-1], add_generation_prompt=True).input_ids
+    plain = [{"role": m["role"], "content": m["content"] or ""} for m in TOOL_CONVERSATION[:-1]]
+    bare = encode_chatml(tokenizer, plain, add_generation_prompt=True).input_ids
+    assert expected != bare  # the tools, the call and the thinking are in the prompt
+    assert data[0]["input_ids"].tolist() == expected
+    assert data[0]["prompt"] == "And <|im_end|> tomorrow?" and data[0]["columns"] == {"answer": 4}
+    text = tokenizer.decode(expected)
+    assert "weather(city: string)" in text and '"city": "Oslo"' in text and "I should look it up." in text

@@ -30,13 +30,24 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from dataset.building import map_jsonl
+from dataset.chat_format import text_backend
 
 TOKEN_FEATURES = Features({"input_ids": List(Value("int32"))})
 
 
-def _tokenize_documents(batch: dict, tokenizer: PreTrainedTokenizerBase, eos_id: int) -> dict:
-    encoded = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
-    return {"input_ids": [ids + [eos_id] for ids in encoded]}
+def encode_documents(tokenizer: PreTrainedTokenizerBase, texts: list[str],
+                     control_tokens: bool = False) -> list[list[int]]:
+    """Each pretraining document's token ids (no eos). Text is text: a `<|im_end|>` or `<|endoftext|>` written in a
+    document is a few ordinary tokens, never the control token, which a scraped page could otherwise plant (an eos
+    in mid-document). `control_tokens` reads such strings as the control tokens: MiniMind's pretrain_hq.jsonl marks
+    its turns with them (--control_tokens_in_text)."""
+    if control_tokens:
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [encoding.ids for encoding in text_backend(tokenizer).encode_batch(texts, add_special_tokens=False)]
+
+
+def _tokenize_documents(batch: dict, tokenizer: PreTrainedTokenizerBase, eos_id: int, control_tokens: bool) -> dict:
+    return {"input_ids": [ids + [eos_id] for ids in encode_documents(tokenizer, batch["text"], control_tokens)]}
 
 
 class PretrainDataset(Dataset):
@@ -55,6 +66,7 @@ class PretrainDataset(Dataset):
         num_proc: int | None = None,
         skip_bad_lines: bool = False,
         cache_dir: str | Path | None = None,
+        control_tokens: bool = False,
     ) -> None:
         if max_seq_len < 2:
             raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
@@ -65,7 +77,7 @@ class PretrainDataset(Dataset):
             path,
             "text",
             _tokenize_documents,
-            {"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id},
+            {"tokenizer": tokenizer, "eos_id": tokenizer.eos_token_id, "control_tokens": control_tokens},
             features=TOKEN_FEATURES,
             batch_size=1000,
             desc="tokenizing documents",

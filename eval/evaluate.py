@@ -33,7 +33,8 @@ from typing import Any, Sequence  # noqa: E402
 from trainer.cli import ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
-                             locate_tool_model, model_task, report_error, resolve_input_path, resolve_path)
+                             locate_tool_model, model_task, recorded_config, report_error, resolve_input_path,
+                             resolve_path)
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
 CORPUS_SPLITS = DEFAULT_SPLITS + ("sft_tools_val",)  # sft_tools_val: sft_val with held-out tool-use dialogues
@@ -65,15 +66,18 @@ def resolve_data_spec(spec: str) -> tuple[str, Path]:
 
 
 def detect_kind(path: Path) -> str:
-    """"pretrain" for {"text"} lines, "sft" for {"conversations"} lines, from the first non-empty line."""
-    with open(path, encoding="utf-8") as handle:
+    """"pretrain" for {"text"} lines, "sft" for {"conversations"} lines, from the first non-empty line (read as the
+    datasets read every line: a bad one is named by file and line)."""
+    from dataset.jsonl import JSON_WHITESPACE, BadLine, parse_line
+
+    with open(path, "rb") as handle:
         for number, line in enumerate(handle, 1):
-            if not line.strip():
+            if not line.strip(JSON_WHITESPACE):
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: invalid JSON ({error.msg})") from None
+                record = parse_line(line)
+            except BadLine as error:
+                raise ValueError(f"{path}:{number}: {error}") from None
             if isinstance(record, dict) and "conversations" in record:
                 return "sft"
             if isinstance(record, dict) and "text" in record:
@@ -119,10 +123,14 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
     token_bytes = token_byte_lengths(tokenizer)
     results: dict[str, dict[str, Any]] = {}
+    # Text read as the model's pretraining read it (trainer --control_tokens_in_text, recorded with the run).
+    control_tokens = recorded_config(path).get("control_tokens_in_text") is True
     for spec in data_specs or DEFAULT_SPLITS:
         name, data_path = resolve_data_spec(spec)
         kind = detect_kind(data_path)
-        loader = _eval_loader(dataset_class(kind)(data_path, tokenizer, max_seq_len), batch_size, accelerator)
+        options = {"control_tokens": control_tokens} if kind == "pretrain" else {}
+        loader = _eval_loader(dataset_class(kind)(data_path, tokenizer, max_seq_len, **options), batch_size,
+                              accelerator)
         with torch.inference_mode():
             metrics = evaluate_lm(model, loader, accelerator, token_bytes, max_batches)
         results[name] = {"path": str(data_path), "kind": kind, **metrics.as_dict()}

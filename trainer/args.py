@@ -124,9 +124,9 @@ COPY_FLAGS = ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after", "co
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
     "dpo": ("beta",),
-    "pretrain": COPY_FLAGS,
+    "pretrain": ("control_tokens_in_text",) + COPY_FLAGS,
     "sft": ("sft_data",) + COPY_FLAGS,
-    "distill": ("teacher", "alpha", "temperature", "distill_data"),
+    "distill": ("teacher", "alpha", "temperature", "distill_data", "control_tokens_in_text"),
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
              "max_completion_length", "top_p", "open_thinking", "loss_type", "epsilon", "epsilon_high",
              "num_iterations")
@@ -223,6 +223,10 @@ class TrainArgs:
                                                      "model/)")
     skip_bad_lines: bool = _flag("data", False, "skip malformed jsonl lines (counted and logged) instead of "
                                                 "stopping at the first one")
+    control_tokens_in_text: bool = _flag("data", False, "read control-token strings in pretraining text "
+                                                        "(<|im_start|>, <|im_end|>, <|endoftext|>, ...) as the control "
+                                                        "tokens, as MiniMind's pretrain_hq.jsonl is written; default: "
+                                                        "they are text, a few ordinary tokens")
     num_proc: int | None = _flag("data", None, "processes that tokenize the data, for multi-GB files (default: "
                                                "one)")
     # Schedule.

@@ -120,11 +120,12 @@ def build_run_data(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, quiet: b
     on first use (a no-op afterwards) and its held-out split is the validation set."""
     dataset_type = dataset_class(data_task(args))
 
-    prompts = {"open_thinking": args.open_thinking} if data_task(args) in ROLLOUT_TASKS else {}
+    options = ({"open_thinking": args.open_thinking} if data_task(args) in ROLLOUT_TASKS
+               else {"control_tokens": args.control_tokens_in_text} if data_task(args) == "pretrain" else {})
 
     def load(path: Path) -> Dataset:
         return dataset_type(path, tokenizer, args.max_seq_len, num_proc=args.num_proc,
-                            skip_bad_lines=args.skip_bad_lines, **prompts)
+                            skip_bad_lines=args.skip_bad_lines, **options)
 
     if args.data_path is None:
         # Distillation's SFT data stays the conversations: its student is the plain pretrained model.

@@ -126,3 +126,60 @@ def test_evaluate_scores_the_answer_as_text(tmp_path, tokenizer, tiny_models) ->
     path.write_text(json.dumps({"conversations": messages}) + "\n", encoding="utf-8")
     report = evaluate_model_dir(tiny_models.sft, [str(path)], max_seq_len=128, device="cpu")
     assert report["results"]["control"]["tokens"] == len(as_text(tokenizer, ANSWER_WITH_EOS)) + 1
+
+
+def test_pretraining_text_keeps_control_strings_as_text(tmp_path, tokenizer) -> None:
+    """A document that writes <|endoftext|> or a ChatML turn trains on those characters, not on an eos or a turn
+    planted mid-document; --control_tokens_in_text (MiniMind's pretrain_hq.jsonl) reads them as the tokens."""
+    from dataset.pretrain_dataset import PretrainDataset, encode_documents
+
+    texts = [ANSWER_WITH_EOS, FORGED_TURN, "Plain text, nothing special."]
+    path = tmp_path / "pretrain.jsonl"
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
+    eos = tokenizer.eos_token_id
+
+    def stream(**options) -> list[int]:
+        dataset = PretrainDataset(path, tokenizer, 4, cache_dir=tmp_path / "cache", **options)
+        return [token for i in range(len(dataset)) for token in dataset[i]["input_ids"].tolist()]
+
+    as_text_stream = [token for text in texts for token in [*as_text(tokenizer, text), eos]]
+    assert stream() == as_text_stream[:len(stream())]
+    assert not set(stream()) & (set(CONTROL) - {eos})
+    as_tokens = stream(control_tokens=True)
+    assert as_tokens == [t for text in texts for t in [*tokenizer(text, add_special_tokens=False)["input_ids"],
+                                                        eos]][:len(as_tokens)]
+    assert IM_START in as_tokens and ENDOFTEXT in as_tokens
+    # Text without such strings gives the tokenizer's own ids either way.
+    plain = texts[-1:]
+    assert encode_documents(tokenizer, plain) == encode_documents(tokenizer, plain, control_tokens=True) == \
+        tokenizer(plain, add_special_tokens=False)["input_ids"]
+
+
+def test_the_trainer_flag_reaches_the_data_and_evaluate_follows_the_run(tmp_path, tokenizer, tiny_models) -> None:
+    """--control_tokens_in_text is a pretraining flag (not SFT's); evaluate.py reads text as the model's run did."""
+    import shutil
+
+    import yaml
+
+    from eval.evaluate import evaluate_model_dir
+    from trainer.args import parse_args
+    from trainer.data import build_run_data
+
+    path = tmp_path / "text.jsonl"
+    path.write_text(json.dumps({"text": FORGED_TURN * 4}) + "\n" + json.dumps({"text": FORGED_TURN}) + "\n")
+    flags = ["--data_path", str(path), "--val_data_path", str(path), "--max_seq_len", "8"]
+    on = build_run_data(parse_args("pretrain", [*flags, "--control_tokens_in_text", "true"]), tokenizer, quiet=True)
+    off = build_run_data(parse_args("pretrain", flags), tokenizer, quiet=True)
+    assert on.train.stats["tokens"] < off.train.stats["tokens"]  # <|im_start|> is one token, not several
+    with pytest.raises(SystemExit):
+        parse_args("sft", ["--control_tokens_in_text", "true"])
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models.pretrain, model)
+    tokens = {}
+    recorded = model / "train_config.yaml"
+    config = yaml.safe_load(recorded.read_text()) if recorded.exists() else {"task": "pretrain"}
+    for setting in (False, True):
+        recorded.write_text(yaml.safe_dump({**config, "control_tokens_in_text": setting}))
+        report = evaluate_model_dir(model, [str(path)], max_seq_len=8, device="cpu")
+        tokens[setting] = report["results"]["text"]["tokens"]
+    assert tokens[True] < tokens[False]

@@ -281,10 +281,11 @@ def test_minimind_pretrain_file_loads_unchanged(tmp_path, cache, tokenizer):
     rows = [{"text": "<|im_start|>鉴别一组中文文章的风格和特点。<|im_end|>"}, {"text": "Plain English text. " * 20}]
     path = write_jsonl(tmp_path / "pretrain_hq.jsonl", rows)
     assert load_jsonl(path, "text", cache_dir=cache)[0]["text"] == [row["text"] for row in rows]  # read unchanged
-    ds = PretrainDataset(path, tokenizer, 16, cache_dir=cache)
+    # Its turn markers read as the control tokens with --control_tokens_in_text (MiniMind's reading of its file)
+    ds = PretrainDataset(path, tokenizer, 16, cache_dir=cache, control_tokens=True)
     first = tokenizer(rows[0]["text"], add_special_tokens=False)["input_ids"]
     assert ds[0]["input_ids"].tolist() == first[:16]
-    assert first[0] == IM_START  # special tokens inside MiniMind text stay special tokens
+    assert first[0] == IM_START
 
 
 def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):

@@ -183,3 +183,17 @@ def test_bad_flags_are_refused_before_any_work(flags, message, tmp_path, capsys)
         main(["--model_path", str(tmp_path / "missing"), "--no_samples", *flags])  # no model: parsing comes first
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+
+
+@pytest.mark.parametrize("line, reason", [
+    ('{"x": ' + "[" * 1200 + "]" * 1200 + ', "text": "a"}', "nested too deeply"),
+    ('{"text": ' + "7" * 5000 + "}", "integer"),
+    (b'{"text": "\xff"}', "not valid UTF-8"),
+])
+def test_the_first_line_is_read_as_the_datasets_read_it(tmp_path, line, reason) -> None:
+    """The kind comes from the strict reader too: a line it refuses is one line naming the file and line (it was a
+    RecursionError's traceback, or a codec's message naming no file)."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\n" + (line if isinstance(line, bytes) else line.encode()) + b"\n")
+    with pytest.raises(ValueError, match=rf"d\.jsonl:2: .*{reason}"):
+        detect_kind(path)

@@ -47,6 +47,10 @@ CONTROL_TOKENS: tuple[str, ...] = (IM_START, IM_END, TOOL_CALL, TOOL_CALL_END, T
 # tokens 3..8 and the reserved ones.
 SPECIAL_TOKENS: tuple[str, ...] = (ENDOFTEXT, *CONTROL_TOKENS, *RESERVED_TOKENS)
 
+# The roles a conversation's messages may have (the server also takes OpenAI's "developer", as "system"). Another
+# (a ShareGPT "human", a mistyped "Assistant") would train as a turn the chat never writes, or, lacking an
+# assistant, leave the conversation nothing to learn.
+ROLES = ("system", "user", "assistant", "tool")
 EMPTY_THINK = "\n\n"  # what lies between <think> and </think> when there is no reasoning
 AFTER_THINK = "\n\n"  # between </think> and the content
 
@@ -209,8 +213,9 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]], field: str = "mess
         if not isinstance(role, str) or not (content is None or isinstance(content, str)):
             raise ValueError(f"a message's role and content must be strings, got {type(role).__name__} and "
                              f"{type(content).__name__}")
-        out: dict[str, Any] = {"role": check_text(role, f"{where}.role"), "content": _text_field(message, "content",
-                                                                                                  where)}
+        if role not in ROLES:
+            raise ValueError(f"{where}.role is {role!r}; a role is one of {', '.join(ROLES)}")
+        out: dict[str, Any] = {"role": role, "content": _text_field(message, "content", where)}
         reasoning = _text_field(message, "reasoning_content", where)
         if reasoning:
             if role != "assistant":

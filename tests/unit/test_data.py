@@ -307,6 +307,13 @@ def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
         ("conversations", [{"conversations": []}], 1, "non-empty list"),
         ("conversations", [{"conversations": SINGLE}, {"conversations": [{"content": "no role"}]}], 2, 'no "role"'),
         ("conversations", [{"conversations": [{"role": "user", "content": 3}]}], 1, 'no "content"'),
+        # ShareGPT's roles, a capital: such conversations were dropped silently (nothing an "assistant" said)
+        ("conversations", [{"conversations": SINGLE}, {"conversations": [{"role": "human", "content": "hi"},
+                                                                         {"role": "gpt", "content": "yo"}]}], 2,
+         "conversations[0].role is 'human'; a role is one of system, user, assistant, tool"),
+        ("conversations", [{"conversations": [{"role": "user", "content": "hi"},
+                                              {"role": "Assistant", "content": "yo"}]}], 1,
+         "conversations[1].role is 'Assistant'; a role is one of system, user, assistant, tool"),
     ],
 )
 def test_bad_line_error_names_file_and_line(tmp_path, cache, tokenizer, kind, rows, line, message):

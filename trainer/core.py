@@ -133,7 +133,9 @@ def _check_inputs(args: TrainArgs) -> None:
             load_config(source)
         except ValueError as error:
             raise ValueError(f"{flag} {error}") from None
-    check_out_dir(args.resolved_out_dir(), inputs)
+    data = {f"--{name}": resolve_path(getattr(args, name)) for name in ("data_path", "val_data_path")
+            if getattr(args, name)}
+    check_out_dir(args.resolved_out_dir(), inputs, data)
 
 
 def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[str]]:

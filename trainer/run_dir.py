@@ -64,6 +64,8 @@ MERGED_DIR = "merged"                        # train_lora.py --merge: the merged
 # A finished run's model files (the tokenizer files beside them are the same for every run and stay).
 MODEL_FILES = ("config.json", *WEIGHT_FILES, "generation_config.json", ADAPTER_CONFIG_FILE,
                "adapter_model.safetensors", MERGED_DIR)
+# What a run writes in its --out_dir and --overwrite removes (the tokenizer files stay: the same for every run).
+RUN_FILES = (CHECKPOINT_DIR, METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, *MODEL_FILES)
 # The validation metrics as each task's trainer logs them (metrics.jsonl's "val" records, wandb) -> their keys in
 # run_summary.json's "final_val". The eval results' logged() read these (trainer/evaluation.py, dpo.py, grpo.py).
 VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}  # language modeling
@@ -217,17 +219,24 @@ def refuse_previous_run(out_dir: Path, what: str, why: str = "", resuming: bool 
                       f"--out_dir")
 
 
-def check_out_dir(out_dir: Path, inputs: dict[str, Path]) -> None:
+def check_out_dir(out_dir: Path, inputs: dict[str, Path], data: dict[str, Path] | None = None) -> None:
     """Refuse, in one line naming the flags, an --out_dir that cannot be a directory (a file, or under one) or that
     is, holds or lies inside one of the run's `inputs` (flag -> model directory it reads): the run writes its files
     there and --overwrite removes a run's model files, which would destroy the input (path_overlap: a symlink is
-    seen through)."""
+    seen through); or where one of its `data` files (flag -> file) is, or lies inside, one of the files a run
+    writes there (RUN_FILES)."""
     check_folder_path(out_dir, "--out_dir")
     for flag, source in inputs.items():
         if relation := path_overlap(out_dir, source):
             raise ValueError(f"--out_dir {out_dir} {relation} {flag} {source}: the run would write over (with "
                              f"{OVERWRITE_FLAG}: remove) the model it reads; choose an --out_dir apart from the run's "
                              f"inputs")
+    for flag, source in (data or {}).items():
+        written = next((name for name in RUN_FILES if path_overlap(source, out_dir / name) in ("is", "is inside")),
+                       None)
+        if written is not None:
+            raise ValueError(f"{flag} {source} is the run's own {written} in --out_dir {out_dir}: the run would "
+                             f"write over (or remove) the data it reads; move the data or choose another --out_dir")
 
 
 def clear_previous_run(out_dir: Path) -> list[str]:
@@ -236,7 +245,7 @@ def clear_previous_run(out_dir: Path) -> list[str]:
     import shutil
 
     removed = []
-    for name in (CHECKPOINT_DIR, METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, *MODEL_FILES):
+    for name in RUN_FILES:
         path = out_dir / name
         if path.is_dir():
             shutil.rmtree(path)

@@ -298,3 +298,19 @@ def test_an_input_model_missing_a_weight_is_refused_naming_it(task, flag, tiny_m
     error = refused_run(task, argv, capsys, after_progress=True)  # the weights are read after the data is built
     assert error.startswith(f"error: {flag} ") and "model.norm.weight" in error and str(damaged) in error, \
         error
+
+
+@pytest.mark.parametrize("name, flag", [("metrics.jsonl", "--data_path"), ("checkpoints/val.jsonl", "--val_data_path")])
+def test_a_data_file_that_the_run_would_write_over_is_refused(train_data, tmp_path, capsys, name, flag):
+    """A data file kept as one of the run's own files in --out_dir (metrics.jsonl, under checkpoints/): the run
+    replaced it with its metrics, or --overwrite removed it, and nothing said so."""
+    out_dir = tmp_path / "run"
+    data = out_dir / name
+    data.parent.mkdir(parents=True)
+    shutil.copy(train_data / "pretrain.jsonl", data)
+    before = data.read_bytes()
+    argv = pretrain_argv(train_data, out_dir, *SHORT, flag, str(data))
+    error = refused_run("pretrain", argv, capsys)
+    assert error == (f"error: {flag} {data} is the run's own {name.split('/')[0]} in --out_dir {out_dir}: the run "
+                     f"would write over (or remove) the data it reads; move the data or choose another --out_dir")
+    assert data.read_bytes() == before

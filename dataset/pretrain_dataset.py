@@ -132,9 +132,17 @@ class PretrainDataset(Dataset):
             raise ValueError(f"{self._path}: only {count} documents, too few to hold out a validation split; "
                              f"give --val_data_path")
         views = []
-        for chosen in (order[num_val:], order[:num_val]):
+        advice = {"training": "lower --max_seq_len or give more text",
+                  "validation": "raise --val_fraction or give --val_data_path"}
+        for split, chosen in (("training", order[num_val:]), ("validation", order[:num_val])):
             view = copy.copy(self)
-            view._select(np.sort(chosen))
+            try:
+                view._select(np.sort(chosen))
+            except ValueError:  # said of the split, not of the whole file
+                tokens = int(self._doc_lengths[chosen].sum())
+                raise ValueError(f"{self._path}: its {split} split ({len(chosen)} of {count} documents, --val_fraction "
+                                 f"{fraction:g} held out) holds {tokens} tokens, less than one sequence of "
+                                 f"max_seq_len={self.max_seq_len}; {advice[split]}") from None
             views.append(view)
         return views[0], views[1]
 

@@ -103,8 +103,10 @@ class PromptDataset(Dataset):
                 rows.append(row)
                 messages.append(row_messages)
                 lines.append(number)
-        encodings = (encode_chatml_batch(tokenizer, messages, add_generation_prompt=True,
-                                         open_thinking=open_thinking) if messages else [])
+        if not messages:  # as the other datasets say it (dataset/jsonl.py)
+            detail = f" ({skipped} bad lines skipped)" if skipped else ""
+            raise ValueError(f"{path}: no prompt records in the file{detail}; refusing to train on nothing")
+        encodings = encode_chatml_batch(tokenizer, messages, add_generation_prompt=True, open_thinking=open_thinking)
         self.samples: list[tuple[list[int], str, dict]] = []
         kept_rows: list[tuple[int, dict]] = []
         dropped = 0
@@ -116,7 +118,8 @@ class PromptDataset(Dataset):
             self.samples.append((encoding.input_ids, prompt_text(row_messages), columns))
             kept_rows.append((number, columns))
         if not self.samples:
-            raise ValueError(f"{path}: no prompt of at most --max_seq_len={max_seq_len} tokens")
+            raise ValueError(f"{path}: no prompt of at most --max_seq_len={max_seq_len} tokens (all {dropped} are "
+                             f"longer); raise --max_seq_len")
         self.rows = tuple(kept_rows)
         self.column_names = frozenset(name for _, columns in kept_rows for name in columns)
         self.stats = {"prompts": len(self.samples), "tokens": sum(len(ids) for ids, _, _ in self.samples),

@@ -288,6 +288,21 @@ def test_minimind_pretrain_file_loads_unchanged(tmp_path, cache, tokenizer):
     assert first[0] == IM_START
 
 
+def test_a_held_out_split_too_short_is_named_as_the_split(tmp_path, cache, tokenizer):
+    """60 documents of 56 tokens and --val_fraction 0.01: the one held-out document is short of a row of 64, which
+    was told as "FILE: 57 tokens is less than one sequence", of a file of 3,000 tokens."""
+    path = write_jsonl(tmp_path / "short.jsonl", [{"text": "word " * 55}] * 60)
+    data = PretrainDataset(path, tokenizer, 64, cache_dir=cache)
+    tokens = data.stats["tokens"] // 60
+    with pytest.raises(ValueError) as refused:
+        data.split_documents(0.01, seed=0)
+    assert str(refused.value) == (f"{path}: its validation split (1 of 60 documents, --val_fraction 0.01 held out) "
+                                  f"holds {tokens} tokens, less than one sequence of max_seq_len=64; raise "
+                                  f"--val_fraction or give --val_data_path")
+    train, val = data.split_documents(0.1, seed=0)
+    assert len(val) == 6 * tokens // 64
+
+
 def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
     with pytest.raises(ValueError, match="less than one sequence"):
         PretrainDataset(write_jsonl(tmp_path / "tiny.jsonl", [{"text": "hi"}]), tokenizer, 512, cache_dir=cache)

@@ -140,3 +140,18 @@ def test_a_prompt_keeps_its_tools_tool_calls_and_reasoning(field, tokenizer, tmp
     assert data[0]["prompt"] == "And <|im_end|> tomorrow?" and data[0]["columns"] == {"answer": 4}
     text = tokenizer.decode(expected)
     assert "weather(city: string)" in text and '"city": "Oslo"' in text and "I should look it up." in text
+
+
+@pytest.mark.parametrize("lines, skip, reason", [
+    ("\n\n", False, "no prompt records in the file; refusing to train on nothing"),
+    ('{"nothing": 1}\n', True, "no prompt records in the file (1 bad lines skipped); refusing to train on nothing"),
+    ('{"prompt": "' + "word " * 100 + '", "answer": 1}\n', False,
+     "no prompt of at most --max_seq_len=64 tokens (all 1 are longer); raise --max_seq_len"),
+])
+def test_a_file_without_a_usable_prompt_says_why(lines, skip, reason, tokenizer, tmp_path):
+    """An empty file was told "no prompt of at most --max_seq_len tokens", as if its prompts were too long."""
+    path = tmp_path / "p.jsonl"
+    path.write_text(lines, encoding="utf-8")
+    with pytest.raises(ValueError) as refused:
+        PromptDataset(path, tokenizer, max_seq_len=64, skip_bad_lines=skip)
+    assert str(refused.value) == f"{path}: {reason}"

@@ -24,26 +24,30 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import dataset...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hashlib
-import json
-import random
-import time
-from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import astuple, dataclass
-from typing import TYPE_CHECKING
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
-from tqdm import tqdm
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
-from dataset.arithmetic import SPLIT_NAMESPACE as ARITHMETIC_SOURCE
-from dataset.arithmetic import sft_problems
-from dataset.atomic_io import atomic_write_text, make_dirs
-from dataset.json_text import read_json
-from dataset.sources import (Dialog, conversation_text, dialog_windows, normalized_text, package_versions,
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+from collections.abc import Collection, Iterable, Sequence  # noqa: E402
+from dataclasses import astuple, dataclass  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+from tqdm import tqdm  # noqa: E402
+
+from dataset.arithmetic import SPLIT_NAMESPACE as ARITHMETIC_SOURCE  # noqa: E402
+from dataset.arithmetic import sft_problems  # noqa: E402
+from dataset.atomic_io import atomic_write_text, make_dirs  # noqa: E402
+from dataset.json_text import read_json  # noqa: E402
+from dataset.sources import (Dialog, conversation_text, dialog_windows, normalized_text, package_versions,  # noqa: E402
                              read_chatterbot, read_chitchat, read_wikipedia)
-from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, dialog_split_key, is_validation, wiki_split_key
-from dataset.tool_dialogues import after_other_exchanges, small_talk_dialogues, tool_dialogues
-from dataset.wiki_qa import conversations_for
+from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, dialog_split_key, is_validation, wiki_split_key  # noqa: E402
+from dataset.tool_dialogues import after_other_exchanges, small_talk_dialogues, tool_dialogues  # noqa: E402
+from dataset.wiki_qa import conversations_for  # noqa: E402
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -25,16 +25,20 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import dataset...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hashlib
-import json
-from dataclasses import astuple, dataclass
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
-from dataset.arithmetic import rl_problems
-from dataset.atomic_io import atomic_write_text, make_dirs
-from dataset.corpus import DEFAULT_CACHE_DIR, manifest_is_current
-from dataset.splits import is_validation, wiki_split_key
-from dataset.sources import WikiArticle, package_versions, read_wikipedia
-from dataset.wiki_qa import conversations_for
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
+import hashlib  # noqa: E402
+import json  # noqa: E402
+from dataclasses import astuple, dataclass  # noqa: E402
+
+from dataset.arithmetic import rl_problems  # noqa: E402
+from dataset.atomic_io import atomic_write_text, make_dirs  # noqa: E402
+from dataset.corpus import DEFAULT_CACHE_DIR, manifest_is_current  # noqa: E402
+from dataset.splits import is_validation, wiki_split_key  # noqa: E402
+from dataset.sources import WikiArticle, package_versions, read_wikipedia  # noqa: E402
+from dataset.wiki_qa import conversations_for  # noqa: E402
 
 BUILD_VERSION = 2  # 2: the GRPO files
 MANIFEST_NAME = "post_training_manifest.json"

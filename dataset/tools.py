@@ -18,25 +18,29 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import dataset...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ast
-import contextlib
-import difflib
-import functools
-import gc
-import json
-import math
-import re
-import threading
-import time
-import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any, NamedTuple
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
-from dataset.json_text import check_json_value, read_json_field
-from dataset.sources import WikiArticle, read_wikipedia
-from dataset.wiki_qa import split_sentences
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
+import ast  # noqa: E402
+import contextlib  # noqa: E402
+import difflib  # noqa: E402
+import functools  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import unicodedata  # noqa: E402
+from collections.abc import Callable, Iterable, Iterator, Mapping  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from fractions import Fraction  # noqa: E402
+from typing import Any, NamedTuple  # noqa: E402
+
+from dataset.json_text import check_json_value, read_json_field  # noqa: E402
+from dataset.sources import WikiArticle, read_wikipedia  # noqa: E402
+from dataset.wiki_qa import split_sentences  # noqa: E402
 
 ERROR_PREFIX = "Error: "
 ELLIPSIS = "…"

@@ -29,6 +29,10 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
+
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
 import json  # noqa: E402
 from typing import TYPE_CHECKING, Any, NamedTuple  # noqa: E402
 

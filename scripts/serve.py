@@ -26,6 +26,10 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
+
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
 from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads  # noqa: E402
 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads

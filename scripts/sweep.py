@@ -58,6 +58,10 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
+
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
 from dataset.atomic_io import check_folder_path, make_dirs, path_overlap  # noqa: E402
 from trainer.cli import INTERRUPTED_LINE, ToolParser, int_within, run_main, seed  # noqa: E402
 from trainer.yaml_file import read_yaml  # noqa: E402

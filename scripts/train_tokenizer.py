@@ -20,6 +20,10 @@ if __package__ in (None, ""):  # run as a script, from the repo root or from scr
         sys.path.pop(0)  # nothing in scripts/ may shadow an installed package (`tokenizers`, `sweeps`, ...)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
+
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Iterator  # noqa: E402

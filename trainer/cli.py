@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -32,11 +33,28 @@ class ToolParser(argparse.ArgumentParser):
 INTERRUPTED_LINE = "interrupted"  # all that Ctrl-C prints: the user asked for the stop, there is nothing to debug
 
 
+def _interrupted_while_loading(signum: int, frame: object) -> NoReturn:  # noqa: ARG001
+    print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_INTERRUPTED)  # ends the import under way too, without a traceback
+
+
+def quiet_ctrl_c_while_loading(module_name: str) -> None:
+    """Called by a command's file before its heavy imports, with its `__name__`: run as the command (`__main__`),
+    a Ctrl-C while torch and the rest load (seconds) ends it as run_main would, with INTERRUPTED_LINE and
+    EXIT_INTERRUPTED instead of an import's KeyboardInterrupt traceback; run_main hands Ctrl-C back to Python.
+    Imported by another module (a test, a tool) it does nothing, and an ignored SIGINT (a shell's background job)
+    stays ignored."""
+    if module_name == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_while_loading)
+
+
 def run_main(main: Callable[[], int | None]) -> NoReturn:
     """Exit with `main()`'s code. Two ways out are owned here, once for every tool: a reader that stopped early
     (`tool | head`) ends the tool quietly with EXIT_BROKEN_PIPE, not a BrokenPipeError traceback (Python ignores
     SIGPIPE, so the write raises); Ctrl-C (KeyboardInterrupt) ends it with INTERRUPTED_LINE on stderr and
     EXIT_INTERRUPTED, not a KeyboardInterrupt traceback."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:  # loaded: Ctrl-C is a KeyboardInterrupt again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         try:
             code = main()

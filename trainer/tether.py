@@ -28,6 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repo's packages importable
 
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
+
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
 from trainer.cli import run_main  # noqa: E402
 from trainer.run_dir import EXIT_CANNOT_EXECUTE, EXIT_ERROR, EXIT_NOT_FOUND, exit_code_of  # noqa: E402
 

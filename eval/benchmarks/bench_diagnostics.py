@@ -24,17 +24,21 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import model...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import statistics
-import time
-from collections.abc import Sequence
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
-import torch
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
-from model.config import MiniNormConfig
-from model.model import MiniNormForCausalLM
-from trainer.cli import ToolParser, run_main
-from trainer.diagnostics import NormDiagnostics
-from trainer.machine import machine_line
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+import torch  # noqa: E402
+
+from model.config import MiniNormConfig  # noqa: E402
+from model.model import MiniNormForCausalLM  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.diagnostics import NormDiagnostics  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
 
 
 CALL_TIMES: list[float] = []  # per armed step: seconds spent inside arm(), after_backward() and after_step()

@@ -46,16 +46,20 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script from the repo root or from eval/
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
-from dataset.atomic_io import atomic_write_text
-from eval.benchmarks.rmsnorm.checks import check_kernels, check_model
-from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_table, run_lab
-from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods
-from model.kernels.dtypes import DTYPES
-from model.norms import triton_can_run
-from trainer.cli import ToolParser, run_main
-from trainer.machine import machine_line
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
+import torch  # noqa: E402
+
+from dataset.atomic_io import atomic_write_text  # noqa: E402
+from eval.benchmarks.rmsnorm.checks import check_kernels, check_model  # noqa: E402
+from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_table, run_lab  # noqa: E402
+from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods  # noqa: E402
+from model.kernels.dtypes import DTYPES  # noqa: E402
+from model.norms import triton_can_run  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
 

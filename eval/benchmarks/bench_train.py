@@ -26,6 +26,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script, from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
+
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
 import argparse  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402

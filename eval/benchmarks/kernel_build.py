@@ -19,14 +19,18 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script from the repo root or from eval/
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch
-import triton
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
-from model.kernels.cuda_build import H100_SMS, build
-from model.kernels.dtypes import DTYPES
-from model.kernels.rmsnorm_triton import LaunchTuning
-from trainer.cli import ToolParser, run_main
-from trainer.machine import machine_line
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from model.kernels.cuda_build import H100_SMS, build  # noqa: E402
+from model.kernels.dtypes import DTYPES  # noqa: E402
+from model.kernels.rmsnorm_triton import LaunchTuning  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
 
 GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
 

@@ -39,6 +39,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script, from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
+
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
 from eval.studies.ablation.report import write_report  # noqa: E402
 from eval.studies.ablation.study2 import ESCAPE_MARGIN  # noqa: E402
 from trainer.cli import ToolParser, run_main  # noqa: E402

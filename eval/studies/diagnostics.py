@@ -16,9 +16,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import trainer...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from collections.abc import Sequence
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
-import matplotlib
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+
+from collections.abc import Sequence  # noqa: E402
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -27,22 +27,26 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `import model...` work from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import json
-import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
-import numpy as np
-import torch
+quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
-from dataset.atomic_io import atomic_write_text
-from model.config import MiniNormConfig
-from model.model import MiniNormForCausalLM
-from trainer.cli import ToolParser, run_main
-from trainer.diagnostics import NormDiagnostics
-from trainer.figures import save_figure
-from trainer.machine import machine_line
-from trainer.run_dir import report_error
+import json  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from dataset.atomic_io import atomic_write_text  # noqa: E402
+from model.config import MiniNormConfig  # noqa: E402
+from model.model import MiniNormForCausalLM  # noqa: E402
+from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.diagnostics import NormDiagnostics  # noqa: E402
+from trainer.figures import save_figure  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
+from trainer.run_dir import report_error  # noqa: E402
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

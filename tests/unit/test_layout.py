@@ -404,7 +404,7 @@ def test_the_atomic_write_check_catches_each_kind_of_write() -> None:
 MODEL_RUNNERS = ("trainer/train_pretrain.py", "trainer/train_full_sft.py", "trainer/train_lora.py",
                  "trainer/train_dpo.py", "trainer/train_distillation.py", "trainer/train_grpo.py",
                  "trainer/train_ppo.py", "eval/chat.py", "eval/evaluate.py", "scripts/serve.py")
-BEFORE_TORCH = {"__future__", "sys", "pathlib", "trainer.threads"}  # what may be imported before the call
+BEFORE_TORCH = {"__future__", "sys", "pathlib", "trainer.threads", "trainer.cli"}  # may come before the call
 
 
 def openmp_waits_problem(source: str) -> str | None:
@@ -423,6 +423,16 @@ def openmp_waits_problem(source: str) -> str | None:
 @pytest.mark.parametrize("tool", MODEL_RUNNERS)
 def test_commands_that_run_models_bound_openmp_waits_before_torch_loads(tool: str) -> None:
     assert openmp_waits_problem((REPO / tool).read_text(encoding="utf-8")) is None
+
+
+def test_what_may_come_before_the_call_loads_no_torch() -> None:
+    """trainer.cli comes first in the commands (quiet_ctrl_c_while_loading), before bound_openmp_waits()."""
+    import subprocess
+    import sys
+
+    check = "import sys, trainer.threads, trainer.cli; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.stdout == "[]\n", result.stderr
 
 
 def test_the_openmp_waits_check_catches_a_late_call() -> None:

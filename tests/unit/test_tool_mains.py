@@ -79,6 +79,74 @@ def test_every_command_line_ends_through_run_main() -> None:
     assert problems == {}
 
 
+def _module(node: ast.stmt) -> str:
+    return node.module or "" if isinstance(node, ast.ImportFrom) else node.names[0].name
+
+
+def loading_problem(source: str) -> str | None:
+    """Why a Ctrl-C while the command's imports load would print a traceback (None: it would not): the file calls
+    trainer.cli's quiet_ctrl_c_while_loading(__name__) at module level before its first import of a module beyond
+    the standard library (torch, numpy, the project's own) other than trainer.cli itself."""
+    tree = ast.parse(source)
+    for node in tree.body:
+        if (call := _call_of(node, "quiet_ctrl_c_while_loading")) is not None:
+            return None if [ast.unparse(a) for a in call.args] == ["__name__"] else "called without __name__"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            top = _module(node).split(".")[0]
+            if top not in sys.stdlib_module_names and _module(node) != "trainer.cli":
+                return f"line {node.lineno}: {_module(node)} loads before quiet_ctrl_c_while_loading(__name__)"
+    return "quiet_ctrl_c_while_loading(__name__) is not called"
+
+
+def test_every_command_is_quiet_about_a_ctrl_c_while_it_loads() -> None:
+    problems = {str(path.relative_to(REPO)): problem for path in command_files()
+                if (problem := loading_problem(path.read_text(encoding="utf-8")))}
+    assert problems == {}
+    assert loading_problem("import torch\nfrom trainer.cli import quiet_ctrl_c_while_loading\n"
+                           "quiet_ctrl_c_while_loading(__name__)\n") == (
+        "line 1: torch loads before quiet_ctrl_c_while_loading(__name__)")
+
+
+SLOW_IMPORT = """
+import sys, time
+print("loading", flush=True)
+time.sleep(120)
+"""
+LOADING_COMMAND = """
+import sys
+sys.path[:0] = [{repo!r}, {here!r}]
+from trainer.cli import quiet_ctrl_c_while_loading, run_main
+quiet_ctrl_c_while_loading(__name__)
+import slow_module
+"""
+
+
+@pytest.mark.parametrize("ignored", [False, True])
+def test_ctrl_c_while_a_command_loads_is_one_line_and_exit_130(tmp_path, ignored: bool) -> None:
+    """Torch and the rest load for seconds before run_main runs: a Ctrl-C then was a KeyboardInterrupt traceback
+    of 50-70 lines through the import machinery. An ignored SIGINT (a shell's background job) stays ignored."""
+    import signal
+    import time
+
+    (tmp_path / "slow_module.py").write_text(SLOW_IMPORT)
+    (tmp_path / "command.py").write_text(LOADING_COMMAND.format(repo=str(REPO), here=str(tmp_path)))
+    preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
+    child = subprocess.Popen([sys.executable, str(tmp_path / "command.py")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
+    try:
+        assert child.stdout.readline() == "loading\n"
+        child.send_signal(signal.SIGINT)
+        if ignored:
+            time.sleep(1)
+            assert child.poll() is None  # still loading
+            return
+        assert child.wait(timeout=60) == 130
+        assert child.stderr.read() == "interrupted\n"
+    finally:
+        child.kill()
+        child.wait()
+
+
 @pytest.mark.parametrize(("source", "problem"), [
     ('from trainer.cli import run_main\nif __name__ == "__main__":\n    run_main(main)\n', None),
     ('if __name__ == "__main__":\n    from trainer.cli import run_main\n\n    run_main(main)\n', None),

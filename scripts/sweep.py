@@ -67,7 +67,8 @@ from trainer.cli import INTERRUPTED_LINE, ToolParser, int_within, run_main, seed
 from trainer.yaml_file import read_yaml  # noqa: E402
 from trainer.run_dir import (EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_FOUND,  # noqa: E402
                              FINAL_METRIC_PLACES, REPO_ROOT, SUMMARY_FILE, TRAINER_SCRIPTS, final_metric,
-                             logged_metrics, read_summary, report_error, resolve_path, trainer_task)
+                             logged_metrics, read_summary, report_error, resolve_input_path, resolve_path,
+                             trainer_task)
 from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, TRIAL_LOG, TRIALS_DIR,  # noqa: E402
                                append_result, default_sweep_dir, done_records, is_folder_name, read_state,
                                restore_records, save_records, swept_names, sweep_dir_lock, trial_dir_name, write_state)
@@ -768,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {signal.SIGTERM: _terminate_child, signal.SIGINT: _interrupt}
     previous = {number: signal.signal(number, handler) for number, handler in handlers.items()}
     try:
-        trials = run_sweep(args.config, args.sweep_dir, args.wandb_mode, args.max_trials, args.seed,
+        trials = run_sweep(resolve_input_path(args.config), args.sweep_dir, args.wandb_mode, args.max_trials, args.seed,
                            args.stop_on_failure, args.dry_run, args.workers, args.records_dir, args.only)
     except ValueError as error:  # SweepConfigError, or a sweep folder whose state is not readable
         return report_error(error)

@@ -33,6 +33,8 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
+from trainer.run_dir import resolve_input_path  # noqa: E402
+
 VARIANT_KEY, LR_KEY, SEED_KEY = "config", "learning_rate", "seed"
 BASELINE = "pre_rmsnorm"
 # Sweep parameters that do not change a step's work, or that the benchmark sets itself.
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup < 0:
         parser.error("--warmup must be at least 0")
     try:
-        config = yaml.safe_load(Path(args.sweep).read_text())
+        config = yaml.safe_load(resolve_input_path(args.sweep).read_text())
         if VARIANT_KEY not in (config or {}).get("parameters", {}):
             raise ValueError(f"{args.sweep}: no `{VARIANT_KEY}` parameter (the variant files) to time")
         payload = run(config, args.rounds, args.steps, args.warmup, args.compile,

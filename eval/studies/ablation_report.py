@@ -46,7 +46,7 @@ quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: o
 from eval.studies.ablation.report import write_report  # noqa: E402
 from eval.studies.ablation.study2 import ESCAPE_MARGIN  # noqa: E402
 from trainer.cli import ToolParser, run_main  # noqa: E402
-from trainer.run_dir import report_error  # noqa: E402
+from trainer.run_dir import report_error, resolve_input_path  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.escape_margin >= 0:
         parser.error(f"--escape_margin: {args.escape_margin} is not allowed; it must be >= 0 (nats)")
     try:
-        path = write_report(args.sweep_dirs, args.out, args.unigram, args.study2, args.step_times,
+        sweep_dirs = [resolve_input_path(path) for path in args.sweep_dirs]  # from here, else the repo root
+        path = write_report(sweep_dirs, args.out, args.unigram, args.study2, args.step_times,
                             args.escape_margin, args.write_seed2)
     except (FileNotFoundError, ValueError) as error:
         return report_error(error)

@@ -32,7 +32,8 @@ from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
-from trainer.run_dir import METRICS_FILE, read_metrics, report_error  # noqa: E402
+from trainer.run_dir import (METRICS_FILE, read_metrics, report_error, resolve_input_path,  # noqa: E402
+                             resolve_path)
 
 # What each quantity means, for the plot titles.
 TITLES = {
@@ -138,8 +139,9 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("source", help="a run directory or its metrics jsonl file")
     parser.add_argument("--out", default=None, help="output folder (default: <run dir>/diagnostics)")
     args = parser.parse_args(argv)
-    out = args.out or find_metrics_file(args.source).parent / "diagnostics"
-    written = plot_run(args.source, out)
+    source = resolve_input_path(args.source)  # from here, else from the repo root, as the trainer wrote it
+    out = resolve_path(args.out) if args.out else find_metrics_file(source).parent / "diagnostics"
+    written = plot_run(source, out)
     for path in written:
         print(path)
     return written

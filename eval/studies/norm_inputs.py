@@ -35,7 +35,7 @@ from dataset.atomic_io import atomic_write_text  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
 from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
-from trainer.run_dir import recorded_config, report_error  # noqa: E402
+from trainer.run_dir import recorded_config, report_error, resolve_input_path  # noqa: E402
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -136,9 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, list[NormInput]] = {}
     try:
         for label, path in zip(labels, args.models):
-            model, tokenizer = load_model(Path(path), device="cpu", dtype="float32")
+            path = resolve_input_path(path)
+            model, tokenizer = load_model(path, device="cpu", dtype="float32")
             model.eval()
-            seq_len = args.seq_len or training_seq_len(Path(path))
+            seq_len = args.seq_len or training_seq_len(path)
             results[label] = norm_inputs(model, validation_batches(tokenizer, seq_len, args.batches,
                                                                    args.batch_size))
     except (OSError, ValueError) as error:

@@ -266,6 +266,16 @@ def test_without_the_sweep_engine_the_runner_names_the_install_command(cwd, tmp_
     assert len(lines) == 1 and "pip install --no-deps sweeps==0.3.0" in lines[0], run.stderr
 
 
+def test_a_sweep_file_named_from_the_repo_root_is_found_from_any_directory(tmp_path):
+    """`cd /tmp && python REPO/scripts/sweep.py scripts/sweep_configs/smoke.yaml`: relative paths are the repo
+    root's, as everywhere (it said "no such file")."""
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep.py"), "scripts/sweep_configs/smoke.yaml",
+                          "--sweep_dir", str(tmp_path / "sweep"), "--dry_run"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "[dry run] 2 trials to run; nothing was run or written" in run.stdout
+
+
 def test_default_wandb_mode_is_offline_without_a_key(monkeypatch, tmp_path):
     for name in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(name, raising=False)

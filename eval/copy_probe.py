@@ -34,7 +34,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import json  # noqa: E402
 from typing import Any  # noqa: E402
 
-from trainer.cli import ToolParser, run_main, seed  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main, seed  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 
@@ -74,12 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__.split("\n")[0])
     add_model_source_flags(parser)
     parser.add_argument("--lengths", default="17,37,60", help="comma-separated lengths of the random sequences")
-    parser.add_argument("--text", type=int, default=40, help="tokens of each validation document repeated (0: none)")
-    parser.add_argument("--rows", type=int, default=16, help="sequences per probe")
+    parser.add_argument("--text", type=int, default=40,
+                        help="tokens of each validation document repeated (0: none)")
+    parser.add_argument("--rows", type=int_within(1), default=16, help="sequences per probe")
     parser.add_argument("--seed", type=seed, default=1, help="draws the random sequences")
     parser.add_argument("--data", default="pretrain_val", help="pretrain_val or a jsonl file of {\"text\": ...}")
-    parser.add_argument("--cue_pairs", type=int, default=0, help="also probe each length after a cue pair, drawn "
-                        "from the copy rows' first N (0: no such probe; see --copy_cue_pairs)")
+    parser.add_argument("--cue_pairs", type=int, default=0,
+                        help="also probe each length after a cue pair, drawn from the copy rows' first N (0: no such "
+                        "probe; see --copy_cue_pairs)")
     parser.add_argument("--json", default=None, help="also write the table to this JSON file")
     add_threads_flag(parser)
     args = parser.parse_args(argv)

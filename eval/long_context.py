@@ -36,7 +36,7 @@ import json  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 ROPE_TYPES = ("yarn", "linear", "dynamic")
@@ -108,14 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__.split("\n")[0])
     add_model_source_flags(parser)
     parser.add_argument("--data", default="pretrain_val", help="pretrain_val or a jsonl file of {\"text\": ...}")
-    parser.add_argument("--length", type=int, default=1024, help="positions scored per document")
-    parser.add_argument("--bucket", type=int, default=128, help="positions per bucket")
-    parser.add_argument("--trained_length", type=int, default=256,
+    parser.add_argument("--length", type=int_within(1), default=1024, help="positions scored per document")
+    parser.add_argument("--bucket", type=int_within(1), default=128, help="positions per bucket")
+    parser.add_argument("--trained_length", type=int_within(1), default=256,
                         help="the tokens per training row (pretraining's --max_seq_len): marks the buckets past it")
     parser.add_argument("--scalings", default="none,yarn:4@256,yarn:2,dynamic:4@256,linear:4@256",
                         help="comma-separated: none or TYPE:FACTOR[@L] (see the description)")
-    parser.add_argument("--max_documents", type=int, default=0, help="0: every long enough document")
-    parser.add_argument("--batch_size", type=int, default=4, help="documents per forward pass")
+    parser.add_argument("--max_documents", type=int_within(0), default=0, help="0: every long enough document")
+    parser.add_argument("--batch_size", type=int_within(1), default=4, help="documents per forward pass")
     parser.add_argument("--json", default=None, help="also write the table to this JSON file")
     add_threads_flag(parser)
     args = parser.parse_args(argv)

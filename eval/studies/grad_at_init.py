@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
@@ -303,16 +303,17 @@ def plot(results: dict, path: Path, quantity: str = "ffn_w2") -> None:
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="cpu-default", help="model preset (model/config.py)")
-    parser.add_argument("--layers", type=int, default=8, help="num_hidden_layers (the preset has 4; more layers "
-                        "make a depth trend visible)")
-    parser.add_argument("--hidden_size", type=int, default=None, help="default: the preset's")
-    parser.add_argument("--intermediate_size", type=int, default=None, help="default: the preset's")
-    parser.add_argument("--num_attention_heads", type=int, default=None, help="default: the preset's")
-    parser.add_argument("--num_key_value_heads", type=int, default=None, help="default: the preset's")
-    parser.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
-    parser.add_argument("--batch_size", type=int, default=8, help="sequences per batch")
-    parser.add_argument("--batches", type=int, default=2, help="fixed batches the gradient norms are averaged over")
-    parser.add_argument("--seeds", type=int, default=3, help="initializations per variant (seeds 0 to N-1)")
+    parser.add_argument("--layers", type=int_within(1), default=8,
+                        help="num_hidden_layers (the preset has 4; more layers make a depth trend visible)")
+    parser.add_argument("--hidden_size", type=int_within(1), default=None, help="default: the preset's")
+    parser.add_argument("--intermediate_size", type=int_within(1), default=None, help="default: the preset's")
+    parser.add_argument("--num_attention_heads", type=int_within(1), default=None, help="default: the preset's")
+    parser.add_argument("--num_key_value_heads", type=int_within(1), default=None, help="default: the preset's")
+    parser.add_argument("--seq_len", type=int_within(2), default=256, help="tokens per sequence")
+    parser.add_argument("--batch_size", type=int_within(1), default=8, help="sequences per batch")
+    parser.add_argument("--batches", type=int_within(1), default=2,
+                        help="fixed batches the gradient norms are averaged over")
+    parser.add_argument("--seeds", type=int_within(1), default=3, help="initializations per variant (seeds 0 to N-1)")
     parser.add_argument("--placements", default=",".join(PLACEMENTS), help="comma-separated norm placements")
     parser.add_argument("--norm_types", default=",".join(NORM_TYPES), help="comma-separated norm types")
     parser.add_argument("--variants", default=None,
@@ -325,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         help="uniform random token batches instead of text (a sanity baseline; also no tokenizer)")
     parser.add_argument("--init", choices=("model", "xavier"), default="model",
                         help="model: MiniNorm's own init; xavier: Xavier-normal block weights (Xiong et al.)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int_within(1), default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="directory of results.json, the table and the plot")
     parser.add_argument("--replot", action="store_true", help="only redraw the table and PNG from results.json")
     args = parser.parse_args(argv)

@@ -33,7 +33,7 @@ from torch import nn  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import recorded_config, report_error, resolve_input_path  # noqa: E402
 
@@ -120,11 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "and saturated fraction.")
     parser.add_argument("models", nargs="+", help="model directories (a trial's folder, out/pretrain, ...)")
     parser.add_argument("--labels", help="comma-separated column labels, one per model (default: folder names)")
-    parser.add_argument("--seq_len", type=int, help="tokens per row (default: the model's training max_seq_len "
-                                                    "from its train_config.yaml, else 128)")
-    parser.add_argument("--batches", type=int, default=4, help="validation batches")
-    parser.add_argument("--batch_size", type=int, default=8, help="rows per batch")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--seq_len", type=int_within(2),
+                        help="tokens per row (default: the model's training max_seq_len from its train_config.yaml, "
+                             "else 128)")
+    parser.add_argument("--batches", type=int_within(1), default=4, help="validation batches")
+    parser.add_argument("--batch_size", type=int_within(1), default=8, help="rows per batch")
+    parser.add_argument("--threads", type=int_within(1), default=1, help="torch CPU threads")
     parser.add_argument("--out", help="also write the table (markdown) to this file")
     args = parser.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [Path(m).name for m in args.models]

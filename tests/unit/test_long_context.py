@@ -69,3 +69,14 @@ def test_no_long_enough_document_is_one_line(tiny_models, tmp_path, capsys) -> N
     data.write_text(json.dumps({"text": "short"}) + "\n", encoding="utf-8")
     assert main(["--model_path", str(tiny_models.pretrain), "--data", str(data), "--length", "64"]) != 0
     assert "no document has more than --length 64 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, allowed", [("--bucket", "0", ">= 1"), ("--length", "-5", ">= 1"),
+                                                  ("--batch_size", "0", ">= 1"), ("--max_documents", "-3", ">= 0")])
+def test_counts_out_of_range_are_one_line(flag, value, allowed, capsys) -> None:
+    """--bucket 0 was a RuntimeError traceback from torch's split, --length 0 a table of nan, --batch_size 0
+    range()'s message naming no flag, --max_documents -3 taken silently."""
+    with pytest.raises(SystemExit) as stopped:
+        main([flag, value])
+    assert stopped.value.code == 2
+    assert f"argument {flag}: {value} is not an integer {allowed}" in capsys.readouterr().err

@@ -176,6 +176,13 @@ def assert_one_job_over_two_nodes(results: tuple[NodeResult, NodeResult]) -> Non
     assert "MiniNorm " not in results[1].stdout
 
 
+def stop_after_its_last_checkpoint(out_dir: Path) -> None:
+    """The run as if it had been stopped after its last checkpoint: its final files gone (a finished run asked
+    again with --resume auto is left as it is)."""
+    for name in ("run_summary.json", "model.safetensors", "config.json", "generation_config.json"):
+        (out_dir / name).unlink(missing_ok=True)
+
+
 def same_bits(first: Path, second: Path) -> bool:
     mine, theirs = load_file(first), load_file(second)
     return mine.keys() == theirs.keys() and all(torch.equal(mine[name], theirs[name]) for name in mine)
@@ -196,6 +203,7 @@ def test_two_nodes_with_a_shared_out_dir_train_like_one_process_and_resume_exact
     assert (checkpoint / "random_states_0.pkl").is_file() and (checkpoint / "random_states_1.pkl").is_file()
     shutil.copy(out_dir / "model.safetensors", tmp_path / "first.safetensors")
     first_losses = train_losses(out_dir)
+    stop_after_its_last_checkpoint(out_dir)
 
     resumed = run_job(two_nodes, "accelerate", (argv + ["--resume", "auto"],) * 2, tmp_path / "resume")
     assert_one_job_over_two_nodes(resumed)
@@ -223,8 +231,8 @@ def test_two_nodes_with_an_out_dir_each_resume_exactly_or_refuse_in_one_line(two
         for name in names:
             files = {p.name for p in (out_dir / "checkpoints" / name).iterdir()}
             assert {"model.safetensors", "optimizer.bin", "trainer_state.json", f"random_states_{node}.pkl"} <= files
-    before = (out_dirs[0] / "model.safetensors").read_bytes()
-    (tmp_path / "first.safetensors").write_bytes(before)
+    (tmp_path / "first.safetensors").write_bytes((out_dirs[0] / "model.safetensors").read_bytes())
+    stop_after_its_last_checkpoint(out_dirs[0])
 
     missing = out_dirs[1] / "checkpoints" / "step_00000006" / "random_states_1.pkl"
     missing.unlink()
@@ -237,7 +245,7 @@ def test_two_nodes_with_an_out_dir_each_resume_exactly_or_refuse_in_one_line(two
         assert len(errors) == 1 and errors[0].startswith(line), result.stderr[-3000:]
         assert f"exitcode  : {EXIT_ERROR}" in result.stderr  # the worker's own exit code, in torchrun's report
     assert "resumed from" not in refused[0].stdout + refused[1].stdout
-    assert (out_dirs[0] / "model.safetensors").read_bytes() == before  # nothing trained, nothing written
+    assert not (out_dirs[0] / "model.safetensors").exists()  # nothing trained, nothing written
 
     shutil.rmtree(missing.parent)  # node 1 lost its newest checkpoint altogether
     resumed = run_job(two_nodes, "torchrun", tuple(argv + ["--resume", "auto"] for argv in argvs),

@@ -56,8 +56,9 @@ from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
                              EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, OVERWRITE_FLAG, ROLLOUT_TASKS,
-                             RUN_ID_KEY, SUMMARY_FILE, WEIGHT_FILES, check_out_dir, code_version, is_model_dir,
-                             list_checkpoints, load_input_model, report_error, resolve_path)
+                             MERGED_DIR, RUN_ID_KEY, SUMMARY_FILE, WEIGHT_FILES, check_out_dir, code_version,
+                             is_adapter_dir, is_model_dir, list_checkpoints, load_input_model, report_error,
+                             resolve_path)
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -107,6 +108,12 @@ def _starting_weights(args: TrainArgs) -> Path:
     """The model directory a fine-tuning run starts from: --from_weight, else its task's default."""
     source_task = DEFAULT_FROM_WEIGHT[args.task]
     source = resolve_path(args.from_weight or DEFAULT_OUT_DIRS[source_task])
+    if is_adapter_dir(source):
+        merged = source / MERGED_DIR
+        start = (f"start from its merged model, --from_weight {merged}" if is_model_dir(merged)
+                 else "merge it first (train_lora.py --merge writes OUT_DIR/merged) and start from that")
+        raise ValueError(f"--from_weight {source}: a LoRA adapter, not a model (its weights are the base model's "
+                         f"plus the adapter's); {start}")
     if not is_model_dir(source):
         raise FileNotFoundError(f"--from_weight {source}: no model to start from there (config.json and "
                                 f"{' or '.join(WEIGHT_FILES)}); create it with `{CREATE_COMMANDS[source_task]}` (or "

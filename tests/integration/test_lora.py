@@ -215,3 +215,18 @@ def test_adapter_directories_are_named_in_one_line(lora_run, tmp_path, capsys):
     assert re.search(r"is a LoRA adapter, not a whole model: pass it as --lora", capsys.readouterr().err)
     assert main(["--lora", str(tmp_path), "--prompt", "Hi"]) == 2
     assert "no LoRA adapter there (adapter_config.json is missing)" in capsys.readouterr().err
+
+
+def test_an_adapter_as_a_fine_tuning_runs_starting_model_is_named(lora_run, train_data, tmp_path, capsys):
+    """`train_dpo.py --from_weight out/lora` said "no model to start from there; create it with train_full_sft.py"
+    of a folder that holds a trained adapter; it names the adapter and its merged model (or how to make one)."""
+    argv = finetune_argv("dpo", train_data, lora_run, tmp_path / "dpo")
+    assert refused_run("dpo", argv, capsys) == (f"error: --from_weight {lora_run}: a LoRA adapter, not a model (its "
+                                                f"weights are the base model's plus the adapter's); start from its "
+                                                f"merged model, --from_weight {lora_run / MERGED_DIR}")
+    unmerged = tmp_path / "unmerged"
+    unmerged.mkdir()
+    (unmerged / "adapter_config.json").write_text((lora_run / "adapter_config.json").read_text())
+    argv = finetune_argv("dpo", train_data, unmerged, tmp_path / "dpo")
+    assert refused_run("dpo", argv, capsys).endswith("merge it first (train_lora.py --merge writes OUT_DIR/merged) "
+                                                     "and start from that")

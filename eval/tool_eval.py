@@ -145,7 +145,7 @@ def table(outcomes: list[Outcome]) -> list[dict]:
                      "right_call": sum(o.right_call for o in mine) / n,
                      "fact_in_answer": None if kind == SMALL_TALK else sum(o.has_fact for o in mine) / n,
                      "never_ended": sum(not o.ended for o in mine) / n,
-                     "repeated_trigrams": -sum(repetition_penalty([], [o.answer for o in mine])) / n})
+                     "repeated_trigrams": 0.0 - sum(repetition_penalty([], [o.answer for o in mine])) / n})  # not -0.0
     return rows
 
 

@@ -146,6 +146,9 @@ def test_the_table_counts_unended_answers_and_repeated_trigrams_by_hand():
     assert (rows["wiki"]["never_ended"], rows["wiki"]["repeated_trigrams"]) == (0.5, 0.125)
     # "hi , hi , hi , hi": 7 tokens, 5 trigrams, 3 repeat ("hi , hi" and ", hi ," again)
     assert (rows["small_talk"]["never_ended"], rows["small_talk"]["repeated_trigrams"]) == (0.0, 0.6)
+    # None repeated: 0.0%, not "-0.0%" (the mean of the negated penalties)
+    none = table([outcome("wiki", "Fine.", True)])[0]["repeated_trigrams"]
+    assert f"{none:.1%}" == "0.0%"
 
 
 @pytest.mark.parametrize("flags, message", [

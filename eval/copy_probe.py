@@ -59,10 +59,11 @@ def repeat_losses(model: Any, first: Any, between: Any, before: Any = None) -> t
 def text_rows(data_path: Path, tokenizer: Any, length: int, count: int) -> list[list[int]]:
     """The first `length` token ids of the first `count` documents that have that many."""
     from dataset.jsonl import iter_records
+    from dataset.pretrain_dataset import encode_documents
 
     rows = []
     for _, record, _ in iter_records(data_path, "text"):
-        ids = tokenizer(record["text"], add_special_tokens=False)["input_ids"]
+        ids = encode_documents(tokenizer, [record["text"]])[0]  # as pretraining reads text
         if len(ids) >= length:
             rows.append(ids[:length])
             if len(rows) == count:

@@ -77,10 +77,11 @@ def long_documents(data_path: Path, tokenizer: Any, length: int, limit: int) -> 
     """The first length + 1 token ids of every document with that many (pretraining's tokenization), at most
     `limit` documents (0: all)."""
     from dataset.jsonl import iter_records
+    from dataset.pretrain_dataset import encode_documents
 
     documents = []
     for _, record, _ in iter_records(data_path, "text"):
-        ids = tokenizer(record["text"], add_special_tokens=False)["input_ids"]
+        ids = encode_documents(tokenizer, [record["text"]])[0]  # as pretraining reads text
         if len(ids) > length:
             documents.append(ids[:length + 1])
             if limit and len(documents) == limit:

@@ -312,17 +312,27 @@ def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
     return _was_and_is(_changes(state.get("config", {}), now))
 
 
+# What a command line may change and still ask for the same run: how it starts, where it is written (train_config.yaml
+# records it resolved), the threads (picked for the machine).
+_NOT_THE_RUN = frozenset({"resume", "overwrite", "out_dir", "threads"})
+
+
 def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     """The summary of the run that finished in `out_dir` where `args` (a `--resume auto`) ask for that very run
-    again: the flags its train_config.yaml records, model fields only where the command gives them, paths and
-    threads aside (_NOT_NOTED); {} where the run did not finish there, or anything differs."""
+    again: every flag its train_config.yaml records as the command gives it (paths as typed; a flag the command
+    leaves unset, which the run resolves, e.g. SFT's --copy_rows, aside; model fields only where the command gives
+    them; _NOT_THE_RUN aside), and no checkpoint past the finished step (a longer continuation stopped before its
+    end); {} otherwise."""
     summary = read_summary(out_dir)
     model_saved = is_adapter_dir(out_dir) if uses_lora(args) else is_model_dir(out_dir)
     if summary.get("status") != "finished" or not model_saved:
         return {}
+    checkpoints = list_checkpoints(out_dir / CHECKPOINT_DIR)
+    if checkpoints and (checkpoint_step(checkpoints[-1].name) or 0) > summary.get("steps", 0):
+        return {}
     recorded = recorded_config(out_dir)
     asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **args.model}
-    differs = any(name not in _NOT_NOTED and _comparable(recorded[name]) != _comparable(value)
+    differs = any(name not in _NOT_THE_RUN and value is not None and _comparable(recorded[name]) != _comparable(value)
                   for name, value in asked.items() if name in recorded)
     return {} if differs or not recorded else summary
 

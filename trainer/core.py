@@ -297,7 +297,7 @@ class Trainer:
                        + (f", val loss {loss:.4f}" if isinstance(loss, float) else "") + "): nothing left to train, "
                        "its model stays as it is; "
                        + (f"a larger --max_steps trains it on from {CHECKPOINT_DIR}/{checkpoints[-1].name}, "
-                          if checkpoints else "")
+                          if checkpoints and not args.time_budget_s else "")
                        + f"{OVERWRITE_FLAG} trains it anew")
         return RunSummary(**{name: summary[name] for name in RunSummary.__dataclass_fields__ if name in summary})
 

@@ -347,3 +347,55 @@ def test_a_stopped_run_finishes_with_its_own_config_and_resume_auto(reference_ru
     assert "resumed from" in out and "step_00000006" in out and "changed since the checkpoint" not in out, out
     assert val_losses(stopped) == val_losses(reference_run)
     assert load_file(stopped / "model.safetensors").keys() == load_file(reference_run / "model.safetensors").keys()
+
+
+def _files(run) -> dict:
+    return {path.relative_to(run): path.read_bytes() for path in run.rglob("*") if path.is_file()}
+
+
+def test_resume_auto_leaves_a_finished_sft_run_as_it_is(train_data, reference_run, tmp_path, capsys):
+    """The same SFT command again with --resume auto: nothing to train. An SFT command without --copy_rows leaves
+    it to the run, which resolves it (train_config.yaml records 0): that once made every such command look changed."""
+    finished = tmp_path / "sft"
+    argv = sft_argv(train_data, reference_run, finished, "--batch_size", "4")
+    at = argv.index("--copy_rows")
+    del argv[at:at + 2]
+    run_in_process("sft", argv)
+    before = _files(finished)
+    capsys.readouterr()
+    run_in_process("sft", argv + ["--resume", "auto"])
+    assert "holds this run, finished" in capsys.readouterr().out
+    assert _files(finished) == before
+
+
+def test_resume_auto_goes_on_where_a_longer_continuation_stopped(train_data, reference_run, tmp_path, capsys):
+    """A run finished at step 8, continued with --max_steps 12 and stopped after its checkpoint at step 9 (its
+    summary and model still the 8-step run's): the same command trains on from step 9, it is not 'finished'."""
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    longer = pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "12", "--resume", "auto")
+    run_in_process("pretrain", longer)  # checkpoints at 9 (and 12: none, the last step saves the model)
+    for name in ("run_summary.json", "model.safetensors"):
+        shutil.copy(reference_run / name, run / name)  # as if stopped before its end
+    capsys.readouterr()
+    run_in_process("pretrain", longer)
+    out = capsys.readouterr().out
+    assert "finished" not in out.split("\n")[0] and "at optimizer step 9" in out, out
+    assert json.loads((run / "run_summary.json").read_text())["steps"] == 12
+
+
+def test_resume_auto_on_other_data_is_not_the_finished_run(train_data, reference_run, tmp_path, capsys):
+    """--data_path another file on a finished directory is not 'the same run, finished': the resume's data check
+    answers it (it was 'nothing left to train', data paths being left out of the comparison)."""
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    other = tmp_path / "other.jsonl"
+    lines = (train_data / "pretrain.jsonl").read_text().splitlines()
+    other.write_text("\n".join(reversed(lines)) + "\n")
+    argv = pretrain_argv(train_data, run, "--batch_size", "4", "--data_path", str(other), "--resume", "auto")
+    capsys.readouterr()
+    try:
+        run_in_process("pretrain", argv)
+    except ValueError:
+        pass
+    assert "holds this run, finished" not in capsys.readouterr().out

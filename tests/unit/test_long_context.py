@@ -80,3 +80,18 @@ def test_counts_out_of_range_are_one_line(flag, value, allowed, capsys) -> None:
         main([flag, value])
     assert stopped.value.code == 2
     assert f"argument {flag}: {value} is not an integer {allowed}" in capsys.readouterr().err
+
+
+def test_documents_are_read_as_pretraining_reads_text(tmp_path, tokenizer) -> None:
+    """A document that writes <|im_end|> is scored on those characters, as the model trained on them (text is
+    text), in long_context.py and copy_probe.py alike."""
+    from dataset.chat_format import encode_text
+    from eval.copy_probe import text_rows
+    from eval.long_context import long_documents
+
+    text = "The end marker <|im_end|> and <|endoftext|> are written here. " * 8
+    data = tmp_path / "text.jsonl"
+    data.write_text(json.dumps({"text": text}) + "\n", encoding="utf-8")
+    ids = encode_text(tokenizer, text)
+    assert long_documents(data, tokenizer, 40, 0) == [ids[:41]]
+    assert text_rows(data, tokenizer, 40, 1) == [ids[:40]]

@@ -127,11 +127,12 @@ def _weight_files(source: Path) -> list[Path]:
             raise NotImportable(f"cannot import {source}: {index.name} has no weight_map (tensor name -> shard file)")
         files = set()
         for name in weight_map.values():
-            file = (source / str(name)).resolve()
-            # A shard is a file in the checkpoint folder: a name like ../../etc/passwd is not read.
-            if not isinstance(name, str) or file.parent != source.resolve():
+            # A shard is a file in the checkpoint folder, by its name: a name like ../../etc/passwd is not read. The
+            # entry itself may be a link (the Hugging Face hub cache links each file of a snapshot to a blob).
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
                 raise NotImportable(f"cannot import {source}: {index.name} names the shard {name!r}, which is not "
                                     "a file in that folder")
+            file = source / name
             if not file.is_file():
                 raise NotImportable(f"cannot import {source}: {index.name} names the shard {name}, which is missing")
             files.add(file)

@@ -149,6 +149,7 @@ def test_a_norm_without_a_gain_to_keep_is_refused(tmp_path, capsys) -> None:
 
 
 def _refused(capsys, source, out) -> str:
+    capsys.readouterr()  # the test's own save_pretrained may have drawn a progress bar (the first in a process)
     assert main(["--source", str(source), "--out_dir", str(out)]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and not out.exists()
@@ -279,6 +280,26 @@ def test_bad_input_is_one_line_naming_the_file_and_field(tmp_path, capsys, edit,
     error = _refused(capsys, source, tmp_path / "imported")
     assert str(source) in error and all(part in error for part in named), error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # nothing written, no staging folder left
+
+
+def test_a_sharded_checkpoint_in_the_hub_cache_layout_imports(tmp_path) -> None:
+    """The Hugging Face hub cache (what from_pretrained and snapshot_download leave) links every file of
+    snapshots/REV/ to ../../blobs/SHA: a shard is named in the folder and lives elsewhere. It was refused as 'not a
+    file in that folder'."""
+    theirs = hf_model("llama", tied=False)
+    saved = tmp_path / "saved"
+    theirs.save_pretrained(saved, max_shard_size="100KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(REPO / "model" / name, saved / name)
+    assert len(list(saved.glob("model-*.safetensors"))) > 1
+    blobs, snapshot = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for number, file in enumerate(sorted(saved.iterdir())):
+        shutil.move(file, blobs / f"blob{number}")
+        (snapshot / file.name).symlink_to(f"../../blobs/blob{number}")
+    out, diff = import_checkpoint(snapshot, tmp_path / "imported")
+    assert diff is not None and diff <= 1e-5
 
 
 def test_an_out_dir_under_a_file_is_one_line(tmp_path, capsys) -> None:

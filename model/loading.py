@@ -115,6 +115,15 @@ def load_dir_tokenizer(path: Path) -> Any:
         raise ValueError(f"cannot read the tokenizer of {path}: {what}") from None
 
 
+def check_tokenizer_fits(tokenizer: Any, vocab_size: int, path: Path) -> None:
+    """A ValueError naming the folder where its tokenizer has ids the model has no embedding for (more tokens than
+    config.json's vocab_size): such an id fails in the embedding lookup, and llama.cpp would tokenize otherwise."""
+    if len(tokenizer) > vocab_size:
+        raise ValueError(f"{path}: its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size="
+                         f"{vocab_size} (config.json): ids from {vocab_size} on have no embedding; give the model "
+                         f"the tokenizer it was trained with")
+
+
 def pick_device(device: str = "auto") -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -144,4 +153,6 @@ def load_model(path: Path, device: str = "auto", dtype: str = "auto", lora: Path
 
         base = load_strictly(path, dtype=torch.float32, **overrides)
         loaded = load_adapter(base, lora, merge=True).to(torch_dtype)
-    return loaded.to(device).eval(), load_dir_tokenizer(path)
+    tokenizer = load_dir_tokenizer(path)
+    check_tokenizer_fits(tokenizer, loaded.config.vocab_size, path)
+    return loaded.to(device).eval(), tokenizer

@@ -44,7 +44,8 @@ from model.config import MiniNormConfig  # noqa: E402
 from model.export_dir import EXPORT_MARKER, check_out_dir, staged_dir  # noqa: E402
 from model.llama_compat import NotExportable, check_exportable, to_target_config, to_target_state_dict  # noqa: E402
 from model.generation_defaults import read_generation_config  # noqa: E402
-from model.loading import config_model_type, load_config, load_dir_tokenizer, load_strictly  # noqa: E402
+from model.loading import (check_tokenizer_fits, config_model_type, load_config, load_dir_tokenizer,  # noqa: E402
+                           load_strictly)
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
@@ -64,8 +65,9 @@ def _patch_config_json(path: Path) -> None:
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _tokenizer_files(model_path: Path, staging: Path) -> None:
+def _tokenizer_files(model_path: Path, staging: Path, vocab_size: int) -> None:
     tokenizer = load_dir_tokenizer(model_path)
+    check_tokenizer_fits(tokenizer, vocab_size, model_path)
     tokenizer.save_pretrained(staging)
     # transformers 5 names the class TokenizersBackend; older readers know the same tokenizer.json loader
     # as PreTrainedTokenizerFast.
@@ -129,7 +131,7 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     with staged_dir(out_dir, EXPORT_MARKER, provenance) as staging:
         exported.save_pretrained(staging, safe_serialization=True)
         _patch_config_json(staging / "config.json")
-        _tokenizer_files(source, staging)
+        _tokenizer_files(source, staging, ours.config.vocab_size)
         if (source / CONFIG_FILE).is_file():  # keeps the task (sft/pretrain) for eval/chat.py
             shutil.copy2(source / CONFIG_FILE, staging / CONFIG_FILE)
         if verify:

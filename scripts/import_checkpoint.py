@@ -40,6 +40,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from model.export_dir import IMPORT_MARKER, check_out_dir, staged_dir  # noqa: E402
 from model.generation_defaults import read_generation_config  # noqa: E402
 from model.interop import SWAPPABLE_NORMS, NotImportable, mininorm_config_from, model_from, read_state_dict  # noqa: E402
+from model.loading import check_tokenizer_fits, load_dir_tokenizer  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.run_dir import report_error, resolve_input_path, resolve_path  # noqa: E402
@@ -75,6 +76,8 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
         raise ValueError(f"{config_file}: not readable JSON ({error})") from None
     check_out_dir(source, out_dir, IMPORT_MARKER, "an earlier import")
     config = mininorm_config_from(hf_config, source, norm_type)  # refuses before any weight is read
+    if (source / "tokenizer.json").is_file():  # a tokenizer this project reads (a tokenizer.model alone is copied)
+        check_tokenizer_fits(load_dir_tokenizer(source), config.vocab_size, source)
     ours = model_from(config, read_state_dict(source, config), source)
     ours.generation_config = read_generation_config(source)
     diff = None

@@ -302,6 +302,29 @@ def test_a_sharded_checkpoint_in_the_hub_cache_layout_imports(tmp_path) -> None:
     assert diff is not None and diff <= 1e-5
 
 
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_at_import_and_at_load(tmp_path, capsys) -> None:
+    """A 100-token model with a 6,400-token tokenizer was imported, exported and written to GGUF without a word,
+    then failed in chat and evaluate with an IndexError traceback from the embedding."""
+    from model.loading import load_model
+
+    source = save_checkpoint(hf_model("llama", tied=True, vocab_size=100), tmp_path / "hf")
+    error = _refused(capsys, source, tmp_path / "imported")
+    assert error == (f"error: {source}: its tokenizer has 6400 tokens, more than the model's vocab_size=100 "
+                     f"(config.json): ids from 100 on have no embedding; give the model the tokenizer it was "
+                     f"trained with")
+    fits = import_checkpoint(save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf2"), tmp_path / "ok")[0]
+    config = json.loads((fits / "config.json").read_text())
+    small = tmp_path / "small"
+    shrunk = MiniNormForCausalLM.from_pretrained(fits)
+    shrunk.resize_token_embeddings(100)
+    shrunk.save_pretrained(small)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(fits / name, small / name)
+    assert config["vocab_size"] == 6400
+    with pytest.raises(ValueError, match=r"its tokenizer has 6400 tokens, more than the model's vocab_size=100"):
+        load_model(small, device="cpu")
+
+
 def test_an_out_dir_under_a_file_is_one_line(tmp_path, capsys) -> None:
     source = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
     (tmp_path / "file").write_text("keep me")

@@ -73,6 +73,10 @@ def check_folder_path(path: Path, flag: str, itself: bool = True) -> None:
     blocker = file_in_the_way(path if itself else path.parent)
     if blocker is not None:
         raise ValueError(f"{flag} {_not_a_folder(path, blocker)}")
+    # The folder the writes land in (or would be made in) must take them: refused before the work, not after it.
+    existing = next(p for p in (path if itself else path.parent, *path.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write in {existing} (no permission, or a read-only file system)")
 
 
 def make_dirs(path: str | Path) -> Path:

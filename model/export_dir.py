@@ -15,7 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from dataset.atomic_io import check_folder_path, path_overlap
+from safetensors import SafetensorError
+
+from dataset.atomic_io import check_folder_path, first_line, path_overlap
 
 # The marker files: JSON recording where the result came from (the source, the measured logit difference, ...).
 EXPORT_MARKER = "exported_from.json"  # scripts/convert_to_llama.py
@@ -65,12 +67,17 @@ def _install(staging: Path, out_dir: Path) -> None:
 def staged_dir(out_dir: Path, marker: str, provenance: dict[str, Any]) -> Iterator[Path]:
     """A temporary folder beside `out_dir` to write into; when the block ends without an error, `provenance` (which
     the block may still fill in) is written to `marker` in it and it is renamed to `out_dir`; removed otherwise."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp", dir=out_dir.parent))
+    except OSError as error:
+        raise ValueError(f"cannot write {out_dir}: {error.strerror} ({error.filename})") from None
     staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
     try:
         yield staging
         (staging / marker).write_text(json.dumps(provenance, indent=2) + "\n")
         _install(staging, out_dir)
+    except (OSError, SafetensorError) as error:  # a full disk, a quota: one line, and nothing half-written stays
+        raise ValueError(f"writing {out_dir} failed: {first_line(error)}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig  # noqa: E402
 
-from dataset.atomic_io import atomic_path, check_folder_path  # noqa: E402
+from dataset.atomic_io import atomic_path, check_folder_path, first_line  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import (NotLlamaCompatible, check_exportable, stacked_experts,  # noqa: E402
                                 to_llama_state_dict, to_target_config)
@@ -324,9 +324,12 @@ def convert_to_gguf(model_path: str | Path | None = None, outfile: str | Path | 
     check_outfile(gguf, out)
     config, state, tokenizer = load_llama_weights(model_dir)
     tensors = gguf_tensors(gguf, config, state, outtype)
-    with atomic_path(out) as staging:
-        write_gguf(gguf, staging, name or f"MiniNorm {model_dir.name}", model_dir, config, tokenizer, tensors,
-                   outtype)
+    try:
+        with atomic_path(out) as staging:
+            write_gguf(gguf, staging, name or f"MiniNorm {model_dir.name}", model_dir, config, tokenizer, tensors,
+                       outtype)
+    except OSError as error:  # a full disk, a quota: one line; the temporary file is gone, an older file stays
+        raise ValueError(f"writing {out} failed: {first_line(error)}") from None
     return out
 
 

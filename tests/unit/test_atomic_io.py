@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,39 @@ def test_text_that_is_not_utf8_is_worded_once_naming_the_byte_and_where(tmp_path
     # Text decoded with errors="surrogateescape" (argv, piped stdin) holds such a byte as U+DC80..U+DCFF.
     assert not_utf8_at(b"caf\xe9".decode("utf-8", "surrogateescape"), 3) == "not valid UTF-8 (byte 0xe9 at character 3)"
     assert not_utf8_at("a\ud800", 1) == "not valid UTF-8 (U+D800 at character 1)"
+
+
+def test_a_folder_that_cannot_take_writes_is_refused_before_the_work(tmp_path, monkeypatch):
+    """A read-only file system or a folder without write permission (os.access; root passes every permission
+    check, so the refusal is simulated here): one line naming the flag and the folder, where the export, the GGUF
+    writer and the trainer used to load and convert first and then fail with an OSError traceback."""
+    from dataset.atomic_io import check_folder_path
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode))
+    with pytest.raises(ValueError) as refused:
+        check_folder_path(locked / "run" / "deeper", "--out_dir")
+    assert str(refused.value) == (f"--out_dir {locked / 'run' / 'deeper'}: cannot write in {locked} (no permission, "
+                                  f"or a read-only file system)")
+    with pytest.raises(ValueError, match="cannot write in"):
+        check_folder_path(locked / "x.gguf", "--outfile", itself=False)
+    check_folder_path(tmp_path / "free" / "run", "--out_dir")  # a writable folder above: fine
+
+
+def test_an_export_that_fails_to_write_is_one_line_and_leaves_nothing(tmp_path):
+    """A full disk while an export writes (an OSError, or safetensors' own error): one line naming the folder; no
+    staging folder stays and an earlier export is untouched."""
+    from safetensors import SafetensorError
+
+    from model.export_dir import staged_dir
+
+    for error in (OSError(28, "No space left on device"), SafetensorError("I/O error: No space left on device")):
+        with pytest.raises(ValueError) as refused:
+            with staged_dir(tmp_path / "export", "marker.json", {}) as staging:
+                (staging / "part").write_text("half")
+                raise error
+        assert str(refused.value).startswith(f"writing {tmp_path / 'export'} failed: ") and "No space" in str(
+            refused.value)
+        assert list(tmp_path.iterdir()) == []

@@ -107,12 +107,17 @@ def load_dir_tokenizer(path: Path) -> Any:
     """The tokenizer saved in the model directory `path`; ValueError naming the folder and its tokenizer files when
     they are missing or damaged."""
     try:
-        return load_tokenizer(path)
+        tokenizer = load_tokenizer(path)
     except Exception as error:  # noqa: BLE001 -- transformers and tokenizers raise any kind on a damaged file
         missing = [name for name in ("tokenizer.json", "tokenizer_config.json") if not (path / name).is_file()]
         what = f"no {' or '.join(missing)} there" if missing else f"tokenizer.json / tokenizer_config.json: " \
                                                                    f"{first_line(error)}"
         raise ValueError(f"cannot read the tokenizer of {path}: {what}") from None
+    if tokenizer.eos_token_id is None:  # generation could not stop, packing could not separate documents
+        why = ("its tokenizer_config.json names none (eos_token)" if (path / "tokenizer_config.json").is_file()
+               else "no tokenizer_config.json there (the file that names it)")
+        raise ValueError(f"the tokenizer of {path} has no eos token: {why}")
+    return tokenizer
 
 
 def check_tokenizer_fits(tokenizer: Any, vocab_size: int, path: Path) -> None:

@@ -342,3 +342,16 @@ def test_saved_rope_inverse_frequencies_are_ignored_as_transformers_does(tmp_pat
     save_file(weights, source / "model.safetensors", metadata={"format": "pt"})
     _, diff = import_checkpoint(source, tmp_path / "imported")
     assert diff is not None and diff <= 1e-5
+
+
+def test_a_model_folder_whose_tokenizer_has_no_eos_is_one_line(tmp_path) -> None:
+    """Without tokenizer_config.json the tokenizer has no eos: chat raised 'generation could not stop' as a
+    traceback and the GGUF writer a struct.error; convert_to_llama exported the defect."""
+    from model.loading import load_dir_tokenizer
+
+    folder = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
+    (folder / "tokenizer_config.json").unlink()
+    with pytest.raises(ValueError) as refused:
+        load_dir_tokenizer(folder)
+    assert str(refused.value) == (f"the tokenizer of {folder} has no eos token: no tokenizer_config.json there "
+                                  f"(the file that names it)")

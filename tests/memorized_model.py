@@ -19,6 +19,9 @@ def supervised_row(tokenizer, messages: Sequence[dict], **kwargs) -> Row:
     return encoding.input_ids, [i if a else -100 for i, a in zip(encoding.input_ids, encoding.assistant)]
 
 
+MARGIN = 1.0  # logits: the memorized token's lead over the next best
+
+
 def memorized_model(tokenizer, rows: Sequence[Row], path: Path, steps: int = 120, positions: int = 256) -> Path:
     """Train a tiny model (`positions` long) on `rows`, full-batch, for `steps` AdamW steps, and save it at `path`
     as an SFT run directory."""
@@ -44,12 +47,16 @@ def memorized_model(tokenizer, rows: Sequence[Row], path: Path, steps: int = 120
         return model.lm_head(hidden[supervised])
 
     def memorized() -> bool:
-        """Every supervised token is the argmax after its prefix: greedy decoding then replays each reply."""
+        """Every supervised token is the argmax after its prefix by MARGIN: greedy decoding then replays each reply
+        in any engine (a served model's batched, cached forward rounds otherwise than this one's, and a token won by
+        a hair was once lost there)."""
         model.eval()
         with torch.no_grad():
-            predicted = supervised_logits().argmax(-1)
+            logits = supervised_logits().float()
         model.train()
-        return bool((predicted == targets[supervised]).all())
+        wanted = logits.gather(-1, targets[supervised].unsqueeze(-1)).squeeze(-1)
+        rival = logits.scatter(-1, targets[supervised].unsqueeze(-1), float("-inf")).amax(-1)
+        return bool((wanted - rival >= MARGIN).all())
 
     # Full-batch steps until every reply is memorized: `steps`, then more in rounds of `steps` if the last bits
     # (which depend on the thread count and the machine) left a token wrong -- a clear error after four rounds.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from transformers import GenerationConfig
+from transformers.utils import logging as hf_logging
 
 from dataset.atomic_io import first_line
 
@@ -37,7 +38,25 @@ def read_generation_config(model_dir: Path) -> GenerationConfig:
     file = model_dir / "generation_config.json"
     if not file.is_file():
         return GenerationConfig()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its warning about a flag it ignores would come before our one line
     try:
         return without_length_limits(GenerationConfig.from_pretrained(model_dir))
     except (OSError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"{file}: not a generation config ({first_line(error)})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def savable_generation_config(model_dir: Path) -> GenerationConfig:
+    """read_generation_config, refusing in one line naming the file a config that transformers reads but will not
+    save (`temperature` without `do_sample`, a value of the wrong kind): a conversion would fail at its very end,
+    after loading and converting the weights, with a message of several lines."""
+    config = read_generation_config(model_dir)
+    try:
+        config.validate(strict=True)
+    except ValueError as error:
+        reasons = [line.strip("- ").strip() for line in str(error).splitlines() if line.startswith("- ")]
+        raise ValueError(f"{model_dir / 'generation_config.json'}: {reasons[0] if reasons else first_line(error)} "
+                         f"(transformers would not save it with the converted model)") from None
+    return config

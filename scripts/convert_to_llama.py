@@ -43,7 +43,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.export_dir import EXPORT_MARKER, check_out_dir, staged_dir  # noqa: E402
 from model.llama_compat import NotExportable, check_exportable, to_target_config, to_target_state_dict  # noqa: E402
-from model.generation_defaults import read_generation_config  # noqa: E402
+from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.loading import (check_tokenizer_fits, config_model_type, load_config, load_dir_tokenizer,  # noqa: E402
                            load_strictly)
 from model.model import MiniNormForCausalLM  # noqa: E402
@@ -118,6 +118,8 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     check_out_dir(source, out_dir, EXPORT_MARKER, f"a previous {name} export", {"target": target})
     config = load_config(source)
     check_exportable(config, source, name, architecture=target)  # before loading any weights
+    # Sampling settings come along; a length limit saved by an older trainer does not (see generation_defaults).
+    generation_config = savable_generation_config(source)
     ours = load_strictly(source, MiniNormForCausalLM, norm_impl="eager").eval()
     with torch.device("meta"):
         exported = model_class(to_target_config(ours.config, target))
@@ -125,8 +127,7 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
                                                                                    ours.config).items()}
     exported.load_state_dict(state, strict=True, assign=True)
     exported.tie_weights()
-    # Sampling settings come along; a length limit saved by an older trainer does not (see generation_defaults).
-    exported.generation_config = read_generation_config(source)
+    exported.generation_config = generation_config
     provenance: dict[str, object] = {"source": str(source), "target": target, "max_logit_difference": None}
     with staged_dir(out_dir, EXPORT_MARKER, provenance) as staging:
         exported.save_pretrained(staging, safe_serialization=True)

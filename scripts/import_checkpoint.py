@@ -38,7 +38,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from model.export_dir import IMPORT_MARKER, check_out_dir, staged_dir  # noqa: E402
-from model.generation_defaults import read_generation_config  # noqa: E402
+from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.interop import SWAPPABLE_NORMS, NotImportable, mininorm_config_from, model_from, read_state_dict  # noqa: E402
 from model.loading import check_tokenizer_fits, load_dir_tokenizer  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
@@ -78,8 +78,9 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
     config = mininorm_config_from(hf_config, source, norm_type)  # refuses before any weight is read
     if (source / "tokenizer.json").is_file():  # a tokenizer this project reads (a tokenizer.model alone is copied)
         check_tokenizer_fits(load_dir_tokenizer(source), config.vocab_size, source)
+    generation_config = savable_generation_config(source)  # before any weight is read
     ours = model_from(config, read_state_dict(source, config), source)
-    ours.generation_config = read_generation_config(source)
+    ours.generation_config = generation_config
     diff = None
     provenance = {"source": str(source), "model_type": hf_config["model_type"], "norm_type": norm_type,
                   "max_logit_difference": diff}

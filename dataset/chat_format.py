@@ -27,9 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2 import TemplateError
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
+from dataset.atomic_io import first_line
 from dataset.json_text import check_json_value, check_text, read_json, read_json_field
 
 IM_START = "<|im_start|>"
@@ -425,7 +427,11 @@ def check_chatml_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat_template; MiniNorm's is written by scripts/train_tokenizer.py")
     for kwargs in _PROBE_RENDERINGS:
-        rendered = tokenizer.apply_chat_template(_PROBE, tokenize=False, **kwargs)
+        try:
+            rendered = tokenizer.apply_chat_template(_PROBE, tokenize=False, **kwargs)
+        except TemplateError as error:  # an edited chat_template.jinja that does not parse or fails to render
+            raise ValueError(f"the tokenizer's chat_template does not render: {first_line(error)}; MiniNorm's is "
+                             f"written by scripts/train_tokenizer.py") from None
         if rendered != render_chatml(_PROBE, **kwargs)[0]:
             raise ValueError(f"the tokenizer's chat_template is not MiniNorm's ChatML (dataset/chat_format.py); "
                              f"with {kwargs} it renders {rendered!r}")

@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModelNotFound as error:
         return report_error(error)
 
+    from dataset.chat_format import check_chatml_tokenizer
     from dataset.tools import tool_schemas
     from model.chat_session import ChatSession, MessageTooLong, uses_chat_template
     from model.generation import GenerationSettings
@@ -265,9 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, tokenizer = load_model(path, device=args.device, dtype=args.dtype, lora=lora)
         extend_context(model, args.rope_scaling_factor)
+        use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
+        if use_template:
+            check_chatml_tokenizer(tokenizer)  # its control tokens and template, before the first message
     except ValueError as error:  # a damaged model directory, a scaling the model cannot take
         return report_error(error)
-    use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, **penalty_settings(args))
     session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings,

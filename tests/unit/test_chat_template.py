@@ -387,3 +387,31 @@ def test_a_thought_is_only_the_block_the_reply_opens_with(tokenizer, pieces, rea
     ids = [i for p in pieces for i in ([p] if isinstance(p, int) else encode_text(tokenizer, p))]
     reply = parse_assistant_ids(tokenizer, ids, tool_names=[])
     assert (reply.reasoning_content, reply.content) == (reasoning, content)
+
+
+def test_a_chat_template_that_does_not_render_is_one_line(tokenizer, tiny_models, tmp_path, capsys) -> None:
+    """An edited chat_template.jinja that does not parse was a jinja TemplateSyntaxError traceback at chat's first
+    message; it is one line naming the template, before the model answers anything."""
+    import copy
+    import shutil
+
+    from eval.chat import main
+
+    broken = copy.deepcopy(tokenizer)
+    broken.chat_template = "{% if %}"
+    with pytest.raises(ValueError, match="the tokenizer's chat_template does not render: ") as refused:
+        check_chatml_tokenizer(broken)
+    assert "\n" not in str(refused.value)
+    model = tmp_path / "sft"
+    shutil.copytree(tiny_models.sft, model)
+    template = model / "chat_template.jinja"
+    if template.exists():
+        template.write_text("{% if %}")
+    else:
+        config = json.loads((model / "tokenizer_config.json").read_text())
+        config["chat_template"] = "{% if %}"
+        (model / "tokenizer_config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["--model_path", str(model), "--prompt", "Hi", "--max_new_tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: the tokenizer's chat_template does not render: ") and "Traceback" not in err

@@ -96,14 +96,9 @@ def _check_text(obj: object) -> dict:
     return {"text": _string(obj["text"], '"text"')}
 
 
-def _check_messages(obj: dict, name: str) -> list[dict]:
-    """The messages of field `name` of a record, normalized: role and content, and MiniMind's extra fields
-    (reasoning_content, tool_calls, a system message's tools) as dataset.chat_format reads them."""
-    if name not in obj:
-        raise BadLine(f'missing "{name}" field')
-    turns = obj[name]
-    if not isinstance(turns, list) or not turns:
-        raise BadLine(f'"{name}" must be a non-empty list of messages')
+def check_message_shapes(turns: list, name: str) -> None:
+    """A BadLine naming the message (`name`[i]) where one of `turns` is not an object with a non-empty "role" string
+    and a "content" string or null, before normalize_messages, whose own error does not say which message."""
     for i, message in enumerate(turns):
         if not isinstance(message, dict):
             raise BadLine(f"{name}[{i}] is not an object")
@@ -113,6 +108,17 @@ def _check_messages(obj: dict, name: str) -> list[dict]:
         # MiniMind tool-call turns carry "content": null; that is an empty message, not an error.
         if content is not None and not isinstance(content, str):
             raise BadLine(f'{name}[{i}] has no "content" string')
+
+
+def _check_messages(obj: dict, name: str) -> list[dict]:
+    """The messages of field `name` of a record, normalized: role and content, and MiniMind's extra fields
+    (reasoning_content, tool_calls, a system message's tools) as dataset.chat_format reads them."""
+    if name not in obj:
+        raise BadLine(f'missing "{name}" field')
+    turns = obj[name]
+    if not isinstance(turns, list) or not turns:
+        raise BadLine(f'"{name}" must be a non-empty list of messages')
+    check_message_shapes(turns, name)
     try:
         normalized = normalize_messages(turns, name)
     except ValueError as error:

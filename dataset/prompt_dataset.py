@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dataset.atomic_io import first_line
 from dataset.chat_format import encode_chatml_batch, normalize_messages
-from dataset.jsonl import JSON_WHITESPACE, check_data_file, parse_line
+from dataset.jsonl import JSON_WHITESPACE, check_data_file, check_message_shapes, parse_line
 
 PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
 
@@ -42,30 +42,13 @@ def prompt_messages(row: Any) -> list[dict[str, Any]]:
         raise ValueError(f"no prompt: expected one of the fields {', '.join(PROMPT_FIELDS)}")
     if not isinstance(row[name], list):
         raise ValueError(f"field {name!r} must be a list of messages, got {type(row[name]).__name__}")
-    _check_roles_and_contents(row[name], name)
+    check_message_shapes(row[name], name)  # the message that is wrong, named as SFT's reader names it
     messages = normalize_messages(row[name], name)
     if messages and messages[-1]["role"] == "assistant":
         messages = messages[:-1]  # the answer the policy is to write (rlaif.jsonl: empty)
     if not messages:
         raise ValueError(f"field {name!r} holds no message before its last assistant turn")
     return messages
-
-
-def _check_roles_and_contents(messages: list, name: str) -> None:
-    """What SFT's reader (dataset/jsonl.py) checks before normalize_messages, whose own error for these does not
-    say which message: every message an object with a non-empty "role" string and a "content" string or null."""
-    for index, message in enumerate(messages):
-        where = f"{name}[{index}]"
-        if not isinstance(message, dict):
-            raise ValueError(f"{where} must be an object with role and content, got {type(message).__name__}")
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            got = "an empty one" if role == "" else type(role).__name__
-            raise ValueError(f"{where}.role must be a non-empty string, got {got}")
-        if "content" not in message:
-            raise ValueError(f"{where}.content is missing (a string, or null for none)")
-        if not isinstance(message["content"], (str, type(None))):
-            raise ValueError(f"{where}.content must be a string or null, got {type(message['content']).__name__}")
 
 
 def prompt_text(messages: Sequence[dict[str, Any]]) -> str:

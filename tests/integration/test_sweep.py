@@ -826,14 +826,21 @@ def _then_the_sweep_finishes(runner: subprocess.Popen, hold: Path) -> Iterator[N
     assert [r["status"] for r in read_results(sweep_dir)] == ["finished"]
 
 
+@contextmanager
+def _one_held_trial(tmp_path: Path, signals: dict[str, str]) -> Iterator[tuple[subprocess.Popen, int]]:
+    """A one-trial fake sweep's runner, started with `signals`' dispositions and held in its trial: yields (the
+    runner, the trial's pid); then the trial is released and the sweep must finish (_then_the_sweep_finishes)."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
+    hold = tmp_path / "hold"
+    runner, _, pid_file = _runner_in_first_trial(path, hold, signals)
+    with _then_the_sweep_finishes(runner, hold):
+        yield runner, int(pid_file.read_text())
+
+
 def test_a_hangup_under_nohup_ends_no_trial(tmp_path):
     """`nohup python scripts/sweep.py ...` (SIGHUP ignored): the terminal's hangup ends neither the runner nor,
     through the tether, its trial."""
-    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
-    hold = tmp_path / "hold"
-    runner, _, pid_file = _runner_in_first_trial(path, hold, {"SIGHUP": "SIG_IGN"})
-    with _then_the_sweep_finishes(runner, hold):
-        trial = int(pid_file.read_text())
+    with _one_held_trial(tmp_path, {"SIGHUP": "SIG_IGN"}) as (runner, trial):
         os.killpg(runner.pid, signal.SIGHUP)
         time.sleep(2)  # what a hangup would have ended by now
         assert runner.poll() is None and not _process_ended(trial)
@@ -886,11 +893,7 @@ def test_a_stopped_runner_takes_its_trial_with_it_whole(tmp_path, through_shell,
 def test_ctrl_z_pauses_the_trial_with_the_runner_and_fg_resumes_both(tmp_path):
     """Ctrl-Z (SIGTSTP to the terminal's foreground group, the runner's) pauses the trial in its own group too, and
     SIGCONT (`fg`) lets the sweep go on to its end."""
-    path = _fake_sweep(tmp_path, {"mode": {"value": "hold"}, "seed": {"values": [1]}})
-    hold = tmp_path / "hold"
-    runner, _, pid_file = _runner_in_first_trial(path, hold, {"SIGTSTP": "SIG_DFL"})
-    with _then_the_sweep_finishes(runner, hold):
-        trial = int(pid_file.read_text())
+    with _one_held_trial(tmp_path, {"SIGTSTP": "SIG_DFL"}) as (runner, trial):
         os.killpg(runner.pid, signal.SIGTSTP)
         for _ in range(1200):
             if _process_state(trial) == "T":

@@ -98,12 +98,12 @@ def test_a_field_named_like_a_reward_argument_is_refused_before_training(name, t
      "messages[1].tool_calls: only assistant messages call tools, this one is 'user'"),
     ({"role": "system", "content": "s", "tools": [{"type": "function", "function": {"name": "f"}}]},
      "messages[1].tools: only the first message, a system one, may carry tools"),
-    ({"role": 7, "content": "a"}, "messages[1].role must be a non-empty string, got int"),
-    ({"role": "", "content": "a"}, "messages[1].role must be a non-empty string, got an empty one"),
+    ({"role": 7, "content": "a"}, 'messages[1] has no "role" string'),
+    ({"role": "", "content": "a"}, 'messages[1] has no "role" string'),
     ({"role": "human", "content": "a"}, "messages[1].role is 'human'; a role is one of system, user, assistant, tool"),
-    ({"role": "user", "content": ["a"]}, "messages[1].content must be a string or null, got list"),
-    ({"role": "user"}, "messages[1].content is missing (a string, or null for none)"),
-    ("hi", "messages[1] must be an object with role and content, got str"),
+    ({"role": "user", "content": ["a"]}, 'messages[1] has no "content" string'),
+    ({"role": "user"}, 'messages[1] has no "content" string'),
+    ("hi", "messages[1] is not an object"),
 ])
 def test_a_malformed_prompt_message_is_refused_naming_its_field(message, reason, tokenizer, tmp_path):
     row = {"messages": [{"role": "user", "content": "q"}, message, {"role": "user", "content": "q2"}], "answer": 1}

@@ -11,7 +11,6 @@ the learned gains: the start of a "what if its norms were different?" fine-tune,
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -20,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 
 from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
-from model.loading import few
+from model.loading import check_finite, few
 from model.model import MiniNormForCausalLM
 
 IMPORTABLE = ("llama", "qwen3")
@@ -37,11 +36,8 @@ def _refuse(source: Path, field: str, value: Any, why: str) -> NotImportable:
     return NotImportable(f"cannot import {source}: {field}={value!r} {why}")
 
 
-def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[Any, dict | None]:
-    """(rope_theta, rope_scaling or None) from a config.json's rope_parameters (transformers 5) or its
-    rope_theta / rope_scaling (transformers 4), as found: MiniNormConfig checks both (model/rope.py, ROPE_TYPES:
-    the rope types it computes as transformers does)."""
-    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+def _rope_from(hf: Mapping[str, Any], field: str, source: Path) -> tuple[Any, dict | None]:
+    """(rope_theta, rope_scaling or None) as config.json's `field` (rope_parameters or rope_scaling) gives them."""
     params = hf.get(field) or {}
     if not isinstance(params, Mapping):
         raise _refuse(source, field, params, "is not allowed; it must be an object (or null)")
@@ -52,6 +48,20 @@ def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[Any, dict | None]:
     if partial != 1.0:
         raise _refuse(source, "partial_rotary_factor", partial, "is not supported; MiniNorm rotates the whole head")
     return theta, ({"rope_type": rope_type, **params} if rope_type != "default" else None)
+
+
+def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[Any, dict | None]:
+    """(rope_theta, rope_scaling or None) from a config.json's rope_parameters (transformers 5) or its
+    rope_theta / rope_scaling (transformers 4), as found: MiniNormConfig checks both (model/rope.py, ROPE_TYPES:
+    the rope types it computes as transformers does). A config.json with both, saying different things, is
+    refused: transformers takes the legacy rope_scaling then, which an edit of rope_parameters would not expect."""
+    given = [field for field in ("rope_parameters", "rope_scaling") if hf.get(field)]
+    readings = [_rope_from(hf, field, source) for field in given or ["rope_parameters"]]
+    if len(readings) == 2 and readings[0] != readings[1]:
+        raise NotImportable(f"cannot import {source}: its config.json gives both rope_parameters="
+                            f"{hf['rope_parameters']!r} and rope_scaling={hf['rope_scaling']!r}, which disagree; "
+                            "keep the one meant (transformers reads rope_scaling when both are there)")
+    return readings[0]
 
 
 # The norms an import may swap the checkpoint's RMSNorm for: each keeps the learned gain (`weight`) and starts its
@@ -155,8 +165,14 @@ def read_state_dict(source: Path, config: MiniNormConfig) -> dict[str, torch.Ten
                 for key in f.keys():
                     # Older checkpoints saved RoPE's inverse frequencies; they follow from rope_theta, and
                     # transformers ignores them too.
-                    if not key.endswith("rotary_emb.inv_freq"):
-                        state[from_llama_key(key)] = f.get_tensor(key).float()
+                    if key.endswith("rotary_emb.inv_freq"):
+                        continue
+                    tensor = f.get_tensor(key)
+                    if not tensor.is_floating_point():  # .float() would make integers (a damaged export) weights
+                        raise NotImportable(f"cannot import {source}: its weight {key} in {file.name} is "
+                                            f"{tensor.dtype}, not floating point")
+                    check_finite([(key, tensor)], f"cannot import {source}", NotImportable)
+                    state[from_llama_key(key)] = tensor.float()
         except SafetensorError as error:
             raise NotImportable(f"cannot import {source}: {file} is not a readable safetensors file ({error})"
                                 ) from None
@@ -178,9 +194,9 @@ def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source
     (only norm biases and DyT's alpha) keep their initial values: zero bias, alpha = dyt_alpha_init. Weights
     that do not map (missing, unexpected, or of another shape than config.json gives) are refused in one line."""
     swapped = config.norm_type != NormType.RMSNORM
-    # Unswapped, every tensor comes from the checkpoint: built on the meta device, no initialisation to pay for.
-    # Swapped, the norms' new parameters start at their initial values, so that model is built for real.
-    with torch.device("meta") if not swapped else nullcontext():
+    # The shapes come from a model on the meta device: a config.json that asks for more memory than there is
+    # (vocab_size=10**12) is refused by the comparison below, not by the allocator.
+    with torch.device("meta"):
         model = MiniNormForCausalLM(config)
     expected = {key: tensor.shape for key, tensor in model.state_dict().items()}
     missing = [key for key in expected.keys() - state.keys() if not (swapped and key.endswith((".bias", ".alpha")))]
@@ -192,6 +208,9 @@ def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source
     if problems:
         raise NotImportable(f"cannot import {source}: its weights do not match its config.json"
                             f"{'' if not swapped else f' with norm_type={config.norm_type!r}'}: {'; '.join(problems)}")
+    if swapped:  # the norms' new parameters start at their initial values, so this model is built for real
+        model = MiniNormForCausalLM(config)
+    # Unswapped, every tensor comes from the checkpoint and is assigned to the meta model: no initialisation to pay.
     model.load_state_dict(state, strict=not swapped, assign=not swapped)
     model.tie_weights()
     return model.eval()

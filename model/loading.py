@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
@@ -47,6 +47,56 @@ def few(names: Any, shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
+def saved_shapes(path: Path) -> dict[str, list[int]]:
+    """Every tensor's shape as the safetensors headers of model directory `path` give them (no tensor is read);
+    empty for a directory without safetensors weights."""
+    file = weights_file(path)
+    if file.name == "model.safetensors.index.json":
+        try:
+            shards = sorted({path / name for name in json.loads(file.read_text())["weight_map"].values()})
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            return {}  # from_pretrained names what is wrong with the index
+    else:
+        shards = [file] if file.name == "model.safetensors" and file.is_file() else []
+    shapes = {}
+    for shard in shards:
+        try:
+            with safe_open(str(shard), framework="pt") as f:
+                shapes.update({key: f.get_slice(key).get_shape() for key in f.keys()})
+        except (OSError, SafetensorError):
+            return {}  # from_pretrained names the unreadable file
+    return shapes
+
+
+def _shapes_config_gives(path: Path, model_class: Any, overrides: dict[str, Any]) -> list[str]:
+    """The saved tensors whose shape is not the one config.json (with `overrides`, as from_pretrained takes them)
+    gives their parameter, from a model built on the meta device: compared before from_pretrained, which allocates
+    a mismatched parameter at config.json's size (vocab_size=10**12 was an allocator's traceback)."""
+    saved = saved_shapes(path)
+    if not saved:
+        return []
+    config = AutoConfig.from_pretrained(path, **{key: value for key, value in overrides.items() if key != "dtype"})
+    with torch.device("meta"):
+        model = model_class.from_config(config) if hasattr(model_class, "from_config") else model_class(config)
+    expected = model.state_dict()
+    return [_other_shape(key, shape, expected[key].shape)
+            for key, shape in saved.items() if key in expected and list(expected[key].shape) != list(shape)]
+
+
+def _other_shape(key: str, saved: Any, wanted: Any) -> str:
+    return f"{key} ({list(saved)} in the file, {list(wanted)} by config.json)"
+
+
+def check_finite(tensors: Any, where: str, error: type[ValueError] = ValueError) -> None:
+    """An `error` naming the first tensor of `tensors` ((name, tensor) pairs) that holds a NaN or an infinity: such a
+    weight makes every logit NaN, so chat, evaluation and a GGUF file would carry it on silently."""
+    for name, tensor in tensors:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise error(f"{where}: its weight {name} holds {bad} NaN or infinite value"
+                        f"{'s' if bad != 1 else ''} (of {tensor.numel()}); such a model computes NaN logits")
+
+
 def load_config(path: Path) -> PretrainedConfig:
     """path/config.json as its config class; ValueError naming the file when it is not valid JSON, not an object, or
     holds a value the class refuses."""
@@ -71,6 +121,10 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     load_config(path)  # a bad config.json or generation_config.json is named before any weight is read
     read_generation_config(path)
     file = weights_file(path)
+    shapes = _shapes_config_gives(path, model_class, kwargs)
+    if shapes:
+        raise ValueError(f"cannot load {path}: the weights in {file} do not match its config.json: of another "
+                         f"shape {few(shapes, shown=1)}")
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its table of missing keys would precede our one-line refusal
     try:
@@ -89,8 +143,7 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     if info["unexpected_keys"]:
         problems.append(f"unexpected {few(info['unexpected_keys'])}")
     if info["mismatched_keys"]:
-        shapes = {f"{key} ({list(saved)} in the file, {list(wanted)} by config.json)"
-                  for key, saved, wanted in info["mismatched_keys"]}
+        shapes = {_other_shape(key, saved, wanted) for key, saved, wanted in info["mismatched_keys"]}
         problems.append(f"of another shape {few(shapes, shown=1)}")
     if problems:
         raise ValueError(f"cannot load {path}: the weights in {file} do not match its config.json: "
@@ -100,6 +153,7 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     if tied and head is not None and head.weight is not embeddings.weight:
         raise ValueError(f"cannot load {path}: config.json says tie_word_embeddings=true but {file} holds its own "
                          f"lm_head.weight, which differs from the embedding")
+    check_finite(model.named_parameters(), f"cannot load {path}")
     return model
 
 

@@ -174,6 +174,14 @@ def _set_config(**fields):
     return edit
 
 
+def _poison_weight(key: str, value: float):
+    def edit(folder) -> None:
+        weights = load_file(folder / "model.safetensors")
+        weights[key].view(-1)[3] = value
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return edit
+
+
 def _truncate(folder) -> None:
     (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:1000])
 
@@ -201,6 +209,13 @@ MISMATCHES = [
     ("fewer_layers", _set_config(num_hidden_layers=1), "llama", ["unexpected model.layers.1.", "and 6 more"]),
     ("more_layers", _set_config(num_hidden_layers=3), "llama", ["missing model.layers.2."]),
     ("intermediate_size", _set_config(intermediate_size=64), "llama", ["of another shape model.layers.0.mlp."]),
+    # compared before from_pretrained allocates the parameter at config.json's size (an allocator's traceback)
+    ("vocab_size_beyond_memory", _set_config(vocab_size=10**12), "llama",
+     ["of another shape", "embed_tokens.weight", "[1000000000000, "]),
+    # every logit NaN: chat, evaluation and the GGUF file carried it on
+    ("nan_weight", _poison_weight("model.layers.1.mlp.up_proj.weight", float("nan")), "llama",
+     ["model.layers.1.mlp.up_proj.weight holds 1 NaN or infinite value"]),
+    ("inf_gain", _poison_weight("model.norm.weight", float("-inf")), "llama", ["model.norm.weight holds 1 NaN"]),
     ("truncated", _truncate, "llama", ["model.safetensors is not a readable safetensors file"]),
 ]
 

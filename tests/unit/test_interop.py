@@ -239,6 +239,14 @@ def _truncate(folder) -> None:
     (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:1000])
 
 
+def _edit_weight(key: str, edit):
+    def edit_file(folder) -> None:
+        weights = load_file(folder / "model.safetensors")
+        weights[key] = edit(weights[key])
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return edit_file
+
+
 def _qwen3_labelled_llama(folder) -> None:
     for file in folder.iterdir():
         file.unlink()
@@ -270,6 +278,15 @@ BAD_SOURCES = [
                                                            "partial_rotary_factor": 0.5}),
      ["partial_rotary_factor=0.5"]),
     ("string_rope_parameters", _set_config(rope_parameters="default"), ["rope_parameters='default'", "object"]),
+    # transformers takes the legacy field then: the logit check failed without naming either
+    ("rope_scaling_disagrees_with_rope_parameters", _set_config(rope_scaling={"rope_type": "linear", "factor": 4.0}),
+     ["both rope_parameters=", "rope_scaling={'rope_type': 'linear', 'factor': 4.0}", "disagree"]),
+    # .float() made them weights
+    ("integer_weight", _edit_weight("model.norm.weight", lambda weight: weight.round().to(torch.int32)),
+     ["model.norm.weight in model.safetensors is torch.int32, not floating point"]),
+    # --no_verify wrote it; chat and GGUF carried the NaN logits on
+    ("nan_weight", _edit_weight("model.layers.0.mlp.up_proj.weight", lambda weight: weight / 0.0 * 0.0),
+     ["model.layers.0.mlp.up_proj.weight holds 2048 NaN or infinite values (of 2048)"]),
     # transformers reads it, but would not save it: the import failed at its end, in several lines
     ("unsavable_generation_config", _write("generation_config.json", {"temperature": "hot"}),
      ["generation_config.json: `temperature`", "would not save it"]),
@@ -283,6 +300,25 @@ def test_bad_input_is_one_line_naming_the_file_and_field(tmp_path, capsys, edit,
     error = _refused(capsys, source, tmp_path / "imported")
     assert str(source) in error and all(part in error for part in named), error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # nothing written, no staging folder left
+
+
+def test_agreeing_rope_parameters_and_rope_scaling_import(tmp_path) -> None:
+    """A config.json with both RoPE fields saying the same (the legacy one written next to the new) imports."""
+    source = save_checkpoint(hf_model("llama", tied=True, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                           "rope_theta": 5e4}), tmp_path / "hf")
+    _set_config(rope_theta=5e4, rope_scaling={"type": "linear", "factor": 2.0})(source)
+    out, diff = import_checkpoint(source, tmp_path / "imported")
+    assert diff < 1e-4 and MiniNormForCausalLM.from_pretrained(out).config.rope_scaling["factor"] == 2.0
+
+
+def test_a_config_beyond_memory_is_refused_by_shape_when_swapping_norms(tmp_path, capsys) -> None:
+    """With swapped norms the model is built for real: a vocab_size no memory holds was the allocator's traceback;
+    the shapes are compared first."""
+    source = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
+    _set_config(vocab_size=10**12)(source)
+    assert main(["--source", str(source), "--out_dir", str(tmp_path / "imported"), "--norm_type", "layernorm"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "of another shape" in error and "[1000000000000, 32]" in error
 
 
 def test_a_sharded_checkpoint_in_the_hub_cache_layout_imports(tmp_path) -> None:

@@ -18,7 +18,7 @@ import yaml
 
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
-from trainer.cli import ToolParser, flag_type, path_arg, seed
+from trainer.cli import ToolParser, flag_type, path_arg, seed, utf8_text
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
@@ -414,7 +414,7 @@ def _optional(kind: type) -> Any:
         return None if str(text).lower() in (*UNSET_WORDS, "") else kind(text)
     parse.__name__ = kind.__name__
     parse.unsettable = True
-    return flag_type(kind, parse)
+    return flag_type(getattr(kind, "kind", kind), parse)
 
 
 def _path(text: str) -> str:
@@ -506,7 +506,8 @@ def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any
     if hint.startswith("list[float]"):
         group.add_argument(f"--{name}", type=float, nargs="+", default=default, help=help)
         return
-    base = int if hint.startswith("int") else float if hint.startswith("float") else str
+    # A text flag is checked as text: argv's bytes that are not UTF-8 failed in the tokenizer after the run trained
+    base = int if hint.startswith("int") else float if hint.startswith("float") else utf8_text
     kind = _optional(base) if "None" in hint else base
     group.add_argument(f"--{name}", type=FLAG_TYPES.get(name, kind), default=default, help=help)
 
@@ -744,6 +745,9 @@ def _from_yaml(action: argparse.Action, value: Any) -> Any:
     number) and its choices; a list for a flag that takes several values. Null only unsets a flag that may be
     unset."""
     if value is None:
+        if action.dest == "out_dir":  # an empty `out_dir:` of a templated YAML with --overwrite cleared out/<task>
+            raise ValueError("expected a directory, got null (an empty value); leave the key out for the task's "
+                             "default")
         if action.default is None or getattr(action.type, "unsettable", False):
             return None
     if isinstance(action, _Repeated) or action.nargs == "+":

@@ -223,6 +223,9 @@ def test_unset_copy_rows_teach_only_a_model_given_smeared_keys_in_this_run():
     ("pretrain", "norm_type: bogus\n", "key 'norm_type': expected one of rmsnorm, prmsnorm, layernorm, dyt, none, "
                                        "got 'bogus'"),
     ("pretrain", "out_dir: ''\n", "key 'out_dir': expected a path, got an empty value"),
+    # with --overwrite, a templated `out_dir:` left empty cleared out/pretrain
+    ("pretrain", "out_dir:\n", "key 'out_dir': expected a directory, got null (an empty value); leave the key out "
+                                "for the task's default"),
     ("pretrain", "data_path: none\n", "key 'data_path': 'none' is not a path; leave the flag out for its default"),
     ("pretrain", "gradient_checkpointing: {a: 1}\n", "key 'gradient_checkpointing': expected a boolean (true/false), "
                                                      "got a mapping"),
@@ -250,10 +253,10 @@ def test_config_values_take_what_the_command_line_takes(tmp_path):
 
     config = tmp_path / "run.yaml"
     config.write_text("reward: length_penalty\nreward_weights: 2\nthreads: 3\nlearning_rate: 1\npeak_flops: 1e12\n"
-                      "out_dir: null\nhidden_size: null\nqk_norm: true\nbatch_size: '4'\nmax_steps: 7\n")
+                      "data_path: null\nhidden_size: null\nqk_norm: true\nbatch_size: '4'\nmax_steps: 7\n")
     args = parse_args("grpo", ["--config", str(config)])
     assert (args.reward, args.reward_weights, args.threads) == (["length_penalty"], [2.0], "3")
-    assert (args.learning_rate, args.peak_flops, args.out_dir) == (1.0, 1e12, None)
+    assert (args.learning_rate, args.peak_flops, args.data_path) == (1.0, 1e12, None)
     assert (args.model, args.batch_size, args.max_steps) == ({"qk_norm": True}, 4, 7)
     assert parse_args("grpo", ["--config", str(config), "--batch_size", "2"]).batch_size == 2  # flags still win
 
@@ -367,3 +370,15 @@ def test_the_documented_unset_words_still_unset():
     args = parse_args("pretrain", ["--copy_rows", "none", "--num_proc", "null", "--max_steps", "-1", "--grad_clip",
                                    "0", "--seed", "0"])
     assert (args.copy_rows, args.num_proc, args.max_steps, args.grad_clip, args.seed) == (None, None, -1, 0.0, 0)
+
+
+@pytest.mark.parametrize("flag", ["--sample_prompt", "--wandb_project", "--lora_targets"])
+def test_a_text_flag_that_is_not_utf8_is_refused_at_the_start(flag, capsys):
+    """argv keeps bytes that are not UTF-8 as lone surrogates: --sample_prompt failed in the tokenizer after the
+    whole run had trained, with a traceback and no run_summary.json."""
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args("lora", [flag, "ab\udcffcd"])
+    assert capsys.readouterr().err.splitlines()[0] == f"error: argument {flag}: not valid UTF-8 (byte 0xff at " \
+                                                      "character 2)"

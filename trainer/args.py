@@ -120,21 +120,23 @@ POLICY_LORA_FLAGS = ("lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_ta
 # The copy rows' flags (trainer/objectives.py): pretraining teaches copying with them, SFT may (a model given smeared
 # keys at SFT learns to copy there).
 COPY_FLAGS = ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after", "copy_cue_pairs")
+# A fresh model's shape is pretraining's to choose; a fine-tuning run starts from a model and takes its shape.
+FINE_TUNING_FLAGS = ("from_weight",)
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
-    "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge"),
-    "dpo": ("beta",),
-    "pretrain": ("control_tokens_in_text",) + COPY_FLAGS,
-    "sft": ("sft_data",) + COPY_FLAGS,
-    "distill": ("teacher", "alpha", "temperature", "distill_data", "control_tokens_in_text"),
+    "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge") + FINE_TUNING_FLAGS,
+    "dpo": ("beta",) + FINE_TUNING_FLAGS,
+    "pretrain": ("control_tokens_in_text", "preset") + COPY_FLAGS,
+    "sft": ("sft_data",) + COPY_FLAGS + FINE_TUNING_FLAGS,
+    "distill": ("teacher", "alpha", "temperature", "distill_data", "control_tokens_in_text") + FINE_TUNING_FLAGS,
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
              "max_completion_length", "top_p", "open_thinking", "loss_type", "epsilon", "epsilon_high",
              "num_iterations")
-            + POLICY_LORA_FLAGS,
+            + POLICY_LORA_FLAGS + FINE_TUNING_FLAGS,
     "ppo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
             "max_completion_length", "top_p", "open_thinking", "epsilon", "cliprange_value", "vf_coef", "gamma",
             "lam", "ppo_epochs")
-           + POLICY_LORA_FLAGS,
+           + POLICY_LORA_FLAGS + FINE_TUNING_FLAGS,
 }
 # Model fields a fine-tuning task sets unless its command line does: SFT gives the model smeared keys, so that copy
 # rows teach it to copy (docs/tools.md; `--smeared_keys false` keeps a plain model plain, and exportable).

@@ -86,7 +86,6 @@ def test_task_only_flags_show_only_for_their_task(task):
     ("sft", "max_seq_len", "384"),
     ("sft", "copy_rows", "unset"),
     ("sft", "copy_steps", "1200"),
-    ("sft", "preset", "cpu-default"),
     ("lora", "weight_decay", "0.0"),
     ("lora", "lora_rank", "8"),
     ("lora", "merge", "False"),
@@ -382,3 +381,15 @@ def test_a_text_flag_that_is_not_utf8_is_refused_at_the_start(flag, capsys):
         parse_args("lora", [flag, "ab\udcffcd"])
     assert capsys.readouterr().err.splitlines()[0] == f"error: argument {flag}: not valid UTF-8 (byte 0xff at " \
                                                       "character 2)"
+
+
+@pytest.mark.parametrize("task, flags", [("pretrain", ["--from_weight", "out/sft"]), ("sft", ["--preset", "cpu-deep"]),
+                                         ("grpo", ["--preset", "cpu-deep"])])
+def test_a_flag_the_task_would_ignore_is_not_its_flag(task, flags, capsys):
+    """Pretraining starts a fresh model (--from_weight was taken and ignored, even a missing directory); a fine-tuning
+    run takes its starting model's shape (--preset was taken and ignored)."""
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(task, flags)
+    assert capsys.readouterr().err.splitlines()[0] == f"error: unrecognized arguments: {' '.join(flags)}"

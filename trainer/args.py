@@ -534,6 +534,11 @@ def resolve_copy_rows(args: TrainArgs, added_switches: Sequence[str]) -> int:
     return COPY_ROWS_TO_LEARN if "smeared_keys" in added_switches else 0
 
 
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainArgs)}
+A_YEAR_S = 365 * 24 * 3600  # the longest time a duration flag takes
+WANDB_PROJECT_FORBIDDEN = frozenset("/\\#?%:")  # characters wandb refuses in a project name
+
+
 def uses_lora(args: TrainArgs) -> bool:
     """Whether the run trains LoRA adapters: train_lora.py, or GRPO/PPO with --lora."""
     return args.task == "lora" or (args.lora and args.task in ("grpo", "ppo"))
@@ -556,9 +561,12 @@ def _validate(args: TrainArgs) -> None:
     if args.preset not in PRESETS:
         raise bad("preset", args.preset, f"choose one of {', '.join(PRESETS)}")
     for name in ("epochs", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
-                 "save_interval", "keep_checkpoints", "dist_init_timeout", "dist_timeout"):
+                 "save_interval", "keep_checkpoints"):
         if getattr(args, name) < 1:
             raise bad(name, getattr(args, name), "it must be >= 1")
+    for name in ("dist_init_timeout", "dist_timeout"):  # a timedelta holds no more (an OverflowError at start)
+        if not 1 <= getattr(args, name) <= A_YEAR_S:
+            raise bad(name, getattr(args, name), f"it must be a number of seconds in 1 .. {A_YEAR_S} (a year)")
     if args.max_steps != -1 and args.max_steps < 1:
         raise bad("max_steps", args.max_steps, "it must be >= 1, or -1 (as many as --epochs give)")
     if args.num_proc is not None and args.num_proc < 1:
@@ -593,12 +601,21 @@ def _validate(args: TrainArgs) -> None:
         raise bad("muon_momentum", args.muon_momentum, "it must be in [0, 1)")
     if not 0 < args.decay_fraction <= 1:
         raise bad("decay_fraction", args.decay_fraction, "it must be in (0, 1]")
-    if not (args.time_budget_s >= 0 and math.isfinite(args.time_budget_s)):
-        raise bad("time_budget_s", args.time_budget_s, "it must be a number of seconds >= 0 (0: no time budget)")
+    if not 0 <= args.time_budget_s <= A_YEAR_S:  # a larger one overflowed the step count it asks for
+        raise bad("time_budget_s", args.time_budget_s, f"it must be a number of seconds in 0 .. {A_YEAR_S} (a year; "
+                                                       f"0: no time budget)")
+    if not args.wandb_project or WANDB_PROJECT_FORBIDDEN & set(args.wandb_project) or len(args.wandb_project) > 128:
+        raise bad("wandb_project", args.wandb_project, f"it must be 1 to 128 characters, none of "
+                                                       f"{' '.join(sorted(WANDB_PROJECT_FORBIDDEN))}")
     if not 0 <= args.min_lr_ratio <= 1:
         raise bad("min_lr_ratio", args.min_lr_ratio, "it must be in [0, 1]")
     if not 0 < args.val_fraction < 1:
         raise bad("val_fraction", args.val_fraction, "it must be in (0, 1)")
+    if args.task in ROLLOUT_GROUPS and not args.lora:  # the adapter flags shape adapters only --lora trains
+        unused = [name for name in POLICY_LORA_FLAGS if name != "lora" and getattr(args, name) != _DEFAULTS[name]]
+        if unused:
+            raise bad(unused[0], getattr(args, unused[0]), "it shapes the LoRA adapters: give --lora with it, or "
+                                                           "leave it out")
     if uses_lora(args):
         from model.lora import parse_targets
         if args.lora_rank < 1:

@@ -35,11 +35,11 @@ from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
 from dataset.atomic_io import atomic_write_text, first_line, read_text_file
-from trainer.args import ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, uses_lora
+from trainer.args import ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TASK_DEFAULTS, TrainArgs, uses_lora
 from trainer.threads import THREADS_KEY
-from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
-                             clear_previous_run, is_adapter_dir, is_model_dir, list_checkpoints, previous_run,
-                             read_summary, recorded_config, recorded_run_id, refuse_previous_run)
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
+                             checkpoint_step, clear_previous_run, is_adapter_dir, is_model_dir, list_checkpoints,
+                             previous_run, read_summary, recorded_config, recorded_run_id, refuse_previous_run)
 
 # The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
 # another is refused, in one line naming each such flag with both values (_keep_saved). The architecture fields a
@@ -378,6 +378,16 @@ def _refuse_architecture(path: Path, changes: str) -> ValueError:
                     "resume without those flags")
 
 
+def check_same_task(path: Path, state: dict[str, Any], args: TrainArgs) -> None:
+    """A checkpoint goes on only in the kind of run that saved it: another trainer's optimizer, step count and
+    model (a LoRA run's adapters, an SFT run's full weights) are not this run's to continue."""
+    saved = state.get("config", {}).get("task")
+    if saved is not None and saved != args.task:
+        raise ValueError(f"--resume {path.name}: a {saved} run's checkpoint; this is the {args.task} trainer: resume "
+                         f"it with `{CREATE_COMMANDS.get(saved, saved)} --resume {path}`, or start this run without "
+                         f"--resume")
+
+
 def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs) -> None:
     """A resume continues the checkpoint's model (docs/training.md: a bare `--resume auto` continues the run):
     each architecture field the command line leaves unset is taken from the checkpoint's config into `args.model`
@@ -387,9 +397,15 @@ def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs)
     # args.model holds the flags the user gave only: a task's default (SFT's smeared keys) is applied under them
     # when the model is built (requested_model_fields), so the checkpoint's value wins over it.
     given = {name: args.model[name] for name in ARCHITECTURE_FIELDS if name in args.model}
+    # --preset names a shape too. Its default cannot be told from a --preset given alike: that one takes the
+    # checkpoint's (a bare resume of a minimind-26m run goes on as one, and says so); another is refused.
+    if args.task == "pretrain" and args.preset != TASK_DEFAULTS[args.task]["preset"]:
+        given["preset"] = args.preset
     changes = _changes(saved, given)
     if changes:
         raise _refuse_architecture(path, _was_and_is(changes))
+    if args.task == "pretrain" and saved.get("preset") is not None:
+        args.preset = saved["preset"]
     for name in ARCHITECTURE_FIELDS:
         if saved.get(name) is not None and (args.task == "pretrain" or name in ADDABLE_MODEL_FIELDS.get(args.task, ())):
             args.model[name] = saved[name]

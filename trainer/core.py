@@ -40,9 +40,9 @@ from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIEL
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE
 from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
-                                check_resume_compatible, check_saved_architecture, clear_previous_files,
-                                finished_run_asked_again, load_checkpoint, probe_storage, save_checkpoint,
-                                saved_position)
+                                check_resume_compatible, check_same_task, check_saved_architecture,
+                                clear_previous_files, finished_run_asked_again, load_checkpoint, probe_storage,
+                                save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  set_collective_timeout, shutdown, state_is_sharded, update_inside_backward,
@@ -145,6 +145,15 @@ def _check_inputs(args: TrainArgs) -> None:
     check_out_dir(args.resolved_out_dir(), inputs, data)
 
 
+def _check_vocab_size(args: TrainArgs, tokenizer: Any) -> None:
+    """A pretraining --vocab_size below the tokenizer's: ids from it on would have no embedding (an IndexError in
+    the first forward pass)."""
+    asked = args.model.get("vocab_size")
+    if args.task == "pretrain" and asked is not None and asked < len(tokenizer):
+        raise ValueError(f"--vocab_size={asked} is not allowed; the tokenizer has {len(tokenizer)} tokens, so it "
+                         f"must be >= {len(tokenizer)} (leave it unset for exactly that)")
+
+
 def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[str]]:
     """(a fresh model (pretraining) or the starting weights (every fine-tuning run), before any wrapping; the model
     switches this run turns on, whose new weights the starting checkpoint lacks)."""
@@ -214,6 +223,9 @@ class Trainer:
         self.out_dir = args.resolved_out_dir()
         self.accelerator = make_accelerator(args.dtype, args.accumulation_steps, args.use_wandb,
                                             timeout_s=args.dist_init_timeout)
+        if requested_model_fields(args).get("norm_impl") == "triton" and self.accelerator.device.type != "cuda":
+            raise ValueError(f"--norm_impl triton needs a CUDA device (its kernels take GPU tensors), not "
+                             f"{self.accelerator.device.type}; use auto or eager here")
         self.is_main = self.accelerator.is_main_process
         self.world = self.accelerator.num_processes
         self.sharded = weights_are_sharded(self.accelerator)
@@ -234,10 +246,12 @@ class Trainer:
         self.resume_from = self.resume.path if self.resume is not None else None
         self.resume_state = self.resume.state if self.resume is not None else None
         if self.resume_state is not None:  # before the data: a refused architecture costs no tokenizing
+            check_same_task(self.resume_from, self.resume_state, args)
             adopt_saved_architecture(self.resume_from, self.resume_state, args)
         self.threads.keep_runs((self.resume_state or {}).get(THREADS_KEY))
         set_seed(args.seed)
         self.tokenizer = _load_tokenizer(args)
+        _check_vocab_size(args, self.tokenizer)  # before the data: a refusal costs no tokenizing
         with self.accelerator.main_process_first():
             self.data = build_run_data(args, self.tokenizer, quiet=not self.is_main)
         self.data_identity = data_identity(self.data)

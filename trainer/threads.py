@@ -44,7 +44,8 @@ START_WINDOW_S = 0.25      # one look at others' load, before the work starts
 START_WINDOWS = 4          # looks at most (1 s) before a core counts as taken for the run
 OTHERS_THRESHOLD = 0.25    # a core counts as taken when other processes use more than this share of it
 THREADS_AUTO = "auto"
-THREADS_ALLOWED = "use 'auto' or a positive number of threads"
+MAX_THREADS = 4096  # more than any machine's cores; torch's own limit is C's int (an OverflowError beyond it)
+THREADS_ALLOWED = f"use 'auto' or a number of threads in 1 .. {MAX_THREADS}"
 THREADS_KEY = "threads"  # in a checkpoint's state: the run's thread count
 THREADS_HELP = ("CPU threads: auto (one per core that other processes leave free at start; OMP_NUM_THREADS pins "
                 "it if set; a resumed run keeps its checkpoint's) or a number that pins it (trainer/threads.py)")
@@ -59,7 +60,7 @@ def parse_threads(value: str) -> str | int:
         count = int(value)
     except ValueError:
         count = 0
-    if count < 1:
+    if not 1 <= count <= MAX_THREADS:
         raise ValueError(f"--threads={value!r} is not allowed; {THREADS_ALLOWED}")
     return count
 

@@ -17,8 +17,8 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, run_in_process, sft_argv, train_losses,
-                                 val_losses, write_jsonl)
+from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, refused_run, run_in_process, sft_argv,
+                                 train_losses, val_losses, write_jsonl)
 from trainer.args import args_from_run_config, build_model_config, parse_args
 from trainer.core import Trainer, TrainingDiverged
 from trainer.run_dir import read_metrics
@@ -254,6 +254,19 @@ def test_bad_flags_are_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_args("pretrain", argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    # an IndexError in the first forward pass, after the data was tokenized
+    (("--vocab_size", "5"), "error: --vocab_size=5 is not allowed; the tokenizer has 6400 tokens, so it must be >= "
+                            "6400 (leave it unset for exactly that)"),
+    # a 71-line traceback at the first step
+    (("--norm_impl", "triton"), "error: --norm_impl triton needs a CUDA device (its kernels take GPU tensors), not "
+                                "cpu; use auto or eager here"),
+])
+def test_what_the_run_cannot_start_with_is_refused_before_the_data(flags, message, train_data, tmp_path, capsys):
+    error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "run", *flags), capsys)
+    assert error == message and not (tmp_path / "run").exists()
 
 
 def test_scripts_run_from_repo_root_and_from_trainer_dir():

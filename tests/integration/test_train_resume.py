@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from accelerate.state import AcceleratorState
 
 from safetensors.torch import load_file
 
-from tests.training_runs import (MUON_FLAGS, REPO, STEPS, pretrain_argv, refused_run, run_in_process, train_losses,
-                                 write_jsonl)
+from tests.training_runs import (MUON_FLAGS, REPO, STEPS, pretrain_argv, refused_run, run_in_process, sft_argv,
+                                 train_losses, write_jsonl)
 from trainer.args import parse_args
 from trainer.core import Trainer
 from trainer.run_dir import read_metrics
@@ -155,7 +156,8 @@ def test_a_bare_resume_auto_continues_the_runs_architecture(train_data, tmp_path
     """A --norm_type prmsnorm run resumed with the documented bare `--resume auto` stays prmsnorm (it used to load
     into an RMSNorm model without a word) and reproduces the uninterrupted run."""
     flags = ("--batch_size", "4", "--max_steps", "4")
-    arch = ("--norm_type", "prmsnorm", "--prms_p", "0.25", "--norm_eps", "1e-5", "--rope_theta", "5000")
+    arch = ("--norm_type", "prmsnorm", "--prms_p", "0.25", "--norm_eps", "1e-5", "--rope_theta", "5000",
+            "--preset", "cpu-deep")
     uninterrupted = tmp_path / "uninterrupted"
     run_in_process("pretrain", pretrain_argv(train_data, uninterrupted, *flags, *arch))
     interrupted = tmp_path / "interrupted"
@@ -166,7 +168,20 @@ def test_a_bare_resume_auto_continues_the_runs_architecture(train_data, tmp_path
     config = json.loads((interrupted / "config.json").read_text())
     assert (config["norm_type"], config["prms_p"], config["norm_eps"], config["rope_theta"]) == (
         "prmsnorm", 0.25, 1e-5, 5000.0)
+    assert yaml.safe_load((interrupted / "train_config.yaml").read_text())["preset"] == "cpu-deep"  # not the default
     assert train_losses(interrupted) == train_losses(uninterrupted)
+
+
+def test_another_trainers_checkpoint_is_refused_naming_its_trainer(train_data, reference_run, tmp_path, capsys):
+    """An SFT run resumed a pretraining checkpoint as if it were its own (its optimizer, its step count, its run id;
+    a LoRA run ended in a cut-off state_dict error)."""
+    checkpoint = reference_run / "checkpoints" / "step_00000003"
+    argv = sft_argv(train_data, reference_run, tmp_path / "sft", "--resume", str(checkpoint))
+    error = refused_run("sft", argv, capsys)
+    assert error == (f"error: --resume step_00000003: a pretrain run's checkpoint; this is the sft trainer: resume it "
+                     f"with `python trainer/train_pretrain.py --resume {checkpoint}`, or start this run without "
+                     f"--resume")
+    assert not (tmp_path / "sft").exists()
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -177,6 +192,8 @@ def test_a_bare_resume_auto_continues_the_runs_architecture(train_data, tmp_path
      "--hidden_size was 32 there and is 64 now, --smeared_keys was False there and is True now"),
     (("--norm_eps", "0.1"), "--norm_eps was 1e-06 there and is 0.1 now"),
     (("--rope_theta", "100"), "--rope_theta was 1000000.0 there and is 100.0 now"),
+    # it was said to go on "with the new values", and the checkpoint's model went on as it was
+    (("--preset", "cpu-deep"), "--preset was cpu-wide there and is cpu-deep now"),
 ])
 def test_a_resume_with_another_architecture_is_refused_in_one_line(flags, message, train_data, reference_run,
                                                                    tmp_path, capsys):

@@ -354,6 +354,19 @@ def test_empty_path_flags_are_refused(task, flags, message, capsys):
     (["--grad_clip", "-1"], "--grad_clip=-1.0 is not allowed; it must be a number >= 0 (0: no clipping)"),
     (["--num_proc", "-1"], "--num_proc=-1 is not allowed; it must be >= 1"),
     (["--num_proc", "0"], "--num_proc=0 is not allowed; it must be >= 1"),
+    # each of these was a traceback once the run had started (an OverflowError, wandb's UsageError, torch's)
+    (["--time_budget_s", "1e308"], "--time_budget_s=1e+308 is not allowed; it must be a number of seconds in 0 .. "
+                                   "31536000 (a year; 0: no time budget)"),
+    (["--dist_init_timeout", "100000000000000"], "--dist_init_timeout=100000000000000 is not allowed; it must be a "
+                                                 "number of seconds in 1 .. 31536000 (a year)"),
+    (["--dist_timeout", "0"], "--dist_timeout=0 is not allowed; it must be a number of seconds in 1 .. 31536000 "
+                              "(a year)"),
+    (["--wandb_project", "a/b"], "--wandb_project='a/b' is not allowed; it must be 1 to 128 characters, none of # % "
+                                 "/ : ? \\"),
+    (["--wandb_project", ""], "--wandb_project='' is not allowed; it must be 1 to 128 characters, none of # % / : ? "
+                              "\\"),
+    (["--threads", "99999999999"], "--threads='99999999999' is not allowed; use 'auto' or a number of threads in "
+                                   "1 .. 4096"),
 ])
 def test_bad_numbers_are_one_line_naming_the_flag(flags, message, capsys):
     from trainer.args import parse_args
@@ -393,3 +406,19 @@ def test_a_flag_the_task_would_ignore_is_not_its_flag(task, flags, capsys):
     with pytest.raises(SystemExit):
         parse_args(task, flags)
     assert capsys.readouterr().err.splitlines()[0] == f"error: unrecognized arguments: {' '.join(flags)}"
+
+
+@pytest.mark.parametrize("task", ["grpo", "ppo"])
+@pytest.mark.parametrize("flag, bad, good", [("--lora_rank", "0", "4"), ("--lora_dropout", "5", "0.1"),
+                                             ("--lora_targets", "nope", "q_proj"), ("--lora_alpha", "32", "32"),
+                                             ("--merge", "true", "true")])
+def test_adapter_flags_without_lora_are_refused(task, flag, bad, good, capsys):
+    """Without --lora an RL run trains the whole policy: the adapter flags were taken, invalid values too, and
+    changed nothing (no adapters, no merged/ folder)."""
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(task, [flag, bad])
+    error = capsys.readouterr().err.splitlines()[0]
+    assert error.startswith(f"error: {flag}=") and "give --lora with it, or leave it out" in error
+    assert parse_args(task, ["--lora", flag, good]).lora

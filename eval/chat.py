@@ -171,7 +171,10 @@ def _answer(session, text: str, stream: bool) -> None:
     for note in _fit_notes(reply.fit, session.max_context, session.settings.max_new_tokens):
         print(note, file=sys.stderr)
     ending = "" if reply.stopped_at_eos else ", stopped at max_new_tokens"
-    print(f"[{reply.new_tokens} tokens, {reply.tokens_per_s:.1f} tokens/s{ending}]", file=sys.stderr, flush=True)
+    # One write with its newline: print's separate write of the end left a Ctrl-C between the two (the user's next
+    # key) to put "interrupted" on this line.
+    sys.stderr.write(f"[{reply.new_tokens} tokens, {reply.tokens_per_s:.1f} tokens/s{ending}]\n")
+    sys.stderr.flush()
 
 
 def _lines(interactive: bool):

@@ -438,6 +438,35 @@ def test_ctrl_c_on_piped_input_ends_the_run_in_one_line(monkeypatch, capsys, tin
     assert err.splitlines()[-1] == "interrupted" and "not kept in the history" not in err
 
 
+class _CtrlCAfterTheCount:
+    """stderr whose user presses Ctrl-C the moment the answer's token count is written (as the signal may arrive
+    between any two writes)."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.pressed = stream, False
+
+    def write(self, text: str) -> int:
+        written = self.stream.write(text)
+        if text.startswith("[") and "tokens/s" in text and not self.pressed:
+            self.pressed = True
+            raise KeyboardInterrupt
+        return written
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def test_ctrl_c_right_after_an_answer_is_a_line_of_its_own(monkeypatch, capsys, tiny_models) -> None:
+    """The count's line was two writes (print's text, then its end): a Ctrl-C between them put "interrupted" at its
+    end (seen once in the full suite, in test_ctrl_c.py's piped chat)."""
+    monkeypatch.setattr(sys, "stderr", _CtrlCAfterTheCount(sys.stderr))
+    code, out, err = chat_as_a_script(monkeypatch, capsys, io.StringIO("Who are you?\nnever answered\n"),
+                                      "--model_path", str(tiny_models.sft), *GREEDY)
+    assert code == EXIT_INTERRUPTED and out == f"{tiny_models.reply}\n"
+    *_, count, last = err.splitlines()
+    assert count.startswith("[7 tokens, ") and count.endswith(" tokens/s]") and last == "interrupted", err
+
+
 def test_ctrl_c_during_a_prompts_answer_ends_the_run_in_one_line(monkeypatch, capsys, tiny_models) -> None:
     interrupt_generation(monkeypatch)
     code, out, err = chat_as_a_script(monkeypatch, capsys, io.StringIO(""), "--model_path", str(tiny_models.sft),

@@ -77,6 +77,9 @@ def _tool_names(text: str) -> list[str]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown tool {', '.join(unknown) or '(none given)'}; "
                                          f"allowed: {', '.join(TOOLS)}")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # the prompt would list its schema twice
+        raise argparse.ArgumentTypeError(f"tool {', '.join(twice)} named more than once")
     return names
 
 
@@ -107,10 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                         help="the weights' precision; auto: bfloat16 on a GPU, float32 on a CPU")
     parser.add_argument("--no_stream", action="store_true", help="print each answer when it is complete")
-    parser.add_argument("--no_tools", action="store_true",
-                        help="offer no tools: the prompt lists none and a call the model writes stays text "
-                             "(without it, chat models are offered the built-in tools of --tools)")
-    parser.add_argument("--tools", type=_tool_names, default=None, metavar="NAMES",
+    offered = parser.add_mutually_exclusive_group()  # --tools with --no_tools was taken, and --tools ignored
+    offered.add_argument("--no_tools", action="store_true",
+                         help="offer no tools: the prompt lists none and a call the model writes stays text "
+                              "(without it, chat models are offered the built-in tools of --tools)")
+    offered.add_argument("--tools", type=_tool_names, default=None, metavar="NAMES",
                         help="the built-in tools to offer, comma-separated; None: all of them "
                              "(`python dataset/tools.py --schemas` lists them)")
     parser.add_argument("--sampled_tool_calls", action="store_true",
@@ -248,6 +252,20 @@ def _converse(session, stream: bool, interactive: bool) -> int:
     return 0
 
 
+# The flags that shape a chat prompt: a plain continuation has no turns for them, and would drop them silently.
+CHAT_ONLY_FLAGS = {"--system": "system", "--think": "think", "--tools": "tools"}
+
+
+def _check_plain_flags(args: argparse.Namespace, path: Path) -> None:
+    given = [flag for flag, name in CHAT_ONLY_FLAGS.items() if getattr(args, name) not in (None, False)]
+    if given:
+        one = len(given) == 1
+        why, use = (("--mode plain writes none", "--mode chat") if args.mode == "plain" else
+                    (f"{path} is a pretrained model, which continues plain text", "an SFT model or --mode chat"))
+        raise ValueError(f"{', '.join(given)} shape{'s' if one else ''} a chat prompt, and {why}; use {use}, or "
+                         f"leave {'it' if one else 'them'} out")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -272,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
         if use_template:
             check_chatml_tokenizer(tokenizer)  # its control tokens and template, before the first message
+        else:
+            _check_plain_flags(args, path)
     except ValueError as error:  # a damaged model directory, a scaling the model cannot take
         return report_error(error)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

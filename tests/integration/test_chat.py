@@ -208,6 +208,22 @@ def test_cli_uses_plain_continuation_for_a_pretrained_model(monkeypatch, capsys,
     assert out == tokenizer.decode(ids[0, prompt_length:], skip_special_tokens=True) + "\n"
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--mode", "plain", "--think", "--system", "Be brief."],
+     "error: --system, --think shape a chat prompt, and --mode plain writes none; use --mode chat, or leave them "
+     "out"),
+    (["--tools", "wiki"], "error: --tools shapes a chat prompt, and {pretrain} is a pretrained model, which continues "
+                          "plain text; use an SFT model or --mode chat, or leave it out"),
+])
+def test_chat_flags_a_plain_continuation_would_drop_are_refused(flags, message, monkeypatch, capsys,
+                                                                tiny_models) -> None:
+    """A plain continuation has no system turn, no thinking and no tools: they were taken and dropped silently."""
+    model = tiny_models.sft if "plain" in flags else tiny_models.pretrain
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(model), "--prompt", "Hi", *flags)
+    assert code == 2 and out == ""
+    assert err.splitlines()[-1] == message.format(pretrain=tiny_models.pretrain), err
+
+
 def test_missing_model_is_one_line_naming_the_command(tmp_path) -> None:
     result = finish(start_chat("--model_path", str(tmp_path / "nothing_here"), "--prompt", "hi"))
     assert result.returncode != 0
@@ -312,6 +328,9 @@ NOT_UTF8 = "a\udcffb"  # how Python's argv holds the byte 0xff, which no UTF-8 t
     (["--top_k", "-1"], "argument --top_k: -1 is not an integer >= 0 (0: off)"),
     (["--history", "-1"], "argument --history: -1 is not an integer >= 0 (0: none)"),
     (["--max_new_tokens", "0"], "argument --max_new_tokens: 0 is not an integer >= 1"),
+    # each was taken and the second flag ignored (the tools offered, or offered twice)
+    (["--no_tools", "--tools", "wiki"], "argument --tools: not allowed with argument --no_tools"),
+    (["--tools", "wiki,calculator,wiki"], "argument --tools: tool wiki named more than once"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(flags, message, capsys) -> None:
     from eval.chat import build_parser

@@ -31,16 +31,17 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
+import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
-from model.config import MiniNormConfig  # noqa: E402
+from model.config import PLACEMENT_ALIASES, MiniNormConfig, NormPlacement, NormType, placement_choices  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
@@ -69,6 +70,22 @@ ACTIVATIONS = ("resid_rms", "resid_grad_rms")
 
 INIT_LABELS = {"model": "MiniNorm's own (N(0, 0.02), residual projections / sqrt(2L))",
                "xavier": "Xavier-normal block weights, no depth scaling (Xiong et al.'s setting)"}
+
+
+def names_within(allowed: Sequence[str], choices: str) -> Callable[[str], list[str]]:
+    """A comma-separated flag's type: each name one of `allowed` (the library's values, model/config.py), refused up
+    front; unchecked, a misspelt name was only a skipped combination, and a grid of them wrote no results."""
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",")]
+        unknown = [name for name in names if name not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))} not allowed; choose from {choices}")
+        return names
+    return parse
+
+
+placement_names = names_within([*(p.value for p in NormPlacement), *PLACEMENT_ALIASES], placement_choices())
+norm_type_names = names_within([t.value for t in NormType], ", ".join(repr(t.value) for t in NormType))
 
 
 def variant_files(spec: str) -> list[Path]:
@@ -314,8 +331,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--batches", type=int_within(1), default=2,
                         help="fixed batches the gradient norms are averaged over")
     parser.add_argument("--seeds", type=int_within(1), default=3, help="initializations per variant (seeds 0 to N-1)")
-    parser.add_argument("--placements", default=",".join(PLACEMENTS), help="comma-separated norm placements")
-    parser.add_argument("--norm_types", default=",".join(NORM_TYPES), help="comma-separated norm types")
+    parser.add_argument("--placements", type=placement_names, default=",".join(PLACEMENTS),
+                        help="comma-separated norm placements")
+    parser.add_argument("--norm_types", type=norm_type_names, default=",".join(NORM_TYPES),
+                        help="comma-separated norm types")
     parser.add_argument("--variants", default=None,
                         help="trainer --config files of model fields (comma-separated files or directories of *.yaml, "
                              "e.g. scripts/sweep_configs/study2_variants): measure these instead of --placements x "
@@ -332,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.replot:
+        if not (out / "results.json").is_file():
+            raise ValueError(f"--replot: {out / 'results.json'} does not exist (run without --replot to make it)")
         results = json.loads((out / "results.json").read_text())
         write_table(results, out / "grad_at_init.md")
         plot(results, out / "grad_at_init.png")
@@ -371,8 +392,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             runs.append(measured_entry(config, {"variant": file.stem, "placement": config.norm_placement,
                                                 "norm_type": config.norm_type}))
     no_norm_entry = None
-    for placement in [] if args.variants else args.placements.split(","):
-        for norm_type in args.norm_types.split(","):
+    for placement in [] if args.variants else args.placements:
+        for norm_type in args.norm_types:
             try:
                 config = MiniNormConfig.from_preset(args.preset, **shape, norm_type=norm_type,
                                                     norm_placement=placement, norm_impl="eager")
@@ -388,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             if norm_type == "none":
                 no_norm_entry = entry
 
+    if not runs:  # every combination refused: the results already in --out are kept, not replaced by an empty table
+        raise ValueError("no variant to measure: the config refuses every --placements x --norm_types combination")
     config = MiniNormConfig.from_preset(args.preset, **shape)
     results = {
         "meta": {"preset": args.preset, "init": args.init, "layers": args.layers, "hidden_size": config.hidden_size,

@@ -282,6 +282,38 @@ def test_grad_at_init_script_smoke(tmp_path) -> None:
         assert (tmp_path / "out" / name).stat().st_size > 500
 
 
+@pytest.mark.parametrize("flags", [["--placements", "prenorm"], ["--norm_types", "bogus"],
+                                   ["--placements", "deepnorm", "--norm_types", "none"], ["--replot"]])
+def test_grad_at_init_refuses_bad_variants_in_one_line_and_keeps_the_results(tmp_path, capsys, monkeypatch,
+                                                                             flags) -> None:
+    """An unknown placement or norm type is refused up front naming the flag and the library's values; a grid the
+    config refuses entirely writes nothing (the committed results stay); --replot without results.json is one line."""
+    import sys
+
+    from eval.studies.grad_at_init import command_line
+    out = tmp_path / "out"
+    if flags != ["--replot"]:
+        out.mkdir()
+        for name in ("results.json", "grad_at_init.md"):
+            (out / name).write_text("good results")
+    monkeypatch.setattr(sys, "argv", ["grad_at_init.py", *flags, "--layers", "1", "--seq_len", "16", "--batch_size",
+                                      "1", "--batches", "1", "--seeds", "1", "--random_tokens", "--out", str(out)])
+    try:
+        code = command_line()
+    except SystemExit as exit_:  # argparse's refusal of a flag's value
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1 and "Traceback" not in err
+    expected = {"prenorm": "--placements: 'prenorm' not allowed; choose from 'pre'",
+                "bogus": "--norm_types: 'bogus' not allowed; choose from 'rmsnorm'",
+                "deepnorm": "no variant to measure", "--replot": "results.json does not exist"}
+    assert next(text for key, text in expected.items() if key in flags) in err
+    if flags != ["--replot"]:
+        assert sorted(p.name for p in out.iterdir()) == ["grad_at_init.md", "results.json"]
+        assert (out / "results.json").read_text() == "good results"
+
+
 def test_grad_at_init_no_norm_is_one_network_for_every_placement() -> None:
     """The premise that lets eval/studies/grad_at_init.py measure the no-norm model once and reuse it for every
     placement."""

@@ -288,24 +288,49 @@ def layer_quantities(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted(names)
 
 
+def _where(record: Mapping[str, Any]) -> str:
+    """Where a record is, for an error: FILE:LINE when read_metrics read it, else its step."""
+    return getattr(record, "where", "") or f"the record of step {record.get('step')!r}"
+
+
+def _number(record: Mapping[str, Any], key: str, kind: type = float) -> Any:
+    """record[key] as a `kind`, or a ValueError naming where the record is and the key."""
+    try:
+        return kind(record[key])
+    except (TypeError, ValueError):
+        raise ValueError(f"{_where(record)}: {key} is {record[key]!r}, expected a number") from None
+
+
 def metric_matrix(source: str | Path | Iterable[Mapping[str, Any]],
                   quantity: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, matrix) for one per-layer quantity: matrix[layer, j] is the value at steps[j] (NaN if missing).
 
     `source` is a metrics jsonl path or its records. Only steps that logged the quantity are kept; a step
-    logged twice (say after a resume) keeps its last value.
+    logged twice (say after a resume) keeps its last value. A layer index beyond the number of layers the records
+    log (every block logs resid_rms, so a run's indices are 0 .. L-1) is a ValueError naming its record: the matrix
+    has a row per index up to the largest, and one stray `layer_99999999` key would make it gigabytes.
     """
     records = read_metrics(source) if isinstance(source, (str, Path)) else list(source)
     by_step: dict[int, dict[int, float]] = {}
+    present: set[int] = set()  # the layer indices of every per-layer quantity
+    last = (-1, "", {})  # this quantity's largest layer index, with its key and record
     for record in records:
         for key, value in record.items():
             match = _LAYER_KEY.match(key)
-            if match and match["quantity"] == quantity and value is not None:
-                by_step.setdefault(int(record["step"]), {})[int(match["layer"])] = float(value)
+            if not match:
+                continue
+            layer = int(match["layer"])
+            present.add(layer)
+            if match["quantity"] == quantity and value is not None:
+                by_step.setdefault(_number(record, "step", int), {})[layer] = _number(record, key)
+                last = max(last, (layer, key, record), key=lambda item: item[0])
     if not by_step:
         return np.zeros(0, dtype=np.int64), np.zeros((0, 0))
+    num_layers, key, record = last[0] + 1, last[1], last[2]
+    if num_layers > len(present):
+        raise ValueError(f"{_where(record)}: {key}: layer index {num_layers - 1} is out of range; the records log "
+                         f"{len(present)} distinct layer indices, so 0 .. {len(present) - 1}")
     steps = np.array(sorted(by_step), dtype=np.int64)
-    num_layers = 1 + max(layer for row in by_step.values() for layer in row)
     matrix = np.full((num_layers, len(steps)), np.nan)
     for j, step in enumerate(steps):
         for layer, value in by_step[int(step)].items():
@@ -316,7 +341,7 @@ def metric_matrix(source: str | Path | Iterable[Mapping[str, Any]],
 def metric_series(source: str | Path | Iterable[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of one scalar key such as "diag/grad_norm_global"."""
     records = read_metrics(source) if isinstance(source, (str, Path)) else list(source)
-    by_step = {int(r["step"]): float(r[key]) for r in records if r.get(key) is not None}
+    by_step = {_number(r, "step", int): _number(r, key) for r in records if r.get(key) is not None}
     steps = np.array(sorted(by_step), dtype=np.int64)
     return steps, np.array([by_step[int(s)] for s in steps], dtype=float)
 

@@ -258,17 +258,25 @@ def clear_previous_run(out_dir: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- jsonl
+class JsonlRecord(dict):
+    """A record read from a jsonl file: a dict that knows its place, `where` (`FILE:LINE`), for an error about one of
+    its values."""
+
+    where: str = ""
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of a jsonl file, in order. Blank lines, and a line cut short by a killed writer (the last
-    one, usually), are skipped."""
+    """The JSON objects of a jsonl file, in order, as JsonlRecords. Blank lines, and a line cut short by a killed
+    writer (the last one, usually), are skipped."""
     records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         try:
             record = json.loads(line) if line.strip() else None
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict):
-            records.append(record)
+            records.append(JsonlRecord(record))
+            records[-1].where = f"{path}:{number}"
     return records
 
 

@@ -148,11 +148,11 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
 
 
 def command_line() -> int:
-    """The command: main()'s paths are for in-process callers, which get its FileNotFoundError too; here a missing
-    run or metrics file is one line."""
+    """The command: main()'s paths are for in-process callers, which get its FileNotFoundError and ValueError too;
+    here a missing run or metrics file, or a value in it that is not a number, is one line."""
     try:
         main()
-    except FileNotFoundError as error:
+    except (FileNotFoundError, ValueError) as error:
         return report_error(error)
     return 0
 

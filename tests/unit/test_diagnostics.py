@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -227,6 +228,33 @@ def test_metric_matrix_and_heatmaps(tmp_path) -> None:
     written = main([str(tmp_path), "--out", str(tmp_path / "plots")])
     assert {p.name for p in written} == {"resid_rms.png", "grad_norm.png", "global.png"}
     assert all(p.stat().st_size > 1000 for p in written)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ({"step": 1, "diag/grad_norm/layer_9999999": 1.0}, "metrics.jsonl:3: diag/grad_norm/layer_9999999: layer index "
+                                                       "9999999 is out of range; the records log 3 distinct"),
+    ({"step": 1, "diag/grad_norm/layer_00": "x"}, "metrics.jsonl:3: diag/grad_norm/layer_00 is 'x', expected a number"),
+    ({"step": "a", "diag/grad_norm/layer_00": 1.0}, "metrics.jsonl:3: step is 'a', expected a number"),
+    ({"step": 1, "diag/grad_norm_global": "x"}, "metrics.jsonl:3: diag/grad_norm_global is 'x', expected a number"),
+])
+def test_diagnostics_refuse_a_bad_metrics_line_in_one_line(tmp_path, capsys, monkeypatch, line, expected) -> None:
+    """A layer index beyond the layers logged is refused rather than sized into a dense matrix (layer_99999999 asked
+    for 16 GB), and a value that is not a number names FILE:LINE and its key; the command prints one line."""
+    import sys
+
+    from eval.studies.diagnostics import command_line
+    path = tmp_path / "metrics.jsonl"
+    good = {"step": 0, "diag/resid_rms/layer_00": 1.0, "diag/resid_rms/layer_01": 2.0}
+    path.write_text("\n".join(json.dumps(r) for r in ({"step": 0, "loss": 5.0}, good, line)) + "\n")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path))}/{re.escape(expected)}"):
+        if "diag/grad_norm_global" in line:
+            metric_series(path, "diag/grad_norm_global")
+        else:
+            metric_matrix(path, "grad_norm")
+    monkeypatch.setattr(sys, "argv", ["diagnostics.py", str(path), "--out", str(tmp_path / "plots")])
+    assert command_line() == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err
 
 
 def test_end_to_end_with_adamw_and_real_log_lines(tmp_path) -> None:

@@ -18,6 +18,7 @@ import gzip
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -175,6 +176,15 @@ def save_records(sweep_dir: Path, records_dir: Path, trial_ids: Iterable[str] | 
     write_state(records_dir, state)
 
 
+def _gunzip(path: Path) -> bytes:
+    """A record's gzipped metrics, unpacked; a ValueError names a file that is not gzip (a git-LFS pointer left by a
+    clone without LFS, say) or is cut short."""
+    try:
+        return gzip.decompress(path.read_bytes())
+    except (OSError, EOFError, zlib.error) as error:
+        raise ValueError(f"{path}: not a readable gzip file ({error})") from None
+
+
 def restore_records(records_dir: Path, sweep_dir: Path) -> list[str]:
     """Bring the done trials of ``records_dir`` that ``sweep_dir`` has not done back into it (their record
     files, their results line, their place in the state); returns their ids. The caller checks first that both
@@ -185,13 +195,17 @@ def restore_records(records_dir: Path, sweep_dir: Path) -> list[str]:
     state = read_state(sweep_dir)
     have = done_records(sweep_dir)
     missing = {tid: r for tid, r in done_records(records_dir).items() if tid not in have}
+    # Every record's metrics are unpacked before anything is copied: a broken one is refused with the sweep folder
+    # as it was, not with part of the trials brought back.
+    metrics = {tid: _gunzip(path) for tid in missing
+               if (path := records_dir / trial_dir_name(tid) / RECORD_METRICS).is_file()}
     for tid, record in missing.items():
         source, target = records_dir / trial_dir_name(tid), sweep_dir / trial_dir_name(tid)
         for name in RECORD_FILES:
             if (source / name).is_file():
                 _write_bytes(target / name, (source / name).read_bytes())
-        if (source / RECORD_METRICS).is_file():
-            _write_bytes(target / METRICS_FILE, gzip.decompress((source / RECORD_METRICS).read_bytes()))
+        if tid in metrics:
+            _write_bytes(target / METRICS_FILE, metrics[tid])
         append_result(sweep_dir, record)
     if state is None:
         state = records_state

@@ -458,6 +458,25 @@ def test_records_dir_outlives_the_sweep_folder(tmp_path, capsys):
     assert not (tmp_path / "sweep2" / "results.jsonl").exists()
 
 
+@pytest.mark.parametrize("broken", ["lfs pointer", "cut short"])
+def test_a_records_metrics_file_that_is_not_gzip_is_one_line_and_nothing_is_restored(tmp_path, capsys, broken):
+    """A metrics.jsonl.gz that is a git-LFS pointer (a clone without LFS) or cut short: the sweep names the file in
+    one line (exit 2), not a BadGzipFile/EOFError traceback, and no trial is brought back half."""
+    path = _fake_sweep(tmp_path, {"mode": {"values": ["ok"]}, "seed": {"values": [1, 2]}})
+    sweep_dir, records = tmp_path / "sweep", tmp_path / "records"
+    run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records)
+    shutil.rmtree(sweep_dir)
+    gz = sorted(records.glob("trials/*/metrics.jsonl.gz"))[-1]
+    gz.write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 9\n" if broken == "lfs pointer"
+                   else gz.read_bytes()[:-8])
+    capsys.readouterr()
+    assert sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--records_dir", str(records),
+                           "--wandb_mode", "disabled"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{gz}: not a readable gzip file" in err
+    assert not (sweep_dir / "results.jsonl").exists() and not any((sweep_dir / "trials").iterdir())
+
+
 @pytest.mark.parametrize("spelling", ["same", "symlink"])
 def test_a_records_dir_that_is_the_sweep_folder_is_refused(tmp_path, spelling):
     """Also through a symlink: the folders are compared resolved (dataset.atomic_io.path_overlap), not as spelt."""

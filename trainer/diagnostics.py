@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.run_dir import read_metrics
+from trainer.run_dir import read_metrics, record_number, record_where
 
 PREFIX = "diag"
 NORM_NAMES = ("attn_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm")
@@ -288,19 +288,6 @@ def layer_quantities(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted(names)
 
 
-def _where(record: Mapping[str, Any]) -> str:
-    """Where a record is, for an error: FILE:LINE when read_metrics read it, else its step."""
-    return getattr(record, "where", "") or f"the record of step {record.get('step')!r}"
-
-
-def _number(record: Mapping[str, Any], key: str, kind: type = float) -> Any:
-    """record[key] as a `kind`, or a ValueError naming where the record is and the key."""
-    try:
-        return kind(record[key])
-    except (TypeError, ValueError):
-        raise ValueError(f"{_where(record)}: {key} is {record[key]!r}, expected a number") from None
-
-
 def metric_matrix(source: str | Path | Iterable[Mapping[str, Any]],
                   quantity: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, matrix) for one per-layer quantity: matrix[layer, j] is the value at steps[j] (NaN if missing).
@@ -322,14 +309,14 @@ def metric_matrix(source: str | Path | Iterable[Mapping[str, Any]],
             layer = int(match["layer"])
             present.add(layer)
             if match["quantity"] == quantity and value is not None:
-                by_step.setdefault(_number(record, "step", int), {})[layer] = _number(record, key)
+                by_step.setdefault(record_number(record, "step", int), {})[layer] = record_number(record, key)
                 last = max(last, (layer, key, record), key=lambda item: item[0])
     if not by_step:
         return np.zeros(0, dtype=np.int64), np.zeros((0, 0))
     num_layers, key, record = last[0] + 1, last[1], last[2]
     if num_layers > len(present):
-        raise ValueError(f"{_where(record)}: {key}: layer index {num_layers - 1} is out of range; the records log "
-                         f"{len(present)} distinct layer indices, so 0 .. {len(present) - 1}")
+        raise ValueError(f"{record_where(record)}: {key}: layer index {num_layers - 1} is out of range; the records "
+                         f"log {len(present)} distinct layer indices, so 0 .. {len(present) - 1}")
     steps = np.array(sorted(by_step), dtype=np.int64)
     matrix = np.full((num_layers, len(steps)), np.nan)
     for j, step in enumerate(steps):
@@ -341,7 +328,7 @@ def metric_matrix(source: str | Path | Iterable[Mapping[str, Any]],
 def metric_series(source: str | Path | Iterable[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of one scalar key such as "diag/grad_norm_global"."""
     records = read_metrics(source) if isinstance(source, (str, Path)) else list(source)
-    by_step = {_number(r, "step", int): _number(r, key) for r in records if r.get(key) is not None}
+    by_step = {record_number(r, "step", int): record_number(r, key) for r in records if r.get(key) is not None}
     steps = np.array(sorted(by_step), dtype=np.int64)
     return steps, np.array([by_step[int(s)] for s in steps], dtype=float)
 

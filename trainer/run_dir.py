@@ -25,6 +25,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,6 +266,19 @@ class JsonlRecord(dict):
     where: str = ""
 
 
+def record_where(record: Mapping[str, Any]) -> str:
+    """Where a record is, for an error about it: FILE:LINE for a JsonlRecord, else its step."""
+    return getattr(record, "where", "") or f"the record of step {record.get('step')!r}"
+
+
+def record_number(record: Mapping[str, Any], key: str, kind: type = float) -> Any:
+    """record[key] as a `kind` (float or int), or a ValueError naming where the record is and the key."""
+    try:
+        return kind(record[key])
+    except (TypeError, ValueError):
+        raise ValueError(f"{record_where(record)}: {key} is {record[key]!r}, expected a number") from None
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The JSON objects of a jsonl file, in order, as JsonlRecords. Blank lines, and a line cut short by a killed
     writer (the last one, usually), are skipped."""
@@ -308,10 +322,11 @@ def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, A
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
-    """A run's run_summary.json; {} when there is none (yet) or it cannot be read."""
+    """A run's run_summary.json; {} when there is none (yet) or it cannot be read (a directory, not UTF-8, not
+    JSON)."""
     try:
-        summary = json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        summary = json.loads((Path(run_dir) / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: UnicodeDecodeError and json.JSONDecodeError
         return {}
     return summary if isinstance(summary, dict) else {}
 

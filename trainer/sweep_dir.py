@@ -35,7 +35,8 @@ DONE_STATUSES = ("finished", "diverged")
 # The run_summary.json numbers each results.jsonl record repeats: they outlive the trial's folder (the report reads
 # them there when the folder is gone).
 RESULT_SUMMARY_KEYS = ("final_val", "steps", "median_step_time_s", "tokens_per_s")
-TRIAL_STATUSES = ("pending", "running", "failed", *DONE_STATUSES)  # a trial's status in the state file
+RESULT_STATUSES = ("failed", *DONE_STATUSES)  # a results.jsonl record's status: how an attempt ended
+TRIAL_STATUSES = ("pending", "running", *RESULT_STATUSES)  # a trial's status in the state file
 LOCK_FILE = ".sweep.lock"  # held by the one runner of a sweep folder
 # A trial id names its folder: one plain path component (scripts/sweep.py's trial_id makes them so), never a path
 # that leads out of the sweep folder.
@@ -72,8 +73,8 @@ def _read_text(path: Path) -> str | None:
 
 def read_results(sweep_dir: Path) -> list[dict[str, Any]]:
     """results.jsonl records in order; a torn last line (a kill mid-write) is ignored, and so is a line that is no
-    trial's result (its trial_id not a folder name); [] when there is no file yet. A ValueError names a file that
-    cannot be read."""
+    trial's result (its trial_id not a folder name, its status missing or not one of RESULT_STATUSES); [] when there
+    is no file yet. A ValueError names a file that cannot be read."""
     path = sweep_dir / RESULTS_FILE
     try:  # one read, by the shared torn-line-tolerant reader (the runner calls this after every trial)
         records = read_jsonl(path)
@@ -82,7 +83,8 @@ def read_results(sweep_dir: Path) -> list[dict[str, Any]]:
             return []
         read_text_file(path)  # the failure only: its ValueError names the file and why (directory, not UTF-8)
         raise  # readable by now (it changed in between): the first error stands
-    return [record for record in records if is_folder_name(record.get("trial_id"))]
+    return [record for record in records
+            if is_folder_name(record.get("trial_id")) and record.get("status") in RESULT_STATUSES]
 
 
 def append_result(sweep_dir: Path, record: dict[str, Any]) -> None:

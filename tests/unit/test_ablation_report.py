@@ -285,3 +285,48 @@ def test_same_sweep_name_twice_is_an_error(two_parts, tmp_path):
     path, _ = two_parts
     norms = path.parent.parent / "norms"
     assert main([str(norms), str(norms), "--out", str(tmp_path)]) == 2
+
+
+def _damage(sweep_dir: Path, damage: str) -> None:
+    trial = sweep_dir / "trials" / "norm_type-rmsnorm_seed-0"
+    results, metrics, summary = sweep_dir / "results.jsonl", trial / "metrics.jsonl", trial / "run_summary.json"
+    if damage == "results line without status":
+        results.write_text(results.read_text() + json.dumps({"trial_id": trial.name}) + "\n")  # the last one wins
+    elif damage == "trial_dir not a path":
+        lines = results.read_text().splitlines()
+        results.write_text("\n".join([json.dumps({**json.loads(lines[0]), "trial_dir": 5}), *lines[1:]]) + "\n")
+    elif damage == "val line without val_loss":
+        metrics.write_text(metrics.read_text() + json.dumps({"step": 11, "split": "val"}) + "\n")
+    elif damage == "val_loss not a number":
+        metrics.write_text(metrics.read_text() + json.dumps({"step": 11, "split": "val", "val_loss": "abc"}) + "\n")
+    elif damage == "final_val not a mapping":
+        summary.write_text(json.dumps({"status": "finished", "final_val": "x"}))
+    elif damage == "summary a directory":
+        summary.unlink()
+        summary.mkdir()
+    elif damage == "summary not UTF-8":
+        summary.write_bytes(b'{"status": "finished", "note": "\xff"}')
+
+
+@pytest.mark.parametrize("damage", ["results line without status", "trial_dir not a path", "val line without val_loss",
+                                    "val_loss not a number", "final_val not a mapping", "summary a directory",
+                                    "summary not UTF-8"])
+def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
+    """A results.jsonl line without a status is skipped (docs/sweeps.md), as is a val line without val_loss; a
+    run_summary.json that cannot be read (a directory, not UTF-8) or holds no final loss leaves that trial without
+    one; a trial_dir that is not a path means the trial's own folder; a val_loss that is not a number is one line
+    naming FILE:LINE. Never a traceback."""
+    sweep_dir = _write_sweep(tmp_path, "s", {"norm_type": ["rmsnorm", "layernorm"], "seed": [0, 1]},
+                             {"learning_rate": 0.003, "warmup_steps": 8, "norm_placement": "pre"}, lambda p: 5.0)
+    _damage(sweep_dir, damage)
+    code = main([str(sweep_dir), "--out", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    if damage == "val_loss not a number":
+        metrics = sweep_dir / "trials" / "norm_type-rmsnorm_seed-0" / "metrics.jsonl"
+        assert (code, err) == (2, f"error: {metrics}:3: val_loss is 'abc', expected a number\n")
+        return
+    assert (code, err) == (0, "")
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    finished = {tuple(sorted(v["params"].items())): v["finished"] for v in data["variants"]}
+    damaged = damage in ("final_val not a mapping", "summary a directory", "summary not UTF-8")
+    assert finished == {(("norm_type", "rmsnorm"),): 1 if damaged else 2, (("norm_type", "layernorm"),): 2}

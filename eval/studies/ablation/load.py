@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.diagnostics import metric_matrix
-from trainer.run_dir import METRICS_FILE, read_metrics, read_summary
+from trainer.run_dir import METRICS_FILE, read_metrics, read_summary, record_number
 from trainer.sweep_dir import (RESULT_SUMMARY_KEYS, SWEEP_STATE_FILE, read_results, read_state, swept_names,
                                trial_dir_name)
 
@@ -31,7 +31,8 @@ class Trial:
 
     @property
     def final_val_loss(self) -> float | None:
-        value = (self.summary.get("final_val") or {}).get("loss")
+        final = self.summary.get("final_val")
+        value = final.get("loss") if isinstance(final, dict) else None  # a damaged summary: no final loss
         return value if self.status == "finished" and isinstance(value, (int, float)) else None
 
     @property
@@ -113,7 +114,8 @@ def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
     trials = []
     for entry in state["trials"]:
         record = records.get(entry["trial_id"])
-        trial_dir = sweep_dir / (record or {}).get("trial_dir", trial_dir_name(entry["trial_id"]))
+        kept = (record or {}).get("trial_dir")  # the trial's own folder unless its record names one (a path)
+        trial_dir = sweep_dir / (kept if isinstance(kept, str) else trial_dir_name(entry["trial_id"]))
         trial = Trial(entry["trial_id"], entry["params"], record["status"] if record else "not run", run_dir=trial_dir)
         trial.summary = read_summary(trial_dir)
         if not trial.summary and record is not None:  # the folder is gone: its numbers live on in results.jsonl
@@ -121,7 +123,8 @@ def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
                              **{key: record[key] for key in RESULT_SUMMARY_KEYS if key in record}}
         if (trial_dir / METRICS_FILE).exists():
             metrics = read_metrics(trial_dir / METRICS_FILE)
-            trial.val_curve = [(r["step"], float(r["val_loss"])) for r in metrics if r.get("split") == "val"]
+            trial.val_curve = [(record_number(r, "step", int), record_number(r, "val_loss")) for r in metrics
+                               if r.get("split") == "val" and r.get("val_loss") is not None]
             _, grads = metric_matrix(metrics, "grad_norm")
             if grads.size and not any(math.isnan(g) for g in grads[:, -1]):
                 trial.grad_profile = [float(g) for g in grads[:, -1]]

@@ -751,8 +751,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep_dir", help="default: out/sweeps/<sweep name>/")
     parser.add_argument("--wandb_mode", choices=("offline", "online", "disabled"),
                         help="default: online if a wandb API key is configured, else offline")
-    parser.add_argument("--max_trials", type=int_within(1),
-                        help="run at most this many trials now, then stop (resumable)")
+    parser.add_argument("--max_trials", type=int_within(0, note="0: only bring the records back"),
+                        help="run at most this many trials now, then stop (resumable); 0 runs none, only brings "
+                             "the done trials of --records_dir back")
     parser.add_argument("--seed", type=seed, default=0, help="seed of the random/bayes proposals")
     parser.add_argument("--stop_on_failure", action="store_true", help="stop at the first crashed trial")
     parser.add_argument("--dry_run", action="store_true", help="print the trials' parameters, run nothing")

@@ -477,6 +477,22 @@ def test_a_records_metrics_file_that_is_not_gzip_is_one_line_and_nothing_is_rest
     assert not (sweep_dir / "results.jsonl").exists() and not any((sweep_dir / "trials").iterdir())
 
 
+def test_max_trials_0_only_brings_the_records_back(tmp_path, capsys):
+    """As the docs say (sweeps.md, study.md): `--max_trials 0` on a fresh clone restores the done trials for the
+    report and runs none."""
+    path = _fake_sweep(tmp_path, {"mode": {"values": ["ok", "diverge"]}, "seed": {"values": [1, 2]}})
+    sweep_dir, records = tmp_path / "sweep", tmp_path / "records"
+    run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records, only=["seed=1"])
+    shutil.rmtree(sweep_dir)
+    capsys.readouterr()
+    assert sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--records_dir", str(records),
+                           "--wandb_mode", "disabled", "--max_trials", "0"]) == 0, capsys.readouterr().err
+    assert "2 done trials brought back" in capsys.readouterr().out
+    assert read_results(sweep_dir) == read_results(records)
+    assert sorted(r["params"]["seed"] for r in read_results(sweep_dir)) == [1, 1]  # no seed-2 trial ran
+    assert not any((sweep_dir / r["trial_dir"] / "attempts.txt").exists() for r in read_results(sweep_dir))
+
+
 @pytest.mark.parametrize("spelling", ["same", "symlink"])
 def test_a_records_dir_that_is_the_sweep_folder_is_refused(tmp_path, spelling):
     """Also through a symlink: the folders are compared resolved (dataset.atomic_io.path_overlap), not as spelt."""

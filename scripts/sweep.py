@@ -135,6 +135,15 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
         for key, value in numbers:
             if isinstance(value, float) and not math.isfinite(value):
                 raise bad(f"parameters.{name}.{key}", f"{value} is not a finite number")
+        # A YAML date or !!binary cannot go into a trial's JSON (${args_json}, the state file): the state would be
+        # written with str() in its place and the next start would call its own folder a different config.
+        fields = [(key, value) for key, value in spec.items() if key != "values"]
+        if isinstance(spec.get("values"), list):
+            fields += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
+        for key, value in fields:
+            if not _is_json(value):
+                raise bad(f"parameters.{name}.{key}", f"{value!r} is not a JSON value (a string, number, boolean, "
+                                                      f"null, list or mapping); quote it to make it a string")
     command = config.get("command")
     if command is not None and not (isinstance(command, list) and all(isinstance(c, str) for c in command)):
         raise bad("command", "expected a list of strings")
@@ -161,6 +170,17 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
         _check_metric(config, task, bad)
         _check_parameters(config, task, first, bad)
     return config
+
+
+def _is_json(value: Any) -> bool:
+    """Whether `value` is JSON as it is (json.dumps would not need default=str, and it reads back equal)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, list):
+        return all(_is_json(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _is_json(item) for key, item in value.items())
+    return False
 
 
 def program_path(config: dict[str, Any]) -> str:
@@ -204,7 +224,8 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
         return None
 
     def refuse(name: str, key: str, value: Any, error: str) -> SweepConfigError:
-        return bad(f"parameters.{name}.{key}", f"{TRAINER_SCRIPTS[task]} refuses {_format_arg(value)}: {error}")
+        # repr, and the trainer's message (which quotes the value) escaped: a value holding a newline stays one line
+        return bad(f"parameters.{name}.{key}", f"{TRAINER_SCRIPTS[task]} refuses {value!r}: {_one_line(error)}")
 
     candidates = {name: _candidates(name, spec) for name, spec in config["parameters"].items()}
     base = first or {name: spec["value"] for name, spec in config["parameters"].items() if "value" in spec}
@@ -216,15 +237,19 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
                 for key, value in candidates[name]:
                     if (refused := refusal({**rest, name: value})) is not None:
                         raise refuse(name, key, value, refused)
-                raise bad(f"parameters.{name}", f"{TRAINER_SCRIPTS[task]} refuses {_format_arg(base[name])}, the "
-                                                f"first trial's: {error}")
-        raise bad("parameters", f"{TRAINER_SCRIPTS[task]} refuses the first trial {base}: {error}")
+                raise bad(f"parameters.{name}", f"{TRAINER_SCRIPTS[task]} refuses {base[name]!r}, the "
+                                                f"first trial's: {_one_line(error)}")
+        raise bad("parameters", f"{TRAINER_SCRIPTS[task]} refuses the first trial {base}: {_one_line(error)}")
     for name, values in candidates.items():
         for key, value in values:
             if name not in base or value != base[name]:
                 error = refusal({**base, name: value})
                 if error is not None:
                     raise refuse(name, key, value, error)
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _candidates(name: str, spec: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -3,6 +3,7 @@ real two-trial grid sweep of a tiny model with wandb offline."""
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import json
 import os
@@ -1034,6 +1035,28 @@ def test_a_parameter_the_trainer_refuses_is_one_line_before_any_trial(tmp_path, 
     assert err.count("\n") == 0 and f"{path}: {field}:" in err and message in err, err
     assert "trainer/train_pretrain.py" in err
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"value": datetime.date(2001, 1, 1)}, "parameters.seed.value"),
+    ({"values": [1, b"hello"]}, "parameters.seed.values[1]"),  # !!binary
+    ({"min": 1, "max": datetime.date(2001, 1, 1)}, "parameters.seed.max"),
+])
+def test_a_value_json_cannot_hold_is_one_line_before_anything_is_written(tmp_path, capsys, spec, field):
+    """A YAML date or !!binary was a TypeError traceback from json.dumps (or, for another program, a state file
+    written with str() in its place, whose folder the next start refused as a different config)."""
+    path = _fake_sweep(tmp_path, {"seed": spec, "mode": {"value": "ok"}})
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--wandb_mode", "disabled"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{field}:" in err and "is not a JSON value" in err, err
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_refused_value_with_a_newline_is_shown_in_one_line(tmp_path, capsys):
+    path = _trainer_yaml(tmp_path, 'method: grid\nparameters:\n  seed: {values: ["0\\n1"]}\n')
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "parameters.seed.values[0]" in err and "refuses '0\\n1'" in err, err
 
 
 def test_parameters_are_checked_against_the_trainer_the_sweep_runs(tmp_path, capsys):

@@ -6,7 +6,8 @@
 
 `--data` takes `pretrain_val`, `sft_val` (the default corpus's held-out splits) or jsonl files; a file's kind
 comes from its first line: `{"text": ...}` is packed pretraining text, `{"conversations": [...]}` is SFT data
-with the loss on assistant tokens only. The numbers come from trainer.evaluation.evaluate_lm, the same code (and
+with the loss on assistant tokens only. A file's row is named by its stem (by the path as given where two share
+one). The numbers come from trainer.evaluation.evaluate_lm, the same code (and
 the same loss function) as the trainer's validation.
 """
 
@@ -32,6 +33,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
+from collections import Counter  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
 from trainer.cli import ToolParser, int_within, output_file, run_main  # noqa: E402
@@ -67,6 +69,21 @@ def resolve_data_spec(spec: str) -> tuple[str, Path]:
     except FileNotFoundError as error:
         raise FileNotFoundError(f"--data {spec}: {error} (or use one of {', '.join(NAMED_SPLITS)})") from None
     return path.stem, path
+
+
+def resolve_data_specs(specs: Sequence[str]) -> list[tuple[str, Path]]:
+    """(name, jsonl path) of each --data value, every name its own: the results are keyed by name, so two files of
+    one stem (a/val.jsonl, b/val.jsonl) are named as given; one file given twice is refused."""
+    resolved = [resolve_data_spec(spec) for spec in specs]
+    stems = Counter(name for name, _ in resolved)
+    given: dict[Path, str] = {}
+    named: list[tuple[str, Path]] = []
+    for spec, (name, path) in zip(specs, resolved, strict=True):
+        if path.resolve() in given:
+            raise ValueError(f"--data {given[path.resolve()]} and {spec} are the same file; give it once")
+        given[path.resolve()] = spec
+        named.append((spec if stems[name] > 1 else name, path))
+    return named
 
 
 def detect_kind(path: Path) -> str:
@@ -121,6 +138,7 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     from trainer.evaluation import evaluate_lm, token_byte_lengths
 
     path, adapter, _ = locate_model_and_adapter(model_path, lora)
+    datasets = resolve_data_specs(data_specs or DEFAULT_SPLITS)  # a bad or repeated one before the model loads
     accelerator = Accelerator(cpu=device == "cpu")  # evaluate_lm moves the batches to its device
     model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32", lora=adapter)
     extend_context(model, rope_scaling_factor)
@@ -129,8 +147,7 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     results: dict[str, dict[str, Any]] = {}
     # Text read as the model's pretraining read it (trainer --control_tokens_in_text, recorded with the run).
     control_tokens = recorded_config(path).get("control_tokens_in_text") is True
-    for spec in data_specs or DEFAULT_SPLITS:
-        name, data_path = resolve_data_spec(spec)
+    for name, data_path in datasets:
         kind = detect_kind(data_path)
         options = {"control_tokens": control_tokens} if kind == "pretrain" else {}
         loader = _eval_loader(dataset_class(kind)(data_path, tokenizer, max_seq_len, **options), batch_size,

@@ -197,3 +197,27 @@ def test_the_first_line_is_read_as_the_datasets_read_it(tmp_path, line, reason) 
     path.write_bytes(b"\n" + (line if isinstance(line, bytes) else line.encode()) + b"\n")
     with pytest.raises(ValueError, match=rf"d\.jsonl:2: .*{reason}"):
         detect_kind(path)
+
+
+def test_files_of_one_stem_each_get_a_row(tiny_models, tmp_path, capsys) -> None:
+    """a/val.jsonl and b/val.jsonl: both were named "val", and the second result replaced the first."""
+    import shutil
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    shutil.copy(tiny_models.pretrain_data, tmp_path / "a" / "val.jsonl")
+    shutil.copy(tiny_models.sft_data, tmp_path / "b" / "val.jsonl")
+    given = [str(tmp_path / "a" / "val.jsonl"), str(tmp_path / "b" / "val.jsonl")]
+    out = tmp_path / "report.json"
+    assert main(["--model_path", str(tiny_models.sft), "--data", *given, str(tiny_models.pretrain_data),
+                 "--max_seq_len", "32", "--no_samples", "--json", str(out), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads(out.read_text(encoding="utf-8"))["results"]
+    assert list(results) == [*given, "pretrain"]  # a stem of its own stays the short name
+    assert [results[name]["kind"] for name in given] == ["pretrain", "sft"]
+    assert all(name in printed for name in given)
+    # One file given twice is refused, naming both spellings, before any work.
+    twice = str(tmp_path / "a" / ".." / "a" / "val.jsonl")
+    assert main(["--model_path", str(tiny_models.sft), "--data", given[0], twice, "--no_samples"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the threads line
+    assert err.startswith("error: ") and f"--data {given[0]} and {twice} are the same file" in err, err

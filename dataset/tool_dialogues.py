@@ -193,7 +193,19 @@ def conversion_dialogue(problem: Conversion, budget: ResultBudget | None = None,
                      budget or ResultBudget(), thinking)
 
 
-def _distinct(split: Split, count: int, draw, make) -> list[dict]:
+MAX_PROBLEM_DRAWS = 2_000_000  # draws before a count is called more than the split holds (~8 s at worst)
+
+
+class TooFewProblems(ValueError):
+    """More distinct problems of one tool asked for than the split yields within MAX_PROBLEM_DRAWS; `available` is
+    how many it did yield (with this seed), so a caller can name its own flag and the real maximum."""
+
+    def __init__(self, tool: str, split: str, count: int, available: int) -> None:
+        super().__init__(f"cannot draw {count} distinct {split} {tool} problems: at most {available}")
+        self.tool, self.available = tool, available
+
+
+def _distinct(split: Split, count: int, draw, make, tool: str) -> list[dict]:
     """``count`` dialogues ``make(problem)`` of distinct problems ``draw()`` on the split's side of the hash."""
     held_out = split == "held_out"
     seen: set[str] = set()
@@ -201,8 +213,9 @@ def _distinct(split: Split, count: int, draw, make) -> list[dict]:
     attempts = 0
     while len(dialogues) < count:
         attempts += 1
-        if attempts > 100 * (count + 10):
-            raise ValueError(f"cannot draw {count} distinct {split} problems")
+        # A cap that does not depend on `count`: every count up to `available` is drawn, and no count above it.
+        if attempts > MAX_PROBLEM_DRAWS:
+            raise TooFewProblems(tool, split, count, len(dialogues))
         problem = draw()
         if problem.key in seen or is_held_out_problem(problem) != held_out:
             continue
@@ -245,9 +258,9 @@ def tool_dialogues(split: Split, seed: int, wiki_count: int, arithmetic_count: i
         if dialogue is not None:
             dialogues.append(dialogue)
     dialogues += _distinct(split, arithmetic_count, lambda: arithmetic_problem(rng),
-                           lambda problem: arithmetic_dialogue(problem, budget, thinks()))
+                           lambda problem: arithmetic_dialogue(problem, budget, thinks()), "calculator")
     dialogues += _distinct(split, conversion_count, lambda: conversion(rng),
-                           lambda problem: conversion_dialogue(problem, budget, thinks()))
+                           lambda problem: conversion_dialogue(problem, budget, thinks()), "convert_units")
     rng.shuffle(dialogues)
     return dialogues
 

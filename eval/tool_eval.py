@@ -50,7 +50,8 @@ from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.chat_format import normalize_messages  # noqa: E402
 from dataset.corpus import SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
 from dataset.tokenization import token_starts  # noqa: E402
-from dataset.tool_dialogues import first_exchange, small_talk_dialogues, tool_dialogues  # noqa: E402
+from dataset.tool_dialogues import (TooFewProblems, first_exchange, small_talk_dialogues,  # noqa: E402
+                                    tool_dialogues)
 from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_has_fact,  # noqa: E402
                                   where_call_goes_wrong)
 
@@ -165,6 +166,28 @@ def print_table(rows: list[dict]) -> None:
               f"{row['never_ended']:>12.1%} {row['repeated_trigrams']:>18.1%}")
 
 
+COUNT_FLAGS = {"wiki": "--wiki", "calculator": "--arithmetic", "convert_units": "--conversions",
+               SMALL_TALK: "--small_talk"}  # each kind's count flag
+
+
+def held_out_questions(args: argparse.Namespace) -> tuple[list[dict], list[ToolQuestion]]:
+    """The held-out dialogues the count flags ask for, and their questions; a ValueError names the flag whose count
+    is above what the held-out split holds, and that maximum (the draws would give fewer, or none)."""
+    try:
+        dialogues = tool_dialogues("held_out", args.seed, args.wiki, args.arithmetic, args.conversions)
+    except TooFewProblems as error:
+        flag = COUNT_FLAGS[error.tool]
+        raise ValueError(f"{flag} {getattr(args, flag[2:])}: the held-out questions hold at most {error.available} "
+                         f"(--seed {args.seed})") from None
+    dialogues += small_talk_dialogues("held_out", args.seed, args.small_talk)
+    questions = [ToolQuestion.from_dialogue(d) for d in dialogues]
+    for kind, flag in COUNT_FLAGS.items():  # wiki and small talk: fewer than asked when the split has fewer
+        found, asked = sum(q.kind == kind for q in questions), getattr(args, flag[2:])
+        if found < asked:
+            raise ValueError(f"{flag} {asked}: the held-out questions hold at most {found}")
+    return dialogues, questions
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -181,14 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     from model.generation import GenerationSettings
     from model.loading import load_model
 
+    try:  # before the model loads: a count above what the held-out split holds is refused first
+        dialogues, questions = held_out_questions(args)
+    except ValueError as error:
+        return report_error(error)
     print(start_threads(args.threads), file=sys.stderr)
     try:
         model, tokenizer = load_model(path, lora=lora)
     except ValueError as error:  # a damaged model directory
         return report_error(error)
-    dialogues = tool_dialogues("held_out", args.seed, args.wiki, args.arithmetic, args.conversions)
-    dialogues += small_talk_dialogues("held_out", args.seed, args.small_talk)
-    questions = [ToolQuestion.from_dialogue(d) for d in dialogues]
     before = histories(dialogues, questions) if args.after_other else [[] for _ in questions]
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, **penalty_settings(args))
     session = ChatSession(model, tokenizer, use_template=True, history_turns=1, settings=settings,

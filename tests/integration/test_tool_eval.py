@@ -7,6 +7,7 @@ after an exchange of the other kind, which the model memorised too. The JSON rep
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -165,3 +166,16 @@ def test_bad_flags_are_one_line_naming_the_flag(flags, message, capsys):
         tool_eval.build_parser().parse_args(flags)
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+
+
+@pytest.mark.parametrize("flag, value", [("--conversions", "20000"), ("--wiki", "100000"), ("--small_talk", "1000")])
+def test_a_count_above_the_held_out_questions_names_the_flag_and_its_maximum(tiny_models, monkeypatch, capsys, flag,
+                                                                             value):
+    """--conversions 20000 was a ValueError traceback; --wiki 100000 silently ran the 181 there are."""
+    import dataset.tool_dialogues
+    from eval import tool_eval
+
+    monkeypatch.setattr(dataset.tool_dialogues, "MAX_PROBLEM_DRAWS", 100_000)  # the same refusal, sooner
+    assert tool_eval.main(["--model_path", str(tiny_models.sft), flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(rf"error: {flag} {value}: the held-out questions hold at most \d+( \(--seed 0\))?", err), err

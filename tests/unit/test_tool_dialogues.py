@@ -10,7 +10,8 @@ import pytest
 
 from dataset.sources import read_wikipedia
 from dataset.chat_format import encode_chatml
-from dataset.tool_dialogues import MULTI_TURN_EVERY, after_other_exchanges, small_talk_dialogues, tool_dialogues
+from dataset.tool_dialogues import (MULTI_TURN_EVERY, TooFewProblems, after_other_exchanges, small_talk_dialogues,
+                                    tool_dialogues)
 from dataset.tools import TOOLS, run_tool, tool_schemas
 
 ROLES = ["system", "user", "assistant", "tool", "assistant"]
@@ -212,3 +213,17 @@ def test_a_continued_tool_dialogue_learns_its_call_and_answer_after_the_small_ta
     assert messages[1]["content"] not in learned and messages[3]["content"] not in learned
     with pytest.raises(ValueError, match="every must be >= 1"):
         after_other_exchanges(train, talk, seed=0, every=0)
+
+
+def test_the_maximum_a_refusal_names_is_the_real_one(monkeypatch):
+    """TooFewProblems' `available` does not depend on the count asked: that many are drawn, one more is refused."""
+    import dataset.tool_dialogues
+
+    monkeypatch.setattr(dataset.tool_dialogues, "MAX_PROBLEM_DRAWS", 20_000)
+    with pytest.raises(TooFewProblems) as refused:
+        tool_dialogues("held_out", 0, 0, 0, 5000)
+    available = refused.value.available
+    assert refused.value.tool == "convert_units" and 0 < available < 5000
+    assert len(tool_dialogues("held_out", 0, 0, 0, available)) == available
+    with pytest.raises(TooFewProblems, match=f"at most {available}$"):
+        tool_dialogues("held_out", 0, 0, 0, available + 1)

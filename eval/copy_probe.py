@@ -34,7 +34,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import json  # noqa: E402
 from typing import Any  # noqa: E402
 
-from trainer.cli import ToolParser, int_within, run_main, seed  # noqa: E402
+from trainer.cli import ToolParser, int_within, output_file, run_main, seed  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cue_pairs", type=int, default=0,
                         help="also probe each length after a cue pair, drawn from the copy rows' first N (0: no such "
                         "probe; see --copy_cue_pairs)")
-    parser.add_argument("--json", default=None, help="also write the table to this JSON file")
+    parser.add_argument("--json", type=output_file, default=None, help="also write the table to this JSON file")
     add_threads_flag(parser)
     args = parser.parse_args(argv)
     print(start_threads(args.threads), file=sys.stderr)

@@ -36,7 +36,7 @@ import json  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 ROPE_TYPES = ("yarn", "linear", "dynamic")
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: none or TYPE:FACTOR[@L] (see the description)")
     parser.add_argument("--max_documents", type=int_within(0), default=0, help="0: every long enough document")
     parser.add_argument("--batch_size", type=int_within(1), default=4, help="documents per forward pass")
-    parser.add_argument("--json", default=None, help="also write the table to this JSON file")
+    parser.add_argument("--json", type=output_file, default=None, help="also write the table to this JSON file")
     add_threads_flag(parser)
     args = parser.parse_args(argv)
     print(start_threads(args.threads), file=sys.stderr)

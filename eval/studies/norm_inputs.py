@@ -33,7 +33,7 @@ from torch import nn  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
-from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import recorded_config, report_error, resolve_input_path  # noqa: E402
 
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", type=int_within(1), default=4, help="validation batches")
     parser.add_argument("--batch_size", type=int_within(1), default=8, help="rows per batch")
     parser.add_argument("--threads", type=int_within(1), default=1, help="torch CPU threads")
-    parser.add_argument("--out", help="also write the table (markdown) to this file")
+    parser.add_argument("--out", type=output_file, help="also write the table (markdown) to this file")
     args = parser.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [Path(m).name for m in args.models]
     if len(labels) != len(args.models):

@@ -33,6 +33,7 @@ from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
 
 import json  # noqa: E402
+import math  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
@@ -53,7 +54,7 @@ def parse_scaling(spec: str, model_length: int) -> Scaling:
     """`none` or TYPE:FACTOR[@L] -> the rope_scaling dict and max_position_embeddings to set; ValueError names
     the bad item and the allowed form."""
     form = f"--scalings item {spec!r} is not allowed; use none or TYPE:FACTOR[@L] with TYPE one of " \
-           f"{', '.join(ROPE_TYPES)} (e.g. yarn:4@256)"
+           f"{', '.join(ROPE_TYPES)}, FACTOR a finite number > 1 (e.g. yarn:4@256)"
     if spec == "none":
         return Scaling("none", None, model_length)
     rope_type, sep, rest = spec.partition(":")
@@ -63,7 +64,9 @@ def parse_scaling(spec: str, model_length: int) -> Scaling:
         original = int(length_text) if at else model_length
     except ValueError:
         raise ValueError(form) from None
-    if not sep or rope_type not in ROPE_TYPES or factor <= 1 or original < 1:
+    # NaN passes `factor <= 1`, and inf (or a factor whose extended length is inf) fails in int(): both refused here
+    if (not sep or rope_type not in ROPE_TYPES or not math.isfinite(original * factor) or factor <= 1
+            or original < 1):
         raise ValueError(form)
     if rope_type == "yarn":
         scaling = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}

@@ -57,7 +57,8 @@ def test_bucket_losses_equal_models_loaded_with_each_scaling(tiny_models, tokeni
     assert len(set(rows)) == len(rows)
 
 
-@pytest.mark.parametrize("spec", ["yarn", "yarn:x", "yarn:1", "rope:4", "yarn:4@", "yarn:4@-3", "linear:0.5"])
+@pytest.mark.parametrize("spec", ["yarn", "yarn:x", "yarn:1", "rope:4", "yarn:4@", "yarn:4@-3", "linear:0.5",
+                                  "yarn:inf", "yarn:nan", "linear:1e308", "dynamic:inf", "yarn:1e307@256"])
 def test_bad_scaling_items_are_refused_in_one_line(spec: str) -> None:
     with pytest.raises(ValueError, match=r"--scalings item .* use none or TYPE:FACTOR\[@L\]") as error:
         parse_scaling(spec, 128)

@@ -5,8 +5,8 @@ prints the error first, then one line that points to --help, and exits with the 
 own code). --help is unchanged.
 
 The flag types shared by several command lines live here too, so that each range is checked in one place: a seed
-(numpy's and torch's range), integers with a lower bound, floats within a range, paths that are not empty, an output
-file that is not a directory, text that is UTF-8.
+(numpy's and torch's range), integers with a lower bound (alone or in a comma-separated list), floats within a
+range, paths that are not empty, an output file that is not a directory, text that is UTF-8.
 """
 
 from __future__ import annotations
@@ -101,6 +101,20 @@ def int_within(low: int, high: int | None = None, note: str = "") -> Callable[[s
 
 
 seed = int_within(*SEED_RANGE)  # every --seed
+
+
+def int_list(low: int, high: int | None = None) -> Callable[[str], list[int]]:
+    """A comma-separated integer list flag's type (`1,2,4`): each item in low .. high; the error quotes the list."""
+    item = int_within(low, high)
+    allowed = f"comma-separated integers in {low} .. {high}" if high is not None else \
+        f"comma-separated integers >= {low}"
+
+    def parse(text: str) -> list[int]:
+        try:
+            return [item(part.strip()) for part in text.split(",")]
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {allowed}") from None
+    return flag_type(list, parse)
 
 
 def float_within(low: float, high: float, above_low: bool = False) -> Callable[[str], float]:

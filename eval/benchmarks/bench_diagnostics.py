@@ -34,9 +34,9 @@ from collections.abc import Sequence  # noqa: E402
 
 import torch  # noqa: E402
 
-from model.config import MiniNormConfig  # noqa: E402
+from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_list, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
@@ -85,18 +85,22 @@ def train_step(model: MiniNormForCausalLM, optimizer: torch.optim.Optimizer, ids
 
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = ToolParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="cpu-default", help="model preset (model/config.py)")
+    parser.add_argument("--preset", default="cpu-default", choices=list(PRESETS), help="model preset (model/config.py)")
     parser.add_argument("--norm_type", default="rmsnorm", help="the model's norm, as the trainer's --norm_type")
     parser.add_argument("--norm_placement", default="pre", help="as the trainer's --norm_placement")
     parser.add_argument("--norm_impl", default="auto", help="as in training (auto: compile on CPU)")
-    parser.add_argument("--batch_size", type=int, default=8, help="sequences per step")
-    parser.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
-    parser.add_argument("--intervals", default="1,10", help="diagnostic intervals to time besides 'off'")
-    parser.add_argument("--derive", default="10,50,100", help="intervals to derive the overhead for")
-    parser.add_argument("--block_steps", type=int, default=10, help="steps of one mode before the next mode's block")
-    parser.add_argument("--blocks", type=int, default=2, help="blocks per mode (steps per mode = blocks x block_steps)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (the first with diagnostics)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--batch_size", type=int_within(1), default=8, help="sequences per step")
+    parser.add_argument("--seq_len", type=int_within(1), default=256, help="tokens per sequence")
+    parser.add_argument("--intervals", type=int_list(1), default="1,10",
+                        help="diagnostic intervals to time besides 'off'")
+    parser.add_argument("--derive", type=int_list(1), default="10,50,100", help="intervals to derive the overhead for")
+    parser.add_argument("--block_steps", type=int_within(1), default=10,
+                        help="steps of one mode before the next mode's block")
+    parser.add_argument("--blocks", type=int_within(1), default=2,
+                        help="blocks per mode (steps per mode = blocks x block_steps)")
+    parser.add_argument("--warmup", type=int_within(0), default=3,
+                        help="untimed steps first (the first with diagnostics)")
+    parser.add_argument("--threads", type=int_within(1), default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -109,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     diag = NormDiagnostics(model)
     time_hooks(diag)
     ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len))
-    intervals = [int(k) for k in args.intervals.split(",")]
+    intervals = args.intervals
     modes = ["off"] + [f"every {k}" for k in intervals]
 
     for i in range(args.warmup):  # compile, allocator, and one armed step each
@@ -152,9 +156,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(f"time inside the diagnostics (arm, hooks, after_backward, after_step): median {calls * 1e3:.1f} ms "
           f"per armed step = {100 * calls / statistics.median(plain_times):.2f}% of a plain step; at "
           + ", ".join(f"diag_interval={k}: {100 * calls / k / statistics.median(plain_times):.3f}%"
-                      for k in (int(k) for k in args.derive.split(","))))
+                      for k in args.derive))
     derived = {}
-    for k in (int(k) for k in args.derive.split(",")):
+    for k in args.derive:
         derived[k] = armed_cost / k / statistics.median(plain_times)
         print(f"derived overhead at diag_interval={k}: {100 * derived[k]:+.2f}%")
     return {"rows": rows, "armed_cost_s": armed_cost, "derived": derived}

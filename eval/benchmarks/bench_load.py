@@ -39,7 +39,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_list, int_within, run_main  # noqa: E402
 from trainer.threads import bound_openmp_waits, usable_cores  # noqa: E402
 
 VARIANTS = {
@@ -202,13 +202,14 @@ def step_table(variants: list[str], levels: list[int], rounds: int, steps: int, 
 
 def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=4,
+    parser.add_argument("--rounds", type=int_within(0), default=4,
                         help="rounds over every load level and variant (0: no step table)")
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per variant, level and round")
-    parser.add_argument("--warmup", type=int, default=4, help="steps per variant before the first round")
-    parser.add_argument("--competitors", default="0,1,2", help="comma-separated numbers of busy processes")
+    parser.add_argument("--steps", type=int_within(1), default=4, help="timed steps per variant, level and round")
+    parser.add_argument("--warmup", type=int_within(0), default=4, help="steps per variant before the first round")
+    parser.add_argument("--competitors", type=int_list(0), default="0,1,2",
+                        help="comma-separated numbers of busy processes")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated: {', '.join(VARIANTS)}")
-    parser.add_argument("--start_bursts", type=int, default=0,
+    parser.add_argument("--start_bursts", type=int_within(0), default=0,
                         help="also start `--threads auto` this many times beside a short burst and a steady load")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out_dir", default=None, help=argparse.SUPPRESS)
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from trainer.machine import machine_line
 
-    levels = [int(n) for n in args.competitors.split(",")]
+    levels = args.competitors
     variants = args.variants.split(",")
     for variant in variants:
         name, _, spin = variant.partition(":")

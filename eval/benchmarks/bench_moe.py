@@ -27,9 +27,9 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from model.config import MiniNormConfig  # noqa: E402
+from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import SparseMoE, SwiGLU  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_list, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
 
@@ -44,20 +44,23 @@ def call_seconds(mlp: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="cpu-wide", help="model preset whose MLP width every variant takes")
-    parser.add_argument("--experts", default="1,2,4,8,16", help="expert counts to time besides the dense MLP")
-    parser.add_argument("--top_k", type=int, default=1, help="experts each token is routed to")
-    parser.add_argument("--batch_size", type=int, default=8, help="sequences per call")
-    parser.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds over all variants (median reported)")
-    parser.add_argument("--calls", type=int, default=5, help="calls per variant per round")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--preset", default="cpu-wide", choices=list(PRESETS),
+                        help="model preset whose MLP width every variant takes")
+    parser.add_argument("--experts", type=int_list(1), default="1,2,4,8,16",
+                        help="expert counts to time besides the dense MLP")
+    parser.add_argument("--top_k", type=int_within(1), default=1, help="experts each token is routed to")
+    parser.add_argument("--batch_size", type=int_within(1), default=8, help="sequences per call")
+    parser.add_argument("--seq_len", type=int_within(1), default=256, help="tokens per sequence")
+    parser.add_argument("--rounds", type=int_within(1), default=5,
+                        help="interleaved rounds over all variants (median reported)")
+    parser.add_argument("--calls", type=int_within(1), default=5, help="calls per variant per round")
+    parser.add_argument("--threads", type=int_within(1), default=1, help="torch threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dense_config = MiniNormConfig.from_preset(args.preset)
     variants: dict[str, torch.nn.Module] = {"dense": SwiGLU(dense_config)}
-    for count in (int(value) for value in args.experts.split(",")):
+    for count in args.experts:
         config = MiniNormConfig.from_preset(args.preset, num_experts=count, num_experts_per_tok=min(args.top_k, count))
         moe = SparseMoE(config)
         for module in moe.modules():  # a trained router's spread, so tokens land on every expert

@@ -58,7 +58,7 @@ from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_tab
 from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods  # noqa: E402
 from model.kernels.dtypes import DTYPES  # noqa: E402
 from model.norms import triton_can_run  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -296,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--weight_dtype", choices=["same", *DTYPES], default="same",
                     help="the one weight every method gets (default: the activations' dtype)")
-    ap.add_argument("--m", type=int, default=None, help="rows (default: 32768 on CUDA, 1024 on CPU)")
-    ap.add_argument("--n", type=int, nargs="+", default=None, help="row lengths")
+    ap.add_argument("--m", type=int_within(1), default=None, help="rows (default: 32768 on CUDA, 1024 on CPU)")
+    ap.add_argument("--n", type=int_within(1), nargs="+", default=None, help="row lengths")
     ap.add_argument("--p", type=float, default=1.0, help="partial RMSNorm fraction (1.0 = RMSNorm)")
     ap.add_argument("--no-residual", action="store_true", help="skip the fused residual-add table")
     ap.add_argument("--methods", nargs="+", default=None,
@@ -307,20 +307,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check_model", action="store_true",
                     help="CUDA: the minimind-26m model with norm_impl=triton vs eager, and under torch.compile")
     ap.add_argument("--sweep", action="store_true", help="CUDA: our kernels under each launch configuration")
-    ap.add_argument("--profile_once", type=int, metavar="N", default=None,
+    ap.add_argument("--profile_once", type=int_within(1), metavar="N", default=None,
                     help="CUDA: run our forward and backward once at (--m, N) and exit (for ncu)")
-    ap.add_argument("--profile_host", type=int, metavar="N", default=None,
+    ap.add_argument("--profile_host", type=int_within(1), metavar="N", default=None,
                     help="CUDA: each method's forward+backward at (--m, N) under torch.profiler, host side included")
     ap.add_argument("--out", type=Path, default=None, help="also write the raw rows as JSON here")
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
+    ap.add_argument("--threads", type=int_within(1), default=None, help="CPU threads (torch.set_num_threads)")
     lab = ap.add_argument_group("--lab: the norm laboratory's table (CPU)")
     lab.add_argument("--lab", action="store_true", help="every norm type and the default model's step with each")
     lab.add_argument("--lab_norms", nargs="+", default=list(DEFAULT_LAB_NORMS), choices=list(LAB_VARIANTS),
                      help="the variants, in table order (the first is the reference)")
-    lab.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
-    lab.add_argument("--norm_repeats", type=int, default=50, help="norm forward+backward calls per variant per round")
-    lab.add_argument("--lab_steps", type=int, default=3, help="training steps per variant per round")
-    lab.add_argument("--lab_warmup", type=int, default=3, help="untimed calls and steps per variant first (compiles)")
+    lab.add_argument("--rounds", type=int_within(1), default=7, help="interleaved rounds")
+    lab.add_argument("--norm_repeats", type=int_within(1), default=50,
+                     help="norm forward+backward calls per variant per round")
+    lab.add_argument("--lab_steps", type=int_within(1), default=3, help="training steps per variant per round")
+    lab.add_argument("--lab_warmup", type=int_within(0), default=3,
+                     help="untimed calls and steps per variant first (compiles)")
     args = ap.parse_args(argv)
 
     cuda = torch.cuda.is_available()

@@ -32,7 +32,8 @@ import json  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from model.config import PRESETS  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, REPO_ROOT, SUMMARY_FILE, read_summary  # noqa: E402
 
 # Runs in the child process: the trainer (or just the model, for "load"), then the peak memory as JSON.
@@ -99,11 +100,14 @@ def run(name: str, task: str, argv: list[str], model: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="minimind-26m", help="model preset (model/config.py)")
-    parser.add_argument("--batch_size", type=int, default=4, help="B: conversations (SFT, LoRA) or pairs (DPO)")
-    parser.add_argument("--max_seq_len", type=int, default=256, help="tokens per conversation (longer ones are cut)")
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps of each configuration")
-    parser.add_argument("--lora_rank", type=int, default=8, help="rank of the LoRA configuration's adapters")
+    parser.add_argument("--preset", default="minimind-26m", choices=list(PRESETS),
+                        help="model preset (model/config.py)")
+    parser.add_argument("--batch_size", type=int_within(1), default=4,
+                        help="B: conversations (SFT, LoRA) or pairs (DPO)")
+    parser.add_argument("--max_seq_len", type=int_within(1), default=256,
+                        help="tokens per conversation (longer ones are cut)")
+    parser.add_argument("--steps", type=int_within(1), default=4, help="optimizer steps of each configuration")
+    parser.add_argument("--lora_rank", type=int_within(1), default=8, help="rank of the LoRA configuration's adapters")
     args = parser.parse_args(argv)
     import torch
 

@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING, Callable  # noqa: E402
 import torch  # noqa: E402
 
 from model.generation import DECODE_MODES  # noqa: E402
-from trainer.cli import ToolParser, run_main, seed  # noqa: E402
+from model.config import PRESETS  # noqa: E402
+from trainer.cli import ToolParser, int_within, run_main, seed  # noqa: E402
 from trainer.grpo import ROLLOUT_DECODE  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import REPO_ROOT  # noqa: E402
@@ -143,11 +144,11 @@ def llama_cpp_run(gguf: Path, prompt: list[int], tokens: int, threads: int) -> C
 
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--preset", default="cpu-wide", help="model shape (model/config.py)")
-    parser.add_argument("--tokens", type=int, default=200, help="new tokens per stream")
-    parser.add_argument("--batch", type=int, default=8, help="streams of the batched rows")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the table shows medians")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every variant")
+    parser.add_argument("--preset", default="cpu-wide", choices=list(PRESETS), help="model shape (model/config.py)")
+    parser.add_argument("--tokens", type=int_within(1), default=200, help="new tokens per stream")
+    parser.add_argument("--batch", type=int_within(1), default=8, help="streams of the batched rows")
+    parser.add_argument("--rounds", type=int_within(1), default=5, help="interleaved rounds; the table shows medians")
+    parser.add_argument("--threads", type=int_within(1), default=os.cpu_count(), help="threads of every variant")
     parser.add_argument("--engine_ref", default=None, help="also run model/generation.py at this git revision")
     parser.add_argument("--seed", type=seed, default=0, help="draws the model's fresh weights")
     parser.add_argument("--decode", default=ROLLOUT_DECODE, choices=DECODE_MODES,
@@ -155,9 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stance", default="force_eager", choices=("force_eager", "default"),
                         help="torch.compiler stance of the torch variants (force_eager: as GRPO/PPO rollouts run)")
     args = parser.parse_args(argv)
-    for name in ("tokens", "batch", "rounds", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
     from model import generation
 

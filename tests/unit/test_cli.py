@@ -85,3 +85,35 @@ def test_run_main_exits_with_mains_code(capsys):
     with pytest.raises(SystemExit) as exit_info:
         run_main(lambda: 3)
     assert exit_info.value.code == 3 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("module, argv, flag, allowed", [
+    *((f"eval.benchmarks.{tool}", ["--preset", "bogus"], "--preset", "invalid choice: 'bogus' (choose from")
+      for tool in ("bench_moe", "bench_diagnostics", "bench_rollout", "bench_post_training")),
+    ("eval.benchmarks.bench_moe", ["--experts", "abc"], "--experts", "'abc' is not comma-separated integers >= 1"),
+    ("eval.benchmarks.bench_moe", ["--experts", "2,0"], "--experts", "'2,0' is not comma-separated integers >= 1"),
+    ("eval.benchmarks.bench_moe", ["--threads", "0"], "--threads", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_moe", ["--rounds", "0"], "--rounds", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_moe", ["--calls", "0"], "--calls", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_moe", ["--batch_size", "-1"], "--batch_size", "-1 is not an integer >= 1"),
+    ("eval.benchmarks.bench_diagnostics", ["--intervals", "abc"], "--intervals",
+     "'abc' is not comma-separated integers >= 1"),
+    ("eval.benchmarks.bench_diagnostics", ["--threads", "0"], "--threads", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_rollout", ["--rounds", "0"], "--rounds", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_post_training", ["--batch_size", "-1"], "--batch_size", "-1 is not an integer >= 1"),
+    ("eval.benchmarks.bench_load", ["--competitors", "x"], "--competitors", "'x' is not comma-separated integers >= 0"),
+    ("eval.benchmarks.bench_load", ["--rounds", "-1"], "--rounds", "-1 is not an integer >= 0"),
+    ("eval.benchmarks.bench_norm", ["--m", "0"], "--m", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_norm", ["--threads", "0"], "--threads", "0 is not an integer >= 1"),
+])
+def test_benchmarks_refuse_bad_flags_in_one_line_naming_them(module, argv, flag, allowed, capsys):
+    """These were tracebacks (a ValueError from the preset list or int(), a zero-division or an empty median), or
+    silently something else (bench_norm --m 0 ran 1024 rows)."""
+    import importlib
+
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"error: argument {flag}: ") and allowed in first, first

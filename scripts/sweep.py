@@ -323,12 +323,16 @@ def _seeded_global_rngs(seed: int) -> Iterator[None]:
         random.setstate(python_state)
 
 
-def propose_next(config: dict[str, Any], trials: list[dict[str, Any]], seed: int) -> dict[str, Any] | None:
+MAX_REDRAWS = 100  # proposals of one trial index that are all trials already: the search space is used up
+
+
+def propose_next(config: dict[str, Any], trials: list[dict[str, Any]], seed: int, redraw: int = 0
+                 ) -> dict[str, Any] | None:
     """The next trial's parameters from wandb's engine, or None when the sweep is complete.
 
-    The samplers draw from numpy's and Python's global generators: seeding them from (seed, trial index)
-    makes the proposals the same on every restart, given the same history. The caller's generators are left as
-    they were (_seeded_global_rngs)."""
+    The samplers draw from numpy's and Python's global generators: seeding them from (seed, trial index, `redraw`:
+    how many proposals of this index were trials already) makes the proposals the same on every restart, given
+    the same history. The caller's generators are left as they were (_seeded_global_rngs)."""
     sweeps = _sweeps_module()
     cap = config.get("run_cap")
     if cap is not None and len(trials) >= cap:
@@ -342,7 +346,7 @@ def propose_next(config: dict[str, Any], trials: list[dict[str, Any]], seed: int
             name=trial["trial_id"], config={k: {"value": v} for k, v in trial["params"].items()},
             state=sweeps.RunState.finished if finished else sweeps.RunState.running,
             summary_metrics={metric: value} if metric and value is not None else {}))
-    with _seeded_global_rngs(seed * 100_003 + len(trials)):
+    with _seeded_global_rngs(seed * 100_003 + len(trials) + redraw * 1_000_003):
         run = sweeps.next_run(config, runs)
     if run is None:
         return None
@@ -618,7 +622,7 @@ class SweepRunner:
         pending = next((t for t in self.state["trials"] if t["status"] not in DONE_STATUSES
                         and t["trial_id"] not in self.attempted and self.selected(t["params"])), None)
         while pending is None:  # with --only, proposals it leaves out stay in the state, pending, for later
-            params = propose_next(self.config, self.state["trials"], self.seed)
+            params = self._new_proposal()
             if params is None:
                 return None
             proposal = {"trial_id": trial_id(params, self.swept), "params": params, "status": "pending",
@@ -628,6 +632,19 @@ class SweepRunner:
             if self.selected(params):
                 pending = proposal
         return pending
+
+    def _new_proposal(self) -> dict[str, Any] | None:
+        """The engine's next parameters that are no trial yet. A random or bayes search over few values proposes a
+        trial again (it was a second entry of the same trial: a run_cap slot that ran nothing); it is asked again,
+        and a space with no other trial left (MAX_REDRAWS proposals all known) ends the sweep."""
+        known = {trial["trial_id"] for trial in self.state["trials"]}
+        for redraw in range(MAX_REDRAWS):
+            params = propose_next(self.config, self.state["trials"], self.seed, redraw)
+            if params is None or trial_id(params, self.swept) not in known:
+                return params
+        print(f"sweep {self.name!r}: its search proposed only trials it has, {MAX_REDRAWS} times; it ends with "
+              f"{len(self.state['trials'])} of run_cap {self.config.get('run_cap')}", flush=True)
+        return None
 
     def list_trials(self, max_trials: int | None) -> list[dict[str, Any]]:
         """The dry run: print the trials a real run would run now, run and write nothing; returns the trials."""

@@ -408,6 +408,18 @@ def _fake_sweep(tmp_path: Path, parameters: dict, method: str = "grid") -> Path:
     return path
 
 
+def test_a_random_search_runs_each_trial_once_and_ends_when_none_is_left(tmp_path, capsys):
+    """Three seeds, run_cap 6: the engine proposed a trial again and again, each a second state entry of the same
+    trial that used a run_cap slot and ran nothing (the dry run listed seed 3 three times). It is asked again; with
+    no trial left the sweep ends and says why."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "ok"}, "seed": {"values": [1, 2, 3]}}, method="random")
+    path.write_text(path.read_text().replace("run_cap: 2", "run_cap: 6"))
+    trials = run_sweep(path, tmp_path / "sweep", wandb_mode="disabled")
+    assert sorted(t["params"]["seed"] for t in trials) == [1, 2, 3]
+    assert [r["status"] for r in read_results(tmp_path / "sweep")] == ["finished"] * 3
+    assert "its search proposed only trials it has, 100 times; it ends with 3 of run_cap 6" in capsys.readouterr().out
+
+
 def test_records_dir_outlives_the_sweep_folder(tmp_path, capsys):
     """What a new machine sees: the sweep folder is gone, the committed records folder is there; the same command
     brings the done trials back (the report reads them as before) and runs only the rest."""

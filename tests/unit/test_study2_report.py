@@ -19,6 +19,7 @@ from eval.studies.ablation.study2 import (best_rate, capped_mean, escape_step, l
                                           read_bench_step_times, relative_step_times, stability, wall_clock_curve)
 from eval.studies.ablation.study2_section import write_seed2_yaml
 from tests.paths import REPO
+from trainer.run_dir import read_metrics
 
 VARIANTS = "scripts/sweep_configs/study2_variants"
 
@@ -78,6 +79,20 @@ def test_stability_numbers_by_hand():
     assert result.nonfinite_step is None
     assert stability(records + [_train(16, math.nan, math.nan)], "diverged", 16).nonfinite_step == 16
     assert 16 in stability(records + [_train(16, math.nan, math.nan)], "diverged", 16).loss_spikes
+
+
+@pytest.mark.parametrize("record, named", [
+    ({"step": 3, "split": "train", "loss": "abc", "grad_norm": 1.0}, "loss is 'abc', expected a number"),
+    ({"step": "x", "split": "train", "loss": 2.0, "grad_norm": 1.0}, "step is 'x', expected a number"),
+    ({"step": 3, "split": "diag", "diag/logits_max": [1]}, "diag/logits_max is [1], expected a number"),
+])
+def test_a_value_that_is_not_a_number_is_named_with_its_file_and_line(record, named, tmp_path):
+    """--study2 read metrics values bare: a ValueError or TypeError traceback without the file."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in [_train(1, 2.0, 1.0), _train(2, 2.0, 1.0), record]))
+    with pytest.raises(ValueError) as error:
+        stability(read_metrics(metrics))
+    assert str(error.value) == f"{metrics}:3: {named}"
 
 
 def test_wall_clock_curve_sums_the_step_times_up_to_each_evaluation():

@@ -27,7 +27,7 @@ from typing import Any
 
 from eval.studies.ablation.load import SEED_KEY, Trial
 from trainer.diagnostics import PREFIX, metric_matrix, spike_steps
-from trainer.run_dir import METRICS_FILE, read_metrics, recorded_config
+from trainer.run_dir import METRICS_FILE, read_metrics, record_number, recorded_config
 
 VARIANT_KEY = "config"            # the sweep parameter naming a variant file
 BASELINE_VARIANT = "pre_rmsnorm"  # the variant every speed is relative to
@@ -112,6 +112,9 @@ class Stability:
         return asdict(self)
 
 
+LOGITS_RMS_KEY, LOGITS_MAX_KEY = f"{PREFIX}/logits_rms", f"{PREFIX}/logits_max"
+
+
 def _finite_max(values: list[float]) -> float:
     finite = [v for v in values if math.isfinite(v)]
     return max(finite) if finite else math.nan
@@ -122,15 +125,16 @@ def stability(records: list[dict[str, Any]], status: str = "finished", stopped_a
     train = [r for r in records if r.get("split") == "train"]
     diag = [r for r in records if r.get("split") == "diag"]
     out = Stability()
-    steps = [int(r["step"]) for r in train]
-    out.loss_spikes = spike_steps(steps, [float(r["loss"]) for r in train])
-    grads = [(int(r["step"]), float(r["grad_norm"])) for r in train if r.get("grad_norm") is not None]
+    steps = [record_number(r, "step", int) for r in train]
+    out.loss_spikes = spike_steps(steps, [record_number(r, "loss") for r in train])
+    grads = [(record_number(r, "step", int), record_number(r, "grad_norm")) for r in train
+             if r.get("grad_norm") is not None]
     out.grad_spikes = spike_steps([s for s, _ in grads], [g for _, g in grads])
     _, logits = metric_matrix(diag, "attn_logit_max")
     if logits.size:
         out.attn_logit_max = _finite_max([float(v) for v in logits.ravel()])
-    out.logits_rms_max = _finite_max([float(r[f"{PREFIX}/logits_rms"]) for r in diag if f"{PREFIX}/logits_rms" in r])
-    out.logits_max = _finite_max([float(r[f"{PREFIX}/logits_max"]) for r in diag if f"{PREFIX}/logits_max" in r])
+    out.logits_rms_max = _finite_max([record_number(r, LOGITS_RMS_KEY) for r in diag if LOGITS_RMS_KEY in r])
+    out.logits_max = _finite_max([record_number(r, LOGITS_MAX_KEY) for r in diag if LOGITS_MAX_KEY in r])
     _, resid = metric_matrix(diag, "resid_rms")
     if resid.size:
         out.resid_rms = [float(v) for v in resid[:, -1]]
@@ -142,14 +146,14 @@ def stability(records: list[dict[str, Any]], status: str = "finished", stopped_a
 # --------------------------------------------------------------------------------------------- time
 def wall_clock_curve(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
     """(seconds, val loss) at each evaluation: the sum of the logged step times of the steps up to it."""
-    times = {int(r["step"]): float(r["step_time_s"]) for r in records
+    times = {record_number(r, "step", int): record_number(r, "step_time_s") for r in records
              if r.get("split") == "train" and r.get("step_time_s") is not None}
     curve, spent, done = [], 0.0, 0
     for r in sorted((r for r in records if r.get("split") == "val"), key=lambda r: r["step"]):
-        for step in sorted(s for s in times if done < s <= int(r["step"])):
+        for step in sorted(s for s in times if done < s <= record_number(r, "step", int)):
             spent += times[step]
-        done = int(r["step"])
-        curve.append((spent, float(r["val_loss"])))
+        done = record_number(r, "step", int)
+        curve.append((spent, record_number(r, "val_loss")))
     return curve
 
 

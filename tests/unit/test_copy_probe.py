@@ -73,12 +73,3 @@ def test_bad_flags_are_one_line(tiny_models, flags, message, capsys) -> None:
     assert main(["--model_path", str(tiny_models.pretrain), *flags]) != 0
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
-
-
-def test_json_that_is_a_directory_is_refused_before_any_work(tmp_path, capsys) -> None:
-    """It was an IsADirectoryError traceback after the whole probe."""
-    with pytest.raises(SystemExit) as stopped:
-        main(["--json", str(tmp_path)])
-    assert stopped.value.code == 2
-    err = capsys.readouterr().err.splitlines()[0]
-    assert err == f"error: argument --json: {tmp_path} is a directory, expected a file"

@@ -96,12 +96,3 @@ def test_documents_are_read_as_pretraining_reads_text(tmp_path, tokenizer) -> No
     ids = encode_text(tokenizer, text)
     assert long_documents(data, tokenizer, 40, 0) == [ids[:41]]
     assert text_rows(data, tokenizer, 40, 1) == [ids[:40]]
-
-
-def test_json_that_is_a_directory_is_refused_before_any_work(tmp_path, capsys) -> None:
-    """It was an IsADirectoryError traceback after the whole probe."""
-    with pytest.raises(SystemExit) as stopped:
-        main(["--json", str(tmp_path)])
-    assert stopped.value.code == 2
-    err = capsys.readouterr().err.splitlines()[0]
-    assert err == f"error: argument --json: {tmp_path} is a directory, expected a file"

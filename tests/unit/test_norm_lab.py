@@ -718,14 +718,3 @@ def test_norm_inputs_reports_each_norms_input_and_dyt_saturation(tmp_path, token
     text = (tmp_path / "table").read_text()
     assert "| norm | D: input RMS | alpha | saturated | R: input RMS | alpha | saturated |" in text
     assert text.count("| model.layers.") == 4 and "| model.norm |" in text
-
-
-def test_norm_inputs_out_that_is_a_directory_is_refused_before_any_work(tmp_path, capsys) -> None:
-    """It was an IsADirectoryError traceback after every model was measured."""
-    from eval.studies.norm_inputs import main
-
-    with pytest.raises(SystemExit) as stopped:
-        main([str(tmp_path), "--out", str(tmp_path)])
-    assert stopped.value.code == 2
-    err = capsys.readouterr().err.splitlines()[0]
-    assert err == f"error: argument --out: {tmp_path} is a directory, expected a file"

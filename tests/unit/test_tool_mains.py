@@ -201,3 +201,19 @@ def test_a_reader_gone_before_the_output_ends_the_tool_quietly(buffered: bool, a
     # argparse's help writer ignores a failed write itself: unbuffered, --help has nothing left to fail
     allowed = (EXIT_BROKEN_PIPE, 0) if "--help" in argv and not buffered else (EXIT_BROKEN_PIPE,)
     assert result.returncode in allowed and result.stderr == "", (result.returncode, result.stderr)
+
+
+@pytest.mark.parametrize("module, argv, flag", [
+    ("eval.copy_probe", [], "--json"),
+    ("eval.long_context", [], "--json"),
+    ("eval.studies.norm_inputs", ["some_model_dir"], "--out"),
+])
+def test_an_output_file_that_is_a_directory_is_refused_before_any_work(module, argv, flag, tmp_path, capsys) -> None:
+    """Each was an IsADirectoryError traceback after all the work (the probe, every model measured)."""
+    import importlib
+
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module(module).main([*argv, flag, str(tmp_path)])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.splitlines()[0]
+    assert error == f"error: argument {flag}: {tmp_path} is a directory, expected a file"

@@ -91,7 +91,9 @@ def check_finite(tensors: Any, where: str, error: type[ValueError] = ValueError)
     """An `error` naming the first tensor of `tensors` ((name, tensor) pairs) that holds a NaN or an infinity: such a
     weight makes every logit NaN, so chat, evaluation and a GGUF file would carry it on silently."""
     for name, tensor in tensors:
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        # A meta tensor holds no values: FSDP's memory-efficient loading fills the other processes' copies from the
+        # first process's, checked there.
+        if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise error(f"{where}: its weight {name} holds {bad} NaN or infinite value"
                         f"{'s' if bad != 1 else ''} (of {tensor.numel()}); such a model computes NaN logits")

@@ -45,8 +45,8 @@ from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_sta
                                 save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
-                                 set_collective_timeout, shutdown, state_is_sharded, update_inside_backward,
-                                 weights_are_sharded)
+                                 materialize_meta_parameters, set_collective_timeout, shutdown, state_is_sharded,
+                                 update_inside_backward, weights_are_sharded)
 from trainer.evaluation import token_byte_lengths
 from trainer.export import sample_text, save_merged, save_model_dir, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
@@ -320,6 +320,7 @@ class Trainer:
         resumed checkpoint's architecture and against --max_seq_len; the copy rows resolved by its switches."""
         args = self.args
         base, self.added_switches = _build_model(args, self.tokenizer)
+        materialize_meta_parameters(base)  # before the optimizer holds them (FSDP's loading on the other processes)
         if self.resume_state is not None:
             check_saved_architecture(self.resume_from, self.resume_state, base.config)
         args.copy_rows = resolve_copy_rows(args, self.added_switches)  # unset: by whether smeared keys are new

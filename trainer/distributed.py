@@ -103,6 +103,21 @@ def check_optimizer_supported(accelerator: Accelerator, optimizer: str) -> None:
                          "partitions and Muon needs each weight matrix whole; use DDP or FSDP2, or --optimizer adamw")
 
 
+def materialize_meta_parameters(model: torch.nn.Module) -> None:
+    """Give every parameter still on the meta device storage of its own (values unset).
+
+    Under FSDP's memory-efficient loading only the first process reads the weights; on the others transformers
+    leaves the weights a checkpoint lacks (the new ones of a switch the run turns on) on the meta device, and
+    Accelerate's FSDP2 preparation finds each optimizer parameter's shard by its data pointer, which is 0 for every
+    meta tensor: all of them were updated through one shard (SFT adding smeared keys trained layer 0's key weights
+    on the second process through layer 1's). The values do not matter: the first process's are broadcast."""
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.is_meta:
+                setattr(module, name, torch.nn.Parameter(torch.empty_like(param, device="cpu"),
+                                                         requires_grad=param.requires_grad))
+
+
 def full_state_dict(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Collective (every process calls it): the whole model's weights, complete on the main process (other
     processes may get an empty dict under FSDP)."""

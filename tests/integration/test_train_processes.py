@@ -13,8 +13,7 @@ import subprocess
 import pytest
 
 from tests.training_runs import (MUON_FLAGS, SFT_STEPS, STEPS, assert_same_model, launch_two_processes, pretrain_argv,
-                                 sft_argv,
-                                 train_losses, val_losses)
+                                 run_in_process, sft_argv, train_losses, val_losses)
 from trainer.run_dir import read_metrics
 
 
@@ -91,6 +90,19 @@ def test_fsdp2_sft_matches_one_process(train_data, reference_run, sft_reference_
     for record in diag:
         assert record["diag/grad_norm_global"] == pytest.approx(train[record["step"]]["grad_norm"], rel=1e-5)
         assert 0 < record["diag/update_ratio_global"] < 1
+
+
+def test_fsdp2_sft_that_adds_smeared_keys_matches_one_process(train_data, reference_run, tmp_path):
+    """SFT's default route from a plain pretrained model: the new key weights are missing from it on purpose, and
+    FSDP's memory-efficient loading leaves the second process's weights on the meta device (the finite-weights check
+    read them there: a RuntimeError traceback on one process, a lost peer on the other)."""
+    one, two = tmp_path / "one", tmp_path / "fsdp"
+    run_in_process("sft", sft_argv(train_data, reference_run, one, "--batch_size", "4", "--smeared_keys", "true"))
+    run = launch_two_processes("fsdp", "sft", sft_argv(train_data, reference_run, two, "--batch_size", "2",
+                                                       "--smeared_keys", "true"), tmp_path)
+    assert_finished_cleanly(run, "FSDP")
+    assert train_losses(two) == pytest.approx(train_losses(one), rel=1e-5)
+    assert_same_model(two, one)
 
 
 def test_fsdp2_with_muon_matches_one_process(train_data, muon_reference_run, tmp_path):

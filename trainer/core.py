@@ -211,6 +211,9 @@ def make_scheduler(optimizer: torch.optim.Optimizer, args: TrainArgs,
                            args.decay_fraction)
 
 
+OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no login
+
+
 class Trainer:
     """One training run. `run()` returns its summary; `TrainingDiverged` if the loss blows up."""
 
@@ -234,6 +237,8 @@ class Trainer:
         self.finished = self._finished_already()
         if self.finished is not None:  # nothing left to set up either: run() returns it
             return
+        if args.use_wandb:
+            self._check_wandb_login()
         # One --out_dir seen by every process, or one per machine (then each machine keeps a whole checkpoint).
         self.shared_storage = probe_storage(self.accelerator, self.out_dir,
                                             node_local_allowed=not state_is_sharded(self.accelerator))
@@ -330,6 +335,23 @@ class Trainer:
         if args.gradient_checkpointing:
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         return base
+
+    def _check_wandb_login(self) -> None:
+        """Where wandb logs online (WANDB_MODE unset or online) but has no API key and no terminal to ask for one, a
+        one-line refusal before any work: wandb.init raised it as a traceback after the data and the model, leaving
+        an empty --out_dir. Collective: the main process, the one that logs, decides."""
+        problem = ""
+        if self.is_main and os.environ.get("WANDB_MODE", "online") not in OFFLINE_WANDB_MODES:
+            import wandb
+            try:
+                wandb.login(verify=False)
+            except wandb.errors.UsageError:
+                problem = (f"--use_wandb: wandb has no API key here and no terminal to ask for one; run `wandb "
+                           f"login`, set WANDB_API_KEY, or set WANDB_MODE=offline to log to {self.out_dir}/wandb")
+        if self.world > 1:
+            problem = broadcast_object_list([problem])[0]
+        if problem:
+            raise ValueError(problem)
 
     def _start_wandb(self) -> None:
         """The wandb run (resumed under its id where the checkpoint records one), its config what this run resolved

@@ -5,6 +5,7 @@ processes (DDP, FSDP2): tests/integration/test_train_processes.py."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -267,6 +268,20 @@ def test_bad_flags_are_one_line_errors(argv, message, capsys):
 def test_what_the_run_cannot_start_with_is_refused_before_the_data(flags, message, train_data, tmp_path, capsys):
     error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "run", *flags), capsys)
     assert error == message and not (tmp_path / "run").exists()
+
+
+def test_use_wandb_without_a_key_or_a_terminal_is_one_line_before_the_data(train_data, tmp_path, monkeypatch,
+                                                                           capsys):
+    """wandb.init raised it as a traceback once the data was tokenized and the model built, leaving --out_dir."""
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # no terminal to ask on
+    error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "run", "--use_wandb"), capsys)
+    assert error == (f"error: --use_wandb: wandb has no API key here and no terminal to ask for one; run `wandb "
+                     f"login`, set WANDB_API_KEY, or set WANDB_MODE=offline to log to {tmp_path / 'run'}/wandb")
+    assert not (tmp_path / "run").exists()
 
 
 def test_scripts_run_from_repo_root_and_from_trainer_dir():

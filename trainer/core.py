@@ -54,11 +54,11 @@ from trainer.machine import compile_enabled, machine_line, resolve_dtype
 from trainer.objectives import CopySettings, EvalResult, LanguageModeling, LanguageModelingWithCopies, Objective
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
-from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
                              EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, OVERWRITE_FLAG, ROLLOUT_TASKS,
                              MERGED_DIR, RUN_ID_KEY, SUMMARY_FILE, WEIGHT_FILES, check_out_dir, code_version,
-                             is_adapter_dir, is_model_dir, list_checkpoints, load_input_model, report_error,
-                             resolve_path)
+                             create_command, is_adapter_dir, is_model_dir, list_checkpoints, load_input_model,
+                             report_error, resolve_path)
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -116,8 +116,8 @@ def _starting_weights(args: TrainArgs) -> Path:
                          f"plus the adapter's); {start}")
     if not is_model_dir(source):
         raise FileNotFoundError(f"--from_weight {source}: no model to start from there (config.json and "
-                                f"{' or '.join(WEIGHT_FILES)}); create it with `{CREATE_COMMANDS[source_task]}` (or "
-                                f"pass --from_weight DIR)")
+                                f"{' or '.join(WEIGHT_FILES)}); create it with `{create_command(source_task, source)}` "
+                                f"(or pass --from_weight DIR)")
     return source
 
 

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from dataset.atomic_io import first_line
 from model.model import shift_labels
 from trainer.evaluation import LMEval, evaluate_lm
-from trainer.run_dir import (CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, is_model_dir, load_input_model,
+from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, is_model_dir, load_input_model,
                              resolve_input_path, resolve_path)
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def teacher_model_dir(teacher: str | None) -> Path:
     teacher_dir = teacher_directory(teacher)
     if not is_model_dir(teacher_dir):
         raise FileNotFoundError(f"--teacher {teacher_dir}: no model there; create it with "
-                                f"`{CREATE_COMMANDS[DEFAULT_TEACHER]}` (or pass --teacher DIR)")
+                                f"`{create_command(DEFAULT_TEACHER, teacher_dir)}` (or pass --teacher DIR)")
     return teacher_dir
 
 

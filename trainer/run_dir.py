@@ -153,6 +153,11 @@ def default_out_dir(task: str) -> Path:
     return resolve_path(DEFAULT_OUT_DIRS[task])
 
 
+def create_command(task: str, path: Path) -> str:
+    """The command that writes `task`'s model to `path`: its trainer, with --out_dir unless that is its default."""
+    return CREATE_COMMANDS[task] + ("" if path == default_out_dir(task) else f" --out_dir {path}")
+
+
 def is_chat_task(task: str | None) -> bool:
     """Whether a run of `task` makes a chat model (ChatML prompts): every task but pretraining."""
     return task is not None and task != "pretrain"
@@ -392,7 +397,6 @@ def model_task(path: Path) -> str | None:
 def _missing(path: Path, task: str) -> ModelNotFound:
     if path.is_file():
         return ModelNotFound(f"{path} is a file, not a model folder (config.json and the weights)")
-    out_flag = "" if path in [default_out_dir(name) for name in TASKS] else f" --out_dir {path}"
     if checkpoints := list_checkpoints(path / CHECKPOINT_DIR):  # a run that stopped before it saved its model
         recorded = recorded_config(path).get("task")
         # --out_dir: the config records where the run was written, which a moved or copied run is no longer
@@ -402,7 +406,7 @@ def _missing(path: Path, task: str) -> ModelNotFound:
                   else "by running its command again with --resume auto")
         return ModelNotFound(f"no model at {path} yet: its run has not finished (newest checkpoint "
                              f"{checkpoints[-1].name}); if it is no longer training, finish it {finish}")
-    return ModelNotFound(f"no model at {path}; create it with `{CREATE_COMMANDS[task]}{out_flag}`")
+    return ModelNotFound(f"no model at {path}; create it with `{create_command(task, path)}`")
 
 
 def locate_model(model_path: str | Path | None = None) -> tuple[Path, str | None]:

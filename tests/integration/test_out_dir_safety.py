@@ -155,15 +155,18 @@ def test_fine_tuning_runs_refuse_to_replace_a_finished_run(task, train_data, tin
     assert [r["step"] for r in read_metrics(out_dir, "train")] == [1, 2]
 
 
-@pytest.mark.parametrize("task, flag, error_start", [
-    ("pretrain", "--data_path", "error: no such data file: {missing}"),
-    ("sft", "--from_weight", "error: --from_weight {missing}: no model to start from there"),
-    ("distill", "--teacher", "error: --teacher {missing}: no model there"),
-    ("grpo", "--reward_model", "error: --reward_model {missing}: no model there"),
+@pytest.mark.parametrize("task, flag, error_start, error_end", [
+    ("pretrain", "--data_path", "error: no such data file: {missing}", ""),
+    # the command named wrote out/pretrain (out/sft), not the folder the flag names
+    ("sft", "--from_weight", "error: --from_weight {missing}: no model to start from there",
+     "; create it with `python trainer/train_pretrain.py --out_dir {missing}` (or pass --from_weight DIR)"),
+    ("distill", "--teacher", "error: --teacher {missing}: no model there",
+     "; create it with `python trainer/train_full_sft.py --out_dir {missing}` (or pass --teacher DIR)"),
+    ("grpo", "--reward_model", "error: --reward_model {missing}: no model there", ""),
 ])
-def test_overwrite_with_a_bad_input_is_refused_and_leaves_the_old_run_whole(task, flag, error_start, finished,
-                                                                          train_data, tiny_models, tmp_path,
-                                                                          capsys):
+def test_overwrite_with_a_bad_input_is_refused_and_leaves_the_old_run_whole(task, flag, error_start, error_end,
+                                                                          finished, train_data, tiny_models,
+                                                                          tmp_path, capsys):
     """--overwrite removes the previous run's files only once the new run's inputs have all been checked: a
     mistyped path is a one-line error that changes nothing (it used to remove the old model first)."""
     missing = str(tmp_path / "missing")
@@ -177,6 +180,7 @@ def test_overwrite_with_a_bad_input_is_refused_and_leaves_the_old_run_whole(task
     argv += [flag, missing, "--overwrite"]
     error = refused_run(task, argv, capsys)
     assert error.startswith(error_start.format(missing=missing)), error
+    assert error.endswith(error_end.format(missing=missing)), error
     assert {p.relative_to(finished): p.read_bytes() for p in finished.rglob("*") if p.is_file()} == before
 
 

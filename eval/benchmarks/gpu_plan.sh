@@ -148,7 +148,7 @@ EOF"
         run real "$(limit real 540)" "$out/real.md" bash -c "
             $PY trainer/train_pretrain.py --preset minimind-26m --batch_size 32 --max_seq_len 512 --max_steps $steps \
                 --eval_interval 500 --save_interval 100000 --overwrite --out_dir out/gpu_pretrain &&
-            $PY trainer/train_full_sft.py --preset minimind-26m --from_weight out/gpu_pretrain --batch_size 32 \
+            $PY trainer/train_full_sft.py --from_weight out/gpu_pretrain --batch_size 32 \
                 --max_seq_len 512 --max_steps $(( steps / 3 )) --eval_interval 500 --save_interval 100000 \
                 --overwrite --out_dir out/gpu_sft &&
             for q in 'Who was Josip Broz Tito?' 'What is 66 times 81?' 'How many kilometers is 26 miles?' \

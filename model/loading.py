@@ -91,8 +91,8 @@ def check_finite(tensors: Any, where: str, error: type[ValueError] = ValueError)
     """An `error` naming the first tensor of `tensors` ((name, tensor) pairs) that holds a NaN or an infinity: such a
     weight makes every logit NaN, so chat, evaluation and a GGUF file would carry it on silently."""
     for name, tensor in tensors:
-        # A meta tensor holds no values: FSDP's memory-efficient loading fills the other processes' copies from the
-        # first process's, checked there.
+        # A meta tensor holds no values: under FSDP's memory-efficient loading, a weight the checkpoint lacks is one
+        # on every process but the first, which initialises it and broadcasts it.
         if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise error(f"{where}: its weight {name} holds {bad} NaN or infinite value"

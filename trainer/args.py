@@ -539,6 +539,13 @@ A_YEAR_S = 365 * 24 * 3600  # the longest time a duration flag takes
 WANDB_PROJECT_FORBIDDEN = frozenset("/\\#?%:")  # characters wandb refuses in a project name
 
 
+def given_preset(args: TrainArgs) -> str | None:
+    """--preset as a command asks for it: None where it is the task's default, which cannot be told from a --preset
+    given alike; a resume then takes the checkpoint's."""
+    default = TASK_DEFAULTS.get(args.task, {}).get("preset", _DEFAULTS["preset"])
+    return None if args.preset == default else args.preset
+
+
 def uses_lora(args: TrainArgs) -> bool:
     """Whether the run trains LoRA adapters: train_lora.py, or GRPO/PPO with --lora."""
     return args.task == "lora" or (args.lora and args.task in ("grpo", "ppo"))
@@ -741,8 +748,12 @@ def _recorded_run_flags(path: Path, recorded: dict[str, Any], task: str) -> dict
         raise ValueError(f"--config {path}: a {theirs} run's config (task: {theirs}); this is the {task} trainer: "
                          f"run it with `{CREATE_COMMANDS[theirs]} --config {path}`")
     keep_model = set(MODEL_FIELDS) if task == "pretrain" else set(settable_model_fields(task))
+    # A flag the trainer no longer has is left out too: a file written before --preset became pretraining's alone
+    # records it for every task (and --from_weight for pretraining), and the run it records is still this one.
+    flags = task_flags(task)
     return {key: value for key, value in recorded.items()
-            if key != "task" and key not in _RUN_START_KEYS and (key not in MODEL_FIELDS or key in keep_model)}
+            if key != "task" and key not in _RUN_START_KEYS
+            and (key in keep_model if key in MODEL_FIELDS else key in flags or key not in _DEFAULTS)}
 
 
 _NOUNS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean (true/false)"}

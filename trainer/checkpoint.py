@@ -35,11 +35,12 @@ from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
 from dataset.atomic_io import atomic_write_text, first_line, read_text_file
-from trainer.args import ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TASK_DEFAULTS, TrainArgs, uses_lora
+from trainer.args import ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset, uses_lora
 from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
-                             checkpoint_step, clear_previous_run, is_adapter_dir, is_model_dir, list_checkpoints,
-                             previous_run, read_summary, recorded_config, recorded_run_id, refuse_previous_run)
+                             checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_model_dir,
+                             list_checkpoints, previous_run, read_summary, recorded_config, recorded_run_id,
+                             refuse_previous_run)
 
 # The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
 # another is refused, in one line naming each such flag with both values (_keep_saved). The architecture fields a
@@ -332,6 +333,8 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
         return {}
     recorded = recorded_config(out_dir)
     asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **args.model}
+    if "preset" in asked:
+        asked["preset"] = given_preset(args)  # the default is no flag given: a finished cpu-deep run is this run
     differs = any(name not in _NOT_THE_RUN and value is not None and _comparable(recorded[name]) != _comparable(value)
                   for name, value in asked.items() if name in recorded)
     return {} if differs or not recorded else summary
@@ -383,9 +386,11 @@ def check_same_task(path: Path, state: dict[str, Any], args: TrainArgs) -> None:
     model (a LoRA run's adapters, an SFT run's full weights) are not this run's to continue."""
     saved = state.get("config", {}).get("task")
     if saved is not None and saved != args.task:
-        raise ValueError(f"--resume {path.name}: a {saved} run's checkpoint; this is the {args.task} trainer: resume "
-                         f"it with `{CREATE_COMMANDS.get(saved, saved)} --resume {path}`, or start this run without "
-                         f"--resume")
+        run = path.parent.parent  # RUN/checkpoints/step_N
+        go_on = (finish_command(saved, run) if saved in CREATE_COMMANDS and (run / CONFIG_FILE).is_file()
+                 else f"{CREATE_COMMANDS.get(saved, saved)} --resume {path}")
+        raise ValueError(f"--resume {path.name}: a {saved} run's checkpoint; this is the {args.task} trainer: go on "
+                         f"with that run with `{go_on}`, or start this run without --resume")
 
 
 def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs) -> None:
@@ -397,9 +402,9 @@ def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs)
     # args.model holds the flags the user gave only: a task's default (SFT's smeared keys) is applied under them
     # when the model is built (requested_model_fields), so the checkpoint's value wins over it.
     given = {name: args.model[name] for name in ARCHITECTURE_FIELDS if name in args.model}
-    # --preset names a shape too. Its default cannot be told from a --preset given alike: that one takes the
-    # checkpoint's (a bare resume of a minimind-26m run goes on as one, and says so); another is refused.
-    if args.task == "pretrain" and args.preset != TASK_DEFAULTS[args.task]["preset"]:
+    # --preset names a shape too: one given is compared; the default takes the checkpoint's (a bare resume of a
+    # minimind-26m run goes on as one)
+    if args.task == "pretrain" and given_preset(args) is not None:
         given["preset"] = args.preset
     changes = _changes(saved, given)
     if changes:

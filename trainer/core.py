@@ -348,6 +348,9 @@ class Trainer:
             except wandb.errors.UsageError:
                 problem = (f"--use_wandb: wandb has no API key here and no terminal to ask for one; run `wandb "
                            f"login`, set WANDB_API_KEY, or set WANDB_MODE=offline to log to {self.out_dir}/wandb")
+            except wandb.errors.Error as error:  # a malformed key (AuthenticationError), ...: still one line, and
+                # the other processes hear of it (they wait in the broadcast below)
+                problem = f"--use_wandb: {str(error).splitlines()[0]}; or set WANDB_MODE=offline"
         if self.world > 1:
             problem = broadcast_object_list([problem])[0]
         if problem:

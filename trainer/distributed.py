@@ -104,17 +104,17 @@ def check_optimizer_supported(accelerator: Accelerator, optimizer: str) -> None:
 
 
 def materialize_meta_parameters(model: torch.nn.Module) -> None:
-    """Give every parameter still on the meta device storage of its own (values unset).
+    """Give every parameter still on the meta device storage of its own (zeros).
 
-    Under FSDP's memory-efficient loading only the first process reads the weights; on the others transformers
-    leaves the weights a checkpoint lacks (the new ones of a switch the run turns on) on the meta device, and
-    Accelerate's FSDP2 preparation finds each optimizer parameter's shard by its data pointer, which is 0 for every
-    meta tensor: all of them were updated through one shard (SFT adding smeared keys trained layer 0's key weights
-    on the second process through layer 1's). The values do not matter: the first process's are broadcast."""
+    Under FSDP's memory-efficient loading transformers leaves, on every process but the first, the weights a
+    checkpoint lacks (the new ones of a switch the run turns on) on the meta device, uninitialised; Accelerate's
+    FSDP2 preparation then broadcasts the first process's values, but finds each optimizer parameter's shard by its
+    data pointer, which is 0 for every meta tensor: all of them were updated through one shard (SFT adding smeared
+    keys trained layer 0's key weights on the second process through layer 1's)."""
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
             if param.is_meta:
-                setattr(module, name, torch.nn.Parameter(torch.empty_like(param, device="cpu"),
+                setattr(module, name, torch.nn.Parameter(torch.zeros_like(param, device="cpu"),
                                                          requires_grad=param.requires_grad))
 
 

@@ -158,6 +158,13 @@ def create_command(task: str, path: Path) -> str:
     return CREATE_COMMANDS[task] + ("" if path == default_out_dir(task) else f" --out_dir {path}")
 
 
+def finish_command(task: str, run_dir: Path) -> str:
+    """The command that goes on with the stopped `task` run in `run_dir` from its newest checkpoint, with its own
+    flags (--out_dir: its train_config.yaml records where it was written, which a moved or copied run is no
+    longer)."""
+    return f"{CREATE_COMMANDS[task]} --config {run_dir / CONFIG_FILE} --out_dir {run_dir} --resume auto"
+
+
 def is_chat_task(task: str | None) -> bool:
     """Whether a run of `task` makes a chat model (ChatML prompts): every task but pretraining."""
     return task is not None and task != "pretrain"
@@ -280,7 +287,7 @@ def record_number(record: Mapping[str, Any], key: str, kind: type = float) -> An
     """record[key] as a `kind` (float or int), or a ValueError naming where the record is and the key."""
     try:
         return kind(record[key])
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int() of JSON's Infinity or 1e400
         raise ValueError(f"{record_where(record)}: {key} is {record[key]!r}, expected a number") from None
 
 
@@ -399,9 +406,7 @@ def _missing(path: Path, task: str) -> ModelNotFound:
         return ModelNotFound(f"{path} is a file, not a model folder (config.json and the weights)")
     if checkpoints := list_checkpoints(path / CHECKPOINT_DIR):  # a run that stopped before it saved its model
         recorded = recorded_config(path).get("task")
-        # --out_dir: the config records where the run was written, which a moved or copied run is no longer
-        finish = (f"with `{CREATE_COMMANDS[recorded]} --config {path / CONFIG_FILE} --out_dir {path} --resume auto` "
-                  f"(its own flags)"
+        finish = (f"with `{finish_command(recorded, path)}` (its own flags)"
                   if recorded in TASKS
                   else "by running its command again with --resume auto")
         return ModelNotFound(f"no model at {path} yet: its run has not finished (newest checkpoint "

@@ -270,17 +270,24 @@ def test_what_the_run_cannot_start_with_is_refused_before_the_data(flags, messag
     assert error == message and not (tmp_path / "run").exists()
 
 
-def test_use_wandb_without_a_key_or_a_terminal_is_one_line_before_the_data(train_data, tmp_path, monkeypatch,
-                                                                           capsys):
+@pytest.mark.parametrize("key, message", [
+    (None, "wandb has no API key here and no terminal to ask for one; run `wandb login`, set WANDB_API_KEY, or set "
+           "WANDB_MODE=offline to log to {run}/wandb"),
+    # wandb's AuthenticationError escaped on the main process while the others waited for its word
+    ("abc", "WANDB_API_KEY invalid: API key must have 40+ characters, has 3.; or set WANDB_MODE=offline"),
+])
+def test_use_wandb_without_a_key_or_a_terminal_is_one_line_before_the_data(key, message, train_data, tmp_path,
+                                                                           monkeypatch, capsys):
     """wandb.init raised it as a traceback once the data was tokenized and the model built, leaving --out_dir."""
     for name in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(name, raising=False)
+    if key is not None:
+        monkeypatch.setenv("WANDB_API_KEY", key)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # no terminal to ask on
     error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "run", "--use_wandb"), capsys)
-    assert error == (f"error: --use_wandb: wandb has no API key here and no terminal to ask for one; run `wandb "
-                     f"login`, set WANDB_API_KEY, or set WANDB_MODE=offline to log to {tmp_path / 'run'}/wandb")
+    assert error == "error: --use_wandb: " + message.format(run=tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
@@ -392,6 +399,18 @@ def test_resume_auto_leaves_a_finished_sft_run_as_it_is(train_data, reference_ru
     before = _files(finished)
     capsys.readouterr()
     run_in_process("sft", argv + ["--resume", "auto"])
+    assert "holds this run, finished" in capsys.readouterr().out
+    assert _files(finished) == before
+
+
+def test_resume_auto_leaves_a_finished_run_of_another_preset_as_it_is(train_data, tmp_path, capsys):
+    """The run's command without --preset (the default: the checkpoint's, as a resume of it takes): nothing to
+    train. The default preset was compared with the recorded one: the run was resumed and saved again."""
+    finished = tmp_path / "deep"
+    run_in_process("pretrain", pretrain_argv(train_data, finished, "--batch_size", "4", "--preset", "cpu-deep"))
+    before = _files(finished)
+    capsys.readouterr()
+    run_in_process("pretrain", pretrain_argv(train_data, finished, "--batch_size", "4", "--resume", "auto"))
     assert "holds this run, finished" in capsys.readouterr().out
     assert _files(finished) == before
 

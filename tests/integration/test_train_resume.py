@@ -178,9 +178,10 @@ def test_another_trainers_checkpoint_is_refused_naming_its_trainer(train_data, r
     checkpoint = reference_run / "checkpoints" / "step_00000003"
     argv = sft_argv(train_data, reference_run, tmp_path / "sft", "--resume", str(checkpoint))
     error = refused_run("sft", argv, capsys)
-    assert error == (f"error: --resume step_00000003: a pretrain run's checkpoint; this is the sft trainer: resume it "
-                     f"with `python trainer/train_pretrain.py --resume {checkpoint}`, or start this run without "
-                     f"--resume")
+    # the command named goes on in the run's own folder with its own flags (a bare --resume would write out/pretrain)
+    assert error == (f"error: --resume step_00000003: a pretrain run's checkpoint; this is the sft trainer: go on "
+                     f"with that run with `python trainer/train_pretrain.py --config {reference_run}/train_config.yaml "
+                     f"--out_dir {reference_run} --resume auto`, or start this run without --resume")
     assert not (tmp_path / "sft").exists()
 
 

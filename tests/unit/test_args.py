@@ -296,6 +296,21 @@ def test_every_committed_config_still_parses():
     assert variants
     for path in variants:
         parse_args("pretrain", ["--config", str(path)])
+    # runs' own train_config.yaml, written when every trainer recorded --preset and --from_weight: the way to
+    # finish a stopped run (README) takes them, less the flag the trainer no longer has
+    recorded = sorted((REPO / "eval/studies/results").rglob("train_config.yaml"))
+    assert recorded
+    for path in recorded:
+        parse_args("pretrain", ["--config", str(path)])
+
+
+def test_a_recorded_config_of_a_fine_tuning_run_from_before_preset_was_pretrainings_parses(tmp_path):
+    from trainer.args import parse_args
+
+    config = tmp_path / "train_config.yaml"
+    config.write_text("task: sft\nrun_id: 0123abcd\npreset: cpu-default\nfrom_weight: out/pretrain\nbatch_size: 3\n")
+    args = parse_args("sft", ["--config", str(config)])
+    assert (args.from_weight, args.batch_size) == ("out/pretrain", 3)
 
 
 def test_a_config_that_is_not_a_utf8_file_is_one_line(tmp_path, capsys):

@@ -42,6 +42,16 @@ from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: 
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 
+def api_key(text: str) -> str:
+    """--api_key's type: a key a client can send. An empty one was matched by a bare 'Bearer' header (no key at all,
+    and no warning on 0.0.0.0); one outside printable ASCII no client sends as it is (HTTP headers are latin-1, the
+    openai client refuses it)."""
+    if not text or not all("!" <= character <= "~" for character in text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a key a client can send; use printable ASCII characters, "
+                                         f"no spaces")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ToolParser(description="Serve a MiniNorm model: OpenAI's chat API and a chat page",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -49,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 listens on every interface")
     parser.add_argument("--port", type=int_within(0, 65535, "0: a free port, printed at start"), default=8000,
                         help="the port to listen on")
-    parser.add_argument("--api_key", default=None,
-                        help="require 'Authorization: Bearer KEY' on /v1/ and /tools requests")
+    parser.add_argument("--api_key", type=api_key, default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1/ and /tools requests (printable ASCII, no "
+                             "spaces)")
     parser.add_argument("--model_name", default=None, help="the model id clients see; default: the directory name")
     parser.add_argument("--mode", choices=("auto", "chat", "plain"), default="auto",
                         help="chat template or plain continuation of the last message; auto: chat for SFT models")

@@ -36,6 +36,10 @@ def prompt_ids(request: ChatRequest, served: ServedModel,
                             open_thinking=request.open_thinking() and forced is None).input_ids
         prefix = forced_call_prefix(served.tokenizer, forced)
     else:
+        if forced is not None:  # a plain continuation cannot be made to call: the demand was dropped silently
+            raise APIError(400, "tool_choice: this server continues plain text (--mode plain, or a pretrained "
+                                "model), which has no tool calls; use tool_choice 'auto' or 'none'",
+                           param="tool_choice")
         ids, prefix = encode_prompt(served.tokenizer, messages, use_template=False), []
     ids = ids + prefix
     if len(ids) >= served.max_context:

@@ -41,6 +41,9 @@ class ReplyReader:
         self.tokenizer, self.tool_names, self.prefix = tokenizer, list(tool_names), list(prefix)
         self.stop, self.parallel = tuple(s for s in stop if s), parallel_tool_calls
         self._ids: dict[int, str] = {}  # a call's id, by its place in the reply, the same in every chunk
+        # The imposed prefix as content shows it (a call the model then wrote badly): prompt, not generated text,
+        # which a stop string is not looked for in, as OpenAI's apply to generated text only.
+        self._prefix_text = parse_assistant_ids(tokenizer, self.prefix, self.tool_names).content if prefix else ""
 
     def fields(self, generated: Sequence[int]) -> tuple[str, str, list[dict]]:
         """content, reasoning_content and the calls ([{"name", "arguments": dict}]) of the whole reply."""
@@ -50,8 +53,9 @@ class ReplyReader:
         """fields() for the reply's ids, the imposed prefix included (`unfinished`: parse_assistant_ids's)."""
         reply = parse_assistant_ids(self.tokenizer, ids, self.tool_names, unfinished)
         content = reply.content
-        for stop in self.stop:
-            content = content.split(stop, 1)[0]
+        start = len(self._prefix_text) if self._prefix_text and content.startswith(self._prefix_text) else 0
+        cuts = [at for at in (content.find(stop, start) for stop in self.stop) if at >= 0]
+        content = content[:min(cuts)] if cuts else content
         calls = reply.tool_calls if self.parallel else reply.tool_calls[:1]
         return content, reply.reasoning_content, calls
 

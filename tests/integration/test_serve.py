@@ -327,6 +327,19 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(tiny_models, monkeypat
                                                "Address already in use")
 
 
+@pytest.mark.parametrize("key", ["", "two words", "s\u00e9cret"])
+def test_an_api_key_no_client_can_send_is_refused(key, capsys) -> None:
+    """An empty key was matched by a bare 'Bearer' header (and skipped the 0.0.0.0 warning); a key outside
+    printable ASCII no client sends as it is (the openai client refuses it, headers are read as latin-1)."""
+    from scripts.serve import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--api_key", key])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == (f"error: argument --api_key: {key!r} is not a key a client "
+                                                       f"can send; use printable ASCII characters, no spaces")
+
+
 def test_port_zero_listens_on_a_free_port_and_prints_it(tiny_models, monkeypatch, capsys) -> None:
     import uvicorn
 

@@ -336,3 +336,33 @@ def test_logprobs_cover_every_generated_token_of_a_call_or_a_thought(client, req
     assert [text.index(part) for part in parts] == sorted(text.index(part) for part in parts)
     chunks = [c for c in client.chat.completions.create(stream=True, **fields) if c.choices and c.choices[0].logprobs]
     assert [entry for chunk in chunks for entry in chunk.choices[0].logprobs.content] == content
+
+
+def test_a_stop_string_is_not_looked_for_in_the_imposed_call_prefix(tokenizer) -> None:
+    """tool_choice names wiki and stop is "name": the prefix `<tool_call>{"name": "wiki", "arguments":` is prompt,
+    not generated text (OpenAI's stop strings apply to generated text); a reply that writes its call badly kept
+    `<tool_call>{"` as its content, cut inside the prefix."""
+    from scripts.server.replies import ReplyReader, forced_call_prefix
+
+    prefix = forced_call_prefix(tokenizer, "wiki")
+    reader = ReplyReader(tokenizer, ["wiki"], prefix, stop=["name"])
+    content = reader.message(_ids(tokenizer, ' oops, a name', "<|im_end|>"))["content"]
+    assert content == '<tool_call>{"name": "wiki", "arguments": oops, a '
+    assert _joined_stream(ReplyReader(tokenizer, ["wiki"], prefix, stop=["name"]),
+                          _ids(tokenizer, ' oops, a name', "<|im_end|>"))["content"] == content
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "wiki"}}])
+def test_a_demanded_call_on_a_plain_continuation_is_refused(tokenizer, choice) -> None:
+    """--mode plain (or a pretrained model) has no calls: the demand was dropped and plain text answered."""
+    from types import SimpleNamespace
+
+    from scripts.server.completion import prompt_ids
+    from scripts.server.errors import APIError
+    from scripts.server.protocol import parse_chat_request
+
+    request = parse_chat_request(json.dumps({"messages": ASK, "tools": [WIKI], "tool_choice": choice}).encode())
+    served = SimpleNamespace(tokenizer=tokenizer, use_template=False, max_context=4096)
+    with pytest.raises(APIError) as error:
+        prompt_ids(request, served, request.offered_tools())
+    assert error.value.status == 400 and error.value.param == "tool_choice"

@@ -52,12 +52,23 @@ class ReplyReader:
     def read(self, ids: Sequence[int], unfinished: bool = False) -> tuple[str, str, list[dict]]:
         """fields() for the reply's ids, the imposed prefix included (`unfinished`: parse_assistant_ids's)."""
         reply = parse_assistant_ids(self.tokenizer, ids, self.tool_names, unfinished)
-        content = reply.content
+        content, cut = reply.content, self._stop_at(reply.content)
+        calls = reply.tool_calls if self.parallel else reply.tool_calls[:1]
+        return content if cut is None else content[:cut], reply.reasoning_content, calls
+
+    def _stop_at(self, content: str) -> int | None:
+        """Where the first stop string begins in the content (after the imposed prefix's text), or None."""
         start = len(self._prefix_text) if self._prefix_text and content.startswith(self._prefix_text) else 0
         cuts = [at for at in (content.find(stop, start) for stop in self.stop) if at >= 0]
-        content = content[:min(cuts)] if cuts else content
-        calls = reply.tool_calls if self.parallel else reply.tool_calls[:1]
-        return content, reply.reasoning_content, calls
+        return min(cuts) if cuts else None
+
+    def content_stopped(self, generated: Sequence[int]) -> bool:
+        """Whether the content of the reply so far holds a stop string: the generation ends there. A stop string
+        in a thought or inside a call is none (the engine, which sees text only, would end the reply in either)."""
+        if not self.stop:
+            return False
+        reply = parse_assistant_ids(self.tokenizer, self.prefix + list(generated), self.tool_names, unfinished=True)
+        return self._stop_at(reply.content) is not None
 
     def wire_calls(self, calls: list[dict]) -> list[dict[str, Any]]:
         """Calls in OpenAI's form: an id each (kept for the reply), arguments as a JSON string."""

@@ -366,3 +366,29 @@ def test_a_demanded_call_on_a_plain_continuation_is_refused(tokenizer, choice) -
     with pytest.raises(APIError) as error:
         prompt_ids(request, served, request.offered_tools())
     assert error.value.status == 400 and error.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize("request_fields, stop, expected", [
+    (CASES["thinking"], "me", {"reasoning_content": THOUGHT, "content": "Done.", "tool_calls": {}}),
+    (CASES["call"], "title", {"reasoning_content": "", "content": "",
+                              "tool_calls": {0: {"name": "wiki", "arguments": json.dumps(CALL["arguments"]),
+                                                 "id": None}}}),
+])
+def test_a_stop_string_in_a_thought_or_a_call_does_not_end_the_reply(client, request_fields, stop, expected) -> None:
+    """Stop strings are the content's: the engine looked for them in all the text, so 'me' ended the thought
+    mid-sentence (no answer) and 'title' broke the call into content."""
+    fields = dict(model="m", **request_fields, **GREEDY, stop=[stop])
+    response = client.chat.completions.create(**fields)
+    message, finish = streamed(client, **fields)
+    assert same_but_ids(whole(response.choices[0].message), expected), response.choices[0].message
+    assert same_but_ids(message, expected) and finish == response.choices[0].finish_reason != "length"
+
+
+def test_a_stop_string_in_the_content_still_ends_the_reply_there(client) -> None:
+    fields = dict(model="m", messages=tool_turn(), tools=TOOLS, **GREEDY, stop=[ANSWER[5:9]])
+    response = client.chat.completions.create(**fields)
+    message, finish = streamed(client, **fields)
+    assert response.choices[0].message.content == message["content"] == ANSWER[:5]
+    assert finish == response.choices[0].finish_reason == "stop"
+    assert response.usage.completion_tokens < client.chat.completions.create(
+        model="m", messages=tool_turn(), tools=TOOLS, **GREEDY).usage.completion_tokens  # generation ended there

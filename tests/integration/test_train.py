@@ -286,7 +286,12 @@ def test_use_wandb_without_a_key_or_a_terminal_is_one_line_before_the_data(key, 
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # no terminal to ask on
-    error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "run", "--use_wandb"), capsys)
+    import wandb
+
+    try:
+        error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "run", "--use_wandb"), capsys)
+    finally:  # wandb keeps the settings it read (mode online) for the process: a later test's offline run failed
+        wandb.teardown()
     assert error == "error: --use_wandb: " + message.format(run=tmp_path / "run")
     assert not (tmp_path / "run").exists()
 

@@ -156,7 +156,7 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
         chat = parse_chat_request(await read_body(request, max_body_bytes))
         tools = chat.offered_tools()
         ids, reader = prompt_ids(chat, served, tools)
-        settings = generation_settings(chat, served, len(ids), tools)
+        settings = generation_settings(chat, served, len(ids), tools, reader)
         refuse_when_busy(served, max_waiting)
         counters["requests"] += 1
         completion = Completion(served, ids, settings, reader)

@@ -11,8 +11,7 @@ from typing import Any
 from dataset.chat_format import encode_chatml, tool_call_span
 from dataset.tokenization import token_bytes
 from model.chat_session import encode_prompt
-from model.generation import (FINISH_CANCELLED, FINISH_ERROR, FINISH_STOP, NON_FINITE_SCORES, Generation,
-                              GenerationSettings)
+from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings
 from scripts.server.errors import APIError
 from scripts.server.protocol import ChatRequest, logprobs_body, token_logprob_body, usage_body
 from scripts.server.replies import ReplyReader, forced_call_prefix
@@ -54,11 +53,12 @@ def prompt_ids(request: ChatRequest, served: ServedModel,
     return ids, reader
 
 
-def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: int,
-                        tools: list[dict[str, Any]]) -> GenerationSettings:
+def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: int, tools: list[dict[str, Any]],
+                        reader: ReplyReader | None = None) -> GenerationSettings:
     """The request's sampling and limits; what it leaves out is eval/chat.py's default (the library's sampling,
     chat's frequency penalty, tool calls decoded greedily when `tools` are offered), and with no max_tokens the
-    answer may fill the context."""
+    answer may fill the context. With the chat template's `reader`, the stop strings are its content's: the engine
+    ends the reply at one there, not at one inside a thought or a call."""
     defaults = GenerationSettings()
     budget = served.max_context - prompt_len
     max_tokens = request.max_completion_tokens or request.max_tokens
@@ -79,8 +79,9 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
         presence_penalty=defaults.presence_penalty if request.presence_penalty is None else request.presence_penalty,
         frequency_penalty=(CHAT_FREQUENCY_PENALTY if request.frequency_penalty is None
                            else request.frequency_penalty),
-        # With the chat template the reply's reader looks for the stop strings, in the content only (Completion)
-        seed=request.seed, stop=() if served.use_template else tuple(stop), logprobs=request.logprob_count(),
+        # With the chat template the reply's reader looks for the stop strings, in the content only
+        seed=request.seed, stop=() if reader is not None else tuple(stop), logprobs=request.logprob_count(),
+        stop_when=reader.content_stopped if reader is not None and reader.stop else None,
         greedy_span=tool_call_span(served.tokenizer) if served.use_template and tools else None)
 
 
@@ -97,14 +98,9 @@ class Completion:
             loop.call_soon_threadsafe(self._events.put_nowait, (kind, value))
 
         def text(piece: str) -> None:  # with the number of ids generated when the piece came out
-            if submitted and reader is not None and not self.stopped and reader.content_stopped(
-                    submitted[0].token_ids):
-                self.stopped = True  # a stop string in the content: the engine ends the row after this token
-                submitted[0].cancel()
             send("text", (piece, len(submitted[0].token_ids) if submitted else 0))
 
         submitted: list[Generation] = []
-        self.stopped = False  # ended by a stop string in the content (the engine reports a cancel)
         self.prompt_tokens = len(ids)
         self.reader = reader  # None: plain continuation, the text is the reply
         self.tokenizer = served.tokenizer
@@ -142,10 +138,7 @@ class Completion:
     def finish_reason(self) -> str | None:
         if self.reader is None:
             return self.generation.finish_reason
-        reason = self.generation.finish_reason
-        if self.stopped and reason == FINISH_CANCELLED:
-            reason = FINISH_STOP
-        return self.reader.finish_reason(self.generation.token_ids, reason)
+        return self.reader.finish_reason(self.generation.token_ids, self.generation.finish_reason)
 
     def logprobs(self, start: int = 0, end: int | None = None) -> dict[str, Any] | None:
         """The choice's "logprobs" for generated tokens [start, end) (all by default): one entry per token, in

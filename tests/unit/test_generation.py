@@ -320,6 +320,23 @@ def test_the_context_limit_ends_a_generation(pretrained) -> None:
     assert len(ids) + len(generation.token_ids) == model.config.max_position_embeddings
 
 
+def test_stop_when_ends_a_generation_where_it_says_and_sees_each_prefix(pretrained) -> None:
+    """GenerationSettings.stop_when: the server's stop strings of a reply's content (a thought's or a call's text
+    holds none); the generation ends as at a stop string, right after the token it fires on."""
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER])
+    seen: list[list[int]] = []
+
+    def after_four(ids: list[int]) -> bool:
+        seen.append(list(ids))
+        return len(ids) >= 4
+
+    generation = engine.generate(plain_ids(tokenizer, "The history of"),
+                                 GenerationSettings(max_new_tokens=50, temperature=0.0, stop_when=after_four))
+    assert generation.finish_reason == FINISH_STOP and len(generation.token_ids) == 4
+    assert seen[-1] == generation.token_ids and all(ids == generation.token_ids[:len(ids)] for ids in seen)
+
+
 # ------------------------------------------------------------------------------------------------ TextStream
 TEXTS = ("Hello, world! 你好，世界。 Emoji 🤖🎉👨‍👩‍👧 done.", "The end. STOP here", "a\n\nb  c")
 

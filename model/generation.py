@@ -69,10 +69,10 @@ class GenerationSettings:
     # None: no log-probabilities; n: each generated token's log-probability and the n most likely tokens of the step
     # (Generation.logprobs)
     logprobs: int | None = None
-    # Called with the ids generated so far after each token whose text came out: True ends the generation there
-    # (FINISH_STOP), as a stop string does. For stop strings that only part of the text may hold (a chat reply's
-    # content, not its thoughts or calls), which the text-only `stop` cannot tell apart.
-    stop_when: Callable[[list[int]], bool] | None = None
+    # Called with the ids generated so far and their text (control tokens skipped) after each token whose text came
+    # out: True ends the generation there (FINISH_STOP), as a stop string does. For stop strings that only part of
+    # the text may hold (a chat reply's content, not its thoughts or calls), which the text-only `stop` cannot tell.
+    stop_when: Callable[[list[int], str], bool] | None = None
 
     def processors(self) -> list[LogitsProcessor]:
         """transformers' processors for these settings, in generate()'s order (penalty, temperature, top-k,
@@ -548,7 +548,7 @@ class GenerationEngine:
         piece = row.text.push(token)
         self._notify(generation, generation.on_text, piece)
         if row.text.stopped or (piece and generation.settings.stop_when is not None
-                                and generation.settings.stop_when(generation.token_ids)):
+                                and generation.settings.stop_when(generation.token_ids, row.text.text)):
             self._finish(generation, FINISH_STOP, row)
         elif len(generation.token_ids) >= generation.settings.max_new_tokens or row.position + 1 >= self.max_context:
             self._finish(generation, FINISH_LENGTH, row)

@@ -62,10 +62,12 @@ class ReplyReader:
         cuts = [at for at in (content.find(stop, start) for stop in self.stop) if at >= 0]
         return min(cuts) if cuts else None
 
-    def content_stopped(self, generated: Sequence[int]) -> bool:
-        """Whether the content of the reply so far holds a stop string: the generation ends there. A stop string
-        in a thought or inside a call is none (the engine, which sees text only, would end the reply in either)."""
-        if not self.stop:
+    def content_stopped(self, generated: Sequence[int], text: str) -> bool:
+        """Whether the content of the reply so far (`generated`, whose text is `text`) holds a stop string: the
+        generation ends there. A stop string in a thought or inside a call is none (the engine, which sees text only,
+        would end the reply in either). The reply is parsed only once the text holds one: the engine asks after each
+        token, and a parse costs the reply's length (one joined across a call's span is still cut by read())."""
+        if not any(stop in text for stop in self.stop):
             return False
         reply = parse_assistant_ids(self.tokenizer, self.prefix + list(generated), self.tool_names, unfinished=True)
         return self._stop_at(reply.content) is not None

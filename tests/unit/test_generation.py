@@ -327,7 +327,8 @@ def test_stop_when_ends_a_generation_where_it_says_and_sees_each_prefix(pretrain
     engine = GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER])
     seen: list[list[int]] = []
 
-    def after_four(ids: list[int]) -> bool:
+    def after_four(ids: list[int], text: str) -> bool:
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
         seen.append(list(ids))
         return len(ids) >= 4
 

@@ -539,11 +539,15 @@ A_YEAR_S = 365 * 24 * 3600  # the longest time a duration flag takes
 WANDB_PROJECT_FORBIDDEN = frozenset("/\\#?%:")  # characters wandb refuses in a project name
 
 
+def task_default(task: str, name: str) -> Any:
+    """Flag `name`'s default in `task`'s trainer: its TASK_DEFAULTS entry, else TrainArgs'."""
+    return TASK_DEFAULTS.get(task, {}).get(name, _DEFAULTS[name])
+
+
 def given_preset(args: TrainArgs) -> str | None:
     """--preset as a command asks for it: None where it is the task's default, which cannot be told from a --preset
     given alike; a resume then takes the checkpoint's."""
-    default = TASK_DEFAULTS.get(args.task, {}).get("preset", _DEFAULTS["preset"])
-    return None if args.preset == default else args.preset
+    return None if args.preset == task_default(args.task, "preset") else args.preset
 
 
 def uses_lora(args: TrainArgs) -> bool:
@@ -619,7 +623,8 @@ def _validate(args: TrainArgs) -> None:
     if not 0 < args.val_fraction < 1:
         raise bad("val_fraction", args.val_fraction, "it must be in (0, 1)")
     if args.task in ROLLOUT_GROUPS and not args.lora:  # the adapter flags shape adapters only --lora trains
-        unused = [name for name in POLICY_LORA_FLAGS if name != "lora" and getattr(args, name) != _DEFAULTS[name]]
+        unused = [name for name in POLICY_LORA_FLAGS
+                  if name != "lora" and getattr(args, name) != task_default(args.task, name)]
         if unused:
             raise bad(unused[0], getattr(args, unused[0]), "it shapes the LoRA adapters: give --lora with it, or "
                                                            "leave it out")

@@ -404,7 +404,7 @@ def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs)
     given = {name: args.model[name] for name in ARCHITECTURE_FIELDS if name in args.model}
     # --preset names a shape too: one given is compared; the default takes the checkpoint's (a bare resume of a
     # minimind-26m run goes on as one)
-    if args.task == "pretrain" and given_preset(args) is not None:
+    if given_preset(args) is not None:  # only pretraining has the flag
         given["preset"] = args.preset
     changes = _changes(saved, given)
     if changes:

@@ -391,6 +391,9 @@ class TrainArgs:
                                                 f"fine-tuning takes the shape of --from_weight)")
     # MiniNormConfig overrides given as flags or YAML (not the task's defaults: requested_model_fields)
     model: dict[str, Any] = field(default_factory=dict)
+    # Not a flag: the flags the command line or its --config gave (parse_args), so that a value typed equal to its
+    # default can be told from none (a resume compares a typed --preset with the checkpoint's).
+    given: frozenset[str] = field(default=frozenset(), compare=False)
 
     def resolved_out_dir(self) -> Path:
         return resolve_path(self.out_dir or DEFAULT_OUT_DIRS[self.task])
@@ -492,7 +495,7 @@ class _Repeated(argparse.Action):
     """A repeatable flag: its values in order; the first use on the command line replaces the default."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        current = getattr(namespace, self.dest)
+        current = getattr(namespace, self.dest, None)  # None: parsed with defaults suppressed (_typed_flags)
         setattr(namespace, self.dest, [*(current if current is not self.default and current else []), values])
 
 
@@ -522,7 +525,7 @@ def task_flags(task: str) -> set[str]:
     """The TrainArgs fields that are flags of `task`'s trainer: the shared ones and its own."""
     others = {name for owner, names in TASK_FLAGS.items() if owner != task for name in names}
     others -= set(TASK_FLAGS.get(task, ()))  # a flag this task shares with another
-    return {f.name for f in dataclasses.fields(TrainArgs)} - {"task", "model"} - others
+    return {f.name for f in dataclasses.fields(TrainArgs)} - _NOT_FLAGS - others
 
 
 def resolve_copy_rows(args: TrainArgs, added_switches: Sequence[str]) -> int:
@@ -534,6 +537,7 @@ def resolve_copy_rows(args: TrainArgs, added_switches: Sequence[str]) -> int:
     return COPY_ROWS_TO_LEARN if "smeared_keys" in added_switches else 0
 
 
+_NOT_FLAGS = frozenset({"task", "model", "given"})  # TrainArgs' fields that no command line sets
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainArgs)}
 A_YEAR_S = 365 * 24 * 3600  # the longest time a duration flag takes
 WANDB_PROJECT_FORBIDDEN = frozenset("/\\#?%:")  # characters wandb refuses in a project name
@@ -545,9 +549,10 @@ def task_default(task: str, name: str) -> Any:
 
 
 def given_preset(args: TrainArgs) -> str | None:
-    """--preset as a command asks for it: None where it is the task's default, which cannot be told from a --preset
-    given alike; a resume then takes the checkpoint's."""
-    return None if args.preset == task_default(args.task, "preset") else args.preset
+    """--preset as a command asks for it: None where the command leaves it out (a resume then takes the
+    checkpoint's); TrainArgs made in code give it by a value other than the task's default."""
+    asked = "preset" in args.given or args.preset != task_default(args.task, "preset")
+    return args.preset if asked else None
 
 
 def uses_lora(args: TrainArgs) -> bool:
@@ -837,23 +842,34 @@ def check_args(task: str, argv: Sequence[str]) -> TrainArgs:
 
 def _parse(task: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> TrainArgs:
     pre, _ = parser.parse_known_args(argv)
-    if pre.config:
-        parser.set_defaults(**load_yaml_config(pre.config, task, parser))
+    from_config = load_yaml_config(pre.config, task, parser) if pre.config else {}
+    parser.set_defaults(**from_config)
     namespace = vars(parser.parse_args(argv))
     namespace.pop("config")
     model = _model_overrides(namespace)
     for name in MODEL_FIELDS:
         namespace.pop(name)
-    args = TrainArgs(task=task, model=model, **namespace)
+    given = frozenset(from_config) | _typed_flags(task, argv)
+    args = TrainArgs(task=task, model=model, given=given, **namespace)
     _validate(args)
     build_model_config(args)  # fail fast on model-field errors, before any data work
     return args
 
 
+def _typed_flags(task: str, argv: Sequence[str] | None) -> frozenset[str]:
+    """The flags `argv` (the command line if None) gives, whatever their values: the trainer's parser with every
+    default suppressed, so that only what was typed lands in the namespace."""
+    parser = _build_parser(task)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    typed, _ = parser.parse_known_args(argv)
+    return frozenset(vars(typed)) - {"config"}
+
+
 def args_from_run_config(config: dict[str, Any]) -> TrainArgs:
     """The TrainArgs a run directory's train_config.yaml records (the trainer's effective config, with the model
     fields flat beside the flags), e.g. to rebuild a finished run's data exactly."""
-    names = {f.name for f in dataclasses.fields(TrainArgs)} - {"model"}
+    names = {f.name for f in dataclasses.fields(TrainArgs)} - {"model", "given"}
     unknown = sorted(set(config) - names - set(MODEL_FIELDS) - {RUN_ID_KEY})
     if unknown:
         raise ValueError(f"run config: unknown key {unknown[0]!r}; expected the trainer's flags")

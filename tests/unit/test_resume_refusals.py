@@ -161,6 +161,24 @@ def test_an_architecture_flag_that_differs_from_the_checkpoint_is_refused(flags,
                                   f"weights have that architecture (resume without those flags, or start a new run)")
 
 
+@pytest.mark.parametrize("given", [["--preset", "cpu-wide"], ["--preset=cpu-wide"], ["--config", "CONFIG"]])
+def test_a_preset_typed_equal_to_the_default_is_compared_with_the_checkpoints(given, tmp_path):
+    """`--preset cpu-wide` (the default) typed on a resume of a minimind-26m run went on as minimind-26m without a
+    word, while any other preset typed was refused: a typed flag could not be told from the default."""
+    from trainer.checkpoint import adopt_saved_architecture
+
+    config = tmp_path / "run.yaml"
+    config.write_text("preset: cpu-wide\n")
+    saved = {"config": {"preset": "minimind-26m", "hidden_size": 512}}
+    with pytest.raises(ValueError) as refused:
+        adopt_saved_architecture(CHECKPOINT, saved, parse_args("pretrain", [str(config) if a == "CONFIG" else a
+                                                                            for a in given]))
+    assert "--preset was minimind-26m there and is cpu-wide now" in str(refused.value)
+    bare = parse_args("pretrain", ["--learning_rate", "1e-3"])
+    adopt_saved_architecture(CHECKPOINT, saved, bare)
+    assert bare.preset == "minimind-26m"
+
+
 def test_a_resumed_sft_run_keeps_the_smeared_keys_it_was_started_with():
     """SFT turns smeared keys on unless told otherwise: a run started with --smeared_keys false resumes without
     them (the task's default is not a flag the user gave)."""

@@ -36,7 +36,7 @@ import re  # noqa: E402
 from collections import Counter  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.cli import ToolParser, int_within, output_file, run_main  # noqa: E402
+from trainer.cli import ToolParser, boolean, int_within, output_file, run_main  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
                              locate_tool_model, model_task, recorded_config, report_error, resolve_input_path,
@@ -121,13 +121,15 @@ def _eval_loader(dataset, batch_size: int, accelerator):
 def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] | None = None,
                        max_seq_len: int = 256, batch_size: int = 16, max_batches: int = 0, device: str = "auto",
                        with_samples: bool = False, lora: str | Path | None = None,
-                       rope_scaling_factor: float | None = None) -> dict[str, Any]:
+                       rope_scaling_factor: float | None = None,
+                       control_tokens: bool | None = None) -> dict[str, Any]:
     """Loss/perplexity/bits-per-byte of a model directory (with the LoRA adapter `lora` merged in, when given) on
     each dataset (default: both held-out splits).
 
     Returns {"model_path", "lora", "task", "max_seq_len", "results": {name: {path, kind, loss, perplexity,
     bits_per_byte, tokens, bytes}}}, plus "samples" ([{prompt, answer}], see sample_answers) when
-    with_samples. max_batches=0 evaluates every batch.
+    with_samples. max_batches=0 evaluates every batch. control_tokens: whether control-token strings in text files
+    are read as the control tokens; None: as the run that wrote the model directory read its text.
     """
     import torch
     from accelerate import Accelerator
@@ -145,8 +147,8 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
     token_bytes = token_byte_lengths(tokenizer)
     results: dict[str, dict[str, Any]] = {}
-    # Text read as the model's pretraining read it (trainer --control_tokens_in_text, recorded with the run).
-    control_tokens = recorded_config(path).get("control_tokens_in_text") is True
+    if control_tokens is None:  # as the run read its text (trainer --control_tokens_in_text, recorded with it)
+        control_tokens = recorded_config(path).get("control_tokens_in_text") is True
     for name, data_path in datasets:
         kind = detect_kind(data_path)
         options = {"control_tokens": control_tokens} if kind == "pretrain" else {}
@@ -222,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no_samples", action="store_true", help="skip the fixed prompts' greedy answers")
     parser.add_argument("--device", type=device_type(indexed=False), default="auto",
                         help="auto (a GPU if there is one, placed by Accelerate) or cpu")
+    parser.add_argument("--control_tokens_in_text", type=boolean, nargs="?", const=True, default=None,
+                        metavar="BOOL", help="read control-token strings in text files (<|im_start|>, ...) as the "
+                        "control tokens (default: as the run that wrote the model read its text: a pretraining or "
+                        "distillation run's flag; a fine-tuned model's text is text)")
     add_rope_scaling_flag(parser)
     add_threads_flag(parser)
     args = parser.parse_args(argv)
@@ -230,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         path, adapter = locate_tool_model(args)
         report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
                                     args.device, with_samples=not args.no_samples, lora=adapter,
-                                    rope_scaling_factor=args.rope_scaling_factor)
+                                    rope_scaling_factor=args.rope_scaling_factor,
+                                    control_tokens=args.control_tokens_in_text)
     except (ModelNotFound, FileNotFoundError, ValueError) as error:
         return report_error(error)
     adapter = f" + LoRA {report['lora']}" if report["lora"] else ""

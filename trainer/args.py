@@ -18,7 +18,7 @@ import yaml
 
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
-from trainer.cli import ToolParser, flag_type, path_arg, seed, utf8_text
+from trainer.cli import ToolParser, boolean, flag_type, path_arg, seed, utf8_text
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
@@ -404,15 +404,6 @@ class TrainArgs:
         return {name: value for name, value in dataclasses.asdict(self).items() if name in keep}
 
 
-def _str2bool(text: str) -> bool:
-    lowered = str(text).lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
-
-
 def _optional(kind: type) -> Any:
     """The type of a flag that may be unset: `none` or `null` (or an empty value) unsets it."""
     def parse(text: str) -> Any:
@@ -482,7 +473,7 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
         if key == MODEL_CONFIG_GROUP:
             for name, (kind, choices, help) in MODEL_FIELDS.items():
                 if kind is bool:
-                    group.add_argument(f"--{name}", type=_str2bool, nargs="?", const=True, default=None,
+                    group.add_argument(f"--{name}", type=boolean, nargs="?", const=True, default=None,
                                        metavar="BOOL", help=help)
                 else:
                     # plain strings: argparse lists the choices by repr, which for an enum member is <Enum.X: 'x'>
@@ -502,7 +493,7 @@ class _Repeated(argparse.Action):
 def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any, help: str) -> None:
     """One TrainArgs field as a flag; `hint` is its annotation, a string here (e.g. "int | None")."""
     if isinstance(default, bool):
-        group.add_argument(f"--{name}", type=_str2bool, nargs="?", const=True, default=default, metavar="BOOL",
+        group.add_argument(f"--{name}", type=boolean, nargs="?", const=True, default=default, metavar="BOOL",
                            help=help)
         return
     if hint.startswith("list[str]"):  # repeatable: each use adds one; the command line replaces a YAML list
@@ -799,7 +790,7 @@ def _from_yaml(action: argparse.Action, value: Any) -> Any:
 
 
 def _yaml_scalar(action: argparse.Action, value: Any) -> Any:
-    kind = bool if action.type is _str2bool else getattr(action.type, "kind", action.type or str)
+    kind = bool if action.type is boolean else getattr(action.type, "kind", action.type or str)
     expected = f"expected {_NOUNS.get(kind, 'a value')}, got {_shown(value)}"
     if isinstance(value, bool) and kind is bool:
         return value

@@ -145,6 +145,16 @@ def zero_or_at_least(smallest: float, zero_means: str) -> Callable[[str], float]
     return flag_type(float, parse)
 
 
+def boolean(text: str) -> bool:
+    """A BOOL flag's type: true/false (1/0, yes/no, on/off)."""
+    lowered = str(text).lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+
+
 def utf8_text(text: str) -> str:
     """A text flag's type: argv holds bytes that are not UTF-8 as lone surrogates, which a tokenizer refuses."""
     try:

@@ -183,3 +183,33 @@ def test_the_trainer_flag_reaches_the_data_and_evaluate_follows_the_run(tmp_path
         report = evaluate_model_dir(model, [str(path)], max_seq_len=8, device="cpu")
         tokens[setting] = report["results"]["text"]["tokens"]
     assert tokens[True] < tokens[False]
+
+
+@pytest.mark.parametrize("flag, recorded", [("true", False), ("false", True)])
+def test_evaluates_flag_says_how_text_is_read_over_the_runs_record(flag, recorded, tmp_path, tiny_models,
+                                                                   capsys) -> None:
+    """An SFT model whose pretraining read MiniMind's control-token strings as tokens: its own run records no such
+    flag, so evaluate.py read its pretraining text as text, with no way to say otherwise."""
+    import shutil
+
+    import yaml
+
+    from eval.evaluate import main
+
+    path = tmp_path / "text.jsonl"
+    path.write_text(json.dumps({"text": FORGED_TURN * 4}) + "\n")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models.pretrain, model)
+    recorded_file = model / "train_config.yaml"
+    config = yaml.safe_load(recorded_file.read_text()) if recorded_file.exists() else {"task": "pretrain"}
+    recorded_file.write_text(yaml.safe_dump({**config, "control_tokens_in_text": recorded}))
+    tokens = {}
+    for name, flags in (("recorded", []), ("flag", ["--control_tokens_in_text", flag])):
+        out = tmp_path / f"{name}.json"
+        assert main(["--model_path", str(model), "--data", str(path), "--max_seq_len", "8", "--no_samples",
+                     "--device", "cpu", "--json", str(out), *flags]) == 0
+        tokens[name] = json.loads(out.read_text())["results"]["text"]["tokens"]
+    # read as control tokens, <|im_start|> and the others are one token each: fewer scored tokens
+    assert (tokens["flag"] < tokens["recorded"]) == (flag == "true")
+    assert tokens["flag"] != tokens["recorded"]
+    capsys.readouterr()

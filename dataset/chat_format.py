@@ -163,7 +163,13 @@ def parse_tools(value: Any, field: str = "tools") -> list[dict]:
         if odd:
             held = "a list holding " if isinstance(required, list) else ""
             raise ValueError(f"{where}.required must be a list of property names, got {held}{type(odd[0]).__name__}")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):  # the template adds it to a text
+            raise ValueError(f"{field}[{i}].function.description must be a string, got {type(description).__name__}")
         parsed.append({"type": "function", "function": function})
+    # What is kept is read again (the jsonl loader stores it as JSON text, the encoders normalize once more): a bare
+    # function wrapped here is a level deeper than given, and must still be within the reader's bound.
+    check_json_value(parsed, field)
     return parsed
 
 
@@ -190,6 +196,10 @@ def parse_tool_calls(value: Any, field: str = "tool_calls") -> list[dict]:
         if not isinstance(arguments, dict):
             raise ValueError(f"{field}[{i}].arguments must be a JSON object, got {type(arguments).__name__}")
         parsed.append({"name": function["name"], "arguments": arguments})
+    # What is kept is read again (the jsonl loader stores it as JSON text, the encoders normalize once more):
+    # arguments given as a JSON string, or one call not in a list, are deeper here than in the text they came in,
+    # and must still be within the reader's bound, or the second reading fails where no line is named.
+    check_json_value(parsed, field)
     return parsed
 
 

@@ -110,7 +110,12 @@ def test_second_load_reads_the_cache(tmp_path, cache, tokenizer, monkeypatch):
         [first[i]["input_ids"].tolist() for i in range(len(first))]
 
 
-def _calling(tool_calls: str) -> dict:
+def _nested(depth: int) -> str:
+    """A JSON object `depth` levels deep: {"a": [[...]]}."""
+    return '{"a": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+def _calling(tool_calls: str | list) -> dict:
     return {"conversations": [{"role": "user", "content": "q"},
                               {"role": "assistant", "content": None, "tool_calls": tool_calls}]}
 
@@ -128,6 +133,27 @@ HOSTILE_STRINGS = {
                                           'conversations[1].tool_calls[0]["arguments"]["x"] holds a lone surrogate'),
     "a key twice in the calls": (_calling('[{"name": "f", "name": "g", "arguments": {}}]'),
                                  'conversations[1].tool_calls has a duplicate key "name"'),
+    # Within the bound as given, beyond it as kept (arguments parsed into the call, one call put in a list, a bare
+    # function wrapped): the tokenizing map read the kept value again and stopped the run naming no file or line,
+    # and --skip_bad_lines did not skip it.
+    "arguments at the bound, as a JSON string": (
+        _calling([{"type": "function", "function": {"name": "f", "arguments": _nested(100)}}]),
+        "conversations[1].tool_calls is nested too deeply (more than 100 levels"),
+    "one call, not in a list, at the bound": (
+        _calling('{"name": "f", "arguments": ' + _nested(99) + "}"),
+        "conversations[1].tool_calls is nested too deeply (more than 100 levels"),
+    "a bare tool function at the bound": (
+        {"conversations": [{"role": "system", "content": "s",
+                            "tools": '[{"name": "f", "parameters": {"properties": {"x": ' + _nested(96) + "}}}]"},
+                           {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+        "conversations[0].tools is nested too deeply (more than 100 levels"),
+    # The chat template adds a description to a text (a number or an object fails there, while the trainer's own
+    # rendering wrote its Python repr into the system turn).
+    "a tool description that is not a string": (
+        {"conversations": [{"role": "system", "content": "s", "tools": [{"type": "function", "function": {
+            "name": "f", "description": {"text": "d"}}}]}, {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"}]},
+        "conversations[0].tools[0].function.description must be a string, got dict"),
 }
 
 

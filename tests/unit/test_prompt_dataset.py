@@ -104,6 +104,11 @@ def test_a_field_named_like_a_reward_argument_is_refused_before_training(name, t
     ({"role": "user", "content": ["a"]}, 'messages[1] has no "content" string'),
     ({"role": "user"}, 'messages[1] has no "content" string'),
     ("hi", "messages[1] is not an object"),
+    # Arguments within the bound as their own text are deeper inside the call: the encoder, which reads the calls
+    # again, refused them after every line had passed, naming no file or line.
+    ({"role": "assistant", "content": None,
+      "tool_calls": [{"function": {"name": "f", "arguments": '{"a": ' + "[" * 99 + "]" * 99 + "}"}}]},
+     "messages[1].tool_calls is nested too deeply (more than 100 levels"),
 ])
 def test_a_malformed_prompt_message_is_refused_naming_its_field(message, reason, tokenizer, tmp_path):
     row = {"messages": [{"role": "user", "content": "q"}, message, {"role": "user", "content": "q2"}], "answer": 1}

@@ -5,7 +5,8 @@ final assistant answer (dataset.jsonl checks it, naming the file and line of a b
 encoded by ``dataset.chat_format.encode_chatml_batch`` (text stays text), and labels follow the SFT rule
 (``dataset.sft_dataset.assistant_labels``) restricted to the final answer: its content and its closing
 ``<|im_end|>``. DPO compares the log-probabilities of exactly these tokens. Rows are cut to ``max_seq_len`` (the
-start is kept); a pair whose chosen or rejected answer is cut away entirely is dropped and counted.
+start is kept); a pair whose chosen or rejected answer is cut away entirely, or whose two rows are the same once
+cut (answers that differ only past ``max_seq_len``), is dropped and counted.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def _encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerBase, max_seq_len: 
         labels = {side: side_labels[:max_seq_len] for side, side_labels in all_labels.items()}
         if not all(supervised_count(side_labels) for side_labels in labels.values()):
             continue  # an answer cut away entirely: nothing to compare; dropped, and counted by the caller
+        if chosen.input_ids[:max_seq_len] == rejected.input_ids[:max_seq_len]:
+            # Answers that differ only past the cut: the two rows are one, the pair prefers nothing (loss log 2,
+            # no gradient, as a pair with the same answer, which the line check refuses); dropped and counted.
+            continue
         for side, encoding in zip(SIDES, (chosen, rejected)):
             out[f"{side}_input_ids"].append(encoding.input_ids[:max_seq_len])
             out[f"{side}_labels"].append(labels[side])

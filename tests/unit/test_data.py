@@ -166,6 +166,26 @@ def test_dpo_stats_count_the_supervised_tokens_cut_from_both_answers(tmp_path, c
     assert set(ds[0]) == {"input_ids", "labels", "rejected_input_ids", "rejected_labels"}
 
 
+def test_dpo_drops_a_pair_whose_answers_differ_only_past_the_cut(tmp_path, cache, tokenizer):
+    """Two answers that differ only after max_seq_len give two equal rows: a pair that prefers nothing (loss log 2,
+    no gradient), which the line check refuses when the answers are equal; it was kept and trained on."""
+    from dataset.dpo_dataset import DPODataset
+
+    prompt = [{"role": "user", "content": "Name a colour."}]
+    same = "Blue, the colour of a clear sky at noon, and of the sea. "
+    pairs = [{"chosen": [*prompt, {"role": "assistant", "content": same + "Yes."}],
+              "rejected": [*prompt, {"role": "assistant", "content": same + "No."}]},
+             {"chosen": [*prompt, {"role": "assistant", "content": "Red."}],
+              "rejected": [*prompt, {"role": "assistant", "content": "Seven."}]}]
+    ids, labels = expected_tokens(tokenizer, pairs[0]["chosen"])
+    cut = next(i for i, lab in enumerate(labels) if lab != IGNORE_INDEX) + 8  # 8 tokens of the same start
+    assert cut < len(ids) and cut > len(expected_tokens(tokenizer, pairs[1]["rejected"])[0])
+    path = write_jsonl(tmp_path / "p.jsonl", pairs)
+    ds = DPODataset(path, tokenizer, max_seq_len=cut, cache_dir=cache)
+    assert len(ds) == 1 and ds.stats["pairs"] == 2 and ds.stats["dropped_no_supervision"] == 1
+    assert ds[0]["input_ids"].tolist() != ds[0]["rejected_input_ids"].tolist()
+
+
 def test_supervision_cut_note_names_the_flag_and_the_share():
     from trainer.data import supervision_cut_note
 

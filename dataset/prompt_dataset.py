@@ -13,6 +13,7 @@ and the field (or, with ``skip_bad_lines``, skipped and counted).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from transformers import PreTrainedTokenizerBase
 from dataset.atomic_io import first_line
 from dataset.chat_format import encode_chatml_batch, normalize_messages
 from dataset.jsonl import JSON_WHITESPACE, check_data_file, check_message_shapes, parse_line
+
+logger = logging.getLogger(__name__)
 
 PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
 
@@ -78,7 +81,9 @@ class PromptDataset(Dataset):
                     row = parse_line(raw, surrogates=True)
                     row_messages = prompt_messages(row)
                 except ValueError as error:  # BadLine is one
-                    if skip_bad_lines:
+                    if skip_bad_lines:  # logged as the other datasets log it (dataset/jsonl.py): a validation
+                        # file's skips are in no printed stats
+                        logger.warning("%s:%d: %s (skipped)", path, number, first_line(error))
                         skipped += 1
                         continue
                     raise ValueError(f"{path}:{number}: {first_line(error)} (pass --skip_bad_lines "
@@ -86,6 +91,8 @@ class PromptDataset(Dataset):
                 rows.append(row)
                 messages.append(row_messages)
                 lines.append(number)
+        if skipped and messages:
+            logger.warning("%s: skipped %d bad line(s), loading the %d good one(s)", path, skipped, len(messages))
         if not messages:  # as the other datasets say it (dataset/jsonl.py)
             detail = f" ({skipped} bad lines skipped)" if skipped else ""
             raise ValueError(f"{path}: no prompt records in the file{detail}; refusing to train on nothing")

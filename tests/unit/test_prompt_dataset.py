@@ -160,3 +160,16 @@ def test_a_file_without_a_usable_prompt_says_why(lines, skip, reason, tokenizer,
     with pytest.raises(ValueError) as refused:
         PromptDataset(path, tokenizer, max_seq_len=64, skip_bad_lines=skip)
     assert str(refused.value) == f"{path}: {reason}"
+
+
+def test_skipped_lines_are_logged_by_line_and_counted(tokenizer, tmp_path, caplog):
+    """A GRPO/PPO validation file's skipped lines are in no printed stats: they were skipped without a word."""
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(GOOD_ROWS[0]) + "\nnot json\n" + json.dumps({"prompt": 3}) + "\n", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="dataset.prompt_dataset"):
+        data = PromptDataset(path, tokenizer, max_seq_len=64, skip_bad_lines=True)
+    assert len(data) == 1 and data.stats["skipped_lines"] == 2
+    messages = [record.getMessage() for record in caplog.records]
+    assert f"{path}:2: invalid JSON (Expecting value at column 1) (skipped)" in messages
+    assert f"{path}:3: field 'prompt' must be a non-empty string (skipped)" in messages
+    assert f"{path}: skipped 2 bad line(s), loading the 1 good one(s)" in messages

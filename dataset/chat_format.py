@@ -388,13 +388,18 @@ _PROBE_RENDERINGS = ({"add_generation_prompt": False}, {"add_generation_prompt":
 
 
 def text_backend(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
-    """A copy of the tokenizer's Rust backend that reads special-token strings as plain text (built once per
+    """A copy of the tokenizer's Rust backend that reads every added token's string as plain text (built once per
     tokenizer; the tokenizer itself is left as it is, so other callers and threads are unaffected)."""
     backend = _TEXT_BACKENDS.get(tokenizer)
     if backend is None:
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("a fast (Rust-backed) tokenizer is needed to keep control-token strings as text")
-        backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        spec = json.loads(tokenizer.backend_tokenizer.to_str())
+        for added in spec.get("added_tokens", []):
+            # encode_special_tokens reads only the tokens marked special as text; an added token left unmarked
+            # (Qwen's <think> and <tool_call>, in an imported model's tokenizer) would still match in the text.
+            added["special"] = True
+        backend = Tokenizer.from_str(json.dumps(spec))
         backend.encode_special_tokens = True
         backend.no_truncation()
         backend.no_padding()

@@ -213,3 +213,27 @@ def test_evaluates_flag_says_how_text_is_read_over_the_runs_record(flag, recorde
     assert (tokens["flag"] < tokens["recorded"]) == (flag == "true")
     assert tokens["flag"] != tokens["recorded"]
     capsys.readouterr()
+
+
+def test_an_added_token_not_marked_special_is_text_too(tmp_path, tokenizer) -> None:
+    """Qwen's tokenizer (an imported model's, scripts/import_checkpoint.py) adds <think> and <tool_call> without
+    marking them special; the text encoder left such a token matching, so a pretraining document that wrote <think>
+    trained on the control id."""
+    from transformers import AutoTokenizer
+
+    from dataset.pretrain_dataset import encode_documents
+
+    tokenizer.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        spec = json.loads((tmp_path / name).read_text(encoding="utf-8"))
+        entries = spec["added_tokens"] if name == "tokenizer.json" else spec.get("added_tokens_decoder", {}).values()
+        for entry in entries:
+            if entry["content"] in ("<think>", "<tool_call>"):
+                entry["special"] = False
+        (tmp_path / name).write_text(json.dumps(spec), encoding="utf-8")
+    qwen_like = AutoTokenizer.from_pretrained(tmp_path)
+    text = "Before <think> a <tool_call> and <|im_end|> after."
+    assert THINK in qwen_like(text, add_special_tokens=False)["input_ids"]  # the hazard, as the tokenizer reads it
+    ids = encode_documents(qwen_like, [text])[0]
+    assert ids == as_text(tokenizer, text) and not set(ids) & set(CONTROL)
+    assert encode_text(qwen_like, text) == ids

@@ -28,6 +28,7 @@ def param_count(config: MiniNormConfig) -> int:
     ("prms_p", 0, ["(0, 1]"]),
     ("prms_p", -0.1, ["(0, 1]"]),
     ("prms_p", 1.5, ["(0, 1]"]),
+    ("prms_p", True, ["(0, 1]"]),  # bool passes isinstance(value, numbers.Real): it read as p = 1
     ("norm_eps", 0.0, ["> 0"]),
     ("dropout", 1.0, ["[0, 1)"]),
     ("hidden_size", 0, ["positive integer"]),

@@ -504,11 +504,13 @@ def encode_chatml(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping
 class AssistantReply:
     """A generated assistant turn read back into OpenAI's message fields: ``content``, ``reasoning_content`` and
     ``tool_calls`` ([{"name", "arguments": dict}]). A call that cannot be read -- invalid JSON, no name, arguments
-    that are not an object, a tool not offered -- stays in ``content`` as the text the model wrote."""
+    that are not an object, a tool not offered -- stays in ``content`` as the text the model wrote, and is counted in
+    ``unread_calls`` (with a <tool_call> never closed, or closed after another one opened)."""
 
     content: str
     reasoning_content: str
     tool_calls: list[dict]
+    unread_calls: int = 0  # the <tool_call> openers that became no call
 
 
 def _read_call(text: str, tool_names: set[str] | None) -> dict | None:
@@ -560,6 +562,7 @@ def parse_assistant_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int],
     opener, closer = ids_of[TOOL_CALL], ids_of[TOOL_CALL_END]
     content: list[str] = []
     calls: list[dict] = []
+    unread = 0
     start = 0
     while start < len(ids):
         if ids[start] == opener:
@@ -568,15 +571,17 @@ def parse_assistant_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int],
                 call = _read_call(decode(ids[start + 1:after]), names)
                 if call is None:
                     content.append(decode(ids[start:after + 1]))
+                    unread += 1
                 else:
                     calls.append(call)
                 start = after + 1
                 continue
             if after is None and unfinished:
                 break
+            unread += 1  # a stray opener: content with its text
         stop = start + 1
         while stop < len(ids) and ids[stop] != opener:
             stop += 1
         content.append(decode(ids[start:stop]))
         start = stop
-    return AssistantReply("".join(content).strip("\n"), reasoning, calls)
+    return AssistantReply("".join(content).strip("\n"), reasoning, calls, unread)

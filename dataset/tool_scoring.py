@@ -12,10 +12,12 @@ Two questions per reply (eval/tool_eval.py prints them as a table):
   "13870", "1387.5", "-1387" or "1,387,000").
 
 Small talk (a chit-chat opening with every tool offered, ``SMALL_TALK``) is right when the model calls nothing; it
-has no fact to find.
+has no fact to find. A reply that opens a call (its ``<tool_call>`` token) that does not read as one (no closer, or
+not a name and JSON arguments) made an *unreadable call*: no tool ran, and it is no right reply, to small talk either.
 
-Where a wrong call goes wrong (``where_call_goes_wrong``): no call, another tool, or the argument copied from the
-question (``COPIED_ARGUMENT``) wrong from its first token or only later, or that argument right and another wrong.
+Where a wrong call goes wrong (``where_call_goes_wrong``): no call, an unreadable call, another tool, or the argument
+copied from the question (``COPIED_ARGUMENT``) wrong from its first token or only later, or that argument right and
+another wrong.
 The first token has its own place because the measured wrong calls gather there and at other copies whose token
 has no cue in the question (docs/tools.md, "Where the calls go wrong").
 """
@@ -34,7 +36,7 @@ SMALL_TALK = "small_talk"  # the kind of a question whose right reply calls no t
 SPAN_WORDS = 4  # a run this long of the first sentence's new words is a fact, not a coincidence of common words
 _WORD = re.compile(r"\w+")
 COPIED_ARGUMENT = {"wiki": "title", "calculator": "expression", "convert_units": "value"}  # what the question holds
-WRONG_CALLS = ("no call", "another tool", "first token", "later token", "another argument")
+WRONG_CALLS = ("no call", "unreadable call", "another tool", "first token", "later token", "another argument")
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,13 @@ def _runs(words: Sequence[str], length: int) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + length]) for i in range(len(words) - length + 1)}
 
 
-def is_right_reply(question: ToolQuestion, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
+def is_right_reply(question: ToolQuestion, calls: Sequence[tuple[str, Mapping[str, Any]]],
+                   unreadable: bool = False) -> bool:
     """Whether the reply's calls, ``(name, arguments)`` in order, are right: its first call is the question's tool with
-    an argument that gives the question's result, or, for small talk, it makes none."""
+    an argument that gives the question's result, or, for small talk, it makes none, and no unreadable one
+    (`unreadable`: the reply opened a call that read as none)."""
     if question.kind == SMALL_TALK:
-        return not calls
+        return not calls and not unreadable
     if not calls:
         return False
     name, arguments = calls[0]
@@ -108,16 +112,17 @@ def answer_has_fact(question: ToolQuestion, answer: str) -> bool:
 
 
 def where_call_goes_wrong(question: ToolQuestion, calls: Sequence[tuple[str, Mapping[str, Any]]],
-                          tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> str | None:
+                          tokenize: Callable[[str], Sequence[tuple[int, int]]], unreadable: bool = False) -> str | None:
     """None for a right reply (``is_right_reply``); else one of WRONG_CALLS for the first call (small talk with a
-    call: ``another tool``). For the copied argument, ``tokenize(text)`` gives each token of ``{"<name>": <value>}``
+    call: ``another tool``; a reply whose only call did not read, `unreadable`: ``unreadable call``). For the copied
+    argument, ``tokenize(text)`` gives each token of ``{"<name>": <value>}``
     as JSON as (token id, the offset of its first character): ``first token`` when the tokens already differ at the
     one that holds the value's first character (or before it), ``later token`` when they differ after it,
     ``another argument`` when the copied argument is right and another is wrong."""
-    if is_right_reply(question, calls):
+    if is_right_reply(question, calls, unreadable):
         return None
     if not calls:
-        return "no call"
+        return "unreadable call" if unreadable else "no call"
     name, arguments = calls[0]
     if name != question.kind:
         return "another tool"

@@ -77,6 +77,7 @@ class Outcome:
     before: list[dict]  # the exchange in the history when the question was asked (--after_other), else []
     wrong_at: str | None  # where a wrong call goes wrong (dataset/tool_scoring.WRONG_CALLS); None if right
     ended: bool  # the last generation ended its turn, rather than running into --max_new_tokens
+    unreadable_call: bool  # no call read, but the reply opened one (its <tool_call> token): left in the answer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,9 +116,10 @@ def ask(session: ChatSession, question: ToolQuestion, history: list[dict],
     reply = session.reply(question.question)
     results = [result for round_ in reply.rounds for result in round_.results]
     calls = [(result.name, result.arguments) for result in results]
-    wrong_at = where_call_goes_wrong(question, calls, tokenize)
+    unreadable = not calls and any(round_.unread_calls for round_ in reply.rounds)
+    wrong_at = where_call_goes_wrong(question, calls, tokenize, unreadable)
     return Outcome(question.kind, question.question, [r.describe() for r in results], wrong_at is None, reply.text,
-                   answer_has_fact(question, reply.text), before, wrong_at, reply.stopped_at_eos)
+                   answer_has_fact(question, reply.text), before, wrong_at, reply.stopped_at_eos, unreadable)
 
 
 def histories(dialogues: list[dict], questions: list[ToolQuestion]) -> list[list[dict]]:
@@ -143,6 +145,7 @@ def table(outcomes: list[Outcome]) -> list[dict]:
         n = len(mine)
         rows.append({"tool": kind, "questions": n,
                      "called_a_tool": sum(bool(o.calls) for o in mine) / n,
+                     "unreadable_call": sum(o.unreadable_call for o in mine) / n,
                      "right_call": sum(o.right_call for o in mine) / n,
                      "fact_in_answer": None if kind == SMALL_TALK else sum(o.has_fact for o in mine) / n,
                      "never_ended": sum(not o.ended for o in mine) / n,
@@ -157,13 +160,13 @@ def wrong_calls(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'tool':<14} {'questions':>9} {'called a tool':>14} {'right call':>11} {'fact in answer':>15} "
-          f"{'never ended':>12} {'repeated trigrams':>18}")
+    print(f"{'tool':<14} {'questions':>9} {'called a tool':>14} {'unreadable call':>16} {'right call':>11} "
+          f"{'fact in answer':>15} {'never ended':>12} {'repeated trigrams':>18}")
     for row in rows:
         fact = "-" if row["fact_in_answer"] is None else f"{row['fact_in_answer']:.1%}"
         right = f"{row['right_call']:.1%}" + (" (none)" if row["tool"] == SMALL_TALK else "")
-        print(f"{row['tool']:<14} {row['questions']:>9} {row['called_a_tool']:>14.1%} {right:>11} {fact:>15} "
-              f"{row['never_ended']:>12.1%} {row['repeated_trigrams']:>18.1%}")
+        print(f"{row['tool']:<14} {row['questions']:>9} {row['called_a_tool']:>14.1%} {row['unreadable_call']:>16.1%} "
+              f"{right:>11} {fact:>15} {row['never_ended']:>12.1%} {row['repeated_trigrams']:>18.1%}")
 
 
 COUNT_FLAGS = {"wiki": "--wiki", "calculator": "--arithmetic", "convert_units": "--conversions",

@@ -51,12 +51,14 @@ class ToolResult:
 @dataclass(frozen=True)
 class ToolRound:
     """One generation of the tool loop: the model's thinking, its text and the calls it made, with their results
-    (empty in the last round; `unrun`: calls made after the last allowed round, which were not run)."""
+    (empty in the last round; `unrun`: calls made after the last allowed round, which were not run; `unread_calls`:
+    calls it opened that read as none, left in its text)."""
 
     reasoning: str
     content: str
     results: list[ToolResult]
     unrun: list[dict] = field(default_factory=list)
+    unread_calls: int = 0
 
 
 @dataclass
@@ -226,7 +228,7 @@ class ChatSession:
                        for call in parsed.tool_calls] if run_now else []
             current += [{"role": "tool", "content": result.result} for result in results]
             rounds.append(ToolRound(parsed.reasoning_content, parsed.content, results,
-                                    [] if run_now else parsed.tool_calls))
+                                    [] if run_now else parsed.tool_calls, parsed.unread_calls))
             if on_round is not None:
                 on_round(rounds[-1])
             if not results:

@@ -68,10 +68,15 @@ def test_memorised_questions_score_every_call_and_fact(tool_model, tmp_path, cap
 def test_other_held_out_questions_get_no_right_call(tool_model, tmp_path, capsys):
     report = run(tool_model, tmp_path, "--seed", "1")
     assert {row["tool"]: row["right_call"] for row in report["table"]}["all"] == 0.0
-    # none of them is answered with a call: each is placed as "no call", in the outcomes and in the counts
-    assert [outcome["wrong_at"] for outcome in report["outcomes"]] == ["no call"] * 3 + [None]
+    # none of them is answered with a call that reads: each is placed as "no call", or as an "unreadable call" where
+    # the reply opened one (its text is in the answer), in the outcomes and in the counts
+    places = ["unreadable call" if "<tool_call>" in outcome["answer"] else "no call"
+              for outcome in report["outcomes"][:3]]
+    assert [outcome["wrong_at"] for outcome in report["outcomes"]] == [*places, None]
+    assert [outcome["unreadable_call"] for outcome in report["outcomes"]] == [
+        place == "unreadable call" for place in places] + [False]
     assert {kind: {where: n for where, n in counts.items() if n} for kind, counts in report["wrong_calls"].items()} \
-        == {kind: {"no call": 1} for kind in ("wiki", "calculator", "convert_units")}
+        == {outcome["kind"]: {place: 1} for outcome, place in zip(report["outcomes"], places)}
     assert "wrong calls, by where they go wrong" in capsys.readouterr().out
 
 
@@ -138,7 +143,7 @@ def test_the_table_counts_unended_answers_and_repeated_trigrams_by_hand():
     from eval.tool_eval import Outcome, table
 
     def outcome(kind: str, answer: str, ended: bool) -> Outcome:
-        return Outcome(kind, "q", [], True, answer, False, [], None, ended)
+        return Outcome(kind, "q", [], True, answer, False, [], None, ended, False)
 
     # "the cat sat the cat sat": 4 word trigrams, the last repeats the first (1/4); "Fine." has none (0).
     rows = {row["tool"]: row for row in table([outcome("wiki", "Fine.", True),

@@ -265,6 +265,22 @@ def test_a_badly_written_call_stays_content(tokenizer):
     assert reply.content == ('<tool_call>{"name": "wiki", "arguments": {</tool_call>\n'
                              '<tool_call>{"name": "shell", "arguments": {}}</tool_call>\n'
                              '<tool_call>{"name": "wiki", "arguments": {}}</tool_call>')
+    assert reply.unread_calls == 2  # the bad JSON and the tool not offered; the spelled one opened nothing
+
+
+@pytest.mark.parametrize("pieces, unread", [
+    ([TOOL_CALL, '{"name": "wiki"'], 1),  # never closed
+    ([TOOL_CALL, "x", TOOL_CALL, '{"name": "wiki", "arguments": {}}', TOOL_CALL_END], 1),  # opened twice: one call
+    (["Hi.", TOOL_CALL_END], 0),  # a closer alone opens nothing
+    (['<tool_call>{"name": "wiki", "arguments": {}}</tool_call>'], 0),  # spelled in text
+])
+def test_calls_opened_that_read_as_none_are_counted(tokenizer, pieces, unread):
+    """tool_eval.py scored a reply that opened a call it never wrote right as making no call (a small talk answered
+    with a broken call was "right"): the reader now counts such openers."""
+    from dataset.chat_format import parse_assistant_ids
+
+    ids = [i for piece in pieces for i in ([piece] if isinstance(piece, int) else encode_text(tokenizer, piece))]
+    assert parse_assistant_ids(tokenizer, ids, tool_names=["wiki"]).unread_calls == unread
 
 
 def test_a_reply_cut_inside_its_thought_is_all_reasoning(tokenizer):

@@ -112,7 +112,13 @@ def test_a_wrong_call_is_placed_at_the_copied_arguments_first_token_or_later(que
     assert where(units, [("convert_units", {**units.arguments, "to_unit": other_unit})]) == "another argument"
     small_talk = ToolQuestion(SMALL_TALK, "Hi!", {}, "", "")
     assert where(small_talk, []) is None and where(small_talk, [("wiki", {"title": "Hi"})]) == "another tool"
-    assert set(WRONG_CALLS) == {"no call", "another tool", "first token", "later token", "another argument"}
+    # a reply that opened a call that read as none: no tool ran, and it is no right reply (it was "no call", and
+    # small talk answered so was right)
+    assert where_call_goes_wrong(wiki, [], tokenize, unreadable=True) == "unreadable call"
+    assert where_call_goes_wrong(small_talk, [], tokenize, unreadable=True) == "unreadable call"
+    assert not is_right_reply(small_talk, [], unreadable=True)
+    assert set(WRONG_CALLS) == {"no call", "unreadable call", "another tool", "first token", "later token",
+                                "another argument"}
 
 
 @pytest.mark.parametrize("answer, found", [
@@ -125,3 +131,35 @@ def test_a_value_is_found_only_as_that_whole_number(answer, found):
     sign, make another number; a sentence's full stop or comma after it do not."""
     question = ToolQuestion("calculator", "What is 2 + 3?", {"expression": "2 + 3"}, "5", "5")
     assert answer_has_fact(question, answer) is found
+
+
+def test_tool_eval_counts_a_reply_that_opened_a_call_it_never_wrote_right(tokenizer):
+    """A 30-step SFT model began every reply with a broken `<tool_call>{": "arguments"...`: tool_eval.py showed
+    "called a tool 0.0%" and its small talk "right call 100.0% (none)"."""
+    from eval.tool_eval import ask, table
+    from model.chat_session import Reply, ToolRound
+
+    class OneReply:  # the chat session's surface ask() uses: what the model said, as the tool loop read it back
+        def __init__(self, unread: int) -> None:
+            self.history: list[dict] = []
+            self.unread = unread
+
+        def reset(self) -> None:
+            self.history = []
+
+        def reply(self, text: str) -> Reply:
+            content = '<tool_call>{": "arguments"' if self.unread else "Fine, thanks."
+            return Reply(text=content, new_tokens=5, seconds=0.1, stopped_at_eos=True, token_ids=[],
+                         rounds=[ToolRound("", content, [], [], self.unread)], fit=None)
+
+    tokenize = partial(token_starts, tokenizer)
+    small_talk = ToolQuestion(SMALL_TALK, "Hi!", {}, "", "")
+    lookup = ToolQuestion("wiki", "Who was X?", {"title": "X"}, "X is a y.", "X is a y.")
+    outcomes = [ask(OneReply(unread), question, [], tokenize) for question in (small_talk, lookup)
+                for unread in (1, 0)]
+    assert [(o.unreadable_call, o.right_call, o.wrong_at) for o in outcomes] == [
+        (True, False, "unreadable call"), (False, True, None), (True, False, "unreadable call"),
+        (False, False, "no call")]
+    rows = {row["tool"]: row for row in table(outcomes)}
+    assert (rows[SMALL_TALK]["unreadable_call"], rows[SMALL_TALK]["right_call"]) == (0.5, 0.5)
+    assert (rows["wiki"]["unreadable_call"], rows["wiki"]["called_a_tool"]) == (0.5, 0.0)

@@ -54,6 +54,7 @@ from trainer.inference_flags import (  # noqa: E402
     CHAT_FREQUENCY_PENALTY,
     add_penalty_flags,
     add_rope_scaling_flag,
+    apply_rope_scaling_flag,
     device_type,
     max_new_tokens,
     penalty_settings,
@@ -278,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     from model.chat_session import ChatSession, MessageTooLong, uses_chat_template
     from model.generation import GenerationSettings
     from model.loading import load_model
-    from model.rope import extend_context
 
     if args.seed is not None:
         from transformers import set_seed
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     print(start_threads(args.threads), file=sys.stderr)
     try:
         model, tokenizer = load_model(path, device=args.device, dtype=args.dtype, lora=lora)
-        extend_context(model, args.rope_scaling_factor)
+        extended = apply_rope_scaling_flag(model, lora or path, args.rope_scaling_factor)
         use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
         if use_template:
             check_chatml_tokenizer(tokenizer)  # its control tokens and template, before the first message
@@ -305,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     style = (f"chat template, {args.history} exchanges of history, {tools}{thinking}" if use_template
              else "pretrained model: plain continuation, no chat template, no history, no tools")
     adapter = f" + LoRA {lora}" if lora else ""
-    print(f"model {path}{adapter} ({params / 1e6:.2f}M parameters, {model.device}); {style}", file=sys.stderr,
-          flush=True)
+    extended = f"; {extended}" if extended else ""
+    print(f"model {path}{adapter} ({params / 1e6:.2f}M parameters, {model.device}); {style}{extended}",
+          file=sys.stderr, flush=True)
     stream = not args.no_stream
 
     if args.prompt is not None:

@@ -37,7 +37,7 @@ from collections import Counter  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
 from trainer.cli import ToolParser, boolean, int_within, output_file, run_main  # noqa: E402
-from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
+from trainer.inference_flags import add_rope_scaling_flag, apply_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
                              locate_tool_model, model_task, recorded_config, report_error, resolve_input_path,
                              resolve_path)
@@ -135,7 +135,6 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     from accelerate import Accelerator
 
     from model.loading import load_model
-    from model.rope import extend_context
     from trainer.data import dataset_class
     from trainer.evaluation import evaluate_lm, token_byte_lengths
 
@@ -143,7 +142,7 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     datasets = resolve_data_specs(data_specs or DEFAULT_SPLITS)  # a bad or repeated one before the model loads
     accelerator = Accelerator(cpu=device == "cpu")  # evaluate_lm moves the batches to its device
     model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32", lora=adapter)
-    extend_context(model, rope_scaling_factor)
+    apply_rope_scaling_flag(model, adapter or path, rope_scaling_factor)
     max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
     token_bytes = token_byte_lengths(tokenizer)
     results: dict[str, dict[str, Any]] = {}

@@ -12,8 +12,8 @@ buys.
 
 --scalings is a comma-separated list of `none` or TYPE:FACTOR[@L] with TYPE yarn, linear or dynamic, as
 transformers' rope_scaling defines them (model/rope.py): L is yarn's original_max_position_embeddings and the
-length past which dynamic scaling starts (default: the model's max_position_embeddings, which is what
---rope_scaling_factor in chat, evaluate and serve uses).
+length past which dynamic scaling starts (default: the model's max_position_embeddings; --rope_scaling_factor in
+chat, evaluate and serve takes the run's trained length, yarn:F@256 for the default pretraining).
 """
 
 from __future__ import annotations

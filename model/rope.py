@@ -127,12 +127,15 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Mapping[str, Any] 
     return 1.0 / _powers(head_dim, theta, device), 1.0
 
 
-def extend_context(model: Any, factor: float | None) -> None:
+def extend_context(model: Any, factor: float | None, trained_length: int | None = None) -> str | None:
     """YaRN at inference, as the tools' --rope_scaling_factor asks: a MiniNorm model without rope_scaling gets
     {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": L} and max_position_embeddings
-    factor x L, in its config and its RotaryEmbedding. None changes nothing; ValueError names what is refused."""
+    factor x L (never fewer than it had), in its config and its RotaryEmbedding. L is `trained_length`, the
+    positions the model trained on (a run's --max_seq_len: YaRN extends what the model attended over, and the CPU
+    presets train rows of 256 of their 512 positions), else its max_position_embeddings. None changes nothing;
+    ValueError names what is refused. Returns what it did, in words (None: nothing)."""
     if factor is None:
-        return
+        return None
     config = model.config
     if not (_is_number(factor) and factor > 1):
         raise ValueError(f"--rope_scaling_factor={factor!r} is not allowed; it must be a number > 1")
@@ -142,9 +145,13 @@ def extend_context(model: Any, factor: float | None) -> None:
     if config.rope_scaling is not None:
         raise ValueError(f"--rope_scaling_factor is not allowed: the model already has rope_scaling="
                          f"{config.rope_scaling!r}")
-    original = config.max_position_embeddings
+    positions = config.max_position_embeddings
+    original = min(trained_length, positions) if trained_length else positions
     scaling = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original}
-    set_rope_scaling(model, scaling, int(original * factor))
+    set_rope_scaling(model, scaling, max(int(original * factor), positions))
+    trained = "trained" if trained_length else "model's"
+    return (f"YaRN x{factor:g} over the {original:,} {trained} positions: a context of "
+            f"{config.max_position_embeddings:,} positions")
 
 
 def set_rope_scaling(model: Any, scaling: Mapping[str, Any] | None, max_position_embeddings: int) -> None:

@@ -2,7 +2,7 @@
 scripts/serve.py), the penalties on repeated tokens (eval/chat.py, eval/tool_eval.py), with the ranges the
 server's requests obey as well, the decoding's ranges (temperature, top-p, top-k, the tokens of a turn) and the
 device of eval/chat.py and eval/evaluate.py. Kept free of torch so that --help stays fast (a cuda device is checked
-with torch, once given); model/rope.py's extend_context applies the first, model/generation.py's GenerationSettings
+with torch, once given); apply_rope_scaling_flag applies the first, model/generation.py's GenerationSettings
 the others."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from trainer.cli import float_within, int_within, zero_or_at_least
 
@@ -27,8 +29,18 @@ CHAT_FREQUENCY_PENALTY = 0.25
 
 def add_rope_scaling_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rope_scaling_factor", type=float, default=None,
-                        help="extend the context this many times at inference with YaRN (rope_scaling yarn whose "
-                             "original length is the model's max_position_embeddings); MiniNorm models only")
+                        help="extend the context this many times the trained length at inference with YaRN "
+                             "(rope_scaling yarn whose original length is the --max_seq_len the model's run trained "
+                             "on, else its max_position_embeddings); MiniNorm models only")
+
+
+def apply_rope_scaling_flag(model: Any, trained_in: Path, factor: float | None) -> str | None:
+    """--rope_scaling_factor on a loaded `model` (model/rope.py's extend_context) over the length its run trained
+    on: the run directory `trained_in` (a LoRA adapter's, else the model's) records it. Returns what it did."""
+    from model.rope import extend_context
+    from trainer.run_dir import trained_length
+
+    return extend_context(model, factor, trained_length(trained_in))
 
 
 # The decoding flags' types (the server's requests take the same ranges, scripts/server/protocol.py): a temperature

@@ -205,6 +205,12 @@ def recorded_config(run_dir: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+def trained_length(model_dir: Path) -> int | None:
+    """The positions per row the run that wrote `model_dir` trained on (its --max_seq_len); None unrecorded."""
+    length = recorded_config(model_dir).get("max_seq_len")
+    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+
 def recorded_run_id(out_dir: Path) -> str | None:
     """The run id train_config.yaml records; None where there is none (no run yet, or a MiniNorm before run ids)."""
     run_id = recorded_config(out_dir).get(RUN_ID_KEY)

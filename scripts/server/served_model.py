@@ -11,7 +11,7 @@ from dataset.chat_format import check_chatml_tokenizer
 from model.chat_session import uses_chat_template
 from model.generation import GenerationEngine
 from model.loading import load_model
-from model.rope import extend_context
+from trainer.inference_flags import apply_rope_scaling_flag
 from trainer.run_dir import model_task
 
 
@@ -33,7 +33,7 @@ def load_served_model(path: Path, mode: str = "auto", max_batch: int = 8, name: 
     loaded for serving, its context extended by YaRN when `rope_scaling_factor` is given; its id is `name`, else
     the adapter's or the model's directory name."""
     model, tokenizer = load_model(path, device=device, dtype=dtype, lora=lora)
-    extend_context(model, rope_scaling_factor)  # before the engine reads the context length
+    apply_rope_scaling_flag(model, lora or path, rope_scaling_factor)  # before the engine reads the context length
     source = lora or path
     use_template = uses_chat_template(mode, model_task(source), tokenizer)
     if use_template:

@@ -128,6 +128,27 @@ def test_extend_context_is_yarn_over_the_trained_length() -> None:
                                    atol=2e-5, rtol=0)
 
 
+def test_extend_context_scales_over_the_length_the_run_trained_on() -> None:
+    """The CPU presets train rows of 256 of their 512 positions: YaRN over 512 stretched positions the model never
+    attended over (measured worse, docs/chat_evaluate_export.md), and "4x the trained context" was 8x. L is now the
+    run's --max_seq_len; the context never shrinks below the model's own."""
+    model = scaled_model(None, 2 * ORIGINAL)
+    said = extend_context(model, FACTOR, trained_length=ORIGINAL)
+    assert model.config.rope_scaling == SCALINGS["yarn"][0]  # original_max_position_embeddings: the trained 64
+    assert model.config.max_position_embeddings == ORIGINAL * FACTOR
+    assert said == f"YaRN x4 over the 64 trained positions: a context of {ORIGINAL * FACTOR} positions"
+    reference = scaled_model(SCALINGS["yarn"][0], ORIGINAL * FACTOR)
+    reference.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 512, (1, ORIGINAL * FACTOR), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, llama_from_mininorm(reference).eval()(ids).logits,
+                                   atol=2e-5, rtol=0)
+    small = scaled_model(None, 2 * ORIGINAL)
+    extend_context(small, 1.5, trained_length=ORIGINAL)  # 1.5 x 64 = 96 positions: the model's 128 stay
+    assert (small.config.max_position_embeddings, small.config.rope_scaling["original_max_position_embeddings"]) == (
+        2 * ORIGINAL, ORIGINAL)
+
+
 @pytest.mark.parametrize(("factor", "named"), [(1.0, "it must be a number > 1"), (float("nan"), "nan")])
 def test_extend_context_refuses_a_factor_that_extends_nothing(factor: float, named: str) -> None:
     with pytest.raises(ValueError, match=named):
@@ -173,3 +194,23 @@ def test_chat_and_server_take_the_flag(short_model, capsys) -> None:
         assert served.max_context == 128 and served.model.config.rope_scaling["factor"] == 4
     finally:
         served.engine.close()
+
+
+def test_the_tools_scale_over_the_runs_recorded_length(short_model, tmp_path, capsys) -> None:
+    """chat, evaluate and serve take L from the run's train_config.yaml (its --max_seq_len), and chat says so."""
+    import shutil
+
+    model_dir = tmp_path / "pretrain"
+    shutil.copytree(short_model, model_dir)
+    (model_dir / "train_config.yaml").write_text("task: pretrain\nmax_seq_len: 16\n")
+    served = load_served_model(model_dir, device="cpu", rope_scaling_factor=4)
+    try:  # 4 x 16 = 64 positions, over the model's 32
+        assert served.max_context == 64 and served.model.config.rope_scaling["original_max_position_embeddings"] == 16
+    finally:
+        served.engine.close()
+    assert chat_main(["--model_path", str(model_dir), "--prompt", "The river", "--max_new_tokens", "4",
+                      "--rope_scaling_factor", "4", "--no_stream"]) == 0
+    assert "YaRN x4 over the 16 trained positions: a context of 64 positions" in capsys.readouterr().err
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"text": "the river " * 60}) + "\n")
+    assert evaluate_model_dir(model_dir, [str(data)], max_seq_len=128, rope_scaling_factor=4)["max_seq_len"] == 64

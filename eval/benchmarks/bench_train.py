@@ -107,13 +107,20 @@ def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on
         raise SystemExit(f"--variants: unknown {','.join(unknown)}; allowed: {','.join(STEP_VARIANTS)}")
     if "llama" not in variants:
         raise SystemExit("--variants must include llama (the baseline)")
-    rows = []
+    # The table's rows print as each preset and dtype finishes (a minimind-26m step on a CPU takes seconds, and the
+    # compiled variants compile first): a long run shows its progress.
+    print(f"\nTraining step (fwd + bwd + clip + AdamW) through trainer/core.py, batch {args.batch_size} x "
+          f"{args.seq_len}, median of {args.steps} interleaved steps\n")
+    print("| preset | dtype | variant | step (ms) | tokens/s | MFU | vs HF Llama | first step (s) |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory() as scratch:
         for preset in presets:
             for dtype in args.dtypes.split(","):
                 if on_cpu and dtype == "bfloat16" and not (cpu_has_fast_bf16() or args.force_bf16):
-                    rows.append((preset, dtype, None))
+                    print_step_rows(args, preset, dtype, None)
                     continue
+                print(f"timing {preset} {dtype}: {len(variants)} variants, {args.warmup} warm-up and {args.steps} "
+                      f"timed steps each", file=sys.stderr, flush=True)
 
                 def make(folder: str, norm_type: str, norm_impl: str = "auto", preset: str = preset,
                          dtype: str = dtype, compile_model: bool = False) -> Trainer:
@@ -134,24 +141,24 @@ def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on
                 # The first step of each (compilation included) is timed on its own and reported, not medianed.
                 first = {name: step() for name, step in steps.items()}
                 times = interleaved_times(steps, args.steps, max(args.warmup - 1, 0))
-                rows.append((preset, dtype, {name: (statistics.median(t), trainers[name], first[name])
-                                             for name, t in times.items()}))
-    print(f"\nTraining step (fwd + bwd + clip + AdamW) through trainer/core.py, batch {args.batch_size} x "
-          f"{args.seq_len}, median of {args.steps} interleaved steps\n")
-    print("| preset | dtype | variant | step (ms) | tokens/s | MFU | vs HF Llama | first step (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+                print_step_rows(args, preset, dtype, {name: (statistics.median(t), trainers[name], first[name])
+                                                      for name, t in times.items()})
+
+
+def print_step_rows(args: argparse.Namespace, preset: str, dtype: str,
+                    results: dict[str, tuple[float, Trainer, float]] | None) -> None:
+    """One preset and dtype's rows of the step table (None: skipped, no fast bf16 on this CPU)."""
+    if results is None:
+        print(f"| {preset} | {dtype} | skipped: this CPU has no AMX/AVX512-BF16 (bf16 ~30x slower than fp32; "
+              f"--force_bf16 to time it) | | | | | |", flush=True)
+        return
     tokens = args.batch_size * args.seq_len
-    for preset, dtype, results in rows:
-        if results is None:
-            print(f"| {preset} | {dtype} | skipped: this CPU has no AMX/AVX512-BF16 (bf16 ~30x slower than fp32; "
-                  f"--force_bf16 to time it) | | | | | |")
-            continue
-        llama_time = results["HF Llama"][0]
-        for name, (seconds, trainer, first) in results.items():
-            tokens_per_s = tokens / seconds
-            mfu = trainer.reporter.mfu(tokens_per_s)
-            print(f"| {preset} | {dtype} | {name} | {seconds * 1000:.0f} | {tokens_per_s:,.0f} | {mfu:.1%} | "
-                  f"{llama_time / seconds:.2f}x | {first:.1f} |")
+    llama_time = results["HF Llama"][0]
+    for name, (seconds, trainer, first) in results.items():
+        tokens_per_s = tokens / seconds
+        mfu = trainer.reporter.mfu(tokens_per_s)
+        print(f"| {preset} | {dtype} | {name} | {seconds * 1000:.0f} | {tokens_per_s:,.0f} | {mfu:.1%} | "
+              f"{llama_time / seconds:.2f}x | {first:.1f} |", flush=True)
 
 
 # --------------------------------------------------------------------------- the norms alone

@@ -49,7 +49,7 @@ import re  # noqa: E402
 
 from dataset.atomic_io import not_utf8_at  # noqa: E402
 from dataset.json_text import surrogate_at  # noqa: E402
-from trainer.cli import ToolParser, int_within, run_main, seed, utf8_text  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, int_within, run_main, seed, utf8_text  # noqa: E402
 from trainer.inference_flags import (  # noqa: E402
     CHAT_FREQUENCY_PENALTY,
     add_penalty_flags,
@@ -86,7 +86,7 @@ def _tool_names(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ToolParser(description="Chat with a MiniNorm model (or any causal-LM directory)",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsHelpFormatter)
     add_model_source_flags(parser)
     parser.add_argument("--prompt", type=utf8_text, help="answer this one message and exit")
     parser.add_argument("--system", type=utf8_text, default=None, help="system prompt (chat models)")

@@ -30,17 +30,16 @@ from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads 
 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 from collections import Counter  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.cli import ToolParser, boolean, int_within, output_file, run_main  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, int_within, output_file, run_main  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, apply_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
                              locate_tool_model, model_task, recorded_config, report_error, resolve_input_path,
-                             resolve_path)
+                             resolve_path, trained_length)
 
 DEFAULT_SPLITS = ("pretrain_val", "sft_val")
 CORPUS_SPLITS = DEFAULT_SPLITS + ("sft_tools_val",)  # sft_tools_val: sft_val with held-out tool-use dialogues
@@ -118,13 +117,27 @@ def _eval_loader(dataset, batch_size: int, accelerator):
     return shard_loader(loader, accelerator.process_index, accelerator.num_processes)
 
 
+def default_splits(run_dir: Path) -> tuple[str, str]:
+    """pretrain_val and the conversations' split the model's run validated on: an SFT run on the embedded tool
+    dialogues (--sft_data tools, its default) sft_tools_val, a LoRA run on its default set lora_val, others sft_val
+    (what the run's own validation loss is comparable with)."""
+    recorded = recorded_config(run_dir)
+    own_data = recorded.get("data_path") is None and recorded.get("val_data_path") is None
+    if own_data and recorded.get("task") == "sft" and recorded.get("sft_data") in (None, "tools"):
+        return "pretrain_val", "sft_tools_val"
+    if own_data and recorded.get("task") == "lora":
+        return "pretrain_val", "lora_val"
+    return DEFAULT_SPLITS
+
+
 def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] | None = None,
-                       max_seq_len: int = 256, batch_size: int = 16, max_batches: int = 0, device: str = "auto",
+                       max_seq_len: int | None = None, batch_size: int = 16, max_batches: int = 0, device: str = "auto",
                        with_samples: bool = False, lora: str | Path | None = None,
                        rope_scaling_factor: float | None = None,
                        control_tokens: bool | None = None) -> dict[str, Any]:
     """Loss/perplexity/bits-per-byte of a model directory (with the LoRA adapter `lora` merged in, when given) on
-    each dataset (default: both held-out splits).
+    each dataset (default: default_splits of the run), in rows of `max_seq_len` tokens (default: the length the run
+    trained on, else 256; with `rope_scaling_factor`, the context it extends to).
 
     Returns {"model_path", "lora", "task", "max_seq_len", "results": {name: {path, kind, loss, perplexity,
     bits_per_byte, tokens, bytes}}}, plus "samples" ([{prompt, answer}], see sample_answers) when
@@ -139,10 +152,13 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     from trainer.evaluation import evaluate_lm, token_byte_lengths
 
     path, adapter, _ = locate_model_and_adapter(model_path, lora)
-    datasets = resolve_data_specs(data_specs or DEFAULT_SPLITS)  # a bad or repeated one before the model loads
+    run_dir = adapter or path  # the last run that trained the weights
+    datasets = resolve_data_specs(data_specs or default_splits(run_dir))  # a bad or repeated one before the model
     accelerator = Accelerator(cpu=device == "cpu")  # evaluate_lm moves the batches to its device
     model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32", lora=adapter)
-    apply_rope_scaling_flag(model, adapter or path, rope_scaling_factor)
+    extended = apply_rope_scaling_flag(model, run_dir, rope_scaling_factor)
+    if max_seq_len is None:
+        max_seq_len = model.config.max_position_embeddings if extended else trained_length(run_dir) or 256
     max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
     token_bytes = token_byte_lengths(tokenizer)
     results: dict[str, dict[str, Any]] = {}
@@ -211,12 +227,15 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
 
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsHelpFormatter)
     add_model_source_flags(parser)
-    parser.add_argument("--data", nargs="+", default=list(DEFAULT_SPLITS),
-                        help=f"{' / '.join(NAMED_SPLITS)} or jsonl files")
-    parser.add_argument("--max_seq_len", type=int_within(1), default=256,
-                        help="tokens per scored row (at most the model's max_position_embeddings)")
+    parser.add_argument("--data", nargs="+", default=None,
+                        help=f"{' / '.join(NAMED_SPLITS)} or jsonl files (default: pretrain_val and the split of "
+                        f"conversations the model's run validated on: sft_tools_val for the default SFT, lora_val "
+                        f"for the default LoRA, else sft_val)")
+    parser.add_argument("--max_seq_len", type=int_within(1), default=None,
+                        help="tokens per scored row, at most the model's max_position_embeddings (default: the "
+                        "--max_seq_len its run trained on, else 256; with --rope_scaling_factor, the extended context)")
     parser.add_argument("--batch_size", type=int_within(1), default=16, help="rows per forward pass")
     parser.add_argument("--max_batches", type=int_within(0, note="0: all"), default=0, help="per dataset; 0: all")
     parser.add_argument("--json", type=output_file, default=None, help="also write the results to this JSON file")

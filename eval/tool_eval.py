@@ -55,7 +55,7 @@ from dataset.tool_dialogues import (TooFewProblems, first_exchange, small_talk_d
 from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_has_fact,  # noqa: E402
                                   where_call_goes_wrong)
 
-from trainer.cli import ToolParser, int_within, output_file, run_main, seed  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, int_within, output_file, run_main, seed  # noqa: E402
 from trainer.inference_flags import add_penalty_flags, max_new_tokens, penalty_settings  # noqa: E402
 from trainer.rewards import repetition_penalty  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
@@ -82,7 +82,7 @@ class Outcome:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ToolParser(description="Tool use on held-out questions: the right call, the fact in the answer",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        formatter_class=DefaultsHelpFormatter)
     add_model_source_flags(parser)
     # The defaults are the questions of the embedded sft_tools_val file (dataset/corpus.py).
     wiki, arithmetic, conversions = TOOL_DIALOGUES_VAL

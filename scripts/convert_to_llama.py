@@ -31,7 +31,6 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 
@@ -47,7 +46,7 @@ from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.loading import (check_tokenizer_fits, config_model_type, load_config, load_dir_tokenizer,  # noqa: E402
                            load_strictly)
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
 
@@ -146,7 +145,7 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description="Export a MiniNorm model as a stock LlamaForCausalLM, Qwen3ForCausalLM or "
                                     "Qwen3MoeForCausalLM",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--model_path", default="out/pretrain", help="MiniNorm model directory")
     parser.add_argument("--target", default="llama", choices=tuple(TARGETS),
                         help="llama: LlamaForCausalLM (needs qk_norm=False); qwen3: Qwen3ForCausalLM (needs "

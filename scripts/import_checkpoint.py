@@ -29,7 +29,6 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 
@@ -42,7 +41,7 @@ from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.interop import SWAPPABLE_NORMS, NotImportable, mininorm_config_from, model_from, read_state_dict  # noqa: E402
 from model.loading import check_tokenizer_fits, load_dir_tokenizer  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.run_dir import report_error, resolve_input_path, resolve_path  # noqa: E402
 
 # The tokenizer's files and the chat template, copied as they are when the checkpoint has them.
@@ -100,7 +99,7 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
 
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description="Import a transformers Llama or Qwen3 (dense) checkpoint as a MiniNorm model",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--source", required=True,
                         help="transformers checkpoint directory (config.json, model.safetensors, tokenizer files)")
     parser.add_argument("--out_dir", default="out/imported",

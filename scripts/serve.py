@@ -37,7 +37,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 import argparse  # noqa: E402
 import socket  # noqa: E402
 
-from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
@@ -54,7 +54,7 @@ def api_key(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ToolParser(description="Serve a MiniNorm model: OpenAI's chat API and a chat page",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsHelpFormatter)
     add_model_source_flags(parser)
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 listens on every interface")
     parser.add_argument("--port", type=int_within(0, 65535, "0: a free port, printed at start"), default=8000,

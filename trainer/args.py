@@ -18,7 +18,7 @@ import yaml
 
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
-from trainer.cli import ToolParser, boolean, flag_type, path_arg, seed, utf8_text
+from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, flag_type, path_arg, seed, utf8_text
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.run_dir import CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
@@ -432,13 +432,6 @@ def _reward_spec(text: str) -> str:
 flag_type(str, _reward_spec)
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each flag's default; a flag whose default is None says in its help text what unset means."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
 def _section_heading(key: str, task: str) -> tuple[str, str | None]:
     """The title and description of --help's section `key` for `task`'s trainer."""
     if key != MODEL_CONFIG_GROUP:
@@ -457,7 +450,7 @@ def _section_heading(key: str, task: str) -> tuple[str, str | None]:
 def _build_parser(task: str) -> argparse.ArgumentParser:
     parser = ToolParser(
         description=f"MiniNorm {task}: train on the embedded default corpus or your own jsonl",
-        formatter_class=_HelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--config", type=path_arg, help="YAML file of flag values; command-line flags override it")
     defaults = TrainArgs(task=task, **TASK_DEFAULTS.get(task, {}))
     sections: dict[str, list[dataclasses.Field]] = {key: [] for key in FLAG_GROUPS}

@@ -30,6 +30,13 @@ class ToolParser(argparse.ArgumentParser):
         raise SystemExit(EXIT_ERROR)
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each flag's default; a flag whose default is None says in its help text what unset means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 INTERRUPTED_LINE = "interrupted"  # all that Ctrl-C prints: the user asked for the stop, there is nothing to debug
 
 

@@ -39,7 +39,6 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
-import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
@@ -53,7 +52,7 @@ import torch  # noqa: E402
 
 from model.generation import DECODE_MODES  # noqa: E402
 from model.config import PRESETS  # noqa: E402
-from trainer.cli import ToolParser, int_within, run_main, seed  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, int_within, run_main, seed  # noqa: E402
 from trainer.grpo import ROLLOUT_DECODE  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import REPO_ROOT  # noqa: E402
@@ -143,7 +142,7 @@ def llama_cpp_run(gguf: Path, prompt: list[int], tokens: int, threads: int) -> C
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ToolParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ToolParser(description=__doc__.split("\n")[0], formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--preset", default="cpu-wide", choices=list(PRESETS), help="model shape (model/config.py)")
     parser.add_argument("--tokens", type=int_within(1), default=200, help="new tokens per stream")
     parser.add_argument("--batch", type=int_within(1), default=8, help="streams of the batched rows")

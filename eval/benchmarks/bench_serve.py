@@ -30,7 +30,6 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
-import argparse  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -39,7 +38,7 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
 from trainer.inference_flags import MAX_TOP_LOGPROBS  # noqa: E402
 from trainer.distributed import free_port  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
@@ -178,7 +177,7 @@ def run_load(server: Server, clients: int, requests: int, max_tokens: int,
 
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain, "
                                                            "else an untrained cpu-default model")
     parser.add_argument("--requests", type=int, default=32, help="requests per configuration and repeat")

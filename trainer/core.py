@@ -121,10 +121,11 @@ def _starting_weights(args: TrainArgs) -> Path:
     return source
 
 
-def _check_inputs(args: TrainArgs) -> None:
+def _check_inputs(args: TrainArgs) -> dict[str, Path]:
     """The run's paths, before any work: the model directories it starts from (--from_weight) or scores with
     (--teacher, --reward_model) hold a model whose config.json reads, and --out_dir can be a directory apart from
-    them. A bad one is a one-line error naming the flag, before any data is tokenized or anything written."""
+    them. A bad one is a one-line error naming the flag, before any data is tokenized or anything written. Returns
+    those model directories by flag, defaults resolved."""
     from model.loading import load_config
     inputs: dict[str, Path] = {}
     if args.task != "pretrain":
@@ -143,6 +144,7 @@ def _check_inputs(args: TrainArgs) -> None:
     data = {f"--{name}": resolve_path(getattr(args, name)) for name in ("data_path", "val_data_path")
             if getattr(args, name)}
     check_out_dir(args.resolved_out_dir(), inputs, data)
+    return inputs
 
 
 def _check_vocab_size(args: TrainArgs, tokenizer: Any) -> None:
@@ -220,7 +222,7 @@ class Trainer:
     def __init__(self, args: TrainArgs) -> None:
         args.dtype = resolve_dtype(args.dtype)
         self.args = args
-        _check_inputs(args)
+        self.input_models = _check_inputs(args)
         self.threads = ThreadPolicy(parse_threads(args.threads))  # first: the set-up runs at this count too
         self.threads.start()
         self.out_dir = args.resolved_out_dir()
@@ -743,6 +745,9 @@ class Trainer:
                  f"data: {self.data.description}; {len(self.data.train)} train / {len(self.data.val)} val samples"
                  + (f"; stats {stats}" if stats else ""),
                  *([cut_note] if cut_note else []),
+                 # the models the run reads, defaults resolved (its config records a flag left out as null)
+                 *(["models: " + ", ".join(f"{flag} {path}" for flag, path in self.input_models.items())]
+                   if self.input_models else []),
                  f"trainable parameters: {self.trainable_params:,} of {self.num_params:,} "
                  f"({self.trainable_params / self.num_params:.2%})",
                  f"{self.total_steps} optimizer steps ({self.steps_per_epoch} per epoch), global batch "

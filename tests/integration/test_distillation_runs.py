@@ -64,10 +64,12 @@ def test_two_processes_distill_like_one_process(distilled, train_data, tiny_mode
     assert_same_model(out_dir, distilled)
 
 
-def test_distillation_on_pretraining_text(train_data, tiny_models, tmp_path):
+def test_distillation_on_pretraining_text(train_data, tiny_models, tmp_path, capsys):
     out_dir = tmp_path / "text"
     run_in_process("distill", _argv(train_data, tiny_models, out_dir, "--distill_data", "pretrain", "--data_path",
                                     str(train_data / "pretrain.jsonl"), "--max_steps", "2", "--max_seq_len", "32"))
+    # the start names the student and the teacher it read (its config records only the flags as given)
+    assert f"models: --from_weight {tiny_models.pretrain}, --teacher {tiny_models.sft}\n" in capsys.readouterr().out
     train = read_metrics(out_dir, "train")
     assert len(train) == 2 and all(record["kl"] > 0 and record["ce"] > 0 for record in train)
     assert "distill_data: pretrain" in (out_dir / "train_config.yaml").read_text()

@@ -291,8 +291,8 @@ class TrainArgs:
     wandb_project: str = _flag("logging", "MiniNorm", "wandb project")
     wandb_run_name: str | None = _flag("logging", None, "wandb run name (default: wandb's)")
     wandb_group: str | None = _flag("logging", None, "wandb group (default: none)")
-    diag_interval: int = _flag("diagnostics", 0, "optimizer steps between norm diagnostics "
-                                                 "(docs/diagnostics.md); 0: off")
+    diag_interval: int = _flag("diagnostics", 0, "optimizer steps between norm diagnostics, from the first step "
+                                                 "and on the last (docs/diagnostics.md); 0: off")
     peak_flops: float | None = _flag("logging", None, "the device's peak FLOP/s, for MFU (default: a known value "
                                                       "for the device, trainer/flops.py)")
     sample_prompt: str | None = _flag("logging", None, "prompt of the text sample generated at the end (default: "

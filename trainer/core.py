@@ -525,8 +525,10 @@ class Trainer:
         self.model.train()
         try:
             for started, batches in self._step_batches(position):
-                result = self.train_step(batches, arm_diagnostics=self._due(args.diag_interval, position.step),
-                                         step=position.step)
+                # diagnosed: the first step, every --diag_interval after it, and the last (the state it ends in)
+                diagnose = args.diag_interval > 0 and (self._due(args.diag_interval, position.step)
+                                                       or position.step + 1 == self.total_steps)
+                result = self.train_step(batches, arm_diagnostics=diagnose, step=position.step)
                 if result.outcome == "diverged":
                     return self._diverged(position)
                 result.time_s = time.perf_counter() - started

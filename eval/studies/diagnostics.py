@@ -63,13 +63,16 @@ def find_metrics_file(path: str | Path) -> Path:
                             "was the run trained with --diag_interval > 0?")
 
 
-def _edges(centres: np.ndarray) -> np.ndarray:
-    """Cell edges around (possibly unevenly spaced) centres, for pcolormesh."""
+def _edges(centres: np.ndarray, lowest: float | None = None) -> np.ndarray:
+    """Cell edges around (possibly unevenly spaced) centres, for pcolormesh; none below `lowest`."""
     centres = centres.astype(float)
     if len(centres) == 1:
         return np.array([centres[0] - 0.5, centres[0] + 0.5])
     mids = (centres[1:] + centres[:-1]) / 2
-    return np.concatenate([[2 * centres[0] - mids[0]], mids, [2 * centres[-1] - mids[-1]]])
+    first = 2 * centres[0] - mids[0]
+    if lowest is not None:
+        first = max(first, min(lowest, centres[0]))
+    return np.concatenate([[first], mids, [2 * centres[-1] - mids[-1]]])
 
 
 def _title(quantity: str) -> str:
@@ -87,7 +90,8 @@ def plot_heatmap(steps: np.ndarray, matrix: np.ndarray, quantity: str, out_path:
     positive = finite.size > 0 and bool((finite > 0).all())
     norm = LogNorm(finite.min(), finite.max()) if positive and finite.min() < finite.max() else Normalize()
     fig, ax = plt.subplots(figsize=(8, 0.35 * matrix.shape[0] + 2.2))
-    mesh = ax.pcolormesh(_edges(steps), _edges(np.arange(matrix.shape[0])), np.ma.masked_invalid(matrix),
+    # a step's cell starts no earlier than step 0 (the steps 1 and 21 drew one from step -9)
+    mesh = ax.pcolormesh(_edges(steps, lowest=0), _edges(np.arange(matrix.shape[0])), np.ma.masked_invalid(matrix),
                          norm=norm, cmap="viridis", shading="flat")
     fig.colorbar(mesh, ax=ax, label=quantity + (" (log scale)" if isinstance(norm, LogNorm) else ""))
     ax.set_xlabel("step")

@@ -15,6 +15,7 @@ import pytest
 from model.model import MiniNormForCausalLM
 from tests.paths import REPO
 from tests.training_runs import pretrain_from_the_command_line
+from trainer.run_dir import read_metrics
 
 RUNS = {
     "dyt-deepnorm": (["--norm_type", "dyt", "--norm_affine", "false", "--dyt_alpha_init", "0.8", "--norm_placement",
@@ -39,6 +40,8 @@ def test_new_switches_train_from_the_command_line(name: str, train_data, tmp_pat
     if name == "dyt-deepnorm":  # the diagnostics ran on the new variant
         metrics = (out_dir / "metrics.jsonl").read_text()
         assert "diag/attn_out_norm_out_rms/layer_00" in metrics and "diag/final_norm" not in metrics
+        # the first step, every 4 after it, and the last: the state the run ends in (it was left out)
+        assert [record["step"] for record in read_metrics(out_dir, "diag")] == [1, 5, 8]
 
 
 def test_bench_norm_lab_prints_one_interleaved_table(tmp_path) -> None:

@@ -63,6 +63,16 @@ def _install(staging: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def earlier_source(folder: Path, marker: str) -> str | None:
+    """The source an earlier result of this tool in `folder` records (its `marker`), which a new one replaces."""
+    try:
+        content = json.loads((folder / marker).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    source = content.get("source") if isinstance(content, dict) else None
+    return source if isinstance(source, str) else None
+
+
 @contextmanager
 def staged_dir(out_dir: Path, marker: str, provenance: dict[str, Any]) -> Iterator[Path]:
     """A temporary folder beside `out_dir` to write into; when the block ends without an error, `provenance` (which

@@ -40,7 +40,7 @@ from transformers import (LlamaForCausalLM, PreTrainedModel, Qwen3ForCausalLM,  
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from model.config import MiniNormConfig  # noqa: E402
-from model.export_dir import EXPORT_MARKER, check_out_dir, staged_dir  # noqa: E402
+from model.export_dir import EXPORT_MARKER, check_out_dir, earlier_source, staged_dir  # noqa: E402
 from model.llama_compat import NotExportable, check_exportable, to_target_config, to_target_state_dict  # noqa: E402
 from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.loading import (check_tokenizer_fits, config_model_type, load_config, load_dir_tokenizer,  # noqa: E402
@@ -158,12 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no_verify", action="store_true", help="skip the logits check against our model")
     args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()
+    earlier = earlier_source(resolve_path(args.out_dir), EXPORT_MARKER)  # what a success replaces, to say so
     try:
         out = convert_to_llama(args.model_path, args.out_dir, verify=not args.no_verify, target=args.target)
     except (ModelNotFound, NotExportable, ValueError) as error:
         return report_error(error)
     class_name = TARGETS[args.target][1].__name__
-    print(f"wrote {out} ({class_name}{'' if args.no_verify else ', logits verified against ours'})")
+    replaced = f"; it replaced the earlier export there, of {earlier}" if earlier else ""
+    print(f"wrote {out} ({class_name}{'' if args.no_verify else ', logits verified against ours'}){replaced}")
     return 0
 
 

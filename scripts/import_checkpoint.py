@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from model.export_dir import IMPORT_MARKER, check_out_dir, staged_dir  # noqa: E402
+from model.export_dir import IMPORT_MARKER, check_out_dir, earlier_source, staged_dir  # noqa: E402
 from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.interop import SWAPPABLE_NORMS, NotImportable, mininorm_config_from, model_from, read_state_dict  # noqa: E402
 from model.loading import check_tokenizer_fits, load_dir_tokenizer  # noqa: E402
@@ -112,13 +112,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the logits check against transformers' own model of --source")
     args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()
+    earlier = earlier_source(resolve_path(args.out_dir), IMPORT_MARKER)  # what a success replaces, to say so
     try:
         out, diff = import_checkpoint(args.source, args.out_dir, verify=not args.no_verify, norm_type=args.norm_type)
     except (NotImportable, ValueError) as error:
         return report_error(error)
     swapped = "" if args.norm_type == "rmsnorm" else f", norm_type={args.norm_type!r}"
     measured = "" if diff is None else f", max logit difference {diff:.2g} from transformers"
-    print(f"wrote {out} (MiniNorm{swapped}{measured})")
+    replaced = f"; it replaced the earlier import there, of {earlier}" if earlier else ""
+    print(f"wrote {out} (MiniNorm{swapped}{measured}){replaced}")
     return 0
 
 

@@ -51,13 +51,18 @@ def test_exported_directory_is_complete(tiny_models, exported, tokenizer) -> Non
     assert model_task(exported) == "pretrain"  # train_config.yaml came along, for eval/chat.py
 
 
-def test_export_replaces_a_previous_one(tiny_models, tmp_path) -> None:
+def test_export_replaces_a_previous_one(tiny_models, tmp_path, capsys) -> None:
     out = convert_to_llama(tiny_models.pretrain, tmp_path / "llama", verify=False)
     assert json.loads((out / "exported_from.json").read_text())["target"] == "llama"  # the marker it is known by
     (out / "stale.txt").write_text("old")
     assert main(["--model_path", str(tiny_models.pretrain), "--out_dir", str(out), "--no_verify"]) == 0
     assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"]
+    # it says what it replaced: the default --out_dir is every model's, and another model's export went in silence
+    said = capsys.readouterr().out.strip()
+    assert said.endswith(f"; it replaced the earlier export there, of {tiny_models.pretrain}")
+    assert main(["--model_path", str(tiny_models.pretrain), "--out_dir", str(tmp_path / "new"), "--no_verify"]) == 0
+    assert "replaced" not in capsys.readouterr().out
 
 
 def test_a_llama_checkpoint_from_elsewhere_is_not_replaced(tiny_models, exported, tmp_path, capsys) -> None:

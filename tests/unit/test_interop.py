@@ -128,6 +128,10 @@ def test_an_import_can_swap_the_norm_keeping_the_gains(kind: str, tmp_path, caps
         assert (ours(ids).logits - original).abs().max() > 1e-3  # a different function from the checkpoint's
     recorded = json.loads((tmp_path / "ln" / "imported_from.json").read_text())
     assert recorded["norm_type"] == "layernorm" and recorded["max_logit_difference"] > 1e-3
+    # imported again over it: the line says what it replaced (the default --out_dir is every import's)
+    assert main(["--source", str(source), "--out_dir", str(tmp_path / "ln"), "--norm_type", "layernorm",
+                 "--no_verify"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"; it replaced the earlier import there, of {source.resolve()}")
 
 
 def test_a_dyt_import_starts_alpha_at_its_init(tmp_path) -> None:

@@ -16,7 +16,7 @@ import torch
 from dataset.chat_format import encode_chatml
 from dataset.prompt_dataset import PromptDataset, prompt_messages
 from model import MiniNormConfig, MiniNormForCausalLM
-from trainer.grpo import GroupRelativePolicy, RolloutSettings, completion_log_probs
+from trainer.grpo import GroupRelativePolicy, RolloutSettings, completion_log_probs, first_sample
 from trainer.rewards import Reward, RewardError
 
 VOCAB = 17
@@ -91,6 +91,23 @@ def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, b
     if loss_type == "dr_grpo":
         return sum(sum(terms) for terms in rows) / (4 * settings.max_completion_length)
     return sum(sum(terms) for terms in rows) / sum(len(terms) for terms in rows)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_first_sample_is_where_accelerate_puts_each_micro_batch(world):
+    """A completion's sampling seed names its prompt's index in the step's global batch, so it must be the index of
+    the prompt Accelerate's sharding actually hands that micro-batch (BatchSamplerShard: batch i of the order goes to
+    process i mod world), or two processes would not sample what one process samples on the same global batch."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    batch_size, micro_batches = 3, 4
+    order = BatchSampler(range(batch_size * micro_batches * world), batch_size, drop_last=False)
+    for process in range(world):
+        shard = list(BatchSamplerShard(order, num_processes=world, process_index=process))
+        assert len(shard) == micro_batches
+        for micro_batch, prompts in enumerate(shard):
+            assert first_sample(micro_batch, process, world, batch_size) == prompts[0]
 
 
 def test_completion_log_probs_are_the_tokens_log_probs_one_position_back():
@@ -205,6 +222,81 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     reward, reward_std, _, _, length, function_mean = stats.tolist()
     assert (reward, reward_std, length, function_mean) == pytest.approx(
         (sum(totals) / 8, sum(stds) / 4, sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
+
+
+def _fake_sampler(sampled: list[list[int]]):
+    """A stand-in for sample_completions: each completion's tokens come from its seed alone (1 to 6 tokens), and
+    every completion is recorded in `sampled`."""
+    def sample(model, tok, prompt_ids, settings):
+        out = [[100 + (setting.seed + i) % 50 for i in range(1 + setting.seed % 6)] for setting in settings]
+        sampled.extend(out)
+        return out
+    return sample
+
+
+def _numbered_prompts(first: int, count: int) -> dict:
+    return PromptDataset.collate([{"input_ids": torch.tensor([1 + j % 9, 2]), "prompt": f"p{j}", "columns": {}}
+                                  for j in range(first, first + count)])
+
+
+@pytest.mark.parametrize(("loss_type", "scale"), [("grpo", True), ("dr_grpo", False), ("cispo", True)])
+def test_rollout_advantages_and_completion_masks_by_hand(tokenizer, policy, monkeypatch, loss_type, scale):
+    """Per group of 3: grpo and cispo take (r - mean) / (sample std + 1e-4), Dr. GRPO (Liu et al. 2025, section 3.2)
+    only r - mean; each completion's mask is 1 on exactly its sampled tokens (lengths 1 to 6, so most rows are
+    padded)."""
+    import trainer.grpo as grpo
+
+    sampled: list[list[int]] = []
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler(sampled))
+
+    def reward(prompts, completions, **columns):
+        return [float(len(c) % 4) + 0.5 * (c[:1] == "a") for c in completions]
+
+    objective = GroupRelativePolicy([Reward("r", reward)], tokenizer, _settings(loss_type, group=3), None, seed=11,
+                                    process_index=0, autocast=nullcontext)
+    batch = objective.rollouts(policy, [_numbered_prompts(0, 4)], step=3, accelerator=_OneProcess())[0]
+    rewards = batch["scores"].double().tolist()
+    assert sum(statistics.stdev(rewards[first:first + 3]) > 0.2 for first in range(0, 12, 3)) >= 2
+    for first in range(0, 12, 3):
+        group = rewards[first:first + 3]
+        mean = sum(group) / 3
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / 2)
+        expected = [(r - mean) / (std + 1e-4) if scale else r - mean for r in group]
+        assert batch["advantages"][first:first + 3].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert len({len(c) for c in sampled}) > 1  # completions of several lengths
+    width = max(len(c) for c in sampled)
+    assert batch["completion_mask"].tolist() == [[t < len(c) for t in range(width)] for c in sampled]
+    for row, start, completion in zip(batch["input_ids"].tolist(), batch["starts"].tolist(), sampled):
+        assert row[start:start + len(completion)] == completion
+
+
+def test_a_prompts_completions_do_not_depend_on_how_the_step_is_split(tokenizer, policy, monkeypatch):
+    """Six prompts in one micro-batch, in three micro-batches of two, and as two processes of three (Accelerate
+    hands micro-batch m of process p the (m x world + p)-th batch): each prompt's completions are the same, since a
+    completion's seed names its prompt's place in the global batch and its place in its group."""
+    import trainer.grpo as grpo
+
+    sampled: list[list[int]] = []
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler(sampled))
+
+    def run(process: int, world: int, micro_batches: list[dict]) -> list[list[int]]:
+        sampled.clear()
+        objective = GroupRelativePolicy([Reward("r", lambda prompts, completions, **c: [0.0] * len(completions))],
+                                        tokenizer, _settings(group=2), None, seed=5, process_index=process,
+                                        autocast=nullcontext, world=world)
+        for index, batch in enumerate(micro_batches):
+            objective.rollout(policy, batch, step=4, micro_batch=index)
+        return list(sampled)
+
+    whole = run(0, 1, [_numbered_prompts(0, 6)])
+    assert len(set(map(tuple, whole))) == 12  # twelve different completions
+    assert run(0, 1, [_numbered_prompts(0, 2), _numbered_prompts(2, 2), _numbered_prompts(4, 2)]) == whole
+    # Two processes, micro-batches of one prompt: process p's micro-batch m holds global prompt m x 2 + p.
+    by_process = {p: run(p, 2, [_numbered_prompts(m * 2 + p, 1) for m in range(3)]) for p in (0, 1)}
+    for m in range(3):
+        for p in (0, 1):
+            prompt = m * 2 + p
+            assert by_process[p][2 * m:2 * m + 2] == whole[2 * prompt:2 * prompt + 2]
 
 
 def _token_lists(batch: dict) -> list[list[int]]:

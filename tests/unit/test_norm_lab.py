@@ -231,6 +231,14 @@ def test_dyt_forward_and_gradients_match_fp64_formulas(shape: tuple[int, ...], a
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_dyt_alpha_starts_at_the_papers_default() -> None:
+    # Zhu et al. (2025) initialize alpha to alpha_0 = 0.5 by default (also MiniNormConfig's dyt_alpha_init).
+    norm = DyT(16)
+    assert norm.alpha.item() == 0.5
+    x = 3 * torch.randn(2, 16, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(norm(x).double(), torch.tanh(0.5 * x.double()), rtol=1e-6, atol=1e-6)
+
+
 def test_dyt_gradcheck_fp64() -> None:
     norm = DyT(7, alpha_init=0.6).double()
     with torch.no_grad():

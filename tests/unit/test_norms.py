@@ -6,6 +6,8 @@ Triton is tested in tests/unit/test_kernels.py; here the implementations are "ea
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from torch import nn
 
 from model.config import MiniNormConfig, NormImpl
 from model.norms import LayerNorm, NoNorm, RMSNorm, build_norm, partial_size, resolve_norm_impl
+from model.rmsnorm_math import floor_fraction
 from tests.norm_reference import expected_partial_size
 
 EPS = 1e-6
@@ -159,6 +162,17 @@ def test_rmsnorm_tiny_input_uses_eps() -> None:
     assert torch.equal(y, torch.zeros(3, 41))
 
 
+def test_rmsnorm_default_eps_is_llamas() -> None:
+    """RMSNorm(dim) with no eps normalizes as transformers' LlamaRMSNorm(dim) does by default (eps 1e-6, Llama's
+    rms_norm_eps and MiniNormConfig's norm_eps), on rows whose mean square (~1e-6) makes eps count."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    x = 1e-3 * torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    want = x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(RMSNorm(64)(x).double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(RMSNorm(64)(x), LlamaRMSNorm(64)(x), atol=1e-5, rtol=1e-5)
+
+
 def test_rmsnorm_backward_formula_and_gradcheck() -> None:
     torch.manual_seed(3)
     norm = make_norm(41).double()
@@ -186,6 +200,16 @@ def test_partial_size(n: int, p: float, k: int) -> None:
     # k = ceil(n * p) with p read as the decimal it is written as: a float product would give 8 for 100 * 0.07
     # (7.000000000000001) and 15 for 100 * 0.14 (14.000000000000002).
     assert partial_size(n, p) == k == expected_partial_size(n, p)
+
+
+@pytest.mark.parametrize(("n", "p", "k"), [(100_000, 5e-05, 5), (1_000_000, 2.5e-05, 25), (64, 1e-05, 1),
+                                           (10**7, 1.25e-06, 13)])
+def test_partial_size_of_a_p_below_1e_4(n: int, p: float, k: int) -> None:
+    # Python writes a float below 1e-4 with an exponent (repr(5e-05) == '5e-05'): the decimal it stands for is still
+    # 5 / 100000, so k = ceil(n * p) is as small as that (a sign slip on the exponent would read p as 500000 and
+    # give k = n, a full RMSNorm).
+    assert partial_size(n, p) == k == expected_partial_size(n, p)
+    assert floor_fraction(n, p) == math.floor(Fraction(str(p)) * n)  # Mix-LN reads its ratio the same way
 
 
 @pytest.mark.parametrize("p", [0.0, -0.5, 1.5, float("nan"), "0.5", None])

@@ -255,3 +255,28 @@ def test_the_ppo_loss_and_its_gradients_match_fp64_by_hand():
     assert result.value_loss == pytest.approx(value, rel=1e-12)
     assert result.loss.item() == pytest.approx(policy + vf_coef * value, rel=1e-12)
     assert result.clip_fraction == pytest.approx(clipped / n)
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "cispo", "ppo"])
+def test_clip_fraction_counts_the_clipped_tokens_by_trls_rule(kind):
+    """The logged clip fraction, token by token. GRPO and PPO (TRL's GRPOTrainer: is_low_clipped = r < 1 - eps_low
+    and A < 0, is_high_clipped = r > 1 + eps_high and A > 0): a token with A = 0 is never clipped, and a ratio
+    between 1 + eps_low and 1 + eps_high (DAPO's clip-higher band) is not clipped on the high side. CISPO clips the
+    weight of every token whose ratio leaves [1 - eps_low, 1 + eps_high], whatever its advantage."""
+    ratios, signs = [0.7, 0.9, 1.1, 1.25, 1.4], [-1.0, 0.0, 1.0]
+    pairs = [(r, a) for r in ratios for a in signs]
+    old = torch.full((len(pairs), 2), -1.0, dtype=torch.float64)
+    new = old + torch.tensor([[math.log(r), 0.0] for r, _ in pairs], dtype=torch.float64)
+    mask = torch.tensor([[1, 0]] * len(pairs), dtype=torch.float64)  # the second token is padding
+    advantages = torch.tensor([a for _, a in pairs], dtype=torch.float64)
+    if kind == "ppo":
+        low = high = EPS_LOW
+        got = ppo_policy_loss(new, old, advantages[:, None].expand(-1, 2), mask, EPS_LOW).clip_fraction
+    else:
+        low, high = EPS_LOW, EPS_HIGH
+        got = policy_loss(kind, new, old, advantages, mask, EPS_LOW, EPS_HIGH, max_completion_length=2).clip_fraction
+    if kind == "cispo":
+        clipped = [not 1 - low <= r <= 1 + high for r, _ in pairs]
+    else:
+        clipped = [(r < 1 - low and a < 0) or (r > 1 + high and a > 0) for r, a in pairs]
+    assert got == pytest.approx(sum(clipped) / len(pairs), rel=1e-12)

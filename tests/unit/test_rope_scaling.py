@@ -214,3 +214,49 @@ def test_the_tools_scale_over_the_runs_recorded_length(short_model, tmp_path, ca
     data = tmp_path / "long.jsonl"
     data.write_text(json.dumps({"text": "the river " * 60}) + "\n")
     assert evaluate_model_dir(model_dir, [str(data)], max_seq_len=128, rope_scaling_factor=4)["max_seq_len"] == 64
+
+
+@pytest.mark.parametrize(("rope_type", "head_dim", "theta", "original", "factor"),
+                         [("yarn", 64, 1e4, 4096, 4.0), ("yarn", 128, 1e6, 32768, 4.0), ("yarn", 128, 5e5, 8192, 8.0),
+                          ("yarn", 64, 1e4, 65536, 2.0), ("linear", 64, 1e4, 4096, 4.0),
+                          ("dynamic", 128, 1e6, 32768, 4.0)])
+def test_inverse_frequencies_equal_transformers_at_real_model_lengths(rope_type: str, head_dim: int, theta: float,
+                                                                      original: int, factor: float) -> None:
+    """The frequencies and attention factor of transformers' rope init functions, for lengths and thetas of real
+    models and with YaRN's betas left to their defaults (beta_fast 32, beta_slow 1): at the test models' short
+    original length both ramp ends clamp to 0, which hides the defaults; at 65536 with theta 1e4 the slow end passes
+    the last frequency and is clamped to head_dim - 1, as transformers clamps it. Dynamic scaling grows the base as
+    soon as the sequence is longer than max_position_embeddings."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from model.rope import check_rope_scaling, inverse_frequencies
+
+    scaling = {"rope_type": rope_type, "factor": factor}
+    if rope_type == "yarn":
+        scaling["original_max_position_embeddings"] = original
+    max_positions = int(original * factor) if rope_type != "dynamic" else original
+    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
+                         max_position_embeddings=max_positions, rope_parameters={**scaling, "rope_theta": theta})
+    seq_len = original * 3 // 2 if rope_type == "dynamic" else None  # past the length, not yet twice it
+    want, want_factor = ROPE_INIT_FUNCTIONS[rope_type](config, None, seq_len=seq_len)
+    got, got_factor = inverse_frequencies(head_dim, theta, check_rope_scaling(scaling, max_positions), max_positions,
+                                          seq_len=None if seq_len is None else torch.tensor(seq_len))
+    torch.testing.assert_close(got, want, atol=0, rtol=1e-6)
+    assert got_factor == pytest.approx(want_factor, rel=1e-12)
+    assert not torch.allclose(got, inverse_frequencies(head_dim, theta, None, max_positions)[0])  # it scales
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn"])
+def test_a_factor_of_1_is_accepted_and_scales_nothing(rope_type: str) -> None:
+    """Some published config.json files carry {"type": "linear", "factor": 1.0}; transformers accepts a factor >= 1, and
+    with 1 every frequency is plain RoPE's (while a sequence fits max_position_embeddings, for dynamic)."""
+    config = MiniNormConfig(**SHAPE, max_position_embeddings=ORIGINAL, rope_scaling={"type": rope_type, "factor": 1.0})
+    assert config.rope_scaling["rope_type"] == rope_type and config.rope_scaling["factor"] == 1.0
+    from model.rope import inverse_frequencies
+
+    plain, _ = inverse_frequencies(32, 1e4, None, ORIGINAL)
+    got, attention_factor = inverse_frequencies(32, 1e4, config.rope_scaling, ORIGINAL,
+                                                  seq_len=torch.tensor(ORIGINAL))  # dynamic: within the length
+    torch.testing.assert_close(got, plain, atol=0, rtol=1e-6)
+    assert attention_factor == 1.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from contextlib import nullcontext
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -83,9 +84,24 @@ def test_dpo_loss_rewards_and_masks_match_fp64_by_hand(tiny_models, tokenizer, t
         chosen_rewards.append(rewards[0])
         rejected_rewards.append(rewards[1])
     assert loss.item() == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    # One micro-batch of a step that holds three times these pairs: its share of the step's mean over pairs.
+    share, _ = objective.loss(policy, batch, num_items=3 * objective.count_items(batch))
+    assert share.item() == pytest.approx(sum(losses) / (3 * len(losses)), rel=1e-5)
     accuracy = sum(c > r for c, r in zip(chosen_rewards, rejected_rewards))
     expected = [accuracy, sum(chosen_rewards) - sum(rejected_rewards), sum(chosen_rewards), sum(rejected_rewards)]
     assert stat_sums.tolist() == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+    # Validation on a shard padded with a target-free pair (rows: the chosen answers, then the rejected ones): the
+    # means are over the real pairs only.
+    n = len(pairs)
+    padded = {key: torch.cat([value[:n], value[:1], value[n:], value[n:n + 1]]) for key, value in batch.items()}
+    padded["labels"][n] = -100
+    padded["labels"][2 * n + 1] = -100
+    accelerator = SimpleNamespace(device=torch.device("cpu"), reduce=lambda tensor, reduction: tensor)
+    result = objective.evaluate(policy, [padded], accelerator)
+    assert result.pairs == n
+    assert result.loss == pytest.approx(sum(losses) / n, rel=1e-5)
+    assert result.reward_margin == pytest.approx((sum(chosen_rewards) - sum(rejected_rewards)) / n, rel=1e-4)
 
 
 def test_dpo_run_drives_the_reward_accuracy_up(train_data, tiny_models, tmp_path):

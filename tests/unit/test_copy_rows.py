@@ -99,23 +99,25 @@ def objective(accumulation: int = 2, processes: int = 1, process_index: int = 0,
                                       accumulation_steps=accumulation)
 
 
-@pytest.mark.parametrize("cue_pairs", [0, 3])
-def test_the_loss_is_language_modeling_plus_the_weighted_copy_mean_by_hand(cue_pairs: int) -> None:
+@pytest.mark.parametrize(("cue_pairs", "processes"), [(0, 1), (3, 1), (0, 2)])
+def test_the_loss_is_language_modeling_plus_the_weighted_copy_mean_by_hand(cue_pairs: int, processes: int) -> None:
     model = tiny_model().train()
     ids = random_ids(2, 40)
     batch = {"input_ids": ids, "labels": ids}
     num_items = torch.tensor(150)  # the step's supervised tokens over all its micro-batches
-    copies = objective(accumulation=2, cue_pairs=cue_pairs)
+    process = processes - 1  # the last process
+    copies = objective(accumulation=2, processes=processes, process_index=process, cue_pairs=cue_pairs)
     plain, _ = LanguageModeling().loss(model, batch, num_items)
     for step, weight in ((1, 0.7), (2, 0.2)):
         copies.start_step(step)
         for micro_batch in range(2):
             loss, stats = copies.loss(model, batch, num_items)
-            rows, labels = copy_rows(copies.row_seed(step, micro_batch, 0), 3, TOKENS, ids, 40, cue_pairs)
+            rows, labels = copy_rows(copies.row_seed(step, micro_batch, process), 3, TOKENS, ids, 40, cue_pairs)
             logits = model(rows).logits[:, :-1].double()
             targets = labels[:, 1:]
             copy_mean = F.cross_entropy(logits[targets != -100], targets[targets != -100])
-            expected = plain.double() + weight * copy_mean / 2  # 2 micro-batches a step, 1 process
+            # The step's gradient is weight x the mean of its 2 x processes micro-batches' copy losses.
+            expected = plain.double() + weight * copy_mean / (2 * processes)
             assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
             assert float(stats[-1]) == pytest.approx(float(copy_mean) * 78, rel=1e-5)  # x its 2 x 39 targets
 

@@ -95,6 +95,26 @@ def test_sft_labels_token_by_token(tmp_path, cache, tokenizer, messages):
     assert ds.stats["supervised_tokens"] == len(supervised)
 
 
+def test_sft_learns_an_assistant_turn_with_two_tool_calls_whole(tmp_path, cache, tokenizer):
+    """An assistant message with content and two tool calls: everything the model writes after its header and the
+    empty think block -- the content, both <tool_call> blocks, the newline between them, <|im_end|> -- is learned,
+    as the tokenizer's own chat template renders it, and nothing else."""
+    calls = [{"type": "function", "function": {"name": "lookup", "arguments": {"city": "Paris"}}},
+             {"type": "function", "function": {"name": "lookup", "arguments": {"city": "Rome"}}}]
+    messages = [{"role": "user", "content": "Weather in Paris and Rome?"},
+                {"role": "assistant", "content": "Checking both.", "tool_calls": calls}]
+    ds = SFTDataset(write_jsonl(tmp_path / "t.jsonl", [{"conversations": messages}]), tokenizer, 512, cache_dir=cache)
+    ids, labels = ds[0]["input_ids"].tolist(), ds[0]["labels"].tolist()
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+    header = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    turn = text[text.index(header) + len(header):text.rindex("<|im_end|>") + len("<|im_end|>")]
+    assert turn.count("<tool_call>") == 2 and "</tool_call>\n<tool_call>" in turn
+    supervised = [t for t, label in zip(ids, labels) if label != IGNORE_INDEX]
+    assert tokenizer.decode(supervised) == turn
+    assert all(label in (IGNORE_INDEX, t) for t, label in zip(ids, labels))  # a label is its token's id
+
+
 def test_sft_mask_boundaries(tmp_path, cache, tokenizer):
     """The header before an answer and the newline after its <|im_end|> are never labelled."""
     ds = SFTDataset(write_jsonl(tmp_path / "s.jsonl", [{"conversations": MULTI}]), tokenizer, 512, cache_dir=cache)
@@ -145,6 +165,17 @@ def test_sft_stats_count_no_cut_when_the_supervision_ends_within_max_seq_len(tmp
     assert ds.stats["supervision_cut"] == 0 and ds.stats["supervised_tokens_cut"] == 0
     shorter = SFTDataset(path, tokenizer, max_seq_len=last_supervised, cache_dir=cache)
     assert shorter.stats["supervision_cut"] == 1 and shorter.stats["supervised_tokens_cut"] == 1
+
+
+def test_sft_a_row_of_exactly_max_seq_len_tokens_is_whole_and_not_truncated(tmp_path, cache, tokenizer):
+    full_ids, full_labels = expected_tokens(tokenizer, SINGLE)
+    path = write_jsonl(tmp_path / "s.jsonl", [{"conversations": SINGLE}])
+    ds = SFTDataset(path, tokenizer, max_seq_len=len(full_ids), cache_dir=cache)
+    assert ds[0]["input_ids"].tolist() == full_ids and ds[0]["labels"].tolist() == full_labels
+    assert ds.stats["truncated"] == 0 and ds.stats["supervision_cut"] == 0
+    assert SFTDataset(path, tokenizer, max_seq_len=len(full_ids) - 1, cache_dir=cache).stats["truncated"] == 1
+    with pytest.raises(ValueError, match="max_seq_len must be at least 2, got 1"):
+        SFTDataset(path, tokenizer, max_seq_len=1, cache_dir=cache)
 
 
 def test_dpo_stats_count_the_supervised_tokens_cut_from_both_answers(tmp_path, cache, tokenizer):

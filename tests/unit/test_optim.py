@@ -231,3 +231,37 @@ def test_muon_is_refused_where_it_cannot_run(setup, refused):
             check_optimizer_supported(accelerator, "muon")
     else:
         check_optimizer_supported(accelerator, "muon")
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.5])
+def test_wsd_decays_after_the_warmup_when_the_run_is_short(fraction):
+    """10 steps, 8 of warmup: the decay (2 steps at 0.2 of the run; 5 at 0.5, which would reach into the warmup)
+    takes the steps after the warmup, linearly from the peak to the floor at the last step -- no step of the warmup
+    is cut short, none after it jumps down."""
+    factors = [lr_multiplier(step, 8, 10, 0.1, "wsd", fraction) for step in range(10)]
+    assert factors[:8] == pytest.approx([(step + 1) / 9 for step in range(8)])
+    assert factors[8:] == pytest.approx([1 - 0.9 / 2, 0.1])
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+def test_past_the_planned_end_the_rate_stays_at_the_floor(schedule):
+    """A run on a time budget re-plans its length and may end up past it: the factor stays at min_ratio there (a
+    cosine must not climb back up its next period)."""
+    for step in (100, 101, 150, 199, 250):
+        assert lr_multiplier(step, 10, 100, 0.1, schedule) == pytest.approx(0.1)
+
+
+def test_warmup_longer_than_the_run_is_cut_to_the_run():
+    """build_scheduler: warmup never runs past the end, so a 10-step run asked for 50 warmup steps warms up over its
+    10 steps ((step + 1) / 11), also when its length is a plan read at every step (a time budget)."""
+    from trainer.schedule import build_scheduler
+
+    for total in (10, lambda: 10):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+        scheduler = build_scheduler(optimizer, warmup_steps=50, total_steps=total, min_ratio=0.1)
+        lrs = []
+        for _ in range(10):
+            lrs.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        assert lrs == pytest.approx([2.0 * (step + 1) / 11 for step in range(10)])

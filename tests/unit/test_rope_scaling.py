@@ -115,34 +115,26 @@ def test_bad_rope_scaling_is_refused_naming_the_key(scaling, named: str) -> None
 
 
 # ---------------------------------------------------------------------------------------------- --rope_scaling_factor
-def test_extend_context_is_yarn_over_the_trained_length() -> None:
-    trained = scaled_model(None, ORIGINAL)
-    extend_context(trained, FACTOR)
-    assert trained.config.max_position_embeddings == ORIGINAL * FACTOR
-    assert trained.config.rope_scaling == SCALINGS["yarn"][0]
-    reference = scaled_model(SCALINGS["yarn"][0], ORIGINAL * FACTOR)
-    reference.load_state_dict(trained.state_dict())
-    ids = torch.randint(0, 512, (1, ORIGINAL * FACTOR), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        torch.testing.assert_close(trained(ids).logits, llama_from_mininorm(reference).eval()(ids).logits,
-                                   atol=2e-5, rtol=0)
-
-
-def test_extend_context_scales_over_the_length_the_run_trained_on() -> None:
-    """The CPU presets train rows of 256 of their 512 positions: YaRN over 512 stretched positions the model never
-    attended over (measured worse, docs/chat_evaluate_export.md), and "4x the trained context" was 8x. L is now the
-    run's --max_seq_len; the context never shrinks below the model's own."""
-    model = scaled_model(None, 2 * ORIGINAL)
-    said = extend_context(model, FACTOR, trained_length=ORIGINAL)
-    assert model.config.rope_scaling == SCALINGS["yarn"][0]  # original_max_position_embeddings: the trained 64
+@pytest.mark.parametrize("positions, trained", [(ORIGINAL, None), (2 * ORIGINAL, ORIGINAL)])
+def test_extend_context_is_yarn_over_the_trained_length(positions: int, trained: int | None) -> None:
+    """L is the run's --max_seq_len where recorded, else max_position_embeddings. The CPU presets train rows of 256
+    of their 512 positions: YaRN over 512 stretched positions the model never attended over (measured worse,
+    docs/chat_evaluate_export.md), and "4x the trained context" was 8x."""
+    model = scaled_model(None, positions)
+    said = extend_context(model, FACTOR, trained_length=trained)
+    assert model.config.rope_scaling == SCALINGS["yarn"][0]  # original_max_position_embeddings: 64
     assert model.config.max_position_embeddings == ORIGINAL * FACTOR
-    assert said == f"YaRN x4 over the 64 trained positions: a context of {ORIGINAL * FACTOR} positions"
+    kind = "trained" if trained else "model's"
+    assert said == f"YaRN x4 over the 64 {kind} positions: a context of {ORIGINAL * FACTOR} positions"
     reference = scaled_model(SCALINGS["yarn"][0], ORIGINAL * FACTOR)
     reference.load_state_dict(model.state_dict())
-    ids = torch.randint(0, 512, (1, ORIGINAL * FACTOR), generator=torch.Generator().manual_seed(6))
+    ids = torch.randint(0, 512, (1, ORIGINAL * FACTOR), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, llama_from_mininorm(reference).eval()(ids).logits,
                                    atol=2e-5, rtol=0)
+
+
+def test_extend_context_never_shrinks_the_models_context() -> None:
     small = scaled_model(None, 2 * ORIGINAL)
     extend_context(small, 1.5, trained_length=ORIGINAL)  # 1.5 x 64 = 96 positions: the model's 128 stay
     assert (small.config.max_position_embeddings, small.config.rope_scaling["original_max_position_embeddings"]) == (

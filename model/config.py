@@ -191,9 +191,6 @@ def _check_combination(config: "MiniNormConfig") -> None:
     if not config.norm_affine:
         raise ValueError("norm_affine=False is not allowed with norm_type='none': there is no norm whose gain "
                          "and bias it would remove")
-    if config.qk_norm:
-        raise ValueError("qk_norm=True is not allowed with norm_type='none': the queries and keys would get the "
-                         "configured norm, and there is none (an identity, where a flag says otherwise)")
 
 
 def _check_moe(config: "MiniNormConfig") -> None:

@@ -96,7 +96,6 @@ def test_invalid_new_value_names_field_value_and_allowed(field: str, value: obje
     (dict(norm_placement="deepnorm"), "norm_placement='deepnorm'"),
     (dict(norm_depth_scaling=True), "norm_depth_scaling=True"),
     (dict(norm_affine=False), "norm_affine=False"),
-    (dict(qk_norm=True), "qk_norm=True"),  # was built, with the identity as its "norm" on queries and keys
 ])
 def test_meaningless_combinations_are_refused_in_one_line(overrides: dict, named: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -114,8 +113,7 @@ def test_every_other_combination_of_the_new_switches_builds_and_runs() -> None:
             for affine in (True, False):
                 for depth_scaling in (False, True):
                     overrides = dict(norm_type=norm_type, norm_placement=placement, norm_affine=affine,
-                                     norm_depth_scaling=depth_scaling, qk_norm=norm_type != "none",
-                                     qk_norm_scope="full",
+                                     norm_depth_scaling=depth_scaling, qk_norm=True, qk_norm_scope="full",
                                      mix_ln_ratio=0.5, init_depth_scaling=False, num_hidden_layers=2)
                     refused = norm_type == "none" and (placement == "deepnorm" or not affine or depth_scaling)
                     if refused:

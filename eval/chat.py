@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     print(start_threads(args.threads), file=sys.stderr)
     try:
         model, tokenizer = load_model(path, device=args.device, dtype=args.dtype, lora=lora)
-        extended = apply_rope_scaling_flag(model, lora or path, args.rope_scaling_factor)
+        extended = apply_rope_scaling_flag(model, path, lora, args.rope_scaling_factor)
         use_template = uses_chat_template(args.mode, model_task(lora or path), tokenizer)
         if use_template:
             check_chatml_tokenizer(tokenizer)  # its control tokens and template, before the first message

@@ -30,17 +30,18 @@ CHAT_FREQUENCY_PENALTY = 0.25
 def add_rope_scaling_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rope_scaling_factor", type=float, default=None,
                         help="extend the context this many times the trained length at inference with YaRN "
-                             "(rope_scaling yarn whose original length is the --max_seq_len the model's run trained "
+                             "(rope_scaling yarn whose original length is the longest rows the model's runs trained "
                              "on, else its max_position_embeddings); MiniNorm models only")
 
 
-def apply_rope_scaling_flag(model: Any, trained_in: Path, factor: float | None) -> str | None:
-    """--rope_scaling_factor on a loaded `model` (model/rope.py's extend_context) over the length its run trained
-    on: the run directory `trained_in` (a LoRA adapter's, else the model's) records it. Returns what it did."""
+def apply_rope_scaling_flag(model: Any, model_dir: Path, adapter: Path | None, factor: float | None) -> str | None:
+    """--rope_scaling_factor on a loaded `model` (model/rope.py's extend_context) over the longest rows its weights
+    trained on (run_dir.trained_length of the model directory and of the LoRA `adapter`, if any). Returns what it
+    did."""
     from model.rope import extend_context
     from trainer.run_dir import trained_length
 
-    return extend_context(model, factor, trained_length(trained_in))
+    return extend_context(model, factor, trained_length(model_dir, adapter))
 
 
 # The decoding flags' types (the server's requests take the same ranges, scripts/server/protocol.py): a temperature

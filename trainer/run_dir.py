@@ -205,10 +205,37 @@ def recorded_config(run_dir: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def trained_length(model_dir: Path) -> int | None:
-    """The positions per row the run that wrote `model_dir` trained on (its --max_seq_len); None unrecorded."""
-    length = recorded_config(model_dir).get("max_seq_len")
-    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+ROLLOUT_RECORDS = ("grpo", "ppo")  # runs whose rows are a prompt (--max_seq_len) plus a completion
+
+
+def trained_length(model_dir: Path, adapter: Path | None = None) -> int | None:
+    """The longest rows the weights in `model_dir` (with the LoRA `adapter`) trained on, over the runs that made
+    them: the run that wrote each (its --max_seq_len; a GRPO/PPO run's prompts plus --max_completion_length) and,
+    through each run's recorded --from_weight (or its task's default folder), the runs before it (a DPO run at 256
+    from an SFT at 384: 384). None where no run recorded one."""
+    longest = 0
+    for start in (model_dir, adapter):
+        longest = max(longest, _lineage_length(start) if start is not None else 0)
+    return longest or None
+
+
+def _lineage_length(model_dir: Path) -> int:
+    longest, seen, folder = 0, set(), model_dir
+    while folder is not None and folder.resolve() not in seen:
+        seen.add(folder.resolve())
+        recorded = recorded_config(folder)
+        length = _count(recorded.get("max_seq_len"))
+        if length and recorded.get("task") in ROLLOUT_RECORDS:
+            length += _count(recorded.get("max_completion_length"))
+        longest = max(longest, length)
+        task = recorded.get("task")
+        source = recorded.get("from_weight") or DEFAULT_OUT_DIRS.get(DEFAULT_FROM_WEIGHT.get(task, ""))
+        folder = resolve_path(source) if isinstance(source, str) and source else None
+    return longest
 
 
 def recorded_run_id(out_dir: Path) -> str | None:

@@ -33,7 +33,7 @@ def load_served_model(path: Path, mode: str = "auto", max_batch: int = 8, name: 
     loaded for serving, its context extended by YaRN when `rope_scaling_factor` is given; its id is `name`, else
     the adapter's or the model's directory name."""
     model, tokenizer = load_model(path, device=device, dtype=dtype, lora=lora)
-    apply_rope_scaling_flag(model, lora or path, rope_scaling_factor)  # before the engine reads the context length
+    apply_rope_scaling_flag(model, path, lora, rope_scaling_factor)  # before the engine reads the context length
     source = lora or path
     use_template = uses_chat_template(mode, model_task(source), tokenizer)
     if use_template:

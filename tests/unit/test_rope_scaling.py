@@ -4,6 +4,7 @@ rope_parameters, at positions up to factor x the original length; validation; de
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -252,3 +253,39 @@ def test_a_factor_of_1_is_accepted_and_scales_nothing(rope_type: str) -> None:
                                                   seq_len=torch.tensor(ORIGINAL))  # dynamic: within the length
     torch.testing.assert_close(got, plain, atol=0, rtol=1e-6)
     assert attention_factor == 1.0
+
+
+def test_the_trained_length_is_the_longest_over_the_runs_that_made_the_weights(tmp_path) -> None:
+    """A DPO or LoRA run at 256 from an SFT at 384 trained rows of 384 too (YaRN over 256 gave a 2x 'extension' of
+    no position, and squeezed 256-384); a GRPO run's rows are its prompts plus its completions (the session's
+    reviewer)."""
+    from trainer.run_dir import trained_length
+
+    def run(name: str, text: str) -> Path:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train_config.yaml").write_text(text)
+        return tmp_path / name
+
+    pre = run("pre", "task: pretrain\nmax_seq_len: 256\n")
+    sft = run("sft", f"task: sft\nmax_seq_len: 384\nfrom_weight: {pre}\n")
+    dpo = run("dpo", f"task: dpo\nmax_seq_len: 256\nfrom_weight: {sft}\n")
+    grpo = run("grpo", f"task: grpo\nmax_seq_len: 400\nmax_completion_length: 64\nfrom_weight: {dpo}\n")
+    lora = run("lora", f"task: lora\nmax_seq_len: 128\nfrom_weight: {pre}\n")
+    loop = run("loop", f"task: sft\nmax_seq_len: 96\nfrom_weight: {tmp_path / 'loop'}\n")
+    assert [trained_length(folder) for folder in (pre, sft, dpo, grpo, lora, loop)] == [256, 384, 384, 464, 256, 96]
+    assert trained_length(sft, lora) == 384 and trained_length(tmp_path / "nothing") is None
+    assert trained_length(tmp_path / "nothing", lora) == 256
+
+
+def test_evaluates_rows_with_a_factor_are_the_trained_ones_times_it(tokenizer, tmp_path) -> None:
+    """A model without a record (an import, 32k-40k positions) took F x its max_position_embeddings as the row
+    length: a 4096-position model at factor 4 asked for rows of 16384 tokens (the session's reviewer). Now: 256
+    (the rows of a model that records none) times F."""
+    folder = tmp_path / "imported"
+    config = MiniNormConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, max_position_embeddings=1024, norm_impl="eager",
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    save_model_dir(MiniNormForCausalLM(config).eval(), tokenizer, folder)
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps({"text": "the river " * 300}) + "\n" for _ in range(4)))
+    assert evaluate_model_dir(folder, [str(data)], rope_scaling_factor=2)["max_seq_len"] == 512  # not 2048

@@ -118,15 +118,15 @@ def _eval_loader(dataset, batch_size: int, accelerator):
 
 
 def default_splits(run_dir: Path) -> tuple[str, str]:
-    """pretrain_val and the conversations' split the model's run validated on: an SFT run on the embedded tool
-    dialogues (--sft_data tools, its default) sft_tools_val, a LoRA run on its default set lora_val, others sft_val
-    (what the run's own validation loss is comparable with)."""
+    """pretrain_val and the conversations' split the model's run validated on (an SFT or LoRA run on its embedded
+    data: trainer/data.default_split_names, sft_tools_val for the default SFT, lora_val for LoRA), else sft_val:
+    what the run's own validation loss is comparable with."""
+    from trainer.data import default_split_names
+
     recorded = recorded_config(run_dir)
-    own_data = recorded.get("data_path") is None and recorded.get("val_data_path") is None
-    if own_data and recorded.get("task") == "sft" and recorded.get("sft_data") in (None, "tools"):
-        return "pretrain_val", "sft_tools_val"
-    if own_data and recorded.get("task") == "lora":
-        return "pretrain_val", "lora_val"
+    task = recorded.get("task")
+    if task in ("sft", "lora") and recorded.get("data_path") is None and recorded.get("val_data_path") is None:
+        return "pretrain_val", default_split_names(task, recorded.get("sft_data"))[1]
     return DEFAULT_SPLITS
 
 

@@ -84,22 +84,28 @@ def dataset_class(task: str) -> type[Dataset]:
     return SFTDataset
 
 
+def default_split_names(task: str, sft_data: str | None = None) -> tuple[str, str]:
+    """The names of a task's embedded (train, val) files, as the default corpus's and the post-training sets' paths
+    call them (dataset/corpus.py, dataset/post_training_data.py): `sft_data` "chat" is the SFT conversations,
+    "tools" or None the same with the tool-use dialogues (eval/evaluate.py names a run's validation split so)."""
+    if task == "sft":
+        return ("sft_train", "sft_val") if sft_data == "chat" else ("sft_tools_train", "sft_tools_val")
+    prefix = "grpo" if task in ROLLOUT_TASKS else task  # pretrain, lora, dpo
+    return f"{prefix}_train", f"{prefix}_val"
+
+
 def default_data(task: str, quiet: bool = False, sft_data: str | None = None) -> tuple[Path, Path]:
-    """(train, val) files of a task's embedded default data, built on first use: the default corpus for
-    pretraining and SFT (`sft_data` "chat": its SFT files of conversations; "tools" or None: the same with the
-    tool-use dialogues), the LoRA and DPO sets derived from it, and (GRPO, PPO) the arithmetic word problems with
-    their held-out problems (dataset/post_training_data.py)."""
+    """(train, val) files of a task's embedded default data (default_split_names), built on first use: the default
+    corpus for pretraining and SFT, the LoRA and DPO sets derived from it, and (GRPO, PPO) the arithmetic word
+    problems with their held-out problems (dataset/post_training_data.py)."""
     if task in ("pretrain", "sft"):
         from dataset.corpus import ensure_default_corpus
         paths = ensure_default_corpus(quiet=quiet)
-        if task == "pretrain":
-            return paths.pretrain_train, paths.pretrain_val
-        return (paths.sft_train, paths.sft_val) if sft_data == "chat" else (paths.sft_tools_train, paths.sft_tools_val)
-    from dataset.post_training_data import ensure_post_training_data
-    derived = ensure_post_training_data()
-    if task in ROLLOUT_TASKS:
-        return derived.grpo_train, derived.grpo_val
-    return (derived.lora_train, derived.lora_val) if task == "lora" else (derived.dpo_train, derived.dpo_val)
+    else:
+        from dataset.post_training_data import ensure_post_training_data
+        paths = ensure_post_training_data()
+    train, val = default_split_names(task, sft_data)
+    return getattr(paths, train), getattr(paths, val)
 
 
 def _split_off_validation(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:

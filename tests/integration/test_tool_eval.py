@@ -68,15 +68,14 @@ def test_memorised_questions_score_every_call_and_fact(tool_model, tmp_path, cap
 def test_other_held_out_questions_get_no_right_call(tool_model, tmp_path, capsys):
     report = run(tool_model, tmp_path, "--seed", "1")
     assert {row["tool"]: row["right_call"] for row in report["table"]}["all"] == 0.0
-    # none of them is answered with a call that reads: each is placed as "no call", or as an "unreadable call" where
-    # the reply opened one (its text is in the answer), in the outcomes and in the counts
-    places = ["unreadable call" if "<tool_call>" in outcome["answer"] else "no call"
-              for outcome in report["outcomes"][:3]]
-    assert [outcome["wrong_at"] for outcome in report["outcomes"]] == [*places, None]
-    assert [outcome["unreadable_call"] for outcome in report["outcomes"]] == [
-        place == "unreadable call" for place in places] + [False]
+    # none of them is answered with a call that reads: the lookup opens one that reads as none (an "unreadable call",
+    # its text left in the answer), the others make none, in the outcomes and in the counts
+    places = {"wiki": "unreadable call", "calculator": "no call", "convert_units": "no call"}
+    assert [(o["kind"], o["wrong_at"], o["unreadable_call"]) for o in report["outcomes"]] == [
+        *[(o["kind"], places[o["kind"]], places[o["kind"]] == "unreadable call") for o in report["outcomes"][:3]],
+        ("small_talk", None, False)]
     assert {kind: {where: n for where, n in counts.items() if n} for kind, counts in report["wrong_calls"].items()} \
-        == {outcome["kind"]: {place: 1} for outcome, place in zip(report["outcomes"], places)}
+        == {kind: {place: 1} for kind, place in places.items()}
     assert "wrong calls, by where they go wrong" in capsys.readouterr().out
 
 

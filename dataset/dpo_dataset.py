@@ -63,8 +63,9 @@ class DPODataset(Dataset):
     first two are the chosen conversation's) from a jsonl of ``{"chosen": [...], "rejected": [...]}`` lines.
     ``collate`` stacks a batch of B pairs as 2B rows, the chosen ones first.
 
-    ``stats``: pairs, samples, dropped_no_supervision, truncated, skipped_lines, tokens, supervised_tokens,
-    supervision_cut, supervised_tokens_cut (dataset.building.supervised_stats; both answers of a pair counted).
+    ``stats``: pairs, samples, dropped_no_supervision (here also the pairs whose two rows are the same once cut),
+    truncated, skipped_lines, tokens, supervised_tokens, supervision_cut, supervised_tokens_cut
+    (dataset.building.supervised_stats; both answers of a pair counted).
     """
 
     def __init__(
@@ -88,7 +89,8 @@ class DPODataset(Dataset):
             num_proc=num_proc,
             skip_bad_lines=skip_bad_lines,
             cache_dir=cache_dir,
-            if_empty=f"no preference pair keeps a token of both answers within max_seq_len={max_seq_len}",
+            if_empty=f"no preference pair keeps a token of both answers, and a difference between them, within "
+                     f"max_seq_len={max_seq_len}",
         )
         labels = [chunk.flatten() for side in SIDES for chunk in mapped.rows.data.column(f"{side}_labels").chunks]
         self.stats = supervised_stats(

@@ -215,6 +215,10 @@ def test_dpo_drops_a_pair_whose_answers_differ_only_past_the_cut(tmp_path, cache
     ds = DPODataset(path, tokenizer, max_seq_len=cut, cache_dir=cache)
     assert len(ds) == 1 and ds.stats["pairs"] == 2 and ds.stats["dropped_no_supervision"] == 1
     assert ds[0]["input_ids"].tolist() != ds[0]["rejected_input_ids"].tolist()
+    # a file of such pairs only: the one line says both reasons (it said "no pair keeps a token of both answers",
+    # which every pair did)
+    with pytest.raises(ValueError, match="keeps a token of both answers, and a difference between them, within"):
+        DPODataset(write_jsonl(tmp_path / "same.jsonl", pairs[:1]), tokenizer, max_seq_len=cut, cache_dir=cache)
 
 
 def test_supervision_cut_note_names_the_flag_and_the_share():

@@ -130,7 +130,10 @@ def test_ctrl_c_while_a_command_loads_is_one_line_and_exit_130(tmp_path, ignored
 
     (tmp_path / "slow_module.py").write_text(SLOW_IMPORT)
     (tmp_path / "command.py").write_text(LOADING_COMMAND.format(repo=str(REPO), here=str(tmp_path)))
-    preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
+    # The child's SIGINT set either way, not inherited: a test process started in the background (a shell's `&`)
+    # has it ignored, and the child with it (the case below that must exit 130 then never did).
+    disposition = signal.SIG_IGN if ignored else signal.SIG_DFL
+    preexec = lambda: signal.signal(signal.SIGINT, disposition)  # noqa: E731
     child = subprocess.Popen([sys.executable, str(tmp_path / "command.py")], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
     try:

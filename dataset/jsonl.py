@@ -172,6 +172,21 @@ def _check_preference(obj: object) -> dict:
 CHECKS = {"text": _check_text, "conversations": _check_conversations, "preference": _check_preference}
 
 
+def log_skipped_line(path: str | Path, line_number: int, reason: str) -> None:
+    """What --skip_bad_lines says of each line it skips (every dataset: the stats count them, this names them)."""
+    logger.warning("%s:%d: %s (skipped)", path, line_number, reason)
+
+
+def check_records_read(path: str | Path, what: str, records: int, skipped: int) -> None:
+    """The end of reading a data file: a ValueError naming it when it gave no `what` record (with the bad lines
+    skipped), else a warning of the lines skipped, if any."""
+    if records == 0:
+        detail = f" ({skipped} bad lines skipped)" if skipped else ""
+        raise ValueError(f"{path}: no {what} records in the file{detail}; refusing to train on nothing")
+    if skipped:
+        logger.warning("%s: skipped %d bad line(s), loading the %d good one(s)", path, skipped, records)
+
+
 def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> Iterator[tuple[int, dict | None, int]]:
     """Yield ``(line_number, record, line_bytes)`` per non-blank line, the record holding only the needed fields;
     a bad line raises ``ValueError("<path>:<line>: <reason>")``, or with ``skip_bad_lines`` yields ``None``."""
@@ -185,7 +200,7 @@ def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> 
             except BadLine as e:
                 if not skip_bad_lines:
                     raise ValueError(f"{path}:{line_number}: {e}") from None
-                logger.warning("%s:%d: %s (skipped)", path, line_number, e)
+                log_skipped_line(path, line_number, str(e))
                 yield line_number, None, len(raw)
                 continue
             yield line_number, record, len(raw)
@@ -217,11 +232,7 @@ def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, arrow_path: Path)
                 batch, batch_bytes = [], 0
         if batch:
             out.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
-        if records == 0:
-            detail = f" ({skipped} bad lines skipped)" if skipped else ""
-            raise ValueError(f"{path}: no {kind} records in the file{detail}; refusing to train on nothing")
-    if skipped:
-        logger.warning("%s: skipped %d bad line(s), loading the %d good one(s)", path, skipped, records)
+        check_records_read(path, kind, records, skipped)  # raising here leaves no Arrow file behind
     return JsonlScan(arrow_path=str(arrow_path.resolve()), records=records, skipped_lines=skipped)
 
 

@@ -13,7 +13,6 @@ and the field (or, with ``skip_bad_lines``, skipped and counted).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,8 @@ from transformers import PreTrainedTokenizerBase
 
 from dataset.atomic_io import first_line
 from dataset.chat_format import encode_chatml_batch, normalize_messages
-from dataset.jsonl import JSON_WHITESPACE, check_data_file, check_message_shapes, parse_line
-
-logger = logging.getLogger(__name__)
+from dataset.jsonl import (JSON_WHITESPACE, check_data_file, check_message_shapes, check_records_read,
+                           log_skipped_line, parse_line)
 
 PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
 
@@ -81,9 +79,9 @@ class PromptDataset(Dataset):
                     row = parse_line(raw, surrogates=True)
                     row_messages = prompt_messages(row)
                 except ValueError as error:  # BadLine is one
-                    if skip_bad_lines:  # logged as the other datasets log it (dataset/jsonl.py): a validation
-                        # file's skips are in no printed stats
-                        logger.warning("%s:%d: %s (skipped)", path, number, first_line(error))
+                    if skip_bad_lines:  # named as the other datasets name it: a validation file's skips are in
+                        # no printed stats
+                        log_skipped_line(path, number, first_line(error))
                         skipped += 1
                         continue
                     raise ValueError(f"{path}:{number}: {first_line(error)} (pass --skip_bad_lines "
@@ -91,11 +89,7 @@ class PromptDataset(Dataset):
                 rows.append(row)
                 messages.append(row_messages)
                 lines.append(number)
-        if skipped and messages:
-            logger.warning("%s: skipped %d bad line(s), loading the %d good one(s)", path, skipped, len(messages))
-        if not messages:  # as the other datasets say it (dataset/jsonl.py)
-            detail = f" ({skipped} bad lines skipped)" if skipped else ""
-            raise ValueError(f"{path}: no prompt records in the file{detail}; refusing to train on nothing")
+        check_records_read(path, "prompt", len(messages), skipped)
         encodings = encode_chatml_batch(tokenizer, messages, add_generation_prompt=True, open_thinking=open_thinking)
         self.samples: list[tuple[list[int], str, dict]] = []
         kept_rows: list[tuple[int, dict]] = []

@@ -38,9 +38,9 @@ from dataset.atomic_io import atomic_write_text, first_line, read_text_file
 from trainer.args import ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset, uses_lora
 from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
-                             checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_model_dir,
-                             list_checkpoints, previous_run, read_summary, recorded_config, recorded_run_id,
-                             refuse_previous_run)
+                             checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_count,
+                             is_model_dir, list_checkpoints, previous_run, read_summary, recorded_config,
+                             recorded_run_id, refuse_previous_run)
 
 # The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
 # another is refused, in one line naming each such flag with both values (_keep_saved). The architecture fields a
@@ -213,10 +213,6 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _is_count(value: Any, least: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
 def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
     """Raise CheckpointDamaged for a trainer state that no save writes: a resume would fail on it with a traceback
     or, worse, go on from a position that is not the checkpoint's (a negative step re-saves over older
@@ -235,10 +231,10 @@ def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
         if field not in state:
             raise CheckpointDamaged(f"{state_file}: '{field}' is missing; the checkpoint is damaged")
     for field in ("step", "epoch", "samples_done_in_epoch", "tokens_seen", "total_steps"):
-        if field in state and not _is_count(state[field]):
+        if field in state and not is_count(state[field]):
             raise bad(field, "an integer >= 0")
     for field in ("processes", THREADS_KEY):
-        if state.get(field) is not None and not _is_count(state[field], least=1):
+        if state.get(field) is not None and not is_count(state[field], least=1):
             raise bad(field, "an integer >= 1")
     if named_step is not None and state["step"] != named_step:
         raise CheckpointDamaged(f"{state_file}: 'step' is {state['step']}, but the checkpoint is "

@@ -205,8 +205,9 @@ def recorded_config(run_dir: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+def is_count(value: Any, least: int = 0) -> bool:
+    """Whether a value read from a file (JSON, YAML) is an integer >= `least` (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 ROLLOUT_RECORDS = ("grpo", "ppo")  # runs whose rows are a prompt (--max_seq_len) plus a completion
@@ -228,9 +229,10 @@ def _lineage_length(model_dir: Path) -> int:
     while folder is not None and folder.resolve() not in seen:
         seen.add(folder.resolve())
         recorded = recorded_config(folder)
-        length = _count(recorded.get("max_seq_len"))
-        if length and recorded.get("task") in ROLLOUT_RECORDS:
-            length += _count(recorded.get("max_completion_length"))
+        length = recorded.get("max_seq_len") if is_count(recorded.get("max_seq_len"), 1) else 0
+        completion = recorded.get("max_completion_length")
+        if length and recorded.get("task") in ROLLOUT_RECORDS and is_count(completion, 1):
+            length += completion
         longest = max(longest, length)
         task = recorded.get("task")
         source = recorded.get("from_weight") or DEFAULT_OUT_DIRS.get(DEFAULT_FROM_WEIGHT.get(task, ""))

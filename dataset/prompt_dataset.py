@@ -8,12 +8,13 @@ every other field (e.g. ``answer``) is a column handed to the reward functions (
 encoded as ChatML with the assistant's header open (``add_generation_prompt``; with ``open_thinking`` the thinking
 block is left open too, so the policy may think first): what the policy continues. A
 prompt longer than ``max_seq_len`` tokens is dropped and counted. A bad line is an error naming the file, the line
-and the field (or, with ``skip_bad_lines``, skipped and counted).
+and the field (or, with ``skip_bad_lines``, skipped and counted); so is a row whose columns the run's rewards cannot
+read (``column_check``: trainer/rewards.py's column_problems, for the rewards the run names).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,9 @@ from dataset.jsonl import (JSON_WHITESPACE, check_data_file, check_message_shape
                            log_skipped_line, parse_line)
 
 PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
+# What the rewards make of the rows' columns: {line: reason} of the rows they cannot score, given the rows' line
+# numbers and columns and the file's name (a ValueError where the data cannot fit them at all).
+ColumnCheck = Callable[[Sequence[tuple[int, Mapping[str, Any]]], str], dict[int, str]]
 
 
 def prompt_messages(row: Any) -> list[dict[str, Any]]:
@@ -57,16 +61,22 @@ def prompt_text(messages: Sequence[dict[str, Any]]) -> str:
     return next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
 
 
+def _columns(row: dict[str, Any]) -> dict[str, Any]:
+    """A row's fields beside its prompt: what the reward functions receive."""
+    return {key: value for key, value in row.items() if key not in PROMPT_FIELDS}
+
+
 class PromptDataset(Dataset):
     """Prompts ``{"input_ids": LongTensor, "prompt": str, "columns": dict}`` from a jsonl file (see the module's
     docstring). ``collate`` keeps a batch as lists: ``prompt_ids`` (lists of ints), ``prompts``, ``padding``
     (flags) and ``columns`` (one list per column name over the batch; None where a row lacks it).
 
-    ``stats``: prompts, tokens (prompt tokens), dropped_too_long, skipped_lines; ``column_names``: every column
-    some prompt has."""
+    ``stats``: prompts, tokens (prompt tokens), dropped_too_long, skipped_lines; ``rows``: each kept prompt's line
+    number and columns."""
 
     def __init__(self, path: str | Path, tokenizer: PreTrainedTokenizerBase, max_seq_len: int,
-                 num_proc: int | None = None, skip_bad_lines: bool = False, open_thinking: bool = False) -> None:
+                 num_proc: int | None = None, skip_bad_lines: bool = False, open_thinking: bool = False,
+                 column_check: ColumnCheck | None = None) -> None:
         path = Path(path)
         check_data_file(path)
         rows, messages, lines, skipped = [], [], [], 0
@@ -89,6 +99,15 @@ class PromptDataset(Dataset):
                 rows.append(row)
                 messages.append(row_messages)
                 lines.append(number)
+        problems = column_check(list(zip(lines, map(_columns, rows))), str(path)) if column_check else {}
+        for number in sorted(problems):
+            if not skip_bad_lines:
+                raise ValueError(f"{path}:{number}: {problems[number]} (pass --skip_bad_lines to skip bad lines)")
+            log_skipped_line(path, number, problems[number])
+        if problems:
+            kept = [index for index, number in enumerate(lines) if number not in problems]
+            rows, messages, lines = ([values[index] for index in kept] for values in (rows, messages, lines))
+            skipped += len(problems)
         check_records_read(path, "prompt", len(messages), skipped)
         encodings = encode_chatml_batch(tokenizer, messages, add_generation_prompt=True, open_thinking=open_thinking)
         self.samples: list[tuple[list[int], str, dict]] = []
@@ -98,14 +117,13 @@ class PromptDataset(Dataset):
             if len(encoding.input_ids) > max_seq_len:
                 dropped += 1
                 continue
-            columns = {key: value for key, value in row.items() if key not in PROMPT_FIELDS}
+            columns = _columns(row)
             self.samples.append((encoding.input_ids, prompt_text(row_messages), columns))
             kept_rows.append((number, columns))
         if not self.samples:
             raise ValueError(f"{path}: no prompt of at most --max_seq_len={max_seq_len} tokens (all {dropped} are "
                              f"longer); raise --max_seq_len")
         self.rows = tuple(kept_rows)
-        self.column_names = frozenset(name for _, columns in kept_rows for name in columns)
         self.stats = {"prompts": len(self.samples), "tokens": sum(len(ids) for ids, _, _ in self.samples),
                       "dropped_too_long": dropped, "skipped_lines": skipped}
 

@@ -454,9 +454,7 @@ class Trainer:
     def _rollout_objective(self) -> Objective:
         """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's
         reference (none with --beta 0)."""
-        from torch.utils.data import Subset
-
-        from trainer.rewards import check_columns, load_reward
+        from trainer.rewards import load_reward
         args = self.args
         specs = args.reward or []
         weights = args.reward_weights or [1.0] * (len(specs) + bool(args.reward_model))
@@ -464,12 +462,6 @@ class Trainer:
         if args.reward_model:
             from trainer.reward_model import load_reward_model
             rewards.append(load_reward_model(resolve_path(args.reward_model), weights[-1], self.accelerator.device))
-        checked = []  # a held-out validation split is the training file's: checked with it
-        for data, path in ((self.data.train, self.data.train_path), (self.data.val, self.data.val_path)):
-            prompts = data.dataset if isinstance(data, Subset) else data
-            if all(prompts is not done for done in checked):
-                check_columns(rewards, prompts.rows, str(path))
-                checked.append(prompts)
         reference = None
         if args.beta > 0 and uses_lora(args):  # the starting weights are the policy without its adapters
             from trainer.grpo import WithoutAdapters

@@ -12,6 +12,7 @@ a checkpoint restores for dropout.
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -126,8 +127,11 @@ def build_run_data(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, quiet: b
     on first use (a no-op afterwards) and its held-out split is the validation set."""
     dataset_type = dataset_class(data_task(args))
 
-    options = ({"open_thinking": args.open_thinking} if data_task(args) in ROLLOUT_TASKS
-               else {"control_tokens": args.control_tokens_in_text} if data_task(args) == "pretrain" else {})
+    if data_task(args) in ROLLOUT_TASKS:  # a row the --reward functions cannot read is a bad line
+        from trainer.rewards import column_problems
+        options = {"open_thinking": args.open_thinking, "column_check": partial(column_problems, args.reward or [])}
+    else:
+        options = {"control_tokens": args.control_tokens_in_text} if data_task(args) == "pretrain" else {}
 
     def load(path: Path) -> Dataset:
         return dataset_type(path, tokenizer, args.max_seq_len, num_proc=args.num_proc,

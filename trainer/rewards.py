@@ -174,33 +174,39 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
     return Reward(spec, function, weight)
 
 
-def check_columns(rewards: Sequence[Reward], rows: Sequence[tuple[int, Mapping[str, Any]]], source: str) -> None:
-    """A ValueError (one line) where a row of `source` (the data: its rows' line numbers and fields,
-    dataset/prompt_dataset.py's `rows`) has a field named as an argument every reward gets (REWARD_ARGUMENTS), or a
-    built-in reward reads a field that the data lacks, or that a row lacks or holds in a form the reward cannot read
-    (naming `source`:line)."""
+def column_problems(reward_names: Sequence[str], rows: Sequence[tuple[int, Mapping[str, Any]]],
+                    source: str) -> dict[int, str]:
+    """What the rewards named (built-ins by name, files by spec) make of each row of `source` (the data: its rows'
+    line numbers and fields beside the prompt, dataset/prompt_dataset.py's): {line: reason} for a row with a field
+    named as an argument every reward gets (REWARD_ARGUMENTS), or that lacks a field a built-in reward reads or holds
+    it in a form the reward cannot read; bad lines like any other (--skip_bad_lines skips them). A field that no row
+    has is a ValueError (one line): the reward does not fit the data."""
+    present = {name for _, row in rows for name in row}
+    columns = [(name, column) for name in reward_names for column in REQUIRED_COLUMNS.get(name, ())]
+    for name, column in columns:
+        if column.name not in present:
+            raise ValueError(f"--reward {name} reads the data's {column.name!r} field, which {source} lacks; give "
+                             f"another --reward (a built-in or path/to/file.py:function)")
+    problems = {}
     for line, row in rows:
         reserved = next((name for name in REWARD_ARGUMENTS if name in row), None)
         if reserved is not None:
-            raise ValueError(f'{source}:{line}: field "{reserved}" is reserved (reward functions receive the '
-                             f"{reserved} under that name); rename it")
-    present = {name for _, row in rows for name in row}
-    for reward in rewards:
-        for column in REQUIRED_COLUMNS.get(reward.name, ()):
-            if column.name not in present:
-                raise ValueError(f"--reward {reward.name} reads the data's {column.name!r} field, which {source} "
-                                 f"lacks; give another --reward (a built-in or path/to/file.py:function)")
-            for line, row in rows:
-                _check_value(reward.name, column, row, f"{source}:{line}")
+            problems[line] = (f'field "{reserved}" is reserved (reward functions receive the {reserved} under that '
+                              f"name); rename it")
+            continue
+        reason = next((reason for name, column in columns if (reason := _value_problem(name, column, row))), None)
+        if reason is not None:
+            problems[line] = reason
+    return problems
 
 
-def _check_value(reward: str, column: Column, row: Mapping[str, Any], where: str) -> None:
+def _value_problem(reward: str, column: Column, row: Mapping[str, Any]) -> str | None:
     if column.name not in row:
-        raise ValueError(f'{where}: "{column.name}" is missing; the {reward} reward needs {column.needs} on every '
-                         f"row")
+        return f'"{column.name}" is missing; the {reward} reward needs {column.needs} on every row'
     if column.reads(row[column.name]) is None:
-        raise ValueError(f'{where}: "{column.name}" must be {column.needs} for the {reward} reward, got '
-                         f"{_described(row[column.name])}")
+        return (f'"{column.name}" must be {column.needs} for the {reward} reward, got '
+                f"{_described(row[column.name])}")
+    return None
 
 
 def _described(value: Any) -> str:

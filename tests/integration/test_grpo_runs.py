@@ -238,7 +238,7 @@ def test_a_reward_model_scores_beside_a_reward_function(grpo_data, tiny_models, 
 
 
 def test_a_validation_file_row_math_answer_cannot_read_is_refused_before_training(grpo_data, tiny_models, tmp_path,
-                                                                                  capsys):
+                                                                                  capsys, caplog):
     """Every row of every file the run reads, the --val_data_path one too (it was only the training file's):
     a bad answer would score 0 for ever and count in the accuracy."""
     val = tmp_path / "val.jsonl"
@@ -250,5 +250,11 @@ def test_a_validation_file_row_math_answer_cannot_read_is_refused_before_trainin
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error == (f'error: {val}:2: "answer" must be a number or a number as text for the math_answer reward, '
-                     f"got an object")
+                     f"got an object (pass --skip_bad_lines to skip bad lines)")
     assert not out_dir.exists() or not any(out_dir.iterdir())
+    # A bad line like any other: --skip_bad_lines skips it and names it (it stopped the run with the flag given).
+    with caplog.at_level("WARNING"):
+        main("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--val_data_path", str(val), "--skip_bad_lines",
+                           "true", "--max_steps", "1", "--save_interval", "1"))
+    assert any(record.getMessage().startswith(f'{val}:2: "answer" must be') for record in caplog.records)
+    assert read_summary(out_dir)["steps"] == 1

@@ -374,7 +374,7 @@ def test_a_prompt_file_names_a_bad_line_drops_long_prompts_and_keeps_the_columns
     assert data[0]["input_ids"].tolist() == expected.input_ids
     assert PromptDataset.collate([data[0]]) == {"prompt_ids": [expected.input_ids], "prompts": ["What is 1 + 1?"],
                                                 "padding": [False], "columns": {"answer": ["2"], "level": [1]}}
-    assert data.column_names == {"answer", "level"}
+    assert data.rows == ((1, {"answer": "2", "level": 1}),)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "cispo"])

@@ -5,13 +5,14 @@ prompt messages held to SFT's rules (normalize_messages) with their tools, tool 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from dataset.chat_format import encode_chatml
 from dataset.prompt_dataset import PromptDataset
-from trainer.rewards import REWARD_ARGUMENTS, Reward, check_columns, load_reward, math_answer, score
+from trainer.rewards import REWARD_ARGUMENTS, Reward, column_problems, math_answer, score
 
 GOOD_ROWS = [{"prompt": "What is 1 + 1?", "answer": 2}, {"prompt": "Half of 1?", "answer": 0.5},
              {"prompt": "GSM8K style", "answer": "3 + 4 = 7\n#### 7"}, {"prompt": "A fraction", "answer": "1/2"}]
@@ -22,11 +23,14 @@ def _write(path: Path, rows: list) -> Path:
     return path
 
 
-def _load_for_math_answer(path: Path, tokenizer) -> PromptDataset:
-    """The data as a run with the default reward loads it: the dataset, then the reward's column check."""
-    data = PromptDataset(path, tokenizer, max_seq_len=64)
-    check_columns([load_reward("length_penalty"), load_reward("math_answer")], data.rows, str(path))
-    return data
+def _load_for(rewards: list[str], path: Path, tokenizer, skip_bad_lines: bool = False) -> PromptDataset:
+    """The data as a run with these --reward functions loads it (trainer/data.py): their column check inside."""
+    return PromptDataset(path, tokenizer, max_seq_len=64, skip_bad_lines=skip_bad_lines,
+                         column_check=partial(column_problems, rewards))
+
+
+def _load_for_math_answer(path: Path, tokenizer, skip_bad_lines: bool = False) -> PromptDataset:
+    return _load_for(["length_penalty", "math_answer"], path, tokenizer, skip_bad_lines)
 
 
 def test_math_answer_accepts_numbers_and_texts_holding_one(tokenizer, tmp_path):
@@ -50,13 +54,26 @@ def test_math_answer_refuses_a_row_whose_answer_it_cannot_read_naming_its_line(r
     path = _write(tmp_path / "p.jsonl", [*GOOD_ROWS, row, GOOD_ROWS[0]])
     with pytest.raises(ValueError) as refused:
         _load_for_math_answer(path, tokenizer)
-    assert str(refused.value) == f"{path}:5: {reason}"
+    assert str(refused.value) == f"{path}:5: {reason} (pass --skip_bad_lines to skip bad lines)"
+
+
+def test_skip_bad_lines_skips_the_rows_a_reward_cannot_read_and_names_them(tokenizer, tmp_path, caplog):
+    """The row check was run on the loaded data, after --skip_bad_lines had had its say: a row without the answer
+    math_answer reads stopped the run with the flag given."""
+    rows = [GOOD_ROWS[0], {"prompt": "q"}, GOOD_ROWS[1], {"prompt": "q", "answer": [3]}, GOOD_ROWS[2]]
+    path = _write(tmp_path / "p.jsonl", rows)
+    with caplog.at_level("WARNING"):
+        data = _load_for_math_answer(path, tokenizer, skip_bad_lines=True)
+    assert [line for line, _ in data.rows] == [1, 3, 5] and data.stats["skipped_lines"] == 2
+    assert [sample["columns"]["answer"] for sample in data] == [2, 0.5, "3 + 4 = 7\n#### 7"]
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [f"{path}:2: {MISSING} (skipped)", f"{path}:4: {WRONG}a list (skipped)",
+                        f"{path}: skipped 2 bad line(s), loading the 3 good one(s)"]
 
 
 def test_a_reward_that_reads_no_answer_accepts_any_answer(tokenizer, tmp_path):
     path = _write(tmp_path / "p.jsonl", [*GOOD_ROWS, {"prompt": "q", "answer": {"free": "form"}}, {"prompt": "q"}])
-    data = PromptDataset(path, tokenizer, max_seq_len=64)
-    check_columns([load_reward("length_penalty")], data.rows, str(path))
+    assert len(_load_for(["length_penalty"], path, tokenizer)) == 6
 
 
 def test_math_answer_reads_a_json_number_as_that_number():
@@ -81,11 +98,10 @@ def test_a_field_named_like_a_reward_argument_is_refused_before_training(name, t
     """Whatever the rewards (a function of the user's gets the columns too): it was a TypeError after the first
     rollout, naming no file."""
     path = _write(tmp_path / "p.jsonl", [*GOOD_ROWS, {"prompt": "q", "answer": 1, name: ["x"]}])
-    data = PromptDataset(path, tokenizer, max_seq_len=64)
     with pytest.raises(ValueError) as refused:
-        check_columns([load_reward("length_penalty")], data.rows, str(path))
+        _load_for(["length_penalty"], path, tokenizer)
     assert str(refused.value) == (f'{path}:5: field "{name}" is reserved (reward functions receive the {name} under '
-                                  f"that name); rename it")
+                                  f"that name); rename it (pass --skip_bad_lines to skip bad lines)")
 
 
 @pytest.mark.parametrize("message, reason", [

@@ -174,11 +174,10 @@ def test_repetition_penalty_by_hand():
 
 
 def test_math_answer_on_data_without_an_answer_field_is_refused_in_one_line():
-    from trainer.rewards import check_columns, load_reward
-    check_columns([load_reward("math_answer"), load_reward("length_penalty")], [(1, {"answer": 3, "level": 1})],
-                  "data.jsonl")
-    check_columns([load_reward("length_penalty")], [(1, {})], "data.jsonl")
+    from trainer.rewards import column_problems
+    assert column_problems(["math_answer", "length_penalty"], [(1, {"answer": 3, "level": 1})], "data.jsonl") == {}
+    assert column_problems(["length_penalty"], [(1, {})], "data.jsonl") == {}
     with pytest.raises(ValueError) as refused:
-        check_columns([load_reward("length_penalty"), load_reward("math_answer")], [(1, {"level": 1})], "data.jsonl")
+        column_problems(["length_penalty", "math_answer"], [(1, {"level": 1}), (2, {"level": 2})], "data.jsonl")
     assert str(refused.value) == ("--reward math_answer reads the data's 'answer' field, which data.jsonl lacks; "
                                   "give another --reward (a built-in or path/to/file.py:function)")

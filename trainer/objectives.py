@@ -104,8 +104,9 @@ class LanguageModelingWithCopies(LanguageModeling):
     token mean plus weight x the mean of its micro-batches' copy losses, however the step is split. The rows of
     micro-batch m on process p are drawn from (seed, step, m x processes + p), the global index of its data, so a
     resumed run and the same global batch on other processes draw the same rows. `copy_loss` is logged (the copy
-    rows' mean loss, over the step's micro-batches weighted by their supervised tokens); the logged `loss` is the
-    minimized sum: the language-modeling loss plus weight x copy_loss."""
+    rows' mean loss, over the step's micro-batches weighted by their supervised tokens), and `lm_loss`, the
+    language-modeling loss alone (what a run without copy rows logs as its loss, and what validation measures); the
+    logged `loss` is the minimized sum: lm_loss plus weight x copy_loss. The progress bar shows all three."""
 
     def __init__(self, settings: CopySettings, vocab: range, seed: int, process_index: int, processes: int,
                  accumulation_steps: int, moe: bool = False) -> None:
@@ -116,8 +117,9 @@ class LanguageModelingWithCopies(LanguageModeling):
             raise ValueError(f"--copy_cue_pairs={settings.cue_pairs} is not allowed; {error}") from None
         self.settings, self.vocab, self.seed = settings, vocab, seed
         self.process_index, self.processes, self.accumulation_steps = process_index, processes, accumulation_steps
-        self.stat_names = self.stat_names + ("copy_loss",)
-        self.progress_labels = {**self.progress_labels, "copy_loss": "copy"}
+        self.stat_names = self.stat_names + ("lm_loss", "copy_loss")
+        # "loss" beside a val loss half its size read as a diverging language model: the bar names the parts
+        self.progress_labels = {**self.progress_labels, "lm_loss": "lm", "copy_loss": "copy"}
         self.step, self.micro_batch = 0, 0
 
     def start_step(self, step: int) -> None:
@@ -132,6 +134,8 @@ class LanguageModelingWithCopies(LanguageModeling):
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         loss, stats = super().loss(model, batch, num_items)
+        # the micro-batch's token sum of the language-modeling loss: over the step's tokens, its token mean
+        stats = torch.cat([stats, (loss.detach().float() * num_items)[None]])
         weight = self.settings.weight_at(self.step)
         if not model.training or weight == 0:
             return loss, torch.cat([stats, torch.zeros(1, device=loss.device)])

@@ -46,8 +46,11 @@ def copying(train_data, tmp_path_factory):
 def test_a_run_with_copy_rows_logs_the_copy_loss(copying):
     train = read_metrics(copying, "train")
     assert len(train) == 8 and all(record["copy_loss"] > 0 for record in train)
-    # the copy rows' loss is added to the language modeling one: the logged loss exceeds it by weight x copy_loss
+    # the copy rows' loss is added to the language modeling one: the logged loss is lm_loss + weight x copy_loss
     assert all(record["loss"] > record["copy_loss"] for record in train if record["step"] <= 4)
+    for record in train:
+        weight = 1.0 if record["step"] <= 4 else 0.5
+        assert record["loss"] == pytest.approx(record["lm_loss"] + weight * record["copy_loss"], rel=1e-5)
     config = (copying / "train_config.yaml").read_text()
     assert "copy_rows: 2" in config and "copy_cue_pairs: 4" in config and "smeared_keys: true" in config
 

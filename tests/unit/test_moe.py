@@ -189,6 +189,24 @@ def test_router_loss_split_over_micro_batches_sums_to_the_token_weighted_mean() 
     torch.testing.assert_close(outs[0].loss + outs[1].loss, expected_ce + 0.2 * expected_aux)
 
 
+def test_the_logged_router_terms_are_token_weighted_means_over_the_steps_micro_batches() -> None:
+    """The training objective's aux_loss and z_loss statistics (trainer/objectives.py), summed over a step's
+    micro-batches and divided by its supervised tokens as the training core does: each micro-batch's term weighted
+    by its own supervised tokens (9 and 5 here), as the loss weights it, not a plain mean of the two."""
+    from trainer.objectives import LanguageModeling
+    torch.manual_seed(3)
+    model = MiniNormForCausalLM(moe_config(router_aux_loss_coef=0.2, router_z_loss_coef=0.1)).double()
+    rows = (torch.randint(0, 96, (1, 10)), torch.randint(0, 96, (1, 6)))
+    batches = [{"input_ids": ids, "labels": ids} for ids in rows]
+    objective, total = LanguageModeling(moe=True), torch.tensor(14)
+    assert objective.stat_names == ("aux_loss", "z_loss")
+    logged = sum(objective.loss(model, batch, total)[1] for batch in batches) / total
+    outs = [model(input_ids=batch["input_ids"]) for batch in batches]
+    expected = [(9 * getattr(outs[0], name) + 5 * getattr(outs[1], name)) / 14 for name in ("aux_loss", "z_loss")]
+    torch.testing.assert_close(logged, torch.stack(expected).float())
+    assert abs(outs[0].aux_loss - outs[1].aux_loss) > 1e-3  # the weighting matters here
+
+
 @pytest.mark.parametrize("switches", [
     dict(norm_type="layernorm", norm_placement="sandwich"), dict(norm_type="dyt", norm_placement="post"),
     dict(norm_type="prmsnorm", norm_placement="mix", mix_ln_ratio=0.5, qk_norm=True, qk_norm_scope="full"),

@@ -1,13 +1,19 @@
 """The documents stay true to the tree: the README is a short front door whose test command is CI's, every link
-and every command path in README.md and docs/ exists, and every design document the code cites is in the repo."""
+and every command path in README.md and docs/ exists, every flag they name is a flag of the command that takes it,
+and every design document the code cites is in the repo."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import importlib
+import io
 import re
 from pathlib import Path
 
 import pytest
 from tests.paths import REPO
+from trainer.run_dir import TRAINER_SCRIPTS
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SOURCE_DIRS = ("model", "dataset", "trainer", "scripts", "eval", "tests")
@@ -76,3 +82,101 @@ def test_design_documents_the_code_cites_are_in_the_repo() -> None:
                 if not found:
                     missing.append(f"{path.relative_to(REPO)}: {cited}")
     assert missing == []
+
+
+# The flags the documents give to programs that are not ours (launchers, pip, pytest, the harness, llama.cpp, ...).
+OTHER_PROGRAMS_FLAGS = {
+    "accelerate launch": {"--config_file", "--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
+                          "--cpu"},
+    "torchrun": {"--standalone", "--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port",
+                 "--rdzv_conf"},
+    "pip": {"--no-deps", "--no-binary"},
+    "pytest": {"--durations", "--hypothesis-seed"},
+    "lm_eval": {"--model", "--model_args", "--tasks", "--include_path", "--apply_chat_template", "--device",
+                "--batch_size", "--log_samples", "--output_path"},
+    "cmake, llama.cpp": {"--build", "--target", "--ids", "--log-disable", "--jinja", "--temp"},
+    "ncu": {"--set"},
+    "a placeholder (`--key=value`)": {"--key"},
+    "eval/bench_model.py, since removed (the command a table was measured with)": {"--skip_models"},
+}
+# A repo command in a document: its path, then what follows it on the line (a command split with \ is one line), up
+# to a comment, a pipe, a command separator, the end of the code span or the closing parenthesis of prose.
+COMMAND = re.compile(r"(?<![\w/.-])((?:eval|scripts|trainer|dataset|model)/[\w/.-]+\.py)((?:[ =][^\s`|;&#)]+)*)")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
+
+
+class _Parsed(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def _stop_at_parse(parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+    raise _Parsed(parser)
+
+
+def _command_files() -> list[str]:
+    """Every command line of the repo: the trainers and each file that builds a ToolParser and runs it from main."""
+    files = set(TRAINER_SCRIPTS.values())
+    for top in ("model", "dataset", "trainer", "scripts", "eval"):
+        for path in (REPO / top).rglob("*.py"):
+            source = path.read_text(encoding="utf-8")
+            if "ToolParser(" in source and re.search(r"^def main\(argv", source, re.M):
+                files.add(str(path.relative_to(REPO)))
+    return sorted(files)
+
+
+@pytest.fixture(scope="module")
+def command_flags() -> dict[str, set[str]]:
+    """Each command's flags, read from the parser it builds: its main runs up to the parse, which stops it."""
+    from trainer.args import parse_args
+    tasks = {script: task for task, script in TRAINER_SCRIPTS.items()}
+    flags = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", _stop_at_parse)
+        patch.setattr(argparse.ArgumentParser, "parse_known_args", _stop_at_parse)
+        for script in _command_files():
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    if script in tasks:
+                        parse_args(tasks[script], [])
+                    else:
+                        importlib.import_module(script.removesuffix(".py").replace("/", ".")).main([])
+            except _Parsed as parsed:
+                flags[script] = set(parsed.parser._option_string_actions)
+            else:
+                raise AssertionError(f"{script}: main returned without parsing its command line")
+    return flags
+
+
+def _prose_and_commands(document: Path) -> str:
+    """The document's text with each command split over lines joined, and link targets (anchors) left out."""
+    return re.sub(r"\]\([^)\s]*\)", "]", document.read_text(encoding="utf-8").replace("\\\n", " "))
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_every_flag_a_document_names_exists(document: Path, command_flags: dict[str, set[str]]) -> None:
+    known = set().union(*command_flags.values(), *OTHER_PROGRAMS_FLAGS.values())
+    named = set(FLAG.findall(_prose_and_commands(document)))
+    assert sorted(named - known) == []
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_documented_commands_pass_only_their_own_flags(document: Path, command_flags: dict[str, set[str]]) -> None:
+    wrong = []
+    for line in _prose_and_commands(document).splitlines():
+        for match in COMMAND.finditer(line):
+            script, rest = match.groups()
+            if script not in command_flags:
+                continue
+            rest = re.sub(r"\"[^\"]*\"|'[^']*'", "", rest)  # a quoted value may hold another command's flags
+            wrong += [f"{script} {flag}" for flag in FLAG.findall(rest) if flag not in command_flags[script]]
+    assert wrong == []
+
+
+def test_the_command_check_reads_a_command_as_a_user_types_it(command_flags: dict[str, set[str]]) -> None:
+    line = ("python eval/chat.py --temperature 0 --no_such_flag 1  # --not_this, a comment\n"
+            "`python scripts/serve.py --port 1 | head` --nor_this")
+    found = [(script, FLAG.findall(rest)) for script, rest in COMMAND.findall(line)]
+    assert found == [("eval/chat.py", ["--temperature", "--no_such_flag"]), ("scripts/serve.py", ["--port"])]
+    assert {"eval/chat.py", "scripts/serve.py", "trainer/train_pretrain.py"} <= command_flags.keys()
+    assert "--temperature" in command_flags["eval/chat.py"] and "--preset" in command_flags["trainer/train_pretrain.py"]

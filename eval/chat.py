@@ -116,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="offer no tools: the prompt lists none and a call the model writes stays text "
                               "(without it, chat models are offered the built-in tools of --tools)")
     offered.add_argument("--tools", type=_tool_names, default=None, metavar="NAMES",
-                        help="the built-in tools to offer, comma-separated; None: all of them "
-                             "(`python dataset/tools.py --schemas` lists them)")
+                        help="the built-in tools to offer, comma-separated (default: all of them; "
+                             "`python dataset/tools.py --schemas` lists them)")
     parser.add_argument("--sampled_tool_calls", action="store_true",
                         help="draw a tool call's tokens like the answer's; without it a call's JSON is decoded "
                              "greedily whatever --temperature (its one right spelling)")

@@ -37,7 +37,7 @@ import math  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
-from trainer.cli import ToolParser, int_within, output_file, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 ROPE_TYPES = ("yarn", "linear", "dynamic")
@@ -109,7 +109,7 @@ def bucket_losses(model: Any, documents: Sequence[Sequence[int]], bucket: int, b
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ToolParser(description=__doc__.split("\n")[0])
+    parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     add_model_source_flags(parser)
     parser.add_argument("--data", default="pretrain_val", help="pretrain_val or a jsonl file of {\"text\": ...}")
     parser.add_argument("--length", type=int_within(1), default=1024, help="positions scored per document")

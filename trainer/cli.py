@@ -16,18 +16,10 @@ import math
 import signal
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from dataset.atomic_io import not_utf8_at
 from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
-
-
-class ToolParser(argparse.ArgumentParser):
-    """argparse.ArgumentParser with a short error: `error: MESSAGE`, then where the flags are listed."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}\n{self.prog}: run with --help for the flags", file=sys.stderr)
-        raise SystemExit(EXIT_ERROR)
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -35,6 +27,23 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         return action.help if action.default is None else super()._get_help_string(action)
+
+
+class RawDescriptionDefaultsHelpFormatter(DefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """DefaultsHelpFormatter that prints the description (a tool's docstring) with its own line breaks."""
+
+
+class ToolParser(argparse.ArgumentParser):
+    """argparse.ArgumentParser with a short error: `error: MESSAGE`, then where the flags are listed; its --help
+    shows each flag's default (DefaultsHelpFormatter, unless the tool passes another formatter_class)."""
+
+    def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = DefaultsHelpFormatter,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}\n{self.prog}: run with --help for the flags", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR)
 
 
 INTERRUPTED_LINE = "interrupted"  # all that Ctrl-C prints: the user asked for the stop, there is nothing to debug

@@ -47,8 +47,11 @@ THREADS_AUTO = "auto"
 MAX_THREADS = 4096  # more than any machine's cores; torch's own limit is C's int (an OverflowError beyond it)
 THREADS_ALLOWED = f"use 'auto' or a number of threads in 1 .. {MAX_THREADS}"
 THREADS_KEY = "threads"  # in a checkpoint's state: the run's thread count
-THREADS_HELP = ("CPU threads: auto (one per core that other processes leave free at start; OMP_NUM_THREADS pins "
-                "it if set; a resumed run keeps its checkpoint's) or a number that pins it (trainer/threads.py)")
+# --threads' help: a trainer's (whose resumed run keeps its checkpoint's count), and that of a tool that runs a model
+# (chat, evaluation, the server), which resumes nothing.
+TOOL_THREADS_HELP = ("CPU threads: auto (one per core that other processes leave free at start; OMP_NUM_THREADS "
+                     "pins it if set) or a number that pins it (trainer/threads.py)")
+THREADS_HELP = TOOL_THREADS_HELP.replace("pins it if set)", "pins it if set; a resumed run keeps its checkpoint's)")
 SPIN_COUNT = 3000          # GOMP_SPINCOUNT: iterations a waiting OpenMP thread spins before it sleeps
 
 
@@ -126,7 +129,7 @@ def threads_for(cores: int, others: float) -> int:
 
 def add_threads_flag(parser: argparse.ArgumentParser) -> None:
     """The --threads flag of a tool that runs the model (chat, evaluation, the server)."""
-    parser.add_argument("--threads", default=THREADS_AUTO, type=_threads_flag, help=THREADS_HELP)
+    parser.add_argument("--threads", default=THREADS_AUTO, type=_threads_flag, help=TOOL_THREADS_HELP)
 
 
 def _threads_flag(value: str) -> str | int:

@@ -39,7 +39,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from trainer.cli import ToolParser, int_list, int_within, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_list, int_within, run_main  # noqa: E402
 from trainer.threads import bound_openmp_waits, usable_cores  # noqa: E402
 
 VARIANTS = {
@@ -201,7 +201,7 @@ def step_table(variants: list[str], levels: list[int], rounds: int, steps: int, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     parser.add_argument("--rounds", type=int_within(0), default=4,
                         help="rounds over every load level and variant (0: no step table)")
     parser.add_argument("--steps", type=int_within(1), default=4, help="timed steps per variant, level and round")

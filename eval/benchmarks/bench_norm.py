@@ -58,7 +58,7 @@ from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_tab
 from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods  # noqa: E402
 from model.kernels.dtypes import DTYPES  # noqa: E402
 from model.norms import triton_can_run  # noqa: E402
-from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -291,7 +291,7 @@ def profile_host(m: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA when there is one")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--weight_dtype", choices=["same", *DTYPES], default="same",

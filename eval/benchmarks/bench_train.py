@@ -45,7 +45,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
 from trainer.core import Trainer, make_optimizer, make_scheduler  # noqa: E402
@@ -200,7 +200,7 @@ def bench_norms(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     parser.add_argument("--presets", default=None, help="comma-separated (default: cpu-default,minimind-26m on "
                                                             "CPU; minimind-26m,minimind-64m on CUDA)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes of the step table")

@@ -41,7 +41,7 @@ import time  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.corpus import ensure_default_corpus  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import read_jsonl, read_metrics, read_summary  # noqa: E402
 
@@ -126,7 +126,7 @@ def run_ours(args: argparse.Namespace, scratch: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     parser.add_argument("--minimind_dir", type=Path, required=True,
                         help="a checkout of MiniMind's repository (its trainer/, model/ and dataset/ as published)")
     parser.add_argument("--preset", default="minimind-26m", help="our model preset; MiniMind gets its width and depth")

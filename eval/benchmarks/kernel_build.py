@@ -29,7 +29,7 @@ import triton  # noqa: E402
 from model.kernels.cuda_build import H100_SMS, build  # noqa: E402
 from model.kernels.dtypes import DTYPES  # noqa: E402
 from model.kernels.rmsnorm_triton import LaunchTuning  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
 GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -37,7 +37,7 @@ GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = ToolParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=RawDescriptionDefaultsHelpFormatter, epilog=__doc__)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10: 80 (A100), 90 (H100/H200)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (weights fp32)")
     parser.add_argument("--n", type=int, nargs="+", default=GPU_ROW_LENGTHS, help="row lengths")

@@ -46,7 +46,7 @@ import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import RunSummary, Trainer, TrainingDiverged  # noqa: E402
 from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
@@ -183,7 +183,7 @@ def results_table(results: list[RunResult], recipes: dict[str, tuple[str, ...]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     parser.add_argument("--recipes", default="previous_default,baseline",
                         help=f"comma-separated; built in: {', '.join(RECIPES)}")
     parser.add_argument("--recipe", action="append", default=[], metavar="NAME=FLAGS",

@@ -40,7 +40,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
-from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 
 # The study's model (scripts/sweep_configs/study_norms.yaml) and batch.
@@ -141,7 +141,7 @@ def table(variants: list[Variant], args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     parser.add_argument("--norms", default="rmsnorm,layernorm,prmsnorm", help="comma-separated norm types to profile")
     parser.add_argument("--placement", default="pre", help="norm_placement of every variant")
     parser.add_argument("--prms_p", type=float, default=0.0625, help="partial RMSNorm's ratio p (prmsnorm only)")

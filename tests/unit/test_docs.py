@@ -126,11 +126,11 @@ def _command_files() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def command_flags() -> dict[str, set[str]]:
-    """Each command's flags, read from the parser it builds: its main runs up to the parse, which stops it."""
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser, as its main builds it: main runs up to the parse, which stops it."""
     from trainer.args import parse_args
     tasks = {script: task for task, script in TRAINER_SCRIPTS.items()}
-    flags = {}
+    parsers = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(argparse.ArgumentParser, "parse_args", _stop_at_parse)
         patch.setattr(argparse.ArgumentParser, "parse_known_args", _stop_at_parse)
@@ -142,10 +142,29 @@ def command_flags() -> dict[str, set[str]]:
                     else:
                         importlib.import_module(script.removesuffix(".py").replace("/", ".")).main([])
             except _Parsed as parsed:
-                flags[script] = set(parsed.parser._option_string_actions)
+                parsers[script] = parsed.parser
             else:
                 raise AssertionError(f"{script}: main returned without parsing its command line")
-    return flags
+    return parsers
+
+
+@pytest.fixture(scope="module")
+def command_flags(command_parsers: dict[str, argparse.ArgumentParser]) -> dict[str, set[str]]:
+    return {script: set(parser._option_string_actions) for script, parser in command_parsers.items()}
+
+
+def test_every_help_shows_each_flags_default(command_parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """--help is the flags' reference: a flag with a default shows it (a default of None says in its help what
+    unset means: test_layout checks every flag has help)."""
+    hidden = []
+    for script, parser in command_parsers.items():
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS or action.default in (None, argparse.SUPPRESS):
+                continue
+            if "%(default)" not in formatter._get_help_string(action):
+                hidden.append(f"{script} {(action.option_strings or [action.dest])[0]}")
+    assert hidden == []
 
 
 def _prose_and_commands(document: Path) -> str:
@@ -180,3 +199,11 @@ def test_the_command_check_reads_a_command_as_a_user_types_it(command_flags: dic
     assert found == [("eval/chat.py", ["--temperature", "--no_such_flag"]), ("scripts/serve.py", ["--port"])]
     assert {"eval/chat.py", "scripts/serve.py", "trainer/train_pretrain.py"} <= command_flags.keys()
     assert "--temperature" in command_flags["eval/chat.py"] and "--preset" in command_flags["trainer/train_pretrain.py"]
+
+
+def test_threads_help_speaks_of_resuming_only_in_a_trainer(command_parsers: dict[str, argparse.ArgumentParser]) -> None:
+    helps = {script: parser._option_string_actions["--threads"].help for script, parser in command_parsers.items()
+             if "--threads" in parser._option_string_actions}
+    trainers = set(TRAINER_SCRIPTS.values())
+    assert trainers <= helps.keys() and {"eval/chat.py", "scripts/serve.py"} <= helps.keys()
+    assert [script for script, text in helps.items() if ("resumed run" in text) != (script in trainers)] == []

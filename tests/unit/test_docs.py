@@ -207,3 +207,55 @@ def test_threads_help_speaks_of_resuming_only_in_a_trainer(command_parsers: dict
     trainers = set(TRAINER_SCRIPTS.values())
     assert trainers <= helps.keys() and {"eval/chat.py", "scripts/serve.py"} <= helps.keys()
     assert [script for script, text in helps.items() if ("resumed run" in text) != (script in trainers)] == []
+
+
+def _trials(config: Path) -> str:
+    """What docs/sweeps.md's trials column says of a sweep YAML: a grid's size, else its run_cap."""
+    import yaml
+    sweep = yaml.safe_load(config.read_text(encoding="utf-8"))
+    if sweep["method"] != "grid":
+        return f"`run_cap: {sweep['run_cap']}`"
+    size = 1
+    for parameter in sweep["parameters"].values():
+        size *= len(parameter.get("values", [None]))
+    return str(size)
+
+
+def test_the_sweeps_table_counts_each_yamls_trials() -> None:
+    rows = [line.split(" | ") for line in (REPO / "docs" / "sweeps.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `") and line.count(" | ") == 3]
+    assert len(rows) >= 20
+    wrong = []
+    for row in rows:
+        files, trials = re.findall(r"`([\w.]+\.yaml)`", row[0]), row[3].rstrip(" |")
+        counted = " + ".join(_trials(REPO / "scripts" / "sweep_configs" / name) for name in files)
+        if counted != trials:
+            wrong.append(f"{', '.join(files)}: {trials}, the YAML {counted}")
+    assert wrong == []
+
+
+# The README's parameter counts of the presets, as it writes them (total; a MoE preset's active count too).
+README_PRESET_SIZES = {"cpu-default": ("4.46M",), "cpu-deep": ("4.38M",), "cpu-wide": ("4.26M",),
+                       "minimind-26m": ("25.8M",), "minimind-64m": ("56.8M",), "minimind-3-moe": ("198.4M", "63.9M")}
+
+
+def _millions(count: int, written: str) -> str:
+    decimals = len(written.removesuffix("M").partition(".")[2])
+    return f"{count / 1e6:.{decimals}f}M"
+
+
+@pytest.mark.parametrize("preset", README_PRESET_SIZES)
+def test_the_readmes_preset_sizes_are_the_models(preset: str) -> None:
+    import torch
+    from model.config import MiniNormConfig
+    from model.model import MiniNormForCausalLM
+    config = MiniNormConfig.from_preset(preset)
+    with torch.device("meta"):
+        weights = dict(MiniNormForCausalLM(config).named_parameters())
+    total = sum(weight.numel() for weight in weights.values())
+    experts = sum(weight.numel() for name, weight in weights.items() if ".experts." in name)
+    counts = [total] if not config.num_experts else \
+        [total, total - experts + experts * config.num_experts_per_tok // config.num_experts]
+    written = README_PRESET_SIZES[preset]
+    assert [_millions(count, text) for count, text in zip(counts, written)] == list(written)
+    assert all(text in (REPO / "README.md").read_text(encoding="utf-8") for text in written)

@@ -259,3 +259,22 @@ def test_the_readmes_preset_sizes_are_the_models(preset: str) -> None:
     written = README_PRESET_SIZES[preset]
     assert [_millions(count, text) for count, text in zip(counts, written)] == list(written)
     assert all(text in (REPO / "README.md").read_text(encoding="utf-8") for text in written)
+
+
+def test_every_trainer_flag_is_documented(command_flags: dict[str, set[str]]) -> None:
+    """A trainer's flag is named in training.md or post_training.md; a model field (also a flag) in the README's
+    table, architecture.md or training.md."""
+    from trainer.args import MODEL_FIELDS
+    def text(*names: str) -> str:
+        return "".join((REPO / name).read_text(encoding="utf-8") for name in names)
+    flags_text = text("docs/training.md", "docs/post_training.md")
+    fields_text = text("README.md", "docs/architecture.md", "docs/training.md")
+    missing = set()
+    for script in TRAINER_SCRIPTS.values():
+        for flag in command_flags[script] - {"-h", "--help"}:
+            name = flag.removeprefix("--")
+            found = re.search(rf"`{name}`|{flag}(?![\w-])", fields_text) if name in MODEL_FIELDS else \
+                re.search(rf"{flag}(?![\w-])", flags_text)
+            if not found:
+                missing.add(flag)
+    assert sorted(missing) == []

@@ -439,3 +439,17 @@ def test_the_openmp_waits_check_catches_a_late_call() -> None:
     late = "import sys\nimport torch\nfrom trainer.threads import bound_openmp_waits\nbound_openmp_waits()\n"
     assert openmp_waits_problem(late) == "line 2 imports torch before bound_openmp_waits()"
     assert openmp_waits_problem("import sys\n") == "bound_openmp_waits() is never called at module level"
+
+
+@pytest.mark.parametrize("name", [".venv", "out", "wandb"])
+def test_a_virtual_environment_or_output_folder_that_is_a_symlink_is_ignored_too(name: str, tmp_path) -> None:
+    """A pattern with a trailing slash matches directories only: a .venv that links to another checkout's was
+    committed by `git add -A`, and checking that commit out replaced the real environment with the link."""
+    import shutil
+    import subprocess
+    shutil.copy(REPO / ".gitignore", tmp_path / ".gitignore")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / name).symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    ignored = subprocess.run(["git", "check-ignore", "-q", name], cwd=tmp_path)
+    assert ignored.returncode == 0, f"{name} (a symlink) is not ignored by .gitignore"

@@ -111,7 +111,8 @@ class DeltaStream:
         content, reasoning, calls = self.reader.read(self.reader.prefix + generated, unfinished=True)
         hold = max((len(s) - 1 for s in self.reader.stop), default=0)
         content = content.rstrip(UNFINISHED_CHARACTER)
-        return content[:len(content) - hold] if hold else content, reasoning.rstrip(UNFINISHED_CHARACTER), calls
+        # max(0, ...): content shorter than the hold is all held (a negative end would cut from the right)
+        return content[:max(0, len(content) - hold)], reasoning.rstrip(UNFINISHED_CHARACTER), calls
 
     def deltas(self, generated: Sequence[int], final: bool = False) -> list[dict[str, Any]]:
         """The deltas the ids generated so far add (final: the reply is complete)."""

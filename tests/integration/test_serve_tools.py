@@ -258,6 +258,7 @@ REPLIES = {  # (pieces, stop strings)
                            ()),
     "a stop string": (("Hello STOP world",), ("STOP",)),
     "a stop string across a call": (("abc ST", *GOOD, "OP d"), ("STOP",)),
+    "a stop string from the reply's start, longer than the content so far": (("ST", "OP d"), ("STOP",)),
     "newlines around a call": (("abc\n\n", *GOOD, "\n\ndef", "<|im_end|>"), ()),
     "characters of several tokens": (("I like 🙂🙂 and 中文 </think>",), ()),
 }

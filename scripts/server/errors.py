@@ -13,7 +13,8 @@ from starlette.exceptions import HTTPException
 INTERNAL_ERROR = "internal server error; the server's log has the details"
 
 # Where pydantic names the branch of a union in an error's location; a client knows only the field path.
-_UNION_BRANCHES = ("str", "list[TextPart]", "function-after", "literal['auto','none','required']", "NamedToolChoice")
+_UNION_BRANCHES = ("str", "list[str]", "dict[str,any]", "list[TextPart]", "function-after",
+                   "literal['auto','none','required']", "NamedToolChoice")
 
 
 class APIError(Exception):

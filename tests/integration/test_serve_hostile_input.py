@@ -73,6 +73,7 @@ HOSTILE = {
     "UTF-16": ('{"messages": [{"role": "user", "content": "x"}]}'.encode("utf-16"),
                "body is not valid UTF-8 (byte 0xff at offset 0)"),
     "max_tokens 22.5": (with_fields(max_tokens=22.5), "max_tokens"),
+    "a stop list holding a number": (with_fields(stop=["a", 1]), "stop[1]: Input should be a valid string"),
 }
 WIKI = {"type": "function", "function": {"name": "wiki", "parameters": {
     "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}}

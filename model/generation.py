@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -60,6 +60,9 @@ class GenerationSettings:
     repetition_penalty: float = 1.0   # transformers' (CTRL's) multiplicative penalty on every seen token
     presence_penalty: float = 0.0     # OpenAI's: subtracted once from each token already generated
     frequency_penalty: float = 0.0    # OpenAI's: subtracted per occurrence in the generated tokens
+    # OpenAI's logit_bias: {token id: value} added to the token's logit at every step, before the penalties' and
+    # the sampler's turn (-100 bans a token in practice, 100 all but forces it); log-probabilities stay the model's
+    logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()        # stop strings: the text ends before the first one
     # (open, close) token ids of a span decoded greedily whatever the temperature: from `open` through `close` the
@@ -236,23 +239,47 @@ def _ends_inside(ids: Sequence[int], open_id: int, close_id: int) -> bool:
     return False
 
 
+def check_logit_bias(logit_bias: Mapping[int, float], vocab_size: int) -> None:
+    """A SamplingError (one line) when a logit_bias names a token outside the vocabulary or a value that is not a
+    finite number."""
+    for token, value in logit_bias.items():
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise SamplingError(f"logit_bias names token {token!r}; token ids are 0 to {vocab_size - 1}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SamplingError(f"logit_bias of token {token} is {value!r}, not a finite number")
+
+
+def logit_bias_row(settings: GenerationSettings, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """A row's logit_bias as one value per token of the vocabulary (0 where it names none); check_logit_bias's
+    error when it cannot be one."""
+    check_logit_bias(settings.logit_bias or {}, vocab_size)
+    row = torch.zeros(vocab_size, device=device)
+    if settings.logit_bias:
+        row[torch.tensor(list(settings.logit_bias), dtype=torch.long)] = torch.tensor(
+            list(settings.logit_bias.values()), dtype=row.dtype)
+    return row
+
+
 class _Penalties:
-    """OpenAI's presence and frequency penalties of a batch's rows: each row's uses of each token in its completion
-    so far and the amount they take off the token's logit (frequency_penalty x uses, plus presence_penalty once
-    used), kept up to date as tokens are chosen so that a decode step pays one subtraction for the whole batch. A row
-    without penalties has weights 0, and so amounts 0."""
+    """OpenAI's presence and frequency penalties and logit_bias of a batch's rows: each row's uses of each token in
+    its completion so far and the amount taken off the token's logit (frequency_penalty x uses, plus
+    presence_penalty once used, less the token's bias), kept up to date as tokens are chosen so that a decode step
+    pays one subtraction for the whole batch. A row without either has weights 0 and bias 0, and so amounts 0."""
 
     def __init__(self, rows: int, vocab_size: int, device: torch.device) -> None:
         self.counts = torch.zeros((rows, vocab_size), device=device)
         self.amounts = torch.zeros((rows, vocab_size), device=device)
+        self.bias = torch.zeros((rows, vocab_size), device=device)
         self.weights = torch.zeros((rows, 2), device=device)  # per row: frequency_penalty, presence_penalty
 
     def add_row(self, settings: GenerationSettings, token: int) -> None:
         """A row joining the batch, with the first token of its completion."""
         weights = self.weights.new_tensor([[settings.frequency_penalty, settings.presence_penalty]])
+        bias = logit_bias_row(settings, self.bias.shape[1], self.bias.device)[None]
         self.weights = torch.cat([self.weights, weights])
         self.counts = torch.cat([self.counts, self.counts.new_zeros((1, self.counts.shape[1]))])
-        self.amounts = torch.cat([self.amounts, self.amounts.new_zeros((1, self.amounts.shape[1]))])
+        self.bias = torch.cat([self.bias, bias])
+        self.amounts = torch.cat([self.amounts, -bias])
         self._count(torch.tensor([len(self.weights) - 1]), torch.tensor([token]))
 
     def record(self, tokens: Sequence[int]) -> None:
@@ -262,13 +289,15 @@ class _Penalties:
     def _count(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         rows, tokens = rows.to(self.counts.device), tokens.to(self.counts.device)
         self.counts[rows, tokens] += 1
-        self.amounts[rows, tokens] = self.weights[rows, 0] * self.counts[rows, tokens] + self.weights[rows, 1]
+        self.amounts[rows, tokens] = (self.weights[rows, 0] * self.counts[rows, tokens] + self.weights[rows, 1]
+                                      - self.bias[rows, tokens])
 
     def select(self, index: torch.Tensor) -> None:
         self.counts, self.amounts, self.weights = self.counts[index], self.amounts[index], self.weights[index]
+        self.bias = self.bias[index]
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """The batch's logits (B, vocab), less each row's penalties."""
+        """The batch's logits (B, vocab), less each row's penalties, plus its logit_bias."""
         return logits - self.amounts
 
 
@@ -281,9 +310,10 @@ class _Row:
         self.processors = settings.processors()
         self.seen = torch.tensor([generation.prompt_ids], dtype=torch.long, device=device)  # for the penalty
         self.track_seen = settings.repetition_penalty != 1.0
-        # OpenAI's penalties are applied to the whole batch's logits at once, from counts the engine keeps beside
-        # the KV cache (_Penalties); a row only says whether it has them.
-        self.penalised = bool(settings.presence_penalty or settings.frequency_penalty)
+        # OpenAI's penalties and logit_bias are applied to the whole batch's logits at once, from counts the engine
+        # keeps beside the KV cache (_Penalties); a row only says whether it has them. Its first token, drawn at the
+        # prefill, has no penalty to pay yet, but its bias.
+        self.penalised = bool(settings.presence_penalty or settings.frequency_penalty or settings.logit_bias)
         seed = settings.seed if settings.seed is not None else int(torch.randint(2**62, ()).item())
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.text = TextStream(tokenizer, settings.stop)
@@ -298,8 +328,14 @@ class _Row:
         self.greedy = settings.temperature <= 0 and not self.processors
         self.logprobs = settings.logprobs  # None: this row records none
 
+    def first_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """The scores of the first token (float32, shape [vocab]): the prefill's logits plus the row's logit_bias."""
+        settings = self.generation.settings
+        return logits + logit_bias_row(settings, logits.shape[-1], logits.device) if settings.logit_bias else logits
+
     def sample(self, scores: torch.Tensor) -> int:
-        """The next token from one row's scores (float32, shape [vocab]): its logits, less OpenAI's penalties."""
+        """The next token from one row's scores (float32, shape [vocab]): its logits, less OpenAI's penalties, plus
+        its logit_bias."""
         scores = scores[None]
         for processor in self.span_processors if self.in_greedy_span else self.processors:
             scores = processor(self.seen, scores)
@@ -469,7 +505,7 @@ class GenerationEngine:
                 cache = DynamicCache(config=self.model.config)
                 ids = torch.tensor([generation.prompt_ids], dtype=torch.long, device=self.device)
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                token = row.sample(out.logits[0, -1].float())
+                token = row.sample(row.first_scores(out.logits[0, -1].float()))
                 if (logprobs := _StepLogprobs.of(out.logits[:, -1], [row])) is not None:
                     logprobs.record([(0, generation, token)])
             except Exception as error:  # this request fails; the batch goes on

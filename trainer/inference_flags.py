@@ -20,6 +20,7 @@ from trainer.cli import float_within, int_within, zero_or_at_least
 # at most MAX_TOP_LOGPROBS most likely tokens per generated one.
 SMALLEST_DIVISOR, LARGEST_FACTOR = 1e-5, 1e5
 OPENAI_PENALTY_RANGE = (-2.0, 2.0)
+OPENAI_LOGIT_BIAS_RANGE = (-100.0, 100.0)  # a logit_bias value: -100 bans a token, 100 all but forces it
 MAX_TOP_LOGPROBS = 20
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")  # GenerationSettings' names
 # Chat's frequency penalty (eval/chat.py's flag, the server's default): greedy and sampled answers of the chat model

@@ -11,7 +11,7 @@ from typing import Any
 from dataset.chat_format import encode_chatml, tool_call_span
 from dataset.tokenization import token_bytes
 from model.chat_session import encode_prompt
-from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings
+from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings, check_logit_bias
 from scripts.server.errors import APIError
 from scripts.server.protocol import ChatRequest, logprobs_body, token_logprob_body, usage_body
 from scripts.server.replies import ReplyReader, forced_call_prefix
@@ -70,6 +70,11 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
     stop = request.stop_strings()
     if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
         raise APIError(400, f"stop: up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
+    logit_bias = request.token_biases()
+    try:
+        check_logit_bias(logit_bias or {}, served.model.config.vocab_size)
+    except ValueError as error:
+        raise APIError(400, str(error), param="logit_bias") from None
     return GenerationSettings(
         max_new_tokens=max_tokens or budget,
         temperature=defaults.temperature if request.temperature is None else request.temperature,
@@ -79,6 +84,7 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
         presence_penalty=defaults.presence_penalty if request.presence_penalty is None else request.presence_penalty,
         frequency_penalty=(CHAT_FREQUENCY_PENALTY if request.frequency_penalty is None
                            else request.frequency_penalty),
+        logit_bias=logit_bias,
         # With the chat template the reply's reader looks for the stop strings, in the content only
         seed=request.seed, stop=() if reader is not None else tuple(stop), logprobs=request.logprob_count(),
         stop_when=reader.content_stopped if reader is not None and reader.stop else None,

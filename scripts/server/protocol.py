@@ -16,7 +16,8 @@ from pydantic_core import PydanticCustomError
 from dataset.chat_format import normalize_messages, parse_tools
 from dataset.json_text import read_json_field
 from scripts.server.errors import APIError, validation_error
-from trainer.inference_flags import LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_PENALTY_RANGE, SMALLEST_DIVISOR
+from trainer.inference_flags import (LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_LOGIT_BIAS_RANGE, OPENAI_PENALTY_RANGE,
+                                     SMALLEST_DIVISOR)
 
 # A seed beyond 64 bits is beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits
 # are the library's.
@@ -132,6 +133,9 @@ class ChatRequest(BaseModel):
     stop: str | list[str] | None = None
     presence_penalty: float | None = Field(None, ge=OPENAI_PENALTY_RANGE[0], le=OPENAI_PENALTY_RANGE[1])
     frequency_penalty: float | None = Field(None, ge=OPENAI_PENALTY_RANGE[0], le=OPENAI_PENALTY_RANGE[1])
+    # {token id as a string: a value added to its logit}, OpenAI's
+    logit_bias: dict[str, Annotated[float, Field(ge=OPENAI_LOGIT_BIAS_RANGE[0], le=OPENAI_LOGIT_BIAS_RANGE[1])]] \
+        | None = None
     n: integer(ge=1, le=1) | None = None
     logprobs: bool | None = None
     top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
@@ -150,6 +154,15 @@ class ChatRequest(BaseModel):
         if value is not None and 0 < value < SMALLEST_DIVISOR:
             raise PydanticCustomError("temperature_range", "must be 0 (greedy) or at least {smallest}",
                                       {"smallest": SMALLEST_DIVISOR})
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids_as_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        bad = next((key for key in value or {} if not (key.isascii() and key.isdigit())), None)
+        if bad is not None:
+            raise PydanticCustomError("logit_bias", "keys are token ids written as decimal integers, got {key}",
+                                      {"key": json.dumps(bad)})
         return value
 
     @field_validator("top_logprobs")
@@ -178,6 +191,10 @@ class ChatRequest(BaseModel):
         """None without logprobs; else how many of the most likely tokens each token's entry lists (top_logprobs,
         default 0)."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def token_biases(self) -> dict[int, float] | None:
+        """`logit_bias` with its keys read as token ids (None when absent or empty)."""
+        return {int(key): value for key, value in self.logit_bias.items()} if self.logit_bias else None
 
     def stop_strings(self) -> list[str]:
         """`stop` as a list (a string is one stop string)."""

@@ -8,6 +8,7 @@ import functools
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import openai
@@ -182,6 +183,14 @@ BAD_REQUESTS = [
     ("top_logprobs above 20", {"messages": user("x"), "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("response_format of no known type", {"messages": user("x"), "response_format": {"type": "xml"}},
      "response_format.type: Input should be 'text', 'json_object' or 'json_schema'"),
+    ("logit_bias keyed by a token's text", {"messages": user("x"), "logit_bias": {"hello": 1}},
+     'logit_bias: keys are token ids written as decimal integers, got "hello"'),
+    ("logit_bias keyed by a negative id", {"messages": user("x"), "logit_bias": {"-3": 1}}, 'got "-3"'),
+    ("logit_bias beyond the vocabulary", {"messages": user("x"), "logit_bias": {"99999": 1}},
+     "logit_bias names token 99999; token ids are 0 to "),
+    ("logit_bias value above 100", {"messages": user("x"), "logit_bias": {"5": 101}}, "logit_bias.5"),
+    ("logit_bias value as text", {"messages": user("x"), "logit_bias": {"5": "1"}}, "logit_bias.5"),
+    ("logit_bias not an object", {"messages": user("x"), "logit_bias": [5]}, "logit_bias"),
 ]
 
 
@@ -191,6 +200,29 @@ def test_bad_requests_get_openai_style_400s(sft_server, body, phrase) -> None:
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert phrase in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_logit_bias_bans_and_forces_tokens_as_openais_does(sft_server, tiny_models, tokenizer) -> None:
+    """OpenAI's logit_bias through the official client, streamed and not: -100 on the reply's first token makes the
+    greedy reply start otherwise, +100 on one token makes the reply that token over and over; an empty map is no
+    bias. The log-probabilities stay the model's own: the banned token still leads the first entry's top list."""
+    api = client(sft_server)
+    first = tokenizer(tiny_models.reply, add_special_tokens=False).input_ids[0]
+    forced = tokenizer(" blue", add_special_tokens=False).input_ids[-1]
+    for stream in (False, True):
+        def reply(**fields) -> tuple[str, Any]:
+            response = api.chat.completions.create(model="m", messages=user("Hi!"), stream=stream, **GREEDY,
+                                                   **fields)
+            if not stream:
+                return response.choices[0].message.content, response.choices[0].logprobs
+            chunks = [c for c in response if c.choices]
+            logged = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+            return "".join(c.choices[0].delta.content or "" for c in chunks), logged[0] if logged else None
+        assert reply(logit_bias={})[0] == tiny_models.reply
+        banned, logprobs = reply(logit_bias={str(first): -100}, logprobs=True, top_logprobs=1, max_tokens=4)
+        assert not banned.startswith(tokenizer.decode([first])) and banned
+        assert logprobs.content[0].top_logprobs[0].token == tokenizer.decode([first])
+        assert reply(logit_bias={str(forced): 100}, max_tokens=3)[0] == tokenizer.decode([forced] * 3)
 
 
 def test_response_format_text_is_taken_and_json_refused(sft_server, tiny_models) -> None:

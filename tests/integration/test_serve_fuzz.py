@@ -97,6 +97,9 @@ FIELD_VALUES = {  # one strategy per field of the request model
     "parallel_tool_calls": field(st.booleans()),
     "chat_template_kwargs": field(st.fixed_dictionaries({}, optional={"open_thinking": field(st.booleans())})),
     "response_format": field(st.fixed_dictionaries({"type": field(st.sampled_from(["text", "json_object"]))})),
+    "logit_bias": field(st.dictionaries(st.integers(0, 7000).map(str) | st.sampled_from(["-1", "x", "", "1.5", "٣"]),
+                                        st.floats(-100, 100) | st.integers(-100, 100), max_size=4),
+                        st.dictionaries(st.just("5"), float_edges | integer_edges, min_size=1)),
 }
 assert set(FIELD_VALUES) == set(ChatRequest.model_fields), "a field of the request model is not fuzzed"
 

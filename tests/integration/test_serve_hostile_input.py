@@ -230,7 +230,7 @@ def test_the_openapi_document_describes_the_chat_request(server) -> None:
     fields = {"model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stream",
               "stream_options", "seed", "stop", "presence_penalty", "frequency_penalty", "n", "logprobs", "top_k",
               "repetition_penalty", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-              "response_format", "top_logprobs"}
+              "response_format", "top_logprobs", "logit_bias"}
     assert set(request["properties"]) == fields and request["required"] == ["messages"]
     assert {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1} in request["properties"]["seed"]["anyOf"]
     message = schemas[request["properties"]["messages"]["items"]["$ref"].rsplit("/", 1)[1]]

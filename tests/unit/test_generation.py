@@ -75,12 +75,16 @@ def test_seeded_sampling_equals_transformers_generate(pretrained, sampling) -> N
         assert ours == theirs
 
 
-def openai_penalised_greedy(model, prompt: list[int], budget: int, frequency: float, presence: float) -> list[int]:
-    """Greedy decoding under OpenAI's penalties, from a cache-free float64 forward of the sequence at every step."""
+def openai_penalised_greedy(model, prompt: list[int], budget: int, frequency: float, presence: float,
+                            bias: dict[int, float] | None = None) -> list[int]:
+    """Greedy decoding under OpenAI's penalties and logit_bias, from a cache-free float64 forward of the sequence
+    at every step."""
     reference: list[int] = []
     for _ in range(budget):
         with torch.no_grad():
             logits = model(torch.tensor([prompt + reference])).logits[0, -1].double()
+        for token, value in (bias or {}).items():
+            logits[token] += value
         counts = torch.bincount(torch.tensor(reference, dtype=torch.long), minlength=logits.numel()).double()
         reference.append(int((logits - frequency * counts - presence * (counts > 0).double()).argmax()))
     return reference
@@ -144,6 +148,47 @@ def test_penalised_rows_decode_batched_with_plain_and_sampled_rows(pretrained, m
     alone = GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER]).generate(prompts[0], sampled)
     assert generations[2].token_ids == alone.token_ids and len(alone.token_ids) == 16
     assert engine._penalties is None and engine.load == (0, 0)
+
+
+def test_a_logit_bias_follows_openais_definition_alone_and_batched(pretrained) -> None:
+    """OpenAI's logit_bias: each named token's logit plus its value at every step, the first token's included,
+    before the penalties' turn; -100 bans a token. Rows with and without a bias (and with penalties) share a batch,
+    each following the float64 reference of its own settings; the log-probabilities stay the model's own."""
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER])
+    prompt, budget = plain_ids(tokenizer, PROMPTS[1]), 12
+    plain = engine.generate(prompt, GenerationSettings(max_new_tokens=budget, temperature=0.0, logprobs=1))
+    banned = dict.fromkeys(plain.token_ids[:3], -100.0)
+    favoured = {plain.token_ids[5]: 4.0}
+    cases = [(banned, 0.0), ({**banned, **favoured}, 0.3), ({}, 0.2), (favoured, 0.0)]
+    batched = GenerationEngine(model, tokenizer, max_batch=4, eos_token_ids=[NEVER])
+    generations = [batched.submit(prompt, GenerationSettings(max_new_tokens=budget, temperature=0.0, logprobs=1,
+                                                             logit_bias=bias or None, frequency_penalty=frequency))
+                   for bias, frequency in cases]
+    run_until_done(batched, *generations)
+    for generation, (bias, frequency) in zip(generations, cases):
+        assert generation.token_ids == openai_penalised_greedy(model, prompt, budget, frequency, 0.0, bias)
+        alone = engine.generate(prompt, generation.settings)
+        assert alone.token_ids == generation.token_ids
+    assert not set(banned) & set(generations[0].token_ids) and generations[0].token_ids != plain.token_ids
+    assert generations[3].token_ids[0] == plain.token_ids[5]  # +4 moved the first token
+    # the model's own distribution: the banned token still tops the biased run's first entry, as in the plain run
+    (top_token, top_logprob), = generations[0].logprobs[0].top
+    assert top_token == plain.token_ids[0] and top_logprob == pytest.approx(plain.logprobs[0].logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("bias, message", [({10**6: 1.0}, "logit_bias names token 1000000; token ids are 0 to "),
+                                           ({-1: 1.0}, "logit_bias names token -1; token ids are 0 to "),
+                                           ({5: float("nan")}, "logit_bias of token 5 is nan, not a finite number")])
+def test_a_logit_bias_outside_the_vocabulary_fails_only_its_request(pretrained, bias, message) -> None:
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=2, eos_token_ids=[NEVER])
+    ids = plain_ids(tokenizer, PROMPTS[0])
+    bad = engine.submit(ids, GenerationSettings(max_new_tokens=4, temperature=0.0, logit_bias=bias))
+    good = engine.submit(ids, GenerationSettings(max_new_tokens=4, temperature=0.0))
+    run_until_done(engine, bad, good)
+    assert bad.finish_reason == FINISH_ERROR and bad.error.startswith(message)
+    assert good.finish_reason == FINISH_LENGTH and len(good.token_ids) == 4
 
 
 def full_forward_argmax(model, ids: list[int]) -> int:

@@ -5,6 +5,7 @@ for clients' tool loops (/tools), /health and the chat page (scripts/web/)."""
 import asyncio
 import secrets
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,13 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.requests import ClientDisconnect
 
+from model.generation import GenerationSettings
 from scripts.server.builtin_tools import RUN_REQUEST_BODY, offered_tools, parse_run_request, run_call
 from scripts.server.completion import Completion, generation_settings, prompt_ids
 from scripts.server.errors import APIError, add_error_handlers
-from scripts.server.protocol import (CompletionId, completion_body, model_card, model_list, parse_chat_request,
-                                     request_schemas)
+from scripts.server.protocol import (ChatRequest, CompletionId, completion_body, model_card, model_list,
+                                     parse_chat_request, request_schemas)
+from scripts.server.replies import ReplyReader
 from scripts.server.served_model import ServedModel
 from scripts.server.streaming import streaming_response
 
@@ -106,12 +109,24 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
     (when the model can use them: builtin_tools.offered_tools)."""
     counters = {"requests": 0}
     offered = offered_tools(served, tools)
+    # Reading a request and tokenizing its prompt take a second or two for a body near the size limit: on a thread
+    # of their own, not the event loop's, whose other requests and streams would wait. One thread: requests are
+    # prepared one at a time, as before (a fast tokenizer is not to be called from two threads at once).
+    preparing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-request")
+
+    def prepare(body: bytes) -> tuple[ChatRequest, list[int], ReplyReader | None, GenerationSettings]:
+        """The request, its prompt's ids, the reply's reader and the generation settings; APIError on bad input."""
+        chat = parse_chat_request(body)
+        tools = chat.offered_tools()
+        ids, reader = prompt_ids(chat, served, tools)
+        return chat, ids, reader, generation_settings(chat, served, len(ids), tools, reader)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         served.engine.start()
         yield
         served.engine.close()
+        preparing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="MiniNorm", docs_url=None, redoc_url=None, openapi_url=OPENAPI_URL, lifespan=lifespan)
     add_error_handlers(app)
@@ -153,10 +168,8 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
     @app.post("/v1/chat/completions", openapi_extra=_CHAT_REQUEST_BODY)
     async def chat_completions(request: Request):  # no return annotation: FastAPI would take it for the schema
         authorize(request, api_key)
-        chat = parse_chat_request(await read_body(request, max_body_bytes))
-        tools = chat.offered_tools()
-        ids, reader = prompt_ids(chat, served, tools)
-        settings = generation_settings(chat, served, len(ids), tools, reader)
+        body = await read_body(request, max_body_bytes)
+        chat, ids, reader, settings = await asyncio.get_running_loop().run_in_executor(preparing, prepare, body)
         refuse_when_busy(served, max_waiting)
         counters["requests"] += 1
         completion = Completion(served, ids, settings, reader)

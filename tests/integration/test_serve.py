@@ -285,6 +285,34 @@ def test_api_key(endless_app_factory, threaded_server) -> None:
         assert httpx.get(f"{server.url}/").status_code == 200
 
 
+def test_a_request_being_prepared_does_not_hold_up_the_others(endless_app_factory, threaded_server,
+                                                              monkeypatch) -> None:
+    """Reading a request and tokenizing its prompt (a second or two for a body near the 1 MiB limit) ran on the
+    event loop: every other request and stream waited. Here one request's preparation is held until /health and
+    the model list have answered; on the event loop they could not answer until it was released."""
+    import scripts.server.app as app_module
+
+    held, release = threading.Event(), threading.Event()
+    original = app_module.prompt_ids
+
+    def slow_prompt_ids(*args, **kwargs):
+        held.set()
+        release.wait(timeout=60)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(app_module, "prompt_ids", slow_prompt_ids)
+    with threaded_server(endless_app_factory()) as server, ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(httpx.post, f"{server.url}/v1/chat/completions",
+                           json={"messages": user("x"), "max_tokens": 2}, timeout=120)
+        assert held.wait(timeout=60)
+        try:
+            assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+            assert client(server.url).models.list().data and not slow.done()
+        finally:
+            release.set()
+        assert slow.result().status_code == 200 and slow.result().json()["usage"]["completion_tokens"] == 2
+
+
 def test_left_out_penalties_are_chats(endless_app_factory, threaded_server) -> None:
     """A request without frequency_penalty (or with null) decodes with eval/chat.py's, not OpenAI's 0: the untrained
     model's greedy answer repeats itself, so the penalty shows."""

@@ -254,9 +254,9 @@ def logit_bias_row(settings: GenerationSettings, vocab_size: int, device: torch.
     error when it cannot be one."""
     check_logit_bias(settings.logit_bias or {}, vocab_size)
     row = torch.zeros(vocab_size, device=device)
-    if settings.logit_bias:
-        row[torch.tensor(list(settings.logit_bias), dtype=torch.long)] = torch.tensor(
-            list(settings.logit_bias.values()), dtype=row.dtype)
+    if settings.logit_bias:  # the ids and values on the row's device: CUDA refuses a CPU tensor of values
+        row[torch.tensor(list(settings.logit_bias), dtype=torch.long, device=device)] = torch.tensor(
+            list(settings.logit_bias.values()), dtype=row.dtype, device=device)
     return row
 
 

@@ -9,11 +9,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from model.chat_session import encode_prompt
 from model.config import MiniNormConfig
 from model.generation import (FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, GenerationEngine,
-                              GenerationSettings, TextStream, _Row)
+                              GenerationSettings, TextStream, _Row, logit_bias_row)
 from model.model import MiniNormForCausalLM
 from tests.unit.test_model import randomize
 
@@ -189,6 +190,28 @@ def test_a_logit_bias_outside_the_vocabulary_fails_only_its_request(pretrained, 
     run_until_done(engine, bad, good)
     assert bad.finish_reason == FINISH_ERROR and bad.error.startswith(message)
     assert good.finish_reason == FINISH_LENGTH and len(good.token_ids) == 4
+
+
+class _CudaDeviceRule(TorchDispatchMode):
+    """CUDA's rule for an indexed write, which a CPU run does not enforce: the values must be on the written
+    tensor's device (a 0-d tensor excepted); a CPU tensor of values into a GPU tensor is a RuntimeError there."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default):
+            written, _, values = args[:3]
+            if values.device != written.device and values.dim() > 0:
+                raise RuntimeError(f"values on {values.device}, written tensor on {written.device}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_logit_bias_row_is_built_on_the_engines_device() -> None:
+    """The row's values went to the device as a CPU tensor: on a GPU every request with a logit_bias failed at its
+    first token (a 500 from the server). Checked here on the meta device under CUDA's rule."""
+    settings = GenerationSettings(logit_bias={1: 2.0, 3: -1.5})
+    with _CudaDeviceRule():
+        row = logit_bias_row(settings, 8, torch.device("meta"))
+    assert row.device.type == "meta" and row.shape == (8,)
+    assert logit_bias_row(settings, 8, torch.device("cpu")).tolist() == [0, 2.0, 0, -1.5, 0, 0, 0, 0]
 
 
 def full_forward_argmax(model, ids: list[int]) -> int:

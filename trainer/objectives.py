@@ -104,9 +104,10 @@ class LanguageModelingWithCopies(LanguageModeling):
     token mean plus weight x the mean of its micro-batches' copy losses, however the step is split. The rows of
     micro-batch m on process p are drawn from (seed, step, m x processes + p), the global index of its data, so a
     resumed run and the same global batch on other processes draw the same rows. `copy_loss` is logged (the copy
-    rows' mean loss, over the step's micro-batches weighted by their supervised tokens), and `lm_loss`, the
-    language-modeling loss alone (what a run without copy rows logs as its loss, and what validation measures); the
-    logged `loss` is the minimized sum: lm_loss plus weight x copy_loss. The progress bar shows all three."""
+    rows' mean loss: the mean of the step's micro-batches' copy losses, each weighing the same, as in the loss), and
+    `lm_loss`, the language-modeling loss alone (what a run without copy rows logs as its loss; what validation
+    measures, less a mixture-of-experts model's router terms); the logged `loss` is the minimized sum: lm_loss plus
+    weight x copy_loss, however the step's micro-batches differ. The progress bar shows all three."""
 
     def __init__(self, settings: CopySettings, vocab: range, seed: int, process_index: int, processes: int,
                  accumulation_steps: int, moe: bool = False) -> None:
@@ -147,5 +148,6 @@ class LanguageModelingWithCopies(LanguageModeling):
         device = batch["input_ids"].device
         copy = model(input_ids=ids.to(device), labels=labels.to(device)).loss
         share = 1 / (self.accumulation_steps * self.processes)
-        copy_stat = copy.detach().float() * self.count_items(batch)
+        # logged over the step's units (num_items): the micro-batches' copy losses weighted as the loss weighs them
+        copy_stat = copy.detach().float() * share * num_items
         return loss + weight * share * copy, torch.cat([stats, copy_stat[None]])

@@ -119,7 +119,25 @@ def test_the_loss_is_language_modeling_plus_the_weighted_copy_mean_by_hand(cue_p
             # The step's gradient is weight x the mean of its 2 x processes micro-batches' copy losses.
             expected = plain.double() + weight * copy_mean / (2 * processes)
             assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
-            assert float(stats[-1]) == pytest.approx(float(copy_mean) * 78, rel=1e-5)  # x its 2 x 39 targets
+            # over the step's 150 targets: the micro-batch's share of the mean of its 2 x processes copy losses
+            assert float(stats[-1]) == pytest.approx(float(copy_mean) * 150 / (2 * processes), rel=1e-5)
+
+
+def test_the_logged_loss_is_lm_loss_plus_weight_x_copy_loss_over_uneven_micro_batches() -> None:
+    """What the run logs (the core sums the micro-batches' losses, and their statistics over the step's targets): the
+    loss it minimizes is lm_loss + weight x copy_loss even where the micro-batches supervise different numbers of
+    tokens (SFT). copy_loss weighted each micro-batch's copy rows by its supervised tokens, which the loss does not."""
+    model = tiny_model().train()
+    ids = random_ids(2, 40)
+    sparse = ids.clone()
+    sparse[:, :30] = -100  # 2 x 10 targets beside the first micro-batch's 78
+    batches = [{"input_ids": ids, "labels": ids}, {"input_ids": ids, "labels": sparse}]
+    copies = objective(accumulation=2)
+    num_items = sum(copies.count_items(batch) for batch in batches)
+    copies.start_step(1)  # weight 0.7
+    losses, stats = zip(*(copies.loss(model, batch, num_items) for batch in batches))
+    lm_loss, copy_loss = (sum(stats) / num_items).tolist()
+    assert sum(losses).item() == pytest.approx(lm_loss + 0.7 * copy_loss, rel=1e-5)
 
 
 def test_weight_zero_is_plain_language_modeling_without_the_rows() -> None:

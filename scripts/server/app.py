@@ -109,9 +109,9 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
     (when the model can use them: builtin_tools.offered_tools)."""
     counters = {"requests": 0}
     offered = offered_tools(served, tools)
-    # Reading a request and tokenizing its prompt take a second or two for a body near the size limit: on a thread
+    # Parsing a request and tokenizing its prompt take a second or two for a body near the size limit: on a thread
     # of their own, not the event loop's, whose other requests and streams would wait. One thread: requests are
-    # prepared one at a time, as before (a fast tokenizer is not to be called from two threads at once).
+    # prepared one at a time, in the order they came, as on the event loop before.
     preparing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-request")
 
     def prepare(body: bytes) -> tuple[ChatRequest, list[int], ReplyReader | None, GenerationSettings]:

@@ -72,7 +72,7 @@ def generation_settings(request: ChatRequest, served: ServedModel, prompt_len: i
         raise APIError(400, f"stop: up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
     logit_bias = request.token_biases()
     try:
-        check_logit_bias(logit_bias or {}, served.model.config.vocab_size)
+        check_logit_bias(logit_bias or {}, served.engine.vocab_size)  # the rows of the logits it biases
     except ValueError as error:
         raise APIError(400, str(error), param="logit_bias") from None
     return GenerationSettings(

@@ -544,6 +544,13 @@ def uses_lora(args: TrainArgs) -> bool:
     return args.task == "lora" or (args.lora and args.task in ("grpo", "ppo"))
 
 
+def scored_against_starting_weights(args: TrainArgs) -> bool:
+    """Whether the run's objective reads --from_weight's weights as its frozen reference model all along (not only
+    to start from them, which a checkpoint's weights replace): DPO, and GRPO and PPO with --beta > 0 but without
+    --lora (with it, the reference is the base model under the adapters, which a checkpoint holds)."""
+    return args.task == "dpo" or (args.task in ("grpo", "ppo") and args.beta > 0 and not uses_lora(args))
+
+
 def _validate(args: TrainArgs) -> None:
     def bad(name: str, value: Any, allowed: str) -> ValueError:
         return ValueError(f"--{name}={value!r} is not allowed; {allowed}")

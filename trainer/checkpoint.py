@@ -35,12 +35,13 @@ from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
 from dataset.atomic_io import atomic_write_text, first_line, read_text_file
-from trainer.args import ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset, uses_lora
+from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
+                          scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
                              checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_count,
                              is_model_dir, list_checkpoints, previous_run, read_summary, recorded_config,
-                             recorded_run_id, refuse_previous_run)
+                             recorded_run_id, refuse_previous_run, starting_directory)
 
 # The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
 # another is refused, in one line naming each such flag with both values (_keep_saved). The architecture fields a
@@ -273,7 +274,8 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
     """Refuse, in one line naming the flag with its old and new value, to resume where the data position would
     not map exactly (other data, another --max_seq_len, --seed or --val_fraction) or, for LoRA, where the saved
     adapters have another shape (--lora_rank, --lora_targets) or are absent (GRPO/PPO's --lora), or, for
-    distillation, where --teacher names another directory."""
+    distillation, where --teacher names another directory, or, for a run scored against its starting weights (DPO's
+    reference model, GRPO's and PPO's KL reference), where --from_weight does."""
     saved = state.get("config", {})
     _keep_saved(path, saved, {flag: getattr(args, flag) for flag in DATA_ORDER_FLAGS},
                 "the saved data position is only valid for the same samples in the same order")
@@ -284,6 +286,11 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
         from trainer.distillation import teacher_directory
         _keep_saved(path, {"teacher": str(teacher_directory(saved["teacher"]))},
                     {"teacher": str(teacher_directory(args.teacher))}, "a run distils from one teacher")
+    if scored_against_starting_weights(args) and "from_weight" in saved:
+        _keep_saved(path, {"from_weight": str(starting_directory(args.task, saved["from_weight"]))},
+                    {"from_weight": str(starting_directory(args.task, args.from_weight))},
+                    "the run is scored against its starting weights (its reference model), which the checkpoint "
+                    "does not hold")
     old_data = state.get("data")
     same = old_data is None or {k: v for k, v in old_data.items() if k != "path"} == {
         k: v for k, v in data.items() if k != "path"}

@@ -36,7 +36,8 @@ from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
-                          requested_model_fields, resolve_copy_rows, settable_model_fields, uses_lora)
+                          requested_model_fields, resolve_copy_rows, scored_against_starting_weights,
+                          settable_model_fields, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE
 from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
@@ -54,11 +55,11 @@ from trainer.machine import compile_enabled, machine_line, resolve_dtype
 from trainer.objectives import CopySettings, EvalResult, LanguageModeling, LanguageModelingWithCopies, Objective
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
-from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_FROM_WEIGHT, DEFAULT_OUT_DIRS,
-                             EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, OVERWRITE_FLAG, ROLLOUT_TASKS,
-                             MERGED_DIR, RUN_ID_KEY, SUMMARY_FILE, WEIGHT_FILES, check_out_dir, code_version,
-                             create_command, is_adapter_dir, is_model_dir, list_checkpoints, load_input_model,
-                             report_error, resolve_path)
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_FROM_WEIGHT, EXIT_DIVERGED, EXIT_INTERRUPTED,
+                             EXIT_PEER_LOST, OVERWRITE_FLAG, ROLLOUT_TASKS, MERGED_DIR, RUN_ID_KEY, SUMMARY_FILE,
+                             WEIGHT_FILES, check_out_dir, code_version, create_command, is_adapter_dir,
+                             is_model_dir, list_checkpoints, load_input_model, report_error, resolve_path,
+                             starting_directory)
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -107,7 +108,7 @@ def _load_tokenizer(args: TrainArgs):
 def _starting_weights(args: TrainArgs) -> Path:
     """The model directory a fine-tuning run starts from: --from_weight, else its task's default."""
     source_task = DEFAULT_FROM_WEIGHT[args.task]
-    source = resolve_path(args.from_weight or DEFAULT_OUT_DIRS[source_task])
+    source = starting_directory(args.task, args.from_weight)
     if is_adapter_dir(source):
         merged = source / MERGED_DIR
         start = (f"start from its merged model, --from_weight {merged}" if is_model_dir(merged)
@@ -466,7 +467,7 @@ class Trainer:
         if args.beta > 0 and uses_lora(args):  # the starting weights are the policy without its adapters
             from trainer.grpo import WithoutAdapters
             reference = WithoutAdapters(getattr(self.unwrapped, "policy", self.unwrapped))
-        elif args.beta > 0:
+        elif scored_against_starting_weights(args):
             reference = load_input_model(_starting_weights(args), "--from_weight", **requested_model_fields(args))
             reference = reference.to(self.accelerator.device)
         common = (reference, args.seed, self.accelerator.process_index, self.accelerator.autocast, self.world)

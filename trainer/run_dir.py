@@ -153,6 +153,11 @@ def default_out_dir(task: str) -> Path:
     return resolve_path(DEFAULT_OUT_DIRS[task])
 
 
+def starting_directory(task: str, from_weight: str | None) -> Path:
+    """The model directory a fine-tuning `task` starts from: --from_weight `from_weight`, else its task's default."""
+    return resolve_path(from_weight or DEFAULT_OUT_DIRS[DEFAULT_FROM_WEIGHT[task]])
+
+
 def create_command(task: str, path: Path) -> str:
     """The command that writes `task`'s model to `path`: its trainer, with --out_dir unless that is its default."""
     return CREATE_COMMANDS[task] + ("" if path == default_out_dir(task) else f" --out_dir {path}")

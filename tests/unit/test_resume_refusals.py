@@ -55,6 +55,33 @@ def test_a_distillation_keeps_its_teacher(tmp_path):
                                   f"{tmp_path / 'b'}, or start a new run)")
 
 
+
+@pytest.mark.parametrize("task, flags", [("dpo", []), ("grpo", []), ("ppo", [])])
+def test_a_run_scored_against_its_starting_weights_keeps_them(task, flags, tmp_path):
+    """DPO's reference model and GRPO's and PPO's KL reference are --from_weight's weights, which no checkpoint
+    holds: resumed with another --from_weight of the same shape, the run went on against another reference model
+    without a word (not even a 'changed since the checkpoint' note)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    args = parse_args(task, ["--from_weight", str(tmp_path / "a"), *flags])
+    check_resume_compatible(CHECKPOINT, _state(from_weight=str(tmp_path / "a")), args, {})
+    check_resume_compatible(CHECKPOINT, _state(), args, {})  # a checkpoint that did not record it
+    with pytest.raises(ValueError) as refused:
+        check_resume_compatible(CHECKPOINT, _state(from_weight=str(tmp_path / "b")), args, {})
+    assert str(refused.value) == (f"--resume step_00000002: --from_weight was {tmp_path / 'b'} there and is "
+                                  f"{tmp_path / 'a'} now; the run is scored against its starting weights (its "
+                                  f"reference model), which the checkpoint does not hold (resume with --from_weight "
+                                  f"{tmp_path / 'b'}, or start a new run)")
+
+
+@pytest.mark.parametrize("task, flags", [("sft", []), ("lora", []), ("distill", []), ("grpo", ["--beta", "0"]),
+                                         ("ppo", ["--lora"])])
+def test_a_run_that_reads_its_starting_weights_once_may_find_them_elsewhere(task, flags, tmp_path):
+    """Those runs' checkpoints hold every weight they train or score with (GRPO/PPO under --lora: the base model
+    under the adapters is the reference): a moved --from_weight is no change."""
+    args = parse_args(task, ["--from_weight", str(tmp_path / "a"), *flags])
+    check_resume_compatible(CHECKPOINT, _state(from_weight=str(tmp_path / "b"), lora=args.lora), args, {})
+
 # ---------------------------------------------------------------- trainer_state.json, validated where it is read
 GOOD_STATE = {"step": 3, "epoch": 0, "samples_done_in_epoch": 12, "tokens_seen": 384, "total_steps": 4,
               "processes": 1, "run_id": "5ea30241348b", "wandb_run_id": None, "train_time_s": 0.5,

@@ -185,12 +185,34 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
     if writer:
         atomic_write_text(tmp / STATE_FILE, json.dumps({**state, FILES_KEY: files}, indent=2))
         if final.exists():
-            shutil.rmtree(final)
+            _remove_checkpoint(final)
         os.replace(tmp, final)
         for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_checkpoint(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def _remove_checkpoint(path: Path) -> None:
+    """Remove a checkpoint directory, its trainer_state.json first: a removal cut short (a kill) leaves no
+    checkpoint that is listed as complete without all of its files."""
+    (path / STATE_FILE).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def drop_later_checkpoints(accelerator: Accelerator, root: Path, resumed: Path, writer: bool) -> list[str]:
+    """Collective. A run resumed from one of its own checkpoints (`resumed`, under `root`, its CHECKPOINT_DIR)
+    replaces what followed it, as its metrics.jsonl drops the later records: the `writer` processes remove its later
+    checkpoints, which would stay the newest (a `--resume auto` would go on from them, over the new steps, whose
+    records it would keep) and push the new ones out under --keep_checkpoints. Returns the names removed."""
+    step = checkpoint_step(resumed.name)
+    later = []
+    if writer and step is not None and resumed.resolve().parent == root.resolve():
+        later = [path for path in list_checkpoints(root) if checkpoint_step(path.name) > step]
+        for path in later:
+            _remove_checkpoint(path)
+    accelerator.wait_for_everyone()
+    return [path.name for path in later]
 
 
 class CheckpointDamaged(ValueError):

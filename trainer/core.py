@@ -42,8 +42,8 @@ from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE
 from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
                                 check_resume_compatible, check_same_task, check_saved_architecture,
-                                clear_previous_files, finished_run_asked_again, load_checkpoint, probe_storage,
-                                save_checkpoint, saved_position)
+                                clear_previous_files, drop_later_checkpoints, finished_run_asked_again,
+                                load_checkpoint, probe_storage, save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  materialize_meta_parameters, set_collective_timeout, shutdown, state_is_sharded,
@@ -398,12 +398,16 @@ class Trainer:
             # and the optimizer steps; counted under another --accumulation_steps it would put the update in the
             # middle of a group. A resumed run always starts on a group boundary.
             self.accelerator.step = 0
-        cleared = clear_previous_files(self.accelerator, self.out_dir, start,
-                                       writer=self.is_main if self.shared_storage
-                                       else self.accelerator.is_local_main_process)
+        writer = self.is_main if self.shared_storage else self.accelerator.is_local_main_process
+        cleared = clear_previous_files(self.accelerator, self.out_dir, start, writer=writer)
         if cleared and self.is_main:
             reason = "--overwrite: " if self.args.overwrite else "another run resumed here: "
             tqdm.write(f"{reason}removed the previous run's {', '.join(cleared)} from {self.out_dir}")
+        if self.resume_from is not None:
+            dropped = drop_later_checkpoints(self.accelerator, self.out_dir / CHECKPOINT_DIR, self.resume_from, writer)
+            if dropped and self.is_main:
+                tqdm.write(f"resumed from {self.resume_from.name}: removed the later checkpoints of the continuation "
+                           f"it replaces ({', '.join(dropped)})")
 
     def _wrap_for_task(self, base: MiniNormForCausalLM) -> torch.nn.Module:
         """The model the optimizer trains: the base model itself, (LoRA, or GRPO/PPO with --lora) the base model

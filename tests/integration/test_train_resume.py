@@ -219,3 +219,22 @@ def test_a_damaged_rng_state_is_refused_naming_the_file(content, train_data, ref
     error = refused_run("pretrain", argv, capsys)
     assert error.startswith(f"error: --resume {checkpoint}: {checkpoint / 'random_states_0.pkl'} is damaged"), error
     assert not (tmp_path / "resumed" / "metrics.jsonl").exists()
+
+
+def test_a_resume_from_an_older_checkpoint_replaces_the_later_ones(train_data, reference_run, tmp_path, capsys):
+    """A run resumed from one of its own older checkpoints (after a divergence, with a lower learning rate) replaces
+    what followed it: metrics.jsonl dropped the later records, but the later checkpoints stayed, the newest, and a
+    `--resume auto` after that continuation stopped went on from the replaced one: here from the old step 6, over
+    the new steps 4-5, and step 6's record was lost."""
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    older = run / "checkpoints" / "step_00000003"
+    capsys.readouterr()
+    run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "5",
+                                             "--resume", str(older)))
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000003"]
+    assert ("resumed from step_00000003: removed the later checkpoints of the continuation it replaces "
+            "(step_00000006)") in capsys.readouterr().out
+    run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--resume", "auto"))
+    assert [r["step"] for r in read_metrics(run, "train")] == list(range(1, STEPS + 1))
+    assert train_losses(run) == train_losses(reference_run)  # the same flags: the same curve

@@ -317,7 +317,8 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
     same = old_data is None or {k: v for k, v in old_data.items() if k != "path"} == {
         k: v for k, v in data.items() if k != "path"}
     if not same:
-        raise _refused(path, f"--data_path was {_describe(old_data)} there and is {_describe(data)} now",
+        now = _describe(data, other_tokens=all(old_data.get(key) == data.get(key) for key in DATA_KEYS - {"path"}))
+        raise _refused(path, f"--data_path was {_describe(old_data)} there and is {now} now",
                        "the saved data position is only valid for the same training data", "resume with the same file")
     samples = data.get("train_samples")
     if samples is not None and state["samples_done_in_epoch"] > samples:
@@ -451,8 +452,10 @@ def check_saved_architecture(path: Path, state: dict[str, Any], config: Any) -> 
         raise _refuse_architecture(path, _was_and_is(changes, flags=False))
 
 
-def _describe(data: dict[str, Any]) -> str:
-    return f"{data.get('path')} ({data.get('train_samples')} training samples, {data.get('tokens')} tokens)"
+def _describe(data: dict[str, Any], other_tokens: bool = False) -> str:
+    """A data identity in words; `other_tokens`: its counts are the checkpoint's, and only its digest differs."""
+    return (f"{data.get('path')} ({data.get('train_samples')} training samples, {data.get('tokens')} tokens"
+            + (", other token ids in the samples compared)" if other_tokens else ")"))
 
 
 @dataclass(frozen=True)

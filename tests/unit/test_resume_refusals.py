@@ -160,6 +160,20 @@ def test_a_data_position_past_the_training_set_is_refused(tmp_path):
                                   "1000000000, more than the 296 training samples")
 
 
+
+def test_other_data_of_the_same_size_is_named_as_other_token_ids():
+    """A file whose probed samples hold other tokens, but as many samples and tokens (a prompt edited in place), was
+    refused with the same description on both sides ('... (296 training samples, 9500 tokens) there and is ...
+    (296 training samples, 9500 tokens) now'), as if only the path, which may change, differed."""
+    edited = {**GOOD_STATE["data"], "path": "/data/edited.jsonl", "digest": "0123456789abcdef"}
+    with pytest.raises(ValueError) as refused:
+        check_resume_compatible(CHECKPOINT, GOOD_STATE, parse_args("pretrain", []), edited)
+    assert str(refused.value) == ("--resume step_00000002: --data_path was /d/pretrain.jsonl (296 training "
+                                  "samples, 9500 tokens) there and is /data/edited.jsonl (296 training samples, 9500 "
+                                  "tokens, other token ids in the samples compared) now; the saved data position is "
+                                  "only valid for the same training data (resume with the same file, or start a new "
+                                  "run)")
+
 # ---------------------------------------------------------------- the model's architecture
 def test_a_bare_resume_takes_the_architecture_from_the_checkpoint():
     from trainer.checkpoint import adopt_saved_architecture

@@ -501,7 +501,11 @@ def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, 
     needed = files_needed_by(state.get(FILES_KEY, decision["files"]), accelerator.process_index,
                              state.get("processes", 1))
     unreadable = next((str(mine / name) for name in needed if not _readable(mine / name)), None)
-    for rank, problem in enumerate(gather_object([unreadable])):
+    problems = gather_object([unreadable])
+    if len(problems) == 1 and unreadable is not None:  # one process: no other storage to blame
+        raise CheckpointUnreadable(f"--resume {resume}: {unreadable} is missing or cannot be read; the checkpoint is "
+                                   f"incomplete: {_way_on(mine)}")
+    for rank, problem in enumerate(problems):
         if problem is not None:
             raise CheckpointUnreadable(f"--resume {resume}: rank {rank} cannot read {problem}; every process needs "
                                        f"the checkpoint's model, optimizer and scheduler state and its own RNG state "
@@ -579,7 +583,7 @@ def _decide(resume: str, views: list[tuple[str, list[str]]], path: Path | None) 
     except FileNotFoundError as error:
         return {"error": str(error)}
     except CheckpointDamaged as error:
-        return {"refused": f"--resume {resume}: {error}"}
+        return {"refused": f"--resume {resume}: {error}; {_way_on(chosen)}"}
     return {"name": chosen.name, "state": state, "files": _files_under(chosen), "note": note}
 
 
@@ -600,7 +604,16 @@ def load_checkpoint(accelerator: Accelerator, path: Path, resume: str) -> None:
     for rank, problem in enumerate(problems):
         if problem is not None:
             where = f"rank {rank}: " if len(problems) > 1 else ""
-            raise CheckpointDamaged(f"--resume {resume}: {where}{problem}")
+            raise CheckpointDamaged(f"--resume {resume}: {where}{problem}; {_way_on(path)}")
+
+
+def _way_on(path: Path) -> str:
+    """What to do about the damaged or incomplete checkpoint `path` (which `--resume auto` would pick again): resume
+    from the complete one before it, where its folder holds one, else start anew."""
+    step = checkpoint_step(path.name)
+    earlier = [p for p in list_checkpoints(path.parent) if step is not None and checkpoint_step(p.name) < step]
+    return (f"resume from the checkpoint before it with --resume {earlier[-1]}" if earlier
+            else "there is no earlier checkpoint to resume from: start the run anew (--overwrite)")
 
 
 # What Accelerate restores from a process's random_states_N.pkl on every device (and a save always writes).

@@ -238,3 +238,23 @@ def test_a_resume_from_an_older_checkpoint_replaces_the_later_ones(train_data, r
     run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--resume", "auto"))
     assert [r["step"] for r in read_metrics(run, "train")] == list(range(1, STEPS + 1))
     assert train_losses(run) == train_losses(reference_run)  # the same flags: the same curve
+
+
+@pytest.mark.parametrize("damage", ["optimizer.bin truncated", "model.safetensors deleted"])
+def test_a_damaged_newest_checkpoint_names_the_one_before_it(damage, train_data, reference_run, tmp_path, capsys):
+    """A run whose newest checkpoint lost or tore a file: `--resume auto` picks that one again every time, and the
+    refusal named the file but no way on (a missing file pointed to the docs on several machines)."""
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    newest, before = run / "checkpoints" / "step_00000006", run / "checkpoints" / "step_00000003"
+    name, how = damage.split()
+    if how == "deleted":
+        (newest / name).unlink()
+    else:
+        (newest / name).write_bytes((newest / name).read_bytes()[:1000])
+    error = refused_run("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "10",
+                                                  "--resume", "auto"), capsys)
+    assert error.startswith(f"error: --resume auto: {newest / name} ") and "Several machines" not in error, error
+    assert error.endswith(f" resume from the checkpoint before it with --resume {before}"), error
+    run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--resume", str(before)))
+    assert train_losses(run) == train_losses(reference_run)

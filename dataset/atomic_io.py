@@ -56,6 +56,16 @@ def _regular_file_mode() -> int:
     return 0o666 & ~_current_umask()
 
 
+def give_open_modes(folder: Path) -> None:
+    """Give every file under `folder` the mode ``open(path, "w")`` would: writers that go through a private temp file
+    (safetensors writes model.safetensors 0600) would leave a model or checkpoint only its owner can read. A file of
+    another owner (another process's shard) is left as it is."""
+    mode, me = _regular_file_mode(), os.getuid()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_uid == me:
+            path.chmod(mode)
+
+
 def file_in_the_way(path: Path) -> Path | None:
     """The file that keeps `path` from being a folder: `path` itself or a folder above it (None: nothing does)."""
     return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)

@@ -34,7 +34,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
-from dataset.atomic_io import atomic_write_text, first_line, read_text_file
+from dataset.atomic_io import atomic_write_text, first_line, give_open_modes, read_text_file
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
                           scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
@@ -183,6 +183,7 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
                                        f"{Path(path) / missing[0]}, which another process wrote; --out_dir must be "
                                        f"storage that process can read ({_STORAGE_HELP})")
     if writer:
+        give_open_modes(tmp)
         atomic_write_text(tmp / STATE_FILE, json.dumps({**state, FILES_KEY: files}, indent=2))
         if final.exists():
             _remove_checkpoint(final)

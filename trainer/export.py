@@ -13,7 +13,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 
-from dataset.atomic_io import atomic_write_text
+from dataset.atomic_io import atomic_write_text, give_open_modes
 from dataset.chat_format import encode_chatml, encode_text
 from model.generation_defaults import saved_generation_config
 from model.model import MiniNormForCausalLM
@@ -36,6 +36,7 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, o
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        give_open_modes(staging)
         for item in staging.iterdir():
             os.replace(item, out_dir / item.name)
     finally:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -52,6 +54,19 @@ def test_pretrain_writes_a_loadable_hf_model_dir(reference_run):
     weights = load_file(checkpoint / "model.safetensors")
     assert all(t.dtype == torch.float32 for t in weights.values())
 
+
+
+def test_the_run_writes_files_with_the_mode_a_plain_open_gives(reference_run):
+    """safetensors writes its file through a private temporary one: the model's and every checkpoint's
+    model.safetensors were 0600, readable by their owner only (a model trained in a group's folder, a chat or server
+    run by another user, another user's process reading a checkpoint on shared storage), while every other file the
+    run writes had the umask's mode."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {path.relative_to(reference_run).as_posix(): oct(stat.S_IMODE(path.stat().st_mode))
+             for path in reference_run.rglob("*") if path.is_file()}
+    assert "checkpoints/step_00000006/model.safetensors" in modes
+    assert modes == dict.fromkeys(modes, oct(0o666 & ~umask))
 
 @pytest.mark.parametrize("task", ["pretrain", "sft"])
 def test_gradient_accumulation_matches_the_full_batch(task, train_data, reference_run, sft_reference_run,

@@ -408,6 +408,11 @@ class Trainer:
             if dropped and self.is_main:
                 tqdm.write(f"resumed from {self.resume_from.name}: removed the later checkpoints of the continuation "
                            f"it replaces ({', '.join(dropped)})")
+            if self.is_main:
+                # The run trains on: the summary of where it had ended (finished or diverged) no longer describes
+                # it, and with this session's config in train_config.yaml, a session stopped before its end would
+                # pass for that finished run (finished_run_asked_again). This session's end writes a new one.
+                (self.out_dir / SUMMARY_FILE).unlink(missing_ok=True)
 
     def _wrap_for_task(self, base: MiniNormForCausalLM) -> torch.nn.Module:
         """The model the optimizer trains: the base model itself, (LoRA, or GRPO/PPO with --lora) the base model

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, refused_run, run_in_process, sft_argv,
                                  train_losses, val_losses, write_jsonl)
 from trainer.args import args_from_run_config, build_model_config, parse_args
-from trainer.core import Trainer, TrainingDiverged
+from trainer.core import Trainer, TrainingDiverged, main
 from trainer.run_dir import read_metrics
 
 
@@ -450,6 +450,32 @@ def test_resume_auto_goes_on_where_a_longer_continuation_stopped(train_data, ref
     assert "finished" not in out.split("\n")[0] and "at optimizer step 9" in out, out
     assert json.loads((run / "run_summary.json").read_text())["steps"] == 12
 
+
+def test_resume_auto_goes_on_where_a_longer_continuation_stopped_before_its_first_checkpoint(
+        train_data, reference_run, tmp_path, capsys, monkeypatch):
+    """A run finished at step 8 (checkpoints 3 and 6), continued with --max_steps 12 from step 6 and stopped by a
+    Ctrl-C at step 7: that continuation had recorded --max_steps 12 in train_config.yaml, so the same command again
+    found 'this run, finished (8 steps): nothing left to train' and left metrics.jsonl cut at step 7."""
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    longer = pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "12", "--resume", "auto")
+    train_step = Trainer.train_step
+
+    def stopped_at_step_8(self, batches, arm_diagnostics=False, step=0):
+        if step == 7:
+            raise KeyboardInterrupt
+        return train_step(self, batches, arm_diagnostics, step)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "train_step", stopped_at_step_8)
+        with pytest.raises(SystemExit):
+            main("pretrain", longer)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    capsys.readouterr()
+    run_in_process("pretrain", longer)
+    assert "at optimizer step 6" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(run, "train")] == list(range(1, 13))
+    assert json.loads((run / "run_summary.json").read_text())["steps"] == 12
 
 def test_resume_auto_on_other_data_is_not_the_finished_run(train_data, reference_run, tmp_path, capsys):
     """--data_path another file on a finished directory is not 'the same run, finished': the resume's data check

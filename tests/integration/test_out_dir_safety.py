@@ -283,6 +283,16 @@ def test_a_path_flag_that_cannot_be_used_is_one_line_naming_it(case, error_start
     assert not out_dir.exists() or out_dir == file
 
 
+def test_a_file_where_the_checkpoints_go_is_one_line_before_the_data(train_data, tmp_path, capsys):
+    """An --out_dir whose `checkpoints` is a file: the run trained to its first --save_interval and ended in a
+    FileExistsError traceback there."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "checkpoints").write_text("not a folder\n")
+    error = refused_run("pretrain", pretrain_argv(train_data, out_dir, *SHORT), capsys)
+    assert error == f"error: --out_dir {out_dir / 'checkpoints'} is a file, not a folder"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["checkpoints"]
+
 @pytest.mark.parametrize("task, flag", [("sft", "--from_weight"), ("lora", "--from_weight"),
                                         ("distill", "--teacher")])
 def test_an_input_model_missing_a_weight_is_refused_naming_it(task, flag, tiny_models, train_data, tmp_path,

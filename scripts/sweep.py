@@ -504,11 +504,14 @@ def _tie() -> Iterator[int | None]:
         os.close(write_end)
 
 
-def run_trial(command: list[str], trial_dir: Path, env: dict[str, str]) -> TrialOutcome:
-    """Run one trial in `trial_dir` (the caller makes it) and read its outcome."""
+def run_trial(command: list[str], trial_dir: Path, env: dict[str, str], keep_finished: bool = False
+              ) -> TrialOutcome:
+    """Run one trial in `trial_dir` (the caller makes it) and read its outcome. `keep_finished`: the program is one
+    of this repo's trainers, whose `--resume auto` returns a run that finished there with the same flags as it is
+    (a runner killed after its trial finished, before recording it): its summary is kept for it to find."""
     log_path = trial_dir / TRIAL_LOG
     summary_path = trial_dir / SUMMARY_FILE
-    if summary_path.exists():
+    if summary_path.exists() and not (keep_finished and read_summary(trial_dir).get("status") == "finished"):
         summary_path.unlink()  # a stale summary must not be read as this attempt's outcome
     with open(log_path, "ab") as log:
         log.write(f"\n$ {shlex.join(command)}\n".encode())
@@ -718,7 +721,8 @@ class SweepRunner:
             self.record(_Attempt(pending, index, time.time()), TrialOutcome("failed", EXIT_ERROR, {}, str(error)))
             return None
         started = time.time()
-        future = pool.submit(run_trial, build_command(self.config, pending["params"], extra), trial_dir, self.env)
+        future = pool.submit(run_trial, build_command(self.config, pending["params"], extra), trial_dir, self.env,
+                             trainer_of(self.config) is not None)
         return _Attempt(pending, index, started), future
 
     def record(self, attempt: _Attempt, outcome: TrialOutcome) -> None:

@@ -632,6 +632,33 @@ def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
     assert f"Unigram baseline: **{expected.loss:.4f}** nats" in report.read_text()
 
 
+def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_again(tmp_path):
+    """The runner killed after its trial wrote run_summary.json (the trainer then still saves, samples and closes
+    wandb, about a second) but before the runner recorded it: the folder holds the finished run, the results file
+    and the state do not. The rerun's trainer (`--resume auto`, the same flags) finds that run finished and returns
+    it as it is; the runner deleted its summary first, so the trial was trained again from scratch."""
+    config, sweep_dir = _tiny_sweep(tmp_path), tmp_path / "sweep"
+    first = _run_cli(config, sweep_dir, "--max_trials", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    (record,) = read_results(sweep_dir)
+    trial_dir = sweep_dir / record["trial_dir"]
+    # the kill: nothing recorded yet, the trial still running in the state
+    (sweep_dir / "results.jsonl").write_text("")
+    state = json.loads((sweep_dir / "sweep_state.json").read_text())
+    state["trials"][0].update(status="running", metric=None)
+    (sweep_dir / "sweep_state.json").write_text(json.dumps(state))
+    stamp = {name: (trial_dir / name).read_bytes() for name in ("run_summary.json", "metrics.jsonl",
+                                                                "model.safetensors")}
+
+    second = _run_cli(config, sweep_dir, "--max_trials", "1")
+    assert second.returncode == 0, second.stdout + second.stderr
+    (again,) = read_results(sweep_dir)
+    assert again["trial_id"] == record["trial_id"] and again["status"] == "finished"
+    assert again["metric"] == record["metric"] and again["final_val"] == record["final_val"]
+    assert {name: (trial_dir / name).read_bytes() for name in stamp} == stamp  # not trained again
+    assert "nothing left to train" in (trial_dir / "train.log").read_text()
+
+
 # ----------------------------------------------------------------------------- hostile YAMLs and damaged sweep folders
 @pytest.mark.parametrize("text, field", [
     ("parameters:\n  1: {values: [1, 2]}\n", "parameters: parameter names must be strings, got 1"),

@@ -159,6 +159,8 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     if config["method"] in ("random", "bayes") and not isinstance(config.get("run_cap"), int):
         raise bad("run_cap", f"{config['method']} search never ends by itself; set run_cap (an integer) so the "
                              f"serverless runner knows when to stop")
+    if config["method"] == "grid":
+        _check_grid_size(config["parameters"], bad)
     # The schema accepts some specs the engine then refuses (e.g. {min, max} under grid): ask it for a first
     # trial now, so the error comes before the sweep folder exists rather than at the first proposal.
     try:
@@ -170,6 +172,31 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
         _check_metric(config, task, bad)
         _check_parameters(config, task, first, bad)
     return config
+
+
+MAX_GRID_TRIALS = 10_000  # wandb's grid engine lists every point of the grid at each proposal
+
+
+def _check_grid_size(parameters: dict[str, Any], bad: Any) -> None:
+    """A grid the engine cannot list: it builds every point (an int_uniform range as a list of its integers) at each
+    proposal, so a huge one runs out of memory (a MemoryError traceback, or the machine's memory first)."""
+    from sweeps.params import HyperParameter
+
+    sizes = {}
+    for name, spec in parameters.items():
+        kind = HyperParameter(name, spec).type
+        if kind == HyperParameter.CATEGORICAL:
+            sizes[name] = len(spec["values"])
+        elif kind == HyperParameter.INT_UNIFORM:
+            sizes[name] = spec["max"] - spec["min"] + 1
+        elif kind == HyperParameter.Q_UNIFORM:  # np.arange(min, max, q), as the engine lists it
+            sizes[name] = max(0, math.ceil((spec["max"] - spec["min"]) / spec["q"]))
+    total = math.prod(sizes.values())
+    if total > MAX_GRID_TRIALS:
+        shown = " x ".join(f"{name}: {size}" for name, size in sizes.items() if size > 1)
+        raise bad("parameters", f"a grid of {total} trials ({shown} values) is more than the serverless runner lists "
+                                f"(at most {MAX_GRID_TRIALS}); use fewer values, or method random or bayes with a "
+                                f"run_cap")
 
 
 def _is_json(value: Any) -> bool:

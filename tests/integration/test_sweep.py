@@ -679,6 +679,24 @@ def test_hostile_sweep_yaml_is_one_line_naming_the_field(tmp_path, capsys, text,
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("parameters, message", [
+    ("".join(f"  p{i}: {{values: [0, 1, 2, 3, 4]}}\n" for i in range(6)) + "  seed: {value: 1}\n",
+     "a grid of 15625 trials (p0: 5 x p1: 5 x p2: 5 x p3: 5 x p4: 5 x p5: 5 values)"),
+    ("  seed: {distribution: int_uniform, min: 0, max: 19999}\n", "a grid of 20000 trials (seed: 20000 values)"),
+    ("  lr: {distribution: q_uniform, min: 0, max: 1, q: 0.00005}\n", "a grid of 20000 trials (lr: 20000 values)"),
+])
+def test_a_grid_too_large_to_list_is_one_line_before_anything_runs(tmp_path, capsys, parameters, message):
+    """wandb's grid engine lists every point of the grid at each proposal (an int_uniform range as a list of its
+    integers): a huge grid (`seed: {min: 0, max: 4294967295}`) ran out of memory with a MemoryError traceback, or
+    took the machine's memory first; it is refused, naming its size and parameters, before anything is proposed."""
+    path = tmp_path / "huge.yaml"
+    path.write_text(f"method: grid\nprogram: {tmp_path / 'never_run.py'}\nparameters:\n" + parameters)
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run", "--max_trials", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{path}: parameters: {message}" in err and "at most 10000" in err, err
+    assert not (tmp_path / "s").exists()
+
+
 def _done_sweep(tmp_path: Path) -> tuple[Path, Path]:
     """A fake grid sweep of two trials with the first one done."""
     path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})

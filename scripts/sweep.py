@@ -591,6 +591,21 @@ def _load_state(sweep_dir: Path, name: str, config: dict[str, Any], flag: str = 
     return state
 
 
+def _cannot_write(error: OSError, path: Path) -> str:
+    return f"{error.filename or path}: cannot be written ({error.strerror or error})"
+
+
+@contextmanager
+def _writing(folder: Path) -> Iterator[None]:
+    """The runner's writes to the sweep (or records) folder: a full disk, or a folder turned read-only, ends the sweep
+    in one line naming the file (a ValueError), not an OSError traceback; what was written before stays whole."""
+    try:
+        yield
+    except OSError as error:
+        raise ValueError(f"{_cannot_write(error, folder)}; the done trials are kept: run the same command again "
+                         f"once it can be") from None
+
+
 def _restore_records(sweep_dir: Path, records_dir: Path, name: str, config: dict[str, Any]) -> None:
     """Bring the done trials of the records folder back into the sweep folder (trainer/sweep_dir.py)."""
     # another sweep in either folder: refused before anything is copied, not mixed
@@ -644,7 +659,8 @@ class SweepRunner:
     def save(self) -> None:
         """Write the state file (atomically); a dry run writes nothing."""
         if not self.dry_run:
-            write_state(self.sweep_dir, self.state)
+            with _writing(self.sweep_dir):
+                write_state(self.sweep_dir, self.state)
 
     def next_trial(self) -> dict[str, Any] | None:
         """The first trial not done (nor started by this run), else a new proposal; trials in flight count as
@@ -744,8 +760,9 @@ class SweepRunner:
         print(f"[{index}] {pending['trial_id']} ...", end=" " if self.workers == 1 else " started\n", flush=True)
         try:
             make_dirs(trial_dir)  # here, not in the worker thread: a file in the way is one line, not a traceback
-        except ValueError as error:
-            self.record(_Attempt(pending, index, time.time()), TrialOutcome("failed", EXIT_ERROR, {}, str(error)))
+        except (ValueError, OSError) as error:  # OSError: a full disk, a folder turned read-only
+            message = _cannot_write(error, trial_dir) if isinstance(error, OSError) else str(error)
+            self.record(_Attempt(pending, index, time.time()), TrialOutcome("failed", EXIT_ERROR, {}, message))
             return None
         started = time.time()
         future = pool.submit(run_trial, build_command(self.config, pending["params"], extra), trial_dir, self.env,
@@ -762,11 +779,13 @@ class SweepRunner:
                   "wall_time_s": round(time.time() - attempt.started, 2),
                   "trial_dir": trial_dir_name(trial["trial_id"]), "wandb_mode": self.mode, "error": outcome.error,
                   "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        append_result(self.sweep_dir, result)
+        with _writing(self.sweep_dir):
+            append_result(self.sweep_dir, result)
         trial["status"], trial["metric"] = outcome.status, value
         self.save()
         if self.records_dir is not None:
-            save_records(self.sweep_dir, self.records_dir, [trial["trial_id"]])
+            with _writing(self.records_dir):
+                save_records(self.sweep_dir, self.records_dir, [trial["trial_id"]])
         self.print_outcome(attempt, outcome, value, result["wall_time_s"])
 
     def print_outcome(self, attempt: _Attempt, outcome: TrialOutcome, value: float | None, wall_time_s: float) -> None:
@@ -808,6 +827,7 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
                 check_folder_path(records_dir, "--records_dir")
             for folder in (sweep_dir / TRIALS_DIR, *([] if records_dir is None else [records_dir])):
                 make_dirs(folder)  # a file at trials/: one line naming it
+            check_folder_path(sweep_dir / TRIALS_DIR, "--sweep_dir")  # each trial makes its folder in it
             held.enter_context(sweep_dir_lock(sweep_dir))
             if records_dir is not None:
                 _restore_records(sweep_dir, records_dir, name, config)

@@ -798,6 +798,60 @@ def test_records_dir_that_is_a_file_is_one_line_naming_the_flag(tmp_path, capsys
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_trials_folder_that_cannot_take_writes_is_one_line_before_any_trial(tmp_path, capsys, monkeypatch):
+    """A sweep folder whose trials/ cannot be written in (a read-only mount, another user's folder; root passes every
+    permission check, so the refusal is simulated as in test_atomic_io): one line naming it, before any trial is
+    proposed, where each trial's mkdir used to end the runner with an OSError traceback."""
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    sweep_dir = tmp_path / "sweep"
+    (sweep_dir / "trials").mkdir(parents=True)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != sweep_dir / "trials" and real_access(p, mode))
+    assert sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--wandb_mode", "disabled"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --sweep_dir {sweep_dir / 'trials'}: cannot write in {sweep_dir / 'trials'} (no " \
+                  f"permission, or a read-only file system)", err
+    assert list((sweep_dir / "trials").iterdir()) == [] and not (sweep_dir / "sweep_state.json").exists()
+
+
+@pytest.mark.parametrize("full", ["results", "state", "trial folder"])
+def test_a_disk_that_fills_during_the_sweep_is_one_line_and_a_rerun_goes_on(tmp_path, capsys, monkeypatch, full):
+    """No space left (or the folder turned read-only) while the sweep runs: the runner ends in one line naming the
+    file it could not write, not an OSError traceback; what it had recorded stays whole, and the same command goes
+    on once the disk has room."""
+    import errno
+
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    sweep_dir = tmp_path / "sweep"
+    run_sweep(path, sweep_dir, wandb_mode="disabled", max_trials=1)
+    target = {"results": sweep_dir / "results.jsonl", "state": sweep_dir / "sweep_state.json",
+              "trial folder": sweep_dir / "trials" / trial_id({"seed": 2}, ["seed"])}[full]
+
+    patched = {"results": "append_result", "state": "write_state", "trial folder": "make_dirs"}[full]
+    real = getattr(sweep_mod, patched)
+
+    def no_space(folder, *args):
+        if full == "trial folder" and Path(folder) != target:
+            return real(folder, *args)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+
+    monkeypatch.setattr(sweep_mod, patched, no_space)
+    capsys.readouterr()
+    code = sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--wandb_mode", "disabled"])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    if full == "trial folder":  # that trial fails in one line; the sweep is recorded whole
+        assert code == 1 and f"{target}: cannot be written (No space left on device)" in captured.err, captured.err
+    else:
+        assert code == 2, captured.err
+        assert captured.err.strip() == f"error: {target}: cannot be written (No space left on device); the done " \
+                                       f"trials are kept: run the same command again once it can be", captured.err
+    monkeypatch.undo()  # room again
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled")
+    assert [t["status"] for t in trials] == ["finished", "finished"]
+    assert [r["params"]["seed"] for r in read_results(sweep_dir) if r["status"] == "finished"] == [1, 2]
+
+
 @pytest.mark.parametrize("workers", ["0", "-1", "two"])
 def test_workers_below_one_is_a_flag_error(tmp_path, capsys, workers):
     path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})

@@ -74,6 +74,8 @@ from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE,
                                restore_records, save_records, swept_names, sweep_dir_lock, trial_dir_name, write_state)
 
 METHODS = ("grid", "random", "bayes")
+# the keys of a parameter spec in wandb's schema (its nested `parameters` aside, refused here)
+PARAMETER_KEYS = ("value", "values", "distribution", "probabilities", "min", "max", "mu", "sigma", "q", "a", "b")
 FLAG_MACROS = {"${args}", "${args_no_boolean_flags}"}  # wandb agent's macros that pass the parameters as --flags
 DEFAULT_PROGRAM = "trainer/train_pretrain.py"  # a YAML without `program` or `command`: as wandb agent's defaults
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
@@ -127,6 +129,13 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
             raise bad(f"parameters.{name}", "expected a mapping such as {values: [...]} or {value: x}")
         if "parameters" in spec:
             raise bad(f"parameters.{name}", "nested parameters are not supported by the trainer's flat flags")
+        # wandb's schema names only the parameter ("invalid hyperparameter configuration: seed"), not what is wrong
+        unknown = [key for key in spec if key not in PARAMETER_KEYS]
+        if unknown:
+            raise bad(f"parameters.{name}.{unknown[0]}", f"not a key of a parameter spec; allowed: "
+                                                         f"{', '.join(PARAMETER_KEYS)}")
+        if "values" in spec and not (isinstance(spec["values"], list) and spec["values"]):
+            raise bad(f"parameters.{name}.values", f"expected a non-empty list of values, got {spec['values']!r}")
         # NaN or inf would be proposed and run as a trial (`--seed=nan`), and NaN never equals itself, so a trial
         # holding one is never found again on resume.
         numbers = [(key, spec.get(key)) for key in ("value", "min", "max", "mu", "sigma", "q") if key in spec]
@@ -155,6 +164,11 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
         raise bad("program", "expected a path to the training script")
     violations = _sweeps_module().schema_violations_from_proposed_config(config)
     if violations:
+        name = violations[-1].removeprefix("invalid hyperparameter configuration: ")
+        if name != violations[-1] and name in parameters:
+            raise bad(f"parameters.{name}", f"{parameters[name]!r} is not a parameter spec wandb accepts; expected "
+                                            f"{{value: X}}, {{values: [X, ...]}} or a distribution (distribution, "
+                                            f"min, max, mu, sigma, q, a, b)")
         raise SweepConfigError(f"{source}: {violations[-1]}")
     if config["method"] in ("random", "bayes") and not isinstance(config.get("run_cap"), int):
         raise bad("run_cap", f"{config['method']} search never ends by itself; set run_cap (an integer) so the "

@@ -668,6 +668,14 @@ def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_
     ("parameters:\n  seed: {values: [1]}\n  seed: {values: [2]}\n", 'duplicate key "seed"'),
     ("name: ../escape\nparameters:\n  seed: {values: [1]}\n", "name: '../escape' is not a folder name"),
     ("name: a/b\nparameters:\n  seed: {values: [1]}\n", "name: 'a/b' is not a folder name"),
+    # wandb's schema said only "invalid hyperparameter configuration: seed"
+    ("parameters:\n  seed: {values: []}\n", "parameters.seed.values: expected a non-empty list of values, got []"),
+    ("parameters:\n  seed: {values: 5}\n", "parameters.seed.values: expected a non-empty list of values, got 5"),
+    ("parameters:\n  seed: {valeus: [1, 2]}\n", "parameters.seed.valeus: not a key of a parameter spec; allowed: "
+                                                 "value, values, distribution, probabilities, min, max, mu, sigma"),
+    ("parameters:\n  seed: {value: 1, values: [1, 2]}\n",
+     "parameters.seed: {'value': 1, 'values': [1, 2]} is not a parameter spec wandb accepts; expected {value: X}, "
+     "{values: [X, ...]} or a distribution"),
 ])
 def test_hostile_sweep_yaml_is_one_line_naming_the_field(tmp_path, capsys, text, field):
     path = tmp_path / "bad.yaml"

@@ -99,6 +99,16 @@ def _sweeps_module():
         raise SystemExit(f"error: {INSTALL_HINT} ({error})") from None
 
 
+AGENT_ONLY_SETTINGS = ("early_terminate", "scheduler", "metric.target")  # wandb's agent and server act on them
+
+
+def agent_only_settings(config: dict[str, Any]) -> list[str]:
+    """The settings of a sweep YAML, among AGENT_ONLY_SETTINGS, that it gives: wandb's server stops trials early
+    (early_terminate) or the sweep at a target, which a serverless runner cannot; the YAML stays valid for both."""
+    given = set(config) | {f"metric.{key}" for key in config.get("metric") or {}}
+    return [name for name in AGENT_ONLY_SETTINGS if name in given]
+
+
 def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str, Any]:
     """Check a parsed sweep YAML; raise SweepConfigError naming the first bad field."""
     def bad(field: str, message: str) -> SweepConfigError:
@@ -661,10 +671,15 @@ class SweepRunner:
         self.attempted: set[str] = set()  # a trial that fails now is retried on the next start, not in a loop now
 
     def announce(self) -> None:
-        """The sweep's first line: its name, method, folder, wandb mode and how many trials are already done."""
+        """The sweep's first line: its name, method, folder, wandb mode and how many trials are already done; then a
+        note naming the settings of the YAML that only wandb's own agent applies."""
         done = sum(t["status"] in DONE_STATUSES for t in self.state["trials"])
         print(f"sweep {self.name!r} ({self.config['method']}) in {self.sweep_dir}; wandb {self.mode}; "
               f"{done} trials already done" + (f"; {self.workers} at a time" if self.workers > 1 else ""), flush=True)
+        unapplied = agent_only_settings(self.config)
+        if unapplied:
+            print(f"note: {', '.join(unapplied)} {'is' if len(unapplied) == 1 else 'are'} wandb agent's; this runner "
+                  f"does not apply {'it' if len(unapplied) == 1 else 'them'}: every trial runs to its end", flush=True)
 
     def selected(self, params: dict[str, Any]) -> bool:
         """Whether a trial's parameters pass the `--only` filter."""

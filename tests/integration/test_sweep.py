@@ -1278,3 +1278,18 @@ def test_a_file_in_the_way_of_a_trial_folder_is_one_line(tmp_path, capsys):
     records = {r["params"]["seed"]: r for r in read_results(sweep_dir)}
     assert records[1]["status"] == "failed" and str(blocked) in records[1]["error"]
     assert records[2]["status"] == "finished"  # the sweep went on
+
+
+def test_settings_only_wandbs_agent_applies_are_named_at_the_start(tmp_path, capsys):
+    """early_terminate (Hyperband) and metric.target stop trials or the sweep on wandb's server: this runner ran
+    every trial to its end without a word, as if the YAML's early stopping had found nothing to stop."""
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    config = yaml.safe_load(path.read_text())
+    run_sweep(path, tmp_path / "plain", wandb_mode="disabled", dry_run=True)
+    assert "note:" not in capsys.readouterr().out
+    config["early_terminate"] = {"type": "hyperband", "min_iter": 3}
+    config["metric"]["target"] = 4.0
+    path.write_text(yaml.safe_dump(config))
+    run_sweep(path, tmp_path / "agent", wandb_mode="disabled", dry_run=True)
+    assert ("note: early_terminate, metric.target are wandb agent's; this runner does not apply them: every trial "
+            "runs to its end") in capsys.readouterr().out

@@ -42,36 +42,27 @@ def test_every_data_order_flag_that_differs_is_named_in_one_line():
                                   "in the same order (resume with --max_seq_len 32 --seed 42, or start a new run)")
 
 
-def test_a_distillation_keeps_its_teacher(tmp_path):
+REFERENCE = ("the run is scored against its starting weights (its reference model), which the checkpoint does not "
+             "hold")
+
+
+@pytest.mark.parametrize("task, flag, reason", [("distill", "teacher", "a run distils from one teacher"),
+                                                ("dpo", "from_weight", REFERENCE), ("grpo", "from_weight", REFERENCE),
+                                                ("ppo", "from_weight", REFERENCE)])
+def test_a_run_keeps_the_model_it_is_scored_against(task, flag, reason, tmp_path):
+    """A distillation's teacher, and DPO's reference model and GRPO's and PPO's KL reference (--from_weight's
+    weights), are in no checkpoint: resumed with another one of the same shape, the run went on against another
+    model without a word (not even a 'changed since the checkpoint' note)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    args = parse_args("distill", ["--teacher", str(tmp_path / "a")])
-    check_resume_compatible(CHECKPOINT, _state(teacher=str(tmp_path / "a")), args, {})
+    args = parse_args(task, [f"--{flag}", str(tmp_path / "a")])
+    check_resume_compatible(CHECKPOINT, _state(**{flag: str(tmp_path / "a")}), args, {})
     check_resume_compatible(CHECKPOINT, _state(), args, {})  # a checkpoint that did not record it
     with pytest.raises(ValueError) as refused:
-        check_resume_compatible(CHECKPOINT, _state(teacher=str(tmp_path / "b")), args, {})
-    assert str(refused.value) == (f"--resume step_00000002: --teacher was {tmp_path / 'b'} there and is "
-                                  f"{tmp_path / 'a'} now; a run distils from one teacher (resume with --teacher "
-                                  f"{tmp_path / 'b'}, or start a new run)")
-
-
-
-@pytest.mark.parametrize("task, flags", [("dpo", []), ("grpo", []), ("ppo", [])])
-def test_a_run_scored_against_its_starting_weights_keeps_them(task, flags, tmp_path):
-    """DPO's reference model and GRPO's and PPO's KL reference are --from_weight's weights, which no checkpoint
-    holds: resumed with another --from_weight of the same shape, the run went on against another reference model
-    without a word (not even a 'changed since the checkpoint' note)."""
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    args = parse_args(task, ["--from_weight", str(tmp_path / "a"), *flags])
-    check_resume_compatible(CHECKPOINT, _state(from_weight=str(tmp_path / "a")), args, {})
-    check_resume_compatible(CHECKPOINT, _state(), args, {})  # a checkpoint that did not record it
-    with pytest.raises(ValueError) as refused:
-        check_resume_compatible(CHECKPOINT, _state(from_weight=str(tmp_path / "b")), args, {})
-    assert str(refused.value) == (f"--resume step_00000002: --from_weight was {tmp_path / 'b'} there and is "
-                                  f"{tmp_path / 'a'} now; the run is scored against its starting weights (its "
-                                  f"reference model), which the checkpoint does not hold (resume with --from_weight "
-                                  f"{tmp_path / 'b'}, or start a new run)")
+        check_resume_compatible(CHECKPOINT, _state(**{flag: str(tmp_path / "b")}), args, {})
+    assert str(refused.value) == (f"--resume step_00000002: --{flag} was {tmp_path / 'b'} there and is "
+                                  f"{tmp_path / 'a'} now; {reason} (resume with --{flag} {tmp_path / 'b'}, or start "
+                                  f"a new run)")
 
 
 @pytest.mark.parametrize("task, flags", [("sft", []), ("lora", []), ("distill", []), ("grpo", ["--beta", "0"]),

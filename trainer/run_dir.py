@@ -274,11 +274,10 @@ def refuse_previous_run(out_dir: Path, what: str, why: str = "", resuming: bool 
 
 def check_out_dir(out_dir: Path, inputs: dict[str, Path], data: dict[str, Path] | None = None) -> None:
     """Refuse, in one line naming the flags, an --out_dir that cannot be a directory (a file, or under one; nor can
-    its checkpoints folder be one) or that
-    is, holds or lies inside one of the run's `inputs` (flag -> model directory it reads): the run writes its files
-    there and --overwrite removes a run's model files, which would destroy the input (path_overlap: a symlink is
-    seen through); or where one of its `data` files (flag -> file) is, or lies inside, one of the files a run
-    writes there (RUN_FILES)."""
+    its checkpoints folder be one) or that is, holds or lies inside one of the run's `inputs` (flag -> model
+    directory it reads): the run writes its files there and --overwrite removes a run's model files, which would
+    destroy the input (path_overlap: a symlink is seen through); or where one of its `data` files (flag -> file) is,
+    or lies inside, one of the files a run writes there (RUN_FILES)."""
     check_folder_path(out_dir, "--out_dir")
     check_folder_path(out_dir / CHECKPOINT_DIR, "--out_dir")  # else the first save fails, after the training to it
     for flag, source in inputs.items():

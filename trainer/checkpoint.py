@@ -167,7 +167,7 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
     tmp = root / f".tmp_{checkpoint_name(step)}"
     writer = accelerator.is_main_process if shared_storage else accelerator.is_local_main_process
     if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_leftovers(root)  # this save's own temp folder among them
         root.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     accelerator.project_configuration.save_on_each_node = not shared_storage
@@ -192,6 +192,19 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
             _remove_checkpoint(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Remove what a kill left under `root` (a run's CHECKPOINT_DIR), which no resume reads and nothing else removed:
+    the temp folder of a save cut short (".tmp_step_N", removed only by a later save of the same step) and a
+    checkpoint folder whose removal was cut short (no trainer_state.json). One run writes its folder at a time."""
+    if not root.is_dir():
+        return
+    for path in root.iterdir():
+        name = path.name.removeprefix(".tmp_")
+        complete = name == path.name and (path / STATE_FILE).is_file()
+        if path.is_dir() and not path.is_symlink() and checkpoint_step(name) is not None and not complete:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _remove_checkpoint(path: Path) -> None:

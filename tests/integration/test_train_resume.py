@@ -235,7 +235,13 @@ def test_a_resume_from_an_older_checkpoint_replaces_the_later_ones(train_data, r
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000003"]
     assert ("resumed from step_00000003: removed the later checkpoints of the continuation it replaces "
             "(step_00000006)") in capsys.readouterr().out
+    # What kills leave there: a save's temp folder, a checkpoint whose removal was cut short (its state file gone
+    # first); nothing resumes from them, and they stayed for ever (the temp one until a save of the same step)
+    for leftover in ("step_00000004", ".tmp_step_00000005"):
+        (run / "checkpoints" / leftover).mkdir()
+        (run / "checkpoints" / leftover / "model.safetensors").write_bytes(b"torn")
     run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--resume", "auto"))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
     assert [r["step"] for r in read_metrics(run, "train")] == list(range(1, STEPS + 1))
     assert train_losses(run) == train_losses(reference_run)  # the same flags: the same curve
 

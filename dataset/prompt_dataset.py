@@ -61,11 +61,6 @@ def prompt_text(messages: Sequence[dict[str, Any]]) -> str:
     return next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
 
 
-def _columns(row: dict[str, Any]) -> dict[str, Any]:
-    """A row's fields beside its prompt: what the reward functions receive."""
-    return {key: value for key, value in row.items() if key not in PROMPT_FIELDS}
-
-
 class PromptDataset(Dataset):
     """Prompts ``{"input_ids": LongTensor, "prompt": str, "columns": dict}`` from a jsonl file (see the module's
     docstring). ``collate`` keeps a batch as lists: ``prompt_ids`` (lists of ints), ``prompts``, ``padding``
@@ -79,7 +74,7 @@ class PromptDataset(Dataset):
                  column_check: ColumnCheck | None = None) -> None:
         path = Path(path)
         check_data_file(path)
-        rows, messages, lines, skipped = [], [], [], 0
+        columns, messages, lines, skipped = [], [], [], 0  # columns: each row's fields beside its prompt
         with open(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 if not raw.strip(JSON_WHITESPACE):
@@ -96,30 +91,29 @@ class PromptDataset(Dataset):
                         continue
                     raise ValueError(f"{path}:{number}: {first_line(error)} (pass --skip_bad_lines "
                                      f"to skip bad lines)") from None
-                rows.append(row)
+                columns.append({key: value for key, value in row.items() if key not in PROMPT_FIELDS})
                 messages.append(row_messages)
                 lines.append(number)
-        problems = column_check(list(zip(lines, map(_columns, rows))), str(path)) if column_check else {}
+        problems = column_check(list(zip(lines, columns)), str(path)) if column_check else {}
         for number in sorted(problems):
             if not skip_bad_lines:
                 raise ValueError(f"{path}:{number}: {problems[number]} (pass --skip_bad_lines to skip bad lines)")
             log_skipped_line(path, number, problems[number])
         if problems:
             kept = [index for index, number in enumerate(lines) if number not in problems]
-            rows, messages, lines = ([values[index] for index in kept] for values in (rows, messages, lines))
+            columns, messages, lines = ([values[index] for index in kept] for values in (columns, messages, lines))
             skipped += len(problems)
         check_records_read(path, "prompt", len(messages), skipped)
         encodings = encode_chatml_batch(tokenizer, messages, add_generation_prompt=True, open_thinking=open_thinking)
         self.samples: list[tuple[list[int], str, dict]] = []
         kept_rows: list[tuple[int, dict]] = []
         dropped = 0
-        for row, row_messages, encoding, number in zip(rows, messages, encodings, lines):
+        for row_columns, row_messages, encoding, number in zip(columns, messages, encodings, lines):
             if len(encoding.input_ids) > max_seq_len:
                 dropped += 1
                 continue
-            columns = _columns(row)
-            self.samples.append((encoding.input_ids, prompt_text(row_messages), columns))
-            kept_rows.append((number, columns))
+            self.samples.append((encoding.input_ids, prompt_text(row_messages), row_columns))
+            kept_rows.append((number, row_columns))
         if not self.samples:
             raise ValueError(f"{path}: no prompt of at most --max_seq_len={max_seq_len} tokens (all {dropped} are "
                              f"longer); raise --max_seq_len")

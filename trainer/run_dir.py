@@ -215,9 +215,6 @@ def is_count(value: Any, least: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-ROLLOUT_RECORDS = ("grpo", "ppo")  # runs whose rows are a prompt (--max_seq_len) plus a completion
-
-
 def trained_length(model_dir: Path, adapter: Path | None = None) -> int | None:
     """The longest rows the weights in `model_dir` (with the LoRA `adapter`) trained on, over the runs that made
     them: the run that wrote each (its --max_seq_len; a GRPO/PPO run's prompts plus --max_completion_length) and,
@@ -236,7 +233,7 @@ def _lineage_length(model_dir: Path) -> int:
         recorded = recorded_config(folder)
         length = recorded.get("max_seq_len") if is_count(recorded.get("max_seq_len"), 1) else 0
         completion = recorded.get("max_completion_length")
-        if length and recorded.get("task") in ROLLOUT_RECORDS and is_count(completion, 1):
+        if length and recorded.get("task") in ROLLOUT_TASKS and is_count(completion, 1):  # prompt plus completion
             length += completion
         longest = max(longest, length)
         task = recorded.get("task")

@@ -102,13 +102,16 @@ def completion_text(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> s
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def completion_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor,
-                         length: int) -> torch.Tensor:
+def completion_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, length: int,
+                         temperature: float = 1.0) -> torch.Tensor:
     """(N, length) log-probabilities, in fp32 (fp64 stays fp64), of the tokens input_ids[i, starts[i] + t] given
-    what precedes them, from a causal LM's logits (N, T, V); positions past a row's end are clamped (mask them)."""
+    what precedes them under softmax(logits / temperature), from a causal LM's logits (N, T, V); positions past a
+    row's end are clamped (mask them). The RL objectives pass the rollouts' sampling temperature: the log-probs
+    are the distribution's that sampled the tokens (TRL's GRPOTrainer and PPOTrainer divide the logits by it)."""
     positions = (starts.unsqueeze(1) + torch.arange(length, device=starts.device)).clamp(max=input_ids.shape[1] - 1)
     selected = logits.gather(1, (positions - 1).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    log_p = torch.log_softmax(selected.to(torch.promote_types(selected.dtype, torch.float32)), dim=-1)
+    selected = selected.to(torch.promote_types(selected.dtype, torch.float32))
+    log_p = torch.log_softmax(selected / temperature, dim=-1)
     return log_p.gather(-1, input_ids.gather(1, positions).unsqueeze(-1)).squeeze(-1)
 
 
@@ -271,11 +274,12 @@ class RolloutObjective:
         return out
 
     def reference_log_probs(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The frozen reference's log-probs (fp32) of the batch's completion tokens."""
+        """The frozen reference's log-probs (fp32) of the batch's completion tokens, at the sampling temperature
+        (the KL compares the policy's and the reference's distributions at it, as TRL's trainers do)."""
         with torch.no_grad(), self.autocast():
             logits = self.reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             return completion_log_probs(logits, batch["input_ids"], batch["starts"],
-                                        batch["completion_mask"].shape[1]).float()
+                                        batch["completion_mask"].shape[1], self.settings.temperature).float()
 
     # ----------------------------------------------------------------- validation
     @torch.no_grad()
@@ -357,7 +361,7 @@ class GroupRelativePolicy(RolloutObjective):
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s, mask = self.settings, batch["completion_mask"]
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logp = completion_log_probs(logits, batch["input_ids"], batch["starts"], mask.shape[1])
+        logp = completion_log_probs(logits, batch["input_ids"], batch["starts"], mask.shape[1], s.temperature)
         old_logp = batch.get("old_logp")
         if old_logp is None:  # the rollout's first update: the policy that sampled it
             old_logp = logp.detach()

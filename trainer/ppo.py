@@ -134,7 +134,7 @@ class ProximalPolicy(RolloutObjective):
         try:
             with torch.no_grad(), self.autocast():
                 logits = model.policy(input_ids=out["input_ids"], attention_mask=out["attention_mask"]).logits
-                old_logp = completion_log_probs(logits, out["input_ids"], out["starts"], width).float()
+                old_logp = completion_log_probs(logits, out["input_ids"], out["starts"], width, s.temperature).float()
                 values = model.critic(out["input_ids"], out["attention_mask"])
                 old_values = completion_values(values, out["starts"], width) * mask
         finally:
@@ -196,7 +196,7 @@ class ProximalPolicy(RolloutObjective):
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s, mask = self.settings, batch["completion_mask"]
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        logp = completion_log_probs(out.logits, batch["input_ids"], batch["starts"], mask.shape[1])
+        logp = completion_log_probs(out.logits, batch["input_ids"], batch["starts"], mask.shape[1], s.temperature)
         values = completion_values(out.values, batch["starts"], mask.shape[1])
         result = ppo_loss(logp, batch["old_logp"], values, batch["old_values"], batch["advantages"],
                           batch["returns"], mask, s.epsilon, s.cliprange_value, s.vf_coef)

@@ -6,6 +6,7 @@ samples for the same optimizer step, and a reward's breach as one line."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 from contextlib import nullcontext
@@ -65,11 +66,13 @@ def _hand_made_batch() -> dict:
 
 def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, beta: float,
                     settings: RolloutSettings, old: list[list[float]] | None = None) -> torch.Tensor:
-    """The loss in fp64, token by token: log p from log_softmax of the logits one position back; ratio
+    """The loss in fp64, token by token: log p from log_softmax of the logits one position back, divided by the
+    sampling temperature (the distribution the completions were drawn from, as TRL's GRPOTrainer); ratio
     exp(logp - sg(logp)) = 1 with the policy's gradient (or exp(logp - old) against given old log-probs); per
     token -min(r A, clip(r) A) (grpo, dr_grpo) or -sg(clip(r)) A logp (cispo), plus beta (exp(ref - logp) -
     (ref - logp) - 1); then each loss's mean."""
     logits = model64(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = logits / settings.temperature
     rows = []
     for i in range(4):
         start, length = int(batch["starts"][i]), int(batch["completion_mask"][i].sum())
@@ -145,6 +148,32 @@ def test_the_objectives_loss_and_gradient_equal_an_fp64_reference(loss_type, bet
     # Another process's share of the step: the loss is this micro-batch's sum over the step's units.
     half, _ = objective.loss(model, batch, 2 * units)
     assert half.item() == pytest.approx(loss.item() / 2, rel=1e-6)
+
+
+def test_log_probs_are_the_sampling_distributions_at_the_rollout_temperature():
+    """The completions are drawn from softmax(logits / T) at --temperature T, so the policy's log-probs (the loss,
+    the ratio, the KL) and the reference's are those of the distributions at T, as TRL's GRPOTrainer and
+    PPOTrainer divide the logits by the sampling temperature: the k3 KL is an unbiased estimate only for tokens
+    sampled from its first distribution, and the policy gradient is that of the distribution that sampled."""
+    model, batch, reference = _model(), _hand_made_batch(), _model(seed=3)
+    model64, reference64 = copy.deepcopy(model).double(), copy.deepcopy(reference).double()
+    settings = dataclasses.replace(_settings("grpo", beta=0.1), temperature=0.6)
+    objective = GroupRelativePolicy([], _Pad(), settings, reference, seed=0, process_index=0, autocast=nullcontext)
+    ref_logp = objective.reference_log_probs(batch)
+    ref_logits = reference64(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits / 0.6
+    for i in range(4):
+        start = int(batch["starts"][i])
+        for t in range(int(batch["completion_mask"][i].sum())):
+            expected = torch.log_softmax(ref_logits[i, start + t - 1], -1)[batch["input_ids"][i, start + t]]
+            assert ref_logp[i, t].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
+    batch["ref_logp"] = ref_logp
+    loss, _ = objective.loss(model, batch, objective.count_items(batch))
+    expected = _reference_loss(model64, batch, "grpo", 0.1, settings)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    loss.backward()
+    expected.backward()
+    for (name, ours), theirs in zip(model.named_parameters(), model64.parameters()):
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4, atol=1e-7, msg=name)
 
 
 @pytest.fixture

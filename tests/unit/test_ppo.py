@@ -36,8 +36,8 @@ def _policy_and_critic(vocab: int = VOCAB) -> PolicyAndCritic:
     return PolicyAndCritic(_model(vocab), critic)
 
 
-def _settings(group: int = 1) -> PPOSettings:
-    return PPOSettings(num_generations=group, max_completion_length=6, temperature=1.0, top_p=1.0, beta=BETA,
+def _settings(group: int = 1, temperature: float = 1.0) -> PPOSettings:
+    return PPOSettings(num_generations=group, max_completion_length=6, temperature=temperature, top_p=1.0, beta=BETA,
                        epsilon=EPSILON, cliprange_value=CLIP_VALUE, vf_coef=VF_COEF, gamma=GAMMA, lam=LAM,
                        ppo_epochs=2)
 
@@ -80,14 +80,18 @@ def test_completion_values_are_the_values_one_position_back():
     assert completion_values(values, torch.tensor([2, 4]), 3).tolist() == [[1, 2, 3], [10, 11, 12]]
 
 
-def test_the_objectives_loss_and_gradients_equal_an_fp64_reference():
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_the_objectives_loss_and_gradients_equal_an_fp64_reference(temperature):
+    """The log-probs are those of the sampling distribution, softmax(logits / T) at --temperature T (as TRL's
+    PPOTrainer divides the logits by the temperature in its rollout and training forwards)."""
     model, batch = _policy_and_critic(), _hand_made_batch()
     model64 = copy.deepcopy(model).double()
-    objective = ProximalPolicy([], _Pad(), _settings(), None, seed=0, process_index=0, autocast=nullcontext)
+    objective = ProximalPolicy([], _Pad(), _settings(temperature=temperature), None, seed=0, process_index=0,
+                               autocast=nullcontext)
     units = objective.count_items(batch)
     assert int(units) == 10  # completion tokens
     loss, stats = objective.loss(model, batch, units)
-    logits = model64.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = model64.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits / temperature
     values = model64.critic(batch["input_ids"], batch["attention_mask"])
     expected, clipped, value_clipped = 0.0, 0, 0
     for i in range(4):
@@ -128,7 +132,10 @@ def _prompts() -> dict:
     return PromptDataset.collate(samples)
 
 
-def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(tokenizer):
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(tokenizer, temperature):
+    """The old and reference log-probs (and so the k1 KL in the rewards) are those of the distributions at the
+    sampling temperature, softmax(logits / T), as TRL's PPOTrainer computes them."""
     model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
     scored = []
 
@@ -136,8 +143,8 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
         scored.extend(float(len(c) % 5) for c in completions)
         return scored[-len(completions):]
 
-    objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(group=2), reference, seed=7,
-                               process_index=0, autocast=nullcontext)
+    objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(2, temperature), reference,
+                               seed=7, process_index=0, autocast=nullcontext)
     batch = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
     assert model.training  # back in training mode after the no-grad forwards
     model64, reference64 = copy.deepcopy(model).double().eval(), copy.deepcopy(reference).double()
@@ -146,8 +153,8 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
     for i in range(4):
         start, length = int(batch["starts"][i]), int(mask[i].sum())
         ids = batch["input_ids"][i:i + 1, :start + length]  # the row alone, without padding
-        logits = model64.policy(input_ids=ids).logits[0]
-        ref_logits = reference64(input_ids=ids).logits[0]
+        logits = model64.policy(input_ids=ids).logits[0] / temperature
+        ref_logits = reference64(input_ids=ids).logits[0] / temperature
         values = model64.critic(ids)[0]
         logp = [torch.log_softmax(logits[start + t - 1], -1)[ids[0, start + t]].item() for t in range(length)]
         ref = [torch.log_softmax(ref_logits[start + t - 1], -1)[ids[0, start + t]].item() for t in range(length)]

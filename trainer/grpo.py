@@ -332,7 +332,8 @@ class GroupRelativePolicy(RolloutObjective):
     def rollout(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
         """The micro-batch of P prompts -> P x G scored completions, as the tensors the loss reads."""
         out = self.sample(model, batch, step, micro_batch)
-        rewards = out["scores"].view(-1, self.settings.num_generations)
+        unscored = out["reward_values"].isnan().all(dim=0)  # no function scored it: not a reward of 0 it earned
+        rewards = out["scores"].masked_fill(unscored, float("nan")).view(-1, self.settings.num_generations)
         advantages = group_advantages(rewards, scale=self.settings.loss_type != LossType.DR_GRPO).flatten()
         device = out["input_ids"].device
         out["advantages"] = advantages.to(device)

@@ -252,7 +252,8 @@ def score(rewards: Sequence[Reward], prompts: list[str], completions: list[str],
           columns: dict[str, list]) -> tuple[list[float], list[list[float]]]:
     """(each completion's weighted sum of the rewards, each reward's values with None as NaN, in their order). A
     function that raises, returns another number of values than completions, NaN, an infinity, or something not a
-    number raises RewardError (one line naming it). A completion no function scores gets 0."""
+    number raises RewardError (one line naming it). A completion no function scores gets 0 (GRPO's advantages
+    leave it out: trainer/grpo.py)."""
     per_function: list[list[float]] = []
     for reward in rewards:
         try:

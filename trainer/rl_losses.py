@@ -44,11 +44,15 @@ def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = ADV
     rewards (P, G), one row per prompt and its G completions, -> (r - mean of the row) / (std of the row + eps),
     the std with Bessel's correction as TRL and MiniMind compute it. scale=False leaves out the division (Dr. GRPO,
     Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783: the std weighs too easy and too hard
-    questions up)."""
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
-    if not scale:
-        return centred
-    return centred / (rewards.std(dim=1, keepdim=True) + eps)
+    questions up). A NaN reward (a completion no reward function scored) is left out of its row's mean and std and
+    gets advantage 0, as TRL's GRPOTrainer does; so does every completion of a row with fewer than two rewards."""
+    scored = ~rewards.isnan()
+    count = scored.sum(dim=1, keepdim=True)
+    centred = rewards - rewards.nan_to_num(0.0).sum(dim=1, keepdim=True) / count
+    if scale:
+        variance = (centred.nan_to_num(0.0) ** 2).sum(dim=1, keepdim=True) / (count - 1)
+        centred = centred / (variance.sqrt() + eps)
+    return torch.where(scored & (count > 1), centred, torch.zeros_like(centred))
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -299,6 +299,32 @@ def test_rollout_advantages_and_completion_masks_by_hand(tokenizer, policy, monk
         assert row[start:start + len(completion)] == completion
 
 
+def test_a_completion_no_reward_scores_is_out_of_its_groups_advantages(tokenizer, policy, monkeypatch):
+    """Two reward functions that each leave some completions unscored (None), one of a group's three scored by
+    neither: as TRL's GRPOTrainer, that completion's advantage is 0 and its group's mean and std are the two
+    scored completions' (its weighted sum, 0, is not a reward it earned). The others keep None's meaning for one
+    function: it adds nothing to their weighted sum."""
+    import trainer.grpo as grpo
+
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler([]))
+
+    def lengths(prompts, completions, **columns):  # scores the second and third of each group
+        return [float(len(c)) if i % 3 else None for i, c in enumerate(completions)]
+
+    def firsts(prompts, completions, **columns):  # scores only the third
+        return [0.5 if i % 3 == 2 else None for i, c in enumerate(completions)]
+
+    objective = GroupRelativePolicy([Reward("lengths", lengths), Reward("firsts", firsts)], tokenizer,
+                                    _settings(group=3), None, seed=11, process_index=0, autocast=nullcontext)
+    batch = objective.rollouts(policy, [_numbered_prompts(0, 4)], step=3, accelerator=_OneProcess())[0]
+    tokens = batch["completion_mask"].sum(dim=1).double().tolist()
+    for first in range(0, 12, 3):
+        a, b = tokens[first + 1], tokens[first + 2] + 0.5
+        mean, std = (a + b) / 2, abs(a - b) / math.sqrt(2)
+        expected = [0.0, (a - mean) / (std + 1e-4), (b - mean) / (std + 1e-4)]
+        assert batch["advantages"][first:first + 3].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
 def test_a_prompts_completions_do_not_depend_on_how_the_step_is_split(tokenizer, policy, monkeypatch):
     """Six prompts in one micro-batch, in three micro-batches of two, and as two processes of three (Accelerate
     hands micro-batch m of process p the (m x world + p)-th batch): each prompt's completions are the same, since a

@@ -115,6 +115,25 @@ def test_group_advantages_match_fp64_by_hand():
     assert scaled[1].tolist() == [0.0] * 4  # equal rewards: no signal
 
 
+def test_a_reward_no_function_gave_is_out_of_its_groups_baseline_and_its_advantage_is_0():
+    """NaN marks a completion that no reward function scored (each returned None). As TRL's GRPOTrainer: it is
+    left out of its group's mean and std (a 0 in its place would bias the baseline and hand it an advantage it did
+    not earn) and its advantage is 0; so is every advantage of a group with fewer than two scored completions
+    (Bessel's std of one value is undefined). Numbers by hand: the scored 1, 3, 2 have mean 2 and std 1."""
+    nan = float("nan")
+    rewards = torch.tensor([[1.0, nan, 3.0, 2.0], [nan] * 4, [5.0, nan, nan, nan], [4.0, 4.0, nan, 0.0]],
+                           dtype=torch.float64)
+    scaled, centred = group_advantages(rewards).tolist(), group_advantages(rewards, scale=False).tolist()
+    assert scaled[0] == pytest.approx([-1 / 1.0001, 0.0, 1 / 1.0001, 0.0], rel=1e-12)
+    assert centred[0] == pytest.approx([-1.0, 0.0, 1.0, 0.0], rel=1e-12)
+    assert scaled[1] == centred[1] == [0.0] * 4
+    assert scaled[2] == centred[2] == [0.0] * 4
+    # 4, 4, 0: mean 8/3, Bessel's variance ((4/3)^2 * 2 + (8/3)^2) / 2 = 16/3
+    std = math.sqrt(16 / 3)
+    assert scaled[3] == pytest.approx([(4 / 3) / (std + 1e-4)] * 2 + [0.0, -(8 / 3) / (std + 1e-4)], rel=1e-12)
+    assert centred[3] == pytest.approx([4 / 3, 4 / 3, 0.0, -8 / 3], rel=1e-12)
+
+
 def test_k3_kl_matches_by_hand_and_is_zero_at_the_reference():
     logp = torch.tensor([-1.0, -0.2, -3.0], dtype=torch.float64)
     ref = torch.tensor([-1.5, -0.2, -0.1], dtype=torch.float64)

@@ -15,7 +15,7 @@ the rollout's log-probs under the policy and values under the critic (old_logp, 
 and the frozen reference's log-probs. The KL penalty is folded into the rewards (TRL's convention;
 rl_losses.kl_penalized_rewards: -beta x the k1 KL per token, the score at the last token); GAE with --gamma and
 --lam gives the advantages and returns; the advantages are whitened over the completion tokens of the step's whole
-global batch, every micro-batch of every process (TRL's whole rollout batch; MiniMind whitens per process, so its
+global batch, every micro-batch of every process (TRL and MiniMind whiten each process's rollout batch, so their
 two processes do not take one process's step). Then --ppo_epochs optimizer updates on that batch (the core's
 `updates_per_rollout`; each over the whole batch, TRL's num_mini_batches = 1), each minimizing rl_losses.ppo_loss.
 The loss's unit is the completion token.
@@ -148,8 +148,8 @@ class ProximalPolicy(RolloutObjective):
 
     def finish_rollouts(self, batches: Sequence[dict[str, Any]], accelerator: Accelerator) -> None:
         """Collective: over the step's global batch -- every micro-batch of every process, fp64 sums, two
-        collectives --, the advantages whitened with the mean and variance of all its tokens' (TRL whitens over its
-        whole rollout batch), and the logged statistics, the same in every micro-batch ("rollout_stats"): the
+        collectives --, the advantages whitened with the mean and variance of all its tokens' (TRL whitens each
+        process's rollout batch), and the logged statistics, the same in every micro-batch ("rollout_stats"): the
         reward's mean and std over its completions, the mean k1 KL and the critic's explained variance over its
         tokens, the mean completion length. So one process of 4 prompts, two of 2 and one of 2 micro-batches of 2
         take the same step."""

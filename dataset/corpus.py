@@ -42,7 +42,7 @@ from tqdm import tqdm  # noqa: E402
 from dataset.arithmetic import SPLIT_NAMESPACE as ARITHMETIC_SOURCE  # noqa: E402
 from dataset.arithmetic import sft_problems  # noqa: E402
 from dataset.atomic_io import atomic_write_text, make_dirs  # noqa: E402
-from dataset.json_text import read_json  # noqa: E402
+from dataset.json_text import read_json, strict_json  # noqa: E402
 from dataset.sources import (Dialog, conversation_text, dialog_windows, normalized_text, package_versions,  # noqa: E402
                              read_chatterbot, read_chitchat, read_wikipedia)
 from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, dialog_split_key, is_validation, wiki_split_key  # noqa: E402
@@ -161,7 +161,7 @@ def _conversation_text(record: _Record) -> str:
 
 
 def _write_jsonl(path: Path, records: Sequence[_Record]) -> int:
-    text = "".join(json.dumps(r.payload, ensure_ascii=False) + "\n" for r in records)
+    text = "".join(strict_json(r.payload, ensure_ascii=False) + "\n" for r in records)
     atomic_write_text(path, text)
     return len(text.encode("utf-8"))
 
@@ -233,7 +233,7 @@ def build_default_corpus(cache_dir: Path, quiet: bool = False) -> dict:
         "build_seconds": round(time.perf_counter() - started, 2),
     }
     # The manifest goes last: its presence says the files are complete.
-    atomic_write_text(cache_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(cache_dir / MANIFEST_NAME, strict_json(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 
 

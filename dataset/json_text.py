@@ -11,6 +11,11 @@ recurses and stops near the recursion limit, which a caller may have raised) and
 ``MAX_INT_DIGITS`` (Python's conversion limit is a process setting). Bytes are read as UTF-8, the one encoding of
 JSON exchanged between systems (RFC 8259). Each refusal is a ``JsonTextError`` with a one-line reason;
 ``read_json_field`` words it after the field's name, the form the chat format, the tools and the server answer with.
+
+It also owns how the project writes JSON: ``strict_json`` is the text of every JSON file it writes (a run's summary,
+metrics, checkpoint state, a sweep's state and results, the studies' and evaluations' reports), strict JSON that
+jq and JavaScript's ``JSON.parse`` read too: a float that is not finite (a diverged run's loss, the step time of a
+run that timed no step) is written as null, not as Python's ``NaN`` or ``Infinity``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from dataset.atomic_io import not_utf8
@@ -183,3 +189,27 @@ def check_text(text: str, field: str) -> str:
     if index is not None:
         raise ValueError(f"{field} {lone_surrogate(text, index)}")
     return text
+
+
+def finite_or_null(value: Any) -> Any:
+    """`value` with every float that is not finite (NaN, an infinity; numpy's float64 too) put as None, inside
+    mappings, lists and tuples (a tuple becomes a list, as JSON writes it); other values are kept as they are."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
+
+
+def strict_json(value: Any, default: Callable[[Any], Any] | None = None, **dumps_args: Any) -> str:
+    """The JSON text of `value` as every JSON file of the project holds it (see the module's docstring): Python's
+    ``json.dumps`` with its other arguments (indent, ensure_ascii, sort_keys), after ``finite_or_null``, with
+    ``allow_nan=False``. What `default` gives for a value JSON has no type for is held to the same rule."""
+    if default is not None:
+        given = default
+
+        def default(item: Any) -> Any:
+            return finite_or_null(given(item))
+    return json.dumps(finite_or_null(value), allow_nan=False, default=default, **dumps_args)

@@ -32,7 +32,7 @@ from datasets import Features, List, Value
 
 from dataset.atomic_io import atomic_path, atomic_write_text, make_dirs
 from dataset.chat_format import normalize_messages
-from dataset.json_text import JsonTextError, check_text, read_json
+from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
     if cached is not None:
         return cached
     scan = _write_arrow(path, kind, skip_bad_lines, arrow_path)
-    atomic_write_text(report_path, json.dumps(asdict(scan)))
+    atomic_write_text(report_path, strict_json(asdict(scan)))
     return scan
 
 

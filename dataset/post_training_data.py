@@ -36,6 +36,7 @@ from dataclasses import astuple, dataclass  # noqa: E402
 from dataset.arithmetic import rl_problems  # noqa: E402
 from dataset.atomic_io import atomic_write_text, make_dirs  # noqa: E402
 from dataset.corpus import DEFAULT_CACHE_DIR, manifest_is_current  # noqa: E402
+from dataset.json_text import strict_json  # noqa: E402
 from dataset.splits import is_validation, wiki_split_key  # noqa: E402
 from dataset.sources import WikiArticle, package_versions, read_wikipedia  # noqa: E402
 from dataset.wiki_qa import conversations_for  # noqa: E402
@@ -96,7 +97,7 @@ def preference_pairs(articles: list[WikiArticle]) -> list[tuple[WikiArticle, dic
 
 
 def _write(path: Path, records: list[dict]) -> dict:
-    text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    text = "".join(strict_json(record, ensure_ascii=False) + "\n" for record in records)
     atomic_write_text(path, text)
     return {"records": len(records), "bytes": len(text.encode("utf-8"))}
 
@@ -119,7 +120,7 @@ def build_post_training_data(cache_dir: Path) -> dict:
     files[paths.grpo_val.name] = _write(paths.grpo_val, [problem.prompt_row() for problem in rl_val])
     manifest = {"build_version": BUILD_VERSION, "packages": package_versions(), "lora_topic": LORA_TOPIC,
                 "files": files}
-    atomic_write_text(cache_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(cache_dir / MANIFEST_NAME, strict_json(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 
 

@@ -31,9 +31,9 @@ from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads 
 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
 
-import json  # noqa: E402
 from typing import Any  # noqa: E402
 
+from dataset.json_text import strict_json  # noqa: E402
 from trainer.cli import ToolParser, int_within, output_file, run_main, seed  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
@@ -144,7 +144,7 @@ def report(args: Any) -> int:
         out = resolve_path(args.json)
         table = {name: {"first": first_loss, "repeat": repeat_loss, "repeat_first_token": repeat_first}
                  for name, (first_loss, repeat_loss, repeat_first) in results.items()}
-        atomic_write_text(out, json.dumps({"model_path": str(path), "rows": args.rows, "probes": table}, indent=2))
+        atomic_write_text(out, strict_json({"model_path": str(path), "rows": args.rows, "probes": table}, indent=2))
         print(f"results written to {out}")
     return 0
 

@@ -30,11 +30,11 @@ from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads 
 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
 
-import json  # noqa: E402
 import re  # noqa: E402
 from collections import Counter  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
+from dataset.json_text import strict_json  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, int_within, output_file, run_main  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, apply_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = resolve_path(args.json)
         from dataset.atomic_io import atomic_write_text
-        atomic_write_text(out, json.dumps(report, indent=2, ensure_ascii=False))
+        atomic_write_text(out, strict_json(report, indent=2, ensure_ascii=False))
         print(f"results written to {out}")
     return 0
 

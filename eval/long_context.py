@@ -32,11 +32,11 @@ from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads 
 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
 
-import json  # noqa: E402
 import math  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
+from dataset.json_text import strict_json  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
@@ -167,9 +167,9 @@ def report(args: Any) -> int:
         print(f"| {label} | " + " | ".join(f"{loss:.3f}" for loss in losses) + " |")
     if args.json:
         out = resolve_path(args.json)
-        atomic_write_text(out, json.dumps({"model_path": str(path), "documents": len(documents),
-                                           "length": args.length, "bucket_starts": starts, "losses": rows},
-                                          indent=2))
+        atomic_write_text(out, strict_json({"model_path": str(path), "documents": len(documents),
+                                             "length": args.length, "bucket_starts": starts, "losses": rows},
+                                            indent=2))
         print(f"results written to {out}")
     return 0
 

@@ -38,7 +38,6 @@ from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads 
 bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
@@ -49,6 +48,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.chat_format import normalize_messages  # noqa: E402
 from dataset.corpus import SMALL_TALK_VAL, TOOL_DIALOGUES_SEED, TOOL_DIALOGUES_VAL  # noqa: E402
+from dataset.json_text import strict_json  # noqa: E402
 from dataset.tokenization import token_starts  # noqa: E402
 from dataset.tool_dialogues import (TooFewProblems, first_exchange, small_talk_dialogues,  # noqa: E402
                                     tool_dialogues)
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         report = {"model": str(path), "decoding": penalty_settings(args), "table": rows, "wrong_calls": wrong,
                   "outcomes": [asdict(o) for o in outcomes]}
-        atomic_write_text(target, json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+        atomic_write_text(target, strict_json(report, indent=1, ensure_ascii=False) + "\n")
     return 0
 
 

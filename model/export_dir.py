@@ -18,6 +18,7 @@ from typing import Any, Iterator, Mapping
 from safetensors import SafetensorError
 
 from dataset.atomic_io import check_folder_path, first_line, give_open_modes, path_overlap
+from dataset.json_text import strict_json
 
 # The marker files: JSON recording where the result came from (the source, the measured logit difference, ...).
 EXPORT_MARKER = "exported_from.json"  # scripts/convert_to_llama.py
@@ -85,7 +86,7 @@ def staged_dir(out_dir: Path, marker: str, provenance: dict[str, Any]) -> Iterat
     staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
     try:
         yield staging
-        (staging / marker).write_text(json.dumps(provenance, indent=2) + "\n")
+        (staging / marker).write_text(strict_json(provenance, indent=2) + "\n")
         give_open_modes(staging)
         _install(staging, out_dir)
     except (OSError, SafetensorError) as error:  # a full disk, a quota: one line, and nothing half-written stays

@@ -39,6 +39,7 @@ from transformers import (LlamaForCausalLM, PreTrainedModel, Qwen3ForCausalLM,  
                           Qwen3MoeForCausalLM)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from dataset.json_text import strict_json  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.export_dir import EXPORT_MARKER, check_out_dir, earlier_source, staged_dir  # noqa: E402
 from model.llama_compat import NotExportable, check_exportable, to_target_config, to_target_state_dict  # noqa: E402
@@ -61,7 +62,7 @@ def _patch_config_json(path: Path) -> None:
         config["rope_scaling"] = {k: v for k, v in config["rope_parameters"].items() if k != "rope_theta"}
     if "num_local_experts" in config:  # transformers 5 writes Qwen3-MoE's expert count under its attribute_map
         config["num_experts"] = config["num_local_experts"]  # name; Qwen3-MoE checkpoints and their readers use this
-    path.write_text(json.dumps(config, indent=2) + "\n")
+    path.write_text(strict_json(config, indent=2) + "\n")
 
 
 def _tokenizer_files(model_path: Path, staging: Path, vocab_size: int) -> None:
@@ -77,7 +78,7 @@ def _tokenizer_files(model_path: Path, staging: Path, vocab_size: int) -> None:
     # that read the JSON) look for it here.
     if tokenizer.chat_template:
         tokenizer_config["chat_template"] = tokenizer.chat_template
-    config_file.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+    config_file.write_text(strict_json(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
 
 
 # --target -> (the name messages use, the transformers class written).

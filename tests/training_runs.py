@@ -32,6 +32,23 @@ WORDS = ("the quick brown fox jumps over a lazy dog while birds sing in tall gre
          "children play").split()
 
 
+def _not_json(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON: jq and JavaScript's JSON.parse refuse it")
+
+
+def strict_json_files(folder: Path) -> dict[Path, list]:
+    """Every .json and .jsonl file under `folder` -> its values (one per line of a .jsonl), read as a strict reader
+    (jq, JSON.parse) reads them: a NaN or an infinity in any of them fails the test, naming it."""
+    files = {}
+    for path in sorted(folder.rglob("*.json")) + sorted(folder.rglob("*.jsonl")):
+        try:
+            lines = path.read_text().splitlines() if path.suffix == ".jsonl" else [path.read_text()]
+            files[path] = [json.loads(line, parse_constant=_not_json) for line in lines if line.strip()]
+        except AssertionError as error:
+            raise AssertionError(f"{path}: {error}") from None
+    return files
+
+
 def write_jsonl(path: Path, rows: list[dict | str]) -> Path:
     """Rows are dicts (dumped as JSON) or raw strings (written verbatim, for malformed lines)."""
     path.write_text("".join((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n"

@@ -35,6 +35,7 @@ from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
 from dataset.atomic_io import atomic_write_text, first_line, give_open_modes, read_text_file
+from dataset.json_text import strict_json
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
                           scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
@@ -184,7 +185,7 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
                                        f"storage that process can read ({_STORAGE_HELP})")
     if writer:
         give_open_modes(tmp)
-        atomic_write_text(tmp / STATE_FILE, json.dumps({**state, FILES_KEY: files}, indent=2))
+        atomic_write_text(tmp / STATE_FILE, strict_json({**state, FILES_KEY: files}, indent=2))
         if final.exists():
             _remove_checkpoint(final)
         os.replace(tmp, final)
@@ -382,7 +383,7 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
 
 def _comparable(value: Any) -> Any:
     """A config value as trainer_state.json holds it (tuples are lists there)."""
-    return json.loads(json.dumps(value))
+    return json.loads(strict_json(value))
 
 
 _Changes = dict[str, tuple[Any, Any]]  # name -> (its value in the checkpoint's config, its value now)

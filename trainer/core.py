@@ -14,7 +14,6 @@ one place the loop meets it) and the data (trainer/data.py).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -32,6 +31,7 @@ from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
 
 from dataset.atomic_io import atomic_write_text, first_line
+from dataset.json_text import strict_json
 from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
@@ -778,7 +778,7 @@ class Trainer:
 
     def _write_summary(self, summary: RunSummary) -> None:
         if self.is_main:
-            atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary.__dict__, indent=2))
+            atomic_write_text(self.out_dir / SUMMARY_FILE, strict_json(summary.__dict__, indent=2))
 
     def _finish(self, position: RunPosition) -> RunSummary:
         """Collective: the final evaluation, then (main process) the model directory, the merged model of a LoRA

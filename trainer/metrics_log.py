@@ -3,19 +3,12 @@ the checkpoint's step are dropped so the file continues the same curve instead o
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
 from dataset.atomic_io import atomic_write_text
+from dataset.json_text import strict_json
 from trainer.run_dir import METRICS_FILE, append_jsonl, read_metrics
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN/inf; keep them readable
-    return value
 
 
 class MetricsLog:
@@ -28,7 +21,7 @@ class MetricsLog:
         if not self.enabled or not self.path.exists():
             return
         kept = [record for record in read_metrics(self.path) if record["step"] <= step]
-        atomic_write_text(self.path, "".join(json.dumps(record) + "\n" for record in kept))
+        atomic_write_text(self.path, "".join(strict_json(record) + "\n" for record in kept))
 
     def reset(self) -> None:
         if self.enabled and self.path.exists():
@@ -36,4 +29,4 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            append_jsonl(self.path, {key: _clean(value) for key, value in record.items()})
+            append_jsonl(self.path, record)  # a value that is not finite is written as null (strict_json)

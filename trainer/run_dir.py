@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dataset.atomic_io import check_folder_path, path_overlap
+from dataset.json_text import strict_json
 
 if TYPE_CHECKING:
     import argparse
@@ -322,7 +323,10 @@ def record_where(record: Mapping[str, Any]) -> str:
 
 
 def record_number(record: Mapping[str, Any], key: str, kind: type = float) -> Any:
-    """record[key] as a `kind` (float or int), or a ValueError naming where the record is and the key."""
+    """record[key] as a `kind` (float or int), or a ValueError naming where the record is and the key. A float's
+    null is NaN: the project writes a value that is not finite (a diverged step's loss) as null (strict_json)."""
+    if kind is float and key in record and record[key] is None:
+        return math.nan
     try:
         return kind(record[key])
     except (TypeError, ValueError, OverflowError):  # OverflowError: int() of JSON's Infinity or 1e400
@@ -349,7 +353,7 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     record from us. A last line torn by an earlier kill is ended first, so it cannot swallow this record."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(record, default=str) + "\n").encode()
+    data = (strict_json(record, default=str) + "\n").encode()
     if path.exists() and path.stat().st_size:
         with open(path, "rb") as handle:
             handle.seek(-1, os.SEEK_END)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dataset.atomic_io import atomic_path, atomic_write_text, read_text_file
+from dataset.json_text import strict_json
 from trainer.run_dir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, append_jsonl, read_jsonl, resolve_path
 
 SWEEP_STATE_FILE = "sweep_state.json"
@@ -146,7 +147,7 @@ def sweep_dir_lock(sweep_dir: Path) -> Iterator[None]:
 
 
 def write_state(sweep_dir: Path, state: dict[str, Any]) -> None:
-    atomic_write_text(sweep_dir / SWEEP_STATE_FILE, json.dumps(state, indent=1, default=str))
+    atomic_write_text(sweep_dir / SWEEP_STATE_FILE, strict_json(state, indent=1, default=str))
 
 
 def _write_bytes(path: Path, data: bytes) -> None:

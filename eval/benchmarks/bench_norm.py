@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import sys
 import time
@@ -53,6 +52,7 @@ quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: o
 import torch  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
+from dataset.json_text import strict_json  # noqa: E402
 from eval.benchmarks.rmsnorm.checks import check_kernels, check_model  # noqa: E402
 from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_table, run_lab  # noqa: E402
 from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods  # noqa: E402
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                           residual=True, only=args.methods)]
             print_table(results["residual"], ceiling)
     if args.out:
-        atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
+        atomic_write_text(args.out, strict_json(results, indent=1) + "\n")
     return 0
 
 
@@ -416,7 +416,7 @@ def lab_main(args: argparse.Namespace, dtype: torch.dtype) -> int:
     print(lab_table(variants))
     if args.out:
         rows = [{"norm": v.name, "norm_ms": v.norm_ms, "step_ms": v.step_ms} for v in variants]
-        atomic_write_text(args.out, json.dumps({"header": header, "setup": setup, "rows": rows}, indent=1) + "\n")
+        atomic_write_text(args.out, strict_json({"header": header, "setup": setup, "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -24,7 +24,6 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
-import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
@@ -33,6 +32,7 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
+from dataset.json_text import strict_json  # noqa: E402
 from trainer.run_dir import resolve_input_path  # noqa: E402
 
 VARIANT_KEY, LR_KEY, SEED_KEY = "config", "learning_rate", "seed"
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         return report_error(error)
     out = Path(args.out)
-    atomic_write_text(out, json.dumps(payload, indent=1, allow_nan=True))
+    atomic_write_text(out, strict_json(payload, indent=1))
     table = markdown_table(payload["variants"])
     atomic_write_text(out.with_suffix(".md"),
                       f"# Interleaved step times: `{payload['sweep']}`\n\n{payload['machine']}; "

@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
             out_dir = root / name.replace(" ", "_")
             row = run(name, task, ["--data_path", str(data), "--out_dir", str(out_dir), "--batch_size", str(batch),
                                    *common, *extra], model)
-            row["median_step_s"] = read_summary(out_dir).get("median_step_time_s", float("nan"))
+            median = read_summary(out_dir).get("median_step_time_s")  # null: no step was timed
+            row["median_step_s"] = float("nan") if median is None else median
             rows.append(row)
     memory = "peak CUDA memory allocated" if torch.cuda.is_available() else "peak resident memory (RSS)"
     print(f"{args.preset}, B = {args.batch_size}, max_seq_len {args.max_seq_len}, fp32, {args.steps} steps, on "

@@ -31,7 +31,6 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
@@ -40,6 +39,7 @@ import time  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.corpus import ensure_default_corpus  # noqa: E402
+from dataset.json_text import strict_json  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         record = {"machine": machine_line(), "args": {k: str(v) for k, v in vars(args).items()},
                   "minimind_tokens_per_sample": per_sample, "minimind": minimind, "ours": ours}
-        atomic_write_text(args.json, json.dumps(record, indent=1) + "\n")
+        atomic_write_text(args.json, strict_json(record, indent=1) + "\n")
     return 0
 
 

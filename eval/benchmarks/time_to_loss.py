@@ -35,7 +35,6 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import shlex  # noqa: E402
@@ -46,6 +45,7 @@ import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
+from dataset.json_text import strict_json  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import RunSummary, Trainer, TrainingDiverged  # noqa: E402
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(map(str, seeds))}{common_text}.\n\n{table}\n")
     print("\n" + report)
     atomic_write_text(args.out_dir / f"{RESULTS_NAME}.md", report)
-    atomic_write_text(args.out_dir / f"{RESULTS_NAME}.json", json.dumps(
+    atomic_write_text(args.out_dir / f"{RESULTS_NAME}.json", strict_json(
         {"machine": header, "load_end": load_end, "budget_s": args.budget_s, "target_loss": args.target_loss,
          "recipes": {n: list(f) for n, f in recipes.items()}, "common_flags": common,
          "runs": [asdict(r) for r in results]}, indent=2))

@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
+from dataset.json_text import strict_json  # noqa: E402
 from model.config import PLACEMENT_ALIASES, MiniNormConfig, NormPlacement, NormType, placement_choices  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
@@ -248,7 +249,8 @@ def write_table(results: dict, path: Path) -> None:
               + " | growth | first ± std / last ± std |")
     lines += [header, "|" + "---|" * (layers + columns + 2)]
     for entry in results["runs"]:
-        mean, std = np.array(entry["ffn_w2_mean"]), np.array(entry["ffn_w2_seed_std"])
+        # dtype float: a value results.json holds as null (not finite) is NaN again
+        mean, std = np.array(entry["ffn_w2_mean"], dtype=float), np.array(entry["ffn_w2_seed_std"], dtype=float)
         cells = " | ".join(f"{v:.3g}" for v in mean)
         lines.append(f"| {row_label(entry)} | {cells} | {growth(mean):.2f} | "
                      f"{mean[0]:.3g} ± {std[0]:.2g} / {mean[-1]:.3g} ± {std[-1]:.2g} |")
@@ -256,7 +258,7 @@ def write_table(results: dict, path: Path) -> None:
               f"| {first} | " + " | ".join(f"L{i}" for i in range(layers)) + " | growth |",
               "|" + "---|" * (layers + columns + 1)]
     for entry in results["runs"]:
-        mean = np.array(entry["block_mean"])
+        mean = np.array(entry["block_mean"], dtype=float)
         lines.append(f"| {row_label(entry)} | " + " | ".join(f"{v:.3g}" for v in mean) + f" | {growth(mean):.2f} |")
     for quantity, title in (("resid_rms", "RMS of the residual stream leaving each block"),
                             ("resid_grad_rms", "RMS of dLoss/d(residual stream) leaving each block")):
@@ -294,7 +296,9 @@ def plot(results: dict, path: Path, quantity: str = "ffn_w2") -> None:
     for column, name in enumerate(panels):
         top, bottom = axes[0][column], axes[1][column]
         for entry in (e for e in results["runs"] if panel(e) == name):
-            mean, std = np.array(entry[f"{quantity}_mean"]), np.array(entry[f"{quantity}_seed_std"])
+            # dtype float: a value results.json holds as null (not finite) is NaN again
+            mean = np.array(entry[f"{quantity}_mean"], dtype=float)
+            std = np.array(entry[f"{quantity}_seed_std"], dtype=float)
             layers = np.arange(len(mean))
             style = styles.get(entry["placement"], "o-")
             label = entry.get("variant", entry["placement"])
@@ -421,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "runs": runs,
     }
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps(results, indent=1))
+    atomic_write_text(out / "results.json", strict_json(results, indent=1))
     write_table(results, out / "grad_at_init.md")
     plot(results, out / "grad_at_init.png")
     print(f"wrote {out / 'grad_at_init.md'} and {out / 'grad_at_init.png'} in {time.time() - start:.0f} s")

@@ -28,6 +28,7 @@ from trainer.args import parse_args
 from trainer.run_dir import read_metrics
 from trainer.sweep_dir import read_results, swept_names
 from tests.paths import REPO
+from tests.training_runs import strict_json_files
 
 SWEEP_YAMLS = sorted((REPO / "scripts" / "sweep_configs").glob("*.yaml"))
 TEXTS = ["The history of the city begins with a small fishing village on the river.",
@@ -322,6 +323,8 @@ FAKE_TRAINER = textwrap.dedent("""
     status = "diverged" if args.mode == "diverge" else "finished"
     summary = {"status": status, "steps": 4, "final_val": {} if status == "diverged" else {"loss": 1.5 + args.seed},
                "median_step_time_s": 0.01, "tokens_per_s": 100.0}
+    if status == "diverged":  # as the trainer writes a run that timed no step: not finite, so null (strict JSON)
+        summary["median_step_time_s"] = summary["tokens_per_s"] = None
     (out / "run_summary.json").write_text(json.dumps(summary))
     (out / "metrics.jsonl").write_text(json.dumps({"step": 4, "split": "val", "val_loss": 1.5 + args.seed}) + "\\n")
     sys.exit(3 if status == "diverged" else 0)
@@ -342,6 +345,8 @@ def test_diverged_is_recorded_not_crashed_and_failures_retry(tmp_path):
     records = {r["params"]["mode"]: r for r in read_results(sweep_dir)}
     assert records["ok"]["metric"] == 2.5 and records["ok"]["status"] == "finished"
     assert records["diverge"]["returncode"] == 3 and records["diverge"]["metric"] is None
+    assert records["diverge"]["median_step_time_s"] is None
+    assert strict_json_files(sweep_dir)  # the state and the results: strict JSON
     assert records["crash"]["returncode"] == 1 and "boom" in records["crash"]["error"]
     command = (sweep_dir / records["ok"]["trial_dir"] / "train.log").read_text()
     assert "--use_wandb=false" in command and "--wandb_group=fake" in command
@@ -1215,8 +1220,10 @@ def _assert_metric_value_finds_every_logged_name(task: str, out_dir: Path) -> No
     assert {"val_loss", "final/val_loss"} <= set(names)
     for name in names:
         value = sweep_mod.metric_value(summary, name)
-        logged = val.get(name.removeprefix("final/"), summary.get(name.removeprefix("final/")))
-        if isinstance(logged, float) and logged != logged:  # NaN (GRPO's accuracy without answers): no metric
+        key = name.removeprefix("final/")
+        assert key in val or key in summary, name
+        logged = val.get(key, summary.get(key))
+        if logged is None:  # not finite (GRPO's accuracy without answers), so null in strict JSON: no metric
             assert value is None, name
         else:
             assert value == logged and value is not None, name

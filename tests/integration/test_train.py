@@ -21,10 +21,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, refused_run, run_in_process, sft_argv,
-                                 train_losses, val_losses, write_jsonl)
+                                 strict_json_files, train_losses, val_losses, write_jsonl)
 from trainer.args import args_from_run_config, build_model_config, parse_args
 from trainer.core import Trainer, TrainingDiverged, main
-from trainer.run_dir import read_metrics
+from trainer.run_dir import final_metric, read_metrics, read_summary
 
 
 def test_pretrain_writes_a_loadable_hf_model_dir(reference_run):
@@ -234,7 +234,13 @@ def test_nan_loss_stops_with_the_step_and_a_saved_state(update_inside_backward, 
     assert error.value.checkpoint.name == "step_00000005"
     weights = load_file(error.value.checkpoint / "model.safetensors")
     assert all(torch.isfinite(t).all() for t in weights.values())  # the last good weights, not NaN ones
-    assert json.loads((out_dir / "run_summary.json").read_text())["status"] == "diverged"
+    # Every file it wrote is strict JSON (the summary's step time and throughput are not finite: null there), and
+    # what reads the summary takes it: a diverged run, no sweep metric.
+    files = strict_json_files(out_dir)
+    summary = files[out_dir / "run_summary.json"][0]
+    assert summary["status"] == "diverged" and summary["median_step_time_s"] is None
+    assert {out_dir / "metrics.jsonl", error.value.checkpoint / "trainer_state.json"} <= set(files)
+    assert read_summary(out_dir) == summary and final_metric(summary, "val_loss") is None
     said = "a non-finite gradient under a finite loss is caught one update late" in capsys.readouterr().out
     assert said == update_inside_backward
 

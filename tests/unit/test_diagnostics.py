@@ -310,6 +310,12 @@ def test_grad_at_init_script_smoke(tmp_path) -> None:
     assert all(len(r["ffn_w2_mean"]) == 2 and min(r["block_mean"]) > 0 for r in results["runs"])
     for name in ("results.json", "grad_at_init.md", "grad_at_init.png"):
         assert (tmp_path / "out" / name).stat().st_size > 500
+    # A gradient that was not finite is null in results.json (strict JSON); --replot draws it as NaN, not a crash.
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    saved["runs"][1]["ffn_w2_mean"][1] = saved["runs"][1]["block_mean"][0] = None
+    (tmp_path / "out" / "results.json").write_text(json.dumps(saved))
+    main(["--replot", "--out", str(tmp_path / "out")])
+    assert "| pre | none | " in (table := (tmp_path / "out" / "grad_at_init.md").read_text()) and "nan" in table
 
 
 @pytest.mark.parametrize("flags", [["--placements", "prenorm"], ["--norm_types", "bogus"],

@@ -85,3 +85,28 @@ def test_a_value_given_as_itself_follows_the_same_rules():
         check_json_value(deep, "v")
     with pytest.raises(ValueError, match=r'^v\["a"\]\[0\] holds a lone surrogate'):
         check_json_value({"a": ["\ud800"]}, "v")
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_strict_json_writes_what_is_not_finite_as_null_and_the_rest_as_json_does():
+    """What every JSON file of the project holds (a run's summary, its metrics, a sweep's state): JSON a strict
+    reader (jq, JavaScript's JSON.parse) reads, NaN and the infinities as null, inside mappings and lists too."""
+    import numpy as np
+
+    from dataset.json_text import strict_json
+
+    nan, inf = float("nan"), float("inf")
+    value = {"loss": nan, "steps": 3, "final_val": {"loss": 2.5, "ppl": inf}, "curve": [1.0, -inf, (2, nan)],
+             "numpy": np.float64("nan"), "ok": True, "name": "x", "none": None}
+    text = strict_json(value, indent=1)
+    read = json.loads(text, parse_constant=_refuse_constant)
+    assert read == {"loss": None, "steps": 3, "final_val": {"loss": 2.5, "ppl": None},
+                    "curve": [1.0, None, [2, None]], "numpy": None, "ok": True, "name": "x", "none": None}
+    assert read_json(text) == read  # the project's own strict reader takes it
+    # json.dumps's arguments pass through; what `default` gives for an unknown type follows the same rule
+    assert strict_json({"a": 1.5}, indent=None) == json.dumps({"a": 1.5})
+    assert strict_json({"b": np.float32("nan"), "c": np.float32(0.5)}, default=float) == '{"b": null, "c": 0.5}'
+    assert strict_json({"p": sys}, default=str) == json.dumps({"p": str(sys)})

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from eval.benchmarks import bench_norm_variants as bench
+from dataset.json_text import strict_json
 from eval.studies.ablation.load import Part, load_sweep
 from eval.studies.ablation.report import write_report
 from eval.studies.ablation.study2 import (best_rate, capped_mean, escape_step, losses_by_rate, lr_sensitivity,
@@ -61,7 +62,7 @@ def _train(step: int, loss: float, grad: float, seconds: float = 0.1) -> dict:
     return {"step": step, "split": "train", "loss": loss, "grad_norm": grad, "step_time_s": seconds}
 
 
-def test_stability_numbers_by_hand():
+def test_stability_numbers_by_hand(tmp_path):
     records = [_train(s, 2.0, 1.0) for s in range(1, 13)]
     records += [_train(13, 3.1, 1.0), _train(14, 2.0, 1.6), _train(15, 2.0, 1.4)]  # 3.1 > 1.5 x 2; 1.6 > 1.5 x 1
     records += [{"step": 5, "split": "diag", "diag/attn_logit_max/layer_00": 3.0, "diag/attn_logit_max/layer_01": 9.5,
@@ -79,6 +80,10 @@ def test_stability_numbers_by_hand():
     assert result.nonfinite_step is None
     assert stability(records + [_train(16, math.nan, math.nan)], "diverged", 16).nonfinite_step == 16
     assert 16 in stability(records + [_train(16, math.nan, math.nan)], "diverged", 16).loss_spikes
+    # as metrics.jsonl holds them (strict JSON: null), read back from the file
+    diverged = tmp_path / "metrics.jsonl"
+    diverged.write_text("".join(strict_json(r) + "\n" for r in records + [_train(16, math.inf, math.nan)]))
+    assert 16 in stability(read_metrics(diverged), "diverged", 16).loss_spikes
 
 
 @pytest.mark.parametrize("record, named", [
@@ -144,8 +149,9 @@ def _write_grid(root: Path, name: str = "study2_synth", seeds: tuple[int, ...] =
                 else:
                     lines = lines[:2] + [_train(3, math.nan, math.nan)]
                     summary = {"status": status, "steps": 3, "final_val": {}}
-                (trial_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-                (trial_dir / "run_summary.json").write_text(json.dumps(summary))
+                # as the trainer writes them: a diverged step's NaN loss is null
+                (trial_dir / "metrics.jsonl").write_text("".join(strict_json(r) + "\n" for r in lines))
+                (trial_dir / "run_summary.json").write_text(strict_json(summary))
                 trials.append({"trial_id": trial_id, "params": params, "status": status, "metric": final})
     (sweep_dir / "sweep_state.json").write_text(json.dumps({"name": name, "config": config, "trials": trials}))
     (sweep_dir / "results.jsonl").write_text("".join(
@@ -270,6 +276,12 @@ def test_read_bench_step_times_names_the_expected_layout(tmp_path):
     bad.write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="variants.NAME.median_step_s"):
         read_bench_step_times(bad)
+    # a median that was not finite is null in the benchmark's strict JSON: NaN again, not "not the JSON of ..."
+    good = tmp_path / "bench.json"
+    good.write_text(strict_json({"variants": {"pre_rmsnorm": {"median_step_s": 0.2},
+                                              "dyt": {"median_step_s": math.nan}}}))
+    times = read_bench_step_times(good)
+    assert times["pre_rmsnorm"] == 0.2 and math.isnan(times["dyt"])
 
 
 def test_write_seed2_yaml_repeats_each_variant_at_its_best_rate(tmp_path):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from dataset.atomic_io import atomic_write_text, make_dirs
+from dataset.json_text import strict_json
 from eval.studies.ablation.baseline import data_key, unigram_baseline
 from eval.studies.ablation.load import SEED_KEY, Part, duplicate_trials, group_variants, load_sweep
 from eval.studies.ablation.plots import plot_curves, plot_grad_profile, plot_lr_warmup, plot_pre_post, plot_prms_p
@@ -133,5 +133,5 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
                            "code": t.summary.get("code")} for p in parts for t in p.trials]}
     if study2:
         payload["study2"] = study2_payload
-    atomic_write_text(out / "report.json", json.dumps(payload, indent=1, default=str, allow_nan=True))
+    atomic_write_text(out / "report.json", strict_json(payload, indent=1, default=str))
     return out / "report.md"

@@ -169,7 +169,9 @@ def read_bench_step_times(path: str | Path) -> dict[str, float]:
     """variant -> median step time (s) from the interleaved benchmark's JSON."""
     data = json.loads(Path(path).read_text())
     try:
-        return {name: float(row["median_step_s"]) for name, row in data["variants"].items()}
+        # null: a median that was not finite (strict_json writes it so)
+        return {name: math.nan if row["median_step_s"] is None else float(row["median_step_s"])
+                for name, row in data["variants"].items()}
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{path}: not the JSON of eval/benchmarks/bench_norm_variants.py "
                          f"(expected variants.NAME.median_step_s)") from None

@@ -341,6 +341,23 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
                                 f"{state['samples_done_in_epoch']}, more than the {samples} training samples")
 
 
+def check_resume_length(path: Path, state: dict[str, Any], args: TrainArgs, total_steps: int) -> None:
+    """Refuse, in one line naming the checkpoint's step and the flag, a resume whose run ends before the step it
+    resumes at (`total_steps`, the length the run planned: --max_steps below the checkpoint's step, or fewer
+    --epochs than the checkpoint has begun). It would train nothing and still finish, writing the checkpoint's
+    model and a summary of more steps than asked, with no step timed. A length equal to the step is allowed: the
+    run ends at its checkpoint (its final evaluation and model), as a user stopping a run there asks."""
+    step = state["step"]
+    if total_steps >= step:
+        return
+    why = "a run cannot end before the step it resumes at"
+    if args.max_steps > 0 and not args.time_budget_s:
+        raise _refused(path, f"--max_steps is {args.max_steps} and the checkpoint is at optimizer step {step}", why,
+                       f"resume with --max_steps {step} or more ({step}: the run ends there, with its model)")
+    raise _refused(path, f"--epochs is {args.epochs} and the checkpoint is at optimizer step {step}, in epoch "
+                         f"{state['epoch'] + 1}", why, f"resume with --epochs {state['epoch'] + 1} or more")
+
+
 # Flags a resume compares elsewhere, or that name a place rather than a setting (a moved file is the same file).
 _NOT_NOTED = frozenset({"resume", "overwrite", "out_dir", "data_path", "val_data_path", "tokenizer_path",
                         "from_weight", "teacher", "reward_model", "threads"})

@@ -41,7 +41,7 @@ from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIEL
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE
 from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
-                                check_resume_compatible, check_same_task, check_saved_architecture,
+                                check_resume_compatible, check_resume_length, check_same_task, check_saved_architecture,
                                 clear_previous_files, drop_later_checkpoints, finished_run_asked_again,
                                 load_checkpoint, probe_storage, save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
@@ -383,6 +383,8 @@ class Trainer:
             raise ValueError(f"one optimizer step needs {self.global_batch} samples, the training set has "
                              f"{len(self.data.train)}; lower --batch_size or --accumulation_steps")
         self.total_steps = self._total_steps()
+        if self.resume_state is not None:  # before any file is removed (_restore_and_clear)
+            check_resume_length(self.resume_from, self.resume_state, args, self.total_steps)
         self.budget = self._time_budget()
         self._announced_length: int | None = None  # the last length a time budget's plan printed
         self.pace = SessionPace()  # this session's optimizer steps (the budget's pace, checkpoints' training time)
@@ -563,6 +565,9 @@ class Trainer:
                                 + (f"; {self.resume.note}" if self.resume.note else ""))
             if changed := changed_flags(state, self.config_dict):  # a resume that changes the schedule says so
                 self.reporter.print(f"changed since the checkpoint: {changed}; the run goes on with the new values")
+            if position.step == self.total_steps:  # check_resume_length allows it: the run ends at its checkpoint
+                self.reporter.print(f"the run's length is the checkpoint's step ({position.step}): nothing left to "
+                                    f"train; the run ends there, with its final evaluation and model")
         elif self.args.resume == "auto":
             self.reporter.print(f"--resume auto: no checkpoint in {self.out_dir / CHECKPOINT_DIR}; starting fresh")
         if self.is_main:

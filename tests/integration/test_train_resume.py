@@ -18,7 +18,7 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from tests.training_runs import (MUON_FLAGS, REPO, STEPS, pretrain_argv, refused_run, run_in_process, sft_argv,
-                                 train_losses, write_jsonl)
+                                 strict_json_files, train_losses, write_jsonl)
 from trainer.args import parse_args
 from trainer.core import Trainer
 from trainer.run_dir import read_metrics
@@ -244,6 +244,31 @@ def test_a_resume_from_an_older_checkpoint_replaces_the_later_ones(train_data, r
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
     assert [r["step"] for r in read_metrics(run, "train")] == list(range(1, STEPS + 1))
     assert train_losses(run) == train_losses(reference_run)  # the same flags: the same curve
+
+
+def test_a_resume_whose_max_steps_is_below_the_checkpoint_is_refused_and_its_step_ends_the_run(
+        train_data, reference_run, tmp_path, capsys):
+    """--max_steps below the newest checkpoint's step (6) trained nothing and "finished": the run's model replaced
+    by step 6's weights, a summary of 6 steps for a --max_steps of 5, no step timed. Refused in one line naming
+    the step and the flag, with the run left whole; --max_steps 6 ends the run at that checkpoint, with its model."""
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    error = refused_run("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "5",
+                                                  "--resume", "auto"), capsys, after_progress=True)
+    assert error == ("error: --resume step_00000006: --max_steps is 5 and the checkpoint is at optimizer step 6; a "
+                     "run cannot end before the step it resumes at (resume with --max_steps 6 or more (6: the run "
+                     "ends there, with its model), or start a new run)")
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+    run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "6",
+                                             "--resume", "auto"))
+    said = capsys.readouterr().out
+    assert "the run's length is the checkpoint's step (6): nothing left to train; the run ends there" in said
+    summary = strict_json_files(run)[run / "run_summary.json"][0]
+    assert (summary["status"], summary["steps"], summary["median_step_time_s"]) == ("finished", 6, None)
+    saved = load_file(run / "model.safetensors")
+    checkpoint = load_file(run / "checkpoints" / "step_00000006" / "model.safetensors")
+    assert saved.keys() == checkpoint.keys() and all(torch.equal(saved[k], checkpoint[k]) for k in saved)
 
 
 @pytest.mark.parametrize("damage", ["optimizer.bin truncated", "model.safetensors deleted"])

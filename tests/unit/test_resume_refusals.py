@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainer.args import parse_args, requested_model_fields
-from trainer.checkpoint import check_resume_compatible
+from trainer.checkpoint import check_resume_compatible, check_resume_length
 
 CHECKPOINT = Path("/runs/x/checkpoints/step_00000002")
 
@@ -72,6 +72,26 @@ def test_a_run_that_reads_its_starting_weights_once_may_find_them_elsewhere(task
     under the adapters is the reference): a moved --from_weight is no change."""
     args = parse_args(task, ["--from_weight", str(tmp_path / "a"), *flags])
     check_resume_compatible(CHECKPOINT, _state(from_weight=str(tmp_path / "b"), lora=args.lora), args, {})
+
+@pytest.mark.parametrize("task", ["pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo"])
+def test_a_resume_whose_length_ends_before_the_checkpoint_is_refused_naming_its_step(task):
+    """Every trainer plans its length and then checks it here: a --max_steps below the checkpoint's step (or fewer
+    --epochs than it has begun) trained nothing and "finished", writing the checkpoint's model as a run of more
+    steps than asked; its step itself ends the run there; above it, the run trains on."""
+    state = {"step": 6, "epoch": 2, "samples_done_in_epoch": 8}
+    for length in (6, 7):
+        check_resume_length(CHECKPOINT, state, parse_args(task, ["--max_steps", str(length)]), length)
+    with pytest.raises(ValueError) as refused:
+        check_resume_length(CHECKPOINT, state, parse_args(task, ["--max_steps", "5"]), 5)
+    assert str(refused.value) == ("--resume step_00000002: --max_steps is 5 and the checkpoint is at optimizer step "
+                                  "6; a run cannot end before the step it resumes at (resume with --max_steps 6 or "
+                                  "more (6: the run ends there, with its model), or start a new run)")
+    with pytest.raises(ValueError) as refused:  # --epochs: the length the data gives, 6 + what is left - 1 epoch
+        check_resume_length(CHECKPOINT, state, parse_args(task, ["--epochs", "2", "--max_steps", "-1"]), 4)
+    assert str(refused.value) == ("--resume step_00000002: --epochs is 2 and the checkpoint is at optimizer step 6, "
+                                  "in epoch 3; a run cannot end before the step it resumes at (resume with --epochs "
+                                  "3 or more, or start a new run)")
+
 
 # ---------------------------------------------------------------- trainer_state.json, validated where it is read
 GOOD_STATE = {"step": 3, "epoch": 0, "samples_done_in_epoch": 12, "tokens_seen": 384, "total_steps": 4,

@@ -3,6 +3,7 @@ model of a LoRA run (`--merge`), and the sample generation that run_summary.json
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -15,10 +16,11 @@ from accelerate import Accelerator
 
 from dataset.atomic_io import atomic_write_text, give_open_modes
 from dataset.chat_format import encode_chatml, encode_text
+from dataset.json_text import strict_json
 from model.generation_defaults import saved_generation_config
 from model.model import MiniNormForCausalLM
 from trainer.distributed import full_state_dict
-from trainer.run_dir import CONFIG_FILE, MERGED_DIR, is_chat_task
+from trainer.run_dir import ADAPTER_CONFIG_FILE, CONFIG_FILE, MERGED_DIR, is_chat_task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -35,12 +37,29 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, o
     staging = Path(tempfile.mkdtemp(prefix=".model_", dir=out_dir))
     try:
         model.save_pretrained(staging, safe_serialization=True)
+        if (staging / ADAPTER_CONFIG_FILE).is_file():
+            _sort_adapter_modules(staging / ADAPTER_CONFIG_FILE)
         tokenizer.save_pretrained(staging)
         give_open_modes(staging)
         for item in staging.iterdir():
             os.replace(item, out_dir / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# The module lists PEFT's LoraConfig holds as sets and writes in the set's order, which the hash seed decides.
+_SET_VALUED = ("target_modules", "exclude_modules")
+
+
+def _sort_adapter_modules(config_file: Path) -> None:
+    """Rewrite PEFT's adapter_config.json with its module lists sorted: PEFT writes them in a set's order, which
+    changed with PYTHONHASHSEED, so the same adapter gave another file in every process. The rest is as PEFT writes
+    it (keys sorted, indent 2)."""
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    for key in _SET_VALUED:
+        if isinstance(config.get(key), list):
+            config[key] = sorted(config[key])
+    atomic_write_text(config_file, strict_json(config, indent=2, sort_keys=True))
 
 
 def whole_model(accelerator: Accelerator, model: torch.nn.Module, unwrapped: torch.nn.Module,

@@ -6,13 +6,17 @@ greedy decoding of the adapter model, and differ from the base model's."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from accelerate.state import AcceleratorState
 
+from tests.paths import REPO
 from tests.training_runs import finetune_argv, refused_run, run_in_process, train_losses, write_jsonl
 from trainer.args import parse_args
 from trainer.core import Trainer
@@ -230,3 +234,36 @@ def test_an_adapter_as_a_fine_tuning_runs_starting_model_is_named(lora_run, trai
     argv = finetune_argv("dpo", train_data, unmerged, tmp_path / "dpo")
     assert refused_run("dpo", argv, capsys).endswith("merge it first (train_lora.py --merge writes OUT_DIR/merged) "
                                                      "and start from that")
+
+
+_SAVE_ADAPTER = """
+import sys
+from pathlib import Path
+import torch
+from dataset.tokenization import load_tokenizer
+from model.config import MiniNormConfig
+from model.lora import LoraSettings, add_lora
+from model.model import MiniNormForCausalLM
+from trainer.export import save_model_dir
+torch.manual_seed(0)
+config = MiniNormConfig(vocab_size=6400, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, intermediate_size=64)
+save_model_dir(add_lora(MiniNormForCausalLM(config), LoraSettings()), load_tokenizer(None), Path(sys.argv[1]))
+"""
+
+
+def test_an_adapter_saved_under_another_hash_seed_is_the_same_files(tmp_path):
+    """PEFT holds target_modules as a set and wrote adapter_config.json in the set's order, which PYTHONHASHSEED
+    decides (seeds 1 and 2 gave two orders of the seven projections): the same adapter, exported twice, differed.
+    Every file is the same bytes now, the list sorted, and PEFT reads the adapter back with those targets."""
+    saved = {}
+    for seed in ("1", "2"):
+        out = tmp_path / f"seed{seed}"
+        subprocess.run([sys.executable, "-c", _SAVE_ADAPTER, str(out)], cwd=REPO, check=True, timeout=300,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True)
+        saved[seed] = {path.name: path.read_bytes() for path in sorted(out.iterdir())}
+    assert saved["1"] == saved["2"] and "adapter_config.json" in saved["1"]
+    targets = json.loads(saved["1"]["adapter_config.json"])["target_modules"]
+    assert targets == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    from peft import PeftConfig
+    assert PeftConfig.from_pretrained(str(tmp_path / "seed1")).target_modules == set(targets)

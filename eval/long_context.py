@@ -6,9 +6,9 @@
 Every validation document (pretrain_val, or --data) with at least --length + 1 tokens is cut to its first
 --length + 1 tokens, tokenized as pretraining tokenizes it; each is scored from position 0 in one forward pass,
 and the next-token losses are averaged per bucket of --bucket positions, over all documents (every document adds
-the same number of tokens to each bucket). A model trained on rows of --trained_length tokens (pretraining's
---max_seq_len, 256 by default) has never attended over longer spans: the buckets past it show what each scaling
-buys.
+the same number of tokens to each bucket). A model trained on rows of L tokens (the longest --max_seq_len its
+runs recorded, run_dir.trained_length, as chat, evaluate and serve read it; --trained_length overrides it) has never
+attended over longer spans: the buckets past it show what each scaling buys.
 
 --scalings is a comma-separated list of `none` or TYPE:FACTOR[@L] with TYPE yarn, linear or dynamic, as
 transformers' rope_scaling defines them (model/rope.py): L is yarn's original_max_position_embeddings and the
@@ -114,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="pretrain_val", help="pretrain_val or a jsonl file of {\"text\": ...}")
     parser.add_argument("--length", type=int_within(1), default=1024, help="positions scored per document")
     parser.add_argument("--bucket", type=int_within(1), default=128, help="positions per bucket")
-    parser.add_argument("--trained_length", type=int_within(1), default=256,
-                        help="the tokens per training row (pretraining's --max_seq_len): marks the buckets past it")
+    parser.add_argument("--trained_length", type=int_within(1), default=None,
+                        help="the tokens per training row, which marks the buckets past it (default: the longest "
+                             "--max_seq_len the model's runs recorded, else its max_position_embeddings)")
     parser.add_argument("--scalings", default="none,yarn:4@256,yarn:2,dynamic:4@256,linear:4@256",
                         help="comma-separated: none or TYPE:FACTOR[@L] (see the description)")
     parser.add_argument("--max_documents", type=int_within(0), default=0, help="0: every long enough document")
@@ -136,7 +137,7 @@ def report(args: Any) -> int:
     from model.loading import load_model
     from model.rope import set_rope_scaling
     from trainer.machine import machine_line
-    from trainer.run_dir import resolve_path
+    from trainer.run_dir import resolve_path, trained_length
 
     path, adapter = locate_tool_model(args)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
@@ -144,6 +145,8 @@ def report(args: Any) -> int:
         raise ValueError(f"{path} already has rope_scaling={model.config.rope_scaling!r}; this tool compares "
                          "scalings of a plain-RoPE model")
     model_length = model.config.max_position_embeddings
+    # What the model's runs recorded, as --rope_scaling_factor reads it (model/rope.py, extend_context).
+    trained = args.trained_length or trained_length(path, adapter) or model_length
     scalings = [parse_scaling(item.strip(), model_length) for item in args.scalings.split(",")]
     data_path = resolve_text_data(args.data)
     documents = long_documents(data_path, tokenizer, args.length, args.max_documents)
@@ -157,9 +160,8 @@ def report(args: Any) -> int:
     starts = list(range(0, args.length, args.bucket))
     print(f"model {path} (max_position_embeddings {model_length}), {len(documents)} documents of "
           f"{args.length} scored positions from {data_path.name}; {machine_line()}")
-    print("mean next-token loss (nats) per position bucket; * = past the trained length "
-          f"{args.trained_length}")
-    header = ["scaling"] + [f"{start}-{start + args.bucket - 1}{'*' if start >= args.trained_length else ''}"
+    print(f"mean next-token loss (nats) per position bucket; * = past the trained length {trained}")
+    header = ["scaling"] + [f"{start}-{start + args.bucket - 1}{'*' if start >= trained else ''}"
                             for start in starts]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

@@ -96,3 +96,31 @@ def test_documents_are_read_as_pretraining_reads_text(tmp_path, tokenizer) -> No
     ids = encode_text(tokenizer, text)
     assert long_documents(data, tokenizer, 40, 0) == [ids[:41]]
     assert text_rows(data, tokenizer, 40, 1) == [ids[:40]]
+
+
+@pytest.mark.parametrize("recorded, flag, marked_from", [(16, [], 16), (None, [], None),
+                                                         (16, ["--trained_length", "32"], 32)])
+def test_the_marked_buckets_start_at_the_length_the_run_recorded(tiny_models, tmp_path, capsys, recorded, flag,
+                                                                 marked_from) -> None:
+    """The * marks start at the --max_seq_len the model's run recorded (as --rope_scaling_factor reads it), not at a
+    256 of the tool's own; --trained_length overrides it, and a model that records none is marked from its
+    max_position_embeddings (128 here: no bucket)."""
+    import shutil
+
+    import yaml
+
+    from trainer.run_dir import CONFIG_FILE
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_models.pretrain, model_dir)
+    (model_dir / CONFIG_FILE).write_text(yaml.safe_dump({"task": "pretrain", "max_seq_len": recorded}))
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"text": "The river runs past the old mill and the bridge. " * 12}) + "\n",
+                    encoding="utf-8")
+    assert main(["--model_path", str(model_dir), "--data", str(data), "--length", str(LENGTH), "--bucket",
+                 str(BUCKET), "--scalings", "none", *flag]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| scaling"))
+    starts = range(0, LENGTH, BUCKET)
+    expected = [f"{start}-{start + BUCKET - 1}{'*' if marked_from is not None and start >= marked_from else ''}"
+                for start in starts]
+    assert header == "| " + " | ".join(["scaling", *expected]) + " |"

@@ -21,7 +21,10 @@ from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, 
 from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, flag_type, path_arg, seed, utf8_text
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
-from trainer.run_dir import CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, RUN_ID_KEY, TASKS, resolve_path
+from trainer.rewards import BUILTIN
+from trainer.rl_losses import LossType
+from trainer.run_dir import (CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, ROLLOUT_TASKS, RUN_ID_KEY, TASKS,
+                             resolve_path)
 from trainer.schedule import LRSchedule
 from trainer.threads import THREADS_AUTO, THREADS_HELP, parse_threads
 from trainer.yaml_file import read_yaml
@@ -31,7 +34,7 @@ COMPILE_MODES = ("auto", "on", "off")
 DISTILL_DATA = ("sft", "pretrain")  # the tasks whose data a distillation run reads
 SFT_DATA = ("tools", "chat")  # the embedded SFT sets (dataset/corpus.py): with the tool-use dialogues, and without
 DEFAULT_REWARD = "math_answer"      # GRPO's and PPO's reward without --reward (trainer/rewards.py)
-ROLLOUT_GROUPS = {"grpo": "grpo", "ppo": "ppo"}  # the --help section of a flag GRPO and PPO share
+ROLLOUT_GROUPS = {task: task for task in ROLLOUT_TASKS}  # the --help section of a flag GRPO and PPO share
 LORA_GROUPS = {"lora": "lora", **ROLLOUT_GROUPS}  # the adapter flags: LoRA's section, or GRPO's/PPO's (--lora)
 # The flags that name a file or directory: never empty, and `none` is not their default (an unset shell variable
 # in `--out_dir "$DIR" --overwrite` would otherwise clear the default run).
@@ -307,7 +310,7 @@ class TrainArgs:
     lora_targets: str = _flag(LORA_GROUPS, "all", "comma-separated projections, or all / attention / mlp")
     merge: bool = _flag(LORA_GROUPS, False, "also write the merged plain model to OUT_DIR/merged")
     # DPO (trainer/train_dpo.py).
-    beta: float = _flag({"dpo": "dpo", "grpo": "grpo", "ppo": "ppo"}, 0.15,
+    beta: float = _flag({"dpo": "dpo", **ROLLOUT_GROUPS}, 0.15,
                         {"dpo": "the strength of the pull toward the reference model",
                          "grpo": "the weight of the k3 KL to the reference model (a frozen copy of the starting "
                                  "weights); 0: no reference model",
@@ -340,7 +343,7 @@ class TrainArgs:
                                                  f"{DEFAULT_OUT_DIRS[DEFAULT_TEACHER]})")
     alpha: float = _flag("distill", 0.5, "the weight of the cross-entropy to the labels, in [0, 1]; the KL to the "
                                          "teacher has 1 - alpha")
-    temperature: float = _flag({"distill": "distill", "grpo": "grpo", "ppo": "ppo"}, 2.0,
+    temperature: float = _flag({"distill": "distill", **ROLLOUT_GROUPS}, 2.0,
                                {"distill": "T, the softmax temperature of both distributions in the KL (> 0)",
                                 "grpo": "the rollouts' sampling temperature (> 0)",
                                 "ppo": "the rollouts' sampling temperature (> 0)"})
@@ -349,9 +352,9 @@ class TrainArgs:
                                                 f"supervised) or pretraining text (every token)")
     # GRPO and PPO (trainer/train_grpo.py, trainer/train_ppo.py).
     reward: list[str] | None = _flag(ROLLOUT_GROUPS, None,
-                                     f"a reward function: a built-in (math_answer, length_penalty, "
-                                     f"repetition_penalty, think_format) or path/to/file.py:function with TRL's "
-                                     f"signature; repeat the flag for several (default: {DEFAULT_REWARD} unless "
+                                     f"a reward function: a built-in ({', '.join(BUILTIN)}) or "
+                                     f"path/to/file.py:function with TRL's signature; repeat the flag for several "
+                                     f"(default: {DEFAULT_REWARD} unless "
                                      f"--reward_model is given; it needs an \"answer\" field in the data, which the "
                                      f"default arithmetic problems have)")
     reward_model: str | None = _flag(ROLLOUT_GROUPS, None, "a learned reward model: a transformers "
@@ -368,7 +371,7 @@ class TrainArgs:
     open_thinking: bool = _flag(ROLLOUT_GROUPS, False, "render the prompts with the thinking block open, so the "
                                                        "policy may think before it answers (the think_format "
                                                        "reward needs it); default: the empty block, a direct answer")
-    loss_type: str = _flag("grpo", "grpo", "grpo | dr_grpo | cispo (trainer/rl_losses.py, policy_loss; "
+    loss_type: str = _flag("grpo", "grpo", f"{_choices(LossType)} (trainer/rl_losses.py, policy_loss; "
                                            "docs/post_training.md)")
     epsilon: float = _flag(ROLLOUT_GROUPS, 0.2,
                            {"grpo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon_high]",
@@ -541,14 +544,14 @@ def given_preset(args: TrainArgs) -> str | None:
 
 def uses_lora(args: TrainArgs) -> bool:
     """Whether the run trains LoRA adapters: train_lora.py, or GRPO/PPO with --lora."""
-    return args.task == "lora" or (args.lora and args.task in ("grpo", "ppo"))
+    return args.task == "lora" or (args.lora and args.task in ROLLOUT_TASKS)
 
 
 def scored_against_starting_weights(args: TrainArgs) -> bool:
     """Whether the run's objective reads --from_weight's weights as its frozen reference model all along (not only
     to start from them, which a checkpoint's weights replace): DPO, and GRPO and PPO with --beta > 0 but without
     --lora (with it, the reference is the base model under the adapters, which a checkpoint holds)."""
-    return args.task == "dpo" or (args.task in ("grpo", "ppo") and args.beta > 0 and not uses_lora(args))
+    return args.task == "dpo" or (args.task in ROLLOUT_TASKS and args.beta > 0 and not uses_lora(args))
 
 
 def _validate(args: TrainArgs) -> None:
@@ -649,7 +652,6 @@ def _validate(args: TrainArgs) -> None:
 
 
 def _validate_grpo(args: TrainArgs, bad: Any) -> None:
-    from trainer.rl_losses import LossType
     if args.loss_type not in tuple(LossType):
         raise bad("loss_type", args.loss_type, f"choose one of {', '.join(LossType)}")
     if args.num_generations < 2:

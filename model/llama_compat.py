@@ -87,9 +87,6 @@ class NotExportable(ValueError):
     """The model's config uses a switch that the target architecture cannot express."""
 
 
-NotLlamaCompatible = NotExportable  # the name the Llama-only exporters used
-
-
 def _first_mismatch(config: MiniNormConfig, architecture: str) -> tuple[str, str] | None:
     """(message, why) for the first switch that `architecture` cannot express; None when it can express all."""
     name = ARCHITECTURES[architecture]
@@ -116,11 +113,6 @@ def check_compatible(config: MiniNormConfig, architecture: str = "llama") -> Non
     mismatch = _first_mismatch(config, architecture)
     if mismatch is not None:
         raise ValueError(mismatch[0])
-
-
-def check_llama_compatible(config: MiniNormConfig) -> None:
-    """check_compatible for LLaMA."""
-    check_compatible(config, "llama")
 
 
 def check_exportable(config: MiniNormConfig, model_path: Path, target: str, architecture: str = "llama") -> None:

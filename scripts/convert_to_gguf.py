@@ -42,7 +42,7 @@ from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig  # noqa: E402
 
 from dataset.atomic_io import atomic_path, check_folder_path, first_line  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
-from model.llama_compat import (NotLlamaCompatible, check_exportable, stacked_experts,  # noqa: E402
+from model.llama_compat import (NotExportable, check_exportable, stacked_experts,  # noqa: E402
                                 to_llama_state_dict, to_target_config)
 from model.loading import config_model_type, load_config, load_model  # noqa: E402
 from trainer.cli import ToolParser, run_main  # noqa: E402
@@ -113,14 +113,14 @@ def check_tokenizer(model_dir: Path) -> None:
     why = ("is not GPT-2's byte-level split (ByteLevel with use_regex=true, add_prefix_space=false), the only one "
            "written as llama.cpp's 'gpt-2' pre-tokenizer; llama.cpp would cut text where this tokenizer does not")
     if not isinstance(pre, dict) or {key: pre.get(key) for key in GPT2_PRE_TOKENIZER} != GPT2_PRE_TOKENIZER:
-        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: {file.name}'s pre_tokenizer {shown} {why}")
+        raise NotExportable(f"cannot convert {model_dir} to GGUF: {file.name}'s pre_tokenizer {shown} {why}")
     if spec.get("normalizer") is not None:
-        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: {file.name}'s normalizer "
+        raise NotExportable(f"cannot convert {model_dir} to GGUF: {file.name}'s normalizer "
                                  f"{json.dumps(spec['normalizer'])[:100]} is not supported; llama.cpp's 'gpt2' "
                                  "tokenizer does not normalize text")
     if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("byte_fallback"):
         kind = model.get("type") if isinstance(model, dict) else model
-        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: {file.name}'s model {kind!r} is not the "
+        raise NotExportable(f"cannot convert {model_dir} to GGUF: {file.name}'s model {kind!r} is not the "
                                  "byte-level BPE that llama.cpp's 'gpt2' tokenizer is")
 
 
@@ -131,14 +131,14 @@ def _check_llama_dir(config: LlamaConfig, model_dir: Path) -> None:
                 "hidden_act": config.hidden_act != "silu", "rope_type": rope_type != "default"}
     bad = [name for name, is_bad in problems.items() if is_bad]
     if bad:
-        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: {bad[0]}={getattr(config, bad[0], rope_type)!r}"
+        raise NotExportable(f"cannot convert {model_dir} to GGUF: {bad[0]}={getattr(config, bad[0], rope_type)!r}"
                                  " is not what a MiniNorm Llama export has (no biases, silu, default RoPE)")
 
 
 def _check_moe(config: MiniNormConfig, model_dir: Path) -> None:
     """What llama.cpp's qwen3moe graph computes beyond Qwen3-MoE's switches: renormalised top-k weights."""
     if config.is_moe and not config.norm_topk_prob:
-        raise NotLlamaCompatible(f"cannot convert {model_dir} to GGUF: norm_topk_prob=False is not what llama.cpp "
+        raise NotExportable(f"cannot convert {model_dir} to GGUF: norm_topk_prob=False is not what llama.cpp "
                                  "computes (its qwen3moe always renormalises the top-k routing weights to sum to 1)")
 
 
@@ -315,7 +315,7 @@ def write_gguf(gguf: Any, path: Path, name: str, model_dir: Path, config: LlamaC
 
 def convert_to_gguf(model_path: str | Path | None = None, outfile: str | Path | None = None,
                     outtype: str = "f16", name: str | None = None) -> Path:
-    """Write the GGUF file; returns its path. Raises NotLlamaCompatible / ModelNotFound / ValueError."""
+    """Write the GGUF file; returns its path. Raises NotExportable / ModelNotFound / ValueError."""
     if outtype not in OUT_TYPES:
         raise ValueError(f"--outtype {outtype!r} is not one of {', '.join(OUT_TYPES)}")
     gguf = _gguf()
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out = convert_to_gguf(args.model_path, args.outfile, args.outtype, args.name)
-    except (ModelNotFound, NotLlamaCompatible, ValueError) as error:
+    except (ModelNotFound, NotExportable, ValueError) as error:
         return report_error(error)
     print(f"wrote {out} ({args.outtype}, {out.stat().st_size / 2**20:.1f} MiB)")
     return 0

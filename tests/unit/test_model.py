@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from model.config import MiniNormConfig
-from model.llama_compat import check_llama_compatible, to_llama_config, to_llama_state_dict
+from model.llama_compat import check_compatible, to_llama_config, to_llama_state_dict
 from model.model import MiniNormForCausalLM
 from tests.llama_reference import llama_from_mininorm
 from tests.model_training import assert_fits_batch
@@ -69,14 +69,14 @@ def pad_batch(rows: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.
                                                ("qk_norm", True)])
 def test_non_llama_switch_is_named(switch: str, value: object) -> None:
     config = tiny_config(**{switch: value})
-    for call in (check_llama_compatible, to_llama_config):
+    for call in (check_compatible, to_llama_config):
         with pytest.raises(ValueError, match=switch):
             call(config)
 
 
 def test_llama_config_and_keys() -> None:
     config = tiny_config(norm_impl="compile", dropout=0.1, norm_eps=1e-5, rope_theta=5e4)
-    check_llama_compatible(config)  # implementation and dropout do not change the architecture
+    check_compatible(config)  # implementation and dropout do not change the architecture
     llama = to_llama_config(config)
     assert (llama.hidden_size, llama.intermediate_size, llama.num_key_value_heads, llama.head_dim) == (64, 192, 2, 16)
     assert llama.rms_norm_eps == 1e-5 and llama.rope_parameters["rope_theta"] == 5e4 and llama.tie_word_embeddings

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from model.config import MiniNormConfig
-from model.llama_compat import NotLlamaCompatible, check_exportable, check_llama_compatible
+from model.llama_compat import NotExportable, check_compatible, check_exportable
 from model.model import Attention, MiniNormForCausalLM
 from model.norms import DyT, LayerNorm, RMSNorm, build_norm
 from trainer.args import MODEL_FIELDS, build_model_config, parse_args
@@ -581,8 +581,8 @@ def test_diagnostics_watch_the_new_variants(overrides: dict, has_final: bool) ->
 def test_llama_export_refuses_every_new_switch_in_one_line(overrides: dict, switch: str, tmp_path) -> None:
     config = config_of(**overrides)
     with pytest.raises(ValueError, match=switch):
-        check_llama_compatible(config)
-    with pytest.raises(NotLlamaCompatible) as info:
+        check_compatible(config)
+    with pytest.raises(NotExportable) as info:
         check_exportable(config, tmp_path, "GGUF")
     message = str(info.value)
     assert "\n" not in message and switch in message and "(" in message  # the reason LLaMA cannot express it
@@ -593,7 +593,7 @@ def test_llama_export_accepts_the_switches_that_keep_a_llama() -> None:
     switches: each of these configs is still exactly a LLaMA."""
     for overrides in (dict(init_depth_scaling=False), dict(qk_norm_scope="full"), dict(dyt_alpha_init=2.0),
                       dict(mix_ln_ratio=0.75)):
-        check_llama_compatible(config_of(**overrides))
+        check_compatible(config_of(**overrides))
 
 
 def test_export_scripts_refuse_a_parameter_free_model(tmp_path, tokenizer, capsys) -> None:

@@ -224,6 +224,9 @@ class Trainer:
         args.dtype = resolve_dtype(args.dtype)
         self.args = args
         self.input_models = _check_inputs(args)
+        # Fine-tuning: the model directory it starts from, which DPO's, GRPO's and PPO's frozen reference (and PPO's
+        # critic) are loaded from too, as _check_inputs resolved and checked it before any work.
+        self.starting_weights = self.input_models.get("--from_weight")
         self.threads = ThreadPolicy(parse_threads(args.threads))  # first: the set-up runs at this count too
         self.threads.start()
         self.out_dir = args.resolved_out_dir()
@@ -435,7 +438,7 @@ class Trainer:
             raise ValueError("PPO runs on one process or under DDP; FSDP/DeepSpeed sharding is not supported "
                              "for it (its policy and critic are exported apart)")
         from trainer.ppo import PolicyAndCritic, load_critic
-        return PolicyAndCritic(policy, load_critic(_starting_weights(self.args), **requested_model_fields(self.args)))
+        return PolicyAndCritic(policy, load_critic(self.starting_weights, **requested_model_fields(self.args)))
 
     def _objective(self) -> Objective:
         """What the run minimizes: language modeling, (DPO) the preference loss against a frozen copy of the
@@ -460,7 +463,7 @@ class Trainer:
         if self.args.task != "dpo":
             return LanguageModeling(moe=moe)
         from trainer.dpo import DirectPreference
-        reference = load_input_model(_starting_weights(self.args), "--from_weight", **requested_model_fields(self.args))
+        reference = load_input_model(self.starting_weights, "--from_weight", **requested_model_fields(self.args))
         return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast)
 
     def _rollout_objective(self) -> Objective:
@@ -479,7 +482,7 @@ class Trainer:
             from trainer.grpo import WithoutAdapters
             reference = WithoutAdapters(getattr(self.unwrapped, "policy", self.unwrapped))
         elif scored_against_starting_weights(args):
-            reference = load_input_model(_starting_weights(args), "--from_weight", **requested_model_fields(args))
+            reference = load_input_model(self.starting_weights, "--from_weight", **requested_model_fields(args))
             reference = reference.to(self.accelerator.device)
         common = (reference, args.seed, self.accelerator.process_index, self.accelerator.autocast, self.world)
         if args.task == "ppo":

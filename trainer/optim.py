@@ -190,11 +190,12 @@ def scheduled_lrs(optimizer: torch.optim.Optimizer) -> dict[str, float]:
     return lrs
 
 
-def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float, optimizer: str = "adamw",
-                    muon_lr: float = 0.02, muon_weight_decay: float = 0.01, muon_momentum: float = 0.95,
-                    muon_adjust_lr: str = "original", orthogonalize_in_fp32: bool = False) -> torch.optim.Optimizer:
-    """The run's optimizer. `learning_rate` and `weight_decay` are AdamW's; the muon_* values are Muon's;
-    `orthogonalize_in_fp32`: Muon's Newton-Schulz iteration in fp32 rather than torch's bf16."""
+def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float, optimizer: str, *, muon_lr: float,
+                    muon_weight_decay: float, muon_momentum: float, muon_adjust_lr: str,
+                    orthogonalize_in_fp32: bool = False) -> torch.optim.Optimizer:
+    """The run's optimizer. `learning_rate` and `weight_decay` are AdamW's; the muon_* values are Muon's (no
+    defaults here: the trainer's flags own them, trainer/args.py); `orthogonalize_in_fp32`: Muon's Newton-Schulz
+    iteration in fp32 rather than torch's bf16."""
     if OptimizerName(optimizer) is OptimizerName.ADAMW:
         return adamw(decay_groups(model, weight_decay), learning_rate)
     muon_params, adamw_params = muon_split(model)

@@ -74,7 +74,7 @@ def test_two_muon_steps_match_an_fp64_reference(fp32, tolerance):
     model = tiny_model(tie_word_embeddings=False)
     lr, muon_lr, wd, muon_wd, mu = 1e-2, 0.05, 0.5, 2.0, 0.95  # large decays, so a wrong decay shows
     optimizer = build_optimizer(model, lr, wd, "muon", muon_lr=muon_lr, muon_weight_decay=muon_wd, muon_momentum=mu,
-                                orthogonalize_in_fp32=fp32)
+                                muon_adjust_lr="original", orthogonalize_in_fp32=fp32)
     muon_ids = {id(p) for p in muon_split(model)[0]}
     params = dict(model.named_parameters())
     start = {n: p.detach().double().clone() for n, p in params.items()}
@@ -124,7 +124,8 @@ def test_muon_step_equals_torchs_muon_step(tied):
     tens of percent off). The momentum buffers match too."""
     for adjust in ("original", "match_rms_adamw"):
         model = tiny_model(tie_word_embeddings=tied)
-        ours = build_optimizer(model, 1e-2, 0.1, "muon", muon_lr=0.05, muon_weight_decay=0.5, muon_adjust_lr=adjust)
+        ours = build_optimizer(model, 1e-2, 0.1, "muon", muon_lr=0.05, muon_weight_decay=0.5, muon_momentum=0.95,
+                               muon_adjust_lr=adjust)
         matrices = muon_split(model)[0]
         copies = [torch.nn.Parameter(p.detach().clone()) for p in matrices]
         reference = torch.optim.Muon(copies, lr=0.05, weight_decay=0.5, momentum=0.95, nesterov=True,
@@ -188,15 +189,16 @@ def test_muon_state_survives_state_dict_and_load_state_dict():
                 param.grad = torch.randn_like(param)
             optimizer.step()
 
+    muon = dict(muon_lr=0.02, muon_weight_decay=0.01, muon_momentum=0.95, muon_adjust_lr="original")
     model = tiny_model()
-    optimizer = build_optimizer(model, 1e-2, 0.1, "muon")
+    optimizer = build_optimizer(model, 1e-2, 0.1, "muon", **muon)
     two_steps(model, optimizer, seed=1)
     saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
     saved_state = copy.deepcopy(optimizer.state_dict())  # state_dict() holds the live tensors
     two_steps(model, optimizer, seed=2)
     resumed = tiny_model()
     resumed.load_state_dict(saved_weights)
-    resumed_optimizer = build_optimizer(resumed, 1e-2, 0.1, "muon")
+    resumed_optimizer = build_optimizer(resumed, 1e-2, 0.1, "muon", **muon)
     resumed_optimizer.load_state_dict(saved_state)
     assert [g["update"] for g in resumed_optimizer.param_groups] == ["adamw", "muon"]  # tied: nothing decayed
     two_steps(resumed, resumed_optimizer, seed=2)

@@ -16,9 +16,10 @@ class LRSchedule(StrEnum):
     WSD = "wsd"
 
 
-def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: float,
-                  schedule: str = "cosine", decay_fraction: float = 0.2) -> float:
-    """Factor on the peak learning rate before optimizer step `step` (0-based)."""
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: float, schedule: str,
+                  decay_fraction: float) -> float:
+    """Factor on the peak learning rate before optimizer step `step` (0-based). No defaults here: the trainer's
+    flags own them (--lr_schedule, --decay_fraction; trainer/args.py)."""
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
     if LRSchedule(schedule) is LRSchedule.WSD:
@@ -34,8 +35,7 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int | Callable[[], int],
-                    min_ratio: float, schedule: str = "cosine",
-                    decay_fraction: float = 0.2) -> torch.optim.lr_scheduler.LambdaLR:
+                    min_ratio: float, schedule: str, decay_fraction: float) -> torch.optim.lr_scheduler.LambdaLR:
     """`total_steps` may be a callable, read at every step: a run on a time budget plans its length after a few
     steps and re-plans it as its pace changes (trainer/budget.py). Warmup never runs past the end."""
     def total() -> int:

@@ -217,8 +217,8 @@ def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
     assert decay[0] == pytest.approx(1 - 0.9 / 20) and decay[-1] == pytest.approx(0.1)
     assert all(later < earlier for earlier, later in zip(decay, decay[1:]))
     # cosine, the default, is unchanged: the floor is approached at the end, the peak right after warmup
-    assert lr_multiplier(10, 10, 100, 0.1) == pytest.approx(1.0)
-    assert lr_multiplier(99, 10, 100, 0.1) == pytest.approx(0.1, abs=1e-3)
+    assert lr_multiplier(10, 10, 100, 0.1, "cosine", 0.2) == pytest.approx(1.0)
+    assert lr_multiplier(99, 10, 100, 0.1, "cosine", 0.2) == pytest.approx(0.1, abs=1e-3)
 
 
 @pytest.mark.parametrize("setup, refused", [(DistributedType.DEEPSPEED, True), (DistributedType.FSDP, False),
@@ -250,7 +250,7 @@ def test_past_the_planned_end_the_rate_stays_at_the_floor(schedule):
     """A run on a time budget re-plans its length and may end up past it: the factor stays at min_ratio there (a
     cosine must not climb back up its next period)."""
     for step in (100, 101, 150, 199, 250):
-        assert lr_multiplier(step, 10, 100, 0.1, schedule) == pytest.approx(0.1)
+        assert lr_multiplier(step, 10, 100, 0.1, schedule, 0.2) == pytest.approx(0.1)
 
 
 def test_warmup_longer_than_the_run_is_cut_to_the_run():
@@ -260,7 +260,8 @@ def test_warmup_longer_than_the_run_is_cut_to_the_run():
 
     for total in (10, lambda: 10):
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
-        scheduler = build_scheduler(optimizer, warmup_steps=50, total_steps=total, min_ratio=0.1)
+        scheduler = build_scheduler(optimizer, warmup_steps=50, total_steps=total, min_ratio=0.1, schedule="cosine",
+                                    decay_fraction=0.2)
         lrs = []
         for _ in range(10):
             lrs.append(optimizer.param_groups[0]["lr"])

@@ -82,7 +82,7 @@ def test_budget_run_takes_the_steps_that_fit_and_its_schedule_ends_at_the_budget
     assert [r["step"] for r in records] == list(range(1, 12))
     assert sum(r["step_time_s"] for r in records) == pytest.approx(5.5)
     # Each record holds the lr of the next step; the whole schedule is the one of an 11-step run, floor at the end.
-    expected = [3e-3 * lr_multiplier(step, 6, 11, 0.1) for step in range(1, 12)]
+    expected = [3e-3 * lr_multiplier(step, 6, 11, 0.1, "cosine", 0.2) for step in range(1, 12)]
     assert [r["lr"] for r in records] == pytest.approx(expected)
     assert records[-1]["lr"] == pytest.approx(3e-4)
 

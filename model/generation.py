@@ -27,6 +27,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -94,13 +95,20 @@ class GenerationSettings:
         return processors
 
 
+# The ids already shown that TextStream decodes again before new ones: one is enough for the decoders we know (a
+# SentencePiece word mark's space stripped at the start of the input); a few more cost next to nothing.
+STREAM_CONTEXT_IDS = 4
+
+
 class TextStream:
     """Token ids in, text out, piece by piece.
 
-    Each push decodes the ids not yet shown; while that text ends in an incomplete UTF-8 sequence (a character
-    split across tokens decodes to U+FFFD) nothing is shown. Text that could be the start of a stop string is
-    held back until it cannot; once a stop string appears, the text ends right before it and `stopped` is set.
-    Special tokens are not shown. The pieces add up to exactly `text`.
+    Each push decodes the ids not yet shown, after a few shown ones whose own text is then taken off (a
+    SentencePiece-style decoder strips the first space of what it decodes: the word mark of an imported Llama's
+    tokenizer was lost at every piece, running the words together); while that text ends in an incomplete UTF-8
+    sequence (a character split across tokens decodes to U+FFFD) nothing is shown. Text that could be the start of
+    a stop string is held back until it cannot; once a stop string appears, the text ends right before it and
+    `stopped` is set. Special tokens are not shown. The pieces add up to exactly `text`.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str] = ()) -> None:
@@ -117,7 +125,7 @@ class TextStream:
         if self.stopped:
             return ""
         self.ids.append(token_id)
-        tail = self.tokenizer.decode(self.ids[self._decoded_upto:], skip_special_tokens=True)
+        tail = self._undecoded_text()
         if tail.endswith("\ufffd"):
             return ""
         self._decoded += tail
@@ -127,9 +135,27 @@ class TextStream:
     def finish(self) -> str:
         """The text still held back, at the end of generation."""
         if not self.stopped and self._decoded_upto < len(self.ids):
-            self._decoded += self.tokenizer.decode(self.ids[self._decoded_upto:], skip_special_tokens=True)
+            self._decoded += self._undecoded_text()
             self._decoded_upto = len(self.ids)
         return self._release(final=True)
+
+    def _undecoded_text(self) -> str:
+        """The text ids[_decoded_upto:] add to the decoded text: decoded after up to STREAM_CONTEXT_IDS decoded ids,
+        whose text is taken off, so that what a decoder does at the start of its input (strip a space) happens to
+        the context, as decoding every id at once does it to the first. A context that begins inside a character
+        (U+FFFD first) begins earlier: a SentencePiece decoder replaces a whole run of byte-fallback tokens that is
+        not UTF-8, the new character's bytes with it. Should the context's text not be the start of the longer one,
+        every id is decoded again."""
+        decode = partial(self.tokenizer.decode, skip_special_tokens=True)
+        start = max(0, self._decoded_upto - STREAM_CONTEXT_IDS)
+        context = decode(self.ids[start:self._decoded_upto])
+        while start > 0 and context.startswith("\ufffd"):
+            start -= 1
+            context = decode(self.ids[start:self._decoded_upto])
+        text = decode(self.ids[start:])
+        if text.startswith(context):
+            return text[len(context):]
+        return decode(self.ids)[len(self._decoded):]
 
     def _release(self, final: bool) -> str:
         if self.stopped:

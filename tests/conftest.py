@@ -25,6 +25,24 @@ def tokenizer():
 
 
 @pytest.fixture(scope="session")
+def sentencepiece_tokenizer():
+    """A Llama-style (SentencePiece) tokenizer, as an imported checkpoint may bring: "▁" marks a word's space (the
+    decoder strips the first one), "<0xE4>" byte-fallback tokens spell characters the vocabulary lacks."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{byte:02X}>": 3 + byte for byte in range(256)}}
+    for piece in ("▁", "a", "c", "f", "▁a", "▁c", "▁ca", "北"):
+        vocab[piece] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("▁", "a"), ("▁", "c"), ("▁c", "a")], byte_fallback=True,
+                                   unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+
+
+@pytest.fixture(scope="session")
 def default_corpus(tmp_path_factory):
     """The default corpus, built once per test session into a temp dir (about 10 s)."""
     from dataset.corpus import ensure_default_corpus

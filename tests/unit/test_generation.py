@@ -419,6 +419,18 @@ def test_stream_pieces_add_up_to_the_decoded_text(tokenizer, text) -> None:
     assert not any("\ufffd" in piece for piece in pieces)  # no character is ever cut in two
 
 
+def test_a_sentencepiece_stream_keeps_the_spaces_between_words(sentencepiece_tokenizer) -> None:
+    """An imported Llama's tokenizer strips the first word mark of what it decodes: each piece decoded alone lost
+    its space ("aca北café" for "a ca 北 café"). The pieces add up to decoding every id at once, characters spelled
+    in byte-fallback tokens whole."""
+    text = "a ca 北 café fa 京 a"
+    ids = sentencepiece_tokenizer(text, add_special_tokens=False)["input_ids"] + [sentencepiece_tokenizer.eos_token_id]
+    stream = TextStream(sentencepiece_tokenizer)
+    pieces = [stream.push(token) for token in ids] + [stream.finish()]
+    assert "".join(pieces) == stream.text == text == sentencepiece_tokenizer.decode(ids, skip_special_tokens=True)
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
 def test_stream_stops_before_a_stop_string_and_holds_back_its_start(tokenizer) -> None:
     text = "The end. STOP here and more"
     stream = TextStream(tokenizer, stop=("STOP", "never"))
@@ -434,6 +446,28 @@ def test_stream_stops_before_a_stop_string_and_holds_back_its_start(tokenizer) -
     stream = TextStream(tokenizer, stop=("STOPPED",))
     pieces = [stream.push(t) for t in tokenizer("go STOP", add_special_tokens=False)["input_ids"]]
     assert "".join(pieces) == "go " and stream.finish() == "STOP" and not stream.stopped
+
+
+def test_a_sentencepiece_stream_of_random_pieces_equals_decoding_them_all(sentencepiece_tokenizer) -> None:
+    """Random word pieces, marked or not, and characters of one to four bytes spelled in byte-fallback tokens: the
+    pieces add up to decoding every id at once. (A run of byte tokens that is not UTF-8 is replaced as a whole by
+    such a decoder, so only whole characters are drawn.)"""
+    sentencepiece = sentencepiece_tokenizer
+    words = [sentencepiece.convert_tokens_to_ids(piece) for piece in ("▁", "a", "c", "f", "▁a", "▁c", "▁ca", "北")]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        ids: list[int] = []
+        for _ in range(40):
+            if torch.rand((), generator=generator) < 0.6:
+                ids.append(words[int(torch.randint(len(words), (), generator=generator))])
+            else:
+                character = chr(int(torch.randint(0x80, 0x1F600, (), generator=generator)))
+                if 0xD800 <= ord(character) < 0xE000:  # a surrogate is no character
+                    character = "é"
+                ids += [sentencepiece.convert_tokens_to_ids(f"<0x{byte:02X}>") for byte in character.encode()]
+        stream = TextStream(sentencepiece)
+        pieces = [stream.push(token) for token in ids] + [stream.finish()]
+        assert "".join(pieces) == sentencepiece.decode(ids, skip_special_tokens=True)
 
 
 def test_stream_of_random_tokens_equals_decoding_them_all(tokenizer) -> None:

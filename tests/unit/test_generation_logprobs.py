@@ -107,21 +107,10 @@ def test_token_bytes_are_each_token_s_own_bytes(tokenizer, text) -> None:
     assert token_bytes(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")]) == [b"<|im_end|>"]
 
 
-def test_token_bytes_of_a_sentencepiece_style_tokenizer() -> None:
+def test_token_bytes_of_a_sentencepiece_style_tokenizer(sentencepiece_tokenizer) -> None:
     """Llama-style pieces (an imported checkpoint's tokenizer): "▁" is a space and a byte-fallback token "<0xE4>" its
     one byte, so the tokens' bytes joined are the text's UTF-8 (with the space the word mark puts before it)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{byte:02X}>": 3 + byte for byte in range(256)}}
-    for piece in ("▁", "a", "c", "f", "▁a", "▁c", "▁ca", "北"):
-        vocab[piece] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("▁", "a"), ("▁", "c"), ("▁c", "a")], byte_fallback=True,
-                                   unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
-    sentencepiece = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+    sentencepiece = sentencepiece_tokenizer
     text = "a café 北京 a"
     ids = sentencepiece(text, add_special_tokens=False)["input_ids"]
     pieces = token_bytes(sentencepiece, ids)

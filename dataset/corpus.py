@@ -45,6 +45,7 @@ from dataset.atomic_io import atomic_write_text, make_dirs  # noqa: E402
 from dataset.json_text import read_json, strict_json  # noqa: E402
 from dataset.sources import (Dialog, conversation_text, dialog_windows, normalized_text, package_versions,  # noqa: E402
                              read_chatterbot, read_chitchat, read_wikipedia)
+from dataset.split_names import CORPUS_FILES, DEFAULT_TEXT_DATA  # noqa: E402
 from dataset.splits import VAL_PER_MILLE, WIKI_NAMESPACE, dialog_split_key, is_validation, wiki_split_key  # noqa: E402
 from dataset.tool_dialogues import after_other_exchanges, small_talk_dialogues, tool_dialogues  # noqa: E402
 from dataset.wiki_qa import conversations_for  # noqa: E402
@@ -77,7 +78,7 @@ MANIFEST_NAME = "manifest.json"
 
 
 @dataclass(frozen=True)
-class CorpusPaths:
+class CorpusPaths:  # a field per file, named as dataset/split_names.py's CORPUS_FILES name them
     pretrain_train: Path
     pretrain_val: Path
     sft_train: Path
@@ -97,14 +98,7 @@ class _Record:
 
 
 def corpus_paths(cache_dir: Path) -> CorpusPaths:
-    return CorpusPaths(
-        pretrain_train=cache_dir / "pretrain_train.jsonl",
-        pretrain_val=cache_dir / "pretrain_val.jsonl",
-        sft_train=cache_dir / "sft_train.jsonl",
-        sft_val=cache_dir / "sft_val.jsonl",
-        sft_tools_train=cache_dir / "sft_tools_train.jsonl",
-        sft_tools_val=cache_dir / "sft_tools_val.jsonl",
-    )
+    return CorpusPaths(**{name: cache_dir / f"{name}.jsonl" for name in CORPUS_FILES})
 
 
 def _dedupe(records: Iterable[_Record], text_of) -> tuple[list[_Record], int]:
@@ -262,9 +256,6 @@ def manifest_is_current(cache_dir: Path, manifest_name: str, build_version: int,
 def _is_current(cache_dir: Path) -> bool:
     return manifest_is_current(cache_dir, MANIFEST_NAME, BUILD_VERSION,
                                [path.name for path in astuple(corpus_paths(cache_dir))])
-
-
-DEFAULT_TEXT_DATA = "pretrain_val"  # a tool's --data default: the validation text of the embedded corpus
 
 
 def resolve_text_data(name: str) -> Path:

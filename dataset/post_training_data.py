@@ -37,6 +37,7 @@ from dataset.arithmetic import rl_problems  # noqa: E402
 from dataset.atomic_io import atomic_write_text, make_dirs  # noqa: E402
 from dataset.corpus import DEFAULT_CACHE_DIR, manifest_is_current  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
+from dataset.split_names import POST_TRAINING_FILES  # noqa: E402
 from dataset.splits import is_validation, wiki_split_key  # noqa: E402
 from dataset.sources import WikiArticle, package_versions, read_wikipedia  # noqa: E402
 from dataset.wiki_qa import conversations_for  # noqa: E402
@@ -49,7 +50,7 @@ REPEATS = 6          # ... this many times
 
 
 @dataclass(frozen=True)
-class PostTrainingPaths:
+class PostTrainingPaths:  # a field per file, named as dataset/split_names.py's POST_TRAINING_FILES name them
     lora_train: Path
     lora_val: Path
     dpo_train: Path
@@ -59,9 +60,7 @@ class PostTrainingPaths:
 
 
 def post_training_paths(cache_dir: Path) -> PostTrainingPaths:
-    return PostTrainingPaths(lora_train=cache_dir / "lora_train.jsonl", lora_val=cache_dir / "lora_val.jsonl",
-                             dpo_train=cache_dir / "dpo_train.jsonl", dpo_val=cache_dir / "dpo_val.jsonl",
-                            grpo_train=cache_dir / "grpo_train.jsonl", grpo_val=cache_dir / "grpo_val.jsonl")
+    return PostTrainingPaths(**{name: cache_dir / f"{name}.jsonl" for name in POST_TRAINING_FILES})
 
 
 def _pick(title: str, salt: str, modulo: int) -> int:

@@ -34,6 +34,7 @@ bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait pol
 from typing import Any  # noqa: E402
 
 from dataset.json_text import strict_json  # noqa: E402
+from dataset.split_names import DEFAULT_TEXT_DATA  # noqa: E402
 from trainer.cli import ToolParser, int_within, output_file, run_main, seed  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tokens of each validation document repeated (0: none)")
     parser.add_argument("--rows", type=int_within(1), default=16, help="sequences per probe")
     parser.add_argument("--seed", type=seed, default=1, help="draws the random sequences")
-    parser.add_argument("--data", default="pretrain_val", help="pretrain_val or a jsonl file of {\"text\": ...}")
+    parser.add_argument("--data", default=DEFAULT_TEXT_DATA,
+                        help=f"{DEFAULT_TEXT_DATA} or a jsonl file of {{\"text\": ...}}")
     parser.add_argument("--cue_pairs", type=int, default=0,
                         help="also probe each length after a cue pair, drawn from the copy rows' first N (0: no such "
                         "probe; see --copy_cue_pairs)")

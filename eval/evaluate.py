@@ -35,15 +35,16 @@ from collections import Counter  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
 from dataset.json_text import strict_json  # noqa: E402
+from dataset.split_names import LORA, PRETRAIN, SFT, SFT_TOOLS  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, int_within, output_file, run_main  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, apply_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
                              locate_tool_model, model_task, recorded_config, report_error, resolve_input_path,
                              resolve_path, trained_length)
 
-DEFAULT_SPLITS = ("pretrain_val", "sft_val")
-CORPUS_SPLITS = DEFAULT_SPLITS + ("sft_tools_val",)  # sft_tools_val: sft_val with held-out tool-use dialogues
-NAMED_SPLITS = CORPUS_SPLITS + ("lora_val",)  # lora_val: the LoRA default set's held-out conversations
+DEFAULT_SPLITS = (PRETRAIN.val, SFT.val)
+CORPUS_SPLITS = DEFAULT_SPLITS + (SFT_TOOLS.val,)  # sft_val with held-out tool-use dialogues
+NAMED_SPLITS = CORPUS_SPLITS + (LORA.val,)  # the LoRA default set's held-out conversations
 # A quick qualitative check: greedy answers to fixed English and Chinese prompts.
 FIXED_PROMPTS = {
     "pretrain": ("The history of", "The capital of France is", "Water is", "中国的首都是"),
@@ -126,7 +127,7 @@ def default_splits(run_dir: Path) -> tuple[str, str]:
     recorded = recorded_config(run_dir)
     task = recorded.get("task")
     if task in ("sft", "lora") and recorded.get("data_path") is None and recorded.get("val_data_path") is None:
-        return "pretrain_val", default_split_names(task, recorded.get("sft_data"))[1]
+        return PRETRAIN.val, default_split_names(task, recorded.get("sft_data")).val
     return DEFAULT_SPLITS
 
 
@@ -231,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=DefaultsHelpFormatter)
     add_model_source_flags(parser)
     parser.add_argument("--data", nargs="+", default=None,
-                        help=f"{' / '.join(NAMED_SPLITS)} or jsonl files (default: pretrain_val and the split of "
-                        f"conversations the model's run validated on: sft_tools_val for the default SFT, lora_val "
-                        f"for the default LoRA, else sft_val)")
+                        help=f"{' / '.join(NAMED_SPLITS)} or jsonl files (default: {PRETRAIN.val} and the split of "
+                        f"conversations the model's run validated on: {SFT_TOOLS.val} for the default SFT, {LORA.val} "
+                        f"for the default LoRA, else {SFT.val})")
     parser.add_argument("--max_seq_len", type=int_within(1), default=None,
                         help="tokens per scored row, at most the model's max_position_embeddings (default: the "
                         "longest rows its weights trained on, else 256, times --rope_scaling_factor when given)")

@@ -37,6 +37,7 @@ from dataclasses import dataclass  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
 from dataset.json_text import strict_json  # noqa: E402
+from dataset.split_names import DEFAULT_TEXT_DATA  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
@@ -111,7 +112,8 @@ def bucket_losses(model: Any, documents: Sequence[Sequence[int]], bucket: int, b
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     add_model_source_flags(parser)
-    parser.add_argument("--data", default="pretrain_val", help="pretrain_val or a jsonl file of {\"text\": ...}")
+    parser.add_argument("--data", default=DEFAULT_TEXT_DATA,
+                        help=f"{DEFAULT_TEXT_DATA} or a jsonl file of {{\"text\": ...}}")
     parser.add_argument("--length", type=int_within(1), default=1024, help="positions scored per document")
     parser.add_argument("--bucket", type=int_within(1), default=128, help="positions per bucket")
     parser.add_argument("--trained_length", type=int_within(1), default=None,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
+from dataset.split_names import DPO, GRPO, LORA, PRETRAIN, SFT, SFT_TOOLS, SplitNames
 from trainer.args import TrainArgs
 from trainer.run_dir import ROLLOUT_TASKS, resolve_path
 
@@ -85,14 +86,13 @@ def dataset_class(task: str) -> type[Dataset]:
     return SFTDataset
 
 
-def default_split_names(task: str, sft_data: str | None = None) -> tuple[str, str]:
-    """The names of a task's embedded (train, val) files, as the default corpus's and the post-training sets' paths
-    call them (dataset/corpus.py, dataset/post_training_data.py): `sft_data` "chat" is the SFT conversations,
-    "tools" or None the same with the tool-use dialogues (eval/evaluate.py names a run's validation split so)."""
+def default_split_names(task: str, sft_data: str | None = None) -> SplitNames:
+    """The names of a task's embedded (train, val) files (dataset/split_names.py): `sft_data` "chat" is the SFT
+    conversations, "tools" or None the same with the tool-use dialogues (eval/evaluate.py names a run's validation
+    split so)."""
     if task == "sft":
-        return ("sft_train", "sft_val") if sft_data == "chat" else ("sft_tools_train", "sft_tools_val")
-    prefix = "grpo" if task in ROLLOUT_TASKS else task  # pretrain, lora, dpo
-    return f"{prefix}_train", f"{prefix}_val"
+        return SFT if sft_data == "chat" else SFT_TOOLS
+    return {"pretrain": PRETRAIN, "lora": LORA, "dpo": DPO, **dict.fromkeys(ROLLOUT_TASKS, GRPO)}[task]
 
 
 def default_data(task: str, quiet: bool = False, sft_data: str | None = None) -> tuple[Path, Path]:

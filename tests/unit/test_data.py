@@ -482,6 +482,39 @@ def test_default_corpus_is_deterministic_and_cached(tmp_path, default_corpus, mo
     assert not _is_current(tmp_path / "again")
 
 
+def test_the_split_names_name_the_embedded_files_and_each_tasks_pair(tmp_path):
+    """dataset/split_names.py owns the names: the builders' file names and the trainers' (train, val) pairs read
+    them (as the cache on disk and the trainers' defaults have always called them)."""
+    from dataclasses import astuple
+
+    from dataset.post_training_data import post_training_paths
+    from trainer.data import default_split_names
+
+    assert [path.name for path in astuple(corpus_paths(tmp_path))] == [
+        "pretrain_train.jsonl", "pretrain_val.jsonl", "sft_train.jsonl", "sft_val.jsonl", "sft_tools_train.jsonl",
+        "sft_tools_val.jsonl"]
+    assert [path.name for path in astuple(post_training_paths(tmp_path))] == [
+        "lora_train.jsonl", "lora_val.jsonl", "dpo_train.jsonl", "dpo_val.jsonl", "grpo_train.jsonl", "grpo_val.jsonl"]
+    assert {task: tuple(default_split_names(task)) for task in ("pretrain", "sft", "lora", "dpo", "grpo", "ppo")} == {
+        "pretrain": ("pretrain_train", "pretrain_val"), "sft": ("sft_tools_train", "sft_tools_val"),
+        "lora": ("lora_train", "lora_val"), "dpo": ("dpo_train", "dpo_val"), "grpo": ("grpo_train", "grpo_val"),
+        "ppo": ("grpo_train", "grpo_val")}
+    assert default_split_names("sft", "chat") == ("sft_train", "sft_val")
+    assert default_split_names("sft", "tools") == ("sft_tools_train", "sft_tools_val")
+
+
+def test_a_tool_names_a_split_without_loading_the_builders():
+    """The tools' --data defaults and offered splits come from dataset/split_names.py, which imports none of ours
+    and nothing heavy: dataset/corpus.py takes about 2 s (transformers)."""
+    code = ("import sys, dataset.split_names; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dataset', 'trainer', 'model', 'torch', "
+            "'transformers')))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "['dataset', 'dataset.split_names']\n"
+
+
 @pytest.mark.parametrize("manifest", [
     [], "text", {"build_version": 2, "files": []}, {"build_version": 2, "files": {"a.jsonl": 5}},
     {"build_version": 2, "files": {"a.jsonl": {"bytes": "3"}}},

@@ -138,7 +138,8 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
                        control_tokens: bool | None = None) -> dict[str, Any]:
     """Loss/perplexity/bits-per-byte of a model directory (with the LoRA adapter `lora` merged in, when given) on
     each dataset (default: default_splits of the run), in rows of `max_seq_len` tokens (default: the longest rows
-    the weights trained on, run_dir.trained_length, else 256, times `rope_scaling_factor` when given).
+    the weights trained on, run_dir.trained_length, else pretraining's default --max_seq_len, times
+    `rope_scaling_factor` when given).
 
     Returns {"model_path", "lora", "task", "max_seq_len", "results": {name: {path, kind, loss, perplexity,
     bits_per_byte, tokens, bytes}}}, plus "samples" ([{prompt, answer}], see sample_answers) when
@@ -158,8 +159,10 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     accelerator = Accelerator(cpu=device == "cpu")  # evaluate_lm moves the batches to its device
     model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32", lora=adapter)
     apply_rope_scaling_flag(model, path, adapter, rope_scaling_factor)
-    if max_seq_len is None:  # the rows the weights trained on, times the extension (a model that records none: 256)
-        trained = trained_length(path, adapter) or 256
+    if max_seq_len is None:  # the rows the weights trained on, times the extension
+        from trainer.args import task_default  # a model whose runs recorded none (an import): pretraining's rows
+
+        trained = trained_length(path, adapter) or task_default("pretrain", "max_seq_len")
         max_seq_len = int(trained * (rope_scaling_factor or 1))
     max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
     token_bytes = token_byte_lengths(tokenizer)
@@ -237,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"for the default LoRA, else {SFT.val})")
     parser.add_argument("--max_seq_len", type=int_within(1), default=None,
                         help="tokens per scored row, at most the model's max_position_embeddings (default: the "
-                        "longest rows its weights trained on, else 256, times --rope_scaling_factor when given)")
+                        "longest rows its weights trained on, else pretraining's default --max_seq_len, times "
+                        "--rope_scaling_factor when given)")
     parser.add_argument("--batch_size", type=int_within(1), default=16, help="rows per forward pass")
     parser.add_argument("--max_batches", type=int_within(0, note="0: all"), default=0, help="per dataset; 0: all")
     parser.add_argument("--json", type=output_file, default=None, help="also write the results to this JSON file")

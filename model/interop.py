@@ -64,13 +64,14 @@ def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[Any, dict | None]:
     return readings[0]
 
 
+# A Llama's and a Qwen3's norm: an import that keeps it computes the checkpoint's function exactly.
+CHECKPOINT_NORM = NormType.RMSNORM.value
 # The norms an import may swap the checkpoint's RMSNorm for: each keeps the learned gain (`weight`) and starts its
 # own extra parameters (LayerNorm's and DyT's bias, DyT's alpha) at their initial values.
-SWAPPABLE_NORMS = (NormType.RMSNORM.value, NormType.PRMSNORM.value, NormType.LAYERNORM.value, NormType.DYT.value)
+SWAPPABLE_NORMS = (CHECKPOINT_NORM, NormType.PRMSNORM.value, NormType.LAYERNORM.value, NormType.DYT.value)
 
 
-def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = NormType.RMSNORM.value
-                         ) -> MiniNormConfig:
+def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = CHECKPOINT_NORM) -> MiniNormConfig:
     """The MiniNormConfig of a Llama / Qwen3 config.json (a plain dict); NotImportable names the first field that
     does not map. `norm_type` other than rmsnorm (one of SWAPPABLE_NORMS) swaps every norm, QK-norms included."""
     if norm_type not in SWAPPABLE_NORMS:
@@ -193,7 +194,7 @@ def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source
     """The MiniNorm model with the checkpoint's tensors. With swapped norms, the parameters the checkpoint lacks
     (only norm biases and DyT's alpha) keep their initial values: zero bias, alpha = dyt_alpha_init. Weights
     that do not map (missing, unexpected, or of another shape than config.json gives) are refused in one line."""
-    swapped = config.norm_type != NormType.RMSNORM
+    swapped = config.norm_type != CHECKPOINT_NORM
     # The shapes come from a model on the meta device: a config.json that asks for more memory than there is
     # (vocab_size=10**12) is refused by the comparison below, not by the allocator.
     with torch.device("meta"):

@@ -38,7 +38,8 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from model.export_dir import IMPORT_MARKER, check_out_dir, earlier_source, staged_dir  # noqa: E402
 from model.generation_defaults import savable_generation_config  # noqa: E402
-from model.interop import SWAPPABLE_NORMS, NotImportable, mininorm_config_from, model_from, read_state_dict  # noqa: E402
+from model.interop import (CHECKPOINT_NORM, SWAPPABLE_NORMS, NotImportable, mininorm_config_from,  # noqa: E402
+                           model_from, read_state_dict)
 from model.loading import check_tokenizer_fits, load_dir_tokenizer  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
@@ -59,7 +60,7 @@ def max_logit_difference(source: Path, ours: MiniNormForCausalLM, seq_len: int =
     return (ours.float().eval()(ids).logits - theirs(ids).logits).abs().max().item()
 
 
-def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = True, norm_type: str = "rmsnorm"
+def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = True, norm_type: str = CHECKPOINT_NORM
                       ) -> tuple[Path, float | None]:
     """Write the MiniNorm directory; returns (its path, the measured max |logit difference| or None).
     `norm_type` other than rmsnorm swaps the norms (model/interop.py): the difference is then measured, not
@@ -90,7 +91,7 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
                 shutil.copy2(source / name, staging / name)
         if verify:
             diff = max_logit_difference(source, ours)
-            if norm_type == "rmsnorm" and not diff <= MAX_LOGIT_DIFFERENCE:
+            if norm_type == CHECKPOINT_NORM and not diff <= MAX_LOGIT_DIFFERENCE:
                 raise ValueError(f"the imported model's logits differ from {source}'s by {diff:.3g}; "
                                  "nothing written")
             provenance["max_logit_difference"] = diff
@@ -104,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="transformers checkpoint directory (config.json, model.safetensors, tokenizer files)")
     parser.add_argument("--out_dir", default="out/imported",
                         help="where the MiniNorm directory goes; an empty folder or an earlier import is replaced")
-    parser.add_argument("--norm_type", default="rmsnorm", choices=SWAPPABLE_NORMS,
-                        help="the norm the model gets: rmsnorm keeps the checkpoint's function exactly; another one "
-                             "keeps each learned gain, starts biases at 0 (and DyT's alpha at its init) and changes "
-                             "the logits (the difference is measured and printed); fine-tune it afterwards")
+    parser.add_argument("--norm_type", default=CHECKPOINT_NORM, choices=SWAPPABLE_NORMS,
+                        help=f"the norm the model gets: {CHECKPOINT_NORM} keeps the checkpoint's function exactly; "
+                             "another one keeps each learned gain, starts biases at 0 (and DyT's alpha at its init) "
+                             "and changes the logits (the difference is measured and printed); fine-tune it afterwards")
     parser.add_argument("--no_verify", action="store_true",
                         help="skip the logits check against transformers' own model of --source")
     args = parser.parse_args(argv)
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         out, diff = import_checkpoint(args.source, args.out_dir, verify=not args.no_verify, norm_type=args.norm_type)
     except (NotImportable, ValueError) as error:
         return report_error(error)
-    swapped = "" if args.norm_type == "rmsnorm" else f", norm_type={args.norm_type!r}"
+    swapped = "" if args.norm_type == CHECKPOINT_NORM else f", norm_type={args.norm_type!r}"
     measured = "" if diff is None else f", max logit difference {diff:.2g} from transformers"
     replaced = f"; it replaced the earlier import there, of {earlier}" if earlier else ""
     print(f"wrote {out} (MiniNorm{swapped}{measured}){replaced}")

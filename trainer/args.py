@@ -559,7 +559,7 @@ def _validate(args: TrainArgs) -> None:
         return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
 
     if args.task not in TASKS:
-        raise bad("task", args.task, f"choose one of {TASKS}")
+        raise bad("task", args.task, f"choose one of {', '.join(TASKS)}")
     if args.dtype not in DTYPES:
         raise bad("dtype", args.dtype, f"choose one of {', '.join(DTYPES)}")
     if args.compile not in COMPILE_MODES:

@@ -185,6 +185,17 @@ def test_bad_task_flags_are_one_line(task, flags, message, capsys):
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
 
 
+def test_an_unknown_task_lists_the_tasks_as_every_choice_is_listed():
+    """The tasks joined by commas, as every other "choose one of" message lists its values, where this one printed
+    the Python tuple ("choose one of ('pretrain', 'sft', ...)")."""
+    from trainer.args import check_args
+
+    with pytest.raises(ValueError) as refused:
+        check_args("pretrian", [])
+    assert str(refused.value) == ("--task='pretrian' is not allowed; choose one of pretrain, sft, lora, dpo, distill, "
+                                  "grpo, ppo")
+
+
 def test_sft_gives_the_model_smeared_keys_unless_told_not_to():
     """SFT's default adds smeared keys (its copy rows need them); --smeared_keys false keeps a plain model plain;
     the other fine-tuning tasks set no model field by default."""

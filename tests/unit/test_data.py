@@ -688,3 +688,111 @@ def test_the_corpus_command_names_a_file_in_the_way_of_its_cache_in_one_line(tmp
         main(["--cache_dir", str(blocker)] + (["--force"] if force else []))
     assert exit_info.value.code == 2
     assert f"error: {blocker} is a file, not a folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the run's loaders (trainer/data.py)
+
+
+def test_the_epoch_order_is_a_permutation_per_epoch_and_a_resume_starts_inside_it():
+    """Each epoch is a permutation of every sample, the same for any sampler of the same (seed, epoch) and another for
+    the next epoch or another seed; set_position starts the order at a sample, which the loader's set_epoch of the
+    same epoch keeps and a new epoch's resets."""
+    from trainer.data import EpochShuffleSampler
+
+    def order(seed, epoch, start=0):
+        sampler = EpochShuffleSampler(50, seed)
+        sampler.set_position(epoch, start)
+        return list(sampler)
+
+    first, second = order(7, 0), order(7, 1)
+    assert sorted(first) == sorted(second) == list(range(50))
+    assert first != second and first != order(8, 0) and first == order(7, 0)
+    resumed = EpochShuffleSampler(50, 7)
+    resumed.set_position(1, 20)
+    resumed.set_epoch(1)  # Accelerate's loader, at the start of the resumed pass
+    assert list(resumed) == second[20:] and len(resumed) == 30
+    resumed.set_epoch(2)
+    assert list(resumed) == order(7, 2) and len(resumed) == 50
+
+
+def test_the_validation_split_holds_out_a_fraction_of_the_samples_and_refuses_to_take_all():
+    from trainer.data import _split_off_validation
+
+    train, val = _split_off_validation(list(range(40)), 0.1, seed=3)
+    assert (len(train), len(val)) == (36, 4)
+    assert sorted([*train, *val]) == list(range(40)) and list(train) == sorted(train)
+    assert len(_split_off_validation(list(range(40)), 0.001, seed=3)[1]) == 1  # at least one sample
+    with pytest.raises(ValueError, match="has only 2 samples: too few to hold out a validation split"):
+        _split_off_validation([0, 1], 0.9, seed=3)  # round(1.8) = 2: nothing would be left to train on
+
+
+def test_a_training_set_of_exactly_one_batch_loads_and_a_smaller_one_is_refused(tmp_path, monkeypatch):
+    """A training set of --batch_size samples makes one batch (the loader drops an incomplete last batch); one sample
+    fewer is refused naming the file. Without --val_data_path the validation split is held out of the training
+    file, which RunData names as the validation file."""
+    import trainer.data
+    from trainer.args import parse_args
+
+    sizes = {"train.jsonl": 8, "val.jsonl": 3}
+
+    class Recorded(list):  # a dataset of as many samples as its file is given
+        def __init__(self, path, *args, **kwargs):
+            super().__init__({"input_ids": torch.tensor([i])} for i in range(sizes[path.name]))
+
+    monkeypatch.setattr(trainer.data, "dataset_class", lambda task: Recorded)
+    train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    flags = ["--data_path", str(train), "--val_data_path", str(val)]
+    data = trainer.data.build_run_data(parse_args("sft", [*flags, "--batch_size", "8"]), tokenizer=None, quiet=True)
+    assert len(data.train_loader) == 1 and len(data.val) == 3
+    assert len(trainer.data.build_run_data(parse_args("sft", [*flags, "--batch_size", "3"]), None).train_loader) == 2
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(train))}: 8 training samples, fewer than --batch_size=9$"):
+        trainer.data.build_run_data(parse_args("sft", [*flags, "--batch_size", "9"]), tokenizer=None, quiet=True)
+    sizes["train.jsonl"] = 100
+    held_out = trainer.data.build_run_data(parse_args("sft", ["--data_path", str(train), "--batch_size", "8"]), None)
+    assert (len(held_out.train), len(held_out.val)) == (99, 1) and held_out.val_path == held_out.train_path == train
+
+
+def test_the_data_identity_sees_every_sampled_position_and_both_sides_of_a_pair():
+    """data_identity's digest covers samples from the first to the last (8 evenly spaced) and, for a preference
+    pair, the rejected answer's token ids as well as the chosen's: data that differs there is other data."""
+    from types import SimpleNamespace
+
+    from trainer.data import data_identity
+
+    def identity(rows):
+        return data_identity(SimpleNamespace(train=rows, train_path=Path("/d/pairs.jsonl")))
+
+    rows = [{"input_ids": torch.tensor([i, i + 1]), "labels": torch.tensor([-100, i + 1]),
+             "rejected_input_ids": torch.tensor([i, 99])} for i in range(30)]
+    base = identity(rows)
+    assert base["train_samples"] == 30 and base["path"] == "/d/pairs.jsonl"
+    for index, key in ((29, "input_ids"), (0, "rejected_input_ids"), (round(3 * 29 / 7), "input_ids")):
+        changed = [dict(row) for row in rows]
+        changed[index][key] = torch.tensor([5, 5])
+        assert identity(changed)["digest"] != base["digest"], (index, key)
+    relabelled = [{**row, "labels": torch.tensor([7, 7])} for row in rows]
+    assert identity(relabelled) == base  # labels follow from the ids: not part of the digest
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_validation_shards_are_padded_with_target_free_copies_of_the_first_sample(world):
+    """shard_loader pads the validation set to a multiple of the processes with copies of sample 0 whose labels
+    (both of a pair's) are all -100, or, for an RL prompt without labels, marked `padding`; each real sample is in
+    exactly one shard and every shard has the same length."""
+    from trainer.data import shard_loader
+
+    def shards(samples):
+        loader = DataLoader(samples, batch_size=1, collate_fn=lambda batch: batch[0])
+        return [list(shard_loader(loader, rank, world)) for rank in range(world)]
+
+    pairs = [{"input_ids": torch.tensor([i]), "labels": torch.tensor([i]), "rejected_labels": torch.tensor([i])}
+             for i in range(5)]
+    got = shards(pairs)
+    assert len({len(shard) for shard in got}) == 1 and sum(map(len, got)) == 5 + (-5 % world)
+    real = [s for shard in got for s in shard if s["labels"].item() != -100]
+    padding = [s for shard in got for s in shard if s["labels"].item() == -100]
+    assert sorted(s["input_ids"].item() for s in real) == list(range(5))
+    assert all(s["rejected_labels"].item() == -100 and s["input_ids"].item() == 0 for s in padding)
+    prompts = [{"input_ids": torch.tensor([i])} for i in range(5)]
+    marked = [s for shard in shards(prompts) for s in shard if s.get("padding")]
+    assert len(marked) == -5 % world and all(s["input_ids"].item() == 0 for s in marked)

@@ -1,0 +1,170 @@
+"""trainer/run_dir.py's own logic, pinned where only the integration tests (real runs) reached it: exit codes, the
+final metric a sweep reads, checkpoint names and their order, the jsonl records' places, what a previous run left,
+which model a tool loads and the one line that says why none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer import run_dir
+from trainer.run_dir import (ModelNotFound, append_jsonl, check_out_dir, checkpoint_step, clear_previous_run,
+                             exit_code_of, final_metric, is_count, list_checkpoints, locate_model,
+                             locate_model_and_adapter, model_task, previous_run, read_jsonl, read_metrics,
+                             read_summary, record_number)
+
+
+def _model(folder: Path, config: str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    if config is not None:
+        (folder / "train_config.yaml").write_text(config)
+    return folder
+
+
+def _checkpoint(root: Path, step: int, complete: bool = True) -> Path:
+    folder = root / "checkpoints" / f"step_{step:08d}"
+    folder.mkdir(parents=True)
+    if complete:
+        (folder / "trainer_state.json").write_text("{}")
+    return folder
+
+
+def test_a_child_killed_by_a_signal_exits_as_a_shell_reports_it():
+    assert [exit_code_of(code) for code in (0, 3, -2, -13, -9)] == [0, 3, 130, 141, 137]
+
+
+def test_the_final_metric_is_read_where_the_summary_holds_it_and_only_when_finite():
+    summary = {"final_val": {"loss": 2.5, "perplexity": float("nan"), "reward_accuracy": True},
+               "tokens_per_s": 1200}
+    assert final_metric(summary, "val_loss") == final_metric(summary, "final/val_loss") == 2.5
+    assert final_metric(summary, "final/tokens_per_s") == 1200
+    assert final_metric(summary, "val_ppl") is None  # NaN would poison a bayes search
+    assert final_metric(summary, "val_reward_accuracy") is None  # a bool is not a number
+    assert final_metric(summary, "val_bpb") is None and final_metric({}, "val_loss") is None
+    assert final_metric(summary, "no_such_metric") is None
+
+
+def test_checkpoints_are_listed_by_step_and_only_when_complete(tmp_path):
+    assert checkpoint_step("step_00000120") == 120
+    assert [checkpoint_step(name) for name in ("step_", "step_12a", "stepp_1", ".tmp_step_00000001")] == [None] * 4
+    assert list_checkpoints(tmp_path / "checkpoints") == []
+    for step in (100, 9, 1000):
+        _checkpoint(tmp_path, step)
+    _checkpoint(tmp_path, 2000, complete=False)  # a save or removal cut short
+    (tmp_path / "checkpoints" / "notes").mkdir()
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == [
+        "step_00000009", "step_00000100", "step_00001000"]
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints" / "step_00000009")] == []
+
+
+def test_counts_read_from_files_are_integers_not_bools():
+    assert is_count(0) and is_count(1, least=1) and not is_count(0, least=1)
+    assert not is_count(True) and not is_count(2.0) and not is_count(-1) and not is_count("3")
+
+
+def test_jsonl_records_know_their_line_and_a_torn_line_is_skipped_then_ended(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "split": "train"}\n\n[1, 2]\n{"step": 2, "split": "val"}\n{"step": 3, "spl')
+    records = read_jsonl(path)
+    assert records == [{"step": 1, "split": "train"}, {"step": 2, "split": "val"}]
+    assert [r.where for r in records] == [f"{path}:1", f"{path}:4"]
+    append_jsonl(path, {"step": 3, "split": "train"})  # after a writer killed mid-line
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2, 3] and read_jsonl(path)[-1].where == f"{path}:6"
+    append_jsonl(path, {"split": "diag"})
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]  # a run directory: its metrics.jsonl
+    assert [r["step"] for r in read_metrics(path, "train")] == [1, 3]
+    with pytest.raises(ValueError, match=rf"^{path}:4: split is 'val', expected a number$"):
+        record_number(records[1], "split")
+    with pytest.raises(ValueError, match=r"^the record of step 7: loss is None, expected a number$"):
+        record_number({"step": 7, "loss": None}, "loss")
+    assert record_number({"n": "3"}, "n", int) == 3
+
+
+@pytest.mark.parametrize("content", ["[1]", "{", b"\xff\xfe", None])
+def test_a_summary_that_cannot_be_read_as_an_object_is_none(tmp_path, content):
+    if isinstance(content, bytes):
+        (tmp_path / "run_summary.json").write_bytes(content)
+    elif content is not None:
+        (tmp_path / "run_summary.json").write_text(content)
+    assert read_summary(tmp_path) == {}
+
+
+def test_a_previous_run_is_named_by_its_model_files_and_newest_checkpoint_and_cleared_without_the_tokenizer(tmp_path):
+    assert previous_run(tmp_path) is None
+    for step in (20, 100):
+        _checkpoint(tmp_path, step)
+    assert previous_run(tmp_path) == "checkpoints (checkpoints/step_00000100)"
+    _model(tmp_path)
+    (tmp_path / "run_summary.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert previous_run(tmp_path) == ("a finished model (run_summary.json, config.json, model.safetensors) and "
+                                      "checkpoints (checkpoints/step_00000100)")
+    assert clear_previous_run(tmp_path) == ["checkpoints", "run_summary.json", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"] and previous_run(tmp_path) is None
+
+
+def test_a_models_task_is_its_recorded_one_else_guessed_from_its_name(tmp_path):
+    assert model_task(_model(tmp_path / "a", "task: dpo\n")) == "dpo"
+    assert model_task(_model(tmp_path / "b", "task: distill\ndistill_data: pretrain\n")) == "pretrain"
+    assert model_task(_model(tmp_path / "c", "task: distill\ndistill_data: sft\n")) == "distill"
+    assert model_task(_model(tmp_path / "My-Chat")) == "sft"
+    assert model_task(_model(tmp_path / "pretrain-1")) == "pretrain"
+    assert model_task(_model(tmp_path / "weights", "task: bogus\n")) is None
+
+
+def test_a_tool_loads_the_sft_model_else_the_pretrained_one_with_a_note(tmp_path, monkeypatch):
+    monkeypatch.setitem(run_dir.DEFAULT_OUT_DIRS, "sft", str(tmp_path / "sft"))
+    monkeypatch.setitem(run_dir.DEFAULT_OUT_DIRS, "pretrain", str(tmp_path / "pretrain"))
+    with pytest.raises(ModelNotFound, match=rf"^no model at {tmp_path / 'sft'} or {tmp_path / 'pretrain'}; create"):
+        locate_model()
+    _model(tmp_path / "pretrain")
+    path, note = locate_model()
+    assert path == tmp_path / "pretrain" and note.startswith(f"no SFT model at {tmp_path / 'sft'} ")
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "model.safetensors").write_bytes(b"")  # weights without their config.json: no model
+    assert locate_model()[0] == tmp_path / "pretrain"
+    _model(tmp_path / "sft")
+    assert locate_model() == (tmp_path / "sft", None)
+    assert locate_model(tmp_path / "pretrain") == (tmp_path / "pretrain", None)
+
+
+def test_a_model_path_that_is_no_model_says_what_it_is_and_how_to_get_one(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_config.yaml").write_text("task: dpo\n")
+    for step in (5, 40):
+        _checkpoint(run, step)
+    with pytest.raises(ModelNotFound, match=r"its run has not finished \(newest checkpoint step_00000040\); if it is "
+                                            rf"no longer training, finish it with `python trainer/train_dpo.py "
+                                            rf"--config {run / 'train_config.yaml'} --out_dir {run} --resume auto`"):
+        locate_model(run)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ModelNotFound, match="is a file, not a model folder"):
+        locate_model(tmp_path / "file")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(run)}))
+    with pytest.raises(ModelNotFound, match=rf"{adapter} is a LoRA adapter, not a whole model: pass it as --lora"):
+        locate_model(adapter)
+    base = _model(tmp_path / "base")
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+    assert locate_model_and_adapter(None, adapter) == (base, adapter, None)
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": ""}))
+    with pytest.raises(ModelNotFound, match="names no base model; pass it with --model_path"):
+        locate_model_and_adapter(None, adapter)
+    assert locate_model_and_adapter(base, adapter) == (base, adapter, None)
+
+
+def test_data_inside_a_file_the_run_writes_is_refused_and_data_beside_them_is_not(tmp_path):
+    out = tmp_path / "out"
+    check_out_dir(out, {}, {"--data_path": out / "train.jsonl"})  # the user's data kept in the run's folder
+    for name in ("metrics.jsonl", "checkpoints/step_00000010/data.jsonl"):
+        with pytest.raises(ValueError, match=rf"^--data_path {out / name} is the run's own "
+                                             rf"{name.split('/')[0]} in --out_dir {out}: the run would write over"):
+            check_out_dir(out, {}, {"--data_path": out / name})
+    with pytest.raises(ValueError, match=rf"^--out_dir {out / 'm'} is inside --from_weight {out}: the run"):
+        check_out_dir(out / "m", {"--from_weight": out})

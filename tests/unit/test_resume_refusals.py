@@ -5,6 +5,7 @@ refusal is one line naming the flag with both values."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -271,3 +272,161 @@ def test_the_built_model_must_have_the_checkpoints_architecture():
                                                          "dropout": 0.5}}, config)
     assert str(refused.value).startswith("--resume step_00000002: the checkpoint's model differs: hidden_size was 64 "
                                          "there and is 32 now; ")
+
+
+# ---------------------------------------------------------------- which checkpoint, which files, what is removed
+def test_a_process_needs_the_shared_files_and_its_own_rng_state_only():
+    from trainer.checkpoint import files_needed_by
+
+    files = ["model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl", "scheduler.bin"]
+    assert files_needed_by(files, 1, 2) == ["trainer_state.json", "model.safetensors", "optimizer.bin",
+                                            "random_states_1.pkl", "scheduler.bin"]
+    # a third process where two saved starts from the seed: no RNG file of its own is needed
+    assert files_needed_by(files, 2, 2) == ["trainer_state.json", "model.safetensors", "optimizer.bin",
+                                            "scheduler.bin"]
+    # a listing without this process's RNG state (it was not written): needed all the same
+    assert files_needed_by(["model.safetensors"], 0, 1) == ["trainer_state.json", "model.safetensors",
+                                                           "random_states_0.pkl"]
+
+
+def test_a_save_removes_what_kills_left_but_no_complete_checkpoint(tmp_path):
+    from trainer.checkpoint import _remove_leftovers
+
+    root = tmp_path / "checkpoints"
+    for name, complete in (("step_00000001", True), ("step_00000002", False), (".tmp_step_00000003", True),
+                           (".tmp_step_00000001", False), ("notes", False)):
+        (root / name).mkdir(parents=True)
+        if complete:
+            (root / name / "trainer_state.json").write_text("{}")
+    (root / "step_00000004").write_text("a file")
+    _remove_leftovers(root)
+    assert sorted(p.name for p in root.iterdir()) == ["notes", "step_00000001", "step_00000004"]
+
+
+def test_a_resume_drops_its_own_runs_later_checkpoints_only(tmp_path):
+    from types import SimpleNamespace
+
+    from trainer.checkpoint import drop_later_checkpoints
+
+    waits = []
+    accelerator = SimpleNamespace(wait_for_everyone=lambda: waits.append(1))
+    root = tmp_path / "run" / "checkpoints"
+    for step in (1, 2, 3, 4):
+        _write_state(tmp_path / "run", {**GOOD_STATE, "step": step}, name=f"step_{step:08d}")
+    other = _write_state(tmp_path / "other", GOOD_STATE, name="step_00000002")  # another run's checkpoint
+    assert drop_later_checkpoints(accelerator, root, other, writer=True) == []
+    assert drop_later_checkpoints(accelerator, root, root / "step_00000002", writer=True) == [
+        "step_00000003", "step_00000004"]
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000001", "step_00000002"] and len(waits) == 2
+
+
+@pytest.mark.parametrize("content, message", [
+    ({**GOOD_STATE, "step": 0, "epoch": 1}, "'epoch' is 1, more than its 0 optimizer steps"),
+    ({**GOOD_STATE, "train_time_s": -0.5}, "'train_time_s' must be a number >= 0, not -0.5"),
+    ({**GOOD_STATE, "budget_fixed": "yes"}, "'budget_fixed' must be true or false, not 'yes'"),
+], ids=lambda value: None)
+def test_more_damaged_trainer_states(content, message, tmp_path):
+    from trainer.checkpoint import read_trainer_state
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_trainer_state(_write_state(tmp_path, content, name=f"step_{content['step']:08d}"))
+    sound = {**GOOD_STATE, "epoch": 3}  # as many epochs as steps: each epoch took one step
+    assert read_trainer_state(_write_state(tmp_path, sound, name="sound_copy")) == sound
+
+
+def test_a_position_at_the_end_of_the_epoch_and_a_checkpoint_that_recorded_no_value_resume():
+    args = parse_args("pretrain", [])
+    at_end = {**GOOD_STATE, "samples_done_in_epoch": 296, "config": {"seed": None, "max_seq_len": None}}
+    check_resume_compatible(CHECKPOINT, at_end, args, GOOD_STATE["data"])
+
+
+def test_the_changed_flags_name_settings_not_places():
+    from trainer.checkpoint import changed_flags
+
+    state = {"config": {"learning_rate": 0.001, "out_dir": "/a", "resume": None, "data_path": "/d/x.jsonl",
+                        "max_steps": 10, "warmup_steps": None}}
+    now = {"learning_rate": 0.002, "out_dir": "/b", "resume": "auto", "data_path": "/e/x.jsonl", "max_steps": 10,
+           "warmup_steps": 5}
+    assert changed_flags(state, now) == "--learning_rate was 0.001 there and is 0.002 now"
+
+
+def test_a_checkpoint_goes_on_only_in_its_own_kind_of_run(tmp_path):
+    from trainer.checkpoint import check_same_task
+
+    path = tmp_path / "run" / "checkpoints" / "step_00000002"
+    check_same_task(path, {"config": {}}, parse_args("dpo", []))  # an older checkpoint that recorded no task
+    with pytest.raises(ValueError, match=r"^--resume step_00000002: a sft run's checkpoint; this is the dpo trainer: "
+                                         rf"go on with that run with `python trainer/train_full_sft.py --resume "
+                                         rf"{re.escape(str(path))}`"):
+        check_same_task(path, {"config": {"task": "sft"}}, parse_args("dpo", []))
+
+
+def test_a_finished_run_asked_again_is_the_same_run_only_without_a_later_checkpoint(tmp_path):
+    import yaml
+
+    from trainer.checkpoint import finished_run_asked_again
+
+    args = parse_args("pretrain", ["--out_dir", str(tmp_path)])
+    recorded = {**args.to_dict(), "val_data_path": "/resolved/by/the/run.jsonl"}  # left unset on the command line
+    recorded.pop("model")
+    (tmp_path / "train_config.yaml").write_text(yaml.safe_dump(recorded))
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    summary = {"status": "finished", "steps": 4}
+    (tmp_path / "run_summary.json").write_text(json.dumps(summary))
+    _write_state(tmp_path, {**GOOD_STATE, "step": 4}, name="step_00000004")
+    assert finished_run_asked_again(tmp_path, args) == summary
+    assert finished_run_asked_again(tmp_path, parse_args("pretrain", ["--max_seq_len", "64"])) == {}
+    _write_state(tmp_path, {**GOOD_STATE, "step": 6}, name="step_00000006")  # a longer continuation, stopped
+    assert finished_run_asked_again(tmp_path, args) == {}
+
+
+def test_which_run_a_directory_continues(tmp_path):
+    from trainer.checkpoint import _one_run_per_directory
+
+    out = tmp_path / "out"
+    _write_state(out, GOOD_STATE, name="step_00000002")
+    refused = _one_run_per_directory({}, None, out, None, overwrite=False)["refused"]
+    assert refused.startswith(f"--out_dir {out} already holds a run: checkpoints (checkpoints/step_00000002); pass")
+    assert _one_run_per_directory({}, None, out, None, overwrite=True)["clear"] is True
+    # a checkpoint of a run before run ids, from elsewhere, into a directory that holds a run: not this run
+    (out / "run_summary.json").write_text("{}")
+    elsewhere = _write_state(tmp_path / "old", {}, name="step_00000002")
+    decision = {"name": elsewhere.name, "state": {}}
+    assert _one_run_per_directory(decision, str(elsewhere), out, elsewhere, overwrite=False)["refused"].startswith(
+        f"--resume {elsewhere}: that checkpoint is of another run, and --out_dir {out} already holds a run")
+    assert set(_one_run_per_directory(decision, "auto", out, None, overwrite=False)) == {"run_id"}  # its own
+
+
+def test_resume_auto_takes_the_newest_checkpoint_every_process_holds_and_names_the_way_on(tmp_path):
+    from trainer.checkpoint import _decide, _way_on
+
+    root = tmp_path / "checkpoints"
+    for step in (2, 3):
+        _write_state(tmp_path, {**GOOD_STATE, "step": step}, name=f"step_{step:08d}")
+    views = [(str(root), ["step_00000002", "step_00000003"]), ("/b/checkpoints", ["step_00000002"])]
+    decision = _decide("auto", views, None)
+    assert decision["name"] == "step_00000002"
+    assert decision["note"] == ("rank 1 does not hold step_00000003; step_00000002 is the newest checkpoint every "
+                                "process holds")
+    assert _way_on(root / "step_00000003") == ("resume from the checkpoint before it with --resume "
+                                               f"{root / 'step_00000002'}")
+    assert _way_on(root / "step_00000002").startswith("there is no earlier checkpoint to resume from")
+
+
+def test_saves_keep_the_newest_and_a_resume_names_a_missing_file_in_one_line(tmp_path):
+    from accelerate import Accelerator
+
+    from trainer.checkpoint import CheckpointUnreadable, agree_on_start, save_checkpoint
+
+    accelerator, root = Accelerator(cpu=True), tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        save_checkpoint(accelerator, root, step, {**GOOD_STATE, "step": step, "files": None}, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000002", "step_00000003"]
+    assert agree_on_start(accelerator, "auto", tmp_path, None).resume.path == root / "step_00000003"
+    (root / "step_00000003" / "random_states_0.pkl").unlink()
+    with pytest.raises(CheckpointUnreadable) as refused:
+        agree_on_start(accelerator, "auto", tmp_path, None)
+    assert str(refused.value) == (f"--resume auto: {root / 'step_00000003' / 'random_states_0.pkl'} is missing or "
+                                  f"cannot be read; the checkpoint is incomplete: resume from the checkpoint before it "
+                                  f"with --resume {root / 'step_00000002'}")

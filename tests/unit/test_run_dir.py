@@ -168,3 +168,27 @@ def test_data_inside_a_file_the_run_writes_is_refused_and_data_beside_them_is_no
             check_out_dir(out, {}, {"--data_path": out / name})
     with pytest.raises(ValueError, match=rf"^--out_dir {out / 'm'} is inside --from_weight {out}: the run"):
         check_out_dir(out / "m", {"--from_weight": out})
+
+
+def test_the_metrics_log_keeps_the_resumed_steps_and_writes_only_where_enabled(tmp_path):
+    """trainer/metrics_log.py: a resume at step 2 keeps the records up to and including step 2 (the checkpoint's
+    own), a non-finite number is kept readable as text (JSON has no NaN), and a process with the log disabled (not
+    the main one) neither writes, truncates nor removes the file."""
+    from trainer.metrics_log import MetricsLog
+
+    log, other = MetricsLog(tmp_path, enabled=True), MetricsLog(tmp_path, enabled=False)
+    for step in (1, 2, 3):
+        log.write({"step": step, "split": "train", "loss": float("nan") if step == 3 else 1.0 / step})
+    other.write({"step": 9, "split": "train"})
+    other.truncate_after(1)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[2]) == {"step": 3, "split": "train",
+                                                                                     "loss": "nan"}
+    log.truncate_after(2)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    other.reset()
+    assert (tmp_path / "metrics.jsonl").is_file()
+    log.reset()
+    assert not (tmp_path / "metrics.jsonl").exists()
+    log.truncate_after(2)  # nothing to keep: no file is made
+    assert not (tmp_path / "metrics.jsonl").exists()

@@ -245,6 +245,13 @@ def test_wsd_decays_after_the_warmup_when_the_run_is_short(fraction):
     assert factors[8:] == pytest.approx([1 - 0.9 / 2, 0.1])
 
 
+def test_wsd_decays_over_at_least_its_last_step():
+    """A --decay_fraction too small for the run (0.01 of 10 steps rounds to none) still decays: the last step is at
+    the floor, as a WSD run's end must be."""
+    factors = [lr_multiplier(step, 0, 10, 0.1, "wsd", 0.01) for step in range(10)]
+    assert factors[:9] == [1.0] * 9 and factors[9] == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "wsd"])
 def test_past_the_planned_end_the_rate_stays_at_the_floor(schedule):
     """A run on a time budget re-plans its length and may end up past it: the factor stays at min_ratio there (a
@@ -268,3 +275,31 @@ def test_warmup_longer_than_the_run_is_cut_to_the_run():
             optimizer.step()
             scheduler.step()
         assert lrs == pytest.approx([2.0 * (step + 1) / 11 for step in range(10)])
+
+
+def test_the_logged_rates_are_adamws_and_muons_own():
+    from trainer.optim import scheduled_lrs
+
+    assert scheduled_lrs(build_optimizer(tiny_model(), 3e-4, 0.1)) == {"lr": 3e-4}
+    assert scheduled_lrs(build_optimizer(tiny_model(), 3e-4, 0.1, "muon", muon_lr=0.02)) == {"lr": 3e-4,
+                                                                                             "muon_lr": 0.02}
+
+
+def test_muon_on_a_model_without_hidden_matrices_is_refused_in_one_line():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4))
+    with pytest.raises(ValueError, match=r"^--optimizer muon: the model has no 2-D hidden weight matrices for Muon$"):
+        build_optimizer(model, 1e-3, 0.1, "muon")
+
+
+def test_a_muon_matrix_without_a_gradient_is_left_as_it_is():
+    """A matrix that took no part in the loss (its .grad None, as zero_grad leaves it) is neither moved nor decayed,
+    nor given momentum, as torch's optimizers skip it; the others step."""
+    model = tiny_model()
+    optimizer = build_optimizer(model, 1e-2, 0.1, "muon", muon_weight_decay=0.5)
+    model(torch.randint(0, 96, (2, 8)), labels=torch.randint(0, 96, (2, 8))).loss.backward()
+    idle, moved = model.model.layers[0].mlp.down_proj.weight, model.model.layers[1].mlp.down_proj.weight
+    idle.grad = None
+    before, moved_before = idle.detach().clone(), moved.detach().clone()
+    optimizer.step()
+    assert torch.equal(idle, before) and "momentum_buffer" not in optimizer.state[idle]
+    assert not torch.equal(moved, moved_before)

@@ -479,3 +479,33 @@ def test_stream_of_random_tokens_equals_decoding_them_all(tokenizer) -> None:
         stream = TextStream(tokenizer)
         pieces = [stream.push(token) for token in ids] + [stream.finish()]
         assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_top_k_of_one_keeps_only_the_top_token_as_transformers_does() -> None:
+    """top_k=1 is transformers' TopKLogitsWarper(1): only the most likely token can be drawn (0 is "off"), whatever
+    the temperature and top_p."""
+    from transformers import TopKLogitsWarper
+
+    scores = torch.tensor([[0.5, 3.0, 2.9, -1.0]])
+    settings = GenerationSettings(temperature=1.7, top_k=1, top_p=1.0)
+    out = scores.clone()
+    for processor in settings.processors():
+        out = processor(torch.zeros((1, 1), dtype=torch.long), out)
+    reference = TopKLogitsWarper(1)(None, scores / 1.7)
+    assert torch.isfinite(out).tolist() == [[False, True, False, False]] and torch.equal(out, reference)
+    assert not any(isinstance(p, TopKLogitsWarper) for p in replace(settings, top_k=0).processors())
+
+
+def test_a_logit_bias_of_the_first_id_past_the_vocabulary_is_refused() -> None:
+    from model.generation import SamplingError, check_logit_bias
+
+    check_logit_bias({0: 1.0, 7: -100}, 8)
+    with pytest.raises(SamplingError, match=r"^logit_bias names token 8; token ids are 0 to 7$"):
+        check_logit_bias({8: 1.0}, 8)
+
+
+def test_an_empty_stop_string_stops_nothing(tokenizer) -> None:
+    ids = tokenizer("no stop here", add_special_tokens=False)["input_ids"]
+    stream = TextStream(tokenizer, stop=("",))
+    shown = "".join(stream.push(token) for token in ids) + stream.finish()
+    assert shown == "no stop here" and not stream.stopped

@@ -189,3 +189,28 @@ def test_skipped_lines_are_logged_by_line_and_counted(tokenizer, tmp_path, caplo
     assert f"{path}:2: invalid JSON (Expecting value at column 1) (skipped)" in messages
     assert f"{path}:3: field 'prompt' must be a non-empty string (skipped)" in messages
     assert f"{path}: skipped 2 bad line(s), loading the 1 good one(s)" in messages
+
+
+def test_a_prompt_of_exactly_max_seq_len_tokens_is_kept_and_an_empty_one_refused(tokenizer, tmp_path):
+    """--max_seq_len bounds the prompt's tokens (the generation prompt included), so a prompt of exactly that many is
+    kept and one more drops it; an empty "prompt" is a bad line naming the field, as a non-string one is."""
+    row = {"prompt": "What is 1 + 1?", "answer": 2}
+    length = len(encode_chatml(tokenizer, [{"role": "user", "content": row["prompt"]}],
+                               add_generation_prompt=True).input_ids)
+    path = _write(tmp_path / "p.jsonl", [row, {"prompt": "What is 1 + 1? " * 20, "answer": 2}])
+    data = PromptDataset(path, tokenizer, max_seq_len=length)
+    assert len(data) == 1 and len(data[0]["input_ids"]) == length and data.stats["dropped_too_long"] == 1
+    with pytest.raises(ValueError, match=r"no prompt of at most --max_seq_len=\d+ tokens \(all 2 are longer\)"):
+        PromptDataset(path, tokenizer, max_seq_len=length - 1)
+    empty = _write(tmp_path / "e.jsonl", [row, {"prompt": "", "answer": 1}])
+    with pytest.raises(ValueError, match=rf"^{empty}:2: field 'prompt' must be a non-empty string \(pass "):
+        PromptDataset(empty, tokenizer, max_seq_len=64)
+
+
+def test_a_batch_keeps_the_padding_mark_of_a_validation_shards_copy(tokenizer, tmp_path):
+    """A copy that pads a validation shard (trainer/data.py) carries padding=True, which GRPO's and PPO's validation
+    reads from the batch to leave it uncounted; a real prompt's flag is False, and every column is listed."""
+    data = PromptDataset(_write(tmp_path / "p.jsonl", GOOD_ROWS[:2]), tokenizer, max_seq_len=64)
+    batch = PromptDataset.collate([data[0], {**data[1], "padding": True}])
+    assert batch["padding"] == [False, True] and batch["columns"] == {"answer": [2, 0.5]}
+    assert batch["prompts"] == ["What is 1 + 1?", "Half of 1?"]

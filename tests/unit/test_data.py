@@ -676,6 +676,26 @@ def test_split_assignment_and_windows():
     assert dialog_windows(turns, max_chars=1000) == [windows[0] + windows[1]]
 
 
+def test_the_split_rule_is_the_keys_sha256_below_20_per_mille():
+    """The assignment itself, not only its determinism: a key is validation when the first 8 bytes of its UTF-8
+    SHA-256, read as a big-endian number (the digest's first 16 hex digits), are below 20 modulo 1000. Another
+    byte order or a `<=` keeps the share near 2 % but moves which documents are held out (and so every rebuilt
+    default corpus); the keys at 19 and 20 tell the boundary, and a dialog's key holds its source."""
+    import hashlib
+
+    from dataset.sources import Dialog
+    from dataset.splits import dialog_split_key
+
+    def per_mille(key):
+        return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:16], 16) % 1000
+
+    keys = [f"k{i}" for i in range(3000)] + ["wikipedia_en\x00Été", "chitchat\x00日本"]
+    assert [is_validation(key) for key in keys] == [per_mille(key) < 20 for key in keys]
+    boundary = {value: next(key for key in map(str, range(10**6)) if per_mille(key) == value) for value in (19, 20)}
+    assert is_validation(boundary[19]) and not is_validation(boundary[20])
+    assert dialog_split_key(Dialog("chitchat", "42", ("hi", "hello"))) == "chitchat\x0042"
+
+
 @pytest.mark.parametrize("force", [False, True])
 def test_the_corpus_command_names_a_file_in_the_way_of_its_cache_in_one_line(tmp_path, capsys, force):
     """`python dataset/corpus.py --cache_dir FILE` (and with --force, which builds first) is one line, not a

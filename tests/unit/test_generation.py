@@ -509,3 +509,15 @@ def test_an_empty_stop_string_stops_nothing(tokenizer) -> None:
     stream = TextStream(tokenizer, stop=("",))
     shown = "".join(stream.push(token) for token in ids) + stream.finish()
     assert shown == "no stop here" and not stream.stopped
+
+
+def test_a_prompt_ends_inside_a_greedy_span_only_after_an_unclosed_open() -> None:
+    """A prompt that opened a span (a tool call's JSON) and did not close it starts the completion greedily; one
+    whose last span token closes it, or that has none, starts sampled."""
+    from model.generation import _ends_inside
+
+    opening, closing = 5, 6
+    assert _ends_inside([1, opening, 9, 9], opening, closing)
+    assert not _ends_inside([1, opening, 9, closing, 9], opening, closing)
+    assert _ends_inside([opening, closing, 2, opening], opening, closing)
+    assert not _ends_inside([1, 2, 3], opening, closing) and not _ends_inside([], opening, closing)

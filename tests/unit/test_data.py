@@ -221,6 +221,50 @@ def test_dpo_drops_a_pair_whose_answers_differ_only_past_the_cut(tmp_path, cache
         DPODataset(write_jsonl(tmp_path / "same.jsonl", pairs[:1]), tokenizer, max_seq_len=cut, cache_dir=cache)
 
 
+def test_dpo_learns_only_the_final_answers_and_collates_chosen_rows_first(tmp_path, cache, tokenizer):
+    """A pair's labels cover its last assistant message only (the answers it compares; an earlier assistant turn is
+    prompt), collate stacks B pairs as the B chosen rows then the B rejected ones, right-padded, and a pair is
+    truncated when either side is longer than max_seq_len."""
+    from dataset.dpo_dataset import DPODataset
+
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there, friend."},
+               {"role": "user", "content": "Name a colour."}]
+    pairs = [{"chosen": [*history, {"role": "assistant", "content": "Blue."}],
+              "rejected": [*history, {"role": "assistant", "content": "Seven, or perhaps eight."}]},
+             {"chosen": [history[2], {"role": "assistant", "content": "Red, like a fire engine."}],
+              "rejected": [history[2], {"role": "assistant", "content": "No."}]}]
+    ds = DPODataset(write_jsonl(tmp_path / "p.jsonl", pairs), tokenizer, max_seq_len=512, cache_dir=cache)
+
+    def final_only(messages):
+        ids, labels = expected_tokens(tokenizer, messages)
+        earlier, _ = expected_tokens(tokenizer, messages[:-1])
+        return ids, [IGNORE_INDEX] * len(earlier) + labels[len(earlier):]
+
+    for index, pair in enumerate(pairs):
+        for prefix, side in (("", "chosen"), ("rejected_", "rejected")):
+            ids, labels = final_only(pair[side])
+            assert ds[index][f"{prefix}input_ids"].tolist() == ids and ds[index][f"{prefix}labels"].tolist() == labels
+    batch = ds.collate([ds[0], ds[1]])
+    rows = [ds[0]["input_ids"], ds[1]["input_ids"], ds[0]["rejected_input_ids"], ds[1]["rejected_input_ids"]]
+    width = max(len(row) for row in rows)
+    assert batch["input_ids"].shape == (4, width)
+    for row, ids in enumerate(rows):
+        assert batch["input_ids"][row, :len(ids)].tolist() == ids.tolist()
+        assert (batch["input_ids"][row, len(ids):] == tokenizer.pad_token_id).all()
+        assert (batch["labels"][row, len(ids):] == IGNORE_INDEX).all()
+        assert batch["attention_mask"][row].tolist() == [1] * len(ids) + [0] * (width - len(ids))
+    longer = len(final_only(pairs[1]["chosen"])[0]) - 1  # the chosen answer loses its last token, the other fits
+    assert DPODataset(write_jsonl(tmp_path / "q.jsonl", pairs[1:]), tokenizer, max_seq_len=longer,
+                      cache_dir=cache).stats["truncated"] == 1
+    # both answers cut: the supervised tokens lost are both sides' together
+    chosen_ids, chosen_labels = final_only(pairs[1]["chosen"])
+    _, rejected_labels = final_only(pairs[1]["rejected"])
+    cut = next(i for i, label in enumerate(rejected_labels) if label != IGNORE_INDEX) + 1
+    both = DPODataset(write_jsonl(tmp_path / "b.jsonl", pairs[1:]), tokenizer, max_seq_len=cut, cache_dir=cache)
+    lost = [sum(label != IGNORE_INDEX for label in labels[cut:]) for labels in (chosen_labels, rejected_labels)]
+    assert min(lost) > 0 and both.stats["supervised_tokens_cut"] == sum(lost) and both.stats["supervision_cut"] == 1
+
+
 def test_supervision_cut_note_names_the_flag_and_the_share():
     from trainer.data import supervision_cut_note
 

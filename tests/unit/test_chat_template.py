@@ -431,3 +431,16 @@ def test_a_chat_template_that_does_not_render_is_one_line(tokenizer, tiny_models
     assert main(["--model_path", str(model), "--prompt", "Hi", "--max_new_tokens", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: the tokenizer's chat_template does not render: ") and "Traceback" not in err
+
+
+def test_exchanges_start_at_each_user_message_and_a_leading_system_message_is_its_own():
+    from dataset.chat_format import split_exchanges
+
+    system, user1, user2 = ({"role": "system", "content": "s"}, {"role": "user", "content": "u1"},
+                            {"role": "user", "content": "u2"})
+    call = {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": {}}]}
+    tool, reply = {"role": "tool", "content": "42"}, {"role": "assistant", "content": "It is 42."}
+    assert split_exchanges([system, user1, call, tool, reply, user2]) == [[system], [user1, call, tool, reply],
+                                                                        [user2]]
+    assert split_exchanges([user1, reply]) == [[user1, reply]] and split_exchanges([]) == []
+

@@ -428,11 +428,21 @@ def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
         ("conversations", [{"conversations": [{"role": "user", "content": "hi"},
                                               {"role": "Assistant", "content": "yo"}]}], 1,
          "conversations[1].role is 'Assistant'; a role is one of system, user, assistant, tool"),
+        # a preference pair: one prompt, two different assistant answers
+        ("preference", [{"chosen": SINGLE, "rejected": [{"role": "user", "content": "Other?"}, SINGLE[1]]}], 1,
+         '"chosen" and "rejected" must share their prompt (every message before the last answer); they differ at '
+         'message 0'),
+        ("preference", [{"chosen": SINGLE, "rejected": SINGLE}], 1,
+         '"chosen" and "rejected" have the same answer (message 1): the pair prefers nothing'),
+        ("preference", [{"chosen": SINGLE, "rejected": SINGLE[:1]}], 1,
+         "rejected[0] must be the assistant's answer, got role 'user'"),
     ],
 )
 def test_bad_line_error_names_file_and_line(tmp_path, cache, tokenizer, kind, rows, line, message):
+    from dataset.dpo_dataset import DPODataset
+
     path = write_jsonl(tmp_path / "data.jsonl", rows)
-    cls = PretrainDataset if kind == "text" else SFTDataset
+    cls = {"text": PretrainDataset, "conversations": SFTDataset, "preference": DPODataset}[kind]
     with pytest.raises(ValueError) as info:
         cls(path, tokenizer, 8, cache_dir=cache)
     text = str(info.value)

@@ -110,6 +110,20 @@ def test_second_load_reads_the_cache(tmp_path, cache, tokenizer, monkeypatch):
         [first[i]["input_ids"].tolist() for i in range(len(first))]
 
 
+def test_a_file_rewritten_in_place_with_the_same_size_is_read_again(tmp_path, cache):
+    """The scan cache is keyed by the file's path, size and modification time: an edit that keeps the size (a word
+    changed for another of its length) must not be served the old records."""
+    import os
+
+    path = write_jsonl(tmp_path / "data.jsonl", [{"text": "cats"}])
+    assert dataset.jsonl.load_jsonl(path, "text", cache_dir=cache)[0]["text"] == ["cats"]
+    stat = path.stat()
+    write_jsonl(path, [{"text": "dogs"}])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a later edit, whatever the clock
+    assert path.stat().st_size == stat.st_size
+    assert dataset.jsonl.load_jsonl(path, "text", cache_dir=cache)[0]["text"] == ["dogs"]
+
+
 def _nested(depth: int) -> str:
     """A JSON object `depth` levels deep: {"a": [[...]]}."""
     return '{"a": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"

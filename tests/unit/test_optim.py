@@ -22,6 +22,10 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's defaults (Kell
 NS_STEPS = 5
 
 
+# The trainer flags' Muon defaults (trainer/args.py), which build_optimizer takes as required keywords.
+MUON = dict(muon_lr=0.02, muon_weight_decay=0.01, muon_momentum=0.95, muon_adjust_lr="original")
+
+
 def tiny_model(**overrides) -> MiniNormForCausalLM:
     torch.manual_seed(0)
     fields = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -189,16 +193,15 @@ def test_muon_state_survives_state_dict_and_load_state_dict():
                 param.grad = torch.randn_like(param)
             optimizer.step()
 
-    muon = dict(muon_lr=0.02, muon_weight_decay=0.01, muon_momentum=0.95, muon_adjust_lr="original")
     model = tiny_model()
-    optimizer = build_optimizer(model, 1e-2, 0.1, "muon", **muon)
+    optimizer = build_optimizer(model, 1e-2, 0.1, "muon", **MUON)
     two_steps(model, optimizer, seed=1)
     saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
     saved_state = copy.deepcopy(optimizer.state_dict())  # state_dict() holds the live tensors
     two_steps(model, optimizer, seed=2)
     resumed = tiny_model()
     resumed.load_state_dict(saved_weights)
-    resumed_optimizer = build_optimizer(resumed, 1e-2, 0.1, "muon", **muon)
+    resumed_optimizer = build_optimizer(resumed, 1e-2, 0.1, "muon", **MUON)
     resumed_optimizer.load_state_dict(saved_state)
     assert [g["update"] for g in resumed_optimizer.param_groups] == ["adamw", "muon"]  # tied: nothing decayed
     two_steps(resumed, resumed_optimizer, seed=2)
@@ -280,22 +283,22 @@ def test_warmup_longer_than_the_run_is_cut_to_the_run():
 def test_the_logged_rates_are_adamws_and_muons_own():
     from trainer.optim import scheduled_lrs
 
-    assert scheduled_lrs(build_optimizer(tiny_model(), 3e-4, 0.1)) == {"lr": 3e-4}
-    assert scheduled_lrs(build_optimizer(tiny_model(), 3e-4, 0.1, "muon", muon_lr=0.02)) == {"lr": 3e-4,
-                                                                                             "muon_lr": 0.02}
+    assert scheduled_lrs(build_optimizer(tiny_model(), 3e-4, 0.1, "adamw", **MUON)) == {"lr": 3e-4}
+    assert scheduled_lrs(build_optimizer(tiny_model(), 3e-4, 0.1, "muon", **{**MUON, "muon_lr": 0.03})) == {
+        "lr": 3e-4, "muon_lr": 0.03}
 
 
 def test_muon_on_a_model_without_hidden_matrices_is_refused_in_one_line():
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4))
     with pytest.raises(ValueError, match=r"^--optimizer muon: the model has no 2-D hidden weight matrices for Muon$"):
-        build_optimizer(model, 1e-3, 0.1, "muon")
+        build_optimizer(model, 1e-3, 0.1, "muon", **MUON)
 
 
 def test_a_muon_matrix_without_a_gradient_is_left_as_it_is():
     """A matrix that took no part in the loss (its .grad None, as zero_grad leaves it) is neither moved nor decayed,
     nor given momentum, as torch's optimizers skip it; the others step."""
     model = tiny_model()
-    optimizer = build_optimizer(model, 1e-2, 0.1, "muon", muon_weight_decay=0.5)
+    optimizer = build_optimizer(model, 1e-2, 0.1, "muon", **{**MUON, "muon_weight_decay": 0.5})
     model(torch.randint(0, 96, (2, 8)), labels=torch.randint(0, 96, (2, 8))).loss.backward()
     idle, moved = model.model.layers[0].mlp.down_proj.weight, model.model.layers[1].mlp.down_proj.weight
     idle.grad = None

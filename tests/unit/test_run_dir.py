@@ -5,6 +5,7 @@ which model a tool loads and the one line that says why none."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -79,8 +80,11 @@ def test_jsonl_records_know_their_line_and_a_torn_line_is_skipped_then_ended(tmp
     assert [r["step"] for r in read_metrics(path, "train")] == [1, 3]
     with pytest.raises(ValueError, match=rf"^{path}:4: split is 'val', expected a number$"):
         record_number(records[1], "split")
-    with pytest.raises(ValueError, match=r"^the record of step 7: loss is None, expected a number$"):
-        record_number({"step": 7, "loss": None}, "loss")
+    with pytest.raises(ValueError, match=r"^the record of step 7: loss is \[\], expected a number$"):
+        record_number({"step": 7, "loss": []}, "loss")
+    assert math.isnan(record_number({"step": 7, "loss": None}, "loss"))  # strict_json's null for a non-finite float
+    with pytest.raises(ValueError, match=r"^the record of step 7: tokens is None, expected a number$"):
+        record_number({"step": 7, "tokens": None}, "tokens", int)
     assert record_number({"n": "3"}, "n", int) == 3
 
 
@@ -172,7 +176,7 @@ def test_data_inside_a_file_the_run_writes_is_refused_and_data_beside_them_is_no
 
 def test_the_metrics_log_keeps_the_resumed_steps_and_writes_only_where_enabled(tmp_path):
     """trainer/metrics_log.py: a resume at step 2 keeps the records up to and including step 2 (the checkpoint's
-    own), a non-finite number is kept readable as text (JSON has no NaN), and a process with the log disabled (not
+    own), a non-finite number is written as null (strict JSON has no NaN), and a process with the log disabled (not
     the main one) neither writes, truncates nor removes the file."""
     from trainer.metrics_log import MetricsLog
 
@@ -183,7 +187,7 @@ def test_the_metrics_log_keeps_the_resumed_steps_and_writes_only_where_enabled(t
     other.truncate_after(1)
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[2]) == {"step": 3, "split": "train",
-                                                                                     "loss": "nan"}
+                                                                                     "loss": None}
     log.truncate_after(2)
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
     other.reset()

@@ -144,8 +144,11 @@ class TextStream:
         whose text is taken off, so that what a decoder does at the start of its input (strip a space) happens to
         the context, as decoding every id at once does it to the first. A context that begins inside a character
         (U+FFFD first) begins earlier: a SentencePiece decoder replaces a whole run of byte-fallback tokens that is
-        not UTF-8, the new character's bytes with it. Should the context's text not be the start of the longer one,
-        every id is decoded again."""
+        not UTF-8, the new character's bytes with it. Should the context's text not be the start of the longer one
+        (a stray byte after a shown character turns their whole byte run into U+FFFDs: shown text that cannot be
+        taken back), the new ids are decoded alone: they begin with byte tokens then, whose text no decoder strips,
+        and every character they add is shown once (the whole decode, cut at the shown text's length, would be off
+        by the characters the run lost)."""
         decode = partial(self.tokenizer.decode, skip_special_tokens=True)
         start = max(0, self._decoded_upto - STREAM_CONTEXT_IDS)
         context = decode(self.ids[start:self._decoded_upto])
@@ -155,7 +158,7 @@ class TextStream:
         text = decode(self.ids[start:])
         if text.startswith(context):
             return text[len(context):]
-        return decode(self.ids)[len(self._decoded):]
+        return decode(self.ids[self._decoded_upto:])
 
     def _release(self, final: bool) -> str:
         if self.stopped:

@@ -431,6 +431,24 @@ def test_a_sentencepiece_stream_keeps_the_spaces_between_words(sentencepiece_tok
     assert not any("\ufffd" in piece for piece in pieces)
 
 
+@pytest.mark.parametrize("character, stray", [("𝍁", 0xEA), ("é", 0x80)])
+def test_a_sentencepiece_stream_shows_a_stray_byte_after_a_shown_character_once(sentencepiece_tokenizer, character,
+                                                                               stray) -> None:
+    """A model may follow a character spelled in byte-fallback tokens with a byte that is no UTF-8 (a lone lead or
+    continuation byte). The character was shown when its last byte came; the stray byte turns the whole byte run
+    into U+FFFDs for a SentencePiece decoder, a text the stream cannot take back. What the later ids add is then
+    their own text: one U+FFFD for the one byte, then the words with their spaces -- not the whole run's U+FFFDs
+    cut at the shown text's length (a character's count off for every byte but one the shown character had)."""
+    sentencepiece = sentencepiece_tokenizer
+    byte_ids = [sentencepiece.convert_tokens_to_ids(f"<0x{byte:02X}>") for byte in (*character.encode(), stray)]
+    words = sentencepiece.convert_tokens_to_ids(["▁c", "▁a", "a", "c", "▁ca"])
+    stream = TextStream(sentencepiece)
+    pieces = [stream.push(token) for token in [sentencepiece.convert_tokens_to_ids("▁a"), *byte_ids, *words]]
+    pieces.append(stream.finish())
+    assert character in pieces  # shown whole, once its bytes were complete
+    assert "".join(pieces) == stream.text == f"a{character}\ufffd c aac ca"
+
+
 def test_stream_stops_before_a_stop_string_and_holds_back_its_start(tokenizer) -> None:
     text = "The end. STOP here and more"
     stream = TextStream(tokenizer, stop=("STOP", "never"))

@@ -157,14 +157,15 @@ def _check_vocab_size(args: TrainArgs, tokenizer: Any) -> None:
                          f"must be >= {len(tokenizer)} (leave it unset for exactly that)")
 
 
-def _build_model(args: TrainArgs, tokenizer) -> tuple[MiniNormForCausalLM, list[str]]:
-    """(a fresh model (pretraining) or the starting weights (every fine-tuning run), before any wrapping; the model
-    switches this run turns on, whose new weights the starting checkpoint lacks)."""
+def _build_model(args: TrainArgs, tokenizer, source: Path | None) -> tuple[MiniNormForCausalLM, list[str]]:
+    """(a fresh model (pretraining) or the starting weights (every fine-tuning run: `source`, the --from_weight
+    _check_inputs resolved), before any wrapping; the model switches this run turns on, whose new weights the
+    starting checkpoint lacks)."""
     if args.task == "pretrain":
         config = build_model_config(args, vocab_size=len(tokenizer))
         config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
         return MiniNormForCausalLM(config), []
-    source = _starting_weights(args)
+    assert source is not None, "a fine-tuning run starts from --from_weight"
     check_same_tokenizer(tokenizer, source, "--from_weight")
     addable = ADDABLE_MODEL_FIELDS.get(args.task, ())
     requested = requested_model_fields(args)
@@ -330,7 +331,7 @@ class Trainer:
         """The model this run trains, before any wrapping: fresh or the starting weights, checked against a
         resumed checkpoint's architecture and against --max_seq_len; the copy rows resolved by its switches."""
         args = self.args
-        base, self.added_switches = _build_model(args, self.tokenizer)
+        base, self.added_switches = _build_model(args, self.tokenizer, self.starting_weights)
         materialize_meta_parameters(base)  # before the optimizer holds them (FSDP's loading on the other processes)
         if self.resume_state is not None:
             check_saved_architecture(self.resume_from, self.resume_state, base.config)

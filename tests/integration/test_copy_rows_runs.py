@@ -96,12 +96,12 @@ def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(referenc
     assert len(smear) == tuned.config.num_hidden_layers and any(p.abs().max() > 0 for p in smear)  # trained
 
     from trainer.args import parse_args
-    from trainer.core import _build_model, _load_tokenizer
+    from trainer.core import _build_model, _load_tokenizer, _starting_weights
     args = parse_args("sft", argv)
     reports = _Collect()
     logging.getLogger("transformers").addHandler(reports)
     try:
-        start, added_switches = _build_model(args, _load_tokenizer(args))
+        start, added_switches = _build_model(args, _load_tokenizer(args), _starting_weights(args))
     finally:
         logging.getLogger("transformers").removeHandler(reports)
     assert added_switches == ["smeared_keys"]
@@ -119,8 +119,8 @@ def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(referenc
     save_file({name: tensor for name, tensor in plain.items() if name != "model.norm.weight"},
               broken / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"^--from_weight cannot load .*broken: .*: missing model\.norm\.weight$"):
-        _build_model(parse_args("sft", sft_argv(train_data, broken, tmp_path / "not_run", "--smeared_keys", "true")),
-                     _load_tokenizer(args))
+        broken_args = parse_args("sft", sft_argv(train_data, broken, tmp_path / "not_run", "--smeared_keys", "true"))
+        _build_model(broken_args, _load_tokenizer(args), _starting_weights(broken_args))
 
     with pytest.raises(ValueError, match="--smeared_keys false: .* was trained with it on"):
         run_in_process("sft", sft_argv(train_data, tmp_path / "sft", tmp_path / "back", "--smeared_keys", "false"))

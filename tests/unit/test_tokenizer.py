@@ -202,7 +202,8 @@ def test_fine_tuning_with_another_tokenizer_is_refused_in_one_line(tmp_path, tok
     from trainer.core import _build_model
 
     args = parse_args("sft", ["--from_weight", str(tiny_models.pretrain)])
-    assert _build_model(args, tokenizer)[0].config.vocab_size == len(tokenizer)  # its own tokenizer: accepted
+    model, _ = _build_model(args, tokenizer, tiny_models.pretrain)
+    assert model.config.vocab_size == len(tokenizer)  # its own tokenizer: accepted
     old = tmp_path / "old"
     old.mkdir()
     for name in ("config.json", "model.safetensors"):
@@ -214,4 +215,4 @@ def test_fine_tuning_with_another_tokenizer_is_refused_in_one_line(tmp_path, tok
     args = parse_args("sft", ["--from_weight", str(old)])
     with pytest.raises(ValueError, match=r"^--from_weight .*old: its tokenizer.json differs from the tokenizer in "
                                          r".*model.*--tokenizer_path .*old, or train it again"):
-        _build_model(args, tokenizer)
+        _build_model(args, tokenizer, old)

@@ -124,6 +124,16 @@ def test_a_two_request_tool_loop_with_the_openai_client(client) -> None:
     assert second.choices[0].message.tool_calls is None
 
 
+def test_a_strict_tool_is_accepted_and_called_as_any_other(client) -> None:
+    """OpenAI's clients may send "strict": true by default: accepted, rendered as the tool without it (the same
+    prompt, so the same call), and promising nothing more (docs/serving.md)."""
+    strict = {"type": "function", "function": {**WIKI["function"], "strict": True}}
+    choice = client.chat.completions.create(model="m", messages=ASK, tools=[strict], **GREEDY).choices[0]
+    [call] = choice.message.tool_calls
+    assert choice.finish_reason == "tool_calls" and call.function.name == "wiki"
+    assert json.loads(call.function.arguments) == CALL["arguments"]
+
+
 CASES = {
     "call": dict(messages=ASK, tools=TOOLS),
     "answer after the response": dict(messages=tool_turn(), tools=TOOLS),

@@ -111,7 +111,9 @@ def completion_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, starts: 
     positions = (starts.unsqueeze(1) + torch.arange(length, device=starts.device)).clamp(max=input_ids.shape[1] - 1)
     selected = logits.gather(1, (positions - 1).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     selected = selected.to(torch.promote_types(selected.dtype, torch.float32))
-    log_p = torch.log_softmax(selected / temperature, dim=-1)
+    if temperature != 1.0:  # the default spares a copy of the (N, length, V) logits at every update
+        selected = selected / temperature
+    log_p = torch.log_softmax(selected, dim=-1)
     return log_p.gather(-1, input_ids.gather(1, positions).unsqueeze(-1)).squeeze(-1)
 
 

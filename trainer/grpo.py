@@ -344,13 +344,19 @@ class GroupRelativePolicy(RolloutObjective):
         return out
 
     def finish_rollouts(self, batches: Sequence[dict[str, Any]], accelerator: Accelerator) -> None:
-        """Collective: the logged rollout statistics over the step's global batch -- the mean reward and
-        completion length over its completions, the mean over its groups of their rewards' std --, the same in every
-        micro-batch ("rollout_stats"; the loss weighs them by its units, which sum to the step's)."""
+        """Collective: the logged rollout statistics over the step's global batch -- the mean reward over the
+        completions some reward function scored (as TRL's nanmean: one no function scored earned no reward of 0; NaN,
+        written as null, when none is scored), the mean completion length over all its completions, the mean over its
+        groups of their rewards' std --, the same in every micro-batch ("rollout_stats"; the loss weighs them by its
+        units, which sum to the step's)."""
         groups = torch.cat([batch["scores"].view(-1, self.settings.num_generations).std(dim=1) for batch in batches])
-        sums = global_sums(accelerator, self.reward_sums(batches), groups.double().sum(), len(groups))
-        reward, length = self.reward_means(sums[:-2], batches)
-        reward_std = float(sums[-2] / sums[-1])
+        scored = torch.cat([~batch["reward_values"].isnan().all(dim=0) for batch in batches])
+        scores = torch.cat([batch["scores"] for batch in batches]).double()
+        sums = global_sums(accelerator, self.reward_sums(batches), groups.double().sum(), len(groups),
+                           scores[scored].sum(), scored.sum())
+        _, length = self.reward_means(sums[:-4], batches)
+        reward = float(sums[-2] / sums[-1]) if sums[-1] else float("nan")
+        reward_std = float(sums[-4] / sums[-3])
         for batch in batches:
             batch["rollout_stats"] = torch.tensor([reward, reward_std, length], device=batch["completion_mask"].device)
 

@@ -222,8 +222,9 @@ def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, p
 
 def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(tokenizer, policy, monkeypatch):
     """Two micro-batches of two prompts, cispo (its unit is the token, so the loss weighs each micro-batch's
-    statistics by its tokens): the step's logged reward, reward std, completion length and the function's mean
-    (over the completions it scored: it leaves every third unscored) are those of all eight completions."""
+    statistics by its tokens): the step's logged reward std and completion length are those of all eight
+    completions, its reward and the function's mean those of the completions it scored (it leaves every third
+    unscored: TRL's nanmean, not a reward of 0 it earned)."""
     import trainer.grpo as grpo
 
     def sample(model, tok, prompt_ids, settings):  # completions of 1 to 6 tokens, by their seeds
@@ -243,14 +244,32 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     batches = objective.rollouts(policy, [_prompts(tokenizer), other], step=2, accelerator=_OneProcess())
     units = sum(objective.count_items(batch) for batch in batches)
     stats = sum(objective.loss(policy, batch, units)[1] for batch in batches) / units
-    totals = [v if v is not None else 0.0 for v in values]  # an unscored completion adds nothing
+    totals = [v if v is not None else 0.0 for v in values]  # the group's std counts an unscored completion as 0
     scored = [v for v in values if v is not None]
     stds = [statistics.stdev(totals[first:first + 2]) for first in range(0, 8, 2)]
     lengths = [int(n) for batch in batches for n in batch["completion_mask"].sum(dim=1)]
     assert sum(lengths[:4]) != sum(lengths[4:])  # the micro-batches' token weights differ
     reward, reward_std, _, _, length, function_mean = stats.tolist()
     assert (reward, reward_std, length, function_mean) == pytest.approx(
-        (sum(totals) / 8, sum(stds) / 4, sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
+        (sum(scored) / len(scored), sum(stds) / 4, sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
+    assert len(scored) < 8 and sum(scored) / len(scored) != pytest.approx(sum(totals) / 8)
+
+
+def test_a_step_no_reward_scores_logs_its_reward_as_null(tokenizer, policy, monkeypatch):
+    """Every completion of the step unscored (the function returns None for all): the logged reward is NaN (no
+    completion to average over), which the metrics file writes as null; the completion length is still logged."""
+    import trainer.grpo as grpo
+    from dataset.json_text import strict_json
+
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler([]))
+    objective = GroupRelativePolicy([Reward("nothing", lambda prompts, completions, **columns: [None] * len(
+        completions))], tokenizer, _settings(), None, seed=7, process_index=0, autocast=nullcontext)
+    batches = objective.rollouts(policy, [_numbered_prompts(0, 2)], step=1, accelerator=_OneProcess())
+    units = sum(objective.count_items(batch) for batch in batches)
+    stats = dict(zip(objective.stat_names, (objective.loss(policy, batches[0], units)[1] / units).tolist()))
+    assert math.isnan(stats["reward"]) and math.isnan(stats["rewards/<lambda>"])
+    assert stats["completion_length"] == pytest.approx(float(batches[0]["completion_mask"].sum()) / 4)
+    assert strict_json({"reward": stats["reward"]}) == '{"reward": null}'
 
 
 def _fake_sampler(sampled: list[list[int]]):

@@ -19,6 +19,7 @@ import yaml
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
 from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, flag_type, path_arg, seed, utf8_text
+from trainer.dpo import DPOLossType
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import BUILTIN
@@ -109,7 +110,8 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "sft": {"max_steps": 2400, "learning_rate": 2e-3, "warmup_steps": 20, "max_seq_len": 384, "copy_rows": None,
             "copy_steps": 1200},
     "lora": {"max_steps": 120, "learning_rate": 2e-3, "warmup_steps": 10, "weight_decay": 0.0},
-    "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0},
+    "dpo": {"max_steps": 60, "batch_size": 8, "learning_rate": 5e-5, "warmup_steps": 10, "weight_decay": 0.0,
+            "loss_type": DPOLossType.SIGMOID.value},
     "distill": {"max_steps": 150, "learning_rate": 5e-4, "warmup_steps": 20},
     # Not tuned yet: batch_size counts prompts (x --num_generations completions); MiniMind's beta.
     "grpo": {"max_steps": 50, "batch_size": 4, "learning_rate": 1e-5, "warmup_steps": 5, "weight_decay": 0.0,
@@ -128,7 +130,7 @@ FINE_TUNING_FLAGS = ("from_weight",)
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge") + FINE_TUNING_FLAGS,
-    "dpo": ("beta",) + FINE_TUNING_FLAGS,
+    "dpo": ("beta", "loss_type", "label_smoothing") + FINE_TUNING_FLAGS,
     "pretrain": ("control_tokens_in_text", "preset") + COPY_FLAGS,
     "sft": ("sft_data",) + COPY_FLAGS + FINE_TUNING_FLAGS,
     "distill": ("teacher", "alpha", "temperature", "distill_data", "control_tokens_in_text") + FINE_TUNING_FLAGS,
@@ -371,8 +373,13 @@ class TrainArgs:
     open_thinking: bool = _flag(ROLLOUT_GROUPS, False, "render the prompts with the thinking block open, so the "
                                                        "policy may think before it answers (the think_format "
                                                        "reward needs it); default: the empty block, a direct answer")
-    loss_type: str = _flag("grpo", "grpo", f"{_choices(LossType)} (trainer/rl_losses.py, policy_loss; "
-                                           "docs/post_training.md)")
+    loss_type: str = _flag({"grpo": "grpo", "dpo": "dpo"}, LossType.GRPO.value,
+                           {"grpo": f"{_choices(LossType)} (trainer/rl_losses.py, policy_loss; docs/post_training.md)",
+                            "dpo": f"{_choices(DPOLossType)}: DPO's -log sigmoid of the reward margin, IPO's squared "
+                                   f"loss on the per-token log-ratios, or SLiC's hinge max(0, 1 - margin) "
+                                   f"(trainer/dpo.py; TRL's names)"})
+    label_smoothing: float = _flag("dpo", 0.0, "conservative DPO: the assumed probability that a pair's preference "
+                                               "is flipped, in [0, 0.5); sigmoid loss only (0: plain DPO)")
     epsilon: float = _flag(ROLLOUT_GROUPS, 0.2,
                            {"grpo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon_high]",
                             "ppo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon] (MiniMind's "
@@ -636,8 +643,8 @@ def _validate(args: TrainArgs) -> None:
         if not 0 <= args.lora_dropout < 1:
             raise bad("lora_dropout", args.lora_dropout, "it must be in [0, 1)")
         parse_targets(args.lora_targets)
-    if args.task == "dpo" and not (args.beta > 0 and math.isfinite(args.beta)):
-        raise bad("beta", args.beta, "it must be a positive number")
+    if args.task == "dpo":
+        _validate_dpo(args, bad)
     if args.task == "distill":
         if not 0 <= args.alpha <= 1:
             raise bad("alpha", args.alpha, "it must be in [0, 1]")
@@ -649,6 +656,18 @@ def _validate(args: TrainArgs) -> None:
         _validate_grpo(args, bad)
     if args.task == "ppo":
         _validate_ppo(args, bad)
+
+
+def _validate_dpo(args: TrainArgs, bad: Any) -> None:
+    if not (args.beta > 0 and math.isfinite(args.beta)):
+        raise bad("beta", args.beta, "it must be a positive number")
+    if args.loss_type not in tuple(DPOLossType):
+        raise bad("loss_type", args.loss_type, f"choose one of {', '.join(DPOLossType)}")
+    if not 0 <= args.label_smoothing < 0.5:
+        raise bad("label_smoothing", args.label_smoothing, "it must be in [0, 0.5)")
+    if args.label_smoothing and args.loss_type != DPOLossType.SIGMOID:
+        raise bad("label_smoothing", args.label_smoothing, f"it smooths the sigmoid loss only: leave it 0 with "
+                                                           f"--loss_type {args.loss_type}")
 
 
 def _validate_grpo(args: TrainArgs, bad: Any) -> None:

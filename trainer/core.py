@@ -465,7 +465,8 @@ class Trainer:
             return LanguageModeling(moe=moe)
         from trainer.dpo import DirectPreference
         reference = load_input_model(self.starting_weights, "--from_weight", **requested_model_fields(self.args))
-        return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast)
+        return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast,
+                                self.args.loss_type, self.args.label_smoothing)
 
     def _rollout_objective(self) -> Objective:
         """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's

@@ -6,15 +6,22 @@ rewards are r_c = beta * (log pi(y_c|x) - log ref(y_c|x)) and r_r likewise, and 
 
     -log sigmoid(r_c - r_r) = -log sigmoid(beta * ((pi_c - pi_r) - (ref_c - ref_r)))
 
-averaged over pairs. The answer's tokens are its content and closing <|im_end|> (dataset/dpo_dataset.py, the SFT
-mask rule restricted to the final answer). The reference's log-probabilities are computed once per batch without
-gradients, in the same autocast as the policy's forward, so at the first step r_c = r_r = 0 and the loss is log 2.
+averaged over pairs (--loss_type sigmoid, the default). --label_smoothing eps gives conservative DPO (Mitchell
+2023, "A note on DPO with noisy preferences and relationship to IPO": each label flipped with probability eps):
+-(1 - eps) log sigmoid(h) - eps log sigmoid(-h), h = r_c - r_r. --loss_type hinge is SLiC's (Zhao et al. 2023,
+arXiv:2305.10425) max(0, 1 - h); ipo is IPO's (Azar et al. 2023, arXiv:2310.12036, equation 17) squared loss
+(d - 1 / (2 beta))^2 on d = the per-token mean of (log pi - log ref) of the chosen answer minus the rejected's, the
+mean over each answer's tokens as TRL's DPOTrainer takes it. The answer's tokens are its content and closing
+<|im_end|> (dataset/dpo_dataset.py, the SFT mask rule restricted to the final answer). The reference's
+log-probabilities are computed once per batch without gradients, in the same autocast as the policy's forward, so
+at the first step r_c = r_r = 0 and the loss is log 2 (sigmoid, whatever eps), 1 (hinge) or 1 / (4 beta^2) (ipo).
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable
 
 import torch
@@ -38,13 +45,37 @@ def sequence_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return -nll.view(targets.shape).sum(dim=-1)
 
 
+class DPOLossType(StrEnum):
+    SIGMOID = "sigmoid"
+    IPO = "ipo"
+    HINGE = "hinge"
+
+
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
-             reference_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(per-pair DPO losses, chosen rewards, rejected rewards) from per-pair summed log-probabilities; the rewards
-    are detached (they are reported, not trained on)."""
-    chosen_rewards = beta * (policy_chosen - reference_chosen)
-    rejected_rewards = beta * (policy_rejected - reference_rejected)
-    losses = -F.logsigmoid(chosen_rewards - rejected_rewards)
+             reference_rejected: torch.Tensor, beta: float, loss_type: str = DPOLossType.SIGMOID,
+             label_smoothing: float = 0.0, chosen_tokens: torch.Tensor | None = None,
+             rejected_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-pair losses of `loss_type`, chosen rewards, rejected rewards) from per-pair summed log-probabilities
+    (the module's docstring has the formulas); ipo also needs each answer's token count. The rewards, beta x the
+    summed log-ratio whatever the loss, are detached (they are reported, not trained on)."""
+    if loss_type not in tuple(DPOLossType):
+        raise ValueError(f"--loss_type={loss_type!r} is not allowed; choose one of {', '.join(DPOLossType)}")
+    if loss_type != DPOLossType.SIGMOID and label_smoothing:
+        raise ValueError(f"--label_smoothing={label_smoothing!r} is not allowed; it smooths the sigmoid loss only")
+    chosen_ratio, rejected_ratio = policy_chosen - reference_chosen, policy_rejected - reference_rejected
+    chosen_rewards, rejected_rewards = beta * chosen_ratio, beta * rejected_ratio
+    margins = chosen_rewards - rejected_rewards
+    if loss_type == DPOLossType.SIGMOID:
+        losses = -F.logsigmoid(margins)
+        if label_smoothing:
+            losses = (1 - label_smoothing) * losses - label_smoothing * F.logsigmoid(-margins)
+    elif loss_type == DPOLossType.HINGE:
+        losses = torch.relu(1 - margins)
+    else:
+        if chosen_tokens is None or rejected_tokens is None:
+            raise ValueError("dpo_loss: loss_type ipo needs the answers' token counts")
+        per_token = chosen_ratio / chosen_tokens.clamp(min=1) - rejected_ratio / rejected_tokens.clamp(min=1)
+        losses = (per_token - 1 / (2 * beta)) ** 2
     return losses, chosen_rewards.detach(), rejected_rewards.detach()
 
 
@@ -79,8 +110,10 @@ class DirectPreference:
     progress_labels = {"reward_accuracy": "acc", "reward_margin": "margin"}
 
     def __init__(self, reference: torch.nn.Module, beta: float,
-                 autocast: Callable[[], AbstractContextManager]) -> None:
+                 autocast: Callable[[], AbstractContextManager], loss_type: str = DPOLossType.SIGMOID,
+                 label_smoothing: float = 0.0) -> None:
         self.reference, self.beta, self.autocast = reference.eval().requires_grad_(False), beta, autocast
+        self.loss_type, self.label_smoothing = loss_type, label_smoothing
 
     def count_items(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return real_pairs(batch).sum()
@@ -91,8 +124,10 @@ class DirectPreference:
         with torch.no_grad(), self.autocast():
             reference = sequence_log_probs(self.reference(**inputs).logits, batch["labels"])
         pairs = policy.shape[0] // 2
+        tokens = (shift_labels(batch["labels"]) != -100).sum(dim=-1).to(policy.dtype)
         losses, chosen, rejected = dpo_loss(policy[:pairs], policy[pairs:], reference[:pairs], reference[pairs:],
-                                            self.beta)
+                                            self.beta, self.loss_type, self.label_smoothing, tokens[:pairs],
+                                            tokens[pairs:])
         return losses, chosen, rejected, real_pairs(batch)
 
     @staticmethod

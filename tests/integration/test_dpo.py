@@ -1,7 +1,8 @@
-"""DPO (trainer/train_dpo.py) on the training core: the loss, rewards and answer masks against an fp64 computation
-written out here from the two models' log-probabilities; a tiny run drives the reward accuracy up from its start
-at log 2 loss; MiniMind-format files (system turns, extra fields) load for both LoRA and DPO; bad preference
-lines are one-line errors naming file and line; the embedded default pairs."""
+"""DPO (trainer/train_dpo.py) on the training core: the loss (sigmoid and IPO), rewards and answer masks against an
+fp64 computation written out here from the two models' log-probabilities; a tiny run drives the reward accuracy up
+from its start at log 2 loss; --loss_type and --label_smoothing reach a run; MiniMind-format files (system turns,
+extra fields) load for both LoRA and DPO; bad preference lines are one-line errors naming file and line; the
+embedded default pairs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from dataset.dpo_dataset import DPODataset
 from tests.training_runs import finetune_argv, run_in_process, write_jsonl
 from trainer.dpo import DirectPreference
-from trainer.run_dir import read_metrics
+from trainer.run_dir import read_metrics, recorded_config
 
 BETA = 0.15
 SYSTEM = {"role": "system", "content": "You are a careful assistant.", "lang": "en"}
@@ -90,6 +91,20 @@ def test_dpo_loss_rewards_and_masks_match_fp64_by_hand(tiny_models, tokenizer, t
     accuracy = sum(c > r for c, r in zip(chosen_rewards, rejected_rewards))
     expected = [accuracy, sum(chosen_rewards) - sum(rejected_rewards), sum(chosen_rewards), sum(rejected_rewards)]
     assert stat_sums.tolist() == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    # IPO on the same pairs: (the chosen answer's mean per-token log-ratio - the rejected's - 1 / (2 beta))^2, each
+    # answer's tokens counted by hand; the logged rewards stay beta x the summed log-ratios.
+    ipo = DirectPreference(reference, BETA, nullcontext, "ipo")
+    ipo_loss, ipo_stats = ipo.loss(policy, batch, num_items=ipo.count_items(batch))
+    squares = []
+    for pair in pairs:
+        means = []
+        for side in ("chosen", "rejected"):
+            pi, answer_ids = _answer_log_prob(policy, tokenizer, pair[side])
+            ref, _ = _answer_log_prob(reference, tokenizer, pair[side])
+            means.append((pi - ref) / len(answer_ids))
+        squares.append((means[0] - means[1] - 1 / (2 * BETA)) ** 2)
+    assert ipo_loss.item() == pytest.approx(sum(squares) / len(squares), rel=1e-5)
+    assert ipo_stats.tolist() == pytest.approx(expected, rel=1e-4, abs=1e-6)
 
     # Validation on a shard padded with a target-free pair (rows: the chosen answers, then the rejected ones): the
     # means are over the real pairs only.
@@ -124,6 +139,22 @@ def test_dpo_run_drives_the_reward_accuracy_up(train_data, tiny_models, tmp_path
     assert val[-1]["val_reward_accuracy"] == 1 and val[-1]["val_loss"] < math.log(2)
     assert summary.final_val["reward_accuracy"] == val[-1]["val_reward_accuracy"]
     assert (out_dir / "model.safetensors").is_file()  # a whole model, for chat, evaluate and the server
+
+
+@pytest.mark.parametrize("flags, first_loss", [(["--loss_type", "hinge"], 1.0),
+                                               (["--loss_type", "ipo", "--beta", "0.5"], 1.0),
+                                               (["--label_smoothing", "0.2"], math.log(2))])
+def test_the_loss_flags_reach_the_run(flags, first_loss, train_data, tiny_models, tmp_path):
+    """The first step's policy is the reference (every log-ratio 0): hinge's loss is max(0, 1 - 0) = 1, IPO's
+    (0 - 1 / (2 x 0.5))^2 = 1, smoothed DPO's log 2 as the plain loss's; the run records the flags."""
+    out_dir = tmp_path / "dpo"
+    run_in_process("dpo", finetune_argv("dpo", train_data, tiny_models.sft, out_dir, "--max_steps", "1",
+                                        "--batch_size", "4", *flags))
+    assert read_metrics(out_dir, "train")[0]["loss"] == pytest.approx(first_loss, abs=1e-6)
+    config = recorded_config(out_dir)
+    assert {key: str(config[key]) for key in ("loss_type", "label_smoothing")} == {
+        "loss_type": flags[1] if flags[0] == "--loss_type" else "sigmoid",
+        "label_smoothing": flags[1] if flags[0] == "--label_smoothing" else "0.0"}
 
 
 def test_minimind_files_with_system_turns_and_extra_fields_load_for_lora_and_dpo(tiny_models, tokenizer, tmp_path):

@@ -1,4 +1,5 @@
-"""Group-relative policy optimisation (GRPO and its Dr. GRPO and CISPO losses): the objective for the training core.
+"""Group-relative policy optimisation (GRPO and its Dr. GRPO, BNPO, DAPO and CISPO losses): the objective for the
+training core.
 
 Each optimizer step first samples its rollouts (`rollouts`, which trainer/core.py's train_step calls on the step's
 micro-batches of prompts before the loss): G = --num_generations completions per prompt with model/generation.py's
@@ -18,7 +19,9 @@ the run). The first update's policy is the one that sampled the completions, so 
 detached: the importance ratio is exactly 1 and nothing is clipped. With more than one, the first update records
 those log-probs in the rollout batch and the later ones take their ratio against them (fixed at sampling time),
 so the clipping acts. The loss is rl_losses.policy_loss's; its unit (what it averages over, over the whole step)
-is the completion for grpo and dr_grpo and the completion token for cispo.
+is the completion for grpo and dr_grpo, the completion token for dapo and cispo, and the micro-batch for bnpo (TRL's
+bnpo is each micro-batch's token mean, averaged over the micro-batches of every process: a step of other
+micro-batches weighs its tokens otherwise).
 """
 
 from __future__ import annotations
@@ -362,9 +365,12 @@ class GroupRelativePolicy(RolloutObjective):
 
     # ----------------------------------------------------------------- the loss
     def count_items(self, batch: dict[str, Any]) -> torch.Tensor:
-        if self.settings.loss_type == LossType.CISPO:
-            return batch["completion_mask"].sum()
-        return torch.tensor(batch["completion_mask"].shape[0], device=batch["completion_mask"].device)
+        mask = batch["completion_mask"]
+        if self.settings.loss_type in (LossType.CISPO, LossType.DAPO):
+            return mask.sum()
+        if self.settings.loss_type == LossType.BNPO:
+            return torch.tensor(1, device=mask.device)
+        return torch.tensor(mask.shape[0], device=mask.device)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any],
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """The reinforcement-learning math of the policy-gradient trainers, as pure functions of tensors (no model, no
-rollouts): group-relative advantages, the GRPO / Dr. GRPO / CISPO policy losses, the k3 KL estimator to a reference
-model, and PPO's pieces: the KL-penalised per-token rewards, GAE, whitening, the clipped policy and value losses and
-their sum, and the critic's explained variance.
+rollouts): group-relative advantages, the GRPO / Dr. GRPO / BNPO / DAPO / CISPO policy losses, the k3 KL
+estimator to a reference model, and PPO's pieces: the KL-penalised per-token rewards, GAE, whitening, the clipped
+policy and value losses and their sum, and the critic's explained variance.
 
 Conventions. A batch holds B completions of up to T tokens; `mask` (B, T) is 1 on a completion's tokens and 0 on
 its padding, which must trail. `logp` (B, T) are the log-probabilities of the sampled tokens under the policy being
@@ -23,6 +23,8 @@ ADVANTAGE_EPS = 1e-4  # added to a group's standard deviation: a group whose rew
 class LossType(StrEnum):
     GRPO = "grpo"
     DR_GRPO = "dr_grpo"
+    BNPO = "bnpo"
+    DAPO = "dapo"
     CISPO = "cispo"
 
 
@@ -86,6 +88,11 @@ def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
     dr_grpo  Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): the same per-token terms, summed over all tokens and
              divided by the constant B x max_completion_length, so a long completion's tokens weigh no less than
              a short one's (pair it with group_advantages(scale=False)).
+    bnpo     TRL's "bnpo": the same per-token terms, their mean over the batch's tokens (1 / sum |o_i|). TRL takes it
+             per micro-batch and averages the micro-batches; so does the GRPO objective (trainer/grpo.py).
+    dapo     DAPO (Yu et al. 2025, arXiv:2503.14476) equation 8, TRL's default: the same per-token terms, their
+             mean over all the tokens of the step's global batch; here the batch's token mean, which the GRPO
+             objective weighs by the batch's tokens over the step's (trainer/grpo.py).
     cispo    CISPO (MiniMax 2025, "MiniMax-M1", arXiv:2506.13585): per token -sg(r_hat) A log pi, where
              r_hat = clip(r, 1 - epsilon_low, 1 + epsilon_high) is detached (sg), so every token keeps a gradient
              (none is dropped by clipping) and the clip bounds its weight; plus beta x k3 KL; the token mean over

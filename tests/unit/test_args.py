@@ -128,7 +128,7 @@ def test_trainer_help_command(script, default, capsys, monkeypatch):
 @pytest.mark.parametrize("task, flag, section, words", [
     ("dpo", "beta", "DPO", "pull toward the reference model"),
     ("dpo", "loss_type", "DPO", "sigmoid | ipo | hinge: DPO's -log sigmoid"),
-    ("grpo", "loss_type", "GRPO", "grpo | dr_grpo | cispo (trainer/rl_losses.py"),
+    ("grpo", "loss_type", "GRPO", "grpo | dr_grpo | bnpo | dapo | cispo (trainer/rl_losses.py"),
     ("grpo", "beta", "GRPO", "the k3 KL to the reference model"),
     ("distill", "temperature", "distillation", "softmax temperature"),
     ("grpo", "temperature", "GRPO", "sampling temperature"),
@@ -155,7 +155,7 @@ def test_grpo_rewards_repeat_and_the_command_line_replaces_the_configs(tmp_path)
 @pytest.mark.parametrize("flags, message", [
     (["--num_generations", "1"], "--num_generations=1 is not allowed; it must be >= 2 (advantages compare a "
                                  "prompt's completions with each other)"),
-    (["--loss_type", "ppo"], "--loss_type='ppo' is not allowed; choose one of grpo, dr_grpo, cispo"),
+    (["--loss_type", "ppo"], "--loss_type='ppo' is not allowed; choose one of grpo, dr_grpo, bnpo, dapo, cispo"),
     (["--beta", "-1"], "--beta=-1.0 is not allowed; it must be a number >= 0 (0: no reference model)"),
     (["--top_p", "0"], "--top_p=0.0 is not allowed; it must be in (0, 1]"),
     (["--reward", "math_answer", "--reward_weights", "1", "2"],

@@ -66,6 +66,16 @@ def _hand_made_batch() -> dict:
 
 def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, beta: float,
                     settings: RolloutSettings, old: list[list[float]] | None = None) -> torch.Tensor:
+    rows = _reference_terms(model64, batch, loss_type, beta, settings, old)
+    if loss_type == "grpo":
+        return sum(sum(terms) / len(terms) for terms in rows) / 4
+    if loss_type == "dr_grpo":
+        return sum(sum(terms) for terms in rows) / (4 * settings.max_completion_length)
+    return sum(sum(terms) for terms in rows) / sum(len(terms) for terms in rows)
+
+
+def _reference_terms(model64: MiniNormForCausalLM, batch: dict, loss_type: str, beta: float,
+                     settings: RolloutSettings, old: list[list[float]] | None = None) -> list[list[torch.Tensor]]:
     """The loss in fp64, token by token: log p from log_softmax of the logits one position back, divided by the
     sampling temperature (the distribution the completions were drawn from, as TRL's GRPOTrainer); ratio
     exp(logp - sg(logp)) = 1 with the policy's gradient (or exp(logp - old) against given old log-probs); per
@@ -89,11 +99,37 @@ def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, b
             ref = float(batch["ref_logp"][i, t])
             terms.append(term + beta * (torch.exp(ref - logp) - (ref - logp) - 1))
         rows.append(terms)
-    if loss_type == "grpo":
-        return sum(sum(terms) / len(terms) for terms in rows) / 4
-    if loss_type == "dr_grpo":
-        return sum(sum(terms) for terms in rows) / (4 * settings.max_completion_length)
-    return sum(sum(terms) for terms in rows) / sum(len(terms) for terms in rows)
+    return rows
+
+
+def _rows(batch: dict, rows: slice) -> dict:
+    return {key: value[rows] if key != "rollout_stats" else value for key, value in batch.items()}
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
+def test_an_accumulated_steps_gradient_equals_the_hand_normalized_full_batch(loss_type):
+    """The hand-made batch as two micro-batches (completions 1-2: 6 tokens, 3-4: 4 tokens), each micro-batch's loss
+    over the step's units, summed (gradient accumulation; processes add theirs the same way): the gradient is the
+    full batch's with each loss type's normalization written out by hand, TRL's -- grpo: the mean over completions
+    of their token means; dr_grpo: the token sum / (4 x max_completion_length); dapo and cispo: the token sum / the
+    step's 10 tokens; bnpo: the mean over the two micro-batches of each one's token mean (sum / 6 and sum / 4)."""
+    beta = 0.1
+    model, batch = _model(), _hand_made_batch()
+    model64 = copy.deepcopy(model).double()
+    settings = _settings(loss_type, beta)
+    objective = GroupRelativePolicy([], _Pad(), settings, None, seed=0, process_index=0, autocast=nullcontext)
+    micro = [_rows(batch, slice(0, 2)), _rows(batch, slice(2, 4))]
+    units = sum(objective.count_items(part) for part in micro)
+    sum(objective.loss(model, part, units)[0] for part in micro).backward()
+    rows = [sum(terms) for terms in _reference_terms(model64, batch, loss_type, beta, settings)]
+    lengths = [2, 4, 1, 3]
+    expected = {"grpo": sum(row / n for row, n in zip(rows, lengths)) / 4,
+                "dr_grpo": sum(rows) / (4 * settings.max_completion_length),
+                "dapo": sum(rows) / 10, "cispo": sum(rows) / 10,
+                "bnpo": ((rows[0] + rows[1]) / 6 + (rows[2] + rows[3]) / 4) / 2}[loss_type]
+    expected.backward()
+    for (name, ours), theirs in zip(model.named_parameters(), model64.parameters()):
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4, atol=1e-7, msg=name)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -126,7 +162,7 @@ def test_completion_log_probs_are_the_tokens_log_probs_one_position_back():
             assert got[i, t].item() == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "cispo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
 @pytest.mark.parametrize("beta", [0.0, 0.1])
 def test_the_objectives_loss_and_gradient_equal_an_fp64_reference(loss_type, beta):
     model, batch = _model(), _hand_made_batch()
@@ -134,7 +170,7 @@ def test_the_objectives_loss_and_gradient_equal_an_fp64_reference(loss_type, bet
     settings = _settings(loss_type, beta)
     objective = GroupRelativePolicy([], _Pad(), settings, None, seed=0, process_index=0, autocast=nullcontext)
     units = objective.count_items(batch)
-    assert int(units) == (10 if loss_type == "cispo" else 4)  # tokens, or completions
+    assert int(units) == {"cispo": 10, "dapo": 10, "bnpo": 1}.get(loss_type, 4)  # tokens, micro-batches, completions
     loss, stats = objective.loss(model, batch, units)
     expected = _reference_loss(model64, batch, loss_type, beta, settings)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)

@@ -57,7 +57,7 @@ def _reference(kind: str, max_len: int = 6) -> tuple[float, list[list[float]], f
         for t in range(lengths[i]):
             term, d_term, was_clipped = _token_terms(kind, i, t)
             weight = {"grpo": 1 / (lengths[i] * len(MASK)), "dr_grpo": 1 / (len(MASK) * max_len),
-                      "cispo": 1 / total_tokens}[kind]
+                      "bnpo": 1 / total_tokens, "dapo": 1 / total_tokens, "cispo": 1 / total_tokens}[kind]
             loss += weight * term
             grad[i][t] = weight * d_term
             clipped += was_clipped
@@ -65,7 +65,7 @@ def _reference(kind: str, max_len: int = 6) -> tuple[float, list[list[float]], f
     return loss, grad, clipped / total_tokens, kl
 
 
-@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "cispo"])
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
 def test_policy_losses_and_gradients_match_fp64_by_hand(kind):
     new, old, advantages, mask, ref = _tensors()
     result = policy_loss(kind, new, old, advantages, mask, EPS_LOW, EPS_HIGH, beta=BETA, ref_logp=ref,
@@ -95,7 +95,8 @@ def test_at_the_rollouts_own_policy_grpo_is_minus_the_mean_advantage_and_cispo_i
 
 def test_bad_policy_loss_arguments_are_refused():
     new, old, advantages, mask, _ = _tensors()
-    with pytest.raises(ValueError, match="--loss_type='ppo' is not allowed; choose one of grpo, dr_grpo, cispo"):
+    with pytest.raises(ValueError, match="--loss_type='ppo' is not allowed; choose one of grpo, dr_grpo, bnpo, dapo, "
+                                         "cispo"):
         policy_loss("ppo", new, old, advantages, mask)
     with pytest.raises(ValueError, match="beta > 0 needs ref_logp"):
         policy_loss("grpo", new, old, advantages, mask, beta=0.1)
@@ -276,7 +277,7 @@ def test_the_ppo_loss_and_its_gradients_match_fp64_by_hand():
     assert result.clip_fraction == pytest.approx(clipped / n)
 
 
-@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "cispo", "ppo"])
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo", "ppo"])
 def test_clip_fraction_counts_the_clipped_tokens_by_trls_rule(kind):
     """The logged clip fraction, token by token. GRPO and PPO (TRL's GRPOTrainer: is_low_clipped = r < 1 - eps_low
     and A < 0, is_high_clipped = r > 1 + eps_high and A > 0): a token with A = 0 is never clipped, and a ratio

@@ -23,7 +23,7 @@ from trainer.dpo import DPOLossType
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import BUILTIN
-from trainer.rl_losses import LossType
+from trainer.rl_losses import LossType, ScaleRewards, default_scale_rewards
 from trainer.run_dir import (CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, ROLLOUT_TASKS, RUN_ID_KEY, TASKS,
                              resolve_path)
 from trainer.schedule import LRSchedule
@@ -135,8 +135,8 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "sft": ("sft_data",) + COPY_FLAGS + FINE_TUNING_FLAGS,
     "distill": ("teacher", "alpha", "temperature", "distill_data", "control_tokens_in_text") + FINE_TUNING_FLAGS,
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
-             "max_completion_length", "top_p", "open_thinking", "loss_type", "epsilon", "epsilon_high",
-             "num_iterations")
+             "max_completion_length", "top_p", "open_thinking", "loss_type", "scale_rewards", "epsilon",
+             "epsilon_high", "num_iterations")
             + POLICY_LORA_FLAGS + FINE_TUNING_FLAGS,
     "ppo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
             "max_completion_length", "top_p", "open_thinking", "epsilon", "cliprange_value", "vf_coef", "gamma",
@@ -384,6 +384,10 @@ class TrainArgs:
                            {"grpo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon_high]",
                             "ppo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon] (MiniMind's "
                                    "clip_epsilon, TRL's cliprange)"})
+    scale_rewards: str | None = _flag("grpo", None, f"{_choices(ScaleRewards)}: what divides the rewards centred "
+                                                    f"on their group's mean (TRL's scale_rewards): the group's std, "
+                                                    f"the std over the step's global batch, or nothing (default: "
+                                                    f"none with --loss_type dr_grpo, else group)")
     epsilon_high: float | None = _flag("grpo", None, "the ratio's upper clip range (default: --epsilon)")
     num_iterations: int = _flag("grpo", 1, "optimizer updates per rollout batch (TRL's num_iterations): the "
                                            "later ones take the importance ratio against the log-probs of the "
@@ -512,7 +516,8 @@ def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any
 
 
 # Flags whose type is not their annotation's plain one (the path flags: unset only by leaving them out).
-FLAG_TYPES: dict[str, Any] = {"seed": seed, **{name: _path for name in PATH_FLAGS}}
+# --scale_rewards takes TRL's value `none`, which for other flags unsets them: leaving it out unsets it.
+FLAG_TYPES: dict[str, Any] = {"seed": seed, "scale_rewards": utf8_text, **{name: _path for name in PATH_FLAGS}}
 
 
 def task_flags(task: str) -> set[str]:
@@ -673,6 +678,10 @@ def _validate_dpo(args: TrainArgs, bad: Any) -> None:
 def _validate_grpo(args: TrainArgs, bad: Any) -> None:
     if args.loss_type not in tuple(LossType):
         raise bad("loss_type", args.loss_type, f"choose one of {', '.join(LossType)}")
+    if args.scale_rewards is None:  # resolved here, so the run records (and a resume compares) what it uses
+        args.scale_rewards = default_scale_rewards(args.loss_type)
+    if args.scale_rewards not in tuple(ScaleRewards):
+        raise bad("scale_rewards", args.scale_rewards, f"choose one of {', '.join(ScaleRewards)}")
     if args.num_generations < 2:
         raise bad("num_generations", args.num_generations, "it must be >= 2 (advantages compare a prompt's "
                                                            "completions with each other)")

@@ -497,7 +497,7 @@ class Trainer:
         settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length,
                                    args.temperature, args.top_p, args.beta, args.epsilon,
                                    args.epsilon if args.epsilon_high is None else args.epsilon_high,
-                                   args.num_iterations)
+                                   args.num_iterations, args.scale_rewards)
         return GroupRelativePolicy(rewards, self.tokenizer, settings, *common)
 
     def _total_steps(self) -> int:

@@ -8,11 +8,12 @@ sampling seed is derived from (--seed, optimizer step, the prompt's index in the
 completion's index in its group), so a resumed run samples the same rollouts as the uninterrupted one, and two
 processes the same as one process over the same global batch. The --reward functions score the completions
 (trainer/rewards.py; a broken one stops the run with one line before anything of the step is applied), the rewards
-become advantages within each prompt's group (trainer/rl_losses.py, group_advantages; Dr. GRPO leaves out the
-std), and the frozen reference's log-probs are computed once (only with --beta > 0). The logged rollout statistics
-are computed over the step's whole global batch (all micro-batches, all processes). RolloutObjective holds what PPO
-(trainer/ppo.py) shares: the sampling, the scoring, the step-wide sums, the reference's log-probs and the greedy
-validation.
+become advantages within each prompt's group (trainer/rl_losses.py, group_advantages), divided as
+--scale_rewards says by the group's std (the default; Dr. GRPO's default leaves it out) or the step's global
+batch's, and the frozen reference's log-probs are computed once (only with --beta > 0). The logged rollout
+statistics are computed over the step's whole global batch (all micro-batches, all processes). RolloutObjective
+holds what PPO (trainer/ppo.py) shares: the sampling, the scoring, the step-wide sums, the reference's log-probs and
+the greedy validation.
 
 --num_iterations updates per rollout batch (TRL's name; the core's `updates_per_rollout`, one optimizer step of
 the run). The first update's policy is the one that sampled the completions, so its old log-probs are its own,
@@ -41,7 +42,8 @@ from dataset.chat_format import IM_END
 from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings
 from trainer.evaluation import LoggedEval
 from trainer.rewards import Reward, math_answer, score
-from trainer.rl_losses import LossType, group_advantages, policy_loss
+from trainer.rl_losses import (ADVANTAGE_EPS, LossType, ScaleRewards, default_scale_rewards, group_advantages,
+                                policy_loss)
 from trainer.run_dir import ROLLOUT_VAL_METRICS
 
 if TYPE_CHECKING:
@@ -69,6 +71,11 @@ class RolloutSettings:
     epsilon_low: float
     epsilon_high: float
     num_iterations: int = 1  # optimizer updates per rollout batch
+    scale_rewards: str | None = None  # group, batch or none; None: default_scale_rewards(loss_type)
+
+    @property
+    def reward_scaling(self) -> str:
+        return self.scale_rewards if self.scale_rewards is not None else default_scale_rewards(self.loss_type)
 
 
 def rollout_seed(seed: int, step: int, sample: int, generation: int) -> int:
@@ -339,7 +346,8 @@ class GroupRelativePolicy(RolloutObjective):
         out = self.sample(model, batch, step, micro_batch)
         unscored = out["reward_values"].isnan().all(dim=0)  # no function scored it: not a reward of 0 it earned
         rewards = out["scores"].masked_fill(unscored, float("nan")).view(-1, self.settings.num_generations)
-        advantages = group_advantages(rewards, scale=self.settings.loss_type != LossType.DR_GRPO).flatten()
+        # batch: centred here, divided by the global batch's std in finish_rollouts
+        advantages = group_advantages(rewards, scale=self.settings.reward_scaling == ScaleRewards.GROUP).flatten()
         device = out["input_ids"].device
         out["advantages"] = advantages.to(device)
         if self.reference is not None:
@@ -351,7 +359,8 @@ class GroupRelativePolicy(RolloutObjective):
         completions some reward function scored (as TRL's nanmean: one no function scored earned no reward of 0; NaN,
         written as null, when none is scored), the mean completion length over all its completions, the mean over its
         groups of their rewards' std --, the same in every micro-batch ("rollout_stats"; the loss weighs them by its
-        units, which sum to the step's)."""
+        units, which sum to the step's); with --scale_rewards batch, the advantages divided by the std of the global
+        batch's scored rewards + 1e-4 (TRL's)."""
         groups = torch.cat([batch["scores"].view(-1, self.settings.num_generations).std(dim=1) for batch in batches])
         scored = torch.cat([~batch["reward_values"].isnan().all(dim=0) for batch in batches])
         scores = torch.cat([batch["scores"] for batch in batches]).double()
@@ -360,6 +369,11 @@ class GroupRelativePolicy(RolloutObjective):
         _, length = self.reward_means(sums[:-4], batches)
         reward = float(sums[-2] / sums[-1]) if sums[-1] else float("nan")
         reward_std = float(sums[-4] / sums[-3])
+        if self.settings.reward_scaling == ScaleRewards.BATCH:  # TRL's nanstd of the scored rewards, Bessel's
+            squares = float(global_sums(accelerator, ((scores[scored] - reward) ** 2).sum())[0])
+            std = math.sqrt(squares / (float(sums[-1]) - 1)) if sums[-1] > 1 else 0.0
+            for batch in batches:
+                batch["advantages"] = batch["advantages"] / (std + ADVANTAGE_EPS)
         for batch in batches:
             batch["rollout_stats"] = torch.tensor([reward, reward_std, length], device=batch["completion_mask"].device)
 

@@ -28,6 +28,20 @@ class LossType(StrEnum):
     CISPO = "cispo"
 
 
+class ScaleRewards(StrEnum):
+    """What divides GRPO's centred rewards (TRL's scale_rewards): each group's std (group_advantages), the std of the
+    rewards of the step's whole global batch, or nothing."""
+
+    GROUP = "group"
+    BATCH = "batch"
+    NONE = "none"
+
+
+def default_scale_rewards(loss_type: str) -> str:
+    """--scale_rewards left unset: none for dr_grpo (Dr. GRPO drops the std), group for every other loss type."""
+    return ScaleRewards.NONE.value if loss_type == LossType.DR_GRPO else ScaleRewards.GROUP.value
+
+
 @dataclass(frozen=True)
 class PolicyLoss:
     loss: torch.Tensor     # 0-d, to minimize (the KL term included)

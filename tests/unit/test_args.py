@@ -140,6 +140,24 @@ def test_a_shared_flag_has_each_tasks_section_and_help(task, flag, section, word
     assert found == section and words in entry
 
 
+def test_scale_rewards_none_is_a_value_and_unset_resolves_by_loss_type(tmp_path):
+    """TRL's `none` is --scale_rewards' value (no std), not the word that unsets other flags; unset, the run records
+    the value it uses: group, and none for dr_grpo (the behaviour before the flag)."""
+    from trainer.args import parse_args
+
+    assert parse_args("grpo", []).scale_rewards == "group"
+    assert parse_args("grpo", ["--loss_type", "dr_grpo"]).scale_rewards == "none"
+    assert parse_args("grpo", ["--loss_type", "dr_grpo", "--scale_rewards", "group"]).scale_rewards == "group"
+    assert parse_args("grpo", ["--scale_rewards", "none"]).scale_rewards == "none"
+    assert parse_args("grpo", ["--scale_rewards", "batch"]).to_dict()["scale_rewards"] == "batch"
+    config = tmp_path / "grpo.yaml"
+    config.write_text("scale_rewards: none\n")
+    assert parse_args("grpo", ["--config", str(config)]).scale_rewards == "none"
+    _, entry = help_entries(_build_parser("grpo").format_help())["--scale_rewards"]
+    assert "group | batch | none: what divides" in entry and entry.endswith("(default: none with --loss_type dr_grpo, "
+                                                                        "else group)")
+
+
 def test_grpo_rewards_repeat_and_the_command_line_replaces_the_configs(tmp_path):
     from trainer.args import parse_args
 
@@ -178,6 +196,8 @@ def test_bad_grpo_flags_are_one_line(flags, message, capsys):
     ("ppo", ["--epsilon", "-0.2"], "--epsilon=-0.2 is not allowed; it must be a positive number"),
     ("sft", ["--sft_data", "tool"], "--sft_data='tool' is not allowed; choose one of tools, chat"),
     ("dpo", ["--loss_type", "grpo"], "--loss_type='grpo' is not allowed; choose one of sigmoid, ipo, hinge"),
+    ("grpo", ["--scale_rewards", "std"], "--scale_rewards='std' is not allowed; choose one of group, batch, none"),
+    ("ppo", ["--scale_rewards", "group"], "unrecognized arguments: --scale_rewards group"),
     ("dpo", ["--label_smoothing", "0.5"], "--label_smoothing=0.5 is not allowed; it must be in [0, 0.5)"),
     ("dpo", ["--label_smoothing", "-0.1"], "--label_smoothing=-0.1 is not allowed; it must be in [0, 0.5)"),
     ("dpo", ["--loss_type", "hinge", "--label_smoothing", "0.1"],

@@ -354,6 +354,45 @@ def test_rollout_advantages_and_completion_masks_by_hand(tokenizer, policy, monk
         assert row[start:start + len(completion)] == completion
 
 
+@pytest.mark.parametrize(("loss_type", "scale_rewards", "divisor"), [
+    ("grpo", None, "group"), ("dr_grpo", None, "none"), ("grpo", "group", "group"), ("grpo", "batch", "batch"),
+    ("grpo", "none", "none"), ("dr_grpo", "group", "group"), ("cispo", "batch", "batch")])
+def test_scale_rewards_divides_the_centred_rewards_as_trl(tokenizer, policy, monkeypatch, loss_type, scale_rewards,
+                                                          divisor):
+    """Two micro-batches of two prompts, groups of 3, the second completion of each micro-batch unscored (None):
+    each advantage is r - the mean of its group's scored rewards, divided (TRL's scale_rewards) by the group's
+    std + 1e-4 (group), by the std of all the step's scored rewards + 1e-4 (batch: across micro-batches), or by
+    nothing (none); Bessel's std throughout; an unscored completion's advantage is 0. Unset, it is group, and none
+    for dr_grpo: the behaviour of every loss type before the flag."""
+    import trainer.grpo as grpo
+
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler([]))
+
+    def reward(prompts, completions, **columns):
+        return [None if i == 1 else float(len(c) % 4) + 0.25 * i for i, c in enumerate(completions)]
+
+    settings = dataclasses.replace(_settings(loss_type, group=3), scale_rewards=scale_rewards)
+    objective = GroupRelativePolicy([Reward("r", reward)], tokenizer, settings, None, seed=5, process_index=0,
+                                    autocast=nullcontext)
+    batches = objective.rollouts(policy, [_numbered_prompts(0, 2), _numbered_prompts(2, 2)], step=4,
+                                 accelerator=_OneProcess())
+    rewards = [None if i % 6 == 1 else value for i, value in
+               enumerate(torch.cat([batch["scores"] for batch in batches]).double().tolist())]
+    scored = [r for r in rewards if r is not None]
+    batch_mean = sum(scored) / len(scored)
+    batch_std = math.sqrt(sum((r - batch_mean) ** 2 for r in scored) / (len(scored) - 1))
+    expected = []
+    for first in range(0, 12, 3):
+        group = [r for r in rewards[first:first + 3] if r is not None]
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / (len(group) - 1))
+        scale = {"group": std + 1e-4, "batch": batch_std + 1e-4, "none": 1.0}[divisor]
+        expected += [0.0 if r is None else (r - mean) / scale for r in rewards[first:first + 3]]
+    assert len(set(scored)) > 3 and abs(batch_std - 1) > 0.1  # the three divisors differ
+    got = torch.cat([batch["advantages"] for batch in batches]).tolist()
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
 def test_a_completion_no_reward_scores_is_out_of_its_groups_advantages(tokenizer, policy, monkeypatch):
     """Two reward functions that each leave some completions unscored (None), one of a group's three scored by
     neither: as TRL's GRPOTrainer, that completion's advantage is 0 and its group's mean and std are the two

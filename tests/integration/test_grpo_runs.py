@@ -1,8 +1,9 @@
 """GRPO (trainer/train_grpo.py) end to end on the training core: a tiny run samples, scores and trains, logs the
 reward, KL, clip fraction and completion length, and saves; resumed from its checkpoint it samples the same
-rollouts and reproduces the uninterrupted run bit for bit; a reward function that breaks its contract stops the run
-in one line and the checkpoint saved before stays complete; several updates per rollout (--num_iterations) clip;
-and a reward that counts a frequent word rises within a few dozen steps on a tiny model."""
+rollouts and reproduces the uninterrupted run bit for bit; --loss_type and --scale_rewards reach the objective; a
+reward function that breaks its contract stops the run in one line and the checkpoint saved before stays complete;
+several updates per rollout (--num_iterations) clip; and a reward that counts a frequent word rises within a few
+dozen steps on a tiny model."""
 
 from __future__ import annotations
 
@@ -71,6 +72,32 @@ def test_a_resumed_grpo_run_samples_the_same_rollouts(grpo_run, grpo_data, tiny_
     assert [r["completion_length"] for r in ours] == [r["completion_length"] for r in theirs]
     mine, reference = load_file(resumed / "model.safetensors"), load_file(grpo_run / "model.safetensors")
     assert all(torch.equal(mine[name], tensor) for name, tensor in reference.items())
+
+
+@pytest.mark.parametrize("flags, loss_type, scale_rewards", [
+    (["--loss_type", "dapo", "--scale_rewards", "batch"], "dapo", "batch"),
+    (["--loss_type", "bnpo", "--scale_rewards", "none"], "bnpo", "none"),
+    (["--loss_type", "dr_grpo"], "dr_grpo", "none")])
+def test_the_loss_and_scaling_flags_reach_the_objective_and_the_record(flags, loss_type, scale_rewards, grpo_data,
+                                                                      tiny_models, tmp_path, monkeypatch):
+    """The objective the run builds has the loss type and reward scaling asked for (unset: dr_grpo's none), and
+    train_config.yaml records them, so a resume compares them."""
+    import trainer.grpo as grpo
+
+    built = []
+    original = grpo.GroupRelativePolicy.__init__
+
+    def record(self, rewards, tokenizer, settings, *args, **kwargs):
+        built.append(settings)
+        original(self, rewards, tokenizer, settings, *args, **kwargs)
+
+    monkeypatch.setattr(grpo.GroupRelativePolicy, "__init__", record)
+    out_dir = tmp_path / "run"
+    run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", "1", *flags))
+    assert [(s.loss_type, s.reward_scaling) for s in built] == [(loss_type, scale_rewards)]
+    config = yaml.safe_load((out_dir / CONFIG_FILE).read_text())
+    assert (config["loss_type"], config["scale_rewards"]) == (loss_type, scale_rewards)
+    assert len(read_metrics(out_dir, "train")) == 1
 
 
 def test_a_reward_that_breaks_its_contract_stops_the_run_in_one_line(grpo_data, tiny_models, tmp_path, capsys):

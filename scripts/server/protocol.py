@@ -51,7 +51,7 @@ class FunctionCall(BaseModel):
 
 class ToolCall(BaseModel):
     model_config = ConfigDict(strict=True)
-    id: str | None = None
+    id: str  # what the "tool" message answering the call names as its tool_call_id (OpenAI requires it)
     type: Literal["function"] = "function"
     function: FunctionCall
 
@@ -203,7 +203,8 @@ class ChatRequest(BaseModel):
     def prompt_messages(self) -> list[dict[str, Any]]:
         """The conversation as the library's chat format takes it (normalize_messages): "developer" read as
         "system", tool calls with their arguments parsed; an APIError (400) naming the field when an argument
-        string is not a JSON object."""
+        string is not a JSON object, or naming the message when calls and tool messages do not pair up
+        (check_tool_answers)."""
         messages = []
         for m in self.messages:
             message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
@@ -214,9 +215,42 @@ class ChatRequest(BaseModel):
                                          for c in m.tool_calls]
             messages.append(message)
         try:
-            return normalize_messages(messages)
+            normalized = normalize_messages(messages)
         except ValueError as error:
             raise APIError(400, str(error), param="messages") from None
+        self.check_tool_answers()
+        return normalized
+
+    def check_tool_answers(self) -> None:
+        """OpenAI's rule for a tool loop sent back, by the call ids that only the wire carries (the library's chat
+        format pairs no calls with answers, and MiniMind's training data has no ids): a "tool" message answers, by
+        its tool_call_id, a call of the assistant message with tool_calls that its run of tool messages follows, and
+        each of that message's calls is answered before the conversation goes on. An APIError (400) naming the
+        message (``messages[3]``) and the ids."""
+        caller: int | None = None  # the index of the assistant message whose calls the tool messages answer
+        unanswered: list[str] = []  # its calls' ids that no tool message has answered yet
+        for index, message in enumerate([*self.messages, None]):
+            where = f"messages[{index}]"
+            if message is not None and message.role == "tool":
+                if caller is None:
+                    raise APIError(400, f"{where}: a message with role 'tool' must be a response to a preceding "
+                                        f"assistant message with 'tool_calls'", param=where)
+                if message.tool_call_id is None:
+                    raise APIError(400, f"{where}.tool_call_id: is required (the id of the call of "
+                                        f"messages[{caller}] it answers)", param=f"{where}.tool_call_id")
+                ids = [call.id for call in self.messages[caller].tool_calls or []]
+                if message.tool_call_id not in ids:
+                    raise APIError(400, f"{where}.tool_call_id: {json.dumps(message.tool_call_id)} is not the id of a "
+                                        f"call in the tool_calls of messages[{caller}] ({', '.join(ids)})",
+                                   param=f"{where}.tool_call_id")
+                unanswered = [i for i in unanswered if i != message.tool_call_id]
+                continue
+            if unanswered:
+                raise APIError(400, f"messages[{caller}]: an assistant message with 'tool_calls' must be followed by "
+                                    f"tool messages responding to each 'tool_call_id'; the following tool_call_ids did "
+                                    f"not have response messages: {', '.join(unanswered)}", param=f"messages[{caller}]")
+            caller = index if message is not None and message.role == "assistant" and message.tool_calls else None
+            unanswered = [call.id for call in message.tool_calls] if caller is not None else []
 
     def offered_tools(self) -> list[dict[str, Any]]:
         """The tools the prompt shows: none with tool_choice "none"; the schemas as the chat format takes them,

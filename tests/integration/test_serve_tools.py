@@ -124,6 +124,70 @@ def test_a_two_request_tool_loop_with_the_openai_client(client) -> None:
     assert second.choices[0].message.tool_calls is None
 
 
+def calling(*ids: str) -> dict:
+    """An assistant message calling wiki once per id, in OpenAI's wire form."""
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": "wiki", "arguments": json.dumps(CALL["arguments"])}}
+        for i in ids]}
+
+
+def answer(call_id: str | None) -> dict:
+    """A tool message answering the call `call_id` (None: a tool message without tool_call_id)."""
+    return {"role": "tool", "content": SUMMARY, **({"tool_call_id": call_id} if call_id is not None else {})}
+
+
+# Tool messages that answer no call, and calls that get no answer: OpenAI's API refuses each with a 400, its param
+# the message (what the client must fix) and its message naming the ids.
+UNPAIRED = {
+    "a tool message after a user message": (
+        ASK + [answer("call_1")], "messages[1]",
+        "messages[1]: a message with role 'tool' must be a response to a preceding assistant message with "
+        "'tool_calls'"),
+    "a tool message after the answer that followed the loop": (
+        tool_turn() + [{"role": "assistant", "content": ANSWER}, answer("call_1")], "messages[4]",
+        "messages[4]: a message with role 'tool' must be a response"),
+    "a tool message naming another call": (
+        ASK + [calling("call_1", "call_2"), answer("call_1"), answer("call_9")], "messages[3].tool_call_id",
+        'messages[3].tool_call_id: "call_9" is not the id of a call in the tool_calls of messages[1] '
+        "(call_1, call_2)"),
+    "a tool message naming a call of an earlier assistant message": (
+        tool_turn("call_1") + [calling("call_2"), answer("call_1")], "messages[4].tool_call_id",
+        '"call_1" is not the id of a call in the tool_calls of messages[3] (call_2)'),
+    "a tool message without tool_call_id": (
+        ASK + [calling("call_1"), answer(None)], "messages[2].tool_call_id", "messages[2].tool_call_id: is required"),
+    "a call left unanswered before a user message": (
+        ASK + [calling("call_1", "call_2"), answer("call_2"), {"role": "user", "content": "And?"}], "messages[1]",
+        "messages[1]: an assistant message with 'tool_calls' must be followed by tool messages responding to each "
+        "'tool_call_id'; the following tool_call_ids did not have response messages: call_1"),
+    "calls left unanswered at the end": (
+        ASK + [calling("call_1", "call_2")], "messages[1]",
+        "the following tool_call_ids did not have response messages: call_1, call_2"),
+    "a call without an id": (
+        ASK + [{"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "wiki", "arguments": "{}"}}]}], "messages[1].tool_calls[0].id",
+        "messages[1].tool_calls[0].id: is required"),
+}
+
+
+@pytest.mark.parametrize(("messages", "param", "phrase"), UNPAIRED.values(), ids=UNPAIRED.keys())
+def test_tool_messages_that_answer_no_call_are_refused(client, messages, param, phrase) -> None:
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=stream, **GREEDY)
+        error = refused.value.body
+        assert refused.value.status_code == 400 and error["type"] == "invalid_request_error", error
+        assert error["param"] == param and phrase in error["message"], error
+
+
+def test_calls_answered_in_any_order_are_accepted(client) -> None:
+    """OpenAI pairs answers with calls by id, not by place: two calls answered in the other order, and a loop of
+    two rounds, are answered (the format shows the answers in the order they are sent: docs/serving.md)."""
+    for messages in (ASK + [calling("call_1", "call_2"), answer("call_2"), answer("call_1")],
+                     tool_turn("call_1") + [calling("call_2"), answer("call_2")]):
+        response = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, **GREEDY)
+        assert response.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_a_strict_tool_is_accepted_and_called_as_any_other(client) -> None:
     """OpenAI's clients may send "strict": true by default: accepted, rendered as the tool without it (the same
     prompt, so the same call), and promising nothing more (docs/serving.md)."""

@@ -229,6 +229,7 @@ class ChatRequest(BaseModel):
         message (``messages[3]``) and the ids."""
         caller: int | None = None  # the index of the assistant message whose calls the tool messages answer
         unanswered: list[str] = []  # its calls' ids that no tool message has answered yet
+        answered: dict[str, int] = {}  # the ids answered so far, each with the index of its answer
         for index, message in enumerate([*self.messages, None]):
             where = f"messages[{index}]"
             if message is not None and message.role == "tool":
@@ -243,6 +244,11 @@ class ChatRequest(BaseModel):
                     raise APIError(400, f"{where}.tool_call_id: {json.dumps(message.tool_call_id)} is not the id of a "
                                         f"call in the tool_calls of messages[{caller}] ({', '.join(ids)})",
                                    param=f"{where}.tool_call_id")
+                if message.tool_call_id in answered:  # which answer holds would be the format's guess
+                    raise APIError(400, f"{where}.tool_call_id: duplicate value {json.dumps(message.tool_call_id)}, in "
+                                        f"messages[{answered[message.tool_call_id]}] and {where} (a call is answered "
+                                        f"once)", param=f"{where}.tool_call_id")
+                answered[message.tool_call_id] = index
                 unanswered = [i for i in unanswered if i != message.tool_call_id]
                 continue
             if unanswered:
@@ -251,6 +257,7 @@ class ChatRequest(BaseModel):
                                     f"not have response messages: {', '.join(unanswered)}", param=f"messages[{caller}]")
             caller = index if message is not None and message.role == "assistant" and message.tool_calls else None
             unanswered = [call.id for call in message.tool_calls] if caller is not None else []
+            answered = {}
 
     def offered_tools(self) -> list[dict[str, Any]]:
         """The tools the prompt shows: none with tool_choice "none"; the schemas as the chat format takes them,

@@ -153,6 +153,10 @@ UNPAIRED = {
     "a tool message naming a call of an earlier assistant message": (
         tool_turn("call_1") + [calling("call_2"), answer("call_1")], "messages[4].tool_call_id",
         '"call_1" is not the id of a call in the tool_calls of messages[3] (call_2)'),
+    "a call answered twice": (
+        ASK + [calling("call_1", "call_2"), answer("call_1"), answer("call_2"), answer("call_1")],
+        "messages[4].tool_call_id",
+        'messages[4].tool_call_id: duplicate value "call_1", in messages[2] and messages[4] (a call is answered once)'),
     "a tool message without tool_call_id": (
         ASK + [calling("call_1"), answer(None)], "messages[2].tool_call_id", "messages[2].tool_call_id: is required"),
     "a call left unanswered before a user message": (

@@ -65,6 +65,14 @@ class Message(BaseModel):
     reasoning_content: str | None = None       # assistant (MiniMind's and DeepSeek's field)
     tool_call_id: str | None = None            # tool
 
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_if_any(cls, value: list[ToolCall] | None) -> list[ToolCall] | None:
+        if value is not None and not value:  # OpenAI's rule: an empty list is no calls, said the wrong way
+            raise PydanticCustomError("tool_calls_empty", "must hold at least one call (leave it out, or send null, "
+                                      "when there are none)", {})
+        return value
+
     @field_validator("content")
     @classmethod
     def _content_unless_calling(cls, value: Any, info: ValidationInfo) -> Any:

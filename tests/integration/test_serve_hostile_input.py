@@ -109,6 +109,8 @@ HOSTILE.update({
     "call arguments a list": (with_fields(messages=calling("[1]")), "messages[1].tool_calls[0].arguments"),
     "a call without a name": (with_fields(messages=USER + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"arguments": "{}"}}]}]), "tool_calls[0].function.name"),
+    "an empty list of calls": (with_fields(messages=USER + [{"role": "assistant", "content": "x", "tool_calls": []}]),
+                               "messages[1].tool_calls: must hold at least one call (leave it out, or send null"),
     "reasoning on a user message": (with_fields(messages=[{"role": "user", "content": "x", "reasoning_content": "r"}]),
                                     "messages[0].reasoning_content"),
     "open_thinking a string": (with_fields(chat_template_kwargs={"open_thinking": "yes"}),

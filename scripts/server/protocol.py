@@ -180,6 +180,16 @@ class ChatRequest(BaseModel):
             raise PydanticCustomError("top_logprobs", 'needs "logprobs": true', {})
         return value
 
+    @field_validator("tool_choice", "parallel_tool_calls")
+    @classmethod
+    def _only_with_tools(cls, value: Any, info: ValidationInfo) -> Any:
+        # OpenAI's rule ("'tool_choice' is only allowed when 'tools' are specified"); when tools failed its own
+        # check, that error is the one to report.
+        if value is not None and "tools" in info.data and not info.data["tools"]:
+            raise PydanticCustomError("needs_tools", "is only allowed when tools are given (this request offers "
+                                      "none)", {})
+        return value
+
     @field_validator("response_format")
     @classmethod
     def _free_text_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
@@ -280,13 +290,12 @@ class ChatRequest(BaseModel):
 
     def forced_tool(self) -> str | None:
         """What tool_choice demands: None (the model decides), "" (some tool: "required") or a tool's name. An
-        APIError (400) when it names a tool the request does not offer, or demands one with no tools."""
+        APIError (400) when it names a tool the request does not offer (one without tools never gets here:
+        _only_with_tools)."""
         choice = self.tool_choice
         if choice is None or choice in ("auto", "none"):
             return None
-        names = [t.function.name for t in self.tools or []]
-        if not names:
-            raise APIError(400, "tool_choice: a tool is required but the request offers no tools", param="tool_choice")
+        names = [t.function.name for t in self.tools or []]  # not empty: tool_choice comes with tools
         if isinstance(choice, NamedToolChoice):
             if choice.function.name not in names:
                 raise APIError(400, f"tool_choice: no tool {choice.function.name!r} among the tools offered "

@@ -103,6 +103,14 @@ HOSTILE.update({
     "tool_choice without a name": (with_fields(tools=[WIKI], tool_choice={"type": "function", "function": {}}),
                                    "tool_choice.function.name"),
     "tool_choice required without tools": (with_fields(tool_choice="required"), "tool_choice"),
+    # OpenAI's rule: "'tool_choice' is only allowed when 'tools' are specified", and the same for parallel_tool_calls
+    **{f"{field} {json.dumps(value)}, {json.dumps(tools)[1:-1] or 'no tools'}": (
+        with_fields(**{field: value}, **tools), f"{field}: is only allowed when tools are given (this request offers "
+                                                "none)")
+       for field, value in (("tool_choice", "none"), ("tool_choice", "auto"), ("tool_choice", "required"),
+                            ("tool_choice", {"type": "function", "function": {"name": "wiki"}}),
+                            ("parallel_tool_calls", False), ("parallel_tool_calls", True))
+       for tools in ({}, {"tools": None}, {"tools": []})},
     "a tool message without content": (with_fields(messages=USER + [{"role": "tool", "tool_call_id": "c"}]),
                                        "messages[1].content: is required"),
     "call arguments not JSON": (with_fields(messages=calling("{oops")), "messages[1].tool_calls[0].arguments"),

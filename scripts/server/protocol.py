@@ -94,6 +94,16 @@ class FunctionSchema(BaseModel):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # OpenAI's rule: a call's arguments are a JSON object, so the schema describing them is of type "object".
+        # The library's parse_tools stays looser: SFT data may spell it otherwise (Gorilla's "dict").
+        if value is not None and "type" in value and value["type"] != "object":
+            raise PydanticCustomError("parameters_type", 'must be a JSON schema of "type": "object" (the arguments '
+                                      'of a call are an object), got "type": {got}', {"got": json.dumps(value["type"])})
+        return value
+
 
 class Tool(BaseModel):
     model_config = ConfigDict(strict=True)

@@ -151,6 +151,11 @@ HOSTILE.update({
     "a property that is not a schema": (offering({"properties": {"x": "string"}}),
                                         'tools[0].function.parameters.properties["x"] must be a JSON schema object'),
     "a property that is null": (offering({"properties": {"x": None}}), 'properties["x"] must be a JSON schema'),
+    "parameters of type string": (offering({"type": "string"}), 'tools[0].function.parameters: must be a JSON '
+                                  'schema of "type": "object" (the arguments of a call are an object), got "type": '
+                                  '"string"'),
+    "parameters of type array": (offering({"type": "array", "items": {"type": "number"}}),
+                                 'tools[0].function.parameters: must be a JSON schema of "type": "object"'),
     "required a number": (offering({"properties": {"x": {"type": "string"}}, "required": 5}),
                           "tools[0].function.parameters.required must be a list of property names, got int"),
     "required a string": (offering({"properties": {"x": {}, "y": {}}, "required": "xy"}),

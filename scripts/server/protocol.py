@@ -52,7 +52,7 @@ class FunctionCall(BaseModel):
 class ToolCall(BaseModel):
     model_config = ConfigDict(strict=True)
     id: str  # what the "tool" message answering the call names as its tool_call_id (OpenAI requires it)
-    type: Literal["function"] = "function"
+    type: Literal["function"]  # required too, as OpenAI's API requires it
     function: FunctionCall
 
 

@@ -119,6 +119,9 @@ HOSTILE.update({
         {"id": "c", "type": "function", "function": {"arguments": "{}"}}]}]), "tool_calls[0].function.name"),
     "an empty list of calls": (with_fields(messages=USER + [{"role": "assistant", "content": "x", "tool_calls": []}]),
                                "messages[1].tool_calls: must hold at least one call (leave it out, or send null"),
+    "a call without its type": (with_fields(messages=USER + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "function": {"name": "wiki", "arguments": "{}"}}]}]),
+                                "messages[1].tool_calls[0].type: is required"),
     "reasoning on a user message": (with_fields(messages=[{"role": "user", "content": "x", "reasoning_content": "r"}]),
                                     "messages[0].reasoning_content"),
     "open_thinking a string": (with_fields(chat_template_kwargs={"open_thinking": "yes"}),

@@ -5,6 +5,7 @@ importing it costs nothing (the trainer, the metrics log and the sweep runner al
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -163,3 +164,14 @@ def path_overlap(path: Path, other: Path) -> str | None:
     if real in real_other.parents:
         return "holds"
     return None
+
+
+def file_digest(path: Path) -> dict[str, int | str]:
+    """{"bytes": its size, "sha256": the hex digest of its bytes}: what a folder written as a whole (a checkpoint)
+    records of each of its files, to tell later that a file is still the one written there."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"bytes": size, "sha256": digest.hexdigest()}

@@ -16,6 +16,10 @@ that it can read each file it needs, its own RNG state included, and the job sto
 the path otherwise: a process never silently starts from another step, or from its seed, while the others resume.
 A resume reads its trainer state through `read_trainer_state` (the one place that validates it) and loads every
 file (`load_checkpoint`, which names a damaged one) before --overwrite removes the directory's previous run.
+`trainer_state.json` also records the size and sha256 of every file its writer holds (the writer hashes them once
+every process has written its part), and a resume checks them before it loads anything (agree_on_start): a file
+copied in from another checkpoint, truncated or replaced is refused in one line naming it. A checkpoint written
+before digests were recorded resumes unverified, with a note saying so.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
-from dataset.atomic_io import atomic_write_text, first_line, give_open_modes, read_text_file
+from dataset.atomic_io import atomic_write_text, file_digest, first_line, give_open_modes, read_text_file
 from dataset.json_text import strict_json
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
                           scored_against_starting_weights, uses_lora)
@@ -59,6 +63,9 @@ ADAPTER_FLAGS = ("lora", "lora_rank", "lora_targets")
 # runs (norm_impl) or trains (dropout), which a resume may change as it may the learning rate.
 ARCHITECTURE_FIELDS = tuple(name for name in MODEL_FIELDS if name not in RUNTIME_MODEL_FIELDS)
 FILES_KEY = "files"  # trainer_state.json: every file of the checkpoint, relative to it
+# trainer_state.json: {file: {"bytes", "sha256"}} of every file its writer holds (verify_digests)
+DIGESTS_KEY = "digests"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 DATA_KEYS = {"path", "train_samples", "tokens"}  # trainer_state.json's "data" (trainer/data.py data_identity)
 _RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
 _STORAGE_HELP = "see docs/training.md, 'Several machines'"
@@ -185,7 +192,10 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
                                        f"storage that process can read ({_STORAGE_HELP})")
     if writer:
         give_open_modes(tmp)
-        atomic_write_text(tmp / STATE_FILE, strict_json({**state, FILES_KEY: files}, indent=2))
+        # The writer's digest of each file it holds (on shared storage, every process's; on one directory per
+        # machine, that machine's copy), read back once all are written: Accelerate writes them, each its own way.
+        digests = file_digests(tmp, views[accelerator.process_index][1])
+        atomic_write_text(tmp / STATE_FILE, strict_json({**state, FILES_KEY: files, DIGESTS_KEY: digests}, indent=2))
         if final.exists():
             _remove_checkpoint(final)
         os.replace(tmp, final)
@@ -295,10 +305,46 @@ def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
     if data is not None and not (isinstance(data, dict) and DATA_KEYS <= set(data)):
         raise bad("data", f"a JSON object with {', '.join(sorted(DATA_KEYS))}")
     files = state.get(FILES_KEY)
-    if files is not None and not (isinstance(files, list) and all(
-            isinstance(name, str) and name and not Path(name).is_absolute() and ".." not in Path(name).parts
-            for name in files)):
+    if files is not None and not (isinstance(files, list) and all(_inside(name) for name in files)):
         raise bad(FILES_KEY, "a list of file names inside the checkpoint")
+    digests = state.get(DIGESTS_KEY)
+    if digests is not None and not (isinstance(digests, dict) and all(
+            _inside(name) and isinstance(entry, dict) and is_count(entry.get("bytes"))
+            and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])
+            for name, entry in digests.items())):
+        raise bad(DIGESTS_KEY, 'a JSON object of file names inside the checkpoint, each {"bytes": an integer >= 0, '
+                               '"sha256": 64 hex digits}')
+
+
+def _inside(name: Any) -> bool:
+    """A file name of trainer_state.json's lists: relative, inside the checkpoint."""
+    return isinstance(name, str) and bool(name) and not Path(name).is_absolute() and ".." not in Path(name).parts
+
+
+def file_digests(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """{name: file_digest} of the files `names` under `folder`, hashed side by side on the machine's cores (hashlib
+    lets go of the GIL): a checkpoint is a few large files, and the run waits for its save."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1))) as pool:
+        return dict(zip(names, pool.map(lambda name: file_digest(folder / name), names)))
+
+
+def verify_digests(path: Path, digests: dict[str, dict[str, Any]]) -> str | None:
+    """The first file of the checkpoint `path` that is not the one its save recorded in `digests` (missing, another
+    size, other bytes), in words, or None. Sizes first: a truncated file is named without reading any file."""
+    for name, recorded in sorted(digests.items()):
+        file = path / name
+        if not file.is_file():
+            return f"{file} is missing"
+        if (size := file.stat().st_size) != recorded["bytes"]:
+            return f"{file} holds {size} bytes, where {STATE_FILE} records {recorded['bytes']}"
+    names = sorted(digests)
+    found = file_digests(path, names)
+    for name in names:
+        if found[name]["sha256"] != digests[name]["sha256"]:
+            return f"{path / name} has another sha256 than {STATE_FILE} records"
+    return None
 
 
 def saved_position(state: dict[str, Any]) -> tuple[int, int]:
@@ -502,16 +548,18 @@ class RunStart:
 
 
 def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, path: Path | None,
-                   overwrite: bool = False) -> RunStart:
+                   overwrite: bool = False, shared_storage: bool = True) -> RunStart:
     """Collective: which run every process starts, decided once by the main process and broadcast, then checked by
     every process. `resume`: None, "auto" (the newest checkpoint under out_dir/checkpoints, this process's, that
     every process holds) or a checkpoint directory, `path` (resolved on each machine). One directory holds one run:
     a fresh start where `out_dir` holds a finished model or checkpoints, or a resume of another run's checkpoint
     there (run ids differ), is refused unless `overwrite`, and then that run's files are to be removed
     (`RunStart.clear`; clear_previous_files removes them once the new run's inputs have all been checked). Nothing
-    is written here. Raises, on every process with the same one line, ValueError for such a
-    refusal, FileNotFoundError when there is no such checkpoint and CheckpointUnreadable naming the first rank and
-    path that cannot be read."""
+    is written here. The processes that wrote the checkpoint (`shared_storage`: the main one; else each machine's
+    first) check each file of theirs against the digests their save recorded, before anything is loaded. Raises, on
+    every process with the same one line, ValueError for such a refusal, FileNotFoundError when there is no such
+    checkpoint, CheckpointUnreadable naming the first rank and path that cannot be read and CheckpointDamaged naming
+    the first file that is not the one saved."""
     root = out_dir / CHECKPOINT_DIR
     held = [p.name for p in list_checkpoints(root)] if resume == "auto" else []
     views = gather_object([(str(root), held)])
@@ -542,7 +590,32 @@ def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, 
             raise CheckpointUnreadable(f"--resume {resume}: rank {rank} cannot read {problem}; every process needs "
                                        f"the checkpoint's model, optimizer and scheduler state and its own RNG state "
                                        f"({_STORAGE_HELP})")
-    return RunStart(decision["run_id"], ResumePoint(mine, state, decision["note"]), clear)
+    writer = accelerator.is_main_process if shared_storage else accelerator.is_local_main_process
+    mismatch = _check_digests(mine, state, accelerator.is_main_process) if writer else None
+    mismatches = gather_object([mismatch])
+    for rank, mismatch in enumerate(mismatches):
+        if mismatch is not None:
+            where = f"rank {rank}: " if len(mismatches) > 1 else ""
+            raise CheckpointDamaged(f"--resume {resume}: {where}{mismatch}; {_way_on(mine)}")
+    unverified = (f"its {STATE_FILE} records no digests of its files (written before MiniNorm recorded them): they "
+                  f"were not verified") if state.get(DIGESTS_KEY) is None else ""
+    note = "; ".join(part for part in (decision["note"], unverified) if part)
+    return RunStart(decision["run_id"], ResumePoint(mine, state, note), clear)
+
+
+def _check_digests(path: Path, state: dict[str, Any], main: bool) -> str | None:
+    """A writer's check of its copy of the checkpoint `path` (`state`: the main process's trainer state; another
+    machine's first process reads its own, which records its own copy's files): the first file that is not the one
+    saved, in words, or None (a checkpoint written before digests were recorded is not checked)."""
+    if not main:
+        try:
+            state = read_trainer_state(path)
+        except (FileNotFoundError, CheckpointDamaged) as error:
+            return str(error)
+    digests = state.get(DIGESTS_KEY)
+    if digests is None or (mismatch := verify_digests(path, digests)) is None:
+        return None
+    return f"{mismatch}: not the file this checkpoint saved (replaced, truncated or damaged since)"
 
 
 def clear_previous_files(accelerator: Accelerator, out_dir: Path, start: RunStart, writer: bool) -> tuple[str, ...]:

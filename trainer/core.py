@@ -252,7 +252,8 @@ class Trainer:
         explicit = resolve_path(args.resume) if args.resume and args.resume != "auto" else None
         # One run per directory: refuse to replace or mix with another run there (--overwrite: its files go once
         # this run's inputs are all checked, clear_previous_files below).
-        start = agree_on_start(self.accelerator, args.resume, self.out_dir, explicit, overwrite=args.overwrite)
+        start = agree_on_start(self.accelerator, args.resume, self.out_dir, explicit, overwrite=args.overwrite,
+                               shared_storage=self.shared_storage)
         self.run_id = start.run_id
         self.resume = start.resume
         self.resume_from = self.resume.path if self.resume is not None else None

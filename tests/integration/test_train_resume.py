@@ -210,12 +210,19 @@ def test_a_resume_with_another_architecture_is_refused_in_one_line(flags, messag
 @pytest.mark.parametrize("content", [b"damaged", b""])
 def test_a_damaged_rng_state_is_refused_naming_the_file(content, train_data, reference_run, tmp_path, capsys):
     """Accelerate only logs (at info level) that it could not load the random states: the run went on from the
-    seed's, "resumed" but not exactly (other dropout masks), without a word."""
+    seed's, "resumed" but not exactly (other dropout masks), without a word. The checkpoint's digests name the file
+    before anything is loaded; one saved before digests were recorded is named when its states are restored."""
     checkpoint = tmp_path / "step_00000003"
     shutil.copytree(reference_run / "checkpoints" / "step_00000003", checkpoint)
     (checkpoint / "random_states_0.pkl").write_bytes(content)
     argv = pretrain_argv(train_data, tmp_path / "resumed", "--batch_size", "4", "--dropout", "0.1", "--resume",
                          str(checkpoint))
+    error = refused_run("pretrain", argv, capsys)
+    assert error.startswith(f"error: --resume {checkpoint}: {checkpoint / 'random_states_0.pkl'} holds "
+                            f"{len(content)} bytes, where trainer_state.json records "), error
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    del state["digests"]
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
     error = refused_run("pretrain", argv, capsys)
     assert error.startswith(f"error: --resume {checkpoint}: {checkpoint / 'random_states_0.pkl'} is damaged"), error
     assert not (tmp_path / "resumed" / "metrics.jsonl").exists()
@@ -289,3 +296,44 @@ def test_a_damaged_newest_checkpoint_names_the_one_before_it(damage, train_data,
     assert error.endswith(f" resume from the checkpoint before it with --resume {before}"), error
     run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--resume", str(before)))
     assert train_losses(run) == train_losses(reference_run)
+
+
+def test_a_file_copied_in_from_another_checkpoint_is_refused_and_an_untouched_one_resumes_exactly(
+        train_data, reference_run, tmp_path, capsys):
+    """A model.safetensors copied from step 3 into step 6 (same names, same size): `--resume auto` went on with step
+    3's weights under step 6's optimizer moments and position, without a word. Refused now in one line naming the
+    file and the checkpoint to go on from, the run left whole; the checkpoint as saved resumes bit for bit, and one
+    saved before digests were recorded resumes with a note."""
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    for name in ("run_summary.json", "model.safetensors"):  # as if stopped after its last checkpoint
+        (run / name).unlink()
+    newest, before = run / "checkpoints" / "step_00000006", run / "checkpoints" / "step_00000003"
+    saved = (newest / "model.safetensors").read_bytes()
+    (newest / "model.safetensors").write_bytes((before / "model.safetensors").read_bytes())
+    files = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    error = refused_run("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--resume", "auto"), capsys)
+    assert error == (f"error: --resume auto: {newest / 'model.safetensors'} has another sha256 than "
+                     f"trainer_state.json records: not the file this checkpoint saved (replaced, truncated or damaged "
+                     f"since); resume from the checkpoint before it with --resume {before}")
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == files  # nothing removed
+    (newest / "model.safetensors").write_bytes(saved)
+    run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--resume", "auto"))
+    said = capsys.readouterr().out
+    assert f"resumed from {newest} at optimizer step 6 (epoch 0, sample 24 of 296)\n" in said  # verified: no note
+    assert train_losses(run) == train_losses(reference_run)
+    assert load_file(run / "model.safetensors").keys() == load_file(reference_run / "model.safetensors").keys()
+    assert (run / "model.safetensors").read_bytes() == (reference_run / "model.safetensors").read_bytes()
+
+    old = tmp_path / "old"  # written before checkpoints recorded digests
+    shutil.copytree(reference_run / "checkpoints" / "step_00000003", old / "step_00000003")
+    state = json.loads((old / "step_00000003" / "trainer_state.json").read_text())
+    del state["digests"]
+    (old / "step_00000003" / "trainer_state.json").write_text(json.dumps(state))
+    capsys.readouterr()
+    run_in_process("pretrain", pretrain_argv(train_data, tmp_path / "from_old", "--batch_size", "4", "--resume",
+                                             str(old / "step_00000003")))
+    assert (f"resumed from {old / 'step_00000003'} at optimizer step 3 (epoch 0, sample 12 of 296); its "
+            f"trainer_state.json records no digests of its files (written before MiniNorm recorded them): they were "
+            f"not verified") in capsys.readouterr().out
+    assert train_losses(tmp_path / "from_old") == train_losses(reference_run)[3:]

@@ -142,6 +142,10 @@ def _without(*keys: str) -> dict:
     ({**GOOD_STATE, "train_time_s": "x"}, "'train_time_s' must be a number >= 0"),
     ({**GOOD_STATE, "run_id": 5}, "'run_id' must be a string"),
     ({**GOOD_STATE, "threads": "many"}, "'threads' must be an integer >= 1"),
+    ({**GOOD_STATE, "digests": ["model.safetensors"]}, "'digests' must be a JSON object of file names"),
+    ({**GOOD_STATE, "digests": {"/etc/passwd": {"bytes": 1, "sha256": "0" * 64}}}, "'digests' must be a JSON object"),
+    ({**GOOD_STATE, "digests": {"model.safetensors": {"bytes": -1, "sha256": "0" * 64}}}, "'digests' must be"),
+    ({**GOOD_STATE, "digests": {"model.safetensors": {"bytes": 1, "sha256": "abc"}}}, "64 hex digits"),
 ], ids=lambda value: None)
 def test_a_damaged_trainer_state_is_refused_in_one_line_naming_the_file_and_field(content, message, tmp_path):
     from trainer.checkpoint import read_trainer_state
@@ -430,3 +434,82 @@ def test_saves_keep_the_newest_and_a_resume_names_a_missing_file_in_one_line(tmp
     assert str(refused.value) == (f"--resume auto: {root / 'step_00000003' / 'random_states_0.pkl'} is missing or "
                                   f"cannot be read; the checkpoint is incomplete: resume from the checkpoint before it "
                                   f"with --resume {root / 'step_00000002'}")
+
+
+# ---------------------------------------------------------------- the files of a checkpoint, as its save wrote them
+def _save_trained_checkpoints(tmp_path: Path, steps: tuple[int, ...]):
+    """Checkpoints of a small model and its AdamW moments, one optimizer step apart: (accelerator, their root)."""
+    import torch
+    from accelerate import Accelerator
+
+    from trainer.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    accelerator, root = Accelerator(cpu=True), tmp_path / "checkpoints"
+    model = torch.nn.Linear(8, 8)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    for step in steps:
+        model(torch.randn(4, 8)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        save_checkpoint(accelerator, root, step, {**GOOD_STATE, "step": step, "files": None}, keep=len(steps))
+    return accelerator, root
+
+
+def test_a_save_records_the_size_and_sha256_of_every_file_it_wrote(tmp_path):
+    import hashlib
+
+    _, root = _save_trained_checkpoints(tmp_path, (1,))
+    checkpoint = root / "step_00000001"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    written = sorted(p.name for p in checkpoint.iterdir() if p.name != "trainer_state.json")
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= set(written)
+    assert state["digests"] == {name: {"bytes": len((checkpoint / name).read_bytes()),
+                                       "sha256": hashlib.sha256((checkpoint / name).read_bytes()).hexdigest()}
+                                for name in written}
+
+
+def test_a_file_copied_in_from_another_checkpoint_is_refused_before_anything_is_loaded(tmp_path):
+    """A model.safetensors of step 1 in step 2's folder: the same size and names, and the resume went on with step
+    1's weights under step 2's optimizer moments, without a word."""
+    from trainer.checkpoint import CheckpointDamaged, agree_on_start
+
+    accelerator, root = _save_trained_checkpoints(tmp_path, (1, 2))
+    newest, before = root / "step_00000002", root / "step_00000001"
+    (newest / "model.safetensors").write_bytes((before / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointDamaged) as refused:
+        agree_on_start(accelerator, "auto", tmp_path, None)
+    assert str(refused.value) == (f"--resume auto: {newest / 'model.safetensors'} has another sha256 than "
+                                  f"trainer_state.json records: not the file this checkpoint saved (replaced, "
+                                  f"truncated or damaged since); resume from the checkpoint before it with --resume "
+                                  f"{before}")
+    assert agree_on_start(accelerator, str(before), tmp_path, before).resume.note == ""  # verified, nothing to say
+
+
+def test_a_truncated_optimizer_file_is_refused_naming_its_size(tmp_path):
+    from trainer.checkpoint import CheckpointDamaged, agree_on_start
+
+    accelerator, root = _save_trained_checkpoints(tmp_path, (1,))
+    optimizer = root / "step_00000001" / "optimizer.bin"
+    saved = len(optimizer.read_bytes())
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    with pytest.raises(CheckpointDamaged) as refused:
+        agree_on_start(accelerator, "auto", tmp_path, None)
+    assert str(refused.value) == (f"--resume auto: {optimizer} holds 100 bytes, where trainer_state.json records "
+                                  f"{saved}: not the file this checkpoint saved (replaced, truncated or damaged "
+                                  f"since); there is no earlier checkpoint to resume from: start the run anew "
+                                  f"(--overwrite)")
+
+
+def test_a_checkpoint_saved_before_digests_resumes_with_a_note(tmp_path):
+    from trainer.checkpoint import agree_on_start
+
+    accelerator, root = _save_trained_checkpoints(tmp_path, (1,))
+    state_file = root / "step_00000001" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["digests"]
+    state_file.write_text(json.dumps(state))
+    start = agree_on_start(accelerator, "auto", tmp_path, None)
+    assert start.resume.path == root / "step_00000001"
+    assert start.resume.note == ("its trainer_state.json records no digests of its files (written before MiniNorm "
+                                 "recorded them): they were not verified")

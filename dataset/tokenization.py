@@ -1,17 +1,22 @@
 """Loading the tokenizer committed in ``model/`` (regenerate it with ``scripts/train_tokenizer.py``), making sure
-a model is trained further with the tokenizer it was trained with, and where each token of a text starts."""
+a model is trained further with the tokenizer it was trained with, that a model directory's tokenizer files are not
+a mix of two saves (TOKENIZER_MARKER), and where each token of a text starts."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from dataset.atomic_io import atomic_write_text
+from dataset.json_text import strict_json
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "model"
 _BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE's alphabet, read back
@@ -19,9 +24,58 @@ _WORD_MARK = "\u2581"  # SentencePiece's "▁": a space before the word
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte no piece holds, as its own token
 
 
+# A model directory's record of its tokenizer files (trainer/export.py save_model_dir): {"writing": true} while a
+# save moves them in one by one, then {"files": [their names]} once they are all in place.
+TOKENIZER_MARKER = "tokenizer_files.json"
+
+
 def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerBase:
-    """The tokenizer at ``path`` (a directory or hub id); by default MiniNorm's own from ``model/``."""
+    """The tokenizer at ``path`` (a directory or hub id); by default MiniNorm's own from ``model/``. A directory
+    whose save stopped while it moved the tokenizer files in is refused (ValueError, check_tokenizer_files)."""
+    if path is not None and Path(path).is_dir():
+        check_tokenizer_files(Path(path))
     return AutoTokenizer.from_pretrained(str(path) if path is not None else str(DEFAULT_TOKENIZER_DIR))
+
+
+def _tokenizer_record(folder: Path) -> Any:
+    """TOKENIZER_MARKER's content; None where there is none; the error where it cannot be read as JSON."""
+    try:
+        return json.loads((folder / TOKENIZER_MARKER).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:  # not UTF-8, not JSON, unreadable
+        return error
+
+
+def begin_tokenizer_save(folder: Path, names: Iterable[str]) -> None:
+    """Before a save moves the tokenizer files `names` into `folder` one by one: mark the save as under way (a kill
+    from here on leaves files of two saves, which load_tokenizer refuses), and remove the files the previous save
+    recorded that this one does not write (a chat_template.jinja beside a tokenizer that has none would be read
+    as its template)."""
+    record = _tokenizer_record(folder)
+    atomic_write_text(folder / TOKENIZER_MARKER, strict_json({"writing": True}))
+    earlier = record.get("files") if isinstance(record, dict) else None
+    kept = {*names, TOKENIZER_MARKER}
+    for name in (earlier if isinstance(earlier, list) else []):
+        if isinstance(name, str) and name not in kept and Path(name).name == name and (folder / name).is_file():
+            (folder / name).unlink()
+
+
+def end_tokenizer_save(folder: Path, names: Iterable[str]) -> None:
+    """After the tokenizer files `names` are all in `folder`: record them, last, and the save as complete."""
+    atomic_write_text(folder / TOKENIZER_MARKER, strict_json({"files": sorted(names)}, indent=2))
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """Refuse, in one line, a folder whose tokenizer files a save stopped moving in (they may be of two saves: the
+    new tokenizer_config.json beside the old chat_template.jinja loads as a tokenizer that neither wrote). A folder
+    without TOKENIZER_MARKER (written before it, or by another program) is not checked; nor are edits made after
+    a save (a chat template edited by hand is the user's)."""
+    record = _tokenizer_record(folder)
+    if isinstance(record, dict) and record.get("writing") is True:
+        raise ValueError(f"{folder / TOKENIZER_MARKER}: a save of {folder} stopped while it moved its tokenizer files "
+                         f"in, which may now be from two saves: save the model directory again (a run stopped in its "
+                         f"final save writes it again with --resume auto) or load another tokenizer")
 
 
 def token_map_digest(backend: Tokenizer) -> str:

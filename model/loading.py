@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from transformers.utils import logging as hf_logging
 
 from dataset.atomic_io import first_line
-from dataset.tokenization import load_tokenizer
+from dataset.tokenization import check_tokenizer_files, load_tokenizer
 from model.generation_defaults import read_generation_config
 
 # Importing any module of the `model` package runs model/__init__.py, which registers the "mininorm" type with
@@ -161,7 +161,8 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
 
 def load_dir_tokenizer(path: Path) -> Any:
     """The tokenizer saved in the model directory `path`; ValueError naming the folder and its tokenizer files when
-    they are missing or damaged."""
+    they are missing or damaged, or a save stopped while it moved them in (check_tokenizer_files)."""
+    check_tokenizer_files(path)
     try:
         tokenizer = load_tokenizer(path)
     except Exception as error:  # noqa: BLE001 -- transformers and tokenizers raise any kind on a damaged file

@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from dataset.atomic_io import atomic_write_text, give_open_modes
 from dataset.chat_format import encode_chatml, encode_text
 from dataset.json_text import strict_json
+from dataset.tokenization import begin_tokenizer_save, end_tokenizer_save
 from model.generation_defaults import saved_generation_config
 from model.model import MiniNormForCausalLM
 from trainer.distributed import full_state_dict
@@ -30,7 +31,9 @@ PRETRAIN_PROMPT, CHAT_PROMPT = "The history of", "What is the capital of France?
 
 def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
     """Write a plain HF model directory (a PEFT adapter directory for a PEFT model); each file is moved into place
-    whole."""
+    whole, and the tokenizer files jointly: the folder's TOKENIZER_MARKER says a save is under way before the first
+    is moved in and records them all after the last (dataset/tokenization.py), so that a kill between two leaves
+    no mix of two tokenizers that a load would take for one."""
     base = model.get_base_model() if hasattr(model, "peft_config") else model
     base.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -39,10 +42,14 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, o
         model.save_pretrained(staging, safe_serialization=True)
         if (staging / ADAPTER_CONFIG_FILE).is_file():
             _sort_adapter_modules(staging / ADAPTER_CONFIG_FILE)
+        before = {item.name for item in staging.iterdir()}
         tokenizer.save_pretrained(staging)
+        tokenizer_files = sorted({item.name for item in staging.iterdir()} - before)
         give_open_modes(staging)
+        begin_tokenizer_save(out_dir, tokenizer_files)
         for item in staging.iterdir():
             os.replace(item, out_dir / item.name)
+        end_tokenizer_save(out_dir, tokenizer_files)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -216,3 +216,92 @@ def test_fine_tuning_with_another_tokenizer_is_refused_in_one_line(tmp_path, tok
     with pytest.raises(ValueError, match=r"^--from_weight .*old: its tokenizer.json differs from the tokenizer in "
                                          r".*model.*--tokenizer_path .*old, or train it again"):
         _build_model(args, tokenizer, old)
+
+
+# ---------------------------------------------------------------- a model directory's tokenizer files, written jointly
+def _two_tokenizers():
+    """MiniNorm's tokenizer, and one that differs in what its files other than tokenizer.json hold (the chat
+    template, the longest input): a file of one beside the other's loads as neither."""
+    from dataset.tokenization import load_tokenizer
+
+    first, second = load_tokenizer(None), load_tokenizer(None)
+    second.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    second.model_max_length = 77
+    return first, second
+
+
+def _described(tokenizer) -> tuple:
+    return tokenizer.chat_template, tokenizer.model_max_length, tokenizer.eos_token, len(tokenizer)
+
+
+def _tiny_model():
+    from model.config import MiniNormConfig
+    from model.model import MiniNormForCausalLM
+
+    return MiniNormForCausalLM(MiniNormConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                              num_key_value_heads=2))
+
+
+def test_a_save_stopped_between_its_tokenizer_files_leaves_no_mix_that_loads(tmp_path, monkeypatch):
+    """save_model_dir moves its files into place one by one: a kill between two left the new tokenizer_config.json
+    beside the old chat_template.jinja (or the other way round), and the folder loaded as a tokenizer that neither
+    save wrote, without a word. Every place the save can stop at: the folder loads as the old or the new tokenizer,
+    or is refused in one line naming the marker."""
+    import trainer.export as export
+    from dataset.tokenization import load_tokenizer
+    from model.loading import load_dir_tokenizer
+
+    first, second = _two_tokenizers()
+    model, real_replace = _tiny_model(), export.os.replace
+    for stop_after in range(8):
+        folder = tmp_path / f"stop_{stop_after}"
+        export.save_model_dir(model, first, folder)
+        moved = []
+
+        def replace_then_die(source, target):
+            if len(moved) == stop_after:
+                raise KeyboardInterrupt  # the kill: nothing after it runs (the staging folder's removal aside)
+            moved.append(target)
+            real_replace(source, target)
+
+        monkeypatch.setattr(export.os, "replace", replace_then_die)
+        try:
+            export.save_model_dir(model, second, folder)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            monkeypatch.setattr(export.os, "replace", real_replace)
+        try:
+            loaded = _described(load_tokenizer(folder))
+            assert _described(load_dir_tokenizer(folder)) == loaded
+        except ValueError as refused:
+            assert str(refused).startswith(f"{folder / 'tokenizer_files.json'}: a save of {folder} stopped while it "
+                                           f"moved its tokenizer files in"), refused
+            assert "\n" not in str(refused)
+            continue
+        assert loaded in (_described(first), _described(second)), (stop_after, moved)
+
+
+def test_a_save_removes_the_tokenizer_files_of_the_previous_save_it_does_not_write(tmp_path):
+    """A run writing over an earlier one (--overwrite keeps the tokenizer files) with a tokenizer that has no chat
+    template left the earlier chat_template.jinja, which the load then read as the new tokenizer's template."""
+    from dataset.tokenization import load_tokenizer
+    from trainer.export import save_model_dir
+
+    first, plain = _two_tokenizers()
+    plain.chat_template = None
+    save_model_dir(_tiny_model(), first, tmp_path)
+    assert (tmp_path / "chat_template.jinja").is_file()
+    save_model_dir(_tiny_model(), plain, tmp_path)
+    assert not (tmp_path / "chat_template.jinja").exists()
+    assert load_tokenizer(tmp_path).chat_template is None
+
+
+def test_a_folder_without_the_tokenizer_marker_loads_as_before(tmp_path):
+    from dataset.tokenization import load_tokenizer
+    from trainer.export import save_model_dir
+
+    first, _ = _two_tokenizers()
+    save_model_dir(_tiny_model(), first, tmp_path)
+    (tmp_path / "tokenizer_files.json").unlink()  # written before the marker, or by another program
+    assert _described(load_tokenizer(tmp_path)) == _described(first)

@@ -513,3 +513,21 @@ def test_a_checkpoint_saved_before_digests_resumes_with_a_note(tmp_path):
     assert start.resume.path == root / "step_00000001"
     assert start.resume.note == ("its trainer_state.json records no digests of its files (written before MiniNorm "
                                  "recorded them): they were not verified")
+
+
+def test_a_file_the_check_cannot_read_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Under several processes only the writer checks the digests while the others wait for its word: an OSError
+    escaping the check would end that one process with a traceback and leave the others waiting."""
+    import trainer.checkpoint as checkpoint
+
+    accelerator, root = _save_trained_checkpoints(tmp_path, (1,))
+    unreadable = root / "step_00000001" / "optimizer.bin"
+
+    def cannot_read(folder, names):
+        raise PermissionError(13, "Permission denied", str(unreadable))
+
+    monkeypatch.setattr(checkpoint, "file_digests", cannot_read)
+    with pytest.raises(checkpoint.CheckpointDamaged) as refused:
+        checkpoint.agree_on_start(accelerator, "auto", tmp_path, None)
+    assert str(refused.value) == (f"--resume auto: {unreadable} cannot be read (Permission denied); there is no "
+                                  f"earlier checkpoint to resume from: start the run anew (--overwrite)")

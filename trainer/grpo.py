@@ -78,6 +78,17 @@ class RolloutSettings:
         return self.scale_rewards if self.scale_rewards is not None else default_scale_rewards(self.loss_type)
 
 
+def _scored_group_stds(rewards: torch.Tensor) -> torch.Tensor:
+    """The std (Bessel's) of each row's rewards that are not NaN (P, G) -> (groups with at least two of them,): what
+    group_advantages divides by, for the log."""
+    scored = ~rewards.isnan()
+    count = scored.sum(dim=1)
+    mean = rewards.nan_to_num(0.0).sum(dim=1) / count.clamp(min=1)
+    squares = ((rewards - mean[:, None]).nan_to_num(0.0) ** 2).sum(dim=1)
+    keep = count > 1
+    return (squares[keep] / (count[keep] - 1)).sqrt()
+
+
 def rollout_seed(seed: int, step: int, sample: int, generation: int) -> int:
     """The sampling seed of one completion: a digest of where it is in the run -- the optimizer step, its prompt's
     index in the step's global batch, its index in the prompt's group --, the same on a resumed run and whatever
@@ -358,17 +369,18 @@ class GroupRelativePolicy(RolloutObjective):
         """Collective: the logged rollout statistics over the step's global batch -- the mean reward over the
         completions some reward function scored (as TRL's nanmean: one no function scored earned no reward of 0; NaN,
         written as null, when none is scored), the mean completion length over all its completions, the mean over its
-        groups of their rewards' std --, the same in every micro-batch ("rollout_stats"; the loss weighs them by its
+        groups of the std of their scored rewards (a group with fewer than two has none; NaN when no group has
+        two) --, the same in every micro-batch ("rollout_stats"; the loss weighs them by its
         units, which sum to the step's); with --scale_rewards batch, the advantages divided by the std of the global
         batch's scored rewards + 1e-4 (TRL's)."""
-        groups = torch.cat([batch["scores"].view(-1, self.settings.num_generations).std(dim=1) for batch in batches])
         scored = torch.cat([~batch["reward_values"].isnan().all(dim=0) for batch in batches])
         scores = torch.cat([batch["scores"] for batch in batches]).double()
-        sums = global_sums(accelerator, self.reward_sums(batches), groups.double().sum(), len(groups),
+        groups = _scored_group_stds(scores.masked_fill(~scored, float("nan")).view(-1, self.settings.num_generations))
+        sums = global_sums(accelerator, self.reward_sums(batches), groups.sum(), len(groups),
                            scores[scored].sum(), scored.sum())
         _, length = self.reward_means(sums[:-4], batches)
         reward = float(sums[-2] / sums[-1]) if sums[-1] else float("nan")
-        reward_std = float(sums[-4] / sums[-3])
+        reward_std = float(sums[-4] / sums[-3]) if sums[-3] else float("nan")
         if self.settings.reward_scaling == ScaleRewards.BATCH:  # TRL's nanstd of the scored rewards, Bessel's
             squares = float(global_sums(accelerator, ((scores[scored] - reward) ** 2).sum())[0])
             std = math.sqrt(squares / (float(sums[-1]) - 1)) if sums[-1] > 1 else 0.0

@@ -259,8 +259,9 @@ def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, p
 def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(tokenizer, policy, monkeypatch):
     """Two micro-batches of two prompts, cispo (its unit is the token, so the loss weighs each micro-batch's
     statistics by its tokens): the step's logged reward std and completion length are those of all eight
-    completions, its reward and the function's mean those of the completions it scored (it leaves every third
-    unscored: TRL's nanmean, not a reward of 0 it earned)."""
+    completions, its reward and the function's mean those of the completions it scored (it leaves the first of
+    each micro-batch unscored: TRL's nanmean, not a reward of 0 it earned), its reward std the mean of the std of
+    the groups with two scored completions (TRL's nanstd in each group)."""
     import trainer.grpo as grpo
 
     def sample(model, tok, prompt_ids, settings):  # completions of 1 to 6 tokens, by their seeds
@@ -270,7 +271,7 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     values = []
 
     def reward(prompts, completions, **columns):
-        values.extend(float(len(c) % 7) if i % 3 else None for i, c in enumerate(completions))
+        values.extend(float(len(c) % 7 + i) if i else None for i, c in enumerate(completions))
         return values[-len(completions):]
 
     objective = GroupRelativePolicy([Reward("lengths", reward)], tokenizer, _settings("cispo"), None, seed=7,
@@ -280,14 +281,17 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     batches = objective.rollouts(policy, [_prompts(tokenizer), other], step=2, accelerator=_OneProcess())
     units = sum(objective.count_items(batch) for batch in batches)
     stats = sum(objective.loss(policy, batch, units)[1] for batch in batches) / units
-    totals = [v if v is not None else 0.0 for v in values]  # the group's std counts an unscored completion as 0
+    totals = [v if v is not None else 0.0 for v in values]
     scored = [v for v in values if v is not None]
-    stds = [statistics.stdev(totals[first:first + 2]) for first in range(0, 8, 2)]
+    # a group's std is its scored completions' (TRL's nanstd); a group of two with one unscored has none
+    pairs = [values[first:first + 2] for first in range(0, 8, 2)]
+    stds = [statistics.stdev(pair) for pair in pairs if None not in pair]
+    assert 0 < len(stds) < 4
     lengths = [int(n) for batch in batches for n in batch["completion_mask"].sum(dim=1)]
     assert sum(lengths[:4]) != sum(lengths[4:])  # the micro-batches' token weights differ
     reward, reward_std, _, _, length, function_mean = stats.tolist()
     assert (reward, reward_std, length, function_mean) == pytest.approx(
-        (sum(scored) / len(scored), sum(stds) / 4, sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
+        (sum(scored) / len(scored), sum(stds) / len(stds), sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
     assert len(scored) < 8 and sum(scored) / len(scored) != pytest.approx(sum(totals) / 8)
 
 
@@ -303,7 +307,7 @@ def test_a_step_no_reward_scores_logs_its_reward_as_null(tokenizer, policy, monk
     batches = objective.rollouts(policy, [_numbered_prompts(0, 2)], step=1, accelerator=_OneProcess())
     units = sum(objective.count_items(batch) for batch in batches)
     stats = dict(zip(objective.stat_names, (objective.loss(policy, batches[0], units)[1] / units).tolist()))
-    assert math.isnan(stats["reward"]) and math.isnan(stats["rewards/<lambda>"])
+    assert math.isnan(stats["reward"]) and math.isnan(stats["rewards/<lambda>"]) and math.isnan(stats["reward_std"])
     assert stats["completion_length"] == pytest.approx(float(batches[0]["completion_mask"].sum()) / 4)
     assert strict_json({"reward": stats["reward"]}) == '{"reward": null}'
 

@@ -533,6 +533,82 @@ def _read_call(text: str, tool_names: set[str] | None) -> dict | None:
     return call
 
 
+REASONING, CONTENT, CALL = "reasoning", "content", "call"  # the kinds of a ReplySpan
+
+
+@dataclass(frozen=True)
+class ReplySpan:
+    """Where one part of a reply lies in its ids: ``ids[start:end]`` are a thought's (after <think>), content's or a
+    call's (between <tool_call> and </tool_call>, the ids start - 1 and end). ``stray``: content that begins with a
+    <tool_call> that became no call (another opener came before its closer, or the reply ended)."""
+
+    kind: str
+    start: int
+    end: int
+    stray: bool = False
+
+
+class ReplyLayout:
+    """parse_assistant_ids's reading of a reply's ids, by control ids alone and one id at a time: ``push`` ids as
+    they are generated; ``settled`` lists the spans that no later id can change, in order (a thought once </think>
+    ends it, content once an opener follows it, a call once closed), and ``tail`` the one still open at the end, as
+    the ids so far read. Each id is looked at once, so a reply read as it grows costs its length in all. What a
+    span's ids say (its text, or the call a call's span holds) is read_span's."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self._think, self._think_end, self._opener, self._closer, self._end = (
+            control_id(tokenizer, token) for token in (THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, IM_END))
+        self.ids: list[int] = []  # the reply's ids up to <|im_end|>
+        self.ended = False  # <|im_end|> came: later ids are no part of the reply
+        self.settled: list[ReplySpan] = []
+        self._thinking = False  # the reply began with <think>, and no </think> came yet
+        self._open: int | None = None  # where the open content or call begins
+        self._open_call = False  # the open span is a <tool_call> with neither tag after it yet
+
+    def push(self, ids: Sequence[int]) -> None:
+        for token in ids:
+            if self.ended or token == self._end:
+                self.ended = True
+                return
+            at = len(self.ids)
+            self.ids.append(token)
+            if self._thinking:
+                if token == self._think_end:
+                    self.settled.append(ReplySpan(REASONING, 1, at))
+                    self._thinking = False
+            elif at == 0 and token == self._think:
+                self._thinking = True
+            elif token == self._opener:  # ends the open content; an opener still open before it is stray
+                if self._open is not None:
+                    self.settled.append(ReplySpan(CONTENT, self._open, at, stray=self._open_call))
+                self._open, self._open_call = at, True
+            elif token == self._closer and self._open_call:
+                self.settled.append(ReplySpan(CALL, self._open + 1, at))
+                self._open, self._open_call = None, False
+            elif self._open is None:
+                self._open = at
+
+    def tail(self, unfinished: bool = False) -> ReplySpan | None:
+        """The open span as the ids so far read: a thought not yet ended, or content up to the end (an opener with
+        no closer yet is none while `unfinished`: it may still become a call; else it is stray content)."""
+        if self._thinking:
+            return ReplySpan(REASONING, 1, len(self.ids))
+        if self._open is None or (self._open_call and unfinished):
+            return None
+        return ReplySpan(CONTENT, self._open, len(self.ids), stray=self._open_call)
+
+
+def read_span(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], span: ReplySpan,
+              tool_names: set[str] | None) -> tuple[str, str | dict]:
+    """What a span says: (REASONING or CONTENT, its text as decoded, not yet stripped of the format's newlines) or
+    (CALL, the call); a call that cannot be read (see _read_call) is (CONTENT, its text with its tags)."""
+    decode = lambda part: tokenizer.decode(part, skip_special_tokens=False)  # noqa: E731
+    if span.kind != CALL:
+        return span.kind, decode(ids[span.start:span.end])
+    call = _read_call(decode(ids[span.start:span.end]), tool_names)
+    return (CONTENT, decode(ids[span.start - 1:span.end + 1])) if call is None else (CALL, call)
+
+
 def parse_assistant_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int],
                         tool_names: Sequence[str] | None = None, unfinished: bool = False) -> AssistantReply:
     """Read a generated reply (the ids after the generation prompt, up to <|im_end|> if present) by its control
@@ -548,40 +624,22 @@ def parse_assistant_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int],
     closer is stray, and stays content with its text. `unfinished`: the reply is still being generated, so an
     opener with no closer after it yet (and what follows it) is left out: it may still become a call. Text outside
     the calls is the content, stripped of the format's newlines; `tool_names`: the tools a call may name (None:
-    any)."""
-    ids_of = {token: control_id(tokenizer, token) for token in CONTROL_TOKENS}
-    ids = list(ids)
-    if ids_of[IM_END] in ids:
-        ids = ids[:ids.index(ids_of[IM_END])]
-    decode = lambda part: tokenizer.decode(part, skip_special_tokens=False)  # noqa: E731
-    reasoning = ""
-    if ids and ids[0] == ids_of[THINK]:
-        end = ids.index(ids_of[THINK_END]) if ids_of[THINK_END] in ids else len(ids)
-        reasoning, ids = decode(ids[1:end]).strip("\n"), ids[end + 1:]
+    any). The reading is ReplyLayout's (where each part lies) and read_span's (what it says)."""
+    layout = ReplyLayout(tokenizer)
+    layout.push(ids)
     names = set(tool_names) if tool_names is not None else None
-    opener, closer = ids_of[TOOL_CALL], ids_of[TOOL_CALL_END]
+    tail = layout.tail(unfinished)
+    reasoning = ""
     content: list[str] = []
     calls: list[dict] = []
     unread = 0
-    start = 0
-    while start < len(ids):
-        if ids[start] == opener:
-            after = next((i for i in range(start + 1, len(ids)) if ids[i] in (opener, closer)), None)
-            if after is not None and ids[after] == closer:
-                call = _read_call(decode(ids[start + 1:after]), names)
-                if call is None:
-                    content.append(decode(ids[start:after + 1]))
-                    unread += 1
-                else:
-                    calls.append(call)
-                start = after + 1
-                continue
-            if after is None and unfinished:
-                break
-            unread += 1  # a stray opener: content with its text
-        stop = start + 1
-        while stop < len(ids) and ids[stop] != opener:
-            stop += 1
-        content.append(decode(ids[start:stop]))
-        start = stop
+    for span in layout.settled + ([tail] if tail is not None else []):
+        kind, value = read_span(tokenizer, layout.ids, span, names)
+        if kind == REASONING:
+            reasoning = value.strip("\n")
+        elif kind == CALL:
+            calls.append(value)
+        else:
+            content.append(value)
+            unread += span.stray or span.kind == CALL
     return AssistantReply("".join(content).strip("\n"), reasoning, calls, unread)

@@ -9,7 +9,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from dataset.chat_format import TOOL_CALL, control_id, encode_text, parse_assistant_ids
+from dataset.chat_format import (CALL, REASONING, TOOL_CALL, ReplyLayout, control_id, encode_text, parse_assistant_ids,
+                                  read_span)
 
 FINISH_TOOL_CALLS = "tool_calls"
 UNFINISHED_CHARACTER = "\ufffd"  # what decoding shows for the first bytes of a character still being generated
@@ -52,9 +53,13 @@ class ReplyReader:
     def read(self, ids: Sequence[int], unfinished: bool = False) -> tuple[str, str, list[dict]]:
         """fields() for the reply's ids, the imposed prefix included (`unfinished`: parse_assistant_ids's)."""
         reply = parse_assistant_ids(self.tokenizer, ids, self.tool_names, unfinished)
-        content, cut = reply.content, self._stop_at(reply.content)
-        calls = reply.tool_calls if self.parallel else reply.tool_calls[:1]
-        return content if cut is None else content[:cut], reply.reasoning_content, calls
+        return self.cut(reply.content, reply.reasoning_content, reply.tool_calls)
+
+    def cut(self, content: str, reasoning: str, calls: list[dict]) -> tuple[str, str, list[dict]]:
+        """The fields of a reading (parse_assistant_ids's) as the request wants them: the content cut where the
+        first stop string begins, and only the first call unless parallel_tool_calls."""
+        at = self._stop_at(content)
+        return content if at is None else content[:at], reasoning, calls if self.parallel else calls[:1]
 
     def _stop_at(self, content: str) -> int | None:
         """Where the first stop string begins in the content (after the imposed prefix's text), or None."""
@@ -72,11 +77,12 @@ class ReplyReader:
         reply = parse_assistant_ids(self.tokenizer, self.prefix + list(generated), self.tool_names, unfinished=True)
         return self._stop_at(reply.content) is not None
 
-    def wire_calls(self, calls: list[dict]) -> list[dict[str, Any]]:
-        """Calls in OpenAI's form: an id each (kept for the reply), arguments as a JSON string."""
+    def wire_calls(self, calls: list[dict], first: int = 0) -> list[dict[str, Any]]:
+        """Calls in OpenAI's form: an id each (kept for the reply), arguments as a JSON string (`first`: the place
+        in the reply of the first of `calls`)."""
         return [{"id": self._ids.setdefault(i, tool_call_id()), "type": "function",
                  "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
-                for i, call in enumerate(calls)]
+                for i, call in enumerate(calls, first)]
 
     def message(self, generated: Sequence[int]) -> dict[str, Any]:
         """The assistant message's fields besides its role: content (None when there is only a call, as OpenAI
@@ -94,6 +100,45 @@ class ReplyReader:
         return FINISH_TOOL_CALLS if engine_reason == "stop" and self.fields(generated)[2] else engine_reason
 
 
+# The ids decoded before the new ones, whose text is then taken off: what a decoder does at the start of its input
+# (a SentencePiece one strips a space) happens to them, as decoding the whole run does it to its first id.
+_CONTEXT_IDS = 4
+
+
+def _is_byte_token(token: str) -> bool:
+    """A byte-fallback token ("<0xE4>"): a SentencePiece decoder replaces a whole run of them that is no UTF-8."""
+    return len(token) == 6 and token.startswith("<0x") and token.endswith(">")
+
+
+class _RunText:
+    """tokenizer.decode of a run of ids that only grows (ids[start:], special tokens as their text, as
+    parse_assistant_ids decodes), equal at every length to decoding the whole run, though each call decodes only
+    the ids since the last cut, after a few ids before it (their text taken off). A cut is made only after an id
+    that is no byte-fallback token: a SentencePiece decoder replaces a whole run of those with U+FFFDs when a stray
+    byte ends it, text far before the new ids. Whatever else a decoder does across the cut shows in the text of the
+    ids before it (a byte-level character completed, a space cleaned up before "."): that text then does not begin
+    the text decoded after it, and the whole run is decoded again. To keep that rare, no cut is made after a text
+    that ends in U+FFFD (a character still incomplete) or, for a tokenizer that cleans up spaces, with a space in its
+    last 3 characters (the clean-up's patterns begin with a space and are up to 4 long)."""
+
+    def __init__(self, tokenizer: Any, ids: list[int], start: int) -> None:
+        self.tokenizer, self.ids, self.start = tokenizer, ids, start
+        self.cut, self.head = start, ""  # decode(ids[start:cut]) == head, whatever ids come after cut
+        self._spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+
+    def _decode(self, start: int, end: int) -> str:
+        return self.tokenizer.decode(self.ids[start:end], skip_special_tokens=False)
+
+    def text(self) -> str:
+        end, context = len(self.ids), max(self.start, self.cut - _CONTEXT_IDS)
+        before, after = self._decode(context, self.cut), self._decode(context, end)
+        text = self.head + after[len(before):] if after.startswith(before) else self._decode(self.start, end)
+        if end > self.cut and not text.endswith(UNFINISHED_CHARACTER) and (not self._spaces or " " not in text[-3:]) \
+                and not _is_byte_token(self.tokenizer.convert_ids_to_tokens(self.ids[end - 1])):
+            self.cut, self.head = end, text
+        return text
+
+
 class DeltaStream:
     """The deltas of a streamed reply: reasoning_content, content and whole tool calls, each sent once, so that
     the deltas joined are the message ReplyReader.message gives for the final ids. While the reply is unfinished,
@@ -101,14 +146,54 @@ class DeltaStream:
     trailing newlines and the end of the content where a stop string may begin. What is a thought, a call or
     content is parse_assistant_ids's rule alone (an unclosed call is its `unfinished` reading): a think block still
     open reads as reasoning, so a thought streams as it is generated, and every prefix reads as the start of the
-    whole reply."""
+    whole reply.
+
+    Each call reads only the ids generated since the call before (`generated` must extend the ids it was given
+    then): the reading's settled parts (ReplyLayout's: a thought ended, content before an opener, a closed call)
+    are read once, and the open one at the end is decoded from its last cut on (_RunText), so a reply costs its
+    length in all, not its length at every token. The final call reads the whole reply once, as
+    ReplyReader.message does."""
 
     def __init__(self, reader: ReplyReader) -> None:
         self.reader = reader
         self.reasoning, self.content, self.calls = "", "", 0
+        self._layout = ReplyLayout(reader.tokenizer)
+        self._layout.push(reader.prefix)
+        self._names = set(reader.tool_names)
+        self._given = 0  # the generated ids pushed into the layout
+        self._settled = 0  # the layout's settled spans read into the fields below
+        self._reasoning, self._content, self._calls = "", "", []  # the settled spans' reading (content not stripped)
+        self._tail: _RunText | None = None  # the open span's text
 
-    def _partial(self, generated: list[int]) -> tuple[str, str, list[dict]]:
-        content, reasoning, calls = self.reader.read(self.reader.prefix + generated, unfinished=True)
+    def _read(self, generated: Sequence[int]) -> tuple[str, str, list[dict]]:
+        """parse_assistant_ids(prefix + generated, unfinished=True)'s fields, reading the new ids only."""
+        if len(generated) < self._given:
+            raise ValueError(f"DeltaStream.deltas: {len(generated)} ids after {self._given}; the ids of a stream only "
+                             f"grow")
+        layout = self._layout
+        layout.push(generated[self._given:])
+        self._given = len(generated)
+        for span in layout.settled[self._settled:]:
+            kind, value = read_span(self.reader.tokenizer, layout.ids, span, self._names)
+            if kind == REASONING:
+                self._reasoning = value.strip("\n")
+            elif kind == CALL:
+                self._calls.append(value)
+            else:
+                self._content += value
+        self._settled = len(layout.settled)
+        span, reasoning, tail = layout.tail(unfinished=True), self._reasoning, ""
+        if span is not None:
+            if self._tail is None or self._tail.start != span.start:
+                self._tail = _RunText(self.reader.tokenizer, layout.ids, span.start)
+            if span.kind == REASONING:
+                reasoning = self._tail.text().strip("\n")
+            else:
+                tail = self._tail.text()
+        return (self._content + tail).strip("\n"), reasoning, self._calls
+
+    def _partial(self, generated: Sequence[int]) -> tuple[str, str, list[dict]]:
+        content, reasoning, calls = self.reader.cut(*self._read(generated))
         hold = max((len(s) - 1 for s in self.reader.stop), default=0)
         content = content.rstrip(UNFINISHED_CHARACTER)
         # max(0, ...): content shorter than the hold is all held (a negative end would cut from the right)
@@ -119,7 +204,7 @@ class DeltaStream:
         if final:
             content, reasoning, calls = self.reader.fields(generated)
         else:
-            content, reasoning, calls = self._partial(list(generated))
+            content, reasoning, calls = self._partial(generated)
         out: list[dict[str, Any]] = []
         if reasoning.startswith(self.reasoning) and len(reasoning) > len(self.reasoning):
             out.append({"reasoning_content": reasoning[len(self.reasoning):]})
@@ -127,9 +212,7 @@ class DeltaStream:
         if content.startswith(self.content) and len(content) > len(self.content):
             out.append({"content": content[len(self.content):]})
             self.content = content
-        wire = self.reader.wire_calls(calls)
-        for index in range(self.calls, len(wire)):
-            out.append({"tool_calls": [{"index": index, **wire[index]}]})
-        self.calls = max(self.calls, len(wire))
+        for index, call in enumerate(self.reader.wire_calls(calls[self.calls:], self.calls), self.calls):
+            out.append({"tool_calls": [{"index": index, **call}]})
+        self.calls = max(self.calls, len(calls))
         return out
-

@@ -1,0 +1,227 @@
+"""The streamed reply's deltas (scripts/server/replies.py's DeltaStream) read each new id once: at every step they
+equal the deltas of the old algorithm, which read the whole reply again at every token (kept below as the
+reference, with the parse_assistant_ids it used), and a long reply decodes a number of ids linear in its length."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from dataset.chat_format import (CONTROL_TOKENS, IM_END, THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, _read_call,
+                                 control_id, encode_text, parse_assistant_ids)
+from scripts.server.replies import UNFINISHED_CHARACTER, DeltaStream, ReplyReader, forced_call_prefix
+
+TOOLS = ["wiki", "calc"]
+
+
+# --------------------------------------------------------------------------- the reference: the old full re-parse
+def _old_parse(tokenizer, ids, tool_names=None, unfinished=False):
+    """parse_assistant_ids as it was before ReplyLayout: (content, reasoning_content, tool_calls, unread_calls)."""
+    ids_of = {token: control_id(tokenizer, token) for token in CONTROL_TOKENS}
+    ids = list(ids)
+    if ids_of[IM_END] in ids:
+        ids = ids[:ids.index(ids_of[IM_END])]
+    decode = lambda part: tokenizer.decode(part, skip_special_tokens=False)  # noqa: E731
+    reasoning = ""
+    if ids and ids[0] == ids_of[THINK]:
+        end = ids.index(ids_of[THINK_END]) if ids_of[THINK_END] in ids else len(ids)
+        reasoning, ids = decode(ids[1:end]).strip("\n"), ids[end + 1:]
+    names = set(tool_names) if tool_names is not None else None
+    opener, closer = ids_of[TOOL_CALL], ids_of[TOOL_CALL_END]
+    content, calls, unread, start = [], [], 0, 0
+    while start < len(ids):
+        if ids[start] == opener:
+            after = next((i for i in range(start + 1, len(ids)) if ids[i] in (opener, closer)), None)
+            if after is not None and ids[after] == closer:
+                call = _read_call(decode(ids[start + 1:after]), names)
+                if call is None:
+                    content.append(decode(ids[start:after + 1]))
+                    unread += 1
+                else:
+                    calls.append(call)
+                start = after + 1
+                continue
+            if after is None and unfinished:
+                break
+            unread += 1
+        stop = start + 1
+        while stop < len(ids) and ids[stop] != opener:
+            stop += 1
+        content.append(decode(ids[start:stop]))
+        start = stop
+    return "".join(content).strip("\n"), reasoning, calls, unread
+
+
+class _OldDeltaStream:
+    """DeltaStream as it was: the whole reply parsed again at every call."""
+
+    def __init__(self, reader: ReplyReader) -> None:
+        self.reader = reader
+        self.reasoning, self.content, self.calls = "", "", 0
+
+    def _read(self, ids, unfinished):
+        content, reasoning, calls, _ = _old_parse(self.reader.tokenizer, ids, self.reader.tool_names, unfinished)
+        cut = self.reader._stop_at(content)
+        calls = calls if self.reader.parallel else calls[:1]
+        return content if cut is None else content[:cut], reasoning, calls
+
+    def deltas(self, generated, final=False):
+        if final:
+            content, reasoning, calls = self._read(self.reader.prefix + list(generated), False)
+        else:
+            content, reasoning, calls = self._read(self.reader.prefix + list(generated), True)
+            hold = max((len(s) - 1 for s in self.reader.stop), default=0)
+            content = content.rstrip(UNFINISHED_CHARACTER)
+            content, reasoning = content[:max(0, len(content) - hold)], reasoning.rstrip(UNFINISHED_CHARACTER)
+        out = []
+        if reasoning.startswith(self.reasoning) and len(reasoning) > len(self.reasoning):
+            out.append({"reasoning_content": reasoning[len(self.reasoning):]})
+            self.reasoning = reasoning
+        if content.startswith(self.content) and len(content) > len(self.content):
+            out.append({"content": content[len(self.content):]})
+            self.content = content
+        wire = self.reader.wire_calls(calls)
+        for index in range(self.calls, len(wire)):
+            out.append({"tool_calls": [{"index": index, **wire[index]}]})
+        self.calls = max(self.calls, len(wire))
+        return out
+
+
+# --------------------------------------------------------------------------- tokenizers and random replies
+@pytest.fixture(scope="module")
+def chat_sentencepiece(sentencepiece_tokenizer):
+    """The conftest's SentencePiece-style tokenizer (byte fallback, a decoder that strips the first space) with the
+    chat format's control tokens, and one that also cleans up spaces (" ." -> "."), as some imported ones do."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    made = []
+    for clean_up in (False, True):
+        backend = Tokenizer.from_str(sentencepiece_tokenizer.backend_tokenizer.to_str())
+        made.append(PreTrainedTokenizerFast(
+            tokenizer_object=backend, unk_token="<unk>", eos_token="</s>",
+            additional_special_tokens=list(CONTROL_TOKENS),
+            clean_up_tokenization_spaces=clean_up,  # transformers ignores it for a BPE model unless forced:
+            clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output=clean_up))
+    assert made[1].decode(encode_text(made[1], "a . b n't")) == "a. bn't"  # the clean-up is on
+    return made
+
+
+TEXTS = ("Hello", " there", ",", " world", "\n", "\n\n", " .", " n't", " 's", "STOP", "ST", "OP", "中文", "🙂", "é",
+         "</think>", "<tool_call>", " a ca", "北", "\ufffd", "x")
+STOPS = ((), ("STOP",), ("\n\n",), ("OP", "中"), ("a c",))
+
+
+def _random_reply(tokenizer, rng: random.Random, length: int) -> list[int]:
+    """Ids a model might write, and worse: text, multi-byte characters cut into single bytes, stray bytes, random
+    ids, the control tokens anywhere, good and bad calls, a thought at the start, <|im_end|> now and then."""
+    ids_of = {token: control_id(tokenizer, token) for token in CONTROL_TOKENS}
+    byte_ids = {b: tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)}
+    sentencepiece = byte_ids[0xE4] != tokenizer.unk_token_id and byte_ids[0xE4] is not None
+    ids = [ids_of[THINK]] if rng.random() < 0.4 else []
+    while len(ids) < length:
+        kind = rng.random()
+        if kind < 0.35:
+            ids += encode_text(tokenizer, rng.choice(TEXTS))
+        elif kind < 0.5:
+            ids.append(ids_of[rng.choice((THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, TOOL_CALL, THINK_END))])
+        elif kind < 0.6:
+            name = rng.choice(TOOLS + ["nope"])
+            body = json.dumps({"name": name, "arguments": {"q": rng.choice(TEXTS)}}, ensure_ascii=False)
+            if rng.random() < 0.2:
+                body = body[:rng.randrange(len(body))]
+            ids += [ids_of[TOOL_CALL], *encode_text(tokenizer, body), ids_of[TOOL_CALL_END]]
+        elif kind < 0.8 and sentencepiece:  # a character in byte tokens, now and then with a stray byte after it
+            ids += [byte_ids[b] for b in rng.choice(("中", "é", "𝍁", "🙂")).encode()]
+            if rng.random() < 0.3:
+                ids.append(byte_ids[rng.choice((0x80, 0xEA, 0xE4))])
+        elif kind < 0.8:  # a character's ids one by one, or random ids: byte-level tokens of broken UTF-8
+            ids += encode_text(tokenizer, rng.choice(("中文字", "🙂🙂", "é")))[:rng.randrange(1, 4)]
+            if rng.random() < 0.5:
+                ids.append(rng.randrange(len(CONTROL_TOKENS) + 8, len(tokenizer)))
+        elif kind < 0.97:
+            ids += encode_text(tokenizer, " ".join(rng.choice(TEXTS) for _ in range(rng.randrange(1, 6))))
+        else:
+            ids.append(ids_of[IM_END])
+    return ids
+
+
+def _same_deltas_at_every_step(tokenizer, rng: random.Random, length: int) -> None:
+    ids = _random_reply(tokenizer, rng, length)
+    forced = rng.choice((None, None, None, "", "wiki"))
+    reader = ReplyReader(tokenizer, [forced] if forced else TOOLS, forced_call_prefix(tokenizer, forced),
+                         stop=rng.choice(STOPS), parallel_tool_calls=rng.random() < 0.8)
+    new, old = DeltaStream(reader), _OldDeltaStream(reader)  # one reader: the calls' ids are the same
+    n = 0
+    while n < len(ids):
+        n = min(len(ids), n + rng.choice((1, 1, 1, 2, 5)))  # the server reads after one id, or several
+        assert new.deltas(ids[:n]) == old.deltas(ids[:n]), (ids, n)
+    assert new.deltas(ids, final=True) == old.deltas(ids, final=True), ids
+    assert (new.content, new.reasoning, new.calls) == (old.content, old.reasoning, old.calls)
+
+
+def test_the_stream_sends_what_the_whole_reparse_sent_byte_level(tokenizer) -> None:
+    rng = random.Random(0)
+    for _ in range(150):
+        _same_deltas_at_every_step(tokenizer, rng, rng.randrange(1, 60))
+
+
+def test_the_stream_sends_what_the_whole_reparse_sent_sentencepiece(chat_sentencepiece) -> None:
+    rng = random.Random(1)
+    for _ in range(150):
+        _same_deltas_at_every_step(rng.choice(chat_sentencepiece), rng, rng.randrange(1, 60))
+
+
+def test_parse_assistant_ids_reads_as_it_did(tokenizer, chat_sentencepiece) -> None:
+    """parse_assistant_ids, now ReplyLayout's spans read by read_span, reads every reply as the old loop did."""
+    rng = random.Random(2)
+    for _ in range(300):
+        chosen = rng.choice([tokenizer, *chat_sentencepiece])
+        ids = _random_reply(chosen, rng, rng.randrange(0, 40))
+        names = rng.choice((None, TOOLS, []))
+        for unfinished in (False, True):
+            reply = parse_assistant_ids(chosen, ids, names, unfinished)
+            assert (reply.content, reply.reasoning_content, reply.tool_calls, reply.unread_calls) == \
+                _old_parse(chosen, ids, names, unfinished), ids
+
+
+# --------------------------------------------------------------------------- work: ids decoded, not time
+def _decoded_ids(tokenizer, monkeypatch, ids: list[int], stop=()) -> int:
+    """How many ids the tokenizer decodes (decode, convert_ids_to_tokens) while a stream sends `ids` one at a time
+    and then the final deltas."""
+    count = [0]
+
+    def counting(method):
+        def wrapped(token_ids, *args, **kwargs):
+            count[0] += len(token_ids) if isinstance(token_ids, list) else 1
+            return method(token_ids, *args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(tokenizer, "decode", counting(tokenizer.decode))
+    monkeypatch.setattr(tokenizer, "convert_ids_to_tokens", counting(tokenizer.convert_ids_to_tokens))
+    stream = DeltaStream(ReplyReader(tokenizer, TOOLS, stop=stop))
+    sent = "".join(d.get("content", "") for n in range(1, len(ids) + 1) for d in stream.deltas(ids[:n]))
+    sent += "".join(d.get("content", "") for d in stream.deltas(ids, final=True))
+    monkeypatch.undo()
+    assert sent == ReplyReader(tokenizer, TOOLS, stop=stop).message(ids)["content"]
+    return count[0]
+
+
+@pytest.mark.parametrize("shape", ["content", "a thought, then content", "calls among the content"])
+def test_a_long_streamed_reply_decodes_a_number_of_ids_linear_in_its_length(tokenizer, monkeypatch, shape) -> None:
+    """The old stream decoded the whole reply at every token: about N * N / 2 ids for N tokens (2 million at
+    2,000). Now each id is decoded a few times: the new ones with a few before them, a settled part once, and the
+    whole reply once at the end."""
+    words = encode_text(tokenizer, " and so the story goes on, 中文 🙂 again\n" * 400)
+    call = [control_id(tokenizer, TOOL_CALL), *encode_text(tokenizer, '{"name": "wiki", "arguments": {}}'),
+            control_id(tokenizer, TOOL_CALL_END)]
+    if shape == "content":
+        ids = words[:2000]
+    elif shape == "a thought, then content":
+        ids = [control_id(tokenizer, THINK), *words[:1000], control_id(tokenizer, THINK_END), *words[:1000]]
+    else:
+        ids = [*words[:500], *call, *words[:500], *call, *words[:1000]]
+    assert len(ids) >= 2000
+    assert _decoded_ids(tokenizer, monkeypatch, ids, stop=("STOP",)) < 16 * len(ids)

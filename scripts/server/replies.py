@@ -165,14 +165,13 @@ class DeltaStream:
         self._reasoning, self._content, self._calls = "", "", []  # the settled spans' reading (content not stripped)
         self._tail: _RunText | None = None  # the open span's text
 
-    def _read(self, generated: Sequence[int]) -> tuple[str, str, list[dict]]:
-        """parse_assistant_ids(prefix + generated, unfinished=True)'s fields, reading the new ids only."""
-        if len(generated) < self._given:
-            raise ValueError(f"DeltaStream.deltas: {len(generated)} ids after {self._given}; the ids of a stream only "
-                             f"grow")
+    def _read(self, generated: Sequence[int], end: int) -> tuple[str, str, list[dict]]:
+        """parse_assistant_ids(prefix + generated[:end], unfinished=True)'s fields, reading the new ids only."""
+        if end < self._given:
+            raise ValueError(f"DeltaStream.deltas: {end} ids after {self._given}; the ids of a stream only grow")
         layout = self._layout
-        layout.push(generated[self._given:])
-        self._given = len(generated)
+        layout.push(generated[self._given:end])
+        self._given = end
         for span in layout.settled[self._settled:]:
             kind, value = read_span(self.reader.tokenizer, layout.ids, span, self._names)
             if kind == REASONING:
@@ -192,19 +191,22 @@ class DeltaStream:
                 tail = self._tail.text()
         return (self._content + tail).strip("\n"), reasoning, self._calls
 
-    def _partial(self, generated: Sequence[int]) -> tuple[str, str, list[dict]]:
-        content, reasoning, calls = self.reader.cut(*self._read(generated))
+    def _partial(self, generated: Sequence[int], end: int) -> tuple[str, str, list[dict]]:
+        content, reasoning, calls = self.reader.cut(*self._read(generated, end))
         hold = max((len(s) - 1 for s in self.reader.stop), default=0)
         content = content.rstrip(UNFINISHED_CHARACTER)
         # max(0, ...): content shorter than the hold is all held (a negative end would cut from the right)
         return content[:max(0, len(content) - hold)], reasoning.rstrip(UNFINISHED_CHARACTER), calls
 
-    def deltas(self, generated: Sequence[int], final: bool = False) -> list[dict[str, Any]]:
-        """The deltas the ids generated so far add (final: the reply is complete)."""
+    def deltas(self, generated: Sequence[int], final: bool = False, end: int | None = None) -> list[dict[str, Any]]:
+        """The deltas the ids generated so far, generated[:end] (all by default), add (final: the reply is
+        complete). `end` lets a caller pass the list the engine appends to, uncopied: a copy per token would cost
+        the reply's length at every token again."""
+        end = len(generated) if end is None else end
         if final:
-            content, reasoning, calls = self.reader.fields(generated)
+            content, reasoning, calls = self.reader.fields(generated[:end])
         else:
-            content, reasoning, calls = self._partial(generated)
+            content, reasoning, calls = self._partial(generated, end)
         out: list[dict[str, Any]] = []
         if reasoning.startswith(self.reasoning) and len(reasoning) > len(self.reasoning):
             out.append({"reasoning_content": reasoning[len(self.reasoning):]})

@@ -43,7 +43,9 @@ async def completion_events(completion: Completion, completion_id: CompletionId,
         yield _chunk_event(chunk_body(completion_id, {"role": "assistant", "content": ""}, None, include_usage))
         deltas = DeltaStream(completion.reader) if completion.reader is not None else None
         async for piece, generated in completion.pieces():
-            for delta in deltas.deltas(completion.generation.token_ids[:generated]) if deltas else [{"content": piece}]:
+            # The engine's list, uncopied: the stream reads the ids generated since the last piece, up to this one's.
+            new = deltas.deltas(completion.generation.token_ids, end=generated) if deltas else [{"content": piece}]
+            for delta in new:
                 yield chunk(delta, generated)
         try:
             completion.check_finished()

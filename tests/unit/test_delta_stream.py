@@ -157,7 +157,9 @@ def _same_deltas_at_every_step(tokenizer, rng: random.Random, length: int) -> No
     n = 0
     while n < len(ids):
         n = min(len(ids), n + rng.choice((1, 1, 1, 2, 5)))  # the server reads after one id, or several
-        assert new.deltas(ids[:n]) == old.deltas(ids[:n]), (ids, n)
+        # the ids so far, or the whole list with the end of those generated so far (the server's way: no copy)
+        sent = new.deltas(ids[:n]) if rng.random() < 0.5 else new.deltas(ids, end=n)
+        assert sent == old.deltas(ids[:n]), (ids, n)
     assert new.deltas(ids, final=True) == old.deltas(ids, final=True), ids
     assert (new.content, new.reasoning, new.calls) == (old.content, old.reasoning, old.calls)
 
@@ -225,3 +227,42 @@ def test_a_long_streamed_reply_decodes_a_number_of_ids_linear_in_its_length(toke
         ids = [*words[:500], *call, *words[:500], *call, *words[:1000]]
     assert len(ids) >= 2000
     assert _decoded_ids(tokenizer, monkeypatch, ids, stop=("STOP",)) < 16 * len(ids)
+
+
+def test_the_server_stream_copies_no_growing_list_of_ids(tokenizer) -> None:
+    """scripts/server/streaming.py handed the stream a copy of the ids generated so far at every piece
+    (token_ids[:generated]): N * N / 2 ids copied for N tokens, the quadratic work again. It now passes the engine's
+    list and the count; what is copied from it stays linear (the new ids once, the whole reply once at the end)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from scripts.server.protocol import CompletionId
+    from scripts.server.streaming import completion_events
+
+    class CountingList(list):
+        copied = 0
+
+        def __getitem__(self, index):
+            got = super().__getitem__(index)
+            if isinstance(index, slice):
+                CountingList.copied += len(got)
+            return got
+
+    ids = CountingList(encode_text(tokenizer, " and so the story goes on\n" * 400)[:2000])
+
+    async def pieces():
+        for generated in range(1, len(ids) + 1):
+            yield "", generated
+
+    completion = SimpleNamespace(
+        reader=ReplyReader(tokenizer, TOOLS), pieces=pieces, generation=SimpleNamespace(token_ids=ids),
+        logprobs=lambda start, end: None, check_finished=lambda: None, finish_reason=lambda: "length",
+        usage=lambda: {}, cancel=lambda: None)
+
+    async def events() -> list[str]:
+        return [event async for event in completion_events(completion, CompletionId.new("m"), False)]
+
+    sent = asyncio.run(events())
+    content = "".join(json.loads(e[6:])["choices"][0]["delta"].get("content", "") for e in sent if "choices" in e)
+    assert content == ReplyReader(tokenizer, TOOLS).message(list(ids))["content"]
+    assert CountingList.copied < 4 * len(ids)

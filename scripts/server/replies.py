@@ -45,6 +45,8 @@ class ReplyReader:
         # The imposed prefix as content shows it (a call the model then wrote badly): prompt, not generated text,
         # which a stop string is not looked for in, as OpenAI's apply to generated text only.
         self._prefix_text = parse_assistant_ids(tokenizer, self.prefix, self.tool_names).content if prefix else ""
+        self._searched = 0  # content_stopped's text: no stop string begins before this, whatever text follows
+        self._stop_reading: DeltaStream | None = None  # content_stopped's reading, once the text holds a stop string
 
     def fields(self, generated: Sequence[int]) -> tuple[str, str, list[dict]]:
         """content, reasoning_content and the calls ([{"name", "arguments": dict}]) of the whole reply."""
@@ -70,12 +72,16 @@ class ReplyReader:
     def content_stopped(self, generated: Sequence[int], text: str) -> bool:
         """Whether the content of the reply so far (`generated`, whose text is `text`) holds a stop string: the
         generation ends there. A stop string in a thought or inside a call is none (the engine, which sees text only,
-        would end the reply in either). The reply is parsed only once the text holds one: the engine asks after each
-        token, and a parse costs the reply's length (one joined across a call's span is still cut by read())."""
-        if not any(stop in text for stop in self.stop):
-            return False
-        reply = parse_assistant_ids(self.tokenizer, self.prefix + list(generated), self.tool_names, unfinished=True)
-        return self._stop_at(reply.content) is not None
+        would end the reply in either). The reply is read only once the text holds one (one joined across a call's
+        span is still cut by read()). The engine asks after each token with the reply so far, which only grows: the
+        text is searched from where a stop string could still begin, and the reply is read as a stream reads it
+        (DeltaStream's reading: the new ids only), so a reply costs its length in all, not at every token."""
+        if self._stop_reading is None:
+            if not any(text.find(stop, max(0, self._searched - len(stop) + 1)) >= 0 for stop in self.stop):
+                self._searched = len(text)
+                return False
+            self._stop_reading = DeltaStream(self)
+        return self._stop_at(self._stop_reading.read(generated, len(generated))[0]) is not None
 
     def wire_calls(self, calls: list[dict], first: int = 0) -> list[dict[str, Any]]:
         """Calls in OpenAI's form: an id each (kept for the reply), arguments as a JSON string (`first`: the place
@@ -115,11 +121,12 @@ class _RunText:
     parse_assistant_ids decodes), equal at every length to decoding the whole run, though each call decodes only
     the ids since the last cut, after a few ids before it (their text taken off). A cut is made only after an id
     that is no byte-fallback token: a SentencePiece decoder replaces a whole run of those with U+FFFDs when a stray
-    byte ends it, text far before the new ids. Whatever else a decoder does across the cut shows in the text of the
-    ids before it (a byte-level character completed, a space cleaned up before "."): that text then does not begin
-    the text decoded after it, and the whole run is decoded again. To keep that rare, no cut is made after a text
-    that ends in U+FFFD (a character still incomplete) or, for a tokenizer that cleans up spaces, with a space in its
-    last 3 characters (the clean-up's patterns begin with a space and are up to 4 long)."""
+    byte ends it, text far before the new ids. What else the decoders we know do across a cut (a byte-level
+    character completed, a first space stripped, a space cleaned up before ".") reaches no further back than the
+    context's text, which then does not begin the text decoded after it: the whole run is decoded again. To keep
+    that rare, no cut is made after a text that ends in U+FFFD (a character still incomplete) or, for a tokenizer
+    that cleans up spaces, with a space in its last 3 characters (the clean-up's patterns begin with a space and are
+    up to 4 long)."""
 
     def __init__(self, tokenizer: Any, ids: list[int], start: int) -> None:
         self.tokenizer, self.ids, self.start = tokenizer, ids, start
@@ -165,7 +172,7 @@ class DeltaStream:
         self._reasoning, self._content, self._calls = "", "", []  # the settled spans' reading (content not stripped)
         self._tail: _RunText | None = None  # the open span's text
 
-    def _read(self, generated: Sequence[int], end: int) -> tuple[str, str, list[dict]]:
+    def read(self, generated: Sequence[int], end: int) -> tuple[str, str, list[dict]]:
         """parse_assistant_ids(prefix + generated[:end], unfinished=True)'s fields, reading the new ids only."""
         if end < self._given:
             raise ValueError(f"DeltaStream.deltas: {end} ids after {self._given}; the ids of a stream only grow")
@@ -192,7 +199,7 @@ class DeltaStream:
         return (self._content + tail).strip("\n"), reasoning, self._calls
 
     def _partial(self, generated: Sequence[int], end: int) -> tuple[str, str, list[dict]]:
-        content, reasoning, calls = self.reader.cut(*self._read(generated, end))
+        content, reasoning, calls = self.reader.cut(*self.read(generated, end))
         hold = max((len(s) - 1 for s in self.reader.stop), default=0)
         content = content.rstrip(UNFINISHED_CHARACTER)
         # max(0, ...): content shorter than the hold is all held (a negative end would cut from the right)

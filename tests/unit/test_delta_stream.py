@@ -11,6 +11,7 @@ import pytest
 
 from dataset.chat_format import (CONTROL_TOKENS, IM_END, THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, _read_call,
                                  control_id, encode_text, parse_assistant_ids)
+from model.generation import TextStream
 from scripts.server.replies import UNFINISHED_CHARACTER, DeltaStream, ReplyReader, forced_call_prefix
 
 TOOLS = ["wiki", "calc"]
@@ -162,6 +163,16 @@ def _same_deltas_at_every_step(tokenizer, rng: random.Random, length: int) -> No
         assert sent == old.deltas(ids[:n]), (ids, n)
     assert new.deltas(ids, final=True) == old.deltas(ids, final=True), ids
     assert (new.content, new.reasoning, new.calls) == (old.content, old.reasoning, old.calls)
+    # The engine's question after each token, with the text it shows (TextStream's: special tokens left out): the
+    # old answer parsed the whole reply once the text held a stop string.
+    stopping = ReplyReader(tokenizer, reader.tool_names, reader.prefix, reader.stop, reader.parallel)
+    shown = TextStream(tokenizer)  # the engine's text, which only grows
+    for n in range(1, len(ids) + 1):
+        shown.push(ids[n - 1])
+        text = shown.text
+        was = any(stop in text for stop in reader.stop) and reader._stop_at(
+            _old_parse(tokenizer, reader.prefix + ids[:n], reader.tool_names, True)[0]) is not None
+        assert stopping.content_stopped(ids[:n], text) == was, (ids, n)
 
 
 def test_the_stream_sends_what_the_whole_reparse_sent_byte_level(tokenizer) -> None:
@@ -266,3 +277,28 @@ def test_the_server_stream_copies_no_growing_list_of_ids(tokenizer) -> None:
     content = "".join(json.loads(e[6:])["choices"][0]["delta"].get("content", "") for e in sent if "choices" in e)
     assert content == ReplyReader(tokenizer, TOOLS).message(list(ids))["content"]
     assert CountingList.copied < 4 * len(ids)
+
+
+def test_asking_whether_the_content_stopped_decodes_a_number_of_ids_linear_in_the_reply(tokenizer,
+                                                                                          monkeypatch) -> None:
+    """The engine asks the reader after each token whether the content holds a stop string; once the text held
+    one (here in a thought, where it stops nothing), each answer parsed the whole reply again: about N * N / 2 ids
+    decoded. Now the text is searched from where a stop string could still begin and the reply read as a stream
+    reads it."""
+    words = encode_text(tokenizer, " and so the story goes on\n" * 400)[:2000]
+    ids = [control_id(tokenizer, THINK), *encode_text(tokenizer, "no STOP here"), control_id(tokenizer, THINK_END),
+           *words, *encode_text(tokenizer, " STOP")]
+    count = [0]
+    decode = tokenizer.decode
+
+    def counting(token_ids, *args, **kwargs):
+        count[0] += len(token_ids)
+        return decode(token_ids, *args, **kwargs)
+
+    reader = ReplyReader(tokenizer, TOOLS, stop=("STOP",))
+    monkeypatch.setattr(tokenizer, "decode", counting)
+    text = "no STOP here"  # what the engine shows grows; its words do not matter here, only that it holds a stop
+    stopped = [n for n in range(1, len(ids) + 1) if reader.content_stopped(ids[:n], text + " x" * n)]
+    monkeypatch.undo()
+    assert stopped[0] == len(ids)  # the stop string in the content, not the one in the thought
+    assert count[0] < 16 * len(ids)

@@ -78,6 +78,11 @@ def check_tokenizer_files(folder: Path) -> None:
                          f"final save writes it again with --resume auto) or load another tokenizer")
 
 
+def is_byte_fallback(token: str) -> bool:
+    """Whether a token is a byte-fallback one ("<0xE4>": a byte no piece holds, as SentencePiece spells it)."""
+    return _BYTE_FALLBACK.fullmatch(token) is not None
+
+
 def token_map_digest(backend: Tokenizer) -> str:
     """A digest of what gives a token id its meaning: the vocabulary, the merges and the added tokens with their ids
     (not padding, truncation or the chat template)."""

@@ -11,6 +11,8 @@ from typing import Any
 
 from dataset.chat_format import (CALL, REASONING, TOOL_CALL, ReplyLayout, control_id, encode_text, parse_assistant_ids,
                                   read_span)
+from dataset.tokenization import is_byte_fallback
+from model.generation import STREAM_CONTEXT_IDS
 
 FINISH_TOOL_CALLS = "tool_calls"
 UNFINISHED_CHARACTER = "\ufffd"  # what decoding shows for the first bytes of a character still being generated
@@ -106,27 +108,18 @@ class ReplyReader:
         return FINISH_TOOL_CALLS if engine_reason == "stop" and self.fields(generated)[2] else engine_reason
 
 
-# The ids decoded before the new ones, whose text is then taken off: what a decoder does at the start of its input
-# (a SentencePiece one strips a space) happens to them, as decoding the whole run does it to its first id.
-_CONTEXT_IDS = 4
-
-
-def _is_byte_token(token: str) -> bool:
-    """A byte-fallback token ("<0xE4>"): a SentencePiece decoder replaces a whole run of them that is no UTF-8."""
-    return len(token) == 6 and token.startswith("<0x") and token.endswith(">")
-
-
 class _RunText:
     """tokenizer.decode of a run of ids that only grows (ids[start:], special tokens as their text, as
-    parse_assistant_ids decodes), equal at every length to decoding the whole run, though each call decodes only
-    the ids since the last cut, after a few ids before it (their text taken off). A cut is made only after an id
-    that is no byte-fallback token: a SentencePiece decoder replaces a whole run of those with U+FFFDs when a stray
-    byte ends it, text far before the new ids. What else the decoders we know do across a cut (a byte-level
-    character completed, a first space stripped, a space cleaned up before ".") reaches no further back than the
-    context's text, which then does not begin the text decoded after it: the whole run is decoded again. To keep
-    that rare, no cut is made after a text that ends in U+FFFD (a character still incomplete) or, for a tokenizer
-    that cleans up spaces, with a space in its last 3 characters (the clean-up's patterns begin with a space and are
-    up to 4 long)."""
+    parse_assistant_ids decodes), equal at every length to decoding the whole run, though each call decodes only the
+    ids since the last cut, after STREAM_CONTEXT_IDS ids before it (their text taken off, as TextStream does: what a
+    decoder does at the start of its input, a SentencePiece one's stripped space, happens to them). A cut is made
+    only after an id that is no byte-fallback token: a SentencePiece decoder replaces a whole run of those with
+    U+FFFDs when a stray byte ends it, text far before the new ids. What else the decoders we know do across a cut
+    (a byte-level character completed, a first space stripped, a space cleaned up before ".") reaches no further
+    back than the context's text, which then does not begin the text decoded after it: the whole run is decoded
+    again. To keep that rare, no cut is made after a text that ends in U+FFFD (a character still incomplete) or, for
+    a tokenizer that cleans up spaces, with a space in its last 3 characters (the clean-up's patterns begin with a
+    space and are up to 4 long)."""
 
     def __init__(self, tokenizer: Any, ids: list[int], start: int) -> None:
         self.tokenizer, self.ids, self.start = tokenizer, ids, start
@@ -137,11 +130,11 @@ class _RunText:
         return self.tokenizer.decode(self.ids[start:end], skip_special_tokens=False)
 
     def text(self) -> str:
-        end, context = len(self.ids), max(self.start, self.cut - _CONTEXT_IDS)
+        end, context = len(self.ids), max(self.start, self.cut - STREAM_CONTEXT_IDS)
         before, after = self._decode(context, self.cut), self._decode(context, end)
         text = self.head + after[len(before):] if after.startswith(before) else self._decode(self.start, end)
         if end > self.cut and not text.endswith(UNFINISHED_CHARACTER) and (not self._spaces or " " not in text[-3:]) \
-                and not _is_byte_token(self.tokenizer.convert_ids_to_tokens(self.ids[end - 1])):
+                and not is_byte_fallback(self.tokenizer.convert_ids_to_tokens(self.ids[end - 1])):
             self.cut, self.head = end, text
         return text
 

@@ -1,5 +1,6 @@
 """Training-step benchmark through the real trainer: tokens/s and MFU of one optimizer step
-(forward + backward + clip + AdamW, Accelerate, real packed batches of the default corpus) for
+(forward + backward + clip + the pretraining default's optimizer: Muon, with AdamW for the embedding and norms;
+Accelerate, real packed batches of the default corpus) for
 
   - MiniNorm with RMSNorm, its norms as norm_impl=auto picks them (triton on CUDA, compile on CPU) and eager,
   - MiniNorm with RMSNorm, the whole model under torch.compile (the trainer's --compile on),
@@ -36,6 +37,7 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -78,15 +80,26 @@ def gemm_gflops(dtype: torch.dtype, m: int = 1024, k: int = 512, n: int = 1408, 
 
 
 # --------------------------------------------------------------------------- the training step
-def make_trainer(preset: str, dtype: str, norm_type: str, batch_size: int, seq_len: int, out_dir: str,
-                 norm_impl: str = "auto", peak_flops: float | None = None, compile_model: bool = False) -> Trainer:
-    AcceleratorState._reset_state(reset_partial_state=True)
+def trainer_argv(preset: str, dtype: str, norm_type: str, batch_size: int, seq_len: int, out_dir: str,
+                 norm_impl: str = "auto", peak_flops: float | None = None, compile_model: bool = False) -> list[str]:
+    """The pretraining flags of a variant's trainer: everything else, the optimizer included, is the default's."""
     argv = ["--preset", preset, "--dtype", dtype, "--norm_type", norm_type, "--norm_impl", norm_impl,
             "--batch_size", str(batch_size), "--max_seq_len", str(seq_len), "--out_dir", out_dir, "--max_steps", "1000",
             "--compile", "on" if compile_model else "off"]
     if peak_flops:
         argv += ["--peak_flops", str(peak_flops)]
-    return Trainer(parse_args("pretrain", argv))
+    return argv
+
+
+def make_trainer(*args: Any, **kwargs: Any) -> Trainer:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return Trainer(parse_args("pretrain", trainer_argv(*args, **kwargs)))
+
+
+def step_title(args: argparse.Namespace, optimizer: str) -> str:
+    """The step table's title, naming the optimizer the variants' trainers step (`optimizer`, their --optimizer)."""
+    return (f"Training step (fwd + bwd + clip + {optimizer} step) through trainer/core.py, batch {args.batch_size} x "
+            f"{args.seq_len}, median of {args.steps} interleaved steps")
 
 
 def swap_in_llama(trainer: Trainer) -> None:
@@ -109,8 +122,9 @@ def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on
         raise SystemExit("--variants must include llama (the baseline)")
     # The table's rows print as each preset and dtype finishes (a minimind-26m step on a CPU takes seconds, and the
     # compiled variants compile first): a long run shows its progress.
-    print(f"\nTraining step (fwd + bwd + clip + AdamW) through trainer/core.py, batch {args.batch_size} x "
-          f"{args.seq_len}, median of {args.steps} interleaved steps\n")
+    optimizer = parse_args("pretrain", trainer_argv(presets[0], "float32", "rmsnorm", args.batch_size, args.seq_len,
+                                                    "out/bench_train")).optimizer
+    print(f"\n{step_title(args, optimizer)}\n")
     print("| preset | dtype | variant | step (ms) | tokens/s | MFU | vs HF Llama | first step (s) |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory() as scratch:

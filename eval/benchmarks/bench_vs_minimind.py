@@ -11,7 +11,8 @@ ours splits its validation lines off a --data_path, as its trainer does without 
 every document to --seq_len and masks the padding out of its loss, so its real tokens per step are the batch's
 unpadded tokens, counted with its own tokenizer and truncation (bos + text + eos, at most --seq_len); ours packs
 documents, so every token is real. Both run --steps optimizer steps of --batch_size sequences of --seq_len tokens
-(MiniMind with --accumulation_steps 1: one AdamW step per batch, as ours) in bf16 autocast on CUDA; throughput is
+(MiniMind with --accumulation_steps 1: one optimizer step per batch, as ours; its AdamW, our pretraining default,
+Muon) in bf16 autocast on CUDA; throughput is
 counted over the steps after --warmup (compilation, allocator and loader warm-up left out), from the wall clock
 between MiniMind's log lines (every --log_interval steps; the loss's `.item()` there synchronizes the device) and
 from our trainer's per-step times (loading the batch included; the loss's `.item()` synchronizes each step).

@@ -1,6 +1,7 @@
 """Train MiniNorm's byte-level BPE tokenizer on the default pretraining corpus.
 
     python scripts/train_tokenizer.py                 # writes model/tokenizer.json + tokenizer_config.json
+                                                      # (+ tokenizer_files.json, dataset/tokenization.py)
     python scripts/train_tokenizer.py --vocab_size 8000 --out_dir /tmp/tok --data_path my_pretrain.jsonl
 
 Byte-level BPE (GPT-2 style pre-tokenization, no normalizer) round-trips any text exactly. The special tokens
@@ -31,10 +32,15 @@ from collections.abc import Iterator  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from dataset.atomic_io import atomic_path, check_folder_path  # noqa: E402
+from dataset.atomic_io import atomic_path, check_folder_path, make_dirs  # noqa: E402
 from dataset.chat_format import CHATML_TEMPLATE, ENDOFTEXT, IM_END, SPECIAL_TOKENS  # noqa: E402
 from dataset.jsonl import check_data_file, iter_records  # noqa: E402
-from dataset.tokenization import DEFAULT_TOKENIZER_DIR  # noqa: E402
+from dataset.tokenization import (  # noqa: E402
+    DEFAULT_TOKENIZER_DIR,
+    TOKENIZER_MARKER,
+    begin_tokenizer_save,
+    end_tokenizer_save,
+)
 from trainer.cli import ToolParser, int_within, path_arg, run_main  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
@@ -94,16 +100,23 @@ def wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def save(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> list[Path]:
-    """Save only the tokenizer files into ``out_dir`` (which may hold other files, like model/; made if missing)."""
+    """Save only the tokenizer files into ``out_dir`` (which may hold other files, like model/; made if missing).
+    Each file is replaced whole, and the files jointly, as a model directory's are (trainer/export.py): the
+    folder's TOKENIZER_MARKER says a save is under way before the first and lists them after the last, so a kill
+    between two leaves a folder that load_tokenizer refuses, not a mix of two tokenizers that loads as one."""
     with tempfile.TemporaryDirectory() as tmp:
         # save_jinja_files=False keeps the chat template inside tokenizer_config.json.
         tokenizer.save_pretrained(tmp, save_jinja_files=False)
+        names = sorted(p.name for p in Path(tmp).iterdir())
+        make_dirs(out_dir)
+        begin_tokenizer_save(out_dir, names)
         written = []
-        for name in sorted(p.name for p in Path(tmp).iterdir()):
+        for name in names:
             with atomic_path(out_dir / name) as target:  # a kill leaves the old file or the new, never half
                 shutil.copyfile(Path(tmp) / name, target)
             written.append(out_dir / name)
-    return written
+        end_tokenizer_save(out_dir, names)
+    return [*written, out_dir / TOKENIZER_MARKER]
 
 
 def main(argv: list[str] | None = None) -> int:

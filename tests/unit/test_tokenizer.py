@@ -191,8 +191,53 @@ def test_script_regenerates_committed_tokenizer(tmp_path, default_corpus):
     from scripts.train_tokenizer import main
 
     main(["--data_path", str(default_corpus.pretrain_train), "--out_dir", str(tmp_path)])
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    written = sorted(path.name for path in tmp_path.iterdir())
+    assert written == ["tokenizer.json", "tokenizer_config.json", "tokenizer_files.json"], written
+    for name in written:
         assert (tmp_path / name).read_bytes() == (REPO / "model" / name).read_bytes(), name
+
+
+def _train_small_tokenizer(tmp_path, out_dir, text="hello world, hello tokenizer"):
+    from scripts.train_tokenizer import main
+
+    data = tmp_path / f"pretrain_{len(text)}.jsonl"
+    data.write_text(json.dumps({"text": text}) + "\n", encoding="utf-8")
+    assert main(["--vocab_size", "300", "--data_path", str(data), "--out_dir", str(out_dir)]) == 0
+
+
+def test_train_tokenizer_writes_its_files_jointly(tmp_path, monkeypatch):
+    """train_tokenizer.py replaced its files one at a time with nothing to say so: a kill between two left the new
+    tokenizer.json beside the old tokenizer_config.json, which loaded as a tokenizer neither run wrote. It now
+    brackets them with the marker save_model_dir uses: a stopped write is refused at load in one line, a whole
+    one loads and lists its files."""
+    import scripts.train_tokenizer as script
+    from dataset.tokenization import load_tokenizer
+
+    out = tmp_path / "tok"
+    _train_small_tokenizer(tmp_path, out)
+    assert json.loads((out / "tokenizer_files.json").read_text(encoding="utf-8")) == {
+        "files": ["tokenizer.json", "tokenizer_config.json"]}
+    assert load_tokenizer(out).decode(load_tokenizer(out).encode("hello world")) == "hello world"
+
+    real_copy, copied = script.shutil.copyfile, []
+
+    def copy_then_die(source, target):
+        if copied:
+            raise KeyboardInterrupt  # the kill, after the first file is in place
+        copied.append(target)
+        return real_copy(source, target)
+
+    monkeypatch.setattr(script.shutil, "copyfile", copy_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        _train_small_tokenizer(tmp_path, out, "another text entirely, for another vocabulary")
+    monkeypatch.setattr(script.shutil, "copyfile", real_copy)
+    with pytest.raises(ValueError) as refused:
+        load_tokenizer(out)
+    assert str(refused.value).startswith(f"{out / 'tokenizer_files.json'}: a save of {out} stopped while it moved "
+                                         f"its tokenizer files in"), refused.value
+    assert "\n" not in str(refused.value)
+    _train_small_tokenizer(tmp_path, out)  # writing it again is the way out
+    load_tokenizer(out)
 
 
 def test_fine_tuning_with_another_tokenizer_is_refused_in_one_line(tmp_path, tokenizer, tiny_models):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 PRETRAIN_PROMPT, CHAT_PROMPT = "The history of", "What is the capital of France?"
+# save_model_dir's staging folder inside the out dir: tempfile.mkdtemp's name, this prefix and 8 characters of its
+# alphabet. A save killed before its cleanup leaves one; the next save into the folder removes it.
+_STAGING_PREFIX = ".model_"
+_STAGING_NAME = re.compile(re.escape(_STAGING_PREFIX) + r"[a-z0-9_]{8}")
 
 
 def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
@@ -37,7 +42,8 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, o
     base = model.get_base_model() if hasattr(model, "peft_config") else model
     base.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
     out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".model_", dir=out_dir))
+    _remove_stale_staging(out_dir)
+    staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=out_dir))
     try:
         model.save_pretrained(staging, safe_serialization=True)
         if (staging / ADAPTER_CONFIG_FILE).is_file():
@@ -52,6 +58,14 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, o
         end_tokenizer_save(out_dir, tokenizer_files)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_stale_staging(out_dir: Path) -> None:
+    """Remove the staging folders an earlier save_model_dir left in ``out_dir`` when it was killed (a copy of the
+    whole model each); only folders named as this module names them are touched."""
+    for item in out_dir.iterdir():
+        if _STAGING_NAME.fullmatch(item.name) and item.is_dir() and not item.is_symlink():
+            shutil.rmtree(item, ignore_errors=True)
 
 
 # The module lists PEFT's LoraConfig holds as sets and writes in the set's order, which the hash seed decides.

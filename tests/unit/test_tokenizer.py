@@ -350,3 +350,29 @@ def test_a_folder_without_the_tokenizer_marker_loads_as_before(tmp_path):
     save_model_dir(_tiny_model(), first, tmp_path)
     (tmp_path / "tokenizer_files.json").unlink()  # written before the marker, or by another program
     assert _described(load_tokenizer(tmp_path)) == _described(first)
+
+
+def test_a_save_removes_the_staging_folders_a_killed_save_left(tmp_path, monkeypatch):
+    """save_model_dir stages the whole model in a `.model_*` folder inside the out dir; a save killed before its
+    cleanup left that folder (a copy of the weights) behind for good. The next save removes such folders, and
+    only those: a folder of the user's that merely starts the same way is kept."""
+    import trainer.export as export
+
+    first, _ = _two_tokenizers()
+    model = _tiny_model()
+
+    def die(*args, **kwargs):
+        raise KeyboardInterrupt  # the kill; the finally block that removes the staging folder is cut short too
+
+    monkeypatch.setattr(export, "begin_tokenizer_save", die)  # killed with the weights staged, none moved in
+    monkeypatch.setattr(export.shutil, "rmtree", die)
+    with pytest.raises(KeyboardInterrupt):
+        export.save_model_dir(model, first, tmp_path)
+    monkeypatch.undo()
+    left = [item.name for item in tmp_path.iterdir() if item.name.startswith(".model_")]
+    assert len(left) == 1 and (tmp_path / left[0] / "model.safetensors").is_file(), left
+    (tmp_path / ".model_notes").mkdir()  # not a staging folder's name (8 characters after the prefix)
+    (tmp_path / ".model_notes" / "mine.txt").write_text("x")
+    export.save_model_dir(model, first, tmp_path)
+    assert sorted(item.name for item in tmp_path.iterdir() if item.name.startswith(".model_")) == [".model_notes"]
+    assert (tmp_path / ".model_notes" / "mine.txt").read_text() == "x"

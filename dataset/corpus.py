@@ -308,12 +308,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     from trainer.cli import ToolParser
 
     parser = ToolParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache_dir", type=Path, default=DEFAULT_CACHE_DIR,
+    parser.add_argument("--cache_dir", type=Path, default=None,
                         help="where the built corpus files go (default: dataset/cache/)")
     parser.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
     parser.add_argument("--stats", action="store_true", help="print per-source counts (needs the tokenizer)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer dir for --stats (default: model/)")
     args = parser.parse_args(argv)
+    if args.cache_dir is None:
+        args.cache_dir = DEFAULT_CACHE_DIR
     try:
         make_dirs(args.cache_dir)  # a file in the way: one line now, not a traceback (or one after --force's build)
     except ValueError as error:

@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="MiniNorm model directory or its Llama export (default: out/sft, else out/pretrain)")
     parser.add_argument("--outfile", default=None, help="the .gguf file (default: out/<model dir>-<outtype>.gguf)")
     parser.add_argument("--outtype", default="f16", choices=OUT_TYPES,
-                        help="matrix storage (default: f16); norms stay f32. f32 is exact; q8_0 falls back to f16 "
+                        help="matrix storage; norms stay f32. f32 is exact; q8_0 falls back to f16 "
                              "for rows that are not whole 32-element blocks")
     parser.add_argument("--name", default=None, help="general.name in the file (default: MiniNorm <model dir>)")
     args = parser.parse_args(argv)

@@ -126,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                         default=DEFAULT_VOCAB_SIZE, help="tokens in the trained vocabulary")
     parser.add_argument("--data_path", type=path_arg, default=None,
                         help="pretraining jsonl ({'text': ...} lines); default: the built-in corpus")
-    parser.add_argument("--out_dir", type=path_arg, default=str(DEFAULT_TOKENIZER_DIR),
+    parser.add_argument("--out_dir", type=path_arg, default=None,
                         help="where tokenizer.json goes (default: model/, the committed tokenizer)")
     args = parser.parse_args(argv)
     try:
-        out_dir = Path(args.out_dir)
+        out_dir = Path(args.out_dir) if args.out_dir is not None else DEFAULT_TOKENIZER_DIR
         check_folder_path(out_dir, "--out_dir")  # a file in the way is found now, not after the training
         if args.data_path is None:
             from dataset.corpus import ensure_default_corpus

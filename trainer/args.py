@@ -232,8 +232,8 @@ class TrainArgs:
                                                 "stopping at the first one")
     control_tokens_in_text: bool = _flag("data", False, "read control-token strings in pretraining text "
                                                         "(<|im_start|>, <|im_end|>, <|endoftext|>, ...) as the control "
-                                                        "tokens, as MiniMind's pretrain_hq.jsonl is written; default: "
-                                                        "they are text, a few ordinary tokens")
+                                                        "tokens, as MiniMind's pretrain_hq.jsonl is written; without "
+                                                        "it they are text, a few ordinary tokens")
     num_proc: int | None = _flag("data", None, "processes that tokenize the data, for multi-GB files (default: "
                                                "one)")
     # Schedule.
@@ -283,8 +283,8 @@ class TrainArgs:
     resume: str | None = _flag("checkpoint", None, "\"auto\" (the newest complete checkpoint in --out_dir, if any) "
                                                    "or a checkpoint directory (default: start afresh)")
     overwrite: bool = _flag("checkpoint", False, "where --out_dir holds another run (a finished model or checkpoints): "
-                                                 "remove its files and start anew there (default: refuse; --resume "
-                                                 "continues a directory's own run without it)")
+                                                 "remove its files and start anew there (without it: refused; "
+                                                 "--resume continues a directory's own run without it)")
     # trainer/distributed.py applies the two timeouts.
     dist_init_timeout: int = _flag("distributed", 1800, "seconds; during set-up (the main process prepares the data "
                                                         "while the others wait), resume and the first optimizer "
@@ -372,7 +372,7 @@ class TrainArgs:
     top_p: float = _flag(ROLLOUT_GROUPS, 1.0, "the rollouts' nucleus sampling threshold, in (0, 1]")
     open_thinking: bool = _flag(ROLLOUT_GROUPS, False, "render the prompts with the thinking block open, so the "
                                                        "policy may think before it answers (the think_format "
-                                                       "reward needs it); default: the empty block, a direct answer")
+                                                       "reward needs it); without it: the empty block, a direct answer")
     loss_type: str = _flag({"grpo": "grpo", "dpo": "dpo"}, LossType.GRPO.value,
                            {"grpo": f"{_choices(LossType)} (trainer/rl_losses.py, policy_loss; docs/post_training.md)",
                             "dpo": f"{_choices(DPOLossType)}: DPO's -log sigmoid of the reward margin, IPO's squared "

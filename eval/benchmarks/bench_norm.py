@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA when there is one")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--weight_dtype", choices=["same", *DTYPES], default="same",
-                    help="the one weight every method gets (default: the activations' dtype)")
+                    help="the one weight every method gets (same: the activations' dtype)")
     ap.add_argument("--m", type=int_within(1), default=None, help="rows (default: 32768 on CUDA, 1024 on CPU)")
     ap.add_argument("--n", type=int_within(1), nargs="+", default=None, help="row lengths")
     ap.add_argument("--p", type=float, default=1.0, help="partial RMSNorm fraction (1.0 = RMSNorm)")

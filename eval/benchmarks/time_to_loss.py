@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="define a recipe, e.g. 'big=--batch_size 32 --learning_rate 3e-3' (repeatable)")
     parser.add_argument("--budget_s", type=float, default=100.0, help="training seconds per run")
     parser.add_argument("--target_loss", type=float, default=5.43,
-                        help="the val loss whose time to reach is timed (default: the previous default run's)")
+                        help="the val loss whose time to reach is timed; the default value is the previous default "
+                             "recipe's end-of-run loss (docs/recipe.md)")
     parser.add_argument("--seeds", default="0", help="comma-separated; recipes are interleaved per seed")
     parser.add_argument("--common_flags", default="", help="trainer flags added to every recipe (data, model)")
     parser.add_argument("--eval_interval", type=int, default=25,

@@ -350,10 +350,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--init", choices=("model", "xavier"), default="model",
                         help="model: MiniNorm's own init; xavier: Xavier-normal block weights (Xiong et al.)")
     parser.add_argument("--threads", type=int_within(1), default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="directory of results.json, the table and the plot")
+    parser.add_argument("--out", default=None, help="directory of results.json, the table and the plot (default: "
+                                                    "eval/studies/results/grad_at_init/)")
     parser.add_argument("--replot", action="store_true", help="only redraw the table and PNG from results.json")
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out) if args.out is not None else DEFAULT_OUT
     if args.replot:
         if not (out / "results.json").is_file():
             raise ValueError(f"--replot: {out / 'results.json'} does not exist (run without --replot to make it)")

@@ -167,6 +167,29 @@ def test_every_help_shows_each_flags_default(command_parsers: dict[str, argparse
     assert hidden == []
 
 
+def test_every_help_shows_a_default_once_as_a_user_types_it(
+        command_parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """DefaultsHelpFormatter appends "(default: X)" to a flag whose default is not None: a help text that also says
+    its default showed it twice, the two copies free to disagree (--cache_dir's "dataset/cache/" beside this
+    clone's absolute path, --weight_dtype's "the activations' dtype" beside "same"). A flag's own words say what
+    its value means; one whose default is a path of the machine takes None and says what unset means."""
+    machine = [str(REPO), *([str(Path.home())] if Path.home() != Path("/") else [])]
+    twice, machine_paths = [], []
+    for script, parser in command_parsers.items():
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if action.help in (None, argparse.SUPPRESS):
+                continue
+            flag = f"{script} {(action.option_strings or [action.dest])[0]}"
+            appended = "%(default)" in formatter._get_help_string(action) and "%(default)" not in action.help
+            if appended and re.search(r"\bdefault\s*:", action.help, re.IGNORECASE):
+                twice.append(flag)
+            if any(path in formatter._expand_help(action) for path in machine):
+                machine_paths.append(flag)
+    assert twice == [], twice
+    assert machine_paths == [], machine_paths
+
+
 def _prose_and_commands(document: Path) -> str:
     """The document's text with each command split over lines joined, and link targets (anchors) left out."""
     return re.sub(r"\]\([^)\s]*\)", "]", document.read_text(encoding="utf-8").replace("\\\n", " "))

@@ -44,7 +44,9 @@ from dataset.wiki_qa import split_sentences  # noqa: E402
 
 ERROR_PREFIX = "Error: "
 ELLIPSIS = "…"
-DEFAULT_RESULT_CHARS = 400  # the default model sees 256 tokens in all: a tool result must stay a fraction of that
+# The default model's context is 512 tokens, and the SFT that teaches the tools trains on rows of 384 (pretraining's
+# are 256; trainer/args.py): a tool result must stay a fraction of a row.
+DEFAULT_RESULT_CHARS = 400
 
 
 class ToolError(Exception):
@@ -540,7 +542,7 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> str:
 
 # -------------------------------------------------------------------------------------------------------- registry
 # The schemas' descriptions are short on purpose: the system turn carries them, and the default model's context is
-# 256 tokens (docs/tools.md has the token counts).
+# 512 tokens, its SFT rows 384 (docs/tools.md has the token counts).
 class Tool(NamedTuple):
     schema: dict
     function: Callable[..., str]

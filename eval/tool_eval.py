@@ -133,6 +133,14 @@ def histories(dialogues: list[dict], questions: list[ToolQuestion]) -> list[list
     return [next(others[q.kind == SMALL_TALK]) for q in questions]
 
 
+def shown_message(message: dict) -> str:
+    """A history message as --show prints it: its text, or where it has none its tool calls as JSON (as the report
+    and the calls' lines write them), not as Python's repr."""
+    if message["content"] or not message.get("tool_calls"):
+        return message["content"]
+    return strict_json(message["tool_calls"], ensure_ascii=False)
+
+
 def table(outcomes: list[Outcome]) -> list[dict]:
     """One row per tool, "all" over the tool questions, and small talk (its right call is no call; no fact)."""
     groups = {kind: [o for o in outcomes if o.kind == kind] for kind in TOOL_KINDS}
@@ -241,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind:<14}" + "".join(f" {counts[where]:>16}" for where in WRONG_CALLS))
     for kind in (*TOOL_KINDS, SMALL_TALK):
         for outcome in [o for o in outcomes if o.kind == kind][:args.show]:
-            print(f"\n[{kind}]" + "".join(f"\n  before, {m['role']}: {m['content'] or m.get('tool_calls')}"
-                                          for m in outcome.before))
+            print(f"\n[{kind}]" + "".join(f"\n  before, {m['role']}: {shown_message(m)}" for m in outcome.before))
             print(f"  user: {outcome.question}")
             for call in outcome.calls:
                 print(f"  call: {call}")

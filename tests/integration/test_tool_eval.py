@@ -79,7 +79,7 @@ def test_other_held_out_questions_get_no_right_call(tool_model, tmp_path, capsys
     assert "wrong calls, by where they go wrong" in capsys.readouterr().out
 
 
-def test_after_other_each_question_comes_after_an_exchange_of_the_other_kind(tool_model, tmp_path):
+def test_after_other_each_question_comes_after_an_exchange_of_the_other_kind(tool_model, tmp_path, capsys):
     report = run(tool_model, tmp_path, "--after_other")
     for row in report["table"]:
         assert row["right_call"] == 1.0 and row["fact_in_answer"] in (1.0, None), row
@@ -90,6 +90,11 @@ def test_after_other_each_question_comes_after_an_exchange_of_the_other_kind(too
     assert [outcome["before"] for outcome in report["outcomes"]] == tools_before + talk_before
     talk = normalize_messages(talk["conversations"])
     assert report["outcomes"][-1]["answer"].strip() == talk[4]["content"].strip() != talk[2]["content"].strip()
+    # the transcript shows the earlier call as JSON, as the report holds it (it printed Python's repr of the list)
+    shown = [line.split(": ", 1)[1] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("  before, assistant: ")]
+    (call,) = [message for message in talk_before[0] if message.get("tool_calls")]
+    assert json.dumps(call["tool_calls"], ensure_ascii=False) in shown, shown
 
 
 def test_negative_counts_are_refused(tool_model, capsys):

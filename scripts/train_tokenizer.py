@@ -50,7 +50,6 @@ DEFAULT_VOCAB_SIZE = 6400  # MiniMind's size: small enough that the embedding do
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 MAX_VOCAB_SIZE = 2**24
 MODEL_MAX_LENGTH = 32768
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def iter_texts(path: Path) -> Iterator[str]:

@@ -285,6 +285,12 @@ class ChatRequest(BaseModel):
                                     f"not have response messages: {', '.join(unanswered)}", param=f"messages[{caller}]")
             caller = index if message is not None and message.role == "assistant" and message.tool_calls else None
             unanswered = [call.id for call in message.tool_calls] if caller is not None else []
+            for position, call_id in enumerate(unanswered):  # an answer names one call: two of one id are ambiguous
+                if call_id in unanswered[:position]:
+                    field = f"{where}.tool_calls[{position}].id"
+                    raise APIError(400, f"{field}: duplicate value {json.dumps(call_id)}, also {where}.tool_calls["
+                                        f"{unanswered.index(call_id)}]'s (each call needs its own id, which its "
+                                        f"answer names)", param=field)
             answered = {}
 
     def offered_tools(self) -> list[dict[str, Any]]:

@@ -157,6 +157,11 @@ UNPAIRED = {
         ASK + [calling("call_1", "call_2"), answer("call_1"), answer("call_2"), answer("call_1")],
         "messages[4].tool_call_id",
         'messages[4].tool_call_id: duplicate value "call_1", in messages[2] and messages[4] (a call is answered once)'),
+    "two calls of one id": (
+        ASK + [calling("call_1", "call_2", "call_1"), answer("call_1"), answer("call_2")],
+        "messages[1].tool_calls[2].id",
+        'messages[1].tool_calls[2].id: duplicate value "call_1", also messages[1].tool_calls[0]\'s (each call needs '
+        "its own id, which its answer names)"),
     "a tool message without tool_call_id": (
         ASK + [calling("call_1"), answer(None)], "messages[2].tool_call_id", "messages[2].tool_call_id: is required"),
     "a call left unanswered before a user message": (

@@ -137,6 +137,12 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]  # OpenAI's; ChatRequest takes "text" only
 
 
+def _listed(ids: list[str]) -> str:
+    """Call ids as an error lists them: each as a JSON string, so that one holding a newline or a comma keeps the
+    message one line and the ids apart."""
+    return ", ".join(json.dumps(i) for i in ids)
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(strict=True)
     model: str | None = None
@@ -270,7 +276,7 @@ class ChatRequest(BaseModel):
                 ids = [call.id for call in self.messages[caller].tool_calls or []]
                 if message.tool_call_id not in ids:
                     raise APIError(400, f"{where}.tool_call_id: {json.dumps(message.tool_call_id)} is not the id of a "
-                                        f"call in the tool_calls of messages[{caller}] ({', '.join(ids)})",
+                                        f"call in the tool_calls of messages[{caller}] ({_listed(ids)})",
                                    param=f"{where}.tool_call_id")
                 if message.tool_call_id in answered:  # which answer holds would be the format's guess
                     raise APIError(400, f"{where}.tool_call_id: duplicate value {json.dumps(message.tool_call_id)}, in "
@@ -282,7 +288,7 @@ class ChatRequest(BaseModel):
             if unanswered:
                 raise APIError(400, f"messages[{caller}]: an assistant message with 'tool_calls' must be followed by "
                                     f"tool messages responding to each 'tool_call_id'; the following tool_call_ids did "
-                                    f"not have response messages: {', '.join(unanswered)}", param=f"messages[{caller}]")
+                                    f"not have response messages: {_listed(unanswered)}", param=f"messages[{caller}]")
             caller = index if message is not None and message.role == "assistant" and message.tool_calls else None
             unanswered = [call.id for call in message.tool_calls] if caller is not None else []
             for position, call_id in enumerate(unanswered):  # an answer names one call: two of one id are ambiguous

@@ -149,10 +149,10 @@ UNPAIRED = {
     "a tool message naming another call": (
         ASK + [calling("call_1", "call_2"), answer("call_1"), answer("call_9")], "messages[3].tool_call_id",
         'messages[3].tool_call_id: "call_9" is not the id of a call in the tool_calls of messages[1] '
-        "(call_1, call_2)"),
+        '("call_1", "call_2")'),
     "a tool message naming a call of an earlier assistant message": (
         tool_turn("call_1") + [calling("call_2"), answer("call_1")], "messages[4].tool_call_id",
-        '"call_1" is not the id of a call in the tool_calls of messages[3] (call_2)'),
+        '"call_1" is not the id of a call in the tool_calls of messages[3] ("call_2")'),
     "a call answered twice": (
         ASK + [calling("call_1", "call_2"), answer("call_1"), answer("call_2"), answer("call_1")],
         "messages[4].tool_call_id",
@@ -162,15 +162,19 @@ UNPAIRED = {
         "messages[1].tool_calls[2].id",
         'messages[1].tool_calls[2].id: duplicate value "call_1", also messages[1].tool_calls[0]\'s (each call needs '
         "its own id, which its answer names)"),
+    "a call id holding a newline, named in one line": (
+        ASK + [calling("call\n1", "call_2"), answer("call_2"), answer("call_9")], "messages[3].tool_call_id",
+        'messages[3].tool_call_id: "call_9" is not the id of a call in the tool_calls of messages[1] ("call\\n1", '
+        '"call_2")'),
     "a tool message without tool_call_id": (
         ASK + [calling("call_1"), answer(None)], "messages[2].tool_call_id", "messages[2].tool_call_id: is required"),
     "a call left unanswered before a user message": (
         ASK + [calling("call_1", "call_2"), answer("call_2"), {"role": "user", "content": "And?"}], "messages[1]",
         "messages[1]: an assistant message with 'tool_calls' must be followed by tool messages responding to each "
-        "'tool_call_id'; the following tool_call_ids did not have response messages: call_1"),
+        "'tool_call_id'; the following tool_call_ids did not have response messages: \"call_1\""),
     "calls left unanswered at the end": (
         ASK + [calling("call_1", "call_2")], "messages[1]",
-        "the following tool_call_ids did not have response messages: call_1, call_2"),
+        'the following tool_call_ids did not have response messages: "call_1", "call_2"'),
     "a call without an id": (
         ASK + [{"role": "assistant", "content": None, "tool_calls": [
             {"type": "function", "function": {"name": "wiki", "arguments": "{}"}}]}], "messages[1].tool_calls[0].id",
@@ -185,7 +189,7 @@ def test_tool_messages_that_answer_no_call_are_refused(client, messages, param, 
             client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=stream, **GREEDY)
         error = refused.value.body
         assert refused.value.status_code == 400 and error["type"] == "invalid_request_error", error
-        assert error["param"] == param and phrase in error["message"], error
+        assert error["param"] == param and phrase in error["message"] and "\n" not in error["message"], error
 
 
 def test_calls_answered_in_any_order_are_accepted(client) -> None:

@@ -43,6 +43,7 @@ from dataset.json_text import strict_json
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
                           scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
+from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
                              checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_count,
                              is_model_dir, list_checkpoints, previous_run, read_summary, recorded_config,
@@ -414,7 +415,16 @@ def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
     length, the intervals), as '--a was 1 there and is 2 now, ...'; "" when none does. The kept flags are
     refused before this (check_resume_compatible), so what is named here is what the run goes on with anew."""
     now = {name: value for name, value in config.items() if name not in _NOT_NOTED}
-    return _was_and_is(_changes(state.get("config", {}), now))
+    return _was_and_is(_changes(_with_implied_flags(state.get("config", {})), now))
+
+
+def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's config with the flags it predates but whose value it implies filled in: a GRPO run recorded
+    before --scale_rewards existed scaled as its loss type's default does now (dr_grpo: none, else group), so a
+    resume that asks for another scaling is a change to note, not an unrecorded flag."""
+    if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
+        return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}
+    return saved
 
 
 # What a command line may change and still ask for the same run: how it starts, where it is written (train_config.yaml

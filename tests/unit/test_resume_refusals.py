@@ -354,6 +354,22 @@ def test_the_changed_flags_name_settings_not_places():
     assert changed_flags(state, now) == "--learning_rate was 0.001 there and is 0.002 now"
 
 
+def test_a_grpo_checkpoint_from_before_scale_rewards_notes_a_change_of_scaling():
+    """A GRPO run recorded before --scale_rewards existed scaled as its loss type's default: resuming it with that
+    scaling notes nothing, with another notes the change (it was silent: the flag is not in its config)."""
+    from trainer.checkpoint import changed_flags
+
+    for loss_type, scaled in (("grpo", "group"), ("dr_grpo", "none")):
+        old = {"config": {"task": "grpo", "loss_type": loss_type, "learning_rate": 1e-5}}
+        same = parse_args("grpo", ["--loss_type", loss_type]).to_dict()
+        assert same["scale_rewards"] == scaled and changed_flags(old, same) == ""
+        batch = parse_args("grpo", ["--loss_type", loss_type, "--scale_rewards", "batch"]).to_dict()
+        assert changed_flags(old, batch) == f"--scale_rewards was {scaled} there and is batch now"
+    recorded = {"config": {"task": "grpo", "loss_type": "dr_grpo", "scale_rewards": "group"}}
+    assert changed_flags(recorded, parse_args("grpo", ["--loss_type", "dr_grpo", "--scale_rewards", "group"]
+                                              ).to_dict()) == ""
+
+
 def test_a_checkpoint_goes_on_only_in_its_own_kind_of_run(tmp_path):
     from trainer.checkpoint import check_same_task
 

@@ -421,7 +421,8 @@ def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
 def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's config with the flags it predates but whose value it implies filled in: a GRPO run recorded
     before --scale_rewards existed scaled as its loss type's default does now (dr_grpo: none, else group), so a
-    resume that asks for another scaling is a change to note, not an unrecorded flag."""
+    resume that asks for another scaling is a change to note, and a finished run asked again with it another run,
+    not an unrecorded flag."""
     if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
         return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}
     return saved
@@ -445,7 +446,7 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     checkpoints = list_checkpoints(out_dir / CHECKPOINT_DIR)
     if checkpoints and (checkpoint_step(checkpoints[-1].name) or 0) > summary.get("steps", 0):
         return {}
-    recorded = recorded_config(out_dir)
+    recorded = _with_implied_flags(recorded_config(out_dir))
     asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **args.model}
     if "preset" in asked:
         asked["preset"] = given_preset(args)  # the default is no flag given: a finished cpu-deep run is this run

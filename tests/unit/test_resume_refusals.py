@@ -401,6 +401,26 @@ def test_a_finished_run_asked_again_is_the_same_run_only_without_a_later_checkpo
     assert finished_run_asked_again(tmp_path, args) == {}
 
 
+def test_a_finished_grpo_run_from_before_scale_rewards_is_asked_again_only_with_its_scaling(tmp_path):
+    """A finished GRPO run recorded before --scale_rewards existed scaled as its loss type's default: `--resume auto`
+    with that scaling asks for it again; with another it does not (it was taken for the same run: the flag is not in
+    its train_config.yaml)."""
+    import yaml
+
+    from trainer.checkpoint import finished_run_asked_again
+
+    args = parse_args("grpo", ["--out_dir", str(tmp_path)])
+    recorded = {name: value for name, value in args.to_dict().items() if name not in ("model", "scale_rewards")}
+    (tmp_path / "train_config.yaml").write_text(yaml.safe_dump(recorded))
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    summary = {"status": "finished", "steps": 4}
+    (tmp_path / "run_summary.json").write_text(json.dumps(summary))
+    assert finished_run_asked_again(tmp_path, args) == summary
+    batch = parse_args("grpo", ["--out_dir", str(tmp_path), "--scale_rewards", "batch"])
+    assert finished_run_asked_again(tmp_path, batch) == {}
+
+
 def test_which_run_a_directory_continues(tmp_path):
     from trainer.checkpoint import _one_run_per_directory
 

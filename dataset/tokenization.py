@@ -24,8 +24,9 @@ _WORD_MARK = "\u2581"  # SentencePiece's "▁": a space before the word
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte no piece holds, as its own token
 
 
-# A model directory's record of its tokenizer files (trainer/export.py save_model_dir): {"writing": true} while a
-# save moves them in one by one, then {"files": [their names]} once they are all in place.
+# A model directory's record of its tokenizer files (trainer/export.py save_model_dir): {"writing": true, "files":
+# [the names of the earlier save's and this one's]} while a save moves them in one by one, then {"files": [their
+# names]} once they are all in place.
 TOKENIZER_MARKER = "tokenizer_files.json"
 
 
@@ -51,13 +52,16 @@ def begin_tokenizer_save(folder: Path, names: Iterable[str]) -> None:
     """Before a save moves the tokenizer files `names` into `folder` one by one: mark the save as under way (a kill
     from here on leaves files of two saves, which load_tokenizer refuses), and remove the files the previous save
     recorded that this one does not write (a chat_template.jinja beside a tokenizer that has none would be read
-    as its template)."""
+    as its template). The marker lists, besides, every file that may be in the folder once this save stops (the
+    earlier record's and this save's): a save stopped in its turn leaves the next one a list to remove from."""
     record = _tokenizer_record(folder)
-    atomic_write_text(folder / TOKENIZER_MARKER, strict_json({"writing": True}))
-    earlier = record.get("files") if isinstance(record, dict) else None
-    kept = {*names, TOKENIZER_MARKER}
-    for name in (earlier if isinstance(earlier, list) else []):
-        if isinstance(name, str) and name not in kept and Path(name).name == name and (folder / name).is_file():
+    recorded = record.get("files") if isinstance(record, dict) else None
+    earlier = [name for name in (recorded if isinstance(recorded, list) else [])
+               if isinstance(name, str) and Path(name).name == name and name != TOKENIZER_MARKER]
+    names = set(names)
+    atomic_write_text(folder / TOKENIZER_MARKER, strict_json({"writing": True, "files": sorted({*earlier, *names})}))
+    for name in earlier:
+        if name not in names and (folder / name).is_file():
             (folder / name).unlink()
 
 

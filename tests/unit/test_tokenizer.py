@@ -376,3 +376,38 @@ def test_a_save_removes_the_staging_folders_a_killed_save_left(tmp_path, monkeyp
     export.save_model_dir(model, first, tmp_path)
     assert sorted(item.name for item in tmp_path.iterdir() if item.name.startswith(".model_")) == [".model_notes"]
     assert (tmp_path / ".model_notes" / "mine.txt").read_text() == "x"
+
+
+def test_a_save_after_a_stopped_one_removes_the_stopped_saves_files_it_does_not_write(tmp_path, monkeypatch):
+    """A save stopped while it moved its files in (a chat_template.jinja among them) and the next save, of a tokenizer
+    without a template, completing: the stopped save's marker said only that a save was under way, not which files
+    it may have left, so the complete save kept the stopped one's chat_template.jinja and the folder loaded as the
+    new tokenizer with the old template, without a word."""
+    import trainer.export as export
+    from dataset.tokenization import load_tokenizer
+
+    _, templated = _two_tokenizers()
+    plain, _ = _two_tokenizers()
+    plain.chat_template = None
+    model, real_replace = _tiny_model(), export.os.replace
+    for stop_after in range(8):
+        folder = tmp_path / f"stop_{stop_after}"
+        export.save_model_dir(model, plain, folder)
+        moved = []
+
+        def replace_then_die(source, target):
+            if len(moved) == stop_after:
+                raise KeyboardInterrupt
+            moved.append(target)
+            real_replace(source, target)
+
+        monkeypatch.setattr(export.os, "replace", replace_then_die)
+        try:
+            export.save_model_dir(model, templated, folder)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            monkeypatch.setattr(export.os, "replace", real_replace)
+        export.save_model_dir(model, plain, folder)
+        assert not (folder / "chat_template.jinja").exists(), (stop_after, moved)
+        assert _described(load_tokenizer(folder)) == _described(plain), (stop_after, moved)

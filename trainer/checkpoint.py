@@ -43,6 +43,7 @@ from dataset.json_text import strict_json
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
                           scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
+from trainer.dpo import DPOLossType
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
                              checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_count,
@@ -422,9 +423,13 @@ def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's config with the flags it predates but whose value it implies filled in: a GRPO run recorded
     before --scale_rewards existed scaled as its loss type's default does now (dr_grpo: none, else group), so a
     resume that asks for another scaling is a change to note, and a finished run asked again with it another run,
-    not an unrecorded flag."""
+    not an unrecorded flag; a DPO run recorded before --loss_type and --label_smoothing were its flags had the plain
+    sigmoid loss, unsmoothed."""
     if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
         return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}
+    if saved.get("task") == "dpo" and saved.get("loss_type") is None:
+        return {**saved, "loss_type": DPOLossType.SIGMOID.value,
+                "label_smoothing": 0.0 if saved.get("label_smoothing") is None else saved["label_smoothing"]}
     return saved
 
 

@@ -370,6 +370,19 @@ def test_a_grpo_checkpoint_from_before_scale_rewards_notes_a_change_of_scaling()
                                               ).to_dict()) == ""
 
 
+def test_a_dpo_checkpoint_from_before_its_loss_flags_notes_another_loss():
+    """A DPO run recorded before --loss_type and --label_smoothing were its flags had the plain sigmoid loss:
+    resuming it so notes nothing, with another loss or smoothing notes the change (it was silent)."""
+    from trainer.checkpoint import changed_flags
+
+    old = {"config": {"task": "dpo", "beta": 0.15}}
+    assert changed_flags(old, parse_args("dpo", []).to_dict()) == ""
+    assert changed_flags(old, parse_args("dpo", ["--loss_type", "ipo"]).to_dict()) == \
+        "--loss_type was sigmoid there and is ipo now"
+    assert changed_flags(old, parse_args("dpo", ["--label_smoothing", "0.1"]).to_dict()) == \
+        "--label_smoothing was 0.0 there and is 0.1 now"
+
+
 def test_a_checkpoint_goes_on_only_in_its_own_kind_of_run(tmp_path):
     from trainer.checkpoint import check_same_task
 

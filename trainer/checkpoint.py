@@ -632,7 +632,7 @@ def _check_digests(path: Path, state: dict[str, Any], main: bool) -> str | None:
     try:
         mismatch = verify_digests(path, digests) if digests is not None else None
     except OSError as error:  # a file that cannot be read: every process must still hear of it, not wait
-        return f"{error.filename} cannot be read ({error.strerror})"
+        return f"{error.filename or path} cannot be read ({error.strerror or error})"
     if mismatch is None:
         return None
     return f"{mismatch}: not the file this checkpoint saved (replaced, truncated or damaged since)"

@@ -168,7 +168,7 @@ class DeltaStream:
     def read(self, generated: Sequence[int], end: int) -> tuple[str, str, list[dict]]:
         """parse_assistant_ids(prefix + generated[:end], unfinished=True)'s fields, reading the new ids only."""
         if end < self._given:
-            raise ValueError(f"DeltaStream.deltas: {end} ids after {self._given}; the ids of a stream only grow")
+            raise ValueError(f"DeltaStream.read: {end} ids after {self._given}; the ids of a stream only grow")
         layout = self._layout
         layout.push(generated[self._given:end])
         self._given = end

@@ -287,6 +287,29 @@ def _tiny_model():
                                               num_key_value_heads=2))
 
 
+def _save_stopped_after(stop_after, model, tokenizer, folder, monkeypatch) -> list:
+    """save_model_dir of `tokenizer` into `folder`, killed when it has moved `stop_after` files into place: the
+    files it moved."""
+    import trainer.export as export
+
+    real_replace, moved = export.os.replace, []
+
+    def replace_then_die(source, target):
+        if len(moved) == stop_after:
+            raise KeyboardInterrupt  # the kill: nothing after it runs (the staging folder's removal aside)
+        moved.append(target)
+        real_replace(source, target)
+
+    monkeypatch.setattr(export.os, "replace", replace_then_die)
+    try:
+        export.save_model_dir(model, tokenizer, folder)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        monkeypatch.setattr(export.os, "replace", real_replace)
+    return moved
+
+
 def test_a_save_stopped_between_its_tokenizer_files_leaves_no_mix_that_loads(tmp_path, monkeypatch):
     """save_model_dir moves its files into place one by one: a kill between two left the new tokenizer_config.json
     beside the old chat_template.jinja (or the other way round), and the folder loaded as a tokenizer that neither
@@ -297,25 +320,11 @@ def test_a_save_stopped_between_its_tokenizer_files_leaves_no_mix_that_loads(tmp
     from model.loading import load_dir_tokenizer
 
     first, second = _two_tokenizers()
-    model, real_replace = _tiny_model(), export.os.replace
+    model = _tiny_model()
     for stop_after in range(8):
         folder = tmp_path / f"stop_{stop_after}"
         export.save_model_dir(model, first, folder)
-        moved = []
-
-        def replace_then_die(source, target):
-            if len(moved) == stop_after:
-                raise KeyboardInterrupt  # the kill: nothing after it runs (the staging folder's removal aside)
-            moved.append(target)
-            real_replace(source, target)
-
-        monkeypatch.setattr(export.os, "replace", replace_then_die)
-        try:
-            export.save_model_dir(model, second, folder)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            monkeypatch.setattr(export.os, "replace", real_replace)
+        moved = _save_stopped_after(stop_after, model, second, folder, monkeypatch)
         try:
             loaded = _described(load_tokenizer(folder))
             assert _described(load_dir_tokenizer(folder)) == loaded
@@ -389,25 +398,11 @@ def test_a_save_after_a_stopped_one_removes_the_stopped_saves_files_it_does_not_
     _, templated = _two_tokenizers()
     plain, _ = _two_tokenizers()
     plain.chat_template = None
-    model, real_replace = _tiny_model(), export.os.replace
+    model = _tiny_model()
     for stop_after in range(8):
         folder = tmp_path / f"stop_{stop_after}"
         export.save_model_dir(model, plain, folder)
-        moved = []
-
-        def replace_then_die(source, target):
-            if len(moved) == stop_after:
-                raise KeyboardInterrupt
-            moved.append(target)
-            real_replace(source, target)
-
-        monkeypatch.setattr(export.os, "replace", replace_then_die)
-        try:
-            export.save_model_dir(model, templated, folder)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            monkeypatch.setattr(export.os, "replace", real_replace)
+        moved = _save_stopped_after(stop_after, model, templated, folder, monkeypatch)
         export.save_model_dir(model, plain, folder)
         assert not (folder / "chat_template.jinja").exists(), (stop_after, moved)
         assert _described(load_tokenizer(folder)) == _described(plain), (stop_after, moved)

@@ -505,6 +505,19 @@ def _save_trained_checkpoints(tmp_path: Path, steps: tuple[int, ...]):
     return accelerator, root
 
 
+NOT_THE_SAVED_FILE = "not the file this checkpoint saved (replaced, truncated or damaged since)"
+NO_EARLIER_CHECKPOINT = "there is no earlier checkpoint to resume from: start the run anew (--overwrite)"
+
+
+def _auto_resume_refused(accelerator, out_dir) -> str:
+    """The one-line refusal of `--resume auto` in out_dir, whose newest checkpoint the digest check refuses."""
+    from trainer.checkpoint import CheckpointDamaged, agree_on_start
+
+    with pytest.raises(CheckpointDamaged) as refused:
+        agree_on_start(accelerator, "auto", out_dir, None)
+    return str(refused.value)
+
+
 def test_a_save_records_the_size_and_sha256_of_every_file_it_wrote(tmp_path):
     import hashlib
 
@@ -521,33 +534,25 @@ def test_a_save_records_the_size_and_sha256_of_every_file_it_wrote(tmp_path):
 def test_a_file_copied_in_from_another_checkpoint_is_refused_before_anything_is_loaded(tmp_path):
     """A model.safetensors of step 1 in step 2's folder: the same size and names, and the resume went on with step
     1's weights under step 2's optimizer moments, without a word."""
-    from trainer.checkpoint import CheckpointDamaged, agree_on_start
+    from trainer.checkpoint import agree_on_start
 
     accelerator, root = _save_trained_checkpoints(tmp_path, (1, 2))
     newest, before = root / "step_00000002", root / "step_00000001"
     (newest / "model.safetensors").write_bytes((before / "model.safetensors").read_bytes())
-    with pytest.raises(CheckpointDamaged) as refused:
-        agree_on_start(accelerator, "auto", tmp_path, None)
-    assert str(refused.value) == (f"--resume auto: {newest / 'model.safetensors'} has another sha256 than "
-                                  f"trainer_state.json records: not the file this checkpoint saved (replaced, "
-                                  f"truncated or damaged since); resume from the checkpoint before it with --resume "
-                                  f"{before}")
+    assert _auto_resume_refused(accelerator, tmp_path) == (
+        f"--resume auto: {newest / 'model.safetensors'} has another sha256 than trainer_state.json records: "
+        f"{NOT_THE_SAVED_FILE}; resume from the checkpoint before it with --resume {before}")
     assert agree_on_start(accelerator, str(before), tmp_path, before).resume.note == ""  # verified, nothing to say
 
 
 def test_a_truncated_optimizer_file_is_refused_naming_its_size(tmp_path):
-    from trainer.checkpoint import CheckpointDamaged, agree_on_start
-
     accelerator, root = _save_trained_checkpoints(tmp_path, (1,))
     optimizer = root / "step_00000001" / "optimizer.bin"
     saved = len(optimizer.read_bytes())
     optimizer.write_bytes(optimizer.read_bytes()[:100])
-    with pytest.raises(CheckpointDamaged) as refused:
-        agree_on_start(accelerator, "auto", tmp_path, None)
-    assert str(refused.value) == (f"--resume auto: {optimizer} holds 100 bytes, where trainer_state.json records "
-                                  f"{saved}: not the file this checkpoint saved (replaced, truncated or damaged "
-                                  f"since); there is no earlier checkpoint to resume from: start the run anew "
-                                  f"(--overwrite)")
+    assert _auto_resume_refused(accelerator, tmp_path) == (
+        f"--resume auto: {optimizer} holds 100 bytes, where trainer_state.json records {saved}: {NOT_THE_SAVED_FILE}; "
+        f"{NO_EARLIER_CHECKPOINT}")
 
 
 def test_a_checkpoint_saved_before_digests_resumes_with_a_note(tmp_path):
@@ -576,7 +581,5 @@ def test_a_file_the_check_cannot_read_is_refused_in_one_line(tmp_path, monkeypat
         raise PermissionError(13, "Permission denied", str(unreadable))
 
     monkeypatch.setattr(checkpoint, "file_digests", cannot_read)
-    with pytest.raises(checkpoint.CheckpointDamaged) as refused:
-        checkpoint.agree_on_start(accelerator, "auto", tmp_path, None)
-    assert str(refused.value) == (f"--resume auto: {unreadable} cannot be read (Permission denied); there is no "
-                                  f"earlier checkpoint to resume from: start the run anew (--overwrite)")
+    assert _auto_resume_refused(accelerator, tmp_path) == (
+        f"--resume auto: {unreadable} cannot be read (Permission denied); {NO_EARLIER_CHECKPOINT}")

@@ -105,6 +105,11 @@ def test_run_main_exits_with_mains_code(capsys):
     ("eval.benchmarks.bench_load", ["--rounds", "-1"], "--rounds", "-1 is not an integer >= 0"),
     ("eval.benchmarks.bench_norm", ["--m", "0"], "--m", "0 is not an integer >= 1"),
     ("eval.benchmarks.bench_norm", ["--threads", "0"], "--threads", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_serve", ["--tokens", "8"], "--tokens", "goes only with --stream_against"),
+    ("eval.benchmarks.bench_serve", ["--stream_against", "HEAD", "--repeats", "2"], "--repeats",
+     "not with --stream_against (which takes --tokens and --rounds)"),
+    ("eval.benchmarks.bench_serve", ["--stream_against", "--tokens", "0"], "--tokens",
+     "0 is not an integer in 1 .. 8192"),
 ])
 def test_benchmarks_refuse_bad_flags_in_one_line_naming_them(module, argv, flag, allowed, capsys):
     """These were tracebacks (a ValueError from the preset list or int(), a zero-division or an empty median), or

@@ -352,7 +352,6 @@ IN_PLACE_WRITERS = {
     ("eval/benchmarks/bench_post_training.py", "fresh_model"),          # a temp directory
     ("eval/benchmarks/bench_post_training.py", "write_data"),           # a temp directory
     ("eval/benchmarks/bench_serve.py", "untrained_default_model"),      # a temp directory
-    ("eval/benchmarks/bench_stream.py", "untrained_model"),             # a temp directory
 }
 
 

@@ -36,6 +36,7 @@ it costs the server's event loop, beside the engine's decoding.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script, from any directory
@@ -45,6 +46,7 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
+import contextlib  # noqa: E402
 import http.client  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
@@ -157,6 +159,28 @@ class Server:
         self.process.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def chat_completion(port: int, body: str) -> Iterator[http.client.HTTPResponse]:
+    """The server's response to POST /v1/chat/completions with the JSON `body` (a status other than 200: a
+    RuntimeError), its connection closed after."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
+        yield response
+    finally:
+        connection.close()
+
+
+def stream_chunks(response: http.client.HTTPResponse) -> Iterator[dict]:
+    """The JSON chunks of a streamed response's server-sent events (the closing [DONE] aside)."""
+    for line in response:
+        if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+            yield json.loads(line[6:])
+
+
 def streamed_request(port: int, prompt: str, max_tokens: int, top_logprobs: int | None = None
                      ) -> tuple[float, float, int]:
     """(latency s, time to the first content s, completion tokens) of one streamed chat request; `top_logprobs`:
@@ -169,23 +193,13 @@ def streamed_request(port: int, prompt: str, max_tokens: int, top_logprobs: int 
     started = time.perf_counter()
     first = None
     tokens = entries = 0
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    try:
-        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
-        for line in response:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+    with chat_completion(port, body) as response:
+        for chunk in stream_chunks(response):
             if first is None and any(c["delta"].get("content") for c in chunk["choices"]):
                 first = time.perf_counter() - started
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             entries += sum(len((c.get("logprobs") or {}).get("content", [])) for c in chunk["choices"])
-    finally:
-        connection.close()
     latency = time.perf_counter() - started
     if top_logprobs is not None and entries != tokens:  # the work measured must be the work asked for
         raise RuntimeError(f"{entries} logprobs entries for {tokens} completion tokens")
@@ -239,26 +253,16 @@ def sampled_request(port: int, tokens: int, banned: list[int], stream: bool) -> 
                        "logit_bias": {str(i): -100 for i in banned},
                        **({"stream_options": {"include_usage": True}} if stream else {})})
     started = time.perf_counter()
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    try:
-        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
+    with chat_completion(port, body) as response:
         if not stream:
             answer = json.loads(response.read())
             content, used = answer["choices"][0]["message"]["content"], answer["usage"]["completion_tokens"]
         else:
             pieces, used = [], 0
-            for line in response:
-                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            for chunk in stream_chunks(response):
                 pieces += [c["delta"].get("content") or "" for c in chunk["choices"]]
                 used = chunk["usage"]["completion_tokens"] if chunk.get("usage") else used
             content = "".join(pieces)
-    finally:
-        connection.close()
     return time.perf_counter() - started, content, used
 
 

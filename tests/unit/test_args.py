@@ -147,6 +147,8 @@ def test_scale_rewards_none_is_a_value_and_unset_resolves_by_loss_type(tmp_path)
 
     assert parse_args("grpo", []).scale_rewards == "group"
     assert parse_args("grpo", ["--loss_type", "dr_grpo"]).scale_rewards == "none"
+    for loss_type in ("bnpo", "dapo", "cispo"):  # TRL's default, group, for every loss type but Dr. GRPO
+        assert parse_args("grpo", ["--loss_type", loss_type]).scale_rewards == "group"
     assert parse_args("grpo", ["--loss_type", "dr_grpo", "--scale_rewards", "group"]).scale_rewards == "group"
     assert parse_args("grpo", ["--scale_rewards", "none"]).scale_rewards == "none"
     assert parse_args("grpo", ["--scale_rewards", "batch"]).to_dict()["scale_rewards"] == "batch"

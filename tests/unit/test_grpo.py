@@ -421,6 +421,32 @@ def test_a_completion_no_reward_scores_is_out_of_its_groups_advantages(tokenizer
         mean, std = (a + b) / 2, abs(a - b) / math.sqrt(2)
         expected = [0.0, (a - mean) / (std + 1e-4), (b - mean) / (std + 1e-4)]
         assert batch["advantages"][first:first + 3].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    # the logged reward is the mean over the eight completions some function scored (one function's None does not
+    # unscore a completion); the reward std the mean over the groups of their two scored completions' std
+    pairs = [(tokens[first + 1], tokens[first + 2] + 0.5) for first in range(0, 12, 3)]
+    assert len({abs(a - b) for a, b in pairs}) > 1
+    reward, reward_std, _ = batch["rollout_stats"].tolist()
+    assert (reward, reward_std) == pytest.approx(
+        (sum(a + b for a, b in pairs) / 8, sum(statistics.stdev(pair) for pair in pairs) / 4), rel=1e-5)
+
+
+def test_batch_scaling_of_a_step_with_two_scored_rewards_divides_by_their_std(tokenizer, policy, monkeypatch):
+    """--scale_rewards batch, one group of three, its first completion unscored: the two scored rewards' std
+    (Bessel's, TRL's nanstd) divides their centred rewards; two are enough for a std."""
+    import trainer.grpo as grpo
+
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler([]))
+
+    def reward(prompts, completions, **columns):
+        return [None, 1.0, 3.5]
+
+    settings = dataclasses.replace(_settings(group=3), scale_rewards="batch")
+    objective = GroupRelativePolicy([Reward("r", reward)], tokenizer, settings, None, seed=2, process_index=0,
+                                    autocast=nullcontext)
+    batch = objective.rollouts(policy, [_numbered_prompts(0, 1)], step=1, accelerator=_OneProcess())[0]
+    std = statistics.stdev([1.0, 3.5])
+    expected = [0.0, -1.25 / (std + 1e-4), 1.25 / (std + 1e-4)]
+    assert batch["advantages"].tolist() == pytest.approx(expected, rel=1e-5)
 
 
 def test_a_prompts_completions_do_not_depend_on_how_the_step_is_split(tokenizer, policy, monkeypatch):

@@ -146,6 +146,8 @@ def _without(*keys: str) -> dict:
     ({**GOOD_STATE, "digests": {"/etc/passwd": {"bytes": 1, "sha256": "0" * 64}}}, "'digests' must be a JSON object"),
     ({**GOOD_STATE, "digests": {"model.safetensors": {"bytes": -1, "sha256": "0" * 64}}}, "'digests' must be"),
     ({**GOOD_STATE, "digests": {"model.safetensors": {"bytes": 1, "sha256": "abc"}}}, "64 hex digits"),
+    ({**GOOD_STATE, "digests": {"model.safetensors": {"bytes": 1, "sha256": "0" * 65}}}, "64 hex digits"),
+    ({**GOOD_STATE, "digests": {"": {"bytes": 1, "sha256": "0" * 64}}}, "'digests' must be a JSON object"),
 ], ids=lambda value: None)
 def test_a_damaged_trainer_state_is_refused_in_one_line_naming_the_file_and_field(content, message, tmp_path):
     from trainer.checkpoint import read_trainer_state
@@ -583,3 +585,41 @@ def test_a_file_the_check_cannot_read_is_refused_in_one_line(tmp_path, monkeypat
     monkeypatch.setattr(checkpoint, "file_digests", cannot_read)
     assert _auto_resume_refused(accelerator, tmp_path) == (
         f"--resume auto: {unreadable} cannot be read (Permission denied); {NO_EARLIER_CHECKPOINT}")
+
+
+def test_file_digests_and_verify_digests_against_hashlib(tmp_path):
+    """file_digests pairs each name with its own file's size and sha256 whatever the order of the names;
+    verify_digests names the first file (in name order) that is missing or has another size, then one with other
+    bytes of the same size."""
+    import hashlib
+
+    from trainer.checkpoint import file_digests, verify_digests
+
+    contents = {"a.bin": b"first file", "b.bin": b"the second, longer", "c.bin": b"3"}
+    for name, data in contents.items():
+        (tmp_path / name).write_bytes(data)
+    recorded = file_digests(tmp_path, ["c.bin", "a.bin", "b.bin"])
+    assert recorded == {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                        for name, data in contents.items()}
+    assert verify_digests(tmp_path, recorded) is None
+    (tmp_path / "a.bin").write_bytes(b"first file, grown")
+    assert verify_digests(tmp_path, recorded) == (f"{tmp_path / 'a.bin'} holds 17 bytes, where trainer_state.json "
+                                                  f"records 10")
+    (tmp_path / "a.bin").write_bytes(b"FIRST FILE")
+    assert verify_digests(tmp_path, recorded) == (f"{tmp_path / 'a.bin'} has another sha256 than trainer_state.json "
+                                                  f"records")
+    (tmp_path / "a.bin").unlink()
+    assert verify_digests(tmp_path, recorded) == f"{tmp_path / 'a.bin'} is missing"
+
+
+def test_another_machines_writer_checks_its_copy_against_its_own_state(tmp_path):
+    """Without shared storage each machine's first process wrote its own copy and its own trainer_state.json: it
+    checks its files against that, not against the digests the main process's state records."""
+    from trainer.checkpoint import _check_digests
+
+    _, root = _save_trained_checkpoints(tmp_path, (1,))
+    checkpoint = root / "step_00000001"
+    main_state = json.loads((checkpoint / "trainer_state.json").read_text())
+    main_state["digests"] = {name: {**entry, "sha256": "0" * 64} for name, entry in main_state["digests"].items()}
+    assert _check_digests(checkpoint, main_state, main=False) is None
+    assert "has another sha256" in _check_digests(checkpoint, main_state, main=True)

@@ -406,3 +406,37 @@ def test_a_save_after_a_stopped_one_removes_the_stopped_saves_files_it_does_not_
         export.save_model_dir(model, plain, folder)
         assert not (folder / "chat_template.jinja").exists(), (stop_after, moved)
         assert _described(load_tokenizer(folder)) == _described(plain), (stop_after, moved)
+
+
+def test_the_tokenizer_marker_by_hand(tmp_path):
+    """begin_tokenizer_save marks the save under way and removes only the earlier save's files inside the folder
+    that this one does not write (a hand-edited marker naming ../, a file already gone or a non-name is passed
+    over, a marker that is not JSON is written over); end_tokenizer_save records the names sorted; load_tokenizer
+    refuses a folder marked as being written before it reads any file."""
+    from dataset.tokenization import (begin_tokenizer_save, check_tokenizer_files, end_tokenizer_save,
+                                      load_tokenizer)
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "outside.txt").write_text("not the save's")
+    for name in ("chat_template.jinja", "tokenizer.json"):
+        (folder / name).write_text("{}")
+    (folder / "tokenizer_files.json").write_text(json.dumps(
+        {"files": ["../outside.txt", "gone.json", 5, "chat_template.jinja", "tokenizer.json"]}))
+    begin_tokenizer_save(folder, ["tokenizer.json"])
+    assert (tmp_path / "outside.txt").is_file() and (folder / "tokenizer.json").is_file()
+    assert not (folder / "chat_template.jinja").exists()
+    # while writing, the marker lists what may be in the folder should this save stop: the earlier names, this one's
+    assert json.loads((folder / "tokenizer_files.json").read_text()) == {
+        "writing": True, "files": ["chat_template.jinja", "gone.json", "tokenizer.json"]}
+    for load in (check_tokenizer_files, load_tokenizer):
+        with pytest.raises(ValueError) as refused:
+            load(folder)
+        assert str(refused.value).startswith(f"{folder / 'tokenizer_files.json'}: a save of {folder} stopped")
+    end_tokenizer_save(folder, ["tokenizer_config.json", "tokenizer.json"])
+    assert json.loads((folder / "tokenizer_files.json").read_text()) == {
+        "files": ["tokenizer.json", "tokenizer_config.json"]}
+    check_tokenizer_files(folder)
+    (folder / "tokenizer_files.json").write_text("{")
+    begin_tokenizer_save(folder, ["tokenizer.json"])
+    assert json.loads((folder / "tokenizer_files.json").read_text()) == {"writing": True, "files": ["tokenizer.json"]}

@@ -159,6 +159,11 @@ HOSTILE.update({
                                   '"string"'),
     "parameters of type array": (offering({"type": "array", "items": {"type": "number"}}),
                                  'tools[0].function.parameters: must be a JSON schema of "type": "object"'),
+    "parameters of Gorilla's type dict": (offering({"type": "dict", "properties": {}}),
+                                          'must be a JSON schema of "type": "object" (the arguments of a call are an '
+                                          'object), got "type": "dict"'),
+    "parameters of type null": (offering({"type": None}), 'must be a JSON schema of "type": "object" (the arguments '
+                                                          'of a call are an object), got "type": null'),
     "required a number": (offering({"properties": {"x": {"type": "string"}}, "required": 5}),
                           "tools[0].function.parameters.required must be a list of property names, got int"),
     "required a string": (offering({"properties": {"x": {}, "y": {}}, "required": "xy"}),

@@ -196,7 +196,8 @@ def test_calls_answered_in_any_order_are_accepted(client) -> None:
     """OpenAI pairs answers with calls by id, not by place: two calls answered in the other order, and a loop of
     two rounds, are answered (the format shows the answers in the order they are sent: docs/serving.md)."""
     for messages in (ASK + [calling("call_1", "call_2"), answer("call_2"), answer("call_1")],
-                     tool_turn("call_1") + [calling("call_2"), answer("call_2")]):
+                     tool_turn("call_1") + [calling("call_2"), answer("call_2")],
+                     tool_turn("call_1") + [calling("call_1"), answer("call_1")]):  # an id again in a later round
         response = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, **GREEDY)
         assert response.choices[0].finish_reason in ("stop", "length", "tool_calls")
 

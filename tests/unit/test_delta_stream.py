@@ -302,3 +302,21 @@ def test_asking_whether_the_content_stopped_decodes_a_number_of_ids_linear_in_th
     monkeypatch.undo()
     assert stopped[0] == len(ids)  # the stop string in the content, not the one in the thought
     assert count[0] < 16 * len(ids)
+
+
+def test_run_text_equals_the_whole_decode_under_space_clean_up(chat_sentencepiece) -> None:
+    """A tokenizer that cleans up spaces (" ." to ".", " 's" to "'s") changes text across a cut: _RunText's text at
+    every length, read one, two or three ids at a time, is still tokenizer.decode of the whole run."""
+    from scripts.server.replies import _RunText
+
+    cleaning = chat_sentencepiece[1]
+    ids = [i for piece in ("It", " is", " here", " ,", " they", " n", "'t", " said", " .", " It", " '", "s", " ok",
+                           " !", " Is", " it", " ?", " Yes", " ,", " we", " '", "ve", " done", " .")
+           for i in encode_text(cleaning, piece)]
+    assert cleaning.decode(ids) != cleaning.decode(ids, clean_up_tokenization_spaces=False)
+    for step in (1, 2, 3):
+        grown: list[int] = []
+        run = _RunText(cleaning, grown, 0)
+        for n in range(step, len(ids) + step, step):
+            grown[:] = ids[:n]
+            assert run.text() == cleaning.decode(ids[:n], skip_special_tokens=False), (step, n)

@@ -320,3 +320,13 @@ def test_run_text_equals_the_whole_decode_under_space_clean_up(chat_sentencepiec
         for n in range(step, len(ids) + step, step):
             grown[:] = ids[:n]
             assert run.text() == cleaning.decode(ids[:n], skip_special_tokens=False), (step, n)
+
+
+def test_a_stream_read_with_fewer_ids_than_before_is_refused(tokenizer) -> None:
+    """The stream reads only the ids after those it was given: asked again with fewer, it would send text from ids
+    it no longer has; it refuses in one line instead."""
+    ids = encode_text(tokenizer, "Hello there, world")
+    stream = DeltaStream(ReplyReader(tokenizer, TOOLS, [], stop=(), parallel_tool_calls=True))
+    stream.read(ids, 3)
+    with pytest.raises(ValueError, match=r"^DeltaStream\.deltas: 2 ids after 3; the ids of a stream only grow$"):
+        stream.read(ids, 2)

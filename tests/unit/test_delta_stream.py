@@ -328,5 +328,5 @@ def test_a_stream_read_with_fewer_ids_than_before_is_refused(tokenizer) -> None:
     ids = encode_text(tokenizer, "Hello there, world")
     stream = DeltaStream(ReplyReader(tokenizer, TOOLS, [], stop=(), parallel_tool_calls=True))
     stream.read(ids, 3)
-    with pytest.raises(ValueError, match=r"^DeltaStream\.deltas: 2 ids after 3; the ids of a stream only grow$"):
+    with pytest.raises(ValueError, match=r"^DeltaStream\.read: 2 ids after 3; the ids of a stream only grow$"):
         stream.read(ids, 2)

@@ -43,7 +43,7 @@ from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings
 from trainer.evaluation import LoggedEval
 from trainer.rewards import Reward, math_answer, score
 from trainer.rl_losses import (ADVANTAGE_EPS, LossType, ScaleRewards, default_scale_rewards, group_advantages,
-                                policy_loss)
+                                policy_loss, scored_group_stats)
 from trainer.run_dir import ROLLOUT_VAL_METRICS
 
 if TYPE_CHECKING:
@@ -79,14 +79,10 @@ class RolloutSettings:
 
 
 def _scored_group_stds(rewards: torch.Tensor) -> torch.Tensor:
-    """The std (Bessel's) of each row's rewards that are not NaN (P, G) -> (groups with at least two of them,): what
-    group_advantages divides by, for the log."""
-    scored = ~rewards.isnan()
-    count = scored.sum(dim=1)
-    mean = rewards.nan_to_num(0.0).sum(dim=1) / count.clamp(min=1)
-    squares = ((rewards - mean[:, None]).nan_to_num(0.0) ** 2).sum(dim=1)
-    keep = count > 1
-    return (squares[keep] / (count[keep] - 1)).sqrt()
+    """The std of each row's scored rewards (P, G) -> (groups with at least two of them,): what group_advantages
+    divides by, for the log."""
+    count, _, std = scored_group_stats(rewards)
+    return std[count > 1]
 
 
 def rollout_seed(seed: int, step: int, sample: int, generation: int) -> int:

@@ -62,13 +62,21 @@ def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = ADV
     Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783: the std weighs too easy and too hard
     questions up). A NaN reward (a completion no reward function scored) is left out of its row's mean and std and
     gets advantage 0, as TRL's GRPOTrainer does; so does every completion of a row with fewer than two rewards."""
-    scored = ~rewards.isnan()
-    count = scored.sum(dim=1, keepdim=True)
-    centred = rewards - rewards.nan_to_num(0.0).sum(dim=1, keepdim=True) / count
+    count, mean, std = scored_group_stats(rewards)
+    centred = rewards - mean
     if scale:
-        variance = (centred.nan_to_num(0.0) ** 2).sum(dim=1, keepdim=True) / (count - 1)
-        centred = centred / (variance.sqrt() + eps)
-    return torch.where(scored & (count > 1), centred, torch.zeros_like(centred))
+        centred = centred / (std + eps)
+    return torch.where(~rewards.isnan() & (count > 1), centred, torch.zeros_like(centred))
+
+
+def scored_group_stats(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of rewards (P, G), over its rewards that are not NaN (the completions some function scored): their
+    count, mean and std with Bessel's correction, each (P, 1); the mean and std of a row with fewer than two are not
+    numbers to use (NaN or inf)."""
+    count = (~rewards.isnan()).sum(dim=1, keepdim=True)
+    mean = rewards.nan_to_num(0.0).sum(dim=1, keepdim=True) / count
+    variance = ((rewards - mean).nan_to_num(0.0) ** 2).sum(dim=1, keepdim=True) / (count - 1)
+    return count, mean, variance.sqrt()
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import yaml
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
 from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, flag_type, path_arg, seed, utf8_text
-from trainer.dpo import DPOLossType
+from trainer.dpo import DEFAULT_DISCOPOP_TAU, LABEL_SMOOTHED, DPOLossType, check_label_smoothing, parse_loss_types
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import BUILTIN
@@ -130,7 +130,7 @@ FINE_TUNING_FLAGS = ("from_weight",)
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge") + FINE_TUNING_FLAGS,
-    "dpo": ("beta", "loss_type", "label_smoothing") + FINE_TUNING_FLAGS,
+    "dpo": ("beta", "loss_type", "loss_weights", "label_smoothing", "discopop_tau") + FINE_TUNING_FLAGS,
     "pretrain": ("control_tokens_in_text", "preset") + COPY_FLAGS,
     "sft": ("sft_data",) + COPY_FLAGS + FINE_TUNING_FLAGS,
     "distill": ("teacher", "alpha", "temperature", "distill_data", "control_tokens_in_text") + FINE_TUNING_FLAGS,
@@ -375,11 +375,20 @@ class TrainArgs:
                                                        "reward needs it); without it: the empty block, a direct answer")
     loss_type: str = _flag({"grpo": "grpo", "dpo": "dpo"}, LossType.GRPO.value,
                            {"grpo": f"{_choices(LossType)} (trainer/rl_losses.py, policy_loss; docs/post_training.md)",
-                            "dpo": f"{_choices(DPOLossType)}: DPO's -log sigmoid of the reward margin, IPO's squared "
-                                   f"loss on the per-token log-ratios, or SLiC's hinge max(0, 1 - margin) "
-                                   f"(trainer/dpo.py; TRL's names)"})
-    label_smoothing: float = _flag("dpo", 0.0, "conservative DPO: the assumed probability that a pair's preference "
-                                               "is flipped, in [0, 0.5); sigmoid loss only (0: plain DPO)")
+                            "dpo": f"{_choices(DPOLossType)}, TRL's names: DPO's -log sigmoid of the reward "
+                                   f"margin, or another of TRL's preference losses (formulas: trainer/dpo.py, "
+                                   f"docs/post_training.md); several (space- or comma-separated, e.g. sigmoid sft) "
+                                   f"are summed with --loss_weights"})
+    loss_weights: list[float] | None = _flag("dpo", None, "one weight per --loss_type, in their order, for the "
+                                                          "weighted sum of several, as TRL's loss_weights (default: "
+                                                          "1 each)")
+    label_smoothing: float = _flag("dpo", 0.0, f"eps in [0, 0.5): the assumed probability that a pair's preference "
+                                               f"is flipped (conservative DPO for sigmoid, robust DPO's, EXO's "
+                                               f"epsilon, > 0 there, the paper's 1e-3); only "
+                                               f"{', '.join(LABEL_SMOOTHED)} read it (0: none)")
+    discopop_tau: float = _flag("dpo", DEFAULT_DISCOPOP_TAU, "tau of --loss_type discopop: the temperature of the "
+                                                             "sigmoid of the margin that blends its logistic and "
+                                                             "exponential terms (> 0; TRL's and the paper's 0.05)")
     epsilon: float = _flag(ROLLOUT_GROUPS, 0.2,
                            {"grpo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon_high]",
                             "ppo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon] (MiniMind's "
@@ -476,6 +485,10 @@ def _build_parser(task: str) -> argparse.ArgumentParser:
             continue  # another task's section
         group = parser.add_argument_group(*_section_heading(key, task))
         for f in members:
+            if (task, f.name) in SEVERAL_NAMES:
+                group.add_argument(f"--{f.name}", type=utf8_text, nargs="+", default=getattr(defaults, f.name),
+                                   metavar=f.name.upper(), help=_for_task(f.metadata["help"], task))
+                continue
             _add_flag(group, f.name, str(f.type), getattr(defaults, f.name), _for_task(f.metadata["help"], task))
         if key == MODEL_CONFIG_GROUP:
             for name, (kind, choices, help) in MODEL_FIELDS.items():
@@ -507,7 +520,7 @@ def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any
         group.add_argument(f"--{name}", action=_Repeated, type=_reward_spec, default=default, help=help)
         return
     if hint.startswith("list[float]"):
-        group.add_argument(f"--{name}", type=float, nargs="+", default=default, help=help)
+        group.add_argument(f"--{name}", type=FLAG_TYPES.get(name, float), nargs="+", default=default, help=help)
         return
     # A text flag is checked as text: argv's bytes that are not UTF-8 failed in the tokenizer after the run trained
     base = int if hint.startswith("int") else float if hint.startswith("float") else utf8_text
@@ -515,9 +528,22 @@ def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any
     group.add_argument(f"--{name}", type=FLAG_TYPES.get(name, kind), default=default, help=help)
 
 
+def _numbers(text: str) -> list[float]:
+    """One value of a flag of several numbers: a number, or several comma-separated (`0.8,0.2`)."""
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or comma-separated numbers") from None
+
+
+flag_type(float, _numbers)
+# Text flags of one or several names (space-separated as TRL's list flags, or comma-separated), kept as
+# one comma-separated string: DPO's --loss_type (GRPO's takes one name).
+SEVERAL_NAMES = {("dpo", "loss_type")}
 # Flags whose type is not their annotation's plain one (the path flags: unset only by leaving them out).
 # --scale_rewards takes TRL's value `none`, which for other flags unsets them: leaving it out unsets it.
-FLAG_TYPES: dict[str, Any] = {"seed": seed, "scale_rewards": utf8_text, **{name: _path for name in PATH_FLAGS}}
+FLAG_TYPES: dict[str, Any] = {"seed": seed, "scale_rewards": utf8_text, "loss_weights": _numbers,
+                              **{name: _path for name in PATH_FLAGS}}
 
 
 def task_flags(task: str) -> set[str]:
@@ -666,13 +692,20 @@ def _validate(args: TrainArgs) -> None:
 def _validate_dpo(args: TrainArgs, bad: Any) -> None:
     if not (args.beta > 0 and math.isfinite(args.beta)):
         raise bad("beta", args.beta, "it must be a positive number")
-    if args.loss_type not in tuple(DPOLossType):
-        raise bad("loss_type", args.loss_type, f"choose one of {', '.join(DPOLossType)}")
+    loss_types = parse_loss_types(args.loss_type)  # its ValueError is the one-line refusal
+    if args.loss_weights is not None:
+        if len(args.loss_weights) != len(loss_types):
+            raise bad("loss_weights", args.loss_weights, f"give one weight per --loss_type ({len(loss_types)})")
+        if not all(math.isfinite(weight) for weight in args.loss_weights):
+            raise bad("loss_weights", args.loss_weights, "every weight must be a finite number")
     if not 0 <= args.label_smoothing < 0.5:
         raise bad("label_smoothing", args.label_smoothing, "it must be in [0, 0.5)")
-    if args.label_smoothing and args.loss_type != DPOLossType.SIGMOID:
-        raise bad("label_smoothing", args.label_smoothing, f"it smooths the sigmoid loss only: leave it 0 with "
-                                                           f"--loss_type {args.loss_type}")
+    check_label_smoothing(loss_types, args.label_smoothing)
+    if not (args.discopop_tau > 0 and math.isfinite(args.discopop_tau)):
+        raise bad("discopop_tau", args.discopop_tau, "it must be a positive number")
+    if args.discopop_tau != DEFAULT_DISCOPOP_TAU and DPOLossType.DISCOPOP not in loss_types:
+        raise bad("discopop_tau", args.discopop_tau, "it shapes the discopop loss only: give --loss_type discopop "
+                                                     "with it, or leave it out")
 
 
 def _validate_grpo(args: TrainArgs, bad: Any) -> None:
@@ -870,11 +903,23 @@ def _parse(task: str, parser: argparse.ArgumentParser, argv: Sequence[str] | Non
     model = _model_overrides(namespace)
     for name in MODEL_FIELDS:
         namespace.pop(name)
+    for flag_task, name in SEVERAL_NAMES:
+        if task == flag_task:
+            namespace[name] = _joined_names(namespace[name])
+    if isinstance(namespace.get("loss_weights"), list):
+        namespace["loss_weights"] = [value for item in namespace["loss_weights"]
+                                     for value in (item if isinstance(item, list) else [item])]
     given = frozenset(from_config) | _typed_flags(task, argv)
     args = TrainArgs(task=task, model=model, given=given, **namespace)
     _validate(args)
     build_model_config(args)  # fail fast on model-field errors, before any data work
     return args
+
+
+def _joined_names(value: str | list[str]) -> str:
+    """A SEVERAL_NAMES flag's values (`a b`, `a,b`, a YAML list or string) as one comma-separated string."""
+    items = value if isinstance(value, list) else [value]
+    return ",".join(name.strip() for item in items for name in str(item).split(","))
 
 
 def _typed_flags(task: str, argv: Sequence[str] | None) -> frozenset[str]:

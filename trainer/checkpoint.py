@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -43,7 +44,7 @@ from dataset.json_text import strict_json
 from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
                           scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
-from trainer.dpo import DPOLossType
+from trainer.dpo import DEFAULT_DISCOPOP_TAU, DPOLossType
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
                              checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_count,
@@ -67,6 +68,9 @@ ARCHITECTURE_FIELDS = tuple(name for name in MODEL_FIELDS if name not in RUNTIME
 FILES_KEY = "files"  # trainer_state.json: every file of the checkpoint, relative to it
 # trainer_state.json: {file: {"bytes", "sha256"}} of every file its writer holds (verify_digests)
 DIGESTS_KEY = "digests"
+# trainer_state.json: what the objective carries from step to step, {name: number} (DPO's bco_pair: its running
+# mean of the rewards); absent where it carries nothing
+OBJECTIVE_STATE_KEY = "objective_state"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 DATA_KEYS = {"path", "train_samples", "tokens"}  # trainer_state.json's "data" (trainer/data.py data_identity)
 _RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
@@ -309,6 +313,11 @@ def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
     files = state.get(FILES_KEY)
     if files is not None and not (isinstance(files, list) and all(_inside(name) for name in files)):
         raise bad(FILES_KEY, "a list of file names inside the checkpoint")
+    objective_state = state.get(OBJECTIVE_STATE_KEY)
+    if objective_state is not None and not (isinstance(objective_state, dict) and all(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            for value in objective_state.values())):
+        raise bad(OBJECTIVE_STATE_KEY, "a JSON object of finite numbers")
     digests = state.get(DIGESTS_KEY)
     if digests is not None and not (isinstance(digests, dict) and all(
             _inside(name) and isinstance(entry, dict) and is_count(entry.get("bytes"))
@@ -424,12 +433,16 @@ def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
     before --scale_rewards existed scaled as its loss type's default does now (dr_grpo: none, else group), so a
     resume that asks for another scaling is a change to note, and a finished run asked again with it another run,
     not an unrecorded flag; a DPO run recorded before --loss_type and --label_smoothing were its flags had the plain
-    sigmoid loss, unsmoothed."""
+    sigmoid loss, unsmoothed, and one recorded before --loss_weights and --discopop_tau one loss type of weight 1
+    (null, the default) and no discopop loss (the default tau, unread)."""
     if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
         return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}
-    if saved.get("task") == "dpo" and saved.get("loss_type") is None:
-        return {**saved, "loss_type": DPOLossType.SIGMOID.value,
-                "label_smoothing": 0.0 if saved.get("label_smoothing") is None else saved["label_smoothing"]}
+    if saved.get("task") == "dpo":
+        if saved.get("loss_type") is None:
+            saved = {**saved, "loss_type": DPOLossType.SIGMOID.value,
+                     "label_smoothing": 0.0 if saved.get("label_smoothing") is None else saved["label_smoothing"]}
+        if "discopop_tau" not in saved:
+            saved = {**saved, "discopop_tau": DEFAULT_DISCOPOP_TAU}
     return saved
 
 

@@ -40,10 +40,11 @@ from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIEL
                           settable_model_fields, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE
-from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
-                                check_resume_compatible, check_resume_length, check_same_task, check_saved_architecture,
-                                clear_previous_files, drop_later_checkpoints, finished_run_asked_again,
-                                load_checkpoint, probe_storage, save_checkpoint, saved_position)
+from trainer.checkpoint import (OBJECTIVE_STATE_KEY, RunStart, adopt_saved_architecture, agree_on_start,
+                                changed_flags, check_resume_compatible, check_resume_length, check_same_task,
+                                check_saved_architecture, clear_previous_files, drop_later_checkpoints,
+                                finished_run_asked_again, load_checkpoint, probe_storage, save_checkpoint,
+                                saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  materialize_meta_parameters, set_collective_timeout, shutdown, state_is_sharded,
@@ -285,6 +286,9 @@ class Trainer:
         self.unwrapped = self.accelerator.unwrap_model(self.model)
         self.base_model = base  # the MiniNormForCausalLM inside any wrapping (diagnostics, the model's shape)
         self.objective = self._objective()
+        load_state = getattr(self.objective, "load_state", None)
+        if load_state is not None and self.resume_state is not None:  # an objective with state of its own (bco_pair)
+            load_state(self.resume_state.get(OBJECTIVE_STATE_KEY, {}))
         # Validation shards are padded to equal length with samples that carry no target, so that every process
         # runs the same number of forward passes (a collective under FSDP) and no sample counts twice.
         self.val_loader = shard_loader(self.data.val_loader, self.accelerator.process_index, self.world)
@@ -467,7 +471,8 @@ class Trainer:
         from trainer.dpo import DirectPreference
         reference = load_input_model(self.starting_weights, "--from_weight", **requested_model_fields(self.args))
         return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast,
-                                self.args.loss_type, self.args.label_smoothing)
+                                self.args.loss_type, self.args.label_smoothing, self.args.loss_weights,
+                                self.args.discopop_tau)
 
     def _rollout_objective(self) -> Objective:
         """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's
@@ -637,7 +642,11 @@ class Trainer:
             results.append(result)
         if any(result.outcome == "applied" for result in results):
             self.scheduler.step()
-        return combine_updates(results)
+        result = combine_updates(results)
+        end_step = getattr(self.objective, "end_step", None)
+        if end_step is not None:  # an objective that carries something from step to step (bco_pair's mean)
+            end_step(result.stats, int(num_items))
+        return result
 
     def _update(self, batches: list[dict[str, torch.Tensor]], num_items: torch.Tensor, real_tokens: int,
                 arm_diagnostics: bool) -> StepResult:
@@ -733,13 +742,18 @@ class Trainer:
 
     def _state(self, position: RunPosition) -> dict[str, Any]:
         """What a checkpoint records beside the weights and optimizer: the position, the run's identity, the
-        training time spent and whether a time budget planned the length."""
-        return {"step": position.step, "epoch": position.epoch, "samples_done_in_epoch": position.samples_done,
-                "tokens_seen": position.tokens_seen, "total_steps": self.total_steps, "processes": self.world,
-                RUN_ID_KEY: self.run_id,
-                "data": self.data_identity, "wandb_run_id": self.wandb_run_id, "config": self.config_dict,
-                "train_time_s": self.train_time_before_s + self.pace.seconds(),
-                "budget_fixed": self.budget is not None and self.budget.fixed, THREADS_KEY: self.threads.threads}
+        training time spent, whether a time budget planned the length, and the objective's own state if it keeps
+        one (bco_pair's running mean)."""
+        state = {"step": position.step, "epoch": position.epoch, "samples_done_in_epoch": position.samples_done,
+                 "tokens_seen": position.tokens_seen, "total_steps": self.total_steps, "processes": self.world,
+                 RUN_ID_KEY: self.run_id,
+                 "data": self.data_identity, "wandb_run_id": self.wandb_run_id, "config": self.config_dict,
+                 "train_time_s": self.train_time_before_s + self.pace.seconds(),
+                 "budget_fixed": self.budget is not None and self.budget.fixed, THREADS_KEY: self.threads.threads}
+        objective_state = getattr(self.objective, "state", None)
+        if objective_state is not None and objective_state():
+            state[OBJECTIVE_STATE_KEY] = objective_state()
+        return state
 
     def _save(self, position: RunPosition) -> Path:
         return save_checkpoint(self.accelerator, self.out_dir / CHECKPOINT_DIR, position.step, self._state(position),

@@ -93,6 +93,8 @@ def test_task_only_flags_show_only_for_their_task(task):
     ("dpo", "beta", "0.15"),
     ("dpo", "loss_type", "sigmoid"),
     ("dpo", "label_smoothing", "0.0"),
+    ("dpo", "discopop_tau", "0.05"),
+    ("dpo", "loss_weights", "1 each"),
     ("distill", "alpha", "0.5"),
     ("distill", "temperature", "2.0"),
     ("distill", "distill_data", "sft"),
@@ -127,7 +129,9 @@ def test_trainer_help_command(script, default, capsys, monkeypatch):
 
 @pytest.mark.parametrize("task, flag, section, words", [
     ("dpo", "beta", "DPO", "pull toward the reference model"),
-    ("dpo", "loss_type", "DPO", "sigmoid | ipo | hinge: DPO's -log sigmoid"),
+    ("dpo", "loss_type", "DPO", "sigmoid | ipo | hinge | robust | exo_pair | nca_pair | bco_pair | sppo_hard | aot | "
+                                "aot_unpaired | aot_pair | apo_zero | apo_down | discopop | sigmoid_norm | sft, "
+                                "TRL's names: DPO's -log sigmoid"),
     ("grpo", "loss_type", "GRPO", "grpo | dr_grpo | bnpo | dapo | cispo (trainer/rl_losses.py"),
     ("grpo", "beta", "GRPO", "the k3 KL to the reference model"),
     ("distill", "temperature", "distillation", "softmax temperature"),
@@ -172,6 +176,27 @@ def test_grpo_rewards_repeat_and_the_command_line_replaces_the_configs(tmp_path)
     assert parse_args("grpo", ["--config", str(config), "--reward", "b.py:g"]).reward == ["b.py:g"]
 
 
+def test_dpo_loss_types_and_weights_take_trls_space_separated_lists_and_commas(tmp_path):
+    """`--loss_type sigmoid sft --loss_weights 0.8 0.2` (TRL's list flags) and `sigmoid,sft` / `0.8,0.2` are one
+    setting, kept as one comma-separated string and a list of floats; a YAML config takes a list or the string a
+    run's train_config.yaml records; GRPO's --loss_type stays one name."""
+    from trainer.args import parse_args
+
+    spaced = parse_args("dpo", ["--loss_type", "sigmoid", "sft", "--loss_weights", "0.8", "0.2"])
+    commas = parse_args("dpo", ["--loss_type", "sigmoid,sft", "--loss_weights", "0.8,0.2"])
+    assert (spaced.loss_type, spaced.loss_weights) == (commas.loss_type, commas.loss_weights) == ("sigmoid,sft",
+                                                                                                  [0.8, 0.2])
+    assert spaced.to_dict()["loss_type"] == "sigmoid,sft" and parse_args("dpo", []).loss_weights is None
+    for text in ("loss_type: [bco_pair, sft]\nloss_weights: [1, 0.5]\n", "loss_type: bco_pair,sft\n"
+                                                                      "loss_weights: [1.0, 0.5]\n"):
+        config = tmp_path / "dpo.yaml"
+        config.write_text(text)
+        args = parse_args("dpo", ["--config", str(config)])
+        assert (args.loss_type, args.loss_weights) == ("bco_pair,sft", [1.0, 0.5])
+    with pytest.raises(SystemExit):
+        parse_args("grpo", ["--loss_type", "grpo", "dapo"])
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--num_generations", "1"], "--num_generations=1 is not allowed; it must be >= 2 (advantages compare a "
                                  "prompt's completions with each other)"),
@@ -189,6 +214,12 @@ def test_bad_grpo_flags_are_one_line(flags, message, capsys):
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
 
 
+DPO_LOSS_TYPES = ("sigmoid, ipo, hinge, robust, exo_pair, nca_pair, bco_pair, sppo_hard, aot, aot_unpaired, aot_pair, "
+                  "apo_zero, apo_down, discopop, sigmoid_norm, sft")
+SMOOTHING_REFUSED = ("--label_smoothing=0.1 is not allowed; only --loss_type sigmoid, robust, exo_pair, aot, "
+                     "aot_unpaired, aot_pair use it: leave it 0 with --loss_type")
+
+
 @pytest.mark.parametrize("task, flags, message", [
     ("grpo", ["--num_iterations", "0"], "--num_iterations=0 is not allowed; it must be >= 1"),
     ("ppo", ["--num_generations", "0"], "--num_generations=0 is not allowed; it must be >= 1"),
@@ -197,15 +228,30 @@ def test_bad_grpo_flags_are_one_line(flags, message, capsys):
     ("ppo", ["--vf_coef", "0"], "--vf_coef=0.0 is not allowed; it must be a positive number"),
     ("ppo", ["--epsilon", "-0.2"], "--epsilon=-0.2 is not allowed; it must be a positive number"),
     ("sft", ["--sft_data", "tool"], "--sft_data='tool' is not allowed; choose one of tools, chat"),
-    ("dpo", ["--loss_type", "grpo"], "--loss_type='grpo' is not allowed; choose one of sigmoid, ipo, hinge"),
+    ("dpo", ["--loss_type", "grpo"], f"--loss_type='grpo' is not allowed; choose one or several (comma-separated) of "
+                                     f"{DPO_LOSS_TYPES}"),
+    ("dpo", ["--loss_type", "sigmoid", "kto"], f"--loss_type='kto' is not allowed; choose one or several "
+                                               f"(comma-separated) of {DPO_LOSS_TYPES}"),
+    ("dpo", ["--loss_type", "sigmoid,sft", "--loss_weights", "1"],
+     "--loss_weights=[1.0] is not allowed; give one weight per --loss_type (2)"),
+    ("dpo", ["--loss_type", "sigmoid", "sft", "--loss_weights", "1,nan"],
+     "--loss_weights=[1.0, nan] is not allowed; every weight must be a finite number"),
+    ("dpo", ["--loss_weights", "a"], "argument --loss_weights: 'a' is not a number or comma-separated numbers"),
+    ("dpo", ["--loss_type", "exo_pair"], "--label_smoothing=0.0 is not allowed; --loss_type exo_pair needs its "
+                                         "epsilon > 0 (the EXO paper recommends 1e-3)"),
+    ("dpo", ["--loss_type", "discopop", "--discopop_tau", "0"],
+     "--discopop_tau=0.0 is not allowed; it must be a positive number"),
+    ("dpo", ["--discopop_tau", "0.1"], "--discopop_tau=0.1 is not allowed; it shapes the discopop loss only: give "
+                                       "--loss_type discopop with it, or leave it out"),
     ("grpo", ["--scale_rewards", "std"], "--scale_rewards='std' is not allowed; choose one of group, batch, none"),
     ("ppo", ["--scale_rewards", "group"], "unrecognized arguments: --scale_rewards group"),
     ("dpo", ["--label_smoothing", "0.5"], "--label_smoothing=0.5 is not allowed; it must be in [0, 0.5)"),
     ("dpo", ["--label_smoothing", "-0.1"], "--label_smoothing=-0.1 is not allowed; it must be in [0, 0.5)"),
     ("dpo", ["--loss_type", "hinge", "--label_smoothing", "0.1"],
-     "--label_smoothing=0.1 is not allowed; it smooths the sigmoid loss only: leave it 0 with --loss_type hinge"),
+     f"{SMOOTHING_REFUSED} hinge"),
     ("dpo", ["--loss_type", "ipo", "--label_smoothing", "0.1"],
-     "--label_smoothing=0.1 is not allowed; it smooths the sigmoid loss only: leave it 0 with --loss_type ipo"),
+     f"{SMOOTHING_REFUSED} ipo"),
+    ("dpo", ["--loss_type", "bco_pair,sft", "--label_smoothing", "0.1"], f"{SMOOTHING_REFUSED} bco_pair,sft"),
     ("dpo", ["--label_smoothing", "nan"], "--label_smoothing=nan is not allowed; it must be in [0, 0.5)"),
     ("dpo", ["--beta", "inf"], "--beta=inf is not allowed; it must be a positive number"),
     ("grpo", ["--label_smoothing", "0.1"], "unrecognized arguments: --label_smoothing 0.1"),

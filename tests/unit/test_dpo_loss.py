@@ -1,8 +1,9 @@
 """The DPO loss (trainer/dpo.py) against numbers worked out by hand from the formula TRL's DPOTrainer uses for its
 default "sigmoid" loss: per pair, rewards r = beta (log pi - log ref) of the answers' summed token log-probs, loss
--log sigmoid(r_c - r_r); conservative DPO's label smoothing on it, TRL's "ipo" and "hinge" losses; and the logged
-statistics as TRL's rewards/chosen, rewards/rejected, rewards/margins and rewards/accuracies (r_c > r_r strictly: a
-tie, as at the first step, is not a win)."""
+-log sigmoid(r_c - r_r); conservative DPO's label smoothing on it, TRL's "ipo" and "hinge" losses, and each of TRL's
+other loss types and its weighted sums of several, each loss and its gradient in fp64 from the formula written out
+here; bco_pair's running mean; and the logged statistics as TRL's rewards/chosen, rewards/rejected, rewards/margins
+and rewards/accuracies (r_c > r_r strictly: a tie, as at the first step, is not a win)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 import pytest
 import torch
 
-from trainer.dpo import DirectPreference, dpo_loss, sequence_log_probs
+from trainer.dpo import BCORunningMean, DirectPreference, dpo_loss, sequence_log_probs
 
 BETA = 0.1
 # Per pair: summed log-probs of the chosen and rejected answers under the policy and under the reference.
@@ -111,8 +112,13 @@ def test_the_ipo_loss_takes_the_per_token_log_ratios_by_hand():
 
 
 @pytest.mark.parametrize("loss_type, smoothing, message", [
-    ("kto", 0.0, "--loss_type='kto' is not allowed; choose one of sigmoid, ipo, hinge"),
-    ("hinge", 0.1, "--label_smoothing=0.1 is not allowed; it smooths the sigmoid loss only"),
+    ("kto", 0.0, "--loss_type='kto' is not allowed; choose one or several (comma-separated) of sigmoid, ipo, hinge, "
+                 "robust, exo_pair, nca_pair, bco_pair, sppo_hard, aot, aot_unpaired, aot_pair, apo_zero, apo_down, "
+                 "discopop, sigmoid_norm, sft"),
+    ("hinge", 0.1, "--label_smoothing=0.1 is not allowed; only --loss_type sigmoid, robust, exo_pair, aot, "
+                   "aot_unpaired, aot_pair use it: leave it 0 with --loss_type hinge"),
+    ("exo_pair", 0.0, "--label_smoothing=0.0 is not allowed; --loss_type exo_pair needs its epsilon > 0 (the EXO "
+                      "paper recommends 1e-3)"),
 ])
 def test_bad_dpo_loss_arguments_are_refused(loss_type, smoothing, message):
     with pytest.raises(ValueError) as refused:
@@ -148,3 +154,194 @@ def test_the_objective_passes_its_loss_type_and_token_counts(loss_type, smoothin
     tokens = torch.tensor([2.0, 1.0, 3.0, 2.0], dtype=torch.float64)
     expected = dpo_loss(pi[:2], pi[2:], ref[:2], ref[2:], BETA, loss_type, smoothing, tokens[:2], tokens[2:])[0]
     assert float(loss) == pytest.approx(float(expected.sum()) / 2, rel=1e-6)  # the log-probs are fp32
+
+
+# TRL's other loss types, by hand. Per pair of the three above: log-ratios l_c = pi_c - ref_c = 1, 0, -3 and l_r =
+# -1, 0, 2; rewards r = beta l; margin h = r_c - r_r; answers of 2, 4, 1 (chosen) and 5, 4, 2 (rejected) tokens.
+CHOSEN_RATIOS, REJECTED_RATIOS = [1.0, 0.0, -3.0], [-1.0, 0.0, 2.0]
+CHOSEN_TOKENS, REJECTED_TOKENS = [2.0, 4.0, 1.0], [5.0, 4.0, 2.0]
+
+
+def _s(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def _log_s(x: float) -> float:
+    return -math.log1p(math.exp(-x))
+
+
+def _by_hand(loss_type: str, eps: float, tau: float, mean: float, pc: float, pr: float, refc: float, refr: float,
+             nc: float, nr: float) -> tuple[float, float, float]:
+    """(loss, d loss / d pi_c, d loss / d pi_r) of one pair, from the formula written out and differentiated by
+    hand (d h / d pi_c = beta = -d h / d pi_r; d r_c / d pi_c = beta; d l_c / d pi_c = 1)."""
+    b = BETA
+    lc, lr = pc - refc, pr - refr
+    rc, rr = b * lc, b * lr
+    h = rc - rr
+    if loss_type == "sigmoid":  # -log s(h)
+        return -_log_s(h), -b * _s(-h), b * _s(-h)
+    if loss_type == "robust":  # (-(1 - eps) log s(h) + eps log s(-h)) / (1 - 2 eps)
+        slope = (-(1 - eps) * _s(-h) - eps * _s(h)) / (1 - 2 * eps)
+        return (-(1 - eps) * _log_s(h) + eps * _log_s(-h)) / (1 - 2 * eps), b * slope, -b * slope
+    if loss_type == "exo_pair":  # s(h) (log s(h) - log(1 - eps)) + s(-h) (log s(-h) - log eps)
+        loss = _s(h) * (_log_s(h) - math.log(1 - eps)) + _s(-h) * (_log_s(-h) - math.log(eps))
+        slope = _s(h) * _s(-h) * (h - math.log((1 - eps) / eps))  # log s(h) - log s(-h) = h
+        return loss, b * slope, -b * slope
+    if loss_type == "nca_pair":  # -log s(r_c) - log s(-r_c) / 2 - log s(-r_r) / 2
+        loss = -_log_s(rc) - 0.5 * _log_s(-rc) - 0.5 * _log_s(-rr)
+        return loss, b * (-_s(-rc) + 0.5 * _s(rc)), b * 0.5 * _s(rr)
+    if loss_type == "bco_pair":  # -log s(r_c - m) - log s(-(r_r - m))
+        return -_log_s(rc - mean) - _log_s(-(rr - mean)), -b * _s(-(rc - mean)), b * _s(rr - mean)
+    if loss_type == "sppo_hard":  # (l_c - 1 / (2 beta))^2 + (l_r + 1 / (2 beta))^2
+        return (lc - 0.5 / b) ** 2 + (lr + 0.5 / b) ** 2, 2 * (lc - 0.5 / b), 2 * (lr + 0.5 / b)
+    if loss_type == "apo_zero":  # 1 - s(r_c) + s(r_r)
+        return 1 - _s(rc) + _s(rr), -b * _s(rc) * _s(-rc), b * _s(rr) * _s(-rr)
+    if loss_type == "apo_down":  # s(r_c) + 1 - s(h)
+        return (_s(rc) + 1 - _s(h), b * (_s(rc) * _s(-rc) - _s(h) * _s(-h)), b * _s(h) * _s(-h))
+    if loss_type == "discopop":  # -log s(h) (1 - w) + exp(-h) w, w = s(h / tau)
+        w, dw = _s(h / tau), _s(h / tau) * _s(-h / tau) / tau
+        loss = -_log_s(h) * (1 - w) + math.exp(-h) * w
+        slope = -_s(-h) * (1 - w) + _log_s(h) * dw - math.exp(-h) * w + math.exp(-h) * dw
+        return loss, b * slope, -b * slope
+    if loss_type == "sigmoid_norm":  # -log s(beta d), d = l_c / n_c - l_r / n_r
+        d = lc / nc - lr / nr
+        return -_log_s(b * d), -b * _s(-b * d) / nc, b * _s(-b * d) / nr
+    if loss_type == "sft":  # the chosen answer's mean token NLL, -pi_c / n_c
+        return -pc / nc, -1 / nc, 0.0
+    raise AssertionError(loss_type)
+
+
+def _check_against_hand(loss_type: str, eps: float = 0.0, tau: float = 0.05, mean: float = 0.0,
+                        weights: list[float] | None = None) -> None:
+    policy_chosen, policy_rejected, reference_chosen, reference_rejected = _leaves()
+    losses, chosen, rejected = dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, BETA,
+                                        loss_type, eps, torch.tensor(CHOSEN_TOKENS, dtype=torch.float64),
+                                        torch.tensor(REJECTED_TOKENS, dtype=torch.float64), loss_weights=weights,
+                                        discopop_tau=tau, bco_mean=mean)
+    types = loss_type.split(",")
+    weights = weights or [1.0] * len(types)
+    expected = [[sum(w * _by_hand(kind, eps, tau, mean, *pair)[part] for kind, w in zip(types, weights))
+                 for pair in zip(POLICY_CHOSEN, POLICY_REJECTED, REFERENCE_CHOSEN, REFERENCE_REJECTED, CHOSEN_TOKENS,
+                                 REJECTED_TOKENS)] for part in range(3)]
+    assert losses.tolist() == pytest.approx(expected[0], rel=1e-12, abs=1e-14)
+    assert chosen.tolist() == pytest.approx(CHOSEN, rel=1e-12, abs=1e-15)  # the logged rewards, whatever the loss
+    assert rejected.tolist() == pytest.approx(REJECTED, rel=1e-12, abs=1e-15)
+    losses.sum().backward()
+    assert policy_chosen.grad.tolist() == pytest.approx(expected[1], rel=1e-10, abs=1e-14)
+    rejected_grad = policy_rejected.grad if policy_rejected.grad is not None else torch.zeros(3)  # sft: unused
+    assert rejected_grad.tolist() == pytest.approx(expected[2], rel=1e-10, abs=1e-14)
+
+
+@pytest.mark.parametrize("loss_type, eps, tau, mean", [
+    ("robust", 0.1, 0.05, 0.0), ("robust", 0.0, 0.05, 0.0),
+    ("exo_pair", 0.1, 0.05, 0.0), ("exo_pair", 1e-3, 0.05, 0.0),
+    ("nca_pair", 0.0, 0.05, 0.0),
+    ("bco_pair", 0.0, 0.05, 0.0), ("bco_pair", 0.0, 0.05, 0.07),
+    ("sppo_hard", 0.0, 0.05, 0.0),
+    ("apo_zero", 0.0, 0.05, 0.0), ("apo_down", 0.0, 0.05, 0.0),
+    ("discopop", 0.0, 0.05, 0.0), ("discopop", 0.0, 0.5, 0.0),
+    ("sigmoid_norm", 0.0, 0.05, 0.0),
+    ("sft", 0.0, 0.05, 0.0),
+])
+def test_each_of_trls_other_loss_types_and_its_gradient_match_the_formula_by_hand(loss_type, eps, tau, mean):
+    _check_against_hand(loss_type, eps, tau, mean)
+
+
+def test_robust_dpo_at_eps_0_is_the_sigmoid_loss():
+    """rDPO's (-(1 - eps) log s(h) + eps log s(-h)) / (1 - 2 eps) is -log s(h) at eps = 0: log(1 + e^-h)."""
+    losses = dpo_loss(*_leaves(), BETA, "robust")[0]
+    assert losses.tolist() == pytest.approx([math.log(1 + math.exp(-m)) for m in MARGINS], rel=1e-12)
+
+
+@pytest.mark.parametrize("loss_type, weights", [("sigmoid,sft", [0.8, 0.2]), ("nca_pair,apo_zero,bco_pair", None),
+                                                ("apo_down", [3.0])])
+def test_several_loss_types_are_summed_with_their_weights(loss_type, weights):
+    """TRL's combination: sum_k w_k loss_k per pair (1 each without weights)."""
+    _check_against_hand(loss_type, weights=weights)
+
+
+def _aot_by_hand(first: list[float], second: list[float], eps: float) -> tuple[list[float], list[float]]:
+    """AOT's loss in sorted order: delta_k = sorted(first)_k - sorted(second)_k, loss_k = -(1 - eps) log s(beta
+    delta_k) - eps log s(-beta delta_k); and d loss / d first_i: beta x the slope at the position first_i sorts to."""
+    order = sorted(range(len(first)), key=lambda i: first[i])
+    deltas = [a - b for a, b in zip(sorted(first), sorted(second))]
+    losses = [-(1 - eps) * _log_s(BETA * d) - eps * _log_s(-BETA * d) for d in deltas]
+    grads = [0.0] * len(first)
+    for position, index in enumerate(order):
+        d = BETA * deltas[position]
+        grads[index] = BETA * (-(1 - eps) * _s(-d) + eps * _s(d))
+    return losses, grads
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_aot_sorts_the_policys_and_the_references_margins_apart(eps):
+    """aot: x = pi_c - pi_r = 1, 3, -2 and y = ref_c - ref_r = 2, -1, 0 sorted apart: -2, 1, 3 against -1, 0, 2,
+    deltas -1, 1, 1 (paired they would be -1, 4, -2); a padding pair is left out of the sorting."""
+    policy_chosen = torch.tensor([1.0, 3.0, -2.0, 50.0], dtype=torch.float64, requires_grad=True)
+    policy_rejected = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+    reference_chosen = torch.tensor([2.0, -1.0, 0.0, -50.0], dtype=torch.float64)
+    real = torch.tensor([True, True, True, False])
+    losses, _, _ = dpo_loss(policy_chosen, policy_rejected, reference_chosen, torch.zeros(4, dtype=torch.float64),
+                            BETA, "aot", eps, real=real)
+    expected, grads = _aot_by_hand([1.0, 3.0, -2.0], [2.0, -1.0, 0.0], eps)
+    assert losses[:3].tolist() == pytest.approx(expected, rel=1e-12)
+    (losses * real).sum().backward()
+    assert policy_chosen.grad.tolist() == pytest.approx(grads + [0.0], rel=1e-12)
+    assert policy_rejected.grad.tolist() == pytest.approx([-g for g in grads] + [0.0], rel=1e-12)
+
+
+@pytest.mark.parametrize("loss_type", ["aot_unpaired", "aot_pair"])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_aot_unpaired_sorts_the_chosen_and_rejected_log_ratios_apart(loss_type, eps):
+    """aot_unpaired (TRL's aot_pair before 2026-02): l_c = 1, 0, -3 and l_r = -1, 0, 2 sorted apart: -3, 0, 1
+    against -1, 0, 2, deltas -2, 0, -1 (paired: 2, 0, -5)."""
+    policy_chosen, policy_rejected, reference_chosen, reference_rejected = _leaves()
+    losses, _, _ = dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, BETA, loss_type,
+                            eps)
+    expected, chosen_grads = _aot_by_hand(CHOSEN_RATIOS, REJECTED_RATIOS, eps)
+    assert losses.tolist() == pytest.approx(expected, rel=1e-12)
+    losses.sum().backward()
+    assert policy_chosen.grad.tolist() == pytest.approx(chosen_grads, rel=1e-12)
+    # d/d l_r: minus the slope at the position l_r sorts to (l_r's order is 0, 1, 2 already: positions = pairs)
+    deltas = [BETA * (c - r) for c, r in zip(sorted(CHOSEN_RATIOS), sorted(REJECTED_RATIOS))]
+    assert policy_rejected.grad.tolist() == pytest.approx([-BETA * (-(1 - eps) * _s(-d) + eps * _s(d))
+                                                           for d in deltas], rel=1e-12)
+
+
+def test_bco_pairs_running_mean_folds_each_step_in_by_its_pairs():
+    """m = the mean of every reward so far: steps of 4 pairs with mean rewards (r_c, r_r) = (0.3, -0.1), then 2
+    pairs of (0.5, 0.1): m = 0.1, then (8 x 0.1 + 4 x 0.3) / 12 = 1/6; a step of no pairs changes nothing."""
+    running = BCORunningMean()
+    running.add_step(0.3, -0.1, 4)
+    assert running.mean == pytest.approx(0.1, rel=1e-12) and running.pairs == 4
+    running.add_step(0.5, 0.1, 2)
+    assert running.mean == pytest.approx(1 / 6, rel=1e-12) and running.pairs == 6
+    running.add_step(9.0, 9.0, 0)
+    assert running.mean == pytest.approx(1 / 6, rel=1e-12) and running.pairs == 6
+
+
+def test_the_bco_objective_keeps_its_mean_as_state_and_uses_it_in_the_loss():
+    """end_step folds a step's logged reward means in; state() and load_state() carry the mean across a resume; the
+    loss takes it as m; other loss types keep no state, and a checkpoint without the mean leaves it at 0."""
+    reference = _Tiny(0.5)
+    objective = DirectPreference(reference, BETA, torch.enable_grad, "bco_pair")
+    assert objective.state() == {"bco_mean": 0.0, "bco_pairs": 0}
+    objective.end_step({"chosen_reward": 0.3, "rejected_reward": -0.1, "reward_margin": 0.4,
+                        "reward_accuracy": 1.0}, 4)
+    assert objective.state() == pytest.approx({"bco_mean": 0.1, "bco_pairs": 4})
+    resumed = DirectPreference(reference, BETA, torch.enable_grad, "bco_pair")
+    resumed.load_state(objective.state())
+    assert resumed.state() == objective.state()
+    input_ids = torch.tensor([[1, 2, 3, 4], [1, 2, 4, 4]])
+    labels = torch.tensor([[-100, -100, 3, 4], [-100, 2, 4, 4]])
+    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+    loss, _ = resumed.loss(_Tiny(1.0), batch, torch.tensor(1))
+    with torch.no_grad():
+        pi = sequence_log_probs(_Tiny(1.0).table[input_ids], labels).double()
+        ref = sequence_log_probs(reference.table[input_ids], labels).double()
+    rc, rr = BETA * float(pi[0] - ref[0]), BETA * float(pi[1] - ref[1])
+    assert float(loss) == pytest.approx(-_log_s(rc - 0.1) - _log_s(-(rr - 0.1)), rel=1e-6)
+    fresh = DirectPreference(reference, BETA, torch.enable_grad, "bco_pair")
+    fresh.load_state({})
+    assert fresh.state() == {"bco_mean": 0.0, "bco_pairs": 0}
+    assert DirectPreference(reference, BETA, torch.enable_grad, "sigmoid").state() == {}

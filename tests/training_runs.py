@@ -250,7 +250,8 @@ def launcher(name: str) -> list[str]:
 
 def launch_two_processes(name: str, task: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     script = REPO / "trainer" / {"pretrain": "train_pretrain.py", "sft": "train_full_sft.py", "grpo": "train_grpo.py",
-                                 "ppo": "train_ppo.py", "distill": "train_distillation.py"}[task]
+                                 "ppo": "train_ppo.py", "distill": "train_distillation.py",
+                                 "dpo": "train_dpo.py"}[task]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run([*launcher(name), str(script), *argv], capture_output=True, text=True, timeout=900,
                           env=env, cwd=cwd)

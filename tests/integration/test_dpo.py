@@ -1,6 +1,9 @@
 """DPO (trainer/train_dpo.py) on the training core: the loss (sigmoid and IPO), rewards and answer masks against an
 fp64 computation written out here from the two models' log-probabilities; a tiny run drives the reward accuracy up
-from its start at log 2 loss; --loss_type and --label_smoothing reach a run; MiniMind-format files (system turns,
+from its start at log 2 loss; --loss_type (TRL's other types and weighted sums of several), --loss_weights,
+--label_smoothing and --discopop_tau reach a run, whose first loss is each formula's value where every log-ratio is
+0; bco_pair's running mean of the rewards is saved with a checkpoint and carried across a resume, the same on two
+processes as on one; a checkpoint from before the new flags resumes as before; MiniMind-format files (system turns,
 extra fields) load for both LoRA and DPO; bad preference lines are one-line errors naming file and line; the
 embedded default pairs."""
 
@@ -15,7 +18,7 @@ import pytest
 import torch
 
 from dataset.dpo_dataset import DPODataset
-from tests.training_runs import finetune_argv, run_in_process, write_jsonl
+from tests.training_runs import finetune_argv, launch_two_processes, run_in_process, write_jsonl
 from trainer.dpo import DirectPreference
 from trainer.run_dir import read_metrics, recorded_config
 
@@ -155,6 +158,104 @@ def test_the_loss_flags_reach_the_run(flags, first_loss, train_data, tiny_models
     assert {key: str(config[key]) for key in ("loss_type", "label_smoothing")} == {
         "loss_type": flags[1] if flags[0] == "--loss_type" else "sigmoid",
         "label_smoothing": flags[1] if flags[0] == "--label_smoothing" else "0.0"}
+
+
+LOG2 = math.log(2)
+
+
+@pytest.mark.parametrize("flags, recorded, first_loss", [
+    # EXO: s(0) (log s(0) - log(1 - eps)) + s(0) (log s(0) - log eps) = -log 2 - log(eps (1 - eps)) / 2
+    (["--loss_type", "exo_pair", "--label_smoothing", "0.001"], {"loss_type": "exo_pair", "label_smoothing": 0.001},
+     -LOG2 - 0.5 * math.log(0.001 * 0.999)),
+    # SPPO hard: (0 - 1 / (2 beta))^2 + (0 + 1 / (2 beta))^2 = 2 at beta 0.5
+    (["--loss_type", "sppo_hard", "--beta", "0.5"], {"loss_type": "sppo_hard", "beta": 0.5}, 2.0),
+    # DiscoPOP: w = s(0 / tau) = 1/2 whatever tau: -log s(0) / 2 + e^0 / 2
+    (["--loss_type", "discopop", "--discopop_tau", "0.2"], {"loss_type": "discopop", "discopop_tau": 0.2},
+     (LOG2 + 1) / 2),
+    # 0.5 x NCA's -log s(0) - log s(0) / 2 - log s(0) / 2 = 2 log 2, + 2 x APO-zero's 1 - s(0) + s(0) = 1
+    (["--loss_type", "nca_pair", "apo_zero", "--loss_weights", "0.5", "2"],
+     {"loss_type": "nca_pair,apo_zero", "loss_weights": [0.5, 2.0]}, LOG2 + 2),
+    # robust DPO: ((1 - eps) log 2 - eps log 2) / (1 - 2 eps) = log 2
+    (["--loss_type", "robust", "--label_smoothing", "0.2"], {"loss_type": "robust", "label_smoothing": 0.2}, LOG2),
+])
+def test_trls_other_loss_types_reach_the_run_at_their_formulas_start(flags, recorded, first_loss, train_data,
+                                                                     tiny_models, tmp_path):
+    """The first step's policy is the reference (every log-ratio 0): each type's loss is its formula's value there;
+    train_config.yaml records the flags (a list of loss types as one comma-separated value)."""
+    out_dir = tmp_path / "dpo"
+    run_in_process("dpo", finetune_argv("dpo", train_data, tiny_models.sft, out_dir, "--max_steps", "1",
+                                        "--batch_size", "4", *flags))
+    assert read_metrics(out_dir, "train")[0]["loss"] == pytest.approx(first_loss, abs=1e-6)
+    config = recorded_config(out_dir)
+    assert {key: config[key] for key in recorded} == recorded
+
+
+def _bco_argv(train_data, tiny_models, out_dir, *flags: str) -> list[str]:
+    return finetune_argv("dpo", train_data, tiny_models.sft, out_dir, "--loss_type", "bco_pair", "--max_steps", "4",
+                         "--batch_size", "4", "--learning_rate", "5e-3", "--save_interval", "1",
+                         "--keep_checkpoints", "3", *flags)
+
+
+def _bco_state(out_dir, step: int) -> dict:
+    state = json.loads((out_dir / "checkpoints" / f"step_{step:08d}" / "trainer_state.json").read_text())
+    return state["objective_state"]
+
+
+def test_bco_pairs_running_mean_is_saved_and_carried_across_a_resume(train_data, tiny_models, tmp_path):
+    """m after k steps of 4 pairs is the mean of their logged (chosen_reward + rejected_reward) / 2 (each step's
+    mean reward); each checkpoint saves it; a run resumed from step 2 has the uninterrupted run's m at step 3 and
+    its step 3 and 4 losses (a lost m would restart from 0 over no pairs)."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run_in_process("dpo", _bco_argv(train_data, tiny_models, whole))
+    train = read_metrics(whole, "train")
+    assert train[0]["loss"] == pytest.approx(2 * LOG2, abs=1e-6)  # m = 0, every log-ratio 0: 2 log 2
+    step_means = [(r["chosen_reward"] + r["rejected_reward"]) / 2 for r in train]
+    for step in (1, 2, 3):
+        state = _bco_state(whole, step)
+        assert state["bco_pairs"] == 4 * step
+        assert state["bco_mean"] == pytest.approx(sum(step_means[:step]) / step, rel=1e-5, abs=1e-9)
+    assert abs(_bco_state(whole, 3)["bco_mean"]) > 1e-3  # the rewards moved: m is not its start
+    run_in_process("dpo", _bco_argv(train_data, tiny_models, resumed, "--resume",
+                                    str(whole / "checkpoints" / "step_00000002")))
+    assert _bco_state(resumed, 3) == pytest.approx(_bco_state(whole, 3), rel=1e-6)
+    assert [r["loss"] for r in read_metrics(resumed, "train")] == pytest.approx([r["loss"] for r in train[2:]],
+                                                                                rel=1e-6)
+
+
+def test_bco_pairs_running_mean_is_the_same_on_two_processes(train_data, tiny_models, tmp_path):
+    """torchrun with 2 processes of 2 pairs is one process of 4: the same m at every checkpoint (it is folded in
+    from the step's global reward means)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_in_process("dpo", _bco_argv(train_data, tiny_models, one, "--max_steps", "3"))
+    done = launch_two_processes("torchrun", "dpo", _bco_argv(train_data, tiny_models, two, "--max_steps", "3",
+                                                             "--batch_size", "2"), tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for step in (1, 2):
+        assert _bco_state(two, step) == pytest.approx(_bco_state(one, step), rel=1e-5, abs=1e-9)
+
+
+def test_a_dpo_checkpoint_from_before_the_new_loss_flags_resumes_as_before(train_data, tiny_models, tmp_path,
+                                                                         capsys):
+    """A checkpoint whose config lacks --loss_weights and --discopop_tau (written before they existed) and has no
+    objective state resumes with the same command without a change noted, and continues as the uninterrupted run."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    argv = finetune_argv("dpo", train_data, tiny_models.sft, whole, "--max_steps", "3", "--save_interval", "2",
+                         "--learning_rate", "5e-3")
+    run_in_process("dpo", argv)
+    checkpoint = whole / "checkpoints" / "step_00000002"
+    state_file = checkpoint / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert "objective_state" not in state  # sigmoid keeps none
+    for name in ("loss_weights", "discopop_tau"):
+        del state["config"][name]
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+    run_in_process("dpo", [*argv[:argv.index("--out_dir") + 1], str(resumed), *argv[argv.index("--out_dir") + 2:],
+                           "--resume", str(checkpoint)])
+    out = capsys.readouterr()
+    assert "changed since the checkpoint" not in out.out + out.err
+    assert [r["loss"] for r in read_metrics(resumed, "train")] == pytest.approx(
+        [r["loss"] for r in read_metrics(whole, "train")][2:], rel=1e-6)
 
 
 def test_minimind_files_with_system_turns_and_extra_fields_load_for_lora_and_dpo(tiny_models, tokenizer, tmp_path):

@@ -330,6 +330,9 @@ def test_a_resume_drops_its_own_runs_later_checkpoints_only(tmp_path):
     ({**GOOD_STATE, "step": 0, "epoch": 1}, "'epoch' is 1, more than its 0 optimizer steps"),
     ({**GOOD_STATE, "train_time_s": -0.5}, "'train_time_s' must be a number >= 0, not -0.5"),
     ({**GOOD_STATE, "budget_fixed": "yes"}, "'budget_fixed' must be true or false, not 'yes'"),
+    ({**GOOD_STATE, "objective_state": {"bco_mean": "0.1"}},
+     "'objective_state' must be a JSON object of finite numbers, not {'bco_mean': '0.1'}"),
+    ({**GOOD_STATE, "objective_state": [0.1]}, "'objective_state' must be a JSON object of finite numbers, not [0.1]"),
 ], ids=lambda value: None)
 def test_more_damaged_trainer_states(content, message, tmp_path):
     from trainer.checkpoint import read_trainer_state
@@ -383,6 +386,19 @@ def test_a_dpo_checkpoint_from_before_its_loss_flags_notes_another_loss():
         "--loss_type was sigmoid there and is ipo now"
     assert changed_flags(old, parse_args("dpo", ["--label_smoothing", "0.1"]).to_dict()) == \
         "--label_smoothing was 0.0 there and is 0.1 now"
+
+
+def test_a_dpo_checkpoint_from_before_loss_weights_and_discopop_tau_implies_their_defaults():
+    """A DPO run recorded before --loss_weights and --discopop_tau existed had one loss type of weight 1 and no
+    discopop loss: resuming it as it was notes nothing; asking for discopop with another tau notes both changes."""
+    from trainer.checkpoint import changed_flags
+
+    old = {"config": {"task": "dpo", "beta": 0.15, "loss_type": "sigmoid", "label_smoothing": 0.0}}
+    assert changed_flags(old, parse_args("dpo", []).to_dict()) == ""
+    assert changed_flags(old, parse_args("dpo", ["--loss_type", "discopop", "--discopop_tau", "0.1"]).to_dict()) == \
+        "--loss_type was sigmoid there and is discopop now, --discopop_tau was 0.05 there and is 0.1 now"
+    assert changed_flags(old, parse_args("dpo", ["--loss_type", "sigmoid", "sft", "--loss_weights", "1", "0.5"]
+                                         ).to_dict()) == "--loss_type was sigmoid there and is sigmoid,sft now"
 
 
 def test_a_checkpoint_goes_on_only_in_its_own_kind_of_run(tmp_path):

@@ -26,7 +26,7 @@ averaged over pairs. The other loss types are TRL DPOTrainer's, by its names (pe
     aot_unpaired  the same with h' = beta (sort(l_c) - sort(l_r)); aot_pair is its name in TRL before 2026-02
     apo_zero      1 - sigma(r_c) + sigma(r_r)                      APO (D'Oosterlinck et al. 2024, eq. 7)
     apo_down      sigma(r_c) + 1 - sigma(h)                        APO, eq. 8
-    discopop      (1 - w) (-log sigma(h)) + w exp(-h), w = sigma(h / tau)   DiscoPOP (Chris Lu et al. 2024, eq. 5;
+    discopop      (1 - w) (-log sigma(h)) + w exp(-h), w = sigma(h / tau)   DiscoPOP (Lu et al. 2024, eq. 5;
                   tau = --discopop_tau)
     sigmoid_norm  -log sigma(beta d), d as ipo's
     sft           -pi_c / n_c: the chosen answer's mean token NLL (TRL: the micro-batch's token mean)

@@ -750,9 +750,9 @@ class Trainer:
                  "data": self.data_identity, "wandb_run_id": self.wandb_run_id, "config": self.config_dict,
                  "train_time_s": self.train_time_before_s + self.pace.seconds(),
                  "budget_fixed": self.budget is not None and self.budget.fixed, THREADS_KEY: self.threads.threads}
-        objective_state = getattr(self.objective, "state", None)
-        if objective_state is not None and objective_state():
-            state[OBJECTIVE_STATE_KEY] = objective_state()
+        objective_state = self.objective.state() if hasattr(self.objective, "state") else {}
+        if objective_state:
+            state[OBJECTIVE_STATE_KEY] = objective_state
         return state
 
     def _save(self, position: RunPosition) -> Path:

@@ -46,7 +46,7 @@ class TextPart(BaseModel):
 class FunctionCall(BaseModel):
     model_config = ConfigDict(strict=True)
     name: str = Field(min_length=1)
-    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; an object is taken as well
+    arguments: str | dict[str, Any]  # required, as OpenAI's API requires it: a JSON string; an object is taken too
 
 
 class ToolCall(BaseModel):
@@ -171,6 +171,14 @@ class ChatRequest(BaseModel):
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's and MiniMind's servers take it
     response_format: ResponseFormat | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_if_any(cls, value: list[Tool] | None) -> list[Tool] | None:
+        if value is not None and not value:  # OpenAI's rule (at least one item), as for a message's tool_calls
+            raise PydanticCustomError("tools_empty", "must hold at least one tool (leave it out, or send null, "
+                                      "when there are none)", {})
+        return value
 
     @field_validator("temperature")
     @classmethod

@@ -110,7 +110,12 @@ HOSTILE.update({
        for field, value in (("tool_choice", "none"), ("tool_choice", "auto"), ("tool_choice", "required"),
                             ("tool_choice", {"type": "function", "function": {"name": "wiki"}}),
                             ("parallel_tool_calls", False), ("parallel_tool_calls", True))
-       for tools in ({}, {"tools": None}, {"tools": []})},
+       for tools in ({}, {"tools": None})},
+    # ... and "tools": [] is itself refused (OpenAI's schema: at least one item), named before tool_choice
+    **{f"tools [], {json.dumps(extra)[1:-1] or 'alone'}": (
+        with_fields(tools=[], **extra), "tools: must hold at least one tool (leave it out, or send null, when there "
+                                        "are none)")
+       for extra in ({}, {"tool_choice": "auto"}, {"parallel_tool_calls": True})},
     "a tool message without content": (with_fields(messages=USER + [{"role": "tool", "tool_call_id": "c"}]),
                                        "messages[1].content: is required"),
     "call arguments not JSON": (with_fields(messages=calling("{oops")), "messages[1].tool_calls[0].arguments"),
@@ -127,6 +132,32 @@ HOSTILE.update({
     "open_thinking a string": (with_fields(chat_template_kwargs={"open_thinking": "yes"}),
                                "chat_template_kwargs.open_thinking"),
 })
+
+
+# Fields OpenAI's schema requires (the openai package's ChatCompletionMessageFunctionToolCallParam and
+# FunctionDefinition mark them Required): leaving one out is a 400 whose param is the field's path.
+REQUIRED_TOOL_FIELDS = {
+    "tools []": (with_fields(tools=[]), "tools"),
+    "a call without arguments": (with_fields(messages=USER + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "wiki"}}]}, {"role": "tool", "tool_call_id": "c",
+                                                                           "content": "X"}]),
+                                 "messages[1].tool_calls[0].function.arguments"),
+    "a call without a name": (with_fields(messages=USER + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c",
+                                                                             "content": "X"}]),
+                              "messages[1].tool_calls[0].function.name"),
+    "a tool without a name": (with_fields(tools=[{"type": "function", "function": {"parameters": {
+        "type": "object", "properties": {}}}}]), "tools[0].function.name"),
+}
+
+
+@pytest.mark.parametrize("body, param", REQUIRED_TOOL_FIELDS.values(), ids=REQUIRED_TOOL_FIELDS)
+def test_fields_openai_requires_are_required(server, body, param) -> None:
+    response = post(server, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: ") and \
+        error["type"] == "invalid_request_error", error
 
 
 def offering(parameters) -> bytes:

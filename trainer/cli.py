@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -64,6 +66,32 @@ def quiet_ctrl_c_while_loading(module_name: str) -> None:
         signal.signal(signal.SIGINT, _interrupted_while_loading)
 
 
+def done_on_ctrl_c(line: str) -> None:
+    """Called by a command once its work is done and on disk: from then on a Ctrl-C (SIGINT) prints `line` and ends
+    the process at once with exit 0, not EXIT_INTERRUPTED -- what is left is teardown (a tracker's upload, the
+    process group, the interpreter's exit), which the user asked to skip, and which must not turn finished work
+    into a failure. os._exit: no teardown code (an atexit callback, a library's except clause) can meet the
+    interrupt and print a traceback. Only in the main thread, and only where Ctrl-C is Python's KeyboardInterrupt
+    (an ignored SIGINT stays ignored, another handler stays)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def done(signum: int, frame: object) -> NoReturn:  # noqa: ARG001
+        for stream in (sys.stdout, sys.stderr):  # os._exit skips the interpreter's flush: what was printed stays
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a reader gone, a closed stream: nothing left to keep
+                pass
+        try:
+            os.write(sys.stderr.fileno(), f"{line}\n".encode("utf-8", errors="replace"))
+        except (OSError, ValueError):
+            pass
+        os._exit(0)
+
+    signal.signal(signal.SIGINT, done)
+
+
 def run_main(main: Callable[[], int | None]) -> NoReturn:
     """Exit with `main()`'s code. Two ways out are owned here, once for every tool: a reader that stopped early
     (`tool | head`) ends the tool quietly with EXIT_BROKEN_PIPE, not a BrokenPipeError traceback (Python ignores
@@ -82,7 +110,6 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
         print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
         raise SystemExit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:
-        import os
         # stdout's buffer still holds what could not be written; the interpreter's own flush at exit would fail
         # again and print a warning, so stdout points at /dev/null from here on.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

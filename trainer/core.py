@@ -39,7 +39,7 @@ from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIEL
                           requested_model_fields, resolve_copy_rows, scored_against_starting_weights,
                           settable_model_fields, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
-from trainer.cli import INTERRUPTED_LINE
+from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
 from trainer.checkpoint import (OBJECTIVE_STATE_KEY, RunStart, adopt_saved_architecture, agree_on_start,
                                 changed_flags, check_resume_compatible, check_resume_length, check_same_task,
                                 check_saved_architecture, clear_previous_files, drop_later_checkpoints,
@@ -220,11 +220,14 @@ OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")  # WANDB_MODE values tha
 
 
 class Trainer:
-    """One training run. `run()` returns its summary; `TrainingDiverged` if the loss blows up."""
+    """One training run. `run()` returns its summary; `TrainingDiverged` if the loss blows up.
+    `on_results_written(out_dir)` is called on each process once the finished run's model and run_summary.json are
+    written (the command makes a Ctrl-C from then on end the process with exit 0: trainer.cli.done_on_ctrl_c)."""
 
-    def __init__(self, args: TrainArgs) -> None:
+    def __init__(self, args: TrainArgs, on_results_written: Callable[[Path], None] | None = None) -> None:
         args.dtype = resolve_dtype(args.dtype)
         self.args = args
+        self.on_results_written = on_results_written
         self.input_models = _check_inputs(args)
         # Fine-tuning: the model directory it starts from, which DPO's, GRPO's and PPO's frozen reference (and PPO's
         # critic) are loaded from too, as _check_inputs resolved and checked it before any work.
@@ -533,6 +536,7 @@ class Trainer:
         decides its own timing: the reporter when it logs, the intervals when to evaluate, checkpoint and probe."""
         args = self.args
         if self.finished is not None:
+            self._results_written()  # written by the session that finished the run
             self.accelerator.end_training()
             return self.finished
         position = self._start()
@@ -827,15 +831,21 @@ class Trainer:
             with torch.compiler.set_stance("force_eager"):  # decoding shapes change every token: no compile
                 summary.sample = sample_text(whole, self.tokenizer, self.args.task, self.args.sample_prompt,
                                              self.args.seed)
-            self._write_summary(summary)
+            self._write_summary(summary)  # the last of the results: the run is finished from here on
+            self._results_written()
             tqdm.write(f"done: {position.step} steps, {position.tokens_seen:,} tokens in {summary.wall_time_s:.0f} s; "
                        f"{final.describe()}; median step {summary.median_step_time_s * 1000:.0f} ms, "
                        f"{tokens_per_s:,.0f} tok/s, MFU {mfu:.1%}")
             tqdm.write(f"sample: {summary.sample}")
             tqdm.write(saved)
         self.accelerator.wait_for_everyone()
+        self._results_written()  # the other processes know it here
         self.accelerator.end_training()
         return summary
+
+    def _results_written(self) -> None:
+        if self.on_results_written is not None:
+            self.on_results_written(self.out_dir)
 
 
 def _resume_hint(args: TrainArgs) -> str:
@@ -846,19 +856,25 @@ def _resume_hint(args: TrainArgs) -> str:
     return f"its newest checkpoint is {checkpoints[-1]}: run the same command with --resume auto to go on from it"
 
 
+def _finished_line(out_dir: Path) -> str:
+    return f"{INTERRUPTED_LINE} after the run had finished; its results are saved in {out_dir}"
+
+
 def command_line(task: str) -> int:
     """A trainer script's command (trainer/train_*.py, under trainer.cli's run_main): main(task) on sys.argv, 0 once
-    the run is done; its failures and Ctrl-C end through SystemExit with their own codes."""
-    main(task)
+    the run is done; its failures and Ctrl-C end through SystemExit with their own codes, except a Ctrl-C once the
+    run's results are written: the run is finished, so one line says so and the exit code is 0 (done_on_ctrl_c)."""
+    main(task, on_results_written=lambda out_dir: done_on_ctrl_c(_finished_line(out_dir)))
     return 0
 
 
-def main(task: str, argv: list[str] | None = None) -> RunSummary:
-    """Entry point of the thin trainer scripts."""
+def main(task: str, argv: list[str] | None = None,
+         on_results_written: Callable[[Path], None] | None = None) -> RunSummary:
+    """Entry point of the thin trainer scripts; `on_results_written`: the Trainer's."""
     from trainer.args import parse_args
     args = parse_args(task, argv)
     try:
-        return Trainer(args).run()
+        return Trainer(args, on_results_written).run()
     except TrainingDiverged as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(EXIT_DIVERGED) from None

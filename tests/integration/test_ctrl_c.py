@@ -1,5 +1,6 @@
 """A real SIGINT (Ctrl-C) to the tools' processes: each ends through trainer/cli.py's run_main with one line,
-`interrupted`, and exit code 130 (128 + SIGINT, what a shell reports), never a KeyboardInterrupt traceback."""
+`interrupted`, and exit code 130 (128 + SIGINT, what a shell reports), never a KeyboardInterrupt traceback; a
+trainer whose run has finished (its results written) ends with exit code 0 and one line saying so."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.paths import REPO
 from trainer.run_dir import EXIT_INTERRUPTED
-
 
 
 def start_tool(script: str, *args: str, tmp_path: Path) -> subprocess.Popen:
@@ -108,6 +110,55 @@ def test_ctrl_c_while_a_trainer_trains_names_its_newest_checkpoint(train_data, t
     newest = list_checkpoints(out_dir / CHECKPOINT_DIR)[-1]
     assert err.splitlines()[-1] == (f"interrupted; its newest checkpoint is {newest}: run the same command with "
                                     "--resume auto to go on from it"), err
+
+
+# A trainer command held where the test interrupts it, after its results are written: inside the run, in the
+# Accelerator's end_training (a tracker's upload would be there), or at the interpreter's exit (an atexit callback);
+# "held" on stderr says it waits there for the signal.
+HELD_TRAINER = """
+import atexit, runpy, signal, sys
+sys.path.insert(0, {repo!r})
+from trainer.threads import bound_openmp_waits
+bound_openmp_waits()
+import accelerate
+
+def hold(*args):
+    print("held", file=sys.stderr, flush=True)
+    signal.pause()
+
+if {where!r} == "end_training":
+    end_training = accelerate.Accelerator.end_training
+    accelerate.Accelerator.end_training = lambda self: (hold(), end_training(self))
+else:
+    atexit.register(hold)
+sys.argv = ["trainer/train_pretrain.py", *sys.argv[1:]]
+runpy.run_path("trainer/train_pretrain.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("where", ["end_training", "atexit"])
+def test_ctrl_c_after_a_trainer_finished_is_no_failure(where, train_data, tmp_path) -> None:
+    """SIGINT once a pretraining run has written its model and run_summary.json and printed its summary (while
+    its teardown runs): exit code 0 and one line saying the run had finished (was exit 130, or a traceback at the
+    interpreter's exit)."""
+    from tests.training_runs import pretrain_argv
+    from trainer.run_dir import SUMMARY_FILE
+
+    out_dir = tmp_path / "run"
+    hook = tmp_path / "held_trainer.py"
+    hook.write_text(HELD_TRAINER.format(repo=str(REPO), where=where), encoding="utf-8")
+    process = start_tool(str(hook), *pretrain_argv(train_data, out_dir), tmp_path=tmp_path)
+    stderr = StderrReader(process)
+    stderr.wait_for("held", process)
+    process.send_signal(signal.SIGINT)
+    out = process.stdout.read().decode("utf-8")
+    process.wait(timeout=120)
+    stderr.thread.join(timeout=30)
+    err = stderr.text()
+    assert process.returncode == 0, err
+    assert err.splitlines()[-1] == f"interrupted after the run had finished; its results are saved in {out_dir}", err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "done: 8 steps" in out and json.loads((out_dir / SUMMARY_FILE).read_text())["status"] == "finished"
 
 
 def test_ctrl_c_while_serve_serves_ends_it_in_one_line(tiny_models, tmp_path) -> None:

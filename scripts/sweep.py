@@ -195,6 +195,10 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     if task is not None:  # another program's flags and metrics are its own business
         _check_metric(config, task, bad)
         _check_parameters(config, task, first, bad)
+    if "${program}" in (command or DEFAULT_COMMAND) and not Path(program_path(config)).exists():
+        # every trial would fail at once, the same way: said once, before the sweep folder exists
+        raise bad("program", f"{program_path(config)} does not exist (the script each trial runs; a relative path "
+                             f"is taken from the repo root)")
     return config
 
 
@@ -619,15 +623,20 @@ def _cannot_write(error: OSError, path: Path) -> str:
     return f"{error.filename or path}: cannot be written ({error.strerror or error})"
 
 
+class SweepWriteError(ValueError):
+    """The runner could not write to the sweep (or records) folder; the message names the trial and the file."""
+
+
 @contextmanager
-def _writing(folder: Path) -> Iterator[None]:
-    """The runner's writes to the sweep (or records) folder: a full disk, or a folder turned read-only, ends the sweep
-    in one line naming the file (a ValueError), not an OSError traceback; what was written before stays whole."""
+def _writing(folder: Path, trial: str = "") -> Iterator[None]:
+    """The runner's writes to the sweep (or records) folder, for `trial` (its label, "[2] seed-2_eca4f571", when the
+    write is one trial's): a full disk, or a folder turned read-only, ends the sweep in one line naming the trial and
+    the file (a SweepWriteError), not an OSError traceback; what was written before stays whole."""
     try:
         yield
     except OSError as error:
-        raise ValueError(f"{_cannot_write(error, folder)}; the done trials are kept: run the same command again "
-                         f"once it can be") from None
+        raise SweepWriteError(f"{f'trial {trial}: ' if trial else ''}{_cannot_write(error, folder)}; the done trials "
+                              f"are kept: run the same command again once it can be") from None
 
 
 def _restore_records(sweep_dir: Path, records_dir: Path, name: str, config: dict[str, Any]) -> None:
@@ -644,6 +653,14 @@ class _Attempt(NamedTuple):
     trial: dict[str, Any]
     index: int
     started: float
+
+    def label(self) -> str:
+        return _label(self.index, self.trial)
+
+
+def _label(index: int, trial: dict[str, Any]) -> str:
+    """A trial as the runner's lines name it: its number and its id."""
+    return f"[{index}] {trial['trial_id']}"
 
 
 class SweepRunner:
@@ -685,10 +702,11 @@ class SweepRunner:
         """Whether a trial's parameters pass the `--only` filter."""
         return all(params.get(key) in values for key, values in self.picked.items())
 
-    def save(self) -> None:
-        """Write the state file (atomically); a dry run writes nothing."""
+    def save(self, trial: str = "") -> None:
+        """Write the state file (atomically), for `trial` (its label, when a trial's change is saved); a dry run
+        writes nothing."""
         if not self.dry_run:
-            with _writing(self.sweep_dir):
+            with _writing(self.sweep_dir, trial):
                 write_state(self.sweep_dir, self.state)
 
     def next_trial(self) -> dict[str, Any] | None:
@@ -703,7 +721,7 @@ class SweepRunner:
             proposal = {"trial_id": trial_id(params, self.swept), "params": params, "status": "pending",
                         "metric": None}
             self.state["trials"].append(proposal)
-            self.save()
+            self.save(_label(len(self.state["trials"]), proposal))
             if self.selected(params):
                 pending = proposal
         return pending
@@ -744,26 +762,41 @@ class SweepRunner:
         ran, failed = 0, False
         in_flight: dict[Future, _Attempt] = {}
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            while True:
-                while (len(in_flight) < self.workers and not (failed and stop_on_failure)
-                       and (max_trials is None or ran + len(in_flight) < max_trials)):
-                    pending = self.next_trial()
-                    if pending is None:
+            try:
+                while True:
+                    while (len(in_flight) < self.workers and not (failed and stop_on_failure)
+                           and (max_trials is None or ran + len(in_flight) < max_trials)):
+                        pending = self.next_trial()
+                        if pending is None:
+                            break
+                        begun = self.start(pending, pool)
+                        if begun is None:  # failed before it could start (recorded)
+                            ran, failed = ran + 1, True
+                            continue
+                        attempt, future = begun
+                        in_flight[future] = attempt
+                    if not in_flight:
                         break
-                    begun = self.start(pending, pool)
-                    if begun is None:  # failed before it could start (recorded)
-                        ran, failed = ran + 1, True
-                        continue
-                    attempt, future = begun
-                    in_flight[future] = attempt
+                    for future in wait(in_flight, return_when=FIRST_COMPLETED).done:
+                        attempt = in_flight.pop(future)
+                        outcome = future.result()
+                        self.record(attempt, outcome)
+                        ran += 1
+                        failed = failed or outcome.status == "failed"
+            except SweepWriteError as error:
                 if not in_flight:
-                    break
-                for future in wait(in_flight, return_when=FIRST_COMPLETED).done:
-                    attempt = in_flight.pop(future)
-                    outcome = future.result()
-                    self.record(attempt, outcome)
-                    ran += 1
-                    failed = failed or outcome.status == "failed"
+                    raise
+                # The other trials would only end unrecorded (the pool's exit waits for them, hours perhaps) on a
+                # disk that cannot take their results either: they stop as a Ctrl-C stops them, and run again on
+                # the rerun (from their newest checkpoints); a trial that finished meanwhile is found done then.
+                _trials.stop()
+                try:
+                    wait(in_flight)
+                finally:
+                    _trials.stopping = False
+                stopped = ", ".join(attempt.label() for attempt in in_flight.values())
+                raise SweepWriteError(f"{error}; the trials in flight were stopped ({stopped}) and run again "
+                                      f"then") from None
         if failed and stop_on_failure:
             raise SystemExit(1)
         counts = {s: sum(t["status"] == s for t in self.state["trials"]) for s in ("finished", "diverged", "failed")}
@@ -776,7 +809,8 @@ class SweepRunner:
         failed before it could start (recorded as failed)."""
         pending["status"] = "running"
         self.attempted.add(pending["trial_id"])
-        self.save()
+        index = self.state["trials"].index(pending) + 1
+        self.save(_label(index, pending))
         trial_dir = self.sweep_dir / trial_dir_name(pending["trial_id"])
         # A rerun trial continues from its checkpoints; one cut off without any starts anew in its directory.
         extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={self.name}",
@@ -785,8 +819,7 @@ class SweepRunner:
             extra.append(f"--wandb_project={self.config['project']}")
         if self.mode == "disabled":
             extra.append("--use_wandb=false")
-        index = self.state["trials"].index(pending) + 1
-        print(f"[{index}] {pending['trial_id']} ...", end=" " if self.workers == 1 else " started\n", flush=True)
+        print(f"{_label(index, pending)} ...", end=" " if self.workers == 1 else " started\n", flush=True)
         try:
             make_dirs(trial_dir)  # here, not in the worker thread: a file in the way is one line, not a traceback
         except (ValueError, OSError) as error:  # OSError: a full disk, a folder turned read-only
@@ -808,23 +841,24 @@ class SweepRunner:
                   "wall_time_s": round(time.time() - attempt.started, 2),
                   "trial_dir": trial_dir_name(trial["trial_id"]), "wandb_mode": self.mode, "error": outcome.error,
                   "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        with _writing(self.sweep_dir):
+        with _writing(self.sweep_dir, attempt.label()):
             append_result(self.sweep_dir, result)
         trial["status"], trial["metric"] = outcome.status, value
-        self.save()
+        self.save(attempt.label())
         if self.records_dir is not None:
-            with _writing(self.records_dir):
+            with _writing(self.records_dir, attempt.label()):
                 save_records(self.sweep_dir, self.records_dir, [trial["trial_id"]])
         self.print_outcome(attempt, outcome, value, result["wall_time_s"])
 
     def print_outcome(self, attempt: _Attempt, outcome: TrialOutcome, value: float | None, wall_time_s: float) -> None:
         """A recorded trial's line (and, when it failed, its error or log tail on stderr)."""
         shown = f"{self.metric}={value:.4f}" if value is not None else outcome.status
-        prefix = "" if self.workers == 1 else f"[{attempt.index}] {attempt.trial['trial_id']} "
+        prefix = "" if self.workers == 1 else f"{attempt.label()} "
         print(f"{prefix}{outcome.status} ({shown}, {wall_time_s:.0f} s)", flush=True)
         if outcome.status != "failed":
             return
-        failed = f"  trial failed (exit {outcome.returncode})"
+        # on stderr, which may be read apart from stdout, and with --workers among other trials' lines: named
+        failed = f"  trial {attempt.label()} failed (exit {outcome.returncode})"
         if not outcome.log_tail:
             print(f"{failed}: {outcome.error}", file=sys.stderr)
         elif "\n" not in outcome.error:  # output, not a message: said so even when it is one line

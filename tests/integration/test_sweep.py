@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -374,9 +375,11 @@ def test_a_failed_trial_says_whether_its_error_is_a_message_or_its_output(tmp_pa
         err = capsys.readouterr().err
         records = {r["params"]["mode"]: r for r in read_results(sweep_dir)[-2:]}
         silent = f"it printed nothing (its command is in {sweep_dir / records['silent']['trial_dir'] / 'train.log'})"
-        assert records["silent"]["error"] == silent and f"  trial failed (exit 1): {silent}\n" in err, err
+        assert records["silent"]["error"] == silent
+        assert f"  trial [1] {records['silent']['trial_id']} failed (exit 1): {silent}\n" in err, err
         assert records["crash"]["error"] == "Traceback: boom"
-        assert "  trial failed (exit 1); last line of its log: Traceback: boom\n" in err, err
+        assert f"  trial [2] {records['crash']['trial_id']} failed (exit 1); last line of its log: Traceback: boom\n" \
+            in err, err
         assert "fake_train.py" not in err  # no command line shown as an error
 
 
@@ -853,16 +856,60 @@ def test_a_disk_that_fills_during_the_sweep_is_one_line_and_a_rerun_goes_on(tmp_
     code = sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--wandb_mode", "disabled"])
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err + captured.out
+    second = f"[2] {trial_id({'seed': 2}, ['seed'])}"
     if full == "trial folder":  # that trial fails in one line; the sweep is recorded whole
-        assert code == 1 and f"{target}: cannot be written (No space left on device)" in captured.err, captured.err
+        assert code == 1 and f"  trial {second} failed (exit 2): {target}: cannot be written (No space left on " \
+                             f"device)" in captured.err, captured.err
     else:
         assert code == 2, captured.err
-        assert captured.err.strip() == f"error: {target}: cannot be written (No space left on device); the done " \
-                                       f"trials are kept: run the same command again once it can be", captured.err
+        assert captured.err.strip() == f"error: trial {second}: {target}: cannot be written (No space left on " \
+                                       f"device); the done trials are kept: run the same command again once it " \
+                                       f"can be", captured.err
     monkeypatch.undo()  # room again
     trials = run_sweep(path, sweep_dir, wandb_mode="disabled")
     assert [t["status"] for t in trials] == ["finished", "finished"]
     assert [r["params"]["seed"] for r in read_results(sweep_dir) if r["status"] == "finished"] == [1, 2]
+
+
+def test_a_disk_that_fills_while_workers_run_trials_stops_them_in_one_line(tmp_path, capsys, monkeypatch):
+    """--workers 2, and the results file cannot take the second trial's result while a third trial runs: one line
+    naming the trial and the file and the trial stopped with it, at once, where the pool's exit waited for the
+    running trial to end (unrecorded); the first trial's result stays, and the rerun runs only the others."""
+    import errno
+
+    path = _fake_sweep(tmp_path, {"mode": {"values": ["ok", "hold", "fine"]}, "seed": {"value": 1}})
+    sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
+    monkeypatch.setenv("HOLD_FILE", str(hold))
+    real_append = sweep_mod.append_result
+
+    def no_space_after_one(folder, result):
+        if read_results(sweep_dir):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / "results.jsonl"))
+        real_append(folder, result)
+
+    # A safety net, no timing: a runner that waits for the held trial sees it end after 120 s, and fails below.
+    release = threading.Timer(120, hold.touch)
+    release.start()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(sweep_mod, "append_result", no_space_after_one)
+            code = sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--wandb_mode", "disabled",
+                                   "--workers", "2"])
+    finally:
+        release.cancel()
+    err = capsys.readouterr().err
+    ids = {mode: trial_id({"mode": mode, "seed": 1}, ["mode"]) for mode in ("ok", "hold", "fine")}
+    assert code == 2 and err == (
+        f"error: trial [3] {ids['fine']}: {sweep_dir / 'results.jsonl'}: cannot be written (No space left on "
+        f"device); the done trials are kept: run the same command again once it can be; the trials in flight were "
+        f"stopped ([2] {ids['hold']}) and run again then\n"), err
+    assert not (sweep_dir / "trials" / ids["hold"] / "run_summary.json").exists()  # stopped, not finished
+    assert [r["params"]["mode"] for r in read_results(sweep_dir)] == ["ok"]
+    hold.touch()  # room again, and the held trial may end
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled", workers=2)
+    assert [t["status"] for t in trials] == ["finished"] * 3
+    assert sorted(r["params"]["mode"] for r in read_results(sweep_dir)) == ["fine", "hold", "ok"]
+    assert (sweep_dir / "trials" / ids["ok"] / "attempts.txt").read_text() == "x"  # done: not run again
 
 
 @pytest.mark.parametrize("workers", ["0", "-1", "two"])
@@ -1082,21 +1129,41 @@ def test_a_trial_reads_no_input(tmp_path):
     assert [r["status"] for r in read_results(tmp_path / "sweep")] == ["finished"]
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize("program, code, reason", [("no_such_program", 127, "No such file or directory"),
                                                     ("not_executable.sh", 126, "Permission denied")])
-def test_a_trial_program_that_cannot_run_is_a_failed_trial_not_a_traceback(tmp_path, capsys, program, code, reason):
-    """Exit codes as a shell's: 127 for a command that is not there, 126 for one that cannot be run."""
+def test_a_trial_program_that_cannot_run_is_a_failed_trial_not_a_traceback(tmp_path, capsys, program, code, reason,
+                                                                           workers):
+    """Exit codes as a shell's: 127 for a command that is not there, 126 for one that cannot be run; each trial's
+    failure is one line on stderr naming the trial, also among the other trials' lines of --workers 2."""
     path = tmp_path / "missing.yaml"
     path.write_text(yaml.safe_dump({
         "name": "missing", "program": "x.py", "method": "grid", "command": [str(tmp_path / program), "${args}"],
-        "parameters": {"seed": {"values": [1]}}}))
+        "parameters": {"seed": {"values": [1, 2]}}}))
     (tmp_path / "x.py").write_text("")
     (tmp_path / "not_executable.sh").write_text("echo hi\n")  # mode 644
-    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--wandb_mode", "disabled"]) == 1
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--wandb_mode", "disabled",
+                           "--workers", workers]) == 1
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err + captured.out
-    assert f"cannot run {tmp_path / program}: {reason}" in captured.err, captured.err
-    assert [(r["status"], r["returncode"]) for r in read_results(tmp_path / "sweep")] == [("failed", code)]
+    assert sorted(captured.err.splitlines()) == [
+        f"  trial [{index}] {trial_id({'seed': index}, ['seed'])} failed (exit {code}); last line of its log: cannot "
+        f"run {tmp_path / program}: {reason}" for index in (1, 2)], captured.err
+    assert [(r["status"], r["returncode"]) for r in read_results(tmp_path / "sweep")] == [("failed", code)] * 2
+
+
+def test_a_program_that_does_not_exist_is_one_line_before_anything_runs(tmp_path, capsys):
+    """`${program}` that is not there: every trial would fail at once the same way (python's "can't open file"),
+    so the YAML is refused in one line naming the field, before the sweep folder exists."""
+    path = tmp_path / "missing.yaml"
+    path.write_text(yaml.safe_dump({"name": "missing", "program": str(tmp_path / "gone.py"), "method": "grid",
+                                    "command": ["${interpreter}", "${program}", "${args}"],
+                                    "parameters": {"seed": {"values": [1, 2]}}}))
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "sweep"), "--wandb_mode", "disabled"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {path}: program: {tmp_path / 'gone.py'} does not exist (the script each trial runs; a " \
+                  f"relative path is taken from the repo root)\n", err
+    assert not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.parametrize("script, code", [("raise SystemExit(3)", 3), ("import os, signal; os.kill(os.getpid(), "

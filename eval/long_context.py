@@ -13,7 +13,9 @@ attended over longer spans: the buckets past it show what each scaling buys.
 --scalings is a comma-separated list of `none` or TYPE:FACTOR[@L] with TYPE yarn, linear or dynamic, as
 transformers' rope_scaling defines them (model/rope.py): L is yarn's original_max_position_embeddings and the
 length past which dynamic scaling starts (default: the model's max_position_embeddings; --rope_scaling_factor in
-chat, evaluate and serve takes the run's trained length, yarn:F@256 for the default pretraining).
+chat, evaluate and serve takes the run's trained length, yarn:F@256 for the default pretraining). The default
+compares plain RoPE with each scaling over L = the trained length T that marks the buckets (yarn:4@T, dynamic:4@T,
+linear:4@T: none,yarn:4@256,... for the default pretraining), and YaRN over max_position_embeddings (yarn:2).
 """
 
 from __future__ import annotations
@@ -77,6 +79,12 @@ def parse_scaling(spec: str, model_length: int) -> Scaling:
     return Scaling(spec, {"rope_type": "linear", "factor": factor}, int(original * factor))
 
 
+def default_scalings(trained: int) -> str:
+    """--scalings' default for a model trained on rows of `trained` tokens: plain RoPE; YaRN, dynamic NTK and linear
+    interpolation over L = `trained`, as --rope_scaling_factor takes L; YaRN over max_position_embeddings."""
+    return f"none,yarn:4@{trained},yarn:2,dynamic:4@{trained},linear:4@{trained}"
+
+
 def long_documents(data_path: Path, tokenizer: Any, length: int, limit: int) -> list[list[int]]:
     """The first length + 1 token ids of every document with that many (pretraining's tokenization), at most
     `limit` documents (0: all)."""
@@ -119,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trained_length", type=int_within(1), default=None,
                         help="the tokens per training row, which marks the buckets past it (default: the longest "
                              "--max_seq_len the model's runs recorded, else its max_position_embeddings)")
-    parser.add_argument("--scalings", default="none,yarn:4@256,yarn:2,dynamic:4@256,linear:4@256",
-                        help="comma-separated: none or TYPE:FACTOR[@L] (see the description)")
+    parser.add_argument("--scalings", default=None,
+                        help="comma-separated: none or TYPE:FACTOR[@L] (see the description); default: "
+                             "none,yarn:4@T,yarn:2,dynamic:4@T,linear:4@T with T the trained length (--trained_length)")
     parser.add_argument("--max_documents", type=int_within(0), default=0, help="0: every long enough document")
     parser.add_argument("--batch_size", type=int_within(1), default=4, help="documents per forward pass")
     parser.add_argument("--json", type=output_file, default=None, help="also write the table to this JSON file")
@@ -149,7 +158,8 @@ def report(args: Any) -> int:
     model_length = model.config.max_position_embeddings
     # What the model's runs recorded, as --rope_scaling_factor reads it (model/rope.py, extend_context).
     trained = args.trained_length or trained_length(path, adapter) or model_length
-    scalings = [parse_scaling(item.strip(), model_length) for item in args.scalings.split(",")]
+    specs = args.scalings if args.scalings is not None else default_scalings(trained)
+    scalings = [parse_scaling(item.strip(), model_length) for item in specs.split(",")]
     data_path = resolve_text_data(args.data)
     documents = long_documents(data_path, tokenizer, args.length, args.max_documents)
     if not documents:

@@ -98,13 +98,12 @@ def test_documents_are_read_as_pretraining_reads_text(tmp_path, tokenizer) -> No
     assert text_rows(data, tokenizer, 40, 1) == [ids[:40]]
 
 
-@pytest.mark.parametrize("recorded, flag, marked_from", [(16, [], 16), (None, [], None),
-                                                         (16, ["--trained_length", "32"], 32)])
-def test_the_marked_buckets_start_at_the_length_the_run_recorded(tiny_models, tmp_path, capsys, recorded, flag,
-                                                                 marked_from) -> None:
-    """The * marks start at the --max_seq_len the model's run recorded (as --rope_scaling_factor reads it), not at a
-    256 of the tool's own; --trained_length overrides it, and a model that records none is marked from its
-    max_position_embeddings (128 here: no bucket)."""
+RIVER = "The river runs past the old mill and the bridge. " * 12
+
+
+def recorded_model(tiny_models, tmp_path, recorded: int | None):
+    """(a copy of the tiny pretrained model whose run recorded --max_seq_len `recorded`, a jsonl of one long
+    document)."""
     import shutil
 
     import yaml
@@ -115,8 +114,18 @@ def test_the_marked_buckets_start_at_the_length_the_run_recorded(tiny_models, tm
     shutil.copytree(tiny_models.pretrain, model_dir)
     (model_dir / CONFIG_FILE).write_text(yaml.safe_dump({"task": "pretrain", "max_seq_len": recorded}))
     data = tmp_path / "long.jsonl"
-    data.write_text(json.dumps({"text": "The river runs past the old mill and the bridge. " * 12}) + "\n",
-                    encoding="utf-8")
+    data.write_text(json.dumps({"text": RIVER}) + "\n", encoding="utf-8")
+    return model_dir, data
+
+
+@pytest.mark.parametrize("recorded, flag, marked_from", [(16, [], 16), (None, [], None),
+                                                         (16, ["--trained_length", "32"], 32)])
+def test_the_marked_buckets_start_at_the_length_the_run_recorded(tiny_models, tmp_path, capsys, recorded, flag,
+                                                                 marked_from) -> None:
+    """The * marks start at the --max_seq_len the model's run recorded (as --rope_scaling_factor reads it), not at a
+    256 of the tool's own; --trained_length overrides it, and a model that records none is marked from its
+    max_position_embeddings (128 here: no bucket)."""
+    model_dir, data = recorded_model(tiny_models, tmp_path, recorded)
     assert main(["--model_path", str(model_dir), "--data", str(data), "--length", str(LENGTH), "--bucket",
                  str(BUCKET), "--scalings", "none", *flag]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| scaling"))
@@ -124,3 +133,22 @@ def test_the_marked_buckets_start_at_the_length_the_run_recorded(tiny_models, tm
     expected = [f"{start}-{start + BUCKET - 1}{'*' if marked_from is not None and start >= marked_from else ''}"
                 for start in starts]
     assert header == "| " + " | ".join(["scaling", *expected]) + " |"
+
+
+@pytest.mark.parametrize("recorded, flag, trained", [(16, [], 16), (16, ["--trained_length", "32"], 32),
+                                                     (None, [], 128)])
+def test_the_default_scalings_take_the_trained_length(tiny_models, tokenizer, tmp_path, recorded, flag,
+                                                      trained) -> None:
+    """Without --scalings, the scalings over L are over the length that marks the buckets (the run's recorded one,
+    --trained_length, else max_position_embeddings), not over a 256 of the tool's own: the rows say so, and the
+    YaRN row equals the model loaded by transformers with original_max_position_embeddings = that length."""
+    model_dir, data = recorded_model(tiny_models, tmp_path, recorded)
+    out = tmp_path / "table.json"
+    assert main(["--model_path", str(model_dir), "--data", str(data), "--length", str(LENGTH), "--bucket",
+                 str(BUCKET), "--json", str(out), *flag]) == 0
+    losses = json.loads(out.read_text())["losses"]
+    assert list(losses) == ["none", f"yarn:4@{trained}", "yarn:2", f"dynamic:4@{trained}", f"linear:4@{trained}"]
+    documents = [tokenizer(RIVER, add_special_tokens=False)["input_ids"][:LENGTH + 1]]
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": trained}
+    assert losses[f"yarn:4@{trained}"] == pytest.approx(
+        reference_buckets(model_dir, documents, rope_scaling=yarn, max_position_embeddings=4 * trained), rel=1e-5)

@@ -19,6 +19,7 @@ import yaml
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
 from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, flag_type, path_arg, seed, utf8_text
+from trainer.distillation import DistillLoss
 from trainer.dpo import DEFAULT_DISCOPOP_TAU, LABEL_SMOOTHED, DPOLossType, check_label_smoothing, parse_loss_types
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
@@ -125,6 +126,8 @@ POLICY_LORA_FLAGS = ("lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_ta
 # The copy rows' flags (trainer/objectives.py): pretraining teaches copying with them, SFT may (a model given smeared
 # keys at SFT learns to copy there).
 COPY_FLAGS = ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after", "copy_cue_pairs")
+# Distillation's GKD flags (trainer/distillation.py): the soft divergence and the sampled completions.
+GKD_FLAGS = ("distill_loss", "jsd_beta", "lmbda", "seq_kd", "max_new_tokens", "sampling_temperature")
 # A fresh model's shape is pretraining's to choose; a fine-tuning run starts from a model and takes its shape.
 FINE_TUNING_FLAGS = ("from_weight",)
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
@@ -133,7 +136,8 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "dpo": ("beta", "loss_type", "loss_weights", "label_smoothing", "discopop_tau") + FINE_TUNING_FLAGS,
     "pretrain": ("control_tokens_in_text", "preset") + COPY_FLAGS,
     "sft": ("sft_data",) + COPY_FLAGS + FINE_TUNING_FLAGS,
-    "distill": ("teacher", "alpha", "temperature", "distill_data", "control_tokens_in_text") + FINE_TUNING_FLAGS,
+    "distill": ("teacher", "alpha", "temperature", "distill_data", "control_tokens_in_text") + GKD_FLAGS
+               + FINE_TUNING_FLAGS,
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
              "max_completion_length", "top_p", "open_thinking", "loss_type", "scale_rewards", "epsilon",
              "epsilon_high", "num_iterations")
@@ -168,8 +172,10 @@ FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
     "sft": ("SFT data and copy rows", "copy rows as pretraining's (its copy rows section), beside each "
                                       "SFT micro-batch; with --smeared_keys true it teaches a model to copy "
                                       "(docs/tools.md)"),
-    "distill": ("distillation", "loss = alpha x CE + (1 - alpha) x T^2 x KL(teacher^T || student^T) on the "
-                                "supervised tokens (trainer/distillation.py)"),
+    "distill": ("distillation", "loss = alpha x CE + (1 - alpha) x T^2 x D(teacher^T, student^T) on the supervised "
+                                "tokens, D Hinton's KL(teacher^T || student^T) or GKD's generalized JSD; with "
+                                "--lmbda / --seq_kd, on completions the student / teacher samples "
+                                "(trainer/distillation.py)"),
     "grpo": ("GRPO", "per prompt, --num_generations sampled completions scored by the --reward functions; "
                      "advantages within each prompt's group; --num_iterations optimizer updates per rollout "
                      "batch (trainer/grpo.py)"),
@@ -343,15 +349,33 @@ class TrainArgs:
     teacher: str | None = _flag("distill", None, "the teacher's model directory, which must use the student's "
                                                  f"tokenizer and may be larger (default: "
                                                  f"{DEFAULT_OUT_DIRS[DEFAULT_TEACHER]})")
-    alpha: float = _flag("distill", 0.5, "the weight of the cross-entropy to the labels, in [0, 1]; the KL to the "
-                                         "teacher has 1 - alpha")
+    alpha: float = _flag("distill", 0.5, "the weight of the cross-entropy to the labels, in [0, 1]; the soft term "
+                                         "to the teacher (--distill_loss) has 1 - alpha")
     temperature: float = _flag({"distill": "distill", **ROLLOUT_GROUPS}, 2.0,
-                               {"distill": "T, the softmax temperature of both distributions in the KL (> 0)",
+                               {"distill": "T, the softmax temperature of both distributions in the soft term (> 0)",
                                 "grpo": "the rollouts' sampling temperature (> 0)",
                                 "ppo": "the rollouts' sampling temperature (> 0)"})
     distill_data: str = _flag("distill", "sft", f"{_choices(DISTILL_DATA)}: the kind of --data_path (and of the "
                                                 f"default data): SFT conversations (the assistant's tokens are "
                                                 f"supervised) or pretraining text (every token)")
+    distill_loss: str = _flag("distill", DistillLoss.KL.value,
+                              f"{_choices(DistillLoss)}: the soft term D, Hinton's KL(teacher^T || student^T) or GKD's "
+                              f"generalized Jensen-Shannon divergence interpolated by --jsd_beta (TRL's GKDTrainer)")
+    jsd_beta: float = _flag("distill", 0.5, "--distill_loss jsd's beta, in [0, 1]: 0 the forward "
+                                            "KL(teacher^T || student^T), 1 the reverse KL(student^T || teacher^T), "
+                                            "between them the JSD to the mixture beta x teacher + (1 - beta) x "
+                                            "student (TRL's beta)")
+    lmbda: float = _flag("distill", 0.0, "the probability, in [0, 1], that an optimizer step trains on completions "
+                                         "the student samples for the data's prompts (each conversation but its "
+                                         "last answer) instead of on the data's answers: GKD's on-policy data "
+                                         "(TRL's lmbda; 0: never)")
+    seq_kd: bool = _flag("distill", False, "a step that does not sample the student's completions trains on the "
+                                           "teacher's: sequence-level KD (TRL's seq_kd)")
+    max_new_tokens: int = _flag("distill", 128, "the most tokens a sampled completion has (--lmbda, --seq_kd; TRL's "
+                                                "max_new_tokens)")
+    sampling_temperature: float = _flag("distill", 0.9, "the sampling temperature of the completions (--lmbda, "
+                                                        "--seq_kd; > 0; TRL's temperature), apart from --temperature, "
+                                                        "the loss's T")
     # GRPO and PPO (trainer/train_grpo.py, trainer/train_ppo.py).
     reward: list[str] | None = _flag(ROLLOUT_GROUPS, None,
                                      f"a reward function: a built-in ({', '.join(BUILTIN)}) or "
@@ -683,10 +707,37 @@ def _validate(args: TrainArgs) -> None:
             raise bad("temperature", args.temperature, "it must be a positive number")
         if args.distill_data not in DISTILL_DATA:
             raise bad("distill_data", args.distill_data, f"choose one of {', '.join(DISTILL_DATA)}")
+        _validate_gkd(args, bad)
     if args.task == "grpo":
         _validate_grpo(args, bad)
     if args.task == "ppo":
         _validate_ppo(args, bad)
+
+
+def _validate_gkd(args: TrainArgs, bad: Any) -> None:
+    """Distillation's GKD flags: the soft divergence and the sampled completions."""
+    if args.distill_loss not in tuple(DistillLoss):
+        raise bad("distill_loss", args.distill_loss, f"choose one of {', '.join(DistillLoss)}")
+    if not 0 <= args.jsd_beta <= 1:
+        raise bad("jsd_beta", args.jsd_beta, "it must be in [0, 1]")
+    if args.jsd_beta != task_default(args.task, "jsd_beta") and args.distill_loss != DistillLoss.JSD:
+        raise bad("jsd_beta", args.jsd_beta, "it interpolates the jsd loss only: give --distill_loss jsd with it")
+    if not 0 <= args.lmbda <= 1:
+        raise bad("lmbda", args.lmbda, "it must be in [0, 1]")
+    if args.max_new_tokens < 1:
+        raise bad("max_new_tokens", args.max_new_tokens, "it must be >= 1")
+    if not (args.sampling_temperature > 0 and math.isfinite(args.sampling_temperature)):
+        raise bad("sampling_temperature", args.sampling_temperature, "it must be a positive number")
+    samples = args.lmbda > 0 or args.seq_kd
+    unused = [name for name in ("max_new_tokens", "sampling_temperature")
+              if getattr(args, name) != task_default(args.task, name)]
+    if unused and not samples:
+        raise bad(unused[0], getattr(args, unused[0]), "it shapes the sampled completions: give --lmbda or --seq_kd "
+                                                       "with it, or leave it out")
+    if samples and args.distill_data != "sft":
+        flag = "lmbda" if args.lmbda > 0 else "seq_kd"
+        raise bad(flag, getattr(args, flag), "a sampled completion answers a conversation's prompt, which "
+                                             "pretraining text has none of: use --distill_data sft")
 
 
 def _validate_dpo(args: TrainArgs, bad: Any) -> None:

@@ -41,8 +41,8 @@ from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_objec
 
 from dataset.atomic_io import atomic_write_text, file_digest, first_line, give_open_modes, read_text_file
 from dataset.json_text import strict_json
-from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
-                          scored_against_starting_weights, uses_lora)
+from trainer.args import (ADDABLE_MODEL_FIELDS, GKD_FLAGS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
+                          scored_against_starting_weights, task_default, uses_lora)
 from trainer.threads import THREADS_KEY
 from trainer.dpo import DEFAULT_DISCOPOP_TAU, DPOLossType
 from trainer.rl_losses import default_scale_rewards
@@ -434,7 +434,11 @@ def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
     resume that asks for another scaling is a change to note, and a finished run asked again with it another run,
     not an unrecorded flag; a DPO run recorded before --loss_type and --label_smoothing were its flags had the plain
     sigmoid loss, unsmoothed, and one recorded before --loss_weights and --discopop_tau one loss type of weight 1
-    (null, the default) and no discopop loss (the default tau, unread)."""
+    (null, the default) and no discopop loss (the default tau, unread); a distillation run recorded before GKD's
+    flags had Hinton's KL on the data's answers (--distill_loss kl, --lmbda 0, no --seq_kd; the others, which shape
+    only what it did not do, at their defaults)."""
+    if saved.get("task") == "distill" and saved.get("distill_loss") is None:
+        return {**saved, **{name: task_default("distill", name) for name in GKD_FLAGS if saved.get(name) is None}}
     if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
         return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}
     if saved.get("task") == "dpo":

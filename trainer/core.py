@@ -455,11 +455,14 @@ class Trainer:
         rollouts, with a frozen copy of the starting weights as the KL's reference; a frozen model is kept whole on
         every process (it has no gradients or optimizer state)."""
         if self.args.task == "distill":
-            from trainer.distillation import Distillation, load_teacher
-            teacher = load_teacher(self.args.teacher, self.tokenizer, self.base_model.config.vocab_size,
-                                   **requested_model_fields(self.args))
-            return Distillation(teacher.to(self.accelerator.device), self.args.alpha, self.args.temperature,
-                                self.accelerator.autocast)
+            from trainer.distillation import CompletionSettings, Distillation, load_teacher
+            args = self.args
+            teacher = load_teacher(args.teacher, self.tokenizer, self.base_model.config.vocab_size,
+                                   **requested_model_fields(args))
+            completions = CompletionSettings(args.lmbda, args.seq_kd, args.max_new_tokens, args.sampling_temperature)
+            return Distillation(teacher.to(self.accelerator.device), args.alpha, args.temperature,
+                                self.accelerator.autocast, args.distill_loss, args.jsd_beta, completions,
+                                self.tokenizer, args.seed, self.accelerator.process_index, self.world)
         if self.args.task in ROLLOUT_TASKS:
             return self._rollout_objective()
         moe = self.base_model.config.is_moe
@@ -624,10 +627,11 @@ class Trainer:
                    step: int = 0) -> StepResult:
         """Forward/backward over one group of micro-batches, then one optimizer step (unless the loss or gradient
         diverged, or an fp16 overflow made the scaler skip it). The objective decides the loss; this is the one
-        place the loop meets it. An objective with `rollouts` (GRPO, PPO) first turns the micro-batches of prompts
-        into scored completions, seeded by `step` (the optimizer steps done), so a resumed run samples the same
-        ones, and may take several optimizer updates on them (its `updates_per_rollout`: GRPO's --num_iterations,
-        PPO's --ppo_epochs); the step is then all of them, and the schedule advances once per step."""
+        place the loop meets it. An objective with `rollouts` (GRPO, PPO; distillation, whose --lmbda and --seq_kd
+        steps train on sampled completions) first turns the micro-batches into sampled completions, seeded by
+        `step` (the optimizer steps done), so a resumed run samples the same ones, and may take several optimizer
+        updates on them (its `updates_per_rollout`: GRPO's --num_iterations, PPO's --ppo_epochs); the step is then
+        all of them, and the schedule advances once per step."""
         start_step = getattr(self.objective, "start_step", None)
         if start_step is not None:  # an objective whose loss depends on the step (copy rows' schedule and seeds)
             start_step(step)

@@ -1,22 +1,35 @@
-"""White-box knowledge distillation (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network"): the loss
+"""White-box knowledge distillation (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network") and its
+generalization GKD (Agarwal et al. 2024, "On-Policy Distillation of Language Models"; TRL's GKDTrainer): the loss
 and its objective for the training core.
 
 On every supervised token (the labelled targets: every token of pretraining text, the assistant's answers of SFT
 data) the student is trained toward the label and toward the frozen teacher's next-token distribution:
 
-    loss = alpha * CE(student, label) + (1 - alpha) * T^2 * KL(p_teacher^T || p_student^T)
+    loss = alpha * CE(student, label) + (1 - alpha) * T^2 * D(p_teacher^T, p_student^T)
 
-where p^T = softmax(logits / T). The T^2 factor keeps the soft term's gradient on the scale of the hard term's
-as T changes (Hinton et al., section 2). The loss is the token mean over the optimizer step, like language
-modeling's; CE and KL (the unweighted KL at temperature T) are logged beside it. The teacher may be larger than the
-student, but both must use one tokenizer: the two distributions are compared token id by token id.
+where p^T = softmax(logits / T) and D, the soft divergence (--distill_loss), is Hinton's KL(p_teacher^T ||
+p_student^T) (kl, the default) or the generalized Jensen-Shannon divergence of GKD (jsd, `soft_divergences`). The
+T^2 factor keeps the soft term's gradient on the scale of the hard term's as T changes (Hinton et al., section 2).
+The loss is the token mean over the optimizer step, like language modeling's; CE and D (unweighted, at
+temperature T) are logged beside it. The teacher may be larger than the student, but both must use one tokenizer:
+the two distributions are compared token id by token id.
+
+GKD's data (`CompletionSettings`): with probability --lmbda an optimizer step trains on completions the student
+samples for the data's prompts instead of on the data's answers (on-policy), and with --seq_kd a step that does
+not trains on the teacher's sampled completions (sequence-level KD); the sampled tokens are then the labels. The
+choice is a digest of (--seed, step), so every process of a step and a resumed run make the same one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,28 +37,56 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from dataset.atomic_io import first_line
+from dataset.sft_dataset import IGNORE_INDEX
+from model.generation import GenerationSettings
 from model.model import shift_labels
 from trainer.evaluation import LMEval, evaluate_lm
+from trainer.grpo import first_sample, rollout_seed, sample_completions
 from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, is_model_dir, load_input_model,
                              resolve_input_path, resolve_path)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-STAT_NAMES = ("ce", "kl")
+
+
+class DistillLoss(StrEnum):
+    """The soft term's divergence (--distill_loss)."""
+
+    KL = "kl"    # Hinton's KL(p_teacher^T || p_student^T)
+    JSD = "jsd"  # GKD's generalized Jensen-Shannon divergence, interpolated by --jsd_beta
+
+
+def soft_divergences(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
+                     loss: str = DistillLoss.KL, beta: float = 0.5) -> torch.Tensor:
+    """The per-row divergence between q_t = softmax(teacher / T) and q_s = softmax(student / T), logits (N, V) ->
+    (N,), in the logits' dtype. kl: KL(q_t || q_s). jsd (TRL's generalized_jsd_loss): with the mixture
+    m = beta q_t + (1 - beta) q_s, beta KL(q_t || m) + (1 - beta) KL(q_s || m); at beta 0 and 1, where that sum
+    vanishes, the forward KL(q_t || q_s) and the reverse KL(q_s || q_t) themselves, as TRL's."""
+    student_log_p = F.log_softmax(student_logits / temperature, dim=-1)
+    teacher_log_p = F.log_softmax(teacher_logits / temperature, dim=-1)
+    if loss == DistillLoss.KL or beta == 0:
+        return (teacher_log_p.exp() * (teacher_log_p - student_log_p)).sum(dim=-1)
+    if beta == 1:
+        return (student_log_p.exp() * (student_log_p - teacher_log_p)).sum(dim=-1)
+    mixture_log_p = torch.logsumexp(torch.stack([teacher_log_p + math.log(beta),
+                                                 student_log_p + math.log1p(-beta)]), dim=0)
+    to_teacher = (teacher_log_p.exp() * (teacher_log_p - mixture_log_p)).sum(dim=-1)
+    to_student = (student_log_p.exp() * (student_log_p - mixture_log_p)).sum(dim=-1)
+    return beta * to_teacher + (1 - beta) * to_student
 
 
 def distillation_losses(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
-                        alpha: float, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(per-token loss, per-token CE, per-token KL) for N supervised tokens: logits (N, V), targets (N,), in fp32
-    (fp64 inputs stay fp64). The KL is KL(p_teacher^T || p_student^T), before the (1 - alpha) T^2 weight."""
+                        alpha: float, temperature: float, loss: str = DistillLoss.KL,
+                        beta: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-token loss, per-token CE, per-token soft divergence) for N supervised tokens: logits (N, V), targets
+    (N,), in fp32 (fp64 inputs stay fp64). The divergence is soft_divergences' (`loss`, `beta`), before the
+    (1 - alpha) T^2 weight."""
     dtype = torch.promote_types(student_logits.dtype, torch.float32)
     student, teacher = student_logits.to(dtype), teacher_logits.to(dtype)
     ce = F.cross_entropy(student, targets, reduction="none")
-    student_log_p = F.log_softmax(student / temperature, dim=-1)
-    teacher_log_p = F.log_softmax(teacher / temperature, dim=-1)
-    kl = (teacher_log_p.exp() * (teacher_log_p - student_log_p)).sum(dim=-1)
-    return alpha * ce + (1 - alpha) * temperature ** 2 * kl, ce, kl
+    divergence = soft_divergences(student, teacher, temperature, loss, beta)
+    return alpha * ce + (1 - alpha) * temperature ** 2 * divergence, ce, divergence
 
 
 def tokenizer_mismatch(student_tokenizer: PreTrainedTokenizerBase,
@@ -98,19 +139,143 @@ def load_teacher(teacher: str | None, student_tokenizer: PreTrainedTokenizerBase
     return teacher
 
 
+class CompletionSource(StrEnum):
+    """What a step's labels are: the data's answers, or completions sampled for its prompts by the student
+    (on-policy, --lmbda) or by the teacher (--seq_kd)."""
+
+    DATA = "data"
+    STUDENT = "student"
+    TEACHER = "teacher"
+
+
+@dataclass(frozen=True)
+class CompletionSettings:
+    """GKD's data, with TRL's names: the probability `lmbda` that a step trains on the student's completions,
+    `seq_kd` (a step that does not trains on the teacher's), and how a completion is sampled (`max_new_tokens`,
+    `temperature`; no top-p or top-k, as TRL's)."""
+
+    lmbda: float = 0.0
+    seq_kd: bool = False
+    max_new_tokens: int = 128
+    temperature: float = 0.9
+
+    @property
+    def samples(self) -> bool:
+        """Whether any step may train on sampled completions."""
+        return self.lmbda > 0 or self.seq_kd
+
+
+def step_source(seed: int, step: int, settings: CompletionSettings) -> CompletionSource:
+    """What optimizer step `step` (the steps done before it) trains on: the student's completions with probability
+    lmbda -- a uniform draw in [0, 1) digested from (seed, step), so every process of the step and a resumed run
+    draw the same --, else the teacher's with seq_kd, else the data's answers (TRL's order)."""
+    if settings.lmbda > 0:
+        digest = hashlib.sha256(f"{seed}/{step}/lmbda".encode()).digest()
+        if int.from_bytes(digest[:7], "big") / 2 ** 56 < settings.lmbda:
+            return CompletionSource.STUDENT
+    return CompletionSource.TEACHER if settings.seq_kd else CompletionSource.DATA
+
+
+def last_answer_start(labels: Sequence[int]) -> int | None:
+    """Where a row's last run of supervised labels (its final answer) begins; None when none is supervised. The
+    tokens before it are the prompt a sampled completion answers (TRL's GKD: the conversation but its last turn)."""
+    supervised = [index for index, label in enumerate(labels) if label != IGNORE_INDEX]
+    if not supervised:
+        return None
+    start = supervised[-1]
+    for index in reversed(supervised[:-1]):
+        if index != start - 1:
+            break
+        start = index
+    return start
+
+
+def with_completions(batch: dict[str, torch.Tensor], completions: dict[int, tuple[int, list[int]]],
+                     pad_id: int) -> dict[str, torch.Tensor]:
+    """The micro-batch with each row r of `completions` ({r: (prompt length, completion ids)}) replaced by its
+    prompt then the completion, supervised on the completion only; the other rows (no answer to replace) kept.
+    Right-padded as the data's batches: the pad id, label -100, attention 0."""
+    rows: list[tuple[list[int], list[int]]] = []
+    for index, (ids, labels, mask) in enumerate(zip(batch["input_ids"].tolist(), batch["labels"].tolist(),
+                                                    batch["attention_mask"].tolist())):
+        if index in completions:
+            prompt_length, completion = completions[index]
+            rows.append((ids[:prompt_length] + completion, [IGNORE_INDEX] * prompt_length + completion))
+        else:
+            length = sum(mask)
+            rows.append((ids[:length], labels[:length]))
+    width = max(len(ids) for ids, _ in rows)
+    device = batch["input_ids"].device
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, (ids, row_labels) in enumerate(rows):
+        input_ids[index, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        labels[index, :len(ids)] = torch.tensor(row_labels, dtype=torch.long)
+        attention_mask[index, :len(ids)] = 1
+    return {"input_ids": input_ids.to(device), "labels": labels.to(device),
+            "attention_mask": attention_mask.to(device)}
+
+
 class Distillation:
     """The distillation objective: its unit is the supervised token. `teacher` is the frozen teacher on the
     training device; `autocast` is the mixed-precision context the student's forward runs in (the teacher's
-    forward runs in it too, without gradients). Validation is the student's plain language-modeling loss, so it
-    compares with an SFT or pretraining run's."""
-
-    stat_names = STAT_NAMES
-    progress_labels = {"ce": "ce", "kl": "kl"}
+    forward runs in it too, without gradients); `loss` and `beta`: the soft divergence (soft_divergences).
+    `completions`: GKD's sampled data (by default none: every step trains on the data's answers); sampling needs
+    the `tokenizer`, the run's `seed`, and `process_index` of `world` processes (where this process's rows sit in
+    the step's global batch, which seeds each completion). Validation is the student's plain language-modeling
+    loss, so it compares with an SFT or pretraining run's."""
 
     def __init__(self, teacher: torch.nn.Module, alpha: float, temperature: float,
-                 autocast: Callable[[], AbstractContextManager]) -> None:
+                 autocast: Callable[[], AbstractContextManager], loss: str = DistillLoss.KL, beta: float = 0.5,
+                 completions: CompletionSettings = CompletionSettings(),
+                 tokenizer: PreTrainedTokenizerBase | None = None, seed: int = 0, process_index: int = 0,
+                 world: int = 1) -> None:
+        if completions.samples and tokenizer is None:
+            raise ValueError("sampling completions (lmbda > 0 or seq_kd) needs the tokenizer")
         self.teacher, self.alpha, self.temperature = teacher.eval().requires_grad_(False), alpha, temperature
-        self.autocast = autocast
+        self.autocast, self.divergence, self.beta = autocast, DistillLoss(loss), beta
+        self.completions, self.tokenizer = completions, tokenizer
+        self.seed, self.process_index, self.world = seed, process_index, world
+        name = self.divergence.value  # the logged divergence: kl or jsd
+        # on_policy: the fraction of the step's supervised tokens the student sampled (1 or 0: a step is one or other)
+        self.stat_names = ("ce", name) + (("on_policy",) if completions.lmbda > 0 else ())
+        self.progress_labels = {"ce": "ce", name: name}
+
+    def rollouts(self, model: torch.nn.Module, batches: Sequence[dict[str, Any]], step: int,
+                 accelerator: Accelerator) -> list[dict[str, Any]]:
+        """The step's micro-batches as the step trains on them (trainer/core.py's train_step calls this before
+        the loss): the data's, or with sampled completions in place of each row's last answer (step_source). Each
+        completion's seed is a digest of (--seed, step, the row's index in the step's global batch), as GRPO's
+        rollouts': a resumed run, and any number of processes, sample the same ones."""
+        source = step_source(self.seed, step, self.completions)
+        if source == CompletionSource.DATA:
+            return list(batches)
+        sampler = model if source == CompletionSource.STUDENT else self.teacher
+        return [{**self.sampled(sampler, batch, step, index), "source": source}
+                for index, batch in enumerate(batches)]
+
+    def sampled(self, sampler: torch.nn.Module, batch: dict[str, torch.Tensor], step: int,
+                micro_batch: int) -> dict[str, torch.Tensor]:
+        """The micro-batch with each row's last answer replaced by a completion `sampler` samples for the tokens
+        before it (with_completions)."""
+        settings = self.completions
+        first = first_sample(micro_batch, self.process_index, self.world, len(batch["input_ids"]))
+        prompts: dict[int, list[int]] = {}
+        for index, (ids, labels) in enumerate(zip(batch["input_ids"].tolist(), batch["labels"].tolist())):
+            start = last_answer_start(labels)
+            if start == 0:
+                raise ValueError("a sampled completion answers the tokens before the data's last answer, and this "
+                                 "row has none (every token supervised: pretraining text); use --distill_data sft")
+            if start is not None:
+                prompts[index] = ids[:start]
+        generation = [GenerationSettings(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                                         top_p=1.0, seed=rollout_seed(self.seed, step, first + index, 0))
+                      for index in prompts]
+        sampled = sample_completions(sampler, self.tokenizer, list(prompts.values()), generation) if prompts else []
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return with_completions(batch, {index: (len(prompt), completion) for (index, prompt), completion
+                                        in zip(prompts.items(), sampled)}, pad_id)
 
     def count_items(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return (shift_labels(batch["labels"]) != -100).sum()
@@ -123,9 +288,13 @@ class Distillation:
         student_logits = model(**inputs).logits[supervised]
         with torch.no_grad(), self.autocast():
             teacher_logits = self.teacher(**inputs).logits[supervised]
-        losses, ce, kl = distillation_losses(student_logits, teacher_logits, targets[supervised], self.alpha,
-                                             self.temperature)
-        return losses.sum() / num_items, torch.stack([ce.detach().sum(), kl.detach().sum()])
+        losses, ce, divergence = distillation_losses(student_logits, teacher_logits, targets[supervised], self.alpha,
+                                                     self.temperature, self.divergence, self.beta)
+        stats = [ce.detach().sum(), divergence.detach().sum()]
+        if self.completions.lmbda > 0:
+            on_policy = batch.get("source") == CompletionSource.STUDENT
+            stats.append(supervised.sum().to(ce.dtype) * on_policy)
+        return losses.sum() / num_items, torch.stack(stats)
 
     def evaluate(self, model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator,
                  token_bytes: torch.Tensor, max_batches: int) -> LMEval:

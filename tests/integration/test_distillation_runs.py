@@ -1,7 +1,8 @@
 """Distillation (trainer/train_distillation.py) end to end on the training core: a tiny run on SFT data lowers the
 KL to the teacher and logs CE and KL beside the loss; resumed from its checkpoint it reproduces the uninterrupted
 run bit for bit; two processes (torchrun) take the one process's steps; it runs on pretraining text too; a teacher
-with another tokenizer is refused in one line before anything is trained."""
+with another tokenizer is refused in one line before anything is trained; one step of each GKD option (the JSD,
+--lmbda, --seq_kd) trains as asked and is recorded, and a checkpoint from before those flags resumes as before."""
 
 from __future__ import annotations
 
@@ -100,3 +101,72 @@ def test_resuming_with_another_teacher_is_refused_in_one_line(distilled, train_d
                      f"now; a run distils from one teacher (resume with --teacher {tiny_models.sft}, or start a new "
                      f"run)")
     assert not (tmp_path / "resumed" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("flags, recorded, samplers", [
+    (["--distill_loss", "jsd", "--jsd_beta", "0.3"],
+     {"distill_loss": "jsd", "jsd_beta": 0.3, "lmbda": 0.0, "seq_kd": False}, []),
+    (["--lmbda", "1", "--max_new_tokens", "6", "--sampling_temperature", "1.2"],
+     {"distill_loss": "kl", "lmbda": 1.0, "seq_kd": False, "max_new_tokens": 6, "sampling_temperature": 1.2},
+     ["student"]),
+    (["--seq_kd", "--max_new_tokens", "5"], {"distill_loss": "kl", "lmbda": 0.0, "seq_kd": True, "max_new_tokens": 5},
+     ["teacher"]),
+], ids=["jsd", "lmbda", "seq_kd"])
+def test_one_step_of_each_gkd_option_trains_as_asked_and_is_recorded(flags, recorded, samplers, train_data,
+                                                                     tiny_models, tmp_path, monkeypatch):
+    """A 1-step run of each: its train_config.yaml records the flags; the step sampled (with the student for
+    --lmbda 1, the teacher for --seq_kd) or not, and logged the divergence it used under its name."""
+    import yaml
+
+    from trainer import distillation
+
+    used = []
+    sampled = distillation.Distillation.sampled
+
+    def recording(self, sampler, *args):
+        used.append("teacher" if sampler is self.teacher else "student")
+        return sampled(self, sampler, *args)
+
+    monkeypatch.setattr(distillation.Distillation, "sampled", recording)
+    out_dir = tmp_path / "run"
+    run_in_process("distill", _argv(train_data, tiny_models, out_dir, "--max_steps", "1", *flags))
+    config = yaml.safe_load((out_dir / "train_config.yaml").read_text())
+    assert {name: config[name] for name in recorded} == recorded
+    [record] = read_metrics(out_dir, "train")
+    divergence = recorded["distill_loss"]
+    assert record[divergence] > 0 and ("kl" in record) == (divergence == "kl")
+    assert used == samplers  # one micro-batch, sampled by the student (--lmbda 1), the teacher (--seq_kd) or none
+    if recorded["lmbda"]:
+        assert record["on_policy"] == 1.0  # every supervised token of the step was the student's own
+    assert read_summary(out_dir)["status"] == "finished"
+
+
+def test_a_checkpoint_from_before_the_gkd_flags_resumes_as_before(distilled, train_data, tiny_models, tmp_path,
+                                                                  capsys):
+    """The run's step-3 checkpoint with the GKD flags taken out of its recorded config (as one written before they
+    existed): resumed with the defaults it notes no change and reproduces the uninterrupted run bit for bit; with
+    --distill_loss jsd it notes that change."""
+    import json
+
+    from trainer.args import GKD_FLAGS
+
+    old = tmp_path / "old" / "step_00000003"
+    shutil.copytree(distilled / "checkpoints" / "step_00000003", old)
+    state_file = old / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert set(GKD_FLAGS) <= set(state["config"])
+    state["config"] = {name: value for name, value in state["config"].items() if name not in GKD_FLAGS}
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+    resumed = tmp_path / "resumed"
+    run_in_process("distill", _argv(train_data, tiny_models, resumed, "--alpha", "0.25", "--temperature", "2",
+                                    "--resume", str(old)))
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "changed since the checkpoint" not in out
+    assert train_losses(resumed) == train_losses(distilled)[3:]
+    assert_same_model(resumed, distilled)
+    jsd = tmp_path / "jsd"
+    run_in_process("distill", _argv(train_data, tiny_models, jsd, "--alpha", "0.25", "--temperature", "2",
+                                    "--distill_loss", "jsd", "--resume", str(old)))
+    assert ("changed since the checkpoint: --distill_loss was kl there and is jsd now; the run goes on with the new "
+            "values\n") in capsys.readouterr().out

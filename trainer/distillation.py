@@ -37,7 +37,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from dataset.atomic_io import first_line
-from dataset.sft_dataset import IGNORE_INDEX
+from dataset.sft_dataset import IGNORE_INDEX, collate_rows
 from model.generation import GenerationSettings
 from model.model import shift_labels
 from trainer.evaluation import LMEval, evaluate_lm
@@ -47,7 +47,6 @@ from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, 
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
 
 
 class DistillLoss(StrEnum):
@@ -194,27 +193,18 @@ def with_completions(batch: dict[str, torch.Tensor], completions: dict[int, tupl
                      pad_id: int) -> dict[str, torch.Tensor]:
     """The micro-batch with each row r of `completions` ({r: (prompt length, completion ids)}) replaced by its
     prompt then the completion, supervised on the completion only; the other rows (no answer to replace) kept.
-    Right-padded as the data's batches: the pad id, label -100, attention 0."""
-    rows: list[tuple[list[int], list[int]]] = []
+    Right-padded as the data's batches are (collate_rows)."""
+    rows = []
     for index, (ids, labels, mask) in enumerate(zip(batch["input_ids"].tolist(), batch["labels"].tolist(),
                                                     batch["attention_mask"].tolist())):
         if index in completions:
             prompt_length, completion = completions[index]
-            rows.append((ids[:prompt_length] + completion, [IGNORE_INDEX] * prompt_length + completion))
+            ids, labels = ids[:prompt_length] + completion, [IGNORE_INDEX] * prompt_length + completion
         else:
-            length = sum(mask)
-            rows.append((ids[:length], labels[:length]))
-    width = max(len(ids) for ids, _ in rows)
+            ids, labels = ids[:sum(mask)], labels[:sum(mask)]
+        rows.append({"input_ids": torch.tensor(ids), "labels": torch.tensor(labels)})
     device = batch["input_ids"].device
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for index, (ids, row_labels) in enumerate(rows):
-        input_ids[index, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-        labels[index, :len(ids)] = torch.tensor(row_labels, dtype=torch.long)
-        attention_mask[index, :len(ids)] = 1
-    return {"input_ids": input_ids.to(device), "labels": labels.to(device),
-            "attention_mask": attention_mask.to(device)}
+    return {name: tensor.to(device) for name, tensor in collate_rows(rows, pad_id).items()}
 
 
 class Distillation:

@@ -18,7 +18,7 @@ from model import MiniNormConfig, MiniNormForCausalLM
 from model.generation import GenerationEngine
 from trainer import distillation
 from trainer.distillation import (CompletionSettings, CompletionSource, Distillation, distillation_losses,
-                                  last_answer_start, soft_divergences, step_source)
+                                  last_answer_start, soft_divergences, step_source, with_completions)
 
 VOCAB = 11
 
@@ -106,6 +106,21 @@ def test_the_last_answer_starts_after_the_conversation_before_it():
     assert last_answer_start([-100, 4, -100]) == 1
     assert last_answer_start([-100, -100]) is None
     assert last_answer_start([3, 4, 5]) == 0
+
+
+def test_a_completion_replaces_its_rows_last_answer_and_a_row_without_one_is_kept():
+    """Row 0: prompt [5, 6] then the completion [7, 8, 9] (labels -100 on the prompt); row 1, whose answer the
+    data's truncation cut away (nothing supervised), keeps its three tokens, unsupervised; right-padded with 0."""
+    batch = {"input_ids": torch.tensor([[5, 6, 3, 4, 0], [1, 2, 3, 0, 0]]),
+             "labels": torch.tensor([[-100, -100, 3, 4, -100], [-100] * 5]),
+             "attention_mask": torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])}
+    out = with_completions(batch, {0: (2, [7, 8, 9])}, pad_id=0)
+    assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 0, 0]]
+    assert out["labels"].tolist() == [[-100, -100, 7, 8, 9], [-100] * 5]
+    assert out["attention_mask"].tolist() == [[1] * 5, [1, 1, 1, 0, 0]]
+    longer = with_completions(batch, {0: (2, [7, 8, 9, 10, 11])}, pad_id=0)
+    assert longer["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3, 0, 0, 0, 0]]
+    assert longer["labels"][1].tolist() == [-100] * 7 and longer["attention_mask"][1].tolist() == [1] * 3 + [0] * 4
 
 
 def test_the_steps_choice_is_a_seeded_draw_of_probability_lmbda():

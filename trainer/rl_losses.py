@@ -1,7 +1,8 @@
 """The reinforcement-learning math of the policy-gradient trainers, as pure functions of tensors (no model, no
-rollouts): group-relative advantages, the GRPO / Dr. GRPO / BNPO / DAPO / CISPO policy losses, the k3 KL
-estimator to a reference model, and PPO's pieces: the KL-penalised per-token rewards, GAE, whitening, the clipped
-policy and value losses and their sum, and the critic's explained variance.
+rollouts): group-relative advantages, the GRPO / Dr. GRPO / BNPO / DAPO / CISPO policy losses with a per-token or
+per-sequence (GSPO) importance ratio, the k1 and k3 KL estimators to a reference model, and PPO's pieces: the
+KL-penalised per-token rewards, the missing-eos penalty, GAE, whitening, the clipped policy and value losses and
+their sum, and the critic's explained variance.
 
 Conventions. A batch holds B completions of up to T tokens; `mask` (B, T) is 1 on a completion's tokens and 0 on
 its padding, which must trail. `logp` (B, T) are the log-probabilities of the sampled tokens under the policy being
@@ -26,6 +27,21 @@ class LossType(StrEnum):
     BNPO = "bnpo"
     DAPO = "dapo"
     CISPO = "cispo"
+
+
+class ImportanceSamplingLevel(StrEnum):
+    """Where GRPO's importance ratio is taken (TRL's importance_sampling_level): per token, or once per completion
+    from the mean of its tokens' log-ratios (GSPO)."""
+
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+
+
+class KLEstimator(StrEnum):
+    """The per-token estimate of KL(pi || pi_ref) that PPO pays in its rewards (TRL's PPOConfig kl_estimator)."""
+
+    K1 = "k1"
+    K3 = "k3"
 
 
 class ScaleRewards(StrEnum):
@@ -86,6 +102,15 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = KLEstimator.K1) -> torch.Tensor:
+    """Per token, an estimate of KL(pi || pi_ref) from a token sampled from pi (Schulman 2020, "Approximating KL
+    Divergence"), as TRL's PPOTrainer writes them with log r = ref_logp - logp: k1 = -log r = logp - ref_logp
+    (unbiased, any sign), k3 = (r - 1) - log r (kl_k3: unbiased, >= 0, lower variance)."""
+    if estimator not in tuple(KLEstimator):
+        raise ValueError(f"--kl_estimator={estimator!r} is not allowed; choose one of {', '.join(KLEstimator)}")
+    return logp - ref_logp if estimator == KLEstimator.K1 else kl_k3(logp, ref_logp)
+
+
 def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float,
                       epsilon_high: float) -> torch.Tensor:
     """Per token, minus PPO's clipped surrogate (Schulman et al. 2017, "Proximal Policy Optimization Algorithms",
@@ -102,7 +127,8 @@ def _clipped(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, 
 
 def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, epsilon_low: float = 0.2, epsilon_high: float = 0.2, beta: float = 0.0,
-                ref_logp: torch.Tensor | None = None, max_completion_length: int | None = None) -> PolicyLoss:
+                ref_logp: torch.Tensor | None = None, max_completion_length: int | None = None,
+                importance_sampling_level: str = ImportanceSamplingLevel.TOKEN) -> PolicyLoss:
     """The policy loss of one batch of B completions with one advantage each (B,), for `loss_type`:
 
     grpo     DeepSeekMath (Shao et al. 2024, arXiv:2402.03300) equation 3: per token the clipped surrogate plus
@@ -119,12 +145,27 @@ def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
              r_hat = clip(r, 1 - epsilon_low, 1 + epsilon_high) is detached (sg), so every token keeps a gradient
              (none is dropped by clipping) and the clip bounds its weight; plus beta x k3 KL; the token mean over
              the batch (1 / sum |o_i|). MiniMax-M1 sets no lower bound: pass epsilon_low=1 (or more).
+
+    importance_sampling_level "token" takes the ratio per token, r_t = exp(logp_t - old_logp_t); "sequence" is GSPO's
+    (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071, equation 7; TRL's
+    importance_sampling_level="sequence"): one ratio per completion, s = exp(mean over its tokens of
+    (logp_t - old_logp_t)), with gradients through every token's log-prob, the same for each of its tokens; the clip
+    (and CISPO's weight) applies to s, and the loss type's mean is taken as above (GSPO's paper is "grpo"'s: per
+    completion). The clip fraction is then the fraction of the B completions whose s was clipped (TRL's).
     """
     if loss_type not in tuple(LossType):
         raise ValueError(f"--loss_type={loss_type!r} is not allowed; choose one of {', '.join(LossType)}")
+    if importance_sampling_level not in tuple(ImportanceSamplingLevel):
+        raise ValueError(f"--importance_sampling_level={importance_sampling_level!r} is not allowed; choose one of "
+                         f"{', '.join(ImportanceSamplingLevel)}")
     loss_type = LossType(loss_type)
     mask = mask.to(logp.dtype)
-    ratio = torch.exp(logp - old_logp)
+    log_ratio = logp - old_logp
+    sequence = importance_sampling_level == ImportanceSamplingLevel.SEQUENCE
+    if sequence:  # the mean log-ratio over each completion's tokens, one ratio per completion, broadcast
+        log_ratio = ((log_ratio * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1))
+        log_ratio = log_ratio.expand_as(logp)
+    ratio = torch.exp(log_ratio)
     advantages = advantages.to(logp.dtype).unsqueeze(1).expand_as(logp)
     if loss_type == LossType.CISPO:
         weight = ratio.clamp(1 - epsilon_low, 1 + epsilon_high).detach()
@@ -146,7 +187,9 @@ def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
         loss = (per_token * mask).sum() / (logp.shape[0] * max_completion_length)
     else:
         loss = masked_mean(per_token, mask)
-    return PolicyLoss(loss, float(masked_mean(clipped.to(mask.dtype), mask)), float(masked_mean(kl.detach(), mask)))
+    # per sequence, every token of a completion holds its one ratio: its first token's says whether it clipped
+    clip_fraction = clipped[:, 0].to(mask.dtype).mean() if sequence else masked_mean(clipped.to(mask.dtype), mask)
+    return PolicyLoss(loss, float(clip_fraction), float(masked_mean(kl.detach(), mask)))
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
@@ -199,27 +242,39 @@ class PPOLoss:
 
 
 def kl_penalized_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
-                         beta: float) -> torch.Tensor:
+                         beta: float, kl_estimator: str = KLEstimator.K1) -> torch.Tensor:
     """Per-token rewards (B, T) for PPO on language (Ziegler et al. 2019, "Fine-Tuning Language Models from Human
     Preferences", arXiv:1909.08593, section 2.2; Ouyang et al. 2022, InstructGPT, equation 2; TRL's PPOTrainer):
-    each token pays -beta (logp - ref_logp), the k1 estimate of the KL to the reference from the sampled token (its
-    sum over a completion estimates the completion's KL without bias), and the completion's score (B,) comes at its
-    last token; 0 on padding. The log-probs are the rollout's (detached): the KL is a reward, not a loss term."""
+    each token pays -beta x kl_estimate(logp, ref_logp, kl_estimator), by default k1 = logp - ref_logp, the
+    estimate of the KL to the reference from the sampled token (its sum over a completion estimates the
+    completion's KL without bias; TRL's kl_estimator="k3" pays kl_k3 instead), and the completion's score (B,)
+    comes at its last token; 0 on padding. The log-probs are the rollout's (detached): the KL is a reward, not a
+    loss term."""
     mask = mask.to(logp.dtype)
-    rewards = -beta * (logp.detach() - ref_logp.detach()) * mask
+    rewards = -beta * kl_estimate(logp.detach(), ref_logp.detach(), kl_estimator) * mask
     last = (mask.sum(dim=1).long() - 1).clamp(min=0)
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last] += scores.to(rewards.dtype)
     return rewards
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, moments: tuple[float, float],
-           eps: float = WHITEN_EPS) -> torch.Tensor:
+def whiten(values: torch.Tensor, mask: torch.Tensor, moments: tuple[float, float], eps: float = WHITEN_EPS,
+           shift_mean: bool = True) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) where `mask` is 1, 0 on padding (TRL's masked_whiten), with the given `moments`
     (mean, variance with Bessel's correction): PPO takes them over all the tokens of the step's global batch
-    (trainer/ppo.py finish_rollouts), of which `values` may be one micro-batch."""
+    (trainer/ppo.py finish_rollouts), of which `values` may be one micro-batch. shift_mean=False adds the mean back,
+    (x - mean) / sqrt(var + eps) + mean: the spread scaled to 1, the mean kept (TRL's whiten_rewards)."""
     mean, variance = (torch.tensor(moment, dtype=values.dtype, device=values.device) for moment in moments)
-    return (values - mean) * torch.rsqrt(variance + eps) * mask.to(values.dtype)
+    whitened = (values - mean) * torch.rsqrt(variance + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask.to(values.dtype)
+
+
+def missing_eos_penalized(scores: torch.Tensor, ended: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The completions' scores (B,) less `penalty` for each that did not end with its end-of-turn token (`ended`
+    False: the length limit cut it), as TRL's PPOTrainer applies its missing_eos_penalty before the rewards."""
+    return scores - penalty * (~ended.bool()).to(scores)
 
 
 def explained_fraction(residual_variance: float, return_variance: float) -> float:

@@ -1,7 +1,8 @@
 """The RL math (trainer/rl_losses.py) against fp64 computations written out here token by token with the math
 module: group advantages, the GRPO, Dr. GRPO and CISPO losses and their gradients on a hand-made batch (clipped and
-unclipped tokens, a padded completion), the k3 KL, GAE, and PPO's pieces: the KL-penalised per-token rewards,
-whitening, the clipped policy and value losses, their sum and gradients, and the explained variance."""
+unclipped tokens, a padded completion), with per-token and per-sequence (GSPO) ratios, the k3 KL, GAE, and PPO's
+pieces: the KL-penalised per-token rewards (k1 and k3), the missing-eos penalty, whitening (with and without the
+mean kept), the clipped policy and value losses, their sum and gradients, and the explained variance."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import math
 import pytest
 import torch
 
-from trainer.rl_losses import (explained_fraction, gae, group_advantages, kl_k3, kl_penalized_rewards, policy_loss,
-                               ppo_loss, ppo_policy_loss, ppo_value_loss, whiten)
+from trainer.rl_losses import (explained_fraction, gae, group_advantages, kl_k3, kl_penalized_rewards,
+                               missing_eos_penalized, policy_loss, ppo_loss, ppo_policy_loss, ppo_value_loss, whiten)
 
 # Four completions of up to four tokens (two prompts, groups of two); the third has two tokens, then padding.
 MASK = [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
@@ -93,6 +94,72 @@ def test_at_the_rollouts_own_policy_grpo_is_minus_the_mean_advantage_and_cispo_i
         assert row == pytest.approx(want, rel=1e-12)
 
 
+# Per-token shifts whose means per completion put GSPO's sequence ratio s = exp(mean shift) outside [0.9, 1.1] in the
+# direction A pushes it (completions 1 and 4), inside (2), and outside against A (3: clipped for CISPO's weight only).
+SEQUENCE_SHIFT = [[0.3, 0.1, 0.25, 0.15], [0.2, -0.25, -0.1, 0.0], [-0.1, -0.2, 0.0, 0.0], [-0.3, -0.1, -0.2, -0.2]]
+SEQUENCE_EPS = 0.1
+
+
+def _sequence_reference(kind: str, max_len: int = 6) -> tuple[float, list[list[float]], float]:
+    """(loss, gradient in the new log-probs, clip fraction) with GSPO's ratio, by hand: s_i = exp(mean_t (new - old))
+    over completion i's tokens, so ds_i / dnew_t = s_i / |o_i|; each token's term is -min(s A, clip(s) A) (or CISPO's
+    -sg(clip(s)) A new_t), plus beta x its own k3 KL; then each loss type's weights, as _reference's."""
+    lengths = [sum(row) for row in MASK]
+    total_tokens = sum(lengths)
+    new = [[o + d for o, d in zip(old, shift)] for old, shift in zip(OLD, SEQUENCE_SHIFT)]
+    loss, grad, clipped = 0.0, [[0.0] * 4 for _ in MASK], 0
+    for i, n in enumerate(lengths):
+        a = ADVANTAGES[i]
+        s = math.exp(sum(new[i][t] - OLD[i][t] for t in range(n)) / n)
+        bounded = min(max(s, 1 - SEQUENCE_EPS), 1 + SEQUENCE_EPS)
+        weight = {"grpo": 1 / (n * len(MASK)), "dr_grpo": 1 / (len(MASK) * max_len), "bnpo": 1 / total_tokens,
+                  "dapo": 1 / total_tokens, "cispo": 1 / total_tokens}[kind]
+        if kind == "cispo":
+            clipped += bounded != s
+        else:
+            was_clipped = (s < 1 - SEQUENCE_EPS and a < 0) or (s > 1 + SEQUENCE_EPS and a > 0)
+            clipped += was_clipped
+            d_surrogate_ds = 0.0 if was_clipped else -a  # the term -s A where unclipped, a constant where clipped
+        for t in range(n):
+            ref = REF[i][t]
+            kl, d_kl = math.exp(ref - new[i][t]) - (ref - new[i][t]) - 1, 1 - math.exp(ref - new[i][t])
+            if kind == "cispo":
+                term, d_own = -bounded * a * new[i][t], -bounded * a
+            else:
+                term, d_own = -min(s * a, bounded * a), 0.0
+            loss += weight * (term + BETA * kl)
+            grad[i][t] += weight * (d_own + BETA * d_kl)
+            if kind != "cispo":  # every token's term holds s, which each token's log-prob moves
+                for u in range(n):
+                    grad[i][u] += weight * d_surrogate_ds * s / n
+    return loss, grad, clipped / len(MASK)
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
+def test_sequence_level_ratios_match_gspo_by_hand(kind):
+    """TRL's importance_sampling_level="sequence": one ratio per completion from the mean of its tokens' log-ratios,
+    clipped as one, its gradient reaching every token; the clip fraction counts completions, as TRL's."""
+    _, old, advantages, mask, ref = _tensors()
+    new = (old + torch.tensor(SEQUENCE_SHIFT, dtype=torch.float64)).requires_grad_(True)
+    result = policy_loss(kind, new, old, advantages, mask, SEQUENCE_EPS, SEQUENCE_EPS, beta=BETA, ref_logp=ref,
+                         max_completion_length=6, importance_sampling_level="sequence")
+    result.loss.backward()
+    loss, grad, clip_fraction = _sequence_reference(kind)
+    assert result.loss.item() == pytest.approx(loss, rel=1e-12)
+    for row, expected in zip(new.grad.tolist(), grad):
+        assert row == pytest.approx(expected, rel=1e-10, abs=1e-15)
+    assert result.clip_fraction == {"cispo": 0.75}.get(kind, 0.5) == clip_fraction
+    # Completions are independent: two micro-batches of two, each weighed by its share, give the whole batch's
+    # (grpo: the mean over completions; dapo: the token mean).
+    if kind in ("grpo", "dapo"):
+        parts = []
+        for rows in (slice(0, 2), slice(2, 4)):
+            part = policy_loss(kind, new[rows], old[rows], advantages[rows], mask[rows], SEQUENCE_EPS, SEQUENCE_EPS,
+                               beta=BETA, ref_logp=ref[rows], importance_sampling_level="sequence").loss
+            parts.append(part * (2 / 4 if kind == "grpo" else mask[rows].sum() / mask.sum()))
+        assert sum(parts).item() == pytest.approx(loss, rel=1e-12)
+
+
 def test_bad_policy_loss_arguments_are_refused():
     new, old, advantages, mask, _ = _tensors()
     with pytest.raises(ValueError, match="--loss_type='ppo' is not allowed; choose one of grpo, dr_grpo, bnpo, dapo, "
@@ -102,6 +169,9 @@ def test_bad_policy_loss_arguments_are_refused():
         policy_loss("grpo", new, old, advantages, mask, beta=0.1)
     with pytest.raises(ValueError, match="dr_grpo needs max_completion_length"):
         policy_loss("dr_grpo", new, old, advantages, mask)
+    with pytest.raises(ValueError, match="--importance_sampling_level='completion' is not allowed; choose one of "
+                                         "token, sequence"):
+        policy_loss("grpo", new, old, advantages, mask, importance_sampling_level="completion")
 
 
 def test_group_advantages_match_fp64_by_hand():
@@ -209,6 +279,44 @@ def test_kl_penalized_rewards_pay_the_kl_per_token_and_the_score_at_the_last_tok
     expected = [[-beta * (logp[i][t] - ref[i][t]) if mask[i][t] else 0.0 for t in range(3)] for i in range(2)]
     expected[0][2] += 2.0  # the first completion's last token
     expected[1][1] -= 1.0  # the second's: its padding gets nothing
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+
+
+def test_kl_penalized_rewards_with_the_k3_estimator_pay_trls_k3_per_token():
+    """TRL's kl_estimator="k3": with log r = ref - logp, each token pays -beta ((r - 1) - log r), >= 0 per token."""
+    beta, scores = 0.1, [2.0, -1.0]
+    logp = [[-1.0, -0.5, -2.0], [-0.2, -3.0, -9.0]]
+    ref = [[-1.5, -0.5, -1.0], [-0.4, -2.0, -1.0]]
+    mask = [[1, 1, 1], [1, 1, 0]]
+    got = kl_penalized_rewards(torch.tensor(scores, dtype=torch.float64), torch.tensor(logp, dtype=torch.float64),
+                               torch.tensor(ref, dtype=torch.float64), torch.tensor(mask), beta, "k3")
+    expected = [[-beta * (math.exp(ref[i][t] - logp[i][t]) - 1 - (ref[i][t] - logp[i][t])) if mask[i][t] else 0.0
+                 for t in range(3)] for i in range(2)]
+    expected[0][2] += 2.0
+    expected[1][1] -= 1.0
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="--kl_estimator='k2' is not allowed; choose one of k1, k3"):
+        kl_penalized_rewards(torch.tensor(scores), torch.tensor(logp), torch.tensor(ref), torch.tensor(mask), beta,
+                             "k2")
+
+
+def test_the_missing_eos_penalty_is_taken_off_the_cut_completions_scores_only():
+    scores = torch.tensor([2.0, -1.0, 0.5, 0.0])
+    ended = torch.tensor([True, False, False, True])
+    assert missing_eos_penalized(scores, ended, 1.5).tolist() == [2.0, -2.5, -1.0, 0.0]
+
+
+def test_whitening_with_the_mean_kept_matches_trls_shift_mean_false_by_hand():
+    """TRL's masked_whiten(shift_mean=False), its whiten_rewards: (x - mean) / sqrt(var + 1e-8) + mean on the masked
+    tokens, 0 on padding."""
+    values = [[0.5, -1.0, 2.0, 7.0], [0.25, 3.0, 9.0, 9.0]]
+    mask = [[1, 1, 1, 0], [1, 1, 0, 0]]
+    kept = [v for row, m in zip(values, mask) for v, keep in zip(row, m) if keep]
+    mean = sum(kept) / len(kept)
+    variance = sum((v - mean) ** 2 for v in kept) / (len(kept) - 1)
+    got = whiten(torch.tensor(values, dtype=torch.float64), torch.tensor(mask), (mean, variance), shift_mean=False)
+    expected = [[(v - mean) / math.sqrt(variance + 1e-8) + mean if keep else 0.0 for v, keep in zip(row, m)]
+                for row, m in zip(values, mask)]
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-15)
 
 

@@ -392,6 +392,14 @@ class _Row:
         return argmax
 
 
+def default_eos_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The tokens a generation stops at unless told others: the tokenizer's eos and those the model's generation
+    config names (one id or a list)."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = {tokenizer.eos_token_id, *(configured if isinstance(configured, list) else [configured])}
+    return frozenset(int(i) for i in ids if i is not None)
+
+
 class GenerationEngine:
     """Continuous batching over one causal LM (ours or any transformers model that takes position_ids, a padding
     attention_mask and a DynamicCache). Use `generate()` from one thread, or `start()` the engine's own thread and
@@ -407,11 +415,8 @@ class GenerationEngine:
         self._step = (DecodeStep(model, compiled=decode == "compiled")
                       if decode != "forward" and supports_decode_step(model) else None)
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
-        if eos_token_ids is None:
-            eos_token_ids = {tokenizer.eos_token_id}
-            configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-            eos_token_ids |= set(configured if isinstance(configured, list) else [configured])
-        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids if i is not None)
+        self.eos_token_ids = frozenset(int(i) for i in (default_eos_token_ids(model, tokenizer)
+                                                         if eos_token_ids is None else eos_token_ids) if i is not None)
         if not self.eos_token_ids:
             raise ValueError("no eos token: generation could not stop")
         self.max_context = getattr(model.config, "max_position_embeddings", None) or 2048

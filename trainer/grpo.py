@@ -19,10 +19,11 @@ the greedy validation.
 the run). The first update's policy is the one that sampled the completions, so its old log-probs are its own,
 detached: the importance ratio is exactly 1 and nothing is clipped. With more than one, the first update records
 those log-probs in the rollout batch and the later ones take their ratio against them (fixed at sampling time),
-so the clipping acts. The loss is rl_losses.policy_loss's; its unit (what it averages over, over the whole step)
-is the completion for grpo and dr_grpo, the completion token for dapo and cispo, and the micro-batch for bnpo (TRL's
-bnpo is each micro-batch's token mean, averaged over the micro-batches of every process: a step of other
-micro-batches weighs its tokens otherwise).
+so the clipping acts; the ratio is per token, or with --importance_sampling_level sequence one per completion
+(GSPO's). The loss is rl_losses.policy_loss's; its unit (what it averages over, over the whole step) is the
+completion for grpo and dr_grpo, the completion token for dapo and cispo, and the micro-batch for bnpo (TRL's bnpo
+is each micro-batch's token mean, averaged over the micro-batches of every process: a step of other micro-batches
+weighs its tokens otherwise).
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from dataset.chat_format import IM_END
-from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings
+from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings, default_eos_token_ids
 from trainer.evaluation import LoggedEval
 from trainer.rewards import Reward, math_answer, score
-from trainer.rl_losses import (ADVANTAGE_EPS, LossType, ScaleRewards, default_scale_rewards, group_advantages,
-                                policy_loss, scored_group_stats)
+from trainer.rl_losses import (ADVANTAGE_EPS, ImportanceSamplingLevel, LossType, ScaleRewards, default_scale_rewards,
+                                group_advantages, policy_loss, scored_group_stats)
 from trainer.run_dir import ROLLOUT_VAL_METRICS
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class RolloutSettings:
     epsilon_high: float
     num_iterations: int = 1  # optimizer updates per rollout batch
     scale_rewards: str | None = None  # group, batch or none; None: default_scale_rewards(loss_type)
+    importance_sampling_level: str = ImportanceSamplingLevel.TOKEN.value  # token, or sequence (GSPO)
 
     @property
     def reward_scaling(self) -> str:
@@ -266,8 +268,9 @@ class RolloutObjective:
     def sample(self, model: torch.nn.Module, batch: dict[str, Any], step: int,
                micro_batch: int) -> dict[str, Any]:
         """The micro-batch of P prompts -> P x G scored completions: the tensors every loss reads (input_ids,
-        attention_mask, starts, completion_mask), the weighted rewards ("scores", P x G, fp32 on the CPU) and each
-        function's values with None as NaN ("reward_values", functions x completions, fp64)."""
+        attention_mask, starts, completion_mask), the weighted rewards ("scores", P x G, fp32 on the CPU), each
+        function's values with None as NaN ("reward_values", functions x completions, fp64) and whether each
+        completion ended with its end-of-turn token rather than at the length limit ("ended", bool on the CPU)."""
         s, group = self.settings, self.settings.num_generations
         prompt_ids = [ids for ids in batch["prompt_ids"] for _ in range(group)]
         first = first_sample(micro_batch, self.process_index, self.world, len(batch["prompt_ids"]))
@@ -275,7 +278,9 @@ class RolloutObjective:
                                        top_p=s.top_p, seed=rollout_seed(self.seed, step, first + index // group,
                                                                         index % group))
                     for index in range(len(prompt_ids))]
-        completions = sample_completions(self.policy_of(model), self.tokenizer, prompt_ids, settings)
+        policy = self.policy_of(model)
+        completions = sample_completions(policy, self.tokenizer, prompt_ids, settings)
+        stops = default_eos_token_ids(policy, self.tokenizer)  # where the engine stopped a completion
         texts = [completion_text(self.tokenizer, ids) for ids in completions]
         columns = {name: [value for value in values for _ in range(group)]
                    for name, values in batch["columns"].items()}
@@ -289,7 +294,8 @@ class RolloutObjective:
                "starts": torch.tensor([len(p) for p in prompt_ids], device=device),
                "completion_mask": (torch.arange(width) < lengths.unsqueeze(1)).to(device),
                "scores": torch.tensor(totals, dtype=torch.float32),
-               "reward_values": torch.tensor(per_function, dtype=torch.float64).view(len(per_function), len(texts))}
+               "reward_values": torch.tensor(per_function, dtype=torch.float64).view(len(per_function), len(texts)),
+               "ended": torch.tensor([bool(ids) and ids[-1] in stops for ids in completions])}
         return out
 
     def reference_log_probs(self, batch: dict[str, Any]) -> torch.Tensor:
@@ -405,7 +411,8 @@ class GroupRelativePolicy(RolloutObjective):
             if self.updates_per_rollout > 1:
                 batch["old_logp"] = old_logp
         result = policy_loss(s.loss_type, logp, old_logp, batch["advantages"], mask, s.epsilon_low,
-                             s.epsilon_high, s.beta, batch.get("ref_logp"), s.max_completion_length)
+                             s.epsilon_high, s.beta, batch.get("ref_logp"), s.max_completion_length,
+                             s.importance_sampling_level)
         local = self.count_items(batch).to(result.loss.dtype)
         reward, reward_std, length = batch["rollout_stats"].tolist()
         stats = torch.tensor([reward, reward_std, result.kl, result.clip_fraction, length], device=mask.device)

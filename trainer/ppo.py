@@ -12,13 +12,15 @@ the critic (and its optimizer state) where it stopped.
 Each optimizer step samples its rollouts as GRPO does (trainer/grpo.py, RolloutObjective: --num_generations
 completions per prompt, seeded by the step, scored by the --reward functions), then computes without gradients
 the rollout's log-probs under the policy and values under the critic (old_logp, old_values: fixed for the step)
-and the frozen reference's log-probs. The KL penalty is folded into the rewards (TRL's convention;
-rl_losses.kl_penalized_rewards: -beta x the k1 KL per token, the score at the last token); GAE with --gamma and
---lam gives the advantages and returns; the advantages are whitened over the completion tokens of the step's whole
-global batch, every micro-batch of every process (TRL and MiniMind whiten each process's rollout batch, so their
-two processes do not take one process's step). Then --ppo_epochs optimizer updates on that batch (the core's
-`updates_per_rollout`; each over the whole batch, TRL's num_mini_batches = 1), each minimizing rl_losses.ppo_loss.
-The loss's unit is the completion token.
+and the frozen reference's log-probs. A completion the length limit cut (no end-of-turn token) has
+--missing_eos_penalty taken off its score (TRL's). The KL penalty is folded into the rewards (TRL's convention;
+rl_losses.kl_penalized_rewards: -beta x the --kl_estimator KL per token, k1 or k3, the score at the last token);
+with --whiten_rewards those rewards are whitened with their mean kept (TRL's whiten_rewards); GAE with --gamma and
+--lam gives the advantages and returns; the advantages are whitened. Both whitenings take the mean and variance of
+the completion tokens of the step's whole global batch, every micro-batch of every process (TRL and MiniMind
+whiten each process's rollout batch, so their two processes do not take one process's step). Then --ppo_epochs
+optimizer updates on that batch (the core's `updates_per_rollout`; each over the whole batch, TRL's
+num_mini_batches = 1), each minimizing rl_losses.ppo_loss. The loss's unit is the completion token.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from model.model import MiniNormForCausalLM, MiniNormModel
 from trainer.grpo import RolloutObjective, completion_log_probs, global_sums
 from trainer.rewards import Reward
 from trainer.run_dir import load_input_model
-from trainer.rl_losses import explained_fraction, gae, kl_penalized_rewards, ppo_loss, whiten
+from trainer.rl_losses import (KLEstimator, explained_fraction, gae, kl_estimate, kl_penalized_rewards,
+                               missing_eos_penalized, ppo_loss, whiten)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -60,6 +63,9 @@ class PPOSettings:
     gamma: float            # GAE's discount
     lam: float              # GAE's lambda
     ppo_epochs: int         # optimizer updates per rollout batch
+    kl_estimator: str = KLEstimator.K1.value  # the per-token KL paid in the rewards: k1 or k3
+    whiten_rewards: bool = False  # whiten the per-token rewards (their mean kept) over the step before GAE
+    missing_eos_penalty: float = 0.0  # subtracted from the score of a completion the length limit cut
 
 
 class CriticModel(nn.Module):
@@ -124,8 +130,10 @@ class ProximalPolicy(RolloutObjective):
 
     # ----------------------------------------------------------------- rollouts
     def rollout(self, model: PolicyAndCritic, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
-        """The micro-batch of P prompts -> P x G scored completions with their old log-probs and values, GAE
-        advantages (whitened by finish_rollouts) and returns, and the k1 KL to the reference per token."""
+        """The micro-batch of P prompts -> P x G scored completions (less --missing_eos_penalty where cut) with
+        their old log-probs and values, the KL-folded rewards, GAE advantages (whitened by finish_rollouts) and
+        returns -- with --whiten_rewards finish_rollouts computes those two from the whitened rewards --, and the
+        --kl_estimator KL to the reference per token."""
         out = self.sample(model, batch, step, micro_batch)
         s, mask = self.settings, out["completion_mask"]
         width = mask.shape[1]
@@ -140,19 +148,25 @@ class ProximalPolicy(RolloutObjective):
         finally:
             model.train(was_training)
         ref_logp = self.reference_log_probs(out) if self.reference is not None else old_logp
-        rewards = kl_penalized_rewards(out["scores"].to(old_logp.device), old_logp, ref_logp, mask, s.beta)
-        advantages, returns = gae(rewards, old_values, mask, s.gamma, s.lam)
-        out.update(old_logp=old_logp, old_values=old_values, returns=returns, advantages=advantages,
-                   kl=(old_logp - ref_logp) * mask)
+        if s.missing_eos_penalty:  # logged in the reward too, as TRL's scores are
+            out["scores"] = missing_eos_penalized(out["scores"], out["ended"], s.missing_eos_penalty)
+        rewards = kl_penalized_rewards(out["scores"].to(old_logp.device), old_logp, ref_logp, mask, s.beta,
+                                       s.kl_estimator)
+        out.update(old_logp=old_logp, old_values=old_values, rewards=rewards,
+                   kl=kl_estimate(old_logp, ref_logp, s.kl_estimator) * mask)
+        if not s.whiten_rewards:  # else after their whitening over the step (finish_rollouts)
+            out["advantages"], out["returns"] = gae(rewards, old_values, mask, s.gamma, s.lam)
         return out
 
     def finish_rollouts(self, batches: Sequence[dict[str, Any]], accelerator: Accelerator) -> None:
         """Collective: over the step's global batch -- every micro-batch of every process, fp64 sums, two
-        collectives --, the advantages whitened with the mean and variance of all its tokens' (TRL whitens each
-        process's rollout batch), and the logged statistics, the same in every micro-batch ("rollout_stats"): the
-        reward's mean and std over its completions, the mean k1 KL and the critic's explained variance over its
-        tokens, the mean completion length. So one process of 4 prompts, two of 2 and one of 2 micro-batches of 2
-        take the same step."""
+        collectives, two more with --whiten_rewards --, with --whiten_rewards the rewards whitened with the mean
+        and variance of all its tokens' and the mean kept, then GAE on them; the advantages whitened with the mean
+        and variance of all its tokens' (TRL whitens each process's rollout batch); and the logged statistics, the
+        same in every micro-batch ("rollout_stats"): the reward's mean and std over its completions, the mean KL
+        and the critic's explained variance over its tokens, the mean completion length. So one process of 4
+        prompts, two of 2 and one of 2 micro-batches of 2 take the same step."""
+        s = self.settings
         masks = [batch["completion_mask"].cpu().double() for batch in batches]
 
         def token_sum(values: Callable[[dict[str, Any]], torch.Tensor], centre: float = 0.0,
@@ -169,6 +183,20 @@ class ProximalPolicy(RolloutObjective):
 
         def residuals(batch: dict[str, Any]) -> torch.Tensor:
             return batch["returns"] - batch["old_values"]
+
+        def rewards(batch: dict[str, Any]) -> torch.Tensor:
+            return batch["rewards"]
+
+        if s.whiten_rewards:
+            counted = global_sums(accelerator, sum(mask.sum() for mask in masks), token_sum(rewards))
+            count = max(float(counted[0]), 1.0)
+            mean = float(counted[1]) / count
+            variance = float(global_sums(accelerator, token_sum(rewards, mean, 2))[0]) / max(count - 1, 1.0)
+            for batch in batches:  # Bessel's variance, as the advantages'; TRL's masked_whiten(shift_mean=False)
+                mask = batch["completion_mask"]
+                batch["rewards"] = whiten(batch["rewards"], mask, (mean, variance), shift_mean=False)
+                batch["advantages"], batch["returns"] = gae(batch["rewards"], batch["old_values"], mask, s.gamma,
+                                                            s.lam)
 
         reward_sums = self.reward_sums(batches)
         first = global_sums(accelerator, reward_sums, sum(mask.sum() for mask in masks), token_sum(advantages),

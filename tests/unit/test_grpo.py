@@ -1,7 +1,7 @@
 """The GRPO objective (trainer/grpo.py) against references written here in fp64: the completions' log-probs, the
-loss and gradient it computes on a hand-made rollout batch for each --loss_type, and its rollouts: groups of
-completions scored by the rewards with every column aligned, advantages normalised within each group, the same
-samples for the same optimizer step, and a reward's breach as one line."""
+loss and gradient it computes on a hand-made rollout batch for each --loss_type (per-token and per-sequence
+ratios), and its rollouts: groups of completions scored by the rewards with every column aligned, advantages
+normalised within each group, the same samples for the same optimizer step, and a reward's breach as one line."""
 
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ def _model(vocab: int = VOCAB, seed: int = 0) -> MiniNormForCausalLM:
     return MiniNormForCausalLM(config)
 
 
-def _settings(loss_type: str = "grpo", beta: float = 0.0, group: int = 2, iterations: int = 1) -> RolloutSettings:
+def _settings(loss_type: str = "grpo", beta: float = 0.0, group: int = 2, iterations: int = 1,
+              level: str = "token") -> RolloutSettings:
     return RolloutSettings(loss_type, group, max_completion_length=6, temperature=1.0, top_p=1.0, beta=beta,
-                           epsilon_low=0.2, epsilon_high=0.28, num_iterations=iterations)
+                           epsilon_low=0.2, epsilon_high=0.28, num_iterations=iterations,
+                           importance_sampling_level=level)
 
 
 class _Pad:
@@ -80,16 +82,21 @@ def _reference_terms(model64: MiniNormForCausalLM, batch: dict, loss_type: str, 
     sampling temperature (the distribution the completions were drawn from, as TRL's GRPOTrainer); ratio
     exp(logp - sg(logp)) = 1 with the policy's gradient (or exp(logp - old) against given old log-probs); per
     token -min(r A, clip(r) A) (grpo, dr_grpo) or -sg(clip(r)) A logp (cispo), plus beta (exp(ref - logp) -
-    (ref - logp) - 1); then each loss's mean."""
+    (ref - logp) - 1); then each loss's mean. With --importance_sampling_level sequence (GSPO) every token's ratio is
+    its completion's exp(mean over its tokens of (logp - old))."""
     logits = model64(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     logits = logits / settings.temperature
     rows = []
     for i in range(4):
         start, length = int(batch["starts"][i]), int(batch["completion_mask"][i].sum())
         terms = []
+        logps = [torch.log_softmax(logits[i, start + t - 1], dim=-1)[batch["input_ids"][i, start + t]]
+                 for t in range(length)]
+        olds = [logp.detach() if old is None else old[i][t] for t, logp in enumerate(logps)]
+        sequence_ratio = torch.exp(sum(logp - o for logp, o in zip(logps, olds)) / length)
         for t in range(length):
-            logp = torch.log_softmax(logits[i, start + t - 1], dim=-1)[batch["input_ids"][i, start + t]]
-            ratio = torch.exp(logp - (logp.detach() if old is None else old[i][t]))
+            logp = logps[t]
+            ratio = sequence_ratio if settings.importance_sampling_level == "sequence" else torch.exp(logp - olds[t])
             advantage = float(batch["advantages"][i])
             clipped = ratio.clamp(1 - settings.epsilon_low, 1 + settings.epsilon_high)
             if loss_type == "cispo":
@@ -599,6 +606,56 @@ def test_several_updates_per_rollout_take_the_ratio_against_the_sampling_policy(
         torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4, atol=1e-7, msg=name)
     clip_fraction = (stats / units).tolist()[3]
     assert first_stats[3].item() == 0.0 and clip_fraction > 0
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo"])
+def test_sequence_level_ratios_after_the_policy_moved_equal_gspo_by_hand_and_accumulate(loss_type):
+    """--importance_sampling_level sequence --num_iterations 2: the second update's loss and gradient, after the
+    policy moved, equal the fp64 reference with each completion's one ratio exp(mean_t (logp - old)) (GSPO, TRL's
+    form), the whole batch as two accumulated micro-batches; the clip fraction counts the completions clipped."""
+    model, batch = _model(), _hand_made_batch()
+    # a clip range that some completions leave and one does not
+    settings = dataclasses.replace(_settings(loss_type, beta=0.1, iterations=2, level="sequence"), epsilon_low=0.1,
+                                   epsilon_high=0.1)
+    objective = GroupRelativePolicy([], _Pad(), settings, None, seed=0, process_index=0, autocast=nullcontext)
+    micro = [_rows(batch, slice(0, 2)), _rows(batch, slice(2, 4))]
+    units = sum(objective.count_items(part) for part in micro)
+    first = sum(objective.loss(model, part, units)[0] for part in micro)  # records each micro-batch's log-probs
+    assert first.item() == pytest.approx(_reference_loss(copy.deepcopy(model).double(), batch, loss_type, 0.1,
+                                                         settings).item(), rel=1e-5, abs=1e-7)
+    old = torch.cat([part["old_logp"] for part in micro]).double().tolist()
+    with torch.no_grad():  # an update moved the policy
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(3)))
+    model.zero_grad()
+    results = [objective.loss(model, part, units) for part in micro]
+    second = sum(loss for loss, _ in results)
+    moved64 = copy.deepcopy(model).double()
+    reference = _reference_loss(moved64, batch, loss_type, 0.1, settings, old=old)
+    token_level = _reference_loss(copy.deepcopy(model).double(), batch, loss_type, 0.1,
+                                  dataclasses.replace(settings, importance_sampling_level="token"), old=old)
+    assert abs(reference.item() - token_level.item()) > 1e-4  # the two ratios give other losses here
+    assert second.item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-7)
+    second.backward()
+    reference.backward()
+    for (name, ours), theirs in zip(model.named_parameters(), moved64.parameters()):
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4, atol=1e-7, msg=name)
+    clipped = []
+    for i in range(4):  # each completion's ratio against the bounds, in fp64
+        with torch.no_grad():
+            logits = moved64(input_ids=batch["input_ids"][i:i + 1]).logits[0]
+        start, length = int(batch["starts"][i]), int(batch["completion_mask"][i].sum())
+        log_ratio = sum(torch.log_softmax(logits[start + t - 1], -1)[batch["input_ids"][i, start + t]].item()
+                        - old[i][t] for t in range(length)) / length
+        ratio, advantage = math.exp(log_ratio), float(batch["advantages"][i])
+        if loss_type == "cispo":
+            clipped.append(not 0.9 <= ratio <= 1.1)
+        else:
+            clipped.append((ratio < 0.9 and advantage < 0) or (ratio > 1.1 and advantage > 0))
+    assert any(clipped) and not all(clipped)
+    # each micro-batch's clip fraction is the share of its two completions clipped
+    assert [float(stats[3] / objective.count_items(part)) for (_, stats), part in zip(results, micro)] == \
+        pytest.approx([sum(clipped[:2]) / 2, sum(clipped[2:]) / 2])
 
 
 def test_validation_reports_the_greedy_accuracy_on_the_answers(tokenizer, policy, monkeypatch):

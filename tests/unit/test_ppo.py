@@ -1,6 +1,7 @@
 """The PPO objective (trainer/ppo.py) against references written here in fp64, token by token: the loss and the
 gradients of policy and critic on a hand-made rollout batch; a rollout's old log-probs and values, its rewards
-with the KL folded in, GAE advantages (whitened) and returns; and the critic a run starts with."""
+with the KL (k1 or k3) folded in, whitened or not, the missing-eos penalty, GAE advantages (whitened) and returns,
+over one micro-batch or two; and the critic a run starts with."""
 
 from __future__ import annotations
 
@@ -36,10 +37,10 @@ def _policy_and_critic(vocab: int = VOCAB) -> PolicyAndCritic:
     return PolicyAndCritic(_model(vocab), critic)
 
 
-def _settings(group: int = 1, temperature: float = 1.0) -> PPOSettings:
+def _settings(group: int = 1, temperature: float = 1.0, **options) -> PPOSettings:
     return PPOSettings(num_generations=group, max_completion_length=6, temperature=temperature, top_p=1.0, beta=BETA,
                        epsilon=EPSILON, cliprange_value=CLIP_VALUE, vf_coef=VF_COEF, gamma=GAMMA, lam=LAM,
-                       ppo_epochs=2)
+                       ppo_epochs=2, **options)
 
 
 class _Pad:
@@ -132,10 +133,15 @@ def _prompts() -> dict:
     return PromptDataset.collate(samples)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(tokenizer, temperature):
-    """The old and reference log-probs (and so the k1 KL in the rewards) are those of the distributions at the
-    sampling temperature, softmax(logits / T), as TRL's PPOTrainer computes them."""
+@pytest.mark.parametrize(("temperature", "kl_estimator", "whiten_rewards"), [
+    (1.0, "k1", False), (0.6, "k1", False), (1.0, "k3", False), (1.0, "k1", True), (0.6, "k3", True)])
+def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(tokenizer, temperature, kl_estimator,
+                                                                           whiten_rewards):
+    """The old and reference log-probs (and so the KL in the rewards) are those of the distributions at the
+    sampling temperature, softmax(logits / T), as TRL's PPOTrainer computes them; the KL each token pays is TRL's
+    kl_estimator, k1 = logp - ref or k3 = (r - 1) - log r with log r = ref - logp; with whiten_rewards (TRL's) the
+    rewards are whitened with their mean kept -- (x - mean) / sqrt(var + 1e-8) + mean over all the completion tokens,
+    Bessel's variance -- before GAE."""
     model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
     scored = []
 
@@ -143,13 +149,17 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
         scored.extend(float(len(c) % 5) for c in completions)
         return scored[-len(completions):]
 
-    objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(2, temperature), reference,
-                               seed=7, process_index=0, autocast=nullcontext)
+    settings = _settings(2, temperature, kl_estimator=kl_estimator, whiten_rewards=whiten_rewards)
+    objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, settings, reference, seed=7,
+                               process_index=0, autocast=nullcontext)
     batch = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
     assert model.training  # back in training mode after the no-grad forwards
     model64, reference64 = copy.deepcopy(model).double().eval(), copy.deepcopy(reference).double()
     mask = batch["completion_mask"]
-    rows, kls = [], []
+    def kl(p: float, r: float) -> float:
+        return p - r if kl_estimator == "k1" else math.exp(r - p) - 1 - (r - p)
+
+    all_rewards, all_values, kls = [], [], []
     for i in range(4):
         start, length = int(batch["starts"][i]), int(mask[i].sum())
         ids = batch["input_ids"][i:i + 1, :start + length]  # the row alone, without padding
@@ -162,8 +172,20 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
         assert batch["old_logp"][i, :length].tolist() == pytest.approx(logp, rel=1e-4, abs=1e-5)
         assert batch["old_values"][i, :length].tolist() == pytest.approx(value, rel=1e-4, abs=1e-5)
         assert batch["old_values"][i, length:].abs().sum() == 0
-        rewards = [-BETA * (p - r) for p, r in zip(logp, ref)]
+        rewards = [-BETA * kl(p, r) for p, r in zip(logp, ref)]
         rewards[-1] += scored[i]  # the score at the last token
+        all_rewards.append(rewards)
+        all_values.append(value)
+        kls.extend(kl(p, r) for p, r in zip(logp, ref))
+    if whiten_rewards:
+        flat = [r for row in all_rewards for r in row]
+        mean = sum(flat) / len(flat)
+        std = math.sqrt(sum((r - mean) ** 2 for r in flat) / (len(flat) - 1) + 1e-8)
+        all_rewards = [[(r - mean) / std + mean for r in row] for row in all_rewards]
+    rows = []
+    for i, (rewards, value) in enumerate(zip(all_rewards, all_values)):
+        length = len(rewards)
+        assert batch["rewards"][i, :length].tolist() == pytest.approx(rewards, rel=1e-4, abs=1e-5)
         advantages = [0.0] * length
         for t in range(length):  # A_t = sum_l (gamma lam)^l delta_{t+l}, V = 0 after the last token
             for k in range(t, length):
@@ -172,7 +194,6 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
         assert batch["returns"][i, :length].tolist() == pytest.approx(
             [a + v for a, v in zip(advantages, value)], rel=1e-4, abs=1e-5)
         rows.append(advantages)
-        kls.extend(p - r for p, r in zip(logp, ref))
     flat = [a for row in rows for a in row]
     mean = sum(flat) / len(flat)
     std = math.sqrt(sum((a - mean) ** 2 for a in flat) / (len(flat) - 1) + 1e-8)
@@ -237,3 +258,63 @@ def test_the_critic_starts_from_the_starting_models_trunk_with_zero_values(tmp_p
     assert all(torch.equal(tensor, trunk[name]) for name, tensor in critic.model.state_dict().items())
     ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
     assert torch.equal(critic(ids), torch.zeros(2, 6))
+
+
+def test_the_missing_eos_penalty_comes_off_the_scores_of_completions_the_length_limit_cut(tokenizer, monkeypatch):
+    """TRL's missing_eos_penalty: a completion that did not end with its end-of-turn token (here cut at
+    max_completion_length 6) has the penalty taken off its score before the score joins the rewards at its last
+    token; the logged reward is the penalised mean, as TRL's scores; one that ended keeps its score."""
+    import trainer.grpo as grpo
+
+    eos = tokenizer.eos_token_id
+    sampled = [[5, 6, eos], [7, 8, 9, 10, 11, 12], [13, eos], [14, 15, 16, 17, 18, 19]]
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: sampled)
+    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
+
+    def lengths(prompts, completions, **columns):
+        return [float(len(c)) for c in completions]
+
+    batches = {}
+    for penalty in (0.0, 1.5):
+        objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(2, missing_eos_penalty=penalty),
+                                   reference, seed=7, process_index=0, autocast=nullcontext)
+        batches[penalty] = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
+    plain, penalised = batches[0.0], batches[1.5]
+    assert plain["ended"].tolist() == [True, False, True, False]
+    cut = torch.tensor([0.0, 1.5, 0.0, 1.5])
+    assert penalised["scores"].tolist() == pytest.approx((plain["scores"] - cut).tolist())
+    expected = plain["rewards"].clone()
+    for i, length in enumerate(len(ids) for ids in sampled):
+        expected[i, length - 1] -= cut[i]  # the score's token, the last
+    torch.testing.assert_close(penalised["rewards"], expected)
+    assert penalised["rollout_stats"][0].item() == pytest.approx(float((plain["scores"] - cut).mean()))
+
+
+@pytest.mark.parametrize("whiten_rewards", [False, True])
+def test_two_micro_batches_whiten_rewards_and_advantages_as_one(tokenizer, whiten_rewards):
+    """The step's four prompts as one micro-batch or as two (gradient accumulation; processes share the step the
+    same way): the same completions, and with --whiten_rewards the same whitened rewards, so the same GAE
+    advantages, returns and whitened advantages -- the moments are the step's, not a micro-batch's."""
+    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
+
+    def lengths(prompts, completions, **columns):
+        return [float(len(c) % 5) for c in completions]
+
+    objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(2, whiten_rewards=whiten_rewards),
+                               reference, seed=7, process_index=0, autocast=nullcontext)
+    samples = [{"input_ids": torch.tensor(ids), "prompt": name, "columns": {}}
+               for ids, name in (([1, 2, 3], "one"), ([4, 5], "two"), ([6, 7, 8, 9], "three"), ([10], "four"))]
+    whole = objective.rollouts(model, [PromptDataset.collate(samples)], step=3, accelerator=_OneProcess())
+    split = objective.rollouts(model, [PromptDataset.collate(samples[:2]), PromptDataset.collate(samples[2:])],
+                               step=3, accelerator=_OneProcess())
+
+    def tokens(name: str, source: list[dict]) -> list[float]:
+        return [float(value) for batch in source for row, mask in zip(batch[name], batch["completion_mask"])
+                for value, keep in zip(row, mask) if keep]
+
+    assert [int(n) for b in split for n in b["completion_mask"].sum(1)] == \
+        [int(n) for n in whole[0]["completion_mask"].sum(1)]
+    for name in ("rewards", "advantages", "returns"):
+        assert tokens(name, split) == pytest.approx(tokens(name, whole), rel=1e-4, abs=1e-5), name
+    if whiten_rewards:  # the rewards' spread is 1 over the step's tokens (their mean kept)
+        assert statistics.stdev(tokens("rewards", whole)) == pytest.approx(1.0, rel=1e-4)

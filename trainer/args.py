@@ -24,7 +24,7 @@ from trainer.dpo import DEFAULT_DISCOPOP_TAU, LABEL_SMOOTHED, DPOLossType, check
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import BUILTIN
-from trainer.rl_losses import LossType, ScaleRewards, default_scale_rewards
+from trainer.rl_losses import ImportanceSamplingLevel, KLEstimator, LossType, ScaleRewards, default_scale_rewards
 from trainer.run_dir import (CREATE_COMMANDS, DEFAULT_OUT_DIRS, DEFAULT_TEACHER, ROLLOUT_TASKS, RUN_ID_KEY, TASKS,
                              resolve_path)
 from trainer.schedule import LRSchedule
@@ -140,11 +140,11 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
                + FINE_TUNING_FLAGS,
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
              "max_completion_length", "top_p", "open_thinking", "loss_type", "scale_rewards", "epsilon",
-             "epsilon_high", "num_iterations")
+             "epsilon_high", "num_iterations", "importance_sampling_level")
             + POLICY_LORA_FLAGS + FINE_TUNING_FLAGS,
     "ppo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
             "max_completion_length", "top_p", "open_thinking", "epsilon", "cliprange_value", "vf_coef", "gamma",
-            "lam", "ppo_epochs")
+            "lam", "ppo_epochs", "kl_estimator", "whiten_rewards", "missing_eos_penalty")
            + POLICY_LORA_FLAGS + FINE_TUNING_FLAGS,
 }
 # Model fields a fine-tuning task sets unless its command line does: SFT gives the model smeared keys, so that copy
@@ -425,6 +425,10 @@ class TrainArgs:
     num_iterations: int = _flag("grpo", 1, "optimizer updates per rollout batch (TRL's num_iterations): the "
                                            "later ones take the importance ratio against the log-probs of the "
                                            "policy that sampled, so the clipping acts; --max_steps counts rollouts")
+    importance_sampling_level: str = _flag("grpo", ImportanceSamplingLevel.TOKEN.value,
+                                           f"{_choices(ImportanceSamplingLevel)}: the importance ratio per token, "
+                                           f"or one per completion, exp of the mean of its tokens' log-ratios, "
+                                           f"clipped as one (GSPO; TRL's importance_sampling_level)")
     # PPO (trainer/train_ppo.py).
     ppo_epochs: int = _flag("ppo", 2, "optimizer updates per rollout batch, each over the whole batch (MiniMind's "
                                       "ppo_update_iters, TRL's num_ppo_epochs); --max_steps counts rollouts")
@@ -433,6 +437,16 @@ class TrainArgs:
     vf_coef: float = _flag("ppo", 0.1, "the weight of the critic's value loss beside the policy loss (> 0)")
     cliprange_value: float = _flag("ppo", 0.2, "the value loss is clipped where a value moves more than this from "
                                                "the rollout's (> 0)")
+    kl_estimator: str = _flag("ppo", KLEstimator.K1.value,
+                              f"{_choices(KLEstimator)}: the per-token estimate of the KL that the rewards pay, "
+                              f"logp - ref_logp or (r - 1) - log r with r = exp(ref_logp - logp) (TRL's "
+                              f"kl_estimator)")
+    whiten_rewards: bool = _flag("ppo", False, "whiten the per-token rewards before GAE with the mean and variance "
+                                               "of the step's completion tokens, keeping their mean (TRL's "
+                                               "whiten_rewards)")
+    missing_eos_penalty: float = _flag("ppo", 0.0, "subtracted from the score of a completion that did not end with "
+                                                   "its end-of-turn token (the length limit cut it), >= 0 (TRL's "
+                                                   "missing_eos_penalty; 0: none)")
     # Model.
     preset: str = _flag("model", "cpu-default", f"named model shape: {_choices(PRESETS)} (model/config.py; "
                                                 f"fine-tuning takes the shape of --from_weight)")
@@ -773,6 +787,9 @@ def _validate_grpo(args: TrainArgs, bad: Any) -> None:
         raise bad("num_iterations", args.num_iterations, "it must be >= 1")
     if args.epsilon_high is not None and not (args.epsilon_high > 0 and math.isfinite(args.epsilon_high)):
         raise bad("epsilon_high", args.epsilon_high, "it must be a positive number")
+    if args.importance_sampling_level not in tuple(ImportanceSamplingLevel):
+        raise bad("importance_sampling_level", args.importance_sampling_level,
+                  f"choose one of {', '.join(ImportanceSamplingLevel)}")
     _validate_rollouts(args, bad)
 
 
@@ -787,6 +804,10 @@ def _validate_ppo(args: TrainArgs, bad: Any) -> None:
     for name in ("vf_coef", "cliprange_value"):
         if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
             raise bad(name, getattr(args, name), "it must be a positive number")
+    if args.kl_estimator not in tuple(KLEstimator):
+        raise bad("kl_estimator", args.kl_estimator, f"choose one of {', '.join(KLEstimator)}")
+    if not (args.missing_eos_penalty >= 0 and math.isfinite(args.missing_eos_penalty)):
+        raise bad("missing_eos_penalty", args.missing_eos_penalty, "it must be a number >= 0 (0: no penalty)")
     _validate_rollouts(args, bad)
 
 

@@ -428,6 +428,11 @@ def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
     return _was_and_is(_changes(_with_implied_flags(state.get("config", {})), now))
 
 
+# Flags a rollout run recorded before they existed ran as their value here says (the behaviour before them).
+_ROLLOUT_FLAGS_BEFORE = {"grpo": {"importance_sampling_level": "token"},
+                         "ppo": {"kl_estimator": "k1", "whiten_rewards": False, "missing_eos_penalty": 0.0}}
+
+
 def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's config with the flags it predates but whose value it implies filled in: a GRPO run recorded
     before --scale_rewards existed scaled as its loss type's default does now (dr_grpo: none, else group), so a
@@ -436,9 +441,13 @@ def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
     sigmoid loss, unsmoothed, and one recorded before --loss_weights and --discopop_tau one loss type of weight 1
     (null, the default) and no discopop loss (the default tau, unread); a distillation run recorded before GKD's
     flags had Hinton's KL on the data's answers (--distill_loss kl, --lmbda 0, no --seq_kd; the others, which shape
-    only what it did not do, at their defaults)."""
+    only what it did not do, at their defaults); a GRPO or PPO run recorded before the flags of
+    _ROLLOUT_FLAGS_BEFORE ran as their values there say (per-token ratios; the k1 KL, rewards not whitened, no
+    missing-eos penalty)."""
     if saved.get("task") == "distill" and saved.get("distill_loss") is None:
         return {**saved, **{name: task_default("distill", name) for name in GKD_FLAGS if saved.get(name) is None}}
+    before = _ROLLOUT_FLAGS_BEFORE.get(saved["task"], {}) if isinstance(saved.get("task"), str) else {}
+    saved = {**saved, **{name: value for name, value in before.items() if saved.get(name) is None}}
     if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
         return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}
     if saved.get("task") == "dpo":

@@ -503,13 +503,14 @@ class Trainer:
             from trainer.ppo import PPOSettings, ProximalPolicy
             settings = PPOSettings(args.num_generations, args.max_completion_length, args.temperature, args.top_p,
                                    args.beta, args.epsilon, args.cliprange_value, args.vf_coef, args.gamma,
-                                   args.lam, args.ppo_epochs)
+                                   args.lam, args.ppo_epochs, args.kl_estimator, args.whiten_rewards,
+                                   args.missing_eos_penalty)
             return ProximalPolicy(rewards, self.tokenizer, settings, *common)
         from trainer.grpo import GroupRelativePolicy, RolloutSettings
         settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length,
                                    args.temperature, args.top_p, args.beta, args.epsilon,
                                    args.epsilon if args.epsilon_high is None else args.epsilon_high,
-                                   args.num_iterations, args.scale_rewards)
+                                   args.num_iterations, args.scale_rewards, args.importance_sampling_level)
         return GroupRelativePolicy(rewards, self.tokenizer, settings, *common)
 
     def _total_steps(self) -> int:

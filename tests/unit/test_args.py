@@ -530,3 +530,46 @@ def test_adapter_flags_without_lora_are_refused(task, flag, bad, good, capsys):
     error = capsys.readouterr().err.splitlines()[0]
     assert error.startswith(f"error: {flag}=") and "give --lora with it, or leave it out" in error
     assert parse_args(task, ["--lora", flag, good]).lora
+
+
+@pytest.mark.parametrize("task, flag, default, words", [
+    ("ppo", "kl_estimator", "k1", "k1 | k3: the per-token estimate of the KL"),
+    ("ppo", "whiten_rewards", "False", "whiten the per-token rewards before GAE"),
+    ("ppo", "missing_eos_penalty", "0.0", "did not end with its end-of-turn token"),
+    ("grpo", "importance_sampling_level", "token", "token | sequence: the importance ratio per token"),
+])
+def test_trls_rollout_options_are_their_trainers_flags_with_trls_defaults(task, flag, default, words):
+    """TRL's PPOConfig kl_estimator, whiten_rewards, missing_eos_penalty (None there: no penalty, 0 here) and
+    GRPOConfig importance_sampling_level, in their trainer's --help section with TRL's defaults; the other rollout
+    trainer does not take them (TRL's GRPO has no missing_eos_penalty, its PPO no sequence-level ratio)."""
+    from trainer.args import parse_args
+
+    section, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]
+    assert section.startswith(task.upper()) and words in entry and entry.endswith(f"(default: {default})"), entry
+    assert str(getattr(parse_args(task, []), flag)) == default
+    other = "grpo" if task == "ppo" else "ppo"
+    assert f"--{flag}" not in help_entries(_build_parser(other).format_help())
+
+
+@pytest.mark.parametrize("task, flags, message", [
+    ("ppo", ["--kl_estimator", "k2"], "--kl_estimator='k2' is not allowed; choose one of k1, k3"),
+    ("ppo", ["--missing_eos_penalty", "-1"],
+     "--missing_eos_penalty=-1.0 is not allowed; it must be a number >= 0 (0: no penalty)"),
+    ("ppo", ["--missing_eos_penalty", "nan"],
+     "--missing_eos_penalty=nan is not allowed; it must be a number >= 0 (0: no penalty)"),
+    ("grpo", ["--importance_sampling_level", "seq"],
+     "--importance_sampling_level='seq' is not allowed; choose one of token, sequence"),
+    ("grpo", ["--missing_eos_penalty", "1"], "unrecognized arguments: --missing_eos_penalty 1"),
+    ("ppo", ["--importance_sampling_level", "sequence"],
+     "unrecognized arguments: --importance_sampling_level sequence"),
+])
+def test_bad_trl_rollout_options_are_one_line(task, flags, message, capsys):
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(task, flags)
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+    good = {"--kl_estimator": "k3", "--missing_eos_penalty": "1.5", "--importance_sampling_level": "sequence"}
+    if "unrecognized" not in message:
+        parsed = parse_args(task, [flags[0], good[flags[0]]])
+        assert str(getattr(parsed, flags[0][2:])) == good[flags[0]]

@@ -452,6 +452,36 @@ def test_a_finished_grpo_run_from_before_scale_rewards_is_asked_again_only_with_
     assert finished_run_asked_again(tmp_path, batch) == {}
 
 
+@pytest.mark.parametrize("task, flags, note", [
+    ("ppo", ["--kl_estimator", "k3"], "--kl_estimator was k1 there and is k3 now"),
+    ("ppo", ["--whiten_rewards"], "--whiten_rewards was False there and is True now"),
+    ("ppo", ["--missing_eos_penalty", "1"], "--missing_eos_penalty was 0.0 there and is 1.0 now"),
+    ("grpo", ["--importance_sampling_level", "sequence"],
+     "--importance_sampling_level was token there and is sequence now"),
+])
+def test_a_rollout_run_from_before_trls_options_resumes_as_before_and_notes_a_change(task, flags, note, tmp_path):
+    """A PPO run recorded before --kl_estimator, --whiten_rewards and --missing_eos_penalty ran with the k1 KL,
+    unwhitened rewards and no penalty, a GRPO run before --importance_sampling_level with per-token ratios: resuming
+    it so notes nothing, with another value notes the change (it was silent: the flag is not in its config); a
+    finished such run is asked again by the same command only, not by one with the new value."""
+    import yaml
+
+    from trainer.checkpoint import changed_flags, finished_run_asked_again
+
+    args = parse_args(task, ["--out_dir", str(tmp_path)])
+    new = ("kl_estimator", "whiten_rewards", "missing_eos_penalty", "importance_sampling_level")
+    recorded = {name: value for name, value in args.to_dict().items() if name != "model" and name not in new}
+    assert changed_flags({"config": recorded}, args.to_dict()) == ""
+    assert changed_flags({"config": recorded}, parse_args(task, flags).to_dict()) == note
+    (tmp_path / "train_config.yaml").write_text(yaml.safe_dump(recorded))
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    summary = {"status": "finished", "steps": 4}
+    (tmp_path / "run_summary.json").write_text(json.dumps(summary))
+    assert finished_run_asked_again(tmp_path, args) == summary
+    assert finished_run_asked_again(tmp_path, parse_args(task, ["--out_dir", str(tmp_path), *flags])) == {}
+
+
 def test_which_run_a_directory_continues(tmp_path):
     from trainer.checkpoint import _one_run_per_directory
 

@@ -1,6 +1,7 @@
 """GRPO (trainer/train_grpo.py) end to end on the training core: a tiny run samples, scores and trains, logs the
 reward, KL, clip fraction and completion length, and saves; resumed from its checkpoint it samples the same
-rollouts and reproduces the uninterrupted run bit for bit; --loss_type and --scale_rewards reach the objective; a
+rollouts and reproduces the uninterrupted run bit for bit; --loss_type, --scale_rewards and
+--importance_sampling_level reach the objective; a
 reward function that breaks its contract stops the run in one line and the checkpoint saved before stays complete;
 several updates per rollout (--num_iterations) clip; and a reward that counts a frequent word rises within a few
 dozen steps on a tiny model."""
@@ -8,6 +9,7 @@ dozen steps on a tiny model."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
@@ -98,6 +100,29 @@ def test_the_loss_and_scaling_flags_reach_the_objective_and_the_record(flags, lo
     config = yaml.safe_load((out_dir / CONFIG_FILE).read_text())
     assert (config["loss_type"], config["scale_rewards"]) == (loss_type, scale_rewards)
     assert len(read_metrics(out_dir, "train")) == 1
+
+
+def test_a_sequence_level_ratio_reaches_the_objective_and_the_record(grpo_data, tiny_models, tmp_path,
+                                                                   monkeypatch):
+    """--importance_sampling_level sequence (GSPO): the objective the run builds takes it, train_config.yaml records
+    it, and a step of two updates per rollout trains with it."""
+    import trainer.grpo as grpo
+
+    built = []
+    original = grpo.GroupRelativePolicy.__init__
+
+    def record(self, rewards, tokenizer, settings, *args, **kwargs):
+        built.append(settings)
+        original(self, rewards, tokenizer, settings, *args, **kwargs)
+
+    monkeypatch.setattr(grpo.GroupRelativePolicy, "__init__", record)
+    out_dir = tmp_path / "run"
+    run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", "1",
+                                 "--importance_sampling_level", "sequence", "--num_iterations", "2"))
+    assert [s.importance_sampling_level for s in built] == ["sequence"]
+    assert yaml.safe_load((out_dir / CONFIG_FILE).read_text())["importance_sampling_level"] == "sequence"
+    [step] = read_metrics(out_dir, "train")
+    assert math.isfinite(step["loss"]) and 0 <= step["clip_fraction"] <= 1
 
 
 def test_a_reward_that_breaks_its_contract_stops_the_run_in_one_line(grpo_data, tiny_models, tmp_path, capsys):

@@ -1,12 +1,14 @@
 """PPO (trainer/train_ppo.py) end to end on the training core: `python trainer/train_ppo.py` samples, scores and
 trains policy and critic, logs the rollout and critic statistics, saves the policy alone as the model and both in
 its checkpoints; resumed from a checkpoint it reproduces the uninterrupted run bit for bit (rollouts and critic
-included); two processes take one process's steps; a broken reward function stops it in one line; and a reward
+included); TRL's --kl_estimator, --whiten_rewards and --missing_eos_penalty reach the objective and the record;
+two processes take one process's steps; a broken reward function stops it in one line; and a reward
 that counts a frequent word rises within a few dozen steps on a tiny model."""
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -86,6 +88,41 @@ def test_a_resumed_ppo_run_equals_the_uninterrupted_one(ppo_run, ppo_data, tiny_
         mine, reference = load_file(resumed / path), load_file(ppo_run / path)
         assert mine.keys() == reference.keys()
         assert all(torch.equal(mine[name], tensor) for name, tensor in reference.items()), path
+
+
+@pytest.mark.parametrize("flags, recorded", [
+    (["--kl_estimator", "k3"], {"kl_estimator": "k3"}),
+    (["--whiten_rewards"], {"whiten_rewards": True}),
+    (["--missing_eos_penalty", "100"], {"missing_eos_penalty": 100.0})])
+def test_trls_options_reach_the_objective_and_the_record(flags, recorded, ppo_data, tiny_models, tmp_path,
+                                                         monkeypatch):
+    """One step with each of TRL's PPO options: the objective the run builds has it, train_config.yaml records it
+    (so a resume compares it), and the step trains; the missing-eos penalty shows in the logged reward (the tiny
+    model's completions are cut at 12 tokens), not in the reward function's own mean."""
+    import yaml
+
+    import trainer.ppo as ppo
+
+    built = []
+    original = ppo.ProximalPolicy.__init__
+
+    def record(self, rewards, tokenizer, settings, *args, **kwargs):
+        built.append(settings)
+        original(self, rewards, tokenizer, settings, *args, **kwargs)
+
+    monkeypatch.setattr(ppo.ProximalPolicy, "__init__", record)
+    out_dir = tmp_path / "run"
+    run_in_process("ppo", _argv(ppo_data, tiny_models.pretrain, out_dir, "--max_steps", "1", *flags))
+    defaults = {"kl_estimator": "k1", "whiten_rewards": False, "missing_eos_penalty": 0.0}
+    assert [{name: getattr(s, name) for name in defaults} for s in built] == [{**defaults, **recorded}]
+    config = yaml.safe_load((out_dir / "train_config.yaml").read_text())
+    assert {name: config[name] for name in defaults} == {**defaults, **recorded}
+    [step] = read_metrics(out_dir, "train")
+    assert math.isfinite(step["loss"])
+    if "missing_eos_penalty" in recorded:
+        assert step["reward"] < step["rewards/letter_e"] - 10  # 100 off each cut completion's score
+    else:
+        assert step["reward"] == pytest.approx(step["rewards/letter_e"])
 
 
 def test_a_reward_that_breaks_its_contract_stops_the_ppo_run_in_one_line(ppo_data, tiny_models, tmp_path, capsys):

@@ -158,6 +158,15 @@ def test_sequence_level_ratios_match_gspo_by_hand(kind):
                                beta=BETA, ref_logp=ref[rows], importance_sampling_level="sequence").loss
             parts.append(part * (2 / 4 if kind == "grpo" else mask[rows].sum() / mask.sum()))
         assert sum(parts).item() == pytest.approx(loss, rel=1e-12)
+    # At the rollout's own policy (new == old) s is 1 and its gradient the per-token ratios': the level only acts
+    # from the second update per rollout on.
+    grads = []
+    for level in ("token", "sequence"):
+        logp = old.clone().requires_grad_(True)
+        policy_loss(kind, logp, old, advantages, mask, SEQUENCE_EPS, SEQUENCE_EPS, beta=BETA, ref_logp=ref,
+                    max_completion_length=6, importance_sampling_level=level).loss.backward()
+        grads.append(logp.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-15)
 
 
 def test_bad_policy_loss_arguments_are_refused():

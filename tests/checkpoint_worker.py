@@ -1,0 +1,71 @@
+"""One process of the two that tests/integration/test_checkpoint_processes.py starts over gloo on CPU: it probes
+--out_dir as a run does, trains a small model one step and saves it with trainer/checkpoint.py (unless --resume_only),
+then resumes it as a run does (agree_on_start checks the digests its writer recorded, load_checkpoint loads) and
+prints one line, `result: {json}`: its rank, what it resumed and the note, or the one-line error it stopped with.
+Process 1 starts its part of the save late on purpose: a writer that hashed its copy before every process had written
+its part would hash an incomplete copy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script by the launcher
+
+import torch  # noqa: E402
+
+from trainer.checkpoint import (CHECKPOINT_DIR, agree_on_start, load_checkpoint, probe_storage,  # noqa: E402
+                                save_checkpoint)
+from trainer.distributed import make_accelerator, shutdown  # noqa: E402
+
+LATE_WRITER_S = 2.0  # how late process 1 starts writing its part of the save
+STATE = {"step": 1, "epoch": 0, "samples_done_in_epoch": 8, "tokens_seen": 64, "total_steps": 2, "processes": 2,
+         "run_id": "0123456789ab", "wandb_run_id": None, "train_time_s": 0.1, "budget_fixed": False, "threads": 1,
+         "config": {"seed": 0}, "data": {"path": "/d/train.jsonl", "train_samples": 16, "tokens": 128},
+         "files": None}
+
+
+def save_and_resume(args: argparse.Namespace) -> dict:
+    accelerator = make_accelerator("float32", 1, use_wandb=False, timeout_s=120)
+    rank = accelerator.process_index
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    shared = probe_storage(accelerator, args.out_dir, node_local_allowed=True)
+    if not args.resume_only:
+        model(torch.randn(4, 8)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if rank == 1:
+            save_state = accelerator.save_state
+
+            def late_save_state(*given, **named):
+                time.sleep(LATE_WRITER_S)
+                return save_state(*given, **named)
+
+            accelerator.save_state = late_save_state
+        save_checkpoint(accelerator, args.out_dir / CHECKPOINT_DIR, 1, STATE, keep=2, shared_storage=shared)
+    try:
+        start = agree_on_start(accelerator, "auto", args.out_dir, None, shared_storage=shared)
+        load_checkpoint(accelerator, start.resume.path, "auto")
+        result = {"rank": rank, "shared": shared, "resumed": str(start.resume.path), "note": start.resume.note}
+    except (ValueError, OSError) as error:
+        result = {"rank": rank, "shared": shared, "error": str(error)}
+    accelerator.wait_for_everyone()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out_dir", type=Path, required=True, help="this process's run directory")
+    parser.add_argument("--resume_only", action="store_true", help="resume the checkpoint there; save nothing")
+    result = save_and_resume(parser.parse_args())
+    print("result: " + json.dumps(result), flush=True)
+    shutdown()  # as the trainer ends: the model (and its DDP reducer) gone first, then the process group
+
+
+if __name__ == "__main__":
+    main()

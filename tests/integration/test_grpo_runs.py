@@ -310,3 +310,39 @@ def test_a_validation_file_row_math_answer_cannot_read_is_refused_before_trainin
                            "true", "--max_steps", "1", "--save_interval", "1"))
     assert any(record.getMessage().startswith(f'{val}:2: "answer" must be') for record in caplog.records)
     assert read_summary(out_dir)["steps"] == 1
+
+
+def test_two_processes_scale_rewards_by_the_global_batchs_std_like_one_process(grpo_data, tiny_models, tmp_path,
+                                                                                monkeypatch):
+    """--scale_rewards batch divides by the Bessel std of the step's global batch of scored rewards: torchrun, two
+    processes of 2 prompts, against one process of 4. Every completion's advantage, as the loss receives it, is the
+    one-process run's (a process dividing by the std of its own half of the batch was up to 7% off, in every one)."""
+    import os
+    import subprocess
+
+    from tests.grpo_advantages import advantages_by_step, recording_finish_rollouts
+    from tests.paths import REPO
+    from tests.training_runs import launcher
+    from trainer.grpo import GroupRelativePolicy
+
+    def argv(out_dir, batch_size: str) -> list[str]:
+        flags = _argv(grpo_data, tiny_models.pretrain, out_dir, "--scale_rewards", "batch", "--loss_type", "dapo")
+        flags[flags.index("--batch_size") + 1] = batch_size
+        flags[flags.index("--max_steps") + 1] = "2"
+        return flags
+
+    monkeypatch.setattr(GroupRelativePolicy, "finish_rollouts", recording_finish_rollouts(tmp_path / "one_record"))
+    run_in_process("grpo", argv(tmp_path / "one", "4"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    script = str(REPO / "tests" / "grpo_advantages.py")
+    run = subprocess.run([*launcher("torchrun"), script, str(tmp_path / "two_record"), *argv(tmp_path / "two", "2")],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "x2, float32" in run.stdout
+    one, two = advantages_by_step(tmp_path / "one_record"), advantages_by_step(tmp_path / "two_record")
+    assert len(one) == len(two) == 2 and all(len(step) == 16 for step in one)
+    for ours, reference in zip(two, one):
+        assert [tokens for tokens, _ in ours] == [tokens for tokens, _ in reference]  # the same rollouts
+        assert [advantage for _, advantage in ours] == pytest.approx([a for _, a in reference], rel=1e-6, abs=1e-7)
+        assert any(abs(advantage) > 0.1 for _, advantage in reference)  # not all zero: a spread to scale
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-4, abs=1e-6)

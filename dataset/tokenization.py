@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from dataset.atomic_io import atomic_write_text
+from dataset.atomic_io import atomic_write_text, first_line, not_utf8
 from dataset.json_text import strict_json
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "model"
@@ -38,12 +38,15 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(path) if path is not None else str(DEFAULT_TOKENIZER_DIR))
 
 
+_NO_MARKER = object()  # _tokenizer_record where the folder holds no TOKENIZER_MARKER (a marker may hold null)
+
+
 def _tokenizer_record(folder: Path) -> Any:
-    """TOKENIZER_MARKER's content; None where there is none; the error where it cannot be read as JSON."""
+    """TOKENIZER_MARKER's content; _NO_MARKER where there is none; the error where it cannot be read as JSON."""
     try:
         return json.loads((folder / TOKENIZER_MARKER).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return None
+        return _NO_MARKER
     except (OSError, ValueError) as error:  # not UTF-8, not JSON, unreadable
         return error
 
@@ -74,12 +77,55 @@ def check_tokenizer_files(folder: Path) -> None:
     """Refuse, in one line, a folder whose tokenizer files a save stopped moving in (they may be of two saves: the
     new tokenizer_config.json beside the old chat_template.jinja loads as a tokenizer that neither wrote). A folder
     without TOKENIZER_MARKER (written before it, or by another program) is not checked; nor are edits made after
-    a save (a chat template edited by hand is the user's)."""
+    a save (a chat template edited by hand is the user's). A marker that is not valid JSON, or not of the shape a
+    save writes, is refused too: it vouches for no save."""
     record = _tokenizer_record(folder)
+    problem = _marker_problem(record)
+    if problem is not None:
+        raise ValueError(f"{folder / TOKENIZER_MARKER}: {problem}, so whether a save of {folder} stopped midway cannot "
+                         f"be told: save the model directory again, or delete that file to load the tokenizer files "
+                         f"unchecked")
     if isinstance(record, dict) and record.get("writing") is True:
         raise ValueError(f"{folder / TOKENIZER_MARKER}: a save of {folder} stopped while it moved its tokenizer files "
                          f"in, which may now be from two saves: save the model directory again (a run stopped in its "
                          f"final save writes it again with --resume auto) or load another tokenizer")
+
+
+def _marker_problem(record: Any) -> str | None:
+    """What is wrong with TOKENIZER_MARKER's content (`record`, as _tokenizer_record read it), in words, or None:
+    it is absent, or the JSON object {"files": [names]}, with "writing": true while a save is under way."""
+    if record is _NO_MARKER:
+        return None
+    if isinstance(record, UnicodeDecodeError):
+        return not_utf8(record)
+    if isinstance(record, ValueError):
+        return f"not valid JSON ({first_line(record)})"
+    if isinstance(record, OSError):
+        return f"cannot be read ({record.strerror or first_line(record)})"
+    shape = 'not {"files": [file names]} (with "writing": true while a save is under way)'
+    if not isinstance(record, dict):
+        return f"{shape}: it holds {_json_kind(record)}"
+    if not set(record) <= {"files", "writing"}:
+        return f"{shape}: it holds the keys {', '.join(json.dumps(key) for key in record)}"
+    if "files" not in record:
+        return f'{shape}: it has no "files"'
+    if not isinstance(files := record["files"], list):
+        return f'{shape}: its "files" is {_json_kind(files)}'
+    if odd := [name for name in files if not isinstance(name, str)]:
+        return f'{shape}: its "files" hold {_json_kind(odd[0])}'
+    if record.get("writing", True) is not True:
+        return f"{shape}: its \"writing\" is {_json_kind(record['writing'])}"
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    """A JSON value in a few words, for a refusal: `a list`, `an object`, or the value itself (cut at 40 characters)."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def is_byte_fallback(token: str) -> bool:

@@ -17,6 +17,7 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool
            "</tool_response>", "<think>", "</think>", "<|reserved_0|>", "<|reserved_1|>", "<|reserved_2|>",
            "<|reserved_3|>"]
 EMPTY_THINK = "<think>\n\n</think>\n\n"
+SHAPE = 'not {"files": [file names]} (with "writing": true while a save is under way)'  # tokenizer_files.json
 
 
 ROUND_TRIP = [
@@ -358,6 +359,38 @@ def test_a_folder_without_the_tokenizer_marker_loads_as_before(tmp_path):
     first, _ = _two_tokenizers()
     save_model_dir(_tiny_model(), first, tmp_path)
     (tmp_path / "tokenizer_files.json").unlink()  # written before the marker, or by another program
+    assert _described(load_tokenizer(tmp_path)) == _described(first)
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"{", "not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+    (b"", "not valid JSON (Expecting value: line 1 column 1 (char 0))"),
+    (b"\xff{}", "not valid UTF-8 (byte 0xff at offset 0)"),
+    (b'["tokenizer.json"]', f"{SHAPE}: it holds a list"),
+    (b"null", f"{SHAPE}: it holds null"),
+    (b'{"writing": true}', f'{SHAPE}: it has no "files"'),
+    (b'{"files": "tokenizer.json"}', f'{SHAPE}: its "files" is "tokenizer.json"'),
+    (b'{"files": ["tokenizer.json", 5]}', f'{SHAPE}: its "files" hold 5'),
+    (b'{"files": [], "writing": false}', f'{SHAPE}: its "writing" is false'),
+    (b'{"files": [], "complete": true}', f'{SHAPE}: it holds the keys "files", "complete"'),
+])
+def test_a_tokenizer_marker_that_is_not_what_a_save_writes_is_refused_in_one_line(content, problem, tmp_path):
+    """A tokenizer_files.json cut short, edited by hand or of another program's: before, it loaded unchecked, as if
+    no marker were there, though a stopped save's files may be beside it. The one line names the file and the ways
+    on; once a save writes it again the folder loads."""
+    from dataset.tokenization import check_tokenizer_files, load_tokenizer
+    from trainer.export import save_model_dir
+
+    first, _ = _two_tokenizers()
+    save_model_dir(_tiny_model(), first, tmp_path)
+    (tmp_path / "tokenizer_files.json").write_bytes(content)
+    for load in (check_tokenizer_files, load_tokenizer):
+        with pytest.raises(ValueError) as refused:
+            load(tmp_path)
+        assert str(refused.value) == (f"{tmp_path / 'tokenizer_files.json'}: {problem}, so whether a save of "
+                                      f"{tmp_path} stopped midway cannot be told: save the model directory again, "
+                                      f"or delete that file to load the tokenizer files unchecked")
+    save_model_dir(_tiny_model(), first, tmp_path)
     assert _described(load_tokenizer(tmp_path)) == _described(first)
 
 

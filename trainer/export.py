@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,10 +29,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 PRETRAIN_PROMPT, CHAT_PROMPT = "The history of", "What is the capital of France?"
-# save_model_dir's staging folder inside the out dir: tempfile.mkdtemp's name, this prefix and 8 characters of its
-# alphabet. A save killed before its cleanup leaves one; the next save into the folder removes it.
+# save_model_dir's staging folder inside the out dir: tempfile.mkdtemp's name, this prefix, 8 characters of its
+# alphabet and the writing process's pid and host (".model_k3j9x2ab.4242@node1"; without them: a save of before).
+# A save killed before its cleanup leaves one; a later save into the folder removes it once its writer is gone, and
+# never the folder of a save that is still writing (two saves at once into one directory).
 _STAGING_PREFIX = ".model_"
-_STAGING_NAME = re.compile(re.escape(_STAGING_PREFIX) + r"[a-z0-9_]{8}")
+_STAGING_NAME = re.compile(re.escape(_STAGING_PREFIX) + r"[a-z0-9_]{8}(?:\.(?P<pid>[1-9][0-9]*)@(?P<host>[^/]+))?")
 
 
 def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
@@ -43,7 +46,8 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, o
     base.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out_dir)
-    staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=out_dir))
+    staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, suffix=f".{os.getpid()}@{socket.gethostname()}",
+                                    dir=out_dir))
     try:
         model.save_pretrained(staging, safe_serialization=True)
         if (staging / ADAPTER_CONFIG_FILE).is_file():
@@ -62,10 +66,29 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, o
 
 def _remove_stale_staging(out_dir: Path) -> None:
     """Remove the staging folders an earlier save_model_dir left in ``out_dir`` when it was killed (a copy of the
-    whole model each); only folders named as this module names them are touched."""
+    whole model each); only folders named as this module names them are touched, and only those whose writer is
+    gone: another save into the folder may be staging its files right now."""
     for item in out_dir.iterdir():
-        if _STAGING_NAME.fullmatch(item.name) and item.is_dir() and not item.is_symlink():
+        name = _STAGING_NAME.fullmatch(item.name)
+        if name and item.is_dir() and not item.is_symlink() and _writer_gone(name["pid"], name["host"]):
             shutil.rmtree(item, ignore_errors=True)
+
+
+def _writer_gone(pid: str | None, host: str | None) -> bool:
+    """Whether the process that named a staging folder (its pid and host; None: a save from before they were
+    recorded, taken as gone) has ended. Another machine's process cannot be asked, nor can one whose pid a new
+    process took since: their folders are kept (a leftover, never a save cut short)."""
+    if pid is None:
+        return True
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)  # signal 0: only whether the process exists
+    except (ProcessLookupError, OverflowError):  # no such process; a pid no process can have
+        return True
+    except PermissionError:  # another user's process
+        return False
+    return False
 
 
 # The module lists PEFT's LoraConfig holds as sets and writes in the set's order, which the hash seed decides.

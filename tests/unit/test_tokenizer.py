@@ -394,30 +394,92 @@ def test_a_tokenizer_marker_that_is_not_what_a_save_writes_is_refused_in_one_lin
     assert _described(load_tokenizer(tmp_path)) == _described(first)
 
 
-def test_a_save_removes_the_staging_folders_a_killed_save_left(tmp_path, monkeypatch):
+# save_model_dir of a tiny model and MiniNorm's tokenizer (argv: the repository, the folder, "second" for a tokenizer
+# with another chat template, "killed" to end the process once its files are staged, before any is moved in).
+SAVE_IN_ANOTHER_PROCESS = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import trainer.export as export
+from dataset.tokenization import load_tokenizer
+from model.config import MiniNormConfig
+from model.model import MiniNormForCausalLM
+tokenizer = load_tokenizer(None)
+if "second" in sys.argv:
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    tokenizer.model_max_length = 77
+if "killed" in sys.argv:
+    export.begin_tokenizer_save = lambda *args: os._exit(9)
+model = MiniNormForCausalLM(MiniNormConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                           num_key_value_heads=2))
+export.save_model_dir(model, tokenizer, Path(sys.argv[2]))
+"""
+
+
+def _save_in_another_process(folder, *how: str) -> int:
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", SAVE_IN_ANOTHER_PROCESS, str(REPO), str(folder), *how],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode in (0, 9), run.stderr[-3000:]
+    return run.returncode
+
+
+def _staging_folders(folder) -> list[str]:
+    return sorted(item.name for item in folder.iterdir() if item.name.startswith(".model_"))
+
+
+def test_a_save_removes_the_staging_folders_a_killed_save_left(tmp_path):
     """save_model_dir stages the whole model in a `.model_*` folder inside the out dir; a save killed before its
-    cleanup left that folder (a copy of the weights) behind for good. The next save removes such folders, and
-    only those: a folder of the user's that merely starts the same way is kept."""
+    cleanup left that folder (a copy of the weights) behind for good. The next save removes such folders whose
+    writer is gone (the killed process; a save from before the pid and host were recorded), and only those: a live
+    process's, another machine's (it cannot be asked) and a folder of the user's that merely starts the same way
+    are kept."""
+    import os
+    import socket
+
     import trainer.export as export
 
-    first, _ = _two_tokenizers()
-    model = _tiny_model()
-
-    def die(*args, **kwargs):
-        raise KeyboardInterrupt  # the kill; the finally block that removes the staging folder is cut short too
-
-    monkeypatch.setattr(export, "begin_tokenizer_save", die)  # killed with the weights staged, none moved in
-    monkeypatch.setattr(export.shutil, "rmtree", die)
-    with pytest.raises(KeyboardInterrupt):
-        export.save_model_dir(model, first, tmp_path)
-    monkeypatch.undo()
-    left = [item.name for item in tmp_path.iterdir() if item.name.startswith(".model_")]
+    assert _save_in_another_process(tmp_path, "killed") == 9
+    left = _staging_folders(tmp_path)
     assert len(left) == 1 and (tmp_path / left[0] / "model.safetensors").is_file(), left
-    (tmp_path / ".model_notes").mkdir()  # not a staging folder's name (8 characters after the prefix)
-    (tmp_path / ".model_notes" / "mine.txt").write_text("x")
-    export.save_model_dir(model, first, tmp_path)
-    assert sorted(item.name for item in tmp_path.iterdir() if item.name.startswith(".model_")) == [".model_notes"]
-    assert (tmp_path / ".model_notes" / "mine.txt").read_text() == "x"
+    assert left[0].endswith(f"@{socket.gethostname()}") and not (tmp_path / "model.safetensors").exists()
+    kept = [f".model_abcdefgh.{os.getppid()}@{socket.gethostname()}", ".model_abcdefgh.1@another-machine",
+            ".model_notes"]  # the last: not a staging folder's name (8 characters after the prefix)
+    for name in [*kept, ".model_12345678"]:  # the last: a save's from before
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "mine.txt").write_text("x")
+    first, _ = _two_tokenizers()
+    export.save_model_dir(_tiny_model(), first, tmp_path)
+    assert _staging_folders(tmp_path) == sorted(kept)
+    assert all((tmp_path / name / "mine.txt").read_text() == "x" for name in kept)
+
+
+def test_two_saves_at_once_into_one_directory_keep_each_others_staging_folder(tmp_path, monkeypatch):
+    """Save A has staged its files when save B, another process, saves into the same directory from start to end:
+    B took A's staging folder for a killed save's leftover and removed it, and A failed moving its files in
+    (FileNotFoundError). Now B keeps it (A's process lives) and A completes: the directory loads as A's save."""
+    import trainer.export as export
+    from dataset.tokenization import load_tokenizer
+
+    first, second = _two_tokenizers()
+    begin = export.begin_tokenizer_save
+    seen = []
+
+    def save_b_meanwhile(folder, names):
+        staged = _staging_folders(folder)
+        assert _save_in_another_process(folder, "second") == 0
+        assert _described(load_tokenizer(folder)) == _described(second)  # B's save, whole
+        seen.append((staged, _staging_folders(folder)))
+        begin(folder, names)
+
+    monkeypatch.setattr(export, "begin_tokenizer_save", save_b_meanwhile)
+    export.save_model_dir(_tiny_model(), first, tmp_path)
+    [(staged, after_b)] = seen
+    assert len(staged) == 1 and after_b == staged  # A's, still there once B was done
+    assert _staging_folders(tmp_path) == []
+    assert _described(load_tokenizer(tmp_path)) == _described(first)
 
 
 def test_a_save_after_a_stopped_one_removes_the_stopped_saves_files_it_does_not_write(tmp_path, monkeypatch):

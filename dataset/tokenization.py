@@ -133,6 +133,39 @@ def is_byte_fallback(token: str) -> bool:
     return _BYTE_FALLBACK.fullmatch(token) is not None
 
 
+def byte_fallback_value(token: str) -> int | None:
+    """The byte a byte-fallback token ("<0xE4>") spells, or None for any other token."""
+    match = _BYTE_FALLBACK.fullmatch(token)
+    return int(match[1], 16) if match else None
+
+
+def decodes_byte_runs_whole(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether `tokenizer` decodes each run of byte-fallback tokens as tokenizers' ByteFallback decoder does, and
+    nothing after it changes the run's text: the run's bytes as UTF-8 when they are valid and end on a whole
+    character, else one U+FFFD per byte (a stray byte anywhere in the run, or a character cut short at its end,
+    turns the whole run into U+FFFDs). Known to hold for a decoder that is ByteFallback, optionally after Replace
+    of the word mark (whose pattern no "<0x..>" holds) and before Fuse, then Strips of leading characters only (of
+    the whole text once fused: Llama's); and no clean-up of spaces (which would edit the run's text)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.decoder is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    decoder = json.loads(backend.decoder.__getstate__())
+    steps = (decoder.get("decoders") or []) if decoder.get("type") == "Sequence" else [decoder]
+    kinds = [step.get("type") for step in steps]
+    if kinds.count("ByteFallback") != 1:
+        return False
+    at = kinds.index("ByteFallback")
+    if not all(step.get("type") == "Replace" and step.get("pattern") == {"String": _WORD_MARK}
+               for step in steps[:at]):
+        return False
+    fused = False
+    for step in steps[at + 1:]:
+        fused = fused or step.get("type") == "Fuse"
+        if step.get("type") != "Fuse" and not (step.get("type") == "Strip" and fused and step.get("stop") == 0):
+            return False
+    return True
+
+
 def token_map_digest(backend: Tokenizer) -> str:
     """A digest of what gives a token id its meaning: the vocabulary, the merges and the added tokens with their ids
     (not padding, truncation or the chat template)."""

@@ -4,6 +4,7 @@ parse_assistant_ids: by control ids, never by text); a call the model wrote badl
 
 from __future__ import annotations
 
+import codecs
 import json
 import uuid
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from typing import Any
 
 from dataset.chat_format import (CALL, REASONING, TOOL_CALL, ReplyLayout, control_id, encode_text, parse_assistant_ids,
                                   read_span)
-from dataset.tokenization import is_byte_fallback
+from dataset.tokenization import byte_fallback_value, decodes_byte_runs_whole, is_byte_fallback
 from model.generation import STREAM_CONTEXT_IDS
 
 FINISH_TOOL_CALLS = "tool_calls"
@@ -108,29 +109,112 @@ class ReplyReader:
         return FINISH_TOOL_CALLS if engine_reason == "stop" and self.fields(generated)[2] else engine_reason
 
 
+class _ByteRun:
+    """The text of ids[start:end], all byte-fallback tokens, at the end of a _RunText's ids, for a tokenizer that
+    decodes_byte_runs_whole, grown a byte at a time without decoding: the text before the run, then the run's bytes
+    as UTF-8 while they are valid and end on a whole character, else a U+FFFD for each byte."""
+
+    def __init__(self, start: int, before: str) -> None:
+        self.start, self.end, self.before = start, start, before
+        self.checks = _BYTE_RUN_CHECKS
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()  # strict: a stray byte raises
+        self._text, self._valid = "", True
+
+    def push(self, byte: int) -> None:
+        self.end += 1
+        if self._valid:
+            try:
+                self._text += self._utf8.decode(bytes((byte,)))
+            except UnicodeDecodeError:
+                self._valid, self._text = False, ""
+
+    @property
+    def whole(self) -> bool:
+        """The run's bytes are valid UTF-8 and end on a whole character (else its text is all U+FFFD)."""
+        return self._valid and not self._utf8.getstate()[0]
+
+    def text(self) -> str:
+        return self.before + (self._text if self.whole else UNFINISHED_CHARACTER * (self.end - self.start))
+
+
+# A byte run's text is checked against the tokenizer's own decode at its first calls where it reads as characters
+# (not all U+FFFD): whatever a decoder does at the start of the text (Llama's strips a first space, which a run at
+# the start may begin with) shows there.
+_BYTE_RUN_CHECKS = 4
+
+
 class _RunText:
     """tokenizer.decode of a run of ids that only grows (ids[start:], special tokens as their text, as
     parse_assistant_ids decodes), equal at every length to decoding the whole run, though each call decodes only the
     ids since the last cut, after STREAM_CONTEXT_IDS ids before it (their text taken off, as TextStream does: what a
     decoder does at the start of its input, a SentencePiece one's stripped space, happens to them). A cut is made
     only after an id that is no byte-fallback token: a SentencePiece decoder replaces a whole run of those with
-    U+FFFDs when a stray byte ends it, text far before the new ids. What else the decoders we know do across a cut
-    (a byte-level character completed, a first space stripped, a space cleaned up before ".") reaches no further
-    back than the context's text, which then does not begin the text decoded after it: the whole run is decoded
-    again. To keep that rare, no cut is made after a text that ends in U+FFFD (a character still incomplete) or, for
-    a tokenizer that cleans up spaces, with a space in its last 3 characters (the clean-up's patterns begin with a
-    space and are up to 4 long)."""
+    U+FFFDs when a stray byte ends it, or a character is cut short at its end, text far before the new ids. So
+    while the ids end in such a run, a tokenizer whose decoder is known to do just that (decodes_byte_runs_whole)
+    has the run's text made from its bytes (_ByteRun), checked against the decode at the run's first calls, and
+    the run is decoded once more when it ends: a long run of characters spelled in bytes (Chinese, emoji, on a
+    vocabulary without them) costs its length, not its length at every token. What else the decoders we know do
+    across a cut (a byte-level character completed, a first space stripped, a space cleaned up before ".") reaches
+    no further back than the context's text, which then does not begin the text decoded after it: the whole run is
+    decoded again. To keep that rare, no cut is made after a text that ends in U+FFFD (a character still
+    incomplete) or, for a tokenizer that cleans up spaces, with a space in its last 3 characters (the clean-up's
+    patterns begin with a space and are up to 4 long)."""
 
     def __init__(self, tokenizer: Any, ids: list[int], start: int) -> None:
         self.tokenizer, self.ids, self.start = tokenizer, ids, start
         self.cut, self.head = start, ""  # decode(ids[start:cut]) == head, whatever ids come after cut
         self._spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self._byte_runs = decodes_byte_runs_whole(tokenizer)
+        self._run: _ByteRun | None = None  # the byte run the ids end in, while its text is made from its bytes
+        self._unmade: _ByteRun | None = None  # the byte run the ids end in, where its text did not check out
 
     def _decode(self, start: int, end: int) -> str:
         return self.tokenizer.decode(self.ids[start:end], skip_special_tokens=False)
 
     def text(self) -> str:
-        end, context = len(self.ids), max(self.start, self.cut - STREAM_CONTEXT_IDS)
+        end, run = len(self.ids), self._run
+        if run is not None and self._grow(run, end):
+            if run.checks == 0 or not run.whole:  # all U+FFFD: nothing a decoder does at the start applies
+                return run.text()
+            run.checks -= 1
+            text = self._decoded(end)
+            if text != run.text():
+                self._run, self._unmade = None, run
+            return text
+        self._run = None
+        if self._unmade is not None and not self._grow(self._unmade, end):
+            self._unmade = None
+        text = self._decoded(end)
+        if self._byte_runs and self._unmade is None:
+            self._start_run(end, text)
+        return text
+
+    def _grow(self, run: _ByteRun, end: int) -> bool:
+        """Push ids[run.end:end] into the run; False when one of them is no byte-fallback token (the run ended)."""
+        for token in self.tokenizer.convert_ids_to_tokens(self.ids[run.end:end]) if end > run.end else []:
+            byte = byte_fallback_value(token)
+            if byte is None:
+                return False
+            run.push(byte)
+        return True
+
+    def _start_run(self, end: int, text: str) -> None:
+        """Where the ids end in byte-fallback tokens (found once per run, looking back from the end): make the run's
+        text from its bytes from now on, if that gives the decoded `text`."""
+        start = end
+        while start > self.start and is_byte_fallback(self.tokenizer.convert_ids_to_tokens(self.ids[start - 1])):
+            start -= 1
+        if start == end:
+            return
+        run = _ByteRun(start, self._decoded(start))
+        self._grow(run, end)
+        if run.text() == text:
+            self._run = run
+        else:
+            self._unmade = run
+
+    def _decoded(self, end: int) -> str:
+        context = max(self.start, self.cut - STREAM_CONTEXT_IDS)
         before, after = self._decode(context, self.cut), self._decode(context, end)
         text = self.head + after[len(before):] if after.startswith(before) else self._decode(self.start, end)
         if end > self.cut and not text.endswith(UNFINISHED_CHARACTER) and (not self._spaces or " " not in text[-3:]) \

@@ -134,10 +134,12 @@ def _random_reply(tokenizer, rng: random.Random, length: int) -> list[int]:
             if rng.random() < 0.2:
                 body = body[:rng.randrange(len(body))]
             ids += [ids_of[TOOL_CALL], *encode_text(tokenizer, body), ids_of[TOOL_CALL_END]]
-        elif kind < 0.8 and sentencepiece:  # a character in byte tokens, now and then with a stray byte after it
+        elif kind < 0.7 and sentencepiece:  # a character in byte tokens, now and then with a stray byte after it
             ids += [byte_ids[b] for b in rng.choice(("中", "é", "𝍁", "🙂")).encode()]
             if rng.random() < 0.3:
                 ids.append(byte_ids[rng.choice((0x80, 0xEA, 0xE4))])
+        elif kind < 0.8 and sentencepiece:  # a long run of bytes: characters, some cut short or broken
+            ids += [byte_ids[b] for b in _byte_run(rng, rng.randrange(2, 25))]
         elif kind < 0.8:  # a character's ids one by one, or random ids: byte-level tokens of broken UTF-8
             ids += encode_text(tokenizer, rng.choice(("中文字", "🙂🙂", "é")))[:rng.randrange(1, 4)]
             if rng.random() < 0.5:
@@ -147,6 +149,21 @@ def _random_reply(tokenizer, rng: random.Random, length: int) -> list[int]:
         else:
             ids.append(ids_of[IM_END])
     return ids
+
+
+# Byte sequences no UTF-8 decoder accepts: a lone continuation byte, a character cut short by another, an overlong
+# "/", a UTF-16 surrogate, a code point past U+10FFFF, bytes that never occur.
+BROKEN_BYTES = (b"\x80", b"\xe4\xb8", b"\xf0\x9f\x99", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xff",
+                b"\xf8")
+RUN_TEXT = "中文字北京🙂🚀é𝍁 ok"
+
+
+def _byte_run(rng: random.Random, characters: int) -> bytes:
+    """The bytes of `characters` characters, Chinese and emoji mostly, now and then a broken sequence among them."""
+    out = b""
+    for _ in range(characters):
+        out += rng.choice(BROKEN_BYTES) if rng.random() < 0.08 else rng.choice(RUN_TEXT).encode()
+    return out
 
 
 def _same_deltas_at_every_step(tokenizer, rng: random.Random, length: int) -> None:
@@ -320,6 +337,72 @@ def test_run_text_equals_the_whole_decode_under_space_clean_up(chat_sentencepiec
         for n in range(step, len(ids) + step, step):
             grown[:] = ids[:n]
             assert run.text() == cleaning.decode(ids[:n], skip_special_tokens=False), (step, n)
+
+
+def test_run_text_equals_the_whole_decode_through_long_byte_runs(chat_sentencepiece) -> None:
+    """Runs of byte-fallback ids (Chinese and emoji on a vocabulary without them), long, at the start of the text
+    and after words, a space byte first, broken by a stray byte, a character cut short or an overlong: _RunText's
+    text, which makes a run's text from its bytes, is tokenizer.decode of the whole run at every length, read one to
+    five ids at a time (the decoder turns a whole run into U+FFFDs for one bad byte, and strips a first space)."""
+    from scripts.server.replies import _RunText
+
+    for tokenizer in chat_sentencepiece:
+        byte_ids = {b: tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)}
+        rng = random.Random(3)
+        for _ in range(40):
+            ids = []
+            for _ in range(rng.randrange(1, 5)):
+                if rng.random() < 0.5:
+                    ids += encode_text(tokenizer, rng.choice((" a ca", " f", "北", "a")))
+                start = b" " if rng.random() < 0.2 else b""
+                ids += [byte_ids[b] for b in start + _byte_run(rng, rng.randrange(1, 40))]
+            for step in (1, 2, 3, 5):
+                grown: list[int] = []
+                run = _RunText(tokenizer, grown, 0)
+                for n in range(step, len(ids) + step, step):
+                    grown[:] = ids[:n]
+                    assert run.text() == tokenizer.decode(ids[:n], skip_special_tokens=False), (ids, step, n)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_long_reply_in_byte_fallback_tokens_decodes_a_number_of_ids_linear_in_its_length(chat_sentencepiece,
+                                                                                           monkeypatch, broken):
+    """2,000 byte-fallback ids of Chinese and emoji (a model with a Llama-style vocabulary that lacks them writes
+    them so): no cut was made inside a run of byte tokens, so each new id decoded the whole run again, about
+    N * N / 2 ids (2 million). Now a run's text is made from its bytes: each id is decoded a few times, whether the
+    run reads as characters or, after a stray byte first, as U+FFFDs only (the decoder's reading of a run with a
+    bad byte anywhere: one put later would turn text already sent into U+FFFDs, which the full re-parse could not
+    take back either)."""
+    tokenizer = chat_sentencepiece[0]
+    text = (b"\x80" if broken else b"") + ("中文字北京" * 100 + "🙂🚀" * 100).encode()
+    ids = [tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in text][:2000]
+    assert len(ids) == 2000 and tokenizer.unk_token_id not in ids
+    assert _decoded_ids(tokenizer, monkeypatch, ids) < 16 * len(ids)
+
+
+def test_which_decoders_read_a_byte_run_as_a_whole(tokenizer, chat_sentencepiece) -> None:
+    """decodes_byte_runs_whole: Llama's decoder yes; a byte-level one, a clean-up of spaces, a Replace after
+    ByteFallback (it would edit the run's text: a "▁" spelled in bytes), a Strip before Fuse (it would strip each
+    run) or of trailing characters, no."""
+    from tokenizers import Tokenizer, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    from dataset.tokenization import decodes_byte_runs_whole
+
+    assert decodes_byte_runs_whole(chat_sentencepiece[0])
+    assert not decodes_byte_runs_whole(chat_sentencepiece[1]) and not decodes_byte_runs_whole(tokenizer)
+    replace, fallback, fuse = decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()
+    strip_first, strip_last = decoders.Strip(" ", 1, 0), decoders.Strip(" ", 0, 1)
+    for chain, reads in [([fallback], True),
+                         ([replace, fallback, fuse], True),
+                         ([replace, fallback, fuse, strip_first], True),
+                         ([fallback, replace, fuse], False),
+                         ([replace, fallback, strip_first, fuse], False),
+                         ([replace, fallback, fuse, strip_last], False),
+                         ([replace, fuse], False)]:
+        backend = Tokenizer.from_str(chat_sentencepiece[0].backend_tokenizer.to_str())
+        backend.decoder = decoders.Sequence(chain)
+        assert decodes_byte_runs_whole(PreTrainedTokenizerFast(tokenizer_object=backend)) == reads, chain
 
 
 def test_a_stream_read_with_fewer_ids_than_before_is_refused(tokenizer) -> None:

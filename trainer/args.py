@@ -428,7 +428,8 @@ class TrainArgs:
     importance_sampling_level: str = _flag("grpo", ImportanceSamplingLevel.TOKEN.value,
                                            f"{_choices(ImportanceSamplingLevel)}: the importance ratio per token, "
                                            f"or one per completion, exp of the mean of its tokens' log-ratios, "
-                                           f"clipped as one (GSPO; TRL's importance_sampling_level)")
+                                           f"clipped as one (GSPO; TRL's importance_sampling_level; sequence needs "
+                                           f"--num_iterations > 1)")
     # PPO (trainer/train_ppo.py).
     ppo_epochs: int = _flag("ppo", 2, "optimizer updates per rollout batch, each over the whole batch (MiniMind's "
                                       "ppo_update_iters, TRL's num_ppo_epochs); --max_steps counts rollouts")
@@ -790,6 +791,11 @@ def _validate_grpo(args: TrainArgs, bad: Any) -> None:
     if args.importance_sampling_level not in tuple(ImportanceSamplingLevel):
         raise bad("importance_sampling_level", args.importance_sampling_level,
                   f"choose one of {', '.join(ImportanceSamplingLevel)}")
+    if args.importance_sampling_level == ImportanceSamplingLevel.SEQUENCE and args.num_iterations == 1:
+        # Here only a rollout's later updates are off-policy (no TRL steps_per_generation): one update is plain GRPO
+        raise bad("importance_sampling_level", args.importance_sampling_level,
+                  "it acts only from a rollout's second update on (the first one's ratio is 1, its gradient the "
+                  "per-token ratio's): give --num_iterations 2 or more with it, or leave it out")
     _validate_rollouts(args, bad)
 
 

@@ -559,6 +559,11 @@ def test_trls_rollout_options_are_their_trainers_flags_with_trls_defaults(task, 
      "--missing_eos_penalty=nan is not allowed; it must be a number >= 0 (0: no penalty)"),
     ("grpo", ["--importance_sampling_level", "seq"],
      "--importance_sampling_level='seq' is not allowed; choose one of token, sequence"),
+    # at a rollout's only update the ratio is 1 and the sequence ratio's gradient the per-token one's: no GSPO
+    ("grpo", ["--importance_sampling_level", "sequence"],
+     "--importance_sampling_level='sequence' is not allowed; it acts only from a rollout's second update on (the "
+     "first one's ratio is 1, its gradient the per-token ratio's): give --num_iterations 2 or more with it, or "
+     "leave it out"),
     ("grpo", ["--missing_eos_penalty", "1"], "unrecognized arguments: --missing_eos_penalty 1"),
     ("ppo", ["--importance_sampling_level", "sequence"],
      "unrecognized arguments: --importance_sampling_level sequence"),
@@ -571,5 +576,5 @@ def test_bad_trl_rollout_options_are_one_line(task, flags, message, capsys):
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
     good = {"--kl_estimator": "k3", "--missing_eos_penalty": "1.5", "--importance_sampling_level": "sequence"}
     if "unrecognized" not in message:
-        parsed = parse_args(task, [flags[0], good[flags[0]]])
+        parsed = parse_args(task, [flags[0], good[flags[0]], *(["--num_iterations", "2"] if task == "grpo" else [])])
         assert str(getattr(parsed, flags[0][2:])) == good[flags[0]]

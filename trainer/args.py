@@ -743,6 +743,9 @@ def _validate_gkd(args: TrainArgs, bad: Any) -> None:
         raise bad("max_new_tokens", args.max_new_tokens, "it must be >= 1")
     if not (args.sampling_temperature > 0 and math.isfinite(args.sampling_temperature)):
         raise bad("sampling_temperature", args.sampling_temperature, "it must be a positive number")
+    if args.seq_kd and args.lmbda == 1:  # step_source: the student's draw always wins, the teacher never samples
+        raise bad("seq_kd", args.seq_kd, "with --lmbda 1 every step trains on the student's completions, never on "
+                                         "the teacher's: leave one of them out")
     samples = args.lmbda > 0 or args.seq_kd
     unused = [name for name in ("max_new_tokens", "sampling_temperature")
               if getattr(args, name) != task_default(args.task, name)]

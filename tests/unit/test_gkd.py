@@ -258,6 +258,9 @@ def test_pretraining_text_has_no_prompt_to_sample_for(tokenizer):
      "--sampling_temperature=0.0 is not allowed; it must be a positive number"),
     (["--max_new_tokens", "16"], "--max_new_tokens=16 is not allowed; it shapes the sampled completions: give "
                                  "--lmbda or --seq_kd with it, or leave it out"),
+    # --lmbda 1 samples the student's completions at every step: the teacher's (--seq_kd) would never be used
+    (["--lmbda", "1", "--seq_kd"], "--seq_kd=True is not allowed; with --lmbda 1 every step trains on the student's "
+                                   "completions, never on the teacher's: leave one of them out"),
     (["--lmbda", "0.5", "--distill_data", "pretrain"], "--lmbda=0.5 is not allowed; a sampled completion answers a "
                                                        "conversation's prompt, which pretraining text has none of: use "
                                                        "--distill_data sft"),

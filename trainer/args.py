@@ -815,6 +815,9 @@ def _validate_ppo(args: TrainArgs, bad: Any) -> None:
             raise bad(name, getattr(args, name), "it must be a positive number")
     if args.kl_estimator not in tuple(KLEstimator):
         raise bad("kl_estimator", args.kl_estimator, f"choose one of {', '.join(KLEstimator)}")
+    if args.kl_estimator != task_default("ppo", "kl_estimator") and args.beta == 0:  # no reference, no KL paid
+        raise bad("kl_estimator", args.kl_estimator, "it estimates the KL the rewards pay, which --beta 0 turns off: "
+                                                     "give --beta > 0 with it, or leave it out")
     if not (args.missing_eos_penalty >= 0 and math.isfinite(args.missing_eos_penalty)):
         raise bad("missing_eos_penalty", args.missing_eos_penalty, "it must be a number >= 0 (0: no penalty)")
     _validate_rollouts(args, bad)

@@ -553,6 +553,10 @@ def test_trls_rollout_options_are_their_trainers_flags_with_trls_defaults(task, 
 
 @pytest.mark.parametrize("task, flags, message", [
     ("ppo", ["--kl_estimator", "k2"], "--kl_estimator='k2' is not allowed; choose one of k1, k3"),
+    # --beta 0 loads no reference: the rewards pay no KL and the logged one is 0, whatever the estimator
+    ("ppo", ["--kl_estimator", "k3", "--beta", "0"], "--kl_estimator='k3' is not allowed; it estimates the KL the "
+                                                     "rewards pay, which --beta 0 turns off: give --beta > 0 with it, "
+                                                     "or leave it out"),
     ("ppo", ["--missing_eos_penalty", "-1"],
      "--missing_eos_penalty=-1.0 is not allowed; it must be a number >= 0 (0: no penalty)"),
     ("ppo", ["--missing_eos_penalty", "nan"],

@@ -41,8 +41,8 @@ from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_objec
 
 from dataset.atomic_io import atomic_write_text, file_digest, first_line, give_open_modes, read_text_file
 from dataset.json_text import strict_json
-from trainer.args import (ADDABLE_MODEL_FIELDS, GKD_FLAGS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
-                          scored_against_starting_weights, task_default, uses_lora)
+from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
+                          scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
 from trainer.dpo import DEFAULT_DISCOPOP_TAU, DPOLossType
 from trainer.rl_losses import default_scale_rewards
@@ -428,9 +428,12 @@ def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
     return _was_and_is(_changes(_with_implied_flags(state.get("config", {})), now))
 
 
-# Flags a rollout run recorded before they existed ran as their value here says (the behaviour before them).
-_ROLLOUT_FLAGS_BEFORE = {"grpo": {"importance_sampling_level": "token"},
-                         "ppo": {"kl_estimator": "k1", "whiten_rewards": False, "missing_eos_penalty": 0.0}}
+# Flags a run recorded before they existed ran as their value here says (the behaviour before them), written out:
+# a later change of a flag's default must not change what an old run is read to have done.
+_FLAGS_BEFORE = {"grpo": {"importance_sampling_level": "token"},
+                 "ppo": {"kl_estimator": "k1", "whiten_rewards": False, "missing_eos_penalty": 0.0},
+                 "distill": {"distill_loss": "kl", "jsd_beta": 0.5, "lmbda": 0.0, "seq_kd": False,
+                             "max_new_tokens": 128, "sampling_temperature": 0.9}}
 
 
 def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
@@ -441,12 +444,10 @@ def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
     sigmoid loss, unsmoothed, and one recorded before --loss_weights and --discopop_tau one loss type of weight 1
     (null, the default) and no discopop loss (the default tau, unread); a distillation run recorded before GKD's
     flags had Hinton's KL on the data's answers (--distill_loss kl, --lmbda 0, no --seq_kd; the others, which shape
-    only what it did not do, at their defaults); a GRPO or PPO run recorded before the flags of
-    _ROLLOUT_FLAGS_BEFORE ran as their values there say (per-token ratios; the k1 KL, rewards not whitened, no
-    missing-eos penalty)."""
-    if saved.get("task") == "distill" and saved.get("distill_loss") is None:
-        return {**saved, **{name: task_default("distill", name) for name in GKD_FLAGS if saved.get(name) is None}}
-    before = _ROLLOUT_FLAGS_BEFORE.get(saved["task"], {}) if isinstance(saved.get("task"), str) else {}
+    only what it did not do, at the values they came with); a distillation, GRPO or PPO run recorded before the
+    flags of _FLAGS_BEFORE ran as their values there say (that, per-token ratios; the k1 KL, rewards not whitened,
+    no missing-eos penalty)."""
+    before = _FLAGS_BEFORE.get(saved["task"], {}) if isinstance(saved.get("task"), str) else {}
     saved = {**saved, **{name: value for name, value in before.items() if saved.get(name) is None}}
     if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
         return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}

@@ -458,10 +458,14 @@ def test_a_finished_grpo_run_from_before_scale_rewards_is_asked_again_only_with_
     ("ppo", ["--missing_eos_penalty", "1"], "--missing_eos_penalty was 0.0 there and is 1.0 now"),
     ("grpo", ["--importance_sampling_level", "sequence"],
      "--importance_sampling_level was token there and is sequence now"),
+    ("distill", ["--distill_loss", "jsd"], "--distill_loss was kl there and is jsd now"),
+    ("distill", ["--lmbda", "0.5", "--max_new_tokens", "64"],
+     "--lmbda was 0.0 there and is 0.5 now, --max_new_tokens was 128 there and is 64 now"),
 ])
-def test_a_rollout_run_from_before_trls_options_resumes_as_before_and_notes_a_change(task, flags, note, tmp_path):
+def test_a_run_from_before_trls_options_resumes_as_before_and_notes_a_change(task, flags, note, tmp_path):
     """A PPO run recorded before --kl_estimator, --whiten_rewards and --missing_eos_penalty ran with the k1 KL,
-    unwhitened rewards and no penalty, a GRPO run before --importance_sampling_level with per-token ratios: resuming
+    unwhitened rewards and no penalty, a GRPO run before --importance_sampling_level with per-token ratios, a
+    distillation run before GKD's flags with Hinton's KL on the data (the values the flags came with): resuming
     it so notes nothing, with another value notes the change (it was silent: the flag is not in its config); a
     finished such run is asked again by the same command only, not by one with the new value."""
     import yaml
@@ -470,7 +474,8 @@ def test_a_rollout_run_from_before_trls_options_resumes_as_before_and_notes_a_ch
 
     base = ["--num_iterations", "2"] if task == "grpo" else []  # sequence-level ratios need a second update
     args = parse_args(task, ["--out_dir", str(tmp_path), *base])
-    new = ("kl_estimator", "whiten_rewards", "missing_eos_penalty", "importance_sampling_level")
+    new = ("kl_estimator", "whiten_rewards", "missing_eos_penalty", "importance_sampling_level", "distill_loss",
+           "jsd_beta", "lmbda", "seq_kd", "max_new_tokens", "sampling_temperature")
     recorded = {name: value for name, value in args.to_dict().items() if name != "model" and name not in new}
     assert changed_flags({"config": recorded}, args.to_dict()) == ""
     assert changed_flags({"config": recorded}, parse_args(task, [*base, *flags]).to_dict()) == note

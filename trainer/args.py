@@ -19,7 +19,7 @@ import yaml
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
 from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, flag_type, path_arg, seed, utf8_text
-from trainer.distillation import DistillLoss
+from trainer.distillation_losses import DistillLoss
 from trainer.dpo import DEFAULT_DISCOPOP_TAU, LABEL_SMOOTHED, DPOLossType, check_label_smoothing, parse_loss_types
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName

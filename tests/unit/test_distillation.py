@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from model import MiniNormConfig, MiniNormForCausalLM
-from trainer.distillation import Distillation, distillation_losses, load_teacher, tokenizer_mismatch
+from trainer.distillation import Distillation, load_teacher, tokenizer_mismatch
+from trainer.distillation_losses import distillation_losses
 
 VOCAB = 13
 

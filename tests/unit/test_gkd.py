@@ -17,8 +17,9 @@ from dataset.chat_format import IM_END
 from model import MiniNormConfig, MiniNormForCausalLM
 from model.generation import GenerationEngine
 from trainer import distillation
-from trainer.distillation import (CompletionSettings, CompletionSource, Distillation, distillation_losses,
-                                  last_answer_start, soft_divergences, step_source, with_completions)
+from trainer.distillation import (CompletionSettings, CompletionSource, Distillation, last_answer_start, step_source,
+                                  with_completions)
+from trainer.distillation_losses import distillation_losses, soft_divergences
 
 VOCAB = 11
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -139,6 +141,59 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def folder_lock(folder: Path, name: str, wait_s: float, what: str) -> Iterator[None]:
+    """Hold `folder` for one writer: an exclusive flock on its lock file `name`, which records the holder as
+    pid@host. Another holder is waited for up to `wait_s` seconds, then refused: a ValueError naming the folder,
+    the holder and `what` it is doing ("another save into it"). The kernel drops the lock with its process, so a
+    killed holder's is taken over at once (its file, left behind, is reused). The file is removed on release,
+    while still held: a waiter that locked the removed file sees it is no longer the folder's and tries again."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): unguarded
+        yield
+        return
+    path, deadline = folder / name, time.monotonic() + wait_s
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                raise ValueError(f"{folder}: {what} is under way ({_holder_words(holder)}; lock file {path}), still "
+                                 f"after {wait_s:g} s: let it end, then try again, or use another folder") from None
+            time.sleep(0.1)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        held = os.fstat(fd)
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # the file the last holder removed: lock the folder's own file
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}@{socket.gethostname()}".encode(), 0)
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _holder_words(holder: str) -> str:
+    """A lock file's pid@host in words for a refusal ("pid 4242 on host node1"); its first line otherwise."""
+    pid, at, host = holder.partition("@")
+    if at and pid.isdigit() and host:
+        return f"pid {pid} on host {host}"
+    return f"held by {holder.splitlines()[0][:80]!r}" if holder else "its holder unrecorded"
 
 
 def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from dataset.atomic_io import atomic_write_text, first_line, not_utf8
+from dataset.atomic_io import atomic_write_text, first_line, folder_lock, not_utf8
 from dataset.json_text import strict_json
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "model"
@@ -28,6 +29,10 @@ _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte no piece holds, a
 # [the names of the earlier save's and this one's]} while a save moves them in one by one, then {"files": [their
 # names]} once they are all in place.
 TOKENIZER_MARKER = "tokenizer_files.json"
+# Held by the one save moving files into a model directory (model_dir_lock), and how long another save waits for it:
+# the moves take seconds at most, so a longer hold is a stopped or stuck process, and the second save is refused.
+SAVE_LOCK = ".save.lock"
+SAVE_LOCK_WAIT_S = 60.0
 
 
 def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerBase:
@@ -49,6 +54,16 @@ def _tokenizer_record(folder: Path) -> Any:
         return _NO_MARKER
     except (OSError, ValueError) as error:  # not UTF-8, not JSON, unreadable
         return error
+
+
+@contextmanager
+def model_dir_lock(folder: Path) -> Iterator[None]:
+    """Hold model directory `folder` while a save moves its files in (trainer/export.py save_model_dir,
+    scripts/train_tokenizer.py): two saves at once would interleave their moves and leave a mix of both. A second
+    save waits up to SAVE_LOCK_WAIT_S seconds, then is refused in one line naming the folder and the holder
+    (dataset/atomic_io.py folder_lock; a killed holder's lock is taken over)."""
+    with folder_lock(folder, SAVE_LOCK, SAVE_LOCK_WAIT_S, "another save into it"):
+        yield
 
 
 def begin_tokenizer_save(folder: Path, names: Iterable[str]) -> None:

@@ -40,6 +40,7 @@ from dataset.tokenization import (  # noqa: E402
     TOKENIZER_MARKER,
     begin_tokenizer_save,
     end_tokenizer_save,
+    model_dir_lock,
 )
 from trainer.cli import ToolParser, int_within, path_arg, run_main  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
@@ -102,19 +103,21 @@ def save(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> list[Path]:
     """Save only the tokenizer files into ``out_dir`` (which may hold other files, like model/; made if missing).
     Each file is replaced whole, and the files jointly, as a model directory's are (trainer/export.py): the
     folder's TOKENIZER_MARKER says a save is under way before the first and lists them after the last, so a kill
-    between two leaves a folder that load_tokenizer refuses, not a mix of two tokenizers that loads as one."""
+    between two leaves a folder that load_tokenizer refuses, not a mix of two tokenizers that loads as one; and
+    they hold the folder (model_dir_lock) against another save into it at the same time."""
     with tempfile.TemporaryDirectory() as tmp:
         # save_jinja_files=False keeps the chat template inside tokenizer_config.json.
         tokenizer.save_pretrained(tmp, save_jinja_files=False)
         names = sorted(p.name for p in Path(tmp).iterdir())
         make_dirs(out_dir)
-        begin_tokenizer_save(out_dir, names)
-        written = []
-        for name in names:
-            with atomic_path(out_dir / name) as target:  # a kill leaves the old file or the new, never half
-                shutil.copyfile(Path(tmp) / name, target)
-            written.append(out_dir / name)
-        end_tokenizer_save(out_dir, names)
+        with model_dir_lock(out_dir):  # a model's save into the folder meanwhile would mix its files with these
+            begin_tokenizer_save(out_dir, names)
+            written = []
+            for name in names:
+                with atomic_path(out_dir / name) as target:  # a kill leaves the old file or the new, never half
+                    shutil.copyfile(Path(tmp) / name, target)
+                written.append(out_dir / name)
+            end_tokenizer_save(out_dir, names)
     return [*written, out_dir / TOKENIZER_MARKER]
 
 

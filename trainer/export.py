@@ -19,7 +19,7 @@ from accelerate import Accelerator
 from dataset.atomic_io import atomic_write_text, give_open_modes
 from dataset.chat_format import encode_chatml, encode_text
 from dataset.json_text import strict_json
-from dataset.tokenization import begin_tokenizer_save, end_tokenizer_save
+from dataset.tokenization import begin_tokenizer_save, end_tokenizer_save, model_dir_lock
 from model.generation_defaults import saved_generation_config
 from model.model import MiniNormForCausalLM
 from trainer.distributed import full_state_dict
@@ -41,7 +41,8 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, o
     """Write a plain HF model directory (a PEFT adapter directory for a PEFT model); each file is moved into place
     whole, and the tokenizer files jointly: the folder's TOKENIZER_MARKER says a save is under way before the first
     is moved in and records them all after the last (dataset/tokenization.py), so that a kill between two leaves
-    no mix of two tokenizers that a load would take for one."""
+    no mix of two tokenizers that a load would take for one. The moves hold the folder (model_dir_lock): another
+    save into it at the same time waits for them, and is refused in one line if they last over a minute."""
     base = model.get_base_model() if hasattr(model, "peft_config") else model
     base.generation_config = saved_generation_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -56,10 +57,11 @@ def save_model_dir(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, o
         tokenizer.save_pretrained(staging)
         tokenizer_files = sorted({item.name for item in staging.iterdir()} - before)
         give_open_modes(staging)
-        begin_tokenizer_save(out_dir, tokenizer_files)
-        for item in staging.iterdir():
-            os.replace(item, out_dir / item.name)
-        end_tokenizer_save(out_dir, tokenizer_files)
+        with model_dir_lock(out_dir):  # one save's moves at a time: two at once would leave a mix of both
+            begin_tokenizer_save(out_dir, tokenizer_files)
+            for item in staging.iterdir():
+                os.replace(item, out_dir / item.name)
+            end_tokenizer_save(out_dir, tokenizer_files)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -144,3 +144,29 @@ def test_an_export_that_fails_to_write_is_one_line_and_leaves_nothing(tmp_path):
         assert str(refused.value).startswith(f"writing {tmp_path / 'export'} failed: ") and "No space" in str(
             refused.value)
         assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_lock_whose_file_its_last_holder_removed_is_taken_on_the_folders_own_file(tmp_path, monkeypatch):
+    """folder_lock removes its file on release. A waiter that opened the file just before the holder removed it then
+    locked a file no longer in the folder, and a third writer creating the file anew would hold the folder beside
+    it. The waiter sees its file is not the folder's and locks the folder's own: inside the lock, the folder's lock
+    file is there and names this process."""
+    import fcntl
+    import socket
+
+    from dataset.atomic_io import folder_lock
+
+    real_flock, calls = fcntl.flock, []
+
+    def holder_removes_it_first(fd, operation):
+        if not calls:  # the holder releases between this open and this flock, removing its file
+            (tmp_path / ".lock").unlink()
+        calls.append(operation)
+        return real_flock(fd, operation)
+
+    (tmp_path / ".lock").write_text("4242@elsewhere")
+    monkeypatch.setattr(fcntl, "flock", holder_removes_it_first)
+    with folder_lock(tmp_path, ".lock", 0.0, "another save into it"):
+        assert (tmp_path / ".lock").read_text() == f"{os.getpid()}@{socket.gethostname()}"
+        assert len(calls) == 2
+    assert not (tmp_path / ".lock").exists()

@@ -464,22 +464,170 @@ def test_two_saves_at_once_into_one_directory_keep_each_others_staging_folder(tm
     from dataset.tokenization import load_tokenizer
 
     first, second = _two_tokenizers()
-    begin = export.begin_tokenizer_save
+    give_open_modes = export.give_open_modes  # called once A's files are staged, before it holds the folder
     seen = []
 
-    def save_b_meanwhile(folder, names):
+    def save_b_meanwhile(staging):
+        give_open_modes(staging)
+        folder = staging.parent
         staged = _staging_folders(folder)
         assert _save_in_another_process(folder, "second") == 0
         assert _described(load_tokenizer(folder)) == _described(second)  # B's save, whole
         seen.append((staged, _staging_folders(folder)))
-        begin(folder, names)
 
-    monkeypatch.setattr(export, "begin_tokenizer_save", save_b_meanwhile)
+    monkeypatch.setattr(export, "give_open_modes", save_b_meanwhile)
     export.save_model_dir(_tiny_model(), first, tmp_path)
     [(staged, after_b)] = seen
     assert len(staged) == 1 and after_b == staged  # A's, still there once B was done
     assert _staging_folders(tmp_path) == []
     assert _described(load_tokenizer(tmp_path)) == _described(first)
+
+
+# A save into a folder (argv: the repository, "model" for save_model_dir or "tokenizer" for train_tokenizer.py's save,
+# the folder, a folder for event files, then "second" for a tokenizer with another chat template; "held": once it
+# holds the folder, it writes EVENTS/holding and waits for EVENTS/release before moving its files in; "waits": it
+# writes EVENTS/waiting when it waits for another save's hold).
+SAVE_AT_ONCE = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+what, folder, events = sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+import dataset.atomic_io as atomic_io
+from dataset.tokenization import load_tokenizer
+tokenizer = load_tokenizer(None)
+if "second" in sys.argv:
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    tokenizer.model_max_length = 77
+def held(begin):
+    def hold_then_begin(*args):
+        (events / "holding").write_text("")
+        while not (events / "release").exists():
+            time.sleep(0.02)
+        begin(*args)
+    return hold_then_begin
+if "waits" in sys.argv:
+    sleep = time.sleep
+    def note_then_sleep(seconds):
+        (events / "waiting").write_text("")
+        sleep(seconds)
+    atomic_io.time.sleep = note_then_sleep
+if what == "model":
+    import trainer.export as export
+    from model.config import MiniNormConfig
+    from model.model import MiniNormForCausalLM
+    if "held" in sys.argv:
+        export.begin_tokenizer_save = held(export.begin_tokenizer_save)
+    export.save_model_dir(MiniNormForCausalLM(MiniNormConfig(hidden_size=32, num_hidden_layers=1,
+                                                             num_attention_heads=4, num_key_value_heads=2)),
+                          tokenizer, folder)
+else:
+    import scripts.train_tokenizer as script
+    if "held" in sys.argv:
+        script.begin_tokenizer_save = held(script.begin_tokenizer_save)
+    script.save(tokenizer, folder)
+"""
+
+
+def _start_save(what: str, folder, events, *how: str):
+    import subprocess
+    import sys
+
+    events.mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, "-c", SAVE_AT_ONCE, str(REPO), what, str(folder), str(events), *how],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(event, process) -> None:
+    """Until the file `event` exists; fails if `process` ends first (a bound on the wait, not on its time)."""
+    import time
+
+    deadline = time.monotonic() + 300
+    while not event.exists():
+        if process.poll() is not None:
+            err = process.communicate()[1]
+            raise AssertionError(f"ended ({process.returncode}) before {event.name}: {err[-3000:]}")
+        assert time.monotonic() < deadline, f"no {event.name} in 300 s"
+        time.sleep(0.02)
+
+
+def _ended(process) -> int:
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-3000:]
+    return process.returncode
+
+
+@pytest.mark.parametrize("holder", ["model", "tokenizer"])
+def test_a_save_into_a_folder_another_process_is_saving_into_is_refused_naming_it(holder, tmp_path, monkeypatch):
+    """Two saves into one folder at once (two runs given the same --out_dir, or train_tokenizer.py beside a model's
+    save) moved their files in interleaved and left a mix of both. A save moving its files in holds the folder:
+    another save, past its wait, is refused in one line naming the folder and the holder's pid and host, and
+    changes nothing; the holder's save completes whole and leaves no lock file."""
+    import socket
+
+    import dataset.tokenization as tokenization
+    import scripts.train_tokenizer as script
+    import trainer.export as export
+    from dataset.tokenization import load_tokenizer
+
+    first, second = _two_tokenizers()
+    folder, events = tmp_path / "model", tmp_path / "events"
+    holding = _start_save(holder, folder, events, "held")
+    _wait_for(events / "holding", holding)
+    monkeypatch.setattr(tokenization, "SAVE_LOCK_WAIT_S", 0.0)
+    before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+    for save in (lambda: export.save_model_dir(_tiny_model(), second, folder), lambda: script.save(second, folder)):
+        with pytest.raises(ValueError) as refused:
+            save()
+        assert str(refused.value) == (f"{folder}: another save into it is under way (pid {holding.pid} on host "
+                                      f"{socket.gethostname()}; lock file {folder / '.save.lock'}), still after 0 s: "
+                                      f"let it end, then try again, or use another folder")
+        assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == before
+    (events / "release").write_text("")
+    _ended(holding)
+    assert _described(load_tokenizer(folder)) == _described(first)
+    assert not (folder / ".save.lock").exists() and _staging_folders(folder) == []
+
+
+@pytest.mark.parametrize("holder, waiter", [("model", "model"), ("tokenizer", "model"), ("model", "tokenizer")])
+def test_a_save_waits_for_the_save_holding_the_folder_then_saves_whole(holder, waiter, tmp_path):
+    """Within its wait (a minute by default), a second save waits for the one holding the folder and then moves its
+    own files in: the folder is the second save's whole, not a mix."""
+    from dataset.tokenization import load_tokenizer
+
+    _, second = _two_tokenizers()
+    folder, events = tmp_path / "model", tmp_path / "events"
+    holding = _start_save(holder, folder, events, "held")
+    _wait_for(events / "holding", holding)
+    waiting = _start_save(waiter, folder, events, "second", "waits")
+    _wait_for(events / "waiting", waiting)
+    (events / "release").write_text("")
+    _ended(holding)
+    _ended(waiting)
+    assert _described(load_tokenizer(folder)) == _described(second)
+    assert json.loads((folder / "tokenizer_files.json").read_text()).get("writing") is None
+    assert not (folder / ".save.lock").exists()
+
+
+def test_a_killed_saves_hold_on_the_folder_is_taken_over(tmp_path, monkeypatch):
+    """A save killed while it held the folder leaves its lock file, naming its pid; the kernel released its lock
+    with the process, so the next save takes the folder at once (no wait) and saves whole."""
+    import signal
+
+    import dataset.tokenization as tokenization
+    import trainer.export as export
+    from dataset.tokenization import load_tokenizer
+
+    _, second = _two_tokenizers()
+    folder, events = tmp_path / "model", tmp_path / "events"
+    killed = _start_save("model", folder, events, "held")
+    _wait_for(events / "holding", killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=300)
+    assert (folder / ".save.lock").read_text().startswith(f"{killed.pid}@")
+    monkeypatch.setattr(tokenization, "SAVE_LOCK_WAIT_S", 0.0)
+    export.save_model_dir(_tiny_model(), second, folder)
+    assert _described(load_tokenizer(folder)) == _described(second)
+    assert not (folder / ".save.lock").exists()
 
 
 def test_a_save_after_a_stopped_one_removes_the_stopped_saves_files_it_does_not_write(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ importing it costs nothing (the trainer, the metrics log and the sweep runner al
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import socket
@@ -168,6 +169,13 @@ def folder_lock(folder: Path, name: str, wait_s: float, what: str) -> Iterator[N
                                  f"after {wait_s:g} s: let it end, then try again, or use another folder") from None
             time.sleep(0.1)
             continue
+        except OSError as error:  # a file system without locks (some network mounts: ENOLCK, EOPNOTSUPP)
+            os.close(fd)
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
+                raise
+            path.unlink(missing_ok=True)
+            yield  # unguarded, as without flock: a save must not fail for want of a lock
+            return
         except BaseException:
             os.close(fd)
             raise

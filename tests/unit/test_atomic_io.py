@@ -170,3 +170,31 @@ def test_a_folder_lock_whose_file_its_last_holder_removed_is_taken_on_the_folder
         assert (tmp_path / ".lock").read_text() == f"{os.getpid()}@{socket.gethostname()}"
         assert len(calls) == 2
     assert not (tmp_path / ".lock").exists()
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "EOPNOTSUPP"])
+def test_a_folder_lock_on_a_file_system_without_locks_lets_the_save_go_on_unguarded(tmp_path, monkeypatch, code):
+    """Some network mounts refuse flock (ENOLCK, EOPNOTSUPP): the save goes on as where there is no flock at all
+    (a lock is a guard against a rare overlap, not a condition of saving), and leaves no lock file; any other
+    error of flock is raised."""
+    import errno
+    import fcntl
+
+    from dataset.atomic_io import folder_lock
+
+    def refused(fd, operation):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    entered = []
+    with folder_lock(tmp_path, ".lock", 0.0, "another save into it"):
+        entered.append(True)
+    assert entered == [True] and not (tmp_path / ".lock").exists()
+
+    def broken(fd, operation):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(fcntl, "flock", broken)
+    with pytest.raises(OSError, match="I/O error"):
+        with folder_lock(tmp_path, ".lock", 0.0, "another save into it"):
+            pass

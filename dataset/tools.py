@@ -45,7 +45,7 @@ from dataset.wiki_qa import split_sentences  # noqa: E402
 ERROR_PREFIX = "Error: "
 ELLIPSIS = "…"
 # The default model's context is 512 tokens, and the SFT that teaches the tools trains on rows of 384 (pretraining's
-# are 256; trainer/args.py): a tool result must stay a fraction of a row.
+# are 256; trainer/arg_fields.py): a tool result must stay a fraction of a row.
 DEFAULT_RESULT_CHARS = 400
 
 

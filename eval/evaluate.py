@@ -160,7 +160,8 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32", lora=adapter)
     apply_rope_scaling_flag(model, path, adapter, rope_scaling_factor)
     if max_seq_len is None:  # the rows the weights trained on, times the extension
-        from trainer.args import task_default  # a model whose runs recorded none (an import): pretraining's rows
+        # a model whose runs recorded none (an import): pretraining's rows
+        from trainer.arg_fields import task_default
 
         trained = trained_length(path, adapter) or task_default("pretrain", "max_seq_len")
         max_seq_len = int(trained * (rope_scaling_factor or 1))

@@ -85,7 +85,7 @@ def _swiglu_hidden(hidden_size: int) -> int:
 
 # Named shapes. "cpu-default" (the first default) fits a pretraining run in 10 minutes on 2 CPU cores; "cpu-deep"
 # and "cpu-wide" have about its parameter count (4.4M and 4.3M against 4.5M) at twice and half its depth, for
-# recipe searches of depth against width: "cpu-wide" won and is the pretraining default (trainer/args.py,
+# recipe searches of depth against width: "cpu-wide" won and is the pretraining default (trainer/arg_fields.py,
 # docs/recipe.md); the minimind-* presets match MiniMind's published sizes.
 PRESETS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType({
     "cpu-default": MappingProxyType(dict(

@@ -41,8 +41,8 @@ from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_objec
 
 from dataset.atomic_io import atomic_write_text, file_digest, first_line, give_open_modes, read_text_file
 from dataset.json_text import strict_json
-from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
-                          scored_against_starting_weights, uses_lora)
+from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
+                                scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
 from trainer.dpo import DEFAULT_DISCOPOP_TAU, DPOLossType
 from trainer.rl_losses import default_scale_rewards

@@ -122,7 +122,7 @@ SEED_RANGE = (0, 2 ** 32 - 1)  # what numpy's and torch's seeding take
 
 def flag_type(kind: type, function: Callable[[str], object]) -> Callable[[str], object]:
     """`function` marked with the Python type it returns (`kind`), which a --config YAML's checks name
-    (trainer/args.py)."""
+    (trainer/arg_yaml.py)."""
     function.kind = kind  # type: ignore[attr-defined]
     return function
 

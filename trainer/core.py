@@ -35,9 +35,9 @@ from dataset.json_text import strict_json
 from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
-from trainer.args import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
-                          requested_model_fields, resolve_copy_rows, scored_against_starting_weights,
-                          settable_model_fields, uses_lora)
+from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
+                                requested_model_fields, resolve_copy_rows, scored_against_starting_weights,
+                                settable_model_fields, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
 from trainer.checkpoint import (OBJECTIVE_STATE_KEY, RunStart, adopt_saved_architecture, agree_on_start,

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from dataset.split_names import DPO, GRPO, LORA, PRETRAIN, SFT, SFT_TOOLS, SplitNames
-from trainer.args import TrainArgs
+from trainer.arg_fields import TrainArgs
 from trainer.run_dir import ROLLOUT_TASKS, resolve_path
 
 if TYPE_CHECKING:

@@ -194,7 +194,7 @@ def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
                     muon_weight_decay: float, muon_momentum: float, muon_adjust_lr: str,
                     orthogonalize_in_fp32: bool = False) -> torch.optim.Optimizer:
     """The run's optimizer. `learning_rate` and `weight_decay` are AdamW's; the muon_* values are Muon's (no
-    defaults here: the trainer's flags own them, trainer/args.py); `orthogonalize_in_fp32`: Muon's Newton-Schulz
+    defaults here: the trainer's flags own them, trainer/arg_fields.py); `orthogonalize_in_fp32`: Muon's Newton-Schulz
     iteration in fp32 rather than torch's bf16."""
     if OptimizerName(optimizer) is OptimizerName.ADAMW:
         return adamw(decay_groups(model, weight_decay), learning_rate)

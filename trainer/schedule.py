@@ -19,7 +19,7 @@ class LRSchedule(StrEnum):
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: float, schedule: str,
                   decay_fraction: float) -> float:
     """Factor on the peak learning rate before optimizer step `step` (0-based). No defaults here: the trainer's
-    flags own them (--lr_schedule, --decay_fraction; trainer/args.py)."""
+    flags own them (--lr_schedule, --decay_fraction; trainer/arg_fields.py)."""
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
     if LRSchedule(schedule) is LRSchedule.WSD:

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from model.model import MiniNormForCausalLM
 from tests.training_runs import (assert_same_logged_metrics, assert_same_model, finetune_argv, launch_two_processes,
                                  pretrain_argv, run_in_process, sft_argv, train_losses)
-from trainer.args import COPY_ROWS_TO_LEARN
+from trainer.arg_fields import COPY_ROWS_TO_LEARN
 from trainer.run_dir import read_metrics
 
 # The weight drops from 1.0 to 0.5 after step 4, so a run resumed at step 3 crosses the switch; the rows have cue pairs.

@@ -148,7 +148,7 @@ def test_a_checkpoint_from_before_the_gkd_flags_resumes_as_before(distilled, tra
     --distill_loss jsd it notes that change."""
     import json
 
-    from trainer.args import GKD_FLAGS
+    from trainer.arg_fields import GKD_FLAGS
 
     old = tmp_path / "old" / "step_00000003"
     shutil.copytree(distilled / "checkpoints" / "step_00000003", old)

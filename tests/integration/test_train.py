@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, refused_run, run_in_process, sft_argv,
                                  strict_json_files, train_losses, val_losses, write_jsonl)
-from trainer.args import args_from_run_config, build_model_config, parse_args
+from trainer.arg_fields import build_model_config
+from trainer.args import args_from_run_config, parse_args
 from trainer.core import Trainer, TrainingDiverged, main
 from trainer.run_dir import final_metric, read_metrics, read_summary
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from trainer.args import (FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FLAGS, _build_parser, _section_heading,
-                          task_flags)
+from trainer.arg_fields import FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FLAGS, task_flags
+from trainer.arg_parser import build_parser, section_heading
 from tests.paths import REPO
 
 TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo")
@@ -35,7 +35,7 @@ def help_entries(text: str) -> dict[str, tuple[str, str]]:
 
 
 def section_titles(task: str) -> set[str]:
-    return {_section_heading(key, task)[0] for key in FLAG_GROUPS}
+    return {section_heading(key, task)[0] for key in FLAG_GROUPS}
 
 
 def test_the_sections_are_the_named_ones():
@@ -44,7 +44,7 @@ def test_the_sections_are_the_named_ones():
 
 @pytest.mark.parametrize("task", TASKS)
 def test_every_flag_has_help_and_a_named_section(task):
-    parser = _build_parser(task)
+    parser = build_parser(task)
     flags = {action.option_strings[0]: action for action in parser._actions}
     assert set(flags) == GENERAL | {f"--{name}" for name in task_flags(task) | set(MODEL_FIELDS)}
     for flag, action in flags.items():
@@ -64,7 +64,7 @@ def test_every_flag_has_help_and_a_named_section(task):
 
 @pytest.mark.parametrize("task", TASKS)
 def test_task_only_flags_show_only_for_their_task(task):
-    entries = help_entries(_build_parser(task).format_help())
+    entries = help_entries(build_parser(task).format_help())
     for names in TASK_FLAGS.values():
         for name in names:  # a flag several tasks own (GRPO's --beta, --temperature) shows for each of them
             owned = name in TASK_FLAGS.get(task, ())
@@ -110,7 +110,7 @@ def test_task_only_flags_show_only_for_their_task(task):
     ("ppo", "lam", "0.95"),
 ])
 def test_help_shows_the_tasks_own_default(task, flag, default):
-    _, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]
+    _, entry = help_entries(build_parser(task).format_help())[f"--{flag}"]
     assert entry.endswith(f"(default: {default})"), entry
 
 
@@ -140,7 +140,7 @@ def test_trainer_help_command(script, default, capsys, monkeypatch):
     ("ppo", "reward", "PPO", "TRL's signature"),
 ])
 def test_a_shared_flag_has_each_tasks_section_and_help(task, flag, section, words):
-    found, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]
+    found, entry = help_entries(build_parser(task).format_help())[f"--{flag}"]
     assert found == section and words in entry
 
 
@@ -159,7 +159,7 @@ def test_scale_rewards_none_is_a_value_and_unset_resolves_by_loss_type(tmp_path)
     config = tmp_path / "grpo.yaml"
     config.write_text("scale_rewards: none\n")
     assert parse_args("grpo", ["--config", str(config)]).scale_rewards == "none"
-    _, entry = help_entries(_build_parser("grpo").format_help())["--scale_rewards"]
+    _, entry = help_entries(build_parser("grpo").format_help())["--scale_rewards"]
     assert "group | batch | none: what divides" in entry and entry.endswith("(default: none with --loss_type dr_grpo, "
                                                                         "else group)")
 
@@ -281,7 +281,8 @@ def test_an_unknown_task_lists_the_tasks_as_every_choice_is_listed():
 def test_sft_gives_the_model_smeared_keys_unless_told_not_to():
     """SFT's default adds smeared keys (its copy rows need them); --smeared_keys false keeps a plain model plain;
     the other fine-tuning tasks set no model field by default."""
-    from trainer.args import parse_args, requested_model_fields
+    from trainer.arg_fields import requested_model_fields
+    from trainer.args import parse_args
 
     assert requested_model_fields(parse_args("sft", [])) == {"smeared_keys": True}
     assert requested_model_fields(parse_args("sft", ["--smeared_keys", "false"])) == {"smeared_keys": False}
@@ -289,7 +290,8 @@ def test_sft_gives_the_model_smeared_keys_unless_told_not_to():
 
 
 def test_unset_copy_rows_teach_only_a_model_given_smeared_keys_in_this_run():
-    from trainer.args import COPY_ROWS_TO_LEARN, parse_args, resolve_copy_rows
+    from trainer.arg_fields import COPY_ROWS_TO_LEARN, resolve_copy_rows
+    from trainer.args import parse_args
     sft = parse_args("sft", [])
     assert sft.copy_rows is None
     assert resolve_copy_rows(sft, ["smeared_keys"]) == COPY_ROWS_TO_LEARN > 0
@@ -544,11 +546,11 @@ def test_trls_rollout_options_are_their_trainers_flags_with_trls_defaults(task, 
     trainer does not take them (TRL's GRPO has no missing_eos_penalty, its PPO no sequence-level ratio)."""
     from trainer.args import parse_args
 
-    section, entry = help_entries(_build_parser(task).format_help())[f"--{flag}"]
+    section, entry = help_entries(build_parser(task).format_help())[f"--{flag}"]
     assert section.startswith(task.upper()) and words in entry and entry.endswith(f"(default: {default})"), entry
     assert str(getattr(parse_args(task, []), flag)) == default
     other = "grpo" if task == "ppo" else "ppo"
-    assert f"--{flag}" not in help_entries(_build_parser(other).format_help())
+    assert f"--{flag}" not in help_entries(build_parser(other).format_help())
 
 
 @pytest.mark.parametrize("task, flags, message", [

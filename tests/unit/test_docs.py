@@ -287,7 +287,7 @@ def test_the_readmes_preset_sizes_are_the_models(preset: str) -> None:
 def test_every_trainer_flag_is_documented(command_flags: dict[str, set[str]]) -> None:
     """A trainer's flag is named in training.md or post_training.md; a model field (also a flag) in the README's
     table, architecture.md or training.md."""
-    from trainer.args import MODEL_FIELDS
+    from trainer.arg_fields import MODEL_FIELDS
     def text(*names: str) -> str:
         return "".join((REPO / name).read_text(encoding="utf-8") for name in names)
     flags_text = text("docs/training.md", "docs/post_training.md")

@@ -255,10 +255,10 @@ def test_rows_default_to_the_length_the_run_trained_on(tiny_models, tmp_path) ->
 
 def test_a_model_that_records_no_length_is_scored_in_pretrainings_default_rows(tiny_models, monkeypatch) -> None:
     """The rows of a model whose runs recorded no --max_seq_len (an imported checkpoint) are pretraining's default
-    --max_seq_len, read from its owner (trainer/args.py), where evaluate.py kept a 256 of its own."""
-    import trainer.args
+    --max_seq_len, read from its owner (trainer/arg_fields.py), where evaluate.py kept a 256 of its own."""
+    import trainer.arg_fields
 
     data = [str(tiny_models.pretrain_data)]  # tiny_models.pretrain records its task only, 128 positions
-    monkeypatch.setitem(trainer.args._DEFAULTS, "max_seq_len", 12)
+    monkeypatch.setitem(trainer.arg_fields.FLAG_DEFAULTS, "max_seq_len", 12)
     assert evaluate_model_dir(tiny_models.pretrain, data, with_samples=False)["max_seq_len"] == 12
     assert evaluate_model_dir(tiny_models.pretrain, data, rope_scaling_factor=2.0)["max_seq_len"] == 24

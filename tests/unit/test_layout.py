@@ -260,7 +260,7 @@ def test_every_command_line_is_parsed_by_the_shared_tool_parser() -> None:
     own = [name for name, calls in constructions.items() if "ArgumentParser" in calls and name != "trainer/cli.py"]
     assert own == []
     users = {name for name, calls in constructions.items() if "ToolParser" in calls}
-    assert {"trainer/args.py", "eval/evaluate.py", "scripts/sweep.py", "eval/benchmarks/time_to_loss.py",
+    assert {"trainer/arg_parser.py", "eval/evaluate.py", "scripts/sweep.py", "eval/benchmarks/time_to_loss.py",
             "eval/studies/ablation_report.py"} <= users
 
 

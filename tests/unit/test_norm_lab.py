@@ -19,7 +19,8 @@ from model.config import MiniNormConfig
 from model.llama_compat import NotExportable, check_compatible, check_exportable
 from model.model import Attention, MiniNormForCausalLM
 from model.norms import DyT, LayerNorm, RMSNorm, build_norm
-from trainer.args import MODEL_FIELDS, build_model_config, parse_args
+from trainer.arg_fields import MODEL_FIELDS, build_model_config
+from trainer.args import parse_args
 from tests.model_training import assert_fits_batch
 from trainer.diagnostics import NormDiagnostics
 

@@ -22,7 +22,7 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's defaults (Kell
 NS_STEPS = 5
 
 
-# The trainer flags' Muon defaults (trainer/args.py), which build_optimizer takes as required keywords.
+# The trainer flags' Muon defaults (trainer/arg_fields.py), which build_optimizer takes as required keywords.
 MUON = dict(muon_lr=0.02, muon_weight_decay=0.01, muon_momentum=0.95, muon_adjust_lr="original")
 
 

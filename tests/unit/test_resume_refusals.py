@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.args import parse_args, requested_model_fields
+from trainer.arg_fields import requested_model_fields
+from trainer.args import parse_args
 from trainer.checkpoint import check_resume_compatible, check_resume_length
 
 CHECKPOINT = Path("/runs/x/checkpoints/step_00000002")

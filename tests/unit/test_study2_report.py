@@ -370,7 +370,8 @@ def test_summarize_medians_and_ratio():
 
 
 def test_variant_argv_is_the_trial_without_diagnostics():
-    from trainer.args import build_model_config, parse_args
+    from trainer.arg_fields import build_model_config
+    from trainer.args import parse_args
     config = yaml.safe_load((REPO / "scripts/sweep_configs/study2_lr.yaml").read_text())
     argv = bench.variant_argv(config, f"{VARIANTS}/olmo2.yaml", "/tmp/unused", compile_mode="off")
     args = parse_args("pretrain", argv)

@@ -8,7 +8,7 @@ load hits every variant alike), each the median over rounds of a round's median:
     run's activation shape, batch x max_seq_len x hidden_size;
   - step: a full training step of the default pretraining model with that norm (forward, loss, backward,
     clipping, the default optimizer, under the default precision), on random tokens of the default batch shape.
-The defaults are the pretraining trainer's own (trainer/args.py: TASK_DEFAULTS["pretrain"] over TrainArgs), so
+The defaults are the pretraining trainer's own (trainer/arg_fields.py: TASK_DEFAULTS["pretrain"] over TrainArgs), so
 the table follows them when they change.
 """
 
@@ -25,7 +25,7 @@ import torch
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from model.norms import build_norm
-from trainer.args import TASK_DEFAULTS, TrainArgs, build_model_config
+from trainer.arg_fields import TASK_DEFAULTS, TrainArgs, build_model_config
 from trainer.core import make_optimizer
 from trainer.machine import resolve_dtype
 

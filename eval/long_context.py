@@ -26,13 +26,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script, from any directory
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
+from trainer.cli import begin_command  # noqa: E402
 
-quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
+begin_command(__name__)  # a Ctrl-C while the imports below load: one line, exit 130; OpenMP's spin bounded first
 
-from trainer.threads import add_threads_flag, bound_openmp_waits, start_threads  # noqa: E402
-
-bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+from trainer.threads import add_threads_flag, start_threads  # noqa: E402
 
 import math  # noqa: E402
 from dataclasses import dataclass  # noqa: E402

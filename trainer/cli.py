@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from dataset.atomic_io import not_utf8_at
 from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
+from trainer.threads import bound_openmp_waits
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -64,6 +65,17 @@ def quiet_ctrl_c_while_loading(module_name: str) -> None:
     stays ignored."""
     if module_name == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_while_loading)
+
+
+def begin_command(module_name: str) -> None:
+    """The start of a command that runs a model, called by its file with its `__name__` right after the sys.path
+    line, before any other import: quiet_ctrl_c_while_loading(module_name) first (run as the command, a Ctrl-C
+    while the rest loads is one line and EXIT_INTERRUPTED), then trainer/threads.py's bound_openmp_waits (also when the
+    file is only imported), which must run before anything imports torch: libgomp reads the wait policy when torch
+    loads. A command that runs no model for long calls quiet_ctrl_c_while_loading alone and leaves OpenMP's
+    spin as it is (the kernel benchmarks time it so)."""
+    quiet_ctrl_c_while_loading(module_name)
+    bound_openmp_waits()
 
 
 def done_on_ctrl_c(line: str) -> None:

@@ -10,8 +10,8 @@ iterations) on the core the first one needs: the step became 4-6x slower (docs/b
 Two settings, both decided once per process:
 - OpenMP's spin, bounded (`bound_openmp_waits`, GOMP_SPINCOUNT=SPIN_COUNT): a waiting thread soon sleeps and
   gives its core back. libgomp reads it when it loads, that is when torch is imported, so every tool that runs a
-  model calls this first thing (tests/unit/test_layout.py checks it). A value the user set (GOMP_SPINCOUNT or
-  OMP_WAIT_POLICY) is kept.
+  model calls this first thing, through trainer/cli.py's begin_command (tests/unit/test_layout.py checks it). A
+  value the user set (GOMP_SPINCOUNT or OMP_WAIT_POLICY) is kept.
 - The thread count (`ThreadPolicy`, `--threads auto`, the default): the cores this process may use (its CPU
   affinity, a cgroup CPU quota) minus the cores other processes keep busy on them at start, at least one. Others'
   load is measured, not guessed from /proc/loadavg (which counts our own threads): the busy time of our CPUs in

@@ -9,13 +9,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from the repo root or from trainer/
 
-from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
+from trainer.cli import begin_command  # noqa: E402
 
-quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
-
-from trainer.threads import bound_openmp_waits  # noqa: E402
-
-bound_openmp_waits()  # before anything imports torch: OpenMP reads its wait policy when torch loads
+begin_command(__name__)  # a Ctrl-C while the imports below load: one line, exit 130; OpenMP's spin bounded first
 
 from functools import partial  # noqa: E402
 

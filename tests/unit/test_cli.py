@@ -79,6 +79,29 @@ def test_ctrl_c_ends_a_tool_in_one_line_with_the_shells_code(capsys):
     assert captured.err == "interrupted\n" and captured.out == "half of the answer\n"
 
 
+@pytest.mark.parametrize("module_name", ["__main__", "eval.chat"])
+def test_begin_command_bounds_openmp_waits_and_quiets_ctrl_c_only_as_the_command(module_name, monkeypatch):
+    """A model-running command's one start-up call: OpenMP's spin bounded whether the file runs or is imported (as
+    its own bound_openmp_waits() call did), Ctrl-C's loading-time handler only where it runs as the command (what
+    that handler prints: tests/unit/test_tool_mains.py)."""
+    import os
+    import signal
+
+    from trainer.cli import begin_command
+    from trainer.threads import SPIN_COUNT
+
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)  # conftest bounded it for the whole session
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        begin_command(module_name)
+        handler = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert os.environ["GOMP_SPINCOUNT"] == str(SPIN_COUNT)
+    assert (handler is not signal.default_int_handler) == (module_name == "__main__")
+
+
 def test_run_main_exits_with_mains_code(capsys):
     from trainer.cli import run_main
 

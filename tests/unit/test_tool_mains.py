@@ -85,11 +85,12 @@ def _module(node: ast.stmt) -> str:
 
 def loading_problem(source: str) -> str | None:
     """Why a Ctrl-C while the command's imports load would print a traceback (None: it would not): the file calls
-    trainer.cli's quiet_ctrl_c_while_loading(__name__) at module level before its first import of a module beyond
-    the standard library (torch, numpy, the project's own) other than trainer.cli itself."""
+    trainer.cli's quiet_ctrl_c_while_loading(__name__), or begin_command(__name__) which calls it, at module level
+    before its first import of a module beyond the standard library (torch, numpy, the project's own) other than
+    trainer.cli itself."""
     tree = ast.parse(source)
     for node in tree.body:
-        if (call := _call_of(node, "quiet_ctrl_c_while_loading")) is not None:
+        if (call := _call_of(node, "quiet_ctrl_c_while_loading") or _call_of(node, "begin_command")) is not None:
             return None if [ast.unparse(a) for a in call.args] == ["__name__"] else "called without __name__"
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             top = _module(node).split(".")[0]
@@ -105,6 +106,8 @@ def test_every_command_is_quiet_about_a_ctrl_c_while_it_loads() -> None:
     assert loading_problem("import torch\nfrom trainer.cli import quiet_ctrl_c_while_loading\n"
                            "quiet_ctrl_c_while_loading(__name__)\n") == (
         "line 1: torch loads before quiet_ctrl_c_while_loading(__name__)")
+    assert loading_problem("from trainer.cli import begin_command\nbegin_command(__name__)\nimport torch\n") is None
+    assert loading_problem("from trainer.cli import begin_command\nbegin_command('x')\n") == "called without __name__"
 
 
 SLOW_IMPORT = """
@@ -115,21 +118,22 @@ time.sleep(120)
 LOADING_COMMAND = """
 import sys
 sys.path[:0] = [{repo!r}, {here!r}]
-from trainer.cli import quiet_ctrl_c_while_loading, run_main
-quiet_ctrl_c_while_loading(__name__)
+from trainer.cli import {start}, run_main
+{start}(__name__)
 import slow_module
 """
 
 
+@pytest.mark.parametrize("start", ["quiet_ctrl_c_while_loading", "begin_command"])
 @pytest.mark.parametrize("ignored", [False, True])
-def test_ctrl_c_while_a_command_loads_is_one_line_and_exit_130(tmp_path, ignored: bool) -> None:
+def test_ctrl_c_while_a_command_loads_is_one_line_and_exit_130(tmp_path, ignored: bool, start: str) -> None:
     """Torch and the rest load for seconds before run_main runs: a Ctrl-C then was a KeyboardInterrupt traceback
     of 50-70 lines through the import machinery. An ignored SIGINT (a shell's background job) stays ignored."""
     import signal
     import time
 
     (tmp_path / "slow_module.py").write_text(SLOW_IMPORT)
-    (tmp_path / "command.py").write_text(LOADING_COMMAND.format(repo=str(REPO), here=str(tmp_path)))
+    (tmp_path / "command.py").write_text(LOADING_COMMAND.format(repo=str(REPO), here=str(tmp_path), start=start))
     # The child's SIGINT set either way, not inherited: a test process started in the background (a shell's `&`)
     # has it ignored, and the child with it (the case below that must exit 130 then never did).
     disposition = signal.SIG_IGN if ignored else signal.SIG_DFL

@@ -415,17 +415,39 @@ def check_resume_length(path: Path, state: dict[str, Any], args: TrainArgs, tota
                          f"{state['epoch'] + 1}", why, f"resume with --epochs {state['epoch'] + 1} or more")
 
 
-# Flags a resume compares elsewhere, or that name a place rather than a setting (a moved file is the same file).
+# Flags a resume compares elsewhere, or that name a place rather than a setting (a moved file is the same file), or
+# whose place is compared as the directory it resolves to (REWARD_MODEL_FLAG: _reward_model_change).
 _NOT_NOTED = frozenset({"resume", "overwrite", "out_dir", "data_path", "val_data_path", "tokenizer_path",
                         "from_weight", "teacher", "reward_model", "threads"})
+REWARD_MODEL_FLAG = "reward_model"
 
 
 def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
     """The run's settings that differ from the checkpoint's (a resume may change them: the learning rate, the
-    length, the intervals), as '--a was 1 there and is 2 now, ...'; "" when none does. The kept flags are
-    refused before this (check_resume_compatible), so what is named here is what the run goes on with anew."""
+    length, the intervals, the rewards: --reward and --reward_model, the latter as the directory it names), as
+    '--a was 1 there and is 2 now, ...'; "" when none does. The kept flags are refused before this
+    (check_resume_compatible), so what is named here is what the run goes on with anew."""
+    saved = _with_implied_flags(state.get("config", {}))
     now = {name: value for name, value in config.items() if name not in _NOT_NOTED}
-    return _was_and_is(_changes(_with_implied_flags(state.get("config", {})), now))
+    return _was_and_is({**_changes(saved, now), **_reward_model_change(saved, config)})
+
+
+def _reward_model_change(saved: dict[str, Any], now: dict[str, Any]) -> _Changes:
+    """{"reward_model": (its directory there, its directory now)} where the flags `now` of a GRPO or PPO run score
+    with another reward model than the flags `saved` (a checkpoint's or a finished run's config) recorded; {}
+    otherwise. A reward model changes the objective as the --reward functions do, but its flag names a place: the
+    two are compared as the directories they resolve to (through symlinks), so the same directory named otherwise
+    is no change; one given or left out where the other was not is (None: no reward model; a run recorded before
+    the flag had none). Nothing is compared where `now` has no such flag or `saved` records no run's flags."""
+    if REWARD_MODEL_FLAG not in now or saved.get("task") is None:
+        return {}
+    from trainer.reward_model import reward_model_directory
+
+    there, here = (None if value is None else reward_model_directory(value)
+                   for value in (saved.get(REWARD_MODEL_FLAG), now[REWARD_MODEL_FLAG]))
+    if there == here or (there is not None and here is not None and there.resolve() == here.resolve()):
+        return {}
+    return {REWARD_MODEL_FLAG: tuple(None if path is None else str(path) for path in (there, here))}
 
 
 # Flags a run recorded before they existed ran as their value here says (the behaviour before them), written out:
@@ -469,8 +491,9 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     """The summary of the run that finished in `out_dir` where `args` (a `--resume auto`) ask for that very run
     again: every flag its train_config.yaml records as the command gives it (paths as typed; a flag the command
     leaves unset, which the run resolves, e.g. SFT's --copy_rows, aside; model fields only where the command gives
-    them; _NOT_THE_RUN aside), and no checkpoint past the finished step (a longer continuation stopped before its
-    end); {} otherwise."""
+    them; _NOT_THE_RUN aside; --reward_model compared as the directory it names, one left out counting:
+    _reward_model_change), and no checkpoint past the finished step (a longer continuation stopped before its end);
+    {} otherwise."""
     summary = read_summary(out_dir)
     model_saved = is_adapter_dir(out_dir) if uses_lora(args) else is_model_dir(out_dir)
     if summary.get("status") != "finished" or not model_saved:
@@ -482,8 +505,10 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **args.model}
     if "preset" in asked:
         asked["preset"] = given_preset(args)  # the default is no flag given: a finished cpu-deep run is this run
-    differs = any(name not in _NOT_THE_RUN and value is not None and _comparable(recorded[name]) != _comparable(value)
+    differs = any(name not in _NOT_THE_RUN and name != REWARD_MODEL_FLAG and value is not None
+                  and _comparable(recorded[name]) != _comparable(value)
                   for name, value in asked.items() if name in recorded)
+    differs = differs or bool(_reward_model_change(recorded, asked))
     return {} if differs or not recorded else summary
 
 

@@ -136,8 +136,8 @@ def _check_inputs(args: TrainArgs) -> dict[str, Path]:
         from trainer.distillation import teacher_model_dir
         inputs["--teacher"] = teacher_model_dir(args.teacher)
     if args.reward_model:
-        from trainer.reward_model import reward_model_dir
-        inputs["--reward_model"] = reward_model_dir(resolve_path(args.reward_model))
+        from trainer.reward_model import reward_model_dir, reward_model_directory
+        inputs["--reward_model"] = reward_model_dir(reward_model_directory(args.reward_model))
     for flag, source in inputs.items():
         try:
             load_config(source)
@@ -489,8 +489,9 @@ class Trainer:
         weights = args.reward_weights or [1.0] * (len(specs) + bool(args.reward_model))
         rewards = [load_reward(spec, weight) for spec, weight in zip(specs, weights)]
         if args.reward_model:
-            from trainer.reward_model import load_reward_model
-            rewards.append(load_reward_model(resolve_path(args.reward_model), weights[-1], self.accelerator.device))
+            from trainer.reward_model import load_reward_model, reward_model_directory
+            rewards.append(load_reward_model(reward_model_directory(args.reward_model), weights[-1],
+                                             self.accelerator.device))
         reference = None
         if args.beta > 0 and uses_lora(args):  # the starting weights are the policy without its adapters
             from trainer.grpo import WithoutAdapters

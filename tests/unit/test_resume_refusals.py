@@ -489,6 +489,66 @@ def test_a_run_from_before_trls_options_resumes_as_before_and_notes_a_change(tas
     assert finished_run_asked_again(tmp_path, parse_args(task, ["--out_dir", str(tmp_path), *base, *flags])) == {}
 
 
+@pytest.mark.parametrize("task", ["grpo", "ppo"])
+def test_a_resume_with_another_reward_model_notes_it_and_the_same_directory_named_otherwise_does_not(task, tmp_path):
+    """--reward_model changes the objective as --reward does: a resume whose reward model resolves to another
+    directory than the checkpoint's, or that leaves it out or adds one, notes the change with both directories; the
+    same directory named otherwise (another spelling, a symlink, a relative path from the repo root) notes nothing."""
+    from trainer.checkpoint import changed_flags
+    from trainer.run_dir import REPO_ROOT
+
+    rm, other = tmp_path / "rm", tmp_path / "other"
+    rm.mkdir(), other.mkdir()
+    (tmp_path / "link").symlink_to(rm)
+
+    def config(*reward_model: str) -> dict:
+        flags = ["--reward", "math_answer", *(["--reward_model", *reward_model] if reward_model else [])]
+        return parse_args(task, flags).to_dict()
+
+    state = {"config": config(str(rm))}
+    assert changed_flags(state, config(str(other))) == f"--reward_model was {rm} there and is {other} now"
+    assert changed_flags(state, config()) == f"--reward_model was {rm} there and is None now"
+    assert changed_flags({"config": config()}, config(str(rm))) == f"--reward_model was None there and is {rm} now"
+    for same in (str(rm), str(other / ".." / "rm"), str(tmp_path / "link"), str(tmp_path / "link") + "/"):
+        assert changed_flags(state, config(same)) == ""
+    relative = {"config": config("out/rm")}  # typed from the repo root, as every path flag
+    assert changed_flags(relative, config(str(REPO_ROOT / "out" / "rm"))) == ""
+    assert changed_flags(relative, config(str(rm))) == \
+        f"--reward_model was {REPO_ROOT / 'out' / 'rm'} there and is {rm} now"
+    # beside another setting's change, in the same line
+    changed = {**config(str(other)), "learning_rate": 1.0}
+    assert changed_flags(state, changed) == (f"--learning_rate was {state['config']['learning_rate']} there and is "
+                                             f"1.0 now, --reward_model was {rm} there and is {other} now")
+
+
+@pytest.mark.parametrize("task", ["grpo", "ppo"])
+def test_a_finished_run_asked_again_with_another_reward_model_is_another_run(task, tmp_path):
+    """A finished GRPO or PPO run is asked again only by a command whose --reward_model names the same directory
+    (however spelled): another directory, or none where it had one, asks for another run."""
+    import yaml
+
+    from trainer.checkpoint import finished_run_asked_again
+
+    out, rm, other = tmp_path / "out", tmp_path / "rm", tmp_path / "other"
+    for folder in (out, rm, other):
+        folder.mkdir()
+
+    def args(*reward_model: str):
+        return parse_args(task, ["--out_dir", str(out), "--reward", "math_answer",
+                                 *(["--reward_model", *reward_model] if reward_model else [])])
+
+    recorded = {name: value for name, value in args(str(rm)).to_dict().items() if name != "model"}
+    (out / "train_config.yaml").write_text(yaml.safe_dump(recorded))
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"")
+    summary = {"status": "finished", "steps": 4}
+    (out / "run_summary.json").write_text(json.dumps(summary))
+    assert finished_run_asked_again(out, args(str(rm))) == summary
+    assert finished_run_asked_again(out, args(str(other / ".." / "rm"))) == summary
+    assert finished_run_asked_again(out, args(str(other))) == {}
+    assert finished_run_asked_again(out, args()) == {}
+
+
 def test_which_run_a_directory_continues(tmp_path):
     from trainer.checkpoint import _one_run_per_directory
 

@@ -51,6 +51,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length")  # then each reward's mean
+# A rollout micro-batch's key: the completions of its whole step, every micro-batch of every process
+# (finish_rollouts); per-sequence ratios log the share of them clipped.
+STEP_COMPLETIONS = "step_completions"
 # How rollouts decode (model/generation.py's DECODE_MODES): a compiled step over a static KV cache, 1.5-1.7x the
 # speed of decoding through the model's forward (docs/benchmarks.md, rollout decoding); it compiles once per process.
 ROLLOUT_DECODE = "compiled"
@@ -373,8 +376,9 @@ class GroupRelativePolicy(RolloutObjective):
         written as null, when none is scored), the mean completion length over all its completions, the mean over its
         groups of the std of their scored rewards (a group with fewer than two has none; NaN when no group has
         two) --, the same in every micro-batch ("rollout_stats"; the loss weighs them by its
-        units, which sum to the step's); with --scale_rewards batch, the advantages divided by the std of the global
-        batch's scored rewards + 1e-4 (TRL's)."""
+        units, which sum to the step's), as is the number of the step's completions (STEP_COMPLETIONS); with
+        --scale_rewards batch, the advantages divided by the std of the global batch's scored rewards + 1e-4
+        (TRL's)."""
         scored = torch.cat([~batch["reward_values"].isnan().all(dim=0) for batch in batches])
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         groups = _scored_group_stds(scores.masked_fill(~scored, float("nan")).view(-1, self.settings.num_generations))
@@ -390,6 +394,7 @@ class GroupRelativePolicy(RolloutObjective):
                 batch["advantages"] = batch["advantages"] / (std + ADVANTAGE_EPS)
         for batch in batches:
             batch["rollout_stats"] = torch.tensor([reward, reward_std, length], device=batch["completion_mask"].device)
+            batch[STEP_COMPLETIONS] = int(sums[0])
 
     # ----------------------------------------------------------------- the loss
     def count_items(self, batch: dict[str, Any]) -> torch.Tensor:
@@ -416,5 +421,10 @@ class GroupRelativePolicy(RolloutObjective):
         local = self.count_items(batch).to(result.loss.dtype)
         reward, reward_std, length = batch["rollout_stats"].tolist()
         stats = torch.tensor([reward, reward_std, result.kl, result.clip_fraction, length], device=mask.device)
-        stats = torch.cat([stats, batch.get("reward_means", stats.new_zeros(len(self.rewards)))])
-        return result.loss * local / num_items, stats * local
+        stats = torch.cat([stats, batch.get("reward_means", stats.new_zeros(len(self.rewards)))]) * local
+        if s.importance_sampling_level == ImportanceSamplingLevel.SEQUENCE:
+            # The share of the step's completions clipped, whatever the loss's unit (a token for dapo and cispo, the
+            # micro-batch for bnpo): this micro-batch's clipped completions over the step's, in the units the
+            # summed statistics are divided by (num_items), not its own share weighed by its units.
+            stats[STAT_NAMES.index("clip_fraction")] = result.clipped * num_items / batch[STEP_COMPLETIONS]
+        return result.loss * local / num_items, stats

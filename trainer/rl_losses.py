@@ -61,8 +61,9 @@ def default_scale_rewards(loss_type: str) -> str:
 @dataclass(frozen=True)
 class PolicyLoss:
     loss: torch.Tensor     # 0-d, to minimize (the KL term included)
-    clip_fraction: float   # the fraction of the completions' tokens whose ratio was clipped
+    clip_fraction: float   # clipped / the completions' tokens (per-sequence ratios: / the completions)
     kl: float              # the mean k3 KL to the reference over the completions' tokens (0 without a reference)
+    clipped: int           # the completions' tokens whose ratio was clipped (per-sequence ratios: the completions)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -188,8 +189,9 @@ def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
     else:
         loss = masked_mean(per_token, mask)
     # per sequence, every token of a completion holds its one ratio: its first token's says whether it clipped
-    clip_fraction = clipped[:, 0].to(mask.dtype).mean() if sequence else masked_mean(clipped.to(mask.dtype), mask)
-    return PolicyLoss(loss, float(clip_fraction), float(masked_mean(kl.detach(), mask)))
+    clipped = clipped[:, 0] if sequence else clipped & mask.bool()
+    clip_fraction = clipped.to(mask.dtype).mean() if sequence else masked_mean(clipped.to(mask.dtype), mask)
+    return PolicyLoss(loss, float(clip_fraction), float(masked_mean(kl.detach(), mask)), int(clipped.sum()))
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
@@ -218,7 +220,7 @@ def ppo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
     ratio = torch.exp(logp - old_logp)
     loss = masked_mean(clipped_surrogate(ratio, advantages, epsilon, epsilon), mask)
     clipped = _clipped(ratio, advantages, epsilon, epsilon).to(mask.dtype)
-    return PolicyLoss(loss, float(masked_mean(clipped, mask)), 0.0)
+    return PolicyLoss(loss, float(masked_mean(clipped, mask)), 0.0, int((clipped * mask).sum()))
 
 
 def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

@@ -63,7 +63,7 @@ def _hand_made_batch() -> dict:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "starts": torch.tensor(starts),
             "completion_mask": mask, "advantages": torch.tensor([0.7, -0.7, 1.3, -0.4]),
             "ref_logp": -torch.rand(4, max(lengths), generator=generator) * 3,
-            "rollout_stats": torch.tensor([0.5, 0.25, 2.5])}
+            "rollout_stats": torch.tensor([0.5, 0.25, 2.5]), "step_completions": 4}
 
 
 def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, beta: float,
@@ -110,7 +110,9 @@ def _reference_terms(model64: MiniNormForCausalLM, batch: dict, loss_type: str, 
 
 
 def _rows(batch: dict, rows: slice) -> dict:
-    return {key: value[rows] if key != "rollout_stats" else value for key, value in batch.items()}
+    """The rows of a micro-batch of the step; what is the whole step's stays whole."""
+    return {key: value[rows] if key not in ("rollout_stats", "step_completions") else value
+            for key, value in batch.items()}
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
@@ -296,6 +298,7 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     assert 0 < len(stds) < 4
     lengths = [int(n) for batch in batches for n in batch["completion_mask"].sum(dim=1)]
     assert sum(lengths[:4]) != sum(lengths[4:])  # the micro-batches' token weights differ
+    assert [batch["step_completions"] for batch in batches] == [8, 8]  # what the clip fraction counts against
     reward, reward_std, _, _, length, function_mean = stats.tolist()
     assert (reward, reward_std, length, function_mean) == pytest.approx(
         (sum(scored) / len(scored), sum(stds) / len(stds), sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
@@ -653,9 +656,33 @@ def test_sequence_level_ratios_after_the_policy_moved_equal_gspo_by_hand_and_acc
         else:
             clipped.append((ratio < 0.9 and advantage < 0) or (ratio > 1.1 and advantage > 0))
     assert any(clipped) and not all(clipped)
-    # each micro-batch's clip fraction is the share of its two completions clipped
-    assert [float(stats[3] / objective.count_items(part)) for (_, stats), part in zip(results, micro)] == \
-        pytest.approx([sum(clipped[:2]) / 2, sum(clipped[2:]) / 2])
+    # the step's clip fraction is the share of its four completions clipped
+    assert float(sum(stats[3] for _, stats in results) / units) == pytest.approx(sum(clipped) / 4)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
+def test_the_sequence_level_clip_fraction_is_the_share_of_the_steps_completions_clipped(loss_type):
+    """--importance_sampling_level sequence, the step as two micro-batches of other sizes (completions 1-3: 7
+    tokens, completion 4: 3 tokens): the logged clip fraction is the share of the step's four completions whose ratio
+    was clipped, counted by hand (the first's ratio e^0.5 with a positive advantage, the fourth's e^-0.5 with a
+    negative one; the two others' 1), for every loss type, whose units (completions, tokens, micro-batches) would
+    weigh each micro-batch's own share otherwise (dapo and cispo: 7/10 x 1/3 + 3/10 x 1 = 0.53; bnpo: (1/3 + 1) / 2)."""
+    model, batch = _model(), _hand_made_batch()
+    settings = _settings(loss_type, iterations=2, level="sequence")  # clip range [0.8, 1.28]
+    objective = GroupRelativePolicy([], _Pad(), settings, None, seed=0, process_index=0, autocast=nullcontext)
+    micro = [_rows(batch, slice(0, 3)), _rows(batch, slice(3, 4))]
+    assert [int(part["completion_mask"].sum()) for part in micro] == [7, 3]
+    units = sum(objective.count_items(part) for part in micro)
+    for part in micro:  # the first update records the policy's log-probs
+        objective.loss(model, part, units)
+    # each completion's sequence log-ratio set by hand: its mean over the tokens of (logp - old) is the shift
+    shifts = torch.tensor([0.5, 0.0, 0.0, -0.5])
+    advantages = batch["advantages"].tolist()
+    assert advantages[0] > 0 and advantages[3] < 0
+    for part, rows in zip(micro, (slice(0, 3), slice(3, 4))):
+        part["old_logp"] = part["old_logp"] - shifts[rows, None] * part["completion_mask"]
+    stats = sum(objective.loss(model, part, units)[1] for part in micro) / units
+    assert dict(zip(objective.stat_names, stats.tolist()))["clip_fraction"] == pytest.approx(2 / 4)
 
 
 def test_validation_reports_the_greedy_accuracy_on_the_answers(tokenizer, policy, monkeypatch):

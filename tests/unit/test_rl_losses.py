@@ -149,6 +149,7 @@ def test_sequence_level_ratios_match_gspo_by_hand(kind):
     for row, expected in zip(new.grad.tolist(), grad):
         assert row == pytest.approx(expected, rel=1e-10, abs=1e-15)
     assert result.clip_fraction == {"cispo": 0.75}.get(kind, 0.5) == clip_fraction
+    assert result.clipped == clip_fraction * len(mask)  # completions, not tokens
     # Completions are independent: two micro-batches of two, each weighed by its share, give the whole batch's
     # (grpo: the mean over completions; dapo: the token mean).
     if kind in ("grpo", "dapo"):
@@ -406,14 +407,17 @@ def test_clip_fraction_counts_the_clipped_tokens_by_trls_rule(kind):
     new = old + torch.tensor([[math.log(r), 0.0] for r, _ in pairs], dtype=torch.float64)
     mask = torch.tensor([[1, 0]] * len(pairs), dtype=torch.float64)  # the second token is padding
     advantages = torch.tensor([a for _, a in pairs], dtype=torch.float64)
+    # the padding token's ratio would clip, but it is no token of a completion
+    new[:, 1] = old[:, 1] + torch.tensor([math.log(0.5) if a < 0 else math.log(2.0) for _, a in pairs])
     if kind == "ppo":
         low = high = EPS_LOW
-        got = ppo_policy_loss(new, old, advantages[:, None].expand(-1, 2), mask, EPS_LOW).clip_fraction
+        result = ppo_policy_loss(new, old, advantages[:, None].expand(-1, 2), mask, EPS_LOW)
     else:
         low, high = EPS_LOW, EPS_HIGH
-        got = policy_loss(kind, new, old, advantages, mask, EPS_LOW, EPS_HIGH, max_completion_length=2).clip_fraction
+        result = policy_loss(kind, new, old, advantages, mask, EPS_LOW, EPS_HIGH, max_completion_length=2)
+    got = result.clip_fraction
     if kind == "cispo":
         clipped = [not 1 - low <= r <= 1 + high for r, _ in pairs]
     else:
         clipped = [(r < 1 - low and a < 0) or (r > 1 + high and a > 0) for r, a in pairs]
-    assert got == pytest.approx(sum(clipped) / len(pairs), rel=1e-12)
+    assert got == pytest.approx(sum(clipped) / len(pairs), rel=1e-12) and result.clipped == sum(clipped)

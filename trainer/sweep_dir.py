@@ -39,8 +39,8 @@ RESULT_SUMMARY_KEYS = ("final_val", "steps", "median_step_time_s", "tokens_per_s
 RESULT_STATUSES = ("failed", *DONE_STATUSES)  # a results.jsonl record's status: how an attempt ended
 TRIAL_STATUSES = ("pending", "running", *RESULT_STATUSES)  # a trial's status in the state file
 LOCK_FILE = ".sweep.lock"  # held by the one runner of a sweep folder
-# A trial id names its folder: one plain path component (scripts/sweep.py's trial_id makes them so), never a path
-# that leads out of the sweep folder.
+# A trial id names its folder: one plain path component (scripts/sweep_runner/command.py's trial_id makes them
+# so), never a path that leads out of the sweep folder.
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9_=-][A-Za-z0-9._=-]*")
 RECORD_FILES = (SUMMARY_FILE, CONFIG_FILE)  # a done trial's files kept as they are in a records folder
 RECORD_METRICS = METRICS_FILE + ".gz"       # ... and its metrics, gzipped (a quarter of the size in the study)
@@ -191,7 +191,7 @@ def _gunzip(path: Path) -> bytes:
 def restore_records(records_dir: Path, sweep_dir: Path) -> list[str]:
     """Bring the done trials of ``records_dir`` that ``sweep_dir`` has not done back into it (their record
     files, their results line, their place in the state); returns their ids. The caller checks first that both
-    folders hold the sweep it runs (scripts/sweep.py's state check, naming the flag)."""
+    folders hold the sweep it runs (scripts/sweep_runner/recording.py's load_state, naming the flag)."""
     records_state = read_state(records_dir)
     if records_state is None:
         return []

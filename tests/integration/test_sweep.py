@@ -23,8 +23,14 @@ import pytest
 import yaml
 
 from scripts import sweep as sweep_mod
-from scripts.sweep import (SweepConfigError, build_command, load_sweep_config, propose_next, run_sweep, trial_id,
-                           validate_sweep_config)
+from scripts.sweep_runner import runner as runner_mod
+from scripts.sweep_runner.command import build_command, trainer_of, trial_id
+from scripts.sweep_runner.config import load_sweep_config, validate_sweep_config
+from scripts.sweep_runner.engine import propose_next
+from scripts.sweep_runner.errors import SweepConfigError
+from scripts.sweep_runner.recording import metric_value
+from scripts.sweep_runner.runner import run_sweep
+from scripts.sweep_runner.trial import default_wandb_mode
 from trainer.args import parse_args
 from trainer.run_dir import read_metrics
 from trainer.sweep_dir import read_results, swept_names
@@ -85,8 +91,8 @@ def test_paper_cpu_covers_the_study():
     assert len({t["trial_id"] for t in trials}) == len(trials)  # ids are unique ...
     # ... and stable: another interpreter, with another str-hash seed, names the same trials the same way (a resumed
     # sweep finds its finished trials by these names).
-    script = ("import sys, json; sys.path.insert(0, sys.argv[1]); from scripts.sweep import trial_id; "
-              "from trainer.sweep_dir import swept_names; from scripts.sweep import load_sweep_config; "
+    script = ("import sys, json; sys.path.insert(0, sys.argv[1]); from scripts.sweep_runner.command import trial_id; "
+              "from trainer.sweep_dir import swept_names; from scripts.sweep_runner.config import load_sweep_config; "
               "config = load_sweep_config(sys.argv[2]); "
               "print(json.dumps([trial_id(p, swept_names(config)) for p in json.loads(sys.stdin.read())]))")
     other = subprocess.run([sys.executable, "-c", script, str(REPO), str(REPO / "scripts" / "sweep_configs" /
@@ -219,7 +225,7 @@ def test_the_program_a_trial_runs_is_the_trainer_its_checks_name(monkeypatch):
     monkeypatch.setenv("MININORM_HOME", str(REPO))
     config = {"program": "$MININORM_HOME/trainer/train_pretrain.py",
               "command": ["${env}", "${interpreter}", "${program}", "${args}"]}
-    assert sweep_mod.trainer_of(config) == "pretrain"
+    assert trainer_of(config) == "pretrain"
     assert build_command(config, {}, [])[2] == str(REPO / "trainer" / "train_pretrain.py")
 
 
@@ -284,11 +290,11 @@ def test_default_wandb_mode_is_offline_without_a_key(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
-    assert sweep_mod.default_wandb_mode() == "offline"
+    assert default_wandb_mode() == "offline"
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    assert sweep_mod.default_wandb_mode() == "online"
+    assert default_wandb_mode() == "online"
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert sweep_mod.default_wandb_mode() == "disabled"
+    assert default_wandb_mode() == "disabled"
 
 
 # ----------------------------------------------------------------------------- bookkeeping with a fake trainer
@@ -844,14 +850,14 @@ def test_a_disk_that_fills_during_the_sweep_is_one_line_and_a_rerun_goes_on(tmp_
               "trial folder": sweep_dir / "trials" / trial_id({"seed": 2}, ["seed"])}[full]
 
     patched = {"results": "append_result", "state": "write_state", "trial folder": "make_dirs"}[full]
-    real = getattr(sweep_mod, patched)
+    real = getattr(runner_mod, patched)
 
     def no_space(folder, *args):
         if full == "trial folder" and Path(folder) != target:
             return real(folder, *args)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
 
-    monkeypatch.setattr(sweep_mod, patched, no_space)
+    monkeypatch.setattr(runner_mod, patched, no_space)
     capsys.readouterr()
     code = sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--wandb_mode", "disabled"])
     captured = capsys.readouterr()
@@ -880,7 +886,7 @@ def test_a_disk_that_fills_while_workers_run_trials_stops_them_in_one_line(tmp_p
     path = _fake_sweep(tmp_path, {"mode": {"values": ["ok", "hold", "fine"]}, "seed": {"value": 1}})
     sweep_dir, hold = tmp_path / "sweep", tmp_path / "hold"
     monkeypatch.setenv("HOLD_FILE", str(hold))
-    real_append = sweep_mod.append_result
+    real_append = runner_mod.append_result
 
     def no_space_after_one(folder, result):
         if read_results(sweep_dir):
@@ -892,7 +898,7 @@ def test_a_disk_that_fills_while_workers_run_trials_stops_them_in_one_line(tmp_p
     release.start()
     try:
         with monkeypatch.context() as patch:
-            patch.setattr(sweep_mod, "append_result", no_space_after_one)
+            patch.setattr(runner_mod, "append_result", no_space_after_one)
             code = sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--wandb_mode", "disabled",
                                    "--workers", "2"])
     finally:
@@ -1286,7 +1292,7 @@ def _assert_metric_value_finds_every_logged_name(task: str, out_dir: Path) -> No
     names = logged_metrics(task)
     assert {"val_loss", "final/val_loss"} <= set(names)
     for name in names:
-        value = sweep_mod.metric_value(summary, name)
+        value = metric_value(summary, name)
         key = name.removeprefix("final/")
         assert key in val or key in summary, name
         logged = val.get(key, summary.get(key))

@@ -346,7 +346,7 @@ IN_PLACE_WRITERS = {
     ("scripts/convert_to_llama.py", "_patch_config_json"),              # the staging directory
     ("scripts/convert_to_llama.py", "_tokenizer_files"),                # the staging directory
     ("model/export_dir.py", "staged_dir"),                              # the marker, in the staging directory
-    ("scripts/sweep.py", "run_trial"),                                  # the trial's streamed log
+    ("scripts/sweep_runner/trial.py", "run_trial"),                     # the trial's streamed log
     ("eval/benchmarks/bench_rollout.py", "engine_module_at"),           # a temp directory
     ("eval/benchmarks/bench_vs_minimind.py", "run_ours"),               # our trainer's streamed log
     ("eval/benchmarks/bench_post_training.py", "fresh_model"),          # a temp directory

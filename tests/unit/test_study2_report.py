@@ -285,7 +285,7 @@ def test_read_bench_step_times_names_the_expected_layout(tmp_path):
 
 
 def test_write_seed2_yaml_repeats_each_variant_at_its_best_rate(tmp_path):
-    from scripts.sweep import load_sweep_config
+    from scripts.sweep_runner.config import load_sweep_config
     sweep = _write_grid(tmp_path)
     part = Part(sweep, *load_sweep(sweep))
     path = write_seed2_yaml(part, tmp_path)
@@ -305,7 +305,7 @@ def test_write_seed2_yaml_pools_the_grids_extra_rates(tmp_path):
     """A part that adds a rate to the grid (study2_lr_high.yaml: the rate a fixed `value:`) moves a variant's best
     rate there; another variant keeps its own; an incomplete extra part is refused; a part that sweeps more (the
     Post-LN warmups) is not a grid and is left out."""
-    from scripts.sweep import load_sweep_config
+    from scripts.sweep_runner.config import load_sweep_config
     grid = _write_grid(tmp_path)
     high = _write_grid(tmp_path, "study2_high", losses={"pre_rmsnorm": {0.008: 4.4}, "post_ln": {0.008: None}})
     state = json.loads((high / "sweep_state.json").read_text())

@@ -1,0 +1,274 @@
+"""Reading and checking a sweep YAML before anything runs: wandb's schema and a first proposal, and, when its
+program is one of this repo's trainers, every parameter value (the trainer's own flag checks) and the metric; plus
+the `--only` filter of a grid sweep."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from scripts.sweep_runner.command import (DEFAULT_COMMAND, FLAG_MACROS, build_command, format_arg, program_path,
+                                          trainer_of)
+from scripts.sweep_runner.engine import plain, propose_next, sweeps_module
+from scripts.sweep_runner.errors import SweepConfigError
+from trainer.run_dir import TRAINER_SCRIPTS, logged_metrics
+from trainer.sweep_dir import is_folder_name, swept_names
+from trainer.yaml_file import read_yaml
+
+METHODS = ("grid", "random", "bayes")
+# the keys of a parameter spec in wandb's schema (its nested `parameters` aside, refused here)
+PARAMETER_KEYS = ("value", "values", "distribution", "probabilities", "min", "max", "mu", "sigma", "q", "a", "b")
+AGENT_ONLY_SETTINGS = ("early_terminate", "scheduler", "metric.target")  # wandb's agent and server act on them
+
+
+def agent_only_settings(config: dict[str, Any]) -> list[str]:
+    """The settings of a sweep YAML, among AGENT_ONLY_SETTINGS, that it gives: wandb's server stops trials early
+    (early_terminate) or the sweep at a target, which a serverless runner cannot; the YAML stays valid for both."""
+    given = set(config) | {f"metric.{key}" for key in config.get("metric") or {}}
+    return [name for name in AGENT_ONLY_SETTINGS if name in given]
+
+
+def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str, Any]:
+    """Check a parsed sweep YAML; raise SweepConfigError naming the first bad field."""
+    def bad(field: str, message: str) -> SweepConfigError:
+        return SweepConfigError(f"{source}: {field}: {message}")
+
+    if not isinstance(config, dict):
+        raise SweepConfigError(f"{source}: expected a mapping (method, metric, parameters, ...)")
+    if config.get("method") not in METHODS:
+        raise bad("method", f"{config.get('method')!r} is not one of {', '.join(METHODS)}")
+    metric = config.get("metric")
+    if config["method"] == "bayes" and metric is None:
+        raise bad("metric", "bayes search needs a metric (name and goal)")
+    if metric is not None:
+        if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
+            raise bad("metric.name", "expected a metric name, e.g. val_loss")
+        if metric.get("goal", "minimize") not in ("minimize", "maximize"):
+            raise bad("metric.goal", f"{metric.get('goal')!r} is not one of minimize, maximize")
+    if "name" in config and not is_folder_name(config["name"]):
+        # the sweep's folder is out/sweeps/<name>: a path there would put it (and its trials) anywhere
+        raise bad("name", f"{config['name']!r} is not a folder name (letters, digits, '.', '_', '=', '-')")
+    parameters = config.get("parameters")
+    if not isinstance(parameters, dict) or not parameters:
+        raise bad("parameters", "expected a non-empty mapping of parameter name to spec")
+    for name, spec in parameters.items():
+        if not isinstance(name, str):  # wandb's engine asserts on it (a traceback)
+            raise bad("parameters", f"parameter names must be strings, got {name!r}")
+        if not isinstance(spec, dict):
+            raise bad(f"parameters.{name}", "expected a mapping such as {values: [...]} or {value: x}")
+        if "parameters" in spec:
+            raise bad(f"parameters.{name}", "nested parameters are not supported by the trainer's flat flags")
+        # wandb's schema names only the parameter ("invalid hyperparameter configuration: seed"), not what is wrong
+        unknown = [key for key in spec if key not in PARAMETER_KEYS]
+        if unknown:
+            raise bad(f"parameters.{name}.{unknown[0]}", f"not a key of a parameter spec; allowed: "
+                                                         f"{', '.join(PARAMETER_KEYS)}")
+        if "values" in spec and not (isinstance(spec["values"], list) and spec["values"]):
+            raise bad(f"parameters.{name}.values", f"expected a non-empty list of values, got {spec['values']!r}")
+        # NaN or inf would be proposed and run as a trial (`--seed=nan`), and NaN never equals itself, so a trial
+        # holding one is never found again on resume.
+        numbers = [(key, spec.get(key)) for key in ("value", "min", "max", "mu", "sigma", "q") if key in spec]
+        if isinstance(spec.get("values"), list):
+            numbers += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
+        for key, value in numbers:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f"parameters.{name}.{key}", f"{value} is not a finite number")
+        # A YAML date or !!binary cannot go into a trial's JSON (${args_json}, the state file): the state would be
+        # written with str() in its place and the next start would call its own folder a different config.
+        fields = [(key, value) for key, value in spec.items() if key != "values"]
+        if isinstance(spec.get("values"), list):
+            fields += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
+        for key, value in fields:
+            if not _is_json(value):
+                raise bad(f"parameters.{name}.{key}", f"{value!r} is not a JSON value (a string, number, boolean, "
+                                                      f"null, list or mapping); quote it to make it a string")
+    command = config.get("command")
+    if command is not None and not (isinstance(command, list) and all(isinstance(c, str) for c in command)):
+        raise bad("command", "expected a list of strings")
+    if command is not None and not FLAG_MACROS.intersection(command):
+        # The trainer reads its whole config from its command line (it does not look at wandb.config), under
+        # this runner and under `wandb agent` alike.
+        raise bad("command", f"must pass the parameters as flags with {' or '.join(sorted(FLAG_MACROS))}")
+    if "program" in config and not isinstance(config["program"], str):
+        raise bad("program", "expected a path to the training script")
+    violations = sweeps_module().schema_violations_from_proposed_config(config)
+    if violations:
+        name = violations[-1].removeprefix("invalid hyperparameter configuration: ")
+        if name != violations[-1] and name in parameters:
+            raise bad(f"parameters.{name}", f"{parameters[name]!r} is not a parameter spec wandb accepts; expected "
+                                            f"{{value: X}}, {{values: [X, ...]}} or a distribution (distribution, "
+                                            f"min, max, mu, sigma, q, a, b)")
+        raise SweepConfigError(f"{source}: {violations[-1]}")
+    if config["method"] in ("random", "bayes") and not isinstance(config.get("run_cap"), int):
+        raise bad("run_cap", f"{config['method']} search never ends by itself; set run_cap (an integer) so the "
+                             f"serverless runner knows when to stop")
+    if config["method"] == "grid":
+        _check_grid_size(config["parameters"], bad)
+    # The schema accepts some specs the engine then refuses (e.g. {min, max} under grid): ask it for a first
+    # trial now, so the error comes before the sweep folder exists rather than at the first proposal.
+    try:
+        first = propose_next(config, [], seed=0)
+    except ValueError as error:
+        raise bad("parameters", f"wandb's sweep engine cannot propose a trial: {error}".replace("\n", " ")) from None
+    task = trainer_of(config)
+    if task is not None:  # another program's flags and metrics are its own business
+        _check_metric(config, task, bad)
+        _check_parameters(config, task, first, bad)
+    if "${program}" in (command or DEFAULT_COMMAND) and not Path(program_path(config)).exists():
+        # every trial would fail at once, the same way: said once, before the sweep folder exists
+        raise bad("program", f"{program_path(config)} does not exist (the script each trial runs; a relative path "
+                             f"is taken from the repo root)")
+    return config
+
+
+MAX_GRID_TRIALS = 10_000  # wandb's grid engine lists every point of the grid at each proposal
+
+
+def _check_grid_size(parameters: dict[str, Any], bad: Any) -> None:
+    """A grid the engine cannot list: it builds every point (an int_uniform range as a list of its integers) at each
+    proposal, so a huge one runs out of memory (a MemoryError traceback, or the machine's memory first)."""
+    from sweeps.params import HyperParameter
+
+    sizes = {}
+    for name, spec in parameters.items():
+        kind = HyperParameter(name, spec).type
+        if kind == HyperParameter.CATEGORICAL:
+            sizes[name] = len(spec["values"])
+        elif kind == HyperParameter.INT_UNIFORM:
+            sizes[name] = spec["max"] - spec["min"] + 1
+        elif kind == HyperParameter.Q_UNIFORM:  # np.arange(min, max, q), as the engine lists it
+            sizes[name] = max(0, math.ceil((spec["max"] - spec["min"]) / spec["q"]))
+    total = math.prod(sizes.values())
+    if total > MAX_GRID_TRIALS:
+        shown = " x ".join(f"{name}: {size}" for name, size in sizes.items() if size > 1)
+        raise bad("parameters", f"a grid of {total} trials ({shown} values) is more than the serverless runner lists "
+                                f"(at most {MAX_GRID_TRIALS}); use fewer values, or method random or bayes with a "
+                                f"run_cap")
+
+
+def _is_json(value: Any) -> bool:
+    """Whether `value` is JSON as it is (json.dumps would not need default=str, and it reads back equal)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, list):
+        return all(_is_json(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _is_json(item) for key, item in value.items())
+    return False
+
+
+def _check_metric(config: dict[str, Any], task: str, bad: Any) -> None:
+    """A metric the trainer never logs would leave every trial's metric None (and a bayes search blind)."""
+    metric = (config.get("metric") or {}).get("name")
+    allowed = logged_metrics(task)
+    if metric is not None and metric not in allowed:
+        raise bad("metric.name", f"{metric!r} is not a metric {TRAINER_SCRIPTS[task]} logs; allowed: "
+                                 f"{', '.join(allowed)}")
+
+
+def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] | None, bad: Any) -> None:
+    """Each value a parameter may take (its `value`, each of its `values`, the bounds of its {min, max}), put in the
+    first proposed trial in place of that parameter's, must pass the trainer's own parsing and checks
+    (trainer/args.py, check_args): a flag it lacks or a value it refuses is found now, not as failed trials. A value
+    refused only beside another swept one is refused too: in a grid that pair is one of its trials."""
+    from trainer.args import check_args  # torch: only for sweeps that drive one of this repo's trainers
+
+    program = program_path(config)
+
+    def refusal(params: dict[str, Any]) -> str | None:
+        command = build_command(config, params, [])
+        try:
+            check_args(task, command[command.index(program) + 1:])
+        except ValueError as error:
+            return str(error)
+        return None
+
+    def refuse(name: str, key: str, value: Any, error: str) -> SweepConfigError:
+        # repr, and the trainer's message (which quotes the value) escaped: a value holding a newline stays one line
+        return bad(f"parameters.{name}.{key}", f"{TRAINER_SCRIPTS[task]} refuses {value!r}: {_one_line(error)}")
+
+    candidates = {name: _candidates(name, spec) for name, spec in config["parameters"].items()}
+    base = first or {name: spec["value"] for name, spec in config["parameters"].items() if "value" in spec}
+    error = refusal(base)
+    if error is not None:  # the first trial: blame the parameter without which it passes
+        for name in base:
+            rest = {k: v for k, v in base.items() if k != name}
+            if refusal(rest) is None:
+                for key, value in candidates[name]:
+                    if (refused := refusal({**rest, name: value})) is not None:
+                        raise refuse(name, key, value, refused)
+                raise bad(f"parameters.{name}", f"{TRAINER_SCRIPTS[task]} refuses {base[name]!r}, the "
+                                                f"first trial's: {_one_line(error)}")
+        raise bad("parameters", f"{TRAINER_SCRIPTS[task]} refuses the first trial {base}: {_one_line(error)}")
+    for name, values in candidates.items():
+        for key, value in values:
+            if name not in base or value != base[name]:
+                error = refusal({**base, name: value})
+                if error is not None:
+                    raise refuse(name, key, value, error)
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _candidates(name: str, spec: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(field, value) for the values a parameter spec may give a trial: a distribution's bounds as wandb's engine
+    samples them (its own type: int_uniform gives ints; log_uniform's min and max are exponents); none for a
+    distribution without bounds (normal, beta)."""
+    if "value" in spec:
+        return [("value", spec["value"])]
+    if "values" in spec:
+        return [(f"values[{index}]", value) for index, value in enumerate(spec["values"])]
+    if "min" not in spec or "max" not in spec:
+        return []
+    import numpy as np
+    from sweeps.params import HyperParameter
+
+    parameter = HyperParameter(name, spec)
+    # ppf(0) of int_uniform is min - 1; the smallest positive quantile is min for every bounded distribution.
+    return [(key, plain(parameter.ppf(quantile))) for key, quantile in (("min", np.nextafter(0.0, 1.0)),
+                                                                         ("max", 1.0))]
+
+
+def load_sweep_config(path: str | Path) -> dict[str, Any]:
+    """A sweep YAML, read and validated; a SweepConfigError names the file and what is wrong with it."""
+    path = Path(path)
+    try:
+        config = read_yaml(path, "a sweep YAML")
+    except ValueError as error:
+        raise SweepConfigError(str(error)) from None
+    return validate_sweep_config(config, str(path))
+
+
+def sweep_name(config: dict[str, Any], path: str | Path) -> str:
+    return str(config.get("name") or Path(path).stem)
+
+
+def parse_only(config: dict[str, Any], specs: list[str]) -> dict[str, list[Any]]:
+    """`--only NAME=VALUE[,VALUE]` flags -> {name: the grid values they pick}; a SweepConfigError names a flag
+    that is not a swept parameter of a grid sweep, or a value its grid does not hold, with the allowed ones."""
+    if specs and config["method"] != "grid":
+        raise SweepConfigError(f"--only needs a grid sweep; this one is {config['method']!r}")
+    swept = swept_names(config)
+    only: dict[str, list[Any]] = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        if not sep or name not in swept:
+            raise SweepConfigError(f"--only {spec!r}: expected NAME=VALUE[,VALUE] with NAME one of {', '.join(swept)}")
+        grid = config["parameters"][name].get("values", [])
+        for text in values.split(","):
+            picked = [value for value in grid if format_arg(value) == text or _same_number(value, text)]
+            if not picked:
+                raise SweepConfigError(f"--only {name}={text}: not in the grid; allowed: "
+                                       + ", ".join(format_arg(value) for value in grid))
+            only.setdefault(name, []).extend(picked)
+    return only
+
+
+def _same_number(value: Any, text: str) -> bool:
+    try:
+        return not isinstance(value, (bool, str)) and float(value) == float(text)
+    except (TypeError, ValueError):
+        return False

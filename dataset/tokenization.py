@@ -50,7 +50,7 @@ def _tokenizer_record(folder: Path) -> Any:
     """TOKENIZER_MARKER's content; _NO_MARKER where there is none; the error where it cannot be read as JSON."""
     try:
         return json.loads((folder / TOKENIZER_MARKER).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no marker, or `folder` is not a folder (its loader says so)
         return _NO_MARKER
     except (OSError, ValueError) as error:  # not UTF-8, not JSON, unreadable
         return error

@@ -1,7 +1,9 @@
 """One process of the two that tests/integration/test_checkpoint_processes.py starts over gloo on CPU: it probes
 --out_dir as a run does, trains a small model one step and saves it with trainer/checkpoint.py (unless --resume_only),
 then resumes it as a run does (agree_on_start checks the digests its writer recorded, load_checkpoint loads) and
-prints one line, `result: {json}`: its rank, what it resumed and the note, or the one-line error it stopped with.
+writes `result_RANK.json` in its working directory: its rank, what it resumed and the note, or the one-line error it
+stopped with (a file per process: two processes printing at once share torchrun's stdout, and their lines can
+interleave).
 Process 1 starts its part of the save late on purpose: a writer that hashed its copy before every process had written
 its part would hash an incomplete copy."""
 
@@ -63,7 +65,7 @@ def main() -> None:
     parser.add_argument("--out_dir", type=Path, required=True, help="this process's run directory")
     parser.add_argument("--resume_only", action="store_true", help="resume the checkpoint there; save nothing")
     result = save_and_resume(parser.parse_args())
-    print("result: " + json.dumps(result), flush=True)
+    Path(f"result_{result['rank']}.json").write_text(json.dumps(result))
     shutdown()  # as the trainer ends: the model (and its DDP reducer) gone first, then the process group
 
 

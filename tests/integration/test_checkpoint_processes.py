@@ -26,7 +26,7 @@ NOT_THE_SAVED_FILE = "has another sha256 than trainer_state.json records: not th
 
 
 def run_workers(layout: str, out_dir: Path, logs: Path, *flags: str) -> list[dict]:
-    """Both processes of one launch; each one's `result:` line, by rank."""
+    """Both processes of one launch; each one's result file, by rank."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "GLOO_SOCKET_IFNAME": "lo"}
     if layout == "shared":
         commands = [[*launcher("torchrun"), WORKER, "--out_dir", str(out_dir), *flags]]
@@ -42,10 +42,8 @@ def run_workers(layout: str, out_dir: Path, logs: Path, *flags: str) -> list[dic
                                               stderr=err, env=env, cwd=logs))
     for process in processes:
         process.wait(timeout=LIMIT_S + 30)
-    stdout = "".join((logs / f"{index}.out").read_text() for index in range(len(commands)))
     stderr = "".join((logs / f"{index}.err").read_text() for index in range(len(commands)))
-    results = [json.loads(line.removeprefix("result: ")) for line in stdout.splitlines()
-               if line.startswith("result: ")]
+    results = [json.loads(path.read_text()) for path in sorted(logs.glob("result_*.json"))]
     assert sorted(result["rank"] for result in results) == [0, 1], stderr[-4000:]
     assert all(process.returncode == 0 for process in processes), stderr[-4000:]
     return sorted(results, key=lambda result: result["rank"])

@@ -179,6 +179,19 @@ def run_in_process(task: str, argv: list[str]):
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def record_objective_settings(monkeypatch, objective: type) -> list:
+    """The settings each `objective` (GRPO's or PPO's class) a run builds is given, in order: its __init__ wrapped."""
+    built = []
+    original = objective.__init__
+
+    def record(self, rewards, tokenizer, settings, *args, **kwargs):
+        built.append(settings)
+        original(self, rewards, tokenizer, settings, *args, **kwargs)
+
+    monkeypatch.setattr(objective, "__init__", record)
+    return built
+
+
 def refused_run(task: str, argv: list[str], capsys, after_progress: bool = False) -> str:
     """The one error line of a trainer run that must refuse (exit code 2) before writing anything; `after_progress`:
     the refusal comes after the progress bars of the data or the weights, as their last line."""

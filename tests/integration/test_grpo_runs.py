@@ -17,8 +17,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.training_runs import (ONE_THREAD, assert_same_logged_metrics, frequent_word_rewards, run_in_process,
-                                 train_losses, write_prompt_data)
+from tests.training_runs import (ONE_THREAD, assert_same_logged_metrics, frequent_word_rewards,
+                                 record_objective_settings, run_in_process, train_losses, write_prompt_data)
 from trainer.core import main
 from trainer.run_dir import CONFIG_FILE, SUMMARY_FILE, model_task, read_metrics, read_summary
 
@@ -86,14 +86,7 @@ def test_the_loss_and_scaling_flags_reach_the_objective_and_the_record(flags, lo
     train_config.yaml records them, so a resume compares them."""
     import trainer.grpo as grpo
 
-    built = []
-    original = grpo.GroupRelativePolicy.__init__
-
-    def record(self, rewards, tokenizer, settings, *args, **kwargs):
-        built.append(settings)
-        original(self, rewards, tokenizer, settings, *args, **kwargs)
-
-    monkeypatch.setattr(grpo.GroupRelativePolicy, "__init__", record)
+    built = record_objective_settings(monkeypatch, grpo.GroupRelativePolicy)
     out_dir = tmp_path / "run"
     run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", "1", *flags))
     assert [(s.loss_type, s.reward_scaling) for s in built] == [(loss_type, scale_rewards)]
@@ -108,14 +101,7 @@ def test_a_sequence_level_ratio_reaches_the_objective_and_the_record(grpo_data, 
     it, and a step of two updates per rollout trains with it."""
     import trainer.grpo as grpo
 
-    built = []
-    original = grpo.GroupRelativePolicy.__init__
-
-    def record(self, rewards, tokenizer, settings, *args, **kwargs):
-        built.append(settings)
-        original(self, rewards, tokenizer, settings, *args, **kwargs)
-
-    monkeypatch.setattr(grpo.GroupRelativePolicy, "__init__", record)
+    built = record_objective_settings(monkeypatch, grpo.GroupRelativePolicy)
     out_dir = tmp_path / "run"
     run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", "1",
                                  "--importance_sampling_level", "sequence", "--num_iterations", "2"))

@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from tests.paths import REPO
 from tests.training_runs import (ADAM_STEPS_ATOL, assert_same_logged_metrics, assert_same_model, frequent_word_rewards,
-                                 launch_two_processes, run_in_process, train_losses, write_prompt_data)
+                                 launch_two_processes, record_objective_settings, run_in_process, train_losses,
+                                 write_prompt_data)
 from trainer.core import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
@@ -103,14 +104,7 @@ def test_trls_options_reach_the_objective_and_the_record(flags, recorded, ppo_da
 
     import trainer.ppo as ppo
 
-    built = []
-    original = ppo.ProximalPolicy.__init__
-
-    def record(self, rewards, tokenizer, settings, *args, **kwargs):
-        built.append(settings)
-        original(self, rewards, tokenizer, settings, *args, **kwargs)
-
-    monkeypatch.setattr(ppo.ProximalPolicy, "__init__", record)
+    built = record_objective_settings(monkeypatch, ppo.ProximalPolicy)
     out_dir = tmp_path / "run"
     run_in_process("ppo", _argv(ppo_data, tiny_models.pretrain, out_dir, "--max_steps", "1", *flags))
     defaults = {"kl_estimator": "k1", "whiten_rewards": False, "missing_eos_penalty": 0.0}

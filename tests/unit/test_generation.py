@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from model.chat_session import encode_prompt
 from model.config import MiniNormConfig
 from model.generation import (FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, GenerationEngine,
-                              GenerationSettings, TextStream, _Row, logit_bias_row)
+                              GenerationSettings, TextStream, _Row, default_eos_token_ids, logit_bias_row)
 from model.model import MiniNormForCausalLM
 from tests.unit.test_model import randomize
 
@@ -539,3 +539,19 @@ def test_a_prompt_ends_inside_a_greedy_span_only_after_an_unclosed_open() -> Non
     assert not _ends_inside([1, opening, 9, closing, 9], opening, closing)
     assert _ends_inside([opening, closing, 2, opening], opening, closing)
     assert not _ends_inside([1, 2, 3], opening, closing) and not _ends_inside([], opening, closing)
+
+
+def test_the_engine_stops_at_the_tokenizers_and_the_generation_configs_eos_unless_given_its_own(tokenizer) -> None:
+    """default_eos_token_ids: the tokenizer's eos and the generation config's (a list, one id, or none); an engine
+    given eos_token_ids stops at those alone (mutants that dropped the config's ids, or ignored the given ones,
+    survived the generation tests)."""
+    model = MiniNormForCausalLM(MiniNormConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                                               num_attention_heads=4, num_key_value_heads=2,
+                                               max_position_embeddings=64, norm_impl="eager"))
+    eos = tokenizer.eos_token_id
+    for configured, expected in (([3, 4], {eos, 3, 4}), (5, {eos, 5}), (None, {eos})):
+        model.generation_config.eos_token_id = configured
+        assert default_eos_token_ids(model, tokenizer) == frozenset(expected)
+    model.generation_config.eos_token_id = [3]
+    assert GenerationEngine(model, tokenizer, max_batch=1).eos_token_ids == frozenset({eos, 3})
+    assert GenerationEngine(model, tokenizer, max_batch=1, eos_token_ids=[NEVER]).eos_token_ids == frozenset({NEVER})

@@ -290,6 +290,27 @@ def test_the_missing_eos_penalty_comes_off_the_scores_of_completions_the_length_
     assert penalised["rollout_stats"][0].item() == pytest.approx(float((plain["scores"] - cut).mean()))
 
 
+def test_a_completion_that_ends_at_an_eos_id_of_the_models_generation_config_is_not_penalised(tokenizer,
+                                                                                                monkeypatch):
+    """The engine stops at the tokenizer's eos and at those the policy's generation_config names
+    (model.generation.default_eos_token_ids): a completion ending at the latter ended too and keeps its score (a
+    mutant that took the tokenizer's eos alone survived)."""
+    import trainer.grpo as grpo
+
+    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
+    other = 12
+    assert other != tokenizer.eos_token_id
+    model.policy.generation_config.eos_token_id = [other]
+    sampled = [[5, 6, other], [7, 8, 9, 10, 11, 13], [13, tokenizer.eos_token_id], [14, 15, other]]
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: sampled)
+    objective = ProximalPolicy([Reward("lengths", lambda prompts, completions, **columns: [1.0] * len(completions))],
+                               tokenizer, _settings(2, missing_eos_penalty=0.5), reference, seed=7, process_index=0,
+                               autocast=nullcontext)
+    batch = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
+    assert batch["ended"].tolist() == [True, False, True, True]
+    assert batch["scores"].tolist() == [1.0, 0.5, 1.0, 1.0]
+
+
 @pytest.mark.parametrize("whiten_rewards", [False, True])
 def test_two_micro_batches_whiten_rewards_and_advantages_as_one(tokenizer, whiten_rewards):
     """The step's four prompts as one micro-batch or as two (gradient accumulation; processes share the step the

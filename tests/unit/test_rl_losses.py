@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from trainer.rl_losses import (explained_fraction, gae, group_advantages, kl_k3, kl_penalized_rewards,
+from trainer.rl_losses import (explained_fraction, gae, group_advantages, kl_estimate, kl_k3, kl_penalized_rewards,
                                missing_eos_penalized, policy_loss, ppo_loss, ppo_policy_loss, ppo_value_loss, whiten)
 
 # Four completions of up to four tokens (two prompts, groups of two); the third has two tokens, then padding.
@@ -290,6 +290,17 @@ def test_kl_penalized_rewards_pay_the_kl_per_token_and_the_score_at_the_last_tok
     expected[0][2] += 2.0  # the first completion's last token
     expected[1][1] -= 1.0  # the second's: its padding gets nothing
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+
+
+def test_kl_estimate_is_k1_unless_told_k3():
+    """Without an estimator kl_estimate is k1, logp - ref_logp (a mutant defaulting to k3 survived: every caller
+    names one); "k3" is (r - 1) - log r with log r = ref - logp, by hand."""
+    logp = torch.tensor([-1.0, -0.5, -2.0], dtype=torch.float64)
+    ref = torch.tensor([-1.5, -0.5, -1.0], dtype=torch.float64)
+    torch.testing.assert_close(kl_estimate(logp, ref), logp - ref, rtol=0, atol=0)
+    k3 = [math.exp(r - p) - 1 - (r - p) for p, r in zip(logp.tolist(), ref.tolist())]
+    torch.testing.assert_close(kl_estimate(logp, ref, "k3"), torch.tensor(k3, dtype=torch.float64), rtol=1e-12,
+                               atol=1e-15)
 
 
 def test_kl_penalized_rewards_with_the_k3_estimator_pay_trls_k3_per_token():

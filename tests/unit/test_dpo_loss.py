@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from trainer.dpo import BCORunningMean, DirectPreference, dpo_loss, sequence_log_probs
+from trainer.dpo import (DEFAULT_DISCOPOP_TAU, BCORunningMean, DirectPreference, dpo_loss, parse_loss_types,
+                         sequence_log_probs)
 
 BETA = 0.1
 # Per pair: summed log-probs of the chosen and rejected answers under the policy and under the reference.
@@ -126,6 +127,27 @@ def test_bad_dpo_loss_arguments_are_refused(loss_type, smoothing, message):
     assert str(refused.value) == message
 
 
+def test_more_bad_dpo_loss_arguments_and_the_forms_a_loss_type_takes():
+    """The refusals the flags also make, made by dpo_loss itself: a weight per loss type, the answers' token counts
+    for sft (as ipo's), the bad name of several shown alone; spaces around commas are dropped; --label_smoothing
+    is taken when any of several types reads it (each was a surviving mutant)."""
+    leaves = _leaves()
+    with pytest.raises(ValueError, match=r"^--loss_weights=\[1\.0\] is not allowed; give one weight per --loss_type "
+                                         r"\(2\)$"):
+        dpo_loss(*leaves, BETA, "sigmoid,sft", loss_weights=[1.0])
+    with pytest.raises(ValueError, match="^dpo_loss: loss_type sft needs the answers' token counts$"):
+        dpo_loss(*leaves, BETA, "sft")
+    with pytest.raises(ValueError, match="^--loss_type='kto' is not allowed; choose one or several"):
+        parse_loss_types("sigmoid,kto")
+    assert parse_loss_types("sigmoid , sft") == ("sigmoid", "sft")
+    tokens = torch.tensor([2.0, 4.0, 1.0], dtype=torch.float64)
+    both = dpo_loss(*leaves, BETA, "sigmoid,sft", 0.1, tokens, tokens)[0]
+    alone = [dpo_loss(*leaves, BETA, kind, smoothing, tokens, tokens)[0] for kind, smoothing in (("sigmoid", 0.1),
+                                                                                                 ("sft", 0.0))]
+    torch.testing.assert_close(both, alone[0] + alone[1], rtol=1e-12, atol=0)
+    assert DEFAULT_DISCOPOP_TAU == 0.05  # TRL's DPOConfig discopop_tau and the DiscoPOP paper's
+
+
 class _Tiny(torch.nn.Module):
     """A causal LM of logits that are a fixed function of the token: enough to score answers."""
 
@@ -135,6 +157,24 @@ class _Tiny(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None):
         return type("Out", (), {"logits": self.table[input_ids]})()
+
+
+def test_the_objectives_aot_sorts_only_the_real_pairs():
+    """A target-free pair (a validation shard's padding) is left out of aot's sorting: the two real pairs' losses are
+    dpo_loss's on those two alone (a mutant that sorted the padding in with them survived)."""
+    input_ids = torch.tensor([[1, 2, 3, 4], [1, 5, 6, 0], [1, 3, 3, 3], [1, 2, 4, 4], [1, 5, 3, 2], [1, 3, 3, 3]])
+    labels = torch.tensor([[-100, -100, 3, 4], [-100, -100, 6, -100], [-100] * 4, [-100, 2, 4, 4],
+                           [-100, -100, 3, 2], [-100] * 4])
+    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+    policy, reference = _Tiny(1.0), _Tiny(0.5)
+    objective = DirectPreference(reference, BETA, torch.enable_grad, "aot")
+    losses, _, _, real = objective._pair_terms(policy, batch)
+    assert real.tolist() == [True, True, False]
+    with torch.no_grad():
+        pi, ref = sequence_log_probs(policy.table[input_ids], labels), sequence_log_probs(reference.table[input_ids],
+                                                                                              labels)
+    expected = dpo_loss(pi[[0, 1]], pi[[3, 4]], ref[[0, 1]], ref[[3, 4]], BETA, "aot")[0]
+    torch.testing.assert_close(losses[:2].detach(), expected, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("loss_type, smoothing", [("sigmoid", 0.0), ("sigmoid", 0.2), ("ipo", 0.0),
@@ -318,6 +358,9 @@ def test_bco_pairs_running_mean_folds_each_step_in_by_its_pairs():
     assert running.mean == pytest.approx(1 / 6, rel=1e-12) and running.pairs == 6
     running.add_step(9.0, 9.0, 0)
     assert running.mean == pytest.approx(1 / 6, rel=1e-12) and running.pairs == 6
+    empty = BCORunningMean()  # a step of no pairs first (it divided by the 0 pairs so far)
+    empty.add_step(9.0, 9.0, 0)
+    assert (empty.mean, empty.pairs) == (0.0, 0)
 
 
 def test_the_bco_objective_keeps_its_mean_as_state_and_uses_it_in_the_loss():
@@ -344,4 +387,6 @@ def test_the_bco_objective_keeps_its_mean_as_state_and_uses_it_in_the_loss():
     fresh = DirectPreference(reference, BETA, torch.enable_grad, "bco_pair")
     fresh.load_state({})
     assert fresh.state() == {"bco_mean": 0.0, "bco_pairs": 0}
+    fresh.load_state({"bco_mean": 0.25})  # a mean without its count of pairs is still the mean
+    assert fresh.state() == {"bco_mean": 0.25, "bco_pairs": 0}
     assert DirectPreference(reference, BETA, torch.enable_grad, "sigmoid").state() == {}

@@ -188,7 +188,8 @@ def test_dpo_loss_types_and_weights_take_trls_space_separated_lists_and_commas(t
                                                                                                   [0.8, 0.2])
     assert spaced.to_dict()["loss_type"] == "sigmoid,sft" and parse_args("dpo", []).loss_weights is None
     for text in ("loss_type: [bco_pair, sft]\nloss_weights: [1, 0.5]\n", "loss_type: bco_pair,sft\n"
-                                                                      "loss_weights: [1.0, 0.5]\n"):
+                                                                      "loss_weights: [1.0, 0.5]\n",
+                 "loss_type: bco_pair, sft\nloss_weights: [1.0, 0.5]\n"):  # the space after the comma dropped
         config = tmp_path / "dpo.yaml"
         config.write_text(text)
         args = parse_args("dpo", ["--config", str(config)])
@@ -241,6 +242,10 @@ SMOOTHING_REFUSED = ("--label_smoothing=0.1 is not allowed; only --loss_type sig
                                          "epsilon > 0 (the EXO paper recommends 1e-3)"),
     ("dpo", ["--loss_type", "discopop", "--discopop_tau", "0"],
      "--discopop_tau=0.0 is not allowed; it must be a positive number"),
+    ("dpo", ["--loss_type", "discopop", "--discopop_tau", "inf"],
+     "--discopop_tau=inf is not allowed; it must be a positive number"),
+    ("dpo", ["--loss_weights", "1", "0.5"], "--loss_weights=[1.0, 0.5] is not allowed; give one weight per --loss_type "
+                                            "(1)"),
     ("dpo", ["--discopop_tau", "0.1"], "--discopop_tau=0.1 is not allowed; it shapes the discopop loss only: give "
                                        "--loss_type discopop with it, or leave it out"),
     ("grpo", ["--scale_rewards", "std"], "--scale_rewards='std' is not allowed; choose one of group, batch, none"),
@@ -553,6 +558,29 @@ def test_trls_rollout_options_are_their_trainers_flags_with_trls_defaults(task, 
     assert f"--{flag}" not in help_entries(build_parser(other).format_help())
 
 
+@pytest.mark.parametrize("settings, task, fields", [
+    ("trainer.ppo:PPOSettings", "ppo", {"kl_estimator": "kl_estimator", "whiten_rewards": "whiten_rewards",
+                                        "missing_eos_penalty": "missing_eos_penalty"}),
+    ("trainer.grpo:RolloutSettings", "grpo", {"importance_sampling_level": "importance_sampling_level"}),
+    ("trainer.distillation:CompletionSettings", "distill", {"lmbda": "lmbda", "seq_kd": "seq_kd",
+                                                            "max_new_tokens": "max_new_tokens",
+                                                            "temperature": "sampling_temperature"}),
+])
+def test_an_objectives_settings_default_to_their_flags_defaults(settings, task, fields):
+    """The settings dataclasses the trainer fills from the flags default to the flags' own defaults (TRL's), so one
+    built in code without them behaves as a run without the flags (mutants of each default survived every test)."""
+    import dataclasses
+    import importlib
+
+    from trainer.args import task_default
+
+    module, name = settings.split(":")
+    defaults = {field.name: field.default for field in dataclasses.fields(getattr(importlib.import_module(module),
+                                                                                 name))}
+    assert {field: defaults[field] for field in fields} == {field: task_default(task, flag)
+                                                            for field, flag in fields.items()}
+
+
 @pytest.mark.parametrize("task, flags, message", [
     ("ppo", ["--kl_estimator", "k2"], "--kl_estimator='k2' is not allowed; choose one of k1, k3"),
     # --beta 0 loads no reference: the rewards pay no KL and the logged one is 0, whatever the estimator
@@ -563,6 +591,8 @@ def test_trls_rollout_options_are_their_trainers_flags_with_trls_defaults(task, 
      "--missing_eos_penalty=-1.0 is not allowed; it must be a number >= 0 (0: no penalty)"),
     ("ppo", ["--missing_eos_penalty", "nan"],
      "--missing_eos_penalty=nan is not allowed; it must be a number >= 0 (0: no penalty)"),
+    ("ppo", ["--missing_eos_penalty", "inf"],
+     "--missing_eos_penalty=inf is not allowed; it must be a number >= 0 (0: no penalty)"),
     ("grpo", ["--importance_sampling_level", "seq"],
      "--importance_sampling_level='seq' is not allowed; choose one of token, sequence"),
     # at a rollout's only update the ratio is 1 and the sequence ratio's gradient the per-token one's: no GSPO

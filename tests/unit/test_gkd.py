@@ -220,6 +220,15 @@ def test_a_data_step_trains_on_the_data_and_samples_nothing(tokenizer, monkeypat
     assert stats[2].item() == 0  # on_policy: none of the step's tokens
 
 
+@pytest.mark.parametrize("settings", [CompletionSettings(lmbda=0.5), CompletionSettings(seq_kd=True)])
+def test_sampling_completions_without_the_tokenizer_is_refused(settings):
+    """--lmbda > 0 or --seq_kd alone samples, which needs the tokenizer: refused when built without it (mutants that
+    dropped the check, or seq_kd from `samples`, survived)."""
+    assert settings.samples
+    with pytest.raises(ValueError, match=r"^sampling completions \(lmbda > 0 or seq_kd\) needs the tokenizer$"):
+        Distillation(_model(VOCAB, 32, seed=2), 0.5, 2.0, nullcontext, completions=settings)
+
+
 def test_a_completions_seed_is_its_rows_place_in_the_steps_global_batch(tokenizer, monkeypatch):
     """One process with both rows samples them with the seeds two processes of one row each do."""
     recorder = _Recorder()
@@ -265,6 +274,14 @@ def test_pretraining_text_has_no_prompt_to_sample_for(tokenizer):
     (["--lmbda", "0.5", "--distill_data", "pretrain"], "--lmbda=0.5 is not allowed; a sampled completion answers a "
                                                        "conversation's prompt, which pretraining text has none of: use "
                                                        "--distill_data sft"),
+    (["--seq_kd", "--distill_data", "pretrain"], "--seq_kd=True is not allowed; a sampled completion answers a "
+                                                 "conversation's prompt, which pretraining text has none of: use "
+                                                 "--distill_data sft"),
+    (["--lmbda", "1.5"], "--lmbda=1.5 is not allowed; it must be in [0, 1]"),
+    (["--seq_kd", "--sampling_temperature", "inf"],
+     "--sampling_temperature=inf is not allowed; it must be a positive number"),
+    (["--sampling_temperature", "0.5"], "--sampling_temperature=0.5 is not allowed; it shapes the sampled "
+                                        "completions: give --lmbda or --seq_kd with it, or leave it out"),
 ])
 def test_bad_gkd_flags_are_one_line(flags, message, capsys):
     from trainer.args import parse_args
@@ -272,6 +289,22 @@ def test_bad_gkd_flags_are_one_line(flags, message, capsys):
     with pytest.raises(SystemExit):
         parse_args("distill", flags)
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--distill_loss", "jsd", "--jsd_beta", "0"], {"jsd_beta": 0.0}),
+    (["--distill_loss", "jsd", "--jsd_beta", "1"], {"jsd_beta": 1.0}),
+    (["--lmbda", "1"], {"lmbda": 1.0}),
+    (["--seq_kd", "--max_new_tokens", "16", "--sampling_temperature", "0.5"],
+     {"seq_kd": True, "max_new_tokens": 16, "sampling_temperature": 0.5}),
+])
+def test_gkd_flags_at_their_bounds_are_taken(flags, expected):
+    """The ends of [0, 1] (beta 0 and 1: the forward and reverse KL) and --seq_kd's own sampling flags are taken
+    (mutants that refused them survived)."""
+    from trainer.args import parse_args
+
+    args = parse_args("distill", flags)
+    assert {name: getattr(args, name) for name in expected} == expected
 
 
 def test_a_checkpoint_from_before_the_gkd_flags_is_hintons_kl_on_the_data():

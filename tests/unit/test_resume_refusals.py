@@ -334,12 +334,17 @@ def test_a_resume_drops_its_own_runs_later_checkpoints_only(tmp_path):
     ({**GOOD_STATE, "objective_state": {"bco_mean": "0.1"}},
      "'objective_state' must be a JSON object of finite numbers, not {'bco_mean': '0.1'}"),
     ({**GOOD_STATE, "objective_state": [0.1]}, "'objective_state' must be a JSON object of finite numbers, not [0.1]"),
+    ({**GOOD_STATE, "objective_state": {"bco_pairs": True}},
+     "'objective_state' must be a JSON object of finite numbers, not {'bco_pairs': True}"),
+    (json.dumps({**GOOD_STATE, "objective_state": {"bco_mean": 0.5}}).replace("0.5}", "1e999}"),
+     "'objective_state' must be a JSON object of finite numbers, not {'bco_mean': inf}"),
 ], ids=lambda value: None)
 def test_more_damaged_trainer_states(content, message, tmp_path):
     from trainer.checkpoint import read_trainer_state
 
     with pytest.raises(ValueError, match=re.escape(message)):
-        read_trainer_state(_write_state(tmp_path, content, name=f"step_{content['step']:08d}"))
+        step = (json.loads(content) if isinstance(content, str) else content)["step"]  # text: a number JSON can't write
+        read_trainer_state(_write_state(tmp_path, content, name=f"step_{step:08d}"))
     sound = {**GOOD_STATE, "epoch": 3}  # as many epochs as steps: each epoch took one step
     assert read_trainer_state(_write_state(tmp_path, sound, name="sound_copy")) == sound
 
@@ -479,7 +484,10 @@ def test_a_run_from_before_trls_options_resumes_as_before_and_notes_a_change(tas
            "jsd_beta", "lmbda", "seq_kd", "max_new_tokens", "sampling_temperature")
     recorded = {name: value for name, value in args.to_dict().items() if name != "model" and name not in new}
     assert changed_flags({"config": recorded}, args.to_dict()) == ""
-    assert changed_flags({"config": recorded}, parse_args(task, [*base, *flags]).to_dict()) == note
+    asked = parse_args(task, [*base, *flags]).to_dict()
+    assert changed_flags({"config": recorded}, asked) == note
+    given = {flag[2:]: asked[flag[2:]] for flag in flags if flag.startswith("--")}
+    assert changed_flags({"config": {**recorded, **given}}, asked) == ""  # a recorded value is kept, not replaced
     (tmp_path / "train_config.yaml").write_text(yaml.safe_dump(recorded))
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"")

@@ -372,6 +372,7 @@ def test_a_folder_without_the_tokenizer_marker_loads_as_before(tmp_path):
     (b'{"files": "tokenizer.json"}', f'{SHAPE}: its "files" is "tokenizer.json"'),
     (b'{"files": ["tokenizer.json", 5]}', f'{SHAPE}: its "files" hold 5'),
     (b'{"files": [], "writing": false}', f'{SHAPE}: its "writing" is false'),
+    (b'{"files": [], "writing": null}', f'{SHAPE}: its "writing" is null'),
     (b'{"files": [], "complete": true}', f'{SHAPE}: it holds the keys "files", "complete"'),
 ])
 def test_a_tokenizer_marker_that_is_not_what_a_save_writes_is_refused_in_one_line(content, problem, tmp_path):
@@ -445,7 +446,9 @@ def test_a_save_removes_the_staging_folders_a_killed_save_left(tmp_path):
     left = _staging_folders(tmp_path)
     assert len(left) == 1 and (tmp_path / left[0] / "model.safetensors").is_file(), left
     assert left[0].endswith(f"@{socket.gethostname()}") and not (tmp_path / "model.safetensors").exists()
+    dead = left[0].rsplit(".", 1)[1].split("@")[0]  # the killed writer's pid: gone here, unknown on another machine
     kept = [f".model_abcdefgh.{os.getppid()}@{socket.gethostname()}", ".model_abcdefgh.1@another-machine",
+            f".model_abcdefgi.{dead}@another-machine",
             ".model_notes"]  # the last: not a staging folder's name (8 characters after the prefix)
     for name in [*kept, ".model_12345678"]:  # the last: a save's from before
         (tmp_path / name).mkdir()
@@ -454,6 +457,22 @@ def test_a_save_removes_the_staging_folders_a_killed_save_left(tmp_path):
     export.save_model_dir(_tiny_model(), first, tmp_path)
     assert _staging_folders(tmp_path) == sorted(kept)
     assert all((tmp_path / name / "mine.txt").read_text() == "x" for name in kept)
+
+
+def test_a_staging_folder_of_another_users_live_process_is_kept(monkeypatch):
+    """A writer whose existence the signal-0 probe may not ask about (PermissionError: another user's process) is
+    taken as live, so its folder is kept (a mutant that took it as gone survived: these tests run as root)."""
+    import os
+    import socket
+
+    import trainer.export as export
+
+    def not_yours(pid: int, signal: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", not_yours)
+    assert export._writer_gone("4242", socket.gethostname()) is False
+    assert export._writer_gone(None, None) is True  # a save from before the names held a pid and host
 
 
 def test_two_saves_at_once_into_one_directory_keep_each_others_staging_folder(tmp_path, monkeypatch):

@@ -339,6 +339,24 @@ def test_run_text_equals_the_whole_decode_under_space_clean_up(chat_sentencepiec
             assert run.text() == cleaning.decode(ids[:n], skip_special_tokens=False), (step, n)
 
 
+def test_a_byte_run_under_space_clean_up_is_decoded_not_made_from_its_bytes(chat_sentencepiece) -> None:
+    """The space-cleaning tokenizer is not decodes_byte_runs_whole: its clean-up edits a run's text (" ." spelled in
+    bytes reads "."), so its runs are decoded, not made from their bytes: a run of characters long past the first
+    checks, then " ." in bytes, is tokenizer.decode at every length (a mutant that made every tokenizer's runs
+    from their bytes survived the random runs)."""
+    from scripts.server.replies import _RunText
+
+    cleaning = chat_sentencepiece[1]
+    ids = [cleaning.convert_tokens_to_ids(f"<0x{b:02X}>") for b in ("北京" * 8 + " . 中 , x").encode()]
+    assert cleaning.unk_token_id not in ids
+    assert cleaning.decode(ids) != cleaning.decode(ids, clean_up_tokenization_spaces=False)
+    grown: list[int] = []
+    run = _RunText(cleaning, grown, 0)
+    for n in range(1, len(ids) + 1):
+        grown[:] = ids[:n]
+        assert run.text() == cleaning.decode(ids[:n], skip_special_tokens=False), n
+
+
 def test_run_text_equals_the_whole_decode_through_long_byte_runs(chat_sentencepiece) -> None:
     """Runs of byte-fallback ids (Chinese and emoji on a vocabulary without them), long, at the start of the text
     and after words, a space byte first, broken by a stray byte, a character cut short or an overlong: _RunText's
@@ -377,6 +395,19 @@ def test_a_long_reply_in_byte_fallback_tokens_decodes_a_number_of_ids_linear_in_
     text = (b"\x80" if broken else b"") + ("中文字北京" * 100 + "🙂🚀" * 100).encode()
     ids = [tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in text][:2000]
     assert len(ids) == 2000 and tokenizer.unk_token_id not in ids
+    assert _decoded_ids(tokenizer, monkeypatch, ids) < 16 * len(ids)
+
+
+def test_a_long_byte_run_after_one_whose_bytes_did_not_read_as_decoded_is_still_made_from_its_bytes(
+        chat_sentencepiece, monkeypatch) -> None:
+    """A run at the start that begins with a space byte does not read as its bytes (the decoder strips a first
+    space), so that run is decoded; the next run, after a word, is made from its bytes again: 1,995 of them cost
+    a few decodes each (a mutant that kept decoding every later run once one had not read right survived)."""
+    tokenizer = chat_sentencepiece[0]
+    byte_ids = [tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in (" 北京" * 2 + "中文字北京" * 200).encode()]
+    first, rest = byte_ids[:14], byte_ids[14:14 + 1995]  # whole characters: 133 x "中文字北京"
+    ids = first + encode_text(tokenizer, " a ca") + rest
+    assert len(rest) == 1995 and tokenizer.unk_token_id not in ids
     assert _decoded_ids(tokenizer, monkeypatch, ids) < 16 * len(ids)
 
 

@@ -572,7 +572,7 @@ def test_an_objectives_settings_default_to_their_flags_defaults(settings, task, 
     import dataclasses
     import importlib
 
-    from trainer.args import task_default
+    from trainer.arg_fields import task_default
 
     module, name = settings.split(":")
     defaults = {field.name: field.default for field in dataclasses.fields(getattr(importlib.import_module(module),

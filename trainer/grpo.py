@@ -51,9 +51,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length")  # then each reward's mean
-# A rollout micro-batch's key: the completions of its whole step, every micro-batch of every process
-# (finish_rollouts); per-sequence ratios log the share of them clipped.
+# Rollout micro-batch keys: the completions of its whole step and their tokens, every micro-batch of every process
+# (finish_rollouts); the logged clip fraction and KL count against them, whatever the loss's units.
 STEP_COMPLETIONS = "step_completions"
+STEP_COMPLETION_TOKENS = "step_completion_tokens"
 # How rollouts decode (model/generation.py's DECODE_MODES): a compiled step over a static KV cache, 1.5-1.7x the
 # speed of decoding through the model's forward (docs/benchmarks.md, rollout decoding); it compiles once per process.
 ROLLOUT_DECODE = "compiled"
@@ -376,7 +377,8 @@ class GroupRelativePolicy(RolloutObjective):
         written as null, when none is scored), the mean completion length over all its completions, the mean over its
         groups of the std of their scored rewards (a group with fewer than two has none; NaN when no group has
         two) --, the same in every micro-batch ("rollout_stats"; the loss weighs them by its
-        units, which sum to the step's), as is the number of the step's completions (STEP_COMPLETIONS); with
+        units, which sum to the step's), as are the numbers of the step's completions (STEP_COMPLETIONS) and of
+        their tokens (STEP_COMPLETION_TOKENS), which the logged clip fraction and KL count against; with
         --scale_rewards batch, the advantages divided by the std of the global batch's scored rewards + 1e-4
         (TRL's)."""
         scored = torch.cat([~batch["reward_values"].isnan().all(dim=0) for batch in batches])
@@ -395,6 +397,7 @@ class GroupRelativePolicy(RolloutObjective):
         for batch in batches:
             batch["rollout_stats"] = torch.tensor([reward, reward_std, length], device=batch["completion_mask"].device)
             batch[STEP_COMPLETIONS] = int(sums[0])
+            batch[STEP_COMPLETION_TOKENS] = int(sums[2])
 
     # ----------------------------------------------------------------- the loss
     def count_items(self, batch: dict[str, Any]) -> torch.Tensor:
@@ -422,9 +425,13 @@ class GroupRelativePolicy(RolloutObjective):
         reward, reward_std, length = batch["rollout_stats"].tolist()
         stats = torch.tensor([reward, reward_std, result.kl, result.clip_fraction, length], device=mask.device)
         stats = torch.cat([stats, batch.get("reward_means", stats.new_zeros(len(self.rewards)))]) * local
-        if s.importance_sampling_level == ImportanceSamplingLevel.SEQUENCE:
-            # The share of the step's completions clipped, whatever the loss's unit (a token for dapo and cispo, the
-            # micro-batch for bnpo): this micro-batch's clipped completions over the step's, in the units the
-            # summed statistics are divided by (num_items), not its own share weighed by its units.
-            stats[STAT_NAMES.index("clip_fraction")] = result.clipped * num_items / batch[STEP_COMPLETIONS]
+        # The share of the step's completion tokens clipped (per-sequence ratios: of its completions) and the mean KL
+        # over the step's completion tokens, whatever the loss's unit (a completion for grpo and dr_grpo, a token for
+        # dapo and cispo, the micro-batch for bnpo): this micro-batch's counts over the step's, in the units the
+        # summed statistics are divided by (num_items), not its own share weighed by its units.
+        sequence = s.importance_sampling_level == ImportanceSamplingLevel.SEQUENCE
+        step_tokens = max(batch[STEP_COMPLETION_TOKENS], 1)
+        clip_base = batch[STEP_COMPLETIONS] if sequence else step_tokens
+        stats[STAT_NAMES.index("clip_fraction")] = result.clipped * num_items / clip_base
+        stats[STAT_NAMES.index("kl")] = result.kl * mask.sum() * num_items / step_tokens  # kl: its tokens' mean
         return result.loss * local / num_items, stats

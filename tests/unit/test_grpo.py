@@ -63,7 +63,7 @@ def _hand_made_batch() -> dict:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "starts": torch.tensor(starts),
             "completion_mask": mask, "advantages": torch.tensor([0.7, -0.7, 1.3, -0.4]),
             "ref_logp": -torch.rand(4, max(lengths), generator=generator) * 3,
-            "rollout_stats": torch.tensor([0.5, 0.25, 2.5]), "step_completions": 4}
+            "rollout_stats": torch.tensor([0.5, 0.25, 2.5]), "step_completions": 4, "step_completion_tokens": 10}
 
 
 def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, beta: float,
@@ -111,7 +111,8 @@ def _reference_terms(model64: MiniNormForCausalLM, batch: dict, loss_type: str, 
 
 def _rows(batch: dict, rows: slice) -> dict:
     """The rows of a micro-batch of the step; what is the whole step's stays whole."""
-    return {key: value[rows] if key not in ("rollout_stats", "step_completions") else value
+    whole = ("rollout_stats", "step_completions", "step_completion_tokens")
+    return {key: value[rows] if key not in whole else value
             for key, value in batch.items()}
 
 
@@ -299,6 +300,7 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     lengths = [int(n) for batch in batches for n in batch["completion_mask"].sum(dim=1)]
     assert sum(lengths[:4]) != sum(lengths[4:])  # the micro-batches' token weights differ
     assert [batch["step_completions"] for batch in batches] == [8, 8]  # what the clip fraction counts against
+    assert [batch["step_completion_tokens"] for batch in batches] == [sum(lengths)] * 2  # and the token-level one
     reward, reward_std, _, _, length, function_mean = stats.tolist()
     assert (reward, reward_std, length, function_mean) == pytest.approx(
         (sum(scored) / len(scored), sum(stds) / len(stds), sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
@@ -683,6 +685,57 @@ def test_the_sequence_level_clip_fraction_is_the_share_of_the_steps_completions_
         part["old_logp"] = part["old_logp"] - shifts[rows, None] * part["completion_mask"]
     stats = sum(objective.loss(model, part, units)[1] for part in micro) / units
     assert dict(zip(objective.stat_names, stats.tolist()))["clip_fraction"] == pytest.approx(2 / 4)
+
+
+def _reference_kl(model64: MiniNormForCausalLM, batch: dict) -> list[list[float]]:
+    """Per completion, per token, the k3 KL to the batch's reference log-probs in fp64: exp(ref - logp) - (ref -
+    logp) - 1, log p from log_softmax of the logits one position back (temperature 1)."""
+    logits = model64(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    rows = []
+    for i in range(len(batch["starts"])):
+        start, length = int(batch["starts"][i]), int(batch["completion_mask"][i].sum())
+        row = []
+        for t in range(length):
+            logp = float(torch.log_softmax(logits[i, start + t - 1], dim=-1)[batch["input_ids"][i, start + t]])
+            ref = float(batch["ref_logp"][i, t])
+            row.append(math.exp(ref - logp) - (ref - logp) - 1)
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
+def test_the_logged_clip_fraction_and_kl_are_the_steps_token_shares_whatever_the_micro_batches(loss_type, level):
+    """The step as two micro-batches of other token counts (completions 1-3: 7 tokens, completion 4: 3 tokens): the
+    logged kl is the mean k3 KL over the step's 10 completion tokens, and with per-token ratios the clip fraction is
+    the share of those 10 tokens clipped, counted by hand (log-ratios set to +0.4 on the first completion's first
+    token, advantage 0.7 > 0, and -0.5 on the second's two last tokens and all three of the fourth's, advantages < 0:
+    ratios e^0.4 > 1.28 and e^-0.5 < 0.8, so 6 of 10 tokens, whichever clip rule -- cispo's either side, the
+    surrogate's only where the advantage pushes; every other token's ratio is 1), for every loss type, whose units
+    would otherwise weigh each micro-batch's own share (grpo, dr_grpo: 3/7 x 3/4 + 1 x 1/4 = 0.57; bnpo: (3/7 + 1)
+    / 2 = 0.71). Per-sequence ratios: the second completion's mean log-ratio is -0.5 x 2/4, ratio e^-0.25 < 0.8, so
+    the second and the fourth clip out of the four, and the first (mean 0.2: e^0.2 < 1.28) does not."""
+    model, batch = _model(), _hand_made_batch()
+    model64 = copy.deepcopy(model).double()
+    settings = _settings(loss_type, iterations=2, level=level)  # clip range [0.8, 1.28]
+    objective = GroupRelativePolicy([], _Pad(), settings, None, seed=0, process_index=0, autocast=nullcontext)
+    micro = [_rows(batch, slice(0, 3)), _rows(batch, slice(3, 4))]
+    assert [int(part["completion_mask"].sum()) for part in micro] == [7, 3]
+    units = sum(objective.count_items(part) for part in micro)
+    for part in micro:  # the first update records the policy's log-probs
+        objective.loss(model, part, units)
+    # lengths 2, 4, 1, 3; advantages 0.7, -0.7, 1.3, -0.4
+    shifts = torch.tensor([[0.4, 0.0, 0.0, 0.0], [0.0, 0.0, -0.5, -0.5], [0.0, 0.0, 0.0, 0.0],
+                           [-0.5, -0.5, -0.5, 0.0]])
+    assert torch.equal(shifts != 0, (shifts != 0) & batch["completion_mask"])
+    for part, rows in zip(micro, (slice(0, 3), slice(3, 4))):
+        part["old_logp"] = part["old_logp"] - shifts[rows]
+    stats = dict(zip(objective.stat_names, (sum(objective.loss(model, part, units)[1] for part in micro)
+                                            / units).tolist()))
+    kl = [term for row in _reference_kl(model64, batch) for term in row]
+    assert len(kl) == 10
+    assert stats["kl"] == pytest.approx(sum(kl) / 10, rel=1e-5)
+    assert stats["clip_fraction"] == pytest.approx(6 / 10 if level == "token" else 2 / 4)
 
 
 def test_validation_reports_the_greedy_accuracy_on_the_answers(tokenizer, policy, monkeypatch):

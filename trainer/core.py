@@ -462,7 +462,7 @@ class Trainer:
             completions = CompletionSettings(args.lmbda, args.seq_kd, args.max_new_tokens, args.sampling_temperature)
             return Distillation(teacher.to(self.accelerator.device), args.alpha, args.temperature,
                                 self.accelerator.autocast, args.distill_loss, args.jsd_beta, completions,
-                                self.tokenizer, args.seed, self.accelerator.process_index, self.world)
+                                self.tokenizer, args.seed, self.accelerator.process_index, self.world, self.sharded)
         if self.args.task in ROLLOUT_TASKS:
             return self._rollout_objective()
         moe = self.base_model.config.is_moe

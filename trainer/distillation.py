@@ -41,6 +41,7 @@ from model.generation import GenerationSettings
 from model.model import shift_labels
 from trainer.distillation_losses import DistillLoss, distillation_losses
 from trainer.evaluation import LMEval, evaluate_lm
+from trainer.export import whole_model_everywhere
 from trainer.grpo import first_sample, rollout_seed, sample_completions
 from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, is_model_dir, load_input_model,
                              resolve_input_path, resolve_path)
@@ -174,20 +175,21 @@ class Distillation:
     forward runs in it too, without gradients); `loss` and `beta`: the soft divergence (soft_divergences).
     `completions`: GKD's sampled data (by default none: every step trains on the data's answers); sampling needs
     the `tokenizer`, the run's `seed`, and `process_index` of `world` processes (where this process's rows sit in
-    the step's global batch, which seeds each completion). Validation is the student's plain language-modeling
+    the step's global batch, which seeds each completion); `sharded`: the student's weights are (FSDP2), so it
+    samples through a whole copy (whole_model_everywhere). Validation is the student's plain language-modeling
     loss, so it compares with an SFT or pretraining run's."""
 
     def __init__(self, teacher: torch.nn.Module, alpha: float, temperature: float,
                  autocast: Callable[[], AbstractContextManager], loss: str = DistillLoss.KL, beta: float = 0.5,
                  completions: CompletionSettings = CompletionSettings(),
                  tokenizer: PreTrainedTokenizerBase | None = None, seed: int = 0, process_index: int = 0,
-                 world: int = 1) -> None:
+                 world: int = 1, sharded: bool = False) -> None:
         if completions.samples and tokenizer is None:
             raise ValueError("sampling completions (lmbda > 0 or seq_kd) needs the tokenizer")
         self.teacher, self.alpha, self.temperature = teacher.eval().requires_grad_(False), alpha, temperature
         self.autocast, self.divergence, self.beta = autocast, DistillLoss(loss), beta
         self.completions, self.tokenizer = completions, tokenizer
-        self.seed, self.process_index, self.world = seed, process_index, world
+        self.seed, self.process_index, self.world, self.sharded = seed, process_index, world, sharded
         name = self.divergence.value  # the logged divergence: kl or jsd
         # on_policy: the fraction of the step's supervised tokens the student sampled (1 or 0: a step is one or other)
         self.stat_names = ("ce", name) + (("on_policy",) if completions.lmbda > 0 else ())
@@ -198,11 +200,14 @@ class Distillation:
         """The step's micro-batches as the step trains on them (trainer/core.py's train_step calls this before
         the loss): the data's, or with sampled completions in place of each row's last answer (step_source). Each
         completion's seed is a digest of (--seed, step, the row's index in the step's global batch), as GRPO's
-        rollouts': a resumed run, and any number of processes, sample the same ones."""
+        rollouts': a resumed run, and any number of processes, sample the same ones. Collective when the student's
+        weights are sharded and it samples: every process makes the step's draw alike, so all of them gather it."""
         source = step_source(self.seed, step, self.completions)
         if source == CompletionSource.DATA:
             return list(batches)
-        sampler = model if source == CompletionSource.STUDENT else self.teacher
+        sampler = self.teacher  # kept whole on every process
+        if source == CompletionSource.STUDENT:
+            sampler = whole_model_everywhere(model) if self.sharded else model
         return [{**self.sampled(sampler, batch, step, index), "source": source}
                 for index, batch in enumerate(batches)]
 

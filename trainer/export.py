@@ -124,6 +124,21 @@ def whole_model(accelerator: Accelerator, model: torch.nn.Module, unwrapped: tor
     return assembled
 
 
+def whole_model_everywhere(model: torch.nn.Module) -> torch.nn.Module:
+    """Collective. A plain copy of a sharded (FSDP2) model, whole on every process, without gradients: what samples
+    under sharding. On the sharded model itself every decode step is a collective, though processes' completions
+    may end after different numbers of steps, and the engine's inference mode leaves inference tensors in FSDP's
+    gathered buffers, which the next training forward refused (a GKD run under FSDP2 failed so)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state_dict = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    with torch.device("meta"):
+        copy = MiniNormForCausalLM(model.config)
+    copy.load_state_dict({name: tensor.detach() for name, tensor in state_dict.items()}, assign=True)
+    copy.tie_weights()
+    return copy.requires_grad_(False)
+
+
 def sample_text(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, task: str, prompt: str | None,
                 seed: int) -> str:
     """A short sampled continuation of `prompt` (default: one for the task), as run_summary.json keeps it."""

@@ -2,7 +2,8 @@
 KL to the teacher and logs CE and KL beside the loss; resumed from its checkpoint it reproduces the uninterrupted
 run bit for bit; two processes (torchrun) take the one process's steps; it runs on pretraining text too; a teacher
 with another tokenizer is refused in one line before anything is trained; one step of each GKD option (the JSD,
---lmbda, --seq_kd) trains as asked and is recorded, and a checkpoint from before those flags resumes as before."""
+--lmbda, --seq_kd) trains as asked and is recorded, a checkpoint from before those flags resumes as before, and
+the sampled steps of --lmbda 1 and --seq_kd on two processes (DDP and FSDP2) equal one process's."""
 
 from __future__ import annotations
 
@@ -170,3 +171,33 @@ def test_a_checkpoint_from_before_the_gkd_flags_resumes_as_before(distilled, tra
                                     "--distill_loss", "jsd", "--resume", str(old)))
     assert ("changed since the checkpoint: --distill_loss was kl there and is jsd now; the run goes on with the new "
             "values\n") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("launch", ["torchrun", "fsdp"])
+@pytest.mark.parametrize("flags", [["--lmbda", "1", "--max_new_tokens", "6"], ["--seq_kd", "--max_new_tokens", "5"]],
+                         ids=["lmbda", "seq_kd"])
+def test_two_processes_sample_and_distill_like_one_process(flags, launch, train_data, tiny_models, tmp_path):
+    """GKD's sampled steps on two processes of 2 conversations against one process of 4 (the same global batch),
+    2 steps, DDP (torchrun) and FSDP2: each completion's seed is its row's place in the step's global batch and the
+    step's draw is the same on every process, so both sample the same completions (the student's with --lmbda 1,
+    the teacher's with --seq_kd); the loss, CE, KL, on_policy, the validation and the final weights agree. Under
+    FSDP2 the student samples through a whole copy of its weights on each process (on the sharded model itself the
+    first training forward after sampling failed)."""
+    def argv(out_dir, batch_size: str) -> list[str]:
+        flags_of_run = _argv(train_data, tiny_models, out_dir, "--eval_interval", "1", *flags)
+        flags_of_run[flags_of_run.index("--batch_size") + 1] = batch_size
+        flags_of_run[flags_of_run.index("--max_steps") + 1] = "2"
+        return flags_of_run
+
+    one = tmp_path / "one"
+    run_in_process("distill", argv(one, "4"))
+    two = tmp_path / "two"
+    run = launch_two_processes(launch, "distill", argv(two, "2"), tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert ("x2, float32, FSDP" if launch == "fsdp" else "x2, float32") in run.stdout
+    train = read_metrics(one, "train")
+    assert len(train) == 2 and all(record["kl"] > 0 for record in train)
+    if "--lmbda" in flags:
+        assert all(record["on_policy"] == 1.0 for record in train)  # both steps trained on the student's samples
+    assert_same_logged_metrics(two, one)
+    assert_same_model(two, one)

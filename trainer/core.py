@@ -512,7 +512,7 @@ class Trainer:
                                    args.temperature, args.top_p, args.beta, args.epsilon,
                                    args.epsilon if args.epsilon_high is None else args.epsilon_high,
                                    args.num_iterations, args.scale_rewards, args.importance_sampling_level)
-        return GroupRelativePolicy(rewards, self.tokenizer, settings, *common)
+        return GroupRelativePolicy(rewards, self.tokenizer, settings, *common, sharded=self.sharded)
 
     def _total_steps(self) -> int:
         """--max_steps, or the optimizer steps that complete --epochs passes over the data. A run resumed with

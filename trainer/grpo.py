@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader
 from dataset.chat_format import IM_END
 from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings, default_eos_token_ids
 from trainer.evaluation import LoggedEval
+from trainer.export import whole_model_everywhere
 from trainer.rewards import Reward, math_answer, score
 from trainer.rl_losses import (ADVANTAGE_EPS, ImportanceSamplingLevel, LossType, ScaleRewards, default_scale_rewards,
                                 group_advantages, policy_loss, scored_group_stats)
@@ -225,11 +226,13 @@ class RolloutObjective:
     """What the policy-gradient objectives share (GRPO here, PPO in trainer/ppo.py): sampling and scoring the
     rollouts, the frozen reference's log-probs and the greedy validation. `reference`: the frozen starting model
     on the training device (None when beta is 0); `autocast`: the mixed-precision context of its forward;
-    `process_index` of `world` processes: where this process's prompts sit in each step's global batch."""
+    `process_index` of `world` processes: where this process's prompts sit in each step's global batch; `sharded`:
+    the policy's weights are (FSDP2), so it samples through a whole copy of them (whole_model_everywhere)."""
 
     def __init__(self, rewards: Sequence[Reward], tokenizer: PreTrainedTokenizerBase, settings: SamplingSettings,
                  reference: torch.nn.Module | None, seed: int, process_index: int,
-                 autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
+                 autocast: Callable[[], AbstractContextManager], world: int = 1, sharded: bool = False) -> None:
+        self.sharded = sharded
         self.rewards, self.tokenizer, self.settings = list(rewards), tokenizer, settings
         self.reference = reference.eval().requires_grad_(False) if reference is not None else None
         self.seed, self.process_index, self.world, self.autocast = seed, process_index, world, autocast
@@ -240,6 +243,11 @@ class RolloutObjective:
     def policy_of(model: torch.nn.Module) -> torch.nn.Module:
         """The language model that samples, within what the optimizer trains (here: the model itself)."""
         return model
+
+    def sampling_policy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What samples: the policy, or (collective) a whole copy of it where its weights are sharded."""
+        policy = self.policy_of(model)
+        return whole_model_everywhere(policy) if self.sharded else policy
 
     def rollouts(self, model: torch.nn.Module, batches: Sequence[dict[str, Any]], step: int,
                  accelerator: Accelerator) -> list[dict[str, Any]]:
@@ -282,7 +290,7 @@ class RolloutObjective:
                                        top_p=s.top_p, seed=rollout_seed(self.seed, step, first + index // group,
                                                                         index % group))
                     for index in range(len(prompt_ids))]
-        policy = self.policy_of(model)
+        policy = self.sampling_policy(model)  # every process samples every micro-batch of the step: collective
         completions = sample_completions(policy, self.tokenizer, prompt_ids, settings)
         stops = default_eos_token_ids(policy, self.tokenizer)  # where the engine stopped a completion
         texts = [completion_text(self.tokenizer, ids) for ids in completions]
@@ -319,6 +327,7 @@ class RolloutObjective:
         # reward sum, length sum, prompts, correct answers, prompts with an "answer" field
         totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
         greedy = GenerationSettings(max_new_tokens=self.settings.max_completion_length, temperature=0.0)
+        policy = self.sampling_policy(model)
         for index, batch in enumerate(loader):
             if max_batches and index >= max_batches:
                 break
@@ -328,7 +337,7 @@ class RolloutObjective:
                 continue
             prompts = [batch["prompts"][i] for i in keep]
             columns = {name: [values[i] for i in keep] for name, values in batch["columns"].items()}
-            completions = sample_completions(self.policy_of(model), self.tokenizer,
+            completions = sample_completions(policy, self.tokenizer,
                                              [batch["prompt_ids"][i] for i in keep], [greedy] * len(keep))
             texts = [completion_text(self.tokenizer, ids) for ids in completions]
             rewards, _ = score(self.rewards, prompts, texts, columns)
@@ -352,8 +361,8 @@ class GroupRelativePolicy(RolloutObjective):
 
     def __init__(self, rewards: Sequence[Reward], tokenizer: PreTrainedTokenizerBase, settings: RolloutSettings,
                  reference: torch.nn.Module | None, seed: int, process_index: int,
-                 autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
-        super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world)
+                 autocast: Callable[[], AbstractContextManager], world: int = 1, sharded: bool = False) -> None:
+        super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world, sharded)
         self.stat_names = STAT_NAMES + self.reward_names
         self.updates_per_rollout = settings.num_iterations
 

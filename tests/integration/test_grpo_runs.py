@@ -192,11 +192,13 @@ def test_grpo_defaults_to_the_arithmetic_problems_and_reports_their_held_out_acc
     assert read_metrics(out_dir, "val")[-1]["val_accuracy"] == pytest.approx(correct / len(rows))
 
 
-def test_two_processes_sample_and_train_like_one_process(grpo_data, tiny_models, tmp_path):
-    """torchrun, two processes of 2 prompts against one process of 4 (the same global batch): each completion's
-    seed depends on its prompt's place in the global batch, not on the process, so both sample the same rollouts;
-    losses, rewards, the validation (7 prompts: one shard padded, the copy not counted) and the weights agree.
-    (PPO's: tests/integration/test_ppo_runs.py.)"""
+@pytest.mark.parametrize("launch", ["torchrun", "fsdp"])
+def test_two_processes_sample_and_train_like_one_process(launch, grpo_data, tiny_models, tmp_path):
+    """torchrun (DDP) and FSDP2, two processes of 2 prompts against one process of 4 (the same global batch): each
+    completion's seed depends on its prompt's place in the global batch, not on the process, so both sample the
+    same rollouts; losses, rewards, the validation (7 prompts: one shard padded, the copy not counted) and the
+    weights agree. Under FSDP2 the policy samples through a whole copy of its weights on each process (on the
+    sharded policy the first training forward after sampling failed). (PPO's: tests/integration/test_ppo_runs.py.)"""
     task = "grpo"
     from tests.training_runs import ADAM_STEPS_ATOL, assert_same_model, launch_two_processes
 
@@ -211,9 +213,9 @@ def test_two_processes_sample_and_train_like_one_process(grpo_data, tiny_models,
     one = tmp_path / "one"
     run_in_process(task, argv(one, "4"))
     two = tmp_path / "two"
-    run = launch_two_processes("torchrun", task, argv(two, "2"), tmp_path)
+    run = launch_two_processes(launch, task, argv(two, "2"), tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert "x2, float32" in run.stdout
+    assert ("x2, float32, FSDP" if launch == "fsdp" else "x2, float32") in run.stdout
     assert_same_logged_metrics(two, one)
     assert read_summary(two)["final_val"]["prompts"] == 7
     assert_same_model(two, one, atol=ADAM_STEPS_ATOL)

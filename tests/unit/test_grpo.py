@@ -662,31 +662,6 @@ def test_sequence_level_ratios_after_the_policy_moved_equal_gspo_by_hand_and_acc
     assert float(sum(stats[3] for _, stats in results) / units) == pytest.approx(sum(clipped) / 4)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
-def test_the_sequence_level_clip_fraction_is_the_share_of_the_steps_completions_clipped(loss_type):
-    """--importance_sampling_level sequence, the step as two micro-batches of other sizes (completions 1-3: 7
-    tokens, completion 4: 3 tokens): the logged clip fraction is the share of the step's four completions whose ratio
-    was clipped, counted by hand (the first's ratio e^0.5 with a positive advantage, the fourth's e^-0.5 with a
-    negative one; the two others' 1), for every loss type, whose units (completions, tokens, micro-batches) would
-    weigh each micro-batch's own share otherwise (dapo and cispo: 7/10 x 1/3 + 3/10 x 1 = 0.53; bnpo: (1/3 + 1) / 2)."""
-    model, batch = _model(), _hand_made_batch()
-    settings = _settings(loss_type, iterations=2, level="sequence")  # clip range [0.8, 1.28]
-    objective = GroupRelativePolicy([], _Pad(), settings, None, seed=0, process_index=0, autocast=nullcontext)
-    micro = [_rows(batch, slice(0, 3)), _rows(batch, slice(3, 4))]
-    assert [int(part["completion_mask"].sum()) for part in micro] == [7, 3]
-    units = sum(objective.count_items(part) for part in micro)
-    for part in micro:  # the first update records the policy's log-probs
-        objective.loss(model, part, units)
-    # each completion's sequence log-ratio set by hand: its mean over the tokens of (logp - old) is the shift
-    shifts = torch.tensor([0.5, 0.0, 0.0, -0.5])
-    advantages = batch["advantages"].tolist()
-    assert advantages[0] > 0 and advantages[3] < 0
-    for part, rows in zip(micro, (slice(0, 3), slice(3, 4))):
-        part["old_logp"] = part["old_logp"] - shifts[rows, None] * part["completion_mask"]
-    stats = sum(objective.loss(model, part, units)[1] for part in micro) / units
-    assert dict(zip(objective.stat_names, stats.tolist()))["clip_fraction"] == pytest.approx(2 / 4)
-
-
 def _reference_kl(model64: MiniNormForCausalLM, batch: dict) -> list[list[float]]:
     """Per completion, per token, the k3 KL to the batch's reference log-probs in fp64: exp(ref - logp) - (ref -
     logp) - 1, log p from log_softmax of the logits one position back (temperature 1)."""

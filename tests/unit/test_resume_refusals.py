@@ -113,6 +113,19 @@ def _write_state(tmp_path: Path, content: object, name: str = "step_00000003") -
         state_file.write_text(content if isinstance(content, str) else json.dumps(content))
     return checkpoint
 
+def _finished_run(recorded: dict, folder: Path) -> dict:
+    """A finished run's files in `folder` as a run writes them (its train_config.yaml `recorded`, a model, the
+    summary), for finished_run_asked_again; the summary."""
+    import yaml
+
+    (folder / "train_config.yaml").write_text(yaml.safe_dump(recorded))
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    summary = {"status": "finished", "steps": 4}
+    (folder / "run_summary.json").write_text(json.dumps(summary))
+    return summary
+
+
 
 def _without(*keys: str) -> dict:
     return {k: v for k, v in GOOD_STATE.items() if k not in keys}
@@ -419,18 +432,13 @@ def test_a_checkpoint_goes_on_only_in_its_own_kind_of_run(tmp_path):
 
 
 def test_a_finished_run_asked_again_is_the_same_run_only_without_a_later_checkpoint(tmp_path):
-    import yaml
 
     from trainer.checkpoint import finished_run_asked_again
 
     args = parse_args("pretrain", ["--out_dir", str(tmp_path)])
     recorded = {**args.to_dict(), "val_data_path": "/resolved/by/the/run.jsonl"}  # left unset on the command line
     recorded.pop("model")
-    (tmp_path / "train_config.yaml").write_text(yaml.safe_dump(recorded))
-    (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors").write_bytes(b"")
-    summary = {"status": "finished", "steps": 4}
-    (tmp_path / "run_summary.json").write_text(json.dumps(summary))
+    summary = _finished_run(recorded, tmp_path)
     _write_state(tmp_path, {**GOOD_STATE, "step": 4}, name="step_00000004")
     assert finished_run_asked_again(tmp_path, args) == summary
     assert finished_run_asked_again(tmp_path, parse_args("pretrain", ["--max_seq_len", "64"])) == {}
@@ -442,17 +450,12 @@ def test_a_finished_grpo_run_from_before_scale_rewards_is_asked_again_only_with_
     """A finished GRPO run recorded before --scale_rewards existed scaled as its loss type's default: `--resume auto`
     with that scaling asks for it again; with another it does not (it was taken for the same run: the flag is not in
     its train_config.yaml)."""
-    import yaml
 
     from trainer.checkpoint import finished_run_asked_again
 
     args = parse_args("grpo", ["--out_dir", str(tmp_path)])
     recorded = {name: value for name, value in args.to_dict().items() if name not in ("model", "scale_rewards")}
-    (tmp_path / "train_config.yaml").write_text(yaml.safe_dump(recorded))
-    (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors").write_bytes(b"")
-    summary = {"status": "finished", "steps": 4}
-    (tmp_path / "run_summary.json").write_text(json.dumps(summary))
+    summary = _finished_run(recorded, tmp_path)
     assert finished_run_asked_again(tmp_path, args) == summary
     batch = parse_args("grpo", ["--out_dir", str(tmp_path), "--scale_rewards", "batch"])
     assert finished_run_asked_again(tmp_path, batch) == {}
@@ -474,7 +477,6 @@ def test_a_run_from_before_trls_options_resumes_as_before_and_notes_a_change(tas
     distillation run before GKD's flags with Hinton's KL on the data (the values the flags came with): resuming
     it so notes nothing, with another value notes the change (it was silent: the flag is not in its config); a
     finished such run is asked again by the same command only, not by one with the new value."""
-    import yaml
 
     from trainer.checkpoint import changed_flags, finished_run_asked_again
 
@@ -488,11 +490,7 @@ def test_a_run_from_before_trls_options_resumes_as_before_and_notes_a_change(tas
     assert changed_flags({"config": recorded}, asked) == note
     given = {flag[2:]: asked[flag[2:]] for flag in flags if flag.startswith("--")}
     assert changed_flags({"config": {**recorded, **given}}, asked) == ""  # a recorded value is kept, not replaced
-    (tmp_path / "train_config.yaml").write_text(yaml.safe_dump(recorded))
-    (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors").write_bytes(b"")
-    summary = {"status": "finished", "steps": 4}
-    (tmp_path / "run_summary.json").write_text(json.dumps(summary))
+    summary = _finished_run(recorded, tmp_path)
     assert finished_run_asked_again(tmp_path, args) == summary
     assert finished_run_asked_again(tmp_path, parse_args(task, ["--out_dir", str(tmp_path), *base, *flags])) == {}
 
@@ -533,7 +531,6 @@ def test_a_resume_with_another_reward_model_notes_it_and_the_same_directory_name
 def test_a_finished_run_asked_again_with_another_reward_model_is_another_run(task, tmp_path):
     """A finished GRPO or PPO run is asked again only by a command whose --reward_model names the same directory
     (however spelled): another directory, or none where it had one, asks for another run."""
-    import yaml
 
     from trainer.checkpoint import finished_run_asked_again
 
@@ -546,11 +543,7 @@ def test_a_finished_run_asked_again_with_another_reward_model_is_another_run(tas
                                  *(["--reward_model", *reward_model] if reward_model else [])])
 
     recorded = {name: value for name, value in args(str(rm)).to_dict().items() if name != "model"}
-    (out / "train_config.yaml").write_text(yaml.safe_dump(recorded))
-    (out / "config.json").write_text("{}")
-    (out / "model.safetensors").write_bytes(b"")
-    summary = {"status": "finished", "steps": 4}
-    (out / "run_summary.json").write_text(json.dumps(summary))
+    summary = _finished_run(recorded, out)
     assert finished_run_asked_again(out, args(str(rm))) == summary
     assert finished_run_asked_again(out, args(str(other / ".." / "rm"))) == summary
     assert finished_run_asked_again(out, args(str(other))) == {}

@@ -44,7 +44,6 @@ from dataset.json_text import strict_json
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
                                 scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
-from trainer.dpo import DEFAULT_DISCOPOP_TAU, DPOLossType
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
                              checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_count,
@@ -451,34 +450,27 @@ def _reward_model_change(saved: dict[str, Any], now: dict[str, Any]) -> _Changes
 
 
 # Flags a run recorded before they existed ran as their value here says (the behaviour before them), written out:
-# a later change of a flag's default must not change what an old run is read to have done.
-_FLAGS_BEFORE = {"grpo": {"importance_sampling_level": "token"},
+# a later change of a flag's default must not change what an old run is read to have done. A DPO run had the plain
+# sigmoid loss, unsmoothed, one loss type of weight 1 (--loss_weights null, the default) and no discopop loss (its
+# tau unread); a distillation run Hinton's KL on the data's answers (the sampling flags, which shape only what it
+# did not do, at the values they came with); GRPO per-token ratios; PPO the k1 KL, rewards not whitened, no
+# missing-eos penalty.
+_FLAGS_BEFORE = {"dpo": {"loss_type": "sigmoid", "label_smoothing": 0.0, "discopop_tau": 0.05},
+                 "grpo": {"importance_sampling_level": "token"},
                  "ppo": {"kl_estimator": "k1", "whiten_rewards": False, "missing_eos_penalty": 0.0},
                  "distill": {"distill_loss": "kl", "jsd_beta": 0.5, "lmbda": 0.0, "seq_kd": False,
                              "max_new_tokens": 128, "sampling_temperature": 0.9}}
 
 
 def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's config with the flags it predates but whose value it implies filled in: a GRPO run recorded
-    before --scale_rewards existed scaled as its loss type's default does now (dr_grpo: none, else group), so a
-    resume that asks for another scaling is a change to note, and a finished run asked again with it another run,
-    not an unrecorded flag; a DPO run recorded before --loss_type and --label_smoothing were its flags had the plain
-    sigmoid loss, unsmoothed, and one recorded before --loss_weights and --discopop_tau one loss type of weight 1
-    (null, the default) and no discopop loss (the default tau, unread); a distillation run recorded before GKD's
-    flags had Hinton's KL on the data's answers (--distill_loss kl, --lmbda 0, no --seq_kd; the others, which shape
-    only what it did not do, at the values they came with); a distillation, GRPO or PPO run recorded before the
-    flags of _FLAGS_BEFORE ran as their values there say (that, per-token ratios; the k1 KL, rewards not whitened,
-    no missing-eos penalty)."""
+    """A checkpoint's config with the flags it predates but whose value it implies filled in (_FLAGS_BEFORE), so
+    that a resume asking for another value notes the change, and a finished run asked again with it is another run,
+    not an unrecorded flag; a GRPO run recorded before --scale_rewards existed scaled as its loss type's default
+    does now (dr_grpo: none, else group)."""
     before = _FLAGS_BEFORE.get(saved["task"], {}) if isinstance(saved.get("task"), str) else {}
     saved = {**saved, **{name: value for name, value in before.items() if saved.get(name) is None}}
     if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
         return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}
-    if saved.get("task") == "dpo":
-        if saved.get("loss_type") is None:
-            saved = {**saved, "loss_type": DPOLossType.SIGMOID.value,
-                     "label_smoothing": 0.0 if saved.get("label_smoothing") is None else saved["label_smoothing"]}
-        if "discopop_tau" not in saved:
-            saved = {**saved, "discopop_tau": DEFAULT_DISCOPOP_TAU}
     return saved
 
 

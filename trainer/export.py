@@ -21,6 +21,7 @@ from dataset.chat_format import encode_chatml, encode_text
 from dataset.json_text import strict_json
 from dataset.tokenization import begin_tokenizer_save, end_tokenizer_save, model_dir_lock
 from model.generation_defaults import saved_generation_config
+from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.distributed import full_state_dict
 from trainer.run_dir import ADAPTER_CONFIG_FILE, CONFIG_FILE, MERGED_DIR, is_chat_task
@@ -115,10 +116,13 @@ def whole_model(accelerator: Accelerator, model: torch.nn.Module, unwrapped: tor
     if not sharded:
         return unwrapped if accelerator.is_main_process else None
     state_dict = full_state_dict(accelerator, model)
-    if not accelerator.is_main_process:
-        return None
+    return _assembled(unwrapped.config, state_dict) if accelerator.is_main_process else None
+
+
+def _assembled(config: MiniNormConfig, state_dict: dict[str, torch.Tensor]) -> MiniNormForCausalLM:
+    """A plain model of `config` holding the tensors of a full state dict themselves (no copy, no initialization)."""
     with torch.device("meta"):
-        assembled = MiniNormForCausalLM(unwrapped.config)
+        assembled = MiniNormForCausalLM(config)
     assembled.load_state_dict(state_dict, assign=True)
     assembled.tie_weights()
     return assembled
@@ -132,11 +136,8 @@ def whole_model_everywhere(model: torch.nn.Module) -> torch.nn.Module:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     state_dict = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    with torch.device("meta"):
-        copy = MiniNormForCausalLM(model.config)
-    copy.load_state_dict({name: tensor.detach() for name, tensor in state_dict.items()}, assign=True)
-    copy.tie_weights()
-    return copy.requires_grad_(False)
+    whole = _assembled(model.config, {name: tensor.detach() for name, tensor in state_dict.items()})
+    return whole.requires_grad_(False)
 
 
 def sample_text(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, task: str, prompt: str | None,

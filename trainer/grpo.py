@@ -255,7 +255,8 @@ class RolloutObjective:
         (`rollout`), then what spans the step's whole global batch -- every micro-batch of every process -- computed
         over it (`finish_rollouts`: the logged statistics, PPO's whitening), so that the step does not depend on how
         its prompts are split between processes and micro-batches."""
-        sampled = [self.rollout(model, batch, step, index) for index, batch in enumerate(batches)]
+        sampler = self.sampling_policy(model)  # once per step: under sharding a gather of the whole weights
+        sampled = [self.rollout(model, batch, step, index, sampler) for index, batch in enumerate(batches)]
         self.finish_rollouts(sampled, accelerator)
         return sampled
 
@@ -277,8 +278,8 @@ class RolloutObjective:
             batch["reward_means"] = means.float().to(batch["completion_mask"].device)
         return float(sums[1] / count), float(sums[2] / count)
 
-    def sample(self, model: torch.nn.Module, batch: dict[str, Any], step: int,
-               micro_batch: int) -> dict[str, Any]:
+    def sample(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int,
+               sampler: torch.nn.Module | None = None) -> dict[str, Any]:
         """The micro-batch of P prompts -> P x G scored completions: the tensors every loss reads (input_ids,
         attention_mask, starts, completion_mask), the weighted rewards ("scores", P x G, fp32 on the CPU), each
         function's values with None as NaN ("reward_values", functions x completions, fp64) and whether each
@@ -290,7 +291,8 @@ class RolloutObjective:
                                        top_p=s.top_p, seed=rollout_seed(self.seed, step, first + index // group,
                                                                         index % group))
                     for index in range(len(prompt_ids))]
-        policy = self.sampling_policy(model)  # every process samples every micro-batch of the step: collective
+        # `sampler`: what samples (sampling_policy's, taken once per step by rollouts); None: take it here
+        policy = self.sampling_policy(model) if sampler is None else sampler
         completions = sample_completions(policy, self.tokenizer, prompt_ids, settings)
         stops = default_eos_token_ids(policy, self.tokenizer)  # where the engine stopped a completion
         texts = [completion_text(self.tokenizer, ids) for ids in completions]
@@ -367,9 +369,11 @@ class GroupRelativePolicy(RolloutObjective):
         self.updates_per_rollout = settings.num_iterations
 
     # ----------------------------------------------------------------- rollouts
-    def rollout(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
-        """The micro-batch of P prompts -> P x G scored completions, as the tensors the loss reads."""
-        out = self.sample(model, batch, step, micro_batch)
+    def rollout(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int,
+                sampler: torch.nn.Module | None = None) -> dict[str, Any]:
+        """The micro-batch of P prompts -> P x G scored completions, as the tensors the loss reads (`sampler`:
+        sample's)."""
+        out = self.sample(model, batch, step, micro_batch, sampler)
         unscored = out["reward_values"].isnan().all(dim=0)  # no function scored it: not a reward of 0 it earned
         rewards = out["scores"].masked_fill(unscored, float("nan")).view(-1, self.settings.num_generations)
         # batch: centred here, divided by the global batch's std in finish_rollouts

@@ -129,12 +129,13 @@ class ProximalPolicy(RolloutObjective):
         return model.policy
 
     # ----------------------------------------------------------------- rollouts
-    def rollout(self, model: PolicyAndCritic, batch: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
+    def rollout(self, model: PolicyAndCritic, batch: dict[str, Any], step: int, micro_batch: int,
+                sampler: torch.nn.Module | None = None) -> dict[str, Any]:
         """The micro-batch of P prompts -> P x G scored completions (less --missing_eos_penalty where cut) with
         their old log-probs and values, the KL-folded rewards, GAE advantages (whitened by finish_rollouts) and
         returns -- with --whiten_rewards finish_rollouts computes those two from the whitened rewards --, and the
-        --kl_estimator KL to the reference per token."""
-        out = self.sample(model, batch, step, micro_batch)
+        --kl_estimator KL to the reference per token (`sampler`: sample's)."""
+        out = self.sample(model, batch, step, micro_batch, sampler)
         s, mask = self.settings, out["completion_mask"]
         width = mask.shape[1]
         was_training = model.training

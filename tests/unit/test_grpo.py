@@ -266,6 +266,28 @@ def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, p
     assert not torch.equal(other["input_ids"], batch["input_ids"])
 
 
+def test_sharded_weights_are_gathered_once_per_step_and_sample_every_micro_batch(tokenizer, policy, monkeypatch):
+    """Under FSDP2 (sharded) the policy samples through a whole copy of its weights (whole_model_everywhere, a
+    gather of every weight): rollouts takes it once for the step's micro-batches, and every micro-batch samples from
+    that copy, not from the sharded model."""
+    import trainer.grpo as grpo
+
+    copy, gathered, samplers = object(), [], []
+    monkeypatch.setattr(grpo, "whole_model_everywhere", lambda model: gathered.append(model) or copy)
+
+    def sample(model, tok, prompt_ids, settings):
+        samplers.append(model)
+        return [[100] for _ in settings]
+
+    monkeypatch.setattr(grpo, "sample_completions", sample)
+    monkeypatch.setattr(grpo, "default_eos_token_ids", lambda model, tok: set())
+    objective = GroupRelativePolicy([Reward("one", lambda prompts, completions, **columns: [1.0] * len(completions))],
+                                    tokenizer, _settings(), None, seed=7, process_index=0, autocast=nullcontext,
+                                    sharded=True)
+    objective.rollouts(policy, [_prompts(tokenizer), _prompts(tokenizer)], step=2, accelerator=_OneProcess())
+    assert gathered == [policy] and samplers == [copy, copy]
+
+
 def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(tokenizer, policy, monkeypatch):
     """Two micro-batches of two prompts, cispo (its unit is the token, so the loss weighs each micro-batch's
     statistics by its tokens): the step's logged reward std and completion length are those of all eight

@@ -463,12 +463,12 @@ _FLAGS_BEFORE = {"dpo": {"loss_type": "sigmoid", "label_smoothing": 0.0, "discop
 
 
 def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's config with the flags it predates but whose value it implies filled in (_FLAGS_BEFORE), so
-    that a resume asking for another value notes the change, and a finished run asked again with it is another run,
-    not an unrecorded flag; a GRPO run recorded before --scale_rewards existed scaled as its loss type's default
-    does now (dr_grpo: none, else group)."""
+    """A checkpoint's config with the flags it predates (names it does not hold) but whose value it implies filled in
+    (_FLAGS_BEFORE), so that a resume asking for another value notes the change, and a finished run asked again with
+    it is another run, not an unrecorded flag; a GRPO run recorded before --scale_rewards existed (or with it null:
+    unset) scaled as its loss type's default does now (dr_grpo: none, else group)."""
     before = _FLAGS_BEFORE.get(saved["task"], {}) if isinstance(saved.get("task"), str) else {}
-    saved = {**saved, **{name: value for name, value in before.items() if saved.get(name) is None}}
+    saved = {**saved, **{name: value for name, value in before.items() if name not in saved}}
     if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
         return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}
     return saved
@@ -514,10 +514,10 @@ _Changes = dict[str, tuple[Any, Any]]  # name -> (its value in the checkpoint's 
 
 def _changes(saved: dict[str, Any], now: dict[str, Any]) -> _Changes:
     """Each name of `now` whose value differs from the one the checkpoint's config `saved` records, compared as
-    trainer_state.json holds them (a name it does not record, or records as null, is no change: an older
-    checkpoint)."""
+    trainer_state.json holds them. A name it does not record is no change (an older checkpoint, from before the
+    flag); one it records as null is a value (the flag left unset), so a resume that gives the flag is a change."""
     return {name: (_comparable(saved[name]), _comparable(value)) for name, value in now.items()
-            if saved.get(name) is not None and _comparable(saved[name]) != _comparable(value)}
+            if name in saved and _comparable(saved[name]) != _comparable(value)}
 
 
 def _was_and_is(changes: _Changes, flags: bool = True) -> str:
@@ -533,10 +533,14 @@ def _refused(path: Path, changes: str, why: str, advice: str) -> ValueError:
 
 def _keep_saved(path: Path, saved: dict[str, Any], now: dict[str, Any], why: str) -> None:
     """Refuse to resume with other values of the flags `now` than the checkpoint's config `saved` records, naming
-    each one that differs and `why` the checkpoint holds only for its own values."""
+    each one that differs and `why` the checkpoint holds only for its own values (a flag it records as null, unset
+    there: resume without it)."""
     changes = _changes(saved, now)
     if changes:
-        advice = "resume with " + " ".join(f"--{name} {old}" for name, (old, _) in changes.items())
+        given = " ".join(f"--{name} {old}" for name, (old, _) in changes.items() if old is not None)
+        unset = " ".join(f"--{name}" for name, (old, _) in changes.items() if old is None)
+        advice = "resume " + " and ".join(part for part in (given and f"with {given}", unset and f"without {unset}")
+                                          if part)
         raise _refused(path, _was_and_is(changes), why, advice)
 
 

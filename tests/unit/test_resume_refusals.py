@@ -364,18 +364,59 @@ def test_more_damaged_trainer_states(content, message, tmp_path):
 
 def test_a_position_at_the_end_of_the_epoch_and_a_checkpoint_that_recorded_no_value_resume():
     args = parse_args("pretrain", [])
-    at_end = {**GOOD_STATE, "samples_done_in_epoch": 296, "config": {"seed": None, "max_seq_len": None}}
+    at_end = {**GOOD_STATE, "samples_done_in_epoch": 296, "config": {}}  # from before the flags: nothing to compare
     check_resume_compatible(CHECKPOINT, at_end, args, GOOD_STATE["data"])
+
+
+def test_a_kept_flag_recorded_as_null_is_a_value_and_giving_it_is_refused():
+    """A checkpoint that records a flag as null ran with it unset: a resume that gives it changes the run as much as
+    one that changes a recorded value, and is refused the same way (only a name the checkpoint lacks, a flag from
+    after it, is not compared); the advice says to resume without the flag."""
+    unset = {**GOOD_STATE, "config": {"seed": None, "max_seq_len": 256}}
+    with pytest.raises(ValueError) as refused:
+        check_resume_compatible(CHECKPOINT, unset, parse_args("pretrain", ["--max_seq_len", "256"]), GOOD_STATE["data"])
+    assert str(refused.value) == ("--resume step_00000002: --seed was None there and is 42 now; the saved data "
+                                  "position is only valid for the same samples in the same order (resume without "
+                                  "--seed, or start a new run)")
+    both = {**GOOD_STATE, "config": {"seed": None, "max_seq_len": 32}}
+    with pytest.raises(ValueError, match=r"\(resume with --max_seq_len 32 and without --seed, or start a new run\)$"):
+        check_resume_compatible(CHECKPOINT, both, parse_args("pretrain", []), GOOD_STATE["data"])
 
 
 def test_the_changed_flags_name_settings_not_places():
     from trainer.checkpoint import changed_flags
 
     state = {"config": {"learning_rate": 0.001, "out_dir": "/a", "resume": None, "data_path": "/d/x.jsonl",
-                        "max_steps": 10, "warmup_steps": None}}
+                        "max_steps": 10}}
     now = {"learning_rate": 0.002, "out_dir": "/b", "resume": "auto", "data_path": "/e/x.jsonl", "max_steps": 10,
-           "warmup_steps": 5}
+           "warmup_steps": 5}  # a flag the checkpoint does not record (from after it): nothing to compare
     assert changed_flags(state, now) == "--learning_rate was 0.001 there and is 0.002 now"
+
+
+RM = ["--reward_model", "/models/rm"]  # alone: no --reward functions (null in the config)
+
+
+@pytest.mark.parametrize("task, recorded_flags, flags, note", [
+    ("dpo", ["--loss_type", "sigmoid,sft"], ["--loss_type", "sigmoid,sft", "--loss_weights", "0.8,0.2"],
+     "--loss_weights was None there and is [0.8, 0.2] now"),
+    ("grpo", RM, [*RM, "--reward", "think_format"], "--reward was None there and is ['think_format'] now"),
+    ("ppo", RM, [*RM, "--reward", "math_answer", "--reward", "think_format"],
+     "--reward was None there and is ['math_answer', 'think_format'] now"),
+    ("grpo", [*RM, "--reward", "think_format"], RM, "--reward was ['think_format'] there and is None now"),
+])
+def test_a_resume_that_gives_a_flag_the_checkpoint_recorded_unset_notes_it(task, recorded_flags, flags, note):
+    """A flag the checkpoint records as null was unset in that run (DPO's --loss_weights: 1 each; GRPO's and PPO's
+    --reward beside a --reward_model: no functions): a resume that gives it changes the objective and says so, as
+    one that changes a recorded value or leaves it out does (it was silent: null read as not recorded); a
+    checkpoint from before the flag (no such name) notes nothing."""
+    from trainer.checkpoint import changed_flags
+
+    recorded = parse_args(task, recorded_flags).to_dict()
+    assert changed_flags({"config": recorded}, parse_args(task, flags).to_dict()) == note
+    assert changed_flags({"config": recorded}, parse_args(task, recorded_flags).to_dict()) == ""
+    name = note.split()[0][2:]
+    before_the_flag = {key: value for key, value in recorded.items() if key != name}
+    assert changed_flags({"config": before_the_flag}, parse_args(task, flags).to_dict()) == ""
 
 
 def test_a_grpo_checkpoint_from_before_scale_rewards_notes_a_change_of_scaling():
@@ -490,6 +531,9 @@ def test_a_run_from_before_trls_options_resumes_as_before_and_notes_a_change(tas
     assert changed_flags({"config": recorded}, asked) == note
     given = {flag[2:]: asked[flag[2:]] for flag in flags if flag.startswith("--")}
     assert changed_flags({"config": {**recorded, **given}}, asked) == ""  # a recorded value is kept, not replaced
+    # only a name the config lacks takes the value from before the flag: one recorded as null was a value (unset)
+    assert changed_flags({"config": {**recorded, **dict.fromkeys(given)}}, asked) == ", ".join(
+        f"--{name} was None there and is {value} now" for name, value in given.items())
     summary = _finished_run(recorded, tmp_path)
     assert finished_run_asked_again(tmp_path, args) == summary
     assert finished_run_asked_again(tmp_path, parse_args(task, ["--out_dir", str(tmp_path), *base, *flags])) == {}

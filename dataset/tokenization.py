@@ -181,6 +181,25 @@ def decodes_byte_runs_whole(tokenizer: PreTrainedTokenizerBase) -> bool:
     return True
 
 
+def start_strips(tokenizer: PreTrainedTokenizerBase) -> tuple[tuple[str, int], ...]:
+    """What the decoder of a tokenizer that decodes_byte_runs_whole takes off the start of the whole text, in its
+    order: (character, at most how many of it) for each Strip step (Llama's: (" ", 1), its first space)."""
+    decoder = json.loads(tokenizer.backend_tokenizer.decoder.__getstate__())
+    steps = (decoder.get("decoders") or []) if decoder.get("type") == "Sequence" else [decoder]
+    return tuple((step["content"], step["start"]) for step in steps if step.get("type") == "Strip")
+
+
+def stripped_start(text: str, strips: Sequence[tuple[str, int]]) -> str:
+    """`text` with start_strips' steps applied, as tokenizers' Strip decoder does: each takes off up to its count
+    of its character from the start."""
+    for character, count in strips:
+        taken = 0
+        while taken < min(count, len(text)) and text[taken] == character:
+            taken += 1
+        text = text[taken:]
+    return text
+
+
 def token_map_digest(backend: Tokenizer) -> str:
     """A digest of what gives a token id its meaning: the vocabulary, the merges and the added tokens with their ids
     (not padding, truncation or the chat template)."""

@@ -12,7 +12,8 @@ from typing import Any
 
 from dataset.chat_format import (CALL, REASONING, TOOL_CALL, ReplyLayout, control_id, encode_text, parse_assistant_ids,
                                   read_span)
-from dataset.tokenization import byte_fallback_value, decodes_byte_runs_whole, is_byte_fallback
+from dataset.tokenization import (byte_fallback_value, decodes_byte_runs_whole, is_byte_fallback, start_strips,
+                                  stripped_start)
 from model.generation import STREAM_CONTEXT_IDS
 
 FINISH_TOOL_CALLS = "tool_calls"
@@ -112,10 +113,12 @@ class ReplyReader:
 class _ByteRun:
     """The text of ids[start:end], all byte-fallback tokens, at the end of a _RunText's ids, for a tokenizer that
     decodes_byte_runs_whole, grown a byte at a time without decoding: the text before the run, then the run's bytes
-    as UTF-8 while they are valid and end on a whole character, else a U+FFFD for each byte."""
+    as UTF-8 while they are valid and end on a whole character, else a U+FFFD for each byte. A run that begins the
+    text has what the decoder strips off the text's start (`strips`: start_strips, Llama's first space) taken off
+    its own."""
 
-    def __init__(self, start: int, before: str) -> None:
-        self.start, self.end, self.before = start, start, before
+    def __init__(self, start: int, before: str, strips: tuple[tuple[str, int], ...] = ()) -> None:
+        self.start, self.end, self.before, self.strips = start, start, before, strips
         self.checks = _BYTE_RUN_CHECKS
         self._utf8 = codecs.getincrementaldecoder("utf-8")()  # strict: a stray byte raises
         self._text, self._valid = "", True
@@ -134,12 +137,13 @@ class _ByteRun:
         return self._valid and not self._utf8.getstate()[0]
 
     def text(self) -> str:
-        return self.before + (self._text if self.whole else UNFINISHED_CHARACTER * (self.end - self.start))
+        own = self._text if self.whole else UNFINISHED_CHARACTER * (self.end - self.start)
+        return self.before + (stripped_start(own, self.strips) if self.strips else own)
 
 
 # A byte run's text is checked against the tokenizer's own decode at its first calls where it reads as characters
-# (not all U+FFFD): whatever a decoder does at the start of the text (Llama's strips a first space, which a run at
-# the start may begin with) shows there.
+# (not all U+FFFD): whatever else a decoder does at the start of the text shows there (a Strip of more than one
+# space, whose first the text before a run took, strips the run's too).
 _BYTE_RUN_CHECKS = 4
 
 
@@ -165,6 +169,7 @@ class _RunText:
         self.cut, self.head = start, ""  # decode(ids[start:cut]) == head, whatever ids come after cut
         self._spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
         self._byte_runs = decodes_byte_runs_whole(tokenizer)
+        self._strips = start_strips(tokenizer) if self._byte_runs else ()  # what the decoder takes off the start
         self._run: _ByteRun | None = None  # the byte run the ids end in, while its text is made from its bytes
         self._unmade: _ByteRun | None = None  # the byte run the ids end in, where its text did not check out
 
@@ -206,7 +211,7 @@ class _RunText:
             start -= 1
         if start == end:
             return
-        run = _ByteRun(start, self._decoded(start))
+        run = _ByteRun(start, self._decoded(start), self._strips if start == self.start else ())
         self._grow(run, end)
         if run.text() == text:
             self._run = run

@@ -110,6 +110,23 @@ def chat_sentencepiece(sentencepiece_tokenizer):
     return made
 
 
+@pytest.fixture(scope="module")
+def strips_two_spaces(chat_sentencepiece):
+    """chat_sentencepiece's first tokenizer with a decoder that strips up to two first spaces (decodes_byte_runs_whole
+    too): a run after a lone "▁" (its space stripped, so the text before the run is "") loses its own first space
+    where the run alone would not, which the run's bytes cannot tell."""
+    from tokenizers import Tokenizer, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(chat_sentencepiece[0].backend_tokenizer.to_str())
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 2, 0)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>",
+                                        additional_special_tokens=list(CONTROL_TOKENS))
+    assert tokenizer.decode(tokenizer.convert_tokens_to_ids(["▁", "<0x20>", "a"])) == "a"
+    return tokenizer
+
+
 TEXTS = ("Hello", " there", ",", " world", "\n", "\n\n", " .", " n't", " 's", "STOP", "ST", "OP", "中文", "🙂", "é",
          "</think>", "<tool_call>", " a ca", "北", "\ufffd", "x")
 STOPS = ((), ("STOP",), ("\n\n",), ("OP", "中"), ("a c",))
@@ -138,8 +155,8 @@ def _random_reply(tokenizer, rng: random.Random, length: int) -> list[int]:
             ids += [byte_ids[b] for b in rng.choice(("中", "é", "𝍁", "🙂")).encode()]
             if rng.random() < 0.3:
                 ids.append(byte_ids[rng.choice((0x80, 0xEA, 0xE4))])
-        elif kind < 0.8 and sentencepiece:  # a long run of bytes: characters, some cut short or broken
-            ids += [byte_ids[b] for b in _byte_run(rng, rng.randrange(2, 25))]
+        elif kind < 0.8 and sentencepiece:  # a long run of bytes: characters, some cut short or broken, a space first
+            ids += [byte_ids[b] for b in rng.choice(SPACES_FIRST) + _byte_run(rng, rng.randrange(2, 25))]
         elif kind < 0.8:  # a character's ids one by one, or random ids: byte-level tokens of broken UTF-8
             ids += encode_text(tokenizer, rng.choice(("中文字", "🙂🙂", "é")))[:rng.randrange(1, 4)]
             if rng.random() < 0.5:
@@ -156,6 +173,9 @@ def _random_reply(tokenizer, rng: random.Random, length: int) -> list[int]:
 BROKEN_BYTES = (b"\x80", b"\xe4\xb8", b"\xf0\x9f\x99", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xff",
                 b"\xf8")
 RUN_TEXT = "中文字北京🙂🚀é𝍁 ok"
+# What a byte run may begin with: nothing mostly, spaces (which the decoder strips off the text's start), a space
+# then a stray byte (the whole run U+FFFDs, the space's too)
+SPACES_FIRST = (b"", b"", b"", b" ", b" ", b"  ", b" \x80")
 
 
 def _byte_run(rng: random.Random, characters: int) -> bytes:
@@ -357,23 +377,23 @@ def test_a_byte_run_under_space_clean_up_is_decoded_not_made_from_its_bytes(chat
         assert run.text() == cleaning.decode(ids[:n], skip_special_tokens=False), n
 
 
-def test_run_text_equals_the_whole_decode_through_long_byte_runs(chat_sentencepiece) -> None:
+def test_run_text_equals_the_whole_decode_through_long_byte_runs(chat_sentencepiece, strips_two_spaces) -> None:
     """Runs of byte-fallback ids (Chinese and emoji on a vocabulary without them), long, at the start of the text
-    and after words, a space byte first, broken by a stray byte, a character cut short or an overlong: _RunText's
-    text, which makes a run's text from its bytes, is tokenizer.decode of the whole run at every length, read one to
-    five ids at a time (the decoder turns a whole run into U+FFFDs for one bad byte, and strips a first space)."""
+    and after words or a lone "▁", one or two space bytes first, broken by a stray byte, a character cut short or an
+    overlong: _RunText's text, which makes a run's text from its bytes, is tokenizer.decode of the whole run at
+    every length, read one to five ids at a time (the decoder turns a whole run into U+FFFDs for one bad byte, and
+    strips a first space, or two)."""
     from scripts.server.replies import _RunText
 
-    for tokenizer in chat_sentencepiece:
+    for tokenizer in [*chat_sentencepiece, strips_two_spaces]:
         byte_ids = {b: tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)}
         rng = random.Random(3)
-        for _ in range(40):
+        for _ in range(60):
             ids = []
             for _ in range(rng.randrange(1, 5)):
                 if rng.random() < 0.5:
-                    ids += encode_text(tokenizer, rng.choice((" a ca", " f", "北", "a")))
-                start = b" " if rng.random() < 0.2 else b""
-                ids += [byte_ids[b] for b in start + _byte_run(rng, rng.randrange(1, 40))]
+                    ids += tokenizer.convert_tokens_to_ids([rng.choice(("▁", "▁a", "▁ca", "f", "北", "a"))])
+                ids += [byte_ids[b] for b in rng.choice(SPACES_FIRST) + _byte_run(rng, rng.randrange(0, 40))]
             for step in (1, 2, 3, 5):
                 grown: list[int] = []
                 run = _RunText(tokenizer, grown, 0)
@@ -382,30 +402,38 @@ def test_run_text_equals_the_whole_decode_through_long_byte_runs(chat_sentencepi
                     assert run.text() == tokenizer.decode(ids[:n], skip_special_tokens=False), (ids, step, n)
 
 
-@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("first", [b"", b"\x80", b" ", b"  "], ids=["characters", "a stray byte first",
+                                                                  "a space first", "two spaces first"])
 def test_a_long_reply_in_byte_fallback_tokens_decodes_a_number_of_ids_linear_in_its_length(chat_sentencepiece,
-                                                                                           monkeypatch, broken):
+                                                                                           monkeypatch, first):
     """2,000 byte-fallback ids of Chinese and emoji (a model with a Llama-style vocabulary that lacks them writes
     them so): no cut was made inside a run of byte tokens, so each new id decoded the whole run again, about
     N * N / 2 ids (2 million). Now a run's text is made from its bytes: each id is decoded a few times, whether the
-    run reads as characters or, after a stray byte first, as U+FFFDs only (the decoder's reading of a run with a
-    bad byte anywhere: one put later would turn text already sent into U+FFFDs, which the full re-parse could not
-    take back either)."""
+    run reads as characters, after a stray byte first as U+FFFDs only (the decoder's reading of a run with a bad
+    byte anywhere: one put later would turn text already sent into U+FFFDs, which the full re-parse could not take
+    back either), or begins with a space the decoder strips off the reply's start (that run was decoded again at
+    every token: its bytes did not read as the decode)."""
     tokenizer = chat_sentencepiece[0]
-    text = (b"\x80" if broken else b"") + ("中文字北京" * 100 + "🙂🚀" * 100).encode()
-    ids = [tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in text][:2000]
-    assert len(ids) == 2000 and tokenizer.unk_token_id not in ids
+    text = first + ("中文字北京" * 100 + "🙂🚀" * 100).encode()
+    ids = [tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in text][:2000 + len(first)]  # whole characters
+    assert len(ids) >= 2000 and tokenizer.unk_token_id not in ids
     assert _decoded_ids(tokenizer, monkeypatch, ids) < 16 * len(ids)
 
 
 def test_a_long_byte_run_after_one_whose_bytes_did_not_read_as_decoded_is_still_made_from_its_bytes(
-        chat_sentencepiece, monkeypatch) -> None:
-    """A run at the start that begins with a space byte does not read as its bytes (the decoder strips a first
-    space), so that run is decoded; the next run, after a word, is made from its bytes again: 1,995 of them cost
-    a few decodes each (a mutant that kept decoding every later run once one had not read right survived)."""
-    tokenizer = chat_sentencepiece[0]
+        strips_two_spaces, monkeypatch) -> None:
+    """A run after a lone "▁" that begins with a space byte does not read as its bytes under a decoder that strips
+    two first spaces (the text before it is "", its space stripped; the run's own is stripped too), so that run is
+    decoded; the next run, after a word, is made from its bytes again: 1,995 of them cost a few decodes each (a
+    mutant that kept decoding every later run once one had not read right survived)."""
+    from scripts.server.replies import _RunText
+
+    tokenizer = strips_two_spaces
     byte_ids = [tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in (" 北京" * 2 + "中文字北京" * 200).encode()]
-    first, rest = byte_ids[:14], byte_ids[14:14 + 1995]  # whole characters: 133 x "中文字北京"
+    first = tokenizer.convert_tokens_to_ids(["▁"]) + byte_ids[:14]
+    rest = byte_ids[14:14 + 1995]  # whole characters: 133 x "中文字北京"
+    unread = _RunText(tokenizer, first, 0)
+    assert unread.text() == "北京 北京" and unread._unmade is not None  # the premise: its bytes did not read right
     ids = first + encode_text(tokenizer, " a ca") + rest
     assert len(rest) == 1995 and tokenizer.unk_token_id not in ids
     assert _decoded_ids(tokenizer, monkeypatch, ids) < 16 * len(ids)
@@ -434,6 +462,21 @@ def test_which_decoders_read_a_byte_run_as_a_whole(tokenizer, chat_sentencepiece
         backend = Tokenizer.from_str(chat_sentencepiece[0].backend_tokenizer.to_str())
         backend.decoder = decoders.Sequence(chain)
         assert decodes_byte_runs_whole(PreTrainedTokenizerFast(tokenizer_object=backend)) == reads, chain
+
+
+def test_a_run_at_the_start_loses_what_the_decoders_strips_take_off(chat_sentencepiece, strips_two_spaces) -> None:
+    """start_strips reads the decoder's Strip steps, and stripped_start applies them as tokenizers' Strip decoder
+    does to the fused text (the reference: the decoder itself, on one piece)."""
+    from tokenizers import decoders
+
+    from dataset.tokenization import start_strips, stripped_start
+
+    assert start_strips(chat_sentencepiece[0]) == ((" ", 1),) and start_strips(strips_two_spaces) == ((" ", 2),)
+    chains = [[(" ", 1)], [(" ", 2)], [(" ", 1), ("x", 2)], [("x", 1), (" ", 3)]]
+    for chain in chains:
+        decoder = decoders.Sequence([decoders.Strip(character, count, 0) for character, count in chain])
+        for text in ("", " ", "  ", "   中", "x ", " x", "xx  x", " \ufffd", "\ufffd ", "中 "):
+            assert stripped_start(text, chain) == decoder.decode([text]), (chain, text)
 
 
 def test_a_stream_read_with_fewer_ids_than_before_is_refused(tokenizer) -> None:

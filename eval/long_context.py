@@ -11,11 +11,12 @@ runs recorded, run_dir.trained_length, as chat, evaluate and serve read it; --tr
 attended over longer spans: the buckets past it show what each scaling buys.
 
 --scalings is a comma-separated list of `none` or TYPE:FACTOR[@L] with TYPE yarn, linear or dynamic, as
-transformers' rope_scaling defines them (model/rope.py): L is yarn's original_max_position_embeddings and the
-length past which dynamic scaling starts (default: the model's max_position_embeddings; --rope_scaling_factor in
-chat, evaluate and serve takes the run's trained length, yarn:F@256 for the default pretraining). The default
-compares plain RoPE with each scaling over L = the trained length T that marks the buckets (yarn:4@T, dynamic:4@T,
-linear:4@T: none,yarn:4@256,... for the default pretraining), and YaRN over max_position_embeddings (yarn:2).
+transformers' rope_scaling defines them (model/rope.py), FACTOR in (1, 1024] and L in 1 .. 2^24: L is yarn's
+original_max_position_embeddings and the length past which dynamic scaling starts (default: the model's
+max_position_embeddings; --rope_scaling_factor in chat, evaluate and serve takes the run's trained length,
+yarn:F@256 for the default pretraining). The default compares plain RoPE with each scaling over L = the trained
+length T that marks the buckets (yarn:4@T, dynamic:4@T, linear:4@T: none,yarn:4@256,... for the default
+pretraining), and YaRN over max_position_embeddings (yarn:2).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ begin_command(__name__)  # a Ctrl-C while the imports below load: one line, exit
 
 from trainer.threads import add_threads_flag, start_threads  # noqa: E402
 
-import math  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
@@ -42,6 +42,13 @@ from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_wit
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
 
 ROPE_TYPES = ("yarn", "linear", "dynamic")
+# FACTOR's upper bound: published context extensions stay below it (Llama 3.1: 8, YaRN: up to 32, LongRoPE: 512),
+# and a larger factor is a typo (yarn:1e30 scored a row of numbers from a model whose RoPE reads every position as
+# the same, and extended max_position_embeddings past 10^32).
+MAX_FACTOR = 1024
+# L's upper bound: positions past 2^24 are not whole numbers in the fp32 angles RoPE computes; beyond what any
+# model trains on (a 400-digit L was an OverflowError traceback).
+MAX_LENGTH = 2 ** 24
 
 
 @dataclass(frozen=True)
@@ -51,24 +58,46 @@ class Scaling:
     max_position_embeddings: int
 
 
-def parse_scaling(spec: str, model_length: int) -> Scaling:
-    """`none` or TYPE:FACTOR[@L] -> the rope_scaling dict and max_position_embeddings to set; ValueError names
-    the bad item and the allowed form."""
-    form = f"--scalings item {spec!r} is not allowed; use none or TYPE:FACTOR[@L] with TYPE one of " \
-           f"{', '.join(ROPE_TYPES)}, FACTOR a finite number > 1 (e.g. yarn:4@256)"
+def read_scaling(spec: str) -> tuple[str, float, int | None]:
+    """A --scalings item TYPE:FACTOR[@L] checked without the model: (TYPE, FACTOR, L or None: the model's
+    max_position_embeddings); ("none", 1.0, None) for `none`. ValueError, one line, names the item, what in it is
+    refused (with its value) and the allowed form and ranges, so that a bad item costs no model loading."""
+    form = (f"use none or TYPE:FACTOR[@L] with TYPE one of {', '.join(ROPE_TYPES)}, FACTOR a number in "
+            f"(1, {MAX_FACTOR}] and L an integer in 1 .. {MAX_LENGTH} (e.g. yarn:4@256)")
     if spec == "none":
-        return Scaling("none", None, model_length)
+        return "none", 1.0, None
     rope_type, sep, rest = spec.partition(":")
     factor_text, at, length_text = rest.partition("@")
+    if not sep or rope_type not in ROPE_TYPES:
+        problem = f"TYPE {rope_type!r} is not one of {', '.join(ROPE_TYPES)}" if sep else "it has no TYPE:FACTOR"
+        raise ValueError(f"--scalings item {spec!r} is not allowed: {problem}; {form}")
     try:
         factor = float(factor_text)
-        original = int(length_text) if at else model_length
     except ValueError:
-        raise ValueError(form) from None
-    # NaN passes `factor <= 1`, and inf (or a factor whose extended length is inf) fails in int(): both refused here
-    if (not sep or rope_type not in ROPE_TYPES or not math.isfinite(original * factor) or factor <= 1
-            or original < 1):
-        raise ValueError(form)
+        raise ValueError(f"--scalings item {spec!r} is not allowed: FACTOR {factor_text!r} is not a number; "
+                         f"{form}") from None
+    if not 1 < factor <= MAX_FACTOR:  # NaN fails every comparison, inf the upper bound: both refused here
+        raise ValueError(f"--scalings item {spec!r} is not allowed: FACTOR {factor:g} is not in (1, {MAX_FACTOR}]; "
+                         f"{form}")
+    if not at:
+        return rope_type, factor, None
+    try:
+        original = int(length_text)
+    except ValueError:
+        original = None
+    if original is None or not 1 <= original <= MAX_LENGTH:
+        raise ValueError(f"--scalings item {spec!r} is not allowed: L {length_text!r} is not an integer in "
+                         f"1 .. {MAX_LENGTH}; {form}")
+    return rope_type, factor, original
+
+
+def parse_scaling(spec: str, model_length: int) -> Scaling:
+    """`none` or TYPE:FACTOR[@L] (read_scaling's checks) -> the rope_scaling dict and max_position_embeddings to
+    set, L defaulting to the model's `model_length`."""
+    rope_type, factor, original = read_scaling(spec)
+    if rope_type == "none":
+        return Scaling("none", None, model_length)
+    original = model_length if original is None else original
     if rope_type == "yarn":
         scaling = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
         return Scaling(spec, scaling, int(original * factor))
@@ -135,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(start_threads(args.threads), file=sys.stderr)
     try:
+        for item in args.scalings.split(",") if args.scalings is not None else ():
+            read_scaling(item.strip())  # a bad item is refused before the model loads
         return report(args)
     except (ModelNotFound, FileNotFoundError, ValueError) as error:
         return report_error(error)

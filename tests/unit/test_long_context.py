@@ -58,11 +58,34 @@ def test_bucket_losses_equal_models_loaded_with_each_scaling(tiny_models, tokeni
 
 
 @pytest.mark.parametrize("spec", ["yarn", "yarn:x", "yarn:1", "rope:4", "yarn:4@", "yarn:4@-3", "linear:0.5",
-                                  "yarn:inf", "yarn:nan", "linear:1e308", "dynamic:inf", "yarn:1e307@256"])
+                                  "yarn:inf", "yarn:nan", "linear:1e308", "dynamic:inf", "yarn:1e307@256",
+                                  "yarn:2@" + "9" * 400, "yarn:2@16777217"])
 def test_bad_scaling_items_are_refused_in_one_line(spec: str) -> None:
     with pytest.raises(ValueError, match=r"--scalings item .* use none or TYPE:FACTOR\[@L\]") as error:
         parse_scaling(spec, 128)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("spec, shown", [("yarn:1e30", "1e+30"), ("dynamic:1e30", "1e+30"), ("linear:1025", "1025"),
+                                         ("linear:0", "0"), ("yarn:-4@256", "-4"), ("yarn:nan", "nan"),
+                                         ("dynamic:inf", "inf")])
+def test_an_absurd_factor_is_refused_naming_it_and_the_range_before_the_model_loads(spec, shown, tiny_models,
+                                                                                   monkeypatch, capsys) -> None:
+    """A finite factor far past any context extension (yarn:1e30 extended max_position_embeddings past 10^32 and
+    scored a row), and one <= 1, NaN or inf, are refused in one line naming the value and the range, before the
+    model is loaded (they were refused, or not, after loading it); the largest allowed factor is taken."""
+    import model.loading
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(model.loading, "load_model", no_loading)
+    assert main(["--model_path", str(tiny_models.pretrain), "--scalings", f"none,{spec}"]) != 0
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --scalings item {spec!r} is not allowed: FACTOR {shown} is not in (1, 1024]; use none or "
+        f"TYPE:FACTOR[@L] with TYPE one of yarn, linear, dynamic, FACTOR a number in (1, 1024] and L an integer in "
+        f"1 .. 16777216 (e.g. yarn:4@256)")
+    assert parse_scaling("yarn:1024@256", 128).max_position_embeddings == 1024 * 256
 
 
 def test_no_long_enough_document_is_one_line(tiny_models, tmp_path, capsys) -> None:

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.run_dir import read_metrics, record_number, record_where
+from trainer.run_dir import CONFIG_FILE, is_count, read_metrics, record_number, record_where, recorded_config
 
 PREFIX = "diag"
 NORM_NAMES = ("attn_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm")
@@ -288,14 +288,23 @@ def layer_quantities(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted(names)
 
 
-def metric_matrix(source: str | Path | Iterable[Mapping[str, Any]],
-                  quantity: str) -> tuple[np.ndarray, np.ndarray]:
+def recorded_layers(metrics_file: Path) -> int | None:
+    """The number of blocks of the model whose run wrote `metrics_file`, as the run's train_config.yaml beside it
+    records it (num_hidden_layers); None where it records none."""
+    layers = recorded_config(metrics_file.parent).get("num_hidden_layers")
+    return layers if is_count(layers, least=1) else None
+
+
+def metric_matrix(source: str | Path | Iterable[Mapping[str, Any]], quantity: str,
+                  num_layers: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(steps, matrix) for one per-layer quantity: matrix[layer, j] is the value at steps[j] (NaN if missing).
 
     `source` is a metrics jsonl path or its records. Only steps that logged the quantity are kept; a step
-    logged twice (say after a resume) keeps its last value. A layer index beyond the number of layers the records
-    log (every block logs resid_rms, so a run's indices are 0 .. L-1) is a ValueError naming its record: the matrix
-    has a row per index up to the largest, and one stray `layer_99999999` key would make it gigabytes.
+    logged twice (say after a resume) keeps its last value. A layer index past the model's blocks (`num_layers`,
+    recorded_layers; unknown, the number of layers the records log: every block logs resid_rms, so a run's
+    indices are 0 .. L-1) is a ValueError naming its record: the matrix has a row per index up to the largest, and
+    one stray `layer_99999999` key would make it gigabytes, a stray `layer_04` of a 4-block model a row of a block
+    it does not have.
     """
     records = read_metrics(source) if isinstance(source, (str, Path)) else list(source)
     by_step: dict[int, dict[int, float]] = {}
@@ -313,12 +322,15 @@ def metric_matrix(source: str | Path | Iterable[Mapping[str, Any]],
                 last = max(last, (layer, key, record), key=lambda item: item[0])
     if not by_step:
         return np.zeros(0, dtype=np.int64), np.zeros((0, 0))
-    num_layers, key, record = last[0] + 1, last[1], last[2]
-    if num_layers > len(present):
-        raise ValueError(f"{record_where(record)}: {key}: layer index {num_layers - 1} is out of range; the records "
+    rows, key, record = last[0] + 1, last[1], last[2]
+    if num_layers is not None and rows > num_layers:
+        raise ValueError(f"{record_where(record)}: {key}: layer index {rows - 1} is out of range; the run's model "
+                         f"has {num_layers} layers (num_hidden_layers in its {CONFIG_FILE}), so 0 .. {num_layers - 1}")
+    if rows > len(present):
+        raise ValueError(f"{record_where(record)}: {key}: layer index {rows - 1} is out of range; the records "
                          f"log {len(present)} distinct layer indices, so 0 .. {len(present) - 1}")
     steps = np.array(sorted(by_step), dtype=np.int64)
-    matrix = np.full((num_layers, len(steps)), np.nan)
+    matrix = np.full((rows, len(steps)), np.nan)
     for j, step in enumerate(steps):
         for layer, value in by_step[int(step)].items():
             matrix[layer, j] = value

@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
 from trainer.cli import ToolParser, run_main  # noqa: E402
-from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series  # noqa: E402
+from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series, recorded_layers  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
 from trainer.run_dir import (METRICS_FILE, read_metrics, report_error, resolve_input_path,  # noqa: E402
                              resolve_path)
@@ -126,8 +126,9 @@ def plot_run(source: str | Path, out_dir: str | Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     label = metrics.parent.name if metrics.name.startswith("metrics") else metrics.stem
     written = []
+    layers = recorded_layers(metrics)  # the run's model's blocks bound the layer indices, where it recorded them
     for quantity in layer_quantities(records):
-        steps, matrix = metric_matrix(records, quantity)
+        steps, matrix = metric_matrix(records, quantity, layers)
         if matrix.size == 0:
             continue
         path = out_dir / f"{quantity}.png"

@@ -259,6 +259,37 @@ def test_diagnostics_refuse_a_bad_metrics_line_in_one_line(tmp_path, capsys, mon
     assert err.count("\n") == 1 and expected in err
 
 
+def test_a_layer_index_past_the_runs_model_is_refused_where_its_config_records_the_layers(tmp_path, capsys,
+                                                                                          monkeypatch) -> None:
+    """A 2-block run's records with a stray layer_02 key: the bound was the distinct indices logged (0, 1 and the
+    stray 2: three), so the heatmap drew a row for a block the model does not have; where the run's
+    train_config.yaml records num_hidden_layers, that bounds the index (one line naming FILE:LINE, the key and
+    0 .. 1). A metrics file without a recorded config keeps the distinct-indices bound."""
+    import sys
+
+    from eval.studies.diagnostics import command_line
+    from trainer.diagnostics import recorded_layers
+
+    path = tmp_path / "metrics.jsonl"
+    good = {"step": 0, "diag/resid_rms/layer_00": 1.0, "diag/resid_rms/layer_01": 2.0,
+            "diag/grad_norm/layer_00": 1.0, "diag/grad_norm/layer_01": 1.0}
+    stray = {"step": 1, "diag/grad_norm/layer_02": 1.0}
+    path.write_text("\n".join(json.dumps(r) for r in (good, stray)) + "\n")
+    assert recorded_layers(path) is None
+    assert metric_matrix(path, "grad_norm")[1].shape == (3, 2)  # no config: the stray index passes the bound
+    (tmp_path / "train_config.yaml").write_text("task: pretrain\nnum_hidden_layers: 2\n")
+    assert recorded_layers(path) == 2
+    expected = (f"{path}:2: diag/grad_norm/layer_02: layer index 2 is out of range; the run's model has 2 layers "
+                f"(num_hidden_layers in its train_config.yaml), so 0 .. 1")
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        metric_matrix(path, "grad_norm", recorded_layers(path))
+    assert metric_matrix(path, "resid_rms", 2)[1].shape == (2, 1)  # within the bound: drawn as before
+    monkeypatch.setattr(sys, "argv", ["diagnostics.py", str(tmp_path), "--out", str(tmp_path / "plots")])
+    assert command_line() == 2
+    assert capsys.readouterr().err == f"error: {expected}\n"
+    assert not (tmp_path / "plots" / "grad_norm.png").exists()
+
+
 def test_end_to_end_with_adamw_and_real_log_lines(tmp_path) -> None:
     """A few training steps as the training core runs them, logged to jsonl and plotted."""
     model = tiny_model("sandwich", "prmsnorm")

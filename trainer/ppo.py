@@ -234,4 +234,7 @@ class ProximalPolicy(RolloutObjective):
         stats = torch.tensor([reward, reward_std, kl, result.clip_fraction, result.policy_loss, result.value_loss,
                               explained, length], device=mask.device)
         stats = torch.cat([stats, batch["reward_means"]])
+        # Weighed by this micro-batch's completion tokens, which the core sums over the step's micro-batches and
+        # processes and divides by the step's (num_items): the clip fraction and the losses, token means here,
+        # become the step's exact token means; the rollout's statistics, the step's already, stay as they are.
         return result.loss * local / num_items, stats * local

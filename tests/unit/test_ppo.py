@@ -15,6 +15,7 @@ import torch
 
 from dataset.prompt_dataset import PromptDataset
 from model import MiniNormConfig, MiniNormForCausalLM
+from trainer.grpo import completion_log_probs
 from trainer.ppo import CriticModel, PolicyAndCritic, PPOSettings, ProximalPolicy, completion_values, load_critic
 from trainer.rewards import Reward
 
@@ -127,6 +128,64 @@ def test_the_objectives_loss_and_gradients_equal_an_fp64_reference(temperature):
     assert half.item() == pytest.approx(loss.item() / 2, rel=1e-6)
 
 
+def _rows(batch: dict, rows: slice) -> dict:
+    """The rows of a micro-batch of the step; what is the whole step's (its rollout statistics) stays whole."""
+    whole = ("rollout_stats", "reward_means")
+    return {key: value if key in whole else value[rows] for key, value in batch.items()}
+
+
+def test_the_logged_clip_fraction_and_losses_are_the_steps_token_means_whatever_the_micro_batches():
+    """The step as two micro-batches of other token counts (completions 1-3: 7 tokens, completion 4: 3 tokens),
+    summed and divided as the core does (its stat sums over every micro-batch of every process, over the step's
+    completion tokens): the clip fraction is the share of the step's 10 tokens clipped, counted by hand -- old
+    log-probs moved so that the first completion's first token has log-ratio +0.4 (advantage > 0), the second's two
+    last tokens and all three of the fourth's -0.5 (advantages < 0): 6 of 10 clip; the third's token has +0.4 with
+    an advantage < 0, which does not clip; every other ratio is 1 -- and the policy and value losses are the fp64
+    token means over the 10 tokens. Each micro-batch's own share weighed equally (TRL's per-micro-batch mean: (3/7
+    + 1) / 2 = 0.71) or by its completions ((3/7 x 3 + 1) / 4 = 0.57) would be off. Processes hold a step's
+    micro-batches the same way (the core all-reduces the sums and the units), so this is their case too."""
+    model, batch = _policy_and_critic(), _hand_made_batch()
+    objective = ProximalPolicy([], _Pad(), _settings(), None, seed=0, process_index=0, autocast=nullcontext)
+    model64 = copy.deepcopy(model).double()
+    with torch.no_grad():  # the model's own log-probs and values, so the ratios are exp(the shifts) below
+        logits = model64.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        values = model64.critic(batch["input_ids"], batch["attention_mask"])
+    mask = batch["completion_mask"]
+    logp = completion_log_probs(logits, batch["input_ids"], batch["starts"], mask.shape[1]) * mask
+    shifts = torch.tensor([[0.4, 0.0, 0.0, 0.0], [0.0, 0.0, -0.5, -0.5], [0.4, 0.0, 0.0, 0.0],
+                           [-0.5, -0.5, -0.5, 0.0]], dtype=torch.float64)
+    advantages = torch.tensor([[0.7, -0.2, 0.0, 0.0], [0.3, 0.5, -0.7, -0.1], [-1.3, 0.0, 0.0, 0.0],
+                               [-0.4, -0.9, -0.2, 0.0]])
+    assert torch.equal(shifts != 0, (shifts != 0) & mask) and torch.equal(advantages != 0, mask)
+    batch.update(old_logp=(logp - shifts).float(), advantages=advantages,
+                 old_values=((completion_values(values, batch["starts"], mask.shape[1]) + 0.3 * batch["returns"])
+                             * mask).float())
+    micro = [_rows(batch, slice(0, 3)), _rows(batch, slice(3, 4))]
+    assert [int(part["completion_mask"].sum()) for part in micro] == [7, 3]
+    units = sum(objective.count_items(part) for part in micro)
+    stats = dict(zip(objective.stat_names, (sum(objective.loss(model, part, units)[1] for part in micro)
+                                            / units).tolist()))
+    policy_terms, value_terms, values_clipped = [], [], 0
+    for i in range(4):  # fp64, token by token
+        start = int(batch["starts"][i])
+        for t in range(int(mask[i].sum())):
+            ratio = math.exp(float(shifts[i, t]))
+            advantage = float(advantages[i, t])
+            policy_terms.append(-min(ratio * advantage, min(max(ratio, 1 - EPSILON), 1 + EPSILON) * advantage))
+            value, old = float(values[i, start + t - 1]), float(batch["old_values"][i, t])
+            target = float(batch["returns"][i, t])
+            moved = old + min(max(value - old, -CLIP_VALUE), CLIP_VALUE)
+            value_terms.append(0.5 * max((value - target) ** 2, (moved - target) ** 2))
+            values_clipped += abs(value - old) > CLIP_VALUE
+    assert len(policy_terms) == 10 and 0 < values_clipped < 10  # the value clip acts on some tokens
+    assert stats["clip_fraction"] == pytest.approx(6 / 10, rel=1e-6)
+    assert stats["policy_loss"] == pytest.approx(sum(policy_terms) / 10, rel=1e-5)
+    assert stats["value_loss"] == pytest.approx(sum(value_terms) / 10, rel=1e-5)
+    # the rollout's statistics are the step's already (finish_rollouts, tested above): unchanged by the split
+    assert [stats[name] for name in ("reward", "reward_std", "kl", "explained_variance", "completion_length")] == \
+        pytest.approx([0.5, 0.25, 0.01, 0.3, 2.5], rel=1e-6)
+
+
 def _prompts() -> dict:
     samples = [{"input_ids": torch.tensor([1, 2, 3]), "prompt": "one", "columns": {}},
                {"input_ids": torch.tensor([4, 5]), "prompt": "two", "columns": {}}]
@@ -212,11 +271,19 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
     assert stats[3].item() == 0.0
 
 
-def test_the_advantages_are_whitened_and_the_statistics_taken_over_the_whole_step(tokenizer):
-    """Two micro-batches (as two processes, or --accumulation_steps 2, sample them): the advantages are whitened
-    with the mean and variance of all the step's completion tokens, and the logged reward, its std, the KL, the
-    explained variance and the length are over all of them -- what one micro-batch of all four prompts gives.
-    Each micro-batch's own GAE advantages, returns and values are `rollout`'s (no collective, checked above)."""
+def test_the_advantages_are_whitened_and_the_statistics_taken_over_the_whole_step(tokenizer, monkeypatch):
+    """Two micro-batches (as two processes, or --accumulation_steps 2, sample them) of other token counts (a
+    stand-in sampler: 1 to 6 tokens by each completion's seed; the random model runs every completion to the limit):
+    the advantages are whitened with the mean and variance of all the step's completion tokens, and the logged
+    reward, its std, the KL, the explained variance and the length are over all of them -- what one micro-batch of
+    all four prompts gives. Each micro-batch's own GAE advantages, returns and values are `rollout`'s (no
+    collective, checked above)."""
+    import trainer.grpo as grpo
+
+    def sample(model, tok, prompt_ids, settings):
+        return [[100 + (setting.seed + i) % 50 for i in range(1 + setting.seed % 6)] for setting in settings]
+
+    monkeypatch.setattr(grpo, "sample_completions", sample)
     model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
 
     def lengths(prompts, completions, **columns):
@@ -234,6 +301,7 @@ def test_the_advantages_are_whitened_and_the_statistics_taken_over_the_whole_ste
         return [float(value) for batch in source for row, mask in zip(batch[name], batch["completion_mask"])
                 for value, keep in zip(row, mask) if keep]
 
+    assert int(raw[0]["completion_mask"].sum()) != int(raw[1]["completion_mask"].sum())  # the KL's weights differ
     advantages, returns = tokens("advantages", raw), tokens("returns", raw)
     residuals = [r - v for r, v in zip(returns, tokens("old_values", raw))]
     mean = statistics.fmean(advantages)

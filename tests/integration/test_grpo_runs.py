@@ -3,7 +3,8 @@ reward, KL, clip fraction and completion length, and saves; resumed from its che
 rollouts and reproduces the uninterrupted run bit for bit; --loss_type, --scale_rewards and
 --importance_sampling_level reach the objective; a
 reward function that breaks its contract stops the run in one line and the checkpoint saved before stays complete;
-several updates per rollout (--num_iterations) clip; and a reward that counts a frequent word rises within a few
+several updates per rollout (--num_iterations) clip; two processes of other token counts log one process's clip
+fraction and KL; and a reward that counts a frequent word rises within a few
 dozen steps on a tiny model."""
 
 from __future__ import annotations
@@ -334,3 +335,41 @@ def test_two_processes_scale_rewards_by_the_global_batchs_std_like_one_process(g
         assert [advantage for _, advantage in ours] == pytest.approx([a for _, a in reference], rel=1e-6, abs=1e-7)
         assert any(abs(advantage) > 0.1 for _, advantage in reference)  # not all zero: a spread to scale
     assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-4, abs=1e-6)
+
+
+def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one_process(grpo_data, tiny_models,
+                                                                                        tmp_path, monkeypatch):
+    """--num_iterations 2 --beta 0.1 (the second update clips, the KL moves), loss grpo (its unit the completion):
+    torchrun, two processes of 2 prompts against one process of 4. The tiny chat model ends some completions early
+    (<|im_end|> after 7 tokens, else the 12-token limit) and --seed 1 gives its two processes other token counts
+    at both steps (72 and 91, then 80 and 96, as recorded); the logged clip fraction and KL, the shares of the
+    step's completion tokens, equal the one process's. Each process's own share weighed by its completions (the
+    loss's unit) failed this test."""
+    import os
+    import subprocess
+
+    from tests.grpo_advantages import completion_tokens_by_step
+    from tests.paths import REPO
+    from tests.training_runs import launcher
+
+    def argv(out_dir, batch_size: str) -> list[str]:
+        flags = _argv(grpo_data, tiny_models.chat, out_dir, "--num_iterations", "2", "--beta", "0.1", "--seed", "1")
+        flags[flags.index("--batch_size") + 1] = batch_size
+        flags[flags.index("--max_steps") + 1] = "2"
+        return flags
+
+    run_in_process("grpo", argv(tmp_path / "one", "4"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    script = str(REPO / "tests" / "grpo_advantages.py")
+    run = subprocess.run([*launcher("torchrun"), script, str(tmp_path / "two_record"), *argv(tmp_path / "two", "2")],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "x2, float32" in run.stdout
+    tokens = completion_tokens_by_step(tmp_path / "two_record")
+    assert len(tokens) == 2 and all(first != second for first, second in tokens), tokens
+    one, two = read_metrics(tmp_path / "one", "train"), read_metrics(tmp_path / "two", "train")
+    assert len(one) == len(two) == 2
+    for ours, reference in zip(two, one):
+        assert reference["clip_fraction"] > 0 and reference["kl"] > 0
+        for name in ("clip_fraction", "kl", "completion_length", "loss"):
+            assert ours[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), name

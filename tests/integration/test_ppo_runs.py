@@ -2,8 +2,8 @@
 trains policy and critic, logs the rollout and critic statistics, saves the policy alone as the model and both in
 its checkpoints; resumed from a checkpoint it reproduces the uninterrupted run bit for bit (rollouts and critic
 included); TRL's --kl_estimator, --whiten_rewards and --missing_eos_penalty reach the objective and the record;
-two processes take one process's steps; a broken reward function stops it in one line; and a reward
-that counts a frequent word rises within a few dozen steps on a tiny model."""
+two processes take one process's steps, with --whiten_rewards too; a broken reward function stops it in one line;
+and a reward that counts a frequent word rises within a few dozen steps on a tiny model."""
 
 from __future__ import annotations
 
@@ -164,6 +164,49 @@ def test_two_processes_take_the_same_steps_as_one_process(ppo_data, tiny_models,
     assert read_summary(two)["final_val"]["prompts"] == 7
     assert_same_model(two, one, atol=ADAM_STEPS_ATOL)
     checkpoint = "checkpoints/step_00000002/model.safetensors"  # the policy and the critic
+    mine, theirs = load_file(two / checkpoint), load_file(one / checkpoint)
+    assert mine.keys() == theirs.keys() and "critic.value_head.weight" in mine
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(mine[name], tensor, rtol=1e-4, atol=ADAM_STEPS_ATOL, msg=name)
+
+
+def test_two_processes_whiten_rewards_over_the_steps_tokens_like_one_process(ppo_data, tiny_models, tmp_path,
+                                                                               monkeypatch):
+    """--whiten_rewards, torchrun, two processes of 2 prompts against one process of 4, 2 steps: the rewards are
+    whitened with the mean and variance of the step's global batch's tokens, so every logged statistic (train and
+    validation), the policy and the critic (checkpointed after step 1) agree. The tiny chat model ends some
+    completions early (<|im_end|>) and --seed 1 gives the two processes' prompts other completion token counts at
+    both steps (38 and 43, then 38 and 44), so the token means (clip fraction, KL, losses) are weighed across
+    processes too. Whitening the rewards with each process's own moments fails this test, and so does weighing
+    each process's token means equally (the clip fraction)."""
+    import trainer.ppo as ppo
+
+    def argv(out_dir, batch_size: str) -> list[str]:
+        flags = _argv(ppo_data, tiny_models.chat, out_dir, "--whiten_rewards", "--num_generations", "2", "--seed", "1",
+                      "--eval_interval", "1", "--save_interval", "1")
+        flags[flags.index("--batch_size") + 1] = batch_size
+        flags[flags.index("--max_steps") + 1] = "2"
+        return flags
+
+    finish_rollouts, halves = ppo.ProximalPolicy.finish_rollouts, []
+
+    def recording(self, batches, accelerator) -> None:  # one process of 4 prompts: the first 2 are process 0's
+        lengths = [int(n) for batch in batches for n in batch["completion_mask"].sum(dim=1)]
+        halves.append((sum(lengths[:4]), sum(lengths[4:])))
+        finish_rollouts(self, batches, accelerator)
+
+    monkeypatch.setattr(ppo.ProximalPolicy, "finish_rollouts", recording)
+    one = tmp_path / "one"
+    run_in_process("ppo", argv(one, "4"))
+    assert len(halves) == 2 and all(first != second for first, second in halves), halves
+    two = tmp_path / "two"
+    run = launch_two_processes("torchrun", "ppo", argv(two, "2"), tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "x2, float32" in run.stdout
+    assert_same_logged_metrics(two, one)
+    assert [record["clip_fraction"] > 0 for record in read_metrics(one, "train")] == [True, True]
+    assert_same_model(two, one, atol=ADAM_STEPS_ATOL)  # the policy after both steps
+    checkpoint = "checkpoints/step_00000001/model.safetensors"  # the policy and the critic after the first
     mine, theirs = load_file(two / checkpoint), load_file(one / checkpoint)
     assert mine.keys() == theirs.keys() and "critic.value_head.weight" in mine
     for name, tensor in theirs.items():

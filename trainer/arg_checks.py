@@ -11,7 +11,7 @@ from model.config import PRESETS
 from trainer.arg_fields import (COMPILE_MODES, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS, ROLLOUT_GROUPS,
                                 SFT_DATA, TrainArgs, task_default, uses_lora)
 from trainer.distillation_losses import DistillLoss
-from trainer.dpo import DEFAULT_DISCOPOP_TAU, DPOLossType, check_label_smoothing, parse_loss_types
+from trainer.dpo import DEFAULT_DISCOPOP_TAU, DPOLossType, check_label_smoothing, check_options, parse_loss_types
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rl_losses import ImportanceSamplingLevel, KLEstimator, LossType, ScaleRewards, default_scale_rewards
 from trainer.run_dir import TASKS
@@ -168,6 +168,8 @@ def _validate_dpo(args: TrainArgs, bad: Any) -> None:
     if args.discopop_tau != DEFAULT_DISCOPOP_TAU and DPOLossType.DISCOPOP not in loss_types:
         raise bad("discopop_tau", args.discopop_tau, "it shapes the discopop loss only: give --loss_type discopop "
                                                      "with it, or leave it out")
+    check_options(loss_types, args.rpo_alpha, args.ld_alpha, args.use_weighting, args.f_divergence_type,
+                  args.f_alpha_divergence_coef)
 
 
 def _validate_grpo(args: TrainArgs, bad: Any) -> None:

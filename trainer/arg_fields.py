@@ -18,7 +18,8 @@ from typing import Any, NamedTuple, Sequence
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
 from trainer.distillation_losses import DistillLoss
-from trainer.dpo import DEFAULT_DISCOPOP_TAU, LABEL_SMOOTHED, DPOLossType
+from trainer.dpo import (DEFAULT_DISCOPOP_TAU, DEFAULT_F_ALPHA_DIVERGENCE_COEF, F_DIVERGENCE_READERS, LABEL_SMOOTHED,
+                         SORTED, DPOLossType, FDivergence)
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import BUILTIN
@@ -124,7 +125,8 @@ FINE_TUNING_FLAGS = ("from_weight",)
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
 TASK_FLAGS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge") + FINE_TUNING_FLAGS,
-    "dpo": ("beta", "loss_type", "loss_weights", "label_smoothing", "discopop_tau") + FINE_TUNING_FLAGS,
+    "dpo": ("beta", "loss_type", "loss_weights", "label_smoothing", "discopop_tau", "rpo_alpha", "ld_alpha",
+            "use_weighting", "f_divergence_type", "f_alpha_divergence_coef") + FINE_TUNING_FLAGS,
     "pretrain": ("control_tokens_in_text", "preset") + COPY_FLAGS,
     "sft": ("sft_data",) + COPY_FLAGS + FINE_TUNING_FLAGS,
     "distill": ("teacher", "alpha", "temperature", "distill_data", "control_tokens_in_text") + GKD_FLAGS
@@ -404,6 +406,22 @@ class TrainArgs:
     discopop_tau: float = _flag("dpo", DEFAULT_DISCOPOP_TAU, "tau of --loss_type discopop: the temperature of the "
                                                              "sigmoid of the margin that blends its logistic and "
                                                              "exponential terms (> 0; TRL's and the paper's 0.05)")
+    rpo_alpha: float | None = _flag("dpo", None, "RPO (Pang et al. 2024): add alpha x the chosen answer's mean token "
+                                                 "NLL (sft's term) to each pair's loss, >= 0, the paper's 1.0 "
+                                                 "(default: none)")
+    ld_alpha: float | None = _flag("dpo", None, "LD-DPO (Liu et al. 2024), in [0, 1]: both models' log-probability "
+                                                "of an answer weighs its tokens past the shorter answer's length by "
+                                                "alpha (default: none: the plain sum)")
+    use_weighting: bool = _flag("dpo", False, "WPO (Zhou et al. 2024): weigh each pair's loss by min(1, w_c w_r), w "
+                                              "the exp of the answer's mean token log(p / sum of p^2) under the "
+                                              f"policy, without gradient (not with {', '.join(SORTED)})")
+    f_divergence_type: str = _flag("dpo", FDivergence.REVERSE_KL.value,
+                                   f"{_choices(FDivergence)}: f-DPO's divergence to the reference (Wang et al. 2023) "
+                                   f"in the margin of --loss_type {', '.join(F_DIVERGENCE_READERS)}; reverse_kl is "
+                                   f"DPO's")
+    f_alpha_divergence_coef: float = _flag("dpo", DEFAULT_F_ALPHA_DIVERGENCE_COEF,
+                                           "alpha of --f_divergence_type alpha_divergence, whose psi(u) is -u^-alpha "
+                                           "/ alpha (> 0; TRL's 1.0)")
     epsilon: float = _flag(ROLLOUT_GROUPS, 0.2,
                            {"grpo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon_high]",
                             "ppo": "the clip range of the importance ratio: [1 - epsilon, 1 + epsilon] (MiniMind's "

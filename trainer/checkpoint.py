@@ -449,13 +449,15 @@ def _reward_model_change(saved: dict[str, Any], now: dict[str, Any]) -> _Changes
     return {REWARD_MODEL_FLAG: tuple(None if path is None else str(path) for path in (there, here))}
 
 
-# Flags a run recorded before they existed ran as their value here says (the behaviour before them), written out:
-# a later change of a flag's default must not change what an old run is read to have done. A DPO run had the plain
-# sigmoid loss, unsmoothed, one loss type of weight 1 (--loss_weights null, the default) and no discopop loss (its
-# tau unread); a distillation run Hinton's KL on the data's answers (the sampling flags, which shape only what it
-# did not do, at the values they came with); GRPO per-token ratios; PPO the k1 KL, rewards not whitened, no
-# missing-eos penalty.
-_FLAGS_BEFORE = {"dpo": {"loss_type": "sigmoid", "label_smoothing": 0.0, "discopop_tau": 0.05},
+# Flags a run recorded before they existed ran as their value here says (the behaviour before them), written out: a
+# later change of a flag's default must not change what an old run is read to have done. A DPO run had the plain sigmoid
+# loss, unsmoothed, one loss type of weight 1 (--loss_weights null, the default), no discopop loss (its tau unread), no
+# RPO term, LD-DPO reweighting or WPO weights, and DPO's reverse KL (alpha unread); a distillation run Hinton's KL on
+# the data's answers (the sampling flags, which shape only what it did not do, at the values they came with); GRPO
+# per-token ratios; PPO the k1 KL, rewards not whitened, no missing-eos penalty.
+_FLAGS_BEFORE = {"dpo": {"loss_type": "sigmoid", "label_smoothing": 0.0, "discopop_tau": 0.05, "rpo_alpha": None,
+                         "ld_alpha": None, "use_weighting": False, "f_divergence_type": "reverse_kl",
+                         "f_alpha_divergence_coef": 1.0},
                  "grpo": {"importance_sampling_level": "token"},
                  "ppo": {"kl_estimator": "k1", "whiten_rewards": False, "missing_eos_penalty": 0.0},
                  "distill": {"distill_loss": "kl", "jsd_beta": 0.5, "lmbda": 0.0, "seq_kd": False,

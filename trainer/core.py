@@ -478,7 +478,9 @@ class Trainer:
         reference = load_input_model(self.starting_weights, "--from_weight", **requested_model_fields(self.args))
         return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast,
                                 self.args.loss_type, self.args.label_smoothing, self.args.loss_weights,
-                                self.args.discopop_tau)
+                                self.args.discopop_tau, rpo_alpha=self.args.rpo_alpha, ld_alpha=self.args.ld_alpha,
+                                use_weighting=self.args.use_weighting, f_divergence_type=self.args.f_divergence_type,
+                                f_alpha_divergence_coef=self.args.f_alpha_divergence_coef)
 
     def _rollout_objective(self) -> Objective:
         """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's

@@ -32,11 +32,26 @@ averaged over pairs. The other loss types are TRL DPOTrainer's, by its names (pe
     sft           -pi_c / n_c: the chosen answer's mean token NLL (TRL: the micro-batch's token mean)
 
 n_c and n_r are the answers' token counts. Several types, comma-separated (`sigmoid,sft`), are summed with
---loss_weights (1 each by default), TRL's combination (its MPO recipe). The answer's tokens are its content and
-closing <|im_end|> (dataset/dpo_dataset.py, the SFT mask rule restricted to the final answer). The reference's
-log-probabilities are computed once per batch without gradients, in the same autocast as the policy's forward, so
-at the first step every log-ratio is 0 (sigmoid's loss is then log 2, whatever eps; docs/post_training.md lists
-each type's).
+--loss_weights (1 each by default), TRL's combination (its MPO recipe). Four options of TRL's DPOConfig (as TRL
+0.29, the last before its 2026-02 DPO rewrite, has them all) change any of them:
+
+    --rpo_alpha a        RPO (Pang et al. 2024, v3): + a * sft's term, the chosen answer's mean token NLL
+    --ld_alpha a         LD-DPO (Liu et al. 2024): each answer's log-probability, the policy's and the reference's,
+                         is the sum over its first min(n_c, n_r) tokens + a * the sum over the rest (the longer
+                         answer's verbose part); sft's and RPO's NLL stay the plain one
+    --use_weighting      WPO (Zhou et al. 2024, eq. 2): each pair's loss times min(1, w_c w_r), w = exp(the mean over
+                         the answer's tokens of log(p(token) / sum_v p_v^2)), from the policy without gradient
+    --f_divergence_type  f-DPO (Wang et al. 2023): the margin of the types in F_DIVERGENCE_READERS takes
+                         psi(l_c) - psi(l_r) for l_c - l_r, psi(l) = l (reverse_kl), l - softplus(l)
+                         (js_divergence) or -exp(-alpha l) / alpha (alpha_divergence, alpha =
+                         --f_alpha_divergence_coef); ipo's on the per-token log-ratios l / n
+
+The per-pair loss is (sum of the types + RPO's term) x WPO's weight, TRL's order.
+
+The answer's tokens are its content and closing <|im_end|> (dataset/dpo_dataset.py, the SFT mask rule restricted to the
+final answer). The reference's log-probabilities are computed once per batch without gradients, in the same autocast as
+the policy's forward, so at the first step every log-ratio is 0 (sigmoid's loss is then log 2, whatever eps;
+docs/post_training.md lists each type's).
 """
 
 from __future__ import annotations
@@ -57,16 +72,50 @@ from trainer.evaluation import LoggedEval
 from trainer.run_dir import DPO_VAL_METRICS
 
 STAT_NAMES = tuple(name for name in DPO_VAL_METRICS.values() if name != "loss")  # what a pair adds beside its loss
+NLL_STAT = "nll_loss"  # TRL's name for the chosen answers' NLL it logs with rpo_alpha or sft
 DEFAULT_DISCOPOP_TAU = 0.05  # TRL's discopop_tau, the DiscoPOP paper's
+DEFAULT_F_ALPHA_DIVERGENCE_COEF = 1.0  # TRL's f_alpha_divergence_coef (up to 0.29; its rewrite changed the scale)
+
+
+def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log p(label[t + 1] | tokens up to t) at each position t, in fp32, and exactly 0 where the target is not
+    labelled (-100)."""
+    targets = shift_labels(labels)
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100,
+                          reduction="none")
+    return -nll.view(targets.shape)
 
 
 def sequence_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per row, the sum of log p(label[t + 1] | tokens up to t) over the labelled targets (-100: not counted), in
     fp32: the log-probability of a row's labelled tokens given what precedes them."""
-    targets = shift_labels(labels)
-    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100,
-                          reduction="none")
-    return -nll.view(targets.shape).sum(dim=-1)
+    return token_log_probs(logits, labels).sum(dim=-1)
+
+
+def desensitized_log_probs(log_probs: torch.Tensor, labels: torch.Tensor, alpha: float) -> torch.Tensor:
+    """LD-DPO's log-probability of each row's answer, from `log_probs` (token_log_probs of 2B rows: B chosen, then
+    their B rejected): the sum over the answer's first l_p tokens, l_p = min(n_c, n_r) of its pair, + `alpha` x the
+    sum over its later tokens (the verbose part only the longer answer has); alpha 1 is the plain sum."""
+    answer = shift_labels(labels) != -100
+    position = answer.cumsum(dim=-1)  # 1 at an answer's first token
+    lengths = answer.sum(dim=-1)
+    pairs = lengths.shape[0] // 2
+    shared = torch.minimum(lengths[:pairs], lengths[pairs:]).repeat(2).unsqueeze(-1)
+    verbose = answer & (position > shared)
+    return (log_probs * ~verbose).sum(dim=-1) + alpha * (log_probs * verbose).sum(dim=-1)
+
+
+@torch.no_grad()
+def wpo_weights(logits: torch.Tensor, labels: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
+    """WPO's weight of each pair (Zhou et al. 2024, eq. 2, as TRL 0.29 computes it), without gradient: per answer,
+    w = exp(mean over its tokens of log p(token) - log sum_v p_v^2), each token's probability taken relative to the
+    policy's own sharpness there; the pair's weight is min(1, w_c w_r). `logits` and `labels` are the 2B rows' (B
+    chosen, then their B rejected), `log_probs` their token_log_probs."""
+    answer = shift_labels(labels) != -100
+    sharpness = torch.logsumexp(2 * F.log_softmax(logits.float(), dim=-1), dim=-1)  # log sum_v p_v^2
+    means = ((log_probs - sharpness) * answer).sum(dim=-1) / answer.sum(dim=-1).clamp(min=1)
+    pairs = means.shape[0] // 2
+    return torch.exp(means[:pairs] + means[pairs:]).clamp(max=1)
 
 
 class DPOLossType(StrEnum):
@@ -95,6 +144,21 @@ LABEL_SMOOTHED = (DPOLossType.SIGMOID, DPOLossType.ROBUST, DPOLossType.EXO_PAIR,
 PER_TOKEN = (DPOLossType.IPO, DPOLossType.SIGMOID_NORM, DPOLossType.SFT)
 
 
+class FDivergence(StrEnum):
+    REVERSE_KL = "reverse_kl"
+    JS_DIVERGENCE = "js_divergence"
+    ALPHA_DIVERGENCE = "alpha_divergence"
+
+
+# The loss types --f_divergence_type shapes: those TRL (up to 0.29) computes from its f-divergence `logits`; the
+# others use the plain log-ratios there, and refuse another divergence when none of these is listed.
+F_DIVERGENCE_READERS = (DPOLossType.SIGMOID, DPOLossType.HINGE, DPOLossType.IPO, DPOLossType.ROBUST,
+                        DPOLossType.EXO_PAIR)
+# The loss types --use_weighting refuses (as TRL does): they sort the pairs' log-ratios apart, so a pair's weight
+# would meet another pair's loss.
+SORTED = (DPOLossType.AOT, DPOLossType.AOT_UNPAIRED, DPOLossType.AOT_PAIR)
+
+
 def parse_loss_types(text: str) -> tuple[DPOLossType, ...]:
     """The loss types of a --loss_type value: one name or several, comma-separated (`sigmoid,sft`)."""
     names = [name.strip() for name in str(text).split(",")]
@@ -114,6 +178,69 @@ def check_label_smoothing(loss_types: Sequence[str], label_smoothing: float) -> 
     if DPOLossType.EXO_PAIR in loss_types and not label_smoothing:
         raise ValueError(f"--label_smoothing={label_smoothing!r} is not allowed; --loss_type exo_pair needs its "
                          f"epsilon > 0 (the EXO paper recommends 1e-3)")
+
+def check_options(loss_types: Sequence[str], rpo_alpha: float | None = None, ld_alpha: float | None = None,
+                  use_weighting: bool = False, f_divergence_type: str = FDivergence.REVERSE_KL,
+                  f_alpha_divergence_coef: float = DEFAULT_F_ALPHA_DIVERGENCE_COEF) -> None:
+    """Refuse, in one line, a value of RPO's, LD-DPO's, WPO's or f-DPO's option out of its range, or one that
+    `loss_types` would not read: --rpo_alpha and --ld_alpha with sft alone (it is the NLL RPO adds, and reads the
+    plain log-probabilities), --use_weighting with a type that sorts pairs, another --f_divergence_type without one
+    of F_DIVERGENCE_READERS, --f_alpha_divergence_coef without alpha_divergence."""
+    def bad(name: str, value: Any, allowed: str) -> ValueError:
+        return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
+
+    given = ",".join(loss_types)
+    only_sft = all(kind == DPOLossType.SFT for kind in loss_types)
+    if rpo_alpha is not None:
+        if not (math.isfinite(rpo_alpha) and rpo_alpha >= 0):
+            raise bad("rpo_alpha", rpo_alpha, "it must be a number >= 0 (RPO's weight of the chosen answer's NLL; "
+                                              "the paper's 1.0)")
+        if only_sft:
+            raise bad("rpo_alpha", rpo_alpha, "it adds the chosen answer's NLL to a preference loss, and --loss_type "
+                                              "sft is that NLL alone: weigh it with --loss_weights instead")
+    if ld_alpha is not None:
+        if not 0 <= ld_alpha <= 1:
+            raise bad("ld_alpha", ld_alpha, "it must be in [0, 1] (1: the plain log-probabilities, 0: the longer "
+                                            "answer's verbose tokens dropped)")
+        if only_sft:
+            raise bad("ld_alpha", ld_alpha, "it reweighs the log-ratios of the preference losses, and --loss_type sft "
+                                            "reads the plain NLL: give a preference loss type with it")
+    if use_weighting:
+        for kind in loss_types:
+            if kind in SORTED:
+                raise bad("use_weighting", use_weighting, f"--loss_type {kind} sorts the pairs' log-ratios apart, so "
+                                                          f"a pair's WPO weight would meet another pair's loss")
+    if f_divergence_type not in tuple(FDivergence):
+        raise bad("f_divergence_type", f_divergence_type, f"choose one of {', '.join(FDivergence)}")
+    if f_divergence_type != FDivergence.REVERSE_KL and not any(kind in F_DIVERGENCE_READERS for kind in loss_types):
+        raise bad("f_divergence_type", f_divergence_type, f"only --loss_type {', '.join(F_DIVERGENCE_READERS)} read "
+                                                          f"it: leave it reverse_kl with --loss_type {given}")
+    if not (math.isfinite(f_alpha_divergence_coef) and f_alpha_divergence_coef > 0):
+        raise bad("f_alpha_divergence_coef", f_alpha_divergence_coef, "it must be a positive number")
+    if (f_alpha_divergence_coef != DEFAULT_F_ALPHA_DIVERGENCE_COEF
+            and f_divergence_type != FDivergence.ALPHA_DIVERGENCE):
+        raise bad("f_alpha_divergence_coef", f_alpha_divergence_coef, "it shapes --f_divergence_type "
+                                                                      "alpha_divergence only: give that with it, or "
+                                                                      "leave it out")
+
+
+def _exp_capped(exponent: torch.Tensor) -> torch.Tensor:
+    """exp with the exponent capped just below log(the dtype's largest number), TRL's cap_exp: a finite result."""
+    cap = math.floor(math.log(torch.finfo(exponent.dtype).max) * 1e4) / 1e4
+    return torch.exp(exponent.clamp(max=cap))
+
+
+def f_divergence_difference(chosen: torch.Tensor, rejected: torch.Tensor, kind: str,
+                            alpha: float = DEFAULT_F_ALPHA_DIVERGENCE_COEF) -> torch.Tensor:
+    """psi(chosen) - psi(rejected) of two log-ratios under f-DPO's divergence `kind` (TRL's `logits` before beta):
+    psi(l) = l for reverse_kl (DPO's chosen - rejected), l - softplus(l) = log(u / (1 + u)) for js_divergence (u =
+    e^l; the constant log 2 cancels), and -u^-alpha / alpha for alpha_divergence."""
+    if kind == FDivergence.JS_DIVERGENCE:
+        return chosen - rejected - (F.softplus(chosen) - F.softplus(rejected))
+    if kind == FDivergence.ALPHA_DIVERGENCE:
+        return (_exp_capped(-alpha * rejected) - _exp_capped(-alpha * chosen)) / alpha
+    return chosen - rejected
+
 
 def _log_sigmoid_smoothed(logits: torch.Tensor, eps: float) -> torch.Tensor:
     """-(1 - eps) log sigmoid(x) - eps log sigmoid(-x): eps 0 is -log sigmoid(x) bit for bit."""
@@ -135,40 +262,62 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, referen
              label_smoothing: float = 0.0, chosen_tokens: torch.Tensor | None = None,
              rejected_tokens: torch.Tensor | None = None, *, loss_weights: Sequence[float] | None = None,
              discopop_tau: float = DEFAULT_DISCOPOP_TAU, bco_mean: float = 0.0,
-             real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             real: torch.Tensor | None = None, rpo_alpha: float | None = None,
+             f_divergence_type: str = FDivergence.REVERSE_KL,
+             f_alpha_divergence_coef: float = DEFAULT_F_ALPHA_DIVERGENCE_COEF,
+             chosen_nll: torch.Tensor | None = None,
+             pair_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-pair losses of `loss_type`, chosen rewards, rejected rewards) from per-pair summed log-probabilities
     (the module's docstring has the formulas). `loss_type` is one type or several, comma-separated, summed with
     `loss_weights` (1 each when None); ipo, sigmoid_norm and sft also need each answer's token count, bco_pair the
     running mean of the rewards, aot and aot_unpaired which pairs are `real` (the others are left out of their
-    sorting; None: all). The rewards, beta x the summed log-ratio whatever the loss, are detached (they are
-    reported, not trained on)."""
+    sorting; None: all). `rpo_alpha` adds RPO's alpha x the chosen answer's mean token NLL, `chosen_nll` (sft's
+    term too; None: -policy_chosen / n_c, which LD-DPO's reweighted log-probabilities are not); the margin of the
+    F_DIVERGENCE_READERS is f-DPO's under `f_divergence_type`; `pair_weights` (WPO's, without gradient) multiply
+    each pair's loss. The rewards, beta x the summed log-ratio whatever the loss, are detached (they are reported,
+    not trained on)."""
     loss_types = parse_loss_types(loss_type)
     weights = [1.0] * len(loss_types) if loss_weights is None else list(loss_weights)
     if len(weights) != len(loss_types):
         raise ValueError(f"--loss_weights={weights!r} is not allowed; give one weight per --loss_type "
                          f"({len(loss_types)})")
     check_label_smoothing(loss_types, label_smoothing)
-    if any(kind in PER_TOKEN for kind in loss_types) and (chosen_tokens is None or rejected_tokens is None):
+    check_options(loss_types, rpo_alpha, None, pair_weights is not None, f_divergence_type, f_alpha_divergence_coef)
+    needs_nll = rpo_alpha is not None or DPOLossType.SFT in loss_types
+    if (any(kind in PER_TOKEN for kind in loss_types) or (needs_nll and chosen_nll is None)) and (
+            chosen_tokens is None or rejected_tokens is None):
         raise ValueError(f"dpo_loss: loss_type {loss_type} needs the answers' token counts")
     eps = label_smoothing
     chosen_ratio, rejected_ratio = policy_chosen - reference_chosen, policy_rejected - reference_rejected
     chosen_rewards, rejected_rewards = beta * chosen_ratio, beta * rejected_ratio
     margins = chosen_rewards - rejected_rewards
+    per_token = None
     if chosen_tokens is not None and rejected_tokens is not None:  # ipo's and sigmoid_norm's d
-        per_token = chosen_ratio / chosen_tokens.clamp(min=1) - rejected_ratio / rejected_tokens.clamp(min=1)
+        chosen_per_token, rejected_per_token = (chosen_ratio / chosen_tokens.clamp(min=1),
+                                                rejected_ratio / rejected_tokens.clamp(min=1))
+        per_token = chosen_per_token - rejected_per_token
+    if needs_nll and chosen_nll is None:
+        chosen_nll = -policy_chosen / chosen_tokens.clamp(min=1)
+    f_margins, f_per_token = margins, per_token  # reverse_kl: DPO's own margins, the very tensors
+    if f_divergence_type != FDivergence.REVERSE_KL:  # f-DPO's, for the F_DIVERGENCE_READERS
+        f_margins = beta * f_divergence_difference(chosen_ratio, rejected_ratio, f_divergence_type,
+                                                   f_alpha_divergence_coef)
+        if per_token is not None:
+            f_per_token = f_divergence_difference(chosen_per_token, rejected_per_token, f_divergence_type,
+                                                  f_alpha_divergence_coef)
     total = torch.zeros_like(margins)
     for kind, weight in zip(loss_types, weights):
         if kind == DPOLossType.SIGMOID:
-            losses = _log_sigmoid_smoothed(margins, eps)
+            losses = _log_sigmoid_smoothed(f_margins, eps)
         elif kind == DPOLossType.HINGE:
-            losses = torch.relu(1 - margins)
+            losses = torch.relu(1 - f_margins)
         elif kind == DPOLossType.IPO:
-            losses = (per_token - 1 / (2 * beta)) ** 2
+            losses = (f_per_token - 1 / (2 * beta)) ** 2
         elif kind == DPOLossType.ROBUST:
-            losses = (-(1 - eps) * F.logsigmoid(margins) + eps * F.logsigmoid(-margins)) / (1 - 2 * eps)
+            losses = (-(1 - eps) * F.logsigmoid(f_margins) + eps * F.logsigmoid(-f_margins)) / (1 - 2 * eps)
         elif kind == DPOLossType.EXO_PAIR:
-            losses = (torch.sigmoid(margins) * (F.logsigmoid(margins) - math.log1p(-eps))
-                      + torch.sigmoid(-margins) * (F.logsigmoid(-margins) - math.log(eps)))
+            losses = (torch.sigmoid(f_margins) * (F.logsigmoid(f_margins) - math.log1p(-eps))
+                      + torch.sigmoid(-f_margins) * (F.logsigmoid(-f_margins) - math.log(eps)))
         elif kind == DPOLossType.NCA_PAIR:
             losses = (-F.logsigmoid(chosen_rewards) - 0.5 * F.logsigmoid(-chosen_rewards)
                       - 0.5 * F.logsigmoid(-rejected_rewards))
@@ -191,9 +340,13 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, referen
         elif kind == DPOLossType.SIGMOID_NORM:
             losses = -F.logsigmoid(beta * per_token)
         else:  # sft
-            losses = -policy_chosen / chosen_tokens.clamp(min=1)
+            losses = chosen_nll
         # one type at weight 1 (the usual run) is its loss exactly, bit for bit
         total = losses if len(loss_types) == 1 and weight == 1 else total + weight * losses
+    if rpo_alpha is not None:
+        total = total + rpo_alpha * chosen_nll
+    if pair_weights is not None:
+        total = total * pair_weights
     return total, chosen_rewards.detach(), rejected_rewards.detach()
 
 
@@ -242,36 +395,60 @@ class DirectPreference:
     """The DPO objective: its unit is the preference pair. `reference` is the frozen starting model on the
     training device; `autocast` is the mixed-precision context the policy's forward runs in."""
 
-    stat_names = STAT_NAMES
     progress_labels = {"reward_accuracy": "acc", "reward_margin": "margin"}
 
     def __init__(self, reference: torch.nn.Module, beta: float,
                  autocast: Callable[[], AbstractContextManager], loss_type: str = DPOLossType.SIGMOID,
                  label_smoothing: float = 0.0, loss_weights: Sequence[float] | None = None,
-                 discopop_tau: float = DEFAULT_DISCOPOP_TAU) -> None:
+                 discopop_tau: float = DEFAULT_DISCOPOP_TAU, *, rpo_alpha: float | None = None,
+                 ld_alpha: float | None = None, use_weighting: bool = False,
+                 f_divergence_type: str = FDivergence.REVERSE_KL,
+                 f_alpha_divergence_coef: float = DEFAULT_F_ALPHA_DIVERGENCE_COEF) -> None:
         self.reference, self.beta, self.autocast = reference.eval().requires_grad_(False), beta, autocast
         self.loss_type, self.label_smoothing = loss_type, label_smoothing
         self.loss_weights, self.discopop_tau = loss_weights, discopop_tau
+        loss_types = parse_loss_types(loss_type)
+        check_options(loss_types, rpo_alpha, ld_alpha, use_weighting, f_divergence_type, f_alpha_divergence_coef)
+        self.rpo_alpha, self.ld_alpha, self.use_weighting = rpo_alpha, ld_alpha, use_weighting
+        self.f_divergence_type, self.f_alpha_divergence_coef = f_divergence_type, f_alpha_divergence_coef
+        # the chosen answers' NLL, logged where the loss reads it (TRL's nll_loss: RPO's term, or sft's)
+        self.logs_nll = rpo_alpha is not None or DPOLossType.SFT in loss_types
+        self.stat_names = STAT_NAMES + ((NLL_STAT,) if self.logs_nll else ())
         # bco_pair's running mean of the rewards: trainer state, saved with a checkpoint (state, load_state)
-        self.bco = BCORunningMean() if DPOLossType.BCO_PAIR in parse_loss_types(loss_type) else None
+        self.bco = BCORunningMean() if DPOLossType.BCO_PAIR in loss_types else None
 
     def count_items(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return real_pairs(batch).sum()
 
     def _pair_terms(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]):
+        """(per-pair losses, chosen rewards, rejected rewards, which pairs are real, the chosen answers' mean token
+        NLL where the loss reads it, else None)."""
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
-        policy = sequence_log_probs(model(**inputs).logits, batch["labels"])
+        labels = batch["labels"]
+        logits = model(**inputs).logits
+        per_token = token_log_probs(logits, labels)
+        plain = per_token.sum(dim=-1)
         with torch.no_grad(), self.autocast():
-            reference = sequence_log_probs(self.reference(**inputs).logits, batch["labels"])
+            reference_per_token = token_log_probs(self.reference(**inputs).logits, labels)
+        if self.ld_alpha is None:
+            policy, reference = plain, reference_per_token.sum(dim=-1)
+        else:  # LD-DPO: both models' log-probabilities, so that equal models still give log-ratios 0
+            policy = desensitized_log_probs(per_token, labels, self.ld_alpha)
+            reference = desensitized_log_probs(reference_per_token, labels, self.ld_alpha)
         pairs = policy.shape[0] // 2
-        tokens = (shift_labels(batch["labels"]) != -100).sum(dim=-1).to(policy.dtype)
+        tokens = (shift_labels(labels) != -100).sum(dim=-1).to(policy.dtype)
         real = real_pairs(batch)
+        chosen_nll = -plain[:pairs] / tokens[:pairs].clamp(min=1) if self.logs_nll else None
+        weights = wpo_weights(logits, labels, per_token) if self.use_weighting else None
         losses, chosen, rejected = dpo_loss(policy[:pairs], policy[pairs:], reference[:pairs], reference[pairs:],
                                             self.beta, self.loss_type, self.label_smoothing, tokens[:pairs],
                                             tokens[pairs:], loss_weights=self.loss_weights,
                                             discopop_tau=self.discopop_tau,
-                                            bco_mean=self.bco.mean if self.bco is not None else 0.0, real=real)
-        return losses, chosen, rejected, real
+                                            bco_mean=self.bco.mean if self.bco is not None else 0.0, real=real,
+                                            rpo_alpha=self.rpo_alpha, f_divergence_type=self.f_divergence_type,
+                                            f_alpha_divergence_coef=self.f_alpha_divergence_coef,
+                                            chosen_nll=chosen_nll, pair_weights=weights)
+        return losses, chosen, rejected, real, chosen_nll
 
     def end_step(self, stats: dict[str, float], pairs: int) -> None:
         """After each optimizer step, with its statistics (means over its `pairs` pairs, all processes): bco_pair
@@ -297,8 +474,11 @@ class DirectPreference:
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        losses, chosen, rejected, real = self._pair_terms(model, batch)
-        return (losses * real).sum() / num_items, self._stat_sums(chosen, rejected, real)
+        losses, chosen, rejected, real, chosen_nll = self._pair_terms(model, batch)
+        stats = self._stat_sums(chosen, rejected, real)
+        if chosen_nll is not None:
+            stats = torch.cat([stats, (chosen_nll.detach() * real).sum().unsqueeze(0)])
+        return (losses * real).sum() / num_items, stats
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator,
@@ -310,7 +490,7 @@ class DirectPreference:
             if max_batches and index >= max_batches:
                 break
             batch = {key: value.to(accelerator.device) for key, value in batch.items()}
-            losses, chosen, rejected, real = self._pair_terms(model, batch)
+            losses, chosen, rejected, real, _ = self._pair_terms(model, batch)
             totals[0] += (losses * real).sum().double()
             totals[1] += real.sum()
             totals[2:] += self._stat_sums(chosen, rejected, real).double()

@@ -168,7 +168,7 @@ def test_the_objectives_aot_sorts_only_the_real_pairs():
     batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
     policy, reference = _Tiny(1.0), _Tiny(0.5)
     objective = DirectPreference(reference, BETA, torch.enable_grad, "aot")
-    losses, _, _, real = objective._pair_terms(policy, batch)
+    losses, _, _, real, _ = objective._pair_terms(policy, batch)
     assert real.tolist() == [True, True, False]
     with torch.no_grad():
         pi, ref = sequence_log_probs(policy.table[input_ids], labels), sequence_log_probs(reference.table[input_ids],

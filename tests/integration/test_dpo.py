@@ -1,8 +1,9 @@
 """DPO (trainer/train_dpo.py) on the training core: the loss (sigmoid and IPO), rewards and answer masks against an
 fp64 computation written out here from the two models' log-probabilities; a tiny run drives the reward accuracy up
 from its start at log 2 loss; --loss_type (TRL's other types and weighted sums of several), --loss_weights,
---label_smoothing and --discopop_tau reach a run, whose first loss is each formula's value where every log-ratio is
-0; bco_pair's running mean of the rewards is saved with a checkpoint and carried across a resume, the same on two
+--label_smoothing, --discopop_tau, --ld_alpha and --f_divergence_type reach a run, whose first loss is each formula's
+value where every log-ratio is 0; sft's, RPO's and WPO's first loss is the starting model's value computed here;
+bco_pair's running mean of the rewards is saved with a checkpoint and carried across a resume, the same on two
 processes as on one; a checkpoint from before the new flags resumes as before; MiniMind-format files (system turns,
 extra fields) load for both LoRA and DPO; bad preference lines are one-line errors naming file and line; the
 embedded default pairs."""
@@ -177,6 +178,20 @@ LOG2 = math.log(2)
      {"loss_type": "nca_pair,apo_zero", "loss_weights": [0.5, 2.0]}, LOG2 + 2),
     # robust DPO: ((1 - eps) log 2 - eps log 2) / (1 - 2 eps) = log 2
     (["--loss_type", "robust", "--label_smoothing", "0.2"], {"loss_type": "robust", "label_smoothing": 0.2}, LOG2),
+    # APO-down: s(0) + 1 - s(0) = 1
+    (["--loss_type", "apo_down"], {"loss_type": "apo_down"}, 1.0),
+    # AOT: the sorted margins are all 0, sigmoid's -log s(0), smoothed or not
+    (["--loss_type", "aot"], {"loss_type": "aot"}, LOG2),
+    (["--loss_type", "aot_unpaired", "--label_smoothing", "0.1"], {"loss_type": "aot_unpaired", "label_smoothing": 0.1},
+     LOG2),
+    # sigmoid_norm: -log s(beta x 0)
+    (["--loss_type", "sigmoid_norm"], {"loss_type": "sigmoid_norm"}, LOG2),
+    # LD-DPO reweighs both models' log-probabilities alike: the log-ratios stay 0
+    (["--ld_alpha", "0.5"], {"ld_alpha": 0.5}, LOG2),
+    # f-DPO: psi(0) - psi(0) = 0 whatever the divergence; hinge 1, IPO (0 - 1 / (2 x 0.5))^2 = 1
+    (["--loss_type", "hinge", "--f_divergence_type", "js_divergence"], {"f_divergence_type": "js_divergence"}, 1.0),
+    (["--loss_type", "ipo", "--beta", "0.5", "--f_divergence_type", "alpha_divergence", "--f_alpha_divergence_coef",
+      "0.5"], {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.5}, 1.0),
 ])
 def test_trls_other_loss_types_reach_the_run_at_their_formulas_start(flags, recorded, first_loss, train_data,
                                                                      tiny_models, tmp_path):
@@ -188,6 +203,49 @@ def test_trls_other_loss_types_reach_the_run_at_their_formulas_start(flags, reco
     assert read_metrics(out_dir, "train")[0]["loss"] == pytest.approx(first_loss, abs=1e-6)
     config = recorded_config(out_dir)
     assert {key: config[key] for key in recorded} == recorded
+
+
+def _answer_sharpness(model, tokenizer, messages: list[dict]) -> float:
+    """fp64 mean over the final answer's tokens of log p(token) - log sum_v p_v^2 (WPO's per-answer exponent)."""
+    prompt = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages[:-1]],
+                                           tokenize=False, add_generation_prompt=True)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(messages[-1]["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids = torch.tensor([prompt_ids + answer_ids + [tokenizer.convert_tokens_to_ids("<|im_end|>")]])
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model.double()(input_ids=ids).logits[0].double(), dim=-1)
+    model.float()
+    positions = range(len(prompt_ids) - 1, ids.shape[1] - 1)
+    terms = [log_probs[t, ids[0, t + 1]].item() - torch.logsumexp(2 * log_probs[t], dim=-1).item() for t in positions]
+    return sum(terms) / len(terms)
+
+
+def test_sft_rpo_and_wpo_start_at_the_models_values(tiny_models, tokenizer, tmp_path):
+    """On one pair repeated (so every step holds the same pairs): sft's first loss is the starting model's mean
+    token NLL of the chosen answer, RPO's log 2 + alpha x it, each logging it as nll_loss; WPO's log 2 x min(1,
+    exp(m_c + m_r)), m the answer's mean log p - log sum p^2; each computed here in fp64 from the model."""
+    from transformers import AutoModelForCausalLM
+
+    pair = {side: [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": answer}]
+            for side, answer in (("chosen", "Blue."), ("rejected", "A sky."))}  # whole within --max_seq_len 64
+    write_jsonl(tmp_path / "dpo.jsonl", [pair] * 8)
+    model = AutoModelForCausalLM.from_pretrained(tiny_models.sft).eval()
+    chosen, answer_ids = _answer_log_prob(model, tokenizer, pair["chosen"])
+    nll = -chosen / len(answer_ids)
+    weight = min(1.0, math.exp(_answer_sharpness(model, tokenizer, pair["chosen"])
+                               + _answer_sharpness(model, tokenizer, pair["rejected"])))
+    assert 0 < weight < 1
+    for flags, first_loss, logged in ((["--loss_type", "sft"], nll, nll),
+                                      (["--rpo_alpha", "0.5"], LOG2 + 0.5 * nll, nll),
+                                      (["--use_weighting"], LOG2 * weight, None)):
+        out_dir = tmp_path / flags[0].strip("-")
+        run_in_process("dpo", finetune_argv("dpo", tmp_path, tiny_models.sft, out_dir, "--max_steps", "1",
+                                            "--batch_size", "4", *flags))
+        first = read_metrics(out_dir, "train")[0]
+        assert first["loss"] == pytest.approx(first_loss, rel=1e-5)  # the run's log-probabilities are fp32
+        assert first.get("nll_loss") == (None if logged is None else pytest.approx(logged, rel=1e-5))
+    assert recorded_config(tmp_path / "rpo_alpha")["rpo_alpha"] == 0.5
+    assert recorded_config(tmp_path / "use_weighting")["use_weighting"] is True
 
 
 def _bco_argv(train_data, tiny_models, out_dir, *flags: str) -> list[str]:
@@ -236,8 +294,9 @@ def test_bco_pairs_running_mean_is_the_same_on_two_processes(train_data, tiny_mo
 
 def test_a_dpo_checkpoint_from_before_the_new_loss_flags_resumes_as_before(train_data, tiny_models, tmp_path,
                                                                          capsys):
-    """A checkpoint whose config lacks --loss_weights and --discopop_tau (written before they existed) and has no
-    objective state resumes with the same command without a change noted, and continues as the uninterrupted run."""
+    """A checkpoint whose config lacks --loss_weights, --discopop_tau and RPO's, LD-DPO's, WPO's and f-DPO's flags
+    (written before they existed) and has no objective state resumes with the same command without a change noted,
+    and continues as the uninterrupted run."""
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     argv = finetune_argv("dpo", train_data, tiny_models.sft, whole, "--max_steps", "3", "--save_interval", "2",
                          "--learning_rate", "5e-3")
@@ -246,7 +305,8 @@ def test_a_dpo_checkpoint_from_before_the_new_loss_flags_resumes_as_before(train
     state_file = checkpoint / "trainer_state.json"
     state = json.loads(state_file.read_text())
     assert "objective_state" not in state  # sigmoid keeps none
-    for name in ("loss_weights", "discopop_tau"):
+    for name in ("loss_weights", "discopop_tau", "rpo_alpha", "ld_alpha", "use_weighting", "f_divergence_type",
+                 "f_alpha_divergence_coef"):
         del state["config"][name]
     state_file.write_text(json.dumps(state))
     capsys.readouterr()

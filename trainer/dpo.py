@@ -33,7 +33,7 @@ averaged over pairs. The other loss types are TRL DPOTrainer's, by its names (pe
 
 n_c and n_r are the answers' token counts. Several types, comma-separated (`sigmoid,sft`), are summed with
 --loss_weights (1 each by default), TRL's combination (its MPO recipe). Four options of TRL's DPOConfig (as TRL
-0.29, the last before its 2026-02 DPO rewrite, has them all) change any of them:
+0.28, the last before its 2026-02 DPO rewrite, has them all) change any of them:
 
     --rpo_alpha a        RPO (Pang et al. 2024, v3): + a * sft's term, the chosen answer's mean token NLL
     --ld_alpha a         LD-DPO (Liu et al. 2024): each answer's log-probability, the policy's and the reference's,
@@ -74,7 +74,7 @@ from trainer.run_dir import DPO_VAL_METRICS
 STAT_NAMES = tuple(name for name in DPO_VAL_METRICS.values() if name != "loss")  # what a pair adds beside its loss
 NLL_STAT = "nll_loss"  # TRL's name for the chosen answers' NLL it logs with rpo_alpha or sft
 DEFAULT_DISCOPOP_TAU = 0.05  # TRL's discopop_tau, the DiscoPOP paper's
-DEFAULT_F_ALPHA_DIVERGENCE_COEF = 1.0  # TRL's f_alpha_divergence_coef (up to 0.29; its rewrite changed the scale)
+DEFAULT_F_ALPHA_DIVERGENCE_COEF = 1.0  # TRL's f_alpha_divergence_coef (up to 0.28; its rewrite changed the scale)
 
 
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -107,7 +107,7 @@ def desensitized_log_probs(log_probs: torch.Tensor, labels: torch.Tensor, alpha:
 
 @torch.no_grad()
 def wpo_weights(logits: torch.Tensor, labels: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
-    """WPO's weight of each pair (Zhou et al. 2024, eq. 2, as TRL 0.29 computes it), without gradient: per answer,
+    """WPO's weight of each pair (Zhou et al. 2024, eq. 2, as TRL 0.28 computes it), without gradient: per answer,
     w = exp(mean over its tokens of log p(token) - log sum_v p_v^2), each token's probability taken relative to the
     policy's own sharpness there; the pair's weight is min(1, w_c w_r). `logits` and `labels` are the 2B rows' (B
     chosen, then their B rejected), `log_probs` their token_log_probs."""
@@ -150,7 +150,7 @@ class FDivergence(StrEnum):
     ALPHA_DIVERGENCE = "alpha_divergence"
 
 
-# The loss types --f_divergence_type shapes: those TRL (up to 0.29) computes from its f-divergence `logits`; the
+# The loss types --f_divergence_type shapes: those TRL (up to 0.28) computes from its f-divergence `logits`; the
 # others use the plain log-ratios there, and refuse another divergence when none of these is listed.
 F_DIVERGENCE_READERS = (DPOLossType.SIGMOID, DPOLossType.HINGE, DPOLossType.IPO, DPOLossType.ROBUST,
                         DPOLossType.EXO_PAIR)

@@ -111,7 +111,7 @@ def _on_margin(loss_type: str, eps: float, h: float) -> tuple[float, float]:
                                             ("ipo", 0.0)])
 def test_f_divergences_shape_the_margin_of_the_types_that_read_it(kind, coef, loss_type, eps):
     """h = beta (psi(l_c) - psi(l_r)) for sigmoid, hinge, robust and exo_pair, d = psi(l_c / n_c) - psi(l_r / n_r)
-    for ipo (TRL 0.29 applies it to the per-token log-ratios ipo takes); d h / d pi_c = beta psi'(l_c)."""
+    for ipo (TRL 0.28 applies it to the per-token log-ratios ipo takes); d h / d pi_c = beta psi'(l_c)."""
     expected = []
     for pc, pr, refc, refr, nc, nr in PAIRS:
         lc, lr = pc - refc, pr - refr

@@ -179,6 +179,7 @@ def check_label_smoothing(loss_types: Sequence[str], label_smoothing: float) -> 
         raise ValueError(f"--label_smoothing={label_smoothing!r} is not allowed; --loss_type exo_pair needs its "
                          f"epsilon > 0 (the EXO paper recommends 1e-3)")
 
+
 def check_options(loss_types: Sequence[str], rpo_alpha: float | None = None, ld_alpha: float | None = None,
                   use_weighting: bool = False, f_divergence_type: str = FDivergence.REVERSE_KL,
                   f_alpha_divergence_coef: float = DEFAULT_F_ALPHA_DIVERGENCE_COEF) -> None:

@@ -321,7 +321,8 @@ def plot(results: dict, path: Path, quantity: str = "ffn_w2") -> None:
     save_figure(fig, path)
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command's flags (argv None: sys.argv's)."""
     parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="cpu-default", help="model preset (model/config.py)")
     parser.add_argument("--layers", type=int_within(1), default=8,
@@ -353,51 +354,69 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--out", default=None, help="directory of results.json, the table and the plot (default: "
                                                     "eval/studies/results/grad_at_init/)")
     parser.add_argument("--replot", action="store_true", help="only redraw the table and PNG from results.json")
-    args = parser.parse_args(argv)
-    out = Path(args.out) if args.out is not None else DEFAULT_OUT
-    if args.replot:
-        if not (out / "results.json").is_file():
-            raise ValueError(f"--replot: {out / 'results.json'} does not exist (run without --replot to make it)")
-        results = json.loads((out / "results.json").read_text())
-        write_table(results, out / "grad_at_init.md")
-        plot(results, out / "grad_at_init.png")
-        return results
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return parser.parse_args(argv)
 
-    start = time.time()
+
+def replot(out: Path) -> dict:
+    """--replot: the table and the PNG drawn again from `out`/results.json, which must exist."""
+    if not (out / "results.json").is_file():
+        raise ValueError(f"--replot: {out / 'results.json'} does not exist (run without --replot to make it)")
+    results = json.loads((out / "results.json").read_text())
+    write_table(results, out / "grad_at_init.md")
+    plot(results, out / "grad_at_init.png")
+    return results
+
+
+def input_batches(args: argparse.Namespace) -> tuple[list[torch.Tensor], str]:
+    """The fixed batches every variant is measured on, and the label of their source: random tokens or text."""
     if args.random_tokens:
         vocab = MiniNormConfig.from_preset(args.preset).vocab_size
-        batches = random_batches(args.batches, args.batch_size, args.seq_len, vocab)
-        data_label = "RANDOM TOKENS (--random_tokens)"
-    else:
-        batches, data_label = token_batches(args.data_path, args.batches, args.batch_size, args.seq_len)
-    seeds = list(range(args.seeds))
-    shape = {"num_hidden_layers": args.layers, "max_position_embeddings": max(512, args.seq_len),
-             **{name: getattr(args, name) for name in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                                        "num_key_value_heads") if getattr(args, name) is not None}}
+        return random_batches(args.batches, args.batch_size, args.seq_len, vocab), "RANDOM TOKENS (--random_tokens)"
+    return token_batches(args.data_path, args.batches, args.batch_size, args.seq_len)
 
-    def measured_entry(config: MiniNormConfig, names: dict) -> dict:
-        t0 = time.time()
-        measured = measure(config, batches, seeds, args.init)
-        entry = {**names, "loss_mean": float(measured["loss"].mean())}
-        for quantity in (*QUANTITIES, *ACTIVATIONS):
-            per_seed = measured[quantity].mean(axis=1)  # (seeds, layers): mean over batches
-            entry[f"{quantity}_mean"] = per_seed.mean(axis=0).tolist()
-            entry[f"{quantity}_seed_std"] = per_seed.std(axis=0).tolist()
-        w2 = np.array(entry["ffn_w2_mean"])
-        print(f"{row_label(entry):>22s}  ffn W2 grad norm first {w2[0]:.3g} last {w2[-1]:.3g} "
-              f"growth {growth(w2):.2f}  ({time.time() - t0:.0f} s)", flush=True)
-        return entry
 
+def model_shape(args: argparse.Namespace) -> dict[str, int]:
+    """The MiniNormConfig fields the shape flags set over the preset's (those left unset keep the preset's)."""
+    return {"num_hidden_layers": args.layers, "max_position_embeddings": max(512, args.seq_len),
+            **{name: getattr(args, name) for name in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                       "num_key_value_heads") if getattr(args, name) is not None}}
+
+
+def measured_entry(config: MiniNormConfig, names: dict, batches: list[torch.Tensor], seeds: Sequence[int],
+                   init: str) -> dict:
+    """One row of results.json: `names` plus, per quantity, the mean over batches and seeds and the std over seeds
+    of each layer's value; printed as one line of progress."""
+    t0 = time.time()
+    measured = measure(config, batches, seeds, init)
+    entry = {**names, "loss_mean": float(measured["loss"].mean())}
+    for quantity in (*QUANTITIES, *ACTIVATIONS):
+        per_seed = measured[quantity].mean(axis=1)  # (seeds, layers): mean over batches
+        entry[f"{quantity}_mean"] = per_seed.mean(axis=0).tolist()
+        entry[f"{quantity}_seed_std"] = per_seed.std(axis=0).tolist()
+    w2 = np.array(entry["ffn_w2_mean"])
+    print(f"{row_label(entry):>22s}  ffn W2 grad norm first {w2[0]:.3g} last {w2[-1]:.3g} "
+          f"growth {growth(w2):.2f}  ({time.time() - t0:.0f} s)", flush=True)
+    return entry
+
+
+def measure_variant_files(args: argparse.Namespace, shape: dict[str, int], batches: list[torch.Tensor],
+                          seeds: Sequence[int]) -> list[dict]:
+    """--variants: one row per trainer --config file, named by its stem."""
     runs = []
-    if args.variants:
-        for file in variant_files(args.variants):
-            config = MiniNormConfig.from_preset(args.preset, **shape, **{**variant_fields(file), "norm_impl": "eager"})
-            runs.append(measured_entry(config, {"variant": file.stem, "placement": config.norm_placement,
-                                                "norm_type": config.norm_type}))
+    for file in variant_files(args.variants):
+        config = MiniNormConfig.from_preset(args.preset, **shape, **{**variant_fields(file), "norm_impl": "eager"})
+        runs.append(measured_entry(config, {"variant": file.stem, "placement": config.norm_placement,
+                                            "norm_type": config.norm_type}, batches, seeds, args.init))
+    return runs
+
+
+def measure_grid(args: argparse.Namespace, shape: dict[str, int], batches: list[torch.Tensor],
+                 seeds: Sequence[int]) -> list[dict]:
+    """One row per --placements x --norm_types combination the config allows (a refused one is printed as
+    skipped); the no-norm network is measured once."""
+    runs = []
     no_norm_entry = None
-    for placement in [] if args.variants else args.placements:
+    for placement in args.placements:
         for norm_type in args.norm_types:
             try:
                 config = MiniNormConfig.from_preset(args.preset, **shape, norm_type=norm_type,
@@ -409,26 +428,50 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 # Without norms every placement allowed is the same network (x = x + f(x)) with the same init: reuse.
                 runs.append({**no_norm_entry, "placement": placement})
                 continue
-            entry = measured_entry(config, {"placement": placement, "norm_type": norm_type})
+            entry = measured_entry(config, {"placement": placement, "norm_type": norm_type}, batches, seeds,
+                                   args.init)
             runs.append(entry)
             if norm_type == "none":
                 no_norm_entry = entry
+    return runs
 
-    if not runs:  # every combination refused: the results already in --out are kept, not replaced by an empty table
-        raise ValueError("no variant to measure: the config refuses every --placements x --norm_types combination")
+
+def run_meta(args: argparse.Namespace, argv: Sequence[str] | None, shape: dict[str, int], seeds: list[int],
+             data_label: str, start: float) -> dict:
+    """results.json's "meta": the model's shape, the data, the command line, the time taken and the machine."""
     config = MiniNormConfig.from_preset(args.preset, **shape)
-    results = {
-        "meta": {"preset": args.preset, "init": args.init, "layers": args.layers, "hidden_size": config.hidden_size,
-                 "intermediate_size": config.intermediate_size, "seq_len": args.seq_len,
-                 "batch_size": args.batch_size, "batches": args.batches, "seeds": seeds, "data": data_label,
-                 "argv": " ".join(argv if argv is not None else sys.argv[1:]), "seconds": time.time() - start,
-                 "machine": machine_line()},
-        "runs": runs,
-    }
+    return {"preset": args.preset, "init": args.init, "layers": args.layers, "hidden_size": config.hidden_size,
+            "intermediate_size": config.intermediate_size, "seq_len": args.seq_len,
+            "batch_size": args.batch_size, "batches": args.batches, "seeds": seeds, "data": data_label,
+            "argv": " ".join(argv if argv is not None else sys.argv[1:]), "seconds": time.time() - start,
+            "machine": machine_line()}
+
+
+def write_results(results: dict, out: Path) -> None:
+    """results.json, the markdown tables and the plot, in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", strict_json(results, indent=1))
     write_table(results, out / "grad_at_init.md")
     plot(results, out / "grad_at_init.png")
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    out = Path(args.out) if args.out is not None else DEFAULT_OUT
+    if args.replot:
+        return replot(out)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    start = time.time()
+    batches, data_label = input_batches(args)
+    seeds = list(range(args.seeds))
+    shape = model_shape(args)
+    measure_all = measure_variant_files if args.variants else measure_grid
+    runs = measure_all(args, shape, batches, seeds)
+    if not runs:  # every combination refused: the results already in --out are kept, not replaced by an empty table
+        raise ValueError("no variant to measure: the config refuses every --placements x --norm_types combination")
+    results = {"meta": run_meta(args, argv, shape, seeds, data_label, start), "runs": runs}
+    write_results(results, out)
     print(f"wrote {out / 'grad_at_init.md'} and {out / 'grad_at_init.png'} in {time.time() - start:.0f} s")
     return results
 

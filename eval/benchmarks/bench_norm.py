@@ -290,7 +290,8 @@ def profile_host(m: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype, 
 # ------------------------------------------------------------------------------------------------ main
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ToolParser:
+    """The command's flags: the timed shapes and methods, the CUDA-only modes and the --lab group."""
     ap = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA when there is one")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
@@ -323,55 +324,58 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("--lab_steps", type=int_within(1), default=3, help="training steps per variant per round")
     lab.add_argument("--lab_warmup", type=int_within(0), default=3,
                      help="untimed calls and steps per variant first (compiles)")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def chosen_device(ap: ToolParser, args: argparse.Namespace) -> torch.device:
+    """--device: CUDA when asked for, or under auto when there is one; asking for a missing one is the parser's
+    error."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and cuda) else "cpu")
     if device.type == "cuda" and not cuda:
         ap.error("--device cuda: no CUDA device is available")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
-    weight_dtype = dtype if args.weight_dtype == "same" else DTYPES[args.weight_dtype]
+    return device
+
+
+def refuse_modes_the_device_lacks(ap: ToolParser, args: argparse.Namespace, device: torch.device) -> None:
+    """The CUDA-only modes on a CPU are the parser's error (--check runs on CPU only under TRITON_INTERPRET=1)."""
     if args.check and not triton_can_run(device):  # CPU only as a smoke test, under TRITON_INTERPRET=1
         ap.error("--check needs a CUDA device (the CPU interpreter path is covered by tests/unit/test_kernels.py)")
     if (args.sweep or args.profile_once or args.profile_host or args.check_model) and device.type != "cuda":
         ap.error("--sweep, --profile_once, --profile_host and --check_model need a CUDA device")
-    m = args.m or (32768 if device.type == "cuda" else 1024)
 
-    if args.lab:
-        return lab_main(args, dtype)
 
-    if args.check_model:
-        ok = check_model(device)
-        print("ALL PASS" if ok else "SOME CHECKS FAILED")
-        return 0 if ok else 1
+def passed(ok: bool) -> int:
+    """A correctness mode's last line and exit code."""
+    print("ALL PASS" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
 
-    if args.profile_once:
-        from model.kernels import rmsnorm_triton as kern
-        n = args.profile_once
-        x = torch.randn(m, n, dtype=dtype, device=device)
-        w = (torch.rand(n, device=device) + 0.5).to(weight_dtype)
-        _, _, rstd = kern.rms_norm_fwd(x, None, w, EPS, n)
-        kern.rms_norm_bwd(torch.randn_like(x), x, w, rstd, n)
-        torch.cuda.synchronize()
-        return 0
 
-    if args.profile_host:
-        profile_host(m, args.profile_host, dtype, weight_dtype, device, args.methods)
-        return 0
+def profile_once(m: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype, device: torch.device) -> None:
+    """--profile_once: our forward and backward launched once at (m, n), for ncu."""
+    from model.kernels import rmsnorm_triton as kern
+    x = torch.randn(m, n, dtype=dtype, device=device)
+    w = (torch.rand(n, device=device) + 0.5).to(weight_dtype)
+    _, _, rstd = kern.rms_norm_fwd(x, None, w, EPS, n)
+    kern.rms_norm_bwd(torch.randn_like(x), x, w, rstd, n)
+    torch.cuda.synchronize()
 
-    if args.check:
-        ok = check_kernels(args.n, args.m, dtype, device, big=not args.no_big)
-        print("ALL PASS" if ok else "SOME CHECKS FAILED")
-        return 0 if ok else 1
 
-    ns = args.n or (GPU_ROW_LENGTHS if device.type == "cuda" else [256, 512, 768, 2048])
-    ceiling = copy_bandwidth_gbs(device)
+def timed_machine(device: torch.device) -> str:
+    """The machine line of the tables' header; on CUDA with Triton's version."""
     machine = machine_line()
     if device.type == "cuda":
         import triton
         machine += f", triton {triton.__version__}"
+    return machine
+
+
+def time_methods(args: argparse.Namespace, m: int, dtype: torch.dtype, weight_dtype: torch.dtype,
+                 device: torch.device) -> None:
+    """The timing run: the header, then --sweep's table or the RMSNorm and residual tables (and --out's JSON)."""
+    ns = args.n or (GPU_ROW_LENGTHS if device.type == "cuda" else [256, 512, 768, 2048])
+    ceiling = copy_bandwidth_gbs(device)
+    machine = timed_machine(device)
     print(f"# RMSNorm benchmark: {machine}; {str(dtype).removeprefix('torch.')} activations, "
           f"{str(weight_dtype).removeprefix('torch.')} weight, p={args.p}, copy bandwidth {ceiling:.0f} GB/s\n")
     results: dict = {"machine": machine, "copy_gbs": ceiling, "dtype": str(dtype),
@@ -392,6 +396,32 @@ def main(argv: list[str] | None = None) -> int:
             print_table(results["residual"], ceiling)
     if args.out:
         atomic_write_text(args.out, strict_json(results, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    device = chosen_device(ap, args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    weight_dtype = dtype if args.weight_dtype == "same" else DTYPES[args.weight_dtype]
+    refuse_modes_the_device_lacks(ap, args, device)
+    m = args.m or (32768 if device.type == "cuda" else 1024)
+
+    if args.lab:
+        return lab_main(args, dtype)
+    if args.check_model:
+        return passed(check_model(device))
+    if args.profile_once:
+        profile_once(m, args.profile_once, dtype, weight_dtype, device)
+        return 0
+    if args.profile_host:
+        profile_host(m, args.profile_host, dtype, weight_dtype, device, args.methods)
+        return 0
+    if args.check:
+        return passed(check_kernels(args.n, args.m, dtype, device, big=not args.no_big))
+    time_methods(args, m, dtype, weight_dtype, device)
     return 0
 
 

@@ -25,218 +25,257 @@ WANDB_PROJECT_FORBIDDEN = frozenset("/\\#?%:")  # characters wandb refuses in a 
 def validate(args: TrainArgs) -> None:
     """Refuse `args` (a ValueError) where a value is out of its range or a flag goes without the one it needs; fill
     in what depends on other flags (GRPO's --scale_rewards, the rollouts' default --reward)."""
-    def bad(name: str, value: Any, allowed: str) -> ValueError:
-        return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
+    _check_choices(args)
+    _check_counts_and_durations(args)
+    _check_optimizer_numbers(args)
+    _check_copy_task(args)
+    _check_sft_data(args)
+    _check_bounded_values(args)
+    _check_lora(args)
+    task_checks = {"dpo": _validate_dpo, "distill": _validate_distill, "grpo": _validate_grpo, "ppo": _validate_ppo}
+    if args.task in task_checks:
+        task_checks[args.task](args)
 
+
+def _bad(name: str, value: Any, allowed: str) -> ValueError:
+    """The one-line refusal of a flag's value."""
+    return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
+
+
+def _check_choices(args: TrainArgs) -> None:
+    """The flags that name one of a fixed set: task, dtype, compile mode, threads, optimizer, schedule, preset."""
     if args.task not in TASKS:
-        raise bad("task", args.task, f"choose one of {', '.join(TASKS)}")
+        raise _bad("task", args.task, f"choose one of {', '.join(TASKS)}")
     if args.dtype not in DTYPES:
-        raise bad("dtype", args.dtype, f"choose one of {', '.join(DTYPES)}")
+        raise _bad("dtype", args.dtype, f"choose one of {', '.join(DTYPES)}")
     if args.compile not in COMPILE_MODES:
-        raise bad("compile", args.compile, f"choose one of {', '.join(COMPILE_MODES)}")
+        raise _bad("compile", args.compile, f"choose one of {', '.join(COMPILE_MODES)}")
     parse_threads(args.threads)
     for name, enum in (("optimizer", OptimizerName), ("muon_adjust_lr", MuonAdjustLR), ("lr_schedule", LRSchedule)):
         if getattr(args, name) not in tuple(enum):
-            raise bad(name, getattr(args, name), f"choose one of {', '.join(enum)}")
+            raise _bad(name, getattr(args, name), f"choose one of {', '.join(enum)}")
     if args.preset not in PRESETS:
-        raise bad("preset", args.preset, f"choose one of {', '.join(PRESETS)}")
+        raise _bad("preset", args.preset, f"choose one of {', '.join(PRESETS)}")
+
+
+def _check_counts_and_durations(args: TrainArgs) -> None:
+    """Sizes, intervals and step counts (>= 1), the distributed timeouts (at most a year) and --num_proc."""
     for name in ("epochs", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
                  "save_interval", "keep_checkpoints"):
         if getattr(args, name) < 1:
-            raise bad(name, getattr(args, name), "it must be >= 1")
+            raise _bad(name, getattr(args, name), "it must be >= 1")
     for name in ("dist_init_timeout", "dist_timeout"):  # a timedelta holds no more (an OverflowError at start)
         if not 1 <= getattr(args, name) <= A_YEAR_S:
-            raise bad(name, getattr(args, name), f"it must be a number of seconds in 1 .. {A_YEAR_S} (a year)")
+            raise _bad(name, getattr(args, name), f"it must be a number of seconds in 1 .. {A_YEAR_S} (a year)")
     if args.max_steps != -1 and args.max_steps < 1:
-        raise bad("max_steps", args.max_steps, "it must be >= 1, or -1 (as many as --epochs give)")
+        raise _bad("max_steps", args.max_steps, "it must be >= 1, or -1 (as many as --epochs give)")
     if args.num_proc is not None and args.num_proc < 1:
-        raise bad("num_proc", args.num_proc, "it must be >= 1")
+        raise _bad("num_proc", args.num_proc, "it must be >= 1")
+
+
+def _check_optimizer_numbers(args: TrainArgs) -> None:
+    """Clipping, warmup, learning rates and weight decays, with the measuring counts checked beside them
+    (--peak_flops, --eval_batches, --diag_interval)."""
     if args.peak_flops is not None and not (args.peak_flops > 0 and math.isfinite(args.peak_flops)):
-        raise bad("peak_flops", args.peak_flops, "it must be a positive number")
+        raise _bad("peak_flops", args.peak_flops, "it must be a positive number")
     if not (args.grad_clip >= 0 and math.isfinite(args.grad_clip)):
-        raise bad("grad_clip", args.grad_clip, "it must be a number >= 0 (0: no clipping)")
+        raise _bad("grad_clip", args.grad_clip, "it must be a number >= 0 (0: no clipping)")
     for name in ("warmup_steps", "eval_batches", "diag_interval"):
         if getattr(args, name) < 0:
-            raise bad(name, getattr(args, name), "it must be >= 0")
+            raise _bad(name, getattr(args, name), "it must be >= 0")
     for name in ("learning_rate", "muon_lr"):
         if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
-            raise bad(name, getattr(args, name), "it must be a positive number")
+            raise _bad(name, getattr(args, name), "it must be a positive number")
     for name in ("weight_decay", "muon_weight_decay"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
-            raise bad(name, getattr(args, name), "it must be a number >= 0")
+            raise _bad(name, getattr(args, name), "it must be a number >= 0")
+
+
+def _check_copy_task(args: TrainArgs) -> None:
+    """The copy rows mixed into pretraining: their count, steps, cue pairs and loss weights."""
     if args.copy_rows is not None and args.copy_rows < 0:
-        raise bad("copy_rows", args.copy_rows, "it must be >= 0 (0: no copy rows)")
+        raise _bad("copy_rows", args.copy_rows, "it must be >= 0 (0: no copy rows)")
     if args.copy_steps < 0:
-        raise bad("copy_steps", args.copy_steps, "it must be >= 0")
+        raise _bad("copy_steps", args.copy_steps, "it must be >= 0")
     if args.copy_cue_pairs < 0:
-        raise bad("copy_cue_pairs", args.copy_cue_pairs, "it must be >= 0 (0: no cue pairs)")
+        raise _bad("copy_cue_pairs", args.copy_cue_pairs, "it must be >= 0 (0: no cue pairs)")
     for name in ("copy_weight", "copy_weight_after"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
-            raise bad(name, getattr(args, name), "it must be a number >= 0")
+            raise _bad(name, getattr(args, name), "it must be a number >= 0")
+
+
+def _check_sft_data(args: TrainArgs) -> None:
+    """--sft_data names an embedded set, and only when --data_path gives no file."""
     if args.sft_data is not None and args.sft_data not in SFT_DATA:
-        raise bad("sft_data", args.sft_data, f"choose one of {', '.join(SFT_DATA)}")
+        raise _bad("sft_data", args.sft_data, f"choose one of {', '.join(SFT_DATA)}")
     if args.sft_data is not None and args.data_path is not None:
-        raise bad("sft_data", args.sft_data, "leave it unset with --data_path (the file is the data)")
+        raise _bad("sft_data", args.sft_data, "leave it unset with --data_path (the file is the data)")
+
+
+def _check_bounded_values(args: TrainArgs) -> None:
+    """The values with both ends bounded: Muon's momentum, the decay and minimum-LR fractions, the validation
+    fraction, the time budget (at most a year) and wandb's project name (1 to 128 characters)."""
     if not 0 <= args.muon_momentum < 1:
-        raise bad("muon_momentum", args.muon_momentum, "it must be in [0, 1)")
+        raise _bad("muon_momentum", args.muon_momentum, "it must be in [0, 1)")
     if not 0 < args.decay_fraction <= 1:
-        raise bad("decay_fraction", args.decay_fraction, "it must be in (0, 1]")
+        raise _bad("decay_fraction", args.decay_fraction, "it must be in (0, 1]")
     if not 0 <= args.time_budget_s <= A_YEAR_S:  # a larger one overflowed the step count it asks for
-        raise bad("time_budget_s", args.time_budget_s, f"it must be a number of seconds in 0 .. {A_YEAR_S} (a year; "
-                                                       f"0: no time budget)")
+        raise _bad("time_budget_s", args.time_budget_s, f"it must be a number of seconds in 0 .. {A_YEAR_S} (a year; "
+                                                        f"0: no time budget)")
     if not args.wandb_project or WANDB_PROJECT_FORBIDDEN & set(args.wandb_project) or len(args.wandb_project) > 128:
-        raise bad("wandb_project", args.wandb_project, f"it must be 1 to 128 characters, none of "
-                                                       f"{' '.join(sorted(WANDB_PROJECT_FORBIDDEN))}")
+        raise _bad("wandb_project", args.wandb_project, f"it must be 1 to 128 characters, none of "
+                                                        f"{' '.join(sorted(WANDB_PROJECT_FORBIDDEN))}")
     if not 0 <= args.min_lr_ratio <= 1:
-        raise bad("min_lr_ratio", args.min_lr_ratio, "it must be in [0, 1]")
+        raise _bad("min_lr_ratio", args.min_lr_ratio, "it must be in [0, 1]")
     if not 0 < args.val_fraction < 1:
-        raise bad("val_fraction", args.val_fraction, "it must be in (0, 1)")
+        raise _bad("val_fraction", args.val_fraction, "it must be in (0, 1)")
+
+
+def _check_lora(args: TrainArgs) -> None:
+    """The adapter flags: none without --lora in the rollout trainers, and their ranges whenever LoRA is used."""
     if args.task in ROLLOUT_GROUPS and not args.lora:  # the adapter flags shape adapters only --lora trains
         unused = [name for name in POLICY_LORA_FLAGS
                   if name != "lora" and getattr(args, name) != task_default(args.task, name)]
         if unused:
-            raise bad(unused[0], getattr(args, unused[0]), "it shapes the LoRA adapters: give --lora with it, or "
-                                                           "leave it out")
+            raise _bad(unused[0], getattr(args, unused[0]), "it shapes the LoRA adapters: give --lora with it, or "
+                                                            "leave it out")
     if uses_lora(args):
         from model.lora import parse_targets
         if args.lora_rank < 1:
-            raise bad("lora_rank", args.lora_rank, "it must be >= 1")
+            raise _bad("lora_rank", args.lora_rank, "it must be >= 1")
         if not (args.lora_alpha > 0 and math.isfinite(args.lora_alpha)):
-            raise bad("lora_alpha", args.lora_alpha, "it must be a positive number")
+            raise _bad("lora_alpha", args.lora_alpha, "it must be a positive number")
         if not 0 <= args.lora_dropout < 1:
-            raise bad("lora_dropout", args.lora_dropout, "it must be in [0, 1)")
+            raise _bad("lora_dropout", args.lora_dropout, "it must be in [0, 1)")
         parse_targets(args.lora_targets)
-    if args.task == "dpo":
-        _validate_dpo(args, bad)
-    if args.task == "distill":
-        if not 0 <= args.alpha <= 1:
-            raise bad("alpha", args.alpha, "it must be in [0, 1]")
-        if not (args.temperature > 0 and math.isfinite(args.temperature)):
-            raise bad("temperature", args.temperature, "it must be a positive number")
-        if args.distill_data not in DISTILL_DATA:
-            raise bad("distill_data", args.distill_data, f"choose one of {', '.join(DISTILL_DATA)}")
-        _validate_gkd(args, bad)
-    if args.task == "grpo":
-        _validate_grpo(args, bad)
-    if args.task == "ppo":
-        _validate_ppo(args, bad)
 
 
-def _validate_gkd(args: TrainArgs, bad: Any) -> None:
+def _validate_distill(args: TrainArgs) -> None:
+    """Distillation: the loss's mix and temperature, the data, then GKD's flags."""
+    if not 0 <= args.alpha <= 1:
+        raise _bad("alpha", args.alpha, "it must be in [0, 1]")
+    if not (args.temperature > 0 and math.isfinite(args.temperature)):
+        raise _bad("temperature", args.temperature, "it must be a positive number")
+    if args.distill_data not in DISTILL_DATA:
+        raise _bad("distill_data", args.distill_data, f"choose one of {', '.join(DISTILL_DATA)}")
+    _validate_gkd(args)
+
+
+def _validate_gkd(args: TrainArgs) -> None:
     """Distillation's GKD flags: the soft divergence and the sampled completions."""
     if args.distill_loss not in tuple(DistillLoss):
-        raise bad("distill_loss", args.distill_loss, f"choose one of {', '.join(DistillLoss)}")
+        raise _bad("distill_loss", args.distill_loss, f"choose one of {', '.join(DistillLoss)}")
     if not 0 <= args.jsd_beta <= 1:
-        raise bad("jsd_beta", args.jsd_beta, "it must be in [0, 1]")
+        raise _bad("jsd_beta", args.jsd_beta, "it must be in [0, 1]")
     if args.jsd_beta != task_default(args.task, "jsd_beta") and args.distill_loss != DistillLoss.JSD:
-        raise bad("jsd_beta", args.jsd_beta, "it interpolates the jsd loss only: give --distill_loss jsd with it")
+        raise _bad("jsd_beta", args.jsd_beta, "it interpolates the jsd loss only: give --distill_loss jsd with it")
     if not 0 <= args.lmbda <= 1:
-        raise bad("lmbda", args.lmbda, "it must be in [0, 1]")
+        raise _bad("lmbda", args.lmbda, "it must be in [0, 1]")
     if args.max_new_tokens < 1:
-        raise bad("max_new_tokens", args.max_new_tokens, "it must be >= 1")
+        raise _bad("max_new_tokens", args.max_new_tokens, "it must be >= 1")
     if not (args.sampling_temperature > 0 and math.isfinite(args.sampling_temperature)):
-        raise bad("sampling_temperature", args.sampling_temperature, "it must be a positive number")
+        raise _bad("sampling_temperature", args.sampling_temperature, "it must be a positive number")
     if args.seq_kd and args.lmbda == 1:  # step_source: the student's draw always wins, the teacher never samples
-        raise bad("seq_kd", args.seq_kd, "with --lmbda 1 every step trains on the student's completions, never on "
+        raise _bad("seq_kd", args.seq_kd, "with --lmbda 1 every step trains on the student's completions, never on "
                                          "the teacher's: leave one of them out")
     samples = args.lmbda > 0 or args.seq_kd
     unused = [name for name in ("max_new_tokens", "sampling_temperature")
               if getattr(args, name) != task_default(args.task, name)]
     if unused and not samples:
-        raise bad(unused[0], getattr(args, unused[0]), "it shapes the sampled completions: give --lmbda or --seq_kd "
+        raise _bad(unused[0], getattr(args, unused[0]), "it shapes the sampled completions: give --lmbda or --seq_kd "
                                                        "with it, or leave it out")
     if samples and args.distill_data != "sft":
         flag = "lmbda" if args.lmbda > 0 else "seq_kd"
-        raise bad(flag, getattr(args, flag), "a sampled completion answers a conversation's prompt, which "
+        raise _bad(flag, getattr(args, flag), "a sampled completion answers a conversation's prompt, which "
                                              "pretraining text has none of: use --distill_data sft")
 
 
-def _validate_dpo(args: TrainArgs, bad: Any) -> None:
+def _validate_dpo(args: TrainArgs) -> None:
     if not (args.beta > 0 and math.isfinite(args.beta)):
-        raise bad("beta", args.beta, "it must be a positive number")
+        raise _bad("beta", args.beta, "it must be a positive number")
     loss_types = parse_loss_types(args.loss_type)  # its ValueError is the one-line refusal
     if args.loss_weights is not None:
         if len(args.loss_weights) != len(loss_types):
-            raise bad("loss_weights", args.loss_weights, f"give one weight per --loss_type ({len(loss_types)})")
+            raise _bad("loss_weights", args.loss_weights, f"give one weight per --loss_type ({len(loss_types)})")
         if not all(math.isfinite(weight) for weight in args.loss_weights):
-            raise bad("loss_weights", args.loss_weights, "every weight must be a finite number")
+            raise _bad("loss_weights", args.loss_weights, "every weight must be a finite number")
     if not 0 <= args.label_smoothing < 0.5:
-        raise bad("label_smoothing", args.label_smoothing, "it must be in [0, 0.5)")
+        raise _bad("label_smoothing", args.label_smoothing, "it must be in [0, 0.5)")
     check_label_smoothing(loss_types, args.label_smoothing)
     if not (args.discopop_tau > 0 and math.isfinite(args.discopop_tau)):
-        raise bad("discopop_tau", args.discopop_tau, "it must be a positive number")
+        raise _bad("discopop_tau", args.discopop_tau, "it must be a positive number")
     if args.discopop_tau != DEFAULT_DISCOPOP_TAU and DPOLossType.DISCOPOP not in loss_types:
-        raise bad("discopop_tau", args.discopop_tau, "it shapes the discopop loss only: give --loss_type discopop "
+        raise _bad("discopop_tau", args.discopop_tau, "it shapes the discopop loss only: give --loss_type discopop "
                                                      "with it, or leave it out")
     check_options(loss_types, args.rpo_alpha, args.ld_alpha, args.use_weighting, args.f_divergence_type,
                   args.f_alpha_divergence_coef)
 
 
-def _validate_grpo(args: TrainArgs, bad: Any) -> None:
+def _validate_grpo(args: TrainArgs) -> None:
     if args.loss_type not in tuple(LossType):
-        raise bad("loss_type", args.loss_type, f"choose one of {', '.join(LossType)}")
+        raise _bad("loss_type", args.loss_type, f"choose one of {', '.join(LossType)}")
     if args.scale_rewards is None:  # resolved here, so the run records (and a resume compares) what it uses
         args.scale_rewards = default_scale_rewards(args.loss_type)
     if args.scale_rewards not in tuple(ScaleRewards):
-        raise bad("scale_rewards", args.scale_rewards, f"choose one of {', '.join(ScaleRewards)}")
+        raise _bad("scale_rewards", args.scale_rewards, f"choose one of {', '.join(ScaleRewards)}")
     if args.num_generations < 2:
-        raise bad("num_generations", args.num_generations, "it must be >= 2 (advantages compare a prompt's "
+        raise _bad("num_generations", args.num_generations, "it must be >= 2 (advantages compare a prompt's "
                                                            "completions with each other)")
     if args.num_iterations < 1:
-        raise bad("num_iterations", args.num_iterations, "it must be >= 1")
+        raise _bad("num_iterations", args.num_iterations, "it must be >= 1")
     if args.epsilon_high is not None and not (args.epsilon_high > 0 and math.isfinite(args.epsilon_high)):
-        raise bad("epsilon_high", args.epsilon_high, "it must be a positive number")
+        raise _bad("epsilon_high", args.epsilon_high, "it must be a positive number")
     if args.importance_sampling_level not in tuple(ImportanceSamplingLevel):
-        raise bad("importance_sampling_level", args.importance_sampling_level,
+        raise _bad("importance_sampling_level", args.importance_sampling_level,
                   f"choose one of {', '.join(ImportanceSamplingLevel)}")
     if args.importance_sampling_level == ImportanceSamplingLevel.SEQUENCE and args.num_iterations == 1:
         # Here only a rollout's later updates are off-policy (no TRL steps_per_generation): one update is plain GRPO
-        raise bad("importance_sampling_level", args.importance_sampling_level,
+        raise _bad("importance_sampling_level", args.importance_sampling_level,
                   "it acts only from a rollout's second update on (the first one's ratio is 1, its gradient the "
                   "per-token ratio's): give --num_iterations 2 or more with it, or leave it out")
-    _validate_rollouts(args, bad)
+    _validate_rollouts(args)
 
 
-def _validate_ppo(args: TrainArgs, bad: Any) -> None:
+def _validate_ppo(args: TrainArgs) -> None:
     if args.num_generations < 1:
-        raise bad("num_generations", args.num_generations, "it must be >= 1")
+        raise _bad("num_generations", args.num_generations, "it must be >= 1")
     if args.ppo_epochs < 1:
-        raise bad("ppo_epochs", args.ppo_epochs, "it must be >= 1")
+        raise _bad("ppo_epochs", args.ppo_epochs, "it must be >= 1")
     for name in ("gamma", "lam"):
         if not 0 <= getattr(args, name) <= 1:
-            raise bad(name, getattr(args, name), "it must be in [0, 1]")
+            raise _bad(name, getattr(args, name), "it must be in [0, 1]")
     for name in ("vf_coef", "cliprange_value"):
         if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
-            raise bad(name, getattr(args, name), "it must be a positive number")
+            raise _bad(name, getattr(args, name), "it must be a positive number")
     if args.kl_estimator not in tuple(KLEstimator):
-        raise bad("kl_estimator", args.kl_estimator, f"choose one of {', '.join(KLEstimator)}")
+        raise _bad("kl_estimator", args.kl_estimator, f"choose one of {', '.join(KLEstimator)}")
     if args.kl_estimator != task_default("ppo", "kl_estimator") and args.beta == 0:  # no reference, no KL paid
-        raise bad("kl_estimator", args.kl_estimator, "it estimates the KL the rewards pay, which --beta 0 turns off: "
+        raise _bad("kl_estimator", args.kl_estimator, "it estimates the KL the rewards pay, which --beta 0 turns off: "
                                                      "give --beta > 0 with it, or leave it out")
     if not (args.missing_eos_penalty >= 0 and math.isfinite(args.missing_eos_penalty)):
-        raise bad("missing_eos_penalty", args.missing_eos_penalty, "it must be a number >= 0 (0: no penalty)")
-    _validate_rollouts(args, bad)
+        raise _bad("missing_eos_penalty", args.missing_eos_penalty, "it must be a number >= 0 (0: no penalty)")
+    _validate_rollouts(args)
 
 
-def _validate_rollouts(args: TrainArgs, bad: Any) -> None:
+def _validate_rollouts(args: TrainArgs) -> None:
     """What GRPO and PPO share: the sampling, the KL weight, the clip range and the rewards."""
     if args.max_completion_length < 1:
-        raise bad("max_completion_length", args.max_completion_length, "it must be >= 1")
+        raise _bad("max_completion_length", args.max_completion_length, "it must be >= 1")
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
-        raise bad("temperature", args.temperature, "it must be a positive number")
+        raise _bad("temperature", args.temperature, "it must be a positive number")
     if not 0 < args.top_p <= 1:
-        raise bad("top_p", args.top_p, "it must be in (0, 1]")
+        raise _bad("top_p", args.top_p, "it must be in (0, 1]")
     if not (args.beta >= 0 and math.isfinite(args.beta)):
-        raise bad("beta", args.beta, "it must be a number >= 0 (0: no reference model)")
+        raise _bad("beta", args.beta, "it must be a number >= 0 (0: no reference model)")
     if not (args.epsilon > 0 and math.isfinite(args.epsilon)):
-        raise bad("epsilon", args.epsilon, "it must be a positive number")
+        raise _bad("epsilon", args.epsilon, "it must be a positive number")
     if not args.reward and not args.reward_model:
         args.reward = [DEFAULT_REWARD]
     if args.reward_weights is not None:
         count = len(args.reward or []) + bool(args.reward_model)
         if len(args.reward_weights) != count:
             model = " and one for --reward_model" if args.reward_model else ""
-            raise bad("reward_weights", args.reward_weights, f"give one weight per --reward{model} ({count})")
+            raise _bad("reward_weights", args.reward_weights, f"give one weight per --reward{model} ({count})")
         if not all(math.isfinite(weight) for weight in args.reward_weights):
-            raise bad("reward_weights", args.reward_weights, "every weight must be a finite number")
+            raise _bad("reward_weights", args.reward_weights, "every weight must be a finite number")
 

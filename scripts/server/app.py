@@ -4,7 +4,7 @@ for clients' tool loops (/tools), /health and the chat page (scripts/web/)."""
 # No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations (Request) at run time.
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +17,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.requests import ClientDisconnect
 
 from model.generation import GenerationSettings
-from scripts.server.builtin_tools import RUN_REQUEST_BODY, offered_tools, parse_run_request, run_call
+from scripts.server.builtin_tools import (RUN_REQUEST_BODY, OfferedTools, offered_tools, parse_run_request,
+                                          run_call)
 from scripts.server.completion import Completion, generation_settings, prompt_ids
 from scripts.server.errors import APIError, add_error_handlers
 from scripts.server.protocol import (ChatRequest, CompletionId, completion_body, model_card, model_list,
@@ -103,44 +104,39 @@ async def whole_answer(request: Request, completion: Completion,
                            completion.logprobs())
 
 
-def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int = 64,
-               max_body_bytes: int = MAX_BODY_BYTES, tools: bool = True) -> FastAPI:
-    """The FastAPI application around one loaded model and its running engine; `tools`: offer the built-in tools
-    (when the model can use them: builtin_tools.offered_tools)."""
-    counters = {"requests": 0}
-    offered = offered_tools(served, tools)
-    # Parsing a request and tokenizing its prompt take a second or two for a body near the size limit: on a thread
-    # of their own, not the event loop's, whose other requests and streams would wait. One thread: requests are
-    # prepared one at a time, in the order they came, as on the event loop before.
-    preparing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-request")
+def prepare_request(served: ServedModel, body: bytes
+                    ) -> tuple[ChatRequest, list[int], ReplyReader | None, GenerationSettings]:
+    """The request, its prompt's ids, the reply's reader and the generation settings; APIError on bad input."""
+    chat = parse_chat_request(body)
+    tools = chat.offered_tools()
+    ids, reader = prompt_ids(chat, served, tools)
+    return chat, ids, reader, generation_settings(chat, served, len(ids), tools, reader)
 
-    def prepare(body: bytes) -> tuple[ChatRequest, list[int], ReplyReader | None, GenerationSettings]:
-        """The request, its prompt's ids, the reply's reader and the generation settings; APIError on bad input."""
-        chat = parse_chat_request(body)
-        tools = chat.offered_tools()
-        ids, reader = prompt_ids(chat, served, tools)
-        return chat, ids, reader, generation_settings(chat, served, len(ids), tools, reader)
 
+def engine_lifespan(served: ServedModel, preparing: ThreadPoolExecutor) -> Callable[[FastAPI], Any]:
+    """The app's lifespan: the engine runs while the app does; at the end the preparing thread stops too."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         served.engine.start()
         yield
         served.engine.close()
         preparing.shutdown(wait=False, cancel_futures=True)
+    return lifespan
 
-    app = FastAPI(title="MiniNorm", docs_url=None, redoc_url=None, openapi_url=OPENAPI_URL, lifespan=lifespan)
-    add_error_handlers(app)
 
+def openapi_with_request_schemas(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """app.openapi: FastAPI's document of the routes, with the chat request's schemas added (made once)."""
     def openapi() -> dict[str, Any]:
-        """FastAPI's document of the routes, with the chat request's schemas added."""
         if app.openapi_schema is None:
             document = get_openapi(title=app.title, version=app.version, routes=app.routes)
             document.setdefault("components", {}).setdefault("schemas", {}).update(request_schemas())
             app.openapi_schema = document
         return app.openapi_schema
+    return openapi
 
-    app.openapi = openapi
 
+def add_model_routes(app: FastAPI, served: ServedModel, api_key: str | None, counters: dict[str, int]) -> None:
+    """/health (no key needed) and the model list and card of /v1/models."""
     def served_card() -> dict[str, Any]:
         return model_card(served.name, served.created, served.max_context)
 
@@ -165,11 +161,16 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
                            code="model_not_found")
         return served_card()
 
+
+def add_chat_route(app: FastAPI, served: ServedModel, api_key: str | None, max_waiting: int, max_body_bytes: int,
+                   preparing: ThreadPoolExecutor, counters: dict[str, int]) -> None:
+    """/v1/chat/completions: the body read and prepared on `preparing`, then streamed or answered whole."""
     @app.post("/v1/chat/completions", openapi_extra=_CHAT_REQUEST_BODY)
     async def chat_completions(request: Request):  # no return annotation: FastAPI would take it for the schema
         authorize(request, api_key)
         body = await read_body(request, max_body_bytes)
-        chat, ids, reader, settings = await asyncio.get_running_loop().run_in_executor(preparing, prepare, body)
+        chat, ids, reader, settings = await asyncio.get_running_loop().run_in_executor(preparing, prepare_request,
+                                                                                       served, body)
         refuse_when_busy(served, max_waiting)
         counters["requests"] += 1
         completion = Completion(served, ids, settings, reader)
@@ -178,6 +179,9 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
             return streaming_response(completion, completion_id, chat.include_usage())
         return await whole_answer(request, completion, completion_id)
 
+
+def add_tool_routes(app: FastAPI, offered: OfferedTools, api_key: str | None, max_body_bytes: int) -> None:
+    """/tools (the offered tools) and /tools/run (one call of one of them)."""
     @app.get("/tools")
     async def list_tools(request: Request) -> dict[str, Any]:
         authorize(request, api_key)
@@ -189,9 +193,32 @@ def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int
         name, arguments = parse_run_request(await read_body(request, max_body_bytes), offered)
         return await run_call(name, arguments)
 
+
+def add_chat_page(app: FastAPI) -> None:
+    """/ (the chat page) and /static (its files, scripts/web/)."""
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(WEB_DIR / "index.html")
 
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+
+
+def create_app(served: ServedModel, api_key: str | None = None, max_waiting: int = 64,
+               max_body_bytes: int = MAX_BODY_BYTES, tools: bool = True) -> FastAPI:
+    """The FastAPI application around one loaded model and its running engine; `tools`: offer the built-in tools
+    (when the model can use them: builtin_tools.offered_tools)."""
+    counters = {"requests": 0}
+    offered = offered_tools(served, tools)
+    # Parsing a request and tokenizing its prompt take a second or two for a body near the size limit: on a thread
+    # of their own, not the event loop's, whose other requests and streams would wait. One thread: requests are
+    # prepared one at a time, in the order they came, as on the event loop before.
+    preparing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-request")
+    app = FastAPI(title="MiniNorm", docs_url=None, redoc_url=None, openapi_url=OPENAPI_URL,
+                  lifespan=engine_lifespan(served, preparing))
+    add_error_handlers(app)
+    app.openapi = openapi_with_request_schemas(app)
+    add_model_routes(app, served, api_key, counters)
+    add_chat_route(app, served, api_key, max_waiting, max_body_bytes, preparing, counters)
+    add_tool_routes(app, offered, api_key, max_body_bytes)
+    add_chat_page(app)
     return app

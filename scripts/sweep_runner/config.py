@@ -36,6 +36,23 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
 
     if not isinstance(config, dict):
         raise SweepConfigError(f"{source}: expected a mapping (method, metric, parameters, ...)")
+    _check_method_and_metric(config, bad)
+    _check_sweep_name(config, bad)
+    parameters = _check_parameter_specs(config, bad)
+    command = _check_command_and_program(config, bad)
+    _check_wandb_schema(config, parameters, source, bad)
+    _check_sweep_ends(config, bad)
+    first = _first_trial(config, bad)
+    task = trainer_of(config)
+    if task is not None:  # another program's flags and metrics are its own business
+        _check_metric(config, task, bad)
+        _check_parameters(config, task, first, bad)
+    _check_program_exists(config, command, bad)
+    return config
+
+
+def _check_method_and_metric(config: dict[str, Any], bad: Any) -> None:
+    """The search method, and the metric's name and goal (which bayes search needs)."""
     if config.get("method") not in METHODS:
         raise bad("method", f"{config.get('method')!r} is not one of {', '.join(METHODS)}")
     metric = config.get("metric")
@@ -46,43 +63,62 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
             raise bad("metric.name", "expected a metric name, e.g. val_loss")
         if metric.get("goal", "minimize") not in ("minimize", "maximize"):
             raise bad("metric.goal", f"{metric.get('goal')!r} is not one of minimize, maximize")
+
+
+def _check_sweep_name(config: dict[str, Any], bad: Any) -> None:
     if "name" in config and not is_folder_name(config["name"]):
         # the sweep's folder is out/sweeps/<name>: a path there would put it (and its trials) anywhere
         raise bad("name", f"{config['name']!r} is not a folder name (letters, digits, '.', '_', '=', '-')")
+
+
+def _check_parameter_specs(config: dict[str, Any], bad: Any) -> dict[str, Any]:
+    """The `parameters` mapping: non-empty, each spec checked (_check_parameter_spec); returned."""
     parameters = config.get("parameters")
     if not isinstance(parameters, dict) or not parameters:
         raise bad("parameters", "expected a non-empty mapping of parameter name to spec")
     for name, spec in parameters.items():
-        if not isinstance(name, str):  # wandb's engine asserts on it (a traceback)
-            raise bad("parameters", f"parameter names must be strings, got {name!r}")
-        if not isinstance(spec, dict):
-            raise bad(f"parameters.{name}", "expected a mapping such as {values: [...]} or {value: x}")
-        if "parameters" in spec:
-            raise bad(f"parameters.{name}", "nested parameters are not supported by the trainer's flat flags")
-        # wandb's schema names only the parameter ("invalid hyperparameter configuration: seed"), not what is wrong
-        unknown = [key for key in spec if key not in PARAMETER_KEYS]
-        if unknown:
-            raise bad(f"parameters.{name}.{unknown[0]}", f"not a key of a parameter spec; allowed: "
-                                                         f"{', '.join(PARAMETER_KEYS)}")
-        if "values" in spec and not (isinstance(spec["values"], list) and spec["values"]):
-            raise bad(f"parameters.{name}.values", f"expected a non-empty list of values, got {spec['values']!r}")
-        # NaN or inf would be proposed and run as a trial (`--seed=nan`), and NaN never equals itself, so a trial
-        # holding one is never found again on resume.
-        numbers = [(key, spec.get(key)) for key in ("value", "min", "max", "mu", "sigma", "q") if key in spec]
-        if isinstance(spec.get("values"), list):
-            numbers += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
-        for key, value in numbers:
-            if isinstance(value, float) and not math.isfinite(value):
-                raise bad(f"parameters.{name}.{key}", f"{value} is not a finite number")
-        # A YAML date or !!binary cannot go into a trial's JSON (${args_json}, the state file): the state would be
-        # written with str() in its place and the next start would call its own folder a different config.
-        fields = [(key, value) for key, value in spec.items() if key != "values"]
-        if isinstance(spec.get("values"), list):
-            fields += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
-        for key, value in fields:
-            if not _is_json(value):
-                raise bad(f"parameters.{name}.{key}", f"{value!r} is not a JSON value (a string, number, boolean, "
-                                                      f"null, list or mapping); quote it to make it a string")
+        _check_parameter_spec(name, spec, bad)
+    return parameters
+
+
+def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
+    """One parameter's spec: a flat mapping of wandb's keys, its values a non-empty list, every number finite and
+    every value JSON."""
+    if not isinstance(name, str):  # wandb's engine asserts on it (a traceback)
+        raise bad("parameters", f"parameter names must be strings, got {name!r}")
+    if not isinstance(spec, dict):
+        raise bad(f"parameters.{name}", "expected a mapping such as {values: [...]} or {value: x}")
+    if "parameters" in spec:
+        raise bad(f"parameters.{name}", "nested parameters are not supported by the trainer's flat flags")
+    # wandb's schema names only the parameter ("invalid hyperparameter configuration: seed"), not what is wrong
+    unknown = [key for key in spec if key not in PARAMETER_KEYS]
+    if unknown:
+        raise bad(f"parameters.{name}.{unknown[0]}", f"not a key of a parameter spec; allowed: "
+                                                     f"{', '.join(PARAMETER_KEYS)}")
+    if "values" in spec and not (isinstance(spec["values"], list) and spec["values"]):
+        raise bad(f"parameters.{name}.values", f"expected a non-empty list of values, got {spec['values']!r}")
+    # NaN or inf would be proposed and run as a trial (`--seed=nan`), and NaN never equals itself, so a trial
+    # holding one is never found again on resume.
+    numbers = [(key, spec.get(key)) for key in ("value", "min", "max", "mu", "sigma", "q") if key in spec]
+    if isinstance(spec.get("values"), list):
+        numbers += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
+    for key, value in numbers:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise bad(f"parameters.{name}.{key}", f"{value} is not a finite number")
+    # A YAML date or !!binary cannot go into a trial's JSON (${args_json}, the state file): the state would be
+    # written with str() in its place and the next start would call its own folder a different config.
+    fields = [(key, value) for key, value in spec.items() if key != "values"]
+    if isinstance(spec.get("values"), list):
+        fields += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
+    for key, value in fields:
+        if not _is_json(value):
+            raise bad(f"parameters.{name}.{key}", f"{value!r} is not a JSON value (a string, number, boolean, "
+                                                  f"null, list or mapping); quote it to make it a string")
+
+
+def _check_command_and_program(config: dict[str, Any], bad: Any) -> list[str] | None:
+    """`command` (a list of strings passing the parameters as flags) and `program` (a path), when given; the
+    command returned."""
     command = config.get("command")
     if command is not None and not (isinstance(command, list) and all(isinstance(c, str) for c in command)):
         raise bad("command", "expected a list of strings")
@@ -92,6 +128,11 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
         raise bad("command", f"must pass the parameters as flags with {' or '.join(sorted(FLAG_MACROS))}")
     if "program" in config and not isinstance(config["program"], str):
         raise bad("program", "expected a path to the training script")
+    return command
+
+
+def _check_wandb_schema(config: dict[str, Any], parameters: dict[str, Any], source: str, bad: Any) -> None:
+    """wandb's own schema; a parameter it refuses is named with the spec shapes it takes."""
     violations = sweeps_module().schema_violations_from_proposed_config(config)
     if violations:
         name = violations[-1].removeprefix("invalid hyperparameter configuration: ")
@@ -100,26 +141,32 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
                                             f"{{value: X}}, {{values: [X, ...]}} or a distribution (distribution, "
                                             f"min, max, mu, sigma, q, a, b)")
         raise SweepConfigError(f"{source}: {violations[-1]}")
+
+
+def _check_sweep_ends(config: dict[str, Any], bad: Any) -> None:
+    """A random or bayes search needs run_cap to stop; a grid must be small enough to list."""
     if config["method"] in ("random", "bayes") and not isinstance(config.get("run_cap"), int):
         raise bad("run_cap", f"{config['method']} search never ends by itself; set run_cap (an integer) so the "
                              f"serverless runner knows when to stop")
     if config["method"] == "grid":
         _check_grid_size(config["parameters"], bad)
-    # The schema accepts some specs the engine then refuses (e.g. {min, max} under grid): ask it for a first
-    # trial now, so the error comes before the sweep folder exists rather than at the first proposal.
+
+
+def _first_trial(config: dict[str, Any], bad: Any) -> dict[str, Any] | None:
+    """The engine's first proposal. The schema accepts some specs the engine then refuses (e.g. {min, max} under
+    grid): asking for a first trial now makes the error come before the sweep folder exists rather than at the
+    first proposal."""
     try:
-        first = propose_next(config, [], seed=0)
+        return propose_next(config, [], seed=0)
     except ValueError as error:
         raise bad("parameters", f"wandb's sweep engine cannot propose a trial: {error}".replace("\n", " ")) from None
-    task = trainer_of(config)
-    if task is not None:  # another program's flags and metrics are its own business
-        _check_metric(config, task, bad)
-        _check_parameters(config, task, first, bad)
+
+
+def _check_program_exists(config: dict[str, Any], command: list[str] | None, bad: Any) -> None:
     if "${program}" in (command or DEFAULT_COMMAND) and not Path(program_path(config)).exists():
         # every trial would fail at once, the same way: said once, before the sweep folder exists
         raise bad("program", f"{program_path(config)} does not exist (the script each trial runs; a relative path "
                              f"is taken from the repo root)")
-    return config
 
 
 MAX_GRID_TRIALS = 10_000  # wandb's grid engine lists every point of the grid at each proposal

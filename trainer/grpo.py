@@ -51,7 +51,12 @@ from trainer.run_dir import ROLLOUT_VAL_METRICS
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length")  # then each reward's mean
+STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length", "completion_length_min",
+              "completion_length_max", "truncated_fraction", "zero_std_fraction", "entropy", "clip_fraction_low",
+              "clip_fraction_high")  # then each reward's mean
+# A group's rewards count as all equal (its advantages are all 0: nothing to learn from it) when their std is at most
+# this (TRL's torch.isclose(std, 0): the mean of equal rewards need not be exactly one of them in floating point).
+ZERO_STD = 1e-8
 # Rollout micro-batch keys: the completions of its whole step and their tokens, every micro-batch of every process
 # (finish_rollouts); the logged clip fraction and KL count against them, whatever the loss's units.
 STEP_COMPLETIONS = "step_completions"
@@ -132,13 +137,29 @@ def completion_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, starts: 
     what precedes them under softmax(logits / temperature), from a causal LM's logits (N, T, V); positions past a
     row's end are clamped (mask them). The RL objectives pass the rollouts' sampling temperature: the log-probs
     are the distribution's that sampled the tokens (TRL's GRPOTrainer and PPOTrainer divide the logits by it)."""
+    return completion_log_probs_and_entropy(logits, input_ids, starts, length, temperature, entropy=False)[0]
+
+
+def completion_log_probs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor,
+                                     length: int, temperature: float = 1.0,
+                                     entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """completion_log_probs's log-probabilities and, from the same log-softmax over the vocabulary (no second
+    forward, no second log-softmax), the entropy in nats of each of those positions' distributions, (N, length),
+    detached (it is logged, not trained: no graph is kept for it) and computed one completion at a time, so its
+    extra memory is one completion's (length, V) probabilities; None with entropy=False."""
     positions = (starts.unsqueeze(1) + torch.arange(length, device=starts.device)).clamp(max=input_ids.shape[1] - 1)
     selected = logits.gather(1, (positions - 1).unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     selected = selected.to(torch.promote_types(selected.dtype, torch.float32))
     if temperature != 1.0:  # the default spares a copy of the (N, length, V) logits at every update
         selected = selected / temperature
     log_p = torch.log_softmax(selected, dim=-1)
-    return log_p.gather(-1, input_ids.gather(1, positions).unsqueeze(-1)).squeeze(-1)
+    log_probs = log_p.gather(-1, input_ids.gather(1, positions).unsqueeze(-1)).squeeze(-1)
+    if not entropy:
+        return log_probs, None
+    with torch.no_grad():  # -sum p log p; a -inf log-prob (p = 0) adds 0, not NaN
+        floor = torch.finfo(log_p.dtype).min
+        entropies = torch.stack([-(row.exp() * row.clamp(min=floor)).sum(-1) for row in log_p.detach()])
+    return log_probs, entropies
 
 
 def sample_completions(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[Sequence[int]],
@@ -262,12 +283,27 @@ class RolloutObjective:
 
     def reward_sums(self, batches: Sequence[dict[str, Any]]) -> torch.Tensor:
         """This process's fp64 sums over its micro-batches of the step: [completions, weighted rewards, completion
-        tokens, then each function's values over the completions it scored, then the number it scored]."""
+        tokens, then each function's values over the completions it scored, then the number it scored, then the
+        completions the length limit cut (no end-of-turn token), then how many completions have each length 0 ..
+        --max_completion_length] (summed over the processes, the histogram gives the step's shortest and longest:
+        completion_shape)."""
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         values = torch.cat([batch["reward_values"] for batch in batches], dim=1)
-        tokens = sum(int(batch["completion_mask"].sum()) for batch in batches)
+        lengths = torch.cat([batch["completion_mask"].sum(dim=1).cpu() for batch in batches])
+        tokens = int(lengths.sum())
+        cut = sum(int((~batch["ended"]).sum()) for batch in batches)
+        limit = self.settings.max_completion_length
+        histogram = torch.bincount(lengths.clamp(max=limit), minlength=limit + 1).double()
         return torch.cat([torch.tensor([len(scores), float(scores.sum()), tokens], dtype=torch.float64),
-                          values.nan_to_num(0.0).sum(dim=1), (~values.isnan()).sum(dim=1).double()])
+                          values.nan_to_num(0.0).sum(dim=1), (~values.isnan()).sum(dim=1).double(),
+                          torch.tensor([cut], dtype=torch.float64), histogram])
+
+    def completion_shape(self, sums: torch.Tensor) -> tuple[float, float, float]:
+        """From reward_sums summed over all processes: the step's shortest and longest completion (tokens) and the
+        share of its completions the length limit cut (TRL's completions/min_length, max_length, clipped_ratio)."""
+        histogram = sums[-(self.settings.max_completion_length + 1):]
+        held = histogram.nonzero().flatten()
+        return float(held.min()), float(held.max()), float(sums[-(len(histogram) + 1)] / sums[0])
 
     def reward_means(self, sums: torch.Tensor, batches: Sequence[dict[str, Any]]) -> tuple[float, float]:
         """From reward_sums summed over all processes: (the mean weighted reward, the mean completion length); sets
@@ -389,26 +425,34 @@ class GroupRelativePolicy(RolloutObjective):
         completions some reward function scored (as TRL's nanmean: one no function scored earned no reward of 0; NaN,
         written as null, when none is scored), the mean completion length over all its completions, the mean over its
         groups of the std of their scored rewards (a group with fewer than two has none; NaN when no group has
-        two) --, the same in every micro-batch ("rollout_stats"; the loss weighs them by its
-        units, which sum to the step's), as are the numbers of the step's completions (STEP_COMPLETIONS) and of
-        their tokens (STEP_COMPLETION_TOKENS), which the logged clip fraction and KL count against; with
-        --scale_rewards batch, the advantages divided by the std of the global batch's scored rewards + 1e-4
-        (TRL's)."""
+        two), the shortest and longest completion, the share of the completions the length limit cut, the share of
+        the groups whose scored rewards are all equal (std <= ZERO_STD: TRL's frac_reward_zero_std, over all the
+        groups; one with fewer than two scored is not counted) --, the same in every micro-batch ("rollout_stats";
+        the loss weighs them by its units, which sum to the step's), as are the numbers of the step's completions
+        (STEP_COMPLETIONS) and of their tokens (STEP_COMPLETION_TOKENS), which the logged clip fractions, KL and
+        entropy count against; with --scale_rewards batch, the advantages divided by the std of the global batch's
+        scored rewards + 1e-4 (TRL's)."""
         scored = torch.cat([~batch["reward_values"].isnan().all(dim=0) for batch in batches])
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         groups = _scored_group_stds(scores.masked_fill(~scored, float("nan")).view(-1, self.settings.num_generations))
-        sums = global_sums(accelerator, self.reward_sums(batches), groups.sum(), len(groups),
-                           scores[scored].sum(), scored.sum())
-        _, length = self.reward_means(sums[:-4], batches)
-        reward = float(sums[-2] / sums[-1]) if sums[-1] else float("nan")
-        reward_std = float(sums[-4] / sums[-3]) if sums[-3] else float("nan")
+        rollout = self.reward_sums(batches)
+        sums = global_sums(accelerator, rollout, groups.sum(), len(groups), scores[scored].sum(), scored.sum(),
+                           (groups <= ZERO_STD).sum())
+        _, length = self.reward_means(sums[:len(rollout)], batches)
+        shortest, longest, cut = self.completion_shape(sums[:len(rollout)])
+        std_sum, std_groups, scored_sum, scored_count, zero_std = sums[len(rollout):].tolist()
+        reward = scored_sum / scored_count if scored_count else float("nan")
+        reward_std = std_sum / std_groups if std_groups else float("nan")
+        zero_std_fraction = zero_std / (float(sums[0]) / self.settings.num_generations)
         if self.settings.reward_scaling == ScaleRewards.BATCH:  # TRL's nanstd of the scored rewards, Bessel's
             squares = float(global_sums(accelerator, ((scores[scored] - reward) ** 2).sum())[0])
-            std = math.sqrt(squares / (float(sums[-1]) - 1)) if sums[-1] > 1 else 0.0
+            std = math.sqrt(squares / (scored_count - 1)) if scored_count > 1 else 0.0
             for batch in batches:
                 batch["advantages"] = batch["advantages"] / (std + ADVANTAGE_EPS)
         for batch in batches:
-            batch["rollout_stats"] = torch.tensor([reward, reward_std, length], device=batch["completion_mask"].device)
+            batch["rollout_stats"] = torch.tensor(
+                [reward, reward_std, length, shortest, longest, cut, zero_std_fraction],
+                device=batch["completion_mask"].device)
             batch[STEP_COMPLETIONS] = int(sums[0])
             batch[STEP_COMPLETION_TOKENS] = int(sums[2])
 
@@ -425,7 +469,8 @@ class GroupRelativePolicy(RolloutObjective):
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s, mask = self.settings, batch["completion_mask"]
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logp = completion_log_probs(logits, batch["input_ids"], batch["starts"], mask.shape[1], s.temperature)
+        logp, entropy = completion_log_probs_and_entropy(logits, batch["input_ids"], batch["starts"], mask.shape[1],
+                                                         s.temperature)
         old_logp = batch.get("old_logp")
         if old_logp is None:  # the rollout's first update: the policy that sampled it
             old_logp = logp.detach()
@@ -435,16 +480,21 @@ class GroupRelativePolicy(RolloutObjective):
                              s.epsilon_high, s.beta, batch.get("ref_logp"), s.max_completion_length,
                              s.importance_sampling_level)
         local = self.count_items(batch).to(result.loss.dtype)
-        reward, reward_std, length = batch["rollout_stats"].tolist()
-        stats = torch.tensor([reward, reward_std, result.kl, result.clip_fraction, length], device=mask.device)
+        reward, reward_std, length, shortest, longest, cut, zero_std = batch["rollout_stats"].tolist()
+        stats = torch.tensor([reward, reward_std, 0.0, 0.0, length, shortest, longest, cut, zero_std, 0.0, 0.0, 0.0],
+                             device=mask.device)
         stats = torch.cat([stats, batch.get("reward_means", stats.new_zeros(len(self.rewards)))]) * local
-        # The share of the step's completion tokens clipped (per-sequence ratios: of its completions) and the mean KL
-        # over the step's completion tokens, whatever the loss's unit (a completion for grpo and dr_grpo, a token for
-        # dapo and cispo, the micro-batch for bnpo): this micro-batch's counts over the step's, in the units the
-        # summed statistics are divided by (num_items), not its own share weighed by its units.
+        # The shares of the step's completion tokens clipped (per-sequence ratios: of its completions), and the mean
+        # KL and entropy over the step's completion tokens, whatever the loss's unit (a completion for grpo and
+        # dr_grpo, a token for dapo and cispo, the micro-batch for bnpo): this micro-batch's counts and sums over the
+        # step's, in the units the summed statistics are divided by (num_items), not its own means weighed by its
+        # units. The rollout's statistics, the step's already, stay as they are.
         sequence = s.importance_sampling_level == ImportanceSamplingLevel.SEQUENCE
         step_tokens = max(batch[STEP_COMPLETION_TOKENS], 1)
         clip_base = batch[STEP_COMPLETIONS] if sequence else step_tokens
-        stats[STAT_NAMES.index("clip_fraction")] = result.clipped * num_items / clip_base
+        for name, count in (("clip_fraction", result.clipped), ("clip_fraction_low", result.clipped_low),
+                            ("clip_fraction_high", result.clipped_high)):
+            stats[STAT_NAMES.index(name)] = count * num_items / clip_base
         stats[STAT_NAMES.index("kl")] = result.kl * mask.sum() * num_items / step_tokens  # kl: its tokens' mean
+        stats[STAT_NAMES.index("entropy")] = (entropy * mask).sum() * num_items / step_tokens
         return result.loss * local / num_items, stats

@@ -64,6 +64,8 @@ class PolicyLoss:
     clip_fraction: float   # clipped / the completions' tokens (per-sequence ratios: / the completions)
     kl: float              # the mean k3 KL to the reference over the completions' tokens (0 without a reference)
     clipped: int           # the completions' tokens whose ratio was clipped (per-sequence ratios: the completions)
+    clipped_low: int       # of those, the ones clipped below 1 - epsilon_low (TRL's clip_ratio/low)
+    clipped_high: int      # and above 1 + epsilon_high (TRL's clip_ratio/high): clipped = clipped_low + clipped_high
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -120,10 +122,15 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low
     return -torch.minimum(ratio * advantages, ratio.clamp(1 - epsilon_low, 1 + epsilon_high) * advantages)
 
 
-def _clipped(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float) -> torch.Tensor:
-    """Where the clipped surrogate's gradient is zero: the ratio left the range in the direction the advantage
-    pushes it."""
-    return ((ratio < 1 - epsilon_low) & (advantages < 0)) | ((ratio > 1 + epsilon_high) & (advantages > 0))
+def _clipped_sides(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float,
+                   either_way: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(clipped below, clipped above), disjoint: the ratio under 1 - epsilon_low where the advantage is negative and
+    over 1 + epsilon_high where it is positive (the surrogate's clip, TRL's is_low_clipped / is_high_clipped);
+    either_way: whatever the advantage (CISPO's clipped weight)."""
+    low, high = ratio < 1 - epsilon_low, ratio > 1 + epsilon_high
+    if either_way:
+        return low, high
+    return low & (advantages < 0), high & (advantages > 0)
 
 
 def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -171,10 +178,9 @@ def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
     if loss_type == LossType.CISPO:
         weight = ratio.clamp(1 - epsilon_low, 1 + epsilon_high).detach()
         per_token = -weight * advantages * logp
-        clipped = (ratio < 1 - epsilon_low) | (ratio > 1 + epsilon_high)
     else:
         per_token = clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high)
-        clipped = _clipped(ratio, advantages, epsilon_low, epsilon_high)
+    low, high = _clipped_sides(ratio, advantages, epsilon_low, epsilon_high, either_way=loss_type == LossType.CISPO)
     kl = kl_k3(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     if beta:
         if ref_logp is None:
@@ -189,9 +195,11 @@ def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
     else:
         loss = masked_mean(per_token, mask)
     # per sequence, every token of a completion holds its one ratio: its first token's says whether it clipped
-    clipped = clipped[:, 0] if sequence else clipped & mask.bool()
+    low, high = (low[:, 0], high[:, 0]) if sequence else (low & mask.bool(), high & mask.bool())
+    clipped = low | high
     clip_fraction = clipped.to(mask.dtype).mean() if sequence else masked_mean(clipped.to(mask.dtype), mask)
-    return PolicyLoss(loss, float(clip_fraction), float(masked_mean(kl.detach(), mask)), int(clipped.sum()))
+    return PolicyLoss(loss, float(clip_fraction), float(masked_mean(kl.detach(), mask)), int(clipped.sum()),
+                      int(low.sum()), int(high.sum()))
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
@@ -219,8 +227,10 @@ def ppo_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)
     loss = masked_mean(clipped_surrogate(ratio, advantages, epsilon, epsilon), mask)
-    clipped = _clipped(ratio, advantages, epsilon, epsilon).to(mask.dtype)
-    return PolicyLoss(loss, float(masked_mean(clipped, mask)), 0.0, int((clipped * mask).sum()))
+    low, high = (side & mask.bool() for side in _clipped_sides(ratio, advantages, epsilon, epsilon))
+    clipped = (low | high).to(mask.dtype)
+    return PolicyLoss(loss, float(masked_mean(clipped, mask)), 0.0, int(clipped.sum()), int(low.sum()),
+                      int(high.sum()))
 
 
 def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
@@ -232,6 +242,16 @@ def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torc
     return 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask.to(values.dtype))
 
 
+@torch.no_grad()
+def value_clip_fraction(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                        clip: float = 0.2) -> float:
+    """The fraction of the completions' tokens whose clipped value loss (ppo_value_loss) is strictly the larger of
+    the two, so it is the one taken and the value's gradient is zero there (TRL's val/clipfrac_avg rule)."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    taken = ((clipped - returns) ** 2 > (values - returns) ** 2).to(values.dtype)
+    return float(masked_mean(taken, mask.to(values.dtype)))
+
+
 WHITEN_EPS = 1e-8  # added to the variance before its square root (TRL's masked_whiten, MiniMind's PPO)
 
 
@@ -241,6 +261,9 @@ class PPOLoss:
     policy_loss: float
     value_loss: float
     clip_fraction: float   # the fraction of the completions' tokens whose ratio was clipped
+    value_clip_fraction: float  # the fraction whose clipped value loss was the larger (TRL's val/clipfrac)
+    approx_kl: float        # the token mean of (logp - old_logp)^2 / 2 (TRL's policy/approxkl)
+    ratio: float            # the token mean of the ratio exp(logp - old_logp) (TRL's val/ratio)
 
 
 def kl_penalized_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
@@ -293,5 +316,10 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, values: torch.Tensor, o
     ppo_value_loss); old_logp and old_values are the rollout's, advantages and returns from gae()."""
     policy = ppo_policy_loss(logp, old_logp, advantages, mask, epsilon)
     value = ppo_value_loss(values, old_values, returns, mask, cliprange_value)
+    with torch.no_grad():  # what the log reads of the update (TRL's approxkl and ratio, here exact token means)
+        log_ratio, token_mask = (logp - old_logp).detach(), mask.to(logp.dtype)
+        approx_kl = float(masked_mean(0.5 * log_ratio ** 2, token_mask))
+        ratio = float(masked_mean(torch.exp(log_ratio), token_mask))
     return PPOLoss(policy.loss + vf_coef * value, float(policy.loss.detach()), float(value.detach()),
-                   policy.clip_fraction)
+                   policy.clip_fraction,
+                   value_clip_fraction(values.detach(), old_values, returns, mask, cliprange_value), approx_kl, ratio)

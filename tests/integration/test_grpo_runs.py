@@ -49,9 +49,14 @@ def test_a_grpo_run_logs_its_rollout_statistics_and_saves(grpo_run):
     train = read_metrics(grpo_run, "train")
     assert len(train) == 4
     for record in train:
-        assert {"loss", "reward", "reward_std", "kl", "clip_fraction", "completion_length"} <= set(record)
-        assert record["clip_fraction"] == 0  # one update per rollout: the ratio is exactly 1
-        assert 1 <= record["completion_length"] <= 12
+        assert {"loss", "reward", "reward_std", "kl", "clip_fraction", "completion_length", "completion_length_min",
+                "completion_length_max", "truncated_fraction", "zero_std_fraction", "entropy", "clip_fraction_low",
+                "clip_fraction_high"} <= set(record)
+        assert record["clip_fraction"] == record["clip_fraction_low"] == record["clip_fraction_high"] == 0
+        assert 1 <= record["completion_length_min"] <= record["completion_length"] <= \
+            record["completion_length_max"] <= 12
+        assert 0 <= record["truncated_fraction"] <= 1 and 0 <= record["zero_std_fraction"] <= 1
+        assert record["entropy"] > 0
         assert record["reward"] >= 0 and record["kl"] >= 0
         # the weighted sum of the functions' means (every completion is scored by both)
         assert record["reward"] == pytest.approx(record["rewards/letter_e"] + 0.5 * record["rewards/math_answer"])

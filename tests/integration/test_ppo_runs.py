@@ -25,7 +25,8 @@ from trainer.core import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
 STATS = {"loss", "reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
-         "completion_length", "rewards/letter_e"}
+         "completion_length", "completion_length_min", "completion_length_max", "truncated_fraction", "entropy",
+         "approx_kl", "value_clip_fraction", "ratio", "rewards/letter_e"}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,9 @@ def test_a_ppo_run_from_the_command_line_logs_its_statistics_and_saves_the_polic
     for record in train:
         assert STATS <= set(record)
         assert 1 <= record["completion_length"] <= 12 and record["value_loss"] >= 0
+        assert record["completion_length_min"] <= record["completion_length"] <= record["completion_length_max"]
+        assert 0 <= record["truncated_fraction"] <= 1 and 0 <= record["value_clip_fraction"] <= 1
+        assert record["entropy"] > 0 and record["approx_kl"] >= 0 and record["ratio"] > 0
         assert record["reward"] == pytest.approx(record["rewards/letter_e"])
     assert train[0]["kl"] == 0  # the policy starts as the reference
     assert max(record["kl"] for record in train[1:]) > 0  # and moves away from it

@@ -17,7 +17,8 @@ import torch
 from dataset.chat_format import encode_chatml
 from dataset.prompt_dataset import PromptDataset, prompt_messages
 from model import MiniNormConfig, MiniNormForCausalLM
-from trainer.grpo import GroupRelativePolicy, RolloutSettings, completion_log_probs, first_sample
+from trainer.grpo import (GroupRelativePolicy, RolloutSettings, completion_log_probs, completion_log_probs_and_entropy,
+                          first_sample)
 from trainer.rewards import Reward, RewardError
 
 VOCAB = 17
@@ -63,7 +64,8 @@ def _hand_made_batch() -> dict:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "starts": torch.tensor(starts),
             "completion_mask": mask, "advantages": torch.tensor([0.7, -0.7, 1.3, -0.4]),
             "ref_logp": -torch.rand(4, max(lengths), generator=generator) * 3,
-            "rollout_stats": torch.tensor([0.5, 0.25, 2.5]), "step_completions": 4, "step_completion_tokens": 10}
+            "rollout_stats": torch.tensor([0.5, 0.25, 2.5, 1.0, 4.0, 0.25, 0.5]), "step_completions": 4,
+            "step_completion_tokens": 10}
 
 
 def _reference_loss(model64: MiniNormForCausalLM, batch: dict, loss_type: str, beta: float,
@@ -172,6 +174,26 @@ def test_completion_log_probs_are_the_tokens_log_probs_one_position_back():
             assert got[i, t].item() == pytest.approx(expected, rel=1e-12)
 
 
+def test_the_entropy_is_each_positions_sampling_distributions_from_the_same_log_softmax():
+    """The entropy -sum_v p_v log p_v in nats of softmax(logits / T) at each completion position (one position
+    back, as the log-probs), written out in fp64 here; the log-probs beside it are completion_log_probs's exactly,
+    and the entropy carries no graph (it is logged, not trained)."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 7, VOCAB, generator=generator, requires_grad=True)
+    input_ids = torch.randint(0, VOCAB, (2, 7), generator=generator)
+    starts = torch.tensor([2, 4])
+    logp, entropy = completion_log_probs_and_entropy(logits, input_ids, starts, 3, temperature=0.7)
+    assert torch.equal(logp, completion_log_probs(logits, input_ids, starts, 3, temperature=0.7))
+    assert logp.requires_grad and not entropy.requires_grad
+    for i, start in enumerate((2, 4)):
+        for t in range(3):
+            row = [x / 0.7 for x in logits[i, min(start + t, 6) - 1].double().tolist()]
+            total = sum(math.exp(x) for x in row)
+            expected = -sum(math.exp(x) / total * (x - math.log(total)) for x in row)
+            assert entropy[i, t].item() == pytest.approx(expected, rel=1e-5)
+    assert completion_log_probs_and_entropy(logits, input_ids, starts, 3, entropy=False)[1] is None
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
 @pytest.mark.parametrize("beta", [0.0, 0.1])
 def test_the_objectives_loss_and_gradient_equal_an_fp64_reference(loss_type, beta):
@@ -188,7 +210,7 @@ def test_the_objectives_loss_and_gradient_equal_an_fp64_reference(loss_type, bet
     expected.backward()
     for (name, ours), theirs in zip(model.named_parameters(), model64.parameters()):
         torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4, atol=1e-7, msg=name)
-    reward, reward_std, kl, clip_fraction, length = (stats / units).tolist()
+    reward, reward_std, kl, clip_fraction, length = (stats / units).tolist()[:5]
     assert (reward, reward_std, clip_fraction, length) == pytest.approx((0.5, 0.25, 0.0, 2.5))
     assert kl > 0  # the k3 KL to the hand-made reference, logged even with beta 0
     # Another process's share of the step: the loss is this micro-batch's sum over the step's units.
@@ -256,7 +278,7 @@ def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, p
     assert objective.stat_names[-1] == "rewards/reward"
     assert batch["reward_means"].tolist() == pytest.approx([sum(rewards) / 6])
     stds = [statistics.stdev(rewards[first:first + 3]) for first in (0, 3)]
-    assert batch["rollout_stats"].tolist() == pytest.approx(
+    assert batch["rollout_stats"].tolist()[:3] == pytest.approx(
         [sum(rewards) / 6, sum(stds) / 2, float(batch["completion_mask"].sum()) / 6], rel=1e-6)
     assert batch["input_ids"][:3, :3].tolist() == [[1, 2, 3]] * 3 and batch["starts"].tolist() == [3] * 3 + [2] * 3
     assert batch["completion_mask"].sum(dim=1).tolist() == [len(t) for t in _token_lists(batch)]
@@ -323,10 +345,42 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     assert sum(lengths[:4]) != sum(lengths[4:])  # the micro-batches' token weights differ
     assert [batch["step_completions"] for batch in batches] == [8, 8]  # what the clip fraction counts against
     assert [batch["step_completion_tokens"] for batch in batches] == [sum(lengths)] * 2  # and the token-level one
-    reward, reward_std, _, _, length, function_mean = stats.tolist()
+    (reward, reward_std, _, _, length), function_mean = stats.tolist()[:5], stats.tolist()[-1]
     assert (reward, reward_std, length, function_mean) == pytest.approx(
         (sum(scored) / len(scored), sum(stds) / len(stds), sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
     assert len(scored) < 8 and sum(scored) / len(scored) != pytest.approx(sum(totals) / 8)
+
+
+def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_the_steps(tokenizer, policy,
+                                                                                          monkeypatch):
+    """Two micro-batches of two prompts, groups of 2, cispo (each micro-batch's statistics weigh by its tokens, 15 and
+    13): the step's shortest completion (1 token, the second micro-batch's; the first's is 2) and longest (6, only in
+    the first), the share of its 8 completions the length limit cut (1, TRL's completions/clipped_ratio: no
+    end-of-turn token; the first micro-batch's share is 1/4, the second's 0) and the share of its 4 groups whose
+    scored rewards are all equal (TRL's frac_reward_zero_std: the first micro-batch's two groups; the second's
+    has one unequal group and one with a single scored completion, which has no std and is not counted: 2 of 4, not
+    2 of the 3 groups with a std, nor the micro-batches' shares weighed by their tokens)."""
+    import trainer.grpo as grpo
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    sampled = iter([[[5, end], [7, 8, 9, 10, 11, 12], [13, 14, end], [15, 16, 17, end]],
+                    [[end], [20, 21, 22, end], [23, 24, end], [25, 26, 27, 28, end]]])
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
+    rewards = iter([[1.0, 1.0, 0.5, 0.5], [1.0, 0.0, None, 2.0]])
+    objective = GroupRelativePolicy([Reward("given", lambda prompts, completions, **columns: next(rewards))],
+                                    tokenizer, _settings("cispo"), None, seed=7, process_index=0, autocast=nullcontext)
+    batches = objective.rollouts(policy, [_numbered_prompts(0, 2), _numbered_prompts(2, 2)], step=1,
+                                 accelerator=_OneProcess())
+    assert [batch["completion_mask"].sum(dim=1).tolist() for batch in batches] == [[2, 6, 3, 4], [1, 4, 3, 5]]
+    assert [batch["ended"].tolist() for batch in batches] == [[True, False, True, True], [True] * 4]
+    units = sum(objective.count_items(batch) for batch in batches)
+    assert [int(objective.count_items(batch)) for batch in batches] == [15, 13]
+    stats = dict(zip(objective.stat_names, (sum(objective.loss(policy, batch, units)[1] for batch in batches)
+                                            / units).tolist()))
+    assert stats["completion_length_min"] == pytest.approx(1.0) and stats["completion_length_max"] == pytest.approx(6.0)
+    assert stats["completion_length"] == pytest.approx(28 / 8)
+    assert stats["truncated_fraction"] == pytest.approx(1 / 8)
+    assert stats["zero_std_fraction"] == pytest.approx(2 / 4)
 
 
 def test_a_step_no_reward_scores_logs_its_reward_as_null(tokenizer, policy, monkeypatch):
@@ -459,7 +513,7 @@ def test_a_completion_no_reward_scores_is_out_of_its_groups_advantages(tokenizer
     # unscore a completion); the reward std the mean over the groups of their two scored completions' std
     pairs = [(tokens[first + 1], tokens[first + 2] + 0.5) for first in range(0, 12, 3)]
     assert len({abs(a - b) for a, b in pairs}) > 1
-    reward, reward_std, _ = batch["rollout_stats"].tolist()
+    reward, reward_std = batch["rollout_stats"].tolist()[:2]
     assert (reward, reward_std) == pytest.approx(
         (sum(a + b for a, b in pairs) / 8, sum(statistics.stdev(pair) for pair in pairs) / 4), rel=1e-5)
 
@@ -711,7 +765,9 @@ def test_the_logged_clip_fraction_and_kl_are_the_steps_token_shares_whatever_the
     surrogate's only where the advantage pushes; every other token's ratio is 1), for every loss type, whose units
     would otherwise weigh each micro-batch's own share (grpo, dr_grpo: 3/7 x 3/4 + 1 x 1/4 = 0.57; bnpo: (3/7 + 1)
     / 2 = 0.71). Per-sequence ratios: the second completion's mean log-ratio is -0.5 x 2/4, ratio e^-0.25 < 0.8, so
-    the second and the fourth clip out of the four, and the first (mean 0.2: e^0.2 < 1.28) does not."""
+    the second and the fourth clip out of the four, and the first (mean 0.2: e^0.2 < 1.28) does not. The clip
+    fraction's low and high sides (TRL's clip_ratio/low_mean, high_mean) are counted the same way, and the entropy is
+    the fp64 mean over the step's 10 tokens of each position's distribution's."""
     model, batch = _model(), _hand_made_batch()
     model64 = copy.deepcopy(model).double()
     settings = _settings(loss_type, iterations=2, level=level)  # clip range [0.8, 1.28]
@@ -733,6 +789,30 @@ def test_the_logged_clip_fraction_and_kl_are_the_steps_token_shares_whatever_the
     assert len(kl) == 10
     assert stats["kl"] == pytest.approx(sum(kl) / 10, rel=1e-5)
     assert stats["clip_fraction"] == pytest.approx(6 / 10 if level == "token" else 2 / 4)
+    # TRL's clip_ratio/low_mean and high_mean: per token, the five tokens of the second and fourth completions
+    # clip below (advantages < 0) and the first's first token above; per sequence, the second and fourth completions
+    # below and none above
+    assert (stats["clip_fraction_low"], stats["clip_fraction_high"]) == pytest.approx(
+        (5 / 10, 1 / 10) if level == "token" else (2 / 4, 0.0))
+    # the entropy of each position's distribution, fp64, over the step's 10 tokens (the first micro-batch's 7 and
+    # the second's 3 have other means: their mean weighed by the micro-batches or completions would be off)
+    entropies = _reference_entropies(model64, batch)
+    assert stats["entropy"] == pytest.approx(sum(entropies) / 10, rel=1e-5)
+    assert abs(sum(entropies[:7]) / 7 - sum(entropies[7:]) / 3) > 1e-3
+
+
+def _reference_entropies(model64: MiniNormForCausalLM, batch: dict) -> list[float]:
+    """Each completion token's position's entropy -sum_v p_v log p_v in nats, p = softmax of the logits one position
+    back (temperature 1), in fp64, completion after completion."""
+    with torch.no_grad():
+        logits = model64(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    entropies = []
+    for i in range(len(batch["starts"])):
+        start, length = int(batch["starts"][i]), int(batch["completion_mask"][i].sum())
+        for t in range(length):
+            p = torch.softmax(logits[i, start + t - 1], dim=-1)
+            entropies.append(float(-(p * p.log()).sum()))
+    return entropies
 
 
 def test_validation_reports_the_greedy_accuracy_on_the_answers(tokenizer, policy, monkeypatch):

@@ -74,7 +74,7 @@ def _hand_made_batch() -> dict:
             "old_values": (torch.rand(shape, generator=generator) * 2 - 1) * mask,
             "advantages": torch.randn(shape, generator=generator) * mask,
             "returns": torch.randn(shape, generator=generator) * mask,
-            "rollout_stats": torch.tensor([0.5, 0.25, 0.01, 0.3, 2.5]), "reward_means": torch.zeros(0)}
+            "rollout_stats": torch.tensor([0.5, 0.25, 0.01, 0.3, 2.5, 1.0, 4.0, 0.25]), "reward_means": torch.zeros(0)}
 
 
 def test_completion_values_are_the_values_one_position_back():
@@ -120,7 +120,7 @@ def test_the_objectives_loss_and_gradients_equal_an_fp64_reference(temperature):
         # fp32 against fp64: the critic's embedding gradients reach ~20, so the tolerance scales with the largest
         torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4,
                                    atol=1e-6 * float(theirs.grad.abs().max()), msg=name)
-    reward, reward_std, kl, clip_fraction, _, _, explained, length = (stats / units).tolist()
+    reward, reward_std, kl, clip_fraction, _, _, explained, length = (stats / units).tolist()[:8]
     assert (reward, reward_std, kl, explained, length) == pytest.approx((0.5, 0.25, 0.01, 0.3, 2.5))
     assert clip_fraction == pytest.approx(clipped / 10)
     # Another process's share of the step: the loss is this micro-batch's sum over the step's units.
@@ -141,9 +141,11 @@ def test_the_logged_clip_fraction_and_losses_are_the_steps_token_means_whatever_
     log-probs moved so that the first completion's first token has log-ratio +0.4 (advantage > 0), the second's two
     last tokens and all three of the fourth's -0.5 (advantages < 0): 6 of 10 clip; the third's token has +0.4 with
     an advantage < 0, which does not clip; every other ratio is 1 -- and the policy and value losses are the fp64
-    token means over the 10 tokens. Each micro-batch's own share weighed equally (TRL's per-micro-batch mean: (3/7
-    + 1) / 2 = 0.71) or by its completions ((3/7 x 3 + 1) / 4 = 0.57) would be off. Processes hold a step's
-    micro-batches the same way (the core all-reduces the sums and the units), so this is their case too."""
+    token means over the 10 tokens, as are the share of the tokens whose clipped value loss was the larger, the
+    policy's entropy, the approximate KL (log-ratio^2 / 2) and the ratio. Each micro-batch's own share weighed
+    equally (TRL's per-micro-batch mean: (3/7 + 1) / 2 = 0.71) or by its completions ((3/7 x 3 + 1) / 4 = 0.57)
+    would be off. Processes hold a step's micro-batches the same way (the core all-reduces the sums and the
+    units), so this is their case too."""
     model, batch = _policy_and_critic(), _hand_made_batch()
     objective = ProximalPolicy([], _Pad(), _settings(), None, seed=0, process_index=0, autocast=nullcontext)
     model64 = copy.deepcopy(model).double()
@@ -165,7 +167,7 @@ def test_the_logged_clip_fraction_and_losses_are_the_steps_token_means_whatever_
     units = sum(objective.count_items(part) for part in micro)
     stats = dict(zip(objective.stat_names, (sum(objective.loss(model, part, units)[1] for part in micro)
                                             / units).tolist()))
-    policy_terms, value_terms, values_clipped = [], [], 0
+    policy_terms, value_terms, values_clipped, clipped_taken, entropies = [], [], 0, [], []
     for i in range(4):  # fp64, token by token
         start = int(batch["starts"][i])
         for t in range(int(mask[i].sum())):
@@ -177,10 +179,23 @@ def test_the_logged_clip_fraction_and_losses_are_the_steps_token_means_whatever_
             moved = old + min(max(value - old, -CLIP_VALUE), CLIP_VALUE)
             value_terms.append(0.5 * max((value - target) ** 2, (moved - target) ** 2))
             values_clipped += abs(value - old) > CLIP_VALUE
+            clipped_taken.append((moved - target) ** 2 > (value - target) ** 2)  # TRL's vf_clipfrac rule
+            p = torch.softmax(logits[i, start + t - 1], dim=-1)
+            entropies.append(float(-(p * p.log()).sum()))
     assert len(policy_terms) == 10 and 0 < values_clipped < 10  # the value clip acts on some tokens
     assert stats["clip_fraction"] == pytest.approx(6 / 10, rel=1e-6)
     assert stats["policy_loss"] == pytest.approx(sum(policy_terms) / 10, rel=1e-5)
     assert stats["value_loss"] == pytest.approx(sum(value_terms) / 10, rel=1e-5)
+    # TRL's val/clipfrac_avg, policy/entropy_avg, policy/approxkl_avg and val/ratio, as the step's token means: the
+    # micro-batches' own means (7 and 3 tokens) weighed equally would be off for each (asserted for the KL)
+    assert 0 < sum(clipped_taken) < 10
+    assert stats["value_clip_fraction"] == pytest.approx(sum(clipped_taken) / 10, rel=1e-6)
+    assert stats["entropy"] == pytest.approx(sum(entropies) / 10, rel=1e-5)
+    log_ratios = [float(shifts[i, t]) for i in range(4) for t in range(int(mask[i].sum()))]
+    assert stats["approx_kl"] == pytest.approx(sum(0.5 * x ** 2 for x in log_ratios) / 10, rel=1e-4)
+    assert stats["approx_kl"] != pytest.approx((sum(0.5 * x ** 2 for x in log_ratios[:7]) / 7
+                                                + sum(0.5 * x ** 2 for x in log_ratios[7:]) / 3) / 2, rel=1e-2)
+    assert stats["ratio"] == pytest.approx(sum(math.exp(x) for x in log_ratios) / 10, rel=1e-5)
     # the rollout's statistics are the step's already (finish_rollouts, tested above): unchanged by the split
     assert [stats[name] for name in ("reward", "reward_std", "kl", "explained_variance", "completion_length")] == \
         pytest.approx([0.5, 0.25, 0.01, 0.3, 2.5], rel=1e-6)
@@ -260,7 +275,7 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
         assert batch["advantages"][i, :len(row)].tolist() == pytest.approx([(a - mean) / std for a in row],
                                                                            rel=1e-3, abs=1e-4)
         assert batch["advantages"][i, len(row):].abs().sum() == 0
-    reward, reward_std, kl, _, length = batch["rollout_stats"].tolist()
+    reward, reward_std, kl, _, length = batch["rollout_stats"].tolist()[:5]
     score_mean = sum(scored) / 4
     assert reward == pytest.approx(score_mean)
     assert reward_std == pytest.approx(math.sqrt(sum((s - score_mean) ** 2 for s in scored) / 4))
@@ -312,7 +327,7 @@ def test_the_advantages_are_whitened_and_the_statistics_taken_over_the_whole_ste
     expected = [statistics.fmean(scores), statistics.pstdev(scores), statistics.fmean(tokens("kl", raw)),
                 1 - statistics.pvariance(residuals) / statistics.pvariance(returns), len(advantages) / 8]
     for batch in batches:
-        assert batch["rollout_stats"].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-7)
+        assert batch["rollout_stats"].tolist()[:5] == pytest.approx(expected, rel=1e-5, abs=1e-7)
     # one micro-batch alone is whitened with its own tokens' moments, which differ
     alone = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
     assert not torch.allclose(alone["advantages"], batches[0]["advantages"])
@@ -356,6 +371,33 @@ def test_the_missing_eos_penalty_comes_off_the_scores_of_completions_the_length_
         expected[i, length - 1] -= cut[i]  # the score's token, the last
     torch.testing.assert_close(penalised["rewards"], expected)
     assert penalised["rollout_stats"][0].item() == pytest.approx(float((plain["scores"] - cut).mean()))
+
+
+def test_the_completions_shortest_longest_and_cut_share_are_the_steps(tokenizer, monkeypatch):
+    """Two micro-batches of 4 completions (15 and 13 tokens): the logged shortest completion (1 token, only in the
+    second), longest (6, only in the first) and share of the step's 8 completions the length limit cut (1: TRL's
+    completions/clipped_ratio; the first micro-batch's own share is 1/4, the second's 0) -- the step's, whatever the
+    micro-batch's token weights."""
+    import trainer.grpo as grpo
+
+    eos = tokenizer.eos_token_id
+    sampled = iter([[[5, eos], [7, 8, 9, 10, 11, 12], [13, 14, eos], [15, 16, 17, eos]],
+                    [[eos], [20, 21, 22, eos], [23, 24, eos], [25, 26, 27, 28, eos]]])
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
+    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
+    objective = ProximalPolicy([Reward("lengths", lambda prompts, completions, **columns: [
+        float(len(c)) for c in completions])], tokenizer, _settings(2), reference, seed=7, process_index=0,
+        autocast=nullcontext)
+    other = PromptDataset.collate([{"input_ids": torch.tensor([6, 7, 8, 9]), "prompt": "three", "columns": {}},
+                                   {"input_ids": torch.tensor([10]), "prompt": "four", "columns": {}}])
+    batches = objective.rollouts(model, [_prompts(), other], step=3, accelerator=_OneProcess())
+    assert [int(objective.count_items(batch)) for batch in batches] == [15, 13]
+    units = sum(objective.count_items(batch) for batch in batches)
+    stats = dict(zip(objective.stat_names, (sum(objective.loss(model, batch, units)[1] for batch in batches)
+                                            / units).tolist()))
+    assert (stats["completion_length_min"], stats["completion_length_max"]) == pytest.approx((1.0, 6.0))
+    assert stats["completion_length"] == pytest.approx(28 / 8)
+    assert stats["truncated_fraction"] == pytest.approx(1 / 8)
 
 
 def test_a_completion_that_ends_at_an_eos_id_of_the_models_generation_config_is_not_penalised(tokenizer,

@@ -411,7 +411,8 @@ def test_clip_fraction_counts_the_clipped_tokens_by_trls_rule(kind):
     """The logged clip fraction, token by token. GRPO and PPO (TRL's GRPOTrainer: is_low_clipped = r < 1 - eps_low
     and A < 0, is_high_clipped = r > 1 + eps_high and A > 0): a token with A = 0 is never clipped, and a ratio
     between 1 + eps_low and 1 + eps_high (DAPO's clip-higher band) is not clipped on the high side. CISPO clips the
-    weight of every token whose ratio leaves [1 - eps_low, 1 + eps_high], whatever its advantage."""
+    weight of every token whose ratio leaves [1 - eps_low, 1 + eps_high], whatever its advantage. The clipped
+    tokens below and above the range are counted apart too."""
     ratios, signs = [0.7, 0.9, 1.1, 1.25, 1.4], [-1.0, 0.0, 1.0]
     pairs = [(r, a) for r in ratios for a in signs]
     old = torch.full((len(pairs), 2), -1.0, dtype=torch.float64)
@@ -428,7 +429,12 @@ def test_clip_fraction_counts_the_clipped_tokens_by_trls_rule(kind):
         result = policy_loss(kind, new, old, advantages, mask, EPS_LOW, EPS_HIGH, max_completion_length=2)
     got = result.clip_fraction
     if kind == "cispo":
-        clipped = [not 1 - low <= r <= 1 + high for r, _ in pairs]
+        below = [r < 1 - low for r, _ in pairs]
+        above = [r > 1 + high for r, _ in pairs]
     else:
-        clipped = [(r < 1 - low and a < 0) or (r > 1 + high and a > 0) for r, a in pairs]
+        below = [r < 1 - low and a < 0 for r, a in pairs]
+        above = [r > 1 + high and a > 0 for r, a in pairs]
+    clipped = [b or a for b, a in zip(below, above)]
     assert got == pytest.approx(sum(clipped) / len(pairs), rel=1e-12) and result.clipped == sum(clipped)
+    # TRL's clip_ratio/low_mean and high_mean (cispo: either way), the padding token's clip in neither
+    assert (result.clipped_low, result.clipped_high) == (sum(below), sum(above))

@@ -51,9 +51,11 @@ from trainer.run_dir import ROLLOUT_VAL_METRICS
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length", "completion_length_min",
-              "completion_length_max", "truncated_fraction", "zero_std_fraction", "entropy", "clip_fraction_low",
-              "clip_fraction_high")  # then each reward's mean
+# The rollout's completions over the whole step (RolloutObjective.completion_shape), GRPO's and PPO's: the shortest and
+# longest (tokens), the share the length limit cut, the mean length of those that ended (NaN, null, when none did).
+COMPLETION_SHAPE = ("completion_length_min", "completion_length_max", "truncated_fraction", "terminated_length")
+STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length", *COMPLETION_SHAPE,
+              "zero_std_fraction", "entropy", "clip_fraction_low", "clip_fraction_high")  # then each reward's mean
 # A group's rewards count as all equal (its advantages are all 0: nothing to learn from it) when their std is at most
 # this (TRL's torch.isclose(std, 0): the mean of equal rewards need not be exactly one of them in floating point).
 ZERO_STD = 1e-8
@@ -284,26 +286,32 @@ class RolloutObjective:
     def reward_sums(self, batches: Sequence[dict[str, Any]]) -> torch.Tensor:
         """This process's fp64 sums over its micro-batches of the step: [completions, weighted rewards, completion
         tokens, then each function's values over the completions it scored, then the number it scored, then the
-        completions the length limit cut (no end-of-turn token), then how many completions have each length 0 ..
-        --max_completion_length] (summed over the processes, the histogram gives the step's shortest and longest:
-        completion_shape)."""
+        completions the length limit cut (no end-of-turn token) and the tokens of those that ended, then how many
+        completions have each length 0 .. --max_completion_length] (summed over the processes, the histogram gives
+        the step's shortest and longest: completion_shape)."""
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         values = torch.cat([batch["reward_values"] for batch in batches], dim=1)
         lengths = torch.cat([batch["completion_mask"].sum(dim=1).cpu() for batch in batches])
         tokens = int(lengths.sum())
-        cut = sum(int((~batch["ended"]).sum()) for batch in batches)
+        ended = torch.cat([batch["ended"] for batch in batches])
         limit = self.settings.max_completion_length
         histogram = torch.bincount(lengths.clamp(max=limit), minlength=limit + 1).double()
+        cut_and_ended = torch.tensor([int((~ended).sum()), int(lengths[ended].sum())], dtype=torch.float64)
         return torch.cat([torch.tensor([len(scores), float(scores.sum()), tokens], dtype=torch.float64),
-                          values.nan_to_num(0.0).sum(dim=1), (~values.isnan()).sum(dim=1).double(),
-                          torch.tensor([cut], dtype=torch.float64), histogram])
+                          values.nan_to_num(0.0).sum(dim=1), (~values.isnan()).sum(dim=1).double(), cut_and_ended,
+                          histogram])
 
-    def completion_shape(self, sums: torch.Tensor) -> tuple[float, float, float]:
-        """From reward_sums summed over all processes: the step's shortest and longest completion (tokens) and the
-        share of its completions the length limit cut (TRL's completions/min_length, max_length, clipped_ratio)."""
+    def completion_shape(self, sums: torch.Tensor) -> list[float]:
+        """From reward_sums summed over all processes, COMPLETION_SHAPE: the step's shortest and longest completion
+        (tokens), the share of its completions the length limit cut, and the mean length of those that ended (NaN
+        when none did) -- TRL's completions/min_length, max_length, clipped_ratio and mean_terminated_length."""
         histogram = sums[-(self.settings.max_completion_length + 1):]
         held = histogram.nonzero().flatten()
-        return float(held.min()), float(held.max()), float(sums[-(len(histogram) + 1)] / sums[0])
+        cut, ended_tokens = sums[-(len(histogram) + 2):-len(histogram)].tolist()
+        completions = float(sums[0])
+        ended = completions - cut
+        return [float(held.min()), float(held.max()), cut / completions,
+                ended_tokens / ended if ended else float("nan")]
 
     def reward_means(self, sums: torch.Tensor, batches: Sequence[dict[str, Any]]) -> tuple[float, float]:
         """From reward_sums summed over all processes: (the mean weighted reward, the mean completion length); sets
@@ -439,7 +447,7 @@ class GroupRelativePolicy(RolloutObjective):
         sums = global_sums(accelerator, rollout, groups.sum(), len(groups), scores[scored].sum(), scored.sum(),
                            (groups <= ZERO_STD).sum())
         _, length = self.reward_means(sums[:len(rollout)], batches)
-        shortest, longest, cut = self.completion_shape(sums[:len(rollout)])
+        shape = self.completion_shape(sums[:len(rollout)])
         std_sum, std_groups, scored_sum, scored_count, zero_std = sums[len(rollout):].tolist()
         reward = scored_sum / scored_count if scored_count else float("nan")
         reward_std = std_sum / std_groups if std_groups else float("nan")
@@ -451,7 +459,7 @@ class GroupRelativePolicy(RolloutObjective):
                 batch["advantages"] = batch["advantages"] / (std + ADVANTAGE_EPS)
         for batch in batches:
             batch["rollout_stats"] = torch.tensor(
-                [reward, reward_std, length, shortest, longest, cut, zero_std_fraction],
+                [reward, reward_std, length, *shape, zero_std_fraction],
                 device=batch["completion_mask"].device)
             batch[STEP_COMPLETIONS] = int(sums[0])
             batch[STEP_COMPLETION_TOKENS] = int(sums[2])
@@ -480,8 +488,8 @@ class GroupRelativePolicy(RolloutObjective):
                              s.epsilon_high, s.beta, batch.get("ref_logp"), s.max_completion_length,
                              s.importance_sampling_level)
         local = self.count_items(batch).to(result.loss.dtype)
-        reward, reward_std, length, shortest, longest, cut, zero_std = batch["rollout_stats"].tolist()
-        stats = torch.tensor([reward, reward_std, 0.0, 0.0, length, shortest, longest, cut, zero_std, 0.0, 0.0, 0.0],
+        reward, reward_std, length, *shape, zero_std = batch["rollout_stats"].tolist()
+        stats = torch.tensor([reward, reward_std, 0.0, 0.0, length, *shape, zero_std, 0.0, 0.0, 0.0],
                              device=mask.device)
         stats = torch.cat([stats, batch.get("reward_means", stats.new_zeros(len(self.rewards)))]) * local
         # The shares of the step's completion tokens clipped (per-sequence ratios: of its completions), and the mean

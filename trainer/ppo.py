@@ -37,7 +37,8 @@ from accelerate import Accelerator
 from torch import nn
 
 from model.model import MiniNormForCausalLM, MiniNormModel
-from trainer.grpo import RolloutObjective, completion_log_probs, completion_log_probs_and_entropy, global_sums
+from trainer.grpo import (COMPLETION_SHAPE, RolloutObjective, completion_log_probs, completion_log_probs_and_entropy,
+                          global_sums)
 from trainer.rewards import Reward
 from trainer.run_dir import load_input_model
 from trainer.rl_losses import (KLEstimator, explained_fraction, gae, kl_estimate, kl_penalized_rewards,
@@ -47,8 +48,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
-              "completion_length", "completion_length_min", "completion_length_max", "truncated_fraction", "entropy",
-              "approx_kl", "value_clip_fraction", "ratio")  # then each reward's mean
+              "completion_length", *COMPLETION_SHAPE, "entropy", "approx_kl", "value_clip_fraction",
+              "ratio")  # then each reward's mean
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,8 @@ class ProximalPolicy(RolloutObjective):
         and variance of all its tokens' and the mean kept, then GAE on them; the advantages whitened with the mean
         and variance of all its tokens' (TRL whitens each process's rollout batch); and the logged statistics, the
         same in every micro-batch ("rollout_stats"): the reward's mean and std over its completions, the mean KL
-        and the critic's explained variance over its tokens, the mean, shortest and longest completion length and
-        the share of its completions the length limit cut (completion_shape). So one process of 4
+        and the critic's explained variance over its tokens, the mean completion length and the others of
+        completion_shape (shortest, longest, the share cut, the mean length of those that ended). So one process of 4
         prompts, two of 2 and one of 2 micro-batches of 2 take the same step."""
         s = self.settings
         masks = [batch["completion_mask"].cpu().double() for batch in batches]
@@ -205,7 +206,7 @@ class ProximalPolicy(RolloutObjective):
         first = global_sums(accelerator, reward_sums, sum(mask.sum() for mask in masks), token_sum(advantages),
                             token_sum(returns), token_sum(residuals), token_sum(lambda batch: batch["kl"]))
         reward, length = self.reward_means(first[:len(reward_sums)], batches)
-        shortest, longest, cut = self.completion_shape(first[:len(reward_sums)])
+        shape = self.completion_shape(first[:len(reward_sums)])
         completions, tokens = float(first[0]), float(first[len(reward_sums)])
         advantage, returned, residual, kl = (first[len(reward_sums) + 1:] / max(tokens, 1.0)).tolist()
         scores = torch.cat([batch["scores"] for batch in batches]).double()
@@ -218,7 +219,7 @@ class ProximalPolicy(RolloutObjective):
         for batch in batches:
             mask = batch["completion_mask"]
             batch["advantages"] = whiten(batch["advantages"], mask, moments)
-            batch["rollout_stats"] = torch.tensor([reward, reward_std, kl, explained, length, shortest, longest, cut],
+            batch["rollout_stats"] = torch.tensor([reward, reward_std, kl, explained, length, *shape],
                                                   device=mask.device)
 
     # ----------------------------------------------------------------- the loss
@@ -235,10 +236,10 @@ class ProximalPolicy(RolloutObjective):
         result = ppo_loss(logp, batch["old_logp"], values, batch["old_values"], batch["advantages"],
                           batch["returns"], mask, s.epsilon, s.cliprange_value, s.vf_coef)
         local = self.count_items(batch).to(result.loss.dtype)
-        reward, reward_std, kl, explained, length, shortest, longest, cut = batch["rollout_stats"].tolist()
+        reward, reward_std, kl, explained, length, *shape = batch["rollout_stats"].tolist()
         entropy = float((entropy * mask).sum() / local.clamp(min=1))
         stats = torch.tensor([reward, reward_std, kl, result.clip_fraction, result.policy_loss, result.value_loss,
-                              explained, length, shortest, longest, cut, entropy, result.approx_kl,
+                              explained, length, *shape, entropy, result.approx_kl,
                               result.value_clip_fraction, result.ratio], device=mask.device)
         stats = torch.cat([stats, batch["reward_means"]])
         # Weighed by this micro-batch's completion tokens, which the core sums over the step's micro-batches and

@@ -50,8 +50,8 @@ def test_a_grpo_run_logs_its_rollout_statistics_and_saves(grpo_run):
     assert len(train) == 4
     for record in train:
         assert {"loss", "reward", "reward_std", "kl", "clip_fraction", "completion_length", "completion_length_min",
-                "completion_length_max", "truncated_fraction", "zero_std_fraction", "entropy", "clip_fraction_low",
-                "clip_fraction_high"} <= set(record)
+                "completion_length_max", "truncated_fraction", "terminated_length", "zero_std_fraction", "entropy",
+                "clip_fraction_low", "clip_fraction_high"} <= set(record)
         assert record["clip_fraction"] == record["clip_fraction_low"] == record["clip_fraction_high"] == 0
         assert 1 <= record["completion_length_min"] <= record["completion_length"] <= \
             record["completion_length_max"] <= 12

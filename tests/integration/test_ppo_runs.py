@@ -25,8 +25,8 @@ from trainer.core import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
 STATS = {"loss", "reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
-         "completion_length", "completion_length_min", "completion_length_max", "truncated_fraction", "entropy",
-         "approx_kl", "value_clip_fraction", "ratio", "rewards/letter_e"}
+         "completion_length", "completion_length_min", "completion_length_max", "truncated_fraction",
+         "terminated_length", "entropy", "approx_kl", "value_clip_fraction", "ratio", "rewards/letter_e"}
 
 
 @pytest.fixture(scope="module")

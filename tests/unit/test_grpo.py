@@ -64,7 +64,7 @@ def _hand_made_batch() -> dict:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "starts": torch.tensor(starts),
             "completion_mask": mask, "advantages": torch.tensor([0.7, -0.7, 1.3, -0.4]),
             "ref_logp": -torch.rand(4, max(lengths), generator=generator) * 3,
-            "rollout_stats": torch.tensor([0.5, 0.25, 2.5, 1.0, 4.0, 0.25, 0.5]), "step_completions": 4,
+            "rollout_stats": torch.tensor([0.5, 0.25, 2.5, 1.0, 4.0, 0.25, 2.0, 0.5]), "step_completions": 4,
             "step_completion_tokens": 10}
 
 
@@ -356,7 +356,8 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
     """Two micro-batches of two prompts, groups of 2, cispo (each micro-batch's statistics weigh by its tokens, 15 and
     13): the step's shortest completion (1 token, the second micro-batch's; the first's is 2) and longest (6, only in
     the first), the share of its 8 completions the length limit cut (1, TRL's completions/clipped_ratio: no
-    end-of-turn token; the first micro-batch's share is 1/4, the second's 0) and the share of its 4 groups whose
+    end-of-turn token; the first micro-batch's share is 1/4, the second's 0), the mean length of the 7 that ended
+    (TRL's completions/mean_terminated_length) and the share of its 4 groups whose
     scored rewards are all equal (TRL's frac_reward_zero_std: the first micro-batch's two groups; the second's
     has one unequal group and one with a single scored completion, which has no std and is not counted: 2 of 4, not
     2 of the 3 groups with a std, nor the micro-batches' shares weighed by their tokens)."""
@@ -364,7 +365,8 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     sampled = iter([[[5, end], [7, 8, 9, 10, 11, 12], [13, 14, end], [15, 16, 17, end]],
-                    [[end], [20, 21, 22, end], [23, 24, end], [25, 26, 27, 28, end]]])
+                    [[end], [20, 21, 22, end], [23, 24, end], [25, 26, 27, 28, end]],
+                    [[30, 31, 32, 33, 34, 35]] * 4])
     monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
     rewards = iter([[1.0, 1.0, 0.5, 0.5], [1.0, 0.0, None, 2.0]])
     objective = GroupRelativePolicy([Reward("given", lambda prompts, completions, **columns: next(rewards))],
@@ -380,7 +382,13 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
     assert stats["completion_length_min"] == pytest.approx(1.0) and stats["completion_length_max"] == pytest.approx(6.0)
     assert stats["completion_length"] == pytest.approx(28 / 8)
     assert stats["truncated_fraction"] == pytest.approx(1 / 8)
+    assert stats["terminated_length"] == pytest.approx((2 + 3 + 4 + 1 + 4 + 3 + 5) / 7)  # of the 7 that ended
     assert stats["zero_std_fraction"] == pytest.approx(2 / 4)
+    # a step whose completions the limit all cut: no ended one to measure (NaN, written as null; TRL writes 0)
+    rewards = iter([[1.0] * 4])
+    cut = objective.rollouts(policy, [_numbered_prompts(4, 2)], step=2, accelerator=_OneProcess())[0]
+    shape = cut["rollout_stats"].tolist()[3:7]
+    assert shape[:3] == [6.0, 6.0, 1.0] and math.isnan(shape[3])
 
 
 def test_a_step_no_reward_scores_logs_its_reward_as_null(tokenizer, policy, monkeypatch):

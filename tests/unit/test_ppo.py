@@ -74,7 +74,8 @@ def _hand_made_batch() -> dict:
             "old_values": (torch.rand(shape, generator=generator) * 2 - 1) * mask,
             "advantages": torch.randn(shape, generator=generator) * mask,
             "returns": torch.randn(shape, generator=generator) * mask,
-            "rollout_stats": torch.tensor([0.5, 0.25, 0.01, 0.3, 2.5, 1.0, 4.0, 0.25]), "reward_means": torch.zeros(0)}
+            "rollout_stats": torch.tensor([0.5, 0.25, 0.01, 0.3, 2.5, 1.0, 4.0, 0.25, 2.0]),
+            "reward_means": torch.zeros(0)}
 
 
 def test_completion_values_are_the_values_one_position_back():
@@ -376,8 +377,8 @@ def test_the_missing_eos_penalty_comes_off_the_scores_of_completions_the_length_
 def test_the_completions_shortest_longest_and_cut_share_are_the_steps(tokenizer, monkeypatch):
     """Two micro-batches of 4 completions (15 and 13 tokens): the logged shortest completion (1 token, only in the
     second), longest (6, only in the first) and share of the step's 8 completions the length limit cut (1: TRL's
-    completions/clipped_ratio; the first micro-batch's own share is 1/4, the second's 0) -- the step's, whatever the
-    micro-batch's token weights."""
+    completions/clipped_ratio; the first micro-batch's own share is 1/4, the second's 0) and the mean length of the 7
+    that ended -- the step's, whatever the micro-batch's token weights."""
     import trainer.grpo as grpo
 
     eos = tokenizer.eos_token_id
@@ -398,6 +399,7 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps(tokenizer,
     assert (stats["completion_length_min"], stats["completion_length_max"]) == pytest.approx((1.0, 6.0))
     assert stats["completion_length"] == pytest.approx(28 / 8)
     assert stats["truncated_fraction"] == pytest.approx(1 / 8)
+    assert stats["terminated_length"] == pytest.approx((2 + 3 + 4 + 1 + 4 + 3 + 5) / 7)
 
 
 def test_a_completion_that_ends_at_an_eos_id_of_the_models_generation_config_is_not_penalised(tokenizer,

@@ -348,8 +348,9 @@ def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one
     torchrun, two processes of 2 prompts against one process of 4. The tiny chat model ends some completions early
     (<|im_end|> after 7 tokens, else the 12-token limit) and --seed 1 gives its two processes other token counts
     at both steps (72 and 91, then 80 and 96, as recorded); the logged clip fraction and KL, the shares of the
-    step's completion tokens, equal the one process's. Each process's own share weighed by its completions (the
-    loss's unit) failed this test."""
+    step's completion tokens, equal the one process's, as do the clip fraction's sides, the entropy and the
+    completions' shortest, longest, cut share, ended mean length and share of equal-reward groups. Each process's
+    own share weighed by its completions (the loss's unit) failed this test."""
     import os
     import subprocess
 
@@ -376,5 +377,10 @@ def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one
     assert len(one) == len(two) == 2
     for ours, reference in zip(two, one):
         assert reference["clip_fraction"] > 0 and reference["kl"] > 0
-        for name in ("clip_fraction", "kl", "completion_length", "loss"):
+        # the completions end early or at the limit: their shortest, longest and cut share are not trivial
+        assert 0 < reference["truncated_fraction"] < 1
+        assert reference["completion_length_min"] < reference["completion_length_max"]
+        for name in ("clip_fraction", "kl", "completion_length", "loss", "clip_fraction_low", "clip_fraction_high",
+                     "entropy", "completion_length_min", "completion_length_max", "truncated_fraction",
+                     "terminated_length", "zero_std_fraction"):
             assert ours[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), name

@@ -158,9 +158,15 @@ def completion_log_probs_and_entropy(logits: torch.Tensor, input_ids: torch.Tens
     log_probs = log_p.gather(-1, input_ids.gather(1, positions).unsqueeze(-1)).squeeze(-1)
     if not entropy:
         return log_probs, None
-    with torch.no_grad():  # -sum p log p; a -inf log-prob (p = 0) adds 0, not NaN
-        floor = torch.finfo(log_p.dtype).min
-        entropies = torch.stack([-(row.exp() * row.clamp(min=floor)).sum(-1) for row in log_p.detach()])
+    with torch.no_grad():  # -sum p log p, one completion at a time in one reused buffer
+        log_p = log_p.detach()
+        entropies = log_p.new_empty(log_p.shape[:2])
+        terms = torch.empty_like(log_p[0])
+        for row, log_p_row in enumerate(log_p):
+            torch.exp(log_p_row, out=terms)
+            terms.mul_(log_p_row).nan_to_num_(0.0)  # a -inf log-prob (p = 0) adds 0, not 0 x -inf = NaN
+            torch.sum(terms, dim=-1, out=entropies[row])
+        entropies.neg_()
     return log_probs, entropies
 
 

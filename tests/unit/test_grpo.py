@@ -192,6 +192,10 @@ def test_the_entropy_is_each_positions_sampling_distributions_from_the_same_log_
             expected = -sum(math.exp(x) / total * (x - math.log(total)) for x in row)
             assert entropy[i, t].item() == pytest.approx(expected, rel=1e-5)
     assert completion_log_probs_and_entropy(logits, input_ids, starts, 3, entropy=False)[1] is None
+    # a token of probability 0 (logit -inf) adds 0, not 0 x -inf = NaN: two equal logits left, entropy log 2
+    certain = torch.tensor([[[0.0, 0.0, float("-inf")]] * 2])
+    assert completion_log_probs_and_entropy(certain, torch.zeros(1, 2, dtype=torch.long), torch.tensor([1]),
+                                            1)[1].item() == pytest.approx(math.log(2))
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])

@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
                           QKNormScope, placement_choices)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (DEFAULT_DISCOPOP_TAU, DEFAULT_F_ALPHA_DIVERGENCE_COEF, F_DIVERGENCE_READERS, LABEL_SMOOTHED,
-                         SORTED, DPOLossType, FDivergence)
+                         SORTED, DPOLossType, FDivergence, parse_loss_types)
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import BUILTIN
@@ -500,6 +500,29 @@ FLAG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainArgs)}  # be
 def task_default(task: str, name: str) -> Any:
     """Flag `name`'s default in `task`'s trainer: its TASK_DEFAULTS entry, else TrainArgs'."""
     return TASK_DEFAULTS.get(task, {}).get(name, FLAG_DEFAULTS[name])
+
+
+def flags_in_effect(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """`flags` (a run's TrainArgs.to_dict(), or the config its checkpoint or train_config.yaml records) with each
+    flag left unset (null) whose value other flags decide written out as that value: GRPO's --epsilon_high
+    (--epsilon), DPO's --loss_weights (1 per --loss_type), GRPO's and PPO's --reward_weights (1 per --reward, and 1
+    for --reward_model). The one place these values are decided: the trainer builds its objective from them, and a
+    resume compares them, so that a flag given at the value it has unset is no change. A flag `flags` lacks stays
+    out (a run recorded before it)."""
+    unset = {name for name, value in flags.items() if value is None}
+    resolved = dict(flags)
+    epsilon = flags.get("epsilon")
+    if "epsilon_high" in unset and isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool):
+        resolved["epsilon_high"] = epsilon
+    if "loss_weights" in unset and isinstance(flags.get("loss_type"), str):
+        try:
+            resolved["loss_weights"] = [1.0] * len(parse_loss_types(flags["loss_type"]))
+        except ValueError:  # a recorded config's unknown loss type: nothing to resolve it by
+            pass
+    rewards = flags.get("reward") or []
+    if "reward_weights" in unset and isinstance(rewards, list):
+        resolved["reward_weights"] = [1.0] * (len(rewards) + bool(flags.get("reward_model")))
+    return resolved
 
 
 def given_preset(args: TrainArgs) -> str | None:

@@ -41,8 +41,8 @@ from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_objec
 
 from dataset.atomic_io import atomic_write_text, file_digest, first_line, give_open_modes, read_text_file
 from dataset.json_text import strict_json
-from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, given_preset,
-                                scored_against_starting_weights, uses_lora)
+from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, flags_in_effect,
+                                given_preset, scored_against_starting_weights, uses_lora)
 from trainer.threads import THREADS_KEY
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
@@ -428,7 +428,8 @@ def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
     (check_resume_compatible), so what is named here is what the run goes on with anew."""
     saved = _with_implied_flags(state.get("config", {}))
     now = {name: value for name, value in config.items() if name not in _NOT_NOTED}
-    return _was_and_is({**_changes(saved, now), **_reward_model_change(saved, config)})
+    changes = _changes(saved, now, flags_in_effect(saved), flags_in_effect(config))
+    return _was_and_is({**changes, **_reward_model_change(saved, config)})
 
 
 def _reward_model_change(saved: dict[str, Any], now: dict[str, Any]) -> _Changes:
@@ -499,8 +500,10 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **args.model}
     if "preset" in asked:
         asked["preset"] = given_preset(args)  # the default is no flag given: a finished cpu-deep run is this run
+    recorded_in_effect, asked_in_effect = flags_in_effect(recorded), flags_in_effect(asked)
     differs = any(name not in _NOT_THE_RUN and name != REWARD_MODEL_FLAG and value is not None
                   and _comparable(recorded[name]) != _comparable(value)
+                  and _comparable(recorded_in_effect[name]) != _comparable(asked_in_effect[name])
                   for name, value in asked.items() if name in recorded)
     differs = differs or bool(_reward_model_change(recorded, asked))
     return {} if differs or not recorded else summary
@@ -514,12 +517,19 @@ def _comparable(value: Any) -> Any:
 _Changes = dict[str, tuple[Any, Any]]  # name -> (its value in the checkpoint's config, its value now)
 
 
-def _changes(saved: dict[str, Any], now: dict[str, Any]) -> _Changes:
+def _changes(saved: dict[str, Any], now: dict[str, Any], saved_in_effect: dict[str, Any] | None = None,
+             now_in_effect: dict[str, Any] | None = None) -> _Changes:
     """Each name of `now` whose value differs from the one the checkpoint's config `saved` records, compared as
     trainer_state.json holds them. A name it does not record is no change (an older checkpoint, from before the
-    flag); one it records as null is a value (the flag left unset), so a resume that gives the flag is a change."""
+    flag); one it records as null is a value (the flag left unset), so a resume that gives the flag is a change,
+    unless the two sides' values in effect (`saved_in_effect`, `now_in_effect`: flags_in_effect's, where given)
+    agree: a flag given at the value it has unset (GRPO's --epsilon_high at --epsilon's) is no change."""
+    def same_in_effect(name: str) -> bool:
+        return (saved_in_effect is not None and now_in_effect is not None
+                and _comparable(saved_in_effect[name]) == _comparable(now_in_effect[name]))
+
     return {name: (_comparable(saved[name]), _comparable(value)) for name, value in now.items()
-            if name in saved and _comparable(saved[name]) != _comparable(value)}
+            if name in saved and _comparable(saved[name]) != _comparable(value) and not same_in_effect(name)}
 
 
 def _was_and_is(changes: _Changes, flags: bool = True) -> str:

@@ -36,8 +36,8 @@ from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
-                                requested_model_fields, resolve_copy_rows, scored_against_starting_weights,
-                                settable_model_fields, uses_lora)
+                                flags_in_effect, requested_model_fields, resolve_copy_rows,
+                                scored_against_starting_weights, settable_model_fields, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
 from trainer.checkpoint import (OBJECTIVE_STATE_KEY, RunStart, adopt_saved_architecture, agree_on_start,
@@ -477,7 +477,8 @@ class Trainer:
         from trainer.dpo import DirectPreference
         reference = load_input_model(self.starting_weights, "--from_weight", **requested_model_fields(self.args))
         return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast,
-                                self.args.loss_type, self.args.label_smoothing, self.args.loss_weights,
+                                self.args.loss_type, self.args.label_smoothing,
+                                flags_in_effect(self.args.to_dict())["loss_weights"],
                                 self.args.discopop_tau, rpo_alpha=self.args.rpo_alpha, ld_alpha=self.args.ld_alpha,
                                 use_weighting=self.args.use_weighting, f_divergence_type=self.args.f_divergence_type,
                                 f_alpha_divergence_coef=self.args.f_alpha_divergence_coef)
@@ -488,7 +489,8 @@ class Trainer:
         from trainer.rewards import load_reward
         args = self.args
         specs = args.reward or []
-        weights = args.reward_weights or [1.0] * (len(specs) + bool(args.reward_model))
+        in_effect = flags_in_effect(args.to_dict())  # the unset weights and clip range, as a resume compares them
+        weights = in_effect["reward_weights"]
         rewards = [load_reward(spec, weight) for spec, weight in zip(specs, weights)]
         if args.reward_model:
             from trainer.reward_model import load_reward_model, reward_model_directory
@@ -512,7 +514,7 @@ class Trainer:
         from trainer.grpo import GroupRelativePolicy, RolloutSettings
         settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length,
                                    args.temperature, args.top_p, args.beta, args.epsilon,
-                                   args.epsilon if args.epsilon_high is None else args.epsilon_high,
+                                   in_effect["epsilon_high"],
                                    args.num_iterations, args.scale_rewards, args.importance_sampling_level)
         return GroupRelativePolicy(rewards, self.tokenizer, settings, *common, sharded=self.sharded)
 

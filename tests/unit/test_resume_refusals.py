@@ -419,6 +419,40 @@ def test_a_resume_that_gives_a_flag_the_checkpoint_recorded_unset_notes_it(task,
     assert changed_flags({"config": before_the_flag}, parse_args(task, flags).to_dict()) == ""
 
 
+@pytest.mark.parametrize("task, recorded_flags, flags, other", [
+    ("grpo", [], ["--epsilon_high", "0.2"], ["--epsilon_high", "0.25"]),  # unset, the upper clip is --epsilon's
+    ("grpo", ["--epsilon", "0.3"], ["--epsilon", "0.3", "--epsilon_high", "0.3"], ["--epsilon", "0.3",
+                                                                                   "--epsilon_high", "0.2"]),
+    ("dpo", [], ["--loss_weights", "1"], ["--loss_weights", "0.5"]),  # unset, 1 per --loss_type
+    ("dpo", ["--loss_type", "sigmoid,sft"], ["--loss_type", "sigmoid,sft", "--loss_weights", "1,1"],
+     ["--loss_type", "sigmoid,sft", "--loss_weights", "1,0.5"]),
+    ("grpo", ["--reward", "think_format", "--reward", "math_answer"],  # unset, 1 each
+     ["--reward", "think_format", "--reward", "math_answer", "--reward_weights", "1", "1"],
+     ["--reward", "think_format", "--reward", "math_answer", "--reward_weights", "1", "2"]),
+    ("ppo", RM, [*RM, "--reward_weights", "1"], [*RM, "--reward_weights", "0.5"]),
+    ("ppo", [*RM, "--reward", "think_format"], [*RM, "--reward", "think_format", "--reward_weights", "1", "1"],
+     [*RM, "--reward", "think_format", "--reward_weights", "2", "1"]),
+])
+def test_a_flag_given_at_the_value_it_has_unset_is_no_change(task, recorded_flags, flags, other, tmp_path):
+    """A flag the checkpoint records as null whose value other flags decide (GRPO's --epsilon_high: --epsilon's;
+    --loss_weights, --reward_weights: 1 each) and a resume gives at that value, or the other way round, changes
+    nothing: no note (it said '--epsilon_high was None there and is 0.2 now' of the same clip range), and a finished
+    run asked again with it is that run. Another value is still a change, named as recorded."""
+    from trainer.checkpoint import changed_flags, finished_run_asked_again
+
+    unset, given = parse_args(task, recorded_flags).to_dict(), parse_args(task, flags).to_dict()
+    assert changed_flags({"config": unset}, given) == ""
+    assert changed_flags({"config": given}, unset) == ""
+    summary = _finished_run(unset, tmp_path)
+    assert finished_run_asked_again(tmp_path, parse_args(task, ["--out_dir", str(tmp_path), *flags])) == summary
+    assert finished_run_asked_again(tmp_path, parse_args(task, ["--out_dir", str(tmp_path), *other])) == {}
+    name = next(flag for flag in other if flag not in recorded_flags)[2:]
+    assert changed_flags({"config": unset}, parse_args(task, other).to_dict()) == (
+        f"--{name} was None there and is {parse_args(task, other).to_dict()[name]} now")
+    before_the_flag = {key: value for key, value in unset.items() if key != name}  # not recorded: not compared
+    assert changed_flags({"config": before_the_flag}, parse_args(task, other).to_dict()) == ""
+
+
 def test_a_grpo_checkpoint_from_before_scale_rewards_notes_a_change_of_scaling():
     """A GRPO run recorded before --scale_rewards existed scaled as its loss type's default: resuming it with that
     scaling notes nothing, with another notes the change (it was silent: the flag is not in its config)."""

@@ -59,7 +59,7 @@ def test_bucket_losses_equal_models_loaded_with_each_scaling(tiny_models, tokeni
 
 @pytest.mark.parametrize("spec", ["yarn", "yarn:x", "yarn:1", "rope:4", "yarn:4@", "yarn:4@-3", "linear:0.5",
                                   "yarn:inf", "yarn:nan", "linear:1e308", "dynamic:inf", "yarn:1e307@256",
-                                  "yarn:2@" + "9" * 400, "yarn:2@16777217"])
+                                  "yarn:2@" + "9" * 400, "yarn:2@16777217", "yarn:2@0", "dynamic:1.0"])
 def test_bad_scaling_items_are_refused_in_one_line(spec: str) -> None:
     with pytest.raises(ValueError, match=r"--scalings item .* use none or TYPE:FACTOR\[@L\]") as error:
         parse_scaling(spec, 128)
@@ -86,6 +86,17 @@ def test_an_absurd_factor_is_refused_naming_it_and_the_range_before_the_model_lo
         f"TYPE:FACTOR[@L] with TYPE one of yarn, linear, dynamic, FACTOR a number in (1, 1024] and L an integer in "
         f"1 .. 16777216 (e.g. yarn:4@256)")
     assert parse_scaling("yarn:1024@256", 128).max_position_embeddings == 1024 * 256
+
+
+def test_the_ends_of_the_length_range_are_taken() -> None:
+    """L = 1 and L = 2^24 are the range's ends, taken as given (L = 0 and 2^24 + 1 are refused above), and a factor
+    just above 1 is one: a bound one step too tight would refuse them."""
+    assert parse_scaling("yarn:2@1", 128).rope_scaling == {"rope_type": "yarn", "factor": 2.0,
+                                                           "original_max_position_embeddings": 1}
+    assert parse_scaling("yarn:2@1", 128).max_position_embeddings == 2
+    assert parse_scaling(f"dynamic:2@{2 ** 24}", 128).max_position_embeddings == 2 ** 24
+    assert parse_scaling(f"linear:1.5@{2 ** 24}", 128).max_position_embeddings == 3 * 2 ** 23
+    assert parse_scaling("linear:1.0001", 128).rope_scaling == {"rope_type": "linear", "factor": 1.0001}
 
 
 def test_no_long_enough_document_is_one_line(tiny_models, tmp_path, capsys) -> None:

@@ -467,6 +467,11 @@ def test_a_grpo_checkpoint_from_before_scale_rewards_notes_a_change_of_scaling()
     recorded = {"config": {"task": "grpo", "loss_type": "dr_grpo", "scale_rewards": "group"}}
     assert changed_flags(recorded, parse_args("grpo", ["--loss_type", "dr_grpo", "--scale_rewards", "group"]
                                               ).to_dict()) == ""
+    # recorded as null (unset): the loss type's default too, as _with_implied_flags says
+    unset = {"config": {"task": "grpo", "loss_type": "dr_grpo", "scale_rewards": None}}
+    assert changed_flags(unset, parse_args("grpo", ["--loss_type", "dr_grpo"]).to_dict()) == ""
+    assert changed_flags(unset, parse_args("grpo", ["--loss_type", "dr_grpo", "--scale_rewards", "group"]
+                                           ).to_dict()) == "--scale_rewards was none there and is group now"
 
 
 def test_a_dpo_checkpoint_from_before_its_loss_flags_notes_another_loss():

@@ -290,6 +290,19 @@ def test_a_layer_index_past_the_runs_model_is_refused_where_its_config_records_t
     assert not (tmp_path / "plots" / "grad_norm.png").exists()
 
 
+@pytest.mark.parametrize("recorded", ["0", "-1", "true", "2.5", "two", "[2]"])
+def test_a_config_that_records_no_count_of_layers_bounds_nothing(tmp_path, recorded) -> None:
+    """A train_config.yaml whose num_hidden_layers is not an integer >= 1 records no model (a 0 would refuse every
+    index, naming the range 0 .. -1): the distinct-indices bound holds, as without a config."""
+    from trainer.diagnostics import recorded_layers
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 0, "diag/resid_rms/layer_00": 1.0, "diag/resid_rms/layer_01": 2.0}) + "\n")
+    (tmp_path / "train_config.yaml").write_text(f"task: pretrain\nnum_hidden_layers: {recorded}\n")
+    assert recorded_layers(path) is None
+    assert metric_matrix(path, "resid_rms", recorded_layers(path))[1].tolist() == [[1.0], [2.0]]
+
+
 def test_end_to_end_with_adamw_and_real_log_lines(tmp_path) -> None:
     """A few training steps as the training core runs them, logged to jsonl and plotted."""
     model = tiny_model("sandwich", "prmsnorm")

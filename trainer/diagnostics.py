@@ -326,7 +326,7 @@ def metric_matrix(source: str | Path | Iterable[Mapping[str, Any]], quantity: st
     if num_layers is not None and rows > num_layers:
         raise ValueError(f"{record_where(record)}: {key}: layer index {rows - 1} is out of range; the run's model "
                          f"has {num_layers} layers (num_hidden_layers in its {CONFIG_FILE}), so 0 .. {num_layers - 1}")
-    if rows > len(present):
+    if num_layers is None and rows > len(present):  # the model's blocks unknown: the indices the records log
         raise ValueError(f"{record_where(record)}: {key}: layer index {rows - 1} is out of range; the records "
                          f"log {len(present)} distinct layer indices, so 0 .. {len(present) - 1}")
     steps = np.array(sorted(by_step), dtype=np.int64)

@@ -303,6 +303,18 @@ def test_a_config_that_records_no_count_of_layers_bounds_nothing(tmp_path, recor
     assert metric_matrix(path, "resid_rms", recorded_layers(path))[1].tolist() == [[1.0], [2.0]]
 
 
+def test_where_the_config_records_the_layers_an_index_the_records_skip_is_a_row_of_nan(tmp_path) -> None:
+    """A 4-block run's records that log layers 0 and 3 only (the others' keys lost): with the model's 4 blocks
+    recorded, index 3 is in range and the skipped blocks are rows of NaN, as docs/diagnostics.md says (the
+    distinct-indices bound, 2 here, is the one without a config; it refused index 3 as out of range, 0 .. 1)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 5, "diag/resid_rms/layer_00": 1.0, "diag/resid_rms/layer_03": 4.0}) + "\n")
+    with pytest.raises(ValueError, match=r"layer index 3 is out of range; the records log 2 distinct"):
+        metric_matrix(path, "resid_rms")
+    steps, matrix = metric_matrix(path, "resid_rms", 4)
+    assert steps.tolist() == [5] and matrix[[0, 3], 0].tolist() == [1.0, 4.0] and np.isnan(matrix[1:3, 0]).all()
+
+
 def test_end_to_end_with_adamw_and_real_log_lines(tmp_path) -> None:
     """A few training steps as the training core runs them, logged to jsonl and plotted."""
     model = tiny_model("sandwich", "prmsnorm")

@@ -32,6 +32,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("auto", "on", "off")
 DISTILL_DATA = ("sft", "pretrain")  # the tasks whose data a distillation run reads
 SFT_DATA = ("tools", "chat")  # the embedded SFT sets (dataset/corpus.py): with the tool-use dialogues, and without
+DEFAULT_SFT_DATA = SFT_DATA[0]  # --sft_data unset (flags_in_effect)
 DEFAULT_REWARD = "math_answer"      # GRPO's and PPO's reward without --reward (trainer/rewards.py)
 ROLLOUT_GROUPS = {task: task for task in ROLLOUT_TASKS}  # the --help section of a flag GRPO and PPO share
 LORA_GROUPS = {"lora": "lora", **ROLLOUT_GROUPS}  # the adapter flags: LoRA's section, or GRPO's/PPO's (--lora)
@@ -506,9 +507,9 @@ def flags_in_effect(flags: Mapping[str, Any]) -> dict[str, Any]:
     """`flags` (a run's TrainArgs.to_dict(), or the config its checkpoint or train_config.yaml records) with each
     flag left unset (null) whose value other flags decide written out as that value: GRPO's --epsilon_high
     (--epsilon), DPO's --loss_weights (1 per --loss_type), GRPO's and PPO's --reward_weights (1 per --reward, and 1
-    for --reward_model). The one place these values are decided: the trainer builds its objective from them, and a
-    resume compares them, so that a flag given at the value it has unset is no change. A flag `flags` lacks stays
-    out (a run recorded before it)."""
+    for --reward_model), SFT's --sft_data without a --data_path (tools). The one place these values are decided:
+    the trainer builds its objective and picks its embedded data from them, and a resume compares them, so that a
+    flag given at the value it has unset is no change. A flag `flags` lacks stays out (a run recorded before it)."""
     unset = {name for name, value in flags.items() if value is None}
     resolved = dict(flags)
     epsilon = flags.get("epsilon")
@@ -519,6 +520,8 @@ def flags_in_effect(flags: Mapping[str, Any]) -> dict[str, Any]:
             resolved["loss_weights"] = [1.0] * len(parse_loss_types(flags["loss_type"]))
         except ValueError:  # a recorded config's unknown loss type: nothing to resolve it by
             pass
+    if "sft_data" in unset and flags.get("data_path") is None:
+        resolved["sft_data"] = DEFAULT_SFT_DATA
     rewards = flags.get("reward") or []
     if "reward_weights" in unset and isinstance(rewards, list):
         resolved["reward_weights"] = [1.0] * (len(rewards) + bool(flags.get("reward_model")))

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from dataset.split_names import DPO, GRPO, LORA, PRETRAIN, SFT, SFT_TOOLS, SplitNames
-from trainer.arg_fields import TrainArgs
+from trainer.arg_fields import TrainArgs, flags_in_effect
 from trainer.run_dir import ROLLOUT_TASKS, resolve_path
 
 if TYPE_CHECKING:
@@ -139,7 +139,8 @@ def build_run_data(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, quiet: b
 
     if args.data_path is None:
         # Distillation's SFT data stays the conversations: its student is the plain pretrained model.
-        train_path, val_path = default_data(data_task(args), quiet, args.sft_data if args.task == "sft" else "chat")
+        sft_data = flags_in_effect(args.to_dict())["sft_data"] if args.task == "sft" else "chat"
+        train_path, val_path = default_data(data_task(args), quiet, sft_data)
         if args.val_data_path is not None:
             val_path = resolve_path(args.val_data_path)
     else:

@@ -432,12 +432,14 @@ def test_a_resume_that_gives_a_flag_the_checkpoint_recorded_unset_notes_it(task,
     ("ppo", RM, [*RM, "--reward_weights", "1"], [*RM, "--reward_weights", "0.5"]),
     ("ppo", [*RM, "--reward", "think_format"], [*RM, "--reward", "think_format", "--reward_weights", "1", "1"],
      [*RM, "--reward", "think_format", "--reward_weights", "2", "1"]),
+    ("sft", [], ["--sft_data", "tools"], ["--sft_data", "chat"]),  # unset without --data_path: the tools set
 ])
 def test_a_flag_given_at_the_value_it_has_unset_is_no_change(task, recorded_flags, flags, other, tmp_path):
     """A flag the checkpoint records as null whose value other flags decide (GRPO's --epsilon_high: --epsilon's;
-    --loss_weights, --reward_weights: 1 each) and a resume gives at that value, or the other way round, changes
-    nothing: no note (it said '--epsilon_high was None there and is 0.2 now' of the same clip range), and a finished
-    run asked again with it is that run. Another value is still a change, named as recorded."""
+    --loss_weights, --reward_weights: 1 each; SFT's --sft_data: tools) and a resume gives at that value, or the
+    other way round, changes nothing: no note (it said '--epsilon_high was None there and is 0.2 now' of the same
+    clip range), and a finished run asked again with it is that run. Another value is still a change, named as
+    recorded."""
     from trainer.checkpoint import changed_flags, finished_run_asked_again
 
     unset, given = parse_args(task, recorded_flags).to_dict(), parse_args(task, flags).to_dict()

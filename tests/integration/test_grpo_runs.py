@@ -69,10 +69,12 @@ def test_a_grpo_run_logs_its_rollout_statistics_and_saves(grpo_run):
     assert (grpo_run / "model.safetensors").is_file() and model_task(grpo_run) == "grpo"
 
 
-def test_a_resumed_grpo_run_samples_the_same_rollouts(grpo_run, grpo_data, tiny_models, tmp_path):
+def test_a_resumed_grpo_run_samples_the_same_rollouts(grpo_run, grpo_data, tiny_models, tmp_path, capsys):
     resumed = tmp_path / "resumed"
     run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, resumed, "--resume",
                                  str(grpo_run / "checkpoints" / "step_00000002")))
+    out = capsys.readouterr()  # the same command line: nothing changed (--epsilon_high, --reward left to resolve)
+    assert "resumed from" in out.out and "changed since the checkpoint" not in out.out + out.err
     theirs = read_metrics(grpo_run, "train")[2:]
     ours = read_metrics(resumed, "train")
     assert train_losses(resumed) == train_losses(grpo_run)[2:]

@@ -174,7 +174,7 @@ def test_serve_with_lora_answers_with_the_adapter(lora_run, tiny_models, adapter
 
 
 @pytest.mark.parametrize("task", ["lora", "dpo"])
-def test_resume_continues_the_uninterrupted_run(task, train_data, tiny_models, tmp_path):
+def test_resume_continues_the_uninterrupted_run(task, train_data, tiny_models, tmp_path, capsys):
     """A run checkpointed at step 3 and resumed from there gives the uninterrupted run's losses at steps 4-6, bit
     for bit (LoRA with adapter dropout, whose masks come from the restored RNG state)."""
     extra = ["--save_interval", "3", "--learning_rate", "3e-3"] + (["--lora_dropout", "0.1"] if task == "lora" else [])
@@ -183,6 +183,8 @@ def test_resume_continues_the_uninterrupted_run(task, train_data, tiny_models, t
     resumed = tmp_path / "resumed"
     run_in_process(task, finetune_argv(task, train_data, tiny_models.sft, resumed, *extra, "--resume",
                                        str(whole / "checkpoints" / "step_00000003")))
+    out = capsys.readouterr()  # the same command line: nothing changed (DPO's --loss_weights left unset)
+    assert "resumed from" in out.out and "changed since the checkpoint" not in out.out + out.err
     assert len(train_losses(whole)) == 6 and train_losses(resumed) == train_losses(whole)[3:]
 
 

@@ -42,10 +42,12 @@ def _argv(data, start, out_dir, *extra: str) -> list[str]:
             "--compile", "off", "--threads", "1", "--reward", f"{data / 'letters.py'}:letter_e", *extra]
 
 
-def _command_line(argv: list[str]) -> None:
+def _command_line(argv: list[str]) -> str:
+    """Run train_ppo.py with `argv`; its output (stdout, then stderr)."""
     run = subprocess.run([sys.executable, "trainer/train_ppo.py", *argv], cwd=REPO, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
+    return run.stdout + run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +85,9 @@ def test_a_ppo_run_from_the_command_line_logs_its_statistics_and_saves_the_polic
 
 def test_a_resumed_ppo_run_equals_the_uninterrupted_one(ppo_run, ppo_data, tiny_models, tmp_path):
     resumed = tmp_path / "resumed"
-    _command_line(_argv(ppo_data, tiny_models.pretrain, resumed, "--resume",
-                        str(ppo_run / "checkpoints" / "step_00000002")))
+    out = _command_line(_argv(ppo_data, tiny_models.pretrain, resumed, "--resume",
+                              str(ppo_run / "checkpoints" / "step_00000002")))
+    assert "resumed from" in out and "changed since the checkpoint" not in out  # the same command line
     theirs, ours = read_metrics(ppo_run, "train")[2:], read_metrics(resumed, "train")
     assert train_losses(resumed) == train_losses(ppo_run)[2:]
     for name in ("reward", "completion_length", "value_loss", "explained_variance"):

@@ -154,6 +154,12 @@ def byte_fallback_value(token: str) -> int | None:
     return int(match[1], 16) if match else None
 
 
+def _decoder_steps(backend: Tokenizer) -> list[dict[str, Any]]:
+    """The steps of a tokenizers decoder, in order, as their JSON (a Sequence's decoders, else the one decoder)."""
+    decoder = json.loads(backend.decoder.__getstate__())
+    return (decoder.get("decoders") or []) if decoder.get("type") == "Sequence" else [decoder]
+
+
 def decodes_byte_runs_whole(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether `tokenizer` decodes each run of byte-fallback tokens as tokenizers' ByteFallback decoder does, and
     nothing after it changes the run's text: the run's bytes as UTF-8 when they are valid and end on a whole
@@ -164,8 +170,7 @@ def decodes_byte_runs_whole(tokenizer: PreTrainedTokenizerBase) -> bool:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.decoder is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return False
-    decoder = json.loads(backend.decoder.__getstate__())
-    steps = (decoder.get("decoders") or []) if decoder.get("type") == "Sequence" else [decoder]
+    steps = _decoder_steps(backend)
     kinds = [step.get("type") for step in steps]
     if kinds.count("ByteFallback") != 1:
         return False
@@ -184,9 +189,8 @@ def decodes_byte_runs_whole(tokenizer: PreTrainedTokenizerBase) -> bool:
 def start_strips(tokenizer: PreTrainedTokenizerBase) -> tuple[tuple[str, int], ...]:
     """What the decoder of a tokenizer that decodes_byte_runs_whole takes off the start of the whole text, in its
     order: (character, at most how many of it) for each Strip step (Llama's: (" ", 1), its first space)."""
-    decoder = json.loads(tokenizer.backend_tokenizer.decoder.__getstate__())
-    steps = (decoder.get("decoders") or []) if decoder.get("type") == "Sequence" else [decoder]
-    return tuple((step["content"], step["start"]) for step in steps if step.get("type") == "Strip")
+    return tuple((step["content"], step["start"]) for step in _decoder_steps(tokenizer.backend_tokenizer)
+                 if step.get("type") == "Strip")
 
 
 def stripped_start(text: str, strips: Sequence[tuple[str, int]]) -> str:

@@ -107,10 +107,11 @@ def desensitized_log_probs(log_probs: torch.Tensor, labels: torch.Tensor, alpha:
 
 @torch.no_grad()
 def wpo_weights(logits: torch.Tensor, labels: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
-    """WPO's weight of each pair (Zhou et al. 2024, eq. 2, as TRL 0.28 computes it), without gradient: per answer,
+    """WPO's weight of each pair (Zhou et al. 2024, eq. 2, with TRL 0.28's clamp), without gradient: per answer,
     w = exp(mean over its tokens of log p(token) - log sum_v p_v^2), each token's probability taken relative to the
     policy's own sharpness there; the pair's weight is min(1, w_c w_r). `logits` and `labels` are the 2B rows' (B
-    chosen, then their B rejected), `log_probs` their token_log_probs."""
+    chosen, then their B rejected), `log_probs` their token_log_probs. Every answer token's log p counts, as in TRL's
+    2026-02 rewrite (0.28's sat one position off its mask and left out the last one's)."""
     answer = shift_labels(labels) != -100
     sharpness = torch.logsumexp(2 * F.log_softmax(logits.float(), dim=-1), dim=-1)  # log sum_v p_v^2
     means = ((log_probs - sharpness) * answer).sum(dim=-1) / answer.sum(dim=-1).clamp(min=1)

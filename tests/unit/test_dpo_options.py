@@ -376,6 +376,7 @@ def test_wpo_weighs_each_pairs_loss_in_dpo_loss():
     (["--rpo_alpha", "-1"], "--rpo_alpha=-1.0 is not allowed; it must be a number >= 0 (RPO's weight of the chosen "
                             "answer's NLL; the paper's 1.0)"),
     (["--rpo_alpha", "nan"], "--rpo_alpha=nan is not allowed; it must be a number >= 0"),
+    (["--rpo_alpha", "inf"], "--rpo_alpha=inf is not allowed; it must be a number >= 0"),
     (["--loss_type", "sft", "--rpo_alpha", "1"], "--rpo_alpha=1.0 is not allowed; it adds the chosen answer's NLL to "
                                                  "a preference loss, and --loss_type sft is that NLL alone: weigh it "
                                                  "with --loss_weights instead"),

@@ -428,6 +428,17 @@ def test_the_objective_refuses_what_the_flags_refuse():
         DirectPreference(_Tiny(0.5), BETA, torch.enable_grad, ld_alpha=2.0)
 
 
+def test_dpo_loss_refuses_what_the_flags_refuse():
+    """dpo_loss, called without the flags' checks, refuses a divergence it does not know (it would otherwise take
+    DPO's margin), one no listed type reads, and WPO's weights with a type that sorts the pairs."""
+    with pytest.raises(ValueError, match=r"^--f_divergence_type='forward_kl' is not allowed; choose one of"):
+        dpo_loss(*_leaves(), BETA, f_divergence_type="forward_kl")
+    with pytest.raises(ValueError, match=r"^--f_divergence_type='js_divergence' is not allowed; only --loss_type"):
+        dpo_loss(*_leaves(), BETA, "nca_pair", f_divergence_type="js_divergence")
+    with pytest.raises(ValueError, match=r"^--use_weighting=True is not allowed; --loss_type aot sorts"):
+        dpo_loss(*_leaves(), BETA, "aot", pair_weights=torch.ones(3, dtype=torch.float64))
+
+
 # A checkpoint recorded before the options ran without them.
 
 def test_a_dpo_run_recorded_before_the_options_implies_their_values():

@@ -439,6 +439,22 @@ def test_dpo_loss_refuses_what_the_flags_refuse():
         dpo_loss(*_leaves(), BETA, "aot", pair_weights=torch.ones(3, dtype=torch.float64))
 
 
+def test_nll_loss_is_logged_with_sft_and_counts_the_real_pairs_only():
+    """`sigmoid,sft` logs nll_loss as RPO does; a padding pair (no target, as validation shards are padded) adds
+    nothing to it nor to the loss: with pair 1 blanked, the sums are pair 0's, by hand from the softmax."""
+    labels = LABELS.clone()
+    labels[[1, 3]] = -100
+    objective = DirectPreference(_Tiny(0.5), BETA, torch.enable_grad, "sigmoid,sft")
+    batch = {"input_ids": INPUT_IDS, "attention_mask": torch.ones_like(INPUT_IDS), "labels": labels}
+    loss, stats = objective.loss(_Tiny(1.0), batch, torch.tensor(1))
+    assert objective.stat_names[-1] == "nll_loss" and len(stats) == len(objective.stat_names)
+    pi, ref = _token_terms(_Tiny(1.0).table.detach()), _token_terms(_Tiny(0.5).table.detach())
+    nll = -sum(lp for lp, _ in pi[0]) / len(pi[0])
+    ratios = [sum(lp for lp, _ in pi[row]) - sum(lp for lp, _ in ref[row]) for row in (0, 2)]
+    assert stats[-1].item() == pytest.approx(nll, rel=1e-6)
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-BETA * (ratios[0] - ratios[1]))) + nll, rel=1e-6)
+
+
 # A checkpoint recorded before the options ran without them.
 
 def test_a_dpo_run_recorded_before_the_options_implies_their_values():

@@ -459,7 +459,7 @@ def test_nll_loss_is_logged_with_sft_and_counts_the_real_pairs_only():
 
 def test_a_dpo_run_recorded_before_the_options_implies_their_values():
     """checkpoint._FLAGS_BEFORE writes them out: no RPO term, no LD-DPO, no WPO, DPO's reverse KL with TRL's
-    alpha 1.0 unread; resuming as it ran notes nothing, another divergence or WPO notes the change."""
+    alpha 1.0 unread; resuming as it ran notes nothing, another divergence, WPO, RPO or LD-DPO notes the change."""
     from trainer.checkpoint import _with_implied_flags, changed_flags
 
     old = {"task": "dpo", "beta": 0.15, "loss_type": "sigmoid"}
@@ -474,3 +474,5 @@ def test_a_dpo_run_recorded_before_the_options_implies_their_values():
                                                      ).to_dict()) == (
         "--use_weighting was False there and is True now, --f_divergence_type was reverse_kl there and is "
         "alpha_divergence now, --f_alpha_divergence_coef was 1.0 there and is 0.5 now")
+    assert changed_flags({"config": old}, parse_args("dpo", ["--rpo_alpha", "1", "--ld_alpha", "0.5"]).to_dict()) == (
+        "--rpo_alpha was None there and is 1.0 now, --ld_alpha was None there and is 0.5 now")

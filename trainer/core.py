@@ -6,10 +6,11 @@ the model, data, optimizer and schedule, and its loop (`Trainer.run`) takes opti
 hands each result to components that decide their own timing: the reporter (trainer/reporting.py: progress bar,
 metrics.jsonl, wandb), evaluation and checkpoints at their intervals, the time budget (trainer/budget.py); the end
 of the run writes its artifacts through trainer/export.py. What differs between the kinds of run is confined to
-three places: the model (`_build_model`; LoRA wraps it with PEFT adapters, PPO puts a critic beside it), the
-objective (trainer/objectives.py: language modeling, trainer/dpo.py's preference loss against a frozen reference
-model, trainer/grpo.py's and trainer/ppo.py's policy losses on the rollouts they sample first; `train_step` is the
-one place the loop meets it) and the data (trainer/data.py).
+three places: the model (trainer/run_inputs.py's `build_model`, which also checks the run's input paths and loads
+its tokenizer; LoRA wraps it with PEFT adapters, PPO puts a critic beside it), the objective (trainer/objectives.py:
+language modeling, trainer/dpo.py's preference loss against a frozen reference model, trainer/grpo.py's and
+trainer/ppo.py's policy losses on the rollouts they sample first; `train_step` is the one place the loop meets it)
+and the data (trainer/data.py).
 """
 
 from __future__ import annotations
@@ -32,12 +33,9 @@ from tqdm.auto import tqdm
 
 from dataset.atomic_io import atomic_write_text, first_line
 from dataset.json_text import strict_json
-from dataset.tokenization import check_same_tokenizer
-from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
-from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
-                                flags_in_effect, requested_model_fields, resolve_copy_rows,
-                                scored_against_starting_weights, settable_model_fields, uses_lora)
+from trainer.arg_fields import (TrainArgs, flags_in_effect, requested_model_fields, resolve_copy_rows,
+                                scored_against_starting_weights, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
 from trainer.checkpoint import (OBJECTIVE_STATE_KEY, RunStart, adopt_saved_architecture, agree_on_start,
@@ -56,11 +54,10 @@ from trainer.machine import compile_enabled, machine_line, resolve_dtype
 from trainer.objectives import CopySettings, EvalResult, LanguageModeling, LanguageModelingWithCopies, Objective
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
-from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, DEFAULT_FROM_WEIGHT, EXIT_DIVERGED, EXIT_INTERRUPTED,
-                             EXIT_PEER_LOST, OVERWRITE_FLAG, ROLLOUT_TASKS, MERGED_DIR, RUN_ID_KEY, SUMMARY_FILE,
-                             WEIGHT_FILES, check_out_dir, code_version, create_command, is_adapter_dir,
-                             is_model_dir, list_checkpoints, load_input_model, report_error, resolve_path,
-                             starting_directory)
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST,
+                             OVERWRITE_FLAG, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE, code_version, list_checkpoints,
+                             load_input_model, report_error, resolve_path)
+from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -95,111 +92,6 @@ class RunSummary:
     code: str = field(default_factory=code_version)
 
 
-def _load_tokenizer(args: TrainArgs):
-    from dataset.tokenization import load_tokenizer
-    if not args.tokenizer_path:
-        return load_tokenizer(None)
-    from model.loading import load_dir_tokenizer
-    try:
-        return load_dir_tokenizer(resolve_path(args.tokenizer_path))
-    except ValueError as error:
-        raise ValueError(f"--tokenizer_path {resolve_path(args.tokenizer_path)}: {error}") from None
-
-
-def _starting_weights(args: TrainArgs) -> Path:
-    """The model directory a fine-tuning run starts from: --from_weight, else its task's default."""
-    source_task = DEFAULT_FROM_WEIGHT[args.task]
-    source = starting_directory(args.task, args.from_weight)
-    if is_adapter_dir(source):
-        merged = source / MERGED_DIR
-        start = (f"start from its merged model, --from_weight {merged}" if is_model_dir(merged)
-                 else "merge it first (train_lora.py --merge writes OUT_DIR/merged) and start from that")
-        raise ValueError(f"--from_weight {source}: a LoRA adapter, not a model (its weights are the base model's "
-                         f"plus the adapter's); {start}")
-    if not is_model_dir(source):
-        raise FileNotFoundError(f"--from_weight {source}: no model to start from there (config.json and "
-                                f"{' or '.join(WEIGHT_FILES)}); create it with `{create_command(source_task, source)}` "
-                                f"(or pass --from_weight DIR)")
-    return source
-
-
-def _check_inputs(args: TrainArgs) -> dict[str, Path]:
-    """The run's paths, before any work: the model directories it starts from (--from_weight) or scores with
-    (--teacher, --reward_model) hold a model whose config.json reads, and --out_dir can be a directory apart from
-    them. A bad one is a one-line error naming the flag, before any data is tokenized or anything written. Returns
-    those model directories by flag, defaults resolved."""
-    from model.loading import load_config
-    inputs: dict[str, Path] = {}
-    if args.task != "pretrain":
-        inputs["--from_weight"] = _starting_weights(args)
-    if args.task == "distill":
-        from trainer.distillation import teacher_model_dir
-        inputs["--teacher"] = teacher_model_dir(args.teacher)
-    if args.reward_model:
-        from trainer.reward_model import reward_model_dir, reward_model_directory
-        inputs["--reward_model"] = reward_model_dir(reward_model_directory(args.reward_model))
-    for flag, source in inputs.items():
-        try:
-            load_config(source)
-        except ValueError as error:
-            raise ValueError(f"{flag} {error}") from None
-    data = {f"--{name}": resolve_path(getattr(args, name)) for name in ("data_path", "val_data_path")
-            if getattr(args, name)}
-    check_out_dir(args.resolved_out_dir(), inputs, data)
-    return inputs
-
-
-def _check_vocab_size(args: TrainArgs, tokenizer: Any) -> None:
-    """A pretraining --vocab_size below the tokenizer's: ids from it on would have no embedding (an IndexError in
-    the first forward pass)."""
-    asked = args.model.get("vocab_size")
-    if args.task == "pretrain" and asked is not None and asked < len(tokenizer):
-        raise ValueError(f"--vocab_size={asked} is not allowed; the tokenizer has {len(tokenizer)} tokens, so it "
-                         f"must be >= {len(tokenizer)} (leave it unset for exactly that)")
-
-
-def _build_model(args: TrainArgs, tokenizer, source: Path | None) -> tuple[MiniNormForCausalLM, list[str]]:
-    """(a fresh model (pretraining) or the starting weights (every fine-tuning run: `source`, the --from_weight
-    _check_inputs resolved), before any wrapping; the model switches this run turns on, whose new weights the
-    starting checkpoint lacks)."""
-    if args.task == "pretrain":
-        config = build_model_config(args, vocab_size=len(tokenizer))
-        config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-        return MiniNormForCausalLM(config), []
-    assert source is not None, "a fine-tuning run starts from --from_weight"
-    check_same_tokenizer(tokenizer, source, "--from_weight")
-    addable = ADDABLE_MODEL_FIELDS.get(args.task, ())
-    requested = requested_model_fields(args)
-    fixed = sorted(set(requested) - set(settable_model_fields(args.task)))
-    if fixed:
-        turned_on = "".join(f", and --{name} true" for name in addable)
-        raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "
-                         f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set{turned_on}")
-    starting = MiniNormConfig.from_pretrained(source)
-    for name in addable:
-        if name in requested and getattr(starting, name) and not requested[name]:
-            raise ValueError(f"--{name} false: {source} was trained with it on; fine-tuning keeps it (leave the "
-                             f"flag unset)")
-    added = [name for name in addable if requested.get(name) and not getattr(starting, name)]
-    # A switch turned on here starts its new weights as a fresh model's do (smeared keys: logit 0, each key half its
-    # own, half the previous position's): missing from the checkpoint on purpose. Any other missing weight, or one
-    # of another shape, is an error (transformers would start it at random).
-    new_weights: set[str] = set()
-    if added:
-        with torch.device("meta"):
-            before = set(MiniNormForCausalLM(starting).state_dict())
-            after = MiniNormForCausalLM(MiniNormConfig.from_pretrained(source, **requested)).state_dict()
-        new_weights = set(after) - before
-    return load_input_model(source, "--from_weight", allowed_missing=new_weights, **requested), added
-
-
-def _effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, Any]:
-    config = {k: v for k, v in args.to_dict().items() if k != "model"}
-    config.update({name: getattr(model.config, name) for name in MODEL_FIELDS})
-    config["out_dir"] = str(args.resolved_out_dir())
-    return config
-
-
 def make_optimizer(model: torch.nn.Module, args: TrainArgs, device: torch.device) -> torch.optim.Optimizer:
     """The optimizer the flags ask for (trainer/optim.py builds it). An fp32 run on a CPU orthogonalizes Muon's
     updates in fp32: `--dtype auto` picks fp32 exactly where the CPU's bf16 products are emulated."""
@@ -228,9 +120,9 @@ class Trainer:
         args.dtype = resolve_dtype(args.dtype)
         self.args = args
         self.on_results_written = on_results_written
-        self.input_models = _check_inputs(args)
+        self.input_models = check_inputs(args)
         # Fine-tuning: the model directory it starts from, which DPO's, GRPO's and PPO's frozen reference (and PPO's
-        # critic) are loaded from too, as _check_inputs resolved and checked it before any work.
+        # critic) are loaded from too, as check_inputs resolved and checked it before any work.
         self.starting_weights = self.input_models.get("--from_weight")
         self.threads = ThreadPolicy(parse_threads(args.threads))  # first: the set-up runs at this count too
         self.threads.start()
@@ -267,8 +159,8 @@ class Trainer:
             adopt_saved_architecture(self.resume_from, self.resume_state, args)
         self.threads.keep_runs((self.resume_state or {}).get(THREADS_KEY))
         set_seed(args.seed)
-        self.tokenizer = _load_tokenizer(args)
-        _check_vocab_size(args, self.tokenizer)  # before the data: a refusal costs no tokenizing
+        self.tokenizer = load_run_tokenizer(args)
+        check_vocab_size(args, self.tokenizer)  # before the data: a refusal costs no tokenizing
         with self.accelerator.main_process_first():
             self.data = build_run_data(args, self.tokenizer, quiet=not self.is_main)
         self.data_identity = data_identity(self.data)
@@ -276,7 +168,7 @@ class Trainer:
             check_resume_compatible(self.resume_from, self.resume_state, args, self.data_identity)
         set_seed(args.seed)  # the same initial weights whatever the data building consumed
         base = self._base_model()
-        self.config_dict = _effective_config(args, base)
+        self.config_dict = effective_config(args, base)
         if args.use_wandb:  # after the model: the logged config carries what the rules above resolved
             self._start_wandb()
         self.model = self._wrap_for_task(base)
@@ -339,7 +231,7 @@ class Trainer:
         """The model this run trains, before any wrapping: fresh or the starting weights, checked against a
         resumed checkpoint's architecture and against --max_seq_len; the copy rows resolved by its switches."""
         args = self.args
-        base, self.added_switches = _build_model(args, self.tokenizer, self.starting_weights)
+        base, self.added_switches = build_model(args, self.tokenizer, self.starting_weights)
         materialize_meta_parameters(base)  # before the optimizer holds them (FSDP's loading on the other processes)
         if self.resume_state is not None:
             check_saved_architecture(self.resume_from, self.resume_state, base.config)

@@ -96,12 +96,12 @@ def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(referenc
     assert len(smear) == tuned.config.num_hidden_layers and any(p.abs().max() > 0 for p in smear)  # trained
 
     from trainer.args import parse_args
-    from trainer.core import _build_model, _load_tokenizer, _starting_weights
+    from trainer.run_inputs import build_model, load_run_tokenizer, starting_weights_dir
     args = parse_args("sft", argv)
     reports = _Collect()
     logging.getLogger("transformers").addHandler(reports)
     try:
-        start, added_switches = _build_model(args, _load_tokenizer(args), _starting_weights(args))
+        start, added_switches = build_model(args, load_run_tokenizer(args), starting_weights_dir(args))
     finally:
         logging.getLogger("transformers").removeHandler(reports)
     assert added_switches == ["smeared_keys"]
@@ -120,7 +120,7 @@ def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(referenc
               broken / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"^--from_weight cannot load .*broken: .*: missing model\.norm\.weight$"):
         broken_args = parse_args("sft", sft_argv(train_data, broken, tmp_path / "not_run", "--smeared_keys", "true"))
-        _build_model(broken_args, _load_tokenizer(args), _starting_weights(broken_args))
+        build_model(broken_args, load_run_tokenizer(args), starting_weights_dir(broken_args))
 
     with pytest.raises(ValueError, match="--smeared_keys false: .* was trained with it on"):
         run_in_process("sft", sft_argv(train_data, tmp_path / "sft", tmp_path / "back", "--smeared_keys", "false"))

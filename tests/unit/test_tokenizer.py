@@ -245,10 +245,10 @@ def test_fine_tuning_with_another_tokenizer_is_refused_in_one_line(tmp_path, tok
     """A model directory keeps the tokenizer it was trained with; training it further with another one (the default
     tokenizer after it changed, say) is refused before any step, naming both and the way out."""
     from trainer.args import parse_args
-    from trainer.core import _build_model
+    from trainer.run_inputs import build_model
 
     args = parse_args("sft", ["--from_weight", str(tiny_models.pretrain)])
-    model, _ = _build_model(args, tokenizer, tiny_models.pretrain)
+    model, _ = build_model(args, tokenizer, tiny_models.pretrain)
     assert model.config.vocab_size == len(tokenizer)  # its own tokenizer: accepted
     old = tmp_path / "old"
     old.mkdir()
@@ -261,7 +261,7 @@ def test_fine_tuning_with_another_tokenizer_is_refused_in_one_line(tmp_path, tok
     args = parse_args("sft", ["--from_weight", str(old)])
     with pytest.raises(ValueError, match=r"^--from_weight .*old: its tokenizer.json differs from the tokenizer in "
                                          r".*model.*--tokenizer_path .*old, or train it again"):
-        _build_model(args, tokenizer, old)
+        build_model(args, tokenizer, old)
 
 
 # ---------------------------------------------------------------- a model directory's tokenizer files, written jointly

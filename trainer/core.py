@@ -556,7 +556,18 @@ class Trainer:
 
     def _update(self, batches: list[dict[str, torch.Tensor]], num_items: torch.Tensor, real_tokens: int,
                 arm_diagnostics: bool) -> StepResult:
-        """One optimizer update over the step's micro-batches (the schedule is train_step's)."""
+        """One optimizer update over the step's micro-batches (the schedule is train_step's): their gradients, then
+        the optimizer step, unless the group's loss diverged."""
+        loss, stats = self._accumulate_gradients(batches, num_items, arm_diagnostics)
+        if stats is None:
+            return StepResult("diverged", loss, tokens=real_tokens)
+        return self._optimizer_step(loss, stats, real_tokens, arm_diagnostics)
+
+    def _accumulate_gradients(self, batches: list[dict[str, torch.Tensor]], num_items: torch.Tensor,
+                              arm_diagnostics: bool) -> tuple[float, dict[str, float] | None]:
+        """Forward and backward over the step's micro-batches: (the group's loss over all processes, the
+        objective's statistics as means over the step's units, all processes), or (the loss, None) when it is not
+        finite: then the last backward is not run and the gradients are dropped."""
         accelerator, model = self.accelerator, self.model
         # Each micro-batch's loss is its token sum over the whole group's supervised tokens (all processes):
         # after Accelerate's 1/accumulation and DDP's 1/world averaging, the gradient is the exact token mean.
@@ -582,12 +593,20 @@ class Trainer:
                             if arm_diagnostics:
                                 self.diagnostics.disarm()
                             self.optimizer.zero_grad(set_to_none=True)
-                            return StepResult("diverged", loss, tokens=real_tokens)
+                            return loss, None
                     accelerator.backward(micro_loss * scale)
         stats: dict[str, float] = {}
         if self.objective.stat_names:  # means over the step's units, all processes
             stat_means = (accelerator.reduce(stat_sums, reduction="sum") / num_items).tolist()
             stats = dict(zip(self.objective.stat_names, stat_means))
+        return loss, stats
+
+    def _optimizer_step(self, loss: float, stats: dict[str, float], real_tokens: int,
+                        arm_diagnostics: bool) -> StepResult:
+        """The update from the accumulated gradients: clipped to --grad_clip (its norm measured), applied unless
+        the gradient is not finite (or, under fp16, the scaler skips an overflow), with the armed diagnostics
+        read before and after it; the gradients are dropped afterwards."""
+        accelerator = self.accelerator
         scaler = accelerator.scaler  # fp16 only
         diagnostics: dict[str, float] = {}
         if arm_diagnostics:  # under fp16 the gradients are still scaled here

@@ -124,6 +124,25 @@ class Trainer:
         # Fine-tuning: the model directory it starts from, which DPO's, GRPO's and PPO's frozen reference (and PPO's
         # critic) are loaded from too, as check_inputs resolved and checked it before any work.
         self.starting_weights = self.input_models.get("--from_weight")
+        self._start_processes()
+        self.finished = self._finished_already()
+        if self.finished is not None:  # nothing left to set up either: run() returns it
+            return
+        # Each piece below reads what the ones above it set up, and every refusal comes before the first file of a
+        # previous run is removed (_restore_and_clear): the order is the run's, not a matter of taste.
+        start = self._agree_on_run()
+        self._load_data()
+        self._build_model_optimizer_objective()
+        self._plan_length_and_compile()
+        self._measure_throughput()
+        self._restore_and_clear(start)  # every input is checked by now: a refused run leaves the previous one whole
+        self._start_reporting()
+
+    def _start_processes(self) -> None:
+        """The run's threads and processes (the accelerator): first, since the set-up itself runs at the thread
+        count, and every collective from here on needs the processes; --norm_impl triton is refused as soon as the
+        device is known."""
+        args = self.args
         self.threads = ThreadPolicy(parse_threads(args.threads))  # first: the set-up runs at this count too
         self.threads.start()
         self.out_dir = args.resolved_out_dir()
@@ -137,9 +156,13 @@ class Trainer:
         self.sharded = weights_are_sharded(self.accelerator)
         self.started = time.perf_counter()
         self.wandb_run_id: str | None = None
-        self.finished = self._finished_already()
-        if self.finished is not None:  # nothing left to set up either: run() returns it
-            return
+
+    def _agree_on_run(self) -> RunStart:
+        """Every process agrees on which run this is (collective): wandb's login, the storage, fresh or resumed
+        and from which checkpoint; a resume's task and architecture are checked and adopted here, before the data,
+        so a refused architecture costs no tokenizing. Returns the agreed start (_restore_and_clear acts on it once
+        everything else is checked)."""
+        args = self.args
         if args.use_wandb:
             self._check_wandb_login()
         # One --out_dir seen by every process, or one per machine (then each machine keeps a whole checkpoint).
@@ -147,7 +170,7 @@ class Trainer:
                                             node_local_allowed=not state_is_sharded(self.accelerator))
         explicit = resolve_path(args.resume) if args.resume and args.resume != "auto" else None
         # One run per directory: refuse to replace or mix with another run there (--overwrite: its files go once
-        # this run's inputs are all checked, clear_previous_files below).
+        # this run's inputs are all checked, clear_previous_files in _restore_and_clear).
         start = agree_on_start(self.accelerator, args.resume, self.out_dir, explicit, overwrite=args.overwrite,
                                shared_storage=self.shared_storage)
         self.run_id = start.run_id
@@ -158,6 +181,13 @@ class Trainer:
             check_same_task(self.resume_from, self.resume_state, args)
             adopt_saved_architecture(self.resume_from, self.resume_state, args)
         self.threads.keep_runs((self.resume_state or {}).get(THREADS_KEY))
+        return start
+
+    def _load_data(self) -> None:
+        """The tokenizer and the run's data, after the run is agreed (a resume's adopted flags decide them), from
+        the run's seed; a --vocab_size the tokenizer overflows is refused before tokenizing, and a resume on other
+        data once the data's identity is known."""
+        args = self.args
         set_seed(args.seed)
         self.tokenizer = load_run_tokenizer(args)
         check_vocab_size(args, self.tokenizer)  # before the data: a refusal costs no tokenizing
@@ -166,6 +196,12 @@ class Trainer:
         self.data_identity = data_identity(self.data)
         if self.resume_state is not None:
             check_resume_compatible(self.resume_from, self.resume_state, args, self.data_identity)
+
+    def _build_model_optimizer_objective(self) -> None:
+        """The model (wrapped for the task), its optimizer and the objective, prepared by Accelerate with the
+        training loader; after the data, seeded again so the initial weights do not depend on what building the
+        data consumed; the validation loader sharded beside them."""
+        args = self.args
         set_seed(args.seed)  # the same initial weights whatever the data building consumed
         base = self._base_model()
         self.config_dict = effective_config(args, base)
@@ -187,16 +223,30 @@ class Trainer:
         # Validation shards are padded to equal length with samples that carry no target, so that every process
         # runs the same number of forward passes (a collective under FSDP) and no sample counts twice.
         self.val_loader = shard_loader(self.data.val_loader, self.accelerator.process_index, self.world)
+
+    def _plan_length_and_compile(self) -> None:
+        """The run's length (from the data and the global batch), then whether to compile (which the length
+        decides), then the schedule over that length."""
+        args = self.args
         self._plan_length()
         self.compiled = compile_enabled(args.compile, self.total_steps, args.time_budget_s)
         if self.compiled:
             self.unwrapped.compile()  # in place: same module, same state_dict keys, so checkpoints do not care
         # The schedule reads the run's length at every step: a time budget fixes it after a few steps.
         self.scheduler = self.accelerator.prepare(make_scheduler(self.optimizer, args, lambda: self.total_steps))
+
+    def _measure_throughput(self) -> None:
+        """What the reporter measures the run with: each token's bytes (bits per byte), the model's FLOPs per
+        token and the device's peak (MFU); after the model, whose shape and size they read."""
+        args = self.args
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.flops_per_token = flops_per_token(self.base_model.config, self.num_params, args.max_seq_len)
         self.peak_flops = args.peak_flops or peak_flops_for(self.accelerator.device, args.dtype)
-        self._restore_and_clear(start)
+
+    def _start_reporting(self) -> None:
+        """The reporter (progress bar, metrics.jsonl, wandb) and, with --diag_interval, the norm diagnostics; last,
+        on the set-up complete and the previous run's files cleared: run() starts writing through them."""
+        args = self.args
         self.reporter = TrainingReporter(self.accelerator, self.objective, self.out_dir, task=args.task,
                                          log_interval=args.log_interval, use_wandb=args.use_wandb,
                                          flops_per_token=self.flops_per_token, peak_flops=self.peak_flops,

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import torch  # noqa: E402
 
-from trainer.checkpoint import (CHECKPOINT_DIR, agree_on_start, load_checkpoint, probe_storage,  # noqa: E402
-                                save_checkpoint)
+from trainer.checkpoint import CHECKPOINT_DIR, agree_on_start, load_checkpoint, save_checkpoint  # noqa: E402
 from trainer.distributed import make_accelerator, shutdown  # noqa: E402
+from trainer.storage_probe import probe_storage  # noqa: E402
 
 LATE_WRITER_S = 2.0  # how late process 1 starts writing its part of the save
 STATE = {"step": 1, "epoch": 0, "samples_done_in_epoch": 8, "tokens_seen": 64, "total_steps": 2, "processes": 2,

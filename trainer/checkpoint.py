@@ -10,10 +10,11 @@ that need it can read it: the save checks that before it writes `trainer_state.j
 Several machines: `--out_dir` is either one directory every process sees (shared storage: the main process writes
 the checkpoint) or one directory per machine (each machine's first process writes a whole copy there, its
 processes their own RNG states; possible when every process holds the whole model and optimizer, as under DDP).
-`probe_storage` finds out which at start-up. On resume the main process decides which checkpoint every process
-loads (with --resume auto, the newest one that every process holds) and tells the others; every process then checks
-that it can read each file it needs, its own RNG state included, and the job stops in one line naming the rank and
-the path otherwise: a process never silently starts from another step, or from its seed, while the others resume.
+`probe_storage` (trainer/storage_probe.py) finds out which at start-up. On resume the main process decides which
+checkpoint every process loads (with --resume auto, the newest one that every process holds) and tells the others;
+every process then checks that it can read each file it needs, its own RNG state included, and the job stops in one
+line naming the rank and the path otherwise: a process never silently starts from another step, or from its seed,
+while the others resume.
 A resume reads its trainer state through `read_trainer_state` (the one place that validates it) and loads every
 file (`load_checkpoint`, which names a damaged one) before --overwrite removes the directory's previous run.
 `trainer_state.json` also records the size and sha256 of every file its writer holds (the writer hashes them once
@@ -49,6 +50,7 @@ from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_I
                              checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_count,
                              is_model_dir, list_checkpoints, previous_run, read_summary, recorded_config,
                              recorded_run_id, refuse_previous_run, starting_directory)
+from trainer.storage_probe import STORAGE_HELP
 
 # The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
 # another is refused, in one line naming each such flag with both values (_keep_saved). The architecture fields a
@@ -73,7 +75,6 @@ OBJECTIVE_STATE_KEY = "objective_state"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 DATA_KEYS = {"path", "train_samples", "tokens"}  # trainer_state.json's "data" (trainer/data.py data_identity)
 _RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
-_STORAGE_HELP = "see docs/training.md, 'Several machines'"
 
 
 class CheckpointUnreadable(FileNotFoundError):
@@ -107,46 +108,6 @@ def _files_under(path: Path) -> list[str]:
 
 def _readable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.R_OK)
-
-
-def probe_storage(accelerator: Accelerator, out_dir: Path, node_local_allowed: bool) -> bool:
-    """Collective. True when every process sees the same `out_dir` (shared storage), False when each machine has
-    its own (then each machine's local main process writes a whole checkpoint there). Every process writes a file
-    named by a token the main process chose and reports whose files it sees. Raises ValueError when neither holds
-    or when a machine-local directory cannot hold a whole checkpoint (`node_local_allowed` False: sharded weights
-    or optimizer state, whose parts only the process that holds them writes)."""
-    if accelerator.num_processes == 1:
-        return True
-    token = broadcast_object_list([uuid.uuid4().hex if accelerator.is_main_process else None])[0]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    world, rank = accelerator.num_processes, accelerator.process_index
-    probe = out_dir / f".storage_probe_{token}_{rank}"
-    probe.write_text(str(rank))
-    accelerator.wait_for_everyone()
-    seen = [other for other in range(world) if (out_dir / f".storage_probe_{token}_{other}").is_file()]
-    views = gather_object([(seen, accelerator.local_process_index, str(out_dir))])
-    accelerator.wait_for_everyone()
-    probe.unlink()
-    return storage_is_shared(views, node_local_allowed)
-
-
-def storage_is_shared(views: list[tuple[list[int], int, str]], node_local_allowed: bool) -> bool:
-    """The probe's verdict from every process's (ranks whose files it sees, its local rank, its out_dir)."""
-    world = len(views)
-    if all(len(seen) == world for seen, _, _ in views):
-        return True
-    for rank, (seen, _, out_dir) in enumerate(views):
-        writers = [other for other in seen if views[other][1] == 0]
-        if rank not in seen or any(views[other][0] != seen for other in seen) or len(writers) != 1:
-            raise ValueError(f"--out_dir {out_dir}: rank {rank} sees the files of ranks {seen} of {world} there; "
-                             f"checkpoints need one directory that every process sees, or one per machine that "
-                             f"all of that machine's processes see ({_STORAGE_HELP})")
-    if not node_local_allowed:
-        rank = next(rank for rank, (seen, _, _) in enumerate(views) if 0 not in seen)
-        raise ValueError(f"--out_dir {views[rank][2]}: rank {rank} does not see rank 0's files there, and sharded "
-                         f"checkpoints (FSDP, DeepSpeed) need an --out_dir on storage shared by every machine "
-                         f"({_STORAGE_HELP})")
-    return False
 
 
 class _TiedHeadNotice(logging.Filter):
@@ -194,7 +155,7 @@ def save_checkpoint(accelerator: Accelerator, root: Path, step: int, state: dict
         if missing:
             raise CheckpointUnreadable(f"checkpoint {final.name} is incomplete: rank {rank} cannot read "
                                        f"{Path(path) / missing[0]}, which another process wrote; --out_dir must be "
-                                       f"storage that process can read ({_STORAGE_HELP})")
+                                       f"storage that process can read ({STORAGE_HELP})")
     if writer:
         give_open_modes(tmp)
         # The writer's digest of each file it holds (on shared storage, every process's; on one directory per
@@ -665,7 +626,7 @@ def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, 
         if problem is not None:
             raise CheckpointUnreadable(f"--resume {resume}: rank {rank} cannot read {problem}; every process needs "
                                        f"the checkpoint's model, optimizer and scheduler state and its own RNG state "
-                                       f"({_STORAGE_HELP})")
+                                       f"({STORAGE_HELP})")
     writer = accelerator.is_main_process if shared_storage else accelerator.is_local_main_process
     mismatch = _check_digests(mine, state, accelerator.is_main_process) if writer else None
     mismatches = gather_object([mismatch])
@@ -754,7 +715,7 @@ def _decide(resume: str, views: list[tuple[str, list[str]]], path: Path | None) 
         if not common:
             rank = next(rank for rank, (_, held) in enumerate(views) if ours[-1] not in held)
             return {"error": f"--resume auto: rank {rank} holds none of rank 0's checkpoints ({', '.join(ours)}) "
-                             f"under {views[rank][0]} ({_STORAGE_HELP})"}
+                             f"under {views[rank][0]} ({STORAGE_HELP})"}
         if common[-1] != ours[-1]:
             rank = next(rank for rank, (_, held) in enumerate(views) if ours[-1] not in held)
             note = f"rank {rank} does not hold {ours[-1]}; {common[-1]} is the newest checkpoint every process holds"

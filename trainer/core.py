@@ -41,8 +41,7 @@ from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
 from trainer.checkpoint import (OBJECTIVE_STATE_KEY, RunStart, adopt_saved_architecture, agree_on_start,
                                 changed_flags, check_resume_compatible, check_resume_length, check_same_task,
                                 check_saved_architecture, clear_previous_files, drop_later_checkpoints,
-                                finished_run_asked_again, load_checkpoint, probe_storage, save_checkpoint,
-                                saved_position)
+                                finished_run_asked_again, load_checkpoint, save_checkpoint, saved_position)
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  materialize_meta_parameters, set_collective_timeout, shutdown, state_is_sharded,
@@ -60,6 +59,7 @@ from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, EXIT_DIVERGED, EXIT_IN
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
+from trainer.storage_probe import probe_storage
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
 
 

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.training_runs import REPO, assert_same_model, node_launcher, pretrain_argv, train_losses
-from trainer.checkpoint import storage_is_shared
+from trainer.storage_probe import storage_is_shared
 from trainer.distributed import free_port
 from trainer.run_dir import EXIT_ERROR, EXIT_PEER_LOST
 

@@ -341,7 +341,7 @@ def test_the_type_hint_check_catches_a_missing_hint() -> None:
 # whole, inside atomic_path's block, or a log streamed as a run goes.
 IN_PLACE_WRITERS = {
     ("model/kernels/cuda_build.py", "_ptxas_report"),                  # a temp directory for ptxas
-    ("trainer/checkpoint.py", "probe_storage"),                         # a probe file, removed after
+    ("trainer/storage_probe.py", "probe_storage"),                      # a probe file, removed after
     ("trainer/sweep_dir.py", "_write_bytes"),                           # inside atomic_path
     ("scripts/convert_to_llama.py", "_patch_config_json"),              # the staging directory
     ("scripts/convert_to_llama.py", "_tokenizer_files"),                # the staging directory

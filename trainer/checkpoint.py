@@ -15,19 +15,18 @@ checkpoint every process loads (with --resume auto, the newest one that every pr
 every process then checks that it can read each file it needs, its own RNG state included, and the job stops in one
 line naming the rank and the path otherwise: a process never silently starts from another step, or from its seed,
 while the others resume.
-A resume reads its trainer state through `read_trainer_state` (the one place that validates it) and loads every
-file (`load_checkpoint`, which names a damaged one) before --overwrite removes the directory's previous run.
-`trainer_state.json` also records the size and sha256 of every file its writer holds (the writer hashes them once
-every process has written its part), and a resume checks them before it loads anything (agree_on_start): a file
-copied in from another checkpoint, truncated or replaced is refused in one line naming it. A checkpoint written
-before digests were recorded resumes unverified, with a note saying so.
+A resume reads its trainer state through `read_trainer_state` (trainer/checkpoint_state.py, the one place that
+validates it) and loads every file (`load_checkpoint`, which names a damaged one) before --overwrite removes the
+directory's previous run. `trainer_state.json` also records the size and sha256 of every file its writer holds (the
+writer hashes them once every process has written its part), and a resume checks them before it loads anything
+(agree_on_start): a file copied in from another checkpoint, truncated or replaced is refused in one line naming it.
+A checkpoint written before digests were recorded resumes unverified, with a note saying so.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -40,16 +39,17 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
-from dataset.atomic_io import atomic_write_text, file_digest, first_line, give_open_modes, read_text_file
+from dataset.atomic_io import atomic_write_text, first_line, give_open_modes
 from dataset.json_text import strict_json
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, flags_in_effect,
                                 given_preset, scored_against_starting_weights, uses_lora)
-from trainer.threads import THREADS_KEY
+from trainer.checkpoint_state import (DATA_KEYS, DIGESTS_KEY, FILES_KEY, CheckpointDamaged, file_digests,
+                                      read_trainer_state, verify_digests)
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, RUN_ID_KEY, STATE_FILE, checkpoint_name,
-                             checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_count,
-                             is_model_dir, list_checkpoints, previous_run, read_summary, recorded_config,
-                             recorded_run_id, refuse_previous_run, starting_directory)
+                             checkpoint_step, clear_previous_run, finish_command, is_adapter_dir, is_model_dir,
+                             list_checkpoints, previous_run, read_summary, recorded_config, recorded_run_id,
+                             refuse_previous_run, starting_directory)
 from trainer.storage_probe import STORAGE_HELP
 
 # The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
@@ -66,14 +66,6 @@ ADAPTER_FLAGS = ("lora", "lora_rank", "lora_targets")
 # The model fields that decide the saved weights' set, shapes or meaning: all but what only changes how the model
 # runs (norm_impl) or trains (dropout), which a resume may change as it may the learning rate.
 ARCHITECTURE_FIELDS = tuple(name for name in MODEL_FIELDS if name not in RUNTIME_MODEL_FIELDS)
-FILES_KEY = "files"  # trainer_state.json: every file of the checkpoint, relative to it
-# trainer_state.json: {file: {"bytes", "sha256"}} of every file its writer holds (verify_digests)
-DIGESTS_KEY = "digests"
-# trainer_state.json: what the objective carries from step to step, {name: number} (DPO's bco_pair: its running
-# mean of the rewards); absent where it carries nothing
-OBJECTIVE_STATE_KEY = "objective_state"
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-DATA_KEYS = {"path", "train_samples", "tokens"}  # trainer_state.json's "data" (trainer/data.py data_identity)
 _RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
 
 
@@ -204,124 +196,6 @@ def drop_later_checkpoints(accelerator: Accelerator, root: Path, resumed: Path, 
             _remove_checkpoint(path)
     accelerator.wait_for_everyone()
     return [path.name for path in later]
-
-
-class CheckpointDamaged(ValueError):
-    """A file of the checkpoint to resume cannot be read or holds what no save writes; the message names it."""
-
-
-def read_trainer_state(path: Path) -> dict[str, Any]:
-    """The trainer state saved with a checkpoint (step, data position, config, data identity), validated here, the
-    one place that reads it: CheckpointDamaged names the file and the field that is wrong, FileNotFoundError says
-    there is none."""
-    state_file = path / STATE_FILE
-    if not state_file.is_file():
-        raise FileNotFoundError(f"--resume {path}: not a complete checkpoint (no {STATE_FILE})")
-    try:
-        state = json.loads(read_text_file(state_file))
-    except json.JSONDecodeError as error:
-        raise CheckpointDamaged(f"{state_file}: is not valid JSON ({error}); the checkpoint is damaged") from None
-    except ValueError as error:  # read_text_file's: not UTF-8, or the file cannot be read
-        raise CheckpointDamaged(f"{error}; the checkpoint is damaged") from None
-    _check_state(state_file, state, checkpoint_step(path.name))
-    return state
-
-
-def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
-    """Raise CheckpointDamaged for a trainer state that no save writes: a resume would fail on it with a traceback
-    or, worse, go on from a position that is not the checkpoint's (a negative step re-saves over older
-    checkpoints; an epoch past the run's steps "finishes" it without a step, over the finished model)."""
-    def bad(field: str, allowed: str) -> CheckpointDamaged:
-        shown = "missing" if field not in state else f"{state[field]!r}"
-        return CheckpointDamaged(f"{state_file}: '{field}' must be {allowed}, not {shown}; the checkpoint is damaged")
-
-    if not isinstance(state, dict):
-        kind = {type(None): "null", list: "a list", str: "a string", bool: "true or false"}.get(type(state), "a number")
-        raise CheckpointDamaged(f"{state_file}: is not a JSON object ({kind}); the checkpoint is damaged")
-    if "samples_done_in_epoch" not in state:
-        raise CheckpointDamaged(f"{state_file}: the checkpoint was written by an older MiniNorm that counted its data "
-                                f"position in per-process batches; it cannot be resumed exactly, start a new run")
-    for field in ("step", "epoch", "tokens_seen"):
-        if field not in state:
-            raise CheckpointDamaged(f"{state_file}: '{field}' is missing; the checkpoint is damaged")
-    for field in ("step", "epoch", "samples_done_in_epoch", "tokens_seen", "total_steps"):
-        if field in state and not is_count(state[field]):
-            raise bad(field, "an integer >= 0")
-    for field in ("processes", THREADS_KEY):
-        if state.get(field) is not None and not is_count(state[field], least=1):
-            raise bad(field, "an integer >= 1")
-    if named_step is not None and state["step"] != named_step:
-        raise CheckpointDamaged(f"{state_file}: 'step' is {state['step']}, but the checkpoint is "
-                                f"{checkpoint_name(named_step)}; the checkpoint is damaged")
-    # Every epoch a run finished took at least one optimizer step (a run needs one step's samples per epoch).
-    if state["epoch"] > state["step"]:
-        raise CheckpointDamaged(f"{state_file}: 'epoch' is {state['epoch']}, more than its {state['step']} optimizer "
-                                f"steps; the checkpoint is damaged")
-    train_time = state.get("train_time_s", 0.0)
-    if not isinstance(train_time, (int, float)) or isinstance(train_time, bool) or not train_time >= 0:
-        raise bad("train_time_s", "a number >= 0")
-    for field in (RUN_ID_KEY, "wandb_run_id"):
-        if state.get(field) is not None and not isinstance(state[field], str):
-            raise bad(field, "a string")
-    if "budget_fixed" in state and not isinstance(state["budget_fixed"], bool):
-        raise bad("budget_fixed", "true or false")
-    if "config" in state and not isinstance(state["config"], dict):
-        raise bad("config", "a JSON object of the run's flags")
-    data = state.get("data")
-    if data is not None and not (isinstance(data, dict) and DATA_KEYS <= set(data)):
-        raise bad("data", f"a JSON object with {', '.join(sorted(DATA_KEYS))}")
-    files = state.get(FILES_KEY)
-    if files is not None and not (isinstance(files, list) and all(_inside(name) for name in files)):
-        raise bad(FILES_KEY, "a list of file names inside the checkpoint")
-    objective_state = state.get(OBJECTIVE_STATE_KEY)
-    if objective_state is not None and not (isinstance(objective_state, dict) and all(
-            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            for value in objective_state.values())):
-        raise bad(OBJECTIVE_STATE_KEY, "a JSON object of finite numbers")
-    digests = state.get(DIGESTS_KEY)
-    if digests is not None and not (isinstance(digests, dict) and all(
-            _inside(name) and isinstance(entry, dict) and is_count(entry.get("bytes"))
-            and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])
-            for name, entry in digests.items())):
-        raise bad(DIGESTS_KEY, 'a JSON object of file names inside the checkpoint, each {"bytes": an integer >= 0, '
-                               '"sha256": 64 hex digits}')
-
-
-def _inside(name: Any) -> bool:
-    """A file name of trainer_state.json's lists: relative, inside the checkpoint."""
-    return isinstance(name, str) and bool(name) and not Path(name).is_absolute() and ".." not in Path(name).parts
-
-
-def file_digests(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    """{name: file_digest} of the files `names` under `folder`, hashed side by side on the machine's cores (hashlib
-    lets go of the GIL): a checkpoint is a few large files, and the run waits for its save."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1))) as pool:
-        return dict(zip(names, pool.map(lambda name: file_digest(folder / name), names)))
-
-
-def verify_digests(path: Path, digests: dict[str, dict[str, Any]]) -> str | None:
-    """The first file of the checkpoint `path` that is not the one its save recorded in `digests` (missing, another
-    size, other bytes), in words, or None. Sizes first: a truncated file is named without reading any file."""
-    for name, recorded in sorted(digests.items()):
-        file = path / name
-        if not file.is_file():
-            return f"{file} is missing"
-        if (size := file.stat().st_size) != recorded["bytes"]:
-            return f"{file} holds {size} bytes, where {STATE_FILE} records {recorded['bytes']}"
-    names = sorted(digests)
-    found = file_digests(path, names)
-    for name in names:
-        if found[name]["sha256"] != digests[name]["sha256"]:
-            return f"{path / name} has another sha256 than {STATE_FILE} records"
-    return None
-
-
-def saved_position(state: dict[str, Any]) -> tuple[int, int]:
-    """(epoch, samples of that epoch's order already trained on, over all processes) of a trainer state
-    (read_trainer_state has checked both)."""
-    return state["epoch"], state["samples_done_in_epoch"]
 
 
 def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, data: dict[str, Any]) -> None:

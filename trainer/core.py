@@ -38,10 +38,11 @@ from trainer.arg_fields import (TrainArgs, flags_in_effect, requested_model_fiel
                                 scored_against_starting_weights, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
-from trainer.checkpoint import (OBJECTIVE_STATE_KEY, RunStart, adopt_saved_architecture, agree_on_start,
-                                changed_flags, check_resume_compatible, check_resume_length, check_same_task,
-                                check_saved_architecture, clear_previous_files, drop_later_checkpoints,
-                                finished_run_asked_again, load_checkpoint, save_checkpoint, saved_position)
+from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
+                                check_resume_compatible, check_resume_length, check_same_task, check_saved_architecture,
+                                clear_previous_files, drop_later_checkpoints, finished_run_asked_again, load_checkpoint,
+                                save_checkpoint)
+from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, saved_position
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  materialize_meta_parameters, set_collective_timeout, shutdown, state_is_sharded,

@@ -1,7 +1,8 @@
-"""What recording and verifying a checkpoint's file digests costs (trainer/checkpoint.py): the median time of
-`save_checkpoint` as it ships (the writer hashes every file it wrote, once all are written) against the same save
-with the hashing stubbed out, interleaved save by save so that drifting machine load hits both alike, and the
-median time of the resume's check (`verify_digests`) of one saved checkpoint; per model shape (a preset).
+"""What recording and verifying a checkpoint's file digests costs (trainer/checkpoint_state.py's, which
+trainer/checkpoint.py's save records): the median time of `save_checkpoint` as it ships (the writer hashes every
+file it wrote, once all are written) against the same save with the hashing stubbed out, interleaved save by save so
+that drifting machine load hits both alike, and the median time of the resume's check (`verify_digests`) of one saved
+checkpoint; per model shape (a preset).
 
     python eval/benchmarks/bench_checkpoint.py                                # cpu-wide and minimind-26m, 7 rounds
     python eval/benchmarks/bench_checkpoint.py --presets minimind-26m --rounds 11 --dir /mnt/disk/tmp
@@ -30,6 +31,7 @@ import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
 import trainer.checkpoint as checkpoint  # noqa: E402
+import trainer.checkpoint_state as checkpoint_state  # noqa: E402
 from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
@@ -65,9 +67,9 @@ def measure(preset: str, rounds: int, folder: Path) -> dict[str, float]:
                 elapsed = time.perf_counter() - started
                 checkpoint.file_digests = hashing
                 if mode == "with":
-                    digests = checkpoint.read_trainer_state(saved)[checkpoint.DIGESTS_KEY]
+                    digests = checkpoint_state.read_trainer_state(saved)[checkpoint_state.DIGESTS_KEY]
                     started = time.perf_counter()
-                    assert checkpoint.verify_digests(saved, digests) is None
+                    assert checkpoint_state.verify_digests(saved, digests) is None
                     verify = time.perf_counter() - started
                 if round_:
                     times[mode].append(elapsed)

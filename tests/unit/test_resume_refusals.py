@@ -164,7 +164,7 @@ def _without(*keys: str) -> dict:
     ({**GOOD_STATE, "digests": {"": {"bytes": 1, "sha256": "0" * 64}}}, "'digests' must be a JSON object"),
 ], ids=lambda value: None)
 def test_a_damaged_trainer_state_is_refused_in_one_line_naming_the_file_and_field(content, message, tmp_path):
-    from trainer.checkpoint import read_trainer_state
+    from trainer.checkpoint_state import read_trainer_state
 
     checkpoint = _write_state(tmp_path, content)
     with pytest.raises(ValueError) as refused:
@@ -175,7 +175,7 @@ def test_a_damaged_trainer_state_is_refused_in_one_line_naming_the_file_and_fiel
 
 
 def test_a_sound_trainer_state_is_read_as_written(tmp_path):
-    from trainer.checkpoint import read_trainer_state
+    from trainer.checkpoint_state import read_trainer_state
 
     assert read_trainer_state(_write_state(tmp_path, GOOD_STATE)) == GOOD_STATE
     # Written before some fields existed (data, files, run_id...): still read; a copy under another name too.
@@ -353,7 +353,7 @@ def test_a_resume_drops_its_own_runs_later_checkpoints_only(tmp_path):
      "'objective_state' must be a JSON object of finite numbers, not {'bco_mean': inf}"),
 ], ids=lambda value: None)
 def test_more_damaged_trainer_states(content, message, tmp_path):
-    from trainer.checkpoint import read_trainer_state
+    from trainer.checkpoint_state import read_trainer_state
 
     with pytest.raises(ValueError, match=re.escape(message)):
         step = (json.loads(content) if isinstance(content, str) else content)["step"]  # text: a number JSON can't write
@@ -712,7 +712,8 @@ NO_EARLIER_CHECKPOINT = "there is no earlier checkpoint to resume from: start th
 
 def _auto_resume_refused(accelerator, out_dir) -> str:
     """The one-line refusal of `--resume auto` in out_dir, whose newest checkpoint the digest check refuses."""
-    from trainer.checkpoint import CheckpointDamaged, agree_on_start
+    from trainer.checkpoint import agree_on_start
+    from trainer.checkpoint_state import CheckpointDamaged
 
     with pytest.raises(CheckpointDamaged) as refused:
         agree_on_start(accelerator, "auto", out_dir, None)
@@ -773,7 +774,7 @@ def test_a_checkpoint_saved_before_digests_resumes_with_a_note(tmp_path):
 def test_a_file_the_check_cannot_read_is_refused_in_one_line(tmp_path, monkeypatch):
     """Under several processes only the writer checks the digests while the others wait for its word: an OSError
     escaping the check would end that one process with a traceback and leave the others waiting."""
-    import trainer.checkpoint as checkpoint
+    import trainer.checkpoint_state as checkpoint_state
 
     accelerator, root = _save_trained_checkpoints(tmp_path, (1,))
     unreadable = root / "step_00000001" / "optimizer.bin"
@@ -781,7 +782,7 @@ def test_a_file_the_check_cannot_read_is_refused_in_one_line(tmp_path, monkeypat
     def cannot_read(folder, names):
         raise PermissionError(13, "Permission denied", str(unreadable))
 
-    monkeypatch.setattr(checkpoint, "file_digests", cannot_read)
+    monkeypatch.setattr(checkpoint_state, "file_digests", cannot_read)
     assert _auto_resume_refused(accelerator, tmp_path) == (
         f"--resume auto: {unreadable} cannot be read (Permission denied); {NO_EARLIER_CHECKPOINT}")
 
@@ -792,7 +793,7 @@ def test_file_digests_and_verify_digests_against_hashlib(tmp_path):
     bytes of the same size."""
     import hashlib
 
-    from trainer.checkpoint import file_digests, verify_digests
+    from trainer.checkpoint_state import file_digests, verify_digests
 
     contents = {"a.bin": b"first file", "b.bin": b"the second, longer", "c.bin": b"3"}
     for name, data in contents.items():

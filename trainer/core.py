@@ -38,9 +38,7 @@ from trainer.arg_fields import (TrainArgs, flags_in_effect, requested_model_fiel
                                 scored_against_starting_weights, uses_lora)
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
-from trainer.checkpoint import (RunStart, adopt_saved_architecture, agree_on_start, changed_flags,
-                                check_resume_compatible, check_resume_length, check_same_task, check_saved_architecture,
-                                clear_previous_files, drop_later_checkpoints, finished_run_asked_again, load_checkpoint,
+from trainer.checkpoint import (RunStart, agree_on_start, clear_previous_files, drop_later_checkpoints, load_checkpoint,
                                 save_checkpoint)
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, saved_position
 from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
@@ -54,6 +52,9 @@ from trainer.machine import compile_enabled, machine_line, resolve_dtype
 from trainer.objectives import CopySettings, EvalResult, LanguageModeling, LanguageModelingWithCopies, Objective
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
+from trainer.resume_checks import (adopt_saved_architecture, changed_flags, check_resume_compatible,
+                                   check_resume_length, check_same_task, check_saved_architecture,
+                                   finished_run_asked_again)
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST,
                              OVERWRITE_FLAG, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE, code_version, list_checkpoints,
                              load_input_model, report_error, resolve_path)

@@ -28,7 +28,7 @@ CONTENT_MARKS = ("\ue000prompt\ue001", "\ue000completion\ue001")
 
 def reward_model_directory(reward_model: str | Path) -> Path:
     """The directory --reward_model `reward_model` names (a relative path from the repo root, as every path flag's):
-    the one the run scores with, and the one a resume compares with its checkpoint's (trainer/checkpoint.py)."""
+    the one the run scores with, and the one a resume compares with its checkpoint's (trainer/resume_checks.py)."""
     return resolve_path(reward_model)
 
 

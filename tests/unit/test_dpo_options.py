@@ -458,9 +458,9 @@ def test_nll_loss_is_logged_with_sft_and_counts_the_real_pairs_only():
 # A checkpoint recorded before the options ran without them.
 
 def test_a_dpo_run_recorded_before_the_options_implies_their_values():
-    """checkpoint._FLAGS_BEFORE writes them out: no RPO term, no LD-DPO, no WPO, DPO's reverse KL with TRL's
+    """resume_checks._FLAGS_BEFORE writes them out: no RPO term, no LD-DPO, no WPO, DPO's reverse KL with TRL's
     alpha 1.0 unread; resuming as it ran notes nothing, another divergence, WPO, RPO or LD-DPO notes the change."""
-    from trainer.checkpoint import _with_implied_flags, changed_flags
+    from trainer.resume_checks import _with_implied_flags, changed_flags
 
     old = {"task": "dpo", "beta": 0.15, "loss_type": "sigmoid"}
     implied = _with_implied_flags(old)

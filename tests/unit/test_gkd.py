@@ -311,7 +311,7 @@ def test_a_checkpoint_from_before_the_gkd_flags_is_hintons_kl_on_the_data():
     """Resuming a distillation recorded before the flags existed with the defaults notes nothing; with GKD's
     settings it notes each one (it was silent: the flags are not in its config)."""
     from trainer.args import parse_args
-    from trainer.checkpoint import changed_flags
+    from trainer.resume_checks import changed_flags
 
     old = {"config": {"task": "distill", "alpha": 0.5, "temperature": 2.0}}
     assert changed_flags(old, parse_args("distill", []).to_dict()) == ""

@@ -1,4 +1,4 @@
-"""check_resume_compatible (trainer/checkpoint.py) for the post-training flags: a GRPO/PPO checkpoint trained with
+"""check_resume_compatible (trainer/resume_checks.py) for the post-training flags: a GRPO/PPO checkpoint trained with
 --lora cannot be resumed without it (nor one without it with it), and a distillation cannot change its teacher; each
 refusal is one line naming the flag with both values."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from trainer.arg_fields import requested_model_fields
 from trainer.args import parse_args
-from trainer.checkpoint import check_resume_compatible, check_resume_length
+from trainer.resume_checks import check_resume_compatible, check_resume_length
 
 CHECKPOINT = Path("/runs/x/checkpoints/step_00000002")
 
@@ -208,7 +208,7 @@ def test_other_data_of_the_same_size_is_named_as_other_token_ids():
 
 # ---------------------------------------------------------------- the model's architecture
 def test_a_bare_resume_takes_the_architecture_from_the_checkpoint():
-    from trainer.checkpoint import adopt_saved_architecture
+    from trainer.resume_checks import adopt_saved_architecture
 
     saved = {"config": {"norm_type": "prmsnorm", "prms_p": 0.25, "hidden_size": 32, "norm_impl": "triton",
                         "dropout": 0.1}}
@@ -225,7 +225,7 @@ def test_a_bare_resume_takes_the_architecture_from_the_checkpoint():
      "--hidden_size was 32 there and is 80 now, --qk_norm was False there and is True now"),
 ])
 def test_an_architecture_flag_that_differs_from_the_checkpoint_is_refused(flags, message):
-    from trainer.checkpoint import adopt_saved_architecture
+    from trainer.resume_checks import adopt_saved_architecture
 
     saved = {"config": {"norm_type": "prmsnorm", "norm_eps": 1e-6, "hidden_size": 32, "qk_norm": False}}
     with pytest.raises(ValueError) as refused:
@@ -238,7 +238,7 @@ def test_an_architecture_flag_that_differs_from_the_checkpoint_is_refused(flags,
 def test_a_preset_typed_equal_to_the_default_is_compared_with_the_checkpoints(given, tmp_path):
     """`--preset cpu-wide` (the default) typed on a resume of a minimind-26m run went on as minimind-26m without a
     word, while any other preset typed was refused: a typed flag could not be told from the default."""
-    from trainer.checkpoint import adopt_saved_architecture
+    from trainer.resume_checks import adopt_saved_architecture
 
     config = tmp_path / "run.yaml"
     config.write_text("preset: cpu-wide\n")
@@ -255,7 +255,7 @@ def test_a_preset_typed_equal_to_the_default_is_compared_with_the_checkpoints(gi
 def test_a_resumed_sft_run_keeps_the_smeared_keys_it_was_started_with():
     """SFT turns smeared keys on unless told otherwise: a run started with --smeared_keys false resumes without
     them (the task's default is not a flag the user gave)."""
-    from trainer.checkpoint import adopt_saved_architecture
+    from trainer.resume_checks import adopt_saved_architecture
 
     args = parse_args("sft", [])
     adopt_saved_architecture(CHECKPOINT, {"config": {"smeared_keys": False, "hidden_size": 32}}, args)
@@ -265,7 +265,7 @@ def test_a_resumed_sft_run_keeps_the_smeared_keys_it_was_started_with():
 def test_an_sft_flag_the_user_gives_is_not_taken_for_the_tasks_default():
     """`--smeared_keys true`, typed, on a run saved without them is a change the resume refuses (it was read as
     SFT's own default and dropped in silence); the flag equal to the checkpoint's is no change."""
-    from trainer.checkpoint import adopt_saved_architecture
+    from trainer.resume_checks import adopt_saved_architecture
 
     with pytest.raises(ValueError) as refused:
         adopt_saved_architecture(CHECKPOINT, {"config": {"smeared_keys": False}},
@@ -283,7 +283,7 @@ def test_sfts_default_is_applied_under_the_flags_not_recorded_as_one():
 
 def test_the_built_model_must_have_the_checkpoints_architecture():
     from model.config import MiniNormConfig
-    from trainer.checkpoint import check_saved_architecture
+    from trainer.resume_checks import check_saved_architecture
 
     config = MiniNormConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, norm_type="rmsnorm")
     check_saved_architecture(CHECKPOINT, {"config": {"hidden_size": 32, "norm_type": "rmsnorm"}}, config)
@@ -384,7 +384,7 @@ def test_a_kept_flag_recorded_as_null_is_a_value_and_giving_it_is_refused():
 
 
 def test_the_changed_flags_name_settings_not_places():
-    from trainer.checkpoint import changed_flags
+    from trainer.resume_checks import changed_flags
 
     state = {"config": {"learning_rate": 0.001, "out_dir": "/a", "resume": None, "data_path": "/d/x.jsonl",
                         "max_steps": 10}}
@@ -409,7 +409,7 @@ def test_a_resume_that_gives_a_flag_the_checkpoint_recorded_unset_notes_it(task,
     --reward beside a --reward_model: no functions): a resume that gives it changes the objective and says so, as
     one that changes a recorded value or leaves it out does (it was silent: null read as not recorded); a
     checkpoint from before the flag (no such name) notes nothing."""
-    from trainer.checkpoint import changed_flags
+    from trainer.resume_checks import changed_flags
 
     recorded = parse_args(task, recorded_flags).to_dict()
     assert changed_flags({"config": recorded}, parse_args(task, flags).to_dict()) == note
@@ -440,7 +440,7 @@ def test_a_flag_given_at_the_value_it_has_unset_is_no_change(task, recorded_flag
     other way round, changes nothing: no note (it said '--epsilon_high was None there and is 0.2 now' of the same
     clip range), and a finished run asked again with it is that run. Another value is still a change, named as
     recorded."""
-    from trainer.checkpoint import changed_flags, finished_run_asked_again
+    from trainer.resume_checks import changed_flags, finished_run_asked_again
 
     unset, given = parse_args(task, recorded_flags).to_dict(), parse_args(task, flags).to_dict()
     assert changed_flags({"config": unset}, given) == ""
@@ -458,7 +458,7 @@ def test_a_flag_given_at_the_value_it_has_unset_is_no_change(task, recorded_flag
 def test_a_grpo_checkpoint_from_before_scale_rewards_notes_a_change_of_scaling():
     """A GRPO run recorded before --scale_rewards existed scaled as its loss type's default: resuming it with that
     scaling notes nothing, with another notes the change (it was silent: the flag is not in its config)."""
-    from trainer.checkpoint import changed_flags
+    from trainer.resume_checks import changed_flags
 
     for loss_type, scaled in (("grpo", "group"), ("dr_grpo", "none")):
         old = {"config": {"task": "grpo", "loss_type": loss_type, "learning_rate": 1e-5}}
@@ -479,7 +479,7 @@ def test_a_grpo_checkpoint_from_before_scale_rewards_notes_a_change_of_scaling()
 def test_a_dpo_checkpoint_from_before_its_loss_flags_notes_another_loss():
     """A DPO run recorded before --loss_type and --label_smoothing were its flags had the plain sigmoid loss:
     resuming it so notes nothing, with another loss or smoothing notes the change (it was silent)."""
-    from trainer.checkpoint import changed_flags
+    from trainer.resume_checks import changed_flags
 
     old = {"config": {"task": "dpo", "beta": 0.15}}
     assert changed_flags(old, parse_args("dpo", []).to_dict()) == ""
@@ -492,7 +492,7 @@ def test_a_dpo_checkpoint_from_before_its_loss_flags_notes_another_loss():
 def test_a_dpo_checkpoint_from_before_loss_weights_and_discopop_tau_implies_their_defaults():
     """A DPO run recorded before --loss_weights and --discopop_tau existed had one loss type of weight 1 and no
     discopop loss: resuming it as it was notes nothing; asking for discopop with another tau notes both changes."""
-    from trainer.checkpoint import changed_flags
+    from trainer.resume_checks import changed_flags
 
     old = {"config": {"task": "dpo", "beta": 0.15, "loss_type": "sigmoid", "label_smoothing": 0.0}}
     assert changed_flags(old, parse_args("dpo", []).to_dict()) == ""
@@ -503,7 +503,7 @@ def test_a_dpo_checkpoint_from_before_loss_weights_and_discopop_tau_implies_thei
 
 
 def test_a_checkpoint_goes_on_only_in_its_own_kind_of_run(tmp_path):
-    from trainer.checkpoint import check_same_task
+    from trainer.resume_checks import check_same_task
 
     path = tmp_path / "run" / "checkpoints" / "step_00000002"
     check_same_task(path, {"config": {}}, parse_args("dpo", []))  # an older checkpoint that recorded no task
@@ -515,7 +515,7 @@ def test_a_checkpoint_goes_on_only_in_its_own_kind_of_run(tmp_path):
 
 def test_a_finished_run_asked_again_is_the_same_run_only_without_a_later_checkpoint(tmp_path):
 
-    from trainer.checkpoint import finished_run_asked_again
+    from trainer.resume_checks import finished_run_asked_again
 
     args = parse_args("pretrain", ["--out_dir", str(tmp_path)])
     recorded = {**args.to_dict(), "val_data_path": "/resolved/by/the/run.jsonl"}  # left unset on the command line
@@ -533,7 +533,7 @@ def test_a_finished_grpo_run_from_before_scale_rewards_is_asked_again_only_with_
     with that scaling asks for it again; with another it does not (it was taken for the same run: the flag is not in
     its train_config.yaml)."""
 
-    from trainer.checkpoint import finished_run_asked_again
+    from trainer.resume_checks import finished_run_asked_again
 
     args = parse_args("grpo", ["--out_dir", str(tmp_path)])
     recorded = {name: value for name, value in args.to_dict().items() if name not in ("model", "scale_rewards")}
@@ -560,7 +560,7 @@ def test_a_run_from_before_trls_options_resumes_as_before_and_notes_a_change(tas
     it so notes nothing, with another value notes the change (it was silent: the flag is not in its config); a
     finished such run is asked again by the same command only, not by one with the new value."""
 
-    from trainer.checkpoint import changed_flags, finished_run_asked_again
+    from trainer.resume_checks import changed_flags, finished_run_asked_again
 
     base = ["--num_iterations", "2"] if task == "grpo" else []  # sequence-level ratios need a second update
     args = parse_args(task, ["--out_dir", str(tmp_path), *base])
@@ -585,7 +585,7 @@ def test_a_resume_with_another_reward_model_notes_it_and_the_same_directory_name
     """--reward_model changes the objective as --reward does: a resume whose reward model resolves to another
     directory than the checkpoint's, or that leaves it out or adds one, notes the change with both directories; the
     same directory named otherwise (another spelling, a symlink, a relative path from the repo root) notes nothing."""
-    from trainer.checkpoint import changed_flags
+    from trainer.resume_checks import changed_flags
     from trainer.run_dir import REPO_ROOT
 
     rm, other = tmp_path / "rm", tmp_path / "other"
@@ -617,7 +617,7 @@ def test_a_finished_run_asked_again_with_another_reward_model_is_another_run(tas
     """A finished GRPO or PPO run is asked again only by a command whose --reward_model names the same directory
     (however spelled): another directory, or none where it had one, asks for another run."""
 
-    from trainer.checkpoint import finished_run_asked_again
+    from trainer.resume_checks import finished_run_asked_again
 
     out, rm, other = tmp_path / "out", tmp_path / "rm", tmp_path / "other"
     for folder in (out, rm, other):

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,10 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
 def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
     """Raise CheckpointDamaged for a trainer state that no save writes: a resume would fail on it with a traceback
     or, worse, go on from a position that is not the checkpoint's (a negative step re-saves over older
-    checkpoints; an epoch past the run's steps "finishes" it without a step, over the finished model)."""
+    checkpoints; an epoch past the run's steps "finishes" it without a step, over the finished model). The checks
+    run in a fixed order (the first that fails is named): the shape, the fields every save writes, the position's
+    counts (_POSITION_FIELDS), the step and epoch against each other, the other plain fields (_PLAIN_FIELDS), then
+    the structured entries (_first_bad_entry)."""
     def bad(field: str, allowed: str) -> CheckpointDamaged:
         shown = "missing" if field not in state else f"{state[field]!r}"
         return CheckpointDamaged(f"{state_file}: '{field}' must be {allowed}, not {shown}; the checkpoint is damaged")
@@ -71,12 +75,8 @@ def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
     for field in ("step", "epoch", "tokens_seen"):
         if field not in state:
             raise CheckpointDamaged(f"{state_file}: '{field}' is missing; the checkpoint is damaged")
-    for field in ("step", "epoch", "samples_done_in_epoch", "tokens_seen", "total_steps"):
-        if field in state and not is_count(state[field]):
-            raise bad(field, "an integer >= 0")
-    for field in ("processes", THREADS_KEY):
-        if state.get(field) is not None and not is_count(state[field], least=1):
-            raise bad(field, "an integer >= 1")
+    if (wrong := _first_bad_field(state, _POSITION_FIELDS)) is not None:
+        raise bad(*wrong)
     if named_step is not None and state["step"] != named_step:
         raise CheckpointDamaged(f"{state_file}: 'step' is {state['step']}, but the checkpoint is "
                                 f"{checkpoint_name(named_step)}; the checkpoint is damaged")
@@ -84,34 +84,64 @@ def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
     if state["epoch"] > state["step"]:
         raise CheckpointDamaged(f"{state_file}: 'epoch' is {state['epoch']}, more than its {state['step']} optimizer "
                                 f"steps; the checkpoint is damaged")
-    train_time = state.get("train_time_s", 0.0)
-    if not isinstance(train_time, (int, float)) or isinstance(train_time, bool) or not train_time >= 0:
-        raise bad("train_time_s", "a number >= 0")
-    for field in (RUN_ID_KEY, "wandb_run_id"):
-        if state.get(field) is not None and not isinstance(state[field], str):
-            raise bad(field, "a string")
-    if "budget_fixed" in state and not isinstance(state["budget_fixed"], bool):
-        raise bad("budget_fixed", "true or false")
-    if "config" in state and not isinstance(state["config"], dict):
-        raise bad("config", "a JSON object of the run's flags")
+    if (wrong := _first_bad_field(state, _PLAIN_FIELDS) or _first_bad_entry(state)) is not None:
+        raise bad(*wrong)
+
+
+def _is_number_at_least_0(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+# A plain field of the trainer state: its name, what it must be (in the message's words), the test of its value, and
+# whether a null is the field left unset (True) or a value that must pass the test too (False). An absent field
+# passes: a checkpoint written before the field existed (the fields every save writes are checked present first).
+_FieldRule = tuple[str, str, Callable[[Any], bool], bool]
+# The data position's counts, checked before the step and epoch are compared.
+_POSITION_FIELDS: tuple[_FieldRule, ...] = (
+    *((field, "an integer >= 0", is_count, False)
+      for field in ("step", "epoch", "samples_done_in_epoch", "tokens_seen", "total_steps")),
+    *((field, "an integer >= 1", lambda value: is_count(value, least=1), True) for field in ("processes", THREADS_KEY)),
+)
+_PLAIN_FIELDS: tuple[_FieldRule, ...] = (
+    ("train_time_s", "a number >= 0", _is_number_at_least_0, False),
+    (RUN_ID_KEY, "a string", lambda value: isinstance(value, str), True),
+    ("wandb_run_id", "a string", lambda value: isinstance(value, str), True),
+    ("budget_fixed", "true or false", lambda value: isinstance(value, bool), False),
+    ("config", "a JSON object of the run's flags", lambda value: isinstance(value, dict), False),
+)
+
+
+def _first_bad_field(state: dict[str, Any], rules: tuple[_FieldRule, ...]) -> tuple[str, str] | None:
+    """(name, what it must be) of the first field of `rules` whose value in `state` fails its test, or None."""
+    for field, allowed, holds, null_is_unset in rules:
+        if field in state and not (null_is_unset and state[field] is None) and not holds(state[field]):
+            return field, allowed
+    return None
+
+
+def _first_bad_entry(state: dict[str, Any]) -> tuple[str, str] | None:
+    """(name, what it must be) of the first structured entry of `state` (its data identity, its file list, the
+    objective's state, the digests; each null or absent where the run had none) that does not hold what a save
+    writes, or None."""
     data = state.get("data")
     if data is not None and not (isinstance(data, dict) and DATA_KEYS <= set(data)):
-        raise bad("data", f"a JSON object with {', '.join(sorted(DATA_KEYS))}")
+        return "data", f"a JSON object with {', '.join(sorted(DATA_KEYS))}"
     files = state.get(FILES_KEY)
     if files is not None and not (isinstance(files, list) and all(_inside(name) for name in files)):
-        raise bad(FILES_KEY, "a list of file names inside the checkpoint")
+        return FILES_KEY, "a list of file names inside the checkpoint"
     objective_state = state.get(OBJECTIVE_STATE_KEY)
     if objective_state is not None and not (isinstance(objective_state, dict) and all(
             isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             for value in objective_state.values())):
-        raise bad(OBJECTIVE_STATE_KEY, "a JSON object of finite numbers")
+        return OBJECTIVE_STATE_KEY, "a JSON object of finite numbers"
     digests = state.get(DIGESTS_KEY)
     if digests is not None and not (isinstance(digests, dict) and all(
             _inside(name) and isinstance(entry, dict) and is_count(entry.get("bytes"))
             and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])
             for name, entry in digests.items())):
-        raise bad(DIGESTS_KEY, 'a JSON object of file names inside the checkpoint, each {"bytes": an integer >= 0, '
-                               '"sha256": 64 hex digits}')
+        return DIGESTS_KEY, ('a JSON object of file names inside the checkpoint, each {"bytes": an integer >= 0, '
+                             '"sha256": 64 hex digits}')
+    return None
 
 
 def _inside(name: Any) -> bool:

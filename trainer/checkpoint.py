@@ -220,8 +220,21 @@ def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, 
         return RunStart(decision["run_id"], None, clear)
     mine = root / decision["name"] if resume == "auto" else path
     state = decision["state"]
-    needed = files_needed_by(state.get(FILES_KEY, decision["files"]), accelerator.process_index,
-                             state.get("processes", 1))
+    _check_every_process_reads(accelerator, resume, mine, state, decision["files"])
+    _check_writers_copies(accelerator, resume, mine, state, shared_storage)
+    unverified = (f"its {STATE_FILE} records no digests of its files (written before MiniNorm recorded them): they "
+                  f"were not verified") if state.get(DIGESTS_KEY) is None else ""
+    note = "; ".join(part for part in (decision["note"], unverified) if part)
+    return RunStart(decision["run_id"], ResumePoint(mine, state, note), clear)
+
+
+def _check_every_process_reads(accelerator: Accelerator, resume: str, mine: Path, state: dict[str, Any],
+                               listing: list[str]) -> None:
+    """Collective, agree_on_start's first check: each process tries each file of the checkpoint (`mine`, its path to
+    it; `state`, the main process's trainer state; `listing`, the main process's listing of it, for a checkpoint
+    whose state lists no files) that it needs, and every process raises CheckpointUnreadable naming the first rank
+    and path that cannot be read."""
+    needed = files_needed_by(state.get(FILES_KEY, listing), accelerator.process_index, state.get("processes", 1))
     unreadable = next((str(mine / name) for name in needed if not _readable(mine / name)), None)
     problems = gather_object([unreadable])
     if len(problems) == 1 and unreadable is not None:  # one process: no other storage to blame
@@ -232,6 +245,14 @@ def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, 
             raise CheckpointUnreadable(f"--resume {resume}: rank {rank} cannot read {problem}; every process needs "
                                        f"the checkpoint's model, optimizer and scheduler state and its own RNG state "
                                        f"({STORAGE_HELP})")
+
+
+def _check_writers_copies(accelerator: Accelerator, resume: str, mine: Path, state: dict[str, Any],
+                          shared_storage: bool) -> None:
+    """Collective, agree_on_start's second check: the processes that wrote the checkpoint (`shared_storage`: the
+    main one; else each machine's first) check their copy of it against the digests their save recorded
+    (_check_digests), and every process raises CheckpointDamaged naming the first file that is not the one saved
+    (and the rank, with several processes)."""
     writer = accelerator.is_main_process if shared_storage else accelerator.is_local_main_process
     mismatch = _check_digests(mine, state, accelerator.is_main_process) if writer else None
     mismatches = gather_object([mismatch])
@@ -239,10 +260,6 @@ def agree_on_start(accelerator: Accelerator, resume: str | None, out_dir: Path, 
         if mismatch is not None:
             where = f"rank {rank}: " if len(mismatches) > 1 else ""
             raise CheckpointDamaged(f"--resume {resume}: {where}{mismatch}; {_way_on(mine)}")
-    unverified = (f"its {STATE_FILE} records no digests of its files (written before MiniNorm recorded them): they "
-                  f"were not verified") if state.get(DIGESTS_KEY) is None else ""
-    note = "; ".join(part for part in (decision["note"], unverified) if part)
-    return RunStart(decision["run_id"], ResumePoint(mine, state, note), clear)
 
 
 def _check_digests(path: Path, state: dict[str, Any], main: bool) -> str | None:

@@ -20,7 +20,8 @@ validates it) and loads every file (`load_checkpoint`, which names a damaged one
 directory's previous run. `trainer_state.json` also records the size and sha256 of every file its writer holds (the
 writer hashes them once every process has written its part), and a resume checks them before it loads anything
 (agree_on_start): a file copied in from another checkpoint, truncated or replaced is refused in one line naming it.
-A checkpoint written before digests were recorded resumes unverified, with a note saying so.
+A checkpoint written before digests were recorded resumes unverified, with a note saying so. What the run's
+flags may change against the checkpoint's is trainer/resume_checks.py's to say.
 """
 
 from __future__ import annotations

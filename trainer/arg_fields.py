@@ -515,7 +515,7 @@ def flags_in_effect(flags: Mapping[str, Any]) -> dict[str, Any]:
     epsilon = flags.get("epsilon")
     if "epsilon_high" in unset and isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool):
         resolved["epsilon_high"] = epsilon
-    if "loss_weights" in unset and isinstance(flags.get("loss_type"), str):
+    if "loss_weights" in unset and flags.get("task") == "dpo" and isinstance(flags.get("loss_type"), str):
         try:
             resolved["loss_weights"] = [1.0] * len(parse_loss_types(flags["loss_type"]))
         except ValueError:  # a recorded config's unknown loss type: nothing to resolve it by

@@ -395,6 +395,54 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
     assert shape[:3] == [6.0, 6.0, 1.0] and math.isnan(shape[3])
 
 
+def test_the_completion_shape_and_equal_reward_groups_are_the_steps_over_processes(tokenizer, policy, monkeypatch):
+    """Two processes (threads whose all-reduce sums, ThreadedProcesses), groups of 3: the first holds two
+    micro-batches of one prompt, whose completions are 2, 6 (cut by the limit) and 3 tokens and 4, 1 and 5; the
+    second one micro-batch of two prompts, 3, 3, 2 and 4, 5, 2 tokens (none reaches the limit, so the first's length
+    histogram, not its own, holds the 6). The logged shortest (1) and longest (6), the cut share (1 of 12), the
+    mean length of the 11 that ended (34/11) and the share of the 4 groups whose scored rewards are all equal (3: the
+    first process's one with a single scored completion has no std; 3/4, not the first's 1/2 or the second's 2/2)
+    are the step's in both processes, not each its own."""
+    import trainer.grpo as grpo
+    from tests.threaded_processes import ThreadedProcesses
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def ended(length: int) -> list[int]:
+        return [40 + k for k in range(length - 1)] + [end]
+
+    lengths = {1: [2, 6, 3], 2: [4, 1, 5], 3: [3, 3, 2], 4: [4, 5, 2]}  # by the prompt's first token
+    completions = {first: [ended(n) if n < 6 else [30 + k for k in range(6)] for n in row]
+                   for first, row in lengths.items()}
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: [
+        completions[ids[0]][index % 3] for index, ids in enumerate(prompt_ids)])
+    given = {"p0": [0.5, 0.5, 0.5], "p1": [None, None, 2.0], "p2": [0.25] * 3, "p3": [1.0] * 3}
+
+    def reward(prompts, completions, **columns):
+        return [given[prompt][index % 3] for index, prompt in enumerate(prompts)]
+
+    settings = RolloutSettings("grpo", 3, max_completion_length=6, temperature=1.0, top_p=1.0, beta=0.0,
+                               epsilon_low=0.2, epsilon_high=0.28)
+    splits = [[_numbered_prompts(0, 1), _numbered_prompts(1, 1)], [_numbered_prompts(2, 2)]]
+
+    def process(rank: int, accelerator) -> tuple[GroupRelativePolicy, list[dict]]:
+        objective = GroupRelativePolicy([Reward("given", reward)], tokenizer, settings, None, seed=7,
+                                        process_index=rank, autocast=nullcontext, world=2)
+        return objective, objective.rollouts(policy, splits[rank], step=1, accelerator=accelerator)
+
+    processes = ThreadedProcesses(2).run(process)
+    assert [[batch["completion_mask"].sum(dim=1).tolist() for batch in batches] for _, batches in processes] == [
+        [[2, 6, 3], [4, 1, 5]], [[3, 3, 2, 4, 5, 2]]]
+    for objective, batches in processes:
+        units = sum(objective.count_items(batch) for batch in batches)
+        stats = dict(zip(objective.stat_names, (sum(objective.loss(policy, batch, units)[1] for batch in batches)
+                                                / units).tolist()))
+        assert [stats[name] for name in ("completion_length_min", "completion_length_max", "truncated_fraction",
+                                         "terminated_length", "zero_std_fraction")] == pytest.approx(
+            [1.0, 6.0, 1 / 12, 34 / 11, 3 / 4])
+        assert stats["completion_length"] == pytest.approx(40 / 12)
+
+
 def test_a_step_no_reward_scores_logs_its_reward_as_null(tokenizer, policy, monkeypatch):
     """Every completion of the step unscored (the function returns None for all): the logged reward is NaN (no
     completion to average over), which the metrics file writes as null; the completion length is still logged."""

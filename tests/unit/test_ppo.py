@@ -402,6 +402,46 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps(tokenizer,
     assert stats["terminated_length"] == pytest.approx((2 + 3 + 4 + 1 + 4 + 3 + 5) / 7)
 
 
+def test_the_completions_shortest_longest_and_cut_share_are_the_steps_over_processes(tokenizer, monkeypatch):
+    """Two processes (threads whose all-reduce sums, ThreadedProcesses), groups of 2: the first's two micro-batches
+    of one prompt sample 2 and 6 tokens (cut by the limit), 3 and 4; the second's micro-batch of two prompts 1, 4, 3
+    and 5 (none at the limit: the first's length histogram holds the 6). Both log the step's shortest (1) and
+    longest (6), cut share (1 of 8) and mean length of the 7 that ended (22/7), not their own (2, 6, 1/4, 3 and 1, 5,
+    0, 13/4)."""
+    import trainer.grpo as grpo
+    from tests.threaded_processes import ThreadedProcesses
+
+    eos = tokenizer.eos_token_id
+    by_prompt = {(1, 2, 3): [[5, eos], [7, 8, 9, 10, 11, 12]], (4, 5): [[13, 14, eos], [15, 16, 17, eos]],
+                 (6, 7, 8, 9): [[eos], [20, 21, 22, eos]], (10,): [[23, 24, eos], [25, 26, 27, 28, eos]]}
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: [
+        by_prompt[tuple(ids)][index % 2] for index, ids in enumerate(prompt_ids)])
+    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
+
+    def prompts(*rows: list[int]) -> dict:
+        return PromptDataset.collate([{"input_ids": torch.tensor(row), "prompt": f"p{row[0]}", "columns": {}}
+                                      for row in rows])
+
+    splits = [[prompts([1, 2, 3]), prompts([4, 5])], [prompts([6, 7, 8, 9], [10])]]
+
+    def process(rank: int, accelerator) -> tuple[ProximalPolicy, list[dict]]:
+        objective = ProximalPolicy([Reward("lengths", lambda prompts, completions, **columns: [
+            float(len(c)) for c in completions])], tokenizer, _settings(2), reference, seed=7, process_index=rank,
+            autocast=nullcontext, world=2)
+        return objective, objective.rollouts(model, splits[rank], step=3, accelerator=accelerator)
+
+    processes = ThreadedProcesses(2).run(process)
+    assert [[batch["completion_mask"].sum(dim=1).tolist() for batch in batches] for _, batches in processes] == [
+        [[2, 6], [3, 4]], [[1, 4, 3, 5]]]
+    for objective, batches in processes:
+        units = sum(objective.count_items(batch) for batch in batches)
+        stats = dict(zip(objective.stat_names, (sum(objective.loss(model, batch, units)[1] for batch in batches)
+                                                / units).tolist()))
+        assert [stats[name] for name in ("completion_length_min", "completion_length_max", "truncated_fraction",
+                                         "terminated_length", "completion_length")] == pytest.approx(
+            [1.0, 6.0, 1 / 8, 22 / 7, 28 / 8])
+
+
 def test_a_completion_that_ends_at_an_eos_id_of_the_models_generation_config_is_not_penalised(tokenizer,
                                                                                                 monkeypatch):
     """The engine stops at the tokenizer's eos and at those the policy's generation_config names

@@ -198,6 +198,31 @@ def test_the_entropy_is_each_positions_sampling_distributions_from_the_same_log_
                                             1)[1].item() == pytest.approx(math.log(2))
 
 
+def test_the_entropy_holds_no_tensor_of_the_batch_by_the_vocabulary():
+    """With the entropy, the log-probs' graph keeps the same tensors as without (nothing more for the backward), and
+    no operation makes a tensor larger than one completion's (length, V) besides those the log-probs make anyway:
+    4 completions of 32 positions over a vocabulary of 6400, where a (4, 32, 6400) temporary is 4 times that."""
+    from torch.autograd.graph import saved_tensors_hooks
+    from torch.profiler import ProfilerActivity, profile
+
+    completions, length, vocab = 4, 32, 6400
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(completions, 40, vocab, generator=generator, requires_grad=True)
+    input_ids = torch.randint(0, vocab, (completions, 40), generator=generator)
+    starts = torch.tensor([8, 5, 3, 8])
+    kept, made = {}, {}
+    for entropy in (False, True):
+        kept[entropy] = []
+        with saved_tensors_hooks(lambda tensor, into=kept[entropy]: into.append(tuple(tensor.shape)) or tensor,
+                                 lambda tensor: tensor), profile(activities=[ProfilerActivity.CPU],
+                                                                 profile_memory=True) as profiler:
+            completion_log_probs_and_entropy(logits, input_ids, starts, length, 0.7, entropy=entropy)
+        made[entropy] = sorted((event.name, event.cpu_memory_usage) for event in profiler.events()
+                               if event.cpu_memory_usage > length * vocab * 4)
+    assert kept[True] == kept[False] and (completions, length, vocab) in kept[False]
+    assert made[True] == made[False] and ("aten::log_softmax", completions * length * vocab * 4) in made[False]
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo"])
 @pytest.mark.parametrize("beta", [0.0, 0.1])
 def test_the_objectives_loss_and_gradient_equal_an_fp64_reference(loss_type, beta):

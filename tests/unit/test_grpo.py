@@ -232,7 +232,10 @@ def test_the_objectives_loss_and_gradient_equal_an_fp64_reference(loss_type, bet
     objective = GroupRelativePolicy([], _Pad(), settings, None, seed=0, process_index=0, autocast=nullcontext)
     units = objective.count_items(batch)
     assert int(units) == {"cispo": 10, "dapo": 10, "bnpo": 1}.get(loss_type, 4)  # tokens, micro-batches, completions
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
     loss, stats = objective.loss(model, batch, units)
+    assert len(forwards) == 1  # the logged entropy comes from the loss's own forward
     expected = _reference_loss(model64, batch, loss_type, beta, settings)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
     loss.backward()

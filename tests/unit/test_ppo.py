@@ -93,7 +93,10 @@ def test_the_objectives_loss_and_gradients_equal_an_fp64_reference(temperature):
                                autocast=nullcontext)
     units = objective.count_items(batch)
     assert int(units) == 10  # completion tokens
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
     loss, stats = objective.loss(model, batch, units)
+    assert len(forwards) == 1  # the logged entropy comes from the loss's own forward
     logits = model64.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits / temperature
     values = model64.critic(batch["input_ids"], batch["attention_mask"])
     expected, clipped, value_clipped = 0.0, 0, 0

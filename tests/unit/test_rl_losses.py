@@ -406,6 +406,33 @@ def test_the_ppo_loss_and_its_gradients_match_fp64_by_hand():
     assert result.clip_fraction == pytest.approx(clipped / n)
 
 
+def test_the_ppo_loss_logs_trls_value_clip_fraction_approx_kl_and_ratio_by_hand():
+    """TRL's PPOTrainer, written out token by token over the completion tokens (the padded one left out): val/clipfrac
+    counts where (clamp(v, v_old - c, v_old + c) - R)^2 > (v - R)^2, policy/approxkl is (logp - old_logp)^2 / 2 and
+    val/ratio exp(logp - old_logp), each a token mean here; with --cliprange_value c = 0.1, which takes the
+    clipped loss at other tokens than the default 0.2 would."""
+    logp = [[-1.0, -0.3, -2.0], [-0.5, -1.5, 0.0]]
+    old_logp = [[-1.1, -0.7, -1.6], [-0.5, -1.2, 3.0]]
+    values = [[0.5, 0.45, -0.3], [1.0, 0.2, 5.0]]
+    old_values = [[0.2, 0.4, 0.0], [0.5, 0.3, 0.0]]
+    returns = [[0.9, 0.0, -0.2], [0.4, 0.25, 0.0]]
+    mask = [[1, 1, 1], [1, 1, 0]]
+    tokens = [(i, t) for i in range(2) for t in range(3) if mask[i][t]]
+
+    def taken(clip: float) -> list[bool]:
+        return [(min(max(values[i][t], old_values[i][t] - clip), old_values[i][t] + clip) - returns[i][t]) ** 2
+                > (values[i][t] - returns[i][t]) ** 2 for i, t in tokens]
+
+    assert taken(0.1) != taken(0.2) and 0 < sum(taken(0.1)) < len(tokens)
+    as_tensor = [torch.tensor(rows, dtype=torch.float64) for rows in (logp, old_logp, values, old_values)]
+    result = ppo_loss(*as_tensor, torch.zeros(2, 3, dtype=torch.float64), torch.tensor(returns, dtype=torch.float64),
+                      torch.tensor(mask), 0.2, 0.1, 0.5)
+    log_ratios = [logp[i][t] - old_logp[i][t] for i, t in tokens]
+    assert result.value_clip_fraction == pytest.approx(sum(taken(0.1)) / len(tokens), rel=1e-12)
+    assert result.approx_kl == pytest.approx(sum(0.5 * x ** 2 for x in log_ratios) / len(tokens), rel=1e-12)
+    assert result.ratio == pytest.approx(sum(math.exp(x) for x in log_ratios) / len(tokens), rel=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "bnpo", "dapo", "cispo", "ppo"])
 def test_clip_fraction_counts_the_clipped_tokens_by_trls_rule(kind):
     """The logged clip fraction, token by token. GRPO and PPO (TRL's GRPOTrainer: is_low_clipped = r < 1 - eps_low

@@ -350,8 +350,8 @@ def _decide(resume: str, views: list[tuple[str, list[str]]], path: Path | None) 
             return {"error": f"--resume {chosen}: no such checkpoint directory"}
     try:
         state = read_trainer_state(chosen)
-    except FileNotFoundError as error:
-        return {"error": str(error)}
+    except FileNotFoundError as error:  # "--resume auto: PATH: ..." or "--resume PATH: ...", the path once
+        return {"error": f"--resume auto: {error}" if resume == "auto" else f"--resume {error}"}
     except CheckpointDamaged as error:
         return {"refused": f"--resume {resume}: {error}; {_way_on(chosen)}"}
     return {"name": chosen.name, "state": state, "files": _files_under(chosen), "note": note}

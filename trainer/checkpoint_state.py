@@ -41,10 +41,10 @@ class CheckpointDamaged(ValueError):
 def read_trainer_state(path: Path) -> dict[str, Any]:
     """The trainer state saved with a checkpoint (step, data position, config, data identity), validated here, the
     one place that reads it: CheckpointDamaged names the file and the field that is wrong, FileNotFoundError says
-    there is none."""
+    there is none (naming the checkpoint, not the flag: the caller says which --resume and which rank)."""
     state_file = path / STATE_FILE
     if not state_file.is_file():
-        raise FileNotFoundError(f"--resume {path}: not a complete checkpoint (no {STATE_FILE})")
+        raise FileNotFoundError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
     try:
         state = json.loads(read_text_file(state_file))
     except json.JSONDecodeError as error:

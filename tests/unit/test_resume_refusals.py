@@ -823,3 +823,22 @@ def test_another_machines_writer_checks_its_copy_against_its_own_state(tmp_path)
     main_state["digests"] = {name: {**entry, "sha256": "0" * 64} for name, entry in main_state["digests"].items()}
     assert _check_digests(checkpoint, main_state, main=False) is None
     assert "has another sha256" in _check_digests(checkpoint, main_state, main=True)
+
+
+def test_another_machines_writer_without_its_state_is_refused_naming_rank_path_and_file_once(tmp_path, monkeypatch):
+    """Without shared storage another machine's first process reads its own trainer_state.json; where its copy has
+    none, every process's one line names the rank, the checkpoint and the missing file, and says --resume once."""
+    from types import SimpleNamespace
+
+    import trainer.checkpoint as checkpoint_module
+
+    _, root = _save_trained_checkpoints(tmp_path, (1,))
+    checkpoint = root / "step_00000001"
+    main_state = json.loads((checkpoint / "trainer_state.json").read_text())
+    (checkpoint / "trainer_state.json").unlink()  # this machine's copy (rank 1's) lacks it
+    monkeypatch.setattr(checkpoint_module, "gather_object", lambda mine: [None, *mine])  # rank 0's check passed
+    rank_1 = SimpleNamespace(is_main_process=False, is_local_main_process=True)
+    with pytest.raises(checkpoint_module.CheckpointDamaged) as refused:
+        checkpoint_module._check_writers_copies(rank_1, "auto", checkpoint, main_state, shared_storage=False)
+    assert str(refused.value) == (f"--resume auto: rank 1: {checkpoint}: not a complete checkpoint (no "
+                                  f"trainer_state.json); {NO_EARLIER_CHECKPOINT}")

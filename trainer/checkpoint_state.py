@@ -63,7 +63,7 @@ def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
     counts (_POSITION_FIELDS), the step and epoch against each other, the other plain fields (_PLAIN_FIELDS), then
     the structured entries (_first_bad_entry)."""
     def bad(field: str, allowed: str) -> CheckpointDamaged:
-        shown = "missing" if field not in state else f"{state[field]!r}"
+        shown = "missing" if field not in state else "null" if state[field] is None else f"{state[field]!r}"
         return CheckpointDamaged(f"{state_file}: '{field}' must be {allowed}, not {shown}; the checkpoint is damaged")
 
     if not isinstance(state, dict):
@@ -100,7 +100,10 @@ _FieldRule = tuple[str, str, Callable[[Any], bool], bool]
 _POSITION_FIELDS: tuple[_FieldRule, ...] = (
     *((field, "an integer >= 0", is_count, False)
       for field in ("step", "epoch", "samples_done_in_epoch", "tokens_seen", "total_steps")),
-    *((field, "an integer >= 1", lambda value: is_count(value, least=1), True) for field in ("processes", THREADS_KEY)),
+    # Every save since each field exists writes an integer (a checkpoint from before has none, and loads): a null is
+    # no save's, and a null "processes" would end the resume's file check with a TypeError.
+    *((field, "an integer >= 1", lambda value: is_count(value, least=1), False)
+      for field in ("processes", THREADS_KEY)),
 )
 _PLAIN_FIELDS: tuple[_FieldRule, ...] = (
     ("train_time_s", "a number >= 0", _is_number_at_least_0, False),

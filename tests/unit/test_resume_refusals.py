@@ -156,6 +156,7 @@ def _without(*keys: str) -> dict:
     ({**GOOD_STATE, "train_time_s": "x"}, "'train_time_s' must be a number >= 0"),
     ({**GOOD_STATE, "run_id": 5}, "'run_id' must be a string"),
     ({**GOOD_STATE, "threads": "many"}, "'threads' must be an integer >= 1"),
+    ({**GOOD_STATE, "threads": True}, "'threads' must be an integer >= 1, not True"),
     ({**GOOD_STATE, "digests": ["model.safetensors"]}, "'digests' must be a JSON object of file names"),
     ({**GOOD_STATE, "digests": {"/etc/passwd": {"bytes": 1, "sha256": "0" * 64}}}, "'digests' must be a JSON object"),
     ({**GOOD_STATE, "digests": {"model.safetensors": {"bytes": -1, "sha256": "0" * 64}}}, "'digests' must be"),
@@ -181,6 +182,28 @@ def test_a_sound_trainer_state_is_read_as_written(tmp_path):
     # Written before some fields existed (data, files, run_id...): still read; a copy under another name too.
     old = _without("data", "files", "run_id", "threads", "budget_fixed", "processes", "total_steps")
     assert read_trainer_state(_write_state(tmp_path, old, name="copied")) == old
+
+
+@pytest.mark.parametrize("field", ["processes", "threads"])
+def test_a_checkpoint_without_processes_or_threads_resumes_and_a_null_one_is_refused_in_one_line(field, tmp_path):
+    """A checkpoint saved before the field existed has none and resumes (one process's files; the thread count the
+    session picks). Every save since writes an integer: a null is no save's and is refused naming the file and field
+    (a null 'processes' ended the file check with a TypeError)."""
+    from trainer.checkpoint import agree_on_start
+    from trainer.checkpoint_state import read_trainer_state
+
+    accelerator, root = _save_trained_checkpoints(tmp_path, (1,))
+    state_file = root / "step_00000001" / "trainer_state.json"
+    saved = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({key: value for key, value in saved.items() if key != field}))
+    assert field not in agree_on_start(accelerator, "auto", tmp_path, None).resume.state
+    state_file.write_text(json.dumps({**saved, field: None}))
+    with pytest.raises(ValueError) as refused:
+        agree_on_start(accelerator, "auto", tmp_path, None)
+    assert str(refused.value) == (f"--resume auto: {state_file}: '{field}' must be an integer >= 1, not null; the "
+                                  f"checkpoint is damaged; {NO_EARLIER_CHECKPOINT}")
+    with pytest.raises(ValueError):
+        read_trainer_state(state_file.parent)
 
 
 def test_a_data_position_past_the_training_set_is_refused(tmp_path):

@@ -94,9 +94,12 @@ def check_resume_length(path: Path, state: dict[str, Any], args: TrainArgs, tota
 
 
 # Flags a resume compares elsewhere, or that name a place rather than a setting (a moved file is the same file), or
-# whose place is compared as the directory it resolves to (REWARD_MODEL_FLAG: _reward_model_change).
+# whose place is compared as the directory it resolves to (REWARD_MODEL_FLAG: _reward_model_change), or that say how
+# this machine does the work, not what the run computes: --num_proc (the tokenizing workers; the rows and their order
+# are the same) and the two collective timeouts (--threads says its own note: trainer/threads.py keep_runs).
 _NOT_NOTED = frozenset({"resume", "overwrite", "out_dir", "data_path", "val_data_path", "tokenizer_path",
-                        "from_weight", "teacher", "reward_model", "threads"})
+                        "from_weight", "teacher", "reward_model", "threads", "num_proc", "dist_init_timeout",
+                        "dist_timeout"})
 REWARD_MODEL_FLAG = "reward_model"
 
 

@@ -416,6 +416,19 @@ def test_the_changed_flags_name_settings_not_places():
     assert changed_flags(state, now) == "--learning_rate was 0.001 there and is 0.002 now"
 
 
+def test_the_changed_flags_leave_out_how_the_machine_does_the_work():
+    """--num_proc (tokenizing workers), --threads and the collective timeouts cannot change the run's numbers beyond
+    the last bits --threads' own note names: a resume that changes them notes only the setting that does change."""
+    from trainer.resume_checks import changed_flags
+
+    recorded = parse_args("pretrain", []).to_dict()
+    machine = ["--num_proc", "4", "--threads", "2", "--dist_init_timeout", "3600", "--dist_timeout", "900"]
+    assert changed_flags({"config": recorded}, parse_args("pretrain", machine).to_dict()) == ""
+    now = parse_args("pretrain", [*machine, "--learning_rate", "0.5"]).to_dict()
+    lr = recorded["learning_rate"]
+    assert changed_flags({"config": recorded}, now) == f"--learning_rate was {lr} there and is 0.5 now"
+
+
 RM = ["--reward_model", "/models/rm"]  # alone: no --reward functions (null in the config)
 
 

@@ -71,8 +71,9 @@ from model.model import shift_labels
 from trainer.evaluation import LoggedEval
 from trainer.run_dir import DPO_VAL_METRICS
 
-STAT_NAMES = tuple(name for name in DPO_VAL_METRICS.values() if name != "loss")  # what a pair adds beside its loss
 NLL_STAT = "nll_loss"  # TRL's name for the chosen answers' NLL it logs with rpo_alpha or sft
+# what every pair adds beside its loss (and beside the NLL, where the loss reads it)
+STAT_NAMES = tuple(name for name in DPO_VAL_METRICS.values() if name not in ("loss", NLL_STAT))
 DEFAULT_DISCOPOP_TAU = 0.05  # TRL's discopop_tau, the DiscoPOP paper's
 DEFAULT_F_ALPHA_DIVERGENCE_COEF = 1.0  # TRL's f_alpha_divergence_coef (up to 0.28; its rewrite changed the scale)
 
@@ -387,10 +388,13 @@ class DPOEval(LoggedEval):
     chosen_reward: float     # mean r_c
     rejected_reward: float   # mean r_r
     pairs: int
+    nll_loss: float | None = None  # the chosen answers' mean token NLL, where the loss reads it (TRL's eval_nll_loss)
 
     def describe(self) -> str:
+        nll = f", chosen NLL {self.nll_loss:.4f}" if self.nll_loss is not None else ""
         return (f"val DPO loss {self.loss:.4f}, reward accuracy {self.reward_accuracy:.1%}, margin "
-                f"{self.reward_margin:.3f} (chosen {self.chosen_reward:.3f}, rejected {self.rejected_reward:.3f})")
+                f"{self.reward_margin:.3f} (chosen {self.chosen_reward:.3f}, rejected {self.rejected_reward:.3f})"
+                f"{nll}")
 
 
 class DirectPreference:
@@ -487,17 +491,21 @@ class DirectPreference:
                  token_bytes: torch.Tensor | None = None, max_batches: int = 0) -> DPOEval:
         was_training = model.training
         model.eval()
-        totals = torch.zeros(2 + len(STAT_NAMES), dtype=torch.float64, device=accelerator.device)  # loss, pairs
+        # loss, pairs, the pair statistics, and the chosen answers' NLL where the loss reads it
+        stats_end = 2 + len(STAT_NAMES)
+        totals = torch.zeros(stats_end + int(self.logs_nll), dtype=torch.float64, device=accelerator.device)
         for index, batch in enumerate(loader):
             if max_batches and index >= max_batches:
                 break
             batch = {key: value.to(accelerator.device) for key, value in batch.items()}
-            losses, chosen, rejected, real, _ = self._pair_terms(model, batch)
+            losses, chosen, rejected, real, chosen_nll = self._pair_terms(model, batch)
             totals[0] += (losses * real).sum().double()
             totals[1] += real.sum()
-            totals[2:] += self._stat_sums(chosen, rejected, real).double()
+            totals[2:stats_end] += self._stat_sums(chosen, rejected, real).double()
+            if chosen_nll is not None:
+                totals[stats_end] += (chosen_nll * real).sum().double()
         totals = accelerator.reduce(totals, reduction="sum")
         model.train(was_training)
         pairs = int(totals[1])
         means = (totals / max(pairs, 1)).tolist() if pairs else [float("nan")] * len(totals)
-        return DPOEval(means[0], *means[2:], pairs=pairs)
+        return DPOEval(means[0], *means[2:stats_end], pairs=pairs, nll_loss=means[stats_end] if self.logs_nll else None)

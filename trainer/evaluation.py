@@ -26,11 +26,13 @@ class LoggedEval:
     metrics: ClassVar[dict[str, str]]
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        """The fields for run_summary.json's final_val; one this run does not compute (None: DPO's nll_loss without
+        --rpo_alpha or sft) is left out, as it is from the logged metrics."""
+        return {key: value for key, value in asdict(self).items() if value is not None}
 
     def logged(self) -> dict[str, float]:
         """The metrics as the trainer logs them (metrics.jsonl, wandb): val_loss and the task's others."""
-        return {name: getattr(self, key) for name, key in self.metrics.items()}
+        return {name: getattr(self, key) for name, key in self.metrics.items() if getattr(self, key) is not None}
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ RUN_FILES = (CHECKPOINT_DIR, METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, *MODEL_FIL
 # run_summary.json's "final_val". The eval results' logged() read these (trainer/evaluation.py, dpo.py, grpo.py).
 VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}  # language modeling
 DPO_VAL_METRICS = {"val_loss": "loss", "val_reward_accuracy": "reward_accuracy", "val_reward_margin": "reward_margin",
-                   "val_chosen_reward": "chosen_reward", "val_rejected_reward": "rejected_reward"}
+                   "val_chosen_reward": "chosen_reward", "val_rejected_reward": "rejected_reward",
+                   "val_nll_loss": "nll_loss"}  # the last only where the loss reads it (--rpo_alpha, sft)
 ROLLOUT_VAL_METRICS = {"val_loss": "loss", "val_reward": "reward", "val_completion_length": "completion_length",
                        "val_accuracy": "accuracy"}  # GRPO's and PPO's greedy validation
 TASK_VAL_METRICS = {"pretrain": VAL_METRICS, "sft": VAL_METRICS, "lora": VAL_METRICS, "distill": VAL_METRICS,

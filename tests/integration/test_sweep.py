@@ -1314,7 +1314,9 @@ def test_metric_value_finds_every_name_a_pretraining_run_logs(reference_run):
 def test_metric_value_finds_every_name_dpo_and_grpo_runs_log(train_data, tiny_models, tmp_path):
     from tests.training_runs import ONE_THREAD, finetune_argv, run_in_process, write_prompt_data
 
-    run_in_process("dpo", finetune_argv("dpo", train_data, tiny_models.sft, tmp_path / "dpo", "--max_steps", "2"))
+    # --rpo_alpha: DPO logs val_nll_loss only where the loss reads the chosen answers' NLL; here every name is logged
+    run_in_process("dpo", finetune_argv("dpo", train_data, tiny_models.sft, tmp_path / "dpo", "--max_steps", "2",
+                                        "--rpo_alpha", "0.5"))
     _assert_metric_value_finds_every_logged_name("dpo", tmp_path / "dpo")
     (tmp_path / "prompts").mkdir()
     data = write_prompt_data(tmp_path / "prompts")

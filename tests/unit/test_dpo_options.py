@@ -476,3 +476,31 @@ def test_a_dpo_run_recorded_before_the_options_implies_their_values():
         "alpha_divergence now, --f_alpha_divergence_coef was 1.0 there and is 0.5 now")
     assert changed_flags({"config": old}, parse_args("dpo", ["--rpo_alpha", "1", "--ld_alpha", "0.5"]).to_dict()) == (
         "--rpo_alpha was None there and is 1.0 now, --ld_alpha was None there and is 0.5 now")
+
+
+@pytest.mark.parametrize("rpo_alpha", [0.7, None])
+def test_validation_logs_nll_loss_where_the_loss_reads_it(rpo_alpha):
+    """DirectPreference.evaluate over two batches (the second with pair 1 blanked, as validation shards are padded):
+    with --rpo_alpha its val_loss and val_nll_loss (TRL's eval_nll_loss) are the means over the 3 real pairs of each
+    pair's loss and chosen answer's mean token NLL, by hand from the softmax, and run_summary.json's final_val holds
+    nll_loss; without it neither the log nor final_val has an NLL."""
+    from accelerate import Accelerator
+
+    objective = DirectPreference(_Tiny(0.5), BETA, torch.enable_grad, rpo_alpha=rpo_alpha)
+    blanked = LABELS.clone()
+    blanked[[1, 3]] = -100
+    loader = [{"input_ids": INPUT_IDS, "attention_mask": torch.ones_like(INPUT_IDS), "labels": labels}
+              for labels in (LABELS, blanked)]
+    result = objective.evaluate(_Tiny(1.0), loader, Accelerator(cpu=True))
+    per_pair = _by_hand_objective(_Tiny(1.0).table.detach(), _Tiny(0.5).table, None, False, rpo_alpha)
+    pi = _token_terms(_Tiny(1.0).table.detach())
+    nll = [-sum(lp for lp, _ in pi[row]) / len(pi[row]) for row in (0, 1)]
+    logged = result.logged()
+    assert result.pairs == 3
+    assert logged["val_loss"] == pytest.approx((2 * per_pair[0] + per_pair[1]) / 3, rel=1e-6)
+    if rpo_alpha is None:
+        assert "val_nll_loss" not in logged and "nll_loss" not in result.as_dict()
+    else:
+        assert logged["val_nll_loss"] == pytest.approx((2 * nll[0] + nll[1]) / 3, rel=1e-6)
+        assert result.as_dict()["nll_loss"] == logged["val_nll_loss"]
+        assert "chosen NLL" in result.describe()

@@ -313,12 +313,8 @@ def test_two_processes_scale_rewards_by_the_global_batchs_std_like_one_process(g
     """--scale_rewards batch divides by the Bessel std of the step's global batch of scored rewards: torchrun, two
     processes of 2 prompts, against one process of 4. Every completion's advantage, as the loss receives it, is the
     one-process run's (a process dividing by the std of its own half of the batch was up to 7% off, in every one)."""
-    import os
-    import subprocess
 
     from tests.grpo_advantages import advantages_by_step, recording_finish_rollouts
-    from tests.paths import REPO
-    from tests.training_runs import launcher
     from trainer.grpo import GroupRelativePolicy
 
     def argv(out_dir, batch_size: str) -> list[str]:
@@ -329,12 +325,7 @@ def test_two_processes_scale_rewards_by_the_global_batchs_std_like_one_process(g
 
     monkeypatch.setattr(GroupRelativePolicy, "finish_rollouts", recording_finish_rollouts(tmp_path / "one_record"))
     run_in_process("grpo", argv(tmp_path / "one", "4"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    script = str(REPO / "tests" / "grpo_advantages.py")
-    run = subprocess.run([*launcher("torchrun"), script, str(tmp_path / "two_record"), *argv(tmp_path / "two", "2")],
-                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert "x2, float32" in run.stdout
+    _two_recording_processes(tmp_path, argv(tmp_path / "two", "2"))
     one, two = advantages_by_step(tmp_path / "one_record"), advantages_by_step(tmp_path / "two_record")
     assert len(one) == len(two) == 2 and all(len(step) == 16 for step in one)
     for ours, reference in zip(two, one):
@@ -353,12 +344,8 @@ def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one
     step's completion tokens, equal the one process's, as do the clip fraction's sides, the entropy and the
     completions' shortest, longest, cut share, ended mean length and share of equal-reward groups. Each process's
     own share weighed by its completions (the loss's unit) failed this test."""
-    import os
-    import subprocess
 
     from tests.grpo_advantages import completion_tokens_by_step
-    from tests.paths import REPO
-    from tests.training_runs import launcher
 
     def argv(out_dir, batch_size: str) -> list[str]:
         flags = _argv(grpo_data, tiny_models.chat, out_dir, "--num_iterations", "2", "--beta", "0.1", "--seed", "1")
@@ -367,12 +354,7 @@ def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one
         return flags
 
     run_in_process("grpo", argv(tmp_path / "one", "4"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    script = str(REPO / "tests" / "grpo_advantages.py")
-    run = subprocess.run([*launcher("torchrun"), script, str(tmp_path / "two_record"), *argv(tmp_path / "two", "2")],
-                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert "x2, float32" in run.stdout
+    _two_recording_processes(tmp_path, argv(tmp_path / "two", "2"))
     tokens = completion_tokens_by_step(tmp_path / "two_record")
     assert len(tokens) == 2 and all(first != second for first, second in tokens), tokens
     one, two = read_metrics(tmp_path / "one", "train"), read_metrics(tmp_path / "two", "train")
@@ -386,3 +368,20 @@ def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one
                      "entropy", "completion_length_min", "completion_length_max", "truncated_fraction",
                      "terminated_length", "zero_std_fraction"):
             assert ours[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), name
+
+
+def _two_recording_processes(tmp_path, flags: list[str]) -> None:
+    """A GRPO run of `flags` as two torchrun processes (one thread each) through tests/grpo_advantages.py, which
+    records each process's rollouts under tmp_path / "two_record"."""
+    import os
+    import subprocess
+
+    from tests.paths import REPO
+    from tests.training_runs import launcher
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    script = str(REPO / "tests" / "grpo_advantages.py")
+    run = subprocess.run([*launcher("torchrun"), script, str(tmp_path / "two_record"), *flags],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "x2, float32" in run.stdout

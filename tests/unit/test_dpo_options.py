@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from tests.unit.test_dpo_loss import _Tiny
 from trainer.args import parse_args
 from trainer.dpo import (DirectPreference, desensitized_log_probs, dpo_loss, f_divergence_difference,
                          token_log_probs, wpo_weights)
@@ -215,17 +216,6 @@ def test_ld_dpo_weighs_the_verbose_tokens_by_alpha():
     result.sum().backward()
     assert torch.equal(values.grad, weights)
     assert torch.equal(desensitized_log_probs(log_probs, labels, 1.0), log_probs.sum(dim=-1))
-
-
-class _Tiny(torch.nn.Module):
-    """A causal LM of logits that are a fixed function of the token: enough to score answers."""
-
-    def __init__(self, scale: float) -> None:
-        super().__init__()
-        self.table = torch.nn.Parameter(torch.arange(7 * 7, dtype=torch.float64).view(7, 7).sin() * scale)
-
-    def forward(self, input_ids, attention_mask=None):
-        return type("Out", (), {"logits": self.table[input_ids]})()
 
 
 # Two pairs: the chosen answers have 2 and 3 labelled tokens, the rejected 4 and 1 (rows: chosen, then rejected).

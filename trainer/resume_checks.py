@@ -217,7 +217,14 @@ def _changes(saved: dict[str, Any], now: dict[str, Any], saved_in_effect: dict[s
 def _was_and_is(changes: _Changes, flags: bool = True) -> str:
     """'--a was 1 there and is 2 now, ...' (`flags` False: fields of the built model's config, named bare)."""
     dashes = "--" if flags else ""
-    return ", ".join(f"{dashes}{name} was {old} there and is {new} now" for name, (old, new) in changes.items())
+    return ", ".join(f"{dashes}{name} was {_shown(old)} there and is {_shown(new)} now"
+                     for name, (old, new) in changes.items())
+
+
+def _shown(value: Any) -> Any:
+    """A flag's value as a note names it: None (a flag left unset, or one a run recorded before it did not have) is
+    `unset`, not Python's None."""
+    return "unset" if value is None else value
 
 
 def _refused(path: Path, changes: str, why: str, advice: str) -> ValueError:

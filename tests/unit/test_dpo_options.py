@@ -465,7 +465,7 @@ def test_a_dpo_run_recorded_before_the_options_implies_their_values():
         "--use_weighting was False there and is True now, --f_divergence_type was reverse_kl there and is "
         "alpha_divergence now, --f_alpha_divergence_coef was 1.0 there and is 0.5 now")
     assert changed_flags({"config": old}, parse_args("dpo", ["--rpo_alpha", "1", "--ld_alpha", "0.5"]).to_dict()) == (
-        "--rpo_alpha was None there and is 1.0 now, --ld_alpha was None there and is 0.5 now")
+        "--rpo_alpha was unset there and is 1.0 now, --ld_alpha was unset there and is 0.5 now")
 
 
 @pytest.mark.parametrize("rpo_alpha", [0.7, None])

@@ -398,7 +398,7 @@ def test_a_kept_flag_recorded_as_null_is_a_value_and_giving_it_is_refused():
     unset = {**GOOD_STATE, "config": {"seed": None, "max_seq_len": 256}}
     with pytest.raises(ValueError) as refused:
         check_resume_compatible(CHECKPOINT, unset, parse_args("pretrain", ["--max_seq_len", "256"]), GOOD_STATE["data"])
-    assert str(refused.value) == ("--resume step_00000002: --seed was None there and is 42 now; the saved data "
+    assert str(refused.value) == ("--resume step_00000002: --seed was unset there and is 42 now; the saved data "
                                   "position is only valid for the same samples in the same order (resume without "
                                   "--seed, or start a new run)")
     both = {**GOOD_STATE, "config": {"seed": None, "max_seq_len": 32}}
@@ -434,11 +434,11 @@ RM = ["--reward_model", "/models/rm"]  # alone: no --reward functions (null in t
 
 @pytest.mark.parametrize("task, recorded_flags, flags, note", [
     ("dpo", ["--loss_type", "sigmoid,sft"], ["--loss_type", "sigmoid,sft", "--loss_weights", "0.8,0.2"],
-     "--loss_weights was None there and is [0.8, 0.2] now"),
-    ("grpo", RM, [*RM, "--reward", "think_format"], "--reward was None there and is ['think_format'] now"),
+     "--loss_weights was unset there and is [0.8, 0.2] now"),
+    ("grpo", RM, [*RM, "--reward", "think_format"], "--reward was unset there and is ['think_format'] now"),
     ("ppo", RM, [*RM, "--reward", "math_answer", "--reward", "think_format"],
-     "--reward was None there and is ['math_answer', 'think_format'] now"),
-    ("grpo", [*RM, "--reward", "think_format"], RM, "--reward was ['think_format'] there and is None now"),
+     "--reward was unset there and is ['math_answer', 'think_format'] now"),
+    ("grpo", [*RM, "--reward", "think_format"], RM, "--reward was ['think_format'] there and is unset now"),
 ])
 def test_a_resume_that_gives_a_flag_the_checkpoint_recorded_unset_notes_it(task, recorded_flags, flags, note):
     """A flag the checkpoint records as null was unset in that run (DPO's --loss_weights: 1 each; GRPO's and PPO's
@@ -473,7 +473,7 @@ def test_a_resume_that_gives_a_flag_the_checkpoint_recorded_unset_notes_it(task,
 def test_a_flag_given_at_the_value_it_has_unset_is_no_change(task, recorded_flags, flags, other, tmp_path):
     """A flag the checkpoint records as null whose value other flags decide (GRPO's --epsilon_high: --epsilon's;
     --loss_weights, --reward_weights: 1 each; SFT's --sft_data: tools) and a resume gives at that value, or the
-    other way round, changes nothing: no note (it said '--epsilon_high was None there and is 0.2 now' of the same
+    other way round, changes nothing: no note (it said '--epsilon_high was unset there and is 0.2 now' of the same
     clip range), and a finished run asked again with it is that run. Another value is still a change, named as
     recorded."""
     from trainer.resume_checks import changed_flags, finished_run_asked_again
@@ -486,7 +486,7 @@ def test_a_flag_given_at_the_value_it_has_unset_is_no_change(task, recorded_flag
     assert finished_run_asked_again(tmp_path, parse_args(task, ["--out_dir", str(tmp_path), *other])) == {}
     name = next(flag for flag in other if flag not in recorded_flags)[2:]
     assert changed_flags({"config": unset}, parse_args(task, other).to_dict()) == (
-        f"--{name} was None there and is {parse_args(task, other).to_dict()[name]} now")
+        f"--{name} was unset there and is {parse_args(task, other).to_dict()[name]} now")
     before_the_flag = {key: value for key, value in unset.items() if key != name}  # not recorded: not compared
     assert changed_flags({"config": before_the_flag}, parse_args(task, other).to_dict()) == ""
 
@@ -610,7 +610,7 @@ def test_a_run_from_before_trls_options_resumes_as_before_and_notes_a_change(tas
     assert changed_flags({"config": {**recorded, **given}}, asked) == ""  # a recorded value is kept, not replaced
     # only a name the config lacks takes the value from before the flag: one recorded as null was a value (unset)
     assert changed_flags({"config": {**recorded, **dict.fromkeys(given)}}, asked) == ", ".join(
-        f"--{name} was None there and is {value} now" for name, value in given.items())
+        f"--{name} was unset there and is {value} now" for name, value in given.items())
     summary = _finished_run(recorded, tmp_path)
     assert finished_run_asked_again(tmp_path, args) == summary
     assert finished_run_asked_again(tmp_path, parse_args(task, ["--out_dir", str(tmp_path), *base, *flags])) == {}
@@ -634,8 +634,8 @@ def test_a_resume_with_another_reward_model_notes_it_and_the_same_directory_name
 
     state = {"config": config(str(rm))}
     assert changed_flags(state, config(str(other))) == f"--reward_model was {rm} there and is {other} now"
-    assert changed_flags(state, config()) == f"--reward_model was {rm} there and is None now"
-    assert changed_flags({"config": config()}, config(str(rm))) == f"--reward_model was None there and is {rm} now"
+    assert changed_flags(state, config()) == f"--reward_model was {rm} there and is unset now"
+    assert changed_flags({"config": config()}, config(str(rm))) == f"--reward_model was unset there and is {rm} now"
     for same in (str(rm), str(other / ".." / "rm"), str(tmp_path / "link"), str(tmp_path / "link") + "/"):
         assert changed_flags(state, config(same)) == ""
     relative = {"config": config("out/rm")}  # typed from the repo root, as every path flag

@@ -2,7 +2,7 @@
 hands each of n threads an accelerator (`accelerator(rank)`) whose `reduce(tensor, "sum")` returns the sum over the n
 threads' tensors of the same call, as accelerate's all-reduce does (every process calls it as often, with tensors of
 one shape: a mismatch raises, where the real collective would fail or hang); `run(work)` calls work(rank, accelerator)
-in every thread and returns their results by rank."""
+in every thread and returns their results by rank. `OneProcess` is the world of one: its reduce returns the tensor."""
 
 from __future__ import annotations
 
@@ -11,6 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+
+class OneProcess:
+    """The accelerator of a step run as one process on the CPU: an all-reduce is the tensor itself."""
+
+    device = torch.device("cpu")
+
+    @staticmethod
+    def reduce(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+        return tensor
 
 
 class ThreadedProcesses:

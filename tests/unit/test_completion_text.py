@@ -11,6 +11,7 @@ from contextlib import nullcontext
 import pytest
 import torch
 
+from tests.threaded_processes import OneProcess
 import trainer.grpo as grpo
 from dataset.chat_format import ENDOFTEXT, IM_END, IM_START, THINK, THINK_END, encode_chatml
 from dataset.prompt_dataset import PromptDataset
@@ -19,14 +20,6 @@ from trainer.grpo import GroupRelativePolicy, RolloutSettings, completion_text
 from trainer.rewards import Reward, load_reward
 
 THOUGHT = f"{THINK}\nthree and four\n{THINK_END}\n\nIt is 7."
-
-
-class _OneProcess:
-    device = torch.device("cpu")
-
-    @staticmethod
-    def reduce(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
-        return tensor
 
 
 def _ids(tokenizer, text: str, control: bool = True) -> list[int]:
@@ -73,10 +66,10 @@ def test_the_rewards_read_the_tags_in_the_rollouts_and_in_the_validation(tokeniz
                                     settings, None, seed=0, process_index=0, autocast=nullcontext)
     prompts = PromptDataset.collate([{"input_ids": torch.tensor([k]), "prompt": "q", "columns": {}}
                                      for k in range(3)])
-    batch = objective.rollouts(policy, [prompts], step=0, accelerator=_OneProcess())[0]
+    batch = objective.rollouts(policy, [prompts], step=0, accelerator=OneProcess())[0]
     assert seen == [[THOUGHT, THOUGHT, "It is 7."]]
     assert batch["scores"].tolist() == [1.0, 1.0, 0.0]
-    result = objective.evaluate(policy, [prompts], _OneProcess())
+    result = objective.evaluate(policy, [prompts], OneProcess())
     assert seen[-1] == [THOUGHT, THOUGHT, "It is 7."] and result.reward == pytest.approx(2 / 3)
 
 

@@ -17,6 +17,7 @@ import torch
 from dataset.chat_format import encode_chatml
 from dataset.prompt_dataset import PromptDataset, prompt_messages
 from model import MiniNormConfig, MiniNormForCausalLM
+from tests.threaded_processes import OneProcess
 from trainer.grpo import (GroupRelativePolicy, RolloutSettings, completion_log_probs, completion_log_probs_and_entropy,
                           first_sample)
 from trainer.rewards import Reward, RewardError
@@ -40,14 +41,6 @@ def _settings(loss_type: str = "grpo", beta: float = 0.0, group: int = 2, iterat
 
 class _Pad:
     pad_token_id = 0
-
-
-class _OneProcess:
-    device = torch.device("cpu")
-
-    @staticmethod
-    def reduce(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
-        return tensor
 
 
 def _hand_made_batch() -> dict:
@@ -297,7 +290,7 @@ def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, p
     settings = _settings(group=3)
     objective = GroupRelativePolicy([Reward("lengths", reward)], tokenizer, settings, None, seed=7, process_index=0,
                                     autocast=nullcontext)
-    batch = objective.rollouts(policy, [_prompts(tokenizer)], step=5, accelerator=_OneProcess())[0]
+    batch = objective.rollouts(policy, [_prompts(tokenizer)], step=5, accelerator=OneProcess())[0]
     assert seen["prompts"] == ["one"] * 3 + ["two"] * 3 and seen["answer"] == ["1"] * 3 + ["2"] * 3
     rewards = [float(len(c) % 5) for c in seen["completions"]]
     assert len(set(rewards[:3])) > 1 and len(set(rewards[3:])) > 1  # two groups of unequal rewards
@@ -338,7 +331,7 @@ def test_sharded_weights_are_gathered_once_per_step_and_sample_every_micro_batch
     objective = GroupRelativePolicy([Reward("one", lambda prompts, completions, **columns: [1.0] * len(completions))],
                                     tokenizer, _settings(), None, seed=7, process_index=0, autocast=nullcontext,
                                     sharded=True)
-    objective.rollouts(policy, [_prompts(tokenizer), _prompts(tokenizer)], step=2, accelerator=_OneProcess())
+    objective.rollouts(policy, [_prompts(tokenizer), _prompts(tokenizer)], step=2, accelerator=OneProcess())
     assert gathered == [policy] and samplers == [copy, copy]
 
 
@@ -364,7 +357,7 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
                                     process_index=0, autocast=nullcontext)
     other = PromptDataset.collate([{"input_ids": torch.tensor([6, 7, 8, 9]), "prompt": "three", "columns": {}},
                                    {"input_ids": torch.tensor([10]), "prompt": "four", "columns": {}}])
-    batches = objective.rollouts(policy, [_prompts(tokenizer), other], step=2, accelerator=_OneProcess())
+    batches = objective.rollouts(policy, [_prompts(tokenizer), other], step=2, accelerator=OneProcess())
     units = sum(objective.count_items(batch) for batch in batches)
     stats = sum(objective.loss(policy, batch, units)[1] for batch in batches) / units
     totals = [v if v is not None else 0.0 for v in values]
@@ -404,7 +397,7 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
     objective = GroupRelativePolicy([Reward("given", lambda prompts, completions, **columns: next(rewards))],
                                     tokenizer, _settings("cispo"), None, seed=7, process_index=0, autocast=nullcontext)
     batches = objective.rollouts(policy, [_numbered_prompts(0, 2), _numbered_prompts(2, 2)], step=1,
-                                 accelerator=_OneProcess())
+                                 accelerator=OneProcess())
     assert [batch["completion_mask"].sum(dim=1).tolist() for batch in batches] == [[2, 6, 3, 4], [1, 4, 3, 5]]
     assert [batch["ended"].tolist() for batch in batches] == [[True, False, True, True], [True] * 4]
     units = sum(objective.count_items(batch) for batch in batches)
@@ -418,7 +411,7 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
     assert stats["zero_std_fraction"] == pytest.approx(2 / 4)
     # a step whose completions the limit all cut: no ended one to measure (NaN, written as null; TRL writes 0)
     rewards = iter([[1.0] * 4])
-    cut = objective.rollouts(policy, [_numbered_prompts(4, 2)], step=2, accelerator=_OneProcess())[0]
+    cut = objective.rollouts(policy, [_numbered_prompts(4, 2)], step=2, accelerator=OneProcess())[0]
     shape = cut["rollout_stats"].tolist()[3:7]
     assert shape[:3] == [6.0, 6.0, 1.0] and math.isnan(shape[3])
 
@@ -480,7 +473,7 @@ def test_a_step_no_reward_scores_logs_its_reward_as_null(tokenizer, policy, monk
     monkeypatch.setattr(grpo, "sample_completions", _fake_sampler([]))
     objective = GroupRelativePolicy([Reward("nothing", lambda prompts, completions, **columns: [None] * len(
         completions))], tokenizer, _settings(), None, seed=7, process_index=0, autocast=nullcontext)
-    batches = objective.rollouts(policy, [_numbered_prompts(0, 2)], step=1, accelerator=_OneProcess())
+    batches = objective.rollouts(policy, [_numbered_prompts(0, 2)], step=1, accelerator=OneProcess())
     units = sum(objective.count_items(batch) for batch in batches)
     stats = dict(zip(objective.stat_names, (objective.loss(policy, batches[0], units)[1] / units).tolist()))
     assert math.isnan(stats["reward"]) and math.isnan(stats["rewards/<lambda>"]) and math.isnan(stats["reward_std"])
@@ -518,7 +511,7 @@ def test_rollout_advantages_and_completion_masks_by_hand(tokenizer, policy, monk
 
     objective = GroupRelativePolicy([Reward("r", reward)], tokenizer, _settings(loss_type, group=3), None, seed=11,
                                     process_index=0, autocast=nullcontext)
-    batch = objective.rollouts(policy, [_numbered_prompts(0, 4)], step=3, accelerator=_OneProcess())[0]
+    batch = objective.rollouts(policy, [_numbered_prompts(0, 4)], step=3, accelerator=OneProcess())[0]
     rewards = batch["scores"].double().tolist()
     assert sum(statistics.stdev(rewards[first:first + 3]) > 0.2 for first in range(0, 12, 3)) >= 2
     for first in range(0, 12, 3):
@@ -555,7 +548,7 @@ def test_scale_rewards_divides_the_centred_rewards_as_trl(tokenizer, policy, mon
     objective = GroupRelativePolicy([Reward("r", reward)], tokenizer, settings, None, seed=5, process_index=0,
                                     autocast=nullcontext)
     batches = objective.rollouts(policy, [_numbered_prompts(0, 2), _numbered_prompts(2, 2)], step=4,
-                                 accelerator=_OneProcess())
+                                 accelerator=OneProcess())
     rewards = [None if i % 6 == 1 else value for i, value in
                enumerate(torch.cat([batch["scores"] for batch in batches]).double().tolist())]
     scored = [r for r in rewards if r is not None]
@@ -590,7 +583,7 @@ def test_a_completion_no_reward_scores_is_out_of_its_groups_advantages(tokenizer
 
     objective = GroupRelativePolicy([Reward("lengths", lengths), Reward("firsts", firsts)], tokenizer,
                                     _settings(group=3), None, seed=11, process_index=0, autocast=nullcontext)
-    batch = objective.rollouts(policy, [_numbered_prompts(0, 4)], step=3, accelerator=_OneProcess())[0]
+    batch = objective.rollouts(policy, [_numbered_prompts(0, 4)], step=3, accelerator=OneProcess())[0]
     tokens = batch["completion_mask"].sum(dim=1).double().tolist()
     for first in range(0, 12, 3):
         a, b = tokens[first + 1], tokens[first + 2] + 0.5
@@ -619,7 +612,7 @@ def test_batch_scaling_of_a_step_with_two_scored_rewards_divides_by_their_std(to
     settings = dataclasses.replace(_settings(group=3), scale_rewards="batch")
     objective = GroupRelativePolicy([Reward("r", reward)], tokenizer, settings, None, seed=2, process_index=0,
                                     autocast=nullcontext)
-    batch = objective.rollouts(policy, [_numbered_prompts(0, 1)], step=1, accelerator=_OneProcess())[0]
+    batch = objective.rollouts(policy, [_numbered_prompts(0, 1)], step=1, accelerator=OneProcess())[0]
     std = statistics.stdev([1.0, 3.5])
     expected = [0.0, -1.25 / (std + 1e-4), 1.25 / (std + 1e-4)]
     assert batch["advantages"].tolist() == pytest.approx(expected, rel=1e-5)
@@ -923,11 +916,11 @@ def test_validation_reports_the_greedy_accuracy_on_the_answers(tokenizer, policy
     constant = Reward("constant", lambda prompts, completions, **columns: [0.25] * len(completions))
     objective = GroupRelativePolicy([constant], tokenizer, _settings(), None, seed=0, process_index=0,
                                     autocast=nullcontext)
-    result = objective.evaluate(policy, batches, _OneProcess())
+    result = objective.evaluate(policy, batches, OneProcess())
     assert all(t == 0.0 for temperatures in asked for t in temperatures)  # greedy
     # by hand: a (12 = 12), c (3.5 = 3.50) and d (40 = 40) are right, b (8 != 7) and e (no number) are not
     assert result.prompts == 5 and result.accuracy == pytest.approx(3 / 5) and result.reward == pytest.approx(0.25)
     assert result.logged()["val_accuracy"] == pytest.approx(3 / 5) and "accuracy 60.00%" in result.describe()
-    assert objective.evaluate(policy, batches, _OneProcess(), max_batches=1).accuracy == pytest.approx(2 / 3)
+    assert objective.evaluate(policy, batches, OneProcess(), max_batches=1).accuracy == pytest.approx(2 / 3)
     no_answers = [PromptDataset.collate([{"input_ids": torch.tensor([0]), "prompt": "a", "columns": {}}])]
-    assert math.isnan(objective.evaluate(policy, no_answers, _OneProcess()).accuracy)
+    assert math.isnan(objective.evaluate(policy, no_answers, OneProcess()).accuracy)

@@ -15,6 +15,7 @@ import torch
 
 from dataset.prompt_dataset import PromptDataset
 from model import MiniNormConfig, MiniNormForCausalLM
+from tests.threaded_processes import OneProcess
 from trainer.grpo import completion_log_probs
 from trainer.ppo import CriticModel, PolicyAndCritic, PPOSettings, ProximalPolicy, completion_values, load_critic
 from trainer.rewards import Reward
@@ -46,14 +47,6 @@ def _settings(group: int = 1, temperature: float = 1.0, **options) -> PPOSetting
 
 class _Pad:
     pad_token_id = 0
-
-
-class _OneProcess:
-    device = torch.device("cpu")
-
-    @staticmethod
-    def reduce(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
-        return tensor
 
 
 def _hand_made_batch() -> dict:
@@ -230,7 +223,7 @@ def test_a_rollout_folds_the_kl_into_the_rewards_and_whitens_gae_advantages(toke
     settings = _settings(2, temperature, kl_estimator=kl_estimator, whiten_rewards=whiten_rewards)
     objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, settings, reference, seed=7,
                                process_index=0, autocast=nullcontext)
-    batch = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
+    batch = objective.rollouts(model, [_prompts()], step=3, accelerator=OneProcess())[0]
     assert model.training  # back in training mode after the no-grad forwards
     model64, reference64 = copy.deepcopy(model).double().eval(), copy.deepcopy(reference).double()
     mask = batch["completion_mask"]
@@ -314,7 +307,7 @@ def test_the_advantages_are_whitened_and_the_statistics_taken_over_the_whole_ste
                                    {"input_ids": torch.tensor([10]), "prompt": "four", "columns": {}}])
     raw = [objective.rollout(model, prompts, step=3, micro_batch=index)
            for index, prompts in enumerate([_prompts(), other])]
-    batches = objective.rollouts(model, [_prompts(), other], step=3, accelerator=_OneProcess())
+    batches = objective.rollouts(model, [_prompts(), other], step=3, accelerator=OneProcess())
 
     def tokens(name: str, source: list[dict]) -> list[float]:
         return [float(value) for batch in source for row, mask in zip(batch[name], batch["completion_mask"])
@@ -333,7 +326,7 @@ def test_the_advantages_are_whitened_and_the_statistics_taken_over_the_whole_ste
     for batch in batches:
         assert batch["rollout_stats"].tolist()[:5] == pytest.approx(expected, rel=1e-5, abs=1e-7)
     # one micro-batch alone is whitened with its own tokens' moments, which differ
-    alone = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
+    alone = objective.rollouts(model, [_prompts()], step=3, accelerator=OneProcess())[0]
     assert not torch.allclose(alone["advantages"], batches[0]["advantages"])
 
 
@@ -365,7 +358,7 @@ def test_the_missing_eos_penalty_comes_off_the_scores_of_completions_the_length_
     for penalty in (0.0, 1.5):
         objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(2, missing_eos_penalty=penalty),
                                    reference, seed=7, process_index=0, autocast=nullcontext)
-        batches[penalty] = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
+        batches[penalty] = objective.rollouts(model, [_prompts()], step=3, accelerator=OneProcess())[0]
     plain, penalised = batches[0.0], batches[1.5]
     assert plain["ended"].tolist() == [True, False, True, False]
     cut = torch.tensor([0.0, 1.5, 0.0, 1.5])
@@ -394,7 +387,7 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps(tokenizer,
         autocast=nullcontext)
     other = PromptDataset.collate([{"input_ids": torch.tensor([6, 7, 8, 9]), "prompt": "three", "columns": {}},
                                    {"input_ids": torch.tensor([10]), "prompt": "four", "columns": {}}])
-    batches = objective.rollouts(model, [_prompts(), other], step=3, accelerator=_OneProcess())
+    batches = objective.rollouts(model, [_prompts(), other], step=3, accelerator=OneProcess())
     assert [int(objective.count_items(batch)) for batch in batches] == [15, 13]
     units = sum(objective.count_items(batch) for batch in batches)
     stats = dict(zip(objective.stat_names, (sum(objective.loss(model, batch, units)[1] for batch in batches)
@@ -461,7 +454,7 @@ def test_a_completion_that_ends_at_an_eos_id_of_the_models_generation_config_is_
     objective = ProximalPolicy([Reward("lengths", lambda prompts, completions, **columns: [1.0] * len(completions))],
                                tokenizer, _settings(2, missing_eos_penalty=0.5), reference, seed=7, process_index=0,
                                autocast=nullcontext)
-    batch = objective.rollouts(model, [_prompts()], step=3, accelerator=_OneProcess())[0]
+    batch = objective.rollouts(model, [_prompts()], step=3, accelerator=OneProcess())[0]
     assert batch["ended"].tolist() == [True, False, True, True]
     assert batch["scores"].tolist() == [1.0, 0.5, 1.0, 1.0]
 
@@ -480,9 +473,9 @@ def test_two_micro_batches_whiten_rewards_and_advantages_as_one(tokenizer, white
                                reference, seed=7, process_index=0, autocast=nullcontext)
     samples = [{"input_ids": torch.tensor(ids), "prompt": name, "columns": {}}
                for ids, name in (([1, 2, 3], "one"), ([4, 5], "two"), ([6, 7, 8, 9], "three"), ([10], "four"))]
-    whole = objective.rollouts(model, [PromptDataset.collate(samples)], step=3, accelerator=_OneProcess())
+    whole = objective.rollouts(model, [PromptDataset.collate(samples)], step=3, accelerator=OneProcess())
     split = objective.rollouts(model, [PromptDataset.collate(samples[:2]), PromptDataset.collate(samples[2:])],
-                               step=3, accelerator=_OneProcess())
+                               step=3, accelerator=OneProcess())
 
     def tokens(name: str, source: list[dict]) -> list[float]:
         return [float(value) for batch in source for row, mask in zip(batch[name], batch["completion_mask"])

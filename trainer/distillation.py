@@ -45,6 +45,7 @@ from trainer.export import whole_model_everywhere
 from trainer.grpo import first_sample, rollout_seed, sample_completions
 from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, is_model_dir, load_input_model,
                              resolve_input_path, resolve_path)
+from trainer.step import StatWindow
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -194,6 +195,7 @@ class Distillation:
         # on_policy: the fraction of the step's supervised tokens the student sampled (1 or 0: a step is one or other)
         self.stat_names = ("ce", name) + (("on_policy",) if completions.lmbda > 0 else ())
         self.progress_labels = {"ce": "ce", name: name}
+        self.stat_windows: dict[str, StatWindow] = {}  # every one a mean over the log window
 
     def rollouts(self, model: torch.nn.Module, batches: Sequence[dict[str, Any]], step: int,
                  accelerator: Accelerator) -> list[dict[str, Any]]:

@@ -70,6 +70,7 @@ from torch.utils.data import DataLoader
 from model.model import shift_labels
 from trainer.evaluation import LoggedEval
 from trainer.run_dir import DPO_VAL_METRICS
+from trainer.step import StatWindow
 
 NLL_STAT = "nll_loss"  # TRL's name for the chosen answers' NLL it logs with rpo_alpha or sft
 # what every pair adds beside its loss (and beside the NLL, where the loss reads it)
@@ -402,6 +403,7 @@ class DirectPreference:
     training device; `autocast` is the mixed-precision context the policy's forward runs in."""
 
     progress_labels = {"reward_accuracy": "acc", "reward_margin": "margin"}
+    stat_windows: dict[str, StatWindow] = {}  # every statistic a mean over the log window
 
     def __init__(self, reference: torch.nn.Module, beta: float,
                  autocast: Callable[[], AbstractContextManager], loss_type: str = DPOLossType.SIGMOID,

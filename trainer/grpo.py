@@ -47,15 +47,23 @@ from trainer.rewards import Reward, math_answer, score
 from trainer.rl_losses import (ADVANTAGE_EPS, ImportanceSamplingLevel, LossType, ScaleRewards, default_scale_rewards,
                                 group_advantages, policy_loss, scored_group_stats)
 from trainer.run_dir import ROLLOUT_VAL_METRICS
+from trainer.step import StatWindow
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 # The rollout's completions over the whole step (RolloutObjective.completion_shape), GRPO's and PPO's: the shortest and
-# longest (tokens), the share the length limit cut, the mean length of those that ended (NaN, null, when none did).
-COMPLETION_SHAPE = ("completion_length_min", "completion_length_max", "truncated_fraction", "terminated_length")
+# longest (tokens), the share the length limit cut, the mean, shortest and longest length of those that ended (NaN,
+# null, when none did).
+COMPLETION_SHAPE = ("completion_length_min", "completion_length_max", "truncated_fraction", "terminated_length",
+                    "terminated_length_min", "terminated_length_max")
+# How the log window takes them over its steps (trainer/step.py): a shortest the least of its steps', a longest the
+# greatest, the ended completions' lengths over the steps where some ended (the cut share: the mean of the steps').
+COMPLETION_SHAPE_WINDOWS = {"completion_length_min": StatWindow.MIN, "completion_length_max": StatWindow.MAX,
+                            "terminated_length": StatWindow.DEFINED_MEAN, "terminated_length_min": StatWindow.MIN,
+                            "terminated_length_max": StatWindow.MAX}
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length", *COMPLETION_SHAPE,
-              "zero_std_fraction", "entropy", "clip_fraction_low", "clip_fraction_high")  # then each reward's mean
+              "zero_std_fraction", "entropy", "clip_fraction_low", "clip_fraction_high")  # then each reward's mean, std
 # A group's rewards count as all equal (its advantages are all 0: nothing to learn from it) when their std is at most
 # this (TRL's torch.isclose(std, 0): the mean of equal rewards need not be exactly one of them in floating point).
 ZERO_STD = 1e-8
@@ -69,7 +77,8 @@ ROLLOUT_DECODE = "compiled"
 
 
 def reward_stat_name(reward: Reward) -> str:
-    """The logged name of one reward function's mean (as TRL's rewards/<function>/mean): rewards/<function>."""
+    """The logged name of one reward function's mean (as TRL's rewards/<function>/mean): rewards/<function>; its
+    std's (TRL's rewards/<function>/std) is this + "_std", as reward_std is reward's."""
     return f"rewards/{getattr(reward.function, '__name__', reward.name)}"
 
 
@@ -267,6 +276,12 @@ class RolloutObjective:
         self.seed, self.process_index, self.world, self.autocast = seed, process_index, world, autocast
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.reward_names = tuple(reward_stat_name(reward) for reward in self.rewards)
+        self.reward_std_names = tuple(f"{name}_std" for name in self.reward_names)
+        # a function's mean and std are undefined (NaN) on a step where it scored no completion (the std: fewer than
+        # two): the log window takes them over the steps where they are defined
+        self.stat_windows: dict[str, StatWindow] = {
+            **COMPLETION_SHAPE_WINDOWS,
+            **{name: StatWindow.DEFINED_MEAN for name in self.reward_names + self.reward_std_names}}
 
     @staticmethod
     def policy_of(model: torch.nn.Module) -> torch.nn.Module:
@@ -292,9 +307,10 @@ class RolloutObjective:
     def reward_sums(self, batches: Sequence[dict[str, Any]]) -> torch.Tensor:
         """This process's fp64 sums over its micro-batches of the step: [completions, weighted rewards, completion
         tokens, then each function's values over the completions it scored, then the number it scored, then the
-        completions the length limit cut (no end-of-turn token) and the tokens of those that ended, then how many
-        completions have each length 0 .. --max_completion_length] (summed over the processes, the histogram gives
-        the step's shortest and longest: completion_shape)."""
+        squares of those values, then the completions the length limit cut (no end-of-turn token) and the tokens of
+        those that ended, then how many completions have each length 0 .. --max_completion_length, then how many of
+        those that ended] (summed over the processes, the two histograms give the step's shortest and longest
+        completion and ended completion: completion_shape). `_sum_parts` names the parts."""
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         values = torch.cat([batch["reward_values"] for batch in batches], dim=1)
         lengths = torch.cat([batch["completion_mask"].sum(dim=1).cpu() for batch in batches])
@@ -302,30 +318,48 @@ class RolloutObjective:
         ended = torch.cat([batch["ended"] for batch in batches])
         limit = self.settings.max_completion_length
         histogram = torch.bincount(lengths.clamp(max=limit), minlength=limit + 1).double()
+        ended_histogram = torch.bincount(lengths[ended].clamp(max=limit), minlength=limit + 1).double()
         cut_and_ended = torch.tensor([int((~ended).sum()), int(lengths[ended].sum())], dtype=torch.float64)
+        scored_values = values.nan_to_num(0.0)
         return torch.cat([torch.tensor([len(scores), float(scores.sum()), tokens], dtype=torch.float64),
-                          values.nan_to_num(0.0).sum(dim=1), (~values.isnan()).sum(dim=1).double(), cut_and_ended,
-                          histogram])
+                          scored_values.sum(dim=1), (~values.isnan()).sum(dim=1).double(),
+                          (scored_values ** 2).sum(dim=1), cut_and_ended, histogram, ended_histogram])
+
+    def _sum_parts(self, sums: torch.Tensor) -> dict[str, torch.Tensor]:
+        """reward_sums's vector (summed over the processes) cut into its named parts: the one owner of its order."""
+        functions, bins = len(self.rewards), self.settings.max_completion_length + 1
+        sizes = {"counts": 3, "function_sums": functions, "function_scored": functions,
+                 "function_squares": functions, "cut_and_ended_tokens": 2, "lengths": bins, "ended_lengths": bins}
+        return dict(zip(sizes, torch.split(sums, list(sizes.values()))))
 
     def completion_shape(self, sums: torch.Tensor) -> list[float]:
         """From reward_sums summed over all processes, COMPLETION_SHAPE: the step's shortest and longest completion
-        (tokens), the share of its completions the length limit cut, and the mean length of those that ended (NaN
-        when none did) -- TRL's completions/min_length, max_length, clipped_ratio and mean_terminated_length."""
-        histogram = sums[-(self.settings.max_completion_length + 1):]
-        held = histogram.nonzero().flatten()
-        cut, ended_tokens = sums[-(len(histogram) + 2):-len(histogram)].tolist()
+        (tokens), the share of its completions the length limit cut, and the mean, shortest and longest length of
+        those that ended (each NaN when none did; TRL's 0) -- TRL's completions/min_length, max_length,
+        clipped_ratio, mean_terminated_length, min_terminated_length and max_terminated_length."""
+        parts = self._sum_parts(sums)
+        held = parts["lengths"].nonzero().flatten()
+        held_ended = parts["ended_lengths"].nonzero().flatten()
+        cut, ended_tokens = parts["cut_and_ended_tokens"].tolist()
         completions = float(sums[0])
         ended = completions - cut
-        return [float(held.min()), float(held.max()), cut / completions,
-                ended_tokens / ended if ended else float("nan")]
+        if not ended:
+            return [float(held.min()), float(held.max()), cut / completions] + [float("nan")] * 3
+        return [float(held.min()), float(held.max()), cut / completions, ended_tokens / ended,
+                float(held_ended.min()), float(held_ended.max())]
 
     def reward_means(self, sums: torch.Tensor, batches: Sequence[dict[str, Any]]) -> tuple[float, float]:
         """From reward_sums summed over all processes: (the mean weighted reward, the mean completion length); sets
-        each batch's "reward_means", each function's mean over the completions it scored (NaN if none)."""
-        functions = len(self.rewards)
-        count, means = sums[0], sums[3:3 + functions] / sums[3 + functions:3 + 2 * functions]
+        each batch's "reward_function_stats": each function's mean over the completions it scored (NaN if none),
+        then its std over them, with Bessel's correction (TRL's nanstd; NaN if fewer than two), from the fp64 sums
+        of the values and their squares."""
+        parts = self._sum_parts(sums)
+        count, scored = sums[0], parts["function_scored"]
+        means = parts["function_sums"] / scored
+        squares = (parts["function_squares"] - parts["function_sums"] * means).clamp(min=0.0)  # sum (x - mean)^2
+        stds = torch.where(scored > 1, (squares / (scored - 1)).sqrt(), float("nan"))
         for batch in batches:
-            batch["reward_means"] = means.float().to(batch["completion_mask"].device)
+            batch["reward_function_stats"] = torch.cat([means, stds]).float().to(batch["completion_mask"].device)
         return float(sums[1] / count), float(sums[2] / count)
 
     def sample(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int,
@@ -415,7 +449,9 @@ class GroupRelativePolicy(RolloutObjective):
                  reference: torch.nn.Module | None, seed: int, process_index: int,
                  autocast: Callable[[], AbstractContextManager], world: int = 1, sharded: bool = False) -> None:
         super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world, sharded)
-        self.stat_names = STAT_NAMES + self.reward_names
+        self.stat_names = STAT_NAMES + self.reward_names + self.reward_std_names
+        # no completion scored: no reward; no group with two scored: no mean of the groups' stds
+        self.stat_windows.update(reward=StatWindow.DEFINED_MEAN, reward_std=StatWindow.DEFINED_MEAN)
         self.updates_per_rollout = settings.num_iterations
 
     # ----------------------------------------------------------------- rollouts
@@ -441,8 +477,10 @@ class GroupRelativePolicy(RolloutObjective):
         groups of the std of their scored rewards (a group with fewer than two has none; NaN when no group has
         two), the shortest and longest completion, the share of the completions the length limit cut, the share of
         the groups whose scored rewards are all equal (std <= ZERO_STD: TRL's frac_reward_zero_std, over all the
-        groups; one with fewer than two scored is not counted) --, the same in every micro-batch ("rollout_stats";
-        the loss weighs them by its units, which sum to the step's), as are the numbers of the step's completions
+        groups; one with fewer than two scored is not counted), the ended completions' mean, shortest and longest
+        length (completion_shape) --, the same in every micro-batch ("rollout_stats", and each reward function's
+        mean and std over the completions it scored, "reward_function_stats"; the loss weighs them by its units,
+        which sum to the step's), as are the numbers of the step's completions
         (STEP_COMPLETIONS) and of their tokens (STEP_COMPLETION_TOKENS), which the logged clip fractions, KL and
         entropy count against; with --scale_rewards batch, the advantages divided by the std of the global batch's
         scored rewards + 1e-4 (TRL's)."""
@@ -497,7 +535,7 @@ class GroupRelativePolicy(RolloutObjective):
         reward, reward_std, length, *shape, zero_std = batch["rollout_stats"].tolist()
         stats = torch.tensor([reward, reward_std, 0.0, 0.0, length, *shape, zero_std, 0.0, 0.0, 0.0],
                              device=mask.device)
-        stats = torch.cat([stats, batch.get("reward_means", stats.new_zeros(len(self.rewards)))]) * local
+        stats = torch.cat([stats, batch.get("reward_function_stats", stats.new_zeros(2 * len(self.rewards)))]) * local
         # The shares of the step's completion tokens clipped (per-sequence ratios: of its completions), and the mean
         # KL and entropy over the step's completion tokens, whatever the loss's unit (a completion for grpo and
         # dr_grpo, a token for dapo and cispo, the micro-batch for bnpo): this micro-batch's counts and sums over the

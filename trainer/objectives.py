@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from dataset.copy_rows import ROW_LENGTH, check_cue_pairs, copy_rows
 from model.model import shift_labels
 from trainer.evaluation import LMEval, evaluate_lm
+from trainer.step import StatWindow
 
 
 class EvalResult(Protocol):
@@ -36,6 +37,8 @@ class EvalResult(Protocol):
 class Objective(Protocol):
     stat_names: tuple[str, ...]        # per-step statistics logged beside the loss (means over the step's units)
     progress_labels: dict[str, str]    # the statistics the progress bar shows, and their short labels
+    # how the log window takes each statistic over its steps (a minimum's the least, ...); one left out: the mean
+    stat_windows: dict[str, StatWindow]
 
     def count_items(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The number of units the loss averages over in one micro-batch (a 0-d tensor)."""
@@ -61,6 +64,7 @@ class LanguageModeling:
         self.moe = moe
         self.stat_names: tuple[str, ...] = ("aux_loss", "z_loss") if moe else ()
         self.progress_labels: dict[str, str] = {"aux_loss": "aux"} if moe else {}
+        self.stat_windows: dict[str, StatWindow] = {}  # every one a mean over the window
 
     def count_items(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return (shift_labels(batch["labels"]) != -100).sum()

@@ -41,6 +41,7 @@ from trainer.grpo import (COMPLETION_SHAPE, RolloutObjective, completion_log_pro
                           global_sums)
 from trainer.rewards import Reward
 from trainer.run_dir import load_input_model
+from trainer.step import StatWindow
 from trainer.rl_losses import (KLEstimator, explained_fraction, gae, kl_estimate, kl_penalized_rewards,
                                missing_eos_penalized, ppo_loss, whiten)
 
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
               "completion_length", *COMPLETION_SHAPE, "entropy", "approx_kl", "value_clip_fraction",
-              "ratio")  # then each reward's mean
+              "ratio")  # then each reward's mean, then its std
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ class ProximalPolicy(RolloutObjective):
                  reference: torch.nn.Module | None, seed: int, process_index: int,
                  autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
         super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world)
-        self.stat_names = STAT_NAMES + self.reward_names
+        self.stat_names = STAT_NAMES + self.reward_names + self.reward_std_names
+        self.stat_windows["explained_variance"] = StatWindow.DEFINED_MEAN  # NaN on a step whose returns are equal
         self.updates_per_rollout = settings.ppo_epochs
 
     @staticmethod
@@ -168,7 +170,8 @@ class ProximalPolicy(RolloutObjective):
         and variance of all its tokens' (TRL whitens each process's rollout batch); and the logged statistics, the
         same in every micro-batch ("rollout_stats"): the reward's mean and std over its completions, the mean KL
         and the critic's explained variance over its tokens, the mean completion length and the others of
-        completion_shape (shortest, longest, the share cut, the mean length of those that ended). So one process of 4
+        completion_shape (shortest, longest, the share cut, the mean, shortest and longest length of those that
+        ended), and each reward function's mean and std ("reward_function_stats", reward_means). So one process of 4
         prompts, two of 2 and one of 2 micro-batches of 2 take the same step."""
         s = self.settings
         masks = [batch["completion_mask"].cpu().double() for batch in batches]
@@ -241,7 +244,7 @@ class ProximalPolicy(RolloutObjective):
         stats = torch.tensor([reward, reward_std, kl, result.clip_fraction, result.policy_loss, result.value_loss,
                               explained, length, *shape, entropy, result.approx_kl,
                               result.value_clip_fraction, result.ratio], device=mask.device)
-        stats = torch.cat([stats, batch["reward_means"]])
+        stats = torch.cat([stats, batch["reward_function_stats"]])
         # Weighed by this micro-batch's completion tokens, which the core sums over the step's micro-batches and
         # processes and divides by the step's (num_items): the clip fractions, the losses, the entropy, the
         # approximate KL and the ratio, token means here, become the step's exact token means; the rollout's

@@ -1,8 +1,10 @@
 """The run's reporting component: the progress bar, metrics.jsonl and wandb.
 
 The loop hands it every step's result; it decides what is logged when: every step's record goes to metrics.jsonl,
-and every `log_interval` steps (and at the last step) the window's mean loss, throughput and MFU go to the progress
-bar and to wandb. Only the main process writes or prints.
+and every `log_interval` steps (and at the last step) the window's mean loss, throughput, MFU and the objective's
+statistics go to the progress bar and to wandb, each statistic taken over the window's steps as the objective
+declares (`stat_windows`: a minimum's the least, a mean defined on only some steps the mean over those). Only the
+main process writes or prints.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from trainer.flops import model_flops_utilization
 from trainer.metrics_log import MetricsLog
 from trainer.objectives import EvalResult, Objective
 from trainer.run_dir import FINAL_PREFIX
-from trainer.step import RunPosition, StepResult
+from trainer.step import RunPosition, StepResult, window_stats
 
 
 class TrainingReporter:
@@ -87,17 +89,16 @@ class TrainingReporter:
         tokens_per_s = sum(r.tokens for r in self.window) / max(sum(r.time_s for r in self.window), 1e-9)
         mfu = self.mfu(tokens_per_s)
         loss = statistics.fmean(r.loss for r in self.window)
-        stat_means = {name: statistics.fmean(r.stats[name] for r in self.window)
-                      for name in self.objective.stat_names}
+        stats = window_stats(self.window, self.objective.stat_names, self.objective.stat_windows)
         self.progress.set_postfix(loss=f"{loss:.3f}",
-                                  **{label: f"{stat_means[name]:.3f}"
+                                  **{label: f"{stats[name]:.3f}"
                                      for name, label in self.objective.progress_labels.items()},
                                   lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}")
         if self.use_wandb:
             self.accelerator.log({"train/loss": loss, "train/lr": lr, "train/grad_norm": last.grad_norm,
                                   "train/tokens_per_s": tokens_per_s, "train/mfu": mfu,
                                   "train/tokens_seen": position.tokens_seen,
-                                  **{f"train/{name}": value for name, value in stat_means.items()}},
+                                  **{f"train/{name}": value for name, value in stats.items()}},
                                  step=position.step)
 
     def log_eval(self, step: int, result: EvalResult) -> None:

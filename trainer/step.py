@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal
 
 StepOutcome = Literal["applied", "skipped", "diverged"]
@@ -49,6 +51,38 @@ def combine_updates(results: list[StepResult]) -> StepResult:
     return StepResult(outcome, statistics.fmean(r.loss for r in results),
                       statistics.fmean(r.grad_norm for r in results), results[0].tokens, stats,
                       results[-1].diagnostics)
+
+
+class StatWindow(StrEnum):
+    """How a statistic's value over a window of steps (the reporter's every --log_interval steps) is taken from
+    the steps' values: what its name says it is. An objective declares it per statistic (`stat_windows`)."""
+
+    MEAN = "mean"                  # the mean of the steps' values (the default)
+    DEFINED_MEAN = "defined_mean"  # the mean over the steps where it is defined (not NaN); NaN only if none is
+    MIN = "min"                    # the least of the steps' values (a minimum's); steps where it is NaN left out
+    MAX = "max"                    # the greatest of the steps' values (a maximum's); steps where it is NaN left out
+
+
+def window_value(how: StatWindow, values: Sequence[float]) -> float:
+    """One statistic's value over a window of steps from each step's value, as `how` says (NaN when a
+    DEFINED_MEAN, MIN or MAX has no step where it is defined)."""
+    if how is StatWindow.MEAN:
+        return statistics.fmean(values)
+    defined = [value for value in values if not math.isnan(value)]
+    if not defined:
+        return math.nan
+    if how is StatWindow.MIN:
+        return min(defined)
+    if how is StatWindow.MAX:
+        return max(defined)
+    return statistics.fmean(defined)
+
+
+def window_stats(results: Sequence[StepResult], names: Sequence[str],
+                 windows: Mapping[str, StatWindow]) -> dict[str, float]:
+    """The statistics `names` over a window of steps, each as `windows` says (one it leaves out: the mean)."""
+    return {name: window_value(windows.get(name, StatWindow.MEAN), [result.stats[name] for result in results])
+            for name in names}
 
 
 @dataclass

@@ -50,8 +50,9 @@ def test_a_grpo_run_logs_its_rollout_statistics_and_saves(grpo_run):
     assert len(train) == 4
     for record in train:
         assert {"loss", "reward", "reward_std", "kl", "clip_fraction", "completion_length", "completion_length_min",
-                "completion_length_max", "truncated_fraction", "terminated_length", "zero_std_fraction", "entropy",
-                "clip_fraction_low", "clip_fraction_high"} <= set(record)
+                "completion_length_max", "truncated_fraction", "terminated_length", "terminated_length_min",
+                "terminated_length_max", "zero_std_fraction", "entropy", "clip_fraction_low",
+                "clip_fraction_high"} <= set(record)
         assert record["clip_fraction"] == record["clip_fraction_low"] == record["clip_fraction_high"] == 0
         assert 1 <= record["completion_length_min"] <= record["completion_length"] <= \
             record["completion_length_max"] <= 12
@@ -342,8 +343,8 @@ def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one
     (<|im_end|> after 7 tokens, else the 12-token limit) and --seed 1 gives its two processes other token counts
     at both steps (72 and 91, then 80 and 96, as recorded); the logged clip fraction and KL, the shares of the
     step's completion tokens, equal the one process's, as do the clip fraction's sides, the entropy and the
-    completions' shortest, longest, cut share, ended mean length and share of equal-reward groups. Each process's
-    own share weighed by its completions (the loss's unit) failed this test."""
+    completions' shortest, longest, cut share, ended mean, shortest and longest length and share of equal-reward
+    groups. Each process's own share weighed by its completions (the loss's unit) failed this test."""
 
     from tests.grpo_advantages import completion_tokens_by_step
 
@@ -366,7 +367,7 @@ def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one
         assert reference["completion_length_min"] < reference["completion_length_max"]
         for name in ("clip_fraction", "kl", "completion_length", "loss", "clip_fraction_low", "clip_fraction_high",
                      "entropy", "completion_length_min", "completion_length_max", "truncated_fraction",
-                     "terminated_length", "zero_std_fraction"):
+                     "terminated_length", "terminated_length_min", "terminated_length_max", "zero_std_fraction"):
             assert ours[name] == pytest.approx(reference[name], rel=1e-4, abs=1e-6), name
 
 

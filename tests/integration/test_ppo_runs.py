@@ -26,7 +26,8 @@ from trainer.run_dir import model_task, read_metrics, read_summary
 
 STATS = {"loss", "reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
          "completion_length", "completion_length_min", "completion_length_max", "truncated_fraction",
-         "terminated_length", "entropy", "approx_kl", "value_clip_fraction", "ratio", "rewards/letter_e"}
+         "terminated_length", "terminated_length_min", "terminated_length_max", "entropy", "approx_kl",
+         "value_clip_fraction", "ratio", "rewards/letter_e", "rewards/letter_e_std"}
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def _hand_made_batch() -> dict:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "starts": torch.tensor(starts),
             "completion_mask": mask, "advantages": torch.tensor([0.7, -0.7, 1.3, -0.4]),
             "ref_logp": -torch.rand(4, max(lengths), generator=generator) * 3,
-            "rollout_stats": torch.tensor([0.5, 0.25, 2.5, 1.0, 4.0, 0.25, 2.0, 0.5]), "step_completions": 4,
+            "rollout_stats": torch.tensor([0.5, 0.25, 2.5, 1.0, 4.0, 0.25, 2.0, 1.0, 3.0, 0.5]), "step_completions": 4,
             "step_completion_tokens": 10}
 
 
@@ -300,8 +300,8 @@ def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, p
         std = math.sqrt(sum((r - mean) ** 2 for r in group) / 2)
         expected = [(r - mean) / (std + 1e-4) for r in group]
         assert batch["advantages"][first:first + 3].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
-    assert objective.stat_names[-1] == "rewards/reward"
-    assert batch["reward_means"].tolist() == pytest.approx([sum(rewards) / 6])
+    assert objective.stat_names[-2:] == ("rewards/reward", "rewards/reward_std")
+    assert batch["reward_function_stats"].tolist() == pytest.approx([sum(rewards) / 6, statistics.stdev(rewards)])
     stds = [statistics.stdev(rewards[first:first + 3]) for first in (0, 3)]
     assert batch["rollout_stats"].tolist()[:3] == pytest.approx(
         [sum(rewards) / 6, sum(stds) / 2, float(batch["completion_mask"].sum()) / 6], rel=1e-6)
@@ -370,9 +370,13 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     assert sum(lengths[:4]) != sum(lengths[4:])  # the micro-batches' token weights differ
     assert [batch["step_completions"] for batch in batches] == [8, 8]  # what the clip fraction counts against
     assert [batch["step_completion_tokens"] for batch in batches] == [sum(lengths)] * 2  # and the token-level one
-    (reward, reward_std, _, _, length), function_mean = stats.tolist()[:5], stats.tolist()[-1]
+    (reward, reward_std, _, _, length), (function_mean, function_std) = stats.tolist()[:5], stats.tolist()[-2:]
     assert (reward, reward_std, length, function_mean) == pytest.approx(
         (sum(scored) / len(scored), sum(stds) / len(stds), sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
+    # the function's std over the step's scored completions, Bessel's (TRL's rewards/<f>/std: nanstd), not a
+    # micro-batch's, nor their mean
+    mean = sum(scored) / len(scored)
+    assert function_std == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in scored) / (len(scored) - 1)), rel=1e-5)
     assert len(scored) < 8 and sum(scored) / len(scored) != pytest.approx(sum(totals) / 8)
 
 
@@ -408,12 +412,31 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
     assert stats["completion_length"] == pytest.approx(28 / 8)
     assert stats["truncated_fraction"] == pytest.approx(1 / 8)
     assert stats["terminated_length"] == pytest.approx((2 + 3 + 4 + 1 + 4 + 3 + 5) / 7)  # of the 7 that ended
+    # the shortest and longest of those 7 (TRL's completions/min_terminated_length, max_terminated_length): both
+    # the second micro-batch's (the first's ended ones are 2 to 4), and not the cut 6
+    assert (stats["terminated_length_min"], stats["terminated_length_max"]) == pytest.approx((1.0, 5.0))
     assert stats["zero_std_fraction"] == pytest.approx(2 / 4)
+    # the function's mean and std (Bessel's, TRL's nanstd) over the 7 completions it scored, in fp64 by hand
+    scored = [1.0, 1.0, 0.5, 0.5, 1.0, 0.0, 2.0]
+    mean = sum(scored) / 7
+    assert (stats["rewards/<lambda>"], stats["rewards/<lambda>_std"]) == pytest.approx(
+        (mean, math.sqrt(sum((v - mean) ** 2 for v in scored) / 6)), rel=1e-6)
+    # the same four prompts as one micro-batch: the same logged rollout statistics, whatever the split
+    whole_sampled = iter([[[5, end], [7, 8, 9, 10, 11, 12], [13, 14, end], [15, 16, 17, end],
+                           [end], [20, 21, 22, end], [23, 24, end], [25, 26, 27, 28, end]]])
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(whole_sampled))
+    whole_rewards = iter([[1.0, 1.0, 0.5, 0.5, 1.0, 0.0, None, 2.0]])
+    whole_objective = GroupRelativePolicy([Reward("given", lambda prompts, completions, **columns: next(
+        whole_rewards))], tokenizer, _settings("cispo"), None, seed=7, process_index=0, autocast=nullcontext)
+    whole = whole_objective.rollouts(policy, [_numbered_prompts(0, 4)], step=1, accelerator=OneProcess())[0]
+    for key in ("rollout_stats", "reward_function_stats"):
+        assert all(torch.equal(batch[key], whole[key]) for batch in batches), key
     # a step whose completions the limit all cut: no ended one to measure (NaN, written as null; TRL writes 0)
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
     rewards = iter([[1.0] * 4])
     cut = objective.rollouts(policy, [_numbered_prompts(4, 2)], step=2, accelerator=OneProcess())[0]
-    shape = cut["rollout_stats"].tolist()[3:7]
-    assert shape[:3] == [6.0, 6.0, 1.0] and math.isnan(shape[3])
+    shape = cut["rollout_stats"].tolist()[3:9]
+    assert shape[:3] == [6.0, 6.0, 1.0] and all(math.isnan(value) for value in shape[3:])
 
 
 def test_the_completion_shape_and_equal_reward_groups_are_the_steps_over_processes(tokenizer, policy, monkeypatch):
@@ -462,6 +485,13 @@ def test_the_completion_shape_and_equal_reward_groups_are_the_steps_over_process
                                          "terminated_length", "zero_std_fraction")] == pytest.approx(
             [1.0, 6.0, 1 / 12, 34 / 11, 3 / 4])
         assert stats["completion_length"] == pytest.approx(40 / 12)
+        # the shortest ended completion is the first process's 1 (the second's is 2), the longest both's 5
+        assert (stats["terminated_length_min"], stats["terminated_length_max"]) == pytest.approx((1.0, 5.0))
+        # the function's mean and std (Bessel's) over the 10 completions of both processes it scored, in fp64
+        scored = [0.5] * 3 + [2.0] + [0.25] * 3 + [1.0] * 3
+        mean = sum(scored) / 10
+        assert (stats["rewards/reward"], stats["rewards/reward_std"]) == pytest.approx(
+            (mean, math.sqrt(sum((v - mean) ** 2 for v in scored) / 9)), rel=1e-6)
 
 
 def test_a_step_no_reward_scores_logs_its_reward_as_null(tokenizer, policy, monkeypatch):

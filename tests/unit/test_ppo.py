@@ -67,8 +67,8 @@ def _hand_made_batch() -> dict:
             "old_values": (torch.rand(shape, generator=generator) * 2 - 1) * mask,
             "advantages": torch.randn(shape, generator=generator) * mask,
             "returns": torch.randn(shape, generator=generator) * mask,
-            "rollout_stats": torch.tensor([0.5, 0.25, 0.01, 0.3, 2.5, 1.0, 4.0, 0.25, 2.0]),
-            "reward_means": torch.zeros(0)}
+            "rollout_stats": torch.tensor([0.5, 0.25, 0.01, 0.3, 2.5, 1.0, 4.0, 0.25, 2.0, 1.0, 3.0]),
+            "reward_function_stats": torch.zeros(0)}
 
 
 def test_completion_values_are_the_values_one_position_back():
@@ -127,7 +127,7 @@ def test_the_objectives_loss_and_gradients_equal_an_fp64_reference(temperature):
 
 def _rows(batch: dict, rows: slice) -> dict:
     """The rows of a micro-batch of the step; what is the whole step's (its rollout statistics) stays whole."""
-    whole = ("rollout_stats", "reward_means")
+    whole = ("rollout_stats", "reward_function_stats")
     return {key: value if key in whole else value[rows] for key, value in batch.items()}
 
 
@@ -382,9 +382,14 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps(tokenizer,
                     [[eos], [20, 21, 22, eos], [23, 24, eos], [25, 26, 27, 28, eos]]])
     monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
     model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
-    objective = ProximalPolicy([Reward("lengths", lambda prompts, completions, **columns: [
-        float(len(c)) for c in completions])], tokenizer, _settings(2), reference, seed=7, process_index=0,
-        autocast=nullcontext)
+    scored = []  # what the function returned: the completions' text lengths
+
+    def lengths(prompts, completions, **columns):
+        scored.extend(float(len(c)) for c in completions)
+        return scored[-len(completions):]
+
+    objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(2), reference, seed=7,
+                               process_index=0, autocast=nullcontext)
     other = PromptDataset.collate([{"input_ids": torch.tensor([6, 7, 8, 9]), "prompt": "three", "columns": {}},
                                    {"input_ids": torch.tensor([10]), "prompt": "four", "columns": {}}])
     batches = objective.rollouts(model, [_prompts(), other], step=3, accelerator=OneProcess())
@@ -396,6 +401,13 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps(tokenizer,
     assert stats["completion_length"] == pytest.approx(28 / 8)
     assert stats["truncated_fraction"] == pytest.approx(1 / 8)
     assert stats["terminated_length"] == pytest.approx((2 + 3 + 4 + 1 + 4 + 3 + 5) / 7)
+    # the shortest and longest of the 7 that ended, both in the second micro-batch (the first's: 2 and 4)
+    assert (stats["terminated_length_min"], stats["terminated_length_max"]) == pytest.approx((1.0, 5.0))
+    # the function's mean and std (Bessel's, as GRPO's) over the step's 8 completions, in fp64 by hand
+    assert len(scored) == 8 and len(set(scored)) > 1
+    mean = sum(scored) / 8
+    assert (stats["rewards/lengths"], stats["rewards/lengths_std"]) == pytest.approx(
+        (mean, math.sqrt(sum((v - mean) ** 2 for v in scored) / 7)), rel=1e-6)
 
 
 def test_the_completions_shortest_longest_and_cut_share_are_the_steps_over_processes(tokenizer, monkeypatch):
@@ -420,10 +432,16 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps_over_proce
 
     splits = [[prompts([1, 2, 3]), prompts([4, 5])], [prompts([6, 7, 8, 9], [10])]]
 
+    scored = []  # what the function returned in both processes: the completions' text lengths
+
+    def lengths(prompts, completions, **columns):
+        values = [float(len(c)) for c in completions]
+        scored.extend(values)
+        return values
+
     def process(rank: int, accelerator) -> tuple[ProximalPolicy, list[dict]]:
-        objective = ProximalPolicy([Reward("lengths", lambda prompts, completions, **columns: [
-            float(len(c)) for c in completions])], tokenizer, _settings(2), reference, seed=7, process_index=rank,
-            autocast=nullcontext, world=2)
+        objective = ProximalPolicy([Reward("lengths", lengths)], tokenizer, _settings(2), reference, seed=7,
+                                   process_index=rank, autocast=nullcontext, world=2)
         return objective, objective.rollouts(model, splits[rank], step=3, accelerator=accelerator)
 
     processes = ThreadedProcesses(2).run(process)
@@ -436,6 +454,12 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps_over_proce
         assert [stats[name] for name in ("completion_length_min", "completion_length_max", "truncated_fraction",
                                          "terminated_length", "completion_length")] == pytest.approx(
             [1.0, 6.0, 1 / 8, 22 / 7, 28 / 8])
+        # the 7 ended ones' shortest and longest: the second process's 1 and 5, not the first's own 2 and 4
+        assert (stats["terminated_length_min"], stats["terminated_length_max"]) == pytest.approx((1.0, 5.0))
+        assert len(scored) == 8 and len(set(scored)) > 1  # the function's std over both processes' completions
+        mean = sum(scored) / 8
+        assert stats["rewards/lengths_std"] == pytest.approx(
+            math.sqrt(sum((v - mean) ** 2 for v in scored) / 7), rel=1e-6)
 
 
 def test_a_completion_that_ends_at_an_eos_id_of_the_models_generation_config_is_not_penalised(tokenizer,

@@ -581,13 +581,18 @@ class Trainer:
         steps train on sampled completions) first turns the micro-batches into sampled completions, seeded by
         `step` (the optimizer steps done), so a resumed run samples the same ones, and may take several optimizer
         updates on them (its `updates_per_rollout`: GRPO's --num_iterations, PPO's --ppo_epochs); the step is then
-        all of them, and the schedule advances once per step."""
+        all of them, and the schedule advances once per step. An objective with `count_step` (DPO where its loss
+        reads the chosen answers' NLL) counts, over all processes, a second unit of the whole step that its loss
+        divides by beside num_items (the chosen answers' tokens), and hands it to each micro-batch."""
         start_step = getattr(self.objective, "start_step", None)
         if start_step is not None:  # an objective whose loss depends on the step (copy rows' schedule and seeds)
             start_step(step)
         rollouts = getattr(self.objective, "rollouts", None)
         if rollouts is not None:  # collective: what spans the step's global batch is computed over all processes
             batches = rollouts(self.unwrapped, batches, step, self.accelerator)
+        count_step = getattr(self.objective, "count_step", None)
+        if count_step is not None:  # collective: a total beside num_items that the loss divides by (DPO's NLL tokens)
+            count_step(batches, self.accelerator)
         num_items, real_tokens = self._token_counts(batches)
         num_items = num_items.clamp(min=1)
         arm_diagnostics = arm_diagnostics and self.diagnostics is not None

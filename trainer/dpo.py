@@ -29,13 +29,14 @@ averaged over pairs. The other loss types are TRL DPOTrainer's, by its names (pe
     discopop      (1 - w) (-log sigma(h)) + w exp(-h), w = sigma(h / tau)   DiscoPOP (Lu et al. 2024, eq. 5;
                   tau = --discopop_tau)
     sigmoid_norm  -log sigma(beta d), d as ipo's
-    sft           -pi_c / n_c: the chosen answer's mean token NLL (TRL: the micro-batch's token mean)
+    sft           the chosen answers' token mean NLL, -sum pi_c / sum n_c over the optimizer step's pairs (TRL's
+                  over its micro-batch's), each pair's share -pi_c P / N (P pairs and N chosen tokens in the step)
 
 n_c and n_r are the answers' token counts. Several types, comma-separated (`sigmoid,sft`), are summed with
 --loss_weights (1 each by default), TRL's combination (its MPO recipe). Four options of TRL's DPOConfig (as TRL
 0.28, the last before its 2026-02 DPO rewrite, has them all) change any of them:
 
-    --rpo_alpha a        RPO (Pang et al. 2024, v3): + a * sft's term, the chosen answer's mean token NLL
+    --rpo_alpha a        RPO (Pang et al. 2024, v3): + a * sft's term, the chosen answers' token mean NLL
     --ld_alpha a         LD-DPO (Liu et al. 2024): each answer's log-probability, the policy's and the reference's,
                          is the sum over its first min(n_c, n_r) tokens + a * the sum over the rest (the longer
                          answer's verbose part); sft's and RPO's NLL stay the plain one
@@ -46,7 +47,10 @@ n_c and n_r are the answers' token counts. Several types, comma-separated (`sigm
                          (js_divergence) or -exp(-alpha l) / alpha (alpha_divergence, alpha =
                          --f_alpha_divergence_coef); ipo's on the per-token log-ratios l / n
 
-The per-pair loss is (sum of the types + RPO's term) x WPO's weight, TRL's order.
+The per-pair loss is (sum of the types + RPO's term) x WPO's weight, TRL's order. The NLL is one number over the
+step's chosen tokens, not each answer's own mean: pair i's share of it, -pi_c,i P / N, averages over the step's P
+pairs to the token mean -sum pi_c / N, however the step is split into micro-batches and processes (the training
+core's count_step gives each micro-batch N), and takes pair i's WPO weight with it.
 
 The answer's tokens are its content and closing <|im_end|> (dataset/dpo_dataset.py, the SFT mask rule restricted to the
 final answer). The reference's log-probabilities are computed once per batch without gradients, in the same autocast as
@@ -73,6 +77,8 @@ from trainer.run_dir import DPO_VAL_METRICS
 from trainer.step import StatWindow
 
 NLL_STAT = "nll_loss"  # TRL's name for the chosen answers' NLL it logs with rpo_alpha or sft
+# A micro-batch's key for its optimizer step's chosen-answer tokens, all processes (count_step): the NLL's divisor
+STEP_CHOSEN_TOKENS = "step_chosen_tokens"
 # what every pair adds beside its loss (and beside the NLL, where the loss reads it)
 STAT_NAMES = tuple(name for name in DPO_VAL_METRICS.values() if name not in ("loss", NLL_STAT))
 DEFAULT_DISCOPOP_TAU = 0.05  # TRL's discopop_tau, the DiscoPOP paper's
@@ -92,6 +98,22 @@ def sequence_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     """Per row, the sum of log p(label[t + 1] | tokens up to t) over the labelled targets (-100: not counted), in
     fp32: the log-probability of a row's labelled tokens given what precedes them."""
     return token_log_probs(logits, labels).sum(dim=-1)
+
+
+def chosen_answer_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """The number of labelled target tokens of a collated batch's chosen answers (its first half of rows; a padding
+    pair, all -100, has none): the unit of the NLL that RPO and sft add."""
+    return (shift_labels(labels[:labels.shape[0] // 2]) != -100).sum()
+
+
+def chosen_nll_shares(policy_chosen: torch.Tensor, step_pairs: torch.Tensor | int,
+                      step_chosen_tokens: torch.Tensor | int) -> torch.Tensor:
+    """Each pair's share of the chosen answers' token mean NLL over a step of `step_pairs` pairs (P) holding
+    `step_chosen_tokens` chosen tokens (N): -log pi(y_c|x) x P / N, so that the mean over the step's pairs is
+    -sum log pi(y_c|x) / N, the NLL of all the step's chosen tokens (TRL's nll_loss, which takes a micro-batch's)."""
+    pairs, tokens = (torch.as_tensor(count, dtype=policy_chosen.dtype, device=policy_chosen.device)
+                     for count in (step_pairs, step_chosen_tokens))
+    return -policy_chosen * (pairs / tokens.clamp(min=1))
 
 
 def desensitized_log_probs(log_probs: torch.Tensor, labels: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -275,8 +297,9 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, referen
     (the module's docstring has the formulas). `loss_type` is one type or several, comma-separated, summed with
     `loss_weights` (1 each when None); ipo, sigmoid_norm and sft also need each answer's token count, bco_pair the
     running mean of the rewards, aot and aot_unpaired which pairs are `real` (the others are left out of their
-    sorting; None: all). `rpo_alpha` adds RPO's alpha x the chosen answer's mean token NLL, `chosen_nll` (sft's
-    term too; None: -policy_chosen / n_c, which LD-DPO's reweighted log-probabilities are not); the margin of the
+    sorting; None: all). `rpo_alpha` adds RPO's alpha x `chosen_nll`, each pair's share of the chosen answers' token
+    mean NLL (chosen_nll_shares; sft's term too; None: over these pairs, the real ones, as TRL's over its batch,
+    from policy_chosen, which LD-DPO's reweighted log-probabilities are not: then give it); the margin of the
     F_DIVERGENCE_READERS is f-DPO's under `f_divergence_type`; `pair_weights` (WPO's, without gradient) multiply
     each pair's loss. The rewards, beta x the summed log-ratio whatever the loss, are detached (they are reported,
     not trained on)."""
@@ -300,8 +323,10 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, referen
         chosen_per_token, rejected_per_token = (chosen_ratio / chosen_tokens.clamp(min=1),
                                                 rejected_ratio / rejected_tokens.clamp(min=1))
         per_token = chosen_per_token - rejected_per_token
-    if needs_nll and chosen_nll is None:
-        chosen_nll = -policy_chosen / chosen_tokens.clamp(min=1)
+    if needs_nll and chosen_nll is None:  # these pairs are the step
+        counted = chosen_tokens if real is None else chosen_tokens * real
+        chosen_nll = chosen_nll_shares(policy_chosen, len(policy_chosen) if real is None else real.sum(),
+                                       counted.sum())
     f_margins, f_per_token = margins, per_token  # reverse_kl: DPO's own margins, the very tensors
     if f_divergence_type != FDivergence.REVERSE_KL:  # f-DPO's, for the F_DIVERGENCE_READERS
         f_margins = beta * f_divergence_difference(chosen_ratio, rejected_ratio, f_divergence_type,
@@ -389,7 +414,7 @@ class DPOEval(LoggedEval):
     chosen_reward: float     # mean r_c
     rejected_reward: float   # mean r_r
     pairs: int
-    nll_loss: float | None = None  # the chosen answers' mean token NLL, where the loss reads it (TRL's eval_nll_loss)
+    nll_loss: float | None = None  # the chosen answers' token mean NLL, where the loss reads it (TRL's eval_nll_loss)
 
     def describe(self) -> str:
         nll = f", chosen NLL {self.nll_loss:.4f}" if self.nll_loss is not None else ""
@@ -428,9 +453,22 @@ class DirectPreference:
     def count_items(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return real_pairs(batch).sum()
 
-    def _pair_terms(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]):
-        """(per-pair losses, chosen rewards, rejected rewards, which pairs are real, the chosen answers' mean token
-        NLL where the loss reads it, else None)."""
+    def count_step(self, batches: Sequence[dict[str, Any]], accelerator: Accelerator) -> None:
+        """Collective where the loss reads the NLL (the training core calls it before a step's micro-batches): the
+        step's chosen-answer tokens over all its micro-batches and processes, given to each micro-batch
+        (STEP_CHOSEN_TOKENS), the NLL's divisor. Nothing otherwise."""
+        if not self.logs_nll:
+            return
+        tokens = sum(chosen_answer_tokens(batch["labels"]) for batch in batches)
+        tokens = accelerator.reduce(torch.as_tensor(tokens, device=accelerator.device), reduction="sum")
+        for batch in batches:
+            batch[STEP_CHOSEN_TOKENS] = tokens
+
+    def _pair_terms(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], step_pairs: torch.Tensor | int,
+                    step_chosen_tokens: torch.Tensor | int):
+        """(per-pair losses, chosen rewards, rejected rewards, which pairs are real, each pair's share of the
+        chosen answers' token mean NLL over a step of `step_pairs` pairs and `step_chosen_tokens` chosen tokens
+        where the loss reads it, else None)."""
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
         labels = batch["labels"]
         logits = model(**inputs).logits
@@ -446,7 +484,7 @@ class DirectPreference:
         pairs = policy.shape[0] // 2
         tokens = (shift_labels(labels) != -100).sum(dim=-1).to(policy.dtype)
         real = real_pairs(batch)
-        chosen_nll = -plain[:pairs] / tokens[:pairs].clamp(min=1) if self.logs_nll else None
+        chosen_nll = chosen_nll_shares(plain[:pairs], step_pairs, step_chosen_tokens) if self.logs_nll else None
         weights = wpo_weights(logits, labels, per_token) if self.use_weighting else None
         losses, chosen, rejected = dpo_loss(policy[:pairs], policy[pairs:], reference[:pairs], reference[pairs:],
                                             self.beta, self.loss_type, self.label_smoothing, tokens[:pairs],
@@ -482,7 +520,9 @@ class DirectPreference:
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        losses, chosen, rejected, real, chosen_nll = self._pair_terms(model, batch)
+        # a micro-batch the training core did not count (count_step) is its step
+        step_tokens = batch.get(STEP_CHOSEN_TOKENS, chosen_answer_tokens(batch["labels"]))
+        losses, chosen, rejected, real, chosen_nll = self._pair_terms(model, batch, num_items, step_tokens)
         stats = self._stat_sums(chosen, rejected, real)
         if chosen_nll is not None:
             stats = torch.cat([stats, (chosen_nll.detach() * real).sum().unsqueeze(0)])
@@ -493,6 +533,14 @@ class DirectPreference:
                  token_bytes: torch.Tensor | None = None, max_batches: int = 0) -> DPOEval:
         was_training = model.training
         model.eval()
+        # the validation set is one step: where the loss reads the NLL, its token mean over all the chosen tokens
+        counts = torch.zeros(2, dtype=torch.long, device=accelerator.device)  # real pairs, chosen tokens
+        if self.logs_nll:
+            for index, batch in enumerate(loader):
+                if max_batches and index >= max_batches:
+                    break
+                counts += torch.stack([real_pairs(batch).sum(), chosen_answer_tokens(batch["labels"])]).to(counts)
+            counts = accelerator.reduce(counts, reduction="sum")
         # loss, pairs, the pair statistics, and the chosen answers' NLL where the loss reads it
         stats_end = 2 + len(STAT_NAMES)
         totals = torch.zeros(stats_end + int(self.logs_nll), dtype=torch.float64, device=accelerator.device)
@@ -500,7 +548,7 @@ class DirectPreference:
             if max_batches and index >= max_batches:
                 break
             batch = {key: value.to(accelerator.device) for key, value in batch.items()}
-            losses, chosen, rejected, real, chosen_nll = self._pair_terms(model, batch)
+            losses, chosen, rejected, real, chosen_nll = self._pair_terms(model, batch, counts[0], counts[1])
             totals[0] += (losses * real).sum().double()
             totals[1] += real.sum()
             totals[2:stats_end] += self._stat_sums(chosen, rejected, real).double()

@@ -1,12 +1,12 @@
 """DPO (trainer/train_dpo.py) on the training core: the loss (sigmoid and IPO), rewards and answer masks against an
 fp64 computation written out here from the two models' log-probabilities; a tiny run drives the reward accuracy up
 from its start at log 2 loss; --loss_type (TRL's other types and weighted sums of several), --loss_weights,
---label_smoothing, --discopop_tau, --ld_alpha and --f_divergence_type reach a run, whose first loss is each formula's
-value where every log-ratio is 0; sft's, RPO's and WPO's first loss is the starting model's value computed here;
-bco_pair's running mean of the rewards is saved with a checkpoint and carried across a resume, the same on two
-processes as on one; a checkpoint from before the new flags resumes as before; MiniMind-format files (system turns,
-extra fields) load for both LoRA and DPO; bad preference lines are one-line errors naming file and line; the
-embedded default pairs."""
+--label_smoothing, --discopop_tau, --ld_alpha and --f_divergence_type reach a run, whose first loss is each
+formula's value where every log-ratio is 0; sft's, RPO's and WPO's first loss is the starting model's value computed
+here; bco_pair's running mean of the rewards is saved with a checkpoint and carried across a resume, the same on two
+processes as on one; RPO's NLL the step's token mean, the same accumulated and on two processes as in one batch; a
+checkpoint from before the new flags resumes as before; MiniMind-format files (system turns, extra fields) load for
+both LoRA and DPO; bad preference lines are one-line errors naming file and line; the embedded default pairs."""
 
 from __future__ import annotations
 
@@ -290,6 +290,33 @@ def test_bco_pairs_running_mean_is_the_same_on_two_processes(train_data, tiny_mo
     assert done.returncode == 0, done.stderr[-2000:]
     for step in (1, 2):
         assert _bco_state(two, step) == pytest.approx(_bco_state(one, step), rel=1e-5, abs=1e-9)
+
+
+def test_rpos_nll_is_the_steps_token_mean_on_any_split(train_data, tiny_models, tmp_path):
+    """--rpo_alpha: 3 steps of 4 pairs (chosen answers of uneven lengths) as one micro-batch, as 2 accumulated
+    micro-batches of 2, and as torchrun's 2 processes of 2 pairs log the same loss and nll_loss at every step (the
+    NLL the token mean over the step's chosen tokens: a micro-batch's or a process's own token mean, averaged, gives
+    other numbers) and end at the same weights."""
+    from safetensors.torch import load_file
+
+    def argv(out_dir, *flags: str) -> list[str]:
+        return finetune_argv("dpo", train_data, tiny_models.sft, out_dir, "--rpo_alpha", "0.5", "--max_steps", "3",
+                             "--learning_rate", "5e-3", *flags)
+
+    whole, accumulated, two = tmp_path / "whole", tmp_path / "accumulated", tmp_path / "two"
+    run_in_process("dpo", argv(whole))
+    run_in_process("dpo", argv(accumulated, "--batch_size", "2", "--accumulation_steps", "2"))
+    done = launch_two_processes("torchrun", "dpo", argv(two, "--batch_size", "2"), tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = read_metrics(whole, "train")
+    assert len(expected) == 3 and all(row["nll_loss"] > 0 for row in expected)
+    weights = load_file(whole / "model.safetensors")
+    for run in (accumulated, two):
+        rows = read_metrics(run, "train")
+        for name in ("loss", "nll_loss"):
+            assert [row[name] for row in rows] == pytest.approx([row[name] for row in expected], rel=1e-5), (run, name)
+        for key, value in load_file(run / "model.safetensors").items():
+            torch.testing.assert_close(value, weights[key], rtol=1e-3, atol=1e-4)  # Adam: lr x a ratio of small numbers
 
 
 def test_a_dpo_checkpoint_from_before_the_new_loss_flags_resumes_as_before(train_data, tiny_models, tmp_path,

@@ -168,7 +168,7 @@ def test_the_objectives_aot_sorts_only_the_real_pairs():
     batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
     policy, reference = _Tiny(1.0), _Tiny(0.5)
     objective = DirectPreference(reference, BETA, torch.enable_grad, "aot")
-    losses, _, _, real, _ = objective._pair_terms(policy, batch)
+    losses, _, _, real, _ = objective._pair_terms(policy, batch, 2, 3)
     assert real.tolist() == [True, True, False]
     with torch.no_grad():
         pi, ref = sequence_log_probs(policy.table[input_ids], labels), sequence_log_probs(reference.table[input_ids],
@@ -246,8 +246,9 @@ def _by_hand(loss_type: str, eps: float, tau: float, mean: float, pc: float, pr:
     if loss_type == "sigmoid_norm":  # -log s(beta d), d = l_c / n_c - l_r / n_r
         d = lc / nc - lr / nr
         return -_log_s(b * d), -b * _s(-b * d) / nc, b * _s(-b * d) / nr
-    if loss_type == "sft":  # the chosen answer's mean token NLL, -pi_c / n_c
-        return -pc / nc, -1 / nc, 0.0
+    if loss_type == "sft":  # the pair's share of the chosen answers' token mean NLL: -pi_c x 3 pairs / their tokens
+        share = len(CHOSEN_TOKENS) / sum(CHOSEN_TOKENS)
+        return -pc * share, -share, 0.0
     raise AssertionError(loss_type)
 
 

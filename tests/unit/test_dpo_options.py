@@ -1,5 +1,6 @@
 """The four options of TRL's DPOConfig built beside the loss types (trainer/dpo.py), each loss and gradient against a
-formula written out here in fp64, for pairs whose answers differ in length: RPO's NLL term (rpo_alpha), LD-DPO's
+formula written out here in fp64, for pairs whose answers differ in length: RPO's NLL term (rpo_alpha; the token
+mean over the step's chosen tokens, split into micro-batches or processes or not), LD-DPO's
 length-desensitized log-probabilities (ld_alpha), WPO's pair weights (use_weighting) and f-DPO's divergences
 (f_divergence_type, f_alpha_divergence_coef); their one-line refusals; what a checkpoint recorded before them is
 taken to have run with."""
@@ -50,25 +51,31 @@ def _loss_and_grads(loss_type: str, **options) -> tuple[list[float], list[float]
     return losses.tolist(), policy_chosen.grad.tolist(), rejected_grad.tolist()
 
 
-# RPO: + alpha x the chosen answer's mean token NLL, -pi_c / n_c.
+# RPO: + alpha x the chosen answers' token mean NLL, -sum pi_c / sum n_c over the pairs (TRL's over its batch),
+# pair i's share of it -pi_c,i P / N (P pairs, N chosen tokens).
 
 @pytest.mark.parametrize("loss_type, alpha", [("sigmoid", 0.5), ("ipo", 1.0), ("sigmoid", 0.0)])
-def test_rpo_adds_alpha_times_the_chosen_answers_mean_token_nll(loss_type, alpha):
-    """sigmoid: -log s(h) - alpha pi_c / n_c, d/d pi_c = -beta s(-h) - alpha / n_c, d/d pi_r = beta s(-h); ipo:
-    (d - 1 / (2 beta))^2 - alpha pi_c / n_c, d = l_c / n_c - l_r / n_r."""
+def test_rpo_adds_alpha_times_the_chosen_answers_token_mean_nll(loss_type, alpha):
+    """With k = P / N = 3 / 7: sigmoid: -log s(h) - alpha k pi_c, d/d pi_c = -beta s(-h) - alpha k, d/d pi_r =
+    beta s(-h); ipo: (d - 1 / (2 beta))^2 - alpha k pi_c, d = l_c / n_c - l_r / n_r. The mean over the pairs adds
+    alpha x the token mean 19 / 7, not alpha x the mean of each answer's mean NLL (5/2 + 4/4 + 10/1) / 3 = 4.5."""
+    share = len(PAIRS) / sum(CHOSEN_TOKENS)
     expected = []
     for pc, pr, refc, refr, nc, nr in PAIRS:
         lc, lr = pc - refc, pr - refr
         if loss_type == "sigmoid":
             h = BETA * (lc - lr)
-            expected.append((math.log1p(math.exp(-h)) - alpha * pc / nc, -BETA * _s(-h) - alpha / nc, BETA * _s(-h)))
+            expected.append((math.log1p(math.exp(-h)) - alpha * share * pc, -BETA * _s(-h) - alpha * share,
+                             BETA * _s(-h)))
         else:
             d = lc / nc - lr / nr - 1 / (2 * BETA)
-            expected.append((d * d - alpha * pc / nc, 2 * d / nc - alpha / nc, -2 * d / nr))
+            expected.append((d * d - alpha * share * pc, 2 * d / nc - alpha * share, -2 * d / nr))
     losses, chosen_grad, rejected_grad = _loss_and_grads(loss_type, rpo_alpha=alpha)
     assert losses == pytest.approx([e[0] for e in expected], rel=1e-12)
     assert chosen_grad == pytest.approx([e[1] for e in expected], rel=1e-12)
     assert rejected_grad == pytest.approx([e[2] for e in expected], rel=1e-12)
+    plain = _loss_and_grads(loss_type)[0]
+    assert sum(losses) / 3 - sum(plain) / 3 == pytest.approx(alpha * 19 / 7, rel=1e-12, abs=1e-15)
 
 
 def test_rpo_is_sft_at_weight_alpha_and_none_is_the_plain_loss_exactly():
@@ -241,13 +248,13 @@ def _token_terms(table: torch.Tensor) -> list[list[tuple[float, float]]]:
     return rows
 
 
-def _by_hand_objective(policy: torch.Tensor, reference: torch.Tensor, ld_alpha: float | None, weighted: bool,
-                       rpo_alpha: float | None) -> list[float]:
-    """Each pair's loss, fp64: sigmoid's -log s(beta (l_c - l_r)) on LD-DPO's log-probabilities (both models'),
-    + RPO's alpha x the chosen answer's plain mean NLL, x WPO's min(1, exp(mean(log p - log sum p^2) of both
-    answers))."""
+def _by_hand_objective(policy: torch.Tensor, reference: torch.Tensor, ld_alpha: float | None,
+                       weighted: bool) -> list[tuple[float, float]]:
+    """Per pair, fp64, x WPO's min(1, exp(mean(log p - log sum p^2) of both answers)) (1 without it): (sigmoid's
+    -log s(beta (l_c - l_r)) on LD-DPO's log-probabilities (both models'), the chosen answer's plain summed NLL). A
+    step of P pairs and N chosen tokens minimizes the first's sum / P + RPO's alpha x the second's sum / N."""
     pi, ref = _token_terms(policy), _token_terms(reference)
-    losses = []
+    terms = []
     for pair in range(2):
         chosen, rejected = pair, pair + 2
         shared = min(len(pi[chosen]), len(pi[rejected]))
@@ -258,22 +265,24 @@ def _by_hand_objective(policy: torch.Tensor, reference: torch.Tensor, ld_alpha: 
 
         ratios = [summed(pi[row]) - summed(ref[row]) for row in (chosen, rejected)]
         loss = math.log1p(math.exp(-BETA * (ratios[0] - ratios[1])))
-        if rpo_alpha is not None:
-            loss += rpo_alpha * -sum(lp for lp, _ in pi[chosen]) / len(pi[chosen])
+        nll = -sum(lp for lp, _ in pi[chosen])
+        weight = 1.0
         if weighted:
             means = [sum(lp - sq for lp, sq in pi[row]) / len(pi[row]) for row in (chosen, rejected)]
-            loss *= min(1.0, math.exp(means[0] + means[1]))
-        losses.append(loss)
-    return losses
+            weight = min(1.0, math.exp(means[0] + means[1]))
+        terms.append((weight * loss, weight * nll))
+    return terms
 
 
 def _objective_grad(policy: _Tiny, reference: _Tiny, ld_alpha: float | None, weighted: bool,
                     rpo_alpha: float | None, weights_with_grad: bool = False) -> torch.Tensor:
-    """The gradient of the mean pair loss by the policy's table: the formula above in fp64 torch ops (WPO's
+    """The gradient of the loss by the policy's table: the formula above in fp64 torch ops, the mean over the two
+    pairs of the weighted preference loss + alpha x the weighted chosen NLLs' sum over the chosen tokens (WPO's
     weights without gradient, or, `weights_with_grad`, with it: what the objective must not do)."""
     table = policy.table.detach().clone().requires_grad_(True)
     log_p = torch.log_softmax(table, dim=-1)
     ref_log_p = torch.log_softmax(reference.table.detach(), dim=-1)
+    chosen_tokens = sum(int((LABELS[row] != -100).sum()) for row in (0, 1))
     total = 0
     for pair in range(2):
         rows = []
@@ -288,16 +297,16 @@ def _objective_grad(policy: _Tiny, reference: _Tiny, ld_alpha: float | None, wei
                     + alpha * sum((matrix[p, y] for p, y in terms[shared:]), torch.tensor(0.0, dtype=torch.float64)))
 
         ratios = [summed(log_p, terms) - summed(ref_log_p, terms) for terms in rows]
-        loss = -torch.nn.functional.logsigmoid(BETA * (ratios[0] - ratios[1]))
+        loss = -torch.nn.functional.logsigmoid(BETA * (ratios[0] - ratios[1])) / 2
         if rpo_alpha is not None:
-            loss = loss + rpo_alpha * -sum(log_p[p, y] for p, y in rows[0]) / len(rows[0])
+            loss = loss + rpo_alpha * -sum(log_p[p, y] for p, y in rows[0]) / chosen_tokens
         if weighted:
             sharp = torch.logsumexp(2 * log_p, dim=-1)
             means = [sum(log_p[p, y] - sharp[p] for p, y in terms) / len(terms) for terms in rows]
             weight = torch.exp(means[0] + means[1]).clamp(max=1)
             loss = loss * (weight if weights_with_grad else weight.detach())
         total = total + loss
-    (total / 2).backward()
+    total.backward()
     return table.grad
 
 
@@ -312,8 +321,9 @@ def test_the_objective_with_ld_dpo_wpo_and_rpo_matches_fp64_by_hand(ld_alpha, we
                                  rpo_alpha=rpo_alpha)
     batch = {"input_ids": INPUT_IDS, "attention_mask": torch.ones_like(INPUT_IDS), "labels": LABELS}
     loss, stats = objective.loss(policy, batch, torch.tensor(2))
-    expected = _by_hand_objective(policy.table.detach(), reference.table, ld_alpha, weighted, rpo_alpha)
-    assert loss.item() == pytest.approx(sum(expected) / 2, rel=1e-6)  # the token log-probs are fp32
+    terms = _by_hand_objective(policy.table.detach(), reference.table, ld_alpha, weighted)
+    expected = sum(pair for pair, _ in terms) / 2 + (rpo_alpha or 0.0) * sum(nll for _, nll in terms) / 5
+    assert loss.item() == pytest.approx(expected, rel=1e-6)  # the token log-probs are fp32
     loss.backward()
     reference_grad = _objective_grad(policy, reference, ld_alpha, weighted, rpo_alpha)
     torch.testing.assert_close(policy.table.grad, reference_grad, rtol=1e-5, atol=1e-7)
@@ -322,11 +332,57 @@ def test_the_objective_with_ld_dpo_wpo_and_rpo_matches_fp64_by_hand(ld_alpha, we
                                                                      rpo_alpha, weights_with_grad=True),
                                   rtol=1e-3, atol=1e-6)
     pi = _token_terms(policy.table.detach())
-    nll = [-sum(lp for lp, _ in pi[row]) / len(pi[row]) for row in (0, 1)]
+    nll = -sum(lp for row in (0, 1) for lp, _ in pi[row]) / 5  # the 2 + 3 chosen tokens' mean
     assert objective.stat_names[-1:] == (("nll_loss",) if rpo_alpha is not None else ("rejected_reward",))
-    if rpo_alpha is not None:
-        assert stats[-1].item() == pytest.approx(sum(nll), rel=1e-6)
+    if rpo_alpha is not None:  # the core divides the sum by the step's 2 pairs
+        assert stats[-1].item() / 2 == pytest.approx(nll, rel=1e-6)
     assert len(stats) == len(objective.stat_names)
+
+
+def _pair_batch(pairs: list[int]) -> dict[str, torch.Tensor]:
+    """A micro-batch of the given pairs of INPUT_IDS / LABELS: their chosen rows, then their rejected rows."""
+    rows = pairs + [pair + 2 for pair in pairs]
+    return {"input_ids": INPUT_IDS[rows], "attention_mask": torch.ones_like(INPUT_IDS[rows]), "labels": LABELS[rows]}
+
+
+@pytest.mark.parametrize("loss_type, options", [("sigmoid", {"rpo_alpha": 0.7}),
+                                                ("sigmoid,sft", {"loss_weights": [1.0, 0.4]}),
+                                                ("sigmoid", {"rpo_alpha": 0.7, "use_weighting": True})])
+@pytest.mark.parametrize("split", ["micro-batches", "processes"])
+def test_the_nll_is_the_steps_token_mean_however_the_step_is_split(loss_type, options, split):
+    """A step of the two pairs (chosen answers of 2 and 3 tokens) split into two micro-batches of one pair, or over
+    two processes of one pair each (threads whose all-reduce sums): after count_step, the micro-batches' losses,
+    gradients and NLL statistics sum to the whole step's as one micro-batch, which is the fp64 formula: the pairs'
+    mean preference loss + c x the chosen NLLs' sum over the step's 5 chosen tokens (c: alpha, or sft's weight; each
+    pair's terms x its WPO weight). Each micro-batch's own token mean averaged, (S_0 / 2 + S_1 / 3) / 2, would fail."""
+    from tests.threaded_processes import OneProcess, ThreadedProcesses
+
+    def step(batches: list[dict[str, torch.Tensor]], accelerator) -> tuple[float, torch.Tensor, float]:
+        policy = _Tiny(1.0)
+        objective = DirectPreference(_Tiny(0.5), BETA, torch.enable_grad, loss_type, **options)
+        objective.count_step(batches, accelerator)
+        loss, nll = 0.0, 0.0
+        for batch in batches:
+            micro_loss, stats = objective.loss(policy, batch, torch.tensor(2))  # the step's 2 pairs
+            micro_loss.backward()
+            loss, nll = loss + micro_loss.item(), nll + stats[-1].item()
+        return loss, policy.table.grad, nll / 2
+
+    whole_loss, whole_grad, whole_nll = step([_pair_batch([0, 1])], OneProcess())
+    if split == "micro-batches":
+        loss, grad, nll = step([_pair_batch([0]), _pair_batch([1])], OneProcess())
+    else:
+        parts = ThreadedProcesses(2).run(lambda rank, accelerator: step([_pair_batch([rank])], accelerator))
+        loss, grad, nll = (sum(part[index] for part in parts) for index in range(3))
+    assert loss == pytest.approx(whole_loss, rel=1e-6)
+    torch.testing.assert_close(grad, whole_grad, rtol=1e-5, atol=1e-7)
+    assert nll == pytest.approx(whole_nll, rel=1e-6)
+    terms = _by_hand_objective(_Tiny(1.0).table.detach(), _Tiny(0.5).table, None, options.get("use_weighting", False))
+    weight = options.get("rpo_alpha", 0.4)
+    assert whole_loss == pytest.approx(sum(pair for pair, _ in terms) / 2 + weight * sum(s for _, s in terms) / 5,
+                                       rel=1e-6)
+    pi = _token_terms(_Tiny(1.0).table.detach())
+    assert whole_nll == pytest.approx(-sum(lp for row in (0, 1) for lp, _ in pi[row]) / 5, rel=1e-6)
 
 
 def test_wpo_weights_are_trls_by_hand_clamped_at_1_and_carry_no_gradient():
@@ -470,10 +526,11 @@ def test_a_dpo_run_recorded_before_the_options_implies_their_values():
 
 @pytest.mark.parametrize("rpo_alpha", [0.7, None])
 def test_validation_logs_nll_loss_where_the_loss_reads_it(rpo_alpha):
-    """DirectPreference.evaluate over two batches (the second with pair 1 blanked, as validation shards are padded):
-    with --rpo_alpha its val_loss and val_nll_loss (TRL's eval_nll_loss) are the means over the 3 real pairs of each
-    pair's loss and chosen answer's mean token NLL, by hand from the softmax, and run_summary.json's final_val holds
-    nll_loss; without it neither the log nor final_val has an NLL."""
+    """DirectPreference.evaluate over two batches (the second with pair 1 blanked, as validation shards are padded),
+    one step of 3 real pairs and 2 + 3 + 2 = 7 chosen tokens: with --rpo_alpha its val_nll_loss (TRL's
+    eval_nll_loss) is the token mean NLL over those 7 tokens, its val_loss the pairs' mean sigmoid loss + alpha x
+    it, by hand from the softmax (the mean of each pair's own mean NLL differs: answers of 2 and 3 tokens), and
+    run_summary.json's final_val holds nll_loss; without it neither the log nor final_val has an NLL."""
     from accelerate import Accelerator
 
     objective = DirectPreference(_Tiny(0.5), BETA, torch.enable_grad, rpo_alpha=rpo_alpha)
@@ -482,15 +539,17 @@ def test_validation_logs_nll_loss_where_the_loss_reads_it(rpo_alpha):
     loader = [{"input_ids": INPUT_IDS, "attention_mask": torch.ones_like(INPUT_IDS), "labels": labels}
               for labels in (LABELS, blanked)]
     result = objective.evaluate(_Tiny(1.0), loader, Accelerator(cpu=True))
-    per_pair = _by_hand_objective(_Tiny(1.0).table.detach(), _Tiny(0.5).table, None, False, rpo_alpha)
+    (pair_0, nll_0), (pair_1, nll_1) = _by_hand_objective(_Tiny(1.0).table.detach(), _Tiny(0.5).table, None, False)
     pi = _token_terms(_Tiny(1.0).table.detach())
-    nll = [-sum(lp for lp, _ in pi[row]) / len(pi[row]) for row in (0, 1)]
+    assert (len(pi[0]), len(pi[1])) == (2, 3)
+    token_mean = (2 * nll_0 + nll_1) / 7
+    assert abs(token_mean - (2 * nll_0 / 2 + nll_1 / 3) / 3) > 1e-3  # the per-pair mean is another number
     logged = result.logged()
     assert result.pairs == 3
-    assert logged["val_loss"] == pytest.approx((2 * per_pair[0] + per_pair[1]) / 3, rel=1e-6)
+    assert logged["val_loss"] == pytest.approx((2 * pair_0 + pair_1) / 3 + (rpo_alpha or 0.0) * token_mean, rel=1e-6)
     if rpo_alpha is None:
         assert "val_nll_loss" not in logged and "nll_loss" not in result.as_dict()
     else:
-        assert logged["val_nll_loss"] == pytest.approx((2 * nll[0] + nll[1]) / 3, rel=1e-6)
+        assert logged["val_nll_loss"] == pytest.approx(token_mean, rel=1e-6)
         assert result.as_dict()["nll_loss"] == logged["val_nll_loss"]
         assert "chosen NLL" in result.describe()

@@ -182,6 +182,7 @@ F_DIVERGENCE_READERS = (DPOLossType.SIGMOID, DPOLossType.HINGE, DPOLossType.IPO,
 # The loss types --use_weighting refuses (as TRL does): they sort the pairs' log-ratios apart, so a pair's weight
 # would meet another pair's loss.
 SORTED = (DPOLossType.AOT, DPOLossType.AOT_UNPAIRED, DPOLossType.AOT_PAIR)
+WEIGHTABLE = tuple(kind for kind in DPOLossType if kind not in SORTED)  # the types --use_weighting is allowed with
 
 
 def parse_loss_types(text: str) -> tuple[DPOLossType, ...]:
@@ -211,7 +212,8 @@ def check_options(loss_types: Sequence[str], rpo_alpha: float | None = None, ld_
     """Refuse, in one line, a value of RPO's, LD-DPO's, WPO's or f-DPO's option out of its range, or one that
     `loss_types` would not read: --rpo_alpha and --ld_alpha with sft alone (it is the NLL RPO adds, and reads the
     plain log-probabilities), --use_weighting with a type that sorts pairs, another --f_divergence_type without one
-    of F_DIVERGENCE_READERS, --f_alpha_divergence_coef without alpha_divergence."""
+    of F_DIVERGENCE_READERS, --f_alpha_divergence_coef without alpha_divergence. Each refusal names what is
+    allowed."""
     def bad(name: str, value: Any, allowed: str) -> ValueError:
         return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
 
@@ -222,20 +224,24 @@ def check_options(loss_types: Sequence[str], rpo_alpha: float | None = None, ld_
             raise bad("rpo_alpha", rpo_alpha, "it must be a number >= 0 (RPO's weight of the chosen answer's NLL; "
                                               "the paper's 1.0)")
         if only_sft:
-            raise bad("rpo_alpha", rpo_alpha, "it adds the chosen answer's NLL to a preference loss, and --loss_type "
-                                              "sft is that NLL alone: weigh it with --loss_weights instead")
+            raise bad("rpo_alpha", rpo_alpha, "it adds the chosen answers' NLL to a preference loss, and --loss_type "
+                                              "sft is that NLL alone: weigh it with --loss_weights instead (leave "
+                                              "--rpo_alpha unset with sft alone, or list another type with it)")
     if ld_alpha is not None:
         if not 0 <= ld_alpha <= 1:
             raise bad("ld_alpha", ld_alpha, "it must be in [0, 1] (1: the plain log-probabilities, 0: the longer "
                                             "answer's verbose tokens dropped)")
         if only_sft:
             raise bad("ld_alpha", ld_alpha, "it reweighs the log-ratios of the preference losses, and --loss_type sft "
-                                            "reads the plain NLL: give a preference loss type with it")
+                                            "reads the plain NLL: give a preference loss type with it, or leave "
+                                            "--ld_alpha unset")
     if use_weighting:
         for kind in loss_types:
             if kind in SORTED:
                 raise bad("use_weighting", use_weighting, f"--loss_type {kind} sorts the pairs' log-ratios apart, so "
-                                                          f"a pair's WPO weight would meet another pair's loss")
+                                                          f"a pair's WPO weight would meet another pair's loss: "
+                                                          f"it is allowed with --loss_type {', '.join(WEIGHTABLE)} "
+                                                          f"(leave it off with --loss_type {given})")
     if f_divergence_type not in tuple(FDivergence):
         raise bad("f_divergence_type", f_divergence_type, f"choose one of {', '.join(FDivergence)}")
     if f_divergence_type != FDivergence.REVERSE_KL and not any(kind in F_DIVERGENCE_READERS for kind in loss_types):
@@ -247,7 +253,7 @@ def check_options(loss_types: Sequence[str], rpo_alpha: float | None = None, ld_
             and f_divergence_type != FDivergence.ALPHA_DIVERGENCE):
         raise bad("f_alpha_divergence_coef", f_alpha_divergence_coef, "it shapes --f_divergence_type "
                                                                       "alpha_divergence only: give that with it, or "
-                                                                      "leave it out")
+                                                                      "leave it out (1.0)")
 
 
 def _exp_capped(exponent: torch.Tensor) -> torch.Tensor:

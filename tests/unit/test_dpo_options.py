@@ -416,26 +416,37 @@ def test_wpo_weighs_each_pairs_loss_in_dpo_loss():
     assert rejected_grad == pytest.approx([w * x for w, x in zip(weights.tolist(), plain_rejected)], rel=1e-12)
 
 
-# Refusals: one line, naming the flag, its value and why.
+# Refusals: one line, naming the flag, its value, why, and the values allowed (WPO's: the loss types it takes).
 
 @pytest.mark.parametrize("flags, message", [
     (["--rpo_alpha", "-1"], "--rpo_alpha=-1.0 is not allowed; it must be a number >= 0 (RPO's weight of the chosen "
                             "answer's NLL; the paper's 1.0)"),
     (["--rpo_alpha", "nan"], "--rpo_alpha=nan is not allowed; it must be a number >= 0"),
     (["--rpo_alpha", "inf"], "--rpo_alpha=inf is not allowed; it must be a number >= 0"),
-    (["--loss_type", "sft", "--rpo_alpha", "1"], "--rpo_alpha=1.0 is not allowed; it adds the chosen answer's NLL to "
-                                                 "a preference loss, and --loss_type sft is that NLL alone: weigh it "
-                                                 "with --loss_weights instead"),
+    (["--loss_type", "sft", "--rpo_alpha", "1"], "--rpo_alpha=1.0 is not allowed; it adds the chosen answers' NLL "
+                                                 "to a preference loss, and --loss_type sft is that NLL alone: weigh "
+                                                 "it with --loss_weights instead (leave --rpo_alpha unset with sft "
+                                                 "alone, or list another type with it)"),
     (["--ld_alpha", "1.5"], "--ld_alpha=1.5 is not allowed; it must be in [0, 1] (1: the plain log-probabilities, "
                             "0: the longer answer's verbose tokens dropped)"),
     (["--ld_alpha", "-0.1"], "--ld_alpha=-0.1 is not allowed; it must be in [0, 1]"),
     (["--loss_type", "sft", "--ld_alpha", "0.5"], "--ld_alpha=0.5 is not allowed; it reweighs the log-ratios of the "
-                                                  "preference losses, and --loss_type sft reads the plain NLL"),
+                                                  "preference losses, and --loss_type sft reads the plain NLL: give a "
+                                                  "preference loss type with it, or leave --ld_alpha unset"),
     (["--loss_type", "aot", "--use_weighting"], "--use_weighting=True is not allowed; --loss_type aot sorts the "
                                                 "pairs' log-ratios apart, so a pair's WPO weight would meet another "
-                                                "pair's loss"),
+                                                "pair's loss: it is allowed with --loss_type sigmoid, ipo, hinge, "
+                                                "robust, exo_pair, nca_pair, bco_pair, sppo_hard, apo_zero, apo_down, "
+                                                "discopop, sigmoid_norm, sft (leave it off with --loss_type aot)"),
     (["--loss_type", "sigmoid,aot_unpaired", "--use_weighting", "true"], "--use_weighting=True is not allowed; "
-                                                                         "--loss_type aot_unpaired sorts"),
+                                                                         "--loss_type aot_unpaired sorts the pairs' "
+                                                                         "log-ratios apart, so a pair's WPO weight "
+                                                                         "would meet another pair's loss: it is "
+                                                                         "allowed with --loss_type sigmoid, ipo, "
+                                                                         "hinge, robust, exo_pair, nca_pair, "
+                                                                         "bco_pair, sppo_hard, apo_zero, apo_down, "
+                                                                         "discopop, sigmoid_norm, sft (leave it off "
+                                                                         "with --loss_type sigmoid,aot_unpaired)"),
     (["--f_divergence_type", "forward_kl"], "--f_divergence_type='forward_kl' is not allowed; choose one of "
                                             "reverse_kl, js_divergence, alpha_divergence"),
     (["--loss_type", "nca_pair,apo_zero", "--f_divergence_type", "js_divergence"],
@@ -447,7 +458,7 @@ def test_wpo_weighs_each_pairs_loss_in_dpo_loss():
      "--f_alpha_divergence_coef=inf is not allowed; it must be a positive number"),
     (["--f_divergence_type", "js_divergence", "--f_alpha_divergence_coef", "0.5"],
      "--f_alpha_divergence_coef=0.5 is not allowed; it shapes --f_divergence_type alpha_divergence only: give that "
-     "with it, or leave it out"),
+     "with it, or leave it out (1.0)"),
 ])
 def test_bad_option_values_are_one_line_refusals(flags, message, capsys):
     with pytest.raises(SystemExit):

@@ -13,10 +13,15 @@ import yaml
 from dataset.atomic_io import read_text_file
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:  # `<<: *base` merges another mapping, whose keys a key here overrides
+                continue  # (YAML's merge key): the safe loader's own construct_mapping resolves it below
             key = self.construct_object(key_node, deep=deep)
             try:
                 duplicate = key in seen

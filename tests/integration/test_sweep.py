@@ -701,6 +701,23 @@ def test_hostile_sweep_yaml_is_one_line_naming_the_field(tmp_path, capsys, text,
     assert not (tmp_path / "s").exists()
 
 
+def test_a_sweep_yaml_may_merge_one_spec_into_another(tmp_path):
+    """YAML's merge key (`<<: *base`) gives one parameter spec another's keys, a key of its own overriding the merged
+    one; the duplicate-key check once read `<<` as a key and refused every merge ("could not determine a constructor
+    for the tag 'tag:yaml.org,2002:merge'"). A key given twice beside a merge is still refused."""
+    path = tmp_path / "merge.yaml"
+    path.write_text(f"method: grid\nprogram: {REPO / 'trainer' / 'train_pretrain.py'}\nparameters:\n"
+                    "  learning_rate: &rate {values: [0.001, 0.01]}\n"
+                    "  muon_lr:\n    <<: *rate\n    values: [0.02]\n"
+                    "  weight_decay:\n    <<: *rate\n")
+    parameters = load_sweep_config(path)["parameters"]
+    assert parameters["muon_lr"] == {"values": [0.02]}
+    assert parameters["weight_decay"] == parameters["learning_rate"] == {"values": [0.001, 0.01]}
+    path.write_text(path.read_text() + "    values: [0.1]\n    values: [0.2]\n")
+    with pytest.raises(SweepConfigError, match=re.escape(f'{path}: duplicate key "values" (line 11)')):
+        load_sweep_config(path)
+
+
 @pytest.mark.parametrize("parameters, message", [
     ("".join(f"  p{i}: {{values: [0, 1, 2, 3, 4]}}\n" for i in range(6)) + "  seed: {value: 1}\n",
      "a grid of 15625 trials (p0: 5 x p1: 5 x p2: 5 x p3: 5 x p4: 5 x p5: 5 values)"),

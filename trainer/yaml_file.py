@@ -1,6 +1,7 @@
 """Reading a YAML file a user wrote (a trainer's --config, a sweep): PyYAML's safe loader, less a mapping key given
 twice, which PyYAML resolves silently by keeping the last -- a learning rate or a swept parameter written twice
-would use one of them without a word. Every failure is a ValueError of one line naming the file."""
+would use one of them without a word; YAML's merge key (``<<: *base``) is not a key given twice. Every failure is a
+ValueError of one line naming the file."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):  # `!!map x`: the safe loader's own error names what it found
+            return super().construct_mapping(node, deep=deep)
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == _MERGE_TAG:  # `<<: *base` merges another mapping, whose keys a key here overrides
@@ -33,6 +36,22 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        # PyYAML's scalar constructors fail as Python does on a value its patterns let through (2001-02-30 is a
+        # date by the pattern; `!!bool x`, `!!timestamp x`, an integer of 5,000 digits): a ValueError with no file
+        # or line, or a KeyError or AttributeError traceback. Each becomes an error at the value's line.
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as error:
+            kind = node.tag.rsplit(":", 1)[-1]
+            # Python's reason helps for a date (day is out of range for month); for a number it repeats the value.
+            detail = f" ({error})" if kind == "timestamp" and isinstance(error, ValueError) else ""
+            value = str(node.value)
+            shown = json.dumps(value if len(value) <= 40 else value[:40] + "...", ensure_ascii=False)
+            size = f" ({len(value)} characters)" if len(value) > 40 else ""
+            raise yaml.constructor.ConstructorError(None, None, f"{shown}{size} is not a valid {kind}{detail}",
+                                                    node.start_mark) from None
+
 
 def read_yaml(path: Path, what: str = "a YAML file") -> Any:
     """The value of the YAML file `path` (`what` it should be, for the message when it is a directory); a
@@ -41,6 +60,9 @@ def read_yaml(path: Path, what: str = "a YAML file") -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except yaml.constructor.ConstructorError as error:
-        raise ValueError(f"{path}: {error.problem}") from None
+        mark = error.problem_mark  # None where the problem names its line itself (a duplicate key)
+        raise ValueError(f"{path}: {error.problem}" + (f" (line {mark.line + 1})" if mark else "")) from None
+    except RecursionError:  # PyYAML composes a value by recursion: a few thousand brackets deep exhaust it
+        raise ValueError(f"{path}: invalid YAML (nested too deeply)") from None
     except yaml.YAMLError as error:
         raise ValueError(f"{path}: invalid YAML ({error})".replace("\n", " ")) from None

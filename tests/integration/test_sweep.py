@@ -680,6 +680,9 @@ def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_
     ("parameters:\n  lr: {min: 0.0, max: .inf}\n", "parameters.lr.max: inf is not a finite number"),
     ("parameters:\n  seed: {value: .nan}\n", "parameters.seed.value: nan is not a finite number"),
     ("parameters:\n  seed: {values: [1]}\n  seed: {values: [2]}\n", 'duplicate key "seed"'),
+    ("parameters:\n  seed: {values: [1, 2001-02-30]}\n",  # a ValueError naming neither file nor line
+     '"2001-02-30" is not a valid timestamp (day is out of range for month) (line 4)'),
+    ("parameters:\n  seed: {values: [!!bool maybe]}\n", '"maybe" is not a valid bool (line 4)'),  # a KeyError
     ("name: ../escape\nparameters:\n  seed: {values: [1]}\n", "name: '../escape' is not a folder name"),
     ("name: a/b\nparameters:\n  seed: {values: [1]}\n", "name: 'a/b' is not a folder name"),
     # wandb's schema said only "invalid hyperparameter configuration: seed"

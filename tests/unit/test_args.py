@@ -428,6 +428,28 @@ def test_a_config_that_is_not_a_utf8_file_is_one_line(tmp_path, capsys):
         assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message}"
 
 
+@pytest.mark.parametrize("text, message", [
+    # PyYAML's patterns take these for a date, a bool, an int: its constructors then failed as Python does
+    ("seed: 1\nwandb_run_name: 2001-02-30\n", '"2001-02-30" is not a valid timestamp (day is out of range for month) '
+                                              "(line 2)"),
+    ("compile: !!bool maybe\n", '"maybe" is not a valid bool (line 1)'),  # was a KeyError traceback
+    ("wandb_run_name: !!timestamp soon\n", '"soon" is not a valid timestamp (line 1)'),  # an AttributeError one
+    ("seed: " + "9" * 5000 + "\n", f'"{"9" * 40}..." (5000 characters) is not a valid int (line 1)'),
+    ("seed: !!map 3\n", "expected a mapping node, but found scalar (line 1)"),  # a ValueError of unpacking
+    ("seed: " + "[" * 3000 + "]" * 3000 + "\n", "invalid YAML (nested too deeply)"),  # a RecursionError traceback
+    ("seed: !!python/object:os.system {}\n",
+     "could not determine a constructor for the tag 'tag:yaml.org,2002:python/object:os.system' (line 1)"),
+])
+def test_a_config_value_yaml_cannot_construct_is_one_line_naming_the_file_and_line(tmp_path, capsys, text, message):
+    from trainer.args import parse_args
+
+    config = tmp_path / "run.yaml"
+    config.write_text(text, encoding="utf-8")
+    with pytest.raises(SystemExit):
+        parse_args("pretrain", ["--config", str(config)])
+    assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message}"
+
+
 # A path flag never takes an empty value ("$UNSET") or none for its default: --out_dir "" --overwrite would clear
 # the default run's directory.
 EMPTY = "expected a path, got an empty value"

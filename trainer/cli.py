@@ -224,9 +224,13 @@ flag_type(str, utf8_text)
 
 def path_arg(text: str) -> str:
     """A path flag's type: an empty value (an unset shell variable) names no file, so it is refused rather than
-    taken for the flag's default."""
+    taken for the flag's default; so is a text no file name can hold (a lone surrogate that is not a byte of argv)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty value")
+    try:  # argv's bytes that are not UTF-8 come as U+DC80..U+DCFF and name the file; another surrogate (a YAML
+        os.fsencode(text)  # --config's "\ud800") names none, and failed later as an encoding error naming no flag
+    except UnicodeEncodeError as error:
+        raise argparse.ArgumentTypeError(not_utf8_at(text, error.start)) from None
     return text
 
 

@@ -326,6 +326,9 @@ def test_unset_copy_rows_teach_only_a_model_given_smeared_keys_in_this_run():
     ("pretrain", "out_dir:\n", "key 'out_dir': expected a directory, got null (an empty value); leave the key out "
                                 "for the task's default"),
     ("pretrain", "data_path: none\n", "key 'data_path': 'none' is not a path; leave the flag out for its default"),
+    # a lone surrogate no file name holds: the run failed later, "'utf-8' codec can't encode character", naming no key
+    ("pretrain", 'out_dir: "run\\ud800"\n', "key 'out_dir': not valid UTF-8 (U+D800 at character 3)"),
+    ("sft", 'data_path: "\\udfff.jsonl"\n', "key 'data_path': not valid UTF-8 (U+DFFF at character 0)"),
     ("pretrain", "gradient_checkpointing: {a: 1}\n", "key 'gradient_checkpointing': expected a boolean (true/false), "
                                                      "got a mapping"),
     ("lora", "lora_targets: [q_proj, v_proj]\n", "key 'lora_targets': expected a string, got a list"),
@@ -478,6 +481,13 @@ def test_empty_path_flags_are_refused(task, flags, message, capsys):
     with pytest.raises(SystemExit):
         parse_args(task, flags)
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
+
+
+def test_a_path_of_bytes_that_are_not_utf8_is_still_a_path():
+    """argv holds a file name's bytes that are not UTF-8 as U+DC80..U+DCFF, which name that file: taken as given."""
+    from trainer.args import parse_args
+
+    assert parse_args("pretrain", ["--data_path", "caf\udce9.jsonl"]).data_path == "caf\udce9.jsonl"
 
 
 @pytest.mark.parametrize("flags, message", [

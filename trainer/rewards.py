@@ -38,14 +38,18 @@ class RewardError(ValueError):
 
 
 def _to_number(text: str) -> float | None:
+    """The number a text spells, or None; a number beyond a 64-bit float is none: every such number reads as the
+    same infinity, so an answer of 400 digits would match any completion of 309 digits or more."""
     text = text.strip().replace(",", "").rstrip(".")
     try:
         if "/" in text:
             numerator, denominator = text.split("/")
-            return float(numerator) / float(denominator)
-        return float(text)
+            value = float(numerator) / float(denominator)
+        else:
+            value = float(text)
     except (ValueError, ZeroDivisionError):
         return None
+    return value if math.isfinite(value) else None
 
 
 def final_answer(completion: str) -> float | None:

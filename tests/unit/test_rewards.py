@@ -115,6 +115,19 @@ def test_math_answer_compares_numerically_with_the_rows_answer():
     assert math_answer([""] * 6, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
 
 
+def test_math_answer_takes_no_number_beyond_a_float_for_an_answer():
+    """Every number of 309 digits or more reads as the same infinity: an answer of 400 digits matched any completion
+    that long (1.0 for 2 * 10**400 against 10**400), and the row passed the data check."""
+    from trainer.rewards import column_problems
+
+    big = "1" + "0" * 400
+    assert final_answer(big) is None and final_answer("1" + "0" * 400 + "/3") is None
+    assert math_answer([""] * 2, ["2" + "0" * 400, big], answer=[big, int(big)]) == [0.0, 0.0]
+    assert column_problems(["math_answer"], [(3, {"answer": big})], "data.jsonl") == {
+        3: f'"answer" must be a number or a number as text for the math_answer reward, got the text "{big[:40]}..."'}
+    assert math_answer([""], ["1" + "0" * 300], answer=[10**300]) == [1.0]  # within a float: compared as before
+
+
 def test_math_answer_reads_the_answer_after_the_thinking():
     completions = ["<think>\n3 + 4 = 7? no, 8\n</think>\n\nIt is 7.", "<think>\nit is 7\n</think>\n\nno idea",
                    "no thinking: 7"]

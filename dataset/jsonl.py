@@ -37,8 +37,8 @@ from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 7  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
-# calls and tools as kept within the depth bound, a tool's description a string)
+SCAN_VERSION = 8  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
+# calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt")
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 BATCH_RECORDS, BATCH_BYTES = 1000, 32 << 20  # an Arrow record batch holds at most this many records / line bytes
 
@@ -149,15 +149,19 @@ def _check_conversations(obj: object) -> dict:
 
 def _check_preference(obj: object) -> dict:
     """A preference pair (MiniMind's DPO format): "chosen" and "rejected" conversations with the same prompt (every
-    message before the last) and a different last message, an assistant answer in both."""
+    message before the last) and a different last message, an assistant answer in both. TRL's explicit prompt, a
+    "prompt" list of messages, is that shared start: it comes before both (ignored as an extra field, it left
+    the pair to train with no question)."""
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
+    prompt = _check_messages(obj, "prompt") if "prompt" in obj else []
     chosen = _check_messages(obj, "chosen")
     rejected = _check_messages(obj, "rejected")
     for name, messages in (("chosen", chosen), ("rejected", rejected)):
         if messages[-1]["role"] != "assistant":
             raise BadLine(f'{name}[{len(messages) - 1}] must be the assistant\'s answer, got role '
                           f'{messages[-1]["role"]!r}')
+    chosen, rejected = prompt + chosen, prompt + rejected
     if chosen[:-1] != rejected[:-1]:
         differ = next((i for i, (a, b) in enumerate(zip(chosen[:-1], rejected[:-1])) if a != b),
                       min(len(chosen), len(rejected)) - 1)

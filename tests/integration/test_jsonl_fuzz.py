@@ -87,7 +87,9 @@ def good_records(draw, kind: str) -> dict:
         chosen = draw(answer)
         rejected = draw(answer.filter(lambda message: _as_loaded(message) != _as_loaded(chosen)))
         record = {"chosen": prompt + [chosen], "rejected": prompt + [rejected]}
-    extras = draw(st.dictionaries(any_strings.filter(lambda key: key not in FIELDS[kind]), json_values, max_size=2))
+    # "prompt" is no extra field of a pair: TRL's explicit prompt, which comes before both answers
+    extras = draw(st.dictionaries(any_strings.filter(lambda key: key not in FIELDS[kind] + ("prompt",)), json_values,
+                                  max_size=2))
     return {**extras, **record} if draw(st.booleans()) else {**record, **extras}
 
 

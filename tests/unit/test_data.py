@@ -265,6 +265,28 @@ def test_dpo_learns_only_the_final_answers_and_collates_chosen_rows_first(tmp_pa
     assert min(lost) > 0 and both.stats["supervised_tokens_cut"] == sum(lost) and both.stats["supervision_cut"] == 1
 
 
+def test_dpo_takes_trls_explicit_prompt_as_the_pairs_shared_start(tmp_path, cache, tokenizer):
+    """TRL's conversational pair, {"prompt": [messages], "chosen": [answer], "rejected": [answer]}: the prompt comes
+    before both answers. It was an extra field, ignored: the pair trained with no question, in silence. A prompt
+    that is not a list of messages is a bad line naming it."""
+    from dataset.dpo_dataset import DPODataset
+
+    question = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    blue, seven = {"role": "assistant", "content": "Blue."}, {"role": "assistant", "content": "Seven."}
+    ds = DPODataset(write_jsonl(tmp_path / "trl.jsonl", [{"prompt": question, "chosen": [blue], "rejected": [seven]}]),
+                    tokenizer, max_seq_len=512, cache_dir=cache)
+    for key, answer in (("input_ids", blue), ("rejected_input_ids", seven)):
+        ids, _ = expected_tokens(tokenizer, [*question, answer])
+        assert ds[0][key].tolist() == ids
+    earlier, _ = expected_tokens(tokenizer, question)
+    assert (ds[0]["labels"][:len(earlier)] == IGNORE_INDEX).all()  # the prompt is not learned
+    for prompt, reason in (("Name a colour.", '"prompt" must be a non-empty list of messages'),
+                           ([{"role": "user"}], 'prompt[0] has no "content" string')):
+        path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": prompt, "chosen": [blue], "rejected": [seven]}])
+        with pytest.raises(ValueError, match=re.escape(f"{path}:1: {reason}")):
+            DPODataset(path, tokenizer, max_seq_len=512, cache_dir=cache)
+
+
 def test_supervision_cut_note_names_the_flag_and_the_share():
     from trainer.data import supervision_cut_note
 

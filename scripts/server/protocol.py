@@ -22,6 +22,7 @@ from trainer.inference_flags import (LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_LO
 # A seed beyond 64 bits is beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits
 # are the library's.
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
+MAX_TOKEN_ID_DIGITS = 20  # a logit_bias key: 2**64 has 20 digits, a vocabulary far fewer
 MIN_LOGPROB = -9999.0  # OpenAI's and vLLM's floor for a token the model rules out: JSON has no -Infinity
 
 
@@ -191,10 +192,15 @@ class ChatRequest(BaseModel):
     @field_validator("logit_bias")
     @classmethod
     def _token_ids_as_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        bad = next((key for key in value or {} if not (key.isascii() and key.isdigit())), None)
+        # A key longer than MAX_TOKEN_ID_DIGITS names no token of any vocabulary, and int() refuses one of more than
+        # 4300 digits (the body's bound on integers does not reach a key, which is a text).
+        bad = next((key for key in value or {} if not (key.isascii() and key.isdigit())
+                    or len(key) > MAX_TOKEN_ID_DIGITS), None)
         if bad is not None:
-            raise PydanticCustomError("logit_bias", "keys are token ids written as decimal integers, got {key}",
-                                      {"key": json.dumps(bad)})
+            shown = json.dumps(bad if len(bad) <= 40 else bad[:40] + "...")
+            size = f" ({len(bad)} characters)" if len(bad) > 40 else ""
+            raise PydanticCustomError("logit_bias", "keys are token ids written as decimal integers (at most {digits} "
+                                      "digits), got {key}", {"key": shown + size, "digits": MAX_TOKEN_ID_DIGITS})
         return value
 
     @field_validator("top_logprobs")

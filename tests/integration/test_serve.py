@@ -184,7 +184,7 @@ BAD_REQUESTS = [
     ("response_format of no known type", {"messages": user("x"), "response_format": {"type": "xml"}},
      "response_format.type: Input should be 'text', 'json_object' or 'json_schema'"),
     ("logit_bias keyed by a token's text", {"messages": user("x"), "logit_bias": {"hello": 1}},
-     'logit_bias: keys are token ids written as decimal integers, got "hello"'),
+     'logit_bias: keys are token ids written as decimal integers (at most 20 digits), got "hello"'),
     ("logit_bias keyed by a negative id", {"messages": user("x"), "logit_bias": {"-3": 1}}, 'got "-3"'),
     ("logit_bias beyond the vocabulary", {"messages": user("x"), "logit_bias": {"99999": 1}},
      "logit_bias names token 99999; token ids are 0 to "),

@@ -74,6 +74,11 @@ HOSTILE = {
                "body is not valid UTF-8 (byte 0xff at offset 0)"),
     "max_tokens 22.5": (with_fields(max_tokens=22.5), "max_tokens"),
     "a stop list holding a number": (with_fields(stop=["a", 1]), "stop[1]: Input should be a valid string"),
+    # a key is a text, which the body's 4300-digit bound on integers does not reach: int() of it raised, a 500
+    "a logit_bias key of 5000 digits": (with_fields(logit_bias={"9" * 5000: 1}),
+                                        "logit_bias: keys are token ids written as decimal integers (at most 20 "
+                                        f'digits), got "{"9" * 40}..." (5000 characters)'),
+    "a logit_bias key of 21 digits": (with_fields(logit_bias={"1" + "0" * 20: 1}), f'got "1{"0" * 20}"'),
 }
 WIKI = {"type": "function", "function": {"name": "wiki", "parameters": {
     "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}}

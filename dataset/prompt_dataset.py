@@ -1,7 +1,7 @@
 """RL prompt data: prompts to sample completions for, each with the row's other fields for the reward functions.
 
 A jsonl line is one of
-- ``{"prompt": "...", ...}``: one user message;
+- ``{"prompt": "...", ...}``: one user message; ``{"prompt": [...], ...}`` (TRL's conversational prompt) its messages;
 - ``{"messages": [...], ...}`` or MiniMind's ``{"conversations": [...]}`` (its rlaif.jsonl): a conversation whose
   prompt is every message before its last assistant turn (an rlaif row's last assistant turn is empty or absent);
 every other field (e.g. ``answer``) is a column handed to the reward functions (trainer/rewards.py). The prompt is
@@ -38,11 +38,11 @@ def prompt_messages(row: Any) -> list[dict[str, Any]]:
     tool calls and reasoning kept), or a ValueError naming the field that is wrong."""
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-    if "prompt" in row:
+    if "prompt" in row and not isinstance(row["prompt"], list):  # a list: TRL's conversational prompt, messages
         if not isinstance(row["prompt"], str) or not row["prompt"]:
-            raise ValueError("field 'prompt' must be a non-empty string")
+            raise ValueError("field 'prompt' must be a non-empty string or a list of messages")
         return [{"role": "user", "content": row["prompt"]}]
-    name = next((field for field in ("messages", "conversations") if field in row), None)
+    name = next((field for field in PROMPT_FIELDS if field in row), None)
     if name is None:
         raise ValueError(f"no prompt: expected one of the fields {', '.join(PROMPT_FIELDS)}")
     if not isinstance(row[name], list):

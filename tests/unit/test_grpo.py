@@ -694,6 +694,9 @@ def test_a_reward_that_returns_nan_stops_the_rollout_in_one_line(tokenizer, poli
 
 @pytest.mark.parametrize("row, messages", [
     ({"prompt": "hi", "answer": 1}, [{"role": "user", "content": "hi"}]),
+    # TRL's conversational prompt: refused before ("field 'prompt' must be a non-empty string")
+    ({"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}], "answer": 1},
+     [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]),
     ({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]},
      [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]),
     ({"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]},
@@ -705,7 +708,8 @@ def test_prompt_rows_in_each_format(row, messages):
 
 @pytest.mark.parametrize("row, message", [
     ({"answer": 1}, "no prompt: expected one of the fields prompt, messages, conversations"),
-    ({"prompt": 3}, "field 'prompt' must be a non-empty string"),
+    ({"prompt": 3}, "field 'prompt' must be a non-empty string or a list of messages"),
+    ({"prompt": [{"role": "user"}]}, "prompt\\[0\\] has no \"content\" string"),
     ({"conversations": [{"role": "assistant", "content": "a"}]},
      "field 'conversations' holds no message before its last assistant turn"),
 ])

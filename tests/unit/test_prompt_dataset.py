@@ -187,7 +187,7 @@ def test_skipped_lines_are_logged_by_line_and_counted(tokenizer, tmp_path, caplo
     assert len(data) == 1 and data.stats["skipped_lines"] == 2
     messages = [record.getMessage() for record in caplog.records]
     assert f"{path}:2: invalid JSON (Expecting value at column 1) (skipped)" in messages
-    assert f"{path}:3: field 'prompt' must be a non-empty string (skipped)" in messages
+    assert f"{path}:3: field 'prompt' must be a non-empty string or a list of messages (skipped)" in messages
     assert f"{path}: skipped 2 bad line(s), loading the 1 good one(s)" in messages
 
 
@@ -203,7 +203,8 @@ def test_a_prompt_of_exactly_max_seq_len_tokens_is_kept_and_an_empty_one_refused
     with pytest.raises(ValueError, match=r"no prompt of at most --max_seq_len=\d+ tokens \(all 2 are longer\)"):
         PromptDataset(path, tokenizer, max_seq_len=length - 1)
     empty = _write(tmp_path / "e.jsonl", [row, {"prompt": "", "answer": 1}])
-    with pytest.raises(ValueError, match=rf"^{empty}:2: field 'prompt' must be a non-empty string \(pass "):
+    with pytest.raises(ValueError, match=rf"^{empty}:2: field 'prompt' must be a non-empty string or a list of "
+                                           r"messages \(pass "):
         PromptDataset(empty, tokenizer, max_seq_len=64)
 
 

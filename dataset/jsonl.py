@@ -147,6 +147,26 @@ def _check_conversations(obj: object) -> dict:
     return {"conversations": _check_messages(obj, "conversations")}
 
 
+def _pair_prompt(obj: dict, chosen: list[dict], rejected: list[dict]) -> list[dict]:
+    """The messages a preference pair's "prompt" puts before both conversations: none without one; none where both
+    conversations already hold the whole exchange (UltraFeedback's rows carry the question twice, as a "prompt"
+    string and as the conversations' first turns); else the "prompt" list of messages (TRL's explicit prompt before
+    answer-only "chosen" and "rejected"). A string before answer-only conversations is refused: it is TRL's plain-text
+    form, which names no role."""
+    if "prompt" not in obj:
+        return []
+    whole = len(chosen) > 1 and len(rejected) > 1
+    if isinstance(obj["prompt"], str):
+        if whole:
+            return []
+        raise BadLine('"prompt" is a string but "chosen" and "rejected" hold only the answer: give the prompt as a '
+                      'list of messages ([{"role": "user", "content": ...}]) or the whole conversation in both')
+    prompt = _check_messages(obj, "prompt")
+    if whole and chosen[:len(prompt)] == prompt and rejected[:len(prompt)] == prompt:
+        return []  # the conversations begin with it already
+    return prompt
+
+
 def _check_preference(obj: object) -> dict:
     """A preference pair (MiniMind's DPO format): "chosen" and "rejected" conversations with the same prompt (every
     message before the last) and a different last message, an assistant answer in both. TRL's explicit prompt, a
@@ -154,13 +174,13 @@ def _check_preference(obj: object) -> dict:
     the pair to train with no question)."""
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
-    prompt = _check_messages(obj, "prompt") if "prompt" in obj else []
     chosen = _check_messages(obj, "chosen")
     rejected = _check_messages(obj, "rejected")
     for name, messages in (("chosen", chosen), ("rejected", rejected)):
         if messages[-1]["role"] != "assistant":
             raise BadLine(f'{name}[{len(messages) - 1}] must be the assistant\'s answer, got role '
                           f'{messages[-1]["role"]!r}')
+    prompt = _pair_prompt(obj, chosen, rejected)
     chosen, rejected = prompt + chosen, prompt + rejected
     if chosen[:-1] != rejected[:-1]:
         differ = next((i for i, (a, b) in enumerate(zip(chosen[:-1], rejected[:-1])) if a != b),

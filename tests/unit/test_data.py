@@ -280,7 +280,14 @@ def test_dpo_takes_trls_explicit_prompt_as_the_pairs_shared_start(tmp_path, cach
         assert ds[0][key].tolist() == ids
     earlier, _ = expected_tokens(tokenizer, question)
     assert (ds[0]["labels"][:len(earlier)] == IGNORE_INDEX).all()  # the prompt is not learned
-    for prompt, reason in (("Name a colour.", '"prompt" must be a non-empty list of messages'),
+    # UltraFeedback's rows: the question as a "prompt" string (or list) and again as the conversations' first turns
+    for prompt in ("Name a colour.", question):
+        whole = DPODataset(write_jsonl(tmp_path / "uf.jsonl", [{"prompt": prompt, "chosen": [*question, blue],
+                                                                 "rejected": [*question, seven]}]),
+                           tokenizer, max_seq_len=512, cache_dir=cache)
+        assert whole[0]["input_ids"].tolist() == expected_tokens(tokenizer, [*question, blue])[0]
+    for prompt, reason in (("Name a colour.", '"prompt" is a string but "chosen" and "rejected" hold only the answer'),
+                           ([], '"prompt" must be a non-empty list of messages'),
                            ([{"role": "user"}], 'prompt[0] has no "content" string')):
         path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": prompt, "chosen": [blue], "rejected": [seven]}])
         with pytest.raises(ValueError, match=re.escape(f"{path}:1: {reason}")):

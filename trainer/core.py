@@ -7,10 +7,11 @@ hands each result to components that decide their own timing: the reporter (trai
 metrics.jsonl, wandb), evaluation and checkpoints at their intervals, the time budget (trainer/budget.py); the end
 of the run writes its artifacts through trainer/export.py. What differs between the kinds of run is confined to
 three places: the model (trainer/run_inputs.py's `build_model`, which also checks the run's input paths and loads
-its tokenizer; LoRA wraps it with PEFT adapters, PPO puts a critic beside it), the objective (trainer/objectives.py:
-language modeling, trainer/dpo.py's preference loss against a frozen reference model, trainer/grpo.py's and
-trainer/ppo.py's policy losses on the rollouts they sample first; `train_step` is the one place the loop meets it)
-and the data (trainer/data.py).
+its tokenizer; trainer/task_setup.py's `wrap_for_task`: LoRA wraps it with PEFT adapters, PPO puts a critic beside
+it), the objective (trainer/task_setup.py's `build_objective` picks it: trainer/objectives.py's language modeling,
+trainer/dpo.py's preference loss against a frozen reference model, trainer/grpo.py's and trainer/ppo.py's policy
+losses on the rollouts they sample first; `train_step` is the one place the loop meets it) and the data
+(trainer/data.py).
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ from tqdm.auto import tqdm
 from dataset.atomic_io import atomic_write_text, first_line
 from dataset.json_text import strict_json
 from model.model import MiniNormForCausalLM
-from trainer.arg_fields import (TrainArgs, flags_in_effect, requested_model_fields, resolve_copy_rows,
-                                scored_against_starting_weights, uses_lora)
+from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
 from trainer.checkpoint import (RunStart, agree_on_start, clear_previous_files, drop_later_checkpoints, load_checkpoint,
@@ -49,19 +49,20 @@ from trainer.evaluation import token_byte_lengths
 from trainer.export import sample_text, save_merged, save_model_dir, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.machine import compile_enabled, machine_line, resolve_dtype
-from trainer.objectives import CopySettings, EvalResult, LanguageModeling, LanguageModelingWithCopies, Objective
+from trainer.objectives import EvalResult
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.resume_checks import (adopt_saved_architecture, changed_flags, check_resume_compatible,
                                    check_resume_length, check_same_task, check_saved_architecture,
                                    finished_run_asked_again)
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST,
-                             OVERWRITE_FLAG, ROLLOUT_TASKS, RUN_ID_KEY, SUMMARY_FILE, code_version, list_checkpoints,
-                             load_input_model, report_error, resolve_path)
+                             OVERWRITE_FLAG, RUN_ID_KEY, SUMMARY_FILE, code_version, list_checkpoints, report_error,
+                             resolve_path)
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates, step_outcome
 from trainer.storage_probe import probe_storage
+from trainer.task_setup import build_objective, wrap_for_task
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
 
 
@@ -209,7 +210,7 @@ class Trainer:
         self.config_dict = effective_config(args, base)
         if args.use_wandb:  # after the model: the logged config carries what the rules above resolved
             self._start_wandb()
-        self.model = self._wrap_for_task(base)
+        self.model = wrap_for_task(base, args, self.sharded, self.starting_weights)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         check_optimizer_supported(self.accelerator, args.optimizer)
@@ -218,7 +219,8 @@ class Trainer:
             self.model, self.optimizer, self.data.train_loader)
         self.unwrapped = self.accelerator.unwrap_model(self.model)
         self.base_model = base  # the MiniNormForCausalLM inside any wrapping (diagnostics, the model's shape)
-        self.objective = self._objective()
+        self.objective = build_objective(args, self.tokenizer, base, self.unwrapped, self.accelerator, self.sharded,
+                                         self.starting_weights)
         load_state = getattr(self.objective, "load_state", None)
         if load_state is not None and self.resume_state is not None:  # an objective with state of its own (bco_pair)
             load_state(self.resume_state.get(OBJECTIVE_STATE_KEY, {}))
@@ -371,96 +373,6 @@ class Trainer:
                 # it, and with this session's config in train_config.yaml, a session stopped before its end would
                 # pass for that finished run (finished_run_asked_again). This session's end writes a new one.
                 (self.out_dir / SUMMARY_FILE).unlink(missing_ok=True)
-
-    def _wrap_for_task(self, base: MiniNormForCausalLM) -> torch.nn.Module:
-        """The model the optimizer trains: the base model itself, (LoRA, or GRPO/PPO with --lora) the base model
-        frozen under PEFT adapters, or (PPO) the policy beside a critic started from the same weights
-        (trainer/ppo.py)."""
-        policy = base
-        if uses_lora(self.args):
-            if self.sharded:
-                raise ValueError("LoRA runs on one process or under DDP; FSDP/DeepSpeed sharding is not supported "
-                                 "for it (the adapters are small: DDP is the setup to use)")
-            from model.lora import LoraSettings, add_lora, parse_targets
-            args = self.args
-            policy = add_lora(base, LoraSettings(rank=args.lora_rank, alpha=args.lora_alpha,
-                                                 dropout=args.lora_dropout, targets=parse_targets(args.lora_targets)))
-        if self.args.task != "ppo":
-            return policy
-        if self.sharded:
-            raise ValueError("PPO runs on one process or under DDP; FSDP/DeepSpeed sharding is not supported "
-                             "for it (its policy and critic are exported apart)")
-        from trainer.ppo import PolicyAndCritic, load_critic
-        return PolicyAndCritic(policy, load_critic(self.starting_weights, **requested_model_fields(self.args)))
-
-    def _objective(self) -> Objective:
-        """What the run minimizes: language modeling, (DPO) the preference loss against a frozen copy of the
-        starting weights, (distillation) CE and KL to a frozen --teacher, or (GRPO, PPO) the policy loss of its
-        rollouts, with a frozen copy of the starting weights as the KL's reference; a frozen model is kept whole on
-        every process (it has no gradients or optimizer state)."""
-        if self.args.task == "distill":
-            from trainer.distillation import CompletionSettings, Distillation, load_teacher
-            args = self.args
-            teacher = load_teacher(args.teacher, self.tokenizer, self.base_model.config.vocab_size,
-                                   **requested_model_fields(args))
-            completions = CompletionSettings(args.lmbda, args.seq_kd, args.max_new_tokens, args.sampling_temperature)
-            return Distillation(teacher.to(self.accelerator.device), args.alpha, args.temperature,
-                                self.accelerator.autocast, args.distill_loss, args.jsd_beta, completions,
-                                self.tokenizer, args.seed, self.accelerator.process_index, self.world, self.sharded)
-        if self.args.task in ROLLOUT_TASKS:
-            return self._rollout_objective()
-        moe = self.base_model.config.is_moe
-        if self.args.task in ("pretrain", "sft") and self.args.copy_rows:
-            settings = CopySettings(self.args.copy_rows, self.args.copy_weight, self.args.copy_steps,
-                                    self.args.copy_weight_after, self.args.copy_cue_pairs)
-            vocab = range(max(self.tokenizer.all_special_ids) + 1, self.base_model.config.vocab_size)
-            return LanguageModelingWithCopies(settings, vocab, self.args.seed, self.accelerator.process_index,
-                                              self.world, self.args.accumulation_steps, moe)
-        if self.args.task != "dpo":
-            return LanguageModeling(moe=moe)
-        from trainer.dpo import DirectPreference
-        reference = load_input_model(self.starting_weights, "--from_weight", **requested_model_fields(self.args))
-        return DirectPreference(reference.to(self.accelerator.device), self.args.beta, self.accelerator.autocast,
-                                self.args.loss_type, self.args.label_smoothing,
-                                flags_in_effect(self.args.to_dict())["loss_weights"],
-                                self.args.discopop_tau, rpo_alpha=self.args.rpo_alpha, ld_alpha=self.args.ld_alpha,
-                                use_weighting=self.args.use_weighting, f_divergence_type=self.args.f_divergence_type,
-                                f_alpha_divergence_coef=self.args.f_alpha_divergence_coef)
-
-    def _rollout_objective(self) -> Objective:
-        """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's
-        reference (none with --beta 0)."""
-        from trainer.rewards import load_reward
-        args = self.args
-        specs = args.reward or []
-        in_effect = flags_in_effect(args.to_dict())  # the unset weights and clip range, as a resume compares them
-        weights = in_effect["reward_weights"]
-        rewards = [load_reward(spec, weight) for spec, weight in zip(specs, weights)]
-        if args.reward_model:
-            from trainer.reward_model import load_reward_model, reward_model_directory
-            rewards.append(load_reward_model(reward_model_directory(args.reward_model), weights[-1],
-                                             self.accelerator.device))
-        reference = None
-        if args.beta > 0 and uses_lora(args):  # the starting weights are the policy without its adapters
-            from trainer.grpo import WithoutAdapters
-            reference = WithoutAdapters(getattr(self.unwrapped, "policy", self.unwrapped))
-        elif scored_against_starting_weights(args):
-            reference = load_input_model(self.starting_weights, "--from_weight", **requested_model_fields(args))
-            reference = reference.to(self.accelerator.device)
-        common = (reference, args.seed, self.accelerator.process_index, self.accelerator.autocast, self.world)
-        if args.task == "ppo":
-            from trainer.ppo import PPOSettings, ProximalPolicy
-            settings = PPOSettings(args.num_generations, args.max_completion_length, args.temperature, args.top_p,
-                                   args.beta, args.epsilon, args.cliprange_value, args.vf_coef, args.gamma,
-                                   args.lam, args.ppo_epochs, args.kl_estimator, args.whiten_rewards,
-                                   args.missing_eos_penalty)
-            return ProximalPolicy(rewards, self.tokenizer, settings, *common)
-        from trainer.grpo import GroupRelativePolicy, RolloutSettings
-        settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length,
-                                   args.temperature, args.top_p, args.beta, args.epsilon,
-                                   in_effect["epsilon_high"],
-                                   args.num_iterations, args.scale_rewards, args.importance_sampling_level)
-        return GroupRelativePolicy(rewards, self.tokenizer, settings, *common, sharded=self.sharded)
 
     def _total_steps(self) -> int:
         """--max_steps, or the optimizer steps that complete --epochs passes over the data. A run resumed with

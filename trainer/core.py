@@ -63,6 +63,7 @@ from trainer.storage_probe import probe_storage
 from trainer.task_setup import build_objective, wrap_for_task
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
 from trainer.update import GradientUpdate, token_counts
+from trainer.wandb_run import check_wandb_login, start_wandb
 
 
 class TrainingDiverged(RuntimeError):
@@ -108,9 +109,6 @@ def make_scheduler(optimizer: torch.optim.Optimizer, args: TrainArgs,
     """The flags' schedule over `total_steps` optimizer steps (trainer/schedule.py)."""
     return build_scheduler(optimizer, args.warmup_steps, total_steps, args.min_lr_ratio, args.lr_schedule,
                            args.decay_fraction)
-
-
-OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no login
 
 
 class Trainer:
@@ -166,7 +164,7 @@ class Trainer:
         everything else is checked)."""
         args = self.args
         if args.use_wandb:
-            self._check_wandb_login()
+            check_wandb_login(self.accelerator, self.out_dir)
         # One --out_dir seen by every process, or one per machine (then each machine keeps a whole checkpoint).
         self.shared_storage = probe_storage(self.accelerator, self.out_dir,
                                             node_local_allowed=not state_is_sharded(self.accelerator))
@@ -208,7 +206,7 @@ class Trainer:
         base = self._base_model()
         self.config_dict = effective_config(args, base)
         if args.use_wandb:  # after the model: the logged config carries what the rules above resolved
-            self._start_wandb()
+            self.wandb_run_id = start_wandb(self.accelerator, args, self.out_dir, self.resume_state)
         self.model = wrap_for_task(base, args, self.sharded, self.starting_weights)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -295,40 +293,6 @@ class Trainer:
         if args.gradient_checkpointing:
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         return base
-
-    def _check_wandb_login(self) -> None:
-        """Where wandb logs online (WANDB_MODE unset or online) but has no API key and no terminal to ask for one, a
-        one-line refusal before any work: wandb.init raised it as a traceback after the data and the model, leaving
-        an empty --out_dir. Collective: the main process, the one that logs, decides."""
-        problem = ""
-        if self.is_main and os.environ.get("WANDB_MODE", "online") not in OFFLINE_WANDB_MODES:
-            import wandb
-            try:
-                wandb.login(verify=False)
-            except wandb.errors.UsageError:
-                problem = (f"--use_wandb: wandb has no API key here and no terminal to ask for one; run `wandb "
-                           f"login`, set WANDB_API_KEY, or set WANDB_MODE=offline to log to {self.out_dir}/wandb")
-            except wandb.errors.Error as error:  # a malformed key (AuthenticationError), ...: still one line, and
-                # the other processes hear of it (they wait in the broadcast below)
-                problem = f"--use_wandb: {str(error).splitlines()[0]}; or set WANDB_MODE=offline"
-        if self.world > 1:
-            problem = broadcast_object_list([problem])[0]
-        if problem:
-            raise ValueError(problem)
-
-    def _start_wandb(self) -> None:
-        """The wandb run (resumed under its id where the checkpoint records one), its config what this run resolved
-        (SFT's default model fields included)."""
-        args = self.args
-        self.wandb_run_id = (self.resume_state or {}).get("wandb_run_id")
-        init = {"name": args.wandb_run_name, "group": args.wandb_group, "dir": str(self.out_dir),
-                "id": self.wandb_run_id, "resume": "allow" if self.wandb_run_id else None}
-        if self.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-        logged = {**args.to_dict(), "model": requested_model_fields(args)}
-        self.accelerator.init_trackers(args.wandb_project, config=logged, init_kwargs={"wandb": init})
-        if self.is_main:
-            self.wandb_run_id = self.accelerator.get_tracker("wandb", unwrap=True).id
 
     def _plan_length(self) -> None:
         """The run's length: optimizer steps per epoch (global batches in one pass over the shuffled, sharded

@@ -17,7 +17,6 @@ losses on the rollouts they sample first; `train_step` is the one place the loop
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +33,6 @@ from dataset.atomic_io import atomic_write_text, first_line
 from dataset.json_text import strict_json
 from model.model import MiniNormForCausalLM
 from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
-from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
 from trainer.checkpoint import (RunStart, agree_on_start, clear_previous_files, drop_later_checkpoints, load_checkpoint,
                                 save_checkpoint)
@@ -57,6 +55,7 @@ from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, EXIT_DIVERGED, EXIT_IN
                              OVERWRITE_FLAG, RUN_ID_KEY, SUMMARY_FILE, code_version, list_checkpoints, report_error,
                              resolve_path)
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
+from trainer.run_length import budget_length_after, budget_plan_line, plan_run_length
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates
 from trainer.storage_probe import probe_storage
@@ -295,18 +294,13 @@ class Trainer:
         return base
 
     def _plan_length(self) -> None:
-        """The run's length: optimizer steps per epoch (global batches in one pass over the shuffled, sharded
-        training set), the planned total, a time budget's plan, and the training time spent before a resume."""
-        args = self.args
-        self.global_batch = args.batch_size * args.accumulation_steps * self.world
-        self.steps_per_epoch = len(self.data.train) // self.global_batch
-        if self.steps_per_epoch < 1:
-            raise ValueError(f"one optimizer step needs {self.global_batch} samples, the training set has "
-                             f"{len(self.data.train)}; lower --batch_size or --accumulation_steps")
-        self.total_steps = self._total_steps()
+        """The run's length (trainer/run_length.py), checked against a resumed checkpoint's position; this
+        session's pace and the training time spent before a resume."""
+        length = plan_run_length(self.args, len(self.data.train), self.world, self.resume_state)
+        self.global_batch, self.steps_per_epoch = length.global_batch, length.steps_per_epoch
+        self.total_steps, self.budget = length.total_steps, length.budget
         if self.resume_state is not None:  # before any file is removed (_restore_and_clear)
-            check_resume_length(self.resume_from, self.resume_state, args, self.total_steps)
-        self.budget = self._time_budget()
+            check_resume_length(self.resume_from, self.resume_state, self.args, self.total_steps)
         self._announced_length: int | None = None  # the last length a time budget's plan printed
         self.pace = SessionPace()  # this session's optimizer steps (the budget's pace, checkpoints' training time)
         self.train_time_before_s: float = (self.resume_state or {}).get("train_time_s", 0.0)
@@ -336,27 +330,6 @@ class Trainer:
                 # it, and with this session's config in train_config.yaml, a session stopped before its end would
                 # pass for that finished run (finished_run_asked_again). This session's end writes a new one.
                 (self.out_dir / SUMMARY_FILE).unlink(missing_ok=True)
-
-    def _total_steps(self) -> int:
-        """--max_steps, or the optimizer steps that complete --epochs passes over the data. A run resumed with
-        another global batch finishes the same number of epochs: the steps already taken, plus what is left of
-        the data at the new batch size. Under --time_budget_s: the length the budget fixed (a resumed run), else
-        the data's bound until the budget fixes it (trainer/budget.py)."""
-        if self.args.time_budget_s > 0 and (self.resume_state or {}).get("budget_fixed"):
-            return self.resume_state["total_steps"]
-        if self.args.max_steps > 0 and not self.args.time_budget_s:
-            return self.args.max_steps
-        if self.resume_state is None:
-            return self.args.epochs * self.steps_per_epoch
-        epoch, samples_done = saved_position(self.resume_state)
-        left_in_epoch = (len(self.data.train) - samples_done) // self.global_batch
-        return self.resume_state["step"] + left_in_epoch + (self.args.epochs - epoch - 1) * self.steps_per_epoch
-
-    def _time_budget(self) -> TimeBudget | None:
-        if not self.args.time_budget_s:
-            return None
-        fixed = bool((self.resume_state or {}).get("budget_fixed"))
-        return TimeBudget(self.args.time_budget_s, max_steps=self.total_steps, fixed=fixed)
 
     # ----------------------------------------------------------------- the loop
     def run(self) -> RunSummary:
@@ -487,25 +460,19 @@ class Trainer:
 
     def _plan_budget_length(self, step: int) -> None:
         """Under --time_budget_s: plan the run's length from the pace after every step once the first steps are
-        timed (trainer/budget.py); say so when the plan is new or moved by 5% or more."""
+        timed (trainer/run_length.py); say so when the plan is new or moved by 5% or more. Collective."""
         if self.budget is None:
             return
-        length = self.budget.length_after(step, self.pace.times, self.train_time_before_s)
-        if self.world > 1:
-            # Collective, after every step (an int: far below a step's cost): all stop where the main one decided.
-            length = broadcast_object_list([length])[0]
-            self.budget.fixed = length is not None
+        length = budget_length_after(self.budget, step, self.pace.times, self.train_time_before_s, self.world)
         if length is None:
             return
-        announced = self._announced_length
         if length != self.total_steps:
             self.total_steps = length
             self.reporter.set_length(length)
-        if announced is None or abs(length - announced) >= 0.05 * announced:
+        line = budget_plan_line(self.args.time_budget_s, length, self._announced_length, self.pace.times)
+        if line is not None:
             self._announced_length = length
-            pace = statistics.median(self.pace.times[1:][-PACE_WINDOW:] or self.pace.times)
-            self.reporter.print(f"--time_budget_s {self.args.time_budget_s:g}: {length} optimizer steps fit (pace "
-                                f"{pace:.3f} s/step" + (")" if announced is None else ", re-planned)"))
+            self.reporter.print(line)
 
     def _evaluate_when_due(self, step: int) -> None:
         """Every --eval_interval steps (the last step has the final evaluation instead). Collective."""

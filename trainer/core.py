@@ -20,17 +20,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from dataset.atomic_io import atomic_write_text, first_line
-from dataset.json_text import strict_json
 from model.model import MiniNormForCausalLM
 from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
@@ -42,20 +40,19 @@ from trainer.distributed import (check_optimizer_supported, collective_timed_out
                                  materialize_meta_parameters, set_collective_timeout, shutdown, state_is_sharded,
                                  update_inside_backward, weights_are_sharded)
 from trainer.evaluation import token_byte_lengths
-from trainer.export import sample_text, save_merged, save_model_dir, whole_model
+from trainer.export import sample_text, save_final_model, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
-from trainer.machine import compile_enabled, machine_line, resolve_dtype
+from trainer.machine import compile_enabled, resolve_dtype
 from trainer.objectives import EvalResult
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.resume_checks import (adopt_saved_architecture, changed_flags, check_resume_compatible,
-                                   check_resume_length, check_same_task, check_saved_architecture,
-                                   finished_run_asked_again)
-from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST,
-                             OVERWRITE_FLAG, RUN_ID_KEY, SUMMARY_FILE, code_version, list_checkpoints, report_error,
-                             resolve_path)
+                                   check_resume_length, check_same_task, check_saved_architecture)
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, RUN_ID_KEY,
+                             SUMMARY_FILE, list_checkpoints, report_error, resolve_path)
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.run_length import budget_length_after, budget_plan_line, plan_run_length
+from trainer.run_summary import RunSummary, TrainingDiverged, finished_run_summary, write_run_summary
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates
 from trainer.storage_probe import probe_storage
@@ -63,35 +60,6 @@ from trainer.task_setup import build_objective, wrap_for_task
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
 from trainer.update import GradientUpdate, token_counts
 from trainer.wandb_run import check_wandb_login, start_wandb
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss (or, without fp16 loss scaling, the gradient) became NaN/inf; the last good state was saved."""
-
-    def __init__(self, step: int, checkpoint: Path) -> None:
-        super().__init__(f"training diverged at optimizer step {step} (non-finite loss or gradient); "
-                         f"the last good state is saved in {checkpoint}")
-        self.step, self.checkpoint = step, checkpoint
-
-
-@dataclass
-class RunSummary:
-    status: str                    # "finished" or "diverged"
-    out_dir: str
-    steps: int
-    tokens_seen: int
-    num_params: int
-    final_val: dict[str, float] = field(default_factory=dict)
-    median_step_time_s: float = float("nan")
-    tokens_per_s: float = float("nan")
-    mfu: float = float("nan")
-    wall_time_s: float = float("nan")
-    sample: str = ""
-    # Where and with what code the run was made: the CPU (model and bf16/AMX flags) or GPU, torch, threads and date,
-    # and the commit. Runs compared across sessions need both: bf16 kernels differ between CPUs, and a change of
-    # rounding alone (torch's fused AdamW for its foreach one) moved a 1200-step study trial by 0.01 nats.
-    machine: str = field(default_factory=machine_line)
-    code: str = field(default_factory=code_version)
 
 
 def make_optimizer(model: torch.nn.Module, args: TrainArgs, device: torch.device) -> torch.optim.Optimizer:
@@ -124,7 +92,7 @@ class Trainer:
         # critic) are loaded from too, as check_inputs resolved and checked it before any work.
         self.starting_weights = self.input_models.get("--from_weight")
         self._start_processes()
-        self.finished = self._finished_already()
+        self.finished = finished_run_summary(self.accelerator, self.out_dir, args)
         if self.finished is not None:  # nothing left to set up either: run() returns it
             return
         # Each piece below reads what the ones above it set up, and every refusal comes before the first file of a
@@ -255,27 +223,6 @@ class Trainer:
         if args.diag_interval:
             from trainer.diagnostics import NormDiagnostics
             self.diagnostics = NormDiagnostics(self.base_model)
-
-    def _finished_already(self) -> RunSummary | None:
-        """`--resume auto` asking again for the very run that finished in --out_dir (the same flags): nothing is left
-        to train, and its model stays as it is; that run's summary, or None. Collective: the main process decides
-        (a run on storage of each machine's own keeps its summary on the main one)."""
-        args = self.args
-        summary = finished_run_asked_again(self.out_dir, args) if self.is_main and args.resume == "auto" else {}
-        if self.world > 1:
-            summary = broadcast_object_list([summary])[0]
-        if not summary:
-            return None
-        if self.is_main:
-            checkpoints = list_checkpoints(self.out_dir / CHECKPOINT_DIR)
-            loss = summary.get("final_val", {}).get("loss")
-            tqdm.write(f"--resume auto: {self.out_dir} holds this run, finished ({summary['steps']} steps"
-                       + (f", val loss {loss:.4f}" if isinstance(loss, float) else "") + "): nothing left to train, "
-                       "its model stays as it is; "
-                       + (f"a larger --max_steps trains it on from {CHECKPOINT_DIR}/{checkpoints[-1].name}, "
-                          if checkpoints and not args.time_budget_s else "")
-                       + f"{OVERWRITE_FLAG} trains it anew")
-        return RunSummary(**{name: summary[name] for name in RunSummary.__dataclass_fields__ if name in summary})
 
     def _base_model(self) -> MiniNormForCausalLM:
         """The model this run trains, before any wrapping: fresh or the starting weights, checked against a
@@ -541,13 +488,10 @@ class Trainer:
         summary = RunSummary(status="diverged", out_dir=str(self.out_dir), steps=position.step,
                              tokens_seen=position.tokens_seen, num_params=self.num_params,
                              wall_time_s=time.perf_counter() - self.started)
-        self._write_summary(summary)
+        if self.is_main:
+            write_run_summary(self.out_dir, summary)
         self.accelerator.end_training()
         raise TrainingDiverged(position.step + 1, checkpoint)
-
-    def _write_summary(self, summary: RunSummary) -> None:
-        if self.is_main:
-            atomic_write_text(self.out_dir / SUMMARY_FILE, strict_json(summary.__dict__, indent=2))
 
     def _finish(self, position: RunPosition) -> RunSummary:
         """Collective: the final evaluation, then (main process) the model directory, the merged model of a LoRA
@@ -563,19 +507,14 @@ class Trainer:
                              final_val=final.as_dict(), median_step_time_s=self.pace.median_step_s(),
                              tokens_per_s=tokens_per_s, mfu=mfu, wall_time_s=time.perf_counter() - self.started)
         if self.is_main:
-            save_model_dir(whole, self.tokenizer, self.out_dir)
-            saved = f"{'LoRA adapter' if uses_lora(self.args) else 'model'} saved to {self.out_dir}"
-            if uses_lora(self.args) and self.args.merge:
-                merged_dir = save_merged(whole, self.tokenizer, self.out_dir, self.config_dict)
-                saved += f"; the merged model to {merged_dir}"
+            saved = save_final_model(whole, self.tokenizer, self.out_dir, self.config_dict, uses_lora(self.args),
+                                     self.args.merge)
             with torch.compiler.set_stance("force_eager"):  # decoding shapes change every token: no compile
                 summary.sample = sample_text(whole, self.tokenizer, self.args.task, self.args.sample_prompt,
                                              self.args.seed)
-            self._write_summary(summary)  # the last of the results: the run is finished from here on
+            write_run_summary(self.out_dir, summary)  # the last of the results: the run is finished from here on
             self._results_written()
-            tqdm.write(f"done: {position.step} steps, {position.tokens_seen:,} tokens in {summary.wall_time_s:.0f} s; "
-                       f"{final.describe()}; median step {summary.median_step_time_s * 1000:.0f} ms, "
-                       f"{tokens_per_s:,.0f} tok/s, MFU {mfu:.1%}")
+            tqdm.write(summary.done_line(final.describe()))
             tqdm.write(f"sample: {summary.sample}")
             tqdm.write(saved)
         self.accelerator.wait_for_everyone()

@@ -171,3 +171,15 @@ def save_merged(adapted: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, ou
     save_model_dir(merged_model(adapted), tokenizer, merged_dir)
     atomic_write_text(merged_dir / CONFIG_FILE, yaml.safe_dump(run_config, sort_keys=False))
     return merged_dir
+
+
+def save_final_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: Path, run_config: dict,
+                     lora: bool, merge: bool) -> str:
+    """The finished run's model directory in `out_dir` (a PEFT adapter directory when `lora`) and, with `merge`,
+    the merged model beside it; returns the line that says where they are."""
+    save_model_dir(model, tokenizer, out_dir)
+    saved = f"{'LoRA adapter' if lora else 'model'} saved to {out_dir}"
+    if lora and merge:
+        merged_dir = save_merged(model, tokenizer, out_dir, run_config)
+        saved += f"; the merged model to {merged_dir}"
+    return saved

@@ -48,8 +48,9 @@ from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
-from trainer.core import RunSummary, Trainer, TrainingDiverged  # noqa: E402
+from trainer.core import Trainer  # noqa: E402
 from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
+from trainer.run_summary import RunSummary, TrainingDiverged  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
 # Named recipes: trainer flags on top of the defaults. `baseline` is the default pretraining run's recipe;

@@ -24,8 +24,9 @@ from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, refused_
                                  strict_json_files, train_losses, val_losses, write_jsonl)
 from trainer.arg_fields import build_model_config
 from trainer.args import args_from_run_config, parse_args
-from trainer.core import Trainer, TrainingDiverged, main
+from trainer.core import Trainer, main
 from trainer.run_dir import final_metric, read_metrics, read_summary
+from trainer.run_summary import TrainingDiverged
 
 
 def test_pretrain_writes_a_loadable_hf_model_dir(reference_run):

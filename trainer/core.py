@@ -24,21 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from dataset.atomic_io import atomic_write_text, first_line
+from dataset.atomic_io import first_line
 from model.model import MiniNormForCausalLM
 from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
 from trainer.checkpoint import (RunStart, agree_on_start, clear_previous_files, drop_later_checkpoints, load_checkpoint,
                                 save_checkpoint)
-from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, saved_position
-from trainer.data import build_run_data, data_identity, dataset_stats, shard_loader, supervision_cut_note
+from trainer.checkpoint_state import OBJECTIVE_STATE_KEY
+from trainer.data import build_run_data, data_identity, shard_loader
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  materialize_meta_parameters, set_collective_timeout, shutdown, state_is_sharded,
-                                 update_inside_backward, weights_are_sharded)
+                                 weights_are_sharded)
 from trainer.evaluation import token_byte_lengths
 from trainer.export import sample_text, save_final_model, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
@@ -46,12 +45,13 @@ from trainer.machine import compile_enabled, resolve_dtype
 from trainer.objectives import EvalResult
 from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
-from trainer.resume_checks import (adopt_saved_architecture, changed_flags, check_resume_compatible,
-                                   check_resume_length, check_same_task, check_saved_architecture)
-from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, RUN_ID_KEY,
-                             SUMMARY_FILE, list_checkpoints, report_error, resolve_path)
+from trainer.resume_checks import (adopt_saved_architecture, check_resume_compatible, check_resume_length,
+                                   check_same_task, check_saved_architecture)
+from trainer.run_dir import (CHECKPOINT_DIR, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, RUN_ID_KEY, SUMMARY_FILE,
+                             list_checkpoints, report_error, resolve_path)
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.run_length import budget_length_after, budget_plan_line, plan_run_length
+from trainer.run_start import announcement, start_position, write_run_config
 from trainer.run_summary import RunSummary, TrainingDiverged, finished_run_summary, write_run_summary
 from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates
@@ -317,24 +317,19 @@ class Trainer:
         return interval > 0 and step % interval == 0
 
     def _start(self) -> RunPosition:
-        """Where this session starts: the resumed checkpoint's position (its state loaded), or a fresh run."""
-        position = RunPosition()
-        if self.resume_from is not None:  # its states were loaded at set-up (Trainer.__init__)
-            state = self.resume_state
-            epoch, samples_done = saved_position(state)
-            position = RunPosition(state["step"], epoch, samples_done, state["tokens_seen"])
-            self.reporter.print(f"resumed from {self.resume_from} at optimizer step {position.step} (epoch {epoch}, "
-                                f"sample {samples_done} of {len(self.data.train)})"
-                                + (f"; {self.resume.note}" if self.resume.note else ""))
-            if changed := changed_flags(state, self.config_dict):  # a resume that changes the schedule says so
-                self.reporter.print(f"changed since the checkpoint: {changed}; the run goes on with the new values")
-            if position.step == self.total_steps:  # check_resume_length allows it: the run ends at its checkpoint
-                self.reporter.print(f"the run's length is the checkpoint's step ({position.step}): nothing left to "
-                                    f"train; the run ends there, with its final evaluation and model")
-        elif self.args.resume == "auto":
-            self.reporter.print(f"--resume auto: no checkpoint in {self.out_dir / CHECKPOINT_DIR}; starting fresh")
+        """Where this session starts (trainer/run_start.py): the resumed checkpoint's position (its state loaded at
+        set-up), or a fresh run; said, then (main process) train_config.yaml written and the run announced."""
+        position, lines = start_position(self.resume, self.args, self.out_dir, len(self.data.train), self.config_dict,
+                                         self.total_steps)
+        for line in lines:
+            self.reporter.print(line)
         if self.is_main:
-            self._announce()
+            write_run_config(self.out_dir, self.config_dict, self.run_id)
+            tqdm.write(announcement(
+                self.args, self.accelerator, self.data, compiled=self.compiled, threads_line=self.threads.describe(),
+                input_models=self.input_models, num_params=self.num_params, trainable_params=self.trainable_params,
+                total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch, global_batch=self.global_batch,
+                added_switches=self.added_switches, config_dict=self.config_dict))
         self.reporter.start(position.step if self.resume_from is not None else None, self.total_steps)
         return position
 
@@ -449,37 +444,6 @@ class Trainer:
     def _save(self, position: RunPosition) -> Path:
         return save_checkpoint(self.accelerator, self.out_dir / CHECKPOINT_DIR, position.step, self._state(position),
                                self.args.keep_checkpoints, shared_storage=self.shared_storage)
-
-    def _announce(self) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out_dir / CONFIG_FILE,
-                          yaml.safe_dump({**self.config_dict, RUN_ID_KEY: self.run_id}, sort_keys=False))
-        stats = dataset_stats(self.data.train)
-        cut_note = supervision_cut_note(stats, self.args.max_seq_len)
-        setup = str(self.accelerator.distributed_type).split(".")[-1]
-        lines = [f"MiniNorm {self.args.task}: {self.num_params / 1e6:.2f}M parameters on {self.accelerator.device} "
-                 f"x{self.world}, {self.args.dtype}, {setup}, compile {'on' if self.compiled else 'off'}, "
-                 f"optimizer {self.args.optimizer}"
-                 + (", gradient checkpointing" if self.args.gradient_checkpointing else ""),
-                 self.threads.describe(),
-                 f"data: {self.data.description}; {len(self.data.train)} train / {len(self.data.val)} val samples"
-                 + (f"; stats {stats}" if stats else ""),
-                 *([cut_note] if cut_note else []),
-                 # the models the run reads, defaults resolved (its config records a flag left out as null)
-                 *(["models: " + ", ".join(f"{flag} {path}" for flag, path in self.input_models.items())]
-                   if self.input_models else []),
-                 f"trainable parameters: {self.trainable_params:,} of {self.num_params:,} "
-                 f"({self.trainable_params / self.num_params:.2%})",
-                 f"{self.total_steps} optimizer steps ({self.steps_per_epoch} per epoch), global batch "
-                 f"{self.global_batch} x {self.args.max_seq_len} tokens"]
-        lines += [f"--{name} true: added to the starting weights (their new weights start as a fresh model's)"
-                  for name in self.added_switches]
-        if update_inside_backward(self.accelerator):
-            lines.append("note: DeepSpeed applies each update inside backward, before the trainer sees the gradient: "
-                         "a non-finite loss still stops the run before its update, but a non-finite gradient under a "
-                         "finite loss is caught one update late (resume from the previous --save_interval checkpoint)")
-        lines += ["effective config:", yaml.safe_dump(self.config_dict, sort_keys=False).rstrip()]
-        tqdm.write("\n".join(lines))
 
     # ----------------------------------------------------------------- the end of the run
     def _diverged(self, position: RunPosition) -> RunSummary:

@@ -5,6 +5,7 @@ order; everything else about a run is the same for every task."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def wrap_for_task(base: MiniNormForCausalLM, args: TrainArgs, sharded: bool,
-                  starting_weights: str | None) -> torch.nn.Module:
+                  starting_weights: Path | None) -> torch.nn.Module:
     """The model the optimizer trains: the base model itself, (LoRA, or GRPO/PPO with --lora) the base model
     frozen under PEFT adapters, or (PPO) the policy beside a critic started from the same weights
     (trainer/ppo.py)."""
@@ -44,7 +45,7 @@ def wrap_for_task(base: MiniNormForCausalLM, args: TrainArgs, sharded: bool,
 
 def build_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, base_model: MiniNormForCausalLM,
                     unwrapped: torch.nn.Module, accelerator: Accelerator, sharded: bool,
-                    starting_weights: str | None) -> Objective:
+                    starting_weights: Path | None) -> Objective:
     """What the run minimizes: language modeling, (DPO) the preference loss against a frozen copy of the
     starting weights, (distillation) CE and KL to a frozen --teacher, or (GRPO, PPO) the policy loss of its
     rollouts, with a frozen copy of the starting weights as the KL's reference; a frozen model is kept whole on
@@ -79,7 +80,7 @@ def build_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, base_mo
 
 
 def _rollout_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, unwrapped: torch.nn.Module,
-                       accelerator: Accelerator, sharded: bool, starting_weights: str | None) -> Objective:
+                       accelerator: Accelerator, sharded: bool, starting_weights: Path | None) -> Objective:
     """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's
     reference (none with --beta 0)."""
     from trainer.rewards import load_reward

@@ -206,10 +206,10 @@ def test_nan_loss_stops_with_the_step_and_a_saved_state(update_inside_backward, 
     """A NaN loss at step 6 stops the run with the last good state. With `update_inside_backward`, backward also
     applies the optimizer update, as DeepSpeed's engine does: the loss must be checked before that backward, or
     the saved weights are NaN. The run also says at its start what DeepSpeed's order means for a NaN gradient."""
-    import trainer.core
+    import trainer.run_start
 
     out_dir = tmp_path / "nan"
-    monkeypatch.setattr(trainer.core, "update_inside_backward", lambda accelerator: update_inside_backward)
+    monkeypatch.setattr(trainer.run_start, "update_inside_backward", lambda accelerator: update_inside_backward)
     AcceleratorState._reset_state(reset_partial_state=True)
     run = Trainer(parse_args("pretrain", pretrain_argv(train_data, out_dir, "--batch_size", "4")))
     calls = {"n": 0}

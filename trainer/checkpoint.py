@@ -38,13 +38,15 @@ from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
+from tqdm.auto import tqdm
 
 from dataset.atomic_io import atomic_write_text, first_line, give_open_modes
 from dataset.json_text import strict_json
 from trainer.checkpoint_state import (DIGESTS_KEY, FILES_KEY, CheckpointDamaged, file_digests, read_trainer_state,
                                       verify_digests)
-from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step,
-                             clear_previous_run, list_checkpoints, previous_run, recorded_run_id, refuse_previous_run)
+from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, SUMMARY_FILE, checkpoint_name,
+                             checkpoint_step, clear_previous_run, list_checkpoints, previous_run, recorded_run_id,
+                             refuse_previous_run)
 from trainer.storage_probe import STORAGE_HELP
 
 _RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
@@ -435,3 +437,34 @@ def _damage_report(path: Path, error: BaseException) -> str:
         except Exception as damage:  # noqa: BLE001 -- as above
             return f"{file} is damaged ({first_line(damage, named=True)})"
     return f"{path} cannot be loaded into this run's model or optimizer ({first_line(error, named=True)})"
+
+
+def restore_and_clear(accelerator: Accelerator, start: RunStart, out_dir: Path, resume: str | None, overwrite: bool,
+                      shared_storage: bool) -> None:
+    """Load the checkpoint a resume goes on from (`start.resume`; `resume`: the --resume flag), then (every input
+    checked by now, so a refused run leaves the previous one whole) remove the previous run's files that
+    --overwrite or this resume replaces, saying so. Collective."""
+    resume_from = start.resume.path if start.resume is not None else None
+    is_main = accelerator.is_main_process
+    if resume_from is not None:
+        # Read before anything is removed: a damaged checkpoint is refused with the previous run still whole.
+        load_checkpoint(accelerator, resume_from, resume)
+        # Accelerate restores its micro-batch counter, which decides on which micro-batch the gradients sync
+        # and the optimizer steps; counted under another --accumulation_steps it would put the update in the
+        # middle of a group. A resumed run always starts on a group boundary.
+        accelerator.step = 0
+    writer = is_main if shared_storage else accelerator.is_local_main_process
+    cleared = clear_previous_files(accelerator, out_dir, start, writer=writer)
+    if cleared and is_main:
+        reason = "--overwrite: " if overwrite else "another run resumed here: "
+        tqdm.write(f"{reason}removed the previous run's {', '.join(cleared)} from {out_dir}")
+    if resume_from is not None:
+        dropped = drop_later_checkpoints(accelerator, out_dir / CHECKPOINT_DIR, resume_from, writer)
+        if dropped and is_main:
+            tqdm.write(f"resumed from {resume_from.name}: removed the later checkpoints of the continuation "
+                       f"it replaces ({', '.join(dropped)})")
+        if is_main:
+            # The run trains on: the summary of where it had ended (finished or diverged) no longer describes
+            # it, and with this session's config in train_config.yaml, a session stopped before its end would
+            # pass for that finished run (finished_run_asked_again). This session's end writes a new one.
+            (out_dir / SUMMARY_FILE).unlink(missing_ok=True)

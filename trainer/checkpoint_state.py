@@ -22,6 +22,7 @@ from typing import Any
 
 from dataset.atomic_io import file_digest, read_text_file
 from trainer.run_dir import RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step, is_count
+from trainer.step import RunPosition
 from trainer.threads import THREADS_KEY
 
 FILES_KEY = "files"  # trainer_state.json: every file of the checkpoint, relative to it
@@ -182,3 +183,18 @@ def saved_position(state: dict[str, Any]) -> tuple[int, int]:
     """(epoch, samples of that epoch's order already trained on, over all processes) of a trainer state
     (read_trainer_state has checked both)."""
     return state["epoch"], state["samples_done_in_epoch"]
+
+
+def trainer_state(position: RunPosition, *, total_steps: int, processes: int, run_id: str,
+                  data: dict[str, Any], wandb_run_id: str | None, config: dict[str, Any], train_time_s: float,
+                  budget_fixed: bool, threads: int, objective_state: dict[str, float]) -> dict[str, Any]:
+    """What a checkpoint records beside the weights and optimizer (its trainer_state.json, less the files and
+    digests the save adds): the position, the run's identity, the training time spent, whether a time budget
+    planned the length, and the objective's own state if it keeps one (bco_pair's running mean)."""
+    state = {"step": position.step, "epoch": position.epoch, "samples_done_in_epoch": position.samples_done,
+             "tokens_seen": position.tokens_seen, "total_steps": total_steps, "processes": processes,
+             RUN_ID_KEY: run_id, "data": data, "wandb_run_id": wandb_run_id, "config": config,
+             "train_time_s": train_time_s, "budget_fixed": budget_fixed, THREADS_KEY: threads}
+    if objective_state:
+        state[OBJECTIVE_STATE_KEY] = objective_state
+    return state

@@ -31,9 +31,8 @@ from dataset.atomic_io import first_line
 from model.model import MiniNormForCausalLM
 from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
-from trainer.checkpoint import (RunStart, agree_on_start, clear_previous_files, drop_later_checkpoints, load_checkpoint,
-                                save_checkpoint)
-from trainer.checkpoint_state import OBJECTIVE_STATE_KEY
+from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
+from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state
 from trainer.data import build_run_data, data_identity, shard_loader
 from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
                                  materialize_meta_parameters, set_collective_timeout, shutdown, state_is_sharded,
@@ -47,8 +46,8 @@ from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.resume_checks import (adopt_saved_architecture, check_resume_compatible, check_resume_length,
                                    check_same_task, check_saved_architecture)
-from trainer.run_dir import (CHECKPOINT_DIR, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, RUN_ID_KEY, SUMMARY_FILE,
-                             list_checkpoints, report_error, resolve_path)
+from trainer.run_dir import (CHECKPOINT_DIR, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, list_checkpoints,
+                             report_error, resolve_path)
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.run_length import budget_length_after, budget_plan_line, plan_run_length
 from trainer.run_start import announcement, start_position, write_run_config
@@ -96,13 +95,14 @@ class Trainer:
         if self.finished is not None:  # nothing left to set up either: run() returns it
             return
         # Each piece below reads what the ones above it set up, and every refusal comes before the first file of a
-        # previous run is removed (_restore_and_clear): the order is the run's, not a matter of taste.
+        # previous run is removed (restore_and_clear): the order is the run's, not a matter of taste.
         start = self._agree_on_run()
         self._load_data()
         self._build_model_optimizer_objective()
         self._plan_length_and_compile()
         self._measure_throughput()
-        self._restore_and_clear(start)  # every input is checked by now: a refused run leaves the previous one whole
+        # every input is checked by now: a refused run leaves the previous one whole
+        restore_and_clear(self.accelerator, start, self.out_dir, args.resume, args.overwrite, self.shared_storage)
         self._start_reporting()
 
     def _start_processes(self) -> None:
@@ -127,7 +127,7 @@ class Trainer:
     def _agree_on_run(self) -> RunStart:
         """Every process agrees on which run this is (collective): wandb's login, the storage, fresh or resumed
         and from which checkpoint; a resume's task and architecture are checked and adopted here, before the data,
-        so a refused architecture costs no tokenizing. Returns the agreed start (_restore_and_clear acts on it once
+        so a refused architecture costs no tokenizing. Returns the agreed start (restore_and_clear acts on it once
         everything else is checked)."""
         args = self.args
         if args.use_wandb:
@@ -137,7 +137,7 @@ class Trainer:
                                             node_local_allowed=not state_is_sharded(self.accelerator))
         explicit = resolve_path(args.resume) if args.resume and args.resume != "auto" else None
         # One run per directory: refuse to replace or mix with another run there (--overwrite: its files go once
-        # this run's inputs are all checked, clear_previous_files in _restore_and_clear).
+        # this run's inputs are all checked, clear_previous_files in restore_and_clear).
         start = agree_on_start(self.accelerator, args.resume, self.out_dir, explicit, overwrite=args.overwrite,
                                shared_storage=self.shared_storage)
         self.run_id = start.run_id
@@ -246,37 +246,11 @@ class Trainer:
         length = plan_run_length(self.args, len(self.data.train), self.world, self.resume_state)
         self.global_batch, self.steps_per_epoch = length.global_batch, length.steps_per_epoch
         self.total_steps, self.budget = length.total_steps, length.budget
-        if self.resume_state is not None:  # before any file is removed (_restore_and_clear)
+        if self.resume_state is not None:  # before any file is removed (restore_and_clear)
             check_resume_length(self.resume_from, self.resume_state, self.args, self.total_steps)
         self._announced_length: int | None = None  # the last length a time budget's plan printed
         self.pace = SessionPace()  # this session's optimizer steps (the budget's pace, checkpoints' training time)
         self.train_time_before_s: float = (self.resume_state or {}).get("train_time_s", 0.0)
-
-    def _restore_and_clear(self, start: RunStart) -> None:
-        """Load the checkpoint a resume goes on from, then (every input checked by now, so a refused run leaves
-        the previous one whole) remove the previous run's files that --overwrite or this resume replaces."""
-        if self.resume_from is not None:
-            # Read before anything is removed: a damaged checkpoint is refused with the previous run still whole.
-            load_checkpoint(self.accelerator, self.resume_from, self.args.resume)
-            # Accelerate restores its micro-batch counter, which decides on which micro-batch the gradients sync
-            # and the optimizer steps; counted under another --accumulation_steps it would put the update in the
-            # middle of a group. A resumed run always starts on a group boundary.
-            self.accelerator.step = 0
-        writer = self.is_main if self.shared_storage else self.accelerator.is_local_main_process
-        cleared = clear_previous_files(self.accelerator, self.out_dir, start, writer=writer)
-        if cleared and self.is_main:
-            reason = "--overwrite: " if self.args.overwrite else "another run resumed here: "
-            tqdm.write(f"{reason}removed the previous run's {', '.join(cleared)} from {self.out_dir}")
-        if self.resume_from is not None:
-            dropped = drop_later_checkpoints(self.accelerator, self.out_dir / CHECKPOINT_DIR, self.resume_from, writer)
-            if dropped and self.is_main:
-                tqdm.write(f"resumed from {self.resume_from.name}: removed the later checkpoints of the continuation "
-                           f"it replaces ({', '.join(dropped)})")
-            if self.is_main:
-                # The run trains on: the summary of where it had ended (finished or diverged) no longer describes
-                # it, and with this session's config in train_config.yaml, a session stopped before its end would
-                # pass for that finished run (finished_run_asked_again). This session's end writes a new one.
-                (self.out_dir / SUMMARY_FILE).unlink(missing_ok=True)
 
     # ----------------------------------------------------------------- the loop
     def run(self) -> RunSummary:
@@ -427,19 +401,12 @@ class Trainer:
             self._save(position)
 
     def _state(self, position: RunPosition) -> dict[str, Any]:
-        """What a checkpoint records beside the weights and optimizer: the position, the run's identity, the
-        training time spent, whether a time budget planned the length, and the objective's own state if it keeps
-        one (bco_pair's running mean)."""
-        state = {"step": position.step, "epoch": position.epoch, "samples_done_in_epoch": position.samples_done,
-                 "tokens_seen": position.tokens_seen, "total_steps": self.total_steps, "processes": self.world,
-                 RUN_ID_KEY: self.run_id,
-                 "data": self.data_identity, "wandb_run_id": self.wandb_run_id, "config": self.config_dict,
-                 "train_time_s": self.train_time_before_s + self.pace.seconds(),
-                 "budget_fixed": self.budget is not None and self.budget.fixed, THREADS_KEY: self.threads.threads}
-        objective_state = self.objective.state() if hasattr(self.objective, "state") else {}
-        if objective_state:
-            state[OBJECTIVE_STATE_KEY] = objective_state
-        return state
+        """What a checkpoint records beside the weights and optimizer (trainer/checkpoint_state.py's trainer_state)."""
+        return trainer_state(position, total_steps=self.total_steps, processes=self.world, run_id=self.run_id,
+                             data=self.data_identity, wandb_run_id=self.wandb_run_id, config=self.config_dict,
+                             train_time_s=self.train_time_before_s + self.pace.seconds(),
+                             budget_fixed=self.budget is not None and self.budget.fixed, threads=self.threads.threads,
+                             objective_state=self.objective.state() if hasattr(self.objective, "state") else {})
 
     def _save(self, position: RunPosition) -> Path:
         return save_checkpoint(self.accelerator, self.out_dir / CHECKPOINT_DIR, position.step, self._state(position),

@@ -40,6 +40,7 @@ from trainer.distributed import (check_optimizer_supported, collective_timed_out
 from trainer.evaluation import token_byte_lengths
 from trainer.export import sample_text, save_final_model, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
+from trainer.intervals import Intervals
 from trainer.machine import compile_enabled, resolve_dtype
 from trainer.objectives import EvalResult
 from trainer.optim import build_optimizer, scheduled_lrs
@@ -262,13 +263,11 @@ class Trainer:
             self.accelerator.end_training()
             return self.finished
         position = self._start()
-        first_step = position.step
+        first_step, intervals = position.step, Intervals.from_args(args)
         self.model.train()
         try:
             for started, batches in self._step_batches(position):
-                # diagnosed: the first step, every --diag_interval after it, and the last (the state it ends in)
-                diagnose = args.diag_interval > 0 and (self._due(args.diag_interval, position.step)
-                                                       or position.step + 1 == self.total_steps)
+                diagnose = intervals.diagnoses(position.step, self.total_steps)
                 result = self.train_step(batches, arm_diagnostics=diagnose, step=position.step)
                 if result.outcome == "diverged":
                     return self._diverged(position)
@@ -279,16 +278,13 @@ class Trainer:
                     set_collective_timeout(args.dist_timeout)
                 self._plan_budget_length(position.step)
                 self.reporter.after_step(position, result, self.total_steps)
-                self._evaluate_when_due(position.step)
-                self._checkpoint_when_due(position)
+                if intervals.evaluates(position.step, self.total_steps):  # collective, as the checkpoint
+                    self.reporter.log_eval(position.step, self.evaluate(args.eval_batches))
+                if intervals.checkpoints(position.step, self.total_steps):
+                    self._save(position)
         finally:  # also when a step raises (e.g. a GRPO reward function's breach): its error line follows the bar
             self.reporter.close()
         return self._finish(position)
-
-    @staticmethod
-    def _due(interval: int, step: int) -> bool:
-        """Whether an every-`interval`-steps event (0: never) falls on `step`."""
-        return interval > 0 and step % interval == 0
 
     def _start(self) -> RunPosition:
         """Where this session starts (trainer/run_start.py): the resumed checkpoint's position (its state loaded at
@@ -389,16 +385,6 @@ class Trainer:
         if line is not None:
             self._announced_length = length
             self.reporter.print(line)
-
-    def _evaluate_when_due(self, step: int) -> None:
-        """Every --eval_interval steps (the last step has the final evaluation instead). Collective."""
-        if self._due(self.args.eval_interval, step) and step < self.total_steps:
-            self.reporter.log_eval(step, self.evaluate(self.args.eval_batches))
-
-    def _checkpoint_when_due(self, position: RunPosition) -> None:
-        """Every --save_interval steps (the last step saves the model directory instead). Collective."""
-        if self._due(self.args.save_interval, position.step) and position.step < self.total_steps:
-            self._save(position)
 
     def _state(self, position: RunPosition) -> dict[str, Any]:
         """What a checkpoint records beside the weights and optimizer (trainer/checkpoint_state.py's trainer_state)."""

@@ -55,7 +55,7 @@ def completion_tokens_by_step(folder: Path) -> list[list[int]]:
 
 if __name__ == "__main__":
     from trainer.cli import run_main
-    from trainer.core import command_line
+    from trainer.command import command_line
 
     GroupRelativePolicy.finish_rollouts = recording_finish_rollouts(Path(sys.argv.pop(1)))
     run_main(lambda: command_line("grpo"))

@@ -197,7 +197,7 @@ def refused_run(task: str, argv: list[str], capsys, after_progress: bool = False
     the refusal comes after the progress bars of the data or the weights, as their last line."""
     import pytest
 
-    from trainer.core import main
+    from trainer.command import main
 
     capsys.readouterr()
     AcceleratorState._reset_state(reset_partial_state=True)

@@ -16,8 +16,6 @@ losses on the rollouts they sample first; `train_step` is the one place the loop
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,16 +25,13 @@ import torch
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from dataset.atomic_io import first_line
 from model.model import MiniNormForCausalLM
 from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
-from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
 from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state
 from trainer.data import build_run_data, data_identity, shard_loader
-from trainer.distributed import (check_optimizer_supported, collective_timed_out, make_accelerator,
-                                 materialize_meta_parameters, set_collective_timeout, shutdown, state_is_sharded,
-                                 weights_are_sharded)
+from trainer.distributed import (check_optimizer_supported, make_accelerator, materialize_meta_parameters,
+                                 set_collective_timeout, state_is_sharded, weights_are_sharded)
 from trainer.evaluation import token_byte_lengths
 from trainer.export import sample_text, save_final_model, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
@@ -47,8 +42,7 @@ from trainer.optim import build_optimizer, scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.resume_checks import (adopt_saved_architecture, check_resume_compatible, check_resume_length,
                                    check_same_task, check_saved_architecture)
-from trainer.run_dir import (CHECKPOINT_DIR, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST, list_checkpoints,
-                             report_error, resolve_path)
+from trainer.run_dir import CHECKPOINT_DIR, resolve_path
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.run_length import budget_length_after, budget_plan_line, plan_run_length
 from trainer.run_start import announcement, start_position, write_run_config
@@ -442,50 +436,3 @@ class Trainer:
     def _results_written(self) -> None:
         if self.on_results_written is not None:
             self.on_results_written(self.out_dir)
-
-
-def _resume_hint(args: TrainArgs) -> str:
-    """Where an interrupted run can go on from: its newest complete checkpoint, if it has one."""
-    checkpoints = list_checkpoints(args.resolved_out_dir() / CHECKPOINT_DIR)
-    if not checkpoints:
-        return f"no checkpoint was saved yet (every --save_interval {args.save_interval} steps)"
-    return f"its newest checkpoint is {checkpoints[-1]}: run the same command with --resume auto to go on from it"
-
-
-def _finished_line(out_dir: Path) -> str:
-    return f"{INTERRUPTED_LINE} after the run had finished; its results are saved in {out_dir}"
-
-
-def command_line(task: str) -> int:
-    """A trainer script's command (trainer/train_*.py, under trainer.cli's run_main): main(task) on sys.argv, 0 once
-    the run is done; its failures and Ctrl-C end through SystemExit with their own codes, except a Ctrl-C once the
-    run's results are written: the run is finished, so one line says so and the exit code is 0 (done_on_ctrl_c)."""
-    main(task, on_results_written=lambda out_dir: done_on_ctrl_c(_finished_line(out_dir)))
-    return 0
-
-
-def main(task: str, argv: list[str] | None = None,
-         on_results_written: Callable[[Path], None] | None = None) -> RunSummary:
-    """Entry point of the thin trainer scripts; `on_results_written`: the Trainer's."""
-    from trainer.args import parse_args
-    args = parse_args(task, argv)
-    try:
-        return Trainer(args, on_results_written).run()
-    except TrainingDiverged as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(EXIT_DIVERGED) from None
-    except KeyboardInterrupt:  # Ctrl-C: no traceback, but where the run can go on from
-        print(f"{INTERRUPTED_LINE}; {_resume_hint(args)}", file=sys.stderr)
-        raise SystemExit(EXIT_INTERRUPTED) from None
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(report_error(error)) from None
-    except RuntimeError as error:
-        if not collective_timed_out(error):
-            raise
-        rank = os.environ.get("RANK", "0")
-        print(f"error: rank {rank} stopped: another process did not answer in time (--dist_timeout; "
-              f"--dist_init_timeout until the first step is done): a node died or the network failed "
-              f"({first_line(error)}); resume with --resume auto when every node is back", file=sys.stderr)
-        raise SystemExit(EXIT_PEER_LOST) from None
-    finally:
-        shutdown()

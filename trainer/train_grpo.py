@@ -18,7 +18,7 @@ begin_command(__name__)  # a Ctrl-C while the imports below load: one line, exit
 from functools import partial  # noqa: E402
 
 from trainer.cli import run_main  # noqa: E402
-from trainer.core import command_line  # noqa: E402
+from trainer.command import command_line  # noqa: E402
 
 if __name__ == "__main__":
     run_main(partial(command_line, "grpo"))

@@ -48,7 +48,7 @@ if task == "load":
     with torch.no_grad():
         model(input_ids=torch.ones(1, 16, dtype=torch.long, device=model.device))
 else:
-    from trainer.core import main
+    from trainer.command import main
     main(task, argv)
 if torch.cuda.is_available():
     peak = torch.cuda.max_memory_allocated()

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from tests.training_runs import (ONE_THREAD, assert_same_logged_metrics, frequent_word_rewards,
                                  record_objective_settings, run_in_process, train_losses, write_prompt_data)
-from trainer.core import main
+from trainer.command import main
 from trainer.run_dir import CONFIG_FILE, SUMMARY_FILE, model_task, read_metrics, read_summary
 
 

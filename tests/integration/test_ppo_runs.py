@@ -21,7 +21,7 @@ from tests.paths import REPO
 from tests.training_runs import (ADAM_STEPS_ATOL, assert_same_logged_metrics, assert_same_model, frequent_word_rewards,
                                  launch_two_processes, record_objective_settings, run_in_process, train_losses,
                                  write_prompt_data)
-from trainer.core import main
+from trainer.command import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
 STATS = {"loss", "reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",

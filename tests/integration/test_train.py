@@ -24,7 +24,8 @@ from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, refused_
                                  strict_json_files, train_losses, val_losses, write_jsonl)
 from trainer.arg_fields import build_model_config
 from trainer.args import args_from_run_config, parse_args
-from trainer.core import Trainer, main
+from trainer.command import main
+from trainer.core import Trainer
 from trainer.run_dir import final_metric, read_metrics, read_summary
 from trainer.run_summary import TrainingDiverged
 

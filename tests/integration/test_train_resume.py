@@ -34,7 +34,7 @@ def save_then_die(self, output_dir=None, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     return result
 accelerate.Accelerator.save_state = save_then_die
-from trainer.core import main
+from trainer.command import main
 main("pretrain", {argv!r})
 """
 

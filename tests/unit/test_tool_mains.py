@@ -1,7 +1,7 @@
 """One way out for every command line, read from the source with `ast`: each file's `if __name__ == "__main__":`
 block hands main to trainer/cli.py's run_main, which owns the exit code, Ctrl-C (one line, exit 130) and a reader
 that stopped early (`tool | head`: a quiet exit 141), so a new tool cannot end in a KeyboardInterrupt or
-BrokenPipeError traceback. A trainer's runs trainer/core.py's command_line, whose Ctrl-C line names the newest
+BrokenPipeError traceback. A trainer's runs trainer/command.py's command_line, whose Ctrl-C line names the newest
 checkpoint."""
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def test_ctrl_c_while_a_command_loads_is_one_line_and_exit_130(tmp_path, ignored
      "line 2: the block does more than import and call run_main"),
     ('def run_main(f): f()\nif __name__ == "__main__":\n    run_main(main)\n',
      "line 2: run_main is not trainer.cli's"),
-    ('from trainer.core import main\nif __name__ == "__main__":\n    main("pretrain")\n',
+    ('from trainer.command import main\nif __name__ == "__main__":\n    main("pretrain")\n',
      "line 2: the block does not end in run_main(main)"),
 ])
 def test_the_main_block_check_catches_each_other_ending(source: str, problem: str | None) -> None:

@@ -1,19 +1,22 @@
-"""The training core shared by pretraining, SFT, LoRA, DPO, distillation, GRPO and PPO.
+"""The training core shared by pretraining, SFT, LoRA, DPO, distillation, GRPO and PPO: the run's set-up order and
+its loop.
 
-Accelerate owns devices, mixed precision, gradient accumulation and DDP/FSDP; this module owns the run: it builds
-the model, data, optimizer and schedule, and its loop (`Trainer.run`) takes optimizer steps over groups of
-`accumulation_steps` micro-batches (`Trainer.train_step`, which returns a trainer/step.py `StepResult`). The loop
-hands each result to components that decide their own timing: the reporter (trainer/reporting.py: progress bar,
-metrics.jsonl, wandb), evaluation and checkpoints at their intervals, the time budget (trainer/budget.py); the end
-of the run writes its artifacts through trainer/export.py. What differs between the kinds of run is confined to
-three places: the model (trainer/run_inputs.py's `build_model`, which also checks the run's input paths and loads
-its tokenizer; trainer/task_setup.py's `wrap_for_task`: LoRA wraps it with PEFT adapters, PPO puts a critic beside
-it), the objective (trainer/task_setup.py's `build_objective` picks it: trainer/objectives.py's language modeling,
-trainer/dpo.py's preference loss against a frozen reference model, trainer/grpo.py's and trainer/ppo.py's policy
-losses on the rollouts they sample first; `train_step` is the one place the loop meets it) and the data
-(trainer/data.py).
+Accelerate owns devices, mixed precision, gradient accumulation and DDP/FSDP; this module owns the run's order:
+`Trainer.__init__` sets the run up piece by piece (each reads what the ones before it set up, and every refusal comes
+before a previous run's files are touched), and its loop (`Trainer.run`) takes optimizer steps over groups of
+`accumulation_steps` micro-batches (`Trainer.train_step`, which returns a trainer/step.py `StepResult`; each update is
+trainer/update.py's). The loop hands each result to components that decide their own timing: the reporter
+(trainer/reporting.py: progress bar, metrics.jsonl, wandb), evaluation, checkpoints and diagnostics at their
+intervals (trainer/intervals.py), the time budget's re-plan (trainer/run_length.py). A session's start says where it
+starts (trainer/run_start.py); the end of the run writes its artifacts through trainer/export.py and its summary
+through trainer/run_summary.py; the command line around the run is trainer/command.py. What differs between the
+kinds of run is confined to three places: the model (trainer/run_inputs.py's `build_model`, which also checks the
+run's input paths and loads its tokenizer; trainer/task_setup.py's `wrap_for_task`: LoRA wraps it with PEFT
+adapters, PPO puts a critic beside it), the objective (trainer/task_setup.py's `build_objective` picks it:
+trainer/objectives.py's language modeling, trainer/dpo.py's preference loss against a frozen reference model,
+trainer/grpo.py's and trainer/ppo.py's policy losses on the rollouts they sample first; `train_step` is the one place
+the loop meets it) and the data (trainer/data.py).
 """
-
 from __future__ import annotations
 
 import time

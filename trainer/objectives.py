@@ -1,4 +1,5 @@
-"""What the training core minimizes, per kind of run: the loss hook of trainer/core.py.
+"""What the training core minimizes, per kind of run: the loss hook of trainer/core.py's train_step (each update's
+forward and backward are trainer/update.py's).
 
 An objective counts the units its loss averages over (supervised tokens, preference pairs), computes one
 micro-batch's loss as its sum over those units divided by the whole optimizer step's count (so accumulation and

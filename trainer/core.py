@@ -275,7 +275,8 @@ class Trainer:
                     set_collective_timeout(args.dist_timeout)
                 self._plan_budget_length(position.step)
                 self.reporter.after_step(position, result, self.total_steps)
-                if intervals.evaluates(position.step, self.total_steps):  # collective, as the checkpoint
+                # collective, both: every process evaluates its validation shard and saves its part
+                if intervals.evaluates(position.step, self.total_steps):
                     self.reporter.log_eval(position.step, self.evaluate(args.eval_batches))
                 if intervals.checkpoints(position.step, self.total_steps):
                     self._save(position)

@@ -407,9 +407,9 @@ class TrainArgs:
     discopop_tau: float = _flag("dpo", DEFAULT_DISCOPOP_TAU, "tau of --loss_type discopop: the temperature of the "
                                                              "sigmoid of the margin that blends its logistic and "
                                                              "exponential terms (> 0; TRL's and the paper's 0.05)")
-    rpo_alpha: float | None = _flag("dpo", None, "RPO (Pang et al. 2024): add alpha x the chosen answer's mean token "
-                                                 "NLL (sft's term) to each pair's loss, >= 0, the paper's 1.0 "
-                                                 "(default: none)")
+    rpo_alpha: float | None = _flag("dpo", None, "RPO (Pang et al. 2024): add alpha x the chosen answers' NLL (sft's "
+                                                 "term: the token mean over the optimizer step's chosen tokens, "
+                                                 "TRL's) to the loss, >= 0, the paper's 1.0 (default: none)")
     ld_alpha: float | None = _flag("dpo", None, "LD-DPO (Liu et al. 2024), in [0, 1]: both models' log-probability "
                                                 "of an answer weighs its tokens past the shorter answer's length by "
                                                 "alpha (default: none: the plain sum)")

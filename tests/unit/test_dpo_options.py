@@ -564,3 +564,49 @@ def test_validation_logs_nll_loss_where_the_loss_reads_it(rpo_alpha):
         assert logged["val_nll_loss"] == pytest.approx(token_mean, rel=1e-6)
         assert result.as_dict()["nll_loss"] == logged["val_nll_loss"]
         assert "chosen NLL" in result.describe()
+
+
+def test_dpo_loss_takes_the_nll_over_its_real_pairs_alone():
+    """dpo_loss given no chosen_nll takes its pairs as the step, and a pair that is not `real` counts in neither P nor
+    N: the real pairs 0 and 1 beside pair 2 marked not real lose what the two alone lose, -log s(h) + alpha x pi_c's
+    share -pi_c x 2 / (2 + 4) (not x 3 / 7, the three pairs' counts)."""
+    alpha, real = 0.5, torch.tensor([True, True, False])
+    losses, _, _ = dpo_loss(*_leaves(), BETA, "sigmoid", 0.0, *_tokens(), real=real, rpo_alpha=alpha)
+    alone, _, _ = dpo_loss(*(leaf[:2] for leaf in _leaves()), BETA, "sigmoid", 0.0,
+                           *(tokens[:2] for tokens in _tokens()), rpo_alpha=alpha)
+    expected = [math.log1p(math.exp(-BETA * ((pc - refc) - (pr - refr)))) - alpha * pc * 2 / 6
+                for pc, pr, refc, refr, _, _ in PAIRS[:2]]
+    assert losses[:2].tolist() == pytest.approx(expected, rel=1e-12)
+    assert alone.tolist() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("split", ["max_batches", "processes"])
+def test_validation_is_one_step_over_the_batches_it_reads_on_every_process(split):
+    """--rpo_alpha's validation NLL is the token mean over the chosen tokens of the batches evaluate reads, on all
+    processes: with max_batches 1 of the two batches, the first's 2 pairs and 2 + 3 chosen tokens (not its pairs
+    against all 7 tokens); over two processes (threads whose all-reduce sums) holding one batch each, the same 3
+    real pairs and 7 tokens as one process holding both, in each process (not each its own pairs and tokens)."""
+    from tests.threaded_processes import ThreadedProcesses
+
+    blanked = LABELS.clone()
+    blanked[[1, 3]] = -100
+    batches = [{"input_ids": INPUT_IDS, "attention_mask": torch.ones_like(INPUT_IDS), "labels": labels}
+               for labels in (LABELS, blanked)]
+
+    def evaluate(loader, accelerator, max_batches: int = 0):
+        objective = DirectPreference(_Tiny(0.5), BETA, torch.enable_grad, rpo_alpha=0.7)
+        return objective.evaluate(_Tiny(1.0), loader, accelerator, max_batches=max_batches)
+
+    (pair_0, nll_0), (pair_1, nll_1) = _by_hand_objective(_Tiny(1.0).table.detach(), _Tiny(0.5).table, None, False)
+    if split == "max_batches":
+        from tests.threaded_processes import OneProcess
+
+        results = [evaluate(batches, OneProcess(), max_batches=1)]
+        pairs, loss, nll = 2, (pair_0 + pair_1) / 2, (nll_0 + nll_1) / 5
+    else:
+        results = ThreadedProcesses(2).run(lambda rank, accelerator: evaluate([batches[rank]], accelerator))
+        pairs, loss, nll = 3, (2 * pair_0 + pair_1) / 3, (2 * nll_0 + nll_1) / 7
+    for result in results:
+        assert result.pairs == pairs
+        assert result.nll_loss == pytest.approx(nll, rel=1e-6)
+        assert result.loss == pytest.approx(loss + 0.7 * nll, rel=1e-6)

@@ -251,9 +251,9 @@ def check_options(loss_types: Sequence[str], rpo_alpha: float | None = None, ld_
         raise bad("f_alpha_divergence_coef", f_alpha_divergence_coef, "it must be a positive number")
     if (f_alpha_divergence_coef != DEFAULT_F_ALPHA_DIVERGENCE_COEF
             and f_divergence_type != FDivergence.ALPHA_DIVERGENCE):
-        raise bad("f_alpha_divergence_coef", f_alpha_divergence_coef, "it shapes --f_divergence_type "
-                                                                      "alpha_divergence only: give that with it, or "
-                                                                      "leave it out (1.0)")
+        raise bad("f_alpha_divergence_coef", f_alpha_divergence_coef,
+                  f"it shapes --f_divergence_type alpha_divergence only: give that with it, or leave it out "
+                  f"({DEFAULT_F_ALPHA_DIVERGENCE_COEF})")
 
 
 def _exp_capped(exponent: torch.Tensor) -> torch.Tensor:

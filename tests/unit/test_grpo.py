@@ -966,13 +966,14 @@ def test_the_ended_extremes_skip_a_shorter_completion_the_full_context_cut_and_a
     full: the engine's FINISH_LENGTH): the step's shortest completion is then that cut one (1 token), while the
     shortest that ended (TRL's completions/min_terminated_length) is 3, taken from the ended lengths alone. A function
     scoring 0.1 on the 3 completions it scored has std exactly 0 (its sum of squares less sum x mean is -3.5e-18 in
-    fp64, clamped), not NaN."""
+    fp64, clamped), not NaN; one that scored a single completion has no std (NaN, null: TRL's nanstd), not 0."""
     import trainer.grpo as grpo
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     sampled = iter([[[30], [31, 32, end], [33, 34, 35, end], [36, 37, 38, 39, end]]])
     monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
-    objective = GroupRelativePolicy([Reward("given", lambda prompts, completions, **columns: [0.1, 0.1, None, 0.1])],
+    objective = GroupRelativePolicy([Reward("given", lambda prompts, completions, **columns: [0.1, 0.1, None, 0.1]),
+                                     Reward("once", lambda prompts, completions, **columns: [None, 0.5, None, None])],
                                     tokenizer, _settings("cispo"), None, seed=7, process_index=0, autocast=nullcontext)
     batch = objective.rollouts(policy, [_numbered_prompts(0, 2)], step=1, accelerator=OneProcess())[0]
     assert batch["ended"].tolist() == [False, True, True, True]
@@ -980,4 +981,6 @@ def test_the_ended_extremes_skip_a_shorter_completion_the_full_context_cut_and_a
     assert shape == pytest.approx({"completion_length_min": 1.0, "completion_length_max": 5.0,
                                    "truncated_fraction": 0.25, "terminated_length": 4.0,
                                    "terminated_length_min": 3.0, "terminated_length_max": 5.0})
-    assert batch["reward_function_stats"].tolist() == pytest.approx([0.1, 0.0])
+    # each function's means, then its stds: one scored a single completion, whose std is NaN (TRL's nanstd), not 0
+    means_and_stds = batch["reward_function_stats"].tolist()
+    assert means_and_stds[:3] == pytest.approx([0.1, 0.5, 0.0]) and math.isnan(means_and_stds[3])

@@ -18,14 +18,27 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        if not isinstance(node, yaml.MappingNode):  # `!!map x`: the safe loader's own error names what it found
-            return super().construct_mapping(node, deep=deep)
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()  # id() of the mapping nodes whose keys were checked, as written
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # PyYAML resolves a merge key by writing the merged mapping's pairs into the merging node's own list, and
+        # does so to a merged mapping that merges in turn as soon as the first mapping merging it is built, which
+        # may come before that mapping itself is built: its keys are checked here, before they are rewritten, or a
+        # key overriding one it merges would read as a key given twice.
+        self._check_unique_keys(node)
+        super().flatten_mapping(node)
+
+    def _check_unique_keys(self, node: yaml.MappingNode) -> None:
+        if id(node) in self._checked:
+            return
+        self._checked.add(id(node))
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == _MERGE_TAG:  # `<<: *base` merges another mapping, whose keys a key here overrides
-                continue  # (YAML's merge key): the safe loader's own construct_mapping resolves it below
-            key = self.construct_object(key_node, deep=deep)
+                continue  # (YAML's merge key): the safe loader's flatten_mapping resolves it after this check
+            key = self.construct_object(key_node)
             try:
                 duplicate = key in seen
             except TypeError:  # an unhashable key: PyYAML refuses it itself
@@ -34,7 +47,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {json.dumps(key, default=str)} (line {key_node.start_mark.line + 1})")
             seen.add(key)
-        return super().construct_mapping(node, deep=deep)
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         # PyYAML's scalar constructors fail as Python does on a value its patterns let through (2001-02-30 is a

@@ -1,0 +1,41 @@
+"""trainer/yaml_file.py's read_yaml against PyYAML's safe loader: the same values wherever no mapping key is given
+twice, YAML's merge keys included, and a key given twice refused with its line."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from trainer.yaml_file import read_yaml
+
+# A mapping that merges and overrides (`variant`), merged in turn by a mapping (`run`) the loader builds first:
+# `variant` sits a level deeper, and PyYAML builds a document's mappings level by level.
+NESTED_MERGE = ("group:\n  base: &base\n    lr: 1\n    wd: 0\n  variant: &variant\n    <<: *base\n    lr: 2\n"
+                "run:\n  <<: *variant\n  seed: 3\n")
+
+
+@pytest.mark.parametrize("text", [
+    NESTED_MERGE,
+    "base: &base {lr: 1, wd: 0}\nrun:\n  <<: *base\n  lr: 2\n",
+    "a: &a {x: 1}\nb: &b {x: 2, y: 2}\nc:\n  <<: [*a, *b]\n  z: 3\n",  # a list of mappings: the first one's x
+])
+def test_merge_keys_read_as_the_safe_loader_reads_them(tmp_path, text):
+    path = tmp_path / "merge.yaml"
+    path.write_text(text)
+    assert read_yaml(path) == yaml.safe_load(text)
+
+
+def test_the_nested_merge_gives_each_mapping_its_own_keys_over_the_merged_ones(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text(NESTED_MERGE)
+    assert read_yaml(path) == {"group": {"base": {"lr": 1, "wd": 0}, "variant": {"lr": 2, "wd": 0}},
+                               "run": {"lr": 2, "wd": 0, "seed": 3}}
+
+
+def test_a_key_given_twice_in_a_merged_mapping_is_still_refused_with_its_line(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text(NESTED_MERGE.replace("    lr: 2\n", "    lr: 2\n    lr: 4\n"))
+    with pytest.raises(ValueError, match=re.escape(f'{path}: duplicate key "lr" (line 8)')):
+        read_yaml(path)

@@ -37,8 +37,9 @@ from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 8  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
-# calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt")
+SCAN_VERSION = 9  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
+# calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt";
+# 9: that prompt not put twice before conversations that begin with it, a "prompt" string beside them taken)
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 BATCH_RECORDS, BATCH_BYTES = 1000, 32 << 20  # an Arrow record batch holds at most this many records / line bytes
 

@@ -294,6 +294,24 @@ def test_dpo_takes_trls_explicit_prompt_as_the_pairs_shared_start(tmp_path, cach
             DPODataset(path, tokenizer, max_seq_len=512, cache_dir=cache)
 
 
+def test_a_preference_scan_cached_before_the_prompt_beside_whole_conversations_is_read_again(tmp_path, monkeypatch):
+    """A scan cached under SCAN_VERSION 8, whose check put a "prompt" list before conversations that already begin
+    with it (an UltraFeedback row: the question twice), is not reused: the file is checked again, the question once."""
+    import dataset.jsonl as jsonl
+
+    question = [{"role": "user", "content": "Name a colour."}]
+    chosen, rejected = [*question, {"role": "assistant", "content": "Blue."}], [*question, {"role": "assistant",
+                                                                                            "content": "Seven."}]
+    path = write_jsonl(tmp_path / "uf.jsonl", [{"prompt": question, "chosen": chosen, "rejected": rejected}])
+    with monkeypatch.context() as version_8:  # that version's check: the prompt list before both, always
+        version_8.setattr(jsonl, "SCAN_VERSION", 8)
+        version_8.setattr(jsonl, "_pair_prompt", lambda obj, *conversations: jsonl._check_messages(obj, "prompt"))
+        stale, _ = load_jsonl(path, "preference", cache_dir=tmp_path / "cache")
+        assert [m["content"] for m in stale[0]["chosen"]] == ["Name a colour.", "Name a colour.", "Blue."]
+    fresh, _ = load_jsonl(path, "preference", cache_dir=tmp_path / "cache")
+    assert [m["content"] for m in fresh[0]["chosen"]] == ["Name a colour.", "Blue."]
+
+
 def test_supervision_cut_note_names_the_flag_and_the_share():
     from trainer.data import supervision_cut_note
 

@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 Kind = Literal["text", "conversations", "preference"]
 SCAN_VERSION = 9  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
 # calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt";
-# 9: that prompt not put twice before conversations that begin with it, a "prompt" string beside them taken)
+# 9: that prompt not put twice before conversations that begin with it, a "prompt" string beside them taken, a
+# null "prompt" none)
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 BATCH_RECORDS, BATCH_BYTES = 1000, 32 << 20  # an Arrow record batch holds at most this many records / line bytes
 
@@ -153,8 +154,9 @@ def _pair_prompt(obj: dict, chosen: list[dict], rejected: list[dict]) -> list[di
     conversations already hold the whole exchange (UltraFeedback's rows carry the question twice, as a "prompt"
     string and as the conversations' first turns); else the "prompt" list of messages (TRL's explicit prompt before
     answer-only "chosen" and "rejected"). A string before answer-only conversations is refused: it is TRL's plain-text
-    form, which names no role."""
-    if "prompt" not in obj:
+    form, which names no role. A null "prompt" is none (a dataset of rows with and without one, written by
+    `datasets`' to_json, holds null where a row had none)."""
+    if obj.get("prompt") is None:
         return []
     whole = len(chosen) > 1 and len(rejected) > 1
     if isinstance(obj["prompt"], str):

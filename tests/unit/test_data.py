@@ -286,6 +286,12 @@ def test_dpo_takes_trls_explicit_prompt_as_the_pairs_shared_start(tmp_path, cach
                                                                  "rejected": [*question, seven]}]),
                            tokenizer, max_seq_len=512, cache_dir=cache)
         assert whole[0]["input_ids"].tolist() == expected_tokens(tokenizer, [*question, blue])[0]
+    # A null prompt is none, as before "prompt" was read (`datasets`' to_json writes null where a row had none)
+    for chosen, rejected in (([*question, blue], [*question, seven]), ([blue], [seven])):
+        unset = DPODataset(write_jsonl(tmp_path / "null.jsonl", [{"prompt": None, "chosen": chosen,
+                                                                   "rejected": rejected}]),
+                           tokenizer, max_seq_len=512, cache_dir=cache)
+        assert unset[0]["input_ids"].tolist() == expected_tokens(tokenizer, chosen)[0]
     for prompt, reason in (("Name a colour.", '"prompt" is a string but "chosen" and "rejected" hold only the answer'),
                            ([], '"prompt" must be a non-empty list of messages'),
                            ([{"role": "user"}], 'prompt[0] has no "content" string')):

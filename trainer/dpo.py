@@ -289,6 +289,107 @@ def _sorted_difference(first: torch.Tensor, second: torch.Tensor, real: torch.Te
     return out
 
 
+@dataclass(frozen=True)
+class _PairTerms:
+    """What the loss types read, per pair, from the summed log-probabilities: the inputs (aot sorts them), the
+    log-ratios l_c and l_r, the rewards beta x l, DPO's margin h, the per-token log-ratio difference d (ipo's and
+    sigmoid_norm's; None without token counts), f-DPO's margin and d (DPO's own tensors under reverse_kl), and each
+    pair's share of the chosen answers' NLL (None where no type reads it)."""
+    policy_chosen: torch.Tensor
+    policy_rejected: torch.Tensor
+    reference_chosen: torch.Tensor
+    reference_rejected: torch.Tensor
+    real: torch.Tensor | None
+    chosen_ratio: torch.Tensor
+    rejected_ratio: torch.Tensor
+    chosen_rewards: torch.Tensor
+    rejected_rewards: torch.Tensor
+    margins: torch.Tensor
+    per_token: torch.Tensor | None
+    f_margins: torch.Tensor
+    f_per_token: torch.Tensor | None
+    chosen_nll: torch.Tensor | None
+
+
+def _loss_weights(loss_types: Sequence[str], loss_weights: Sequence[float] | None) -> list[float]:
+    """One weight per loss type (1 each when None); refuses, in one line, a count that does not match."""
+    weights = [1.0] * len(loss_types) if loss_weights is None else list(loss_weights)
+    if len(weights) != len(loss_types):
+        raise ValueError(f"--loss_weights={weights!r} is not allowed; give one weight per --loss_type "
+                         f"({len(loss_types)})")
+    return weights
+
+
+def _pair_terms(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
+                reference_rejected: torch.Tensor, beta: float, chosen_tokens: torch.Tensor | None,
+                rejected_tokens: torch.Tensor | None, real: torch.Tensor | None, needs_nll: bool,
+                chosen_nll: torch.Tensor | None, f_divergence_type: str,
+                f_alpha_divergence_coef: float) -> _PairTerms:
+    """dpo_loss's per-pair terms (_PairTerms); the NLL shares over these pairs, the real ones, when a type or RPO
+    needs them and none were given."""
+    chosen_ratio, rejected_ratio = policy_chosen - reference_chosen, policy_rejected - reference_rejected
+    chosen_rewards, rejected_rewards = beta * chosen_ratio, beta * rejected_ratio
+    margins = chosen_rewards - rejected_rewards
+    per_token = chosen_per_token = rejected_per_token = None
+    if chosen_tokens is not None and rejected_tokens is not None:  # ipo's and sigmoid_norm's d
+        chosen_per_token, rejected_per_token = (chosen_ratio / chosen_tokens.clamp(min=1),
+                                                rejected_ratio / rejected_tokens.clamp(min=1))
+        per_token = chosen_per_token - rejected_per_token
+    if needs_nll and chosen_nll is None:  # these pairs are the step
+        counted = chosen_tokens if real is None else chosen_tokens * real
+        chosen_nll = chosen_nll_shares(policy_chosen, len(policy_chosen) if real is None else real.sum(),
+                                       counted.sum())
+    f_margins, f_per_token = margins, per_token  # reverse_kl: DPO's own margins, the very tensors
+    if f_divergence_type != FDivergence.REVERSE_KL:  # f-DPO's, for the F_DIVERGENCE_READERS
+        f_margins = beta * f_divergence_difference(chosen_ratio, rejected_ratio, f_divergence_type,
+                                                   f_alpha_divergence_coef)
+        if per_token is not None:
+            f_per_token = f_divergence_difference(chosen_per_token, rejected_per_token, f_divergence_type,
+                                                  f_alpha_divergence_coef)
+    return _PairTerms(policy_chosen, policy_rejected, reference_chosen, reference_rejected, real, chosen_ratio,
+                      rejected_ratio, chosen_rewards, rejected_rewards, margins, per_token, f_margins, f_per_token,
+                      chosen_nll)
+
+
+def _type_losses(kind: DPOLossType, t: _PairTerms, beta: float, eps: float, bco_mean: float,
+                 discopop_tau: float) -> torch.Tensor:
+    """The per-pair losses of one loss type (the module's docstring has the formulas); eps is --label_smoothing."""
+    if kind == DPOLossType.SIGMOID:
+        return _log_sigmoid_smoothed(t.f_margins, eps)
+    if kind == DPOLossType.HINGE:
+        return torch.relu(1 - t.f_margins)
+    if kind == DPOLossType.IPO:
+        return (t.f_per_token - 1 / (2 * beta)) ** 2
+    if kind == DPOLossType.ROBUST:
+        return (-(1 - eps) * F.logsigmoid(t.f_margins) + eps * F.logsigmoid(-t.f_margins)) / (1 - 2 * eps)
+    if kind == DPOLossType.EXO_PAIR:
+        return (torch.sigmoid(t.f_margins) * (F.logsigmoid(t.f_margins) - math.log1p(-eps))
+                + torch.sigmoid(-t.f_margins) * (F.logsigmoid(-t.f_margins) - math.log(eps)))
+    if kind == DPOLossType.NCA_PAIR:
+        return (-F.logsigmoid(t.chosen_rewards) - 0.5 * F.logsigmoid(-t.chosen_rewards)
+                - 0.5 * F.logsigmoid(-t.rejected_rewards))
+    if kind == DPOLossType.BCO_PAIR:
+        return -F.logsigmoid(t.chosen_rewards - bco_mean) - F.logsigmoid(-(t.rejected_rewards - bco_mean))
+    if kind == DPOLossType.SPPO_HARD:
+        return (t.chosen_ratio - 0.5 / beta) ** 2 + (t.rejected_ratio + 0.5 / beta) ** 2
+    if kind == DPOLossType.AOT:
+        shifted = _sorted_difference(t.policy_chosen - t.policy_rejected, t.reference_chosen - t.reference_rejected,
+                                     t.real)
+        return _log_sigmoid_smoothed(beta * shifted, eps)
+    if kind in (DPOLossType.AOT_UNPAIRED, DPOLossType.AOT_PAIR):
+        return _log_sigmoid_smoothed(beta * _sorted_difference(t.chosen_ratio, t.rejected_ratio, t.real), eps)
+    if kind == DPOLossType.APO_ZERO:
+        return 1 - torch.sigmoid(t.chosen_rewards) + torch.sigmoid(t.rejected_rewards)
+    if kind == DPOLossType.APO_DOWN:
+        return torch.sigmoid(t.chosen_rewards) + 1 - torch.sigmoid(t.margins)
+    if kind == DPOLossType.DISCOPOP:
+        mix = torch.sigmoid(t.margins / discopop_tau)
+        return -F.logsigmoid(t.margins) * (1 - mix) + torch.exp(-t.margins) * mix
+    if kind == DPOLossType.SIGMOID_NORM:
+        return -F.logsigmoid(beta * t.per_token)
+    return t.chosen_nll  # sft
+
+
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
              reference_rejected: torch.Tensor, beta: float, loss_type: str = DPOLossType.SIGMOID,
              label_smoothing: float = 0.0, chosen_tokens: torch.Tensor | None = None,
@@ -310,79 +411,25 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, referen
     each pair's loss. The rewards, beta x the summed log-ratio whatever the loss, are detached (they are reported,
     not trained on)."""
     loss_types = parse_loss_types(loss_type)
-    weights = [1.0] * len(loss_types) if loss_weights is None else list(loss_weights)
-    if len(weights) != len(loss_types):
-        raise ValueError(f"--loss_weights={weights!r} is not allowed; give one weight per --loss_type "
-                         f"({len(loss_types)})")
+    weights = _loss_weights(loss_types, loss_weights)
     check_label_smoothing(loss_types, label_smoothing)
     check_options(loss_types, rpo_alpha, None, pair_weights is not None, f_divergence_type, f_alpha_divergence_coef)
     needs_nll = rpo_alpha is not None or DPOLossType.SFT in loss_types
     if (any(kind in PER_TOKEN for kind in loss_types) or (needs_nll and chosen_nll is None)) and (
             chosen_tokens is None or rejected_tokens is None):
         raise ValueError(f"dpo_loss: loss_type {loss_type} needs the answers' token counts")
-    eps = label_smoothing
-    chosen_ratio, rejected_ratio = policy_chosen - reference_chosen, policy_rejected - reference_rejected
-    chosen_rewards, rejected_rewards = beta * chosen_ratio, beta * rejected_ratio
-    margins = chosen_rewards - rejected_rewards
-    per_token = None
-    if chosen_tokens is not None and rejected_tokens is not None:  # ipo's and sigmoid_norm's d
-        chosen_per_token, rejected_per_token = (chosen_ratio / chosen_tokens.clamp(min=1),
-                                                rejected_ratio / rejected_tokens.clamp(min=1))
-        per_token = chosen_per_token - rejected_per_token
-    if needs_nll and chosen_nll is None:  # these pairs are the step
-        counted = chosen_tokens if real is None else chosen_tokens * real
-        chosen_nll = chosen_nll_shares(policy_chosen, len(policy_chosen) if real is None else real.sum(),
-                                       counted.sum())
-    f_margins, f_per_token = margins, per_token  # reverse_kl: DPO's own margins, the very tensors
-    if f_divergence_type != FDivergence.REVERSE_KL:  # f-DPO's, for the F_DIVERGENCE_READERS
-        f_margins = beta * f_divergence_difference(chosen_ratio, rejected_ratio, f_divergence_type,
-                                                   f_alpha_divergence_coef)
-        if per_token is not None:
-            f_per_token = f_divergence_difference(chosen_per_token, rejected_per_token, f_divergence_type,
-                                                  f_alpha_divergence_coef)
-    total = torch.zeros_like(margins)
+    terms = _pair_terms(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta, chosen_tokens,
+                        rejected_tokens, real, needs_nll, chosen_nll, f_divergence_type, f_alpha_divergence_coef)
+    total = torch.zeros_like(terms.margins)
     for kind, weight in zip(loss_types, weights):
-        if kind == DPOLossType.SIGMOID:
-            losses = _log_sigmoid_smoothed(f_margins, eps)
-        elif kind == DPOLossType.HINGE:
-            losses = torch.relu(1 - f_margins)
-        elif kind == DPOLossType.IPO:
-            losses = (f_per_token - 1 / (2 * beta)) ** 2
-        elif kind == DPOLossType.ROBUST:
-            losses = (-(1 - eps) * F.logsigmoid(f_margins) + eps * F.logsigmoid(-f_margins)) / (1 - 2 * eps)
-        elif kind == DPOLossType.EXO_PAIR:
-            losses = (torch.sigmoid(f_margins) * (F.logsigmoid(f_margins) - math.log1p(-eps))
-                      + torch.sigmoid(-f_margins) * (F.logsigmoid(-f_margins) - math.log(eps)))
-        elif kind == DPOLossType.NCA_PAIR:
-            losses = (-F.logsigmoid(chosen_rewards) - 0.5 * F.logsigmoid(-chosen_rewards)
-                      - 0.5 * F.logsigmoid(-rejected_rewards))
-        elif kind == DPOLossType.BCO_PAIR:
-            losses = -F.logsigmoid(chosen_rewards - bco_mean) - F.logsigmoid(-(rejected_rewards - bco_mean))
-        elif kind == DPOLossType.SPPO_HARD:
-            losses = (chosen_ratio - 0.5 / beta) ** 2 + (rejected_ratio + 0.5 / beta) ** 2
-        elif kind == DPOLossType.AOT:
-            shifted = _sorted_difference(policy_chosen - policy_rejected, reference_chosen - reference_rejected, real)
-            losses = _log_sigmoid_smoothed(beta * shifted, eps)
-        elif kind in (DPOLossType.AOT_UNPAIRED, DPOLossType.AOT_PAIR):
-            losses = _log_sigmoid_smoothed(beta * _sorted_difference(chosen_ratio, rejected_ratio, real), eps)
-        elif kind == DPOLossType.APO_ZERO:
-            losses = 1 - torch.sigmoid(chosen_rewards) + torch.sigmoid(rejected_rewards)
-        elif kind == DPOLossType.APO_DOWN:
-            losses = torch.sigmoid(chosen_rewards) + 1 - torch.sigmoid(margins)
-        elif kind == DPOLossType.DISCOPOP:
-            mix = torch.sigmoid(margins / discopop_tau)
-            losses = -F.logsigmoid(margins) * (1 - mix) + torch.exp(-margins) * mix
-        elif kind == DPOLossType.SIGMOID_NORM:
-            losses = -F.logsigmoid(beta * per_token)
-        else:  # sft
-            losses = chosen_nll
+        losses = _type_losses(kind, terms, beta, label_smoothing, bco_mean, discopop_tau)
         # one type at weight 1 (the usual run) is its loss exactly, bit for bit
         total = losses if len(loss_types) == 1 and weight == 1 else total + weight * losses
     if rpo_alpha is not None:
-        total = total + rpo_alpha * chosen_nll
+        total = total + rpo_alpha * terms.chosen_nll
     if pair_weights is not None:
         total = total * pair_weights
-    return total, chosen_rewards.detach(), rejected_rewards.detach()
+    return total, terms.chosen_rewards.detach(), terms.rejected_rewards.detach()
 
 
 @dataclass

@@ -133,6 +133,50 @@ def _clipped_sides(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: f
     return low & (advantages < 0), high & (advantages > 0)
 
 
+def _checked_loss_type(loss_type: str, importance_sampling_level: str) -> LossType:
+    """policy_loss's loss type, after a one-line refusal of a loss type or importance-sampling level it lacks."""
+    if loss_type not in tuple(LossType):
+        raise ValueError(f"--loss_type={loss_type!r} is not allowed; choose one of {', '.join(LossType)}")
+    if importance_sampling_level not in tuple(ImportanceSamplingLevel):
+        raise ValueError(f"--importance_sampling_level={importance_sampling_level!r} is not allowed; choose one of "
+                         f"{', '.join(ImportanceSamplingLevel)}")
+    return LossType(loss_type)
+
+
+def _importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, sequence: bool) -> torch.Tensor:
+    """Per token (B, T), the ratio exp(logp - old_logp), or with `sequence` GSPO's one ratio per completion (the
+    exponential of the mean log-ratio over its tokens), on each of its tokens."""
+    log_ratio = logp - old_logp
+    if sequence:  # the mean log-ratio over each completion's tokens, one ratio per completion, broadcast
+        log_ratio = ((log_ratio * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1))
+        log_ratio = log_ratio.expand_as(logp)
+    return torch.exp(log_ratio)
+
+
+def _mean_over(loss_type: LossType, per_token: torch.Tensor, mask: torch.Tensor,
+               max_completion_length: int | None) -> torch.Tensor:
+    """The loss type's mean of the per-token terms (policy_loss's docstring says which)."""
+    if loss_type == LossType.GRPO:
+        return ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+    if loss_type == LossType.DR_GRPO:
+        if max_completion_length is None:
+            raise ValueError("policy_loss: loss_type dr_grpo needs max_completion_length")
+        return (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
+    return masked_mean(per_token, mask)
+
+
+def _clip_counts(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, epsilon_low: float,
+                 epsilon_high: float, either_way: bool, sequence: bool) -> tuple[float, int, int, int]:
+    """(clip fraction, clipped, clipped low, clipped high) over the completions' tokens, or with `sequence` over the
+    completions (PolicyLoss's fields)."""
+    low, high = _clipped_sides(ratio, advantages, epsilon_low, epsilon_high, either_way=either_way)
+    # per sequence, every token of a completion holds its one ratio: its first token's says whether it clipped
+    low, high = (low[:, 0], high[:, 0]) if sequence else (low & mask.bool(), high & mask.bool())
+    clipped = low | high
+    clip_fraction = clipped.to(mask.dtype).mean() if sequence else masked_mean(clipped.to(mask.dtype), mask)
+    return float(clip_fraction), int(clipped.sum()), int(low.sum()), int(high.sum())
+
+
 def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, epsilon_low: float = 0.2, epsilon_high: float = 0.2, beta: float = 0.0,
                 ref_logp: torch.Tensor | None = None, max_completion_length: int | None = None,
@@ -161,45 +205,25 @@ def policy_loss(loss_type: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
     (and CISPO's weight) applies to s, and the loss type's mean is taken as above (GSPO's paper is "grpo"'s: per
     completion). The clip fraction is then the fraction of the B completions whose s was clipped (TRL's).
     """
-    if loss_type not in tuple(LossType):
-        raise ValueError(f"--loss_type={loss_type!r} is not allowed; choose one of {', '.join(LossType)}")
-    if importance_sampling_level not in tuple(ImportanceSamplingLevel):
-        raise ValueError(f"--importance_sampling_level={importance_sampling_level!r} is not allowed; choose one of "
-                         f"{', '.join(ImportanceSamplingLevel)}")
-    loss_type = LossType(loss_type)
+    loss_type = _checked_loss_type(loss_type, importance_sampling_level)
     mask = mask.to(logp.dtype)
-    log_ratio = logp - old_logp
     sequence = importance_sampling_level == ImportanceSamplingLevel.SEQUENCE
-    if sequence:  # the mean log-ratio over each completion's tokens, one ratio per completion, broadcast
-        log_ratio = ((log_ratio * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1))
-        log_ratio = log_ratio.expand_as(logp)
-    ratio = torch.exp(log_ratio)
+    ratio = _importance_ratio(logp, old_logp, mask, sequence)
     advantages = advantages.to(logp.dtype).unsqueeze(1).expand_as(logp)
     if loss_type == LossType.CISPO:
         weight = ratio.clamp(1 - epsilon_low, 1 + epsilon_high).detach()
         per_token = -weight * advantages * logp
     else:
         per_token = clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high)
-    low, high = _clipped_sides(ratio, advantages, epsilon_low, epsilon_high, either_way=loss_type == LossType.CISPO)
     kl = kl_k3(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     if beta:
         if ref_logp is None:
             raise ValueError("policy_loss: beta > 0 needs ref_logp, the reference model's log-probabilities")
         per_token = per_token + beta * kl
-    if loss_type == LossType.GRPO:
-        loss = ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
-    elif loss_type == LossType.DR_GRPO:
-        if max_completion_length is None:
-            raise ValueError("policy_loss: loss_type dr_grpo needs max_completion_length")
-        loss = (per_token * mask).sum() / (logp.shape[0] * max_completion_length)
-    else:
-        loss = masked_mean(per_token, mask)
-    # per sequence, every token of a completion holds its one ratio: its first token's says whether it clipped
-    low, high = (low[:, 0], high[:, 0]) if sequence else (low & mask.bool(), high & mask.bool())
-    clipped = low | high
-    clip_fraction = clipped.to(mask.dtype).mean() if sequence else masked_mean(clipped.to(mask.dtype), mask)
-    return PolicyLoss(loss, float(clip_fraction), float(masked_mean(kl.detach(), mask)), int(clipped.sum()),
-                      int(low.sum()), int(high.sum()))
+    loss = _mean_over(loss_type, per_token, mask, max_completion_length)
+    clip_fraction, clipped, clipped_low, clipped_high = _clip_counts(
+        ratio, advantages, mask, epsilon_low, epsilon_high, loss_type == LossType.CISPO, sequence)
+    return PolicyLoss(loss, clip_fraction, float(masked_mean(kl.detach(), mask)), clipped, clipped_low, clipped_high)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,

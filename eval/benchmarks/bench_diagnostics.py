@@ -28,9 +28,11 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
+import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -83,7 +85,8 @@ def train_step(model: MiniNormForCausalLM, optimizer: torch.optim.Optimizer, ids
     return time.perf_counter() - start
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The benchmark's flags."""
     parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="cpu-default", choices=list(PRESETS), help="model preset (model/config.py)")
     parser.add_argument("--norm_type", default="rmsnorm", help="the model's norm, as the trainer's --norm_type")
@@ -101,27 +104,25 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int_within(0), default=3,
                         help="untimed steps first (the first with diagnostics)")
     parser.add_argument("--threads", type=int_within(1), default=None, help="torch threads (default: torch's choice)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return parser.parse_args(argv)
 
-    torch.manual_seed(0)
-    config = MiniNormConfig.from_preset(args.preset, norm_type=args.norm_type, norm_placement=args.norm_placement,
-                                        norm_impl=args.norm_impl)
-    model = MiniNormForCausalLM(config).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    diag = NormDiagnostics(model)
-    time_hooks(diag)
-    ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len))
-    intervals = args.intervals
-    modes = ["off"] + [f"every {k}" for k in intervals]
 
+@dataclass
+class Timings:
+    """Every timed step's seconds: per mode, its steps and its blocks' mean steps; and the armed and plain steps."""
+    step_times: dict[str, list[float]]
+    block_means: dict[str, list[float]]
+    armed_times: list[float] = field(default_factory=list)
+    plain_times: list[float] = field(default_factory=list)
+
+
+def run_modes(model: MiniNormForCausalLM, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
+              diag: NormDiagnostics, modes: list[str], args: argparse.Namespace) -> Timings:
+    """The warm-up steps, then --blocks rounds of one --block_steps block per mode, interleaved; prints each block's
+    mean step."""
     for i in range(args.warmup):  # compile, allocator, and one armed step each
         train_step(model, optimizer, ids, diag if i == 0 else None)
-    step_times: dict[str, list[float]] = {m: [] for m in modes}
-    block_means: dict[str, list[float]] = {m: [] for m in modes}
-    armed_times: list[float] = []
-    plain_times: list[float] = []
+    timings = Timings({m: [] for m in modes}, {m: [] for m in modes})
     for block in range(args.blocks):
         for mode in modes:
             interval = None if mode == "off" else int(mode.split()[1])
@@ -130,11 +131,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 armed = interval is not None and step % interval == 0
                 t = train_step(model, optimizer, ids, diag if armed else None)
                 times.append(t)
-                (armed_times if armed else plain_times).append(t)
-            step_times[mode] += times
-            block_means[mode].append(sum(times) / len(times))
-            print(f"block {block} {mode:>9s}: mean step {block_means[mode][-1] * 1e3:7.1f} ms", flush=True)
+                (timings.armed_times if armed else timings.plain_times).append(t)
+            timings.step_times[mode] += times
+            timings.block_means[mode].append(sum(times) / len(times))
+            print(f"block {block} {mode:>9s}: mean step {timings.block_means[mode][-1] * 1e3:7.1f} ms", flush=True)
+    return timings
 
+
+def report(timings: Timings, modes: list[str], args: argparse.Namespace) -> dict:
+    """Print the table of the modes' step times, the armed step's cost, the time inside the diagnostics and the
+    derived overheads; returns the numbers (main's)."""
+    step_times, block_means = timings.step_times, timings.block_means
+    armed_times, plain_times = timings.armed_times, timings.plain_times
     base_median = statistics.median(step_times["off"])
     base_block = statistics.median(block_means["off"])
     print(f"\n{args.preset}, {args.norm_placement}/{args.norm_type} (norm_impl={args.norm_impl}), batch "
@@ -163,6 +171,24 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(f"derived overhead at diag_interval={k}: {100 * derived[k]:+.2f}%")
     return {"rows": rows, "armed_cost_s": armed_cost, "derived": derived}
 
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Time the modes (diagnostics off, and every k steps for each --intervals k) on one model and batch, and print
+    the table; returns its numbers: per mode the median step and median block-mean step (seconds), the armed step's
+    extra seconds, and the derived overhead (a fraction of a step) at each --derive interval."""
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    config = MiniNormConfig.from_preset(args.preset, norm_type=args.norm_type, norm_placement=args.norm_placement,
+                                        norm_impl=args.norm_impl)
+    model = MiniNormForCausalLM(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    diag = NormDiagnostics(model)
+    time_hooks(diag)
+    ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len))
+    modes = ["off"] + [f"every {k}" for k in args.intervals]
+    return report(run_modes(model, optimizer, ids, diag, modes, args), modes, args)
 
 def command_line() -> int:
     """The command: main()'s numbers are for in-process callers; here its printed table is the answer."""

@@ -52,6 +52,95 @@ def _machines_markdown(parts: list[Part]) -> list[str]:
     return [line + ".", ""]
 
 
+def _attach_variants_and_baselines(parts: list[Part], unigram: bool) -> dict[str, dict[str, Any]]:
+    """Group each part's trials into variants and, with `unigram`, give each part the unigram baseline of its data
+    (built once per data); returns the baselines by data."""
+    baselines: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        part.variants = group_variants(part.config, part.trials)
+        source = next((t for t in part.trials if t.final_val_loss is not None), None)
+        if unigram and source is not None:
+            key = data_key(source.run_dir)
+            if key not in baselines:
+                baselines[key] = unigram_baseline(source.run_dir)
+            part.unigram = baselines[key]
+    return baselines
+
+
+def _intro_markdown(names: list[str], baselines: dict[str, dict[str, Any]]) -> list[str]:
+    """The report's title, what its numbers mean, and the unigram baselines."""
+    md = [f"# Ablation report: {', '.join(f'`{n}`' for n in names)}", "",
+          "Final val loss: the trainer's last evaluation over the whole validation split (run_summary.json), "
+          "mean ± sample std (n-1) over the finished seeds; diverged (NaN/inf) and failed trials are counted "
+          "and left out of the mean. grad L0 / L_last: the gradient norm of the first block's parameters over "
+          "the last block's at the last diagnostics step (geometric mean over seeds; far below 1: the gradient "
+          "vanishes toward the input). Step time and tokens/s: median over the variant's trials of each run's "
+          "median step (the machine may be shared, so treat speed as indicative).", ""]
+    for baseline in baselines.values():
+        md += [f"Unigram baseline: **{baseline['loss']:.4f}** nats ({baseline['bits_per_byte']:.3f} bits/byte) on "
+               f"{baseline['tokens']:,} validation targets at max_seq_len {baseline['max_seq_len']}: add-one-smoothed "
+               f"token frequencies of the training split, scored like the trials (data: {baseline['data']}; "
+               f"rebuilt from trial `{baseline['from_trial']}`). \"vs unigram\" is the final loss minus it.", ""]
+    return md
+
+
+def _duplicates_markdown(duplicates: list[dict[str, Any]]) -> list[str]:
+    """Whether the trials two parts both ran (identical parameters) got the same final val losses."""
+    if not duplicates:
+        return []
+    worst = max(d["abs_diff"] for d in duplicates)
+    return [f"{len(duplicates)} trials ran in two parts with identical parameters; their final val losses differ "
+            f"by at most {worst:.2g} (the same parameters give the same numbers: "
+            + ("**yes**" if worst == 0 else "**no**") + "). Each part's table counts its own copy.", ""]
+
+
+def _part_plots(part: Part, out: Path, prefix: str) -> dict[str, bool]:
+    """Draw a part's plots into `out` (names prefixed with `prefix`); by file name, whether each was drawn."""
+    return {f"{prefix}val_curves.png": plot_curves(part.variants, out / f"{prefix}val_curves.png", part.baseline),
+            f"{prefix}prms_p.png": plot_prms_p(part.variants, out / f"{prefix}prms_p.png"),
+            f"{prefix}pre_post_warmup.png": plot_pre_post(part.variants, out / f"{prefix}pre_post_warmup.png"),
+            f"{prefix}lr_warmup.png": plot_lr_warmup(part.variants, out / f"{prefix}lr_warmup.png", part.baseline),
+            f"{prefix}grad_profile.png": plot_grad_profile(part.variants, out / f"{prefix}grad_profile.png")}
+
+
+def _part_sections(parts: list[Part],
+                   out: Path) -> tuple[list[str], list[dict[str, Any]], list[str], dict[str, int]]:
+    """Each part's table, plots (drawn into `out`, prefixed with the part's name when there are several) and
+    settings; returns the markdown, the variant rows, the plots drawn and the trials counted by status."""
+    rows_all, plots_all, counts = [], [], {"finished": 0, "diverged": 0, "failed": 0, "not run": 0}
+    md: list[str] = []
+    for part in parts:
+        rows = variant_rows(part.variants, part.name, part.baseline)
+        plots = _part_plots(part, out, f"{part.name}_" if len(parts) > 1 else "")
+        md += _part_markdown(part, rows, plots, heading=len(parts) > 1)
+        rows_all += rows
+        plots_all += [name for name, made in plots.items() if made]
+        for status in counts:
+            counts[status] += sum(t.status == status for t in part.trials)
+    return md, rows_all, plots_all, counts
+
+
+def _study2_section(parts: list[Part], out: Path, step_times: str | Path | None,
+                    escape_margin: float) -> tuple[list[str], dict[str, Any]]:
+    """The second edition's section over all the parts, refused in one line when they were scored on different
+    data."""
+    bench = read_bench_step_times(step_times) if step_times else None
+    unigram_losses = {p.baseline for p in parts if p.baseline is not None}
+    if len(unigram_losses) > 1:
+        raise ValueError("--study2: the parts were scored on different data (unigram losses "
+                         f"{sorted(unigram_losses)}); report them apart")
+    return study2_section(parts, out, next(iter(unigram_losses), None), bench, escape_margin)
+
+
+def _trial_entries(parts: list[Part]) -> list[dict[str, Any]]:
+    """report.json's record of every trial of every part."""
+    return [{"part": p.name, "trial_id": t.trial_id, "status": t.status, "params": t.params,
+             "final_val_loss": t.final_val_loss, "grad_in_out": t.grad_in_out,
+             "median_step_time_s": t.summary.get("median_step_time_s"),
+             "tokens_per_s": t.summary.get("tokens_per_s"), "machine": t.summary.get("machine"),
+             "code": t.summary.get("code")} for p in parts for t in p.trials]
+
+
 def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path | None = None,
                  unigram: bool = False, study2: bool = False, step_times: str | Path | None = None,
                  escape_margin: float = ESCAPE_MARGIN, seed2_dir: str | Path | None = None) -> Path:
@@ -67,57 +156,13 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
     names = [p.name for p in parts]
     if len(set(names)) < len(names):
         raise ValueError(f"two sweep folders hold sweeps of the same name ({', '.join(names)}); report them apart")
-    baselines: dict[str, dict[str, Any]] = {}
-    for part in parts:
-        part.variants = group_variants(part.config, part.trials)
-        source = next((t for t in part.trials if t.final_val_loss is not None), None)
-        if unigram and source is not None:
-            key = data_key(source.run_dir)
-            if key not in baselines:
-                baselines[key] = unigram_baseline(source.run_dir)
-            part.unigram = baselines[key]
-    several = len(parts) > 1
-    md = [f"# Ablation report: {', '.join(f'`{n}`' for n in names)}", "",
-          "Final val loss: the trainer's last evaluation over the whole validation split (run_summary.json), "
-          "mean ± sample std (n-1) over the finished seeds; diverged (NaN/inf) and failed trials are counted "
-          "and left out of the mean. grad L0 / L_last: the gradient norm of the first block's parameters over "
-          "the last block's at the last diagnostics step (geometric mean over seeds; far below 1: the gradient "
-          "vanishes toward the input). Step time and tokens/s: median over the variant's trials of each run's "
-          "median step (the machine may be shared, so treat speed as indicative).", ""]
-    for baseline in baselines.values():
-        md += [f"Unigram baseline: **{baseline['loss']:.4f}** nats ({baseline['bits_per_byte']:.3f} bits/byte) on "
-               f"{baseline['tokens']:,} validation targets at max_seq_len {baseline['max_seq_len']}: add-one-smoothed "
-               f"token frequencies of the training split, scored like the trials (data: {baseline['data']}; "
-               f"rebuilt from trial `{baseline['from_trial']}`). \"vs unigram\" is the final loss minus it.", ""]
-    md += _machines_markdown(parts)
+    md = _intro_markdown(names, _attach_variants_and_baselines(parts, unigram)) + _machines_markdown(parts)
     duplicates = duplicate_trials(parts)
-    if duplicates:
-        worst = max(d["abs_diff"] for d in duplicates)
-        md += [f"{len(duplicates)} trials ran in two parts with identical parameters; their final val losses differ "
-               f"by at most {worst:.2g} (the same parameters give the same numbers: "
-               + ("**yes**" if worst == 0 else "**no**") + "). Each part's table counts its own copy.", ""]
-    rows_all, plots_all, counts = [], [], {"finished": 0, "diverged": 0, "failed": 0, "not run": 0}
-    for part in parts:
-        rows = variant_rows(part.variants, part.name, part.baseline)
-        prefix = f"{part.name}_" if several else ""
-        plots = {f"{prefix}val_curves.png": plot_curves(part.variants, out / f"{prefix}val_curves.png", part.baseline),
-                 f"{prefix}prms_p.png": plot_prms_p(part.variants, out / f"{prefix}prms_p.png"),
-                 f"{prefix}pre_post_warmup.png": plot_pre_post(part.variants, out / f"{prefix}pre_post_warmup.png"),
-                 f"{prefix}lr_warmup.png": plot_lr_warmup(part.variants, out / f"{prefix}lr_warmup.png",
-                                                          part.baseline),
-                 f"{prefix}grad_profile.png": plot_grad_profile(part.variants, out / f"{prefix}grad_profile.png")}
-        md += _part_markdown(part, rows, plots, heading=several)
-        rows_all += rows
-        plots_all += [name for name, made in plots.items() if made]
-        for status in counts:
-            counts[status] += sum(t.status == status for t in part.trials)
+    md += _duplicates_markdown(duplicates)
+    sections, rows_all, plots_all, counts = _part_sections(parts, out)
+    md += sections
     if study2:
-        bench = read_bench_step_times(step_times) if step_times else None
-        unigram_losses = {p.baseline for p in parts if p.baseline is not None}
-        if len(unigram_losses) > 1:
-            raise ValueError("--study2: the parts were scored on different data (unigram losses "
-                             f"{sorted(unigram_losses)}); report them apart")
-        section, study2_payload = study2_section(parts, out, next(iter(unigram_losses), None), bench, escape_margin)
+        section, study2_payload = _study2_section(parts, out, step_times, escape_margin)
         md += section
         plots_all += study2_payload["plots"]
     if seed2_dir:
@@ -126,11 +171,7 @@ def write_report(sweep_dirs: str | Path | list[str | Path], out_dir: str | Path 
     atomic_write_text(out / "report.md", "\n".join(md))
     payload = {"sweeps": names, "counts": counts, "variants": rows_all, "plots": plots_all,
                "unigram": {p.name: p.unigram for p in parts if p.unigram}, "duplicates": duplicates,
-               "trials": [{"part": p.name, "trial_id": t.trial_id, "status": t.status, "params": t.params,
-                           "final_val_loss": t.final_val_loss, "grad_in_out": t.grad_in_out,
-                           "median_step_time_s": t.summary.get("median_step_time_s"),
-                           "tokens_per_s": t.summary.get("tokens_per_s"), "machine": t.summary.get("machine"),
-                           "code": t.summary.get("code")} for p in parts for t in p.trials]}
+               "trials": _trial_entries(parts)}
     if study2:
         payload["study2"] = study2_payload
     atomic_write_text(out / "report.json", strict_json(payload, indent=1, default=str))

@@ -90,6 +90,72 @@ def _part_rates(part: Part) -> list[float]:
     return [float(lr) for lr in (spec["values"] if "values" in spec else [spec["value"]] if "value" in spec else [])]
 
 
+def _chosen_best(rates: dict[float, list[float | None]],
+                 first_seed_rates: dict[float, list[float | None]]) -> tuple[float, float] | None:
+    """A variant's (best rate, its mean loss over every finished seed): the rate chosen on the grid's own seed
+    (chosen_rate_losses), else the best of all its rates."""
+    # Re-choosing among means of unequal seed counts would favour the rates that ran once (chosen_rate_losses).
+    chosen = best_rate(first_seed_rates)
+    finished = [v for v in rates.get(chosen[0], []) if v is not None] if chosen else []
+    return (chosen[0], statistics.fmean(finished)) if finished else best_rate(rates)
+
+
+def _finite_max(rows: list[dict[str, Any]], key: str) -> float:
+    """The largest finite stability number `key` of the rows (NaN when none)."""
+    return max((r["stability"][key] for r in rows if math.isfinite(r["stability"][key])), default=math.nan)
+
+
+def _variant_numbers(name: str, rates: dict[float, list[float | None]], best: tuple[float, float] | None,
+                     rows_grid: list[dict[str, Any]], shared: set[float], unigram: float | None) -> dict[str, Any]:
+    """A variant's best rate and loss, learning-rate sensitivity, rate counts, failures and stability maxima."""
+    at_best = [r for r in rows_grid if r["variant"] == name and best and r["learning_rate"] == best[0]]
+    mine = [r for r in rows_grid if r["variant"] == name]
+    return {
+        "variant": name, "rates": len(rates), "best_rate": best[0] if best else None,
+        # the lowest or highest rate of the variant's grid: its optimum may lie outside the grid
+        "best_rate_at_edge": bool(best and len(rates) >= 3 and best[0] in (min(rates), max(rates))),
+        "best_loss": best[1] if best else None,
+        "best_loss_seeds": [v for v in rates.get(best[0], [])] if best else [],
+        # over the shared rates only: a variant's extra rates move its best rate, not its sensitivity
+        "lr_sensitivity": (lr_sensitivity({lr: s for lr, s in rates.items() if lr in shared}, unigram,
+                                          best[1] if best and best[0] in shared else None)
+                           if unigram is not None else None),
+        "shared_rates": sum(lr in shared for lr in rates),
+        "extra_rates": sorted(lr for lr in rates if lr not in shared),
+        "diverged_or_failed": sum(r["status"] != "finished" for r in mine), "trials": len(mine),
+        "nonfinite_rates": sorted({r["learning_rate"] for r in mine if r["status"] == "diverged"}),
+        "attn_logit_max_grid": _finite_max([r for r in mine if r["learning_rate"] in shared], "attn_logit_max"),
+        "attn_logit_max": _finite_max(at_best, "attn_logit_max"),
+        "logits_rms_max": _finite_max(at_best, "logits_rms_max"),
+        "logits_max": _finite_max(at_best, "logits_max"),
+        "loss_spikes": sum(len(r["stability"]["loss_spikes"]) for r in at_best),
+        "grad_spikes": sum(len(r["stability"]["grad_spikes"]) for r in at_best)}
+
+
+def _median_step_times(by_rate: dict[str, dict[float, list[float | None]]],
+                       rows_grid: list[dict[str, Any]]) -> dict[str, float]:
+    """Per variant, the median over its grid trials of each trial's median step time (NaN when none recorded one)."""
+    trial_times: dict[str, float] = {}
+    for name in by_rate:
+        times = [r["median_step_time_s"] for r in rows_grid if r["variant"] == name and r["median_step_time_s"]]
+        trial_times[name] = statistics.median(times) if times else math.nan
+    return trial_times
+
+
+def _section_plots(by_rate: dict[str, dict[float, list[float | None]]], curves_steps: dict, curves_time: dict,
+                   profiles: dict, out: Path, unigram: float | None) -> dict[str, bool]:
+    """Draw the section's plots into `out`: the loss per rate, the curves over steps and time, the residual RMS
+    profiles; by file name, whether each was drawn."""
+    return {"study2_loss_vs_rate.png": plot_loss_vs_rate(
+                {n: {lr: statistics.fmean(f) for lr, s in r.items() if (f := [v for v in s if v is not None])}
+                 for n, r in by_rate.items()},
+                {n: [lr for lr, s in r.items() if all(v is None for v in s)] for n, r in by_rate.items()},
+                out / "study2_loss_vs_rate.png", unigram),
+            "study2_curves_steps_time.png": plot_curves_steps_and_time(curves_steps, curves_time,
+                                                                       out / "study2_curves_steps_time.png", unigram),
+            "study2_resid_rms.png": plot_resid_rms(profiles, out / "study2_resid_rms.png")}
+
+
 def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_step_times: dict[str, float] | None,
                    margin: float = ESCAPE_MARGIN) -> tuple[list[str], dict[str, Any]]:
     """Markdown lines and the JSON payload of the second edition's section; writes its plots into `out`."""
@@ -103,66 +169,27 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
     first_seed = chosen_rate_losses(grid_parts)
     rows_grid = [r for r in rows if r["trial_id"] in grid_ids]
     shared = shared_rates(grid_parts) or {lr for r in by_rate.values() for lr in r}
-    grid_size = len(shared)
-    trial_times: dict[str, float] = {}
-    for name in by_rate:
-        times = [r["median_step_time_s"] for r in rows_grid if r["variant"] == name and r["median_step_time_s"]]
-        trial_times[name] = statistics.median(times) if times else math.nan
+    trial_times = _median_step_times(by_rate, rows_grid)
     relative = relative_step_times(trial_times)
     bench_relative = relative_step_times(bench_step_times or {})
     variants, curves_steps, curves_time, profiles = [], {}, {}, {}
     for name, rates in by_rate.items():
-        # Re-choosing among means of unequal seed counts would favour the rates that ran once (chosen_rate_losses).
-        chosen = best_rate(first_seed.get(name, {}))
-        finished = [v for v in rates.get(chosen[0], []) if v is not None] if chosen else []
-        best = (chosen[0], statistics.fmean(finished)) if finished else best_rate(rates)
+        best = _chosen_best(rates, first_seed.get(name, {}))
         rep = _representative(rows_grid, name, best[0]) if best else None
         seconds_per_step = (bench_step_times or {}).get(name)
-        if rep is not None:
+        if rep is not None:  # the representative trial's curves, over steps and over time, and its profile
             curves_steps[name] = rep["val_curve"]
             curves_time[name] = ([(s * seconds_per_step, v) for s, v in rep["val_curve"]] if seconds_per_step
                                  else rep["wall_clock_curve"])
             profiles[name] = rep["stability"]["resid_rms"]
-        at_best = [r for r in rows_grid if r["variant"] == name and best and r["learning_rate"] == best[0]]
-        mine = [r for r in rows_grid if r["variant"] == name]
-        variants.append({
-            "variant": name, "rates": len(rates), "best_rate": best[0] if best else None,
-            # the lowest or highest rate of the variant's grid: its optimum may lie outside the grid
-            "best_rate_at_edge": bool(best and len(rates) >= 3 and best[0] in (min(rates), max(rates))),
-            "best_loss": best[1] if best else None,
-            "best_loss_seeds": [v for v in rates.get(best[0], [])] if best else [],
-            # over the shared rates only: a variant's extra rates move its best rate, not its sensitivity
-            "lr_sensitivity": (lr_sensitivity({lr: s for lr, s in rates.items() if lr in shared}, unigram,
-                                              best[1] if best and best[0] in shared else None)
-                               if unigram is not None else None),
-            "shared_rates": sum(lr in shared for lr in rates),
-            "extra_rates": sorted(lr for lr in rates if lr not in shared),
-            "diverged_or_failed": sum(r["status"] != "finished" for r in mine), "trials": len(mine),
-            "nonfinite_rates": sorted({r["learning_rate"] for r in mine if r["status"] == "diverged"}),
-            "attn_logit_max_grid": max((r["stability"]["attn_logit_max"] for r in mine if r["learning_rate"] in shared
-                                        and math.isfinite(r["stability"]["attn_logit_max"])), default=math.nan),
-            "attn_logit_max": max((r["stability"]["attn_logit_max"] for r in at_best
-                                   if math.isfinite(r["stability"]["attn_logit_max"])), default=math.nan),
-            "logits_rms_max": max((r["stability"]["logits_rms_max"] for r in at_best
-                                   if math.isfinite(r["stability"]["logits_rms_max"])), default=math.nan),
-            "logits_max": max((r["stability"]["logits_max"] for r in at_best
-                               if math.isfinite(r["stability"]["logits_max"])), default=math.nan),
-            "loss_spikes": sum(len(r["stability"]["loss_spikes"]) for r in at_best),
-            "grad_spikes": sum(len(r["stability"]["grad_spikes"]) for r in at_best),
+        variants.append(_variant_numbers(name, rates, best, rows_grid, shared, unigram) | {
             "resid_rms": profiles.get(name, []),
             "median_step_time_s": trial_times[name], "step_time_vs_baseline": relative.get(name, math.nan),
             "bench_step_time_s": (bench_step_times or {}).get(name, math.nan),
             "bench_step_time_vs_baseline": bench_relative.get(name, math.nan)})
     escapes = _escape_rows(rows)
-    plots = {"study2_loss_vs_rate.png": plot_loss_vs_rate(
-                 {n: {lr: statistics.fmean(f) for lr, s in r.items() if (f := [v for v in s if v is not None])}
-                  for n, r in by_rate.items()},
-                 {n: [lr for lr, s in r.items() if all(v is None for v in s)] for n, r in by_rate.items()},
-                 out / "study2_loss_vs_rate.png", unigram),
-             "study2_curves_steps_time.png": plot_curves_steps_and_time(curves_steps, curves_time,
-                                                                        out / "study2_curves_steps_time.png", unigram),
-             "study2_resid_rms.png": plot_resid_rms(profiles, out / "study2_resid_rms.png")}
-    md = _markdown(variants, by_rate, escapes, plots, unigram, grid_size, margin, bench_step_times is not None)
+    plots = _section_plots(by_rate, curves_steps, curves_time, profiles, out, unigram)
+    md = _markdown(variants, by_rate, escapes, plots, unigram, len(shared), margin, bench_step_times is not None)
     payload = {"variants": variants, "losses_by_rate": {n: {str(lr): s for lr, s in r.items()}
                                                          for n, r in by_rate.items()},
                "post_ln_escapes": escapes, "escape_margin": margin, "unigram": unigram,
@@ -170,30 +197,32 @@ def study2_section(parts: list[Part], out: Path, unigram: float | None, bench_st
     return md, payload
 
 
-def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, list[float | None]]],
-              escapes: list[dict[str, Any]], plots: dict[str, bool], unigram: float | None, grid_size: int,
-              margin: float, interleaved: bool) -> list[str]:
-    md = ["## Second edition: learning rates, depth, time and stability", "",
-          "Best rate: per variant, the rate with the lowest final val loss of the grid's own seed (the parts that "
-          "declare rates); best loss: the mean over the finished seeds at that rate (a second seed refines it, "
-          "never moves the rate). "
-          "LR sensitivity (Wortsman et al. 2023, capped at the unigram loss instead of the loss at initialization): "
-          "the mean over the variant's rates of min(loss, unigram), a rate's loss being the mean over its seeds "
-          "with a diverged or failed seed counted as the unigram loss, minus the best loss (0 when every rate is "
-          "capped), both terms over the rates every variant ran (a part that adds rates for some variants only "
-          "moves their best rate; the rates column counts those as \"+ N\"). Step time: median over the variant's "
-          "trials of each trial's median step; \"vs "
-          f"{BASELINE_VARIANT}\": its ratio to the baseline's (above 1: slower). Spikes: a step whose loss (or "
-          "gradient norm) exceeds 1.5 x the median of the previous 50 finite values (at least 10 of them), or is "
-          "not finite, counted over the best rate's trials. Attention logit: the largest q.k/sqrt(d) before the "
-          "softmax on the diagnostic steps. A best rate marked (edge) is the lowest or highest rate of the "
-          "variant's grid: its optimum may lie outside the grid, and its sensitivity is then a lower bound.", ""]
-    if not variants:
-        return md + ["No trial of the second edition has run yet.", ""]
+def _explanation() -> list[str]:
+    """The section's heading and what its numbers mean."""
+    return ["## Second edition: learning rates, depth, time and stability", "",
+            "Best rate: per variant, the rate with the lowest final val loss of the grid's own seed (the parts that "
+            "declare rates); best loss: the mean over the finished seeds at that rate (a second seed refines it, "
+            "never moves the rate). "
+            "LR sensitivity (Wortsman et al. 2023, capped at the unigram loss instead of the loss at initialization): "
+            "the mean over the variant's rates of min(loss, unigram), a rate's loss being the mean over its seeds "
+            "with a diverged or failed seed counted as the unigram loss, minus the best loss (0 when every rate is "
+            "capped), both terms over the rates every variant ran (a part that adds rates for some variants only "
+            "moves their best rate; the rates column counts those as \"+ N\"). Step time: median over the variant's "
+            "trials of each trial's median step; \"vs "
+            f"{BASELINE_VARIANT}\": its ratio to the baseline's (above 1: slower). Spikes: a step whose loss (or "
+            "gradient norm) exceeds 1.5 x the median of the previous 50 finite values (at least 10 of them), or is "
+            "not finite, counted over the best rate's trials. Attention logit: the largest q.k/sqrt(d) before the "
+            "softmax on the diagnostic steps. A best rate marked (edge) is the lowest or highest rate of the "
+            "variant's grid: its optimum may lie outside the grid, and its sensitivity is then a lower bound.", ""]
+
+
+def _variants_table(variants: list[dict[str, Any]], unigram: float | None, grid_size: int,
+                    interleaved: bool) -> list[str]:
+    """Per variant: its rates, best rate and loss, LR sensitivity, failures and step times."""
     header = ["variant", "rates", "best rate", "best loss (seeds)", "vs unigram", "LR sensitivity",
               "diverged/failed", "step (ms)", f"vs {BASELINE_VARIANT}"] + (["interleaved vs baseline"]
                                                                          if interleaved else [])
-    md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in variants:
         seeds = ", ".join(_f(s) for s in v["best_loss_seeds"])
         partial = f" ({v['shared_rates']}/{grid_size} rates)" if v["shared_rates"] < grid_size else ""
@@ -207,21 +236,31 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
         if interleaved:
             cells.append(_f(v["bench_step_time_vs_baseline"], 2))
         md.append("| " + " | ".join(cells) + " |")
+    return md
+
+
+def _rates_table(by_rate: dict[str, dict[float, list[float | None]]]) -> list[str]:
+    """Per variant and rate, the mean final val loss over the finished seeds (`div`: none finished)."""
     rates = sorted({lr for r in by_rate.values() for lr in r})
-    md += ["", "Final val loss per rate (mean over finished seeds; `div` every seed diverged or failed):", "",
-           "| variant | " + " | ".join(f"{lr:.3g}" for lr in rates) + " |", "|" + "---|" * (len(rates) + 1)]
+    md = ["", "Final val loss per rate (mean over finished seeds; `div` every seed diverged or failed):", "",
+          "| variant | " + " | ".join(f"{lr:.3g}" for lr in rates) + " |", "|" + "---|" * (len(rates) + 1)]
     for name, r in by_rate.items():
         cells = []
         for lr in rates:
             finished = [v for v in r.get(lr, []) if v is not None]
             cells.append(_f(statistics.fmean(finished)) if finished else ("div" if lr in r else ""))
         md.append(f"| {name} | " + " | ".join(cells) + " |")
-    md += ["", "Stability at each variant's best rate (max over its seeds); non-finite stops over all its rates, "
-           "the attention logit over the rates every variant ran too. Residual RMS: first / last block at the last "
-           "diagnostic step.", "",
-           "| variant | attn logit max (best rate) | attn logit max (grid) | logits RMS max | logits max | "
-           "resid RMS first / last | loss spikes | grad spikes | non-finite stops at rates |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    return md
+
+
+def _stability_table(variants: list[dict[str, Any]]) -> list[str]:
+    """Per variant, the stability maxima at its best rate, its residual RMS profile and its non-finite stops."""
+    md = ["", "Stability at each variant's best rate (max over its seeds); non-finite stops over all its rates, "
+          "the attention logit over the rates every variant ran too. Residual RMS: first / last block at the last "
+          "diagnostic step.", "",
+          "| variant | attn logit max (best rate) | attn logit max (grid) | logits RMS max | logits max | "
+          "resid RMS first / last | loss spikes | grad spikes | non-finite stops at rates |",
+          "|---|---|---|---|---|---|---|---|---|"]
     for v in variants:
         resid = v["resid_rms"]
         md.append(f"| {v['variant']} | {_f(v['attn_logit_max'], 2)} | {_f(v['attn_logit_max_grid'], 2)} | "
@@ -229,17 +268,35 @@ def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, lis
                   + (f"{resid[0]:.3g} / {resid[-1]:.3g}" if resid else "–")
                   + f" | {v['loss_spikes']} | {v['grad_spikes']} | "
                   + (", ".join(f"{lr:.3g}" for lr in v["nonfinite_rates"]) or "none") + " |")
-    if escapes:
-        md += ["", f"Post-LN (`{POST_LN_VARIANT}`) plateau escape: the first evaluation step whose val loss is at "
-               f"least {margin} nats below the unigram loss ({_f(unigram)}); `–` never. A training two parts both ran "
-               "(same settings and seed) counts once.", "",
-               "| learning rate | warmup steps | init_depth_scaling | escaped / runs | escape step per seed | "
-               "final val loss per seed |", "|---|---|---|---|---|---|"]
-        for e in escapes:
-            md.append(f"| {e['learning_rate']:.3g} | {e['warmup_steps']} | {e['init_depth_scaling']} | "
-                      f"{e['escaped']}/{e['runs']} | "
-                      + ", ".join(f"seed {s}: {'–' if x is None else x}" for s, x in zip(e["seeds"], e["escape_steps"]))
-                      + " | " + ", ".join(_f(x) for x in e["final_val_loss"]) + " |")
+    return md
+
+
+def _escapes_table(escapes: list[dict[str, Any]], unigram: float | None, margin: float) -> list[str]:
+    """Per Post-LN rate x warmup x init, which seeds escaped the unigram plateau and when (nothing without any)."""
+    if not escapes:
+        return []
+    md = ["", f"Post-LN (`{POST_LN_VARIANT}`) plateau escape: the first evaluation step whose val loss is at "
+          f"least {margin} nats below the unigram loss ({_f(unigram)}); `–` never. A training two parts both ran "
+          "(same settings and seed) counts once.", "",
+          "| learning rate | warmup steps | init_depth_scaling | escaped / runs | escape step per seed | "
+          "final val loss per seed |", "|---|---|---|---|---|---|"]
+    for e in escapes:
+        md.append(f"| {e['learning_rate']:.3g} | {e['warmup_steps']} | {e['init_depth_scaling']} | "
+                  f"{e['escaped']}/{e['runs']} | "
+                  + ", ".join(f"seed {s}: {'–' if x is None else x}" for s, x in zip(e["seeds"], e["escape_steps"]))
+                  + " | " + ", ".join(_f(x) for x in e["final_val_loss"]) + " |")
+    return md
+
+
+def _markdown(variants: list[dict[str, Any]], by_rate: dict[str, dict[float, list[float | None]]],
+              escapes: list[dict[str, Any]], plots: dict[str, bool], unigram: float | None, grid_size: int,
+              margin: float, interleaved: bool) -> list[str]:
+    """The section's markdown: what its numbers mean, its tables and its plots."""
+    md = _explanation()
+    if not variants:
+        return md + ["No trial of the second edition has run yet.", ""]
+    md += (_variants_table(variants, unigram, grid_size, interleaved) + _rates_table(by_rate)
+           + _stability_table(variants) + _escapes_table(escapes, unigram, margin))
     md.append("")
     for name, made in plots.items():
         if made:

@@ -10,7 +10,8 @@ schema from the first 10 MB. A line means what Python's ``json`` reads, except w
 cannot use, which is a bad line: a duplicate key (in any object of the line, or of a tool_calls / tools string), a
 lone surrogate in a kept string (a tool_calls or tools string included), nesting deeper than the reader's
 MAX_DEPTH (100 levels), an integer longer than its MAX_INT_DIGITS. A blank line (JSON whitespace only: space,
-tab, carriage return) is not a record; any other line is one JSON value.
+tab, carriage return) is not a record; any other line is one JSON value. A UTF-8 byte order mark at the start of the
+file marks its encoding and is not read as content (``numbered_lines``); one starting a later line is a bad line.
 
 The Arrow file and the counts are cached by (path, size, mtime), so a second run reads neither the file nor
 the counts again, and the ``map`` built on the Arrow file keeps its own cache.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal
@@ -37,11 +38,13 @@ from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 9  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
+SCAN_VERSION = 10  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
 # calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt";
 # 9: that prompt not put twice before conversations that begin with it, a "prompt" string beside them taken, a
-# null "prompt" none)
+# null "prompt" none; 10: the file's leading byte order mark read past, so a first line skipped for it is read again)
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
+# U+FEFF in UTF-8: the byte order mark many Windows editors write at the start of a file
+UTF8_BOM = b"\xef\xbb\xbf"
 BATCH_RECORDS, BATCH_BYTES = 1000, 32 << 20  # an Arrow record batch holds at most this many records / line bytes
 
 # A message's tool calls and a system message's tools are kept as canonical JSON strings ("" when absent), the form
@@ -73,11 +76,23 @@ def parse_line(raw: bytes, surrogates: bool = False) -> object:
     """The JSON value of one non-blank line, by the project's strict reader (dataset/json_text.py: a duplicate key
     in any object, nesting deeper than its MAX_DEPTH, an integer too long are bad lines); a lone surrogate is
     checked in the kept strings only (``_string``, naming the field) unless ``surrogates`` asks for every string.
-    Anything else is a BadLine."""
+    Anything else is a BadLine; so is a line that starts with a byte order mark (``numbered_lines`` has taken the
+    file's own away), named as such rather than as Python's advice to decode the file as utf-8-sig."""
+    if raw.startswith(UTF8_BOM):
+        raise BadLine("a byte order mark (U+FEFF) starts the line, and only the file's first line may begin with "
+                      "one: remove it (joining files keeps each one's mark)")
     try:
         return read_json(raw, surrogates=surrogates)
     except JsonTextError as e:
         raise BadLine(str(e)) from None
+
+
+def numbered_lines(handle: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(line number from 1, raw bytes) of each line of a jsonl file opened in binary, the first line without a
+    leading UTF-8 byte order mark: it marks the file's encoding, not a value (RFC 8259 lets a reader ignore it, and
+    Python's json reading bytes and ``datasets`` do), so a file saved by an editor that writes one reads as without."""
+    for number, raw in enumerate(handle, start=1):
+        yield number, raw.removeprefix(UTF8_BOM) if number == 1 else raw
 
 
 def _string(value: object, where: str) -> str:
@@ -219,7 +234,7 @@ def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> 
     a bad line raises ``ValueError("<path>:<line>: <reason>")``, or with ``skip_bad_lines`` yields ``None``."""
     check = CHECKS[kind]
     with open(path, "rb") as f:
-        for line_number, raw in enumerate(f, start=1):
+        for line_number, raw in numbered_lines(f):
             if not raw.strip(JSON_WHITESPACE):
                 continue  # blank lines (a trailing newline, say) are not records
             try:

@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from dataset.atomic_io import first_line
 from dataset.chat_format import encode_chatml_batch, normalize_messages
 from dataset.jsonl import (JSON_WHITESPACE, check_data_file, check_message_shapes, check_records_read,
-                           log_skipped_line, parse_line)
+                           log_skipped_line, numbered_lines, parse_line)
 
 PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
 # What the rewards make of the rows' columns: {line: reason} of the rows they cannot score, given the rows' line
@@ -76,7 +76,7 @@ class PromptDataset(Dataset):
         check_data_file(path)
         columns, messages, lines, skipped = [], [], [], 0  # columns: each row's fields beside its prompt
         with open(path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
+            for number, raw in numbered_lines(handle):
                 if not raw.strip(JSON_WHITESPACE):
                     continue
                 try:

@@ -87,10 +87,10 @@ def resolve_data_specs(specs: Sequence[str]) -> list[tuple[str, Path]]:
 def detect_kind(path: Path) -> str:
     """"pretrain" for {"text"} lines, "sft" for {"conversations"} lines, from the first non-empty line (read as the
     datasets read every line: a bad one is named by file and line)."""
-    from dataset.jsonl import JSON_WHITESPACE, BadLine, parse_line
+    from dataset.jsonl import JSON_WHITESPACE, BadLine, numbered_lines, parse_line
 
     with open(path, "rb") as handle:
-        for number, line in enumerate(handle, 1):
+        for number, line in numbered_lines(handle):
             if not line.strip(JSON_WHITESPACE):
                 continue
             try:

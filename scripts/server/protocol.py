@@ -349,7 +349,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     or an APIError (400) that names the problem: ``body has a duplicate key "messages"``."""
     try:
         # A UTF-8 byte order mark before the JSON is ignored, as RFC 8259 allows and as Python's json.loads does
-        # for bytes; a jsonl line keeps refusing one (it is not JSON whitespace).
+        # for bytes, and as a jsonl file's start (dataset/jsonl.py's numbered_lines).
         data = read_json_field(body.removeprefix(b"\xef\xbb\xbf"), "body")
     except ValueError as error:
         raise APIError(400, str(error)) from None

@@ -1,6 +1,7 @@
 """Property-based tests of the three jsonl loaders (issue 34): files of generated lines of every JSON shape either
 load with exactly the content Python's ``json`` reads from the good lines, or stop with one ``FILE:LINE: reason``
-at the first bad line (and skip_bad_lines skips exactly the bad lines).
+at the first bad line (and skip_bad_lines skips exactly the bad lines). A UTF-8 byte order mark before the file's
+first line changes nothing (Python's json reading bytes skips it); one starting any later line makes it bad.
 
 Each generated line carries its expected outcome by construction (a well-formed record, dressed up; a line made
 bad on purpose; a blank line), so the oracle never re-implements the loader's check. Bounded for CI; a longer run:
@@ -31,6 +32,7 @@ SURROGATES = ["\ud800", "\udbff", "\udc00", "\udfff"]
 NOT_JSON_WHITESPACE = ["\f", "\v", "\x85", "\xa0", "\u2028", "\ufeff"]
 JSON_WHITESPACE = ["", " ", "\t", "\r", " \t\r"]
 DEEP = "[" * 1000 + "]" * 1000
+BOM = "\ufeff"  # the byte order mark: not content at the start of the file, a bad line's start anywhere else
 
 # Text that is text (any character but a surrogate, control characters included) and any string at all.
 texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
@@ -47,6 +49,7 @@ roles = st.sampled_from(["user", "assistant", "system", "tool"])  # dataset.chat
 class Line:
     raw: bytes
     outcome: str  # "good", "bad" or "blank"
+    first: str | None = None  # the outcome as the file's first line, where its leading BOM is the file's own mark
 
 
 def _encode(line: str) -> tuple[bytes, bool]:
@@ -165,6 +168,9 @@ def lines(draw, kind: str) -> Line:
     elif shape == "odd whitespace":
         odd = draw(st.sampled_from(NOT_JSON_WHITESPACE))
         text = draw(st.sampled_from([odd, odd + _dump(draw, record), _dump(draw, record) + odd]))
+        if odd == BOM and not pad[0] and text.startswith(BOM):  # as line 1, the rest is the line: blank or a record
+            raw, utf8 = _encode(text + pad[1])
+            return Line(raw, "bad", "blank" if text == BOM else "good" if utf8 else "bad")
     else:  # a control character written raw inside a string, which JSON forbids
         text = '{"text": "a' + chr(draw(st.integers(0, 0x1F).filter(lambda c: c != 0x0A))) + 'b"}'
     return Line(_encode(pad[0] + text + pad[1])[0], "bad")
@@ -172,7 +178,7 @@ def lines(draw, kind: str) -> Line:
 
 def _expected(kind: str, raw: bytes) -> dict:
     """What Python's json reads from a good line: the kind's fields, a null content as an empty message."""
-    obj = json.loads(raw.decode("utf-8"))
+    obj = json.loads(raw.decode("utf-8-sig"))
     if kind == "text":
         return {"text": obj["text"]}
     return {field: [{"role": m["role"], "content": m["content"] or "", "reasoning_content": m.get("reasoning_content")}
@@ -205,11 +211,15 @@ def _expected_content(kind: str, records: list[dict], tokenizer) -> tuple[list, 
 LOADERS = {"text": (PretrainDataset, 2), "conversations": (SFTDataset, 100_000), "preference": (DPODataset, 100_000)}
 
 
-def _check_file(kind: str, file_lines: list[Line], final_newline: bool, tokenizer) -> None:
+def _check_file(kind: str, file_lines: list[Line], final_newline: bool, bom: bool, tokenizer) -> None:
+    """Load the file of `file_lines`, `bom`: after a byte order mark (which leaves every line's outcome as it is)."""
     cls, max_seq_len = LOADERS[kind]
+    if file_lines[0].first and not bom:  # the line's own leading BOM is then the file's
+        file_lines = [Line(file_lines[0].raw, file_lines[0].first)] + file_lines[1:]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "data.jsonl"
-        path.write_bytes(b"\n".join(line.raw for line in file_lines) + (b"\n" if final_newline else b""))
+        path.write_bytes(BOM.encode() * bom + b"\n".join(line.raw for line in file_lines)
+                         + (b"\n" if final_newline else b""))
         bad = [number for number, line in enumerate(file_lines, start=1) if line.outcome == "bad"]
         good = [_expected(kind, line.raw) for line in file_lines if line.outcome == "good"]
         expected, nothing = _expected_content(kind, good, tokenizer)
@@ -239,8 +249,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=
 @pytest.mark.parametrize("kind", list(LOADERS))
 def test_loader_reads_what_json_reads_or_names_the_first_bad_line(kind, tokenizer):
     @FUZZ
-    @given(file_lines=st.lists(lines(kind), min_size=1, max_size=6), final_newline=st.booleans())
-    def check(file_lines: list[Line], final_newline: bool) -> None:
-        _check_file(kind, file_lines, final_newline, tokenizer)
+    @given(file_lines=st.lists(lines(kind), min_size=1, max_size=6), final_newline=st.booleans(), bom=st.booleans())
+    def check(file_lines: list[Line], final_newline: bool, bom: bool) -> None:
+        _check_file(kind, file_lines, final_newline, bom, tokenizer)
 
     check()

@@ -253,3 +253,49 @@ def test_a_line_that_is_not_utf8_names_the_byte_and_its_offset():
     with pytest.raises(dataset.jsonl.BadLine) as refused:
         dataset.jsonl.parse_line(b'{"text": "caf\xe9"}')
     assert str(refused.value) == "not valid UTF-8 (byte 0xe9 at offset 13)"
+
+
+BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8, which many Windows editors write at the start of a file
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_a_byte_order_mark_at_the_start_of_the_file_is_not_content(tmp_path, cache, tokenizer, kind):
+    """A file whose first bytes are a UTF-8 byte order mark loads exactly as the same file without it (as Python's
+    json reads the bytes: json.loads(BOM + line) is the line's object), a BOM alone on line 1 makes a blank line;
+    a BOM starting a later line (files joined together) is a bad line that says what to do."""
+    lines = [json.dumps(GOOD[kind]).encode(), json.dumps(GOOD[kind]).encode()]
+    plain, marked, alone = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl", tmp_path / "alone.jsonl"
+    plain.write_bytes(b"\n".join(lines) + b"\n")
+    marked.write_bytes(BOM + b"\n".join(lines) + b"\n")
+    alone.write_bytes(BOM + b"\n" + b"\n".join(lines) + b"\n")
+    assert json.loads(BOM + lines[0]) == GOOD[kind]
+    expected = LOADERS[kind](plain, tokenizer, MAX_SEQ_LEN[kind], cache_dir=cache)
+    for path in (marked, alone):
+        loaded = LOADERS[kind](path, tokenizer, MAX_SEQ_LEN[kind], cache_dir=cache)
+        assert loaded.stats == expected.stats
+        assert [loaded[i]["input_ids"].tolist() for i in range(len(loaded))] == \
+            [expected[i]["input_ids"].tolist() for i in range(len(expected))]
+    joined = tmp_path / "joined.jsonl"
+    joined.write_bytes(marked.read_bytes() + BOM + lines[0] + b"\n")
+    with pytest.raises(ValueError) as info:
+        LOADERS[kind](joined, tokenizer, MAX_SEQ_LEN[kind], cache_dir=cache)
+    message = str(info.value)
+    assert message == (f"{joined}:3: a byte order mark (U+FEFF) starts the line, and only the file's first line may "
+                       "begin with one: remove it (joining files keeps each one's mark)"), message
+    assert LOADERS[kind](joined, tokenizer, MAX_SEQ_LEN[kind], skip_bad_lines=True,
+                         cache_dir=cache).stats["skipped_lines"] == 1
+
+
+def test_every_jsonl_reader_reads_past_a_leading_byte_order_mark(tmp_path, tokenizer):
+    """The prompt files of GRPO/PPO, the line iterator of the tokenizer and probes, and evaluate's kind detection
+    read line 1 past the mark too."""
+    from dataset.prompt_dataset import PromptDataset
+    from eval.evaluate import detect_kind
+    prompts, texts = tmp_path / "prompts.jsonl", tmp_path / "texts.jsonl"
+    prompts.write_bytes(BOM + b'{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    texts.write_bytes(BOM + b'{"text": "hello"}\n{"text": "again"}\n')
+    data = PromptDataset(prompts, tokenizer, max_seq_len=64)
+    assert [data[i]["prompt"] for i in range(len(data))] == ["What is 1 + 1?"]
+    assert [record for _, record, _ in dataset.jsonl.iter_records(texts, "text")] == [{"text": "hello"},
+                                                                                       {"text": "again"}]
+    assert detect_kind(texts) == "pretrain"

@@ -290,7 +290,7 @@ def _sorted_difference(first: torch.Tensor, second: torch.Tensor, real: torch.Te
 
 
 @dataclass(frozen=True)
-class _PairTerms:
+class _LossInputs:
     """What the loss types read, per pair, from the summed log-probabilities: the inputs (aot sorts them), the
     log-ratios l_c and l_r, the rewards beta x l, DPO's margin h, the per-token log-ratio difference d (ipo's and
     sigmoid_norm's; None without token counts), f-DPO's margin and d (DPO's own tensors under reverse_kl), and each
@@ -320,12 +320,12 @@ def _loss_weights(loss_types: Sequence[str], loss_weights: Sequence[float] | Non
     return weights
 
 
-def _pair_terms(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
-                reference_rejected: torch.Tensor, beta: float, chosen_tokens: torch.Tensor | None,
-                rejected_tokens: torch.Tensor | None, real: torch.Tensor | None, needs_nll: bool,
-                chosen_nll: torch.Tensor | None, f_divergence_type: str,
-                f_alpha_divergence_coef: float) -> _PairTerms:
-    """dpo_loss's per-pair terms (_PairTerms); the NLL shares over these pairs, the real ones, when a type or RPO
+def _loss_inputs(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
+                 reference_rejected: torch.Tensor, beta: float, chosen_tokens: torch.Tensor | None,
+                 rejected_tokens: torch.Tensor | None, real: torch.Tensor | None, needs_nll: bool,
+                 chosen_nll: torch.Tensor | None, f_divergence_type: str,
+                 f_alpha_divergence_coef: float) -> _LossInputs:
+    """dpo_loss's per-pair terms (_LossInputs); the NLL shares over these pairs, the real ones, when a type or RPO
     needs them and none were given."""
     chosen_ratio, rejected_ratio = policy_chosen - reference_chosen, policy_rejected - reference_rejected
     chosen_rewards, rejected_rewards = beta * chosen_ratio, beta * rejected_ratio
@@ -346,12 +346,12 @@ def _pair_terms(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, refe
         if per_token is not None:
             f_per_token = f_divergence_difference(chosen_per_token, rejected_per_token, f_divergence_type,
                                                   f_alpha_divergence_coef)
-    return _PairTerms(policy_chosen, policy_rejected, reference_chosen, reference_rejected, real, chosen_ratio,
+    return _LossInputs(policy_chosen, policy_rejected, reference_chosen, reference_rejected, real, chosen_ratio,
                       rejected_ratio, chosen_rewards, rejected_rewards, margins, per_token, f_margins, f_per_token,
                       chosen_nll)
 
 
-def _type_losses(kind: DPOLossType, t: _PairTerms, beta: float, eps: float, bco_mean: float,
+def _type_losses(kind: DPOLossType, t: _LossInputs, beta: float, eps: float, bco_mean: float,
                  discopop_tau: float) -> torch.Tensor:
     """The per-pair losses of one loss type (the module's docstring has the formulas); eps is --label_smoothing."""
     if kind == DPOLossType.SIGMOID:
@@ -418,8 +418,8 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, referen
     if (any(kind in PER_TOKEN for kind in loss_types) or (needs_nll and chosen_nll is None)) and (
             chosen_tokens is None or rejected_tokens is None):
         raise ValueError(f"dpo_loss: loss_type {loss_type} needs the answers' token counts")
-    terms = _pair_terms(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta, chosen_tokens,
-                        rejected_tokens, real, needs_nll, chosen_nll, f_divergence_type, f_alpha_divergence_coef)
+    terms = _loss_inputs(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta, chosen_tokens,
+                         rejected_tokens, real, needs_nll, chosen_nll, f_divergence_type, f_alpha_divergence_coef)
     total = torch.zeros_like(terms.margins)
     for kind, weight in zip(loss_types, weights):
         losses = _type_losses(kind, terms, beta, label_smoothing, bco_mean, discopop_tau)

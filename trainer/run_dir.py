@@ -151,6 +151,13 @@ def resolve_input_path(path: str | Path) -> Path:
     return typed.resolve() if typed.exists() else resolve_path(typed)
 
 
+def shown_path(path: str | Path) -> str:
+    """`path` as a committed file names it: relative to the repo root when it lies inside (the same on every machine
+    and clone), else absolute."""
+    resolved = _expand(path).resolve()
+    return str(resolved.relative_to(REPO_ROOT) if resolved.is_relative_to(REPO_ROOT) else resolved)
+
+
 def default_out_dir(task: str) -> Path:
     return resolve_path(DEFAULT_OUT_DIRS[task])
 

@@ -331,3 +331,17 @@ def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     finished = {tuple(sorted(v["params"].items())): v["finished"] for v in data["variants"]}
     damaged = damage in ("final_val not a mapping", "summary a directory", "summary not UTF-8")
     assert finished == {(("norm_type", "rmsnorm"),): 1 if damaged else 2, (("norm_type", "layernorm"),): 2}
+
+
+def test_a_folder_inside_the_repo_is_named_from_the_repo_root(tmp_path, monkeypatch):
+    """The committed report names its sweep folders as the repo's files name them (`out/sweeps/NAME`), not as the
+    absolute path of the clone that wrote it; a folder outside the repo keeps its absolute path."""
+    import trainer.run_dir
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    monkeypatch.setattr(trainer.run_dir, "REPO_ROOT", repo)
+    inside = _write_sweep(repo / "out" / "sweeps", "norms", {"norm_type": ["rmsnorm", "layernorm"]},
+                          {"seed": 0}, lambda p: 5.0)
+    outside = _write_sweep(elsewhere, "warmup", {"norm_type": ["rmsnorm", "layernorm"]}, {"seed": 1}, lambda p: 5.0)
+    text = write_report([inside, outside], tmp_path / "report").read_text()
+    assert "; folder `out/sweeps/norms`." in text
+    assert f"; folder `{outside}`." in text

@@ -13,6 +13,7 @@ from eval.studies.ablation.plots import plot_curves, plot_grad_profile, plot_lr_
 from eval.studies.ablation.study2 import ESCAPE_MARGIN, read_bench_step_times
 from eval.studies.ablation.study2_section import study2_section, write_seed2_yaml
 from eval.studies.ablation.tables import markdown_table, variant_rows
+from trainer.run_dir import shown_path
 
 
 def _part_markdown(part: Part, rows: list[dict[str, Any]], plots: dict[str, bool], heading: bool) -> list[str]:
@@ -25,7 +26,7 @@ def _part_markdown(part: Part, rows: list[dict[str, Any]], plots: dict[str, bool
         md += [str(config["description"]), ""]
     md += [f"Method `{config['method']}`, metric `{(config.get('metric') or {}).get('name')}`; "
            f"{len(trials)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
-           (f"; seeds {seeds}" if seeds else "") + f"; folder `{part.sweep_dir}`.", "",
+           (f"; seeds {seeds}" if seeds else "") + f"; folder `{shown_path(part.sweep_dir)}`.", "",
            markdown_table(config, rows), ""]
     for name, made in plots.items():
         if made:

@@ -16,7 +16,7 @@ from eval.studies.ablation.study2 import (BASELINE_VARIANT, ESCAPE_MARGIN, INIT_
                                           lr_sensitivity, relative_step_times, run_value, stability,
                                           trial_metrics, variant_name, wall_clock_curve)
 from eval.studies.ablation.study2_plots import plot_curves_steps_and_time, plot_loss_vs_rate, plot_resid_rms
-from trainer.run_dir import REPO_ROOT
+from trainer.run_dir import REPO_ROOT, shown_path
 from trainer.sweep_dir import swept_names
 
 
@@ -333,7 +333,7 @@ def write_seed2_yaml(part: Part, directory: str | Path, more: list[Part] | None 
     seeds = [t.params.get(SEED_KEY, 0) for member in grid for t in member.trials]
     seed = max(int(s) for s in seeds) + 1 if seeds else 1
     stamp = time.strftime("%Y-%m-%d")
-    sources = " + ".join(f"{m.sweep_dir} ({m.name})" for m in grid)
+    sources = " + ".join(f"{shown_path(m.sweep_dir)} ({m.name})" for m in grid)
     generated, chosen = [], {}
     for name, source in files.items():  # the grid's order: the baseline first
         best = best_rate(by_rate[name])
@@ -345,8 +345,7 @@ def write_seed2_yaml(part: Part, directory: str | Path, more: list[Part] | None 
         atomic_write_text(target, f"# Generated {stamp} by eval/studies/ablation_report.py --write_seed2 from "
                                   f"{sources}:\n# {source} at its best rate (final val loss {best[1]:.4f}).\n"
                                   f"{text.rstrip()}\nlearning_rate: {best[0]}\n")
-        inside = target.resolve().is_relative_to(REPO_ROOT)  # the sweep runs trials from the repo root
-        generated.append(str(target.resolve().relative_to(REPO_ROOT) if inside else target.resolve()))
+        generated.append(shown_path(target))  # the sweep runs trials from the repo root
     new = {k: v for k, v in config.items()}
     new["name"] = path.stem
     new["description"] = f"second seed of every variant of {config.get('name')} at its best learning rate"

@@ -224,3 +224,17 @@ def test_an_output_file_that_is_a_directory_is_refused_before_any_work(module, a
     assert stopped.value.code == 2
     error = capsys.readouterr().err.splitlines()[0]
     assert error == f"error: argument {flag}: {tmp_path} is a directory, expected a file"
+
+
+def test_norm_inputs_on_a_folder_without_a_model_says_so_in_one_line(tmp_path, capsys):
+    """A sweep trial brought back from its records keeps its metrics and config, not its weights: norm_inputs.py says
+    there is no model there, as chat, copy_probe and long_context do, not transformers' complaint about a
+    config.json that does not exist."""
+    from eval.studies.norm_inputs import main
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    (trial / "train_config.yaml").write_text("max_seq_len: 128\n")
+    (trial / "metrics.jsonl").write_text('{"step": 1, "split": "val", "val_loss": 5.0}\n')
+    assert main([str(trial)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: no model at {trial};") and err.count("\n") == 1 and "config.json" not in err

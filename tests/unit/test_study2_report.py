@@ -18,7 +18,7 @@ from eval.studies.ablation.load import Part, load_sweep
 from eval.studies.ablation.report import write_report
 from eval.studies.ablation.study2 import (best_rate, capped_mean, escape_step, losses_by_rate, lr_sensitivity,
                                           read_bench_step_times, relative_step_times, stability, wall_clock_curve)
-from eval.studies.ablation.study2_section import write_seed2_yaml
+from eval.studies.ablation.study2_section import _median_step_times, write_seed2_yaml
 from tests.paths import REPO
 from trainer.run_dir import read_metrics
 
@@ -110,6 +110,19 @@ def test_relative_step_times():
     assert relative_step_times({"pre_rmsnorm": 0.1, "peri_ln": 0.125, "x": math.nan}) == {"pre_rmsnorm": 1.0,
                                                                                            "peri_ln": 1.25}
     assert relative_step_times({"peri_ln": 0.125}) == {}
+
+
+@pytest.mark.parametrize("missing", [math.nan, None])
+def test_median_step_time_counts_only_the_trials_that_timed_a_step(missing):
+    # study 2's no_norm: five finished trials, three diverged before a timed step (NaN in summaries written before
+    # the writers went strict, null after); the median is the middle of the five, in any order of the rows.
+    finished = [0.2241, 0.2178, 0.2118, 0.2253, 0.1918]
+    times = finished[:2] + [missing] + finished[2:] + [missing, missing]
+    for rotation in range(len(times)):
+        rows = [{"variant": "no_norm", "median_step_time_s": t} for t in times[rotation:] + times[:rotation]]
+        assert _median_step_times({"no_norm": {}}, rows) == {"no_norm": 0.2178}
+    assert math.isnan(_median_step_times({"no_norm": {}}, [{"variant": "no_norm", "median_step_time_s": missing}])[
+        "no_norm"])
 
 
 # --------------------------------------------------------------------------- a synthetic second edition

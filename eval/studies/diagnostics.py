@@ -1,7 +1,7 @@
 """Heatmaps (layer x step) of the normalization diagnostics a training run logged.
 
     python eval/studies/diagnostics.py out/pretrain                  # a run directory (finds its metrics jsonl)
-    python eval/studies/diagnostics.py out/pretrain/metrics.jsonl --out plots/diag
+    python eval/studies/diagnostics.py out/pretrain/metrics.jsonl --out out/pretrain_heatmaps
 
 Writes one PNG per per-layer quantity (`resid_rms.png`, `attn_norm_in_rms.png`, `grad_norm.png`,
 `update_ratio.png`, ...) plus `global.png` (global gradient norm and update ratio over steps). Colours are on a

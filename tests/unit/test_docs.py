@@ -60,6 +60,19 @@ def test_links_resolve(document: Path) -> None:
     assert broken == []
 
 
+def test_documented_outputs_go_under_out_or_into_a_committed_folder() -> None:
+    # One rule for generated files, in the documents and the tools' usage lines: under out/ (ignored by git), or into
+    # a results folder the repo commits (eval/studies/results/...); a new top-level folder (plots/ once) is neither.
+    stray = []
+    for document in [*DOCUMENTS, *sorted((REPO / "eval").rglob("*.py")), *sorted((REPO / "scripts").rglob("*.py"))]:
+        text = document.read_text(encoding="utf-8")
+        flag = r"--(?:out|outfile|out_dir|output_dir|save_dir|sweep_dir)[ =]"
+        for path in re.findall(flag + r"([A-Za-z_][\w.-]*/[\w./-]*)", text):
+            if not path.startswith("out/") and path.split("/")[0] not in SOURCE_DIRS:
+                stray.append(f"{document.relative_to(REPO)}: {path}")
+    assert stray == []
+
+
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
 def test_documented_commands_name_files_that_exist(document: Path) -> None:
     text = document.read_text(encoding="utf-8")

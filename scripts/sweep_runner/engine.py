@@ -4,6 +4,7 @@ missing, and asked for the next trial with its global generators seeded, so a re
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -11,6 +12,13 @@ from typing import Any
 
 from trainer.sweep_dir import DONE_STATUSES
 
+# What importing sweeps 0.3.0 warns, each silenced alone (any other warning of the import still shows): its pydantic
+# models declare a v1 `class Config` with v1 key names, which pydantic 2 renames (a UserWarning from pydantic's
+# config module, shown by default) and deprecates (from sweeps.run, shown under -W or pytest).
+_SWEEPS_IMPORT_WARNINGS = (
+    (r"Valid config keys have changed in V2", UserWarning, r"pydantic\._internal\._config"),
+    (r"Support for class-based `config` is deprecated", DeprecationWarning, r"sweeps(\.|$)"),
+)
 INSTALL_HINT = ("the wandb sweep engine is missing: pip install --no-deps sweeps==0.3.0 && "
                 "pip install jsonschema==4.26.0 jsonref==1.1.0 scipy==1.17.1 scikit-learn==1.9.1")
 
@@ -18,9 +26,9 @@ INSTALL_HINT = ("the wandb sweep engine is missing: pip install --no-deps sweeps
 def sweeps_module() -> ModuleType:
     """wandb's engine, imported; without it, one line naming the install command."""
     try:
-        import warnings
-        with warnings.catch_warnings():  # sweeps' pydantic models use v1 config names
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings():
+            for message, category, module in _SWEEPS_IMPORT_WARNINGS:
+                warnings.filterwarnings("ignore", message=message, category=category, module=module)
             import sweeps
         return sweeps
     except ImportError as error:

@@ -15,8 +15,9 @@ under llama.cpp's name, the byte-level BPE tokenizer as llama.cpp's `gpt2` model
 pre-tokenizer (our split pattern is GPT-2's), eos `<|im_end|>`, no token added in front of a prompt, and the
 model's chat template (ChatML with tools and thinking) as tokenizer.chat_template. A tokenizer that splits text
 otherwise (an imported checkpoint's own pre-tokenizer or normalizer) is refused: llama.cpp would cut text where
-it does not. The file records its source under mininorm.source, and an existing --outfile is replaced only when
-it has that key (an earlier export by this tool). docs/gguf.md shows llama.cpp and Ollama using it.
+it does not. The file records its model directory under mininorm.source (relative to the repo, or its name: never
+a path of this machine, so one model gives the same bytes wherever it lies), and an existing --outfile is replaced
+only when it has that key (an earlier export by this tool). docs/gguf.md shows llama.cpp and Ollama using it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from model.llama_compat import (NotExportable, check_exportable, stacked_experts
                                 to_llama_state_dict, to_target_config)
 from model.loading import config_model_type, load_config, load_model  # noqa: E402
 from trainer.cli import ToolParser, run_main  # noqa: E402
-from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
+from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path, shown_path  # noqa: E402
 
 if TYPE_CHECKING:
     from gguf import MODEL_ARCH, GGMLQuantizationType
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
 INSTALL_HINT = "the GGUF export needs the gguf package: pip install -r requirements.txt (or pip install gguf==0.19.0)"
 OUT_TYPES = ("f32", "f16", "bf16", "q8_0")
 GGUF_MAGIC = b"GGUF"
-# The metadata key that marks a file this tool wrote (its value: the model directory): only such a file is replaced.
+# The metadata key that marks a file this tool wrote (its value: source_label's name of the model directory): only
+# such a file is replaced.
 SOURCE_KEY = "mininorm.source"
 # The only split llama.cpp's "gpt-2" pre-tokenizer computes: byte-level, GPT-2's regex, no prefix space
 # (tests/unit/test_gguf.py checks ours is exactly this). trim_offsets changes offsets, not the pieces.
@@ -73,6 +75,15 @@ def _gguf():
 def default_outfile(model_dir: Path, outtype: str) -> Path:
     """out/<model directory name>-<outtype>.gguf, under the repo root."""
     return resolve_path(f"out/{model_dir.name}-{outtype}.gguf")
+
+
+def source_label(model_dir: Path) -> str:
+    """The model directory as SOURCE_KEY records it: relative to the repo root when it lies inside (out/sft_plain),
+    else its name alone. Never an absolute path: the file's bytes (and its size) would then depend on where the
+    repo or the model lies, and GGUF's own source keys (general.source.url, general.source.huggingface.repository)
+    name where a model is published, not a folder on the machine that converted it."""
+    shown = shown_path(model_dir)
+    return model_dir.name if Path(shown).is_absolute() else shown
 
 
 def _written_here(gguf: Any, path: Path) -> bool:
@@ -262,7 +273,7 @@ def write_gguf(gguf: Any, path: Path, name: str, model_dir: Path, config: LlamaC
     writer = gguf.GGUFWriter(path, arch=gguf.MODEL_ARCH_NAMES[gguf_arch(gguf, config)])
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
-    writer.add_string(SOURCE_KEY, str(model_dir))
+    writer.add_string(SOURCE_KEY, source_label(model_dir))
     parameters = sum(int(np.prod(shape)) for shape in logical_shapes.values())
     writer.add_size_label(gguf.size_label(parameters, 0, 0, 0))  # "4.5M": a tied head is counted once
     writer.add_file_type(_file_type(gguf, outtype))

@@ -260,8 +260,22 @@ def test_a_gguf_from_elsewhere_is_not_replaced(tiny_models, tmp_path, capsys) ->
     assert "this tool did not write" in error and "mininorm.source" in error and out.read_bytes() == before
 
 
-def test_the_file_records_its_source(tiny_models, gguf_files) -> None:
-    assert _field(GGUFReader(gguf_files["f16"]), "mininorm.source") == str(tiny_models.pretrain.resolve())
+def test_the_file_records_its_source(tiny_models, gguf_files, tmp_path, monkeypatch) -> None:
+    # outside the repo: the directory's name; inside: its path from the repo root; never this machine's path
+    assert _field(GGUFReader(gguf_files["f16"]), "mininorm.source") == tiny_models.pretrain.name
+    monkeypatch.setattr("trainer.run_dir.REPO_ROOT", tmp_path)
+    inside = shutil.copytree(tiny_models.pretrain, tmp_path / "out" / "runs" / "pretrain")
+    out = convert_to_gguf(inside, tmp_path / "inside.gguf", "f32")
+    assert _field(GGUFReader(out), "mininorm.source") == "out/runs/pretrain"
+
+
+def test_the_same_model_in_two_places_gives_the_same_bytes(tiny_models, tmp_path) -> None:
+    # two clones, two users: the file must not depend on where the model directory lies
+    near = shutil.copytree(tiny_models.pretrain, tmp_path / "a" / "pretrain")
+    far = shutil.copytree(tiny_models.pretrain, tmp_path / "somewhere" / "much" / "deeper" / "pretrain")
+    first = convert_to_gguf(near, tmp_path / "near.gguf", "f16").read_bytes()
+    second = convert_to_gguf(far, tmp_path / "far.gguf", "f16").read_bytes()
+    assert len(first) == len(second) and first == second
 
 
 # (what is wrong, the edit of a copy of the tiny model, what the one-line refusal names)

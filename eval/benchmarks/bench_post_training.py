@@ -93,6 +93,9 @@ def run(name: str, task: str, argv: list[str], model: Path) -> dict:
     code = CHILD.format(repo=str(REPO_ROOT), task=task, argv=argv, model=str(model))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
     peaks = [line for line in done.stdout.splitlines() if line.startswith("PEAK ")]
+    refusals = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    if done.returncode == 2 and refusals:  # the trainer refused its input (e.g. a --max_seq_len that cuts every answer)
+        raise SystemExit(f"error: the {name} run: {refusals[-1].removeprefix('error: ')}")
     if done.returncode != 0 or not peaks:
         raise RuntimeError(f"{name} failed ({done.returncode}): {done.stderr[-3000:]}")
     return {"name": name, "peak_bytes": json.loads(peaks[-1][5:])}

@@ -113,13 +113,19 @@ def swap_in_llama(trainer: Trainer) -> None:
 STEP_VARIANTS = ("rms", "rms_eager", "rms_compiled", "ln", "llama")  # the keys of bench_steps' makers
 
 
+def step_variants(text: str) -> str:
+    """--variants, checked as it is parsed (before the machine line and the GEMM probe take their seconds)."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in STEP_VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {','.join(unknown)}; allowed: {','.join(STEP_VARIANTS)}")
+    if "llama" not in names:
+        raise argparse.ArgumentTypeError(f"{text!r} lacks llama, the baseline the table compares the others with")
+    return text
+
+
 def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on_cpu: bool) -> None:
     variants = args.variants.split(",")
-    unknown = [name for name in variants if name not in STEP_VARIANTS]
-    if unknown:
-        raise SystemExit(f"--variants: unknown {','.join(unknown)}; allowed: {','.join(STEP_VARIANTS)}")
-    if "llama" not in variants:
-        raise SystemExit("--variants must include llama (the baseline)")
     # The table's rows print as each preset and dtype finishes (a minimind-26m step on a CPU takes seconds, and the
     # compiled variants compile first): a long run shows its progress.
     optimizer = parse_args("pretrain", trainer_argv(presets[0], "float32", "rmsnorm", args.batch_size, args.seq_len,
@@ -221,8 +227,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=6, help="timed training steps per variant")
     parser.add_argument("--warmup", type=int, default=2,
                         help="steps before the timed ones (the first, with any compilation, is reported on its own)")
-    parser.add_argument("--variants", default=",".join(STEP_VARIANTS),
-                        help="comma-separated: rms (norm_impl auto), rms_eager, rms_compiled (--compile on), ln, llama")
+    parser.add_argument("--variants", type=step_variants, default=",".join(STEP_VARIANTS),
+                        help="comma-separated: rms (norm_impl auto), rms_eager, rms_compiled (--compile on), ln, "
+                             "llama (required: the baseline)")
     parser.add_argument("--batch_size", type=int, default=8, help="sequences per training step")
     parser.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
     parser.add_argument("--peak_flops", type=float, default=None,

@@ -31,3 +31,16 @@ def test_the_step_tables_title_names_the_optimizer_the_trainer_steps(monkeypatch
     assert f"clip + {stepped} step)" in title
     others = {"adamw", "muon"} - {stepped}
     assert not any(other in title.lower() for other in others)
+
+
+@pytest.mark.parametrize(("variants", "said"), [
+    ("rms", "--variants: 'rms' lacks llama, the baseline the table compares the others with"),
+    ("rms,llama,rmsnorm", "--variants: unknown rmsnorm; allowed: rms,rms_eager,rms_compiled,ln,llama")])
+def test_variants_are_refused_as_parsed_before_anything_is_measured(variants: str, said: str,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        bench_train.main(["--skip_norms", "--variants", variants])
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    assert said in captured.err
+    assert captured.out == ""  # no machine line, no GEMM probe: refused first

@@ -112,7 +112,8 @@ def run(config: dict[str, Any], rounds: int, steps: int, warmup: int, compile_mo
     if variants:
         unknown = sorted(set(variants) - {variant_name(f) for f in files})
         if unknown:
-            raise ValueError(f"--variants: {', '.join(unknown)} not in the sweep's {VARIANT_KEY} values")
+            raise ValueError(f"--variants: {', '.join(unknown)} not in the sweep's {VARIANT_KEY} values; "
+                             f"allowed: {','.join(variant_name(f) for f in files)}")
         files = [f for f in files if variant_name(f) in variants]
     import torch._dynamo
 

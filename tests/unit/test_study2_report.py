@@ -436,3 +436,12 @@ def test_a_trials_recorded_arguments_are_read_once_and_bad_files_refused(tmp_pat
     (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump({"task": "pretrain", "max_seq_len": 64}))
     assert recorded_config(tmp_path) == {"task": "pretrain", "max_seq_len": 64}
     assert _run_args(tmp_path).max_seq_len == 64
+
+
+def test_an_unknown_variant_is_refused_with_the_sweeps_names():
+    config = {"parameters": {bench.VARIANT_KEY: {"values": ["study2_variants/pre_rmsnorm.yaml",
+                                                             "study2_variants/post_layernorm.yaml"]}}}
+    with pytest.raises(ValueError) as refused:
+        bench.run(config, rounds=1, steps=1, warmup=0, compile_mode=None, variants=["pre_rmsnorm", "nonesuch"])
+    assert str(refused.value) == (f"--variants: nonesuch not in the sweep's {bench.VARIANT_KEY} values; "
+                                  "allowed: pre_rmsnorm,post_layernorm")

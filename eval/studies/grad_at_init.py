@@ -147,13 +147,12 @@ def token_batches(data_path: str | None, num_batches: int, batch_size: int, seq_
 
     needed = 4 * num_batches * batch_size * seq_len
     stream: list[int] = []
-    with open(data_path, encoding="utf-8") as f:
-        for line in f:
-            text = json.loads(line).get("text") if line.strip() else None
-            if text:
-                stream += tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            if len(stream) >= needed:
-                break
+    from dataset.jsonl import iter_records  # the trainer's reader: a leading byte order mark, a bad line's file:line
+    for _, record, _ in iter_records(data_path, "text"):
+        if record["text"]:
+            stream += tokenizer(record["text"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        if len(stream) >= needed:
+            break
     rows = torch.tensor(stream[: len(stream) // seq_len * seq_len], dtype=torch.long).view(-1, seq_len)
     if len(rows) < num_batches * batch_size:
         raise ValueError(f"{data_path} has too few tokens for {num_batches} batches of {batch_size}x{seq_len}")

@@ -441,6 +441,25 @@ def test_grad_at_init_packs_documents_with_eos(tmp_path) -> None:
     assert "tiny.jsonl" in label
 
 
+def test_grad_at_init_reads_a_data_file_as_the_trainer_does(tmp_path) -> None:
+    """--data_path is read past a leading UTF-8 byte order mark, as every jsonl reader of the trainer reads it
+    (dataset/jsonl.py numbered_lines): the batches equal those of the file without it; a bad line names its file
+    and line."""
+    from eval.studies.grad_at_init import token_batches
+    lines = b'{"text": "abcdefgh"}\n\n{"text": "ijklmnop"}\n'
+    plain, marked, bad = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl", tmp_path / "bad.jsonl"
+    plain.write_bytes(lines)
+    marked.write_bytes(b"\xef\xbb\xbf" + lines)
+    bad.write_bytes(lines + b'{"text": \n')
+    expected, _ = token_batches(str(plain), 1, 2, 9, tokenizer=_CharTokenizer())
+    got, _ = token_batches(str(marked), 1, 2, 9, tokenizer=_CharTokenizer())
+    assert [b.tolist() for b in got] == [b.tolist() for b in expected]
+    documents = [[1 + ord(c) % 90 for c in text] + [0] for text in ("abcdefgh", "ijklmnop")]  # _CharTokenizer's ids
+    assert sorted(expected[0].tolist()) == documents
+    with pytest.raises(ValueError, match=f"^{re.escape(str(bad))}:4: "):
+        token_batches(str(bad), 1, 2, 9, tokenizer=_CharTokenizer())
+
+
 def reference_attention_logit_max(model: MiniNormForCausalLM, ids: torch.Tensor) -> tuple[list[float], torch.Tensor]:
     """Per block, max over heads, batch and causal (query, key) pairs of q.k/sqrt(d), in fp64 from the block's
     attention input, its weights and RoPE written out here (rotate-half, inv_freq = theta^(-2i/d)); and the

@@ -299,3 +299,12 @@ def test_every_jsonl_reader_reads_past_a_leading_byte_order_mark(tmp_path, token
     assert [record for _, record, _ in dataset.jsonl.iter_records(texts, "text")] == [{"text": "hello"},
                                                                                        {"text": "again"}]
     assert detect_kind(texts) == "pretrain"
+
+
+def test_only_one_byte_order_mark_is_read_past():
+    """The file's own mark is taken off line 1 once: a second one after it (a marked file pasted into a marked
+    file) is content, a bad line, not a longer mark to strip."""
+    lines = [BOM + BOM + b'{"text": "hello"}\n', b'{"text": "again"}\n']
+    assert list(dataset.jsonl.numbered_lines(lines)) == [(1, BOM + b'{"text": "hello"}\n'), (2, lines[1])]
+    with pytest.raises(dataset.jsonl.BadLine, match="byte order mark"):
+        dataset.jsonl.parse_line(BOM + b'{"text": "hello"}\n')

@@ -125,6 +125,13 @@ def test_median_step_time_counts_only_the_trials_that_timed_a_step(missing):
         "no_norm"])
 
 
+def test_median_step_time_leaves_out_zero_and_infinite_times_and_averages_an_even_middle():
+    # a zero or infinite time is no timed step either ("finite only", and zero left out); four finished trials'
+    # median is the mean of the middle two, (0.2 + 0.3) / 2, as statistics.median defines it
+    rows = [{"variant": "v", "median_step_time_s": t} for t in (0.3, 0.1, 0.0, math.inf, 0.2, 0.4)]
+    assert _median_step_times({"v": {}}, rows) == {"v": 0.25}
+
+
 # --------------------------------------------------------------------------- a synthetic second edition
 RATES = [0.001, 0.002, 0.004]
 # variant -> rate -> (final loss or None for diverged, val curve); the unigram loss of the data is not needed here:

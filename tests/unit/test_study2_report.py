@@ -321,6 +321,22 @@ def test_write_seed2_yaml_repeats_each_variant_at_its_best_rate(tmp_path):
     assert generated == {**variant, "learning_rate": 0.001}
 
 
+def test_write_seed2_yaml_names_folders_inside_the_repo_from_its_root(tmp_path, monkeypatch):
+    """The committed study2_lr_seed2.yaml and its rate files name the grid and the generated files from the repo
+    root, as read through a symlink to the repo too (a clone reached by a link): never this machine's path."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (tmp_path / "link").symlink_to(repo, target_is_directory=True)
+    monkeypatch.setattr("trainer.run_dir.REPO_ROOT", repo)
+    sweep = _write_grid(tmp_path / "link" / "out" / "sweeps")
+    path = write_seed2_yaml(Part(sweep, *load_sweep(sweep)), tmp_path / "link" / "out")
+    text = path.read_text()
+    assert text.splitlines()[0].endswith(" from out/sweeps/study2_synth (study2_synth):"), text.splitlines()[0]
+    assert yaml.safe_load(text)["parameters"]["config"]["values"] == [
+        f"out/study2_synth_seed2_rates/{name}.yaml" for name in ("pre_rmsnorm", "post_ln")]
+    assert str(tmp_path) not in text
+
+
 def test_write_seed2_yaml_pools_the_grids_extra_rates(tmp_path):
     """A part that adds a rate to the grid (study2_lr_high.yaml: the rate a fixed `value:`) moves a variant's best
     rate there; another variant keeps its own; an incomplete extra part is refused; a part that sweeps more (the

@@ -41,10 +41,11 @@ import time  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.corpus import ensure_default_corpus  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
+from dataset.jsonl import iter_records  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
-from trainer.run_dir import read_jsonl, read_metrics, read_summary  # noqa: E402
+from trainer.run_dir import read_metrics, read_summary  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # MiniMind's progress line: "Epoch:[1/1](20/471), loss: 7.1234, ..." (step counts micro-batches).
@@ -57,7 +58,9 @@ def minimind_real_tokens_per_sample(minimind_dir: Path, data_path: Path, seq_len
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(minimind_dir / "model"))
-    texts = [str(row["text"]) for row in read_jsonl(data_path)]
+    # the trainer's reader (a leading byte order mark read past, a bad line named), not the metrics reader, which
+    # skips an unreadable line: the mean must count the lines both trainers train on
+    texts = [record["text"] for _, record, _ in iter_records(data_path, "text")]
     ids = tokenizer(texts, add_special_tokens=False, max_length=seq_len - 2, truncation=True)["input_ids"]
     return sum(len(x) + 2 for x in ids) / len(ids)
 

@@ -1,0 +1,22 @@
+"""eval/benchmarks/bench_vs_minimind.py's reading of --data_path (the rest needs a MiniMind checkout)."""
+from __future__ import annotations
+
+import pytest
+
+from eval.benchmarks import bench_vs_minimind
+
+
+class _CharTokenizer:
+    """One id per character, so a text's token count is its length."""
+
+    def __call__(self, texts: list[str], add_special_tokens: bool, max_length: int, truncation: bool) -> dict:
+        return {"input_ids": [list(text[:max_length]) for text in texts]}
+
+
+def test_real_tokens_per_sample_reads_every_line_of_a_file_with_a_byte_order_mark(tmp_path, monkeypatch):
+    """A data file saved with a UTF-8 byte order mark is read as the trainer reads it (dataset/jsonl.py): its first
+    line counts, not skipped as unreadable; the mean is (bos + text + eos) per line: (2 + 6 + 2 + 2) / 2."""
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda *args, **kwargs: _CharTokenizer())
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(b'\xef\xbb\xbf{"text": "abcdef"}\n{"text": "gh"}\n')
+    assert bench_vs_minimind.minimind_real_tokens_per_sample(tmp_path, data, seq_len=64) == pytest.approx(6.0)

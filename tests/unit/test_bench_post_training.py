@@ -37,3 +37,11 @@ def test_a_crash_still_shows_the_childs_stderr(monkeypatch: pytest.MonkeyPatch) 
 def test_a_finished_run_gives_its_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench_post_training.subprocess, "run", fake_child(0, "", stdout="done\nPEAK 1048576\n"))
     assert bench_post_training.run("lora", "lora", [], Path("model")) == {"name": "lora", "peak_bytes": 1048576}
+
+
+def test_an_exit_2_without_an_error_line_still_shows_the_childs_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    # argparse's own usage error exits 2 with 'PROG: error: ...', not a line starting 'error: ': nothing to quote
+    usage = "usage: train_sft.py [-h] ...\ntrain_sft.py: error: unrecognized arguments: --bogus\n"
+    monkeypatch.setattr(bench_post_training.subprocess, "run", fake_child(2, usage))
+    with pytest.raises(RuntimeError, match="sft failed \\(2\\): usage: train_sft.py"):
+        bench_post_training.run("sft", "sft", [], Path("model"))

@@ -17,6 +17,7 @@ import torch
 from dataset.chat_format import encode_chatml
 from dataset.prompt_dataset import PromptDataset, prompt_messages
 from model import MiniNormConfig, MiniNormForCausalLM
+from tests.step_stats import logged_step_stats
 from tests.threaded_processes import OneProcess
 from trainer.grpo import (GroupRelativePolicy, RolloutSettings, completion_log_probs, completion_log_probs_and_entropy,
                           first_sample)
@@ -404,10 +405,8 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
                                  accelerator=OneProcess())
     assert [batch["completion_mask"].sum(dim=1).tolist() for batch in batches] == [[2, 6, 3, 4], [1, 4, 3, 5]]
     assert [batch["ended"].tolist() for batch in batches] == [[True, False, True, True], [True] * 4]
-    units = sum(objective.count_items(batch) for batch in batches)
     assert [int(objective.count_items(batch)) for batch in batches] == [15, 13]
-    stats = dict(zip(objective.stat_names, (sum(objective.loss(policy, batch, units)[1] for batch in batches)
-                                            / units).tolist()))
+    stats = logged_step_stats(objective, policy, batches)
     assert stats["completion_length_min"] == pytest.approx(1.0) and stats["completion_length_max"] == pytest.approx(6.0)
     assert stats["completion_length"] == pytest.approx(28 / 8)
     assert stats["truncated_fraction"] == pytest.approx(1 / 8)
@@ -478,9 +477,7 @@ def test_the_completion_shape_and_equal_reward_groups_are_the_steps_over_process
     assert [[batch["completion_mask"].sum(dim=1).tolist() for batch in batches] for _, batches in processes] == [
         [[2, 6, 3], [4, 1, 5]], [[3, 3, 2, 4, 5, 2]]]
     for objective, batches in processes:
-        units = sum(objective.count_items(batch) for batch in batches)
-        stats = dict(zip(objective.stat_names, (sum(objective.loss(policy, batch, units)[1] for batch in batches)
-                                                / units).tolist()))
+        stats = logged_step_stats(objective, policy, batches)
         assert [stats[name] for name in ("completion_length_min", "completion_length_max", "truncated_fraction",
                                          "terminated_length", "zero_std_fraction")] == pytest.approx(
             [1.0, 6.0, 1 / 12, 34 / 11, 3 / 4])
@@ -898,8 +895,7 @@ def test_the_logged_clip_fraction_and_kl_are_the_steps_token_shares_whatever_the
     assert torch.equal(shifts != 0, (shifts != 0) & batch["completion_mask"])
     for part, rows in zip(micro, (slice(0, 3), slice(3, 4))):
         part["old_logp"] = part["old_logp"] - shifts[rows]
-    stats = dict(zip(objective.stat_names, (sum(objective.loss(model, part, units)[1] for part in micro)
-                                            / units).tolist()))
+    stats = logged_step_stats(objective, model, micro)
     kl = [term for row in _reference_kl(model64, batch) for term in row]
     assert len(kl) == 10
     assert stats["kl"] == pytest.approx(sum(kl) / 10, rel=1e-5)

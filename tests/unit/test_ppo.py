@@ -15,6 +15,7 @@ import torch
 
 from dataset.prompt_dataset import PromptDataset
 from model import MiniNormConfig, MiniNormForCausalLM
+from tests.step_stats import logged_step_stats
 from tests.threaded_processes import OneProcess
 from trainer.grpo import completion_log_probs
 from trainer.ppo import CriticModel, PolicyAndCritic, PPOSettings, ProximalPolicy, completion_values, load_critic
@@ -161,9 +162,7 @@ def test_the_logged_clip_fraction_and_losses_are_the_steps_token_means_whatever_
                              * mask).float())
     micro = [_rows(batch, slice(0, 3)), _rows(batch, slice(3, 4))]
     assert [int(part["completion_mask"].sum()) for part in micro] == [7, 3]
-    units = sum(objective.count_items(part) for part in micro)
-    stats = dict(zip(objective.stat_names, (sum(objective.loss(model, part, units)[1] for part in micro)
-                                            / units).tolist()))
+    stats = logged_step_stats(objective, model, micro)
     policy_terms, value_terms, values_clipped, clipped_taken, entropies = [], [], 0, [], []
     for i in range(4):  # fp64, token by token
         start = int(batch["starts"][i])
@@ -394,9 +393,7 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps(tokenizer,
                                    {"input_ids": torch.tensor([10]), "prompt": "four", "columns": {}}])
     batches = objective.rollouts(model, [_prompts(), other], step=3, accelerator=OneProcess())
     assert [int(objective.count_items(batch)) for batch in batches] == [15, 13]
-    units = sum(objective.count_items(batch) for batch in batches)
-    stats = dict(zip(objective.stat_names, (sum(objective.loss(model, batch, units)[1] for batch in batches)
-                                            / units).tolist()))
+    stats = logged_step_stats(objective, model, batches)
     assert (stats["completion_length_min"], stats["completion_length_max"]) == pytest.approx((1.0, 6.0))
     assert stats["completion_length"] == pytest.approx(28 / 8)
     assert stats["truncated_fraction"] == pytest.approx(1 / 8)
@@ -448,9 +445,7 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps_over_proce
     assert [[batch["completion_mask"].sum(dim=1).tolist() for batch in batches] for _, batches in processes] == [
         [[2, 6], [3, 4]], [[1, 4, 3, 5]]]
     for objective, batches in processes:
-        units = sum(objective.count_items(batch) for batch in batches)
-        stats = dict(zip(objective.stat_names, (sum(objective.loss(model, batch, units)[1] for batch in batches)
-                                                / units).tolist()))
+        stats = logged_step_stats(objective, model, batches)
         assert [stats[name] for name in ("completion_length_min", "completion_length_max", "truncated_fraction",
                                          "terminated_length", "completion_length")] == pytest.approx(
             [1.0, 6.0, 1 / 8, 22 / 7, 28 / 8])

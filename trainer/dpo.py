@@ -518,7 +518,7 @@ class DirectPreference:
             batch[STEP_CHOSEN_TOKENS] = tokens
 
     def _pair_terms(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], step_pairs: torch.Tensor | int,
-                    step_chosen_tokens: torch.Tensor | int):
+                    step_chosen_tokens: torch.Tensor | int | None):
         """(per-pair losses, chosen rewards, rejected rewards, which pairs are real, each pair's share of the
         chosen answers' token mean NLL over a step of `step_pairs` pairs and `step_chosen_tokens` chosen tokens
         where the loss reads it, else None)."""
@@ -573,8 +573,10 @@ class DirectPreference:
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
              num_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # a micro-batch the training core did not count (count_step) is its step
-        step_tokens = batch.get(STEP_CHOSEN_TOKENS, chosen_answer_tokens(batch["labels"]))
+        # a micro-batch the training core did not count (count_step) is its step; without an NLL nothing is counted
+        step_tokens = batch.get(STEP_CHOSEN_TOKENS)
+        if step_tokens is None and self.logs_nll:
+            step_tokens = chosen_answer_tokens(batch["labels"])
         losses, chosen, rejected, real, chosen_nll = self._pair_terms(model, batch, num_items, step_tokens)
         stats = self._stat_sums(chosen, rejected, real)
         if chosen_nll is not None:

@@ -307,10 +307,10 @@ class RolloutObjective:
     def reward_sums(self, batches: Sequence[dict[str, Any]]) -> torch.Tensor:
         """This process's fp64 sums over its micro-batches of the step: [completions, weighted rewards, completion
         tokens, then each function's values over the completions it scored, then the number it scored, then the
-        squares of those values, then the completions the length limit cut (no end-of-turn token) and the tokens of
-        those that ended, then how many completions have each length 0 .. --max_completion_length, then how many of
-        those that ended] (summed over the processes, the two histograms give the step's shortest and longest
-        completion and ended completion: completion_shape). `_sum_parts` names the parts."""
+        completions the length limit cut (no end-of-turn token) and the tokens of those that ended, then how many
+        completions have each length 0 .. --max_completion_length, then how many of those that ended] (summed over
+        the processes, the two histograms give the step's shortest and longest completion and ended completion:
+        completion_shape). `_sum_parts` names the parts."""
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         values = torch.cat([batch["reward_values"] for batch in batches], dim=1)
         lengths = torch.cat([batch["completion_mask"].sum(dim=1).cpu() for batch in batches])
@@ -322,14 +322,14 @@ class RolloutObjective:
         cut_and_ended = torch.tensor([int((~ended).sum()), int(lengths[ended].sum())], dtype=torch.float64)
         scored_values = values.nan_to_num(0.0)
         return torch.cat([torch.tensor([len(scores), float(scores.sum()), tokens], dtype=torch.float64),
-                          scored_values.sum(dim=1), (~values.isnan()).sum(dim=1).double(),
-                          (scored_values ** 2).sum(dim=1), cut_and_ended, histogram, ended_histogram])
+                          scored_values.sum(dim=1), (~values.isnan()).sum(dim=1).double(), cut_and_ended,
+                          histogram, ended_histogram])
 
     def _sum_parts(self, sums: torch.Tensor) -> dict[str, torch.Tensor]:
         """reward_sums's vector (summed over the processes) cut into its named parts: the one owner of its order."""
         functions, bins = len(self.rewards), self.settings.max_completion_length + 1
-        sizes = {"counts": 3, "function_sums": functions, "function_scored": functions,
-                 "function_squares": functions, "cut_and_ended_tokens": 2, "lengths": bins, "ended_lengths": bins}
+        sizes = {"counts": 3, "function_sums": functions, "function_scored": functions, "cut_and_ended_tokens": 2,
+                 "lengths": bins, "ended_lengths": bins}
         return dict(zip(sizes, torch.split(sums, list(sizes.values()))))
 
     def completion_shape(self, sums: torch.Tensor) -> list[float]:
@@ -348,19 +348,37 @@ class RolloutObjective:
         return [float(held.min()), float(held.max()), cut / completions, ended_tokens / ended,
                 float(held_ended.min()), float(held_ended.max())]
 
-    def reward_means(self, sums: torch.Tensor, batches: Sequence[dict[str, Any]]) -> tuple[float, float]:
-        """From reward_sums summed over all processes: (the mean weighted reward, the mean completion length); sets
-        each batch's "reward_function_stats": each function's mean over the completions it scored (NaN if none),
-        then its std over them, with Bessel's correction (TRL's nanstd; NaN if fewer than two), from the fp64 sums
-        of the values and their squares."""
+    def reward_means(self, sums: torch.Tensor) -> tuple[float, float]:
+        """From reward_sums summed over all processes: (the mean weighted reward, the mean completion length)."""
+        return float(sums[1] / sums[0]), float(sums[2] / sums[0])
+
+    def function_means(self, sums: torch.Tensor) -> torch.Tensor:
+        """From reward_sums summed over all processes: each reward function's mean over the step's completions it
+        scored, fp64 (NaN if none)."""
         parts = self._sum_parts(sums)
-        count, scored = sums[0], parts["function_scored"]
-        means = parts["function_sums"] / scored
-        squares = (parts["function_squares"] - parts["function_sums"] * means).clamp(min=0.0)  # sum (x - mean)^2
-        stds = torch.where(scored > 1, (squares / (scored - 1)).sqrt(), float("nan"))
+        return parts["function_sums"] / parts["function_scored"]
+
+    @staticmethod
+    def function_deviations(batches: Sequence[dict[str, Any]], means: torch.Tensor) -> torch.Tensor:
+        """This process's fp64 sums over its micro-batches, per reward function, of (value - the function's step
+        mean)^2 over the completions it scored: the second pass of the functions' stds, all-reduced after the first
+        has given the means. One pass (sum x^2 - n mean^2) cancels catastrophically where the values sit far from 0
+        with a small spread (a reward model's 1e8 +- 0.01: both terms near 1e17, their fp64 rounding larger than
+        the spread); deviations from the step's mean keep it, and the mean's own rounding enters only squared."""
+        values = torch.cat([batch["reward_values"] for batch in batches], dim=1)
+        deviations = values - means.unsqueeze(1)
+        return torch.where(values.isnan(), 0.0, deviations * deviations).sum(dim=1)
+
+    def set_function_stats(self, sums: torch.Tensor, deviations: torch.Tensor,
+                           batches: Sequence[dict[str, Any]]) -> None:
+        """Sets each batch's "reward_function_stats", from reward_sums and function_deviations each summed over all
+        processes: each function's mean over the completions it scored (NaN if none), then its std over them, with
+        Bessel's correction (TRL's nanstd; NaN if fewer than two)."""
+        scored = self._sum_parts(sums)["function_scored"]
+        stds = torch.where(scored > 1, (deviations / (scored - 1)).sqrt(), float("nan"))
         for batch in batches:
-            batch["reward_function_stats"] = torch.cat([means, stds]).float().to(batch["completion_mask"].device)
-        return float(sums[1] / count), float(sums[2] / count)
+            batch["reward_function_stats"] = torch.cat([self.function_means(sums), stds]).float().to(
+                batch["completion_mask"].device)
 
     def sample(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int,
                sampler: torch.nn.Module | None = None) -> dict[str, Any]:
@@ -471,7 +489,8 @@ class GroupRelativePolicy(RolloutObjective):
         return out
 
     def finish_rollouts(self, batches: Sequence[dict[str, Any]], accelerator: Accelerator) -> None:
-        """Collective: the logged rollout statistics over the step's global batch -- the mean reward over the
+        """Collective (two all-reduces of fp64 sums: the step's, then the deviations from its means, so that every
+        std is a two-pass one): the logged rollout statistics over the step's global batch -- the mean reward over the
         completions some reward function scored (as TRL's nanmean: one no function scored earned no reward of 0; NaN,
         written as null, when none is scored), the mean completion length over all its completions, the mean over its
         groups of the std of their scored rewards (a group with fewer than two has none; NaN when no group has
@@ -490,14 +509,19 @@ class GroupRelativePolicy(RolloutObjective):
         rollout = self.reward_sums(batches)
         sums = global_sums(accelerator, rollout, groups.sum(), len(groups), scores[scored].sum(), scored.sum(),
                            (groups <= ZERO_STD).sum())
-        _, length = self.reward_means(sums[:len(rollout)], batches)
+        _, length = self.reward_means(sums[:len(rollout)])
         shape = self.completion_shape(sums[:len(rollout)])
         std_sum, std_groups, scored_sum, scored_count, zero_std = sums[len(rollout):].tolist()
         reward = scored_sum / scored_count if scored_count else float("nan")
         reward_std = std_sum / std_groups if std_groups else float("nan")
         zero_std_fraction = zero_std / (float(sums[0]) / self.settings.num_generations)
+        # the second pass over the step's means: the stds from deviations, not from the sums of squares
+        means = self.function_means(sums[:len(rollout)])
+        deviations = global_sums(accelerator, self.function_deviations(batches, means),
+                                 ((scores[scored] - reward) ** 2).sum())
+        self.set_function_stats(sums[:len(rollout)], deviations[:len(self.rewards)], batches)
         if self.settings.reward_scaling == ScaleRewards.BATCH:  # TRL's nanstd of the scored rewards, Bessel's
-            squares = float(global_sums(accelerator, ((scores[scored] - reward) ** 2).sum())[0])
+            squares = float(deviations[len(self.rewards)])
             std = math.sqrt(squares / (scored_count - 1)) if scored_count > 1 else 0.0
             for batch in batches:
                 batch["advantages"] = batch["advantages"] / (std + ADVANTAGE_EPS)

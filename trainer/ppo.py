@@ -171,8 +171,8 @@ class ProximalPolicy(RolloutObjective):
         same in every micro-batch ("rollout_stats"): the reward's mean and std over its completions, the mean KL
         and the critic's explained variance over its tokens, the mean completion length and the others of
         completion_shape (shortest, longest, the share cut, the mean, shortest and longest length of those that
-        ended), and each reward function's mean and std ("reward_function_stats", reward_means). So one process of 4
-        prompts, two of 2 and one of 2 micro-batches of 2 take the same step."""
+        ended), and each reward function's mean and std ("reward_function_stats", set_function_stats). So one
+        process of 4 prompts, two of 2 and one of 2 micro-batches of 2 take the same step."""
         s = self.settings
         masks = [batch["completion_mask"].cpu().double() for batch in batches]
 
@@ -208,14 +208,16 @@ class ProximalPolicy(RolloutObjective):
         reward_sums = self.reward_sums(batches)
         first = global_sums(accelerator, reward_sums, sum(mask.sum() for mask in masks), token_sum(advantages),
                             token_sum(returns), token_sum(residuals), token_sum(lambda batch: batch["kl"]))
-        reward, length = self.reward_means(first[:len(reward_sums)], batches)
+        reward, length = self.reward_means(first[:len(reward_sums)])
         shape = self.completion_shape(first[:len(reward_sums)])
         completions, tokens = float(first[0]), float(first[len(reward_sums)])
         advantage, returned, residual, kl = (first[len(reward_sums) + 1:] / max(tokens, 1.0)).tolist()
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         second = global_sums(accelerator, token_sum(advantages, advantage, 2), token_sum(returns, returned, 2),
-                             token_sum(residuals, residual, 2), ((scores - reward) ** 2).sum())
-        squares_advantage, squares_returns, squares_residual, squares_reward = second.tolist()
+                             token_sum(residuals, residual, 2), ((scores - reward) ** 2).sum(),
+                             self.function_deviations(batches, self.function_means(first[:len(reward_sums)])))
+        self.set_function_stats(first[:len(reward_sums)], second[4:], batches)
+        squares_advantage, squares_returns, squares_residual, squares_reward = second[:4].tolist()
         moments = (advantage, squares_advantage / max(tokens - 1, 1.0))  # Bessel's correction, as whiten's own
         explained = explained_fraction(squares_residual / max(tokens, 1.0), squares_returns / max(tokens, 1.0))
         reward_std = math.sqrt(squares_reward / completions)

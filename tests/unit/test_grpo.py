@@ -980,3 +980,44 @@ def test_the_ended_extremes_skip_a_shorter_completion_the_full_context_cut_and_a
     # each function's means, then its stds: one scored a single completion, whose std is NaN (TRL's nanstd), not 0
     means_and_stds = batch["reward_function_stats"].tolist()
     assert means_and_stds[:3] == pytest.approx([0.1, 0.5, 0.0]) and math.isnan(means_and_stds[3])
+
+
+def test_the_functions_stds_of_rewards_far_from_0_are_exact_over_micro_batches_and_processes(tokenizer, policy,
+                                                                                              monkeypatch):
+    """A reward model's scores: 1e8 plus a spread of about 0.01 (and one completion unscored), two processes (threads
+    whose all-reduce sums), the first of two micro-batches of one prompt, the second of one of two, groups of 3. Each
+    function's logged std is statistics.stdev's (exact rational arithmetic) over the step's 11 scored values, to
+    1e-6: a std from the sums of the values and of their squares (sum x^2 - n mean^2, about 1e17 each in fp64, whose
+    rounding is larger than the spread) loses it all."""
+    import random
+
+    import trainer.grpo as grpo
+    from tests.threaded_processes import ThreadedProcesses
+
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler([]))
+    noise = random.Random(4)
+    given = {f"p{j}": [1e8 + noise.gauss(0.0, 0.01) for _ in range(3)] for j in range(4)}
+    given["p1"][0] = None
+    shifted = {prompt: [None if v is None else v - 1e8 for v in values] for prompt, values in given.items()}
+
+    def reward(prompts, completions, **columns):
+        return [given[prompt][index % 3] for index, prompt in enumerate(prompts)]
+
+    def offset(prompts, completions, **columns):  # the same spread about 0 (weight 0): the std both must log
+        return [shifted[prompt][index % 3] for index, prompt in enumerate(prompts)]
+
+    splits = [[_numbered_prompts(0, 1), _numbered_prompts(1, 1)], [_numbered_prompts(2, 2)]]
+
+    def process(rank: int, accelerator) -> tuple[GroupRelativePolicy, list[dict]]:
+        objective = GroupRelativePolicy([Reward("far", reward), Reward("near", offset, 0.0)], tokenizer,
+                                        _settings(group=3), None, seed=7, process_index=rank,
+                                        autocast=nullcontext, world=2)
+        return objective, objective.rollouts(policy, splits[rank], step=1, accelerator=accelerator)
+
+    scored = [v for values in given.values() for v in values if v is not None]
+    expected = statistics.stdev(scored)
+    assert len(scored) == 11 and 0.005 < expected < 0.02
+    for objective, batches in ThreadedProcesses(2).run(process):
+        stats = logged_step_stats(objective, policy, batches)
+        assert stats["rewards/reward_std"] == pytest.approx(expected, rel=1e-6)
+        assert stats["rewards/offset_std"] == pytest.approx(expected, rel=1e-6)

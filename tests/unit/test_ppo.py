@@ -506,3 +506,41 @@ def test_two_micro_batches_whiten_rewards_and_advantages_as_one(tokenizer, white
         assert tokens(name, split) == pytest.approx(tokens(name, whole), rel=1e-4, abs=1e-5), name
     if whiten_rewards:  # the rewards' spread is 1 over the step's tokens (their mean kept)
         assert statistics.stdev(tokens("rewards", whole)) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_the_functions_std_of_rewards_far_from_0_is_exact_over_micro_batches_and_processes(tokenizer, monkeypatch):
+    """A reward model's scores, 1e8 plus a spread of about 0.01, two processes (threads whose all-reduce sums), the
+    first of two micro-batches of one prompt, the second of one of two, groups of 2: the function's logged std is
+    statistics.stdev's (exact rational arithmetic) over the step's 8 values, to 1e-6 (from the sums of the values and
+    of their squares, about 1e17 each in fp64, nothing of the spread is left)."""
+    import random
+
+    import trainer.grpo as grpo
+    from tests.threaded_processes import ThreadedProcesses
+
+    eos = tokenizer.eos_token_id
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: [
+        [5 + index, eos] for index in range(len(prompt_ids))])
+    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
+    noise = random.Random(5)
+    given = {f"p{j}": [1e8 + noise.gauss(0.0, 0.01) for _ in range(2)] for j in range(4)}
+
+    def reward(prompts, completions, **columns):
+        return [given[prompt][index % 2] for index, prompt in enumerate(prompts)]
+
+    def prompts(first: int, count: int) -> dict:
+        return PromptDataset.collate([{"input_ids": torch.tensor([1 + j, 2]), "prompt": f"p{j}", "columns": {}}
+                                      for j in range(first, first + count)])
+
+    splits = [[prompts(0, 1), prompts(1, 1)], [prompts(2, 2)]]
+
+    def process(rank: int, accelerator) -> tuple[ProximalPolicy, list[dict]]:
+        objective = ProximalPolicy([Reward("far", reward)], tokenizer, _settings(2), reference, seed=7,
+                                   process_index=rank, autocast=nullcontext, world=2)
+        return objective, objective.rollouts(model, splits[rank], step=3, accelerator=accelerator)
+
+    expected = statistics.stdev([v for values in given.values() for v in values])
+    assert 0.005 < expected < 0.02
+    for objective, batches in ThreadedProcesses(2).run(process):
+        stats = logged_step_stats(objective, model, batches)
+        assert stats["rewards/reward_std"] == pytest.approx(expected, rel=1e-6)

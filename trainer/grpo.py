@@ -103,7 +103,7 @@ class RolloutSettings:
 
 def _scored_group_stds(rewards: torch.Tensor) -> torch.Tensor:
     """The std of each row's scored rewards (P, G) -> (groups with at least two of them,): what group_advantages
-    divides by, for the log."""
+    divides by, for the logged share of groups whose rewards are all equal."""
     count, _, std = scored_group_stats(rewards)
     return std[count > 1]
 
@@ -468,7 +468,7 @@ class GroupRelativePolicy(RolloutObjective):
                  autocast: Callable[[], AbstractContextManager], world: int = 1, sharded: bool = False) -> None:
         super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world, sharded)
         self.stat_names = STAT_NAMES + self.reward_names + self.reward_std_names
-        # no completion scored: no reward; no group with two scored: no mean of the groups' stds
+        # no completion scored: no reward; fewer than two: no std
         self.stat_windows.update(reward=StatWindow.DEFINED_MEAN, reward_std=StatWindow.DEFINED_MEAN)
         self.updates_per_rollout = settings.num_iterations
 
@@ -492,9 +492,9 @@ class GroupRelativePolicy(RolloutObjective):
         """Collective (two all-reduces of fp64 sums: the step's, then the deviations from its means, so that every
         std is a two-pass one): the logged rollout statistics over the step's global batch -- the mean reward over the
         completions some reward function scored (as TRL's nanmean: one no function scored earned no reward of 0; NaN,
-        written as null, when none is scored), the mean completion length over all its completions, the mean over its
-        groups of the std of their scored rewards (a group with fewer than two has none; NaN when no group has
-        two), the shortest and longest completion, the share of the completions the length limit cut, the share of
+        written as null, when none is scored), the mean completion length over all its completions, the std of the
+        scored completions' rewards over the whole batch (Bessel's, TRL's reward_std; NaN with fewer than two),
+        the shortest and longest completion, the share of the completions the length limit cut, the share of
         the groups whose scored rewards are all equal (std <= ZERO_STD: TRL's frac_reward_zero_std, over all the
         groups; one with fewer than two scored is not counted), the ended completions' mean, shortest and longest
         length (completion_shape) --, the same in every micro-batch ("rollout_stats", and each reward function's
@@ -507,22 +507,22 @@ class GroupRelativePolicy(RolloutObjective):
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         groups = _scored_group_stds(scores.masked_fill(~scored, float("nan")).view(-1, self.settings.num_generations))
         rollout = self.reward_sums(batches)
-        sums = global_sums(accelerator, rollout, groups.sum(), len(groups), scores[scored].sum(), scored.sum(),
-                           (groups <= ZERO_STD).sum())
+        sums = global_sums(accelerator, rollout, scores[scored].sum(), scored.sum(), (groups <= ZERO_STD).sum())
         _, length = self.reward_means(sums[:len(rollout)])
         shape = self.completion_shape(sums[:len(rollout)])
-        std_sum, std_groups, scored_sum, scored_count, zero_std = sums[len(rollout):].tolist()
+        scored_sum, scored_count, zero_std = sums[len(rollout):].tolist()
         reward = scored_sum / scored_count if scored_count else float("nan")
-        reward_std = std_sum / std_groups if std_groups else float("nan")
         zero_std_fraction = zero_std / (float(sums[0]) / self.settings.num_generations)
         # the second pass over the step's means: the stds from deviations, not from the sums of squares
         means = self.function_means(sums[:len(rollout)])
         deviations = global_sums(accelerator, self.function_deviations(batches, means),
                                  ((scores[scored] - reward) ** 2).sum())
         self.set_function_stats(sums[:len(rollout)], deviations[:len(self.rewards)], batches)
-        if self.settings.reward_scaling == ScaleRewards.BATCH:  # TRL's nanstd of the scored rewards, Bessel's
-            squares = float(deviations[len(self.rewards)])
-            std = math.sqrt(squares / (scored_count - 1)) if scored_count > 1 else 0.0
+        # the scored rewards' std over the step's batch, Bessel's: TRL's reward_std, and its batch scaling's divisor
+        squares = float(deviations[len(self.rewards)])
+        reward_std = math.sqrt(squares / (scored_count - 1)) if scored_count > 1 else float("nan")
+        if self.settings.reward_scaling == ScaleRewards.BATCH:
+            std = reward_std if scored_count > 1 else 0.0
             for batch in batches:
                 batch["advantages"] = batch["advantages"] / (std + ADVANTAGE_EPS)
         for batch in batches:

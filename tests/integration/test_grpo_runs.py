@@ -61,7 +61,7 @@ def test_a_grpo_run_logs_its_rollout_statistics_and_saves(grpo_run):
         assert record["reward"] >= 0 and record["kl"] >= 0
         # the weighted sum of the functions' means (every completion is scored by both)
         assert record["reward"] == pytest.approx(record["rewards/letter_e"] + 0.5 * record["rewards/math_answer"])
-    assert any(record["reward_std"] > 0 for record in train)  # the groups' completions differ
+    assert any(record["reward_std"] > 0 for record in train)  # the step's rewards differ
     assert train[0]["kl"] == pytest.approx(0, abs=1e-6)  # the policy starts as the reference
     assert max(record["kl"] for record in train[1:]) > 0  # and moves away from it
     summary = read_summary(grpo_run)

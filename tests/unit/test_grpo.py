@@ -303,9 +303,8 @@ def test_rollouts_score_groups_and_normalise_advantages_within_each(tokenizer, p
         assert batch["advantages"][first:first + 3].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert objective.stat_names[-2:] == ("rewards/reward", "rewards/reward_std")
     assert batch["reward_function_stats"].tolist() == pytest.approx([sum(rewards) / 6, statistics.stdev(rewards)])
-    stds = [statistics.stdev(rewards[first:first + 3]) for first in (0, 3)]
     assert batch["rollout_stats"].tolist()[:3] == pytest.approx(
-        [sum(rewards) / 6, sum(stds) / 2, float(batch["completion_mask"].sum()) / 6], rel=1e-6)
+        [sum(rewards) / 6, statistics.stdev(rewards), float(batch["completion_mask"].sum()) / 6], rel=1e-6)
     assert batch["input_ids"][:3, :3].tolist() == [[1, 2, 3]] * 3 and batch["starts"].tolist() == [3] * 3 + [2] * 3
     assert batch["completion_mask"].sum(dim=1).tolist() == [len(t) for t in _token_lists(batch)]
     again = objective.rollout(policy, _prompts(tokenizer), step=5, micro_batch=0)
@@ -340,8 +339,8 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     """Two micro-batches of two prompts, cispo (its unit is the token, so the loss weighs each micro-batch's
     statistics by its tokens): the step's logged reward std and completion length are those of all eight
     completions, its reward and the function's mean those of the completions it scored (it leaves the first of
-    each micro-batch unscored: TRL's nanmean, not a reward of 0 it earned), its reward std the mean of the std of
-    the groups with two scored completions (TRL's nanstd in each group)."""
+    each micro-batch unscored: TRL's nanmean, not a reward of 0 it earned), its reward std the std of those scored
+    completions' rewards (Bessel's: TRL's reward_std over the step's batch), not the mean of its groups' stds."""
     import trainer.grpo as grpo
 
     def sample(model, tok, prompt_ids, settings):  # completions of 1 to 6 tokens, by their seeds
@@ -373,7 +372,8 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     assert [batch["step_completion_tokens"] for batch in batches] == [sum(lengths)] * 2  # and the token-level one
     (reward, reward_std, _, _, length), (function_mean, function_std) = stats.tolist()[:5], stats.tolist()[-2:]
     assert (reward, reward_std, length, function_mean) == pytest.approx(
-        (sum(scored) / len(scored), sum(stds) / len(stds), sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
+        (sum(scored) / len(scored), statistics.stdev(scored), sum(lengths) / 8, sum(scored) / len(scored)), rel=1e-5)
+    assert statistics.stdev(scored) != pytest.approx(sum(stds) / len(stds), rel=1e-2)
     # the function's std over the step's scored completions, Bessel's (TRL's rewards/<f>/std: nanstd), not a
     # micro-batch's, nor their mean
     mean = sum(scored) / len(scored)
@@ -618,12 +618,12 @@ def test_a_completion_no_reward_scores_is_out_of_its_groups_advantages(tokenizer
         expected = [0.0, (a - mean) / (std + 1e-4), (b - mean) / (std + 1e-4)]
         assert batch["advantages"][first:first + 3].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
     # the logged reward is the mean over the eight completions some function scored (one function's None does not
-    # unscore a completion); the reward std the mean over the groups of their two scored completions' std
+    # unscore a completion); the reward std their std (Bessel's), the unscored ones left out, not counted as 0
     pairs = [(tokens[first + 1], tokens[first + 2] + 0.5) for first in range(0, 12, 3)]
     assert len({abs(a - b) for a, b in pairs}) > 1
     reward, reward_std = batch["rollout_stats"].tolist()[:2]
     assert (reward, reward_std) == pytest.approx(
-        (sum(a + b for a, b in pairs) / 8, sum(statistics.stdev(pair) for pair in pairs) / 4), rel=1e-5)
+        (sum(a + b for a, b in pairs) / 8, statistics.stdev([r for pair in pairs for r in pair])), rel=1e-5)
 
 
 def test_batch_scaling_of_a_step_with_two_scored_rewards_divides_by_their_std(tokenizer, policy, monkeypatch):
@@ -1021,3 +1021,40 @@ def test_the_functions_stds_of_rewards_far_from_0_are_exact_over_micro_batches_a
         stats = logged_step_stats(objective, policy, batches)
         assert stats["rewards/reward_std"] == pytest.approx(expected, rel=1e-6)
         assert stats["rewards/offset_std"] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+def test_the_logged_reward_std_is_trls_over_the_steps_batch_over_processes(tokenizer, policy, monkeypatch,
+                                                                          scale_rewards):
+    """TRL 0.28's GRPOTrainer logs reward_std as the std (Bessel's, torch.std) of the rewards of the step's whole
+    gathered batch, whatever scale_rewards (0.26 logged the mean of the groups' stds): written out here in fp64 over
+    two processes (threads whose all-reduce sums), the first of two micro-batches of one prompt, the second of one of
+    two, groups of 3, every completion scored, weights 1 (where TRL's rewards_per_func.nansum is the reward); the
+    groups' means differ, so the mean of their stds is another number. The logged reward is the same batch's
+    mean."""
+    import trainer.grpo as grpo
+    from tests.threaded_processes import ThreadedProcesses
+
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler([]))
+    given = {"p0": [0.0, 1.0, 0.5], "p1": [3.0, 3.5, 5.0], "p2": [1.0, 1.0, 1.0], "p3": [-2.0, 0.25, 0.0]}
+    halves = {prompt: [v / 2 for v in values] for prompt, values in given.items()}
+
+    def reward(prompts, completions, **columns):
+        return [halves[prompt][index % 3] for index, prompt in enumerate(prompts)]
+
+    splits = [[_numbered_prompts(0, 1), _numbered_prompts(1, 1)], [_numbered_prompts(2, 2)]]
+    settings = dataclasses.replace(_settings(group=3), scale_rewards=scale_rewards)
+
+    def process(rank: int, accelerator) -> tuple[GroupRelativePolicy, list[dict]]:
+        objective = GroupRelativePolicy([Reward("a", reward), Reward("b", reward)], tokenizer, settings, None,
+                                        seed=7, process_index=rank, autocast=nullcontext, world=2)
+        return objective, objective.rollouts(policy, splits[rank], step=1, accelerator=accelerator)
+
+    per_function = torch.tensor([[v / 2, v / 2] for values in given.values() for v in values], dtype=torch.float64)
+    trl_rewards = per_function.nansum(dim=1)  # TRL's logged rewards: rewards_per_func.nansum(dim=1), gathered
+    group_stds = trl_rewards.view(-1, 3).std(dim=1)
+    assert float(trl_rewards.std()) != pytest.approx(float(group_stds.mean()), rel=1e-2)
+    for objective, batches in ThreadedProcesses(2).run(process):
+        stats = logged_step_stats(objective, policy, batches)
+        assert (stats["reward"], stats["reward_std"]) == pytest.approx(
+            (float(trl_rewards.mean()), float(trl_rewards.std())), rel=1e-6)

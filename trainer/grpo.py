@@ -383,7 +383,8 @@ class RolloutObjective:
     def sample(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int,
                sampler: torch.nn.Module | None = None) -> dict[str, Any]:
         """The micro-batch of P prompts -> P x G scored completions: the tensors every loss reads (input_ids,
-        attention_mask, starts, completion_mask), the weighted rewards ("scores", P x G, fp32 on the CPU), each
+        attention_mask, starts, completion_mask), the weighted rewards ("scores", P x G, fp64 on the CPU: a reward
+        model's 1e8 +- 0.01 keeps its spread, which fp32, 8 between neighbours there, would round away), each
         function's values with None as NaN ("reward_values", functions x completions, fp64) and whether each
         completion ended with its end-of-turn token rather than at the length limit ("ended", bool on the CPU)."""
         s, group = self.settings, self.settings.num_generations
@@ -409,7 +410,7 @@ class RolloutObjective:
         out = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
                "starts": torch.tensor([len(p) for p in prompt_ids], device=device),
                "completion_mask": (torch.arange(width) < lengths.unsqueeze(1)).to(device),
-               "scores": torch.tensor(totals, dtype=torch.float32),
+               "scores": torch.tensor(totals, dtype=torch.float64),
                "reward_values": torch.tensor(per_function, dtype=torch.float64).view(len(per_function), len(texts)),
                "ended": torch.tensor([bool(ids) and ids[-1] in stops for ids in completions])}
         return out
@@ -483,7 +484,7 @@ class GroupRelativePolicy(RolloutObjective):
         # batch: centred here, divided by the global batch's std in finish_rollouts
         advantages = group_advantages(rewards, scale=self.settings.reward_scaling == ScaleRewards.GROUP).flatten()
         device = out["input_ids"].device
-        out["advantages"] = advantages.to(device)
+        out["advantages"] = advantages.to(device, torch.float32)  # centred in fp64, the loss's in fp32
         if self.reference is not None:
             out["ref_logp"] = self.reference_log_probs(out)
         return out

@@ -1058,3 +1058,34 @@ def test_the_logged_reward_std_is_trls_over_the_steps_batch_over_processes(token
         stats = logged_step_stats(objective, policy, batches)
         assert (stats["reward"], stats["reward_std"]) == pytest.approx(
             (float(trl_rewards.mean()), float(trl_rewards.std())), rel=1e-6)
+
+
+def test_a_reward_models_scores_far_from_0_keep_their_spread_in_the_advantages_and_reward_std(tokenizer, policy,
+                                                                                              monkeypatch):
+    """Scores of 1e8 plus a spread of about 0.01, groups of 3, two micro-batches: the weighted rewards are kept in
+    fp64 (in fp32, 1e8's neighbours are 8 apart: every spread rounds away), so each advantage is (r - the group's
+    mean) / (its std + 1e-4) in fp64 by hand and the logged reward std statistics.stdev's, to 1e-5."""
+    import random
+
+    import trainer.grpo as grpo
+
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler([]))
+    noise = random.Random(6)
+    given = {f"p{j}": [1e8 + noise.gauss(0.0, 0.01) for _ in range(3)] for j in range(4)}
+
+    def reward(prompts, completions, **columns):
+        return [given[prompt][index % 3] for index, prompt in enumerate(prompts)]
+
+    objective = GroupRelativePolicy([Reward("far", reward)], tokenizer, _settings(group=3), None, seed=7,
+                                    process_index=0, autocast=nullcontext)
+    batches = objective.rollouts(policy, [_numbered_prompts(0, 2), _numbered_prompts(2, 2)], step=1,
+                                 accelerator=OneProcess())
+    expected = []
+    for values in given.values():
+        mean = math.fsum(values) / 3
+        expected += [(v - mean) / (statistics.stdev(values) + 1e-4) for v in values]
+    assert max(abs(a) for a in expected) > 0.5
+    assert torch.cat([batch["advantages"] for batch in batches]).tolist() == pytest.approx(expected, rel=1e-5)
+    stats = logged_step_stats(objective, policy, batches)
+    scored = [v for values in given.values() for v in values]
+    assert stats["reward_std"] == pytest.approx(statistics.stdev(scored), rel=1e-5)

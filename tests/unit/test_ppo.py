@@ -544,3 +544,33 @@ def test_the_functions_std_of_rewards_far_from_0_is_exact_over_micro_batches_and
     for objective, batches in ThreadedProcesses(2).run(process):
         stats = logged_step_stats(objective, model, batches)
         assert stats["rewards/reward_std"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_reward_models_scores_far_from_0_keep_their_spread_in_the_logged_reward_std(tokenizer, monkeypatch):
+    """Scores of 1e8 plus a spread of about 0.01 over two micro-batches: the logged reward std (without Bessel's
+    correction) is statistics.pstdev's over the step's 8 scores, to 1e-5 (in fp32, 1e8's neighbours are 8 apart:
+    every spread rounds away)."""
+    import random
+
+    import trainer.grpo as grpo
+
+    eos = tokenizer.eos_token_id
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: [
+        [5 + index, eos] for index in range(len(prompt_ids))])
+    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
+    noise = random.Random(7)
+    given = {f"p{j}": [1e8 + noise.gauss(0.0, 0.01) for _ in range(2)] for j in range(4)}
+
+    def reward(prompts, completions, **columns):
+        return [given[prompt][index % 2] for index, prompt in enumerate(prompts)]
+
+    def prompts(first: int, count: int) -> dict:
+        return PromptDataset.collate([{"input_ids": torch.tensor([1 + j, 2]), "prompt": f"p{j}", "columns": {}}
+                                      for j in range(first, first + count)])
+
+    objective = ProximalPolicy([Reward("far", reward)], tokenizer, _settings(2), reference, seed=7, process_index=0,
+                               autocast=nullcontext)
+    batches = objective.rollouts(model, [prompts(0, 2), prompts(2, 2)], step=3, accelerator=OneProcess())
+    stats = logged_step_stats(objective, model, batches)
+    assert stats["reward_std"] == pytest.approx(
+        statistics.pstdev([v for values in given.values() for v in values]), rel=1e-5)

@@ -1027,11 +1027,11 @@ def test_the_functions_stds_of_rewards_far_from_0_are_exact_over_micro_batches_a
 def test_the_logged_reward_std_is_trls_over_the_steps_batch_over_processes(tokenizer, policy, monkeypatch,
                                                                           scale_rewards):
     """TRL 0.28's GRPOTrainer logs reward_std as the std (Bessel's, torch.std) of the rewards of the step's whole
-    gathered batch, whatever scale_rewards (0.26 logged the mean of the groups' stds): written out here in fp64 over
-    two processes (threads whose all-reduce sums), the first of two micro-batches of one prompt, the second of one of
-    two, groups of 3, every completion scored, weights 1 (where TRL's rewards_per_func.nansum is the reward); the
-    groups' means differ, so the mean of their stds is another number. The logged reward is the same batch's
-    mean."""
+    gathered batch, whatever scale_rewards (0.26 logged the mean of the groups' stds under group and none): written
+    out here in fp64 over two processes (threads whose all-reduce sums), the first of two micro-batches of one
+    prompt, the second of one of two, groups of 3, every completion scored, weights 1 (where TRL's
+    rewards_per_func.nansum is the reward); the groups' means differ, so the mean of their stds is another number.
+    The logged reward is the same batch's mean."""
     import trainer.grpo as grpo
     from tests.threaded_processes import ThreadedProcesses
 

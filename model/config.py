@@ -288,7 +288,7 @@ class MiniNormConfig(PretrainedConfig):
         if (self.hidden_size // self.num_attention_heads) % 2:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not allowed; head_dim = "
                              f"hidden_size / num_attention_heads must be even for RoPE")
-        self.rope_scaling = check_rope_scaling(self.rope_scaling, self.max_position_embeddings)
+        self.rope_scaling = check_rope_scaling(self.rope_scaling, self.max_position_embeddings, self.head_dim)
         if self.intermediate_size is None:
             self.intermediate_size = _swiglu_hidden(self.hidden_size)
         _check_moe(self)

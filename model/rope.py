@@ -36,9 +36,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_rope_scaling(value: Any, max_position_embeddings: int) -> dict[str, Any] | None:
+def check_rope_scaling(value: Any, max_position_embeddings: int, head_dim: int | None = None
+                       ) -> dict[str, Any] | None:
     """The validated rope_scaling (None, or a new dict with yarn's original_max_position_embeddings filled in as
-    transformers does); ValueError naming the key and the allowed values otherwise."""
+    transformers does); ValueError naming the key and the allowed values otherwise. `head_dim`, when given, is
+    checked against what the type computes (dynamic's exponent d / (d - 2) needs d > 2)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -56,6 +58,10 @@ def check_rope_scaling(value: Any, max_position_embeddings: int) -> dict[str, An
                          f"{rope_type!r}; its keys are {', '.join(ROPE_KEYS[rope_type])}")
     if not (_is_number(scaling.get("factor")) and scaling["factor"] >= 1):
         raise ValueError(f"rope_scaling factor={scaling.get('factor')!r} is not allowed; it must be a number >= 1")
+    if rope_type == "dynamic" and head_dim == 2:
+        raise ValueError("rope_scaling rope_type='dynamic' is not allowed with head_dim=2 (hidden_size / "
+                         "num_attention_heads): its base grows with the exponent head_dim / (head_dim - 2); choose "
+                         "'linear' or 'yarn', or heads of at least 4 dimensions")
     if rope_type == "yarn":
         scaling.setdefault("original_max_position_embeddings", max_position_embeddings)
         original = scaling["original_max_position_embeddings"]
@@ -157,7 +163,7 @@ def extend_context(model: Any, factor: float | None, trained_length: int | None 
 def set_rope_scaling(model: Any, scaling: Mapping[str, Any] | None, max_position_embeddings: int) -> None:
     """Give a loaded MiniNorm model another rope_scaling (validated; None: plain RoPE) and max_position_embeddings,
     in its config and its RotaryEmbedding alike (the frequencies are recomputed at every forward)."""
-    checked = check_rope_scaling(scaling, max_position_embeddings)
+    checked = check_rope_scaling(scaling, max_position_embeddings, model.config.head_dim)
     model.config.rope_scaling, model.config.max_position_embeddings = checked, max_position_embeddings
     rotary = model.model.rotary
     rotary.rope_scaling, rotary.max_position_embeddings = checked, max_position_embeddings

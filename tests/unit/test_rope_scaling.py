@@ -13,7 +13,7 @@ from eval.chat import main as chat_main
 from eval.evaluate import evaluate_model_dir
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
-from model.rope import extend_context
+from model.rope import extend_context, set_rope_scaling
 from scripts.server.served_model import load_served_model
 from tests.llama_reference import llama_from_mininorm, with_random_norm_gains
 from trainer.export import save_model_dir
@@ -113,6 +113,23 @@ def test_bad_rope_scaling_is_refused_naming_the_key(scaling, named: str) -> None
     with pytest.raises(ValueError, match=named.replace("(", r"\(")) as info:
         MiniNormConfig(**SHAPE, rope_scaling=scaling)
     assert "\n" not in str(info.value)
+
+
+def test_dynamic_scaling_with_two_dimensional_heads_is_refused_in_one_line() -> None:
+    """Dynamic NTK raises the base to d / (d - 2): with head_dim d = 2 the model ran to max_position_embeddings and
+    died with a ZeroDivisionError one position later (and transformers could not even build its export), found by a
+    randomized parity sweep. The config, and set_rope_scaling on a loaded model, now refuse it up front."""
+    dynamic = {"rope_type": "dynamic", "factor": 2.0}
+    tiny = dict(vocab_size=11, hidden_size=2, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                max_position_embeddings=4, norm_impl="eager")
+    with pytest.raises(ValueError, match=r"rope_type='dynamic' is not allowed with head_dim=2") as info:
+        MiniNormConfig(**tiny, rope_scaling=dynamic)
+    assert "\n" not in str(info.value)
+    model = MiniNormForCausalLM(MiniNormConfig(**tiny))  # plain RoPE at head_dim 2 is fine, past nothing
+    with pytest.raises(ValueError, match=r"rope_type='dynamic' is not allowed with head_dim=2"):
+        set_rope_scaling(model, dynamic, 4)
+    assert model.config.rope_scaling is None and model.model.rotary.rope_scaling is None  # left as it was
+    MiniNormConfig(**{**tiny, "hidden_size": 4}, rope_scaling=dynamic)  # head_dim 4: d / (d - 2) = 2
 
 
 # ---------------------------------------------------------------------------------------------- --rope_scaling_factor

@@ -39,6 +39,7 @@ from transformers import (LlamaForCausalLM, PreTrainedModel, Qwen3ForCausalLM,  
                           Qwen3MoeForCausalLM)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from dataset.atomic_io import first_line  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from model.export_dir import EXPORT_MARKER, check_out_dir, earlier_source, staged_dir  # noqa: E402
@@ -100,6 +101,18 @@ def max_logit_difference(ours: MiniNormForCausalLM, export_dir: Path, target: st
     return (ours.float()(ids).logits - theirs(ids).logits).abs().max().item()
 
 
+def _unrunnable_hint(config: MiniNormConfig) -> str:
+    """Why transformers may fail to run an export that is correct: its default Qwen3-MoE experts (grouped_mm) need
+    each expert weight row to be a multiple of 16 bytes, 4 fp32 values (8 in bf16 or fp16), of both widths."""
+    widths = {"hidden_size": config.hidden_size, "moe_intermediate_size": config.moe_intermediate_size}
+    if not config.is_moe or not any(width % 8 for width in widths.values()):
+        return ""
+    sizes = ", ".join(f"{name}={width}" for name, width in widths.items())
+    return (f"; its default grouped_mm experts need hidden_size and moe_intermediate_size to be multiples of 4 "
+            f"(8 in bf16 or fp16), and this model has {sizes}: export with --no_verify and load it with "
+            "experts_implementation='eager'")
+
+
 def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool = True, target: str = "llama") -> Path:
     """Write the `target` ("llama", "qwen3" or "qwen3_moe") directory; returns its path. Raises NotExportable /
     ModelNotFound / ValueError."""
@@ -136,7 +149,12 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
         if (source / CONFIG_FILE).is_file():  # keeps the task (sft/pretrain) for eval/chat.py
             shutil.copy2(source / CONFIG_FILE, staging / CONFIG_FILE)
         if verify:
-            diff = max_logit_difference(ours, staging, target)
+            try:
+                diff = max_logit_difference(ours, staging, target)
+            except RuntimeError as error:  # stock transformers cannot run what was written: one line, not a traceback
+                raise ValueError(f"stock transformers' {model_class.__name__} cannot run the exported model "
+                                 f"({first_line(error, named=True)}); nothing written{_unrunnable_hint(ours.config)}"
+                                 ) from None
             if not diff <= 1e-4:
                 raise ValueError(f"the exported model's logits differ from ours by {diff:.3g}; nothing written")
             provenance["max_logit_difference"] = diff

@@ -88,3 +88,24 @@ def test_each_switch_qwen3_moe_cannot_express_is_named(tokenizer, tmp_path, caps
     assert len(error.splitlines()) == 1 and switch in error and hint in error, error
     assert {"qwen3_moe": "Qwen3-MoE", "qwen3": "Qwen3", "llama": "Llama"}[target] in error
     assert not (tmp_path / "out").exists()
+
+
+def test_an_expert_width_transformers_grouped_mm_cannot_run_is_one_line(tokenizer, tmp_path, capsys) -> None:
+    """moe_intermediate_size=81 (a randomized parity sweep's failing config) exports correctly, but stock
+    transformers' default experts (grouped_mm) cannot run it: its rows are not a multiple of 16 bytes. The
+    verification's crash was a RuntimeError traceback; it is one line naming the width and the way out, and
+    nothing is written. --no_verify writes it, and transformers' eager experts give our logits."""
+    source = moe_dir(tokenizer, tmp_path / "moe", moe_intermediate_size=81)
+    capsys.readouterr()
+    assert main(["--model_path", str(source), "--out_dir", str(tmp_path / "out"), "--target", "qwen3_moe"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1, error
+    assert "strides should be multiple of 16 bytes" in error and "moe_intermediate_size=81" in error, error
+    assert "experts_implementation='eager'" in error and "nothing written" in error, error
+    assert not (tmp_path / "out").exists()
+    out = convert_to_llama(source, tmp_path / "out", verify=False, target="qwen3_moe")
+    theirs = AutoModelForCausalLM.from_pretrained(out, experts_implementation="eager").eval()
+    ours = MiniNormForCausalLM.from_pretrained(source, norm_impl="eager").eval()
+    ids = torch.randint(0, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids).logits, atol=1e-5, rtol=0)

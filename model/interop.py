@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import torch
 from safetensors import SafetensorError, safe_open
+from transformers import LlamaConfig, PretrainedConfig, Qwen3Config
 
 from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
@@ -23,6 +24,8 @@ from model.loading import check_finite, few
 from model.model import MiniNormForCausalLM
 
 IMPORTABLE = ("llama", "qwen3")
+# The transformers config class of each importable model_type: what it reads for a field config.json leaves out.
+CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "qwen3": Qwen3Config}
 # The config.json fields every import reads: the shape, without defaults (MiniNormConfig checks their values).
 REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                   "max_position_embeddings")
@@ -30,6 +33,12 @@ REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
 
 class NotImportable(ValueError):
     """The checkpoint uses something MiniNorm cannot compute exactly."""
+
+
+def _as_transformers_reads(hf: Mapping[str, Any], field: str) -> Any:
+    """config.json's `field`, or where it leaves the field out, its architecture's default: Qwen3Config's head_dim is
+    128 and its num_key_value_heads 32, not what the other sizes imply (None: derived from them, as LLaMA's are)."""
+    return hf[field] if field in hf else getattr(CONFIG_CLASSES[hf["model_type"]], field, None)
 
 
 def _refuse(source: Path, field: str, value: Any, why: str) -> NotImportable:
@@ -108,7 +117,7 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
     fields: dict[str, Any] = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_hidden_layers=hf["num_hidden_layers"],
         num_attention_heads=hf["num_attention_heads"],
-        num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        num_key_value_heads=_as_transformers_reads(hf, "num_key_value_heads") or hf["num_attention_heads"],
         intermediate_size=hf["intermediate_size"], max_position_embeddings=hf["max_position_embeddings"],
         rope_theta=rope_theta, tie_word_embeddings=hf.get("tie_word_embeddings", False),
         initializer_range=hf.get("initializer_range", 0.02), norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -120,7 +129,8 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
         config = MiniNormConfig(**fields)
     except ValueError as error:  # a value MiniNorm refuses, under MiniNorm's name for it (rms_norm_eps: norm_eps)
         raise NotImportable(f"cannot import {source}: as MiniNorm's config, {error}") from None
-    head_dim = hf.get("head_dim") or config.head_dim  # not a MiniNormConfig field: it follows from the sizes
+    # not a MiniNormConfig field: it follows from the sizes
+    head_dim = _as_transformers_reads(hf, "head_dim") or config.head_dim
     if head_dim != config.head_dim:
         raise _refuse(source, "head_dim", head_dim, f"is not supported; MiniNorm's head_dim is hidden_size / "
                                                     f"num_attention_heads = {config.head_dim}")

@@ -176,6 +176,21 @@ def test_what_does_not_map_is_refused_in_one_line(kind, overrides, named, tmp_pa
     assert named in error and str(tmp_path / "hf") in error
 
 
+@pytest.mark.parametrize(("dropped", "named"), [("head_dim", "head_dim=128"),
+                                                ("num_key_value_heads", "num_key_value_heads=32")])
+def test_a_field_left_out_of_a_qwen3_config_reads_as_transformers_reads_it(dropped, named, tmp_path, capsys) -> None:
+    """Qwen3Config's defaults are not the values the other sizes imply: a config.json without head_dim is a model of
+    128-dimensional heads to transformers, one without num_key_value_heads a model of 32 KV heads. The import read
+    them as hidden_size / num_attention_heads and num_attention_heads, and then refused the weights' shapes, saying
+    config.json gave what it never said; it now names the value transformers reads, before any weight."""
+    Qwen3Config(**SHAPE).save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del config[dropped]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    error = _refused(capsys, tmp_path / "hf", tmp_path / "imported")
+    assert named in error and "model.safetensors" not in error, error
+
+
 def test_an_unsupported_rope_type_is_refused(tmp_path, capsys) -> None:
     config = LlamaConfig(**SHAPE, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -42,11 +42,12 @@ def map_jsonl(
     skip_bad_lines: bool,
     cache_dir: str | Path | None,
     if_empty: str | None = None,
+    empty_answers: bool = False,
 ) -> MappedJsonl:
     """Load ``path`` as records of ``kind`` and map them, ``batch_size`` at a time, with ``mapper(batch,
     **fn_kwargs)`` into rows of ``features``. ``if_empty``: the reason given, after the path, when no row is left
-    (``None``: the mapper never leaves none)."""
-    raw, scan = load_jsonl(path, kind, skip_bad_lines, cache_dir)
+    (``None``: the mapper never leaves none). ``empty_answers``: dataset.jsonl.iter_records'."""
+    raw, scan = load_jsonl(path, kind, skip_bad_lines, cache_dir, empty_answers)
     rows = raw.map(
         mapper,
         batched=True,

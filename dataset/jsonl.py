@@ -24,6 +24,7 @@ import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -38,10 +39,11 @@ from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 10  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
+SCAN_VERSION = 11  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
 # calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt";
 # 9: that prompt not put twice before conversations that begin with it, a "prompt" string beside them taken, a
-# null "prompt" none; 10: the file's leading byte order mark read past, so a first line skipped for it is read again)
+# null "prompt" none; 10: the file's leading byte order mark read past, so a first line skipped for it is read again;
+# 11: a conversation's empty assistant message refused unless empty_answers)
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 # U+FEFF in UTF-8: the byte order mark many Windows editors write at the start of a file
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -158,10 +160,28 @@ def _canonical_json(value: list | None) -> str:
     return json.dumps(value, ensure_ascii=False) if value else ""
 
 
-def _check_conversations(obj: object) -> dict:
+def _check_conversations(obj: object, empty_answers: bool = False) -> dict:
+    """SFT's conversations; an assistant message with nothing in it is refused unless `empty_answers`
+    (check_answers)."""
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
-    return {"conversations": _check_messages(obj, "conversations")}
+    conversations = _check_messages(obj, "conversations")
+    if not empty_answers:
+        check_answers(conversations, "conversations")
+    return {"conversations": conversations}
+
+
+def check_answers(messages: list[dict], name: str) -> None:
+    """A BadLine naming the first assistant message of `messages` (field `name`) that holds nothing to learn: no
+    content but whitespace, no tool call, no reasoning. Supervised, it teaches the model to answer nothing (its
+    label is the closing <|im_end|> alone); such a turn is the open answer of a prompt-only row, MiniMind's
+    rlaif.jsonl, which the RL trainers read."""
+    for index, message in enumerate(messages):
+        if message["role"] == "assistant" and not message["content"].strip() and not message["tool_calls"] \
+                and not message["reasoning_content"].strip():
+            raise BadLine(f"{name}[{index}] is an empty assistant message (no content, tool_calls or "
+                          f"reasoning_content): training on it teaches the model to answer nothing. This looks like "
+                          f"prompt-only RL data (MiniMind's rlaif.jsonl), which train_grpo.py and train_ppo.py take")
 
 
 def _pair_prompt(obj: dict, chosen: list[dict], rejected: list[dict]) -> list[dict]:
@@ -229,10 +249,13 @@ def check_records_read(path: str | Path, what: str, records: int, skipped: int) 
         logger.warning("%s: skipped %d bad line(s), loading the %d good one(s)", path, skipped, records)
 
 
-def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> Iterator[tuple[int, dict | None, int]]:
+def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
+                 empty_answers: bool = False) -> Iterator[tuple[int, dict | None, int]]:
     """Yield ``(line_number, record, line_bytes)`` per non-blank line, the record holding only the needed fields;
-    a bad line raises ``ValueError("<path>:<line>: <reason>")``, or with ``skip_bad_lines`` yields ``None``."""
-    check = CHECKS[kind]
+    a bad line raises ``ValueError("<path>:<line>: <reason>")``, or with ``skip_bad_lines`` yields ``None``.
+    ``empty_answers``: a conversation's empty assistant message is read, not refused (a reader that learns none of
+    the data's answers)."""
+    check = partial(_check_conversations, empty_answers=empty_answers) if kind == "conversations" else CHECKS[kind]
     with open(path, "rb") as f:
         for line_number, raw in numbered_lines(f):
             if not raw.strip(JSON_WHITESPACE):
@@ -248,13 +271,13 @@ def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False) -> 
             yield line_number, record, len(raw)
 
 
-def _fingerprint(path: Path, kind: Kind, skip_bad_lines: bool) -> str:
+def _fingerprint(path: Path, kind: Kind, skip_bad_lines: bool, empty_answers: bool) -> str:
     stat = path.stat()
-    key = f"{SCAN_VERSION}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{kind}|{skip_bad_lines}"
+    key = f"{SCAN_VERSION}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{kind}|{skip_bad_lines}|{empty_answers}"
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, arrow_path: Path) -> JsonlScan:
+def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, empty_answers: bool, arrow_path: Path) -> JsonlScan:
     """Stream the checked records of ``path`` into the Arrow file ``arrow_path`` (the stream format ``datasets``
     memory-maps), a bounded batch at a time, so a multi-GB file never sits in memory."""
     schema = FEATURES[kind].arrow_schema
@@ -262,7 +285,7 @@ def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, arrow_path: Path)
     batch: list[dict] = []
     batch_bytes = 0
     with atomic_path(arrow_path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as out:
-        for _, record, line_bytes in iter_records(path, kind, skip_bad_lines):
+        for _, record, line_bytes in iter_records(path, kind, skip_bad_lines, empty_answers):
             if record is None:
                 skipped += 1
                 continue
@@ -287,8 +310,9 @@ def check_data_file(path: Path) -> None:
 
 
 def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
-               cache_dir: str | Path | None = None) -> JsonlScan:
-    """Check ``path`` line by line and write its records into a cached Arrow file; see the module docstring.
+               cache_dir: str | Path | None = None, empty_answers: bool = False) -> JsonlScan:
+    """Check ``path`` line by line and write its records into a cached Arrow file; see the module docstring
+    (``empty_answers``: iter_records').
 
     Raises ``ValueError`` naming the file and line for a bad line (unless skipped), and naming the file when
     it holds no records at all.
@@ -296,12 +320,12 @@ def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
     path = Path(path)
     check_data_file(path)
     cache = make_dirs(Path(cache_dir or datasets.config.HF_DATASETS_CACHE) / "mininorm_jsonl")
-    fingerprint = _fingerprint(path, kind, skip_bad_lines)
+    fingerprint = _fingerprint(path, kind, skip_bad_lines, empty_answers)
     report_path, arrow_path = cache / f"{fingerprint}.json", cache / f"{fingerprint}.arrow"
     cached = _cached_scan(report_path, arrow_path)
     if cached is not None:
         return cached
-    scan = _write_arrow(path, kind, skip_bad_lines, arrow_path)
+    scan = _write_arrow(path, kind, skip_bad_lines, empty_answers, arrow_path)
     atomic_write_text(report_path, strict_json(asdict(scan)))
     return scan
 
@@ -330,8 +354,10 @@ def _cached_scan(report_path: Path, arrow_path: Path) -> JsonlScan | None:
 
 
 def load_jsonl(
-    path: str | Path, kind: Kind, skip_bad_lines: bool = False, cache_dir: str | Path | None = None
+    path: str | Path, kind: Kind, skip_bad_lines: bool = False, cache_dir: str | Path | None = None,
+    empty_answers: bool = False,
 ) -> tuple[datasets.Dataset, JsonlScan]:
-    """Checked, Arrow-backed (memory-mapped, cached) dataset of ``kind`` records: the columns of ``FEATURES[kind]``."""
-    scan = scan_jsonl(path, kind, skip_bad_lines, cache_dir)
+    """Checked, Arrow-backed (memory-mapped, cached) dataset of ``kind`` records: the columns of ``FEATURES[kind]``
+    (``empty_answers``: iter_records')."""
+    scan = scan_jsonl(path, kind, skip_bad_lines, cache_dir, empty_answers)
     return datasets.Dataset.from_file(scan.arrow_path), scan

@@ -110,6 +110,10 @@ class SFTDataset(Dataset):
 
     ``stats``: conversations, samples, dropped_no_supervision, truncated, skipped_lines, tokens,
     supervised_tokens, supervision_cut, supervised_tokens_cut (dataset.building.supervised_stats).
+
+    An assistant message with nothing in it (MiniMind's rlaif.jsonl ends each prompt so) is a bad line: learnt, it
+    teaches the model to answer nothing. ``empty_answers`` reads it, for a run that learns none of the data's
+    answers (a distillation whose every step samples its completions for the prompts).
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class SFTDataset(Dataset):
         num_proc: int | None = None,
         skip_bad_lines: bool = False,
         cache_dir: str | Path | None = None,
+        empty_answers: bool = False,
     ) -> None:
         self.pad_token_id = chat_pad_token_id(tokenizer, max_seq_len)
         mapped = map_jsonl(
@@ -134,6 +139,7 @@ class SFTDataset(Dataset):
             skip_bad_lines=skip_bad_lines,
             cache_dir=cache_dir,
             if_empty=f"no conversation has a supervised token within max_seq_len={max_seq_len}",
+            empty_answers=empty_answers,
         )
         supervised = mapped.rows.with_format("numpy", columns=["supervised"])[:]["supervised"]
         self.stats = supervised_stats("conversations", mapped, tokens=list_values(mapped.rows, ["input_ids"]),

@@ -130,8 +130,14 @@ def build_run_data(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, quiet: b
     if data_task(args) in ROLLOUT_TASKS:  # a row the --reward functions cannot read is a bad line
         from trainer.rewards import column_problems
         options = {"open_thinking": args.open_thinking, "column_check": partial(column_problems, args.reward or [])}
+    elif data_task(args) == "pretrain":
+        options = {"control_tokens": args.control_tokens_in_text}
+    elif args.task == "distill":  # every step sampling its answers learns none of the data's: an empty one (a
+        # prompt-only row, MiniMind's rlaif.jsonl) is the prompt a completion answers, not a bad line
+        from trainer.distillation import CompletionSettings
+        options = {"empty_answers": CompletionSettings(args.lmbda, args.seq_kd).always_samples}
     else:
-        options = {"control_tokens": args.control_tokens_in_text} if data_task(args) == "pretrain" else {}
+        options = {}
 
     def load(path: Path) -> Dataset:
         return dataset_type(path, tokenizer, args.max_seq_len, num_proc=args.num_proc,

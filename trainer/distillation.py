@@ -126,6 +126,11 @@ class CompletionSettings:
         """Whether any step may train on sampled completions."""
         return self.lmbda > 0 or self.seq_kd
 
+    @property
+    def always_samples(self) -> bool:
+        """Whether every step trains on sampled completions (step_source), so none learns the data's answers."""
+        return self.lmbda >= 1 or self.seq_kd
+
 
 def step_source(seed: int, step: int, settings: CompletionSettings) -> CompletionSource:
     """What optimizer step `step` (the steps done before it) trains on: the student's completions with probability

@@ -82,8 +82,12 @@ def _as_loaded(message: dict) -> tuple:
 def good_records(draw, kind: str) -> dict:
     if kind == "text":
         record = {"text": draw(texts)}
-    elif kind == "conversations":
+    elif kind == "conversations":  # an assistant message with nothing in it is a bad line (bad_objects)
         record = {"conversations": draw(messages())}
+        for turn in record["conversations"]:
+            if turn["role"] == "assistant" and not (turn["content"] or "").strip() \
+                    and not (turn.get("reasoning_content") or "").strip():
+                turn["content"] = draw(texts.filter(str.strip))
     else:  # a shared prompt, then two different answers (the same answer twice is a bad line)
         prompt = draw(messages(min_size=0))
         answer = messages(last_role="assistant", min_size=1).map(lambda m: m[-1])
@@ -107,7 +111,8 @@ def bad_objects(draw, kind: str) -> object:
     record = draw(good_records(kind))
     field = draw(st.sampled_from(FIELDS[kind]))
     how = draw(st.sampled_from(["not an object", "missing", "wrong type", "bad message", "surrogate", "bad extra"]
-                               + (["answer role", "prompt", "same answer"] if kind == "preference" else [])))
+                               + (["answer role", "prompt", "same answer"] if kind == "preference" else [])
+                               + (["empty answer"] if kind == "conversations" else [])))
     if how == "not an object":
         return draw(json_values.filter(lambda value: not isinstance(value, dict)))
     if how == "missing":
@@ -133,6 +138,10 @@ def bad_objects(draw, kind: str) -> object:
         key = draw(st.sampled_from(["reasoning_content", "tool_calls", "tools"]))
         message[key] = draw(st.sampled_from([3, ["x"]] + ([] if key == "reasoning_content" else
                                                           ["not json", '[{"name": 1}]'])))
+    elif how == "empty answer":  # SFT would learn an answer of nothing (MiniMind's rlaif.jsonl gives one)
+        index = draw(st.integers(0, len(record[field]) - 1))
+        record[field][index] = {"role": "assistant", "content": draw(st.sampled_from(["", None, " ", "\n\t"])),
+                                **draw(st.sampled_from([{}, {"reasoning_content": None}, {"reasoning_content": " "}]))}
     elif how == "answer role":
         record[field][-1]["role"] = draw(roles.filter(lambda role: role != "assistant"))
     elif how == "same answer":

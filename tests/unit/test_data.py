@@ -60,6 +60,7 @@ MULTI = [
     {"role": "user", "content": "Why?"},
     {"role": "assistant", "content": "To get to the other side 🐔."},
 ]
+RLAIF = [{"role": "user", "content": "鉴别一组中文文章的风格和特点"}, {"role": "assistant", "content": ""}]
 WITH_SYSTEM = [
     {"role": "system", "content": "You are a concise assistant."},
     {"role": "user", "content": "你好，你是谁？"},
@@ -352,7 +353,7 @@ def test_minimind_sft_file_loads_unchanged(tmp_path, cache, tokenizer):
                            {"role": "assistant", "content": "4", "reasoning_content": "Add them."}],
          "tools": "[]"},
         {"conversations": [{"role": "user", "content": "Weather?"},
-                           {"role": "assistant", "content": None},
+                           {"role": "assistant", "content": None, "reasoning_content": "Look at the sky."},
                            {"role": "assistant", "content": "Sunny."}],
          "tools": [{"name": "weather", "parameters": {"city": "Paris"}}]},
     ]
@@ -362,10 +363,11 @@ def test_minimind_sft_file_loads_unchanged(tmp_path, cache, tokenizer):
     ids, labels = expected_tokens(tokenizer, rows[0]["conversations"])
     assert ds[0]["input_ids"].tolist() == ids and ds[0]["labels"].tolist() == labels
     # The reasoning is learned (a record's top-level "tools" is not MiniMind's place for them: ignored); a null
-    # content is an empty message.
+    # content is an empty message (one with nothing else in it is a bad line: an answer of nothing).
     ids, labels = expected_tokens(tokenizer, rows[1]["conversations"])
     assert ds[1]["input_ids"].tolist() == ids and ds[1]["labels"].tolist() == labels
-    weather = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": ""},
+    weather = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": "", "reasoning_content": "Look at the sky."},
                {"role": "assistant", "content": "Sunny."}]
     assert ds[2]["labels"].tolist() == expected_tokens(tokenizer, weather)[1]
 
@@ -481,6 +483,14 @@ def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
         ("conversations", [{"conversations": [{"role": "user", "content": "hi"},
                                               {"role": "Assistant", "content": "yo"}]}], 1,
          "conversations[1].role is 'Assistant'; a role is one of system, user, assistant, tool"),
+        # MiniMind's rlaif.jsonl (a prompt, then the empty turn the policy writes) given to SFT: learnt, it is
+        # <|im_end|> alone, an answer of nothing
+        ("conversations", [{"conversations": SINGLE}, {"conversations": RLAIF}], 2,
+         "conversations[1] is an empty assistant message (no content, tool_calls or reasoning_content): training on "
+         "it teaches the model to answer nothing. This looks like prompt-only RL data (MiniMind's rlaif.jsonl), "
+         "which train_grpo.py and train_ppo.py take"),
+        ("conversations", [{"conversations": [*MULTI[:3], {"role": "assistant", "content": " \n\t"}, *MULTI[4:]]}],
+         1, "conversations[3] is an empty assistant message"),
         # a preference pair: one prompt, two different assistant answers
         ("preference", [{"chosen": SINGLE, "rejected": [{"role": "user", "content": "Other?"}, SINGLE[1]]}], 1,
          '"chosen" and "rejected" must share their prompt (every message before the last answer); they differ at '
@@ -514,6 +524,51 @@ def test_skip_bad_lines_reports_count(tmp_path, cache, tokenizer):
     sft = SFTDataset(write_jsonl(tmp_path / "s.jsonl", sft_rows), tokenizer, 512, skip_bad_lines=True, cache_dir=cache)
     assert sft.stats["skipped_lines"] == 1 and len(sft) == 2
     assert sft[1]["labels"].tolist() == expected_tokens(tokenizer, MULTI)[1]
+
+
+def test_sft_skips_an_empty_answer_and_learns_a_tool_call_or_a_thought_without_content(tmp_path, cache, tokenizer):
+    """--skip_bad_lines skips a prompt-only row as any bad line; an assistant message whose content is empty but
+    that calls a tool or thinks has something to learn and is kept; `empty_answers` (GKD sampling every answer)
+    reads the prompt-only row, its label <|im_end|> alone."""
+    call = [{"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"name": "weather", "arguments": {"city": "Oslo"}}]}]
+    thought = [{"role": "user", "content": "Say nothing."},
+               {"role": "assistant", "content": "", "reasoning_content": "They asked for silence."}]
+    path = write_jsonl(tmp_path / "mixed.jsonl", [{"conversations": m} for m in (SINGLE, RLAIF, call, thought)])
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: conversations\[1\] is an empty assistant"):
+        SFTDataset(path, tokenizer, 512, cache_dir=cache)
+    kept = SFTDataset(path, tokenizer, 512, skip_bad_lines=True, cache_dir=cache)
+    assert kept.stats["skipped_lines"] == 1 and len(kept) == 3
+    assert kept[0]["labels"].tolist() == expected_tokens(tokenizer, SINGLE)[1]
+    learnt_call = tokenizer.decode([label for label in kept[1]["labels"].tolist() if label != IGNORE_INDEX])
+    assert '"city": "Oslo"' in learnt_call and learnt_call.endswith("<|im_end|>")
+    assert kept[2]["labels"].tolist() == expected_tokens(tokenizer, thought)[1]
+    prompts = SFTDataset(path, tokenizer, 512, skip_bad_lines=True, cache_dir=cache, empty_answers=True)  # not the
+    # cached scan above
+    assert prompts.stats["skipped_lines"] == 0 and len(prompts) == 4
+    assert [label for label in prompts[1]["labels"].tolist() if label != IGNORE_INDEX] == [IM_END]
+
+
+@pytest.mark.parametrize("task, flags, empty_answers", [
+    ("sft", [], False), ("lora", [], False), ("distill", [], False), ("distill", ["--lmbda", "0.5"], False),
+    ("distill", ["--lmbda", "1"], True), ("distill", ["--seq_kd", "true"], True),
+    ("distill", ["--lmbda", "0.5", "--seq_kd", "true"], True)])
+def test_only_a_distillation_that_samples_every_answer_reads_empty_answers(tmp_path, tokenizer, monkeypatch, task,
+                                                                             flags, empty_answers):
+    """A prompt-only file (MiniMind's rlaif.jsonl) is refused by the trainers that learn the data's answers (SFT,
+    LoRA, a distillation with data steps), and read by a GKD run whose every step samples its answers."""
+    import trainer.data
+    from trainer.args import parse_args
+
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    path = write_jsonl(tmp_path / "rlaif.jsonl", [{"conversations": RLAIF}] * 4)
+    args = parse_args(task, ["--data_path", str(path), "--val_data_path", str(path), "--batch_size", "2", *flags])
+    if not empty_answers:
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:1: conversations\[1\] is an empty"):
+            trainer.data.build_run_data(args, tokenizer, quiet=True)
+        return
+    data = trainer.data.build_run_data(args, tokenizer, quiet=True)
+    assert len(data.train) == 4 and data.train.stats["supervised_tokens"] == 4  # each row's <|im_end|>
 
 
 @pytest.mark.parametrize("cls", [PretrainDataset, SFTDataset])

@@ -219,16 +219,24 @@ def _check_preference(obj: object) -> dict:
             raise BadLine(f'{name}[{len(messages) - 1}] must be the assistant\'s answer, got role '
                           f'{messages[-1]["role"]!r}')
     prompt = _pair_prompt(obj, chosen, rejected)
-    chosen, rejected = prompt + chosen, prompt + rejected
+    # The refusals name messages as the line gives them (chosen[i]): a "prompt" list put before both is the same
+    # in both, so the two differ only in their own messages.
     if chosen[:-1] != rejected[:-1]:
-        differ = next((i for i, (a, b) in enumerate(zip(chosen[:-1], rejected[:-1])) if a != b),
-                      min(len(chosen), len(rejected)) - 1)
         raise BadLine(f'"chosen" and "rejected" must share their prompt (every message before the last answer); '
-                      f'they differ at message {differ}')
+                      f'{_where_prompts_part(chosen, rejected)}')
     if chosen[-1] == rejected[-1]:  # both log-ratios equal: the loss is log 2 and its gradient zero
-        raise BadLine(f'"chosen" and "rejected" have the same answer (message {len(chosen) - 1}): the pair prefers '
-                      f'nothing')
-    return {"chosen": chosen, "rejected": rejected}
+        raise BadLine(f'"chosen" and "rejected" have the same answer (chosen[{len(chosen) - 1}] and '
+                      f'rejected[{len(rejected) - 1}]): the pair prefers nothing')
+    return {"chosen": prompt + chosen, "rejected": prompt + rejected}
+
+
+def _where_prompts_part(chosen: list[dict], rejected: list[dict]) -> str:
+    """The first prompt message in which two conversations differ, or, where one's prompt begins the other's, how
+    many prompt messages each holds."""
+    for index, (first, second) in enumerate(zip(chosen[:-1], rejected[:-1])):
+        if first != second:
+            return f"chosen[{index}] and rejected[{index}] differ"
+    return f'"chosen" has {len(chosen) - 1} message(s) before its answer, "rejected" {len(rejected) - 1}'
 
 
 CHECKS = {"text": _check_text, "conversations": _check_conversations, "preference": _check_preference}

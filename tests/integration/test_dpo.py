@@ -364,8 +364,8 @@ def test_minimind_files_with_system_turns_and_extra_fields_load_for_lora_and_dpo
      'missing "rejected" field'),
     ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
       "rejected": [{"role": "user", "content": "Hey"}, {"role": "assistant", "content": "Go away"}]},
-     '"chosen" and "rejected" must share their prompt (every message before the last answer); they differ at '
-     'message 0'),
+     '"chosen" and "rejected" must share their prompt (every message before the last answer); chosen[0] and '
+     'rejected[0] differ'),
     ({"chosen": [{"role": "user", "content": "Hi"}], "rejected": [{"role": "user", "content": "Hi"}]},
      "chosen[0] must be the assistant's answer, got role 'user'"),
     ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": 3}],
@@ -373,7 +373,7 @@ def test_minimind_files_with_system_turns_and_extra_fields_load_for_lora_and_dpo
      'chosen[1] has no "content" string'),
     ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
       "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
-     '"chosen" and "rejected" have the same answer (message 1): the pair prefers nothing'),
+     '"chosen" and "rejected" have the same answer (chosen[1] and rejected[1]): the pair prefers nothing'),
 ])
 def test_bad_preference_lines_name_file_and_line(line, reason, tokenizer, tmp_path):
     good = _minimind_pairs()[0]

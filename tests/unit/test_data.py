@@ -493,10 +493,18 @@ def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
          1, "conversations[3] is an empty assistant message"),
         # a preference pair: one prompt, two different assistant answers
         ("preference", [{"chosen": SINGLE, "rejected": [{"role": "user", "content": "Other?"}, SINGLE[1]]}], 1,
-         '"chosen" and "rejected" must share their prompt (every message before the last answer); they differ at '
-         'message 0'),
+         '"chosen" and "rejected" must share their prompt (every message before the last answer); chosen[0] and '
+         'rejected[0] differ'),
         ("preference", [{"chosen": SINGLE, "rejected": SINGLE}], 1,
-         '"chosen" and "rejected" have the same answer (message 1): the pair prefers nothing'),
+         '"chosen" and "rejected" have the same answer (chosen[1] and rejected[1]): the pair prefers nothing'),
+        # named as the line gives them: TRL's "prompt" list, put before both, is not counted (it was: "message 2",
+        # "message 1")
+        ("preference", [{"prompt": WITH_SYSTEM[:2], "chosen": MULTI[2:4], "rejected": [MULTI[4], MULTI[3]]}], 1,
+         "; chosen[0] and rejected[0] differ"),
+        ("preference", [{"prompt": SINGLE[:1], "chosen": SINGLE[1:], "rejected": SINGLE[1:]}], 1,
+         '"chosen" and "rejected" have the same answer (chosen[0] and rejected[0])'),
+        ("preference", [{"chosen": MULTI[:4], "rejected": [MULTI[0], MULTI[3]]}], 1,
+         '; "chosen" has 3 message(s) before its answer, "rejected" 1'),
         ("preference", [{"chosen": SINGLE, "rejected": SINGLE[:1]}], 1,
          "rejected[0] must be the assistant's answer, got role 'user'"),
     ],

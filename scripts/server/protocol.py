@@ -22,8 +22,22 @@ from trainer.inference_flags import (LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_LO
 # A seed beyond 64 bits is beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits
 # are the library's.
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
-MAX_TOKEN_ID_DIGITS = 20  # a logit_bias key: 2**64 has 20 digits, a vocabulary far fewer
+MAX_TOKEN_ID_DIGITS = 20  # a logit_bias key, leading zeros aside: 2**64 has 20 digits, a vocabulary far fewer
 MIN_LOGPROB = -9999.0  # OpenAI's and vLLM's floor for a token the model rules out: JSON has no -Infinity
+
+
+def _token_id(key: str) -> int | None:
+    """The token id a logit_bias key writes, as int() reads a decimal integer ("0005" is 5), or None where it writes
+    none: anything but ASCII digits, or more than MAX_TOKEN_ID_DIGITS of them after its leading zeros."""
+    if not (key.isascii() and key.isdigit()):
+        return None
+    significant = key.lstrip("0") or "0"
+    return int(significant) if len(significant) <= MAX_TOKEN_ID_DIGITS else None
+
+
+def _shown(key: str) -> str:
+    """A logit_bias key as an error names it: quoted, a long one cut to its first 40 characters and its length."""
+    return json.dumps(key) if len(key) <= 40 else f"{json.dumps(key[:40] + '...')} ({len(key)} characters)"
 
 
 def _integral_float_as_int(value: Any) -> Any:
@@ -192,15 +206,20 @@ class ChatRequest(BaseModel):
     @field_validator("logit_bias")
     @classmethod
     def _token_ids_as_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        # A key longer than MAX_TOKEN_ID_DIGITS names no token of any vocabulary, and int() refuses one of more than
-        # 4300 digits (the body's bound on integers does not reach a key, which is a text).
-        bad = next((key for key in value or {} if not (key.isascii() and key.isdigit())
-                    or len(key) > MAX_TOKEN_ID_DIGITS), None)
-        if bad is not None:
-            shown = json.dumps(bad if len(bad) <= 40 else bad[:40] + "...")
-            size = f" ({len(bad)} characters)" if len(bad) > 40 else ""
-            raise PydanticCustomError("logit_bias", "keys are token ids written as decimal integers (at most {digits} "
-                                      "digits), got {key}", {"key": shown + size, "digits": MAX_TOKEN_ID_DIGITS})
+        # A key is read as the integer it writes, as int() reads it ("0005" is token 5), but only its significant
+        # digits are counted: more than MAX_TOKEN_ID_DIGITS name no token of any vocabulary, and int() refuses a
+        # text of more than 4300 digits (the body's bound on integers does not reach a key, which is a text).
+        named: dict[int, str] = {}
+        for key in value or {}:
+            token = _token_id(key)
+            if token is None:
+                raise PydanticCustomError("logit_bias", "keys are token ids written as decimal integers (at most "
+                                          "{digits} digits, leading zeros aside), got {key}",
+                                          {"key": _shown(key), "digits": MAX_TOKEN_ID_DIGITS})
+            if token in named:  # which of the two values would count is anyone's guess
+                raise PydanticCustomError("logit_bias", "keys {first} and {second} name the same token {token}",
+                                          {"first": _shown(named[token]), "second": _shown(key), "token": token})
+            named[token] = key
         return value
 
     @field_validator("top_logprobs")
@@ -242,7 +261,7 @@ class ChatRequest(BaseModel):
 
     def token_biases(self) -> dict[int, float] | None:
         """`logit_bias` with its keys read as token ids (None when absent or empty)."""
-        return {int(key): value for key, value in self.logit_bias.items()} if self.logit_bias else None
+        return {_token_id(key): value for key, value in self.logit_bias.items()} if self.logit_bias else None
 
     def stop_strings(self) -> list[str]:
         """`stop` as a list (a string is one stop string)."""

@@ -184,7 +184,8 @@ BAD_REQUESTS = [
     ("response_format of no known type", {"messages": user("x"), "response_format": {"type": "xml"}},
      "response_format.type: Input should be 'text', 'json_object' or 'json_schema'"),
     ("logit_bias keyed by a token's text", {"messages": user("x"), "logit_bias": {"hello": 1}},
-     'logit_bias: keys are token ids written as decimal integers (at most 20 digits), got "hello"'),
+     'logit_bias: keys are token ids written as decimal integers (at most 20 digits, leading zeros aside), got '
+     '"hello"'),
     ("logit_bias keyed by a negative id", {"messages": user("x"), "logit_bias": {"-3": 1}}, 'got "-3"'),
     ("logit_bias beyond the vocabulary", {"messages": user("x"), "logit_bias": {"99999": 1}},
      "logit_bias names token 99999; token ids are 0 to "),
@@ -204,8 +205,9 @@ def test_bad_requests_get_openai_style_400s(sft_server, body, phrase) -> None:
 
 def test_logit_bias_bans_and_forces_tokens_as_openais_does(sft_server, tiny_models, tokenizer) -> None:
     """OpenAI's logit_bias through the official client, streamed and not: -100 on the reply's first token makes the
-    greedy reply start otherwise, +100 on one token makes the reply that token over and over; an empty map is no
-    bias. The log-probabilities stay the model's own: the banned token still leads the first entry's top list."""
+    greedy reply start otherwise, +100 on one token makes the reply that token over and over (also keyed with
+    leading zeros); an empty map is no bias. The log-probabilities stay the model's own: the banned token still
+    leads the first entry's top list."""
     api = client(sft_server)
     first = tokenizer(tiny_models.reply, add_special_tokens=False).input_ids[0]
     forced = tokenizer(" blue", add_special_tokens=False).input_ids[-1]
@@ -223,6 +225,9 @@ def test_logit_bias_bans_and_forces_tokens_as_openais_does(sft_server, tiny_mode
         assert not banned.startswith(tokenizer.decode([first])) and banned
         assert logprobs.content[0].top_logprobs[0].token == tokenizer.decode([first])
         assert reply(logit_bias={str(forced): 100}, max_tokens=3)[0] == tokenizer.decode([forced] * 3)
+        # a key is the id int() reads, leading zeros and all, however many
+        for zeros in (1, 20, 5000):
+            assert reply(logit_bias={"0" * zeros + str(forced): 100}, max_tokens=3)[0] == tokenizer.decode([forced] * 3)
 
 
 def test_response_format_text_is_taken_and_json_refused(sft_server, tiny_models) -> None:

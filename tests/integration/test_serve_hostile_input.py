@@ -77,8 +77,13 @@ HOSTILE = {
     # a key is a text, which the body's 4300-digit bound on integers does not reach: int() of it raised, a 500
     "a logit_bias key of 5000 digits": (with_fields(logit_bias={"9" * 5000: 1}),
                                         "logit_bias: keys are token ids written as decimal integers (at most 20 "
-                                        f'digits), got "{"9" * 40}..." (5000 characters)'),
+                                        f'digits, leading zeros aside), got "{"9" * 40}..." (5000 characters)'),
     "a logit_bias key of 21 digits": (with_fields(logit_bias={"1" + "0" * 20: 1}), f'got "1{"0" * 20}"'),
+    "a logit_bias key of 21 digits after zeros": (with_fields(logit_bias={"00" + "1" * 21: 1}),
+                                                  f'got "00{"1" * 21}"'),
+    # int() reads both as token 5: which value would count is anyone's guess
+    "two logit_bias keys of one token": (with_fields(logit_bias={"5": 1, "0005": -1}),
+                                         'logit_bias: keys "5" and "0005" name the same token 5'),
 }
 WIKI = {"type": "function", "function": {"name": "wiki", "parameters": {
     "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}}
@@ -233,6 +238,8 @@ ACCEPTED = {
     "tool_choice none, named": dict(tools=[WIKI], tool_choice="none"),
     "response_format text": dict(response_format={"type": "text"}),
     "logprobs, top_logprobs 2.0": dict(logprobs=True, top_logprobs=2.0),
+    # a token id as int() reads it, leading zeros and all (they were counted as digits: 21 characters were a 400)
+    "logit_bias keys with leading zeros": dict(logit_bias={"0" * 20 + "5": 1, "0" * 5000 + "7": -1, "0": 2}),
     "top_logprobs null": dict(logprobs=False, top_logprobs=None),
     "100 levels, the strict reader's bound": dict(extra=functools.reduce(lambda inner, _: [inner], range(98), [])),
 }

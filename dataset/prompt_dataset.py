@@ -4,7 +4,10 @@ A jsonl line is one of
 - ``{"prompt": "...", ...}``: one user message; ``{"prompt": [...], ...}`` (TRL's conversational prompt) its messages;
 - ``{"messages": [...], ...}`` or MiniMind's ``{"conversations": [...]}`` (its rlaif.jsonl): a conversation whose
   prompt is every message before its last assistant turn (an rlaif row's last assistant turn is empty or absent);
-every other field (e.g. ``answer``) is a column handed to the reward functions (trainer/rewards.py). The prompt is
+every other field (e.g. ``answer``) is a column handed to the reward functions (trainer/rewards.py). A row with
+more than one of these fields is prompted by the first of "prompt", "messages", "conversations" (``prompt_field``),
+and the others are columns: TRL's GRPOTrainer prompts with its "prompt" column alone and hands every other column,
+a "messages" one too, to its reward functions. The prompt is
 encoded as ChatML with the assistant's header open (``add_generation_prompt``; with ``open_thinking`` the thinking
 block is left open too, so the policy may think first): what the policy continues. A
 prompt longer than ``max_seq_len`` tokens is dropped and counted. A bad line is an error naming the file, the line
@@ -27,22 +30,28 @@ from dataset.chat_format import encode_chatml_batch, normalize_messages
 from dataset.jsonl import (JSON_WHITESPACE, check_data_file, check_message_shapes, check_records_read,
                            log_skipped_line, numbered_lines, parse_line)
 
-PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that hold the prompt; the rest are columns
+PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that may hold the prompt, the first present
 # What the rewards make of the rows' columns: {line: reason} of the rows they cannot score, given the rows' line
 # numbers and columns and the file's name (a ValueError where the data cannot fit them at all).
 ColumnCheck = Callable[[Sequence[tuple[int, Mapping[str, Any]]], str], dict[int, str]]
 
 
+def prompt_field(row: Mapping[str, Any]) -> str | None:
+    """The field of a row that holds its prompt: the first of PROMPT_FIELDS it has (None: none). "prompt" first, as
+    TRL's GRPOTrainer reads only that column; the row's other fields are columns."""
+    return next((field for field in PROMPT_FIELDS if field in row), None)
+
+
 def prompt_messages(row: Any) -> list[dict[str, Any]]:
-    """The messages of a row's prompt, normalized as SFT's are (dataset/chat_format.py, normalize_messages: tools,
-    tool calls and reasoning kept), or a ValueError naming the field that is wrong."""
+    """The messages of a row's prompt (prompt_field), normalized as SFT's are (dataset/chat_format.py,
+    normalize_messages: tools, tool calls and reasoning kept), or a ValueError naming the field that is wrong."""
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-    if "prompt" in row and not isinstance(row["prompt"], list):  # a list: TRL's conversational prompt, messages
+    name = prompt_field(row)
+    if name == "prompt" and not isinstance(row["prompt"], list):  # a list: TRL's conversational prompt, messages
         if not isinstance(row["prompt"], str) or not row["prompt"]:
             raise ValueError("field 'prompt' must be a non-empty string or a list of messages")
         return [{"role": "user", "content": row["prompt"]}]
-    name = next((field for field in PROMPT_FIELDS if field in row), None)
     if name is None:
         raise ValueError(f"no prompt: expected one of the fields {', '.join(PROMPT_FIELDS)}")
     if not isinstance(row[name], list):
@@ -91,7 +100,7 @@ class PromptDataset(Dataset):
                         continue
                     raise ValueError(f"{path}:{number}: {first_line(error)} (pass --skip_bad_lines "
                                      f"to skip bad lines)") from None
-                columns.append({key: value for key, value in row.items() if key not in PROMPT_FIELDS})
+                columns.append({key: value for key, value in row.items() if key != prompt_field(row)})
                 messages.append(row_messages)
                 lines.append(number)
         problems = column_check(list(zip(lines, columns)), str(path)) if column_check else {}

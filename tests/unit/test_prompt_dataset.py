@@ -163,6 +163,33 @@ def test_a_prompt_keeps_its_tools_tool_calls_and_reasoning(field, tokenizer, tmp
     assert "weather(city: string)" in text and '"city": "Oslo"' in text and "I should look it up." in text
 
 
+def test_a_row_with_two_prompt_fields_is_prompted_by_the_first_and_hands_the_other_to_the_rewards(tokenizer,
+                                                                                                 tmp_path):
+    """TRL's GRPOTrainer prompts with the "prompt" column alone and hands every other column to its reward functions,
+    a "messages" one too: so does a row here with "prompt" and "messages" (its "messages" was dropped, reaching no
+    reward), and one with "messages" and "conversations" is prompted by "messages"."""
+    said = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]
+    asked = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": ""}]
+    rows = [{"prompt": "What is 1 + 1?", "messages": said, "answer": 2},
+            {"conversations": asked, "messages": said, "answer": 4}]
+    data = PromptDataset(_write(tmp_path / "p.jsonl", rows), tokenizer, max_seq_len=256)
+    first = encode_chatml(tokenizer, [{"role": "user", "content": "What is 1 + 1?"}], add_generation_prompt=True)
+    second = encode_chatml(tokenizer, said[:1], add_generation_prompt=True)
+    assert [sample["input_ids"].tolist() for sample in data] == [first.input_ids, second.input_ids]
+    assert [sample["prompt"] for sample in data] == ["What is 1 + 1?", "Say hi."]
+    assert [sample["columns"] for sample in data] == [{"messages": said, "answer": 2},
+                                                      {"conversations": asked, "answer": 4}]
+    seen = []
+
+    def recorder(prompts, completions, **columns):
+        seen.append(columns)
+        return [0.0] * len(completions)
+
+    batch = PromptDataset.collate([data[0], data[1]])
+    score([Reward("recorder", recorder)], batch["prompts"], ["a", "b"], batch["columns"])
+    assert seen == [{"answer": [2, 4], "conversations": [None, asked], "messages": [said, None]}]
+
+
 @pytest.mark.parametrize("lines, skip, reason", [
     ("\n\n", False, "no prompt records in the file; refusing to train on nothing"),
     ('{"nothing": 1}\n', True, "no prompt records in the file (1 bad lines skipped); refusing to train on nothing"),

@@ -115,6 +115,43 @@ def completion_values(values: torch.Tensor, starts: torch.Tensor, length: int) -
     return values.gather(1, positions - 1).float()
 
 
+def _advantages(batch: dict[str, Any]) -> torch.Tensor:
+    return batch["advantages"]
+
+
+def _returns(batch: dict[str, Any]) -> torch.Tensor:
+    return batch["returns"]
+
+
+def _residuals(batch: dict[str, Any]) -> torch.Tensor:
+    return batch["returns"] - batch["old_values"]
+
+
+def _rewards(batch: dict[str, Any]) -> torch.Tensor:
+    return batch["rewards"]
+
+
+def _kl(batch: dict[str, Any]) -> torch.Tensor:
+    return batch["kl"]
+
+
+class CompletionTokens:
+    """A process's rollout micro-batches as their completion tokens: fp64 sums over those tokens, on the CPU."""
+
+    def __init__(self, batches: Sequence[dict[str, Any]]) -> None:
+        self.batches = batches
+        self.masks = [batch["completion_mask"].cpu().double() for batch in batches]
+
+    def count(self) -> torch.Tensor:
+        return sum(mask.sum() for mask in self.masks)
+
+    def sum(self, values: Callable[[dict[str, Any]], torch.Tensor], centre: float = 0.0,
+            power: int = 1) -> torch.Tensor:
+        """The sum over the process's completion tokens of (values - centre) ** power."""
+        return sum(((((values(batch).cpu().double() - centre) * mask) ** power).sum()
+                    for batch, mask in zip(self.batches, self.masks)), torch.zeros((), dtype=torch.float64))
+
+
 class ProximalPolicy(RolloutObjective):
     """The PPO objective; `model` is the run's PolicyAndCritic (RolloutObjective has the other arguments)."""
 
@@ -173,59 +210,53 @@ class ProximalPolicy(RolloutObjective):
         completion_shape (shortest, longest, the share cut, the mean, shortest and longest length of those that
         ended), and each reward function's mean and std ("reward_function_stats", set_function_stats). So one
         process of 4 prompts, two of 2 and one of 2 micro-batches of 2 take the same step."""
-        s = self.settings
-        masks = [batch["completion_mask"].cpu().double() for batch in batches]
-
-        def token_sum(values: Callable[[dict[str, Any]], torch.Tensor], centre: float = 0.0,
-                      power: int = 1) -> torch.Tensor:
-            """The sum over the process's completion tokens of (values - centre) ** power."""
-            return sum(((((values(batch).cpu().double() - centre) * mask) ** power).sum()
-                        for batch, mask in zip(batches, masks)), torch.zeros((), dtype=torch.float64))
-
-        def advantages(batch: dict[str, Any]) -> torch.Tensor:
-            return batch["advantages"]
-
-        def returns(batch: dict[str, Any]) -> torch.Tensor:
-            return batch["returns"]
-
-        def residuals(batch: dict[str, Any]) -> torch.Tensor:
-            return batch["returns"] - batch["old_values"]
-
-        def rewards(batch: dict[str, Any]) -> torch.Tensor:
-            return batch["rewards"]
-
-        if s.whiten_rewards:
-            counted = global_sums(accelerator, sum(mask.sum() for mask in masks), token_sum(rewards))
-            count = max(float(counted[0]), 1.0)
-            mean = float(counted[1]) / count
-            variance = float(global_sums(accelerator, token_sum(rewards, mean, 2))[0]) / max(count - 1, 1.0)
-            for batch in batches:  # Bessel's variance, as the advantages'; TRL's masked_whiten(shift_mean=False)
-                mask = batch["completion_mask"]
-                batch["rewards"] = whiten(batch["rewards"], mask, (mean, variance), shift_mean=False)
-                batch["advantages"], batch["returns"] = gae(batch["rewards"], batch["old_values"], mask, s.gamma,
-                                                            s.lam)
-
-        reward_sums = self.reward_sums(batches)
-        first = global_sums(accelerator, reward_sums, sum(mask.sum() for mask in masks), token_sum(advantages),
-                            token_sum(returns), token_sum(residuals), token_sum(lambda batch: batch["kl"]))
-        reward, length = self.reward_means(first[:len(reward_sums)])
-        shape = self.completion_shape(first[:len(reward_sums)])
-        completions, tokens = float(first[0]), float(first[len(reward_sums)])
-        advantage, returned, residual, kl = (first[len(reward_sums) + 1:] / max(tokens, 1.0)).tolist()
-        scores = torch.cat([batch["scores"] for batch in batches]).double()
-        second = global_sums(accelerator, token_sum(advantages, advantage, 2), token_sum(returns, returned, 2),
-                             token_sum(residuals, residual, 2), ((scores - reward) ** 2).sum(),
-                             self.function_deviations(batches, self.function_means(first[:len(reward_sums)])))
-        self.set_function_stats(first[:len(reward_sums)], second[4:], batches)
-        squares_advantage, squares_returns, squares_residual, squares_reward = second[:4].tolist()
-        moments = (advantage, squares_advantage / max(tokens - 1, 1.0))  # Bessel's correction, as whiten's own
-        explained = explained_fraction(squares_residual / max(tokens, 1.0), squares_returns / max(tokens, 1.0))
-        reward_std = math.sqrt(squares_reward / completions)
+        tokens = CompletionTokens(batches)
+        if self.settings.whiten_rewards:
+            self.whiten_rewards_then_gae(batches, tokens, accelerator)
+        moments, stats = self.advantage_moments_and_stats(batches, tokens, accelerator)
         for batch in batches:
             mask = batch["completion_mask"]
             batch["advantages"] = whiten(batch["advantages"], mask, moments)
-            batch["rollout_stats"] = torch.tensor([reward, reward_std, kl, explained, length, *shape],
-                                                  device=mask.device)
+            batch["rollout_stats"] = torch.tensor(stats, device=mask.device)
+
+    def whiten_rewards_then_gae(self, batches: Sequence[dict[str, Any]], tokens: CompletionTokens,
+                                accelerator: Accelerator) -> None:
+        """--whiten_rewards (two collectives): each micro-batch's rewards whitened with the mean and Bessel's
+        variance of the global batch's completion tokens, their mean kept (TRL's masked_whiten(shift_mean=False)),
+        then its advantages and returns by GAE on them."""
+        s = self.settings
+        counted = global_sums(accelerator, tokens.count(), tokens.sum(_rewards))
+        count = max(float(counted[0]), 1.0)
+        mean = float(counted[1]) / count
+        variance = float(global_sums(accelerator, tokens.sum(_rewards, mean, 2))[0]) / max(count - 1, 1.0)
+        for batch in batches:  # Bessel's variance, as the advantages'
+            mask = batch["completion_mask"]
+            batch["rewards"] = whiten(batch["rewards"], mask, (mean, variance), shift_mean=False)
+            batch["advantages"], batch["returns"] = gae(batch["rewards"], batch["old_values"], mask, s.gamma, s.lam)
+
+    def advantage_moments_and_stats(self, batches: Sequence[dict[str, Any]], tokens: CompletionTokens,
+                                    accelerator: Accelerator) -> tuple[tuple[float, float], list[float]]:
+        """Two collectives over the global batch: the sums (each reward function's, the tokens', and over the tokens
+        the advantages', returns', residuals' and KL's), then the squared deviations from their means (each reward
+        function's too: set_function_stats). Returns the advantages' (mean, Bessel's variance), for whiten, and the
+        rollout_stats row (finish_rollouts)."""
+        reward_sums = self.reward_sums(batches)
+        first = global_sums(accelerator, reward_sums, tokens.count(), tokens.sum(_advantages), tokens.sum(_returns),
+                            tokens.sum(_residuals), tokens.sum(_kl))
+        reward, length = self.reward_means(first[:len(reward_sums)])
+        shape = self.completion_shape(first[:len(reward_sums)])
+        completions, count = float(first[0]), float(first[len(reward_sums)])
+        advantage, returned, residual, kl = (first[len(reward_sums) + 1:] / max(count, 1.0)).tolist()
+        scores = torch.cat([batch["scores"] for batch in batches]).double()
+        second = global_sums(accelerator, tokens.sum(_advantages, advantage, 2), tokens.sum(_returns, returned, 2),
+                             tokens.sum(_residuals, residual, 2), ((scores - reward) ** 2).sum(),
+                             self.function_deviations(batches, self.function_means(first[:len(reward_sums)])))
+        self.set_function_stats(first[:len(reward_sums)], second[4:], batches)
+        squares_advantage, squares_returns, squares_residual, squares_reward = second[:4].tolist()
+        moments = (advantage, squares_advantage / max(count - 1, 1.0))  # Bessel's correction, as whiten's own
+        explained = explained_fraction(squares_residual / max(count, 1.0), squares_returns / max(count, 1.0))
+        reward_std = math.sqrt(squares_reward / completions)
+        return moments, [reward, reward_std, kl, explained, length, *shape]
 
     # ----------------------------------------------------------------- the loss
     def count_items(self, batch: dict[str, Any]) -> torch.Tensor:

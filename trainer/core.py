@@ -41,38 +41,22 @@ from trainer.flops import flops_per_token, peak_flops_for
 from trainer.intervals import Intervals
 from trainer.machine import compile_enabled, resolve_dtype
 from trainer.objectives import EvalResult
-from trainer.optim import build_optimizer, scheduled_lrs
+from trainer.optim import scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.resume_checks import (adopt_saved_architecture, check_resume_compatible, check_resume_length,
                                    check_same_task, check_saved_architecture)
 from trainer.run_dir import CHECKPOINT_DIR, resolve_path
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.run_length import budget_length_after, budget_plan_line, plan_run_length
+from trainer.run_optimizer import make_optimizer, make_scheduler
 from trainer.run_start import announcement, start_position, write_run_config
 from trainer.run_summary import RunSummary, TrainingDiverged, finished_run_summary, write_run_summary
-from trainer.schedule import build_scheduler
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates
 from trainer.storage_probe import probe_storage
 from trainer.task_setup import build_objective, wrap_for_task
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
 from trainer.update import GradientUpdate, token_counts
 from trainer.wandb_run import check_wandb_login, start_wandb
-
-
-def make_optimizer(model: torch.nn.Module, args: TrainArgs, device: torch.device) -> torch.optim.Optimizer:
-    """The optimizer the flags ask for (trainer/optim.py builds it). An fp32 run on a CPU orthogonalizes Muon's
-    updates in fp32: `--dtype auto` picks fp32 exactly where the CPU's bf16 products are emulated."""
-    return build_optimizer(model, args.learning_rate, args.weight_decay, args.optimizer, muon_lr=args.muon_lr,
-                           muon_weight_decay=args.muon_weight_decay, muon_momentum=args.muon_momentum,
-                           muon_adjust_lr=args.muon_adjust_lr,
-                           orthogonalize_in_fp32=device.type == "cpu" and args.dtype == "float32")
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, args: TrainArgs,
-                   total_steps: int | Callable[[], int]) -> torch.optim.lr_scheduler.LRScheduler:
-    """The flags' schedule over `total_steps` optimizer steps (trainer/schedule.py)."""
-    return build_scheduler(optimizer, args.warmup_steps, total_steps, args.min_lr_ratio, args.lr_schedule,
-                           args.decay_fraction)
 
 
 class Trainer:

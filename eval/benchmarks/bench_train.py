@@ -50,7 +50,8 @@ from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
-from trainer.core import Trainer, make_optimizer, make_scheduler  # noqa: E402
+from trainer.core import Trainer  # noqa: E402
+from trainer.run_optimizer import make_optimizer, make_scheduler  # noqa: E402
 from trainer.step_timer import timed_step  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eval.benchmarks.rmsnorm import lab
-from trainer.core import make_optimizer
+from trainer.run_optimizer import make_optimizer
 from trainer.optim import MuonWithAdamW
 
 

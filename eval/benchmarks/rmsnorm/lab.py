@@ -26,7 +26,7 @@ from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from model.norms import build_norm
 from trainer.arg_fields import TASK_DEFAULTS, TrainArgs, build_model_config
-from trainer.core import make_optimizer
+from trainer.run_optimizer import make_optimizer
 from trainer.machine import resolve_dtype
 
 # name -> MiniNormConfig overrides. The names are what --lab_norms takes.

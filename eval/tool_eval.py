@@ -59,6 +59,9 @@ from trainer.rewards import repetition_penalty  # noqa: E402
 from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
     from model.chat_session import ChatSession
 
 TOOL_KINDS = ("wiki", "calculator", "convert_units")
@@ -197,6 +200,72 @@ def held_out_questions(args: argparse.Namespace) -> tuple[list[dict], list[ToolQ
     return dialogues, questions
 
 
+def chat_session(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace
+                 ) -> ChatSession:
+    """The session every question is asked through: greedy (with the penalties asked for), every built-in tool
+    offered, the chat template, one exchange of history kept (--after_other's)."""
+    from dataset.tools import tool_schemas
+    from model.chat_session import ChatSession
+    from model.generation import GenerationSettings
+
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, **penalty_settings(args))
+    return ChatSession(model, tokenizer, use_template=True, history_turns=1, settings=settings, tools=tool_schemas())
+
+
+def ask_all(session: ChatSession, questions: list[ToolQuestion], before: list[list[dict]],
+            tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> list[Outcome]:
+    """Each question asked after its history (ask), the progress every 25 questions on stderr."""
+    started = time.perf_counter()
+    outcomes = []
+    for number, (question, history) in enumerate(zip(questions, before), 1):
+        outcomes.append(ask(session, question, history, tokenize))
+        if number % 25 == 0:
+            print(f"{number}/{len(questions)} questions, {time.perf_counter() - started:.0f} s", file=sys.stderr,
+                  flush=True)
+    return outcomes
+
+
+def run_line(args: argparse.Namespace, parser: argparse.ArgumentParser, path: Path, lora: Path | None,
+             questions: int) -> str:
+    """The report's first line: the model (and its adapter), the questions, and the decoding, with each penalty
+    set away from its default."""
+    after = ", each after an exchange of the other kind" if args.after_other else ""
+    penalties = "".join(f", {name} {value:g}" for name, value in penalty_settings(args).items()
+                        if value != parser.get_default(name))
+    return f"model {path}{' + ' + str(lora) if lora else ''}: {questions} held-out questions{after}, greedy{penalties}"
+
+
+def print_wrong_calls(wrong: dict[str, dict[str, int]]) -> None:
+    print("\nwrong calls, by where they go wrong (the copied argument: the title, the expression, the value)")
+    print(f"{'tool':<14}" + "".join(f" {where:>16}" for where in WRONG_CALLS))
+    for kind, counts in wrong.items():
+        print(f"{kind:<14}" + "".join(f" {counts[where]:>16}" for where in WRONG_CALLS))
+
+
+def print_transcripts(outcomes: list[Outcome], show: int) -> None:
+    """The first `show` transcripts of each kind (--show): history, question, calls, answer and how it scored."""
+    for kind in (*TOOL_KINDS, SMALL_TALK):
+        for outcome in [o for o in outcomes if o.kind == kind][:show]:
+            print(f"\n[{kind}]" + "".join(f"\n  before, {m['role']}: {shown_message(m)}" for m in outcome.before))
+            print(f"  user: {outcome.question}")
+            for call in outcome.calls:
+                print(f"  call: {call}")
+            print(f"  answer: {outcome.answer}")
+            wrong_at = f" (wrong at: {outcome.wrong_at})" if outcome.wrong_at else ""
+            unended = "" if outcome.ended else " (never ended: it ran into --max_new_tokens)"
+            print(f"  right call: {outcome.right_call}{wrong_at}, fact in answer: {outcome.has_fact}{unended}")
+
+
+def write_report(json_path: str, args: argparse.Namespace, path: Path, rows: list[dict],
+                 wrong: dict[str, dict[str, int]], outcomes: list[Outcome]) -> None:
+    """--json: the model, the decoding, both tables and every outcome, written atomically."""
+    target = resolve_path(json_path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    report = {"model": str(path), "decoding": penalty_settings(args), "table": rows, "wrong_calls": wrong,
+              "outcomes": [asdict(o) for o in outcomes]}
+    atomic_write_text(target, strict_json(report, indent=1, ensure_ascii=False) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -208,9 +277,6 @@ def main(argv: list[str] | None = None) -> int:
     except ModelNotFound as error:
         return report_error(error)
 
-    from dataset.tools import tool_schemas
-    from model.chat_session import ChatSession
-    from model.generation import GenerationSettings
     from model.loading import load_model
 
     try:  # before the model loads: a count above what the held-out split holds is refused first
@@ -223,44 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # a damaged model directory
         return report_error(error)
     before = histories(dialogues, questions) if args.after_other else [[] for _ in questions]
-    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, **penalty_settings(args))
-    session = ChatSession(model, tokenizer, use_template=True, history_turns=1, settings=settings,
-                          tools=tool_schemas())
-    started = time.perf_counter()
-    outcomes = []
-    for number, (question, history) in enumerate(zip(questions, before), 1):
-        outcomes.append(ask(session, question, history, partial(token_starts, tokenizer)))
-        if number % 25 == 0:
-            print(f"{number}/{len(questions)} questions, {time.perf_counter() - started:.0f} s", file=sys.stderr,
-                  flush=True)
-    rows = table(outcomes)
-    after = ", each after an exchange of the other kind" if args.after_other else ""
-    penalties = "".join(f", {name} {value:g}" for name, value in penalty_settings(args).items()
-                        if value != parser.get_default(name))
-    print(f"model {path}{' + ' + str(lora) if lora else ''}: {len(questions)} held-out questions{after}, "
-          f"greedy{penalties}")
+    outcomes = ask_all(chat_session(model, tokenizer, args), questions, before, partial(token_starts, tokenizer))
+    rows, wrong = table(outcomes), wrong_calls(outcomes)
+    print(run_line(args, parser, path, lora, len(questions)))
     print_table(rows)
-    wrong = wrong_calls(outcomes)
-    print("\nwrong calls, by where they go wrong (the copied argument: the title, the expression, the value)")
-    print(f"{'tool':<14}" + "".join(f" {where:>16}" for where in WRONG_CALLS))
-    for kind, counts in wrong.items():
-        print(f"{kind:<14}" + "".join(f" {counts[where]:>16}" for where in WRONG_CALLS))
-    for kind in (*TOOL_KINDS, SMALL_TALK):
-        for outcome in [o for o in outcomes if o.kind == kind][:args.show]:
-            print(f"\n[{kind}]" + "".join(f"\n  before, {m['role']}: {shown_message(m)}" for m in outcome.before))
-            print(f"  user: {outcome.question}")
-            for call in outcome.calls:
-                print(f"  call: {call}")
-            print(f"  answer: {outcome.answer}")
-            wrong_at = f" (wrong at: {outcome.wrong_at})" if outcome.wrong_at else ""
-            unended = "" if outcome.ended else " (never ended: it ran into --max_new_tokens)"
-            print(f"  right call: {outcome.right_call}{wrong_at}, fact in answer: {outcome.has_fact}{unended}")
+    print_wrong_calls(wrong)
+    print_transcripts(outcomes, args.show)
     if args.json:
-        target = resolve_path(args.json)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        report = {"model": str(path), "decoding": penalty_settings(args), "table": rows, "wrong_calls": wrong,
-                  "outcomes": [asdict(o) for o in outcomes]}
-        atomic_write_text(target, strict_json(report, indent=1, ensure_ascii=False) + "\n")
+        write_report(args.json, args, path, rows, wrong, outcomes)
     return 0
 
 

@@ -36,7 +36,7 @@ it costs the server's event loop, beside the engine's decoding.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script, from any directory
@@ -46,6 +46,7 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
+import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import http.client  # noqa: E402
 import io  # noqa: E402
@@ -318,7 +319,7 @@ def compare_streams(old_ref: str, tokens: int, rounds: int) -> None:
         print(f"| {name} | {whole:.2f} | {streamed:.2f} | {streamed / whole:.2f} | {own:.3f} |")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ToolParser:
     parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain, "
                                                            "else an untrained cpu-default model")
@@ -334,7 +335,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --stream_against: the reply's length in tokens (unset: 3000)")
     parser.add_argument("--rounds", type=int_within(1), default=None,
                         help="with --stream_against: measured rounds (after one warm-up) (unset: 5)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def refuse_mixed_flags(parser: ToolParser, args: argparse.Namespace, argv: list[str] | None) -> None:
+    """A parser error where a flag of one mode is given with the other: --tokens and --rounds go only with
+    --stream_against, the load runs' flags never with it."""
     given = {arg.split("=")[0] for arg in (sys.argv[1:] if argv is None else argv) if arg.startswith("--")}
     stream_flags = {"--tokens", "--rounds"}
     if args.stream_against is None and given & stream_flags:
@@ -343,46 +349,70 @@ def main(argv: list[str] | None = None) -> int:
         other = given & {"--model_path", "--requests", "--max_tokens", "--repeats", "--logprobs"}
         if other:
             parser.error(f"argument {min(other)}: not with --stream_against (which takes --tokens and --rounds)")
-        compare_streams(args.stream_against, args.tokens or 3000, args.rounds or 5)
-        return 0
-    configs = CONFIGS + (((8, 8, args.logprobs),) if args.logprobs is not None else ())
 
-    with tempfile.TemporaryDirectory() as scratch:
-        try:
-            model_path, note = locate_model(args.model_path)
-        except ModelNotFound:
-            if args.model_path is not None:
-                raise
-            model_path, note = untrained_default_model(Path(scratch)), "no trained model: an untrained cpu-default one"
-        print(f"model {model_path}" + (f" ({note})" if note else ""))
-        print(f"machine: {machine_line()}; {args.requests} streamed requests "
-              f"per run, greedy, max_tokens {args.max_tokens}; medians of {args.repeats} interleaved repeats")
-        servers = {batch: Server(model_path, batch) for batch in sorted({b for _, b, _ in configs})}
-        try:
-            for server in servers.values():  # warm up: first requests pay for lazy initialisation
-                run_load(server, 2, 4, args.max_tokens)
-            runs: dict[tuple[int, int, int | None], list[dict[str, float]]] = {config: [] for config in configs}
-            for repeat in range(args.repeats):
-                for clients, batch, top in configs:
-                    runs[(clients, batch, top)].append(run_load(servers[batch], clients, args.requests,
-                                                                args.max_tokens, top))
-                    asked = "" if top is None else f", top_logprobs {top}"
-                    print(f"  repeat {repeat + 1}: {clients} clients, --max_batch {batch}{asked} done",
-                          file=sys.stderr)
-        finally:
-            for server in servers.values():
-                server.close()
 
+def served_model(model_path: str | None, scratch: Path) -> tuple[Path, str | None]:
+    """(the model directory, a note on how it was found): --model_path, else out/sft or out/pretrain, else an
+    untrained cpu-default model saved in `scratch` (not when --model_path names one that is not there)."""
+    try:
+        return locate_model(model_path)
+    except ModelNotFound:
+        if model_path is not None:
+            raise
+        return untrained_default_model(scratch), "no trained model: an untrained cpu-default one"
+
+
+def measure_configs(model_path: Path, configs: Sequence[tuple[int, int, int | None]], args: argparse.Namespace
+                    ) -> dict[tuple[int, int, int | None], list[dict[str, float]]]:
+    """Each configuration's run_load results, --repeats times, interleaved, after a warm-up of every server (one
+    per --max_batch); the servers stopped after."""
+    servers = {batch: Server(model_path, batch) for batch in sorted({b for _, b, _ in configs})}
+    try:
+        for server in servers.values():  # warm up: first requests pay for lazy initialisation
+            run_load(server, 2, 4, args.max_tokens)
+        runs: dict[tuple[int, int, int | None], list[dict[str, float]]] = {config: [] for config in configs}
+        for repeat in range(args.repeats):
+            for clients, batch, top in configs:
+                runs[(clients, batch, top)].append(run_load(servers[batch], clients, args.requests,
+                                                            args.max_tokens, top))
+                asked = "" if top is None else f", top_logprobs {top}"
+                print(f"  repeat {repeat + 1}: {clients} clients, --max_batch {batch}{asked} done",
+                      file=sys.stderr)
+    finally:
+        for server in servers.values():
+            server.close()
+    return runs
+
+
+def print_load_table(runs: dict[tuple[int, int, int | None], list[dict[str, float]]]) -> None:
+    """One row per configuration: the medians over its repeats."""
     header = ("| clients | --max_batch | top_logprobs | requests/s | p50 latency (s) | p95 latency (s) "
               "| p50 first token (s) | generated tokens/s | mean batch |")
     print("\n" + header + "\n|" + "---|" * 9)
-    for config in configs:
+    for config in runs:
         clients, batch, top = config
         med = {key: statistics.median(run[key] for run in runs[config]) for key in runs[config][0]}
         print(f"| {clients} | {batch} | {'-' if top is None else top} | {med['requests_per_s']:.2f} | "
               f"{med['p50_latency']:.3f} | "
               f"{med['p95_latency']:.3f} | {med['p50_first_token']:.3f} | {med['tokens_per_s']:.0f} | "
               f"{med['mean_batch']:.2f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    refuse_mixed_flags(parser, args, argv)
+    if args.stream_against is not None:
+        compare_streams(args.stream_against, args.tokens or 3000, args.rounds or 5)
+        return 0
+    configs = CONFIGS + (((8, 8, args.logprobs),) if args.logprobs is not None else ())
+    with tempfile.TemporaryDirectory() as scratch:
+        model_path, note = served_model(args.model_path, Path(scratch))
+        print(f"model {model_path}" + (f" ({note})" if note else ""))
+        print(f"machine: {machine_line()}; {args.requests} streamed requests "
+              f"per run, greedy, max_tokens {args.max_tokens}; medians of {args.repeats} interleaved repeats")
+        runs = measure_configs(model_path, configs, args)
+    print_load_table(runs)
     return 0
 
 

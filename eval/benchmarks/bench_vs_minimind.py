@@ -129,7 +129,7 @@ def run_ours(args: argparse.Namespace, scratch: Path) -> dict:
             "params_m": summary.get("num_params", float("nan")) / 1e6, "wall_s": time.perf_counter() - started}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ToolParser:
     parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     parser.add_argument("--minimind_dir", type=Path, required=True,
                         help="a checkout of MiniMind's repository (its trainer/, model/ and dataset/ as published)")
@@ -149,7 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log_dir", type=Path, default=Path("."),
                         help="where both trainers' logs are written (minimind_log.txt, ours_log.txt)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def validate_args(parser: ToolParser, args: argparse.Namespace) -> None:
+    """A parser error for too few steps or a missing MiniMind trainer or --data_path; the paths made absolute
+    (MiniMind runs in its own trainer/ folder) and --log_dir created."""
     if args.steps < args.warmup + 2 * args.log_interval:
         parser.error("--steps must leave at least two of MiniMind's log lines after --warmup")
     if not (args.minimind_dir / "trainer" / "train_pretrain.py").is_file():
@@ -161,14 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         args.data_path = args.data_path.resolve()  # MiniMind runs in its own trainer/ folder
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
-    data_path = args.data_path or ensure_default_corpus(quiet=True).pretrain_train
-    text = str(args.data_path) if args.data_path else "the embedded corpus's pretraining split"
-    per_sample = minimind_real_tokens_per_sample(args.minimind_dir, data_path, args.seq_len)
-    with tempfile.TemporaryDirectory() as scratch:
-        minimind = run_minimind(args.minimind_dir, data_path, args, Path(scratch))
-        ours = run_ours(args, Path(scratch))
-    minimind["tokens_per_s"] = minimind["steps_per_s"] * args.batch_size * per_sample
-    minimind["padded_tokens_per_s"] = minimind["steps_per_s"] * args.batch_size * args.seq_len
+
+def print_table(args: argparse.Namespace, text: str, per_sample: float, minimind: dict, ours: dict) -> None:
+    """The two runs' throughput in one markdown table, under a line naming the machine, the shape and the text."""
     print(f"# Pretraining throughput, ours vs MiniMind's trainer: {machine_line()}\n")
     print(f"{args.preset} width and depth, batch {args.batch_size} x {args.seq_len}, {args.steps} steps each "
           f"(the first {args.warmup} not timed), text: {text}; MiniMind's samples "
@@ -183,6 +183,21 @@ def main(argv: list[str] | None = None) -> int:
           f"{ours['tokens_per_s']:,.0f} | (packed: all real) | {ours['tokens_per_s'] / minimind['tokens_per_s']:.2f}x "
           f"| {ours['last_loss']:.3f} |")
     print("\n(losses are per token of different tokenizers and data orders: not comparable with each other)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    validate_args(parser, args)
+    data_path = args.data_path or ensure_default_corpus(quiet=True).pretrain_train
+    text = str(args.data_path) if args.data_path else "the embedded corpus's pretraining split"
+    per_sample = minimind_real_tokens_per_sample(args.minimind_dir, data_path, args.seq_len)
+    with tempfile.TemporaryDirectory() as scratch:
+        minimind = run_minimind(args.minimind_dir, data_path, args, Path(scratch))
+        ours = run_ours(args, Path(scratch))
+    minimind["tokens_per_s"] = minimind["steps_per_s"] * args.batch_size * per_sample
+    minimind["padded_tokens_per_s"] = minimind["steps_per_s"] * args.batch_size * args.seq_len
+    print_table(args, text, per_sample, minimind, ours)
     if args.json:
         record = {"machine": machine_line(), "args": {k: str(v) for k, v in vars(args).items()},
                   "minimind_tokens_per_sample": per_sample, "minimind": minimind, "ours": ours}

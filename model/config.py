@@ -11,6 +11,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from model.rmsnorm_math import check_p, floor_fraction
 from model.rope import check_rope_scaling
+from model.shown_value import shown_value
 
 
 class NormType(StrEnum):
@@ -123,7 +124,7 @@ def _check_choice(field: str, value: Any, enum: type[StrEnum]) -> StrEnum:
         return enum(value)
     except ValueError:
         allowed = ", ".join(repr(member.value) for member in enum)
-        raise ValueError(f"{field}={value!r} is not allowed; choose one of {allowed}") from None
+        raise ValueError(f"{field}={shown_value(value)} is not allowed; choose one of {allowed}") from None
 
 
 def _check_placement(value: Any) -> NormPlacement:
@@ -132,7 +133,8 @@ def _check_placement(value: Any) -> NormPlacement:
     try:
         return NormPlacement(value)
     except ValueError:
-        raise ValueError(f"norm_placement={value!r} is not allowed; choose one of {placement_choices()}") from None
+        raise ValueError(f"norm_placement={shown_value(value)} is not allowed; choose one of "
+                         f"{placement_choices()}") from None
 
 
 def _is_number(value: Any) -> bool:
@@ -151,30 +153,30 @@ def _check_fields(config: "MiniNormConfig") -> None:
     for field in ("qk_norm", "tie_word_embeddings", "use_cache", "norm_affine", "norm_depth_scaling",
                   "init_depth_scaling", "smeared_keys"):
         if not isinstance(getattr(config, field), bool):
-            raise ValueError(f"{field}={getattr(config, field)!r} is not allowed; it must be true or false")
+            raise ValueError(f"{field}={shown_value(getattr(config, field))} is not allowed; it must be true or false")
     for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                   "max_position_embeddings"):
         value = getattr(config, field)
         if not _is_int(value) or value < 1:
-            raise ValueError(f"{field}={value!r} is not allowed; it must be a positive integer")
+            raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be a positive integer")
     size = config.intermediate_size
     if size is not None and (not _is_int(size) or size < 1):
-        raise ValueError(f"intermediate_size={size!r} is not allowed; it must be a positive integer (or null: "
-                         f"the SwiGLU width derived from hidden_size)")
+        raise ValueError(f"intermediate_size={shown_value(size)} is not allowed; it must be a positive integer "
+                         f"(or null: the SwiGLU width derived from hidden_size)")
     for field in ("rope_theta", "norm_eps", "initializer_range", "dyt_alpha_init"):
         value = getattr(config, field)
         if not (_is_number(value) and 0 < value < math.inf):
-            raise ValueError(f"{field}={value!r} is not allowed; it must be a finite float > 0")
+            raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be a finite float > 0")
         setattr(config, field, float(value))
     if not (_is_number(config.dropout) and 0 <= config.dropout < 1):
-        raise ValueError(f"dropout={config.dropout!r} is not allowed; it must be a float in [0, 1)")
+        raise ValueError(f"dropout={shown_value(config.dropout)} is not allowed; it must be a float in [0, 1)")
     config.dropout = float(config.dropout)
     for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(config, field)
         ids = value if isinstance(value, list) and field == "eos_token_id" else [value]
         if value is not None and not all(_is_int(i) and 0 <= i < config.vocab_size for i in ids):
             also = " (or a list of them)" if field == "eos_token_id" else ""
-            raise ValueError(f"{field}={value!r} is not allowed; it must be null or a token id in "
+            raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be null or a token id in "
                              f"[0, vocab_size={config.vocab_size}){also}")
 
 
@@ -196,23 +198,24 @@ def _check_combination(config: "MiniNormConfig") -> None:
 def _check_moe(config: "MiniNormConfig") -> None:
     """Validate the mixture-of-experts fields (and fill moe_intermediate_size's default)."""
     if not _is_int(config.num_experts) or config.num_experts < 0:
-        raise ValueError(f"num_experts={config.num_experts!r} is not allowed; it must be an integer >= 0 "
+        raise ValueError(f"num_experts={shown_value(config.num_experts)} is not allowed; it must be an integer >= 0 "
                          f"(0: the dense MLP)")
     top_k = config.num_experts_per_tok
     if not _is_int(top_k) or top_k < 1 or (config.num_experts and top_k > config.num_experts):
-        raise ValueError(f"num_experts_per_tok={top_k!r} is not allowed; it must be an integer in "
+        raise ValueError(f"num_experts_per_tok={shown_value(top_k)} is not allowed; it must be an integer in "
                          f"[1, num_experts={config.num_experts}]")
     if config.moe_intermediate_size is None:
         config.moe_intermediate_size = config.intermediate_size
     width = config.moe_intermediate_size
     if not _is_int(width) or width < 1:
-        raise ValueError(f"moe_intermediate_size={width!r} is not allowed; it must be a positive integer")
+        raise ValueError(f"moe_intermediate_size={shown_value(width)} is not allowed; it must be a positive integer")
     if not isinstance(config.norm_topk_prob, bool):
-        raise ValueError(f"norm_topk_prob={config.norm_topk_prob!r} is not allowed; it must be true or false")
+        raise ValueError(f"norm_topk_prob={shown_value(config.norm_topk_prob)} is not allowed; "
+                         f"it must be true or false")
     for field in ("router_aux_loss_coef", "router_z_loss_coef"):
         value = getattr(config, field)
         if not (_is_number(value) and 0 <= value < math.inf):
-            raise ValueError(f"{field}={value!r} is not allowed; it must be a finite float >= 0")
+            raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be a finite float >= 0")
         setattr(config, field, float(value))
 
 
@@ -276,7 +279,8 @@ class MiniNormConfig(PretrainedConfig):
         self.prms_p = check_p(self.prms_p, "prms_p")
         _check_fields(self)
         if not (_is_number(self.mix_ln_ratio) and 0 <= self.mix_ln_ratio <= 1):
-            raise ValueError(f"mix_ln_ratio={self.mix_ln_ratio!r} is not allowed; it must be a float in [0, 1]")
+            raise ValueError(f"mix_ln_ratio={shown_value(self.mix_ln_ratio)} is not allowed; "
+                             f"it must be a float in [0, 1]")
         self.mix_ln_ratio = float(self.mix_ln_ratio)
         _check_combination(self)
         if self.hidden_size % self.num_attention_heads:
@@ -322,7 +326,8 @@ class MiniNormConfig(PretrainedConfig):
     def from_preset(cls, name: str, **overrides: Any) -> "MiniNormConfig":
         """Build a config from a named preset; keyword overrides win."""
         if name not in PRESETS:
-            raise ValueError(f"preset={name!r} is not allowed; choose one of {', '.join(map(repr, PRESETS))}")
+            raise ValueError(f"preset={shown_value(name)} is not allowed; choose one of "
+                             f"{', '.join(map(repr, PRESETS))}")
         return cls(**{**PRESETS[name], **overrides})
 
 

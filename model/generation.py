@@ -37,6 +37,7 @@ from transformers.generation.logits_process import (LogitsProcessor, RepetitionP
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from model.decode_step import DecodeStep, StaticKVCache, supports_decode_step
+from model.shown_value import shown_value
 
 FINISH_STOP = "stop"          # the end-of-turn token or a stop string
 FINISH_LENGTH = "length"      # max_new_tokens, or the model's context was full
@@ -411,7 +412,8 @@ class GenerationEngine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if decode not in DECODE_MODES:
-            raise ValueError(f"decode={decode!r} is not allowed; choose one of {', '.join(map(repr, DECODE_MODES))}")
+            raise ValueError(f"decode={shown_value(decode)} is not allowed; choose one of "
+                             f"{', '.join(map(repr, DECODE_MODES))}")
         self._step = (DecodeStep(model, compiled=decode == "compiled")
                       if decode != "forward" and supports_decode_step(model) else None)
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch

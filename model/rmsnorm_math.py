@@ -13,12 +13,14 @@ import numbers
 
 import torch
 
+from model.shown_value import shown_value
+
 
 def check_p(p: float, field: str = "p") -> float:
     """`p` as a float; a ValueError naming `field` unless it is a number in (0, 1] (a bool is not one: `true` in a
     config.json would otherwise read as p = 1)."""
     if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0.0 < float(p) <= 1.0:
-        raise ValueError(f"{field}={p!r} is not allowed; it must be a float in (0, 1]")
+        raise ValueError(f"{field}={shown_value(p)} is not allowed; it must be a float in (0, 1]")
     return float(p)
 
 

@@ -22,6 +22,8 @@ from typing import Any, Mapping
 
 import torch
 
+from model.shown_value import shown_value
+
 ROPE_TYPES = ("linear", "dynamic", "yarn")
 # The keys each type reads besides rope_type; anything else is refused, naming it.
 ROPE_KEYS: dict[str, tuple[str, ...]] = {
@@ -44,20 +46,22 @@ def check_rope_scaling(value: Any, max_position_embeddings: int, head_dim: int |
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise ValueError(f"rope_scaling={value!r} is not allowed; it must be null or a dict with a rope_type")
+        raise ValueError(f"rope_scaling={shown_value(value)} is not allowed; "
+                         f"it must be null or a dict with a rope_type")
     scaling = dict(value)
     if "type" in scaling and "rope_type" not in scaling:  # the older spelling transformers also reads
         scaling["rope_type"] = scaling.pop("type")
     rope_type = scaling.pop("rope_type", None)
     if rope_type not in ROPE_TYPES:
-        raise ValueError(f"rope_scaling rope_type={rope_type!r} is not allowed; choose one of "
+        raise ValueError(f"rope_scaling rope_type={shown_value(rope_type)} is not allowed; choose one of "
                          f"{', '.join(map(repr, ROPE_TYPES))}")
     unknown = sorted(set(scaling) - set(ROPE_KEYS[rope_type]))
     if unknown:
-        raise ValueError(f"rope_scaling {unknown[0]}={scaling[unknown[0]]!r} is not allowed with rope_type="
+        raise ValueError(f"rope_scaling {unknown[0]}={shown_value(scaling[unknown[0]])} is not allowed with rope_type="
                          f"{rope_type!r}; its keys are {', '.join(ROPE_KEYS[rope_type])}")
     if not (_is_number(scaling.get("factor")) and scaling["factor"] >= 1):
-        raise ValueError(f"rope_scaling factor={scaling.get('factor')!r} is not allowed; it must be a number >= 1")
+        raise ValueError(f"rope_scaling factor={shown_value(scaling.get('factor'))} is not allowed; "
+                         f"it must be a number >= 1")
     if rope_type == "dynamic" and head_dim == 2:
         raise ValueError("rope_scaling rope_type='dynamic' is not allowed with head_dim=2 (hidden_size / "
                          "num_attention_heads): its base grows with the exponent head_dim / (head_dim - 2); choose "
@@ -66,13 +70,14 @@ def check_rope_scaling(value: Any, max_position_embeddings: int, head_dim: int |
         scaling.setdefault("original_max_position_embeddings", max_position_embeddings)
         original = scaling["original_max_position_embeddings"]
         if not (isinstance(original, int) and not isinstance(original, bool) and original >= 1):
-            raise ValueError(f"rope_scaling original_max_position_embeddings={original!r} is not allowed; it must "
-                             "be a positive integer")
+            raise ValueError(f"rope_scaling original_max_position_embeddings={shown_value(original)} is not allowed; "
+                             "it must be a positive integer")
         for key in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
             if scaling.get(key) is not None and not _is_number(scaling[key]):
-                raise ValueError(f"rope_scaling {key}={scaling[key]!r} is not allowed; it must be a number")
+                raise ValueError(f"rope_scaling {key}={shown_value(scaling[key])} is not allowed; it must be a number")
         if not isinstance(scaling.get("truncate", True), bool):
-            raise ValueError(f"rope_scaling truncate={scaling['truncate']!r} is not allowed; it must be true or false")
+            raise ValueError(f"rope_scaling truncate={shown_value(scaling['truncate'])} is not allowed; "
+                             f"it must be true or false")
     return {"rope_type": rope_type, **scaling}
 
 
@@ -144,13 +149,16 @@ def extend_context(model: Any, factor: float | None, trained_length: int | None 
         return None
     config = model.config
     if not (_is_number(factor) and factor > 1):
-        raise ValueError(f"--rope_scaling_factor={factor!r} is not allowed; it must be a number > 1")
+        raise ValueError(f"--rope_scaling_factor={shown_value(factor)} is not allowed; it must be a number > 1")
     if getattr(config, "model_type", None) != "mininorm":
         raise ValueError(f"--rope_scaling_factor works on MiniNorm models, not model_type="
-                         f"{getattr(config, 'model_type', None)!r}; set rope_parameters in its config.json instead")
+                         f"{shown_value(getattr(config, 'model_type', None))}; set rope_parameters in its "
+                         f"config.json instead")
     if config.rope_scaling is not None:
-        raise ValueError(f"--rope_scaling_factor is not allowed: the model already has rope_scaling="
-                         f"{config.rope_scaling!r}")
+        has = config.rope_scaling
+        raise ValueError(f"--rope_scaling_factor is not allowed: the model already has rope_scaling (rope_type "
+                         f"{shown_value(has.get('rope_type'))}, factor {shown_value(has.get('factor'))}); it "
+                         f"extends only a model without one")
     positions = config.max_position_embeddings
     original = min(trained_length, positions) if trained_length else positions
     scaling = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original}

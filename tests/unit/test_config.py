@@ -62,6 +62,26 @@ def test_invalid_value_names_field_value_and_allowed(field: str, value: object, 
         assert choice in message
 
 
+
+@pytest.mark.parametrize(("field", "value", "shown", "allowed"), [
+    # A tensor's repr is every element over many lines (40 lines for 20 x 20): its type, shape and dtype instead.
+    ("hidden_size", torch.ones(20, 20), "<Tensor of shape (20, 20), torch.float32>", "it must be a positive integer"),
+    ("norm_placement", torch.ones(30), "<Tensor of shape (30,), torch.float32>", "choose one of 'pre', 'post'"),
+    ("prms_p", torch.full((20, 20), 0.5, dtype=torch.float64), "<Tensor of shape (20, 20), torch.float64>",
+     "it must be a float in (0, 1]"),
+    ("norm_eps", torch.tensor(1e-5), "tensor(1.0000e-05)", "it must be a finite float > 0"),  # 0-d: one line
+    # A long repr is cut at 57 characters and "..." (60 in all).
+    ("rope_scaling", list(range(40)), "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16...",
+     "it must be null or a dict with a rope_type"),
+    ("norm_type", "x" * 80, "'" + "x" * 56 + "...", "choose one of 'rmsnorm'"),
+])
+def test_a_refused_value_is_quoted_on_one_short_line(field: str, value: object, shown: str, allowed: str) -> None:
+    with pytest.raises(ValueError) as info:
+        MiniNormConfig(**{field: value})
+    message = str(info.value)
+    assert message.startswith(f"{field}={shown} is not allowed; ") and allowed in message
+    assert "\n" not in message and len(message) < 250
+
 def test_heads_must_divide_hidden() -> None:
     with pytest.raises(ValueError, match=re.escape("num_attention_heads=5")) as info:
         MiniNormConfig(hidden_size=64, num_attention_heads=5, num_key_value_heads=1)

@@ -168,6 +168,11 @@ def test_extend_context_refuses_a_factor_that_extends_nothing(factor: float, nam
 def test_extend_context_refuses_a_model_it_cannot_change() -> None:
     with pytest.raises(ValueError, match="already has rope_scaling"):
         extend_context(scaled_model(SCALINGS["linear"][0], ORIGINAL), 2.0)
+    with pytest.raises(ValueError) as info:  # its rope_scaling's type and factor, not the whole dict's repr
+        extend_context(scaled_model({"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "original_max_position_embeddings": ORIGINAL}, 4 * ORIGINAL), 2.0)
+    assert str(info.value) == ("--rope_scaling_factor is not allowed: the model already has rope_scaling (rope_type "
+                               "'yarn', factor 4.0); it extends only a model without one")
     with pytest.raises(ValueError, match="model_type='llama'"):
         extend_context(llama_from_mininorm(scaled_model(None, ORIGINAL)), 2.0)
 

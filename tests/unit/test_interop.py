@@ -191,6 +191,30 @@ def test_a_field_left_out_of_a_qwen3_config_reads_as_transformers_reads_it(dropp
     assert named in error and "model.safetensors" not in error, error
 
 
+def test_fields_left_out_of_a_llama_config_read_as_llamaconfigs_defaults(tmp_path) -> None:
+    """LlamaConfig derives what a config.json leaves out from the other sizes (num_key_value_heads: the attention
+    heads; head_dim: hidden_size / heads), unlike Qwen3Config's fixed 32 and 128, and reads tie_word_embeddings as
+    False and rope_theta as 10000: a Llama without those fields (and 4 KV heads) imports with transformers' logits
+    for that very directory."""
+    theirs = hf_model("llama", tied=False, num_key_value_heads=4,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    source = save_checkpoint(theirs, tmp_path / "hf")
+    config = json.loads((source / "config.json").read_text())
+    for field in ("num_key_value_heads", "head_dim", "tie_word_embeddings", "rope_parameters", "rope_theta",
+                  "rope_scaling"):
+        config.pop(field, None)
+    (source / "config.json").write_text(json.dumps(config))
+    reloaded = LlamaForCausalLM.from_pretrained(source).eval()  # as transformers reads the stripped config.json
+    assert (reloaded.config.num_key_value_heads, reloaded.config.head_dim) == (4, 8)
+    out, _ = import_checkpoint(source, tmp_path / "imported")
+    ours = MiniNormForCausalLM.from_pretrained(out, norm_impl="eager").eval()
+    assert (ours.config.num_key_value_heads, ours.config.head_dim, ours.config.rope_theta) == (4, 8, 1e4)
+    assert ours.config.tie_word_embeddings is False
+    ids = torch.randint(0, 6400, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, reloaded(ids).logits, atol=1e-5, rtol=0)
+
+
 def test_an_unsupported_rope_type_is_refused(tmp_path, capsys) -> None:
     config = LlamaConfig(**SHAPE, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -130,6 +130,10 @@ def test_dynamic_scaling_with_two_dimensional_heads_is_refused_in_one_line() -> 
         set_rope_scaling(model, dynamic, 4)
     assert model.config.rope_scaling is None and model.model.rotary.rope_scaling is None  # left as it was
     MiniNormConfig(**{**tiny, "hidden_size": 4}, rope_scaling=dynamic)  # head_dim 4: d / (d - 2) = 2
+    for other in ({"rope_type": "linear", "factor": 2.0}, {"rope_type": "yarn", "factor": 2.0}):  # no such exponent
+        assert MiniNormConfig(**tiny, rope_scaling=other).rope_scaling["rope_type"] == other["rope_type"]
+        set_rope_scaling(model, other, 4)
+        assert model.model.rotary.rope_scaling["rope_type"] == other["rope_type"]
 
 
 # ---------------------------------------------------------------------------------------------- --rope_scaling_factor

@@ -528,6 +528,9 @@ def test_the_functions_std_of_rewards_far_from_0_is_exact_over_micro_batches_and
     def reward(prompts, completions, **columns):
         return [given[prompt][index % 2] for index, prompt in enumerate(prompts)]
 
+    def offset(prompts, completions, **columns):  # three times the spread about 0, weight 0: a std of its own
+        return [3 * (given[prompt][index % 2] - 1e8) for index, prompt in enumerate(prompts)]
+
     def prompts(first: int, count: int) -> dict:
         return PromptDataset.collate([{"input_ids": torch.tensor([1 + j, 2]), "prompt": f"p{j}", "columns": {}}
                                       for j in range(first, first + count)])
@@ -535,8 +538,8 @@ def test_the_functions_std_of_rewards_far_from_0_is_exact_over_micro_batches_and
     splits = [[prompts(0, 1), prompts(1, 1)], [prompts(2, 2)]]
 
     def process(rank: int, accelerator) -> tuple[ProximalPolicy, list[dict]]:
-        objective = ProximalPolicy([Reward("far", reward)], tokenizer, _settings(2), reference, seed=7,
-                                   process_index=rank, autocast=nullcontext, world=2)
+        objective = ProximalPolicy([Reward("far", reward), Reward("near", offset, 0.0)], tokenizer, _settings(2),
+                                   reference, seed=7, process_index=rank, autocast=nullcontext, world=2)
         return objective, objective.rollouts(model, splits[rank], step=3, accelerator=accelerator)
 
     expected = statistics.stdev([v for values in given.values() for v in values])
@@ -544,6 +547,7 @@ def test_the_functions_std_of_rewards_far_from_0_is_exact_over_micro_batches_and
     for objective, batches in ThreadedProcesses(2).run(process):
         stats = logged_step_stats(objective, model, batches)
         assert stats["rewards/reward_std"] == pytest.approx(expected, rel=1e-6)
+        assert stats["rewards/offset_std"] == pytest.approx(3 * expected, rel=1e-6)
 
 
 def test_a_reward_models_scores_far_from_0_keep_their_spread_in_the_logged_reward_std(tokenizer, monkeypatch):

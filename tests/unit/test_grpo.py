@@ -645,6 +645,27 @@ def test_batch_scaling_of_a_step_with_two_scored_rewards_divides_by_their_std(to
     assert batch["advantages"].tolist() == pytest.approx(expected, rel=1e-5)
 
 
+def test_batch_scaling_of_a_step_with_one_scored_reward_leaves_every_advantage_0(tokenizer, policy, monkeypatch):
+    """--scale_rewards batch, one group of three, only its second completion scored: no group has two scored
+    rewards, so every advantage is 0, and the step's batch has no std (its logged reward_std is NaN, written as
+    null), which the scaling must not divide by: 0 / NaN would make every advantage, and so the loss, NaN."""
+    import trainer.grpo as grpo
+
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler([]))
+
+    def reward(prompts, completions, **columns):
+        return [None, 2.5, None]
+
+    settings = dataclasses.replace(_settings(group=3), scale_rewards="batch")
+    objective = GroupRelativePolicy([Reward("r", reward)], tokenizer, settings, None, seed=2, process_index=0,
+                                    autocast=nullcontext)
+    batch = objective.rollouts(policy, [_numbered_prompts(0, 1)], step=1, accelerator=OneProcess())[0]
+    assert batch["advantages"].tolist() == [0.0, 0.0, 0.0]
+    stats = logged_step_stats(objective, policy, [batch])
+    assert stats["reward"] == pytest.approx(2.5) and math.isnan(stats["reward_std"])
+    assert torch.isfinite(objective.loss(policy, batch, objective.count_items(batch))[0])
+
+
 def test_a_prompts_completions_do_not_depend_on_how_the_step_is_split(tokenizer, policy, monkeypatch):
     """Six prompts in one micro-batch, in three micro-batches of two, and as two processes of three (Accelerate
     hands micro-batch m of process p the (m x world + p)-th batch): each prompt's completions are the same, since a

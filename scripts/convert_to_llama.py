@@ -101,6 +101,16 @@ def max_logit_difference(ours: MiniNormForCausalLM, export_dir: Path, target: st
     return (ours.float()(ids).logits - theirs(ids).logits).abs().max().item()
 
 
+@torch.no_grad()
+def run_as_loaded(export_dir: Path, target: str, config: MiniNormConfig) -> None:
+    """One forward of the exported directory as stock transformers loads it by default (dtype="auto": the weights'
+    own bf16 or fp16), which max_logit_difference's fp32 copy does not exercise: a kernel may refuse in half
+    precision a width it runs in fp32 (Qwen3-MoE's grouped_mm experts: multiples of 8 values there, of 4 in fp32).
+    RuntimeError where it cannot run."""
+    theirs = TARGETS[target][1].from_pretrained(export_dir).eval()
+    theirs(torch.arange(min(4, config.max_position_embeddings)).unsqueeze(0) % config.vocab_size)
+
+
 def _unrunnable_hint(config: MiniNormConfig) -> str:
     """Why transformers may fail to run an export that is correct: its default Qwen3-MoE experts (grouped_mm) need
     each expert weight row to be a multiple of 16 bytes, 4 fp32 values (8 in bf16 or fp16), of both widths."""
@@ -149,8 +159,11 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
         if (source / CONFIG_FILE).is_file():  # keeps the task (sft/pretrain) for eval/chat.py
             shutil.copy2(source / CONFIG_FILE, staging / CONFIG_FILE)
         if verify:
+            half = ours.dtype != torch.float32  # as saved: max_logit_difference turns ours to fp32
             try:
                 diff = max_logit_difference(ours, staging, target)
+                if half:
+                    run_as_loaded(staging, target, ours.config)
             except RuntimeError as error:  # stock transformers cannot run what was written: one line, not a traceback
                 raise ValueError(f"stock transformers' {model_class.__name__} cannot run the exported model "
                                  f"({first_line(error, named=True)}); nothing written{_unrunnable_hint(ours.config)}"

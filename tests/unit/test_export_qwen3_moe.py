@@ -17,9 +17,9 @@ from scripts.convert_to_llama import convert_to_llama, main
 from trainer.export import save_model_dir
 
 
-def moe_dir(tokenizer, folder, seed: int = 0, **overrides):
+def moe_dir(tokenizer, folder, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
     """A tiny MoE model directory with every weight perturbed (norm gains too) and the router's logits spread
-    (it starts near zero, where a rounding difference could change an expert choice)."""
+    (it starts near zero, where a rounding difference could change an expert choice), saved in `dtype`."""
     torch.manual_seed(seed)
     fields = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, norm_impl="eager", rope_theta=5e4,
@@ -29,7 +29,7 @@ def moe_dir(tokenizer, folder, seed: int = 0, **overrides):
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             parameter.add_((1.0 if name.endswith("mlp.gate.weight") else 0.1) * torch.randn_like(parameter))
-    save_model_dir(model.eval(), tokenizer, folder)
+    save_model_dir(model.to(dtype).eval(), tokenizer, folder)
     return folder
 
 
@@ -109,3 +109,21 @@ def test_an_expert_width_transformers_grouped_mm_cannot_run_is_one_line(tokenize
     ids = torch.randint(0, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         torch.testing.assert_close(theirs(ids).logits, ours(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_a_bf16_expert_width_grouped_mm_runs_only_in_fp32_is_one_line(tokenizer, tmp_path, capsys) -> None:
+    """moe_intermediate_size=84 is 16 bytes of fp32 values but not of bf16 ones: the fp32 logits check of a bf16
+    model ran, and the export was written, yet stock transformers loads it in its own bf16 (dtype="auto"), where its
+    grouped_mm experts cannot run it. The check now also runs the export as loaded: one line naming the width,
+    nothing written. The same width in fp32 exports, and transformers runs it as loaded."""
+    source = moe_dir(tokenizer, tmp_path / "bf16", moe_intermediate_size=84, dtype=torch.bfloat16)
+    capsys.readouterr()
+    assert main(["--model_path", str(source), "--out_dir", str(tmp_path / "out"), "--target", "qwen3_moe"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1, error
+    assert "strides should be multiple of 16 bytes" in error and "moe_intermediate_size=84" in error, error
+    assert "nothing written" in error and not (tmp_path / "out").exists()
+    out = convert_to_llama(moe_dir(tokenizer, tmp_path / "fp32", moe_intermediate_size=84), tmp_path / "out32",
+                           target="qwen3_moe")
+    with torch.no_grad():
+        AutoModelForCausalLM.from_pretrained(out).eval()(torch.arange(8).unsqueeze(0))

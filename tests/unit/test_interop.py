@@ -215,6 +215,25 @@ def test_fields_left_out_of_a_llama_config_read_as_llamaconfigs_defaults(tmp_pat
         torch.testing.assert_close(ours(ids).logits, reloaded(ids).logits, atol=1e-5, rtol=0)
 
 
+def test_a_qwen3_configs_null_num_key_value_heads_reads_as_its_attention_heads(tmp_path) -> None:
+    """Qwen3Config's default of 32 KV heads is for a field config.json leaves out; one it writes as null is the
+    attention heads' number to transformers (Qwen3Config.__post_init__), so the import reads 4 here, with
+    transformers' logits for that very directory."""
+    theirs = hf_model("qwen3", tied=False, num_key_value_heads=4)
+    source = save_checkpoint(theirs, tmp_path / "hf")
+    config = json.loads((source / "config.json").read_text())
+    config["num_key_value_heads"] = None
+    (source / "config.json").write_text(json.dumps(config))
+    reloaded = Qwen3ForCausalLM.from_pretrained(source).eval()
+    assert reloaded.config.num_key_value_heads == 4
+    out, _ = import_checkpoint(source, tmp_path / "imported")
+    ours = MiniNormForCausalLM.from_pretrained(out, norm_impl="eager").eval()
+    assert ours.config.num_key_value_heads == 4
+    ids = torch.randint(0, 6400, (2, 24), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, reloaded(ids).logits, atol=1e-5, rtol=0)
+
+
 def test_an_unsupported_rope_type_is_refused(tmp_path, capsys) -> None:
     config = LlamaConfig(**SHAPE, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -84,6 +84,12 @@ HOSTILE = {
     # int() reads both as token 5: which value would count is anyone's guess
     "two logit_bias keys of one token": (with_fields(logit_bias={"5": 1, "0005": -1}),
                                          'logit_bias: keys "5" and "0005" name the same token 5'),
+    # isdigit() takes other scripts' digits, and int() reads Arabic-Indic five as 5 (a superscript two it refuses),
+    # but a key is ASCII digits; a key of exactly 20 digits is within the bound and names no token of ours
+    "a logit_bias key of a non-ASCII digit": (with_fields(logit_bias={"\u0665": 1}), 'got "\\u0665"'),
+    "a logit_bias key of a superscript digit": (with_fields(logit_bias={"\u00b2": 1}), 'got "\\u00b2"'),
+    "a logit_bias key of 20 digits": (with_fields(logit_bias={"9" * 20: 1}),
+                                      f"logit_bias names token {'9' * 20}; token ids are 0 to "),
 }
 WIKI = {"type": "function", "function": {"name": "wiki", "parameters": {
     "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}}

@@ -491,6 +491,10 @@ def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
          "which train_grpo.py and train_ppo.py take"),
         ("conversations", [{"conversations": [*MULTI[:3], {"role": "assistant", "content": " \n\t"}, *MULTI[4:]]}],
          1, "conversations[3] is an empty assistant message"),
+        # a thought of only whitespace is no thought: its label is the empty think block and <|im_end|>
+        ("conversations", [{"conversations": [SINGLE[0], {"role": "assistant", "content": None,
+                                                          "reasoning_content": " \n"}]}],
+         1, "conversations[1] is an empty assistant message"),
         # a preference pair: one prompt, two different assistant answers
         ("preference", [{"chosen": SINGLE, "rejected": [{"role": "user", "content": "Other?"}, SINGLE[1]]}], 1,
          '"chosen" and "rejected" must share their prompt (every message before the last answer); chosen[0] and '

@@ -561,6 +561,16 @@ def test_sft_skips_an_empty_answer_and_learns_a_tool_call_or_a_thought_without_c
     assert [label for label in prompts[1]["labels"].tolist() if label != IGNORE_INDEX] == [IM_END]
 
 
+def test_an_empty_system_or_user_message_is_read(tmp_path, cache, tokenizer):
+    """Only an assistant message must hold something (it is what is learnt): an empty system message (the default
+    tool dialogues' offers only tools) or user message is read as it is."""
+    messages = [{"role": "system", "content": ""}, {"role": "user", "content": " "}, SINGLE[1]]
+    ds = SFTDataset(write_jsonl(tmp_path / "quiet.jsonl", [{"conversations": messages}]), tokenizer, 512,
+                    cache_dir=cache)
+    ids, labels = expected_tokens(tokenizer, messages)
+    assert ds[0]["input_ids"].tolist() == ids and ds[0]["labels"].tolist() == labels
+
+
 @pytest.mark.parametrize("task, flags, empty_answers", [
     ("sft", [], False), ("lora", [], False), ("distill", [], False), ("distill", ["--lmbda", "0.5"], False),
     ("distill", ["--lmbda", "1"], True), ("distill", ["--seq_kd", "true"], True),

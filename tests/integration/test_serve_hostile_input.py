@@ -246,6 +246,7 @@ ACCEPTED = {
     "logprobs, top_logprobs 2.0": dict(logprobs=True, top_logprobs=2.0),
     # a token id as int() reads it, leading zeros and all (they were counted as digits: 21 characters were a 400)
     "logit_bias keys with leading zeros": dict(logit_bias={"0" * 20 + "5": 1, "0" * 5000 + "7": -1, "0": 2}),
+    "logit_bias key of more than 20 zeros, token 0": dict(logit_bias={"0" * 25: 2}),
     "top_logprobs null": dict(logprobs=False, top_logprobs=None),
     "100 levels, the strict reader's bound": dict(extra=functools.reduce(lambda inner, _: [inner], range(98), [])),
 }

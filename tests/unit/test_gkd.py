@@ -257,6 +257,26 @@ def test_pretraining_text_has_no_prompt_to_sample_for(tokenizer):
         objective.rollouts(_model(len(tokenizer), 32, seed=1), [text], step=0, accelerator=None)
 
 
+def test_a_rows_empty_last_answer_is_sampled_for_after_the_conversation_before_it(tokenizer, tmp_path):
+    """A conversation whose last assistant turn is empty (MiniMind's rlaif.jsonl, read with empty_answers for a run
+    whose every step samples) after an answered turn: the completion answers the whole conversation before that
+    turn, prompted as a generation prompt is (the earlier answer kept, the open header and the closed empty think
+    block of encode_chatml's add_generation_prompt), and replaces only the empty turn's <|im_end|>."""
+    from dataset.chat_format import encode_chatml
+    from dataset.sft_dataset import SFTDataset
+    from tests.training_runs import write_jsonl
+
+    before = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+              {"role": "user", "content": "Again?"}]
+    path = write_jsonl(tmp_path / "rlaif.jsonl", [{"conversations": [*before, {"role": "assistant", "content": ""}]}])
+    row = SFTDataset(path, tokenizer, 512, cache_dir=tmp_path / "cache", empty_answers=True)[0]
+    ids, labels = row["input_ids"].tolist(), row["labels"].tolist()
+    start = last_answer_start(labels)
+    assert ids[:start] == encode_chatml(tokenizer, before, add_generation_prompt=True).input_ids
+    assert ids[start] == labels[start] == tokenizer.convert_tokens_to_ids(IM_END)
+    assert set(labels[start + 1:]) <= {-100}  # the newline after it, unsupervised
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--distill_loss", "tvd"], "--distill_loss='tvd' is not allowed; choose one of kl, jsd"),
     (["--distill_loss", "jsd", "--jsd_beta", "1.5"], "--jsd_beta=1.5 is not allowed; it must be in [0, 1]"),

@@ -593,6 +593,28 @@ def test_only_a_distillation_that_samples_every_answer_reads_empty_answers(tmp_p
     assert len(data.train) == 4 and data.train.stats["supervised_tokens"] == 4  # each row's <|im_end|>
 
 
+def test_a_gkd_resume_across_every_step_sampling_is_refused_as_other_data(tmp_path, tokenizer, monkeypatch):
+    """--lmbda 1 reads a file's prompt-only rows, --lmbda 0.5 (with --skip_bad_lines) skips them: the training set
+    differs, so a checkpoint of the one does not resume as the other (its data position would map other samples)."""
+    import trainer.data
+    from trainer.args import parse_args
+    from trainer.resume_checks import check_resume_compatible
+
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    path = write_jsonl(tmp_path / "mixed.jsonl", [{"conversations": SINGLE}] * 3 + [{"conversations": RLAIF}] * 2)
+
+    def run(lmbda: str):
+        args = parse_args("distill", ["--data_path", str(path), "--val_data_path", str(path), "--batch_size", "2",
+                                      "--skip_bad_lines", "true", "--lmbda", lmbda])
+        return args, trainer.data.data_identity(trainer.data.build_run_data(args, tokenizer, quiet=True))
+
+    (sampling, read), (mixed, skipped) = run("1"), run("0.5")
+    assert (read["train_samples"], skipped["train_samples"]) == (5, 3)
+    state = {"config": sampling.to_dict(), "data": read, "samples_done_in_epoch": 2, "step": 1}
+    with pytest.raises(ValueError, match=r"--data_path was .*\(5 training samples.* is .*\(3 training samples"):
+        check_resume_compatible(tmp_path / "checkpoint", state, mixed, skipped)
+
+
 @pytest.mark.parametrize("cls", [PretrainDataset, SFTDataset])
 def test_empty_file_is_an_error(tmp_path, cache, tokenizer, cls):
     path = tmp_path / "empty.jsonl"

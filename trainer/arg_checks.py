@@ -89,6 +89,14 @@ def _check_optimizer_numbers(args: TrainArgs) -> None:
     for name in ("weight_decay", "muon_weight_decay"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
             raise _bad(name, getattr(args, name), "it must be a number >= 0")
+    # Decoupled decay scales each weight by 1 - lr x decay per step (the peak lr bounds the scheduled one): at
+    # lr x decay >= 1 it zeroes or flips every decayed weight, and larger values blew them up into a non-finite model
+    pairs = [("learning_rate", "weight_decay")] + [("muon_lr", "muon_weight_decay")] * (args.optimizer == "muon")
+    for lr, decay in pairs:
+        if getattr(args, lr) * getattr(args, decay) >= 1:
+            raise _bad(decay, getattr(args, decay), f"with --{lr}={getattr(args, lr)!r} it must be a number >= 0 "
+                                                    f"below 1 / {getattr(args, lr)!r} (each step scales a weight by "
+                                                    f"1 - {lr} x {decay})")
 
 
 def _check_copy_task(args: TrainArgs) -> None:

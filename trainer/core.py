@@ -29,7 +29,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from model.model import MiniNormForCausalLM
-from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
+from trainer.arg_fields import ROLLOUT_GROUPS, TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state
 from trainer.data import build_run_data, data_identity, shard_loader
@@ -215,9 +215,17 @@ class Trainer:
         if self.resume_state is not None:
             check_saved_architecture(self.resume_from, self.resume_state, base.config)
         args.copy_rows = resolve_copy_rows(args, self.added_switches)  # unset: by whether smeared keys are new
-        if args.max_seq_len > base.config.max_position_embeddings:
+        positions = base.config.max_position_embeddings
+        if args.max_seq_len > positions:
             raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
-                             f"{base.config.max_position_embeddings}")
+                             f"{positions}")
+        if args.task in ROLLOUT_GROUPS and args.max_seq_len + args.max_completion_length > positions:
+            # a rollout is one sequence, the prompt and its completion: their positions past the model's failed
+            # late (an OverflowError after the first rollout for a huge --max_completion_length)
+            raise ValueError(f"--max_completion_length={args.max_completion_length} is not allowed; a prompt of up "
+                             f"to --max_seq_len={args.max_seq_len} tokens and its completion must fit the model's "
+                             f"max_position_embeddings={positions}: it must be at most "
+                             f"{positions - args.max_seq_len} (or lower --max_seq_len)")
         if args.gradient_checkpointing:
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         return base

@@ -19,7 +19,8 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.training_runs import (ONE_THREAD, assert_same_logged_metrics, frequent_word_rewards,
-                                 record_objective_settings, run_in_process, train_losses, write_prompt_data)
+                                 record_objective_settings, refused_run, run_in_process, train_losses,
+                                 write_prompt_data)
 from trainer.command import main
 from trainer.run_dir import CONFIG_FILE, SUMMARY_FILE, model_task, read_metrics, read_summary
 
@@ -132,6 +133,19 @@ def test_a_reward_that_breaks_its_contract_stops_the_run_in_one_line(grpo_data, 
     checkpoint = out_dir / "checkpoints" / "step_00000002"  # saved after step 2; the 3rd step's rollout broke
     assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == 2
     assert not (out_dir / SUMMARY_FILE).exists() and not (out_dir / "checkpoints" / "step_00000003").exists()
+
+
+@pytest.mark.parametrize("length", ["81", str(10 ** 30)])
+def test_a_completion_the_models_positions_cannot_hold_after_the_prompt_is_refused_before_training(
+        length, grpo_data, tiny_models, tmp_path, capsys):
+    """A rollout is a prompt of up to --max_seq_len tokens and its completion, one sequence through the model's
+    positions (128 here); 10**30 was an OverflowError traceback after the first rollout (found fuzzing the flags)."""
+    argv = _argv(grpo_data, tiny_models.pretrain, tmp_path / "run", "--max_completion_length", length)
+    error = refused_run("grpo", argv, capsys, after_progress=True)
+    assert error == (f"error: --max_completion_length={length} is not allowed; a prompt of up to --max_seq_len=48 "
+                     f"tokens and its completion must fit the model's max_position_embeddings=128: it must be at "
+                     f"most 80 (or lower --max_seq_len)")
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_several_updates_per_rollout_clip_the_ratio(grpo_data, tiny_models, tmp_path):

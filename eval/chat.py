@@ -47,7 +47,8 @@ import re  # noqa: E402
 
 from dataset.atomic_io import not_utf8_at  # noqa: E402
 from dataset.json_text import surrogate_at  # noqa: E402
-from trainer.cli import DefaultsHelpFormatter, ToolParser, int_within, run_main, seed, utf8_text  # noqa: E402
+from trainer.cli import (DefaultsHelpFormatter, ToolParser, add_model_source_flags, int_within, run_main,  # noqa: E402
+                         seed, utf8_text)
 from trainer.inference_flags import (  # noqa: E402
     CHAT_FREQUENCY_PENALTY,
     add_penalty_flags,
@@ -60,7 +61,7 @@ from trainer.inference_flags import (  # noqa: E402
     top_k,
     top_p,
 )
-from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, model_task, report_error  # noqa: E402
+from trainer.run_dir import ModelNotFound, locate_tool_model, model_task, report_error  # noqa: E402
 
 RESET, EXIT = "/reset", "/exit"
 COMMAND = re.compile(r"/([A-Za-z][\w-]*)(?:\s+(.*))?", re.DOTALL)  # "/usr/bin is ..." is no command: a message

@@ -33,8 +33,8 @@ from typing import Any  # noqa: E402
 
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.split_names import DEFAULT_TEXT_DATA  # noqa: E402
-from trainer.cli import ToolParser, int_within, output_file, run_main, seed  # noqa: E402
-from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
+from trainer.cli import ToolParser, add_model_source_flags, int_within, output_file, run_main, seed  # noqa: E402
+from trainer.run_dir import ModelNotFound, locate_tool_model, report_error  # noqa: E402
 
 
 def repeat_losses(model: Any, first: Any, between: Any, before: Any = None) -> tuple[float, float, float]:

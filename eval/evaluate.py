@@ -34,9 +34,10 @@ from typing import Any, Sequence  # noqa: E402
 
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.split_names import LORA, PRETRAIN, SFT, SFT_TOOLS  # noqa: E402
-from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, int_within, output_file, run_main  # noqa: E402
+from trainer.cli import (DefaultsHelpFormatter, ToolParser, add_model_source_flags, boolean, int_within,  # noqa: E402
+                         output_file, path_arg, run_main)
 from trainer.inference_flags import add_rope_scaling_flag, apply_rope_scaling_flag, device_type  # noqa: E402
-from trainer.run_dir import (ModelNotFound, add_model_source_flags, is_chat_task, locate_model_and_adapter,  # noqa: E402
+from trainer.run_dir import (ModelNotFound, is_chat_task, locate_model_and_adapter,  # noqa: E402
                              locate_tool_model, model_task, recorded_config, report_error, resolve_input_path,
                              resolve_path, trained_length)
 
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__.split("\n")[0],
                                      formatter_class=DefaultsHelpFormatter)
     add_model_source_flags(parser)
-    parser.add_argument("--data", nargs="+", default=None,
+    parser.add_argument("--data", type=path_arg, nargs="+", default=None,
                         help=f"{' / '.join(NAMED_SPLITS)} or jsonl files (default: {PRETRAIN.val} and the split of "
                         f"conversations the model's run validated on: {SFT_TOOLS.val} for the default SFT, {LORA.val} "
                         f"for the default LoRA, else {SFT.val})")

@@ -38,8 +38,9 @@ from typing import Any, Sequence  # noqa: E402
 
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.split_names import DEFAULT_TEXT_DATA  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, output_file, run_main  # noqa: E402
-from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
+from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, add_model_source_flags,  # noqa: E402
+                         int_within, output_file, path_arg, run_main)
+from trainer.run_dir import ModelNotFound, locate_tool_model, report_error  # noqa: E402
 
 ROPE_TYPES = ("yarn", "linear", "dynamic")
 # FACTOR's upper bound: published context extensions stay below it (Llama 3.1: 8, YaRN: up to 32, LongRoPE: 512),
@@ -147,7 +148,7 @@ def bucket_losses(model: Any, documents: Sequence[Sequence[int]], bucket: int, b
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     add_model_source_flags(parser)
-    parser.add_argument("--data", default=DEFAULT_TEXT_DATA,
+    parser.add_argument("--data", type=path_arg, default=DEFAULT_TEXT_DATA,
                         help=f"{DEFAULT_TEXT_DATA} or a jsonl file of {{\"text\": ...}}")
     parser.add_argument("--length", type=int_within(1), default=1024, help="positions scored per document")
     parser.add_argument("--bucket", type=int_within(1), default=128, help="positions per bucket")

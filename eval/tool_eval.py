@@ -53,10 +53,11 @@ from dataset.tool_dialogues import (TooFewProblems, first_exchange, small_talk_d
 from dataset.tool_scoring import (SMALL_TALK, WRONG_CALLS, ToolQuestion, answer_has_fact,  # noqa: E402
                                   where_call_goes_wrong)
 
-from trainer.cli import DefaultsHelpFormatter, ToolParser, int_within, output_file, run_main, seed  # noqa: E402
+from trainer.cli import (DefaultsHelpFormatter, ToolParser, add_model_source_flags, int_within,  # noqa: E402
+                         output_file, run_main, seed)
 from trainer.inference_flags import add_penalty_flags, max_new_tokens, penalty_settings  # noqa: E402
 from trainer.rewards import repetition_penalty  # noqa: E402
-from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error, resolve_path  # noqa: E402
+from trainer.run_dir import ModelNotFound, locate_tool_model, report_error, resolve_path  # noqa: E402
 
 if TYPE_CHECKING:
     import torch

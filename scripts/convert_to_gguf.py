@@ -46,7 +46,7 @@ from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import (NotExportable, check_exportable, stacked_experts,  # noqa: E402
                                 to_llama_state_dict, to_target_config)
 from model.loading import config_model_type, load_config, load_model  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, path_arg, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path, shown_path  # noqa: E402
 
 if TYPE_CHECKING:
@@ -346,9 +346,10 @@ def convert_to_gguf(model_path: str | Path | None = None, outfile: str | Path | 
 
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description="Export a Llama-, Qwen3- or Qwen3-MoE-compatible MiniNorm model as a GGUF file")
-    parser.add_argument("--model_path", default=None,
+    parser.add_argument("--model_path", type=path_arg, default=None,
                         help="MiniNorm model directory or its Llama export (default: out/sft, else out/pretrain)")
-    parser.add_argument("--outfile", default=None, help="the .gguf file (default: out/<model dir>-<outtype>.gguf)")
+    parser.add_argument("--outfile", type=path_arg, default=None,
+                        help="the .gguf file (default: out/<model dir>-<outtype>.gguf)")
     parser.add_argument("--outtype", default="f16", choices=OUT_TYPES,
                         help="matrix storage; norms stay f32. f32 is exact; q8_0 falls back to f16 "
                              "for rows that are not whole 32-element blocks")

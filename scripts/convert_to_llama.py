@@ -48,7 +48,7 @@ from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.loading import (check_tokenizer_fits, config_model_type, load_config, load_dir_tokenizer,  # noqa: E402
                            load_strictly)
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import DefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, path_arg, run_main  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
 
@@ -178,13 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description="Export a MiniNorm model as a stock LlamaForCausalLM, Qwen3ForCausalLM or "
                                     "Qwen3MoeForCausalLM",
                         formatter_class=DefaultsHelpFormatter)
-    parser.add_argument("--model_path", default="out/pretrain", help="MiniNorm model directory")
+    parser.add_argument("--model_path", type=path_arg, default="out/pretrain", help="MiniNorm model directory")
     parser.add_argument("--target", default="llama", choices=tuple(TARGETS),
                         help="llama: LlamaForCausalLM (needs qk_norm=False); qwen3: Qwen3ForCausalLM (needs "
                              "qk_norm=True with qk_norm_scope='head'); qwen3_moe: Qwen3MoeForCausalLM (qwen3's "
                              "needs, with num_experts > 0); all need pre-LN RMSNorm with gains; llama and qwen3 "
                              "need num_experts=0")
-    parser.add_argument("--out_dir", default="out/llama",
+    parser.add_argument("--out_dir", type=path_arg, default="out/llama",
                         help="where the exported directory goes; an empty folder or a previous export to the same "
                              f"target (its {EXPORT_MARKER} says so) is replaced")
     parser.add_argument("--no_verify", action="store_true", help="skip the logits check against our model")

@@ -42,7 +42,7 @@ from model.interop import (CHECKPOINT_NORM, SWAPPABLE_NORMS, NotImportable, mini
                            model_from, read_state_dict)
 from model.loading import check_tokenizer_fits, load_dir_tokenizer  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import DefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, path_arg, run_main  # noqa: E402
 from trainer.run_dir import report_error, resolve_input_path, resolve_path  # noqa: E402
 
 # The tokenizer's files and the chat template, copied as they are when the checkpoint has them.
@@ -101,9 +101,9 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description="Import a transformers Llama or Qwen3 (dense) checkpoint as a MiniNorm model",
                         formatter_class=DefaultsHelpFormatter)
-    parser.add_argument("--source", required=True,
+    parser.add_argument("--source", type=path_arg, required=True,
                         help="transformers checkpoint directory (config.json, model.safetensors, tokenizer files)")
-    parser.add_argument("--out_dir", default="out/imported",
+    parser.add_argument("--out_dir", type=path_arg, default="out/imported",
                         help="where the MiniNorm directory goes; an empty folder or an earlier import is replaced")
     parser.add_argument("--norm_type", default=CHECKPOINT_NORM, choices=SWAPPABLE_NORMS,
                         help=f"the norm the model gets: {CHECKPOINT_NORM} keeps the checkpoint's function exactly; "

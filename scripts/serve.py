@@ -35,9 +35,9 @@ from trainer.threads import add_threads_flag, start_threads  # noqa: E402
 import argparse  # noqa: E402
 import socket  # noqa: E402
 
-from trainer.cli import DefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import DefaultsHelpFormatter, ToolParser, add_model_source_flags, int_within, run_main  # noqa: E402
 from trainer.inference_flags import add_rope_scaling_flag, device_type  # noqa: E402
-from trainer.run_dir import ModelNotFound, add_model_source_flags, locate_tool_model, report_error  # noqa: E402
+from trainer.run_dir import ModelNotFound, locate_tool_model, report_error  # noqa: E402
 
 
 def api_key(text: str) -> str:

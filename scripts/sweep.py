@@ -51,14 +51,15 @@ quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: o
 
 from scripts.sweep_runner.runner import run_sweep  # noqa: E402
 from scripts.sweep_runner.trial import on_interrupt, on_terminate, running_trials  # noqa: E402
-from trainer.cli import INTERRUPTED_LINE, ToolParser, int_within, run_main, seed  # noqa: E402
+from trainer.cli import INTERRUPTED_LINE, ToolParser, int_within, path_arg, run_main, seed  # noqa: E402
 from trainer.run_dir import EXIT_INTERRUPTED, report_error, resolve_input_path  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description="Run a wandb sweep YAML serverless (resumable).")
-    parser.add_argument("config", help="sweep YAML in wandb's format, e.g. scripts/sweep_configs/paper_cpu.yaml")
-    parser.add_argument("--sweep_dir", help="default: out/sweeps/<sweep name>/")
+    parser.add_argument("config", type=path_arg,
+                        help="sweep YAML in wandb's format, e.g. scripts/sweep_configs/paper_cpu.yaml")
+    parser.add_argument("--sweep_dir", type=path_arg, help="default: out/sweeps/<sweep name>/")
     parser.add_argument("--wandb_mode", choices=("offline", "online", "disabled"),
                         help="default: online if a wandb API key is configured, else offline")
     parser.add_argument("--max_trials", type=int_within(0, note="0: only bring the records back"),
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int_within(1), default=1,
                         help="run this many trials at a time (set OMP_NUM_THREADS so that workers x threads fits "
                              "the cores); a resumed sweep may use another number")
-    parser.add_argument("--records_dir",
+    parser.add_argument("--records_dir", type=path_arg,
                         help="keep the sweep's committable record here (state, results, each done trial's summary, "
                              "config and gzipped metrics), saved after every trial; restored from on a new machine")
     parser.add_argument("--only", action="append", default=[], metavar="NAME=VALUE[,VALUE]",

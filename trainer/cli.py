@@ -237,6 +237,16 @@ def path_arg(text: str) -> str:
 flag_type(str, path_arg)
 
 
+def add_model_source_flags(parser: argparse.ArgumentParser) -> None:
+    """--model_path and --lora, the flags every tool that loads a trained model reads (locate_model_and_adapter)."""
+    parser.add_argument("--model_path", type=path_arg, default=None,
+                        help="model directory; default: out/sft, else out/pretrain (with --lora: the adapter's base "
+                             "model)")
+    parser.add_argument("--lora", type=path_arg, default=None,
+                        help="a LoRA adapter directory (trainer/train_lora.py), merged into the model's weights at "
+                             "load")
+
+
 def output_file(text: str) -> str:
     """An output file flag's type (resolved as the tools resolve it, trainer/run_dir.py): refused up front where it
     is a directory, not after the work whose results it would hold."""

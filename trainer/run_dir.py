@@ -27,13 +27,10 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dataset.atomic_io import check_folder_path, path_overlap
 from dataset.json_text import strict_json
-
-if TYPE_CHECKING:
-    import argparse
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -486,14 +483,6 @@ def locate_model(model_path: str | Path | None = None) -> tuple[Path, str | None
                           f"using the pretrained model at {pretrain}")
     raise ModelNotFound(f"no model at {sft} or {pretrain}; create one with `{CREATE_COMMANDS['pretrain']}` "
                         f"and then `{CREATE_COMMANDS['sft']}`")
-
-
-def add_model_source_flags(parser: argparse.ArgumentParser) -> None:
-    """--model_path and --lora, the flags every tool that loads a trained model reads (locate_model_and_adapter)."""
-    parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain "
-                                                           "(with --lora: the adapter's base model)")
-    parser.add_argument("--lora", default=None, help="a LoRA adapter directory (trainer/train_lora.py), merged into "
-                                                     "the model's weights at load")
 
 
 def locate_model_and_adapter(model_path: str | Path | None, lora_path: str | Path | None

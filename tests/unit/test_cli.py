@@ -145,3 +145,36 @@ def test_benchmarks_refuse_bad_flags_in_one_line_naming_them(module, argv, flag,
     assert exit_info.value.code == 2
     first = capsys.readouterr().err.splitlines()[0]
     assert first.startswith(f"error: argument {flag}: ") and allowed in first, first
+
+
+# Every path flag of the tools (the paths a trainer takes: tests/unit/test_args.py): an empty value (an unset shell
+# variable) or blanks name no file. They were taken for the current folder or a file named by the blanks:
+# convert_to_gguf --outfile " " wrote a GGUF file named " " at the repo root, sweep --sweep_dir " " a sweep folder
+# named " " (found by fuzzing the flags); the others refused later, naming the repo root or the current folder.
+TOOL_PATH_FLAGS = [
+    ("eval.chat", [], "--model_path"), ("eval.chat", [], "--lora"), ("eval.evaluate", [], "--data"),
+    ("eval.tool_eval", [], "--model_path"), ("eval.long_context", [], "--data"), ("scripts.serve", [], "--lora"),
+    ("scripts.sweep", ["c.yaml"], "--sweep_dir"), ("scripts.sweep", ["c.yaml"], "--records_dir"),
+    ("scripts.convert_to_gguf", [], "--model_path"), ("scripts.convert_to_gguf", [], "--outfile"),
+    ("scripts.convert_to_llama", [], "--model_path"), ("scripts.convert_to_llama", [], "--out_dir"),
+    ("scripts.import_checkpoint", [], "--source"), ("scripts.import_checkpoint", ["--source", "s"], "--out_dir"),
+]
+
+
+@pytest.mark.parametrize("module, before, flag", TOOL_PATH_FLAGS)
+@pytest.mark.parametrize("value", ["", " "])
+def test_a_tools_path_flag_refuses_an_empty_value(module, before, flag, value, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(module).main([*before, flag, value])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"error: argument {flag}: expected a path, got an empty value"
+
+
+def test_the_sweeps_config_refuses_an_empty_value(capsys):
+    from scripts.sweep import main
+
+    with pytest.raises(SystemExit):
+        main([" "])
+    assert capsys.readouterr().err.splitlines()[0] == "error: argument config: expected a path, got an empty value"

@@ -43,10 +43,6 @@ from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, add_mo
 from trainer.run_dir import ModelNotFound, locate_tool_model, report_error  # noqa: E402
 
 ROPE_TYPES = ("yarn", "linear", "dynamic")
-# FACTOR's upper bound: published context extensions stay below it (Llama 3.1: 8, YaRN: up to 32, LongRoPE: 512),
-# and a larger factor is a typo (yarn:1e30 scored a row of numbers from a model whose RoPE reads every position as
-# the same, and extended max_position_embeddings past 10^32).
-MAX_FACTOR = 1024
 # L's upper bound: positions past 2^24 are not whole numbers in the fp32 angles RoPE computes; beyond what any
 # model trains on (a 400-digit L was an OverflowError traceback).
 MAX_LENGTH = 2 ** 24
@@ -63,6 +59,8 @@ def read_scaling(spec: str) -> tuple[str, float, int | None]:
     """A --scalings item TYPE:FACTOR[@L] checked without the model: (TYPE, FACTOR, L or None: the model's
     max_position_embeddings); ("none", 1.0, None) for `none`. ValueError, one line, names the item, what in it is
     refused (with its value) and the allowed form and ranges, so that a bad item costs no model loading."""
+    from model.rope import MAX_FACTOR  # FACTOR's bound, --rope_scaling_factor's too
+
     form = (f"use none or TYPE:FACTOR[@L] with TYPE one of {', '.join(ROPE_TYPES)}, FACTOR a number in "
             f"(1, {MAX_FACTOR}] and L an integer in 1 .. {MAX_LENGTH} (e.g. yarn:4@256)")
     if spec == "none":

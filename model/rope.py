@@ -25,6 +25,10 @@ import torch
 from model.shown_value import shown_value
 
 ROPE_TYPES = ("linear", "dynamic", "yarn")
+# The largest factor a context extension takes (the tools' --rope_scaling_factor, long_context.py's --scalings):
+# published ones stay below it (Llama 3.1: 8, YaRN: up to 32, LongRoPE: 512), and a larger factor is a typo (1e30
+# scored rows from a model whose RoPE reads every position as the same, with max_position_embeddings past 10^32).
+MAX_FACTOR = 1024
 # The keys each type reads besides rope_type; anything else is refused, naming it.
 ROPE_KEYS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",),
@@ -148,8 +152,9 @@ def extend_context(model: Any, factor: float | None, trained_length: int | None 
     if factor is None:
         return None
     config = model.config
-    if not (_is_number(factor) and factor > 1):
-        raise ValueError(f"--rope_scaling_factor={shown_value(factor)} is not allowed; it must be a number > 1")
+    if not (_is_number(factor) and 1 < factor <= MAX_FACTOR):  # NaN fails both comparisons
+        raise ValueError(f"--rope_scaling_factor={shown_value(factor)} is not allowed; it must be a number in "
+                         f"(1, {MAX_FACTOR}]")
     if getattr(config, "model_type", None) != "mininorm":
         raise ValueError(f"--rope_scaling_factor works on MiniNorm models, not model_type="
                          f"{shown_value(getattr(config, 'model_type', None))}; set rope_parameters in its "

@@ -30,9 +30,9 @@ CHAT_FREQUENCY_PENALTY = 0.25
 
 def add_rope_scaling_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rope_scaling_factor", type=float, default=None,
-                        help="extend the context this many times the trained length at inference with YaRN "
-                             "(rope_scaling yarn whose original length is the longest rows the model's runs trained "
-                             "on, else its max_position_embeddings); MiniNorm models only")
+                        help="extend the context this many times (at most 1024) the trained length at inference "
+                             "with YaRN (rope_scaling yarn whose original length is the longest rows the model's runs "
+                             "trained on, else its max_position_embeddings); MiniNorm models only")
 
 
 def apply_rope_scaling_flag(model: Any, model_dir: Path, adapter: Path | None, factor: float | None) -> str | None:

@@ -163,10 +163,24 @@ def test_extend_context_never_shrinks_the_models_context() -> None:
         2 * ORIGINAL, ORIGINAL)
 
 
-@pytest.mark.parametrize(("factor", "named"), [(1.0, "it must be a number > 1"), (float("nan"), "nan")])
+@pytest.mark.parametrize(("factor", "named"), [(1.0, r"it must be a number in \(1, 1024\]"), (float("nan"), "nan")])
 def test_extend_context_refuses_a_factor_that_extends_nothing(factor: float, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         extend_context(scaled_model(None, ORIGINAL), factor)
+
+
+@pytest.mark.parametrize("factor", [1e30, 1024.5, float("inf")])
+def test_extend_context_refuses_a_factor_past_any_context_extension(factor: float) -> None:
+    """long_context.py's --scalings bound, for every tool's --rope_scaling_factor: 1e30 was taken by chat, evaluate
+    and serve, which then reported a context of 32,000,000,000,000,000,636,307,994,836,992 positions (found by
+    fuzzing the flags); 1024, the bound itself, is taken."""
+    model = scaled_model(None, ORIGINAL)
+    with pytest.raises(ValueError) as error:
+        extend_context(model, factor)
+    assert str(error.value) == f"--rope_scaling_factor={factor!r} is not allowed; it must be a number in (1, 1024]"
+    assert model.config.rope_scaling is None and model.config.max_position_embeddings == ORIGINAL
+    extend_context(model, 1024)
+    assert model.config.max_position_embeddings == 1024 * ORIGINAL
 
 
 def test_extend_context_refuses_a_model_it_cannot_change() -> None:

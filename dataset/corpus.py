@@ -260,12 +260,16 @@ def _is_current(cache_dir: Path) -> bool:
 
 def resolve_text_data(name: str) -> Path:
     """A tool's --data: DEFAULT_TEXT_DATA (the embedded corpus's validation split, built if missing) or a jsonl
-    file of {"text": ...} (from the current directory, else the repo root)."""
+    file of {"text": ...} (from the current directory, else the repo root); a path that is no file is a
+    FileNotFoundError naming it (a folder was an IsADirectoryError traceback once the model had loaded)."""
     if name == DEFAULT_TEXT_DATA:
         return ensure_default_corpus(quiet=True).pretrain_val
+    from dataset.jsonl import check_data_file
     from trainer.run_dir import resolve_input_path
 
-    return resolve_input_path(name)
+    path = resolve_input_path(name)
+    check_data_file(path)
+    return path
 
 
 def ensure_default_corpus(cache_dir: Path | None = None, quiet: bool = False) -> CorpusPaths:

@@ -106,6 +106,18 @@ def test_no_long_enough_document_is_one_line(tiny_models, tmp_path, capsys) -> N
     assert "no document has more than --length 64 tokens" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, message", [("folder", "{path} is a folder, not a jsonl data file"),
+                                           ("missing.jsonl", "no such data file: {path}")])
+def test_a_data_path_that_is_no_file_is_one_line(name, message, tiny_models, tmp_path, capsys) -> None:
+    """A folder was an IsADirectoryError traceback after the model loaded (found by fuzzing the flags), a missing
+    file the bare '[Errno 2] No such file or directory'."""
+    path = tmp_path / name
+    if name == "folder":
+        path.mkdir()
+    assert main(["--model_path", str(tiny_models.pretrain), "--data", str(path), "--length", "64"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: {message.format(path=path)}"
+
+
 @pytest.mark.parametrize("flag, value, allowed", [("--bucket", "0", ">= 1"), ("--length", "-5", ">= 1"),
                                                   ("--batch_size", "0", ">= 1"), ("--max_documents", "-3", ">= 0")])
 def test_counts_out_of_range_are_one_line(flag, value, allowed, capsys) -> None:

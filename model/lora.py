@@ -59,6 +59,11 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     the adapters' parameters require gradients."""
     from peft import LoraConfig, get_peft_model
 
+    sides = [min(module.in_features, module.out_features) for name, module in model.named_modules()
+             if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in settings.targets]
+    if sides and not 1 <= settings.rank <= min(sides):  # a huge rank was a TypeError traceback from torch.empty
+        raise ValueError(f"--lora_rank={settings.rank} is not allowed; it must be in 1 .. {min(sides)} (the smallest "
+                         f"side of the adapted layers: a larger rank adds parameters, not rank)")
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=list(settings.targets), bias="none", task_type="CAUSAL_LM")
     with _without_peft_deprecation():

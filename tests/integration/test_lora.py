@@ -196,6 +196,18 @@ def test_resume_with_another_adapter_shape_is_refused(train_data, tiny_models, t
     assert error.startswith("error: --resume step_00000003: --lora_rank was 8 there and is 4 now")
 
 
+@pytest.mark.parametrize("rank, targets, smallest", [("33", "all", 32), (str(10 ** 30), "all", 32),
+                                                     ("65", "q_proj,o_proj", 64)])
+def test_a_rank_past_the_adapted_layers_smallest_side_is_refused(rank, targets, smallest, train_data, tiny_models,
+                                                                  tmp_path, capsys):
+    """A rank above min(in, out) of an adapted layer adds parameters, not rank (k_proj of the tiny model is 64 x 32);
+    10**30 was a TypeError traceback from torch.empty (found by fuzzing the flags)."""
+    error = refused_run("lora", finetune_argv("lora", train_data, tiny_models.sft, tmp_path / "run", "--lora_rank",
+                                              rank, "--lora_targets", targets), capsys, after_progress=True)
+    assert error == (f"error: --lora_rank={rank} is not allowed; it must be in 1 .. {smallest} (the smallest side "
+                     f"of the adapted layers: a larger rank adds parameters, not rank)")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--lora_targets", "q_proj,lm_head"], "--lora_targets='q_proj,lm_head': 'lm_head' is not a projection"),
     (["--lora_rank", "0"], "--lora_rank=0 is not allowed"),

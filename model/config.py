@@ -137,6 +137,12 @@ def _check_placement(value: Any) -> NormPlacement:
                          f"{placement_choices()}") from None
 
 
+# The largest size a field takes (each width, count and length): no model with a dimension past it fits any
+# machine's memory, and past 2**63 torch's size arguments overflowed (a TypeError or OverflowError traceback once
+# the model was built, where a flag had taken 10**30).
+MAX_SIZE = 2 ** 31 - 1
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -157,12 +163,13 @@ def _check_fields(config: "MiniNormConfig") -> None:
     for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                   "max_position_embeddings"):
         value = getattr(config, field)
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be a positive integer")
+        if not _is_int(value) or not 1 <= value <= MAX_SIZE:
+            raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be a positive integer, at most "
+                             f"{MAX_SIZE}")
     size = config.intermediate_size
-    if size is not None and (not _is_int(size) or size < 1):
-        raise ValueError(f"intermediate_size={shown_value(size)} is not allowed; it must be a positive integer "
-                         f"(or null: the SwiGLU width derived from hidden_size)")
+    if size is not None and (not _is_int(size) or not 1 <= size <= MAX_SIZE):
+        raise ValueError(f"intermediate_size={shown_value(size)} is not allowed; it must be a positive integer, "
+                         f"at most {MAX_SIZE} (or null: the SwiGLU width derived from hidden_size)")
     for field in ("rope_theta", "norm_eps", "initializer_range", "dyt_alpha_init"):
         value = getattr(config, field)
         if not (_is_number(value) and 0 < value < math.inf):
@@ -197,9 +204,9 @@ def _check_combination(config: "MiniNormConfig") -> None:
 
 def _check_moe(config: "MiniNormConfig") -> None:
     """Validate the mixture-of-experts fields (and fill moe_intermediate_size's default)."""
-    if not _is_int(config.num_experts) or config.num_experts < 0:
-        raise ValueError(f"num_experts={shown_value(config.num_experts)} is not allowed; it must be an integer >= 0 "
-                         f"(0: the dense MLP)")
+    if not _is_int(config.num_experts) or not 0 <= config.num_experts <= MAX_SIZE:
+        raise ValueError(f"num_experts={shown_value(config.num_experts)} is not allowed; it must be an integer in 0 .. "
+                         f"{MAX_SIZE} (0: the dense MLP)")
     top_k = config.num_experts_per_tok
     if not _is_int(top_k) or top_k < 1 or (config.num_experts and top_k > config.num_experts):
         raise ValueError(f"num_experts_per_tok={shown_value(top_k)} is not allowed; it must be an integer in "
@@ -207,8 +214,9 @@ def _check_moe(config: "MiniNormConfig") -> None:
     if config.moe_intermediate_size is None:
         config.moe_intermediate_size = config.intermediate_size
     width = config.moe_intermediate_size
-    if not _is_int(width) or width < 1:
-        raise ValueError(f"moe_intermediate_size={shown_value(width)} is not allowed; it must be a positive integer")
+    if not _is_int(width) or not 1 <= width <= MAX_SIZE:
+        raise ValueError(f"moe_intermediate_size={shown_value(width)} is not allowed; it must be a positive "
+                         f"integer, at most {MAX_SIZE}")
     if not isinstance(config.norm_topk_prob, bool):
         raise ValueError(f"norm_topk_prob={shown_value(config.norm_topk_prob)} is not allowed; "
                          f"it must be true or false")

@@ -50,6 +50,13 @@ def param_count(config: MiniNormConfig) -> int:
     ("vocab_size", True, ["positive integer"]),
     ("dropout", "0.1", ["[0, 1)"]),
     ("dropout", None, ["[0, 1)"]),
+    # Sizes past 2**31 - 1 (the flags took 10**30): torch.empty's TypeError ("Overflow when unpacking long long") or
+    # an OverflowError traceback once the model was built (found by fuzzing the flags).
+    *[(field, 10 ** 30, ["positive integer", "at most 2147483647"])
+      for field in ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "moe_intermediate_size",
+                    "max_position_embeddings")],
+    ("hidden_size", 2 ** 31, ["positive integer", "at most 2147483647"]),
+    ("num_experts", 10 ** 30, ["integer in 0 .. 2147483647"]),
     ("pad_token_id", "0", ["null or a token id", "[0, vocab_size=6400)"]),
     ("eos_token_id", 6400, ["null or a token id", "[0, vocab_size=6400)"]),
 ])

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from model.config import PRESETS
-from trainer.arg_fields import (COMPILE_MODES, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS, ROLLOUT_GROUPS,
-                                SFT_DATA, TrainArgs, task_default, uses_lora)
+from model.config import MAX_SIZE, PRESETS
+from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS,
+                                ROLLOUT_GROUPS, SFT_DATA, TrainArgs, task_default, task_flags, uses_lora)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import DEFAULT_DISCOPOP_TAU, DPOLossType, check_label_smoothing, check_options, parse_loss_types
 from trainer.optim import MuonAdjustLR, OptimizerName
@@ -101,8 +101,8 @@ def _check_optimizer_numbers(args: TrainArgs) -> None:
 
 def _check_copy_task(args: TrainArgs) -> None:
     """The copy rows mixed into pretraining: their count, steps, cue pairs and loss weights."""
-    if args.copy_rows is not None and args.copy_rows < 0:
-        raise _bad("copy_rows", args.copy_rows, "it must be >= 0 (0: no copy rows)")
+    if args.copy_rows is not None and not 0 <= args.copy_rows <= MAX_SIZE:  # more: torch.randint's TypeError
+        raise _bad("copy_rows", args.copy_rows, f"it must be in 0 .. {MAX_SIZE} (0: no copy rows)")
     if args.copy_steps < 0:
         raise _bad("copy_steps", args.copy_steps, "it must be >= 0")
     if args.copy_cue_pairs < 0:
@@ -110,6 +110,12 @@ def _check_copy_task(args: TrainArgs) -> None:
     for name in ("copy_weight", "copy_weight_after"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
             raise _bad(name, getattr(args, name), "it must be a number >= 0")
+    if args.copy_rows == 0:  # unset (SFT's default) is resolved by the model's switches, after parsing
+        unused = [name for name in COPY_FLAGS if name != "copy_rows" and name in task_flags(args.task)
+                  and getattr(args, name) != task_default(args.task, name)]
+        if unused:
+            raise _bad(unused[0], getattr(args, unused[0]), "it shapes the copy rows, which --copy_rows=0 leaves "
+                                                            "out: give --copy_rows N with it, or leave it out")
 
 
 def _check_sft_data(args: TrainArgs) -> None:

@@ -261,6 +261,15 @@ SMOOTHING_REFUSED = ("--label_smoothing=0.1 is not allowed; only --loss_type sig
     ("dpo", ["--beta", "inf"], "--beta=inf is not allowed; it must be a positive number"),
     ("grpo", ["--label_smoothing", "0.1"], "unrecognized arguments: --label_smoothing 0.1"),
     ("pretrain", ["--copy_cue_pairs", "-1"], "--copy_cue_pairs=-1 is not allowed; it must be >= 0 (0: no cue pairs)"),
+    # 10**30 rows were a TypeError traceback from torch.randint once the model was built (found by fuzzing the flags)
+    ("pretrain", ["--copy_rows", str(10 ** 30)], f"--copy_rows={10 ** 30} is not allowed; it must be in 0 .. "
+                                                 f"2147483647 (0: no copy rows)"),
+    # the copy flags shape rows that --copy_rows 0 (pretraining's default) leaves out: they were taken and ignored
+    ("pretrain", ["--copy_cue_pairs", "4"], "--copy_cue_pairs=4 is not allowed; it shapes the copy rows, which "
+                                            "--copy_rows=0 leaves out: give --copy_rows N with it, or leave it out"),
+    ("sft", ["--copy_rows", "0", "--copy_weight", "2"], "--copy_weight=2.0 is not allowed; it shapes the copy rows, "
+                                                        "which --copy_rows=0 leaves out: give --copy_rows N with it, "
+                                                        "or leave it out"),
     ("sft", ["--sft_data", "tools", "--data_path", "my.jsonl"],
      "--sft_data='tools' is not allowed; leave it unset with --data_path (the file is the data)"),
 ])

@@ -294,6 +294,30 @@ def test_what_the_run_cannot_start_with_is_refused_before_the_data(flags, messag
     assert error == message and not (tmp_path / "run").exists()
 
 
+def test_a_model_too_big_for_memory_is_one_line(train_data, tmp_path, capsys):
+    """A size within the model's bounds whose weights no memory holds (the embedding alone: 6400 x 2**30 fp32 = 25
+    TiB) was the allocator's RuntimeError traceback (found by fuzzing the flags); it is one line naming the sizes
+    to lower."""
+    argv = pretrain_argv(train_data, tmp_path / "run", "--hidden_size", str(2 ** 30), "--intermediate_size", "128")
+    error = refused_run("pretrain", argv, capsys, after_progress=True)
+    assert error == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                     "27487790694400 bytes): lower --batch_size, --max_seq_len, --copy_rows or the model's sizes")
+
+
+@pytest.mark.parametrize("message, said", [
+    ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.10 GiB of which 3.06 MiB is "
+     "free.", "CUDA out of memory. Tried to allocate 20.00 MiB"),
+    ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: not enough memory: you tried to allocate "
+     "64 bytes. Error code 12", "DefaultCPUAllocator: not enough memory: you tried to allocate 64 bytes"),
+    ("Expected all tensors to be on the same device", None),
+])
+def test_out_of_memory_reads_the_allocators_words(message, said):
+    from trainer.command import out_of_memory
+
+    assert out_of_memory(RuntimeError(message)) == said
+    assert out_of_memory(MemoryError()) == "MemoryError"
+
+
 @pytest.mark.parametrize("key, message", [
     (None, "wandb has no API key here and no terminal to ask for one; run `wandb login`, set WANDB_API_KEY, or set "
            "WANDB_MODE=offline to log to {run}/wandb"),

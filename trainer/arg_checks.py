@@ -94,8 +94,10 @@ def _check_optimizer_numbers(args: TrainArgs) -> None:
     pairs = [("learning_rate", "weight_decay")] + [("muon_lr", "muon_weight_decay")] * (args.optimizer == "muon")
     for lr, decay in pairs:
         if getattr(args, lr) * getattr(args, decay) >= 1:
-            raise _bad(decay, getattr(args, decay), f"with --{lr}={getattr(args, lr)!r} it must be a number >= 0 "
-                                                    f"below 1 / {getattr(args, lr)!r} (each step scales a weight by "
+            # the flag typed is the one named (the other may be its default)
+            named, other = (lr, decay) if lr in args.given and decay not in args.given else (decay, lr)
+            raise _bad(named, getattr(args, named), f"with --{other}={getattr(args, other)!r} it must be below "
+                                                    f"1 / {getattr(args, other)!r} (each step scales a weight by "
                                                     f"1 - {lr} x {decay})")
 
 

@@ -525,15 +525,17 @@ def test_a_path_of_bytes_that_are_not_utf8_is_still_a_path():
                                    "1 .. 4096"),
     # decoupled weight decay scales each weight by 1 - lr x decay per step: at lr x decay >= 1 it zeroes or flips the
     # weights; --weight_decay 1e30 trained one step into non-finite weights and crashed in the final sample
-    (["--weight_decay", "1e30"], "--weight_decay=1e+30 is not allowed; with --learning_rate=0.01 it must be a "
-                                 "number >= 0 below 1 / 0.01 (each step scales a weight by 1 - learning_rate x "
-                                 "weight_decay)"),
+    (["--weight_decay", "1e30"], "--weight_decay=1e+30 is not allowed; with --learning_rate=0.01 it must be below "
+                                 "1 / 0.01 (each step scales a weight by 1 - learning_rate x weight_decay)"),
     (["--learning_rate", "0.5", "--weight_decay", "2"], "--weight_decay=2.0 is not allowed; with --learning_rate=0.5 "
-                                                        "it must be a number >= 0 below 1 / 0.5 (each step scales a "
-                                                        "weight by 1 - learning_rate x weight_decay)"),
+                                                        "it must be below 1 / 0.5 (each step scales a weight by 1 - "
+                                                        "learning_rate x weight_decay)"),
+    # the flag typed is the one named, beside the other's default
+    (["--learning_rate", "1e30"], "--learning_rate=1e+30 is not allowed; with --weight_decay=0.1 it must be below "
+                                  "1 / 0.1 (each step scales a weight by 1 - learning_rate x weight_decay)"),
     (["--optimizer", "muon", "--muon_lr", "0.5", "--muon_weight_decay", "2"],
-     "--muon_weight_decay=2.0 is not allowed; with --muon_lr=0.5 it must be a number >= 0 below 1 / 0.5 (each step "
-     "scales a weight by 1 - muon_lr x muon_weight_decay)"),
+     "--muon_weight_decay=2.0 is not allowed; with --muon_lr=0.5 it must be below 1 / 0.5 (each step scales a "
+     "weight by 1 - muon_lr x muon_weight_decay)"),
 ])
 def test_bad_numbers_are_one_line_naming_the_flag(flags, message, capsys):
     from trainer.args import parse_args

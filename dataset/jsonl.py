@@ -93,7 +93,15 @@ def numbered_lines(handle: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
     """(line number from 1, raw bytes) of each line of a jsonl file opened in binary, the first line without a
     leading UTF-8 byte order mark: it marks the file's encoding, not a value (RFC 8259 lets a reader ignore it, and
     Python's json reading bytes and ``datasets`` do), so a file saved by an editor that writes one reads as without."""
-    for number, raw in enumerate(handle, start=1):
+    lines = enumerate(handle, start=1)
+    while True:
+        try:
+            number, raw = next(lines)
+        except StopIteration:
+            return
+        except OSError as error:  # a read that fails (an I/O error) was a traceback once the run had started
+            raise ValueError(f"{getattr(handle, 'name', 'the file')}: cannot be read "
+                             f"({error.strerror or error})") from None
         yield number, raw.removeprefix(UTF8_BOM) if number == 1 else raw
 
 
@@ -310,11 +318,16 @@ def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, empty_answers: bo
 
 
 def check_data_file(path: Path) -> None:
-    """Refuse, in one line, a data path that is not a file: missing, or a folder."""
+    """Refuse, in one line, a data path that is not a file (missing, or a folder) or that cannot be opened."""
     if path.is_dir():
         raise FileNotFoundError(f"{path} is a folder, not a jsonl data file")
     if not path.is_file():
         raise FileNotFoundError(f"no such data file: {path}")
+    try:  # a file another user keeps to themselves: refused here, not as a PermissionError traceback later
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror or error})") from None
 
 
 def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,

@@ -308,3 +308,17 @@ def test_only_one_byte_order_mark_is_read_past():
     assert list(dataset.jsonl.numbered_lines(lines)) == [(1, BOM + b'{"text": "hello"}\n'), (2, lines[1])]
     with pytest.raises(dataset.jsonl.BadLine, match="byte order mark"):
         dataset.jsonl.parse_line(BOM + b'{"text": "hello"}\n')
+
+
+def test_a_data_file_that_cannot_be_read_is_one_line(tmp_path):
+    """A file whose read fails (/proc/self/mem: an I/O error at the first read; a file of another user: permission
+    denied) was an OSError traceback once the run had started (found by fuzzing the flags); both readers, the
+    trainers' scan and the tools' record iterator, name the file and the reason in one line."""
+    unreadable = tmp_path / "mem.jsonl"
+    unreadable.symlink_to("/proc/self/mem")
+    with pytest.raises(ValueError) as scanned:
+        dataset.jsonl.scan_jsonl(unreadable, "text", cache_dir=tmp_path / "cache")
+    assert str(scanned.value) == f"{unreadable}: cannot be read (Input/output error)"
+    with pytest.raises(ValueError) as iterated:
+        list(dataset.jsonl.iter_records(unreadable, "text"))
+    assert str(iterated.value) == f"{unreadable}: cannot be read (Input/output error)"

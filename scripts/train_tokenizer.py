@@ -43,7 +43,7 @@ from dataset.tokenization import (  # noqa: E402
     model_dir_lock,
 )
 from trainer.cli import ToolParser, int_within, path_arg, run_main  # noqa: E402
-from trainer.run_dir import report_error  # noqa: E402
+from trainer.run_dir import is_model_dir, report_error  # noqa: E402
 
 DEFAULT_VOCAB_SIZE = 6400  # MiniMind's size: small enough that the embedding does not dominate a tiny model
 # The vocabulary always holds the 256 byte symbols and the special tokens: a smaller size would silently give this
@@ -134,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out_dir = Path(args.out_dir) if args.out_dir is not None else DEFAULT_TOKENIZER_DIR
         check_folder_path(out_dir, "--out_dir")  # a file in the way is found now, not after the training
+        if is_model_dir(out_dir):  # its embedding indexes the tokenizer there: a new one would be lost on it
+            raise ValueError(f"--out_dir {out_dir} holds a model (config.json and its weights), whose token ids are "
+                             f"its tokenizer's: a new tokenizer there would leave it reading other tokens; choose "
+                             f"another --out_dir")
         if args.data_path is None:
             from dataset.corpus import ensure_default_corpus
 

@@ -5,6 +5,7 @@ tests/unit/test_chat_template.py."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from transformers import AutoTokenizer
@@ -170,6 +171,23 @@ def test_train_tokenizer_refuses_bad_paths_in_one_line(tmp_path, capsys, case):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(named) in err, err
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_train_tokenizer_refuses_a_models_folder_and_keeps_its_tokenizer(tmp_path, capsys, tiny_models):
+    """A trained model's token ids are its tokenizer's: a new tokenizer written over it (found by fuzzing --out_dir
+    with a model directory) left the model reading other tokens, the old tokenizer lost."""
+    from scripts.train_tokenizer import main
+
+    data = tmp_path / "pretrain.jsonl"
+    data.write_text(json.dumps({"text": "hello world"}) + "\n")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models.pretrain, model)
+    before = (model / "tokenizer.json").read_bytes()
+    assert main(["--vocab_size", "300", "--data_path", str(data), "--out_dir", str(model)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --out_dir {model} holds a model (config.json and its weights), whose token ids are its tokenizer's: "
+        f"a new tokenizer there would leave it reading other tokens; choose another --out_dir")
+    assert (model / "tokenizer.json").read_bytes() == before
 
 
 @pytest.mark.parametrize("vocab_size", ["0", "-5", "268", str(2**64), "many"])

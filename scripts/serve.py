@@ -50,11 +50,19 @@ def api_key(text: str) -> str:
     return text
 
 
+def _host(text: str) -> str:
+    """--host's type: an empty value (an unset shell variable) bound every interface, as 0.0.0.0 does."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a host name or address (0.0.0.0: every interface), got an empty "
+                                         "value")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ToolParser(description="Serve a MiniNorm model: OpenAI's chat API and a chat page",
                                      formatter_class=DefaultsHelpFormatter)
     add_model_source_flags(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 listens on every interface")
+    parser.add_argument("--host", type=_host, default="127.0.0.1", help="0.0.0.0 listens on every interface")
     parser.add_argument("--port", type=int_within(0, 65535, "0: a free port, printed at start"), default=8000,
                         help="the port to listen on")
     parser.add_argument("--api_key", type=api_key, default=None,

@@ -33,6 +33,11 @@ def test_a_trainer_with_a_bad_preset_prints_two_lines():
      "error: argument --seed: 4294967296 is not an integer in 0 .. 4294967295"),
     ("scripts.serve", ["--device", "bogus"],
      "error: argument --device: expected auto, cpu, cuda or cuda:N, got 'bogus'"),
+    # an empty host (an unset shell variable) bound every interface, as 0.0.0.0 does (found by fuzzing the flags)
+    ("scripts.serve", ["--host", ""], "error: argument --host: expected a host name or address (0.0.0.0: every "
+                                      "interface), got an empty value"),
+    ("scripts.serve", ["--host", " "], "error: argument --host: expected a host name or address (0.0.0.0: every "
+                                       "interface), got an empty value"),
 ])
 def test_tools_print_the_error_and_a_pointer_to_help(module, argv, error, capsys):
     import importlib

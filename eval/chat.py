@@ -44,6 +44,7 @@ from trainer.threads import add_threads_flag, start_threads  # noqa: E402
 
 import argparse  # noqa: E402
 import re  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from dataset.atomic_io import not_utf8_at  # noqa: E402
 from dataset.json_text import surrogate_at  # noqa: E402
@@ -62,6 +63,9 @@ from trainer.inference_flags import (  # noqa: E402
     top_p,
 )
 from trainer.run_dir import ModelNotFound, locate_tool_model, model_task, report_error  # noqa: E402
+
+if TYPE_CHECKING:
+    from model.chat_session import MessageTooLong
 
 RESET, EXIT = "/reset", "/exit"
 COMMAND = re.compile(r"/([A-Za-z][\w-]*)(?:\s+(.*))?", re.DOTALL)  # "/usr/bin is ..." is no command: a message
@@ -222,6 +226,12 @@ def _read(line: str, where: str) -> tuple[str, str]:
     return "command", name
 
 
+def not_sent(error: MessageTooLong) -> str:
+    """A message too long for the context: what does not fit (the library's words), then what to do here."""
+    tools = ", or leave the tools out with --no_tools" if error.with_tools else ""
+    return f"{error}; not sent (shorten it{tools})"
+
+
 def _converse(session, stream: bool, interactive: bool) -> int:
     """Answer each line of input until /exit or its end. Ctrl-C during an answer on a terminal drops that answer
     and the session goes on; elsewhere (piped input, the prompt) it ends the run through run_main. The session's
@@ -244,7 +254,7 @@ def _converse(session, stream: bool, interactive: bool) -> int:
             try:
                 _answer(session, value, stream)
             except MessageTooLong as error:
-                print(f"error: {where} {error}", file=sys.stderr, flush=True)
+                print(f"error: {where} {not_sent(error)}", file=sys.stderr, flush=True)
             except KeyboardInterrupt:
                 if not interactive:  # no one to go on with: the run ends as any tool's Ctrl-C does
                     raise
@@ -313,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _answer(session, args.prompt, stream)
         except MessageTooLong as error:
-            return report_error(f"--prompt {error}")
+            return report_error(f"--prompt {not_sent(error)}")
         return 0
     interactive = sys.stdin.isatty()
     if interactive:

@@ -79,8 +79,15 @@ class Reply:
 
 
 class MessageTooLong(ValueError):
-    """A user message that does not fit the model's context even alone; str() says how long it is, for the caller
-    to name the message ("line 3 takes 700 tokens ...")."""
+    """A user message that does not fit the model's context even alone. str() is what does not fit, the tokens
+    against the context ("takes 700 tokens in the chat format, over the model's context of 512"), for the caller to
+    name the message before it ("line 3 ...") and say what to do after it (its own flags: shorten it, leave the
+    tools out, use a longer model)."""
+
+    def __init__(self, tokens: int, context: int, with_tools: bool) -> None:
+        self.tokens, self.context, self.with_tools = tokens, context, with_tools
+        tools = ", the tools' schemas included" if with_tools else ""
+        super().__init__(f"takes {tokens} tokens in the chat format{tools}, over the model's context of {context}")
 
 
 class PromptFit(NamedTuple):
@@ -187,9 +194,7 @@ class ChatSession:
         uncut = 0
         if len(ids) >= self.max_context and self.use_template and len(current) == 1:
             # Cut to its end, the prompt would lose the system turn (the tools) and the message's own header.
-            with_tools = ", the tools' schemas included" if self.tools else ""
-            raise MessageTooLong(f"takes {len(ids)} tokens in the chat format{with_tools}, over the model's context "
-                                 f"of {self.max_context}; not sent (shorten it)")
+            raise MessageTooLong(len(ids), self.max_context, bool(self.tools))
         if len(ids) >= self.max_context:  # a plain text, or an exchange grown by its tool results: keep the end
             uncut, ids = len(ids), ids[-(self.max_context // 2):]
         budget = max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))

@@ -577,6 +577,22 @@ def test_a_prompt_too_long_for_the_context_is_refused_in_one_line(monkeypatch, c
                                                                              "not sent (shorten it)")
 
 
+def test_a_prompt_the_tools_schemas_make_too_long_says_to_leave_them_out(monkeypatch, capsys, tiny_models,
+                                                                         tokenizer) -> None:
+    """'Hi' is a few tokens, the three tools' schemas in the system turn over a hundred: on a 128-position model
+    "shorten it" alone was no way out."""
+    from dataset.chat_format import encode_chatml
+    from dataset.tools import tool_schemas
+
+    tokens = len(encode_chatml(tokenizer, [{"role": "user", "content": "Hi"}], add_generation_prompt=True,
+                               tools=tool_schemas()).input_ids)
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), "--prompt", "Hi")
+    lines = [line for line in err.splitlines() if not line.startswith(("threads: ", "model "))]
+    assert code == 2 and out == "" and lines == [
+        f"error: --prompt takes {tokens} tokens in the chat format, the tools' schemas included, over the model's "
+        "context of 128; not sent (shorten it, or leave the tools out with --no_tools)"], err
+
+
 def test_a_line_escaped_with_two_slashes_is_sent_even_when_it_spells_a_command(monkeypatch, capsys, tiny_models,
                                                                                 sent) -> None:
     """'//exit' and '//reset' are the messages '/exit' and '/reset' (they ended the session and cleared the

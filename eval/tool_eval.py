@@ -213,13 +213,26 @@ def chat_session(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, arg
     return ChatSession(model, tokenizer, use_template=True, history_turns=1, settings=settings, tools=tool_schemas())
 
 
+class ModelTooShort(ValueError):
+    """A question that, with every tool's schema, does not fit the model's context: the run stops there (scored as
+    unanswered it would only measure the context)."""
+
+
 def ask_all(session: ChatSession, questions: list[ToolQuestion], before: list[list[dict]],
             tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> list[Outcome]:
-    """Each question asked after its history (ask), the progress every 25 questions on stderr."""
+    """Each question asked after its history (ask), the progress every 25 questions on stderr; ModelTooShort names
+    the first question that does not fit the context."""
+    from model.chat_session import MessageTooLong
+
     started = time.perf_counter()
     outcomes = []
     for number, (question, history) in enumerate(zip(questions, before), 1):
-        outcomes.append(ask(session, question, history, tokenize))
+        try:
+            outcomes.append(ask(session, question, history, tokenize))
+        except MessageTooLong as error:
+            raise ModelTooShort(f"question {number} of {len(questions)} ({question.kind}: {question.question!r}) "
+                                f"{error}; every question is asked with every tool's schema: evaluate a model with "
+                                f"more positions (max_position_embeddings)") from None
         if number % 25 == 0:
             print(f"{number}/{len(questions)} questions, {time.perf_counter() - started:.0f} s", file=sys.stderr,
                   flush=True)
@@ -290,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # a damaged model directory
         return report_error(error)
     before = histories(dialogues, questions) if args.after_other else [[] for _ in questions]
-    outcomes = ask_all(chat_session(model, tokenizer, args), questions, before, partial(token_starts, tokenizer))
+    try:
+        outcomes = ask_all(chat_session(model, tokenizer, args), questions, before, partial(token_starts, tokenizer))
+    except ModelTooShort as error:
+        return report_error(error)
     rows, wrong = table(outcomes), wrong_calls(outcomes)
     print(run_line(args, parser, path, lora, len(questions)))
     print_table(rows)

@@ -188,3 +188,25 @@ def test_a_count_above_the_held_out_questions_names_the_flag_and_its_maximum(tin
     assert tool_eval.main(["--model_path", str(tiny_models.sft), flag, value]) == 2
     err = capsys.readouterr().err.strip()
     assert re.fullmatch(rf"error: {flag} {value}: the held-out questions hold at most \d+( \(--seed 0\))?", err), err
+
+
+def test_a_model_too_short_for_the_tools_schemas_is_one_line(tiny_models, tokenizer, capsys):
+    """The 128-position tiny SFT model cannot hold a question with the three tools' schemas: that was a
+    MessageTooLong traceback; it is one line naming the question, its tokens against the context, and what to do."""
+    from dataset.chat_format import encode_chatml
+    from dataset.tool_scoring import ToolQuestion
+    from dataset.tools import tool_schemas
+    from eval import tool_eval
+
+    (question,) = [ToolQuestion.from_dialogue(d) for d in tool_dialogues("held_out", 0, 1, 0, 0)]
+    tokens = len(encode_chatml(tokenizer, [{"role": "user", "content": question.question}],
+                               add_generation_prompt=True, tools=tool_schemas()).input_ids)
+    assert tokens > 128  # the schemas alone are longer than the context
+    code = tool_eval.main(["--model_path", str(tiny_models.sft), "--wiki", "1", "--arithmetic", "0",
+                           "--conversions", "0", "--small_talk", "0", "--threads", "1"])
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if not line.startswith("threads: ")]
+    assert code == 2 and captured.out == "" and err == [
+        f"error: question 1 of 1 (wiki: {question.question!r}) takes {tokens} tokens in the chat format, the tools' "
+        "schemas included, over the model's context of 128; every question is asked with every tool's schema: "
+        "evaluate a model with more positions (max_position_embeddings)"], captured.err

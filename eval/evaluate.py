@@ -215,8 +215,8 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
                    max_new_tokens: int = SAMPLE_TOKENS) -> list[tuple[str, str]]:
     """Greedy (prompt, answer) pairs from a loaded model; SFT models (and unknown tasks) answer through the chat
     template, pretrained ones continue the text. Bytes of the answer that are not valid UTF-8 are shown as \\xNN
-    (answer_text)."""
-    from model.chat_session import ChatSession
+    (answer_text). A prompt the model's context cannot hold is a ValueError naming it."""
+    from model.chat_session import ChatSession, MessageTooLong
     from model.generation import GenerationEngine, GenerationSettings
 
     chat = task is None or is_chat_task(task)  # a model of unknown origin answers through the template
@@ -226,7 +226,12 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
     for prompt in prompts or FIXED_PROMPTS["sft" if chat else "pretrain"]:
         session = ChatSession(model, tokenizer, use_template=chat, history_turns=0, settings=settings,
                               engine=engine)
-        pairs.append((prompt, answer_text(tokenizer, session.reply(prompt).token_ids).strip()))
+        try:
+            reply = session.reply(prompt)
+        except MessageTooLong as error:
+            raise ValueError(f"the sample prompt {prompt!r} {error}; --no_samples leaves the greedy answers "
+                             "out") from None
+        pairs.append((prompt, answer_text(tokenizer, reply.token_ids).strip()))
     return pairs
 
 

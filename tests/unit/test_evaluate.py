@@ -262,3 +262,24 @@ def test_a_model_that_records_no_length_is_scored_in_pretrainings_default_rows(t
     monkeypatch.setitem(trainer.arg_fields.FLAG_DEFAULTS, "max_seq_len", 12)
     assert evaluate_model_dir(tiny_models.pretrain, data, with_samples=False)["max_seq_len"] == 12
     assert evaluate_model_dir(tiny_models.pretrain, data, rope_scaling_factor=2.0)["max_seq_len"] == 24
+
+
+def test_a_sample_prompt_too_long_for_the_context_is_one_line_naming_it(tiny_models, tokenizer, tmp_path,
+                                                                        capsys) -> None:
+    """A 16-position SFT model scored on pretraining text: the losses fit, the first sample prompt in the chat
+    format does not. The line said only "takes 23 tokens ... context of 16", not which text took them."""
+    import shutil
+
+    from dataset.chat_format import encode_chatml
+    from tests.conftest import _save_tiny, _tiny_model
+
+    short = _save_tiny(_tiny_model(tokenizer, seed=0, max_position_embeddings=16).eval(), tokenizer,
+                       tmp_path / "short", "sft")
+    shutil.copy(tiny_models.pretrain_data, tmp_path / "texts.jsonl")
+    prompt = FIXED_PROMPTS["sft"][0]
+    tokens = len(encode_chatml(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True).input_ids)
+    assert tokens >= 16
+    code = main(["--model_path", str(short), "--data", str(tmp_path / "texts.jsonl"), "--threads", "1"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and err == [f"error: the sample prompt {prompt!r} takes {tokens} tokens in the chat format, over "
+                                 "the model's context of 16; --no_samples leaves the greedy answers out"], err

@@ -29,7 +29,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from model.model import MiniNormForCausalLM
-from trainer.arg_fields import ROLLOUT_GROUPS, TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
+from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state
 from trainer.data import build_run_data, data_identity, shard_loader
@@ -45,7 +45,7 @@ from trainer.optim import scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.resume_checks import (adopt_saved_architecture, check_resume_compatible, check_resume_length,
                                    check_same_task, check_saved_architecture)
-from trainer.run_dir import CHECKPOINT_DIR, resolve_path
+from trainer.run_dir import CHECKPOINT_DIR, ROLLOUT_TASKS, resolve_path
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.run_length import budget_length_after, budget_plan_line, plan_run_length
 from trainer.run_optimizer import make_optimizer, make_scheduler
@@ -219,7 +219,14 @@ class Trainer:
         if args.max_seq_len > positions:
             raise ValueError(f"--max_seq_len={args.max_seq_len} exceeds the model's max_position_embeddings="
                              f"{positions}")
-        if args.task in ROLLOUT_GROUPS and args.max_seq_len + args.max_completion_length > positions:
+        if args.task in ROLLOUT_TASKS and args.max_seq_len >= positions:
+            # A prompt as long as --max_seq_len is kept, and would fill the context: the first rollout would stop
+            # the run with no room for a completion's first token.
+            raise ValueError(f"--max_seq_len={args.max_seq_len} keeps prompts that fill the model's "
+                             f"max_position_embeddings={positions}, leaving no room for a completion: a prompt of up "
+                             f"to --max_seq_len tokens and its completion of up to --max_completion_length="
+                             f"{args.max_completion_length} must fit together")
+        if args.task in ROLLOUT_TASKS and args.max_seq_len + args.max_completion_length > positions:
             # a rollout is one sequence, the prompt and its completion: their positions past the model's failed
             # late (an OverflowError after the first rollout for a huge --max_completion_length)
             raise ValueError(f"--max_completion_length={args.max_completion_length} is not allowed; a prompt of up "

@@ -400,3 +400,33 @@ def _two_recording_processes(tmp_path, flags: list[str]) -> None:
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "x2, float32" in run.stdout
+
+
+def test_max_seq_len_that_lets_a_prompt_fill_the_context_is_refused_before_training(grpo_data, tiny_models,
+                                                                                    tokenizer, tmp_path, capsys):
+    """--max_seq_len equal to the model's 128 positions kept a 128-token prompt, and the first rollout stopped the
+    run with "the prompt has 128 tokens; it must have 1 to 127" (the engine's words, naming neither flag)."""
+    out_dir = tmp_path / "refused"
+    with pytest.raises(SystemExit) as stopped:
+        main("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_seq_len", "128"))
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --max_seq_len=128 keeps prompts that fill the model's max_position_embeddings=128, leaving no room "
+        "for a completion: a prompt of up to --max_seq_len tokens and its completion of up to "
+        "--max_completion_length=12 must fit together")
+    assert not out_dir.exists() or not any(out_dir.iterdir())
+    # the boundary: 127 leaves one position, and a prompt of 127 tokens gets its one-token completion
+    from dataset.chat_format import encode_chatml
+
+    prompt = "word " * 108  # 127 tokens in the chat format with the assistant's header
+    assert len(encode_chatml(tokenizer, [{"role": "user", "content": prompt}],
+                             add_generation_prompt=True).input_ids) == 127
+    data = tmp_path / "long"
+    data.mkdir()
+    (data / "prompts.jsonl").write_text(json.dumps({"prompt": prompt, "answer": "7"}) + "\n", encoding="utf-8")
+    (data / "val.jsonl").write_text(json.dumps({"prompt": prompt, "answer": "7"}) + "\n", encoding="utf-8")
+    (data / "letters.py").write_text((grpo_data / "letters.py").read_text())
+    main("grpo", _argv(data, tiny_models.pretrain, tmp_path / "fits", "--max_seq_len", "127",
+                       "--max_completion_length", "1", "--max_steps", "1",
+                       "--batch_size", "1", "--save_interval", "1", "--val_data_path", str(data / "val.jsonl")))
+    assert read_summary(tmp_path / "fits")["steps"] == 1

@@ -109,12 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class HistoryLeftOut(ValueError):
+    """--after_other's exchange does not fit the context beside the question and --max_new_tokens: asked without
+    it, the question would be scored as asked after it."""
+
+
 def ask(session: ChatSession, question: ToolQuestion, history: list[dict],
         tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> Outcome:
-    """The question asked after `history`, scored; `tokenize` (the model's, as token_starts) places a wrong call."""
+    """The question asked after `history`, scored; `tokenize` (the model's, as token_starts) places a wrong call.
+    HistoryLeftOut when the context has no room for `history` in the first generation."""
     session.reset()
     session.history += history  # history_turns=1 keeps exactly this exchange
     before = list(session.history)
+    # The first generation (the call) must see the history; a later one, after a long tool result, may lose it as
+    # the chat's would.
+    if history and session.fit_prompt(question.question).dropped_exchanges:
+        raise HistoryLeftOut(f"would leave its --after_other exchange out of the prompt: with it, the prompt and "
+                             f"--max_new_tokens {session.settings.max_new_tokens} do not fit the model's context of "
+                             f"{session.max_context}; lower --max_new_tokens or evaluate a model with more positions "
+                             f"(max_position_embeddings)")
     reply = session.reply(question.question)
     results = [result for round_ in reply.rounds for result in round_.results]
     calls = [(result.name, result.arguments) for result in results]
@@ -214,14 +227,21 @@ def chat_session(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, arg
 
 
 class ModelTooShort(ValueError):
-    """A question that, with every tool's schema, does not fit the model's context: the run stops there (scored as
-    unanswered it would only measure the context)."""
+    """A question that, with every tool's schema (and its --after_other exchange), does not fit the model's context:
+    the run stops there (scored as unanswered, or as asked without its history, it would only measure the
+    context)."""
+
+
+def _which(number: int, questions: list[ToolQuestion]) -> str:
+    """``question 3 of 300 (wiki: 'What is X?')``"""
+    question = questions[number - 1]
+    return f"question {number} of {len(questions)} ({question.kind}: {question.question!r})"
 
 
 def ask_all(session: ChatSession, questions: list[ToolQuestion], before: list[list[dict]],
             tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> list[Outcome]:
     """Each question asked after its history (ask), the progress every 25 questions on stderr; ModelTooShort names
-    the first question that does not fit the context."""
+    the first question that does not fit the context (or its history does not, beside --max_new_tokens)."""
     from model.chat_session import MessageTooLong
 
     started = time.perf_counter()
@@ -230,9 +250,10 @@ def ask_all(session: ChatSession, questions: list[ToolQuestion], before: list[li
         try:
             outcomes.append(ask(session, question, history, tokenize))
         except MessageTooLong as error:
-            raise ModelTooShort(f"question {number} of {len(questions)} ({question.kind}: {question.question!r}) "
-                                f"{error}; every question is asked with every tool's schema: evaluate a model with "
-                                f"more positions (max_position_embeddings)") from None
+            raise ModelTooShort(f"{_which(number, questions)} {error}; every question is asked with every tool's "
+                                f"schema: evaluate a model with more positions (max_position_embeddings)") from None
+        except HistoryLeftOut as error:
+            raise ModelTooShort(f"{_which(number, questions)} {error}") from None
         if number % 25 == 0:
             print(f"{number}/{len(questions)} questions, {time.perf_counter() - started:.0f} s", file=sys.stderr,
                   flush=True)

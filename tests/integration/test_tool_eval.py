@@ -210,3 +210,22 @@ def test_a_model_too_short_for_the_tools_schemas_is_one_line(tiny_models, tokeni
         f"error: question 1 of 1 (wiki: {question.question!r}) takes {tokens} tokens in the chat format, the tools' "
         "schemas included, over the model's context of 128; every question is asked with every tool's schema: "
         "evaluate a model with more positions (max_position_embeddings)"], captured.err
+
+
+def test_after_other_whose_exchange_does_not_fit_beside_max_new_tokens_is_one_line(tool_model, tokenizer, capsys):
+    """--max_new_tokens 600 on the 512-position model: the prompt fitter left the --after_other exchange out to
+    make room, and the question was scored as asked after it (the report's "before" showing an exchange the model
+    never saw). Now the run stops at the first such question, before asking it. (The answer's generation, after a
+    long tool result, may still lose the exchange, as the chat's would.)"""
+    from dataset.tool_scoring import ToolQuestion
+    from eval import tool_eval
+
+    first = ToolQuestion.from_dialogue(tool_dialogues("held_out", 0, 1, 1, 1)[0])
+    code = tool_eval.main(["--model_path", str(tool_model), *COUNTS, "--threads", "1", "--after_other",
+                           "--max_new_tokens", "600"])
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if not line.startswith("threads: ")]
+    assert code == 2 and captured.out == "" and err == [
+        f"error: question 1 of 4 ({first.kind}: {first.question!r}) would leave its --after_other exchange out of "
+        "the prompt: with it, the prompt and --max_new_tokens 600 do not fit the model's context of 512; lower "
+        "--max_new_tokens or evaluate a model with more positions (max_position_embeddings)"], captured.err

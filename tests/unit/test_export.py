@@ -215,8 +215,9 @@ MISMATCHES = [
     ("more_layers", _set_config(num_hidden_layers=3), "llama", ["missing model.layers.2."]),
     ("intermediate_size", _set_config(intermediate_size=64), "llama", ["of another shape model.layers.0.mlp."]),
     # compared before from_pretrained allocates the parameter at config.json's size (an allocator's traceback)
-    ("vocab_size_beyond_memory", _set_config(vocab_size=10**12), "llama",
-     ["of another shape", "embed_tokens.weight", "[1000000000000, "]),
+    # (2**31 - 1, the largest vocab_size a config takes: 256 GiB of fp32 rows at width 32)
+    ("vocab_size_beyond_memory", _set_config(vocab_size=2**31 - 1), "llama",
+     ["of another shape", "embed_tokens.weight", "[2147483647, "]),
     # every logit NaN: chat, evaluation and the GGUF file carried it on
     ("nan_weight", _poison_weight("model.layers.1.mlp.up_proj.weight", float("nan")), "llama",
      ["model.layers.1.mlp.up_proj.weight holds 1 NaN or infinite value"]),

@@ -51,7 +51,7 @@ quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: o
 
 from scripts.sweep_runner.runner import run_sweep  # noqa: E402
 from scripts.sweep_runner.trial import on_interrupt, on_terminate, running_trials  # noqa: E402
-from trainer.cli import INTERRUPTED_LINE, ToolParser, int_within, path_arg, run_main, seed  # noqa: E402
+from trainer.cli import ToolParser, int_within, path_arg, print_interrupted, run_main, seed  # noqa: E402
 from trainer.run_dir import EXIT_INTERRUPTED, report_error, resolve_input_path  # noqa: E402
 
 
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # SweepConfigError, or a sweep folder whose state is not readable
         return report_error(error)
     except KeyboardInterrupt:  # Ctrl-C (a terminal sends the trials one too; `kill -INT` only us: on_interrupt)
-        print(f"{INTERRUPTED_LINE}; the trials in flight were stopped: run the same command again to go on (done "
-              "trials are kept, a cut-off trial resumes from its newest checkpoint)", file=sys.stderr)
+        print_interrupted("the trials in flight were stopped: run the same command again to go on (done trials are "
+                          "kept, a cut-off trial resumes from its newest checkpoint)")
         return EXIT_INTERRUPTED
     finally:  # main() may run inside another program (the tests): its own handlers come back
         for number, handler in previous.items():

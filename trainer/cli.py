@@ -52,6 +52,19 @@ class ToolParser(argparse.ArgumentParser):
 INTERRUPTED_LINE = "interrupted"  # all that Ctrl-C prints: the user asked for the stop, there is nothing to debug
 
 
+def print_interrupted(detail: str = "") -> None:
+    """INTERRUPTED_LINE (then `detail`, after "; ") on stderr, on a line of its own: a progress bar the interrupt
+    cut off holds its line open (tqdm ends the line only when the bar closes: "...| 0/20000 [00:00<?]interrupted"),
+    so the bars still open are closed first."""
+    tqdm_module = sys.modules.get("tqdm")  # no bar without tqdm loaded
+    for bar in list(getattr(getattr(tqdm_module, "tqdm", None), "_instances", ())):
+        try:
+            bar.close()
+        except (OSError, ValueError, AttributeError):  # a bar whose stream is gone: nothing left to end
+            pass
+    print(f"{INTERRUPTED_LINE}; {detail}" if detail else INTERRUPTED_LINE, file=sys.stderr, flush=True)
+
+
 def _interrupted_while_loading(signum: int, frame: object) -> NoReturn:  # noqa: ARG001
     print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
     raise SystemExit(EXIT_INTERRUPTED)  # ends the import under way too, without a traceback
@@ -119,7 +132,7 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
             # objects, its process group among them, are not torn down before the interpreter's exit)
             sys.stdout.flush()
     except KeyboardInterrupt:
-        print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
+        print_interrupted()
         raise SystemExit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:
         # stdout's buffer still holds what could not be written; the interpreter's own flush at exit would fail

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dataset.atomic_io import first_line
 from trainer.arg_fields import TrainArgs
-from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c
+from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c, print_interrupted
 from trainer.core import Trainer
 from trainer.distributed import collective_timed_out, shutdown
 from trainer.run_dir import (CHECKPOINT_DIR, EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PEER_LOST,
@@ -65,7 +65,7 @@ def main(task: str, argv: list[str] | None = None,
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(EXIT_DIVERGED) from None
     except KeyboardInterrupt:  # Ctrl-C: no traceback, but where the run can go on from
-        print(f"{INTERRUPTED_LINE}; {_resume_hint(args)}", file=sys.stderr)
+        print_interrupted(_resume_hint(args))
         raise SystemExit(EXIT_INTERRUPTED) from None
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(report_error(error)) from None

@@ -84,6 +84,29 @@ def test_ctrl_c_ends_a_tool_in_one_line_with_the_shells_code(capsys):
     assert captured.err == "interrupted\n" and captured.out == "half of the answer\n"
 
 
+def test_ctrl_c_under_an_open_progress_bar_prints_interrupted_on_a_line_of_its_own(capsys):
+    """A progress bar the interrupt cuts off holds its line open (tqdm ends the line only when the bar closes):
+    evaluate.py's "tokenizing documents: 0%|...| 0/20000 [00:00<?, ? examples/s]interrupted" under load."""
+    import sys
+
+    from tqdm import tqdm
+
+    from trainer.cli import run_main
+    from trainer.run_dir import EXIT_INTERRUPTED
+
+    def main() -> int:
+        bar = tqdm(total=20_000, desc="tokenizing documents", file=sys.stderr)
+        bar.update(0)
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(main)
+    assert exit_info.value.code == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "interrupted" and "tokenizing documents" in err, err
+    assert not list(tqdm._instances)  # closed, so no later __del__ draws the bar again after the line
+
+
 @pytest.mark.parametrize("module_name", ["__main__", "eval.chat"])
 def test_begin_command_bounds_openmp_waits_and_quiets_ctrl_c_only_as_the_command(module_name, monkeypatch):
     """A model-running command's one start-up call: OpenMP's spin bounded whether the file runs or is imported (as

@@ -33,7 +33,8 @@ from typing import Any  # noqa: E402
 
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.split_names import DEFAULT_TEXT_DATA  # noqa: E402
-from trainer.cli import ToolParser, add_model_source_flags, int_within, output_file, run_main, seed  # noqa: E402
+from trainer.cli import (ToolParser, add_model_source_flags, int_within, output_file, path_arg, run_main,  # noqa: E402
+                         seed)
 from trainer.run_dir import ModelNotFound, locate_tool_model, report_error  # noqa: E402
 
 
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="tokens of each validation document repeated (0: none)")
     parser.add_argument("--rows", type=int_within(1), default=16, help="sequences per probe")
     parser.add_argument("--seed", type=seed, default=1, help="draws the random sequences")
-    parser.add_argument("--data", default=DEFAULT_TEXT_DATA,
+    parser.add_argument("--data", type=path_arg, default=DEFAULT_TEXT_DATA,
                         help=f"{DEFAULT_TEXT_DATA} or a jsonl file of {{\"text\": ...}}")
     parser.add_argument("--cue_pairs", type=int, default=0,
                         help="also probe each length after a cue pair, drawn from the copy rows' first N (0: no such "

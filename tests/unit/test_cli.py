@@ -181,7 +181,8 @@ def test_benchmarks_refuse_bad_flags_in_one_line_naming_them(module, argv, flag,
 # named " " (found by fuzzing the flags); the others refused later, naming the repo root or the current folder.
 TOOL_PATH_FLAGS = [
     ("eval.chat", [], "--model_path"), ("eval.chat", [], "--lora"), ("eval.evaluate", [], "--data"),
-    ("eval.tool_eval", [], "--model_path"), ("eval.long_context", [], "--data"), ("scripts.serve", [], "--lora"),
+    ("eval.tool_eval", [], "--model_path"), ("eval.long_context", [], "--data"), ("eval.copy_probe", [], "--data"),
+    ("scripts.serve", [], "--lora"),
     ("scripts.sweep", ["c.yaml"], "--sweep_dir"), ("scripts.sweep", ["c.yaml"], "--records_dir"),
     ("scripts.convert_to_gguf", [], "--model_path"), ("scripts.convert_to_gguf", [], "--outfile"),
     ("scripts.convert_to_llama", [], "--model_path"), ("scripts.convert_to_llama", [], "--out_dir"),

@@ -318,6 +318,39 @@ def test_out_of_memory_reads_the_allocators_words(message, said):
     assert out_of_memory(MemoryError()) == "MemoryError"
 
 
+@pytest.mark.parametrize("error, code, line", [
+    (MemoryError(), 2, "error: out of memory (MemoryError): lower --batch_size, --max_seq_len, --copy_rows or the "
+                       "model's sizes"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                  "tried to allocate 140737488355328 bytes. Error code 12 (Cannot allocate memory)"), 2,
+     "error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate 140737488355328 "
+     "bytes): lower --batch_size, --max_seq_len, --copy_rows or the model's sizes"),
+    (RuntimeError("Expected all tensors to be on the same device"), None, None),
+])
+def test_only_an_allocation_failure_becomes_the_out_of_memory_line(error, code, line, monkeypatch, tmp_path, capsys):
+    """The run's out-of-memory refusal (the CPU allocator's text is torch 2.13's for torch.empty(2**45)) is for
+    allocation failures only: any other RuntimeError keeps its traceback, which is where a bug is read from."""
+    import trainer.command
+
+    class FailingTrainer:
+        def __init__(self, *_: object) -> None:
+            pass
+
+        def run(self) -> None:
+            raise error
+
+    monkeypatch.setattr(trainer.command, "Trainer", FailingTrainer)
+    if code is None:
+        with pytest.raises(RuntimeError) as raised:
+            main("pretrain", ["--out_dir", str(tmp_path / "run")])
+        assert raised.value is error
+        return
+    with pytest.raises(SystemExit) as exit_info:
+        main("pretrain", ["--out_dir", str(tmp_path / "run")])
+    assert exit_info.value.code == code
+    assert capsys.readouterr().err.strip().splitlines()[-1] == line
+
+
 @pytest.mark.parametrize("key, message", [
     (None, "wandb has no API key here and no terminal to ask for one; run `wandb login`, set WANDB_API_KEY, or set "
            "WANDB_MODE=offline to log to {run}/wandb"),

@@ -190,6 +190,23 @@ def test_train_tokenizer_refuses_a_models_folder_and_keeps_its_tokenizer(tmp_pat
     assert (model / "tokenizer.json").read_bytes() == before
 
 
+def test_train_tokenizer_retrains_a_folder_holding_only_a_tokenizer(tmp_path, capsys, tiny_models):
+    """A tokenizer's own folder (as model/ is: tokenizer files, no config.json or weights) is no model, so a new
+    tokenizer is written there as before; only a folder with a model's config.json and weights is refused."""
+    from scripts.train_tokenizer import main
+
+    data = tmp_path / "pretrain.jsonl"
+    data.write_text(json.dumps({"text": "hello world"}) + "\n")
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_models.pretrain / name, folder / name)
+    (folder / "model.safetensors").write_bytes(b"")  # weights without a config.json: still no model
+    before = (folder / "tokenizer.json").read_bytes()
+    assert main(["--vocab_size", "300", "--data_path", str(data), "--out_dir", str(folder)]) == 0, capsys.readouterr()
+    assert (folder / "tokenizer.json").read_bytes() != before
+
+
 @pytest.mark.parametrize("vocab_size", ["0", "-5", "268", str(2**64), "many"])
 def test_train_tokenizer_vocab_size_out_of_range_is_one_line(tmp_path, capsys, vocab_size):
     """Fewer than the 256 byte symbols and 13 special tokens cannot be: the trainer would silently make 269."""

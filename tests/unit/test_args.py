@@ -545,6 +545,22 @@ def test_bad_numbers_are_one_line_naming_the_flag(flags, message, capsys):
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
 
 
+@pytest.mark.parametrize("task, flags", [
+    ("pretrain", ["--learning_rate", "0.5", "--weight_decay", "1.999"]),  # lr x decay just below 1
+    ("pretrain", ["--learning_rate", "100", "--weight_decay", "0"]),  # no decay: no bound on the lr from it
+    ("sft", ["--muon_lr", "0.5", "--muon_weight_decay", "2"]),  # AdamW's run: Muon's pair steps no weight
+    ("pretrain", ["--copy_rows", "2147483647"]),  # model/config.py's MAX_SIZE itself
+    ("sft", ["--copy_weight", "2", "--copy_cue_pairs", "4"]),  # SFT's unset --copy_rows is resolved after parsing
+])
+def test_values_at_the_new_bounds_are_taken(task, flags):
+    """The refusals of e1bec58 (lr x decay >= 1, Muon's pair only with --optimizer muon) and 91da41d (--copy_rows
+    past MAX_SIZE, a copy flag beside --copy_rows 0) stop at their bounds: the values just inside still parse."""
+    from trainer.args import parse_args
+
+    args = parse_args(task, flags)
+    assert all(flag[2:] in args.given for flag in flags[::2])
+
+
 def test_the_documented_unset_words_still_unset():
     from trainer.args import parse_args
 

@@ -89,6 +89,14 @@ def test_a_refused_value_is_quoted_on_one_short_line(field: str, value: object, 
     assert message.startswith(f"{field}={shown} is not allowed; ") and allowed in message
     assert "\n" not in message and len(message) < 250
 
+@pytest.mark.parametrize("field", ["vocab_size", "num_hidden_layers", "intermediate_size", "moe_intermediate_size",
+                                   "num_experts", "max_position_embeddings"])
+def test_a_size_of_exactly_2_31_minus_1_is_taken(field: str) -> None:
+    """MAX_SIZE (2**31 - 1) is the largest size allowed, not the first refused: only sizes past it are (584cdcc)."""
+    config = MiniNormConfig(**{field: 2 ** 31 - 1})
+    assert getattr(config, field) == 2 ** 31 - 1
+
+
 def test_heads_must_divide_hidden() -> None:
     with pytest.raises(ValueError, match=re.escape("num_attention_heads=5")) as info:
         MiniNormConfig(hidden_size=64, num_attention_heads=5, num_key_value_heads=1)

@@ -322,3 +322,15 @@ def test_a_data_file_that_cannot_be_read_is_one_line(tmp_path):
     with pytest.raises(ValueError) as iterated:
         list(dataset.jsonl.iter_records(unreadable, "text"))
     assert str(iterated.value) == f"{unreadable}: cannot be read (Input/output error)"
+
+
+def test_a_data_file_that_cannot_be_opened_is_refused_by_the_check_before_the_work(tmp_path):
+    """check_data_file (the trainers' and tools' check before any work) opens the file: one that cannot be opened
+    for reading is its one line there. /proc/sys/vm/drop_caches is a write-only file (mode 0200) that even root
+    cannot open for reading, where a file of mode 000 would be read by root."""
+    unopenable = tmp_path / "data.jsonl"
+    unopenable.symlink_to("/proc/sys/vm/drop_caches")
+    assert unopenable.is_file()
+    with pytest.raises(ValueError) as checked:
+        dataset.jsonl.check_data_file(unopenable)
+    assert str(checked.value) == f"{unopenable}: cannot be read (Permission denied)"

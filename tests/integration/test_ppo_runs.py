@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 from tests.paths import REPO
 from tests.training_runs import (ADAM_STEPS_ATOL, assert_same_logged_metrics, assert_same_model, frequent_word_rewards,
-                                 launch_two_processes, record_objective_settings, run_in_process, train_losses,
-                                 write_prompt_data)
+                                 launch_two_processes, record_objective_settings, refused_run, run_in_process,
+                                 train_losses, write_prompt_data)
 from trainer.command import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
@@ -219,3 +219,22 @@ def test_two_processes_whiten_rewards_over_the_steps_tokens_like_one_process(ppo
     assert mine.keys() == theirs.keys() and "critic.value_head.weight" in mine
     for name, tensor in theirs.items():
         torch.testing.assert_close(mine[name], tensor, rtol=1e-4, atol=ADAM_STEPS_ATOL, msg=name)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max_completion_length", "81"],
+     "error: --max_completion_length=81 is not allowed; a prompt of up to --max_seq_len=48 tokens and its completion "
+     "must fit the model's max_position_embeddings=128: it must be at most 80 (or lower --max_seq_len)"),
+    (["--max_seq_len", "128"],
+     "error: --max_seq_len=128 keeps prompts that fill the model's max_position_embeddings=128, leaving no room for a "
+     "completion: a prompt of up to --max_seq_len tokens and its completion of up to --max_completion_length=12 must "
+     "fit together"),
+])
+def test_a_rollout_the_models_positions_cannot_hold_is_refused_before_training(flags, message, ppo_data, tiny_models,
+                                                                              tmp_path, capsys):
+    """PPO's rollouts are GRPO's (a prompt of up to --max_seq_len tokens, then its completion, in the model's 128
+    positions), so the same two refusals stop it before training (73670c5, f809e5f)."""
+    error = refused_run("ppo", _argv(ppo_data, tiny_models.pretrain, tmp_path / "run", *flags), capsys,
+                        after_progress=True)
+    assert error == message
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -208,6 +208,25 @@ def test_a_rank_past_the_adapted_layers_smallest_side_is_refused(rank, targets, 
                      f"of the adapted layers: a larger rank adds parameters, not rank)")
 
 
+@pytest.mark.parametrize("targets, smallest", [("all", 32), ("q_proj,o_proj", 64)])
+def test_a_rank_of_the_adapted_layers_smallest_side_is_taken(targets, smallest):
+    """The bound is inclusive: a rank of min(in, out) is a full-rank update, the most a layer holds, and is made;
+    one more is refused (k_proj and v_proj are 64 x 32 here, q_proj and o_proj 64 x 64)."""
+    from model.config import MiniNormConfig
+    from model.lora import LoraSettings, add_lora, parse_targets
+    from model.model import MiniNormForCausalLM
+
+    def model() -> MiniNormForCausalLM:
+        return MiniNormForCausalLM(MiniNormConfig(vocab_size=300, hidden_size=64, num_hidden_layers=1,
+                                                  num_attention_heads=4, num_key_value_heads=2))
+
+    adapted = add_lora(model(), LoraSettings(rank=smallest, targets=parse_targets(targets)))
+    ranks = {p.shape[0] for n, p in adapted.named_parameters() if "lora_A" in n}
+    assert ranks == {smallest}
+    with pytest.raises(ValueError, match=f"it must be in 1 .. {smallest} "):
+        add_lora(model(), LoraSettings(rank=smallest + 1, targets=parse_targets(targets)))
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--lora_targets", "q_proj,lm_head"], "--lora_targets='q_proj,lm_head': 'lm_head' is not a projection"),
     (["--lora_rank", "0"], "--lora_rank=0 is not allowed"),

@@ -41,6 +41,23 @@ def _as_transformers_reads(hf: Mapping[str, Any], field: str) -> Any:
     return hf[field] if field in hf else getattr(CONFIG_CLASSES[hf["model_type"]], field, None)
 
 
+# The special tokens' ids a config.json may name (MiniNormConfig fields of the same names).
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def special_token_ids(hf: Mapping[str, Any], tokenizer: Any | None) -> dict[str, Any]:
+    """config.json's bos, eos and pad ids. One it leaves out is the checkpoint's tokenizer's where that names one
+    (the ids its text is tokenized with), otherwise what transformers reads (LlamaConfig: bos 1, eos 2; Qwen3Config:
+    none), not None: the import's config.json, and an export of it, would otherwise name no eos where transformers
+    reads the source as stopping at one. A value config.json gives, null included, is kept as given."""
+    ids = {}
+    for field in SPECIAL_TOKEN_IDS:
+        from_tokenizer = getattr(tokenizer, field, None) if tokenizer is not None else None
+        ids[field] = (hf[field] if field in hf else from_tokenizer if from_tokenizer is not None
+                      else _as_transformers_reads(hf, field))
+    return ids
+
+
 def _refuse(source: Path, field: str, value: Any, why: str) -> NotImportable:
     return NotImportable(f"cannot import {source}: {field}={value!r} {why}")
 
@@ -80,9 +97,11 @@ CHECKPOINT_NORM = NormType.RMSNORM.value
 SWAPPABLE_NORMS = (CHECKPOINT_NORM, NormType.PRMSNORM.value, NormType.LAYERNORM.value, NormType.DYT.value)
 
 
-def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = CHECKPOINT_NORM) -> MiniNormConfig:
+def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = CHECKPOINT_NORM,
+                         tokenizer: Any | None = None) -> MiniNormConfig:
     """The MiniNormConfig of a Llama / Qwen3 config.json (a plain dict); NotImportable names the first field that
-    does not map. `norm_type` other than rmsnorm (one of SWAPPABLE_NORMS) swaps every norm, QK-norms included."""
+    does not map. `norm_type` other than rmsnorm (one of SWAPPABLE_NORMS) swaps every norm, QK-norms included.
+    `tokenizer` (the checkpoint's, when it has one) gives the special token ids config.json leaves out."""
     if norm_type not in SWAPPABLE_NORMS:
         raise ValueError(f"--norm_type {norm_type!r} is not allowed; choose one of "
                          f"{', '.join(map(repr, SWAPPABLE_NORMS))}")
@@ -121,7 +140,7 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
         intermediate_size=hf["intermediate_size"], max_position_embeddings=hf["max_position_embeddings"],
         rope_theta=rope_theta, tie_word_embeddings=hf.get("tie_word_embeddings", False),
         initializer_range=hf.get("initializer_range", 0.02), norm_eps=hf.get("rms_norm_eps", 1e-6),
-        bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"), pad_token_id=hf.get("pad_token_id"),
+        **special_token_ids(hf, tokenizer),
         norm_type=norm_type, norm_placement="pre", qk_norm=model_type == "qwen3", qk_norm_scope="head")
     if rope_scaling is not None:
         fields["rope_scaling"] = rope_scaling

@@ -215,6 +215,36 @@ def test_fields_left_out_of_a_llama_config_read_as_llamaconfigs_defaults(tmp_pat
         torch.testing.assert_close(ours(ids).logits, reloaded(ids).logits, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("tokenizer_eos, written, expected", [
+    (None, {}, (1, 2, None)),  # no tokenizer: LlamaConfig's bos 1 and eos 2, as transformers reads the directory
+    ("<|endoftext|>", {}, (1, 0, 0)),  # the tokenizer's eos and pad; it names no bos: LlamaConfig's
+    ("<|endoftext|>", {"eos_token_id": None, "bos_token_id": 5}, (5, None, 0)),  # given in config.json: kept
+], ids=["no_tokenizer", "tokenizer", "written"])
+def test_special_token_ids_left_out_of_a_llama_config_read_as_the_tokenizer_then_transformers_name_them(
+        tokenizer_eos, written, expected, tmp_path) -> None:
+    """A config.json without bos/eos/pad_token_id: transformers reads LlamaConfig's 1 and 2 (and no pad), and the
+    checkpoint's tokenizer, where it names one, has the ids its text is tokenized with; the import read all three as
+    None (its config.json, and an export of it, naming no eos)."""
+    source = save_checkpoint(hf_model("llama", tied=False), tmp_path / "hf")
+    config = {key: value for key, value in json.loads((source / "config.json").read_text()).items()
+              if key not in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    (source / "config.json").write_text(json.dumps({**config, **written}))
+    (source / "generation_config.json").unlink()
+    if tokenizer_eos is None:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (source / name).unlink()
+    else:
+        tokenizer_config = json.loads((source / "tokenizer_config.json").read_text())
+        (source / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "eos_token": tokenizer_eos}))
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (None, 0, 0)
+    if not written:
+        assert LlamaConfig.from_pretrained(source).eos_token_id == 2  # transformers' reading of the directory
+    out, _ = import_checkpoint(source, tmp_path / "imported", verify=False)
+    ours = MiniNormForCausalLM.from_pretrained(out).config
+    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == expected
+
+
 def test_a_qwen3_configs_null_num_key_value_heads_reads_as_its_attention_heads(tmp_path) -> None:
     """Qwen3Config's default of 32 KV heads is for a field config.json leaves out; one it writes as null is the
     attention heads' number to transformers (Qwen3Config.__post_init__), so the import reads 4 here, with

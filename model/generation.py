@@ -274,9 +274,9 @@ def check_logit_bias(logit_bias: Mapping[int, float], vocab_size: int) -> None:
     finite number."""
     for token, value in logit_bias.items():
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
-            raise SamplingError(f"logit_bias names token {token!r}; token ids are 0 to {vocab_size - 1}")
+            raise SamplingError(f"logit_bias names token {shown_value(token)}; token ids are 0 to {vocab_size - 1}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise SamplingError(f"logit_bias of token {token} is {value!r}, not a finite number")
+            raise SamplingError(f"logit_bias of token {token} is {shown_value(value)}, not a finite number")
 
 
 def logit_bias_row(settings: GenerationSettings, vocab_size: int, device: torch.device) -> torch.Tensor:

@@ -522,6 +522,21 @@ def test_a_logit_bias_of_the_first_id_past_the_vocabulary_is_refused() -> None:
         check_logit_bias({8: 1.0}, 8)
 
 
+def test_a_refused_logit_bias_quotes_its_token_and_value_on_one_short_line() -> None:
+    """A library caller's logit_bias may hold a tensor (the server's JSON cannot): its repr is every element over
+    many lines, so the refusal quotes it as model/shown_value.py does, by type, shape and dtype."""
+    from model.generation import SamplingError, check_logit_bias
+
+    with pytest.raises(SamplingError) as refused:
+        check_logit_bias({3: torch.ones(20, 20)}, 8)
+    assert str(refused.value) == ("logit_bias of token 3 is <Tensor of shape (20, 20), torch.float32>, not a finite "
+                                  "number")
+    with pytest.raises(SamplingError) as refused:
+        check_logit_bias({torch.arange(30): 1.0}, 8)
+    assert str(refused.value) == ("logit_bias names token <Tensor of shape (30,), torch.int64>; token ids are 0 to "
+                                  "7")
+
+
 def test_an_empty_stop_string_stops_nothing(tokenizer) -> None:
     ids = tokenizer("no stop here", add_special_tokens=False)["input_ids"]
     stream = TextStream(tokenizer, stop=("",))

@@ -229,3 +229,28 @@ def test_after_other_whose_exchange_does_not_fit_beside_max_new_tokens_is_one_li
         f"error: question 1 of 4 ({first.kind}: {first.question!r}) would leave its --after_other exchange out of "
         "the prompt: with it, the prompt and --max_new_tokens 600 do not fit the model's context of 512; lower "
         "--max_new_tokens or evaluate a model with more positions (max_position_embeddings)"], captured.err
+
+
+@pytest.mark.parametrize("failing", [2, 3])
+def test_the_question_that_does_not_fit_is_named_by_its_own_number_and_text(monkeypatch, failing):
+    """ask_all names the question that did not fit, whichever it is: the end-to-end cases stop at question 1 (every
+    question there is as long), so a message naming the first question for any would pass them."""
+    from dataset.tool_scoring import ToolQuestion
+    from eval import tool_eval
+    from model.chat_session import MessageTooLong
+
+    questions = [ToolQuestion.from_dialogue(dialogue) for dialogue in tool_dialogues("held_out", 0, 1, 1, 1)]
+    assert len({question.question for question in questions}) == len(questions) == 3
+    asked = []
+
+    def ask(session, question, history, tokenize):
+        asked.append(question)
+        if len(asked) == failing:
+            raise MessageTooLong(300, 128, True) if failing == 2 else tool_eval.HistoryLeftOut("would leave it out")
+
+    monkeypatch.setattr(tool_eval, "ask", ask)
+    with pytest.raises(tool_eval.ModelTooShort) as refused:
+        tool_eval.ask_all(None, questions, [[] for _ in questions], None)
+    which = questions[failing - 1]
+    assert str(refused.value).startswith(f"question {failing} of 3 ({which.kind}: {which.question!r}) "
+                                         + ("takes 300 tokens" if failing == 2 else "would leave it out"))

@@ -81,6 +81,9 @@ def test_invalid_value_names_field_value_and_allowed(field: str, value: object, 
     ("rope_scaling", list(range(40)), "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16...",
      "it must be null or a dict with a rope_type"),
     ("norm_type", "x" * 80, "'" + "x" * 56 + "...", "choose one of 'rmsnorm'"),
+    # A short value holding a tensor: the tensor's repr breaks lines, joined here with one space.
+    ("rope_scaling", [torch.ones(3, 2)], "[tensor([[1., 1.], [1., 1.], [1., 1.]])]",
+     "it must be null or a dict with a rope_type"),
 ])
 def test_a_refused_value_is_quoted_on_one_short_line(field: str, value: object, shown: str, allowed: str) -> None:
     with pytest.raises(ValueError) as info:

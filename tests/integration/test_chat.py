@@ -600,3 +600,20 @@ def test_a_line_escaped_with_two_slashes_is_sent_even_when_it_spells_a_command(m
     code, _, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
                                    "--no_stream", stdin="//reset\n//exit\nHi\n")
     assert code == 0 and sent == ["/reset", "/exit", "Hi"] and "(history cleared)" not in err, err
+
+
+def test_a_message_that_fills_the_context_exactly_is_too_long(sft) -> None:
+    """A chat message of exactly max_context tokens leaves no position to answer in: cut to its end it would lose
+    the system turn and its own header, so it is a MessageTooLong as a longer one is; one position more fits, with
+    a budget of one token."""
+    from model.chat_session import MessageTooLong
+
+    session = greedy_session(sft)
+    tokens = len(session.fit_prompt("word " * 20).ids)  # the default context holds it whole
+    session.max_context = tokens
+    with pytest.raises(MessageTooLong) as refused:
+        session.fit_prompt("word " * 20)
+    assert (refused.value.tokens, refused.value.context, refused.value.with_tools) == (tokens, tokens, False)
+    session.max_context = tokens + 1
+    fit = session.fit_prompt("word " * 20)
+    assert (len(fit.ids), fit.budget, fit.uncut_tokens) == (tokens, 1, 0)

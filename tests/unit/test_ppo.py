@@ -508,32 +508,42 @@ def test_two_micro_batches_whiten_rewards_and_advantages_as_one(tokenizer, white
         assert statistics.stdev(tokens("rewards", whole)) == pytest.approx(1.0, rel=1e-4)
 
 
-def test_the_functions_std_of_rewards_far_from_0_is_exact_over_micro_batches_and_processes(tokenizer, monkeypatch):
-    """A reward model's scores, 1e8 plus a spread of about 0.01, two processes (threads whose all-reduce sums), the
-    first of two micro-batches of one prompt, the second of one of two, groups of 2: the function's logged std is
-    statistics.stdev's (exact rational arithmetic) over the step's 8 values, to 1e-6 (from the sums of the values and
-    of their squares, about 1e17 each in fp64, nothing of the spread is left)."""
+def _far_from_0_rewards(tokenizer, monkeypatch, seed: int) -> tuple:
+    """The far-from-0 reward tests' set-up: sampling fixed to one token then the end of turn, a policy with its
+    critic and a reference, a reward model's scores (1e8 plus a spread of about 0.01, two per prompt p0 .. p3), the
+    reward function that gives them, and a collate of prompts `first` .. `first + count - 1`."""
     import random
 
     import trainer.grpo as grpo
-    from tests.threaded_processes import ThreadedProcesses
 
     eos = tokenizer.eos_token_id
     monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: [
         [5 + index, eos] for index in range(len(prompt_ids))])
     model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
-    noise = random.Random(5)
+    noise = random.Random(seed)
     given = {f"p{j}": [1e8 + noise.gauss(0.0, 0.01) for _ in range(2)] for j in range(4)}
 
     def reward(prompts, completions, **columns):
         return [given[prompt][index % 2] for index, prompt in enumerate(prompts)]
 
-    def offset(prompts, completions, **columns):  # three times the spread about 0, weight 0: a std of its own
-        return [3 * (given[prompt][index % 2] - 1e8) for index, prompt in enumerate(prompts)]
-
     def prompts(first: int, count: int) -> dict:
         return PromptDataset.collate([{"input_ids": torch.tensor([1 + j, 2]), "prompt": f"p{j}", "columns": {}}
                                       for j in range(first, first + count)])
+
+    return model, reference, given, reward, prompts
+
+
+def test_the_functions_std_of_rewards_far_from_0_is_exact_over_micro_batches_and_processes(tokenizer, monkeypatch):
+    """A reward model's scores, 1e8 plus a spread of about 0.01, two processes (threads whose all-reduce sums), the
+    first of two micro-batches of one prompt, the second of one of two, groups of 2: the function's logged std is
+    statistics.stdev's (exact rational arithmetic) over the step's 8 values, to 1e-6 (from the sums of the values and
+    of their squares, about 1e17 each in fp64, nothing of the spread is left)."""
+    from tests.threaded_processes import ThreadedProcesses
+
+    model, reference, given, reward, prompts = _far_from_0_rewards(tokenizer, monkeypatch, seed=5)
+
+    def offset(prompts, completions, **columns):  # three times the spread about 0, weight 0: a std of its own
+        return [3 * (given[prompt][index % 2] - 1e8) for index, prompt in enumerate(prompts)]
 
     splits = [[prompts(0, 1), prompts(1, 1)], [prompts(2, 2)]]
 
@@ -554,24 +564,7 @@ def test_a_reward_models_scores_far_from_0_keep_their_spread_in_the_logged_rewar
     """Scores of 1e8 plus a spread of about 0.01 over two micro-batches: the logged reward std (without Bessel's
     correction) is statistics.pstdev's over the step's 8 scores, to 1e-5 (in fp32, 1e8's neighbours are 8 apart:
     every spread rounds away)."""
-    import random
-
-    import trainer.grpo as grpo
-
-    eos = tokenizer.eos_token_id
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: [
-        [5 + index, eos] for index in range(len(prompt_ids))])
-    model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
-    noise = random.Random(7)
-    given = {f"p{j}": [1e8 + noise.gauss(0.0, 0.01) for _ in range(2)] for j in range(4)}
-
-    def reward(prompts, completions, **columns):
-        return [given[prompt][index % 2] for index, prompt in enumerate(prompts)]
-
-    def prompts(first: int, count: int) -> dict:
-        return PromptDataset.collate([{"input_ids": torch.tensor([1 + j, 2]), "prompt": f"p{j}", "columns": {}}
-                                      for j in range(first, first + count)])
-
+    model, reference, given, reward, prompts = _far_from_0_rewards(tokenizer, monkeypatch, seed=7)
     objective = ProximalPolicy([Reward("far", reward)], tokenizer, _settings(2), reference, seed=7, process_index=0,
                                autocast=nullcontext)
     batches = objective.rollouts(model, [prompts(0, 2), prompts(2, 2)], step=3, accelerator=OneProcess())

@@ -13,6 +13,9 @@ occurrence (docs/tools.md, "Where the obstacle is"). The last column is the repe
 With --cue_pairs N, a third probe for each length: the random sequence after the cue of one of the copy rows'
 first N cue pairs and its repeat after that cue's partner (dataset/copy_rows.py), so the repeat's first token is
 announced to a model pretrained with `--copy_cue_pairs` N or more (docs/tools.md, "Cue pairs").
+A length (or --text) whose rows need more positions than the model's max_position_embeddings (a row is scored in
+all its tokens but the last: 2L - 1, 2L + 1 with the cue pair) is refused in one line naming the largest that fits,
+rather than scored past the model's context.
 """
 
 from __future__ import annotations
@@ -71,6 +74,23 @@ def text_rows(data_path: Path, tokenizer: Any, length: int, count: int) -> list[
     return rows
 
 
+def check_rows_fit(lengths: list[int], cue_pairs: int, text: int, newline_tokens: int, positions: int) -> None:
+    """A ValueError naming the flag when a probe's row (a sequence, what comes between, the sequence again; one cue
+    token before it with cue pairs) needs more than the model's `positions` (max_position_embeddings): the forward
+    pass reads each row but its last token, and positions past the model's context would be scored as if it had
+    them."""
+    between = 2 if cue_pairs else 0  # the cue before the sequence, its partner between the two
+    longest = max(lengths, default=0)
+    if 2 * longest + between - 1 > positions:
+        raise ValueError(f"--lengths {longest} is not allowed: its rows of {2 * longest + between} tokens need "
+                         f"{2 * longest + between - 1} positions and the model has {positions}; the largest length "
+                         f"that fits is {(positions + 1 - between) // 2}")
+    if text and 2 * text + newline_tokens - 1 > positions:
+        raise ValueError(f"--text {text} is not allowed: its rows of {2 * text + newline_tokens} tokens need "
+                         f"{2 * text + newline_tokens - 1} positions and the model has {positions}; the largest "
+                         f"--text that fits is {(positions + 1 - newline_tokens) // 2}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__.split("\n")[0])
     add_model_source_flags(parser)
@@ -113,6 +133,8 @@ def report(args: Any) -> int:
     path, adapter = locate_tool_model(args)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
     model.eval()
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    check_rows_fit(lengths, args.cue_pairs, args.text, len(newline), model.config.max_position_embeddings)
     low = max(tokenizer.all_special_ids) + 1
     generator = torch.Generator().manual_seed(args.seed)
     results = {}
@@ -133,7 +155,6 @@ def report(args: Any) -> int:
         rows = text_rows(data_path, tokenizer, args.text, args.rows)
         if not rows:
             raise ValueError(f"--data {args.data}: no document has {args.text} tokens")
-        newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
         results[f"text {args.text}"] = repeat_losses(model, torch.tensor(rows),
                                                      torch.tensor(newline).expand(len(rows), -1))
     print(f"model {path}; {args.rows} rows per probe; {machine_line()}")

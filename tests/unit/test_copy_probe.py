@@ -73,3 +73,29 @@ def test_bad_flags_are_one_line(tiny_models, flags, message, capsys) -> None:
     assert main(["--model_path", str(tiny_models.pretrain), *flags]) != 0
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_rows_past_the_models_positions_are_refused_naming_the_largest_that_fits(tiny_models, tokenizer,
+                                                                                 capsys) -> None:
+    """The tiny model has 128 positions; a row is scored in all its tokens but the last, so a random length L
+    fits while 2L - 1 <= 128 (64), 2L + 1 with a cue pair (63), and --text T while 2T + newline - 1 <= 128."""
+    model = ["--model_path", str(tiny_models.pretrain), "--rows", "1"]
+    assert main([*model, "--lengths", "64", "--text", "0"]) == 0
+    assert main([*model, "--lengths", "63", "--text", "0", "--cue_pairs", "2"]) == 0
+    newline = len(tokenizer("\n", add_special_tokens=False)["input_ids"])
+    largest_text = (129 - newline) // 2
+    capsys.readouterr()
+    for flags, message in [(["--lengths", "17,100", "--text", "0"],
+                            "--lengths 100 is not allowed: its rows of 200 tokens need 199 positions and the model "
+                            "has 128; the largest length that fits is 64"),
+                           (["--lengths", "64", "--text", "0", "--cue_pairs", "2"],
+                            "--lengths 64 is not allowed: its rows of 130 tokens need 129 positions and the model "
+                            "has 128; the largest length that fits is 63"),
+                           (["--lengths", "5", "--text", str(largest_text + 1)],
+                            f"--text {largest_text + 1} is not allowed: its rows of {2 * largest_text + 2 + newline} "
+                            f"tokens need {2 * largest_text + 1 + newline} positions and the model has 128; the "
+                            f"largest --text that fits is {largest_text}")]:
+        assert main([*model, *flags]) != 0
+        err = capsys.readouterr().err
+        assert [line for line in err.splitlines() if line.startswith("error: ")] == [f"error: {message}"]
+        assert "Traceback" not in err

@@ -138,7 +138,8 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     """Loss/perplexity/bits-per-byte of a model directory (with the LoRA adapter `lora` merged in, when given) on
     each dataset (default: default_splits of the run), in rows of `max_seq_len` tokens (default: the longest rows
     the weights trained on, run_dir.trained_length, else pretraining's default --max_seq_len, times
-    `rope_scaling_factor` when given).
+    `rope_scaling_factor` when given), lowered to the model's max_position_embeddings with a one-line note on
+    stderr.
 
     Returns {"model_path", "lora", "task", "max_seq_len", "results": {name: {path, kind, loss, perplexity,
     bits_per_byte, tokens, bytes}}}, plus "samples" ([{prompt, answer}], see sample_answers) when
@@ -158,13 +159,19 @@ def evaluate_model_dir(model_path: str | Path | None, data_specs: Sequence[str] 
     accelerator = Accelerator(cpu=device == "cpu")  # evaluate_lm moves the batches to its device
     model, tokenizer = load_model(path, device=str(accelerator.device), dtype="float32", lora=adapter)
     apply_rope_scaling_flag(model, path, adapter, rope_scaling_factor)
+    asked = "asked"
     if max_seq_len is None:  # the rows the weights trained on, times the extension
         # a model whose runs recorded none (an import): pretraining's rows
         from trainer.arg_fields import task_default
 
         trained = trained_length(path, adapter) or task_default("pretrain", "max_seq_len")
         max_seq_len = int(trained * (rope_scaling_factor or 1))
-    max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
+        asked = "the default"
+    positions = model.config.max_position_embeddings
+    if max_seq_len > positions:  # longer rows would be scored at positions the model does not have
+        print(f"note: max_seq_len {max_seq_len} ({asked}) lowered to {positions}, the model's "
+              "max_position_embeddings: longer rows would be scored past its context", file=sys.stderr)
+        max_seq_len = positions
     token_bytes = token_byte_lengths(tokenizer)
     results: dict[str, dict[str, Any]] = {}
     if control_tokens is None:  # as the run read its text (trainer --control_tokens_in_text, recorded with it)
@@ -244,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"conversations the model's run validated on: {SFT_TOOLS.val} for the default SFT, {LORA.val} "
                         f"for the default LoRA, else {SFT.val})")
     parser.add_argument("--max_seq_len", type=int_within(1), default=None,
-                        help="tokens per scored row, at most the model's max_position_embeddings (default: the "
-                        "longest rows its weights trained on, else pretraining's default --max_seq_len, times "
-                        "--rope_scaling_factor when given)")
+                        help="tokens per scored row, at most the model's max_position_embeddings (more is "
+                        "lowered to it, with a note on stderr; default: the longest rows its weights trained on, "
+                        "else pretraining's default --max_seq_len, times --rope_scaling_factor when given)")
     parser.add_argument("--batch_size", type=int_within(1), default=16, help="rows per forward pass")
     parser.add_argument("--max_batches", type=int_within(0, note="0: all"), default=0, help="per dataset; 0: all")
     parser.add_argument("--json", type=output_file, default=None, help="also write the results to this JSON file")

@@ -283,3 +283,25 @@ def test_a_sample_prompt_too_long_for_the_context_is_one_line_naming_it(tiny_mod
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert code == 2 and err == [f"error: the sample prompt {prompt!r} takes {tokens} tokens in the chat format, over "
                                  "the model's context of 16; --no_samples leaves the greedy answers out"], err
+
+
+def test_rows_longer_than_the_models_positions_are_lowered_with_a_note(tiny_models, tmp_path, capsys,
+                                                                      monkeypatch) -> None:
+    """The tiny model has 128 positions: --max_seq_len 512 scores rows of 128, saying so on stderr in one line (the
+    header alone said 128); 128 itself is no note, and a default longer than the context is lowered with one too."""
+    import trainer.arg_fields
+
+    text = tmp_path / "val.jsonl"  # the tiny texts three times over: more than one row of 128 tokens
+    text.write_text(tiny_models.pretrain_data.read_text(encoding="utf-8") * 3, encoding="utf-8")
+    data = ["--data", str(text), "--no_samples", "--device", "cpu"]
+    for asked, note in [("512", "note: max_seq_len 512 (asked) lowered to 128, the model's max_position_embeddings: "
+                                "longer rows would be scored past its context"), ("128", None)]:
+        assert main(["--model_path", str(tiny_models.pretrain), *data, "--max_seq_len", asked]) == 0
+        captured = capsys.readouterr()
+        assert "max_seq_len 128\n" in captured.out
+        assert [line for line in captured.err.splitlines() if line.startswith("note: ")] == ([note] if note else [])
+        assert "Traceback" not in captured.err
+    monkeypatch.setitem(trainer.arg_fields.FLAG_DEFAULTS, "max_seq_len", 300)  # a model that records no length
+    report = evaluate_model_dir(tiny_models.pretrain, [str(text)], device="cpu")
+    assert report["max_seq_len"] == 128
+    assert "note: max_seq_len 300 (the default) lowered to 128" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 from model.rmsnorm_math import check_p, floor_fraction
-from model.rope import check_rope_scaling
+from model.rope import check_rope_scaling, check_rope_theta
 from model.shown_value import shown_value
 
 
@@ -300,6 +300,7 @@ class MiniNormConfig(PretrainedConfig):
         if (self.hidden_size // self.num_attention_heads) % 2:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not allowed; head_dim = "
                              f"hidden_size / num_attention_heads must be even for RoPE")
+        check_rope_theta(self.rope_theta, self.head_dim, self.max_position_embeddings)
         self.rope_scaling = check_rope_scaling(self.rope_scaling, self.max_position_embeddings, self.head_dim)
         if self.intermediate_size is None:
             self.intermediate_size = _swiglu_hidden(self.hidden_size)

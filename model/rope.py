@@ -85,6 +85,26 @@ def check_rope_scaling(value: Any, max_position_embeddings: int, head_dim: int |
     return {"rope_type": rope_type, **scaling}
 
 
+# The largest rope_theta: RoPE's powers theta^(2i/d) are computed in fp32 (as transformers computes them), where a
+# larger base is inf and every frequency but the first 1 / inf = 0: no rotation, the positions silently unread.
+FP32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def check_rope_theta(theta: float, head_dim: int, max_position_embeddings: int) -> None:
+    """Refuse (ValueError, one line) a finite rope_theta > 0 whose fp32 RoPE is no RoPE: past FP32_MAX (fp32 makes
+    it inf, its frequencies 0), or so small that the angle position x frequency of some position the model takes
+    is not finite in fp32 (1e-300 is 0 there: inf frequencies, NaN angles, a NaN model)."""
+    if theta > FP32_MAX:
+        raise ValueError(f"rope_theta={shown_value(theta)} is not allowed; it must be at most {FP32_MAX!r} (RoPE's "
+                         f"frequencies are computed in fp32, where a larger base is inf and every frequency but the "
+                         f"first 0: no rotation)")
+    frequencies, _ = inverse_frequencies(head_dim, theta, None, max_position_embeddings)
+    if not torch.isfinite(frequencies * float(max_position_embeddings - 1)).all() or not frequencies.isfinite().all():
+        raise ValueError(f"rope_theta={shown_value(theta)} is not allowed; RoPE's fp32 angles (position x "
+                         f"theta^(-2i/{head_dim})) are not finite with it by position {max_position_embeddings - 1}: "
+                         f"give a larger rope_theta")
+
+
 def yarn_attention_factor(scaling: Mapping[str, Any]) -> float:
     """The factor YaRN multiplies cos and sin by: attention_factor when given, else 0.1 ln(s) + 1 (or the ratio of
     that with mscale to that with mscale_all_dim, when both are given)."""

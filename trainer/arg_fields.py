@@ -57,7 +57,8 @@ MODEL_FIELDS: dict[str, ModelFlag] = {
                                                 "num_attention_heads)"),
     "intermediate_size": ModelFlag(int, None, "width of the SwiGLU MLP (unset: derived from hidden_size)"),
     "max_position_embeddings": ModelFlag(int, None, "longest sequence the model takes (RoPE positions)"),
-    "rope_theta": ModelFlag(float, None, "RoPE base frequency"),
+    "rope_theta": ModelFlag(float, None, "RoPE base frequency (> 0, at most the largest fp32, 3.4e38: RoPE computes "
+                                         "its frequencies in fp32)"),
     "tie_word_embeddings": ModelFlag(bool, None, "share one matrix between the token embedding and the LM head"),
     "dropout": ModelFlag(float, None, "dropout probability, in [0, 1)"),
     "initializer_range": ModelFlag(float, None, "standard deviation of the initial weights"),

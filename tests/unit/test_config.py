@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -36,6 +37,9 @@ def param_count(config: MiniNormConfig) -> int:
     ("rope_theta", float("nan"), ["finite float > 0"]),
     ("rope_theta", 0, ["finite float > 0"]),
     ("rope_theta", -1.0, ["finite float > 0"]),
+    # Finite, but not RoPE in fp32: 1e300 is inf there (every frequency but the first 0), 1e-300 is 0 (NaN angles).
+    ("rope_theta", 1e300, ["at most 3.4028234663852886e+38", "no rotation"]),
+    ("rope_theta", 1e-300, ["angles", "not finite", "by position 511", "larger rope_theta"]),
     ("norm_eps", float("inf"), ["finite float > 0"]),
     ("norm_eps", "1e-6", ["finite float > 0"]),
     ("norm_eps", None, ["finite float > 0"]),
@@ -203,3 +207,19 @@ def test_preset_overrides_win_and_unknown_preset_is_refused() -> None:
     assert "preset='gpt2'" in str(info.value)
     for name in PRESETS:
         assert repr(name) in str(info.value)
+
+
+@pytest.mark.parametrize("theta", [10.0, 1e6, 1e30, torch.finfo(torch.float32).max])
+def test_a_rope_theta_taken_is_the_one_the_model_rotates_by(theta: float) -> None:
+    """Up to the largest fp32 (the dtype RoPE computes its powers in) the model's frequencies are theta^(-2i/d),
+    against fp64, and its cos and sin finite at its last position; one float past it is refused: fp32 made it inf
+    and every frequency but the first 0 (1e300 was taken so, and trained without positions)."""
+    config = MiniNormConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, rope_theta=theta)
+    rotary = MiniNormForCausalLM(config).model.rotary
+    cos, sin = rotary(torch.tensor([[1, 511]]), torch.float32)
+    want = torch.tensor([theta ** (-i / 16) for i in range(0, 16, 2)], dtype=torch.float64)
+    assert torch.allclose(sin[0, 0, :8].double(), torch.sin(want), rtol=1e-5, atol=0)  # position 1: sin(frequency)
+    assert torch.isfinite(cos).all() and torch.isfinite(sin).all()
+    if theta == torch.finfo(torch.float32).max:
+        with pytest.raises(ValueError, match=r"^rope_theta=3\.402823466385289e\+38 is not allowed; it must be at most"):
+            MiniNormConfig(rope_theta=math.nextafter(theta, math.inf))

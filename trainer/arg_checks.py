@@ -32,6 +32,7 @@ def validate(args: TrainArgs) -> None:
     _check_sft_data(args)
     _check_bounded_values(args)
     _check_lora(args)
+    _check_sizes_fit(args)
     task_checks = {"dpo": _validate_dpo, "distill": _validate_distill, "grpo": _validate_grpo, "ppo": _validate_ppo}
     if args.task in task_checks:
         task_checks[args.task](args)
@@ -164,6 +165,44 @@ def _check_lora(args: TrainArgs) -> None:
         if not 0 <= args.lora_dropout < 1:
             raise _bad("lora_dropout", args.lora_dropout, "it must be in [0, 1)")
         parse_targets(args.lora_targets)
+
+
+# The counts that size a run's work, each refused past model/config.py's MAX_SIZE: 10**30 was taken, and a run of
+# --max_steps 10**30 or a rollout of --num_generations 10**30 never finished (the group was being listed). The
+# lengths have their own bounds, the model's (--max_seq_len, --max_completion_length: its positions; --lora_rank:
+# its layers' sides), and a generation stops where the context is full (--max_new_tokens). Task -> its own flags.
+SIZE_FLAGS = ("epochs", "batch_size", "accumulation_steps", "max_steps")
+TASK_SIZE_FLAGS: dict[str, tuple[str, ...]] = {
+    "grpo": ("num_generations", "num_iterations"),
+    "ppo": ("num_generations", "ppo_epochs"),
+    "distill": ("max_new_tokens",),
+}
+
+
+def _check_sizes_fit(args: TrainArgs) -> None:
+    """Each count of SIZE_FLAGS at most MAX_SIZE, and the tokens of one micro-batch's forward (its rows x their
+    longest length: a rollout's prompts x --num_generations completions of up to --max_seq_len +
+    --max_completion_length tokens) at most MAX_SIZE too, one dimension of its flattened logits."""
+    for name in SIZE_FLAGS + TASK_SIZE_FLAGS.get(args.task, ()):
+        if getattr(args, name) > MAX_SIZE:
+            raise _bad(name, getattr(args, name), f"it must be at most {MAX_SIZE} (MAX_SIZE, model/config.py: "
+                                                  f"past it no run ends, no batch or group fits)")
+    if args.task in ROLLOUT_GROUPS:
+        factors = ("batch_size", "num_generations")
+        length = args.max_seq_len + args.max_completion_length
+        rows = f"--batch_size {args.batch_size} prompts x --num_generations {args.num_generations} completions"
+        long = f"--max_seq_len + --max_completion_length = {length}"
+        blame = ("num_generations", "batch_size", "max_completion_length", "max_seq_len")
+    else:
+        factors, length = ("batch_size",), args.max_seq_len
+        rows, long = f"--batch_size {args.batch_size} rows", f"--max_seq_len {length}"
+        blame = ("batch_size", "max_seq_len")
+    tokens = math.prod(getattr(args, name) for name in factors) * length
+    if length <= MAX_SIZE < tokens:  # a longer length is refused by the model's positions, which it cannot exceed
+        named = next((name for name in blame if name in args.given), blame[0])  # the flag typed, not a default
+        raise _bad(named, getattr(args, named), f"one micro-batch would hold {rows} of up to {long} tokens, "
+                                                f"{tokens} in all, more than the {MAX_SIZE} (MAX_SIZE, "
+                                                f"model/config.py) one forward holds")
 
 
 def _validate_distill(args: TrainArgs) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from accelerate.utils import broadcast_object_list
 
+from model.config import MAX_SIZE
 from trainer.arg_fields import TrainArgs
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.checkpoint_state import saved_position
@@ -26,13 +27,17 @@ class RunLength:
 def plan_run_length(args: TrainArgs, train_size: int, world: int, resume_state: dict[str, Any] | None) -> RunLength:
     """The run's length: optimizer steps per epoch (global batches in one pass over the shuffled, sharded
     training set), the planned total and a time budget's plan; refused in one line when one step needs more
-    samples than the training set has."""
+    samples than the training set has, or --epochs ask for more steps than MAX_SIZE."""
     global_batch = args.batch_size * args.accumulation_steps * world
     steps_per_epoch = train_size // global_batch
     if steps_per_epoch < 1:
         raise ValueError(f"one optimizer step needs {global_batch} samples, the training set has "
                          f"{train_size}; lower --batch_size or --accumulation_steps")
     total = total_steps(args, resume_state, train_size, global_batch, steps_per_epoch)
+    if total > MAX_SIZE and not args.time_budget_s:  # --epochs decided it (--max_steps has its bound at parsing)
+        raise ValueError(f"--epochs={args.epochs} is not allowed; at {steps_per_epoch} optimizer steps per epoch it "
+                         f"makes a run of {total} steps, past the {MAX_SIZE} (MAX_SIZE, model/config.py) any run "
+                         f"ends in: lower --epochs or give --max_steps")
     budget = None
     if args.time_budget_s:
         budget = TimeBudget(args.time_budget_s, max_steps=total, fixed=bool((resume_state or {}).get("budget_fixed")))

@@ -684,3 +684,72 @@ def test_bad_trl_rollout_options_are_one_line(task, flags, message, capsys):
     if "unrecognized" not in message:
         parsed = parse_args(task, [flags[0], good[flags[0]], *(["--num_iterations", "2"] if task == "grpo" else [])])
         assert str(getattr(parsed, flags[0][2:])) == good[flags[0]]
+
+
+HUGE = str(10 ** 30)
+PAST_MAX_SIZE = "it must be at most 2147483647 (MAX_SIZE, model/config.py: past it no run ends, no batch or group fits)"
+
+
+@pytest.mark.parametrize("task, flag", [
+    *[(task, flag) for task in ("pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo")
+      for flag in ("--max_steps", "--epochs", "--batch_size", "--accumulation_steps")],
+    ("grpo", "--num_generations"), ("ppo", "--num_generations"), ("grpo", "--num_iterations"), ("ppo", "--ppo_epochs"),
+    ("distill", "--max_new_tokens"),
+])
+def test_a_count_past_max_size_is_refused_in_one_line(task, flag, capsys):
+    """10**30 was taken: --max_steps 10**30 trained on with no end, and GRPO's and PPO's --num_generations 10**30
+    listed the group's prompts for ever (so did 2**31 - 1, and with --lmbda distillation sampled to the context's
+    end each step)."""
+    from trainer.args import parse_args
+
+    lmbda = ["--lmbda", "0.5"] if flag == "--max_new_tokens" else []
+    with pytest.raises(SystemExit):
+        parse_args(task, [flag, HUGE, *lmbda])
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {flag}={HUGE} is not allowed; {PAST_MAX_SIZE}"
+
+
+def test_a_rollout_group_one_forward_cannot_hold_is_refused_and_one_token_less_taken(capsys):
+    """GRPO's micro-batch holds --batch_size prompts x --num_generations completions of up to --max_seq_len +
+    --max_completion_length tokens (2 x G x 320 here): past MAX_SIZE tokens in all it is refused, naming the flag
+    typed; G = 3,355,443 makes 2,147,483,520 tokens, the most that fits, and is taken."""
+    from trainer.args import parse_args
+
+    fits = 2147483647 // (2 * 320)
+    assert parse_args("grpo", ["--batch_size", "2", "--num_generations", str(fits)]).num_generations == fits
+    with pytest.raises(SystemExit):
+        parse_args("grpo", ["--batch_size", "2", "--num_generations", str(fits + 1)])
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"error: --num_generations={fits + 1} is not allowed; one micro-batch would hold --batch_size 2 prompts x "
+        f"--num_generations {fits + 1} completions of up to --max_seq_len + --max_completion_length = 320 tokens, "
+        f"{2 * (fits + 1) * 320} in all, more than the 2147483647 (MAX_SIZE, model/config.py) one forward holds")
+
+
+@pytest.mark.parametrize("task, flags, named", [
+    ("pretrain", ["--batch_size", "10000000"], "--batch_size=10000000"),  # x 256 tokens
+    ("sft", ["--max_seq_len", "1000000", "--batch_size", "4096"], "--batch_size=4096"),
+    ("ppo", ["--max_completion_length", "1000000000"], "--max_completion_length=1000000000"),  # 8 x 1 x 1000000256
+])
+def test_a_micro_batch_past_max_size_tokens_names_the_flag_typed(task, flags, named, capsys):
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(task, flags)
+    error = capsys.readouterr().err.splitlines()[0]
+    assert error.startswith(f"error: {named} is not allowed; one micro-batch would hold ") and error.endswith(
+        "in all, more than the 2147483647 (MAX_SIZE, model/config.py) one forward holds")
+
+
+@pytest.mark.parametrize("task, flags", [
+    ("pretrain", ["--max_steps", "2147483647", "--epochs", "2147483647", "--accumulation_steps", "2147483647"]),
+    ("grpo", ["--num_iterations", "2147483647", "--batch_size", "1", "--num_generations", "2"]),
+    ("ppo", ["--ppo_epochs", "2147483647"]),
+    ("distill", ["--max_new_tokens", "2147483647", "--lmbda", "1"]),
+    # "never" and "off": past any run (or any gradient's norm) they are taken, each the run's help says so
+    ("pretrain", ["--eval_interval", HUGE, "--save_interval", HUGE, "--log_interval", HUGE, "--diag_interval", HUGE,
+                  "--keep_checkpoints", HUGE, "--grad_clip", "1e300", "--copy_rows", "1", "--copy_steps", HUGE]),
+])
+def test_counts_at_max_size_and_never_meaning_values_are_taken(task, flags):
+    from trainer.args import parse_args
+
+    args = parse_args(task, flags)
+    assert all(flag[2:] in args.given for flag in flags[::2])

@@ -57,3 +57,27 @@ def test_diagnostics_evaluations_and_checkpoints_fall_on_their_steps():
     assert [step for step in range(1, 11) if intervals.checkpoints(step, 10)] == [5]
     never = Intervals(diag_interval=0, eval_interval=0, save_interval=0)
     assert not any(never.diagnoses(s, 10) or never.evaluates(s, 10) or never.checkpoints(s, 10) for s in range(11))
+
+
+def test_epochs_past_max_size_steps_are_refused_and_the_bound_itself_taken():
+    """--epochs x steps per epoch (10 here: 100 samples, 10 a step) past MAX_SIZE steps was a run with no end; a
+    run of exactly MAX_SIZE steps is planned, and a time budget (which ends the run itself) takes any --epochs."""
+    epochs_at_bound = 2147483640 // 10  # 2,147,483,640 steps: MAX_SIZE is 2,147,483,647
+    assert plan_run_length(_args("--batch_size", "10", "--epochs", str(epochs_at_bound)), 100, 1,
+                           None).total_steps == 2147483640
+    with pytest.raises(ValueError) as error:
+        plan_run_length(_args("--batch_size", "10", "--epochs", str(epochs_at_bound + 1)), 107, 1, None)
+    assert str(error.value) == ("--epochs=214748365 is not allowed; at 10 optimizer steps per epoch it makes a run of "
+                                "2147483650 steps, past the 2147483647 (MAX_SIZE, model/config.py) any run ends in: "
+                                "lower --epochs or give --max_steps")
+    budget = _args("--batch_size", "10", "--epochs", "2147483647", "--time_budget_s", "60")
+    assert plan_run_length(budget, 100, 1, None).budget is not None
+
+
+def test_intervals_past_the_run_mean_never_but_the_first_and_last_diagnoses():
+    """An interval longer than the run (10**30 is taken) means never, as its --help says: no evaluation or
+    checkpoint inside the run (the run's end has its own), and diagnostics on the first and last steps only."""
+    huge = 10 ** 30
+    intervals = Intervals(diag_interval=huge, eval_interval=huge, save_interval=huge)
+    assert [done for done in range(10) if intervals.diagnoses(done, 10)] == [0, 9]
+    assert not any(intervals.evaluates(s, 10) or intervals.checkpoints(s, 10) for s in range(1, 11))

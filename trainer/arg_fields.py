@@ -248,7 +248,8 @@ class TrainArgs:
     learning_rate: float = _flag("optimisation", 2e-3, "AdamW's peak learning rate (with --optimizer muon: the "
                                                        "embedding's, LM head's and norms')")
     min_lr_ratio: float = _flag("schedule", 0.1, "the schedule decays to peak lr x min_lr_ratio")
-    warmup_steps: int = _flag("schedule", 50, "optimizer steps of linear warmup")
+    warmup_steps: int = _flag("schedule", 50, "optimizer steps of linear warmup (one not shorter than the run is cut "
+                                              "to it: the rate never reaches its peak, and the run notes it)")
     lr_schedule: str = _flag("schedule", "cosine", f"{_choices(LRSchedule)}: cosine decay after the warmup, or wsd "
                                                    f"(warmup, stable, then linear decay over --decay_fraction)")
     decay_fraction: float = _flag("schedule", 0.2, "wsd: the last fraction of the steps that decays")

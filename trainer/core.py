@@ -19,6 +19,7 @@ the loop meets it) and the data (trainer/data.py).
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +52,7 @@ from trainer.run_length import budget_length_after, budget_plan_line, plan_run_l
 from trainer.run_optimizer import make_optimizer, make_scheduler
 from trainer.run_start import announcement, start_position, write_run_config
 from trainer.run_summary import RunSummary, TrainingDiverged, finished_run_summary, write_run_summary
+from trainer.schedule import warmup_note
 from trainer.step import RunPosition, SessionPace, StepResult, combine_updates
 from trainer.storage_probe import probe_storage
 from trainer.task_setup import build_objective, wrap_for_task
@@ -291,6 +293,10 @@ class Trainer:
         for line in lines:
             self.reporter.print(line)
         if self.is_main:
+            # a time budget's length is planned after a few steps (and the scheduler then cuts the warmup to it)
+            note = None if self.args.time_budget_s else warmup_note(self.args.warmup_steps, self.total_steps)
+            if note:
+                print(note, file=sys.stderr, flush=True)
             write_run_config(self.out_dir, self.config_dict, self.run_id)
             tqdm.write(announcement(
                 self.args, self.accelerator, self.data, compiled=self.compiled, threads_line=self.threads.describe(),

@@ -34,6 +34,16 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def warmup_note(warmup_steps: int, total_steps: int) -> str | None:
+    """The line a run prints when its --warmup_steps is not shorter than the run (build_scheduler cuts the warmup to
+    the run, so the rate climbs all run, never reaching its peak nor decaying); None otherwise."""
+    if warmup_steps < total_steps:
+        return None
+    return (f"note: --warmup_steps {warmup_steps} is not shorter than the run's {total_steps} optimizer steps: the "
+            f"learning rate rises all run, to {total_steps}/{total_steps + 1} of its peak at the last step, and "
+            f"never decays; a --warmup_steps below {total_steps} reaches the peak")
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int | Callable[[], int],
                     min_ratio: float, schedule: str, decay_fraction: float) -> torch.optim.lr_scheduler.LambdaLR:
     """`total_steps` may be a callable, read at every step: a run on a time budget plans its length after a few

@@ -147,6 +147,16 @@ def test_sft_run_notes_the_supervision_its_max_seq_len_cuts(train_data, referenc
     assert "cuts the supervised end" not in capsys.readouterr().out
 
 
+def test_a_warmup_not_shorter_than_the_run_is_one_note_on_stderr(train_data, tmp_path, capsys):
+    """--warmup_steps 3 on a run of 3 steps (or a task's default warmup past a short --max_steps) never reaches the
+    peak rate, and the run said nothing: now one note line at the start (trainer/schedule.py, warmup_note)."""
+    run_in_process("pretrain", pretrain_argv(train_data, tmp_path / "run", "--max_steps", "3", "--warmup_steps", "3"))
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--warmup_steps" in line]
+    assert notes == ["note: --warmup_steps 3 is not shorter than the run's 3 optimizer steps: the learning rate rises "
+                     "all run, to 3/4 of its peak at the last step, and never decays; a --warmup_steps below 3 "
+                     "reaches the peak"]
+
+
 def test_compile_matches_eager_evaluates_and_samples(train_data, reference_run, tmp_path):
     """--compile on: the same losses as the eager reference (tolerance), validation and the sample run, checkpoints
     and the final model save. (Resuming compiled, under DDP and FSDP2: tests/integration/test_train_processes.py.)"""

@@ -280,6 +280,30 @@ def test_warmup_longer_than_the_run_is_cut_to_the_run():
         assert lrs == pytest.approx([2.0 * (step + 1) / 11 for step in range(10)])
 
 
+@pytest.mark.parametrize("warmup, total", [(50, 10), (10, 10), (9, 10)])
+def test_a_warmup_not_shorter_than_the_run_is_noted_with_the_rate_it_reaches(warmup, total):
+    """warmup_note: a --warmup_steps of the run's length or more is cut to the run, whose rate then rises to
+    total / (total + 1) of its peak at the last step and never decays (the scheduler's own rates, read here); one
+    step shorter reaches the peak at the last step, and is not noted."""
+    from trainer.schedule import build_scheduler, warmup_note
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(optimizer, warmup_steps=warmup, total_steps=total, min_ratio=0.1, schedule="cosine",
+                                decay_fraction=0.2)
+    rates = []
+    for _ in range(total):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    if warmup < total:
+        assert max(rates) == 1.0 and warmup_note(warmup, total) is None
+        return
+    assert rates == sorted(rates) and rates[-1] == pytest.approx(total / (total + 1))
+    assert warmup_note(warmup, total) == (
+        f"note: --warmup_steps {warmup} is not shorter than the run's 10 optimizer steps: the learning rate rises all "
+        f"run, to 10/11 of its peak at the last step, and never decays; a --warmup_steps below 10 reaches the peak")
+
+
 def test_the_logged_rates_are_adamws_and_muons_own():
     from trainer.optim import scheduled_lrs
 

@@ -263,7 +263,8 @@ class TrainArgs:
     muon_momentum: float = _flag("optimisation", 0.95, "Muon's Nesterov momentum")
     muon_adjust_lr: str = _flag("optimisation", "original", f"{_choices(MuonAdjustLR)}: how Muon's lr scales with a "
                                                             f"matrix's shape (trainer/optim.py, MuonAdjustLR)")
-    grad_clip: float = _flag("optimisation", 1.0, "clip the gradient's global norm to this; 0: no clipping")
+    grad_clip: float = _flag("optimisation", 1.0, "clip the gradient's global norm to this; 0: no clipping (nor "
+                                                  "does a value above every norm, e.g. 1e300)")
     max_seq_len: int = _flag("data", 256, "tokens per training sample")
     dtype: str = _flag("optimisation", "auto", f"{_choices(DTYPES)}: the training precision; auto: see "
                                                f"trainer/machine.py, resolve_dtype")
@@ -276,12 +277,15 @@ class TrainArgs:
     seed: int = _flag("data", 42, "random seed: the initial weights, the validation split and the data order")
     # Logging, evaluation, checkpoints.
     log_interval: int = _flag("logging", 10, "optimizer steps between progress-bar (and wandb) updates of the loss, "
-                                             "lr, tokens/s and MFU")
-    eval_interval: int = _flag("logging", 200, "optimizer steps between validations (there is one at the end too)")
+                                             "lr, tokens/s and MFU (and at the last step; past the run: there only)")
+    eval_interval: int = _flag("logging", 200, "optimizer steps between validations (there is one at the end too; "
+                                               "past the run: that one only)")
     eval_batches: int = _flag("logging", 50, "cap of validation batches per evaluation; 0 = the whole validation "
                                              "set")
-    save_interval: int = _flag("checkpoint", 200, "optimizer steps between checkpoints")
-    keep_checkpoints: int = _flag("checkpoint", 2, "how many of the newest checkpoints to keep")
+    save_interval: int = _flag("checkpoint", 200, "optimizer steps between checkpoints (past the run: none; the "
+                                                  "run's end writes its model)")
+    keep_checkpoints: int = _flag("checkpoint", 2, "how many of the newest checkpoints to keep (more than the run "
+                                                   "writes: all)")
     resume: str | None = _flag("checkpoint", None, "\"auto\" (the newest complete checkpoint in --out_dir, if any) "
                                                    "or a checkpoint directory (default: start afresh)")
     overwrite: bool = _flag("checkpoint", False, "where --out_dir holds another run (a finished model or checkpoints): "
@@ -299,7 +303,8 @@ class TrainArgs:
     wandb_run_name: str | None = _flag("logging", None, "wandb run name (default: wandb's)")
     wandb_group: str | None = _flag("logging", None, "wandb group (default: none)")
     diag_interval: int = _flag("diagnostics", 0, "optimizer steps between norm diagnostics, from the first step "
-                                                 "and on the last (docs/diagnostics.md); 0: off")
+                                                 "and on the last (docs/diagnostics.md; past the run: those two "
+                                                 "only); 0: off")
     peak_flops: float | None = _flag("logging", None, "the device's peak FLOP/s, for MFU (default: a known value "
                                                       "for the device, trainer/flops.py)")
     sample_prompt: str | None = _flag("logging", None, "prompt of the text sample generated at the end (default: "
@@ -329,7 +334,7 @@ class TrainArgs:
     copy_weight: float = _flag(COPY_GROUPS, 1.0, "the weight of the copy rows' mean loss beside the "
                                                  "language-modeling loss for the first --copy_steps steps (>= 0)")
     copy_steps: int = _flag(COPY_GROUPS, 250, "the steps at --copy_weight; later steps use --copy_weight_after "
-                                              "(>= 0)")
+                                              "(>= 0; past the run: --copy_weight all run)")
     copy_weight_after: float = _flag(COPY_GROUPS, 0.1, "the copy loss's weight after --copy_steps steps (>= 0; 0: "
                                                        "the rows stop and the copying they taught fades)")
     copy_cue_pairs: int = _flag(COPY_GROUPS, 0, "the (cue, partner) token pairs of the copy rows (0: none): the span "

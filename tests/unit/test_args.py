@@ -753,3 +753,21 @@ def test_counts_at_max_size_and_never_meaning_values_are_taken(task, flags):
 
     args = parse_args(task, flags)
     assert all(flag[2:] in args.given for flag in flags[::2])
+
+
+@pytest.mark.parametrize("flag, words", [
+    ("--grad_clip", "nor does a value above every norm, e.g. 1e300"),
+    ("--log_interval", "past the run: there only"),
+    ("--eval_interval", "past the run: that one only"),
+    ("--save_interval", "past the run: none; the run's end writes its model"),
+    ("--diag_interval", "past the run: those two only"),
+    ("--keep_checkpoints", "more than the run writes: all"),
+    ("--copy_steps", "past the run: --copy_weight all run"),
+    ("--warmup_steps", "one not shorter than the run is cut to it"),
+    ("--rope_theta", "at most the largest fp32, 3.4e38"),
+])
+def test_a_huge_value_that_means_never_or_off_says_so_in_its_help(flag, words):
+    """The values past any run (10**30) or any gradient's norm (1e300) that mean "never" or "off" stay taken
+    (test_counts_at_max_size_and_never_meaning_values_are_taken), and each flag's --help says what they mean."""
+    _, entry = help_entries(build_parser("pretrain").format_help())[flag]
+    assert words in entry, entry

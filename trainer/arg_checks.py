@@ -16,7 +16,7 @@ from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rl_losses import ImportanceSamplingLevel, KLEstimator, LossType, ScaleRewards, default_scale_rewards
 from trainer.run_dir import TASKS
 from trainer.schedule import LRSchedule
-from trainer.threads import parse_threads
+from trainer.threads import MAX_THREADS, parse_threads
 
 A_YEAR_S = 365 * 24 * 3600  # the longest time a duration flag takes
 WANDB_PROJECT_FORBIDDEN = frozenset("/\\#?%:")  # characters wandb refuses in a project name
@@ -180,13 +180,17 @@ TASK_SIZE_FLAGS: dict[str, tuple[str, ...]] = {
 
 
 def _check_sizes_fit(args: TrainArgs) -> None:
-    """Each count of SIZE_FLAGS at most MAX_SIZE, and the tokens of one micro-batch's forward (its rows x their
-    longest length: a rollout's prompts x --num_generations completions of up to --max_seq_len +
-    --max_completion_length tokens) at most MAX_SIZE too, one dimension of its flattened logits."""
+    """Each count of SIZE_FLAGS at most MAX_SIZE (--num_proc at most MAX_THREADS), and the tokens of one
+    micro-batch's forward (its rows x their longest length: a rollout's prompts x --num_generations completions of
+    up to --max_seq_len + --max_completion_length tokens) at most MAX_SIZE too, one dimension of its flattened
+    logits."""
     for name in SIZE_FLAGS + TASK_SIZE_FLAGS.get(args.task, ()):
         if getattr(args, name) > MAX_SIZE:
             raise _bad(name, getattr(args, name), f"it must be at most {MAX_SIZE} (MAX_SIZE, model/config.py: "
                                                   f"past it no run ends, no batch or group fits)")
+    if args.num_proc is not None and args.num_proc > MAX_THREADS:  # datasets starts one per record up to it
+        raise _bad("num_proc", args.num_proc, f"it must be at most {MAX_THREADS} (more than any machine's cores; "
+                                              f"datasets starts that many processes, up to one per record)")
     if args.task in ROLLOUT_GROUPS:
         factors = ("batch_size", "num_generations")
         length = args.max_seq_len + args.max_completion_length

@@ -235,8 +235,8 @@ class TrainArgs:
                                                         "(<|im_start|>, <|im_end|>, <|endoftext|>, ...) as the control "
                                                         "tokens, as MiniMind's pretrain_hq.jsonl is written; without "
                                                         "it they are text, a few ordinary tokens")
-    num_proc: int | None = _flag("data", None, "processes that tokenize the data, for multi-GB files (default: "
-                                               "one)")
+    num_proc: int | None = _flag("data", None, "processes that tokenize the data, for multi-GB files, at most "
+                                               "4096 (default: one)")
     # Schedule.
     epochs: int = _flag("schedule", 1, "passes over the training data (with --max_steps -1)")
     max_steps: int = _flag("schedule", -1, "optimizer steps; -1: as many as --epochs give (not used with "

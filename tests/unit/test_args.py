@@ -771,3 +771,16 @@ def test_a_huge_value_that_means_never_or_off_says_so_in_its_help(flag, words):
     (test_counts_at_max_size_and_never_meaning_values_are_taken), and each flag's --help says what they mean."""
     _, entry = help_entries(build_parser("pretrain").format_help())[flag]
     assert words in entry, entry
+
+
+def test_tokenizing_processes_past_any_machines_cores_are_refused(capsys):
+    """--num_proc 10**30 was taken and datasets started one process per record (240 for a 240-line file: a
+    million-line file would start a million); the bound is --threads' (MAX_THREADS), itself taken."""
+    from trainer.args import parse_args
+
+    assert parse_args("pretrain", ["--num_proc", "4096"]).num_proc == 4096
+    with pytest.raises(SystemExit):
+        parse_args("sft", ["--num_proc", HUGE])
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"error: --num_proc={HUGE} is not allowed; it must be at most 4096 (more than any machine's cores; datasets "
+        f"starts that many processes, up to one per record)")

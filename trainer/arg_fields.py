@@ -373,7 +373,7 @@ class TrainArgs:
     seq_kd: bool = _flag("distill", False, "a step that does not sample the student's completions trains on the "
                                            "teacher's: sequence-level KD (TRL's seq_kd)")
     max_new_tokens: int = _flag("distill", 128, "the most tokens a sampled completion has (--lmbda, --seq_kd; TRL's "
-                                                "max_new_tokens)")
+                                                "max_new_tokens); it also ends where the model's context is full")
     sampling_temperature: float = _flag("distill", 0.9, "the sampling temperature of the completions (--lmbda, "
                                                         "--seq_kd; > 0; TRL's temperature), apart from --temperature, "
                                                         "the loss's T")

@@ -784,3 +784,10 @@ def test_tokenizing_processes_past_any_machines_cores_are_refused(capsys):
     assert capsys.readouterr().err.splitlines()[0] == (
         f"error: --num_proc={HUGE} is not allowed; it must be at most 4096 (more than any machine's cores; datasets "
         f"starts that many processes, up to one per record)")
+
+
+def test_distillations_max_new_tokens_help_says_the_context_ends_a_completion_too():
+    """--max_new_tokens 2**31 - 1 is taken and ends each completion where the model's context is full (a run with
+    10**30 sampled to the context's end at every step): the help says that a larger value means no other limit."""
+    _, entry = help_entries(build_parser("distill").format_help())["--max_new_tokens"]
+    assert "it also ends where the model's context is full" in entry, entry

@@ -16,7 +16,8 @@ calls by where they go wrong: no call, another tool, the argument copied from th
 only later, or another argument. `--show N` prints N transcripts of each kind. `--after_other` asks each question
 second, as a chat that goes on: one held-out exchange of the other kind is in the history (a small-talk opening and the
 corpus's reply before a tool question; a lookup, calculation or conversion with its call, result and answer before small
-talk).
+talk); a question whose call would not see that exchange stops the run, one whose answer did not (a long tool result
+pushed it out of the context) is named on stderr and counted.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class Outcome:
     wrong_at: str | None  # where a wrong call goes wrong (dataset/tool_scoring.WRONG_CALLS); None if right
     ended: bool  # the last generation ended its turn, rather than running into --max_new_tokens
     unreadable_call: bool  # no call read, but the reply opened one (its <tool_call> token): left in the answer
+    # --after_other: the answer, after a tool's result, was generated without `before` (the call saw it)
+    history_left_out: bool = False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,24 +120,29 @@ class HistoryLeftOut(ValueError):
 def ask(session: ChatSession, question: ToolQuestion, history: list[dict],
         tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> Outcome:
     """The question asked after `history`, scored; `tokenize` (the model's, as token_starts) places a wrong call.
-    HistoryLeftOut when the context has no room for `history` in the first generation."""
+    HistoryLeftOut when the context had no room for `history` in the first generation (the call, or the reply
+    without one); when only a later one (the answer, after a long tool result) had none, the outcome says so."""
     session.reset()
     session.history += history  # history_turns=1 keeps exactly this exchange
     before = list(session.history)
-    # The first generation (the call) must see the history; a later one, after a long tool result, may lose it as
-    # the chat's would.
-    if history and session.fit_prompt(question.question).dropped_exchanges:
+    reply = session.reply(question.question)
+    # Each round's prompt is fitted once, by reply, and records what it left out. The first must see the history,
+    # or the question was not asked after it; a later one, after a long tool result, may lose it as the chat's
+    # would: counted, not refused, since the call it follows was made with the history.
+    left_out = [bool(history) and round_.fit is not None and round_.fit.dropped_exchanges > 0
+                for round_ in reply.rounds]
+    if left_out[:1] == [True]:
         raise HistoryLeftOut(f"would leave its --after_other exchange out of the prompt: with it, the prompt and "
                              f"--max_new_tokens {session.settings.max_new_tokens} do not fit the model's context of "
                              f"{session.max_context}; lower --max_new_tokens or evaluate a model with more positions "
                              f"(max_position_embeddings)")
-    reply = session.reply(question.question)
     results = [result for round_ in reply.rounds for result in round_.results]
     calls = [(result.name, result.arguments) for result in results]
     unreadable = not calls and any(round_.unread_calls for round_ in reply.rounds)
     wrong_at = where_call_goes_wrong(question, calls, tokenize, unreadable)
     return Outcome(question.kind, question.question, [r.describe() for r in results], wrong_at is None, reply.text,
-                   answer_has_fact(question, reply.text), before, wrong_at, reply.stopped_at_eos, unreadable)
+                   answer_has_fact(question, reply.text), before, wrong_at, reply.stopped_at_eos, unreadable,
+                   any(left_out))
 
 
 def histories(dialogues: list[dict], questions: list[ToolQuestion]) -> list[list[dict]]:
@@ -240,8 +248,9 @@ def _which(number: int, questions: list[ToolQuestion]) -> str:
 
 def ask_all(session: ChatSession, questions: list[ToolQuestion], before: list[list[dict]],
             tokenize: Callable[[str], Sequence[tuple[int, int]]]) -> list[Outcome]:
-    """Each question asked after its history (ask), the progress every 25 questions on stderr; ModelTooShort names
-    the first question that does not fit the context (or its history does not, beside --max_new_tokens)."""
+    """Each question asked after its history (ask), the progress every 25 questions on stderr, and there a note
+    naming each question whose answer was generated without its history; ModelTooShort names the first question
+    that does not fit the context (or its history does not, beside --max_new_tokens)."""
     from model.chat_session import MessageTooLong
 
     started = time.perf_counter()
@@ -254,6 +263,11 @@ def ask_all(session: ChatSession, questions: list[ToolQuestion], before: list[li
                                 f"schema: evaluate a model with more positions (max_position_embeddings)") from None
         except HistoryLeftOut as error:
             raise ModelTooShort(f"{_which(number, questions)} {error}") from None
+        if outcomes[-1].history_left_out:
+            print(f"note: {_which(number, questions)} was answered without its --after_other exchange: after the "
+                  f"tool's result, the prompt and --max_new_tokens {session.settings.max_new_tokens} did not fit "
+                  f"the model's context of {session.max_context} beside it (the call saw it); scored as asked after "
+                  "it, counted as history left out", file=sys.stderr, flush=True)
         if number % 25 == 0:
             print(f"{number}/{len(questions)} questions, {time.perf_counter() - started:.0f} s", file=sys.stderr,
                   flush=True)
@@ -268,6 +282,14 @@ def run_line(args: argparse.Namespace, parser: argparse.ArgumentParser, path: Pa
     penalties = "".join(f", {name} {value:g}" for name, value in penalty_settings(args).items()
                         if value != parser.get_default(name))
     return f"model {path}{' + ' + str(lora) if lora else ''}: {questions} held-out questions{after}, greedy{penalties}"
+
+
+def print_history_left_out(outcomes: list[Outcome]) -> None:
+    """--after_other: how many answers were generated without their exchange (each named on stderr as it came)."""
+    left_out = sum(o.history_left_out for o in outcomes)
+    if left_out:
+        print(f"history left out: {left_out} of {len(outcomes)} answers were generated without their --after_other "
+              "exchange (after a long tool result; the call saw it), scored as asked after it")
 
 
 def print_wrong_calls(wrong: dict[str, dict[str, int]]) -> None:
@@ -331,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, wrong = table(outcomes), wrong_calls(outcomes)
     print(run_line(args, parser, path, lora, len(questions)))
     print_table(rows)
+    print_history_left_out(outcomes)
     print_wrong_calls(wrong)
     print_transcripts(outcomes, args.show)
     if args.json:

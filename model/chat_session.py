@@ -52,13 +52,15 @@ class ToolResult:
 class ToolRound:
     """One generation of the tool loop: the model's thinking, its text and the calls it made, with their results
     (empty in the last round; `unrun`: calls made after the last allowed round, which were not run; `unread_calls`:
-    calls it opened that read as none, left in its text)."""
+    calls it opened that read as none, left in its text; `fit`: how its prompt was cut to fit the context, so a
+    caller can tell the round that left the history out -- the call's, or only the answer's after a long result)."""
 
     reasoning: str
     content: str
     results: list[ToolResult]
     unrun: list[dict] = field(default_factory=list)
     unread_calls: int = 0
+    fit: PromptFit | None = None
 
 
 @dataclass
@@ -233,7 +235,7 @@ class ChatSession:
                        for call in parsed.tool_calls] if run_now else []
             current += [{"role": "tool", "content": result.result} for result in results]
             rounds.append(ToolRound(parsed.reasoning_content, parsed.content, results,
-                                    [] if run_now else parsed.tool_calls, parsed.unread_calls))
+                                    [] if run_now else parsed.tool_calls, parsed.unread_calls, prompt))
             if on_round is not None:
                 on_round(rounds[-1])
             if not results:

@@ -215,8 +215,8 @@ def test_a_model_too_short_for_the_tools_schemas_is_one_line(tiny_models, tokeni
 def test_after_other_whose_exchange_does_not_fit_beside_max_new_tokens_is_one_line(tool_model, tokenizer, capsys):
     """--max_new_tokens 600 on the 512-position model: the prompt fitter left the --after_other exchange out to
     make room, and the question was scored as asked after it (the report's "before" showing an exchange the model
-    never saw). Now the run stops at the first such question, before asking it. (The answer's generation, after a
-    long tool result, may still lose the exchange, as the chat's would.)"""
+    never saw). Now the run stops at the first such question, once its reply says its first round left the exchange
+    out (the answer's generation, after a long tool result, losing it is counted: the next test)."""
     from dataset.tool_scoring import ToolQuestion
     from eval import tool_eval
 
@@ -229,6 +229,39 @@ def test_after_other_whose_exchange_does_not_fit_beside_max_new_tokens_is_one_li
         f"error: question 1 of 4 ({first.kind}: {first.question!r}) would leave its --after_other exchange out of "
         "the prompt: with it, the prompt and --max_new_tokens 600 do not fit the model's context of 512; lower "
         "--max_new_tokens or evaluate a model with more positions (max_position_embeddings)"], captured.err
+
+
+def test_after_other_whose_answer_round_leaves_the_exchange_out_is_counted_and_named(tool_model, tokenizer,
+                                                                                    tmp_path, capsys):
+    """--after_other checked only the call's prompt: after the lookup's long result the answer's prompt left the
+    small talk before it out, silently, and the question was scored as asked after it. --max_new_tokens is chosen from
+    the prompts' lengths counted here: every call's prompt (and the small talk's) fits with its exchange, only the
+    lookup's answer does not. That question is named in one note on stderr, flagged in its outcome and counted."""
+    from dataset.chat_format import encode_chatml
+    from dataset.tools import tool_schemas
+
+    (talk,) = small_talk_dialogues("held_out", 0, 1)
+    talk = normalize_messages(talk["conversations"])
+    dialogues = [normalize_messages(d["conversations"]) for d in tool_dialogues("held_out", 0, 1, 1, 1)]
+
+    def tokens(messages: list[dict]) -> int:
+        return len(encode_chatml(tokenizer, messages, add_generation_prompt=True, tools=tool_schemas()).input_ids)
+
+    calls = [tokens(talk[1:3] + d[1:2]) for d in dialogues] + [tokens(dialogues[0][1:] + talk[1:2])]
+    answers = [tokens(talk[1:3] + d[1:4]) for d in dialogues]  # the question, the call and the tool's result
+    lookup = [d[2]["tool_calls"][0]["name"] for d in dialogues].index("wiki")
+    max_new_tokens = 512 - max(calls + answers[:lookup] + answers[lookup + 1:])
+    assert answers[lookup] + max_new_tokens > 512  # the lookup's answer alone cannot keep the small talk
+    report = run(tool_model, tmp_path, "--after_other", "--max_new_tokens", str(max_new_tokens))
+    assert [outcome["history_left_out"] for outcome in report["outcomes"]] == [i == lookup for i in range(4)]
+    assert report["outcomes"][lookup]["right_call"]  # the call saw the small talk
+    captured = capsys.readouterr()
+    question = dialogues[lookup][1]["content"]
+    assert [line for line in captured.err.splitlines() if line.startswith("note: ")] == [
+        f"note: question {lookup + 1} of 4 (wiki: {question!r}) was answered without its --after_other exchange: "
+        f"after the tool's result, the prompt and --max_new_tokens {max_new_tokens} did not fit the model's context "
+        "of 512 beside it (the call saw it); scored as asked after it, counted as history left out"]
+    assert "history left out: 1 of 4 answers were generated without their --after_other exchange" in captured.out
 
 
 @pytest.mark.parametrize("failing", [2, 3])
@@ -247,6 +280,7 @@ def test_the_question_that_does_not_fit_is_named_by_its_own_number_and_text(monk
         asked.append(question)
         if len(asked) == failing:
             raise MessageTooLong(300, 128, True) if failing == 2 else tool_eval.HistoryLeftOut("would leave it out")
+        return tool_eval.Outcome(question.kind, question.question, [], False, "", False, [], "no call", True, False)
 
     monkeypatch.setattr(tool_eval, "ask", ask)
     with pytest.raises(tool_eval.ModelTooShort) as refused:

@@ -39,11 +39,12 @@ from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 11  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
+SCAN_VERSION = 12  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
 # calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt";
 # 9: that prompt not put twice before conversations that begin with it, a "prompt" string beside them taken, a
 # null "prompt" none; 10: the file's leading byte order mark read past, so a first line skipped for it is read again;
-# 11: a conversation's empty assistant message refused unless empty_answers)
+# 11: a conversation's empty assistant message refused unless empty_answers; 12: a preference pair's empty
+# chosen or rejected answer refused)
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 # U+FEFF in UTF-8: the byte order mark many Windows editors write at the start of a file
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -179,14 +180,19 @@ def _check_conversations(obj: object, empty_answers: bool = False) -> dict:
     return {"conversations": conversations}
 
 
+def _says_nothing(message: dict) -> bool:
+    """An assistant message with nothing to learn: no content but whitespace, no tool call, no reasoning (its label
+    would be the closing <|im_end|> alone)."""
+    return message["role"] == "assistant" and not message["content"].strip() and not message["tool_calls"] \
+        and not message["reasoning_content"].strip()
+
+
 def check_answers(messages: list[dict], name: str) -> None:
-    """A BadLine naming the first assistant message of `messages` (field `name`) that holds nothing to learn: no
-    content but whitespace, no tool call, no reasoning. Supervised, it teaches the model to answer nothing (its
-    label is the closing <|im_end|> alone); such a turn is the open answer of a prompt-only row, MiniMind's
-    rlaif.jsonl, which the RL trainers read."""
+    """A BadLine naming the first assistant message of `messages` (field `name`) that holds nothing to learn
+    (_says_nothing). Supervised, it teaches the model to answer nothing; such a turn is the open answer of a
+    prompt-only row, MiniMind's rlaif.jsonl, which the RL trainers read."""
     for index, message in enumerate(messages):
-        if message["role"] == "assistant" and not message["content"].strip() and not message["tool_calls"] \
-                and not message["reasoning_content"].strip():
+        if _says_nothing(message):
             raise BadLine(f"{name}[{index}] is an empty assistant message (no content, tool_calls or "
                           f"reasoning_content): training on it teaches the model to answer nothing. This looks like "
                           f"prompt-only RL data (MiniMind's rlaif.jsonl), which train_grpo.py and train_ppo.py take")
@@ -213,11 +219,20 @@ def _pair_prompt(obj: dict, chosen: list[dict], rejected: list[dict]) -> list[di
     return prompt
 
 
+# Why a pair's empty answer (_says_nothing) is refused, by the side it is on.
+EMPTY_PAIR_ANSWER = {
+    "chosen": "the pair would teach the model to prefer answering nothing",
+    "rejected": "the pair's margin would rest on one token, the closing <|im_end|>, which the loss can push down "
+                "alone (the model learns not to stop at once, not the preference); give a rejected answer with text",
+}
+
+
 def _check_preference(obj: object) -> dict:
     """A preference pair (MiniMind's DPO format): "chosen" and "rejected" conversations with the same prompt (every
-    message before the last) and a different last message, an assistant answer in both. TRL's explicit prompt, a
-    "prompt" list of messages, is that shared start: it comes before both (ignored as an extra field, it left
-    the pair to train with no question)."""
+    message before the last) and a different last message, an assistant answer in both, with something in it
+    (EMPTY_PAIR_ANSWER says why either side's empty answer is refused). TRL's explicit prompt, a "prompt" list of
+    messages, is that shared start: it comes before both (ignored as an extra field, it left the pair to train with
+    no question)."""
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
     chosen = _check_messages(obj, "chosen")
@@ -226,6 +241,9 @@ def _check_preference(obj: object) -> dict:
         if messages[-1]["role"] != "assistant":
             raise BadLine(f'{name}[{len(messages) - 1}] must be the assistant\'s answer, got role '
                           f'{messages[-1]["role"]!r}')
+        if _says_nothing(messages[-1]):
+            raise BadLine(f"{name}[{len(messages) - 1}] is an empty assistant answer (no content, tool_calls or "
+                          f"reasoning_content): {EMPTY_PAIR_ANSWER[name]}")
     prompt = _pair_prompt(obj, chosen, rejected)
     # The refusals name messages as the line gives them (chosen[i]): a "prompt" list put before both is the same
     # in both, so the two differ only in their own messages.

@@ -374,6 +374,16 @@ def test_minimind_files_with_system_turns_and_extra_fields_load_for_lora_and_dpo
     ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
       "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
      '"chosen" and "rejected" have the same answer (chosen[1] and rejected[1]): the pair prefers nothing'),
+    # both empty: the empty chosen is named first (it was "the same answer", or, with one side empty, trained)
+    ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}],
+      "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}]},
+     "chosen[1] is an empty assistant answer (no content, tool_calls or reasoning_content): the pair would teach the "
+     "model to prefer answering nothing"),
+    ({"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+      "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\t"}]},
+     "rejected[1] is an empty assistant answer (no content, tool_calls or reasoning_content): the pair's margin would "
+     "rest on one token, the closing <|im_end|>, which the loss can push down alone (the model learns not to stop at "
+     "once, not the preference); give a rejected answer with text"),
 ])
 def test_bad_preference_lines_name_file_and_line(line, reason, tokenizer, tmp_path):
     good = _minimind_pairs()[0]

@@ -73,6 +73,15 @@ def messages(draw, last_role: str | None = None, min_size: int = 1) -> list[dict
     return turns
 
 
+@st.composite
+def answers(draw) -> dict:
+    """An assistant message with something in it: content or a thought."""
+    turn = draw(messages(last_role="assistant"))[-1]
+    if not (turn["content"] or "").strip() and not (turn.get("reasoning_content") or "").strip():
+        turn["content"] = draw(texts.filter(str.strip))
+    return turn
+
+
 def _as_loaded(message: dict) -> tuple:
     """A message as the loader compares it: a null content or thought is an empty one."""
     return message["role"], message["content"] or "", message.get("reasoning_content") or ""
@@ -88,9 +97,10 @@ def good_records(draw, kind: str) -> dict:
             if turn["role"] == "assistant" and not (turn["content"] or "").strip() \
                     and not (turn.get("reasoning_content") or "").strip():
                 turn["content"] = draw(texts.filter(str.strip))
-    else:  # a shared prompt, then two different answers (the same answer twice is a bad line)
+    else:  # a shared prompt, then two different answers, neither empty (the same answer twice is a bad line, and
+        # so is an empty one, as in conversations)
         prompt = draw(messages(min_size=0))
-        answer = messages(last_role="assistant", min_size=1).map(lambda m: m[-1])
+        answer = answers()
         chosen = draw(answer)
         rejected = draw(answer.filter(lambda message: _as_loaded(message) != _as_loaded(chosen)))
         record = {"chosen": prompt + [chosen], "rejected": prompt + [rejected]}

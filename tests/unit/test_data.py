@@ -511,6 +511,15 @@ def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
          '; "chosen" has 3 message(s) before its answer, "rejected" 1'),
         ("preference", [{"chosen": SINGLE, "rejected": SINGLE[:1]}], 1,
          "rejected[0] must be the assistant's answer, got role 'user'"),
+        # an empty answer on either side, as SFT refuses one (a preferred nothing; a margin of <|im_end|> alone)
+        ("preference", [{"chosen": [SINGLE[0], {"role": "assistant", "content": " \n"}], "rejected": SINGLE}], 1,
+         "chosen[1] is an empty assistant answer (no content, tool_calls or reasoning_content): the pair would teach "
+         "the model to prefer answering nothing"),
+        ("preference", [{"chosen": SINGLE, "rejected": [SINGLE[0], {"role": "assistant", "content": "No."}]},
+                        {"prompt": SINGLE[:1], "chosen": SINGLE[1:], "rejected": [{"role": "assistant",
+                                                                                   "content": None}]}], 2,
+         "rejected[0] is an empty assistant answer (no content, tool_calls or reasoning_content): the pair's margin "
+         "would rest on one token, the closing <|im_end|>"),
     ],
 )
 def test_bad_line_error_names_file_and_line(tmp_path, cache, tokenizer, kind, rows, line, message):

@@ -190,12 +190,15 @@ def _says_nothing(message: dict) -> bool:
 def check_answers(messages: list[dict], name: str) -> None:
     """A BadLine naming the first assistant message of `messages` (field `name`) that holds nothing to learn
     (_says_nothing). Supervised, it teaches the model to answer nothing; such a turn is the open answer of a
-    prompt-only row, MiniMind's rlaif.jsonl, which the RL trainers read."""
+    prompt-only row, MiniMind's rlaif.jsonl, which the RL trainers read, as does a distillation whose every step
+    samples (empty_answers); the refusal names them all (a distillation with --lmbda below 1 meets it too)."""
     for index, message in enumerate(messages):
         if _says_nothing(message):
             raise BadLine(f"{name}[{index}] is an empty assistant message (no content, tool_calls or "
                           f"reasoning_content): training on it teaches the model to answer nothing. This looks like "
-                          f"prompt-only RL data (MiniMind's rlaif.jsonl), which train_grpo.py and train_ppo.py take")
+                          f"prompt-only RL data (MiniMind's rlaif.jsonl), which train_grpo.py and train_ppo.py take, "
+                          f"and train_distillation.py with --lmbda 1 or --seq_kd (every step samples its answers, "
+                          f"reading such a row as its prompt)")
 
 
 def _pair_prompt(obj: dict, chosen: list[dict], rejected: list[dict]) -> list[dict]:

@@ -1,7 +1,8 @@
 """Distillation (trainer/train_distillation.py) end to end on the training core: a tiny run on SFT data lowers the
 KL to the teacher and logs CE and KL beside the loss; resumed from its checkpoint it reproduces the uninterrupted
 run bit for bit; two processes (torchrun) take the one process's steps; it runs on pretraining text too; a teacher
-with another tokenizer is refused in one line before anything is trained; one step of each GKD option (the JSD,
+with another tokenizer is refused in one line before anything is trained, and so is prompt-only data below --lmbda 1
+(naming --lmbda 1); one step of each GKD option (the JSD,
 --lmbda, --seq_kd) trains as asked and is recorded, a checkpoint from before those flags resumes as before, and
 the sampled steps of --lmbda 1 and --seq_kd on two processes (DDP and FSDP2) equal one process's."""
 
@@ -14,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.training_runs import (assert_same_logged_metrics, assert_same_model, finetune_argv, launch_two_processes,
-                                 refused_run, run_in_process, train_losses)
+                                 refused_run, run_in_process, train_losses, write_jsonl)
 from trainer.run_dir import model_task, read_metrics, read_summary
 
 
@@ -90,6 +91,22 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(train_data, tin
                         after_progress=True)  # the models' loading bars, then the error line
     assert error.startswith(f"error: --teacher {teacher}: its tokenizer differs")
     assert not list(out_dir.glob("checkpoints/*")) and not (out_dir / "model.safetensors").exists()
+
+
+def test_prompt_only_data_below_lmbda_1_is_refused_naming_lmbda_1(train_data, tiny_models, tmp_path, capsys):
+    """MiniMind's rlaif.jsonl (a question, then the empty turn a policy writes) with --lmbda 0.5: half the steps
+    would learn its empty answers. The refusal pointed to GRPO and PPO only; on-policy distillation (--lmbda 1, or
+    --seq_kd) reads such rows as its prompts, so it is named too."""
+    rows = [{"conversations": [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": ""}]}
+            for i in range(8)]
+    data = write_jsonl(tmp_path / "rlaif.jsonl", rows)
+    out_dir = tmp_path / "refused"
+    error = refused_run("distill", _argv(train_data, tiny_models, out_dir, "--lmbda", "0.5", "--data_path", str(data)),
+                        capsys, after_progress=True)
+    assert error.startswith(f"error: {data}:1: conversations[1] is an empty assistant message")
+    assert error.endswith("which train_grpo.py and train_ppo.py take, and train_distillation.py with --lmbda 1 or "
+                          "--seq_kd (every step samples its answers, reading such a row as its prompt)"), error
+    assert not (out_dir / "model.safetensors").exists()
 
 
 def test_resuming_with_another_teacher_is_refused_in_one_line(distilled, train_data, tiny_models, tmp_path, capsys):

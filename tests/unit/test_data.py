@@ -488,7 +488,8 @@ def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
         ("conversations", [{"conversations": SINGLE}, {"conversations": RLAIF}], 2,
          "conversations[1] is an empty assistant message (no content, tool_calls or reasoning_content): training on "
          "it teaches the model to answer nothing. This looks like prompt-only RL data (MiniMind's rlaif.jsonl), "
-         "which train_grpo.py and train_ppo.py take"),
+         "which train_grpo.py and train_ppo.py take, and train_distillation.py with --lmbda 1 or --seq_kd (every step "
+         "samples its answers, reading such a row as its prompt)"),
         ("conversations", [{"conversations": [*MULTI[:3], {"role": "assistant", "content": " \n\t"}, *MULTI[4:]]}],
          1, "conversations[3] is an empty assistant message"),
         # a thought of only whitespace is no thought: its label is the empty think block and <|im_end|>

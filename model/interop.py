@@ -22,6 +22,7 @@ from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
 from model.loading import check_finite, few
 from model.model import MiniNormForCausalLM
+from model.shown_value import shown_value
 
 IMPORTABLE = ("llama", "qwen3")
 # The transformers config class of each importable model_type: what it reads for a field config.json leaves out.
@@ -59,7 +60,9 @@ def special_token_ids(hf: Mapping[str, Any], tokenizer: Any | None) -> dict[str,
 
 
 def _refuse(source: Path, field: str, value: Any, why: str) -> NotImportable:
-    return NotImportable(f"cannot import {source}: {field}={value!r} {why}")
+    """The one-line refusal naming `field`; its value quoted by shown_value (a whole list or dict, a long
+    layer_types, would bury the rest)."""
+    return NotImportable(f"cannot import {source}: {field}={shown_value(value)} {why}")
 
 
 def _rope_from(hf: Mapping[str, Any], field: str, source: Path) -> tuple[Any, dict | None]:
@@ -85,8 +88,8 @@ def _rope_of(hf: Mapping[str, Any], source: Path) -> tuple[Any, dict | None]:
     readings = [_rope_from(hf, field, source) for field in given or ["rope_parameters"]]
     if len(readings) == 2 and readings[0] != readings[1]:
         raise NotImportable(f"cannot import {source}: its config.json gives both rope_parameters="
-                            f"{hf['rope_parameters']!r} and rope_scaling={hf['rope_scaling']!r}, which disagree; "
-                            "keep the one meant (transformers reads rope_scaling when both are there)")
+                            f"{shown_value(hf['rope_parameters'])} and rope_scaling={shown_value(hf['rope_scaling'])}, "
+                            "which disagree; keep the one meant (transformers reads rope_scaling when both are there)")
     return readings[0]
 
 
@@ -123,8 +126,7 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
          "is not supported; MiniNorm's projections have no bias"),
         ("use_sliding_window", hf.get("use_sliding_window", False), lambda v: v is False,
          "is not supported; MiniNorm attends to the whole context"),
-        ("layer_types", hf.get("layer_types"),
-         lambda v: v is None or (isinstance(v, list) and all(t == "full_attention" for t in v)),
+        ("layer_types", hf.get("layer_types"), lambda v: v is None or isinstance(v, list),
          "is not supported; MiniNorm attends to the whole context in every layer"),
         ("pretraining_tp", hf.get("pretraining_tp", 1), lambda v: v == 1,
          "is not supported; MiniNorm computes its projections whole"),
@@ -132,6 +134,11 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
     for field, value, ok, why in checks:
         if not ok(value):
             raise _refuse(source, field, value, why)
+    # One entry per layer, so a long list: the entry that is not full attention is named, not the whole list.
+    other = next((i for i, kind in enumerate(hf.get("layer_types") or []) if kind != "full_attention"), None)
+    if other is not None:
+        raise _refuse(source, f"layer_types[{other}]", hf["layer_types"][other],
+                      "is not supported; MiniNorm attends to the whole context in every layer (full_attention)")
     rope_theta, rope_scaling = _rope_of(hf, source)
     fields: dict[str, Any] = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_hidden_layers=hf["num_hidden_layers"],

@@ -394,6 +394,27 @@ def test_bad_input_is_one_line_naming_the_file_and_field(tmp_path, capsys, edit,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # nothing written, no staging folder left
 
 
+@pytest.mark.parametrize(("edit", "named", "whole"), [
+    # a Qwen3-style list of one entry per layer: it was quoted whole, 48 entries on one line
+    (_set_config(layer_types=["full_attention"] * 47 + ["sliding_attention"]),
+     "layer_types[47]='sliding_attention' is not supported; MiniNorm attends to the whole context in every layer "
+     "(full_attention)", "'full_attention', 'full_attention'"),
+    (_set_config(rope_scaling={"rope_type": "linear", "factor": 4.0, "note": "n" * 300}),
+     # the dict's repr cut at 57 characters (48 before the n's), "..." added
+     "rope_scaling={'rope_type': 'linear', 'factor': 4.0, 'note': '" + "n" * 9 + "..., which disagree", "n" * 100),
+])
+def test_a_long_refused_value_is_named_in_a_short_line(tmp_path, capsys, edit, named, whole) -> None:
+    """The refusal quotes a long value as shown_value does (cut at MAX_SHOWN characters) or names the one entry that
+    is refused, never the whole list or dict."""
+    from model.shown_value import MAX_SHOWN
+
+    source = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
+    edit(source)
+    error = _refused(capsys, source, tmp_path / "imported")
+    assert named in error and whole not in error, error
+    assert len(error) < len(f"error: cannot import {source}: ") + 2 * MAX_SHOWN + 150, error
+
+
 def test_agreeing_rope_parameters_and_rope_scaling_import(tmp_path) -> None:
     """A config.json with both RoPE fields saying the same (the legacy one written next to the new) imports."""
     source = save_checkpoint(hf_model("llama", tied=True, rope_parameters={"rope_type": "linear", "factor": 2.0,

@@ -175,14 +175,15 @@ def report(args: Any) -> int:
     from dataset.corpus import resolve_text_data
     from model.loading import load_model
     from model.rope import set_rope_scaling
+    from model.shown_value import shown_value
     from trainer.machine import machine_line
     from trainer.run_dir import resolve_path, trained_length
 
     path, adapter = locate_tool_model(args)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
     if model.config.rope_scaling is not None:
-        raise ValueError(f"{path} already has rope_scaling={model.config.rope_scaling!r}; this tool compares "
-                         "scalings of a plain-RoPE model")
+        raise ValueError(f"{path} already has rope_scaling={shown_value(model.config.rope_scaling)}; this tool "
+                         "compares scalings of a plain-RoPE model")
     model_length = model.config.max_position_embeddings
     # What the model's runs recorded, as --rope_scaling_factor reads it (model/rope.py, extend_context).
     trained = args.trained_length or trained_length(path, adapter) or model_length

@@ -46,6 +46,7 @@ from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import (NotExportable, check_exportable, stacked_experts,  # noqa: E402
                                 to_llama_state_dict, to_target_config)
 from model.loading import config_model_type, load_config, load_model  # noqa: E402
+from model.shown_value import shown_value  # noqa: E402
 from trainer.cli import ToolParser, path_arg, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path, shown_path  # noqa: E402
 
@@ -131,7 +132,7 @@ def check_tokenizer(model_dir: Path) -> None:
                                  "tokenizer does not normalize text")
     if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("byte_fallback"):
         kind = model.get("type") if isinstance(model, dict) else model
-        raise NotExportable(f"cannot convert {model_dir} to GGUF: {file.name}'s model {kind!r} is not the "
+        raise NotExportable(f"cannot convert {model_dir} to GGUF: {file.name}'s model {shown_value(kind)} is not the "
                                  "byte-level BPE that llama.cpp's 'gpt2' tokenizer is")
 
 
@@ -142,8 +143,9 @@ def _check_llama_dir(config: LlamaConfig, model_dir: Path) -> None:
                 "hidden_act": config.hidden_act != "silu", "rope_type": rope_type != "default"}
     bad = [name for name, is_bad in problems.items() if is_bad]
     if bad:
-        raise NotExportable(f"cannot convert {model_dir} to GGUF: {bad[0]}={getattr(config, bad[0], rope_type)!r}"
-                                 " is not what a MiniNorm Llama export has (no biases, silu, default RoPE)")
+        value = shown_value(getattr(config, bad[0], rope_type))
+        raise NotExportable(f"cannot convert {model_dir} to GGUF: {bad[0]}={value} is not what a MiniNorm Llama export "
+                            "has (no biases, silu, default RoPE)")
 
 
 def _check_moe(config: MiniNormConfig, model_dir: Path) -> None:
@@ -171,7 +173,8 @@ def load_llama_weights(model_dir: Path) -> tuple[LlamaConfig | Qwen3Config | Qwe
     elif model_type == "llama":
         _check_llama_dir(load_config(model_dir), model_dir)
     else:
-        raise ValueError(f"{model_dir} is not a MiniNorm model or a Llama export (model_type={model_type!r})")
+        raise ValueError(f"{model_dir} is not a MiniNorm model or a Llama export "
+                         f"(model_type={shown_value(model_type)})")
     check_tokenizer(model_dir)
     model, tokenizer = load_model(model_dir, device="cpu", dtype="float32")
     if model_type == "llama":

@@ -48,6 +48,7 @@ from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.loading import (check_tokenizer_fits, config_model_type, load_config, load_dir_tokenizer,  # noqa: E402
                            load_strictly)
 from model.model import MiniNormForCausalLM  # noqa: E402
+from model.shown_value import shown_value  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, path_arg, run_main  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 
@@ -137,7 +138,7 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     if model_type is None:
         load_config(source)  # names config.json and what is wrong with it
     if model_type != MiniNormConfig.model_type:
-        raise ValueError(f"{source} is not a MiniNorm model (model_type={model_type!r})")
+        raise ValueError(f"{source} is not a MiniNorm model (model_type={shown_value(model_type)})")
     check_out_dir(source, out_dir, EXPORT_MARKER, f"a previous {name} export", {"target": target})
     config = load_config(source)
     check_exportable(config, source, name, architecture=target)  # before loading any weights

@@ -154,6 +154,18 @@ def test_an_export_is_not_converted_again(exported, tmp_path, capsys) -> None:
     assert not (tmp_path / "again").exists()
 
 
+def test_a_model_type_that_is_a_long_list_is_quoted_in_one_short_line(tiny_models, tmp_path, capsys) -> None:
+    """config.json's model_type is quoted as every refusal quotes a value (model/shown_value.py): a list of 200
+    names was printed whole."""
+    model, _ = _copied_model(tiny_models, tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": ["llama"] * 200}))
+    error = _refused(capsys, "--model_path", str(model), "--out_dir", str(tmp_path / "out"))
+    # the list's repr cut at 57 characters ("['llama', " then 9 per name) and "..." added
+    shown = "['llama', " + "'llama', " * 5 + "'l..."
+    assert error.endswith(f"{model} is not a MiniNorm model (model_type={shown})"), error
+
+
 def test_post_ln_model_is_refused_naming_the_switch(tiny_models, tmp_path, capsys) -> None:
     out = tmp_path / "llama"
     assert main(["--model_path", str(tiny_models.post_ln), "--out_dir", str(out)]) == 2

@@ -245,6 +245,23 @@ def test_a_tokenizer_llama_cpp_would_split_otherwise_is_refused(tiny_models, tmp
     assert not (tmp_path / "x.gguf").exists()
 
 
+@pytest.mark.parametrize(("file", "field", "named"), [
+    # the list's repr cut at 57 characters ("['x', " then 5 per item) and "..." added
+    ("tokenizer.json", "model", "tokenizer.json's model ['x', " + "'x', " * 10 + "'... is not the byte-level BPE"),
+    ("config.json", "model_type", "is not a MiniNorm model or a Llama export (model_type=['x', " + "'x', " * 10
+     + "'...)"),
+])
+def test_a_long_list_where_a_name_belongs_is_quoted_in_one_short_line(tiny_models, tmp_path, capsys, file, field,
+                                                                       named) -> None:
+    """A refused value is quoted as every refusal quotes one (model/shown_value.py): a list of 500 items in
+    tokenizer.json's "model" or config.json's "model_type" was printed whole."""
+    model = _copied_model(tiny_models, tmp_path / "model")
+    spec = json.loads((model / file).read_text(encoding="utf-8"))
+    (model / file).write_text(json.dumps({**spec, field: ["x"] * 500}), encoding="utf-8")
+    error = _refused(capsys, "--model_path", str(model), "--outfile", str(tmp_path / "x.gguf"))
+    assert named in error and "'x', " * 12 not in error, error
+
+
 def test_a_gguf_from_elsewhere_is_not_replaced(tiny_models, tmp_path, capsys) -> None:
     import gguf
 

@@ -43,6 +43,7 @@ import torch  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from model.config import PLACEMENT_ALIASES, MiniNormConfig, NormPlacement, NormType, placement_choices  # noqa: E402
+from model.shown_value import shown_value  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
@@ -113,7 +114,7 @@ def variant_fields(path: Path) -> dict:
     known = MiniNormConfig().to_dict()
     unknown = sorted(k for k in fields if k not in known) if isinstance(fields, dict) else []
     if not isinstance(fields, dict):
-        raise ValueError(f"{path}: not a variant file (a mapping of model fields), got {fields!r}")
+        raise ValueError(f"{path}: not a variant file (a mapping of model fields), got {shown_value(fields)}")
     if unknown:
         raise ValueError(f"{path}: {', '.join(unknown)} not model fields (a variant file sets norm switches only)")
     return fields

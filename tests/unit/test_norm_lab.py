@@ -645,6 +645,20 @@ def test_grad_at_init_study_takes_the_new_variants_and_skips_refused_ones(tmp_pa
     assert "deepnorm      none  skipped: norm_placement='deepnorm' is not allowed" in capsys.readouterr().out
 
 
+def test_a_variant_file_that_is_a_long_list_is_refused_in_one_short_line(tmp_path) -> None:
+    """A variant file holding a list (not a mapping of model fields) is quoted as every refusal quotes a value
+    (model/shown_value.py): its whole repr was printed."""
+    from eval.studies.grad_at_init import variant_fields
+
+    path = tmp_path / "variant.yaml"
+    path.write_text("".join(f"- norm_type: rmsnorm{i}\n" for i in range(100)))
+    with pytest.raises(ValueError) as refused:
+        variant_fields(path)
+    # the list's repr cut at 57 characters ("[{'norm_type': 'rmsnorm0'}, " is 28, the next item 27) and "..."
+    assert str(refused.value) == (f"{path}: not a variant file (a mapping of model fields), got "
+                                  "[{'norm_type': 'rmsnorm0'}, {'norm_type': 'rmsnorm1'}, {'...")
+
+
 def test_grad_at_init_measures_the_study_variant_files(tmp_path) -> None:
     """--variants: each trainer --config file of the second study is measured as the network it describes (the
     parameter-free norm, LayerNorm Scaling and QK-norm included): its gradients equal those of a model built by hand

@@ -22,6 +22,14 @@ PARAMETER_KEYS = ("value", "values", "distribution", "probabilities", "min", "ma
 AGENT_ONLY_SETTINGS = ("early_terminate", "scheduler", "metric.target")  # wandb's agent and server act on them
 
 
+def _shown(value: Any) -> str:
+    """A refused value as every refusal quotes one (model/shown_value.py: one line, a long one cut), imported only
+    when a refusal is made: the model package loads torch, which a sweep that drives no trainer here never needs."""
+    from model.shown_value import shown_value
+
+    return shown_value(value)
+
+
 def agent_only_settings(config: dict[str, Any]) -> list[str]:
     """The settings of a sweep YAML, among AGENT_ONLY_SETTINGS, that it gives: wandb's server stops trials early
     (early_terminate) or the sweep at a target, which a serverless runner cannot; the YAML stays valid for both."""
@@ -54,7 +62,7 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
 def _check_method_and_metric(config: dict[str, Any], bad: Any) -> None:
     """The search method, and the metric's name and goal (which bayes search needs)."""
     if config.get("method") not in METHODS:
-        raise bad("method", f"{config.get('method')!r} is not one of {', '.join(METHODS)}")
+        raise bad("method", f"{_shown(config.get('method'))} is not one of {', '.join(METHODS)}")
     metric = config.get("metric")
     if config["method"] == "bayes" and metric is None:
         raise bad("metric", "bayes search needs a metric (name and goal)")
@@ -62,13 +70,13 @@ def _check_method_and_metric(config: dict[str, Any], bad: Any) -> None:
         if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
             raise bad("metric.name", "expected a metric name, e.g. val_loss")
         if metric.get("goal", "minimize") not in ("minimize", "maximize"):
-            raise bad("metric.goal", f"{metric.get('goal')!r} is not one of minimize, maximize")
+            raise bad("metric.goal", f"{_shown(metric.get('goal'))} is not one of minimize, maximize")
 
 
 def _check_sweep_name(config: dict[str, Any], bad: Any) -> None:
     if "name" in config and not is_folder_name(config["name"]):
         # the sweep's folder is out/sweeps/<name>: a path there would put it (and its trials) anywhere
-        raise bad("name", f"{config['name']!r} is not a folder name (letters, digits, '.', '_', '=', '-')")
+        raise bad("name", f"{_shown(config['name'])} is not a folder name (letters, digits, '.', '_', '=', '-')")
 
 
 def _check_parameter_specs(config: dict[str, Any], bad: Any) -> dict[str, Any]:
@@ -85,7 +93,7 @@ def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
     """One parameter's spec: a flat mapping of wandb's keys, its values a non-empty list, every number finite and
     every value JSON."""
     if not isinstance(name, str):  # wandb's engine asserts on it (a traceback)
-        raise bad("parameters", f"parameter names must be strings, got {name!r}")
+        raise bad("parameters", f"parameter names must be strings, got {_shown(name)}")
     if not isinstance(spec, dict):
         raise bad(f"parameters.{name}", "expected a mapping such as {values: [...]} or {value: x}")
     if "parameters" in spec:
@@ -96,7 +104,7 @@ def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
         raise bad(f"parameters.{name}.{unknown[0]}", f"not a key of a parameter spec; allowed: "
                                                      f"{', '.join(PARAMETER_KEYS)}")
     if "values" in spec and not (isinstance(spec["values"], list) and spec["values"]):
-        raise bad(f"parameters.{name}.values", f"expected a non-empty list of values, got {spec['values']!r}")
+        raise bad(f"parameters.{name}.values", f"expected a non-empty list of values, got {_shown(spec['values'])}")
     # NaN or inf would be proposed and run as a trial (`--seed=nan`), and NaN never equals itself, so a trial
     # holding one is never found again on resume.
     numbers = [(key, spec.get(key)) for key in ("value", "min", "max", "mu", "sigma", "q") if key in spec]
@@ -112,7 +120,7 @@ def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
         fields += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
     for key, value in fields:
         if not _is_json(value):
-            raise bad(f"parameters.{name}.{key}", f"{value!r} is not a JSON value (a string, number, boolean, "
+            raise bad(f"parameters.{name}.{key}", f"{_shown(value)} is not a JSON value (a string, number, boolean, "
                                                   f"null, list or mapping); quote it to make it a string")
 
 
@@ -137,9 +145,9 @@ def _check_wandb_schema(config: dict[str, Any], parameters: dict[str, Any], sour
     if violations:
         name = violations[-1].removeprefix("invalid hyperparameter configuration: ")
         if name != violations[-1] and name in parameters:
-            raise bad(f"parameters.{name}", f"{parameters[name]!r} is not a parameter spec wandb accepts; expected "
-                                            f"{{value: X}}, {{values: [X, ...]}} or a distribution (distribution, "
-                                            f"min, max, mu, sigma, q, a, b)")
+            raise bad(f"parameters.{name}", f"{_shown(parameters[name])} is not a parameter spec wandb accepts; "
+                                            f"expected {{value: X}}, {{values: [X, ...]}} or a distribution "
+                                            f"(distribution, min, max, mu, sigma, q, a, b)")
         raise SweepConfigError(f"{source}: {violations[-1]}")
 
 
@@ -210,7 +218,7 @@ def _check_metric(config: dict[str, Any], task: str, bad: Any) -> None:
     metric = (config.get("metric") or {}).get("name")
     allowed = logged_metrics(task)
     if metric is not None and metric not in allowed:
-        raise bad("metric.name", f"{metric!r} is not a metric {TRAINER_SCRIPTS[task]} logs; allowed: "
+        raise bad("metric.name", f"{_shown(metric)} is not a metric {TRAINER_SCRIPTS[task]} logs; allowed: "
                                  f"{', '.join(allowed)}")
 
 
@@ -233,7 +241,7 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
 
     def refuse(name: str, key: str, value: Any, error: str) -> SweepConfigError:
         # repr, and the trainer's message (which quotes the value) escaped: a value holding a newline stays one line
-        return bad(f"parameters.{name}.{key}", f"{TRAINER_SCRIPTS[task]} refuses {value!r}: {_one_line(error)}")
+        return bad(f"parameters.{name}.{key}", f"{TRAINER_SCRIPTS[task]} refuses {_shown(value)}: {_one_line(error)}")
 
     candidates = {name: _candidates(name, spec) for name, spec in config["parameters"].items()}
     base = first or {name: spec["value"] for name, spec in config["parameters"].items() if "value" in spec}
@@ -245,9 +253,10 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
                 for key, value in candidates[name]:
                     if (refused := refusal({**rest, name: value})) is not None:
                         raise refuse(name, key, value, refused)
-                raise bad(f"parameters.{name}", f"{TRAINER_SCRIPTS[task]} refuses {base[name]!r}, the "
+                raise bad(f"parameters.{name}", f"{TRAINER_SCRIPTS[task]} refuses {_shown(base[name])}, the "
                                                 f"first trial's: {_one_line(error)}")
-        raise bad("parameters", f"{TRAINER_SCRIPTS[task]} refuses the first trial {base}: {_one_line(error)}")
+        raise bad("parameters", f"{TRAINER_SCRIPTS[task]} refuses the first trial {_shown(base)}: "
+                                f"{_one_line(error)}")
     for name, values in candidates.items():
         for key, value in values:
             if name not in base or value != base[name]:

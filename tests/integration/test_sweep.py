@@ -693,6 +693,14 @@ def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_
     ("parameters:\n  seed: {value: 1, values: [1, 2]}\n",
      "parameters.seed: {'value': 1, 'values': [1, 2]} is not a parameter spec wandb accepts; expected {value: X}, "
      "{values: [X, ...]} or a distribution"),
+    # a long value is quoted as every refusal quotes one (model/shown_value.py): its repr cut at 57 characters and
+    # "..." added, where it was printed whole
+    ("parameters:\n  seed: {values: " + "x" * 300 + "}\n",
+     "parameters.seed.values: expected a non-empty list of values, got '" + "x" * 56 + "..."),
+    ("parameters:\n  seed: {value: 1, values: [" + ", ".join(map(str, range(100))) + "]}\n",
+     # 24 characters before the list, 3 per number to "9, ", then "10,"
+     "parameters.seed: {'value': 1, 'values': [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,... is not a parameter spec wandb "
+     "accepts"),
 ])
 def test_hostile_sweep_yaml_is_one_line_naming_the_field(tmp_path, capsys, text, field):
     path = tmp_path / "bad.yaml"

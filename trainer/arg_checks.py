@@ -1,17 +1,23 @@
 """The checks of a trainer's flag values that their flag types cannot make alone: ranges, flags that only mean
 something together, and each trainer's own (DPO, distillation's GKD, GRPO, PPO). Each refusal is one ValueError
-line naming the flag, its value and what is allowed; the command line shows it as the parser's error."""
+line naming the flag, its value and what is allowed; the command line shows it as the parser's error.
+
+The one rule for a flag the run will not use (DEPENDENT_FLAGS, apply_unused_flag_rule): a flag that only matters
+when another flag switches its feature on, given at a value other than its trainer's default while that feature is
+off, is refused when typed on the command line, and set back to its default with a note when a --config YAML (or a
+sweep, which varies some flags and fixes the others) gave it."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from model.config import MAX_SIZE, PRESETS
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS,
                                 ROLLOUT_GROUPS, SFT_DATA, TrainArgs, task_default, task_flags, uses_lora)
 from trainer.distillation_losses import DistillLoss
-from trainer.dpo import DEFAULT_DISCOPOP_TAU, DPOLossType, check_label_smoothing, check_options, parse_loss_types
+from trainer.dpo import (F_DIVERGENCE_READERS, LABEL_SMOOTHED, DPOLossType, FDivergence, check_label_smoothing,
+                         check_options, parse_loss_types)
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rl_losses import ImportanceSamplingLevel, KLEstimator, LossType, ScaleRewards, default_scale_rewards
 from trainer.run_dir import TASKS
@@ -33,9 +39,98 @@ def validate(args: TrainArgs) -> None:
     _check_bounded_values(args)
     _check_lora(args)
     _check_sizes_fit(args)
+    apply_unused_flag_rule(args)
     task_checks = {"dpo": _validate_dpo, "distill": _validate_distill, "grpo": _validate_grpo, "ppo": _validate_ppo}
     if args.task in task_checks:
         task_checks[args.task](args)
+
+
+class DependentFlag(NamedTuple):
+    """Flags that only matter when another flag switches their feature on: `used_by` says what does (after "only",
+    before "uses it"), `remedy` how a command line turns it on, `active` whether this run's flags do."""
+
+    names: tuple[str, ...]
+    used_by: str
+    remedy: str
+    active: Callable[[TrainArgs], bool]
+
+
+def _dpo_types(args: TrainArgs) -> list[str]:
+    return parse_loss_types(args.loss_type)  # its ValueError (an unknown type) is the one-line refusal
+
+
+# Every dependent flag, with what switches it on; a flag another trainer owns is skipped (task_flags). An entry
+# whose check reads a flag an earlier entry may set back (--f_divergence_type) comes after it.
+DEPENDENT_FLAGS: tuple[DependentFlag, ...] = (
+    DependentFlag(("muon_lr", "muon_weight_decay", "muon_momentum", "muon_adjust_lr"), "--optimizer muon",
+                  "give --optimizer muon with it", lambda args: args.optimizer == OptimizerName.MUON),
+    DependentFlag(("wandb_project", "wandb_run_name", "wandb_group"), "--use_wandb", "give --use_wandb with it",
+                  lambda args: args.use_wandb),
+    DependentFlag(("decay_fraction",), "--lr_schedule wsd", "give --lr_schedule wsd with it",
+                  lambda args: args.lr_schedule == LRSchedule.WSD),
+    # trainer/run_length.py: a time budget plans the length itself, bounded by --epochs' steps
+    DependentFlag(("max_steps",), "a run without --time_budget_s", "leave --time_budget_s out",
+                  lambda args: not args.time_budget_s),
+    DependentFlag(("epochs",), "--max_steps -1 or --time_budget_s", "give --max_steps -1 with it",
+                  lambda args: args.max_steps == -1 or args.time_budget_s > 0),
+    # unset --copy_rows (SFT's default) is resolved by the model's switches after parsing: maybe on
+    DependentFlag(tuple(name for name in COPY_FLAGS if name != "copy_rows"), "--copy_rows N > 0",
+                  "give --copy_rows N with it", lambda args: args.copy_rows != 0),
+    DependentFlag(tuple(name for name in POLICY_LORA_FLAGS if name != "lora"), "--lora", "give --lora with it",
+                  lambda args: args.task not in ROLLOUT_GROUPS or args.lora),
+    DependentFlag(("sft_data",), "a run without --data_path (the file is the data)", "leave --data_path out",
+                  lambda args: args.data_path is None),
+    DependentFlag(("jsd_beta",), "--distill_loss jsd", "give --distill_loss jsd with it",
+                  lambda args: args.distill_loss == DistillLoss.JSD),
+    DependentFlag(("max_new_tokens", "sampling_temperature"), "--lmbda > 0 or --seq_kd (sampled completions)",
+                  "give --lmbda or --seq_kd with it", lambda args: args.lmbda > 0 or args.seq_kd),
+    DependentFlag(("discopop_tau",), "--loss_type discopop", "give --loss_type discopop with it",
+                  lambda args: DPOLossType.DISCOPOP in _dpo_types(args)),
+    DependentFlag(("label_smoothing",), f"--loss_type {', '.join(LABEL_SMOOTHED)}",
+                  "give one of those loss types with it",
+                  lambda args: any(kind in LABEL_SMOOTHED for kind in _dpo_types(args))),
+    DependentFlag(("rpo_alpha", "ld_alpha"), "a --loss_type other than sft alone", "list a preference loss type "
+                  "with it", lambda args: any(kind != DPOLossType.SFT for kind in _dpo_types(args))),
+    DependentFlag(("f_divergence_type",), f"--loss_type {', '.join(F_DIVERGENCE_READERS)}",
+                  "give one of those loss types with it",
+                  lambda args: any(kind in F_DIVERGENCE_READERS for kind in _dpo_types(args))),
+    DependentFlag(("f_alpha_divergence_coef",), "--f_divergence_type alpha_divergence",
+                  "give --f_divergence_type alpha_divergence with it",
+                  lambda args: args.f_divergence_type == FDivergence.ALPHA_DIVERGENCE),
+    DependentFlag(("kl_estimator",), "--beta > 0 (the KL the rewards pay)", "give --beta > 0 with it",
+                  lambda args: args.beta > 0),
+)
+
+
+def apply_unused_flag_rule(args: TrainArgs) -> None:
+    """The one rule for a flag the run will not use: a DEPENDENT_FLAGS flag at a value other than its trainer's
+    default while its feature is off is refused (a ValueError naming it, its value and what turns its feature on)
+    where the command line typed it, and set back to its default where nobody typed it (`args.untyped`: a --config
+    YAML's, a sweep trial's), recorded in `args.ignored` for the run's note (trainer/args.py, parse_args)."""
+    flags = task_flags(args.task)
+    ignored, reset = [], set()
+    for dependency in DEPENDENT_FLAGS:
+        unused = [name for name in dependency.names
+                  if name in flags and getattr(args, name) != task_default(args.task, name)]
+        if not unused or dependency.active(args):
+            continue
+        for name in unused:
+            value = getattr(args, name)
+            if name not in args.untyped:
+                raise _bad(name, value, f"only {dependency.used_by} uses it: {dependency.remedy}, or leave --{name} "
+                                         f"out")
+            ignored.append(f"--{name}={value!r} (only {dependency.used_by} uses it)")
+            reset.add(name)
+            setattr(args, name, task_default(args.task, name))
+    args.ignored = tuple(ignored)
+    args.given = args.given - reset
+
+
+def unused_flags_note(args: TrainArgs) -> str | None:
+    """The one note line on the flags apply_unused_flag_rule set back to their defaults; None when it set none."""
+    if not args.ignored:
+        return None
+    return f"note: unused flags left at their defaults: {'; '.join(args.ignored)}"
 
 
 def _bad(name: str, value: Any, allowed: str) -> ValueError:
@@ -113,20 +208,12 @@ def _check_copy_task(args: TrainArgs) -> None:
     for name in ("copy_weight", "copy_weight_after"):
         if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
             raise _bad(name, getattr(args, name), "it must be a number >= 0")
-    if args.copy_rows == 0:  # unset (SFT's default) is resolved by the model's switches, after parsing
-        unused = [name for name in COPY_FLAGS if name != "copy_rows" and name in task_flags(args.task)
-                  and getattr(args, name) != task_default(args.task, name)]
-        if unused:
-            raise _bad(unused[0], getattr(args, unused[0]), "it shapes the copy rows, which --copy_rows=0 leaves "
-                                                            "out: give --copy_rows N with it, or leave it out")
 
 
 def _check_sft_data(args: TrainArgs) -> None:
-    """--sft_data names an embedded set, and only when --data_path gives no file."""
+    """--sft_data names an embedded set (used only without --data_path: DEPENDENT_FLAGS)."""
     if args.sft_data is not None and args.sft_data not in SFT_DATA:
         raise _bad("sft_data", args.sft_data, f"choose one of {', '.join(SFT_DATA)}")
-    if args.sft_data is not None and args.data_path is not None:
-        raise _bad("sft_data", args.sft_data, "leave it unset with --data_path (the file is the data)")
 
 
 def _check_bounded_values(args: TrainArgs) -> None:
@@ -149,13 +236,7 @@ def _check_bounded_values(args: TrainArgs) -> None:
 
 
 def _check_lora(args: TrainArgs) -> None:
-    """The adapter flags: none without --lora in the rollout trainers, and their ranges whenever LoRA is used."""
-    if args.task in ROLLOUT_GROUPS and not args.lora:  # the adapter flags shape adapters only --lora trains
-        unused = [name for name in POLICY_LORA_FLAGS
-                  if name != "lora" and getattr(args, name) != task_default(args.task, name)]
-        if unused:
-            raise _bad(unused[0], getattr(args, unused[0]), "it shapes the LoRA adapters: give --lora with it, or "
-                                                            "leave it out")
+    """The adapter flags' ranges whenever LoRA is used (without --lora in GRPO or PPO: DEPENDENT_FLAGS)."""
     if uses_lora(args):
         from model.lora import parse_targets
         if args.lora_rank < 1:
@@ -226,8 +307,6 @@ def _validate_gkd(args: TrainArgs) -> None:
         raise _bad("distill_loss", args.distill_loss, f"choose one of {', '.join(DistillLoss)}")
     if not 0 <= args.jsd_beta <= 1:
         raise _bad("jsd_beta", args.jsd_beta, "it must be in [0, 1]")
-    if args.jsd_beta != task_default(args.task, "jsd_beta") and args.distill_loss != DistillLoss.JSD:
-        raise _bad("jsd_beta", args.jsd_beta, "it interpolates the jsd loss only: give --distill_loss jsd with it")
     if not 0 <= args.lmbda <= 1:
         raise _bad("lmbda", args.lmbda, "it must be in [0, 1]")
     if args.max_new_tokens < 1:
@@ -237,13 +316,7 @@ def _validate_gkd(args: TrainArgs) -> None:
     if args.seq_kd and args.lmbda == 1:  # step_source: the student's draw always wins, the teacher never samples
         raise _bad("seq_kd", args.seq_kd, "with --lmbda 1 every step trains on the student's completions, never on "
                                          "the teacher's: leave one of them out")
-    samples = args.lmbda > 0 or args.seq_kd
-    unused = [name for name in ("max_new_tokens", "sampling_temperature")
-              if getattr(args, name) != task_default(args.task, name)]
-    if unused and not samples:
-        raise _bad(unused[0], getattr(args, unused[0]), "it shapes the sampled completions: give --lmbda or --seq_kd "
-                                                       "with it, or leave it out")
-    if samples and args.distill_data != "sft":
+    if (args.lmbda > 0 or args.seq_kd) and args.distill_data != "sft":
         flag = "lmbda" if args.lmbda > 0 else "seq_kd"
         raise _bad(flag, getattr(args, flag), "a sampled completion answers a conversation's prompt, which "
                                              "pretraining text has none of: use --distill_data sft")
@@ -263,9 +336,6 @@ def _validate_dpo(args: TrainArgs) -> None:
     check_label_smoothing(loss_types, args.label_smoothing)
     if not (args.discopop_tau > 0 and math.isfinite(args.discopop_tau)):
         raise _bad("discopop_tau", args.discopop_tau, "it must be a positive number")
-    if args.discopop_tau != DEFAULT_DISCOPOP_TAU and DPOLossType.DISCOPOP not in loss_types:
-        raise _bad("discopop_tau", args.discopop_tau, "it shapes the discopop loss only: give --loss_type discopop "
-                                                     "with it, or leave it out")
     check_options(loss_types, args.rpo_alpha, args.ld_alpha, args.use_weighting, args.f_divergence_type,
                   args.f_alpha_divergence_coef)
 
@@ -308,9 +378,6 @@ def _validate_ppo(args: TrainArgs) -> None:
             raise _bad(name, getattr(args, name), "it must be a positive number")
     if args.kl_estimator not in tuple(KLEstimator):
         raise _bad("kl_estimator", args.kl_estimator, f"choose one of {', '.join(KLEstimator)}")
-    if args.kl_estimator != task_default("ppo", "kl_estimator") and args.beta == 0:  # no reference, no KL paid
-        raise _bad("kl_estimator", args.kl_estimator, "it estimates the KL the rewards pay, which --beta 0 turns off: "
-                                                     "give --beta > 0 with it, or leave it out")
     if not (args.missing_eos_penalty >= 0 and math.isfinite(args.missing_eos_penalty)):
         raise _bad("missing_eos_penalty", args.missing_eos_penalty, "it must be a number >= 0 (0: no penalty)")
     _validate_rollouts(args)

@@ -473,6 +473,11 @@ class TrainArgs:
     # Not a flag: the flags the command line or its --config gave (parse_args), so that a value typed equal to its
     # default can be told from none (a resume compares a typed --preset with the checkpoint's).
     given: frozenset[str] = field(default=frozenset(), compare=False)
+    # Not flags: the given flags nobody typed for this run (a --config YAML's, every flag of a sweep's trial), which
+    # the unused-flag rule notes instead of refusing, and the ones it set back to their defaults for being unused,
+    # each "--name=value (what turns it on)" (trainer/arg_checks.py, DEPENDENT_FLAGS).
+    untyped: frozenset[str] = field(default=frozenset(), compare=False)
+    ignored: tuple[str, ...] = field(default=(), compare=False)
 
     def resolved_out_dir(self) -> Path:
         return resolve_path(self.out_dir or DEFAULT_OUT_DIRS[self.task])
@@ -501,7 +506,8 @@ def resolve_copy_rows(args: TrainArgs, added_switches: Sequence[str]) -> int:
     return COPY_ROWS_TO_LEARN if "smeared_keys" in added_switches else 0
 
 
-_NOT_FLAGS = frozenset({"task", "model", "given"})  # TrainArgs' fields that no command line sets
+# TrainArgs' fields that no command line sets
+_NOT_FLAGS = frozenset({"task", "model", "given", "untyped", "ignored"})
 FLAG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainArgs)}  # before a task's TASK_DEFAULTS
 
 

@@ -10,37 +10,52 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 from typing import Any, NoReturn, Sequence
 
-from trainer.arg_checks import validate
+from trainer.arg_checks import unused_flags_note, validate
 from trainer.arg_fields import MODEL_FIELDS, TrainArgs, build_model_config
 from trainer.arg_parser import SEVERAL_NAMES, build_parser
 from trainer.arg_yaml import load_yaml_config
 from trainer.run_dir import RUN_ID_KEY
+from trainer.sweep_dir import SWEEP_TRIAL_VARIABLE
+
+
+# Set in a sweep trial's environment: by `wandb agent` (its sweep's id) and by scripts/sweep.py's runner. A trial's
+# command line is the sweep's, which varies some flags and fixes the others (a Muon rate beside --optimizer adamw):
+# the unused-flag rule notes its unused flags as a --config YAML's, instead of refusing them.
+SWEEP_TRIAL_VARIABLES = ("WANDB_SWEEP_ID", SWEEP_TRIAL_VARIABLE)
 
 
 def parse_args(task: str, argv: Sequence[str] | None = None) -> TrainArgs:
-    """Parse a trainer's command line (with an optional --config YAML underneath it)."""
+    """Parse a trainer's command line (with an optional --config YAML underneath it); the main process says in one
+    note line on stderr which unused flags a YAML or a sweep gave (trainer/arg_checks.py, DEPENDENT_FLAGS)."""
     parser = build_parser(task)
     try:
-        return _parse(task, parser, argv)
+        args = _parse(task, parser, argv, sweep_trial=any(os.environ.get(name) for name in SWEEP_TRIAL_VARIABLES))
     except ValueError as error:
         parser.error(str(error))
+    note = unused_flags_note(args)
+    if note and os.environ.get("RANK", "0") == "0":  # the main process (torchrun and accelerate set RANK)
+        print(note, file=sys.stderr)
+    return args
 
 
 def check_args(task: str, argv: Sequence[str]) -> TrainArgs:
     """What parse_args makes of `argv`, but a command line the trainer would refuse raises a ValueError with the
-    trainer's own message instead of exiting: a sweep checks its parameters with it before any trial runs."""
+    trainer's own message instead of exiting: a sweep checks its parameters with it before any trial runs, so `argv`
+    is taken as a sweep trial's (its unused flags set back to their defaults, not refused)."""
     parser = build_parser(task)
 
     def refuse(message: str) -> NoReturn:
         raise ValueError(message)
 
     parser.error = refuse  # argparse's own refusals (an unknown flag, a bad value) go through error()
-    return _parse(task, parser, argv)
+    return _parse(task, parser, argv, sweep_trial=True)
 
 
-def _parse(task: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> TrainArgs:
+def _parse(task: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None, sweep_trial: bool) -> TrainArgs:
     pre, _ = parser.parse_known_args(argv)
     from_config = load_yaml_config(pre.config, task, parser) if pre.config else {}
     parser.set_defaults(**from_config)
@@ -55,8 +70,11 @@ def _parse(task: str, parser: argparse.ArgumentParser, argv: Sequence[str] | Non
     if isinstance(namespace.get("loss_weights"), list):
         namespace["loss_weights"] = [value for item in namespace["loss_weights"]
                                      for value in (item if isinstance(item, list) else [item])]
-    given = frozenset(from_config) | _typed_flags(task, argv)
-    args = TrainArgs(task=task, model=model, given=given, **namespace)
+    typed = _typed_flags(task, argv)
+    given = frozenset(from_config) | typed
+    # a flag the YAML gives and the command line types again is the command line's
+    untyped = given if sweep_trial else frozenset(from_config) - typed
+    args = TrainArgs(task=task, model=model, given=given, untyped=untyped, **namespace)
     validate(args)
     build_model_config(args)  # fail fast on model-field errors, before any data work
     return args
@@ -82,7 +100,7 @@ def _typed_flags(task: str, argv: Sequence[str] | None) -> frozenset[str]:
 def args_from_run_config(config: dict[str, Any]) -> TrainArgs:
     """The TrainArgs a run directory's train_config.yaml records (the trainer's effective config, with the model
     fields flat beside the flags), e.g. to rebuild a finished run's data exactly."""
-    names = {f.name for f in dataclasses.fields(TrainArgs)} - {"model", "given"}
+    names = {f.name for f in dataclasses.fields(TrainArgs)} - {"model", "given", "untyped", "ignored"}
     unknown = sorted(set(config) - names - set(MODEL_FIELDS) - {RUN_ID_KEY})
     if unknown:
         raise ValueError(f"run config: unknown key {unknown[0]!r}; expected the trainer's flags")

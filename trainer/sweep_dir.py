@@ -32,6 +32,9 @@ SWEEP_STATE_FILE = "sweep_state.json"
 RESULTS_FILE = "results.jsonl"
 TRIALS_DIR = "trials"
 TRIAL_LOG = "train.log"
+# Set ("1") in each trial's environment by scripts/sweep.py's runner (`wandb agent` sets WANDB_SWEEP_ID): a trainer
+# then takes its command line as a sweep's, whose unused flags it notes instead of refusing (trainer/args.py).
+SWEEP_TRIAL_VARIABLE = "MININORM_SWEEP_TRIAL"
 DONE_STATUSES = ("finished", "diverged")
 # The run_summary.json numbers each results.jsonl record repeats: they outlive the trial's folder (the report reads
 # them there when the folder is gone).

@@ -20,9 +20,9 @@ from scripts.sweep_runner.errors import SweepConfigError, SweepWriteError
 from scripts.sweep_runner.recording import bring_back_records, cannot_write, load_state, metric_value, writing
 from scripts.sweep_runner.trial import TrialOutcome, default_wandb_mode, run_trial, running_trials
 from trainer.run_dir import EXIT_ERROR, resolve_path
-from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, TRIALS_DIR, append_result,
-                               default_sweep_dir, done_records, save_records, swept_names, sweep_dir_lock,
-                               trial_dir_name, write_state)
+from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, SWEEP_TRIAL_VARIABLE, TRIALS_DIR,
+                               append_result, default_sweep_dir, done_records, save_records, swept_names,
+                               sweep_dir_lock, trial_dir_name, write_state)
 
 MAX_REDRAWS = 100  # proposals of one trial index that are all trials already: the search space is used up
 
@@ -61,7 +61,8 @@ class SweepRunner:
                 trial["status"], trial["metric"] = result["status"], result.get("metric")
         self.metric = (config.get("metric") or {}).get("name")
         self.mode = wandb_mode or default_wandb_mode()
-        self.env = dict(os.environ, WANDB_MODE=self.mode, WANDB_SILENT="true", PYTHONUNBUFFERED="1")
+        self.env = dict(os.environ, WANDB_MODE=self.mode, WANDB_SILENT="true", PYTHONUNBUFFERED="1",
+                        **{SWEEP_TRIAL_VARIABLE: "1"})
         self.env.setdefault("WANDB_DIR", str(sweep_dir))
         self.swept = swept_names(config)
         self.attempted: set[str] = set()  # a trial that fails now is retried on the next start, not in a loop now

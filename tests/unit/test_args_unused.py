@@ -1,0 +1,150 @@
+"""The one rule for a flag the run will not use (trainer/arg_checks.py, DEPENDENT_FLAGS): typed on the command line
+at a value other than its trainer's default while its feature is off, it is refused in one line naming the flag,
+its value and what turns its feature on; given by a --config YAML (or a sweep trial's command line) it is set back
+to its default and named in one note line on stderr; at its default it is taken silently, wherever it comes from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.arg_fields import task_default
+
+SWEEP_VARIABLES = ("WANDB_SWEEP_ID", "MININORM_SWEEP_TRIAL")
+
+# (task, the flags that leave the feature off, the dependent flag, a value other than its default, what turns the
+# feature on as the refusal names it): one per family of DEPENDENT_FLAGS.
+UNUSED = [
+    ("sft", [], "muon_lr", "0.05", "only --optimizer muon uses it"),
+    ("pretrain", ["--optimizer", "adamw"], "muon_momentum", "0.9", "only --optimizer muon uses it"),
+    ("lora", [], "muon_adjust_lr", "match_rms_adamw", "only --optimizer muon uses it"),
+    ("pretrain", [], "wandb_group", "g", "only --use_wandb uses it"),
+    ("dpo", [], "wandb_project", "other", "only --use_wandb uses it"),
+    ("pretrain", [], "decay_fraction", "0.5", "only --lr_schedule wsd uses it"),
+    ("pretrain", ["--time_budget_s", "60"], "max_steps", "100", "only a run without --time_budget_s uses it"),
+    ("pretrain", [], "epochs", "3", "only --max_steps -1 or --time_budget_s uses it"),
+    ("pretrain", [], "copy_weight", "2", "only --copy_rows N > 0 uses it"),
+    ("sft", ["--copy_rows", "0"], "copy_steps", "10", "only --copy_rows N > 0 uses it"),
+    ("grpo", [], "lora_rank", "4", "only --lora uses it"),
+    ("ppo", [], "merge", "true", "only --lora uses it"),
+    ("sft", ["--data_path", "my.jsonl"], "sft_data", "chat", "only a run without --data_path"),
+    ("distill", [], "jsd_beta", "0.3", "only --distill_loss jsd uses it"),
+    ("distill", ["--lmbda", "0"], "max_new_tokens", "64", "only --lmbda > 0 or --seq_kd"),
+    ("distill", [], "sampling_temperature", "0.5", "only --lmbda > 0 or --seq_kd"),
+    ("dpo", [], "discopop_tau", "0.1", "only --loss_type discopop uses it"),
+    ("dpo", ["--loss_type", "hinge"], "label_smoothing", "0.1", "only --loss_type sigmoid, robust, exo_pair"),
+    ("dpo", ["--loss_type", "sft"], "rpo_alpha", "1.0", "only a --loss_type other than sft alone uses it"),
+    ("dpo", ["--loss_type", "sft"], "ld_alpha", "0.5", "only a --loss_type other than sft alone uses it"),
+    ("dpo", ["--loss_type", "nca_pair"], "f_divergence_type", "js_divergence", "only --loss_type sigmoid, hinge"),
+    ("dpo", [], "f_alpha_divergence_coef", "0.5", "only --f_divergence_type alpha_divergence uses it"),
+    ("ppo", ["--beta", "0"], "kl_estimator", "k3", "only --beta > 0 (the KL the rewards pay) uses it"),
+]
+IDS = [f"{task}-{flag}" for task, _, flag, _, _ in UNUSED]
+
+
+@pytest.fixture(autouse=True)
+def _not_a_sweep_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (*SWEEP_VARIABLES, "RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _stderr_of(capsys: pytest.CaptureFixture, task: str, argv: list[str]) -> tuple[object, list[str]]:
+    from trainer.args import parse_args
+
+    try:
+        args = parse_args(task, argv)
+    except SystemExit:
+        args = None
+    return args, capsys.readouterr().err.splitlines()
+
+
+def _yaml(tmp_path: Path, flag: str, value: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"{flag}: {value}\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("task, off, flag, value, used_by", UNUSED, ids=IDS)
+def test_an_unused_flag_typed_on_the_command_line_is_refused(task, off, flag, value, used_by, capsys):
+    args, err = _stderr_of(capsys, task, [*off, f"--{flag}", value])
+    assert args is None
+    assert err[0].startswith(f"error: --{flag}=") and " is not allowed; " in err[0], err
+    assert used_by in err[0] and err[0].endswith(f"or leave --{flag} out"), err[0]
+
+
+@pytest.mark.parametrize("task, off, flag, value, used_by", UNUSED, ids=IDS)
+def test_an_unused_flag_from_a_config_yaml_is_noted_and_left_at_its_default(task, off, flag, value, used_by, capsys,
+                                                                           tmp_path):
+    args, err = _stderr_of(capsys, task, [*off, "--config", _yaml(tmp_path, flag, value)])
+    assert args is not None, err
+    assert getattr(args, flag) == task_default(task, flag)  # the run records what it uses
+    assert flag not in args.given
+    assert len(err) == 1 and err[0].startswith("note: unused flags left at their defaults: "), err
+    assert f"--{flag}=" in err[0] and f"({used_by}" in err[0], err[0]
+
+
+@pytest.mark.parametrize("task, off, flag, value, used_by", UNUSED, ids=IDS)
+def test_an_unused_flag_at_its_default_is_taken_silently(task, off, flag, value, used_by, capsys, tmp_path):
+    default = task_default(task, flag)
+    args, err = _stderr_of(capsys, task, [*off, f"--{flag}", str(default)])
+    assert args is not None and err == [], err
+    assert getattr(args, flag) == default
+    args, err = _stderr_of(capsys, task, [*off, "--config", _yaml(tmp_path, flag, "null" if default is None
+                                                                                 else str(default))])
+    assert args is not None and err == [], err
+
+
+def test_the_command_line_typing_a_yaml_flag_again_is_refused(capsys, tmp_path):
+    """A flag the YAML gives and the command line types again is the command line's (its value wins)."""
+    args, err = _stderr_of(capsys, "sft", ["--config", _yaml(tmp_path, "muon_lr", "0.03"), "--muon_lr", "0.05"])
+    assert args is None and err[0].startswith("error: --muon_lr=0.05 is not allowed; only --optimizer muon")
+
+
+def test_a_used_flag_is_kept_whatever_its_source(capsys, tmp_path):
+    args, err = _stderr_of(capsys, "sft", ["--config", _yaml(tmp_path, "muon_lr", "0.05"), "--optimizer", "muon"])
+    assert args.muon_lr == 0.05 and err == []
+    args, err = _stderr_of(capsys, "sft", ["--optimizer", "muon", "--muon_lr", "0.05"])
+    assert args.muon_lr == 0.05 and err == []
+
+
+def test_the_note_names_every_unused_flag_on_one_line_from_the_main_process_only(capsys, tmp_path, monkeypatch):
+    config = tmp_path / "config.yaml"
+    config.write_text("muon_lr: 0.05\nwandb_group: g\ndecay_fraction: 0.5\nlearning_rate: 0.001\n", encoding="utf-8")
+    args, err = _stderr_of(capsys, "sft", ["--config", str(config)])
+    assert err == ["note: unused flags left at their defaults: --muon_lr=0.05 (only --optimizer muon uses it); "
+                   "--wandb_group='g' (only --use_wandb uses it); --decay_fraction=0.5 (only --lr_schedule wsd "
+                   "uses it)"]
+    assert (args.muon_lr, args.wandb_group, args.decay_fraction, args.learning_rate) == (0.02, None, 0.2, 0.001)
+    monkeypatch.setenv("RANK", "1")  # another process of a multi-process run: the same flags, no second note
+    args, err = _stderr_of(capsys, "sft", ["--config", str(config)])
+    assert err == [] and args.muon_lr == 0.02
+
+
+@pytest.mark.parametrize("variable", SWEEP_VARIABLES)
+def test_a_sweep_trials_command_line_is_noted_not_refused(variable, capsys, monkeypatch):
+    """A sweep passes its parameters on the trial's command line, varying --optimizer and fixing --muon_lr
+    (scripts/sweep_configs/recipe_cpu.yaml): wandb agent sets WANDB_SWEEP_ID, scripts/sweep.py's runner
+    MININORM_SWEEP_TRIAL."""
+    monkeypatch.setenv(variable, "1")
+    args, err = _stderr_of(capsys, "pretrain", ["--optimizer", "adamw", "--muon_lr", "0.05"])
+    assert args.muon_lr == task_default("pretrain", "muon_lr") and len(err) == 1 and "--muon_lr=0.05" in err[0]
+
+
+def test_a_sweeps_check_of_its_parameters_takes_them_as_a_trials(monkeypatch):
+    from trainer.args import check_args
+
+    args = check_args("pretrain", ["--optimizer", "adamw", "--muon_lr", "0.05"])
+    assert args.muon_lr == task_default("pretrain", "muon_lr") and args.ignored
+    with pytest.raises(ValueError, match="--muon_lr=-1.0 is not allowed; it must be a positive number"):
+        check_args("pretrain", ["--optimizer", "adamw", "--muon_lr", "-1"])  # a bad value is bad wherever from
+
+
+def test_the_sweep_runner_marks_its_trials(tmp_path):
+    from scripts.sweep_runner.config import load_sweep_config
+    from scripts.sweep_runner.runner import SweepRunner
+    from tests.paths import REPO
+
+    config = load_sweep_config(REPO / "scripts/sweep_configs/smoke.yaml")
+    runner = SweepRunner(config, "smoke", tmp_path / "sweep", None, "disabled", {}, seed=0, workers=1, dry_run=True)
+    assert runner.env["MININORM_SWEEP_TRIAL"] == "1"  # every trial's environment

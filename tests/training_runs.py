@@ -148,7 +148,9 @@ def write_train_data(root: Path) -> Path:
 
 
 def pretrain_argv(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
-    return ["--data_path", str(data_dir / "pretrain.jsonl"), "--out_dir", str(out_dir), "--max_steps", str(STEPS),
+    # a --time_budget_s plans the length itself: a --max_steps beside it would be refused as unused
+    length = [] if "--time_budget_s" in extra else ["--max_steps", str(STEPS)]
+    return ["--data_path", str(data_dir / "pretrain.jsonl"), "--out_dir", str(out_dir), *length,
             "--save_interval", "3", *TINY, *extra]
 
 

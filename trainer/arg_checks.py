@@ -89,8 +89,11 @@ DEPENDENT_FLAGS: tuple[DependentFlag, ...] = (
     DependentFlag(("label_smoothing",), f"--loss_type {', '.join(LABEL_SMOOTHED)}",
                   "give one of those loss types with it",
                   lambda args: any(kind in LABEL_SMOOTHED for kind in _dpo_types(args))),
-    DependentFlag(("rpo_alpha", "ld_alpha"), "a --loss_type other than sft alone", "list a preference loss type "
-                  "with it", lambda args: any(kind != DPOLossType.SFT for kind in _dpo_types(args))),
+    DependentFlag(("rpo_alpha",), "a --loss_type other than sft alone", "list a preference loss type with it (sft "
+                  "alone is the NLL it adds: weigh that with --loss_weights)",
+                  lambda args: any(kind != DPOLossType.SFT for kind in _dpo_types(args))),
+    DependentFlag(("ld_alpha",), "a --loss_type other than sft alone", "list a preference loss type with it",
+                  lambda args: any(kind != DPOLossType.SFT for kind in _dpo_types(args))),
     DependentFlag(("f_divergence_type",), f"--loss_type {', '.join(F_DIVERGENCE_READERS)}",
                   "give one of those loss types with it",
                   lambda args: any(kind in F_DIVERGENCE_READERS for kind in _dpo_types(args))),

@@ -555,8 +555,9 @@ def test_bad_numbers_are_one_line_naming_the_flag(flags, message, capsys):
     ("sft", ["--copy_weight", "2", "--copy_cue_pairs", "4"]),  # SFT's unset --copy_rows is resolved after parsing
 ])
 def test_values_at_the_new_bounds_are_taken(task, flags):
-    """The refusals of e1bec58 (lr x decay >= 1; Muon's pair beside AdamW is unused: test_unused_flags) and 91da41d (--copy_rows
-    past MAX_SIZE, a copy flag beside --copy_rows 0) stop at their bounds: the values just inside still parse."""
+    """The refusals of e1bec58 (lr x decay >= 1; Muon's pair beside AdamW is unused: test_args_unused.py) and
+    91da41d (--copy_rows past MAX_SIZE, a copy flag beside --copy_rows 0) stop at their bounds: the values just
+    inside still parse."""
     from trainer.args import parse_args
 
     args = parse_args(task, flags)

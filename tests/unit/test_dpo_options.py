@@ -423,16 +423,16 @@ def test_wpo_weighs_each_pairs_loss_in_dpo_loss():
                             "answer's NLL; the paper's 1.0)"),
     (["--rpo_alpha", "nan"], "--rpo_alpha=nan is not allowed; it must be a number >= 0"),
     (["--rpo_alpha", "inf"], "--rpo_alpha=inf is not allowed; it must be a number >= 0"),
-    (["--loss_type", "sft", "--rpo_alpha", "1"], "--rpo_alpha=1.0 is not allowed; it adds the chosen answers' NLL "
-                                                 "to a preference loss, and --loss_type sft is that NLL alone: weigh "
-                                                 "it with --loss_weights instead (leave --rpo_alpha unset with sft "
-                                                 "alone, or list another type with it)"),
+    (["--loss_type", "sft", "--rpo_alpha", "1"], "--rpo_alpha=1.0 is not allowed; only a --loss_type other than sft "
+                                                 "alone uses it: list a preference loss type with it (sft alone is "
+                                                 "the NLL it adds: weigh that with --loss_weights), or leave "
+                                                 "--rpo_alpha out"),
     (["--ld_alpha", "1.5"], "--ld_alpha=1.5 is not allowed; it must be in [0, 1] (1: the plain log-probabilities, "
                             "0: the longer answer's verbose tokens dropped)"),
     (["--ld_alpha", "-0.1"], "--ld_alpha=-0.1 is not allowed; it must be in [0, 1]"),
-    (["--loss_type", "sft", "--ld_alpha", "0.5"], "--ld_alpha=0.5 is not allowed; it reweighs the log-ratios of the "
-                                                  "preference losses, and --loss_type sft reads the plain NLL: give a "
-                                                  "preference loss type with it, or leave --ld_alpha unset"),
+    (["--loss_type", "sft", "--ld_alpha", "0.5"], "--ld_alpha=0.5 is not allowed; only a --loss_type other than sft "
+                                                  "alone uses it: list a preference loss type with it, or leave "
+                                                  "--ld_alpha out"),
     (["--loss_type", "aot", "--use_weighting"], "--use_weighting=True is not allowed; --loss_type aot sorts the "
                                                 "pairs' log-ratios apart, so a pair's WPO weight would meet another "
                                                 "pair's loss: it is allowed with --loss_type sigmoid, ipo, hinge, "
@@ -451,14 +451,14 @@ def test_wpo_weighs_each_pairs_loss_in_dpo_loss():
                                             "reverse_kl, js_divergence, alpha_divergence"),
     (["--loss_type", "nca_pair,apo_zero", "--f_divergence_type", "js_divergence"],
      "--f_divergence_type='js_divergence' is not allowed; only --loss_type sigmoid, hinge, ipo, robust, exo_pair "
-     "read it: leave it reverse_kl with --loss_type nca_pair,apo_zero"),
+     "uses it: give one of those loss types with it, or leave --f_divergence_type out"),
     (["--f_divergence_type", "alpha_divergence", "--f_alpha_divergence_coef", "0"],
      "--f_alpha_divergence_coef=0.0 is not allowed; it must be a positive number"),
     (["--f_divergence_type", "alpha_divergence", "--f_alpha_divergence_coef", "inf"],
      "--f_alpha_divergence_coef=inf is not allowed; it must be a positive number"),
     (["--f_divergence_type", "js_divergence", "--f_alpha_divergence_coef", "0.5"],
-     "--f_alpha_divergence_coef=0.5 is not allowed; it shapes --f_divergence_type alpha_divergence only: give that "
-     "with it, or leave it out (1.0)"),
+     "--f_alpha_divergence_coef=0.5 is not allowed; only --f_divergence_type alpha_divergence uses it: give "
+     "--f_divergence_type alpha_divergence with it, or leave --f_alpha_divergence_coef out"),
 ])
 def test_bad_option_values_are_one_line_refusals(flags, message, capsys):
     with pytest.raises(SystemExit):

@@ -12,7 +12,9 @@ from trainer.run_length import budget_plan_line, plan_run_length
 
 
 def _args(*flags: str):
-    return parse_args("pretrain", ["--out_dir", "/tmp/unused_run_length", "--max_steps", "-1", *flags])
+    # --max_steps -1: the length --epochs gives, unless the flags give one (a --time_budget_s plans its own)
+    length = [] if "--max_steps" in flags or "--time_budget_s" in flags else ["--max_steps", "-1"]
+    return parse_args("pretrain", ["--out_dir", "/tmp/unused_run_length", *length, *flags])
 
 
 def test_epochs_of_a_fresh_run_are_whole_global_batches():

@@ -9,15 +9,16 @@ sweep, which varies some flags and fixes the others) gave it."""
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Callable, NamedTuple
 
 from model.config import MAX_SIZE, PRESETS
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS,
-                                ROLLOUT_GROUPS, SFT_DATA, TrainArgs, task_default, task_flags, uses_lora)
+                                ROLLOUT_GROUPS, SFT_DATA, TrainArgs, task_default, task_flags)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (F_DIVERGENCE_READERS, LABEL_SMOOTHED, DPOLossType, FDivergence, check_label_smoothing,
-                         check_options, parse_loss_types)
+                         check_option_values, check_options, parse_loss_types)
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rl_losses import ImportanceSamplingLevel, KLEstimator, LossType, ScaleRewards, default_scale_rewards
 from trainer.run_dir import TASKS
@@ -39,10 +40,11 @@ def validate(args: TrainArgs) -> None:
     _check_bounded_values(args)
     _check_lora(args)
     _check_sizes_fit(args)
-    apply_unused_flag_rule(args)
+    refuse_typed_unused_flags(args)  # before the trainers' own checks, whose refusals meet only what the run uses
     task_checks = {"dpo": _validate_dpo, "distill": _validate_distill, "grpo": _validate_grpo, "ppo": _validate_ppo}
     if args.task in task_checks:
         task_checks[args.task](args)
+    apply_unused_flag_rule(args)  # last: the values it sets back were checked as they came
 
 
 class DependentFlag(NamedTuple):
@@ -102,31 +104,56 @@ DEPENDENT_FLAGS: tuple[DependentFlag, ...] = (
                   lambda args: args.f_divergence_type == FDivergence.ALPHA_DIVERGENCE),
     DependentFlag(("kl_estimator",), "--beta > 0 (the KL the rewards pay)", "give --beta > 0 with it",
                   lambda args: args.beta > 0),
+    # Here only a rollout's later updates are off-policy (no TRL steps_per_generation): at one update the sequence
+    # ratio is 1 and its gradient the per-token one's, plain GRPO
+    DependentFlag(("importance_sampling_level",), "--num_iterations 2 or more (a rollout's later updates)",
+                  "give --num_iterations 2 or more with it", lambda args: args.num_iterations > 1),
 )
+
+
+class UnusedFlag(NamedTuple):
+    name: str
+    value: Any
+    dependency: DependentFlag
+
+
+def unused_flags(args: TrainArgs) -> list[UnusedFlag]:
+    """The DEPENDENT_FLAGS flags of `args` at a value other than their trainer's default while their feature is off,
+    in the table's order; each found counts as set back to its default for the entries after it."""
+    flags, found, trial = task_flags(args.task), [], copy.copy(args)
+    for dependency in DEPENDENT_FLAGS:
+        names = [name for name in dependency.names
+                 if name in flags and getattr(trial, name) != task_default(args.task, name)]
+        if not names or dependency.active(trial):
+            continue
+        for name in names:
+            found.append(UnusedFlag(name, getattr(trial, name), dependency))
+            setattr(trial, name, task_default(args.task, name))
+    return found
+
+
+def refuse_typed_unused_flags(args: TrainArgs) -> None:
+    """The rule's refusal: an unused flag typed on the command line (not in `args.untyped`, a --config YAML's or a
+    sweep trial's) is a ValueError naming it, its value and what turns its feature on."""
+    for unused in unused_flags(args):
+        if unused.name not in args.untyped:
+            dependency = unused.dependency
+            raise _bad(unused.name, unused.value, f"only {dependency.used_by} uses it: {dependency.remedy}, or leave "
+                                                  f"--{unused.name} out")
 
 
 def apply_unused_flag_rule(args: TrainArgs) -> None:
     """The one rule for a flag the run will not use: a DEPENDENT_FLAGS flag at a value other than its trainer's
-    default while its feature is off is refused (a ValueError naming it, its value and what turns its feature on)
-    where the command line typed it, and set back to its default where nobody typed it (`args.untyped`: a --config
-    YAML's, a sweep trial's), recorded in `args.ignored` for the run's note (trainer/args.py, parse_args)."""
-    flags = task_flags(args.task)
-    ignored, reset = [], set()
-    for dependency in DEPENDENT_FLAGS:
-        unused = [name for name in dependency.names
-                  if name in flags and getattr(args, name) != task_default(args.task, name)]
-        if not unused or dependency.active(args):
-            continue
-        for name in unused:
-            value = getattr(args, name)
-            if name not in args.untyped:
-                raise _bad(name, value, f"only {dependency.used_by} uses it: {dependency.remedy}, or leave --{name} "
-                                         f"out")
-            ignored.append(f"--{name}={value!r} (only {dependency.used_by} uses it)")
-            reset.add(name)
-            setattr(args, name, task_default(args.task, name))
-    args.ignored = tuple(ignored)
-    args.given = args.given - reset
+    default while its feature is off is refused where the command line typed it (refuse_typed_unused_flags), and set
+    back to its default where nobody typed it (`args.untyped`: a --config YAML's, a sweep trial's), recorded in
+    `args.ignored` for the run's note (trainer/args.py, parse_args)."""
+    refuse_typed_unused_flags(args)
+    found = unused_flags(args)
+    for unused in found:
+        setattr(args, unused.name, task_default(args.task, unused.name))
+    args.ignored = tuple(f"--{unused.name}={unused.value!r} (only {unused.dependency.used_by} uses it)"
+                         for unused in found)
+    args.given = args.given - {unused.name for unused in found}
 
 
 def unused_flags_note(args: TrainArgs) -> str | None:
@@ -142,7 +169,8 @@ def _bad(name: str, value: Any, allowed: str) -> ValueError:
 
 
 def _check_choices(args: TrainArgs) -> None:
-    """The flags that name one of a fixed set: task, dtype, compile mode, threads, optimizer, schedule, preset."""
+    """The flags that name one of a fixed set: task, dtype, compile mode, threads, optimizer, schedule, preset, and
+    distillation's loss, PPO's KL estimator and GRPO's importance-sampling level."""
     if args.task not in TASKS:
         raise _bad("task", args.task, f"choose one of {', '.join(TASKS)}")
     if args.dtype not in DTYPES:
@@ -155,6 +183,11 @@ def _check_choices(args: TrainArgs) -> None:
             raise _bad(name, getattr(args, name), f"choose one of {', '.join(enum)}")
     if args.preset not in PRESETS:
         raise _bad("preset", args.preset, f"choose one of {', '.join(PRESETS)}")
+    # one trainer's (task_flags), and read by the unused-flag rule's table before that trainer's own checks
+    for name, enum in (("distill_loss", DistillLoss), ("kl_estimator", KLEstimator),
+                       ("importance_sampling_level", ImportanceSamplingLevel)):
+        if name in task_flags(args.task) and getattr(args, name) not in tuple(enum):
+            raise _bad(name, getattr(args, name), f"choose one of {', '.join(enum)}")
 
 
 def _check_counts_and_durations(args: TrainArgs) -> None:
@@ -239,8 +272,9 @@ def _check_bounded_values(args: TrainArgs) -> None:
 
 
 def _check_lora(args: TrainArgs) -> None:
-    """The adapter flags' ranges whenever LoRA is used (without --lora in GRPO or PPO: DEPENDENT_FLAGS)."""
-    if uses_lora(args):
+    """The adapter flags' ranges, wherever the trainer has them (without --lora in GRPO or PPO they are unused:
+    DEPENDENT_FLAGS; a bad value is refused all the same)."""
+    if "lora_rank" in task_flags(args.task):
         from model.lora import parse_targets
         if args.lora_rank < 1:
             raise _bad("lora_rank", args.lora_rank, "it must be >= 1")
@@ -306,8 +340,6 @@ def _validate_distill(args: TrainArgs) -> None:
 
 def _validate_gkd(args: TrainArgs) -> None:
     """Distillation's GKD flags: the soft divergence and the sampled completions."""
-    if args.distill_loss not in tuple(DistillLoss):
-        raise _bad("distill_loss", args.distill_loss, f"choose one of {', '.join(DistillLoss)}")
     if not 0 <= args.jsd_beta <= 1:
         raise _bad("jsd_beta", args.jsd_beta, "it must be in [0, 1]")
     if not 0 <= args.lmbda <= 1:
@@ -336,11 +368,18 @@ def _validate_dpo(args: TrainArgs) -> None:
             raise _bad("loss_weights", args.loss_weights, "every weight must be a finite number")
     if not 0 <= args.label_smoothing < 0.5:
         raise _bad("label_smoothing", args.label_smoothing, "it must be in [0, 0.5)")
-    check_label_smoothing(loss_types, args.label_smoothing)
     if not (args.discopop_tau > 0 and math.isfinite(args.discopop_tau)):
         raise _bad("discopop_tau", args.discopop_tau, "it must be a positive number")
-    check_options(loss_types, args.rpo_alpha, args.ld_alpha, args.use_weighting, args.f_divergence_type,
-                  args.f_alpha_divergence_coef)
+    check_option_values(args.rpo_alpha, args.ld_alpha, args.f_divergence_type, args.f_alpha_divergence_coef)
+    # the loss types' own refusals meet what the run will use: an unused flag a YAML gave is set back afterwards
+    unused = {flag.name for flag in unused_flags(args)}
+
+    def used(name: str) -> Any:
+        return task_default(args.task, name) if name in unused else getattr(args, name)
+
+    check_label_smoothing(loss_types, used("label_smoothing"))
+    check_options(loss_types, used("rpo_alpha"), used("ld_alpha"), args.use_weighting, used("f_divergence_type"),
+                  used("f_alpha_divergence_coef"))
 
 
 def _validate_grpo(args: TrainArgs) -> None:
@@ -357,14 +396,6 @@ def _validate_grpo(args: TrainArgs) -> None:
         raise _bad("num_iterations", args.num_iterations, "it must be >= 1")
     if args.epsilon_high is not None and not (args.epsilon_high > 0 and math.isfinite(args.epsilon_high)):
         raise _bad("epsilon_high", args.epsilon_high, "it must be a positive number")
-    if args.importance_sampling_level not in tuple(ImportanceSamplingLevel):
-        raise _bad("importance_sampling_level", args.importance_sampling_level,
-                  f"choose one of {', '.join(ImportanceSamplingLevel)}")
-    if args.importance_sampling_level == ImportanceSamplingLevel.SEQUENCE and args.num_iterations == 1:
-        # Here only a rollout's later updates are off-policy (no TRL steps_per_generation): one update is plain GRPO
-        raise _bad("importance_sampling_level", args.importance_sampling_level,
-                  "it acts only from a rollout's second update on (the first one's ratio is 1, its gradient the "
-                  "per-token ratio's): give --num_iterations 2 or more with it, or leave it out")
     _validate_rollouts(args)
 
 
@@ -379,8 +410,6 @@ def _validate_ppo(args: TrainArgs) -> None:
     for name in ("vf_coef", "cliprange_value"):
         if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
             raise _bad(name, getattr(args, name), "it must be a positive number")
-    if args.kl_estimator not in tuple(KLEstimator):
-        raise _bad("kl_estimator", args.kl_estimator, f"choose one of {', '.join(KLEstimator)}")
     if not (args.missing_eos_penalty >= 0 and math.isfinite(args.missing_eos_penalty)):
         raise _bad("missing_eos_penalty", args.missing_eos_penalty, "it must be a number >= 0 (0: no penalty)")
     _validate_rollouts(args)

@@ -206,54 +206,65 @@ def check_label_smoothing(loss_types: Sequence[str], label_smoothing: float) -> 
                          f"epsilon > 0 (the EXO paper recommends 1e-3)")
 
 
+def _bad_option(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
+
+
+def check_option_values(rpo_alpha: float | None = None, ld_alpha: float | None = None,
+                        f_divergence_type: str = FDivergence.REVERSE_KL,
+                        f_alpha_divergence_coef: float = DEFAULT_F_ALPHA_DIVERGENCE_COEF) -> None:
+    """Refuse, in one line, a value of RPO's, LD-DPO's or f-DPO's option out of its range or choices, whatever the
+    loss types (the flags' checks run it on a value the run will not use too: a bad value is bad wherever from)."""
+    if rpo_alpha is not None and not (math.isfinite(rpo_alpha) and rpo_alpha >= 0):
+        raise _bad_option("rpo_alpha", rpo_alpha, "it must be a number >= 0 (RPO's weight of the chosen answer's "
+                                                  "NLL; the paper's 1.0)")
+    if ld_alpha is not None and not 0 <= ld_alpha <= 1:
+        raise _bad_option("ld_alpha", ld_alpha, "it must be in [0, 1] (1: the plain log-probabilities, 0: the "
+                                                "longer answer's verbose tokens dropped)")
+    if f_divergence_type not in tuple(FDivergence):
+        raise _bad_option("f_divergence_type", f_divergence_type, f"choose one of {', '.join(FDivergence)}")
+    if not (math.isfinite(f_alpha_divergence_coef) and f_alpha_divergence_coef > 0):
+        raise _bad_option("f_alpha_divergence_coef", f_alpha_divergence_coef, "it must be a positive number")
+
+
 def check_options(loss_types: Sequence[str], rpo_alpha: float | None = None, ld_alpha: float | None = None,
                   use_weighting: bool = False, f_divergence_type: str = FDivergence.REVERSE_KL,
                   f_alpha_divergence_coef: float = DEFAULT_F_ALPHA_DIVERGENCE_COEF) -> None:
-    """Refuse, in one line, a value of RPO's, LD-DPO's, WPO's or f-DPO's option out of its range, or one that
-    `loss_types` would not read: --rpo_alpha and --ld_alpha with sft alone (it is the NLL RPO adds, and reads the
-    plain log-probabilities), --use_weighting with a type that sorts pairs, another --f_divergence_type without one
-    of F_DIVERGENCE_READERS, --f_alpha_divergence_coef without alpha_divergence. Each refusal names what is
-    allowed."""
-    def bad(name: str, value: Any, allowed: str) -> ValueError:
-        return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
-
+    """Refuse, in one line, a value of RPO's, LD-DPO's, WPO's or f-DPO's option out of its range
+    (check_option_values), or one that `loss_types` would not read: --rpo_alpha and --ld_alpha with sft alone (it is
+    the NLL RPO adds, and reads the plain log-probabilities), --use_weighting with a type that sorts pairs, another
+    --f_divergence_type without one of F_DIVERGENCE_READERS, --f_alpha_divergence_coef without alpha_divergence.
+    Each refusal names what is allowed. The trainers' flags meet the unused ones first (trainer/arg_checks.py,
+    DEPENDENT_FLAGS); this guards the objective and the loss built without them."""
+    check_option_values(rpo_alpha, ld_alpha, f_divergence_type, f_alpha_divergence_coef)
     given = ",".join(loss_types)
     only_sft = all(kind == DPOLossType.SFT for kind in loss_types)
-    if rpo_alpha is not None:
-        if not (math.isfinite(rpo_alpha) and rpo_alpha >= 0):
-            raise bad("rpo_alpha", rpo_alpha, "it must be a number >= 0 (RPO's weight of the chosen answer's NLL; "
-                                              "the paper's 1.0)")
-        if only_sft:
-            raise bad("rpo_alpha", rpo_alpha, "it adds the chosen answers' NLL to a preference loss, and --loss_type "
-                                              "sft is that NLL alone: weigh it with --loss_weights instead (leave "
-                                              "--rpo_alpha unset with sft alone, or list another type with it)")
-    if ld_alpha is not None:
-        if not 0 <= ld_alpha <= 1:
-            raise bad("ld_alpha", ld_alpha, "it must be in [0, 1] (1: the plain log-probabilities, 0: the longer "
-                                            "answer's verbose tokens dropped)")
-        if only_sft:
-            raise bad("ld_alpha", ld_alpha, "it reweighs the log-ratios of the preference losses, and --loss_type sft "
-                                            "reads the plain NLL: give a preference loss type with it, or leave "
-                                            "--ld_alpha unset")
+    if rpo_alpha is not None and only_sft:
+        raise _bad_option("rpo_alpha", rpo_alpha, "it adds the chosen answers' NLL to a preference loss, and "
+                                                  "--loss_type sft is that NLL alone: weigh it with --loss_weights "
+                                                  "instead (leave --rpo_alpha unset with sft alone, or list another "
+                                                  "type with it)")
+    if ld_alpha is not None and only_sft:
+        raise _bad_option("ld_alpha", ld_alpha, "it reweighs the log-ratios of the preference losses, and --loss_type "
+                                                "sft reads the plain NLL: give a preference loss type with it, or "
+                                                "leave --ld_alpha unset")
     if use_weighting:
         for kind in loss_types:
             if kind in SORTED:
-                raise bad("use_weighting", use_weighting, f"--loss_type {kind} sorts the pairs' log-ratios apart, so "
-                                                          f"a pair's WPO weight would meet another pair's loss: "
-                                                          f"it is allowed with --loss_type {', '.join(WEIGHTABLE)} "
-                                                          f"(leave it off with --loss_type {given})")
-    if f_divergence_type not in tuple(FDivergence):
-        raise bad("f_divergence_type", f_divergence_type, f"choose one of {', '.join(FDivergence)}")
+                raise _bad_option("use_weighting", use_weighting, f"--loss_type {kind} sorts the pairs' log-ratios "
+                                                                  f"apart, so a pair's WPO weight would meet another "
+                                                                  f"pair's loss: it is allowed with --loss_type "
+                                                                  f"{', '.join(WEIGHTABLE)} (leave it off with "
+                                                                  f"--loss_type {given})")
     if f_divergence_type != FDivergence.REVERSE_KL and not any(kind in F_DIVERGENCE_READERS for kind in loss_types):
-        raise bad("f_divergence_type", f_divergence_type, f"only --loss_type {', '.join(F_DIVERGENCE_READERS)} read "
-                                                          f"it: leave it reverse_kl with --loss_type {given}")
-    if not (math.isfinite(f_alpha_divergence_coef) and f_alpha_divergence_coef > 0):
-        raise bad("f_alpha_divergence_coef", f_alpha_divergence_coef, "it must be a positive number")
+        raise _bad_option("f_divergence_type", f_divergence_type, f"only --loss_type "
+                                                                  f"{', '.join(F_DIVERGENCE_READERS)} read it: leave "
+                                                                  f"it reverse_kl with --loss_type {given}")
     if (f_alpha_divergence_coef != DEFAULT_F_ALPHA_DIVERGENCE_COEF
             and f_divergence_type != FDivergence.ALPHA_DIVERGENCE):
-        raise bad("f_alpha_divergence_coef", f_alpha_divergence_coef,
-                  f"it shapes --f_divergence_type alpha_divergence only: give that with it, or leave it out "
-                  f"({DEFAULT_F_ALPHA_DIVERGENCE_COEF})")
+        raise _bad_option("f_alpha_divergence_coef", f_alpha_divergence_coef,
+                          f"it shapes --f_divergence_type alpha_divergence only: give that with it, or leave it out "
+                          f"({DEFAULT_F_ALPHA_DIVERGENCE_COEF})")
 
 
 def _exp_capped(exponent: torch.Tensor) -> torch.Tensor:

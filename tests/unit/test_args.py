@@ -598,17 +598,22 @@ def test_a_flag_the_task_would_ignore_is_not_its_flag(task, flags, capsys):
 
 @pytest.mark.parametrize("task", ["grpo", "ppo"])
 @pytest.mark.parametrize("flag, bad, good", [("--lora_rank", "0", "4"), ("--lora_dropout", "5", "0.1"),
-                                             ("--lora_targets", "nope", "q_proj"), ("--lora_alpha", "32", "32"),
-                                             ("--merge", "true", "true")])
+                                             ("--lora_targets", "nope", "q_proj"), ("--lora_alpha", "-1", "32"),
+                                             ("--merge", "maybe", "true")])
 def test_adapter_flags_without_lora_are_refused(task, flag, bad, good, capsys):
     """Without --lora an RL run trains the whole policy: the adapter flags were taken, invalid values too, and
-    changed nothing (no adapters, no merged/ folder)."""
+    changed nothing (no adapters, no merged/ folder). Now a valid value is refused as unused, an invalid one as
+    invalid (wherever it came from)."""
     from trainer.args import parse_args
 
     with pytest.raises(SystemExit):
-        parse_args(task, [flag, bad])
+        parse_args(task, [flag, good])
     error = capsys.readouterr().err.splitlines()[0]
     assert error.startswith(f"error: {flag}=") and f"give --lora with it, or leave {flag} out" in error
+    with pytest.raises(SystemExit):
+        parse_args(task, [flag, bad])
+    error = capsys.readouterr().err.splitlines()[0]
+    assert f"{flag}" in error.split(";")[0] and "give --lora" not in error, error
     assert parse_args(task, ["--lora", flag, good]).lora
 
 
@@ -670,9 +675,8 @@ def test_an_objectives_settings_default_to_their_flags_defaults(settings, task, 
      "--importance_sampling_level='seq' is not allowed; choose one of token, sequence"),
     # at a rollout's only update the ratio is 1 and the sequence ratio's gradient the per-token one's: no GSPO
     ("grpo", ["--importance_sampling_level", "sequence"],
-     "--importance_sampling_level='sequence' is not allowed; it acts only from a rollout's second update on (the "
-     "first one's ratio is 1, its gradient the per-token ratio's): give --num_iterations 2 or more with it, or "
-     "leave it out"),
+     "--importance_sampling_level='sequence' is not allowed; only --num_iterations 2 or more (a rollout's later "
+     "updates) uses it: give --num_iterations 2 or more with it, or leave --importance_sampling_level out"),
     ("grpo", ["--missing_eos_penalty", "1"], "unrecognized arguments: --missing_eos_penalty 1"),
     ("ppo", ["--importance_sampling_level", "sequence"],
      "unrecognized arguments: --importance_sampling_level sequence"),

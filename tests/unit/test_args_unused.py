@@ -39,6 +39,7 @@ UNUSED = [
     ("dpo", ["--loss_type", "nca_pair"], "f_divergence_type", "js_divergence", "only --loss_type sigmoid, hinge"),
     ("dpo", [], "f_alpha_divergence_coef", "0.5", "only --f_divergence_type alpha_divergence uses it"),
     ("ppo", ["--beta", "0"], "kl_estimator", "k3", "only --beta > 0 (the KL the rewards pay) uses it"),
+    ("grpo", [], "importance_sampling_level", "sequence", "only --num_iterations 2 or more"),
 ]
 IDS = [f"{task}-{flag}" for task, _, flag, _, _ in UNUSED]
 
@@ -148,3 +149,36 @@ def test_the_sweep_runner_marks_its_trials(tmp_path):
     config = load_sweep_config(REPO / "scripts/sweep_configs/smoke.yaml")
     runner = SweepRunner(config, "smoke", tmp_path / "sweep", None, "disabled", {}, seed=0, workers=1, dry_run=True)
     assert runner.env["MININORM_SWEEP_TRIAL"] == "1"  # every trial's environment
+
+
+@pytest.mark.parametrize("task, off, flag, value, message", [
+    ("distill", [], "jsd_beta", "1.5", "--jsd_beta=1.5 is not allowed; it must be in [0, 1]"),
+    ("ppo", ["--beta", "0"], "kl_estimator", "k2", "--kl_estimator='k2' is not allowed; choose one of k1, k3"),
+    ("dpo", ["--loss_type", "sft"], "rpo_alpha", "-1", "--rpo_alpha=-1.0 is not allowed; it must be a number >= 0"),
+    ("dpo", [], "f_divergence_type", "forward_kl", "--f_divergence_type='forward_kl' is not allowed; choose one of"),
+    ("grpo", [], "lora_rank", "0", "--lora_rank=0 is not allowed; it must be >= 1"),
+    ("pretrain", [], "copy_steps", "-1", "--copy_steps=-1 is not allowed; it must be >= 0"),
+    ("sft", [], "muon_momentum", "1", "--muon_momentum=1.0 is not allowed; it must be in [0, 1)"),
+])
+def test_a_bad_value_of_an_unused_flag_from_a_yaml_is_refused_all_the_same(task, off, flag, value, message, capsys,
+                                                                           tmp_path):
+    """The rule sets back a value that is valid but unused: one its flag would refuse is refused wherever from."""
+    args, err = _stderr_of(capsys, task, [*off, "--config", _yaml(tmp_path, flag, value)])
+    assert args is None and err[0].startswith(f"error: {message}"), err
+
+
+def test_dpo_options_a_yaml_leaves_unused_reach_no_loss_type_refusal(capsys, tmp_path):
+    """DPO's loss types refuse an option they do not read (trainer/dpo.py, check_options): from a YAML the rule has
+    the option set back first, the divergence's coefficient with it (it reads the divergence the rule set back),
+    and the coefficient typed on the command line is then refused as unused."""
+    config = tmp_path / "config.yaml"
+    config.write_text("loss_type: nca_pair\nf_divergence_type: alpha_divergence\nf_alpha_divergence_coef: 0.5\n"
+                      "label_smoothing: 0.1\n", encoding="utf-8")
+    args, err = _stderr_of(capsys, "dpo", ["--config", str(config)])
+    assert (args.f_divergence_type, args.f_alpha_divergence_coef, args.label_smoothing) == ("reverse_kl", 1.0, 0.0)
+    assert len(err) == 1 and all(f"--{name}=" in err[0] for name in ("f_divergence_type", "f_alpha_divergence_coef",
+                                                                      "label_smoothing")), err
+    config.write_text("loss_type: nca_pair\nf_divergence_type: alpha_divergence\n", encoding="utf-8")
+    args, err = _stderr_of(capsys, "dpo", ["--config", str(config), "--f_alpha_divergence_coef", "0.5"])
+    assert args is None and err[0].startswith("error: --f_alpha_divergence_coef=0.5 is not allowed; only "
+                                              "--f_divergence_type alpha_divergence uses it"), err

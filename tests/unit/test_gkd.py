@@ -280,14 +280,15 @@ def test_a_rows_empty_last_answer_is_sampled_for_after_the_conversation_before_i
 @pytest.mark.parametrize("flags, message", [
     (["--distill_loss", "tvd"], "--distill_loss='tvd' is not allowed; choose one of kl, jsd"),
     (["--distill_loss", "jsd", "--jsd_beta", "1.5"], "--jsd_beta=1.5 is not allowed; it must be in [0, 1]"),
-    (["--jsd_beta", "0.2"], "--jsd_beta=0.2 is not allowed; it interpolates the jsd loss only: give --distill_loss "
-                            "jsd with it"),
+    (["--jsd_beta", "0.2"], "--jsd_beta=0.2 is not allowed; only --distill_loss jsd uses it: give --distill_loss "
+                            "jsd with it, or leave --jsd_beta out"),
     (["--lmbda", "-0.1"], "--lmbda=-0.1 is not allowed; it must be in [0, 1]"),
     (["--lmbda", "1", "--max_new_tokens", "0"], "--max_new_tokens=0 is not allowed; it must be >= 1"),
     (["--seq_kd", "--sampling_temperature", "0"],
      "--sampling_temperature=0.0 is not allowed; it must be a positive number"),
-    (["--max_new_tokens", "16"], "--max_new_tokens=16 is not allowed; it shapes the sampled completions: give "
-                                 "--lmbda or --seq_kd with it, or leave it out"),
+    (["--max_new_tokens", "16"], "--max_new_tokens=16 is not allowed; only --lmbda > 0 or --seq_kd (sampled "
+                                 "completions) uses it: give --lmbda or --seq_kd with it, or leave --max_new_tokens "
+                                 "out"),
     # --lmbda 1 samples the student's completions at every step: the teacher's (--seq_kd) would never be used
     (["--lmbda", "1", "--seq_kd"], "--seq_kd=True is not allowed; with --lmbda 1 every step trains on the student's "
                                    "completions, never on the teacher's: leave one of them out"),
@@ -300,8 +301,9 @@ def test_a_rows_empty_last_answer_is_sampled_for_after_the_conversation_before_i
     (["--lmbda", "1.5"], "--lmbda=1.5 is not allowed; it must be in [0, 1]"),
     (["--seq_kd", "--sampling_temperature", "inf"],
      "--sampling_temperature=inf is not allowed; it must be a positive number"),
-    (["--sampling_temperature", "0.5"], "--sampling_temperature=0.5 is not allowed; it shapes the sampled "
-                                        "completions: give --lmbda or --seq_kd with it, or leave it out"),
+    (["--sampling_temperature", "0.5"], "--sampling_temperature=0.5 is not allowed; only --lmbda > 0 or --seq_kd "
+                                        "(sampled completions) uses it: give --lmbda or --seq_kd with it, or leave "
+                                        "--sampling_temperature out"),
 ])
 def test_bad_gkd_flags_are_one_line(flags, message, capsys):
     from trainer.args import parse_args

@@ -82,6 +82,10 @@ DEPENDENT_FLAGS: tuple[DependentFlag, ...] = (
                   lambda args: args.task not in ROLLOUT_GROUPS or args.lora),
     DependentFlag(("sft_data",), "a run without --data_path (the file is the data)", "leave --data_path out",
                   lambda args: args.data_path is None),
+    # trainer/data.py: the embedded data has its own validation split, a --val_data_path is one
+    DependentFlag(("val_fraction",), "a --data_path without --val_data_path (its held-out split)",
+                  "give --data_path without --val_data_path",
+                  lambda args: args.data_path is not None and args.val_data_path is None),
     DependentFlag(("jsd_beta",), "--distill_loss jsd", "give --distill_loss jsd with it",
                   lambda args: args.distill_loss == DistillLoss.JSD),
     DependentFlag(("max_new_tokens", "sampling_temperature"), "--lmbda > 0 or --seq_kd (sampled completions)",

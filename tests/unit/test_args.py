@@ -747,7 +747,8 @@ def test_a_micro_batch_past_max_size_tokens_names_the_flag_typed(task, flags, na
 
 
 @pytest.mark.parametrize("task, flags", [
-    ("pretrain", ["--max_steps", "2147483647", "--epochs", "2147483647", "--accumulation_steps", "2147483647"]),
+    ("pretrain", ["--max_steps", "2147483647", "--accumulation_steps", "2147483647"]),
+    ("pretrain", ["--max_steps", "-1", "--epochs", "2147483647"]),  # --epochs is used with --max_steps -1 only
     ("grpo", ["--num_iterations", "2147483647", "--batch_size", "1", "--num_generations", "2"]),
     ("ppo", ["--ppo_epochs", "2147483647"]),
     ("distill", ["--max_new_tokens", "2147483647", "--lmbda", "1"]),

@@ -193,12 +193,13 @@ class SweepRunner:
         self.save(_label(index, pending))
         trial_dir = self.sweep_dir / trial_dir_name(pending["trial_id"])
         # A rerun trial continues from its checkpoints; one cut off without any starts anew in its directory.
-        extra = [f"--out_dir={trial_dir}", f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={self.name}",
-                 "--resume=auto", "--overwrite"]
-        if "project" in self.config:
-            extra.append(f"--wandb_project={self.config['project']}")
-        if self.mode == "disabled":
+        extra = [f"--out_dir={trial_dir}", "--resume=auto", "--overwrite"]
+        if self.mode == "disabled":  # no wandb run to name: its names would be unused flags, a note in every trial
             extra.append("--use_wandb=false")
+        else:
+            extra += [f"--wandb_run_name={pending['trial_id']}", f"--wandb_group={self.name}"]
+            if "project" in self.config:
+                extra.append(f"--wandb_project={self.config['project']}")
         print(f"{_label(index, pending)} ...", end=" " if self.workers == 1 else " started\n", flush=True)
         try:
             make_dirs(trial_dir)  # here, not in the worker thread: a file in the way is one line, not a traceback

@@ -358,7 +358,8 @@ def test_diverged_is_recorded_not_crashed_and_failures_retry(tmp_path):
     assert strict_json_files(sweep_dir)  # the state and the results: strict JSON
     assert records["crash"]["returncode"] == 1 and "boom" in records["crash"]["error"]
     command = (sweep_dir / records["ok"]["trial_dir"] / "train.log").read_text()
-    assert "--use_wandb=false" in command and "--wandb_group=fake" in command
+    assert "--use_wandb=false" in command and "--wandb_group" not in command  # no wandb run to name
+    assert "note:" not in command  # no unused flag from the runner
     # Restarted: finished and diverged trials are skipped, the crashed one is retried.
     run_sweep(path, sweep_dir, wandb_mode="disabled")
     attempts = {mode: (sweep_dir / r["trial_dir"] / "attempts.txt").read_text() for mode, r in records.items()}
@@ -596,6 +597,8 @@ def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
     assert record["status"] == "finished" and record["wandb_mode"] == "offline"
     first_dir = sweep_dir / record["trial_dir"]
     assert list(first_dir.glob("wandb/offline-run-*")), "no offline wandb run directory"
+    log = (first_dir / "train.log").read_text()
+    assert f"--wandb_run_name={record['trial_id']}" in log and "note:" not in log  # its wandb run named, no note
     stamp = ((first_dir / "run_summary.json").stat().st_mtime_ns, (first_dir / "metrics.jsonl").read_bytes())
     with open(sweep_dir / "results.jsonl", "a") as handle:  # a kill in the middle of a write
         handle.write('{"trial_id": "torn')

@@ -89,6 +89,21 @@ def write_data(root: Path, pairs: int) -> dict[str, Path]:
     return files
 
 
+# SFT gives a model without smeared keys its keys by default, and with them 8 copy rows beside each micro-batch
+# (trainer/arg_fields.py, resolve_copy_rows); LoRA and DPO add neither. Off here, so the sft rows are the B (or 2B)
+# conversations that the lora and dpo rows run, as the comparison needs.
+SFT_AS_LORA_AND_DPO = ["--smeared_keys", "false"]
+
+
+def configurations(files: dict[str, Path], batch_size: int,
+                   lora_rank: int) -> list[tuple[str, str, Path, int, list[str]]]:
+    """(row name, trainer task, data file, batch size, extra flags) of each run after `load only`."""
+    return [("sft", "sft", files["sft"], batch_size, SFT_AS_LORA_AND_DPO),
+            ("sft x2", "sft", files["sft x2"], 2 * batch_size, SFT_AS_LORA_AND_DPO),
+            ("lora", "lora", files["sft"], batch_size, ["--lora_rank", str(lora_rank)]),
+            ("dpo", "dpo", files["dpo"], batch_size, [])]
+
+
 def run(name: str, task: str, argv: list[str], model: Path) -> dict:
     code = CHILD.format(repo=str(REPO_ROOT), task=task, argv=argv, model=str(model))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
@@ -123,12 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         common = ["--from_weight", str(model), "--max_steps", str(args.steps), "--max_seq_len", str(args.max_seq_len),
                   "--dtype", "float32", "--compile", "off", "--eval_interval", "100000", "--save_interval",
                   "100000", "--warmup_steps", "0", "--val_fraction", "0.2", "--eval_batches", "1"]
-        configs = [("sft", "sft", files["sft"], args.batch_size, []),
-                   ("sft x2", "sft", files["sft x2"], 2 * args.batch_size, []),
-                   ("lora", "lora", files["sft"], args.batch_size, ["--lora_rank", str(args.lora_rank)]),
-                   ("dpo", "dpo", files["dpo"], args.batch_size, [])]
         rows = [run("load only", "load", [], model)]
-        for name, task, data, batch, extra in configs:
+        for name, task, data, batch, extra in configurations(files, args.batch_size, args.lora_rank):
             out_dir = root / name.replace(" ", "_")
             row = run(name, task, ["--data_path", str(data), "--out_dir", str(out_dir), "--batch_size", str(batch),
                                    *common, *extra], model)

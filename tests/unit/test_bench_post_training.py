@@ -45,3 +45,21 @@ def test_an_exit_2_without_an_error_line_still_shows_the_childs_stderr(monkeypat
     monkeypatch.setattr(bench_post_training.subprocess, "run", fake_child(2, usage))
     with pytest.raises(RuntimeError, match="sft failed \\(2\\): usage: train_sft.py"):
         bench_post_training.run("sft", "sft", [], Path("model"))
+
+
+def test_the_sft_rows_run_no_copy_rows_and_add_no_smeared_keys() -> None:
+    # The fresh model has no smeared keys: an SFT run that leaves --smeared_keys unset adds them, and with them
+    # copy rows beside every micro-batch, which LoRA and DPO never run; the sft rows would then not be the
+    # conversations they are compared on.
+    from trainer.arg_fields import resolve_copy_rows
+    from trainer.args import parse_args
+
+    files = {"sft": Path("sft.jsonl"), "sft x2": Path("sft_x2.jsonl"), "dpo": Path("dpo.jsonl")}
+    sft_runs = [(name, extra) for name, task, _, _, extra in bench_post_training.configurations(files, 4, 8)
+                if task == "sft"]
+    assert [name for name, _ in sft_runs] == ["sft", "sft x2"]
+    for name, extra in sft_runs:
+        args = parse_args("sft", ["--from_weight", "model", "--data_path", "sft.jsonl", *extra])
+        adds_smeared_keys = args.model.get("smeared_keys", True)  # SFT's default: true
+        assert adds_smeared_keys is False, name
+        assert resolve_copy_rows(args, ["smeared_keys"] if adds_smeared_keys else []) == 0, name

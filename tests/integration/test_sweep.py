@@ -585,13 +585,32 @@ def _run_cli(config: Path, sweep_dir: Path, *extra: str) -> subprocess.Completed
                           text=True, timeout=600)
 
 
-def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
+@pytest.fixture(scope="module")
+def _first_trial_done(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess, Path]:
+    """The tiny sweep's runner "killed" after its first trial (--max_trials 1 stops it between trials), run once for
+    the tests that go on from there: the config, its sweep folder, that run, and a copy of the folder as it left it."""
+    root = tmp_path_factory.mktemp("first_trial")
+    config, sweep_dir = _tiny_sweep(root), root / "sweep"
+    first = _run_cli(config, sweep_dir, "--max_trials", "1")
+    shutil.copytree(sweep_dir, root / "after_first_trial", symlinks=True)
+    return config, sweep_dir, first, root / "after_first_trial"
+
+
+@pytest.fixture
+def first_trial_done(_first_trial_done) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """_first_trial_done's sweep folder put back, in its own place (the trials' flags name it), as the first trial
+    left it: each test changes it its own way."""
+    config, sweep_dir, first, as_left = _first_trial_done
+    shutil.rmtree(sweep_dir)
+    shutil.copytree(as_left, sweep_dir, symlinks=True)
+    return config, sweep_dir, first
+
+
+def test_two_trial_grid_runs_serverless_resumes_and_reports(first_trial_done, tmp_path):
     from eval.studies.ablation.report import write_report
     from trainer.run_dir import read_metrics
 
-    config, sweep_dir = _tiny_sweep(tmp_path), tmp_path / "sweep"
-    # "Killed" after the first trial: --max_trials 1 stops the runner between trials.
-    first = _run_cli(config, sweep_dir, "--max_trials", "1")
+    config, sweep_dir, first = first_trial_done  # "killed" after the first trial
     assert first.returncode == 0, first.stdout + first.stderr
     (record,) = read_results(sweep_dir)
     assert record["status"] == "finished" and record["wandb_mode"] == "offline"
@@ -640,7 +659,8 @@ def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
     from dataset.tokenization import load_tokenizer
     from trainer.evaluation import unigram_eval
     tokenizer = load_tokenizer()
-    train, val = (PretrainDataset(tmp_path / "data" / f"{split}.jsonl", tokenizer, 32) for split in ("train", "val"))
+    data_dir = config.parent / "data"  # the trials' data, beside their config
+    train, val = (PretrainDataset(data_dir / f"{split}.jsonl", tokenizer, 32) for split in ("train", "val"))
     expected = unigram_eval(DataLoader(train, batch_size=5), DataLoader(val, batch_size=3), len(tokenizer))
     report = write_report(sweep_dir, tmp_path / "report_unigram", unigram=True)
     data = json.loads((tmp_path / "report_unigram" / "report.json").read_text())
@@ -651,13 +671,12 @@ def test_two_trial_grid_runs_serverless_resumes_and_reports(tmp_path):
     assert f"Unigram baseline: **{expected.loss:.4f}** nats" in report.read_text()
 
 
-def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_again(tmp_path):
+def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_again(first_trial_done):
     """The runner killed after its trial wrote run_summary.json (the trainer then still saves, samples and closes
     wandb, about a second) but before the runner recorded it: the folder holds the finished run, the results file
     and the state do not. The rerun's trainer (`--resume auto`, the same flags) finds that run finished and returns
     it as it is; the runner deleted its summary first, so the trial was trained again from scratch."""
-    config, sweep_dir = _tiny_sweep(tmp_path), tmp_path / "sweep"
-    first = _run_cli(config, sweep_dir, "--max_trials", "1")
+    config, sweep_dir, first = first_trial_done
     assert first.returncode == 0, first.stdout + first.stderr
     (record,) = read_results(sweep_dir)
     trial_dir = sweep_dir / record["trial_dir"]

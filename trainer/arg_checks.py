@@ -15,7 +15,8 @@ from typing import Any, Callable, NamedTuple
 
 from model.config import MAX_SIZE, PRESETS
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS,
-                                ROLLOUT_GROUPS, SFT_DATA, TrainArgs, task_default, task_flags)
+                                ROLLOUT_GROUPS, SFT_DATA, TrainArgs, holds_out_validation, task_default,
+                                task_flags)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (F_DIVERGENCE_READERS, LABEL_SMOOTHED, DPOLossType, FDivergence, check_label_smoothing,
                          check_option_values, check_options, parse_loss_types)
@@ -82,10 +83,8 @@ DEPENDENT_FLAGS: tuple[DependentFlag, ...] = (
                   lambda args: args.task not in ROLLOUT_GROUPS or args.lora),
     DependentFlag(("sft_data",), "a run without --data_path (the file is the data)", "leave --data_path out",
                   lambda args: args.data_path is None),
-    # trainer/data.py: the embedded data has its own validation split, a --val_data_path is one
     DependentFlag(("val_fraction",), "a --data_path without --val_data_path (its held-out split)",
-                  "give --data_path without --val_data_path",
-                  lambda args: args.data_path is not None and args.val_data_path is None),
+                  "give --data_path without --val_data_path", holds_out_validation),
     DependentFlag(("jsd_beta",), "--distill_loss jsd", "give --distill_loss jsd with it",
                   lambda args: args.distill_loss == DistillLoss.JSD),
     DependentFlag(("max_new_tokens", "sampling_temperature"), "--lmbda > 0 or --seq_kd (sampled completions)",

@@ -548,6 +548,12 @@ def given_preset(args: TrainArgs) -> str | None:
     return args.preset if asked else None
 
 
+def holds_out_validation(args: TrainArgs) -> bool:
+    """Whether the run splits its validation set off its training data by --val_fraction: only a --data_path
+    without --val_data_path (trainer/data.py; the embedded data has its own split, a --val_data_path is one)."""
+    return args.data_path is not None and args.val_data_path is None
+
+
 def uses_lora(args: TrainArgs) -> bool:
     """Whether the run trains LoRA adapters: train_lora.py, or GRPO/PPO with --lora."""
     return args.task == "lora" or (args.lora and args.task in ROLLOUT_TASKS)

@@ -19,7 +19,7 @@ from typing import Any
 
 from dataset.json_text import strict_json
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, flags_in_effect,
-                                given_preset, scored_against_starting_weights, uses_lora)
+                                given_preset, holds_out_validation, scored_against_starting_weights, uses_lora)
 from trainer.checkpoint_state import DATA_KEYS, CheckpointDamaged
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, STATE_FILE, checkpoint_step, finish_command,
@@ -49,7 +49,10 @@ def check_resume_compatible(path: Path, state: dict[str, Any], args: TrainArgs, 
     distillation, where --teacher names another directory, or, for a run scored against its starting weights (DPO's
     reference model, GRPO's and PPO's KL reference), where --from_weight does."""
     saved = state.get("config", {})
-    _keep_saved(path, saved, {flag: getattr(args, flag) for flag in DATA_ORDER_FLAGS},
+    # --val_fraction only where it splits the data: a run that never read it (the embedded data, a --val_data_path)
+    # resumes whatever its checkpoint recorded, as the unused-flag rule sets a YAML's value back (arg_checks.py)
+    order_flags = [flag for flag in DATA_ORDER_FLAGS if flag != "val_fraction" or holds_out_validation(args)]
+    _keep_saved(path, saved, {flag: getattr(args, flag) for flag in order_flags},
                 "the saved data position is only valid for the same samples in the same order")
     if uses_lora(args) or saved.get("lora"):
         _keep_saved(path, saved, {flag: getattr(args, flag) for flag in ADAPTER_FLAGS},

@@ -878,3 +878,19 @@ def test_another_machines_writer_without_its_state_is_refused_naming_rank_path_a
         checkpoint_module._check_writers_copies(rank_1, "auto", checkpoint, main_state, shared_storage=False)
     assert str(refused.value) == (f"--resume auto: rank 1: {checkpoint}: not a complete checkpoint (no "
                                   f"trainer_state.json); {NO_EARLIER_CHECKPOINT}")
+
+
+def test_an_unused_val_fraction_does_not_refuse_a_resume(tmp_path, capsys):
+    """A run without --data_path (the embedded data's own split) never read --val_fraction: a checkpoint saved before
+    the unused-flag rule may record one, and its `--resume auto --config RUN/train_config.yaml` (the rule sets the
+    YAML's unused value back to the default, noting it) must resume, not be refused for another --val_fraction; a
+    --data_path run, whose split it decides, is refused still."""
+    recorded = tmp_path / "train_config.yaml"
+    recorded.write_text("val_fraction: 0.2\n")
+    args = parse_args("pretrain", ["--config", str(recorded)])
+    assert args.val_fraction == 0.01 and "--val_fraction=0.2" in capsys.readouterr().err
+    check_resume_compatible(CHECKPOINT, _state(val_fraction=0.2), args, {})
+    check_resume_compatible(CHECKPOINT, _state(val_fraction=0.2), parse_args("pretrain", []), {})
+    with pytest.raises(ValueError, match="--val_fraction was 0.2 there and is 0.01 now"):
+        check_resume_compatible(CHECKPOINT, _state(val_fraction=0.2),
+                                parse_args("pretrain", ["--data_path", str(tmp_path / "d.jsonl")]), {})

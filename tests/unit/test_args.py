@@ -731,6 +731,18 @@ def test_a_rollout_group_one_forward_cannot_hold_is_refused_and_one_token_less_t
         f"{2 * (fits + 1) * 320} in all, more than the 2147483647 (MAX_SIZE, model/config.py) one forward holds")
 
 
+def test_a_micro_batch_of_exactly_max_size_tokens_is_taken():
+    """The bound is MAX_SIZE tokens itself: one PPO prompt x one completion of --max_seq_len 256 +
+    --max_completion_length 2**31 - 1 - 256 tokens holds 2,147,483,647, and is taken (MAX_SIZE is prime, so a rollout
+    of one row is the one way to meet it exactly); a micro-batch past it is refused (the tests beside this one)."""
+    from model.config import MAX_SIZE
+    from trainer.args import parse_args
+
+    args = parse_args("ppo", ["--batch_size", "1", "--num_generations", "1", "--max_seq_len", "256",
+                              "--max_completion_length", str(MAX_SIZE - 256)])
+    assert args.batch_size * args.num_generations * (args.max_seq_len + args.max_completion_length) == MAX_SIZE
+
+
 @pytest.mark.parametrize("task, flags, named", [
     ("pretrain", ["--batch_size", "10000000"], "--batch_size=10000000"),  # x 256 tokens
     ("sft", ["--max_seq_len", "1000000", "--batch_size", "4096"], "--batch_size=4096"),

@@ -223,3 +223,19 @@ def test_a_rope_theta_taken_is_the_one_the_model_rotates_by(theta: float) -> Non
     if theta == torch.finfo(torch.float32).max:
         with pytest.raises(ValueError, match=r"^rope_theta=3\.402823466385289e\+38 is not allowed; it must be at most"):
             MiniNormConfig(rope_theta=math.nextafter(theta, math.inf))
+
+
+def test_a_rope_theta_whose_last_positions_angle_is_not_finite_is_refused_one_position_sooner_taken() -> None:
+    """rope_theta 1e-44 (an fp32 subnormal) with head_dim 16: the highest frequency theta^(-14/16) is finite in fp32
+    (3.2e38), so only the angle position x frequency tells: at position 1 it is finite and the model's cos and sin
+    are too (max_position_embeddings 2, taken); at position 2 it is inf in fp32, cos and sin NaN
+    (max_position_embeddings 3, refused, naming that last position)."""
+    highest = torch.tensor(1e-44, dtype=torch.float32) ** torch.tensor(-14 / 16, dtype=torch.float32)
+    assert torch.isfinite(highest) and not torch.isfinite(highest * 2)  # the fp32 facts the bound rests on
+    config = MiniNormConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, rope_theta=1e-44,
+                            max_position_embeddings=2)
+    cos, sin = MiniNormForCausalLM(config).model.rotary(torch.tensor([[0, 1]]), torch.float32)
+    assert torch.isfinite(cos).all() and torch.isfinite(sin).all()
+    with pytest.raises(ValueError, match=r"^rope_theta=1e-44 is not allowed; RoPE's fp32 angles .* by position 2: "):
+        MiniNormConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, rope_theta=1e-44,
+                       max_position_embeddings=3)

@@ -72,6 +72,9 @@ def test_epochs_past_max_size_steps_are_refused_and_the_bound_itself_taken():
     assert str(error.value) == ("--epochs=214748365 is not allowed; at 10 optimizer steps per epoch it makes a run of "
                                 "2147483650 steps, past the 2147483647 (MAX_SIZE, model/config.py) any run ends in: "
                                 "lower --epochs or give --max_steps")
+    # MAX_SIZE itself: --epochs 2,147,483,647 of one step each (10 samples, 10 a step, accumulation 1)
+    assert plan_run_length(_args("--batch_size", "10", "--accumulation_steps", "1", "--epochs", "2147483647"), 10, 1,
+                           None).total_steps == 2147483647
     budget = _args("--batch_size", "10", "--epochs", "2147483647", "--time_budget_s", "60")
     assert plan_run_length(budget, 100, 1, None).budget is not None
 

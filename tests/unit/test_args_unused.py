@@ -185,3 +185,15 @@ def test_dpo_options_a_yaml_leaves_unused_reach_no_loss_type_refusal(capsys, tmp
     args, err = _stderr_of(capsys, "dpo", ["--config", str(config), "--f_alpha_divergence_coef", "0.5"])
     assert args is None and err[0].startswith("error: --f_alpha_divergence_coef=0.5 is not allowed; only "
                                               "--f_divergence_type alpha_divergence uses it"), err
+
+
+@pytest.mark.parametrize("task, argv, flag", [
+    ("distill", ["--jsd_beta", "1.5"], "jsd_beta"),  # also out of [0, 1]: _validate_gkd's refusal
+    ("ppo", ["--beta", "0", "--kl_estimator", "k3", "--missing_eos_penalty", "-1"], "kl_estimator"),  # PPO's own
+])
+def test_a_typed_unused_flag_is_refused_by_the_rule_before_the_trainers_own_checks(task, argv, flag, capsys):
+    """The rule refuses a typed unused flag first (validate), so the first thing the user learns is that the run
+    would not read it, not a range or another flag's refusal that applies to a value it would never use."""
+    args, err = _stderr_of(capsys, task, argv)
+    assert args is None
+    assert err[0].startswith(f"error: --{flag}=") and err[0].endswith(f"or leave --{flag} out"), err[0]

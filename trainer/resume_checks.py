@@ -19,7 +19,8 @@ from typing import Any
 
 from dataset.json_text import strict_json
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, flags_in_effect,
-                                given_preset, holds_out_validation, scored_against_starting_weights, uses_lora)
+                                given_preset, holds_out_validation, scored_against_starting_weights, task_default,
+                                uses_lora)
 from trainer.checkpoint_state import DATA_KEYS, CheckpointDamaged
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, STATE_FILE, checkpoint_step, finish_command,
@@ -171,9 +172,9 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     """The summary of the run that finished in `out_dir` where `args` (a `--resume auto`) ask for that very run
     again: every flag its train_config.yaml records as the command gives it (paths as typed; a flag the command
     leaves unset, which the run resolves, e.g. SFT's --copy_rows, aside; model fields only where the command gives
-    them; _NOT_THE_RUN aside; --reward_model compared as the directory it names, one left out counting:
-    _reward_model_change), and no checkpoint past the finished step (a longer continuation stopped before its end);
-    {} otherwise."""
+    them; _NOT_THE_RUN aside; a flag the recorded run did not use at its default: _unused_at_defaults; --reward_model
+    compared as the directory it names, one left out counting: _reward_model_change), and no checkpoint past the
+    finished step (a longer continuation stopped before its end); {} otherwise."""
     summary = read_summary(out_dir)
     model_saved = is_adapter_dir(out_dir) if uses_lora(args) else is_model_dir(out_dir)
     if summary.get("status") != "finished" or not model_saved:
@@ -181,7 +182,7 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     checkpoints = list_checkpoints(out_dir / CHECKPOINT_DIR)
     if checkpoints and (checkpoint_step(checkpoints[-1].name) or 0) > summary.get("steps", 0):
         return {}
-    recorded = _with_implied_flags(recorded_config(out_dir))
+    recorded = _unused_at_defaults(_with_implied_flags(recorded_config(out_dir)))
     asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **args.model}
     if "preset" in asked:
         asked["preset"] = given_preset(args)  # the default is no flag given: a finished cpu-deep run is this run
@@ -192,6 +193,21 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
                   for name, value in asked.items() if name in recorded)
     differs = differs or bool(_reward_model_change(recorded, asked))
     return {} if differs or not recorded else summary
+
+
+def _unused_at_defaults(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded config with the flags it did not use (trainer/arg_checks.py, unused_flags: a run finished
+    before the unused-flag rule may record one) at their defaults, as the rule sets them back in a command given that
+    config as --config: the run never read them, so they tell it from no other run. As recorded where it is no
+    TrainArgs (an unknown key, a value the table cannot read)."""
+    from trainer.arg_checks import unused_flags
+    from trainer.args import args_from_run_config
+
+    try:
+        found = unused_flags(args_from_run_config(recorded))
+    except (TypeError, ValueError):
+        return recorded
+    return {**recorded, **{flag.name: task_default(recorded["task"], flag.name) for flag in found}}
 
 
 def _comparable(value: Any) -> Any:

@@ -894,3 +894,25 @@ def test_an_unused_val_fraction_does_not_refuse_a_resume(tmp_path, capsys):
     with pytest.raises(ValueError, match="--val_fraction was 0.2 there and is 0.01 now"):
         check_resume_compatible(CHECKPOINT, _state(val_fraction=0.2),
                                 parse_args("pretrain", ["--data_path", str(tmp_path / "d.jsonl")]), {})
+
+
+@pytest.mark.parametrize("task, flags, unused", [
+    ("pretrain", ["--max_steps", "4"], {"epochs": 3}),  # --epochs beside a fixed --max_steps
+    ("sft", ["--max_steps", "4"], {"val_fraction": 0.2, "muon_lr": 0.5}),  # no --data_path; --optimizer adamw
+])
+def test_a_finished_run_recorded_with_unused_flags_is_that_run_asked_again_with_its_yaml(task, flags, unused, tmp_path,
+                                                                                         capsys):
+    """A run finished before the unused-flag rule may record flags it never read; `--config RUN/train_config.yaml
+    --resume auto` sets them back to their defaults (noted), and is still that finished run (nothing to train), not
+    another run; a flag the run did read, changed, is still another run."""
+    from trainer.resume_checks import finished_run_asked_again
+
+    recorded = {**parse_args(task, ["--out_dir", str(tmp_path), *flags]).to_dict(), **unused}
+    del recorded["model"]
+    summary = _finished_run(recorded, tmp_path)
+    args = parse_args(task, ["--config", str(tmp_path / "train_config.yaml"), "--resume", "auto"])
+    assert capsys.readouterr().err.startswith("note: unused flags left at their defaults: ")
+    assert all(getattr(args, name) != value for name, value in unused.items())
+    assert finished_run_asked_again(tmp_path, args) == summary
+    longer = parse_args(task, ["--config", str(tmp_path / "train_config.yaml"), "--resume", "auto", "--max_steps", "5"])
+    assert finished_run_asked_again(tmp_path, longer) == {}

@@ -197,3 +197,12 @@ def test_a_typed_unused_flag_is_refused_by_the_rule_before_the_trainers_own_chec
     args, err = _stderr_of(capsys, task, argv)
     assert args is None
     assert err[0].startswith(f"error: --{flag}=") and err[0].endswith(f"or leave --{flag} out"), err[0]
+
+
+def test_train_loras_adapter_flags_are_used_without_a_lora_flag(capsys):
+    """train_lora.py always trains adapters and has no --lora: its --lora_rank, --lora_alpha, --lora_dropout,
+    --lora_targets and --merge are used as typed, not refused as GRPO's and PPO's are without --lora."""
+    args, err = _stderr_of(capsys, "lora", ["--lora_rank", "16", "--lora_alpha", "32", "--lora_dropout", "0.1",
+                                            "--merge"])
+    assert args is not None and err == [], err
+    assert (args.lora_rank, args.lora_alpha, args.lora_dropout, args.merge) == (16, 32, 0.1, True)

@@ -207,7 +207,9 @@ def _unused_at_defaults(recorded: dict[str, Any]) -> dict[str, Any]:
         found = unused_flags(args_from_run_config(recorded))
     except (TypeError, ValueError):
         return recorded
-    return {**recorded, **{flag.name: task_default(recorded["task"], flag.name) for flag in found}}
+    # a flag it does not record stays out (a run from before the flag: not compared)
+    return {**recorded, **{flag.name: task_default(recorded["task"], flag.name) for flag in found
+                           if flag.name in recorded}}
 
 
 def _comparable(value: Any) -> Any:

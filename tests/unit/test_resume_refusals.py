@@ -916,3 +916,13 @@ def test_a_finished_run_recorded_with_unused_flags_is_that_run_asked_again_with_
     assert finished_run_asked_again(tmp_path, args) == summary
     longer = parse_args(task, ["--config", str(tmp_path / "train_config.yaml"), "--resume", "auto", "--max_steps", "5"])
     assert finished_run_asked_again(tmp_path, longer) == {}
+
+
+def test_a_recorded_config_gains_no_flag_it_does_not_record():
+    """A run recorded before a flag existed is not compared on it; setting back the recorded flags a run did not use
+    must not add one (a partial config reads TrainArgs' own defaults, a Muon rate that is not pretraining's)."""
+    from trainer.resume_checks import _unused_at_defaults
+
+    assert _unused_at_defaults({"task": "pretrain", "max_steps": 6}) == {"task": "pretrain", "max_steps": 6}
+    assert _unused_at_defaults({"task": "pretrain", "max_steps": 6, "epochs": 3}) == {
+        "task": "pretrain", "max_steps": 6, "epochs": 1}

@@ -14,6 +14,7 @@ import math
 from typing import Any, Callable, NamedTuple
 
 from model.config import MAX_SIZE, PRESETS
+from model.shown_value import shown_value
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS,
                                 ROLLOUT_GROUPS, SFT_DATA, TrainArgs, holds_out_validation, task_default,
                                 task_flags)
@@ -154,7 +155,7 @@ def apply_unused_flag_rule(args: TrainArgs) -> None:
     found = unused_flags(args)
     for unused in found:
         setattr(args, unused.name, task_default(args.task, unused.name))
-    args.ignored = tuple(f"--{unused.name}={unused.value!r} (only {unused.dependency.used_by} uses it)"
+    args.ignored = tuple(f"--{unused.name}={shown_value(unused.value)} (only {unused.dependency.used_by} uses it)"
                          for unused in found)
     args.given = args.given - {unused.name for unused in found}
 
@@ -168,7 +169,7 @@ def unused_flags_note(args: TrainArgs) -> str | None:
 
 def _bad(name: str, value: Any, allowed: str) -> ValueError:
     """The one-line refusal of a flag's value."""
-    return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
+    return ValueError(f"--{name}={shown_value(value)} is not allowed; {allowed}")  # a long value cut: one line
 
 
 def _check_choices(args: TrainArgs) -> None:

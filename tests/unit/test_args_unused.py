@@ -206,3 +206,15 @@ def test_train_loras_adapter_flags_are_used_without_a_lora_flag(capsys):
                                             "--merge"])
     assert args is not None and err == [], err
     assert (args.lora_rank, args.lora_alpha, args.lora_dropout, args.merge) == (16, 32, 0.1, True)
+
+
+def test_a_long_unused_value_is_quoted_short_on_one_line(capsys, tmp_path):
+    """The refusal and the note quote a long value as model/shown_value does (cut at MAX_SHOWN characters), not
+    whole: a 5,000-character --wandb_group made a 5,000-character line."""
+    from model.shown_value import MAX_SHOWN
+
+    long = "g" * 5000
+    args, err = _stderr_of(capsys, "pretrain", ["--wandb_group", long])
+    assert args is None and len(err[0]) < 300 and f"--wandb_group='{long[:MAX_SHOWN - 4]}..." in err[0], err[0][:400]
+    args, err = _stderr_of(capsys, "pretrain", ["--config", _yaml(tmp_path, "wandb_group", long)])
+    assert len(err) == 1 and len(err[0]) < 300 and err[0].endswith("... (only --use_wandb uses it)"), err[0][:400]

@@ -98,7 +98,8 @@ def check_rope_theta(theta: float, head_dim: int, max_position_embeddings: int) 
         raise ValueError(f"rope_theta={shown_value(theta)} is not allowed; it must be at most {FP32_MAX!r} (RoPE's "
                          f"frequencies are computed in fp32, where a larger base is inf and every frequency but the "
                          f"first 0: no rotation)")
-    frequencies, _ = inverse_frequencies(head_dim, theta, None, max_position_embeddings)
+    # on the CPU, whatever the default device: a config built under torch.device("meta") would make them meta
+    frequencies, _ = inverse_frequencies(head_dim, theta, None, max_position_embeddings, device=torch.device("cpu"))
     if not torch.isfinite(frequencies * float(max_position_embeddings - 1)).all() or not frequencies.isfinite().all():
         raise ValueError(f"rope_theta={shown_value(theta)} is not allowed; RoPE's fp32 angles (position x "
                          f"theta^(-2i/{head_dim})) are not finite with it by position {max_position_embeddings - 1}: "

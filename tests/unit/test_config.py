@@ -239,3 +239,15 @@ def test_a_rope_theta_whose_last_positions_angle_is_not_finite_is_refused_one_po
     with pytest.raises(ValueError, match=r"^rope_theta=1e-44 is not allowed; RoPE's fp32 angles .* by position 2: "):
         MiniNormConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, rope_theta=1e-44,
                        max_position_embeddings=3)
+
+
+def test_a_config_built_under_the_meta_device_checks_its_rope_theta_all_the_same() -> None:
+    """The trainers build a model's config from disk under torch.device("meta") (trainer/run_inputs.py): the
+    rope_theta check computes its frequencies on the CPU there too (it called .item() on a meta tensor: every SFT
+    from a saved model failed)."""
+    with torch.device("meta"):
+        assert MiniNormConfig(rope_theta=1e6).rope_theta == 1e6
+        with pytest.raises(ValueError, match=r"^rope_theta=1e\+300 is not allowed"):
+            MiniNormConfig(rope_theta=1e300)
+        with pytest.raises(ValueError, match=r"^rope_theta=1e-300 is not allowed; RoPE's fp32 angles"):
+            MiniNormConfig(rope_theta=1e-300)

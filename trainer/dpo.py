@@ -72,6 +72,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from model.model import shift_labels
+from model.shown_value import shown_value
 from trainer.evaluation import LoggedEval
 from trainer.run_dir import DPO_VAL_METRICS
 from trainer.step import StatWindow
@@ -207,7 +208,8 @@ def check_label_smoothing(loss_types: Sequence[str], label_smoothing: float) -> 
 
 
 def _bad_option(name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"--{name}={value!r} is not allowed; {allowed}")
+    """The one-line refusal of an option's value, quoted as trainer/arg_checks.py's flags are (a long one cut)."""
+    return ValueError(f"--{name}={shown_value(value)} is not allowed; {allowed}")
 
 
 def check_option_values(rpo_alpha: float | None = None, ld_alpha: float | None = None,

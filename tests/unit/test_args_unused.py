@@ -218,3 +218,9 @@ def test_a_long_unused_value_is_quoted_short_on_one_line(capsys, tmp_path):
     assert args is None and len(err[0]) < 300 and f"--wandb_group='{long[:MAX_SHOWN - 4]}..." in err[0], err[0][:400]
     args, err = _stderr_of(capsys, "pretrain", ["--config", _yaml(tmp_path, "wandb_group", long)])
     assert len(err) == 1 and len(err[0]) < 300 and err[0].endswith("... (only --use_wandb uses it)"), err[0][:400]
+
+
+def test_a_long_dpo_option_value_is_quoted_short_on_one_line(capsys):
+    """trainer/dpo.py's option refusals quote as the flags' do: a 5,000-character --f_divergence_type is cut."""
+    args, err = _stderr_of(capsys, "dpo", ["--loss_type", "sigmoid", "--f_divergence_type", "k" * 5000])
+    assert args is None and len(err[0]) < 300 and err[0].startswith("error: --f_divergence_type='kkk"), err[0][:400]

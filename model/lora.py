@@ -15,6 +15,8 @@ from typing import Any
 
 from torch import nn
 
+from model.shown_value import flag_refusal
+
 # The decoder's linear layers LoRA may adapt (model/model.py): attention and MLP projections. The LM head is tied
 # to the embedding, so it is not among them.
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -62,8 +64,9 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     sides = [min(module.in_features, module.out_features) for name, module in model.named_modules()
              if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in settings.targets]
     if sides and not 1 <= settings.rank <= min(sides):  # a huge rank was a TypeError traceback from torch.empty
-        raise ValueError(f"--lora_rank={settings.rank} is not allowed; it must be in 1 .. {min(sides)} (the smallest "
-                         f"side of the adapted layers: a larger rank adds parameters, not rank)")
+        raise ValueError(flag_refusal("lora_rank", settings.rank,
+                                      f"it must be in 1 .. {min(sides)} (the smallest side of the adapted layers: a "
+                                      f"larger rank adds parameters, not rank)"))
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=list(settings.targets), bias="none", task_type="CAUSAL_LM")
     with _without_peft_deprecation():

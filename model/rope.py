@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
-from model.shown_value import shown_value
+from model.shown_value import flag_refusal, shown_value
 
 ROPE_TYPES = ("linear", "dynamic", "yarn")
 # The largest factor a context extension takes (the tools' --rope_scaling_factor, long_context.py's --scalings):
@@ -174,8 +174,7 @@ def extend_context(model: Any, factor: float | None, trained_length: int | None 
         return None
     config = model.config
     if not (_is_number(factor) and 1 < factor <= MAX_FACTOR):  # NaN fails both comparisons
-        raise ValueError(f"--rope_scaling_factor={shown_value(factor)} is not allowed; it must be a number in "
-                         f"(1, {MAX_FACTOR}]")
+        raise ValueError(flag_refusal("rope_scaling_factor", factor, f"it must be a number in (1, {MAX_FACTOR}]"))
     if getattr(config, "model_type", None) != "mininorm":
         raise ValueError(f"--rope_scaling_factor works on MiniNorm models, not model_type="
                          f"{shown_value(getattr(config, 'model_type', None))}; set rope_parameters in its "

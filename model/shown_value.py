@@ -20,3 +20,11 @@ def shown_value(value: Any) -> str:
         return f"<{type(value).__name__} of shape {tuple(shape)}, {dtype}>"
     text = re.sub(r"\s*\n\s*", " ", repr(value))  # a str's repr has no newline: its spaces stay as they are
     return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN - 3] + "..."
+
+
+def flag_refusal(flag: str | None, value: Any, allowed: str) -> str:
+    """The one-line refusal of a flag's value, every trainer's and tool's: "--flag=<value> is not allowed; <allowed>",
+    the value quoted by shown_value; with `flag` None, "<value> is not allowed; <allowed>" (an argparse type
+    function's message, which argparse prefixes with "argument --flag: " itself)."""
+    quoted = shown_value(value)
+    return f"{quoted} is not allowed; {allowed}" if flag is None else f"--{flag}={quoted} is not allowed; {allowed}"

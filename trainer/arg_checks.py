@@ -14,7 +14,7 @@ import math
 from typing import Any, Callable, NamedTuple
 
 from model.config import MAX_SIZE, PRESETS
-from model.shown_value import shown_value
+from model.shown_value import flag_refusal, shown_value
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS,
                                 ROLLOUT_GROUPS, SFT_DATA, TrainArgs, holds_out_validation, task_default,
                                 task_flags)
@@ -169,7 +169,7 @@ def unused_flags_note(args: TrainArgs) -> str | None:
 
 def _bad(name: str, value: Any, allowed: str) -> ValueError:
     """The one-line refusal of a flag's value."""
-    return ValueError(f"--{name}={shown_value(value)} is not allowed; {allowed}")  # a long value cut: one line
+    return ValueError(flag_refusal(name, value, allowed))
 
 
 def _check_choices(args: TrainArgs) -> None:

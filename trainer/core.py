@@ -30,6 +30,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from model.model import MiniNormForCausalLM
+from model.shown_value import flag_refusal
 from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state
@@ -231,10 +232,10 @@ class Trainer:
         if args.task in ROLLOUT_TASKS and args.max_seq_len + args.max_completion_length > positions:
             # a rollout is one sequence, the prompt and its completion: their positions past the model's failed
             # late (an OverflowError after the first rollout for a huge --max_completion_length)
-            raise ValueError(f"--max_completion_length={args.max_completion_length} is not allowed; a prompt of up "
-                             f"to --max_seq_len={args.max_seq_len} tokens and its completion must fit the model's "
-                             f"max_position_embeddings={positions}: it must be at most "
-                             f"{positions - args.max_seq_len} (or lower --max_seq_len)")
+            raise ValueError(flag_refusal("max_completion_length", args.max_completion_length,
+                                          f"a prompt of up to --max_seq_len={args.max_seq_len} tokens and its "
+                                          f"completion must fit the model's max_position_embeddings={positions}: it "
+                                          f"must be at most {positions - args.max_seq_len} (or lower --max_seq_len)"))
         if args.gradient_checkpointing:
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         return base

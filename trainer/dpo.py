@@ -72,7 +72,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from model.model import shift_labels
-from model.shown_value import shown_value
+from model.shown_value import flag_refusal
 from trainer.evaluation import LoggedEval
 from trainer.run_dir import DPO_VAL_METRICS
 from trainer.step import StatWindow
@@ -192,24 +192,24 @@ def parse_loss_types(text: str) -> tuple[DPOLossType, ...]:
     for name in names:
         if name not in tuple(DPOLossType):
             shown = text if len(names) == 1 else name
-            raise ValueError(f"--loss_type={shown!r} is not allowed; choose one or several (comma-separated) of "
-                             f"{', '.join(DPOLossType)}")
+            raise _bad_option("loss_type", shown, f"choose one or several (comma-separated) of "
+                                                  f"{', '.join(DPOLossType)}")
     return tuple(DPOLossType(name) for name in names)
 
 
 def check_label_smoothing(loss_types: Sequence[str], label_smoothing: float) -> None:
     """Refuse, in one line, a --label_smoothing none of `loss_types` reads, and exo_pair without one (its log eps)."""
     if label_smoothing and not any(kind in LABEL_SMOOTHED for kind in loss_types):
-        raise ValueError(f"--label_smoothing={label_smoothing!r} is not allowed; only --loss_type "
-                         f"{', '.join(LABEL_SMOOTHED)} use it: leave it 0 with --loss_type {','.join(loss_types)}")
+        raise _bad_option("label_smoothing", label_smoothing, f"only --loss_type {', '.join(LABEL_SMOOTHED)} use it: "
+                                                              f"leave it 0 with --loss_type {','.join(loss_types)}")
     if DPOLossType.EXO_PAIR in loss_types and not label_smoothing:
-        raise ValueError(f"--label_smoothing={label_smoothing!r} is not allowed; --loss_type exo_pair needs its "
-                         f"epsilon > 0 (the EXO paper recommends 1e-3)")
+        raise _bad_option("label_smoothing", label_smoothing, "--loss_type exo_pair needs its epsilon > 0 (the EXO "
+                                                              "paper recommends 1e-3)")
 
 
 def _bad_option(name: str, value: Any, allowed: str) -> ValueError:
-    """The one-line refusal of an option's value, quoted as trainer/arg_checks.py's flags are (a long one cut)."""
-    return ValueError(f"--{name}={shown_value(value)} is not allowed; {allowed}")
+    """The one-line refusal of an option's value (model/shown_value.py's flag_refusal: a long value cut)."""
+    return ValueError(flag_refusal(name, value, allowed))
 
 
 def check_option_values(rpo_alpha: float | None = None, ld_alpha: float | None = None,
@@ -328,8 +328,7 @@ def _loss_weights(loss_types: Sequence[str], loss_weights: Sequence[float] | Non
     """One weight per loss type (1 each when None); refuses, in one line, a count that does not match."""
     weights = [1.0] * len(loss_types) if loss_weights is None else list(loss_weights)
     if len(weights) != len(loss_types):
-        raise ValueError(f"--loss_weights={weights!r} is not allowed; give one weight per --loss_type "
-                         f"({len(loss_types)})")
+        raise _bad_option("loss_weights", weights, f"give one weight per --loss_type ({len(loss_types)})")
     return weights
 
 

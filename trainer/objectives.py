@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from dataset.copy_rows import ROW_LENGTH, check_cue_pairs, copy_rows
 from model.model import shift_labels
+from model.shown_value import flag_refusal
 from trainer.evaluation import LMEval, evaluate_lm
 from trainer.step import StatWindow
 
@@ -120,7 +121,7 @@ class LanguageModelingWithCopies(LanguageModeling):
         try:  # refused before the first step, not at it
             check_cue_pairs(settings.cue_pairs, vocab)
         except ValueError as error:
-            raise ValueError(f"--copy_cue_pairs={settings.cue_pairs} is not allowed; {error}") from None
+            raise ValueError(flag_refusal("copy_cue_pairs", settings.cue_pairs, str(error))) from None
         self.settings, self.vocab, self.seed = settings, vocab, seed
         self.process_index, self.processes, self.accumulation_steps = process_index, processes, accumulation_steps
         self.stat_names = self.stat_names + ("lm_loss", "copy_loss")

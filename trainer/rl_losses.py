@@ -18,6 +18,8 @@ from enum import StrEnum
 
 import torch
 
+from model.shown_value import flag_refusal
+
 ADVANTAGE_EPS = 1e-4  # added to a group's standard deviation: a group whose rewards are all equal gets advantages 0
 
 
@@ -110,7 +112,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = KLE
     Divergence"), as TRL's PPOTrainer writes them with log r = ref_logp - logp: k1 = -log r = logp - ref_logp
     (unbiased, any sign), k3 = (r - 1) - log r (kl_k3: unbiased, >= 0, lower variance)."""
     if estimator not in tuple(KLEstimator):
-        raise ValueError(f"--kl_estimator={estimator!r} is not allowed; choose one of {', '.join(KLEstimator)}")
+        raise ValueError(flag_refusal("kl_estimator", estimator, f"choose one of {', '.join(KLEstimator)}"))
     return logp - ref_logp if estimator == KLEstimator.K1 else kl_k3(logp, ref_logp)
 
 
@@ -136,10 +138,10 @@ def _clipped_sides(ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: f
 def _checked_loss_type(loss_type: str, importance_sampling_level: str) -> LossType:
     """policy_loss's loss type, after a one-line refusal of a loss type or importance-sampling level it lacks."""
     if loss_type not in tuple(LossType):
-        raise ValueError(f"--loss_type={loss_type!r} is not allowed; choose one of {', '.join(LossType)}")
+        raise ValueError(flag_refusal("loss_type", loss_type, f"choose one of {', '.join(LossType)}"))
     if importance_sampling_level not in tuple(ImportanceSamplingLevel):
-        raise ValueError(f"--importance_sampling_level={importance_sampling_level!r} is not allowed; choose one of "
-                         f"{', '.join(ImportanceSamplingLevel)}")
+        raise ValueError(flag_refusal("importance_sampling_level", importance_sampling_level,
+                                      f"choose one of {', '.join(ImportanceSamplingLevel)}"))
     return LossType(loss_type)
 
 

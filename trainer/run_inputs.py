@@ -13,6 +13,7 @@ import torch
 from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
+from model.shown_value import flag_refusal
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
                                 requested_model_fields, settable_model_fields)
 from trainer.run_dir import (DEFAULT_FROM_WEIGHT, MERGED_DIR, WEIGHT_FILES, check_out_dir, create_command,
@@ -78,8 +79,8 @@ def check_vocab_size(args: TrainArgs, tokenizer: Any) -> None:
     the first forward pass)."""
     asked = args.model.get("vocab_size")
     if args.task == "pretrain" and asked is not None and asked < len(tokenizer):
-        raise ValueError(f"--vocab_size={asked} is not allowed; the tokenizer has {len(tokenizer)} tokens, so it "
-                         f"must be >= {len(tokenizer)} (leave it unset for exactly that)")
+        raise ValueError(flag_refusal("vocab_size", asked, f"the tokenizer has {len(tokenizer)} tokens, so it must "
+                                                           f"be >= {len(tokenizer)} (leave it unset for exactly that)"))
 
 
 def build_model(args: TrainArgs, tokenizer: Any, source: Path | None) -> tuple[MiniNormForCausalLM, list[str]]:

@@ -11,6 +11,7 @@ from typing import Any
 from accelerate.utils import broadcast_object_list
 
 from model.config import MAX_SIZE
+from model.shown_value import flag_refusal
 from trainer.arg_fields import TrainArgs
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.checkpoint_state import saved_position
@@ -35,9 +36,10 @@ def plan_run_length(args: TrainArgs, train_size: int, world: int, resume_state: 
                          f"{train_size}; lower --batch_size or --accumulation_steps")
     total = total_steps(args, resume_state, train_size, global_batch, steps_per_epoch)
     if total > MAX_SIZE and not args.time_budget_s:  # --epochs decided it (--max_steps has its bound at parsing)
-        raise ValueError(f"--epochs={args.epochs} is not allowed; at {steps_per_epoch} optimizer steps per epoch it "
-                         f"makes a run of {total} steps, past the {MAX_SIZE} (MAX_SIZE, model/config.py) any run "
-                         f"ends in: lower --epochs or give --max_steps")
+        raise ValueError(flag_refusal("epochs", args.epochs,
+                                      f"at {steps_per_epoch} optimizer steps per epoch it makes a run of {total} "
+                                      f"steps, past the {MAX_SIZE} (MAX_SIZE, model/config.py) any run ends in: lower "
+                                      f"--epochs or give --max_steps"))
     budget = None
     if args.time_budget_s:
         budget = TimeBudget(args.time_budget_s, max_steps=total, fixed=bool((resume_state or {}).get("budget_fixed")))

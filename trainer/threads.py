@@ -64,7 +64,8 @@ def parse_threads(value: str) -> str | int:
     except ValueError:
         count = 0
     if not 1 <= count <= MAX_THREADS:
-        raise ValueError(f"--threads={value!r} is not allowed; {THREADS_ALLOWED}")
+        from model.shown_value import flag_refusal  # here, not above: importing model loads torch, which must wait
+        raise ValueError(flag_refusal("threads", value, THREADS_ALLOWED))
     return count
 
 
@@ -136,7 +137,8 @@ def _threads_flag(value: str) -> str | int:
     try:
         return parse_threads(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not allowed; {THREADS_ALLOWED}") from None
+        from model.shown_value import flag_refusal  # here, not above: importing model loads torch, which must wait
+        raise argparse.ArgumentTypeError(flag_refusal(None, value, THREADS_ALLOWED)) from None  # argparse names it
 
 
 def bound_openmp_waits(environ: MutableMapping[str, str] = os.environ) -> None:

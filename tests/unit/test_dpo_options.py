@@ -496,6 +496,23 @@ def test_dpo_loss_refuses_what_the_flags_refuse():
         dpo_loss(*_leaves(), BETA, "aot", pair_weights=torch.ones(3, dtype=torch.float64))
 
 
+def test_the_loss_refusals_quote_a_long_value_cut_on_one_line():
+    """--loss_type and --loss_weights quote a refused value as every flag refusal does (model/shown_value.py's
+    flag_refusal: the repr cut at MAX_SHOWN characters): a 5,000-character name made a 5,000-character line."""
+    from model.shown_value import MAX_SHOWN
+    from trainer.dpo import parse_loss_types
+
+    with pytest.raises(ValueError) as refused:
+        parse_loss_types("n" * 5000)
+    assert str(refused.value).startswith("--loss_type='" + "n" * (MAX_SHOWN - 4) + "... is not allowed; choose one")
+    assert len(str(refused.value)) < 400
+    weights = [0.5] * 1000
+    with pytest.raises(ValueError) as refused:
+        dpo_loss(*_leaves(), BETA, "sigmoid,sft", loss_weights=weights)
+    assert str(refused.value) == (f"--loss_weights={repr(weights)[:MAX_SHOWN - 3]}... is not allowed; give one weight "
+                                  f"per --loss_type (2)")
+
+
 def test_nll_loss_is_logged_with_sft_and_counts_the_real_pairs_only():
     """`sigmoid,sft` logs nll_loss as RPO does; a padding pair (no target, as validation shards are padded) adds
     nothing to it nor to the loss: with pair 1 blanked, the sums are pair 0's, by hand from the softmax."""

@@ -3,12 +3,14 @@ tool (scripts/, eval/), one tool never imports another tool's module, and no mod
 cycle (imports inside functions count: a lazy import is still a dependency). A tool is one file of a tool folder,
 or one package there (e.g. scripts/server/): the modules of one package may import each other, and one command
 may own a package (scripts/serve.py runs scripts/server/); a package that two tools import is shared logic, which
-belongs in the library. Plus one owner for the run directory's file names and for the rules every tool shares, a
---help text on every flag, type hints on public functions, and whole files written atomically."""
+belongs in the library. Plus one owner for the run directory's file names, for the rules every tool shares and for
+the flag refusal line, a --help text on every flag, type hints on public functions, and whole files written
+atomically."""
 
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -235,11 +237,43 @@ def test_file_names_are_spelled_out_by_their_owner_only(owner: str, names: tuple
     ("save_figure", "trainer/figures.py"),         # the tail that saves every study's plots
     ("free_port", "trainer/distributed.py"),       # launchers, servers and tests ask it for a port
     ("write_jsonl", "tests/training_runs.py"),     # the tests' jsonl writer
+    ("shown_value", "model/shown_value.py"),       # how an error message quotes the value it refuses
+    ("flag_refusal", "model/shown_value.py"),      # the "--flag=value is not allowed; ..." line
 ])
 def test_shared_rules_are_defined_once(function: str, owner: str) -> None:
     files = [*module_files(REPO).values(), *sorted((REPO / "tests").rglob("*.py"))]
     defined = [str(path.relative_to(REPO)) for path in files if function in _function_names(path)]
     assert defined == [owner]
+
+
+def _hand_written_refusals(source: str) -> list[str]:
+    """The f-strings that write the flag refusal line themselves ("--flag={value} is not allowed"), value unquoted or
+    quoted in their own way, rather than through model/shown_value.py's flag_refusal: line and quoted expression."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            for before, value, after in zip(node.values, node.values[1:], node.values[2:]):
+                if (isinstance(before, ast.Constant) and re.search(r"--\w+=$", before.value)
+                        and isinstance(value, ast.FormattedValue) and isinstance(after, ast.Constant)
+                        and after.value.startswith(" is not allowed")):
+                    found.append(f"line {node.lineno}: {ast.unparse(value)}")
+    return found
+
+
+def test_the_flag_refusal_line_is_written_by_its_owner_only() -> None:
+    """model/shown_value.py's flag_refusal writes it (the value cut to one short line): a copy quoting the value whole
+    made a 5,000-character --threads value a 5,000-character error."""
+    found = {str(path.relative_to(REPO)): _hand_written_refusals(path.read_text(encoding="utf-8"))
+             for path in module_files(REPO).values()}
+    assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+def test_the_refusal_check_catches_a_hand_written_line() -> None:
+    source = ('x = f"--threads={value!r} is not allowed; {allowed}"\n'
+              'y = f"--epochs={args.epochs} is not allowed; "  f"lower it"\n'
+              'z = f"--lr={shown_value(lr)} is allowed"\n'
+              'w = flag_refusal("threads", value, allowed)\n')
+    assert _hand_written_refusals(source) == ["line 1: {value!r}", "line 2: {args.epochs}"]
 
 
 def _parser_constructions(path: Path) -> list[str]:

@@ -321,6 +321,24 @@ def test_kl_penalized_rewards_with_the_k3_estimator_pay_trls_k3_per_token():
                              "k2")
 
 
+def test_a_long_estimator_or_loss_type_is_refused_in_one_short_line():
+    """The refusals quote a refused name as every flag refusal does (model/shown_value.py's flag_refusal: the repr cut
+    at MAX_SHOWN characters), not whole."""
+    from model.shown_value import MAX_SHOWN
+
+    cut = "'" + "k" * (MAX_SHOWN - 4) + "..."
+    logp = torch.zeros(2, 3)
+    with pytest.raises(ValueError) as refused:
+        kl_estimate(logp, logp, "k" * 5000)
+    assert str(refused.value) == f"--kl_estimator={cut} is not allowed; choose one of k1, k3"
+    with pytest.raises(ValueError) as refused:
+        policy_loss("k" * 5000, logp, logp, torch.zeros(2), torch.ones(2, 3))
+    assert str(refused.value).startswith(f"--loss_type={cut} is not allowed; choose one of ")
+    with pytest.raises(ValueError) as refused:
+        policy_loss("grpo", logp, logp, torch.zeros(2), torch.ones(2, 3), importance_sampling_level="k" * 5000)
+    assert str(refused.value).startswith(f"--importance_sampling_level={cut} is not allowed; choose one of ")
+
+
 def test_the_missing_eos_penalty_is_taken_off_the_cut_completions_scores_only():
     scores = torch.tensor([2.0, -1.0, 0.5, 0.0])
     ended = torch.tensor([True, False, False, True])

@@ -35,6 +35,32 @@ def test_threads_flag_takes_auto_or_a_positive_count():
             parse_threads(bad)
 
 
+def test_a_long_threads_value_is_refused_in_one_short_line(capsys):
+    """--threads quotes a refused value as every flag refusal does (model/shown_value.py's flag_refusal: its repr,
+    cut at MAX_SHOWN characters), the trainers' check and the tools' argparse flag alike: a 5,000-character value
+    made a 5,000-character line."""
+    import argparse
+
+    from model.shown_value import MAX_SHOWN
+    from trainer.threads import THREADS_ALLOWED, add_threads_flag
+
+    long = "t" * 5000
+    cut = "'" + "t" * (MAX_SHOWN - 4) + "..."  # the repr's quote and 56 characters, then the ellipsis
+    with pytest.raises(ValueError) as refused:
+        parse_threads(long)
+    assert str(refused.value) == f"--threads={cut} is not allowed; {THREADS_ALLOWED}"
+    parser = argparse.ArgumentParser(prog="tool")
+    add_threads_flag(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--threads", long])
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"tool: error: argument --threads: {cut} is not allowed; {THREADS_ALLOWED}", last[:300]
+    with pytest.raises(SystemExit):  # a short value reads as before: its whole repr
+        parser.parse_args(["--threads", "two"])
+    assert capsys.readouterr().err.splitlines()[-1] == (f"tool: error: argument --threads: 'two' is not allowed; "
+                                                        f"{THREADS_ALLOWED}")
+
+
 def test_others_load_is_the_busy_time_that_is_not_ours():
     before = CpuSample(busy=1000, total=4000, own=300)
     # 200 ticks elapsed over 2 CPUs (100 each): 150 busy, 50 of them ours: others used 100 ticks = one core.

@@ -120,16 +120,14 @@ def check_tokenizer(model_dir: Path) -> None:
     if not isinstance(spec, dict):
         raise ValueError(f"{file}: not a tokenizer.json (a JSON object)")
     pre, model = spec.get("pre_tokenizer"), spec.get("model")
-    shown = json.dumps(pre)
-    shown = shown if len(shown) <= 100 else shown[:100] + "..."
     why = ("is not GPT-2's byte-level split (ByteLevel with use_regex=true, add_prefix_space=false), the only one "
            "written as llama.cpp's 'gpt-2' pre-tokenizer; llama.cpp would cut text where this tokenizer does not")
     if not isinstance(pre, dict) or {key: pre.get(key) for key in GPT2_PRE_TOKENIZER} != GPT2_PRE_TOKENIZER:
-        raise NotExportable(f"cannot convert {model_dir} to GGUF: {file.name}'s pre_tokenizer {shown} {why}")
+        raise NotExportable(f"cannot convert {model_dir} to GGUF: {file.name}'s pre_tokenizer {shown_value(pre)} {why}")
     if spec.get("normalizer") is not None:
         raise NotExportable(f"cannot convert {model_dir} to GGUF: {file.name}'s normalizer "
-                                 f"{json.dumps(spec['normalizer'])[:100]} is not supported; llama.cpp's 'gpt2' "
-                                 "tokenizer does not normalize text")
+                                 f"{shown_value(spec['normalizer'])} is not supported; llama.cpp's 'gpt2' tokenizer "
+                                 "does not normalize text")
     if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("byte_fallback"):
         kind = model.get("type") if isinstance(model, dict) else model
         raise NotExportable(f"cannot convert {model_dir} to GGUF: {file.name}'s model {shown_value(kind)} is not the "

@@ -225,11 +225,11 @@ FOREIGN_TOKENIZERS = [
     ("qwen2_split", _edit_tokenizer(pre_tokenizer={"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}),
-     "pre_tokenizer {\"type\": \"Sequence\""),
+     "pre_tokenizer {'type': 'Sequence'"),
     ("prefix_space", _edit_tokenizer(pre_tokenizer={"type": "ByteLevel", "add_prefix_space": True,
                                                     "trim_offsets": True, "use_regex": True}),
-     "pre_tokenizer {\"type\": \"ByteLevel\", \"add_prefix_space\": true"),
-    ("nfc_normalizer", _edit_tokenizer(normalizer={"type": "NFC"}), "normalizer {\"type\": \"NFC\"}"),
+     "pre_tokenizer {'type': 'ByteLevel', 'add_prefix_space': True"),
+    ("nfc_normalizer", _edit_tokenizer(normalizer={"type": "NFC"}), "normalizer {'type': 'NFC'}"),
 ]
 
 
@@ -248,13 +248,16 @@ def test_a_tokenizer_llama_cpp_would_split_otherwise_is_refused(tiny_models, tmp
 @pytest.mark.parametrize(("file", "field", "named"), [
     # the list's repr cut at 57 characters ("['x', " then 5 per item) and "..." added
     ("tokenizer.json", "model", "tokenizer.json's model ['x', " + "'x', " * 10 + "'... is not the byte-level BPE"),
+    ("tokenizer.json", "pre_tokenizer", "tokenizer.json's pre_tokenizer ['x', " + "'x', " * 10 + "'... is not GPT-2's"),
+    ("tokenizer.json", "normalizer", "tokenizer.json's normalizer ['x', " + "'x', " * 10 + "'... is not supported"),
     ("config.json", "model_type", "is not a MiniNorm model or a Llama export (model_type=['x', " + "'x', " * 10
      + "'...)"),
 ])
 def test_a_long_list_where_a_name_belongs_is_quoted_in_one_short_line(tiny_models, tmp_path, capsys, file, field,
                                                                        named) -> None:
     """A refused value is quoted as every refusal quotes one (model/shown_value.py): a list of 500 items in
-    tokenizer.json's "model" or config.json's "model_type" was printed whole."""
+    tokenizer.json's "model" or config.json's "model_type" was printed whole, and its "pre_tokenizer" or
+    "normalizer" as JSON cut at 100 characters by a rule of its own."""
     model = _copied_model(tiny_models, tmp_path / "model")
     spec = json.loads((model / file).read_text(encoding="utf-8"))
     (model / file).write_text(json.dumps({**spec, field: ["x"] * 500}), encoding="utf-8")

@@ -1,14 +1,17 @@
 """How a one-line error message quotes the value it refuses (house rule: one line naming the field and the allowed
 values). Python's repr of a tensor or an array is every element over many lines, and that of a long list or dict
 (a whole rope_scaling, a token list) buries the field and the allowed values; shown_value keeps the quote to one
-short line."""
+short line. shown_json quotes a JSON API's client value as JSON, shown_text cuts a quote or a name a client chose
+(a server's error echoing a 100,000-character tool name made a 100,000-character error), and flag_refusal writes
+the refusal line of a flag."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
-MAX_SHOWN = 60  # characters of a repr kept before "..."
+MAX_SHOWN = 60  # characters of a quote kept before "..."
 
 
 def shown_value(value: Any) -> str:
@@ -18,7 +21,19 @@ def shown_value(value: Any) -> str:
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if isinstance(shape, tuple) and dtype is not None and len(shape) > 0:
         return f"<{type(value).__name__} of shape {tuple(shape)}, {dtype}>"
-    text = re.sub(r"\s*\n\s*", " ", repr(value))  # a str's repr has no newline: its spaces stay as they are
+    return shown_text(repr(value))
+
+
+def shown_json(value: Any) -> str:
+    """`value` as an error message of a JSON API quotes it: its JSON text (what the client wrote: "a", not 'a'; a
+    newline as \\n), cut as shown_value cuts a repr."""
+    return shown_text(json.dumps(value))
+
+
+def shown_text(text: str) -> str:
+    """`text`, a quote (a repr, JSON) or a name a client chose (a field, a key), on one line and cut at MAX_SHOWN
+    characters, "..." added: the cut every quote of a refused value takes."""
+    text = re.sub(r"\s*\n\s*", " ", text)  # a str's repr has no newline: its spaces stay as they are
     return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN - 3] + "..."
 
 

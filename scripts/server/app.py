@@ -17,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.requests import ClientDisconnect
 
 from model.generation import GenerationSettings
+from model.shown_value import shown_value
 from scripts.server.builtin_tools import (RUN_REQUEST_BODY, OfferedTools, offered_tools, parse_run_request,
                                           run_call)
 from scripts.server.completion import Completion, generation_settings, prompt_ids
@@ -58,7 +59,8 @@ def check_json_content_type(request: Request) -> None:
     media_type = declared.partition(";")[0].strip().lower()
     kind, _, subtype = media_type.partition("/")
     if kind != "application" or not (subtype == "json" or subtype.endswith("+json")):
-        raise APIError(415, f"Content-Type must be application/json, got {declared!r}", code="unsupported_media_type")
+        raise APIError(415, f"Content-Type must be application/json, got {shown_value(declared)}",
+                       code="unsupported_media_type")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -157,7 +159,7 @@ def add_model_routes(app: FastAPI, served: ServedModel, api_key: str | None, cou
     async def get_model(model_id: str, request: Request) -> dict[str, Any]:
         authorize(request, api_key)
         if model_id != served.name:
-            raise APIError(404, f"no model {model_id!r}; this server has {served.name!r}", param="model",
+            raise APIError(404, f"no model {shown_value(model_id)}; this server has {served.name!r}", param="model",
                            code="model_not_found")
         return served_card()
 

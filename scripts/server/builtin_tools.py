@@ -16,6 +16,7 @@ from typing import Any
 from dataset.chat_format import encode_chatml
 from dataset.tools import ToolError, is_tool_error, parse_arguments, run_tool, tool_schemas
 from model.chat_session import MAX_TOOL_ROUNDS
+from model.shown_value import shown_text, shown_value
 from scripts.server.errors import APIError
 from scripts.server.protocol import parse_json_object
 from scripts.server.served_model import ServedModel
@@ -67,13 +68,15 @@ def parse_run_request(body: bytes, offered: OfferedTools) -> tuple[str, Any]:
     data = parse_json_object(body)
     unknown = sorted(set(data) - {"name", "arguments"})
     if unknown:
-        raise APIError(400, f"{unknown[0]}: unknown field; the fields are name and arguments", param=unknown[0])
+        field = shown_text(unknown[0])  # a client's key, cut: its name and the param both echo it
+        raise APIError(400, f"{field}: unknown field; the fields are name and arguments", param=field)
     name = data.get("name")
     allowed = ", ".join(offered.names()) or "none are offered"
     if not isinstance(name, str):
         raise APIError(400, f"name: must be a tool's name ({allowed})", param="name")
     if name not in offered.names():
-        raise APIError(400, f"name: no tool {name!r}; tools: {allowed}", param="name", code="tool_not_found")
+        raise APIError(400, f"name: no tool {shown_value(name)}; tools: {allowed}", param="name",
+                       code="tool_not_found")
     try:
         arguments = parse_arguments(data.get("arguments", {}))
     except ToolError as error:

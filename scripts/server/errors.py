@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from model.shown_value import shown_text
+
 INTERNAL_ERROR = "internal server error; the server's log has the details"
 
 # Where pydantic names the branch of a union in an error's location; a client knows only the field path.
@@ -38,8 +40,8 @@ def validation_error(error: ValidationError) -> APIError:
     for part in first["loc"]:
         if isinstance(part, int):
             param += f"[{part}]"
-        elif part not in _UNION_BRANCHES:
-            param += f".{part}" if param else str(part)
+        elif part not in _UNION_BRANCHES:  # a key of a client's object (logit_bias) is a part too: cut
+            param += f".{shown_text(part)}" if param else shown_text(str(part))
     message = first["msg"]
     if first["type"] == "missing":
         message = "is required"

@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from dataset.chat_format import normalize_messages, parse_tools
 from dataset.json_text import read_json_field
+from model.shown_value import shown_json, shown_value
 from scripts.server.errors import APIError, validation_error
 from trainer.inference_flags import (LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_LOGIT_BIAS_RANGE, OPENAI_PENALTY_RANGE,
                                      SMALLEST_DIVISOR)
@@ -23,6 +24,7 @@ from trainer.inference_flags import (LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_LO
 # are the library's.
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
 MAX_TOKEN_ID_DIGITS = 20  # a logit_bias key, leading zeros aside: 2**64 has 20 digits, a vocabulary far fewer
+MAX_LISTED = 5  # call ids an error lists, then how many more
 MIN_LOGPROB = -9999.0  # OpenAI's and vLLM's floor for a token the model rules out: JSON has no -Infinity
 
 
@@ -153,9 +155,11 @@ class ResponseFormat(BaseModel):
 
 
 def _listed(ids: list[str]) -> str:
-    """Call ids as an error lists them: each as a JSON string, so that one holding a newline or a comma keeps the
-    message one line and the ids apart."""
-    return ", ".join(json.dumps(i) for i in ids)
+    """Call ids as an error lists them: each as a JSON string (model/shown_value.py's shown_json: one holding a
+    newline or a comma keeps the message one line and the ids apart, a long one is cut), the first MAX_LISTED and
+    how many more (a message with thousands of calls made an error of thousands of ids)."""
+    listed = ", ".join(shown_json(i) for i in ids[:MAX_LISTED])
+    return listed if len(ids) <= MAX_LISTED else f"{listed} and {len(ids) - MAX_LISTED} more"
 
 
 class ChatRequest(BaseModel):
@@ -308,11 +312,11 @@ class ChatRequest(BaseModel):
                                         f"messages[{caller}] it answers)", param=f"{where}.tool_call_id")
                 ids = [call.id for call in self.messages[caller].tool_calls or []]
                 if message.tool_call_id not in ids:
-                    raise APIError(400, f"{where}.tool_call_id: {json.dumps(message.tool_call_id)} is not the id of a "
+                    raise APIError(400, f"{where}.tool_call_id: {shown_json(message.tool_call_id)} is not the id of a "
                                         f"call in the tool_calls of messages[{caller}] ({_listed(ids)})",
                                    param=f"{where}.tool_call_id")
                 if message.tool_call_id in answered:  # which answer holds would be the format's guess
-                    raise APIError(400, f"{where}.tool_call_id: duplicate value {json.dumps(message.tool_call_id)}, in "
+                    raise APIError(400, f"{where}.tool_call_id: duplicate value {shown_json(message.tool_call_id)}, in "
                                         f"messages[{answered[message.tool_call_id]}] and {where} (a call is answered "
                                         f"once)", param=f"{where}.tool_call_id")
                 answered[message.tool_call_id] = index
@@ -327,7 +331,7 @@ class ChatRequest(BaseModel):
             for position, call_id in enumerate(unanswered):  # an answer names one call: two of one id are ambiguous
                 if call_id in unanswered[:position]:
                     field = f"{where}.tool_calls[{position}].id"
-                    raise APIError(400, f"{field}: duplicate value {json.dumps(call_id)}, also {where}.tool_calls["
+                    raise APIError(400, f"{field}: duplicate value {shown_json(call_id)}, also {where}.tool_calls["
                                         f"{unanswered.index(call_id)}]'s (each call needs its own id, which its "
                                         f"answer names)", param=field)
             answered = {}
@@ -353,7 +357,7 @@ class ChatRequest(BaseModel):
         names = [t.function.name for t in self.tools or []]  # not empty: tool_choice comes with tools
         if isinstance(choice, NamedToolChoice):
             if choice.function.name not in names:
-                raise APIError(400, f"tool_choice: no tool {choice.function.name!r} among the tools offered "
+                raise APIError(400, f"tool_choice: no tool {shown_value(choice.function.name)} among the tools offered "
                                     f"({', '.join(names)})", param="tool_choice")
             return choice.function.name
         return ""

@@ -11,6 +11,7 @@ import json
 import httpx
 import pytest
 
+from model.shown_value import MAX_SHOWN
 from scripts.server.app import create_app
 from scripts.server.errors import INTERNAL_ERROR
 from scripts.server.served_model import load_served_model
@@ -226,6 +227,64 @@ def test_hostile_values_get_openai_style_400s(server, body, phrase) -> None:
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert phrase in error["message"] and error["type"] == "invalid_request_error", error
+
+
+LONG = "x" * 100_000  # a client's name or id of 100,000 characters
+CUT = "x" * (MAX_SHOWN - 4) + "..."  # as model/shown_value.py cuts its quote, by hand: the quote mark and 56 more
+NAME_CUT = "x" * (MAX_SHOWN - 3) + "..."  # and a name, which has no quote mark
+
+
+def _calls(*ids: str) -> list[dict]:
+    """USER, then an assistant message calling wiki once per id."""
+    return USER + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": "wiki", "arguments": "{}"}} for i in ids]}]
+
+
+def _answer(call_id: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": "X is a letter."}
+
+
+# (method, route, body, headers, the error's message): each quoted a client's value whole
+LONG_VALUES = {
+    # 5,000 characters: httpx refuses a URL of 100,000
+    "a model id": ("GET", f"/v1/models/{LONG[:5000]}", None, {}, f"no model '{CUT}; this server has "),
+    "a Content-Type": ("POST", "/v1/chat/completions", with_fields(), {"content-type": f"text/{LONG[:5000]}"},
+                       f"Content-Type must be application/json, got 'text/{CUT[:-8]}..."),
+    "a tool_choice name": ("POST", "/v1/chat/completions",
+                           with_fields(tools=[WIKI], tool_choice={"type": "function", "function": {"name": LONG}}),
+                           {}, f"tool_choice: no tool '{CUT} among the tools offered (wiki)"),
+    "a tool_call_id": ("POST", "/v1/chat/completions",
+                       with_fields(messages=_calls("call_1") + [_answer(LONG)]), {},
+                       f'messages[2].tool_call_id: "{CUT} is not the id of a call in the tool_calls of messages[1] '
+                       f'("call_1")'),
+    "a call id given twice": ("POST", "/v1/chat/completions", with_fields(messages=_calls(LONG, LONG)), {},
+                              f'messages[1].tool_calls[1].id: duplicate value "{CUT}, also messages[1].tool_calls[0]'),
+    "a call id in the list of those a tool message may answer": (
+        "POST", "/v1/chat/completions", with_fields(messages=_calls(LONG, "call_2") + [_answer("call_9")]), {},
+        f'is not the id of a call in the tool_calls of messages[1] ("{CUT}, "call_2")'),
+    "2,000 calls left unanswered": (
+        "POST", "/v1/chat/completions", with_fields(messages=_calls(*(f"c{i}" for i in range(2000)))), {},
+        'did not have response messages: "c0", "c1", "c2", "c3", "c4" and 1995 more'),
+    "a logit_bias key": ("POST", "/v1/chat/completions", with_fields(logit_bias={LONG: "high"}), {},
+                         f"logit_bias.{NAME_CUT}: Input should be a valid number"),
+    "a tool name to run": ("POST", "/tools/run", json.dumps({"name": LONG}).encode(), {},
+                           f"name: no tool '{CUT}; tools: "),
+    "a field of the run request": ("POST", "/tools/run", json.dumps({"name": "wiki", LONG: 1}).encode(), {},
+                                   f"{NAME_CUT}: unknown field; the fields are name and arguments"),
+}
+
+
+@pytest.mark.parametrize(("method", "route", "body", "headers", "message"), LONG_VALUES.values(),
+                         ids=LONG_VALUES.keys())
+def test_a_long_client_value_is_quoted_cut_in_the_error(server, method, route, body, headers, message) -> None:
+    """An error quotes a client's value as every refusal quotes one (model/shown_value.py, cut at MAX_SHOWN
+    characters): a 100,000-character name made a 100,000-character error."""
+    response = httpx.request(method, f"{server}{route}", content=body, timeout=TIMEOUT,
+                             headers={"content-type": "application/json", **headers})
+    assert 400 <= response.status_code < 500, response.text[:300]
+    error = response.json()["error"]
+    assert message in error["message"] and len(error["message"]) < 400, error["message"][:500]
+    assert len(json.dumps(error)) < 800, error["param"][:300]  # the param names the field, cut too
 
 
 ACCEPTED = {

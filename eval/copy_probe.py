@@ -121,13 +121,15 @@ def report(args: Any) -> int:
     from dataset.copy_rows import check_cue_pairs, cue_table
     from dataset.corpus import resolve_text_data
     from model.loading import load_model
+    from model.shown_value import shown_value
     from trainer.machine import machine_line
     from trainer.run_dir import resolve_path
 
     try:
         lengths = [int(item) for item in args.lengths.split(",") if item.strip()]
     except ValueError:
-        raise ValueError(f"--lengths {args.lengths!r} is not allowed; give comma-separated integers >= 2") from None
+        raise ValueError(f"--lengths {shown_value(args.lengths)} is not allowed; give comma-separated integers "
+                         f">= 2") from None
     if any(length < 2 for length in lengths) or args.rows < 1 or args.text == 1 or args.text < 0:
         raise ValueError("--lengths items must be >= 2, --rows >= 1 and --text 0 or >= 2")
     path, adapter = locate_tool_model(args)

@@ -60,6 +60,7 @@ def read_scaling(spec: str) -> tuple[str, float, int | None]:
     max_position_embeddings); ("none", 1.0, None) for `none`. ValueError, one line, names the item, what in it is
     refused (with its value) and the allowed form and ranges, so that a bad item costs no model loading."""
     from model.rope import MAX_FACTOR  # FACTOR's bound, --rope_scaling_factor's too
+    from model.shown_value import shown_value
 
     form = (f"use none or TYPE:FACTOR[@L] with TYPE one of {', '.join(ROPE_TYPES)}, FACTOR a number in "
             f"(1, {MAX_FACTOR}] and L an integer in 1 .. {MAX_LENGTH} (e.g. yarn:4@256)")
@@ -68,16 +69,18 @@ def read_scaling(spec: str) -> tuple[str, float, int | None]:
     rope_type, sep, rest = spec.partition(":")
     factor_text, at, length_text = rest.partition("@")
     if not sep or rope_type not in ROPE_TYPES:
-        problem = f"TYPE {rope_type!r} is not one of {', '.join(ROPE_TYPES)}" if sep else "it has no TYPE:FACTOR"
-        raise ValueError(f"--scalings item {spec!r} is not allowed: {problem}; {form}")
+        problem = (f"TYPE {shown_value(rope_type)} is not one of {', '.join(ROPE_TYPES)}" if sep
+                   else "it has no TYPE:FACTOR")
+        raise ValueError(f"--scalings item {shown_value(spec)} is not allowed: {problem}; {form}")
     try:
         factor = float(factor_text)
     except ValueError:
-        raise ValueError(f"--scalings item {spec!r} is not allowed: FACTOR {factor_text!r} is not a number; "
+        raise ValueError(f"--scalings item {shown_value(spec)} is not allowed: FACTOR {shown_value(factor_text)} is "
+                         f"not a number; "
                          f"{form}") from None
     if not 1 < factor <= MAX_FACTOR:  # NaN fails every comparison, inf the upper bound: both refused here
-        raise ValueError(f"--scalings item {spec!r} is not allowed: FACTOR {factor:g} is not in (1, {MAX_FACTOR}]; "
-                         f"{form}")
+        raise ValueError(f"--scalings item {shown_value(spec)} is not allowed: FACTOR {factor:g} is not in "
+                         f"(1, {MAX_FACTOR}]; {form}")
     if not at:
         return rope_type, factor, None
     try:
@@ -85,7 +88,8 @@ def read_scaling(spec: str) -> tuple[str, float, int | None]:
     except ValueError:
         original = None
     if original is None or not 1 <= original <= MAX_LENGTH:
-        raise ValueError(f"--scalings item {spec!r} is not allowed: L {length_text!r} is not an integer in "
+        raise ValueError(f"--scalings item {shown_value(spec)} is not allowed: L {shown_value(length_text)} is not "
+                         f"an integer in "
                          f"1 .. {MAX_LENGTH}; {form}")
     return rope_type, factor, original
 

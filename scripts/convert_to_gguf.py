@@ -329,7 +329,7 @@ def convert_to_gguf(model_path: str | Path | None = None, outfile: str | Path | 
                     outtype: str = "f16", name: str | None = None) -> Path:
     """Write the GGUF file; returns its path. Raises NotExportable / ModelNotFound / ValueError."""
     if outtype not in OUT_TYPES:
-        raise ValueError(f"--outtype {outtype!r} is not one of {', '.join(OUT_TYPES)}")
+        raise ValueError(f"--outtype {shown_value(outtype)} is not one of {', '.join(OUT_TYPES)}")
     gguf = _gguf()
     model_dir = locate_model(model_path)[0].resolve()
     out = (resolve_path(outfile) if outfile is not None else default_outfile(model_dir, outtype)).resolve()

@@ -128,7 +128,8 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     """Write the `target` ("llama", "qwen3" or "qwen3_moe") directory; returns its path. Raises NotExportable /
     ModelNotFound / ValueError."""
     if target not in TARGETS:
-        raise ValueError(f"--target {target!r} is not allowed; choose one of {', '.join(map(repr, TARGETS))}")
+        raise ValueError(f"--target {shown_value(target)} is not allowed; choose one of "
+                         f"{', '.join(map(repr, TARGETS))}")
     name, model_class = TARGETS[target]
     source = locate_model(model_path)[0].resolve()
     out_dir = resolve_path(out_dir).resolve()

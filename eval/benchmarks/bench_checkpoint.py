@@ -34,6 +34,7 @@ import trainer.checkpoint as checkpoint  # noqa: E402
 import trainer.checkpoint_state as checkpoint_state  # noqa: E402
 from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
+from model.shown_value import shown_value  # noqa: E402
 from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     presets = args.presets.split(",")
     for preset in presets:
         if preset not in PRESETS:
-            parser.error(f"--presets: {preset!r} is not allowed; choose from {', '.join(PRESETS)}")
+            parser.error(f"--presets: {shown_value(preset)} is not allowed; choose from {', '.join(PRESETS)}")
     torch.set_num_threads(1)
     print(machine_line())
     print("| preset | checkpoint MB | save, digests (s) | save, none (s) | hashing share | verify at resume (s) |")

@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args.worker, args.out_dir)
         return
+    from model.shown_value import shown_value
     from trainer.machine import machine_line
 
     levels = args.competitors
@@ -224,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     for variant in variants:
         name, _, spin = variant.partition(":")
         if name not in VARIANTS or (spin and (name != "mininorm" or not spin.isdigit())):
-            parser.error(f"--variants: {variant!r} is not allowed; choose from {', '.join(VARIANTS)} or mininorm:N")
+            parser.error(f"--variants: {shown_value(variant)} is not allowed; choose from {', '.join(VARIANTS)} or "
+                         f"mininorm:N")
     print(f"{machine_line()}; load average {os.getloadavg()[0]:.2f} at start", flush=True)
     if args.rounds > 0:
         step_table(variants, levels, args.rounds, args.steps, args.warmup)

@@ -47,6 +47,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
+from model.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
@@ -119,9 +120,10 @@ def step_variants(text: str) -> str:
     names = text.split(",")
     unknown = [name for name in names if name not in STEP_VARIANTS]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown {','.join(unknown)}; allowed: {','.join(STEP_VARIANTS)}")
+        raise argparse.ArgumentTypeError(f"unknown {shown_text(','.join(unknown))}; allowed: {','.join(STEP_VARIANTS)}")
     if "llama" not in names:
-        raise argparse.ArgumentTypeError(f"{text!r} lacks llama, the baseline the table compares the others with")
+        raise argparse.ArgumentTypeError(f"{shown_value(text)} lacks llama, the baseline the table compares the "
+                                         f"others with")
     return text
 
 

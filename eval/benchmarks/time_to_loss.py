@@ -46,6 +46,7 @@ from accelerate.state import AcceleratorState  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
+from model.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
@@ -97,12 +98,13 @@ def time_to_target(train: list[dict], val: list[dict], target: float) -> float |
 def recipe_flags(name: str, custom: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
     recipes = {**RECIPES, **custom}
     if name not in recipes:
-        raise ValueError(f"--recipes: unknown recipe {name!r}; known: {', '.join(recipes)} (define more with "
-                         f"--recipe NAME=FLAGS)")
+        raise ValueError(f"--recipes: unknown recipe {shown_value(name)}; known: {', '.join(recipes)} (define more "
+                         f"with --recipe NAME=FLAGS)")
     flags = recipes[name]
     for flag in flags:
         if flag.split("=")[0] in OWN_FLAGS:
-            raise ValueError(f"recipe {name!r}: {flag} is set by the benchmark (the budget and the measurement)")
+            raise ValueError(f"recipe {shown_value(name)}: {shown_text(flag)} is set by the benchmark (the budget and "
+                             f"the measurement)")
     return flags
 
 
@@ -111,7 +113,7 @@ def parse_custom_recipes(items: list[str]) -> dict[str, tuple[str, ...]]:
     for item in items:
         name, sep, flags = item.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"--recipe {item!r}: expected NAME=FLAGS, e.g. big=\"--batch_size 32\"")
+            raise ValueError(f"--recipe {shown_value(item)}: expected NAME=FLAGS, e.g. big=\"--batch_size 32\"")
         custom[name.strip()] = tuple(shlex.split(flags))
     return custom
 

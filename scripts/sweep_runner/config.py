@@ -312,7 +312,8 @@ def parse_only(config: dict[str, Any], specs: list[str]) -> dict[str, list[Any]]
     for spec in specs:
         name, sep, values = spec.partition("=")
         if not sep or name not in swept:
-            raise SweepConfigError(f"--only {spec!r}: expected NAME=VALUE[,VALUE] with NAME one of {', '.join(swept)}")
+            raise SweepConfigError(f"--only {_shown(spec)}: expected NAME=VALUE[,VALUE] with NAME one of "
+                                   f"{', '.join(swept)}")
         grid = config["parameters"][name].get("values", [])
         for text in values.split(","):
             picked = [value for value in grid if format_arg(value) == text or _same_number(value, text)]

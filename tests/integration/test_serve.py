@@ -405,6 +405,19 @@ def test_an_api_key_no_client_can_send_is_refused(key, capsys) -> None:
                                                        f"can send; use printable ASCII characters, no spaces")
 
 
+def test_a_long_api_key_is_quoted_cut_in_its_refusal(capsys) -> None:
+    """A refused key is quoted as every refusal quotes a value (model/shown_value.py: the repr cut at MAX_SHOWN
+    characters), not whole: a 5,000-character key made a 5,000-character line (and printed a secret whole)."""
+    from model.shown_value import MAX_SHOWN
+    from scripts.serve import main
+
+    with pytest.raises(SystemExit):
+        main(["--api_key", "k" * 5000 + " x"])
+    assert capsys.readouterr().err.splitlines()[0] == (f"error: argument --api_key: '{'k' * (MAX_SHOWN - 4)}... is "
+                                                       f"not a key a client can send; use printable ASCII characters, "
+                                                       f"no spaces")
+
+
 def test_port_zero_listens_on_a_free_port_and_prints_it(tiny_models, monkeypatch, capsys) -> None:
     import uvicorn
 

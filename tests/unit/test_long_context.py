@@ -66,6 +66,19 @@ def test_bad_scaling_items_are_refused_in_one_line(spec: str) -> None:
     assert "\n" not in str(error.value)
 
 
+def test_a_long_scaling_item_is_quoted_cut_in_one_short_line() -> None:
+    """The item and its FACTOR are quoted as every refusal quotes a value (model/shown_value.py: the repr cut at
+    MAX_SHOWN characters): a 5,000-character item made a 10,000-character line."""
+    from model.shown_value import MAX_SHOWN
+
+    with pytest.raises(ValueError) as error:
+        parse_scaling("yarn:" + "x" * 5000, 128)
+    item, factor = "'yarn:" + "x" * (MAX_SHOWN - 9) + "...", "'" + "x" * (MAX_SHOWN - 4) + "..."
+    assert str(error.value).startswith(f"--scalings item {item} is not allowed: FACTOR {factor} is not a number; "
+                                       f"use none or TYPE:FACTOR[@L]"), str(error.value)[:300]
+    assert len(str(error.value)) < 400
+
+
 @pytest.mark.parametrize("spec, shown", [("yarn:1e30", "1e+30"), ("dynamic:1e30", "1e+30"), ("linear:1025", "1025"),
                                          ("linear:0", "0"), ("yarn:-4@256", "-4"), ("yarn:nan", "nan"),
                                          ("dynamic:inf", "inf")])

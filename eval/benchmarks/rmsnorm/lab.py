@@ -25,6 +25,7 @@ import torch
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from model.norms import build_norm
+from model.shown_value import shown_value
 from trainer.arg_fields import TASK_DEFAULTS, TrainArgs, build_model_config
 from trainer.run_optimizer import make_optimizer
 from trainer.machine import resolve_dtype
@@ -61,7 +62,7 @@ class LabVariant:
 
 def build_variant(name: str, run: TrainArgs, vocab_size: int) -> LabVariant:
     if name not in LAB_VARIANTS:
-        raise ValueError(f"--lab_norms: {name!r} is not allowed; choose from {', '.join(LAB_VARIANTS)}")
+        raise ValueError(f"--lab_norms: {shown_value(name)} is not allowed; choose from {', '.join(LAB_VARIANTS)}")
     run = dataclasses.replace(run, model={**run.model, **LAB_VARIANTS[name]})
     config: MiniNormConfig = build_model_config(run, vocab_size=vocab_size)
     torch.manual_seed(run.seed)

@@ -32,6 +32,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from dataset.atomic_io import first_line
+from dataset.shown_value import shown_text
 from dataset.json_text import check_json_value, check_text, read_json, read_json_field
 
 IM_START = "<|im_start|>"
@@ -155,8 +156,9 @@ def parse_tools(value: Any, field: str = "tools") -> list[dict]:
         # read as a substring test).
         for name, prop in (parameters.get("properties") or {}).items():
             if not isinstance(prop, dict):
-                raise ValueError(f"{where}.properties[{json.dumps(name, ensure_ascii=False)}] must be a JSON schema "
-                                 f"object, got {type(prop).__name__}")
+                quoted = shown_text(json.dumps(name, ensure_ascii=False))
+                kind = type(prop).__name__
+                raise ValueError(f"{where}.properties[{quoted}] must be a JSON schema object, got {kind}")
         required = parameters.get("required")
         odd = ([] if required is None else [required] if not isinstance(required, list)
                else [name for name in required if not isinstance(name, str)])

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dataset.atomic_io import not_utf8
+from dataset.shown_value import shown_json
 
 # Deeper values are refused: a fixed bound gives one answer whatever the recursion limit, and leaves the recursive
 # writers (json.dumps of a call's arguments) far from it.
@@ -73,7 +74,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict:
     if len(obj) != len(pairs):
         seen: set[str] = set()
         duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise JsonTextError(f"has a duplicate key {json.dumps(duplicate)}")
+        raise JsonTextError(f"has a duplicate key {shown_json(duplicate)}")
     return obj
 
 

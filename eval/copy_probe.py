@@ -121,7 +121,7 @@ def report(args: Any) -> int:
     from dataset.copy_rows import check_cue_pairs, cue_table
     from dataset.corpus import resolve_text_data
     from model.loading import load_model
-    from model.shown_value import shown_value
+    from dataset.shown_value import shown_value
     from trainer.machine import machine_line
     from trainer.run_dir import resolve_path
 

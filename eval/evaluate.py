@@ -225,7 +225,7 @@ def sample_answers(model: Any, tokenizer: Any, task: str | None, prompts: Sequen
     (answer_text). A prompt the model's context cannot hold is a ValueError naming it."""
     from model.chat_session import ChatSession, MessageTooLong
     from model.generation import GenerationEngine, GenerationSettings
-    from model.shown_value import shown_value
+    from dataset.shown_value import shown_value
 
     chat = task is None or is_chat_task(task)  # a model of unknown origin answers through the template
     settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=0.0)

@@ -60,7 +60,7 @@ def read_scaling(spec: str) -> tuple[str, float, int | None]:
     max_position_embeddings); ("none", 1.0, None) for `none`. ValueError, one line, names the item, what in it is
     refused (with its value) and the allowed form and ranges, so that a bad item costs no model loading."""
     from model.rope import MAX_FACTOR  # FACTOR's bound, --rope_scaling_factor's too
-    from model.shown_value import shown_value
+    from dataset.shown_value import shown_value
 
     form = (f"use none or TYPE:FACTOR[@L] with TYPE one of {', '.join(ROPE_TYPES)}, FACTOR a number in "
             f"(1, {MAX_FACTOR}] and L an integer in 1 .. {MAX_LENGTH} (e.g. yarn:4@256)")
@@ -179,7 +179,7 @@ def report(args: Any) -> int:
     from dataset.corpus import resolve_text_data
     from model.loading import load_model
     from model.rope import set_rope_scaling
-    from model.shown_value import shown_value
+    from dataset.shown_value import shown_value
     from trainer.machine import machine_line
     from trainer.run_dir import resolve_path, trained_length
 

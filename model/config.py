@@ -11,7 +11,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from model.rmsnorm_math import check_p, floor_fraction
 from model.rope import check_rope_scaling, check_rope_theta
-from model.shown_value import shown_value
+from dataset.shown_value import shown_value
 
 
 class NormType(StrEnum):

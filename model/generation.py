@@ -37,7 +37,7 @@ from transformers.generation.logits_process import (LogitsProcessor, RepetitionP
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from model.decode_step import DecodeStep, StaticKVCache, supports_decode_step
-from model.shown_value import shown_value
+from dataset.shown_value import shown_value
 
 FINISH_STOP = "stop"          # the end-of-turn token or a stop string
 FINISH_LENGTH = "length"      # max_new_tokens, or the model's context was full

@@ -22,7 +22,7 @@ from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
 from model.loading import check_finite, few
 from model.model import MiniNormForCausalLM
-from model.shown_value import shown_value
+from dataset.shown_value import shown_value
 
 IMPORTABLE = ("llama", "qwen3")
 # The transformers config class of each importable model_type: what it reads for a field config.json leaves out.

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from model.shown_value import flag_refusal
+from dataset.shown_value import flag_refusal
 
 # The decoder's linear layers LoRA may adapt (model/model.py): attention and MLP projections. The LM head is tied
 # to the embedding, so it is not among them.

@@ -13,7 +13,7 @@ import numbers
 
 import torch
 
-from model.shown_value import shown_value
+from dataset.shown_value import shown_value
 
 
 def check_p(p: float, field: str = "p") -> float:

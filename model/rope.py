@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
-from model.shown_value import flag_refusal, shown_value
+from dataset.shown_value import flag_refusal, shown_value
 
 ROPE_TYPES = ("linear", "dynamic", "yarn")
 # The largest factor a context extension takes (the tools' --rope_scaling_factor, long_context.py's --scalings):

@@ -46,7 +46,7 @@ from model.config import MiniNormConfig  # noqa: E402
 from model.llama_compat import (NotExportable, check_exportable, stacked_experts,  # noqa: E402
                                 to_llama_state_dict, to_target_config)
 from model.loading import config_model_type, load_config, load_model  # noqa: E402
-from model.shown_value import shown_value  # noqa: E402
+from dataset.shown_value import shown_value  # noqa: E402
 from trainer.cli import ToolParser, path_arg, run_main  # noqa: E402
 from trainer.run_dir import ModelNotFound, locate_model, report_error, resolve_path, shown_path  # noqa: E402
 

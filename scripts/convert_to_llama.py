@@ -48,7 +48,7 @@ from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.loading import (check_tokenizer_fits, config_model_type, load_config, load_dir_tokenizer,  # noqa: E402
                            load_strictly)
 from model.model import MiniNormForCausalLM  # noqa: E402
-from model.shown_value import shown_value  # noqa: E402
+from dataset.shown_value import shown_value  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, path_arg, run_main  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
 

@@ -45,7 +45,7 @@ def api_key(text: str) -> str:
     and no warning on 0.0.0.0); one outside printable ASCII no client sends as it is (HTTP headers are latin-1, the
     openai client refuses it)."""
     if not text or not all("!" <= character <= "~" for character in text):
-        from model.shown_value import shown_value  # here: the model package loads torch, which --help never needs
+        from dataset.shown_value import shown_value  # here: the model package loads torch, which --help never needs
 
         raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a key a client can send; use printable ASCII "
                                          f"characters, no spaces")

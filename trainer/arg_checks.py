@@ -14,7 +14,7 @@ import math
 from typing import Any, Callable, NamedTuple
 
 from model.config import MAX_SIZE, PRESETS
-from model.shown_value import flag_refusal, shown_value
+from dataset.shown_value import flag_refusal, shown_value
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS,
                                 ROLLOUT_GROUPS, SFT_DATA, TrainArgs, holds_out_validation, task_default,
                                 task_flags)

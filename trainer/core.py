@@ -30,7 +30,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from model.model import MiniNormForCausalLM
-from model.shown_value import flag_refusal
+from dataset.shown_value import flag_refusal
 from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state

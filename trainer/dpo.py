@@ -72,7 +72,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from model.model import shift_labels
-from model.shown_value import flag_refusal
+from dataset.shown_value import flag_refusal
 from trainer.evaluation import LoggedEval
 from trainer.run_dir import DPO_VAL_METRICS
 from trainer.step import StatWindow
@@ -208,7 +208,7 @@ def check_label_smoothing(loss_types: Sequence[str], label_smoothing: float) -> 
 
 
 def _bad_option(name: str, value: Any, allowed: str) -> ValueError:
-    """The one-line refusal of an option's value (model/shown_value.py's flag_refusal: a long value cut)."""
+    """The one-line refusal of an option's value (dataset/shown_value.py's flag_refusal: a long value cut)."""
     return ValueError(flag_refusal(name, value, allowed))
 
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from dataset.copy_rows import ROW_LENGTH, check_cue_pairs, copy_rows
 from model.model import shift_labels
-from model.shown_value import flag_refusal
+from dataset.shown_value import flag_refusal
 from trainer.evaluation import LMEval, evaluate_lm
 from trainer.step import StatWindow
 

@@ -18,7 +18,7 @@ from enum import StrEnum
 
 import torch
 
-from model.shown_value import flag_refusal
+from dataset.shown_value import flag_refusal
 
 ADVANTAGE_EPS = 1e-4  # added to a group's standard deviation: a group whose rewards are all equal gets advantages 0
 

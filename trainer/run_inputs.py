@@ -13,7 +13,7 @@ import torch
 from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
-from model.shown_value import flag_refusal
+from dataset.shown_value import flag_refusal
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
                                 requested_model_fields, settable_model_fields)
 from trainer.run_dir import (DEFAULT_FROM_WEIGHT, MERGED_DIR, WEIGHT_FILES, check_out_dir, create_command,

@@ -11,7 +11,7 @@ from typing import Any
 from accelerate.utils import broadcast_object_list
 
 from model.config import MAX_SIZE
-from model.shown_value import flag_refusal
+from dataset.shown_value import flag_refusal
 from trainer.arg_fields import TrainArgs
 from trainer.budget import PACE_WINDOW, TimeBudget
 from trainer.checkpoint_state import saved_position

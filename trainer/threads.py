@@ -40,6 +40,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataset.shown_value import flag_refusal
+
 START_WINDOW_S = 0.25      # one look at others' load, before the work starts
 START_WINDOWS = 4          # looks at most (1 s) before a core counts as taken for the run
 OTHERS_THRESHOLD = 0.25    # a core counts as taken when other processes use more than this share of it
@@ -64,7 +66,6 @@ def parse_threads(value: str) -> str | int:
     except ValueError:
         count = 0
     if not 1 <= count <= MAX_THREADS:
-        from model.shown_value import flag_refusal  # here, not above: importing model loads torch, which must wait
         raise ValueError(flag_refusal("threads", value, THREADS_ALLOWED))
     return count
 
@@ -137,7 +138,6 @@ def _threads_flag(value: str) -> str | int:
     try:
         return parse_threads(value)
     except ValueError:
-        from model.shown_value import flag_refusal  # here, not above: importing model loads torch, which must wait
         raise argparse.ArgumentTypeError(flag_refusal(None, value, THREADS_ALLOWED)) from None  # argparse names it
 
 

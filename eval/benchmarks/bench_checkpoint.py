@@ -34,7 +34,7 @@ import trainer.checkpoint as checkpoint  # noqa: E402
 import trainer.checkpoint_state as checkpoint_state  # noqa: E402
 from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from model.shown_value import shown_value  # noqa: E402
+from dataset.shown_value import shown_value  # noqa: E402
 from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 

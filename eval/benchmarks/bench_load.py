@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args.worker, args.out_dir)
         return
-    from model.shown_value import shown_value
+    from dataset.shown_value import shown_value
     from trainer.machine import machine_line
 
     levels = args.competitors

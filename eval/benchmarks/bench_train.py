@@ -47,7 +47,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
-from model.shown_value import shown_text, shown_value  # noqa: E402
+from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402

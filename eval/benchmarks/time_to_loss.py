@@ -46,7 +46,7 @@ from accelerate.state import AcceleratorState  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
-from model.shown_value import shown_text, shown_value  # noqa: E402
+from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import Trainer  # noqa: E402

@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.requests import ClientDisconnect
 
 from model.generation import GenerationSettings
-from model.shown_value import shown_value
+from dataset.shown_value import shown_value
 from scripts.server.builtin_tools import (RUN_REQUEST_BODY, OfferedTools, offered_tools, parse_run_request,
                                           run_call)
 from scripts.server.completion import Completion, generation_settings, prompt_ids

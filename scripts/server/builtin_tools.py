@@ -16,7 +16,7 @@ from typing import Any
 from dataset.chat_format import encode_chatml
 from dataset.tools import ToolError, is_tool_error, parse_arguments, run_tool, tool_schemas
 from model.chat_session import MAX_TOOL_ROUNDS
-from model.shown_value import shown_text, shown_value
+from dataset.shown_value import shown_text, shown_value
 from scripts.server.errors import APIError
 from scripts.server.protocol import parse_json_object
 from scripts.server.served_model import ServedModel

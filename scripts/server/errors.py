@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from model.shown_value import shown_text
+from dataset.shown_value import shown_text
 
 INTERNAL_ERROR = "internal server error; the server's log has the details"
 

@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from dataset.chat_format import normalize_messages, parse_tools
 from dataset.json_text import read_json_field
-from model.shown_value import shown_json, shown_value
+from dataset.shown_value import shown_json, shown_value
 from scripts.server.errors import APIError, validation_error
 from trainer.inference_flags import (LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_LOGIT_BIAS_RANGE, OPENAI_PENALTY_RANGE,
                                      SMALLEST_DIVISOR)
@@ -155,7 +155,7 @@ class ResponseFormat(BaseModel):
 
 
 def _listed(ids: list[str]) -> str:
-    """Call ids as an error lists them: each as a JSON string (model/shown_value.py's shown_json: one holding a
+    """Call ids as an error lists them: each as a JSON string (dataset/shown_value.py's shown_json: one holding a
     newline or a comma keeps the message one line and the ids apart, a long one is cut), the first MAX_LISTED and
     how many more (a message with thousands of calls made an error of thousands of ids)."""
     listed = ", ".join(shown_json(i) for i in ids[:MAX_LISTED])

@@ -71,7 +71,7 @@ def build_command(config: dict[str, Any], params: dict[str, Any], extra: list[st
         if item in macros:
             command.extend(macros[item])
         elif "${" in item:
-            from model.shown_value import shown_value  # here: the model package loads torch, which a sweep that
+            from dataset.shown_value import shown_value  # here: the model package loads torch, which a sweep that
             # drives no trainer here never needs (scripts/sweep_runner/config.py's _shown)
             raise SweepConfigError(f"command: macro {shown_value(item)} is not supported by the serverless runner")
         else:

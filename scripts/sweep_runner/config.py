@@ -23,9 +23,9 @@ AGENT_ONLY_SETTINGS = ("early_terminate", "scheduler", "metric.target")  # wandb
 
 
 def _shown(value: Any) -> str:
-    """A refused value as every refusal quotes one (model/shown_value.py: one line, a long one cut), imported only
+    """A refused value as every refusal quotes one (dataset/shown_value.py: one line, a long one cut), imported only
     when a refusal is made: the model package loads torch, which a sweep that drives no trainer here never needs."""
-    from model.shown_value import shown_value
+    from dataset.shown_value import shown_value
 
     return shown_value(value)
 

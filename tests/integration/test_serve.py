@@ -406,9 +406,9 @@ def test_an_api_key_no_client_can_send_is_refused(key, capsys) -> None:
 
 
 def test_a_long_api_key_is_quoted_cut_in_its_refusal(capsys) -> None:
-    """A refused key is quoted as every refusal quotes a value (model/shown_value.py: the repr cut at MAX_SHOWN
+    """A refused key is quoted as every refusal quotes a value (dataset/shown_value.py: the repr cut at MAX_SHOWN
     characters), not whole: a 5,000-character key made a 5,000-character line (and printed a secret whole)."""
-    from model.shown_value import MAX_SHOWN
+    from dataset.shown_value import MAX_SHOWN
     from scripts.serve import main
 
     with pytest.raises(SystemExit):

@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from model.shown_value import MAX_SHOWN
+from dataset.shown_value import MAX_SHOWN
 from scripts.server.app import create_app
 from scripts.server.errors import INTERNAL_ERROR
 from scripts.server.served_model import load_served_model
@@ -230,7 +230,7 @@ def test_hostile_values_get_openai_style_400s(server, body, phrase) -> None:
 
 
 LONG = "x" * 100_000  # a client's name or id of 100,000 characters
-CUT = "x" * (MAX_SHOWN - 4) + "..."  # as model/shown_value.py cuts its quote, by hand: the quote mark and 56 more
+CUT = "x" * (MAX_SHOWN - 4) + "..."  # as dataset/shown_value.py cuts its quote, by hand: the quote mark and 56 more
 NAME_CUT = "x" * (MAX_SHOWN - 3) + "..."  # and a name, which has no quote mark
 
 
@@ -277,7 +277,7 @@ LONG_VALUES = {
 @pytest.mark.parametrize(("method", "route", "body", "headers", "message"), LONG_VALUES.values(),
                          ids=LONG_VALUES.keys())
 def test_a_long_client_value_is_quoted_cut_in_the_error(server, method, route, body, headers, message) -> None:
-    """An error quotes a client's value as every refusal quotes one (model/shown_value.py, cut at MAX_SHOWN
+    """An error quotes a client's value as every refusal quotes one (dataset/shown_value.py, cut at MAX_SHOWN
     characters): a 100,000-character name made a 100,000-character error."""
     response = httpx.request(method, f"{server}{route}", content=body, timeout=TIMEOUT,
                              headers={"content-type": "application/json", **headers})

@@ -717,7 +717,7 @@ def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_
     ("parameters:\n  seed: {value: 1, values: [1, 2]}\n",
      "parameters.seed: {'value': 1, 'values': [1, 2]} is not a parameter spec wandb accepts; expected {value: X}, "
      "{values: [X, ...]} or a distribution"),
-    # a long value is quoted as every refusal quotes one (model/shown_value.py): its repr cut at 57 characters and
+    # a long value is quoted as every refusal quotes one (dataset/shown_value.py): its repr cut at 57 characters and
     # "..." added, where it was printed whole
     ("parameters:\n  seed: {values: " + "x" * 300 + "}\n",
      "parameters.seed.values: expected a non-empty list of values, got '" + "x" * 56 + "..."),

@@ -209,9 +209,9 @@ def test_train_loras_adapter_flags_are_used_without_a_lora_flag(capsys):
 
 
 def test_a_long_unused_value_is_quoted_short_on_one_line(capsys, tmp_path):
-    """The refusal and the note quote a long value as model/shown_value does (cut at MAX_SHOWN characters), not
+    """The refusal and the note quote a long value as dataset/shown_value does (cut at MAX_SHOWN characters), not
     whole: a 5,000-character --wandb_group made a 5,000-character line."""
-    from model.shown_value import MAX_SHOWN
+    from dataset.shown_value import MAX_SHOWN
 
     long = "g" * 5000
     args, err = _stderr_of(capsys, "pretrain", ["--wandb_group", long])

@@ -353,6 +353,16 @@ def test_a_tool_schema_is_checked_before_it_is_rendered(parameters, error):
                       tools=[{"type": "function", "function": {"name": "f", "parameters": parameters}}])
 
 
+def test_a_long_property_name_is_quoted_cut_to_one_short_line():
+    name = "p" * 100_000
+    with pytest.raises(ValueError) as refused:
+        render_chatml([{"role": "user", "content": "q"}],
+                      tools=[{"type": "function", "function": {"name": "f", "parameters": {"properties": {name: 1}}}}])
+    message = str(refused.value)
+    assert message.startswith('tools[0].function.parameters.properties["ppp') and len(message) < 200
+    assert message.endswith("must be a JSON schema object, got int")
+
+
 def _call(tokenizer, text: str) -> list[int]:
     return [TOOL_CALL, *encode_text(tokenizer, text), TOOL_CALL_END]
 

@@ -497,9 +497,9 @@ def test_dpo_loss_refuses_what_the_flags_refuse():
 
 
 def test_the_loss_refusals_quote_a_long_value_cut_on_one_line():
-    """--loss_type and --loss_weights quote a refused value as every flag refusal does (model/shown_value.py's
+    """--loss_type and --loss_weights quote a refused value as every flag refusal does (dataset/shown_value.py's
     flag_refusal: the repr cut at MAX_SHOWN characters): a 5,000-character name made a 5,000-character line."""
-    from model.shown_value import MAX_SHOWN
+    from dataset.shown_value import MAX_SHOWN
     from trainer.dpo import parse_loss_types
 
     with pytest.raises(ValueError) as refused:

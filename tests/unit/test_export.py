@@ -155,7 +155,7 @@ def test_an_export_is_not_converted_again(exported, tmp_path, capsys) -> None:
 
 
 def test_a_model_type_that_is_a_long_list_is_quoted_in_one_short_line(tiny_models, tmp_path, capsys) -> None:
-    """config.json's model_type is quoted as every refusal quotes a value (model/shown_value.py): a list of 200
+    """config.json's model_type is quoted as every refusal quotes a value (dataset/shown_value.py): a list of 200
     names was printed whole."""
     model, _ = _copied_model(tiny_models, tmp_path / "model")
     config = json.loads((model / "config.json").read_text())

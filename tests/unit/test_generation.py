@@ -524,7 +524,7 @@ def test_a_logit_bias_of_the_first_id_past_the_vocabulary_is_refused() -> None:
 
 def test_a_refused_logit_bias_quotes_its_token_and_value_on_one_short_line() -> None:
     """A library caller's logit_bias may hold a tensor (the server's JSON cannot): its repr is every element over
-    many lines, so the refusal quotes it as model/shown_value.py does, by type, shape and dtype."""
+    many lines, so the refusal quotes it as dataset/shown_value.py does, by type, shape and dtype."""
     from model.generation import SamplingError, check_logit_bias
 
     with pytest.raises(SamplingError) as refused:

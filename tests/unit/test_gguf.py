@@ -255,7 +255,7 @@ def test_a_tokenizer_llama_cpp_would_split_otherwise_is_refused(tiny_models, tmp
 ])
 def test_a_long_list_where_a_name_belongs_is_quoted_in_one_short_line(tiny_models, tmp_path, capsys, file, field,
                                                                        named) -> None:
-    """A refused value is quoted as every refusal quotes one (model/shown_value.py): a list of 500 items in
+    """A refused value is quoted as every refusal quotes one (dataset/shown_value.py): a list of 500 items in
     tokenizer.json's "model" or config.json's "model_type" was printed whole, and its "pre_tokenizer" or
     "normalizer" as JSON cut at 100 characters by a rule of its own."""
     model = _copied_model(tiny_models, tmp_path / "model")

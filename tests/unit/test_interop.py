@@ -406,7 +406,7 @@ def test_bad_input_is_one_line_naming_the_file_and_field(tmp_path, capsys, edit,
 def test_a_long_refused_value_is_named_in_a_short_line(tmp_path, capsys, edit, named, whole) -> None:
     """The refusal quotes a long value as shown_value does (cut at MAX_SHOWN characters) or names the one entry that
     is refused, never the whole list or dict."""
-    from model.shown_value import MAX_SHOWN
+    from dataset.shown_value import MAX_SHOWN
 
     source = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
     edit(source)

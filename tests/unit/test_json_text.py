@@ -76,6 +76,13 @@ def test_a_field_message_names_the_field():
         read_json_field(b"\xff{}", "body")
 
 
+def test_a_long_duplicate_key_is_quoted_cut_to_one_short_line():
+    key = "k" * 100_000  # a server's client can send it: the error quotes it cut, as every refusal quotes a value
+    with pytest.raises(ValueError) as refused:
+        read_json_field('{"%s": 1, "%s": 2}' % (key, key), "body")
+    assert str(refused.value).startswith('body has a duplicate key "kkk') and len(str(refused.value)) < 120
+
+
 def test_a_value_given_as_itself_follows_the_same_rules():
     check_json_value({"a": [1, "ok", {"b": None}]}, "v")
     deep: list = []

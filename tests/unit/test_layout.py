@@ -237,8 +237,8 @@ def test_file_names_are_spelled_out_by_their_owner_only(owner: str, names: tuple
     ("save_figure", "trainer/figures.py"),         # the tail that saves every study's plots
     ("free_port", "trainer/distributed.py"),       # launchers, servers and tests ask it for a port
     ("write_jsonl", "tests/training_runs.py"),     # the tests' jsonl writer
-    ("shown_value", "model/shown_value.py"),       # how an error message quotes the value it refuses
-    ("flag_refusal", "model/shown_value.py"),      # the "--flag=value is not allowed; ..." line
+    ("shown_value", "dataset/shown_value.py"),       # how an error message quotes the value it refuses
+    ("flag_refusal", "dataset/shown_value.py"),      # the "--flag=value is not allowed; ..." line
 ])
 def test_shared_rules_are_defined_once(function: str, owner: str) -> None:
     files = [*module_files(REPO).values(), *sorted((REPO / "tests").rglob("*.py"))]
@@ -248,7 +248,7 @@ def test_shared_rules_are_defined_once(function: str, owner: str) -> None:
 
 def _hand_written_refusals(source: str) -> list[str]:
     """The f-strings that write the flag refusal line themselves ("--flag={value} is not allowed"), value unquoted or
-    quoted in their own way, rather than through model/shown_value.py's flag_refusal: line and quoted expression."""
+    quoted in their own way, rather than through dataset/shown_value.py's flag_refusal: line and quoted expression."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.JoinedStr):
@@ -261,7 +261,7 @@ def _hand_written_refusals(source: str) -> list[str]:
 
 
 def test_the_flag_refusal_line_is_written_by_its_owner_only() -> None:
-    """model/shown_value.py's flag_refusal writes it (the value cut to one short line): a copy quoting the value whole
+    """dataset/shown_value.py's flag_refusal writes it (the value cut to one short line): a copy quoting the value whole
     made a 5,000-character --threads value a 5,000-character error."""
     found = {str(path.relative_to(REPO)): _hand_written_refusals(path.read_text(encoding="utf-8"))
              for path in module_files(REPO).values()}

@@ -67,9 +67,9 @@ def test_bad_scaling_items_are_refused_in_one_line(spec: str) -> None:
 
 
 def test_a_long_scaling_item_is_quoted_cut_in_one_short_line() -> None:
-    """The item and its FACTOR are quoted as every refusal quotes a value (model/shown_value.py: the repr cut at
+    """The item and its FACTOR are quoted as every refusal quotes a value (dataset/shown_value.py: the repr cut at
     MAX_SHOWN characters): a 5,000-character item made a 10,000-character line."""
-    from model.shown_value import MAX_SHOWN
+    from dataset.shown_value import MAX_SHOWN
 
     with pytest.raises(ValueError) as error:
         parse_scaling("yarn:" + "x" * 5000, 128)

@@ -647,7 +647,7 @@ def test_grad_at_init_study_takes_the_new_variants_and_skips_refused_ones(tmp_pa
 
 def test_a_variant_file_that_is_a_long_list_is_refused_in_one_short_line(tmp_path) -> None:
     """A variant file holding a list (not a mapping of model fields) is quoted as every refusal quotes a value
-    (model/shown_value.py): its whole repr was printed."""
+    (dataset/shown_value.py): its whole repr was printed."""
     from eval.studies.grad_at_init import variant_fields
 
     path = tmp_path / "variant.yaml"

@@ -322,9 +322,9 @@ def test_kl_penalized_rewards_with_the_k3_estimator_pay_trls_k3_per_token():
 
 
 def test_a_long_estimator_or_loss_type_is_refused_in_one_short_line():
-    """The refusals quote a refused name as every flag refusal does (model/shown_value.py's flag_refusal: the repr cut
+    """The refusals quote a refused name as every flag refusal does (dataset/shown_value.py's flag_refusal: the repr cut
     at MAX_SHOWN characters), not whole."""
-    from model.shown_value import MAX_SHOWN
+    from dataset.shown_value import MAX_SHOWN
 
     cut = "'" + "k" * (MAX_SHOWN - 4) + "..."
     logp = torch.zeros(2, 3)

@@ -36,12 +36,12 @@ def test_threads_flag_takes_auto_or_a_positive_count():
 
 
 def test_a_long_threads_value_is_refused_in_one_short_line(capsys):
-    """--threads quotes a refused value as every flag refusal does (model/shown_value.py's flag_refusal: its repr,
+    """--threads quotes a refused value as every flag refusal does (dataset/shown_value.py's flag_refusal: its repr,
     cut at MAX_SHOWN characters), the trainers' check and the tools' argparse flag alike: a 5,000-character value
     made a 5,000-character line."""
     import argparse
 
-    from model.shown_value import MAX_SHOWN
+    from dataset.shown_value import MAX_SHOWN
     from trainer.threads import THREADS_ALLOWED, add_threads_flag
 
     long = "t" * 5000

@@ -25,7 +25,7 @@ import torch
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from model.norms import build_norm
-from model.shown_value import shown_value
+from dataset.shown_value import shown_value
 from trainer.arg_fields import TASK_DEFAULTS, TrainArgs, build_model_config
 from trainer.run_optimizer import make_optimizer
 from trainer.machine import resolve_dtype

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Callable, Mapping, NamedTuple
 
 from transformers import AutoConfig, PretrainedConfig
 
@@ -227,6 +227,43 @@ def _check_moe(config: "MiniNormConfig") -> None:
         setattr(config, field, float(value))
 
 
+class SwitchedFields(NamedTuple):
+    """Config fields the model reads only when a switch turns their feature on: `used_by` names the switch (its
+    field, then the values that turn it on), `switches` the fields it reads, `active` whether a config's fields (a
+    mapping of every field's value) turn it on."""
+
+    fields: tuple[str, ...]
+    used_by: str
+    switches: tuple[str, ...]
+    active: Callable[[Mapping[str, Any]], bool]
+
+
+_NORM_WITH_EPS = (NormType.RMSNORM, NormType.PRMSNORM, NormType.LAYERNORM)
+# Each field read only under a switch (model/norms.py build_norm, model/model.py): a model built with another value
+# of it is the same model. An entry whose switch an earlier entry's fields hold (qk_norm) comes after it.
+# norm_impl is not here: it says how a norm computes, not what, and sweeps fix it for the machine across norm types.
+SWITCHED_FIELDS: tuple[SwitchedFields, ...] = (
+    SwitchedFields(("prms_p",), "norm_type prmsnorm", ("norm_type",),
+                   lambda fields: fields["norm_type"] == NormType.PRMSNORM),
+    SwitchedFields(("dyt_alpha_init",), "norm_type dyt", ("norm_type",),
+                   lambda fields: fields["norm_type"] == NormType.DYT),
+    SwitchedFields(("norm_eps",), f"norm_type {', '.join(_NORM_WITH_EPS[:-1])} or {_NORM_WITH_EPS[-1]}",
+                   ("norm_type",), lambda fields: fields["norm_type"] in _NORM_WITH_EPS),
+    # norm_type none: the QK-norms are identities too, with no weights
+    SwitchedFields(("qk_norm",), "a norm_type other than none", ("norm_type",),
+                   lambda fields: fields["norm_type"] != NormType.NONE),
+    SwitchedFields(("qk_norm_scope",), "qk_norm true", ("qk_norm",), lambda fields: fields["qk_norm"] is True),
+    SwitchedFields(("mix_ln_ratio",), "norm_placement mix", ("norm_placement",),
+                   lambda fields: fields["norm_placement"] == NormPlacement.MIX),
+    # DeepNorm initialises the residual projections with its beta gain in place of the depth scaling
+    SwitchedFields(("init_depth_scaling",), "a norm_placement other than deepnorm", ("norm_placement",),
+                   lambda fields: fields["norm_placement"] != NormPlacement.DEEPNORM),
+    SwitchedFields(("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "router_aux_loss_coef",
+                    "router_z_loss_coef"), "num_experts > 0", ("num_experts",),
+                   lambda fields: _is_int(fields["num_experts"]) and fields["num_experts"] > 0),
+)
+
+
 class MiniNormConfig(PretrainedConfig):
     """LLaMA-style decoder shape plus the normalization switches (see docs/architecture.md, "The norms, exactly")."""
 
@@ -338,6 +375,28 @@ class MiniNormConfig(PretrainedConfig):
             raise ValueError(f"preset={shown_value(name)} is not allowed; choose one of "
                              f"{', '.join(map(repr, PRESETS))}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+def preset_fields(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Every switch's value in a config of `preset` with `overrides` over it, as given (before the config resolves
+    them: a placement alias is its placement), for SWITCHED_FIELDS' `active`."""
+    fields = {name: getattr(MiniNormConfig, name) for name in {switch for entry in SWITCHED_FIELDS
+                                                              for switch in entry.switches}}
+    fields.update({**PRESETS.get(preset, {}), **overrides})
+    if isinstance(fields["norm_placement"], str) and fields["norm_placement"] in PLACEMENT_ALIASES:
+        fields["norm_placement"] = PLACEMENT_ALIASES[fields["norm_placement"]]
+    return fields
+
+
+def field_default(preset: str, overrides: Mapping[str, Any], name: str) -> Any:
+    """The value field `name` takes in a config of `preset` with `overrides` over it but `name` left out: the
+    preset's or the config's default, resolved as the config resolves it (moe_intermediate_size: intermediate_size's
+    value); the default as written where those overrides make no config."""
+    written = PRESETS.get(preset, {}).get(name, getattr(MiniNormConfig, name))
+    try:
+        return getattr(MiniNormConfig.from_preset(preset, **{k: v for k, v in overrides.items() if k != name}), name)
+    except (TypeError, ValueError):
+        return written
 
 
 AutoConfig.register(MiniNormConfig.model_type, MiniNormConfig)

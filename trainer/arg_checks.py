@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from typing import Any, Callable, NamedTuple
 
-from model.config import MAX_SIZE, PRESETS
 from dataset.shown_value import flag_refusal, shown_value
-from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, POLICY_LORA_FLAGS,
-                                ROLLOUT_GROUPS, SFT_DATA, TrainArgs, holds_out_validation, task_default,
-                                task_flags)
+from model.config import MAX_SIZE, PRESETS, SWITCHED_FIELDS, SwitchedFields, field_default, preset_fields
+from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, MODEL_FIELDS,
+                                POLICY_LORA_FLAGS, ROLLOUT_GROUPS, SFT_DATA, TrainArgs, build_model_config,
+                                holds_out_validation, task_default, task_flags)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (F_DIVERGENCE_READERS, LABEL_SMOOTHED, DPOLossType, FDivergence, check_label_smoothing,
                          check_option_values, check_options, parse_loss_types)
@@ -42,6 +43,7 @@ def validate(args: TrainArgs) -> None:
     _check_bounded_values(args)
     _check_lora(args)
     _check_sizes_fit(args)
+    build_model_config(args)  # the model fields' own checks: a value the config refuses is refused wherever from
     refuse_typed_unused_flags(args)  # before the trainers' own checks, whose refusals meet only what the run uses
     task_checks = {"dpo": _validate_dpo, "distill": _validate_distill, "grpo": _validate_grpo, "ppo": _validate_ppo}
     if args.task in task_checks:
@@ -61,6 +63,21 @@ class DependentFlag(NamedTuple):
 
 def _dpo_types(args: TrainArgs) -> list[str]:
     return parse_loss_types(args.loss_type)  # its ValueError (an unknown type) is the one-line refusal
+
+
+def _model_switch_on(args: TrainArgs, entry: SwitchedFields) -> bool:
+    """Whether `entry`'s switch is on in the model `args` ask for: the preset under the model flags. A resume whose
+    command leaves a switch unset takes it from its checkpoint (trainer/resume_checks.py, adopt_saved_architecture),
+    so the field counts as used: the checkpoint's architecture check compares it."""
+    if args.resume and any(name not in args.model for name in entry.switches):
+        return True
+    return entry.active(preset_fields(args.preset, args.model))
+
+
+def _model_dependency(entry: SwitchedFields) -> DependentFlag:
+    """A SWITCHED_FIELDS entry as the rule's DependentFlag: its fields' flags, its switch named as flags."""
+    used_by = re.sub(rf"\b({'|'.join(entry.switches)})\b", r"--\1", entry.used_by)
+    return DependentFlag(entry.fields, used_by, f"give {used_by} with it", lambda args: _model_switch_on(args, entry))
 
 
 # Every dependent flag, with what switches it on; a flag another trainer owns is skipped (task_flags). An entry
@@ -112,6 +129,8 @@ DEPENDENT_FLAGS: tuple[DependentFlag, ...] = (
     # ratio is 1 and its gradient the per-token one's, plain GRPO
     DependentFlag(("importance_sampling_level",), "--num_iterations 2 or more (a rollout's later updates)",
                   "give --num_iterations 2 or more with it", lambda args: args.num_iterations > 1),
+    # the model's own (model/config.py, SWITCHED_FIELDS): a fresh model's fields, pretraining's flags
+    *(_model_dependency(entry) for entry in SWITCHED_FIELDS),
 )
 
 
@@ -124,16 +143,44 @@ class UnusedFlag(NamedTuple):
 def unused_flags(args: TrainArgs) -> list[UnusedFlag]:
     """The DEPENDENT_FLAGS flags of `args` at a value other than their trainer's default while their feature is off,
     in the table's order; each found counts as set back to its default for the entries after it."""
-    flags, found, trial = task_flags(args.task), [], copy.copy(args)
+    found, trial = [], copy.copy(args)
     for dependency in DEPENDENT_FLAGS:
-        names = [name for name in dependency.names
-                 if name in flags and getattr(trial, name) != task_default(args.task, name)]
+        names = [name for name in dependency.names if _off_default(trial, name)]
         if not names or dependency.active(trial):
             continue
         for name in names:
-            found.append(UnusedFlag(name, getattr(trial, name), dependency))
-            setattr(trial, name, task_default(args.task, name))
+            found.append(UnusedFlag(name, _value(trial, name), dependency))
+            _set_default(trial, name)
     return found
+
+
+def flag_default(args: TrainArgs, name: str) -> Any:
+    """Flag `name`'s default in the run `args` ask for: its trainer's (task_default), or for a model field the
+    value its preset's config takes without it (model/config.py, field_default)."""
+    if name in MODEL_FIELDS:
+        return field_default(args.preset, args.model, name)
+    return task_default(args.task, name)
+
+
+def _value(args: TrainArgs, name: str) -> Any:
+    return args.model.get(name) if name in MODEL_FIELDS else getattr(args, name)
+
+
+def _off_default(args: TrainArgs, name: str) -> bool:
+    """Whether flag `name` is one of the run's trainer's and away from its default: a model field only where the run
+    builds a fresh model (pretraining; fine-tuning takes its switches from --from_weight) and the flags give it."""
+    if name in MODEL_FIELDS:
+        return args.task == "pretrain" and name in args.model and args.model[name] != flag_default(args, name)
+    return name in task_flags(args.task) and getattr(args, name) != task_default(args.task, name)
+
+
+def _set_default(args: TrainArgs, name: str) -> None:
+    """Flag `name` back at its default: a model field left to its preset (a new dict: a copy of `args` shares the
+    old one)."""
+    if name in MODEL_FIELDS:
+        args.model = {field: value for field, value in args.model.items() if field != name}
+    else:
+        setattr(args, name, task_default(args.task, name))
 
 
 def refuse_typed_unused_flags(args: TrainArgs) -> None:
@@ -154,7 +201,7 @@ def apply_unused_flag_rule(args: TrainArgs) -> None:
     refuse_typed_unused_flags(args)
     found = unused_flags(args)
     for unused in found:
-        setattr(args, unused.name, task_default(args.task, unused.name))
+        _set_default(args, unused.name)
     args.ignored = tuple(f"--{unused.name}={shown_value(unused.value)} (only {unused.dependency.used_by} uses it)"
                          for unused in found)
     args.given = args.given - {unused.name for unused in found}

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from dataset.json_text import strict_json
+from model.config import SWITCHED_FIELDS, preset_fields
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, flags_in_effect,
-                                given_preset, holds_out_validation, scored_against_starting_weights, task_default,
-                                uses_lora)
+                                given_preset, holds_out_validation, scored_against_starting_weights, uses_lora)
 from trainer.checkpoint_state import DATA_KEYS, CheckpointDamaged
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, STATE_FILE, checkpoint_step, finish_command,
@@ -200,16 +200,16 @@ def _unused_at_defaults(recorded: dict[str, Any]) -> dict[str, Any]:
     before the unused-flag rule may record one) at their defaults, as the rule sets them back in a command given that
     config as --config: the run never read them, so they tell it from no other run. As recorded where it is no
     TrainArgs (an unknown key, a value the table cannot read)."""
-    from trainer.arg_checks import unused_flags
+    from trainer.arg_checks import flag_default, unused_flags
     from trainer.args import args_from_run_config
 
     try:
-        found = unused_flags(args_from_run_config(recorded))
+        args = args_from_run_config(recorded)
+        found = unused_flags(args)
     except (TypeError, ValueError):
         return recorded
     # a flag it does not record stays out (a run from before the flag: not compared)
-    return {**recorded, **{flag.name: task_default(recorded["task"], flag.name) for flag in found
-                           if flag.name in recorded}}
+    return {**recorded, **{flag.name: flag_default(args, flag.name) for flag in found if flag.name in recorded}}
 
 
 def _comparable(value: Any) -> Any:
@@ -291,6 +291,7 @@ def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs)
     saved = state.get("config", {})
     # args.model holds the flags the user gave only: a task's default (SFT's smeared keys) is applied under them
     # when the model is built (requested_model_fields), so the checkpoint's value wins over it.
+    _set_back_unread_untyped(saved, args)
     given = {name: args.model[name] for name in ARCHITECTURE_FIELDS if name in args.model}
     # --preset names a shape too: one given is compared; the default takes the checkpoint's (a bare resume of a
     # minimind-26m run goes on as one)
@@ -304,6 +305,24 @@ def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs)
     for name in ARCHITECTURE_FIELDS:
         if saved.get(name) is not None and (args.task == "pretrain" or name in ADDABLE_MODEL_FIELDS.get(args.task, ())):
             args.model[name] = saved[name]
+
+
+def _set_back_unread_untyped(saved: dict[str, Any], args: TrainArgs) -> None:
+    """A pretraining resume's model field that nobody typed (a --config YAML's, a sweep trial's) and whose switch the
+    command left to the checkpoint, where the checkpoint's model does not read it (model/config.py, SWITCHED_FIELDS:
+    a --prms_p beside a saved rmsnorm), is set back as the unused-flag rule sets one back where the switch is given
+    (trainer/arg_checks.py): a sweep's cut-off trial, rerun with --resume auto, goes on instead of being refused for
+    a value its first start set back. One typed is compared as given (refused where it differs)."""
+    if args.task != "pretrain":
+        return
+    recorded = {name: value for name, value in saved.items() if name in MODEL_FIELDS}
+    preset = saved.get("preset") or args.preset
+    for entry in SWITCHED_FIELDS:  # in order: an entry's switch may be a field an earlier one set back
+        undecided = any(name not in args.model for name in entry.switches)  # at parsing (arg_checks.py)
+        # a switch a checkpoint does not record had its default (model/config.py: the model it was)
+        if undecided and not entry.active(preset_fields(preset, {**recorded, **args.model})):
+            args.model = {name: value for name, value in args.model.items()
+                          if name not in entry.fields or name not in args.untyped}
 
 
 def check_saved_architecture(path: Path, state: dict[str, Any], config: Any) -> None:

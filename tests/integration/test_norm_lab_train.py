@@ -1,7 +1,7 @@
 """The norm laboratory's switches (issue 27) train end to end from `python trainer/train_pretrain.py`: two tiny runs
-cover every new flag (one: DyT without affine parameters, DeepNorm, LayerNorm Scaling, full-width QK-norm, no init
-depth scaling, a DyT alpha init, the norm diagnostics; the other: Mix-LN with its ratio, parameter-free
-LayerNorm), each finishing with a falling loss and saving a model that loads back with those switches."""
+cover every new flag (one: DyT without affine parameters, DeepNorm, LayerNorm Scaling, full-width QK-norm, a DyT
+alpha init, the norm diagnostics; the other: Mix-LN with its ratio, parameter-free LayerNorm, no init depth
+scaling), each finishing with a falling loss and saving a model that loads back with those switches."""
 
 from __future__ import annotations
 
@@ -20,12 +20,14 @@ from trainer.run_dir import read_metrics
 RUNS = {
     "dyt-deepnorm": (["--norm_type", "dyt", "--norm_affine", "false", "--dyt_alpha_init", "0.8", "--norm_placement",
                       "deepnorm", "--norm_depth_scaling", "--qk_norm", "--qk_norm_scope", "full",
-                      "--init_depth_scaling", "false", "--diag_interval", "4"],
+                      "--diag_interval", "4"],
                      dict(norm_type="dyt", norm_affine=False, dyt_alpha_init=0.8, norm_placement="deepnorm",
-                          norm_depth_scaling=True, qk_norm=True, qk_norm_scope="full", init_depth_scaling=False)),
+                          norm_depth_scaling=True, qk_norm=True, qk_norm_scope="full")),
+    # no init depth scaling here: DeepNorm's beta gain replaces it (a flag that run would not use, refused)
     "mix-layernorm": (["--norm_type", "layernorm", "--norm_affine", "false", "--norm_placement", "mix",
-                       "--mix_ln_ratio", "0.5"],
-                      dict(norm_type="layernorm", norm_affine=False, norm_placement="mix", mix_ln_ratio=0.5)),
+                       "--mix_ln_ratio", "0.5", "--init_depth_scaling", "false"],
+                      dict(norm_type="layernorm", norm_affine=False, norm_placement="mix", mix_ln_ratio=0.5,
+                           init_depth_scaling=False)),
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trainer.arg_fields import task_default
 
@@ -224,3 +225,140 @@ def test_a_long_dpo_option_value_is_quoted_short_on_one_line(capsys):
     """trainer/dpo.py's option refusals quote as the flags' do: a 5,000-character --f_divergence_type is cut."""
     args, err = _stderr_of(capsys, "dpo", ["--loss_type", "sigmoid", "--f_divergence_type", "k" * 5000])
     assert args is None and len(err[0]) < 300 and err[0].startswith("error: --f_divergence_type='kkk"), err[0][:400]
+
+
+# The model's own (model/config.py, SWITCHED_FIELDS), pretraining's flags: (the flags that leave the switch off, the
+# field, a value other than its default, what turns it on as the refusal names it).
+MODEL_UNUSED = [
+    ([], "prms_p", "0.25", "only --norm_type prmsnorm uses it"),
+    (["--norm_type", "layernorm"], "dyt_alpha_init", "0.8", "only --norm_type dyt uses it"),
+    (["--norm_type", "dyt"], "norm_eps", "1e-05", "only --norm_type rmsnorm, prmsnorm or layernorm uses it"),
+    (["--norm_type", "none"], "qk_norm", "true", "only a --norm_type other than none uses it"),
+    ([], "qk_norm_scope", "full", "only --qk_norm true uses it"),
+    (["--norm_placement", "post"], "mix_ln_ratio", "0.5", "only --norm_placement mix uses it"),
+    (["--norm_placement", "deepnorm"], "init_depth_scaling", "false",
+     "only a --norm_placement other than deepnorm uses it"),
+    ([], "num_experts_per_tok", "2", "only --num_experts > 0 uses it"),
+    (["--num_experts", "0"], "moe_intermediate_size", "64", "only --num_experts > 0 uses it"),
+    (["--preset", "cpu-wide"], "norm_topk_prob", "true", "only --num_experts > 0 uses it"),
+    ([], "router_aux_loss_coef", "0.01", "only --num_experts > 0 uses it"),
+    ([], "router_z_loss_coef", "0.001", "only --num_experts > 0 uses it"),
+]
+MODEL_IDS = [flag for _, flag, _, _ in MODEL_UNUSED]
+
+
+@pytest.mark.parametrize("off, flag, value, used_by", MODEL_UNUSED, ids=MODEL_IDS)
+def test_an_unused_model_flag_typed_on_the_command_line_is_refused(off, flag, value, used_by, capsys):
+    args, err = _stderr_of(capsys, "pretrain", [*off, f"--{flag}", value])
+    assert args is None
+    assert err[0].startswith(f"error: --{flag}=") and " is not allowed; " in err[0], err
+    assert used_by in err[0] and err[0].endswith(f"or leave --{flag} out"), err[0]
+
+
+@pytest.mark.parametrize("off, flag, value, used_by", MODEL_UNUSED, ids=MODEL_IDS)
+def test_an_unused_model_flag_from_a_config_yaml_is_noted_and_left_to_the_preset(off, flag, value, used_by, capsys,
+                                                                                 tmp_path):
+    from model.config import MiniNormConfig
+    from trainer.arg_fields import build_model_config
+
+    args, err = _stderr_of(capsys, "pretrain", [*off, "--config", _yaml(tmp_path, flag, value)])
+    assert args is not None, err
+    assert flag not in args.model and flag not in args.given  # the model built has the preset's value
+    built = build_model_config(args)
+    assert getattr(built, flag) == getattr(MiniNormConfig.from_preset(args.preset, **args.model), flag)
+    assert len(err) == 1 and err[0].startswith("note: unused flags left at their defaults: "), err
+    assert f"--{flag}=" in err[0] and f"({used_by}" in err[0], err[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--norm_type", "prmsnorm", "--prms_p", "0.25"],
+    ["--norm_type", "dyt", "--dyt_alpha_init", "0.8"],
+    ["--norm_type", "layernorm", "--norm_eps", "1e-05"],
+    ["--qk_norm", "--qk_norm_scope", "full"],
+    ["--norm_placement", "mix", "--mix_ln_ratio", "0.5"],
+    ["--norm_placement", "peri", "--init_depth_scaling", "false"],  # an alias: its placement
+    ["--num_experts", "4", "--num_experts_per_tok", "2", "--router_z_loss_coef", "0.001"],
+    ["--preset", "cpu-moe", "--norm_topk_prob", "true", "--moe_intermediate_size", "64"],  # the preset's experts
+])
+def test_a_model_flag_its_switch_turns_on_is_kept(argv, capsys):
+    args, err = _stderr_of(capsys, "pretrain", argv)
+    assert args is not None and err == [], err
+    assert args.model[argv[-2].removeprefix("--")] is not None and not args.ignored
+
+
+def test_a_model_flag_at_the_value_its_preset_gives_is_taken_silently(capsys, tmp_path):
+    """The default of a model field is its preset's config's value: the recorded model fields of a dense run (its
+    moe_intermediate_size is resolved to intermediate_size's) given back as a --config draw no note."""
+    from model.config import MiniNormConfig
+    from trainer.arg_fields import MODEL_FIELDS
+
+    config = MiniNormConfig.from_preset("cpu-wide")
+    recorded = tmp_path / "config.yaml"
+    recorded.write_text(yaml.safe_dump({name: getattr(config, name) for name in MODEL_FIELDS}), encoding="utf-8")
+    args, err = _stderr_of(capsys, "pretrain", ["--config", str(recorded), "--preset", "cpu-wide"])
+    assert args is not None and err == [], err
+    assert args.model["moe_intermediate_size"] == config.intermediate_size
+    args, err = _stderr_of(capsys, "pretrain", ["--prms_p", "0.0625", "--preset", "minimind-3-moe",
+                                                "--router_aux_loss_coef", "0.0005", "--num_experts", "0"])
+    assert args is not None and err == [], err  # each at its preset's value, whatever the switch
+
+
+def test_model_flags_an_earlier_entry_sets_back_turn_the_later_off(capsys, tmp_path):
+    """qk_norm_scope reads qk_norm, which norm_type none leaves unused: from a YAML both are set back."""
+    config = tmp_path / "config.yaml"
+    config.write_text("norm_type: none\nqk_norm: true\nqk_norm_scope: full\n", encoding="utf-8")
+    args, err = _stderr_of(capsys, "pretrain", ["--config", str(config)])
+    assert args.model == {"norm_type": "none"}
+    assert len(err) == 1 and "--qk_norm=True" in err[0] and "--qk_norm_scope='full'" in err[0], err
+
+
+def test_a_bad_model_value_a_yaml_leaves_unused_is_refused_all_the_same(capsys, tmp_path):
+    args, err = _stderr_of(capsys, "pretrain", ["--config", _yaml(tmp_path, "prms_p", "1.5")])
+    assert args is None and err[0].startswith("error: prms_p=1.5 is not allowed; it must be a float in (0, 1]"), err
+
+
+def test_fine_tuning_model_flags_are_not_judged_by_the_preset(capsys):
+    """A fine-tuning run's switches are its starting model's (--from_weight), unknown when parsing: a model flag is
+    not refused against a preset's switch there, but by the run that knows the starting model (trainer/run_inputs.py,
+    build_model: only --norm_impl, --dropout and SFT's --smeared_keys may change)."""
+    args, err = _stderr_of(capsys, "sft", ["--prms_p", "0.25"])
+    assert args is not None and err == [] and args.model == {"prms_p": 0.25}
+
+
+def test_a_resume_leaves_a_switch_it_does_not_give_to_the_checkpoint(capsys):
+    """A bare resume takes its architecture from the checkpoint (trainer/resume_checks.py, adopt_saved_architecture):
+    a model flag whose switch the command leaves unset is taken as given (the checkpoint's architecture check compares
+    it), not refused against the preset's switch; a switch the command gives is judged as in a fresh run."""
+    args, err = _stderr_of(capsys, "pretrain", ["--resume", "auto", "--prms_p", "0.25"])
+    assert args is not None and err == [] and args.model == {"prms_p": 0.25}
+    args, err = _stderr_of(capsys, "pretrain", ["--resume", "auto", "--norm_type", "rmsnorm", "--prms_p", "0.25"])
+    assert args is None and "only --norm_type prmsnorm uses it" in err[0], err
+
+
+def _resume_args(argv: list[str], untyped_yaml: dict[str, object] | None = None):
+    from trainer.args import check_args
+
+    args = check_args("pretrain", ["--resume", "auto", *argv])
+    args.untyped = frozenset(untyped_yaml or {})  # check_args takes everything as a sweep trial's: say what is
+    return args
+
+
+def test_a_resumed_untyped_model_flag_the_checkpoint_does_not_read_is_set_back():
+    """A sweep's cut-off trial rerun with --resume auto: its fixed --dyt_alpha_init beside no --norm_type was set
+    back at its first start (a saved rmsnorm model, dyt_alpha_init 0.5), so the rerun goes on; typed, it is compared
+    with the checkpoint's and refused where it differs."""
+    from trainer.resume_checks import adopt_saved_architecture
+
+    saved = {"config": {"task": "pretrain", "preset": "cpu-wide", "norm_type": "rmsnorm", "dyt_alpha_init": 0.5,
+                        "hidden_size": 320}}
+    args = _resume_args(["--dyt_alpha_init", "0.8"], {"dyt_alpha_init": 0.8})
+    adopt_saved_architecture(Path("step_00000002"), saved, args)
+    assert args.model == {"norm_type": "rmsnorm", "dyt_alpha_init": 0.5, "hidden_size": 320}
+    args = _resume_args(["--dyt_alpha_init", "0.8"])
+    with pytest.raises(ValueError, match="dyt_alpha_init was 0.5 there and is 0.8 now"):
+        adopt_saved_architecture(Path("step_00000002"), saved, args)
+    saved["config"]["norm_type"] = "dyt"  # read there: an untyped value is compared as given
+    args = _resume_args(["--dyt_alpha_init", "0.8"], {"dyt_alpha_init": 0.8})
+    with pytest.raises(ValueError, match="dyt_alpha_init was 0.5 there and is 0.8 now"):
+        adopt_saved_architecture(Path("step_00000002"), saved, args)
+

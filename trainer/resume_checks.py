@@ -111,9 +111,12 @@ def changed_flags(state: dict[str, Any], config: dict[str, Any]) -> str:
     """The run's settings that differ from the checkpoint's (a resume may change them: the learning rate, the
     length, the intervals, the rewards: --reward and --reward_model, the latter as the directory it names), as
     '--a was 1 there and is 2 now, ...'; "" when none does. The kept flags are refused before this
-    (check_resume_compatible), so what is named here is what the run goes on with anew."""
-    saved = _with_implied_flags(state.get("config", {}))
-    now = {name: value for name, value in config.items() if name not in _NOT_NOTED}
+    (check_resume_compatible), so what is named here is what the run goes on with anew; a flag neither side's run
+    reads (trainer/arg_checks.py, unused_flags) is compared at its default (_unused_at_defaults)."""
+    # both sides after the unused-flag rule: a checkpoint saved before it records flags its run never read (a Muon
+    # rate beside --optimizer adamw), which its own train_config.yaml given again as --config now sets back
+    saved = _unused_at_defaults(_with_implied_flags(state.get("config", {})))
+    now = {name: value for name, value in _unused_at_defaults(config).items() if name not in _NOT_NOTED}
     changes = _changes(saved, now, flags_in_effect(saved), flags_in_effect(config))
     return _was_and_is({**changes, **_reward_model_change(saved, config)})
 

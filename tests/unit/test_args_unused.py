@@ -362,3 +362,28 @@ def test_a_resumed_untyped_model_flag_the_checkpoint_does_not_read_is_set_back()
     with pytest.raises(ValueError, match="dyt_alpha_init was 0.5 there and is 0.8 now"):
         adopt_saved_architecture(Path("step_00000002"), saved, args)
 
+
+def test_a_resume_of_a_run_saved_before_the_rule_notes_no_change_for_the_flags_it_sets_back(capsys, tmp_path):
+    """A pretraining run saved before the rule recorded flags it never read (a Muon rate and a wandb group beside
+    --optimizer adamw and no --use_wandb, a DyT alpha beside RMSNorm); resumed unfinished with its own
+    train_config.yaml, the rule sets them back, and the resume compared the two: "changed since the checkpoint:
+    --muon_lr was 0.05 there and is 0.0375 now". Both sides are compared after the rule; a flag the run reads and
+    changes is still named."""
+    from trainer.arg_fields import MODEL_FIELDS, build_model_config
+    from trainer.args import check_args
+    from trainer.resume_checks import adopt_saved_architecture, changed_flags
+
+    def effective(args) -> dict[str, object]:  # trainer/run_inputs.py, effective_config
+        built = build_model_config(args, vocab_size=6400)
+        return {**{k: v for k, v in args.to_dict().items() if k != "model"},
+                **{name: getattr(built, name) for name in MODEL_FIELDS}}
+
+    before = check_args("pretrain", ["--optimizer", "adamw", "--out_dir", str(tmp_path / "run")])
+    saved = {**effective(before), "muon_lr": 0.05, "wandb_group": "g", "dyt_alpha_init": 0.8}
+    recorded = tmp_path / "train_config.yaml"
+    recorded.write_text(yaml.safe_dump(saved), encoding="utf-8")
+    for extra, changes in (([], ""), (["--learning_rate", "0.002"], "--learning_rate was 0.01 there and is 0.002 now")):
+        args, err = _stderr_of(capsys, "pretrain", ["--config", str(recorded), "--resume", "auto", *extra])
+        assert args is not None and "--muon_lr=0.05" in err[0] and "--dyt_alpha_init=0.8" in err[0], err
+        adopt_saved_architecture(Path("step_00000002"), {"config": saved}, args)  # the saved model's fields
+        assert changed_flags({"config": saved}, effective(args)) == changes

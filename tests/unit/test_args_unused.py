@@ -387,3 +387,26 @@ def test_a_resume_of_a_run_saved_before_the_rule_notes_no_change_for_the_flags_i
         assert args is not None and "--muon_lr=0.05" in err[0] and "--dyt_alpha_init=0.8" in err[0], err
         adopt_saved_architecture(Path("step_00000002"), {"config": saved}, args)  # the saved model's fields
         assert changed_flags({"config": saved}, effective(args)) == changes
+
+
+def test_distillations_soft_flags_at_alpha_1_are_used_for_the_logged_divergence(capsys):
+    """At --alpha 1 the loss has no teacher term (it is the CE exactly), but the run still computes and logs the
+    divergence at --temperature with --distill_loss (and --jsd_beta): those flags are read, so they are taken, not
+    refused or noted. The logged KL is checked against KL(q_t || q_s) at T written out in fp64."""
+    import torch
+
+    from trainer.distillation_losses import distillation_losses
+
+    args, err = _stderr_of(capsys, "distill", ["--alpha", "1", "--temperature", "4", "--distill_loss", "jsd",
+                                               "--jsd_beta", "0.3"])
+    assert args is not None and err == [] and (args.temperature, args.distill_loss, args.jsd_beta) == (4.0, "jsd", 0.3)
+    generator = torch.Generator().manual_seed(0)
+    student, teacher = (torch.randn(3, 5, generator=generator, dtype=torch.float64) for _ in range(2))
+    targets = torch.tensor([0, 2, 4])
+    for temperature in (1.0, 4.0):
+        loss, ce, kl = distillation_losses(student, teacher, targets, 1.0, temperature)
+        q_t, q_s = (torch.softmax(logits / temperature, dim=-1) for logits in (teacher, student))
+        assert torch.equal(loss, ce)  # no teacher term
+        torch.testing.assert_close(kl, (q_t * (q_t.log() - q_s.log())).sum(dim=-1), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(distillation_losses(student, teacher, targets, 1.0, 1.0)[2],
+                              distillation_losses(student, teacher, targets, 1.0, 4.0)[2])  # the logged value reads T

@@ -8,8 +8,9 @@ and writes its own directory under SWEEP_DIR/trials/. Outcomes go to SWEEP_DIR/r
 trial, appended whole.
 
 Checked before anything runs: the YAML (wandb's schema, a first proposal) and, when its program is one of this
-repo's trainers, every parameter value (the trainer's own flag checks, trainer/args.py check_args) and the metric
-(one the trainer logs, trainer/run_dir.py logged_metrics).
+repo's trainers, every parameter value (the trainer's own flag checks, trainer/args.py check_args), a swept
+parameter its trials do not use (refused where none does, said once where some do) and the metric (one the
+trainer logs, trainer/run_dir.py logged_metrics).
 
 Resumable: the proposed trials are kept in SWEEP_DIR/sweep_state.json (written atomically); restarted, the
 runner skips trials already recorded as finished or diverged, reruns any trial that was cut off (with

@@ -149,7 +149,7 @@ def unused_flags(args: TrainArgs) -> list[UnusedFlag]:
         if not names or dependency.active(trial):
             continue
         for name in names:
-            found.append(UnusedFlag(name, _value(trial, name), dependency))
+            found.append(UnusedFlag(name, flag_value(trial, name), dependency))
             _set_default(trial, name)
     return found
 
@@ -162,7 +162,8 @@ def flag_default(args: TrainArgs, name: str) -> Any:
     return task_default(args.task, name)
 
 
-def _value(args: TrainArgs, name: str) -> Any:
+def flag_value(args: TrainArgs, name: str) -> Any:
+    """Flag `name`'s value in `args`: a model field's from the model flags (None: not given, its preset's)."""
     return args.model.get(name) if name in MODEL_FIELDS else getattr(args, name)
 
 
@@ -197,13 +198,13 @@ def apply_unused_flag_rule(args: TrainArgs) -> None:
     """The one rule for a flag the run will not use: a DEPENDENT_FLAGS flag at a value other than its trainer's
     default while its feature is off is refused where the command line typed it (refuse_typed_unused_flags), and set
     back to its default where nobody typed it (`args.untyped`: a --config YAML's, a sweep trial's), recorded in
-    `args.ignored` for the run's note (trainer/args.py, parse_args)."""
+    `args.ignored` (name, value as quoted, what turns it on) for the run's note (trainer/args.py, parse_args) and a
+    sweep's check of its parameters (scripts/sweep_runner/config.py)."""
     refuse_typed_unused_flags(args)
     found = unused_flags(args)
     for unused in found:
         _set_default(args, unused.name)
-    args.ignored = tuple(f"--{unused.name}={shown_value(unused.value)} (only {unused.dependency.used_by} uses it)"
-                         for unused in found)
+    args.ignored = tuple((unused.name, shown_value(unused.value), unused.dependency.used_by) for unused in found)
     args.given = args.given - {unused.name for unused in found}
 
 
@@ -211,7 +212,8 @@ def unused_flags_note(args: TrainArgs) -> str | None:
     """The one note line on the flags apply_unused_flag_rule set back to their defaults; None when it set none."""
     if not args.ignored:
         return None
-    return f"note: unused flags left at their defaults: {'; '.join(args.ignored)}"
+    flags = (f"--{name}={value} (only {used_by} uses it)" for name, value, used_by in args.ignored)
+    return f"note: unused flags left at their defaults: {'; '.join(flags)}"
 
 
 def _bad(name: str, value: Any, allowed: str) -> ValueError:

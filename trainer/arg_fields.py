@@ -475,9 +475,9 @@ class TrainArgs:
     given: frozenset[str] = field(default=frozenset(), compare=False)
     # Not flags: the given flags nobody typed for this run (a --config YAML's, every flag of a sweep's trial), which
     # the unused-flag rule notes instead of refusing, and the ones it set back to their defaults for being unused,
-    # each "--name=value (what turns it on)" (trainer/arg_checks.py, DEPENDENT_FLAGS).
+    # each (name, its value as the note quotes it, what turns it on) (trainer/arg_checks.py, DEPENDENT_FLAGS).
     untyped: frozenset[str] = field(default=frozenset(), compare=False)
-    ignored: tuple[str, ...] = field(default=(), compare=False)
+    ignored: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
 
     def resolved_out_dir(self) -> Path:
         return resolve_path(self.out_dir or DEFAULT_OUT_DIRS[self.task])

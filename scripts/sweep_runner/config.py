@@ -4,6 +4,7 @@ the `--only` filter of a grid sweep."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,9 @@ def agent_only_settings(config: dict[str, Any]) -> list[str]:
     return [name for name in AGENT_ONLY_SETTINGS if name in given]
 
 
-def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str, Any]:
-    """Check a parsed sweep YAML; raise SweepConfigError naming the first bad field."""
+def validate_sweep_config(config: Any, source: str = "sweep config", notes: list[str] | None = None) -> dict[str, Any]:
+    """Check a parsed sweep YAML; raise SweepConfigError naming the first bad field. `notes`, when given, gets the
+    lines the sweep should say once when it starts (a swept parameter some trials do not use)."""
     def bad(field: str, message: str) -> SweepConfigError:
         return SweepConfigError(f"{source}: {field}: {message}")
 
@@ -54,7 +56,9 @@ def validate_sweep_config(config: Any, source: str = "sweep config") -> dict[str
     task = trainer_of(config)
     if task is not None:  # another program's flags and metrics are its own business
         _check_metric(config, task, bad)
-        _check_parameters(config, task, first, bad)
+        found = _check_parameters(config, task, first, bad)
+        if notes is not None:
+            notes.extend(found)
     _check_program_exists(config, command, bad)
     return config
 
@@ -222,22 +226,30 @@ def _check_metric(config: dict[str, Any], task: str, bad: Any) -> None:
                                  f"{', '.join(allowed)}")
 
 
-def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] | None, bad: Any) -> None:
+def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] | None, bad: Any) -> list[str]:
     """Each value a parameter may take (its `value`, each of its `values`, the bounds of its {min, max}), put in the
     first proposed trial in place of that parameter's, must pass the trainer's own parsing and checks
     (trainer/args.py, check_args): a flag it lacks or a value it refuses is found now, not as failed trials. A value
-    refused only beside another swept one is refused too: in a grid that pair is one of its trials."""
+    refused only beside another swept one is refused too: in a grid that pair is one of its trials. A swept
+    parameter the trainer sets back as unused (the unused-flag rule) is refused where no trial checked uses it, and
+    noted once otherwise (_unused_parameters); the notes are returned."""
     from trainer.args import check_args  # torch: only for sweeps that drive one of this repo's trainers
 
     program = program_path(config)
+    checked: dict[str, tuple[str | None, Any]] = {}  # a trial's parameters (as JSON) -> (refusal, its TrainArgs)
+
+    def check(params: dict[str, Any]) -> tuple[str | None, Any]:
+        key = _key(params)
+        if key not in checked:
+            command = build_command(config, params, [])
+            try:
+                checked[key] = (None, check_args(task, command[command.index(program) + 1:]))
+            except ValueError as error:
+                checked[key] = (str(error), None)
+        return checked[key]
 
     def refusal(params: dict[str, Any]) -> str | None:
-        command = build_command(config, params, [])
-        try:
-            check_args(task, command[command.index(program) + 1:])
-        except ValueError as error:
-            return str(error)
-        return None
+        return check(params)[0]
 
     def refuse(name: str, key: str, value: Any, error: str) -> SweepConfigError:
         # repr, and the trainer's message (which quotes the value) escaped: a value holding a newline stays one line
@@ -263,6 +275,55 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
                 error = refusal({**base, name: value})
                 if error is not None:
                     raise refuse(name, key, value, error)
+    return _unused_parameters(config, base, candidates, check, bad)
+
+
+def _unused_parameters(config: dict[str, Any], base: dict[str, Any], candidates: dict[str, list[tuple[str, Any]]],
+                       check: Any, bad: Any) -> list[str]:
+    """The swept parameters (more than one value) that the trainer's unused-flag rule sets back in some trial
+    (trainer/arg_checks.py, DEPENDENT_FLAGS, through check_args' `ignored`): each value of one is tried in the first
+    trial and beside each value of every other swept parameter (a switch another parameter turns on is found; one
+    that needs two of them at once is not). Unused in every such trial: a SweepConfigError (its values would make
+    identical trials); used in some: one note line, returned, naming it and what turns it on."""
+    from trainer.arg_checks import flag_default, flag_value
+
+    swept = [name for name, values in candidates.items() if len({_key(value) for _, value in values}) > 1
+             or "distribution" in config["parameters"][name]]
+    # the trials checked so far (the first, and each value in it): only a parameter set back in one is looked into
+    set_back: set[str] = set()
+    for name in swept:
+        for _, value in candidates[name]:
+            _, args = check({**base, name: value})
+            set_back.update(flag for flag, _, _ in (args.ignored if args is not None else ()))
+    notes = []
+    for name in (name for name in swept if name in set_back):
+        reads, unused_by = [], None
+        others = [(other, value) for other in swept if other != name for _, value in candidates[other]]
+        for _, value in candidates[name]:
+            for params in ({**base, name: value}, *({**base, other: another, name: value}
+                                                    for other, another in others)):
+                _, args = check(params)
+                if args is None:  # a pair the trainer refuses runs no trial that could read it
+                    continue
+                ignored = {flag: used_by for flag, _, used_by in args.ignored}
+                if name in ignored:
+                    unused_by = ignored[name]
+                    reads.append(False)
+                elif flag_value(args, name) != flag_default(args, name):
+                    reads.append(True)
+        if unused_by is None:
+            continue
+        if not any(reads):
+            raise bad(f"parameters.{name}", f"no trial uses it: only {unused_by} uses it, which no trial turns on, "
+                                            f"so its values would make identical trials (fix it with value:, or "
+                                            f"sweep what turns it on)")
+        notes.append(f"note: parameters.{name}: only {unused_by} uses it; a trial without that runs at its "
+                     f"default, so its values make identical trials there (each trial notes it)")
+    return notes
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=repr)
 
 
 def _one_line(text: str) -> str:
@@ -288,14 +349,15 @@ def _candidates(name: str, spec: dict[str, Any]) -> list[tuple[str, Any]]:
                                                                          ("max", 1.0))]
 
 
-def load_sweep_config(path: str | Path) -> dict[str, Any]:
-    """A sweep YAML, read and validated; a SweepConfigError names the file and what is wrong with it."""
+def load_sweep_config(path: str | Path, notes: list[str] | None = None) -> dict[str, Any]:
+    """A sweep YAML, read and validated; a SweepConfigError names the file and what is wrong with it. `notes`:
+    validate_sweep_config's."""
     path = Path(path)
     try:
         config = read_yaml(path, "a sweep YAML")
     except ValueError as error:
         raise SweepConfigError(str(error)) from None
-    return validate_sweep_config(config, str(path))
+    return validate_sweep_config(config, str(path), notes)
 
 
 def sweep_name(config: dict[str, Any], path: str | Path) -> str:

@@ -257,7 +257,8 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
     one runner at a time uses a sweep folder (a second one is refused).
     ``records_dir``: restore done trials from it first, save every trial into it (trainer/sweep_dir.py);
     ``only``: `NAME=VALUE[,VALUE]` filters, the trials run now (the rest stay proposed)."""
-    config = load_sweep_config(config_path)
+    notes: list[str] = []  # said once, when the sweep starts
+    config = load_sweep_config(config_path, notes)
     name = sweep_name(config, config_path)
     picked = parse_only(config, only or [])
     sweep_dir = resolve_path(sweep_dir) if sweep_dir else default_sweep_dir(name)
@@ -277,6 +278,8 @@ def run_sweep(config_path: str | Path, sweep_dir: str | Path | None = None, wand
                 bring_back_records(sweep_dir, records_dir, name, config)
         runner = SweepRunner(config, name, sweep_dir, records_dir, wandb_mode, picked, seed, workers, dry_run)
         runner.announce()
+        for note in notes:
+            print(note, flush=True)
         if dry_run:
             return runner.list_trials(max_trials)
         return runner.run_trials(max_trials, stop_on_failure)

@@ -128,7 +128,7 @@ def test_the_note_names_every_unused_flag_on_one_line_from_the_main_process_only
 
 @pytest.mark.parametrize("variable", SWEEP_VARIABLES)
 def test_a_sweep_trials_command_line_is_noted_not_refused(variable, capsys, monkeypatch):
-    """A sweep passes its parameters on the trial's command line, varying --optimizer and fixing --muon_lr
+    """A sweep passes its parameters on the trial's command line, varying --optimizer and --muon_lr
     (scripts/sweep_configs/recipe_cpu.yaml): wandb agent sets WANDB_SWEEP_ID, scripts/sweep.py's runner
     MININORM_SWEEP_TRIAL."""
     monkeypatch.setenv(variable, "1")

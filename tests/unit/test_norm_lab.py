@@ -145,13 +145,15 @@ def test_placement_aliases_are_stored_as_one_value(tmp_path) -> None:
 def test_new_fields_are_trainer_flags_and_aliases_parse() -> None:
     assert set(NEW_FIELDS) <= set(MODEL_FIELDS)
     args = parse_args("pretrain", ["--norm_type", "dyt", "--norm_placement", "peri", "--norm_affine", "false",
-                                   "--dyt_alpha_init", "0.8", "--mix_ln_ratio", "0.5", "--norm_depth_scaling",
-                                   "--init_depth_scaling", "false", "--qk_norm", "--qk_norm_scope", "full"])
+                                   "--dyt_alpha_init", "0.8", "--norm_depth_scaling", "--init_depth_scaling", "false",
+                                   "--qk_norm", "--qk_norm_scope", "full"])
     config = build_model_config(args, vocab_size=97)
     assert (config.norm_type, config.norm_placement, config.norm_affine, config.dyt_alpha_init) == (
         "dyt", "sandwich", False, 0.8)
-    assert (config.mix_ln_ratio, config.norm_depth_scaling, config.init_depth_scaling, config.qk_norm_scope) == (
-        0.5, True, False, "full")
+    assert (config.norm_depth_scaling, config.init_depth_scaling, config.qk_norm_scope) == (True, False, "full")
+    # mix_ln_ratio is read only by mix (a flag the run would not use is refused: docs/training.md)
+    args = parse_args("pretrain", ["--norm_placement", "mix", "--mix_ln_ratio", "0.5"])
+    assert build_model_config(args, vocab_size=97).mix_ln_ratio == 0.5
 
 
 def test_a_refused_combination_is_a_one_line_usage_error(capsys) -> None:

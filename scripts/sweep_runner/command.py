@@ -10,6 +10,7 @@ import re
 import sys
 from typing import Any
 
+from dataset.shown_value import shown_value
 from scripts.sweep_runner.errors import SweepConfigError
 from trainer.run_dir import resolve_path, trainer_task
 
@@ -71,8 +72,6 @@ def build_command(config: dict[str, Any], params: dict[str, Any], extra: list[st
         if item in macros:
             command.extend(macros[item])
         elif "${" in item:
-            from dataset.shown_value import shown_value  # here: the model package loads torch, which a sweep that
-            # drives no trainer here never needs (scripts/sweep_runner/config.py's _shown)
             raise SweepConfigError(f"command: macro {shown_value(item)} is not supported by the serverless runner")
         else:
             command.append(item)

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dataset.shown_value import shown_value
 from scripts.sweep_runner.command import (DEFAULT_COMMAND, FLAG_MACROS, build_command, format_arg, program_path,
                                           trainer_of)
 from scripts.sweep_runner.engine import plain, propose_next, sweeps_module
@@ -21,14 +22,6 @@ METHODS = ("grid", "random", "bayes")
 # the keys of a parameter spec in wandb's schema (its nested `parameters` aside, refused here)
 PARAMETER_KEYS = ("value", "values", "distribution", "probabilities", "min", "max", "mu", "sigma", "q", "a", "b")
 AGENT_ONLY_SETTINGS = ("early_terminate", "scheduler", "metric.target")  # wandb's agent and server act on them
-
-
-def _shown(value: Any) -> str:
-    """A refused value as every refusal quotes one (dataset/shown_value.py: one line, a long one cut), imported only
-    when a refusal is made: the model package loads torch, which a sweep that drives no trainer here never needs."""
-    from dataset.shown_value import shown_value
-
-    return shown_value(value)
 
 
 def agent_only_settings(config: dict[str, Any]) -> list[str]:
@@ -66,7 +59,7 @@ def validate_sweep_config(config: Any, source: str = "sweep config", notes: list
 def _check_method_and_metric(config: dict[str, Any], bad: Any) -> None:
     """The search method, and the metric's name and goal (which bayes search needs)."""
     if config.get("method") not in METHODS:
-        raise bad("method", f"{_shown(config.get('method'))} is not one of {', '.join(METHODS)}")
+        raise bad("method", f"{shown_value(config.get('method'))} is not one of {', '.join(METHODS)}")
     metric = config.get("metric")
     if config["method"] == "bayes" and metric is None:
         raise bad("metric", "bayes search needs a metric (name and goal)")
@@ -74,13 +67,13 @@ def _check_method_and_metric(config: dict[str, Any], bad: Any) -> None:
         if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
             raise bad("metric.name", "expected a metric name, e.g. val_loss")
         if metric.get("goal", "minimize") not in ("minimize", "maximize"):
-            raise bad("metric.goal", f"{_shown(metric.get('goal'))} is not one of minimize, maximize")
+            raise bad("metric.goal", f"{shown_value(metric.get('goal'))} is not one of minimize, maximize")
 
 
 def _check_sweep_name(config: dict[str, Any], bad: Any) -> None:
     if "name" in config and not is_folder_name(config["name"]):
         # the sweep's folder is out/sweeps/<name>: a path there would put it (and its trials) anywhere
-        raise bad("name", f"{_shown(config['name'])} is not a folder name (letters, digits, '.', '_', '=', '-')")
+        raise bad("name", f"{shown_value(config['name'])} is not a folder name (letters, digits, '.', '_', '=', '-')")
 
 
 def _check_parameter_specs(config: dict[str, Any], bad: Any) -> dict[str, Any]:
@@ -97,7 +90,7 @@ def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
     """One parameter's spec: a flat mapping of wandb's keys, its values a non-empty list, every number finite and
     every value JSON."""
     if not isinstance(name, str):  # wandb's engine asserts on it (a traceback)
-        raise bad("parameters", f"parameter names must be strings, got {_shown(name)}")
+        raise bad("parameters", f"parameter names must be strings, got {shown_value(name)}")
     if not isinstance(spec, dict):
         raise bad(f"parameters.{name}", "expected a mapping such as {values: [...]} or {value: x}")
     if "parameters" in spec:
@@ -108,7 +101,8 @@ def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
         raise bad(f"parameters.{name}.{unknown[0]}", f"not a key of a parameter spec; allowed: "
                                                      f"{', '.join(PARAMETER_KEYS)}")
     if "values" in spec and not (isinstance(spec["values"], list) and spec["values"]):
-        raise bad(f"parameters.{name}.values", f"expected a non-empty list of values, got {_shown(spec['values'])}")
+        got = shown_value(spec["values"])
+        raise bad(f"parameters.{name}.values", f"expected a non-empty list of values, got {got}")
     # NaN or inf would be proposed and run as a trial (`--seed=nan`), and NaN never equals itself, so a trial
     # holding one is never found again on resume.
     numbers = [(key, spec.get(key)) for key in ("value", "min", "max", "mu", "sigma", "q") if key in spec]
@@ -124,8 +118,8 @@ def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
         fields += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
     for key, value in fields:
         if not _is_json(value):
-            raise bad(f"parameters.{name}.{key}", f"{_shown(value)} is not a JSON value (a string, number, boolean, "
-                                                  f"null, list or mapping); quote it to make it a string")
+            raise bad(f"parameters.{name}.{key}", f"{shown_value(value)} is not a JSON value (a string, number, "
+                                                  f"boolean, null, list or mapping); quote it to make it a string")
 
 
 def _check_command_and_program(config: dict[str, Any], bad: Any) -> list[str] | None:
@@ -149,7 +143,7 @@ def _check_wandb_schema(config: dict[str, Any], parameters: dict[str, Any], sour
     if violations:
         name = violations[-1].removeprefix("invalid hyperparameter configuration: ")
         if name != violations[-1] and name in parameters:
-            raise bad(f"parameters.{name}", f"{_shown(parameters[name])} is not a parameter spec wandb accepts; "
+            raise bad(f"parameters.{name}", f"{shown_value(parameters[name])} is not a parameter spec wandb accepts; "
                                             f"expected {{value: X}}, {{values: [X, ...]}} or a distribution "
                                             f"(distribution, min, max, mu, sigma, q, a, b)")
         raise SweepConfigError(f"{source}: {violations[-1]}")
@@ -222,7 +216,7 @@ def _check_metric(config: dict[str, Any], task: str, bad: Any) -> None:
     metric = (config.get("metric") or {}).get("name")
     allowed = logged_metrics(task)
     if metric is not None and metric not in allowed:
-        raise bad("metric.name", f"{_shown(metric)} is not a metric {TRAINER_SCRIPTS[task]} logs; allowed: "
+        raise bad("metric.name", f"{shown_value(metric)} is not a metric {TRAINER_SCRIPTS[task]} logs; allowed: "
                                  f"{', '.join(allowed)}")
 
 
@@ -253,7 +247,8 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
 
     def refuse(name: str, key: str, value: Any, error: str) -> SweepConfigError:
         # repr, and the trainer's message (which quotes the value) escaped: a value holding a newline stays one line
-        return bad(f"parameters.{name}.{key}", f"{TRAINER_SCRIPTS[task]} refuses {_shown(value)}: {_one_line(error)}")
+        return bad(f"parameters.{name}.{key}",
+                   f"{TRAINER_SCRIPTS[task]} refuses {shown_value(value)}: {_one_line(error)}")
 
     candidates = {name: _candidates(name, spec) for name, spec in config["parameters"].items()}
     base = first or {name: spec["value"] for name, spec in config["parameters"].items() if "value" in spec}
@@ -265,9 +260,9 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
                 for key, value in candidates[name]:
                     if (refused := refusal({**rest, name: value})) is not None:
                         raise refuse(name, key, value, refused)
-                raise bad(f"parameters.{name}", f"{TRAINER_SCRIPTS[task]} refuses {_shown(base[name])}, the "
+                raise bad(f"parameters.{name}", f"{TRAINER_SCRIPTS[task]} refuses {shown_value(base[name])}, the "
                                                 f"first trial's: {_one_line(error)}")
-        raise bad("parameters", f"{TRAINER_SCRIPTS[task]} refuses the first trial {_shown(base)}: "
+        raise bad("parameters", f"{TRAINER_SCRIPTS[task]} refuses the first trial {shown_value(base)}: "
                                 f"{_one_line(error)}")
     for name, values in candidates.items():
         for key, value in values:
@@ -374,7 +369,7 @@ def parse_only(config: dict[str, Any], specs: list[str]) -> dict[str, list[Any]]
     for spec in specs:
         name, sep, values = spec.partition("=")
         if not sep or name not in swept:
-            raise SweepConfigError(f"--only {_shown(spec)}: expected NAME=VALUE[,VALUE] with NAME one of "
+            raise SweepConfigError(f"--only {shown_value(spec)}: expected NAME=VALUE[,VALUE] with NAME one of "
                                    f"{', '.join(swept)}")
         grid = config["parameters"][name].get("values", [])
         for text in values.split(","):

@@ -1,11 +1,11 @@
 """A trainer script's command line (trainer/train_*.py): the run of trainer/core.py's `Trainer` on the script's
 flags, and how it ends: 0 once the run is done, each failure one line on stderr with its own exit code (a diverged
-run, a Ctrl-C with where the run can go on from, a bad input, a process that stopped answering)."""
+run, a Ctrl-C with where the run can go on from, a bad input, an allocation that failed
+(trainer/memory.py), a process that stopped answering)."""
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +15,8 @@ from trainer.arg_fields import TrainArgs
 from trainer.cli import INTERRUPTED_LINE, done_on_ctrl_c, print_interrupted
 from trainer.core import Trainer
 from trainer.distributed import collective_timed_out, shutdown
-from trainer.run_dir import (CHECKPOINT_DIR, EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PEER_LOST,
+from trainer.memory import out_of_memory_line
+from trainer.run_dir import (CHECKPOINT_DIR, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PEER_LOST,
                              list_checkpoints, report_error)
 from trainer.run_summary import RunSummary, TrainingDiverged
 
@@ -26,20 +27,6 @@ def _resume_hint(args: TrainArgs) -> str:
     if not checkpoints:
         return f"no checkpoint was saved yet (every --save_interval {args.save_interval} steps)"
     return f"its newest checkpoint is {checkpoints[-1]}: run the same command with --resume auto to go on from it"
-
-
-# The allocators' refusals: the CPU's (a RuntimeError) and CUDA's (torch.OutOfMemoryError, a RuntimeError too)
-_ALLOCATOR_REFUSAL = re.compile(r"(DefaultCPUAllocator: (?:can't allocate|not enough) memory[^.]*|CUDA out of memory\."
-                                r"(?: Tried to allocate [\d.]+ \w+)?)")
-
-
-def out_of_memory(error: BaseException) -> str | None:
-    """What an allocation that failed said (None: `error` is no allocation failure), for a one-line refusal: a
-    size the flags allow but no memory holds was the allocator's traceback (a model of --hidden_size 2**30)."""
-    if isinstance(error, MemoryError):
-        return "MemoryError"
-    found = _ALLOCATOR_REFUSAL.search(str(error))
-    return found.group(1) if found else None
 
 
 def _finished_line(out_dir: Path) -> str:
@@ -70,11 +57,9 @@ def main(task: str, argv: list[str] | None = None,
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(report_error(error)) from None
     except (MemoryError, RuntimeError) as error:
-        memory = out_of_memory(error)
-        if memory is not None:
-            print(f"error: out of memory ({memory}): lower --batch_size, --max_seq_len, --copy_rows or the model's "
-                  f"sizes", file=sys.stderr)
-            raise SystemExit(EXIT_ERROR) from None
+        memory = out_of_memory_line(error, args)  # what the run was doing, what it asked, what to lower
+        if memory is not None:  # the run's files stay as they were: its checkpoints are where it can go on from
+            raise SystemExit(report_error(memory)) from None
         if not collective_timed_out(error):
             raise
         rank = os.environ.get("RANK", "0")

@@ -42,6 +42,7 @@ from trainer.export import sample_text, save_final_model, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.intervals import Intervals
 from trainer.machine import compile_enabled, resolve_dtype
+from trainer.memory import check_largest_tensor_fits, working_on
 from trainer.objectives import EvalResult
 from trainer.optim import scheduled_lrs
 from trainer.reporting import TrainingReporter
@@ -83,7 +84,8 @@ class Trainer:
         # previous run is removed (restore_and_clear): the order is the run's, not a matter of taste.
         start = self._agree_on_run()
         self._load_data()
-        self._build_model_optimizer_objective()
+        with working_on("the set-up of the model, its optimizer and objective"):
+            self._build_model_optimizer_objective()
         self._plan_length_and_compile()
         self._measure_throughput()
         # every input is checked by now: a refused run leaves the previous one whole
@@ -143,11 +145,24 @@ class Trainer:
         set_seed(args.seed)
         self.tokenizer = load_run_tokenizer(args)
         check_vocab_size(args, self.tokenizer)  # before the data: a refusal costs no tokenizing
+        self._check_largest_tensor()
         with self.accelerator.main_process_first():
             self.data = build_run_data(args, self.tokenizer, quiet=not self.is_main)
         self.data_identity = data_identity(self.data)
         if self.resume_state is not None:
             check_resume_compatible(self.resume_from, self.resume_state, args, self.data_identity)
+
+    def _check_largest_tensor(self) -> None:
+        """A run whose one micro-batch's logits are more than all its device's memory is refused before the data
+        (trainer/memory.py): the vocabulary is the starting model's (--vocab_size or the tokenizer's when
+        pretraining), and distillation's teacher has its own."""
+        from model.loading import load_config
+        args, models = self.args, self.input_models
+        start = models.get("--from_weight")
+        vocab = load_config(start).vocab_size if start is not None else args.model.get("vocab_size",
+                                                                                         len(self.tokenizer))
+        teacher = load_config(models["--teacher"]).vocab_size if "--teacher" in models else None
+        check_largest_tensor_fits(args, vocab, self.accelerator.device, teacher)
 
     def _build_model_optimizer_objective(self) -> None:
         """The model (wrapped for the task), its optimizer and the objective, prepared by Accelerate with the
@@ -338,7 +353,8 @@ class Trainer:
             start_step(step)
         rollouts = getattr(self.objective, "rollouts", None)
         if rollouts is not None:  # collective: what spans the step's global batch is computed over all processes
-            batches = rollouts(self.unwrapped, batches, step, self.accelerator)
+            with working_on(f"step {step + 1}'s rollouts (its sampled completions)"):
+                batches = rollouts(self.unwrapped, batches, step, self.accelerator)
         count_step = getattr(self.objective, "count_step", None)
         if count_step is not None:  # collective: a total beside num_items that the loss divides by (DPO's NLL tokens)
             count_step(batches, self.accelerator)
@@ -348,7 +364,8 @@ class Trainer:
         updates = getattr(self.objective, "updates_per_rollout", 1)
         results = []
         for update in range(updates):  # a checkpoint never falls between them: a rollout is never saved
-            result = self._update(batches, num_items, real_tokens, arm_diagnostics and update == updates - 1)
+            with working_on(f"step {step + 1}'s forward and backward"):
+                result = self._update(batches, num_items, real_tokens, arm_diagnostics and update == updates - 1)
             if result.outcome == "diverged":
                 return result
             results.append(result)
@@ -371,8 +388,9 @@ class Trainer:
     # ----------------------------------------------------------------- the components' work
     def evaluate(self, max_batches: int) -> EvalResult:
         """Collective: every process evaluates its shard (the same number of batches on each)."""
-        return self.objective.evaluate(self.unwrapped, self.val_loader, self.accelerator, self.token_bytes,
-                                       max_batches)
+        with working_on("the evaluation"):
+            return self.objective.evaluate(self.unwrapped, self.val_loader, self.accelerator, self.token_bytes,
+                                           max_batches)
 
     def _plan_budget_length(self, step: int) -> None:
         """Under --time_budget_s: plan the run's length from the pace after every step once the first steps are

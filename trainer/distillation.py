@@ -43,6 +43,7 @@ from trainer.distillation_losses import DistillLoss, distillation_losses
 from trainer.evaluation import LMEval, evaluate_lm
 from trainer.export import whole_model_everywhere
 from trainer.grpo import first_sample, rollout_seed, sample_completions
+from trainer.memory import working_on
 from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, is_model_dir, load_input_model,
                              resolve_input_path, resolve_path)
 from trainer.step import StatWindow
@@ -249,7 +250,7 @@ class Distillation:
         targets = shift_labels(batch["labels"])
         supervised = targets != -100
         student_logits = model(**inputs).logits[supervised]
-        with torch.no_grad(), self.autocast():
+        with torch.no_grad(), self.autocast(), working_on("the teacher's forward"):
             teacher_logits = self.teacher(**inputs).logits[supervised]
         losses, ce, divergence = distillation_losses(student_logits, teacher_logits, targets[supervised], self.alpha,
                                                      self.temperature, self.divergence, self.beta)

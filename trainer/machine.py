@@ -3,7 +3,8 @@
 `machine_line()` names the machine a measurement ran on (CPU model and the flags that decide its speed: AVX2,
 AVX512, AVX512-BF16, AMX; the GPU if any, torch's version and threads, the date); benchmarks and studies print it
 with every table. The trainer's hardware-dependent defaults live here too: the precision `--dtype auto` stands for
-and whether `--compile auto` compiles."""
+and whether `--compile auto` compiles; and how much memory it has (`device_memory_bytes`: the GPU's, else MemTotal),
+which trainer/memory.py compares a run's largest tensor with."""
 
 from __future__ import annotations
 
@@ -67,3 +68,27 @@ def compile_enabled(mode: str, total_steps: int, time_budget_s: float = 0.0) -> 
     if time_budget_s > 0:
         return time_budget_s >= COMPILE_AUTO_MIN_BUDGET_S
     return total_steps >= COMPILE_AUTO_MIN_STEPS
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes: /proc/meminfo's MemTotal (Linux), else the pages the C library
+    counts; None where neither says."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024  # the kernel writes it in kB (KiB)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def device_memory_bytes(device: torch.device) -> tuple[int, str] | None:
+    """All the memory a tensor on `device` can live in, and where that was read: a CUDA GPU's total memory (not what
+    is free now: other processes' use changes), else the machine's physical memory; None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, f"{device}'s total memory"
+    total = physical_memory_bytes()
+    return None if total is None else (total, "this machine's physical memory (MemTotal)")

@@ -310,8 +310,10 @@ def test_a_model_too_big_for_memory_is_one_line(train_data, tmp_path, capsys):
     to lower."""
     argv = pretrain_argv(train_data, tmp_path / "run", "--hidden_size", str(2 ** 30), "--intermediate_size", "128")
     error = refused_run("pretrain", argv, capsys, after_progress=True)
-    assert error == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate "
-                     "27487790694400 bytes): lower --batch_size, --max_seq_len, --copy_rows or the model's sizes")
+    assert error == ("error: out of memory in the set-up of the model, its optimizer and objective "
+                     "(DefaultCPUAllocator: can't allocate memory: you tried to allocate 27487790694400 bytes): lower "
+                     "--batch_size (a higher --accumulation_steps keeps the effective batch), --max_seq_len or the "
+                     "model's sizes, or give --gradient_checkpointing")
 
 
 @pytest.mark.parametrize("message, said", [
@@ -322,19 +324,23 @@ def test_a_model_too_big_for_memory_is_one_line(train_data, tmp_path, capsys):
     ("Expected all tensors to be on the same device", None),
 ])
 def test_out_of_memory_reads_the_allocators_words(message, said):
-    from trainer.command import out_of_memory
+    from trainer.memory import out_of_memory
 
     assert out_of_memory(RuntimeError(message)) == said
     assert out_of_memory(MemoryError()) == "MemoryError"
 
 
+# pretraining's remedy (the trainers' own are tests/integration/test_memory_limits.py's)
+LOWER = ("lower --batch_size (a higher --accumulation_steps keeps the effective batch), --max_seq_len or the model's "
+         "sizes, or give --gradient_checkpointing")
+
+
 @pytest.mark.parametrize("error, code, line", [
-    (MemoryError(), 2, "error: out of memory (MemoryError): lower --batch_size, --max_seq_len, --copy_rows or the "
-                       "model's sizes"),
+    (MemoryError(), 2, f"error: out of memory (MemoryError): {LOWER}"),
     (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
                   "tried to allocate 140737488355328 bytes. Error code 12 (Cannot allocate memory)"), 2,
-     "error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate 140737488355328 "
-     "bytes): lower --batch_size, --max_seq_len, --copy_rows or the model's sizes"),
+     f"error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate 140737488355328 "
+     f"bytes): {LOWER}"),
     (RuntimeError("Expected all tensors to be on the same device"), None, None),
 ])
 def test_only_an_allocation_failure_becomes_the_out_of_memory_line(error, code, line, monkeypatch, tmp_path, capsys):

@@ -1,0 +1,130 @@
+"""A run's memory: the refusal, before any data is loaded, of a run whose one largest tensor is more than all the
+memory of its device (`check_largest_tensor_fits`), and the one line an allocation that fails during the run ends
+with (`out_of_memory_line`, which trainer/command.py prints): what the run was doing (`working_on` marks it), what the
+allocator said (the bytes it was asked for, where it says them) and the flags of this trainer that shrink it.
+
+The largest tensor a step makes is the logits: one micro-batch's rows x tokens x vocabulary, fp32 (4 bytes; the
+loss reads them at fp32 whatever --dtype). A rollout's rows are its prompts x --num_generations completions, each up
+to --max_seq_len + --max_completion_length tokens; distillation's teacher makes a second tensor of that shape beside
+the student's. The check only refuses what certainly cannot fit, that one tensor alone past all the memory; a run
+near the edge is left to the allocator, whose refusal is the one line too."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+
+from trainer.arg_fields import TrainArgs, task_flags
+from trainer.machine import device_memory_bytes
+from trainer.run_dir import ROLLOUT_TASKS
+
+FP32_BYTES = 4  # the logits' bytes per value
+GIB = 2 ** 30
+
+# The allocators' refusals: the CPU's (a RuntimeError) and CUDA's (torch.OutOfMemoryError, a RuntimeError too)
+_ALLOCATOR_REFUSAL = re.compile(r"(DefaultCPUAllocator: (?:can't allocate|not enough) memory[^.]*|CUDA out of memory\."
+                                r"(?: Tried to allocate [\d.]+ \w+)?)")
+_STAGE = "mininorm_stage"  # the attribute working_on leaves on an allocation failure: what the run was doing
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """What an allocation that failed said (None: `error` is no allocation failure), for a one-line refusal: a
+    size the flags allow but no memory holds was the allocator's traceback (a model of --hidden_size 2**30)."""
+    if isinstance(error, MemoryError):
+        return "MemoryError"
+    found = _ALLOCATOR_REFUSAL.search(str(error))
+    return found.group(1) if found else None
+
+
+@contextmanager
+def working_on(stage: str) -> Iterator[None]:
+    """Mark an allocation failure raised inside with `stage` (what the run was doing, a noun: "step 3's forward and
+    backward"), for out_of_memory_line; an inner mark is kept beside it ("step 3's forward and backward (the teacher's
+    forward)"). Any other error passes untouched."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as error:
+        if out_of_memory(error) is not None:
+            inner = getattr(error, _STAGE, None)
+            setattr(error, _STAGE, f"{stage} ({inner})" if inner else stage)
+        raise
+
+
+def shrink_advice(args: TrainArgs, activations: bool = True) -> str:
+    """The flags of `args`' trainer that shrink a step's tensors, as a remedy ("lower ..."); `activations`: also
+    --gradient_checkpointing (it keeps fewer activations; the logits stay whole), where the run has it off."""
+    flags = task_flags(args.task)
+    lower = ["--batch_size (a higher --accumulation_steps keeps the effective batch)", "--max_seq_len"]
+    if "num_generations" in flags:
+        lower += ["--num_generations", "--max_completion_length"]
+    if "max_new_tokens" in flags and (args.lmbda > 0 or args.seq_kd):
+        lower.append("--max_new_tokens")
+    if "copy_rows" in flags and args.copy_rows:
+        lower.append("--copy_rows")
+    if activations and args.task == "pretrain":  # fine-tuning keeps its model's sizes; they leave the logits alone
+        lower.append("the model's sizes")
+    remedy = f"lower {', '.join(lower[:-1])} or {lower[-1]}"
+    if activations and not args.gradient_checkpointing:
+        remedy += ", or give --gradient_checkpointing"
+    return remedy
+
+
+def out_of_memory_line(error: BaseException, args: TrainArgs) -> str | None:
+    """The one line a run that failed to allocate ends with (None: `error` is no allocation failure): what it was
+    doing, what the allocator said and what to lower."""
+    said = out_of_memory(error)
+    if said is None:
+        return None
+    stage = getattr(error, _STAGE, None)
+    doing = f" in {stage}" if stage else ""
+    return f"out of memory{doing} ({said}): {shrink_advice(args)}"
+
+
+class LargestTensor(NamedTuple):
+    """One micro-batch's logits: its rows, their tokens, the vocabulary, and how the flags make them."""
+
+    rows: int
+    tokens: int
+    vocab_size: int
+    described: str
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.tokens * self.vocab_size * FP32_BYTES
+
+
+def largest_tensor(args: TrainArgs, vocab_size: int) -> LargestTensor:
+    """The logits of the largest micro-batch the flags allow: --batch_size rows of --max_seq_len tokens (padded data
+    reaches it with one row that long), a rollout's prompts x --num_generations completions of up to
+    --max_seq_len + --max_completion_length tokens."""
+    if args.task in ROLLOUT_TASKS:
+        tokens = args.max_seq_len + args.max_completion_length
+        return LargestTensor(args.batch_size * args.num_generations, tokens, vocab_size,
+                             f"--batch_size {args.batch_size} prompts x --num_generations {args.num_generations} "
+                             f"completions x (--max_seq_len + --max_completion_length) {tokens} tokens")
+    return LargestTensor(args.batch_size, args.max_seq_len, vocab_size,
+                         f"--batch_size {args.batch_size} rows x --max_seq_len {args.max_seq_len} tokens")
+
+
+def check_largest_tensor_fits(args: TrainArgs, vocab_size: int, device: torch.device,
+                              teacher_vocab_size: int | None = None) -> None:
+    """Refuse (a ValueError, one line) a run whose one micro-batch's logits alone are more than all the memory of
+    `device` (trainer/machine.py): it cannot run, and would fail at its first step after the data was loaded, or be
+    killed by the kernel. Distillation's teacher makes logits of its own vocabulary beside the student's: the larger
+    is the one checked. Nothing is refused where the memory is unknown."""
+    memory = device_memory_bytes(device)
+    if memory is None:
+        return
+    total, where = memory
+    vocab = max(vocab_size, teacher_vocab_size or 0)
+    tensor = largest_tensor(args, vocab)
+    if tensor.bytes <= total:
+        return
+    whose = " (the larger of the student's and the teacher's)" if teacher_vocab_size is not None else ""
+    raise ValueError(f"one micro-batch's logits{whose} would take {tensor.bytes / GIB:,.1f} GiB ({tensor.described} "
+                     f"x {vocab} vocabulary x {FP32_BYTES} bytes, fp32), more than the {total / GIB:,.1f} GiB of "
+                     f"{where}: {shrink_advice(args, activations=False)}")

@@ -1,0 +1,184 @@
+"""A run that cannot fit in the machine's memory fails in one line (trainer/memory.py): an allocation that fails in
+a step ends the run with what it was doing, the bytes asked and the trainer's own knobs, exit code 2, its checkpoints
+left as they were; a run whose one micro-batch's logits alone are more than all the memory is refused before any
+data is loaded. The allocation failures are real ones under an address-space limit (RLIMIT_AS), so nothing here
+holds more than a few hundred MB: the failing tensor is never allocated."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.paths import REPO
+from tests.training_runs import pretrain_argv, refused_run, run_in_process
+from trainer.args import parse_args
+from trainer.machine import device_memory_bytes, physical_memory_bytes
+from trainer.memory import check_largest_tensor_fits, out_of_memory_line, working_on
+
+GIB = 2 ** 30
+ADDRESS_SPACE = 4 * GIB  # the failing run's RLIMIT_AS: the tiny run's set-up takes about 1.7 GB of it
+VOCAB = 2 ** 18  # a vocabulary whose logits grow fast while its embedding stays 32 MB
+BIG_BATCH = 160  # 160 rows x 32 tokens x 2**18 x 4 bytes = 5 GiB of logits: past the limit, within MemTotal
+CPU_REFUSAL = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+               "allocate 140737488355328 bytes. Error code 12 (Cannot allocate memory)")
+LOWER_BATCH = "lower --batch_size (a higher --accumulation_steps keeps the effective batch)"
+
+
+def _limit_address_space() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_a_step_that_fails_to_allocate_ends_in_one_line_and_keeps_the_checkpoints(train_data, tmp_path):
+    """A resume (from step 2 of a finished 3-step run) at a --batch_size whose logits the address space cannot hold:
+    the process ends with exit code 2 and one line naming the step, the allocator's bytes (the logits': rows x tokens
+    x vocabulary x 4) and the knobs, no traceback; the checkpoint it resumed from and the model are untouched."""
+    logits = BIG_BATCH * 32 * VOCAB * 4
+    memory = physical_memory_bytes()
+    assert memory is not None and memory > logits, "the test needs a machine of more than 5 GiB (the estimate refuses)"
+    out_dir = tmp_path / "run"
+    flags = ("--vocab_size", str(VOCAB), "--max_steps", "3", "--save_interval", "2", "--batch_size", "2")
+    run_in_process("pretrain", pretrain_argv(train_data, out_dir, *flags))
+    before = _digests(out_dir)
+    assert "checkpoints/step_00000002/model.safetensors" in before
+    argv = pretrain_argv(train_data, out_dir, "--vocab_size", str(VOCAB), "--max_steps", "5", "--save_interval",
+                         "2", "--batch_size", str(BIG_BATCH), "--resume", "auto")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, "trainer/train_pretrain.py", *argv], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=env, preexec_fn=_limit_address_space)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last == (f"error: out of memory in step 3's forward and backward (DefaultCPUAllocator: can't allocate "
+                    f"memory: you tried to allocate {logits} bytes): {LOWER_BATCH}, --max_seq_len or the model's "
+                    f"sizes, or give --gradient_checkpointing"), last
+    # what the resume itself rewrites before its first step (train_config.yaml, metrics.jsonl cut back to step 2,
+    # run_summary.json: the run is no longer finished) aside, every file is as it was: the checkpoint it goes on from
+    # and the last model
+    after = _digests(out_dir)
+    kept = {name: digest for name, digest in before.items()
+            if name not in ("train_config.yaml", "metrics.jsonl", "run_summary.json")}
+    assert {name: after.get(name) for name in kept} == kept
+
+
+def test_logits_past_all_memory_are_refused_before_the_data(train_data, tmp_path, capsys, monkeypatch):
+    """MemTotal made 1 MiB: a pretraining micro-batch of 4 x 32 tokens x 6,400 fp32 logits (3.1 MiB) is refused in
+    one line (no tokenizing, nothing written) naming the flags and both sizes; the model's sizes, which leave the
+    logits alone, are not offered."""
+    import trainer.machine
+
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: 2 ** 20)
+    argv = pretrain_argv(train_data, tmp_path / "run", "--batch_size", "4")
+    error = refused_run("pretrain", argv, capsys)
+    assert error == ("error: one micro-batch's logits would take 3.1 MiB (--batch_size 4 rows x --max_seq_len 32 "
+                     "tokens x 6400 vocabulary x 4 bytes, fp32), more than the 1.0 MiB of this machine's physical "
+                     "memory (MemTotal): lower --batch_size (a higher --accumulation_steps keeps the effective "
+                     "batch) or --max_seq_len")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_rollout_group_past_any_machine_is_refused(tiny_models, tmp_path, capsys):
+    """GRPO's --num_generations 3000000 (two prompts: 6,000,000 completions of up to 64 + 64 tokens, 17,939 GiB of
+    logits) sampled until a MemoryError 19 s in; --num_generations 100000 sampled for over ten minutes. No machine
+    holds it: refused at once, without the data."""
+    argv = ["--from_weight", str(tiny_models.pretrain), "--out_dir", str(tmp_path / "run"), "--batch_size", "2",
+            "--max_seq_len", "64", "--max_completion_length", "64", "--num_generations", "3000000",
+            "--norm_impl", "eager", "--dtype", "float32", "--threads", "1"]
+    error = refused_run("grpo", argv, capsys)
+    vocab = 6400
+    size = 2 * 3000000 * 128 * vocab * 4 / GIB
+    assert error.startswith(f"error: one micro-batch's logits would take {size:,.1f} GiB (--batch_size 2 prompts x "
+                            f"--num_generations 3000000 completions x (--max_seq_len + --max_completion_length) 128 "
+                            f"tokens x {vocab} vocabulary x 4 bytes, fp32), more than the "), error
+    assert error.endswith(f"GiB of this machine's physical memory (MemTotal): {LOWER_BATCH}, --max_seq_len, "
+                          f"--num_generations or --max_completion_length"), error
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("task, rows, tokens", [("pretrain", 3, 16), ("sft", 3, 16), ("grpo", 3 * 4, 16 + 8),
+                                                ("ppo", 3 * 4, 16 + 8)])
+def test_the_estimate_refuses_only_past_the_memory(task, rows, tokens, monkeypatch):
+    """The logits' bytes written out by hand (rows x tokens x vocabulary x 4; a rollout's rows are prompts x
+    completions, its tokens the prompt's and the completion's): exactly that much memory is enough, a byte less is
+    not; distillation's teacher with a larger vocabulary is the one counted."""
+    import trainer.machine
+
+    args = parse_args(task, ["--out_dir", "/nonexistent/run", "--batch_size", "3", "--max_seq_len", "16",
+                             *(["--num_generations", "4", "--max_completion_length", "8"]
+                               if task in ("grpo", "ppo") else [])])
+    need = rows * tokens * 100 * 4
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: need)
+    check_largest_tensor_fits(args, 100, torch.device("cpu"))
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: need - 1)
+    with pytest.raises(ValueError, match=r"^one micro-batch's logits would take"):
+        check_largest_tensor_fits(args, 100, torch.device("cpu"))
+
+
+def test_distillation_counts_the_larger_vocabulary(monkeypatch):
+    import trainer.machine
+
+    args = parse_args("distill", ["--out_dir", "/nonexistent/run", "--batch_size", "2", "--max_seq_len", "8"])
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: 2 * 8 * 100 * 4)
+    check_largest_tensor_fits(args, 50, torch.device("cpu"), teacher_vocab_size=100)
+    with pytest.raises(ValueError, match=r"^one micro-batch's logits \(the larger of the student's and the teacher's"
+                                         r"\) would take .* x 101 vocabulary"):
+        check_largest_tensor_fits(args, 50, torch.device("cpu"), teacher_vocab_size=101)
+
+
+def test_the_machine_memory_is_memtotal_and_a_gpu_its_total(monkeypatch):
+    """MemTotal (kB) is the pages the C library counts; a CUDA device's is its total memory, not what is free."""
+    assert physical_memory_bytes() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert device_memory_bytes(torch.device("cpu")) == (physical_memory_bytes(),
+                                                         "this machine's physical memory (MemTotal)")
+
+    class Properties:
+        total_memory = 80 * GIB
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    assert device_memory_bytes(torch.device("cuda", 0)) == (80 * GIB, "cuda:0's total memory")
+
+
+@pytest.mark.parametrize("task, flags, knobs", [
+    ("pretrain", [], ", --max_seq_len or the model's sizes"),
+    ("pretrain", ["--copy_rows", "4"], ", --max_seq_len, --copy_rows or the model's sizes"),
+    ("sft", ["--copy_rows", "0"], " or --max_seq_len"),
+    ("dpo", [], " or --max_seq_len"),
+    ("distill", [], " or --max_seq_len"),
+    ("distill", ["--lmbda", "0.5"], ", --max_seq_len or --max_new_tokens"),
+    ("grpo", [], ", --max_seq_len, --num_generations or --max_completion_length"),
+    ("ppo", ["--gradient_checkpointing"], ", --max_seq_len, --num_generations or --max_completion_length"),
+])
+def test_the_line_names_the_trainers_own_knobs(task, flags, knobs):
+    """Every trainer's line named --copy_rows (GRPO, DPO and distillation have none) and none named --num_generations;
+    --gradient_checkpointing is offered where it is off."""
+    args = parse_args(task, ["--out_dir", "/nonexistent/run", *flags])
+    checkpointing = "" if "--gradient_checkpointing" in flags else ", or give --gradient_checkpointing"
+    said = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 140737488355328 bytes"
+    assert out_of_memory_line(RuntimeError(CPU_REFUSAL), args) == (
+        f"out of memory ({said}): {LOWER_BATCH}{knobs}{checkpointing}")
+
+
+def test_working_on_names_what_the_run_was_doing():
+    """The innermost stage is kept beside the outer one; any other error is left untouched."""
+    args = parse_args("distill", ["--out_dir", "/nonexistent/run"])
+    with pytest.raises(MemoryError) as raised:
+        with working_on("step 3's forward and backward"), working_on("the teacher's forward"):
+            raise MemoryError()
+    assert re.match(r"^out of memory in step 3's forward and backward \(the teacher's forward\) \(MemoryError\): ",
+                    out_of_memory_line(raised.value, args))
+    with pytest.raises(RuntimeError) as other:
+        with working_on("the evaluation"):
+            raise RuntimeError("Expected all tensors to be on the same device")
+    assert out_of_memory_line(other.value, args) is None and not hasattr(other.value, "mininorm_stage")

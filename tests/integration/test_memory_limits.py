@@ -90,7 +90,7 @@ def test_logits_past_all_memory_are_refused_before_the_data(train_data, tmp_path
 
 
 def test_a_rollout_group_past_any_machine_is_refused(tiny_models, tmp_path, capsys):
-    """GRPO's --num_generations 3000000 (two prompts: 6,000,000 completions of up to 64 + 64 tokens, 17,939 GiB of
+    """GRPO's --num_generations 3000000 (two prompts: 6,000,000 completions of up to 64 + 64 tokens, 18,310.5 GiB of
     logits) sampled until a MemoryError 19 s in; --num_generations 100000 sampled for over ten minutes. No machine
     holds it: refused at once, without the data."""
     argv = ["--from_weight", str(tiny_models.pretrain), "--out_dir", str(tmp_path / "run"), "--batch_size", "2",

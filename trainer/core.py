@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from model.model import MiniNormForCausalLM
 from dataset.shown_value import flag_refusal
-from trainer.arg_fields import TrainArgs, requested_model_fields, resolve_copy_rows, uses_lora
+from trainer.arg_fields import TrainArgs, build_model_config, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state
 from trainer.data import build_run_data, data_identity, shard_loader
@@ -154,15 +154,15 @@ class Trainer:
 
     def _check_largest_tensor(self) -> None:
         """A run whose one micro-batch's logits are more than all its device's memory is refused before the data
-        (trainer/memory.py): the vocabulary is the starting model's (--vocab_size or the tokenizer's when
-        pretraining), and distillation's teacher has its own."""
+        (trainer/memory.py): the vocabulary and positions are the starting model's (the flags' and the preset's when
+        pretraining), and distillation's teacher has its own vocabulary."""
         from model.loading import load_config
         args, models = self.args, self.input_models
         start = models.get("--from_weight")
-        vocab = load_config(start).vocab_size if start is not None else args.model.get("vocab_size",
-                                                                                         len(self.tokenizer))
+        config = load_config(start) if start is not None else build_model_config(args, len(self.tokenizer))
         teacher = load_config(models["--teacher"]).vocab_size if "--teacher" in models else None
-        check_largest_tensor_fits(args, vocab, self.accelerator.device, teacher)
+        check_largest_tensor_fits(args, config.vocab_size, config.max_position_embeddings, self.accelerator.device,
+                                  teacher)
 
     def _build_model_optimizer_objective(self) -> None:
         """The model (wrapped for the task), its optimizer and the objective, prepared by Accelerate with the

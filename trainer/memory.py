@@ -97,34 +97,44 @@ class LargestTensor(NamedTuple):
         return self.rows * self.tokens * self.vocab_size * FP32_BYTES
 
 
-def largest_tensor(args: TrainArgs, vocab_size: int) -> LargestTensor:
+def largest_tensor(args: TrainArgs, vocab_size: int, positions: int) -> LargestTensor:
     """The logits of the largest micro-batch the flags allow: --batch_size rows of --max_seq_len tokens (padded data
     reaches it with one row that long), a rollout's prompts x --num_generations completions of up to
-    --max_seq_len + --max_completion_length tokens."""
+    --max_seq_len + --max_completion_length tokens; a row is at most the model's `positions` long (a longer one is
+    refused by the model's own check, trainer/core.py's _base_model, with its own words)."""
     if args.task in ROLLOUT_TASKS:
-        tokens = args.max_seq_len + args.max_completion_length
-        return LargestTensor(args.batch_size * args.num_generations, tokens, vocab_size,
-                             f"--batch_size {args.batch_size} prompts x --num_generations {args.num_generations} "
-                             f"completions x (--max_seq_len + --max_completion_length) {tokens} tokens")
-    return LargestTensor(args.batch_size, args.max_seq_len, vocab_size,
-                         f"--batch_size {args.batch_size} rows x --max_seq_len {args.max_seq_len} tokens")
+        rows = args.batch_size * args.num_generations
+        described = f"--batch_size {args.batch_size} prompts x --num_generations {args.num_generations} completions"
+        tokens, length = args.max_seq_len + args.max_completion_length, "(--max_seq_len + --max_completion_length)"
+    else:
+        rows, described = args.batch_size, f"--batch_size {args.batch_size} rows"
+        tokens, length = args.max_seq_len, "--max_seq_len"
+    if tokens > positions:
+        tokens, length = positions, "the model's max_position_embeddings"
+    return LargestTensor(rows, tokens, vocab_size, f"{described} x {length} {tokens} tokens")
 
 
-def check_largest_tensor_fits(args: TrainArgs, vocab_size: int, device: torch.device,
+def _size(count: int) -> str:
+    """A byte count in GiB, or in MiB below one GiB (a test's fake memory)."""
+    return f"{count / GIB:,.1f} GiB" if count >= GIB else f"{count / 2 ** 20:,.1f} MiB"
+
+
+def check_largest_tensor_fits(args: TrainArgs, vocab_size: int, positions: int, device: torch.device,
                               teacher_vocab_size: int | None = None) -> None:
     """Refuse (a ValueError, one line) a run whose one micro-batch's logits alone are more than all the memory of
     `device` (trainer/machine.py): it cannot run, and would fail at its first step after the data was loaded, or be
     killed by the kernel. Distillation's teacher makes logits of its own vocabulary beside the student's: the larger
-    is the one checked. Nothing is refused where the memory is unknown."""
+    is the one checked; `positions`: the model's max_position_embeddings. Nothing is refused where the memory is
+    unknown."""
     memory = device_memory_bytes(device)
     if memory is None:
         return
     total, where = memory
     vocab = max(vocab_size, teacher_vocab_size or 0)
-    tensor = largest_tensor(args, vocab)
+    tensor = largest_tensor(args, vocab, positions)
     if tensor.bytes <= total:
         return
     whose = " (the larger of the student's and the teacher's)" if teacher_vocab_size is not None else ""
-    raise ValueError(f"one micro-batch's logits{whose} would take {tensor.bytes / GIB:,.1f} GiB ({tensor.described} "
-                     f"x {vocab} vocabulary x {FP32_BYTES} bytes, fp32), more than the {total / GIB:,.1f} GiB of "
+    raise ValueError(f"one micro-batch's logits{whose} would take {_size(tensor.bytes)} ({tensor.described} "
+                     f"x {vocab} vocabulary x {FP32_BYTES} bytes, fp32), more than the {_size(total)} of "
                      f"{where}: {shrink_advice(args, activations=False)}")

@@ -120,10 +120,16 @@ def test_the_estimate_refuses_only_past_the_memory(task, rows, tokens, monkeypat
                                if task in ("grpo", "ppo") else [])])
     need = rows * tokens * 100 * 4
     monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: need)
-    check_largest_tensor_fits(args, 100, torch.device("cpu"))
+    check_largest_tensor_fits(args, 100, 512, torch.device("cpu"))
     monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: need - 1)
     with pytest.raises(ValueError, match=r"^one micro-batch's logits would take"):
-        check_largest_tensor_fits(args, 100, torch.device("cpu"))
+        check_largest_tensor_fits(args, 100, 512, torch.device("cpu"))
+    # a row is at most the model's positions long (a longer one is the positions' own refusal)
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: rows * 10 * 100 * 4)
+    check_largest_tensor_fits(args, 100, 10, torch.device("cpu"))
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: rows * 10 * 100 * 4 - 1)
+    with pytest.raises(ValueError, match=r"x the model's max_position_embeddings 10 tokens x 100 vocabulary"):
+        check_largest_tensor_fits(args, 100, 10, torch.device("cpu"))
 
 
 def test_distillation_counts_the_larger_vocabulary(monkeypatch):
@@ -131,10 +137,10 @@ def test_distillation_counts_the_larger_vocabulary(monkeypatch):
 
     args = parse_args("distill", ["--out_dir", "/nonexistent/run", "--batch_size", "2", "--max_seq_len", "8"])
     monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: 2 * 8 * 100 * 4)
-    check_largest_tensor_fits(args, 50, torch.device("cpu"), teacher_vocab_size=100)
+    check_largest_tensor_fits(args, 50, 512, torch.device("cpu"), teacher_vocab_size=100)
     with pytest.raises(ValueError, match=r"^one micro-batch's logits \(the larger of the student's and the teacher's"
                                          r"\) would take .* x 101 vocabulary"):
-        check_largest_tensor_fits(args, 50, torch.device("cpu"), teacher_vocab_size=101)
+        check_largest_tensor_fits(args, 50, 512, torch.device("cpu"), teacher_vocab_size=101)
 
 
 def test_the_machine_memory_is_memtotal_and_a_gpu_its_total(monkeypatch):

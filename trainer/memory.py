@@ -4,10 +4,12 @@ with (`out_of_memory_line`, which trainer/command.py prints): what the run was d
 allocator said (the bytes it was asked for, where it says them) and the flags of this trainer that shrink it.
 
 The largest tensor a step makes is the logits: one micro-batch's rows x tokens x vocabulary, fp32 (4 bytes; the
-loss reads them at fp32 whatever --dtype). A rollout's rows are its prompts x --num_generations completions, each up
-to --max_seq_len + --max_completion_length tokens; distillation's teacher makes a second tensor of that shape beside
-the student's. The check only refuses what certainly cannot fit, that one tensor alone past all the memory; a run
-near the edge is left to the allocator, whose refusal is the one line too."""
+loss reads them at fp32 whatever --dtype). A rollout's rows are its prompts x --num_generations completions;
+distillation's teacher makes a second tensor of that shape beside the student's. The check only refuses what
+certainly cannot fit, that one tensor alone past all the memory: pretraining's packed rows are --max_seq_len tokens
+each, but a padded row (SFT, DPO, distillation, a rollout's completion) is as long as its batch's longest, which the
+data and the sampling decide, so it counts one token there (a worst case of --max_seq_len would refuse a run of
+short conversations that fits). A run near the edge is left to the allocator, whose refusal is the one line too."""
 
 from __future__ import annotations
 
@@ -98,20 +100,27 @@ class LargestTensor(NamedTuple):
 
 
 def largest_tensor(args: TrainArgs, vocab_size: int, positions: int) -> LargestTensor:
-    """The logits of the largest micro-batch the flags allow: --batch_size rows of --max_seq_len tokens (padded data
-    reaches it with one row that long), a rollout's prompts x --num_generations completions of up to
-    --max_seq_len + --max_completion_length tokens; a row is at most the model's `positions` long (a longer one is
-    refused by the model's own check, trainer/core.py's _base_model, with its own words)."""
+    """The logits one micro-batch certainly makes: pretraining's --batch_size packed rows of --max_seq_len tokens
+    (at most the model's `positions`: a longer row is refused by the model's own check, trainer/core.py's
+    _base_model, with its own words); a padded batch's --batch_size rows, or a rollout's prompts x --num_generations
+    completions, of at least one token each (their length is the batch's longest, which the data decides)."""
     if args.task in ROLLOUT_TASKS:
         rows = args.batch_size * args.num_generations
         described = f"--batch_size {args.batch_size} prompts x --num_generations {args.num_generations} completions"
-        tokens, length = args.max_seq_len + args.max_completion_length, "(--max_seq_len + --max_completion_length)"
     else:
         rows, described = args.batch_size, f"--batch_size {args.batch_size} rows"
-        tokens, length = args.max_seq_len, "--max_seq_len"
+    if args.task != "pretrain":
+        return LargestTensor(rows, 1, vocab_size, f"{described} x at least 1 token (padded to the batch's longest)")
+    tokens, length = args.max_seq_len, "--max_seq_len"
     if tokens > positions:
         tokens, length = positions, "the model's max_position_embeddings"
     return LargestTensor(rows, tokens, vocab_size, f"{described} x {length} {tokens} tokens")
+
+
+def _fewer_rows(args: TrainArgs) -> str:
+    """The remedy where only the rows are certain (padded batches): the flags that make them."""
+    rows = "--batch_size (a higher --accumulation_steps keeps the effective batch)"
+    return f"lower {rows} or --num_generations" if args.task in ROLLOUT_TASKS else f"lower {rows}"
 
 
 def _size(count: int) -> str:
@@ -137,4 +146,4 @@ def check_largest_tensor_fits(args: TrainArgs, vocab_size: int, positions: int, 
     whose = " (the larger of the student's and the teacher's)" if teacher_vocab_size is not None else ""
     raise ValueError(f"one micro-batch's logits{whose} would take {_size(tensor.bytes)} ({tensor.described} "
                      f"x {vocab} vocabulary x {FP32_BYTES} bytes, fp32), more than the {_size(total)} of "
-                     f"{where}: {shrink_advice(args, activations=False)}")
+                     f"{where}: {_fewer_rows(args) if args.task != 'pretrain' else shrink_advice(args, False)}")

@@ -59,7 +59,7 @@ def training_rows(tokenizer) -> list[tuple[list[int], list[int]]]:
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory, tokenizer):
     return memorized_model(tokenizer, training_rows(tokenizer), tmp_path_factory.mktemp("chat_tools") / "model",
-                           steps=150, positions=512)
+                           positions=512)
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,10 @@ def tool_model(tmp_path_factory, tokenizer):
     # the same opening after a lookup gets another reply (the conversation's second), so the answer shows whether the
     # model saw the history
     rows.append(supervised_row(tokenizer, talk[:1] + first_tool_exchange + [talk[1], talk[4]]))
-    return memorized_model(tokenizer, rows, tmp_path_factory.mktemp("tool_eval") / "model", steps=150,
-                           positions=512)
+    # test_other_held_out_questions_get_no_right_call reads how this very model goes wrong on questions it never
+    # saw, so it keeps the schedule that test was written against: AdamW's default beta2, checked every 150 steps
+    return memorized_model(tokenizer, rows, tmp_path_factory.mktemp("tool_eval") / "model", positions=512,
+                           check_every=150, beta2=0.999)
 
 
 def run(model, tmp_path, *flags: str) -> dict:

@@ -286,7 +286,7 @@ class Recorder:
 def tool_server(tmp_path_factory, tokenizer, serve_app, threaded_server):
     """The server of a model trained on tool_rows(); yields (its URL, the Recorder)."""
     path = memorized_model(tokenizer, tool_rows(tokenizer), tmp_path_factory.mktemp("page_tools") / "model",
-                           steps=150, positions=512)
+                           positions=512)
     recorder = Recorder(serve_app(path, max_batch=1))
     with threaded_server(recorder) as server:
         yield server.url, recorder

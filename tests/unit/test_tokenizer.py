@@ -559,8 +559,12 @@ def held(begin):
             time.sleep(0.02)
         begin(*args)
     return hold_then_begin
+sleep = time.sleep
+def after_the_holder():
+    # a waiting save, started beside the holder (both start-ups at once), begins once the holder holds the folder
+    while "waits" in sys.argv and not (events / "holding").exists():
+        sleep(0.02)
 if "waits" in sys.argv:
-    sleep = time.sleep
     def note_then_sleep(seconds):
         (events / "waiting").write_text("")
         sleep(seconds)
@@ -571,13 +575,15 @@ if what == "model":
     from model.model import MiniNormForCausalLM
     if "held" in sys.argv:
         export.begin_tokenizer_save = held(export.begin_tokenizer_save)
-    export.save_model_dir(MiniNormForCausalLM(MiniNormConfig(hidden_size=32, num_hidden_layers=1,
-                                                             num_attention_heads=4, num_key_value_heads=2)),
-                          tokenizer, folder)
+    model = MiniNormForCausalLM(MiniNormConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                               num_key_value_heads=2))
+    after_the_holder()
+    export.save_model_dir(model, tokenizer, folder)
 else:
     import scripts.train_tokenizer as script
     if "held" in sys.argv:
         script.begin_tokenizer_save = held(script.begin_tokenizer_save)
+    after_the_holder()
     script.save(tokenizer, folder)
 """
 
@@ -651,8 +657,8 @@ def test_a_save_waits_for_the_save_holding_the_folder_then_saves_whole(holder, w
     _, second = _two_tokenizers()
     folder, events = tmp_path / "model", tmp_path / "events"
     holding = _start_save(holder, folder, events, "held")
+    waiting = _start_save(waiter, folder, events, "second", "waits")  # starts its save once the holder holds
     _wait_for(events / "holding", holding)
-    waiting = _start_save(waiter, folder, events, "second", "waits")
     _wait_for(events / "waiting", waiting)
     (events / "release").write_text("")
     _ended(holding)

@@ -562,7 +562,11 @@ def held(begin):
 sleep = time.sleep
 def after_the_holder():
     # a waiting save, started beside the holder (both start-ups at once), begins once the holder holds the folder
+    # (and gives up if it never does: the test has failed then, and must not leave this process polling)
+    deadline = time.monotonic() + 300
     while "waits" in sys.argv and not (events / "holding").exists():
+        if time.monotonic() > deadline:
+            sys.exit("no holder in 300 s")
         sleep(0.02)
 if "waits" in sys.argv:
     def note_then_sleep(seconds):

@@ -158,8 +158,14 @@ def _listed(ids: list[str]) -> str:
     """Call ids as an error lists them: each as a JSON string (dataset/shown_value.py's shown_json: one holding a
     newline or a comma keeps the message one line and the ids apart, a long one is cut), the first MAX_LISTED and
     how many more (a message with thousands of calls made an error of thousands of ids)."""
-    listed = ", ".join(shown_json(i) for i in ids[:MAX_LISTED])
-    return listed if len(ids) <= MAX_LISTED else f"{listed} and {len(ids) - MAX_LISTED} more"
+    return _first_listed([shown_json(i) for i in ids[:MAX_LISTED]], len(ids))
+
+
+def _first_listed(first: list[str], count: int) -> str:
+    """The first MAX_LISTED of `count` quoted items, then how many more: the one cut of every list an error gives
+    back of what a client sent (its call ids, the names of the tools it offered)."""
+    listed = ", ".join(first[:MAX_LISTED])
+    return listed if count <= MAX_LISTED else f"{listed} and {count - MAX_LISTED} more"
 
 
 class ChatRequest(BaseModel):
@@ -358,7 +364,7 @@ class ChatRequest(BaseModel):
         if isinstance(choice, NamedToolChoice):
             if choice.function.name not in names:
                 raise APIError(400, f"tool_choice: no tool {shown_value(choice.function.name)} among the tools offered "
-                                    f"({', '.join(names)})", param="tool_choice")
+                                    f"({_first_listed(names, len(names))})", param="tool_choice")
             return choice.function.name
         return ""
 

@@ -267,6 +267,13 @@ LONG_VALUES = {
         'did not have response messages: "c0", "c1", "c2", "c3", "c4" and 1995 more'),
     "a logit_bias key": ("POST", "/v1/chat/completions", with_fields(logit_bias={LONG: "high"}), {},
                          f"logit_bias.{NAME_CUT}: Input should be a valid number"),
+    # 300 names of 64 characters (OpenAI's longest) each: the error listed every one, 20,000 characters
+    "300 tools offered beside a tool_choice naming none of them": (
+        "POST", "/v1/chat/completions", with_fields(
+            tools=[{"type": "function", "function": {"name": f"{i:064d}"}} for i in range(300)],
+            tool_choice={"type": "function", "function": {"name": "calc"}}), {},
+        f"tool_choice: no tool 'calc' among the tools offered ({0:064d}, {1:064d}, {2:064d}, {3:064d}, {4:064d} "
+        f"and 295 more)"),
     "a tool name to run": ("POST", "/tools/run", json.dumps({"name": LONG}).encode(), {},
                            f"name: no tool '{CUT}; tools: "),
     "a field of the run request": ("POST", "/tools/run", json.dumps({"name": "wiki", LONG: 1}).encode(), {},

@@ -35,6 +35,18 @@ def test_threads_flag_takes_auto_or_a_positive_count():
             parse_threads(bad)
 
 
+@pytest.mark.parametrize("length, quoted", [(58, "'" + "t" * 58 + "'"), (59, "'" + "t" * 56 + "...")])
+def test_a_quote_of_exactly_max_shown_characters_is_kept_whole(length, quoted):
+    """The cut's edge (dataset/shown_value.py): a repr of MAX_SHOWN (60) characters, the quotes and 58 letters, is
+    quoted whole; one of 61 keeps its first 57 characters and "..." (60 in all)."""
+    from dataset.shown_value import MAX_SHOWN
+
+    assert len(quoted) == MAX_SHOWN
+    with pytest.raises(ValueError) as refused:
+        parse_threads("t" * length)
+    assert str(refused.value).startswith(f"--threads={quoted} is not allowed; ")
+
+
 def test_a_long_threads_value_is_refused_in_one_short_line(capsys):
     """--threads quotes a refused value as every flag refusal does (dataset/shown_value.py's flag_refusal: its repr,
     cut at MAX_SHOWN characters), the trainers' check and the tools' argparse flag alike: a 5,000-character value

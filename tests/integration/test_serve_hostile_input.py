@@ -294,6 +294,17 @@ def test_a_long_client_value_is_quoted_cut_in_the_error(server, method, route, b
     assert len(json.dumps(error)) < 800, error["param"][:300]  # the param names the field, cut too
 
 
+def test_a_client_key_holding_newlines_is_quoted_on_one_line(server) -> None:
+    """A key of a client's object is echoed as its own text, not a repr (dataset/shown_value.py's shown_text): its
+    newlines and the spaces around them become one space, so the message and the param stay one line each."""
+    response = httpx.post(f"{server}/tools/run", content=json.dumps({"name": "wiki", "a\n  b\nc": 1}).encode(),
+                          timeout=TIMEOUT, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["message"] == "a b c: unknown field; the fields are name and arguments"
+    assert error["param"] == "a b c"
+
+
 ACCEPTED = {
     "max_tokens 22.0": dict(max_tokens=22.0),
     "max_completion_tokens 3.0": dict(max_completion_tokens=3.0, max_tokens=None),

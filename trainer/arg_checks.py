@@ -18,7 +18,7 @@ from dataset.shown_value import flag_refusal, shown_value
 from model.config import MAX_SIZE, PRESETS, SWITCHED_FIELDS, SwitchedFields, field_default, preset_fields
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, MODEL_FIELDS,
                                 POLICY_LORA_FLAGS, ROLLOUT_GROUPS, SFT_DATA, TrainArgs, build_model_config,
-                                holds_out_validation, task_default, task_flags)
+                                holds_out_validation, refuse_fixed_model_fields, task_default, task_flags)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (F_DIVERGENCE_READERS, LABEL_SMOOTHED, DPOLossType, FDivergence, check_label_smoothing,
                          check_option_values, check_options, parse_loss_types)
@@ -43,6 +43,7 @@ def validate(args: TrainArgs) -> None:
     _check_bounded_values(args)
     _check_lora(args)
     _check_sizes_fit(args)
+    refuse_fixed_model_fields(args)  # before the preset's config: a fine-tuning run never builds it
     build_model_config(args)  # the model fields' own checks: a value the config refuses is refused wherever from
     refuse_typed_unused_flags(args)  # before the trainers' own checks, whose refusals meet only what the run uses
     task_checks = {"dpo": _validate_dpo, "distill": _validate_distill, "grpo": _validate_grpo, "ppo": _validate_ppo}

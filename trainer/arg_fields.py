@@ -574,6 +574,20 @@ def requested_model_fields(args: TrainArgs) -> dict[str, Any]:
     return {**TASK_MODEL_DEFAULTS.get(args.task, {}), **args.model}
 
 
+def refuse_fixed_model_fields(args: TrainArgs) -> None:
+    """A fine-tuning run's model flag it may not set (settable_model_fields): its model is --from_weight's, whose
+    shape no flag changes; one line naming the first such flag (pretraining sets them all). Before the preset's
+    config is built from the flags (trainer/arg_checks.py, validate), whose refusal would name a preset's field the
+    run never uses ("it must divide hidden_size=256" for a --num_attention_heads 3)."""
+    if args.task == "pretrain":
+        return
+    fixed = sorted(set(requested_model_fields(args)) - set(settable_model_fields(args.task)))
+    if fixed:
+        turned_on = "".join(f", and --{name} true" for name in ADDABLE_MODEL_FIELDS.get(args.task, ()))
+        raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "
+                         f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set{turned_on}")
+
+
 def build_model_config(args: TrainArgs, vocab_size: int | None = None) -> MiniNormConfig:
     """The model config a fresh pretraining run uses: the preset, then the flag overrides."""
     overrides = requested_model_fields(args)

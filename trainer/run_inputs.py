@@ -14,8 +14,8 @@ from dataset.tokenization import check_same_tokenizer
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from dataset.shown_value import flag_refusal
-from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, build_model_config,
-                                requested_model_fields, settable_model_fields)
+from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, TrainArgs, build_model_config,
+                                refuse_fixed_model_fields, requested_model_fields)
 from trainer.run_dir import (DEFAULT_FROM_WEIGHT, MERGED_DIR, WEIGHT_FILES, check_out_dir, create_command,
                              is_adapter_dir, is_model_dir, load_input_model, resolve_path, starting_directory)
 
@@ -95,11 +95,7 @@ def build_model(args: TrainArgs, tokenizer: Any, source: Path | None) -> tuple[M
     check_same_tokenizer(tokenizer, source, "--from_weight")
     addable = ADDABLE_MODEL_FIELDS.get(args.task, ())
     requested = requested_model_fields(args)
-    fixed = sorted(set(requested) - set(settable_model_fields(args.task)))
-    if fixed:
-        turned_on = "".join(f", and --{name} true" for name in addable)
-        raise ValueError(f"--{fixed[0]} cannot change when fine-tuning a pretrained model (--from_weight); only "
-                         f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set{turned_on}")
+    refuse_fixed_model_fields(args)  # refused at parsing already (validate): kept for a TrainArgs built otherwise
     starting = MiniNormConfig.from_pretrained(source)
     for name in addable:
         if name in requested and getattr(starting, name) and not requested[name]:

@@ -17,6 +17,7 @@ from model.model import MiniNormForCausalLM
 from tests.training_runs import (assert_same_logged_metrics, assert_same_model, finetune_argv, launch_two_processes,
                                  pretrain_argv, run_in_process, sft_argv, train_losses)
 from trainer.arg_fields import COPY_ROWS_TO_LEARN
+from trainer.args import check_args
 from trainer.run_dir import read_metrics
 
 # The weight drops from 1.0 to 0.5 after step 4, so a run resumed at step 3 crosses the switch; the rows have cue pairs.
@@ -124,12 +125,13 @@ def test_sft_gives_a_plain_model_smeared_keys_and_trains_with_copy_rows(referenc
 
     with pytest.raises(ValueError, match="--smeared_keys false: .* was trained with it on"):
         run_in_process("sft", sft_argv(train_data, tmp_path / "sft", tmp_path / "back", "--smeared_keys", "false"))
+    # refused when the flags are read (trainer/arg_fields.py, refuse_fixed_model_fields), before any model loads
     with pytest.raises(ValueError, match="--qk_norm cannot change when fine-tuning"):
-        run_in_process("sft", sft_argv(train_data, reference_run, tmp_path / "qk", "--qk_norm", "true"))
+        check_args("sft", sft_argv(train_data, reference_run, tmp_path / "qk", "--qk_norm", "true"))
     # LoRA trains adapters only: a smear it added would stay frozen at half and half.
     with pytest.raises(ValueError, match="--smeared_keys cannot change when fine-tuning"):
-        run_in_process("lora", finetune_argv("lora", train_data, reference_run, tmp_path / "lora",
-                                             "--smeared_keys", "true"))
+        check_args("lora", finetune_argv("lora", train_data, reference_run, tmp_path / "lora", "--smeared_keys",
+                                         "true"))
 
 
 def test_an_sft_that_adds_smeared_keys_resumes_bit_for_bit(reference_run, train_data, tmp_path):

@@ -317,12 +317,18 @@ def test_a_bad_model_value_a_yaml_leaves_unused_is_refused_all_the_same(capsys, 
     assert args is None and err[0].startswith("error: prms_p=1.5 is not allowed; it must be a float in (0, 1]"), err
 
 
-def test_fine_tuning_model_flags_are_not_judged_by_the_preset(capsys):
-    """A fine-tuning run's switches are its starting model's (--from_weight), unknown when parsing: a model flag is
-    not refused against a preset's switch there, but by the run that knows the starting model (trainer/run_inputs.py,
-    build_model: only --norm_impl, --dropout and SFT's --smeared_keys may change)."""
-    args, err = _stderr_of(capsys, "sft", ["--prms_p", "0.25"])
-    assert args is not None and err == [] and args.model == {"prms_p": 0.25}
+@pytest.mark.parametrize("argv", [["--prms_p", "0.25"], ["--num_attention_heads", "3"], ["--hidden_size", "96"]])
+def test_fine_tuning_model_flags_are_not_judged_by_the_preset(argv, capsys):
+    """A fine-tuning run's model is its starting model (--from_weight), unknown when parsing: a model flag is not
+    refused against a preset's switch or shape ("it must divide hidden_size=256", the preset's, for
+    --num_attention_heads 3), but as one a fine-tuning run may not set (trainer/arg_fields.py,
+    refuse_fixed_model_fields: only --norm_impl, --dropout and SFT's --smeared_keys may change)."""
+    args, err = _stderr_of(capsys, "sft", argv)
+    assert args is None and err[0] == (
+        f"error: {argv[0]} cannot change when fine-tuning a pretrained model (--from_weight); only --norm_impl, "
+        f"--dropout may be set, and --smeared_keys true"), err
+    args, err = _stderr_of(capsys, "sft", ["--dropout", "0.1", "--norm_impl", "eager"])
+    assert args is not None and err == [] and args.model == {"dropout": 0.1, "norm_impl": "eager"}
 
 
 def test_a_resume_leaves_a_switch_it_does_not_give_to_the_checkpoint(capsys):

@@ -132,6 +132,9 @@ def test_the_estimate_refuses_only_past_the_memory(task, rows, tokens, monkeypat
     monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: rows * 10 * 100 * 4 - 1)
     with pytest.raises(ValueError, match=r"x the model's max_position_embeddings 10 tokens x 100 vocabulary"):
         check_largest_tensor_fits(args, 100, 10, torch.device("cpu"))
+    # rows exactly the model's positions long are --max_seq_len's, the flag the user lowers
+    with pytest.raises(ValueError, match=r"x --max_seq_len 16 tokens x 100 vocabulary"):
+        check_largest_tensor_fits(args, 100, 16, torch.device("cpu"))
 
 
 def test_distillation_counts_the_larger_vocabulary(monkeypatch):

@@ -193,3 +193,31 @@ def test_working_on_names_what_the_run_was_doing():
         with working_on("the evaluation"):
             raise RuntimeError("Expected all tensors to be on the same device")
     assert out_of_memory_line(other.value, args) is None and not hasattr(other.value, "mininorm_stage")
+
+
+def test_the_evaluation_and_the_teachers_forward_are_named_where_they_fail_to_allocate():
+    """The marks the trainers leave around what they run (trainer/core.py's evaluate, trainer/distillation.py's
+    teacher forward): an allocation failure inside each names it in the line."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from trainer.core import Trainer
+    from trainer.distillation import Distillation
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    def student(**inputs):
+        return SimpleNamespace(logits=torch.zeros(1, 3, 5))
+
+    args = parse_args("distill", ["--out_dir", "/nonexistent/run"])
+    trainer = SimpleNamespace(objective=SimpleNamespace(evaluate=no_memory), unwrapped=None, val_loader=None,
+                              accelerator=None, token_bytes=None)
+    with pytest.raises(MemoryError) as raised:
+        Trainer.evaluate(trainer, 0)
+    assert out_of_memory_line(raised.value, args).startswith("out of memory in the evaluation (MemoryError): ")
+    ids = torch.tensor([[1, 2, 3]])
+    distillation = SimpleNamespace(teacher=no_memory, autocast=nullcontext)
+    with pytest.raises(MemoryError) as raised:
+        Distillation.loss(distillation, student, {"input_ids": ids, "labels": ids}, torch.tensor(2))
+    assert out_of_memory_line(raised.value, args).startswith("out of memory in the teacher's forward (MemoryError): ")

@@ -122,9 +122,11 @@ def test_the_estimate_refuses_only_past_the_memory(task, rows, tokens, monkeypat
     monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: need)
     check_largest_tensor_fits(args, 100, 512, torch.device("cpu"))
     monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: need - 1)
-    with pytest.raises(ValueError, match=r"^one micro-batch's logits would take"):
+    with pytest.raises(ValueError, match=r"^one micro-batch's logits would take") as refused:
         check_largest_tensor_fits(args, 100, 512, torch.device("cpu"))
-    if task != "pretrain":
+    if task != "pretrain":  # the flags that make the rows: --num_generations only where there are completions
+        rows_remedy = f": {LOWER_BATCH} or --num_generations" if task in ("grpo", "ppo") else f": {LOWER_BATCH}"
+        assert str(refused.value).endswith(rows_remedy), str(refused.value)
         return
     # a row is at most the model's positions long (a longer one is the positions' own refusal)
     monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: rows * 10 * 100 * 4)

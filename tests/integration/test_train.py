@@ -90,7 +90,8 @@ def test_gradient_accumulation_matches_the_full_batch(task, train_data, referenc
         torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=1e-5)
 
 
-def test_sft_continues_from_the_pretrained_dir(train_data, reference_run, sft_reference_run, tokenizer, tmp_path):
+def test_sft_continues_from_the_pretrained_dir(train_data, reference_run, sft_reference_run, tokenizer, tmp_path,
+                                               capsys):
     summary = json.loads((sft_reference_run / "run_summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == SFT_STEPS
     losses = train_losses(sft_reference_run)
@@ -98,8 +99,11 @@ def test_sft_continues_from_the_pretrained_dir(train_data, reference_run, sft_re
     pretrained = load_file(reference_run / "model.safetensors")
     tuned = load_file(sft_reference_run / "model.safetensors")
     assert pretrained.keys() == tuned.keys() and any(not torch.equal(pretrained[k], tuned[k]) for k in tuned)
-    with pytest.raises(ValueError, match="--hidden_size cannot change"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # refused with the flags, before anything is loaded
         run_in_process("sft", sft_argv(train_data, reference_run, tmp_path / "x", "--hidden_size", "64"))
+    error = capsys.readouterr().err.splitlines()[0]
+    assert error.startswith("error: --hidden_size cannot change when fine-tuning"), error
 
 
 def test_sft_throughput_counts_real_tokens(train_data, reference_run, tokenizer, tmp_path):

@@ -366,11 +366,11 @@ def test_config_values_take_what_the_command_line_takes(tmp_path):
 
     config = tmp_path / "run.yaml"
     config.write_text("reward: length_penalty\nreward_weights: 2\nthreads: 3\nlearning_rate: 1\npeak_flops: 1e12\n"
-                      "data_path: null\nhidden_size: null\nqk_norm: true\nbatch_size: '4'\nmax_steps: 7\n")
+                      "data_path: null\nhidden_size: null\ndropout: 0.25\nbatch_size: '4'\nmax_steps: 7\n")
     args = parse_args("grpo", ["--config", str(config)])
     assert (args.reward, args.reward_weights, args.threads) == (["length_penalty"], [2.0], "3")
     assert (args.learning_rate, args.peak_flops, args.data_path) == (1.0, 1e12, None)
-    assert (args.model, args.batch_size, args.max_steps) == ({"qk_norm": True}, 4, 7)
+    assert (args.model, args.batch_size, args.max_steps) == ({"dropout": 0.25}, 4, 7)  # what fine-tuning may set
     assert parse_args("grpo", ["--config", str(config), "--batch_size", "2"]).batch_size == 2  # flags still win
 
 

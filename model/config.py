@@ -391,12 +391,27 @@ def preset_fields(preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
 def field_default(preset: str, overrides: Mapping[str, Any], name: str) -> Any:
     """The value field `name` takes in a config of `preset` with `overrides` over it but `name` left out: the
     preset's or the config's default, resolved as the config resolves it (moe_intermediate_size: intermediate_size's
-    value); the default as written where those overrides make no config."""
+    value); the default as written where those overrides make no config (a pretraining resume's flags, judged before
+    the checkpoint's shape completes them: trainer/arg_checks.py), an unset width resolved all the same
+    (_unset_width)."""
+    others = {k: v for k, v in overrides.items() if k != name}
     written = PRESETS.get(preset, {}).get(name, getattr(MiniNormConfig, name))
     try:
-        return getattr(MiniNormConfig.from_preset(preset, **{k: v for k, v in overrides.items() if k != name}), name)
+        return getattr(MiniNormConfig.from_preset(preset, **others), name)
     except (TypeError, ValueError):
+        if written is None and name in ("intermediate_size", "moe_intermediate_size"):
+            return _unset_width({**PRESETS.get(preset, {}), **others})
         return written
+
+
+def _unset_width(fields: Mapping[str, Any]) -> int | None:
+    """The MLP width a config of `fields` resolves an unset width to, as its __post_init__ does: intermediate_size,
+    else hidden_size's SwiGLU width (an expert's unset width is intermediate_size's); None where hidden_size is no
+    size."""
+    if fields.get("intermediate_size") is not None:
+        return fields["intermediate_size"]
+    hidden = fields.get("hidden_size", MiniNormConfig.hidden_size)
+    return _swiglu_hidden(hidden) if _is_int(hidden) and 1 <= hidden <= MAX_SIZE else None
 
 
 AutoConfig.register(MiniNormConfig.model_type, MiniNormConfig)

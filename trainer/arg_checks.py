@@ -44,12 +44,41 @@ def validate(args: TrainArgs) -> None:
     _check_lora(args)
     _check_sizes_fit(args)
     refuse_fixed_model_fields(args)  # before the preset's config: a fine-tuning run never builds it
-    build_model_config(args)  # the model fields' own checks: a value the config refuses is refused wherever from
+    if not model_checked_at_start(args):  # a resume's model is its checkpoint's, known once the run starts
+        build_model_config(args)  # the model fields' own checks: a value the config refuses is refused wherever from
     refuse_typed_unused_flags(args)  # before the trainers' own checks, whose refusals meet only what the run uses
     task_checks = {"dpo": _validate_dpo, "distill": _validate_distill, "grpo": _validate_grpo, "ppo": _validate_ppo}
     if args.task in task_checks:
         task_checks[args.task](args)
     apply_unused_flag_rule(args)  # last: the values it sets back were checked as they came
+
+
+def model_checked_at_start(args: TrainArgs) -> bool:
+    """Whether the model flags' own checks wait for the run's start (check_model_flags_at_start): a pretraining
+    --resume goes on with its checkpoint's model, whose shape the flags read alone do not know (a --num_attention_heads
+    3 was refused as "it must divide hidden_size=320", --preset's width, for a checkpoint 96 wide); whether there is a
+    checkpoint at all (`--resume auto` in an empty --out_dir starts afresh) every process agrees on only then."""
+    return args.task == "pretrain" and bool(args.resume)
+
+
+def check_model_flags_at_start(args: TrainArgs, resumed: bool) -> str | None:
+    """The model flags' checks a pretraining --resume left for its start (model_checked_at_start), once every
+    process agrees whether it goes on from a checkpoint (trainer/core.py): `resumed`, the config of the checkpoint's
+    fields and the flags (trainer/resume_checks.py, adopt_saved_architecture took them in, refusing an architecture
+    flag of another value); else a fresh start, checked exactly as the same command without --resume: the config of
+    --preset and the flags, then the unused-flag rule (a typed unused model flag refused, a --config YAML's set back:
+    recorded in `args`). Returns the note line on the flags it set back (None: none)."""
+    if not model_checked_at_start(args):
+        return None
+    if resumed:
+        build_model_config(args)
+        return None
+    fresh = copy.copy(args)
+    fresh.resume = None  # the model switches the command leaves unset are --preset's, not a checkpoint's
+    build_model_config(fresh)
+    apply_unused_flag_rule(fresh)  # the other flags' were applied at parsing: only model fields are found now
+    args.model, args.given, args.ignored = fresh.model, fresh.given, args.ignored + fresh.ignored
+    return unused_flags_note(fresh)
 
 
 class DependentFlag(NamedTuple):
@@ -69,7 +98,8 @@ def _dpo_types(args: TrainArgs) -> list[str]:
 def _model_switch_on(args: TrainArgs, entry: SwitchedFields) -> bool:
     """Whether `entry`'s switch is on in the model `args` ask for: the preset under the model flags. A resume whose
     command leaves a switch unset takes it from its checkpoint (trainer/resume_checks.py, adopt_saved_architecture),
-    so the field counts as used: the checkpoint's architecture check compares it."""
+    so the field counts as used: the checkpoint's architecture check compares it (one that finds no checkpoint is
+    judged again without --resume: check_model_flags_at_start)."""
     if args.resume and any(name not in args.model for name in entry.switches):
         return True
     return entry.active(preset_fields(args.preset, args.model))

@@ -15,7 +15,7 @@ import sys
 from typing import Any, NoReturn, Sequence
 
 from trainer.arg_checks import unused_flags_note, validate
-from trainer.arg_fields import MODEL_FIELDS, TrainArgs, build_model_config
+from trainer.arg_fields import MODEL_FIELDS, TrainArgs
 from trainer.arg_parser import SEVERAL_NAMES, build_parser
 from trainer.arg_yaml import load_yaml_config
 from trainer.run_dir import RUN_ID_KEY
@@ -75,8 +75,7 @@ def _parse(task: str, parser: argparse.ArgumentParser, argv: Sequence[str] | Non
     # a flag the YAML gives and the command line types again is the command line's
     untyped = given if sweep_trial else frozenset(from_config) - typed
     args = TrainArgs(task=task, model=model, given=given, untyped=untyped, **namespace)
-    validate(args)
-    build_model_config(args)  # fail fast on model-field errors, before any data work
+    validate(args)  # with the model config's own checks (but a resume's: trainer/arg_checks.py), before any data work
     return args
 
 

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from model.model import MiniNormForCausalLM
 from dataset.shown_value import flag_refusal
+from trainer.arg_checks import check_model_flags_at_start
 from trainer.arg_fields import TrainArgs, build_model_config, requested_model_fields, resolve_copy_rows, uses_lora
 from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state
@@ -134,6 +135,10 @@ class Trainer:
         if self.resume_state is not None:  # before the data: a refused architecture costs no tokenizing
             check_same_task(self.resume_from, self.resume_state, args)
             adopt_saved_architecture(self.resume_from, self.resume_state, args)
+        # the model flags' checks a pretraining --resume left for now, against the model it goes on with
+        note = check_model_flags_at_start(args, resumed=self.resume_state is not None)
+        if note and self.is_main:
+            print(note, file=sys.stderr)
         self.threads.keep_runs((self.resume_state or {}).get(THREADS_KEY))
         return start
 

@@ -3,8 +3,9 @@
 `machine_line()` names the machine a measurement ran on (CPU model and the flags that decide its speed: AVX2,
 AVX512, AVX512-BF16, AMX; the GPU if any, torch's version and threads, the date); benchmarks and studies print it
 with every table. The trainer's hardware-dependent defaults live here too: the precision `--dtype auto` stands for
-and whether `--compile auto` compiles; and how much memory it has (`device_memory_bytes`: the GPU's, else MemTotal),
-which trainer/memory.py compares a run's largest tensor with."""
+and whether `--compile auto` compiles; and how much memory it has (`device_memory_bytes`: the GPU's, else the
+smallest of MemTotal, RLIMIT_AS and a cgroup's limit), which trainer/memory.py compares a run's largest tensor
+with."""
 
 from __future__ import annotations
 
@@ -70,11 +71,17 @@ def compile_enabled(mode: str, total_steps: int, time_budget_s: float = 0.0) -> 
     return total_steps >= COMPILE_AUTO_MIN_STEPS
 
 
-def physical_memory_bytes() -> int | None:
+MEMINFO = Path("/proc/meminfo")
+# Where a control group's memory limit is read: cgroup v2's memory.max ("max": none), v1's memory.limit_in_bytes (no
+# limit reads as a number past any machine's memory)
+CGROUP_MEMORY_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def physical_memory_bytes(meminfo: Path = MEMINFO) -> int | None:
     """This machine's physical memory in bytes: /proc/meminfo's MemTotal (Linux), else the pages the C library
     counts; None where neither says."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in meminfo.read_text().splitlines():
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024  # the kernel writes it in kB (KiB)
     except (OSError, ValueError, IndexError):
@@ -85,10 +92,44 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
+def _cgroup_limit(path: Path) -> int | None:
+    """The memory limit a cgroup file holds in bytes; None where it sets none ("max", absent, unreadable)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def process_memory_bytes(meminfo: Path = MEMINFO,
+                         cgroup_limits: tuple[Path, ...] = CGROUP_MEMORY_LIMITS) -> tuple[int, str] | None:
+    """All the memory this process can hold, and what says so: the smallest of the machine's physical memory
+    (MemTotal), the process's address-space limit (RLIMIT_AS, `ulimit -v`) and its control group's memory limit
+    (a container's, a batch job's: `cgroup_limits`), each where set; None where none is known. Past the smallest,
+    an allocation fails or the kernel kills the process, whatever the others allow."""
+    limits = []
+    physical = physical_memory_bytes(meminfo)
+    if physical is not None:
+        limits.append((physical, "this machine's physical memory (MemTotal)"))
+    try:
+        import resource
+    except ImportError:  # not POSIX: no rlimits
+        resource = None
+    if resource is not None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            limits.append((soft, "this process's address-space limit (RLIMIT_AS)"))
+    for path in cgroup_limits:
+        limit = _cgroup_limit(path)
+        if limit is not None:
+            limits.append((limit, f"this process's cgroup memory limit ({path})"))
+    return min(limits, key=lambda limit: limit[0]) if limits else None  # on a tie, the first: MemTotal
+
+
 def device_memory_bytes(device: torch.device) -> tuple[int, str] | None:
     """All the memory a tensor on `device` can live in, and where that was read: a CUDA GPU's total memory (not what
-    is free now: other processes' use changes), else the machine's physical memory; None where unknown."""
+    is free now: other processes' use changes), else what this process can hold (process_memory_bytes); None where
+    unknown."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory, f"{device}'s total memory"
-    total = physical_memory_bytes()
-    return None if total is None else (total, "this machine's physical memory (MemTotal)")
+    return process_memory_bytes()

@@ -20,13 +20,14 @@ import torch
 from tests.paths import REPO
 from tests.training_runs import pretrain_argv, refused_run, run_in_process
 from trainer.args import parse_args
-from trainer.machine import device_memory_bytes, physical_memory_bytes
+from trainer.machine import device_memory_bytes, physical_memory_bytes, process_memory_bytes
 from trainer.memory import check_largest_tensor_fits, out_of_memory_line, working_on
 
 GIB = 2 ** 30
 ADDRESS_SPACE = 4 * GIB  # the failing run's RLIMIT_AS: the tiny run's set-up takes about 1.7 GB of it
 VOCAB = 2 ** 18  # a vocabulary whose logits grow fast while its embedding stays 32 MB
-BIG_BATCH = 160  # 160 rows x 32 tokens x 2**18 x 4 bytes = 5 GiB of logits: past the limit, within MemTotal
+BIG_BATCH = 96  # 96 rows x 32 tokens x 2**18 x 4 bytes = 3 GiB of logits: within the limit, but not beside the set-up
+PAST_THE_LIMIT = 160  # 5 GiB of logits: past the limit, within MemTotal
 CPU_REFUSAL = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
                "allocate 140737488355328 bytes. Error code 12 (Cannot allocate memory)")
 LOWER_BATCH = "lower --batch_size (a higher --accumulation_steps keeps the effective batch)"
@@ -42,22 +43,35 @@ def _digests(folder: Path) -> dict[str, str]:
 
 
 def test_a_step_that_fails_to_allocate_ends_in_one_line_and_keeps_the_checkpoints(train_data, tmp_path):
-    """A resume (from step 2 of a finished 3-step run) at a --batch_size whose logits the address space cannot hold:
-    the process ends with exit code 2 and one line naming the step, the allocator's bytes (the logits': rows x tokens
-    x vocabulary x 4) and the knobs, no traceback; the checkpoint it resumed from and the model are untouched."""
+    """A resume (from step 2 of a finished 3-step run) at a --batch_size whose logits (3 GiB) the address space holds
+    but not beside the set-up: the process ends with exit code 2 and one line naming the step, the allocator's bytes
+    (the logits': rows x tokens x vocabulary x 4) and the knobs, no traceback; the checkpoint it resumed from and the
+    model are untouched. At logits of 5 GiB, within MemTotal, the limit itself is what refuses the run before the
+    data (it read MemTotal only, and the run failed in its step)."""
     logits = BIG_BATCH * 32 * VOCAB * 4
-    memory = physical_memory_bytes()
-    assert memory is not None and memory > logits, "the test needs a machine of more than 5 GiB (the estimate refuses)"
+    memory = process_memory_bytes()
+    assert memory is not None and memory[0] > PAST_THE_LIMIT * 32 * VOCAB * 4, \
+        "the test needs a machine of more than 5 GiB (the estimate refuses)"
     out_dir = tmp_path / "run"
     flags = ("--vocab_size", str(VOCAB), "--max_steps", "3", "--save_interval", "2", "--batch_size", "2")
     run_in_process("pretrain", pretrain_argv(train_data, out_dir, *flags))
     before = _digests(out_dir)
     assert "checkpoints/step_00000002/model.safetensors" in before
-    argv = pretrain_argv(train_data, out_dir, "--vocab_size", str(VOCAB), "--max_steps", "5", "--save_interval",
-                         "2", "--batch_size", str(BIG_BATCH), "--resume", "auto")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([sys.executable, "trainer/train_pretrain.py", *argv], cwd=REPO, capture_output=True,
-                         text=True, timeout=600, env=env, preexec_fn=_limit_address_space)
+
+    def limited_resume(batch_size: int) -> subprocess.CompletedProcess:
+        argv = pretrain_argv(train_data, out_dir, "--vocab_size", str(VOCAB), "--max_steps", "5", "--save_interval",
+                             "2", "--batch_size", str(batch_size), "--resume", "auto")
+        return subprocess.run([sys.executable, "trainer/train_pretrain.py", *argv], cwd=REPO, capture_output=True,
+                              text=True, timeout=600, env=env, preexec_fn=_limit_address_space)
+
+    refused = limited_resume(PAST_THE_LIMIT)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: one micro-batch's logits would take 5.0 GiB (--batch_size {PAST_THE_LIMIT} rows x --max_seq_len 32 "
+        f"tokens x {VOCAB} vocabulary x 4 bytes, fp32), more than the 4.0 GiB of this process's address-space limit "
+        f"(RLIMIT_AS): {LOWER_BATCH} or --max_seq_len"], refused.stderr[-3000:]
+    assert _digests(out_dir) == before  # refused before the resume rewrote anything
+    run = limited_resume(BIG_BATCH)
     assert run.returncode == 2, run.stderr[-3000:]
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
     last = run.stderr.strip().splitlines()[-1]
@@ -79,7 +93,7 @@ def test_logits_past_all_memory_are_refused_before_the_data(train_data, tmp_path
     logits alone, are not offered."""
     import trainer.machine
 
-    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: 2 ** 20)
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda meminfo: 2 ** 20)
     argv = pretrain_argv(train_data, tmp_path / "run", "--batch_size", "4")
     error = refused_run("pretrain", argv, capsys)
     assert error == ("error: one micro-batch's logits would take 3.1 MiB (--batch_size 4 rows x --max_seq_len 32 "
@@ -119,9 +133,9 @@ def test_the_estimate_refuses_only_past_the_memory(task, rows, tokens, monkeypat
                              *(["--num_generations", "4", "--max_completion_length", "8"]
                                if task in ("grpo", "ppo") else [])])
     need = rows * tokens * 100 * 4
-    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: need)
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda meminfo: need)
     check_largest_tensor_fits(args, 100, 512, torch.device("cpu"))
-    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: need - 1)
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda meminfo: need - 1)
     with pytest.raises(ValueError, match=r"^one micro-batch's logits would take") as refused:
         check_largest_tensor_fits(args, 100, 512, torch.device("cpu"))
     if task != "pretrain":  # the flags that make the rows: --num_generations only where there are completions
@@ -129,9 +143,9 @@ def test_the_estimate_refuses_only_past_the_memory(task, rows, tokens, monkeypat
         assert str(refused.value).endswith(rows_remedy), str(refused.value)
         return
     # a row is at most the model's positions long (a longer one is the positions' own refusal)
-    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: rows * 10 * 100 * 4)
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda meminfo: rows * 10 * 100 * 4)
     check_largest_tensor_fits(args, 100, 10, torch.device("cpu"))
-    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: rows * 10 * 100 * 4 - 1)
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda meminfo: rows * 10 * 100 * 4 - 1)
     with pytest.raises(ValueError, match=r"x the model's max_position_embeddings 10 tokens x 100 vocabulary"):
         check_largest_tensor_fits(args, 100, 10, torch.device("cpu"))
     # rows exactly the model's positions long are --max_seq_len's, the flag the user lowers
@@ -143,7 +157,8 @@ def test_distillation_counts_the_larger_vocabulary(monkeypatch):
     import trainer.machine
 
     args = parse_args("distill", ["--out_dir", "/nonexistent/run", "--batch_size", "2", "--max_seq_len", "8"])
-    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda: 2 * 1 * 100 * 4)  # padded: a row's 1 token
+    padded = 2 * 1 * 100 * 4  # a padded row's 1 token
+    monkeypatch.setattr(trainer.machine, "physical_memory_bytes", lambda meminfo: padded)
     check_largest_tensor_fits(args, 50, 512, torch.device("cpu"), teacher_vocab_size=100)
     with pytest.raises(ValueError, match=r"^one micro-batch's logits \(the larger of the student's and the teacher's"
                                          r"\) would take .* x 101 vocabulary"):
@@ -151,16 +166,71 @@ def test_distillation_counts_the_larger_vocabulary(monkeypatch):
 
 
 def test_the_machine_memory_is_memtotal_and_a_gpu_its_total(monkeypatch):
-    """MemTotal (kB) is the pages the C library counts; a CUDA device's is its total memory, not what is free."""
+    """MemTotal (kB) is the pages the C library counts; the CPU's is what the process can hold (its limits below); a
+    CUDA device's is its total memory, not what is free."""
     assert physical_memory_bytes() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert device_memory_bytes(torch.device("cpu")) == (physical_memory_bytes(),
-                                                         "this machine's physical memory (MemTotal)")
+    assert device_memory_bytes(torch.device("cpu")) == process_memory_bytes()
 
     class Properties:
         total_memory = 80 * GIB
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
     assert device_memory_bytes(torch.device("cuda", 0)) == (80 * GIB, "cuda:0's total memory")
+
+
+MEMTOTAL = (2 * GIB, "this machine's physical memory (MemTotal)")
+NO_V1_LIMIT = str(2 ** 63 - 4096)  # what cgroup v1 writes for no limit
+
+
+def _write_limits(tmp_path: Path, memtotal_kib: int, v2: str | None, v1: str | None) -> tuple[Path, tuple[Path, Path]]:
+    """A fake /proc/meminfo and the two cgroup files (one left absent where None)."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal:       {memtotal_kib} kB\nMemFree:         1024 kB\n")
+    files = (tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes")
+    for path, text in zip(files, (v2, v1)):
+        path.unlink(missing_ok=True)
+        if text is not None:
+            path.write_text(text)
+    return meminfo, files
+
+
+@pytest.mark.parametrize("v2, v1, expected", [
+    (None, None, MEMTOTAL),
+    ("max\n", None, MEMTOTAL),  # v2's no limit
+    (None, NO_V1_LIMIT + "\n", MEMTOTAL),
+    ("1073741824\n", None, (GIB, "memory.max")),
+    ("max\n", f"{GIB // 2}\n", (GIB // 2, "memory.limit_in_bytes")),
+    (f"{3 * GIB}\n", f"{GIB}\n", (GIB, "memory.limit_in_bytes")),  # the smaller of the two
+    ("not a number\n", "", MEMTOTAL),  # unreadable as a limit: none
+])
+def test_the_process_memory_is_the_smallest_limit_set(v2, v1, expected, tmp_path):
+    """MemTotal beside a cgroup's limit (v2's memory.max, v1's memory.limit_in_bytes), read from files in tmp_path;
+    this test process has no address-space limit below them."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    assert soft == resource.RLIM_INFINITY or soft > 2 * GIB, "run the test without a ulimit -v below 2 GiB"
+    meminfo, files = _write_limits(tmp_path, 2 * GIB // 1024, v2, v1)
+    size, where = expected
+    if where.startswith("memory."):
+        where = f"this process's cgroup memory limit ({tmp_path / where})"
+    assert process_memory_bytes(meminfo, files) == (size, where)
+
+
+def test_an_address_space_limit_counts_where_it_is_the_smallest(tmp_path):
+    """A real RLIMIT_AS (4 GiB) in a child process, beside a fake MemTotal of 8 GiB: it is the limit under a cgroup
+    limit of 6 GiB; a cgroup limit of 3 GiB is under it."""
+    script = ("import sys; from pathlib import Path; from trainer.machine import process_memory_bytes; "
+              "print(repr(process_memory_bytes(Path(sys.argv[1]), (Path(sys.argv[2]),))))")
+    found = []
+    for cgroup in (6, 3):
+        meminfo, files = _write_limits(tmp_path, 8 * GIB // 1024, f"{cgroup * GIB}\n", None)
+        child = subprocess.run([sys.executable, "-c", script, str(meminfo), str(files[0])], cwd=REPO,
+                               capture_output=True, text=True, timeout=300, preexec_fn=_limit_address_space)
+        assert child.returncode == 0, child.stderr[-3000:]
+        found.append(child.stdout.strip())
+    assert found == [repr((ADDRESS_SPACE, "this process's address-space limit (RLIMIT_AS)")),
+                     repr((3 * GIB, f"this process's cgroup memory limit ({tmp_path / 'memory.max'})"))]
 
 
 @pytest.mark.parametrize("task, flags, knobs", [

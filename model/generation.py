@@ -230,6 +230,7 @@ class Generation:
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
+    failure: Exception | None = None  # what `error` says, for a caller that tells kinds apart (an allocation failure)
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None   # when its prefill began
     finished_at: float | None = None
@@ -521,7 +522,7 @@ class GenerationEngine:
         except Exception as error:  # a failed step fails its requests, never the engine
             message = f"{type(error).__name__}: {error}"
             for row in self._rows:
-                row.generation.error = message
+                row.generation.error, row.generation.failure = message, error
                 self._finish(row.generation, FINISH_ERROR, row)
             self._clear()
 
@@ -634,6 +635,7 @@ class GenerationEngine:
         """End one request with FINISH_ERROR; a SamplingError's message is the request's, others name the
         exception."""
         generation.error = str(error) if isinstance(error, SamplingError) else f"{type(error).__name__}: {error}"
+        generation.failure = error
         self._finish(generation, FINISH_ERROR, row)
 
     def _finish(self, generation: Generation, reason: str, row: _Row | None = None) -> None:

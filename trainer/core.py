@@ -84,7 +84,8 @@ class Trainer:
         # Each piece below reads what the ones above it set up, and every refusal comes before the first file of a
         # previous run is removed (restore_and_clear): the order is the run's, not a matter of taste.
         start = self._agree_on_run()
-        self._load_data()
+        with working_on("loading the data"):
+            self._load_data()
         with working_on("the set-up of the model, its optimizer and objective"):
             self._build_model_optimizer_objective()
         self._plan_length_and_compile()

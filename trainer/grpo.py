@@ -198,7 +198,8 @@ def sample_completions(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBas
         model.train(was_training)
     failed = next((g for g in generations if g.finish_reason == FINISH_ERROR), None)
     if failed is not None:
-        raise RuntimeError(f"rollout: sampling a completion failed: {failed.error}")
+        # from what failed: an allocation failure is the run's one out-of-memory line (trainer/memory.py)
+        raise RuntimeError(f"rollout: sampling a completion failed: {failed.error}") from failed.failure
     return [generation.token_ids for generation in generations]
 
 

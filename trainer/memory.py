@@ -35,11 +35,18 @@ _STAGE = "mininorm_stage"  # the attribute working_on leaves on an allocation fa
 
 def out_of_memory(error: BaseException) -> str | None:
     """What an allocation that failed said (None: `error` is no allocation failure), for a one-line refusal: a
-    size the flags allow but no memory holds was the allocator's traceback (a model of --hidden_size 2**30)."""
-    if isinstance(error, MemoryError):
-        return "MemoryError"
-    found = _ALLOCATOR_REFUSAL.search(str(error))
-    return found.group(1) if found else None
+    size the flags allow but no memory holds was the allocator's traceback (a model of --hidden_size 2**30). An
+    error raised from one (`raise ... from`: the sampling engine's failed request, trainer/grpo.py) is one too."""
+    cause, seen = error, set()
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, MemoryError):
+            return "MemoryError"
+        found = _ALLOCATOR_REFUSAL.search(str(cause))
+        if found:
+            return found.group(1)
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
 
 
 @contextmanager

@@ -293,3 +293,60 @@ def test_the_evaluation_and_the_teachers_forward_are_named_where_they_fail_to_al
     with pytest.raises(MemoryError) as raised:
         Distillation.loss(distillation, student, {"input_ids": ids, "labels": ids}, torch.tensor(2))
     assert out_of_memory_line(raised.value, args).startswith("out of memory in the teacher's forward (MemoryError): ")
+
+
+@pytest.mark.parametrize("task", ["grpo", "ppo", "distill"])
+def test_an_allocation_failure_inside_the_sampling_engine_ends_in_the_one_line(task, tokenizer):
+    """A bare MemoryError raised by the model inside the sampling engine (GRPO's and PPO's rollouts, distillation's
+    on-policy samples), under train_step's mark: the engine ends the request (it never dies of one), and the rollout
+    said only "sampling a completion failed: MemoryError: " in a RuntimeError the run's one line did not know, a
+    traceback; it is the one line naming the rollouts now."""
+    from types import SimpleNamespace
+
+    from model import MiniNormConfig, MiniNormForCausalLM
+    from trainer.core import Trainer
+    from trainer.distillation import Distillation
+    from trainer.grpo import RolloutObjective
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    model = MiniNormForCausalLM(MiniNormConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=1, norm_impl="eager"))
+    model.forward = no_memory  # the prefill's forward asks for more than there is
+    common = SimpleNamespace(process_index=0, world=1, seed=0, tokenizer=tokenizer)
+    if task == "distill":
+        objective = SimpleNamespace(**vars(common), completions=SimpleNamespace(max_new_tokens=4, temperature=1.0))
+        batch = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "labels": torch.tensor([[-100, -100, 7, 8]])}
+
+        def rollouts(model, batches, step, accelerator):  # Distillation.rollouts, the student sampling
+            return [Distillation.sampled(objective, model, batches[0], step, 0)]
+    else:
+        objective = SimpleNamespace(**vars(common), settings=SimpleNamespace(
+            num_generations=2, max_completion_length=4, temperature=1.0, top_p=1.0))
+        batch = {"prompt_ids": [[5, 6, 7]]}
+
+        def rollouts(model, batches, step, accelerator):  # RolloutObjective.rollouts, through its sample
+            return [RolloutObjective.sample(objective, model, batches[0], step, 0, sampler=model)]
+
+    trainer = SimpleNamespace(objective=SimpleNamespace(rollouts=rollouts), unwrapped=model, accelerator=None)
+    with pytest.raises((MemoryError, RuntimeError)) as raised:
+        Trainer.train_step(trainer, [batch], step=2)
+    args = parse_args(task, ["--out_dir", "/nonexistent/run"])
+    line = out_of_memory_line(raised.value, args)
+    assert line is not None and line.startswith(
+        "out of memory in step 3's rollouts (its sampled completions) (MemoryError): lower --batch_size"), line
+
+
+def test_an_allocation_failure_while_the_data_is_loaded_names_it(train_data, tmp_path, capsys, monkeypatch):
+    """The data tokenized before step 1 (faked to fail to allocate): the one line said "out of memory (MemoryError)",
+    no stage, where the set-up and the steps are named; nothing is written."""
+    import trainer.core
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(trainer.core, "build_run_data", no_memory)
+    error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "run"), capsys)
+    assert error.startswith("error: out of memory in loading the data (MemoryError): lower --batch_size"), error
+    assert not (tmp_path / "run").exists()

@@ -13,6 +13,7 @@ that flag's value then says (_FLAGS_BEFORE), not as its default now.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,11 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     if checkpoints and (checkpoint_step(checkpoints[-1].name) or 0) > summary.get("steps", 0):
         return {}
     recorded = _unused_at_defaults(_with_implied_flags(recorded_config(out_dir)))
-    asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **args.model}
+    # the model fields nobody typed that the recorded model does not read are set back, as the run's start does (a
+    # sweep trial's --prms_p beside no --norm_type: the finished trial's start set it back)
+    asked_model = copy.copy(args)
+    _set_back_unread_untyped(recorded, asked_model)
+    asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **asked_model.model}
     if "preset" in asked:
         asked["preset"] = given_preset(args)  # the default is no flag given: a finished cpu-deep run is this run
     recorded_in_effect, asked_in_effect = flags_in_effect(recorded), flags_in_effect(asked)

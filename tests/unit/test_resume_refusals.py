@@ -926,3 +926,30 @@ def test_a_recorded_config_gains_no_flag_it_does_not_record():
     assert _unused_at_defaults({"task": "pretrain", "max_steps": 6}) == {"task": "pretrain", "max_steps": 6}
     assert _unused_at_defaults({"task": "pretrain", "max_steps": 6, "epochs": 3}) == {
         "task": "pretrain", "max_steps": 6, "epochs": 1}
+
+
+def test_a_finished_sweep_trial_with_a_model_flag_its_start_set_back_is_that_run_asked_again(tmp_path):
+    """A sweep trial's --prms_p 0.5 beside no --norm_type (rmsnorm, cpu-wide's) is set back when the trial starts
+    afresh under `--resume auto` (trainer/arg_checks.py, check_model_flags_at_start), so its recorded model has the
+    preset's p; the trial rerun with the same flags (a runner killed after it finished) compared its 0.5 with that
+    and trained the trial again instead of returning it. A --prms_p the recorded prmsnorm model reads, changed, is
+    another run."""
+    from trainer.arg_checks import check_model_flags_at_start
+    from trainer.arg_fields import MODEL_FIELDS, build_model_config
+    from trainer.args import check_args
+    from trainer.resume_checks import finished_run_asked_again
+
+    def recorded_run(argv: list[str]) -> dict:
+        first = check_args("pretrain", ["--out_dir", str(tmp_path), "--resume", "auto", *argv])
+        check_model_flags_at_start(first, resumed=False)  # no checkpoint in the trial's folder yet
+        built = build_model_config(first, vocab_size=6400)  # trainer/run_inputs.py, effective_config
+        return {**{k: v for k, v in first.to_dict().items() if k != "model"},
+                **{name: getattr(built, name) for name in MODEL_FIELDS}}
+
+    summary = _finished_run(recorded_run(["--prms_p", "0.5"]), tmp_path)
+    rerun = check_args("pretrain", ["--out_dir", str(tmp_path), "--resume", "auto", "--prms_p", "0.5"])
+    assert finished_run_asked_again(tmp_path, rerun) == summary
+    _finished_run(recorded_run(["--norm_type", "prmsnorm", "--prms_p", "0.5"]), tmp_path)
+    rerun = check_args("pretrain", ["--out_dir", str(tmp_path), "--resume", "auto", "--norm_type", "prmsnorm",
+                                    "--prms_p", "0.25"])
+    assert finished_run_asked_again(tmp_path, rerun) == {}

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from dataset.shown_value import shown_value
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS,
                                 RUNTIME_MODEL_FIELDS, TASK_DEFAULTS, TASK_MODEL_DEFAULTS, TrainArgs, for_task,
                                 task_flags)
@@ -32,7 +33,7 @@ def _optional(kind: type) -> Any:
 def _path(text: str) -> str:
     """A path flag's value: not empty, and not a word that unsets other flags (leaving the flag out does)."""
     if text.strip().lower() in UNSET_WORDS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a path; leave the flag out for its default")
+        raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a path; leave the flag out for its default")
     return path_arg(text)
 
 
@@ -126,7 +127,7 @@ def _numbers(text: str) -> list[float]:
     try:
         return [float(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or comma-separated numbers") from None
+        raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number or comma-separated numbers") from None
 
 
 flag_type(float, _numbers)

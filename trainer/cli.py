@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from dataset.atomic_io import not_utf8_at
+from dataset.shown_value import shown_text, shown_value
 from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
 from trainer.threads import bound_openmp_waits
 
@@ -47,6 +48,30 @@ class ToolParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}\n{self.prog}: run with --help for the flags", file=sys.stderr)
         raise SystemExit(EXIT_ERROR)
+
+    # argparse's own refusals quote the value whole, by repr ("invalid float value: '...'" of a type that raised
+    # ValueError, such as float or int; "invalid choice: '...'"): a 10,000-character value made a 10,000-character
+    # error. These two write the same words with the value quoted by dataset/shown_value.py's shown_value.
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as error:
+            if not isinstance(error.__context__, (TypeError, ValueError)):  # an ArgumentTypeError: its own words
+                raise
+            name = getattr(action.type, "__name__", type(action.type).__name__)
+            raise argparse.ArgumentError(action, f"invalid {name} value: {shown_value(arg_string)}") from None
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {shown_value(value)} (choose from {choices})")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """argparse's parse_args, with a value no flag takes quoted (each cut by shown_text) in its refusal."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(shown_text(extra) for extra in extras)}")
+        return parsed
 
 
 INTERRUPTED_LINE = "interrupted"  # all that Ctrl-C prints: the user asked for the stop, there is nothing to debug
@@ -161,9 +186,9 @@ def int_within(low: int, high: int | None = None, note: str = "") -> Callable[[s
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text} is not {allowed}") from None
+            raise argparse.ArgumentTypeError(f"{shown_text(text)} is not {allowed}") from None
         if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{text} is not {allowed}")
+            raise argparse.ArgumentTypeError(f"{shown_text(text)} is not {allowed}")
         return value
     return flag_type(int, parse)
 
@@ -181,7 +206,7 @@ def int_list(low: int, high: int | None = None) -> Callable[[str], list[int]]:
         try:
             return [item(part.strip()) for part in text.split(",")]
         except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {allowed}") from None
+            raise argparse.ArgumentTypeError(f"{shown_value(text)} is not {allowed}") from None
     return flag_type(list, parse)
 
 
@@ -193,9 +218,9 @@ def float_within(low: float, high: float, above_low: bool = False) -> Callable[[
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number") from None
         if not (low < value <= high if above_low else low <= value <= high):  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{text} is outside {allowed}")
+            raise argparse.ArgumentTypeError(f"{shown_text(text)} is outside {allowed}")
         return value
     return flag_type(float, parse)
 
@@ -206,9 +231,10 @@ def zero_or_at_least(smallest: float, zero_means: str) -> Callable[[str], float]
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number") from None
         if not (value == 0 or (value >= smallest and math.isfinite(value))):
-            raise argparse.ArgumentTypeError(f"{text} is not 0 ({zero_means}) or a finite number >= {smallest:g}")
+            raise argparse.ArgumentTypeError(f"{shown_text(text)} is not 0 ({zero_means}) or a finite number >= "
+                                             f"{smallest:g}")
         return value
     return flag_type(float, parse)
 
@@ -220,7 +246,7 @@ def boolean(text: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {shown_value(text)}")
 
 
 def utf8_text(text: str) -> str:
@@ -262,9 +288,14 @@ def add_model_source_flags(parser: argparse.ArgumentParser) -> None:
 
 def output_file(text: str) -> str:
     """An output file flag's type (resolved as the tools resolve it, trainer/run_dir.py): refused up front where it
-    is a directory, not after the work whose results it would hold."""
-    if resolve_path(path_arg(text)).is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a directory, expected a file")
+    is a directory, not after the work whose results it would hold; so is a name the system refuses to look up (a
+    component over 255 bytes), which raised OSError's traceback."""
+    try:
+        is_dir = resolve_path(path_arg(text)).is_dir()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"{shown_text(text)} cannot name a file ({error.strerror})") from None
+    if is_dir:
+        raise argparse.ArgumentTypeError(f"{shown_text(text)} is a directory, expected a file")
     return text
 
 

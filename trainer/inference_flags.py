@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dataset.shown_value import shown_text, shown_value
 from trainer.cli import float_within, int_within, zero_or_at_least
 
 # A temperature or repetition penalty below SMALLEST_DIVISOR (or a penalty above LARGEST_FACTOR) turns float32
@@ -64,14 +65,15 @@ def device_type(indexed: bool = True) -> Callable[[str], str]:
             return text
         form = DEVICE_FORM.fullmatch(text) if indexed else None
         if form is None and not (indexed and text.startswith("cuda:")):
-            raise argparse.ArgumentTypeError(f"expected {forms}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {forms}, got {shown_value(text)}")
         import torch  # only for a cuda device: --help and cpu runs stay fast
 
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise argparse.ArgumentTypeError(f"{text} is not a device of this machine: auto or cpu (no CUDA device)")
+            raise argparse.ArgumentTypeError(f"{shown_text(text)} is not a device of this machine: auto or cpu "
+                                             "(no CUDA device)")
         if form is None or (form.group(2) is not None and int(form.group(2)) >= count):
-            raise argparse.ArgumentTypeError(f"{text} is not a device of this machine: auto, cpu, cuda or "
+            raise argparse.ArgumentTypeError(f"{shown_text(text)} is not a device of this machine: auto, cpu, cuda or "
                                              f"cuda:0 .. cuda:{count - 1}")
         return text
     return parse

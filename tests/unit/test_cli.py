@@ -207,3 +207,79 @@ def test_the_sweeps_config_refuses_an_empty_value(capsys):
     with pytest.raises(SystemExit):
         main([" "])
     assert capsys.readouterr().err.splitlines()[0] == "error: argument config: expected a path, got an empty value"
+
+
+LONG = "x" * 10_000  # a value echoed whole made a 10,000-character error line
+MAX_LINE = 200  # an error line quoting a value cut by dataset/shown_value.py's shown_value (60 characters) or less
+
+
+def _flag_error(flag_type, value: str, capsys, choices=None) -> str:
+    """The error line a ToolParser prints for `--x value` of `flag_type` (both lines checked: no more)."""
+    from trainer.cli import ToolParser
+
+    parser = ToolParser(prog="tool")
+    parser.add_argument("--x", type=flag_type, choices=choices, help="the flag under test")
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args([f"--x={value}"])
+    assert exit_info.value.code == 2
+    first, second = capsys.readouterr().err.splitlines()  # exactly two lines: the value's newline is not one
+    assert second == "tool: run with --help for the flags"
+    return first
+
+
+def _flag_types() -> dict[str, object]:
+    from trainer.arg_parser import FLAG_TYPES
+    from trainer.cli import boolean, float_within, int_list, int_within, output_file, zero_or_at_least
+    from trainer.inference_flags import device_type
+
+    return {"int_within": int_within(1), "int_list": int_list(1), "float_within": float_within(0, 1),
+            "zero_or_at_least": zero_or_at_least(1e-5, "off"), "boolean": boolean, "output_file": output_file,
+            "device_type": device_type(), "numbers": FLAG_TYPES["loss_weights"], "path": FLAG_TYPES["data_path"],
+            "float": float}
+
+
+@pytest.mark.parametrize("kind, value, words", [
+    ("int_within", LONG, " is not an integer >= 1"),
+    ("int_within", "1\n2", "1 2 is not an integer >= 1"),
+    ("int_within", "9" * 10_000, " is not an integer >= 1"),  # past int()'s 4300 digits
+    ("int_within", " 0\n", " is not an integer >= 1"),  # int() takes it: the range refuses it
+    ("int_list", LONG, " is not comma-separated integers >= 1"),
+    ("int_list", "1,\nx", "'1,\\nx' is not comma-separated integers >= 1"),
+    ("float_within", LONG, " is not a number"),
+    ("float_within", "1" * 10_000, " is outside 0 .. 1"),  # float() takes it (inf): the range refuses it
+    ("float_within", "2\n", " is outside 0 .. 1"),
+    ("zero_or_at_least", LONG, " is not a number"),
+    ("zero_or_at_least", "1" * 10_000, " is not 0 (off) or a finite number >= 1e-05"),
+    ("zero_or_at_least", "-1\n", " is not 0 (off) or a finite number >= 1e-05"),
+    ("boolean", LONG, "expected a boolean (true/false), got 'xxx"),
+    ("boolean", "yes\nno", "expected a boolean (true/false), got 'yes\\nno'"),
+    ("output_file", "./" * 5_000 + ".", " is a directory, expected a file"),  # the working directory
+    ("output_file", LONG, " cannot name a file (File name too long)"),
+    ("device_type", LONG, "expected auto, cpu, cuda or cuda:N, got 'xxx"),
+    ("device_type", "cpu\n", "expected auto, cpu, cuda or cuda:N, got 'cpu\\n'"),
+    ("numbers", LONG, " is not a number or comma-separated numbers"),
+    ("numbers", "0.5,\nx", "'0.5,\\nx' is not a number or comma-separated numbers"),
+    ("path", "none" + " " * 10_000 + "\n", " is not a path; leave the flag out for its default"),
+    ("float", LONG, "invalid float value: 'xxx"),  # argparse's own words, for a type that raises ValueError
+    ("float", "a\nb", "invalid float value: 'a\\nb'"),
+])
+def test_a_flags_refusal_quotes_a_long_or_multiline_value_on_one_short_line(kind, value, words, capsys):
+    """Each flag type's refusal (trainer/cli.py's, trainer/arg_parser.py's, trainer/inference_flags.py's, and
+    argparse's own for a type such as float) quotes the value through dataset/shown_value.py: a value of 10,000
+    characters was echoed whole, and one holding a newline split the error line."""
+    line = _flag_error(_flag_types()[kind], value, capsys)
+    assert line.startswith("error: argument --x: ") and words in line and len(line) <= MAX_LINE, line[:300]
+
+
+def test_argparses_choice_and_unrecognized_refusals_quote_a_long_value_on_one_short_line(capsys):
+    line = _flag_error(str, LONG, capsys, choices=("a", "b"))
+    assert line.startswith("error: argument --x: invalid choice: 'xxx") and line.endswith(" (choose from 'a', 'b')")
+    assert len(line) <= MAX_LINE, line[:300]
+    line = _flag_error(str, "a\nb", capsys, choices=("a", "b"))
+    assert line == "error: argument --x: invalid choice: 'a\\nb' (choose from 'a', 'b')"
+    from trainer.cli import ToolParser
+
+    with pytest.raises(SystemExit):
+        ToolParser(prog="tool").parse_args([LONG, "y\nz"])
+    first, second = capsys.readouterr().err.splitlines()
+    assert first.startswith("error: unrecognized arguments: xxx") and first.endswith(" y z") and len(first) <= MAX_LINE

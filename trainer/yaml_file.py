@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from dataset.atomic_io import read_text_file
+from dataset.shown_value import shown_text
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -59,9 +60,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             # Python's reason helps for a date (day is out of range for month); for a number it repeats the value.
             detail = f" ({error})" if kind == "timestamp" and isinstance(error, ValueError) else ""
             value = str(node.value)
-            shown = json.dumps(value if len(value) <= 40 else value[:40] + "...", ensure_ascii=False)
-            size = f" ({len(value)} characters)" if len(value) > 40 else ""
-            raise yaml.constructor.ConstructorError(None, None, f"{shown}{size} is not a valid {kind}{detail}",
+            shown = shown_text(json.dumps(value, ensure_ascii=False))  # the text as written, cut as every quote is
+            raise yaml.constructor.ConstructorError(None, None, f"{shown} is not a valid {kind}{detail}",
                                                     node.start_mark) from None
 
 

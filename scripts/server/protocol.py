@@ -37,11 +37,6 @@ def _token_id(key: str) -> int | None:
     return int(significant) if len(significant) <= MAX_TOKEN_ID_DIGITS else None
 
 
-def _shown(key: str) -> str:
-    """A logit_bias key as an error names it: quoted, a long one cut to its first 40 characters and its length."""
-    return json.dumps(key) if len(key) <= 40 else f"{json.dumps(key[:40] + '...')} ({len(key)} characters)"
-
-
 def _integral_float_as_int(value: Any) -> Any:
     """OpenAI accepts 22.0 where an integer goes: a float without a fraction is that integer."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -225,10 +220,11 @@ class ChatRequest(BaseModel):
             if token is None:
                 raise PydanticCustomError("logit_bias", "keys are token ids written as decimal integers (at most "
                                           "{digits} digits, leading zeros aside), got {key}",
-                                          {"key": _shown(key), "digits": MAX_TOKEN_ID_DIGITS})
+                                          {"key": shown_json(key), "digits": MAX_TOKEN_ID_DIGITS})
             if token in named:  # which of the two values would count is anyone's guess
                 raise PydanticCustomError("logit_bias", "keys {first} and {second} name the same token {token}",
-                                          {"first": _shown(named[token]), "second": _shown(key), "token": token})
+                                          {"first": shown_json(named[token]), "second": shown_json(key),
+                                           "token": token})
             named[token] = key
         return value
 

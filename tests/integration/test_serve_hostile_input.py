@@ -78,7 +78,7 @@ HOSTILE = {
     # a key is a text, which the body's 4300-digit bound on integers does not reach: int() of it raised, a 500
     "a logit_bias key of 5000 digits": (with_fields(logit_bias={"9" * 5000: 1}),
                                         "logit_bias: keys are token ids written as decimal integers (at most 20 "
-                                        f'digits, leading zeros aside), got "{"9" * 40}..." (5000 characters)'),
+                                        f'digits, leading zeros aside), got "{"9" * (MAX_SHOWN - 4)}...'),
     "a logit_bias key of 21 digits": (with_fields(logit_bias={"1" + "0" * 20: 1}), f'got "1{"0" * 20}"'),
     "a logit_bias key of 21 digits after zeros": (with_fields(logit_bias={"00" + "1" * 21: 1}),
                                                   f'got "00{"1" * 21}"'),
@@ -278,6 +278,13 @@ LONG_VALUES = {
                            f"name: no tool '{CUT}; tools: "),
     "a field of the run request": ("POST", "/tools/run", json.dumps({"name": "wiki", LONG: 1}).encode(), {},
                                    f"{NAME_CUT}: unknown field; the fields are name and arguments"),
+    # a logit_bias key was cut by a rule of its own (40 characters and the length); now as every quote is cut
+    "a logit_bias key that is no token id": (
+        "POST", "/v1/chat/completions", with_fields(logit_bias={"\n" + LONG: 1}), {},
+        f'(at most 20 digits, leading zeros aside), got "\\n{CUT[2:]}'),
+    "a logit_bias key naming a token another names": (
+        "POST", "/v1/chat/completions", with_fields(logit_bias={"5": 1, "0" * 100_000 + "5": 1}), {},
+        f'keys "5" and "{"0" * (MAX_SHOWN - 4)}... name the same token 5'),
 }
 
 

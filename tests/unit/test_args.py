@@ -449,7 +449,11 @@ def test_a_config_that_is_not_a_utf8_file_is_one_line(tmp_path, capsys):
                                               "(line 2)"),
     ("compile: !!bool maybe\n", '"maybe" is not a valid bool (line 1)'),  # was a KeyError traceback
     ("wandb_run_name: !!timestamp soon\n", '"soon" is not a valid timestamp (line 1)'),  # an AttributeError one
-    ("seed: " + "9" * 5000 + "\n", f'"{"9" * 40}..." (5000 characters) is not a valid int (line 1)'),
+    # a long value quoted as every refusal quotes one (dataset/shown_value.py's cut: the quote mark and 56 more of
+    # its 60 characters, then "..."), as written (not \u escapes), a newline escaped: one short line
+    ("seed: " + "9" * 5000 + "\n", f'"{"9" * 56}... is not a valid int (line 1)'),
+    ('seed: !!int "' + "é" * 5000 + '\\nx"\n', f'"{"é" * 56}... is not a valid int (line 1)'),
+    ('seed: !!int "1\\n2"\n', '"1\\n2" is not a valid int (line 1)'),
     ("seed: !!map 3\n", "expected a mapping node, but found scalar (line 1)"),  # a ValueError of unpacking
     ("seed: " + "[" * 3000 + "]" * 3000 + "\n", "invalid YAML (nested too deeply)"),  # a RecursionError traceback
     ("seed: !!python/object:os.system {}\n",

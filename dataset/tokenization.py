@@ -18,6 +18,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from dataset.atomic_io import atomic_write_text, first_line, folder_lock, not_utf8
 from dataset.json_text import strict_json
+from dataset.shown_value import shown_json
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "model"
 _BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE's alphabet, read back
@@ -121,7 +122,7 @@ def _marker_problem(record: Any) -> str | None:
     if not isinstance(record, dict):
         return f"{shape}: it holds {_json_kind(record)}"
     if not set(record) <= {"files", "writing"}:
-        return f"{shape}: it holds the keys {', '.join(json.dumps(key) for key in record)}"
+        return f"{shape}: it holds the keys {', '.join(shown_json(key) for key in record)}"
     if "files" not in record:
         return f'{shape}: it has no "files"'
     if not isinstance(files := record["files"], list):
@@ -134,13 +135,13 @@ def _marker_problem(record: Any) -> str | None:
 
 
 def _json_kind(value: Any) -> str:
-    """A JSON value in a few words, for a refusal: `a list`, `an object`, or the value itself (cut at 40 characters)."""
+    """A JSON value in a few words, for a refusal: `a list`, `an object`, or the value itself as JSON (quoted by
+    dataset/shown_value.py's shown_json: one line, cut at MAX_SHOWN characters)."""
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
         return "an object"
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return shown_json(value)
 
 
 def is_byte_fallback(token: str) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 from dataset.atomic_io import first_line
 from dataset.chat_format import THINK, THINK_END
+from dataset.shown_value import shown_text
 
 RewardFunction = Callable[..., list]
 
@@ -216,7 +217,7 @@ def _value_problem(reward: str, column: Column, row: Mapping[str, Any]) -> str |
 def _described(value: Any) -> str:
     """A JSON value as an error line names it: its kind, or a text (shortened) as JSON, on one line."""
     if isinstance(value, str):
-        return "the text " + json.dumps(value if len(value) <= 40 else value[:40] + "...", ensure_ascii=False)
+        return "the text " + shown_text(json.dumps(value, ensure_ascii=False))  # as written, cut as every quote is
     if value is None or isinstance(value, bool):
         return json.dumps(value)
     return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)

@@ -124,7 +124,11 @@ def test_math_answer_takes_no_number_beyond_a_float_for_an_answer():
     assert final_answer(big) is None and final_answer("1" + "0" * 400 + "/3") is None
     assert math_answer([""] * 2, ["2" + "0" * 400, big], answer=[big, int(big)]) == [0.0, 0.0]
     assert column_problems(["math_answer"], [(3, {"answer": big})], "data.jsonl") == {
-        3: f'"answer" must be a number or a number as text for the math_answer reward, got the text "{big[:40]}..."'}
+        3: f'"answer" must be a number or a number as text for the math_answer reward, got the text "{big[:56]}...'}
+    # a text quoted as every refusal quotes one (dataset/shown_value.py: its newline escaped, the quote mark and 56
+    # more of its 60 characters, then "..."), not by a cut of its own
+    assert column_problems(["math_answer"], [(4, {"answer": "é\n" + "y" * 10_000})], "data.jsonl") == {
+        4: f'"answer" must be a number or a number as text for the math_answer reward, got the text "é\\n{"y" * 53}...'}
     assert math_answer([""], ["1" + "0" * 300], answer=[10**300]) == [1.0]  # within a float: compared as before
 
 

@@ -409,6 +409,10 @@ def test_a_folder_without_the_tokenizer_marker_loads_as_before(tmp_path):
     (b'{"files": [], "writing": false}', f'{SHAPE}: its "writing" is false'),
     (b'{"files": [], "writing": null}', f'{SHAPE}: its "writing" is null'),
     (b'{"files": [], "complete": true}', f'{SHAPE}: it holds the keys "files", "complete"'),
+    # a value or key quoted as every refusal quotes one (dataset/shown_value.py: one line, the quote mark and 56
+    # more of its 60 characters, then "..."), not by a cut of its own
+    (b'{"files": [], "writing": "\\n' + b"x" * 10_000 + b'"}', f'{SHAPE}: its "writing" is "\\n{"x" * 54}...'),
+    (b'{"files": [], "' + b"k" * 10_000 + b'\\n": 1}', f'{SHAPE}: it holds the keys "files", "{"k" * 56}...'),
 ])
 def test_a_tokenizer_marker_that_is_not_what_a_save_writes_is_refused_in_one_line(content, problem, tmp_path):
     """A tokenizer_files.json cut short, edited by hand or of another program's: before, it loaded unchecked, as if

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING  # noqa: E402
 
 from dataset.atomic_io import not_utf8_at  # noqa: E402
 from dataset.json_text import surrogate_at  # noqa: E402
+from dataset.shown_value import shown_text  # noqa: E402
 from trainer.cli import (DefaultsHelpFormatter, ToolParser, add_model_source_flags, int_within, run_main,  # noqa: E402
                          seed, utf8_text)
 from trainer.inference_flags import (  # noqa: E402
@@ -79,11 +80,11 @@ def _tool_names(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in TOOLS]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown tool {', '.join(unknown) or '(none given)'}; "
+        raise argparse.ArgumentTypeError(f"unknown tool {shown_text(', '.join(unknown) or '(none given)')}; "
                                          f"allowed: {', '.join(TOOLS)}")
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:  # the prompt would list its schema twice
-        raise argparse.ArgumentTypeError(f"tool {', '.join(twice)} named more than once")
+        raise argparse.ArgumentTypeError(f"tool {shown_text(', '.join(twice))} named more than once")
     return names
 
 

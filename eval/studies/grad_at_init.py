@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from model.config import PLACEMENT_ALIASES, MiniNormConfig, NormPlacement, NormType, placement_choices  # noqa: E402
-from dataset.shown_value import shown_value  # noqa: E402
+from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
@@ -81,7 +81,8 @@ def names_within(allowed: Sequence[str], choices: str) -> Callable[[str], list[s
         names = [name.strip() for name in text.split(",")]
         unknown = [name for name in names if name not in allowed]
         if unknown:
-            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))} not allowed; choose from {choices}")
+            raise argparse.ArgumentTypeError(f"{shown_text(', '.join(map(repr, unknown)))} not allowed; "
+                                             f"choose from {choices}")
         return names
     return parse
 

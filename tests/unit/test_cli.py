@@ -230,12 +230,14 @@ def _flag_error(flag_type, value: str, capsys, choices=None) -> str:
 def _flag_types() -> dict[str, object]:
     from trainer.arg_parser import FLAG_TYPES
     from trainer.cli import boolean, float_within, int_list, int_within, output_file, zero_or_at_least
+    from eval.chat import _tool_names
+    from eval.studies.grad_at_init import norm_type_names
     from trainer.inference_flags import device_type
 
     return {"int_within": int_within(1), "int_list": int_list(1), "float_within": float_within(0, 1),
             "zero_or_at_least": zero_or_at_least(1e-5, "off"), "boolean": boolean, "output_file": output_file,
             "device_type": device_type(), "numbers": FLAG_TYPES["loss_weights"], "path": FLAG_TYPES["data_path"],
-            "float": float}
+            "float": float, "chat_tools": _tool_names, "study_names": norm_type_names}
 
 
 @pytest.mark.parametrize("kind, value, words", [
@@ -262,6 +264,11 @@ def _flag_types() -> dict[str, object]:
     ("path", "none" + " " * 10_000 + "\n", " is not a path; leave the flag out for its default"),
     ("float", LONG, "invalid float value: 'xxx"),  # argparse's own words, for a type that raises ValueError
     ("float", "a\nb", "invalid float value: 'a\\nb'"),
+    ("chat_tools", LONG, "unknown tool xxx"),  # eval/chat.py's --tools
+    ("chat_tools", "wiki,a\nb", "unknown tool a b; allowed: "),
+    ("chat_tools", "wiki,\n wiki ", "tool wiki named more than once"),  # known names only: never long
+    ("study_names", LONG, " not allowed; choose from 'rmsnorm'"),  # eval/studies/grad_at_init.py's --norm_types
+    ("study_names", "a\nb", "'a\\nb' not allowed; choose from 'rmsnorm'"),
 ])
 def test_a_flags_refusal_quotes_a_long_or_multiline_value_on_one_short_line(kind, value, words, capsys):
     """Each flag type's refusal (trainer/cli.py's, trainer/arg_parser.py's, trainer/inference_flags.py's, and

@@ -4,8 +4,8 @@ cycle (imports inside functions count: a lazy import is still a dependency). A t
 or one package there (e.g. scripts/server/): the modules of one package may import each other, and one command
 may own a package (scripts/serve.py runs scripts/server/); a package that two tools import is shared logic, which
 belongs in the library. Plus one owner for the run directory's file names, for the rules every tool shares and for
-the flag refusal line, a --help text on every flag, type hints on public functions, and whole files written
-atomically."""
+the flag refusal line and the cut of a quoted value (a flag type's refusal quotes its text through it), a --help
+text on every flag, type hints on public functions, and whole files written atomically."""
 
 from __future__ import annotations
 
@@ -275,6 +275,114 @@ def test_the_refusal_check_catches_a_hand_written_line() -> None:
               'w = flag_refusal("threads", value, allowed)\n')
     assert _hand_written_refusals(source) == ["line 1: {value!r}", "line 2: {args.epochs}"]
 
+
+QUOTERS = ("shown_value", "shown_text", "shown_json", "flag_refusal")  # dataset/shown_value.py's
+
+
+def _own_cuts(source: str) -> list[str]:
+    """The quotes cut by a rule of their own: `text[:40] + "..."`, or f"{text[:40]}...", rather than by
+    dataset/shown_value.py's shown_text (MAX_SHOWN characters)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        pairs = []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            pairs = [(node.left, node.right)]
+        elif isinstance(node, ast.JoinedStr):
+            pairs = [(value.value, after) for value, after in zip(node.values, node.values[1:])
+                     if isinstance(value, ast.FormattedValue)]
+        for cut, ellipsis in pairs:
+            if (isinstance(cut, ast.Subscript) and isinstance(cut.slice, ast.Slice) and cut.slice.upper is not None
+                    and isinstance(ellipsis, ast.Constant) and isinstance(ellipsis.value, str)
+                    and ellipsis.value.startswith(("...", "…"))):
+                found.append((node.lineno, f"line {node.lineno}: {ast.unparse(cut)}"))
+    return [line for _, line in sorted(found)]
+
+
+def test_a_quote_is_cut_by_its_owner_only() -> None:
+    """dataset/shown_value.py cuts every quote of a refused value (MAX_SHOWN characters, "..."): a logit_bias key,
+    a YAML value, a reward's text and a tokenizer marker's value each had a cut of their own (40 characters, some
+    with the length), so the same value was quoted two ways."""
+    found = {str(path.relative_to(REPO)): _own_cuts(path.read_text(encoding="utf-8"))
+             for path in module_files(REPO).values()}
+    assert {path: lines for path, lines in found.items() if lines} == {"dataset/shown_value.py": [
+        "line 37: text[:MAX_SHOWN - 3]"]}
+
+
+def test_the_cut_check_catches_a_cut_of_its_own() -> None:
+    source = ('a = json.dumps(key[:40] + "...")\n'
+              'b = f"{value[:37]}... ({len(value)} characters)"\n'
+              'c = shown_text(value)\n'
+              'd = names[:5] + ["and more"]\n')
+    assert _own_cuts(source) == ["line 1: key[:40]", "line 2: value[:37]"]
+
+
+def _own_nodes(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
+    """The nodes of `function`'s body, less those of the functions (and lambdas) defined in it."""
+    nodes, stack = [], list(function.body)
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
+def _raw_flag_quotes(source: str) -> list[str]:
+    """The values a flag type's refusal (`raise argparse.ArgumentTypeError(...)`) puts into its f-string unquoted or
+    by repr (!r, repr(), map(repr, ...)) rather than through a dataset/shown_value.py quoter: any expression of the
+    function's argument (the flag's text) or of its local names (what it made of the text)."""
+    found = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        nodes = _own_nodes(function)
+        arguments = function.args
+        given = {a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs}
+        given |= {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+        for node in nodes:
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)):
+                continue
+            if (getattr(node.exc.func, "attr", None) or getattr(node.exc.func, "id", None)) != "ArgumentTypeError":
+                continue
+            for value in (sub for sub in ast.walk(node.exc) if isinstance(sub, ast.FormattedValue)):
+                quoted = value.value
+                if isinstance(quoted, ast.Call) and getattr(quoted.func, "id", None) in QUOTERS \
+                        and value.conversion == -1:
+                    continue
+                names = {name.id for name in ast.walk(quoted) if isinstance(name, ast.Name)}
+                if value.conversion == ord("r") or "repr" in names or names & given:
+                    found.append((value.lineno, f"line {value.lineno}: {ast.unparse(quoted)}"))
+    return [line for _, line in sorted(found)]
+
+
+# Not the user's text: the number of CUDA devices this machine has.
+RAW_FLAG_QUOTES_ALLOWED = {"trainer/inference_flags.py": ["count - 1"]}
+
+
+def test_a_flag_types_refusal_quotes_the_value_through_its_owner() -> None:
+    """A flag type's refusal quotes the text it refuses, or what it read from it, through dataset/shown_value.py
+    (one line, cut at MAX_SHOWN characters): trainer/cli.py's types quoted it by !r or whole, so a 10,000-character
+    value made a 10,000-character error, and a newline split the one line."""
+    found = {str(path.relative_to(REPO)): [line.split(": ", 1)[1] for line in
+                                           _raw_flag_quotes(path.read_text(encoding="utf-8"))]
+             for path in module_files(REPO).values()}
+    assert {path: lines for path, lines in found.items() if lines} == RAW_FLAG_QUOTES_ALLOWED
+
+
+def test_the_flag_quote_check_catches_a_raw_value() -> None:
+    source = textwrap.dedent('''\
+        def parse(text):
+            try:
+                value = int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not a number {allowed}") from None
+            if value < low:
+                raise argparse.ArgumentTypeError(f"{text} is below {low}")
+            names = text.split(",")
+            raise ArgumentTypeError(f"{', '.join(map(repr, names))}: {shown_value(text)} {shown_text(text)!r}")
+        ''')
+    assert _raw_flag_quotes(source) == ["line 5: text", "line 7: text", "line 9: ', '.join(map(repr, names))",
+                                        "line 9: shown_text(text)"]
 
 def _parser_constructions(path: Path) -> list[str]:
     """The parser classes a file calls by name: ArgumentParser (argparse's, whatever the import) or ToolParser."""

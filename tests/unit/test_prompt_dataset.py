@@ -48,7 +48,8 @@ WRONG = '"answer" must be a number or a number as text for the math_answer rewar
     ({"prompt": "q", "answer": [3]}, WRONG + "a list"),
     ({"prompt": "q", "answer": True}, WRONG + "true"),
     ({"prompt": "q", "answer": "seven\nhundred"}, WRONG + 'the text "seven\\nhundred"'),
-    ({"prompt": "q", "answer": "x" * 50}, WRONG + f'the text "{"x" * 40}..."'),
+    # cut as every quote is (dataset/shown_value.py: the quote mark and 56 more of its 60 characters, "...")
+    ({"prompt": "q", "answer": "x" * 100}, WRONG + f'the text "{"x" * 56}...'),
 ])
 def test_math_answer_refuses_a_row_whose_answer_it_cannot_read_naming_its_line(row, reason, tokenizer, tmp_path):
     path = _write(tmp_path / "p.jsonl", [*GOOD_ROWS, row, GOOD_ROWS[0]])

@@ -32,7 +32,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from dataset.atomic_io import first_line
-from dataset.shown_value import shown_text
+from dataset.shown_value import shown_text, shown_value
 from dataset.json_text import check_json_value, check_text, read_json, read_json_field
 
 IM_START = "<|im_start|>"
@@ -228,7 +228,7 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]], field: str = "mess
             raise ValueError(f"a message's role and content must be strings, got {type(role).__name__} and "
                              f"{type(content).__name__}")
         if role not in ROLES:
-            raise ValueError(f"{where}.role is {role!r}; a role is one of {', '.join(ROLES)}")
+            raise ValueError(f"{where}.role is {shown_value(role)}; a role is one of {', '.join(ROLES)}")
         out: dict[str, Any] = {"role": role, "content": _text_field(message, "content", where)}
         reasoning = _text_field(message, "reasoning_content", where)
         if reasoning:

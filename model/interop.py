@@ -106,7 +106,7 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
     does not map. `norm_type` other than rmsnorm (one of SWAPPABLE_NORMS) swaps every norm, QK-norms included.
     `tokenizer` (the checkpoint's, when it has one) gives the special token ids config.json leaves out."""
     if norm_type not in SWAPPABLE_NORMS:
-        raise ValueError(f"--norm_type {norm_type!r} is not allowed; choose one of "
+        raise ValueError(f"--norm_type {shown_value(norm_type)} is not allowed; choose one of "
                          f"{', '.join(map(repr, SWAPPABLE_NORMS))}")
     if not isinstance(hf, Mapping):
         raise NotImportable(f"cannot import {source}: its config.json is not a JSON object")
@@ -177,8 +177,8 @@ def _weight_files(source: Path) -> list[Path]:
             # A shard is a file in the checkpoint folder, by its name: a name like ../../etc/passwd is not read. The
             # entry itself may be a link (the Hugging Face hub cache links each file of a snapshot to a blob).
             if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise NotImportable(f"cannot import {source}: {index.name} names the shard {name!r}, which is not "
-                                    "a file in that folder")
+                raise NotImportable(f"cannot import {source}: {index.name} names the shard {shown_value(name)}, "
+                                    "which is not a file in that folder")
             file = source / name
             if not file.is_file():
                 raise NotImportable(f"cannot import {source}: {index.name} names the shard {name}, which is missing")

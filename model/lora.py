@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from dataset.shown_value import flag_refusal
+from dataset.shown_value import flag_refusal, shown_value
 
 # The decoder's linear layers LoRA may adapt (model/model.py): attention and MLP projections. The LM head is tied
 # to the embedding, so it is not among them.
@@ -40,8 +40,9 @@ def parse_targets(text: str) -> tuple[str, ...]:
     for part in (piece.strip() for piece in text.split(",")):
         for name in groups.get(part, (part,)):
             if name not in LORA_TARGETS:
-                raise ValueError(f"--lora_targets={text!r}: {name!r} is not a projection of the model; choose from "
-                                 f"{', '.join(LORA_TARGETS)} (comma-separated), or all, attention, mlp")
+                raise ValueError(f"--lora_targets={shown_value(text)}: {shown_value(name)} is not a projection of the "
+                                 f"model; choose from {', '.join(LORA_TARGETS)} (comma-separated), or all, attention, "
+                                 "mlp")
             if name not in names:
                 names.append(name)
     return tuple(names)

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from dataset.shown_value import shown_value
 from trainer.arg_fields import FLAG_DEFAULTS, MODEL_FIELDS, settable_model_fields, task_flags
 from trainer.arg_parser import build_parser, takes_several
 from trainer.cli import boolean
@@ -33,7 +34,7 @@ def load_yaml_config(path: str | Path, task: str = "pretrain",
     known = task_flags(task) | set(MODEL_FIELDS)
     for key in data:
         if key not in known:
-            raise ValueError(f"--config {path}: unknown key {key!r}; allowed keys are the trainer's flags "
+            raise ValueError(f"--config {path}: unknown key {shown_value(key)}; allowed keys are the trainer's flags "
                              f"(see --help)")
     actions = {action.dest: action for action in (parser or build_parser(task))._actions}
     values = {}
@@ -41,7 +42,7 @@ def load_yaml_config(path: str | Path, task: str = "pretrain",
         try:
             values[key] = _from_yaml(actions[key], value)
         except (ValueError, argparse.ArgumentTypeError) as error:
-            raise ValueError(f"--config {path}: key {key!r}: {error}") from None
+            raise ValueError(f"--config {path}: key {shown_value(key)}: {error}") from None
     return values
 
 

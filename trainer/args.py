@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any, NoReturn, Sequence
 
+from dataset.shown_value import shown_value
 from trainer.arg_checks import unused_flags_note, validate
 from trainer.arg_fields import MODEL_FIELDS, TrainArgs
 from trainer.arg_parser import SEVERAL_NAMES, build_parser
@@ -102,7 +103,7 @@ def args_from_run_config(config: dict[str, Any]) -> TrainArgs:
     names = {f.name for f in dataclasses.fields(TrainArgs)} - {"model", "given", "untyped", "ignored"}
     unknown = sorted(set(config) - names - set(MODEL_FIELDS) - {RUN_ID_KEY})
     if unknown:
-        raise ValueError(f"run config: unknown key {unknown[0]!r}; expected the trainer's flags")
+        raise ValueError(f"run config: unknown key {shown_value(unknown[0])}; expected the trainer's flags")
     return TrainArgs(**{k: v for k, v in config.items() if k in names},
                      model={k: v for k, v in config.items() if k in MODEL_FIELDS and v is not None})
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from dataset.atomic_io import first_line
 from dataset.chat_format import THINK, THINK_END
-from dataset.shown_value import shown_text
+from dataset.shown_value import shown_text, shown_value
 
 RewardFunction = Callable[..., list]
 
@@ -162,20 +162,25 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
         return Reward(spec, BUILTIN[spec], weight)
     path, _, name = spec.rpartition(":")
     if not path.endswith(".py") or not name:
-        raise ValueError(f"--reward {spec!r}: expected path/to/file.py:function or a built-in "
+        raise ValueError(f"--reward {shown_value(spec)}: expected path/to/file.py:function or a built-in "
                          f"({', '.join(BUILTIN)})")
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise ValueError(f"--reward {spec!r}: no file {file}")
+    shown = f"--reward {shown_value(spec)}"  # the flag's value quoted cut; the file it names is named whole
+    try:
+        is_file = file.is_file()
+    except OSError as error:  # a name the system will not look up (a component over 255 bytes): a traceback
+        raise ValueError(f"{shown}: {error.strerror}") from None
+    if not is_file:
+        raise ValueError(f"{shown}: no file {file}")
     module_spec = importlib.util.spec_from_file_location(f"mininorm_reward_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
     except Exception as error:  # any error of the user's module: one line, not its traceback
-        raise ValueError(f"--reward {spec!r}: importing {file} raised {first_line(error, named=True)}") from None
+        raise ValueError(f"{shown}: importing {file} raised {first_line(error, named=True)}") from None
     function = getattr(module, name, None)
     if not callable(function):
-        raise ValueError(f"--reward {spec!r}: {file} defines no function {name!r}")
+        raise ValueError(f"{shown}: {file} defines no function {shown_value(name)}")
     return Reward(spec, function, weight)
 
 
@@ -237,8 +242,8 @@ def _checked(reward: Reward, values, count: int) -> list[float]:
             checked.append(math.nan)
             continue
         if not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
-            raise RewardError(f"reward {reward.name}: returned {value!r} for completion {index}, not a number "
-                              f"or None")
+            raise RewardError(f"reward {reward.name}: returned {shown_value(value)} for completion {index}, not a "
+                              f"number or None")
         try:
             number = float(value)
         except OverflowError:  # an int past 1.8e308

@@ -31,6 +31,7 @@ from typing import Any
 
 from dataset.atomic_io import check_folder_path, path_overlap
 from dataset.json_text import strict_json
+from dataset.shown_value import shown_value
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -324,7 +325,7 @@ class JsonlRecord(dict):
 
 def record_where(record: Mapping[str, Any]) -> str:
     """Where a record is, for an error about it: FILE:LINE for a JsonlRecord, else its step."""
-    return getattr(record, "where", "") or f"the record of step {record.get('step')!r}"
+    return getattr(record, "where", "") or f"the record of step {shown_value(record.get('step'))}"
 
 
 def record_number(record: Mapping[str, Any], key: str, kind: type = float) -> Any:
@@ -335,7 +336,7 @@ def record_number(record: Mapping[str, Any], key: str, kind: type = float) -> An
     try:
         return kind(record[key])
     except (TypeError, ValueError, OverflowError):  # OverflowError: int() of JSON's Infinity or 1e400
-        raise ValueError(f"{record_where(record)}: {key} is {record[key]!r}, expected a number") from None
+        raise ValueError(f"{record_where(record)}: {key} is {shown_value(record[key])}, expected a number") from None
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

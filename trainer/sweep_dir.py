@@ -26,6 +26,7 @@ from typing import Any
 
 from dataset.atomic_io import atomic_path, atomic_write_text, read_text_file
 from dataset.json_text import strict_json
+from dataset.shown_value import shown_value
 from trainer.run_dir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, append_jsonl, read_jsonl, resolve_path
 
 SWEEP_STATE_FILE = "sweep_state.json"
@@ -115,12 +116,12 @@ def read_state(sweep_dir: Path) -> dict[str, Any] | None:
         if not isinstance(trial, dict):
             raise ValueError(f"{where}: expected a mapping (trial_id, params, status, metric)")
         if not is_folder_name(trial.get("trial_id")):
-            raise ValueError(f"{where}.trial_id: expected a folder name, got {trial.get('trial_id')!r}")
+            raise ValueError(f"{where}.trial_id: expected a folder name, got {shown_value(trial.get('trial_id'))}")
         if not isinstance(trial.get("params"), dict):
             raise ValueError(f"{where}.params: expected a mapping of parameter name to value")
         if trial.get("status") not in TRIAL_STATUSES:
             raise ValueError(f"{where}.status: expected one of {', '.join(TRIAL_STATUSES)}, "
-                             f"got {trial.get('status')!r}")
+                             f"got {shown_value(trial.get('status'))}")
     return state
 
 

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dataset.shown_value import shown_value
 from scripts.sweep_runner.errors import SweepConfigError, SweepWriteError
 from trainer.run_dir import FINAL_METRIC_PLACES, final_metric
 from trainer.sweep_dir import read_state, restore_records
@@ -29,7 +30,7 @@ def load_state(sweep_dir: Path, name: str, config: dict[str, Any], flag: str = "
     if state is None:
         return {"name": name, "config": config, "trials": []}
     if state.get("config") != config:
-        raise SweepConfigError(f"{sweep_dir}: holds sweep {state.get('name')!r} with a different config; "
+        raise SweepConfigError(f"{sweep_dir}: holds sweep {shown_value(state.get('name'))} with a different config; "
                                f"use another {flag} (or delete it to start over)")
     return state
 

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from dataset.chat_format import parse_assistant_ids
+from dataset.shown_value import shown_value
 from trainer.rewards import (BUILTIN, LENGTH_BUFFER_CHARS, LENGTH_LIMIT_CHARS, RewardError, answer_part, final_answer,
                              length_penalty, load_reward, math_answer, repetition_penalty, score, think_format)
 
@@ -88,15 +89,16 @@ def test_the_loader_refuses_bad_specs_in_one_line(user_file, tmp_path):
     assert load_reward("math_answer").function is BUILTIN["math_answer"]
     cases = {"nonsense": "expected path/to/file.py:function or a built-in (math_answer, length_penalty, "
                          "repetition_penalty, think_format)",
-             f"{tmp_path}/missing.py:f": "no file",
-             f"{user_file}:absent": "defines no function 'absent'"}
+             f"{tmp_path}/missing.py:f": f"no file {tmp_path}/missing.py",
+             f"{user_file}:absent": f"{user_file} defines no function 'absent'"}
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
     cases[f"{broken}:f"] = "raised ModuleNotFoundError: No module named 'not_a_module_anywhere'"
     for spec, message in cases.items():
         with pytest.raises(ValueError) as error:
             load_reward(spec)
-        assert str(error.value).startswith(f"--reward {spec!r}: ") and message in str(error.value)
+        # the spec quoted as every flag's value is (dataset/shown_value.py: cut at 60 characters), the file whole
+        assert str(error.value).startswith(f"--reward {shown_value(spec)}: ") and message in str(error.value)
         assert "\n" not in str(error.value)
 
 

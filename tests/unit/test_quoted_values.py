@@ -1,0 +1,151 @@
+"""Error lines that quote a value a user gave (a flag, a field of a data, YAML, JSON or state file, what a user's
+reward function returned) quote it through dataset/shown_value.py: on one line and cut at MAX_SHOWN characters.
+Each site here quoted by its own repr (!r) or whole, so a value of 10,000 characters made an error of 10,000, and
+one printed whole with a newline split the one line. (The flag types' refusals: tests/unit/test_cli.py; that no
+flag type or cut of a quote is written elsewhere again: tests/unit/test_layout.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dataset.shown_value import MAX_SHOWN
+
+LONG = "x" * 10_000
+BOUND = 300  # the message's own words and a quote or two cut at MAX_SHOWN (60) characters
+
+
+def _one_short_line(error: BaseException, words: str, also: str = "") -> str:
+    """The error's message, checked: one line, holding `words`, no longer than BOUND (plus `also`, a path it
+    names)."""
+    message = str(error)
+    assert "\n" not in message and words in message, message[:500]
+    assert len(message) <= BOUND + len(also), message[:500]
+    return message
+
+
+def _cut(text: str) -> str:
+    """`text`'s repr as dataset/shown_value.py cuts it, written out: the first 57 characters, then "..."."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= MAX_SHOWN else quoted[:MAX_SHOWN - 3] + "..."
+
+
+@pytest.mark.parametrize("text", [LONG, "q_proj,\n" + LONG, "q_proj,a\nb"])
+def test_a_lora_targets_refusal_is_one_short_line(text):
+    from model.lora import parse_targets
+
+    with pytest.raises(ValueError) as refused:
+        parse_targets(text)
+    message = _one_short_line(refused.value, " is not a projection of the model; choose from ")
+    assert message.startswith(f"--lora_targets={_cut(text)}: ")
+
+
+@pytest.mark.parametrize("spec, words", [
+    (LONG, "expected path/to/file.py:function or a built-in"),
+    ("a\n" + LONG + ".py:f", "File name too long"),  # was OSError's traceback
+    ("{tmp}/missing.py:" + "f" * 10_000, ": no file {tmp}/missing.py"),  # the file named whole, as paths are
+    ("{user}:" + "f" * 10_000 + "\nx", " defines no function 'fff"),
+])
+def test_a_reward_spec_refusal_is_one_short_line(spec, words, tmp_path):
+    from trainer.rewards import load_reward
+
+    user = tmp_path / "reward.py"
+    user.write_text("def f(prompts, completions, **columns):\n    return [0.0] * len(completions)\n")
+    spec, words = spec.format(tmp=tmp_path, user=user), words.format(tmp=tmp_path)
+    with pytest.raises(ValueError) as refused:
+        load_reward(spec)
+    message = _one_short_line(refused.value, words, also=2 * str(user))
+    assert message.startswith(f"--reward {_cut(spec)}: ")
+
+
+@pytest.mark.parametrize("returned", [LONG, [1.0] * 10_000, "a\nb"])
+def test_a_reward_functions_value_that_is_no_number_is_one_short_line(returned):
+    from trainer.rewards import Reward, RewardError, score
+
+    reward = Reward("mine", lambda prompts, completions, **columns: [returned, 1.0], 1.0)
+    with pytest.raises(RewardError) as refused:
+        score([reward], ["p", "q"], ["a", "b"], {})
+    assert _one_short_line(refused.value, " for completion 0, not a number or None") == (
+        f"reward mine: returned {_cut(returned)} for completion 0, not a number or None")
+
+
+@pytest.mark.parametrize("key", [LONG, "a\nb" * 5_000])
+def test_an_unknown_config_key_is_one_short_line(key, tmp_path):
+    from trainer.arg_yaml import load_yaml_config
+    from trainer.args import args_from_run_config
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({key: 1}), encoding="utf-8")  # a long key as YAML's explicit "? key"
+    with pytest.raises(ValueError) as refused:
+        load_yaml_config(config)
+    _one_short_line(refused.value, f"unknown key {_cut(key)}; allowed keys are the trainer's flags", str(config))
+    with pytest.raises(ValueError) as refused:
+        args_from_run_config({key: 1})
+    _one_short_line(refused.value, f"run config: unknown key {_cut(key)}; expected the trainer's flags")
+
+
+@pytest.mark.parametrize("role", [LONG, "a\nb" * 5_000])
+def test_a_messages_unknown_role_is_one_short_line(role):
+    from dataset.chat_format import normalize_messages
+
+    with pytest.raises(ValueError) as refused:
+        normalize_messages([{"role": role, "content": "hi"}])
+    _one_short_line(refused.value, f"messages[0].role is {_cut(role)}; a role is one of ")
+
+
+@pytest.mark.parametrize("value", [LONG, "1\n2" * 5_000])
+def test_a_records_value_that_is_no_number_is_one_short_line(value):
+    from trainer.run_dir import record_number
+
+    with pytest.raises(ValueError) as refused:
+        record_number({"step": value, "loss": value}, "loss")
+    assert _one_short_line(refused.value, ", expected a number") == (
+        f"the record of step {_cut(value)}: loss is {_cut(value)}, expected a number")
+
+
+@pytest.mark.parametrize("field", ["trial_id", "status"])
+@pytest.mark.parametrize("value", ["../" + LONG, "a\nb" * 5_000])
+def test_a_sweep_states_bad_trial_field_is_one_short_line(field, value, tmp_path):
+    from trainer.sweep_dir import SWEEP_STATE_FILE, read_state
+
+    trial = {"trial_id": "t0", "params": {}, "status": "pending", field: value}
+    (tmp_path / SWEEP_STATE_FILE).write_text(json.dumps({"name": "s", "config": {}, "trials": [trial]}))
+    with pytest.raises(ValueError) as refused:
+        read_state(tmp_path)
+    _one_short_line(refused.value, f"trials[0].{field}: expected ", str(tmp_path))
+    assert str(refused.value).endswith(f", got {_cut(value)}")
+
+
+@pytest.mark.parametrize("name", [LONG, "a\nb" * 5_000])
+def test_a_sweep_folder_of_another_sweep_is_one_short_line(name, tmp_path):
+    from scripts.sweep_runner.errors import SweepConfigError
+    from scripts.sweep_runner.recording import load_state
+    from trainer.sweep_dir import SWEEP_STATE_FILE
+
+    (tmp_path / SWEEP_STATE_FILE).write_text(json.dumps({"name": name, "config": {"a": 1}, "trials": []}))
+    with pytest.raises(SweepConfigError) as refused:
+        load_state(tmp_path, "mine", {"a": 2})
+    _one_short_line(refused.value, f"holds sweep {_cut(name)} with a different config", str(tmp_path))
+
+
+@pytest.mark.parametrize("shard", ["../" + LONG, "a/\nb" * 5_000])
+def test_an_import_index_naming_a_shard_outside_the_folder_is_one_short_line(shard, tmp_path):
+    from model.interop import NotImportable, _weight_files
+
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+    with pytest.raises(NotImportable) as refused:
+        _weight_files(Path(tmp_path))
+    _one_short_line(refused.value, f"names the shard {_cut(shard)}, which is not a file in that folder",
+                    str(tmp_path))
+
+
+@pytest.mark.parametrize("norm_type", [LONG, "a\nb" * 5_000])
+def test_an_import_norm_type_refusal_is_one_short_line(norm_type, tmp_path):
+    from model.interop import mininorm_config_from
+
+    with pytest.raises(ValueError) as refused:
+        mininorm_config_from({}, tmp_path, norm_type=norm_type)
+    _one_short_line(refused.value, f"--norm_type {_cut(norm_type)} is not allowed; choose one of ")

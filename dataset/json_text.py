@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dataset.atomic_io import not_utf8
-from dataset.shown_value import shown_json
+from dataset.shown_value import shown_json, shown_text
 
 # Deeper values are refused: a fixed bound gives one answer whatever the recursion limit, and leaves the recursive
 # writers (json.dumps of a call's arguments) far from it.
@@ -87,7 +87,7 @@ def _integer(text: str) -> int:
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise _invalid(f"{text} is beyond the range of a 64-bit float")
+        raise _invalid(f"{shown_text(text)} is beyond the range of a 64-bit float")
     return value
 
 

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dataset.shown_value import shown_value
+from dataset.shown_value import shown_text, shown_value
 from scripts.sweep_runner.command import (DEFAULT_COMMAND, FLAG_MACROS, build_command, format_arg, program_path,
                                           trainer_of)
 from scripts.sweep_runner.engine import plain, propose_next, sweeps_module
@@ -375,7 +375,7 @@ def parse_only(config: dict[str, Any], specs: list[str]) -> dict[str, list[Any]]
         for text in values.split(","):
             picked = [value for value in grid if format_arg(value) == text or _same_number(value, text)]
             if not picked:
-                raise SweepConfigError(f"--only {name}={text}: not in the grid; allowed: "
+                raise SweepConfigError(f"--only {name}={shown_text(text)}: not in the grid; allowed: "
                                        + ", ".join(format_arg(value) for value in grid))
             only.setdefault(name, []).extend(picked)
     return only

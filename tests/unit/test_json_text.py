@@ -36,6 +36,8 @@ def test_what_json_reads_and_the_rules_allow_reads_as_json_does(text):
     ("-Infinity", "invalid JSON (-Infinity is not a JSON number)"),
     ('{"a": 1e400}', "invalid JSON (1e400 is beyond the range of a 64-bit float)"),
     ("[-2e308]", "invalid JSON (-2e308 is beyond the range of a 64-bit float)"),
+    # cut as every quote is (dataset/shown_value.py: 57 characters, then "..."): it was echoed whole
+    ("1" * 10_000 + ".0", f"invalid JSON ({'1' * 57}... is beyond the range of a 64-bit float)"),
     (b'{"a": "\xff"}', "not valid UTF-8 (byte 0xff at offset 7)"),
     ('{"a": 1}'.encode("utf-16"), "not valid UTF-8 (byte 0xff at offset 0)"),
     ('"\\ude00\\ud83d"', "lone surrogate (U+DE00 at character 0)"),

@@ -149,3 +149,14 @@ def test_an_import_norm_type_refusal_is_one_short_line(norm_type, tmp_path):
     with pytest.raises(ValueError) as refused:
         mininorm_config_from({}, tmp_path, norm_type=norm_type)
     _one_short_line(refused.value, f"--norm_type {_cut(norm_type)} is not allowed; choose one of ")
+
+
+@pytest.mark.parametrize("value", [LONG, "1\n2"])
+def test_a_sweeps_only_value_not_in_the_grid_is_one_short_line(value):
+    from scripts.sweep_runner.config import parse_only
+    from scripts.sweep_runner.errors import SweepConfigError
+
+    config = {"method": "grid", "parameters": {"seed": {"values": [1, 2, 3]}}}
+    with pytest.raises(SweepConfigError) as refused:
+        parse_only(config, [f"seed={value}"])
+    _one_short_line(refused.value, ": not in the grid; allowed: 1, 2, 3")

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from dataset.shown_value import shown_text, shown_value
+
 
 def first_line(error: BaseException, named: bool = False) -> str:
     """The first line of `error`'s message, for a one-line refusal (its type's name when it has none); `named`: after
@@ -197,11 +199,12 @@ def folder_lock(folder: Path, name: str, wait_s: float, what: str) -> Iterator[N
 
 
 def _holder_words(holder: str) -> str:
-    """A lock file's pid@host in words for a refusal ("pid 4242 on host node1"); its first line otherwise."""
+    """A lock file's pid@host in words for a refusal ("pid 4242 on host node1"); its first line otherwise, quoted
+    (a lock file of another program's, or damaged) as dataset/shown_value.py quotes every refused value."""
     pid, at, host = holder.partition("@")
     if at and pid.isdigit() and host:
-        return f"pid {pid} on host {host}"
-    return f"held by {holder.splitlines()[0][:80]!r}" if holder else "its holder unrecorded"
+        return f"pid {pid} on host {shown_text(host)}"
+    return f"held by {shown_value(holder.splitlines()[0])}" if holder else "its holder unrecorded"
 
 
 def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dataset.atomic_io import file_digest, read_text_file
+from dataset.shown_value import shown_value
 from trainer.run_dir import RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step, is_count
 from trainer.step import RunPosition
 from trainer.threads import THREADS_KEY
@@ -64,7 +65,7 @@ def _check_state(state_file: Path, state: Any, named_step: int | None) -> None:
     counts (_POSITION_FIELDS), the step and epoch against each other, the other plain fields (_PLAIN_FIELDS), then
     the structured entries (_first_bad_entry)."""
     def bad(field: str, allowed: str) -> CheckpointDamaged:
-        shown = "missing" if field not in state else "null" if state[field] is None else f"{state[field]!r}"
+        shown = "missing" if field not in state else "null" if state[field] is None else shown_value(state[field])
         return CheckpointDamaged(f"{state_file}: '{field}' must be {allowed}, not {shown}; the checkpoint is damaged")
 
     if not isinstance(state, dict):

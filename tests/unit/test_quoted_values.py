@@ -160,3 +160,25 @@ def test_a_sweeps_only_value_not_in_the_grid_is_one_short_line(value):
     with pytest.raises(SweepConfigError) as refused:
         parse_only(config, [f"seed={value}"])
     _one_short_line(refused.value, ": not in the grid; allowed: 1, 2, 3")
+
+
+@pytest.mark.parametrize("holder, words", [
+    ("k" * 150 + "\nsecond line", f"(held by {_cut('k' * 150)}; lock file "),  # the file's first 200 bytes are read
+    ("42@node\n" + "h" * 150, f"(pid 42 on host node {'h' * 52}...; lock file "),
+])
+def test_a_folder_locks_holder_is_quoted_on_one_short_line(holder, words, tmp_path):
+    import fcntl
+    import os
+
+    from dataset.atomic_io import folder_lock
+
+    lock = tmp_path / ".lock"
+    lock.write_text(holder)
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: the lock below is refused
+        with pytest.raises(ValueError) as refused, folder_lock(tmp_path, ".lock", 0.0, "another save into it"):
+            pass
+    finally:
+        os.close(fd)
+    _one_short_line(refused.value, words, 2 * str(tmp_path))

@@ -163,6 +163,10 @@ def _without(*keys: str) -> dict:
     ({**GOOD_STATE, "digests": {"model.safetensors": {"bytes": 1, "sha256": "abc"}}}, "64 hex digits"),
     ({**GOOD_STATE, "digests": {"model.safetensors": {"bytes": 1, "sha256": "0" * 65}}}, "64 hex digits"),
     ({**GOOD_STATE, "digests": {"": {"bytes": 1, "sha256": "0" * 64}}}, "'digests' must be a JSON object"),
+    # a value quoted as every refusal quotes one (dataset/shown_value.py: one line, cut at 60 characters): a
+    # 10,000-element list or text was printed whole
+    ({**GOOD_STATE, "step": [1] * 10_000}, f"'step' must be an integer >= 0, not {str([1] * 10_000)[:57]}...;"),
+    ({**GOOD_STATE, "step": "3\n" * 5_000}, "'step' must be an integer >= 0, not '" + "3\\n" * 18 + "3\\...;"),
 ], ids=lambda value: None)
 def test_a_damaged_trainer_state_is_refused_in_one_line_naming_the_file_and_field(content, message, tmp_path):
     from trainer.checkpoint_state import read_trainer_state
@@ -171,8 +175,8 @@ def test_a_damaged_trainer_state_is_refused_in_one_line_naming_the_file_and_fiel
     with pytest.raises(ValueError) as refused:
         read_trainer_state(checkpoint)
     text = str(refused.value)
-    assert text.startswith(f"{checkpoint / 'trainer_state.json'}: ") and message in text, text
-    assert "\n" not in text
+    assert text.startswith(f"{checkpoint / 'trainer_state.json'}: ") and message in text, text[:500]
+    assert "\n" not in text and len(text) < 300 + len(str(checkpoint)), text[:500]
 
 
 def test_a_sound_trainer_state_is_read_as_written(tmp_path):

@@ -3,7 +3,6 @@ completion, the chunks of a streamed one, the model card). Field names of the pr
 
 # No `from __future__ import annotations`: pydantic reads the models' annotations, and error locations name the
 # union branches by their types ("list[TextPart]").
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -113,7 +112,7 @@ class FunctionSchema(BaseModel):
         # The library's parse_tools stays looser: SFT data may spell it otherwise (Gorilla's "dict").
         if value is not None and "type" in value and value["type"] != "object":
             raise PydanticCustomError("parameters_type", 'must be a JSON schema of "type": "object" (the arguments '
-                                      'of a call are an object), got "type": {got}', {"got": json.dumps(value["type"])})
+                                      'of a call are an object), got "type": {got}', {"got": shown_json(value["type"])})
         return value
 
 
@@ -253,7 +252,7 @@ class ChatRequest(BaseModel):
         if value is not None and value.type != "text":
             raise PydanticCustomError("response_format", "only {allowed} is supported (a {asked} reply would need "
                                       "constrained decoding, which this server does not do)",
-                                      {"allowed": '{"type": "text"}', "asked": json.dumps(value.type)})
+                                      {"allowed": '{"type": "text"}', "asked": shown_json(value.type)})
         return value
 
     def include_usage(self) -> bool:

@@ -282,6 +282,11 @@ LONG_VALUES = {
     "a logit_bias key that is no token id": (
         "POST", "/v1/chat/completions", with_fields(logit_bias={"\n" + LONG: 1}), {},
         f'(at most 20 digits, leading zeros aside), got "\\n{CUT[2:]}'),
+    "a tool's parameters of a long type": (
+        "POST", "/v1/chat/completions", offering({"type": LONG}), {}, f'of a call are an object), got "type": "{CUT}'),
+    "a tool's parameters of a type of 10,000 lines": (
+        "POST", "/v1/chat/completions", offering({"type": ["a\n"] * 10_000}), {},
+        'of a call are an object), got "type": [' + '"a\\n", ' * 8 + "..."),
     "a logit_bias key naming a token another names": (
         "POST", "/v1/chat/completions", with_fields(logit_bias={"5": 1, "0" * 100_000 + "5": 1}), {},
         f'keys "5" and "{"0" * (MAX_SHOWN - 4)}... name the same token 5'),

@@ -187,6 +187,24 @@ def _check_fields(config: "MiniNormConfig") -> None:
                              f"[0, vocab_size={config.vocab_size}){also}")
 
 
+def _check_head_dim(config: "MiniNormConfig") -> None:
+    """Validate head_dim and fill its default, hidden_size / num_attention_heads (which the heads must then
+    divide). RoPE rotates pairs of features, so a head's width is even."""
+    if config.head_dim is None:
+        if config.hidden_size % config.num_attention_heads:
+            raise ValueError(f"num_attention_heads={config.num_attention_heads} is not allowed; it must divide "
+                             f"hidden_size={config.hidden_size} (or set head_dim)")
+        if (config.hidden_size // config.num_attention_heads) % 2:
+            raise ValueError(f"num_attention_heads={config.num_attention_heads} is not allowed; head_dim = "
+                             f"hidden_size / num_attention_heads must be even for RoPE (or set head_dim)")
+        config.head_dim = config.hidden_size // config.num_attention_heads
+        return
+    value = config.head_dim
+    if not _is_int(value) or not 2 <= value <= MAX_SIZE or value % 2:
+        raise ValueError(f"head_dim={shown_value(value)} is not allowed; it must be a positive even integer, at "
+                         f"most {MAX_SIZE}, for RoPE (or null: hidden_size / num_attention_heads)")
+
+
 def _check_combination(config: "MiniNormConfig") -> None:
     """Refuse, in one line naming both fields, the combinations that have no meaning."""
     if config.norm_type != NormType.NONE:
@@ -275,6 +293,10 @@ class MiniNormConfig(PretrainedConfig):
     num_hidden_layers: int = 4
     num_attention_heads: int = 8
     num_key_value_heads: int = 2
+    # Each attention head's width. None: hidden_size / num_attention_heads (every model before the field existed,
+    # whose config.json loads as the model it was); a value of its own sizes the projections to heads x head_dim,
+    # as transformers' LlamaConfig and Qwen3Config do (Qwen3-0.6B: hidden 1024, 16 heads of 128).
+    head_dim: int | None = None
     intermediate_size: int | None = None  # None: the SwiGLU default derived from hidden_size
     max_position_embeddings: int = 512
     rope_theta: float = 1e6
@@ -328,15 +350,10 @@ class MiniNormConfig(PretrainedConfig):
                              f"it must be a float in [0, 1]")
         self.mix_ln_ratio = float(self.mix_ln_ratio)
         _check_combination(self)
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not allowed; it must divide "
-                             f"hidden_size={self.hidden_size}")
+        _check_head_dim(self)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads={self.num_key_value_heads} is not allowed; it must divide "
                              f"num_attention_heads={self.num_attention_heads}")
-        if (self.hidden_size // self.num_attention_heads) % 2:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not allowed; head_dim = "
-                             f"hidden_size / num_attention_heads must be even for RoPE")
         check_rope_theta(self.rope_theta, self.head_dim, self.max_position_embeddings)
         self.rope_scaling = check_rope_scaling(self.rope_scaling, self.max_position_embeddings, self.head_dim)
         if self.intermediate_size is None:
@@ -348,10 +365,6 @@ class MiniNormConfig(PretrainedConfig):
     def is_moe(self) -> bool:
         """Whether the blocks' MLPs are sparse mixtures of experts."""
         return self.num_experts > 0
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     def block_placements(self) -> list[NormPlacement]:
         """Each block's own placement: norm_placement, except for `mix`, whose first floor(mix_ln_ratio * L)

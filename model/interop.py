@@ -2,10 +2,11 @@
 that refuse what MiniNorm cannot compute exactly, and the weights.
 
 A Llama is MiniNorm's pre-LN RMSNorm model without QK-norm; a Qwen3 is the same with per-head QK-norm
-(model/llama_compat.py). Whatever else a checkpoint uses (biases, a sliding window, a head_dim that is not
-hidden_size / num_attention_heads, a RoPE variant MiniNorm does not compute) is refused in one line naming the
-field, before any weight is read. An import may also swap the RMSNorms for another norm (SWAPPABLE_NORMS), keeping
-the learned gains: the start of a "what if its norms were different?" fine-tune, no longer the same function.
+(model/llama_compat.py), whose heads may be as wide as the checkpoint says (head_dim: Qwen3's are 128 whatever
+hidden_size / num_attention_heads). Whatever else a checkpoint uses (biases, a sliding window, a RoPE variant
+MiniNorm does not compute) is refused in one line naming the field, before any weight is read. An import may also
+swap the RMSNorms for another norm (SWAPPABLE_NORMS), keeping the learned gains: the start of a "what if its norms
+were different?" fine-tune, no longer the same function.
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_hidden_layers=hf["num_hidden_layers"],
         num_attention_heads=hf["num_attention_heads"],
         num_key_value_heads=_as_transformers_reads(hf, "num_key_value_heads") or hf["num_attention_heads"],
+        # Qwen3Config's unset head_dim is 128 whatever the width; LlamaConfig's (None) is hidden / heads, MiniNorm's
+        head_dim=_as_transformers_reads(hf, "head_dim"),
         intermediate_size=hf["intermediate_size"], max_position_embeddings=hf["max_position_embeddings"],
         rope_theta=rope_theta, tie_word_embeddings=hf.get("tie_word_embeddings", False),
         initializer_range=hf.get("initializer_range", 0.02), norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -155,11 +158,6 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
         config = MiniNormConfig(**fields)
     except ValueError as error:  # a value MiniNorm refuses, under MiniNorm's name for it (rms_norm_eps: norm_eps)
         raise NotImportable(f"cannot import {source}: as MiniNorm's config, {error}") from None
-    # not a MiniNormConfig field: it follows from the sizes
-    head_dim = _as_transformers_reads(hf, "head_dim") or config.head_dim
-    if head_dim != config.head_dim:
-        raise _refuse(source, "head_dim", head_dim, f"is not supported; MiniNorm's head_dim is hidden_size / "
-                                                    f"num_attention_heads = {config.head_dim}")
     return config
 
 

@@ -67,9 +67,9 @@ def check_rope_scaling(value: Any, max_position_embeddings: int, head_dim: int |
         raise ValueError(f"rope_scaling factor={shown_value(scaling.get('factor'))} is not allowed; "
                          f"it must be a number >= 1")
     if rope_type == "dynamic" and head_dim == 2:
-        raise ValueError("rope_scaling rope_type='dynamic' is not allowed with head_dim=2 (hidden_size / "
-                         "num_attention_heads): its base grows with the exponent head_dim / (head_dim - 2); choose "
-                         "'linear' or 'yarn', or heads of at least 4 dimensions")
+        raise ValueError("rope_scaling rope_type='dynamic' is not allowed with head_dim=2 (the config's, by "
+                         "default hidden_size / num_attention_heads): its base grows with the exponent head_dim / "
+                         "(head_dim - 2); choose 'linear' or 'yarn', or heads of at least 4 dimensions")
     if rope_type == "yarn":
         scaling.setdefault("original_max_position_embeddings", max_position_embeddings)
         original = scaling["original_max_position_embeddings"]

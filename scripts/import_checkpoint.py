@@ -7,12 +7,12 @@ A Llama is MiniNorm's pre-LN RMSNorm model; a Qwen3 is the same with per-head QK
 qk_norm_scope='head'). The result has MiniNorm's config, the weights in fp32, the checkpoint's tokenizer files,
 chat template and generation settings when it has them, and imported_from.json (the source and the measured logit
 difference); the trainers' --from_weight, chat, evaluation and the server take it like a model trained here. What
-MiniNorm cannot compute exactly (biases, a sliding window, a head_dim other than hidden_size / num_attention_heads,
-an unsupported RoPE type, an LM head that contradicts tie_word_embeddings) is refused in one line before any weight
-is loaded. The logits are checked against transformers' own model unless --no_verify. --norm_type layernorm (or
-prmsnorm, dyt) swaps every norm for that one, keeping the learned gains, for a fine-tune with other norms; the logit
-difference is then measured, not required to be small. An existing --out_dir is replaced only when it is empty or
-an earlier import.
+MiniNorm cannot compute exactly (biases, a sliding window, an unsupported RoPE type, an LM head that contradicts
+tie_word_embeddings) is refused in one line before any weight is loaded; a head_dim of the checkpoint's own (Qwen3's
+128) is imported as it is. The logits are checked against transformers' own model unless --no_verify. --norm_type
+layernorm (or prmsnorm, dyt) swaps every norm for that one, keeping the learned gains, for a fine-tune with other
+norms; the logit difference is then measured, not required to be small. An existing --out_dir is replaced only
+when it is empty or an earlier import.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ PEAK_FLOPS = {
 def flops_per_token(config: MiniNormConfig, num_params: int, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward): 6 per parameter of the blocks and the final norm, plus the LM
     head matmul (6 * hidden * vocab, once, whether or not its weight is tied to the embedding), plus the attention
-    score/value products (6 * layers * seq_len * hidden, the causal half of 12). The embedding lookup is free.
+    score/value products (6 * layers * seq_len * heads * head_dim, the causal half of 12: the query heads' width,
+    which is hidden unless head_dim is set apart from it). The embedding lookup is free.
     `num_params` counts a tied weight once, an untied head separately. A mixture of experts counts only the
     num_experts_per_tok experts a token runs through (the router counts in full)."""
     matrix = config.vocab_size * config.hidden_size
@@ -27,7 +28,7 @@ def flops_per_token(config: MiniNormConfig, num_params: int, seq_len: int) -> fl
     idle_experts = (config.num_experts - config.num_experts_per_tok) if config.num_experts else 0
     idle = idle_experts * 3 * config.hidden_size * config.moe_intermediate_size * config.num_hidden_layers
     blocks = num_params - embedding_and_head - idle
-    attention = 6 * config.num_hidden_layers * seq_len * config.hidden_size
+    attention = 6 * config.num_hidden_layers * seq_len * config.num_attention_heads * config.head_dim
     return 6 * blocks + 6 * matrix + attention
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -61,6 +62,9 @@ def param_count(config: MiniNormConfig) -> int:
                     "max_position_embeddings")],
     ("hidden_size", 2 ** 31, ["positive integer", "at most 2147483647"]),
     ("num_experts", 10 ** 30, ["integer in 0 .. 2147483647"]),
+    # head_dim: RoPE rotates pairs, so an even width; null is hidden_size / num_attention_heads
+    *[("head_dim", value, ["positive even integer", "at most 2147483647", "or null"])
+      for value in (0, -2, 7, 1, 2 ** 31, "64", 64.0, True)],
     ("pad_token_id", "0", ["null or a token id", "[0, vocab_size=6400)"]),
     ("eos_token_id", 6400, ["null or a token id", "[0, vocab_size=6400)"]),
 ])
@@ -119,6 +123,31 @@ def test_kv_heads_must_divide_heads() -> None:
 def test_head_dim_must_be_even_for_rope() -> None:
     with pytest.raises(ValueError, match="even"):
         MiniNormConfig(hidden_size=72, num_attention_heads=8, num_key_value_heads=2)  # head_dim 9
+
+
+def test_a_head_dim_of_its_own_sizes_the_attention_and_needs_no_divisibility(tmp_path) -> None:
+    """head_dim set (Qwen3-0.6B's shape: hidden 1024, 16 heads of 128): the projections are heads x head_dim wide,
+    hidden_size need not divide by the heads, and config.json keeps it; unset, it is hidden / heads as before."""
+    config = MiniNormConfig(hidden_size=60, num_attention_heads=4, num_key_value_heads=2, head_dim=32, qk_norm=True,
+                            qk_norm_scope="full")
+    with torch.device("meta"):
+        attention = MiniNormForCausalLM(config).model.layers[0].self_attn
+    assert attention.q_proj.weight.shape == (4 * 32, 60) and attention.k_proj.weight.shape == (2 * 32, 60)
+    assert attention.v_proj.weight.shape == (2 * 32, 60) and attention.o_proj.weight.shape == (60, 4 * 32)
+    assert attention.q_norm.weight.shape == (4 * 32,) and attention.k_norm.weight.shape == (2 * 32,)
+    config.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["head_dim"] == 32
+    assert AutoConfig.from_pretrained(tmp_path).head_dim == 32
+    assert MiniNormConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2).head_dim == 16
+
+
+def test_a_config_json_saved_before_head_dim_existed_loads_as_hidden_over_heads(tmp_path) -> None:
+    MiniNormConfig(hidden_size=96, num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    saved = json.loads(path.read_text())
+    saved.pop("head_dim", None)
+    path.write_text(json.dumps(saved))
+    assert AutoConfig.from_pretrained(tmp_path).head_dim == 24
 
 
 def test_valid_values_are_stored_as_plain_strings() -> None:

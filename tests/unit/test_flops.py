@@ -14,10 +14,12 @@ from trainer.flops import flops_per_token
 BATCH, SEQ = 2, 32
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_flops_per_token_counts_what_a_training_step_computes(tied: bool) -> None:
+@pytest.mark.parametrize("tied, head_dim", [(True, None), (False, None), (True, 32)],
+                         ids=["tied", "untied", "head_dim_32"])
+def test_flops_per_token_counts_what_a_training_step_computes(tied: bool, head_dim: int | None) -> None:
+    """head_dim 32 with hidden 64 and 4 heads: the attention products are 128 wide, twice the residual stream."""
     config = MiniNormConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, norm_impl="eager", tie_word_embeddings=tied)
+                            num_key_value_heads=2, norm_impl="eager", tie_word_embeddings=tied, head_dim=head_dim)
     torch.manual_seed(0)
     model = MiniNormForCausalLM(config)
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
@@ -29,7 +31,7 @@ def test_flops_per_token_counts_what_a_training_step_computes(tied: bool) -> Non
     ours = flops_per_token(config, num_params, SEQ)
     # The matmuls of the projections, the MLP and the LM head: 6 per weight, the head once whether tied or not.
     # Our count also charges 6 per norm gain (elementwise work, not a matmul): take those out to compare.
-    attention = 6 * config.num_hidden_layers * SEQ * config.hidden_size
+    attention = 6 * config.num_hidden_layers * SEQ * 4 * (head_dim or 64 // 4)
     norm_gains = (2 * config.num_hidden_layers + 1) * config.hidden_size
     assert ours - attention - 6 * norm_gains == counted["aten.mm"]
     # The counter charges the full T x T score and value products; a causal model needs half of them.

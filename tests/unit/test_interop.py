@@ -165,7 +165,6 @@ def _refused(capsys, source, out) -> str:
     ("llama", dict(mlp_bias=True), "mlp_bias=True"),
     ("qwen3", dict(attention_bias=True), "attention_bias=True"),
     ("qwen3", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "use_sliding_window=True"),
-    ("llama", dict(head_dim=16), "head_dim=16"),
     ("qwen3", dict(hidden_act="gelu"), "hidden_act='gelu'"),
 ])
 def test_what_does_not_map_is_refused_in_one_line(kind, overrides, named, tmp_path, capsys) -> None:
@@ -176,19 +175,35 @@ def test_what_does_not_map_is_refused_in_one_line(kind, overrides, named, tmp_pa
     assert named in error and str(tmp_path / "hf") in error
 
 
-@pytest.mark.parametrize(("dropped", "named"), [("head_dim", "head_dim=128"),
-                                                ("num_key_value_heads", "num_key_value_heads=32")])
-def test_a_field_left_out_of_a_qwen3_config_reads_as_transformers_reads_it(dropped, named, tmp_path, capsys) -> None:
-    """Qwen3Config's defaults are not the values the other sizes imply: a config.json without head_dim is a model of
-    128-dimensional heads to transformers, one without num_key_value_heads a model of 32 KV heads. The import read
-    them as hidden_size / num_attention_heads and num_attention_heads, and then refused the weights' shapes, saying
-    config.json gave what it never said; it now names the value transformers reads, before any weight."""
+def test_a_qwen3_config_without_num_key_value_heads_reads_as_transformers_reads_it(tmp_path, capsys) -> None:
+    """Qwen3Config's default of 32 KV heads is not what the other sizes imply: a config.json without
+    num_key_value_heads is a model of 32 KV heads to transformers, which the import read as num_attention_heads and
+    then refused the weights' shapes, saying config.json gave what it never said; it now names the value transformers
+    reads, before any weight."""
     Qwen3Config(**SHAPE).save_pretrained(tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    del config[dropped]
+    del config["num_key_value_heads"]
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     error = _refused(capsys, tmp_path / "hf", tmp_path / "imported")
-    assert named in error and "model.safetensors" not in error, error
+    assert "num_key_value_heads=32" in error and "model.safetensors" not in error, error
+
+
+def test_a_qwen3_config_without_head_dim_imports_heads_of_128(tmp_path) -> None:
+    """Qwen3Config's unset head_dim is 128 whatever hidden_size / num_attention_heads (8 here): a config.json that
+    leaves it out imports as transformers reads it, 128-wide heads, with transformers' logits for that directory."""
+    theirs = hf_model("qwen3", tied=True, head_dim=128)
+    source = save_checkpoint(theirs, tmp_path / "hf")
+    config = json.loads((source / "config.json").read_text())
+    del config["head_dim"]
+    (source / "config.json").write_text(json.dumps(config))
+    reloaded = Qwen3ForCausalLM.from_pretrained(source).eval()
+    assert reloaded.config.head_dim == 128
+    out, _ = import_checkpoint(source, tmp_path / "imported")
+    ours = MiniNormForCausalLM.from_pretrained(out, norm_impl="eager").eval()
+    assert ours.config.head_dim == 128 and ours.model.layers[0].self_attn.q_proj.weight.shape == (4 * 128, 32)
+    ids = torch.randint(0, 6400, (2, 24), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, reloaded(ids).logits, atol=1e-5, rtol=0)
 
 
 def test_fields_left_out_of_a_llama_config_read_as_llamaconfigs_defaults(tmp_path) -> None:
@@ -357,6 +372,9 @@ BAD_SOURCES = [
     ("config_a_list", _write("config.json", "[]"), ["config.json is not a JSON object"]),
     ("config_not_json", _write("config.json", "{"), ["config.json"]),
     ("qwen3_labelled_llama", _qwen3_labelled_llama, ["unexpected model.layers.0.self_attn.k_norm.weight"]),
+    # RoPE rotates pairs: an odd head width is no MiniNorm head (transformers refuses it too, but a file may say it)
+    ("odd_head_dim", _set_config(head_dim=7), ["head_dim=7", "positive even integer"]),
+    ("head_dim_disagrees", _set_config(head_dim=16), ["of another shape model.layers.", "_proj.weight", "and 7 more"]),
     ("intermediate_size_disagrees", _set_config(intermediate_size=128),
      ["of another shape model.layers.0.mlp.down_proj.weight", "[32, 64]", "[32, 128]"]),
     ("truncated", _truncate, ["model.safetensors is not a readable safetensors file"]),

@@ -1,0 +1,143 @@
+"""Heads wider than hidden_size / num_attention_heads (config.head_dim, as Qwen3's released models have: hidden 1024,
+16 heads of 128): a transformers Llama or Qwen3 of that shape imports with its logits and gradients, its KV-cached
+generation equals the full forward, it exports back to the same architecture with head_dim in config.json, and
+llama.cpp reads the GGUF file's key and value lengths."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFReader
+from llama_cpp import GGML_TYPE_F32, Llama
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM
+
+from model.generation import GenerationEngine, GenerationSettings
+from model.llama_compat import to_llama_key
+from model.loading import load_dir_tokenizer
+from model.model import MiniNormForCausalLM
+from scripts.convert_to_gguf import convert_to_gguf
+from scripts.convert_to_llama import convert_to_llama
+from scripts.import_checkpoint import import_checkpoint
+from tests.unit.test_interop import hf_model, save_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# hidden 64 and 4 heads would be heads of 16: these are 32 wide, the attention 128 wide against a stream of 64.
+WIDE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+CLASSES = {"llama": LlamaForCausalLM, "qwen3": Qwen3ForCausalLM}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def imported(request, tmp_path_factory):
+    """(kind, transformers' model, its checkpoint folder, the MiniNorm import of it)."""
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"wide_{kind}")
+    theirs = hf_model(kind, tied=kind == "qwen3", **WIDE)
+    assert theirs.model.layers[0].self_attn.q_proj.weight.shape == (128, 64)
+    source = save_checkpoint(theirs, root / "hf")
+    out, diff = import_checkpoint(source, root / "imported")
+    assert diff is not None and diff <= 1e-5
+    return kind, theirs, source, out
+
+
+def _ours(folder) -> MiniNormForCausalLM:
+    return MiniNormForCausalLM.from_pretrained(folder, norm_impl="eager").eval()
+
+
+def _ids(length: int, seed: int, batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, 6400, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_import_keeps_the_head_width_and_the_logits(imported) -> None:
+    kind, theirs, _, out = imported
+    ours = _ours(out)
+    assert json.loads((out / "config.json").read_text())["head_dim"] == 32
+    attention = ours.model.layers[1].self_attn
+    assert attention.q_proj.weight.shape == (128, 64) and attention.o_proj.weight.shape == (64, 128)
+    assert attention.k_proj.weight.shape == (64, 64) and ours.config.qk_norm is (kind == "qwen3")
+    ids = _ids(40, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_the_imports_gradients_equal_transformers(imported) -> None:
+    """One loss backward through each model: every weight's gradient (q/k/v/o included, 128-wide) agrees."""
+    _, theirs, source, out = imported
+    ours = _ours(out)
+    reference = CLASSES[imported[0]].from_pretrained(source).eval()  # a fresh copy: the fixture's stays unused
+    ids = _ids(24, 2)
+    ours(input_ids=ids, labels=ids).loss.backward()
+    reference(input_ids=ids, labels=ids).loss.backward()
+    theirs_grads = {name: p.grad for name, p in reference.named_parameters()}
+    checked = 0
+    for name, parameter in ours.named_parameters():
+        torch.testing.assert_close(parameter.grad, theirs_grads[to_llama_key(name)], atol=1e-5, rtol=1e-4,
+                                   msg=name)
+        checked += "self_attn" in name
+    assert checked >= 8
+
+
+def test_cached_generation_equals_the_full_forward(imported) -> None:
+    """A KV-cached continuation, transformers-style greedy generate() and the server's static decode step (its own
+    cache, sized by head_dim) each give what a cache-free forward gives."""
+    _, theirs, _, out = imported
+    ours = _ours(out)
+    ids = _ids(40, 3)
+    with torch.no_grad():
+        full = ours(ids).logits
+        prefix = ours(ids[:, :30], use_cache=True)
+        torch.testing.assert_close(ours(ids[:, 30:], past_key_values=prefix.past_key_values).logits, full[:, 30:],
+                                   atol=1e-5, rtol=0)
+        prompt = _ids(8, 4, batch=1)
+        generated = ours.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                                  do_sample=False, pad_token_id=0, eos_token_id=None)
+        sequence = generated[0].tolist()
+        assert len(sequence) == 20
+        by_forward = ours(generated[:, :-1]).logits[0, 7:].argmax(-1).tolist()
+        assert sequence[8:] == by_forward
+        assert theirs.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                               do_sample=False, pad_token_id=0, eos_token_id=None)[0].tolist() == sequence
+    engine = GenerationEngine(ours, load_dir_tokenizer(out), max_batch=1, eos_token_ids=[-1], decode="static")
+    static = engine.generate(prompt[0].tolist(), GenerationSettings(max_new_tokens=12, temperature=0.0))
+    assert static.token_ids == sequence[8:]
+
+
+def test_the_export_back_has_head_dim_and_the_logits(imported, tmp_path) -> None:
+    kind, theirs, _, out = imported
+    exported = convert_to_llama(out, tmp_path / "export", target=kind)
+    config = json.loads((exported / "config.json").read_text())
+    assert config["model_type"] == kind and config["head_dim"] == 32 and config["hidden_size"] == 64
+    again = AutoModelForCausalLM.from_pretrained(exported).eval()
+    assert type(again) is CLASSES[kind]
+    ids = _ids(32, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, theirs(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_llama_cpp_reads_the_head_width_from_the_gguf_file(imported, tmp_path) -> None:
+    """key_length and value_length are 32, not embedding_length / head_count = 16: llama.cpp computes our logits."""
+    kind, _, _, out = imported
+    path = convert_to_gguf(out, tmp_path / "wide.gguf", "f32")
+    reader = GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    assert arch == kind
+    lengths = {key: reader.fields[f"{arch}.{key}"].contents() for key in
+               ("embedding_length", "attention.head_count", "attention.key_length", "attention.value_length",
+                "rope.dimension_count")}
+    assert lengths == {"embedding_length": 64, "attention.head_count": 4, "attention.key_length": 32,
+                       "attention.value_length": 32, "rope.dimension_count": 32}
+    ids = _ids(30, 6, batch=1)[0].tolist()
+    ours = _ours(out)
+    with torch.no_grad():
+        expected = ours(torch.tensor([ids])).logits[0].numpy()
+    llm = Llama(model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, seed=0, verbose=False,
+                type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
+    try:
+        llm.eval(ids)
+        got = np.array(llm.scores[:len(ids)])
+    finally:
+        llm.close()
+    assert np.abs(got - expected).max() < 1e-4

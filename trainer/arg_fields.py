@@ -52,9 +52,13 @@ MODEL_FIELDS: dict[str, ModelFlag] = {
     "vocab_size": ModelFlag(int, None, "vocabulary size (pretraining: the tokenizer's, unless given)"),
     "hidden_size": ModelFlag(int, None, "width of the residual stream"),
     "num_hidden_layers": ModelFlag(int, None, "number of decoder blocks"),
-    "num_attention_heads": ModelFlag(int, None, "query heads per attention layer (must divide hidden_size)"),
+    "num_attention_heads": ModelFlag(int, None, "query heads per attention layer (must divide hidden_size unless "
+                                                "head_dim is set)"),
     "num_key_value_heads": ModelFlag(int, None, "key/value heads, shared by groups of query heads (must divide "
                                                 "num_attention_heads)"),
+    "head_dim": ModelFlag(int, None, "width of each attention head, a positive even integer (unset: hidden_size / "
+                                     "num_attention_heads; set: the attention is heads x head_dim wide, as Qwen3's "
+                                     "heads of 128)"),
     "intermediate_size": ModelFlag(int, None, "width of the SwiGLU MLP (unset: derived from hidden_size)"),
     "max_position_embeddings": ModelFlag(int, None, "longest sequence the model takes (RoPE positions)"),
     "rope_theta": ModelFlag(float, None, "RoPE base frequency (> 0, at most the largest fp32, 3.4e38: RoPE computes "

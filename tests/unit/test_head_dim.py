@@ -21,6 +21,7 @@ from model.model import MiniNormForCausalLM
 from scripts.convert_to_gguf import convert_to_gguf
 from scripts.convert_to_llama import convert_to_llama
 from scripts.import_checkpoint import import_checkpoint
+from tests.training_runs import pretrain_argv, refused_run, run_in_process, train_losses
 from tests.unit.test_interop import hf_model, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -141,3 +142,28 @@ def test_llama_cpp_reads_the_head_width_from_the_gguf_file(imported, tmp_path) -
     finally:
         llm.close()
     assert np.abs(got - expected).max() < 1e-4
+
+
+def test_a_pretraining_run_with_head_dim_trains_and_resumes(train_data, tmp_path, capsys) -> None:
+    """--head_dim 16 on a 32-wide model of 4 heads (unset: 8): the run trains heads of 16, a bare `--resume auto`
+    continues that model to the uninterrupted run's losses, and a resume asking for other heads is refused."""
+    flags = ("--batch_size", "4", "--max_steps", "4", "--head_dim", "16")
+    uninterrupted = tmp_path / "uninterrupted"
+    run_in_process("pretrain", pretrain_argv(train_data, uninterrupted, *flags))
+    losses = train_losses(uninterrupted)
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    assert json.loads((uninterrupted / "config.json").read_text())["head_dim"] == 16
+    trained = _ours(uninterrupted)
+    assert trained.model.layers[0].self_attn.q_proj.weight.shape == (64, 32)
+    interrupted = tmp_path / "interrupted"
+    run_in_process("pretrain", pretrain_argv(train_data, interrupted, *flags, "--save_interval", "2"))
+    for name in ("run_summary.json", "model.safetensors", "config.json", "generation_config.json"):
+        (interrupted / name).unlink()
+    checkpoint = next((interrupted / "checkpoints").iterdir())
+    error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "other", "--batch_size", "4", "--max_steps",
+                                                  "4", "--head_dim", "8", "--resume", str(checkpoint)), capsys)
+    assert "--head_dim was 16 there and is 8 now" in error, error
+    run_in_process("pretrain", pretrain_argv(train_data, interrupted, "--batch_size", "4", "--max_steps", "4",
+                                             "--resume", "auto"))
+    assert json.loads((interrupted / "config.json").read_text())["head_dim"] == 16
+    assert train_losses(interrupted) == losses

@@ -1,7 +1,8 @@
 """Heads wider than hidden_size / num_attention_heads (config.head_dim, as Qwen3's released models have: hidden 1024,
 16 heads of 128): a transformers Llama or Qwen3 of that shape imports with its logits and gradients, its KV-cached
-generation equals the full forward, it exports back to the same architecture with head_dim in config.json, and
-llama.cpp reads the GGUF file's key and value lengths."""
+generation equals the full forward, it exports back to the same architecture with head_dim in config.json (a
+mixture of experts to Qwen3-MoE too), llama.cpp reads the GGUF file's key and value lengths, and pretraining's
+--head_dim trains and resumes such a model."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from gguf import GGUFReader
 from llama_cpp import GGML_TYPE_F32, Llama
-from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 from model.generation import GenerationEngine, GenerationSettings
 from model.llama_compat import to_llama_key
@@ -22,6 +23,7 @@ from scripts.convert_to_gguf import convert_to_gguf
 from scripts.convert_to_llama import convert_to_llama
 from scripts.import_checkpoint import import_checkpoint
 from tests.training_runs import pretrain_argv, refused_run, run_in_process, train_losses
+from tests.unit.test_export_qwen3_moe import moe_dir
 from tests.unit.test_interop import hf_model, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -167,3 +169,18 @@ def test_a_pretraining_run_with_head_dim_trains_and_resumes(train_data, tmp_path
                                              "--resume", "auto"))
     assert json.loads((interrupted / "config.json").read_text())["head_dim"] == 16
     assert train_losses(interrupted) == losses
+
+
+def test_a_mixture_of_experts_with_wide_heads_exports_to_qwen3_moe(tokenizer, tmp_path) -> None:
+    """A MiniNorm MoE model with Qwen3's switches and heads of 32 on a 64-wide stream: a Qwen3MoeForCausalLM with
+    head_dim 32 in config.json and our logits."""
+    source = moe_dir(tokenizer, tmp_path / "moe", head_dim=32)
+    out = convert_to_llama(source, tmp_path / "qwen3_moe", target="qwen3_moe")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen3_moe" and config["head_dim"] == 32
+    theirs = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(theirs) is Qwen3MoeForCausalLM and theirs.model.layers[0].self_attn.q_proj.weight.shape == (128, 64)
+    ours = MiniNormForCausalLM.from_pretrained(source).eval()
+    ids = torch.randint(0, len(tokenizer), (2, 32), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids).logits, atol=1e-5, rtol=0)

@@ -9,7 +9,9 @@ more than one of these fields is prompted by the first of "prompt", "messages", 
 and the others are columns: TRL's GRPOTrainer prompts with its "prompt" column alone and hands every other column,
 a "messages" one too, to its reward functions. The prompt is
 encoded as ChatML with the assistant's header open (``add_generation_prompt``; with ``open_thinking`` the thinking
-block is left open too, so the policy may think first): what the policy continues. A
+block is left open too, so the policy may think first; with ``tools``, GRPO's --tools, their schemas in the system
+turn in place of any the row's system message carries, as the rollouts run exactly those): what the policy
+continues. A
 prompt longer than ``max_seq_len`` tokens is dropped and counted. A bad line is an error naming the file, the line
 and the field (or, with ``skip_bad_lines``, skipped and counted); so is a row whose columns the run's rewards cannot
 read (``column_check``: trainer/rewards.py's column_problems, for the rewards the run names).
@@ -27,6 +29,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dataset.atomic_io import first_line
 from dataset.chat_format import encode_chatml_batch, normalize_messages
+from dataset.tools import tool_schemas
 from dataset.jsonl import (JSON_WHITESPACE, check_data_file, check_message_shapes, check_records_read,
                            log_skipped_line, numbered_lines, parse_line)
 
@@ -80,7 +83,7 @@ class PromptDataset(Dataset):
 
     def __init__(self, path: str | Path, tokenizer: PreTrainedTokenizerBase, max_seq_len: int,
                  num_proc: int | None = None, skip_bad_lines: bool = False, open_thinking: bool = False,
-                 column_check: ColumnCheck | None = None) -> None:
+                 column_check: ColumnCheck | None = None, tools: Sequence[str] = ()) -> None:
         path = Path(path)
         check_data_file(path)
         columns, messages, lines, skipped = [], [], [], 0  # columns: each row's fields beside its prompt
@@ -113,7 +116,9 @@ class PromptDataset(Dataset):
             columns, messages, lines = ([values[index] for index in kept] for values in (columns, messages, lines))
             skipped += len(problems)
         check_records_read(path, "prompt", len(messages), skipped)
-        encodings = encode_chatml_batch(tokenizer, messages, add_generation_prompt=True, open_thinking=open_thinking)
+        schemas = tool_schemas(tools) if tools else None
+        encodings = encode_chatml_batch(tokenizer, messages, add_generation_prompt=True, tools=schemas,
+                                        open_thinking=open_thinking)
         self.samples: list[tuple[list[int], str, dict]] = []
         kept_rows: list[tuple[int, dict]] = []
         dropped = 0

@@ -33,7 +33,7 @@ import re  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import unicodedata  # noqa: E402
-from collections.abc import Callable, Iterable, Iterator, Mapping  # noqa: E402
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from fractions import Fraction  # noqa: E402
 from typing import Any, NamedTuple  # noqa: E402
@@ -622,13 +622,16 @@ def parse_arguments(arguments: Mapping[str, Any] | str) -> Mapping[str, Any]:
     return arguments
 
 
-def run_tool(name: str, arguments: Mapping[str, Any] | str, budget: ResultBudget | None = None) -> str:
+def run_tool(name: str, arguments: Mapping[str, Any] | str, budget: ResultBudget | None = None,
+             offered: Collection[str] | None = None) -> str:
     """Run the tool ``name`` on ``arguments`` and return its result cut to ``budget``; never raises: unknown tools,
-    bad arguments and failures come back as strings starting with ``ERROR_PREFIX``."""
+    bad arguments and failures come back as strings starting with ``ERROR_PREFIX``. ``offered``: the names a caller
+    offers (GRPO's --tools; None: every tool), a call to another is an unknown tool's."""
     budget = budget or ResultBudget()
+    names = [tool for tool in TOOLS if offered is None or tool in offered]
     try:
-        if name not in TOOLS:
-            raise ToolError(f"unknown tool {name!r}; tools: {', '.join(TOOLS)}")
+        if name not in names:
+            raise ToolError(f"unknown tool {name!r}; tools: {', '.join(names)}")
         parsed = parse_arguments(arguments)
         check_arguments(name, parsed)
         result = TOOLS[name].function(**parsed)

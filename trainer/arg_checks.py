@@ -18,11 +18,13 @@ from dataset.shown_value import flag_refusal, shown_value
 from model.config import MAX_SIZE, PRESETS, SWITCHED_FIELDS, SwitchedFields, field_default, preset_fields
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, MODEL_FIELDS,
                                 POLICY_LORA_FLAGS, ROLLOUT_GROUPS, SFT_DATA, TrainArgs, build_model_config,
-                                holds_out_validation, refuse_fixed_model_fields, task_default, task_flags)
+                                holds_out_validation, refuse_fixed_model_fields, rollout_tools, task_default,
+                                task_flags)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (F_DIVERGENCE_READERS, LABEL_SMOOTHED, DPOLossType, FDivergence, check_label_smoothing,
                          check_option_values, check_options, parse_loss_types)
 from trainer.optim import MuonAdjustLR, OptimizerName
+from trainer.rewards import TOOL_REWARDS
 from trainer.rl_losses import ImportanceSamplingLevel, KLEstimator, LossType, ScaleRewards, default_scale_rewards
 from trainer.run_dir import TASKS
 from trainer.schedule import LRSchedule
@@ -160,6 +162,8 @@ DEPENDENT_FLAGS: tuple[DependentFlag, ...] = (
     # ratio is 1 and its gradient the per-token one's, plain GRPO
     DependentFlag(("importance_sampling_level",), "--num_iterations 2 or more (a rollout's later updates)",
                   "give --num_iterations 2 or more with it", lambda args: args.num_iterations > 1),
+    DependentFlag(("max_tool_rounds",), "--tools (rollouts that call tools)", "give --tools with it",
+                  lambda args: bool(args.tools)),
     # the model's own (model/config.py, SWITCHED_FIELDS): a fresh model's fields, pretraining's flags
     *(_model_dependency(entry) for entry in SWITCHED_FIELDS),
 )
@@ -480,7 +484,23 @@ def _validate_grpo(args: TrainArgs) -> None:
         raise _bad("num_iterations", args.num_iterations, "it must be >= 1")
     if args.epsilon_high is not None and not (args.epsilon_high > 0 and math.isfinite(args.epsilon_high)):
         raise _bad("epsilon_high", args.epsilon_high, "it must be a positive number")
+    _validate_tools(args)
     _validate_rollouts(args)
+
+
+MAX_TOOL_ROUNDS = 16  # --max_tool_rounds' bound: each round is a batch of generations
+
+
+def _validate_tools(args: TrainArgs) -> None:
+    """GRPO's --tools (built-in names, each once) and --max_tool_rounds."""
+    from dataset.tools import TOOLS
+    if args.tools is not None:
+        names = rollout_tools(args)
+        unknown = next((name for name in names if name not in TOOLS), None)
+        if not names or unknown is not None or len(set(names)) != len(names):
+            raise _bad("tools", args.tools, f"give built-in tools, comma-separated, each once: {', '.join(TOOLS)}")
+    if not 1 <= args.max_tool_rounds <= MAX_TOOL_ROUNDS:
+        raise _bad("max_tool_rounds", args.max_tool_rounds, f"it must be in 1..{MAX_TOOL_ROUNDS}")
 
 
 def _validate_ppo(args: TrainArgs) -> None:
@@ -513,6 +533,9 @@ def _validate_rollouts(args: TrainArgs) -> None:
         raise _bad("epsilon", args.epsilon, "it must be a positive number")
     if not args.reward and not args.reward_model:
         args.reward = [DEFAULT_REWARD]
+    tool_reward = next((spec for spec in args.reward or [] if spec in TOOL_REWARDS), None)
+    if tool_reward is not None and not (args.task == "grpo" and args.tools):
+        raise _bad("reward", tool_reward, "it reads the rollouts' tool calls: give GRPO's --tools with it")
     if args.reward_weights is not None:
         count = len(args.reward or []) + bool(args.reward_model)
         if len(args.reward_weights) != count:

@@ -139,7 +139,7 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
                + FINE_TUNING_FLAGS,
     "grpo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
              "max_completion_length", "top_p", "open_thinking", "loss_type", "scale_rewards", "epsilon",
-             "epsilon_high", "num_iterations", "importance_sampling_level")
+             "epsilon_high", "num_iterations", "importance_sampling_level", "tools", "max_tool_rounds")
             + POLICY_LORA_FLAGS + FINE_TUNING_FLAGS,
     "ppo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
             "max_completion_length", "top_p", "open_thinking", "epsilon", "cliprange_value", "vf_coef", "gamma",
@@ -451,6 +451,13 @@ class TrainArgs:
                                            f"or one per completion, exp of the mean of its tokens' log-ratios, "
                                            f"clipped as one (GSPO; TRL's importance_sampling_level; sequence needs "
                                            f"--num_iterations > 1)")
+    tools: str | None = _flag("grpo", None, "comma-separated built-in tools (wiki, calculator, convert_units; "
+                                            "dataset/tools.py) whose calls a rollout runs: a turn that ends with "
+                                            "calls gets their results as context (out of the loss) and sampling "
+                                            "goes on, all within --max_completion_length (trainer/tool_rollouts.py; "
+                                            "the prompts offer these tools) (default: none: single completions)")
+    max_tool_rounds: int = _flag("grpo", 2, "--tools: rounds of tool calls per rollout (1 to 16); the calls of a "
+                                            "turn after the last round are not run")
     # PPO (trainer/train_ppo.py).
     ppo_epochs: int = _flag("ppo", 2, "optimizer updates per rollout batch, each over the whole batch (MiniMind's "
                                       "ppo_update_iters, TRL's num_ppo_epochs); --max_steps counts rollouts")
@@ -543,6 +550,11 @@ def flags_in_effect(flags: Mapping[str, Any]) -> dict[str, Any]:
     if "reward_weights" in unset and isinstance(rewards, list):
         resolved["reward_weights"] = [1.0] * (len(rewards) + bool(flags.get("reward_model")))
     return resolved
+
+
+def rollout_tools(args: TrainArgs) -> tuple[str, ...]:
+    """--tools as the names it lists (empty: none), in its order."""
+    return tuple(name.strip() for name in (args.tools or "").split(",") if name.strip())
 
 
 def given_preset(args: TrainArgs) -> str | None:

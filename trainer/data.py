@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from dataset.split_names import DPO, GRPO, LORA, PRETRAIN, SFT, SFT_TOOLS, SplitNames
-from trainer.arg_fields import TrainArgs, flags_in_effect
+from trainer.arg_fields import TrainArgs, flags_in_effect, rollout_tools
 from trainer.run_dir import ROLLOUT_TASKS, resolve_path
 
 if TYPE_CHECKING:
@@ -129,7 +129,8 @@ def build_run_data(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, quiet: b
 
     if data_task(args) in ROLLOUT_TASKS:  # a row the --reward functions cannot read is a bad line
         from trainer.rewards import column_problems
-        options = {"open_thinking": args.open_thinking, "column_check": partial(column_problems, args.reward or [])}
+        options = {"open_thinking": args.open_thinking, "column_check": partial(column_problems, args.reward or []),
+                   "tools": rollout_tools(args)}
     elif data_task(args) == "pretrain":
         options = {"control_tokens": args.control_tokens_in_text}
     elif args.task == "distill":  # every step sampling its answers learns none of the data's: an empty one (a

@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
@@ -43,11 +44,12 @@ from dataset.chat_format import IM_END
 from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings, default_eos_token_ids
 from trainer.evaluation import LoggedEval
 from trainer.export import whole_model_everywhere
-from trainer.rewards import Reward, math_answer, score
+from trainer.rewards import COMPLETION_MESSAGES, Reward, math_answer, score
 from trainer.rl_losses import (ADVANTAGE_EPS, ImportanceSamplingLevel, LossType, ScaleRewards, default_scale_rewards,
                                 group_advantages, policy_loss, scored_group_stats)
 from trainer.run_dir import ROLLOUT_VAL_METRICS
 from trainer.step import StatWindow
+from trainer.tool_rollouts import sample_tool_episodes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -64,6 +66,9 @@ COMPLETION_SHAPE_WINDOWS = {"completion_length_min": StatWindow.MIN, "completion
                             "terminated_length_max": StatWindow.MAX}
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length", *COMPLETION_SHAPE,
               "zero_std_fraction", "entropy", "clip_fraction_low", "clip_fraction_high")  # then each reward's mean, std
+# With --tools, after STAT_NAMES: the mean number of tool calls run per rollout over the step, and of those that came
+# back as an error (dataset/tools.py, is_tool_error: an unknown tool, bad arguments, no such article).
+TOOL_STAT_NAMES = ("tool_calls", "tool_errors")
 # A group's rewards count as all equal (its advantages are all 0: nothing to learn from it) when their std is at most
 # this (TRL's torch.isclose(std, 0): the mean of equal rewards need not be exactly one of them in floating point).
 ZERO_STD = 1e-8
@@ -95,6 +100,9 @@ class RolloutSettings:
     num_iterations: int = 1  # optimizer updates per rollout batch
     scale_rewards: str | None = None  # group, batch or none; None: default_scale_rewards(loss_type)
     importance_sampling_level: str = ImportanceSamplingLevel.TOKEN.value  # token, or sequence (GSPO)
+    tools: tuple[str, ...] = ()  # --tools: the tools whose calls a rollout runs (trainer/tool_rollouts.py); (): none
+    max_tool_rounds: int = 2  # --max_tool_rounds: rounds of calls per rollout
+    open_thinking: bool = False  # the prompts' thinking block is open: so is each turn's after the tool results
 
     @property
     def reward_scaling(self) -> str:
@@ -108,11 +116,11 @@ def _scored_group_stds(rewards: torch.Tensor) -> torch.Tensor:
     return std[count > 1]
 
 
-def rollout_seed(seed: int, step: int, sample: int, generation: int) -> int:
+def rollout_seed(seed: int, step: int, sample: int, generation: int, round_index: int = 0) -> int:
     """The sampling seed of one completion: a digest of where it is in the run -- the optimizer step, its prompt's
-    index in the step's global batch, its index in the prompt's group --, the same on a resumed run and whatever
-    the number of processes."""
-    key = f"{seed}/{step}/{sample}/{generation}".encode()
+    index in the step's global batch, its index in the prompt's group and (--tools) the turn's round of tool calls
+    (round 0's key is a plain completion's) --, the same on a resumed run and whatever the number of processes."""
+    key = f"{seed}/{step}/{sample}/{generation}{f'/{round_index}' if round_index else ''}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:7], "big")
 
 
@@ -234,6 +242,25 @@ def _padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torc
         ids[index, :len(row)] = torch.tensor(row, dtype=torch.long)
         mask[index, :len(row)] = 1
     return ids, mask
+
+
+@dataclass(frozen=True)
+class SampledCompletions:
+    """What a rollout sampled, one entry per completion: its token ids after the prompt, True where the policy
+    sampled the token (False on a tool result's context, --tools), whether it ended with an end-of-turn token,
+    the tool calls run and those that failed, and (--tools; else None) the episode as messages, which the rewards
+    get as completion_messages."""
+
+    token_ids: list[list[int]]
+    action_masks: list[list[bool]]
+    ended: list[bool]
+    tool_calls: list[int]
+    tool_errors: list[int]
+    messages: list[list[dict]] | None = None
+
+    def reward_columns(self, columns: dict[str, list]) -> dict[str, list]:
+        """The data's columns for the reward functions, with the episodes' messages where there are some."""
+        return columns if self.messages is None else {**columns, COMPLETION_MESSAGES: self.messages}
 
 
 @dataclass
@@ -381,6 +408,27 @@ class RolloutObjective:
             batch["reward_function_stats"] = torch.cat([self.function_means(sums), stds]).float().to(
                 batch["completion_mask"].device)
 
+    def sample_rollouts(self, policy: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
+                        settings: Sequence[GenerationSettings],
+                        round_seed: Callable[[int, int], int | None] | None = None) -> SampledCompletions:
+        """The completions of `prompt_ids`, one per settings: plain ones (sample_completions), or with --tools
+        (`tools` in the settings) episodes whose turns' tool calls are run (trainer/tool_rollouts.py;
+        `round_seed(completion, round)` the seed of each turn, None: the settings' own)."""
+        stops = default_eos_token_ids(policy, self.tokenizer)  # where the engine stopped a completion
+        tools = getattr(self.settings, "tools", ())
+        if not tools:
+            completions = sample_completions(policy, self.tokenizer, prompt_ids, settings)
+            none = [0] * len(completions)
+            return SampledCompletions(completions, [[True] * len(ids) for ids in completions],
+                                      [bool(ids) and ids[-1] in stops for ids in completions], none, none)
+        own_seed = round_seed or (lambda index, round_index: settings[index].seed)
+        episodes = sample_tool_episodes(partial(sample_completions, policy, self.tokenizer), self.tokenizer,
+                                        prompt_ids, settings, own_seed, tools, self.settings.max_tool_rounds,
+                                        self.settings.max_completion_length, stops, self.settings.open_thinking)
+        return SampledCompletions([e.token_ids for e in episodes], [e.action_mask for e in episodes],
+                                  [e.ended for e in episodes], [e.calls for e in episodes],
+                                  [e.errors for e in episodes], [e.messages for e in episodes])
+
     def sample(self, model: torch.nn.Module, batch: dict[str, Any], step: int, micro_batch: int,
                sampler: torch.nn.Module | None = None) -> dict[str, Any]:
         """The micro-batch of P prompts -> P x G scored completions: the tensors every loss reads (input_ids,
@@ -397,23 +445,29 @@ class RolloutObjective:
                     for index in range(len(prompt_ids))]
         # `sampler`: what samples (sampling_policy's, taken once per step by rollouts); None: take it here
         policy = self.sampling_policy(model) if sampler is None else sampler
-        completions = sample_completions(policy, self.tokenizer, prompt_ids, settings)
-        stops = default_eos_token_ids(policy, self.tokenizer)  # where the engine stopped a completion
-        texts = [completion_text(self.tokenizer, ids) for ids in completions]
+        sampled = self.sample_rollouts(
+            policy, prompt_ids, settings,
+            lambda index, round_index: rollout_seed(self.seed, step, first + index // group, index % group,
+                                                    round_index))
+        completions = sampled.token_ids
+        texts = [completion_text(self.tokenizer, ids) for ids in completions]  # a tool episode's whole text
         columns = {name: [value for value in values for _ in range(group)]
                    for name, values in batch["columns"].items()}
         prompts = [prompt for prompt in batch["prompts"] for _ in range(group)]
-        totals, per_function = score(self.rewards, prompts, texts, columns)
+        totals, per_function = score(self.rewards, prompts, texts, sampled.reward_columns(columns))
         device = next(model.parameters()).device
         input_ids, attention_mask = _padded([p + c for p, c in zip(prompt_ids, completions)], self.pad_id)
-        lengths = torch.tensor([len(c) for c in completions])
-        width = int(lengths.max())
+        width = max(len(c) for c in completions)
+        # the sampled tokens only: a tool result's tokens are context, out of the loss, the KL and the entropy
+        completion_mask = torch.tensor([mask + [False] * (width - len(mask)) for mask in sampled.action_masks],
+                                       dtype=torch.bool).view(len(completions), width)
         out = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
                "starts": torch.tensor([len(p) for p in prompt_ids], device=device),
-               "completion_mask": (torch.arange(width) < lengths.unsqueeze(1)).to(device),
+               "completion_mask": completion_mask.to(device),
                "scores": torch.tensor(totals, dtype=torch.float64),
                "reward_values": torch.tensor(per_function, dtype=torch.float64).view(len(per_function), len(texts)),
-               "ended": torch.tensor([bool(ids) and ids[-1] in stops for ids in completions])}
+               "ended": torch.tensor(sampled.ended, dtype=torch.bool),
+               "tool_counts": torch.tensor([sampled.tool_calls, sampled.tool_errors], dtype=torch.float64)}
         return out
 
     def reference_log_probs(self, batch: dict[str, Any]) -> torch.Tensor:
@@ -443,13 +497,13 @@ class RolloutObjective:
                 continue
             prompts = [batch["prompts"][i] for i in keep]
             columns = {name: [values[i] for i in keep] for name, values in batch["columns"].items()}
-            completions = sample_completions(policy, self.tokenizer,
-                                             [batch["prompt_ids"][i] for i in keep], [greedy] * len(keep))
+            sampled = self.sample_rollouts(policy, [batch["prompt_ids"][i] for i in keep], [greedy] * len(keep))
+            completions = sampled.token_ids
             texts = [completion_text(self.tokenizer, ids) for ids in completions]
-            rewards, _ = score(self.rewards, prompts, texts, columns)
+            rewards, _ = score(self.rewards, prompts, texts, sampled.reward_columns(columns))
             answers = columns.get("answer")
             correct = sum(math_answer(prompts, texts, answers)) if answers is not None else 0.0
-            totals += torch.tensor([sum(rewards), sum(len(c) for c in completions), len(texts), correct,
+            totals += torch.tensor([sum(rewards), sum(map(sum, sampled.action_masks)), len(texts), correct,
                                     len(texts) if answers is not None else 0],
                                    dtype=torch.float64, device=accelerator.device)
         totals = accelerator.reduce(totals, reduction="sum")
@@ -469,7 +523,8 @@ class GroupRelativePolicy(RolloutObjective):
                  reference: torch.nn.Module | None, seed: int, process_index: int,
                  autocast: Callable[[], AbstractContextManager], world: int = 1, sharded: bool = False) -> None:
         super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world, sharded)
-        self.stat_names = STAT_NAMES + self.reward_names + self.reward_std_names
+        self.tool_stat_names = TOOL_STAT_NAMES if settings.tools else ()
+        self.stat_names = STAT_NAMES + self.tool_stat_names + self.reward_names + self.reward_std_names
         # no completion scored: no reward; fewer than two: no std
         self.stat_windows.update(reward=StatWindow.DEFINED_MEAN, reward_std=StatWindow.DEFINED_MEAN)
         self.updates_per_rollout = settings.num_iterations
@@ -509,10 +564,12 @@ class GroupRelativePolicy(RolloutObjective):
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         groups = _scored_group_stds(scores.masked_fill(~scored, float("nan")).view(-1, self.settings.num_generations))
         rollout = self.reward_sums(batches)
-        sums = global_sums(accelerator, rollout, scores[scored].sum(), scored.sum(), (groups <= ZERO_STD).sum())
+        tool_counts = torch.cat([batch["tool_counts"] for batch in batches], dim=1).sum(dim=1)  # calls, errors
+        sums = global_sums(accelerator, rollout, scores[scored].sum(), scored.sum(), (groups <= ZERO_STD).sum(),
+                           tool_counts)
         _, length = self.reward_means(sums[:len(rollout)])
         shape = self.completion_shape(sums[:len(rollout)])
-        scored_sum, scored_count, zero_std = sums[len(rollout):].tolist()
+        scored_sum, scored_count, zero_std, calls, errors = sums[len(rollout):].tolist()
         reward = scored_sum / scored_count if scored_count else float("nan")
         zero_std_fraction = zero_std / (float(sums[0]) / self.settings.num_generations)
         # the second pass over the step's means: the stds from deviations, not from the sums of squares
@@ -531,6 +588,8 @@ class GroupRelativePolicy(RolloutObjective):
             batch["rollout_stats"] = torch.tensor(
                 [reward, reward_std, length, *shape, zero_std_fraction],
                 device=batch["completion_mask"].device)
+            batch["tool_stats"] = torch.tensor([calls / float(sums[0]), errors / float(sums[0])],
+                                               device=batch["completion_mask"].device)
             batch[STEP_COMPLETIONS] = int(sums[0])
             batch[STEP_COMPLETION_TOKENS] = int(sums[2])
 
@@ -561,7 +620,9 @@ class GroupRelativePolicy(RolloutObjective):
         reward, reward_std, length, *shape, zero_std = batch["rollout_stats"].tolist()
         stats = torch.tensor([reward, reward_std, 0.0, 0.0, length, *shape, zero_std, 0.0, 0.0, 0.0],
                              device=mask.device)
-        stats = torch.cat([stats, batch.get("reward_function_stats", stats.new_zeros(2 * len(self.rewards)))]) * local
+        tool_stats = batch["tool_stats"].to(stats.dtype) if self.tool_stat_names else stats.new_zeros(0)
+        stats = torch.cat([stats, tool_stats,
+                           batch.get("reward_function_stats", stats.new_zeros(2 * len(self.rewards)))]) * local
         # The shares of the step's completion tokens clipped (per-sequence ratios: of its completions), and the mean
         # KL and entropy over the step's completion tokens, whatever the loss's unit (a completion for grpo and
         # dr_grpo, a token for dapo and cispo, the micro-batch for bnpo): this micro-batch's counts and sums over the

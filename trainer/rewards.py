@@ -3,9 +3,11 @@ under a contract whose breaches stop a run with one line.
 
 A reward function has TRL's signature: `function(prompts: list[str], completions: list[str], **columns) ->
 list[float | None]`, one value per completion, where `columns` are the data rows' other fields, one list each,
-aligned with the completions (e.g. `answer=[...]`). None means "this function does not score this completion":
-it adds nothing to that completion's weighted sum, as TRL's nansum does. A spec is `path/to/file.py:function` or
-the name of a built-in (BUILTIN).
+aligned with the completions (e.g. `answer=[...]`); with GRPO's --tools also `completion_messages`
+(COMPLETION_MESSAGES: each completion's episode as OpenAI messages, its assistant turns read back and its tool
+results, as TRL hands a tool-calling rollout to its rewards; the completion's text is the whole episode's). None
+means "this function does not score this completion": it adds nothing to that completion's weighted sum, as TRL's
+nansum does. A spec is `path/to/file.py:function` or the name of a built-in (BUILTIN).
 """
 
 from __future__ import annotations
@@ -130,9 +132,64 @@ def think_format(prompts: list[str], completions: list[str], **columns) -> list[
     return rewards
 
 
+COMPLETION_MESSAGES = "completion_messages"  # GRPO --tools: each completion's episode as messages (trainer/grpo.py)
+TOOL_CALL_WEIGHT = 0.5  # tool_use's weight of the right call; the fact in the answer has the rest
+
+
+def _tool_questions(prompts: Sequence[str], tool: Sequence, result: Sequence, fact: Sequence,
+                    arguments: Sequence | None) -> list:
+    """The rows' questions as dataset/tool_scoring.py scores them (the prompt is the question)."""
+    from dataset.tool_scoring import ToolQuestion
+    arguments = arguments if arguments is not None else [None] * len(prompts)
+    return [ToolQuestion(kind, prompt, dict(given or {}), wanted, known)
+            for prompt, kind, given, wanted, known in zip(prompts, tool, arguments, result, fact)]
+
+
+def tool_call(prompts: list[str], completions: list[str], completion_messages: Sequence[Sequence[dict]],
+              tool: Sequence, result: Sequence, fact: Sequence, arguments: Sequence | None = None,
+              **columns) -> list[float]:
+    """1.0 where the episode's first tool call is the row's `tool` with arguments that give the row's `result`
+    (dataset/tool_scoring.py, is_right_reply: "eiffel tower" for "Eiffel Tower" counts), else 0.0. Reads the
+    episode's messages (GRPO --tools: COMPLETION_MESSAGES)."""
+    from dataset.tool_scoring import is_right_reply
+    questions = _tool_questions(prompts, tool, result, fact, arguments)
+    return [float(is_right_reply(question, [(call["name"], call["arguments"]) for message in messages
+                                            if message["role"] == "assistant"
+                                            for call in message.get("tool_calls", [])]))
+            for question, messages in zip(questions, completion_messages)]
+
+
+def tool_fact(prompts: list[str], completions: list[str], completion_messages: Sequence[Sequence[dict]],
+              tool: Sequence, result: Sequence, fact: Sequence, arguments: Sequence | None = None,
+              **columns) -> list[float]:
+    """1.0 where the episode's final answer (its last assistant turn's content) holds the row's `fact`
+    (dataset/tool_scoring.py, answer_has_fact: the summary's words, or the value as a whole number), else 0.0."""
+    from dataset.tool_scoring import answer_has_fact
+    questions = _tool_questions(prompts, tool, result, fact, arguments)
+    answers = [next((m["content"] for m in reversed(messages) if m["role"] == "assistant"), "")
+               for messages in completion_messages]
+    return [float(answer_has_fact(question, answer)) for question, answer in zip(questions, answers)]
+
+
+def tool_use(prompts: list[str], completions: list[str], completion_messages: Sequence[Sequence[dict]],
+             tool: Sequence, result: Sequence, fact: Sequence, arguments: Sequence | None = None,
+             **columns) -> list[float]:
+    """TOOL_CALL_WEIGHT x tool_call + (1 - TOOL_CALL_WEIGHT) x tool_fact: the right call, then the fact in the final
+    answer (0.5 + 0.5: the call alone is half the way). Its two parts are logged beside it (REWARD_PARTS)."""
+    calls = tool_call(prompts, completions, completion_messages, tool, result, fact, arguments)
+    facts = tool_fact(prompts, completions, completion_messages, tool, result, fact, arguments)
+    return [TOOL_CALL_WEIGHT * call + (1 - TOOL_CALL_WEIGHT) * found for call, found in zip(calls, facts)]
+
+
 BUILTIN: dict[str, RewardFunction] = {"math_answer": math_answer, "length_penalty": length_penalty,
-                                      "repetition_penalty": repetition_penalty, "think_format": think_format}
+                                      "repetition_penalty": repetition_penalty, "think_format": think_format,
+                                      "tool_use": tool_use}
+# Built-ins that read the rollouts' tool calls (COMPLETION_MESSAGES): only a GRPO run with --tools has them.
+TOOL_REWARDS = ("tool_use",)
+# A built-in's parts, scored beside it at weight 0 (logged as rewards/<part>, adding nothing to the reward).
+REWARD_PARTS: dict[str, tuple[RewardFunction, ...]] = {"tool_use": (tool_call, tool_fact)}
 REWARD_ARGUMENTS = ("prompts", "completions")  # what score passes every function by name: no column may be one
+RESERVED_NAMES = (*REWARD_ARGUMENTS, COMPLETION_MESSAGES)  # and what GRPO --tools passes beside the columns
 
 
 @dataclass(frozen=True)
@@ -144,8 +201,26 @@ class Column:
     reads: Callable[[Any], Any]
 
 
+def _tool_name(value: Any) -> str | None:
+    from dataset.tools import TOOLS
+    return value if isinstance(value, str) and value in TOOLS else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 REQUIRED_COLUMNS: dict[str, tuple[Column, ...]] = {
-    "math_answer": (Column("answer", "a number or a number as text", answer_number),)}
+    "math_answer": (Column("answer", "a number or a number as text", answer_number),),
+    # dataset/tool_prompts.py writes them: the question's tool, what the right call returns, the fact to answer with
+    "tool_use": (Column("tool", "a built-in tool's name", _tool_name), Column("result", "a non-empty text", _text),
+                 Column("fact", "a non-empty text", _text))}
+
+
+def with_logged_parts(rewards: Sequence[Reward]) -> list[Reward]:
+    """The rewards, then each built-in's parts (REWARD_PARTS) at weight 0: scored and logged, adding nothing."""
+    parts = [Reward(part.__name__, part, 0.0) for reward in rewards for part in REWARD_PARTS.get(reward.name, ())]
+    return [*rewards, *parts]
 
 
 @dataclass(frozen=True)
@@ -188,7 +263,7 @@ def column_problems(reward_names: Sequence[str], rows: Sequence[tuple[int, Mappi
                     source: str) -> dict[int, str]:
     """What the rewards named (built-ins by name, files by spec) make of each row of `source` (the data: its rows'
     line numbers and fields beside the prompt, dataset/prompt_dataset.py's): {line: reason} for a row with a field
-    named as an argument every reward gets (REWARD_ARGUMENTS), or that lacks a field a built-in reward reads or holds
+    named as an argument every reward gets (RESERVED_NAMES), or that lacks a field a built-in reward reads or holds
     it in a form the reward cannot read; bad lines like any other (--skip_bad_lines skips them). A field that no row
     has is a ValueError (one line): the reward does not fit the data."""
     present = {name for _, row in rows for name in row}
@@ -199,7 +274,7 @@ def column_problems(reward_names: Sequence[str], rows: Sequence[tuple[int, Mappi
                              f"another --reward (a built-in or path/to/file.py:function)")
     problems = {}
     for line, row in rows:
-        reserved = next((name for name in REWARD_ARGUMENTS if name in row), None)
+        reserved = next((name for name in RESERVED_NAMES if name in row), None)
         if reserved is not None:
             problems[line] = (f'field "{reserved}" is reserved (reward functions receive the {reserved} under that '
                               f"name); rename it")

@@ -13,7 +13,7 @@ from accelerate import Accelerator
 
 from model.model import MiniNormForCausalLM
 from trainer.arg_fields import (TrainArgs, flags_in_effect, requested_model_fields, scored_against_starting_weights,
-                                uses_lora)
+                                rollout_tools, uses_lora)
 from trainer.objectives import CopySettings, LanguageModeling, LanguageModelingWithCopies, Objective
 from trainer.run_dir import ROLLOUT_TASKS, load_input_model
 
@@ -83,7 +83,7 @@ def _rollout_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, unwr
                        accelerator: Accelerator, sharded: bool, starting_weights: Path | None) -> Objective:
     """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's
     reference (none with --beta 0)."""
-    from trainer.rewards import load_reward
+    from trainer.rewards import load_reward, with_logged_parts
     specs = args.reward or []
     in_effect = flags_in_effect(args.to_dict())  # the unset weights and clip range, as a resume compares them
     weights = in_effect["reward_weights"]
@@ -91,6 +91,7 @@ def _rollout_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, unwr
     if args.reward_model:
         from trainer.reward_model import load_reward_model, reward_model_directory
         rewards.append(load_reward_model(reward_model_directory(args.reward_model), weights[-1], accelerator.device))
+    rewards = with_logged_parts(rewards)  # a built-in's parts (tool_use's), logged at weight 0
     reference = None
     if args.beta > 0 and uses_lora(args):  # the starting weights are the policy without its adapters
         from trainer.grpo import WithoutAdapters
@@ -109,5 +110,6 @@ def _rollout_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, unwr
     from trainer.grpo import GroupRelativePolicy, RolloutSettings
     settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length, args.temperature,
                                args.top_p, args.beta, args.epsilon, in_effect["epsilon_high"], args.num_iterations,
-                               args.scale_rewards, args.importance_sampling_level)
+                               args.scale_rewards, args.importance_sampling_level, rollout_tools(args),
+                               args.max_tool_rounds, args.open_thinking)
     return GroupRelativePolicy(rewards, tokenizer, settings, *common, sharded=sharded)

@@ -44,6 +44,7 @@ UNUSED = [
     ("dpo", [], "f_alpha_divergence_coef", "0.5", "only --f_divergence_type alpha_divergence uses it"),
     ("ppo", ["--beta", "0"], "kl_estimator", "k3", "only --beta > 0 (the KL the rewards pay) uses it"),
     ("grpo", [], "importance_sampling_level", "sequence", "only --num_iterations 2 or more"),
+    ("grpo", [], "max_tool_rounds", "3", "only --tools (rollouts that call tools) uses it"),
 ]
 IDS = [f"{task}-{flag}" for task, _, flag, _, _ in UNUSED]
 

@@ -88,7 +88,7 @@ def test_a_broken_reward_function_is_one_line_naming_it(name, message, user_file
 def test_the_loader_refuses_bad_specs_in_one_line(user_file, tmp_path):
     assert load_reward("math_answer").function is BUILTIN["math_answer"]
     cases = {"nonsense": "expected path/to/file.py:function or a built-in (math_answer, length_penalty, "
-                         "repetition_penalty, think_format)",
+                         "repetition_penalty, think_format, tool_use)",
              f"{tmp_path}/missing.py:f": f"no file {tmp_path}/missing.py",
              f"{user_file}:absent": f"{user_file} defines no function 'absent'"}
     broken = tmp_path / "broken.py"

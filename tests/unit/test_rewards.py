@@ -200,3 +200,64 @@ def test_math_answer_on_data_without_an_answer_field_is_refused_in_one_line():
         column_problems(["length_penalty", "math_answer"], [(1, {"level": 1}), (2, {"level": 2})], "data.jsonl")
     assert str(refused.value) == ("--reward math_answer reads the data's 'answer' field, which data.jsonl lacks; "
                                   "give another --reward (a built-in or path/to/file.py:function)")
+
+
+def _episode(calls: list[dict], answer: str) -> list[dict]:
+    """An episode as GRPO --tools hands it to the rewards: the call turn and its results, then the answer."""
+    messages = [{"role": "assistant", "content": "", "tool_calls": calls},
+                *({"role": "tool", "content": "..."} for _ in calls)] if calls else []
+    return messages + [{"role": "assistant", "content": answer}]
+
+
+def test_tool_use_scores_the_right_call_and_the_fact_in_hand_written_episodes():
+    """0.5 for a first call of the row's tool whose result is the row's, 0.5 for the row's fact in the last turn's
+    answer (each part worked out by hand; a spelling the tool resolves counts, a number inside another does not)."""
+    from trainer.rewards import tool_call, tool_fact, tool_use
+
+    def calc(expression: str) -> dict:
+        return {"name": "calculator", "arguments": {"expression": expression}}
+
+    convert = {"value": 5, "from_unit": "miles", "to_unit": "kilometres"}
+    rows = [  # (question, tool, result, fact, episode, right call, fact found)
+        ("What is 2 + 3?", "calculator", "5", "5", _episode([calc("2 + 3")], "2 + 3 = 5."), 1, 1),
+        ("What is 2 + 3?", "calculator", "5", "5", _episode([calc("2+3")], "It is 55."), 1, 0),
+        ("What is 2 + 3?", "calculator", "5", "5", _episode([{"name": "wiki", "arguments": {"title": "5"}}], "5"),
+         0, 1),
+        ("What is 2 + 3?", "calculator", "5", "5", _episode([], "I do not know."), 0, 0),
+        ("What is 2 + 3?", "calculator", "5", "5", _episode([calc("2 * 3"), calc("2 + 3")], "5."), 0, 1),
+        ("Convert 5 miles to kilometres.", "convert_units", "5 miles = 8.04672 kilometres", "8.04672",
+         _episode([{"name": "convert_units", "arguments": convert}], "That is 8.04672 kilometres."), 1, 1),
+        ("What is the Eiffel Tower?", "wiki", "The Eiffel Tower is a lattice tower on the Champ de Mars in Paris, "
+         "France. It is named after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 "
+         "to 1889.", "The Eiffel Tower is a lattice tower on the Champ de Mars in Paris, France.",
+         _episode([{"name": "wiki", "arguments": {"title": "eiffel tower"}}],
+                  "It is a lattice tower on the Champ de Mars."), 1, 1),
+    ]
+    prompts, tools, results, facts, episodes, calls, found = (list(column) for column in zip(*rows))
+    columns = {"completion_messages": episodes, "tool": tools, "result": results, "fact": facts}
+    completions = [""] * len(rows)
+    assert tool_call(prompts, completions, **columns) == calls
+    assert tool_fact(prompts, completions, **columns) == found
+    assert tool_use(prompts, completions, **columns) == [0.5 * c + 0.5 * f for c, f in zip(calls, found)]
+
+
+def test_tool_use_needs_its_columns_and_the_tools_flag(capsys):
+    """A row without the fact is a bad line (named); --reward tool_use without --tools is refused in one line."""
+    from trainer.args import parse_args
+    from trainer.rewards import column_problems
+
+    rows = [(1, {"tool": "calculator", "result": "5", "fact": "5"}), (2, {"tool": "calculator", "result": "5"}),
+            (3, {"tool": "search", "result": "5", "fact": "5"})]
+    problems = column_problems(["tool_use"], rows, "tools.jsonl")
+    assert sorted(problems) == [2, 3]
+    assert problems[2].startswith('"fact" is missing; the tool_use reward needs')
+    assert problems[3].startswith('"tool" must be a built-in tool\'s name for the tool_use reward')
+    with pytest.raises(SystemExit):
+        parse_args("grpo", ["--reward", "tool_use"])
+    assert capsys.readouterr().err.splitlines()[0] == ("error: --reward='tool_use' is not allowed; it reads the "
+                                                       "rollouts' tool calls: give GRPO's --tools with it")
+    with pytest.raises(SystemExit):
+        parse_args("grpo", ["--tools", "calculator,search"])
+    assert capsys.readouterr().err.splitlines()[0].endswith(
+        "give built-in tools, comma-separated, each once: wiki, calculator, convert_units")
+    assert parse_args("grpo", ["--tools", "calculator", "--reward", "tool_use", "--max_tool_rounds", "3"]).tools

@@ -227,3 +227,41 @@ def test_the_maximum_a_refusal_names_is_the_real_one(monkeypatch):
     assert len(tool_dialogues("held_out", 0, 0, 0, available)) == available
     with pytest.raises(TooFewProblems, match=f"at most {available}$"):
         tool_dialogues("held_out", 0, 0, 0, available + 1)
+
+
+def test_grpo_tool_prompts_hold_train_questions_only_with_the_columns_of_their_dialogues(held_out, tmp_path):
+    """dataset/tool_prompts.py: the training file's rows are train-split questions (the rule above: no held-out
+    title, arithmetic problem or conversion), each the dialogue's system turn and question with the call's tool,
+    arguments and result and the fact, and the PromptDataset reads them with the tool_use reward's columns."""
+    from dataset.prompt_dataset import PromptDataset
+    from dataset.tokenization import load_tokenizer
+    from dataset.tool_prompts import FILE_NAMES, tool_prompt_rows, write_tool_prompts
+    from trainer.rewards import column_problems
+
+    rows = tool_prompt_rows("train", 1, 150, 400, 60)
+    dialogues = tool_dialogues("train", 1, 150, 400, 60)
+    assert [row["prompt"] for row in rows] == [dialogue["conversations"][:2] for dialogue in dialogues]
+    for row, dialogue in zip(rows, dialogues):
+        tool, arguments = call_of(dialogue)
+        assert (row["tool"], row["arguments"]) == (tool, arguments)
+        assert row["result"] == dialogue["conversations"][3]["content"] == run_tool(tool, arguments)
+    assert {row["tool"] for row in rows} == set(TOOLS)
+    held_out_titles = {call_of(d)[1]["title"] for d in held_out if call_of(d)[0] == "wiki"}
+    assert not {row["arguments"]["title"] for row in rows if row["tool"] == "wiki"} & held_out_titles
+    train_problems = {canonical_problem(row["arguments"]["expression"]) for row in rows if row["tool"] == "calculator"}
+    held_out_problems = {canonical_problem(call_of(d)[1]["expression"]) for d in held_out
+                         if call_of(d)[0] == "calculator"}
+    assert len(train_problems) == 400 and not train_problems & held_out_problems
+    train_conversions = {json.dumps(row["arguments"], sort_keys=True) for row in rows if row["tool"] == "convert_units"}
+    held_out_conversions = {json.dumps(call_of(d)[1], sort_keys=True) for d in held_out
+                            if call_of(d)[0] == "convert_units"}
+    assert len(train_conversions) == 60 and not train_conversions & held_out_conversions
+    paths = write_tool_prompts(tmp_path, seed=1, train_counts=(3, 3, 2), val_counts=(2, 2, 1))
+    assert [path.name for path in paths.values()] == list(FILE_NAMES.values())
+    prompts = PromptDataset(paths["train"], load_tokenizer(), 512, column_check=partial_check(column_problems),
+                            tools=TOOLS)
+    assert len(prompts) == 8 and set(prompts[0]["columns"]) == {"tool", "arguments", "result", "fact"}
+
+
+def partial_check(column_problems):
+    return lambda rows, source: column_problems(["tool_use"], rows, source)

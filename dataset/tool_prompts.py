@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="unit questions (convert_units) to train on")
     parser.add_argument("--seed", type=int_within(0), default=TRAIN_SEED, help="which questions are drawn")
     args = parser.parse_args(argv)
-    paths = write_tool_prompts(args.out_dir or DEFAULT_CACHE_DIR, args.seed, (args.wiki, args.arithmetic, args.conversions))
+    counts = (args.wiki, args.arithmetic, args.conversions)
+    paths = write_tool_prompts(args.out_dir or DEFAULT_CACHE_DIR, args.seed, counts)
     for split, path in paths.items():
         print(f"{path}: {sum(1 for _ in path.open(encoding='utf-8')):,} prompts ({split})")
 

@@ -4,8 +4,9 @@ rollouts and reproduces the uninterrupted run bit for bit; --loss_type, --scale_
 --importance_sampling_level reach the objective; a
 reward function that breaks its contract stops the run in one line and the checkpoint saved before stays complete;
 several updates per rollout (--num_iterations) clip; two processes of other token counts log one process's clip
-fraction and KL; and a reward that counts a frequent word rises within a few
-dozen steps on a tiny model."""
+fraction and KL; a reward that counts a frequent word rises within a few
+dozen steps on a tiny model; and a --tools run (rollouts that call tools) from the command line logs its tool stats
+and resumes to the same run."""
 
 from __future__ import annotations
 
@@ -431,3 +432,74 @@ def test_max_seq_len_that_lets_a_prompt_fill_the_context_is_refused_before_train
                        "--max_completion_length", "1", "--max_steps", "1",
                        "--batch_size", "1", "--save_interval", "1", "--val_data_path", str(data / "val.jsonl")))
     assert read_summary(tmp_path / "fits")["steps"] == 1
+
+
+# --tools: a tiny model memorized to ask the calculator for 2 + 3 and to answer with its result
+TOOL_QUESTION = "What is 2 + 3?"
+TOOL_CALL = {"name": "calculator", "arguments": {"expression": "2 + 3"}}
+
+
+@pytest.fixture(scope="module")
+def tool_run_inputs(tmp_path_factory, tokenizer):
+    """The memorized model, and prompt data of the tool question (the tool_use reward's columns) and of another
+    question it was not taught."""
+    from dataset.tools import tool_schemas
+    from tests.memorized_model import memorized_model, supervised_row
+    from tests.training_runs import write_jsonl
+
+    root = tmp_path_factory.mktemp("grpo_tools")
+    asked = [{"role": "system", "content": "", "tools": tool_schemas()}, {"role": "user", "content": TOOL_QUESTION}]
+    call = {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}
+    rows = [supervised_row(tokenizer, asked + [call]),
+            supervised_row(tokenizer, asked + [call, {"role": "tool", "content": "5"},
+                                               {"role": "assistant", "content": "2 + 3 = 5."}])]
+    model = memorized_model(tokenizer, rows, root / "model", positions=512)
+    other = [asked[0], {"role": "user", "content": "What is 4 + 4?"}]
+    write_jsonl(root / "tools.jsonl", [
+        {"prompt": prompt, "tool": "calculator", "arguments": {"expression": expression}, "result": result,
+         "fact": result} for prompt, expression, result in ((asked, "2 + 3", "5"), (other, "4 + 4", "8"))] * 2)
+    return model, root / "tools.jsonl"
+
+
+def _tool_argv(model, data, out_dir, *extra: str) -> list[str]:
+    return ["--data_path", str(data), "--val_data_path", str(data), "--from_weight", str(model), "--out_dir",
+            str(out_dir), "--max_steps", "4", "--batch_size", "2", "--num_generations", "4", "--max_completion_length",
+            "64", "--save_interval", "2", "--eval_interval", "100", "--eval_batches", "1", "--log_interval", "1",
+            "--learning_rate", "1e-3", "--warmup_steps", "1", "--max_seq_len", "160", "--dtype", "float32",
+            "--norm_impl", "eager", "--compile", "off", "--tools", "wiki,calculator,convert_units",
+            "--max_tool_rounds", "2", "--reward", "tool_use", "--temperature", "1.0", *ONE_THREAD, *extra]
+
+
+def test_a_tools_run_from_the_command_line_logs_its_tool_stats_and_resumes_to_the_same_run(tool_run_inputs, tmp_path,
+                                                                                            capsys):
+    """python trainer/train_grpo.py --tools ... --reward tool_use ends with exit code 0 and logs the calls per
+    rollout, the failed calls and the reward's parts; resumed from its step-2 checkpoint it samples the same episodes
+    (each turn's seed is the (step, sample, generation, round) digest) and ends with the same weights."""
+    import subprocess
+    import sys
+
+    from tests.paths import REPO
+
+    model, data = tool_run_inputs
+    out_dir = tmp_path / "run"
+    run = subprocess.run([sys.executable, "trainer/train_grpo.py", *_tool_argv(model, data, out_dir)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    train = read_metrics(out_dir, "train")
+    assert len(train) == 4
+    for record in train:
+        assert {"tool_calls", "tool_errors", "rewards/tool_use", "rewards/tool_call",
+                "rewards/tool_fact"} <= set(record)
+        assert record["rewards/tool_use"] == pytest.approx(0.5 * record["rewards/tool_call"]
+                                                          + 0.5 * record["rewards/tool_fact"])
+        assert record["reward"] == pytest.approx(record["rewards/tool_use"])  # its parts weigh 0
+        assert 0 <= record["tool_errors"] <= record["tool_calls"] <= 2
+    assert sum(record["tool_calls"] for record in train) > 0 and sum(r["rewards/tool_fact"] for r in train) > 0
+    resumed = tmp_path / "resumed"
+    run_in_process("grpo", _tool_argv(model, data, resumed, "--resume", str(out_dir / "checkpoints" / "step_00000002")))
+    assert "changed since the checkpoint" not in capsys.readouterr().err
+    ours, theirs = read_metrics(resumed, "train"), train[2:]
+    for name in ("loss", "reward", "tool_calls", "tool_errors", "completion_length", "kl"):
+        assert [r[name] for r in ours] == [r[name] for r in theirs], name
+    mine, reference = load_file(resumed / "model.safetensors"), load_file(out_dir / "model.safetensors")
+    assert all(torch.equal(mine[name], tensor) for name, tensor in reference.items())

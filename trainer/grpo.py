@@ -6,7 +6,10 @@ micro-batches of prompts before the loss): G = --num_generations completions per
 GenerationEngine (batched, KV cache), the policy in eval mode (no dropout) and without gradients. Each completion's
 sampling seed is derived from (--seed, optimizer step, the prompt's index in the step's global batch, the
 completion's index in its group), so a resumed run samples the same rollouts as the uninterrupted one, and two
-processes the same as one process over the same global batch. The --reward functions score the completions
+processes the same as one process over the same global batch. With --tools a completion is an episode that calls
+tools (trainer/tool_rollouts.py: each round's seed derived the same way, the round added; the tool results' tokens
+in the completion but out of its mask, so out of the loss, the KL and the entropy; the rewards also get each
+episode's messages, and tool_calls and tool_errors are logged). The --reward functions score the completions
 (trainer/rewards.py; a broken one stops the run with one line before anything of the step is applied), the rewards
 become advantages within each prompt's group (trainer/rl_losses.py, group_advantages), divided as
 --scale_rewards says by the group's std (the default; Dr. GRPO's default leaves it out) or the step's global

@@ -12,7 +12,7 @@ import pytest
 
 from dataset.chat_format import encode_chatml
 from dataset.prompt_dataset import PromptDataset
-from trainer.rewards import REWARD_ARGUMENTS, Reward, column_problems, math_answer, score
+from trainer.rewards import RESERVED_NAMES, REWARD_ARGUMENTS, Reward, column_problems, math_answer, score
 
 GOOD_ROWS = [{"prompt": "What is 1 + 1?", "answer": 2}, {"prompt": "Half of 1?", "answer": 0.5},
              {"prompt": "GSM8K style", "answer": "3 + 4 = 7\n#### 7"}, {"prompt": "A fraction", "answer": "1/2"}]
@@ -94,7 +94,7 @@ def test_the_reserved_names_are_exactly_the_reward_calls_own_arguments():
     assert seen == [set(REWARD_ARGUMENTS)]
 
 
-@pytest.mark.parametrize("name", REWARD_ARGUMENTS)
+@pytest.mark.parametrize("name", RESERVED_NAMES)  # GRPO --tools's completion_messages too
 def test_a_field_named_like_a_reward_argument_is_refused_before_training(name, tokenizer, tmp_path):
     """Whatever the rewards (a function of the user's gets the columns too): it was a TypeError after the first
     rollout, naming no file."""
@@ -162,6 +162,20 @@ def test_a_prompt_keeps_its_tools_tool_calls_and_reasoning(field, tokenizer, tmp
     assert data[0]["prompt"] == "And <|im_end|> tomorrow?" and data[0]["columns"] == {"answer": 4}
     text = tokenizer.decode(expected)
     assert "weather(city: string)" in text and '"city": "Oslo"' in text and "I should look it up." in text
+
+
+def test_the_tools_flag_offers_its_tools_in_place_of_the_rows(tokenizer, tmp_path):
+    """GRPO --tools calculator: the prompt's system turn lists the calculator alone, whatever tools the row's system
+    message carries (the rollouts run only those), rendered as the template renders a request's tools."""
+    from dataset.tools import tool_schemas
+
+    path = _write(tmp_path / "p.jsonl", [{"messages": TOOL_CONVERSATION, "answer": 4}])
+    data = PromptDataset(path, tokenizer, max_seq_len=512, tools=("calculator",))
+    expected = encode_chatml(tokenizer, TOOL_CONVERSATION[:-1], add_generation_prompt=True,
+                             tools=tool_schemas(["calculator"])).input_ids
+    assert data[0]["input_ids"].tolist() == expected
+    text = tokenizer.decode(expected)
+    assert "calculator(expression: string)" in text and "weather(" not in text and "wiki(" not in text
 
 
 def test_a_row_with_two_prompt_fields_is_prompted_by_the_first_and_hands_the_other_to_the_rewards(tokenizer,

@@ -21,7 +21,7 @@ from tests.paths import REPO
 from tests.training_runs import pretrain_argv, refused_run, run_in_process
 from trainer.args import parse_args
 from trainer.machine import device_memory_bytes, physical_memory_bytes, process_memory_bytes
-from trainer.memory import check_largest_tensor_fits, out_of_memory_line, working_on
+from trainer.memory import check_largest_tensor_fits, out_of_memory, out_of_memory_line, working_on
 
 GIB = 2 ** 30
 ADDRESS_SPACE = 4 * GIB  # the failing run's RLIMIT_AS: the tiny run's set-up takes about 1.7 GB of it
@@ -293,6 +293,30 @@ def test_the_evaluation_and_the_teachers_forward_are_named_where_they_fail_to_al
     with pytest.raises(MemoryError) as raised:
         Distillation.loss(distillation, student, {"input_ids": ids, "labels": ids}, torch.tensor(2))
     assert out_of_memory_line(raised.value, args).startswith("out of memory in the teacher's forward (MemoryError): ")
+
+
+def test_an_errors_causes_that_loop_are_read_once_each():
+    """out_of_memory reads an error's causes (`raise ... from`) and stops at one it has read: a chain that comes back
+    to itself is no allocation failure, or the one it holds, after each error is read once. Each error counts its
+    reads and refuses an eleventh, so a reader that went round the loop fails here rather than hanging."""
+    class Counted(RuntimeError):
+        def __init__(self, text: str) -> None:
+            super().__init__(text)
+            self.reads = 0
+
+        def __str__(self) -> str:
+            self.reads += 1
+            assert self.reads <= 10, "the causes were read round their loop"
+            return super().__str__()
+
+    first, second = Counted("rollout: sampling a completion failed"), Counted("a step failed")
+    first.__cause__, second.__cause__ = second, first
+    assert out_of_memory(first) is None
+    assert (first.reads, second.reads) == (1, 1)
+    allocation = Counted(CPU_REFUSAL)
+    first.__cause__, allocation.__cause__ = allocation, first
+    said = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 140737488355328 bytes"
+    assert out_of_memory(first) == said
 
 
 @pytest.mark.parametrize("task", ["grpo", "ppo", "distill"])

@@ -957,3 +957,32 @@ def test_a_finished_sweep_trial_with_a_model_flag_its_start_set_back_is_that_run
     rerun = check_args("pretrain", ["--out_dir", str(tmp_path), "--resume", "auto", "--norm_type", "prmsnorm",
                                     "--prms_p", "0.25"])
     assert finished_run_asked_again(tmp_path, rerun) == {}
+
+
+@pytest.mark.parametrize("task", ["sft", "lora", "dpo", "distill", "grpo", "ppo"])
+def test_a_fine_tuning_resumes_model_flags_are_checked_at_parsing(task):
+    """Only a pretraining --resume leaves its model flags' checks to its start (trainer/arg_checks.py,
+    model_checked_at_start: its checkpoint's shape completes them); a fine-tuning run's model is its --from_weight's,
+    so a --resume's --dropout past [0, 1) is refused at parsing, in the words of the same command without --resume,
+    before any process starts."""
+    from trainer.args import check_args
+
+    refusals = []
+    for resume in ([], ["--resume", "auto"]):
+        with pytest.raises(ValueError) as refused:
+            check_args(task, ["--out_dir", "/nonexistent/run", "--dropout", "1.5", *resume])
+        refusals.append(str(refused.value))
+    assert refusals == ["dropout=1.5 is not allowed; it must be a float in [0, 1)"] * 2
+
+
+@pytest.mark.parametrize("resume", ["auto", "/runs/x/checkpoints/step_00000002"])
+def test_a_pretraining_resumes_model_flags_wait_for_its_checkpoint(resume):
+    """A pretraining --resume, `auto` or a checkpoint's path, leaves the model flags' own checks to its start, against
+    the checkpoint's shape (trainer/arg_checks.py, check_model_flags_at_start): a --num_attention_heads 3 that
+    --preset's width 320 refuses is taken at parsing, and refused there without --resume."""
+    from trainer.args import check_args
+
+    argv = ["--out_dir", "/nonexistent/run", "--num_attention_heads", "3"]
+    assert check_args("pretrain", [*argv, "--resume", resume]).model["num_attention_heads"] == 3
+    with pytest.raises(ValueError, match=r"^num_attention_heads=3 is not allowed; it must divide hidden_size=320$"):
+        check_args("pretrain", argv)

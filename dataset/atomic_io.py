@@ -203,7 +203,7 @@ def _holder_words(holder: str) -> str:
     (a lock file of another program's, or damaged) as dataset/shown_value.py quotes every refused value."""
     pid, at, host = holder.partition("@")
     if at and pid.isdigit() and host:
-        return f"pid {pid} on host {shown_text(host)}"
+        return f"pid {shown_text(pid)} on host {shown_text(host)}"  # a damaged file's 199 digits cut too
     return f"held by {shown_value(holder.splitlines()[0])}" if holder else "its holder unrecorded"
 
 

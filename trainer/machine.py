@@ -72,9 +72,36 @@ def compile_enabled(mode: str, total_steps: int, time_budget_s: float = 0.0) -> 
 
 
 MEMINFO = Path("/proc/meminfo")
-# Where a control group's memory limit is read: cgroup v2's memory.max ("max": none), v1's memory.limit_in_bytes (no
-# limit reads as a number past any machine's memory)
-CGROUP_MEMORY_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+SELF_CGROUP = Path("/proc/self/cgroup")  # this process's control groups: "0::/path" (v2), "4:memory:/path" (v1)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# A control group's memory limit file under CGROUP_ROOT: cgroup v2's memory.max ("max": none), v1's
+# memory/memory.limit_in_bytes (no limit reads as a number past any machine's memory)
+CGROUP_MEMORY_FILES = (("", "memory.max"), ("memory", "memory.limit_in_bytes"))
+
+
+def cgroup_memory_limit_files(self_cgroup: Path = SELF_CGROUP, root: Path = CGROUP_ROOT) -> tuple[Path, ...]:
+    """The memory limit files of this process's control group and of each group above it, v2's and v1's (a group's
+    limit holds everything below it): the group is /proc/self/cgroup's path (a batch job's or a service's, not the
+    root's, whose file says no limit); a container with a cgroup namespace sees "/", its root files its own, and
+    one without sees a path its mount lacks, whose files are skipped down to the root's."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    paths = {"": "/", "memory": "/"}  # the hierarchy (v2's unnamed one, v1's memory) -> this process's group there
+    for line in lines:
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if number == "0" and not controllers:
+            paths[""] = path
+        elif "memory" in controllers.split(","):
+            paths["memory"] = path
+    files = []
+    for hierarchy, name in CGROUP_MEMORY_FILES:
+        parts = [part for part in paths[hierarchy].strip().split("/") if part not in ("", ".")]
+        if ".." in parts:  # a group outside this namespace's root: its root's files are all that can be read
+            parts = []
+        files += [root.joinpath(hierarchy, *parts[:depth], name) for depth in range(len(parts), -1, -1)]
+    return tuple(files)
 
 
 def physical_memory_bytes(meminfo: Path = MEMINFO) -> int | None:
@@ -102,11 +129,12 @@ def _cgroup_limit(path: Path) -> int | None:
 
 
 def process_memory_bytes(meminfo: Path = MEMINFO,
-                         cgroup_limits: tuple[Path, ...] = CGROUP_MEMORY_LIMITS) -> tuple[int, str] | None:
+                         cgroup_limits: tuple[Path, ...] | None = None) -> tuple[int, str] | None:
     """All the memory this process can hold, and what says so: the smallest of the machine's physical memory
     (MemTotal), the process's address-space limit (RLIMIT_AS, `ulimit -v`) and its control group's memory limit
-    (a container's, a batch job's: `cgroup_limits`), each where set; None where none is known. Past the smallest,
-    an allocation fails or the kernel kills the process, whatever the others allow."""
+    (a container's, a batch job's: `cgroup_limits`, else its group's and those above it, cgroup_memory_limit_files),
+    each where set; None where none is known. Past the smallest, an allocation fails or the kernel kills the
+    process, whatever the others allow."""
     limits = []
     physical = physical_memory_bytes(meminfo)
     if physical is not None:
@@ -119,7 +147,7 @@ def process_memory_bytes(meminfo: Path = MEMINFO,
         soft, _ = resource.getrlimit(resource.RLIMIT_AS)
         if soft != resource.RLIM_INFINITY:
             limits.append((soft, "this process's address-space limit (RLIMIT_AS)"))
-    for path in cgroup_limits:
+    for path in cgroup_memory_limit_files() if cgroup_limits is None else cgroup_limits:
         limit = _cgroup_limit(path)
         if limit is not None:
             limits.append((limit, f"this process's cgroup memory limit ({path})"))

@@ -20,7 +20,8 @@ import torch
 from tests.paths import REPO
 from tests.training_runs import pretrain_argv, refused_run, run_in_process
 from trainer.args import parse_args
-from trainer.machine import device_memory_bytes, physical_memory_bytes, process_memory_bytes
+from trainer.machine import (cgroup_memory_limit_files, device_memory_bytes, physical_memory_bytes,
+                             process_memory_bytes)
 from trainer.memory import check_largest_tensor_fits, out_of_memory, out_of_memory_line, working_on
 
 GIB = 2 ** 30
@@ -215,6 +216,43 @@ def test_the_process_memory_is_the_smallest_limit_set(v2, v1, expected, tmp_path
     if where.startswith("memory."):
         where = f"this process's cgroup memory limit ({tmp_path / where})"
     assert process_memory_bytes(meminfo, files) == (size, where)
+
+
+@pytest.mark.parametrize("groups, limits, expected", [
+    # v1 (this machine's kind: memory:/process_api/<id>): the root's file says no limit, the job's group's is 1 GiB
+    ("4:memory:/job/step\n0::/\n", {"memory/memory.limit_in_bytes": NO_V1_LIMIT,
+                                     "memory/job/memory.limit_in_bytes": NO_V1_LIMIT,
+                                     "memory/job/step/memory.limit_in_bytes": f"{GIB}\n"},
+     (GIB, "memory/job/step/memory.limit_in_bytes")),
+    # v2: a group's limit holds the groups below it ("max" there)
+    ("0::/system.slice/job.scope\n", {"system.slice/memory.max": f"{GIB // 2}\n",
+                                      "system.slice/job.scope/memory.max": "max\n"},
+     (GIB // 2, "system.slice/memory.max")),
+    # a container without a cgroup namespace: its group's path is not under its mount, whose root is its own group
+    ("0::/docker/abc\n", {"memory.max": f"{GIB}\n"}, (GIB, "memory.max")),
+    ("0::/../other\n", {"memory.max": f"{GIB}\n", "other/memory.max": "1\n"}, (GIB, "memory.max")),
+    ("", {}, MEMTOTAL),  # no /proc/self/cgroup: the root's files, absent here
+])
+def test_the_cgroup_limit_is_this_processs_groups_or_one_above_it(groups, limits, expected, tmp_path, monkeypatch):
+    """The cgroup limit files read are those of /proc/self/cgroup's group and each group above it (v2's memory.max,
+    v1's memory/memory.limit_in_bytes), the smallest limit counting: the root's file alone said no limit for a
+    process in a limited group (a batch job's), and by default process_memory_bytes reads these files."""
+    root, self_cgroup = tmp_path / "cgroup", tmp_path / "self_cgroup"
+    if groups:
+        self_cgroup.write_text(groups)
+    for name, text in limits.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    meminfo, _ = _write_limits(tmp_path, 2 * GIB // 1024, None, None)
+    files = cgroup_memory_limit_files(self_cgroup, root)
+    size, where = expected
+    if not where.startswith("this machine"):
+        where = f"this process's cgroup memory limit ({root / where})"
+    assert process_memory_bytes(meminfo, files) == (size, where)
+    import trainer.machine
+
+    monkeypatch.setattr(trainer.machine, "cgroup_memory_limit_files", lambda: files)  # what the default reads
+    assert process_memory_bytes(meminfo) == (size, where)
 
 
 def test_an_address_space_limit_counts_where_it_is_the_smallest(tmp_path):

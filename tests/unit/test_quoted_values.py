@@ -166,6 +166,7 @@ def test_a_sweeps_only_value_not_in_the_grid_is_one_short_line(value):
     ("k" * 150 + "\nsecond line", f"(held by {_cut('k' * 150)}; lock file "),  # the file's first 200 bytes are read
     ("42@node\n" + "h" * 150, f"(pid 42 on host node {'h' * 52}...; lock file "),
     ("9" * 150 + "@node", f"(pid {'9' * 57}... on host node; lock file "),  # a damaged file's digits: cut too
+    ("another tool\nits second line", "(held by 'another tool'; lock file "),  # the first line alone
 ])
 def test_a_folder_locks_holder_is_quoted_on_one_short_line(holder, words, tmp_path):
     import fcntl

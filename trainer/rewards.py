@@ -239,8 +239,11 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
     if not path.endswith(".py") or not name:
         raise ValueError(f"--reward {shown_value(spec)}: expected path/to/file.py:function or a built-in "
                          f"({', '.join(BUILTIN)})")
-    file = Path(path).expanduser()
     shown = f"--reward {shown_value(spec)}"  # the flag's value quoted cut; the file it names is named whole
+    try:
+        file = Path(path).expanduser()
+    except RuntimeError as error:  # ~user of no such user: pathlib's traceback otherwise
+        raise ValueError(f"{shown}: {error}") from None
     try:
         is_file = file.is_file()
     except OSError as error:  # a name the system will not look up (a component over 255 bytes): a traceback

@@ -46,6 +46,7 @@ def test_a_lora_targets_refusal_is_one_short_line(text):
 @pytest.mark.parametrize("spec, words", [
     (LONG, "expected path/to/file.py:function or a built-in"),
     ("a\n" + LONG + ".py:f", "File name too long"),  # was OSError's traceback
+    ("~no-such-user-h63/reward.py:f", ": Could not determine home directory"),  # was RuntimeError's traceback
     ("{tmp}/missing.py:" + "f" * 10_000, ": no file {tmp}/missing.py"),  # the file named whole, as paths are
     ("{user}:" + "f" * 10_000 + "\nx", " defines no function 'fff"),
 ])

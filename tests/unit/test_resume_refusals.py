@@ -986,3 +986,28 @@ def test_a_pretraining_resumes_model_flags_wait_for_its_checkpoint(resume):
     assert check_args("pretrain", [*argv, "--resume", resume]).model["num_attention_heads"] == 3
     with pytest.raises(ValueError, match=r"^num_attention_heads=3 is not allowed; it must divide hidden_size=320$"):
         check_args("pretrain", argv)
+
+
+def test_a_pretraining_resumes_deferred_model_checks_run_at_its_start(tmp_path):
+    """What a pretraining --resume left for its start (trainer/arg_checks.py, check_model_flags_at_start): the model
+    config's own checks whether or not a checkpoint is found (--dropout 1.5); where none is (`--resume auto` in an
+    empty --out_dir), the unused-flag rule of the same command without --resume: a typed --prms_p beside the default
+    rmsnorm refused in the plain run's words, a --config YAML's set back, with the note the run prints."""
+    from trainer.arg_checks import check_model_flags_at_start
+
+    argv = ["--out_dir", "/nonexistent/run", "--resume", "auto"]
+    for resumed in (True, False):
+        with pytest.raises(ValueError, match=r"^dropout=1.5 is not allowed; it must be a float in \[0, 1\)$"):
+            check_model_flags_at_start(parse_args("pretrain", [*argv, "--dropout", "1.5"]), resumed=resumed)
+    typed = parse_args("pretrain", [*argv, "--prms_p", "0.5"])  # taken at parsing: a checkpoint may be prmsnorm
+    with pytest.raises(ValueError) as refused:
+        check_model_flags_at_start(typed, resumed=False)
+    assert str(refused.value) == ("--prms_p=0.5 is not allowed; only --norm_type prmsnorm uses it: give --norm_type "
+                                  "prmsnorm with it, or leave --prms_p out")
+    config = tmp_path / "run.yaml"
+    config.write_text("prms_p: 0.5\n")
+    from_yaml = parse_args("pretrain", [*argv, "--config", str(config)])
+    assert from_yaml.model == {"prms_p": 0.5}
+    assert check_model_flags_at_start(from_yaml, resumed=False) == (
+        "note: unused flags left at their defaults: --prms_p=0.5 (only --norm_type prmsnorm uses it)")
+    assert from_yaml.model == {} and "prms_p" not in from_yaml.given

@@ -203,6 +203,7 @@ def _write_limits(tmp_path: Path, memtotal_kib: int, v2: str | None, v1: str | N
     ("max\n", f"{GIB // 2}\n", (GIB // 2, "memory.limit_in_bytes")),
     (f"{3 * GIB}\n", f"{GIB}\n", (GIB, "memory.limit_in_bytes")),  # the smaller of the two
     ("not a number\n", "", MEMTOTAL),  # unreadable as a limit: none
+    ("0\n", None, MEMTOTAL),  # no group can run on no memory: a 0 says nothing of a limit
 ])
 def test_the_process_memory_is_the_smallest_limit_set(v2, v1, expected, tmp_path):
     """MemTotal beside a cgroup's limit (v2's memory.max, v1's memory.limit_in_bytes), read from files in tmp_path;

@@ -190,12 +190,16 @@ def test_a_checkpoint_from_before_the_gkd_flags_resumes_as_before(distilled, tra
             "values\n") in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("launch", ["torchrun", "fsdp"])
-@pytest.mark.parametrize("flags", [["--lmbda", "1", "--max_new_tokens", "6"], ["--seq_kd", "--max_new_tokens", "5"]],
-                         ids=["lmbda", "seq_kd"])
+# A covering set of {--lmbda 1, --seq_kd} x {FSDP2, torchrun}, each value of each once: the student samples under
+# FSDP2 (the one pair whose code path depends on both: the whole copy it samples through, distillation.py's
+# rollouts), the teacher (never sharded, the same on every launcher) under torchrun; the seeds by the row's place
+# in the global batch are the same code under both launchers.
+@pytest.mark.parametrize("flags, launch", [(["--lmbda", "1", "--max_new_tokens", "6"], "fsdp"),
+                                           (["--seq_kd", "--max_new_tokens", "5"], "torchrun")],
+                         ids=["lmbda-fsdp", "seq_kd-torchrun"])
 def test_two_processes_sample_and_distill_like_one_process(flags, launch, train_data, tiny_models, tmp_path):
     """GKD's sampled steps on two processes of 2 conversations against one process of 4 (the same global batch),
-    2 steps, DDP (torchrun) and FSDP2: each completion's seed is its row's place in the step's global batch and the
+    2 steps, FSDP2 and DDP (torchrun): each completion's seed is its row's place in the step's global batch and the
     step's draw is the same on every process, so both sample the same completions (the student's with --lmbda 1,
     the teacher's with --seq_kd); the loss, CE, KL, on_policy, the validation and the final weights agree. Under
     FSDP2 the student samples through a whole copy of its weights on each process (on the sharded model itself the

@@ -216,29 +216,38 @@ def test_grpo_defaults_to_the_arithmetic_problems_and_reports_their_held_out_acc
     assert read_metrics(out_dir, "val")[-1]["val_accuracy"] == pytest.approx(correct / len(rows))
 
 
+def _sampling_argv(grpo_data, tiny_models, out_dir, batch_size: str) -> list[str]:
+    flags = _argv(grpo_data, tiny_models.pretrain, out_dir, "--val_data_path", str(grpo_data / "val.jsonl"),
+                  "--eval_interval", "1")
+    flags[flags.index("--batch_size") + 1] = batch_size
+    flags[flags.index("--max_steps") + 1] = "2"  # the second step already updates from Adam's moments
+    return flags
+
+
+@pytest.fixture(scope="module")
+def one_process_of_four(grpo_data, tiny_models, tmp_path_factory):
+    """The one-process run (4 prompts a step, 7 validation prompts) both launchers' two processes are compared
+    with: one run for both, their flags but the batch size being the same."""
+    rows = [json.loads(line) for line in (grpo_data / "prompts.jsonl").read_text().splitlines()]
+    (grpo_data / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:7]))
+    one = tmp_path_factory.mktemp("grpo_one_of_four") / "one"
+    run_in_process("grpo", _sampling_argv(grpo_data, tiny_models, one, "4"))
+    return one
+
+
 @pytest.mark.parametrize("launch", ["torchrun", "fsdp"])
-def test_two_processes_sample_and_train_like_one_process(launch, grpo_data, tiny_models, tmp_path):
+def test_two_processes_sample_and_train_like_one_process(launch, one_process_of_four, grpo_data, tiny_models,
+                                                        tmp_path):
     """torchrun (DDP) and FSDP2, two processes of 2 prompts against one process of 4 (the same global batch): each
     completion's seed depends on its prompt's place in the global batch, not on the process, so both sample the
     same rollouts; losses, rewards, the validation (7 prompts: one shard padded, the copy not counted) and the
     weights agree. Under FSDP2 the policy samples through a whole copy of its weights on each process (on the
     sharded policy the first training forward after sampling failed). (PPO's: tests/integration/test_ppo_runs.py.)"""
-    task = "grpo"
     from tests.training_runs import ADAM_STEPS_ATOL, assert_same_model, launch_two_processes
 
-    def argv(out_dir, batch_size: str) -> list[str]:
-        flags = _argv(grpo_data, tiny_models.pretrain, out_dir, "--val_data_path", str(grpo_data / "val.jsonl"),
-                      "--eval_interval", "1")
-        flags[flags.index("--batch_size") + 1] = batch_size
-        flags[flags.index("--max_steps") + 1] = "2"  # the second step already updates from Adam's moments
-        return flags
-
-    rows = [json.loads(line) for line in (grpo_data / "prompts.jsonl").read_text().splitlines()]
-    (grpo_data / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:7]))
-    one = tmp_path / "one"
-    run_in_process(task, argv(one, "4"))
+    one = one_process_of_four
     two = tmp_path / "two"
-    run = launch_two_processes(launch, task, argv(two, "2"), tmp_path)
+    run = launch_two_processes(launch, "grpo", _sampling_argv(grpo_data, tiny_models, two, "2"), tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     assert ("x2, float32, FSDP" if launch == "fsdp" else "x2, float32") in run.stdout
     assert_same_logged_metrics(two, one)
@@ -325,56 +334,63 @@ def test_a_validation_file_row_math_answer_cannot_read_is_refused_before_trainin
     assert read_summary(out_dir)["steps"] == 1
 
 
-def test_two_processes_scale_rewards_by_the_global_batchs_std_like_one_process(grpo_data, tiny_models, tmp_path,
-                                                                                monkeypatch):
-    """--scale_rewards batch divides by the Bessel std of the step's global batch of scored rewards: torchrun, two
-    processes of 2 prompts, against one process of 4. Every completion's advantage, as the loss receives it, is the
-    one-process run's (a process dividing by the std of its own half of the batch was up to 7% off, in every one)."""
-
-    from tests.grpo_advantages import advantages_by_step, recording_finish_rollouts
+@pytest.fixture(scope="module")
+def recorded_two_and_one(grpo_data, tiny_models, tmp_path_factory):
+    """One configuration for the two tests below (one launch and one reference where there were two of each):
+    --scale_rewards batch, --num_iterations 2 --beta 0.1 (the second update clips, the KL moves), loss grpo (its
+    unit the completion), --seed 1, from the tiny chat model; torchrun, two processes of 2 prompts, against one
+    process of 4, both recording each completion's advantage and each process's completion tokens
+    (tests/grpo_advantages.py). Returns the folder holding one/, one_record/, two/ and two_record/."""
+    from tests.grpo_advantages import recording_finish_rollouts
     from trainer.grpo import GroupRelativePolicy
 
+    root = tmp_path_factory.mktemp("grpo_two_and_one")
+
     def argv(out_dir, batch_size: str) -> list[str]:
-        flags = _argv(grpo_data, tiny_models.pretrain, out_dir, "--scale_rewards", "batch", "--loss_type", "dapo")
+        flags = _argv(grpo_data, tiny_models.chat, out_dir, "--scale_rewards", "batch", "--num_iterations", "2",
+                      "--beta", "0.1", "--seed", "1")
         flags[flags.index("--batch_size") + 1] = batch_size
         flags[flags.index("--max_steps") + 1] = "2"
         return flags
 
-    monkeypatch.setattr(GroupRelativePolicy, "finish_rollouts", recording_finish_rollouts(tmp_path / "one_record"))
-    run_in_process("grpo", argv(tmp_path / "one", "4"))
-    _two_recording_processes(tmp_path, argv(tmp_path / "two", "2"))
-    one, two = advantages_by_step(tmp_path / "one_record"), advantages_by_step(tmp_path / "two_record")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GroupRelativePolicy, "finish_rollouts", recording_finish_rollouts(root / "one_record"))
+        run_in_process("grpo", argv(root / "one", "4"))
+    _two_recording_processes(root, argv(root / "two", "2"))
+    return root
+
+
+def test_two_processes_scale_rewards_by_the_global_batchs_std_like_one_process(recorded_two_and_one):
+    """--scale_rewards batch divides by the Bessel std of the step's global batch of scored rewards: torchrun, two
+    processes of 2 prompts, against one process of 4 (recorded_two_and_one). Every completion's advantage, as the
+    loss receives it, is the one-process run's (a process dividing by the std of its own half of the batch was up
+    to 7% off, in every one)."""
+    from tests.grpo_advantages import advantages_by_step
+
+    root = recorded_two_and_one
+    one, two = advantages_by_step(root / "one_record"), advantages_by_step(root / "two_record")
     assert len(one) == len(two) == 2 and all(len(step) == 16 for step in one)
     for ours, reference in zip(two, one):
         assert [tokens for tokens, _ in ours] == [tokens for tokens, _ in reference]  # the same rollouts
         assert [advantage for _, advantage in ours] == pytest.approx([a for _, a in reference], rel=1e-6, abs=1e-7)
         assert any(abs(advantage) > 0.1 for _, advantage in reference)  # not all zero: a spread to scale
-    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-4, abs=1e-6)
+    assert train_losses(root / "two") == pytest.approx(train_losses(root / "one"), rel=1e-4, abs=1e-6)
 
 
-def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one_process(grpo_data, tiny_models,
-                                                                                        tmp_path, monkeypatch):
+def test_two_processes_of_other_token_counts_log_the_clip_fraction_and_kl_of_one_process(recorded_two_and_one):
     """--num_iterations 2 --beta 0.1 (the second update clips, the KL moves), loss grpo (its unit the completion):
-    torchrun, two processes of 2 prompts against one process of 4. The tiny chat model ends some completions early
-    (<|im_end|> after 7 tokens, else the 12-token limit) and --seed 1 gives its two processes other token counts
-    at both steps (72 and 91, then 80 and 96, as recorded); the logged clip fraction and KL, the shares of the
+    torchrun, two processes of 2 prompts against one process of 4 (recorded_two_and_one). The tiny chat model ends
+    some completions early (<|im_end|> after 7 tokens, else the 12-token limit) and --seed 1 gives its two processes
+    other token counts at both steps (asserted); the logged clip fraction and KL, the shares of the
     step's completion tokens, equal the one process's, as do the clip fraction's sides, the entropy and the
     completions' shortest, longest, cut share, ended mean, shortest and longest length and share of equal-reward
     groups. Each process's own share weighed by its completions (the loss's unit) failed this test."""
-
     from tests.grpo_advantages import completion_tokens_by_step
 
-    def argv(out_dir, batch_size: str) -> list[str]:
-        flags = _argv(grpo_data, tiny_models.chat, out_dir, "--num_iterations", "2", "--beta", "0.1", "--seed", "1")
-        flags[flags.index("--batch_size") + 1] = batch_size
-        flags[flags.index("--max_steps") + 1] = "2"
-        return flags
-
-    run_in_process("grpo", argv(tmp_path / "one", "4"))
-    _two_recording_processes(tmp_path, argv(tmp_path / "two", "2"))
-    tokens = completion_tokens_by_step(tmp_path / "two_record")
+    root = recorded_two_and_one
+    tokens = completion_tokens_by_step(root / "two_record")
     assert len(tokens) == 2 and all(first != second for first, second in tokens), tokens
-    one, two = read_metrics(tmp_path / "one", "train"), read_metrics(tmp_path / "two", "train")
+    one, two = read_metrics(root / "one", "train"), read_metrics(root / "two", "train")
     assert len(one) == len(two) == 2
     for ours, reference in zip(two, one):
         assert reference["clip_fraction"] > 0 and reference["kl"] > 0

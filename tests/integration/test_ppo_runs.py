@@ -148,77 +148,78 @@ def test_ppo_raises_a_reward_that_counts_a_frequent_word(tmp_path):
     assert last > 2 * first and last > first + 0.5, rewards
 
 
-def test_two_processes_take_the_same_steps_as_one_process(ppo_data, tiny_models, tmp_path):
-    """torchrun, two processes of 2 prompts against one process of 4 (the same global batch, the same rollouts:
-    trainer/grpo.py's seeds): the advantages are whitened and the statistics taken over the step's global batch
-    (all processes), so every logged statistic, the validation (7 prompts: one shard padded, the copy not
-    counted), the policy and the critic agree. Whitening per process (MiniMind's) fails this test."""
+@pytest.fixture(scope="module")
+def two_and_one(ppo_data, tiny_models, tmp_path_factory):
+    """One configuration for the two tests below (one launch and one reference where there were two of each):
+    torchrun, two processes of 2 prompts against one process of 4 (the same global batch, the same rollouts:
+    trainer/grpo.py's seeds), 2 steps, --whiten_rewards, from the tiny chat model (it ends some completions early,
+    at <|im_end|>) with --seed 1, validated on 7 prompts after each step and checkpointed after each. Returns the
+    folder holding one/ and two/, the one process's completion tokens of each step's halves (its first 2 prompts
+    are process 0's, with --num_generations 2 its first 4 completions) and the launch's stdout."""
+    import trainer.ppo as ppo
+
+    rows = [json.loads(line) for line in (ppo_data / "prompts.jsonl").read_text().splitlines()]
+    (ppo_data / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:7]))
+    root = tmp_path_factory.mktemp("ppo_two_and_one")
+
     def argv(out_dir, batch_size: str) -> list[str]:
-        flags = _argv(ppo_data, tiny_models.pretrain, out_dir, "--val_data_path", str(ppo_data / "val.jsonl"),
-                      "--eval_interval", "1", "--save_interval", "1", "--num_generations", "2")
+        flags = _argv(ppo_data, tiny_models.chat, out_dir, "--whiten_rewards", "--num_generations", "2", "--seed", "1",
+                      "--val_data_path", str(ppo_data / "val.jsonl"), "--eval_interval", "1", "--save_interval", "1")
         flags[flags.index("--batch_size") + 1] = batch_size
         flags[flags.index("--max_steps") + 1] = "2"  # the second step already updates from Adam's moments
         return flags
 
-    rows = [json.loads(line) for line in (ppo_data / "prompts.jsonl").read_text().splitlines()]
-    (ppo_data / "val.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:7]))
-    one = tmp_path / "one"
-    run_in_process("ppo", argv(one, "4"))
-    two = tmp_path / "two"
-    run = launch_two_processes("torchrun", "ppo", argv(two, "2"), tmp_path)
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert "x2, float32" in run.stdout
-    assert_same_logged_metrics(two, one)
-    assert read_summary(two)["final_val"]["prompts"] == 7
-    assert_same_model(two, one, atol=ADAM_STEPS_ATOL)
-    checkpoint = "checkpoints/step_00000001/model.safetensors"  # the policy and the critic after the first
-    mine, theirs = load_file(two / checkpoint), load_file(one / checkpoint)
-    assert mine.keys() == theirs.keys() and "critic.value_head.weight" in mine
-    for name, tensor in theirs.items():
-        torch.testing.assert_close(mine[name], tensor, rtol=1e-4, atol=ADAM_STEPS_ATOL, msg=name)
-
-
-def test_two_processes_whiten_rewards_over_the_steps_tokens_like_one_process(ppo_data, tiny_models, tmp_path,
-                                                                               monkeypatch):
-    """--whiten_rewards, torchrun, two processes of 2 prompts against one process of 4, 2 steps: the rewards are
-    whitened with the mean and variance of the step's global batch's tokens, so every logged statistic (train and
-    validation), the policy and the critic (checkpointed after step 1) agree. The tiny chat model ends some
-    completions early (<|im_end|>) and --seed 1 gives the two processes' prompts other completion token counts at
-    both steps (38 and 43, then 38 and 44), so the token means (clip fraction, KL, losses) are weighed across
-    processes too. Whitening the rewards with each process's own moments fails this test, and so does weighing
-    each process's token means equally (the clip fraction)."""
-    import trainer.ppo as ppo
-
-    def argv(out_dir, batch_size: str) -> list[str]:
-        flags = _argv(ppo_data, tiny_models.chat, out_dir, "--whiten_rewards", "--num_generations", "2", "--seed", "1",
-                      "--eval_interval", "1", "--save_interval", "1")
-        flags[flags.index("--batch_size") + 1] = batch_size
-        flags[flags.index("--max_steps") + 1] = "2"
-        return flags
-
     finish_rollouts, halves = ppo.ProximalPolicy.finish_rollouts, []
 
-    def recording(self, batches, accelerator) -> None:  # one process of 4 prompts: the first 2 are process 0's
+    def recording(self, batches, accelerator) -> None:
         lengths = [int(n) for batch in batches for n in batch["completion_mask"].sum(dim=1)]
         halves.append((sum(lengths[:4]), sum(lengths[4:])))
         finish_rollouts(self, batches, accelerator)
 
-    monkeypatch.setattr(ppo.ProximalPolicy, "finish_rollouts", recording)
-    one = tmp_path / "one"
-    run_in_process("ppo", argv(one, "4"))
-    assert len(halves) == 2 and all(first != second for first, second in halves), halves
-    two = tmp_path / "two"
-    run = launch_two_processes("torchrun", "ppo", argv(two, "2"), tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ppo.ProximalPolicy, "finish_rollouts", recording)
+        run_in_process("ppo", argv(root / "one", "4"))
+    run = launch_two_processes("torchrun", "ppo", argv(root / "two", "2"), root)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert "x2, float32" in run.stdout
-    assert_same_logged_metrics(two, one)
-    assert [record["clip_fraction"] > 0 for record in read_metrics(one, "train")] == [True, True]
-    assert_same_model(two, one, atol=ADAM_STEPS_ATOL)  # the policy after both steps
-    checkpoint = "checkpoints/step_00000001/model.safetensors"  # the policy and the critic after the first
+    return root, halves, run.stdout
+
+
+def _assert_same_policy_and_critic(two, one) -> None:
+    """The policy after both steps, and the policy and the critic checkpointed after the first, agree."""
+    assert_same_model(two, one, atol=ADAM_STEPS_ATOL)
+    checkpoint = "checkpoints/step_00000001/model.safetensors"
     mine, theirs = load_file(two / checkpoint), load_file(one / checkpoint)
     assert mine.keys() == theirs.keys() and "critic.value_head.weight" in mine
     for name, tensor in theirs.items():
         torch.testing.assert_close(mine[name], tensor, rtol=1e-4, atol=ADAM_STEPS_ATOL, msg=name)
+
+
+def test_two_processes_take_the_same_steps_as_one_process(two_and_one):
+    """torchrun, two processes of 2 prompts against one process of 4 (two_and_one): the advantages are whitened
+    and the statistics taken over the step's global batch (all processes), so every logged statistic, the
+    validation (7 prompts: one shard padded, the copy not counted), the policy and the critic agree. Whitening
+    per process (MiniMind's) fails this test."""
+    root, _, stdout = two_and_one
+    assert "x2, float32" in stdout
+    assert_same_logged_metrics(root / "two", root / "one")
+    assert read_summary(root / "two")["final_val"]["prompts"] == 7
+    _assert_same_policy_and_critic(root / "two", root / "one")
+
+
+def test_two_processes_whiten_rewards_over_the_steps_tokens_like_one_process(two_and_one):
+    """--whiten_rewards, torchrun, two processes of 2 prompts against one process of 4, 2 steps (two_and_one): the
+    rewards are whitened with the mean and variance of the step's global batch's tokens, so every logged statistic
+    (train and validation), the policy and the critic (checkpointed after step 1) agree. The tiny chat model ends
+    some completions early (<|im_end|>) and --seed 1 gives the two processes' prompts other completion token counts
+    at both steps (asserted), so the token means (clip fraction, KL, losses) are weighed across processes too.
+    Whitening the rewards with each process's own moments fails this test, and so does weighing each process's
+    token means equally (the clip fraction)."""
+    root, halves, stdout = two_and_one
+    assert len(halves) == 2 and all(first != second for first, second in halves), halves
+    assert "x2, float32" in stdout
+    assert_same_logged_metrics(root / "two", root / "one")
+    assert [record["clip_fraction"] > 0 for record in read_metrics(root / "one", "train")] == [True, True]
+    _assert_same_policy_and_critic(root / "two", root / "one")
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -74,35 +74,27 @@ def test_fsdp2_trains_checkpoints_resumes_and_saves_like_one_process(train_data,
     assert_same_model(out_dir, reference_run)
 
 
-def test_fsdp2_sft_matches_one_process(train_data, reference_run, sft_reference_run, tmp_path):
-    """With norm diagnostics on: their gradient norm, gathered from the shards, is the one clipping saw."""
-    out_dir = tmp_path / "fsdp_sft"
-    argv = sft_argv(train_data, reference_run, out_dir, "--batch_size", "2", "--diag_interval", "2")
-    run = launch_two_processes("fsdp", "sft", argv, tmp_path)
+def test_fsdp2_sft_that_adds_smeared_keys_matches_one_process(train_data, reference_run, tmp_path):
+    """SFT's default route from a plain pretrained model: the new key weights are missing from it on purpose, and
+    FSDP's memory-efficient loading leaves the second process's weights on the meta device (the finite-weights check
+    read them there: a RuntimeError traceback on one process, a lost peer on the other). With norm diagnostics on:
+    their gradient norm, gathered from the shards, is the one clipping saw. (One launch for both: FSDP2 SFT
+    against one process was a launch of its own without smeared keys; torchrun's SFT test above keeps that route.)"""
+    one, two = tmp_path / "one", tmp_path / "fsdp"
+    run_in_process("sft", sft_argv(train_data, reference_run, one, "--batch_size", "4", "--smeared_keys", "true"))
+    run = launch_two_processes("fsdp", "sft", sft_argv(train_data, reference_run, two, "--batch_size", "2",
+                                                       "--smeared_keys", "true", "--diag_interval", "2"), tmp_path)
     assert_finished_cleanly(run, "FSDP")
-    assert len(train_losses(out_dir)) == SFT_STEPS
-    assert train_losses(out_dir) == pytest.approx(train_losses(sft_reference_run), rel=1e-5)
-    assert val_losses(out_dir) == pytest.approx(val_losses(sft_reference_run), rel=1e-5)
-    assert_same_model(out_dir, sft_reference_run)
-    train = {r["step"]: r for r in read_metrics(out_dir, "train")}
-    diag = read_metrics(out_dir, "diag")
+    assert len(train_losses(two)) == SFT_STEPS
+    assert train_losses(two) == pytest.approx(train_losses(one), rel=1e-5)
+    assert val_losses(two) == pytest.approx(val_losses(one), rel=1e-5)
+    assert_same_model(two, one)
+    train = {r["step"]: r for r in read_metrics(two, "train")}
+    diag = read_metrics(two, "diag")
     assert [r["step"] for r in diag] == [1, 3, 5, 6]  # every 2 from the first, and the last
     for record in diag:
         assert record["diag/grad_norm_global"] == pytest.approx(train[record["step"]]["grad_norm"], rel=1e-5)
         assert 0 < record["diag/update_ratio_global"] < 1
-
-
-def test_fsdp2_sft_that_adds_smeared_keys_matches_one_process(train_data, reference_run, tmp_path):
-    """SFT's default route from a plain pretrained model: the new key weights are missing from it on purpose, and
-    FSDP's memory-efficient loading leaves the second process's weights on the meta device (the finite-weights check
-    read them there: a RuntimeError traceback on one process, a lost peer on the other)."""
-    one, two = tmp_path / "one", tmp_path / "fsdp"
-    run_in_process("sft", sft_argv(train_data, reference_run, one, "--batch_size", "4", "--smeared_keys", "true"))
-    run = launch_two_processes("fsdp", "sft", sft_argv(train_data, reference_run, two, "--batch_size", "2",
-                                                       "--smeared_keys", "true"), tmp_path)
-    assert_finished_cleanly(run, "FSDP")
-    assert train_losses(two) == pytest.approx(train_losses(one), rel=1e-5)
-    assert_same_model(two, one)
 
 
 def test_fsdp2_with_muon_matches_one_process(train_data, muon_reference_run, tmp_path):

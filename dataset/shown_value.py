@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 MAX_SHOWN = 60  # characters of a quote kept before "..."
+PATH_MAX = 4096  # Linux's longest path a system call takes: shown_path names one whole up to it
 
 
 def shown_value(value: Any) -> str:
@@ -35,6 +36,14 @@ def shown_text(text: str) -> str:
     characters, "..." added: the cut every quote of a refused value takes."""
     text = re.sub(r"\s*\n\s*", " ", text)  # a str's repr has no newline: its spaces stay as they are
     return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN - 3] + "..."
+
+
+def shown_path(path: str) -> str:
+    """A path as an error names it: whole up to PATH_MAX characters (the longest a system call takes; a user needs
+    the whole name to find the file), longer cut as shown_text cuts (such a text only names a file after pathlib
+    folds its "./" away), on one line either way (a newline or other control character escaped as repr escapes it)."""
+    escaped = "".join(char if char.isprintable() else repr(char)[1:-1] for char in path)
+    return escaped if len(escaped) <= PATH_MAX else shown_text(escaped)
 
 
 def flag_refusal(flag: str | None, value: Any, allowed: str) -> str:

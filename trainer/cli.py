@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from dataset.atomic_io import not_utf8_at
-from dataset.shown_value import shown_text, shown_value
+from dataset.shown_value import shown_path, shown_text, shown_value
 from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
 from trainer.threads import bound_openmp_waits
 
@@ -295,7 +295,7 @@ def output_file(text: str) -> str:
     except OSError as error:
         raise argparse.ArgumentTypeError(f"{shown_text(text)} cannot name a file ({error.strerror})") from None
     if is_dir:
-        raise argparse.ArgumentTypeError(f"{shown_text(text)} is a directory, expected a file")
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} is a directory, expected a file")
     return text
 
 

@@ -12,6 +12,7 @@ import re
 import resource
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -388,6 +389,7 @@ def test_an_allocation_failure_inside_the_sampling_engine_ends_in_the_one_line(t
         objective = SimpleNamespace(**vars(common), settings=SimpleNamespace(
             num_generations=2, max_completion_length=4, temperature=1.0, top_p=1.0))
         batch = {"prompt_ids": [[5, 6, 7]]}
+        objective.sample_rollouts = partial(RolloutObjective.sample_rollouts, objective)  # the plain completions'
 
         def rollouts(model, batches, step, accelerator):  # RolloutObjective.rollouts, through its sample
             return [RolloutObjective.sample(objective, model, batches[0], step, 0, sampler=model)]

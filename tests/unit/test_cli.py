@@ -290,3 +290,15 @@ def test_argparses_choice_and_unrecognized_refusals_quote_a_long_value_on_one_sh
         ToolParser(prog="tool").parse_args([LONG, "y\nz"])
     first, second = capsys.readouterr().err.splitlines()
     assert first.startswith("error: unrecognized arguments: xxx") and first.endswith(" y z") and len(first) <= MAX_LINE
+
+
+def test_an_output_file_that_is_a_directory_is_named_whole_on_one_line(tmp_path, capsys):
+    """A directory given as an output file is named whole (the user needs the whole name to find it; a 60-character
+    cut hid a temporary folder's end), its newline escaped so the error stays one line; a text past PATH_MAX, which
+    only names a directory once pathlib folds its "./" away, is cut."""
+    folder = tmp_path / ("a" * 80 + "\nb")
+    folder.mkdir()
+    line = _flag_error(_flag_types()["output_file"], str(folder), capsys)
+    assert line == f"error: argument --x: {tmp_path}/{'a' * 80}\\nb is a directory, expected a file"
+    line = _flag_error(_flag_types()["output_file"], "./" * 5_000 + ".", capsys)
+    assert line.endswith("... is a directory, expected a file") and len(line) <= MAX_LINE

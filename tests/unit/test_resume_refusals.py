@@ -984,7 +984,8 @@ def test_a_pretraining_resumes_model_flags_wait_for_its_checkpoint(resume):
 
     argv = ["--out_dir", "/nonexistent/run", "--num_attention_heads", "3"]
     assert check_args("pretrain", [*argv, "--resume", resume]).model["num_attention_heads"] == 3
-    with pytest.raises(ValueError, match=r"^num_attention_heads=3 is not allowed; it must divide hidden_size=320$"):
+    with pytest.raises(ValueError, match=r"^num_attention_heads=3 is not allowed; it must divide hidden_size=320 "
+                                         r"\(or set head_dim\)$"):
         check_args("pretrain", argv)
 
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader
-from llama_cpp import GGML_TYPE_F32, Llama
 
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from scripts.convert_to_gguf import convert_to_gguf, main
 from trainer.export import save_model_dir
+from tests.llama_cpp_reference import llama_cpp_logits
 
 TEXT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n北京是首都。"
 
@@ -50,13 +50,7 @@ def test_llama_cpp_computes_our_logits(qwen3_gguf, tokenizer) -> None:
     ids = tokenizer(TEXT)["input_ids"]
     with torch.no_grad():
         expected = ours(torch.tensor([ids])).logits[0].numpy()
-    llm = Llama(model_path=str(path), n_ctx=128, n_threads=1, logits_all=True, seed=0, verbose=False,
-                type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
-    try:
-        llm.eval(ids)
-        got = np.array(llm.scores[:len(ids)])
-    finally:
-        llm.close()
+    got = llama_cpp_logits(path, ids)
     assert np.abs(got - expected).max() < 1e-4
     assert (got.argmax(-1) == expected.argmax(-1)).all()
 

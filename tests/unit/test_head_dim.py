@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader
-from llama_cpp import GGML_TYPE_F32, Llama
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 from model.generation import GenerationEngine, GenerationSettings
@@ -22,6 +21,7 @@ from model.model import MiniNormForCausalLM
 from scripts.convert_to_gguf import convert_to_gguf
 from scripts.convert_to_llama import convert_to_llama
 from scripts.import_checkpoint import import_checkpoint
+from tests.llama_cpp_reference import llama_cpp_logits
 from tests.training_runs import pretrain_argv, refused_run, run_in_process, train_losses
 from tests.unit.test_export_qwen3_moe import moe_dir
 from tests.unit.test_interop import hf_model, save_checkpoint
@@ -136,13 +136,7 @@ def test_llama_cpp_reads_the_head_width_from_the_gguf_file(imported, tmp_path) -
     ours = _ours(out)
     with torch.no_grad():
         expected = ours(torch.tensor([ids])).logits[0].numpy()
-    llm = Llama(model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, seed=0, verbose=False,
-                type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
-    try:
-        llm.eval(ids)
-        got = np.array(llm.scores[:len(ids)])
-    finally:
-        llm.close()
+    got = llama_cpp_logits(path, ids, n_ctx=64)
     assert np.abs(got - expected).max() < 1e-4
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from trainer.cgroups import CGROUP_ROOT, SELF_CGROUP, V2, own_group_files, read_limit_text
+
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
@@ -72,36 +74,15 @@ def compile_enabled(mode: str, total_steps: int, time_budget_s: float = 0.0) -> 
 
 
 MEMINFO = Path("/proc/meminfo")
-SELF_CGROUP = Path("/proc/self/cgroup")  # this process's control groups: "0::/path" (v2), "4:memory:/path" (v1)
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-# A control group's memory limit file under CGROUP_ROOT: cgroup v2's memory.max ("max": none), v1's
-# memory/memory.limit_in_bytes (no limit reads as a number past any machine's memory)
-CGROUP_MEMORY_FILES = (("", "memory.max"), ("memory", "memory.limit_in_bytes"))
+# A control group's memory limit file: cgroup v2's memory.max ("max": none), v1's memory/memory.limit_in_bytes (no
+# limit reads as a number past any machine's memory)
+CGROUP_MEMORY_FILES = ((V2, "memory.max"), ("memory", "memory.limit_in_bytes"))
 
 
 def cgroup_memory_limit_files(self_cgroup: Path = SELF_CGROUP, root: Path = CGROUP_ROOT) -> tuple[Path, ...]:
-    """The memory limit files of this process's control group and of each group above it, v2's and v1's (a group's
-    limit holds everything below it): the group is /proc/self/cgroup's path (a batch job's or a service's, not the
-    root's, whose file says no limit); a container with a cgroup namespace sees "/", its root files its own, and
-    one without sees a path its mount lacks, whose files are skipped down to the root's."""
-    try:
-        lines = self_cgroup.read_text().splitlines()
-    except OSError:
-        lines = []
-    paths = {"": "/", "memory": "/"}  # the hierarchy (v2's unnamed one, v1's memory) -> this process's group there
-    for line in lines:
-        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if number == "0" and not controllers:
-            paths[""] = path
-        elif "memory" in controllers.split(","):
-            paths["memory"] = path
-    files = []
-    for hierarchy, name in CGROUP_MEMORY_FILES:
-        parts = [part for part in paths[hierarchy].strip().split("/") if part not in ("", ".")]
-        if ".." in parts:  # a group outside this namespace's root: its root's files are all that can be read
-            parts = []
-        files += [root.joinpath(hierarchy, *parts[:depth], name) for depth in range(len(parts), -1, -1)]
-    return tuple(files)
+    """The memory limit files of this process's control group and of each group above it, v2's and v1's
+    (trainer/cgroups.py says which groups)."""
+    return own_group_files(CGROUP_MEMORY_FILES, self_cgroup, root)
 
 
 def physical_memory_bytes(meminfo: Path = MEMINFO) -> int | None:
@@ -121,11 +102,8 @@ def physical_memory_bytes(meminfo: Path = MEMINFO) -> int | None:
 
 def _cgroup_limit(path: Path) -> int | None:
     """The memory limit a cgroup file holds in bytes; None where it sets none ("max", absent, unreadable)."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() and int(text) > 0 else None
+    text = read_limit_text(path)
+    return int(text) if text is not None and text.isdigit() and int(text) > 0 else None
 
 
 def process_memory_bytes(meminfo: Path = MEMINFO,

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dataset.shown_value import flag_refusal
+from trainer.cgroups import V2, own_group_files, read_limit_text
 
 START_WINDOW_S = 0.25      # one look at others' load, before the work starts
 START_WINDOWS = 4          # looks at most (1 s) before a core counts as taken for the run
@@ -70,16 +71,37 @@ def parse_threads(value: str) -> str | int:
     return count
 
 
+# A control group's CPU quota files: cgroup v2's cpu.max ("QUOTA PERIOD" in microseconds, QUOTA "max": none), v1's
+# cpu/cpu.cfs_quota_us (-1: none) beside cpu.cfs_period_us in the same folder
+CGROUP_CPU_FILES = ((V2, "cpu.max"), ("cpu", "cpu.cfs_quota_us"))
+
+
+def cgroup_cpu_limit(files: tuple[Path, ...] | None = None) -> int | None:
+    """The cores a CPU quota lets this process use (its quota over its period, rounded up), the smallest over its
+    control group and the groups above it (`files`, else CGROUP_CPU_FILES there: trainer/cgroups.py); None where
+    no group sets one."""
+    limits = []
+    for path in own_group_files(CGROUP_CPU_FILES) if files is None else files:
+        text = read_limit_text(path)
+        if text is None:
+            continue
+        if path.name == "cpu.cfs_quota_us":
+            text = f"{text} {read_limit_text(path.with_name('cpu.cfs_period_us'))}"
+        try:
+            quota, period = (int(field) for field in text.split())
+        except ValueError:  # "max 100000" (v2), an absent period, a damaged file: no quota here
+            continue
+        if quota > 0 and period > 0:
+            limits.append(max(1, math.ceil(quota / period)))
+    return min(limits, default=None)
+
+
 def usable_cores() -> int:
-    """Cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota (containers)."""
+    """Cores this process may run on: its CPU affinity, capped by its control groups' CPU quota (containers, batch
+    jobs)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
+    quota = cgroup_cpu_limit()
+    return max(1, cores if quota is None else min(cores, quota))
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,38 @@ def test_a_long_threads_value_is_refused_in_one_short_line(capsys):
                                                         f"{THREADS_ALLOWED}")
 
 
+@pytest.mark.parametrize("groups, files, expected", [
+    # v2: the process's own group sets 1.5 cores, the root none ("max")
+    ("0::/job.slice/step\n", {"job.slice/step/cpu.max": "150000 100000\n", "cpu.max": "max 100000\n"}, 2),
+    # v2: a group above the process's sets the smaller quota, which holds for the groups below it
+    ("0::/job.slice/step\n", {"job.slice/cpu.max": "50000 100000\n", "job.slice/step/cpu.max": "300000 100000\n"},
+     1),
+    # v1: quota over period in the cpu controller's folder (-1: none), the controller named beside cpuacct
+    ("3:cpu,cpuacct:/batch/7\n4:memory:/batch/7\n0::/\n",
+     {"cpu/batch/7/cpu.cfs_quota_us": "300000\n", "cpu/batch/7/cpu.cfs_period_us": "100000\n",
+      "cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3),
+    ("1:cpu:/\n0::/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ("0::/a\n", {"a/cpu.max": "garbage\n"}, None),  # a damaged file sets no quota
+    ("", {}, None),  # no /proc/self/cgroup, no files
+])
+def test_the_cpu_quota_is_the_smallest_of_this_processs_group_and_those_above(groups, files, expected, tmp_path,
+                                                                              monkeypatch):
+    """The CPU quota (cores = quota / period, rounded up) is read from /proc/self/cgroup's group and each group above
+    it, cgroup v2's cpu.max and v1's cpu.cfs_quota_us / cpu.cfs_period_us: the root's v2 file alone was read, which
+    a batch job's group or a v1 machine (this project's CI hosts among them) never set; usable_cores takes it."""
+    root, self_cgroup = tmp_path / "cgroup", tmp_path / "self_cgroup"
+    if groups:
+        self_cgroup.write_text(groups)
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    found = threads.own_group_files(threads.CGROUP_CPU_FILES, self_cgroup, root)
+    assert threads.cgroup_cpu_limit(found) == expected
+    monkeypatch.setattr(threads, "own_group_files", lambda hierarchy_files: found)  # what the default reads
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert threads.usable_cores() == (4 if expected is None else expected)
+
+
 def test_others_load_is_the_busy_time_that_is_not_ours():
     before = CpuSample(busy=1000, total=4000, own=300)
     # 200 ticks elapsed over 2 CPUs (100 each): 150 busy, 50 of them ours: others used 100 ticks = one core.

@@ -159,9 +159,14 @@ def _with_implied_flags(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's config with the flags it predates (names it does not hold) but whose value it implies filled in
     (_FLAGS_BEFORE), so that a resume asking for another value notes the change, and a finished run asked again with
     it is another run, not an unrecorded flag; a GRPO run recorded before --scale_rewards existed (or with it null:
-    unset) scaled as its loss type's default does now (dr_grpo: none, else group)."""
+    unset) scaled as its loss type's default does now (dr_grpo: none, else group); a model recorded before head_dim
+    existed had heads of hidden_size / num_attention_heads (a resume asking for other heads is refused in one line,
+    not at loading the weights)."""
     before = _FLAGS_BEFORE.get(saved["task"], {}) if isinstance(saved.get("task"), str) else {}
     saved = {**saved, **{name: value for name, value in before.items() if name not in saved}}
+    width, heads = saved.get("hidden_size"), saved.get("num_attention_heads")
+    if "head_dim" not in saved and isinstance(width, int) and isinstance(heads, int) and heads > 0:
+        saved["head_dim"] = width // heads
     if saved.get("task") == "grpo" and saved.get("scale_rewards") is None and isinstance(saved.get("loss_type"), str):
         return {**saved, "scale_rewards": default_scale_rewards(saved["loss_type"])}
     return saved
@@ -296,7 +301,7 @@ def adopt_saved_architecture(path: Path, state: dict[str, Any], args: TrainArgs)
     each architecture field the command line leaves unset is taken from the checkpoint's config into `args.model`
     (a fine-tuning run's other fields come from --from_weight, checked by check_saved_architecture); one given with
     another value is refused in one line naming each such flag with its old and new value."""
-    saved = state.get("config", {})
+    saved = _with_implied_flags(state.get("config", {}))
     # args.model holds the flags the user gave only: a task's default (SFT's smeared keys) is applied under them
     # when the model is built (requested_model_fields), so the checkpoint's value wins over it.
     _set_back_unread_untyped(saved, args)
@@ -338,7 +343,7 @@ def check_saved_architecture(path: Path, state: dict[str, Any], config: Any) -> 
     field that differs (a fine-tuning run resumed with a --from_weight of another shape), not a state_dict
     traceback or, for a field the weights do not show (norm_eps, rope_theta), another model without a word."""
     built = {name: getattr(config, name) for name in ARCHITECTURE_FIELDS if hasattr(config, name)}
-    changes = _changes(state.get("config", {}), built)
+    changes = _changes(_with_implied_flags(state.get("config", {})), built)
     if changes:
         raise _refuse_architecture(path, _was_and_is(changes, flags=False))
 

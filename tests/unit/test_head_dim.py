@@ -165,6 +165,26 @@ def test_a_pretraining_run_with_head_dim_trains_and_resumes(train_data, tmp_path
     assert train_losses(interrupted) == losses
 
 
+def test_a_checkpoint_from_before_head_dim_resumes_with_the_heads_it_had(train_data, tmp_path, capsys) -> None:
+    """A checkpoint whose trainer_state.json predates head_dim (the key taken out) had heads of hidden / heads (8
+    here): a resume with --head_dim 16 is refused in one line naming the change (it failed loading the weights, with
+    a state_dict error, after the data had loaded), and one with --head_dim 8, the heads it had, goes on."""
+    first = tmp_path / "first"
+    run_in_process("pretrain", pretrain_argv(train_data, first, "--batch_size", "4", "--max_steps", "3",
+                                             "--save_interval", "2"))
+    checkpoint = next((first / "checkpoints").iterdir())
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["config"].pop("head_dim") == 8
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "wide", "--batch_size", "4", "--max_steps",
+                                                  "4", "--head_dim", "16", "--resume", str(checkpoint)), capsys)
+    assert "--head_dim was 8 there and is 16 now" in error, error
+    resumed = tmp_path / "resumed"
+    run_in_process("pretrain", pretrain_argv(train_data, resumed, "--batch_size", "4", "--max_steps", "4",
+                                             "--head_dim", "8", "--resume", str(checkpoint)))
+    assert json.loads((resumed / "config.json").read_text())["head_dim"] == 8
+
+
 def test_a_mixture_of_experts_with_wide_heads_exports_to_qwen3_moe(tokenizer, tmp_path) -> None:
     """A MiniNorm MoE model with Qwen3's switches and heads of 32 on a 64-wide stream: a Qwen3MoeForCausalLM with
     head_dim 32 in config.json and our logits."""

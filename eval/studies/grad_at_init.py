@@ -228,11 +228,13 @@ def row_label(entry: dict) -> str:
 
 def write_table(results: dict, path: Path) -> None:
     meta = results["meta"]
+    # results.json files written before the heads were recorded name none
+    heads = f"{meta['num_attention_heads']} heads of {meta['head_dim']}, " if "head_dim" in meta else ""
     first = "variant" if any("variant" in e for e in results["runs"]) else "placement | norm"
     lines = [
         "# Gradient norm per layer at initialization",
         "",
-        f"Model: `{meta['preset']}` shape with {meta['layers']} layers (hidden {meta['hidden_size']}, "
+        f"Model: `{meta['preset']}` shape with {meta['layers']} layers (hidden {meta['hidden_size']}, {heads}"
         f"SwiGLU {meta['intermediate_size']}), init: {INIT_LABELS[meta['init']]}, norm_impl=eager, fp32. "
         f"Data: {meta['data']}; "
         f"{meta['batches']} batches of {meta['batch_size']}x{meta['seq_len']} tokens; seeds {meta['seeds']}. "
@@ -332,6 +334,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--intermediate_size", type=int_within(1), default=None, help="default: the preset's")
     parser.add_argument("--num_attention_heads", type=int_within(1), default=None, help="default: the preset's")
     parser.add_argument("--num_key_value_heads", type=int_within(1), default=None, help="default: the preset's")
+    parser.add_argument("--head_dim", type=int_within(1), default=None,
+                        help="width of each attention head, even (default: hidden_size / num_attention_heads)")
     parser.add_argument("--seq_len", type=int_within(2), default=256, help="tokens per sequence")
     parser.add_argument("--batch_size", type=int_within(1), default=8, help="sequences per batch")
     parser.add_argument("--batches", type=int_within(1), default=2,
@@ -378,9 +382,9 @@ def input_batches(args: argparse.Namespace) -> tuple[list[torch.Tensor], str]:
 
 def model_shape(args: argparse.Namespace) -> dict[str, int]:
     """The MiniNormConfig fields the shape flags set over the preset's (those left unset keep the preset's)."""
+    names = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
     return {"num_hidden_layers": args.layers, "max_position_embeddings": max(512, args.seq_len),
-            **{name: getattr(args, name) for name in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                                       "num_key_value_heads") if getattr(args, name) is not None}}
+            **{name: getattr(args, name) for name in names if getattr(args, name) is not None}}
 
 
 def measured_entry(config: MiniNormConfig, names: dict, batches: list[torch.Tensor], seeds: Sequence[int],
@@ -442,6 +446,7 @@ def run_meta(args: argparse.Namespace, argv: Sequence[str] | None, shape: dict[s
     """results.json's "meta": the model's shape, the data, the command line, the time taken and the machine."""
     config = MiniNormConfig.from_preset(args.preset, **shape)
     return {"preset": args.preset, "init": args.init, "layers": args.layers, "hidden_size": config.hidden_size,
+            "num_attention_heads": config.num_attention_heads, "head_dim": config.head_dim,
             "intermediate_size": config.intermediate_size, "seq_len": args.seq_len,
             "batch_size": args.batch_size, "batches": args.batches, "seeds": seeds, "data": data_label,
             "argv": " ".join(argv if argv is not None else sys.argv[1:]), "seconds": time.time() - start,

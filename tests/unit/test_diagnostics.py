@@ -356,14 +356,15 @@ def test_loss_scale_divides_gradient_statistics() -> None:
 
 def test_grad_at_init_script_smoke(tmp_path) -> None:
     """eval/studies/grad_at_init.py end to end (random tokens: loading the real tokenizer takes seconds): tables, PNG,
-    and the no-norm runs shared by all placements."""
+    the no-norm runs shared by all placements, and --head_dim measuring heads of its width."""
     from eval.studies.grad_at_init import main
     results = main(["--layers", "2", "--seq_len", "16", "--batch_size", "2", "--batches", "2", "--seeds", "2",
                     "--placements", "pre,post", "--norm_types", "rmsnorm,none", "--random_tokens",
-                    "--threads", "1", "--out", str(tmp_path / "out")])
+                    "--head_dim", "16", "--threads", "1", "--out", str(tmp_path / "out")])
     assert [(r["placement"], r["norm_type"]) for r in results["runs"]] == \
         [("pre", "rmsnorm"), ("pre", "none"), ("post", "rmsnorm"), ("post", "none")]
     assert all(len(r["ffn_w2_mean"]) == 2 and min(r["block_mean"]) > 0 for r in results["runs"])
+    assert "(hidden 256, 8 heads of 16, " in (tmp_path / "out" / "grad_at_init.md").read_text()
     for name in ("results.json", "grad_at_init.md", "grad_at_init.png"):
         assert (tmp_path / "out" / name).stat().st_size > 500
     # A gradient that was not finite is null in results.json (strict JSON); --replot draws it as NaN, not a crash.

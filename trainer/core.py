@@ -43,7 +43,7 @@ from trainer.export import sample_text, save_final_model, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.intervals import Intervals
 from trainer.machine import compile_enabled, resolve_dtype
-from trainer.memory import check_largest_tensor_fits, working_on
+from trainer.memory import LOADING_DATA, check_largest_tensor_fits, working_on
 from trainer.objectives import EvalResult
 from trainer.optim import scheduled_lrs
 from trainer.reporting import TrainingReporter
@@ -84,7 +84,7 @@ class Trainer:
         # Each piece below reads what the ones above it set up, and every refusal comes before the first file of a
         # previous run is removed (restore_and_clear): the order is the run's, not a matter of taste.
         start = self._agree_on_run()
-        with working_on("loading the data"):
+        with working_on(LOADING_DATA):
             self._load_data()
         with working_on("the set-up of the model, its optimizer and objective"):
             self._build_model_optimizer_objective()

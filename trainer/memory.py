@@ -31,6 +31,7 @@ GIB = 2 ** 30
 _ALLOCATOR_REFUSAL = re.compile(r"(DefaultCPUAllocator: (?:can't allocate|not enough) memory[^.]*|CUDA out of memory\."
                                 r"(?: Tried to allocate [\d.]+ \w+)?)")
 _STAGE = "mininorm_stage"  # the attribute working_on leaves on an allocation failure: what the run was doing
+LOADING_DATA = "loading the data"  # the stage (working_on) before the model exists: the step's flags play no part
 
 
 def out_of_memory(error: BaseException) -> str | None:
@@ -82,6 +83,17 @@ def shrink_advice(args: TrainArgs, activations: bool = True) -> str:
     return remedy
 
 
+def loading_advice(args: TrainArgs) -> str:
+    """What shrinks the memory of loading the data (LOADING_DATA), as a remedy: the jsonl files are read a batch of
+    lines at a time into an Arrow cache on disk (dataset/building.py), so what is held is each tokenizing process's
+    batch, whose longest lines count whole: fewer --num_proc processes, shorter lines. The step's flags change
+    nothing there."""
+    remedy = "shorten the longest lines of the data (a line is held whole, with its tokens)"
+    if args.num_proc is not None and args.num_proc > 1:
+        remedy = f"lower --num_proc (each of its {args.num_proc} processes holds its own batch of lines) or {remedy}"
+    return remedy
+
+
 def out_of_memory_line(error: BaseException, args: TrainArgs) -> str | None:
     """The one line a run that failed to allocate ends with (None: `error` is no allocation failure): what it was
     doing, what the allocator said and what to lower."""
@@ -90,7 +102,8 @@ def out_of_memory_line(error: BaseException, args: TrainArgs) -> str | None:
         return None
     stage = getattr(error, _STAGE, None)
     doing = f" in {stage}" if stage else ""
-    return f"out of memory{doing} ({said}): {shrink_advice(args)}"
+    advice = loading_advice(args) if stage == LOADING_DATA else shrink_advice(args)
+    return f"out of memory{doing} ({said}): {advice}"
 
 
 class LargestTensor(NamedTuple):

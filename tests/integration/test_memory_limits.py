@@ -405,7 +405,8 @@ def test_an_allocation_failure_inside_the_sampling_engine_ends_in_the_one_line(t
 
 def test_an_allocation_failure_while_the_data_is_loaded_names_it(train_data, tmp_path, capsys, monkeypatch):
     """The data tokenized before step 1 (faked to fail to allocate): the one line said "out of memory (MemoryError)",
-    no stage, where the set-up and the steps are named; nothing is written."""
+    no stage, where the set-up and the steps are named; nothing is written. Its remedy is the loading's own (the
+    tokenizing processes, the longest lines), not the step's flags (--batch_size there changes nothing)."""
     import trainer.core
 
     def no_memory(*args, **kwargs):
@@ -413,5 +414,9 @@ def test_an_allocation_failure_while_the_data_is_loaded_names_it(train_data, tmp
 
     monkeypatch.setattr(trainer.core, "build_run_data", no_memory)
     error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "run"), capsys)
-    assert error.startswith("error: out of memory in loading the data (MemoryError): lower --batch_size"), error
+    assert error == ("error: out of memory in loading the data (MemoryError): shorten the longest lines of the data "
+                     "(a line is held whole, with its tokens)"), error
     assert not (tmp_path / "run").exists()
+    error = refused_run("pretrain", pretrain_argv(train_data, tmp_path / "run", "--num_proc", "3"), capsys)
+    assert error.startswith("error: out of memory in loading the data (MemoryError): lower --num_proc (each of its 3 "
+                            "processes holds its own batch of lines) or shorten"), error

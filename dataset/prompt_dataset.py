@@ -9,8 +9,8 @@ more than one of these fields is prompted by the first of "prompt", "messages", 
 and the others are columns: TRL's GRPOTrainer prompts with its "prompt" column alone and hands every other column,
 a "messages" one too, to its reward functions. The prompt is
 encoded as ChatML with the assistant's header open (``add_generation_prompt``; with ``open_thinking`` the thinking
-block is left open too, so the policy may think first; with ``tools``, GRPO's --tools, their schemas in the system
-turn in place of any the row's system message carries, as the rollouts run exactly those): what the policy
+block is left open too, so the policy may think first; with ``tools``, GRPO's and PPO's --tools, their schemas in
+the system turn in place of any the row's system message carries, as the rollouts run exactly those): what the policy
 continues. A
 prompt longer than ``max_seq_len`` tokens is dropped and counted. A bad line is an error naming the file, the line
 and the field (or, with ``skip_bad_lines``, skipped and counted); so is a row whose columns the run's rewards cannot

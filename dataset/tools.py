@@ -626,7 +626,7 @@ def run_tool(name: str, arguments: Mapping[str, Any] | str, budget: ResultBudget
              offered: Collection[str] | None = None) -> str:
     """Run the tool ``name`` on ``arguments`` and return its result cut to ``budget``; never raises: unknown tools,
     bad arguments and failures come back as strings starting with ``ERROR_PREFIX``. ``offered``: the names a caller
-    offers (GRPO's --tools; None: every tool), a call to another is an unknown tool's."""
+    offers (GRPO's and PPO's --tools; None: every tool), a call to another is an unknown tool's."""
     budget = budget or ResultBudget()
     names = [tool for tool in TOOLS if offered is None or tool in offered]
     try:

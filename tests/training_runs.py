@@ -88,6 +88,30 @@ def write_prompt_data(root: Path) -> Path:
 
 
 # A reward that counts a word the tiny model of pretrain_word_model writes about once in 16 tokens.
+# --tools runs (GRPO's and PPO's): a tiny model memorized to ask the calculator for 2 + 3 and to answer with its result
+TOOL_QUESTION = "What is 2 + 3?"
+TOOL_CALL = {"name": "calculator", "arguments": {"expression": "2 + 3"}}
+
+
+def write_tool_run_inputs(root: Path, tokenizer) -> tuple[Path, Path]:
+    """Under `root`: the memorized model, and prompt data (tools.jsonl) of the tool question (with the tool_use
+    reward's columns) and of another question it was not taught."""
+    from dataset.tools import tool_schemas
+    from tests.memorized_model import memorized_model, supervised_row
+
+    asked = [{"role": "system", "content": "", "tools": tool_schemas()}, {"role": "user", "content": TOOL_QUESTION}]
+    call = {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}
+    rows = [supervised_row(tokenizer, asked + [call]),
+            supervised_row(tokenizer, asked + [call, {"role": "tool", "content": "5"},
+                                               {"role": "assistant", "content": "2 + 3 = 5."}])]
+    model = memorized_model(tokenizer, rows, root / "model", positions=512)
+    other = [asked[0], {"role": "user", "content": "What is 4 + 4?"}]
+    write_jsonl(root / "tools.jsonl", [
+        {"prompt": prompt, "tool": "calculator", "arguments": {"expression": expression}, "result": result,
+         "fact": result} for prompt, expression, result in ((asked, "2 + 3", "5"), (other, "4 + 4", "8"))] * 2)
+    return model, root / "tools.jsonl"
+
+
 FREQUENT_WORD_REWARD = """
 def count_the(prompts, completions, **columns):
     return [completion.lower().split().count("the") / 4 for completion in completions]

@@ -484,7 +484,6 @@ def _validate_grpo(args: TrainArgs) -> None:
         raise _bad("num_iterations", args.num_iterations, "it must be >= 1")
     if args.epsilon_high is not None and not (args.epsilon_high > 0 and math.isfinite(args.epsilon_high)):
         raise _bad("epsilon_high", args.epsilon_high, "it must be a positive number")
-    _validate_tools(args)
     _validate_rollouts(args)
 
 
@@ -492,7 +491,7 @@ MAX_TOOL_ROUNDS = 16  # --max_tool_rounds' bound: each round is a batch of gener
 
 
 def _validate_tools(args: TrainArgs) -> None:
-    """GRPO's --tools (built-in names, each once) and --max_tool_rounds."""
+    """The rollouts' --tools (built-in names, each once) and --max_tool_rounds, GRPO's and PPO's."""
     from dataset.tools import TOOLS
     if args.tools is not None:
         names = rollout_tools(args)
@@ -520,7 +519,7 @@ def _validate_ppo(args: TrainArgs) -> None:
 
 
 def _validate_rollouts(args: TrainArgs) -> None:
-    """What GRPO and PPO share: the sampling, the KL weight, the clip range and the rewards."""
+    """What GRPO and PPO share: the sampling, the KL weight, the clip range, the tools and the rewards."""
     if args.max_completion_length < 1:
         raise _bad("max_completion_length", args.max_completion_length, "it must be >= 1")
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
@@ -531,11 +530,12 @@ def _validate_rollouts(args: TrainArgs) -> None:
         raise _bad("beta", args.beta, "it must be a number >= 0 (0: no reference model)")
     if not (args.epsilon > 0 and math.isfinite(args.epsilon)):
         raise _bad("epsilon", args.epsilon, "it must be a positive number")
+    _validate_tools(args)
     if not args.reward and not args.reward_model:
         args.reward = [DEFAULT_REWARD]
     tool_reward = next((spec for spec in args.reward or [] if spec in TOOL_REWARDS), None)
-    if tool_reward is not None and not (args.task == "grpo" and args.tools):
-        raise _bad("reward", tool_reward, "it reads the rollouts' tool calls: give GRPO's --tools with it")
+    if tool_reward is not None and not args.tools:
+        raise _bad("reward", tool_reward, "it reads the rollouts' tool calls: give --tools with it")
     if args.reward_weights is not None:
         count = len(args.reward or []) + bool(args.reward_model)
         if len(args.reward_weights) != count:

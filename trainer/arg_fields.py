@@ -143,7 +143,7 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
             + POLICY_LORA_FLAGS + FINE_TUNING_FLAGS,
     "ppo": ("beta", "temperature", "reward", "reward_model", "reward_weights", "num_generations",
             "max_completion_length", "top_p", "open_thinking", "epsilon", "cliprange_value", "vf_coef", "gamma",
-            "lam", "ppo_epochs", "kl_estimator", "whiten_rewards", "missing_eos_penalty")
+            "lam", "ppo_epochs", "kl_estimator", "whiten_rewards", "missing_eos_penalty", "tools", "max_tool_rounds")
            + POLICY_LORA_FLAGS + FINE_TUNING_FLAGS,
 }
 # Model fields a fine-tuning task sets unless its command line does: SFT gives the model smeared keys, so that copy
@@ -451,13 +451,16 @@ class TrainArgs:
                                            f"or one per completion, exp of the mean of its tokens' log-ratios, "
                                            f"clipped as one (GSPO; TRL's importance_sampling_level; sequence needs "
                                            f"--num_iterations > 1)")
-    tools: str | None = _flag("grpo", None, "comma-separated built-in tools (wiki, calculator, convert_units; "
-                                            "dataset/tools.py) whose calls a rollout runs: a turn that ends with "
-                                            "calls gets their results as context (out of the loss) and sampling "
-                                            "goes on, all within --max_completion_length (trainer/tool_rollouts.py; "
-                                            "the prompts offer these tools) (default: none: single completions)")
-    max_tool_rounds: int = _flag("grpo", 2, "--tools: rounds of tool calls per rollout (1 to 16); the calls of a "
-                                            "turn after the last round are not run")
+    tools: str | None = _flag(ROLLOUT_GROUPS, None, {
+        task: f"comma-separated built-in tools (wiki, calculator, convert_units; dataset/tools.py) whose calls a "
+              f"rollout runs: a turn that ends with calls gets their results as context ({context}) and sampling "
+              f"goes on, all within --max_completion_length (trainer/tool_rollouts.py; the prompts offer these "
+              f"tools) (default: none: single completions)"
+        for task, context in (("grpo", "out of the loss and the KL"),
+                              ("ppo", "out of the losses and the KL; GAE steps over them to the next sampled "
+                                      "token"))})
+    max_tool_rounds: int = _flag(ROLLOUT_GROUPS, 2, "--tools: rounds of tool calls per rollout (1 to 16); the calls "
+                                                    "of a turn after the last round are not run")
     # PPO (trainer/train_ppo.py).
     ppo_epochs: int = _flag("ppo", 2, "optimizer updates per rollout batch, each over the whole batch (MiniMind's "
                                       "ppo_update_iters, TRL's num_ppo_epochs); --max_steps counts rollouts")

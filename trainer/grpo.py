@@ -69,8 +69,9 @@ COMPLETION_SHAPE_WINDOWS = {"completion_length_min": StatWindow.MIN, "completion
                             "terminated_length_max": StatWindow.MAX}
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "completion_length", *COMPLETION_SHAPE,
               "zero_std_fraction", "entropy", "clip_fraction_low", "clip_fraction_high")  # then each reward's mean, std
-# With --tools, after STAT_NAMES: the mean number of tool calls run per rollout over the step, and of those that came
-# back as an error (dataset/tools.py, is_tool_error: an unknown tool, bad arguments, no such article).
+# With --tools (GRPO's and PPO's), after the objective's STAT_NAMES: the mean number of tool calls run per rollout over
+# the step, and of those that came back as an error (dataset/tools.py, is_tool_error: an unknown tool, bad arguments,
+# no such article).
 TOOL_STAT_NAMES = ("tool_calls", "tool_errors")
 # A group's rewards count as all equal (its advantages are all 0: nothing to learn from it) when their std is at most
 # this (TRL's torch.isclose(std, 0): the mean of equal rewards need not be exactly one of them in floating point).
@@ -289,6 +290,9 @@ class SamplingSettings(Protocol):
     max_completion_length: int
     temperature: float
     top_p: float
+    tools: tuple[str, ...]  # --tools: the tools whose calls a rollout runs; (): none
+    max_tool_rounds: int
+    open_thinking: bool
 
 
 class RolloutObjective:
@@ -313,6 +317,7 @@ class RolloutObjective:
         self.stat_windows: dict[str, StatWindow] = {
             **COMPLETION_SHAPE_WINDOWS,
             **{name: StatWindow.DEFINED_MEAN for name in self.reward_names + self.reward_std_names}}
+        self.tool_stat_names = TOOL_STAT_NAMES if settings.tools else ()  # logged after the objective's STAT_NAMES
 
     @staticmethod
     def policy_of(model: torch.nn.Module) -> torch.nn.Module:
@@ -355,6 +360,25 @@ class RolloutObjective:
         return torch.cat([torch.tensor([len(scores), float(scores.sum()), tokens], dtype=torch.float64),
                           scored_values.sum(dim=1), (~values.isnan()).sum(dim=1).double(), cut_and_ended,
                           histogram, ended_histogram])
+
+    @staticmethod
+    def tool_count_sums(batches: Sequence[dict[str, Any]]) -> torch.Tensor:
+        """This process's fp64 [tool calls run, of them errors] over its micro-batches of the step (0 without
+        --tools), to be summed over the processes with the step's other sums."""
+        return torch.cat([batch["tool_counts"] for batch in batches], dim=1).sum(dim=1)
+
+    @staticmethod
+    def set_tool_stats(batches: Sequence[dict[str, Any]], calls_and_errors: torch.Tensor, completions: float) -> None:
+        """Sets each batch's "tool_stats" (TOOL_STAT_NAMES), from tool_count_sums summed over all processes and the
+        step's number of completions: the mean calls run per rollout, and of those that failed."""
+        calls, errors = calls_and_errors.tolist()
+        for batch in batches:
+            batch["tool_stats"] = torch.tensor([calls / completions, errors / completions],
+                                               device=batch["completion_mask"].device)
+
+    def logged_tool_stats(self, batch: dict[str, Any], like: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's tool statistics as the loss logs them after its STAT_NAMES' (none without --tools)."""
+        return batch["tool_stats"].to(like.dtype) if self.tool_stat_names else like.new_zeros(0)
 
     def _sum_parts(self, sums: torch.Tensor) -> dict[str, torch.Tensor]:
         """reward_sums's vector (summed over the processes) cut into its named parts: the one owner of its order."""
@@ -418,7 +442,7 @@ class RolloutObjective:
         (`tools` in the settings) episodes whose turns' tool calls are run (trainer/tool_rollouts.py;
         `round_seed(completion, round)` the seed of each turn, None: the settings' own)."""
         stops = default_eos_token_ids(policy, self.tokenizer)  # where the engine stopped a completion
-        tools = getattr(self.settings, "tools", ())
+        tools = self.settings.tools
         if not tools:
             completions = sample_completions(policy, self.tokenizer, prompt_ids, settings)
             none = [0] * len(completions)
@@ -526,7 +550,6 @@ class GroupRelativePolicy(RolloutObjective):
                  reference: torch.nn.Module | None, seed: int, process_index: int,
                  autocast: Callable[[], AbstractContextManager], world: int = 1, sharded: bool = False) -> None:
         super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world, sharded)
-        self.tool_stat_names = TOOL_STAT_NAMES if settings.tools else ()
         self.stat_names = STAT_NAMES + self.tool_stat_names + self.reward_names + self.reward_std_names
         # no completion scored: no reward; fewer than two: no std
         self.stat_windows.update(reward=StatWindow.DEFINED_MEAN, reward_std=StatWindow.DEFINED_MEAN)
@@ -567,12 +590,12 @@ class GroupRelativePolicy(RolloutObjective):
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         groups = _scored_group_stds(scores.masked_fill(~scored, float("nan")).view(-1, self.settings.num_generations))
         rollout = self.reward_sums(batches)
-        tool_counts = torch.cat([batch["tool_counts"] for batch in batches], dim=1).sum(dim=1)  # calls, errors
         sums = global_sums(accelerator, rollout, scores[scored].sum(), scored.sum(), (groups <= ZERO_STD).sum(),
-                           tool_counts)
+                           self.tool_count_sums(batches))
         _, length = self.reward_means(sums[:len(rollout)])
         shape = self.completion_shape(sums[:len(rollout)])
-        scored_sum, scored_count, zero_std, calls, errors = sums[len(rollout):].tolist()
+        scored_sum, scored_count, zero_std = sums[len(rollout):len(rollout) + 3].tolist()
+        self.set_tool_stats(batches, sums[len(rollout) + 3:], float(sums[0]))
         reward = scored_sum / scored_count if scored_count else float("nan")
         zero_std_fraction = zero_std / (float(sums[0]) / self.settings.num_generations)
         # the second pass over the step's means: the stds from deviations, not from the sums of squares
@@ -591,8 +614,6 @@ class GroupRelativePolicy(RolloutObjective):
             batch["rollout_stats"] = torch.tensor(
                 [reward, reward_std, length, *shape, zero_std_fraction],
                 device=batch["completion_mask"].device)
-            batch["tool_stats"] = torch.tensor([calls / float(sums[0]), errors / float(sums[0])],
-                                               device=batch["completion_mask"].device)
             batch[STEP_COMPLETIONS] = int(sums[0])
             batch[STEP_COMPLETION_TOKENS] = int(sums[2])
 
@@ -623,8 +644,7 @@ class GroupRelativePolicy(RolloutObjective):
         reward, reward_std, length, *shape, zero_std = batch["rollout_stats"].tolist()
         stats = torch.tensor([reward, reward_std, 0.0, 0.0, length, *shape, zero_std, 0.0, 0.0, 0.0],
                              device=mask.device)
-        tool_stats = batch["tool_stats"].to(stats.dtype) if self.tool_stat_names else stats.new_zeros(0)
-        stats = torch.cat([stats, tool_stats,
+        stats = torch.cat([stats, self.logged_tool_stats(batch, stats),
                            batch.get("reward_function_stats", stats.new_zeros(2 * len(self.rewards)))]) * local
         # The shares of the step's completion tokens clipped (per-sequence ratios: of its completions), and the mean
         # KL and entropy over the step's completion tokens, whatever the loss's unit (a completion for grpo and

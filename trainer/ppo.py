@@ -21,6 +21,15 @@ the completion tokens of the step's whole global batch, every micro-batch of eve
 whiten each process's rollout batch, so their two processes do not take one process's step). Then --ppo_epochs
 optimizer updates on that batch (the core's `updates_per_rollout`; each over the whole batch, TRL's
 num_mini_batches = 1), each minimizing rl_losses.ppo_loss. The loss's unit is the completion token.
+
+With --tools a completion is an episode that calls tools, sampled by the shared code (RolloutObjective's
+sample_rollouts, trainer/tool_rollouts.py), and the tool results' tokens are context: out of the completion mask,
+so they pay no KL and carry no reward, policy loss, value loss or entropy, and are not counted in the whitenings'
+moments or the lengths. GAE runs over the sampled (action) tokens in their order, a tool result skipped as an
+observation of the environment (rl_losses.gae): the action before it is followed by the first action after it,
+whose value is the critic's at the position before that token, i.e. its reading of the whole episode so far,
+the tool result included; gamma and lambda discount per action token. The score sits on the episode's last
+sampled token. tool_calls and tool_errors are logged as GRPO's.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ if TYPE_CHECKING:
 
 STAT_NAMES = ("reward", "reward_std", "kl", "clip_fraction", "policy_loss", "value_loss", "explained_variance",
               "completion_length", *COMPLETION_SHAPE, "entropy", "approx_kl", "value_clip_fraction",
-              "ratio")  # then each reward's mean, then its std
+              "ratio")  # then (--tools) grpo.py's TOOL_STAT_NAMES, then each reward's mean, then its std
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,9 @@ class PPOSettings:
     kl_estimator: str = KLEstimator.K1.value  # the per-token KL paid in the rewards: k1 or k3
     whiten_rewards: bool = False  # whiten the per-token rewards (their mean kept) over the step before GAE
     missing_eos_penalty: float = 0.0  # subtracted from the score of a completion the length limit cut
+    tools: tuple[str, ...] = ()  # --tools: the tools whose calls a rollout runs (trainer/tool_rollouts.py); (): none
+    max_tool_rounds: int = 2  # --max_tool_rounds: rounds of calls per rollout
+    open_thinking: bool = False  # the prompts' thinking block is open: so is each turn's after the tool results
 
 
 class CriticModel(nn.Module):
@@ -161,7 +173,7 @@ class ProximalPolicy(RolloutObjective):
                  reference: torch.nn.Module | None, seed: int, process_index: int,
                  autocast: Callable[[], AbstractContextManager], world: int = 1) -> None:
         super().__init__(rewards, tokenizer, settings, reference, seed, process_index, autocast, world)
-        self.stat_names = STAT_NAMES + self.reward_names + self.reward_std_names
+        self.stat_names = STAT_NAMES + self.tool_stat_names + self.reward_names + self.reward_std_names
         self.stat_windows["explained_variance"] = StatWindow.DEFINED_MEAN  # NaN on a step whose returns are equal
         self.updates_per_rollout = settings.ppo_epochs
 
@@ -208,7 +220,8 @@ class ProximalPolicy(RolloutObjective):
         same in every micro-batch ("rollout_stats"): the reward's mean and std over its completions, the mean KL
         and the critic's explained variance over its tokens, the mean completion length and the others of
         completion_shape (shortest, longest, the share cut, the mean, shortest and longest length of those that
-        ended), and each reward function's mean and std ("reward_function_stats", set_function_stats). So one
+        ended), each reward function's mean and std ("reward_function_stats", set_function_stats) and with --tools
+        the calls per rollout and the failed ones ("tool_stats", set_tool_stats). So one
         process of 4 prompts, two of 2 and one of 2 micro-batches of 2 take the same step."""
         tokens = CompletionTokens(batches)
         if self.settings.whiten_rewards:
@@ -242,11 +255,13 @@ class ProximalPolicy(RolloutObjective):
         rollout_stats row (finish_rollouts)."""
         reward_sums = self.reward_sums(batches)
         first = global_sums(accelerator, reward_sums, tokens.count(), tokens.sum(_advantages), tokens.sum(_returns),
-                            tokens.sum(_residuals), tokens.sum(_kl))
+                            tokens.sum(_residuals), tokens.sum(_kl), self.tool_count_sums(batches))
         reward, length = self.reward_means(first[:len(reward_sums)])
         shape = self.completion_shape(first[:len(reward_sums)])
         completions, count = float(first[0]), float(first[len(reward_sums)])
-        advantage, returned, residual, kl = (first[len(reward_sums) + 1:] / max(count, 1.0)).tolist()
+        token_sums, tool_sums = first[len(reward_sums) + 1:len(reward_sums) + 5], first[len(reward_sums) + 5:]
+        advantage, returned, residual, kl = (token_sums / max(count, 1.0)).tolist()
+        self.set_tool_stats(batches, tool_sums, completions)
         scores = torch.cat([batch["scores"] for batch in batches]).double()
         second = global_sums(accelerator, tokens.sum(_advantages, advantage, 2), tokens.sum(_returns, returned, 2),
                              tokens.sum(_residuals, residual, 2), ((scores - reward) ** 2).sum(),
@@ -277,7 +292,7 @@ class ProximalPolicy(RolloutObjective):
         stats = torch.tensor([reward, reward_std, kl, result.clip_fraction, result.policy_loss, result.value_loss,
                               explained, length, *shape, entropy, result.approx_kl,
                               result.value_clip_fraction, result.ratio], device=mask.device)
-        stats = torch.cat([stats, batch["reward_function_stats"]])
+        stats = torch.cat([stats, self.logged_tool_stats(batch, stats), batch["reward_function_stats"]])
         # Weighed by this micro-batch's completion tokens, which the core sums over the step's micro-batches and
         # processes and divides by the step's (num_items): the clip fractions, the losses, the entropy, the
         # approximate KL and the ratio, token means here, become the step's exact token means; the rollout's

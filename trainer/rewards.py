@@ -3,7 +3,7 @@ under a contract whose breaches stop a run with one line.
 
 A reward function has TRL's signature: `function(prompts: list[str], completions: list[str], **columns) ->
 list[float | None]`, one value per completion, where `columns` are the data rows' other fields, one list each,
-aligned with the completions (e.g. `answer=[...]`); with GRPO's --tools also `completion_messages`
+aligned with the completions (e.g. `answer=[...]`); with --tools also `completion_messages`
 (COMPLETION_MESSAGES: each completion's episode as OpenAI messages, its assistant turns read back and its tool
 results, as TRL hands a tool-calling rollout to its rewards; the completion's text is the whole episode's). None
 means "this function does not score this completion": it adds nothing to that completion's weighted sum, as TRL's
@@ -132,7 +132,7 @@ def think_format(prompts: list[str], completions: list[str], **columns) -> list[
     return rewards
 
 
-COMPLETION_MESSAGES = "completion_messages"  # GRPO --tools: each completion's episode as messages (trainer/grpo.py)
+COMPLETION_MESSAGES = "completion_messages"  # --tools: each completion's episode as messages (trainer/grpo.py)
 TOOL_CALL_WEIGHT = 0.5  # tool_use's weight of the right call; the fact in the answer has the rest
 
 
@@ -150,7 +150,7 @@ def tool_call(prompts: list[str], completions: list[str], completion_messages: S
               **columns) -> list[float]:
     """1.0 where the episode's first tool call is the row's `tool` with arguments that give the row's `result`
     (dataset/tool_scoring.py, is_right_reply: "eiffel tower" for "Eiffel Tower" counts), else 0.0. Reads the
-    episode's messages (GRPO --tools: COMPLETION_MESSAGES)."""
+    episode's messages (--tools: COMPLETION_MESSAGES)."""
     from dataset.tool_scoring import is_right_reply
     questions = _tool_questions(prompts, tool, result, fact, arguments)
     return [float(is_right_reply(question, [(call["name"], call["arguments"]) for message in messages
@@ -184,12 +184,12 @@ def tool_use(prompts: list[str], completions: list[str], completion_messages: Se
 BUILTIN: dict[str, RewardFunction] = {"math_answer": math_answer, "length_penalty": length_penalty,
                                       "repetition_penalty": repetition_penalty, "think_format": think_format,
                                       "tool_use": tool_use}
-# Built-ins that read the rollouts' tool calls (COMPLETION_MESSAGES): only a GRPO run with --tools has them.
+# Built-ins that read the rollouts' tool calls (COMPLETION_MESSAGES): only a GRPO or PPO run with --tools has them.
 TOOL_REWARDS = ("tool_use",)
 # A built-in's parts, scored beside it at weight 0 (logged as rewards/<part>, adding nothing to the reward).
 REWARD_PARTS: dict[str, tuple[RewardFunction, ...]] = {"tool_use": (tool_call, tool_fact)}
 REWARD_ARGUMENTS = ("prompts", "completions")  # what score passes every function by name: no column may be one
-RESERVED_NAMES = (*REWARD_ARGUMENTS, COMPLETION_MESSAGES)  # and what GRPO --tools passes beside the columns
+RESERVED_NAMES = (*REWARD_ARGUMENTS, COMPLETION_MESSAGES)  # and what --tools passes beside the columns
 
 
 @dataclass(frozen=True)

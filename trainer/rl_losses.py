@@ -5,10 +5,12 @@ KL-penalised per-token rewards, the missing-eos penalty, GAE, whitening, the cli
 their sum, and the critic's explained variance.
 
 Conventions. A batch holds B completions of up to T tokens; `mask` (B, T) is 1 on a completion's tokens and 0 on
-its padding, which must trail. `logp` (B, T) are the log-probabilities of the sampled tokens under the policy being
-trained (with gradients), `old_logp` those under the policy that sampled them (detached), `ref_logp` those under the
-frozen reference model. The importance ratio is r = exp(logp - old_logp), 1 at the first update of a rollout. A
-loss is a 0-d tensor to minimize; each function names the paper and equation it follows.
+its padding, which trails, and on the tool results' tokens inside an episode that calls tools (--tools: context,
+not actions; every function here leaves them out, and PPO's rewards and GAE step over them). `logp` (B, T) are the
+log-probabilities of the sampled tokens under the policy being trained (with gradients), `old_logp` those under the
+policy that sampled them (detached), `ref_logp` those under the frozen reference model. The importance ratio is
+r = exp(logp - old_logp), 1 at the first update of a rollout. A loss is a 0-d tensor to minimize; each function
+names the paper and equation it follows.
 """
 
 from __future__ import annotations
@@ -233,8 +235,14 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     """Generalized advantage estimation (Schulman et al. 2016, "High-Dimensional Continuous Control Using
     Generalized Advantage Estimation", arXiv:1506.02438, equation 16), per token of B completions (B, T):
     delta_t = r_t + gamma V_{t+1} - V_t with V = 0 after a completion's last token (the episode ends there), and
-    A_t = delta_t + gamma lam A_{t+1}. Returns (advantages, returns = advantages + values), 0 on padding; both
-    detached (they are targets)."""
+    A_t = delta_t + gamma lam A_{t+1}. Returns (advantages, returns = advantages + values), 0 where `mask` is 0;
+    both detached (they are targets).
+
+    The recursion runs over the masked tokens only, in order: t + 1 is the next position where `mask` is 1, so a
+    gap inside a row (a tool result's tokens, --tools: an observation of the environment, not an action) is skipped
+    as one step of the episode, not taken as its end -- the action before it is followed by the action after it,
+    whose value the critic gives from its reading of the whole episode so far, the tool result included. Without
+    gaps (trailing padding only) this is the plain recursion."""
     rewards, values, mask = rewards.detach(), values.detach(), mask.to(values.dtype)
     advantages = torch.zeros_like(values)
     next_value = torch.zeros_like(values[:, 0])
@@ -242,7 +250,9 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     for t in reversed(range(values.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         advantages[:, t] = (delta + gamma * lam * next_advantage) * mask[:, t]
-        next_value, next_advantage = values[:, t] * mask[:, t], advantages[:, t]
+        action = mask[:, t].bool()  # off an action, the next action's value and advantage carry over it
+        next_value = torch.where(action, values[:, t], next_value)
+        next_advantage = torch.where(action, advantages[:, t], next_advantage)
     return advantages, (advantages + values) * mask
 
 
@@ -299,11 +309,13 @@ def kl_penalized_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: tor
     each token pays -beta x kl_estimate(logp, ref_logp, kl_estimator), by default k1 = logp - ref_logp, the
     estimate of the KL to the reference from the sampled token (its sum over a completion estimates the
     completion's KL without bias; TRL's kl_estimator="k3" pays kl_k3 instead), and the completion's score (B,)
-    comes at its last token; 0 on padding. The log-probs are the rollout's (detached): the KL is a reward, not a
-    loss term."""
+    comes at its last token (the last where `mask` is 1: a tool result's tokens inside a row are out of the mask,
+    --tools, and pay nothing); 0 where `mask` is 0. The log-probs are the rollout's (detached): the KL is a reward,
+    not a loss term."""
     mask = mask.to(logp.dtype)
     rewards = -beta * kl_estimate(logp.detach(), ref_logp.detach(), kl_estimator) * mask
-    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = torch.where(mask.bool(), positions, 0).amax(dim=1)  # an empty row: position 0, as before
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last] += scores.to(rewards.dtype)
     return rewards

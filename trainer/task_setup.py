@@ -105,7 +105,8 @@ def _rollout_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, unwr
         settings = PPOSettings(args.num_generations, args.max_completion_length, args.temperature, args.top_p,
                                args.beta, args.epsilon, args.cliprange_value, args.vf_coef, args.gamma,
                                args.lam, args.ppo_epochs, args.kl_estimator, args.whiten_rewards,
-                               args.missing_eos_penalty)
+                               args.missing_eos_penalty, rollout_tools(args), args.max_tool_rounds,
+                               args.open_thinking)
         return ProximalPolicy(rewards, tokenizer, settings, *common)
     from trainer.grpo import GroupRelativePolicy, RolloutSettings
     settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length, args.temperature,

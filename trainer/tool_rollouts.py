@@ -1,5 +1,5 @@
-"""Rollouts that call tools (GRPO's --tools): an episode is sampled turn by turn, and the tool calls a turn ends with
-are run between its turns, as model/chat_session.py runs them for the chat and the server.
+"""Rollouts that call tools (GRPO's and PPO's --tools): an episode is sampled turn by turn, and the tool calls a turn
+ends with are run between its turns, as model/chat_session.py runs them for the chat and the server.
 
 One episode per prompt and sample: the policy samples an assistant turn after the prompt; when the turn ends (its
 end-of-turn token) with tool calls read from its control ids (dataset/chat_format.py, parse_assistant_ids; any name
@@ -11,7 +11,8 @@ the prompt -- the sampled turns and the appended context -- is at most `max_leng
 reaches it (in a turn, or in the context the tools add) is cut, not ended.
 
 The appended tokens are context, not actions: the episode's `action_mask` is False on them, so the policy loss, the
-KL and the entropy (trainer/grpo.py reads this mask as its completion mask) count the sampled tokens only. Each
+KL and the entropy (trainer/grpo.py reads this mask as its completion mask; so does trainer/ppo.py, whose rewards,
+value loss and GAE step over them too) count the sampled tokens only. Each
 turn's seed comes from `round_seed(episode, round)` (trainer/grpo.py derives it from the step, the prompt's place
 in the global batch, the sample's in its group and the round), so a resumed run and several processes sample the
 same episodes as one process. A call's JSON is sampled like any other token (the chat decodes it greedily,

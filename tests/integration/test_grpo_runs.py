@@ -450,31 +450,12 @@ def test_max_seq_len_that_lets_a_prompt_fill_the_context_is_refused_before_train
     assert read_summary(tmp_path / "fits")["steps"] == 1
 
 
-# --tools: a tiny model memorized to ask the calculator for 2 + 3 and to answer with its result
-TOOL_QUESTION = "What is 2 + 3?"
-TOOL_CALL = {"name": "calculator", "arguments": {"expression": "2 + 3"}}
-
-
+# --tools: the tiny model memorized to ask the calculator for 2 + 3, and its prompts (tests/training_runs.py)
 @pytest.fixture(scope="module")
 def tool_run_inputs(tmp_path_factory, tokenizer):
-    """The memorized model, and prompt data of the tool question (the tool_use reward's columns) and of another
-    question it was not taught."""
-    from dataset.tools import tool_schemas
-    from tests.memorized_model import memorized_model, supervised_row
-    from tests.training_runs import write_jsonl
+    from tests.training_runs import write_tool_run_inputs
 
-    root = tmp_path_factory.mktemp("grpo_tools")
-    asked = [{"role": "system", "content": "", "tools": tool_schemas()}, {"role": "user", "content": TOOL_QUESTION}]
-    call = {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}
-    rows = [supervised_row(tokenizer, asked + [call]),
-            supervised_row(tokenizer, asked + [call, {"role": "tool", "content": "5"},
-                                               {"role": "assistant", "content": "2 + 3 = 5."}])]
-    model = memorized_model(tokenizer, rows, root / "model", positions=512)
-    other = [asked[0], {"role": "user", "content": "What is 4 + 4?"}]
-    write_jsonl(root / "tools.jsonl", [
-        {"prompt": prompt, "tool": "calculator", "arguments": {"expression": expression}, "result": result,
-         "fact": result} for prompt, expression, result in ((asked, "2 + 3", "5"), (other, "4 + 4", "8"))] * 2)
-    return model, root / "tools.jsonl"
+    return write_tool_run_inputs(tmp_path_factory.mktemp("grpo_tools"), tokenizer)
 
 
 def _tool_argv(model, data, out_dir, *extra: str) -> list[str]:

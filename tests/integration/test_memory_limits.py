@@ -387,7 +387,7 @@ def test_an_allocation_failure_inside_the_sampling_engine_ends_in_the_one_line(t
             return [Distillation.sampled(objective, model, batches[0], step, 0)]
     else:
         objective = SimpleNamespace(**vars(common), settings=SimpleNamespace(
-            num_generations=2, max_completion_length=4, temperature=1.0, top_p=1.0))
+            num_generations=2, max_completion_length=4, temperature=1.0, top_p=1.0, tools=()))
         batch = {"prompt_ids": [[5, 6, 7]]}
         objective.sample_rollouts = partial(RolloutObjective.sample_rollouts, objective)  # the plain completions'
 

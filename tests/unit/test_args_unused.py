@@ -45,6 +45,7 @@ UNUSED = [
     ("ppo", ["--beta", "0"], "kl_estimator", "k3", "only --beta > 0 (the KL the rewards pay) uses it"),
     ("grpo", [], "importance_sampling_level", "sequence", "only --num_iterations 2 or more"),
     ("grpo", [], "max_tool_rounds", "3", "only --tools (rollouts that call tools) uses it"),
+    ("ppo", [], "max_tool_rounds", "3", "only --tools (rollouts that call tools) uses it"),
 ]
 IDS = [f"{task}-{flag}" for task, _, flag, _, _ in UNUSED]
 

@@ -255,9 +255,10 @@ def test_tool_use_needs_its_columns_and_the_tools_flag(capsys):
     with pytest.raises(SystemExit):
         parse_args("grpo", ["--reward", "tool_use"])
     assert capsys.readouterr().err.splitlines()[0] == ("error: --reward='tool_use' is not allowed; it reads the "
-                                                       "rollouts' tool calls: give GRPO's --tools with it")
+                                                       "rollouts' tool calls: give --tools with it")
     with pytest.raises(SystemExit):
         parse_args("grpo", ["--tools", "calculator,search"])
     assert capsys.readouterr().err.splitlines()[0].endswith(
         "give built-in tools, comma-separated, each once: wiki, calculator, convert_units")
-    assert parse_args("grpo", ["--tools", "calculator", "--reward", "tool_use", "--max_tool_rounds", "3"]).tools
+    for task in ("grpo", "ppo"):  # PPO's rollouts call tools as GRPO's
+        assert parse_args(task, ["--tools", "calculator", "--reward", "tool_use", "--max_tool_rounds", "3"]).tools

@@ -1,9 +1,10 @@
-"""GRPO rollouts that call tools (trainer/tool_rollouts.py through trainer/grpo.py, --tools): with a fake sampler
-that emits a fixed calculator call and then an answer, the episode's ids are the chat template's rendering of the
-conversation token by token and the completion mask is False exactly on the tool message's tokens; each turn's seed
-is its (step, sample, generation, round) digest, the same when the step is split over two processes; a cut episode
-counts as cut; the loss and its gradient are the plain GRPO formula computed in fp64 by hand over the sampled tokens
-only; the rewards get the episode's messages."""
+"""GRPO's and PPO's rollouts that call tools (trainer/tool_rollouts.py through trainer/grpo.py, --tools): with a fake
+sampler that emits a fixed calculator call and then an answer, the episode's ids are the chat template's rendering of
+the conversation token by token and the completion mask is False exactly on the tool message's tokens; each turn's
+seed is its (step, sample, generation, round) digest, the same when the step is split over two processes; a cut
+episode counts as cut; the loss and its gradient are the plain GRPO formula computed in fp64 by hand over the sampled
+tokens only; the rewards get the episode's messages; PPO's rewards, GAE (over the sampled tokens in order),
+advantages, loss and gradients equal an fp64 computation by hand over the sampled tokens."""
 
 from __future__ import annotations
 
@@ -219,3 +220,103 @@ def test_the_loss_is_the_plain_formula_over_the_sampled_tokens_only(tokenizer, p
     expected.backward()
     for (name, ours), theirs in zip(policy.named_parameters(), model64.parameters()):
         torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+PPO_BETA, PPO_VF_COEF, PPO_GAMMA, PPO_LAM = 0.1, 0.3, 0.9, 0.8
+
+
+def _ppo_objective(tokenizer, policy, reference, scores: list[float]):
+    """PPO --tools (trainer/ppo.py) with a critic whose values are of order 1 (not a fresh head's zeros), GAE's
+    gamma and lambda below 1 (so that where the recursion steps shows), the KL's beta 0.1 against `reference`."""
+    from trainer.ppo import CriticModel, PolicyAndCritic, PPOSettings, ProximalPolicy
+
+    critic = CriticModel(_model(len(tokenizer), seed=5).model)
+    with torch.no_grad():
+        critic.value_head.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(6))
+        critic.value_head.bias.fill_(0.1)
+    settings = PPOSettings(num_generations=1, max_completion_length=96, temperature=1.0, top_p=1.0, beta=PPO_BETA,
+                           epsilon=0.2, cliprange_value=0.2, vf_coef=PPO_VF_COEF, gamma=PPO_GAMMA, lam=PPO_LAM,
+                           ppo_epochs=1, tools=TOOLS, max_tool_rounds=2)
+
+    def reward(prompts, completions, completion_messages, **columns):
+        return scores[:len(completions)]
+
+    objective = ProximalPolicy([Reward("r", reward)], tokenizer, settings, reference, seed=9, process_index=0,
+                               autocast=nullcontext)
+    return objective, PolicyAndCritic(policy, critic)
+
+
+def test_ppo_takes_the_tool_results_as_context_in_its_rewards_gae_and_losses(tokenizer, policy, monkeypatch):
+    """PPO --tools on two episodes of the fixed call, its tool message and the answer, against fp64 by hand over the
+    sampled tokens only (their positions known from the fake turns, not from the mask): the KL-penalised rewards
+    (k1, the score at the answer's last token), GAE over the sampled tokens in order -- the call's <|im_end|> followed
+    by the answer's first token, whose value is the critic's at the tool message's last token --, the returns,
+    the advantages whitened over the sampled tokens, 0 on the tool message's tokens; then the loss and every
+    gradient, policy's and critic's: the clipped policy loss and vf_coef x the value loss as token means over the
+    sampled tokens; the logged KL, length and tool statistics."""
+    import trainer.grpo as grpo
+    from trainer.ppo import STAT_NAMES
+
+    monkeypatch.setattr(grpo, "sample_completions", _fake_sampler(tokenizer, []))
+    scores = [1.0, -0.5]
+    objective, model = _ppo_objective(tokenizer, policy, _model(len(tokenizer), seed=4), scores)
+    batch = objective.rollouts(model, [_prompt_batch(tokenizer, 2)], step=2, accelerator=OneProcess())[0]
+    call, answer = _call_ids(tokenizer), _answer_ids(tokenizer)
+    context = len(encode_text(tokenizer, "\n")) + len(encode_chatml(
+        tokenizer, [{"role": "tool", "content": "5"}], add_generation_prompt=True).input_ids)
+    width = len(call) + context + len(answer)
+    sampled = list(range(len(call))) + list(range(len(call) + context, width))
+    assert batch["completion_mask"].tolist() == [[t in sampled for t in range(width)]] * 2
+    model64, reference64 = copy.deepcopy(model).double(), copy.deepcopy(objective.reference).double()
+    ids = batch["input_ids"]
+    logits, values = model64.policy(input_ids=ids).logits, model64.critic(ids)
+    with torch.no_grad():
+        ref_logits = reference64(input_ids=ids).logits
+    logps, state_values, targets, gae_rows, kls = [], [], [], [], []
+    for i, score in enumerate(scores):
+        start = int(batch["starts"][i])
+        positions = [start + t for t in sampled]
+        logp = [torch.log_softmax(logits[i, p - 1], dim=-1)[ids[i, p]] for p in positions]
+        ref = [torch.log_softmax(ref_logits[i, p - 1], dim=-1)[ids[i, p]].item() for p in positions]
+        value = [values[i, p - 1] for p in positions]  # the state before each sampled token
+        kls += [lp.item() - r for lp, r in zip(logp, ref)]  # k1
+        rewards = [-PPO_BETA * (lp.item() - r) for lp, r in zip(logp, ref)]
+        rewards[-1] += score
+        v = [x.item() for x in value] + [0.0]  # 0 after the episode's last sampled token
+        deltas = [rewards[k] + PPO_GAMMA * v[k + 1] - v[k] for k in range(len(sampled))]
+        advantages = [sum((PPO_GAMMA * PPO_LAM) ** (j - k) * deltas[j] for j in range(k, len(sampled)))
+                      for k in range(len(sampled))]
+        returns = [a + x for a, x in zip(advantages, v)]
+        for name, expected in (("rewards", rewards), ("returns", returns), ("old_values", v[:-1])):
+            row = [0.0] * width
+            for t, x in zip(sampled, expected):
+                row[t] = x
+            assert batch[name][i].tolist() == pytest.approx(row, rel=1e-4, abs=1e-5), name
+        logps.append(logp), state_values.append(value), targets.append(returns), gae_rows.append(advantages)
+    flat = [a for row in gae_rows for a in row]
+    mean = sum(flat) / len(flat)
+    scale = (sum((a - mean) ** 2 for a in flat) / (len(flat) - 1) + 1e-8) ** 0.5
+    whitened = [[(a - mean) / scale for a in row] for row in gae_rows]
+    for i, row in enumerate(whitened):
+        expected = [0.0] * width
+        for t, a in zip(sampled, row):
+            expected[t] = a
+        assert batch["advantages"][i].tolist() == pytest.approx(expected, rel=1e-3, abs=1e-4)
+    # The first update: the ratio is 1 and no value moved, so nothing clips; token means over the sampled tokens.
+    units = objective.count_items(batch)
+    assert int(units) == 2 * len(sampled)
+    loss, stats = objective.loss(model, batch, units)
+    expected = sum(-a * torch.exp(lp - lp.detach()) + PPO_VF_COEF * 0.5 * (value - target) ** 2
+                   for row in zip(whitened, logps, state_values, targets) for a, lp, value, target in zip(*row))
+    expected = expected / (2 * len(sampled))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-6)
+    loss.backward()
+    expected.backward()
+    for (name, ours), theirs in zip(model.named_parameters(), model64.parameters()):
+        torch.testing.assert_close(ours.grad.double(), theirs.grad, rtol=1e-3,
+                                   atol=1e-5 * float(theirs.grad.abs().max()), msg=name)
+    logged = dict(zip(objective.stat_names, (stats / units).tolist()))
+    assert objective.stat_names[len(STAT_NAMES):len(STAT_NAMES) + 2] == ("tool_calls", "tool_errors")
+    assert (logged["tool_calls"], logged["tool_errors"]) == (1.0, 0.0)  # one right call per episode
+    assert logged["completion_length"] == len(sampled)
+    assert logged["kl"] == pytest.approx(sum(kls) / len(kls), rel=1e-4, abs=1e-6)

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from dataset.atomic_io import not_utf8_at
 from dataset.shown_value import shown_path, shown_text, shown_value
@@ -77,17 +77,39 @@ class ToolParser(argparse.ArgumentParser):
 INTERRUPTED_LINE = "interrupted"  # all that Ctrl-C prints: the user asked for the stop, there is nothing to debug
 
 
+class LineEndTracker:
+    """A text stream (sys.stderr, run_main's) that remembers whether what was written last ended a line ("\n", or
+    a progress bar's "\r"), so that a last line can start on a line of its own; everything else is the stream's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.at_line_start = True
+
+    def write(self, text: str) -> int:
+        written = self.stream.write(text)
+        if text:
+            self.at_line_start = text[-1] in "\r\n"
+        return written
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def print_interrupted(detail: str = "") -> None:
     """INTERRUPTED_LINE (then `detail`, after "; ") on stderr, on a line of its own: a progress bar the interrupt
     cut off holds its line open (tqdm ends the line only when the bar closes: "...| 0/20000 [00:00<?]interrupted"),
-    so the bars still open are closed first."""
+    so the bars still open are closed first; one the interrupt caught inside its own start (drawn, then closed by
+    its `with` before it knew it had drawn: it writes nothing) is ended with a newline where stderr (run_main's
+    LineEndTracker) says its line is open."""
     tqdm_module = sys.modules.get("tqdm")  # no bar without tqdm loaded
     for bar in list(getattr(getattr(tqdm_module, "tqdm", None), "_instances", ())):
         try:
             bar.close()
         except (OSError, ValueError, AttributeError):  # a bar whose stream is gone: nothing left to end
             pass
-    print(f"{INTERRUPTED_LINE}; {detail}" if detail else INTERRUPTED_LINE, file=sys.stderr, flush=True)
+    start = "" if getattr(sys.stderr, "at_line_start", True) else "\n"
+    print(f"{start}{INTERRUPTED_LINE}; {detail}" if detail else f"{start}{INTERRUPTED_LINE}", file=sys.stderr,
+          flush=True)
 
 
 def _interrupted_while_loading(signum: int, frame: object) -> NoReturn:  # noqa: ARG001
@@ -149,6 +171,16 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
     EXIT_INTERRUPTED, not a KeyboardInterrupt traceback."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:  # loaded: Ctrl-C is a KeyboardInterrupt again
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    stderr = sys.stderr
+    sys.stderr = LineEndTracker(stderr)  # for print_interrupted: whether a bar left its line open
+    try:
+        _exit_with(main)
+    finally:  # the process's own stderr again for what comes after (an in-process caller: a test)
+        sys.stderr = stderr
+
+
+def _exit_with(main: Callable[[], int | None]) -> NoReturn:
+    """run_main's ways out (SystemExit always)."""
     try:
         try:
             code = main()

@@ -1,8 +1,9 @@
 """eval/tool_eval.py on a tiny model that has memorised the tool dialogues of a few held-out questions and one small
 talk: asked those questions it makes the right calls and answers with the facts (every rate 100%) and answers the
-small talk without a call; asked other held-out questions it makes no right call (0%, each counted where it goes wrong, alike in
-the outcomes and the counts; where each kind of wrong call goes wrong is tested in tests/unit/test_tool_scoring.py). With --after_other each question comes
-after an exchange of the other kind, which the model memorised too. The JSON report holds each transcript."""
+small talk without a call; asked other held-out questions it makes no right call (0%, each counted where it goes
+wrong, alike in the outcomes and the counts; where each kind of wrong call goes wrong is tested in
+tests/unit/test_tool_scoring.py). With --after_other each question comes after an exchange of the other kind, which
+the model memorised too. The JSON report holds each transcript."""
 
 from __future__ import annotations
 

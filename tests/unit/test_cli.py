@@ -107,6 +107,38 @@ def test_ctrl_c_under_an_open_progress_bar_prints_interrupted_on_a_line_of_its_o
     assert not list(tqdm._instances)  # closed, so no later __del__ draws the bar again after the line
 
 
+def test_ctrl_c_inside_a_bars_start_still_prints_interrupted_on_a_line_of_its_own(capsys):
+    """A bar the interrupt caught inside its own start, drawn but not yet knowing it was (tqdm sets last_print_t after
+    the first draw), writes nothing when its `with` closes it, leaving the line open (evaluate.py's test under load on
+    an AMD EPYC: "...examples/s]interrupted"): stderr, run_main's, knows the line is open and interrupted starts a
+    new one; one a bar ended (its "\r") gets none."""
+    import sys
+
+    from tqdm import tqdm
+
+    from trainer.cli import run_main
+
+    def main() -> int:
+        bar = tqdm(total=20_000, desc="tokenizing documents", file=sys.stderr)
+        del bar.last_print_t  # as in its __init__ between the first draw and the time kept
+        bar.close()  # what the `with` around it does on the way out: nothing written
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit):
+        run_main(main)
+    err = capsys.readouterr().err
+    assert err.endswith("?it/s]\ninterrupted\n"), err
+
+    def ended() -> int:
+        sys.stderr.write("\rtokenizing documents: 100%")
+        sys.stderr.write("\r")
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit):
+        run_main(ended)
+    assert capsys.readouterr().err == "\rtokenizing documents: 100%\rinterrupted\n"
+
+
 @pytest.mark.parametrize("module_name", ["__main__", "eval.chat"])
 def test_begin_command_bounds_openmp_waits_and_quiets_ctrl_c_only_as_the_command(module_name, monkeypatch):
     """A model-running command's one start-up call: OpenMP's spin bounded whether the file runs or is imported (as

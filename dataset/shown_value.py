@@ -2,8 +2,8 @@
 values). Python's repr of a tensor or an array is every element over many lines, and that of a long list or dict
 (a whole rope_scaling, a token list) buries the field and the allowed values; shown_value keeps the quote to one
 short line. shown_json quotes a JSON API's client value as JSON, shown_text cuts a quote or a name a client chose
-(a server's error echoing a 100,000-character tool name made a 100,000-character error), and flag_refusal writes
-the refusal line of a flag."""
+(a server's error echoing a 100,000-character tool name made a 100,000-character error), shown_name names a field
+by a key a user wrote (a sweep YAML's parameter), and flag_refusal writes the refusal line of a flag."""
 
 from __future__ import annotations
 
@@ -42,8 +42,21 @@ def shown_path(path: str) -> str:
     """A path as an error names it: whole up to PATH_MAX characters (the longest a system call takes; a user needs
     the whole name to find the file), longer cut as shown_text cuts (such a text only names a file after pathlib
     folds its "./" away), on one line either way (a newline or other control character escaped as repr escapes it)."""
-    escaped = "".join(char if char.isprintable() else repr(char)[1:-1] for char in path)
+    escaped = _escaped(path)
     return escaped if len(escaped) <= PATH_MAX else shown_text(escaped)
+
+
+def shown_name(name: str) -> str:
+    """A key a user wrote (a YAML mapping's key, a sweep's parameter name) as a message names a field by it
+    (``parameters.<name>.values``): as written where it is short and printable, else each control character
+    escaped as repr escapes it (a newline as \\n: the line stays one, and a name holding "\\r" or a terminal's
+    escape codes cannot rewrite it) and cut as shown_text cuts."""
+    return shown_text(_escaped(name))
+
+
+def _escaped(text: str) -> str:
+    """`text` with each character that is not printable (a newline, a tab, an escape code) as repr writes it."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def flag_refusal(flag: str | None, value: Any, allowed: str) -> str:

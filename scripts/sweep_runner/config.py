@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dataset.shown_value import shown_text, shown_value
+from dataset.shown_value import shown_name, shown_text, shown_value
 from scripts.sweep_runner.command import (DEFAULT_COMMAND, FLAG_MACROS, build_command, format_arg, program_path,
                                           trainer_of)
 from scripts.sweep_runner.engine import plain, propose_next, sweeps_module
@@ -86,23 +86,29 @@ def _check_parameter_specs(config: dict[str, Any], bad: Any) -> dict[str, Any]:
     return parameters
 
 
+def _field(name: str) -> str:
+    """The field of a parameter, as an error's prefix names it: its name is a key the user wrote, quoted by
+    shown_name (a 5,000-character name made a 5,000-character prefix; one holding a newline split the line)."""
+    return f"parameters.{shown_name(name)}"
+
+
 def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
     """One parameter's spec: a flat mapping of wandb's keys, its values a non-empty list, every number finite and
     every value JSON."""
     if not isinstance(name, str):  # wandb's engine asserts on it (a traceback)
         raise bad("parameters", f"parameter names must be strings, got {shown_value(name)}")
     if not isinstance(spec, dict):
-        raise bad(f"parameters.{name}", "expected a mapping such as {values: [...]} or {value: x}")
+        raise bad(_field(name), "expected a mapping such as {values: [...]} or {value: x}")
     if "parameters" in spec:
-        raise bad(f"parameters.{name}", "nested parameters are not supported by the trainer's flat flags")
+        raise bad(_field(name), "nested parameters are not supported by the trainer's flat flags")
     # wandb's schema names only the parameter ("invalid hyperparameter configuration: seed"), not what is wrong
     unknown = [key for key in spec if key not in PARAMETER_KEYS]
     if unknown:
-        raise bad(f"parameters.{name}.{unknown[0]}", f"not a key of a parameter spec; allowed: "
+        raise bad(f"{_field(name)}.{shown_name(str(unknown[0]))}", f"not a key of a parameter spec; allowed: "
                                                      f"{', '.join(PARAMETER_KEYS)}")
     if "values" in spec and not (isinstance(spec["values"], list) and spec["values"]):
         got = shown_value(spec["values"])
-        raise bad(f"parameters.{name}.values", f"expected a non-empty list of values, got {got}")
+        raise bad(f"{_field(name)}.values", f"expected a non-empty list of values, got {got}")
     # NaN or inf would be proposed and run as a trial (`--seed=nan`), and NaN never equals itself, so a trial
     # holding one is never found again on resume.
     numbers = [(key, spec.get(key)) for key in ("value", "min", "max", "mu", "sigma", "q") if key in spec]
@@ -110,7 +116,7 @@ def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
         numbers += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
     for key, value in numbers:
         if isinstance(value, float) and not math.isfinite(value):
-            raise bad(f"parameters.{name}.{key}", f"{value} is not a finite number")
+            raise bad(f"{_field(name)}.{key}", f"{value} is not a finite number")
     # A YAML date or !!binary cannot go into a trial's JSON (${args_json}, the state file): the state would be
     # written with str() in its place and the next start would call its own folder a different config.
     fields = [(key, value) for key, value in spec.items() if key != "values"]
@@ -118,7 +124,7 @@ def _check_parameter_spec(name: Any, spec: Any, bad: Any) -> None:
         fields += [(f"values[{i}]", value) for i, value in enumerate(spec["values"])]
     for key, value in fields:
         if not _is_json(value):
-            raise bad(f"parameters.{name}.{key}", f"{shown_value(value)} is not a JSON value (a string, number, "
+            raise bad(f"{_field(name)}.{key}", f"{shown_value(value)} is not a JSON value (a string, number, "
                                                   f"boolean, null, list or mapping); quote it to make it a string")
 
 
@@ -143,10 +149,33 @@ def _check_wandb_schema(config: dict[str, Any], parameters: dict[str, Any], sour
     if violations:
         name = violations[-1].removeprefix("invalid hyperparameter configuration: ")
         if name != violations[-1] and name in parameters:
-            raise bad(f"parameters.{name}", f"{shown_value(parameters[name])} is not a parameter spec wandb accepts; "
-                                            f"expected {{value: X}}, {{values: [X, ...]}} or a distribution "
-                                            f"(distribution, min, max, mu, sigma, q, a, b)")
-        raise SweepConfigError(f"{source}: {violations[-1]}")
+            raise bad(_field(name), f"{shown_value(parameters[name])} is not a parameter spec wandb accepts; "
+                                    f"expected {{value: X}}, {{values: [X, ...]}} or a distribution "
+                                    f"(distribution, min, max, mu, sigma, q, a, b)")
+        raise SweepConfigError(f"{source}: {_quoted_violation(config, violations[-1])}")
+
+
+def _quoted_violation(config: dict[str, Any], violation: str) -> str:
+    """wandb's schema violation as an error shows it: jsonschema's message quotes the refused value, or a key the
+    YAML gives that the schema lacks, whole by repr (a 5,000-character key or value made a 5,000-character line);
+    here the value is quoted by shown_value and the key by shown_name, after the field that holds it. A violation
+    of wandb's own words (no schema error) is shown as it is."""
+    error = next((error for error in sweeps_module().config.cfg.validator.iter_errors(config)
+                  if error.message == violation), None)
+    if error is None:
+        return violation
+    field = ".".join(shown_name(str(part)) for part in error.absolute_path)
+    where = f"{field}: " if field else ""
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = error.schema.get("properties", {})
+        extra = next((key for key in error.instance if key not in allowed), None)
+        if extra is not None:
+            return (f"{where}{shown_name(str(extra))}: not a key wandb's sweep schema allows here; allowed: "
+                    f"{', '.join(allowed)}")
+    quoted = repr(error.instance)
+    if error.message.startswith(quoted):  # jsonschema's "<value> is not of type ...", "<value> does not match ..."
+        return f"{where}{shown_value(error.instance)}{error.message[len(quoted):]}"
+    return where + shown_text(error.message)
 
 
 def _check_sweep_ends(config: dict[str, Any], bad: Any) -> None:
@@ -194,7 +223,7 @@ def _check_grid_size(parameters: dict[str, Any], bad: Any) -> None:
             sizes[name] = max(0, math.ceil((spec["max"] - spec["min"]) / spec["q"]))
     total = math.prod(sizes.values())
     if total > MAX_GRID_TRIALS:
-        shown = " x ".join(f"{name}: {size}" for name, size in sizes.items() if size > 1)
+        shown = " x ".join(f"{shown_name(name)}: {size}" for name, size in sizes.items() if size > 1)
         raise bad("parameters", f"a grid of {total} trials ({shown} values) is more than the serverless runner lists "
                                 f"(at most {MAX_GRID_TRIALS}); use fewer values, or method random or bayes with a "
                                 f"run_cap")
@@ -247,7 +276,7 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
 
     def refuse(name: str, key: str, value: Any, error: str) -> SweepConfigError:
         # repr, and the trainer's message (which quotes the value) escaped: a value holding a newline stays one line
-        return bad(f"parameters.{name}.{key}",
+        return bad(f"{_field(name)}.{key}",
                    f"{TRAINER_SCRIPTS[task]} refuses {shown_value(value)}: {_one_line(error)}")
 
     candidates = {name: _candidates(name, spec) for name, spec in config["parameters"].items()}
@@ -260,7 +289,7 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
                 for key, value in candidates[name]:
                     if (refused := refusal({**rest, name: value})) is not None:
                         raise refuse(name, key, value, refused)
-                raise bad(f"parameters.{name}", f"{TRAINER_SCRIPTS[task]} refuses {shown_value(base[name])}, the "
+                raise bad(_field(name), f"{TRAINER_SCRIPTS[task]} refuses {shown_value(base[name])}, the "
                                                 f"first trial's: {_one_line(error)}")
         raise bad("parameters", f"{TRAINER_SCRIPTS[task]} refuses the first trial {shown_value(base)}: "
                                 f"{_one_line(error)}")
@@ -309,10 +338,10 @@ def _unused_parameters(config: dict[str, Any], base: dict[str, Any], candidates:
         if unused_by is None:
             continue
         if not any(reads):
-            raise bad(f"parameters.{name}", f"no trial uses it: only {unused_by} uses it, which no trial turns on, "
+            raise bad(_field(name), f"no trial uses it: only {unused_by} uses it, which no trial turns on, "
                                             f"so its values would make identical trials (fix it with value:, or "
                                             f"sweep what turns it on)")
-        notes.append(f"note: parameters.{name}: only {unused_by} uses it; a trial without that runs at its "
+        notes.append(f"note: {_field(name)}: only {unused_by} uses it; a trial without that runs at its "
                      f"default, so its values make identical trials there (each trial notes it)")
     return notes
 
@@ -370,12 +399,12 @@ def parse_only(config: dict[str, Any], specs: list[str]) -> dict[str, list[Any]]
         name, sep, values = spec.partition("=")
         if not sep or name not in swept:
             raise SweepConfigError(f"--only {shown_value(spec)}: expected NAME=VALUE[,VALUE] with NAME one of "
-                                   f"{', '.join(swept)}")
+                                   f"{', '.join(map(shown_name, swept))}")
         grid = config["parameters"][name].get("values", [])
         for text in values.split(","):
             picked = [value for value in grid if format_arg(value) == text or _same_number(value, text)]
             if not picked:
-                raise SweepConfigError(f"--only {name}={shown_text(text)}: not in the grid; allowed: "
+                raise SweepConfigError(f"--only {shown_name(name)}={shown_text(text)}: not in the grid; allowed: "
                                        + ", ".join(format_arg(value) for value in grid))
             only.setdefault(name, []).extend(picked)
     return only

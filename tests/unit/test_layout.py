@@ -276,7 +276,8 @@ def test_the_refusal_check_catches_a_hand_written_line() -> None:
     assert _hand_written_refusals(source) == ["line 1: {value!r}", "line 2: {args.epochs}"]
 
 
-QUOTERS = ("shown_value", "shown_text", "shown_json", "shown_path", "flag_refusal")  # dataset/shown_value.py's
+# dataset/shown_value.py's
+QUOTERS = ("shown_value", "shown_text", "shown_json", "shown_path", "shown_name", "flag_refusal")
 
 
 def _own_cuts(source: str) -> list[str]:

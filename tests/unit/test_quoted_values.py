@@ -185,3 +185,52 @@ def test_a_folder_locks_holder_is_quoted_on_one_short_line(holder, words, tmp_pa
     finally:
         os.close(fd)
     _one_short_line(refused.value, words, 2 * str(tmp_path))
+
+
+def _cut_name(name: str) -> str:
+    """A key a user wrote as dataset/shown_value.py's shown_name names a field by it, written out: its control
+    characters escaped as repr escapes them (these names hold no quote or backslash), cut as _cut cuts."""
+    escaped = repr(name)[1:-1]
+    return escaped if len(escaped) <= MAX_SHOWN else escaped[:MAX_SHOWN - 3] + "..."
+
+
+HOSTILE_NAMES = [LONG, "a\nb" * 5_000, "seed\r\x1b[2J"]  # long; a newline in each of its lines; \r and an escape code
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+@pytest.mark.parametrize("where", ["parameter", "spec key", "top-level key"])
+def test_a_sweep_yamls_key_in_a_refusal_is_one_short_line(name, where):
+    """A sweep YAML's parameter name, a key of a parameter's spec and a top-level key wandb's schema lacks are named
+    in the refusal's field (`parameters.<name>.values`), each was printed whole (a 5,000-character prefix, or one
+    split over lines; the last by wandb's own message)."""
+    from scripts.sweep_runner.config import validate_sweep_config
+    from scripts.sweep_runner.errors import SweepConfigError
+    from sweeps.config.cfg import validator  # wandb's schema: the top-level keys it allows
+
+    config = {"method": "grid", "program": "never_run.py", "parameters": {"seed": {"values": [1]}}}
+    if where == "parameter":
+        config["parameters"] = {name: 5}
+        words = f"sweep config: parameters.{_cut_name(name)}: expected a mapping such as "
+    elif where == "spec key":
+        config["parameters"] = {"seed": {"values": [1], name: 2}}
+        words = f"sweep config: parameters.seed.{_cut_name(name)}: not a key of a parameter spec; allowed: value, "
+    else:
+        config[name] = 1
+        words = f"sweep config: {_cut_name(name)}: not a key wandb's sweep schema allows here; allowed: "
+    with pytest.raises(SweepConfigError) as refused:
+        validate_sweep_config(config)
+    message = _one_short_line(refused.value, words, also=", ".join(validator.schema["properties"]))
+    assert message.startswith(words)
+
+
+@pytest.mark.parametrize("value", [LONG, "1\n2" * 5_000])
+def test_a_sweep_yamls_value_wandbs_schema_refuses_is_one_short_line(value):
+    """wandb's schema message quotes the value it refuses by repr, whole: here by shown_value, after its field."""
+    from scripts.sweep_runner.config import validate_sweep_config
+    from scripts.sweep_runner.errors import SweepConfigError
+
+    config = {"method": "grid", "program": "never_run.py", "parameters": {"seed": {"values": [1]}}, "run_cap": value}
+    with pytest.raises(SweepConfigError) as refused:
+        validate_sweep_config(config)
+    assert _one_short_line(refused.value, " is not of type ") == (
+        f"sweep config: run_cap: {_cut(value)} is not of type 'integer'")

@@ -449,9 +449,15 @@ def check_chatml_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
         except TemplateError as error:  # an edited chat_template.jinja that does not parse or fails to render
             raise ValueError(f"the tokenizer's chat_template does not render: {first_line(error)}; MiniNorm's is "
                              f"written by scripts/train_tokenizer.py") from None
-        if rendered != render_chatml(_PROBE, **kwargs)[0]:
+        expected = render_chatml(_PROBE, **kwargs)[0]
+        if rendered != expected:
+            # The rendering is the template's (an edited chat_template.jinja may write 100,000 characters over many
+            # lines, which were quoted whole): quoted from where it first differs, each side cut by shown_value.
+            at = next((i for i, (ours, theirs) in enumerate(zip(expected, rendered)) if ours != theirs),
+                      min(len(expected), len(rendered)))
             raise ValueError(f"the tokenizer's chat_template is not MiniNorm's ChatML (dataset/chat_format.py); "
-                             f"with {kwargs} it renders {rendered!r}")
+                             f"with {kwargs} it renders {shown_value(rendered[at:])} at character {at}, where "
+                             f"ChatML has {shown_value(expected[at:])}")
     _CHATML_CHECKED[tokenizer] = tokenizer.chat_template
 
 

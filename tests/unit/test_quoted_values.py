@@ -234,3 +234,19 @@ def test_a_sweep_yamls_value_wandbs_schema_refuses_is_one_short_line(value):
         validate_sweep_config(config)
     assert _one_short_line(refused.value, " is not of type ") == (
         f"sweep config: run_cap: {_cut(value)} is not of type 'integer'")
+
+
+@pytest.mark.parametrize("junk", [LONG, "a\nb" * 5_000])
+def test_a_chat_template_that_renders_something_else_is_one_short_line(tokenizer, junk):
+    """dataset/chat_format.py's probe rendering of an edited chat_template was quoted whole by repr (a template
+    writing 10,000 characters made a 10,000-character error); it is quoted from where it leaves ChatML, cut."""
+    import copy
+
+    from dataset.chat_format import check_chatml_tokenizer
+
+    edited = copy.deepcopy(tokenizer)
+    edited.chat_template = "<|im_start|>" + junk  # ChatML's first turn goes on "<|im_start|>system\n"
+    with pytest.raises(ValueError) as refused:
+        check_chatml_tokenizer(edited)
+    message = _one_short_line(refused.value, "the tokenizer's chat_template is not MiniNorm's ChatML")
+    assert f" it renders {_cut(junk)} at character 12, where ChatML has 'system\\n" in message

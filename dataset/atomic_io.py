@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dataset.shown_value import shown_text, shown_value
+from dataset.shown_value import PATH_MAX, shown_path, shown_text, shown_value
 
 
 def first_line(error: BaseException, named: bool = False) -> str:
@@ -85,8 +85,14 @@ def _not_a_folder(path: Path, blocker: Path) -> str:
 def check_folder_path(path: Path, flag: str, itself: bool = True) -> None:
     """Refuse, in one line naming `flag`, a `path` that cannot be made a folder because it, or a folder above it,
     is a file (mkdir would fail there, after the work); `itself=False`: `path` is to be a file, and only the
-    folders above it are checked."""
-    blocker = file_in_the_way(path if itself else path.parent)
+    folders above it are checked. A name the system refuses to look up (a component over NAME_MAX bytes, a path
+    over 4,096: an OSError traceback) is refused the same way."""
+    try:
+        if name_too_long(path):  # the lookup below may stop at a missing folder first, and mkdir fail after the work
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+        blocker = file_in_the_way(path if itself else path.parent)
+    except OSError as error:  # exists() passes over a missing folder only: File name too long, Permission denied
+        raise ValueError(f"{flag} {_cannot_name(path, error, itself)}") from None
     if blocker is not None:
         raise ValueError(f"{flag} {_not_a_folder(path, blocker)}")
     # The folder the writes land in (or would be made in) must take them: refused before the work, not after it.
@@ -103,7 +109,26 @@ def make_dirs(path: str | Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise ValueError(_not_a_folder(path, file_in_the_way(path) or path)) from None
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:  # a full disk or a read-only one: the caller's to say
+            raise
+        raise ValueError(_cannot_name(path, error)) from None
     return path
+
+
+NAME_MAX = 255  # Linux's longest file name, in bytes (a component of a path)
+
+
+def name_too_long(path: Path) -> bool:
+    """Whether the system would refuse `path` as too long (File name too long): a component over NAME_MAX bytes, or
+    the whole over PATH_MAX - 1; counted here, as a lookup stops at a missing folder before a longer name below it."""
+    return len(os.fsencode(path)) >= PATH_MAX or any(len(os.fsencode(part)) > NAME_MAX for part in path.parts)
+
+
+def _cannot_name(path: Path, error: OSError, folder: bool = True) -> str:
+    """The one wording of a path the system refuses to look up (`error`: File name too long, Permission denied),
+    the path quoted by shown_path."""
+    return f"{shown_path(str(path))} cannot name a {'folder' if folder else 'file'} ({error.strerror})"
 
 
 def read_text_file(path: Path, what: str = "a file") -> str:

@@ -323,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         make_dirs(args.cache_dir)  # a file in the way: one line now, not a traceback (or one after --force's build)
     except ValueError as error:
-        parser.error(str(error))
+        parser.error(f"--cache_dir {error}")
     if args.force:
         build_default_corpus(args.cache_dir)
     ensure_default_corpus(args.cache_dir)

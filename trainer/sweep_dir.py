@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dataset.atomic_io import atomic_path, atomic_write_text, read_text_file
+from dataset.atomic_io import NAME_MAX, atomic_path, atomic_write_text, read_text_file
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_value
 from trainer.run_dir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, append_jsonl, read_jsonl, resolve_path
@@ -65,8 +65,9 @@ def swept_names(config: dict[str, Any]) -> list[str]:
 
 
 def is_folder_name(name: Any) -> bool:
-    """Whether ``name`` is one plain path component (a sweep's or a trial's folder), not a path."""
-    return isinstance(name, str) and _FOLDER_NAME.fullmatch(name) is not None
+    """Whether ``name`` is one plain path component (a sweep's or a trial's folder), not a path, that the system
+    takes (at most NAME_MAX characters: the pattern's are one byte each)."""
+    return isinstance(name, str) and len(name) <= NAME_MAX and _FOLDER_NAME.fullmatch(name) is not None
 
 
 def _read_text(path: Path) -> str | None:

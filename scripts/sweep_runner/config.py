@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dataset.atomic_io import NAME_MAX
 from dataset.shown_value import shown_name, shown_text, shown_value
 from scripts.sweep_runner.command import (DEFAULT_COMMAND, FLAG_MACROS, build_command, format_arg, program_path,
                                           trainer_of)
@@ -73,7 +74,8 @@ def _check_method_and_metric(config: dict[str, Any], bad: Any) -> None:
 def _check_sweep_name(config: dict[str, Any], bad: Any) -> None:
     if "name" in config and not is_folder_name(config["name"]):
         # the sweep's folder is out/sweeps/<name>: a path there would put it (and its trials) anywhere
-        raise bad("name", f"{shown_value(config['name'])} is not a folder name (letters, digits, '.', '_', '=', '-')")
+        raise bad("name", f"{shown_value(config['name'])} is not a folder name (letters, digits, '.', '_', '=', '-'; "
+                         f"at most {NAME_MAX} characters)")
 
 
 def _check_parameter_specs(config: dict[str, Any], bad: Any) -> dict[str, Any]:

@@ -923,7 +923,7 @@ def test_the_corpus_command_names_a_file_in_the_way_of_its_cache_in_one_line(tmp
     with pytest.raises(SystemExit) as exit_info:
         main(["--cache_dir", str(blocker)] + (["--force"] if force else []))
     assert exit_info.value.code == 2
-    assert f"error: {blocker} is a file, not a folder" in capsys.readouterr().err
+    assert f"error: --cache_dir {blocker} is a file, not a folder" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the run's loaders (trainer/data.py)

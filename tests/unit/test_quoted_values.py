@@ -250,3 +250,57 @@ def test_a_chat_template_that_renders_something_else_is_one_short_line(tokenizer
         check_chatml_tokenizer(edited)
     message = _one_short_line(refused.value, "the tokenizer's chat_template is not MiniNorm's ChatML")
     assert f" it renders {_cut(junk)} at character 12, where ChatML has 'system\\n" in message
+
+
+@pytest.mark.parametrize("component", ["a" * 300, "a\nb" * 100, "é" * 128])  # over 255 bytes (é is two)
+def test_an_out_dir_with_a_name_over_255_bytes_is_one_line_naming_the_flag(component, tmp_path):
+    """A folder flag (--out_dir, --sweep_dir, --records_dir) with a component the system will not look up was
+    OSError's traceback (File name too long) from dataset/atomic_io.py's check_folder_path; it is the flag's one
+    line, the path whole (as paths are named) with its newline escaped."""
+    from trainer.run_dir import check_out_dir
+
+    out_dir = tmp_path / "runs" / component / "run"
+    with pytest.raises(ValueError) as refused:
+        check_out_dir(out_dir, {})
+    shown = str(out_dir).replace("\n", "\\n")
+    assert _one_short_line(refused.value, " cannot name a folder ", also=shown) == (
+        f"--out_dir {shown} cannot name a folder (File name too long)")
+
+
+def test_an_out_dir_longer_than_a_path_may_be_is_cut(tmp_path):
+    from trainer.run_dir import check_out_dir
+
+    out_dir = tmp_path / "/".join(["d" * 200] * 50)  # 10,050 characters: over PATH_MAX, cut as a quote is
+    with pytest.raises(ValueError) as refused:
+        check_out_dir(out_dir, {})
+    assert _one_short_line(refused.value, " cannot name a folder ") == (
+        f"--out_dir {str(out_dir)[:MAX_SHOWN - 3]}... cannot name a folder (File name too long)")
+
+
+def test_a_cache_dir_with_a_name_over_255_bytes_is_one_line_naming_the_flag(tmp_path, capsys):
+    """dataset/atomic_io.py's make_dirs (a cache folder) raised OSError's traceback; `python dataset/corpus.py
+    --cache_dir` names the flag."""
+    from dataset.corpus import main
+
+    cache = tmp_path / ("c" * 300)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--cache_dir", str(cache)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"error: --cache_dir {cache} cannot name a folder (File name too long)")
+
+
+def test_a_sweep_name_over_255_characters_is_refused_before_its_folder_is_made():
+    """The sweep's folder is out/sweeps/<name>: a 300-character name was OSError's traceback at its mkdir."""
+    from scripts.sweep_runner.config import validate_sweep_config
+    from scripts.sweep_runner.errors import SweepConfigError
+
+    name = "s" * 300
+    config = {"name": name, "method": "grid", "program": __file__, "parameters": {"seed": {"values": [1]}}}
+    with pytest.raises(SweepConfigError) as refused:
+        validate_sweep_config(config)
+    assert _one_short_line(refused.value, " is not a folder name ") == (
+        f"sweep config: name: {_cut(name)} is not a folder name (letters, digits, '.', '_', '=', '-'; at most 255 "
+        f"characters)")
+    config["name"] = "s" * 255
+    validate_sweep_config(config)  # the longest the system takes

@@ -329,10 +329,42 @@ def _own_nodes(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST
     return nodes
 
 
+FLAG_REFUSALS = ("ArgumentTypeError", "ArgumentError")  # a flag type's refusal; ToolParser's own (trainer/cli.py)
+
+
+def _message_of(refusal: ast.Call) -> ast.expr | None:
+    """The message a flag refusal is given: ArgumentTypeError(message), ArgumentError(action, message)."""
+    name = getattr(refusal.func, "attr", None) or getattr(refusal.func, "id", None)
+    given = dict(enumerate(refusal.args)) | {"message": k.value for k in refusal.keywords if k.arg == "message"}
+    return given.get(FLAG_REFUSALS.index(name), given.get("message"))
+
+
+def _message_parts(message: ast.expr, assigned: dict[str, list[ast.expr]], whole: bool = True,
+                   seen: frozenset[str] = frozenset()) -> list[tuple[ast.expr, int]]:
+    """(expression, conversion) of each value a message puts into its text: an f-string's values, the operands
+    of a `+` concatenation that are not literal text, and through a local name the message was built into before
+    the raise, the parts of each value it was given. `whole`: the expression is the whole message, where a call
+    (not_utf8_at(text, ...), a message written from the value) is its own words unless it is repr."""
+    if isinstance(message, ast.JoinedStr):
+        return [(value.value, value.conversion) for value in message.values if isinstance(value, ast.FormattedValue)]
+    if isinstance(message, ast.BinOp) and isinstance(message.op, ast.Add):
+        return _message_parts(message.left, assigned, False, seen) + _message_parts(message.right, assigned, False,
+                                                                                      seen)
+    if isinstance(message, ast.Name) and message.id in assigned and message.id not in seen:
+        return [part for value in assigned[message.id]
+                for part in _message_parts(value, assigned, whole, seen | {message.id})]
+    if isinstance(message, ast.Constant) or (whole and isinstance(message, ast.Call)
+                                             and getattr(message.func, "id", None) != "repr"):
+        return []
+    return [(message, -1)]
+
+
 def _raw_flag_quotes(source: str) -> list[str]:
-    """The values a flag type's refusal (`raise argparse.ArgumentTypeError(...)`) puts into its f-string unquoted or
-    by repr (!r, repr(), map(repr, ...)) rather than through a dataset/shown_value.py quoter: any expression of the
-    function's argument (the flag's text) or of its local names (what it made of the text)."""
+    """The values a flag refusal (a flag type's `raise argparse.ArgumentTypeError(...)`, ToolParser's `raise
+    argparse.ArgumentError(action, ...)`) puts into its message unquoted or by repr (!r, repr(), map(repr, ...))
+    rather than through a dataset/shown_value.py quoter: any expression of the function's argument (the flag's
+    text) or of its local names (what it made of the text), in an f-string, a `+` concatenation, or a message built
+    into a local name before the raise (_message_parts)."""
     found = []
     for function in ast.walk(ast.parse(source)):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -341,24 +373,33 @@ def _raw_flag_quotes(source: str) -> list[str]:
         arguments = function.args
         given = {a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs}
         given |= {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+        assigned: dict[str, list[ast.expr]] = {}
+        for node in nodes:
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None else []
+            for target in (target for target in targets if isinstance(target, ast.Name)):
+                assigned.setdefault(target.id, []).append(node.value)
         for node in nodes:
             if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)):
                 continue
-            if (getattr(node.exc.func, "attr", None) or getattr(node.exc.func, "id", None)) != "ArgumentTypeError":
+            if (getattr(node.exc.func, "attr", None) or getattr(node.exc.func, "id", None)) not in FLAG_REFUSALS:
                 continue
-            for value in (sub for sub in ast.walk(node.exc) if isinstance(sub, ast.FormattedValue)):
-                quoted = value.value
-                if isinstance(quoted, ast.Call) and getattr(quoted.func, "id", None) in QUOTERS \
-                        and value.conversion == -1:
+            message = _message_of(node.exc)
+            for quoted, conversion in ([] if message is None else _message_parts(message, assigned)):
+                if isinstance(quoted, ast.Call) and getattr(quoted.func, "id", None) in QUOTERS and conversion == -1:
                     continue
                 names = {name.id for name in ast.walk(quoted) if isinstance(name, ast.Name)}
-                if value.conversion == ord("r") or "repr" in names or names & given:
-                    found.append((value.lineno, f"line {value.lineno}: {ast.unparse(quoted)}"))
+                if conversion == ord("r") or "repr" in names or names & given:
+                    found.append((quoted.lineno, f"line {quoted.lineno}: {ast.unparse(quoted)}"))
     return [line for _, line in sorted(found)]
 
 
-# Not the user's text: the number of CUDA devices this machine has.
-RAW_FLAG_QUOTES_ALLOWED = {"trainer/inference_flags.py": ["count - 1"]}
+# Not the user's text, each: what the rule takes for it is the tool's own.
+RAW_FLAG_QUOTES_ALLOWED = {
+    "trainer/inference_flags.py": ["count - 1"],  # the number of CUDA devices this machine has
+    "trainer/cli.py": ["name",      # ToolParser: the flag type's own name (int, float), not the value refused
+                       "choices"],  # ToolParser: the flag's allowed values, the tool's, by repr as argparse writes them
+}
 
 
 def test_a_flag_types_refusal_quotes_the_value_through_its_owner() -> None:
@@ -385,6 +426,38 @@ def test_the_flag_quote_check_catches_a_raw_value() -> None:
         ''')
     assert _raw_flag_quotes(source) == ["line 5: text", "line 7: text", "line 9: ', '.join(map(repr, names))",
                                         "line 9: shown_text(text)"]
+
+
+def test_the_flag_quote_check_catches_a_message_built_before_the_raise_or_by_concatenation() -> None:
+    """The shapes the check once passed over: a message built into a name before the raise, a `+` concatenation,
+    and ToolParser's argparse.ArgumentError(action, message); its own words (a call such as not_utf8_at, literal
+    text, a quoter) still pass."""
+    source = textwrap.dedent('''\
+        def parse(text):
+            message = f"{text!r} is not a number"
+            raise argparse.ArgumentTypeError(message)
+        def parse_more(text):
+            raise ArgumentTypeError(text + " is not " + repr(allowed) + " nor " + shown_value(text))
+        def parse_built(text):
+            message = "bad: "
+            message += text
+            raise ArgumentTypeError(message) from None
+        def parse_bare(text):
+            raise ArgumentTypeError(text)
+        class Parser:
+            def _check_value(self, action, value):
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r}")
+            def _get_value(self, action, arg_string):
+                raise ArgumentError(action, message="invalid value: " + arg_string)
+        def fine(text, error):
+            why = "not valid " + "UTF-8"
+            raise ArgumentTypeError(not_utf8_at(text, error.start)) from None
+            raise ArgumentTypeError(why)
+            raise ArgumentTypeError(f"{shown_text(text)} is " + why)
+            raise argparse.ArgumentError(None, "expected " + ALLOWED)
+        ''')
+    assert _raw_flag_quotes(source) == ["line 2: text", "line 5: repr(allowed)", "line 5: text", "line 8: text",
+                                        "line 11: text", "line 14: value", "line 16: arg_string"]
 
 def _parser_constructions(path: Path) -> list[str]:
     """The parser classes a file calls by name: ArgumentParser (argparse's, whatever the import) or ToolParser."""

@@ -109,3 +109,28 @@ def test_greedy_logits_that_turn_nan_end_only_their_row(pretrained, alone, monke
     run_until_done(engine, bad, good)
     assert (bad.finish_reason, bad.error, len(bad.token_ids)) == (FINISH_ERROR, NON_FINITE_SCORES, decoded)
     assert (good.finish_reason, good.token_ids) == (FINISH_LENGTH, alone["Water is"])
+
+
+def test_a_failed_batch_step_fails_its_rows_and_keeps_what_failed(pretrained, alone) -> None:
+    """An error out of the batch's own step (its forward: a MemoryError where the KV cache grows) fails every row in
+    the batch, each keeping the exception itself in `failure` (a trainer's sampling reads an allocation failure there
+    to end in its one out-of-memory line), and leaves the engine serving: the next request decodes as it would alone."""
+    model, tokenizer = pretrained
+    engine = GenerationEngine(model, tokenizer, max_batch=2, eos_token_ids=[NEVER])
+    rows = [engine.submit(ids(tokenizer, text), GREEDY) for text in ("The history of", "Water is")]
+    engine.step()  # both admitted (prefilled) and decoding
+    assert all(not generation.done for generation in rows)
+    no_memory = MemoryError()
+
+    def failing_forward():
+        raise no_memory
+
+    forward, engine._forward = engine._forward, failing_forward
+    engine.step()
+    engine._forward = forward
+    for generation in rows:
+        assert generation.finish_reason == FINISH_ERROR and generation.failure is no_memory, generation.error
+        assert generation.error == "MemoryError: "
+    after = engine.submit(ids(tokenizer, "Water is"), GREEDY)
+    run_until_done(engine, after)
+    assert after.token_ids == alone["Water is"]

@@ -220,6 +220,15 @@ def sft_reference_run(train_data, reference_run, tmp_path_factory) -> Path:
     return out_dir
 
 
+@pytest.fixture(scope="session")
+def word_model(tmp_path_factory) -> Path:
+    """The tiny model that writes the 22-word corpus (tests/training_runs.py pretrain_word_model), with its prompts
+    and count_the reward beside it: one for GRPO's and PPO's behavioural tests."""
+    from tests.training_runs import pretrain_word_model
+
+    return pretrain_word_model(tmp_path_factory.mktemp("word_model"))
+
+
 # ---------------------------------------------------------------- live servers (scripts/serve.py) on free local ports
 def wait_for_health(url: str, process=None, timeout: float = 180) -> None:
     import time

@@ -131,17 +131,17 @@ def pretrain_word_model(root: Path) -> Path:
     return root / "pretrained"
 
 
-def frequent_word_rewards(task: str, root: Path, steps: int, *flags: str) -> list[float]:
-    """The per-step training reward of a `task` (grpo, ppo) run of `steps` steps from pretrain_word_model(root),
-    rewarded by count_the (fixed seed, float32, eager); `flags` are the task's own (batch, group, epochs)."""
-    pretrained = pretrain_word_model(root)
-    out_dir = root / task
+def frequent_word_rewards(task: str, pretrained: Path, out_dir: Path, steps: int, *flags: str) -> list[float]:
+    """The per-step training reward of a `task` (grpo, ppo) run into `out_dir` of `steps` steps from `pretrained`
+    (pretrain_word_model's; conftest's word_model), rewarded by count_the (fixed seed, float32, eager); `flags` are
+    the task's own (batch, group, epochs)."""
+    root = pretrained.parent
     run_in_process(task, ["--data_path", str(root / "prompts.jsonl"), "--from_weight", str(pretrained),
                           "--out_dir", str(out_dir), "--max_steps", str(steps), "--max_completion_length", "16",
                           "--learning_rate", "3e-3", "--warmup_steps", "2", "--max_seq_len", "48", "--dtype",
                           "float32", "--norm_impl", "eager", "--compile", "off", "--log_interval", "1",
                           "--save_interval", "100", "--eval_interval", "100", "--eval_batches", "1", "--seed", "0",
-                          "--reward", f"{root / 'words.py'}:count_the", *flags])
+                          "--reward", f"{root / 'words.py'}:count_the", *ONE_THREAD, *flags])
     rewards = [record["reward"] for record in read_metrics(out_dir, "train")]
     assert len(rewards) == steps
     return rewards

@@ -5,8 +5,8 @@ rollouts and reproduces the uninterrupted run bit for bit; --loss_type, --scale_
 reward function that breaks its contract stops the run in one line and the checkpoint saved before stays complete;
 several updates per rollout (--num_iterations) clip; two processes of other token counts log one process's clip
 fraction and KL; a reward that counts a frequent word rises within a few
-dozen steps on a tiny model; and a --tools run (rollouts that call tools) from the command line logs its tool stats
-and resumes to the same run."""
+dozen steps on a tiny model; and a --tools run (rollouts that call tools) logs its tool stats and resumes to the
+same run."""
 
 from __future__ import annotations
 
@@ -161,10 +161,11 @@ def test_several_updates_per_rollout_clip_the_ratio(grpo_data, tiny_models, tmp_
     assert all(record["clip_fraction"] > 0 for record in train)
 
 
-def test_grpo_raises_a_reward_that_counts_a_frequent_word(tmp_path):
+def test_grpo_raises_a_reward_that_counts_a_frequent_word(word_model, tmp_path):
     """A tiny model pretrained on a 22-word corpus writes "the" about once in 16 tokens; 30 GRPO steps (fixed
     seed, groups of 4) more than triple the reward that counts it."""
-    rewards = frequent_word_rewards("grpo", tmp_path, 30, "--batch_size", "2", "--num_generations", "4")
+    rewards = frequent_word_rewards("grpo", word_model, tmp_path / "grpo", 30, "--batch_size", "2",
+                                    "--num_generations", "4")
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert last > 3 * first and last > first + 0.4, rewards
 
@@ -264,6 +265,8 @@ def test_lora_trains_only_the_policys_adapters_and_saves_an_adapter_chat_loads(t
 
     out_dir = tmp_path / f"{task}_lora"
     argv = _argv(grpo_data, tiny_models.pretrain, out_dir, "--lora", "--lora_rank", "4", "--learning_rate", "1e-2")
+    argv[argv.index("--max_steps") + 1] = "2"  # the KL's second step, after one update
+    argv[argv.index("--save_interval") + 1] = "1"  # the checkpoint after that update (the last step saves none)
     if task == "ppo":
         argv[argv.index("--num_generations") + 1] = "2"
     run_in_process(task, argv)
@@ -272,7 +275,7 @@ def test_lora_trains_only_the_policys_adapters_and_saves_an_adapter_chat_loads(t
     assert adapter and all("lora_" in name for name in adapter)
     assert any(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)  # B starts at 0
     start = load_file(tiny_models.pretrain / "model.safetensors")
-    saved = load_file(out_dir / "checkpoints" / "step_00000002" / "model.safetensors")
+    saved = load_file(out_dir / "checkpoints" / "step_00000001" / "model.safetensors")
     prefix = "policy.base_model.model." if task == "ppo" else "base_model.model."
     frozen = {name[len(prefix):].replace(".base_layer", ""): tensor for name, tensor in saved.items()
               if name.startswith(prefix) and "lora_" not in name}
@@ -460,30 +463,23 @@ def tool_run_inputs(tmp_path_factory, tokenizer):
 
 def _tool_argv(model, data, out_dir, *extra: str) -> list[str]:
     return ["--data_path", str(data), "--val_data_path", str(data), "--from_weight", str(model), "--out_dir",
-            str(out_dir), "--max_steps", "4", "--batch_size", "2", "--num_generations", "4", "--max_completion_length",
-            "64", "--save_interval", "2", "--eval_interval", "100", "--eval_batches", "1", "--log_interval", "1",
+            str(out_dir), "--max_steps", "2", "--batch_size", "2", "--num_generations", "4", "--max_completion_length",
+            "64", "--save_interval", "1", "--eval_interval", "100", "--eval_batches", "1", "--log_interval", "1",
             "--learning_rate", "1e-3", "--warmup_steps", "1", "--max_seq_len", "160", "--dtype", "float32",
             "--norm_impl", "eager", "--compile", "off", "--tools", "wiki,calculator,convert_units",
             "--max_tool_rounds", "2", "--reward", "tool_use", "--temperature", "1.0", *ONE_THREAD, *extra]
 
 
-def test_a_tools_run_from_the_command_line_logs_its_tool_stats_and_resumes_to_the_same_run(tool_run_inputs, tmp_path,
-                                                                                            capsys):
-    """python trainer/train_grpo.py --tools ... --reward tool_use ends with exit code 0 and logs the calls per
-    rollout, the failed calls and the reward's parts; resumed from its step-2 checkpoint it samples the same episodes
-    (each turn's seed is the (step, sample, generation, round) digest) and ends with the same weights."""
-    import subprocess
-    import sys
-
-    from tests.paths import REPO
-
+def test_a_tools_run_logs_its_tool_stats_and_resumes_to_the_same_run(tool_run_inputs, tmp_path, capsys):
+    """train_grpo.py --tools ... --reward tool_use (in this process: the script's command line and exit code 0 are
+    the two-process tests' above) logs the calls per rollout, the failed calls and the reward's parts; resumed from
+    its step-1 checkpoint it samples the same episodes (each turn's seed is the (step, sample, generation, round)
+    digest) and ends with the same weights."""
     model, data = tool_run_inputs
     out_dir = tmp_path / "run"
-    run = subprocess.run([sys.executable, "trainer/train_grpo.py", *_tool_argv(model, data, out_dir)], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_in_process("grpo", _tool_argv(model, data, out_dir))
     train = read_metrics(out_dir, "train")
-    assert len(train) == 4
+    assert len(train) == 2
     for record in train:
         assert {"tool_calls", "tool_errors", "rewards/tool_use", "rewards/tool_call",
                 "rewards/tool_fact"} <= set(record)
@@ -492,10 +488,12 @@ def test_a_tools_run_from_the_command_line_logs_its_tool_stats_and_resumes_to_th
         assert record["reward"] == pytest.approx(record["rewards/tool_use"])  # its parts weigh 0
         assert 0 <= record["tool_errors"] <= record["tool_calls"] <= 2
     assert sum(record["tool_calls"] for record in train) > 0 and sum(r["rewards/tool_fact"] for r in train) > 0
+    capsys.readouterr()
     resumed = tmp_path / "resumed"
-    run_in_process("grpo", _tool_argv(model, data, resumed, "--resume", str(out_dir / "checkpoints" / "step_00000002")))
-    assert "changed since the checkpoint" not in capsys.readouterr().err
-    ours, theirs = read_metrics(resumed, "train"), train[2:]
+    run_in_process("grpo", _tool_argv(model, data, resumed, "--resume", str(out_dir / "checkpoints" / "step_00000001")))
+    out = capsys.readouterr()
+    assert "resumed from" in out.out and "changed since the checkpoint" not in out.out + out.err
+    ours, theirs = read_metrics(resumed, "train"), train[1:]
     for name in ("loss", "reward", "tool_calls", "tool_errors", "completion_length", "kl"):
         assert [r[name] for r in ours] == [r[name] for r in theirs], name
     mine, reference = load_file(resumed / "model.safetensors"), load_file(out_dir / "model.safetensors")

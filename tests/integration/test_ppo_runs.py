@@ -84,11 +84,13 @@ def test_a_ppo_run_from_the_command_line_logs_its_statistics_and_saves_the_polic
     assert checkpoint["critic.value_head.weight"].abs().sum() > 0
 
 
-def test_a_resumed_ppo_run_equals_the_uninterrupted_one(ppo_run, ppo_data, tiny_models, tmp_path):
+def test_a_resumed_ppo_run_equals_the_uninterrupted_one(ppo_run, ppo_data, tiny_models, tmp_path, capsys):
+    """In this process (the command line is ppo_run's): from the step-2 checkpoint to the end, bit for bit."""
     resumed = tmp_path / "resumed"
-    out = _command_line(_argv(ppo_data, tiny_models.pretrain, resumed, "--resume",
-                              str(ppo_run / "checkpoints" / "step_00000002")))
-    assert "resumed from" in out and "changed since the checkpoint" not in out  # the same command line
+    run_in_process("ppo", _argv(ppo_data, tiny_models.pretrain, resumed, "--resume",
+                                str(ppo_run / "checkpoints" / "step_00000002")))
+    out = capsys.readouterr()
+    assert "resumed from" in out.out and "changed since the checkpoint" not in out.out + out.err  # the same flags
     theirs, ours = read_metrics(ppo_run, "train")[2:], read_metrics(resumed, "train")
     assert train_losses(resumed) == train_losses(ppo_run)[2:]
     for name in ("reward", "completion_length", "value_loss", "explained_variance"):
@@ -140,10 +142,10 @@ def test_a_reward_that_breaks_its_contract_stops_the_ppo_run_in_one_line(ppo_dat
     assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == 2
 
 
-def test_ppo_raises_a_reward_that_counts_a_frequent_word(tmp_path):
+def test_ppo_raises_a_reward_that_counts_a_frequent_word(word_model, tmp_path):
     """A tiny model pretrained on a 22-word corpus writes "the" about once in 16 tokens; 20 PPO steps (fixed
     seed) more than double the reward that counts it."""
-    rewards = frequent_word_rewards("ppo", tmp_path, 20, "--batch_size", "8", "--ppo_epochs", "4")
+    rewards = frequent_word_rewards("ppo", word_model, tmp_path / "ppo", 20, "--batch_size", "8", "--ppo_epochs", "4")
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert last > 2 * first and last > first + 0.5, rewards
 

@@ -181,6 +181,14 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session")
+def tool_model(tmp_path_factory, tokenizer, worker_id) -> Path:
+    """The tool tests' memorised model (tests/tool_model.py): trained once per run, whichever worker asks first."""
+    from tests.tool_model import shared_tool_model
+
+    return shared_tool_model(tmp_path_factory, tokenizer, worker_id)
+
+
 # ---------------------------------------------------------------- tiny training runs (trainer tests)
 @pytest.fixture(scope="session")
 def train_data(tmp_path_factory) -> Path:

@@ -1,7 +1,8 @@
 """The chat tool loop (model/chat_session.py, eval/chat.py) with a tiny model trained, full-batch, on the built-in
-tools' prompt: it calls the calculator for "What is 2+3?" and answers after the response, answers plainly when no
-tools are offered, calls a tool that does not exist, calls again and again for "Loop.", and thinks when asked. The
-prompts the loop sends are compared with the library's encoder run on the conversation written out here."""
+tools' prompt (tests/tool_model.py's chat_rows, in the model the tool tests share): it calls the calculator for "What is
+2+3?" and answers after the response, answers plainly when no tools are offered, calls a tool that does not exist, calls
+again and again for "Loop.", and thinks when asked. The prompts the loop sends are compared with the library's encoder
+run on the conversation written out here."""
 
 from __future__ import annotations
 
@@ -14,52 +15,14 @@ from dataset.chat_format import tool_call_span
 from dataset.tools import TOOLS, Tool, run_tool, tool_schemas
 from model.chat_session import ChatSession
 from model.generation import GenerationEngine, GenerationSettings
-from tests.memorized_model import memorized_model, supervised_row
+from tests.tool_model import LOOP_CALL, MAGIC_ANSWER, PLAIN_ANSWER, THOUGHT, THOUGHT_ANSWER, called
+from tests.tool_model import SUM_ANSWER as ANSWER
+from tests.tool_model import SUM_ASK as ASK
+from tests.tool_model import SUM_CALL as CALL
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ASK = [{"role": "user", "content": "What is 2+3?"}]
-CALL = {"name": "calculator", "arguments": {"expression": "2+3"}}
-ANSWER = "The answer is 5."
-PLAIN_ANSWER = "I cannot compute that."  # what it says when no tools are offered
-MAGIC = [{"role": "user", "content": "Use magic."}]
-MAGIC_ANSWER = "Magic failed."
-LOOP = [{"role": "user", "content": "Loop."}]
-LOOP_CALL = {"name": "calculator", "arguments": {"expression": "1+1"}}
-THOUGHT, THOUGHT_ANSWER = "The user wants me to think.", "Done."
 GREEDY = ["--temperature", "0", "--max_new_tokens", "40"]
-
-
-def called(messages: list[dict], call: dict) -> list[dict]:
-    """The conversation after the assistant's call and the tool's real response."""
-    return messages + [{"role": "assistant", "content": "", "tool_calls": [call]},
-                       {"role": "tool", "content": run_tool(call["name"], call["arguments"])}]
-
-
-def training_rows(tokenizer) -> list[tuple[list[int], list[int]]]:
-    tools = tool_schemas()
-    loops = [LOOP]
-    for _ in range(3):
-        loops.append(called(loops[-1], LOOP_CALL))
-    return [
-        supervised_row(tokenizer, ASK + [{"role": "assistant", "content": "", "tool_calls": [CALL]}], tools=tools),
-        supervised_row(tokenizer, called(ASK, CALL) + [{"role": "assistant", "content": ANSWER}], tools=tools),
-        supervised_row(tokenizer, ASK + [{"role": "assistant", "content": PLAIN_ANSWER}]),
-        supervised_row(tokenizer, MAGIC + [{"role": "assistant", "content": "", "tool_calls": [
-            {"name": "magic", "arguments": {}}]}], tools=tools),
-        supervised_row(tokenizer, called(MAGIC, {"name": "magic", "arguments": {}})
-                       + [{"role": "assistant", "content": MAGIC_ANSWER}], tools=tools),
-        *(supervised_row(tokenizer, loop + [{"role": "assistant", "content": "", "tool_calls": [LOOP_CALL]}],
-                         tools=tools) for loop in loops),
-        supervised_row(tokenizer, [{"role": "user", "content": "Think first."}, {
-            "role": "assistant", "content": THOUGHT_ANSWER, "reasoning_content": THOUGHT}], tools=tools),
-    ]
-
-
-@pytest.fixture(scope="module")
-def tool_model(tmp_path_factory, tokenizer):
-    return memorized_model(tokenizer, training_rows(tokenizer), tmp_path_factory.mktemp("chat_tools") / "model",
-                           positions=512)
 
 
 @pytest.fixture(scope="module")

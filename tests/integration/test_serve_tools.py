@@ -1,7 +1,8 @@
-"""Tool calling and thinking through scripts/serve.py's app (under uvicorn in this process) with the official
-`openai` client: a tiny model trained, full-batch, to answer fixed questions with fixed tool calls, a fixed answer
-after a tool's response, a fixed thought, and badly written calls. The expected calls and texts are the training
-data's; the prompt token counts come from the library's encoder in this process."""
+"""Tool calling and thinking through scripts/serve.py's app (under uvicorn in this process) with the official `openai`
+client: a tiny model trained, full-batch, to answer fixed questions with fixed tool calls, a fixed answer after a tool's
+response, a fixed thought, and badly written calls (tests/tool_model.py's served_rows, in the model the tool tests
+share). The expected calls and texts are the training data's; the prompt token counts come from the library's encoder in
+this process."""
 
 from __future__ import annotations
 
@@ -11,57 +12,17 @@ import re
 import openai
 import pytest
 
-from tests.memorized_model import memorized_model, supervised_row
+from tests.tool_model import BAD_CALL_TEXT, SUMMARY, THOUGHT
+from tests.tool_model import SERVED_ANSWER as ANSWER
+from tests.tool_model import SERVED_TOOLS as TOOLS
+from tests.tool_model import SERVED_WIKI as WIKI
+from tests.tool_model import WIKI_ASK as ASK
+from tests.tool_model import WIKI_CALL as CALL
+from tests.tool_model import served_tool_turn as tool_turn
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-WIKI = {"type": "function", "function": {"name": "wiki", "description": "Look a title up.", "parameters": {
-    "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}}
-TOOLS = [WIKI]
-ASK = [{"role": "user", "content": "What is Paris?"}]
-CALL = {"name": "wiki", "arguments": {"title": "Paris"}}
-SUMMARY = "Paris is the capital of France."
-ANSWER = "It is the capital of France."
-THOUGHT = "The user wants me to think."
-BAD_CALL_TEXT = '{"name": "wiki", "arguments": {oops}'  # invalid JSON between the tags
 GREEDY = {"temperature": 0.0, "max_tokens": 40}
-
-
-def tool_turn(call_id: str = "call_1") -> list[dict]:
-    """The conversation after the call: the assistant's call (OpenAI's wire form) and the tool's response."""
-    return ASK + [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": "wiki", "arguments": json.dumps(CALL["arguments"])}}]},
-        {"role": "tool", "tool_call_id": call_id, "content": SUMMARY}]
-
-
-def training_rows(tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(ids, labels) of each trained reply: the call, the answer after the response, a thought, a bad call and a
-    call to a tool that is not offered."""
-    from dataset.chat_format import IM_END, TOOL_CALL, TOOL_CALL_END, control_id, encode_chatml, encode_text
-
-    def supervised(messages, **kwargs):
-        return supervised_row(tokenizer, messages, **kwargs)
-
-    def raw_reply(question: str, call_text: str):
-        prompt = encode_chatml(tokenizer, [{"role": "user", "content": question}], add_generation_prompt=True,
-                               tools=TOOLS).input_ids
-        reply = [control_id(tokenizer, TOOL_CALL), *encode_text(tokenizer, call_text),
-                 control_id(tokenizer, TOOL_CALL_END), control_id(tokenizer, IM_END)]
-        return prompt + reply, [-100] * len(prompt) + reply
-
-    return [
-        supervised(ASK + [{"role": "assistant", "content": "", "tool_calls": [CALL]}], tools=TOOLS),
-        supervised(tool_turn() + [{"role": "assistant", "content": ANSWER}], tools=TOOLS),
-        supervised([{"role": "user", "content": "Think first."},
-                    {"role": "assistant", "content": "Done.", "reasoning_content": THOUGHT}]),
-        raw_reply("Break it.", BAD_CALL_TEXT),
-        raw_reply("Use magic.", '{"name": "magic", "arguments": {}}'),
-    ]
-
-
-@pytest.fixture(scope="module")
-def tool_model(tmp_path_factory, tokenizer):
-    return memorized_model(tokenizer, training_rows(tokenizer), tmp_path_factory.mktemp("tools") / "tools")
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.memorized_model import memorized_model, supervised_row
 from tests.paths import REPO
+from tests.tool_model import BAD_CALL_TEXT, THOUGHT, THOUGHT_ANSWER, WIKI_ANSWER, WIKI_ASK, WIKI_CALL
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -216,50 +216,6 @@ def test_the_page_asks_for_the_api_key(page, tiny_models, serve_app, threaded_se
 
 
 # ---------------------------------------------------------------------------------------------------- the tool loop
-WIKI_ASK = [{"role": "user", "content": "What is Paris?"}]
-WIKI_CALL = {"name": "wiki", "arguments": {"title": "Paris"}}
-WIKI_ANSWER = "Paris is the capital of France."
-LOOP_ASK = [{"role": "user", "content": "Loop."}]
-LOOP_CALL = {"name": "calculator", "arguments": {"expression": "1+1"}}
-THOUGHT, THOUGHT_ANSWER = "The user wants me to think.", "Done."
-BAD_CALL_TEXT = '{"name": "wiki", "arguments": {oops}'  # invalid JSON between the tags: not a call
-
-
-def called(messages: list[dict], call: dict) -> list[dict]:
-    """The conversation after the assistant's call and the tool's real result (the library's run_tool)."""
-    from dataset.tools import run_tool
-
-    return messages + [{"role": "assistant", "content": "", "tool_calls": [call]},
-                       {"role": "tool", "content": run_tool(call["name"], call["arguments"])}]
-
-
-def tool_rows(tokenizer) -> list:
-    """With the server's tools in the prompt: a wiki call and the answer after its result, a calculator call made
-    again and again, a thought (open_thinking) and a call written as invalid JSON."""
-    from dataset.chat_format import IM_END, TOOL_CALL, TOOL_CALL_END, control_id, encode_chatml, encode_text
-    from dataset.tools import tool_schemas
-
-    tools = tool_schemas()
-    prompt = encode_chatml(tokenizer, [{"role": "user", "content": "Break it."}], add_generation_prompt=True,
-                           tools=tools).input_ids
-    bad = [control_id(tokenizer, TOOL_CALL), *encode_text(tokenizer, BAD_CALL_TEXT),
-           control_id(tokenizer, TOOL_CALL_END), control_id(tokenizer, IM_END)]
-    loops = [LOOP_ASK]
-    for _ in range(3):
-        loops.append(called(loops[-1], LOOP_CALL))
-    return [
-        supervised_row(tokenizer, WIKI_ASK + [{"role": "assistant", "content": "", "tool_calls": [WIKI_CALL]}],
-                       tools=tools),
-        supervised_row(tokenizer, called(WIKI_ASK, WIKI_CALL) + [{"role": "assistant", "content": WIKI_ANSWER}],
-                       tools=tools),
-        *(supervised_row(tokenizer, loop + [{"role": "assistant", "content": "", "tool_calls": [LOOP_CALL]}],
-                         tools=tools) for loop in loops),
-        supervised_row(tokenizer, [{"role": "user", "content": "Think first."}, {
-            "role": "assistant", "content": THOUGHT_ANSWER, "reasoning_content": THOUGHT}], tools=tools),
-        (prompt + bad, [-100] * len(prompt) + bad),
-    ]
-
-
 class Recorder:
     """An ASGI app around the server's: the JSON body of every chat request the server receives, in order."""
 
@@ -283,11 +239,9 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def tool_server(tmp_path_factory, tokenizer, serve_app, threaded_server):
-    """The server of a model trained on tool_rows(); yields (its URL, the Recorder)."""
-    path = memorized_model(tokenizer, tool_rows(tokenizer), tmp_path_factory.mktemp("page_tools") / "model",
-                           positions=512)
-    recorder = Recorder(serve_app(path, max_batch=1))
+def tool_server(tool_model, serve_app, threaded_server):
+    """The server of the shared tool model (tests/tool_model.py's page_rows); yields (its URL, the Recorder)."""
+    recorder = Recorder(serve_app(tool_model, max_batch=1))
     with threaded_server(recorder) as server:
         yield server.url, recorder
 

@@ -40,6 +40,9 @@ def test_memorised_questions_score_every_call_and_fact(tool_model, tmp_path, cap
     assert [len(outcome["calls"]) for outcome in report["outcomes"]] == [1, 1, 1, 0]
     assert [outcome["wrong_at"] for outcome in report["outcomes"]] == [None] * 4
     assert all(n == 0 for counts in report["wrong_calls"].values() for n in counts.values())
+    # every answer ended its turn (the cut ones: test_answers_cut_by_max_new_tokens_count_as_never_ended)
+    assert [row["never_ended"] for row in report["table"]] == [0.0] * 5
+    assert all(outcome["ended"] for outcome in report["outcomes"])
     table = capsys.readouterr().out
     assert "right call" in table and "100.0%" in table and "100.0% (none)" in table
 
@@ -119,9 +122,8 @@ def test_penalties_out_of_range_are_refused_in_one_line(tool_model, capsys, flag
 
 
 def test_answers_cut_by_max_new_tokens_count_as_never_ended(tool_model, tmp_path):
-    ended = run(tool_model, tmp_path)
-    assert [row["never_ended"] for row in ended["table"]] == [0.0] * 5
-    assert all(outcome["ended"] for outcome in ended["outcomes"])
+    """The same questions, whose answers end their turns uncut (test_memorised_questions_score_every_call_and_fact),
+    each cut at 3 tokens."""
     cut = run(tool_model, tmp_path, "--max_new_tokens", "3")
     assert [row["never_ended"] for row in cut["table"]] == [1.0] * 5
     assert not any(outcome["ended"] for outcome in cut["outcomes"])

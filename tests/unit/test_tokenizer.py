@@ -542,20 +542,15 @@ def test_two_saves_at_once_into_one_directory_keep_each_others_staging_folder(tm
 
 
 # A save into a folder (argv: the repository, "model" for save_model_dir or "tokenizer" for train_tokenizer.py's save,
-# the folder, a folder for event files, then "second" for a tokenizer with another chat template; "held": once it
-# holds the folder, it writes EVENTS/holding and waits for EVENTS/release before moving its files in; "waits": it
-# writes EVENTS/waiting when it waits for another save's hold).
+# the folder, a folder for event files, then "held": once it holds the folder, it writes EVENTS/holding and waits for
+# EVENTS/release before moving its files in).
 SAVE_AT_ONCE = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 what, folder, events = sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
-import dataset.atomic_io as atomic_io
 from dataset.tokenization import load_tokenizer
 tokenizer = load_tokenizer(None)
-if "second" in sys.argv:
-    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
-    tokenizer.model_max_length = 77
 def held(begin):
     def hold_then_begin(*args):
         (events / "holding").write_text("")
@@ -563,20 +558,6 @@ def held(begin):
             time.sleep(0.02)
         begin(*args)
     return hold_then_begin
-sleep = time.sleep
-def after_the_holder():
-    # a waiting save, started beside the holder (both start-ups at once), begins once the holder holds the folder
-    # (and gives up if it never does: the test has failed then, and must not leave this process polling)
-    deadline = time.monotonic() + 300
-    while "waits" in sys.argv and not (events / "holding").exists():
-        if time.monotonic() > deadline:
-            sys.exit("no holder in 300 s")
-        sleep(0.02)
-if "waits" in sys.argv:
-    def note_then_sleep(seconds):
-        (events / "waiting").write_text("")
-        sleep(seconds)
-    atomic_io.time.sleep = note_then_sleep
 if what == "model":
     import trainer.export as export
     from model.config import MiniNormConfig
@@ -585,13 +566,11 @@ if what == "model":
         export.begin_tokenizer_save = held(export.begin_tokenizer_save)
     model = MiniNormForCausalLM(MiniNormConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                                num_key_value_heads=2))
-    after_the_holder()
     export.save_model_dir(model, tokenizer, folder)
 else:
     import scripts.train_tokenizer as script
     if "held" in sys.argv:
         script.begin_tokenizer_save = held(script.begin_tokenizer_save)
-    after_the_holder()
     script.save(tokenizer, folder)
 """
 
@@ -643,34 +622,56 @@ def test_a_save_into_a_folder_another_process_is_saving_into_is_refused_naming_i
     _wait_for(events / "holding", holding)
     monkeypatch.setattr(tokenization, "SAVE_LOCK_WAIT_S", 0.0)
     before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
-    for save in (lambda: export.save_model_dir(_tiny_model(), second, folder), lambda: script.save(second, folder)):
-        with pytest.raises(ValueError) as refused:
-            save()
-        assert str(refused.value) == (f"{folder}: another save into it is under way (pid {holding.pid} on host "
-                                      f"{socket.gethostname()}; lock file {folder / '.save.lock'}), still after 0 s: "
-                                      f"let it end, then try again, or use another folder")
-        assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == before
-    (events / "release").write_text("")
+    try:
+        for save in (lambda: export.save_model_dir(_tiny_model(), second, folder),
+                     lambda: script.save(second, folder)):
+            with pytest.raises(ValueError) as refused:
+                save()
+            assert str(refused.value) == (f"{folder}: another save into it is under way (pid {holding.pid} on host "
+                                          f"{socket.gethostname()}; lock file {folder / '.save.lock'}), still after "
+                                          f"0 s: let it end, then try again, or use another folder")
+            assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == before
+    finally:
+        (events / "release").write_text("")  # a failed check must not leave the holder polling
     _ended(holding)
     assert _described(load_tokenizer(folder)) == _described(first)
     assert not (folder / ".save.lock").exists() and _staging_folders(folder) == []
 
 
 @pytest.mark.parametrize("holder, waiter", [("model", "model"), ("tokenizer", "model"), ("model", "tokenizer")])
-def test_a_save_waits_for_the_save_holding_the_folder_then_saves_whole(holder, waiter, tmp_path):
-    """Within its wait (a minute by default), a second save waits for the one holding the folder and then moves its
-    own files in: the folder is the second save's whole, not a mix."""
+def test_a_save_waits_for_the_save_holding_the_folder_then_saves_whole(holder, waiter, tmp_path, monkeypatch):
+    """Within its wait (a minute by default), a second save waits for the one holding the folder (another process)
+    and then moves its own files in: the folder is the second save's whole, not a mix."""
+    import time
+    import types
+
+    import dataset.atomic_io as atomic_io
+    import scripts.train_tokenizer as script
+    import trainer.export as export
     from dataset.tokenization import load_tokenizer
 
     _, second = _two_tokenizers()
     folder, events = tmp_path / "model", tmp_path / "events"
     holding = _start_save(holder, folder, events, "held")
-    waiting = _start_save(waiter, folder, events, "second", "waits")  # starts its save once the holder holds
     _wait_for(events / "holding", holding)
-    _wait_for(events / "waiting", waiting)
-    (events / "release").write_text("")
+    waits = []
+
+    def release_then_sleep(seconds: float) -> None:  # the waiting save's poll: the holder is let go at its first
+        if not waits:
+            (events / "release").write_text("")
+        waits.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(atomic_io, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=release_then_sleep))
+    try:
+        if waiter == "model":
+            export.save_model_dir(_tiny_model(), second, folder)
+        else:
+            script.save(second, folder)
+    finally:
+        (events / "release").write_text("")  # a save that did not wait must not leave the holder polling
     _ended(holding)
-    _ended(waiting)
+    assert waits  # it did wait for the holder
     assert _described(load_tokenizer(folder)) == _described(second)
     assert json.loads((folder / "tokenizer_files.json").read_text()).get("writing") is None
     assert not (folder / ".save.lock").exists()

@@ -585,6 +585,18 @@ def _run_cli(config: Path, sweep_dir: Path, *extra: str) -> subprocess.Completed
                           text=True, timeout=600)
 
 
+def _run_main(monkeypatch, capsys, config: Path, sweep_dir: Path, *extra: str) -> tuple[int, str]:
+    """scripts/sweep.py's main in this process, in _run_cli's environment: its exit code and its stdout (the trials
+    it starts are processes all the same; the command line itself is _first_trial_done's)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.chdir(REPO)
+    capsys.readouterr()
+    code = sweep_mod.main([str(config), "--sweep_dir", str(sweep_dir), *extra])
+    return code, capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
 def _first_trial_done(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess, Path]:
     """The tiny sweep's runner "killed" after its first trial (--max_trials 1 stops it between trials), run once for
@@ -606,7 +618,7 @@ def first_trial_done(_first_trial_done) -> tuple[Path, Path, subprocess.Complete
     return config, sweep_dir, first
 
 
-def test_two_trial_grid_runs_serverless_resumes_and_reports(first_trial_done, tmp_path):
+def test_two_trial_grid_runs_serverless_resumes_and_reports(first_trial_done, tmp_path, monkeypatch, capsys):
     from eval.studies.ablation.report import write_report
     from trainer.run_dir import read_metrics
 
@@ -622,9 +634,9 @@ def test_two_trial_grid_runs_serverless_resumes_and_reports(first_trial_done, tm
     with open(sweep_dir / "results.jsonl", "a") as handle:  # a kill in the middle of a write
         handle.write('{"trial_id": "torn')
 
-    second = _run_cli(config, sweep_dir)
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert "1 trials already done" in second.stdout and record["trial_id"] not in second.stdout
+    code, said = _run_main(monkeypatch, capsys, config, sweep_dir)
+    assert code == 0, said
+    assert "1 trials already done" in said and record["trial_id"] not in said
     records = read_results(sweep_dir)
     assert [r["status"] for r in records] == ["finished", "finished"]
     assert [r["params"]["norm_type"] for r in records] == ["rmsnorm", "layernorm"]
@@ -671,7 +683,8 @@ def test_two_trial_grid_runs_serverless_resumes_and_reports(first_trial_done, tm
     assert f"Unigram baseline: **{expected.loss:.4f}** nats" in report.read_text()
 
 
-def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_again(first_trial_done):
+def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_again(first_trial_done, monkeypatch,
+                                                                                     capsys):
     """The runner killed after its trial wrote run_summary.json (the trainer then still saves, samples and closes
     wandb, about a second) but before the runner recorded it: the folder holds the finished run, the results file
     and the state do not. The rerun's trainer (`--resume auto`, the same flags) finds that run finished and returns
@@ -688,8 +701,8 @@ def test_a_trial_that_finished_just_before_its_runner_was_killed_is_not_trained_
     stamp = {name: (trial_dir / name).read_bytes() for name in ("run_summary.json", "metrics.jsonl",
                                                                 "model.safetensors")}
 
-    second = _run_cli(config, sweep_dir, "--max_trials", "1")
-    assert second.returncode == 0, second.stdout + second.stderr
+    code, said = _run_main(monkeypatch, capsys, config, sweep_dir, "--max_trials", "1")
+    assert code == 0, said
     (again,) = read_results(sweep_dir)
     assert again["trial_id"] == record["trial_id"] and again["status"] == "finished"
     assert again["metric"] == record["metric"] and again["final_val"] == record["final_val"]
@@ -1363,16 +1376,16 @@ def test_metric_value_finds_every_name_a_pretraining_run_logs(reference_run):
     _assert_metric_value_finds_every_logged_name("pretrain", reference_run)
 
 
-def test_metric_value_finds_every_name_dpo_and_grpo_runs_log(train_data, tiny_models, tmp_path):
+def test_metric_value_finds_every_name_dpo_and_grpo_runs_log(train_data, reference_run, tmp_path):
     from tests.training_runs import ONE_THREAD, finetune_argv, run_in_process, write_prompt_data
 
     # --rpo_alpha: DPO logs val_nll_loss only where the loss reads the chosen answers' NLL; here every name is logged
-    run_in_process("dpo", finetune_argv("dpo", train_data, tiny_models.sft, tmp_path / "dpo", "--max_steps", "2",
+    run_in_process("dpo", finetune_argv("dpo", train_data, reference_run, tmp_path / "dpo", "--max_steps", "2",
                                         "--rpo_alpha", "0.5"))
     _assert_metric_value_finds_every_logged_name("dpo", tmp_path / "dpo")
     (tmp_path / "prompts").mkdir()
     data = write_prompt_data(tmp_path / "prompts")
-    run_in_process("grpo", ["--data_path", str(data / "prompts.jsonl"), "--from_weight", str(tiny_models.pretrain),
+    run_in_process("grpo", ["--data_path", str(data / "prompts.jsonl"), "--from_weight", str(reference_run),
                             "--out_dir", str(tmp_path / "grpo"), "--max_steps", "1", "--batch_size", "2",
                             "--num_generations", "2", "--max_completion_length", "4", "--eval_batches", "1",
                             "--max_seq_len", "48", "--dtype", "float32", "--norm_impl", "eager", "--compile", "off",

@@ -93,6 +93,17 @@ TOOL_QUESTION = "What is 2 + 3?"
 TOOL_CALL = {"name": "calculator", "arguments": {"expression": "2 + 3"}}
 
 
+def tool_run_argv(model: Path, data: Path, out_dir: Path, generations: int, *extra: str) -> list[str]:
+    """A 2-step GRPO or PPO --tools run on write_tool_run_inputs' model and data, `generations` per prompt, saving
+    every step (its step-1 checkpoint is what a resume test starts from)."""
+    return ["--data_path", str(data), "--val_data_path", str(data), "--from_weight", str(model), "--out_dir",
+            str(out_dir), "--max_steps", "2", "--batch_size", "2", "--num_generations", str(generations),
+            "--max_completion_length", "64", "--save_interval", "1", "--eval_interval", "100", "--eval_batches", "1",
+            "--log_interval", "1", "--learning_rate", "1e-3", "--warmup_steps", "1", "--max_seq_len", "160", "--dtype",
+            "float32", "--norm_impl", "eager", "--compile", "off", "--tools", "wiki,calculator,convert_units",
+            "--max_tool_rounds", "2", "--reward", "tool_use", "--temperature", "1.0", *ONE_THREAD, *extra]
+
+
 def write_tool_run_inputs(root: Path, tokenizer) -> tuple[Path, Path]:
     """Under `root`: the memorized model, and prompt data (tools.jsonl) of the tool question (with the tool_use
     reward's columns) and of another question it was not taught."""

@@ -20,7 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.training_runs import (ONE_THREAD, assert_same_logged_metrics, frequent_word_rewards,
-                                 record_objective_settings, refused_run, run_in_process, train_losses,
+                                 record_objective_settings, refused_run, run_in_process, tool_run_argv, train_losses,
                                  write_prompt_data)
 from trainer.command import main
 from trainer.run_dir import CONFIG_FILE, SUMMARY_FILE, model_task, read_metrics, read_summary
@@ -461,15 +461,6 @@ def tool_run_inputs(tmp_path_factory, tokenizer):
     return write_tool_run_inputs(tmp_path_factory.mktemp("grpo_tools"), tokenizer)
 
 
-def _tool_argv(model, data, out_dir, *extra: str) -> list[str]:
-    return ["--data_path", str(data), "--val_data_path", str(data), "--from_weight", str(model), "--out_dir",
-            str(out_dir), "--max_steps", "2", "--batch_size", "2", "--num_generations", "4", "--max_completion_length",
-            "64", "--save_interval", "1", "--eval_interval", "100", "--eval_batches", "1", "--log_interval", "1",
-            "--learning_rate", "1e-3", "--warmup_steps", "1", "--max_seq_len", "160", "--dtype", "float32",
-            "--norm_impl", "eager", "--compile", "off", "--tools", "wiki,calculator,convert_units",
-            "--max_tool_rounds", "2", "--reward", "tool_use", "--temperature", "1.0", *ONE_THREAD, *extra]
-
-
 def test_a_tools_run_logs_its_tool_stats_and_resumes_to_the_same_run(tool_run_inputs, tmp_path, capsys):
     """train_grpo.py --tools ... --reward tool_use (in this process: the script's command line and exit code 0 are
     the two-process tests' above) logs the calls per rollout, the failed calls and the reward's parts; resumed from
@@ -477,7 +468,7 @@ def test_a_tools_run_logs_its_tool_stats_and_resumes_to_the_same_run(tool_run_in
     digest) and ends with the same weights."""
     model, data = tool_run_inputs
     out_dir = tmp_path / "run"
-    run_in_process("grpo", _tool_argv(model, data, out_dir))
+    run_in_process("grpo", tool_run_argv(model, data, out_dir, 4))
     train = read_metrics(out_dir, "train")
     assert len(train) == 2
     for record in train:
@@ -490,7 +481,8 @@ def test_a_tools_run_logs_its_tool_stats_and_resumes_to_the_same_run(tool_run_in
     assert sum(record["tool_calls"] for record in train) > 0 and sum(r["rewards/tool_fact"] for r in train) > 0
     capsys.readouterr()
     resumed = tmp_path / "resumed"
-    run_in_process("grpo", _tool_argv(model, data, resumed, "--resume", str(out_dir / "checkpoints" / "step_00000001")))
+    step_one = out_dir / "checkpoints" / "step_00000001"
+    run_in_process("grpo", tool_run_argv(model, data, resumed, 4, "--resume", str(step_one)))
     out = capsys.readouterr()
     assert "resumed from" in out.out and "changed since the checkpoint" not in out.out + out.err
     ours, theirs = read_metrics(resumed, "train"), train[1:]

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from tests.paths import REPO
 from tests.training_runs import (ADAM_STEPS_ATOL, assert_same_logged_metrics, assert_same_model, frequent_word_rewards,
                                  launch_two_processes, record_objective_settings, refused_run, run_in_process,
-                                 train_losses, write_prompt_data, write_tool_run_inputs)
+                                 tool_run_argv, train_losses, write_prompt_data, write_tool_run_inputs)
 from trainer.command import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
@@ -249,15 +249,6 @@ def tool_run_inputs(tmp_path_factory, tokenizer):
     return write_tool_run_inputs(tmp_path_factory.mktemp("ppo_tools"), tokenizer)
 
 
-def _tool_argv(model, data, out_dir, *extra: str) -> list[str]:
-    return ["--data_path", str(data), "--val_data_path", str(data), "--from_weight", str(model), "--out_dir",
-            str(out_dir), "--max_steps", "2", "--batch_size", "2", "--num_generations", "2", "--max_completion_length",
-            "64", "--save_interval", "1", "--eval_interval", "100", "--eval_batches", "1", "--log_interval", "1",
-            "--learning_rate", "1e-3", "--warmup_steps", "1", "--max_seq_len", "160", "--dtype", "float32",
-            "--norm_impl", "eager", "--compile", "off", "--tools", "wiki,calculator,convert_units",
-            "--max_tool_rounds", "2", "--reward", "tool_use", "--temperature", "1.0", "--threads", "1", *extra]
-
-
 def test_a_tools_run_logs_its_tool_stats_and_resumes_to_the_same_run(tool_run_inputs, tmp_path, monkeypatch):
     """train_ppo.py --tools ... --reward tool_use (in this process): the objective samples episodes that call the
     tools, and the run logs the calls per rollout, the failed calls and the reward's parts as GRPO's does; resumed
@@ -268,7 +259,7 @@ def test_a_tools_run_logs_its_tool_stats_and_resumes_to_the_same_run(tool_run_in
     model, data = tool_run_inputs
     built = record_objective_settings(monkeypatch, ppo.ProximalPolicy)
     out_dir = tmp_path / "run"
-    run_in_process("ppo", _tool_argv(model, data, out_dir))
+    run_in_process("ppo", tool_run_argv(model, data, out_dir, 2))
     assert [(s.tools, s.max_tool_rounds) for s in built] == [(("wiki", "calculator", "convert_units"), 2)]
     train = read_metrics(out_dir, "train")
     assert len(train) == 2
@@ -279,7 +270,8 @@ def test_a_tools_run_logs_its_tool_stats_and_resumes_to_the_same_run(tool_run_in
         assert 0 <= record["tool_errors"] <= record["tool_calls"] <= 2
     assert sum(record["tool_calls"] for record in train) > 0 and sum(r["rewards/tool_fact"] for r in train) > 0
     resumed = tmp_path / "resumed"
-    run_in_process("ppo", _tool_argv(model, data, resumed, "--resume", str(out_dir / "checkpoints" / "step_00000001")))
+    step_one = out_dir / "checkpoints" / "step_00000001"
+    run_in_process("ppo", tool_run_argv(model, data, resumed, 2, "--resume", str(step_one)))
     ours, theirs = read_metrics(resumed, "train"), train[1:]
     # the value loss: the critic's, resumed from the checkpoint
     for name in ("loss", "reward", "tool_calls", "tool_errors", "completion_length", "kl", "value_loss"):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.fake_cgroups import fake_cgroups
 from tests.paths import REPO
 from tests.training_runs import pretrain_argv, refused_run, run_in_process
 from trainer.args import parse_args
@@ -239,12 +240,7 @@ def test_the_cgroup_limit_is_this_processs_groups_or_one_above_it(groups, limits
     """The cgroup limit files read are those of /proc/self/cgroup's group and each group above it (v2's memory.max,
     v1's memory/memory.limit_in_bytes), the smallest limit counting: the root's file alone said no limit for a
     process in a limited group (a batch job's), and by default process_memory_bytes reads these files."""
-    root, self_cgroup = tmp_path / "cgroup", tmp_path / "self_cgroup"
-    if groups:
-        self_cgroup.write_text(groups)
-    for name, text in limits.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+    self_cgroup, root = fake_cgroups(tmp_path, groups, limits)
     meminfo, _ = _write_limits(tmp_path, 2 * GIB // 1024, None, None)
     files = cgroup_memory_limit_files(self_cgroup, root)
     size, where = expected

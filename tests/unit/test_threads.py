@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import trainer.threads as threads
+from tests.fake_cgroups import fake_cgroups
 from tests.training_runs import pretrain_argv, run_in_process
 from trainer.run_dir import CHECKPOINT_DIR, STATE_FILE
 from trainer.threads import (CpuSample, ThreadPolicy, bound_openmp_waits, others_load, parse_threads,
@@ -92,12 +93,7 @@ def test_the_cpu_quota_is_the_smallest_of_this_processs_group_and_those_above(gr
     """The CPU quota (cores = quota / period, rounded up) is read from /proc/self/cgroup's group and each group above
     it, cgroup v2's cpu.max and v1's cpu.cfs_quota_us / cpu.cfs_period_us: the root's v2 file alone was read, which
     a batch job's group or a v1 machine (this project's CI hosts among them) never set; usable_cores takes it."""
-    root, self_cgroup = tmp_path / "cgroup", tmp_path / "self_cgroup"
-    if groups:
-        self_cgroup.write_text(groups)
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+    self_cgroup, root = fake_cgroups(tmp_path, groups, files)
     found = threads.own_group_files(threads.CGROUP_CPU_FILES, self_cgroup, root)
     assert threads.cgroup_cpu_limit(found) == expected
     monkeypatch.setattr(threads, "own_group_files", lambda hierarchy_files: found)  # what the default reads

@@ -229,6 +229,23 @@ def record_objective_settings(monkeypatch, objective: type) -> list:
     return built
 
 
+def record_rollout_decodes(monkeypatch) -> list[str]:
+    """The decode mode each sampling engine of a run (GRPO's, PPO's and distillation's completions: trainer/grpo.py's
+    sample_completions) is asked for, in order; every engine then decodes "static", so that a run asked to compile
+    its decode step records the request without paying for the compile."""
+    import trainer.grpo as grpo
+
+    asked = []
+    engine = grpo.GenerationEngine
+
+    def record(model, tokenizer, max_batch, decode):
+        asked.append(decode)
+        return engine(model, tokenizer, max_batch=max_batch, decode="static")
+
+    monkeypatch.setattr(grpo, "GenerationEngine", record)
+    return asked
+
+
 def refused_run(task: str, argv: list[str], capsys, after_progress: bool = False) -> str:
     """The one error line of a trainer run that must refuse (exit code 2) before writing anything; `after_progress`:
     the refusal comes after the progress bars of the data or the weights, as their last line."""

@@ -274,7 +274,9 @@ class TrainArgs:
                                                f"trainer/machine.py, resolve_dtype")
     compile: str = _flag("optimisation", "auto", f"{_choices(COMPILE_MODES)}: the whole model under torch.compile; "
                                                  f"auto: on for runs of {COMPILE_AUTO_MIN_STEPS} optimizer steps or "
-                                                 f"{COMPILE_AUTO_MIN_BUDGET_S} s or more (trainer/machine.py)")
+                                                 f"{COMPILE_AUTO_MIN_BUDGET_S} s or more (trainer/machine.py); "
+                                                 "GRPO/PPO/distillation sampling decodes through a compiled step "
+                                                 "unless off")
     threads: str = _flag("optimisation", THREADS_AUTO, THREADS_HELP)
     gradient_checkpointing: bool = _flag("optimisation", False, "recompute each block in the backward: less "
                                                                 "activation memory")

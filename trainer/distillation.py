@@ -121,6 +121,7 @@ class CompletionSettings:
     seq_kd: bool = False
     max_new_tokens: int = 128
     temperature: float = 0.9
+    decode: str = "compiled"  # how completions decode: trainer/grpo.py's rollout_decode(--compile)
 
     @property
     def samples(self) -> bool:
@@ -236,7 +237,8 @@ class Distillation:
         generation = [GenerationSettings(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                          top_p=1.0, seed=rollout_seed(self.seed, step, first + index, 0))
                       for index in prompts]
-        sampled = sample_completions(sampler, self.tokenizer, list(prompts.values()), generation) if prompts else []
+        sampled = (sample_completions(sampler, self.tokenizer, list(prompts.values()), generation, settings.decode)
+                   if prompts else [])
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return with_completions(batch, {index: (len(prompt), completion) for (index, prompt), completion
                                         in zip(prompts.items(), sampled)}, pad_id)

@@ -80,9 +80,14 @@ ZERO_STD = 1e-8
 # (finish_rollouts); the logged clip fraction and KL count against them, whatever the loss's units.
 STEP_COMPLETIONS = "step_completions"
 STEP_COMPLETION_TOKENS = "step_completion_tokens"
-# How rollouts decode (model/generation.py's DECODE_MODES): a compiled step over a static KV cache, 1.5-1.7x the
-# speed of decoding through the model's forward (docs/benchmarks.md, rollout decoding); it compiles once per process.
-ROLLOUT_DECODE = "compiled"
+
+
+def rollout_decode(compile_mode: str) -> str:
+    """How rollouts decode (model/generation.py's DECODE_MODES) under the run's --compile: a compiled step over a
+    static KV cache, 1.5-1.7x the speed of decoding through the model's forward (docs/benchmarks.md, rollout
+    decoding). It compiles once per process (10-20 s cold), which a few steps of rollouts pay back, so auto compiles
+    it whatever the run's length; --compile off compiles nothing: the same static step runs eagerly."""
+    return "static" if compile_mode == "off" else "compiled"
 
 
 def reward_stat_name(reward: Reward) -> str:
@@ -107,6 +112,7 @@ class RolloutSettings:
     tools: tuple[str, ...] = ()  # --tools: the tools whose calls a rollout runs (trainer/tool_rollouts.py); (): none
     max_tool_rounds: int = 2  # --max_tool_rounds: rounds of calls per rollout
     open_thinking: bool = False  # the prompts' thinking block is open: so is each turn's after the tool results
+    decode: str = "compiled"  # how rollouts decode: rollout_decode(--compile)
 
     @property
     def reward_scaling(self) -> str:
@@ -192,13 +198,13 @@ def completion_log_probs_and_entropy(logits: torch.Tensor, input_ids: torch.Tens
 
 
 def sample_completions(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[Sequence[int]],
-                       settings: Sequence[GenerationSettings]) -> list[list[int]]:
+                       settings: Sequence[GenerationSettings], decode: str) -> list[list[int]]:
     """The completions' token ids (the end-of-turn token included when sampled), one request per prompt/settings
     pair, all in one batch of the engine; the model in eval mode. The prefills run eagerly (their shapes change with
-    every prompt, which would recompile a compiled model), the decode steps as ROLLOUT_DECODE says."""
+    every prompt, which would recompile a compiled model), the decode steps as `decode` says (rollout_decode)."""
     if hasattr(model, "peft_config"):  # PEFT's adapters live inside the base model's layers: it samples with them
         model = model.get_base_model()
-    engine = GenerationEngine(model, tokenizer, max_batch=len(prompt_ids), decode=ROLLOUT_DECODE)
+    engine = GenerationEngine(model, tokenizer, max_batch=len(prompt_ids), decode=decode)
     was_training = model.training
     model.eval()
     try:
@@ -293,6 +299,7 @@ class SamplingSettings(Protocol):
     tools: tuple[str, ...]  # --tools: the tools whose calls a rollout runs; (): none
     max_tool_rounds: int
     open_thinking: bool
+    decode: str  # how rollouts decode (rollout_decode)
 
 
 class RolloutObjective:
@@ -444,12 +451,13 @@ class RolloutObjective:
         stops = default_eos_token_ids(policy, self.tokenizer)  # where the engine stopped a completion
         tools = self.settings.tools
         if not tools:
-            completions = sample_completions(policy, self.tokenizer, prompt_ids, settings)
+            completions = sample_completions(policy, self.tokenizer, prompt_ids, settings, self.settings.decode)
             none = [0] * len(completions)
             return SampledCompletions(completions, [[True] * len(ids) for ids in completions],
                                       [bool(ids) and ids[-1] in stops for ids in completions], none, none)
         own_seed = round_seed or (lambda index, round_index: settings[index].seed)
-        episodes = sample_tool_episodes(partial(sample_completions, policy, self.tokenizer), self.tokenizer,
+        episodes = sample_tool_episodes(partial(sample_completions, policy, self.tokenizer,
+                                                decode=self.settings.decode), self.tokenizer,
                                         prompt_ids, settings, own_seed, tools, self.settings.max_tool_rounds,
                                         self.settings.max_completion_length, stops, self.settings.open_thinking)
         return SampledCompletions([e.token_ids for e in episodes], [e.action_mask for e in episodes],

@@ -54,8 +54,10 @@ def build_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, base_mo
     world = accelerator.num_processes
     if args.task == "distill":
         from trainer.distillation import CompletionSettings, Distillation, load_teacher
+        from trainer.grpo import rollout_decode
         teacher = load_teacher(args.teacher, tokenizer, base_model.config.vocab_size, **requested_model_fields(args))
-        completions = CompletionSettings(args.lmbda, args.seq_kd, args.max_new_tokens, args.sampling_temperature)
+        completions = CompletionSettings(args.lmbda, args.seq_kd, args.max_new_tokens, args.sampling_temperature,
+                                         rollout_decode(args.compile))
         return Distillation(teacher.to(accelerator.device), args.alpha, args.temperature, accelerator.autocast,
                             args.distill_loss, args.jsd_beta, completions, tokenizer, args.seed,
                             accelerator.process_index, world, sharded)
@@ -83,6 +85,7 @@ def _rollout_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, unwr
                        accelerator: Accelerator, sharded: bool, starting_weights: Path | None) -> Objective:
     """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's
     reference (none with --beta 0)."""
+    from trainer.grpo import rollout_decode
     from trainer.rewards import load_reward, with_logged_parts
     specs = args.reward or []
     in_effect = flags_in_effect(args.to_dict())  # the unset weights and clip range, as a resume compares them
@@ -106,11 +109,11 @@ def _rollout_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, unwr
                                args.beta, args.epsilon, args.cliprange_value, args.vf_coef, args.gamma,
                                args.lam, args.ppo_epochs, args.kl_estimator, args.whiten_rewards,
                                args.missing_eos_penalty, rollout_tools(args), args.max_tool_rounds,
-                               args.open_thinking)
+                               args.open_thinking, rollout_decode(args.compile))
         return ProximalPolicy(rewards, tokenizer, settings, *common)
     from trainer.grpo import GroupRelativePolicy, RolloutSettings
     settings = RolloutSettings(args.loss_type, args.num_generations, args.max_completion_length, args.temperature,
                                args.top_p, args.beta, args.epsilon, in_effect["epsilon_high"], args.num_iterations,
                                args.scale_rewards, args.importance_sampling_level, rollout_tools(args),
-                               args.max_tool_rounds, args.open_thinking)
+                               args.max_tool_rounds, args.open_thinking, rollout_decode(args.compile))
     return GroupRelativePolicy(rewards, tokenizer, settings, *common, sharded=sharded)

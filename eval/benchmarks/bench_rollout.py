@@ -6,7 +6,7 @@ keeps the work the same in every variant. Variants, for one stream and for a bat
 prompt `--batch` times, as a GRPO group is):
 
     engine      model.generation.GenerationEngine as trainer/grpo.py's rollouts drive it (submit all, step()),
-                decoding as `--decode` says (default: the rollouts' trainer.grpo.ROLLOUT_DECODE, a compiled step
+                decoding as `--decode` says (default: the rollouts' under --compile auto, a compiled step
                 over a static KV cache; compiled once, in the warm-up round)
     engine@REF  the same, with model/generation.py as it is at git revision REF (--engine_ref; e.g. HEAD), so a
                 change of the engine is measured against its baseline in the same run (its own default decode
@@ -53,7 +53,7 @@ import torch  # noqa: E402
 from model.generation import DECODE_MODES  # noqa: E402
 from model.config import PRESETS  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, int_within, run_main, seed  # noqa: E402
-from trainer.grpo import ROLLOUT_DECODE  # noqa: E402
+from trainer.grpo import rollout_decode  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import REPO_ROOT  # noqa: E402
 
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int_within(1), default=os.cpu_count(), help="threads of every variant")
     parser.add_argument("--engine_ref", default=None, help="also run model/generation.py at this git revision")
     parser.add_argument("--seed", type=seed, default=0, help="draws the model's fresh weights")
-    parser.add_argument("--decode", default=ROLLOUT_DECODE, choices=DECODE_MODES,
+    parser.add_argument("--decode", default=rollout_decode("auto"), choices=DECODE_MODES,
                         help="the engine's decode mode (model/generation.py)")
     parser.add_argument("--stance", default="force_eager", choices=("force_eager", "default"),
                         help="torch.compiler stance of the torch variants (force_eager: as GRPO/PPO rollouts run)")

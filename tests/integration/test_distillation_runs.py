@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.training_runs import (assert_same_logged_metrics, assert_same_model, finetune_argv, launch_two_processes,
-                                 refused_run, run_in_process, train_losses, write_jsonl)
+                                 record_rollout_decodes, refused_run, run_in_process, train_losses, write_jsonl)
 from trainer.run_dir import model_task, read_metrics, read_summary
 
 
@@ -127,7 +127,7 @@ def test_resuming_with_another_teacher_is_refused_in_one_line(distilled, train_d
 @pytest.mark.parametrize("flags, recorded, samplers", [
     (["--distill_loss", "jsd", "--jsd_beta", "0.3"],
      {"distill_loss": "jsd", "jsd_beta": 0.3, "lmbda": 0.0, "seq_kd": False}, []),
-    (["--lmbda", "1", "--max_new_tokens", "6", "--sampling_temperature", "1.2"],
+    (["--lmbda", "1", "--max_new_tokens", "6", "--sampling_temperature", "1.2", "--compile", "auto"],
      {"distill_loss": "kl", "lmbda": 1.0, "seq_kd": False, "max_new_tokens": 6, "sampling_temperature": 1.2},
      ["student"]),
     (["--seq_kd", "--max_new_tokens", "5"], {"distill_loss": "kl", "lmbda": 0.0, "seq_kd": True, "max_new_tokens": 5},
@@ -136,7 +136,8 @@ def test_resuming_with_another_teacher_is_refused_in_one_line(distilled, train_d
 def test_one_step_of_each_gkd_option_trains_as_asked_and_is_recorded(flags, recorded, samplers, train_data,
                                                                      tiny_models, tmp_path, monkeypatch):
     """A 1-step run of each: its train_config.yaml records the flags; the step sampled (with the student for
-    --lmbda 1, the teacher for --seq_kd) or not, and logged the divergence it used under its name."""
+    --lmbda 1, the teacher for --seq_kd) or not, and logged the divergence it used under its name; the sampling
+    engine decodes the static step eagerly under --compile off, a compiled one under auto (as GRPO's rollouts)."""
     import yaml
 
     from trainer import distillation
@@ -149,8 +150,10 @@ def test_one_step_of_each_gkd_option_trains_as_asked_and_is_recorded(flags, reco
         return sampled(self, sampler, *args)
 
     monkeypatch.setattr(distillation.Distillation, "sampled", recording)
+    decodes = record_rollout_decodes(monkeypatch)
     out_dir = tmp_path / "run"
     run_in_process("distill", _argv(train_data, tiny_models, out_dir, "--max_steps", "1", *flags))
+    assert set(decodes) == ({"compiled" if "auto" in flags else "static"} if samplers else set())
     config = yaml.safe_load((out_dir / "train_config.yaml").read_text())
     assert {name: config[name] for name in recorded} == recorded
     [record] = read_metrics(out_dir, "train")

@@ -20,8 +20,8 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.training_runs import (ONE_THREAD, assert_same_logged_metrics, frequent_word_rewards,
-                                 record_objective_settings, refused_run, run_in_process, tool_run_argv, train_losses,
-                                 write_prompt_data)
+                                 record_objective_settings, record_rollout_decodes, refused_run, run_in_process,
+                                 tool_run_argv, train_losses, write_prompt_data)
 from trainer.command import main
 from trainer.run_dir import CONFIG_FILE, SUMMARY_FILE, model_task, read_metrics, read_summary
 
@@ -120,6 +120,20 @@ def test_a_sequence_level_ratio_reaches_the_objective_and_the_record(grpo_data, 
     assert yaml.safe_load((out_dir / CONFIG_FILE).read_text())["importance_sampling_level"] == "sequence"
     [step] = read_metrics(out_dir, "train")
     assert math.isfinite(step["loss"]) and 0 <= step["clip_fraction"] <= 1
+
+
+@pytest.mark.parametrize("compile_mode, decode", [("off", "static"), ("auto", "compiled")])
+def test_the_rollouts_compile_their_decode_step_unless_compile_is_off(compile_mode, decode, grpo_data, tiny_models,
+                                                                     tmp_path, monkeypatch):
+    """--compile off compiles nothing: the rollouts (and the final validation's greedy ones) decode the static step
+    eagerly; auto compiles the decode step whatever the run's length (a 1-step run here, whose model auto leaves
+    eager), since a few steps of rollouts pay its compile back."""
+    asked = record_rollout_decodes(monkeypatch)
+    out_dir = tmp_path / "run"
+    run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", "1", "--compile",
+                                 compile_mode))
+    assert len(asked) >= 2 and set(asked) == {decode}  # the step's rollouts, then the final greedy validation
+    assert yaml.safe_load((out_dir / CONFIG_FILE).read_text())["compile"] == compile_mode
 
 
 def test_a_reward_that_breaks_its_contract_stops_the_run_in_one_line(grpo_data, tiny_models, tmp_path, capsys):

@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 from tests.paths import REPO
 from tests.training_runs import (ADAM_STEPS_ATOL, assert_same_logged_metrics, assert_same_model, frequent_word_rewards,
-                                 launch_two_processes, record_objective_settings, refused_run, run_in_process,
-                                 tool_run_argv, train_losses, write_prompt_data, write_tool_run_inputs)
+                                 launch_two_processes, record_objective_settings, record_rollout_decodes, refused_run,
+                                 run_in_process, tool_run_argv, train_losses, write_prompt_data, write_tool_run_inputs)
 from trainer.command import main
 from trainer.run_dir import model_task, read_metrics, read_summary
 
@@ -104,21 +104,24 @@ def test_a_resumed_ppo_run_equals_the_uninterrupted_one(ppo_run, ppo_data, tiny_
 @pytest.mark.parametrize("flags, recorded", [
     (["--kl_estimator", "k3"], {"kl_estimator": "k3"}),
     (["--whiten_rewards"], {"whiten_rewards": True}),
-    (["--missing_eos_penalty", "100"], {"missing_eos_penalty": 100.0})])
+    (["--missing_eos_penalty", "100", "--compile", "auto"], {"missing_eos_penalty": 100.0})])
 def test_trls_options_reach_the_objective_and_the_record(flags, recorded, ppo_data, tiny_models, tmp_path,
                                                          monkeypatch):
     """One step with each of TRL's PPO options: the objective the run builds has it, train_config.yaml records it
     (so a resume compares it), and the step trains; the missing-eos penalty shows in the logged reward (the tiny
-    model's completions are cut at 12 tokens), not in the reward function's own mean."""
+    model's completions are cut at 12 tokens), not in the reward function's own mean. The rollouts decode the
+    static step eagerly under --compile off, a compiled one under auto (GRPO's rule)."""
     import yaml
 
     import trainer.ppo as ppo
 
     built = record_objective_settings(monkeypatch, ppo.ProximalPolicy)
+    decodes = record_rollout_decodes(monkeypatch)
     out_dir = tmp_path / "run"
     run_in_process("ppo", _argv(ppo_data, tiny_models.pretrain, out_dir, "--max_steps", "1", *flags))
     defaults = {"kl_estimator": "k1", "whiten_rewards": False, "missing_eos_penalty": 0.0}
     assert [{name: getattr(s, name) for name in defaults} for s in built] == [{**defaults, **recorded}]
+    assert decodes and set(decodes) == {"compiled" if "auto" in flags else "static"}
     config = yaml.safe_load((out_dir / "train_config.yaml").read_text())
     assert {name: config[name] for name in defaults} == {**defaults, **recorded}
     [step] = read_metrics(out_dir, "train")

@@ -47,7 +47,7 @@ def test_the_rewards_read_the_tags_in_the_rollouts_and_in_the_validation(tokeniz
     completions = [_ids(tokenizer, THOUGHT) + [end], _ids(tokenizer, THOUGHT, control=False),
                    _ids(tokenizer, "It is 7.") + [end]]
 
-    def sample(model, tok, prompt_ids, settings):  # prompt [k] "completes" as completions[k]
+    def sample(model, tok, prompt_ids, settings, decode):  # prompt [k] "completes" as completions[k]
         return [completions[ids[0]] for ids in prompt_ids]
 
     monkeypatch.setattr(grpo, "sample_completions", sample)

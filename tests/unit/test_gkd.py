@@ -163,8 +163,8 @@ class _Recorder:
         self.calls: list[dict] = []
         self.real = distillation.sample_completions
 
-    def __call__(self, model, tokenizer, prompt_ids, settings):
-        completions = self.real(model, tokenizer, prompt_ids, settings)
+    def __call__(self, model, tokenizer, prompt_ids, settings, decode):
+        completions = self.real(model, tokenizer, prompt_ids, settings, decode)
         self.calls.append({"model": model, "prompts": [list(p) for p in prompt_ids], "settings": list(settings),
                            "completions": completions})
         return completions

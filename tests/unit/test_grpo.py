@@ -322,7 +322,7 @@ def test_sharded_weights_are_gathered_once_per_step_and_sample_every_micro_batch
     copy, gathered, samplers = object(), [], []
     monkeypatch.setattr(grpo, "whole_model_everywhere", lambda model: gathered.append(model) or copy)
 
-    def sample(model, tok, prompt_ids, settings):
+    def sample(model, tok, prompt_ids, settings, decode):
         samplers.append(model)
         return [[100] for _ in settings]
 
@@ -343,7 +343,7 @@ def test_the_logged_statistics_are_over_the_whole_step_not_each_micro_batch(toke
     completions' rewards (Bessel's: TRL's reward_std over the step's batch), not the mean of its groups' stds."""
     import trainer.grpo as grpo
 
-    def sample(model, tok, prompt_ids, settings):  # completions of 1 to 6 tokens, by their seeds
+    def sample(model, tok, prompt_ids, settings, decode):  # completions of 1 to 6 tokens, by their seeds
         return [[100 + i for i in range(1 + setting.seed % 6)] for setting in settings]
 
     monkeypatch.setattr(grpo, "sample_completions", sample)
@@ -397,7 +397,7 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
     sampled = iter([[[5, end], [7, 8, 9, 10, 11, 12], [13, 14, end], [15, 16, 17, end]],
                     [[end], [20, 21, 22, end], [23, 24, end], [25, 26, 27, 28, end]],
                     [[30, 31, 32, 33, 34, 35]] * 4])
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings, decode: next(sampled))
     rewards = iter([[1.0, 1.0, 0.5, 0.5], [1.0, 0.0, None, 2.0]])
     objective = GroupRelativePolicy([Reward("given", lambda prompts, completions, **columns: next(rewards))],
                                     tokenizer, _settings("cispo"), None, seed=7, process_index=0, autocast=nullcontext)
@@ -423,7 +423,8 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
     # the same four prompts as one micro-batch: the same logged rollout statistics, whatever the split
     whole_sampled = iter([[[5, end], [7, 8, 9, 10, 11, 12], [13, 14, end], [15, 16, 17, end],
                            [end], [20, 21, 22, end], [23, 24, end], [25, 26, 27, 28, end]]])
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(whole_sampled))
+    monkeypatch.setattr(grpo, "sample_completions",
+                        lambda model, tok, prompt_ids, settings, decode: next(whole_sampled))
     whole_rewards = iter([[1.0, 1.0, 0.5, 0.5, 1.0, 0.0, None, 2.0]])
     whole_objective = GroupRelativePolicy([Reward("given", lambda prompts, completions, **columns: next(
         whole_rewards))], tokenizer, _settings("cispo"), None, seed=7, process_index=0, autocast=nullcontext)
@@ -431,7 +432,7 @@ def test_the_completions_shortest_longest_cut_share_and_equal_reward_groups_are_
     for key in ("rollout_stats", "reward_function_stats"):
         assert all(torch.equal(batch[key], whole[key]) for batch in batches), key
     # a step whose completions the limit all cut: no ended one to measure (NaN, written as null; TRL writes 0)
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings, decode: next(sampled))
     rewards = iter([[1.0] * 4])
     cut = objective.rollouts(policy, [_numbered_prompts(4, 2)], step=2, accelerator=OneProcess())[0]
     shape = cut["rollout_stats"].tolist()[3:9]
@@ -457,7 +458,7 @@ def test_the_completion_shape_and_equal_reward_groups_are_the_steps_over_process
     lengths = {1: [2, 6, 3], 2: [4, 1, 5], 3: [3, 3, 2], 4: [4, 5, 2]}  # by the prompt's first token
     completions = {first: [ended(n) if n < 6 else [30 + k for k in range(6)] for n in row]
                    for first, row in lengths.items()}
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: [
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings, decode: [
         completions[ids[0]][index % 3] for index, ids in enumerate(prompt_ids)])
     given = {"p0": [0.5, 0.5, 0.5], "p1": [None, None, 2.0], "p2": [0.25] * 3, "p3": [1.0] * 3}
 
@@ -511,7 +512,7 @@ def test_a_step_no_reward_scores_logs_its_reward_as_null(tokenizer, policy, monk
 def _fake_sampler(sampled: list[list[int]]):
     """A stand-in for sample_completions: each completion's tokens come from its seed alone (1 to 6 tokens), and
     every completion is recorded in `sampled`."""
-    def sample(model, tok, prompt_ids, settings):
+    def sample(model, tok, prompt_ids, settings, decode):
         out = [[100 + (setting.seed + i) % 50 for i in range(1 + setting.seed % 6)] for setting in settings]
         sampled.extend(out)
         return out
@@ -953,7 +954,7 @@ def test_validation_reports_the_greedy_accuracy_on_the_answers(tokenizer, policy
              "e": "no number here"}
     asked = []
 
-    def greedy(model, tok, prompt_ids, settings):  # the "completion" of prompt [k] is texts' k-th text
+    def greedy(model, tok, prompt_ids, settings, decode):  # the "completion" of prompt [k] is texts' k-th text
         asked.append([s.temperature for s in settings])
         return [tokenizer.encode(list(texts.values())[ids[0]], add_special_tokens=False) for ids in prompt_ids]
 
@@ -988,7 +989,7 @@ def test_the_ended_extremes_skip_a_shorter_completion_the_full_context_cut_and_a
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     sampled = iter([[[30], [31, 32, end], [33, 34, 35, end], [36, 37, 38, 39, end]]])
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings, decode: next(sampled))
     objective = GroupRelativePolicy([Reward("given", lambda prompts, completions, **columns: [0.1, 0.1, None, 0.1]),
                                      Reward("once", lambda prompts, completions, **columns: [None, 0.5, None, None])],
                                     tokenizer, _settings("cispo"), None, seed=7, process_index=0, autocast=nullcontext)

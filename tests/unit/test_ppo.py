@@ -291,7 +291,7 @@ def test_the_advantages_are_whitened_and_the_statistics_taken_over_the_whole_ste
     collective, checked above)."""
     import trainer.grpo as grpo
 
-    def sample(model, tok, prompt_ids, settings):
+    def sample(model, tok, prompt_ids, settings, decode):
         return [[100 + (setting.seed + i) % 50 for i in range(1 + setting.seed % 6)] for setting in settings]
 
     monkeypatch.setattr(grpo, "sample_completions", sample)
@@ -347,7 +347,7 @@ def test_the_missing_eos_penalty_comes_off_the_scores_of_completions_the_length_
 
     eos = tokenizer.eos_token_id
     sampled = [[5, 6, eos], [7, 8, 9, 10, 11, 12], [13, eos], [14, 15, 16, 17, 18, 19]]
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: sampled)
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings, decode: sampled)
     model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
 
     def lengths(prompts, completions, **columns):
@@ -379,7 +379,7 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps(tokenizer,
     eos = tokenizer.eos_token_id
     sampled = iter([[[5, eos], [7, 8, 9, 10, 11, 12], [13, 14, eos], [15, 16, 17, eos]],
                     [[eos], [20, 21, 22, eos], [23, 24, eos], [25, 26, 27, 28, eos]]])
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: next(sampled))
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings, decode: next(sampled))
     model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
     scored = []  # what the function returned: the completions' text lengths
 
@@ -419,7 +419,7 @@ def test_the_completions_shortest_longest_and_cut_share_are_the_steps_over_proce
     eos = tokenizer.eos_token_id
     by_prompt = {(1, 2, 3): [[5, eos], [7, 8, 9, 10, 11, 12]], (4, 5): [[13, 14, eos], [15, 16, 17, eos]],
                  (6, 7, 8, 9): [[eos], [20, 21, 22, eos]], (10,): [[23, 24, eos], [25, 26, 27, 28, eos]]}
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: [
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings, decode: [
         by_prompt[tuple(ids)][index % 2] for index, ids in enumerate(prompt_ids)])
     model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
 
@@ -469,7 +469,7 @@ def test_a_completion_that_ends_at_an_eos_id_of_the_models_generation_config_is_
     assert other != tokenizer.eos_token_id
     model.policy.generation_config.eos_token_id = [other]
     sampled = [[5, 6, other], [7, 8, 9, 10, 11, 13], [13, tokenizer.eos_token_id], [14, 15, other]]
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: sampled)
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings, decode: sampled)
     objective = ProximalPolicy([Reward("lengths", lambda prompts, completions, **columns: [1.0] * len(completions))],
                                tokenizer, _settings(2, missing_eos_penalty=0.5), reference, seed=7, process_index=0,
                                autocast=nullcontext)
@@ -517,7 +517,7 @@ def _far_from_0_rewards(tokenizer, monkeypatch, seed: int) -> tuple:
     import trainer.grpo as grpo
 
     eos = tokenizer.eos_token_id
-    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings: [
+    monkeypatch.setattr(grpo, "sample_completions", lambda model, tok, prompt_ids, settings, decode: [
         [5 + index, eos] for index in range(len(prompt_ids))])
     model, reference = _policy_and_critic(len(tokenizer)), _model(len(tokenizer), seed=4)
     noise = random.Random(seed)

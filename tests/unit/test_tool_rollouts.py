@@ -58,7 +58,7 @@ def _fake_sampler(tokenizer, turns: list):
     it is the answer; every turn is recorded in `turns` as (prompt ids, seed, max_new_tokens)."""
     response = control_id(tokenizer, "<tool_response>")
 
-    def sample(model, tok, prompt_ids, settings):
+    def sample(model, tok, prompt_ids, settings, decode):
         out = []
         for ids, setting in zip(prompt_ids, settings):
             turns.append((list(ids), setting.seed, setting.max_new_tokens))
@@ -168,7 +168,7 @@ def test_the_calls_of_a_turn_after_the_last_round_are_not_run(tokenizer, policy,
 
     turns = []
 
-    def always_calls(model, tok, prompt_ids, settings):
+    def always_calls(model, tok, prompt_ids, settings, decode):
         turns.append(len(settings))
         return [_call_ids(tokenizer) for _ in settings]
 

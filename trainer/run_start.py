@@ -17,7 +17,7 @@ from trainer.checkpoint_state import saved_position
 from trainer.data import RunData, dataset_stats, supervision_cut_note
 from trainer.distributed import update_inside_backward
 from trainer.resume_checks import changed_flags
-from trainer.run_dir import CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY
+from trainer.run_dir import CHECKPOINT_DIR, CONFIG_FILE, ROLLOUT_TASKS, RUN_ID_KEY
 from trainer.step import RunPosition
 
 
@@ -47,6 +47,18 @@ def write_run_config(out_dir: Path, config_dict: dict[str, Any], run_id: str) ->
     atomic_write_text(out_dir / CONFIG_FILE, yaml.safe_dump({**config_dict, RUN_ID_KEY: run_id}, sort_keys=False))
 
 
+def _compile_text(args: TrainArgs, compiled: bool) -> str:
+    """Whether the model is compiled, and, where the model is not but the run samples completions (GRPO, PPO,
+    distillation's --lmbda/--seq_kd), that their decode step is (trainer/grpo.py, rollout_decode)."""
+    from trainer.distillation import CompletionSettings
+    from trainer.grpo import rollout_decode
+    samples = args.task in ROLLOUT_TASKS or (args.task == "distill"
+                                             and CompletionSettings(args.lmbda, args.seq_kd).samples)
+    if compiled or not samples or rollout_decode(args.compile) != "compiled":
+        return f"compile {'on' if compiled else 'off'}"
+    return "compile off (the sampling's decode step compiled)"
+
+
 def announcement(args: TrainArgs, accelerator: Accelerator, data: RunData, *, compiled: bool, threads_line: str,
                  input_models: dict[str, Path], num_params: int, trainable_params: int, total_steps: int,
                  steps_per_epoch: int, global_batch: int, added_switches: list[str],
@@ -58,7 +70,7 @@ def announcement(args: TrainArgs, accelerator: Accelerator, data: RunData, *, co
     cut_note = supervision_cut_note(stats, args.max_seq_len)
     setup = str(accelerator.distributed_type).split(".")[-1]
     lines = [f"MiniNorm {args.task}: {num_params / 1e6:.2f}M parameters on {accelerator.device} "
-             f"x{accelerator.num_processes}, {args.dtype}, {setup}, compile {'on' if compiled else 'off'}, "
+             f"x{accelerator.num_processes}, {args.dtype}, {setup}, {_compile_text(args, compiled)}, "
              f"optimizer {args.optimizer}" + (", gradient checkpointing" if args.gradient_checkpointing else ""),
              threads_line,
              f"data: {data.description}; {len(data.train)} train / {len(data.val)} val samples"

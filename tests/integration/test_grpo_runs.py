@@ -124,15 +124,18 @@ def test_a_sequence_level_ratio_reaches_the_objective_and_the_record(grpo_data, 
 
 @pytest.mark.parametrize("compile_mode, decode", [("off", "static"), ("auto", "compiled")])
 def test_the_rollouts_compile_their_decode_step_unless_compile_is_off(compile_mode, decode, grpo_data, tiny_models,
-                                                                     tmp_path, monkeypatch):
+                                                                     tmp_path, monkeypatch, capsys):
     """--compile off compiles nothing: the rollouts (and the final validation's greedy ones) decode the static step
     eagerly; auto compiles the decode step whatever the run's length (a 1-step run here, whose model auto leaves
-    eager), since a few steps of rollouts pay its compile back."""
+    eager), since a few steps of rollouts pay its compile back. The run's first line says which."""
     asked = record_rollout_decodes(monkeypatch)
     out_dir = tmp_path / "run"
     run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", "1", "--compile",
                                  compile_mode))
     assert len(asked) >= 2 and set(asked) == {decode}  # the step's rollouts, then the final greedy validation
+    first = capsys.readouterr().out.splitlines()[0]
+    assert ("compile off (the sampling's decode step compiled)," in first) == (decode == "compiled")
+    assert ("compile off," in first) == (decode == "static")
     assert yaml.safe_load((out_dir / CONFIG_FILE).read_text())["compile"] == compile_mode
 
 

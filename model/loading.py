@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from transformers.utils import logging as hf_logging
 
 from dataset.atomic_io import first_line
+from dataset.shown_value import shown_value
 from dataset.tokenization import check_tokenizer_files, load_tokenizer
 from model.generation_defaults import read_generation_config
 
@@ -99,13 +100,37 @@ def check_finite(tensors: Any, where: str, error: type[ValueError] = ValueError)
                         f"{'s' if bad != 1 else ''} (of {tensor.numel()}); such a model computes NaN logits")
 
 
+# The weights' precision that config.json's dtype (torch_dtype in older files) names, as transformers reads it: the
+# name of a torch attribute, which it looks up unchecked (`"bf16"` was an AttributeError traceback, `"nn"` a module).
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def _check_dtype_fields(file: Path) -> None:
+    """A ValueError naming `file` and the field when its dtype or torch_dtype is not null or a float dtype's name;
+    a file that is no JSON object is left to AutoConfig, which names what is wrong with it."""
+    try:
+        fields = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    if not isinstance(fields, dict):
+        return
+    for key in ("dtype", "torch_dtype"):
+        value = fields.get(key)
+        if value is not None and value not in FLOAT_DTYPES:
+            raise ValueError(f"{file}: {key}={shown_value(value)} is not allowed; it must be null or one of "
+                             f"{', '.join(map(repr, FLOAT_DTYPES))}")
+
+
 def load_config(path: Path) -> PretrainedConfig:
     """path/config.json as its config class; ValueError naming the file when it is not valid JSON, not an object, or
-    holds a value the class refuses."""
+    holds a value the class refuses (transformers' own fields included: a dtype, an id2label of the wrong kind)."""
     file = path / "config.json"
+    _check_dtype_fields(file)
     try:
         return AutoConfig.from_pretrained(path)
-    except (OSError, TypeError, ValueError, KeyError) as error:
+    # AttributeError: PretrainedConfig reads its generic fields unchecked (`"id2label": "x"`: 'str' object has no
+    # attribute 'items'; `"quantization_config": "x"`: no attribute 'to_dict')
+    except (OSError, TypeError, ValueError, KeyError, AttributeError) as error:
         raise ValueError(f"{file}: {first_line(error)}") from None
 
 

@@ -40,7 +40,7 @@ from model.export_dir import IMPORT_MARKER, check_out_dir, earlier_source, stage
 from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.interop import (CHECKPOINT_NORM, SWAPPABLE_NORMS, NotImportable, mininorm_config_from,  # noqa: E402
                            model_from, read_state_dict)
-from model.loading import check_tokenizer_fits, load_dir_tokenizer  # noqa: E402
+from model.loading import check_tokenizer_fits, load_config, load_dir_tokenizer  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, path_arg, run_main  # noqa: E402
 from trainer.run_dir import report_error, resolve_input_path, resolve_path  # noqa: E402
@@ -76,6 +76,7 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
         raise ValueError(f"{config_file}: not readable JSON ({error})") from None
     check_out_dir(source, out_dir, IMPORT_MARKER, "an earlier import")
     config = mininorm_config_from(hf_config, source, norm_type)  # refuses before any weight is read
+    load_config(source)  # transformers' own fields (dtype, ...), named here: AutoTokenizer reads them below too
     if (source / "tokenizer.json").is_file():  # a tokenizer this project reads (a tokenizer.model alone is copied)
         tokenizer = load_dir_tokenizer(source)  # after the config's checks: AutoTokenizer reads config.json too
         check_tokenizer_fits(tokenizer, config.vocab_size, source)

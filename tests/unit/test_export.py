@@ -272,6 +272,11 @@ BAD_INPUTS = [
     ("pad_token_id_string", _set_config(pad_token_id="0"), ["config.json", "pad_token_id='0'", "token id"]),
     ("intermediate_size_string", _set_config(intermediate_size="128"), ["intermediate_size='128'", "positive"]),
     ("config_not_json", _write("config.json", "{"), ["config.json"]),
+    # transformers looked the name up on torch unchecked: an AttributeError traceback
+    ("dtype_unknown", _set_config(dtype="bf16"), ["config.json", "dtype='bf16'", "'bfloat16'"]),
+    ("torch_dtype_a_number", _set_config(torch_dtype=16), ["config.json", "torch_dtype=16", "'float16'"]),
+    # transformers' generic fields, read unchecked: an AttributeError traceback ('str' object has no attribute ...)
+    ("id2label_a_string", _set_config(id2label="x"), ["config.json: 'str' object"]),
     ("generation_config_not_json", _write("generation_config.json", "{"), ["generation_config.json"]),
     ("generation_config_a_list", _write("generation_config.json", "[]"), ["generation_config.json"]),
     ("tokenizer_garbage", _write("tokenizer.json", "{garbage"), ["tokenizer", "tokenizer.json"]),

@@ -371,6 +371,8 @@ BAD_SOURCES = [
     ("string_eps", _set_config(rms_norm_eps="1e-5"), ["norm_eps='1e-5'", "finite float > 0"]),
     ("config_a_list", _write("config.json", "[]"), ["config.json is not a JSON object"]),
     ("config_not_json", _write("config.json", "{"), ["config.json"]),
+    # read by the tokenizer's loading first: "cannot read the tokenizer ...: module 'torch' has no attribute 'bf16'"
+    ("dtype_unknown", _set_config(dtype="bf16"), ["config.json: dtype='bf16' is not allowed", "'bfloat16'"]),
     ("qwen3_labelled_llama", _qwen3_labelled_llama, ["unexpected model.layers.0.self_attn.k_norm.weight"]),
     # RoPE rotates pairs: an odd head width is no MiniNorm head (transformers refuses it too, but a file may say it)
     ("odd_head_dim", _set_config(head_dim=7), ["head_dim=7", "positive even integer"]),

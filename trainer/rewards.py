@@ -256,6 +256,10 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
         module_spec.loader.exec_module(module)
     except Exception as error:  # any error of the user's module: one line, not its traceback
         raise ValueError(f"{shown}: importing {file} raised {first_line(error, named=True)}") from None
+    except SystemExit as error:  # a script's `sys.exit(main())`: the trainer ended there with its code (0: a success
+        # that trained nothing)
+        raise ValueError(f"{shown}: importing {file} called sys.exit({error.code!r}); a reward file runs its own main "
+                         f"only under `if __name__ == \"__main__\":`") from None
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"{shown}: {file} defines no function {shown_value(name)}")
@@ -346,7 +350,8 @@ def score(rewards: Sequence[Reward], prompts: list[str], completions: list[str],
     for reward in rewards:
         try:
             values = reward.function(prompts=prompts, completions=completions, **columns)  # REWARD_ARGUMENTS
-        except Exception as error:  # the user's code: its failure is reported in one line
+        # the user's code: its failure is reported in one line; a sys.exit in it ended the trainer with its code
+        except (Exception, SystemExit) as error:
             raise RewardError(f"reward {reward.name}: raised {first_line(error, named=True)}") from None
         per_function.append(_checked(reward, values, len(completions)))
     totals = [sum(reward.weight * values[i] for reward, values in zip(rewards, per_function)

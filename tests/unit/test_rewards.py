@@ -43,6 +43,9 @@ def minus_inf(prompts, completions, **columns):
 
 def huge(prompts, completions, **columns):
     return [10 ** 400, 0.0]
+
+def exits(prompts, completions, **columns):
+    raise SystemExit(0)
 '''
 
 
@@ -77,6 +80,8 @@ def test_none_leaves_a_completion_unscored_and_weights_multiply(user_file):
     ("inf", "reward {spec}: returned inf for completion 1, not a finite number"),
     ("minus_inf", "reward {spec}: returned -inf for completion 0, not a finite number"),
     ("huge", "reward {spec}: returned a number beyond the float range for completion 0, not a finite number"),
+    # the trainer ended there, with the function's exit code: 0 read as a finished run
+    ("exits", "reward {spec}: raised SystemExit: 0"),
 ])
 def test_a_broken_reward_function_is_one_line_naming_it(name, message, user_file):
     spec = f"{user_file}:{name}"
@@ -94,6 +99,12 @@ def test_the_loader_refuses_bad_specs_in_one_line(user_file, tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
     cases[f"{broken}:f"] = "raised ModuleNotFoundError: No module named 'not_a_module_anywhere'"
+    # a script's `sys.exit(main())` without the __main__ guard ended the trainer there, exit code 0, nothing trained
+    script = tmp_path / "script.py"
+    script.write_text("import sys\ndef f(prompts, completions, **columns):\n    return [0.0] * len(completions)\n"
+                      "sys.exit(0)\n")
+    cases[f"{script}:f"] = (f"importing {script} called sys.exit(0); a reward file runs its own main only under "
+                            f"`if __name__ == \"__main__\":`")
     for spec, message in cases.items():
         with pytest.raises(ValueError) as error:
             load_reward(spec)

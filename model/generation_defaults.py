@@ -13,6 +13,7 @@ from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
 from dataset.atomic_io import first_line
+from dataset.shown_value import shown_value
 
 # Generation settings that bound (or stretch) an answer's length or time; none of them is saved with a model.
 LENGTH_FIELDS = ("max_length", "max_new_tokens", "min_length", "min_new_tokens", "max_time")
@@ -41,11 +42,27 @@ def read_generation_config(model_dir: Path) -> GenerationConfig:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its warning about a flag it ignores would come before our one line
     try:
-        return without_length_limits(GenerationConfig.from_pretrained(model_dir))
+        config = without_length_limits(GenerationConfig.from_pretrained(model_dir))
     except (OSError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"{file}: not a generation config ({first_line(error)})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+    _check_eos_token_id(config.eos_token_id, file)
+    return config
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_eos_token_id(value: object, file: Path) -> None:
+    """A ValueError naming `file` when its eos_token_id is not null, a token id or a list of them: transformers
+    keeps any value, and generation (model/generation.py) stops at int(each) -- "x" was a ValueError traceback at
+    the first message, true stopped at token 1, 2.9 at token 2."""
+    ids = value if isinstance(value, list) else [value]
+    if value is not None and not all(_is_token_id(i) for i in ids):
+        raise ValueError(f"{file}: eos_token_id={shown_value(value)} is not allowed; it must be null, a token id (an "
+                         f"integer >= 0) or a list of them")
 
 
 def savable_generation_config(model_dir: Path) -> GenerationConfig:

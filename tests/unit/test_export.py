@@ -279,6 +279,11 @@ BAD_INPUTS = [
     ("id2label_a_string", _set_config(id2label="x"), ["config.json: 'str' object"]),
     ("generation_config_not_json", _write("generation_config.json", "{"), ["generation_config.json"]),
     ("generation_config_a_list", _write("generation_config.json", "[]"), ["generation_config.json"]),
+    # transformers keeps any value: generation stopped at int("x"), a ValueError traceback at the first message
+    ("generation_config_eos_a_string", _write("generation_config.json", '{"eos_token_id": "x"}'),
+     ["generation_config.json: eos_token_id='x' is not allowed", "a token id (an integer >= 0) or a list of them"]),
+    ("generation_config_eos_true", _write("generation_config.json", '{"eos_token_id": [2, true]}'),
+     ["generation_config.json: eos_token_id=[2, True] is not allowed"]),
     ("tokenizer_garbage", _write("tokenizer.json", "{garbage"), ["tokenizer", "tokenizer.json"]),
     ("tokenizer_missing", _remove("tokenizer.json", "tokenizer_config.json"), ["no tokenizer.json"]),
 ]

@@ -402,6 +402,9 @@ BAD_SOURCES = [
     # transformers reads it, but would not save it: the import failed at its end, in several lines
     ("unsavable_generation_config", _write("generation_config.json", {"temperature": "hot"}),
      ["generation_config.json: `temperature`", "would not save it"]),
+    # imported as it was: the imported model's first chat message was a ValueError traceback (int("x"))
+    ("generation_config_eos_a_string", _write("generation_config.json", {"eos_token_id": "x"}),
+     ["generation_config.json: eos_token_id='x' is not allowed"]),
 ]
 
 

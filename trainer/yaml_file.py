@@ -17,6 +17,11 @@ from dataset.shown_value import shown_text
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
+# The most values (scalars, lists, mappings) a file may hold with its aliases expanded. An alias is one node shared,
+# so nine lines of `&b [*a, *a, ...]` build 43 million values in no time; what walks them as a tree later (a sweep's
+# schema and flag checks) took a minute, one level more ten. No config or sweep comes near this many.
+MAX_VALUES = 100_000
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
@@ -48,6 +53,38 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {json.dumps(key, default=str)} (line {key_node.start_mark.line + 1})")
             seen.add(key)
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._count_values(node, {}, set())
+        return super().construct_document(node)
+
+    def _count_values(self, node: yaml.Node, counted: dict[int, int], open_nodes: set[int]) -> int:
+        """How many values `node` holds with its aliases expanded (`counted`: each shared node's count, so a shared
+        node is walked once); a ConstructorError at the node past MAX_VALUES, or at an alias inside the value it
+        names (`&a [*a]`: a value that holds itself, which every walk of it followed until Python's recursion
+        limit -- a RecursionError traceback from a sweep's checks)."""
+        key = id(node)
+        if key in counted:
+            return counted[key]
+        if key in open_nodes:
+            raise yaml.constructor.ConstructorError(
+                None, None, "an alias names a value that holds the alias itself (a value that contains itself)",
+                node.start_mark)
+        open_nodes.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = []
+        count = 1 + sum(self._count_values(child, counted, open_nodes) for child in children)
+        open_nodes.discard(key)
+        if count > MAX_VALUES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"this value holds more than {MAX_VALUES:,} values once its aliases (*name) are "
+                            f"expanded; no config needs so many: write the values out", node.start_mark)
+        counted[key] = count
+        return count
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         # PyYAML's scalar constructors fail as Python does on a value its patterns let through (2001-02-30 is a

@@ -376,14 +376,15 @@ def test_an_allocation_failure_inside_the_sampling_engine_ends_in_the_one_line(t
     model.forward = no_memory  # the prefill's forward asks for more than there is
     common = SimpleNamespace(process_index=0, world=1, seed=0, tokenizer=tokenizer)
     if task == "distill":
-        objective = SimpleNamespace(**vars(common), completions=SimpleNamespace(max_new_tokens=4, temperature=1.0))
+        objective = SimpleNamespace(**vars(common), completions=SimpleNamespace(max_new_tokens=4, temperature=1.0,
+                                                                                     decode="static"))
         batch = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "labels": torch.tensor([[-100, -100, 7, 8]])}
 
         def rollouts(model, batches, step, accelerator):  # Distillation.rollouts, the student sampling
             return [Distillation.sampled(objective, model, batches[0], step, 0)]
     else:
         objective = SimpleNamespace(**vars(common), settings=SimpleNamespace(
-            num_generations=2, max_completion_length=4, temperature=1.0, top_p=1.0, tools=()))
+            num_generations=2, max_completion_length=4, temperature=1.0, top_p=1.0, tools=(), decode="static"))
         batch = {"prompt_ids": [[5, 6, 7]]}
         objective.sample_rollouts = partial(RolloutObjective.sample_rollouts, objective)  # the plain completions'
 

@@ -42,7 +42,7 @@ from model.model import shift_labels
 from trainer.distillation_losses import DistillLoss, distillation_losses
 from trainer.evaluation import LMEval, evaluate_lm
 from trainer.export import whole_model_everywhere
-from trainer.grpo import first_sample, rollout_seed, sample_completions
+from trainer.grpo import first_sample, rollout_decode, rollout_seed, sample_completions
 from trainer.memory import working_on
 from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, is_model_dir, load_input_model,
                              resolve_input_path, resolve_path)
@@ -121,7 +121,7 @@ class CompletionSettings:
     seq_kd: bool = False
     max_new_tokens: int = 128
     temperature: float = 0.9
-    decode: str = "compiled"  # how completions decode: trainer/grpo.py's rollout_decode(--compile)
+    decode: str = rollout_decode("auto")  # how completions decode: rollout_decode(--compile)
 
     @property
     def samples(self) -> bool:

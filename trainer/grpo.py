@@ -112,7 +112,7 @@ class RolloutSettings:
     tools: tuple[str, ...] = ()  # --tools: the tools whose calls a rollout runs (trainer/tool_rollouts.py); (): none
     max_tool_rounds: int = 2  # --max_tool_rounds: rounds of calls per rollout
     open_thinking: bool = False  # the prompts' thinking block is open: so is each turn's after the tool results
-    decode: str = "compiled"  # how rollouts decode: rollout_decode(--compile)
+    decode: str = rollout_decode("auto")  # how rollouts decode: rollout_decode(--compile)
 
     @property
     def reward_scaling(self) -> str:

@@ -47,7 +47,7 @@ from torch import nn
 
 from model.model import MiniNormForCausalLM, MiniNormModel
 from trainer.grpo import (COMPLETION_SHAPE, RolloutObjective, completion_log_probs, completion_log_probs_and_entropy,
-                          global_sums)
+                          global_sums, rollout_decode)
 from trainer.rewards import Reward
 from trainer.run_dir import load_input_model
 from trainer.step import StatWindow
@@ -81,7 +81,7 @@ class PPOSettings:
     tools: tuple[str, ...] = ()  # --tools: the tools whose calls a rollout runs (trainer/tool_rollouts.py); (): none
     max_tool_rounds: int = 2  # --max_tool_rounds: rounds of calls per rollout
     open_thinking: bool = False  # the prompts' thinking block is open: so is each turn's after the tool results
-    decode: str = "compiled"  # how rollouts decode: rollout_decode(--compile)
+    decode: str = rollout_decode("auto")  # how rollouts decode: rollout_decode(--compile)
 
 
 class CriticModel(nn.Module):

@@ -21,8 +21,8 @@ from transformers import LlamaConfig, PretrainedConfig, Qwen3Config
 
 from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
-from model.loading import check_finite, few
 from model.model import MiniNormForCausalLM
+from model.weight_checks import check_finite, few
 from dataset.shown_value import shown_value
 
 IMPORTABLE = ("llama", "qwen3")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
@@ -19,6 +19,7 @@ from dataset.atomic_io import first_line
 from dataset.shown_value import shown_value
 from dataset.tokenization import check_tokenizer_files, load_tokenizer
 from model.generation_defaults import read_generation_config
+from model.weight_checks import check_finite, few, safetensors_shapes, unreadable_safetensors
 
 # Importing any module of the `model` package runs model/__init__.py, which registers the "mininorm" type with
 # transformers' Auto classes: AutoModelForCausalLM below loads our directories.
@@ -41,13 +42,6 @@ def weights_file(path: Path) -> Path:
     return path / "model.safetensors"
 
 
-def few(names: Any, shown: int = 3) -> str:
-    """'a, b, c and 5 more': a long list of weight names kept to one readable line."""
-    names = sorted(names)
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
-
-
 def saved_shapes(path: Path) -> dict[str, list[int]]:
     """Every tensor's shape as the safetensors headers of model directory `path` give them (no tensor is read);
     empty for a directory without safetensors weights."""
@@ -62,9 +56,8 @@ def saved_shapes(path: Path) -> dict[str, list[int]]:
     shapes = {}
     for shard in shards:
         try:
-            with safe_open(str(shard), framework="pt") as f:
-                shapes.update({key: f.get_slice(key).get_shape() for key in f.keys()})
-        except (OSError, SafetensorError):
+            shapes.update(safetensors_shapes(shard))
+        except ValueError:
             return {}  # from_pretrained names the unreadable file
     return shapes
 
@@ -86,18 +79,6 @@ def _shapes_config_gives(path: Path, model_class: Any, overrides: dict[str, Any]
 
 def _other_shape(key: str, saved: Any, wanted: Any) -> str:
     return f"{key} ({list(saved)} in the file, {list(wanted)} by config.json)"
-
-
-def check_finite(tensors: Any, where: str, error: type[ValueError] = ValueError) -> None:
-    """An `error` naming the first tensor of `tensors` ((name, tensor) pairs) that holds a NaN or an infinity: such a
-    weight makes every logit NaN, so chat, evaluation and a GGUF file would carry it on silently."""
-    for name, tensor in tensors:
-        # A meta tensor holds no values: under FSDP's memory-efficient loading, a weight the checkpoint lacks is one
-        # on every process but the first, which initialises it and broadcasts it.
-        if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise error(f"{where}: its weight {name} holds {bad} NaN or infinite value"
-                        f"{'s' if bad != 1 else ''} (of {tensor.numel()}); such a model computes NaN logits")
 
 
 # The weights' precision that config.json's dtype (torch_dtype in older files) names, as transformers reads it: the
@@ -158,7 +139,7 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
         model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True,
                                                   **kwargs)
     except SafetensorError as error:
-        raise ValueError(f"{file} is not a readable safetensors file ({error})") from None
+        raise ValueError(unreadable_safetensors(file, error)) from None
     except OSError as error:  # a shard the index names is missing, no weights file at all, ...
         raise ValueError(f"cannot load {path}: {first_line(error)}") from None
     finally:

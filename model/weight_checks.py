@@ -1,0 +1,47 @@
+"""Checks of saved weights that every loader shares (model/loading.py's model directories, model/interop.py's
+imports, model/adapter_checks.py's LoRA adapters): a safetensors file's tensor shapes read from its header, a
+refusal of a NaN or infinite weight, and a long list of weight names kept to one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from dataset.atomic_io import first_line
+
+
+def few(names: Any, shown: int = 3) -> str:
+    """'a, b, c and 5 more': a long list of weight names kept to one readable line."""
+    names = sorted(names)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def unreadable_safetensors(file: Path, error: BaseException) -> str:
+    """The one line for a safetensors file that does not read (empty, truncated, not safetensors at all)."""
+    return f"{file} is not a readable safetensors file ({first_line(error)})"
+
+
+def safetensors_shapes(file: Path) -> dict[str, list[int]]:
+    """Every tensor's shape in the safetensors file `file`, from its header (no tensor is read); ValueError naming
+    the file when it cannot be read as one."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {key: f.get_slice(key).get_shape() for key in f.keys()}
+    except (OSError, SafetensorError) as error:
+        raise ValueError(unreadable_safetensors(file, error)) from None
+
+
+def check_finite(tensors: Any, where: str, error: type[ValueError] = ValueError) -> None:
+    """An `error` naming the first tensor of `tensors` ((name, tensor) pairs) that holds a NaN or an infinity: such a
+    weight makes every logit NaN, so chat, evaluation and a GGUF file would carry it on silently."""
+    for name, tensor in tensors:
+        # A meta tensor holds no values: under FSDP's memory-efficient loading, a weight the checkpoint lacks is one
+        # on every process but the first, which initialises it and broadcasts it.
+        if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise error(f"{where}: its weight {name} holds {bad} NaN or infinite value"
+                        f"{'s' if bad != 1 else ''} (of {tensor.numel()}); such a model computes NaN logits")

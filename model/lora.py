@@ -76,9 +76,13 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
 
 def load_adapter(base_model: nn.Module, adapter_dir: Path, merge: bool) -> Any:
     """Base model + the adapter of `adapter_dir`: a PEFT model, or with `merge` the base model's own class with
-    the adapter folded into its weights (no extra work per token)."""
+    the adapter folded into its weights (no extra work per token). ValueError, one line naming the file and field,
+    when the directory is not an adapter this loading supports for `base_model` (model/adapter_checks.py)."""
     from peft import PeftModel
 
+    from model.adapter_checks import check_adapter_dir
+
+    check_adapter_dir(base_model, adapter_dir)  # PEFT reads its config and weights unchecked
     with _without_peft_deprecation():
         peft_model = PeftModel.from_pretrained(base_model, str(adapter_dir))
     return peft_model.merge_and_unload() if merge else peft_model

@@ -501,11 +501,13 @@ def locate_model_and_adapter(model_path: str | Path | None, lora_path: str | Pat
         raise ModelNotFound(f"--lora {adapter}: no LoRA adapter there ({ADAPTER_CONFIG_FILE} is missing); create "
                             f"one with `{CREATE_COMMANDS['lora']}`")
     if model_path is None:
+        from model.adapter_checks import read_adapter_config
+
         try:
-            model_path = json.loads((adapter / ADAPTER_CONFIG_FILE).read_text())["base_model_name_or_path"]
-        except (OSError, ValueError, KeyError, TypeError):
-            model_path = None
-        if not model_path:
+            model_path = read_adapter_config(adapter).get("base_model_name_or_path")
+        except ValueError as error:  # not JSON, not an object: named here, not as a missing base model
+            raise ModelNotFound(f"--lora {adapter}: {error}") from None
+        if not model_path or not isinstance(model_path, str):
             raise ModelNotFound(f"--lora {adapter}: its {ADAPTER_CONFIG_FILE} names no base model; pass it with "
                                 f"--model_path")
     path, note = locate_model(model_path)

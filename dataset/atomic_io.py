@@ -101,6 +101,24 @@ def check_folder_path(path: Path, flag: str, itself: bool = True) -> None:
         raise ValueError(f"{flag} {path}: cannot write in {existing} (no permission, or a read-only file system)")
 
 
+def check_output_file(path: Path, flag: str, inputs: Iterable[tuple[str, Path]]) -> None:
+    """Refuse, in one line naming both flags, an output file `path` (`flag`) that cannot be written
+    (check_folder_path) or that is one of the tool's `inputs` (input flag, a file it reads): the same file by any
+    name (a symlink, a hard link, a folder reached through one), compared by inode. Writing the report there would
+    destroy the model or data the tool was given, or leave its names pointing at two files; refused before the
+    work, not after it."""
+    check_folder_path(path, flag, itself=False)
+    for input_flag, source in inputs:
+        try:
+            same = os.path.samefile(path, source)
+        except OSError:  # either one is missing (a new output file, an input the tool does not have): not the same
+            continue
+        if same:
+            named = "" if path.resolve() == source.resolve() else " (the same file by another name)"
+            raise ValueError(f"{flag} {path} is {input_flag}'s {source}{named}: writing there would destroy a file "
+                             f"the tool reads; choose another {flag}")
+
+
 def make_dirs(path: str | Path) -> Path:
     """``mkdir -p path``; a ValueError names the file in the way when it, or a folder above it, is a file (the
     one-line error a cache or output folder gets, not a FileExistsError traceback)."""

@@ -123,7 +123,7 @@ def report(args: Any) -> int:
     from model.loading import load_model
     from dataset.shown_value import shown_value
     from trainer.machine import machine_line
-    from trainer.run_dir import resolve_path
+    from trainer.run_dir import check_report_file, resolve_input_path, resolve_path
 
     try:
         lengths = [int(item) for item in args.lengths.split(",") if item.strip()]
@@ -133,6 +133,9 @@ def report(args: Any) -> int:
     if any(length < 2 for length in lengths) or args.rows < 1 or args.text == 1 or args.text < 0:
         raise ValueError("--lengths items must be >= 2, --rows >= 1 and --text 0 or >= 2")
     path, adapter = locate_tool_model(args)
+    if args.json:  # before the work: a report written over the model or the data would destroy it
+        data = [] if args.data == DEFAULT_TEXT_DATA else [resolve_input_path(args.data)]
+        check_report_file(resolve_path(args.json), "--json", path, adapter, data)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
     model.eval()
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"]

@@ -37,7 +37,7 @@ from dataset.split_names import LORA, PRETRAIN, SFT, SFT_TOOLS  # noqa: E402
 from trainer.cli import (DefaultsHelpFormatter, ToolParser, add_model_source_flags, boolean, int_within,  # noqa: E402
                          output_file, path_arg, run_main)
 from trainer.inference_flags import add_rope_scaling_flag, apply_rope_scaling_flag, device_type  # noqa: E402
-from trainer.run_dir import (ModelNotFound, is_chat_task, locate_model_and_adapter,  # noqa: E402
+from trainer.run_dir import (ModelNotFound, check_report_file, is_chat_task, locate_model_and_adapter,  # noqa: E402
                              locate_tool_model, model_task, recorded_config, report_error, resolve_input_path,
                              resolve_path, trained_length)
 
@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     print(start_threads(args.threads), file=sys.stderr)
     try:
         path, adapter = locate_tool_model(args)
+        if args.json:  # before the work: a report written over the model or the data would destroy it
+            data = [resolve_input_path(spec) for spec in args.data or () if spec not in NAMED_SPLITS]
+            check_report_file(resolve_path(args.json), "--json", path, adapter, data)
         report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
                                     args.device, with_samples=not args.no_samples, lora=adapter,
                                     rope_scaling_factor=args.rope_scaling_factor,

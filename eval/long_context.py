@@ -181,9 +181,12 @@ def report(args: Any) -> int:
     from model.rope import set_rope_scaling
     from dataset.shown_value import shown_value
     from trainer.machine import machine_line
-    from trainer.run_dir import resolve_path, trained_length
+    from trainer.run_dir import check_report_file, resolve_input_path, resolve_path, trained_length
 
     path, adapter = locate_tool_model(args)
+    if args.json:  # before the work: a report written over the model or the data would destroy it
+        data = [] if args.data == DEFAULT_TEXT_DATA else [resolve_input_path(args.data)]
+        check_report_file(resolve_path(args.json), "--json", path, adapter, data)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
     if model.config.rope_scaling is not None:
         raise ValueError(f"{path} already has rope_scaling={shown_value(model.config.rope_scaling)}; this tool "

@@ -58,7 +58,8 @@ from trainer.cli import (DefaultsHelpFormatter, ToolParser, add_model_source_fla
                          output_file, run_main, seed)
 from trainer.inference_flags import add_penalty_flags, max_new_tokens, penalty_settings  # noqa: E402
 from trainer.rewards import repetition_penalty  # noqa: E402
-from trainer.run_dir import ModelNotFound, locate_tool_model, report_error, resolve_path  # noqa: E402
+from trainer.run_dir import (ModelNotFound, check_report_file, locate_tool_model, report_error,  # noqa: E402
+                             resolve_path)
 
 if TYPE_CHECKING:
     import torch
@@ -331,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "--wiki, --arithmetic, --conversions above 0"))
     try:
         path, lora = locate_tool_model(args)
-    except ModelNotFound as error:
+        if args.json:  # before the work: a report written over the model would destroy it
+            check_report_file(resolve_path(args.json), "--json", path, lora)
+    except (ModelNotFound, ValueError) as error:
         return report_error(error)
 
     from model.loading import load_model

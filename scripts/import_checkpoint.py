@@ -43,11 +43,8 @@ from model.interop import (CHECKPOINT_NORM, SWAPPABLE_NORMS, NotImportable, mini
 from model.loading import check_tokenizer_fits, load_config, load_dir_tokenizer  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, path_arg, run_main  # noqa: E402
-from trainer.run_dir import report_error, resolve_input_path, resolve_path  # noqa: E402
+from trainer.run_dir import TOKENIZER_FILES, report_error, resolve_input_path, resolve_path  # noqa: E402
 
-# The tokenizer's files and the chat template, copied as they are when the checkpoint has them.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 MAX_LOGIT_DIFFERENCE = 1e-4
 
 
@@ -89,7 +86,7 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
                   "max_logit_difference": diff}
     with staged_dir(out_dir, IMPORT_MARKER, provenance) as staging:
         ours.save_pretrained(staging, safe_serialization=True)
-        for name in TOKENIZER_FILES:
+        for name in TOKENIZER_FILES:  # the tokenizer's files and the chat template, copied as they are
             if (source / name).is_file():
                 shutil.copy2(source / name, staging / name)
         if verify:

@@ -25,11 +25,11 @@ import json
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataset.atomic_io import check_folder_path, path_overlap
+from dataset.atomic_io import check_folder_path, check_output_file, path_overlap
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_value
 
@@ -66,6 +66,9 @@ MODEL_FILES = ("config.json", *WEIGHT_FILES, "generation_config.json", ADAPTER_C
                "adapter_model.safetensors", MERGED_DIR)
 # What a run writes in its --out_dir and --overwrite removes (the tokenizer files stay: the same for every run).
 RUN_FILES = (CHECKPOINT_DIR, METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, *MODEL_FILES)
+# The files a model directory's tokenizer and chat template may be read from (transformers' names).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 # The validation metrics as each task's trainer logs them (metrics.jsonl's "val" records, wandb) -> their keys in
 # run_summary.json's "final_val". The eval results' logged() read these (trainer/evaluation.py, dpo.py, grpo.py).
 VAL_METRICS = {"val_loss": "loss", "val_ppl": "perplexity", "val_bpb": "bits_per_byte"}  # language modeling
@@ -295,6 +298,26 @@ def check_out_dir(out_dir: Path, inputs: dict[str, Path], data: dict[str, Path] 
         if written is not None:
             raise ValueError(f"{flag} {source} is the run's own {written} in --out_dir {out_dir}: the run would "
                              f"write over (or remove) the data it reads; move the data or choose another --out_dir")
+
+
+def model_dir_files(folder: Path) -> list[Path]:
+    """The files of a model (or adapter) directory that a tool reads or its run wrote, where they exist: the run's
+    files (RUN_FILES), the tokenizer's (TOKENIZER_FILES) and every *.safetensors (a sharded checkpoint's shards).
+    A report the tool writes (eval/evaluate.py --json out/sft/eval.json) may go beside them, never over one."""
+    names = [name for name in (*RUN_FILES, *TOKENIZER_FILES) if not name.endswith(".safetensors")]
+    found = [folder / name for name in names if (folder / name).is_file()]
+    return found + sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+
+
+def check_report_file(out: Path, flag: str, model_dir: Path, adapter: Path | None = None,
+                      data: Sequence[Path] = (), model_flag: str = "--model_path") -> None:
+    """Refuse, before the work, in one line naming both flags, a tool's report file `out` (`flag`: --json) that is
+    one of the files it reads (dataset/atomic_io.py check_output_file): the model directory's (`model_flag`), the
+    adapter's (--lora) or a --data file."""
+    inputs = [(model_flag, path) for path in model_dir_files(model_dir)]
+    inputs += [("--lora", path) for path in (model_dir_files(adapter) if adapter is not None else [])]
+    inputs += [("--data", path) for path in data]
+    check_output_file(out, flag, inputs)
 
 
 def clear_previous_run(out_dir: Path) -> list[str]:

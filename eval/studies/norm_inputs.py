@@ -35,7 +35,7 @@ from dataset.atomic_io import atomic_write_text  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
 from trainer.cli import ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
-from trainer.run_dir import locate_model, recorded_config, report_error  # noqa: E402
+from trainer.run_dir import check_report_file, locate_model, recorded_config, report_error  # noqa: E402
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -136,8 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results: dict[str, list[NormInput]] = {}
     try:
-        for label, path in zip(labels, args.models):
-            path, _ = locate_model(path)  # a folder without a model (a trial brought back from records): one line
+        # A folder without a model (a trial brought back from records): one line, before any loads.
+        paths = [locate_model(path)[0] for path in args.models]
+        for path in paths if args.out else ():  # a table written over a model's file would destroy it
+            check_report_file(Path(args.out), "--out", path, model_flag="the model folder")
+        for label, path in zip(labels, paths):
             model, tokenizer = load_model(path, device="cpu", dtype="float32")
             model.eval()
             seq_len = args.seq_len or training_seq_len(path)

@@ -238,3 +238,55 @@ def test_norm_inputs_on_a_folder_without_a_model_says_so_in_one_line(tmp_path, c
     assert main([str(trial)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: no model at {trial};") and err.count("\n") == 1 and "config.json" not in err
+
+
+REPORT_TOOLS = [("eval.evaluate", ["--device", "cpu"], "--json"), ("eval.tool_eval", [], "--json"),
+                ("eval.copy_probe", [], "--json"), ("eval.long_context", [], "--json"),
+                ("eval.studies.norm_inputs", [], "--out")]
+
+
+@pytest.mark.parametrize("module, argv, flag", REPORT_TOOLS)
+@pytest.mark.parametrize("target", ["config.json", "model.safetensors", "tokenizer.json", "hard link",
+                                    "through a symlinked folder", "the data file"])
+def test_a_report_file_that_is_one_of_the_tools_inputs_is_refused_before_any_work(module, argv, flag, target,
+                                                                                    tiny_models, tmp_path, capsys,
+                                                                                    monkeypatch) -> None:
+    """`--json M/config.json` (or the weights, the tokenizer, the --data file; by any name) wrote the report over
+    the file after the evaluation: the model folder was destroyed, exit 0. Refused in one line naming both flags,
+    before the model loads, every input left as it was."""
+    import importlib
+    import shutil
+
+    import model.loading
+
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_models.pretrain, model_dir)
+    data = tmp_path / "val.jsonl"
+    shutil.copy(tiny_models.pretrain_data, data)
+    if target == "the data file" and module in ("eval.tool_eval", "eval.studies.norm_inputs"):
+        pytest.skip("no --data flag")
+    out, source, given = {"hard link": (tmp_path / "linked.json", model_dir / "config.json", "--model_path"),
+                          "through a symlinked folder": (tmp_path / "l" / "config.json", model_dir / "config.json",
+                                                         "--model_path"),
+                          "the data file": (data, data, "--data")}.get(
+        target, (model_dir / target, model_dir / target, "--model_path"))
+    if target == "hard link":
+        os.link(source, out)
+    if target == "through a symlinked folder":
+        (tmp_path / "l").symlink_to(model_dir)
+    before = {path: path.read_bytes() for path in (*model_dir.iterdir(), data)}
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model loaded before the output file was checked")
+
+    monkeypatch.setattr(model.loading, "load_model", no_load)
+    model_args = [str(model_dir)] if module == "eval.studies.norm_inputs" else ["--model_path", str(model_dir)]
+    data_args = ["--data", str(data)] if module not in ("eval.tool_eval", "eval.studies.norm_inputs") else []
+    assert importlib.import_module(module).main([*model_args, *argv, *data_args, flag, str(out)]) == 2
+    err = capsys.readouterr().err
+    given = "the model folder" if given == "--model_path" and module == "eval.studies.norm_inputs" else given
+    assert err.endswith(f"error: {flag} {out} is {given}'s {source}"
+                        + (" (the same file by another name)" if out != source and target != "through a symlinked "
+                           "folder" else "") + f": writing there would destroy a file the tool reads; choose another "
+                        f"{flag}\n"), err
+    assert {path: path.read_bytes() for path in before} == before

@@ -141,6 +141,10 @@ def _check_placement(value: Any) -> NormPlacement:
 # machine's memory, and past 2**63 torch's size arguments overflowed (a TypeError or OverflowError traceback once
 # the model was built, where a flag had taken 10**30).
 MAX_SIZE = 2 ** 31 - 1
+# norm_eps's largest value: the norms add it to the mean square of activations of order 1 (x / sqrt(mean(x^2) + eps)),
+# where a floor of 1 already outweighs them; 1e39 passed as "finite" and is inf in float32, which made every norm's
+# output 0 and the model dead (it trained on to ppl = vocab size). Real models use 1e-5 .. 1e-6.
+MAX_NORM_EPS = 1.0
 
 
 def _is_number(value: Any) -> bool:
@@ -175,6 +179,11 @@ def _check_fields(config: "MiniNormConfig") -> None:
         if not (_is_number(value) and 0 < value < math.inf):
             raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be a finite float > 0")
         setattr(config, field, float(value))
+    if config.norm_eps > MAX_NORM_EPS:
+        raise ValueError(f"norm_eps={shown_value(config.norm_eps)} is not allowed; it must be a float in (0, "
+                         f"{MAX_NORM_EPS:g}]: eps is a floor under the mean square of activations of order 1, so past "
+                         f"1 it outweighs them and the norm no longer normalizes (past float32's maximum it is inf "
+                         f"there, and every norm's output 0)")
     if not (_is_number(config.dropout) and 0 <= config.dropout < 1):
         raise ValueError(f"dropout={shown_value(config.dropout)} is not allowed; it must be a float in [0, 1)")
     config.dropout = float(config.dropout)
@@ -314,7 +323,7 @@ class MiniNormConfig(PretrainedConfig):
     norm_type: str = "rmsnorm"
     norm_placement: str = "pre"
     prms_p: float = 0.0625
-    norm_eps: float = 1e-6
+    norm_eps: float = 1e-6  # in (0, MAX_NORM_EPS = 1]: added to the mean square inside the square root
     norm_impl: str = "auto"
     qk_norm: bool = False
     # The norm laboratory (docs/architecture.md). A checkpoint saved before these existed loads with these

@@ -72,7 +72,7 @@ MODEL_FIELDS: dict[str, ModelFlag] = {
                                 f"where the norms sit in a block: {placement_choices()} (docs/architecture.md, "
                                 f"Placements)"),
     "prms_p": ModelFlag(float, None, "prmsnorm: the fraction of each row its RMS is estimated from, in (0, 1]"),
-    "norm_eps": ModelFlag(float, None, "epsilon added to the mean square inside the norms' square root (> 0)"),
+    "norm_eps": ModelFlag(float, None, "epsilon added to the mean square inside the norms' square root, in (0, 1]"),
     "norm_impl": ModelFlag(str, tuple(NormImpl), "what computes the norms (docs/architecture.md, Implementations)"),
     "qk_norm": ModelFlag(bool, None, "also normalize the queries and keys"),
     "qk_norm_scope": ModelFlag(str, tuple(QKNormScope), "qk_norm: one norm per head (head) or one over all heads "

@@ -44,6 +44,10 @@ def param_count(config: MiniNormConfig) -> int:
     ("norm_eps", float("inf"), ["finite float > 0"]),
     ("norm_eps", "1e-6", ["finite float > 0"]),
     ("norm_eps", None, ["finite float > 0"]),
+    # Finite, but past float32's maximum: inf there, every norm's output 0 and the model dead (SFT trained on to
+    # ppl = vocab size, exit 0; convert_to_gguf an OverflowError traceback). Bounded by 1, with the reason.
+    ("norm_eps", 1e39, ["a float in (0, 1]", "no longer normalizes"]),
+    ("norm_eps", 1.5, ["a float in (0, 1]"]),
     ("initializer_range", "x", ["finite float > 0"]),
     ("qk_norm", "false", ["true or false"]),  # a string "false" is truthy
     ("tie_word_embeddings", "false", ["true or false"]),

@@ -11,7 +11,6 @@ were different?" fine-tune, no longer the same function.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,6 +20,7 @@ from transformers import LlamaConfig, PretrainedConfig, Qwen3Config
 
 from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
+from model.loading import INDEX_FILE, index_shards
 from model.model import MiniNormForCausalLM
 from model.weight_checks import check_finite, few
 from dataset.shown_value import shown_value
@@ -162,26 +162,11 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
 
 
 def _weight_files(source: Path) -> list[Path]:
-    index = source / "model.safetensors.index.json"
-    if index.is_file():
+    if (source / INDEX_FILE).is_file():
         try:
-            weight_map = json.loads(index.read_text()).get("weight_map")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
-            raise NotImportable(f"cannot import {source}: {index.name} is not a JSON object ({error})") from None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise NotImportable(f"cannot import {source}: {index.name} has no weight_map (tensor name -> shard file)")
-        files = set()
-        for name in weight_map.values():
-            # A shard is a file in the checkpoint folder, by its name: a name like ../../etc/passwd is not read. The
-            # entry itself may be a link (the Hugging Face hub cache links each file of a snapshot to a blob).
-            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise NotImportable(f"cannot import {source}: {index.name} names the shard {shown_value(name)}, "
-                                    "which is not a file in that folder")
-            file = source / name
-            if not file.is_file():
-                raise NotImportable(f"cannot import {source}: {index.name} names the shard {name}, which is missing")
-            files.add(file)
-        return sorted(files)
+            return index_shards(source)
+        except ValueError as error:
+            raise NotImportable(f"cannot import {source}: {error}") from None
     single = source / "model.safetensors"
     if single.is_file():
         return [single]

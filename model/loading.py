@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from dataset.atomic_io import first_line
+from dataset.atomic_io import first_line, not_utf8
 from dataset.shown_value import shown_value
 from dataset.tokenization import check_tokenizer_files, load_tokenizer
 from model.generation_defaults import read_generation_config
@@ -34,23 +34,50 @@ def config_model_type(path: Path) -> str | None:
     return config.get("model_type") if isinstance(config, dict) else None
 
 
+INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's map of tensor name -> shard file
+
+
 def weights_file(path: Path) -> Path:
     """The file a model directory's weights are read from (the shard index when sharded), for messages."""
-    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+    for name in ("model.safetensors", INDEX_FILE, "pytorch_model.bin"):
         if (path / name).is_file():
             return path / name
     return path / "model.safetensors"
 
 
+def index_shards(folder: Path) -> list[Path]:
+    """The shard files the INDEX_FILE of `folder` names; a ValueError naming the index when it is not a JSON object
+    with a weight_map (tensor name -> shard file), or names a shard that is missing or not a file in `folder`. Both
+    the loader (load_strictly) and the import (model/interop.py) read an index through here: transformers read
+    `{"weight_map": []}` as an AttributeError traceback, and a missing shard as `KeyError: 'metadata'`."""
+    index = folder / INDEX_FILE
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{index.name} is not a JSON object ({not_utf8(error)})") from None
+    except (OSError, json.JSONDecodeError, AttributeError) as error:
+        raise ValueError(f"{index.name} is not a JSON object ({error})") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index.name} has no weight_map (tensor name -> shard file)")
+    files = set()
+    for name in weight_map.values():
+        # A shard is a file in the checkpoint folder, by its name: a name like ../../etc/passwd is not read. The
+        # entry itself may be a link (the Hugging Face hub cache links each file of a snapshot to a blob).
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"{index.name} names the shard {shown_value(name)}, which is not a file in that folder")
+        file = folder / name
+        if not file.is_file():
+            raise ValueError(f"{index.name} names the shard {name}, which is missing")
+        files.add(file)
+    return sorted(files)
+
+
 def saved_shapes(path: Path) -> dict[str, list[int]]:
     """Every tensor's shape as the safetensors headers of model directory `path` give them (no tensor is read);
-    empty for a directory without safetensors weights."""
+    empty for a directory without safetensors weights. A bad shard index is a ValueError (index_shards)."""
     file = weights_file(path)
-    if file.name == "model.safetensors.index.json":
-        try:
-            shards = sorted({path / name for name in json.loads(file.read_text())["weight_map"].values()})
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            return {}  # from_pretrained names what is wrong with the index
+    if file.name == INDEX_FILE:
+        shards = index_shards(path)
     else:
         shards = [file] if file.name == "model.safetensors" and file.is_file() else []
     shapes = {}
@@ -129,6 +156,11 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     load_config(path)  # a bad config.json or generation_config.json is named before any weight is read
     read_generation_config(path)
     file = weights_file(path)
+    if file.name == INDEX_FILE:  # a bad index is named before transformers reads it
+        try:
+            index_shards(path)
+        except ValueError as error:
+            raise ValueError(f"cannot load {path}: {error}") from None
     shapes = _shapes_config_gives(path, model_class, kwargs)
     if shapes:
         raise ValueError(f"cannot load {path}: the weights in {file} do not match its config.json: of another "

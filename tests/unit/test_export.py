@@ -265,6 +265,14 @@ def _remove(*names: str):
     return edit
 
 
+def _sharded(index: str):
+    """model.safetensors replaced by a shard index of text `index`."""
+    def edit(folder) -> None:
+        (folder / "model.safetensors").unlink()
+        (folder / "model.safetensors.index.json").write_text(index)
+    return edit
+
+
 # (what is wrong, the edit of a copy of the tiny model, what the one-line refusal names)
 BAD_INPUTS = [
     ("norm_eps_string", _set_config(norm_eps="1e-6"), ["config.json", "norm_eps='1e-6'", "finite float > 0"]),
@@ -286,6 +294,16 @@ BAD_INPUTS = [
      ["generation_config.json: eos_token_id=[2, True] is not allowed"]),
     ("tokenizer_garbage", _write("tokenizer.json", "{garbage"), ["tokenizer", "tokenizer.json"]),
     ("tokenizer_missing", _remove("tokenizer.json", "tokenizer_config.json"), ["no tokenizer.json"]),
+    # A sharded checkpoint's index in place of model.safetensors: an AttributeError traceback ('list' object has no
+    # attribute 'values'), `KeyError: 'metadata'` for a shard that is missing or outside the folder, and an error
+    # that did not name the index for text that is not JSON.
+    *[(f"index_{what}", _sharded(index), ["model.safetensors.index.json", *named]) for what, index, named in [
+        ("weight_map_a_list", '{"weight_map": []}', ["has no weight_map"]),
+        ("missing_shard", '{"weight_map": {"lm_head.weight": "model-2.safetensors"}}',
+         ["names the shard model-2.safetensors, which is missing"]),
+        ("shard_outside_the_folder", '{"weight_map": {"lm_head.weight": "../../etc/passwd"}}',
+         ["'../../etc/passwd'", "not a file in that folder"]),
+        ("not_json", "weights: here", ["is not a JSON object"])]],
 ]
 
 

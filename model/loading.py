@@ -129,17 +129,30 @@ def _check_dtype_fields(file: Path) -> None:
                              f"{', '.join(map(repr, FLOAT_DTYPES))}")
 
 
+# transformers' names of a nested text config (PretrainedConfig.get_text_config). A config whose model type has none
+# keeps a value there as a plain field, which get_text_config then returns as the model's own config: `"text_config":
+# "x"` was an AttributeError traceback ('str' object has no attribute 'to_dict') once the model was built.
+NESTED_TEXT_CONFIGS = ("text_config", "decoder", "generator", "text_encoder")
+
+
 def load_config(path: Path) -> PretrainedConfig:
     """path/config.json as its config class; ValueError naming the file when it is not valid JSON, not an object, or
-    holds a value the class refuses (transformers' own fields included: a dtype, an id2label of the wrong kind)."""
+    holds a value the class refuses (transformers' own fields included: a dtype, an id2label of the wrong kind, a
+    nested text config where its model type has none)."""
     file = path / "config.json"
     _check_dtype_fields(file)
     try:
-        return AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
     # AttributeError: PretrainedConfig reads its generic fields unchecked (`"id2label": "x"`: 'str' object has no
     # attribute 'items'; `"quantization_config": "x"`: no attribute 'to_dict')
     except (OSError, TypeError, ValueError, KeyError, AttributeError) as error:
         raise ValueError(f"{file}: {first_line(error)}") from None
+    for key in NESTED_TEXT_CONFIGS:
+        value = getattr(config, key, None)
+        if value is not None and not isinstance(value, PretrainedConfig):
+            raise ValueError(f"{file}: {key}={shown_value(value)} is not allowed; it must be null or absent (a "
+                             f"{config.model_type} model has no nested text config)")
+    return config
 
 
 def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_missing: Collection[str] = (),

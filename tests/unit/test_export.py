@@ -285,6 +285,11 @@ BAD_INPUTS = [
     ("torch_dtype_a_number", _set_config(torch_dtype=16), ["config.json", "torch_dtype=16", "'float16'"]),
     # transformers' generic fields, read unchecked: an AttributeError traceback ('str' object has no attribute ...)
     ("id2label_a_string", _set_config(id2label="x"), ["config.json: 'str' object"]),
+    # taken by transformers' get_text_config for the model's own config: an AttributeError traceback (no 'to_dict')
+    ("text_config_a_string", _set_config(text_config="x"),
+     ["config.json: text_config='x' is not allowed", "null or absent"]),
+    ("text_config_an_object", _set_config(text_config={"hidden_size": 8}),
+     ["config.json: text_config={'hidden_size': 8} is not allowed", "null or absent"]),
     ("generation_config_not_json", _write("generation_config.json", "{"), ["generation_config.json"]),
     ("generation_config_a_list", _write("generation_config.json", "[]"), ["generation_config.json"]),
     # transformers keeps any value: generation stopped at int("x"), a ValueError traceback at the first message

@@ -170,6 +170,10 @@ def _check_fields(config: "MiniNormConfig") -> None:
         if not _is_int(value) or not 1 <= value <= MAX_SIZE:
             raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be a positive integer, at most "
                              f"{MAX_SIZE}")
+    if config.max_position_embeddings < 2:  # every tool generates or scores at least a token after another
+        raise ValueError(f"max_position_embeddings={config.max_position_embeddings} is not allowed; it must be an "
+                         f"integer in [2, {MAX_SIZE}]: a sequence holds a token and the next one it predicts (a chat's "
+                         f"prompt and the token generated after it)")
     size = config.intermediate_size
     if size is not None and (not _is_int(size) or not 1 <= size <= MAX_SIZE):
         raise ValueError(f"intermediate_size={shown_value(size)} is not allowed; it must be a positive integer, "
@@ -307,7 +311,7 @@ class MiniNormConfig(PretrainedConfig):
     # as transformers' LlamaConfig and Qwen3Config do (Qwen3-0.6B: hidden 1024, 16 heads of 128).
     head_dim: int | None = None
     intermediate_size: int | None = None  # None: the SwiGLU default derived from hidden_size
-    max_position_embeddings: int = 512
+    max_position_embeddings: int = 512  # at least 2: a token and the next one it predicts
     rope_theta: float = 1e6
     # None: plain RoPE; or {"rope_type": "linear" | "dynamic" | "yarn", "factor": ..., ...} as transformers
     # defines it (model/rope.py), e.g. YaRN to run past the trained length at inference.

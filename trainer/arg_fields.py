@@ -60,7 +60,7 @@ MODEL_FIELDS: dict[str, ModelFlag] = {
                                      "num_attention_heads; set: the attention is heads x head_dim wide, as Qwen3's "
                                      "heads of 128)"),
     "intermediate_size": ModelFlag(int, None, "width of the SwiGLU MLP (unset: derived from hidden_size)"),
-    "max_position_embeddings": ModelFlag(int, None, "longest sequence the model takes (RoPE positions)"),
+    "max_position_embeddings": ModelFlag(int, None, "longest sequence the model takes (RoPE positions), at least 2"),
     "rope_theta": ModelFlag(float, None, "RoPE base frequency (> 0, at most the largest fp32, 3.4e38: RoPE computes "
                                          "its frequencies in fp32)"),
     "tie_word_embeddings": ModelFlag(bool, None, "share one matrix between the token embedding and the LM head"),

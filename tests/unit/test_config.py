@@ -65,6 +65,9 @@ def param_count(config: MiniNormConfig) -> int:
       for field in ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "moe_intermediate_size",
                     "max_position_embeddings")],
     ("hidden_size", 2 ** 31, ["positive integer", "at most 2147483647"]),
+    # No prompt fits beside a token to generate: eval/chat.py --prompt Hi was a traceback ("the prompt has 2 tokens;
+    # it must have 1 to 0")
+    ("max_position_embeddings", 1, ["integer in [2, 2147483647]", "the next one it predicts"]),
     ("num_experts", 10 ** 30, ["integer in 0 .. 2147483647"]),
     # head_dim: RoPE rotates pairs, so an even width; null is hidden_size / num_attention_heads
     *[("head_dim", value, ["positive even integer", "at most 2147483647", "or null"])

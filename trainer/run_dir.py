@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataset.atomic_io import check_folder_path, check_output_file, path_overlap
+from dataset.atomic_io import check_folder_path, check_output_file, path_overlap, read_text_file
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_value
 
@@ -207,14 +207,16 @@ def list_checkpoints(root: Path) -> list[Path]:
 # --------------------------------------------------------------------------- one run per directory
 def recorded_config(run_dir: Path) -> dict[str, Any]:
     """The trainer arguments a run recorded in its train_config.yaml; {} where there is none (no run there, or a
-    file that is not a YAML mapping)."""
+    file that is not a YAML mapping). A file that is not UTF-8 (or cannot be read) is a ValueError naming it: its
+    UnicodeDecodeError reached the tools' one line without the file ("'utf-8' codec can't decode byte 0xff")."""
     config_file = run_dir / CONFIG_FILE
     if not config_file.is_file():
         return {}
     import yaml
 
+    text = read_text_file(config_file, "a YAML file")
     try:
-        config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+        config = yaml.safe_load(text)
     except yaml.YAMLError:
         return {}
     return config if isinstance(config, dict) else {}

@@ -120,6 +120,15 @@ def test_a_models_task_is_its_recorded_one_else_guessed_from_its_name(tmp_path):
     assert model_task(_model(tmp_path / "weights", "task: bogus\n")) is None
 
 
+def test_a_recorded_config_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
+    """eval/chat.py on such a model said "error: 'utf-8' codec can't decode byte 0xff ...", naming no file."""
+    folder = _model(tmp_path / "m")
+    (folder / "train_config.yaml").write_bytes(b"task: sft\n\xff\n")
+    with pytest.raises(ValueError) as refused:
+        model_task(folder)
+    assert str(refused.value) == f"{folder / 'train_config.yaml'}: not valid UTF-8 (byte 0xff at offset 10)"
+
+
 def test_a_tool_loads_the_sft_model_else_the_pretrained_one_with_a_note(tmp_path, monkeypatch):
     monkeypatch.setitem(run_dir.DEFAULT_OUT_DIRS, "sft", str(tmp_path / "sft"))
     monkeypatch.setitem(run_dir.DEFAULT_OUT_DIRS, "pretrain", str(tmp_path / "pretrain"))

@@ -243,11 +243,14 @@ def test_norm_inputs_on_a_folder_without_a_model_says_so_in_one_line(tmp_path, c
 REPORT_TOOLS = [("eval.evaluate", ["--device", "cpu"], "--json"), ("eval.tool_eval", [], "--json"),
                 ("eval.copy_probe", [], "--json"), ("eval.long_context", [], "--json"),
                 ("eval.studies.norm_inputs", [], "--out")]
+WITHOUT_DATA = ("eval.tool_eval", "eval.studies.norm_inputs")  # the report tools that take no --data file
+REPORT_TARGETS = ["config.json", "model.safetensors", "tokenizer.json", "hard link", "through a symlinked folder",
+                  "the data file"]
 
 
-@pytest.mark.parametrize("module, argv, flag", REPORT_TOOLS)
-@pytest.mark.parametrize("target", ["config.json", "model.safetensors", "tokenizer.json", "hard link",
-                                    "through a symlinked folder", "the data file"])
+@pytest.mark.parametrize("module, argv, flag, target", [
+    (module, argv, flag, target) for module, argv, flag in REPORT_TOOLS for target in REPORT_TARGETS
+    if target != "the data file" or module not in WITHOUT_DATA])
 def test_a_report_file_that_is_one_of_the_tools_inputs_is_refused_before_any_work(module, argv, flag, target,
                                                                                     tiny_models, tmp_path, capsys,
                                                                                     monkeypatch) -> None:
@@ -263,8 +266,6 @@ def test_a_report_file_that_is_one_of_the_tools_inputs_is_refused_before_any_wor
     shutil.copytree(tiny_models.pretrain, model_dir)
     data = tmp_path / "val.jsonl"
     shutil.copy(tiny_models.pretrain_data, data)
-    if target == "the data file" and module in ("eval.tool_eval", "eval.studies.norm_inputs"):
-        pytest.skip("no --data flag")
     out, source, given = {"hard link": (tmp_path / "linked.json", model_dir / "config.json", "--model_path"),
                           "through a symlinked folder": (tmp_path / "l" / "config.json", model_dir / "config.json",
                                                          "--model_path"),
@@ -281,7 +282,7 @@ def test_a_report_file_that_is_one_of_the_tools_inputs_is_refused_before_any_wor
 
     monkeypatch.setattr(model.loading, "load_model", no_load)
     model_args = [str(model_dir)] if module == "eval.studies.norm_inputs" else ["--model_path", str(model_dir)]
-    data_args = ["--data", str(data)] if module not in ("eval.tool_eval", "eval.studies.norm_inputs") else []
+    data_args = ["--data", str(data)] if module not in WITHOUT_DATA else []
     assert importlib.import_module(module).main([*model_args, *argv, *data_args, flag, str(out)]) == 2
     err = capsys.readouterr().err
     given = "the model folder" if given == "--model_path" and module == "eval.studies.norm_inputs" else given

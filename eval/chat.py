@@ -302,13 +302,13 @@ def main(argv: list[str] | None = None) -> int:
             check_chatml_tokenizer(tokenizer)  # its control tokens and template, before the first message
         else:
             _check_plain_flags(args, path)
-    except ValueError as error:  # a damaged model directory, a scaling the model cannot take
+        settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                      top_p=args.top_p, top_k=args.top_k, **penalty_settings(args))
+        session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings,
+                              tools=None if args.no_tools else tool_schemas(args.tools), open_thinking=args.think,
+                              greedy_tool_calls=not args.sampled_tool_calls)
+    except ValueError as error:  # a damaged model directory, a scaling the model cannot take, a context too short
         return report_error(error)
-    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, top_k=args.top_k, **penalty_settings(args))
-    session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings,
-                          tools=None if args.no_tools else tool_schemas(args.tools), open_thinking=args.think,
-                          greedy_tool_calls=not args.sampled_tool_calls)
     params = sum(p.numel() for p in model.parameters())
     tools = f"tools: {', '.join(t['function']['name'] for t in session.tools)}" if session.tools else "no tools"
     thinking = ", thinking on" if session.open_thinking else ""

@@ -423,6 +423,9 @@ class GenerationEngine:
         if not self.eos_token_ids:
             raise ValueError("no eos token: generation could not stop")
         self.max_context = getattr(model.config, "max_position_embeddings", None) or 2048
+        if self.max_context < 2:  # a prompt of 1 token and 1 new one: less cannot generate
+            raise ValueError(f"the model's context (max_position_embeddings) is {shown_value(self.max_context)}; "
+                             f"generating needs at least 2 positions (a prompt token and a new one)")
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._pending: collections.deque[Generation] = collections.deque()

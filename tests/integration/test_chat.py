@@ -559,6 +559,28 @@ def test_a_damaged_model_is_one_line_in_every_tool_that_loads_one(module, tiny_m
     assert code == 2 and len(err) == 1 and err[0].startswith("error: cannot load ") and "model.norm.weight" in err[0]
 
 
+@pytest.mark.parametrize("mode", ["chat", "plain"])
+def test_a_model_whose_context_holds_less_than_a_prompt_and_a_token_is_one_line(mode, tokenizer, tmp_path,
+                                                                                 capsys) -> None:
+    """A stock Llama folder with max_position_embeddings 1 (MiniNorm's own config refuses it at load): the plain
+    continuation kept "the last 0 tokens" of the prompt, that is all of it, and the engine's refusal of the prompt
+    was a traceback. The engine refuses such a model when it is built, and chat says so in one line."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eval.chat import main
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    capsys.readouterr()  # the save's progress bar
+    code = main(["--model_path", str(tmp_path / "llama"), "--mode", mode, "--no_tools", "--prompt", "Hi there"])
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("threads: ")]
+    assert code == 2 and err == ["error: the model's context (max_position_embeddings) is 1; generating needs at "
+                                 "least 2 positions (a prompt token and a new one)"], err
+
+
 def test_a_reader_that_stops_early_ends_chat_without_a_traceback(tiny_models) -> None:
     """`chat.py ... | head -c 3`: once the reader has gone, writing the answer raised BrokenPipeError, printed as a
     traceback. The tool ends quietly with 128 + SIGPIPE, as a program killed by the signal would."""

@@ -50,13 +50,14 @@ def write_run_config(out_dir: Path, config_dict: dict[str, Any], run_id: str) ->
 def _compile_text(args: TrainArgs, compiled: bool) -> str:
     """Whether the model is compiled, and, where the model is not but the run samples completions (GRPO, PPO,
     distillation's --lmbda/--seq_kd), that their decode step is (trainer/grpo.py, rollout_decode)."""
+    plain = f"compile {'on' if compiled else 'off'}"
+    if compiled or args.task not in (*ROLLOUT_TASKS, "distill"):
+        return plain  # (a pretraining run imports no sampling code)
     from trainer.distillation import CompletionSettings
     from trainer.grpo import rollout_decode
-    samples = args.task in ROLLOUT_TASKS or (args.task == "distill"
-                                             and CompletionSettings(args.lmbda, args.seq_kd).samples)
-    if compiled or not samples or rollout_decode(args.compile) != "compiled":
-        return f"compile {'on' if compiled else 'off'}"
-    return "compile off (the sampling's decode step compiled)"
+    samples = args.task in ROLLOUT_TASKS or CompletionSettings(args.lmbda, args.seq_kd).samples
+    return "compile off (the sampling's decode step compiled)" if (
+        samples and rollout_decode(args.compile) == "compiled") else plain
 
 
 def announcement(args: TrainArgs, accelerator: Accelerator, data: RunData, *, compiled: bool, threads_line: str,

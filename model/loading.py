@@ -166,8 +166,19 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     export as a different model. Every load of a model directory -- for inference, export, or a training run's
     starting weights, teacher, critic and reward model -- goes through here.
     """
-    load_config(path)  # a bad config.json or generation_config.json is named before any weight is read
+    config = load_config(path)  # a bad config.json or generation_config.json is named before any weight is read
     read_generation_config(path)
+    # A config its class has no model for: an Auto class refused it with its list of every class it has (a line of
+    # ~2,000 characters under another: --reward_model at a causal LM, which has no sequence-classification head),
+    # and a model class was built on it and failed on a field it lacks (--from_weight at a Llama directory: an
+    # AttributeError traceback, 'LlamaConfig' object has no attribute 'dropout').
+    supported, own = getattr(model_class, "_model_mapping", None), getattr(model_class, "config_class", None)
+    if supported is not None and type(config) not in supported:
+        raise ValueError(f"cannot load {path}: its config.json's model_type {config.model_type!r} has no "
+                         f"{model_class.__name__} in transformers")
+    if supported is None and own is not None and not isinstance(config, own):
+        raise ValueError(f"cannot load {path}: its config.json's model_type {config.model_type!r} is not "
+                         f"{model_class.__name__}'s ({own.model_type!r})")
     file = weights_file(path)
     if file.name == INDEX_FILE:  # a bad index is named before transformers reads it
         try:

@@ -93,12 +93,18 @@ def test_the_templates_control_tokens_stay_control_tokens_and_the_texts_stay_tex
     assert scorer.input_ids("What is 2 + 3?", "It is 5.") == tokenizer.encode(plain, add_special_tokens=False)
 
 
-def test_a_directory_that_is_not_a_reward_model_is_refused_in_one_line(tokenizer, tmp_path):
+def test_a_directory_that_is_not_a_reward_model_is_refused_in_one_line(tokenizer, tmp_path, tiny_models):
     with pytest.raises(FileNotFoundError, match=r"^--reward_model .*: no model there"):
         RewardModelScorer(tmp_path)
     _reward_model(tokenizer, tmp_path / "two", num_labels=2)
     with pytest.raises(ValueError, match=r"^--reward_model .*: num_labels is 2; a reward model has one"):
         RewardModelScorer(tmp_path / "two")
+    # a trainer's own causal LM has no sequence-classification head: transformers' refusal was two lines, the second
+    # ~2,000 characters of every model class it has, naming neither the directory nor what it expected
+    with pytest.raises(ValueError) as refused:
+        RewardModelScorer(tiny_models.sft)
+    assert str(refused.value) == (f"--reward_model cannot load {tiny_models.sft}: its config.json's model_type "
+                                  f"'mininorm' has no AutoModelForSequenceClassification in transformers")
 
 
 def test_a_reward_model_missing_its_score_head_is_refused(tokenizer, tmp_path):

@@ -172,6 +172,23 @@ def test_a_model_path_that_is_no_model_says_what_it_is_and_how_to_get_one(tmp_pa
     assert locate_model_and_adapter(base, adapter) == (base, adapter, None)
 
 
+def test_a_starting_model_of_another_architecture_is_refused_in_one_line(tmp_path):
+    """--from_weight (and --teacher, the critic) at a transformers Llama directory: MiniNormForCausalLM was built
+    on its LlamaConfig and failed with an AttributeError traceback ('LlamaConfig' object has no attribute
+    'dropout'); now one line names the flag, the directory and both model types (found by a hostile flag-value
+    hunt over the trainers' command lines)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.run_dir import load_input_model
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "llama")
+    with pytest.raises(ValueError) as refused:
+        load_input_model(tmp_path / "llama", "--from_weight")
+    assert str(refused.value) == (f"--from_weight cannot load {tmp_path / 'llama'}: its config.json's model_type "
+                                  f"'llama' is not MiniNormForCausalLM's ('mininorm')")
+
+
 def test_data_inside_a_file_the_run_writes_is_refused_and_data_beside_them_is_not(tmp_path):
     out = tmp_path / "out"
     check_out_dir(out, {}, {"--data_path": out / "train.jsonl"})  # the user's data kept in the run's folder

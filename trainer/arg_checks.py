@@ -452,8 +452,12 @@ def _validate_dpo(args: TrainArgs) -> None:
     if args.loss_weights is not None:
         if len(args.loss_weights) != len(loss_types):
             raise _bad("loss_weights", args.loss_weights, f"give one weight per --loss_type ({len(loss_types)})")
-        if not all(math.isfinite(weight) for weight in args.loss_weights):
-            raise _bad("loss_weights", args.loss_weights, "every weight must be a finite number")
+        # a negative weight maximises its loss (the preference turned round, no bound below); all 0: no gradient
+        if not all(math.isfinite(weight) and weight >= 0 for weight in args.loss_weights):
+            raise _bad("loss_weights", args.loss_weights, "every weight must be a finite number >= 0")
+        if not any(weight > 0 for weight in args.loss_weights):
+            raise _bad("loss_weights", args.loss_weights, "at least one weight must be > 0 (all 0: the loss is 0 and "
+                                                          "nothing trains)")
     if not 0 <= args.label_smoothing < 0.5:
         raise _bad("label_smoothing", args.label_smoothing, "it must be in [0, 0.5)")
     if not (args.discopop_tau > 0 and math.isfinite(args.discopop_tau)):

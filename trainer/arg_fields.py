@@ -411,8 +411,8 @@ class TrainArgs:
                                    f"docs/post_training.md); several (space- or comma-separated, e.g. sigmoid sft) "
                                    f"are summed with --loss_weights"})
     loss_weights: list[float] | None = _flag("dpo", None, "one weight per --loss_type, in their order, for the "
-                                                          "weighted sum of several, as TRL's loss_weights (default: "
-                                                          "1 each)")
+                                                          "weighted sum of several, as TRL's loss_weights: each >= 0, "
+                                                          "one > 0 at least (default: 1 each)")
     label_smoothing: float = _flag("dpo", 0.0, f"eps in [0, 0.5): the assumed probability that a pair's preference "
                                                f"is flipped (conservative DPO for sigmoid, robust DPO's, EXO's "
                                                f"epsilon, > 0 there, the paper's 1e-3); only "

@@ -237,7 +237,16 @@ SMOOTHING_REFUSED = ("--label_smoothing=0.1 is not allowed; only --loss_type sig
     ("dpo", ["--loss_type", "sigmoid,sft", "--loss_weights", "1"],
      "--loss_weights=[1.0] is not allowed; give one weight per --loss_type (2)"),
     ("dpo", ["--loss_type", "sigmoid", "sft", "--loss_weights", "1,nan"],
-     "--loss_weights=[1.0, nan] is not allowed; every weight must be a finite number"),
+     "--loss_weights=[1.0, nan] is not allowed; every weight must be a finite number >= 0"),
+    # a negative weight was taken and maximised its loss (the DPO loss rose, 0.693 -> 0.71, the preference turned
+    # round); all 0 trained nothing at a logged loss of 0 (found by a hostile flag-value hunt)
+    ("dpo", ["--loss_weights", "-1"], "--loss_weights=[-1.0] is not allowed; every weight must be a finite number "
+                                      ">= 0"),
+    ("dpo", ["--loss_type", "sigmoid", "sft", "--loss_weights", "1", "-0.5"],
+     "--loss_weights=[1.0, -0.5] is not allowed; every weight must be a finite number >= 0"),
+    ("dpo", ["--loss_type", "sigmoid", "sft", "--loss_weights", "0", "0"],
+     "--loss_weights=[0.0, 0.0] is not allowed; at least one weight must be > 0 (all 0: the loss is 0 and nothing "
+     "trains)"),
     ("dpo", ["--loss_weights", "a"], "argument --loss_weights: 'a' is not a number or comma-separated numbers"),
     ("dpo", ["--loss_type", "exo_pair"], "--label_smoothing=0.0 is not allowed; --loss_type exo_pair needs its "
                                          "epsilon > 0 (the EXO paper recommends 1e-3)"),
@@ -557,6 +566,7 @@ def test_bad_numbers_are_one_line_naming_the_flag(flags, message, capsys):
     ("pretrain", ["--learning_rate", "100", "--weight_decay", "0"]),  # no decay: no bound on the lr from it
     ("pretrain", ["--copy_rows", "2147483647"]),  # model/config.py's MAX_SIZE itself
     ("sft", ["--copy_weight", "2", "--copy_cue_pairs", "4"]),  # SFT's unset --copy_rows is resolved after parsing
+    ("dpo", ["--loss_type", "sigmoid,sft", "--loss_weights", "0,1"]),  # one loss type weighed 0: the other's
 ])
 def test_values_at_the_new_bounds_are_taken(task, flags):
     """The refusals of e1bec58 (lr x decay >= 1; Muon's pair beside AdamW is unused: test_args_unused.py) and

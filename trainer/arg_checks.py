@@ -547,4 +547,7 @@ def _validate_rollouts(args: TrainArgs) -> None:
             raise _bad("reward_weights", args.reward_weights, f"give one weight per --reward{model} ({count})")
         if not all(math.isfinite(weight) for weight in args.reward_weights):
             raise _bad("reward_weights", args.reward_weights, "every weight must be a finite number")
+        if not any(args.reward_weights):  # a negative weight is a penalty; all 0 leave no reward to learn from
+            raise _bad("reward_weights", args.reward_weights, "at least one weight must be non-zero (all 0: every "
+                                                              "score is 0 and the policy learns from none)")
 

@@ -396,7 +396,8 @@ class TrainArgs:
                                                            "template; alone, or beside the --reward functions "
                                                            "(default: none)")
     reward_weights: list[float] | None = _flag(ROLLOUT_GROUPS, None, "one weight per --reward, in their order, then "
-                                                                     "one for --reward_model (default: 1 each)")
+                                                                     "one for --reward_model; not all 0 (default: 1 "
+                                                                     "each)")
     num_generations: int = _flag(ROLLOUT_GROUPS, 4, {"grpo": "G: completions sampled per prompt (>= 2)",
                                                      "ppo": "completions sampled per prompt (>= 1)"})
     max_completion_length: int = _flag(ROLLOUT_GROUPS, 64, "the most tokens a completion has")

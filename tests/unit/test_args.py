@@ -259,6 +259,11 @@ SMOOTHING_REFUSED = ("--label_smoothing=0.1 is not allowed; only --loss_type sig
     ("dpo", ["--discopop_tau", "0.1"], "--discopop_tau=0.1 is not allowed; only --loss_type discopop uses it: give "
                                        "--loss_type discopop with it, or leave --discopop_tau out"),
     ("grpo", ["--scale_rewards", "std"], "--scale_rewards='std' is not allowed; choose one of group, batch, none"),
+    # all 0 were taken: every score 0, GRPO's advantages 0 (a 2-step run logged loss 0.0 at each step), PPO's policy
+    # moved by its critic's noise alone (found by a hostile flag-value hunt); a negative weight (a penalty) is taken
+    *[(task, ["--reward", "math_answer", "--reward", "length_penalty", "--reward_weights", "0", "0"],
+       "--reward_weights=[0.0, 0.0] is not allowed; at least one weight must be non-zero (all 0: every score is 0 and "
+       "the policy learns from none)") for task in ("grpo", "ppo")],
     ("ppo", ["--scale_rewards", "group"], "unrecognized arguments: --scale_rewards group"),
     ("dpo", ["--label_smoothing", "0.5"], "--label_smoothing=0.5 is not allowed; it must be in [0, 0.5)"),
     ("dpo", ["--label_smoothing", "-0.1"], "--label_smoothing=-0.1 is not allowed; it must be in [0, 0.5)"),
@@ -567,6 +572,7 @@ def test_bad_numbers_are_one_line_naming_the_flag(flags, message, capsys):
     ("pretrain", ["--copy_rows", "2147483647"]),  # model/config.py's MAX_SIZE itself
     ("sft", ["--copy_weight", "2", "--copy_cue_pairs", "4"]),  # SFT's unset --copy_rows is resolved after parsing
     ("dpo", ["--loss_type", "sigmoid,sft", "--loss_weights", "0,1"]),  # one loss type weighed 0: the other's
+    ("ppo", ["--reward", "length_penalty", "--reward_weights", "-0.5"]),  # a penalty alone, not all 0
 ])
 def test_values_at_the_new_bounds_are_taken(task, flags):
     """The refusals of e1bec58 (lr x decay >= 1; Muon's pair beside AdamW is unused: test_args_unused.py) and

@@ -18,6 +18,10 @@ import numpy as np
 
 from dataset.jsonl import Kind, load_jsonl
 
+# The shortest --max_seq_len a training dataset takes: a sample's first token and the next one it learns to predict
+# (trainer/arg_checks.py refuses a shorter one with the other flags, before any data work).
+MIN_SEQ_LEN = 2
+
 
 @dataclass(frozen=True)
 class MappedJsonl:

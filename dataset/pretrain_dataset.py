@@ -29,7 +29,7 @@ from datasets import Features, List, Value
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from dataset.building import map_jsonl
+from dataset.building import MIN_SEQ_LEN, map_jsonl
 from dataset.chat_format import text_backend
 
 TOKEN_FEATURES = Features({"input_ids": List(Value("int32"))})
@@ -68,8 +68,8 @@ class PretrainDataset(Dataset):
         cache_dir: str | Path | None = None,
         control_tokens: bool = False,
     ) -> None:
-        if max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
+        if max_seq_len < MIN_SEQ_LEN:
+            raise ValueError(f"max_seq_len must be at least {MIN_SEQ_LEN}, got {max_seq_len}")
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token to separate documents with")
         self.max_seq_len = max_seq_len

@@ -23,7 +23,7 @@ from datasets import Features, List, Value
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from dataset.building import list_values, map_jsonl, supervised_stats
+from dataset.building import MIN_SEQ_LEN, list_values, map_jsonl, supervised_stats
 from dataset.chat_format import ChatEncoding, check_chatml_tokenizer, encode_chatml_batch
 
 IGNORE_INDEX = -100
@@ -63,8 +63,8 @@ def supervised_count(labels: Sequence[int]) -> int:
 
 def chat_pad_token_id(tokenizer: PreTrainedTokenizerBase, max_seq_len: int) -> int:
     """The checks every chat dataset makes of its arguments; returns the id collate_rows pads with."""
-    if max_seq_len < 2:
-        raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
+    if max_seq_len < MIN_SEQ_LEN:
+        raise ValueError(f"max_seq_len must be at least {MIN_SEQ_LEN}, got {max_seq_len}")
     check_chatml_tokenizer(tokenizer)
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token for collate()")

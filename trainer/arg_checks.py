@@ -284,6 +284,11 @@ def _check_counts_and_durations(args: TrainArgs) -> None:
                  "save_interval", "keep_checkpoints"):
         if getattr(args, name) < 1:
             raise _bad(name, getattr(args, name), "it must be >= 1")
+    if args.task not in ROLLOUT_GROUPS:  # GRPO's and PPO's is a prompt's longest length, which their data bounds
+        from dataset.building import MIN_SEQ_LEN  # the datasets' bound (their module is loaded for the run anyway)
+        if args.max_seq_len < MIN_SEQ_LEN:  # was taken, and the dataset refused it once the run had started
+            raise _bad("max_seq_len", args.max_seq_len, f"it must be >= {MIN_SEQ_LEN} (a sample's first token and "
+                                                        f"the next one it learns to predict)")
     for name in ("dist_init_timeout", "dist_timeout"):  # a timedelta holds no more (an OverflowError at start)
         if not 1 <= getattr(args, name) <= A_YEAR_S:
             raise _bad(name, getattr(args, name), f"it must be a number of seconds in 1 .. {A_YEAR_S} (a year)")

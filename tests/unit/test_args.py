@@ -276,6 +276,9 @@ SMOOTHING_REFUSED = ("--label_smoothing=0.1 is not allowed; only --loss_type sig
     ("dpo", ["--beta", "inf"], "--beta=inf is not allowed; it must be a positive number"),
     ("grpo", ["--label_smoothing", "0.1"], "unrecognized arguments: --label_smoothing 0.1"),
     ("pretrain", ["--copy_cue_pairs", "-1"], "--copy_cue_pairs=-1 is not allowed; it must be >= 0 (0: no cue pairs)"),
+    # 1 was taken and refused once the run had started, by the dataset ("max_seq_len must be at least 2, got 1")
+    *[(task, ["--max_seq_len", "1"], "--max_seq_len=1 is not allowed; it must be >= 2 (a sample's first token and the "
+                                     "next one it learns to predict)") for task in ("pretrain", "sft", "dpo")],
     # 10**30 rows were a TypeError traceback from torch.randint once the model was built (found by fuzzing the flags)
     ("pretrain", ["--copy_rows", str(10 ** 30)], f"--copy_rows={10 ** 30} is not allowed; it must be in 0 .. "
                                                  f"2147483647 (0: no copy rows)"),

@@ -56,7 +56,8 @@ from trainer.run_optimizer import make_optimizer, make_scheduler
 from trainer.run_start import announcement, start_position, write_run_config
 from trainer.run_summary import RunSummary, TrainingDiverged, finished_run_summary, write_run_summary
 from trainer.schedule import warmup_note
-from trainer.step import RunPosition, SessionPace, StepResult, combine_updates
+from trainer.step import (NON_FINITE_LOSS, NON_FINITE_SAMPLING, RunPosition, SamplingDiverged, SessionPace, StepResult,
+                          combine_updates)
 from trainer.storage_probe import probe_storage
 from trainer.task_setup import build_objective, wrap_for_task
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -288,7 +289,10 @@ class Trainer:
         try:
             for started, batches in self._step_batches(position):
                 diagnose = intervals.diagnoses(position.step, self.total_steps)
-                result = self.train_step(batches, arm_diagnostics=diagnose, step=position.step)
+                try:
+                    result = self.train_step(batches, arm_diagnostics=diagnose, step=position.step)
+                except SamplingDiverged:  # every process: the rollouts agreed on it
+                    return self._diverged(position, NON_FINITE_SAMPLING)
                 if result.outcome == "diverged":
                     return self._diverged(position)
                 result.time_s = time.perf_counter() - started
@@ -427,7 +431,7 @@ class Trainer:
                                self.args.keep_checkpoints, shared_storage=self.shared_storage)
 
     # ----------------------------------------------------------------- the end of the run
-    def _diverged(self, position: RunPosition) -> RunSummary:
+    def _diverged(self, position: RunPosition, cause: str = NON_FINITE_LOSS) -> RunSummary:
         self.reporter.close()
         checkpoint = self._save(position)
         summary = RunSummary(status="diverged", out_dir=str(self.out_dir), steps=position.step,
@@ -436,7 +440,7 @@ class Trainer:
         if self.is_main:
             write_run_summary(self.out_dir, summary)
         self.accelerator.end_training()
-        raise TrainingDiverged(position.step + 1, checkpoint)
+        raise TrainingDiverged(position.step + 1, checkpoint, cause)
 
     def _finish(self, position: RunPosition) -> RunSummary:
         """Collective: the final evaluation, then (main process) the model directory, the merged model of a LoRA

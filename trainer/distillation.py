@@ -42,7 +42,7 @@ from model.model import shift_labels
 from trainer.distillation_losses import DistillLoss, distillation_losses
 from trainer.evaluation import LMEval, evaluate_lm
 from trainer.export import whole_model_everywhere
-from trainer.grpo import first_sample, rollout_decode, rollout_seed, sample_completions
+from trainer.grpo import agreed_sampling, first_sample, rollout_decode, rollout_seed, sample_completions
 from trainer.memory import working_on
 from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, is_model_dir, load_input_model,
                              resolve_input_path, resolve_path)
@@ -217,8 +217,8 @@ class Distillation:
         sampler = self.teacher  # kept whole on every process
         if source == CompletionSource.STUDENT:
             sampler = whole_model_everywhere(model) if self.sharded else model
-        return [{**self.sampled(sampler, batch, step, index), "source": source}
-                for index, batch in enumerate(batches)]
+        return agreed_sampling(accelerator, self.world, lambda: [
+            {**self.sampled(sampler, batch, step, index), "source": source} for index, batch in enumerate(batches)])
 
     def sampled(self, sampler: torch.nn.Module, batch: dict[str, torch.Tensor], step: int,
                 micro_batch: int) -> dict[str, torch.Tensor]:

@@ -37,25 +37,28 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from dataset.chat_format import IM_END
-from model.generation import FINISH_ERROR, GenerationEngine, GenerationSettings, default_eos_token_ids
+from model.generation import (FINISH_ERROR, NON_FINITE_SCORES, GenerationEngine, GenerationSettings,
+                              default_eos_token_ids)
 from trainer.evaluation import LoggedEval
 from trainer.export import whole_model_everywhere
 from trainer.rewards import COMPLETION_MESSAGES, Reward, math_answer, score
 from trainer.rl_losses import (ADVANTAGE_EPS, ImportanceSamplingLevel, LossType, ScaleRewards, default_scale_rewards,
                                 group_advantages, policy_loss, scored_group_stats)
 from trainer.run_dir import ROLLOUT_VAL_METRICS
-from trainer.step import StatWindow
+from trainer.step import SamplingDiverged, StatWindow
 from trainer.tool_rollouts import sample_tool_episodes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+T = TypeVar("T")
 
 # The rollout's completions over the whole step (RolloutObjective.completion_shape), GRPO's and PPO's: the shortest and
 # longest (tokens), the share the length limit cut, the mean, shortest and longest length of those that ended (NaN,
@@ -141,6 +144,21 @@ def global_sums(accelerator: Accelerator, *values: torch.Tensor | float) -> torc
     return accelerator.reduce(flat.to(accelerator.device), reduction="sum").cpu()
 
 
+def agreed_sampling(accelerator: Accelerator | None, world: int, sample: Callable[[], T]) -> T:
+    """`sample()` (a step's sampling on this process), or SamplingDiverged on every process when it raised that on
+    any: under several processes one collective agrees on it, so that no process goes on alone into the step's next
+    collective (the rollouts' global sums) while another ends the run."""
+    try:
+        result, diverged = sample(), False
+    except SamplingDiverged:
+        result, diverged = None, True
+    if world > 1 and accelerator is not None:  # (a unit test's stand-in processes have none)
+        diverged = bool(global_sums(accelerator, float(diverged))[0] > 0)
+    if diverged:
+        raise SamplingDiverged()
+    return result
+
+
 def first_sample(micro_batch: int, process: int, world: int, batch_size: int) -> int:
     """The index in the step's global batch of a micro-batch's first prompt: the data loader hands the step's
     micro-batch m of process p the (m x world + p)-th batch of the epoch's order (trainer/data.py)."""
@@ -215,6 +233,8 @@ def sample_completions(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBas
     finally:
         model.train(was_training)
     failed = next((g for g in generations if g.finish_reason == FINISH_ERROR), None)
+    if failed is not None and failed.error == NON_FINITE_SCORES:  # the settings are checked: the logits diverged
+        raise SamplingDiverged() from failed.failure
     if failed is not None:
         # from what failed: an allocation failure is the run's one out-of-memory line (trainer/memory.py)
         raise RuntimeError(f"rollout: sampling a completion failed: {failed.error}") from failed.failure
@@ -343,7 +363,8 @@ class RolloutObjective:
         over it (`finish_rollouts`: the logged statistics, PPO's whitening), so that the step does not depend on how
         its prompts are split between processes and micro-batches."""
         sampler = self.sampling_policy(model)  # once per step: under sharding a gather of the whole weights
-        sampled = [self.rollout(model, batch, step, index, sampler) for index, batch in enumerate(batches)]
+        sampled = agreed_sampling(accelerator, self.world, lambda: [
+            self.rollout(model, batch, step, index, sampler) for index, batch in enumerate(batches)])
         self.finish_rollouts(sampled, accelerator)
         return sampled
 

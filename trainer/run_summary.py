@@ -1,6 +1,6 @@
 """A run's outcome: `RunSummary` (what run_summary.json records and `Trainer.run` returns), `TrainingDiverged` (a
-non-finite loss or gradient; the last good state saved), the summary written atomically, its closing 'done:' line,
-and the summary of the very run `--resume auto` asks for again once it has finished."""
+non-finite loss, gradient or rollout's sampling scores; the last good state saved), the summary written atomically,
+its closing 'done:' line, and the summary of the very run `--resume auto` asks for again once it has finished."""
 
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ from trainer.arg_fields import TrainArgs
 from trainer.machine import machine_line
 from trainer.resume_checks import finished_run_asked_again
 from trainer.run_dir import CHECKPOINT_DIR, OVERWRITE_FLAG, SUMMARY_FILE, code_version, list_checkpoints
+from trainer.step import NON_FINITE_LOSS
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss (or, without fp16 loss scaling, the gradient) became NaN/inf; the last good state was saved."""
+    """The loss (or, without fp16 loss scaling, the gradient) became NaN/inf, or (`cause` NON_FINITE_SAMPLING) the
+    logits a rollout samples from did; the last good state was saved."""
 
-    def __init__(self, step: int, checkpoint: Path) -> None:
-        super().__init__(f"training diverged at optimizer step {step} (non-finite loss or gradient); "
+    def __init__(self, step: int, checkpoint: Path, cause: str = NON_FINITE_LOSS) -> None:
+        super().__init__(f"training diverged at optimizer step {step} ({cause}); "
                          f"the last good state is saved in {checkpoint}")
         self.step, self.checkpoint = step, checkpoint
 

@@ -14,6 +14,18 @@ from enum import StrEnum
 from typing import Literal
 
 StepOutcome = Literal["applied", "skipped", "diverged"]
+# Why a run diverged, as its error line says: the step's loss or gradient, or the logits its rollouts sampled from.
+NON_FINITE_LOSS = "non-finite loss or gradient"
+NON_FINITE_SAMPLING = "the policy's sampling scores became NaN or infinite"
+
+
+class SamplingDiverged(RuntimeError):
+    """Raised on every process by a step's rollouts (GRPO's, PPO's, distillation's sampled completions) when a
+    completion's sampling scores became NaN or infinite on any process: the model's logits diverged (a learning
+    rate that blew the weights up), which the run ends as a diverged run (trainer/core.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(NON_FINITE_SAMPLING)
 
 
 def step_outcome(loss: float, grad_norm: float, scaler_skipped: bool | None) -> StepOutcome:

@@ -1112,3 +1112,37 @@ def test_a_reward_models_scores_far_from_0_keep_their_spread_in_the_advantages_a
     stats = logged_step_stats(objective, policy, batches)
     scored = [v for values in given.values() for v in values]
     assert stats["reward_std"] == pytest.approx(statistics.stdev(scored), rel=1e-5)
+
+
+class _OtherProcess:
+    """An accelerator of two processes whose other process's sampling diverged or not: reduce adds its flag."""
+
+    device = "cpu"
+
+    def __init__(self, diverged: bool) -> None:
+        self.diverged = diverged
+
+    def reduce(self, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+        assert reduction == "sum"
+        return tensor + float(self.diverged)
+
+
+@pytest.mark.parametrize("here, there", [(False, False), (True, False), (False, True), (True, True)])
+def test_every_process_ends_the_step_when_any_processs_sampling_diverged(here, there) -> None:
+    """agreed_sampling: the sampling's result where no process's diverged; SamplingDiverged on every process where
+    any one's did (so that none goes on alone into the step's next collective)."""
+    from trainer.grpo import agreed_sampling
+    from trainer.step import SamplingDiverged
+
+    def sample() -> list[int]:
+        if here:
+            raise SamplingDiverged()
+        return [1, 2]
+
+    if here or there:
+        with pytest.raises(SamplingDiverged):
+            agreed_sampling(_OtherProcess(there), 2, sample)
+    else:
+        assert agreed_sampling(_OtherProcess(there), 2, sample) == [1, 2]
+    if not here:
+        assert agreed_sampling(None, 1, sample) == [1, 2]  # one process: no collective

@@ -12,6 +12,7 @@ range, paths that are not empty, an output file that is not a directory, text th
 from __future__ import annotations
 
 import argparse
+import re
 import math
 import os
 import signal
@@ -37,6 +38,9 @@ class RawDescriptionDefaultsHelpFormatter(DefaultsHelpFormatter, argparse.RawDes
     """DefaultsHelpFormatter that prints the description (a tool's docstring) with its own line breaks."""
 
 
+NEGATIVE_NUMBER = re.compile(r"^-(\.?\d|inf(inity)?$|nan$)", re.IGNORECASE)  # what ToolParser reads as a value
+
+
 class ToolParser(argparse.ArgumentParser):
     """argparse.ArgumentParser with a short error: `error: MESSAGE`, then where the flags are listed; its --help
     shows each flag's default (DefaultsHelpFormatter, unless the tool passes another formatter_class)."""
@@ -44,6 +48,10 @@ class ToolParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = DefaultsHelpFormatter,
                  **kwargs: Any) -> None:
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
+        # Python 3.11's argparse reads only -1 and -0.5 as negative numbers: `--reward_weights 1 -1e-1` or
+        # `--beta -inf` was "expected one argument", the value taken for a flag. Any -digit, -.digit, -inf or -nan
+        # is a value here (as Python 3.13's argparse reads -digit); no flag of ours starts so.
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}\n{self.prog}: run with --help for the flags", file=sys.stderr)

@@ -334,3 +334,24 @@ def test_an_output_file_that_is_a_directory_is_named_whole_on_one_line(tmp_path,
     assert line == f"error: argument --x: {tmp_path}/{'a' * 80}\\nb is a directory, expected a file"
     line = _flag_error(_flag_types()["output_file"], "./" * 5_000 + ".", capsys)
     assert line.endswith("... is a directory, expected a file") and len(line) <= MAX_LINE
+
+
+@pytest.mark.parametrize("value, parsed", [("-1e-1", -0.1), ("-1.5E2", -150.0), ("-.5", -0.5), ("-2", -2.0)])
+def test_a_negative_number_in_any_spelling_is_a_value_not_a_flag(value, parsed):
+    """Python 3.11's argparse took -1e-1 (and -inf) for a flag: `--reward_weights 1 -1e-1` was "expected one
+    argument". Every tool's parser (ToolParser) reads any -digit as a value."""
+    from trainer.args import parse_args
+
+    args = parse_args("grpo", ["--reward", "math_answer", "--reward", "format", "--reward_weights", "1", value])
+    assert args.reward_weights == [1.0, parsed]
+
+
+@pytest.mark.parametrize("value", ["-inf", "-1e-3", "-nan"])
+def test_a_negative_value_a_flag_refuses_is_refused_by_its_rule(value, capsys):
+    """`--beta -inf` reaches --beta's own rule (a number >= 0), not argparse's "expected one argument"."""
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args("grpo", ["--beta", value])
+    error = capsys.readouterr().err.splitlines()[0]
+    assert error.startswith("error: --beta=") and "is not allowed; it must be a number >= 0" in error, error

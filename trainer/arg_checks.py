@@ -47,7 +47,8 @@ def validate(args: TrainArgs) -> None:
     _check_sizes_fit(args)
     refuse_fixed_model_fields(args)  # before the preset's config: a fine-tuning run never builds it
     if not model_checked_at_start(args):  # a resume's model is its checkpoint's, known once the run starts
-        build_model_config(args)  # the model fields' own checks: a value the config refuses is refused wherever from
+        # the model fields' own checks: a value the config refuses is refused wherever from
+        build_model_config(args, special_ids=False)
     refuse_typed_unused_flags(args)  # before the trainers' own checks, whose refusals meet only what the run uses
     task_checks = {"dpo": _validate_dpo, "distill": _validate_distill, "grpo": _validate_grpo, "ppo": _validate_ppo}
     if args.task in task_checks:
@@ -77,7 +78,7 @@ def check_model_flags_at_start(args: TrainArgs, resumed: bool) -> str | None:
         return None
     fresh = copy.copy(args)
     fresh.resume = None  # the model switches the command leaves unset are --preset's, not a checkpoint's
-    build_model_config(fresh)
+    build_model_config(fresh, special_ids=False)
     apply_unused_flag_rule(fresh)  # the other flags' were applied at parsing: only model fields are found now
     args.model, args.given, args.ignored = fresh.model, fresh.given, args.ignored + fresh.ignored
     return unused_flags_note(fresh)

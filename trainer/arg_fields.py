@@ -610,9 +610,14 @@ def refuse_fixed_model_fields(args: TrainArgs) -> None:
                          f"{', '.join('--' + f for f in RUNTIME_MODEL_FIELDS)} may be set{turned_on}")
 
 
-def build_model_config(args: TrainArgs, vocab_size: int | None = None) -> MiniNormConfig:
-    """The model config a fresh pretraining run uses: the preset, then the flag overrides."""
+def build_model_config(args: TrainArgs, vocab_size: int | None = None, special_ids: bool = True) -> MiniNormConfig:
+    """The model config a fresh pretraining run uses: the preset, then the flag overrides. `special_ids` False: the
+    config's bos, eos and pad ids left unset, as the flags' own checks build it: a fresh run takes them from its
+    tokenizer (trainer/run_inputs.py), so the config's defaults (eos 2) must not refuse a --vocab_size 2 by their
+    name; the tokenizer's size refuses it once loaded, naming the flag."""
     overrides = requested_model_fields(args)
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)
+    if not special_ids:
+        overrides.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
     return MiniNormConfig.from_preset(args.preset, **overrides)

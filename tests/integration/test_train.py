@@ -299,6 +299,9 @@ def test_bad_flags_are_one_line_errors(argv, message, capsys):
     # an IndexError in the first forward pass, after the data was tokenized
     (("--vocab_size", "5"), "error: --vocab_size=5 is not allowed; the tokenizer has 6400 tokens, so it must be >= "
                             "6400 (leave it unset for exactly that)"),
+    # below the config's default eos id (2): refused by that id's name, a field no flag sets
+    (("--vocab_size", "2"), "error: --vocab_size=2 is not allowed; the tokenizer has 6400 tokens, so it must be >= "
+                            "6400 (leave it unset for exactly that)"),
     # a 71-line traceback at the first step
     (("--norm_impl", "triton"), "error: --norm_impl triton needs a CUDA device (its kernels take GPU tensors), not "
                                 "cpu; use auto or eager here"),

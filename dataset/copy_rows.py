@@ -19,6 +19,7 @@ import torch
 
 ROW_LENGTH = 128           # tokens per copy row
 SPAN_LENGTHS = (5, 60)     # the repeated span's length, drawn per row (inclusive), at most half a row less one
+SHORTEST_ROW = 2 * SPAN_LENGTHS[0] + 2  # the shortest span twice, with room to place it: a row's least tokens
 CUE_TABLE_SEED = 0         # the cue pairs are one table for every run and row, so they can be learned
 
 
@@ -33,8 +34,8 @@ def copy_rows(seed: int, rows: int, vocab: range, text: torch.Tensor | None = No
     generator = torch.Generator().manual_seed(seed)
     check_cue_pairs(cue_pairs, vocab)
     table = cue_table(vocab)[:cue_pairs] if cue_pairs else None
-    if length < 2 * SPAN_LENGTHS[0] + 2:
-        raise ValueError(f"copy rows of {length} tokens are too short; they need at least {2 * SPAN_LENGTHS[0] + 2}")
+    if length < SHORTEST_ROW:
+        raise ValueError(f"copy rows of {length} tokens are too short; they need at least {SHORTEST_ROW}")
     if text is not None and text.shape[1] < length:
         raise ValueError(f"copy rows of {length} tokens need text rows at least as long, got {text.shape[1]}")
     ids = torch.randint(vocab.start, vocab.stop, (rows, length), generator=generator)

@@ -14,6 +14,7 @@ import math
 import re
 from typing import Any, Callable, NamedTuple
 
+from dataset.copy_rows import SHORTEST_ROW
 from dataset.shown_value import flag_refusal, shown_value
 from model.config import MAX_SIZE, PRESETS, SWITCHED_FIELDS, SwitchedFields, field_default, preset_fields
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, MODEL_FIELDS,
@@ -331,6 +332,9 @@ def _check_copy_task(args: TrainArgs) -> None:
     """The copy rows mixed into pretraining: their count, steps, cue pairs and loss weights."""
     if args.copy_rows is not None and not 0 <= args.copy_rows <= MAX_SIZE:  # more: torch.randint's TypeError
         raise _bad("copy_rows", args.copy_rows, f"it must be in 0 .. {MAX_SIZE} (0: no copy rows)")
+    if args.copy_rows and args.max_seq_len < SHORTEST_ROW:  # a copy row is at most one training row long
+        raise _bad("max_seq_len", args.max_seq_len, f"copy rows (--copy_rows {args.copy_rows}) need rows of at least "
+                                                    f"{SHORTEST_ROW} tokens")
     if args.copy_steps < 0:
         raise _bad("copy_steps", args.copy_steps, "it must be >= 0")
     if args.copy_cue_pairs < 0:

@@ -288,6 +288,9 @@ def test_yaml_config_with_command_line_overrides(tmp_path):
     (["--decay_fraction", "0"], "--decay_fraction=0.0 is not allowed; it must be in (0, 1]"),
     (["--muon_lr", "-1"], "--muon_lr=-1.0 is not allowed; it must be a positive number"),
     (["--muon_momentum", "1"], "--muon_momentum=1.0 is not allowed; it must be in [0, 1)"),
+    # refused at the first step, after the whole corpus was tokenized into 2-token rows
+    (["--copy_rows", "1", "--max_seq_len", "2"],
+     "--max_seq_len=2 is not allowed; copy rows (--copy_rows 1) need rows of at least 12 tokens"),
 ])
 def test_bad_flags_are_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit):

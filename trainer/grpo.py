@@ -44,6 +44,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from dataset.chat_format import IM_END
+from dataset.shown_value import shown_value
 from model.generation import (FINISH_ERROR, NON_FINITE_SCORES, GenerationEngine, GenerationSettings,
                               default_eos_token_ids)
 from trainer.evaluation import LoggedEval
@@ -97,6 +98,17 @@ def reward_stat_name(reward: Reward) -> str:
     """The logged name of one reward function's mean (as TRL's rewards/<function>/mean): rewards/<function>; its
     std's (TRL's rewards/<function>/std) is this + "_std", as reward_std is reward's."""
     return f"rewards/{getattr(reward.function, '__name__', reward.name)}"
+
+
+def check_reward_names(rewards: Sequence[Reward]) -> None:
+    """A ValueError (one line naming the specs) when two of a run's rewards log as one mean (reward_stat_name: the
+    function's name), which would stand for only the last one written."""
+    names = [reward_stat_name(reward) for reward in rewards]
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:
+        specs = [reward.name for reward in rewards if reward_stat_name(reward) == repeated]
+        raise ValueError(f"--reward {' and '.join(map(shown_value, specs))} log as one mean, {repeated}: give each "
+                         f"reward function once, under a name of its own (--reward_weights weighs one)")
 
 
 @dataclass(frozen=True)

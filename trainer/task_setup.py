@@ -85,7 +85,7 @@ def _rollout_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, unwr
                        accelerator: Accelerator, sharded: bool, starting_weights: Path | None) -> Objective:
     """GRPO's or PPO's objective: the --reward functions, and a frozen copy of the starting weights as the KL's
     reference (none with --beta 0)."""
-    from trainer.grpo import rollout_decode
+    from trainer.grpo import check_reward_names, rollout_decode
     from trainer.rewards import load_reward, with_logged_parts
     specs = args.reward or []
     in_effect = flags_in_effect(args.to_dict())  # the unset weights and clip range, as a resume compares them
@@ -95,6 +95,7 @@ def _rollout_objective(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, unwr
         from trainer.reward_model import load_reward_model, reward_model_directory
         rewards.append(load_reward_model(reward_model_directory(args.reward_model), weights[-1], accelerator.device))
     rewards = with_logged_parts(rewards)  # a built-in's parts (tool_use's), logged at weight 0
+    check_reward_names(rewards)
     reference = None
     if args.beta > 0 and uses_lora(args):  # the starting weights are the policy without its adapters
         from trainer.grpo import WithoutAdapters

@@ -166,6 +166,15 @@ def test_rollouts_whose_logits_turn_nan_end_the_run_as_diverged(grpo_data, tiny_
     assert read_summary(out_dir)["status"] == "diverged" and (checkpoint / "model.safetensors").is_file()
 
 
+def test_a_reward_given_twice_is_refused_in_one_line_before_training(grpo_data, tiny_models, tmp_path, capsys):
+    """math_answer twice logged one rewards/math_answer mean for both (trainer/grpo.py check_reward_names)."""
+    error = refused_run("grpo", _argv(grpo_data, tiny_models.pretrain, tmp_path / "run", "--reward", "math_answer",
+                                      "--reward_weights", "1", "0.5", "1"), capsys, after_progress=True)
+    assert error == ("error: --reward 'math_answer' and 'math_answer' log as one mean, rewards/math_answer: give each "
+                     "reward function once, under a name of its own (--reward_weights weighs one)")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_a_reward_that_breaks_its_contract_stops_the_run_in_one_line(grpo_data, tiny_models, tmp_path, capsys):
     out_dir = tmp_path / "broken"
     argv = _argv(grpo_data, tiny_models.pretrain, out_dir)

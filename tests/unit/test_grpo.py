@@ -21,7 +21,7 @@ from tests.step_stats import logged_step_stats
 from tests.threaded_processes import OneProcess
 from trainer.grpo import (GroupRelativePolicy, RolloutSettings, completion_log_probs, completion_log_probs_and_entropy,
                           first_sample)
-from trainer.rewards import Reward, RewardError
+from trainer.rewards import Reward, RewardError, math_answer
 
 VOCAB = 17
 
@@ -1146,3 +1146,29 @@ def test_every_process_ends_the_step_when_any_processs_sampling_diverged(here, t
         assert agreed_sampling(_OtherProcess(there), 2, sample) == [1, 2]
     if not here:
         assert agreed_sampling(None, 1, sample) == [1, 2]  # one process: no collective
+
+
+def _score_a(prompts, completions, **columns):
+    return [1.0] * len(completions)
+
+
+def _score_b(prompts, completions, **columns):
+    return [0.0] * len(completions)
+
+
+_score_a.__name__ = _score_b.__name__ = "score"  # two files' functions of one name
+
+
+@pytest.mark.parametrize("rewards, specs", [
+    ([Reward("a.py:score", _score_a), Reward("b.py:score", _score_b)], "'a.py:score' and 'b.py:score'"),
+    ([Reward("math_answer", math_answer), Reward("math_answer", math_answer)], "'math_answer' and 'math_answer'")])
+def test_two_rewards_that_log_as_one_mean_are_refused_in_one_line(rewards, specs) -> None:
+    """Two reward functions of one name logged one mean, rewards/<name>, the last one written: one of them went
+    unseen. A run's rewards are refused so (trainer/task_setup.py), naming both specs."""
+    from trainer.grpo import check_reward_names
+
+    name = f"rewards/{rewards[0].function.__name__}"
+    with pytest.raises(ValueError) as error:
+        check_reward_names(rewards)
+    assert str(error.value) == (f"--reward {specs} log as one mean, {name}: give each reward function once, under a "
+                                f"name of its own (--reward_weights weighs one)")

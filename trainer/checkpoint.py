@@ -47,6 +47,7 @@ from trainer.checkpoint_state import (DIGESTS_KEY, FILES_KEY, CheckpointDamaged,
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, RUN_ID_KEY, STATE_FILE, SUMMARY_FILE, checkpoint_name,
                              checkpoint_step, clear_previous_run, list_checkpoints, previous_run, recorded_run_id,
                              refuse_previous_run)
+from trainer.metrics_log import unreadable_metrics
 from trainer.storage_probe import STORAGE_HELP
 
 _RNG_FILE = re.compile(rf"{RNG_STATE_NAME}_(\d+)\.pkl")
@@ -315,6 +316,11 @@ def _one_run_per_directory(decision: dict[str, Any], resume: str | None, out_dir
     same_run = theirs == ours if theirs and ours else inside
     run_id = theirs or uuid.uuid4().hex[:12]
     if same_run:
+        # the resumed run continues the directory's metrics.jsonl (keeping the records up to its step): one it
+        # cannot read is refused now, with the directory as it was
+        if (problem := unreadable_metrics(out_dir)) is not None:
+            return {"refused": f"--resume {resume}: {problem}; the resumed run continues that file: repair it (or "
+                               f"move it away) and resume again"}
         return {"run_id": run_id}
     if inside:
         return {"refused": f"--resume {resume}: {checkpoint} is a checkpoint of run {theirs}, but "

@@ -11,6 +11,21 @@ from dataset.json_text import strict_json
 from trainer.run_dir import METRICS_FILE, append_jsonl, read_metrics
 
 
+def unreadable_metrics(out_dir: Path) -> str | None:
+    """Why the metrics file in `out_dir` cannot be continued by a resume (read_metrics's one line naming FILE:LINE:
+    a step that is not one, a directory, not UTF-8), or None (readable, or none there). A resume asks before it
+    changes anything in `out_dir`: truncate_after would fail on it after the run's summary and config were
+    rewritten."""
+    path = out_dir / METRICS_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        read_metrics(path)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 class MetricsLog:
     def __init__(self, out_dir: Path, enabled: bool) -> None:
         self.path = out_dir / METRICS_FILE

@@ -398,12 +398,19 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
 
 
 def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
-    """Records of a metrics file (optionally one split), in order; a run directory means its metrics.jsonl."""
+    """Records of a metrics file (optionally one split), in order; a run directory means its metrics.jsonl. A
+    record whose step is not an optimizer step (an integer >= 0: a hand edit, another tool) is a ValueError naming
+    FILE:LINE: a resume's truncation compares the steps, and a report would plot the record at a step it never
+    had."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
-    return [record for record in read_jsonl(path)
-            if "step" in record and (split is None or record.get("split") == split)]
+    records = [record for record in read_jsonl(path) if "step" in record]
+    for record in records:
+        if not is_count(record["step"]):
+            raise ValueError(f"{record_where(record)}: step is {shown_value(record['step'])}, expected an integer "
+                             f">= 0 (the optimizer step)")
+    return [record for record in records if split is None or record.get("split") == split]
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

@@ -280,6 +280,35 @@ def test_a_resume_whose_max_steps_is_below_the_checkpoint_is_refused_and_its_ste
     assert saved.keys() == checkpoint.keys() and all(torch.equal(saved[k], checkpoint[k]) for k in saved)
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("step", ['"2"', "null", "2.5", "-1"])
+def test_a_metrics_line_whose_step_is_no_step_refuses_the_resume_and_leaves_the_run_as_it_was(
+        step, train_data, reference_run, tmp_path, capsys):
+    """A hand-edited metrics.jsonl (a step that is not an integer >= 0): the resume keeps the records up to its step,
+    and its comparison failed with a TypeError traceback after the run's summary was removed and its config
+    rewritten; now it is refused in one line naming FILE:LINE before anything changes, and goes on once repaired."""
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    assert lines[1].startswith('{"step": 2, ')
+    metrics.write_text("".join([lines[0], lines[1].replace('"step": 2', f'"step": {step}', 1), *lines[2:]]))
+    before = _files(run)
+    error = refused_run("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "10",
+                                                  "--resume", "auto"), capsys)
+    shown = {'"2"': "'2'", "null": "None"}.get(step, step)
+    assert error == (f"error: --resume auto: {metrics}:2: step is {shown}, expected an integer >= 0 (the optimizer "
+                     f"step); the resumed run continues that file: repair it (or move it away) and resume again")
+    assert _files(run) == before
+    metrics.write_text("".join(lines))
+    run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "10",
+                                             "--resume", "auto"))
+    assert [record["step"] for record in read_metrics(run, "train")] == list(range(1, 11))
+
+
 @pytest.mark.parametrize("damage", ["optimizer.bin truncated", "model.safetensors deleted"])
 def test_a_damaged_newest_checkpoint_names_the_one_before_it(damage, train_data, reference_run, tmp_path, capsys):
     """A run whose newest checkpoint lost or tore a file: `--resume auto` picks that one again every time, and the

@@ -234,10 +234,10 @@ def test_metric_matrix_and_heatmaps(tmp_path) -> None:
     ({"step": 1, "diag/grad_norm/layer_9999999": 1.0}, "metrics.jsonl:3: diag/grad_norm/layer_9999999: layer index "
                                                        "9999999 is out of range; the records log 3 distinct"),
     ({"step": 1, "diag/grad_norm/layer_00": "x"}, "metrics.jsonl:3: diag/grad_norm/layer_00 is 'x', expected a number"),
-    ({"step": "a", "diag/grad_norm/layer_00": 1.0}, "metrics.jsonl:3: step is 'a', expected a number"),
+    ({"step": "a", "diag/grad_norm/layer_00": 1.0}, "metrics.jsonl:3: step is 'a', expected an integer >= 0"),
     ({"step": 1, "diag/grad_norm_global": "x"}, "metrics.jsonl:3: diag/grad_norm_global is 'x', expected a number"),
     # JSON's Infinity reads as a float, which int() overflows on
-    ({"step": float("inf"), "diag/grad_norm/layer_00": 1.0}, "metrics.jsonl:3: step is inf, expected a number"),
+    ({"step": float("inf"), "diag/grad_norm/layer_00": 1.0}, "metrics.jsonl:3: step is inf, expected an integer >= 0"),
 ])
 def test_diagnostics_refuse_a_bad_metrics_line_in_one_line(tmp_path, capsys, monkeypatch, line, expected) -> None:
     """A layer index beyond the layers logged is refused rather than sized into a dense matrix (layer_99999999 asked

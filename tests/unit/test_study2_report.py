@@ -88,7 +88,8 @@ def test_stability_numbers_by_hand(tmp_path):
 
 @pytest.mark.parametrize("record, named", [
     ({"step": 3, "split": "train", "loss": "abc", "grad_norm": 1.0}, "loss is 'abc', expected a number"),
-    ({"step": "x", "split": "train", "loss": 2.0, "grad_norm": 1.0}, "step is 'x', expected a number"),
+    ({"step": "x", "split": "train", "loss": 2.0, "grad_norm": 1.0},
+     "step is 'x', expected an integer >= 0 (the optimizer step)"),
     ({"step": 3, "split": "diag", "diag/logits_max": [1]}, "diag/logits_max is [1], expected a number"),
 ])
 def test_a_value_that_is_not_a_number_is_named_with_its_file_and_line(record, named, tmp_path):

@@ -302,6 +302,8 @@ def _damage(sweep_dir: Path, damage: str) -> None:
         metrics.write_text(metrics.read_text() + json.dumps({"step": 11, "split": "val", "val_loss": "abc"}) + "\n")
     elif damage == "final_val not a mapping":
         summary.write_text(json.dumps({"status": "finished", "final_val": "x"}))
+    elif damage in ("final loss NaN", "final loss Infinity"):  # a hand edit: no save writes either (strict_json)
+        summary.write_text('{"status": "finished", "final_val": {"loss": %s}}' % damage.split()[-1])
     elif damage == "summary a directory":
         summary.unlink()
         summary.mkdir()
@@ -310,13 +312,14 @@ def _damage(sweep_dir: Path, damage: str) -> None:
 
 
 @pytest.mark.parametrize("damage", ["results line without status", "trial_dir not a path", "val line without val_loss",
-                                    "val_loss not a number", "final_val not a mapping", "summary a directory",
-                                    "summary not UTF-8"])
+                                    "val_loss not a number", "final_val not a mapping", "final loss NaN",
+                                    "final loss Infinity", "summary a directory", "summary not UTF-8"])
 def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     """A results.jsonl line without a status is skipped (docs/sweeps.md), as is a val line without val_loss; a
     run_summary.json that cannot be read (a directory, not UTF-8) or holds no final loss leaves that trial without
-    one; a trial_dir that is not a path means the trial's own folder; a val_loss that is not a number is one line
-    naming FILE:LINE. Never a traceback."""
+    one, and the report names it left out of the means (a NaN or Infinity loss failed the stdev with a traceback);
+    a trial_dir that is not a path means the trial's own folder; a val_loss that is not a number is one line naming
+    FILE:LINE. Never a traceback."""
     sweep_dir = _write_sweep(tmp_path, "s", {"norm_type": ["rmsnorm", "layernorm"], "seed": [0, 1]},
                              {"learning_rate": 0.003, "warmup_steps": 8, "norm_placement": "pre"}, lambda p: 5.0)
     _damage(sweep_dir, damage)
@@ -329,8 +332,12 @@ def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     assert (code, err) == (0, "")
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     finished = {tuple(sorted(v["params"].items())): v["finished"] for v in data["variants"]}
-    damaged = damage in ("final_val not a mapping", "summary a directory", "summary not UTF-8")
+    damaged = damage in ("final_val not a mapping", "final loss NaN", "final loss Infinity", "summary a directory",
+                         "summary not UTF-8")
     assert finished == {(("norm_type", "rmsnorm"),): 1 if damaged else 2, (("norm_type", "layernorm"),): 2}
+    left_out = ("Left out of the means: 1 finished trial(s) whose run_summary.json holds no finite final val loss: "
+                "`norm_type-rmsnorm_seed-0`.")
+    assert (left_out in (tmp_path / "report" / "report.md").read_text()) == damaged
 
 
 def test_a_folder_inside_the_repo_is_named_from_the_repo_root(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.diagnostics import metric_matrix
-from trainer.run_dir import METRICS_FILE, read_metrics, read_summary, record_number
+from trainer.run_dir import METRICS_FILE, final_metric, read_metrics, read_summary, record_number
 from trainer.sweep_dir import (RESULT_SUMMARY_KEYS, SWEEP_STATE_FILE, read_results, read_state, swept_names,
                                trial_dir_name)
 
@@ -31,9 +31,9 @@ class Trial:
 
     @property
     def final_val_loss(self) -> float | None:
-        final = self.summary.get("final_val")
-        value = final.get("loss") if isinstance(final, dict) else None  # a damaged summary: no final loss
-        return value if self.status == "finished" and isinstance(value, (int, float)) else None
+        """The finished trial's final validation loss; None where its summary holds no finite number there (a
+        damaged or hand-edited summary: a NaN would make its variant's mean NaN, and failed the stdev)."""
+        return final_metric(self.summary, "val_loss") if self.status == "finished" else None
 
     @property
     def grad_in_out(self) -> float | None:

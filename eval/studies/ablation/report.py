@@ -21,12 +21,16 @@ def _part_markdown(part: Part, rows: list[dict[str, Any]], plots: dict[str, bool
     fixed = {k: spec["value"] for k, spec in config["parameters"].items() if "value" in spec}
     counts = {s: sum(t.status == s for t in trials) for s in ("finished", "diverged", "failed", "not run")}
     seeds = sorted({t.params.get(SEED_KEY) for t in trials if SEED_KEY in t.params}, key=str)
+    # finished trials whose run_summary.json holds no final loss (damaged, edited): named, not dropped in silence
+    no_loss = [t.trial_id for t in trials if t.status == "finished" and t.final_val_loss is None]
     md = [f"## Part `{part.name}`", ""] if heading else []
     if heading and config.get("description"):
         md += [str(config["description"]), ""]
     md += [f"Method `{config['method']}`, metric `{(config.get('metric') or {}).get('name')}`; "
            f"{len(trials)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
            (f"; seeds {seeds}" if seeds else "") + f"; folder `{shown_path(part.sweep_dir)}`.", "",
+           *([f"Left out of the means: {len(no_loss)} finished trial(s) whose run_summary.json holds no finite "
+              f"final val loss: {', '.join(f'`{tid}`' for tid in no_loss)}.", ""] if no_loss else []),
            markdown_table(config, rows), ""]
     for name, made in plots.items():
         if made:

@@ -366,9 +366,10 @@ def record_number(record: Mapping[str, Any], key: str, kind: type = float) -> An
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The JSON objects of a jsonl file, in order, as JsonlRecords. Blank lines, and a line cut short by a killed
-    writer (the last one, usually), are skipped."""
+    writer (the last one, usually), are skipped. A file that cannot be read (none, a directory, not UTF-8) is a
+    ValueError naming it (read_text_file): a UnicodeDecodeError's line named no file."""
     records = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_text_file(Path(path), "a jsonl file").splitlines(), 1):
         try:
             record = json.loads(line) if line.strip() else None
         except json.JSONDecodeError:
@@ -403,7 +404,7 @@ def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, A
     FILE:LINE: a resume's truncation compares the steps, and a report would plot the record at a step it never
     had."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and path.name != METRICS_FILE:  # a metrics.jsonl that is a directory is named as one
         path = path / METRICS_FILE
     records = [record for record in read_jsonl(path) if "step" in record]
     for record in records:

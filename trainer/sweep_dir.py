@@ -82,13 +82,11 @@ def read_results(sweep_dir: Path) -> list[dict[str, Any]]:
     trial's result (its trial_id not a folder name, its status missing or not one of RESULT_STATUSES); [] when there
     is no file yet. A ValueError names a file that cannot be read."""
     path = sweep_dir / RESULTS_FILE
-    try:  # one read, by the shared torn-line-tolerant reader (the runner calls this after every trial)
-        records = read_jsonl(path)
-    except (OSError, UnicodeDecodeError):
-        if not path.exists() and not path.is_symlink():  # no results yet (a dangling link is refused below)
-            return []
-        read_text_file(path)  # the failure only: its ValueError names the file and why (directory, not UTF-8)
-        raise  # readable by now (it changed in between): the first error stands
+    if not path.exists() and not path.is_symlink():  # no results yet (a dangling link is refused by the read)
+        return []
+    # one read, by the shared torn-line-tolerant reader (the runner calls this after every trial); its ValueError
+    # names a file that cannot be read (a directory, not UTF-8)
+    records = read_jsonl(path)
     return [record for record in records
             if is_folder_name(record.get("trial_id")) and record.get("status") in RESULT_STATUSES]
 

@@ -304,6 +304,11 @@ def _damage(sweep_dir: Path, damage: str) -> None:
         summary.write_text(json.dumps({"status": "finished", "final_val": "x"}))
     elif damage in ("final loss NaN", "final loss Infinity"):  # a hand edit: no save writes either (strict_json)
         summary.write_text('{"status": "finished", "final_val": {"loss": %s}}' % damage.split()[-1])
+    elif damage == "metrics a directory":
+        metrics.unlink()
+        metrics.mkdir()
+    elif damage == "metrics not UTF-8":
+        metrics.write_bytes(b"\xff" + metrics.read_bytes())
     elif damage == "summary a directory":
         summary.unlink()
         summary.mkdir()
@@ -313,13 +318,15 @@ def _damage(sweep_dir: Path, damage: str) -> None:
 
 @pytest.mark.parametrize("damage", ["results line without status", "trial_dir not a path", "val line without val_loss",
                                     "val_loss not a number", "final_val not a mapping", "final loss NaN",
-                                    "final loss Infinity", "summary a directory", "summary not UTF-8"])
+                                    "final loss Infinity", "summary a directory", "summary not UTF-8",
+                                    "metrics a directory", "metrics not UTF-8"])
 def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     """A results.jsonl line without a status is skipped (docs/sweeps.md), as is a val line without val_loss; a
-    run_summary.json that cannot be read (a directory, not UTF-8) or holds no final loss leaves that trial without
-    one, and the report names it left out of the means (a NaN or Infinity loss failed the stdev with a traceback);
-    a trial_dir that is not a path means the trial's own folder; a val_loss that is not a number is one line naming
-    FILE:LINE. Never a traceback."""
+    metrics.jsonl that cannot be read (a directory, not UTF-8) is one line naming it; a run_summary.json that cannot
+    be read (a directory, not UTF-8) or holds no final loss leaves that trial without one, and the report names it
+    left out of the means (a NaN or Infinity loss failed the stdev with a traceback); a trial_dir that is not a path
+    means the trial's own folder; a val_loss that is not a number is one line naming FILE:LINE. Never a
+    traceback."""
     sweep_dir = _write_sweep(tmp_path, "s", {"norm_type": ["rmsnorm", "layernorm"], "seed": [0, 1]},
                              {"learning_rate": 0.003, "warmup_steps": 8, "norm_placement": "pre"}, lambda p: 5.0)
     _damage(sweep_dir, damage)
@@ -328,6 +335,12 @@ def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     if damage == "val_loss not a number":
         metrics = sweep_dir / "trials" / "norm_type-rmsnorm_seed-0" / "metrics.jsonl"
         assert (code, err) == (2, f"error: {metrics}:3: val_loss is 'abc', expected a number\n")
+        return
+    if damage.startswith("metrics "):  # the file named, where it was the path twice or no file at all
+        metrics = sweep_dir / "trials" / "norm_type-rmsnorm_seed-0" / "metrics.jsonl"
+        why = ("is a directory, not a jsonl file" if damage.endswith("directory")
+               else "not valid UTF-8 (byte 0xff at offset 0)")
+        assert (code, err) == (2, f"error: {metrics}: {why}\n")
         return
     assert (code, err) == (0, "")
     data = json.loads((tmp_path / "report" / "report.json").read_text())

@@ -261,11 +261,20 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_lines(path, [text])
 
 
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):  # RuntimeError: pathlib's "Symlink loop from ..." (before Python 3.13)
+        raise ValueError(f"{path}: a symlink loop (its links lead back to themselves, never to a file or folder); "
+                         f"remove the link or point it at a real file or folder") from None
+
+
 def path_overlap(path: Path, other: Path) -> str | None:
     """How `path` lies against `other`, both resolved as the file system will see them (symlinks and `..` seen
     through, a relative path taken from the current directory): "is" (the same folder), "is inside" or "holds";
-    None: apart. The one test of whether writing into (or replacing) one may destroy the other."""
-    real, real_other = path.resolve(), other.resolve()
+    None: apart. The one test of whether writing into (or replacing) one may destroy the other. A path through a
+    symlink loop resolves to nothing: a ValueError naming it (pathlib's RuntimeError was a traceback)."""
+    real, real_other = _resolved(path), _resolved(other)
     if real == real_other:
         return "is"
     if real_other in real.parents:

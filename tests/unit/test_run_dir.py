@@ -200,6 +200,19 @@ def test_data_inside_a_file_the_run_writes_is_refused_and_data_beside_them_is_no
         check_out_dir(out / "m", {"--from_weight": out})
 
 
+@pytest.mark.parametrize("name", ["metrics.jsonl", "checkpoints"])
+def test_a_symlink_loop_where_the_run_writes_is_one_line_naming_it(tmp_path, name):
+    """A file or folder the run writes that is a symlink to itself (a `ln -s` gone wrong): resolving it raised
+    pathlib's RuntimeError ("Symlink loop from ..."), a traceback at every start or resume in that --out_dir."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(name)
+    with pytest.raises(ValueError, match=rf"^{out / name}: a symlink loop \(its links lead back to themselves, never "
+                                         rf"to a file or folder\); remove the link or point it at a real file or "
+                                         rf"folder$"):
+        check_out_dir(out, {}, {"--data_path": tmp_path / "train.jsonl"})
+
+
 def test_the_metrics_log_keeps_the_resumed_steps_and_writes_only_where_enabled(tmp_path):
     """trainer/metrics_log.py: a resume at step 2 keeps the records up to and including step 2 (the checkpoint's
     own), a non-finite number is written as null (strict JSON has no NaN), and a process with the log disabled (not

@@ -245,10 +245,10 @@ def _lineage_length(model_dir: Path) -> int:
         recorded = recorded_config(folder)
         length = recorded.get("max_seq_len") if is_count(recorded.get("max_seq_len"), 1) else 0
         completion = recorded.get("max_completion_length")
-        if length and recorded.get("task") in ROLLOUT_TASKS and is_count(completion, 1):  # prompt plus completion
+        task = recorded.get("task") if recorded.get("task") in TASKS else None  # a hand-edited list: no task
+        if length and task in ROLLOUT_TASKS and is_count(completion, 1):  # prompt plus completion
             length += completion
         longest = max(longest, length)
-        task = recorded.get("task")
         source = recorded.get("from_weight") or DEFAULT_OUT_DIRS.get(DEFAULT_FROM_WEIGHT.get(task, ""))
         folder = resolve_path(source) if isinstance(source, str) and source else None
     return longest

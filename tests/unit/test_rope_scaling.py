@@ -315,6 +315,9 @@ def test_the_trained_length_is_the_longest_over_the_runs_that_made_the_weights(t
     assert [trained_length(folder) for folder in (pre, sft, dpo, grpo, lora, loop)] == [256, 384, 384, 464, 256, 96]
     assert trained_length(sft, lora) == 384 and trained_length(tmp_path / "nothing") is None
     assert trained_length(tmp_path / "nothing", lora) == 256
+    # a task edited into a list (or a mapping) by hand is no task: its own rows count, no default folder is followed
+    edited = run("edited", "task: [sft]\nmax_seq_len: 200\n")
+    assert trained_length(edited) == 200
 
 
 def test_evaluates_rows_with_a_factor_are_the_trained_ones_times_it(tokenizer, tmp_path) -> None:

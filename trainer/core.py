@@ -56,8 +56,7 @@ from trainer.run_optimizer import make_optimizer, make_scheduler
 from trainer.run_start import announcement, start_position, write_run_config
 from trainer.run_summary import RunSummary, TrainingDiverged, finished_run_summary, write_run_summary
 from trainer.schedule import warmup_note
-from trainer.step import (NON_FINITE_LOSS, NON_FINITE_SAMPLING, RunPosition, SamplingDiverged, SessionPace, StepResult,
-                          combine_updates)
+from trainer.step import NON_FINITE_LOSS, RunPosition, SamplingDiverged, SessionPace, StepResult, combine_updates
 from trainer.storage_probe import probe_storage
 from trainer.task_setup import build_objective, wrap_for_task
 from trainer.threads import THREADS_KEY, ThreadPolicy, parse_threads
@@ -278,21 +277,25 @@ class Trainer:
     def run(self) -> RunSummary:
         """Train to the end of the run (or of its time budget), then evaluate, save and sample. Each component
         decides its own timing: the reporter when it logs, the intervals when to evaluate, checkpoint and probe."""
-        args = self.args
         if self.finished is not None:
             self._results_written()  # written by the session that finished the run
             self.accelerator.end_training()
             return self.finished
         position = self._start()
+        try:
+            return self._train_and_finish(position)
+        except SamplingDiverged as error:  # a step's rollouts or a validation's greedy ones, every process agreeing
+            return self._diverged(position, str(error), in_step=not error.validation)
+
+    def _train_and_finish(self, position: RunPosition) -> RunSummary:
+        """run()'s loop from `position`, then the run's end (_finish)."""
+        args = self.args
         first_step, intervals = position.step, Intervals.from_args(args)
         self.model.train()
         try:
             for started, batches in self._step_batches(position):
                 diagnose = intervals.diagnoses(position.step, self.total_steps)
-                try:
-                    result = self.train_step(batches, arm_diagnostics=diagnose, step=position.step)
-                except SamplingDiverged:  # every process: the rollouts agreed on it
-                    return self._diverged(position, NON_FINITE_SAMPLING)
+                result = self.train_step(batches, arm_diagnostics=diagnose, step=position.step)
                 if result.outcome == "diverged":
                     return self._diverged(position)
                 result.time_s = time.perf_counter() - started
@@ -431,7 +434,9 @@ class Trainer:
                                self.args.keep_checkpoints, shared_storage=self.shared_storage)
 
     # ----------------------------------------------------------------- the end of the run
-    def _diverged(self, position: RunPosition, cause: str = NON_FINITE_LOSS) -> RunSummary:
+    def _diverged(self, position: RunPosition, cause: str = NON_FINITE_LOSS, in_step: bool = True) -> RunSummary:
+        """The state at `position` saved, run_summary.json "diverged", and TrainingDiverged naming the optimizer step
+        (`in_step`: the one after `position`, which diverged; else `position`'s own, after which `cause` came)."""
         self.reporter.close()
         checkpoint = self._save(position)
         summary = RunSummary(status="diverged", out_dir=str(self.out_dir), steps=position.step,
@@ -440,7 +445,7 @@ class Trainer:
         if self.is_main:
             write_run_summary(self.out_dir, summary)
         self.accelerator.end_training()
-        raise TrainingDiverged(position.step + 1, checkpoint, cause)
+        raise TrainingDiverged(position.step + int(in_step), checkpoint, cause)
 
     def _finish(self, position: RunPosition) -> RunSummary:
         """Collective: the final evaluation, then (main process) the model directory, the merged model of a LoRA

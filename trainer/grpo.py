@@ -156,10 +156,11 @@ def global_sums(accelerator: Accelerator, *values: torch.Tensor | float) -> torc
     return accelerator.reduce(flat.to(accelerator.device), reduction="sum").cpu()
 
 
-def agreed_sampling(accelerator: Accelerator | None, world: int, sample: Callable[[], T]) -> T:
-    """`sample()` (a step's sampling on this process), or SamplingDiverged on every process when it raised that on
-    any: under several processes one collective agrees on it, so that no process goes on alone into the step's next
-    collective (the rollouts' global sums) while another ends the run."""
+def agreed_sampling(accelerator: Accelerator | None, world: int, sample: Callable[[], T],
+                    validation: bool = False) -> T:
+    """`sample()` (a step's sampling on this process; `validation`: a validation's), or SamplingDiverged on every
+    process when it raised that on any: under several processes one collective agrees on it, so that no process
+    goes on alone into the next collective (the rollouts' global sums) while another ends the run."""
     try:
         result, diverged = sample(), False
     except SamplingDiverged:
@@ -167,7 +168,7 @@ def agreed_sampling(accelerator: Accelerator | None, world: int, sample: Callabl
     if world > 1 and accelerator is not None:  # (a unit test's stand-in processes have none)
         diverged = bool(global_sums(accelerator, float(diverged))[0] > 0)
     if diverged:
-        raise SamplingDiverged()
+        raise SamplingDiverged(validation)
     return result
 
 
@@ -552,10 +553,21 @@ class RolloutObjective:
                  token_bytes: torch.Tensor | None = None, max_batches: int = 0) -> GRPOEval:
         """One greedy completion per validation prompt, scored by the run's rewards; where the data has an "answer"
         field, also the accuracy: the fraction of prompts whose completion math_answer scores 1."""
-        # reward sum, length sum, prompts, correct answers, prompts with an "answer" field
-        totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
-        greedy = GenerationSettings(max_new_tokens=self.settings.max_completion_length, temperature=0.0)
         policy = self.sampling_policy(model)
+        totals = agreed_sampling(accelerator, self.world, lambda: self._validation_totals(policy, loader, max_batches),
+                                 validation=True)
+        totals = accelerator.reduce(totals.to(accelerator.device), reduction="sum")
+        prompts = int(totals[2])
+        reward = float(totals[0] / prompts) if prompts else float("nan")
+        length = float(totals[1] / prompts) if prompts else float("nan")
+        accuracy = float(totals[3] / totals[4]) if totals[4] else float("nan")
+        return GRPOEval(-reward, reward, length, prompts, accuracy)
+
+    def _validation_totals(self, policy: torch.nn.Module, loader: DataLoader, max_batches: int) -> torch.Tensor:
+        """This process's validation sums (evaluate): the rewards, the completions' lengths, the prompts, the
+        correct answers and the prompts with an "answer" field."""
+        totals = torch.zeros(5, dtype=torch.float64)
+        greedy = GenerationSettings(max_new_tokens=self.settings.max_completion_length, temperature=0.0)
         for index, batch in enumerate(loader):
             if max_batches and index >= max_batches:
                 break
@@ -572,14 +584,8 @@ class RolloutObjective:
             answers = columns.get("answer")
             correct = sum(math_answer(prompts, texts, answers)) if answers is not None else 0.0
             totals += torch.tensor([sum(rewards), sum(map(sum, sampled.action_masks)), len(texts), correct,
-                                    len(texts) if answers is not None else 0],
-                                   dtype=torch.float64, device=accelerator.device)
-        totals = accelerator.reduce(totals, reduction="sum")
-        prompts = int(totals[2])
-        reward = float(totals[0] / prompts) if prompts else float("nan")
-        length = float(totals[1] / prompts) if prompts else float("nan")
-        accuracy = float(totals[3] / totals[4]) if totals[4] else float("nan")
-        return GRPOEval(-reward, reward, length, prompts, accuracy)
+                                    len(texts) if answers is not None else 0], dtype=torch.float64)
+        return totals
 
 
 class GroupRelativePolicy(RolloutObjective):

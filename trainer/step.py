@@ -17,15 +17,18 @@ StepOutcome = Literal["applied", "skipped", "diverged"]
 # Why a run diverged, as its error line says: the step's loss or gradient, or the logits its rollouts sampled from.
 NON_FINITE_LOSS = "non-finite loss or gradient"
 NON_FINITE_SAMPLING = "the policy's sampling scores became NaN or infinite"
+NON_FINITE_VALIDATION = "the policy's sampling scores became NaN or infinite in the validation after it"
 
 
 class SamplingDiverged(RuntimeError):
-    """Raised on every process by a step's rollouts (GRPO's, PPO's, distillation's sampled completions) when a
-    completion's sampling scores became NaN or infinite on any process: the model's logits diverged (a learning
-    rate that blew the weights up), which the run ends as a diverged run (trainer/core.py)."""
+    """Raised on every process by a step's rollouts (GRPO's, PPO's, distillation's sampled completions), or with
+    `validation` by a validation's greedy ones after a step, when a completion's sampling scores became NaN or
+    infinite on any process: the model's logits diverged (a learning rate that blew the weights up), which the run
+    ends as a diverged run (trainer/core.py)."""
 
-    def __init__(self) -> None:
-        super().__init__(NON_FINITE_SAMPLING)
+    def __init__(self, validation: bool = False) -> None:
+        super().__init__(NON_FINITE_VALIDATION if validation else NON_FINITE_SAMPLING)
+        self.validation = validation
 
 
 def step_outcome(loss: float, grad_norm: float, scaler_skipped: bool | None) -> StepOutcome:

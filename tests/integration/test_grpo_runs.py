@@ -139,30 +139,34 @@ def test_the_rollouts_compile_their_decode_step_unless_compile_is_off(compile_mo
     assert yaml.safe_load((out_dir / CONFIG_FILE).read_text())["compile"] == compile_mode
 
 
-def test_rollouts_whose_logits_turn_nan_end_the_run_as_diverged(grpo_data, tiny_models, tmp_path, monkeypatch):
-    """Weights a learning rate blew up make the policy's logits NaN: step 2's rollouts cannot sample. That was a
-    RuntimeError traceback (exit 1, no summary); it is the run's divergence now, as a NaN loss is: the state before
-    the step saved, run_summary.json "diverged", one line naming the cause (exit 3 from the command line)."""
+@pytest.mark.parametrize("steps, where", [
+    ("3", "at optimizer step 2 (the policy's sampling scores became NaN or infinite)"),
+    ("1", "at optimizer step 1 (the policy's sampling scores became NaN or infinite in the validation after it)")])
+def test_rollouts_whose_logits_turn_nan_end_the_run_as_diverged(steps, where, grpo_data, tiny_models, tmp_path,
+                                                               monkeypatch):
+    """Weights a learning rate blew up make the policy's logits NaN: step 2's rollouts (or, in a 1-step run, the
+    final validation's greedy ones) cannot sample. That was a RuntimeError traceback (exit 1, no summary); it is the
+    run's divergence now, as a NaN loss is: the state before it saved, run_summary.json "diverged", one line naming
+    the cause (exit 3 from the command line)."""
     import trainer.grpo as grpo
     from trainer.run_summary import TrainingDiverged
 
     engines = []
     engine = grpo.GenerationEngine
 
-    def blown_up_at_step_two(model, tokenizer, max_batch, decode):
+    def blown_up_at_the_second_sampling(model, tokenizer, max_batch, decode):
         engines.append(decode)
-        if len(engines) == 2:  # step 2's rollouts (one micro-batch a step) sample from weights that blew up
+        if len(engines) == 2:  # after step 1's rollouts (one micro-batch a step), the weights blew up
             with torch.no_grad():
                 model.lm_head.weight.fill_(float("nan"))
         return engine(model, tokenizer, max_batch=max_batch, decode=decode)
 
-    monkeypatch.setattr(grpo, "GenerationEngine", blown_up_at_step_two)
+    monkeypatch.setattr(grpo, "GenerationEngine", blown_up_at_the_second_sampling)
     out_dir = tmp_path / "run"
     with pytest.raises(TrainingDiverged) as error:
-        run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", "3"))
+        run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", steps))
     checkpoint = out_dir / "checkpoints" / "step_00000001"
-    assert str(error.value) == (f"training diverged at optimizer step 2 (the policy's sampling scores became NaN or "
-                                f"infinite); the last good state is saved in {checkpoint}")
+    assert str(error.value) == f"training diverged {where}; the last good state is saved in {checkpoint}"
     assert read_summary(out_dir)["status"] == "diverged" and (checkpoint / "model.safetensors").is_file()
 
 

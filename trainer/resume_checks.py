@@ -25,8 +25,8 @@ from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODE
 from trainer.checkpoint_state import DATA_KEYS, CheckpointDamaged
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, STATE_FILE, checkpoint_step, finish_command,
-                             is_adapter_dir, is_model_dir, list_checkpoints, read_summary, recorded_config,
-                             starting_directory)
+                             is_adapter_dir, is_count, is_model_dir, list_checkpoints, read_summary,
+                             recorded_config, starting_directory)
 
 # The flags a resume keeps: a checkpoint holds only for the values its config records, so a command line that gives
 # another is refused, in one line naming each such flag with both values (_keep_saved). The architecture fields a
@@ -188,8 +188,10 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     model_saved = is_adapter_dir(out_dir) if uses_lora(args) else is_model_dir(out_dir)
     if summary.get("status") != "finished" or not model_saved:
         return {}
+    if not is_count(summary.get("steps")):  # a summary edited by hand: no finished run this could be
+        return {}
     checkpoints = list_checkpoints(out_dir / CHECKPOINT_DIR)
-    if checkpoints and (checkpoint_step(checkpoints[-1].name) or 0) > summary.get("steps", 0):
+    if checkpoints and (checkpoint_step(checkpoints[-1].name) or 0) > summary["steps"]:
         return {}
     recorded = _unused_at_defaults(_with_implied_flags(recorded_config(out_dir)))
     # the model fields nobody typed that the recorded model does not read are set back, as the run's start does (a

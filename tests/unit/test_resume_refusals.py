@@ -566,6 +566,9 @@ def test_a_finished_run_asked_again_is_the_same_run_only_without_a_later_checkpo
     assert finished_run_asked_again(tmp_path, parse_args("pretrain", ["--max_seq_len", "64"])) == {}
     _write_state(tmp_path, {**GOOD_STATE, "step": 6}, name="step_00000006")  # a longer continuation, stopped
     assert finished_run_asked_again(tmp_path, args) == {}
+    for steps in ("x", None, 4.5, -1):  # a summary edited by hand (a TypeError traceback for "x"): not the run
+        (tmp_path / "run_summary.json").write_text(json.dumps({**summary, "steps": steps}))
+        assert finished_run_asked_again(tmp_path, args) == {}
 
 
 def test_a_finished_grpo_run_from_before_scale_rewards_is_asked_again_only_with_its_scaling(tmp_path):

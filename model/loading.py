@@ -25,13 +25,19 @@ from model.weight_checks import check_finite, few, safetensors_shapes, unreadabl
 # transformers' Auto classes: AutoModelForCausalLM below loads our directories.
 
 
+def _plain_fields(file: Path) -> dict[str, Any]:
+    """A config file's fields read as plain JSON (no config class); {} when it is missing, unreadable or no JSON
+    object (AutoConfig then names what is wrong with it)."""
+    try:
+        fields = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
 def config_model_type(path: Path) -> str | None:
     """model_type in path/config.json, read as plain JSON (no config class); None when missing or unreadable."""
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return config.get("model_type") if isinstance(config, dict) else None
+    return _plain_fields(path / "config.json").get("model_type")
 
 
 INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's map of tensor name -> shard file
@@ -116,12 +122,7 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 def _check_dtype_fields(file: Path) -> None:
     """A ValueError naming `file` and the field when its dtype or torch_dtype is not null or a float dtype's name;
     a file that is no JSON object is left to AutoConfig, which names what is wrong with it."""
-    try:
-        fields = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return
-    if not isinstance(fields, dict):
-        return
+    fields = _plain_fields(file)
     for key in ("dtype", "torch_dtype"):
         value = fields.get(key)
         if value is not None and value not in FLOAT_DTYPES:

@@ -22,6 +22,7 @@ from torch import nn
 
 from dataset.json_text import JsonTextError, read_json
 from dataset.shown_value import shown_value
+from model.config import is_number
 from model.weight_checks import check_finite, few, safetensors_shapes
 
 
@@ -98,10 +99,10 @@ def check_adapter_config(config: dict[str, Any], base_model: nn.Module, file: Pa
         if not any(_same(config[field], off) for off in OFF_VALUES) and not _is_default(field, config[field]):
             raise refuse(field, "this option is not supported when loading an adapter; it must be null, false or "
                                 "empty (left off)")
-    if not (_is_number(config.get("lora_alpha")) and math.isfinite(config["lora_alpha"])):
+    if not (is_number(config.get("lora_alpha")) and math.isfinite(config["lora_alpha"])):
         raise refuse("lora_alpha", "it must be a finite number (the adapter's scale is lora_alpha / r, or / sqrt(r) "
                                    "with use_rslora)")
-    if "lora_dropout" in config and not (_is_number(config["lora_dropout"]) and 0 <= config["lora_dropout"] < 1):
+    if "lora_dropout" in config and not (is_number(config["lora_dropout"]) and 0 <= config["lora_dropout"] < 1):
         raise refuse("lora_dropout", "it must be a number in [0, 1)")
     for field, allowed in (("bias", ("none",)), ("fan_in_fan_out", (False,)), ("use_rslora", (False, True)),
                            ("init_lora_weights", INITIALIZATIONS), ("task_type", (None, "CAUSAL_LM")),
@@ -159,10 +160,6 @@ def _adapted_layers(config: dict[str, Any], base_model: nn.Module, refuse: Calla
             raise ValueError(f"{refuse('target_modules', allowed)} ({shown_value(named)}: {why})")
         adapted.update({name: layers[name] for name in matched})
     return adapted
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _same(value: Any, allowed: Any) -> bool:

@@ -147,7 +147,8 @@ MAX_SIZE = 2 ** 31 - 1
 MAX_NORM_EPS = 1.0
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A JSON number: an int or a float, not a bool (which Python counts as an int)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -180,7 +181,7 @@ def _check_fields(config: "MiniNormConfig") -> None:
                          f"at most {MAX_SIZE} (or null: the SwiGLU width derived from hidden_size)")
     for field in ("rope_theta", "norm_eps", "initializer_range", "dyt_alpha_init"):
         value = getattr(config, field)
-        if not (_is_number(value) and 0 < value < math.inf):
+        if not (is_number(value) and 0 < value < math.inf):
             raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be a finite float > 0")
         setattr(config, field, float(value))
     if config.norm_eps > MAX_NORM_EPS:
@@ -188,7 +189,7 @@ def _check_fields(config: "MiniNormConfig") -> None:
                          f"{MAX_NORM_EPS:g}]: eps is a floor under the mean square of activations of order 1, so past "
                          f"1 it outweighs them and the norm no longer normalizes (past float32's maximum it is inf "
                          f"there, and every norm's output 0)")
-    if not (_is_number(config.dropout) and 0 <= config.dropout < 1):
+    if not (is_number(config.dropout) and 0 <= config.dropout < 1):
         raise ValueError(f"dropout={shown_value(config.dropout)} is not allowed; it must be a float in [0, 1)")
     config.dropout = float(config.dropout)
     for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -253,7 +254,7 @@ def _check_moe(config: "MiniNormConfig") -> None:
                          f"it must be true or false")
     for field in ("router_aux_loss_coef", "router_z_loss_coef"):
         value = getattr(config, field)
-        if not (_is_number(value) and 0 <= value < math.inf):
+        if not (is_number(value) and 0 <= value < math.inf):
             raise ValueError(f"{field}={shown_value(value)} is not allowed; it must be a finite float >= 0")
         setattr(config, field, float(value))
 
@@ -358,7 +359,7 @@ class MiniNormConfig(PretrainedConfig):
         self.qk_norm_scope = _check_choice("qk_norm_scope", self.qk_norm_scope, QKNormScope).value
         self.prms_p = check_p(self.prms_p, "prms_p")
         _check_fields(self)
-        if not (_is_number(self.mix_ln_ratio) and 0 <= self.mix_ln_ratio <= 1):
+        if not (is_number(self.mix_ln_ratio) and 0 <= self.mix_ln_ratio <= 1):
             raise ValueError(f"mix_ln_ratio={shown_value(self.mix_ln_ratio)} is not allowed; "
                              f"it must be a float in [0, 1]")
         self.mix_ln_ratio = float(self.mix_ln_ratio)

@@ -31,11 +31,14 @@ class MetricsLog:
         self.path = out_dir / METRICS_FILE
         self.enabled = enabled
 
-    def truncate_after(self, step: int) -> None:
-        """Keep only the records up to `step` (used when resuming from a checkpoint at `step`)."""
+    def truncate_after(self, step: int, ends_there: bool = False) -> None:
+        """Keep only the records up to `step` (used when resuming from a checkpoint at `step`). A run that `ends_there`
+        (resumed with --max_steps at the checkpoint's step) drops that step's val record too: its final evaluation
+        logs that step's val record again, and a split's step twice is a damaged file to read_metrics."""
         if not self.enabled or not self.path.exists():
             return
-        kept = [record for record in read_metrics(self.path) if record["step"] <= step]
+        kept = [record for record in read_metrics(self.path) if record["step"] < step
+                or record["step"] == step and not (ends_there and record.get("split") == "val")]
         atomic_write_text(self.path, "".join(strict_json(record) + "\n" for record in kept))
 
     def reset(self) -> None:

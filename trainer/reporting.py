@@ -62,7 +62,7 @@ class TrainingReporter:
         if resumed_at is None:
             self.metrics.reset()
         else:
-            self.metrics.truncate_after(resumed_at)
+            self.metrics.truncate_after(resumed_at, ends_there=resumed_at >= total_steps)
         self.progress = tqdm(total=total_steps, initial=resumed_at or 0, disable=not self.is_main,
                              dynamic_ncols=True, desc=self.task)
 

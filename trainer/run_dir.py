@@ -402,15 +402,28 @@ def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, A
     """Records of a metrics file (optionally one split), in order; a run directory means its metrics.jsonl. A
     record whose step is not an optimizer step (an integer >= 0: a hand edit, another tool) is a ValueError naming
     FILE:LINE: a resume's truncation compares the steps, and a report would plot the record at a step it never
-    had."""
+    had. So is a record whose step is not past its split's previous one (a line pasted twice, two files joined):
+    the trainer appends each split's steps in increasing order, and a curve read by step took the last of two
+    silently. Records without a split (made by hand or another tool, as some tests' are) keep any order."""
     path = Path(path)
     if path.is_dir() and path.name != METRICS_FILE:  # a metrics.jsonl that is a directory is named as one
         path = path / METRICS_FILE
     records = [record for record in read_jsonl(path) if "step" in record]
+    previous: dict[str, dict[str, Any]] = {}  # per split (its repr), its last record so far
     for record in records:
         if not is_count(record["step"]):
             raise ValueError(f"{record_where(record)}: step is {shown_value(record['step'])}, expected an integer "
                              f">= 0 (the optimizer step)")
+        if "split" not in record:  # the trainer gives every record its split: this one's order is no run's
+            continue
+        kind = record["split"]
+        before = previous.get(repr(kind))  # repr: a hand-edited split may be a list
+        if before is not None and record["step"] <= before["step"]:
+            again = "repeats" if record["step"] == before["step"] else "comes after"
+            raise ValueError(f"{record_where(record)}: the {shown_value(kind)} record of step {record['step']} "
+                             f"{again} step {before['step']} ({record_where(before)}); a run appends each split's "
+                             f"steps in increasing order: remove the repeated or out-of-order line")
+        previous[repr(kind)] = record
     return [record for record in records if split is None or record.get("split") == split]
 
 

@@ -284,12 +284,13 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
-@pytest.mark.parametrize("step", ['"2"', "null", "2.5", "-1"])
+@pytest.mark.parametrize("step", ['"2"', "null", "2.5", "-1", "1", "0"])
 def test_a_metrics_line_whose_step_is_no_step_refuses_the_resume_and_leaves_the_run_as_it_was(
         step, train_data, reference_run, tmp_path, capsys):
-    """A hand-edited metrics.jsonl (a step that is not an integer >= 0): the resume keeps the records up to its step,
-    and its comparison failed with a TypeError traceback after the run's summary was removed and its config
-    rewritten; now it is refused in one line naming FILE:LINE before anything changes, and goes on once repaired."""
+    """A hand-edited metrics.jsonl (a step that is not an integer >= 0, or one that repeats or goes back before its
+    split's previous one): the resume keeps the records up to its step, and its comparison failed with a TypeError
+    traceback after the run's summary was removed and its config rewritten (a repeated step went on into the
+    curve); now it is refused in one line naming FILE:LINE before anything changes, and goes on once repaired."""
     run = tmp_path / "run"
     shutil.copytree(reference_run, run)
     metrics = run / "metrics.jsonl"
@@ -300,13 +301,31 @@ def test_a_metrics_line_whose_step_is_no_step_refuses_the_resume_and_leaves_the_
     error = refused_run("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "10",
                                                   "--resume", "auto"), capsys)
     shown = {'"2"': "'2'", "null": "None"}.get(step, step)
-    assert error == (f"error: --resume auto: {metrics}:2: step is {shown}, expected an integer >= 0 (the optimizer "
-                     f"step); the resumed run continues that file: repair it (or move it away) and resume again")
+    why = (f"the 'train' record of step {step} {'repeats' if step == '1' else 'comes after'} step 1 ({metrics}:1); "
+           f"a run appends each split's steps in increasing order: remove the repeated or out-of-order line"
+           if step in ("1", "0") else f"step is {shown}, expected an integer >= 0 (the optimizer step)")
+    assert error == (f"error: --resume auto: {metrics}:2: {why}; the resumed run continues that file: repair it (or "
+                     f"move it away) and resume again")
     assert _files(run) == before
     metrics.write_text("".join(lines))
     run_in_process("pretrain", pretrain_argv(train_data, run, "--batch_size", "4", "--max_steps", "10",
                                              "--resume", "auto"))
     assert [record["step"] for record in read_metrics(run, "train")] == list(range(1, 11))
+
+
+def test_a_run_resumed_where_it_ends_logs_that_steps_val_record_once(train_data, tmp_path):
+    """A resume with --max_steps at its checkpoint's step ends there, and its final evaluation logs that step's val
+    record: the truncated metrics.jsonl kept the periodic one of that step too, a step twice (a curve read by step
+    took the last in silence; read_metrics refuses it). The final evaluation's record is the one kept."""
+    run, flags = tmp_path / "run", ("--batch_size", "4", "--save_interval", "2", "--eval_interval", "2")
+    run_in_process("pretrain", pretrain_argv(train_data, run, *flags, "--max_steps", "4"))
+    for name in ("run_summary.json", "model.safetensors"):  # as if stopped after its checkpoint at step 2
+        (run / name).unlink()
+    run_in_process("pretrain", pretrain_argv(train_data, run, *flags, "--max_steps", "2",
+                                             "--resume", str(run / "checkpoints" / "step_00000002")))
+    val = read_metrics(run, "val")
+    assert [record["step"] for record in val] == [2]
+    assert val[0]["val_loss"] == json.loads((run / "run_summary.json").read_text())["final_val"]["loss"]
 
 
 @pytest.mark.parametrize("damage", ["optimizer.bin truncated", "model.safetensors deleted"])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from eval.studies.ablation.load import group_variants, load_sweep
 from eval.studies.ablation.report import write_report
 from eval.studies.ablation_report import main
 from tests.training_runs import strict_json_files
@@ -300,6 +301,12 @@ def _damage(sweep_dir: Path, damage: str) -> None:
         metrics.write_text(metrics.read_text() + json.dumps({"step": 11, "split": "val"}) + "\n")
     elif damage == "val_loss not a number":
         metrics.write_text(metrics.read_text() + json.dumps({"step": 11, "split": "val", "val_loss": "abc"}) + "\n")
+    elif damage in ("val loss NaN", "val loss Infinity"):  # a hand edit: the trainer writes one as null
+        lines = metrics.read_text().splitlines(keepends=True)
+        metrics.write_text(lines[0] + '{"step": 10, "split": "val", "val_loss": %s}\n' % damage.split()[-1])
+    elif damage in ("val step repeated", "val step decreasing"):
+        step = 10 if damage.endswith("repeated") else 7
+        metrics.write_text(metrics.read_text() + json.dumps({"step": step, "split": "val", "val_loss": 3.0}) + "\n")
     elif damage == "final_val not a mapping":
         summary.write_text(json.dumps({"status": "finished", "final_val": "x"}))
     elif damage in ("final loss NaN", "final loss Infinity"):  # a hand edit: no save writes either (strict_json)
@@ -319,14 +326,17 @@ def _damage(sweep_dir: Path, damage: str) -> None:
 @pytest.mark.parametrize("damage", ["results line without status", "trial_dir not a path", "val line without val_loss",
                                     "val_loss not a number", "final_val not a mapping", "final loss NaN",
                                     "final loss Infinity", "summary a directory", "summary not UTF-8",
-                                    "metrics a directory", "metrics not UTF-8"])
+                                    "metrics a directory", "metrics not UTF-8", "val loss NaN", "val loss Infinity",
+                                    "val step repeated", "val step decreasing"])
 def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     """A results.jsonl line without a status is skipped (docs/sweeps.md), as is a val line without val_loss; a
     metrics.jsonl that cannot be read (a directory, not UTF-8) is one line naming it; a run_summary.json that cannot
     be read (a directory, not UTF-8) or holds no final loss leaves that trial without one, and the report names it
     left out of the means (a NaN or Infinity loss failed the stdev with a traceback); a trial_dir that is not a path
-    means the trial's own folder; a val_loss that is not a number is one line naming FILE:LINE. Never a
-    traceback."""
+    means the trial's own folder; a val_loss that is not a number is one line naming FILE:LINE. A NaN or Infinity
+    val loss in metrics.jsonl is left out of the mean curve and the trial named (it made the mean NaN or infinite);
+    a val step repeated or going back is one line naming FILE:LINE (the last of the two was taken in silence).
+    Never a traceback."""
     sweep_dir = _write_sweep(tmp_path, "s", {"norm_type": ["rmsnorm", "layernorm"], "seed": [0, 1]},
                              {"learning_rate": 0.003, "warmup_steps": 8, "norm_placement": "pre"}, lambda p: 5.0)
     _damage(sweep_dir, damage)
@@ -335,6 +345,13 @@ def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     if damage == "val_loss not a number":
         metrics = sweep_dir / "trials" / "norm_type-rmsnorm_seed-0" / "metrics.jsonl"
         assert (code, err) == (2, f"error: {metrics}:3: val_loss is 'abc', expected a number\n")
+        return
+    if damage.startswith("val step "):
+        metrics = sweep_dir / "trials" / "norm_type-rmsnorm_seed-0" / "metrics.jsonl"
+        assert (code, err) == (2, f"error: {metrics}:3: the 'val' record of step {10 if 'repeated' in damage else 7} "
+                                  f"{'repeats' if 'repeated' in damage else 'comes after'} step 10 ({metrics}:2); a "
+                                  f"run appends each split's steps in increasing order: remove the repeated or "
+                                  f"out-of-order line\n")
         return
     if damage.startswith("metrics "):  # the file named, where it was the path twice or no file at all
         metrics = sweep_dir / "trials" / "norm_type-rmsnorm_seed-0" / "metrics.jsonl"
@@ -351,6 +368,14 @@ def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     left_out = ("Left out of the means: 1 finished trial(s) whose run_summary.json holds no finite final val loss: "
                 "`norm_type-rmsnorm_seed-0`.")
     assert (left_out in (tmp_path / "report" / "report.md").read_text()) == damaged
+    curve_note = ("Left out of the mean curves: the NaN or infinite val losses in metrics.jsonl of 1 finished "
+                  "trial(s): `norm_type-rmsnorm_seed-0` (steps 10).")
+    assert (curve_note in (tmp_path / "report" / "report.md").read_text()) == damage.startswith("val loss ")
+    config, trials = load_sweep(sweep_dir)
+    curves = {v.params["norm_type"]: v.mean_curve() for v in group_variants(config, trials)}
+    # the damaged seed's step 10 is left out: the mean is taken at the steps every finished seed logged
+    assert [step for step, _ in curves["rmsnorm"]] == ([5] if damage.startswith("val loss ") else [5, 10])
+    assert all(math.isfinite(loss) for curve in curves.values() for _, loss in curve)
 
 
 def test_a_folder_inside_the_repo_is_named_from_the_repo_root(tmp_path, monkeypatch):

@@ -28,6 +28,9 @@ class Trial:
     val_curve: list[tuple[int, float]] = field(default_factory=list)
     grad_profile: list[float] = field(default_factory=list)  # grad_norm per block at the last diagnostics step
     run_dir: Path | None = None
+    # the steps whose val loss in metrics.jsonl is NaN or infinite (a hand edit: the trainer writes one as null),
+    # left out of val_curve and so of the variant's mean curve
+    non_finite_val_steps: list[int] = field(default_factory=list)
 
     @property
     def final_val_loss(self) -> float | None:
@@ -78,7 +81,8 @@ class Variant:
         return [math.exp(statistics.fmean(math.log(p[i]) for p in profiles)) for i in range(len(profiles[0]))]
 
     def mean_curve(self) -> list[tuple[int, float]]:
-        """Mean val loss per step over the finished seeds, at the steps all of them logged."""
+        """Mean val loss per step over the finished seeds, at the steps all of them logged (a step whose loss is
+        NaN or infinite in one seed's file, left out of its curve, is left out of the mean)."""
         curves = [dict(t.val_curve) for t in self.finished() if t.val_curve]
         if not curves:
             return []
@@ -123,8 +127,10 @@ def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
                              **{key: record[key] for key in RESULT_SUMMARY_KEYS if key in record}}
         if (trial_dir / METRICS_FILE).exists():
             metrics = read_metrics(trial_dir / METRICS_FILE)
-            trial.val_curve = [(record_number(r, "step", int), record_number(r, "val_loss")) for r in metrics
-                               if r.get("split") == "val" and r.get("val_loss") is not None]
+            curve = [(record_number(r, "step", int), record_number(r, "val_loss")) for r in metrics
+                     if r.get("split") == "val" and r.get("val_loss") is not None]
+            trial.val_curve = [(step, loss) for step, loss in curve if math.isfinite(loss)]
+            trial.non_finite_val_steps = [step for step, loss in curve if not math.isfinite(loss)]
             _, grads = metric_matrix(metrics, "grad_norm")
             if grads.size and not any(math.isnan(g) for g in grads[:, -1]):
                 trial.grad_profile = [float(g) for g in grads[:, -1]]

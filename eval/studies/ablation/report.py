@@ -23,6 +23,8 @@ def _part_markdown(part: Part, rows: list[dict[str, Any]], plots: dict[str, bool
     seeds = sorted({t.params.get(SEED_KEY) for t in trials if SEED_KEY in t.params}, key=str)
     # finished trials whose run_summary.json holds no final loss (damaged, edited): named, not dropped in silence
     no_loss = [t.trial_id for t in trials if t.status == "finished" and t.final_val_loss is None]
+    # ... and those whose curve lost a NaN or infinite val loss (the trials the mean curves average)
+    no_point = [t for t in trials if t.final_val_loss is not None and t.non_finite_val_steps]
     md = [f"## Part `{part.name}`", ""] if heading else []
     if heading and config.get("description"):
         md += [str(config["description"]), ""]
@@ -31,6 +33,9 @@ def _part_markdown(part: Part, rows: list[dict[str, Any]], plots: dict[str, bool
            (f"; seeds {seeds}" if seeds else "") + f"; folder `{shown_path(part.sweep_dir)}`.", "",
            *([f"Left out of the means: {len(no_loss)} finished trial(s) whose run_summary.json holds no finite "
               f"final val loss: {', '.join(f'`{tid}`' for tid in no_loss)}.", ""] if no_loss else []),
+           *([f"Left out of the mean curves: the NaN or infinite val losses in metrics.jsonl of {len(no_point)} "
+              f"finished trial(s): " + ", ".join(f"`{t.trial_id}` (steps {', '.join(map(str, t.non_finite_val_steps))})"
+                                                 for t in no_point) + ".", ""] if no_point else []),
            markdown_table(config, rows), ""]
     for name, made in plots.items():
         if made:

@@ -43,6 +43,8 @@ def apply_rope_scaling_flag(model: Any, model_dir: Path, adapter: Path | None, f
     from model.rope import extend_context
     from trainer.run_dir import trained_length
 
+    if factor is None:  # nothing to extend: the recorded length is not read (a damaged one refuses no chat)
+        return None
     return extend_context(model, factor, trained_length(model_dir, adapter))
 
 

@@ -231,7 +231,9 @@ def trained_length(model_dir: Path, adapter: Path | None = None) -> int | None:
     """The longest rows the weights in `model_dir` (with the LoRA `adapter`) trained on, over the runs that made
     them: the run that wrote each (its --max_seq_len; a GRPO/PPO run's prompts plus --max_completion_length) and,
     through each run's recorded --from_weight (or its task's default folder), the runs before it (a DPO run at 256
-    from an SFT at 384: 384). None where no run recorded one."""
+    from an SFT at 384: 384). None where no run recorded one (an import, a hand-made folder). A recorded length that
+    is no length (edited by hand: a string, 0, a fraction, null) is a ValueError naming the file and field: the
+    tools would read the model at their default length without a word."""
     longest = 0
     for start in (model_dir, adapter):
         longest = max(longest, _lineage_length(start) if start is not None else 0)
@@ -243,15 +245,25 @@ def _lineage_length(model_dir: Path) -> int:
     while folder is not None and folder.resolve() not in seen:
         seen.add(folder.resolve())
         recorded = recorded_config(folder)
-        length = recorded.get("max_seq_len") if is_count(recorded.get("max_seq_len"), 1) else 0
-        completion = recorded.get("max_completion_length")
+        length = _recorded_length(recorded, "max_seq_len", folder)
         task = recorded.get("task") if recorded.get("task") in TASKS else None  # a hand-edited list: no task
-        if length and task in ROLLOUT_TASKS and is_count(completion, 1):  # prompt plus completion
-            length += completion
+        if length and task in ROLLOUT_TASKS:  # prompt plus completion
+            length += _recorded_length(recorded, "max_completion_length", folder)
         longest = max(longest, length)
         source = recorded.get("from_weight") or DEFAULT_OUT_DIRS.get(DEFAULT_FROM_WEIGHT.get(task, ""))
         folder = resolve_path(source) if isinstance(source, str) and source else None
     return longest
+
+
+def _recorded_length(recorded: dict[str, Any], key: str, folder: Path) -> int:
+    """The length flag `key` a run recorded in `folder`'s train_config.yaml, 0 where it recorded none, or a
+    ValueError naming the file and field where the value is no length."""
+    if key not in recorded:
+        return 0
+    if not is_count(recorded[key], 1):
+        raise ValueError(f"{folder / CONFIG_FILE}: {key} is {shown_value(recorded[key])}, expected an integer >= 1 "
+                         f"(the run's --{key}: the tools read the model at the rows it trained on); repair it")
+    return recorded[key]
 
 
 def recorded_run_id(out_dir: Path) -> str | None:

@@ -253,6 +253,27 @@ def test_rows_default_to_the_length_the_run_trained_on(tiny_models, tmp_path) ->
     assert evaluate_model_dir(model, data, max_seq_len=16)["max_seq_len"] == 16
 
 
+@pytest.mark.parametrize(("recorded", "shown"), [("'12'", "'12'"), ("0", "0"), ("-12", "-12"), ("12.5", "12.5"),
+                                                ("null", "None")])
+def test_a_damaged_recorded_length_is_one_line_naming_the_file(tiny_models, tmp_path, capsys, recorded,
+                                                               shown) -> None:
+    """A train_config.yaml whose max_seq_len was edited into no length was read as none recorded: the model was
+    scored at pretraining's default rows without a word. Now one line names the file and field; a --max_seq_len
+    given reads no recorded one (nor does the tool without --rope_scaling_factor)."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models.pretrain, model)
+    (model / "train_config.yaml").write_text(f"task: pretrain\nmax_seq_len: {recorded}\n")
+    flags = ["--model_path", str(model), "--data", str(tiny_models.pretrain_data), "--no_samples", "--device", "cpu",
+             "--threads", "1"]
+    assert main(flags) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: {model / 'train_config.yaml'}: max_seq_len is {shown}, expected an integer >= 1 (the run's "
+        f"--max_seq_len: the tools read the model at the rows it trained on); repair it")
+    assert main([*flags, "--max_seq_len", "12"]) == 0
+
+
 def test_a_model_that_records_no_length_is_scored_in_pretrainings_default_rows(tiny_models, monkeypatch) -> None:
     """The rows of a model whose runs recorded no --max_seq_len (an imported checkpoint) are pretraining's default
     --max_seq_len, read from its owner (trainer/arg_fields.py), where evaluate.py kept a 256 of its own."""

@@ -161,8 +161,8 @@ RIVER = "The river runs past the old mill and the bridge. " * 12
 
 
 def recorded_model(tiny_models, tmp_path, recorded: int | None):
-    """(a copy of the tiny pretrained model whose run recorded --max_seq_len `recorded`, a jsonl of one long
-    document)."""
+    """(a copy of the tiny pretrained model whose run recorded --max_seq_len `recorded` (None: no max_seq_len line;
+    a null one is a damaged file), a jsonl of one long document)."""
     import shutil
 
     import yaml
@@ -171,7 +171,8 @@ def recorded_model(tiny_models, tmp_path, recorded: int | None):
 
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_models.pretrain, model_dir)
-    (model_dir / CONFIG_FILE).write_text(yaml.safe_dump({"task": "pretrain", "max_seq_len": recorded}))
+    length = {} if recorded is None else {"max_seq_len": recorded}
+    (model_dir / CONFIG_FILE).write_text(yaml.safe_dump({"task": "pretrain", **length}))
     data = tmp_path / "long.jsonl"
     data.write_text(json.dumps({"text": RIVER}) + "\n", encoding="utf-8")
     return model_dir, data

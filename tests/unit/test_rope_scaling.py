@@ -318,6 +318,15 @@ def test_the_trained_length_is_the_longest_over_the_runs_that_made_the_weights(t
     # a task edited into a list (or a mapping) by hand is no task: its own rows count, no default folder is followed
     edited = run("edited", "task: [sft]\nmax_seq_len: 200\n")
     assert trained_length(edited) == 200
+    # a length edited into no length is named, where it was read as none (the tools' default length, no word): in
+    # the folder itself or in a run before it; a GRPO run's completion length too
+    damaged = run("damaged", "task: pretrain\nmax_seq_len: '256'\n")
+    after = run("after", f"task: sft\nmax_seq_len: 96\nfrom_weight: {damaged}\n")
+    rollouts = run("rollouts", "task: grpo\nmax_seq_len: 96\nmax_completion_length: 0.5\n")
+    for folder, named, key in ((damaged, damaged, "max_seq_len"), (after, damaged, "max_seq_len"),
+                               (rollouts, rollouts, "max_completion_length")):
+        with pytest.raises(ValueError, match=rf"^{named}/train_config.yaml: {key} is .*, expected an integer >= 1"):
+            trained_length(folder)
 
 
 def test_evaluates_rows_with_a_factor_are_the_trained_ones_times_it(tokenizer, tmp_path) -> None:

@@ -27,7 +27,8 @@ from typing import Any
 from dataset.atomic_io import NAME_MAX, atomic_path, atomic_write_text, read_text_file
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_value
-from trainer.run_dir import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, append_jsonl, read_jsonl, resolve_path
+from trainer.run_dir import (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, append_jsonl, read_jsonl, read_summary,
+                             resolve_path)
 
 SWEEP_STATE_FILE = "sweep_state.json"
 RESULTS_FILE = "results.jsonl"
@@ -191,18 +192,55 @@ def _gunzip(path: Path) -> bytes:
         raise ValueError(f"{path}: not a readable gzip file ({error})") from None
 
 
-def restore_records(records_dir: Path, sweep_dir: Path) -> list[str]:
+def _damaged_record(source: Path, status: str, by_trainer: bool) -> str | None:
+    """Why the record files in `source` of a trial done with `status` are no done trial's (None: they are). A
+    finished trial's run_summary.json said so when it was recorded (the runner reads the outcome there); a trainer's
+    trial also had its train_config.yaml and, finished, its metrics (its final evaluation logs a record)."""
+    needed = ([SUMMARY_FILE] if status == "finished" or by_trainer else []) + ([CONFIG_FILE] if by_trainer else [])
+    needed += [RECORD_METRICS] if by_trainer and status == "finished" else []
+    for name in needed:
+        if not (source / name).is_file():
+            return f"{source / name} is missing" if not (source / name).exists() else f"{source / name} is no file"
+    if SUMMARY_FILE in needed:
+        recorded = read_summary(source).get("status")
+        if recorded != status and (status == "finished" or recorded not in DONE_STATUSES):
+            why = "cannot be read as a run summary" if not read_summary(source) else f"says {shown_value(recorded)}"
+            return f"{source / SUMMARY_FILE} {why}, where results.jsonl says {status}"
+    if CONFIG_FILE in needed:
+        try:
+            read_text_file(source / CONFIG_FILE, "a YAML file")
+        except ValueError as error:
+            return str(error)
+    return None
+
+
+def restore_records(records_dir: Path, sweep_dir: Path, by_trainer: bool = False) -> list[str]:
     """Bring the done trials of ``records_dir`` that ``sweep_dir`` has not done back into it (their record
     files, their results line, their place in the state); returns their ids. The caller checks first that both
-    folders hold the sweep it runs (scripts/sweep_runner/recording.py's load_state, naming the flag)."""
+    folders hold the sweep it runs (scripts/sweep_runner/recording.py's load_state, naming the flag). `by_trainer`:
+    the sweep's program is one of this repo's trainers, whose done trials record all of RECORD_FILES.
+
+    A done trial whose record files are damaged (missing, unreadable: a partial copy or commit, a clone without
+    git-LFS) is refused in one line naming the file, with nothing brought back: its results line is the study's
+    record of that run, which the files restore; running it again would replace that record with another run (on
+    another machine, other numbers) without the user asking. To run it again, its lines in the records' results.jsonl
+    are removed: a trial the records' state calls done without a results line is pending here."""
     records_state = read_state(records_dir)
     if records_state is None:
         return []
     state = read_state(sweep_dir)
     have = done_records(sweep_dir)
-    missing = {tid: r for tid, r in done_records(records_dir).items() if tid not in have}
-    # Every record's metrics are unpacked before anything is copied: a broken one is refused with the sweep folder
-    # as it was, not with part of the trials brought back.
+    recorded_done = done_records(records_dir)
+    missing = {tid: r for tid, r in recorded_done.items() if tid not in have}
+    # Every record is checked and its metrics unpacked before anything is copied: a damaged one is refused with the
+    # sweep folder as it was, not with part of the trials brought back.
+    damaged = [why for tid, record in missing.items()
+               if (why := _damaged_record(records_dir / trial_dir_name(tid), record["status"], by_trainer))]
+    if damaged:
+        more = f" ({len(damaged) - 1} more done trials' records are damaged too)" if len(damaged) > 1 else ""
+        raise ValueError(f"--records_dir: {damaged[0]}{more}; nothing was brought back: restore the records' files "
+                         f"(git checkout, git lfs pull, or a copy from the machine that ran the trial), or remove the "
+                         f"trial's lines from {records_dir / RESULTS_FILE} to run it again")
     metrics = {tid: _gunzip(path) for tid in missing
                if (path := records_dir / trial_dir_name(tid) / RECORD_METRICS).is_file()}
     for tid, record in missing.items():
@@ -213,11 +251,15 @@ def restore_records(records_dir: Path, sweep_dir: Path) -> list[str]:
         if tid in metrics:
             _write_bytes(target / METRICS_FILE, metrics[tid])
         append_result(sweep_dir, record)
+    known = set() if state is None else {t["trial_id"] for t in state["trials"]}
+    taken = [t for t in records_state["trials"] if t["trial_id"] not in known]
+    for trial in taken:  # done in the state but without its results line (removed to run it again): pending
+        if trial["status"] in DONE_STATUSES and trial["trial_id"] not in recorded_done:
+            trial["status"], trial["metric"] = "pending", None
     if state is None:
         state = records_state
     else:
-        known = {t["trial_id"] for t in state["trials"]}
-        state["trials"] += [t for t in records_state["trials"] if t["trial_id"] not in known]
+        state["trials"] += taken
     for trial in state["trials"]:
         if (record := missing.get(trial["trial_id"])) is not None:
             trial["status"], trial["metric"] = record["status"], record.get("metric")

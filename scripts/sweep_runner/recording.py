@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dataset.shown_value import shown_value
+from scripts.sweep_runner.command import trainer_of
 from scripts.sweep_runner.errors import SweepConfigError, SweepWriteError
 from trainer.run_dir import FINAL_METRIC_PLACES, final_metric
 from trainer.sweep_dir import read_state, restore_records
@@ -56,5 +57,5 @@ def bring_back_records(sweep_dir: Path, records_dir: Path, name: str, config: di
     # another sweep in either folder: refused before anything is copied, not mixed
     load_state(sweep_dir, name, config)
     load_state(records_dir, name, config, "--records_dir")
-    restored = restore_records(records_dir, sweep_dir)
+    restored = restore_records(records_dir, sweep_dir, by_trainer=trainer_of(config) is not None)
     print(f"{len(restored)} done trials brought back from {records_dir}", flush=True)

@@ -507,6 +507,35 @@ def test_a_records_metrics_file_that_is_not_gzip_is_one_line_and_nothing_is_rest
     assert not (sweep_dir / "results.jsonl").exists() and not any((sweep_dir / "trials").iterdir())
 
 
+def test_a_records_done_trial_without_its_summary_is_one_line_and_runs_again_once_its_line_is_removed(tmp_path,
+                                                                                                      capsys):
+    """A records folder whose finished trial lost its run_summary.json (a partial copy or commit): the trial was
+    brought back as done without it, without a word (the report then had no final loss for it, and it never ran
+    again). Now one line names the file and the way on (exit 2), nothing is brought back; with the trial's line
+    removed from the records' results.jsonl, the same command runs it again and brings the other back."""
+    path = _fake_sweep(tmp_path, {"mode": {"values": ["ok"]}, "seed": {"values": [1, 2]}})
+    sweep_dir, records = tmp_path / "sweep", tmp_path / "records"
+    run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records)
+    shutil.rmtree(sweep_dir)
+    summary = sorted(records.glob("trials/*/run_summary.json"))[-1]
+    summary.unlink()
+    capsys.readouterr()
+    command = [str(path), "--sweep_dir", str(sweep_dir), "--records_dir", str(records), "--wandb_mode", "disabled"]
+    assert sweep_mod.main(command) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --records_dir: {summary} is missing; nothing was brought back: restore the records' files "
+                   f"(git checkout, git lfs pull, or a copy from the machine that ran the trial), or remove the "
+                   f"trial's lines from {records / 'results.jsonl'} to run it again\n")
+    assert not (sweep_dir / "results.jsonl").exists() and not any((sweep_dir / "trials").iterdir())
+    results = records / "results.jsonl"
+    results.write_text("".join(line for line in results.read_text().splitlines(keepends=True)
+                               if summary.parent.name not in line))
+    assert sweep_mod.main(command) == 0
+    assert "1 done trials brought back" in capsys.readouterr().out
+    assert summary.is_file()  # it ran again, and its records are whole
+    assert sorted(r["status"] for r in read_results(records)) == ["finished", "finished"]
+
+
 def test_max_trials_0_only_brings_the_records_back(tmp_path, capsys):
     """As the docs say (sweeps.md, study.md): `--max_trials 0` on a fresh clone restores the done trials for the
     report and runs none."""

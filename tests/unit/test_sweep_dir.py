@@ -90,3 +90,67 @@ def test_records_keep_the_done_trials_and_bring_back_only_what_a_sweep_lacks(tmp
     assert sorted(restore_records(records, third)) == ["a", "c"]
     assert [(t["trial_id"], t["status"]) for t in read_state(third)["trials"]] == [
         ("a", "finished"), ("b", "failed"), ("c", "diverged")]
+
+
+@pytest.mark.parametrize(("damage", "by_trainer", "why"), [
+    ("summary deleted", False, "run_summary.json is missing"),
+    ("summary a directory", False, "run_summary.json is no file"),
+    ("summary not JSON", False, "run_summary.json cannot be read as a run summary, where results.jsonl says finished"),
+    ("summary says failed", False, "run_summary.json says 'failed', where results.jsonl says finished"),
+    ("metrics deleted", True, "metrics.jsonl.gz is missing"),
+    ("config deleted", True, "train_config.yaml is missing"),
+    ("config not UTF-8", True, "train_config.yaml: not valid UTF-8 (byte 0xff at offset 0)"),
+])
+def test_a_done_trial_whose_record_files_are_damaged_is_refused_and_nothing_is_brought_back(tmp_path, damage,
+                                                                                           by_trainer, why):
+    """A records folder whose done trial lost its files (a partial copy or commit) or holds unreadable ones: the
+    trial was brought back as done without them, its metrics and summary gone from the report and never rerun.
+    Now one line names the file and the way on, and the sweep folder is left as it was; once the trial's lines are
+    removed from the records' results.jsonl, it is pending (it runs again) and the others come back."""
+    results = [{"trial_id": "a", "status": "finished", "metric": 1.5}, {"trial_id": "b", "status": "finished"}]
+    first = _sweep(tmp_path / "first", [_trial("a", "finished"), _trial("b", "finished")], results)
+    for tid in ("a", "b"):
+        (first / "trials" / tid / "train_config.yaml").write_text("task: pretrain\n")
+    records = tmp_path / "records"
+    save_records(first, records)
+    damaged = records / "trials" / "a" / {"summary": "run_summary.json", "metrics": "metrics.jsonl.gz",
+                                          "config": "train_config.yaml"}[damage.split()[0]]
+    if damage.endswith("deleted"):
+        damaged.unlink()
+    elif damage == "summary a directory":
+        damaged.unlink()
+        damaged.mkdir()
+    elif damage == "summary says failed":
+        damaged.write_text(json.dumps({"status": "failed"}))
+    else:
+        damaged.write_bytes(b"\xff{" if damage.endswith("UTF-8") else b"{")
+    second = tmp_path / "second"
+    second.mkdir()
+    with pytest.raises(ValueError) as refused:
+        restore_records(records, second, by_trainer=by_trainer)
+    where = str(records / "trials" / "a") + "/"
+    assert str(refused.value) == (
+        f"--records_dir: {where}{why}; nothing was brought back: restore the records' files (git checkout, git lfs "
+        f"pull, or a copy from the machine that ran the trial), or remove the trial's lines from "
+        f"{records / 'results.jsonl'} to run it again")
+    assert list(second.iterdir()) == []
+    (records / "results.jsonl").write_text("".join(line for line in (records / "results.jsonl").read_text()
+                                                   .splitlines(keepends=True) if '"a"' not in line))
+    assert restore_records(records, second, by_trainer=by_trainer) == ["b"]
+    assert [(t["trial_id"], t["status"]) for t in read_state(second)["trials"]] == [("a", "pending"),
+                                                                                   ("b", "finished")]
+    assert not (second / "trials" / "a").exists()
+
+
+def test_other_programs_done_trials_need_only_what_their_outcome_was_read_from(tmp_path):
+    """A sweep of another program: a diverged trial (its exit code said so) may have no summary, and no trial
+    records train_config.yaml or metrics; none of that is damage. A trainer's trial has them all."""
+    results = [{"trial_id": "a", "status": "finished"}, {"trial_id": "c", "status": "diverged"}]
+    first = _sweep(tmp_path / "first", [_trial("a", "finished"), _trial("c", "diverged")], results)
+    (first / "trials" / "c" / "run_summary.json").unlink()
+    (first / "trials" / "a" / "metrics.jsonl").unlink()
+    records = tmp_path / "records"
+    save_records(first, records)
+    assert sorted(restore_records(records, tmp_path / "second")) == ["a", "c"]
+    with pytest.raises(ValueError, match=r"trials/a/train_config.yaml is missing.* \(1 more done trials' records"):
+        restore_records(records, tmp_path / "third", by_trainer=True)

@@ -214,6 +214,26 @@ def _damaged_record(source: Path, status: str, by_trainer: bool) -> str | None:
     return None
 
 
+def restorable_records(records_dir: Path, sweep_dir: Path,
+                       by_trainer: bool = False) -> dict[str, tuple[dict[str, Any], bytes | None]]:
+    """The done trials of ``records_dir`` that ``sweep_dir`` has not done, by trial id: each one's results record
+    and its unpacked metrics (None where it has none). Every one is checked and unpacked here, before anything is
+    copied: a damaged one is a ValueError in one line (see restore_records), with nothing brought back. The dry run
+    asks this too, so that it refuses what the real run would refuse."""
+    have = done_records(sweep_dir)
+    missing = {tid: r for tid, r in done_records(records_dir).items() if tid not in have}
+    damaged = [why for tid, record in missing.items()
+               if (why := _damaged_record(records_dir / trial_dir_name(tid), record["status"], by_trainer))]
+    if damaged:
+        more = f" ({len(damaged) - 1} more done trials' records are damaged too)" if len(damaged) > 1 else ""
+        raise ValueError(f"--records_dir: {damaged[0]}{more}; nothing was brought back: restore the records' files "
+                         f"(git checkout, git lfs pull, or a copy from the machine that ran the trial), or remove the "
+                         f"trial's lines from {records_dir / RESULTS_FILE} to run it again")
+    metrics = {tid: _gunzip(path) if (path := records_dir / trial_dir_name(tid) / RECORD_METRICS).is_file() else None
+               for tid in missing}
+    return {tid: (record, metrics[tid]) for tid, record in missing.items()}
+
+
 def restore_records(records_dir: Path, sweep_dir: Path, by_trainer: bool = False) -> list[str]:
     """Bring the done trials of ``records_dir`` that ``sweep_dir`` has not done back into it (their record
     files, their results line, their place in the state); returns their ids. The caller checks first that both
@@ -229,27 +249,16 @@ def restore_records(records_dir: Path, sweep_dir: Path, by_trainer: bool = False
     if records_state is None:
         return []
     state = read_state(sweep_dir)
-    have = done_records(sweep_dir)
+    restorable = restorable_records(records_dir, sweep_dir, by_trainer)
+    missing = {tid: record for tid, (record, _) in restorable.items()}
     recorded_done = done_records(records_dir)
-    missing = {tid: r for tid, r in recorded_done.items() if tid not in have}
-    # Every record is checked and its metrics unpacked before anything is copied: a damaged one is refused with the
-    # sweep folder as it was, not with part of the trials brought back.
-    damaged = [why for tid, record in missing.items()
-               if (why := _damaged_record(records_dir / trial_dir_name(tid), record["status"], by_trainer))]
-    if damaged:
-        more = f" ({len(damaged) - 1} more done trials' records are damaged too)" if len(damaged) > 1 else ""
-        raise ValueError(f"--records_dir: {damaged[0]}{more}; nothing was brought back: restore the records' files "
-                         f"(git checkout, git lfs pull, or a copy from the machine that ran the trial), or remove the "
-                         f"trial's lines from {records_dir / RESULTS_FILE} to run it again")
-    metrics = {tid: _gunzip(path) for tid in missing
-               if (path := records_dir / trial_dir_name(tid) / RECORD_METRICS).is_file()}
     for tid, record in missing.items():
         source, target = records_dir / trial_dir_name(tid), sweep_dir / trial_dir_name(tid)
         for name in RECORD_FILES:
             if (source / name).is_file():
                 _write_bytes(target / name, (source / name).read_bytes())
-        if tid in metrics:
-            _write_bytes(target / METRICS_FILE, metrics[tid])
+        if (metrics := restorable[tid][1]) is not None:
+            _write_bytes(target / METRICS_FILE, metrics)
         append_result(sweep_dir, record)
     known = set() if state is None else {t["trial_id"] for t in state["trials"]}
     taken = [t for t in records_state["trials"] if t["trial_id"] not in known]

@@ -21,8 +21,8 @@ from scripts.sweep_runner.recording import bring_back_records, cannot_write, loa
 from scripts.sweep_runner.trial import TrialOutcome, default_wandb_mode, run_trial, running_trials
 from trainer.run_dir import EXIT_ERROR, resolve_path
 from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, SWEEP_TRIAL_VARIABLE, TRIALS_DIR,
-                               append_result, default_sweep_dir, done_records, save_records, swept_names,
-                               sweep_dir_lock, trial_dir_name, write_state)
+                               append_result, default_sweep_dir, done_records, restorable_records, save_records,
+                               swept_names, sweep_dir_lock, trial_dir_name, write_state)
 
 MAX_REDRAWS = 100  # proposals of one trial index that are all trials already: the search space is used up
 
@@ -121,8 +121,9 @@ class SweepRunner:
 
     def list_trials(self, max_trials: int | None) -> list[dict[str, Any]]:
         """The dry run: print the trials a real run would run now, run and write nothing; returns the trials."""
-        # done in the records folder: a real run would bring these back, not run them
-        restorable = set(done_records(self.records_dir)) if self.records_dir is not None else set()
+        # done in the records folder: a real run would bring these back (or refuse them, damaged), not run them
+        restorable = set() if self.records_dir is None else set(
+            restorable_records(self.records_dir, self.sweep_dir, by_trainer=trainer_of(self.config) is not None))
         listed = 0
         while (max_trials is None or listed < max_trials) and (pending := self.next_trial()) is not None:
             pending["status"] = "finished"  # only to move on to the next proposal; nothing is saved

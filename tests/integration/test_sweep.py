@@ -521,15 +521,20 @@ def test_a_records_done_trial_without_its_summary_is_one_line_and_runs_again_onc
     summary.unlink()
     capsys.readouterr()
     command = [str(path), "--sweep_dir", str(sweep_dir), "--records_dir", str(records), "--wandb_mode", "disabled"]
+    refusal = (f"error: --records_dir: {summary} is missing; nothing was brought back: restore the records' files "
+               f"(git checkout, git lfs pull, or a copy from the machine that ran the trial), or remove the "
+               f"trial's lines from {records / 'results.jsonl'} to run it again\n")
+    # The dry run refuses what the real run refuses (it listed the damaged trial as "done in" the records).
+    assert sweep_mod.main([*command, "--dry_run"]) == 2
+    assert capsys.readouterr().err == refusal and not sweep_dir.exists()
     assert sweep_mod.main(command) == 2
-    err = capsys.readouterr().err
-    assert err == (f"error: --records_dir: {summary} is missing; nothing was brought back: restore the records' files "
-                   f"(git checkout, git lfs pull, or a copy from the machine that ran the trial), or remove the "
-                   f"trial's lines from {records / 'results.jsonl'} to run it again\n")
+    assert capsys.readouterr().err == refusal
     assert not (sweep_dir / "results.jsonl").exists() and not any((sweep_dir / "trials").iterdir())
     results = records / "results.jsonl"
     results.write_text("".join(line for line in results.read_text().splitlines(keepends=True)
                                if summary.parent.name not in line))
+    assert sweep_mod.main([*command, "--dry_run"]) == 0
+    assert f"[dry run] 1 trials to run, 1 done in {records}" in capsys.readouterr().out
     assert sweep_mod.main(command) == 0
     assert "1 done trials brought back" in capsys.readouterr().out
     assert summary.is_file()  # it ran again, and its records are whole

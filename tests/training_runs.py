@@ -324,6 +324,23 @@ def launch_two_processes(name: str, task: str, argv: list[str], cwd: Path) -> su
                           env=env, cwd=cwd)
 
 
+def run_two_nodes(command: list[str], cwd: Path, limit_s: int = 120) -> list[tuple[int, str]]:
+    """`command` (a script and its flags) as one job of two single-process torchrun nodes on loopback (gloo), each
+    under `timeout -k 10 limit_s` (a hang fails the test, not the suite): each node's exit code and stderr. Each
+    node's launcher reports its own process's exit code ("exitcode  : N"), where one torchrun of two processes
+    SIGTERMs the second as soon as the first has exited."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "GLOO_SOCKET_IFNAME": "lo"}
+    port, nodes = free_port(), []
+    for node in (0, 1):
+        with open(cwd / f"node{node}.err", "w") as err:
+            nodes.append(subprocess.Popen(["timeout", "-k", "10", str(limit_s),
+                                           *node_launcher("torchrun", node, "127.0.0.1", port), *command],
+                                          stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd))
+    for process in nodes:
+        process.wait(timeout=limit_s + 30)
+    return [(process.returncode, (cwd / f"node{node}.err").read_text()) for node, process in enumerate(nodes)]
+
+
 def node_launcher(name: str, node_rank: int, master_addr: str, port: int) -> list[str]:
     """The README's commands for one node of a 2-node job, one CPU process per node: torchrun, or accelerate with
     multi_node_cpu.yaml."""

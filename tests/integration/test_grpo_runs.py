@@ -1,6 +1,7 @@
 """GRPO (trainer/train_grpo.py) end to end on the training core: a tiny run samples, scores and trains, logs the
 reward, KL, clip fraction and completion length, and saves; resumed from its checkpoint it samples the same
-rollouts and reproduces the uninterrupted run bit for bit; --loss_type, --scale_rewards and
+rollouts and reproduces the uninterrupted run bit for bit; rollouts (or a validation's) that meet NaN logits end the
+run as diverged, also when only one of two processes meets them; --loss_type, --scale_rewards and
 --importance_sampling_level reach the objective; a
 reward function that breaks its contract stops the run in one line and the checkpoint saved before stays complete;
 several updates per rollout (--num_iterations) clip; two processes of other token counts log one process's clip
@@ -168,6 +169,41 @@ def test_rollouts_whose_logits_turn_nan_end_the_run_as_diverged(steps, where, gr
     checkpoint = out_dir / "checkpoints" / "step_00000001"
     assert str(error.value) == f"training diverged {where}; the last good state is saved in {checkpoint}"
     assert read_summary(out_dir)["status"] == "diverged" and (checkpoint / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("steps, where", [
+    ("2", "at optimizer step 2 (the policy's sampling scores became NaN or infinite)"),
+    ("1", "at optimizer step 1 (the policy's sampling scores became NaN or infinite in the validation after it)")])
+def test_one_processs_sampling_meeting_nan_logits_ends_the_run_as_diverged_on_every_process(steps, where, grpo_data,
+                                                                                           tiny_models, tmp_path):
+    """Two real processes over gloo (two single-process torchrun nodes on loopback, so that each node's launcher
+    reports its own process's exit code): only process 1's sampling meets NaN logits (tests/diverging_sampling.py),
+    from its second one on: step 2's rollouts (or, in a 1-step run, the final validation's greedy ones). Both
+    processes end the run as diverged -- exit 3, one line naming the step, run_summary.json "diverged" at step 1,
+    step 1's state saved by both -- within the launch's `timeout`: agreed_sampling's collective tells process 0,
+    whose own sampling went well, that the step (or validation) cannot go on. Without that collective process 1 went
+    on alone into the diverged run's save while process 0 waited in the rollouts' sums (or the validation's): process
+    1 gave up after --dist_timeout (exit 4) and process 0 ended in a gloo traceback (exit 1)."""
+    from tests.paths import REPO
+    from tests.training_runs import run_two_nodes
+    from trainer.run_dir import EXIT_DIVERGED
+
+    out_dir = tmp_path / "run"
+    rows = (grpo_data / "prompts.jsonl").read_text().splitlines()
+    (tmp_path / "val.jsonl").write_text("".join(row + "\n" for row in rows[:4]))  # 2 prompts for each process
+    argv = _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", steps, "--save_interval", "100",
+                 "--val_data_path", str(tmp_path / "val.jsonl"), "--dist_timeout", "30")  # a lone wait: 30 s, not 300
+    nodes = run_two_nodes([str(REPO / "tests" / "diverging_sampling.py"), "grpo", "1", "2", *argv], tmp_path)
+    checkpoint = out_dir / "checkpoints" / "step_00000001"
+    line = f"error: training diverged {where}; the last good state is saved in {checkpoint}"
+    for node, (returncode, stderr) in enumerate(nodes):
+        assert returncode not in (0, 124, 137), f"node {node}: {stderr[-4000:]}"  # not stopped by `timeout`
+        assert f"exitcode  : {EXIT_DIVERGED}" in stderr, f"node {node}: {stderr[-4000:]}"  # its process's own code
+        assert [text for text in stderr.splitlines() if text.startswith("error:")] == [line], stderr[-4000:]
+    summary = read_summary(out_dir)
+    assert (summary["status"], summary["steps"]) == ("diverged", 1)
+    assert {"model.safetensors", "random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"} <= {
+        path.name for path in checkpoint.iterdir()}
 
 
 def test_a_reward_given_twice_is_refused_in_one_line_before_training(grpo_data, tiny_models, tmp_path, capsys):

@@ -1130,7 +1130,8 @@ class _OtherProcess:
 @pytest.mark.parametrize("here, there", [(False, False), (True, False), (False, True), (True, True)])
 def test_every_process_ends_the_step_when_any_processs_sampling_diverged(here, there) -> None:
     """agreed_sampling: the sampling's result where no process's diverged; SamplingDiverged on every process where
-    any one's did (so that none goes on alone into the step's next collective)."""
+    any one's did (so that none goes on alone into the step's next collective). (Two real processes:
+    tests/integration/test_grpo_runs.py.)"""
     from trainer.grpo import agreed_sampling
     from trainer.step import SamplingDiverged
 

@@ -36,8 +36,9 @@ from trainer.arg_fields import TrainArgs, build_model_config, requested_model_fi
 from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state
 from trainer.data import build_run_data, data_identity, shard_loader
-from trainer.distributed import (check_optimizer_supported, make_accelerator, materialize_meta_parameters,
-                                 set_collective_timeout, state_is_sharded, weights_are_sharded)
+from trainer.distributed import (check_optimizer_supported, main_process_first, make_accelerator,
+                                 materialize_meta_parameters, set_collective_timeout, state_is_sharded,
+                                 weights_are_sharded)
 from trainer.evaluation import token_byte_lengths
 from trainer.export import sample_text, save_final_model, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
@@ -152,8 +153,8 @@ class Trainer:
         self.tokenizer = load_run_tokenizer(args)
         check_vocab_size(args, self.tokenizer)  # before the data: a refusal costs no tokenizing
         self._check_largest_tensor()
-        with self.accelerator.main_process_first():
-            self.data = build_run_data(args, self.tokenizer, quiet=not self.is_main)
+        self.data = main_process_first(self.accelerator,
+                                       lambda: build_run_data(args, self.tokenizer, quiet=not self.is_main))
         self.data_identity = data_identity(self.data)
         if self.resume_state is not None:
             check_resume_compatible(self.resume_from, self.resume_state, args, self.data_identity)

@@ -3,20 +3,25 @@
 The one owner of the facts that differ between them: how the Accelerator is built (FSDP2 on CPU processes too),
 whether the weights are sharded (then validation, the final save and the sample must involve every process), how
 to get the whole model back in one place, whether the update is applied inside `backward` (DeepSpeed), how long a
-collective waits for a process that is gone, and how a multi-process run ends without an abort at interpreter exit.
-Plus a free local port, for a launch's rendezvous (or a local server).
+collective waits for a process that is gone, what the main process prepares first (its refusal raised on every
+process), and how a multi-process run ends without an abort at interpreter exit. Plus a free local port, for a
+launch's rendezvous (or a local server).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 from accelerate import Accelerator
 from accelerate.state import PartialState
-from accelerate.utils import DistributedType, InitProcessGroupKwargs
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, broadcast_object_list
+
+T = TypeVar("T")
 
 MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
 # The run's process group, held until shutdown(); see there.
@@ -61,6 +66,27 @@ def make_accelerator(dtype: str, accumulation_steps: int, use_wandb: bool, timeo
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         _process_group[:] = [torch.distributed.group.WORLD]
     return accelerator
+
+
+def main_process_first(accelerator: Accelerator, build: Callable[[], T]) -> T:
+    """`build()` on the main process, then on the others (which read what it prepared: the tokenized data's cache),
+    as Accelerate's main_process_first; but a refusal of the main process's (ValueError, FileNotFoundError: bad
+    input, the run's one line) is raised on every process, in the same words. Left in main_process_first's barrier,
+    the others met a lost peer instead when the main process ended: a gloo traceback (exit 1) beside its line."""
+    if accelerator.num_processes == 1:
+        return build()
+    refusal = None
+    if accelerator.is_main_process:
+        try:
+            built = build()
+        except (ValueError, FileNotFoundError) as error:
+            refusal = error
+    words = broadcast_object_list([None if refusal is None else str(refusal)])[0]  # the barrier, and its news
+    if refusal is not None:
+        raise refusal
+    if words is not None:
+        raise ValueError(words)
+    return built if accelerator.is_main_process else build()
 
 
 def set_collective_timeout(timeout_s: int) -> None:

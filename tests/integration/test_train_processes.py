@@ -2,7 +2,8 @@
 fsdp_cpu_2proc.yaml for FSDP2), against one process on the same global batch: losses, validation and final weights
 equal at fp32 tolerance. Covered on the way: SFT's uneven label masks over processes, a DDP run resumed from a
 one-process checkpoint under --compile on, and FSDP2 training, validating, sampling, checkpointing, resuming
-(--resume auto, compiled) and saving the whole model without hanging."""
+(--resume auto, compiled) and saving the whole model without hanging; a refusal of the data, which the main process
+prepares first, is one line on every process."""
 
 from __future__ import annotations
 
@@ -125,3 +126,23 @@ def test_time_budget_under_torchrun_stops_every_process_at_the_main_ones_length(
     final = [r["step"] for r in read_metrics(out_dir, "train")][-1]
     assert abs(final - announced) < 0.05 * announced, (final, announced)
     assert f"done: {final} steps" in output
+
+
+def test_a_data_refusal_met_by_the_main_process_is_one_line_on_every_process(train_data, tmp_path):
+    """The main process prepares the run's data first while the others wait (main_process_first,
+    trainer/distributed.py). A refusal of it (here a --val_data_path that does not exist) was the main process's one
+    line, and the other process, left in Accelerate's barrier, met a lost peer: a gloo RuntimeError traceback and
+    exit 1 (watched). Every process now ends with the one line and exit 2 (two torchrun nodes: each reports its own
+    process's code)."""
+    from tests.paths import REPO
+    from tests.training_runs import run_two_nodes
+    from trainer.run_dir import EXIT_ERROR
+
+    missing = tmp_path / "missing.jsonl"
+    argv = pretrain_argv(train_data, tmp_path / "out", "--val_data_path", str(missing))
+    for node, (returncode, stderr) in enumerate(run_two_nodes([str(REPO / "trainer" / "train_pretrain.py"), *argv],
+                                                              tmp_path)):
+        assert returncode not in (0, 124, 137), f"node {node}: {stderr[-3000:]}"  # not stopped by `timeout`
+        assert f"exitcode  : {EXIT_ERROR}" in stderr, f"node {node}: {stderr[-3000:]}"
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert errors == [f"error: no such data file: {missing}"], f"node {node}: {stderr[-3000:]}"

@@ -13,6 +13,7 @@ from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, FLAG_GROUPS, MODEL_CONFIG_
                                 RUNTIME_MODEL_FIELDS, TASK_DEFAULTS, TASK_MODEL_DEFAULTS, TrainArgs, for_task,
                                 task_flags)
 from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, flag_type, path_arg, seed, utf8_text
+from trainer.number_text import ascii_float, ascii_hint, number_reader
 
 # The flags that name a file or directory: never empty, and `none` is not their default (an unset shell variable
 # in `--out_dir "$DIR" --overwrite` would otherwise clear the default run).
@@ -24,7 +25,7 @@ UNSET_WORDS = ("none", "null")  # what a flag that may be unset takes for unset 
 def _optional(kind: type) -> Any:
     """The type of a flag that may be unset: `none` or `null` (or an empty value) unsets it."""
     def parse(text: str) -> Any:
-        return None if str(text).lower() in (*UNSET_WORDS, "") else kind(text)
+        return None if str(text).lower() in (*UNSET_WORDS, "") else number_reader(kind)(text)
     parse.__name__ = kind.__name__
     parse.unsettable = True
     return flag_type(getattr(kind, "kind", kind), parse)
@@ -125,9 +126,10 @@ def _add_flag(group: argparse._ArgumentGroup, name: str, hint: str, default: Any
 def _numbers(text: str) -> list[float]:
     """One value of a flag of several numbers: a number, or several comma-separated (`0.8,0.2`)."""
     try:
-        return [float(part) for part in text.split(",")]
+        return [ascii_float(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number or comma-separated numbers") from None
+        raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number or comma-separated numbers"
+                                         f"{ascii_hint(text)}") from None
 
 
 flag_type(float, _numbers)

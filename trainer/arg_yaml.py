@@ -13,6 +13,7 @@ from dataset.shown_value import shown_value
 from trainer.arg_fields import FLAG_DEFAULTS, MODEL_FIELDS, settable_model_fields, task_flags
 from trainer.arg_parser import build_parser, takes_several
 from trainer.cli import boolean
+from trainer.number_text import ascii_hint, number_reader
 from trainer.run_dir import CREATE_COMMANDS, RUN_ID_KEY, TASKS, resolve_path
 from trainer.yaml_file import read_yaml
 
@@ -114,11 +115,13 @@ def _yaml_scalar(action: argparse.Action, value: Any) -> Any:
     if not isinstance(value, (str, int, float)):  # null, a list, a mapping, a date
         raise ValueError(expected)
     try:
-        converted = (action.type or str)(value if isinstance(value, str) else repr(value))
+        # the flag's reader, as the command line's (ToolParser reads an int or float flag with number_text.py's)
+        converted = number_reader(action.type or str)(value if isinstance(value, str) else repr(value))
     except argparse.ArgumentTypeError as error:
         raise ValueError(str(error)) from None
     except (TypeError, ValueError):
-        raise ValueError(expected) from None
+        hint = ascii_hint(value) if isinstance(value, str) and kind in (int, float) else ""
+        raise ValueError(expected + hint) from None
     if action.choices is not None and converted not in action.choices:
         raise ValueError(f"expected one of {', '.join(map(str, action.choices))}, got {_shown(value)}")
     return converted

@@ -23,6 +23,7 @@ from typing import Any, NoReturn, TextIO
 
 from dataset.atomic_io import not_utf8_at
 from dataset.shown_value import shown_path, shown_text, shown_value
+from trainer.number_text import NUMBER_READERS, ascii_float, ascii_hint, ascii_int
 from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
 from trainer.threads import bound_openmp_waits
 
@@ -52,6 +53,10 @@ class ToolParser(argparse.ArgumentParser):
         # `--beta -inf` was "expected one argument", the value taken for a flag. Any -digit, -.digit, -inf or -nan
         # is a value here (as Python 3.13's argparse reads -digit); no flag of ours starts so.
         self._negative_number_matcher = NEGATIVE_NUMBER
+        # A flag of type int or float reads its text with trainer/number_text.py's readers (argparse's registry maps
+        # a type to the function that converts: its argument groups share it): ASCII only, where int() took '٣'.
+        for kind, reader in NUMBER_READERS.items():
+            self.register("type", kind, reader)
 
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}\n{self.prog}: run with --help for the flags", file=sys.stderr)
@@ -67,7 +72,8 @@ class ToolParser(argparse.ArgumentParser):
             if not isinstance(error.__context__, (TypeError, ValueError)):  # an ArgumentTypeError: its own words
                 raise
             name = getattr(action.type, "__name__", type(action.type).__name__)
-            raise argparse.ArgumentError(action, f"invalid {name} value: {shown_value(arg_string)}") from None
+            raise argparse.ArgumentError(action, f"invalid {name} value: {shown_value(arg_string)}"
+                                                 f"{ascii_hint(arg_string)}") from None
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if action.choices is not None and value not in action.choices:
@@ -224,9 +230,9 @@ def int_within(low: int, high: int | None = None, note: str = "") -> Callable[[s
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = ascii_int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{shown_text(text)} is not {allowed}") from None
+            raise argparse.ArgumentTypeError(f"{shown_text(text)} is not {allowed}{ascii_hint(text)}") from None
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"{shown_text(text)} is not {allowed}")
         return value
@@ -256,9 +262,9 @@ def float_within(low: float, high: float, above_low: bool = False) -> Callable[[
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = ascii_float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number{ascii_hint(text)}") from None
         if not (low < value <= high if above_low else low <= value <= high):  # NaN fails too
             raise argparse.ArgumentTypeError(f"{shown_text(text)} is outside {allowed}")
         return value
@@ -269,9 +275,9 @@ def zero_or_at_least(smallest: float, zero_means: str) -> Callable[[str], float]
     """A float flag's type: 0 (which means `zero_means`) or a finite number >= `smallest`."""
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = ascii_float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number{ascii_hint(text)}") from None
         if not (value == 0 or (value >= smallest and math.isfinite(value))):
             raise argparse.ArgumentTypeError(f"{shown_text(text)} is not 0 ({zero_means}) or a finite number >= "
                                              f"{smallest:g}")

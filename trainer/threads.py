@@ -42,6 +42,7 @@ from pathlib import Path
 
 from dataset.shown_value import flag_refusal
 from trainer.cgroups import V2, own_group_files, read_limit_text
+from trainer.number_text import ascii_hint, ascii_int
 
 START_WINDOW_S = 0.25      # one look at others' load, before the work starts
 START_WINDOWS = 4          # looks at most (1 s) before a core counts as taken for the run
@@ -63,11 +64,11 @@ def parse_threads(value: str) -> str | int:
     if value == THREADS_AUTO:
         return THREADS_AUTO
     try:
-        count = int(value)
+        count = ascii_int(value)
     except ValueError:
         count = 0
     if not 1 <= count <= MAX_THREADS:
-        raise ValueError(flag_refusal("threads", value, THREADS_ALLOWED))
+        raise ValueError(flag_refusal("threads", value, THREADS_ALLOWED) + ascii_hint(value))
     return count
 
 
@@ -159,8 +160,8 @@ def add_threads_flag(parser: argparse.ArgumentParser) -> None:
 def _threads_flag(value: str) -> str | int:
     try:
         return parse_threads(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(flag_refusal(None, value, THREADS_ALLOWED)) from None  # argparse names it
+    except ValueError:  # the flag unnamed: argparse names it
+        raise argparse.ArgumentTypeError(flag_refusal(None, value, THREADS_ALLOWED) + ascii_hint(value)) from None
 
 
 def bound_openmp_waits(environ: MutableMapping[str, str] = os.environ) -> None:

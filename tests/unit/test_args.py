@@ -569,6 +569,47 @@ def test_bad_numbers_are_one_line_naming_the_flag(flags, message, capsys):
     assert capsys.readouterr().err.splitlines()[0] == f"error: {message}"
 
 
+
+ASCII_HINT = "(numbers are written in ASCII digits 0-9, without '_')"
+
+
+@pytest.mark.parametrize("task, flag, value, refusal", [
+    # Python's int() and float() read other scripts' digits and '_' between digits: each was taken (3, 10, 1.5)
+    ("pretrain", "--max_steps", "٣", "argument --max_steps: invalid int value: '٣'"),
+    ("pretrain", "--max_steps", "1_0", "argument --max_steps: invalid int value: '1_0'"),
+    ("pretrain", "--learning_rate", "１.５", "argument --learning_rate: invalid float value: '１.５'"),
+    ("pretrain", "--hidden_size", "٦٤", "argument --hidden_size: invalid int value: '٦٤'"),  # a model field's
+    ("pretrain", "--num_proc", "1_6", "argument --num_proc: invalid int value: '1_6'"),  # unsettable int
+    ("pretrain", "--seed", "٤٢", "argument --seed: ٤٢ is not an integer in 0 .. 4294967295"),
+    ("pretrain", "--threads", "٢", "--threads='٢' is not allowed; use 'auto' or a number of threads in 1 .. 4096"),
+    ("grpo", "--reward_weights", "1_0", "argument --reward_weights: invalid float value: '1_0'"),
+    ("dpo", "--loss_weights", "1,٢", "argument --loss_weights: '1,٢' is not a number or comma-separated numbers"),
+])
+def test_a_number_flag_takes_ascii_numbers_only(task, flag, value, refusal, capsys):
+    from trainer.args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(task, [flag, value])
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {refusal} {ASCII_HINT}"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('max_steps: "٣"\n', "key 'max_steps': expected an integer, got '٣'"),
+    ("learning_rate: '1_0.5'\n", "key 'learning_rate': expected a number, got '1_0.5'"),
+    ('seed: "٤٢"\n', "key 'seed': ٤٢ is not an integer in 0 .. 4294967295"),
+    ('hidden_size: "٦٤"\n', "key 'hidden_size': expected an integer, got '٦٤'"),
+])
+def test_a_configs_quoted_number_takes_ascii_numbers_only(text, message, tmp_path, capsys):
+    """A --config value is read by its flag's reader: a quoted '٣' was max_steps 3."""
+    from trainer.args import parse_args
+
+    config = tmp_path / "run.yaml"
+    config.write_text(text, encoding="utf-8")
+    with pytest.raises(SystemExit):
+        parse_args("pretrain", ["--config", str(config)])
+    assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message} {ASCII_HINT}"
+
+
 @pytest.mark.parametrize("task, flags", [
     ("pretrain", ["--learning_rate", "0.5", "--weight_decay", "1.999"]),  # lr x decay just below 1
     ("pretrain", ["--learning_rate", "100", "--weight_decay", "0"]),  # no decay: no bound on the lr from it

@@ -38,6 +38,17 @@ def test_a_trainer_with_a_bad_preset_prints_two_lines():
                                       "interface), got an empty value"),
     ("scripts.serve", ["--host", " "], "error: argument --host: expected a host name or address (0.0.0.0: every "
                                        "interface), got an empty value"),
+    # a number flag reads ASCII numbers only, whatever its type (trainer/number_text.py): int() and float() took
+    # other scripts' digits and '_' (a plain type=int flag, ranges of cli.py, --threads)
+    ("eval.copy_probe", ["--text", "1_0"], "error: argument --text: invalid int value: '1_0' (numbers are written "
+                                           "in ASCII digits 0-9, without '_')"),
+    ("scripts.serve", ["--port", "٨٠٠٠"], "error: argument --port: ٨٠٠٠ is not an integer in 0 .. 65535 (0: a free "
+                                          "port, printed at start) (numbers are written in ASCII digits 0-9, "
+                                          "without '_')"),
+    ("eval.chat", ["--top_p", "٠.٥"], "error: argument --top_p: '٠.٥' is not a number (numbers are written in "
+                                      "ASCII digits 0-9, without '_')"),
+    ("eval.chat", ["--threads", "٢"], "error: argument --threads: '٢' is not allowed; use 'auto' or a number of "
+                                      "threads in 1 .. 4096 (numbers are written in ASCII digits 0-9, without '_')"),
 ])
 def test_tools_print_the_error_and_a_pointer_to_help(module, argv, error, capsys):
     import importlib

@@ -280,8 +280,9 @@ def test_the_refusal_check_catches_a_hand_written_line() -> None:
     assert _hand_written_refusals(source) == ["line 1: {value!r}", "line 2: {args.epochs}"]
 
 
-# dataset/shown_value.py's
-QUOTERS = ("shown_value", "shown_text", "shown_json", "shown_path", "shown_name", "flag_refusal")
+# dataset/shown_value.py's, and trainer/number_text.py's ascii_hint, which quotes none of the value (it says how
+# numbers are written)
+QUOTERS = ("shown_value", "shown_text", "shown_json", "shown_path", "shown_name", "flag_refusal", "ascii_hint")
 
 
 def _own_cuts(source: str) -> list[str]:

@@ -22,7 +22,8 @@ Two settings, both decided once per process:
   step 1.5x slower than two, beside a steady competitor two made it only 1.16x slower than one (docs/benchmarks.md,
   "One thread or two"), so a burst at start (a compiler, a test's worker starting) must not take a core for the
   run. A number
-  (`--threads 2`) pins the count, and so does OMP_NUM_THREADS (torchrun sets 1 for each of its processes).
+  (`--threads 2`, at most the usable cores: more threads only wait for each other, parse_threads) pins the count,
+  and so does OMP_NUM_THREADS (torchrun sets 1 for each of its processes).
 
 Exactness: the thread count changes the last bits of a training step (the weight gradients' matrix products
 split their sums by thread; tests/integration/test_threads_exact.py shows it), so it is fixed for a whole run:
@@ -48,27 +49,39 @@ START_WINDOW_S = 0.25      # one look at others' load, before the work starts
 START_WINDOWS = 4          # looks at most (1 s) before a core counts as taken for the run
 OTHERS_THRESHOLD = 0.25    # a core counts as taken when other processes use more than this share of it
 THREADS_AUTO = "auto"
-MAX_THREADS = 4096  # more than any machine's cores; torch's own limit is C's int (an OverflowError beyond it)
-THREADS_ALLOWED = f"use 'auto' or a number of threads in 1 .. {MAX_THREADS}"
+MAX_THREADS = 4096  # more than any machine's cores: --num_proc's bound (trainer/arg_checks.py)
 THREADS_KEY = "threads"  # in a checkpoint's state: the run's thread count
 # --threads' help: a trainer's (whose resumed run keeps its checkpoint's count), and that of a tool that runs a model
 # (chat, evaluation, the server), which resumes nothing.
 TOOL_THREADS_HELP = ("CPU threads: auto (one per core that other processes leave free at start; OMP_NUM_THREADS "
-                     "pins it if set) or a number that pins it (trainer/threads.py)")
+                     "pins it if set) or a number that pins it, at most the cores this process may use "
+                     "(trainer/threads.py)")
 THREADS_HELP = TOOL_THREADS_HELP.replace("pins it if set)", "pins it if set; a resumed run keeps its checkpoint's)")
 SPIN_COUNT = 3000          # GOMP_SPINCOUNT: iterations a waiting OpenMP thread spins before it sleeps
 
 
-def parse_threads(value: str) -> str | int:
-    """`auto` or a positive thread count (the --threads flag)."""
+def threads_allowed(cores: int) -> str:
+    """What --threads takes on a process that may use `cores` cores, in words."""
+    return (f"use 'auto' or a number of threads in 1 .. {cores} (the cores this process may use: its CPU affinity, "
+            f"capped by its control group's CPU quota)")
+
+
+def parse_threads(value: str, flag: str | None = "threads") -> str | int:
+    """`auto` or a thread count the cores this process may use can run (the --threads flag), at most one thread per
+    core (usable_cores). Why the bound: each intra-op thread waits at the barrier of every parallel region for all
+    the others, so threads past the cores only wait for each other (the slowdown the module's docstring measures),
+    and each reserves a stack: --threads 4096 under an 8 GB address-space limit aborted inside libgomp ("Thread
+    creation failed", exit 134, no line of ours). A resumed run on fewer cores keeps its checkpoint's count through
+    `auto` (ThreadPolicy.keep_runs). A ValueError naming `flag` (None: unnamed, argparse names it) otherwise."""
     if value == THREADS_AUTO:
         return THREADS_AUTO
+    cores = usable_cores()
     try:
         count = ascii_int(value)
     except ValueError:
         count = 0
-    if not 1 <= count <= MAX_THREADS:
-        raise ValueError(flag_refusal("threads", value, THREADS_ALLOWED) + ascii_hint(value))
+    if not 1 <= count <= cores:
+        raise ValueError(flag_refusal(flag, value, threads_allowed(cores)) + ascii_hint(value))
     return count
 
 
@@ -159,9 +172,9 @@ def add_threads_flag(parser: argparse.ArgumentParser) -> None:
 
 def _threads_flag(value: str) -> str | int:
     try:
-        return parse_threads(value)
-    except ValueError:  # the flag unnamed: argparse names it
-        raise argparse.ArgumentTypeError(flag_refusal(None, value, THREADS_ALLOWED) + ascii_hint(value)) from None
+        return parse_threads(value, flag=None)  # unnamed: argparse names it
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def bound_openmp_waits(environ: MutableMapping[str, str] = os.environ) -> None:

@@ -10,9 +10,11 @@ import pytest
 
 from trainer.arg_fields import FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FLAGS, task_flags
 from trainer.arg_parser import build_parser, section_heading
+from trainer.threads import threads_allowed, usable_cores
 from tests.paths import REPO
 
 TASKS = ("pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo")
+THREADS_ALLOWED = threads_allowed(usable_cores())  # --threads' bound: this machine's cores (test_threads.py)
 GENERAL = {"-h", "--config"}  # argparse's own "options" section
 SECTIONS = {"model", MODEL_CONFIG_GROUP, "data", "optimisation", "schedule", "checkpoint", "distributed", "logging",
             "diagnostics", "pretrain", "sft", "lora", "dpo", "distill", "grpo", "ppo"}
@@ -378,8 +380,11 @@ def test_config_values_are_converted_and_checked_as_their_flags(task, text, mess
     assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message}"
 
 
-def test_config_values_take_what_the_command_line_takes(tmp_path):
+def test_config_values_take_what_the_command_line_takes(tmp_path, monkeypatch):
+    import trainer.threads
     from trainer.args import parse_args
+
+    monkeypatch.setattr(trainer.threads, "usable_cores", lambda: 4)  # threads: 3 within them on any machine
 
     config = tmp_path / "run.yaml"
     config.write_text("reward: length_penalty\nreward_weights: 2\nthreads: 3\nlearning_rate: 1\npeak_flops: 1e12\n"
@@ -545,8 +550,7 @@ def test_a_path_of_bytes_that_are_not_utf8_is_still_a_path():
                                  "/ : ? \\"),
     (["--wandb_project", ""], "--wandb_project='' is not allowed; it must be 1 to 128 characters, none of # % / : ? "
                               "\\"),
-    (["--threads", "99999999999"], "--threads='99999999999' is not allowed; use 'auto' or a number of threads in "
-                                   "1 .. 4096"),
+    (["--threads", "99999999999"], f"--threads='99999999999' is not allowed; {THREADS_ALLOWED}"),
     # decoupled weight decay scales each weight by 1 - lr x decay per step: at lr x decay >= 1 it zeroes or flips the
     # weights; --weight_decay 1e30 trained one step into non-finite weights and crashed in the final sample
     (["--weight_decay", "1e30"], "--weight_decay=1e+30 is not allowed; with --learning_rate=0.01 it must be below "
@@ -581,7 +585,7 @@ ASCII_HINT = "(numbers are written in ASCII digits 0-9, without '_')"
     ("pretrain", "--hidden_size", "٦٤", "argument --hidden_size: invalid int value: '٦٤'"),  # a model field's
     ("pretrain", "--num_proc", "1_6", "argument --num_proc: invalid int value: '1_6'"),  # unsettable int
     ("pretrain", "--seed", "٤٢", "argument --seed: ٤٢ is not an integer in 0 .. 4294967295"),
-    ("pretrain", "--threads", "٢", "--threads='٢' is not allowed; use 'auto' or a number of threads in 1 .. 4096"),
+    ("pretrain", "--threads", "٢", f"--threads='٢' is not allowed; {THREADS_ALLOWED}"),
     ("grpo", "--reward_weights", "1_0", "argument --reward_weights: invalid float value: '1_0'"),
     ("dpo", "--loss_weights", "1,٢", "argument --loss_weights: '1,٢' is not a number or comma-separated numbers"),
 ])

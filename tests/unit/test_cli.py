@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.paths import REPO
+from trainer.threads import threads_allowed, usable_cores
 
 
 def test_a_trainer_with_a_bad_preset_prints_two_lines():
@@ -47,8 +48,9 @@ def test_a_trainer_with_a_bad_preset_prints_two_lines():
                                           "without '_')"),
     ("eval.chat", ["--top_p", "٠.٥"], "error: argument --top_p: '٠.٥' is not a number (numbers are written in "
                                       "ASCII digits 0-9, without '_')"),
-    ("eval.chat", ["--threads", "٢"], "error: argument --threads: '٢' is not allowed; use 'auto' or a number of "
-                                      "threads in 1 .. 4096 (numbers are written in ASCII digits 0-9, without '_')"),
+    ("eval.chat", ["--threads", "٢"], f"error: argument --threads: '٢' is not allowed; "
+                                      f"{threads_allowed(usable_cores())} (numbers are written in ASCII digits 0-9, "
+                                      f"without '_')"),
 ])
 def test_tools_print_the_error_and_a_pointer_to_help(module, argv, error, capsys):
     import importlib

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 
 import trainer.threads as threads
 from tests.fake_cgroups import fake_cgroups
+from tests.paths import REPO
 from tests.training_runs import pretrain_argv, run_in_process
 from trainer.run_dir import CHECKPOINT_DIR, STATE_FILE
 from trainer.threads import (CpuSample, ThreadPolicy, bound_openmp_waits, others_load, parse_threads,
@@ -26,14 +28,43 @@ def _restore_thread_count():
     torch.set_num_threads(count)
 
 
-def test_threads_flag_takes_auto_or_a_positive_count():
+FOUR_CORES_ALLOWED = ("use 'auto' or a number of threads in 1 .. 4 (the cores this process may use: its CPU "
+                      "affinity, capped by its control group's CPU quota)")
+
+
+def test_threads_flag_takes_auto_or_a_count_up_to_the_usable_cores(monkeypatch):
+    """At most one thread per core this process may use: --threads 4096 under an 8 GB address-space limit aborted
+    inside libgomp (exit 134, "Thread creation failed", no line of ours), and threads past the cores only wait for
+    each other. The bound is usable_cores' (affinity and cgroup quota: tested below)."""
+    monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     assert parse_threads("auto") == "auto"
     assert parse_threads("3") == 3
-    assert parse_threads("4096") == 4096
-    for bad in ("0", "-2", "two", "", "4097", "99999999999"):  # torch's set_num_threads overflowed on the last
-        with pytest.raises(ValueError, match=rf"^--threads={bad!r} is not allowed; use 'auto' or a number of "
-                                             r"threads in 1 \.\. 4096$"):
+    assert parse_threads("4") == 4
+    for bad in ("0", "-2", "two", "", "5", "4096", "99999999999"):  # torch's set_num_threads overflowed on the last
+        with pytest.raises(ValueError) as refused:
             parse_threads(bad)
+        assert str(refused.value) == f"--threads={bad!r} is not allowed; {FOUR_CORES_ALLOWED}"
+
+
+def test_threads_past_the_usable_cores_are_refused_before_the_run_starts(tmp_path):
+    """The trainer's refusal, in a process whose address space is limited as a batch job's may be: one line naming
+    the flag, the value and the bound, exit 2, where libgomp aborted the run (exit 134) with no line of ours."""
+    import resource
+
+    limit = 8_000_000_000
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    run = subprocess.run([sys.executable, "trainer/train_pretrain.py", "--threads", "4096", "--max_steps", "2",
+                          "--out_dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, preexec_fn=limited)
+    cores = threads.usable_cores()
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.splitlines()[0] == (f"error: --threads='4096' is not allowed; use 'auto' or a number of "
+                                          f"threads in 1 .. {cores} (the cores this process may use: its CPU "
+                                          f"affinity, capped by its control group's CPU quota)")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("length, quoted", [(58, "'" + "t" * 58 + "'"), (59, "'" + "t" * 56 + "...")])
@@ -48,30 +79,31 @@ def test_a_quote_of_exactly_max_shown_characters_is_kept_whole(length, quoted):
     assert str(refused.value).startswith(f"--threads={quoted} is not allowed; ")
 
 
-def test_a_long_threads_value_is_refused_in_one_short_line(capsys):
+def test_a_long_threads_value_is_refused_in_one_short_line(capsys, monkeypatch):
     """--threads quotes a refused value as every flag refusal does (dataset/shown_value.py's flag_refusal: its repr,
     cut at MAX_SHOWN characters), the trainers' check and the tools' argparse flag alike: a 5,000-character value
     made a 5,000-character line."""
     import argparse
 
     from dataset.shown_value import MAX_SHOWN
-    from trainer.threads import THREADS_ALLOWED, add_threads_flag
+    from trainer.threads import add_threads_flag
 
+    monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     long = "t" * 5000
     cut = "'" + "t" * (MAX_SHOWN - 4) + "..."  # the repr's quote and 56 characters, then the ellipsis
     with pytest.raises(ValueError) as refused:
         parse_threads(long)
-    assert str(refused.value) == f"--threads={cut} is not allowed; {THREADS_ALLOWED}"
+    assert str(refused.value) == f"--threads={cut} is not allowed; {FOUR_CORES_ALLOWED}"
     parser = argparse.ArgumentParser(prog="tool")
     add_threads_flag(parser)
     with pytest.raises(SystemExit):
         parser.parse_args(["--threads", long])
     last = capsys.readouterr().err.splitlines()[-1]
-    assert last == f"tool: error: argument --threads: {cut} is not allowed; {THREADS_ALLOWED}", last[:300]
+    assert last == f"tool: error: argument --threads: {cut} is not allowed; {FOUR_CORES_ALLOWED}", last[:300]
     with pytest.raises(SystemExit):  # a short value reads as before: its whole repr
         parser.parse_args(["--threads", "two"])
     assert capsys.readouterr().err.splitlines()[-1] == (f"tool: error: argument --threads: 'two' is not allowed; "
-                                                        f"{THREADS_ALLOWED}")
+                                                        f"{FOUR_CORES_ALLOWED}")
 
 
 @pytest.mark.parametrize("groups, files, expected", [

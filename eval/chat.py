@@ -53,6 +53,7 @@ from trainer.cli import (DefaultsHelpFormatter, ToolParser, add_model_source_fla
                          seed, utf8_text)
 from trainer.inference_flags import (  # noqa: E402
     CHAT_FREQUENCY_PENALTY,
+    TEMPERATURE_HELP,
     add_penalty_flags,
     add_rope_scaling_flag,
     apply_rope_scaling_flag,
@@ -96,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--system", type=utf8_text, default=None, help="system prompt (chat models)")
     parser.add_argument("--history", type=int_within(0, note="0: none"), default=2,
                         help="past exchanges kept in the prompt (0: none)")
-    parser.add_argument("--temperature", type=temperature, default=0.7,
-                        help="0 means greedy decoding; else at least 1e-05")
+    parser.add_argument("--temperature", type=temperature, default=0.7, help=TEMPERATURE_HELP)
     parser.add_argument("--top_p", type=top_p, default=0.9,
                         help="nucleus sampling: sample among the most likely tokens whose probabilities add up to "
                              "top_p (1: all)")

@@ -271,16 +271,20 @@ def float_within(low: float, high: float, above_low: bool = False) -> Callable[[
     return flag_type(float, parse)
 
 
-def zero_or_at_least(smallest: float, zero_means: str) -> Callable[[str], float]:
-    """A float flag's type: 0 (which means `zero_means`) or a finite number >= `smallest`."""
+def zero_or_at_least(smallest: float, zero_means: str, highest: float = math.inf,
+                     range_note: str = "") -> Callable[[str], float]:
+    """A float flag's type: 0 (which means `zero_means`) or a finite number >= `smallest` (and <= `highest`, where
+    given: `range_note` says whose range that is)."""
+    allowed = f"a finite number >= {smallest:g}" if math.isinf(highest) else f"a number in {smallest:g} .. {highest:g}"
+    allowed += f" ({range_note})" if range_note else ""
+
     def parse(text: str) -> float:
         try:
             value = ascii_float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number{ascii_hint(text)}") from None
-        if not (value == 0 or (value >= smallest and math.isfinite(value))):
-            raise argparse.ArgumentTypeError(f"{shown_text(text)} is not 0 ({zero_means}) or a finite number >= "
-                                             f"{smallest:g}")
+        if not (value == 0 or (smallest <= value <= highest and math.isfinite(value))):
+            raise argparse.ArgumentTypeError(f"{shown_text(text)} is not 0 ({zero_means}) or {allowed}")
         return value
     return flag_type(float, parse)
 

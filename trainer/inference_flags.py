@@ -21,6 +21,9 @@ from trainer.cli import float_within, int_within, zero_or_at_least
 # at most MAX_TOP_LOGPROBS most likely tokens per generated one.
 SMALLEST_DIVISOR, LARGEST_FACTOR = 1e-5, 1e5
 OPENAI_PENALTY_RANGE = (-2.0, 2.0)
+# OpenAI's API takes a temperature in OPENAI_TEMPERATURE_RANGE (0: greedy here); far past it every token is all but
+# equally likely (1e308 divided the logits to zeros: uniform sampling).
+OPENAI_TEMPERATURE_RANGE = (0.0, 2.0)
 OPENAI_LOGIT_BIAS_RANGE = (-100.0, 100.0)  # a logit_bias value: -100 bans a token, 100 all but forces it
 MAX_TOP_LOGPROBS = 20
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")  # GenerationSettings' names
@@ -49,8 +52,12 @@ def apply_rope_scaling_flag(model: Any, model_dir: Path, adapter: Path | None, f
 
 
 # The decoding flags' types (the server's requests take the same ranges, scripts/server/protocol.py): a temperature
-# below SMALLEST_DIVISOR overflows as a penalty would; ChatSession would quietly write one token for 0 new tokens.
-temperature = zero_or_at_least(SMALLEST_DIVISOR, "greedy")
+# below SMALLEST_DIVISOR overflows as a penalty would, one above OPENAI_TEMPERATURE_RANGE samples all but uniformly;
+# ChatSession would quietly write one token for 0 new tokens. A huge top-k is top-k off (transformers' warper takes
+# at most the vocabulary), so top-k has no upper bound, as the server's has none.
+temperature = zero_or_at_least(SMALLEST_DIVISOR, "greedy", OPENAI_TEMPERATURE_RANGE[1], "OpenAI's range")
+TEMPERATURE_HELP = (f"0 means greedy decoding; else {SMALLEST_DIVISOR:g} .. {OPENAI_TEMPERATURE_RANGE[1]:g} "
+                    f"(OpenAI's range, the server's too)")
 top_p = float_within(0.0, 1.0, above_low=True)
 top_k = int_within(0, note="0: off")
 max_new_tokens = int_within(1)

@@ -17,7 +17,7 @@ from dataset.json_text import read_json_field
 from dataset.shown_value import shown_json, shown_value
 from scripts.server.errors import APIError, validation_error
 from trainer.inference_flags import (LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_LOGIT_BIAS_RANGE, OPENAI_PENALTY_RANGE,
-                                     SMALLEST_DIVISOR)
+                                     OPENAI_TEMPERATURE_RANGE, SMALLEST_DIVISOR)
 
 # A seed beyond 64 bits is beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits
 # are the library's.
@@ -166,7 +166,7 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(strict=True)
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
-    temperature: float | None = Field(None, ge=0, le=2)
+    temperature: float | None = Field(None, ge=OPENAI_TEMPERATURE_RANGE[0], le=OPENAI_TEMPERATURE_RANGE[1])
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = None

@@ -19,7 +19,7 @@ from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, 
                           QKNormScope, placement_choices)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (DEFAULT_DISCOPOP_TAU, DEFAULT_F_ALPHA_DIVERGENCE_COEF, F_DIVERGENCE_READERS, LABEL_SMOOTHED,
-                         SORTED, DPOLossType, FDivergence, parse_loss_types)
+                         ROBUST_MAX_EPS, SORTED, DPOLossType, FDivergence, parse_loss_types)
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import BUILTIN
@@ -415,8 +415,9 @@ class TrainArgs:
                                                           "weighted sum of several, as TRL's loss_weights: each >= 0, "
                                                           "one > 0 at least (default: 1 each)")
     label_smoothing: float = _flag("dpo", 0.0, f"eps in [0, 0.5): the assumed probability that a pair's preference "
-                                               f"is flipped (conservative DPO for sigmoid, robust DPO's, EXO's "
-                                               f"epsilon, > 0 there, the paper's 1e-3); only "
+                                               f"is flipped (conservative DPO for sigmoid, robust DPO's, at most "
+                                               f"{ROBUST_MAX_EPS} there, EXO's epsilon, > 0 there, the paper's 1e-3); "
+                                               f"only "
                                                f"{', '.join(LABEL_SMOOTHED)} read it (0: none)")
     discopop_tau: float = _flag("dpo", DEFAULT_DISCOPOP_TAU, "tau of --loss_type discopop: the temperature of the "
                                                              "sigmoid of the margin that blends its logistic and "

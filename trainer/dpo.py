@@ -14,7 +14,8 @@ averaged over pairs. The other loss types are TRL DPOTrainer's, by its names (pe
     sigmoid       -(1 - eps) log sigma(h) - eps log sigma(-h)     conservative DPO (Mitchell 2023) for eps > 0
     hinge         max(0, 1 - h)                                    SLiC (Zhao et al. 2023, arXiv:2305.10425)
     ipo           (d - 1 / (2 beta))^2, d = l_c / n_c - l_r / n_r  IPO (Azar et al. 2023, eq. 17), per-token means
-    robust        (-(1 - eps) log sigma(h) + eps log sigma(-h)) / (1 - 2 eps)   rDPO (Chowdhury et al. 2024)
+    robust        (-(1 - eps) log sigma(h) + eps log sigma(-h)) / (1 - 2 eps)   rDPO (Chowdhury et al. 2024);
+                  eps <= ROBUST_MAX_EPS (0.4)
     exo_pair      sigma(h) (log sigma(h) - log(1 - eps)) + sigma(-h) (log sigma(-h) - log eps)   EXO (Ji et al.
                   2024, eq. 16; eps > 0)
     nca_pair      -log sigma(r_c) - log sigma(-r_c) / 2 - log sigma(-r_r) / 2   NCA (Chen et al. 2024)
@@ -166,6 +167,12 @@ class DPOLossType(StrEnum):
 # The loss types --label_smoothing applies to (TRL's, and sigmoid's conservative DPO); the others refuse it.
 LABEL_SMOOTHED = (DPOLossType.SIGMOID, DPOLossType.ROBUST, DPOLossType.EXO_PAIR, DPOLossType.AOT,
                   DPOLossType.AOT_UNPAIRED, DPOLossType.AOT_PAIR)
+# robust's loss is DPO's minus eps / (1 - 2 eps) x the margin h (log s(-h) = log s(h) - h): an unbiased estimate of
+# the clean loss under flips at rate eps, whose correction grows without bound as eps nears 0.5, where the labels say
+# nothing (--label_smoothing 0.4999999: a loss of -82,500 at h = 0.033, where DPO's is 0.68). At ROBUST_MAX_EPS the
+# correction's slope is 2 and the loss's scale 1 / (1 - 2 eps) = 5 times DPO's, the factor rDPO's error bounds grow by
+# (Chowdhury et al. 2024).
+ROBUST_MAX_EPS = 0.4
 # The loss types whose per-pair loss needs the answers' token counts.
 PER_TOKEN = (DPOLossType.IPO, DPOLossType.SIGMOID_NORM, DPOLossType.SFT)
 
@@ -198,10 +205,15 @@ def parse_loss_types(text: str) -> tuple[DPOLossType, ...]:
 
 
 def check_label_smoothing(loss_types: Sequence[str], label_smoothing: float) -> None:
-    """Refuse, in one line, a --label_smoothing none of `loss_types` reads, and exo_pair without one (its log eps)."""
+    """Refuse, in one line, a --label_smoothing none of `loss_types` reads, robust's past ROBUST_MAX_EPS, and exo_pair
+    without one (its log eps)."""
     if label_smoothing and not any(kind in LABEL_SMOOTHED for kind in loss_types):
         raise _bad_option("label_smoothing", label_smoothing, f"only --loss_type {', '.join(LABEL_SMOOTHED)} use it: "
                                                               f"leave it 0 with --loss_type {','.join(loss_types)}")
+    if DPOLossType.ROBUST in loss_types and not label_smoothing <= ROBUST_MAX_EPS:
+        raise _bad_option("label_smoothing", label_smoothing, f"--loss_type robust takes it in [0, {ROBUST_MAX_EPS}]: "
+                                                              f"its loss is DPO's minus eps / (1 - 2 eps) x the "
+                                                              f"margin, which grows without bound as eps nears 0.5")
     if DPOLossType.EXO_PAIR in loss_types and not label_smoothing:
         raise _bad_option("label_smoothing", label_smoothing, "--loss_type exo_pair needs its epsilon > 0 (the EXO "
                                                               "paper recommends 1e-3)")

@@ -269,6 +269,10 @@ SMOOTHING_REFUSED = ("--label_smoothing=0.1 is not allowed; only --loss_type sig
     ("ppo", ["--scale_rewards", "group"], "unrecognized arguments: --scale_rewards group"),
     ("dpo", ["--label_smoothing", "0.5"], "--label_smoothing=0.5 is not allowed; it must be in [0, 0.5)"),
     ("dpo", ["--label_smoothing", "-0.1"], "--label_smoothing=-0.1 is not allowed; it must be in [0, 0.5)"),
+    # robust's loss is DPO's minus eps / (1 - 2 eps) x the margin: 0.4999999 trained to a loss of about -82,000
+    ("dpo", ["--loss_type", "robust", "--label_smoothing", "0.4999999"],
+     "--label_smoothing=0.4999999 is not allowed; --loss_type robust takes it in [0, 0.4]: its loss is DPO's minus "
+     "eps / (1 - 2 eps) x the margin, which grows without bound as eps nears 0.5"),
     ("dpo", ["--loss_type", "hinge", "--label_smoothing", "0.1"],
      SMOOTHING_REFUSED),
     ("dpo", ["--loss_type", "ipo", "--label_smoothing", "0.1"],

@@ -288,6 +288,24 @@ def test_each_of_trls_other_loss_types_and_its_gradient_match_the_formula_by_han
     _check_against_hand(loss_type, eps, tau, mean)
 
 
+def test_robust_dpo_is_dpo_minus_its_noise_correction_and_takes_eps_up_to_its_bound():
+    """rDPO's loss is -log s(h) - eps / (1 - 2 eps) h: the correction's slope grows without bound as eps nears 0.5,
+    where [0, 0.5) let --label_smoothing 0.4999999 train to a loss of about -82,000 (2.5e6 times the margin). eps is
+    taken up to ROBUST_MAX_EPS (0.4, the slope 2) and refused past it in one line naming the range, by the flags'
+    check and by dpo_loss alike; the other loss types keep [0, 0.5)."""
+    for eps in (0.1, 0.4):
+        losses = dpo_loss(*_leaves(), BETA, "robust", eps)[0]
+        assert losses.tolist() == pytest.approx([math.log(1 + math.exp(-m)) - eps / (1 - 2 * eps) * m
+                                                 for m in MARGINS], rel=1e-9)
+    for eps in (0.4000001, 0.45, 0.4999999):
+        with pytest.raises(ValueError) as refused:
+            dpo_loss(*_leaves(), BETA, "sigmoid,robust", eps)
+        assert str(refused.value) == (f"--label_smoothing={eps} is not allowed; --loss_type robust takes it in "
+                                      f"[0, 0.4]: its loss is DPO's minus eps / (1 - 2 eps) x the margin, which "
+                                      f"grows without bound as eps nears 0.5")
+    assert dpo_loss(*_leaves(), BETA, "sigmoid", 0.45)[0].isfinite().all()
+
+
 def test_robust_dpo_at_eps_0_is_the_sigmoid_loss():
     """rDPO's (-(1 - eps) log s(h) + eps log s(-h)) / (1 - 2 eps) is -log s(h) at eps = 0: log(1 + e^-h)."""
     losses = dpo_loss(*_leaves(), BETA, "robust")[0]

@@ -18,12 +18,13 @@ from dataset.copy_rows import SHORTEST_ROW
 from dataset.shown_value import flag_refusal, shown_value
 from model.config import MAX_SIZE, PRESETS, SWITCHED_FIELDS, SwitchedFields, field_default, preset_fields
 from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTILL_DATA, DTYPES, MODEL_FIELDS,
-                                POLICY_LORA_FLAGS, ROLLOUT_GROUPS, SFT_DATA, TrainArgs, build_model_config,
-                                holds_out_validation, refuse_fixed_model_fields, rollout_tools, task_default,
-                                task_flags)
+                                POLICY_LORA_FLAGS, ROLLOUT_GROUPS, SAMPLED_TEMPERATURES, SFT_DATA, TrainArgs,
+                                build_model_config, holds_out_validation, refuse_fixed_model_fields, rollout_tools,
+                                task_default, task_flags)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (F_DIVERGENCE_READERS, LABEL_SMOOTHED, DPOLossType, FDivergence, check_label_smoothing,
                          check_option_values, check_options, parse_loss_types)
+from trainer.inference_flags import OPENAI_TEMPERATURE_RANGE, SMALLEST_DIVISOR
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import TOOL_REWARDS
 from trainer.rl_losses import ImportanceSamplingLevel, KLEstimator, LossType, ScaleRewards, default_scale_rewards
@@ -444,8 +445,7 @@ def _validate_gkd(args: TrainArgs) -> None:
         raise _bad("lmbda", args.lmbda, "it must be in [0, 1]")
     if args.max_new_tokens < 1:
         raise _bad("max_new_tokens", args.max_new_tokens, "it must be >= 1")
-    if not (args.sampling_temperature > 0 and math.isfinite(args.sampling_temperature)):
-        raise _bad("sampling_temperature", args.sampling_temperature, "it must be a positive number")
+    _check_sampling_temperature("sampling_temperature", args.sampling_temperature)
     if args.seq_kd and args.lmbda == 1:  # step_source: the student's draw always wins, the teacher never samples
         raise _bad("seq_kd", args.seq_kd, "with --lmbda 1 every step trains on the student's completions, never on "
                                          "the teacher's: leave one of them out")
@@ -532,12 +532,21 @@ def _validate_ppo(args: TrainArgs) -> None:
     _validate_rollouts(args)
 
 
+def _check_sampling_temperature(name: str, value: float) -> None:
+    """A trainer's sampling temperature (GRPO's and PPO's rollouts, distillation's sampled completions): in the range
+    chat's --temperature and the server's requests take, OpenAI's (trainer/inference_flags.py), less its 0 (greedy),
+    as the rollouts are sampled: past it every token is all but equally likely (1e308 divided the logits to zeros),
+    below SMALLEST_DIVISOR the logits overflow."""
+    if not SMALLEST_DIVISOR <= value <= OPENAI_TEMPERATURE_RANGE[1]:  # NaN fails too
+        raise _bad(name, value, f"it must be in {SAMPLED_TEMPERATURES} (OpenAI's range, chat's and the server's, "
+                                f"less its 0: the completions are sampled)")
+
+
 def _validate_rollouts(args: TrainArgs) -> None:
     """What GRPO and PPO share: the sampling, the KL weight, the clip range, the tools and the rewards."""
     if args.max_completion_length < 1:
         raise _bad("max_completion_length", args.max_completion_length, "it must be >= 1")
-    if not (args.temperature > 0 and math.isfinite(args.temperature)):
-        raise _bad("temperature", args.temperature, "it must be a positive number")
+    _check_sampling_temperature("temperature", args.temperature)
     if not 0 < args.top_p <= 1:
         raise _bad("top_p", args.top_p, "it must be in (0, 1]")
     if not (args.beta >= 0 and math.isfinite(args.beta)):

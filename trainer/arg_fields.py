@@ -20,6 +20,7 @@ from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, 
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (DEFAULT_DISCOPOP_TAU, DEFAULT_F_ALPHA_DIVERGENCE_COEF, F_DIVERGENCE_READERS, LABEL_SMOOTHED,
                          ROBUST_MAX_EPS, SORTED, DPOLossType, FDivergence, parse_loss_types)
+from trainer.inference_flags import OPENAI_TEMPERATURE_RANGE, SMALLEST_DIVISOR
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import BUILTIN
@@ -36,6 +37,10 @@ DEFAULT_SFT_DATA = SFT_DATA[0]  # --sft_data unset (flags_in_effect)
 DEFAULT_REWARD = "math_answer"      # GRPO's and PPO's reward without --reward (trainer/rewards.py)
 ROLLOUT_GROUPS = {task: task for task in ROLLOUT_TASKS}  # the --help section of a flag GRPO and PPO share
 LORA_GROUPS = {"lora": "lora", **ROLLOUT_GROUPS}  # the adapter flags: LoRA's section, or GRPO's/PPO's (--lora)
+
+# A trainer's sampling temperature: OpenAI's range, which chat's --temperature and the server's requests take, less
+# its 0 (greedy): the completions are sampled (trainer/arg_checks.py checks it)
+SAMPLED_TEMPERATURES = f"{SMALLEST_DIVISOR:g} .. {OPENAI_TEMPERATURE_RANGE[1]:g}"
 
 
 class ModelFlag(NamedTuple):
@@ -360,8 +365,10 @@ class TrainArgs:
                                          "to the teacher (--distill_loss) has 1 - alpha")
     temperature: float = _flag({"distill": "distill", **ROLLOUT_GROUPS}, 2.0,
                                {"distill": "T, the softmax temperature of both distributions in the soft term (> 0)",
-                                "grpo": "the rollouts' sampling temperature (> 0)",
-                                "ppo": "the rollouts' sampling temperature (> 0)"})
+                                "grpo": f"the rollouts' sampling temperature ({SAMPLED_TEMPERATURES}, OpenAI's range "
+                                        f"as chat's)",
+                                "ppo": f"the rollouts' sampling temperature ({SAMPLED_TEMPERATURES}, OpenAI's range "
+                                        f"as chat's)"})
     distill_data: str = _flag("distill", "sft", f"{_choices(DISTILL_DATA)}: the kind of --data_path (and of the "
                                                 f"default data): SFT conversations (the assistant's tokens are "
                                                 f"supervised) or pretraining text (every token)")
@@ -380,9 +387,9 @@ class TrainArgs:
                                            "teacher's: sequence-level KD (TRL's seq_kd)")
     max_new_tokens: int = _flag("distill", 128, "the most tokens a sampled completion has (--lmbda, --seq_kd; TRL's "
                                                 "max_new_tokens); it also ends where the model's context is full")
-    sampling_temperature: float = _flag("distill", 0.9, "the sampling temperature of the completions (--lmbda, "
-                                                        "--seq_kd; > 0; TRL's temperature), apart from --temperature, "
-                                                        "the loss's T")
+    sampling_temperature: float = _flag("distill", 0.9, f"the sampling temperature of the completions (--lmbda, "
+                                                        f"--seq_kd; {SAMPLED_TEMPERATURES}, OpenAI's range as chat's; "
+                                                        f"TRL's temperature), apart from --temperature, the loss's T")
     # GRPO and PPO (trainer/train_grpo.py, trainer/train_ppo.py).
     reward: list[str] | None = _flag(ROLLOUT_GROUPS, None,
                                      f"a reward function: a built-in ({', '.join(BUILTIN)}) or "

@@ -267,6 +267,10 @@ SMOOTHING_REFUSED = ("--label_smoothing=0.1 is not allowed; only --loss_type sig
        "--reward_weights=[0.0, 0.0] is not allowed; at least one weight must be non-zero (all 0: every score is 0 and "
        "the policy learns from none)") for task in ("grpo", "ppo")],
     ("ppo", ["--scale_rewards", "group"], "unrecognized arguments: --scale_rewards group"),
+    # a rollout's temperature past OpenAI's 2 (chat's and the server's bound) sampled every token all but alike
+    *[(task, ["--temperature", value], f"--temperature={shown} is not allowed; it must be in 1e-05 .. 2 (OpenAI's "
+                                       f"range, chat's and the server's, less its 0: the completions are sampled)")
+      for task in ("grpo", "ppo") for value, shown in (("1e308", "1e+308"), ("2.01", "2.01"), ("1e-6", "1e-06"))],
     ("dpo", ["--label_smoothing", "0.5"], "--label_smoothing=0.5 is not allowed; it must be in [0, 0.5)"),
     ("dpo", ["--label_smoothing", "-0.1"], "--label_smoothing=-0.1 is not allowed; it must be in [0, 0.5)"),
     # robust's loss is DPO's minus eps / (1 - 2 eps) x the margin: 0.4999999 trained to a loss of about -82,000

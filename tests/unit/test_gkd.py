@@ -277,6 +277,10 @@ def test_a_rows_empty_last_answer_is_sampled_for_after_the_conversation_before_i
     assert set(labels[start + 1:]) <= {-100}  # the newline after it, unsupervised
 
 
+SAMPLED = ("it must be in 1e-05 .. 2 (OpenAI's range, chat's and the server's, less its 0: the completions are "
+           "sampled)")
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--distill_loss", "tvd"], "--distill_loss='tvd' is not allowed; choose one of kl, jsd"),
     (["--distill_loss", "jsd", "--jsd_beta", "1.5"], "--jsd_beta=1.5 is not allowed; it must be in [0, 1]"),
@@ -284,8 +288,9 @@ def test_a_rows_empty_last_answer_is_sampled_for_after_the_conversation_before_i
                             "jsd with it, or leave --jsd_beta out"),
     (["--lmbda", "-0.1"], "--lmbda=-0.1 is not allowed; it must be in [0, 1]"),
     (["--lmbda", "1", "--max_new_tokens", "0"], "--max_new_tokens=0 is not allowed; it must be >= 1"),
-    (["--seq_kd", "--sampling_temperature", "0"],
-     "--sampling_temperature=0.0 is not allowed; it must be a positive number"),
+    (["--seq_kd", "--sampling_temperature", "0"], f"--sampling_temperature=0.0 is not allowed; {SAMPLED}"),
+    # past OpenAI's 2 every token was all but equally likely (1e308 divided the logits to zeros), as chat's flag
+    (["--seq_kd", "--sampling_temperature", "2.5"], f"--sampling_temperature=2.5 is not allowed; {SAMPLED}"),
     (["--max_new_tokens", "16"], "--max_new_tokens=16 is not allowed; only --lmbda > 0 or --seq_kd (sampled "
                                  "completions) uses it: give --lmbda or --seq_kd with it, or leave --max_new_tokens "
                                  "out"),
@@ -299,8 +304,7 @@ def test_a_rows_empty_last_answer_is_sampled_for_after_the_conversation_before_i
                                                  "conversation's prompt, which pretraining text has none of: use "
                                                  "--distill_data sft"),
     (["--lmbda", "1.5"], "--lmbda=1.5 is not allowed; it must be in [0, 1]"),
-    (["--seq_kd", "--sampling_temperature", "inf"],
-     "--sampling_temperature=inf is not allowed; it must be a positive number"),
+    (["--seq_kd", "--sampling_temperature", "inf"], f"--sampling_temperature=inf is not allowed; {SAMPLED}"),
     (["--sampling_temperature", "0.5"], "--sampling_temperature=0.5 is not allowed; only --lmbda > 0 or --seq_kd "
                                         "(sampled completions) uses it: give --lmbda or --seq_kd with it, or leave "
                                         "--sampling_temperature out"),

@@ -207,7 +207,7 @@ class ThreadPolicy:
         omp = environ.get("OMP_NUM_THREADS", "").strip()
         if setting != THREADS_AUTO:
             self.threads, self.pinned_by = int(setting), "--threads"
-        elif omp.isdigit() and int(omp) > 0:
+        elif omp.isascii() and omp.isdigit() and int(omp) > 0:  # as libgomp reads it: '٣' is no count there
             self.threads, self.pinned_by = int(omp), "OMP_NUM_THREADS"
         else:
             self.threads = self.cores

@@ -209,6 +209,8 @@ def test_auto_uses_the_measured_load_and_pins_override_it(monkeypatch):
     assert policy.describe().startswith("threads: 3 (auto: 4 usable cores, other processes used 1.0")
     assert ThreadPolicy(2, environ={"OMP_NUM_THREADS": "1"}).describe().startswith("threads: 2 (pinned by --threads")
     assert ThreadPolicy("auto", environ={"OMP_NUM_THREADS": "1"}).threads == 1
+    # Digits of another script are no count for libgomp (it ignores the variable): none here either.
+    assert ThreadPolicy("auto", environ={"OMP_NUM_THREADS": "\u0661"}).pinned_by is None
 
 
 def test_a_burst_at_start_takes_no_core_for_the_run(monkeypatch):

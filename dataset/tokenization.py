@@ -19,6 +19,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from dataset.atomic_io import atomic_write_text, first_line, folder_lock, not_utf8
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_json
+from dataset.tokenizer_marker import TOKENIZER_MARKER
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "model"
 _BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE's alphabet, read back
@@ -26,10 +27,9 @@ _WORD_MARK = "\u2581"  # SentencePiece's "▁": a space before the word
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte no piece holds, as its own token
 
 
-# A model directory's record of its tokenizer files (trainer/export.py save_model_dir): {"writing": true, "files":
-# [the names of the earlier save's and this one's]} while a save moves them in one by one, then {"files": [their
-# names]} once they are all in place.
-TOKENIZER_MARKER = "tokenizer_files.json"
+# TOKENIZER_MARKER, a model directory's record of its tokenizer files (trainer/export.py save_model_dir): {"writing":
+# true, "files": [the names of the earlier save's and this one's]} while a save moves them in one by one, then
+# {"files": [their names]} once they are all in place.
 # Held by the one save moving files into a model directory (model_dir_lock), and how long another save waits for it:
 # the moves take seconds at most, so a longer hold is a stopped or stuck process, and the second save is refused.
 SAVE_LOCK = ".save.lock"

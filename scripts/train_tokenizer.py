@@ -37,11 +37,11 @@ from dataset.chat_format import CHATML_TEMPLATE, ENDOFTEXT, IM_END, SPECIAL_TOKE
 from dataset.jsonl import check_data_file, iter_records  # noqa: E402
 from dataset.tokenization import (  # noqa: E402
     DEFAULT_TOKENIZER_DIR,
-    TOKENIZER_MARKER,
     begin_tokenizer_save,
     end_tokenizer_save,
     model_dir_lock,
 )
+from dataset.tokenizer_marker import TOKENIZER_MARKER  # noqa: E402
 from trainer.cli import ToolParser, int_within, path_arg, run_main  # noqa: E402
 from trainer.run_dir import is_model_dir, report_error  # noqa: E402
 

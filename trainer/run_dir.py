@@ -32,6 +32,7 @@ from typing import Any
 from dataset.atomic_io import check_folder_path, check_output_file, path_overlap, read_text_file
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_value
+from dataset.tokenizer_marker import TOKENIZER_MARKER
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -316,9 +317,10 @@ def check_out_dir(out_dir: Path, inputs: dict[str, Path], data: dict[str, Path] 
 
 def model_dir_files(folder: Path) -> list[Path]:
     """The files of a model (or adapter) directory that a tool reads or its run wrote, where they exist: the run's
-    files (RUN_FILES), the tokenizer's (TOKENIZER_FILES) and every *.safetensors (a sharded checkpoint's shards).
-    A report the tool writes (eval/evaluate.py --json out/sft/eval.json) may go beside them, never over one."""
-    names = [name for name in (*RUN_FILES, *TOKENIZER_FILES) if not name.endswith(".safetensors")]
+    files (RUN_FILES), the tokenizer's (TOKENIZER_FILES) and their record (TOKENIZER_MARKER, which every load
+    checks) and every *.safetensors (a sharded checkpoint's shards). A report the tool writes (eval/evaluate.py
+    --json out/sft/eval.json) may go beside them, never over one."""
+    names = [name for name in (*RUN_FILES, *TOKENIZER_FILES, TOKENIZER_MARKER) if not name.endswith(".safetensors")]
     found = [folder / name for name in names if (folder / name).is_file()]
     return found + sorted(p for p in folder.glob("*.safetensors") if p.is_file())
 

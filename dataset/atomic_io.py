@@ -82,19 +82,34 @@ def _not_a_folder(path: Path, blocker: Path) -> str:
     return f"{path} is a file, not a folder" if blocker == path else f"{path}: {blocker} is a file, not a folder"
 
 
+def _not_a_file(path: Path) -> str:
+    """The one wording of a folder where the file `path` must go (the other way round from _not_a_folder)."""
+    return f"{path} is a folder, not a file"
+
+
+def check_not_a_folder(path: Path) -> None:
+    """Refuse, in one line naming it, a `path` to be written as a file that is a folder (or a link to one: a `mkdir`
+    in its place): a write replaces the file (atomic_path's os.replace), which fails on a folder, after the work."""
+    if path.is_dir():
+        raise ValueError(_not_a_file(path))
+
+
 def check_folder_path(path: Path, flag: str, itself: bool = True) -> None:
     """Refuse, in one line naming `flag`, a `path` that cannot be made a folder because it, or a folder above it,
-    is a file (mkdir would fail there, after the work); `itself=False`: `path` is to be a file, and only the
-    folders above it are checked. A name the system refuses to look up (a component over NAME_MAX bytes, a path
-    over 4,096: an OSError traceback) is refused the same way."""
+    is a file (mkdir would fail there, after the work); `itself=False`: `path` is to be a file, so the folders above
+    it are checked, and it must not be a folder (check_not_a_folder). A name the system refuses to look up (a
+    component over NAME_MAX bytes, a path over 4,096: an OSError traceback) is refused the same way."""
     try:
         if name_too_long(path):  # the lookup below may stop at a missing folder first, and mkdir fail after the work
             raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
         blocker = file_in_the_way(path if itself else path.parent)
+        folder_there = not itself and path.is_dir()
     except OSError as error:  # exists() passes over a missing folder only: File name too long, Permission denied
         raise ValueError(f"{flag} {_cannot_name(path, error, itself)}") from None
     if blocker is not None:
         raise ValueError(f"{flag} {_not_a_folder(path, blocker)}")
+    if folder_there:
+        raise ValueError(f"{flag} {_not_a_file(path)}")
     # The folder the writes land in (or would be made in) must take them: refused before the work, not after it.
     existing = next(p for p in (path if itself else path.parent, *path.parents) if p.exists())
     if not os.access(existing, os.W_OK | os.X_OK):

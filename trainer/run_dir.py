@@ -67,6 +67,7 @@ MODEL_FILES = ("config.json", *WEIGHT_FILES, "generation_config.json", ADAPTER_C
                "adapter_model.safetensors", MERGED_DIR)
 # What a run writes in its --out_dir and --overwrite removes (the tokenizer files stay: the same for every run).
 RUN_FILES = (CHECKPOINT_DIR, METRICS_FILE, SUMMARY_FILE, CONFIG_FILE, *MODEL_FILES)
+RUN_FOLDERS = (CHECKPOINT_DIR, MERGED_DIR)  # the folders among them; the rest are files
 # The files a model directory's tokenizer and chat template may be read from (transformers' names).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
@@ -208,10 +209,12 @@ def list_checkpoints(root: Path) -> list[Path]:
 # --------------------------------------------------------------------------- one run per directory
 def recorded_config(run_dir: Path) -> dict[str, Any]:
     """The trainer arguments a run recorded in its train_config.yaml; {} where there is none (no run there, or a
-    file that is not a YAML mapping). A file that is not UTF-8 (or cannot be read) is a ValueError naming it: its
-    UnicodeDecodeError reached the tools' one line without the file ("'utf-8' codec can't decode byte 0xff")."""
+    file that is not a YAML mapping). A file that is not UTF-8, a directory (a `mkdir` in its place: read as no
+    record, it was a resume's IsADirectoryError traceback where the run wrote it) or one that cannot be read is a
+    ValueError naming it: its UnicodeDecodeError reached the tools' one line without the file ("'utf-8' codec can't
+    decode byte 0xff")."""
     config_file = run_dir / CONFIG_FILE
-    if not config_file.is_file():
+    if not config_file.exists():  # none (a dangling link too)
         return {}
     import yaml
 
@@ -296,12 +299,16 @@ def refuse_previous_run(out_dir: Path, what: str, why: str = "", resuming: bool 
 
 def check_out_dir(out_dir: Path, inputs: dict[str, Path], data: dict[str, Path] | None = None) -> None:
     """Refuse, in one line naming the flags, an --out_dir that cannot be a directory (a file, or under one; nor can
-    its checkpoints folder be one) or that is, holds or lies inside one of the run's `inputs` (flag -> model
-    directory it reads): the run writes its files there and --overwrite removes a run's model files, which would
-    destroy the input (path_overlap: a symlink is seen through); or where one of its `data` files (flag -> file) is,
-    or lies inside, one of the files a run writes there (RUN_FILES)."""
+    its checkpoints folder be one, nor one of the files a run writes there a folder: --overwrite or not, the run
+    never makes one, so it is not the run's to remove) or that is, holds or lies inside one of the run's `inputs`
+    (flag -> model directory it reads): the run writes its files there and --overwrite removes a run's model files,
+    which would destroy the input (path_overlap: a symlink is seen through); or where one of its `data` files (flag
+    -> file) is, or lies inside, one of the files a run writes there (RUN_FILES)."""
     check_folder_path(out_dir, "--out_dir")
     check_folder_path(out_dir / CHECKPOINT_DIR, "--out_dir")  # else the first save fails, after the training to it
+    for name in RUN_FILES:  # a folder in the place of one of the run's files: the run failed where it wrote it
+        if name not in RUN_FOLDERS:
+            check_folder_path(out_dir / name, "--out_dir", itself=False)
     for flag, source in inputs.items():
         if relation := path_overlap(out_dir, source):
             raise ValueError(f"--out_dir {out_dir} {relation} {flag} {source}: the run would write over (with "

@@ -12,14 +12,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from dataset.atomic_io import check_folder_path, make_dirs, path_overlap
+from dataset.atomic_io import check_folder_path, check_not_a_folder, make_dirs, path_overlap
 from scripts.sweep_runner.command import build_command, trainer_of, trial_id
 from scripts.sweep_runner.config import agent_only_settings, load_sweep_config, parse_only, sweep_name
 from scripts.sweep_runner.engine import propose_next
 from scripts.sweep_runner.errors import SweepConfigError, SweepWriteError
 from scripts.sweep_runner.recording import bring_back_records, cannot_write, load_state, metric_value, writing
 from scripts.sweep_runner.trial import TrialOutcome, default_wandb_mode, run_trial, running_trials
-from trainer.run_dir import EXIT_ERROR, resolve_path
+from trainer.run_dir import EXIT_ERROR, SUMMARY_FILE, resolve_path
 from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, SWEEP_TRIAL_VARIABLE, TRIALS_DIR,
                                append_result, default_sweep_dir, done_records, restorable_records, save_records,
                                swept_names, sweep_dir_lock, trial_dir_name, write_state)
@@ -204,6 +204,7 @@ class SweepRunner:
         print(f"{_label(index, pending)} ...", end=" " if self.workers == 1 else " started\n", flush=True)
         try:
             make_dirs(trial_dir)  # here, not in the worker thread: a file in the way is one line, not a traceback
+            check_not_a_folder(trial_dir / SUMMARY_FILE)  # run_trial removes a stale one, and reads the new one
         except (ValueError, OSError) as error:  # OSError: a full disk, a folder turned read-only
             message = cannot_write(error, trial_dir) if isinstance(error, OSError) else str(error)
             self.record(_Attempt(pending, index, time.time()), TrialOutcome("failed", EXIT_ERROR, {}, message))

@@ -293,6 +293,21 @@ def test_a_file_where_the_checkpoints_go_is_one_line_before_the_data(train_data,
     assert error == f"error: --out_dir {out_dir / 'checkpoints'} is a file, not a folder"
     assert sorted(p.name for p in out_dir.iterdir()) == ["checkpoints"]
 
+@pytest.mark.parametrize("name", ["run_summary.json", "train_config.yaml"])
+def test_a_folder_in_the_place_of_a_run_file_refuses_the_resume_and_changes_nothing(name, finished, train_data,
+                                                                                     capsys):
+    """A run folder whose run_summary.json or train_config.yaml was replaced by a folder: `--resume auto` went on
+    from the checkpoint and ended in an IsADirectoryError traceback, when it removed the summary (after its checks)
+    or wrote its config."""
+    (finished / name).unlink()
+    (finished / name).mkdir()
+    before = _files(finished)
+    argv = pretrain_argv(train_data, finished, "--batch_size", "4", "--max_steps", "6", "--resume", "auto")
+    error = refused_run("pretrain", argv, capsys)
+    assert error == f"error: --out_dir {finished / name} is a folder, not a file"
+    assert _files(finished) == before and (finished / name).is_dir()
+
+
 @pytest.mark.parametrize("task, flag", [("sft", "--from_weight"), ("lora", "--from_weight"),
                                         ("distill", "--teacher")])
 def test_an_input_model_missing_a_weight_is_refused_naming_it(task, flag, tiny_models, train_data, tmp_path,

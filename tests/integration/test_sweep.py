@@ -1461,6 +1461,25 @@ def test_a_file_in_the_way_of_a_trial_folder_is_one_line(tmp_path, capsys):
     assert records[2]["status"] == "finished"  # the sweep went on
 
 
+def test_a_folder_in_the_place_of_a_trials_run_summary_is_one_line(tmp_path, capsys):
+    """A trial folder whose run_summary.json is a folder (a `mkdir` in its place): the runner, removing the stale
+    summary before the trial's new attempt, ended in an IsADirectoryError traceback, the other trials unrun."""
+    path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})
+    sweep_dir = tmp_path / "sweep"
+    folder = sweep_dir / "trials" / trial_id({"seed": 1}, ["seed"]) / "run_summary.json"
+    folder.mkdir(parents=True)
+    assert sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--wandb_mode", "disabled"]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "Traceback" not in captured.out
+    lines = [line for line in captured.err.splitlines() if str(folder) in line]
+    assert lines == [f"  trial [1] {folder.parent.name} failed (exit 2): {folder} is a folder, not a file"], \
+        captured.err
+    records = {r["params"]["seed"]: r for r in read_results(sweep_dir)}
+    assert records[1]["status"] == "failed" and records[1]["error"] == f"{folder} is a folder, not a file"
+    assert records[2]["status"] == "finished"  # the sweep went on
+    assert folder.is_dir() and not (folder.parent / "attempts.txt").exists()  # the trial did not run
+
+
 def test_settings_only_wandbs_agent_applies_are_named_at_the_start(tmp_path, capsys):
     """early_terminate (Hyperband) and metric.target stop trials or the sweep on wandb's server: this runner ran
     every trial to its end without a word, as if the YAML's early stopping had found nothing to stop."""

@@ -213,6 +213,41 @@ def test_a_symlink_loop_where_the_run_writes_is_one_line_naming_it(tmp_path, nam
         check_out_dir(out, {}, {"--data_path": tmp_path / "train.jsonl"})
 
 
+@pytest.mark.parametrize("name", ["run_summary.json", "train_config.yaml", "metrics.jsonl", "config.json"])
+def test_a_folder_in_the_place_of_a_file_the_run_writes_is_one_line_naming_it(tmp_path, name):
+    """A run folder whose run_summary.json (train_config.yaml, metrics.jsonl, a model file) is a folder, a `mkdir`
+    in its place or a link to one: every start and resume in it checked nothing of the kind, and the run ended where
+    it wrote that file in an IsADirectoryError traceback (a resume: after it had removed the summary or trained)."""
+    out = tmp_path / "out"
+    (out / name).mkdir(parents=True)
+    with pytest.raises(ValueError) as refused:
+        check_out_dir(out, {})
+    assert str(refused.value) == f"--out_dir {out / name} is a folder, not a file"
+    (out / name).rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    (out / name).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=rf"^--out_dir {out / name} is a folder, not a file$"):
+        check_out_dir(out, {})
+    (out / name).unlink()
+    (out / name).write_text("{}")  # the file itself, and a folder beside it, are fine
+    (out / "notes").mkdir()
+    check_out_dir(out, {})
+
+
+def test_a_recorded_config_that_is_a_folder_is_refused_naming_it(tmp_path):
+    """recorded_config, the reader every tool shares (chat and evaluate on a model, the trainer on its lineage), read
+    a train_config.yaml that is a folder as no record: chat and evaluate went on without the model's task or its
+    trained length, and a resume in that folder trained and then ended in an IsADirectoryError traceback."""
+    folder = _model(tmp_path / "m")
+    (folder / "train_config.yaml").mkdir()
+    with pytest.raises(ValueError) as refused:
+        model_task(folder)
+    assert str(refused.value) == f"{folder / 'train_config.yaml'}: is a directory, not a YAML file"
+    (folder / "train_config.yaml").rmdir()
+    (folder / "train_config.yaml").symlink_to(tmp_path / "gone")  # a dangling link is no record, as none is
+    assert model_task(folder) is None
+
+
 def test_the_metrics_log_keeps_the_resumed_steps_and_writes_only_where_enabled(tmp_path):
     """trainer/metrics_log.py: a resume at step 2 keeps the records up to and including step 2 (the checkpoint's
     own), a non-finite number is written as null (strict JSON has no NaN), and a process with the log disabled (not

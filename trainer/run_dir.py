@@ -309,6 +309,7 @@ def check_out_dir(out_dir: Path, inputs: dict[str, Path], data: dict[str, Path] 
     for name in RUN_FILES:  # a folder in the place of one of the run's files: the run failed where it wrote it
         if name not in RUN_FOLDERS:
             check_folder_path(out_dir / name, "--out_dir", itself=False)
+    _check_checkpoint_places(out_dir / CHECKPOINT_DIR)
     for flag, source in inputs.items():
         if relation := path_overlap(out_dir, source):
             raise ValueError(f"--out_dir {out_dir} {relation} {flag} {source}: the run would write over (with "
@@ -320,6 +321,28 @@ def check_out_dir(out_dir: Path, inputs: dict[str, Path], data: dict[str, Path] 
         if written is not None:
             raise ValueError(f"{flag} {source} is the run's own {written} in --out_dir {out_dir}: the run would "
                              f"write over (or remove) the data it reads; move the data or choose another --out_dir")
+
+
+def _check_checkpoint_places(root: Path) -> None:
+    """Refuse, in one line naming it, an entry of a run's checkpoints folder `root` where the run saves a checkpoint
+    (a checkpoint's name, or its save's temp folder's) that is no folder of the run's own: a file, or a symlink (to
+    `root` itself, a folder above it, anywhere). The save writes a folder there and replaces it (os.replace onto it:
+    a NotADirectoryError traceback after the training to that step), and a rotation removes it (through a link,
+    the trainer_state.json of the folder it leads to). A link that loops is path_overlap's one line. Other names
+    are left alone: the run never reads or writes them."""
+    if not root.is_dir():
+        return
+    for entry in sorted(root.iterdir()):
+        if checkpoint_step(entry.name.removeprefix(".tmp_")) is None:
+            continue
+        relation = path_overlap(entry, root)
+        if entry.is_symlink():
+            holds = ", a folder that holds it," if relation in ("is", "holds") else ""
+            raise ValueError(f"--out_dir {entry} is a symlink to {entry.resolve()}{holds} not a checkpoint folder: "
+                             f"the run saves its checkpoints there as folders of its own, and replaces and removes "
+                             f"them; remove the link (a checkpoint of another folder is resumed with --resume PATH)")
+        if not entry.is_dir():  # a file there: check_folder_path's line
+            check_folder_path(entry, "--out_dir")
 
 
 def model_dir_files(folder: Path) -> list[Path]:

@@ -308,6 +308,22 @@ def test_a_folder_in_the_place_of_a_run_file_refuses_the_resume_and_changes_noth
     assert _files(finished) == before and (finished / name).is_dir()
 
 
+@pytest.mark.parametrize("target", [".", ".."])
+def test_a_symlink_where_a_checkpoint_goes_refuses_the_resume_before_any_training(target, finished, train_data,
+                                                                                  capsys):
+    """checkpoints/step_00000005 a symlink to checkpoints/ itself (or to the run folder): `--resume auto` trained
+    steps 4 and 5 and died with a NotADirectoryError traceback at the save of step 5, the link in its way."""
+    link = finished / "checkpoints" / "step_00000005"
+    link.symlink_to(target)
+    before = _files(finished)
+    argv = pretrain_argv(train_data, finished, "--batch_size", "4", "--max_steps", "6", "--save_interval", "1",
+                         "--resume", "auto")
+    error = refused_run("pretrain", argv, capsys)
+    assert error.startswith(f"error: --out_dir {link} is a symlink to {link.resolve()}, a folder that holds it, not "
+                            f"a checkpoint folder: "), error
+    assert _files(finished) == before and link.is_symlink()
+
+
 @pytest.mark.parametrize("task, flag", [("sft", "--from_weight"), ("lora", "--from_weight"),
                                         ("distill", "--teacher")])
 def test_an_input_model_missing_a_weight_is_refused_naming_it(task, flag, tiny_models, train_data, tmp_path,

@@ -248,6 +248,42 @@ def test_a_recorded_config_that_is_a_folder_is_refused_naming_it(tmp_path):
     assert model_task(folder) is None
 
 
+@pytest.mark.parametrize("name, target", [("step_00000005", "."), ("step_00000005", ".."),
+                                          (".tmp_step_00000005", "."), ("step_00000005", "../../elsewhere")])
+def test_a_symlink_where_the_run_saves_a_checkpoint_is_one_line_naming_it(tmp_path, name, target):
+    """A symlink in checkpoints/ at a checkpoint's name (or its save's temp folder's) leading back to the folder
+    that holds it, or anywhere: the save at its step failed with a NotADirectoryError traceback (os.replace onto the
+    link), after the training to it; a rotation would remove what a link to another folder leads to."""
+    out = tmp_path / "out"
+    _checkpoint(out, 3)
+    (tmp_path / "elsewhere").mkdir()
+    (out / "checkpoints" / name).symlink_to(target)
+    resolved = (out / "checkpoints" / name).resolve()
+    holds = ", a folder that holds it," if target in (".", "..") else ""
+    with pytest.raises(ValueError) as refused:
+        check_out_dir(out, {})
+    assert str(refused.value) == (f"--out_dir {out / 'checkpoints' / name} is a symlink to {resolved}{holds} not a "
+                                  f"checkpoint folder: the run saves its checkpoints there as folders of its own, "
+                                  f"and replaces and removes them; remove the link (a checkpoint of another folder "
+                                  f"is resumed with --resume PATH)")
+
+
+def test_a_file_or_a_loop_where_the_run_saves_a_checkpoint_is_one_line_and_other_names_are_left_alone(tmp_path):
+    out = tmp_path / "out"
+    _checkpoint(out, 3)
+    (out / "checkpoints" / "step_00000005").write_text("x")
+    with pytest.raises(ValueError, match=rf"^--out_dir {out / 'checkpoints' / 'step_00000005'} is a file, not a "
+                                         rf"folder$"):
+        check_out_dir(out, {})
+    (out / "checkpoints" / "step_00000005").unlink()
+    (out / "checkpoints" / "step_00000005").symlink_to("step_00000005")
+    with pytest.raises(ValueError, match=rf"^{out / 'checkpoints' / 'step_00000005'}: a symlink loop"):
+        check_out_dir(out, {})
+    (out / "checkpoints" / "step_00000005").unlink()
+    (out / "checkpoints" / "notes").symlink_to("..")  # no save goes there: the run never reads or writes it
+    check_out_dir(out, {})
+
+
 def test_the_metrics_log_keeps_the_resumed_steps_and_writes_only_where_enabled(tmp_path):
     """trainer/metrics_log.py: a resume at step 2 keeps the records up to and including step 2 (the checkpoint's
     own), a non-finite number is written as null (strict JSON has no NaN), and a process with the log disabled (not

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dataset.atomic_io import NAME_MAX, atomic_path, atomic_write_text, read_text_file
+from dataset.atomic_io import NAME_MAX, atomic_path, atomic_write_text, check_not_a_folder, read_text_file
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_value
 from trainer.run_dir import (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, append_jsonl, read_jsonl, read_summary,
@@ -252,6 +252,11 @@ def restore_records(records_dir: Path, sweep_dir: Path, by_trainer: bool = False
     restorable = restorable_records(records_dir, sweep_dir, by_trainer)
     missing = {tid: record for tid, (record, _) in restorable.items()}
     recorded_done = done_records(records_dir)
+    # Every place a file goes is checked before anything is copied: a folder where a trial's file goes (a `mkdir` in
+    # its place: the copy's IsADirectoryError traceback) is refused with the sweep folder as it was.
+    for tid in missing:
+        for name in (*RECORD_FILES, METRICS_FILE):
+            check_not_a_folder(sweep_dir / trial_dir_name(tid) / name)
     for tid, record in missing.items():
         source, target = records_dir / trial_dir_name(tid), sweep_dir / trial_dir_name(tid)
         for name in RECORD_FILES:

@@ -541,6 +541,28 @@ def test_a_records_done_trial_without_its_summary_is_one_line_and_runs_again_onc
     assert sorted(r["status"] for r in read_results(records)) == ["finished", "finished"]
 
 
+@pytest.mark.parametrize("name", ["run_summary.json", "train_config.yaml", "metrics.jsonl"])
+def test_a_folder_where_a_restored_trials_file_goes_is_one_line_and_nothing_is_restored(tmp_path, capsys, name):
+    """A sweep folder whose trial holds a folder where the records' run_summary.json (train_config.yaml,
+    metrics.jsonl) goes back: the copy ended the sweep in an IsADirectoryError traceback, the trials before it
+    brought back."""
+    path = _fake_sweep(tmp_path, {"mode": {"values": ["ok"]}, "seed": {"values": [1, 2]}})
+    sweep_dir, records = tmp_path / "sweep", tmp_path / "records"
+    run_sweep(path, sweep_dir, wandb_mode="disabled", records_dir=records)
+    (records / "trials" / trial_id({"mode": "ok", "seed": 2}, ["mode", "seed"]) / "train_config.yaml").write_text(
+        "task: pretrain\n")  # the fake trainer writes none
+    shutil.rmtree(sweep_dir)
+    folder = sweep_dir / "trials" / trial_id({"mode": "ok", "seed": 2}, ["mode", "seed"]) / name
+    folder.mkdir(parents=True)
+    capsys.readouterr()
+    assert sweep_mod.main([str(path), "--sweep_dir", str(sweep_dir), "--records_dir", str(records),
+                           "--wandb_mode", "disabled"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {folder} is a folder, not a file\n", err
+    assert not (sweep_dir / "results.jsonl").exists() and [p.name for p in (sweep_dir / "trials").iterdir()] == [
+        folder.parent.name] and [p.name for p in folder.parent.iterdir()] == [name]
+
+
 def test_max_trials_0_only_brings_the_records_back(tmp_path, capsys):
     """As the docs say (sweeps.md, study.md): `--max_trials 0` on a fresh clone restores the done trials for the
     report and runs none."""

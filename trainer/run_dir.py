@@ -306,7 +306,9 @@ def check_out_dir(out_dir: Path, inputs: dict[str, Path], data: dict[str, Path] 
     -> file) is, or lies inside, one of the files a run writes there (RUN_FILES)."""
     check_folder_path(out_dir, "--out_dir")
     check_folder_path(out_dir / CHECKPOINT_DIR, "--out_dir")  # else the first save fails, after the training to it
-    for name in RUN_FILES:  # a folder in the place of one of the run's files: the run failed where it wrote it
+    # A folder in the place of one of the run's files (its tokenizer's too, saved with the final model): the run
+    # failed where it wrote it, after the training.
+    for name in (*RUN_FILES, *TOKENIZER_FILES, TOKENIZER_MARKER):
         if name not in RUN_FOLDERS:
             check_folder_path(out_dir / name, "--out_dir", itself=False)
     _check_checkpoint_places(out_dir / CHECKPOINT_DIR)

@@ -213,7 +213,8 @@ def test_a_symlink_loop_where_the_run_writes_is_one_line_naming_it(tmp_path, nam
         check_out_dir(out, {}, {"--data_path": tmp_path / "train.jsonl"})
 
 
-@pytest.mark.parametrize("name", ["run_summary.json", "train_config.yaml", "metrics.jsonl", "config.json"])
+@pytest.mark.parametrize("name", ["run_summary.json", "train_config.yaml", "metrics.jsonl", "config.json",
+                                  "tokenizer.json", "tokenizer_files.json"])
 def test_a_folder_in_the_place_of_a_file_the_run_writes_is_one_line_naming_it(tmp_path, name):
     """A run folder whose run_summary.json (train_config.yaml, metrics.jsonl, a model file) is a folder, a `mkdir`
     in its place or a link to one: every start and resume in it checked nothing of the kind, and the run ended where

@@ -43,7 +43,7 @@ from dataset.tokenization import (  # noqa: E402
 )
 from dataset.tokenizer_marker import TOKENIZER_MARKER  # noqa: E402
 from trainer.cli import ToolParser, int_within, path_arg, run_main  # noqa: E402
-from trainer.run_dir import is_model_dir, report_error  # noqa: E402
+from trainer.run_dir import is_model_dir, report_error, resolve_input_path  # noqa: E402
 
 DEFAULT_VOCAB_SIZE = 6400  # MiniMind's size: small enough that the embedding does not dominate a tiny model
 # The vocabulary always holds the 256 byte symbols and the special tokens: a smaller size would silently give this
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
             data_path = ensure_default_corpus().pretrain_train
         else:
-            data_path = Path(args.data_path)
+            data_path = resolve_input_path(args.data_path)  # from here, else from the repo root
         tokenizer = wrap(train_bpe(iter_texts(data_path), args.vocab_size))
         written = save(tokenizer, out_dir)
     except ValueError as error:

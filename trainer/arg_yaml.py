@@ -14,7 +14,7 @@ from trainer.arg_fields import FLAG_DEFAULTS, MODEL_FIELDS, settable_model_field
 from trainer.arg_parser import build_parser, takes_several
 from trainer.cli import boolean
 from trainer.number_text import ascii_hint, number_reader
-from trainer.run_dir import CREATE_COMMANDS, RUN_ID_KEY, TASKS, resolve_path
+from trainer.run_dir import CREATE_COMMANDS, RUN_ID_KEY, TASKS, resolve_input_path
 from trainer.yaml_file import read_yaml
 
 
@@ -23,7 +23,7 @@ def load_yaml_config(path: str | Path, task: str = "pretrain",
     """Read a --config YAML for `task`'s trainer: each value converted and checked as its flag's command-line value
     would be (`parser`: the trainer's). An unknown key, a value its flag would refuse, a file that cannot be read:
     a ValueError naming the file and the key."""
-    path = resolve_path(path) if not Path(path).exists() else Path(path)
+    path = resolve_input_path(path)
     try:
         data = read_yaml(path) or {}
     except ValueError as error:

@@ -50,7 +50,7 @@ from trainer.optim import scheduled_lrs
 from trainer.reporting import TrainingReporter
 from trainer.resume_checks import (adopt_saved_architecture, check_resume_compatible, check_resume_length,
                                    check_same_task, check_saved_architecture)
-from trainer.run_dir import CHECKPOINT_DIR, ROLLOUT_TASKS, resolve_path
+from trainer.run_dir import CHECKPOINT_DIR, ROLLOUT_TASKS, resolve_input_path
 from trainer.run_inputs import build_model, check_inputs, check_vocab_size, effective_config, load_run_tokenizer
 from trainer.run_length import budget_length_after, budget_plan_line, plan_run_length
 from trainer.run_optimizer import make_optimizer, make_scheduler
@@ -125,7 +125,7 @@ class Trainer:
         # One --out_dir seen by every process, or one per machine (then each machine keeps a whole checkpoint).
         self.shared_storage = probe_storage(self.accelerator, self.out_dir,
                                             node_local_allowed=not state_is_sharded(self.accelerator))
-        explicit = resolve_path(args.resume) if args.resume and args.resume != "auto" else None
+        explicit = resolve_input_path(args.resume) if args.resume and args.resume != "auto" else None
         # One run per directory: refuse to replace or mix with another run there (--overwrite: its files go once
         # this run's inputs are all checked, clear_previous_files in restore_and_clear).
         start = agree_on_start(self.accelerator, args.resume, self.out_dir, explicit, overwrite=args.overwrite,

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from dataset.split_names import DPO, GRPO, LORA, PRETRAIN, SFT, SFT_TOOLS, SplitNames
 from trainer.arg_fields import TrainArgs, flags_in_effect, rollout_tools
-from trainer.run_dir import ROLLOUT_TASKS, resolve_path
+from trainer.run_dir import ROLLOUT_TASKS, resolve_input_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -149,10 +149,10 @@ def build_run_data(args: TrainArgs, tokenizer: PreTrainedTokenizerBase, quiet: b
         sft_data = flags_in_effect(args.to_dict())["sft_data"] if args.task == "sft" else "chat"
         train_path, val_path = default_data(data_task(args), quiet, sft_data)
         if args.val_data_path is not None:
-            val_path = resolve_path(args.val_data_path)
+            val_path = resolve_input_path(args.val_data_path)
     else:
-        train_path = resolve_path(args.data_path)
-        val_path = resolve_path(args.val_data_path) if args.val_data_path else None
+        train_path = resolve_input_path(args.data_path)
+        val_path = resolve_input_path(args.val_data_path) if args.val_data_path else None
     train = load(train_path)
     if val_path is not None:
         val, description = load(val_path), f"train {train_path}, val {val_path}"

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from trainer.rewards import Reward
-from trainer.run_dir import is_model_dir, resolve_path
+from trainer.run_dir import is_model_dir, resolve_input_path
 
 REWARD_MODEL_NAME = "reward_model"  # what its logs call it: rewards/reward_model
 # Put in place of the prompt and the completion to find them in a rendering: private-use characters no template
@@ -27,9 +27,10 @@ CONTENT_MARKS = ("\ue000prompt\ue001", "\ue000completion\ue001")
 
 
 def reward_model_directory(reward_model: str | Path) -> Path:
-    """The directory --reward_model `reward_model` names (a relative path from the repo root, as every path flag's):
+    """The directory --reward_model `reward_model` names (a relative path from here, else from the repo root, as
+    every input flag's):
     the one the run scores with, and the one a resume compares with its checkpoint's (trainer/resume_checks.py)."""
-    return resolve_path(reward_model)
+    return resolve_input_path(reward_model)
 
 
 def reward_model_dir(directory: str | Path) -> Path:

@@ -18,12 +18,12 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from dataset.atomic_io import first_line
 from dataset.chat_format import THINK, THINK_END
 from dataset.shown_value import shown_text, shown_value
+from trainer.run_dir import resolve_input_path
 
 RewardFunction = Callable[..., list]
 
@@ -241,9 +241,11 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
                          f"({', '.join(BUILTIN)})")
     shown = f"--reward {shown_value(spec)}"  # the flag's value quoted cut; the file it names is named whole
     try:
-        file = Path(path).expanduser()
+        file = resolve_input_path(path)  # from here, else from the repo root, as every input flag's
     except RuntimeError as error:  # ~user of no such user: pathlib's traceback otherwise
         raise ValueError(f"{shown}: {error}") from None
+    except OSError as error:  # a name the system will not look up (a component over 255 bytes): a traceback
+        raise ValueError(f"{shown}: {error.strerror}") from None
     try:
         is_file = file.is_file()
     except OSError as error:  # a name the system will not look up (a component over 255 bytes): a traceback

@@ -149,9 +149,16 @@ def resolve_path(path: str | Path) -> Path:
 
 
 def resolve_input_path(path: str | Path) -> Path:
-    """An existing input: as typed from the current directory when that exists, else from the repo root."""
+    """An existing input (every flag that names a file or folder to read): as typed from the current directory
+    when that exists, else from the repo root, where an error then names it. Made absolute, not resolved through
+    symlinks: from the repo root, the very path resolve_path gives (what a run records of its data, and a resume
+    compares, stays the same)."""
     typed = _expand(path)
-    return typed.resolve() if typed.exists() else resolve_path(typed)
+    try:
+        here = typed.exists()
+    except OSError:  # a name the system will not look up (a component over 255 bytes): its reader says so, once
+        here = False
+    return typed.absolute() if here else resolve_path(typed)
 
 
 def shown_path(path: str | Path) -> str:
@@ -167,7 +174,9 @@ def default_out_dir(task: str) -> Path:
 
 def starting_directory(task: str, from_weight: str | None) -> Path:
     """The model directory a fine-tuning `task` starts from: --from_weight `from_weight`, else its task's default."""
-    return resolve_path(from_weight or DEFAULT_OUT_DIRS[DEFAULT_FROM_WEIGHT[task]])
+    if from_weight:
+        return resolve_input_path(from_weight)
+    return resolve_path(DEFAULT_OUT_DIRS[DEFAULT_FROM_WEIGHT[task]])
 
 
 def create_command(task: str, path: Path) -> str:

@@ -17,7 +17,8 @@ from dataset.shown_value import flag_refusal
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, TrainArgs, build_model_config,
                                 refuse_fixed_model_fields, requested_model_fields)
 from trainer.run_dir import (DEFAULT_FROM_WEIGHT, MERGED_DIR, WEIGHT_FILES, check_out_dir, create_command,
-                             is_adapter_dir, is_model_dir, load_input_model, resolve_path, starting_directory)
+                             is_adapter_dir, is_model_dir, load_input_model, resolve_input_path,
+                             starting_directory)
 
 
 def load_run_tokenizer(args: TrainArgs) -> Any:
@@ -26,9 +27,9 @@ def load_run_tokenizer(args: TrainArgs) -> Any:
         return load_tokenizer(None)
     from model.loading import load_dir_tokenizer
     try:
-        return load_dir_tokenizer(resolve_path(args.tokenizer_path))
+        return load_dir_tokenizer(resolve_input_path(args.tokenizer_path))
     except ValueError as error:
-        raise ValueError(f"--tokenizer_path {resolve_path(args.tokenizer_path)}: {error}") from None
+        raise ValueError(f"--tokenizer_path {resolve_input_path(args.tokenizer_path)}: {error}") from None
 
 
 def starting_weights_dir(args: TrainArgs) -> Path:
@@ -68,7 +69,7 @@ def check_inputs(args: TrainArgs) -> dict[str, Path]:
             load_config(source)
         except ValueError as error:
             raise ValueError(f"{flag} {error}") from None
-    data = {f"--{name}": resolve_path(getattr(args, name)) for name in ("data_path", "val_data_path")
+    data = {f"--{name}": resolve_input_path(getattr(args, name)) for name in ("data_path", "val_data_path")
             if getattr(args, name)}
     check_out_dir(args.resolved_out_dir(), inputs, data)
     return inputs

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--escape_margin: {args.escape_margin} is not allowed; it must be >= 0 (nats)")
     try:
         sweep_dirs = [resolve_input_path(path) for path in args.sweep_dirs]  # from here, else the repo root
-        path = write_report(sweep_dirs, args.out, args.unigram, args.study2, args.step_times,
+        step_times = resolve_input_path(args.step_times) if args.step_times else None
+        path = write_report(sweep_dirs, args.out, args.unigram, args.study2, step_times,
                             args.escape_margin, args.write_seed2)
     except (FileNotFoundError, ValueError) as error:
         return report_error(error)

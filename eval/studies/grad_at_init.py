@@ -49,7 +49,7 @@ from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
-from trainer.run_dir import report_error  # noqa: E402
+from trainer.run_dir import report_error, resolve_input_path  # noqa: E402
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -377,7 +377,8 @@ def input_batches(args: argparse.Namespace) -> tuple[list[torch.Tensor], str]:
     if args.random_tokens:
         vocab = MiniNormConfig.from_preset(args.preset).vocab_size
         return random_batches(args.batches, args.batch_size, args.seq_len, vocab), "RANDOM TOKENS (--random_tokens)"
-    return token_batches(args.data_path, args.batches, args.batch_size, args.seq_len)
+    data_path = str(resolve_input_path(args.data_path)) if args.data_path else None  # from here, else the repo root
+    return token_batches(data_path, args.batches, args.batch_size, args.seq_len)
 
 
 def model_shape(args: argparse.Namespace) -> dict[str, int]:

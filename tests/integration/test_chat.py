@@ -282,6 +282,12 @@ def test_paths_resolve_from_the_repo_root(tmp_path, monkeypatch) -> None:
     (tmp_path / "mine.jsonl").write_text("")
     assert resolve_input_path("mine.jsonl") == tmp_path / "mine.jsonl"
     assert resolve_input_path("out/sft") == REPO_ROOT / "out" / "sft"
+    # Made absolute, not resolved: a link stays the link (a run records and a resume compares the path it read),
+    # and from the repo root an input is the very path resolve_path gives (it used to be the link's target).
+    (tmp_path / "linked.jsonl").symlink_to(tmp_path / "mine.jsonl")
+    assert resolve_input_path("linked.jsonl") == tmp_path / "linked.jsonl"
+    monkeypatch.chdir(REPO_ROOT)
+    assert resolve_input_path("README.md") == resolve_path("README.md")
 
 
 def test_seed_makes_sampling_reproducible(monkeypatch, capsys, tiny_models) -> None:

@@ -20,7 +20,7 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tests.training_runs import (REPO, SFT_STEPS, STEPS, pretrain_argv, refused_run, run_in_process, sft_argv,
+from tests.training_runs import (REPO, SFT_STEPS, STEPS, TINY, pretrain_argv, refused_run, run_in_process, sft_argv,
                                  strict_json_files, train_losses, val_losses, write_jsonl)
 from trainer.arg_fields import build_model_config
 from trainer.args import args_from_run_config, parse_args
@@ -408,6 +408,30 @@ def test_scripts_run_from_repo_root_and_from_trainer_dir():
         run = subprocess.run([sys.executable, script, "--help"], cwd=cwd, capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == 0 and "--norm_placement" in run.stdout, run.stderr
+
+
+def test_input_paths_are_found_from_the_current_directory_else_from_the_repo_root(train_data, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """`cd elsewhere && python .../train_pretrain.py --data_path mine.jsonl` reads elsewhere/mine.jsonl, as --config
+    and --from_weight are read (it used to look for <repo>/mine.jsonl only: no such data file); the run records the
+    flag as typed and the file it read. A path in neither place is named from the repo root."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(train_data / "pretrain.jsonl", elsewhere / "mine.jsonl")
+    monkeypatch.chdir(elsewhere)
+    out_dir = tmp_path / "run"
+    argv = ["--data_path", "mine.jsonl", "--val_data_path", "mine.jsonl", "--out_dir", str(out_dir),
+            "--max_steps", "2", "--save_interval", "1", "--batch_size", "4", *TINY]
+    run_in_process("pretrain", argv)
+    summary = read_summary(out_dir)
+    assert summary["status"] == "finished" and summary["steps"] == 2
+    config = yaml.safe_load((out_dir / "train_config.yaml").read_text())
+    assert config["data_path"] == config["val_data_path"] == "mine.jsonl"
+    state = json.loads((out_dir / "checkpoints" / "step_00000001" / "trainer_state.json").read_text())
+    assert state["data"]["path"] == str(elsewhere / "mine.jsonl")
+    for flag in ("--data_path", "--val_data_path"):
+        refused = [*argv, flag, "absent.jsonl", "--out_dir", str(tmp_path / "refused")]
+        assert refused_run("pretrain", refused, capsys) == f"error: no such data file: {REPO / 'absent.jsonl'}"
 
 
 def test_resume_survives_a_metrics_line_cut_short_by_a_kill(tmp_path):

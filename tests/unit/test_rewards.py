@@ -113,6 +113,23 @@ def test_the_loader_refuses_bad_specs_in_one_line(user_file, tmp_path):
         assert "\n" not in str(error.value)
 
 
+
+def test_a_reward_files_relative_path_is_read_from_here_else_from_the_repo_root(user_file, monkeypatch):
+    """--reward FILE.py:function as every input flag: FILE.py from the current directory when it is there, else
+    from the repo root (it used to be read from the current directory only: `cd trainer && python
+    train_grpo.py --reward trainer/rewards.py:...` said no file trainer/rewards.py). Where it is in neither, the
+    error names it from the repo root."""
+    repo = user_file.parent / "repo"  # a repo root apart from the current directory
+    (repo / "rewards").mkdir(parents=True)
+    (repo / "rewards" / "at_the_root.py").write_text("def tenth(prompts, completions, **columns):\n"
+                                                      "    return [0.1] * len(completions)\n")
+    monkeypatch.setattr("trainer.run_dir.REPO_ROOT", repo)
+    monkeypatch.chdir(user_file.parent)
+    assert load_reward(f"{user_file.name}:seen").function(["p"], ["c"]) == [0.5]
+    assert load_reward("rewards/at_the_root.py:tenth").function(["p"], ["c"]) == [0.1]
+    with pytest.raises(ValueError, match=f"^--reward 'absent.py:f': no file {repo / 'absent.py'}$"):
+        load_reward("absent.py:f")
+
 @pytest.mark.parametrize("completion, number", [
     ("The answer is 42.", 42.0), ("3 apples and 4 pears: 7", 7.0), ("so x = -2.5", -2.5),
     ("1,234 in total", 1234.0), ("half: 1/2", 0.5), ("\\boxed{12} and then 13", 12.0),

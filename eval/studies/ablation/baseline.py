@@ -28,13 +28,13 @@ def unigram_baseline(run_dir: Path) -> dict[str, Any]:
     """The unigram baseline on the data a trial trained and was scored on, rebuilt from its train_config.yaml."""
     from torch.utils.data import DataLoader
 
-    from dataset.tokenization import load_tokenizer
     from trainer.data import build_run_data
     from trainer.evaluation import token_byte_lengths, unigram_eval
-    from trainer.run_dir import REPO_ROOT, resolve_path
+    from trainer.run_dir import REPO_ROOT
+    from trainer.run_inputs import load_run_tokenizer
 
     args = _run_args(run_dir)
-    tokenizer = load_tokenizer(resolve_path(args.tokenizer_path) if args.tokenizer_path else None)
+    tokenizer = load_run_tokenizer(args)  # as the trial's trainer loaded it
     data = build_run_data(args, tokenizer, quiet=True)
     train = DataLoader(data.train, batch_size=256, collate_fn=data.collate)  # every row, in order
     result = unigram_eval(train, data.val_loader, len(tokenizer), token_byte_lengths(tokenizer))

@@ -46,7 +46,7 @@ from trainer.grpo import agreed_sampling, first_sample, rollout_decode, rollout_
 from trainer.memory import working_on
 from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, is_model_dir, load_input_model,
                              resolve_input_path, resolve_path)
-from trainer.step import StatWindow
+from trainer.step import POLICY, TEACHER, StatWindow
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -218,7 +218,8 @@ class Distillation:
         if source == CompletionSource.STUDENT:
             sampler = whole_model_everywhere(model) if self.sharded else model
         return agreed_sampling(accelerator, self.world, lambda: [
-            {**self.sampled(sampler, batch, step, index), "source": source} for index, batch in enumerate(batches)])
+            {**self.sampled(sampler, batch, step, index), "source": source} for index, batch in enumerate(batches)],
+            sampler=TEACHER if source == CompletionSource.TEACHER else POLICY)
 
     def sampled(self, sampler: torch.nn.Module, batch: dict[str, torch.Tensor], step: int,
                 micro_batch: int) -> dict[str, torch.Tensor]:

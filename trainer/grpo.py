@@ -53,7 +53,7 @@ from trainer.rewards import COMPLETION_MESSAGES, Reward, math_answer, score
 from trainer.rl_losses import (ADVANTAGE_EPS, ImportanceSamplingLevel, LossType, ScaleRewards, default_scale_rewards,
                                 group_advantages, policy_loss, scored_group_stats)
 from trainer.run_dir import ROLLOUT_VAL_METRICS
-from trainer.step import SamplingDiverged, StatWindow
+from trainer.step import POLICY, SamplingDiverged, StatWindow
 from trainer.tool_rollouts import sample_tool_episodes
 
 if TYPE_CHECKING:
@@ -157,10 +157,11 @@ def global_sums(accelerator: Accelerator, *values: torch.Tensor | float) -> torc
 
 
 def agreed_sampling(accelerator: Accelerator | None, world: int, sample: Callable[[], T],
-                    validation: bool = False) -> T:
+                    validation: bool = False, sampler: str = POLICY) -> T:
     """`sample()` (a step's sampling on this process; `validation`: a validation's), or SamplingDiverged on every
     process when it raised that on any: under several processes one collective agrees on it, so that no process
-    goes on alone into the next collective (the rollouts' global sums) while another ends the run."""
+    goes on alone into the next collective (the rollouts' global sums) while another ends the run. `sampler`: the
+    model that samples (the policy, or distillation's teacher), which the error names on every process."""
     try:
         result, diverged = sample(), False
     except SamplingDiverged:
@@ -168,7 +169,7 @@ def agreed_sampling(accelerator: Accelerator | None, world: int, sample: Callabl
     if world > 1 and accelerator is not None:  # (a unit test's stand-in processes have none)
         diverged = bool(global_sums(accelerator, float(diverged))[0] > 0)
     if diverged:
-        raise SamplingDiverged(validation)
+        raise SamplingDiverged(validation, sampler)
     return result
 
 

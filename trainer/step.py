@@ -16,19 +16,30 @@ from typing import Literal
 StepOutcome = Literal["applied", "skipped", "diverged"]
 # Why a run diverged, as its error line says: the step's loss or gradient, or the logits its rollouts sampled from.
 NON_FINITE_LOSS = "non-finite loss or gradient"
-NON_FINITE_SAMPLING = "the policy's sampling scores became NaN or infinite"
-NON_FINITE_VALIDATION = "the policy's sampling scores became NaN or infinite in the validation after it"
+POLICY, TEACHER = "policy", "teacher"  # who samples: the model trained, or distillation's frozen teacher (--seq_kd)
+
+
+def non_finite_sampling(sampler: str = POLICY, validation: bool = False) -> str:
+    """The cause of a run whose `sampler`'s sampling scores became NaN or infinite (`validation`: in a validation's
+    greedy completions after a step)."""
+    return (f"the {sampler}'s sampling scores became NaN or infinite"
+            + (" in the validation after it" if validation else ""))
+
+
+NON_FINITE_SAMPLING = non_finite_sampling()
+NON_FINITE_VALIDATION = non_finite_sampling(validation=True)
 
 
 class SamplingDiverged(RuntimeError):
     """Raised on every process by a step's rollouts (GRPO's, PPO's, distillation's sampled completions), or with
     `validation` by a validation's greedy ones after a step, when a completion's sampling scores became NaN or
     infinite on any process: the model's logits diverged (a learning rate that blew the weights up), which the run
-    ends as a diverged run (trainer/core.py)."""
+    ends as a diverged run (trainer/core.py). `sampler` names whose logits they were: the policy's, or the teacher's
+    of distillation's --seq_kd (frozen, its weights checked finite at load: its forward itself overflowed)."""
 
-    def __init__(self, validation: bool = False) -> None:
-        super().__init__(NON_FINITE_VALIDATION if validation else NON_FINITE_SAMPLING)
-        self.validation = validation
+    def __init__(self, validation: bool = False, sampler: str = POLICY) -> None:
+        super().__init__(non_finite_sampling(sampler, validation))
+        self.validation, self.sampler = validation, sampler
 
 
 def step_outcome(loss: float, grad_norm: float, scaler_skipped: bool | None) -> StepOutcome:

@@ -96,6 +96,39 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(train_data, tin
     assert not list(out_dir.glob("checkpoints/*")) and not (out_dir / "model.safetensors").exists()
 
 
+
+def test_a_teacher_whose_sampling_meets_nan_logits_ends_the_run_naming_the_teacher(train_data, tiny_models, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """--seq_kd: the teacher samples the step's completions. Its logits NaN while it samples (its output layer's,
+    from step 2's sampling on: tests/diverging_sampling.py) end the run as diverged, the state before saved, with the
+    cause naming the teacher's sampling (it named the policy's, the student's, which sampled nothing). Non-finite
+    teacher weights never get that far: the teacher's load refuses them (model/weight_checks.py)."""
+    from safetensors.torch import save_file
+
+    from tests.diverging_sampling import nan_logits_from
+    from trainer import distillation
+    from trainer.run_summary import TrainingDiverged
+
+    monkeypatch.setattr(distillation, "sample_completions", nan_logits_from(2))
+    out_dir = tmp_path / "run"
+    with pytest.raises(TrainingDiverged) as error:
+        run_in_process("distill", _argv(train_data, tiny_models, out_dir, "--seq_kd", "--max_new_tokens", "4",
+                                        "--max_steps", "3", "--save_interval", "1"))
+    checkpoint = out_dir / "checkpoints" / "step_00000001"
+    assert str(error.value) == (f"training diverged at optimizer step 2 (the teacher's sampling scores became NaN or "
+                                f"infinite); the last good state is saved in {checkpoint}")
+    assert read_summary(out_dir)["status"] == "diverged" and (checkpoint / "model.safetensors").is_file()
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_models.sft, teacher)
+    weights = load_file(teacher / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name][0] = float("nan")
+    save_file(weights, str(teacher / "model.safetensors"), metadata={"format": "pt"})
+    refused = refused_run("distill", _argv(train_data, tiny_models, tmp_path / "refused", "--seq_kd", "--teacher",
+                                           str(teacher)), capsys, after_progress=True)
+    assert refused.startswith(f"error: --teacher cannot load {teacher}: its weight "), refused
+    assert "NaN or infinite value" in refused, refused
+
 def test_prompt_only_data_below_lmbda_1_is_refused_naming_lmbda_1(train_data, tiny_models, tmp_path, capsys):
     """MiniMind's rlaif.jsonl (a question, then the empty turn a policy writes) with --lmbda 0.5: half the steps
     would learn its empty answers. The refusal pointed to GRPO and PPO only; on-policy distillation (--lmbda 1, or

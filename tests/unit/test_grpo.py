@@ -1133,7 +1133,7 @@ def test_every_process_ends_the_step_when_any_processs_sampling_diverged(here, t
     any one's did (so that none goes on alone into the step's next collective). (Two real processes:
     tests/integration/test_grpo_runs.py.)"""
     from trainer.grpo import agreed_sampling
-    from trainer.step import SamplingDiverged
+    from trainer.step import TEACHER, SamplingDiverged
 
     def sample() -> list[int]:
         if here:
@@ -1141,8 +1141,11 @@ def test_every_process_ends_the_step_when_any_processs_sampling_diverged(here, t
         return [1, 2]
 
     if here or there:
-        with pytest.raises(SamplingDiverged):
+        with pytest.raises(SamplingDiverged, match="^the policy's sampling scores became NaN or infinite$"):
             agreed_sampling(_OtherProcess(there), 2, sample)
+        # distillation's --seq_kd: every process names the teacher, also one whose own sampling went well
+        with pytest.raises(SamplingDiverged, match="^the teacher's sampling scores became NaN or infinite$"):
+            agreed_sampling(_OtherProcess(there), 2, sample, sampler=TEACHER)
     else:
         assert agreed_sampling(_OtherProcess(there), 2, sample) == [1, 2]
     if not here:

@@ -45,7 +45,7 @@ from dataset.jsonl import iter_records  # noqa: E402
 from model.config import MiniNormConfig  # noqa: E402
 from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
-from trainer.run_dir import read_metrics, read_summary  # noqa: E402
+from trainer.run_dir import read_metrics, read_summary, resolve_input_path  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # MiniMind's progress line: "Epoch:[1/1](20/471), loss: 7.1234, ..." (step counts micro-batches).
@@ -157,6 +157,9 @@ def validate_args(parser: ToolParser, args: argparse.Namespace) -> None:
     (MiniMind runs in its own trainer/ folder) and --log_dir created."""
     if args.steps < args.warmup + 2 * args.log_interval:
         parser.error("--steps must leave at least two of MiniMind's log lines after --warmup")
+    # inputs from here, else from the repo root, as every tool's
+    args.minimind_dir = resolve_input_path(args.minimind_dir)
+    args.data_path = resolve_input_path(args.data_path) if args.data_path else None
     if not (args.minimind_dir / "trainer" / "train_pretrain.py").is_file():
         parser.error(f"--minimind_dir {args.minimind_dir}: no trainer/train_pretrain.py there")
     args.minimind_dir = args.minimind_dir.resolve()

@@ -20,3 +20,20 @@ def test_real_tokens_per_sample_reads_every_line_of_a_file_with_a_byte_order_mar
     data = tmp_path / "data.jsonl"
     data.write_bytes(b'\xef\xbb\xbf{"text": "abcdef"}\n{"text": "gh"}\n')
     assert bench_vs_minimind.minimind_real_tokens_per_sample(tmp_path, data, seq_len=64) == pytest.approx(6.0)
+
+
+def test_input_paths_are_read_from_here_else_from_the_repo_root(tmp_path, monkeypatch):
+    """--minimind_dir and --data_path as every input flag: from the current directory when there, else from the repo
+    root (they were read from the current directory only: README.md from elsewhere was "no such file"); made
+    absolute, since MiniMind runs in its own trainer/ folder."""
+    from trainer.run_dir import REPO_ROOT
+
+    (tmp_path / "minimind" / "trainer").mkdir(parents=True)
+    (tmp_path / "minimind" / "trainer" / "train_pretrain.py").write_text("")
+    (tmp_path / "mine.jsonl").write_text('{"text": "a"}\n')
+    monkeypatch.chdir(tmp_path)
+    parser = bench_vs_minimind.build_parser()
+    for data, expected in (("mine.jsonl", tmp_path / "mine.jsonl"), ("README.md", REPO_ROOT / "README.md")):
+        args = parser.parse_args(["--minimind_dir", "minimind", "--data_path", data, "--log_dir", "logs"])
+        bench_vs_minimind.validate_args(parser, args)
+        assert args.minimind_dir == tmp_path / "minimind" and args.data_path == expected

@@ -12,10 +12,12 @@ nansum does. A spec is `path/to/file.py:function` or the name of a built-in (BUI
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -252,14 +254,22 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
         raise ValueError(f"{shown}: {error.strerror}") from None
     if not is_file:
         raise ValueError(f"{shown}: no file {file}")
-    module_spec = importlib.util.spec_from_file_location(f"mininorm_reward_{file.stem}", file)
+    # Registered under its own name while it runs, as an import is: a @dataclass (or typing's get_type_hints) looks
+    # its module up in sys.modules, and found none ("'NoneType' object has no attribute '__dict__'"). The name holds
+    # the path's digest, so that two files of the same name do not take each other's place.
+    digest = hashlib.sha256(str(file).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    module_name = f"mininorm_reward_{digest}"
+    module_spec = importlib.util.spec_from_file_location(module_name, file)
     module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
     try:
         module_spec.loader.exec_module(module)
     except Exception as error:  # any error of the user's module: one line, not its traceback
+        sys.modules.pop(module_name, None)
         raise ValueError(f"{shown}: importing {file} raised {first_line(error, named=True)}") from None
-    except SystemExit as error:  # a script's `sys.exit(main())`: the trainer ended there with its code (0: a success
-        # that trained nothing)
+    except SystemExit as error:
+        # a script's `sys.exit(main())`: the trainer ended there with its code (0: a success that trained nothing)
+        sys.modules.pop(module_name, None)
         raise ValueError(f"{shown}: importing {file} called sys.exit({error.code!r}); a reward file runs its own main "
                          f"only under `if __name__ == \"__main__\":`") from None
     function = getattr(module, name, None)

@@ -290,3 +290,17 @@ def test_tool_use_needs_its_columns_and_the_tools_flag(capsys):
         "give built-in tools, comma-separated, each once: wiki, calculator, convert_units")
     for task in ("grpo", "ppo"):  # PPO's rollouts call tools as GRPO's
         assert parse_args(task, ["--tools", "calculator", "--reward", "tool_use", "--max_tool_rounds", "3"]).tools
+
+
+def test_a_reward_file_with_a_dataclass_and_postponed_annotations_loads(tmp_path):
+    """A reward file is run as a module is imported: one that defines a @dataclass under `from __future__ import
+    annotations` (dataclasses look the module up in sys.modules) failed to load with "'NoneType' object has no
+    attribute '__dict__'". Two files of the same name in two folders stay two modules."""
+    for folder, value in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "rewards.py").write_text(
+            "from __future__ import annotations\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Score:\n"
+            f"    value: float = {value}\n\n\ndef scored(prompts, completions, **columns):\n"
+            "    return [Score().value for _ in completions]\n")
+    first, second = (load_reward(f"{tmp_path / folder / 'rewards.py'}:scored") for folder in ("a", "b"))
+    assert first.function(["p"], ["c"]) == [1.0] and second.function(["p"], ["c"]) == [2.0]

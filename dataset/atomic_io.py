@@ -105,7 +105,7 @@ def check_folder_path(path: Path, flag: str, itself: bool = True) -> None:
         blocker = file_in_the_way(path if itself else path.parent)
         folder_there = not itself and path.is_dir()
     except OSError as error:  # exists() passes over a missing folder only: File name too long, Permission denied
-        raise ValueError(f"{flag} {_cannot_name(path, error, itself)}") from None
+        raise ValueError(f"{flag} {cannot_name(path, error, itself)}") from None
     if blocker is not None:
         raise ValueError(f"{flag} {_not_a_folder(path, blocker)}")
     if folder_there:
@@ -145,7 +145,7 @@ def make_dirs(path: str | Path) -> Path:
     except OSError as error:
         if error.errno != errno.ENAMETOOLONG:  # a full disk or a read-only one: the caller's to say
             raise
-        raise ValueError(_cannot_name(path, error)) from None
+        raise ValueError(cannot_name(path, error)) from None
     return path
 
 
@@ -158,9 +158,10 @@ def name_too_long(path: Path) -> bool:
     return len(os.fsencode(path)) >= PATH_MAX or any(len(os.fsencode(part)) > NAME_MAX for part in path.parts)
 
 
-def _cannot_name(path: Path, error: OSError, folder: bool = True) -> str:
+def cannot_name(path: Path, error: OSError, folder: bool = True) -> str:
     """The one wording of a path the system refuses to look up (`error`: File name too long, Permission denied),
-    the path quoted by shown_path."""
+    the path quoted by shown_path. Every tool's last resort for a too-long name that no check met before is
+    trainer/cli.py's run_main, in these words."""
     return f"{shown_path(str(path))} cannot name a {'folder' if folder else 'file'} ({error.strerror})"
 
 

@@ -12,6 +12,7 @@ range, paths that are not empty, an output file that is not a directory, text th
 from __future__ import annotations
 
 import argparse
+import errno
 import re
 import math
 import os
@@ -19,9 +20,10 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from dataset.atomic_io import not_utf8_at
+from dataset.atomic_io import cannot_name, not_utf8_at
 from dataset.shown_value import shown_path, shown_text, shown_value
 from trainer.number_text import NUMBER_READERS, ascii_float, ascii_hint, ascii_int
 from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
@@ -210,6 +212,13 @@ def _exit_with(main: Callable[[], int | None]) -> NoReturn:
         # again and print a warning, so stdout points at /dev/null from here on.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(EXIT_BROKEN_PIPE) from None
+    except OSError as error:
+        # A path flag's name the system will not look up (a component over 255 bytes): every lookup of it raises, and
+        # no tool or trainer checks each of its input paths for it (outputs are: check_folder_path). One line.
+        if error.errno != errno.ENAMETOOLONG or error.filename is None:
+            raise
+        print(f"error: {cannot_name(Path(os.fsdecode(error.filename)), error, folder=False)}", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR) from None
     raise SystemExit(code)
 
 

@@ -368,3 +368,29 @@ def test_a_negative_value_a_flag_refuses_is_refused_by_its_rule(value, capsys):
         parse_args("grpo", ["--beta", value])
     error = capsys.readouterr().err.splitlines()[0]
     assert error.startswith("error: --beta=") and "is not allowed; it must be a number >= 0" in error, error
+
+
+def test_a_path_too_long_to_name_that_no_check_met_is_one_line(tmp_path, capsys):
+    """A path flag's component over 255 bytes raises OSError (File name too long) at its first lookup; inputs are not
+    each checked for it (`--data_path aaa...a.jsonl`, `--from_weight bbb...b` ended in that traceback): run_main, every
+    tool's entry, says it in one line naming the path, exit 2. Other OSErrors still go through as they were."""
+    import errno
+
+    from trainer.cli import run_main
+    from trainer.run_dir import EXIT_ERROR
+
+    too_long = tmp_path / ("a" * 300 + ".jsonl")
+
+    def main() -> int:
+        return int(too_long.is_file())
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(main)
+    assert exit_info.value.code == EXIT_ERROR
+    assert capsys.readouterr().err == f"error: {too_long} cannot name a file (File name too long)\n"
+
+    def other() -> int:
+        raise OSError(errno.EACCES, "Permission denied", str(tmp_path))
+
+    with pytest.raises(PermissionError):
+        run_main(other)

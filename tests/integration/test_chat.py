@@ -318,6 +318,7 @@ def test_penalty_flags_reach_the_session(monkeypatch, capsys, tiny_models, chat_
 
 
 NOT_UTF8 = "a\udcffb"  # how Python's argv holds the byte 0xff, which no UTF-8 text has
+TEMPERATURE_RANGE = "is not 0 (greedy) or a number in 1e-05 .. 2 (OpenAI's range)"  # the server's request range too
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -325,9 +326,10 @@ NOT_UTF8 = "a\udcffb"  # how Python's argv holds the byte 0xff, which no UTF-8 t
     (["--prompt", NOT_UTF8], "argument --prompt: not valid UTF-8 (byte 0xff at character 1)"),
     (["--system", NOT_UTF8], "argument --system: not valid UTF-8 (byte 0xff at character 1)"),
     (["--device", "bogus"], "argument --device: expected auto, cpu, cuda or cuda:N, got 'bogus'"),
-    (["--temperature", "nan"], "argument --temperature: nan is not 0 (greedy) or a finite number >= 1e-05"),
-    (["--temperature", "-1"], "argument --temperature: -1 is not 0 (greedy) or a finite number >= 1e-05"),
-    (["--temperature", "1e-9"], "argument --temperature: 1e-9 is not 0 (greedy) or a finite number >= 1e-05"),
+    (["--temperature", "nan"], f"argument --temperature: nan {TEMPERATURE_RANGE}"),
+    (["--temperature", "-1"], f"argument --temperature: -1 {TEMPERATURE_RANGE}"),
+    (["--temperature", "1e-9"], f"argument --temperature: 1e-9 {TEMPERATURE_RANGE}"),
+    (["--temperature", "1e308"], f"argument --temperature: 1e308 {TEMPERATURE_RANGE}"),
     (["--top_p", "2"], "argument --top_p: 2 is outside (0, 1]"),
     (["--top_p", "nan"], "argument --top_p: nan is outside (0, 1]"),
     (["--top_p", "0"], "argument --top_p: 0 is outside (0, 1]"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import runpy
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -490,13 +491,19 @@ def test_a_config_that_is_not_a_utf8_file_is_one_line(tmp_path, capsys):
      "could not determine a constructor for the tag 'tag:yaml.org,2002:python/object:os.system' (line 1)"),
 ])
 def test_a_config_value_yaml_cannot_construct_is_one_line_naming_the_file_and_line(tmp_path, capsys, text, message):
+    config, refusal = _config_refusal(tmp_path, capsys, text)
+    assert refusal == f"error: --config {config}: {message}"
+
+
+def _config_refusal(tmp_path: Path, capsys, text: str) -> tuple[Path, str]:
+    """A --config file holding `text`, and the first line of pretraining's refusal of it."""
     from trainer.args import parse_args
 
     config = tmp_path / "run.yaml"
     config.write_text(text, encoding="utf-8")
     with pytest.raises(SystemExit):
         parse_args("pretrain", ["--config", str(config)])
-    assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message}"
+    return config, capsys.readouterr().err.splitlines()[0]
 
 
 # A path flag never takes an empty value ("$UNSET") or none for its default: --out_dir "" --overwrite would clear
@@ -613,13 +620,8 @@ def test_a_number_flag_takes_ascii_numbers_only(task, flag, value, refusal, caps
 ])
 def test_a_configs_quoted_number_takes_ascii_numbers_only(text, message, tmp_path, capsys):
     """A --config value is read by its flag's reader: a quoted '٣' was max_steps 3."""
-    from trainer.args import parse_args
-
-    config = tmp_path / "run.yaml"
-    config.write_text(text, encoding="utf-8")
-    with pytest.raises(SystemExit):
-        parse_args("pretrain", ["--config", str(config)])
-    assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message} {ASCII_HINT}"
+    config, refusal = _config_refusal(tmp_path, capsys, text)
+    assert refusal == f"error: --config {config}: {message} {ASCII_HINT}"
 
 
 @pytest.mark.parametrize("task, flags", [

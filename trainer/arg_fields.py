@@ -23,9 +23,9 @@ from trainer.dpo import (DEFAULT_DISCOPOP_TAU, DEFAULT_F_ALPHA_DIVERGENCE_COEF, 
 from trainer.inference_flags import OPENAI_TEMPERATURE_RANGE, SMALLEST_DIVISOR
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
-from trainer.rewards import BUILTIN
+from trainer.rewards import BUILTIN, reward_file_spec
 from trainer.rl_losses import ImportanceSamplingLevel, KLEstimator, LossType, ScaleRewards
-from trainer.run_dir import DEFAULT_OUT_DIRS, DEFAULT_TEACHER, ROLLOUT_TASKS, resolve_path
+from trainer.run_dir import DEFAULT_OUT_DIRS, DEFAULT_TEACHER, ROLLOUT_TASKS, recorded_input_path, resolve_path
 from trainer.schedule import LRSchedule
 from trainer.threads import THREADS_AUTO, THREADS_HELP
 
@@ -151,6 +151,11 @@ TASK_FLAGS: dict[str, tuple[str, ...]] = {
             "lam", "ppo_epochs", "kl_estimator", "whiten_rewards", "missing_eos_penalty", "tools", "max_tool_rounds")
            + POLICY_LORA_FLAGS + FINE_TUNING_FLAGS,
 }
+# The flags that name a file or folder a run reads (trainer/run_dir.py's resolve_input_path finds each: from the
+# current directory, else from the repo root), besides --reward's path/to/file.py:function specs and --config (which
+# no run records). A run records them as recorded_input_paths says.
+INPUT_PATH_FLAGS = ("data_path", "val_data_path", "tokenizer_path", "resume", "from_weight", "teacher",
+                    "reward_model")
 # Model fields a fine-tuning task sets unless its command line does: SFT gives the model smeared keys, so that copy
 # rows teach it to copy (docs/tools.md; `--smeared_keys false` keeps a plain model plain, and exportable).
 TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"sft": {"smeared_keys": True}}
@@ -539,6 +544,26 @@ FLAG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainArgs)}  # be
 def task_default(task: str, name: str) -> Any:
     """Flag `name`'s default in `task`'s trainer: its TASK_DEFAULTS entry, else TrainArgs'."""
     return TASK_DEFAULTS.get(task, {}).get(name, FLAG_DEFAULTS[name])
+
+
+def recorded_input_paths(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """`flags` (a run's TrainArgs.to_dict()) with each input path (INPUT_PATH_FLAGS, --reward's file specs) as the
+    run records it (trainer/run_dir.py's recorded_input_path): one found only from the current directory made
+    absolute, so that `--config RUN/train_config.yaml --resume auto` finishes the run from any directory; one read
+    from the repo root as typed."""
+    recorded = dict(flags)
+    for name in INPUT_PATH_FLAGS:
+        value = flags.get(name)
+        if isinstance(value, str) and not (name == "resume" and value == "auto"):
+            recorded[name] = recorded_input_path(value)
+    if isinstance(rewards := flags.get("reward"), (list, tuple)):
+        recorded["reward"] = [_recorded_reward(spec) for spec in rewards]
+    return recorded
+
+
+def _recorded_reward(spec: Any) -> Any:
+    parts = reward_file_spec(spec) if isinstance(spec, str) else None
+    return spec if parts is None else f"{recorded_input_path(parts[0])}:{parts[1]}"
 
 
 def flags_in_effect(flags: Mapping[str, Any]) -> dict[str, Any]:

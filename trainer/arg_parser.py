@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from dataset.shown_value import shown_value
-from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS,
+from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, FLAG_GROUPS, INPUT_PATH_FLAGS, MODEL_CONFIG_GROUP, MODEL_FIELDS,
                                 RUNTIME_MODEL_FIELDS, TASK_DEFAULTS, TASK_MODEL_DEFAULTS, TrainArgs, for_task,
                                 task_flags)
 from trainer.cli import DefaultsHelpFormatter, ToolParser, boolean, flag_type, path_arg, seed, utf8_text
@@ -17,8 +17,7 @@ from trainer.number_text import ascii_float, ascii_hint, number_reader
 
 # The flags that name a file or directory: never empty, and `none` is not their default (an unset shell variable
 # in `--out_dir "$DIR" --overwrite` would otherwise clear the default run).
-PATH_FLAGS = ("data_path", "val_data_path", "out_dir", "tokenizer_path", "resume", "from_weight", "teacher",
-              "reward_model")
+PATH_FLAGS = (*INPUT_PATH_FLAGS, "out_dir")
 UNSET_WORDS = ("none", "null")  # what a flag that may be unset takes for unset (not a path flag)
 
 

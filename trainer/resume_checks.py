@@ -21,7 +21,8 @@ from typing import Any
 from dataset.json_text import strict_json
 from model.config import SWITCHED_FIELDS, preset_fields
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, RUNTIME_MODEL_FIELDS, TrainArgs, flags_in_effect,
-                                given_preset, holds_out_validation, scored_against_starting_weights, uses_lora)
+                                given_preset, holds_out_validation, recorded_input_paths,
+                                scored_against_starting_weights, uses_lora)
 from trainer.checkpoint_state import DATA_KEYS, CheckpointDamaged
 from trainer.rl_losses import default_scale_rewards
 from trainer.run_dir import (CHECKPOINT_DIR, CONFIG_FILE, CREATE_COMMANDS, STATE_FILE, checkpoint_step, finish_command,
@@ -179,11 +180,12 @@ _NOT_THE_RUN = frozenset({"resume", "overwrite", "out_dir", "threads"})
 
 def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     """The summary of the run that finished in `out_dir` where `args` (a `--resume auto`) ask for that very run
-    again: every flag its train_config.yaml records as the command gives it (paths as typed; a flag the command
-    leaves unset, which the run resolves, e.g. SFT's --copy_rows, aside; model fields only where the command gives
-    them; _NOT_THE_RUN aside; a flag the recorded run did not use at its default: _unused_at_defaults; --reward_model
-    compared as the directory it names, one left out counting: _reward_model_change), and no checkpoint past the
-    finished step (a longer continuation stopped before its end); {} otherwise."""
+    again: every flag its train_config.yaml records as the command gives it (input paths as a run records them,
+    recorded_input_paths; a flag the command leaves unset, which the run resolves, e.g. SFT's --copy_rows, aside;
+    model fields only where the command gives them; _NOT_THE_RUN aside; a flag the recorded run did not use at its
+    default: _unused_at_defaults; --reward_model compared as the directory it names, one left out counting:
+    _reward_model_change), and no checkpoint past the finished step (a longer continuation stopped before its end);
+    {} otherwise."""
     summary = read_summary(out_dir)
     model_saved = is_adapter_dir(out_dir) if uses_lora(args) else is_model_dir(out_dir)
     if summary.get("status") != "finished" or not model_saved:
@@ -198,7 +200,9 @@ def finished_run_asked_again(out_dir: Path, args: TrainArgs) -> dict[str, Any]:
     # sweep trial's --prms_p beside no --norm_type: the finished trial's start set it back)
     asked_model = copy.copy(args)
     _set_back_unread_untyped(recorded, asked_model)
-    asked = {**{name: value for name, value in args.to_dict().items() if name != "model"}, **asked_model.model}
+    # its input paths as the run would record them (a file found only from here: absolute)
+    asked = {**recorded_input_paths({name: value for name, value in args.to_dict().items() if name != "model"}),
+             **asked_model.model}
     if "preset" in asked:
         asked["preset"] = given_preset(args)  # the default is no flag given: a finished cpu-deep run is this run
     recorded_in_effect, asked_in_effect = flags_in_effect(recorded), flags_in_effect(asked)

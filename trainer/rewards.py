@@ -232,15 +232,23 @@ class Reward:
     weight: float = 1.0
 
 
+def reward_file_spec(spec: str) -> tuple[str, str] | None:
+    """A `path/to/file.py:function` spec's file and function; None for a built-in's name or any other text."""
+    if spec in BUILTIN:
+        return None
+    path, _, name = spec.rpartition(":")
+    return (path, name) if path.endswith(".py") and name else None
+
+
 def load_reward(spec: str, weight: float = 1.0) -> Reward:
     """The reward function `spec` names: `path/to/file.py:function` or a built-in's name. A ValueError (one line)
     names the spec and what is wrong."""
     if spec in BUILTIN:
         return Reward(spec, BUILTIN[spec], weight)
-    path, _, name = spec.rpartition(":")
-    if not path.endswith(".py") or not name:
+    if (parts := reward_file_spec(spec)) is None:
         raise ValueError(f"--reward {shown_value(spec)}: expected path/to/file.py:function or a built-in "
                          f"({', '.join(BUILTIN)})")
+    path, name = parts
     shown = f"--reward {shown_value(spec)}"  # the flag's value quoted cut; the file it names is named whole
     try:
         file = resolve_input_path(path)  # from here, else from the repo root, as every input flag's

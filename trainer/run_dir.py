@@ -161,6 +161,19 @@ def resolve_input_path(path: str | Path) -> Path:
     return typed.absolute() if here else resolve_path(typed)
 
 
+def recorded_input_path(path: str) -> str:
+    """An input flag's value as a run records it, naming the same file from any directory: as typed where it is
+    read from the repo root (a committed record's or a sweep config's repo-relative path, an absolute path), else
+    (found only from the current directory) the absolute path it is read from, which a resume from elsewhere
+    (`--config RUN/train_config.yaml --resume auto` from the repo root) would otherwise look for under the repo
+    root."""
+    try:
+        found = resolve_input_path(path)
+        return path if found == resolve_path(path) else str(found)
+    except (RuntimeError, OSError):  # ~user of no such user, a name too long to look up: its reader says so
+        return path
+
+
 def shown_path(path: str | Path) -> str:
     """`path` as a committed file names it: relative to the repo root when it lies inside (the same on every machine
     and clone), else absolute."""

@@ -15,7 +15,7 @@ from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM
 from dataset.shown_value import flag_refusal
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, TrainArgs, build_model_config,
-                                refuse_fixed_model_fields, requested_model_fields)
+                                recorded_input_paths, refuse_fixed_model_fields, requested_model_fields)
 from trainer.run_dir import (DEFAULT_FROM_WEIGHT, MERGED_DIR, WEIGHT_FILES, check_out_dir, create_command,
                              is_adapter_dir, is_model_dir, load_input_model, resolve_input_path,
                              starting_directory)
@@ -116,7 +116,8 @@ def build_model(args: TrainArgs, tokenizer: Any, source: Path | None) -> tuple[M
 
 
 def effective_config(args: TrainArgs, model: MiniNormForCausalLM) -> dict[str, Any]:
-    config = {k: v for k, v in args.to_dict().items() if k != "model"}
+    # its input paths as the same files from any directory: train_config.yaml is the --config that finishes the run
+    config = recorded_input_paths({k: v for k, v in args.to_dict().items() if k != "model"})
     config.update({name: getattr(model.config, name) for name in MODEL_FIELDS})
     config["out_dir"] = str(args.resolved_out_dir())
     return config

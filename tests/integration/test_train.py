@@ -414,7 +414,8 @@ def test_input_paths_are_found_from_the_current_directory_else_from_the_repo_roo
                                                                                  capsys):
     """`cd elsewhere && python .../train_pretrain.py --data_path mine.jsonl` reads elsewhere/mine.jsonl, as --config
     and --from_weight are read (it used to look for <repo>/mine.jsonl only: no such data file); the run records the
-    flag as typed and the file it read. A path in neither place is named from the repo root."""
+    file it read (its config: as an absolute path, as it is found only from there). A path in neither place is
+    named from the repo root."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     shutil.copy(train_data / "pretrain.jsonl", elsewhere / "mine.jsonl")
@@ -426,12 +427,47 @@ def test_input_paths_are_found_from_the_current_directory_else_from_the_repo_roo
     summary = read_summary(out_dir)
     assert summary["status"] == "finished" and summary["steps"] == 2
     config = yaml.safe_load((out_dir / "train_config.yaml").read_text())
-    assert config["data_path"] == config["val_data_path"] == "mine.jsonl"
+    assert config["data_path"] == config["val_data_path"] == str(elsewhere / "mine.jsonl")
     state = json.loads((out_dir / "checkpoints" / "step_00000001" / "trainer_state.json").read_text())
     assert state["data"]["path"] == str(elsewhere / "mine.jsonl")
     for flag in ("--data_path", "--val_data_path"):
         refused = [*argv, flag, "absent.jsonl", "--out_dir", str(tmp_path / "refused")]
         assert refused_run("pretrain", refused, capsys) == f"error: no such data file: {REPO / 'absent.jsonl'}"
+
+
+def test_a_run_started_elsewhere_is_finished_from_the_repo_root_with_its_config(train_data, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """`cd elsewhere && python .../train_pretrain.py --data_path mine.jsonl ...` stopped at step 2 goes on from the
+    repo root with the README's `--config elsewhere/out/train_config.yaml --resume auto`: its config records the data
+    found only there as its absolute path (it recorded "mine.jsonl", which from the repo root was "no such data
+    file: <repo>/mine.jsonl"), and an input read from the repo root (--tokenizer_path model) as typed, as committed
+    records and sweep configs name them. The first command given again with --resume auto is the finished run."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(train_data / "pretrain.jsonl", elsewhere / "mine.jsonl")
+    monkeypatch.chdir(elsewhere)
+    out_dir = elsewhere / "out"
+    argv = ["--data_path", "mine.jsonl", "--val_data_path", "mine.jsonl", "--tokenizer_path", "model", "--out_dir",
+            str(out_dir), "--save_interval", "1", "--batch_size", "4", *TINY]
+    run_in_process("pretrain", [*argv, "--max_steps", "2"])
+    recorded = {"data_path": str(elsewhere / "mine.jsonl"), "val_data_path": str(elsewhere / "mine.jsonl"),
+                "tokenizer_path": "model", "out_dir": str(out_dir)}
+    config = yaml.safe_load((out_dir / "train_config.yaml").read_text())
+    assert {name: config[name] for name in recorded} == recorded
+    monkeypatch.chdir(REPO)
+    run_in_process("pretrain", ["--config", str(out_dir / "train_config.yaml"), "--resume", "auto", "--max_steps",
+                                "4"])
+    summary = read_summary(out_dir)
+    assert summary["status"] == "finished" and summary["steps"] == 4
+    assert "resumed from" in capsys.readouterr().out
+    config = yaml.safe_load((out_dir / "train_config.yaml").read_text())
+    assert {name: config[name] for name in recorded} == recorded
+    state = json.loads((out_dir / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
+    assert state["data"]["path"] == str(elsewhere / "mine.jsonl") and state["config"]["data_path"] == recorded[
+        "data_path"]
+    monkeypatch.chdir(elsewhere)
+    run_in_process("pretrain", [*argv, "--max_steps", "4", "--resume", "auto"])
+    assert "holds this run, finished" in capsys.readouterr().out
 
 
 def test_resume_survives_a_metrics_line_cut_short_by_a_kill(tmp_path):

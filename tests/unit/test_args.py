@@ -889,3 +889,33 @@ def test_distillations_max_new_tokens_help_says_the_context_ends_a_completion_to
     10**30 sampled to the context's end at every step): the help says that a larger value means no other limit."""
     _, entry = help_entries(build_parser("distill").format_help())["--max_new_tokens"]
     assert "it also ends where the model's context is full" in entry, entry
+
+
+def test_a_run_records_an_input_found_only_from_here_as_its_absolute_path(tmp_path, monkeypatch):
+    """A run records each input path so that it names the same file from any directory (its train_config.yaml is
+    the --config of `--resume auto` from the repo root): one found only from the current directory (or found here
+    where the same relative path from the repo root is another file) as its absolute path; one read from the repo
+    root, an absolute one, one found nowhere, --resume auto and a built-in reward as typed."""
+    from trainer.arg_fields import INPUT_PATH_FLAGS, recorded_input_paths
+    from trainer.arg_parser import PATH_FLAGS
+
+    assert set(PATH_FLAGS) == {*INPUT_PATH_FLAGS, "out_dir"}  # one list of the input flags
+    here = tmp_path / "here"
+    (here / "ckpt").mkdir(parents=True)
+    (here / "auto").mkdir()  # --resume auto is the word, not this folder
+    (here / "mine.jsonl").write_text("")
+    (here / "mine.py").write_text("")
+    monkeypatch.chdir(here)
+    flags = {"data_path": "mine.jsonl", "val_data_path": None, "tokenizer_path": "model", "resume": "ckpt",
+             "from_weight": str(tmp_path / "elsewhere"), "teacher": "absent", "reward_model": None,
+             "reward": ["math_answer", "mine.py:score", "tests/paths.py:REPO", "absent.py:f"], "out_dir": "out/x",
+             "learning_rate": 0.1}
+    assert recorded_input_paths(flags) == {
+        **flags, "data_path": str(here / "mine.jsonl"), "resume": str(here / "ckpt"),
+        "reward": ["math_answer", f"{here / 'mine.py'}:score", "tests/paths.py:REPO", "absent.py:f"]}
+    assert recorded_input_paths({"resume": "auto"}) == {"resume": "auto"}
+    (here / "model").mkdir()  # found here, and another folder from the repo root: the one read here
+    assert recorded_input_paths({"tokenizer_path": "model"}) == {"tokenizer_path": str(here / "model")}
+    monkeypatch.chdir(REPO)  # from the repo root every path stays as typed
+    assert recorded_input_paths({"tokenizer_path": "model", "reward": ["tests/paths.py:REPO"]}) == {
+        "tokenizer_path": "model", "reward": ["tests/paths.py:REPO"]}

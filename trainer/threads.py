@@ -23,7 +23,8 @@ Two settings, both decided once per process:
   "One thread or two"), so a burst at start (a compiler, a test's worker starting) must not take a core for the
   run. A number
   (`--threads 2`, at most the usable cores: more threads only wait for each other, parse_threads) pins the count,
-  and so does OMP_NUM_THREADS (torchrun sets 1 for each of its processes).
+  and so does OMP_NUM_THREADS (torchrun sets 1 for each of its processes; a count past the usable cores is capped
+  at them, as torch's own default caps it at the machine's cores).
 
 Exactness: the thread count changes the last bits of a training step (the weight gradients' matrix products
 split their sums by thread; tests/integration/test_threads_exact.py shows it), so it is fixed for a whole run:
@@ -208,7 +209,11 @@ class ThreadPolicy:
         if setting != THREADS_AUTO:
             self.threads, self.pinned_by = int(setting), "--threads"
         elif omp.isascii() and omp.isdigit() and int(omp) > 0:  # as libgomp reads it: '٣' is no count there
-            self.threads, self.pinned_by = int(omp), "OMP_NUM_THREADS"
+            # At most the usable cores, as --threads (parse_threads: more only wait, and 4096 aborted in libgomp);
+            # torch's own default caps the variable at the machine's cores too.
+            self.threads, self.pinned_by = min(int(omp), self.cores), "OMP_NUM_THREADS"
+            if int(omp) > self.cores:
+                self.pinned_by += f"={omp}, capped at the {self.cores} usable cores"
         else:
             self.threads = self.cores
 

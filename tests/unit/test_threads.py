@@ -209,6 +209,13 @@ def test_auto_uses_the_measured_load_and_pins_override_it(monkeypatch):
     assert policy.describe().startswith("threads: 3 (auto: 4 usable cores, other processes used 1.0")
     assert ThreadPolicy(2, environ={"OMP_NUM_THREADS": "1"}).describe().startswith("threads: 2 (pinned by --threads")
     assert ThreadPolicy("auto", environ={"OMP_NUM_THREADS": "1"}).threads == 1
+    # A count past the usable cores is capped at them (4096 threads aborted inside libgomp under a memory limit),
+    # and the line says so.
+    capped = ThreadPolicy("auto", environ={"OMP_NUM_THREADS": "4096"})
+    assert capped.threads == 4 and capped.describe().startswith(
+        "threads: 4 (pinned by OMP_NUM_THREADS=4096, capped at the 4 usable cores;")
+    assert ThreadPolicy("auto", environ={"OMP_NUM_THREADS": "4"}).describe().startswith(
+        "threads: 4 (pinned by OMP_NUM_THREADS;")
     # Digits of another script are no count for libgomp (it ignores the variable): none here either.
     assert ThreadPolicy("auto", environ={"OMP_NUM_THREADS": "\u0661"}).pinned_by is None
 

@@ -22,6 +22,7 @@ def test_a_resumed_run_takes_back_its_thread_count_and_ends_bit_identical(train_
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     data = ["--data_path", str(train_data / "pretrain.jsonl"), "--val_fraction", "0.05"]
     threads = torch.get_num_threads()
+    monkeypatch.setattr(trainer.threads, "usable_cores", lambda: 2)  # --threads 2 is allowed on a 1-core machine too
     try:
         run_in_process("pretrain", ["--out_dir", str(tmp_path / "whole"), "--threads", "2", *data, *DEFAULT_MODEL])
         # Resumed with --threads auto in a process whose own pick would be one thread (one usable core).

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import trainer.threads
 from trainer.arg_fields import requested_model_fields
 from trainer.args import parse_args
 from trainer.resume_checks import check_resume_compatible, check_resume_length
@@ -420,11 +421,12 @@ def test_the_changed_flags_name_settings_not_places():
     assert changed_flags(state, now) == "--learning_rate was 0.001 there and is 0.002 now"
 
 
-def test_the_changed_flags_leave_out_how_the_machine_does_the_work():
+def test_the_changed_flags_leave_out_how_the_machine_does_the_work(monkeypatch):
     """--num_proc (tokenizing workers), --threads and the collective timeouts cannot change the run's numbers beyond
     the last bits --threads' own note names: a resume that changes them notes only the setting that does change."""
     from trainer.resume_checks import changed_flags
 
+    monkeypatch.setattr(trainer.threads, "usable_cores", lambda: 4)  # --threads 2 within them on any machine
     recorded = parse_args("pretrain", []).to_dict()
     machine = ["--num_proc", "4", "--threads", "2", "--dist_init_timeout", "3600", "--dist_timeout", "900"]
     assert changed_flags({"config": recorded}, parse_args("pretrain", machine).to_dict()) == ""

@@ -50,7 +50,8 @@ from model.loading import (check_tokenizer_fits, config_model_type, load_config,
 from model.model import MiniNormForCausalLM  # noqa: E402
 from dataset.shown_value import shown_value  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, path_arg, run_main  # noqa: E402
-from trainer.run_dir import CONFIG_FILE, ModelNotFound, locate_model, report_error, resolve_path  # noqa: E402
+from trainer.run_dir import (CONFIG_FILE, ModelNotFound, locate_model, recorded_config, report_error,  # noqa: E402
+                            resolve_path)
 
 
 def _patch_config_json(path: Path) -> None:
@@ -141,6 +142,9 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     if model_type != MiniNormConfig.model_type:
         raise ValueError(f"{source} is not a MiniNorm model (model_type={shown_value(model_type)})")
     check_out_dir(source, out_dir, EXPORT_MARKER, f"a previous {name} export", {"target": target})
+    # The run's record comes along (below): one chat would refuse (a folder in its place, not UTF-8) is refused
+    # before the work, not left out of the export quietly.
+    recorded_config(source)
     config = load_config(source)
     check_exportable(config, source, name, architecture=target)  # before loading any weights
     # Sampling settings come along; a length limit saved by an older trainer does not (see generation_defaults).

@@ -297,6 +297,12 @@ BAD_INPUTS = [
      ["generation_config.json: eos_token_id='x' is not allowed", "a token id (an integer >= 0) or a list of them"]),
     ("generation_config_eos_true", _write("generation_config.json", '{"eos_token_id": [2, true]}'),
      ["generation_config.json: eos_token_id=[2, True] is not allowed"]),
+    # The run's record, copied into the export for eval/chat.py: a folder in its place was left out quietly.
+    ("train_config_a_folder", lambda folder: ((folder / "train_config.yaml").unlink(missing_ok=True),
+                                               (folder / "train_config.yaml").mkdir()),
+     ["train_config.yaml: is a directory, not a YAML file"]),
+    ("train_config_not_utf8", lambda folder: (folder / "train_config.yaml").write_bytes(b"task: \xff"),
+     ["train_config.yaml"]),
     ("tokenizer_garbage", _write("tokenizer.json", "{garbage"), ["tokenizer", "tokenizer.json"]),
     ("tokenizer_missing", _remove("tokenizer.json", "tokenizer_config.json"), ["no tokenizer.json"]),
     # A sharded checkpoint's index in place of model.safetensors: an AttributeError traceback ('list' object has no

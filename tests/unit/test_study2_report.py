@@ -105,6 +105,12 @@ def test_wall_clock_curve_sums_the_step_times_up_to_each_evaluation():
     records = [_train(1, 8.0, 1.0, 10.0), _train(2, 7.0, 1.0, 1.0), {"step": 2, "split": "val", "val_loss": 7.5},
                _train(3, 6.0, 1.0, 1.0), _train(4, 5.0, 1.0, 2.0), {"step": 4, "split": "val", "val_loss": 6.0}]
     assert wall_clock_curve(records) == [(11.0, 7.5), (14.0, 6.0)]
+    # A NaN val loss is a gap, as in the trial's val_curve (it was a point the plot and the JSON took); the time of
+    # its steps is still spent.
+    nan_between = [*records[:3], {"step": 3, "split": "val", "val_loss": math.nan}, *records[3:]]
+    assert wall_clock_curve(nan_between) == [(11.0, 7.5), (14.0, 6.0)]
+    records[-1]["val_loss"] = math.inf
+    assert wall_clock_curve(records) == [(11.0, 7.5)]
 
 
 def test_relative_step_times():

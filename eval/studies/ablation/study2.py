@@ -145,7 +145,8 @@ def stability(records: list[dict[str, Any]], status: str = "finished", stopped_a
 
 # --------------------------------------------------------------------------------------------- time
 def wall_clock_curve(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """(seconds, val loss) at each evaluation: the sum of the logged step times of the steps up to it."""
+    """(seconds, val loss) at each evaluation: the sum of the logged step times of the steps up to it. A NaN or
+    infinite val loss is no point (a gap, as in the trial's val_curve: load.py), its steps' time still spent."""
     times = {record_number(r, "step", int): record_number(r, "step_time_s") for r in records
              if r.get("split") == "train" and r.get("step_time_s") is not None}
     curve, spent, done = [], 0.0, 0
@@ -153,7 +154,8 @@ def wall_clock_curve(records: list[dict[str, Any]]) -> list[tuple[float, float]]
         for step in sorted(s for s in times if done < s <= record_number(r, "step", int)):
             spent += times[step]
         done = record_number(r, "step", int)
-        curve.append((spent, record_number(r, "val_loss")))
+        if math.isfinite(loss := record_number(r, "val_loss")):
+            curve.append((spent, loss))
     return curve
 
 

@@ -24,7 +24,7 @@ from dataset.atomic_io import file_digest, read_text_file
 from dataset.shown_value import shown_value
 from trainer.run_dir import RUN_ID_KEY, STATE_FILE, checkpoint_name, checkpoint_step, is_count
 from trainer.step import RunPosition
-from trainer.threads import THREADS_KEY
+from trainer.threads import MAX_THREADS, THREADS_KEY
 
 FILES_KEY = "files"  # trainer_state.json: every file of the checkpoint, relative to it
 # trainer_state.json: {file: {"bytes", "sha256"}} of every file its writer holds (verify_digests)
@@ -104,8 +104,11 @@ _POSITION_FIELDS: tuple[_FieldRule, ...] = (
       for field in ("step", "epoch", "samples_done_in_epoch", "tokens_seen", "total_steps")),
     # Every save since each field exists writes an integer (a checkpoint from before has none, and loads): a null is
     # no save's, and a null "processes" would end the resume's file check with a TypeError.
-    *((field, "an integer >= 1", lambda value: is_count(value, least=1), False)
-      for field in ("processes", THREADS_KEY)),
+    ("processes", "an integer >= 1", lambda value: is_count(value, least=1), False),
+    # A resumed run sets this count (ThreadPolicy.keep_runs): no save writes more than MAX_THREADS (--threads is
+    # bounded by the cores), and a hand-edited 10**9 aborted inside libgomp.
+    (THREADS_KEY, f"an integer in 1 .. {MAX_THREADS}", lambda value: is_count(value, least=1) and value <= MAX_THREADS,
+     False),
 )
 _PLAIN_FIELDS: tuple[_FieldRule, ...] = (
     ("train_time_s", "a number >= 0", _is_number_at_least_0, False),

@@ -156,8 +156,9 @@ def _without(*keys: str) -> dict:
     ({**GOOD_STATE, "total_steps": "4"}, "'total_steps' must be an integer >= 0"),
     ({**GOOD_STATE, "train_time_s": "x"}, "'train_time_s' must be a number >= 0"),
     ({**GOOD_STATE, "run_id": 5}, "'run_id' must be a string"),
-    ({**GOOD_STATE, "threads": "many"}, "'threads' must be an integer >= 1"),
-    ({**GOOD_STATE, "threads": True}, "'threads' must be an integer >= 1, not True"),
+    ({**GOOD_STATE, "threads": "many"}, "'threads' must be an integer in 1 .. 4096"),
+    ({**GOOD_STATE, "threads": True}, "'threads' must be an integer in 1 .. 4096, not True"),
+    ({**GOOD_STATE, "threads": 10**9}, "'threads' must be an integer in 1 .. 4096, not 1000000000"),
     ({**GOOD_STATE, "digests": ["model.safetensors"]}, "'digests' must be a JSON object of file names"),
     ({**GOOD_STATE, "digests": {"/etc/passwd": {"bytes": 1, "sha256": "0" * 64}}}, "'digests' must be a JSON object"),
     ({**GOOD_STATE, "digests": {"model.safetensors": {"bytes": -1, "sha256": "0" * 64}}}, "'digests' must be"),
@@ -205,7 +206,8 @@ def test_a_checkpoint_without_processes_or_threads_resumes_and_a_null_one_is_ref
     state_file.write_text(json.dumps({**saved, field: None}))
     with pytest.raises(ValueError) as refused:
         agree_on_start(accelerator, "auto", tmp_path, None)
-    assert str(refused.value) == (f"--resume auto: {state_file}: '{field}' must be an integer >= 1, not null; the "
+    allowed = "an integer in 1 .. 4096" if field == "threads" else "an integer >= 1"
+    assert str(refused.value) == (f"--resume auto: {state_file}: '{field}' must be {allowed}, not null; the "
                                   f"checkpoint is damaged; {NO_EARLIER_CHECKPOINT}")
     with pytest.raises(ValueError):
         read_trainer_state(state_file.parent)

@@ -6,7 +6,8 @@ own code). --help is unchanged.
 
 The flag types shared by several command lines live here too, so that each range is checked in one place: a seed
 (numpy's and torch's range), integers with a lower bound (alone or in a comma-separated list), floats within a
-range, paths that are not empty, an output file that is not a directory, text that is UTF-8.
+range, a benchmark's thread count, paths that are not empty, an output file that is not a directory, text that is
+UTF-8.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataset.atomic_io import cannot_name, not_utf8_at
 from dataset.shown_value import shown_path, shown_text, shown_value
 from trainer.number_text import NUMBER_READERS, ascii_float, ascii_hint, ascii_int
 from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
-from trainer.threads import bound_openmp_waits
+from trainer.threads import MAX_THREADS, bound_openmp_waits
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -278,6 +279,14 @@ def float_within(low: float, high: float, above_low: bool = False) -> Callable[[
             raise argparse.ArgumentTypeError(f"{shown_text(text)} is outside {allowed}")
         return value
     return flag_type(float, parse)
+
+
+def benchmark_threads(zero_means: str = "") -> Callable[[str], int]:
+    """The --threads type of every benchmark and study (eval/benchmarks, eval/studies): a thread count in
+    1 .. MAX_THREADS (trainer/threads.py), and 0 where `zero_means` says what 0 is. Not bounded by the usable cores,
+    as a run's --threads is (trainer/threads.py's parse_threads): a benchmark may time more threads than cores on
+    purpose. Past MAX_THREADS, --threads 1000000000 ended inside libgomp ("Out of memory allocating ...")."""
+    return int_within(0 if zero_means else 1, MAX_THREADS, zero_means)
 
 
 def zero_or_at_least(smallest: float, zero_means: str, highest: float = math.inf,

@@ -50,7 +50,9 @@ START_WINDOW_S = 0.25      # one look at others' load, before the work starts
 START_WINDOWS = 4          # looks at most (1 s) before a core counts as taken for the run
 OTHERS_THRESHOLD = 0.25    # a core counts as taken when other processes use more than this share of it
 THREADS_AUTO = "auto"
-MAX_THREADS = 4096  # more than any machine's cores: --num_proc's bound (trainer/arg_checks.py)
+# More than any machine's cores: --num_proc's bound (trainer/arg_checks.py), a checkpoint's thread count's and every
+# benchmark's --threads' (trainer/cli.py's benchmark_threads; a benchmark may time more threads than cores)
+MAX_THREADS = 4096
 THREADS_KEY = "threads"  # in a checkpoint's state: the run's thread count
 # --threads' help: a trainer's (whose resumed run keeps its checkpoint's count), and that of a tool that runs a model
 # (chat, evaluation, the server), which resumes nothing.

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import ToolParser, int_list, int_within, run_main  # noqa: E402
+from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
@@ -103,7 +103,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="blocks per mode (steps per mode = blocks x block_steps)")
     parser.add_argument("--warmup", type=int_within(0), default=3,
                         help="untimed steps first (the first with diagnostics)")
-    parser.add_argument("--threads", type=int_within(1), default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=benchmark_threads(), default=None,
+                        help="torch threads (default: torch's choice)")
     return parser.parse_args(argv)
 
 

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import SparseMoE, SwiGLU  # noqa: E402
-from trainer.cli import ToolParser, int_list, int_within, run_main  # noqa: E402
+from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int_within(1), default=5,
                         help="interleaved rounds over all variants (median reported)")
     parser.add_argument("--calls", type=int_within(1), default=5, help="calls per variant per round")
-    parser.add_argument("--threads", type=int_within(1), default=1, help="torch threads")
+    parser.add_argument("--threads", type=benchmark_threads(), default=1, help="torch threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -58,7 +58,7 @@ from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_tab
 from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods  # noqa: E402
 from model.kernels.dtypes import DTYPES  # noqa: E402
 from model.norms import triton_can_run  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -313,7 +313,7 @@ def build_parser() -> ToolParser:
     ap.add_argument("--profile_host", type=int_within(1), metavar="N", default=None,
                     help="CUDA: each method's forward+backward at (--m, N) under torch.profiler, host side included")
     ap.add_argument("--out", type=Path, default=None, help="also write the raw rows as JSON here")
-    ap.add_argument("--threads", type=int_within(1), default=None, help="CPU threads (torch.set_num_threads)")
+    ap.add_argument("--threads", type=benchmark_threads(), default=None, help="CPU threads (torch.set_num_threads)")
     lab = ap.add_argument_group("--lab: the norm laboratory's table (CPU)")
     lab.add_argument("--lab", action="store_true", help="every norm type and the default model's step with each")
     lab.add_argument("--lab_norms", nargs="+", default=list(DEFAULT_LAB_NORMS), choices=list(LAB_VARIANTS),

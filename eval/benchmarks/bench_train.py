@@ -48,7 +48,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--norm_rows", type=int, default=4096, help="rows of the norm table's input")
     parser.add_argument("--norm_dim", type=int, default=512, help="row length of the norm table's input")
     parser.add_argument("--norm_reps", type=int, default=50, help="timed calls of each norm (median reported)")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--threads", type=benchmark_threads("0: torch's default"), default=0,
+                        help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--skip_steps", action="store_true", help="only the norm table")
     parser.add_argument("--skip_norms", action="store_true", help="only the training-step table")
     args = parser.parse_args(argv)

@@ -47,7 +47,7 @@ from accelerate.state import AcceleratorState  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, run_main  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
 from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval_interval", type=int, default=25,
                         help="optimizer steps between validations (for the time to target)")
     parser.add_argument("--eval_batches", type=int, default=10, help="batches per intermediate validation")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=benchmark_threads(), help="torch threads (default: torch's)")
     parser.add_argument("--out_dir", default="out/time_to_loss", help="the runs and the results (.json, .md)")
     args = parser.parse_args(argv)
     try:

@@ -40,7 +40,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 
 # The study's model (scripts/sweep_configs/study_norms.yaml) and batch.
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int_within(1), default=5, help="timed steps per variant per round")
     parser.add_argument("--profile_steps", type=int_within(1), default=3, help="profiled steps per variant per round")
     parser.add_argument("--warmup", type=int_within(0), default=3, help="untimed steps per variant first (compiles)")
-    parser.add_argument("--threads", type=int_within(1), default=1, help="torch threads")
+    parser.add_argument("--threads", type=benchmark_threads(), default=1, help="torch threads")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="autocast precision; auto: as the trainer picks it on this CPU (bf16 where it is fast)")
     args = parser.parse_args(argv)

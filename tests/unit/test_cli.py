@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.paths import REPO
-from trainer.threads import threads_allowed, usable_cores
+from trainer.threads import MAX_THREADS, threads_allowed, usable_cores
 
 
 def test_a_trainer_with_a_bad_preset_prints_two_lines():
@@ -183,24 +183,38 @@ def test_run_main_exits_with_mains_code(capsys):
     assert exit_info.value.code == 3 and capsys.readouterr().err == ""
 
 
+BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagnostics", "bench_moe", "bench_norm",
+                                                                      "bench_rollout", "bench_train", "time_to_loss")),
+                           *(f"eval.studies.{tool}" for tool in ("grad_at_init", "norm_inputs", "norm_share")))
+
+
 @pytest.mark.parametrize("module, argv, flag, allowed", [
     *((f"eval.benchmarks.{tool}", ["--preset", "bogus"], "--preset", "invalid choice: 'bogus' (choose from")
       for tool in ("bench_moe", "bench_diagnostics", "bench_rollout", "bench_post_training")),
     ("eval.benchmarks.bench_moe", ["--experts", "abc"], "--experts", "'abc' is not comma-separated integers >= 1"),
     ("eval.benchmarks.bench_moe", ["--experts", "2,0"], "--experts", "'2,0' is not comma-separated integers >= 1"),
-    ("eval.benchmarks.bench_moe", ["--threads", "0"], "--threads", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_moe", ["--threads", "0"], "--threads", f"0 is not an integer in 1 .. {MAX_THREADS}"),
     ("eval.benchmarks.bench_moe", ["--rounds", "0"], "--rounds", "0 is not an integer >= 1"),
     ("eval.benchmarks.bench_moe", ["--calls", "0"], "--calls", "0 is not an integer >= 1"),
     ("eval.benchmarks.bench_moe", ["--batch_size", "-1"], "--batch_size", "-1 is not an integer >= 1"),
     ("eval.benchmarks.bench_diagnostics", ["--intervals", "abc"], "--intervals",
      "'abc' is not comma-separated integers >= 1"),
-    ("eval.benchmarks.bench_diagnostics", ["--threads", "0"], "--threads", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_diagnostics", ["--threads", "0"], "--threads",
+     f"0 is not an integer in 1 .. {MAX_THREADS}"),
     ("eval.benchmarks.bench_rollout", ["--rounds", "0"], "--rounds", "0 is not an integer >= 1"),
     ("eval.benchmarks.bench_post_training", ["--batch_size", "-1"], "--batch_size", "-1 is not an integer >= 1"),
     ("eval.benchmarks.bench_load", ["--competitors", "x"], "--competitors", "'x' is not comma-separated integers >= 0"),
     ("eval.benchmarks.bench_load", ["--rounds", "-1"], "--rounds", "-1 is not an integer >= 0"),
     ("eval.benchmarks.bench_norm", ["--m", "0"], "--m", "0 is not an integer >= 1"),
-    ("eval.benchmarks.bench_norm", ["--threads", "0"], "--threads", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_norm", ["--threads", "0"], "--threads", f"0 is not an integer in 1 .. {MAX_THREADS}"),
+    # every benchmark's and study's --threads: at most MAX_THREADS (10**9 ended in libgomp's "Out of memory
+    # allocating ..."; -3 in bench_train and time_to_loss in torch.set_num_threads' RuntimeError traceback)
+    *((module, ["--threads", "1000000000"], "--threads", f"1000000000 is not an integer in 1 .. {MAX_THREADS}")
+      for module in BENCHMARKS_WITH_THREADS if module != "eval.benchmarks.bench_train"),
+    ("eval.benchmarks.bench_train", ["--threads", "1000000000"], "--threads",
+     f"1000000000 is not an integer in 0 .. {MAX_THREADS} (0: torch's default)"),
+    ("eval.benchmarks.bench_train", ["--threads", "-3"], "--threads", f"-3 is not an integer in 0 .. {MAX_THREADS}"),
+    ("eval.benchmarks.time_to_loss", ["--threads", "-3"], "--threads", f"-3 is not an integer in 1 .. {MAX_THREADS}"),
     ("eval.benchmarks.bench_serve", ["--tokens", "8"], "--tokens", "goes only with --stream_against"),
     ("eval.benchmarks.bench_serve", ["--stream_against", "HEAD", "--repeats", "2"], "--repeats",
      "not with --stream_against (which takes --tokens and --rounds)"),
@@ -218,6 +232,15 @@ def test_benchmarks_refuse_bad_flags_in_one_line_naming_them(module, argv, flag,
     assert exit_info.value.code == 2
     first = capsys.readouterr().err.splitlines()[0]
     assert first.startswith(f"error: argument {flag}: ") and allowed in first, first
+
+
+def test_the_threads_cases_cover_every_benchmark_and_study_with_threads():
+    """A benchmark or study that gains --threads takes trainer/cli.py's benchmark_threads: the table above checks
+    each of them for its bound."""
+    found = {f"eval.{path.parent.name}.{path.stem}" for folder in ("benchmarks", "studies")
+             for path in (REPO / "eval" / folder).glob("*.py")
+             if 'add_argument("--threads"' in path.read_text(encoding="utf-8")}
+    assert found == set(BENCHMARKS_WITH_THREADS)
 
 
 # Every path flag of the tools (the paths a trainer takes: tests/unit/test_args.py): an empty value (an unset shell

@@ -267,16 +267,20 @@ def int_list(low: int, high: int | None = None) -> Callable[[str], list[int]]:
 
 
 def float_within(low: float, high: float, above_low: bool = False) -> Callable[[str], float]:
-    """A float flag's type: a number in low .. high, ends included (NaN never); `above_low`: low excluded."""
-    allowed = f"({low:g}, {high:g}]" if above_low else f"{low:g} .. {high:g}"
+    """A float flag's type: a number in low .. high, ends included (NaN never); `above_low`: low excluded. `high`
+    math.inf: any finite number from `low` on (an infinite budget, loss or FLOP/s is no measure: inf is refused)."""
+    if math.isinf(high):
+        out_of_range = f"is not a finite number {'>' if above_low else '>='} {low:g}"
+    else:
+        out_of_range = f"is outside ({low:g}, {high:g}]" if above_low else f"is outside {low:g} .. {high:g}"
 
     def parse(text: str) -> float:
         try:
             value = ascii_float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number{ascii_hint(text)}") from None
-        if not (low < value <= high if above_low else low <= value <= high):  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{shown_text(text)} is outside {allowed}")
+        if not (low < value <= high if above_low else low <= value <= high) or math.isinf(value):  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{shown_text(text)} {out_of_range}")
         return value
     return flag_type(float, parse)
 

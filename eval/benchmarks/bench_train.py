@@ -32,6 +32,7 @@ from trainer.cli import quiet_ctrl_c_while_loading  # noqa: E402
 quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: one line, exit 130
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -45,10 +46,13 @@ from accelerate.state import AcceleratorState  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
+from dataset.building import MIN_SEQ_LEN  # noqa: E402
+from model.config import MAX_SIZE  # noqa: E402
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, run_main  # noqa: E402
+from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
+                         int_within, run_main)
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
@@ -227,20 +231,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--presets", default=None, help="comma-separated (default: cpu-default,minimind-26m on "
                                                             "CPU; minimind-26m,minimind-64m on CUDA)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes of the step table")
-    parser.add_argument("--steps", type=int, default=6, help="timed training steps per variant")
-    parser.add_argument("--warmup", type=int, default=2,
+    parser.add_argument("--steps", type=int_within(1), default=6, help="timed training steps per variant")
+    parser.add_argument("--warmup", type=int_within(0), default=2,
                         help="steps before the timed ones (the first, with any compilation, is reported on its own)")
     parser.add_argument("--variants", type=step_variants, default=",".join(STEP_VARIANTS),
                         help="comma-separated: rms (norm_impl auto), rms_eager, rms_compiled (--compile on), ln, "
                              "llama (required: the baseline)")
-    parser.add_argument("--batch_size", type=int, default=8, help="sequences per training step")
-    parser.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
-    parser.add_argument("--peak_flops", type=float, default=None,
+    parser.add_argument("--batch_size", type=int_within(1, MAX_SIZE), default=8, help="sequences per training step")
+    parser.add_argument("--seq_len", type=int_within(MIN_SEQ_LEN, MAX_SIZE), default=256, help="tokens per sequence")
+    parser.add_argument("--peak_flops", type=float_within(0, math.inf, above_low=True), default=None,
                         help="FLOP/s for MFU (default: the trainer's known value for the device and dtype)")
     parser.add_argument("--force_bf16", action="store_true", help="time bf16 even on CPUs without fast bf16")
-    parser.add_argument("--norm_rows", type=int, default=4096, help="rows of the norm table's input")
-    parser.add_argument("--norm_dim", type=int, default=512, help="row length of the norm table's input")
-    parser.add_argument("--norm_reps", type=int, default=50, help="timed calls of each norm (median reported)")
+    parser.add_argument("--norm_rows", type=int_within(1, MAX_SIZE), default=4096,
+                        help="rows of the norm table's input")
+    parser.add_argument("--norm_dim", type=int_within(1, MAX_SIZE), default=512,
+                        help="row length of the norm table's input")
+    parser.add_argument("--norm_reps", type=int_within(1), default=50,
+                        help="timed calls of each norm (median reported)")
     parser.add_argument("--threads", type=benchmark_threads("0: torch's default"), default=0,
                         help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--skip_steps", action="store_true", help="only the norm table")

@@ -47,7 +47,9 @@ from accelerate.state import AcceleratorState  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, run_main  # noqa: E402
+from trainer.arg_checks import A_YEAR_S  # noqa: E402
+from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
+                         int_within, run_main)
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
 from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
@@ -191,15 +193,17 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated; built in: {', '.join(RECIPES)}")
     parser.add_argument("--recipe", action="append", default=[], metavar="NAME=FLAGS",
                         help="define a recipe, e.g. 'big=--batch_size 32 --learning_rate 3e-3' (repeatable)")
-    parser.add_argument("--budget_s", type=float, default=100.0, help="training seconds per run")
-    parser.add_argument("--target_loss", type=float, default=5.43,
+    parser.add_argument("--budget_s", type=float_within(0, A_YEAR_S, above_low=True), default=100.0,
+                        help="training seconds per run (the trainer's --time_budget_s: at most a year)")
+    parser.add_argument("--target_loss", type=float_within(0, math.inf), default=5.43,
                         help="the val loss whose time to reach is timed; the default value is the previous default "
                              "recipe's end-of-run loss (docs/recipe.md)")
     parser.add_argument("--seeds", default="0", help="comma-separated; recipes are interleaved per seed")
     parser.add_argument("--common_flags", default="", help="trainer flags added to every recipe (data, model)")
-    parser.add_argument("--eval_interval", type=int, default=25,
+    parser.add_argument("--eval_interval", type=int_within(1), default=25,
                         help="optimizer steps between validations (for the time to target)")
-    parser.add_argument("--eval_batches", type=int, default=10, help="batches per intermediate validation")
+    parser.add_argument("--eval_batches", type=int_within(0, note="0: the whole validation split"), default=10,
+                        help="batches per intermediate validation (0: the whole validation split)")
     parser.add_argument("--threads", type=benchmark_threads(), help="torch threads (default: torch's)")
     parser.add_argument("--out_dir", default="out/time_to_loss", help="the runs and the results (.json, .md)")
     args = parser.parse_args(argv)
@@ -212,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         for flag in common:
             if flag.split("=")[0] in OWN_FLAGS:
                 raise ValueError(f"--common_flags: {flag} is set by the benchmark")
-        if args.budget_s <= 0 or args.eval_interval < 1 or not seeds:
-            raise ValueError("--budget_s must be > 0, --eval_interval >= 1, --seeds not empty")
+        if not seeds:
+            raise ValueError("--seeds must not be empty")
     except ValueError as error:
         parser.error(str(error))
     if args.threads:

@@ -33,6 +33,7 @@ This file is the command; the work is done by its own package, eval/studies/abla
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -45,7 +46,7 @@ quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: o
 
 from eval.studies.ablation.report import write_report  # noqa: E402
 from eval.studies.ablation.study2 import ESCAPE_MARGIN  # noqa: E402
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, float_within, run_main  # noqa: E402
 from trainer.run_dir import report_error, resolve_input_path  # noqa: E402
 
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                              "sensitivity per variant, loss-vs-rate and wall-clock plots, stability, Post-LN escapes")
     parser.add_argument("--step_times", help="--study2: the interleaved step times "
                                              "(JSON of eval/benchmarks/bench_norm_variants.py)")
-    parser.add_argument("--escape_margin", type=float, default=ESCAPE_MARGIN,
+    parser.add_argument("--escape_margin", type=float_within(0, math.inf), default=ESCAPE_MARGIN,
                         help="--study2: nats below the unigram loss that count as off the plateau")
     parser.add_argument("--write_seed2", metavar="DIR",
                         help="write DIR/<first sweep>_seed2.yaml: one more seed of every variant at its best rate "
@@ -69,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.step_times or args.escape_margin != ESCAPE_MARGIN) and not args.study2:
         parser.error("--step_times and --escape_margin need --study2")
-    if not args.escape_margin >= 0:
-        parser.error(f"--escape_margin: {args.escape_margin} is not allowed; it must be >= 0 (nats)")
     try:
         sweep_dirs = [resolve_input_path(path) for path in args.sweep_dirs]  # from here, else the repo root
         step_times = resolve_input_path(args.step_times) if args.step_times else None

@@ -3,12 +3,14 @@ code 2; never argparse's page of usage. (That every tool uses the shared parser:
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
 import pytest
 
 from tests.paths import REPO
+from model.config import MAX_SIZE
 from trainer.threads import MAX_THREADS, threads_allowed, usable_cores
 
 
@@ -183,6 +185,8 @@ def test_run_main_exits_with_mains_code(capsys):
     assert exit_info.value.code == 3 and capsys.readouterr().err == ""
 
 
+NORMS_ONLY = ["--skip_steps", "--norm_rows", "8", "--norm_dim", "8", "--norm_reps", "1"]  # bench_train: a cheap run
+ONE_SECOND = ["--budget_s", "1"]  # time_to_loss: the old code trained with these flags
 BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagnostics", "bench_moe", "bench_norm",
                                                                       "bench_rollout", "bench_train", "time_to_loss")),
                            *(f"eval.studies.{tool}" for tool in ("grad_at_init", "norm_inputs", "norm_share")))
@@ -215,6 +219,25 @@ BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagn
      f"1000000000 is not an integer in 0 .. {MAX_THREADS} (0: torch's default)"),
     ("eval.benchmarks.bench_train", ["--threads", "-3"], "--threads", f"-3 is not an integer in 0 .. {MAX_THREADS}"),
     ("eval.benchmarks.time_to_loss", ["--threads", "-3"], "--threads", f"-3 is not an integer in 1 .. {MAX_THREADS}"),
+    # counts of steps, calls, rows: >= 1 (0 steps or calls ended in an empty median's StatisticsError, --norm_dim 0 in
+    # a reshape's RuntimeError, 10**30 rows in torch's allocator), sizes at most model/config.py's MAX_SIZE, the
+    # trainer's shortest sequence (MIN_SEQ_LEN) and its --time_budget_s' year, a finite loss, margin or FLOP/s
+    ("eval.benchmarks.bench_train", [*NORMS_ONLY, "--norm_reps", "0"], "--norm_reps", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_train", [*NORMS_ONLY, "--norm_dim", "0"], "--norm_dim",
+     f"0 is not an integer in 1 .. {MAX_SIZE}"),
+    ("eval.benchmarks.bench_train", [*NORMS_ONLY, "--norm_rows", "1" + "0" * 30], "--norm_rows",
+     f" is not an integer in 1 .. {MAX_SIZE}"),
+    ("eval.benchmarks.bench_train", [*NORMS_ONLY, "--peak_flops", "inf"], "--peak_flops",
+     "inf is not a finite number > 0"),
+    ("eval.benchmarks.bench_train", ["--seq_len", "1"], "--seq_len", f"1 is not an integer in 2 .. {MAX_SIZE}"),
+    ("eval.benchmarks.bench_train", ["--steps", "0"], "--steps", "0 is not an integer >= 1"),
+    ("eval.benchmarks.time_to_loss", ["--budget_s", "0"], "--budget_s", "0 is outside (0, 3.1536e+07]"),
+    ("eval.benchmarks.time_to_loss", [*ONE_SECOND, "--target_loss", "nan"], "--target_loss",
+     "nan is not a finite number >= 0"),
+    ("eval.benchmarks.time_to_loss", [*ONE_SECOND, "--eval_batches", "-1"], "--eval_batches",
+     "-1 is not an integer >= 0 (0: the whole validation split)"),
+    ("eval.studies.ablation_report", ["sweep", "--study2", "--escape_margin", "inf"], "--escape_margin",
+     "inf is not a finite number >= 0"),
     ("eval.benchmarks.bench_serve", ["--tokens", "8"], "--tokens", "goes only with --stream_against"),
     ("eval.benchmarks.bench_serve", ["--stream_against", "HEAD", "--repeats", "2"], "--repeats",
      "not with --stream_against (which takes --tokens and --rounds)"),
@@ -303,6 +326,7 @@ def _flag_types() -> dict[str, object]:
     from trainer.inference_flags import device_type
 
     return {"int_within": int_within(1), "int_list": int_list(1), "float_within": float_within(0, 1),
+            "float_from_zero": float_within(0, math.inf),
             "zero_or_at_least": zero_or_at_least(1e-5, "off"), "boolean": boolean, "output_file": output_file,
             "device_type": device_type(), "numbers": FLAG_TYPES["loss_weights"], "path": FLAG_TYPES["data_path"],
             "float": float, "chat_tools": _tool_names, "study_names": norm_type_names}
@@ -318,6 +342,7 @@ def _flag_types() -> dict[str, object]:
     ("float_within", LONG, " is not a number"),
     ("float_within", "1" * 10_000, " is outside 0 .. 1"),  # float() takes it (inf): the range refuses it
     ("float_within", "2\n", " is outside 0 .. 1"),
+    ("float_from_zero", "1" * 10_000, " is not a finite number >= 0"),  # inf: no budget, loss or FLOP/s
     ("zero_or_at_least", LONG, " is not a number"),
     ("zero_or_at_least", "1" * 10_000, " is not 0 (off) or a finite number >= 1e-05"),
     ("zero_or_at_least", "-1\n", " is not 0 (off) or a finite number >= 1e-05"),

@@ -434,7 +434,7 @@ def test_cli_refuses_study2_options_without_study2_and_a_negative_margin(tmp_pat
     assert "need --study2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(sweep), "--study2", "--escape_margin", "-0.1"])
-    assert "--escape_margin: -0.1 is not allowed" in capsys.readouterr().err
+    assert "error: argument --escape_margin: -0.1 is not a finite number >= 0" in capsys.readouterr().err
 
 
 def test_benchmark_times_real_trainers_of_two_variants(tmp_path):

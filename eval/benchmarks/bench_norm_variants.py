@@ -146,25 +146,20 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from dataset.atomic_io import atomic_write_text
-    from trainer.cli import ToolParser
+    from trainer.cli import ToolParser, int_within
     from trainer.run_dir import report_error
 
     parser = ToolParser(description="Interleaved step time of every variant of a normalization-study sweep")
     parser.add_argument("sweep", help="sweep YAML whose `config` values are the variant files, e.g. "
                                       "scripts/sweep_configs/study2_lr.yaml")
     parser.add_argument("--out", required=True, help="JSON to write (a .md table is written beside it)")
-    parser.add_argument("--rounds", type=int, default=10, help="timed rounds")
-    parser.add_argument("--steps", type=int, default=5, help="steps of a variant per turn")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (compile, caches)")
+    parser.add_argument("--rounds", type=int_within(1), default=10, help="timed rounds")
+    parser.add_argument("--steps", type=int_within(1), default=5, help="steps of a variant per turn")
+    parser.add_argument("--warmup", type=int_within(0), default=2, help="untimed rounds first (compile, caches)")
     parser.add_argument("--compile", choices=("on", "off"), default=None,
                         help="whole-model compile for every variant (default: as the sweep's trials decide)")
     parser.add_argument("--variants", help="comma-separated variant names (default: all of the sweep's)")
     args = parser.parse_args(argv)
-    for name in ("rounds", "steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
-    if args.warmup < 0:
-        parser.error("--warmup must be at least 0")
     try:
         config = yaml.safe_load(resolve_input_path(args.sweep).read_text())
         if VARIANT_KEY not in (config or {}).get("parameters", {}):

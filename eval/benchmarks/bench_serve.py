@@ -323,9 +323,9 @@ def build_parser() -> ToolParser:
     parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain, "
                                                            "else an untrained cpu-default model")
-    parser.add_argument("--requests", type=int, default=32, help="requests per configuration and repeat")
-    parser.add_argument("--max_tokens", type=int, default=64, help="tokens each request asks for (greedy)")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every configuration")
+    parser.add_argument("--requests", type=int_within(1), default=32, help="requests per configuration and repeat")
+    parser.add_argument("--max_tokens", type=int_within(1), default=64, help="tokens each request asks for (greedy)")
+    parser.add_argument("--repeats", type=int_within(1), default=3, help="interleaved repeats of every configuration")
     parser.add_argument("--logprobs", type=int_within(0, MAX_TOP_LOGPROBS), default=None,
                         help="also run 8 clients, --max_batch 8, asking for logprobs with this many top_logprobs")
     parser.add_argument("--stream_against", nargs="?", const=OLD_STREAM_REF, default=None, metavar="REF",

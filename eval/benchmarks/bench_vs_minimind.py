@@ -39,11 +39,12 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
+from dataset.building import MIN_SEQ_LEN  # noqa: E402
 from dataset.corpus import ensure_default_corpus  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.jsonl import iter_records  # noqa: E402
-from model.config import MiniNormConfig  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
+from model.config import MAX_SIZE, MiniNormConfig  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import read_metrics, read_summary, resolve_input_path  # noqa: E402
 
@@ -134,11 +135,14 @@ def build_parser() -> ToolParser:
     parser.add_argument("--minimind_dir", type=Path, required=True,
                         help="a checkout of MiniMind's repository (its trainer/, model/ and dataset/ as published)")
     parser.add_argument("--preset", default="minimind-26m", help="our model preset; MiniMind gets its width and depth")
-    parser.add_argument("--batch_size", type=int, default=32, help="sequences per optimizer step, both trainers")
-    parser.add_argument("--seq_len", type=int, default=512, help="tokens per sequence, both trainers")
-    parser.add_argument("--steps", type=int, default=200, help="optimizer steps each trainer runs")
-    parser.add_argument("--warmup", type=int, default=20, help="steps left out of the throughput")
-    parser.add_argument("--log_interval", type=int, default=10, help="MiniMind's --log_interval (its time marks)")
+    parser.add_argument("--batch_size", type=int_within(1, MAX_SIZE), default=32,
+                        help="sequences per optimizer step, both trainers")
+    parser.add_argument("--seq_len", type=int_within(MIN_SEQ_LEN, MAX_SIZE), default=512,
+                        help="tokens per sequence, both trainers")
+    parser.add_argument("--steps", type=int_within(1), default=200, help="optimizer steps each trainer runs")
+    parser.add_argument("--warmup", type=int_within(0), default=20, help="steps left out of the throughput")
+    parser.add_argument("--log_interval", type=int_within(1), default=10,
+                        help="MiniMind's --log_interval (its time marks)")
     parser.add_argument("--data_path", type=Path, default=None,
                         help="the text both trainers read, {\"text\": ...} jsonl lines (default: the embedded corpus's "
                              "pretraining split)")

@@ -16,11 +16,17 @@ import torch
 from dataset.shown_value import shown_value
 
 
+# p's range, (P_RANGE[0], P_RANGE[1]]: a share of the row, the whole of it at most, and more than none (a flag of a
+# tool that times the norm takes the same range: trainer/cli.py's float_within(*P_RANGE, above_low=True)).
+P_RANGE = (0.0, 1.0)
+
+
 def check_p(p: float, field: str = "p") -> float:
-    """`p` as a float; a ValueError naming `field` unless it is a number in (0, 1] (a bool is not one: `true` in a
-    config.json would otherwise read as p = 1)."""
-    if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0.0 < float(p) <= 1.0:
-        raise ValueError(f"{field}={shown_value(p)} is not allowed; it must be a float in (0, 1]")
+    """`p` as a float; a ValueError naming `field` unless it is a number in P_RANGE, (0, 1] (a bool is not one:
+    `true` in a config.json would otherwise read as p = 1)."""
+    low, high = P_RANGE
+    if not isinstance(p, numbers.Real) or isinstance(p, bool) or not low < float(p) <= high:
+        raise ValueError(f"{field}={shown_value(p)} is not allowed; it must be a float in ({low:g}, {high:g}]")
     return float(p)
 
 

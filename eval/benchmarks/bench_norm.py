@@ -58,7 +58,9 @@ from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_tab
 from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods  # noqa: E402
 from model.kernels.dtypes import DTYPES  # noqa: E402
 from model.norms import triton_can_run  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, int_within, run_main  # noqa: E402
+from model.rmsnorm_math import P_RANGE  # noqa: E402
+from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
+                         int_within, run_main)
 from trainer.machine import machine_line  # noqa: E402
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -299,7 +301,8 @@ def build_parser() -> ToolParser:
                     help="the one weight every method gets (same: the activations' dtype)")
     ap.add_argument("--m", type=int_within(1), default=None, help="rows (default: 32768 on CUDA, 1024 on CPU)")
     ap.add_argument("--n", type=int_within(1), nargs="+", default=None, help="row lengths")
-    ap.add_argument("--p", type=float, default=1.0, help="partial RMSNorm fraction (1.0 = RMSNorm)")
+    ap.add_argument("--p", type=float_within(*P_RANGE, above_low=True), default=1.0,
+                    help="partial RMSNorm fraction (1.0 = RMSNorm)")
     ap.add_argument("--no-residual", action="store_true", help="skip the fused residual-add table")
     ap.add_argument("--methods", nargs="+", default=None,
                     help="time only the methods whose names contain one of these words (e.g. ours liger)")

@@ -28,24 +28,33 @@ import triton  # noqa: E402
 
 from model.kernels.cuda_build import H100_SMS, build  # noqa: E402
 from model.kernels.dtypes import DTYPES  # noqa: E402
-from model.kernels.rmsnorm_triton import LaunchTuning  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, run_main  # noqa: E402
+from model.kernels.rmsnorm_triton import MAX_N, LaunchTuning  # noqa: E402
+from model.rmsnorm_math import P_RANGE  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, float_within, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
 GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
+# A program's warps (Triton's num_warps): a power of two, at most a CUDA block's 1024 threads (32 warps)
+WARPS = (1, 2, 4, 8, 16, 32)
+OLDEST_ARCH = 80  # sm_80 (A100): the oldest target the kernels are built for (tests/integration/test_kernel_build.py)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = ToolParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=RawDescriptionDefaultsHelpFormatter, epilog=__doc__)
-    parser.add_argument("--arch", type=int, default=90, help="compute capability x10: 80 (A100), 90 (H100/H200)")
+    parser.add_argument("--arch", type=int_within(OLDEST_ARCH), default=90,
+                        help="compute capability x10: 80 (A100), 90 (H100/H200)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (weights fp32)")
-    parser.add_argument("--n", type=int, nargs="+", default=GPU_ROW_LENGTHS, help="row lengths")
-    parser.add_argument("--p", type=float, default=0.5, help="partial RMSNorm fraction of the fused variant")
-    parser.add_argument("--sm_count", type=int, default=H100_SMS, help="SMs (sets the backward grid)")
-    parser.add_argument("--fwd_warps", type=int, default=None, help="override the forward's warps")
-    parser.add_argument("--bwd_warps", type=int, default=None, help="override the backward's warps")
-    parser.add_argument("--bwd_stages", type=int, default=None,
+    parser.add_argument("--n", type=int_within(1, MAX_N), nargs="+", default=GPU_ROW_LENGTHS,
+                        help=f"row lengths (at most {MAX_N}, the Triton kernels' longest row)")
+    parser.add_argument("--p", type=float_within(*P_RANGE, above_low=True), default=0.5,
+                        help="partial RMSNorm fraction of the fused variant")
+    parser.add_argument("--sm_count", type=int_within(1), default=H100_SMS, help="SMs (sets the backward grid)")
+    parser.add_argument("--fwd_warps", type=int_within(1, WARPS[-1]), choices=WARPS, default=None,
+                        help="override the forward's warps")
+    parser.add_argument("--bwd_warps", type=int_within(1, WARPS[-1]), choices=WARPS, default=None,
+                        help="override the backward's warps")
+    parser.add_argument("--bwd_stages", type=int_within(1), default=None,
                         help="software-pipeline stages of the backward's row loop (1: none; default: the heuristic's)")
     return parser.parse_args(argv)
 

@@ -40,7 +40,9 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from model.config import MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, int_within, run_main  # noqa: E402
+from model.rmsnorm_math import P_RANGE  # noqa: E402
+from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
+                         int_within, run_main)
 from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 
 # The study's model (scripts/sweep_configs/study_norms.yaml) and batch.
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
     parser.add_argument("--norms", default="rmsnorm,layernorm,prmsnorm", help="comma-separated norm types to profile")
     parser.add_argument("--placement", default="pre", help="norm_placement of every variant")
-    parser.add_argument("--prms_p", type=float, default=0.0625, help="partial RMSNorm's ratio p (prmsnorm only)")
+    parser.add_argument("--prms_p", type=float_within(*P_RANGE, above_low=True), default=0.0625,
+                        help="partial RMSNorm's ratio p (prmsnorm only)")
     parser.add_argument("--batch_size", type=int_within(1), default=8, help="sequences per step")
     parser.add_argument("--seq_len", type=int_within(2), default=128, help="tokens per sequence")
     parser.add_argument("--rounds", type=int_within(1), default=7,

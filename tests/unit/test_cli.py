@@ -186,6 +186,7 @@ def test_run_main_exits_with_mains_code(capsys):
 
 
 NORMS_ONLY = ["--skip_steps", "--norm_rows", "8", "--norm_dim", "8", "--norm_reps", "1"]  # bench_train: a cheap run
+ONE_NORM = ["--device", "cpu", "--m", "8", "--n", "8", "--no-residual", "--methods", "eager"]  # bench_norm: cheap
 ONE_SECOND = ["--budget_s", "1"]  # time_to_loss: the old code trained with these flags
 BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagnostics", "bench_moe", "bench_norm",
                                                                       "bench_rollout", "bench_train", "time_to_loss")),
@@ -252,6 +253,11 @@ BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagn
      "0 is not an integer >= 1"),
     ("eval.benchmarks.bench_serve", ["--model_path", "nowhere", "--repeats", "0"], "--repeats",
      "0 is not an integer >= 1"),
+    # a partial RMSNorm's p: the model's range (model/rmsnorm_math.py's P_RANGE, (0, 1]); bench_norm's 0 and 2 ran
+    # (partial_size clamps k into 1 .. n), its nan was a ValueError traceback
+    ("eval.benchmarks.bench_norm", [*ONE_NORM, "--p", "0"], "--p", "0 is outside (0, 1]"),
+    ("eval.benchmarks.bench_norm", [*ONE_NORM, "--p", "nan"], "--p", "nan is outside (0, 1]"),
+    ("eval.studies.norm_share", ["--prms_p", "1.5"], "--prms_p", "1.5 is outside (0, 1]"),
     ("eval.benchmarks.bench_serve", ["--tokens", "8"], "--tokens", "goes only with --stream_against"),
     ("eval.benchmarks.bench_serve", ["--stream_against", "HEAD", "--repeats", "2"], "--repeats",
      "not with --stream_against (which takes --tokens and --rounds)"),
@@ -266,6 +272,28 @@ def test_benchmarks_refuse_bad_flags_in_one_line_naming_them(module, argv, flag,
     main = importlib.import_module(module).main
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
+    assert exit_info.value.code == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"error: argument {flag}: ") and allowed in first, first
+
+
+@pytest.mark.parametrize("argv, flag, allowed", [
+    (["--p", "0"], "--p", "0 is outside (0, 1]"),
+    (["--n", "512", "16385"], "--n", "16385 is not an integer in 1 .. 16384"),  # the kernels' MAX_N
+    (["--n", "0"], "--n", "0 is not an integer in 1 .. 16384"),
+    (["--arch", "8"], "--arch", "8 is not an integer >= 80"),
+    (["--sm_count", "0"], "--sm_count", "0 is not an integer >= 1"),
+    (["--fwd_warps", "3"], "--fwd_warps", "invalid choice: 3 (choose from 1, 2, 4, 8, 16, 32)"),
+    (["--bwd_warps", "64"], "--bwd_warps", "64 is not an integer in 1 .. 32"),
+    (["--bwd_stages", "0"], "--bwd_stages", "0 is not an integer >= 1"),
+])
+def test_kernel_build_refuses_bad_flags_before_it_builds(argv, flag, allowed, capsys):
+    """eval/benchmarks/kernel_build.py's flags took any number, passed on to triton and ptxas (its parse_args: no
+    build runs here)."""
+    from eval.benchmarks.kernel_build import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
     assert exit_info.value.code == 2
     first = capsys.readouterr().err.splitlines()[0]
     assert first.startswith(f"error: argument {flag}: ") and allowed in first, first

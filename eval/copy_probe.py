@@ -95,13 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description=__doc__.split("\n")[0])
     add_model_source_flags(parser)
     parser.add_argument("--lengths", default="17,37,60", help="comma-separated lengths of the random sequences")
-    parser.add_argument("--text", type=int, default=40,
-                        help="tokens of each validation document repeated (0: none)")
+    parser.add_argument("--text", type=int_within(0, note="0: none"), default=40,
+                        help="tokens of each validation document repeated (0: none; else at least 2)")
     parser.add_argument("--rows", type=int_within(1), default=16, help="sequences per probe")
     parser.add_argument("--seed", type=seed, default=1, help="draws the random sequences")
     parser.add_argument("--data", type=path_arg, default=DEFAULT_TEXT_DATA,
                         help=f"{DEFAULT_TEXT_DATA} or a jsonl file of {{\"text\": ...}}")
-    parser.add_argument("--cue_pairs", type=int, default=0,
+    parser.add_argument("--cue_pairs", type=int_within(0, note="0: no such probe"), default=0,
                         help="also probe each length after a cue pair, drawn from the copy rows' first N (0: no such "
                         "probe; see --copy_cue_pairs)")
     parser.add_argument("--json", type=output_file, default=None, help="also write the table to this JSON file")

@@ -42,9 +42,11 @@ def test_a_trainer_with_a_bad_preset_prints_two_lines():
     ("scripts.serve", ["--host", " "], "error: argument --host: expected a host name or address (0.0.0.0: every "
                                        "interface), got an empty value"),
     # a number flag reads ASCII numbers only, whatever its type (trainer/number_text.py): int() and float() took
-    # other scripts' digits and '_' (a plain type=int flag, ranges of cli.py, --threads)
-    ("eval.copy_probe", ["--text", "1_0"], "error: argument --text: invalid int value: '1_0' (numbers are written "
-                                           "in ASCII digits 0-9, without '_')"),
+    # other scripts' digits and '_' (a plain type=float flag, ranges of cli.py, --threads)
+    ("eval.chat", ["--rope_scaling_factor", "1_0"], "error: argument --rope_scaling_factor: invalid float value: "
+                                                    "'1_0' (numbers are written in ASCII digits 0-9, without '_')"),
+    ("eval.copy_probe", ["--text", "1_0"], "error: argument --text: 1_0 is not an integer >= 0 (0: none) (numbers "
+                                           "are written in ASCII digits 0-9, without '_')"),
     ("scripts.serve", ["--port", "٨٠٠٠"], "error: argument --port: ٨٠٠٠ is not an integer in 0 .. 65535 (0: a free "
                                           "port, printed at start) (numbers are written in ASCII digits 0-9, "
                                           "without '_')"),
@@ -258,6 +260,10 @@ BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagn
     ("eval.benchmarks.bench_norm", [*ONE_NORM, "--p", "0"], "--p", "0 is outside (0, 1]"),
     ("eval.benchmarks.bench_norm", [*ONE_NORM, "--p", "nan"], "--p", "nan is outside (0, 1]"),
     ("eval.studies.norm_share", ["--prms_p", "1.5"], "--prms_p", "1.5 is outside (0, 1]"),
+    # eval/copy_probe.py: --cue_pairs -1 was refused after the model loaded, --text -1 beside --lengths and --rows
+    ("eval.copy_probe", ["--model_path", "nowhere", "--cue_pairs", "-1"], "--cue_pairs",
+     "-1 is not an integer >= 0 (0: no such probe)"),
+    ("eval.copy_probe", ["--model_path", "nowhere", "--text", "-1"], "--text", "-1 is not an integer >= 0 (0: none)"),
     ("eval.benchmarks.bench_serve", ["--tokens", "8"], "--tokens", "goes only with --stream_against"),
     ("eval.benchmarks.bench_serve", ["--stream_against", "HEAD", "--repeats", "2"], "--repeats",
      "not with --stream_against (which takes --tokens and --rounds)"),

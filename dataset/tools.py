@@ -643,20 +643,21 @@ def run_tool(name: str, arguments: Mapping[str, Any] | str, budget: ResultBudget
 
 
 def main(argv: list[str] | None = None) -> None:
-    from trainer.cli import ToolParser
+    from trainer.cli import ToolParser, int_within
 
     parser = ToolParser(description="Run one built-in tool and print its result, or --schemas to print the schemas.")
     parser.add_argument("name", nargs="?", help=f"the tool: {', '.join(TOOLS)}")
     parser.add_argument("arguments", nargs="?", default="{}", help="its arguments as a JSON object")
     parser.add_argument("--schemas", action="store_true", help="print every tool's OpenAI-format schema")
-    parser.add_argument("--max_chars", type=int, default=DEFAULT_RESULT_CHARS, help="cut the result to this length")
+    parser.add_argument("--max_chars", type=int_within(1), default=DEFAULT_RESULT_CHARS,
+                        help="cut the result to this length")
     args = parser.parse_args(argv)
     if args.schemas:
         print(json.dumps(tool_schemas(), indent=2, ensure_ascii=False))
     elif args.name is None:
         parser.error("name a tool or pass --schemas")
     else:
-        print(run_tool(args.name, args.arguments, ResultBudget(max_chars=max(args.max_chars, 1))))
+        print(run_tool(args.name, args.arguments, ResultBudget(max_chars=args.max_chars)))
 
 
 if __name__ == "__main__":

@@ -48,8 +48,8 @@ from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.arg_checks import A_YEAR_S  # noqa: E402
-from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
-                         int_within, run_main)
+from trainer.cli import (SEED_RANGE, RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads,  # noqa: E402
+                         float_within, int_list, int_within, run_main)
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
 from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target_loss", type=float_within(0, math.inf), default=5.43,
                         help="the val loss whose time to reach is timed; the default value is the previous default "
                              "recipe's end-of-run loss (docs/recipe.md)")
-    parser.add_argument("--seeds", default="0", help="comma-separated; recipes are interleaved per seed")
+    parser.add_argument("--seeds", type=int_list(*SEED_RANGE), default="0",
+                        help="comma-separated; recipes are interleaved per seed")
     parser.add_argument("--common_flags", default="", help="trainer flags added to every recipe (data, model)")
     parser.add_argument("--eval_interval", type=int_within(1), default=25,
                         help="optimizer steps between validations (for the time to target)")
@@ -211,13 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         custom = parse_custom_recipes(args.recipe)
         names = [n.strip() for n in args.recipes.split(",") if n.strip()]
         recipes = {name: recipe_flags(name, custom) for name in names}
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         common = shlex.split(args.common_flags)
         for flag in common:
             if flag.split("=")[0] in OWN_FLAGS:
                 raise ValueError(f"--common_flags: {flag} is set by the benchmark")
-        if not seeds:
-            raise ValueError("--seeds must not be empty")
     except ValueError as error:
         parser.error(str(error))
     if args.threads:
@@ -228,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{machine_line()}; load average {load_start:.2f} at start"
     print(header, flush=True)
     results = []
-    for seed in seeds:
+    for seed in args.seeds:
         for name, flags in recipes.items():
             result = run_recipe(name, [*common, *flags], seed, args)
             results.append(result)
@@ -238,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     table = results_table(results, recipes, args.budget_s, args.target_loss)
     common_text = f"; common flags `{shlex.join(common)}`" if common else ""
     report = (f"{header}, {load_end:.2f} at end. Budget {args.budget_s:g} s of training per run, seeds "
-              f"{', '.join(map(str, seeds))}{common_text}.\n\n{table}\n")
+              f"{', '.join(map(str, args.seeds))}{common_text}.\n\n{table}\n")
     print("\n" + report)
     atomic_write_text(args.out_dir / f"{RESULTS_NAME}.md", report)
     atomic_write_text(args.out_dir / f"{RESULTS_NAME}.json", strict_json(

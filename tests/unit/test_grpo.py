@@ -35,9 +35,13 @@ def _model(vocab: int = VOCAB, seed: int = 0) -> MiniNormForCausalLM:
 
 def _settings(loss_type: str = "grpo", beta: float = 0.0, group: int = 2, iterations: int = 1,
               level: str = "token") -> RolloutSettings:
+    # decode "static": the rollouts' sampling eagerly, as --compile off has it. The default ("compiled") paid a cold
+    # compile of the decode step (7 s alone, 15 under a busy suite) for the same tokens: that the compiled step
+    # equals the static one is tests/unit/test_decode_step.py's, and a run's rollouts under --compile auto
+    # decoding compiled is tests/integration/test_grpo_runs.py's.
     return RolloutSettings(loss_type, group, max_completion_length=6, temperature=1.0, top_p=1.0, beta=beta,
                            epsilon_low=0.2, epsilon_high=0.28, num_iterations=iterations,
-                           importance_sampling_level=level)
+                           importance_sampling_level=level, decode="static")
 
 
 class _Pad:

@@ -17,6 +17,7 @@ so the logits equal LlamaForCausalLM's with the same rope_parameters (tests/unit
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Mapping
 
@@ -90,6 +91,10 @@ def check_rope_scaling(value: Any, max_position_embeddings: int, head_dim: int |
 FP32_MAX = float(torch.finfo(torch.float32).max)
 
 
+# Cached: every MiniNormConfig checks its theta, and a run builds its config several times (the flags' check, the
+# largest tensor's, the model's); at a head_dim of 2**28 (a --hidden_size of 2**30, which the memory check then
+# refuses) each check computed 2**27 frequencies, about 6 s. A refusal raises, which is not cached.
+@functools.lru_cache(maxsize=64)
 def check_rope_theta(theta: float, head_dim: int, max_position_embeddings: int) -> None:
     """Refuse (ValueError, one line) a finite rope_theta > 0 whose fp32 RoPE is no RoPE: past FP32_MAX (fp32 makes
     it inf, its frequencies 0), or so small that the angle position x frequency of some position the model takes

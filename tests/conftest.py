@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,23 @@ from trainer.threads import bound_openmp_waits
 # Before any test loads torch (libgomp reads it then), as every command that runs a model does: OpenMP's idle threads
 # soon sleep instead of spinning on a core that the suite's other worker (-n) or a test's subprocesses need.
 bound_openmp_waits()
+
+
+@contextmanager
+def run_wide_folder(tmp_path_factory, worker_id: str, name: str) -> Iterator[Path]:
+    """The folder `name` of this test run, held under a file lock while the block runs: under pytest-xdist it is
+    in the run's shared temp folder (the basetemp's parent, each run's own), so what the first worker builds there
+    the others wait for and reuse (pytest-xdist's documented pattern); without workers, in this session's basetemp.
+    A session fixture built here is paid once per run, not once per worker. (Make it and mark it done inside the
+    block: a worker killed mid-build leaves no mark, and the next one builds again.)"""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent
+    path = root / name
+    with FileLock(str(path) + ".lock"):
+        yield path
 
 
 @pytest.fixture(scope="session")
@@ -43,11 +62,13 @@ def sentencepiece_tokenizer():
 
 
 @pytest.fixture(scope="session")
-def default_corpus(tmp_path_factory):
-    """The default corpus, built once per test session into a temp dir (about 10 s)."""
+def default_corpus(tmp_path_factory, worker_id):
+    """The default corpus, built once per test run into a temp dir (about 17 CPU-s; ensure_default_corpus reuses a
+    current build)."""
     from dataset.corpus import ensure_default_corpus
 
-    return ensure_default_corpus(tmp_path_factory.mktemp("default_corpus"), quiet=True)
+    with run_wide_folder(tmp_path_factory, worker_id, "default_corpus") as folder:
+        return ensure_default_corpus(folder, quiet=True)
 
 
 # ---------------------------------------------------------------- tiny trained model directories (chat, eval, export)
@@ -131,25 +152,32 @@ def _save_tiny(model, tokenizer, path: Path, task: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory, tokenizer) -> TinyModels:
-    """Tiny model directories written like the trainer's (about 10 s): an SFT model that reliably stops at
-    <|im_end|>, an untrained pretrained one, a post-LN one, and their data files."""
-    root = tmp_path_factory.mktemp("tiny_models")
+def _write_tiny_models(root: Path, tokenizer) -> None:
     sft_data, pretrain_data = root / "sft.jsonl", root / "pretrain.jsonl"
     _write_conversations(sft_data, [[q] for q in _TINY_QUESTIONS])
     two_turns = [[q, r] for q, r in zip(_TINY_QUESTIONS, _TINY_QUESTIONS[1:])]
     _write_conversations(root / "chat.jsonl", [[q] for q in _TINY_QUESTIONS] + two_turns)
     pretrain_data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in _TINY_TEXTS),
                              encoding="utf-8")
-    return TinyModels(
-        sft=_save_tiny(_trained_sft(sft_data, tokenizer, root / "cache"), tokenizer, root / "sft", "sft"),
-        chat=_save_tiny(_trained_sft(root / "chat.jsonl", tokenizer, root / "cache"), tokenizer, root / "chat",
-                        "sft"),
-        pretrain=_save_tiny(_perturbed(_tiny_model(tokenizer, seed=1)), tokenizer, root / "pretrain", "pretrain"),
-        post_ln=_save_tiny(_perturbed(_tiny_model(tokenizer, seed=2, norm_placement="post")), tokenizer,
-                           root / "post_ln", "pretrain"),
-        sft_data=sft_data, pretrain_data=pretrain_data)
+    _save_tiny(_trained_sft(sft_data, tokenizer, root / "cache"), tokenizer, root / "sft", "sft")
+    _save_tiny(_trained_sft(root / "chat.jsonl", tokenizer, root / "cache"), tokenizer, root / "chat", "sft")
+    _save_tiny(_perturbed(_tiny_model(tokenizer, seed=1)), tokenizer, root / "pretrain", "pretrain")
+    _save_tiny(_perturbed(_tiny_model(tokenizer, seed=2, norm_placement="post")), tokenizer, root / "post_ln",
+               "pretrain")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, tokenizer, worker_id) -> TinyModels:
+    """Tiny model directories written like the trainer's (about 15 CPU-s, once per test run: run_wide_folder): an
+    SFT model that reliably stops at <|im_end|>, an untrained pretrained one, a post-LN one, and their data files.
+    Every worker would build the same ones (fixed seeds and data)."""
+    with run_wide_folder(tmp_path_factory, worker_id, "tiny_models") as root:
+        if not (root / "done").is_file():
+            root.mkdir(exist_ok=True)
+            _write_tiny_models(root, tokenizer)
+            (root / "done").touch()
+    return TinyModels(sft=root / "sft", chat=root / "chat", pretrain=root / "pretrain", post_ln=root / "post_ln",
+                      sft_data=root / "sft.jsonl", pretrain_data=root / "pretrain.jsonl")
 
 
 @pytest.fixture(scope="module")

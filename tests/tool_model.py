@@ -172,16 +172,11 @@ def tool_rows(tokenizer) -> list[Row]:
 
 
 def shared_tool_model(tmp_path_factory, tokenizer, worker_id: str) -> Path:
-    """The model directory, trained once per test run: under pytest-xdist the first worker to ask trains it into
-    the run's shared temp folder (the basetemp's parent) under a file lock, and the others wait and reuse it
-    (pytest-xdist's documented pattern); without workers, into this session's basetemp."""
-    from filelock import FileLock
+    """The model directory, trained once per test run (tests/conftest.py's run_wide_folder): under pytest-xdist the
+    first worker to ask trains it, and the others wait and reuse it."""
+    from tests.conftest import run_wide_folder
 
-    root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        root = root.parent  # shared by this run's workers only: each run gets its own numbered basetemp
-    path = root / "tool_model"
-    with FileLock(str(path) + ".lock"):
+    with run_wide_folder(tmp_path_factory, worker_id, "tool_model") as path:
         if not (path / "done").is_file():
             memorized_model(tokenizer, tool_rows(tokenizer), path, positions=POSITIONS)
             (path / "done").touch()  # a worker killed mid-save leaves no marker: the next one trains again

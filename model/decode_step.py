@@ -155,6 +155,12 @@ class DecodeStep:
             # wrapper calls the kernels without a Python frame per op, the point at these sizes.
             DecodeStep._compiled_fn = torch.compile(decode_logits, dynamic=True, options={"cpp_wrapper": True})
         try:
+            # The cache's kv heads and head dim are the model's, never dynamic: left symbolic, the kv heads' count was
+            # duck-sized with the rows' when both were equal at the first step (2 and 2), and the step compiled a
+            # third graph at the first other count of rows.
+            for buffer in (*cache.keys, *cache.values):
+                torch._dynamo.mark_static(buffer, 1)
+                torch._dynamo.mark_static(buffer, 3)
             # "compiled" is asked for explicitly, so it overrides a force_eager stance (GRPO's rollouts decode under
             # one so that the prefill's varying shapes never compile the model's forward).
             with torch.compiler.set_stance("default"):

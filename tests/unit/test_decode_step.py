@@ -180,14 +180,20 @@ def test_an_in_place_weight_update_reaches_the_next_step(pretrained) -> None:
 def test_compiled_step_equals_the_eager_step(pretrained, monkeypatch) -> None:
     """The one test that compiles: batched rows of different lengths (the batch shrinks to one row at the end, a
     second graph), greedy and seeded sampling; the same tokens and, within float rounding, the same logits."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
     model, tokenizer = pretrained
     monkeypatch.setattr(DecodeStep, "_compile_failed", False)
+    graphs_before = len(_debug_get_cache_entry_list(decode_step.decode_logits.__code__))
     results = {}
     for decode in ("static", "compiled"):
         engine = GenerationEngine(model, tokenizer, max_batch=3, eos_token_ids=[NEVER], decode=decode)
         settings = [s if i % 2 else g for i, (s, g) in enumerate(zip(sampled(7), greedy()))]
         results[decode] = run_batched(engine, tokenizer, settings, monkeypatch)
     assert not DecodeStep._compile_failed
+    # At most the two graphs (fewer when this process compiled them before): the rows' and the one row's. The kv
+    # heads' count, 2 like the first step's rows, once made a third.
+    assert len(_debug_get_cache_entry_list(decode_step.decode_logits.__code__)) - graphs_before <= 2
     (eager, eager_logits, sizes), (compiled, compiled_logits, _) = results["static"], results["compiled"]
     assert max(sizes) == 3 and min(sizes[:-1]) == 1
     assert [g.token_ids for g in compiled] == [g.token_ids for g in eager]

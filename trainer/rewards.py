@@ -351,6 +351,11 @@ def _checked(reward: Reward, values, count: int) -> list[float]:
         except OverflowError:  # an int past 1.8e308
             raise RewardError(f"reward {reward.name}: returned a number beyond the float range for completion "
                               f"{index}, not a finite number") from None
+        # the value's own __float__ (user code): an array of two numbers, a signaling-NaN Decimal ended in a
+        # traceback or in a line without the reward's name
+        except Exception as error:
+            raise RewardError(f"reward {reward.name}: returned {shown_value(value)} for completion {index}, not a "
+                              f"number or None (float() raised {first_line(error, named=True)})") from None
         if math.isnan(number):
             raise RewardError(f"reward {reward.name}: returned NaN for completion {index} (return None to leave a "
                               f"completion unscored)")

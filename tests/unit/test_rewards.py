@@ -46,6 +46,20 @@ def huge(prompts, completions, **columns):
 
 def exits(prompts, completions, **columns):
     raise SystemExit(0)
+
+def arrays(prompts, completions, **columns):
+    import numpy
+    return [numpy.array([1.0, 2.0]), 0.0]
+
+class NoNumber:
+    def __float__(self):
+        raise ValueError("no number here")
+
+    def __repr__(self):
+        return "NoNumber()"
+
+def float_raises(prompts, completions, **columns):
+    return [0.0, NoNumber()]
 '''
 
 
@@ -82,6 +96,12 @@ def test_none_leaves_a_completion_unscored_and_weights_multiply(user_file):
     ("huge", "reward {spec}: returned a number beyond the float range for completion 0, not a finite number"),
     # the trainer ended there, with the function's exit code: 0 read as a finished run
     ("exits", "reward {spec}: raised SystemExit: 0"),
+    # float() of the value raised: a TypeError traceback for an array of two numbers, a line without the reward's
+    # name for a value whose __float__ raised
+    ("arrays", "reward {spec}: returned <ndarray of shape (2,), float64> for completion 0, not a number or None "
+               "(float() raised TypeError: only 0-dimensional arrays can be converted to Python scalars)"),
+    ("float_raises", "reward {spec}: returned NoNumber() for completion 1, not a number or None (float() raised "
+                     "ValueError: no number here)"),
 ])
 def test_a_broken_reward_function_is_one_line_naming_it(name, message, user_file):
     spec = f"{user_file}:{name}"

@@ -339,10 +339,15 @@ def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, empty_answers: bo
 
 
 def check_data_file(path: Path) -> None:
-    """Refuse, in one line, a data path that is not a file (missing, or a folder) or that cannot be opened."""
+    """Refuse, in one line, a data path that is not a regular file (missing, a folder, a FIFO, a device: the scan
+    cache is keyed by a file's size and time) or that cannot be opened."""
     if path.is_dir():
         raise FileNotFoundError(f"{path} is a folder, not a jsonl data file")
     if not path.is_file():
+        if path.exists():  # a FIFO (a shell's <(zcat ...)) or a device: "no such data file" sent one looking for it
+            what = "a FIFO (a pipe)" if path.is_fifo() else "a socket" if path.is_socket() else "a device"
+            raise FileNotFoundError(f"{path} is {what}, not a regular file: a jsonl data file must be a regular file "
+                                    f"(write the data to one first)")
         raise FileNotFoundError(f"no such data file: {path}")
     try:  # a file another user keeps to themselves: refused here, not as a PermissionError traceback later
         with open(path, "rb"):

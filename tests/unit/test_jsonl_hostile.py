@@ -249,6 +249,24 @@ def test_a_data_path_that_is_missing_or_a_folder_is_one_line(tmp_path):
         dataset.jsonl.scan_jsonl(tmp_path, "text", cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_data_path_that_is_no_regular_file_says_what_it_is(tmp_path, kind):
+    """A FIFO (a shell's <(zcat data.jsonl.gz)) or a device exists: "no such data file" sent the user looking for a
+    file that is there. The scan is cached by the file's size and time, so a regular file it must be."""
+    import os
+
+    if kind == "fifo":
+        path = tmp_path / "pipe.jsonl"
+        os.mkfifo(path)
+        what = "a FIFO (a pipe)"
+    else:
+        path, what = Path("/dev/null"), "a device"
+    with pytest.raises(FileNotFoundError) as refused:
+        dataset.jsonl.scan_jsonl(path, "text", cache_dir=tmp_path / "cache")
+    assert str(refused.value) == (f"{path} is {what}, not a regular file: a jsonl data file must be a regular file "
+                                  f"(write the data to one first)")
+
+
 def test_a_line_that_is_not_utf8_names_the_byte_and_its_offset():
     with pytest.raises(dataset.jsonl.BadLine) as refused:
         dataset.jsonl.parse_line(b'{"text": "caf\xe9"}')

@@ -165,11 +165,17 @@ def cannot_name(path: Path, error: OSError, folder: bool = True) -> str:
     return f"{shown_path(str(path))} cannot name a {'folder' if folder else 'file'} ({error.strerror})"
 
 
-def read_text_file(path: Path, what: str = "a file") -> str:
+def read_text_file(path: Path, what: str = "a file", max_chars: int | None = None) -> str:
     """The UTF-8 text of `path`; a ValueError ``"{path}: {reason}"`` when it does not exist, is a directory (not
-    `what`), is not UTF-8 or cannot be read."""
+    `what`), is not UTF-8, cannot be read, or holds more than `max_chars` characters (read no further: /dev/zero
+    and an endless pipe end, where a whole read grew until the process was killed for memory)."""
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read(-1 if max_chars is None else max_chars + 1)
+        if max_chars is not None and len(text) > max_chars:
+            raise ValueError(f"{path}: holds more than {max_chars:,} characters; no {what.removeprefix('a ')} "
+                             f"this project reads is so long")
+        return text
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -21,6 +21,7 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 # so nine lines of `&b [*a, *a, ...]` build 43 million values in no time; what walks them as a tree later (a sweep's
 # schema and flag checks) took a minute, one level more ten. No config or sweep comes near this many.
 MAX_VALUES = 100_000
+MAX_YAML_CHARS = 16 << 20  # a config or sweep of MAX_VALUES values is a few MB; /dev/zero is endless
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -105,7 +106,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_yaml(path: Path, what: str = "a YAML file") -> Any:
     """The value of the YAML file `path` (`what` it should be, for the message when it is a directory); a
     ValueError ``"{path}: {reason}"`` when it cannot be read, is not UTF-8, is not YAML or gives a key twice."""
-    text = read_text_file(path, what)
+    text = read_text_file(path, what, MAX_YAML_CHARS)
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except yaml.constructor.ConstructorError as error:

@@ -71,3 +71,21 @@ def test_a_value_that_holds_itself_is_refused_with_the_line(tmp_path):
     with pytest.raises(ValueError, match=re.escape(f"{path}: an alias names a value that holds the alias itself (a "
                                                    f"value that contains itself) (line 3)")):
         read_yaml(path)
+
+
+def test_a_file_past_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
+    """--config /dev/zero read forever (the run killed for memory after half a minute): a YAML file is read up to
+    MAX_YAML_CHARS and refused past it, in one line naming the file and the limit."""
+    import trainer.yaml_file
+
+    monkeypatch.setattr(trainer.yaml_file, "MAX_YAML_CHARS", 100)
+    path = tmp_path / "big.yaml"
+    path.write_text("a: " + "x" * 100 + "\n")
+    with pytest.raises(ValueError) as refused:
+        read_yaml(path)
+    assert str(refused.value) == f"{path}: holds more than 100 characters; no YAML file this project reads is so long"
+    path.write_text("a: " + "x" * 96)  # 99 characters: read
+    assert read_yaml(path) == {"a": "x" * 96}
+    monkeypatch.undo()  # the real limit, on an endless file
+    with pytest.raises(ValueError, match="^/dev/zero: holds more than 16,777,216 characters"):
+        read_yaml(trainer.yaml_file.Path("/dev/zero"))

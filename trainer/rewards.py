@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import math
 import re
@@ -283,6 +284,9 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"{shown}: {file} defines no function {shown_value(name)}")
+    if inspect.iscoroutinefunction(function):  # its coroutine was refused only after the first step's rollouts
+        raise ValueError(f"{shown}: {name} is an async function; a reward function is a plain def returning its "
+                         f"list of numbers")
     return Reward(spec, function, weight)
 
 
@@ -370,11 +374,14 @@ def score(rewards: Sequence[Reward], prompts: list[str], completions: list[str],
     """(each completion's weighted sum of the rewards, each reward's values with None as NaN, in their order). A
     function that raises, returns another number of values than completions, NaN, an infinity, or something not a
     number raises RewardError (one line naming it). A completion no function scores gets 0 (GRPO's advantages
-    leave it out: trainer/grpo.py)."""
+    leave it out: trainer/grpo.py). Each function is given copies of the lists, which it may change freely."""
     per_function: list[list[float]] = []
     for reward in rewards:
         try:
-            values = reward.function(prompts=prompts, completions=completions, **columns)  # REWARD_ARGUMENTS
+            # each function its own lists: one that cleared `completions` emptied the trainer's list and the next
+            # function's (REWARD_ARGUMENTS)
+            values = reward.function(prompts=list(prompts), completions=list(completions),
+                                     **{name: list(values) for name, values in columns.items()})
         # the user's code: its failure is reported in one line; a sys.exit in it ended the trainer with its code
         except (Exception, SystemExit) as error:
             raise RewardError(f"reward {reward.name}: raised {first_line(error, named=True)}") from None

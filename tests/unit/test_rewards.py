@@ -60,6 +60,14 @@ class NoNumber:
 
 def float_raises(prompts, completions, **columns):
     return [0.0, NoNumber()]
+
+def clears(prompts, completions, answer, **columns):
+    rewards = [1.0] * len(completions)
+    prompts.clear(), completions.clear(), answer.pop()
+    return rewards
+
+async def awaits(prompts, completions, **columns):
+    return [0.0] * len(completions)
 '''
 
 
@@ -110,12 +118,27 @@ def test_a_broken_reward_function_is_one_line_naming_it(name, message, user_file
     assert str(error.value) == message.format(spec=spec)
 
 
+def test_a_reward_that_mutates_its_arguments_changes_nothing_outside_it(user_file):
+    """Each function gets lists of its own: one that cleared `completions` left the trainer's list empty (GRPO's
+    completion statistics then ended in a ZeroDivisionError traceback) and the next function scoring nothing."""
+    rewards = [load_reward(f"{user_file}:clears"), load_reward(f"{user_file}:seen")]
+    prompts, completions, columns = ["p1", "p2"], ["c1", "c2"], {"answer": ["4", "5"]}
+    totals, _ = score(rewards, prompts, completions, columns)
+    assert totals == [1.5, 1.5]
+    assert (prompts, completions, columns) == (["p1", "p2"], ["c1", "c2"], {"answer": ["4", "5"]})
+    assert rewards[1].function.calls[-1] == (["p1", "p2"], ["c1", "c2"], {"answer": ["4", "5"]})
+
+
 def test_the_loader_refuses_bad_specs_in_one_line(user_file, tmp_path):
     assert load_reward("math_answer").function is BUILTIN["math_answer"]
     cases = {"nonsense": "expected path/to/file.py:function or a built-in (math_answer, length_penalty, "
                          "repetition_penalty, think_format, tool_use)",
              f"{tmp_path}/missing.py:f": f"no file {tmp_path}/missing.py",
-             f"{user_file}:absent": f"{user_file} defines no function 'absent'"}
+             f"{user_file}:absent": f"{user_file} defines no function 'absent'",
+             # it returned a coroutine, refused only after the first step's rollouts, with Python's "never awaited"
+             # warning after the error line
+             f"{user_file}:awaits": "awaits is an async function; a reward function is a plain def returning its "
+                                    "list of numbers"}
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
     cases[f"{broken}:f"] = "raised ModuleNotFoundError: No module named 'not_a_module_anywhere'"

@@ -253,8 +253,6 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
     shown = f"--reward {shown_value(spec)}"  # the flag's value quoted cut; the file it names is named whole
     try:
         file = resolve_input_path(path)  # from here, else from the repo root, as every input flag's
-    except RuntimeError as error:  # ~user of no such user: pathlib's traceback otherwise
-        raise ValueError(f"{shown}: {error}") from None
     except OSError as error:  # a name the system will not look up (a component over 255 bytes): a traceback
         raise ValueError(f"{shown}: {error.strerror}") from None
     try:

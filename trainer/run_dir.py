@@ -137,8 +137,13 @@ def report_error(error: BaseException | str) -> int:
 # --------------------------------------------------------------------------- paths
 def _expand(path: str | Path) -> Path:
     # ~ and $VARIABLES are expanded as a shell would, also for programs started without one: `wandb agent` passes
-    # a sweep YAML's `--out_dir=out/sweeps/$WANDB_SWEEP_ID/$WANDB_RUN_ID` to the trainer verbatim.
-    return Path(os.path.expandvars(Path(path).expanduser()))
+    # a sweep YAML's `--out_dir=out/sweeps/$WANDB_SWEEP_ID/$WANDB_RUN_ID` to the trainer verbatim. As a shell, it
+    # leaves ~user of no such user as typed (pathlib raised RuntimeError: a traceback from every path flag).
+    try:
+        path = Path(path).expanduser()
+    except RuntimeError:
+        path = Path(path)
+    return Path(os.path.expandvars(path))
 
 
 def resolve_path(path: str | Path) -> Path:
@@ -170,7 +175,7 @@ def recorded_input_path(path: str) -> str:
     try:
         found = resolve_input_path(path)
         return path if found == resolve_path(path) else str(found)
-    except (RuntimeError, OSError):  # ~user of no such user, a name too long to look up: its reader says so
+    except OSError:  # a name too long to look up: its reader says so
         return path
 
 

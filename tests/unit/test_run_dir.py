@@ -307,3 +307,21 @@ def test_the_metrics_log_keeps_the_resumed_steps_and_writes_only_where_enabled(t
     assert not (tmp_path / "metrics.jsonl").exists()
     log.truncate_after(2)  # nothing to keep: no file is made
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag, refusal", [
+    ("--data_path", "no such data file: {path}"),
+    ("--val_data_path", "no such data file: {path}"),
+    ("--resume", "--resume {path}: "),
+])
+def test_a_tilde_of_no_such_user_is_left_as_typed_as_a_shell_leaves_it(flag, refusal, train_data, tmp_path, capsys):
+    """`~nosuchuser/x` (quoted, or from a --config YAML) ended every path flag in pathlib's RuntimeError traceback
+    ("Could not determine home directory"); a shell leaves such a word as it is, and so does the trainer, whose
+    readers then name the path."""
+    from tests.training_runs import pretrain_argv, refused_run
+
+    typed = "~no-such-user-h85/x"
+    assert run_dir.resolve_input_path(typed) == run_dir.resolve_path(typed) == run_dir.REPO_ROOT / typed
+    argv = [*pretrain_argv(train_data, tmp_path / "run"), flag, typed]
+    line = refused_run("pretrain", argv, capsys, after_progress=True)
+    assert line.startswith("error: " + refusal.format(path=run_dir.REPO_ROOT / typed)), line

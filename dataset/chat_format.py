@@ -449,6 +449,9 @@ def check_chatml_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
         except TemplateError as error:  # an edited chat_template.jinja that does not parse or fails to render
             raise ValueError(f"the tokenizer's chat_template does not render: {first_line(error)}; MiniNorm's is "
                              f"written by scripts/train_tokenizer.py") from None
+        except Exception as error:  # Python's own, from what the template computes: range(10**9), 1 / 0
+            raise ValueError(f"the tokenizer's chat_template does not render: {first_line(error, named=True)}; "
+                             f"MiniNorm's is written by scripts/train_tokenizer.py") from None
         expected = render_chatml(_PROBE, **kwargs)[0]
         if rendered != expected:
             # The rendering is the template's (an edited chat_template.jinja may write 100,000 characters over many

@@ -443,6 +443,23 @@ def test_a_chat_template_that_does_not_render_is_one_line(tokenizer, tiny_models
     assert err[-1].startswith("error: the tokenizer's chat_template does not render: ") and "Traceback" not in err
 
 
+@pytest.mark.parametrize("template, reason", [
+    ("{% for x in range(10**9) %}{{ x }}{% endfor %}", "OverflowError: Range too big"),  # jinja's sandbox
+    ("{{ 1 / 0 }}", "ZeroDivisionError: division by zero"),
+])
+def test_a_chat_template_that_fails_while_rendering_is_one_line(tokenizer, template, reason) -> None:
+    """A template that parses but raises as it renders (Python's own errors, not jinja's TemplateError) ended a
+    trainer's --tokenizer_path or --from_weight in that error's traceback."""
+    import copy
+
+    broken = copy.deepcopy(tokenizer)
+    broken.chat_template = template
+    with pytest.raises(ValueError) as refused:
+        check_chatml_tokenizer(broken)
+    assert str(refused.value).startswith(f"the tokenizer's chat_template does not render: {reason}")
+    assert "\n" not in str(refused.value)
+
+
 def test_exchanges_start_at_each_user_message_and_a_leading_system_message_is_its_own():
     from dataset.chat_format import split_exchanges
 

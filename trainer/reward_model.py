@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from dataset.atomic_io import first_line
 from trainer.rewards import Reward
 from trainer.run_dir import is_model_dir, resolve_input_path
 
@@ -80,7 +81,11 @@ class RewardModelScorer:
 
     def _template_pieces(self) -> tuple[str, str, str]:
         """The template's own text before, between and after the two contents."""
-        marked = self.text(*CONTENT_MARKS)
+        try:
+            marked = self.text(*CONTENT_MARKS)
+        except Exception as error:  # jinja's TemplateError, or Python's own from what the template computes (1 / 0)
+            raise ValueError(f"--reward_model {self.directory}: its chat template does not render: "
+                             f"{first_line(error, named=True)}") from None
         if any(marked.count(mark) != 1 for mark in CONTENT_MARKS) or marked.index(CONTENT_MARKS[0]) > marked.index(
                 CONTENT_MARKS[1]):
             raise ValueError(f"--reward_model {self.directory}: its chat template does not render the prompt and "

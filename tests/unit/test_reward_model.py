@@ -117,3 +117,14 @@ def test_a_reward_model_missing_its_score_head_is_refused(tokenizer, tmp_path):
               tmp_path / "rm" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"^--reward_model cannot load .*rm: .*missing score\.weight$"):
         load_reward_model(tmp_path / "rm", weight=1.0)
+
+
+@pytest.mark.parametrize("template, reason", [("{% if %}", "TemplateSyntaxError: "),
+                                              ("{{ 1 / 0 }}", "ZeroDivisionError: division by zero")])
+def test_a_chat_template_that_does_not_render_is_refused_in_one_line(tokenizer, tmp_path, template, reason):
+    """Rendering the template's pieces as the scorer loads raised the template's error as a traceback."""
+    _reward_model(tokenizer, tmp_path / "rm", template=template)
+    with pytest.raises(ValueError) as refused:
+        RewardModelScorer(tmp_path / "rm")
+    assert str(refused.value).startswith(f"--reward_model {tmp_path / 'rm'}: its chat template does not render: "
+                                         f"{reason}") and "\n" not in str(refused.value)

@@ -39,12 +39,12 @@ from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 12  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
+SCAN_VERSION = 13  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
 # calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt";
 # 9: that prompt not put twice before conversations that begin with it, a "prompt" string beside them taken, a
 # null "prompt" none; 10: the file's leading byte order mark read past, so a first line skipped for it is read again;
 # 11: a conversation's empty assistant message refused unless empty_answers; 12: a preference pair's empty
-# chosen or rejected answer refused)
+# chosen or rejected answer refused; 13: a tool result that answers no call refused)
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 # U+FEFF in UTF-8: the byte order mark many Windows editors write at the start of a file
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -169,12 +169,27 @@ def _canonical_json(value: list | None) -> str:
     return json.dumps(value, ensure_ascii=False) if value else ""
 
 
+def check_tool_results(messages: list[dict], name: str, before: dict | None = None) -> None:
+    """A BadLine naming the first "tool" message of `messages` (field `name`; `before`: the message put before them,
+    if any) that answers no call: the message before it is neither an assistant message with tool_calls nor another
+    tool result. Such a result (a converter that dropped the assistant's call turn, whose content is null) renders as
+    a user turn holding a <tool_response>, and trains the answers after it on a call that was never made."""
+    previous = before
+    for index, message in enumerate(messages):
+        if message["role"] == "tool" and not (previous and (previous["role"] == "tool" or (
+                previous["role"] == "assistant" and previous.get("tool_calls")))):
+            raise BadLine(f'{name}[{index}] is a tool result with no tool call before it: a "tool" message follows '
+                          f"an assistant message with tool_calls, or another tool result")
+        previous = message
+
+
 def _check_conversations(obj: object, empty_answers: bool = False) -> dict:
     """SFT's conversations; an assistant message with nothing in it is refused unless `empty_answers`
-    (check_answers)."""
+    (check_answers), and a tool result that answers no call (check_tool_results)."""
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
     conversations = _check_messages(obj, "conversations")
+    check_tool_results(conversations, "conversations")
     if not empty_answers:
         check_answers(conversations, "conversations")
     return {"conversations": conversations}
@@ -248,6 +263,9 @@ def _check_preference(obj: object) -> dict:
             raise BadLine(f"{name}[{len(messages) - 1}] is an empty assistant answer (no content, tool_calls or "
                           f"reasoning_content): {EMPTY_PAIR_ANSWER[name]}")
     prompt = _pair_prompt(obj, chosen, rejected)
+    check_tool_results(prompt, "prompt")
+    for name, messages in (("chosen", chosen), ("rejected", rejected)):
+        check_tool_results(messages, name, prompt[-1] if prompt else None)
     # The refusals name messages as the line gives them (chosen[i]): a "prompt" list put before both is the same
     # in both, so the two differ only in their own messages.
     if chosen[:-1] != rejected[:-1]:

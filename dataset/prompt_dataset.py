@@ -31,7 +31,7 @@ from dataset.atomic_io import first_line
 from dataset.chat_format import encode_chatml_batch, normalize_messages
 from dataset.tools import tool_schemas
 from dataset.jsonl import (JSON_WHITESPACE, check_data_file, check_message_shapes, check_records_read,
-                           log_skipped_line, numbered_lines, parse_line)
+                           check_tool_results, log_skipped_line, numbered_lines, parse_line)
 
 PROMPT_FIELDS = ("prompt", "messages", "conversations")  # the fields that may hold the prompt, the first present
 # What the rewards make of the rows' columns: {line: reason} of the rows they cannot score, given the rows' line
@@ -61,6 +61,7 @@ def prompt_messages(row: Any) -> list[dict[str, Any]]:
         raise ValueError(f"field {name!r} must be a list of messages, got {type(row[name]).__name__}")
     check_message_shapes(row[name], name)  # the message that is wrong, named as SFT's reader names it
     messages = normalize_messages(row[name], name)
+    check_tool_results(messages, name)
     if messages and messages[-1]["role"] == "assistant":
         messages = messages[:-1]  # the answer the policy is to write (rlaif.jsonl: empty)
     if not messages:

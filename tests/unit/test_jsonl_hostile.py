@@ -352,3 +352,43 @@ def test_a_data_file_that_cannot_be_opened_is_refused_by_the_check_before_the_wo
     with pytest.raises(ValueError) as checked:
         dataset.jsonl.check_data_file(unopenable)
     assert str(checked.value) == f"{unopenable}: cannot be read (Permission denied)"
+
+
+CALL = {"role": "assistant", "content": None, "tool_calls": [{"name": "calculator", "arguments": {"expression": "1"}}]}
+RESULT = {"role": "tool", "content": "1"}
+
+
+@pytest.mark.parametrize("messages, index", [
+    ([CHAT[0], RESULT, CHAT[1]], 1),  # the assistant's call turn dropped (a converter dropping null contents)
+    ([RESULT, CHAT[1]], 0),
+    ([CHAT[0], CALL, RESULT, CHAT[1], CHAT[0], RESULT, CHAT[1]], 5),  # a second result, after the exchange ended
+])
+def test_a_tool_result_that_answers_no_call_is_a_bad_line(tmp_path, cache, tokenizer, messages, index):
+    """It rendered as a user turn holding a <tool_response> and trained the answer after it on a call never made."""
+    from dataset.prompt_dataset import PromptDataset
+
+    reason = (f'[{index}] is a tool result with no tool call before it: a "tool" message follows an assistant message '
+              f"with tool_calls, or another tool result")
+    rows = {"conversations": {"conversations": messages},
+            "preference": {"chosen": messages, "rejected": messages[:-1] + [{"role": "assistant", "content": "No."}]}}
+    for kind, row in rows.items():
+        path = write_jsonl(tmp_path / f"{kind}.jsonl", [GOOD[kind], row])
+        with pytest.raises(ValueError) as refused:
+            LOADERS[kind](path, tokenizer, 64, cache_dir=cache)
+        assert str(refused.value) == f"{path}:2: {'chosen' if kind == 'preference' else kind}{reason}"
+    path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Hi"}, {"messages": messages}])
+    with pytest.raises(ValueError) as refused:
+        PromptDataset(path, tokenizer, 64)
+    assert str(refused.value).startswith(f"{path}:2: messages{reason}")
+
+
+def test_tool_results_after_a_call_are_read(tmp_path, cache, tokenizer):
+    """Two results after one turn's calls, and a pair whose explicit prompt ends with the call (its answers begin
+    with the result)."""
+    two_calls = {**CALL, "tool_calls": CALL["tool_calls"] * 2}
+    path = write_jsonl(tmp_path / "sft.jsonl", [{"conversations": [CHAT[0], two_calls, RESULT, RESULT, CHAT[1]]}])
+    assert SFTDataset(path, tokenizer, 128, cache_dir=cache).stats["samples"] == 1
+    pair = {"prompt": [CHAT[0], CALL], "chosen": [RESULT, CHAT[1]],
+            "rejected": [RESULT, {"role": "assistant", "content": "No."}]}
+    path = write_jsonl(tmp_path / "dpo.jsonl", [pair])
+    assert DPODataset(path, tokenizer, 128, cache_dir=cache).stats["pairs"] == 1

@@ -87,6 +87,17 @@ def _not_a_file(path: Path) -> str:
     return f"{path} is a folder, not a file"
 
 
+def special_file_kind(path: Path) -> str | None:
+    """What `path` is where a regular file is to be read and it is none -- "a folder", "a FIFO (a pipe)" (a shell's
+    <(...)), "a socket", "a device" (/dev/zero) -- or None: a regular file, or nothing there (its reader says "no
+    such file")."""
+    if path.is_file() or not path.exists():
+        return None
+    if path.is_dir():
+        return "a folder"
+    return "a FIFO (a pipe)" if path.is_fifo() else "a socket" if path.is_socket() else "a device"
+
+
 def check_not_a_folder(path: Path) -> None:
     """Refuse, in one line naming it, a `path` to be written as a file that is a folder (or a link to one: a `mkdir`
     in its place): a write replaces the file (atomic_path's os.replace), which fails on a folder, after the work."""

@@ -32,7 +32,7 @@ import datasets
 import pyarrow as pa
 from datasets import Features, List, Value
 
-from dataset.atomic_io import atomic_path, atomic_write_text, make_dirs
+from dataset.atomic_io import atomic_path, atomic_write_text, make_dirs, special_file_kind
 from dataset.chat_format import normalize_messages
 from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 
@@ -361,11 +361,11 @@ def check_data_file(path: Path) -> None:
     cache is keyed by a file's size and time) or that cannot be opened."""
     if path.is_dir():
         raise FileNotFoundError(f"{path} is a folder, not a jsonl data file")
+    # a FIFO (a shell's <(zcat ...)) or a device: "no such data file" sent one looking for a file that is there
+    if (what := special_file_kind(path)) is not None:
+        raise FileNotFoundError(f"{path} is {what}, not a regular file: a jsonl data file must be a regular file "
+                                f"(write the data to one first)")
     if not path.is_file():
-        if path.exists():  # a FIFO (a shell's <(zcat ...)) or a device: "no such data file" sent one looking for it
-            what = "a FIFO (a pipe)" if path.is_fifo() else "a socket" if path.is_socket() else "a device"
-            raise FileNotFoundError(f"{path} is {what}, not a regular file: a jsonl data file must be a regular file "
-                                    f"(write the data to one first)")
         raise FileNotFoundError(f"no such data file: {path}")
     try:  # a file another user keeps to themselves: refused here, not as a PermissionError traceback later
         with open(path, "rb"):

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dataset.atomic_io import first_line
+from dataset.atomic_io import first_line, special_file_kind
 from dataset.chat_format import THINK, THINK_END
 from dataset.shown_value import shown_text, shown_value
 from trainer.run_dir import resolve_input_path
@@ -256,9 +256,11 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
     except OSError as error:  # a name the system will not look up (a component over 255 bytes): a traceback
         raise ValueError(f"{shown}: {error.strerror}") from None
     try:
-        is_file = file.is_file()
+        is_file, what = file.is_file(), special_file_kind(file)
     except OSError as error:  # a name the system will not look up (a component over 255 bytes): a traceback
         raise ValueError(f"{shown}: {error.strerror}") from None
+    if what is not None:  # "no file" of a folder named x.py sent one looking for a file
+        raise ValueError(f"{shown}: {file} is {what}, not a Python file")
     if not is_file:
         raise ValueError(f"{shown}: no file {file}")
     # Registered under its own name while it runs, as an import is: a @dataclass (or typing's get_type_hints) looks

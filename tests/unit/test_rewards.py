@@ -5,6 +5,7 @@ worked out by hand, and the one-line errors for a function that raises, returns 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -148,6 +149,11 @@ def test_the_loader_refuses_bad_specs_in_one_line(user_file, tmp_path):
                       "sys.exit(0)\n")
     cases[f"{script}:f"] = (f"importing {script} called sys.exit(0); a reward file runs its own main only under "
                             f"`if __name__ == \"__main__\":`")
+    # a folder or a FIFO of that name was "no file"; now it is named as what it is (atomic_io's special_file_kind)
+    (tmp_path / "folder.py").mkdir()
+    cases[f"{tmp_path}/folder.py:f"] = f"{tmp_path}/folder.py is a folder, not a Python file"
+    os.mkfifo(tmp_path / "pipe.py")
+    cases[f"{tmp_path}/pipe.py:f"] = f"{tmp_path}/pipe.py is a FIFO (a pipe), not a Python file"
     for spec, message in cases.items():
         with pytest.raises(ValueError) as error:
             load_reward(spec)

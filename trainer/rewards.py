@@ -337,9 +337,15 @@ def _described(value: Any) -> str:
 def _checked(reward: Reward, values, count: int) -> list[float]:
     """The values as floats (None -> NaN), or a RewardError naming the function and the breach."""
     try:
-        values = list(values)
+        iterator = iter(values)
     except TypeError:
         raise RewardError(f"reward {reward.name}: returned {type(values).__name__}, not a list of numbers") from None
+    except Exception as error:  # the value's own __iter__ (user code)
+        raise RewardError(f"reward {reward.name}: raised {first_line(error, named=True)}") from None
+    try:
+        values = list(iterator)
+    except (Exception, SystemExit) as error:  # a generator's code runs here: its error is the function's own
+        raise RewardError(f"reward {reward.name}: raised {first_line(error, named=True)}") from None
     if len(values) != count:
         raise RewardError(f"reward {reward.name}: returned {len(values)} values for {count} completions")
     checked = []

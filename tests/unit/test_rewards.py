@@ -67,6 +67,10 @@ def clears(prompts, completions, answer, **columns):
     prompts.clear(), completions.clear(), answer.pop()
     return rewards
 
+def lazy_raises(prompts, completions, **columns):
+    for completion in completions:
+        yield 1 / 0
+
 async def awaits(prompts, completions, **columns):
     return [0.0] * len(completions)
 '''
@@ -111,6 +115,8 @@ def test_none_leaves_a_completion_unscored_and_weights_multiply(user_file):
                "(float() raised TypeError: only 0-dimensional arrays can be converted to Python scalars)"),
     ("float_raises", "reward {spec}: returned NoNumber() for completion 1, not a number or None (float() raised "
                      "ValueError: no number here)"),
+    # a generator raises as its values are read: it was a ZeroDivisionError traceback
+    ("lazy_raises", "reward {spec}: raised ZeroDivisionError: division by zero"),
 ])
 def test_a_broken_reward_function_is_one_line_naming_it(name, message, user_file):
     spec = f"{user_file}:{name}"

@@ -12,6 +12,7 @@ nansum does. A spec is `path/to/file.py:function` or the name of a built-in (BUI
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.util
 import inspect
@@ -284,9 +285,6 @@ def load_reward(spec: str, weight: float = 1.0) -> Reward:
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"{shown}: {file} defines no function {shown_value(name)}")
-    if inspect.iscoroutinefunction(function):  # its coroutine was refused only after the first step's rollouts
-        raise ValueError(f"{shown}: {name} is an async function; a reward function is a plain def returning its "
-                         f"list of numbers")
     return Reward(spec, function, weight)
 
 
@@ -380,18 +378,56 @@ def score(rewards: Sequence[Reward], prompts: list[str], completions: list[str],
     """(each completion's weighted sum of the rewards, each reward's values with None as NaN, in their order). A
     function that raises, returns another number of values than completions, NaN, an infinity, or something not a
     number raises RewardError (one line naming it). A completion no function scores gets 0 (GRPO's advantages
-    leave it out: trainer/grpo.py). Each function is given copies of the lists, which it may change freely."""
-    per_function: list[list[float]] = []
+    leave it out: trainer/grpo.py). Each function is given copies of the lists, which it may change freely. An
+    `async def` function (or one returning an awaitable) is awaited, all of a step's together, as TRL's GRPOTrainer
+    gathers its async rewards: a function that waits on a judge or a sandbox does not hold up the others."""
+    returned: list[Any] = []
     for reward in rewards:
         try:
-            # each function its own lists: one that cleared `completions` emptied the trainer's list and the next
-            # function's (REWARD_ARGUMENTS)
-            values = reward.function(prompts=list(prompts), completions=list(completions),
-                                     **{name: list(values) for name, values in columns.items()})
-        # the user's code: its failure is reported in one line; a sys.exit in it ended the trainer with its code
-        except (Exception, SystemExit) as error:
-            raise RewardError(f"reward {reward.name}: raised {first_line(error, named=True)}") from None
+            returned.append(_called(reward, prompts, completions, columns))
+        except RewardError:  # the coroutines of the async functions before it are never awaited: closed unrun
+            for value in returned:
+                if inspect.iscoroutine(value):
+                    value.close()
+            raise
+    pending = {index: value for index, value in enumerate(returned) if inspect.isawaitable(value)}
+    if pending:
+        for index, value in zip(pending, asyncio.run(_awaited(list(pending.values())))):
+            returned[index] = value
+    per_function: list[list[float]] = []
+    for reward, values in zip(rewards, returned):
+        if isinstance(values, _Raised):
+            raise RewardError(f"reward {reward.name}: raised {first_line(values.error, named=True)}")
         per_function.append(_checked(reward, values, len(completions)))
     totals = [sum(reward.weight * values[i] for reward, values in zip(rewards, per_function)
                   if not math.isnan(values[i])) for i in range(len(completions))]
     return totals, per_function
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """What an awaited reward function raised, kept until the functions before it are checked (their order)."""
+    error: BaseException
+
+
+def _called(reward: Reward, prompts: list[str], completions: list[str], columns: dict[str, list]) -> Any:
+    """What `reward`'s function returns for the step (an awaitable for an async one), or a RewardError."""
+    try:
+        # each function its own lists: one that cleared `completions` emptied the trainer's list and the next
+        # function's (REWARD_ARGUMENTS)
+        return reward.function(prompts=list(prompts), completions=list(completions),
+                               **{name: list(column) for name, column in columns.items()})
+    # the user's code: its failure is reported in one line; a sys.exit in it ended the trainer with its code
+    except (Exception, SystemExit) as error:
+        raise RewardError(f"reward {reward.name}: raised {first_line(error, named=True)}") from None
+
+
+async def _awaited(awaitables: list[Any]) -> list[Any]:
+    """The awaitables' results, awaited together, each error kept as _Raised (a sys.exit in one too: it would end
+    the event loop and the trainer)."""
+    async def result(awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except (Exception, SystemExit) as error:
+            return _Raised(error)
+    return await asyncio.gather(*(result(awaitable) for awaitable in awaitables))

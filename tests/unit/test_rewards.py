@@ -4,8 +4,10 @@ worked out by hand, and the one-line errors for a function that raises, returns 
 
 from __future__ import annotations
 
+import gc
 import math
 import os
+import warnings
 
 import pytest
 
@@ -71,8 +73,32 @@ def lazy_raises(prompts, completions, **columns):
     for completion in completions:
         yield 1 / 0
 
-async def awaits(prompts, completions, **columns):
-    return [0.0] * len(completions)
+import asyncio
+import sys
+import types
+
+# Each sets its event and waits for the other's: awaited one after the other, the first would wait its whole timeout.
+# Each --reward loads the file as a module of its own: the two events are kept where both find them.
+EVENTS = sys.modules.setdefault(f"events of {__file__}", types.SimpleNamespace(ping=asyncio.Event(),
+                                                                                 pong=asyncio.Event()))
+ping_ready, pong_ready = EVENTS.ping, EVENTS.pong
+
+async def ping(prompts, completions, **columns):
+    ping_ready.set()
+    await asyncio.wait_for(pong_ready.wait(), 30)
+    return [1.0] * len(completions)
+
+async def pong(prompts, completions, **columns):
+    pong_ready.set()
+    await asyncio.wait_for(ping_ready.wait(), 30)
+    return [float(len(c)) for c in completions]
+
+async def awaits_and_raises(prompts, completions, **columns):
+    await asyncio.sleep(0)
+    raise KeyError("judge")
+
+async def awaits_too_few(prompts, completions, **columns):
+    return [1.0]
 '''
 
 
@@ -125,6 +151,39 @@ def test_a_broken_reward_function_is_one_line_naming_it(name, message, user_file
     assert str(error.value) == message.format(spec=spec)
 
 
+def test_async_rewards_are_awaited_together_beside_the_plain_ones(user_file):
+    """TRL's GRPOTrainer takes `async def` rewards and gathers them: each of ping and pong waits for the other to
+    have started, so awaited one after the other the first would end in its 30 s timeout (a RewardError). It was
+    refused (the coroutine it returned was no list of numbers)."""
+    rewards = [load_reward(f"{user_file}:ping", weight=2.0), load_reward(f"{user_file}:seen"),
+               load_reward(f"{user_file}:pong", weight=0.5)]
+    totals, per_function = score(rewards, ["p1", "p2"], ["ab", "abcd"], {})
+    assert per_function == [[1.0, 1.0], [0.5, 0.5], [2.0, 4.0]]
+    assert totals == [2.0 + 0.5 + 1.0, 2.0 + 0.5 + 2.0]
+
+
+@pytest.mark.parametrize("name, message", [
+    ("awaits_and_raises", "reward {spec}: raised KeyError: 'judge'"),
+    ("awaits_too_few", "reward {spec}: returned 1 values for 2 completions")])
+def test_a_broken_async_reward_is_one_line_naming_it(name, message, user_file):
+    spec = f"{user_file}:{name}"
+    with pytest.raises(RewardError) as error:
+        score([load_reward(f"{user_file}:seen"), load_reward(spec)], ["p", "q"], ["a", "b"], {})
+    assert str(error.value) == message.format(spec=spec)
+
+
+def test_a_plain_reward_that_raises_after_an_async_one_leaves_no_coroutine_unawaited(user_file):
+    """The async function's coroutine, made before the plain one raised, is closed: Python's 'coroutine ... was
+    never awaited' RuntimeWarning would follow the error line."""
+    rewards = [load_reward(f"{user_file}:awaits_too_few"), load_reward(f"{user_file}:raises")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RewardError, match="raised KeyError"):
+            score(rewards, ["p", "q"], ["a", "b"], {})
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+
+
 def test_a_reward_that_mutates_its_arguments_changes_nothing_outside_it(user_file):
     """Each function gets lists of its own: one that cleared `completions` left the trainer's list empty (GRPO's
     completion statistics then ended in a ZeroDivisionError traceback) and the next function scoring nothing."""
@@ -141,11 +200,7 @@ def test_the_loader_refuses_bad_specs_in_one_line(user_file, tmp_path):
     cases = {"nonsense": "expected path/to/file.py:function or a built-in (math_answer, length_penalty, "
                          "repetition_penalty, think_format, tool_use)",
              f"{tmp_path}/missing.py:f": f"no file {tmp_path}/missing.py",
-             f"{user_file}:absent": f"{user_file} defines no function 'absent'",
-             # it returned a coroutine, refused only after the first step's rollouts, with Python's "never awaited"
-             # warning after the error line
-             f"{user_file}:awaits": "awaits is an async function; a reward function is a plain def returning its "
-                                    "list of numbers"}
+             f"{user_file}:absent": f"{user_file} defines no function 'absent'"}
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
     cases[f"{broken}:f"] = "raised ModuleNotFoundError: No module named 'not_a_module_anywhere'"

@@ -356,6 +356,24 @@ def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, empty_answers: bo
     return JsonlScan(arrow_path=str(arrow_path.resolve()), records=records, skipped_lines=skipped)
 
 
+# The first bytes of the files a jsonl path is most often given instead (a download left compressed, a Hub dataset's
+# Parquet or Arrow files, a datasets cache file): what each is, and how to make jsonl of it ({file}: the path).
+_DECOMPRESS = "decompress it first ({} {{file}})"
+_TO_JSON = "write it as jsonl first (datasets' Dataset.{}.to_json(OUT) writes one object per line)"
+FILE_FORMATS: dict[bytes, tuple[str, str]] = {
+    b"\x1f\x8b": ("gzip-compressed", _DECOMPRESS.format("gunzip -k")),
+    b"\x28\xb5\x2f\xfd": ("zstd-compressed", _DECOMPRESS.format("zstd -d")),
+    b"BZh": ("bzip2-compressed", _DECOMPRESS.format("bunzip2 -k")),
+    b"\xfd7zXZ\x00": ("xz-compressed", _DECOMPRESS.format("unxz -k")),
+    b"PK\x03\x04": ("a zip archive", "extract its jsonl file first (unzip {file})"),
+    b"PAR1": ("a Parquet file", _TO_JSON.format("from_parquet('{file}')")),
+    b"ARROW1": ("an Arrow file", "write it as jsonl first (datasets' Dataset(pyarrow.feather.read_table('{file}'))"
+                                 ".to_json(OUT) writes one object per line)"),
+    b"\xff\xff\xff\xff": ("an Arrow stream (a datasets cache file)", _TO_JSON.format("from_file('{file}')")),
+}
+MAGIC_BYTES = max(map(len, FILE_FORMATS))
+
+
 def check_data_file(path: Path) -> None:
     """Refuse, in one line, a data path that is not a regular file (missing, a folder, a FIFO, a device: the scan
     cache is keyed by a file's size and time) or that cannot be opened."""
@@ -368,10 +386,15 @@ def check_data_file(path: Path) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"no such data file: {path}")
     try:  # a file another user keeps to themselves: refused here, not as a PermissionError traceback later
-        with open(path, "rb"):
-            pass
+        with open(path, "rb") as handle:
+            head = handle.read(MAGIC_BYTES)
     except OSError as error:
         raise ValueError(f"{path}: cannot be read ({error.strerror or error})") from None
+    # A compressed or columnar file was "path:1: not valid UTF-8 (byte 0x8b at offset 1)", which does not say why.
+    for magic, (what, fix) in FILE_FORMATS.items():
+        if head.startswith(magic):
+            raise ValueError(f"{path}: is {what}, not jsonl text (one JSON object per line); "
+                             f"{fix.format(file=path)}")
 
 
 def scan_jsonl(path: str | Path, kind: Kind, skip_bad_lines: bool = False,

@@ -267,6 +267,53 @@ def test_a_data_path_that_is_no_regular_file_says_what_it_is(tmp_path, kind):
                                   f"(write the data to one first)")
 
 
+def _container_files(folder: Path) -> dict[str, Path]:
+    """One small file of each format FILE_FORMATS names, each holding the jsonl line {"text": "hello"}, written by
+    the format's own library."""
+    import bz2
+    import gzip
+    import lzma
+    import zipfile
+
+    import pyarrow as pa
+    import pyarrow.feather
+    import pyarrow.parquet
+
+    line = b'{"text": "hello"}\n'
+    table = pa.table({"text": ["hello"]})
+    files = {"gzip-compressed": folder / "data.jsonl.gz", "bzip2-compressed": folder / "data.jsonl.bz2",
+             "xz-compressed": folder / "data.jsonl.xz", "zstd-compressed": folder / "data.jsonl.zst",
+             "a zip archive": folder / "data.zip", "a Parquet file": folder / "data.parquet",
+             "an Arrow file": folder / "data.feather", "an Arrow stream (a datasets cache file)": folder / "data.arrow"}
+    files["gzip-compressed"].write_bytes(gzip.compress(line))
+    files["bzip2-compressed"].write_bytes(bz2.compress(line))
+    files["xz-compressed"].write_bytes(lzma.compress(line))
+    files["zstd-compressed"].write_bytes(pa.compress(line, codec="zstd", asbytes=True))
+    with zipfile.ZipFile(files["a zip archive"], "w") as archive:
+        archive.writestr("data.jsonl", line)
+    pyarrow.parquet.write_table(table, files["a Parquet file"])
+    pyarrow.feather.write_feather(table, str(files["an Arrow file"]))
+    with pa.OSFile(str(files["an Arrow stream (a datasets cache file)"]), "wb") as sink:
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+    return files
+
+
+def test_a_compressed_or_columnar_data_file_is_named_as_what_it_is(tmp_path):
+    """A download left compressed, a Hub dataset's Parquet or Arrow file given as --data_path was
+    'data.jsonl.gz:1: not valid UTF-8 (byte 0x8b at offset 1)', which does not say why; now the file is named as
+    what it is, with how to make jsonl of it, before the work (check_data_file: the trainers, evaluate, the
+    tokenizer's training)."""
+    files = _container_files(tmp_path)
+    assert {what for what, _ in dataset.jsonl.FILE_FORMATS.values()} == set(files)  # every format is tried here
+    for what, path in files.items():
+        with pytest.raises(ValueError) as refused:
+            dataset.jsonl.scan_jsonl(path, "text", cache_dir=tmp_path / "cache")
+        message = str(refused.value)
+        assert message.startswith(f"{path}: is {what}, not jsonl text (one JSON object per line); "), message
+        assert str(path) in message.split("; ", 1)[1] and "\n" not in message, message
+
+
 def test_a_line_that_is_not_utf8_names_the_byte_and_its_offset():
     with pytest.raises(dataset.jsonl.BadLine) as refused:
         dataset.jsonl.parse_line(b'{"text": "caf\xe9"}')

@@ -117,11 +117,26 @@ def _string(value: object, where: str) -> str:
         raise BadLine(str(e)) from None
 
 
+# Each kind's own field, and what a line holding it is: a file of another kind (pretraining text given to SFT or to a
+# distillation that reads conversations) was 'missing "conversations" field', which does not say why.
+KIND_FIELDS = {"text": "pretraining text", "conversations": "an SFT conversation", "chosen": "a DPO pair",
+               "rejected": "a DPO pair"}
+
+
+def _missing(name: str, obj: dict) -> str:
+    """The words for a record without its field `name`, naming the kind of data the record is where another
+    kind's field is there."""
+    other = next((f for f, kind in KIND_FIELDS.items() if f in obj and kind != KIND_FIELDS.get(name)), None)
+    if other is None:
+        return f'missing "{name}" field'
+    return f'missing "{name}" field; the line holds "{other}": it is {KIND_FIELDS[other]}, data of another kind'
+
+
 def _check_text(obj: object) -> dict:
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
     if "text" not in obj:
-        raise BadLine('missing "text" field')
+        raise BadLine(_missing("text", obj))
     return {"text": _string(obj["text"], '"text"')}
 
 
@@ -143,7 +158,7 @@ def _check_messages(obj: dict, name: str) -> list[dict]:
     """The messages of field `name` of a record, normalized: role and content, and MiniMind's extra fields
     (reasoning_content, tool_calls, a system message's tools) as dataset.chat_format reads them."""
     if name not in obj:
-        raise BadLine(f'missing "{name}" field')
+        raise BadLine(_missing(name, obj))
     turns = obj[name]
     if not isinstance(turns, list) or not turns:
         raise BadLine(f'"{name}" must be a non-empty list of messages')

@@ -314,6 +314,28 @@ def test_a_compressed_or_columnar_data_file_is_named_as_what_it_is(tmp_path):
         assert str(path) in message.split("; ", 1)[1] and "\n" not in message, message
 
 
+@pytest.mark.parametrize("kind, record, words", [
+    ("conversations", {"text": "Hello."}, 'missing "conversations" field; the line holds "text": it is pretraining '
+                                          'text, data of another kind'),
+    ("text", {"conversations": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+     'missing "text" field; the line holds "conversations": it is an SFT conversation, data of another kind'),
+    ("preference", {"conversations": [{"role": "user", "content": "Hi"}]},
+     'missing "chosen" field; the line holds "conversations": it is an SFT conversation, data of another kind'),
+    ("conversations", {"chosen": [], "rejected": []},
+     'missing "conversations" field; the line holds "chosen": it is a DPO pair, data of another kind'),
+    # a field of the same kind, or none of any kind: the plain words
+    ("preference", {"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+     'missing "rejected" field'),
+    ("text", {"txt": "typo"}, 'missing "text" field')])
+def test_a_file_of_another_kind_of_data_is_named_as_such(tmp_path, kind, record, words):
+    """Pretraining text given to SFT (or to a distillation reading conversations) was 'missing "conversations"
+    field', which does not say that the whole file is data of another kind."""
+    path = write_jsonl(tmp_path / "data.jsonl", [record])
+    with pytest.raises(ValueError) as refused:
+        dataset.jsonl.scan_jsonl(path, kind, cache_dir=tmp_path / "cache")
+    assert str(refused.value) == f"{path}:1: {words}"
+
+
 def test_a_line_that_is_not_utf8_names_the_byte_and_its_offset():
     with pytest.raises(dataset.jsonl.BadLine) as refused:
         dataset.jsonl.parse_line(b'{"text": "caf\xe9"}')

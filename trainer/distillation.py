@@ -45,7 +45,7 @@ from trainer.export import whole_model_everywhere
 from trainer.grpo import agreed_sampling, first_sample, rollout_decode, rollout_seed, sample_completions
 from trainer.memory import working_on
 from trainer.run_dir import (DEFAULT_OUT_DIRS, DEFAULT_TEACHER, create_command, is_model_dir, load_input_model,
-                             resolve_input_path, resolve_path)
+                             not_a_model_folder, resolve_input_path, resolve_path)
 from trainer.step import POLICY, TEACHER, StatWindow
 
 if TYPE_CHECKING:
@@ -72,6 +72,8 @@ def teacher_directory(teacher: str | None) -> Path:
 def teacher_model_dir(teacher: str | None) -> Path:
     """teacher_directory(teacher), which must hold a model: else a one-line FileNotFoundError."""
     teacher_dir = teacher_directory(teacher)
+    if (words := not_a_model_folder(teacher_dir)) is not None:
+        raise FileNotFoundError(f"--teacher {words}")
     if not is_model_dir(teacher_dir):
         raise FileNotFoundError(f"--teacher {teacher_dir}: no model there; create it with "
                                 f"`{create_command(DEFAULT_TEACHER, teacher_dir)}` (or pass --teacher DIR)")

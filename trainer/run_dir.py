@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataset.atomic_io import check_folder_path, check_output_file, path_overlap, read_text_file
+from dataset.atomic_io import (check_folder_path, check_output_file, path_overlap, read_text_file,
+                               special_file_kind)
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_value
 from dataset.tokenizer_marker import TOKENIZER_MARKER
@@ -533,6 +534,14 @@ def load_input_model(source: Path, flag: str, allowed_missing: set[str] | frozen
         raise ValueError(f"{flag} {error}") from None
 
 
+def not_a_model_folder(path: Path) -> str | None:
+    """The words for a model path that is no folder at all (a file, a FIFO, a device), else None: "create it with
+    `... --out_dir /dev/zero`" is no advice for such a path."""
+    if not path.exists() or path.is_dir():
+        return None
+    return f"{path} is {special_file_kind(path) or 'a file'}, not a model folder (config.json and the weights)"
+
+
 def is_adapter_dir(path: Path) -> bool:
     """A PEFT adapter directory (what trainer/train_lora.py writes): it needs its base model to run."""
     return (path / ADAPTER_CONFIG_FILE).is_file()
@@ -569,8 +578,8 @@ def model_task(path: Path) -> str | None:
 
 
 def _missing(path: Path, task: str) -> ModelNotFound:
-    if path.is_file():
-        return ModelNotFound(f"{path} is a file, not a model folder (config.json and the weights)")
+    if (words := not_a_model_folder(path)) is not None:
+        return ModelNotFound(words)
     if checkpoints := list_checkpoints(path / CHECKPOINT_DIR):  # a run that stopped before it saved its model
         recorded = recorded_config(path).get("task")
         finish = (f"with `{finish_command(recorded, path)}` (its own flags)"

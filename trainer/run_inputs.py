@@ -17,7 +17,7 @@ from dataset.shown_value import flag_refusal
 from trainer.arg_fields import (ADDABLE_MODEL_FIELDS, MODEL_FIELDS, TrainArgs, build_model_config,
                                 recorded_input_paths, refuse_fixed_model_fields, requested_model_fields)
 from trainer.run_dir import (DEFAULT_FROM_WEIGHT, MERGED_DIR, WEIGHT_FILES, check_out_dir, create_command,
-                             is_adapter_dir, is_model_dir, load_input_model, resolve_input_path,
+                             is_adapter_dir, is_model_dir, load_input_model, not_a_model_folder, resolve_input_path,
                              starting_directory)
 
 
@@ -42,6 +42,8 @@ def starting_weights_dir(args: TrainArgs) -> Path:
                  else "merge it first (train_lora.py --merge writes OUT_DIR/merged) and start from that")
         raise ValueError(f"--from_weight {source}: a LoRA adapter, not a model (its weights are the base model's "
                          f"plus the adapter's); {start}")
+    if (words := not_a_model_folder(source)) is not None:
+        raise FileNotFoundError(f"--from_weight {words}")
     if not is_model_dir(source):
         raise FileNotFoundError(f"--from_weight {source}: no model to start from there (config.json and "
                                 f"{' or '.join(WEIGHT_FILES)}); create it with `{create_command(source_task, source)}` "

@@ -325,3 +325,33 @@ def test_a_tilde_of_no_such_user_is_left_as_typed_as_a_shell_leaves_it(flag, ref
     argv = [*pretrain_argv(train_data, tmp_path / "run"), flag, typed]
     line = refused_run("pretrain", argv, capsys, after_progress=True)
     assert line.startswith("error: " + refusal.format(path=run_dir.REPO_ROOT / typed)), line
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo", "device"])
+def test_a_model_path_that_is_no_folder_says_what_it_is_and_not_how_to_create_it(tmp_path, kind):
+    """--from_weight, --teacher and a tool's --model_path naming a FIFO or a device said "no model ... create it with
+    `python trainer/train_pretrain.py --out_dir /dev/zero`"; a file was named so by the tools only."""
+    import os
+
+    from trainer.args import parse_args
+    from trainer.distillation import teacher_model_dir
+    from trainer.run_inputs import starting_weights_dir
+
+    if kind == "file":
+        path, what = tmp_path / "model.txt", "a file"
+        path.write_text("")
+    elif kind == "fifo":
+        path, what = tmp_path / "model", "a FIFO (a pipe)"
+        os.mkfifo(path)
+    else:
+        path, what = Path("/dev/null"), "a device"
+    words = f"{path} is {what}, not a model folder (config.json and the weights)"
+    with pytest.raises(ModelNotFound) as refused:
+        run_dir.locate_model(path)
+    assert str(refused.value) == words
+    with pytest.raises(FileNotFoundError) as refused:
+        starting_weights_dir(parse_args("sft", ["--from_weight", str(path)]))
+    assert str(refused.value) == f"--from_weight {words}"
+    with pytest.raises(FileNotFoundError) as refused:
+        teacher_model_dir(str(path))
+    assert str(refused.value) == f"--teacher {words}"

@@ -26,11 +26,13 @@ MIN_SEQ_LEN = 2
 @dataclass(frozen=True)
 class MappedJsonl:
     """A jsonl file's records mapped into rows: ``rows`` holds only the mapper's columns; ``records`` counts the
-    records read (a mapper may drop some) and ``skipped_lines`` the bad lines skipped (``skip_bad_lines``)."""
+    records read (a mapper may drop some) and ``skipped_lines`` the bad lines skipped (``skip_bad_lines``);
+    ``source`` is the records themselves (memory-mapped, as read)."""
 
     rows: datasets.Dataset
     records: int
     skipped_lines: int
+    source: datasets.Dataset
 
 
 def map_jsonl(
@@ -64,7 +66,7 @@ def map_jsonl(
     )
     if if_empty is not None and len(rows) == 0:
         raise ValueError(f"{path}: {if_empty}")
-    return MappedJsonl(rows, len(raw), scan.skipped_lines)
+    return MappedJsonl(rows, len(raw), scan.skipped_lines, raw)
 
 
 def list_values(rows: datasets.Dataset, columns: Sequence[str]) -> int:

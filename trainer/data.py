@@ -210,6 +210,18 @@ def supervision_cut_note(stats: dict, max_seq_len: int) -> str | None:
             "larger --max_seq_len keeps them")
 
 
+def control_text_note(stats: dict) -> str | None:
+    """The line a run prints when training documents hold the tokenizer's control-token strings read as text (a
+    MiniMind pretrain_hq.jsonl given without --control_tokens_in_text trains its turn marks as characters); None
+    when none does."""
+    held = stats.get("control_token_text", 0)
+    if not held:
+        return None
+    return (f"note: {held:,} of {stats['documents']:,} training documents hold control-token strings (<|im_start|>, "
+            f"<|im_end|>, ...), read as text; --control_tokens_in_text true reads them as the tokens, for files "
+            f"written that way (MiniMind's pretrain_hq.jsonl)")
+
+
 class _PaddedWithoutTargets(Dataset):
     """`dataset` followed by `extra` copies of its first sample whose labels (every "labels" field: a preference
     pair has two) are all -100, or, for a sample without labels (an RL prompt), marked `padding`: they add forward

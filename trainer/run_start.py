@@ -14,7 +14,7 @@ from dataset.atomic_io import atomic_write_text
 from trainer.arg_fields import TrainArgs
 from trainer.checkpoint import ResumePoint
 from trainer.checkpoint_state import saved_position
-from trainer.data import RunData, dataset_stats, supervision_cut_note
+from trainer.data import RunData, control_text_note, dataset_stats, supervision_cut_note
 from trainer.distributed import update_inside_backward
 from trainer.resume_checks import changed_flags
 from trainer.run_dir import CHECKPOINT_DIR, CONFIG_FILE, ROLLOUT_TASKS, RUN_ID_KEY
@@ -68,7 +68,7 @@ def announcement(args: TrainArgs, accelerator: Accelerator, data: RunData, *, co
     statistics, the models it reads, the trainable parameters, the length, the switches added to the starting
     weights, DeepSpeed's update order, and the effective config."""
     stats = dataset_stats(data.train)
-    cut_note = supervision_cut_note(stats, args.max_seq_len)
+    notes = [note for note in (supervision_cut_note(stats, args.max_seq_len), control_text_note(stats)) if note]
     setup = str(accelerator.distributed_type).split(".")[-1]
     lines = [f"MiniNorm {args.task}: {num_params / 1e6:.2f}M parameters on {accelerator.device} "
              f"x{accelerator.num_processes}, {args.dtype}, {setup}, {_compile_text(args, compiled)}, "
@@ -76,7 +76,7 @@ def announcement(args: TrainArgs, accelerator: Accelerator, data: RunData, *, co
              threads_line,
              f"data: {data.description}; {len(data.train)} train / {len(data.val)} val samples"
              + (f"; stats {stats}" if stats else ""),
-             *([cut_note] if cut_note else []),
+             *notes,
              # the models the run reads, defaults resolved (its config records a flag left out as null)
              *(["models: " + ", ".join(f"{flag} {path}" for flag, path in input_models.items())]
                if input_models else []),

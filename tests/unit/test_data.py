@@ -442,6 +442,29 @@ def test_minimind_pretrain_file_loads_unchanged(tmp_path, cache, tokenizer):
     assert first[0] == IM_START
 
 
+def test_documents_holding_control_token_strings_read_as_text_are_counted_and_noted(tmp_path, cache, tokenizer):
+    """MiniMind's pretrain_hq.jsonl given without --control_tokens_in_text trained its turn marks as characters
+    without a word: the documents that hold a special token's string are counted (each split its own), and the run
+    prints a note naming the flag; read as the tokens, none is counted."""
+    from trainer.data import control_text_note
+
+    rows = ([{"text": "<|im_start|>鉴别一组中文文章的风格和特点。<|im_end|>"}, {"text": "A tool: <tool_call> as text."}]
+            + [{"text": f"Plain English text number {i}. " * 8} for i in range(8)])
+    path = write_jsonl(tmp_path / "pretrain_hq.jsonl", rows)
+    as_text = PretrainDataset(path, tokenizer, 16, cache_dir=cache)
+    assert as_text.stats["control_token_text"] == 2
+    assert PretrainDataset(path, tokenizer, 16, cache_dir=cache, control_tokens=True).stats["control_token_text"] == 0
+    train, val = as_text.split_documents(0.5, seed=0)
+    held = {i for i in (0, 1) if i in val.documents}
+    assert (train.stats["control_token_text"], val.stats["control_token_text"]) == (2 - len(held), len(held))
+    assert control_text_note(as_text.stats) == (
+        "note: 2 of 10 training documents hold control-token strings (<|im_start|>, <|im_end|>, ...), read as text; "
+        "--control_tokens_in_text true reads them as the tokens, for files written that way (MiniMind's "
+        "pretrain_hq.jsonl)")
+    assert control_text_note({"documents": 3, "control_token_text": 0}) is None
+    assert control_text_note({"samples": 3}) is None  # SFT's stats: no such count
+
+
 def test_a_held_out_split_too_short_is_named_as_the_split(tmp_path, cache, tokenizer):
     """60 documents of 56 tokens and --val_fraction 0.01: the one held-out document is short of a row of 64, which
     was told as "FILE: 57 tokens is less than one sequence", of a file of 3,000 tokens."""

@@ -337,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelNotFound, ValueError) as error:
         return report_error(error)
 
+    from dataset.chat_format import check_chatml_tokenizer
     from model.loading import load_model
 
     try:  # before the model loads: a count above what the held-out split holds is refused first
@@ -348,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         model, tokenizer = load_model(path, lora=lora)
     except ValueError as error:  # a damaged model directory
         return report_error(error)
+    try:  # every question is asked through the chat template: a damaged one was a traceback at the first question
+        check_chatml_tokenizer(tokenizer)
+    except ValueError as error:
+        return report_error(f"{lora or path}: {error}")
     before = histories(dialogues, questions) if args.after_other else [[] for _ in questions]
     try:
         outcomes = ask_all(chat_session(model, tokenizer, args), questions, before, partial(token_starts, tokenizer))

@@ -274,3 +274,25 @@ def test_the_question_that_does_not_fit_is_named_by_its_own_number_and_text(monk
     which = questions[failing - 1]
     assert str(refused.value).startswith(f"question {failing} of 3 ({which.kind}: {which.question!r}) "
                                          + ("takes 300 tokens" if failing == 2 else "would leave it out"))
+
+
+@pytest.mark.parametrize(("template", "why"), [
+    ("{% if %}", "the tokenizer's chat_template does not render: "),
+    ("", "the tokenizer has no chat_template; "),
+])
+def test_a_damaged_chat_template_is_one_line_naming_the_model(tiny_models, tmp_path, capsys, template, why):
+    """Every question goes through the chat template: an edited chat_template.jinja that does not parse (or an
+    empty one) was a ValueError traceback at the first question; it is one line naming the model folder."""
+    import shutil
+
+    from eval import tool_eval
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models.sft, model)
+    (model / "chat_template.jinja").write_text(template, encoding="utf-8")
+    code = tool_eval.main(["--model_path", str(model), "--wiki", "1", "--arithmetic", "0", "--conversions", "0",
+                           "--small_talk", "0", "--threads", "1"])
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if not line.startswith("threads: ")]
+    assert code == 2 and captured.out == "" and len(err) == 1, captured.err
+    assert err[0].startswith(f"error: {model}: {why}"), err

@@ -428,11 +428,14 @@ def record_where(record: Mapping[str, Any]) -> str:
 
 
 def record_number(record: Mapping[str, Any], key: str, kind: type = float) -> Any:
-    """record[key] as a `kind` (float or int), or a ValueError naming where the record is and the key. A float's
-    null is NaN: the project writes a value that is not finite (a diverged step's loss) as null (strict_json)."""
+    """record[key] as a `kind` (float or int), or a ValueError naming where the record is and the key (true and
+    false are no numbers). A float's null is NaN: the project writes a value that is not finite (a diverged step's
+    loss) as null (strict_json)."""
     if kind is float and key in record and record[key] is None:
         return math.nan
     try:
+        if isinstance(record[key], bool):  # float(True) is 1.0: a hand-edited true read as a loss of 1
+            raise TypeError
         return kind(record[key])
     except (TypeError, ValueError, OverflowError):  # OverflowError: int() of JSON's Infinity or 1e400
         raise ValueError(f"{record_where(record)}: {key} is {shown_value(record[key])}, expected a number") from None

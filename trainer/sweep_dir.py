@@ -109,6 +109,15 @@ def read_state(sweep_dir: Path) -> dict[str, Any] | None:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(state, dict) or not isinstance(state.get("trials"), list):
         raise ValueError(f"{path}: not a sweep state (expected name, config and trials)")
+    # The config is the sweep's YAML as the runner checked it: the report reads its parameters (an edited config
+    # that is not a mapping, or parameters that are not, was an AttributeError traceback there).
+    config = state.get("config")
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: config: expected the sweep's YAML config (a mapping), got {shown_value(config)}")
+    parameters = config.get("parameters", {})
+    if not isinstance(parameters, dict) or not all(isinstance(spec, dict) for spec in parameters.values()):
+        raise ValueError(f"{path}: config.parameters: expected a mapping of parameter name to spec, got "
+                         f"{shown_value(parameters)}")
     # Each trial is checked here, once, so the runner and the report never meet a trial they cannot use (nor
     # one whose id would put its folder outside the sweep folder).
     for index, trial in enumerate(state["trials"]):

@@ -321,13 +321,26 @@ def _damage(sweep_dir: Path, damage: str) -> None:
         summary.mkdir()
     elif damage == "summary not UTF-8":
         summary.write_bytes(b'{"status": "finished", "note": "\xff"}')
+    elif damage == "summary machine and code not text":
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "machine": ["a"], "code": {"b": 1}}))
+    elif damage == "val_loss true":
+        metrics.write_text(metrics.read_text() + json.dumps({"step": 11, "split": "val", "val_loss": True}) + "\n")
+    elif damage in ("state config not a mapping", "state parameters a list"):
+        state_file = sweep_dir / "sweep_state.json"
+        state = json.loads(state_file.read_text())
+        if damage == "state config not a mapping":
+            state["config"] = "x"
+        else:
+            state["config"]["parameters"] = ["norm_type"]
+        state_file.write_text(json.dumps(state))
 
 
 @pytest.mark.parametrize("damage", ["results line without status", "trial_dir not a path", "val line without val_loss",
                                     "val_loss not a number", "final_val not a mapping", "final loss NaN",
                                     "final loss Infinity", "summary a directory", "summary not UTF-8",
                                     "metrics a directory", "metrics not UTF-8", "val loss NaN", "val loss Infinity",
-                                    "val step repeated", "val step decreasing"])
+                                    "val step repeated", "val step decreasing", "summary machine and code not text",
+                                    "val_loss true", "state config not a mapping", "state parameters a list"])
 def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     """A results.jsonl line without a status is skipped (docs/sweeps.md), as is a val line without val_loss; a
     metrics.jsonl that cannot be read (a directory, not UTF-8) is one line naming it; a run_summary.json that cannot
@@ -335,16 +348,24 @@ def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     left out of the means (a NaN or Infinity loss failed the stdev with a traceback); a trial_dir that is not a path
     means the trial's own folder; a val_loss that is not a number is one line naming FILE:LINE. A NaN or Infinity
     val loss in metrics.jsonl is left out of the mean curve and the trial named (it made the mean NaN or infinite);
-    a val step repeated or going back is one line naming FILE:LINE (the last of the two was taken in silence).
-    Never a traceback."""
+    a val step repeated or going back is one line naming FILE:LINE (the last of the two was taken in silence). A
+    val_loss of true is no number (it was read as a loss of 1); a machine or code that is not text is not recorded
+    (a list was a TypeError traceback); a sweep_state.json whose config or its parameters are not mappings is one
+    line naming the file and field (an AttributeError traceback). Never a traceback."""
     sweep_dir = _write_sweep(tmp_path, "s", {"norm_type": ["rmsnorm", "layernorm"], "seed": [0, 1]},
                              {"learning_rate": 0.003, "warmup_steps": 8, "norm_placement": "pre"}, lambda p: 5.0)
     _damage(sweep_dir, damage)
     code = main([str(sweep_dir), "--out", str(tmp_path / "report")])
     err = capsys.readouterr().err
-    if damage == "val_loss not a number":
+    if damage in ("val_loss not a number", "val_loss true"):
         metrics = sweep_dir / "trials" / "norm_type-rmsnorm_seed-0" / "metrics.jsonl"
-        assert (code, err) == (2, f"error: {metrics}:3: val_loss is 'abc', expected a number\n")
+        shown = "'abc'" if damage.endswith("number") else "True"
+        assert (code, err) == (2, f"error: {metrics}:3: val_loss is {shown}, expected a number\n")
+        return
+    if damage.startswith("state "):
+        field, got = (("config", "the sweep's YAML config (a mapping), got 'x'") if damage.endswith("mapping") else
+                      ("config.parameters", "a mapping of parameter name to spec, got ['norm_type']"))
+        assert (code, err) == (2, f"error: {sweep_dir / 'sweep_state.json'}: {field}: expected {got}\n")
         return
     if damage.startswith("val step "):
         metrics = sweep_dir / "trials" / "norm_type-rmsnorm_seed-0" / "metrics.jsonl"
@@ -371,6 +392,8 @@ def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     curve_note = ("Left out of the mean curves: the NaN or infinite val losses in metrics.jsonl of 1 finished "
                   "trial(s): `norm_type-rmsnorm_seed-0` (steps 10).")
     assert (curve_note in (tmp_path / "report" / "report.md").read_text()) == damage.startswith("val loss ")
+    if damage == "summary machine and code not text":  # no trial recorded either (the others hold none)
+        assert "Machines: not recorded: 4 trials.\n" in (tmp_path / "report" / "report.md").read_text()
     config, trials = load_sweep(sweep_dir)
     curves = {v.params["norm_type"]: v.mean_curve() for v in group_variants(config, trials)}
     # the damaged seed's step 10 is left out: the mean is taken at the steps every finished seed logged

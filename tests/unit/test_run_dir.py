@@ -82,6 +82,8 @@ def test_jsonl_records_know_their_line_and_a_torn_line_is_skipped_then_ended(tmp
         record_number(records[1], "split")
     with pytest.raises(ValueError, match=r"^the record of step 7: loss is \[\], expected a number$"):
         record_number({"step": 7, "loss": []}, "loss")
+    with pytest.raises(ValueError, match=r"^the record of step 7: loss is True, expected a number$"):
+        record_number({"step": 7, "loss": True}, "loss")  # float(True) read a hand-edited true as a loss of 1
     assert math.isnan(record_number({"step": 7, "loss": None}, "loss"))  # strict_json's null for a non-finite float
     with pytest.raises(ValueError, match=r"^the record of step 7: tokens is None, expected a number$"):
         record_number({"step": 7, "tokens": None}, "tokens", int)

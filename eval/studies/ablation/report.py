@@ -8,7 +8,7 @@ from typing import Any
 from dataset.atomic_io import atomic_write_text, make_dirs
 from dataset.json_text import strict_json
 from eval.studies.ablation.baseline import data_key, unigram_baseline
-from eval.studies.ablation.load import SEED_KEY, Part, duplicate_trials, group_variants, load_sweep
+from eval.studies.ablation.load import SEED_KEY, Part, Trial, duplicate_trials, group_variants, load_sweep
 from eval.studies.ablation.plots import plot_curves, plot_grad_profile, plot_lr_warmup, plot_pre_post, plot_prms_p
 from eval.studies.ablation.study2 import ESCAPE_MARGIN, read_bench_step_times
 from eval.studies.ablation.study2_section import study2_section, write_seed2_yaml
@@ -50,11 +50,15 @@ def _machines_markdown(parts: list[Part]) -> list[str]:
     ran = [t for p in parts for t in p.trials if t.status in ("finished", "diverged")]
     if not ran:
         return []
+    def recorded(trial: Trial, key: str) -> str | None:  # text only: an edited list or number is no record
+        value = trial.summary.get(key)
+        return value if isinstance(value, str) and value else None
+
     machines: dict[str, int] = {}
     for trial in ran:
-        key = trial.summary.get("machine") or "not recorded"
+        key = recorded(trial, "machine") or "not recorded"
         machines[key] = machines.get(key, 0) + 1
-    codes = {t.summary.get("code") for t in ran if t.summary.get("code")}
+    codes = {code for t in ran if (code := recorded(t, "code"))}
     line = "Machines: " + "; ".join(f"{name}: {n} trial{'s' if n > 1 else ''}" for name, n in machines.items())
     if codes:
         line += (f". Code: {len(codes)} version{'s' if len(codes) > 1 else ''} (`git describe`: "

@@ -631,17 +631,25 @@ def locate_model_and_adapter(model_path: str | Path | None, lora_path: str | Pat
     if not is_adapter_dir(adapter):
         raise ModelNotFound(f"--lora {adapter}: no LoRA adapter there ({ADAPTER_CONFIG_FILE} is missing); create "
                             f"one with `{CREATE_COMMANDS['lora']}`")
-    if model_path is None:
-        from model.adapter_checks import read_adapter_config
+    if model_path is not None:
+        path, note = locate_model(model_path)
+        return path, adapter, note
+    from model.adapter_checks import read_adapter_config
 
-        try:
-            model_path = read_adapter_config(adapter).get("base_model_name_or_path")
-        except ValueError as error:  # not JSON, not an object: named here, not as a missing base model
-            raise ModelNotFound(f"--lora {adapter}: {error}") from None
-        if not model_path or not isinstance(model_path, str):
-            raise ModelNotFound(f"--lora {adapter}: its {ADAPTER_CONFIG_FILE} names no base model; pass it with "
-                                f"--model_path")
-    path, note = locate_model(model_path)
+    try:
+        recorded = read_adapter_config(adapter).get("base_model_name_or_path")
+    except ValueError as error:  # not JSON, not an object: named here, not as a missing base model
+        raise ModelNotFound(f"--lora {adapter}: {error}") from None
+    field = f"--lora {adapter}: base_model_name_or_path in its {ADAPTER_CONFIG_FILE}"
+    if recorded is not None and not isinstance(recorded, str):
+        raise ModelNotFound(f"{field} is {shown_value(recorded)}, not a path; pass the base model with --model_path")
+    if not (recorded or "").strip():
+        raise ModelNotFound(f"--lora {adapter}: its {ADAPTER_CONFIG_FILE} names no base model; pass it with "
+                            f"--model_path")
+    try:  # the base is named with where its name came from: the message alone read as if --model_path gave it
+        path, note = locate_model(recorded)
+    except ModelNotFound as error:
+        raise ModelNotFound(f"{field}: {error}; or pass the base model with --model_path") from None
     return path, adapter, note
 
 

@@ -174,6 +174,29 @@ def test_a_model_path_that_is_no_model_says_what_it_is_and_how_to_get_one(tmp_pa
     assert locate_model_and_adapter(base, adapter) == (base, adapter, None)
 
 
+def test_a_base_model_the_adapter_names_that_is_no_model_is_named_with_where_it_came_from(tmp_path):
+    """--lora alone reads the base from adapter_config.json: a base that is missing (or is the adapter itself) was
+    "no model at X; create it with ..." or "X is a LoRA adapter ...: pass it as --lora X", as if --model_path had
+    named it; a number or a list was "names no base model". Each names the adapter's file and field now."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    field = f"--lora {adapter}: base_model_name_or_path in its adapter_config.json"
+
+    def refusal(base) -> str:
+        (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
+        with pytest.raises(ModelNotFound) as refused:
+            locate_model_and_adapter(None, adapter)
+        return str(refused.value)
+
+    gone = tmp_path / "gone"
+    assert refusal(str(gone)) == (f"{field}: no model at {gone}; create it with `python trainer/train_full_sft.py "
+                                  f"--out_dir {gone}`; or pass the base model with --model_path")
+    assert refusal(str(adapter)).startswith(f"{field}: {adapter} is a LoRA adapter, not a whole model")
+    assert refusal(5) == f"{field} is 5, not a path; pass the base model with --model_path"
+    assert refusal(["a"]) == f"{field} is ['a'], not a path; pass the base model with --model_path"
+    assert refusal("  ").endswith("its adapter_config.json names no base model; pass it with --model_path")
+
+
 def test_a_starting_model_of_another_architecture_is_refused_in_one_line(tmp_path):
     """--from_weight (and --teacher, the critic) at a transformers Llama directory: MiniNormForCausalLM was built
     on its LlamaConfig and failed with an AttributeError traceback ('LlamaConfig' object has no attribute

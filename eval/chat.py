@@ -227,10 +227,16 @@ def _read(line: str, where: str) -> tuple[str, str]:
     return "command", name
 
 
+def _ways_out(error: MessageTooLong, what: str) -> str:
+    """What to shorten or leave out when `what` (the message, --system) does not fit the context."""
+    system = " or --system" if error.with_system and what != "--system" else ""
+    tools = ", or leave the tools out with --no_tools" if error.with_tools else ""
+    return f"shorten {'it' if what != '--system' else what}{system}{tools}"
+
+
 def not_sent(error: MessageTooLong) -> str:
     """A message too long for the context: what does not fit (the library's words), then what to do here."""
-    tools = ", or leave the tools out with --no_tools" if error.with_tools else ""
-    return f"{error}; not sent (shorten it{tools})"
+    return f"{error}; not sent ({_ways_out(error, 'message')})"
 
 
 def _converse(session, stream: bool, interactive: bool) -> int:
@@ -307,6 +313,13 @@ def main(argv: list[str] | None = None) -> int:
         session = ChatSession(model, tokenizer, use_template, args.system, args.history, settings,
                               tools=None if args.no_tools else tool_schemas(args.tools), open_thinking=args.think,
                               greedy_tool_calls=not args.sampled_tool_calls)
+        if session.system_prompt is not None:  # alone too long for the context: no message could be sent
+            session.fit_prompt("")
+    except MessageTooLong as error:  # each message was refused as if it were the long one
+        holds = "--system and the tools' schemas" if error.with_tools else "--system"
+        return report_error(f"the system turn ({holds}) takes {error.tokens} tokens in the chat format, over the "
+                            f"model's context of {error.context}, with no message yet: no message fits; "
+                            f"{_ways_out(error, '--system')}")
     except ValueError as error:  # a damaged model directory, a scaling the model cannot take, a context too short
         return report_error(error)
     params = sum(p.numel() for p in model.parameters())

@@ -86,10 +86,13 @@ class MessageTooLong(ValueError):
     name the message before it ("line 3 ...") and say what to do after it (its own flags: shorten it, leave the
     tools out, use a longer model)."""
 
-    def __init__(self, tokens: int, context: int, with_tools: bool) -> None:
-        self.tokens, self.context, self.with_tools = tokens, context, with_tools
-        tools = ", the tools' schemas included" if with_tools else ""
-        super().__init__(f"takes {tokens} tokens in the chat format{tools}, over the model's context of {context}")
+    def __init__(self, tokens: int, context: int, with_tools: bool, with_system: bool = False) -> None:
+        self.tokens, self.context, self.with_tools, self.with_system = tokens, context, with_tools, with_system
+        # What else the tokens hold, for a caller to point at: a long system prompt read as a long message.
+        beside = " and ".join(part for part, given in (("the system prompt", with_system),
+                                                       ("the tools' schemas", with_tools)) if given)
+        included = f", {beside} included" if beside else ""
+        super().__init__(f"takes {tokens} tokens in the chat format{included}, over the model's context of {context}")
 
 
 class PromptFit(NamedTuple):
@@ -196,7 +199,7 @@ class ChatSession:
         uncut = 0
         if len(ids) >= self.max_context and self.use_template and len(current) == 1:
             # Cut to its end, the prompt would lose the system turn (the tools) and the message's own header.
-            raise MessageTooLong(len(ids), self.max_context, bool(self.tools))
+            raise MessageTooLong(len(ids), self.max_context, bool(self.tools), self.system_prompt is not None)
         if len(ids) >= self.max_context:  # a plain text, or an exchange grown by its tool results: keep the end
             uncut, ids = len(ids), ids[-(self.max_context // 2):]
         budget = max(1, min(self.settings.max_new_tokens, self.max_context - len(ids)))

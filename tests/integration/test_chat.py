@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -621,6 +622,30 @@ def test_a_prompt_the_tools_schemas_make_too_long_says_to_leave_them_out(monkeyp
     assert code == 2 and out == "" and lines == [
         f"error: --prompt takes {tokens} tokens in the chat format, the tools' schemas included, over the model's "
         "context of 128; not sent (shorten it, or leave the tools out with --no_tools)"], err
+
+
+def test_a_system_prompt_too_long_for_any_message_is_named_before_the_first(monkeypatch, capsys, tiny_models,
+                                                                          sent) -> None:
+    """A --system of 300 words on a 128-position model: every message was refused in its turn as "line N takes 325
+    tokens ...; not sent (shorten it)", the message blamed for the system prompt; it is one line naming --system
+    before any message is read."""
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
+                                     "--system", "word " * 300, stdin="Hi\nHello\n")
+    lines = [line for line in err.splitlines() if not line.startswith("threads: ")]
+    assert code == 2 and out == "" and sent == [] and len(lines) == 1, err
+    assert re.fullmatch(r"error: the system turn \(--system\) takes \d+ tokens in the chat format, over the model's "
+                        r"context of 128, with no message yet: no message fits; shorten --system", lines[0]), err
+
+
+def test_a_message_too_long_beside_the_system_prompt_names_both(monkeypatch, capsys, tiny_models) -> None:
+    """60 words of --system fit alone, not with 60 words of --prompt: the refusal says the system prompt is counted
+    and that shortening it is a way out too."""
+    code, out, err = chat_in_process(monkeypatch, capsys, "--model_path", str(tiny_models.sft), *GREEDY,
+                                     "--system", "word " * 60, "--prompt", "word " * 60)
+    lines = [line for line in err.splitlines() if not line.startswith(("threads: ", "model "))]
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert re.fullmatch(r"error: --prompt takes \d+ tokens in the chat format, the system prompt included, over the "
+                        r"model's context of 128; not sent \(shorten it or --system\)", lines[0]), err
 
 
 def test_a_line_escaped_with_two_slashes_is_sent_even_when_it_spells_a_command(monkeypatch, capsys, tiny_models,

@@ -219,6 +219,7 @@ def _check_grid_size(parameters: dict[str, Any], bad: Any) -> None:
         kind = HyperParameter(name, spec).type
         if kind == HyperParameter.CATEGORICAL:
             sizes[name] = len(spec["values"])
+            _check_distinct_values(name, spec["values"], bad)
         elif kind == HyperParameter.INT_UNIFORM:
             sizes[name] = spec["max"] - spec["min"] + 1
         elif kind == HyperParameter.Q_UNIFORM:  # np.arange(min, max, q), as the engine lists it
@@ -229,6 +230,17 @@ def _check_grid_size(parameters: dict[str, Any], bad: Any) -> None:
         raise bad("parameters", f"a grid of {total} trials ({shown} values) is more than the serverless runner lists "
                                 f"(at most {MAX_GRID_TRIALS}); use fewer values, or method random or bayes with a "
                                 f"run_cap")
+
+
+def _check_distinct_values(name: str, values: list[Any], bad: Any) -> None:
+    """A grid runs one trial per distinct value: a value listed twice (a typo for another) left the grid a trial
+    short per repeat without a word."""
+    seen: dict[str, int] = {}
+    for index, value in enumerate(values):
+        first = seen.setdefault(_key(value), index)
+        if first != index:
+            raise bad(f"{_field(name)}.values[{index}]", f"{shown_value(value)} is values[{first}] again; a grid runs "
+                                                         f"each value once: list each value once")
 
 
 def _is_json(value: Any) -> bool:

@@ -840,6 +840,24 @@ def test_a_grid_too_large_to_list_is_one_line_before_anything_runs(tmp_path, cap
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("values, message", [
+    ("[rmsnorm, layernorm, rmsnorm]", "parameters.norm_type.values[2]: 'rmsnorm' is values[0] again"),
+    ("[[1, 2], [1, 2]]", "parameters.norm_type.values[1]: [1, 2] is values[0] again"),
+])
+def test_a_grid_value_listed_twice_is_one_line_before_anything_runs(tmp_path, capsys, values, message):
+    """A grid runs one trial per distinct value: [rmsnorm, layernorm, rmsnorm] ran two trials without a word (the
+    third value, a typo for another, was lost). Random search may weight a value by listing it twice: not refused."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(f"method: grid\nprogram: {tmp_path / 'never_run.py'}\nparameters:\n"
+                    f"  norm_type: {{values: {values}}}\n")
+    (tmp_path / "never_run.py").write_text("")  # another program's: its flags are not checked
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run"]) == 2
+    assert capsys.readouterr().err == f"error: {path}: {message}; a grid runs each value once: list each value once\n"
+    assert not (tmp_path / "s").exists()
+    path.write_text(path.read_text().replace("method: grid", "method: random\nrun_cap: 2"))
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run"]) == 0, capsys.readouterr().err
+
+
 def _done_sweep(tmp_path: Path) -> tuple[Path, Path]:
     """A fake grid sweep of two trials with the first one done."""
     path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})

@@ -237,7 +237,22 @@ def load_dir_tokenizer(path: Path) -> Any:
         why = ("its tokenizer_config.json names none (eos_token)" if (path / "tokenizer_config.json").is_file()
                else "no tokenizer_config.json there (the file that names it)")
         raise ValueError(f"the tokenizer of {path} has no eos token: {why}")
+    check_special_tokens_known(path, tokenizer)
     return tokenizer
+
+
+def check_special_tokens_known(path: Path, tokenizer: Any) -> None:
+    """A ValueError naming tokenizer_config.json and the field where it names a special token (eos_token, ...)
+    that tokenizer.json does not hold: transformers adds it as a new token, at an id the model never trained (an
+    eos the model never writes: generation would not stop), or one past its vocab_size (refused as a tokenizer too
+    big for the model, which named the wrong cause)."""
+    from tokenizers import Tokenizer
+
+    saved = Tokenizer.from_file(str(path / "tokenizer.json"))
+    for field, token in tokenizer.special_tokens_map.items():
+        if isinstance(token, str) and saved.token_to_id(token) is None:
+            raise ValueError(f"{path / 'tokenizer_config.json'}: {field}={shown_value(token)} is not a token of its "
+                             f"tokenizer.json; name one that file holds")
 
 
 def check_tokenizer_fits(tokenizer: Any, vocab_size: int, path: Path) -> None:

@@ -531,3 +531,20 @@ def test_a_model_folder_whose_tokenizer_has_no_eos_is_one_line(tmp_path) -> None
         load_dir_tokenizer(folder)
     assert str(refused.value) == (f"the tokenizer of {folder} has no eos token: no tokenizer_config.json there "
                                   f"(the file that names it)")
+
+
+@pytest.mark.parametrize("field", ["eos_token", "pad_token"])
+def test_a_special_token_tokenizer_json_lacks_is_named_in_one_line(tmp_path, field) -> None:
+    """tokenizer_config.json naming an eos (or pad) token that tokenizer.json does not hold: transformers added it
+    as a new token, one past the model's vocab_size here, and the refusal named the tokenizer's size ("has 6401
+    tokens, more than the model's vocab_size=6400"), not the field; with room in the vocabulary it would have been
+    an id the model never trained, and generation would not stop."""
+    from model.loading import load_dir_tokenizer
+
+    folder = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
+    config_file = folder / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), field: "<nope>"}))
+    with pytest.raises(ValueError) as refused:
+        load_dir_tokenizer(folder)
+    assert str(refused.value) == (f"{config_file}: {field}='<nope>' is not a token of its tokenizer.json; name one "
+                                  f"that file holds")

@@ -232,6 +232,10 @@ def load_dir_tokenizer(path: Path) -> Any:
         missing = [name for name in ("tokenizer.json", "tokenizer_config.json") if not (path / name).is_file()]
         what = f"no {' or '.join(missing)} there" if missing else f"tokenizer.json / tokenizer_config.json: " \
                                                                    f"{first_line(error)}"
+        if isinstance(error, UnicodeDecodeError):  # the decoder's words name no file: a chat_template.jinja too
+            what = next((f"{name}: {problem}" for name in ("tokenizer.json", "tokenizer_config.json",
+                                                            "chat_template.jinja")
+                         if (problem := _not_utf8_file(path / name))), what)
         raise ValueError(f"cannot read the tokenizer of {path}: {what}") from None
     if tokenizer.eos_token_id is None:  # generation could not stop, packing could not separate documents
         why = ("its tokenizer_config.json names none (eos_token)" if (path / "tokenizer_config.json").is_file()
@@ -239,6 +243,17 @@ def load_dir_tokenizer(path: Path) -> Any:
         raise ValueError(f"the tokenizer of {path} has no eos token: {why}")
     check_special_tokens_known(path, tokenizer)
     return tokenizer
+
+
+def _not_utf8_file(file: Path) -> str | None:
+    """not_utf8's words for `file` when it is a file whose bytes are not UTF-8, else None."""
+    try:
+        file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        return not_utf8(error)
+    except OSError:
+        return None
+    return None
 
 
 def check_special_tokens_known(path: Path, tokenizer: Any) -> None:

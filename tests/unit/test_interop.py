@@ -548,3 +548,17 @@ def test_a_special_token_tokenizer_json_lacks_is_named_in_one_line(tmp_path, fie
         load_dir_tokenizer(folder)
     assert str(refused.value) == (f"{config_file}: {field}='<nope>' is not a token of its tokenizer.json; name one "
                                   f"that file holds")
+
+
+@pytest.mark.parametrize("name", ["chat_template.jinja", "tokenizer_config.json"])
+def test_a_tokenizer_file_that_is_not_utf8_is_named(tmp_path, name) -> None:
+    """A chat_template.jinja (or tokenizer_config.json) whose bytes are not UTF-8 was "tokenizer.json /
+    tokenizer_config.json: 'utf-8' codec can't decode byte 0xff in position 2": no file, or the wrong ones."""
+    from model.loading import load_dir_tokenizer
+
+    folder = save_checkpoint(hf_model("llama", tied=True), tmp_path / "hf")
+    (folder / name).write_bytes(b"{}\xff")
+    with pytest.raises(ValueError) as refused:
+        load_dir_tokenizer(folder)
+    assert str(refused.value) == (f"cannot read the tokenizer of {folder}: {name}: not valid UTF-8 (byte 0xff at "
+                                  f"offset 2)")

@@ -413,3 +413,21 @@ def test_a_folder_inside_the_repo_is_named_from_the_repo_root(tmp_path, monkeypa
     text = write_report([inside, outside], tmp_path / "report").read_text()
     assert "; folder `out/sweeps/norms`." in text
     assert f"; folder `{outside}`." in text
+
+
+@pytest.mark.parametrize("recorded, named", [
+    ("task: pretrain\nmax_seq_len: x\n", "key 'max_seq_len': expected an integer, got 'x'"),
+    ("task: 5\n", "key 'task': 5 is not one of pretrain"),
+])
+def test_unigram_with_a_damaged_trial_config_is_one_line_naming_the_file_and_key(tmp_path, capsys, recorded, named):
+    """--unigram rebuilds a trial's data from its train_config.yaml: a hand-edited max_seq_len 'x' reached the data
+    as a TypeError traceback ('<' not supported between 'str' and 'int'); each value is read as its flag's now."""
+    sweep_dir = _write_sweep(tmp_path, "s", {"norm_type": ["rmsnorm", "layernorm"]}, {"learning_rate": 0.003},
+                             lambda p: 5.0)
+    for trial in (sweep_dir / "trials").iterdir():
+        (trial / "train_config.yaml").write_text(recorded)
+    assert main([str(sweep_dir), "--out", str(tmp_path / "report"), "--unigram"]) == 2
+    err = capsys.readouterr().err
+    config = sweep_dir / "trials" / "norm_type-rmsnorm" / "train_config.yaml"
+    assert err.startswith(f"error: {config}: {named}") and err.count("\n") == 1, err
+    assert err.endswith("; --unigram rebuilds a trial's data from it\n"), err

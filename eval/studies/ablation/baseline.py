@@ -17,11 +17,18 @@ def _run_args(run_dir: Path):
     """The trainer arguments a trial ran with, from its train_config.yaml."""
     from trainer.args import args_from_run_config
 
+    from trainer.arg_yaml import load_yaml_config
+
     config = recorded_config(run_dir)
     if not config:
         raise FileNotFoundError(f"{run_dir / CONFIG_FILE}: missing or not a YAML mapping; --unigram rebuilds a "
                                 f"trial's data from it")
-    return args_from_run_config(config)
+    task = config.get("task") if isinstance(config.get("task"), str) else "pretrain"
+    try:  # each value read as its flag's (a hand-edited max_seq_len 'x' was a TypeError traceback in the data)
+        checked = load_yaml_config(run_dir / CONFIG_FILE, task)
+    except ValueError as error:
+        raise ValueError(f"{str(error).removeprefix('--config ')}; --unigram rebuilds a trial's data from it") from None
+    return args_from_run_config({**config, **checked})
 
 
 def unigram_baseline(run_dir: Path) -> dict[str, Any]:

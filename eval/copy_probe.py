@@ -128,10 +128,13 @@ def report(args: Any) -> int:
     try:
         lengths = [int(item) for item in args.lengths.split(",") if item.strip()]
     except ValueError:
+        lengths = []
+    # none (an empty --lengths printed a table of no probes and exited 0) or one under 2: the flag alone is named
+    if not lengths or any(length < 2 for length in lengths):
         raise ValueError(f"--lengths {shown_value(args.lengths)} is not allowed; give comma-separated integers "
-                         f">= 2") from None
-    if any(length < 2 for length in lengths) or args.rows < 1 or args.text == 1 or args.text < 0:
-        raise ValueError("--lengths items must be >= 2, --rows >= 1 and --text 0 or >= 2")
+                         f">= 2")
+    if args.text == 1:  # --rows and --text's range are their flag types'
+        raise ValueError("--text 1 is not allowed; give --text 0 or >= 2")
     path, adapter = locate_tool_model(args)
     if args.json:  # before the work: a report written over the model or the data would destroy it
         data = [] if args.data == DEFAULT_TEXT_DATA else [resolve_input_path(args.data)]

@@ -65,8 +65,12 @@ def test_the_table_equals_each_row_scored_alone(tiny_models, tokenizer, tmp_path
 
 
 @pytest.mark.parametrize("flags, message", [(["--lengths", "5,x"], "--lengths '5,x' is not allowed"),
-                                             (["--lengths", "1"], "--lengths items must be >= 2"),
-                                             (["--text", "1"], "--text 0 or >= 2"),
+                                             (["--lengths", "1"], "error: --lengths '1' is not allowed; give "
+                                                                  "comma-separated integers >= 2\n"),
+                                             # a table of no probes, exit 0
+                                             (["--lengths", ""], "error: --lengths '' is not allowed"),
+                                             (["--lengths", " , "], "error: --lengths ' , ' is not allowed"),
+                                             (["--text", "1"], "error: --text 1 is not allowed; give --text 0 or >= 2"),
                                              (["--cue_pairs", "100000"], "--cue_pairs 100000 is not allowed")])
 def test_bad_flags_are_one_line(tiny_models, flags, message, capsys) -> None:
     assert main(["--model_path", str(tiny_models.pretrain), *flags]) != 0

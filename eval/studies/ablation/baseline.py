@@ -15,9 +15,8 @@ DATA_KEYS = ("data_path", "val_data_path", "val_fraction", "tokenizer_path", "ma
 
 def _run_args(run_dir: Path):
     """The trainer arguments a trial ran with, from its train_config.yaml."""
-    from trainer.args import args_from_run_config
-
     from trainer.arg_yaml import load_yaml_config
+    from trainer.args import args_from_run_config
 
     config = recorded_config(run_dir)
     if not config:

@@ -590,6 +590,8 @@ def _missing(path: Path, task: str) -> ModelNotFound:
                   else "by running its command again with --resume auto")
         return ModelNotFound(f"no model at {path} yet: its run has not finished (newest checkpoint "
                              f"{checkpoints[-1].name}); if it is no longer training, finish it {finish}")
+    if (path / "config.json").is_file():  # "create it" of a folder whose weights are missing sent one retraining
+        return ModelNotFound(f"no model at {path}: it holds config.json but no weights ({' or '.join(WEIGHT_FILES)})")
     return ModelNotFound(f"no model at {path}; create it with `{create_command(task, path)}`")
 
 

@@ -380,3 +380,15 @@ def test_a_model_path_that_is_no_folder_says_what_it_is_and_not_how_to_create_it
     with pytest.raises(FileNotFoundError) as refused:
         teacher_model_dir(str(path))
     assert str(refused.value) == f"--teacher {words}"
+
+
+def test_a_model_folder_without_weights_says_so(tmp_path):
+    """A folder with config.json and no weights (a copy that left them out, a save cut short) was 'no model at X;
+    create it with `python trainer/train_full_sft.py --out_dir X`', which sent one retraining."""
+    folder = tmp_path / "sft"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(ModelNotFound) as refused:
+        run_dir.locate_model(folder)
+    assert str(refused.value) == (f"no model at {folder}: it holds config.json but no weights (model.safetensors or "
+                                  f"model.safetensors.index.json or pytorch_model.bin)")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
@@ -135,6 +136,10 @@ def _check_dtype_fields(file: Path) -> None:
 # "x"` was an AttributeError traceback ('str' object has no attribute 'to_dict') once the model was built.
 NESTED_TEXT_CONFIGS = ("text_config", "decoder", "generator", "text_encoder")
 
+# How a config.json's size fields end (hidden_size, num_attention_heads, num_hidden_layers, head_dim): one of 0 is
+# named when transformers' config class divided by it.
+SIZE_SUFFIXES = ("_size", "_heads", "_layers", "head_dim")
+
 
 def load_config(path: Path) -> PretrainedConfig:
     """path/config.json as its config class; ValueError naming the file when it is not valid JSON, not an object, or
@@ -148,6 +153,15 @@ def load_config(path: Path) -> PretrainedConfig:
     # attribute 'items'; `"quantization_config": "x"`: no attribute 'to_dict')
     except (OSError, TypeError, ValueError, KeyError, AttributeError) as error:
         raise ValueError(f"{file}: {first_line(error)}") from None
+    # transformers' own config classes (LlamaConfig, Qwen3Config) validate as strict dataclasses, whose error is no
+    # ValueError and words its cause on a second line (hidden_size 30 over 4 heads, a layer_types of another length
+    # than num_hidden_layers, a pretraining_tp of 1.0); LlamaConfig divides by num_attention_heads=0 unchecked.
+    except StrictDataclassError as error:
+        raise ValueError(f"{file}: {first_line(error.__cause__ or error)}") from None
+    except ZeroDivisionError:
+        zeros = [key for key, value in _plain_fields(file).items() if value == 0 and key.endswith(SIZE_SUFFIXES)]
+        raise ValueError(f"{file}: {', '.join(f'{key}=0' for key in zeros) or 'a size of 0'} is not allowed; "
+                         "it must be a positive integer") from None
     for key in NESTED_TEXT_CONFIGS:
         value = getattr(config, key, None)
         if value is not None and not isinstance(value, PretrainedConfig):

@@ -399,6 +399,12 @@ BAD_SOURCES = [
     # --no_verify wrote it; chat and GGUF carried the NaN logits on
     ("nan_weight", _edit_weight("model.layers.0.mlp.up_proj.weight", lambda weight: weight / 0.0 * 0.0),
      ["model.layers.0.mlp.up_proj.weight holds 2048 NaN or infinite values (of 2048)"]),
+    # transformers' strict config classes: a StrictDataclassClassValidationError (or FieldValidationError) traceback
+    ("hidden_size_not_a_multiple_of_the_heads", _set_config(hidden_size=30),
+     ["config.json: The hidden size (30) is not a multiple of the number of attention heads (4)"]),
+    ("layer_types_of_another_length", _set_config(layer_types=["full_attention"]),
+     ["config.json: `num_hidden_layers` (2) must be equal to the number of `layer_types` (1)"]),
+    ("pretraining_tp_a_float", _set_config(pretraining_tp=1.0), ["config.json: Field 'pretraining_tp'"]),
     # transformers reads it, but would not save it: the import failed at its end, in several lines
     ("unsavable_generation_config", _write("generation_config.json", {"temperature": "hot"}),
      ["generation_config.json: `temperature`", "would not save it"]),

@@ -33,6 +33,11 @@ REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
                   "max_position_embeddings")
 
 
+# The weights' dtypes an import reads (as fp32). Others are refused: integers are no weights (a damaged export), and a
+# float8 tensor holds a quantized checkpoint's values without their scales.
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 class NotImportable(ValueError):
     """The checkpoint uses something MiniNorm cannot compute exactly."""
 
@@ -131,6 +136,9 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
          "is not supported; MiniNorm attends to the whole context in every layer"),
         ("pretraining_tp", hf.get("pretraining_tp", 1), lambda v: v == 1,
          "is not supported; MiniNorm computes its projections whole"),
+        # transformers dequantizes (or needs bitsandbytes, optimum, ... to); the tensors alone are not the weights
+        ("quantization_config", hf.get("quantization_config"), lambda v: v is None,
+         f"is not supported; MiniNorm imports unquantized weights ({', '.join(map(str, WEIGHT_DTYPES))})"),
     ]
     for field, value, ok, why in checks:
         if not ok(value):
@@ -188,9 +196,9 @@ def read_state_dict(source: Path, config: MiniNormConfig) -> dict[str, torch.Ten
                     if key.endswith("rotary_emb.inv_freq"):
                         continue
                     tensor = f.get_tensor(key)
-                    if not tensor.is_floating_point():  # .float() would make integers (a damaged export) weights
+                    if tensor.dtype not in WEIGHT_DTYPES:  # .float() would make them weights, silently wrong
                         raise NotImportable(f"cannot import {source}: its weight {key} in {file.name} is "
-                                            f"{tensor.dtype}, not floating point")
+                                            f"{tensor.dtype}, not one of {', '.join(map(str, WEIGHT_DTYPES))}")
                     check_finite([(key, tensor)], f"cannot import {source}", NotImportable)
                     state[from_llama_key(key)] = tensor.float()
         except SafetensorError as error:
@@ -214,6 +222,12 @@ def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source
     (only norm biases and DyT's alpha) keep their initial values: zero bias, alpha = dyt_alpha_init. Weights
     that do not map (missing, unexpected, or of another shape than config.json gives) are refused in one line."""
     swapped = config.norm_type != CHECKPOINT_NORM
+    # Layers the weights lack are refused before the meta model is built: one of num_hidden_layers=10**9 took
+    # hours to build (its modules, one by one), only to name a billion layers' keys missing.
+    held = {int(key.split(".")[2]) for key in state if key.startswith("model.layers.") and key.split(".")[2].isdigit()}
+    if config.num_hidden_layers > len(held):
+        raise NotImportable(f"cannot import {source}: its config.json gives num_hidden_layers="
+                            f"{config.num_hidden_layers}, but its weights hold {len(held)} layers")
     # The shapes come from a model on the meta device: a config.json that asks for more memory than there is
     # (vocab_size=10**12) is refused by the comparison below, not by the allocator.
     with torch.device("meta"):

@@ -395,7 +395,7 @@ BAD_SOURCES = [
      ["both rope_parameters=", "rope_scaling={'rope_type': 'linear', 'factor': 4.0}", "disagree"]),
     # .float() made them weights
     ("integer_weight", _edit_weight("model.norm.weight", lambda weight: weight.round().to(torch.int32)),
-     ["model.norm.weight in model.safetensors is torch.int32, not floating point"]),
+     ["model.norm.weight in model.safetensors is torch.int32, not one of torch.float32"]),
     # --no_verify wrote it; chat and GGUF carried the NaN logits on
     ("nan_weight", _edit_weight("model.layers.0.mlp.up_proj.weight", lambda weight: weight / 0.0 * 0.0),
      ["model.layers.0.mlp.up_proj.weight holds 2048 NaN or infinite values (of 2048)"]),
@@ -405,6 +405,15 @@ BAD_SOURCES = [
     ("layer_types_of_another_length", _set_config(layer_types=["full_attention"]),
      ["config.json: `num_hidden_layers` (2) must be equal to the number of `layer_types` (1)"]),
     ("pretraining_tp_a_float", _set_config(pretraining_tp=1.0), ["config.json: Field 'pretraining_tp'"]),
+    # the meta model's billion layers were built one by one: still running after minutes
+    ("a_billion_layers", _set_config(num_hidden_layers=10**9),
+     ["num_hidden_layers=1000000000, but its weights hold 2 layers"]),
+    # transformers asked for bitsandbytes (an ImportError traceback); the tensors alone are not the weights
+    ("quantized", _set_config(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True}),
+     ["quantization_config={'quant_method': 'bitsandbytes', 'load_in_4bit': True} is not supported", "unquantized"]),
+    # torch.isfinite has no float8 kernel: a NotImplementedError traceback; and .float() drops the scales
+    ("float8_weight", _edit_weight("model.layers.0.mlp.up_proj.weight", lambda weight: weight.to(torch.float8_e4m3fn)),
+     ["model.layers.0.mlp.up_proj.weight in model.safetensors is torch.float8_e4m3fn, not one of torch.float32"]),
     # transformers reads it, but would not save it: the import failed at its end, in several lines
     ("unsavable_generation_config", _write("generation_config.json", {"temperature": "hot"}),
      ["generation_config.json: `temperature`", "would not save it"]),

@@ -31,7 +31,8 @@ def _plain_fields(file: Path) -> dict[str, Any]:
     object (AutoConfig then names what is wrong with it)."""
     try:
         fields = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    # ValueError: JSONDecodeError, or an integer past Python's 4300 digits; RecursionError: arrays nested too deep
+    except (OSError, ValueError, RecursionError):
         return {}
     return fields if isinstance(fields, dict) else {}
 
@@ -151,7 +152,8 @@ def load_config(path: Path) -> PretrainedConfig:
         config = AutoConfig.from_pretrained(path)
     # AttributeError: PretrainedConfig reads its generic fields unchecked (`"id2label": "x"`: 'str' object has no
     # attribute 'items'; `"quantization_config": "x"`: no attribute 'to_dict')
-    except (OSError, TypeError, ValueError, KeyError, AttributeError) as error:
+    # RecursionError: json's, for arrays nested past the recursion limit
+    except (OSError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as error:
         raise ValueError(f"{file}: {first_line(error)}") from None
     # transformers' own config classes (LlamaConfig, Qwen3Config) validate as strict dataclasses, whose error is no
     # ValueError and words its cause on a second line (hidden_size 30 over 4 heads, a layer_types of another length

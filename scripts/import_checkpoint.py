@@ -36,6 +36,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from dataset.atomic_io import first_line  # noqa: E402
 from model.export_dir import IMPORT_MARKER, check_out_dir, earlier_source, staged_dir  # noqa: E402
 from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.interop import (CHECKPOINT_NORM, SWAPPABLE_NORMS, NotImportable, mininorm_config_from,  # noqa: E402
@@ -69,8 +70,9 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
         raise ValueError(f"--source {source}: no config.json there; pass a transformers checkpoint directory")
     try:
         hf_config = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{config_file}: not readable JSON ({error})") from None
+    # ValueError: JSONDecodeError, or an integer past Python's 4300 digits; RecursionError: arrays nested too deep
+    except (OSError, ValueError, RecursionError) as error:
+        raise ValueError(f"{config_file}: not readable JSON ({first_line(error)})") from None
     check_out_dir(source, out_dir, IMPORT_MARKER, "an earlier import")
     config = mininorm_config_from(hf_config, source, norm_type)  # refuses before any weight is read
     load_config(source)  # transformers' own fields (dtype, ...), named here: AutoTokenizer reads them below too

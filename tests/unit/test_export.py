@@ -280,6 +280,11 @@ BAD_INPUTS = [
     ("pad_token_id_string", _set_config(pad_token_id="0"), ["config.json", "pad_token_id='0'", "token id"]),
     ("intermediate_size_string", _set_config(intermediate_size="128"), ["intermediate_size='128'", "positive"]),
     ("config_not_json", _write("config.json", "{"), ["config.json"]),
+    # json's RecursionError traceback, from the plain read of model_type and from AutoConfig's
+    ("config_nested_too_deep", _write("config.json", "[" * 100_000 + "]" * 100_000),
+     ["config.json: maximum recursion depth exceeded"]),
+    ("config_integer_too_long", _write("config.json", '{"hidden_size": ' + "9" * 5000 + "}"),
+     ["config.json: Exceeds the limit (4300 digits)"]),
     # transformers looked the name up on torch unchecked: an AttributeError traceback
     ("dtype_unknown", _set_config(dtype="bf16"), ["config.json", "dtype='bf16'", "'bfloat16'"]),
     ("torch_dtype_a_number", _set_config(torch_dtype=16), ["config.json", "torch_dtype=16", "'float16'"]),

@@ -371,6 +371,11 @@ BAD_SOURCES = [
     ("string_eps", _set_config(rms_norm_eps="1e-5"), ["norm_eps='1e-5'", "finite float > 0"]),
     ("config_a_list", _write("config.json", "[]"), ["config.json is not a JSON object"]),
     ("config_not_json", _write("config.json", "{"), ["config.json"]),
+    # json's RecursionError traceback; and a ValueError that did not name the file
+    ("config_nested_too_deep", _write("config.json", "[" * 100_000 + "]" * 100_000),
+     ["config.json: not readable JSON (maximum recursion depth exceeded"]),
+    ("config_integer_too_long", _write("config.json", '{"hidden_size": ' + "9" * 5000 + "}"),
+     ["config.json: not readable JSON (Exceeds the limit (4300 digits)"]),
     # read by the tokenizer's loading first: "cannot read the tokenizer ...: module 'torch' has no attribute 'bf16'"
     ("dtype_unknown", _set_config(dtype="bf16"), ["config.json: dtype='bf16' is not allowed", "'bfloat16'"]),
     ("qwen3_labelled_llama", _qwen3_labelled_llama, ["unexpected model.layers.0.self_attn.k_norm.weight"]),

@@ -22,7 +22,7 @@ from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
 from model.loading import INDEX_FILE, index_shards
 from model.model import MiniNormForCausalLM
-from model.weight_checks import check_finite, few
+from model.weight_checks import check_finite, few, in_two_shards
 from dataset.shown_value import shown_value
 
 IMPORTABLE = ("llama", "qwen3")
@@ -187,6 +187,7 @@ def read_state_dict(source: Path, config: MiniNormConfig) -> dict[str, torch.Ten
     embedding; a checkpoint whose own lm_head.weight then differs from it, or an untied one without an LM head,
     is refused: transformers would silently drop or invent that head."""
     state: dict[str, torch.Tensor] = {}
+    holders: dict[str, Path] = {}
     for file in _weight_files(source):
         try:
             with safe_open(str(file), framework="pt") as f:
@@ -195,6 +196,9 @@ def read_state_dict(source: Path, config: MiniNormConfig) -> dict[str, torch.Ten
                     # transformers ignores them too.
                     if key.endswith("rotary_emb.inv_freq"):
                         continue
+                    if key in holders:
+                        raise NotImportable(f"cannot import {source}: {in_two_shards(key, holders[key], file)}")
+                    holders[key] = file
                     tensor = f.get_tensor(key)
                     if tensor.dtype not in WEIGHT_DTYPES:  # .float() would make them weights, silently wrong
                         raise NotImportable(f"cannot import {source}: its weight {key} in {file.name} is "

@@ -16,11 +16,13 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from dataset.atomic_io import first_line, not_utf8
+from dataset.atomic_io import first_line
+from dataset.json_text import JsonTextError, read_json
 from dataset.shown_value import shown_value
 from dataset.tokenization import check_tokenizer_files, load_tokenizer
 from model.generation_defaults import read_generation_config
-from model.weight_checks import check_finite, few, safetensors_shapes, unreadable_safetensors
+from model.weight_checks import (check_finite, few, in_two_shards, safetensors_shapes,
+                                 unreadable_safetensors)
 
 # Importing any module of the `model` package runs model/__init__.py, which registers the "mininorm" type with
 # transformers' Auto classes: AutoModelForCausalLM below loads our directories.
@@ -57,14 +59,19 @@ def index_shards(folder: Path) -> list[Path]:
     """The shard files the INDEX_FILE of `folder` names; a ValueError naming the index when it is not a JSON object
     with a weight_map (tensor name -> shard file), or names a shard that is missing or not a file in `folder`. Both
     the loader (load_strictly) and the import (model/interop.py) read an index through here: transformers read
-    `{"weight_map": []}` as an AttributeError traceback, and a missing shard as `KeyError: 'metadata'`."""
+    `{"weight_map": []}` as an AttributeError traceback, and a missing shard or metadata as `KeyError: 'metadata'`."""
     index = folder / INDEX_FILE
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{index.name} is not a JSON object ({not_utf8(error)})") from None
-    except (OSError, json.JSONDecodeError, AttributeError) as error:
+        # strictly: a tensor named twice in the weight_map is in the shard of whichever entry a reader keeps
+        fields = read_json(index.read_bytes())
+    except OSError as error:
         raise ValueError(f"{index.name} is not a JSON object ({error})") from None
+    except JsonTextError as error:
+        raise ValueError(error.about(index.name) if error.problem.startswith("has a duplicate key")
+                         else f"{index.name} is not a JSON object ({error})") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{index.name} is not a JSON object")
+    weight_map = fields.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{index.name} has no weight_map (tensor name -> shard file)")
     files = set()
@@ -77,6 +84,8 @@ def index_shards(folder: Path) -> list[Path]:
         if not file.is_file():
             raise ValueError(f"{index.name} names the shard {name}, which is missing")
         files.add(file)
+    if not isinstance(fields.get("metadata"), dict):  # transformers reads it unchecked: `KeyError: 'metadata'`
+        raise ValueError(f"{index.name} has no metadata (an object, {{}} at least), which transformers reads")
     return sorted(files)
 
 
@@ -88,12 +97,18 @@ def saved_shapes(path: Path) -> dict[str, list[int]]:
         shards = index_shards(path)
     else:
         shards = [file] if file.name == "model.safetensors" and file.is_file() else []
-    shapes = {}
+    shapes: dict[str, list[int]] = {}
+    holders: dict[str, Path] = {}
     for shard in shards:
         try:
-            shapes.update(safetensors_shapes(shard))
+            found = safetensors_shapes(shard)
         except ValueError:
             return {}  # from_pretrained names the unreadable file
+        for key in found:
+            if key in holders:
+                raise ValueError(f"cannot load {path}: {in_two_shards(key, holders[key], shard)}")
+            holders[key] = shard
+        shapes.update(found)
     return shapes
 
 

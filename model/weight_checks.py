@@ -25,6 +25,13 @@ def unreadable_safetensors(file: Path, error: BaseException) -> str:
     return f"{file} is not a readable safetensors file ({first_line(error)})"
 
 
+def in_two_shards(key: str, first: Path, second: Path) -> str:
+    """The words for a tensor that two shards of one checkpoint hold: which copy a reader takes depends on the order
+    it reads them in (the index names one, but the import reads every shard, and a key may differ between them)."""
+    return (f"its weight {key} is in two shards, {first.name} and {second.name}; a checkpoint holds each tensor "
+            "once")
+
+
 def safetensors_shapes(file: Path) -> dict[str, list[int]]:
     """Every tensor's shape in the safetensors file `file`, from its header (no tensor is read); ValueError naming
     the file when it cannot be read as one."""

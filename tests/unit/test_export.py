@@ -273,6 +273,24 @@ def _sharded(index: str):
     return edit
 
 
+def _two_shards(metadata: bool = True, twice: str | None = None):
+    """model.safetensors split into two shards and their index (with `metadata` or without), the tensor `twice` in
+    both shards."""
+    def edit(folder) -> None:
+        weights = load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        keys = sorted(weights)
+        halves = {"model-1.safetensors": keys[::2], "model-2.safetensors": keys[1::2]}
+        for name, half in halves.items():
+            save_file({key: weights[key] for key in {*half, *([twice] if twice else [])}}, folder / name,
+                      metadata={"format": "pt"})
+        index = {"weight_map": {key: name for name, half in halves.items() for key in half}}
+        if metadata:
+            index["metadata"] = {}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return edit
+
+
 # (what is wrong, the edit of a copy of the tiny model, what the one-line refusal names)
 BAD_INPUTS = [
     ("norm_eps_string", _set_config(norm_eps="1e-6"), ["config.json", "norm_eps='1e-6'", "finite float > 0"]),
@@ -320,6 +338,11 @@ BAD_INPUTS = [
         ("shard_outside_the_folder", '{"weight_map": {"lm_head.weight": "../../etc/passwd"}}',
          ["'../../etc/passwd'", "not a file in that folder"]),
         ("not_json", "weights: here", ["is not a JSON object"])]],
+    # transformers' KeyError: 'metadata' traceback
+    ("index_without_metadata", _two_shards(metadata=False), ["model.safetensors.index.json has no metadata"]),
+    # exported silently, with whichever copy transformers read
+    ("a_tensor_in_two_shards", _two_shards(twice="model.norm.weight"),
+     ["its weight model.norm.weight is in two shards, model-1.safetensors and model-2.safetensors"]),
 ]
 
 

@@ -354,6 +354,30 @@ def _edit_weight(key: str, edit):
     return edit_file
 
 
+def _two_shards(metadata: bool = True, twice: str | None = None):
+    """model.safetensors split into two shards and their index (with `metadata` or without), the tensor `twice` in
+    both shards."""
+    def edit(folder) -> None:
+        weights = load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        keys = sorted(weights)
+        halves = {"model-1.safetensors": keys[::2], "model-2.safetensors": keys[1::2]}
+        for name, half in halves.items():
+            save_file({key: weights[key] for key in {*half, *([twice] if twice else [])}}, folder / name,
+                      metadata={"format": "pt"})
+        index = {"weight_map": {key: name for name, half in halves.items() for key in half}}
+        if metadata:
+            index["metadata"] = {}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return edit
+
+
+def _index_naming_the_norm_twice(folder) -> None:
+    _two_shards()(folder)
+    index = folder / "model.safetensors.index.json"
+    index.write_text(index.read_text().replace('{"weight_map": {', '{"weight_map": {"model.norm.weight": "x", ', 1))
+
+
 def _qwen3_labelled_llama(folder) -> None:
     for file in folder.iterdir():
         file.unlink()
@@ -389,6 +413,14 @@ BAD_SOURCES = [
      ["model.safetensors.index.json", "model-2.safetensors", "missing"]),
     ("index_without_weight_map", _write("model.safetensors.index.json", {"metadata": {}}),
      ["model.safetensors.index.json has no weight_map"]),
+    # transformers' KeyError: 'metadata' traceback at the logits check, after the work
+    ("index_without_metadata", _two_shards(metadata=False), ["model.safetensors.index.json has no metadata"]),
+    # imported silently: whichever shard was read last gave the tensor
+    ("a_tensor_in_two_shards", _two_shards(twice="model.norm.weight"),
+     ["its weight model.norm.weight is in two shards, model-1.safetensors and model-2.safetensors"]),
+    # the entry Python's json keeps is the last; the index is read strictly
+    ("index_naming_a_tensor_twice", _index_naming_the_norm_twice,
+     ['model.safetensors.index.json has a duplicate key "model.norm.weight"']),
     ("shard_outside_the_folder", _write("model.safetensors.index.json", {"weight_map": {"a": "../../etc/passwd"}}),
      ["'../../etc/passwd'", "not a file in that folder"]),
     ("partial_rotary_factor", _set_config(rope_parameters={"rope_type": "default", "rope_theta": 5e4,

@@ -22,7 +22,7 @@ from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
 from model.loading import INDEX_FILE, index_shards
 from model.model import MiniNormForCausalLM
-from model.weight_checks import check_finite, few, in_two_shards
+from model.weight_checks import check_finite, few, in_two_shards, layers_held
 from dataset.shown_value import shown_value
 
 IMPORTABLE = ("llama", "qwen3")
@@ -228,10 +228,10 @@ def model_from(config: MiniNormConfig, state: Mapping[str, torch.Tensor], source
     swapped = config.norm_type != CHECKPOINT_NORM
     # Layers the weights lack are refused before the meta model is built: one of num_hidden_layers=10**9 took
     # hours to build (its modules, one by one), only to name a billion layers' keys missing.
-    held = {int(key.split(".")[2]) for key in state if key.startswith("model.layers.") and key.split(".")[2].isdigit()}
-    if config.num_hidden_layers > len(held):
+    held = layers_held(state)
+    if config.num_hidden_layers > held:
         raise NotImportable(f"cannot import {source}: its config.json gives num_hidden_layers="
-                            f"{config.num_hidden_layers}, but its weights hold {len(held)} layers")
+                            f"{config.num_hidden_layers}, but its weights hold {held} layers")
     # The shapes come from a model on the meta device: a config.json that asks for more memory than there is
     # (vocab_size=10**12) is refused by the comparison below, not by the allocator.
     with torch.device("meta"):

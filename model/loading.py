@@ -21,7 +21,7 @@ from dataset.json_text import JsonTextError, read_json
 from dataset.shown_value import shown_value
 from dataset.tokenization import check_tokenizer_files, load_tokenizer
 from model.generation_defaults import read_generation_config
-from model.weight_checks import (check_finite, few, in_two_shards, safetensors_shapes,
+from model.weight_checks import (check_finite, few, in_two_shards, layers_held, safetensors_shapes,
                                  unreadable_safetensors)
 
 # Importing any module of the `model` package runs model/__init__.py, which registers the "mininorm" type with
@@ -120,6 +120,12 @@ def _shapes_config_gives(path: Path, model_class: Any, overrides: dict[str, Any]
     if not saved:
         return []
     config = AutoConfig.from_pretrained(path, **{key: value for key, value in overrides.items() if key != "dtype"})
+    # Layers the weights lack are named before the meta model is built: one of num_hidden_layers=10**9 took hours
+    # to build (its modules, one by one). A file whose keys name no layers (another layout) is left to the comparison.
+    held = layers_held(saved)
+    if held and getattr(config, "num_hidden_layers", 0) > held:
+        raise ValueError(f"cannot load {path}: its config.json gives num_hidden_layers={config.num_hidden_layers}, "
+                         f"but the weights in {weights_file(path).name} hold {held} layers")
     with torch.device("meta"):
         model = model_class.from_config(config) if hasattr(model_class, "from_config") else model_class(config)
     expected = model.state_dict()

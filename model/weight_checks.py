@@ -25,6 +25,11 @@ def unreadable_safetensors(file: Path, error: BaseException) -> str:
     return f"{file} is not a readable safetensors file ({first_line(error)})"
 
 
+def layers_held(keys: Any) -> int:
+    """How many decoder layers weights named `keys` hold: the distinct N of their "model.layers.N." prefixes."""
+    return len({key.split(".")[2] for key in keys if key.startswith("model.layers.") and key.count(".") > 2})
+
+
 def in_two_shards(key: str, first: Path, second: Path) -> str:
     """The words for a tensor that two shards of one checkpoint hold: which copy a reader takes depends on the order
     it reads them in (the index names one, but the import reads every shard, and a key may differ between them)."""

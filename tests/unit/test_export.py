@@ -224,7 +224,11 @@ MISMATCHES = [
     ("num_experts", _set_config(num_experts=2, qk_norm=True), "qwen3_moe",
      ["missing model.layers.0.mlp.experts.0.down_proj.weight", "unexpected model.layers.0.mlp.down_proj.weight"]),
     ("fewer_layers", _set_config(num_hidden_layers=1), "llama", ["unexpected model.layers.1.", "and 6 more"]),
-    ("more_layers", _set_config(num_hidden_layers=3), "llama", ["missing model.layers.2."]),
+    ("more_layers", _set_config(num_hidden_layers=3), "llama",
+     ["num_hidden_layers=3, but the weights in model.safetensors hold 2 layers"]),
+    # the meta model's billion layers were built one by one: still running after minutes
+    ("a_billion_layers", _set_config(num_hidden_layers=10**9), "llama",
+     ["num_hidden_layers=1000000000, but the weights in model.safetensors hold 2 layers"]),
     ("intermediate_size", _set_config(intermediate_size=64), "llama", ["of another shape model.layers.0.mlp."]),
     # compared before from_pretrained allocates the parameter at config.json's size (an allocator's traceback)
     # (2**31 - 1, the largest vocab_size a config takes: 256 GiB of fp32 rows at width 32)

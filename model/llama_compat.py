@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
+from dataset.atomic_io import first_line
 from model.config import MiniNormConfig, NormPlacement, NormType, QKNormScope
 
 # Our key suffix -> LLaMA's. Everything else has the same name in both models.
@@ -122,6 +124,14 @@ def check_exportable(config: MiniNormConfig, model_path: Path, target: str, arch
     if mismatch is not None:
         message, why = mismatch
         raise NotExportable(f"cannot convert {model_path} to {target}: {message} ({why})")
+    # transformers' config classes validate shapes MiniNorm allows: LlamaConfig wants hidden_size to be a multiple of
+    # num_attention_heads even with a head_dim of its own (a StrictDataclassError traceback after the weights loaded)
+    try:
+        to_target_config(config, architecture)
+    except StrictDataclassError as error:
+        name = ARCHITECTURES[architecture]
+        raise NotExportable(f"cannot convert {model_path} to {target}: transformers' {name} config refuses its shape "
+                            f"({first_line(error.__cause__ or error)})") from None
 
 
 def rope_parameters(config: MiniNormConfig) -> dict:

@@ -198,3 +198,27 @@ def test_a_mixture_of_experts_with_wide_heads_exports_to_qwen3_moe(tokenizer, tm
     ids = torch.randint(0, len(tokenizer), (2, 32), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         torch.testing.assert_close(theirs(ids).logits, ours(ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("tool", ["llama", "gguf"])
+def test_a_stream_no_multiple_of_the_heads_is_refused_by_the_llama_exports_in_one_line(tokenizer, tool, tmp_path,
+                                                                                     capsys) -> None:
+    """hidden_size 62 over 4 heads of 16: MiniNorm trains it, but transformers' LlamaConfig refuses a hidden_size that
+    is no multiple of num_attention_heads even with a head_dim of its own (a StrictDataclassClassValidationError
+    traceback once the weights had loaded); both exports name it before any weight is read."""
+    from model.config import MiniNormConfig
+    from scripts import convert_to_gguf as gguf_tool, convert_to_llama as llama_tool
+    from trainer.export import save_model_dir
+
+    config = MiniNormConfig(vocab_size=len(tokenizer), hidden_size=62, num_hidden_layers=1, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, max_position_embeddings=32)
+    save_model_dir(MiniNormForCausalLM(config), tokenizer, tmp_path / "model")
+    capsys.readouterr()  # the save's progress bar
+    out = ["--out_dir", str(tmp_path / "llama")] if tool == "llama" else ["--outfile", str(tmp_path / "m.gguf")]
+    main = llama_tool.main if tool == "llama" else gguf_tool.main
+    assert main(["--model_path", str(tmp_path / "model"), *out]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1, error
+    assert "transformers' LLaMA config refuses its shape (The hidden size (62) is not a multiple of the number of " \
+           "attention heads (4).)" in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

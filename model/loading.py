@@ -236,6 +236,9 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
         raise ValueError(unreadable_safetensors(file, error)) from None
     except OSError as error:  # a shard the index names is missing, no weights file at all, ...
         raise ValueError(f"cannot load {path}: {first_line(error)}") from None
+    except ImportError as error:  # a config.json's quantization_config names a package not installed (bitsandbytes)
+        raise ValueError(f"cannot load {path}: its config.json's quantization_config needs what is not installed "
+                         f"({first_line(error)})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     problems = []

@@ -317,6 +317,10 @@ BAD_INPUTS = [
      ["config.json: text_config='x' is not allowed", "null or absent"]),
     ("text_config_an_object", _set_config(text_config={"hidden_size": 8}),
      ["config.json: text_config={'hidden_size': 8} is not allowed", "null or absent"]),
+    # transformers' quantizer asked for bitsandbytes: an ImportError traceback
+    ("quantization_config_unavailable", _set_config(quantization_config={"quant_method": "bitsandbytes",
+                                                                         "load_in_4bit": True}),
+     ["config.json's quantization_config needs what is not installed", "bitsandbytes"]),
     ("generation_config_not_json", _write("generation_config.json", "{"), ["generation_config.json"]),
     ("generation_config_a_list", _write("generation_config.json", "[]"), ["generation_config.json"]),
     # transformers keeps any value: generation stopped at int("x"), a ValueError traceback at the first message

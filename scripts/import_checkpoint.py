@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from dataset.atomic_io import first_line  # noqa: E402
+from dataset.atomic_io import check_not_a_folder, first_line  # noqa: E402
 from model.export_dir import IMPORT_MARKER, check_out_dir, earlier_source, staged_dir  # noqa: E402
 from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.interop import (CHECKPOINT_NORM, SWAPPABLE_NORMS, NotImportable, mininorm_config_from,  # noqa: E402
@@ -76,6 +76,8 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
     check_out_dir(source, out_dir, IMPORT_MARKER, "an earlier import")
     config = mininorm_config_from(hf_config, source, norm_type)  # refuses before any weight is read
     load_config(source)  # transformers' own fields (dtype, ...), named here: AutoTokenizer reads them below too
+    for name in TOKENIZER_FILES:  # copied below when a file: a folder in one's place was left out quietly
+        check_not_a_folder(source / name)
     if (source / "tokenizer.json").is_file():  # a tokenizer this project reads (a tokenizer.model alone is copied)
         tokenizer = load_dir_tokenizer(source)  # after the config's checks: AutoTokenizer reads config.json too
         check_tokenizer_fits(tokenizer, config.vocab_size, source)

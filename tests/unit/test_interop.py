@@ -451,6 +451,9 @@ BAD_SOURCES = [
     # torch.isfinite has no float8 kernel: a NotImplementedError traceback; and .float() drops the scales
     ("float8_weight", _edit_weight("model.layers.0.mlp.up_proj.weight", lambda weight: weight.to(torch.float8_e4m3fn)),
      ["model.layers.0.mlp.up_proj.weight in model.safetensors is torch.float8_e4m3fn, not one of torch.float32"]),
+    # the import was written without them (exit 0): a tokenizer_config.json without its tokenizer.json
+    *[(f"{name}_a_folder", lambda folder, name=name: ((folder / name).unlink(missing_ok=True), (folder / name).mkdir()),
+       [f"{name} is a folder, not a file"]) for name in ("tokenizer.json", "chat_template.jinja")],
     # transformers reads it, but would not save it: the import failed at its end, in several lines
     ("unsavable_generation_config", _write("generation_config.json", {"temperature": "hot"}),
      ["generation_config.json: `temperature`", "would not save it"]),

@@ -48,6 +48,11 @@ def read_generation_config(model_dir: Path) -> GenerationConfig:
     finally:
         hf_logging.set_verbosity(verbosity)
     _check_eos_token_id(config.eos_token_id, file)
+    # kept as any value too, and carried into every export (a pad_token_id of another kind fails transformers' own
+    # comparison, named above)
+    if config.bos_token_id is not None and not _is_token_id(config.bos_token_id):
+        raise ValueError(f"{file}: bos_token_id={shown_value(config.bos_token_id)} is not allowed; it must be null or "
+                         "a token id (an integer >= 0)")
     return config
 
 

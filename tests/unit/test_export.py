@@ -326,6 +326,9 @@ BAD_INPUTS = [
     # transformers keeps any value: generation stopped at int("x"), a ValueError traceback at the first message
     ("generation_config_eos_a_string", _write("generation_config.json", '{"eos_token_id": "x"}'),
      ["generation_config.json: eos_token_id='x' is not allowed", "a token id (an integer >= 0) or a list of them"]),
+    # copied into the export as it was: '"bos_token_id": "x"' in a stock Llama directory
+    ("generation_config_bos_a_string", _write("generation_config.json", '{"bos_token_id": "x"}'),
+     ["generation_config.json: bos_token_id='x' is not allowed", "null or a token id"]),
     ("generation_config_eos_true", _write("generation_config.json", '{"eos_token_id": [2, true]}'),
      ["generation_config.json: eos_token_id=[2, True] is not allowed"]),
     # The run's record, copied into the export for eval/chat.py: a folder in its place was left out quietly.

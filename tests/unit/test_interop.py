@@ -460,6 +460,9 @@ BAD_SOURCES = [
     # imported as it was: the imported model's first chat message was a ValueError traceback (int("x"))
     ("generation_config_eos_a_string", _write("generation_config.json", {"eos_token_id": "x"}),
      ["generation_config.json: eos_token_id='x' is not allowed"]),
+    # imported as it was, into the import's generation_config.json
+    ("generation_config_bos_a_string", _write("generation_config.json", {"bos_token_id": "x"}),
+     ["generation_config.json: bos_token_id='x' is not allowed", "null or a token id"]),
 ]
 
 

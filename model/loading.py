@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from dataset.atomic_io import first_line
+from dataset.atomic_io import first_line, not_utf8
 from dataset.json_text import JsonTextError, read_json
 from dataset.shown_value import shown_value
 from dataset.tokenization import check_tokenizer_files, load_tokenizer
@@ -237,8 +237,9 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     except OSError as error:  # a shard the index names is missing, no weights file at all, ...
         raise ValueError(f"cannot load {path}: {first_line(error)}") from None
     except ImportError as error:  # a config.json's quantization_config names a package not installed (bitsandbytes)
-        raise ValueError(f"cannot load {path}: its config.json's quantization_config needs what is not installed "
-                         f"({first_line(error)})") from None
+        needs = ("its config.json's quantization_config needs what is not installed"
+                 if "quantization_config" in _plain_fields(path / "config.json") else "a package it needs is missing")
+        raise ValueError(f"cannot load {path}: {needs} ({first_line(error)})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     problems = []

@@ -65,7 +65,7 @@ def test_a_swept_parameter_some_trials_use_is_noted_once(parameters, name, used_
 @pytest.mark.parametrize("parameters", [
     {"optimizer": {"value": "muon"}, "muon_lr": {"values": [0.01, 0.05]}},  # every trial uses it
     {"optimizer": {"value": "adamw"}, "muon_lr": {"value": 0.05}},  # fixed: each trial notes it, no trial repeats
-    {"optimizer": {"value": "adamw"}, "muon_lr": {"values": [0.02, 0.02]}},  # one value: nothing is swept
+    {"optimizer": {"value": "adamw"}, "muon_lr": {"values": [0.02]}},  # one value: nothing is swept
     {"learning_rate": {"values": [0.001, 0.01]}, "seed": {"values": [0, 1]}},
 ])
 def test_a_sweep_whose_swept_parameters_every_trial_uses_says_nothing(parameters):

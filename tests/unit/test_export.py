@@ -17,6 +17,7 @@ from model.export_dir import EXPORT_MARKER, check_out_dir
 from dataset.atomic_io import path_overlap
 from trainer.run_dir import model_task
 from scripts.convert_to_llama import convert_to_llama, main
+from tests.checkpoint_shards import two_shards
 
 
 @pytest.fixture(scope="module")
@@ -277,24 +278,6 @@ def _sharded(index: str):
     return edit
 
 
-def _two_shards(metadata: bool = True, twice: str | None = None):
-    """model.safetensors split into two shards and their index (with `metadata` or without), the tensor `twice` in
-    both shards."""
-    def edit(folder) -> None:
-        weights = load_file(folder / "model.safetensors")
-        (folder / "model.safetensors").unlink()
-        keys = sorted(weights)
-        halves = {"model-1.safetensors": keys[::2], "model-2.safetensors": keys[1::2]}
-        for name, half in halves.items():
-            save_file({key: weights[key] for key in {*half, *([twice] if twice else [])}}, folder / name,
-                      metadata={"format": "pt"})
-        index = {"weight_map": {key: name for name, half in halves.items() for key in half}}
-        if metadata:
-            index["metadata"] = {}
-        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    return edit
-
-
 # (what is wrong, the edit of a copy of the tiny model, what the one-line refusal names)
 BAD_INPUTS = [
     ("norm_eps_string", _set_config(norm_eps="1e-6"), ["config.json", "norm_eps='1e-6'", "finite float > 0"]),
@@ -350,9 +333,9 @@ BAD_INPUTS = [
          ["'../../etc/passwd'", "not a file in that folder"]),
         ("not_json", "weights: here", ["is not a JSON object"])]],
     # transformers' KeyError: 'metadata' traceback
-    ("index_without_metadata", _two_shards(metadata=False), ["model.safetensors.index.json has no metadata"]),
+    ("index_without_metadata", two_shards(metadata=False), ["model.safetensors.index.json has no metadata"]),
     # exported silently, with whichever copy transformers read
-    ("a_tensor_in_two_shards", _two_shards(twice="model.norm.weight"),
+    ("a_tensor_in_two_shards", two_shards(twice="model.norm.weight"),
      ["its weight model.norm.weight is in two shards, model-1.safetensors and model-2.safetensors"]),
 ]
 

@@ -15,6 +15,7 @@ from model.model import MiniNormForCausalLM
 from scripts.import_checkpoint import import_checkpoint, main
 from tests.llama_reference import with_random_norm_gains
 from tests.paths import REPO
+from tests.checkpoint_shards import two_shards
 from tests.training_runs import run_in_process, sft_argv, train_losses
 
 SHAPE = dict(vocab_size=6400, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -354,26 +355,8 @@ def _edit_weight(key: str, edit):
     return edit_file
 
 
-def _two_shards(metadata: bool = True, twice: str | None = None):
-    """model.safetensors split into two shards and their index (with `metadata` or without), the tensor `twice` in
-    both shards."""
-    def edit(folder) -> None:
-        weights = load_file(folder / "model.safetensors")
-        (folder / "model.safetensors").unlink()
-        keys = sorted(weights)
-        halves = {"model-1.safetensors": keys[::2], "model-2.safetensors": keys[1::2]}
-        for name, half in halves.items():
-            save_file({key: weights[key] for key in {*half, *([twice] if twice else [])}}, folder / name,
-                      metadata={"format": "pt"})
-        index = {"weight_map": {key: name for name, half in halves.items() for key in half}}
-        if metadata:
-            index["metadata"] = {}
-        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    return edit
-
-
 def _index_naming_the_norm_twice(folder) -> None:
-    _two_shards()(folder)
+    two_shards()(folder)
     index = folder / "model.safetensors.index.json"
     index.write_text(index.read_text().replace('{"weight_map": {', '{"weight_map": {"model.norm.weight": "x", ', 1))
 
@@ -414,9 +397,9 @@ BAD_SOURCES = [
     ("index_without_weight_map", _write("model.safetensors.index.json", {"metadata": {}}),
      ["model.safetensors.index.json has no weight_map"]),
     # transformers' KeyError: 'metadata' traceback at the logits check, after the work
-    ("index_without_metadata", _two_shards(metadata=False), ["model.safetensors.index.json has no metadata"]),
+    ("index_without_metadata", two_shards(metadata=False), ["model.safetensors.index.json has no metadata"]),
     # imported silently: whichever shard was read last gave the tensor
-    ("a_tensor_in_two_shards", _two_shards(twice="model.norm.weight"),
+    ("a_tensor_in_two_shards", two_shards(twice="model.norm.weight"),
      ["its weight model.norm.weight is in two shards, model-1.safetensors and model-2.safetensors"]),
     # the entry Python's json keeps is the last; the index is read strictly
     ("index_naming_a_tensor_twice", _index_naming_the_norm_twice,

@@ -11,6 +11,7 @@ its part would hash an incomplete copy."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 import time
@@ -26,6 +27,9 @@ from trainer.distributed import make_accelerator, shutdown  # noqa: E402
 from trainer.storage_probe import probe_storage  # noqa: E402
 
 LATE_WRITER_S = 2.0  # how late process 1 starts writing its part of the save
+# Under the test's 120 s limit per launch: a process still running then prints every thread's stack to its stderr,
+# which the test shows, before the limit kills it.
+STACKS_AFTER_S = 90
 STATE = {"step": 1, "epoch": 0, "samples_done_in_epoch": 8, "tokens_seen": 64, "total_steps": 2, "processes": 2,
          "run_id": "0123456789ab", "wandb_run_id": None, "train_time_s": 0.1, "budget_fixed": False, "threads": 1,
          "config": {"seed": 0}, "data": {"path": "/d/train.jsonl", "train_samples": 16, "tokens": 128},
@@ -75,6 +79,7 @@ def resume(accelerator: Accelerator, out_dir: Path, shared: bool) -> dict:
 
 
 def main() -> None:
+    faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=False)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out_dir", type=Path, required=True, help="this process's run directory")
     result = save_and_resume(parser.parse_args())

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType,
-                          QKNormScope, placement_choices)
+                          QKNormScope, field_default, placement_choices)
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (DEFAULT_DISCOPOP_TAU, DEFAULT_F_ALPHA_DIVERGENCE_COEF, F_DIVERGENCE_READERS, LABEL_SMOOTHED,
                          ROBUST_MAX_EPS, SORTED, DPOLossType, FDivergence, parse_loss_types)
@@ -131,6 +131,12 @@ POLICY_LORA_FLAGS = ("lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_ta
 COPY_FLAGS = ("copy_rows", "copy_weight", "copy_steps", "copy_weight_after", "copy_cue_pairs")
 # Distillation's GKD flags (trainer/distillation.py): the soft divergence and the sampled completions.
 GKD_FLAGS = ("distill_loss", "jsd_beta", "lmbda", "seq_kd", "max_new_tokens", "sampling_temperature")
+# The flags that multiply a term of the loss (or the rewards it is made of): one set far from its default can make
+# the loss non-finite, so a diverged run names those set away from their defaults (loss_multipliers_set). The
+# distillation's --temperature T weighs its soft term by T^2; the rollouts' --temperature only samples.
+LOSS_MULTIPLIER_FLAGS = ("beta", "loss_weights", "rpo_alpha", "alpha", "copy_weight", "copy_weight_after",
+                         "reward_weights", "vf_coef", "router_aux_loss_coef", "router_z_loss_coef")
+LOSS_MULTIPLIER_TASK_FLAGS: dict[str, tuple[str, ...]] = {"distill": ("temperature",)}
 # A fresh model's shape is pretraining's to choose; a fine-tuning run starts from a model and takes its shape.
 FINE_TUNING_FLAGS = ("from_weight",)
 # Flags that only one kind of run has (its --help and --config YAML show them; the others' do not).
@@ -594,6 +600,31 @@ def flags_in_effect(flags: Mapping[str, Any]) -> dict[str, Any]:
 def rollout_tools(args: TrainArgs) -> tuple[str, ...]:
     """--tools as the names it lists (empty: none), in its order."""
     return tuple(name.strip() for name in (args.tools or "").split(",") if name.strip())
+
+
+def loss_multipliers_set(args: TrainArgs) -> list[str]:
+    """The loss multipliers (LOSS_MULTIPLIER_FLAGS) `args` sets away from their defaults, each as "--flag value", in
+    the table's order: a flag of the run's task at another value than its default (both as flags_in_effect
+    resolves them: --loss_weights 1 1 is the default of two loss types), a model field by another value than the
+    preset (or config) gives it."""
+    names = (*LOSS_MULTIPLIER_FLAGS, *LOSS_MULTIPLIER_TASK_FLAGS.get(args.task, ()))
+    flags = args.to_dict()
+    defaults = {**flags, **{name: task_default(args.task, name) for name in names if name in flags}}
+    given, default = flags_in_effect(flags), flags_in_effect(defaults)
+    shown = []
+    for name in names:
+        if name in MODEL_FIELDS:
+            if name in args.model and args.model[name] != field_default(args.preset, args.model, name):
+                shown.append(f"--{name} {_flag_value(args.model[name])}")
+        elif name in given and given[name] != default.get(name):
+            shown.append(f"--{name} {_flag_value(given[name])}")
+    return shown
+
+
+def _flag_value(value: Any) -> str:
+    """A flag's value as a command line types it: a list as its items, space-separated."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return " ".join(f"{item:g}" if isinstance(item, float) else str(item) for item in items)
 
 
 def given_preset(args: TrainArgs) -> str | None:

@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 from model.model import MiniNormForCausalLM
 from dataset.shown_value import flag_refusal
 from trainer.arg_checks import check_model_flags_at_start
-from trainer.arg_fields import TrainArgs, build_model_config, requested_model_fields, resolve_copy_rows, uses_lora
+from trainer.arg_fields import (TrainArgs, build_model_config, loss_multipliers_set, requested_model_fields,
+                                resolve_copy_rows, uses_lora)
 from trainer.checkpoint import RunStart, agree_on_start, restore_and_clear, save_checkpoint
 from trainer.checkpoint_state import OBJECTIVE_STATE_KEY, trainer_state
 from trainer.data import build_run_data, data_identity, shard_loader
@@ -446,7 +447,7 @@ class Trainer:
         if self.is_main:
             write_run_summary(self.out_dir, summary)
         self.accelerator.end_training()
-        raise TrainingDiverged(position.step + int(in_step), checkpoint, cause)
+        raise TrainingDiverged(position.step + int(in_step), checkpoint, cause, loss_multipliers_set(self.args))
 
     def _finish(self, position: RunPosition) -> RunSummary:
         """Collective: the final evaluation, then (main process) the model directory, the merged model of a LoRA

@@ -4,6 +4,7 @@ its closing 'done:' line, and the summary of the very run `--resume auto` asks f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,9 +25,13 @@ class TrainingDiverged(RuntimeError):
     """The loss (or, without fp16 loss scaling, the gradient) became NaN/inf, or (`cause` NON_FINITE_SAMPLING) the
     logits a rollout samples from did; the last good state was saved."""
 
-    def __init__(self, step: int, checkpoint: Path, cause: str = NON_FINITE_LOSS) -> None:
+    def __init__(self, step: int, checkpoint: Path, cause: str = NON_FINITE_LOSS,
+                 multipliers_set: Sequence[str] = ()) -> None:
+        # the loss multipliers set away from their defaults (arg_fields.loss_multipliers_set): where to look first
+        set_away = (f"; loss multipliers set away from their defaults: {', '.join(multipliers_set)}"
+                    if multipliers_set else "")
         super().__init__(f"training diverged at optimizer step {step} ({cause}); "
-                         f"the last good state is saved in {checkpoint}")
+                         f"the last good state is saved in {checkpoint}{set_away}")
         self.step, self.checkpoint = step, checkpoint
 
 

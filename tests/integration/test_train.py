@@ -262,6 +262,21 @@ def test_nan_loss_stops_with_the_step_and_a_saved_state(update_inside_backward, 
     assert said == update_inside_backward
 
 
+def test_a_run_diverging_under_a_huge_loss_multiplier_names_it(train_data, tmp_path):
+    """A load-balancing loss weighed by 1e30 makes the first loss infinite: the divergence line (one line) names the
+    multiplier set away from its default, where the user should look; one left at its default (the z-loss's 0) is
+    not named. It named none before."""
+    out_dir = tmp_path / "run"
+    with pytest.raises(TrainingDiverged) as error:
+        run_in_process("pretrain", pretrain_argv(train_data, out_dir, "--num_experts", "2", "--num_experts_per_tok",
+                                                 "1", "--router_aux_loss_coef", "1e30", "--router_z_loss_coef", "0"))
+    checkpoint = out_dir / "checkpoints" / "step_00000000"
+    assert str(error.value) == (f"training diverged at optimizer step 1 (non-finite loss or gradient); the last good "
+                                f"state is saved in {checkpoint}; loss multipliers set away from their defaults: "
+                                f"--router_aux_loss_coef 1e+30")
+    assert read_summary(out_dir)["status"] == "diverged"
+
+
 def test_yaml_config_with_command_line_overrides(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("learning_rate: 0.01\nnorm_type: prmsnorm\nprms_p: 0.25\nbatch_size: 3\n")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.arg_fields import FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FLAGS, task_flags
+from trainer.arg_fields import (FLAG_GROUPS, MODEL_CONFIG_GROUP, MODEL_FIELDS, TASK_FLAGS, loss_multipliers_set,
+                                task_flags)
 from trainer.arg_parser import build_parser, section_heading
 from trainer.threads import threads_allowed, usable_cores
 from tests.paths import REPO
@@ -919,3 +920,24 @@ def test_a_run_records_an_input_found_only_from_here_as_its_absolute_path(tmp_pa
     monkeypatch.chdir(REPO)  # from the repo root every path stays as typed
     assert recorded_input_paths({"tokenizer_path": "model", "reward": ["tests/paths.py:REPO"]}) == {
         "tokenizer_path": "model", "reward": ["tests/paths.py:REPO"]}
+
+
+@pytest.mark.parametrize("task, argv, named", [
+    ("dpo", ["--beta", "1e30"], ["--beta 1e+30"]),
+    ("dpo", ["--loss_type", "sigmoid", "sft", "--loss_weights", "1", "1"], []),  # the two types' default weights
+    ("dpo", ["--loss_type", "sigmoid", "sft", "--loss_weights", "1", "2", "--rpo_alpha", "0.5"],
+     ["--loss_weights 1 2", "--rpo_alpha 0.5"]),
+    ("grpo", ["--beta", "0.02", "--reward_weights", "3"], ["--reward_weights 3"]),  # 0.02: GRPO's default beta
+    ("ppo", ["--vf_coef", "1e30", "--temperature", "0.5"], ["--vf_coef 1e+30"]),  # a sampling temperature
+    ("distill", ["--temperature", "1e20", "--alpha", "0.5"], ["--temperature 1e+20"]),  # the soft term's T^2
+    ("pretrain", ["--copy_rows", "2", "--copy_weight", "1e30"], ["--copy_weight 1e+30"]),
+    ("pretrain", ["--num_experts", "2", "--router_aux_loss_coef", "0.001", "--router_z_loss_coef", "2"],
+     ["--router_z_loss_coef 2"]),
+    ("pretrain", [], []),
+])
+def test_loss_multipliers_set_away_from_their_defaults(task, argv, named):
+    """What a diverged run's line names (trainer/run_summary.py's TrainingDiverged): the loss multipliers its flags
+    set away from their task's (or the preset's) defaults, as typed."""
+    from trainer.args import parse_args
+
+    assert loss_multipliers_set(parse_args(task, argv)) == named

@@ -37,19 +37,24 @@ GPU_ROW_LENGTHS = [96, 512, 768, 1024, 2048, 4096, 8192, 16384]
 # A program's warps (Triton's num_warps): a power of two, at most a CUDA block's 1024 threads (32 warps)
 WARPS = (1, 2, 4, 8, 16, 32)
 OLDEST_ARCH = 80  # sm_80 (A100): the oldest target the kernels are built for (tests/integration/test_kernel_build.py)
+# sm_121 (DGX Spark's GB10): the newest target triton's bundled compiler knows (a later one ended in an LLVM
+# error after its 'not a recognized processor' lines)
+NEWEST_ARCH = 121
+MOST_SMS = 192  # the SMs of the largest GPU die (GB202, whose RTX PRO 6000 enables 188; an H100 SXM's 132)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = ToolParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=RawDescriptionDefaultsHelpFormatter, epilog=__doc__)
-    parser.add_argument("--arch", type=int_within(OLDEST_ARCH), default=90,
-                        help="compute capability x10: 80 (A100), 90 (H100/H200)")
+    parser.add_argument("--arch", type=int_within(OLDEST_ARCH, NEWEST_ARCH), default=90,
+                        help="compute capability x10: 80 (A100), 90 (H100/H200), 100 (B200), 120 (RTX 50)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (weights fp32)")
     parser.add_argument("--n", type=int_within(1, MAX_N), nargs="+", default=GPU_ROW_LENGTHS,
                         help=f"row lengths (at most {MAX_N}, the Triton kernels' longest row)")
     parser.add_argument("--p", type=float_within(*P_RANGE, above_low=True), default=0.5,
                         help="partial RMSNorm fraction of the fused variant")
-    parser.add_argument("--sm_count", type=int_within(1), default=H100_SMS, help="SMs (sets the backward grid)")
+    parser.add_argument("--sm_count", type=int_within(1, MOST_SMS), default=H100_SMS,
+                        help="SMs (sets the backward grid)")
     parser.add_argument("--fwd_warps", type=int_within(1, WARPS[-1]), choices=WARPS, default=None,
                         help="override the forward's warps")
     parser.add_argument("--bwd_warps", type=int_within(1, WARPS[-1]), choices=WARPS, default=None,

@@ -294,8 +294,10 @@ def test_benchmarks_refuse_bad_flags_in_one_line_naming_them(module, argv, flag,
     (["--p", "0"], "--p", "0 is outside (0, 1]"),
     (["--n", "512", "16385"], "--n", "16385 is not an integer in 1 .. 16384"),  # the kernels' MAX_N
     (["--n", "0"], "--n", "0 is not an integer in 1 .. 16384"),
-    (["--arch", "8"], "--arch", "8 is not an integer >= 80"),
-    (["--sm_count", "0"], "--sm_count", "0 is not an integer >= 1"),
+    (["--arch", "8"], "--arch", "8 is not an integer in 80 .. 121"),
+    (["--arch", "1000"], "--arch", "1000 is not an integer in 80 .. 121"),  # an LLVM error ('sm_1000a') after work
+    (["--sm_count", "0"], "--sm_count", "0 is not an integer in 1 .. 192"),
+    (["--sm_count", "100000000000"], "--sm_count", "100000000000 is not an integer in 1 .. 192"),  # built a grid
     (["--fwd_warps", "3"], "--fwd_warps", "invalid choice: 3 (choose from 1, 2, 4, 8, 16, 32)"),
     (["--bwd_warps", "64"], "--bwd_warps", "64 is not an integer in 1 .. 32"),
     (["--bwd_stages", "0"], "--bwd_stages", "0 is not an integer >= 1"),

@@ -237,10 +237,23 @@ def _check_distinct_values(name: str, values: list[Any], bad: Any) -> None:
     short per repeat without a word."""
     seen: dict[str, int] = {}
     for index, value in enumerate(values):
-        first = seen.setdefault(_key(value), index)
+        first = seen.setdefault(_key(_equal_numbers_alike(value)), index)
         if first != index:
             raise bad(f"{_field(name)}.values[{index}]", f"{shown_value(value)} is values[{first}] again; a grid runs "
                                                          f"each value once: list each value once")
+
+
+def _equal_numbers_alike(value: Any) -> Any:
+    """`value` with each float equal to an integer as that integer (1.0 as 1, in lists and mappings too): the trial's
+    flag reads "1" and "1.0" as one number, which json.dumps writes apart. A bool stays a bool (true is not 1), a
+    string a string ("1" is not 1)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_equal_numbers_alike(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _equal_numbers_alike(item) for key, item in value.items()}
+    return value
 
 
 def _is_json(value: Any) -> bool:

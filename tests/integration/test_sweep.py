@@ -843,6 +843,9 @@ def test_a_grid_too_large_to_list_is_one_line_before_anything_runs(tmp_path, cap
 @pytest.mark.parametrize("values, message", [
     ("[rmsnorm, layernorm, rmsnorm]", "parameters.norm_type.values[2]: 'rmsnorm' is values[0] again"),
     ("[[1, 2], [1, 2]]", "parameters.norm_type.values[1]: [1, 2] is values[0] again"),
+    # equal numbers are one value to the flag that reads them ("1" and "1.0"): json.dumps wrote them apart
+    ("[1, 1.0]", "parameters.norm_type.values[1]: 1.0 is values[0] again"),
+    ("[2, [1, 2.0], [1.0, 2]]", "parameters.norm_type.values[2]: [1.0, 2] is values[1] again"),
 ])
 def test_a_grid_value_listed_twice_is_one_line_before_anything_runs(tmp_path, capsys, values, message):
     """A grid runs one trial per distinct value: [rmsnorm, layernorm, rmsnorm] ran two trials without a word (the
@@ -855,6 +858,15 @@ def test_a_grid_value_listed_twice_is_one_line_before_anything_runs(tmp_path, ca
     assert capsys.readouterr().err == f"error: {path}: {message}; a grid runs each value once: list each value once\n"
     assert not (tmp_path / "s").exists()
     path.write_text(path.read_text().replace("method: grid", "method: random\nrun_cap: 2"))
+    assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run"]) == 0, capsys.readouterr().err
+
+
+def test_grid_values_of_other_kinds_are_distinct_though_equal_in_python(tmp_path, capsys):
+    """true is not 1 and the string "1" is not the number 1 (nor 1.5 1): only equal numbers are one value."""
+    path = tmp_path / "kinds.yaml"
+    path.write_text(f"method: grid\nprogram: {tmp_path / 'never_run.py'}\nparameters:\n"
+                    f"  norm_type: {{values: [true, 1, '1', 1.5, [1], [true]]}}\n")
+    (tmp_path / "never_run.py").write_text("")
     assert sweep_mod.main([str(path), "--sweep_dir", str(tmp_path / "s"), "--dry_run"]) == 0, capsys.readouterr().err
 
 

@@ -25,7 +25,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -422,6 +422,10 @@ class JsonlRecord(dict):
     where: str = ""
 
 
+# A tool's sink for a reader's note line (skipped_lines_note): the reader itself prints nothing.
+NoteSink = Callable[[str], None]
+
+
 def record_where(record: Mapping[str, Any]) -> str:
     """Where a record is, for an error about it: FILE:LINE for a JsonlRecord, else its step."""
     return getattr(record, "where", "") or f"the record of step {shown_value(record.get('step'))}"
@@ -441,20 +445,51 @@ def record_number(record: Mapping[str, Any], key: str, kind: type = float) -> An
         raise ValueError(f"{record_where(record)}: {key} is {shown_value(record[key])}, expected a number") from None
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of a jsonl file, in order, as JsonlRecords. Blank lines, and a line cut short by a killed
-    writer (the last one, usually), are skipped. A file that cannot be read (none, a directory, not UTF-8) is a
-    ValueError naming it (read_text_file): a UnicodeDecodeError's line named no file."""
-    records = []
-    for number, line in enumerate(read_text_file(Path(path), "a jsonl file").splitlines(), 1):
-        try:
-            record = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
+def read_jsonl(path: str | Path, note_skipped: NoteSink | None = None) -> list[dict[str, Any]]:
+    """The JSON objects of a jsonl file, in order, as JsonlRecords (jsonl_lines); `note_skipped` (a tool's, which
+    says it on stderr) is given skipped_lines_note's line when a line before the last was skipped. A file that
+    cannot be read (none, a directory, not UTF-8) is a ValueError naming it (read_text_file)."""
+    records, skipped = jsonl_lines(path)
+    if skipped and note_skipped is not None:
+        note_skipped(skipped_lines_note(path, skipped))
+    return records
+
+
+def jsonl_lines(path: str | Path, keep: Callable[[dict[str, Any]], bool] | None = None,
+                ) -> tuple[list[JsonlRecord], list[int]]:
+    """The JSON objects of a jsonl file (those `keep` keeps, if given), in order, as JsonlRecords, and the numbers of
+    the lines skipped before its last: a line that is no JSON object (torn by a kill that a later append ended,
+    hand-damaged), or one `keep` refuses. Blank lines are skipped, and so is such a last line, without a word: a
+    writer may be writing it, or a killed one cut it short (append_jsonl writes each line whole). A
+    UnicodeDecodeError's line named no file: a ValueError names it (read_text_file)."""
+    records, skipped = [], []
+    lines = read_text_file(Path(path), "a jsonl file").splitlines()
+    last = max((number for number, line in enumerate(lines, 1) if line.strip()), default=0)
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
             continue
-        if isinstance(record, dict):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict) and (keep is None or keep(record)):
             records.append(JsonlRecord(record))
             records[-1].where = f"{path}:{number}"
-    return records
+        elif number != last:
+            skipped.append(number)
+    return records, skipped
+
+
+MAX_LINES_NAMED = 5  # the skipped lines a note names by number
+
+
+def skipped_lines_note(path: str | Path, numbers: Sequence[int], what: str = "torn or damaged") -> str:
+    """The one note line a tool prints about the lines of `path` it skipped: their `numbers` (the first
+    MAX_LINES_NAMED named), `what` they were."""
+    many = "s" if len(numbers) > 1 else ""
+    shown = ", ".join(str(number) for number in numbers[:MAX_LINES_NAMED])
+    shown += ", ..." if len(numbers) > MAX_LINES_NAMED else ""
+    return f"note: {path}: {len(numbers)} line{many} skipped, {what} (line{many} {shown}); the rest is read"
 
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
@@ -475,17 +510,19 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def read_metrics(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
+def read_metrics(path: str | Path, split: str | None = None,
+                 note_skipped: NoteSink | None = None) -> list[dict[str, Any]]:
     """Records of a metrics file (optionally one split), in order; a run directory means its metrics.jsonl. A
     record whose step is not an optimizer step (an integer >= 0: a hand edit, another tool) is a ValueError naming
     FILE:LINE: a resume's truncation compares the steps, and a report would plot the record at a step it never
     had. So is a record whose step is not past its split's previous one (a line pasted twice, two files joined):
     the trainer appends each split's steps in increasing order, and a curve read by step took the last of two
-    silently. Records without a split (made by hand or another tool, as some tests' are) keep any order."""
+    silently. Records without a split (made by hand or another tool, as some tests' are) keep any order. A line
+    before the last that is no record is skipped, `note_skipped` told (read_jsonl)."""
     path = Path(path)
     if path.is_dir() and path.name != METRICS_FILE:  # a metrics.jsonl that is a directory is named as one
         path = path / METRICS_FILE
-    records = [record for record in read_jsonl(path) if "step" in record]
+    records = [record for record in read_jsonl(path, note_skipped) if "step" in record]
     previous: dict[str, dict[str, Any]] = {}  # per split (its repr), its last record so far
     for record in records:
         if not is_count(record["step"]):

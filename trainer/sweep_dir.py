@@ -27,8 +27,8 @@ from typing import Any
 from dataset.atomic_io import NAME_MAX, atomic_path, atomic_write_text, check_not_a_folder, read_text_file
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_value
-from trainer.run_dir import (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, append_jsonl, read_jsonl, read_summary,
-                             resolve_path)
+from trainer.run_dir import (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, NoteSink, append_jsonl, jsonl_lines,
+                             read_summary, resolve_path, skipped_lines_note)
 
 SWEEP_STATE_FILE = "sweep_state.json"
 RESULTS_FILE = "results.jsonl"
@@ -78,18 +78,21 @@ def _read_text(path: Path) -> str | None:
     return read_text_file(path)
 
 
-def read_results(sweep_dir: Path) -> list[dict[str, Any]]:
+def read_results(sweep_dir: Path, note_skipped: NoteSink | None = None) -> list[dict[str, Any]]:
     """results.jsonl records in order; a torn last line (a kill mid-write) is ignored, and so is a line that is no
-    trial's result (its trial_id not a folder name, its status missing or not one of RESULT_STATUSES); [] when there
-    is no file yet. A ValueError names a file that cannot be read."""
+    trial's result (its trial_id not a folder name, its status missing or not one of RESULT_STATUSES) or no record
+    at all: `note_skipped` (a tool's) is given one line counting those before the last (run_dir's jsonl_lines and
+    skipped_lines_note). [] when there is no file yet. A ValueError names a file that cannot be read."""
     path = sweep_dir / RESULTS_FILE
     if not path.exists() and not path.is_symlink():  # no results yet (a dangling link is refused by the read)
         return []
     # one read, by the shared torn-line-tolerant reader (the runner calls this after every trial); its ValueError
     # names a file that cannot be read (a directory, not UTF-8)
-    records = read_jsonl(path)
-    return [record for record in records
-            if is_folder_name(record.get("trial_id")) and record.get("status") in RESULT_STATUSES]
+    records, skipped = jsonl_lines(path, keep=lambda record: is_folder_name(record.get("trial_id"))
+                                   and record.get("status") in RESULT_STATUSES)
+    if skipped and note_skipped is not None:
+        note_skipped(skipped_lines_note(path, skipped, "torn, damaged or no trial's result"))
+    return records
 
 
 def append_result(sweep_dir: Path, record: dict[str, Any]) -> None:
@@ -168,9 +171,10 @@ def _write_bytes(path: Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
-def done_records(sweep_dir: Path) -> dict[str, dict[str, Any]]:
-    """The last finished-or-diverged results.jsonl record of each done trial, by trial id."""
-    return {r["trial_id"]: r for r in read_results(sweep_dir) if r.get("status") in DONE_STATUSES}
+def done_records(sweep_dir: Path, note_skipped: NoteSink | None = None) -> dict[str, dict[str, Any]]:
+    """The last finished-or-diverged results.jsonl record of each done trial, by trial id; `note_skipped`:
+    read_results'."""
+    return {r["trial_id"]: r for r in read_results(sweep_dir, note_skipped) if r.get("status") in DONE_STATUSES}
 
 
 def save_records(sweep_dir: Path, records_dir: Path, trial_ids: Iterable[str] | None = None) -> None:

@@ -55,7 +55,8 @@ class SweepRunner:
         self.config, self.name, self.sweep_dir, self.records_dir = config, name, sweep_dir, records_dir
         self.picked, self.seed, self.workers, self.dry_run = picked, seed, workers, dry_run
         self.state = load_state(sweep_dir, name, config)
-        done = done_records(sweep_dir)
+        # results.jsonl lines before its last that are no result: one note line on stderr (the last may be torn)
+        done = done_records(sweep_dir, note_skipped=lambda note: print(note, file=sys.stderr, flush=True))
         for trial in self.state["trials"]:  # the results file is the record; the state may lag a kill behind it
             if (result := done.get(trial["trial_id"])) is not None:
                 trial["status"], trial["metric"] = result["status"], result.get("metric")

@@ -949,6 +949,21 @@ def test_results_are_read_once_and_a_torn_last_line_is_skipped(tmp_path, monkeyp
         read_results(tmp_path / "dangling")
 
 
+def test_a_results_line_damaged_before_the_last_is_skipped_with_one_note_line(tmp_path, capsys):
+    """A torn line that a later append ended (a kill mid-write, then the next result) sits in the middle of
+    results.jsonl: the runner skipped it without a word; now one note line on stderr names the file and the line, once
+    at the start, and the sweep goes on as before (the done trial stays done, the other runs)."""
+    path, sweep_dir = _done_sweep(tmp_path)
+    results = sweep_dir / "results.jsonl"
+    results.write_text('{"trial_id": "seed-2_x", "status": "fini\n' + results.read_text())
+    capsys.readouterr()
+    trials = run_sweep(path, sweep_dir, wandb_mode="disabled")
+    assert [t["status"] for t in trials] == ["finished", "finished"]
+    err = capsys.readouterr().err
+    assert err == f"note: {results}: 1 line skipped, torn, damaged or no trial's result (line 1); the rest is read\n"
+    assert [r["params"] for r in read_results(sweep_dir)] == [{"seed": 1}, {"seed": 2}]
+
+
 @pytest.mark.parametrize("blocked", ["sweep", "sweep/trials"])
 def test_a_sweep_folder_that_is_a_file_is_one_line(tmp_path, capsys, blocked):
     path = _fake_sweep(tmp_path, {"seed": {"values": [1, 2]}})

@@ -401,6 +401,30 @@ def test_a_damaged_sweep_file_is_skipped_or_one_line(tmp_path, capsys, damage):
     assert all(math.isfinite(loss) for curve in curves.values() for _, loss in curve)
 
 
+def test_lines_damaged_before_the_last_are_skipped_with_one_note_line_per_file(tmp_path, capsys):
+    """A results.jsonl or metrics.jsonl line torn or damaged in the middle of the file (a kill's torn line that a
+    later append ended, a hand edit) was skipped without a word; now one note line on stderr per file says how many
+    of its lines, and which, were skipped; the report is the same. A torn last line (a writer may be writing it)
+    stays silent, and so does a last line that is no trial's result (docs/sweeps.md)."""
+    sweep_dir = _write_sweep(tmp_path, "s", {"norm_type": ["rmsnorm", "layernorm"], "seed": [0, 1]},
+                             {"learning_rate": 0.003, "warmup_steps": 8, "norm_placement": "pre"}, lambda p: 5.0)
+    assert main([str(sweep_dir), "--out", str(tmp_path / "whole")]) == 0
+    assert capsys.readouterr().err == ""
+    results, metrics = sweep_dir / "results.jsonl", sweep_dir / "trials" / "norm_type-rmsnorm_seed-0" / "metrics.jsonl"
+    lines = results.read_text().splitlines(keepends=True)
+    results.write_text("".join([lines[0], '{"trial_id": "norm_type-layernorm_seed-0", "sta\n', lines[1],
+                                '{"trial_id": "norm_type-rmsnorm_seed-1"}\n', *lines[2:],
+                                '{"trial_id": "x", "status": "fini']))  # the last line torn: no note
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join([lines[0], "NaN\n", *lines[1:], '{"step": 20, "spl']))
+    assert main([str(sweep_dir), "--out", str(tmp_path / "damaged")]) == 0
+    assert capsys.readouterr().err == (
+        f"note: {results}: 2 lines skipped, torn, damaged or no trial's result (lines 2, 4); the rest is read\n"
+        f"note: {metrics}: 1 line skipped, torn or damaged (line 2); the rest is read\n")
+    whole, damaged = (json.loads((tmp_path / name / "report.json").read_text()) for name in ("whole", "damaged"))
+    assert damaged["variants"] == whole["variants"]
+
+
 def test_a_folder_inside_the_repo_is_named_from_the_repo_root(tmp_path, monkeypatch):
     """The committed report names its sweep folders as the repo's files name them (`out/sweeps/NAME`), not as the
     absolute path of the clone that wrote it; a folder outside the repo keeps its absolute path."""

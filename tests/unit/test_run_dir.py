@@ -14,7 +14,7 @@ from trainer import run_dir
 from trainer.run_dir import (ModelNotFound, append_jsonl, check_out_dir, checkpoint_step, clear_previous_run,
                              exit_code_of, final_metric, is_count, list_checkpoints, locate_model,
                              locate_model_and_adapter, model_task, previous_run, read_jsonl, read_metrics,
-                             read_summary, record_number)
+                             read_summary, record_number, skipped_lines_note)
 
 
 def _model(folder: Path, config: str | None = None) -> Path:
@@ -70,11 +70,20 @@ def test_counts_read_from_files_are_integers_not_bools():
 def test_jsonl_records_know_their_line_and_a_torn_line_is_skipped_then_ended(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "split": "train"}\n\n[1, 2]\n{"step": 2, "split": "val"}\n{"step": 3, "spl')
-    records = read_jsonl(path)
+    notes: list[str] = []
+    records = read_jsonl(path, notes.append)
     assert records == [{"step": 1, "split": "train"}, {"step": 2, "split": "val"}]
     assert [r.where for r in records] == [f"{path}:1", f"{path}:4"]
+    # the torn last line, which a writer may be writing, is skipped without a note; the line before it that is no
+    # record is noted (a blank line is neither)
+    assert notes == [f"note: {path}: 1 line skipped, torn or damaged (line 3); the rest is read"]
     append_jsonl(path, {"step": 3, "split": "train"})  # after a writer killed mid-line
     assert [r["step"] for r in read_jsonl(path)] == [1, 2, 3] and read_jsonl(path)[-1].where == f"{path}:6"
+    notes.clear()
+    assert len(read_metrics(path, note_skipped=notes.append)) == 3  # the torn line, ended now, is in the middle
+    assert notes == [f"note: {path}: 2 lines skipped, torn or damaged (lines 3, 5); the rest is read"]
+    assert skipped_lines_note(path, range(1, 8)) == (f"note: {path}: 7 lines skipped, torn or damaged (lines 1, 2, "
+                                                     f"3, 4, 5, ...); the rest is read")
     append_jsonl(path, {"split": "diag"})
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]  # a run directory: its metrics.jsonl
     assert [r["step"] for r in read_metrics(path, "train")] == [1, 3]

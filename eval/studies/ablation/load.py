@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,12 +110,18 @@ class Part:
 
 
 
+def _note_skipped(note: str) -> None:
+    """A results.jsonl's or metrics.jsonl's lines skipped before its last (torn, damaged): one line on stderr, the
+    report made of the other lines (study2 reads the metrics again, silently)."""
+    print(note, file=sys.stderr, flush=True)
+
+
 def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
     """The sweep's config and its trials, in proposal order; the last results.jsonl record of a trial wins."""
     state = read_state(sweep_dir)
     if state is None:
         raise FileNotFoundError(f"{sweep_dir}: no {SWEEP_STATE_FILE}; run `python scripts/sweep.py FILE.yaml` first")
-    records = {record["trial_id"]: record for record in read_results(sweep_dir)}
+    records = {record["trial_id"]: record for record in read_results(sweep_dir, _note_skipped)}
     trials = []
     for entry in state["trials"]:
         record = records.get(entry["trial_id"])
@@ -126,7 +133,7 @@ def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
             trial.summary = {"status": record.get("status"),
                              **{key: record[key] for key in RESULT_SUMMARY_KEYS if key in record}}
         if (trial_dir / METRICS_FILE).exists():
-            metrics = read_metrics(trial_dir / METRICS_FILE)
+            metrics = read_metrics(trial_dir / METRICS_FILE, note_skipped=_note_skipped)
             curve = [(record_number(r, "step", int), record_number(r, "val_loss")) for r in metrics
                      if r.get("split") == "val" and r.get("val_loss") is not None]
             trial.val_curve = [(step, loss) for step, loss in curve if math.isfinite(loss)]

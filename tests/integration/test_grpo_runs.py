@@ -32,6 +32,10 @@ def grpo_data(tmp_path_factory):
     return write_prompt_data(tmp_path_factory.mktemp("grpo_data"))
 
 
+# _argv's --reward_weights, as a diverged run's line names them (trainer/arg_fields.py, loss_multipliers_set)
+WEIGHTS_SET = "; loss multipliers set away from their defaults: --reward_weights 1 0.5"
+
+
 def _argv(data, start, out_dir, *extra: str) -> list[str]:
     return ["--data_path", str(data / "prompts.jsonl"), "--from_weight", str(start), "--out_dir", str(out_dir),
             "--max_steps", "4", "--batch_size", "2", "--num_generations", "4", "--max_completion_length", "12",
@@ -167,7 +171,7 @@ def test_rollouts_whose_logits_turn_nan_end_the_run_as_diverged(steps, where, gr
     with pytest.raises(TrainingDiverged) as error:
         run_in_process("grpo", _argv(grpo_data, tiny_models.pretrain, out_dir, "--max_steps", steps))
     checkpoint = out_dir / "checkpoints" / "step_00000001"
-    assert str(error.value) == f"training diverged {where}; the last good state is saved in {checkpoint}"
+    assert str(error.value) == f"training diverged {where}; the last good state is saved in {checkpoint}{WEIGHTS_SET}"
     assert read_summary(out_dir)["status"] == "diverged" and (checkpoint / "model.safetensors").is_file()
 
 
@@ -195,7 +199,7 @@ def test_one_processs_sampling_meeting_nan_logits_ends_the_run_as_diverged_on_ev
                  "--val_data_path", str(tmp_path / "val.jsonl"), "--dist_timeout", "30")  # a lone wait: 30 s, not 300
     nodes = run_two_nodes([str(REPO / "tests" / "diverging_sampling.py"), "grpo", "1", "2", *argv], tmp_path)
     checkpoint = out_dir / "checkpoints" / "step_00000001"
-    line = f"error: training diverged {where}; the last good state is saved in {checkpoint}"
+    line = f"error: training diverged {where}; the last good state is saved in {checkpoint}{WEIGHTS_SET}"
     for node, (returncode, stderr) in enumerate(nodes):
         assert returncode not in (0, 124, 137), f"node {node}: {stderr[-4000:]}"  # not stopped by `timeout`
         assert f"exitcode  : {EXIT_DIVERGED}" in stderr, f"node {node}: {stderr[-4000:]}"  # its process's own code

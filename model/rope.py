@@ -168,6 +168,15 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Mapping[str, Any] 
     return 1.0 / _powers(head_dim, theta, device), 1.0
 
 
+def check_scaling_factor(factor: Any, flag: str | None = "rope_scaling_factor") -> float:
+    """`factor` if it is a number in (1, MAX_FACTOR], the range of the tools' --rope_scaling_factor, which needs no
+    model to check (the tools' flag type checks it before the model loads; extend_context again); ValueError,
+    flag_refusal's line (`flag` None: an argparse type's), otherwise."""
+    if not (_is_number(factor) and 1 < factor <= MAX_FACTOR):  # NaN fails both comparisons
+        raise ValueError(flag_refusal(flag, factor, f"it must be a number in (1, {MAX_FACTOR}]"))
+    return factor
+
+
 def extend_context(model: Any, factor: float | None, trained_length: int | None = None) -> str | None:
     """YaRN at inference, as the tools' --rope_scaling_factor asks: a MiniNorm model without rope_scaling gets
     {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": L} and max_position_embeddings
@@ -178,8 +187,7 @@ def extend_context(model: Any, factor: float | None, trained_length: int | None 
     if factor is None:
         return None
     config = model.config
-    if not (_is_number(factor) and 1 < factor <= MAX_FACTOR):  # NaN fails both comparisons
-        raise ValueError(flag_refusal("rope_scaling_factor", factor, f"it must be a number in (1, {MAX_FACTOR}]"))
+    check_scaling_factor(factor)
     if getattr(config, "model_type", None) != "mininorm":
         raise ValueError(f"--rope_scaling_factor works on MiniNorm models, not model_type="
                          f"{shown_value(getattr(config, 'model_type', None))}; set rope_parameters in its "

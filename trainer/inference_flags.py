@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dataset.shown_value import shown_text, shown_value
-from trainer.cli import float_within, int_within, zero_or_at_least
+from trainer.cli import flag_type, float_within, int_within, zero_or_at_least
+from trainer.number_text import ascii_float, ascii_hint
 
 # A temperature or repetition penalty below SMALLEST_DIVISOR (or a penalty above LARGEST_FACTOR) turns float32
 # logits into infinities and NaN. OpenAI's API takes presence and frequency penalties in OPENAI_PENALTY_RANGE, and
@@ -32,8 +33,24 @@ PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 CHAT_FREQUENCY_PENALTY = 0.25
 
 
+def rope_scaling_factor(text: str) -> float:
+    """--rope_scaling_factor's type: a number in model/rope.py's range (check_scaling_factor), refused as the flag is
+    read, before the model loads (a factor of 0.5 or 1e30 cost a whole load first). model/rope.py (torch) is
+    imported only once the flag is given, as the model's load would import it: --help stays fast."""
+    try:
+        value = ascii_float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a number{ascii_hint(text)}") from None
+    from model.rope import check_scaling_factor
+
+    try:
+        return check_scaling_factor(value, flag=None)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def add_rope_scaling_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rope_scaling_factor", type=float, default=None,
+    parser.add_argument("--rope_scaling_factor", type=flag_type(float, rope_scaling_factor), default=None,
                         help="extend the context this many times (at most 1024) the trained length at inference "
                              "with YaRN (rope_scaling yarn whose original length is the longest rows the model's runs "
                              "trained on, else its max_position_embeddings); MiniNorm models only")

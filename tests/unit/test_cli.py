@@ -43,8 +43,16 @@ def test_a_trainer_with_a_bad_preset_prints_two_lines():
                                        "interface), got an empty value"),
     # a number flag reads ASCII numbers only, whatever its type (trainer/number_text.py): int() and float() took
     # other scripts' digits and '_' (a plain type=float flag, ranges of cli.py, --threads)
-    ("eval.chat", ["--rope_scaling_factor", "1_0"], "error: argument --rope_scaling_factor: invalid float value: "
-                                                    "'1_0' (numbers are written in ASCII digits 0-9, without '_')"),
+    ("eval.chat", ["--rope_scaling_factor", "1_0"], "error: argument --rope_scaling_factor: '1_0' is not a number "
+                                                    "(numbers are written in ASCII digits 0-9, without '_')"),
+    # --rope_scaling_factor's range (model/rope.py's) is the flag's own: a factor out of it was refused only once the
+    # model had loaded (extend_context), a whole load later
+    ("eval.chat", ["--rope_scaling_factor", "0.5"],
+     "error: argument --rope_scaling_factor: 0.5 is not allowed; it must be a number in (1, 1024]"),
+    ("eval.evaluate", ["--rope_scaling_factor", "1e30"],
+     "error: argument --rope_scaling_factor: 1e+30 is not allowed; it must be a number in (1, 1024]"),
+    ("scripts.serve", ["--rope_scaling_factor", "nan"],
+     "error: argument --rope_scaling_factor: nan is not allowed; it must be a number in (1, 1024]"),
     ("eval.copy_probe", ["--text", "1_0"], "error: argument --text: 1_0 is not an integer >= 0 (0: none) (numbers "
                                            "are written in ASCII digits 0-9, without '_')"),
     ("scripts.serve", ["--port", "٨٠٠٠"], "error: argument --port: ٨٠٠٠ is not an integer in 0 .. 65535 (0: a free "

@@ -220,8 +220,10 @@ def test_evaluate_reads_past_the_trained_length(short_model, tmp_path) -> None:
 def test_chat_and_server_take_the_flag(short_model, capsys) -> None:
     assert chat_main(["--model_path", str(short_model), "--prompt", "The river", "--max_new_tokens", "40",
                       "--temperature", "0", "--rope_scaling_factor", "4", "--no_stream"]) == 0
-    assert chat_main(["--model_path", str(short_model), "--prompt", "x", "--rope_scaling_factor", "0.5"]) == 2
-    assert "--rope_scaling_factor=0.5" in capsys.readouterr().err.strip().splitlines()[-1]
+    with pytest.raises(SystemExit) as refused:  # as the flag is read, before the model loads (tests/unit/test_cli.py)
+        chat_main(["--model_path", str(short_model), "--prompt", "x", "--rope_scaling_factor", "0.5"])
+    assert refused.value.code == 2
+    assert "argument --rope_scaling_factor: 0.5 is not allowed" in capsys.readouterr().err.strip().splitlines()[-2]
     served = load_served_model(short_model, device="cpu", rope_scaling_factor=4)
     try:
         assert served.max_context == 128 and served.model.config.rope_scaling["factor"] == 4

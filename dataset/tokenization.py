@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -255,6 +257,45 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) ->
         else:
             out.append(tokenizer.decode([token_id]).encode("utf-8"))
     return out
+
+
+# Pre-tokenizer steps that only split the text (Split keeping what it matched, as Qwen's does): each character stays
+# in some piece. The others may drop text (Whitespace drops spaces), so a tokenizer with them gets no bound.
+_SPLITTING_STEPS = {"ByteLevel", "Split", "Digits", "Punctuation"}
+_LONGEST_TOKENS: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, int | None]" = weakref.WeakKeyDictionary()
+
+
+def longest_token_bytes(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """The most bytes of text one token covers, for a byte-level BPE tokenizer that changes no text first (no
+    normalizer; a ByteLevel pre-tokenizer, beside steps that only split): its vocabulary's longest piece, one
+    character per byte (MiniNorm's: 16). None for any other tokenizer, which gets no bound (NFC, say, merges
+    characters). Read once per tokenizer. text_token_range bounds a text's tokens with it."""
+    if tokenizer in _LONGEST_TOKENS:
+        return _LONGEST_TOKENS[tokenizer]
+    longest = None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.normalizer is None and backend.pre_tokenizer is not None:
+        spec = json.loads(backend.to_str())
+        steps = spec["pre_tokenizer"].get("pretokenizers") or [spec["pre_tokenizer"]]
+        kinds = [step.get("type") for step in steps]
+        splits_only = all(kind in _SPLITTING_STEPS and step.get("behavior") != "Removed"
+                          for kind, step in zip(kinds, steps))
+        if spec["model"].get("type") == "BPE" and "ByteLevel" in kinds and splits_only:
+            longest = max(len(piece) for piece in backend.get_vocab(with_added_tokens=False))
+    _LONGEST_TOKENS[tokenizer] = longest
+    return longest
+
+
+def text_token_range(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[int, int] | None:
+    """The fewest and the most tokens `text` can take encoded as text (control-token strings in it as characters:
+    chat_format's encode_text, pretraining's encode_documents), known without tokenizing it, for a tokenizer that
+    longest_token_bytes bounds (None for another): a token covers one to longest_token_bytes bytes, a character one
+    byte or more (one more for the space a ByteLevel step may put first). A 15 MB text takes ~30 s to tokenize;
+    its length alone tells that it cannot fit a context of 512."""
+    longest = longest_token_bytes(tokenizer)
+    if longest is None:
+        return None
+    return math.ceil(len(text) / longest), len(text.encode("utf-8", "surrogatepass")) + 1
 
 
 def _piece_kind(tokenizer: PreTrainedTokenizerBase) -> str:

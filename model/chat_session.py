@@ -29,6 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dataset.chat_format import (encode_chatml, encode_text, parse_assistant_ids, render_chatml, split_exchanges,
                                  tool_call_span)
+from dataset.tokenization import text_token_range
 from dataset.tools import run_tool
 from model.generation import FINISH_ERROR, FINISH_STOP, GenerationEngine, GenerationSettings
 
@@ -86,13 +87,17 @@ class MessageTooLong(ValueError):
     name the message before it ("line 3 ...") and say what to do after it (its own flags: shorten it, leave the
     tools out, use a longer model)."""
 
-    def __init__(self, tokens: int, context: int, with_tools: bool, with_system: bool = False) -> None:
+    def __init__(self, tokens: int, context: int, with_tools: bool, with_system: bool = False,
+                 at_least: bool = False) -> None:
         self.tokens, self.context, self.with_tools, self.with_system = tokens, context, with_tools, with_system
+        self.at_least = at_least  # `tokens` is the fewest its length allows, the message left untokenized
         # What else the tokens hold, for a caller to point at: a long system prompt read as a long message.
         beside = " and ".join(part for part, given in (("the system prompt", with_system),
                                                        ("the tools' schemas", with_tools)) if given)
         included = f", {beside} included" if beside else ""
-        super().__init__(f"takes {tokens} tokens in the chat format{included}, over the model's context of {context}")
+        fewest = "at least " if at_least else ""
+        super().__init__(f"takes {fewest}{tokens} tokens in the chat format{included}, over the model's context of "
+                         f"{context}")
 
 
 class PromptFit(NamedTuple):
@@ -186,6 +191,12 @@ class ChatSession:
         recorded, for the caller to say. A chat message too long for the context alone is a MessageTooLong; a
         plain text, or an exchange its tool results made too long, keeps its end."""
         current = [{"role": "user", "content": user_text}] if isinstance(user_text, str) else user_text
+        if self.use_template and len(current) == 1 and isinstance(current[0].get("content"), str):
+            # Refused by its length alone when that proves it too long: a 15 MB line took ~30 s to tokenize first.
+            tokens = text_token_range(self.tokenizer, current[0]["content"])
+            if tokens is not None and tokens[0] >= self.max_context:
+                raise MessageTooLong(tokens[0], self.max_context, bool(self.tools), self.system_prompt is not None,
+                                     at_least=True)
         messages = self._conversation(current)
         first_past = 1 if self.system_prompt else 0  # index of the oldest past message
         dropped = 0

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from dataset.chat_format import encode_chatml, tool_call_span
-from dataset.tokenization import token_bytes
+from dataset.tokenization import text_token_range, token_bytes
 from model.chat_session import encode_prompt
 from model.generation import FINISH_ERROR, NON_FINITE_SCORES, Generation, GenerationSettings, check_logit_bias
 from scripts.server.errors import APIError
@@ -29,6 +29,16 @@ def prompt_ids(request: ChatRequest, served: ServedModel,
     library's chat format, and the start of a call when tool_choice demands one) and the reader of the reply; an
     APIError when they leave no room in the context for an answer."""
     messages = request.prompt_messages()
+    # Refused by the texts' lengths alone when they prove it too long, untokenized (text_token_range; a message of
+    # the body's 1 MB took ~1 s to tokenize first): the template renders every message's content whole, a plain
+    # continuation the last one after an eos.
+    texts = [message["content"] for message in messages] if served.use_template else [messages[-1]["content"]]
+    ranges = [text_token_range(served.tokenizer, text) for text in texts]
+    fewest = None if None in ranges else sum(low for low, _ in ranges) + (not served.use_template)
+    if fewest is not None and fewest >= served.max_context:
+        raise APIError(400, f"the prompt is at least {fewest} tokens; the model's context is {served.max_context} "
+                            f"tokens, for the prompt and the answer together", param="messages",
+                       code="context_length_exceeded")
     forced = request.forced_tool()
     if served.use_template:
         # A demanded call starts right after the empty think block: the model does not think first.

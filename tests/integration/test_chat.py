@@ -672,3 +672,28 @@ def test_a_message_that_fills_the_context_exactly_is_too_long(sft) -> None:
     session.max_context = tokens + 1
     fit = session.fit_prompt("word " * 20)
     assert (len(fit.ids), fit.budget, fit.uncut_tokens) == (tokens, 1, 0)
+
+
+def test_a_message_its_length_proves_too_long_is_refused_untokenized(sft, monkeypatch) -> None:
+    """A 15 MB line took ~30 s to be refused: the whole prompt was tokenized first. A message of more characters
+    than the context's tokens times the longest token's 16 bytes (the tokenizer's bound, text_token_range) cannot
+    fit, and is refused with the fewest tokens it can take; a shorter one is still counted exactly."""
+    import model.chat_session as chat_session
+    from model.chat_session import MessageTooLong
+
+    session = greedy_session(sft)
+    counted = len(session.fit_prompt("word " * 20).ids)
+
+    def tokenized(*args, **kwargs):
+        raise AssertionError("the message was tokenized")
+
+    monkeypatch.setattr(chat_session, "encode_prompt", tokenized)
+    with pytest.raises(MessageTooLong) as refused:
+        session.fit_prompt("word " * 2000)  # 10,000 characters, at least 625 tokens: over 128
+    assert (refused.value.tokens, refused.value.context, refused.value.at_least) == (625, 128, True)
+    assert str(refused.value) == "takes at least 625 tokens in the chat format, over the model's context of 128"
+    monkeypatch.undo()
+    session.max_context = counted  # 100 characters, at least 7 tokens: tokenized, and refused by its count
+    with pytest.raises(MessageTooLong) as refused:
+        session.fit_prompt("word " * 20)
+    assert (refused.value.tokens, refused.value.at_least) == (counted, False)

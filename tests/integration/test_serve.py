@@ -431,3 +431,30 @@ def test_port_zero_listens_on_a_free_port_and_prints_it(tiny_models, monkeypatch
     sock.close()
     assert port != 0 and f"chat page and API at http://127.0.0.1:{port}/" in capsys.readouterr().err
     assert {route.path for route in app.routes} >= {"/v1/chat/completions", "/health"}
+
+
+@pytest.mark.parametrize("use_template", [True, False])
+def test_a_prompt_its_length_proves_too_long_is_refused_untokenized(tokenizer, monkeypatch, use_template) -> None:
+    """The messages' lengths alone can prove a prompt too long (text_token_range: a token covers at most 16 bytes):
+    such a prompt is a 400 before it is tokenized (a message of the body's 1 MB took ~1 s to tokenize first); a
+    plain continuation counts its eos and its last message only."""
+    from types import SimpleNamespace
+
+    import scripts.server.completion as completion
+    from scripts.server.errors import APIError
+    from scripts.server.protocol import parse_chat_request
+
+    def tokenized(*args, **kwargs):
+        raise AssertionError("the prompt was tokenized")
+
+    monkeypatch.setattr(completion, "encode_chatml", tokenized)
+    monkeypatch.setattr(completion, "encode_prompt", tokenized)
+    messages = user("word " * 1000) + [{"role": "assistant", "content": "x" * 16 * 40}] + user("word " * 1000)
+    request = parse_chat_request(json.dumps({"messages": messages}).encode())
+    served = SimpleNamespace(tokenizer=tokenizer, use_template=use_template, max_context=128)
+    with pytest.raises(APIError) as refused:
+        completion.prompt_ids(request, served, [])
+    fewest = 313 + 40 + 313 if use_template else 1 + 313  # 5,000 characters: at least 313 tokens
+    assert (refused.value.status, refused.value.code) == (400, "context_length_exceeded")
+    assert refused.value.message == (f"the prompt is at least {fewest} tokens; the model's context is 128 tokens, "
+                                     f"for the prompt and the answer together")

@@ -752,3 +752,21 @@ def test_the_tokenizer_marker_by_hand(tmp_path):
     (folder / "tokenizer_files.json").write_text("{")
     begin_tokenizer_save(folder, ["tokenizer.json"])
     assert json.loads((folder / "tokenizer_files.json").read_text()) == {"writing": True, "files": ["tokenizer.json"]}
+
+
+@pytest.mark.parametrize("text", ["", "hello world", "x" * 300, " " * 100, "é中😀 " * 40, "<|im_end|>" * 5,
+                                  "1234567890" * 30, "\n\n\t  a" * 20])
+def test_a_texts_token_range_holds_its_tokens(tokenizer, text):
+    """text_token_range bounds what encode_text takes without tokenizing (chat refuses a message by its length
+    alone): a MiniNorm token covers 1 to 16 bytes."""
+    from dataset.chat_format import encode_text
+    from dataset.tokenization import longest_token_bytes, text_token_range
+
+    fewest, most = text_token_range(tokenizer, text)
+    assert longest_token_bytes(tokenizer) == 16 and fewest <= len(encode_text(tokenizer, text)) <= most
+
+
+def test_a_tokenizer_that_is_not_byte_level_bpe_gets_no_token_range(sentencepiece_tokenizer):
+    from dataset.tokenization import text_token_range
+
+    assert text_token_range(sentencepiece_tokenizer, "hello") is None

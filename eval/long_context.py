@@ -115,19 +115,37 @@ def default_scalings(trained: int) -> str:
     return f"none,yarn:4@{trained},yarn:2,dynamic:4@{trained},linear:4@{trained}"
 
 
-def long_documents(data_path: Path, tokenizer: Any, length: int, limit: int) -> list[list[int]]:
+def long_documents(data_path: Path, tokenizer: Any, length: int, limit: int, data_name: str | None = None
+                   ) -> list[list[int]]:
     """The first length + 1 token ids of every document with that many (pretraining's tokenization), at most
-    `limit` documents (0: all)."""
+    `limit` documents (0: all). A document whose length proves it shorter (text_token_range's most tokens) is not
+    tokenized: --length 100000 read a large file to its end, tokenizing every document. None long enough is a
+    ValueError naming the file (`data_name`: as --data named it), --length and the longest document's tokens."""
     from dataset.jsonl import iter_records
     from dataset.pretrain_dataset import encode_documents
+    from dataset.tokenization import text_token_range
 
     documents = []
-    for _, record, _ in iter_records(data_path, "text"):
-        ids = encode_documents(tokenizer, [record["text"]])[0]  # as pretraining reads text
+    longest: tuple[int, int, str] | None = None  # (characters, line, text) of the document with the most characters
+    for line, record, _ in iter_records(data_path, "text"):
+        text = record["text"]
+        if longest is None or len(text) > longest[0]:
+            longest = (len(text), line, text)
+        tokens = text_token_range(tokenizer, text)
+        if tokens is not None and tokens[1] <= length:  # cannot hold length + 1 tokens
+            continue
+        ids = encode_documents(tokenizer, [text])[0]  # as pretraining reads text
         if len(ids) > length:
             documents.append(ids[:length + 1])
             if limit and len(documents) == limit:
                 break
+    if not documents:
+        named = f"--data {data_name or data_path}: no document has more than --length {length} tokens"
+        if longest is None:
+            raise ValueError(f"{named}: it holds none")
+        characters, line, text = longest
+        raise ValueError(f"{named}; the longest (line {line}, {characters:,} characters) has "
+                         f"{len(encode_documents(tokenizer, [text])[0]):,}")
     return documents
 
 
@@ -152,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     add_model_source_flags(parser)
     parser.add_argument("--data", type=path_arg, default=DEFAULT_TEXT_DATA,
                         help=f"{DEFAULT_TEXT_DATA} or a jsonl file of {{\"text\": ...}}")
-    parser.add_argument("--length", type=int_within(1), default=1024, help="positions scored per document")
+    parser.add_argument("--length", type=int_within(1, MAX_LENGTH), default=1024,
+                        help="positions scored per document (at most 2^24, RoPE's whole positions in fp32)")
     parser.add_argument("--bucket", type=int_within(1), default=128, help="positions per bucket")
     parser.add_argument("--trained_length", type=int_within(1), default=None,
                         help="the tokens per training row, which marks the buckets past it (default: the longest "
@@ -177,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 def report(args: Any) -> int:
     from dataset.atomic_io import atomic_write_text
     from dataset.corpus import resolve_text_data
-    from model.loading import load_model
+    from model.loading import load_dir_tokenizer, load_model
     from model.rope import set_rope_scaling
     from dataset.shown_value import shown_value
     from trainer.machine import machine_line
@@ -187,6 +206,10 @@ def report(args: Any) -> int:
     if args.json:  # before the work: a report written over the model or the data would destroy it
         data = [] if args.data == DEFAULT_TEXT_DATA else [resolve_input_path(args.data)]
         check_report_file(resolve_path(args.json), "--json", path, adapter, data)
+    # The documents before the model: a --length no document reaches is said before the model loads.
+    tokenizer = load_dir_tokenizer(path)
+    data_path = resolve_text_data(args.data)
+    documents = long_documents(data_path, tokenizer, args.length, args.max_documents, args.data)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
     if model.config.rope_scaling is not None:
         raise ValueError(f"{path} already has rope_scaling={shown_value(model.config.rope_scaling)}; this tool "
@@ -196,10 +219,6 @@ def report(args: Any) -> int:
     trained = args.trained_length or trained_length(path, adapter) or model_length
     specs = args.scalings if args.scalings is not None else default_scalings(trained)
     scalings = [parse_scaling(item.strip(), model_length) for item in specs.split(",")]
-    data_path = resolve_text_data(args.data)
-    documents = long_documents(data_path, tokenizer, args.length, args.max_documents)
-    if not documents:
-        raise ValueError(f"--data {args.data}: no document has more than --length {args.length} tokens")
     rows = {}
     for scaling in scalings:
         set_rope_scaling(model, scaling.rope_scaling, scaling.max_position_embeddings)

@@ -112,11 +112,41 @@ def test_the_ends_of_the_length_range_are_taken() -> None:
     assert parse_scaling("linear:1.0001", 128).rope_scaling == {"rope_type": "linear", "factor": 1.0001}
 
 
-def test_no_long_enough_document_is_one_line(tiny_models, tmp_path, capsys) -> None:
+def test_no_long_enough_document_is_one_line(tiny_models, tmp_path, capsys, monkeypatch, tokenizer) -> None:
+    """Said before the model loads, with the longest document's tokens, and without tokenizing the documents whose
+    length proves them too short (--length 1000000 read a large file to its end, tokenizing every document)."""
+    import dataset.pretrain_dataset as pretrain_dataset
+    import model.loading as loading
+    from dataset.chat_format import encode_text
+
+    texts = ["short", "a somewhat longer text, still short", "mid length"]
     data = tmp_path / "short.jsonl"
-    data.write_text(json.dumps({"text": "short"}) + "\n", encoding="utf-8")
-    assert main(["--model_path", str(tiny_models.pretrain), "--data", str(data), "--length", "64"]) != 0
-    assert "no document has more than --length 64 tokens" in capsys.readouterr().err
+    data.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
+    tokenized = []
+    encode = pretrain_dataset.encode_documents
+    monkeypatch.setattr(pretrain_dataset, "encode_documents",
+                        lambda tok, docs: tokenized.extend(docs) or encode(tok, docs))
+    monkeypatch.setattr(loading, "load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    assert main(["--model_path", str(tiny_models.pretrain), "--data", str(data), "--length", "64"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --data {data}: no document has more than --length 64 tokens; the longest (line 2, 35 characters) "
+        f"has {len(encode_text(tokenizer, texts[1]))}")
+    assert tokenized == [texts[1]]  # for the count the line gives, once
+
+
+def test_the_documents_kept_are_every_one_long_enough(tmp_path, tokenizer) -> None:
+    """Skipping the documents whose length proves them too short keeps the same documents as tokenizing each."""
+    from dataset.chat_format import encode_text
+    from eval.long_context import long_documents
+
+    pieces = ("word ", "\u00e9", "\U0001F600", " ", "a1", "<|im_end|>")
+    texts = [piece * count for piece in pieces for count in range(1, 40)]
+    data = tmp_path / "text.jsonl"
+    data.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
+    for length in (8, 20, 39, 40, 41):
+        expected = [ids[:length + 1] for ids in map(lambda text: encode_text(tokenizer, text), texts)
+                    if len(ids) > length]
+        assert long_documents(data, tokenizer, length, 0) == expected
 
 
 @pytest.mark.parametrize("name, message", [("folder", "{path} is a folder, not a jsonl data file"),
@@ -131,8 +161,9 @@ def test_a_data_path_that_is_no_file_is_one_line(name, message, tiny_models, tmp
     assert capsys.readouterr().err.splitlines()[-1] == f"error: {message.format(path=path)}"
 
 
-@pytest.mark.parametrize("flag, value, allowed", [("--bucket", "0", ">= 1"), ("--length", "-5", ">= 1"),
-                                                  ("--batch_size", "0", ">= 1"), ("--max_documents", "-3", ">= 0")])
+@pytest.mark.parametrize("flag, value, allowed", [("--bucket", "0", ">= 1"), ("--length", "-5", "in 1 .. 16777216"),
+                                                  ("--batch_size", "0", ">= 1"), ("--max_documents", "-3", ">= 0"),
+                                                  ("--length", str(2 ** 24 + 1), "in 1 .. 16777216")])
 def test_counts_out_of_range_are_one_line(flag, value, allowed, capsys) -> None:
     """--bucket 0 was a RuntimeError traceback from torch's split, --length 0 a table of nan, --batch_size 0
     range()'s message naming no flag, --max_documents -3 taken silently."""

@@ -7,6 +7,8 @@ A length saved there is not a fallback but an override: transformers lets a save
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 from transformers import GenerationConfig
@@ -28,6 +30,37 @@ def without_length_limits(config: GenerationConfig) -> GenerationConfig:
     return kept
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# The sampling and length fields a generation_config.json may hold, each with what transformers' generate accepts
+# (its logits warpers' checks: TemperatureLogitsWarper, TopPLogitsWarper, TopKLogitsWarper; do_sample is "expected a
+# boolean"). GenerationConfig keeps any value when do_sample is true ("hot", -1, a top_p of 2) and an export copied
+# it as it was, to fail at a sampled generate; a max_new_tokens of "x" was its TypeError ('<=' not supported).
+# null is transformers' unset for each number (do_sample has no unset: null is not a boolean).
+GENERATION_FIELD_RULES = {
+    "do_sample": (lambda value: isinstance(value, bool), "true or false"),
+    "max_new_tokens": (lambda value: value is None or (_is_token_id(value) and value > 0), "null or an integer > 0"),
+    "temperature": (lambda value: value is None or (_is_number(value) and value > 0), "null or a number > 0"),
+    "top_p": (lambda value: value is None or (_is_number(value) and 0 <= value <= 1), "null or a number in [0, 1]"),
+    "top_k": (lambda value: value is None or _is_token_id(value), "null or an integer >= 0 (0: no top-k)"),
+}
+
+
+def _check_generation_fields(file: Path) -> None:
+    """A ValueError naming `file`, the field, its value and what is allowed where a GENERATION_FIELD_RULES field
+    breaks its rule; a file that is no JSON object is left to GenerationConfig, which names what is wrong."""
+    try:
+        fields = json.loads(file.read_text(encoding="utf-8"))
+    # ValueError: JSONDecodeError or a bad integer; RecursionError: arrays nested too deep
+    except (OSError, ValueError, RecursionError):
+        return
+    for name, (allowed, words) in GENERATION_FIELD_RULES.items():
+        if isinstance(fields, dict) and name in fields and not allowed(fields[name]):
+            raise ValueError(f"{file}: {name}={shown_value(fields[name])} is not allowed; it must be {words}")
+
+
 def saved_generation_config(eos_token_id: int, pad_token_id: int | None) -> GenerationConfig:
     """The generation config every model directory is saved with: stop at eos (`<|im_end|>`), no bos."""
     return GenerationConfig(eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=None)
@@ -39,6 +72,7 @@ def read_generation_config(model_dir: Path) -> GenerationConfig:
     file = model_dir / "generation_config.json"
     if not file.is_file():
         return GenerationConfig()
+    _check_generation_fields(file)  # before GenerationConfig, which keeps such a value or fails in its own words
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its warning about a flag it ignores would come before our one line
     try:

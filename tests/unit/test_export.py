@@ -314,6 +314,19 @@ BAD_INPUTS = [
      ["generation_config.json: bos_token_id='x' is not allowed", "null or a token id"]),
     ("generation_config_eos_true", _write("generation_config.json", '{"eos_token_id": [2, true]}'),
      ["generation_config.json: eos_token_id=[2, True] is not allowed"]),
+    # sampling settings transformers keeps when do_sample is true (copied into the export as they were), and a
+    # max_new_tokens of "x" (GenerationConfig's TypeError: '<=' not supported, without the field)
+    *[(f"generation_config_{field}_{what}",
+       _write("generation_config.json", json.dumps({"do_sample": True, field: value})),
+       [f"generation_config.json: {field}={value!r} is not allowed; it must be {allowed}"])
+      for field, what, value, allowed in [
+          ("do_sample", "a_string", "yes", "true or false"),
+          ("max_new_tokens", "a_string", "x", "null or an integer > 0"),
+          ("max_new_tokens", "negative", -1, "null or an integer > 0"),
+          ("temperature", "a_string", "hot", "null or a number > 0"),
+          ("temperature", "negative", -1, "null or a number > 0"),
+          ("top_p", "above_one", 2, "null or a number in [0, 1]"),
+          ("top_k", "negative", -5, "null or an integer >= 0")]],
     # The run's record, copied into the export for eval/chat.py: a folder in its place was left out quietly.
     ("train_config_a_folder", lambda folder: ((folder / "train_config.yaml").unlink(missing_ok=True),
                                                (folder / "train_config.yaml").mkdir()),

@@ -438,7 +438,7 @@ BAD_SOURCES = [
     *[(f"{name}_a_folder", lambda folder, name=name: ((folder / name).unlink(missing_ok=True), (folder / name).mkdir()),
        [f"{name} is a folder, not a file"]) for name in ("tokenizer.json", "chat_template.jinja")],
     # transformers reads it, but would not save it: the import failed at its end, in several lines
-    ("unsavable_generation_config", _write("generation_config.json", {"temperature": "hot"}),
+    ("unsavable_generation_config", _write("generation_config.json", {"temperature": 0.5}),
      ["generation_config.json: `temperature`", "would not save it"]),
     # imported as it was: the imported model's first chat message was a ValueError traceback (int("x"))
     ("generation_config_eos_a_string", _write("generation_config.json", {"eos_token_id": "x"}),
@@ -446,6 +446,11 @@ BAD_SOURCES = [
     # imported as it was, into the import's generation_config.json
     ("generation_config_bos_a_string", _write("generation_config.json", {"bos_token_id": "x"}),
      ["generation_config.json: bos_token_id='x' is not allowed", "null or a token id"]),
+    # imported as it was (transformers keeps it when do_sample is true): a sampled generate's ValueError
+    ("generation_config_temperature_negative", _write("generation_config.json", {"do_sample": True, "temperature": -1}),
+     ["generation_config.json: temperature=-1 is not allowed; it must be null or a number > 0"]),
+    ("generation_config_do_sample_a_string", _write("generation_config.json", {"do_sample": "yes"}),
+     ["generation_config.json: do_sample='yes' is not allowed; it must be true or false"]),
 ]
 
 

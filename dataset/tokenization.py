@@ -136,6 +136,17 @@ def _marker_problem(record: Any) -> str | None:
     return None
 
 
+def not_a_json_object(file: Path) -> str | None:
+    """'holds a list, not a JSON object' where `file` (a tokenizer.json or tokenizer_config.json, each an object) is
+    valid JSON of another kind; None otherwise (missing, unreadable or not JSON: the loader's own words name that)."""
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    # ValueError: not JSON (UnicodeDecodeError included); RecursionError: arrays nested too deep
+    except (OSError, ValueError, RecursionError):
+        return None
+    return None if isinstance(value, dict) else f"holds {_json_kind(value)}, not a JSON object"
+
+
 def _json_kind(value: Any) -> str:
     """A JSON value in a few words, for a refusal: `a list`, `an object`, or the value itself as JSON (quoted by
     dataset/shown_value.py's shown_json: one line, cut at MAX_SHOWN characters)."""

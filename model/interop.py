@@ -117,6 +117,9 @@ def mininorm_config_from(hf: Mapping[str, Any], source: Path, norm_type: str = C
     if not isinstance(hf, Mapping):
         raise NotImportable(f"cannot import {source}: its config.json is not a JSON object")
     model_type = hf.get("model_type")
+    if "model_type" not in hf:
+        raise NotImportable(f"cannot import {source}: its config.json has no model_type; it must be one of "
+                            f"{', '.join(map(repr, IMPORTABLE))}")
     if model_type not in IMPORTABLE:
         raise _refuse(source, "model_type", model_type,
                       f"cannot be imported; choose one of {', '.join(map(repr, IMPORTABLE))}")

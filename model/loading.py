@@ -19,7 +19,7 @@ from transformers.utils import logging as hf_logging
 from dataset.atomic_io import first_line, not_utf8
 from dataset.json_text import JsonTextError, read_json
 from dataset.shown_value import shown_value
-from dataset.tokenization import check_tokenizer_files, load_tokenizer
+from dataset.tokenization import check_tokenizer_files, load_tokenizer, not_a_json_object
 from model.generation_defaults import read_generation_config
 from model.weight_checks import (check_finite, few, in_two_shards, layers_held, safetensors_shapes,
                                  unreadable_safetensors)
@@ -28,15 +28,20 @@ from model.weight_checks import (check_finite, few, in_two_shards, layers_held, 
 # transformers' Auto classes: AutoModelForCausalLM below loads our directories.
 
 
-def _plain_fields(file: Path) -> dict[str, Any]:
-    """A config file's fields read as plain JSON (no config class); {} when it is missing, unreadable or no JSON
+def _json_object(file: Path) -> dict[str, Any] | None:
+    """A config file's fields read as plain JSON (no config class); None when it is missing, unreadable or no JSON
     object (AutoConfig then names what is wrong with it)."""
     try:
         fields = json.loads(file.read_text(encoding="utf-8"))
     # ValueError: JSONDecodeError, or an integer past Python's 4300 digits; RecursionError: arrays nested too deep
     except (OSError, ValueError, RecursionError):
-        return {}
-    return fields if isinstance(fields, dict) else {}
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
+def _plain_fields(file: Path) -> dict[str, Any]:
+    """_json_object's fields, {} where it has none."""
+    return _json_object(file) or {}
 
 
 def config_model_type(path: Path) -> str | None:
@@ -163,12 +168,20 @@ NESTED_TEXT_CONFIGS = ("text_config", "decoder", "generator", "text_encoder")
 SIZE_SUFFIXES = ("_size", "_heads", "_layers", "head_dim")
 
 
+# What a config.json's model_type names, in a refusal: ours, and the two architectures the project exports and imports.
+MODEL_TYPE_EXAMPLES = "'mininorm', 'llama' or 'qwen3'"
+
+
 def load_config(path: Path) -> PretrainedConfig:
     """path/config.json as its config class; ValueError naming the file when it is not valid JSON, not an object, or
     holds a value the class refuses (transformers' own fields included: a dtype, an id2label of the wrong kind, a
     nested text config where its model type has none)."""
     file = path / "config.json"
     _check_dtype_fields(file)
+    fields = _json_object(file)
+    if fields is not None and "model_type" not in fields:  # AutoConfig's words: "Unrecognized model in <folder>"
+        raise ValueError(f"{file}: has no model_type; it must name the model's architecture (such as "
+                         f"{MODEL_TYPE_EXAMPLES})")
     try:
         config = AutoConfig.from_pretrained(path)
     # AttributeError: PretrainedConfig reads its generic fields unchecked (`"id2label": "x"`: 'str' object has no
@@ -273,6 +286,9 @@ def load_dir_tokenizer(path: Path) -> Any:
         missing = [name for name in ("tokenizer.json", "tokenizer_config.json") if not (path / name).is_file()]
         what = f"no {' or '.join(missing)} there" if missing else f"tokenizer.json / tokenizer_config.json: " \
                                                                    f"{first_line(error)}"
+        # valid JSON of another kind: transformers' words ('list' object has no attribute 'get') name no file
+        what = next((f"{name} {problem}" for name in ("tokenizer.json", "tokenizer_config.json")
+                     if (problem := not_a_json_object(path / name))), what)
         if isinstance(error, UnicodeDecodeError):  # the decoder's words name no file: a chat_template.jinja too
             what = next((f"{name}: {problem}" for name in ("tokenizer.json", "tokenizer_config.json",
                                                             "chat_template.jinja")

@@ -335,6 +335,13 @@ BAD_INPUTS = [
      ["train_config.yaml"]),
     ("tokenizer_garbage", _write("tokenizer.json", "{garbage"), ["tokenizer", "tokenizer.json"]),
     ("tokenizer_missing", _remove("tokenizer.json", "tokenizer_config.json"), ["no tokenizer.json"]),
+    # valid JSON of another kind: transformers' words without the file ('list' object has no attribute 'get')
+    ("tokenizer_a_list", _write("tokenizer.json", "[]"), ["tokenizer.json holds a list, not a JSON object"]),
+    ("tokenizer_config_a_number", _write("tokenizer_config.json", "5"),
+     ["tokenizer_config.json holds 5, not a JSON object"]),
+    # AutoConfig's "Unrecognized model in <folder>. Should have a `model_type` key in its config.json."
+    ("config_without_model_type", _write("config.json", '{"hidden_size": 64}'),
+     ["config.json: has no model_type; it must name the model's architecture (such as 'mininorm'"]),
     # A sharded checkpoint's index in place of model.safetensors: an AttributeError traceback ('list' object has no
     # attribute 'values'), `KeyError: 'metadata'` for a shard that is missing or outside the folder, and an error
     # that did not name the index for text that is not JSON.

@@ -373,6 +373,13 @@ BAD_SOURCES = [
     *[(f"no_{field}", _drop_config(field), [f"config.json has no {field}"])
       for field in ("num_attention_heads", "hidden_size", "vocab_size", "intermediate_size",
                     "max_position_embeddings")],
+    # "model_type=None cannot be imported": absent, not null, and without the file
+    ("no_model_type", _drop_config("model_type"),
+     ["its config.json has no model_type; it must be one of 'llama', 'qwen3'"]),
+    # transformers' words without the file: 'int' object has no attribute 'pop' / 'list' object has no attribute 'get'
+    ("tokenizer_a_number", _write("tokenizer.json", "5"), ["tokenizer.json holds 5, not a JSON object"]),
+    ("tokenizer_config_a_list", _write("tokenizer_config.json", []),
+     ["tokenizer_config.json holds a list, not a JSON object"]),
     ("zero_heads", _set_config(num_attention_heads=0), ["num_attention_heads=0", "positive integer"]),
     ("string_heads", _set_config(num_attention_heads="4"), ["num_attention_heads='4'", "positive integer"]),
     ("string_eps", _set_config(rms_norm_eps="1e-5"), ["norm_eps='1e-5'", "finite float > 0"]),

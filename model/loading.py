@@ -14,6 +14,8 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.integrations.hub_kernels import is_kernel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging as hf_logging
 
 from dataset.atomic_io import first_line, not_utf8
@@ -198,12 +200,42 @@ def load_config(path: Path) -> PretrainedConfig:
         zeros = [key for key, value in _plain_fields(file).items() if value == 0 and key.endswith(SIZE_SUFFIXES)]
         raise ValueError(f"{file}: {', '.join(f'{key}=0' for key in zeros) or 'a size of 0'} is not allowed; "
                          "it must be a positive integer") from None
+    _check_attention(file, config)
     for key in NESTED_TEXT_CONFIGS:
         value = getattr(config, key, None)
         if value is not None and not isinstance(value, PretrainedConfig):
             raise ValueError(f"{file}: {key}={shown_value(value)} is not allowed; it must be null or absent (a "
                              f"{config.model_type} model has no nested text config)")
     return config
+
+
+def attention_choices(config: PretrainedConfig) -> list[str]:
+    """The attention implementations a model of `config` takes by name, as transformers' check lists them
+    (get_correct_attn_implementation): "eager", "paged|eager", and each registered one its causal-LM class supports
+    (MiniNorm: none, its attention is its own)."""
+    mapping = AutoModelForCausalLM._model_mapping
+    model_class = mapping[type(config)] if type(config) in mapping else None
+    supports = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}
+
+    def supported(name: str) -> bool:
+        flag = "_supports_flash_attn" if name.startswith("flash_attention") else supports.get(name)
+        return model_class is None or flag is None or bool(getattr(model_class, flag, False))
+    return ["eager", *(name for name in ALL_ATTENTION_FUNCTIONS.valid_keys() if supported(name))]
+
+
+def _check_attention(file: Path, config: PretrainedConfig) -> None:
+    """A ValueError naming `file`, the field and the allowed values where config.json's _attn_implementation (or
+    attn_implementation) is not null, one of attention_choices or a hub kernel ("org/name"): transformers refused it
+    when the model was built, in words that name no file ("bogus": 'Specified `attn_implementation="bogus"` is not
+    supported', "sdpa" on MiniNorm a line with a link to an issue; 5: an AttributeError traceback)."""
+    value = getattr(config, "_attn_implementation", None)
+    choices = attention_choices(config)
+    if value is None or (isinstance(value, str) and (value.removeprefix("paged|") in choices or is_kernel(value))):
+        return
+    field = next((key for key in ("_attn_implementation", "attn_implementation") if key in _plain_fields(file)),
+                 "_attn_implementation")
+    raise ValueError(f"{file}: {field}={shown_value(value)} is not allowed; it must be null, one of "
+                     f"{', '.join(map(repr, choices))} (for a {config.model_type} model) or a hub kernel ('org/name')")
 
 
 def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_missing: Collection[str] = (),

@@ -304,6 +304,12 @@ BAD_INPUTS = [
     ("quantization_config_unavailable", _set_config(quantization_config={"quant_method": "bitsandbytes",
                                                                          "load_in_4bit": True}),
      ["config.json's quantization_config needs what is not installed", "bitsandbytes"]),
+    # transformers refused it when building the model, in words without the file (5: an AttributeError traceback;
+    # "sdpa": MiniNorm's attention is its own, a line with a link to a transformers issue)
+    *[(f"attn_implementation_{what}", _set_config(_attn_implementation=value),
+       [f"config.json: _attn_implementation={value!r} is not allowed; it must be null, one of 'eager', 'paged|eager' "
+        "(for a mininorm model) or a hub kernel"]) for what, value in [("unknown", "bogus"), ("a_number", 5),
+                                                                      ("unsupported", "sdpa")]],
     ("generation_config_not_json", _write("generation_config.json", "{"), ["generation_config.json"]),
     ("generation_config_a_list", _write("generation_config.json", "[]"), ["generation_config.json"]),
     # transformers keeps any value: generation stopped at int("x"), a ValueError traceback at the first message

@@ -392,6 +392,11 @@ BAD_SOURCES = [
      ["config.json: not readable JSON (Exceeds the limit (4300 digits)"]),
     # read by the tokenizer's loading first: "cannot read the tokenizer ...: module 'torch' has no attribute 'bf16'"
     ("dtype_unknown", _set_config(dtype="bf16"), ["config.json: dtype='bf16' is not allowed", "'bfloat16'"]),
+    # transformers' line without the file ('Specified `attn_implementation="bogus"` is not supported. ...'), at the
+    # logit check after the work (with --no_verify the import was written)
+    ("attn_implementation_unknown", _set_config(_attn_implementation="bogus"),
+     ["config.json: _attn_implementation='bogus' is not allowed; it must be null, one of 'eager', ",
+      "'sdpa', 'paged|eager' (for a llama model) or a hub kernel ('org/name')"]),
     ("qwen3_labelled_llama", _qwen3_labelled_llama, ["unexpected model.layers.0.self_attn.k_norm.weight"]),
     # RoPE rotates pairs: an odd head width is no MiniNorm head (transformers refuses it too, but a file may say it)
     ("odd_head_dim", _set_config(head_dim=7), ["head_dim=7", "positive even integer"]),

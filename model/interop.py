@@ -22,7 +22,8 @@ from model.config import MiniNormConfig, NormType
 from model.llama_compat import from_llama_key
 from model.loading import INDEX_FILE, index_shards
 from model.model import MiniNormForCausalLM
-from model.weight_checks import check_finite, few, in_two_shards, layers_held
+from model.weight_checks import (WEIGHT_DTYPES, check_finite, few, in_two_shards, layers_held,
+                                 wrong_weight_dtype)
 from dataset.shown_value import shown_value
 
 IMPORTABLE = ("llama", "qwen3")
@@ -31,11 +32,6 @@ CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "qwen
 # The config.json fields every import reads: the shape, without defaults (MiniNormConfig checks their values).
 REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                   "max_position_embeddings")
-
-
-# The weights' dtypes an import reads (as fp32). Others are refused: integers are no weights (a damaged export), and a
-# float8 tensor holds a quantized checkpoint's values without their scales.
-WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 class NotImportable(ValueError):
@@ -204,8 +200,7 @@ def read_state_dict(source: Path, config: MiniNormConfig) -> dict[str, torch.Ten
                     holders[key] = file
                     tensor = f.get_tensor(key)
                     if tensor.dtype not in WEIGHT_DTYPES:  # .float() would make them weights, silently wrong
-                        raise NotImportable(f"cannot import {source}: its weight {key} in {file.name} is "
-                                            f"{tensor.dtype}, not one of {', '.join(map(str, WEIGHT_DTYPES))}")
+                        raise NotImportable(f"cannot import {source}: {wrong_weight_dtype(key, tensor.dtype, file)}")
                     check_finite([(key, tensor)], f"cannot import {source}", NotImportable)
                     state[from_llama_key(key)] = tensor.float()
         except SafetensorError as error:

@@ -23,7 +23,7 @@ from dataset.json_text import JsonTextError, read_json
 from dataset.shown_value import shown_value
 from dataset.tokenization import check_tokenizer_files, load_tokenizer, not_a_json_object
 from model.generation_defaults import read_generation_config
-from model.weight_checks import (check_finite, few, in_two_shards, layers_held, safetensors_shapes,
+from model.weight_checks import (check_finite, check_weight_dtypes, few, in_two_shards, layers_held, safetensors_shapes,
                                  unreadable_safetensors)
 
 # Importing any module of the `model` package runs model/__init__.py, which registers the "mininorm" type with
@@ -98,7 +98,8 @@ def index_shards(folder: Path) -> list[Path]:
 
 def saved_shapes(path: Path) -> dict[str, list[int]]:
     """Every tensor's shape as the safetensors headers of model directory `path` give them (no tensor is read);
-    empty for a directory without safetensors weights. A bad shard index is a ValueError (index_shards)."""
+    empty for a directory without safetensors weights. A bad shard index is a ValueError (index_shards), and so is a
+    tensor that is no float weight in a checkpoint that is not quantized (check_weight_dtypes: integers, float8)."""
     file = weights_file(path)
     if file.name == INDEX_FILE:
         shards = index_shards(path)
@@ -106,11 +107,15 @@ def saved_shapes(path: Path) -> dict[str, list[int]]:
         shards = [file] if file.name == "model.safetensors" and file.is_file() else []
     shapes: dict[str, list[int]] = {}
     holders: dict[str, Path] = {}
+    # a quantized checkpoint's tensors (int8, uint8, float8) are read with their scales by transformers' quantizer
+    quantized = "quantization_config" in _plain_fields(path / "config.json")
     for shard in shards:
         try:
             found = safetensors_shapes(shard)
         except ValueError:
             return {}  # from_pretrained names the unreadable file
+        if not quantized:  # from_pretrained casts them to the model's dtype, silently wrong
+            check_weight_dtypes(shard, f"cannot load {path}")
         for key in found:
             if key in holders:
                 raise ValueError(f"cannot load {path}: {in_two_shards(key, holders[key], shard)}")

@@ -13,6 +13,27 @@ from safetensors import SafetensorError, safe_open
 from dataset.atomic_io import first_line
 
 
+# The weights' dtypes a loader reads, by their safetensors header names. Others are refused: integers are no weights
+# (a damaged export), and a float8 tensor holds a quantized checkpoint's values without their scales; an import's
+# .float(), and transformers' cast to the model's dtype on load, made them weights, silently wrong.
+WEIGHT_DTYPE_NAMES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+WEIGHT_DTYPES = tuple(WEIGHT_DTYPE_NAMES.values())
+
+
+def wrong_weight_dtype(key: str, dtype: torch.dtype, file: Path) -> str:
+    """The words for a weight of a dtype not in WEIGHT_DTYPES (every loader's and the import's)."""
+    return f"its weight {key} in {file.name} is {dtype}, not one of {', '.join(map(str, WEIGHT_DTYPES))}"
+
+
+def check_weight_dtypes(file: Path, where: str) -> None:
+    """A ValueError `where: wrong_weight_dtype(...)` for the first tensor of the safetensors file `file` whose dtype
+    (read from its header) is not in WEIGHT_DTYPES; only that tensor is read, for its torch dtype's name."""
+    with safe_open(str(file), framework="pt") as f:
+        for key in f.keys():
+            if f.get_slice(key).get_dtype() not in WEIGHT_DTYPE_NAMES:
+                raise ValueError(f"{where}: {wrong_weight_dtype(key, f.get_tensor(key).dtype, file)}")
+
+
 def few(names: Any, shown: int = 3) -> str:
     """'a, b, c and 5 more': a long list of weight names kept to one readable line."""
     names = sorted(names)

@@ -200,6 +200,14 @@ def _poison_weight(key: str, value: float):
     return edit
 
 
+def _cast_weight(key: str, dtype):
+    def edit(folder) -> None:
+        weights = load_file(folder / "model.safetensors")
+        weights[key] = weights[key].round().to(dtype)
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return edit
+
+
 def _truncate(folder) -> None:
     (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:1000])
 
@@ -240,6 +248,10 @@ MISMATCHES = [
      ["model.layers.1.mlp.up_proj.weight holds 1 NaN or infinite value"]),
     ("inf_gain", _poison_weight("model.norm.weight", float("-inf")), "llama", ["model.norm.weight holds 1 NaN"]),
     ("truncated", _truncate, "llama", ["model.safetensors is not a readable safetensors file"]),
+    # from_pretrained cast them to float: exported (and chatted with) silently wrong, where the import refuses them
+    *[(f"{dtype}_weight", _cast_weight("model.norm.weight", getattr(torch, dtype)), "llama",
+       [f"its weight model.norm.weight in model.safetensors is torch.{dtype}, not one of torch.float32, "
+        "torch.bfloat16, torch.float16, torch.float64"]) for dtype in ("int32", "float8_e4m3fn")],
 ]
 
 

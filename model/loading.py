@@ -243,6 +243,22 @@ def _check_attention(file: Path, config: PretrainedConfig) -> None:
                      f"{', '.join(map(repr, choices))} (for a {config.model_type} model) or a hub kernel ('org/name')")
 
 
+# The config.json fields that make transformers import a package to build or load the model.
+PACKAGE_FIELDS = ("quantization_config", "_attn_implementation", "attn_implementation")
+NEEDS_NO_PACKAGE = (None, "eager", "sdpa", "paged|eager")  # values of those fields that torch alone computes
+
+
+def missing_package(path: Path, error: ImportError) -> str:
+    """The one line for an ImportError transformers raised building or loading the model of directory `path`: the
+    config.json field that asked for the package (a quantization_config's bitsandbytes, an _attn_implementation's
+    flash-attn or hub kernel), where it has one, and transformers' own first line."""
+    fields = _plain_fields(path / "config.json")
+    field = next((name for name in PACKAGE_FIELDS if fields.get(name) not in NEEDS_NO_PACKAGE), None)
+    needs = (f"its config.json's {field} needs what is not installed" if field is not None
+             else "a package it needs is missing")
+    return f"cannot load {path}: {needs} ({first_line(error)})"
+
+
 def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_missing: Collection[str] = (),
                   **kwargs: Any) -> PreTrainedModel:
     """`model_class.from_pretrained(path, **kwargs)`, refusing every weight that is missing (but those named in
@@ -273,7 +289,10 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
             index_shards(path)
         except ValueError as error:
             raise ValueError(f"cannot load {path}: {error}") from None
-    shapes = _shapes_config_gives(path, model_class, kwargs)
+    try:
+        shapes = _shapes_config_gives(path, model_class, kwargs)
+    except ImportError as error:  # the model's build asked for a package: an _attn_implementation's hub kernel
+        raise ValueError(missing_package(path, error)) from None
     if shapes:
         raise ValueError(f"cannot load {path}: the weights in {file} do not match its config.json: of another "
                          f"shape {few(shapes, shown=1)}")
@@ -287,9 +306,7 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     except OSError as error:  # a shard the index names is missing, no weights file at all, ...
         raise ValueError(f"cannot load {path}: {first_line(error)}") from None
     except ImportError as error:  # a config.json's quantization_config names a package not installed (bitsandbytes)
-        needs = ("its config.json's quantization_config needs what is not installed"
-                 if "quantization_config" in _plain_fields(path / "config.json") else "a package it needs is missing")
-        raise ValueError(f"cannot load {path}: {needs} ({first_line(error)})") from None
+        raise ValueError(missing_package(path, error)) from None
     finally:
         hf_logging.set_verbosity(verbosity)
     problems = []

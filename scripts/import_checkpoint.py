@@ -41,7 +41,7 @@ from model.export_dir import IMPORT_MARKER, check_out_dir, earlier_source, stage
 from model.generation_defaults import savable_generation_config  # noqa: E402
 from model.interop import (CHECKPOINT_NORM, SWAPPABLE_NORMS, NotImportable, mininorm_config_from,  # noqa: E402
                            model_from, read_state_dict)
-from model.loading import check_tokenizer_fits, load_config, load_dir_tokenizer  # noqa: E402
+from model.loading import check_tokenizer_fits, load_config, load_dir_tokenizer, missing_package  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import DefaultsHelpFormatter, ToolParser, path_arg, run_main  # noqa: E402
 from trainer.run_dir import TOKENIZER_FILES, report_error, resolve_input_path, resolve_path  # noqa: E402
@@ -52,7 +52,11 @@ MAX_LOGIT_DIFFERENCE = 1e-4
 @torch.no_grad()
 def max_logit_difference(source: Path, ours: MiniNormForCausalLM, seq_len: int = 16) -> float:
     """Largest |logit difference| between transformers' model of `source` and ours, on random token ids."""
-    theirs = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    try:
+        theirs = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    except ImportError as error:  # its config.json asks for a package (flash-attn for flash_attention_2)
+        raise ValueError(f"{missing_package(source, error)}; the logits check needs transformers' model of it "
+                         f"(--no_verify skips the check)") from None
     ids = torch.randint(0, ours.config.vocab_size, (2, min(seq_len, ours.config.max_position_embeddings)),
                         generator=torch.Generator().manual_seed(0))
     return (ours.float().eval()(ids).logits - theirs(ids).logits).abs().max().item()

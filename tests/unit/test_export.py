@@ -322,6 +322,9 @@ BAD_INPUTS = [
        [f"config.json: _attn_implementation={value!r} is not allowed; it must be null, one of 'eager', 'paged|eager' "
         "(for a mininorm model) or a hub kernel"]) for what, value in [("unknown", "bogus"), ("a_number", 5),
                                                                       ("unsupported", "sdpa")]],
+    # a hub kernel whose package (kernels) is not installed: transformers' ImportError traceback as the model was built
+    ("attn_implementation_kernel_not_installed", _set_config(_attn_implementation="kernels-community/flash-attn"),
+     ["config.json's _attn_implementation needs what is not installed", "kernels"]),
     ("generation_config_not_json", _write("generation_config.json", "{"), ["generation_config.json"]),
     ("generation_config_a_list", _write("generation_config.json", "[]"), ["generation_config.json"]),
     # transformers keeps any value: generation stopped at int("x"), a ValueError traceback at the first message

@@ -397,6 +397,9 @@ BAD_SOURCES = [
     ("attn_implementation_unknown", _set_config(_attn_implementation="bogus"),
      ["config.json: _attn_implementation='bogus' is not allowed; it must be null, one of 'eager', ",
       "'sdpa', 'paged|eager' (for a llama model) or a hub kernel ('org/name')"]),
+    # flash-attn is not installed: transformers' ImportError traceback at the logit check, after the work
+    ("attn_implementation_not_installed", _set_config(_attn_implementation="flash_attention_2"),
+     ["config.json's _attn_implementation needs what is not installed", "--no_verify skips the check"]),
     ("qwen3_labelled_llama", _qwen3_labelled_llama, ["unexpected model.layers.0.self_attn.k_norm.weight"]),
     # RoPE rotates pairs: an odd head width is no MiniNorm head (transformers refuses it too, but a file may say it)
     ("odd_head_dim", _set_config(head_dim=7), ["head_dim=7", "positive even integer"]),

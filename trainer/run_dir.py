@@ -426,6 +426,12 @@ class JsonlRecord(dict):
 NoteSink = Callable[[str], None]
 
 
+def note_on_stderr(note: str) -> None:
+    """The command-line tools' NoteSink: the note is one line on stderr, and the tool goes on with the lines it
+    could read (a torn line in the middle of a metrics.jsonl or results.jsonl is said, not skipped silently)."""
+    print(note, file=sys.stderr, flush=True)
+
+
 def record_where(record: Mapping[str, Any]) -> str:
     """Where a record is, for an error about it: FILE:LINE for a JsonlRecord, else its step."""
     return getattr(record, "where", "") or f"the record of step {shown_value(record.get('step'))}"

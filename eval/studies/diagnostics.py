@@ -32,7 +32,7 @@ from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from trainer.cli import ToolParser, run_main  # noqa: E402
 from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series, recorded_layers  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
-from trainer.run_dir import (METRICS_FILE, read_metrics, report_error, resolve_input_path,  # noqa: E402
+from trainer.run_dir import (METRICS_FILE, note_on_stderr, read_metrics, report_error, resolve_input_path,  # noqa: E402
                              resolve_path)
 
 # What each quantity means, for the plot titles.
@@ -121,7 +121,7 @@ def plot_globals(records: list[dict], out_path: Path, run_label: str = "") -> bo
 def plot_run(source: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw every per-layer heatmap and the global plot of one run; returns the PNG paths written."""
     metrics = find_metrics_file(source)
-    records = read_metrics(metrics)
+    records = read_metrics(metrics, note_skipped=note_on_stderr)  # a torn line in the middle: said, not skipped
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     label = metrics.parent.name if metrics.name.startswith("metrics") else metrics.stem

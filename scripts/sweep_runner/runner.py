@@ -19,7 +19,7 @@ from scripts.sweep_runner.engine import propose_next
 from scripts.sweep_runner.errors import SweepConfigError, SweepWriteError
 from scripts.sweep_runner.recording import bring_back_records, cannot_write, load_state, metric_value, writing
 from scripts.sweep_runner.trial import TrialOutcome, default_wandb_mode, run_trial, running_trials
-from trainer.run_dir import EXIT_ERROR, SUMMARY_FILE, resolve_path
+from trainer.run_dir import EXIT_ERROR, SUMMARY_FILE, note_on_stderr, resolve_path
 from trainer.sweep_dir import (DONE_STATUSES, RESULT_SUMMARY_KEYS, RESULTS_FILE, SWEEP_TRIAL_VARIABLE, TRIALS_DIR,
                                append_result, default_sweep_dir, done_records, restorable_records, save_records,
                                swept_names, sweep_dir_lock, trial_dir_name, write_state)
@@ -56,7 +56,7 @@ class SweepRunner:
         self.picked, self.seed, self.workers, self.dry_run = picked, seed, workers, dry_run
         self.state = load_state(sweep_dir, name, config)
         # results.jsonl lines before its last that are no result: one note line on stderr (the last may be torn)
-        done = done_records(sweep_dir, note_skipped=lambda note: print(note, file=sys.stderr, flush=True))
+        done = done_records(sweep_dir, note_skipped=note_on_stderr)
         for trial in self.state["trials"]:  # the results file is the record; the state may lag a kill behind it
             if (result := done.get(trial["trial_id"])) is not None:
                 trial["status"], trial["metric"] = result["status"], result.get("metric")

@@ -230,6 +230,19 @@ def test_metric_matrix_and_heatmaps(tmp_path) -> None:
     assert all(p.stat().st_size > 1000 for p in written)
 
 
+def test_a_torn_line_in_the_middle_of_the_metrics_is_said_on_stderr_and_the_plots_are_drawn(tmp_path, capsys) -> None:
+    """A metrics.jsonl line before the last that is no record (torn by a kill a later append ended) is one note line
+    on stderr naming it, as the ablation report says it (run_dir.note_on_stderr); the plots are of the other lines."""
+    from eval.studies.diagnostics import main
+    lines = [json.dumps({"step": 10, "diag/resid_rms/layer_00": 1.0}), '{"step": 20, "diag/resid_rm',
+             json.dumps({"step": 30, "diag/resid_rms/layer_00": 2.0})]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    written = main([str(tmp_path), "--out", str(tmp_path / "plots")])
+    assert [p.name for p in written] == ["resid_rms.png"]
+    err = capsys.readouterr().err
+    assert err == f"note: {tmp_path / 'metrics.jsonl'}: 1 line skipped, torn or damaged (line 2); the rest is read\n"
+
+
 @pytest.mark.parametrize(("line", "expected"), [
     ({"step": 1, "diag/grad_norm/layer_9999999": 1.0}, "metrics.jsonl:3: diag/grad_norm/layer_9999999: layer index "
                                                        "9999999 is out of range; the records log 3 distinct"),

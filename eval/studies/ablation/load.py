@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainer.diagnostics import metric_matrix
-from trainer.run_dir import METRICS_FILE, final_metric, read_metrics, read_summary, record_number
+from trainer.run_dir import METRICS_FILE, final_metric, note_on_stderr, read_metrics, read_summary, record_number
 from trainer.sweep_dir import (RESULT_SUMMARY_KEYS, SWEEP_STATE_FILE, read_results, read_state, swept_names,
                                trial_dir_name)
 
@@ -110,18 +109,12 @@ class Part:
 
 
 
-def _note_skipped(note: str) -> None:
-    """A results.jsonl's or metrics.jsonl's lines skipped before its last (torn, damaged): one line on stderr, the
-    report made of the other lines (study2 reads the metrics again, silently)."""
-    print(note, file=sys.stderr, flush=True)
-
-
 def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
     """The sweep's config and its trials, in proposal order; the last results.jsonl record of a trial wins."""
     state = read_state(sweep_dir)
     if state is None:
         raise FileNotFoundError(f"{sweep_dir}: no {SWEEP_STATE_FILE}; run `python scripts/sweep.py FILE.yaml` first")
-    records = {record["trial_id"]: record for record in read_results(sweep_dir, _note_skipped)}
+    records = {record["trial_id"]: record for record in read_results(sweep_dir, note_on_stderr)}
     trials = []
     for entry in state["trials"]:
         record = records.get(entry["trial_id"])
@@ -133,7 +126,7 @@ def load_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Trial]]:
             trial.summary = {"status": record.get("status"),
                              **{key: record[key] for key in RESULT_SUMMARY_KEYS if key in record}}
         if (trial_dir / METRICS_FILE).exists():
-            metrics = read_metrics(trial_dir / METRICS_FILE, note_skipped=_note_skipped)
+            metrics = read_metrics(trial_dir / METRICS_FILE, note_skipped=note_on_stderr)
             curve = [(record_number(r, "step", int), record_number(r, "val_loss")) for r in metrics
                      if r.get("split") == "val" and r.get("val_loss") is not None]
             trial.val_curve = [(step, loss) for step, loss in curve if math.isfinite(loss)]

@@ -143,8 +143,9 @@ def _fewer_rows(args: TrainArgs) -> str:
     return f"lower {rows} or --num_generations" if args.task in ROLLOUT_TASKS else f"lower {rows}"
 
 
-def _size(count: int) -> str:
-    """A byte count in GiB, or in MiB below one GiB (a test's fake memory)."""
+def size_text(count: int) -> str:
+    """A byte count in GiB, or in MiB below one GiB (a test's fake memory), for a refusal that names both the bytes a
+    tensor takes and the memory there is (also the benchmarks', eval/benchmarks/)."""
     return f"{count / GIB:,.1f} GiB" if count >= GIB else f"{count / 2 ** 20:,.1f} MiB"
 
 
@@ -164,6 +165,6 @@ def check_largest_tensor_fits(args: TrainArgs, vocab_size: int, positions: int, 
     if tensor.bytes <= total:
         return
     whose = " (the larger of the student's and the teacher's)" if teacher_vocab_size is not None else ""
-    raise ValueError(f"one micro-batch's logits{whose} would take {_size(tensor.bytes)} ({tensor.described} "
-                     f"x {vocab} vocabulary x {FP32_BYTES} bytes, fp32), more than the {_size(total)} of "
+    raise ValueError(f"one micro-batch's logits{whose} would take {size_text(tensor.bytes)} ({tensor.described} "
+                     f"x {vocab} vocabulary x {FP32_BYTES} bytes, fp32), more than the {size_text(total)} of "
                      f"{where}: {_fewer_rows(args) if args.task != 'pretrain' else shrink_advice(args, False)}")

@@ -54,7 +54,9 @@ from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, run_main)
 from trainer.args import parse_args  # noqa: E402
-from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
+from trainer.machine import cpu_has_fast_bf16, device_memory_bytes, machine_line  # noqa: E402
+from trainer.memory import FP32_BYTES, out_of_memory, size_text  # noqa: E402
+from trainer.run_dir import report_error  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
 from trainer.run_optimizer import make_optimizer, make_scheduler  # noqa: E402
 from trainer.step_timer import timed_step  # noqa: E402
@@ -162,7 +164,11 @@ def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on
                     "ln": ("MiniNorm LayerNorm", lambda: make("ln", "layernorm")),
                     "llama": ("HF Llama", lambda: make("llama", "rmsnorm")),
                 }
-                trainers = {makers[key][0]: makers[key][1]() for key in variants}
+                try:
+                    trainers = {makers[key][0]: makers[key][1]() for key in variants}
+                except ValueError as error:  # the trainer's refusal of these flags (its logits past the memory)
+                    raise SystemExit(report_error(f"the {preset} {dtype} trainer of --batch_size {args.batch_size} and "
+                                                  f"--seq_len {args.seq_len} (its --max_seq_len): {error}")) from None
                 swap_in_llama(trainers["HF Llama"])
                 steps = {name: timed_step(t) for name, t in trainers.items()}
                 # The first step of each (compilation included) is timed on its own and reported, not medianed.
@@ -189,6 +195,23 @@ def print_step_rows(args: argparse.Namespace, preset: str, dtype: str,
 
 
 # --------------------------------------------------------------------------- the norms alone
+NORM_TENSORS = 4  # held at once in each timed call of the norm table: its input x, dy, a norm's output and dx
+
+
+def norm_table_too_large(args: argparse.Namespace) -> str | None:
+    """Why the norm table's (--norm_rows, --norm_dim) fp32 tensors cannot be held on this machine (None: they may
+    be): they alone are more than all of its memory (trainer/machine.py's device_memory_bytes, as the trainer checks
+    its logits), so the run would end in the allocator's traceback, or a kill, after the step table's minutes."""
+    memory = device_memory_bytes(torch.device("cpu"))  # bench_norms times on the CPU
+    needed = NORM_TENSORS * args.norm_rows * args.norm_dim * FP32_BYTES
+    if memory is None or needed <= memory[0]:
+        return None
+    total, where = memory
+    return (f"--norm_rows {args.norm_rows} x --norm_dim {args.norm_dim}: the norm table's {NORM_TENSORS} fp32 tensors "
+            f"of that shape (input, dy, output, dx) would take {size_text(needed)}, more than the {size_text(total)} "
+            f"of {where}; lower --norm_rows or --norm_dim, or give --skip_norms")
+
+
 def norm_fwd_bwd(module: nn.Module | Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                  dy: torch.Tensor) -> Callable[[], float]:
     def run() -> float:
@@ -253,6 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip_steps", action="store_true", help="only the norm table")
     parser.add_argument("--skip_norms", action="store_true", help="only the training-step table")
     args = parser.parse_args(argv)
+    if not args.skip_norms and (too_large := norm_table_too_large(args)) is not None:
+        parser.error(too_large)  # before the machine line, the GEMM probe and the step table
     if args.threads:
         torch.set_num_threads(args.threads)
     on_cpu = not torch.cuda.is_available()
@@ -261,12 +286,20 @@ def main(argv: list[str] | None = None) -> None:
     fp32_rate, bf16_rate = gemm_gflops(torch.float32), gemm_gflops(torch.bfloat16)
     print(f"CPU GEMM (1024x512 @ 512x1408): fp32 {fp32_rate:.1f} GFLOP/s, bf16 {bf16_rate:.1f} GFLOP/s; "
           f"fast bf16 (AMX/AVX512-BF16, the trainer's rule for --dtype auto): {cpu_has_fast_bf16()}", flush=True)
-    if not args.skip_steps:
-        presets = args.presets or ("cpu-default,minimind-26m" if on_cpu else "minimind-26m,minimind-64m")
-        auto_impl = resolve_norm_impl("auto", torch.device("cpu" if on_cpu else "cuda")).value
-        bench_steps(args, presets.split(","), auto_impl, on_cpu)
-    if not args.skip_norms:
-        bench_norms(args)
+    table, remedy = "the step table", "lower --batch_size or --seq_len"
+    try:
+        if not args.skip_steps:
+            presets = args.presets or ("cpu-default,minimind-26m" if on_cpu else "minimind-26m,minimind-64m")
+            auto_impl = resolve_norm_impl("auto", torch.device("cpu" if on_cpu else "cuda")).value
+            bench_steps(args, presets.split(","), auto_impl, on_cpu)
+        if not args.skip_norms:
+            table, remedy = "the norm table", "lower --norm_rows or --norm_dim"
+            bench_norms(args)
+    except (MemoryError, RuntimeError) as error:  # sizes that fit the memory alone but not with the rest: one line
+        said = out_of_memory(error)
+        if said is None:
+            raise
+        raise SystemExit(report_error(f"out of memory in {table} ({said}): {remedy}")) from None
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\nload average {end_load:.2f} at end")
 

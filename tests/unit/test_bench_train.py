@@ -44,3 +44,53 @@ def test_variants_are_refused_as_parsed_before_anything_is_measured(variants: st
     captured = capsys.readouterr()
     assert said in captured.err
     assert captured.out == ""  # no machine line, no GEMM probe: refused first
+
+
+def _fake_memory(monkeypatch: pytest.MonkeyPatch, module: object) -> None:
+    monkeypatch.setattr(module, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"), raising=False)
+
+
+def test_a_norm_table_past_the_memory_is_one_line_before_anything_is_measured(
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--norm_rows x --norm_dim within MAX_SIZE each can be more than the machine holds: the flags alone say so,
+    before the machine line, the GEMM probe and the step table (it was the allocator's traceback after them)."""
+    _fake_memory(monkeypatch, bench_train)
+    with pytest.raises(SystemExit) as stopped:
+        bench_train.main(["--skip_steps", "--norm_rows", "1024", "--norm_dim", "1024", "--norm_reps", "1"])
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: --norm_rows 1024 x --norm_dim 1024: the norm table's 4 fp32 tensors of "
+                                   "that shape (input, dy, output, dx) would take 16.0 MiB, more than the 1.0 MiB "
+                                   "of a fake 1 MiB memory; lower --norm_rows or --norm_dim, or give --skip_norms\n")
+
+
+def test_the_step_tables_trainer_refusing_its_sizes_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A --batch_size and --seq_len whose logits the trainer refuses (more than the memory) end in its one line,
+    named by the benchmark's flags, not in a ValueError traceback."""
+    from trainer import memory
+    _fake_memory(monkeypatch, memory)
+    with pytest.raises(SystemExit) as stopped:
+        bench_train.main(["--presets", "cpu-default", "--dtypes", "float32", "--variants", "rms,llama",
+                          "--skip_norms", "--steps", "1", "--warmup", "0"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("error: the cpu-default float32 trainer of --batch_size 8 and --seq_len 256 (its "
+                              "--max_seq_len): one micro-batch's logits would take ")
+
+
+def test_an_allocation_that_fails_in_a_table_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    def allocator_refuses(args: argparse.Namespace) -> None:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 4000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(bench_train, "bench_norms", allocator_refuses)
+    monkeypatch.setattr(bench_train, "gemm_gflops", lambda dtype: 1.0)
+    with pytest.raises(SystemExit) as stopped:
+        bench_train.main(["--skip_steps"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == ("error: out of memory in the norm table (DefaultCPUAllocator: can't allocate "
+                                       "memory: you tried to allocate 4000 bytes): lower --norm_rows or --norm_dim\n")

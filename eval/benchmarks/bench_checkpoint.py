@@ -34,6 +34,7 @@ import trainer.checkpoint as checkpoint  # noqa: E402
 import trainer.checkpoint_state as checkpoint_state  # noqa: E402
 from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
+from dataset.atomic_io import check_folder_path, make_dirs  # noqa: E402
 from dataset.shown_value import shown_value  # noqa: E402
 from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
@@ -92,6 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     for preset in presets:
         if preset not in PRESETS:
             parser.error(f"--presets: {shown_value(preset)} is not allowed; choose from {', '.join(PRESETS)}")
+    try:  # a file in the way, no permission: refused now; a folder not there yet is made, as an --out_dir is
+        check_folder_path(args.dir, "--dir")
+        make_dirs(args.dir)
+    except ValueError as error:
+        parser.error(str(error))
     torch.set_num_threads(1)
     print(machine_line())
     print("| preset | checkpoint MB | save, digests (s) | save, none (s) | hashing share | verify at resume (s) |")

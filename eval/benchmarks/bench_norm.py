@@ -51,7 +51,7 @@ quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: o
 
 import torch  # noqa: E402
 
-from dataset.atomic_io import atomic_write_text  # noqa: E402
+from dataset.atomic_io import atomic_write_text, check_folder_path  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from eval.benchmarks.rmsnorm.checks import check_kernels, check_model  # noqa: E402
 from eval.benchmarks.rmsnorm.lab import DEFAULT_LAB_NORMS, LAB_VARIANTS, lab_table, run_lab  # noqa: E402
@@ -404,6 +404,11 @@ def time_methods(args: argparse.Namespace, m: int, dtype: torch.dtype, weight_dt
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    if args.out is not None:
+        try:  # a folder there, or a file in the way of its folder: refused now, not after the timing
+            check_folder_path(args.out, "--out", itself=False)
+        except ValueError as error:
+            ap.error(str(error))
     device = chosen_device(ap, args)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -145,7 +145,7 @@ def _threads() -> int:
 def main(argv: list[str] | None = None) -> int:
     import yaml
 
-    from dataset.atomic_io import atomic_write_text
+    from dataset.atomic_io import atomic_write_text, check_output_file
     from trainer.cli import ToolParser, int_within
     from trainer.run_dir import report_error
 
@@ -160,15 +160,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="whole-model compile for every variant (default: as the sweep's trials decide)")
     parser.add_argument("--variants", help="comma-separated variant names (default: all of the sweep's)")
     args = parser.parse_args(argv)
+    out = Path(args.out)
     try:
-        config = yaml.safe_load(resolve_input_path(args.sweep).read_text())
+        sweep = resolve_input_path(args.sweep)
+        for path in (out, out.with_suffix(".md")):  # refused before the rounds, not after them
+            check_output_file(path, "--out", [("the sweep", sweep)])
+        config = yaml.safe_load(sweep.read_text())
         if VARIANT_KEY not in (config or {}).get("parameters", {}):
             raise ValueError(f"{args.sweep}: no `{VARIANT_KEY}` parameter (the variant files) to time")
         payload = run(config, args.rounds, args.steps, args.warmup, args.compile,
                       args.variants.split(",") if args.variants else None)
     except (FileNotFoundError, ValueError) as error:
         return report_error(error)
-    out = Path(args.out)
     atomic_write_text(out, strict_json(payload, indent=1))
     table = markdown_table(payload["variants"])
     atomic_write_text(out.with_suffix(".md"),

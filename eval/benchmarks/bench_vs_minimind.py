@@ -38,7 +38,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from dataset.atomic_io import atomic_write_text  # noqa: E402
+from dataset.atomic_io import atomic_write_text, check_folder_path, check_output_file, make_dirs  # noqa: E402
 from dataset.building import MIN_SEQ_LEN  # noqa: E402
 from dataset.corpus import ensure_default_corpus  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
@@ -171,7 +171,13 @@ def validate_args(parser: ToolParser, args: argparse.Namespace) -> None:
         if not args.data_path.is_file():
             parser.error(f"--data_path {args.data_path}: no such file")
         args.data_path = args.data_path.resolve()  # MiniMind runs in its own trainer/ folder
-    args.log_dir.mkdir(parents=True, exist_ok=True)
+    try:  # both trainers run for minutes first: a --json or --log_dir that cannot be written is refused now
+        if args.json is not None:
+            check_output_file(args.json, "--json", [("--data_path", args.data_path)] if args.data_path else [])
+        check_folder_path(args.log_dir, "--log_dir")
+        make_dirs(args.log_dir)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def print_table(args: argparse.Namespace, text: str, per_sample: float, minimind: dict, ours: dict) -> None:

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass  # noqa: E402
 import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 
-from dataset.atomic_io import atomic_write_text  # noqa: E402
+from dataset.atomic_io import atomic_write_text, check_folder_path, make_dirs  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.arg_checks import A_YEAR_S  # noqa: E402
@@ -221,7 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out_dir = resolve_path(args.out_dir)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    try:  # a file in the way, or a folder where a results file goes: refused now, not after every recipe's run
+        check_folder_path(args.out_dir, "--out_dir")
+        for suffix in ("json", "md"):
+            check_folder_path(args.out_dir / f"{RESULTS_NAME}.{suffix}", "--out_dir", itself=False)
+        make_dirs(args.out_dir)
+    except ValueError as error:
+        parser.error(str(error))
     load_start = os.getloadavg()[0]
     header = f"{machine_line()}; load average {load_start:.2f} at start"
     print(header, flush=True)

@@ -507,3 +507,55 @@ def test_a_path_too_long_to_name_that_no_check_met_is_one_line(tmp_path, capsys)
 
     with pytest.raises(PermissionError):
         run_main(other)
+
+
+def _output_cases(tmp_path):
+    """(module, argv, the refusal's line) of each benchmark's output path that cannot be written."""
+    a_file, a_folder = tmp_path / "a_file", tmp_path / "a_folder"
+    a_file.write_text("kept\n")
+    a_folder.mkdir()
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("parameters: {}\n")
+    minimind = tmp_path / "minimind"
+    (minimind / "trainer").mkdir(parents=True)
+    (minimind / "trainer" / "train_pretrain.py").write_text("")
+    return [
+        ("eval.benchmarks.bench_norm", [*ONE_NORM, "--out", str(a_folder)],
+         f"error: --out {a_folder} is a folder, not a file"),
+        ("eval.benchmarks.bench_norm", [*ONE_NORM, "--out", str(a_file / "rows.json")],
+         f"error: --out {a_file / 'rows.json'}: {a_file} is a file, not a folder"),
+        ("eval.benchmarks.bench_checkpoint", ["--presets", "cpu-default", "--rounds", "1", "--dir", str(a_file / "d")],
+         f"error: --dir {a_file / 'd'}: {a_file} is a file, not a folder"),
+        ("eval.benchmarks.time_to_loss", [*ONE_SECOND, "--out_dir", str(a_file)],
+         f"error: --out_dir {a_file} is a file, not a folder"),
+        ("eval.benchmarks.bench_norm_variants", [str(sweep), "--out", str(sweep)],
+         f"error: --out {sweep} is the sweep's {sweep}: writing there would destroy a file the tool reads; "
+         f"choose another --out"),
+        ("eval.benchmarks.bench_norm_variants", [str(sweep), "--out", str(a_folder)],
+         f"error: --out {a_folder} is a folder, not a file"),
+        ("eval.benchmarks.bench_vs_minimind", ["--minimind_dir", str(minimind), "--steps", "40", "--json",
+                                               str(a_folder)], f"error: --json {a_folder} is a folder, not a file"),
+        ("eval.benchmarks.bench_vs_minimind", ["--minimind_dir", str(minimind), "--steps", "40", "--log_dir",
+                                               str(a_file)], f"error: --log_dir {a_file} is a file, not a folder"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_a_benchmarks_output_path_that_cannot_be_written_is_refused_before_the_work(case, tmp_path, capsys):
+    """A folder where a results file goes, a file in the way of an output folder, an output that is the tool's own
+    input: one line naming the flag, before anything is timed or run (bench_norm's --out folder was an
+    IsADirectoryError traceback after its table, bench_checkpoint's --dir under a file a NotADirectoryError,
+    time_to_loss's --out_dir a FileExistsError; bench_norm_variants wrote its JSON over the sweep it read, and
+    bench_vs_minimind's --json failed after both trainers' runs)."""
+    import importlib
+
+    cases = _output_cases(tmp_path)
+    assert len(cases) == 8
+    module, argv, said = cases[case]
+    with pytest.raises(SystemExit) as stopped:
+        raise SystemExit(importlib.import_module(module).main(argv))
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[0] == said
+    assert captured.out == ""
+    assert (tmp_path / "a_file").read_text() == "kept\n" and (tmp_path / "sweep.yaml").read_text() == "parameters: {}\n"

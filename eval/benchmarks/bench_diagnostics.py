@@ -36,11 +36,13 @@ from dataclasses import dataclass, field  # noqa: E402
 
 import torch  # noqa: E402
 
-from model.config import PRESETS, MiniNormConfig  # noqa: E402
+from model.config import PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
-from trainer.machine import machine_line  # noqa: E402
+from trainer.machine import device_memory_bytes, machine_line  # noqa: E402
+from trainer.memory import FP32_BYTES, out_of_memory, size_text  # noqa: E402
+from trainer.run_dir import report_error  # noqa: E402
 
 
 CALL_TIMES: list[float] = []  # per armed step: seconds spent inside arm(), after_backward() and after_step()
@@ -89,9 +91,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The benchmark's flags."""
     parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="cpu-default", choices=list(PRESETS), help="model preset (model/config.py)")
-    parser.add_argument("--norm_type", default="rmsnorm", help="the model's norm, as the trainer's --norm_type")
-    parser.add_argument("--norm_placement", default="pre", help="as the trainer's --norm_placement")
-    parser.add_argument("--norm_impl", default="auto", help="as in training (auto: compile on CPU)")
+    # the model config's values (an unknown one was its ValueError's traceback, after the flags were taken)
+    parser.add_argument("--norm_type", default="rmsnorm", choices=[str(v) for v in NormType],
+                        help="the model's norm, as the trainer's --norm_type")
+    parser.add_argument("--norm_placement", default="pre", choices=[*map(str, NormPlacement), *PLACEMENT_ALIASES],
+                        help="as the trainer's --norm_placement")
+    parser.add_argument("--norm_impl", default="auto", choices=[str(v) for v in NormImpl],
+                        help="as in training (auto: compile on CPU)")
     parser.add_argument("--batch_size", type=int_within(1), default=8, help="sequences per step")
     parser.add_argument("--seq_len", type=int_within(1), default=256, help="tokens per sequence")
     parser.add_argument("--intervals", type=int_list(1), default="1,10",
@@ -183,13 +189,27 @@ def main(argv: Sequence[str] | None = None) -> dict:
     torch.manual_seed(0)
     config = MiniNormConfig.from_preset(args.preset, norm_type=args.norm_type, norm_placement=args.norm_placement,
                                         norm_impl=args.norm_impl)
+    logits = args.batch_size * args.seq_len * config.vocab_size * FP32_BYTES  # a step's one largest tensor
+    memory = device_memory_bytes(torch.device("cpu"))
+    if memory is not None and logits > memory[0]:  # as the trainer refuses its logits (trainer/memory.py)
+        raise SystemExit(report_error(
+            f"--batch_size {args.batch_size} x --seq_len {args.seq_len}: a step's logits ({config.vocab_size} "
+            f"vocabulary, fp32) would take {size_text(logits)}, more than the {size_text(memory[0])} of {memory[1]}; "
+            f"lower --batch_size or --seq_len"))
     model = MiniNormForCausalLM(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     diag = NormDiagnostics(model)
     time_hooks(diag)
     ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len))
     modes = ["off"] + [f"every {k}" for k in args.intervals]
-    return report(run_modes(model, optimizer, ids, diag, modes, args), modes, args)
+    try:
+        timings = run_modes(model, optimizer, ids, diag, modes, args)
+    except (MemoryError, RuntimeError) as error:  # sizes whose logits fit alone, not with the activations: one line
+        said = out_of_memory(error)
+        if said is None:
+            raise
+        raise SystemExit(report_error(f"out of memory ({said}): lower --batch_size or --seq_len")) from None
+    return report(timings, modes, args)
 
 def command_line() -> int:
     """The command: main()'s numbers are for in-process callers; here its printed table is the answer."""

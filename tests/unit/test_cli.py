@@ -214,6 +214,13 @@ BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagn
     ("eval.benchmarks.bench_moe", ["--batch_size", "-1"], "--batch_size", "-1 is not an integer >= 1"),
     ("eval.benchmarks.bench_diagnostics", ["--intervals", "abc"], "--intervals",
      "'abc' is not comma-separated integers >= 1"),
+    # the model config's values (a ValueError traceback from MiniNormConfig before)
+    ("eval.benchmarks.bench_diagnostics", ["--norm_type", "bogus"], "--norm_type",
+     "invalid choice: 'bogus' (choose from 'rmsnorm', 'prmsnorm', 'layernorm', 'dyt', 'none')"),
+    ("eval.benchmarks.bench_diagnostics", ["--norm_placement", "bogus"], "--norm_placement",
+     "invalid choice: 'bogus' (choose from 'pre', 'post', 'sandwich', 'res_post', 'deepnorm', 'mix', 'peri',"),
+    ("eval.benchmarks.bench_diagnostics", ["--norm_impl", "bogus"], "--norm_impl",
+     "invalid choice: 'bogus' (choose from 'auto', 'eager', 'compile', 'triton')"),
     ("eval.benchmarks.bench_diagnostics", ["--threads", "0"], "--threads",
      f"0 is not an integer in 1 .. {MAX_THREADS}"),
     ("eval.benchmarks.bench_rollout", ["--rounds", "0"], "--rounds", "0 is not an integer >= 1"),
@@ -559,3 +566,31 @@ def test_a_benchmarks_output_path_that_cannot_be_written_is_refused_before_the_w
     assert captured.err.splitlines()[0] == said
     assert captured.out == ""
     assert (tmp_path / "a_file").read_text() == "kept\n" and (tmp_path / "sweep.yaml").read_text() == "parameters: {}\n"
+
+
+def test_bench_diagnostics_sizes_past_the_memory_are_one_line(monkeypatch, capsys):
+    """--batch_size x --seq_len whose logits alone are past the memory: one line before the model is built (it was
+    the allocator's traceback in the first step); an allocation failing in a step is one line too."""
+    from eval.benchmarks import bench_diagnostics
+
+    monkeypatch.setattr(bench_diagnostics, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"),
+                        raising=False)
+    flags = ["--blocks", "1", "--block_steps", "1", "--warmup", "0", "--intervals", "1", "--derive", "1"]
+    with pytest.raises(SystemExit) as stopped:
+        bench_diagnostics.main([*flags, "--batch_size", "2", "--seq_len", "64"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: --batch_size 2 x --seq_len 64: a step's logits (6400 vocabulary, fp32) would take 3.1 MiB, more than "
+        "the 1.0 MiB of a fake 1 MiB memory; lower --batch_size or --seq_len\n")
+
+    def allocator_refuses(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes. Error "
+                           "code 12")
+
+    monkeypatch.setattr(bench_diagnostics, "device_memory_bytes", lambda device: None)
+    monkeypatch.setattr(bench_diagnostics, "run_modes", allocator_refuses)
+    with pytest.raises(SystemExit) as stopped:
+        bench_diagnostics.main([*flags, "--batch_size", "1", "--seq_len", "8"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "
+                                       "allocate 4000 bytes): lower --batch_size or --seq_len\n")

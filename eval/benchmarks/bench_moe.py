@@ -30,7 +30,11 @@ import torch  # noqa: E402
 from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import SparseMoE, SwiGLU  # noqa: E402
 from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
-from trainer.machine import machine_line  # noqa: E402
+from trainer.machine import device_memory_bytes, machine_line  # noqa: E402
+from trainer.memory import FP32_BYTES, out_of_memory, size_text  # noqa: E402
+from trainer.run_dir import report_error  # noqa: E402
+
+MLP_TENSORS = 3  # (tokens, hidden) fp32 tensors each call holds at once, at the least: x, the output and dx
 
 
 def call_seconds(mlp: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
@@ -59,6 +63,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dense_config = MiniNormConfig.from_preset(args.preset)
+    needed = MLP_TENSORS * args.batch_size * args.seq_len * dense_config.hidden_size * FP32_BYTES
+    memory = device_memory_bytes(torch.device("cpu"))
+    if memory is not None and needed > memory[0]:  # as the trainer refuses its logits (trainer/memory.py)
+        parser.error(f"--batch_size {args.batch_size} x --seq_len {args.seq_len}: the {MLP_TENSORS} fp32 tensors of "
+                     f"that many tokens x hidden {dense_config.hidden_size} a call holds (input, output, its gradient) "
+                     f"would take {size_text(needed)}, more than the {size_text(memory[0])} of {memory[1]}; lower "
+                     f"--batch_size or --seq_len")
     variants: dict[str, torch.nn.Module] = {"dense": SwiGLU(dense_config)}
     for count in args.experts:
         config = MiniNormConfig.from_preset(args.preset, num_experts=count, num_experts_per_tok=min(args.top_k, count))
@@ -67,13 +78,19 @@ def main(argv: list[str] | None = None) -> None:
             if isinstance(module, torch.nn.Linear):
                 torch.nn.init.normal_(module.weight, std=0.02 if module is not moe.gate else 1.0)
         variants[f"{count} experts"] = moe
-    x = torch.randn(args.batch_size * args.seq_len, dense_config.hidden_size, requires_grad=True)
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for name, mlp in variants.items():  # warm-up
-        call_seconds(mlp, x, 1)
-    for _ in range(args.rounds):
-        for name, mlp in variants.items():
-            times[name].append(call_seconds(mlp, x, args.calls))
+    try:
+        x = torch.randn(args.batch_size * args.seq_len, dense_config.hidden_size, requires_grad=True)
+        for name, mlp in variants.items():  # warm-up
+            call_seconds(mlp, x, 1)
+        for _ in range(args.rounds):
+            for name, mlp in variants.items():
+                times[name].append(call_seconds(mlp, x, args.calls))
+    except (MemoryError, RuntimeError) as error:  # sizes that fit alone, not with the experts' activations
+        said = out_of_memory(error)
+        if said is None:
+            raise
+        raise SystemExit(report_error(f"out of memory ({said}): lower --batch_size or --seq_len")) from None
     print(machine_line())
     print(f"{args.preset}: hidden {dense_config.hidden_size}, expert width {dense_config.intermediate_size}, "
           f"{x.shape[0]} tokens, top-{args.top_k}, {args.threads} thread(s), {args.rounds} rounds x {args.calls} calls")

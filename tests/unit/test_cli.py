@@ -594,3 +594,32 @@ def test_bench_diagnostics_sizes_past_the_memory_are_one_line(monkeypatch, capsy
     assert stopped.value.code == 2
     assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "
                                        "allocate 4000 bytes): lower --batch_size or --seq_len\n")
+
+
+def test_bench_moe_sizes_past_the_memory_are_one_line(monkeypatch, capsys):
+    """--batch_size x --seq_len tokens past the memory: one line before the experts are built and called (it was the
+    allocator's traceback); an allocation failing in a call is one line too."""
+    from eval.benchmarks import bench_moe
+
+    monkeypatch.setattr(bench_moe, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"),
+                        raising=False)
+    flags = ["--preset", "cpu-default", "--experts", "2", "--rounds", "1", "--calls", "1"]
+    with pytest.raises(SystemExit) as stopped:
+        bench_moe.main([*flags, "--batch_size", "4", "--seq_len", "256"])
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: --batch_size 4 x --seq_len 256: the 3 fp32 tensors of that many tokens x "
+                                   "hidden 256 a call holds (input, output, its gradient) would take 3.0 MiB, more "
+                                   "than the 1.0 MiB of a fake 1 MiB memory; lower --batch_size or --seq_len\n")
+
+    def allocator_refuses(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes.")
+
+    monkeypatch.setattr(bench_moe, "device_memory_bytes", lambda device: None)
+    monkeypatch.setattr(bench_moe, "call_seconds", allocator_refuses)
+    with pytest.raises(SystemExit) as stopped:
+        bench_moe.main([*flags, "--batch_size", "1", "--seq_len", "8"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "
+                                       "allocate 4000 bytes): lower --batch_size or --seq_len\n")

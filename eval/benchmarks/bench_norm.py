@@ -61,9 +61,26 @@ from model.norms import triton_can_run  # noqa: E402
 from model.rmsnorm_math import P_RANGE  # noqa: E402
 from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, run_main)
-from trainer.machine import machine_line  # noqa: E402
+from trainer.machine import device_memory_bytes, machine_line  # noqa: E402
+from trainer.memory import out_of_memory, size_text  # noqa: E402
+from trainer.run_dir import report_error  # noqa: E402
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
+CPU_ROW_LENGTHS = [256, 512, 768, 2048]
+SHAPE_TENSORS = 4  # (M, N) tensors a timed call holds at once, at the least: x, dy, the output and dx
+
+
+def shape_too_large(m: int, ns: list[int], dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why the widest (--m, --n) shape cannot be held on `device` (None: it may be): its tensors alone are more than
+    all of its memory (trainer/machine.py's device_memory_bytes, as the trainer checks its logits), which was the
+    allocator's traceback after the copy-bandwidth probe and the narrower shapes."""
+    memory = device_memory_bytes(device)
+    needed = SHAPE_TENSORS * m * max(ns) * dtype.itemsize
+    if memory is None or needed <= memory[0]:
+        return None
+    return (f"--m {m} x --n {max(ns)}: the {SHAPE_TENSORS} {str(dtype).removeprefix('torch.')} tensors of that shape "
+            f"(x, dy, the output, dx) would take {size_text(needed)}, more than the {size_text(memory[0])} of "
+            f"{memory[1]}; lower --m or --n")
 
 # ------------------------------------------------------------------------------------------------ timing
 
@@ -376,7 +393,7 @@ def timed_machine(device: torch.device) -> str:
 def time_methods(args: argparse.Namespace, m: int, dtype: torch.dtype, weight_dtype: torch.dtype,
                  device: torch.device) -> None:
     """The timing run: the header, then --sweep's table or the RMSNorm and residual tables (and --out's JSON)."""
-    ns = args.n or (GPU_ROW_LENGTHS if device.type == "cuda" else [256, 512, 768, 2048])
+    ns = args.n or (GPU_ROW_LENGTHS if device.type == "cuda" else CPU_ROW_LENGTHS)
     ceiling = copy_bandwidth_gbs(device)
     machine = timed_machine(device)
     print(f"# RMSNorm benchmark: {machine}; {str(dtype).removeprefix('torch.')} activations, "
@@ -429,7 +446,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.check:
         return passed(check_kernels(args.n, args.m, dtype, device, big=not args.no_big))
-    time_methods(args, m, dtype, weight_dtype, device)
+    too_large = shape_too_large(m, args.n or (GPU_ROW_LENGTHS if device.type == "cuda" else CPU_ROW_LENGTHS),
+                                dtype, device)
+    if too_large is not None:
+        ap.error(too_large)  # before the copy-bandwidth probe and the narrower shapes' timing
+    try:
+        time_methods(args, m, dtype, weight_dtype, device)
+    except (MemoryError, RuntimeError) as error:  # a shape that fits alone, not with a method's own buffers
+        said = out_of_memory(error)
+        if said is None:
+            raise
+        return report_error(f"out of memory ({said}): lower --m or --n")
     return 0
 
 

@@ -623,3 +623,29 @@ def test_bench_moe_sizes_past_the_memory_are_one_line(monkeypatch, capsys):
     assert stopped.value.code == 2
     assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "
                                        "allocate 4000 bytes): lower --batch_size or --seq_len\n")
+
+
+def test_bench_norm_shapes_past_the_memory_are_one_line(monkeypatch, capsys):
+    """--m x --n past the device's memory: one line before the copy-bandwidth probe and the timing (it was the
+    allocator's traceback after them); an allocation failing in the timing is one line too."""
+    from eval.benchmarks import bench_norm
+
+    monkeypatch.setattr(bench_norm, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"),
+                        raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        bench_norm.main(["--device", "cpu", "--m", "1024", "--n", "64", "256", "--methods", "eager"])
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: --m 1024 x --n 256: the 4 float32 tensors of that shape (x, dy, the "
+                                   "output, dx) would take 4.0 MiB, more than the 1.0 MiB of a fake 1 MiB memory; "
+                                   "lower --m or --n\n")
+
+    def allocator_refuses(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes.")
+
+    monkeypatch.setattr(bench_norm, "device_memory_bytes", lambda device: None)
+    monkeypatch.setattr(bench_norm, "time_methods", allocator_refuses)
+    assert bench_norm.main(ONE_NORM) == 2
+    assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "
+                                       "allocate 4000 bytes): lower --m or --n\n")

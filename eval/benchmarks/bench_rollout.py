@@ -161,11 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model, tokenizer, model_dir = fresh_model(root, args.preset, args.seed)
+        prompt = tokenizer(PROMPT)["input_ids"]
+        context = model.config.max_position_embeddings
+        if args.tokens > context - len(prompt):  # the engine stops there: an AssertionError after the first round
+            parser.error(f"--tokens {args.tokens}: the {args.preset} model's context of {context} takes at most "
+                         f"{context - len(prompt)} new tokens after the {len(prompt)}-token prompt; allowed: 1 .. "
+                         f"{context - len(prompt)}")
         gguf = root / "model-f32.gguf"
         subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "convert_to_gguf.py"), "--model_path",
                         str(model_dir), "--outfile", str(gguf), "--outtype", "f32"], check=True,
                        stdout=subprocess.DEVNULL)
-        prompt = tokenizer(PROMPT)["input_ids"]
         runs: dict[tuple[str, int], Callable[[], int]] = {}
         for batch in (1, args.batch):
             if args.engine_ref:

@@ -649,3 +649,25 @@ def test_bench_norm_shapes_past_the_memory_are_one_line(monkeypatch, capsys):
     assert bench_norm.main(ONE_NORM) == 2
     assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "
                                        "allocate 4000 bytes): lower --m or --n\n")
+
+
+def test_bench_rollout_tokens_past_the_models_context_are_one_line_before_the_conversion(monkeypatch, capsys):
+    """--tokens past what the preset's context takes after the prompt: one line naming the allowed range, before the
+    GGUF conversion and the rounds (the engine stopped at the context: an AssertionError after ~80 s)."""
+    import re
+
+    from eval.benchmarks import bench_rollout
+
+    class Converted(Exception):
+        pass
+
+    def conversion(*args, **kwargs):
+        raise Converted
+
+    monkeypatch.setattr(bench_rollout.subprocess, "run", conversion)
+    with pytest.raises(SystemExit) as stopped:
+        bench_rollout.main(["--preset", "cpu-default", "--tokens", "600", "--threads", "1"])
+    assert stopped.value.code == 2
+    line = capsys.readouterr().err.splitlines()[-2]
+    assert re.fullmatch(r"error: --tokens 600: the cpu-default model's context of 512 takes at most (\d+) new tokens "
+                        r"after the (\d+)-token prompt; allowed: 1 \.\. \1", line), line

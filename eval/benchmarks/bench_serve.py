@@ -63,7 +63,7 @@ from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_wit
 from trainer.inference_flags import MAX_TOP_LOGPROBS  # noqa: E402
 from trainer.distributed import free_port  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
-from trainer.run_dir import CONFIG_FILE, REPO_ROOT, ModelNotFound, locate_model  # noqa: E402
+from trainer.run_dir import CONFIG_FILE, REPO_ROOT, ModelNotFound, locate_model, report_error  # noqa: E402
 
 PROMPTS = ("Hi! How are you?", "What is the capital of France?", "Tell me about the moon.", "你好，你是谁？",
            "Write a short poem about rivers.", "Why is the sky blue?", "Give me three tips for learning Python.",
@@ -407,7 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     configs = CONFIGS + (((8, 8, args.logprobs),) if args.logprobs is not None else ())
     with tempfile.TemporaryDirectory() as scratch:
-        model_path, note = served_model(args.model_path, Path(scratch))
+        try:
+            model_path, note = served_model(args.model_path, Path(scratch))
+        except ModelNotFound as error:  # as eval/chat.py says it: one line, which command makes the model
+            return report_error(error)
         print(f"model {model_path}" + (f" ({note})" if note else ""))
         print(f"machine: {machine_line()}; {args.requests} streamed requests "
               f"per run, greedy, max_tokens {args.max_tokens}; medians of {args.repeats} interleaved repeats")

@@ -671,3 +671,19 @@ def test_bench_rollout_tokens_past_the_models_context_are_one_line_before_the_co
     line = capsys.readouterr().err.splitlines()[-2]
     assert re.fullmatch(r"error: --tokens 600: the cpu-default model's context of 512 takes at most (\d+) new tokens "
                         r"after the (\d+)-token prompt; allowed: 1 \.\. \1", line), line
+
+
+@pytest.mark.parametrize("kind", ["missing", "a_file"])
+def test_bench_serve_names_a_model_path_that_holds_no_model_in_one_line(kind, tmp_path, capsys):
+    """--model_path where no model is (nothing, a file) was locate_model's ModelNotFound traceback; now its one line,
+    as eval/chat.py says it."""
+    from eval.benchmarks import bench_serve
+
+    path = tmp_path / kind
+    if kind == "a_file":
+        path.write_text("")
+    assert bench_serve.main(["--model_path", str(path), "--requests", "1", "--repeats", "1"]) == 2
+    captured = capsys.readouterr()
+    said = f"no model at {path}; create it with" if kind == "missing" else f"{path} is a file, not a model folder"
+    assert captured.err.startswith(f"error: {said}") and captured.err.count("\n") == 1
+    assert captured.out == ""

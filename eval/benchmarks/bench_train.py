@@ -47,12 +47,13 @@ from torch import nn  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 from dataset.building import MIN_SEQ_LEN  # noqa: E402
-from model.config import MAX_SIZE  # noqa: E402
+from model.config import MAX_SIZE, PRESETS  # noqa: E402
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, run_main)
+from trainer.arg_fields import DTYPES  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, device_memory_bytes, machine_line  # noqa: E402
 from trainer.memory import FP32_BYTES, out_of_memory, size_text  # noqa: E402
@@ -131,6 +132,19 @@ def step_variants(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{shown_value(text)} lacks llama, the baseline the table compares the "
                                          f"others with")
     return text
+
+
+def comma_list_of(allowed: tuple[str, ...]) -> Callable[[str], str]:
+    """A comma-separated flag's type whose every name is one of `allowed` (the trainer's --preset or --dtype values),
+    checked as it is parsed: a wrong one was the trainer's refusal of its own flag (--preset, not --presets), after
+    the GEMM probe and every earlier preset's timing."""
+    def names(text: str) -> str:
+        unknown = [name for name in text.split(",") if name not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {shown_text(','.join(unknown))}; allowed: {','.join(allowed)}")
+        return text
+
+    return names
 
 
 def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on_cpu: bool) -> None:
@@ -251,9 +265,11 @@ def bench_norms(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
-    parser.add_argument("--presets", default=None, help="comma-separated (default: cpu-default,minimind-26m on "
-                                                            "CPU; minimind-26m,minimind-64m on CUDA)")
-    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes of the step table")
+    parser.add_argument("--presets", type=comma_list_of(tuple(PRESETS)), default=None,
+                        help="comma-separated (default: cpu-default,minimind-26m on CPU; minimind-26m,minimind-64m "
+                             "on CUDA)")
+    parser.add_argument("--dtypes", type=comma_list_of(DTYPES), default="float32,bfloat16",
+                        help="comma-separated dtypes of the step table")
     parser.add_argument("--steps", type=int_within(1), default=6, help="timed training steps per variant")
     parser.add_argument("--warmup", type=int_within(0), default=2,
                         help="steps before the timed ones (the first, with any compilation, is reported on its own)")

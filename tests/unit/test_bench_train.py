@@ -35,11 +35,14 @@ def test_the_step_tables_title_names_the_optimizer_the_trainer_steps(monkeypatch
 
 @pytest.mark.parametrize(("variants", "said"), [
     ("rms", "--variants: 'rms' lacks llama, the baseline the table compares the others with"),
-    ("rms,llama,rmsnorm", "--variants: unknown rmsnorm; allowed: rms,rms_eager,rms_compiled,ln,llama")])
+    ("rms,llama,rmsnorm", "--variants: unknown rmsnorm; allowed: rms,rms_eager,rms_compiled,ln,llama"),
+    # the trainer's refusal named its own --preset and --dtype, after the GEMM probe (and any earlier preset's rows)
+    ("rms,llama --presets cpu-default,bogus", "--presets: unknown bogus; allowed: cpu-default,cpu-deep,"),
+    ("rms,llama --dtypes float32,float33", "--dtypes: unknown float33; allowed: auto,bfloat16,float16,float32")])
 def test_variants_are_refused_as_parsed_before_anything_is_measured(variants: str, said: str,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
-        bench_train.main(["--skip_norms", "--variants", variants])
+        bench_train.main(["--skip_norms", "--variants", *variants.split(" ")])
     assert stopped.value.code == 2
     captured = capsys.readouterr()
     assert said in captured.err

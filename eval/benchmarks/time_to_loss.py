@@ -52,7 +52,8 @@ from trainer.cli import (SEED_RANGE, RawDescriptionDefaultsHelpFormatter, ToolPa
                          float_within, int_list, int_within, run_main)
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
-from trainer.run_dir import read_metrics, resolve_path  # noqa: E402
+from trainer.memory import out_of_memory_line  # noqa: E402
+from trainer.run_dir import read_metrics, report_error, resolve_path  # noqa: E402
 from trainer.run_summary import RunSummary, TrainingDiverged  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
@@ -120,12 +121,22 @@ def parse_custom_recipes(items: list[str]) -> dict[str, tuple[str, ...]]:
     return custom
 
 
-def train(argv: list[str]) -> tuple[RunSummary, Trainer]:
-    """One training run in this process (each run builds its own Accelerator)."""
+def train(argv: list[str], recipe: str) -> tuple[RunSummary, Trainer]:
+    """One training run in this process (each run builds its own Accelerator). The trainer's refusal of its flags or
+    data, and an allocation that fails, end the benchmark in the trainer's own one line (trainer/command.py's),
+    naming `recipe` (the recipe and seed): they were tracebacks."""
     AcceleratorState._reset_state(reset_partial_state=True)
+    train_args = parse_args("pretrain", argv)
     try:
-        trainer = Trainer(parse_args("pretrain", argv))
+        trainer = Trainer(train_args)
         return trainer.run(), trainer
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(report_error(f"{recipe}: {error}")) from None
+    except (MemoryError, RuntimeError) as error:
+        memory = out_of_memory_line(error, train_args)
+        if memory is None:
+            raise
+        raise SystemExit(report_error(f"{recipe}: {memory}")) from None
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
 
@@ -136,7 +147,7 @@ def run_recipe(name: str, flags: list[str], seed: int, args: argparse.Namespace)
         summary, trainer = train([*flags, "--seed", str(seed), "--time_budget_s", str(args.budget_s),
                                   "--out_dir", str(out_dir), "--eval_interval", str(args.eval_interval),
                                   "--eval_batches", str(args.eval_batches), "--save_interval", "1000000000",
-                                  "--overwrite"])  # a rerun of the benchmark replaces its earlier runs
+                                  "--overwrite"], f"recipe {name}, seed {seed}")  # a rerun replaces its earlier runs
     except TrainingDiverged as error:
         train_records = read_metrics(out_dir, "train")
         return RunResult(recipe=name, seed=seed, steps=error.step, tokens=0, status="diverged",

@@ -55,3 +55,17 @@ def test_two_recipes_end_to_end(train_data, tmp_path, capsys):
     assert yaml.safe_load((tmp_path / "wsd_seed0" / "train_config.yaml").read_text())["lr_schedule"] == "wsd"
     table = capsys.readouterr().out.split("| recipe |")[1]
     assert "| baseline | the defaults |" in table and "| wsd | `--lr_schedule wsd` |" in table
+
+
+def test_the_trainers_refusal_of_a_recipe_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    """A recipe's trainer that refuses its flags (here its logits past a fake 1 MiB memory) ends the benchmark in the
+    trainer's one line, naming the recipe and seed; it was the ValueError's traceback."""
+    from trainer import memory
+
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"))
+    with pytest.raises(SystemExit) as stopped:
+        main(["--recipes", "baseline", "--budget_s", "1", "--out_dir", str(tmp_path / "runs")])
+    assert stopped.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("error: recipe baseline, seed 0: one micro-batch's logits would take "), last
+    assert "more than the 1.0 MiB of a fake 1 MiB memory" in last

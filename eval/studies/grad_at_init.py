@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
-from model.config import PLACEMENT_ALIASES, MiniNormConfig, NormPlacement, NormType, placement_choices  # noqa: E402
+from model.config import MAX_SIZE, PLACEMENT_ALIASES, MiniNormConfig, NormPlacement, NormType, placement_choices  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, benchmark_threads, int_within, run_main  # noqa: E402
@@ -336,11 +336,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--num_key_value_heads", type=int_within(1), default=None, help="default: the preset's")
     parser.add_argument("--head_dim", type=int_within(1), default=None,
                         help="width of each attention head, even (default: hidden_size / num_attention_heads)")
-    parser.add_argument("--seq_len", type=int_within(2), default=256, help="tokens per sequence")
-    parser.add_argument("--batch_size", type=int_within(1), default=8, help="sequences per batch")
-    parser.add_argument("--batches", type=int_within(1), default=2,
+    parser.add_argument("--seq_len", type=int_within(2, MAX_SIZE, "a model position bound"), default=256,
+                        help="tokens per sequence")
+    parser.add_argument("--batch_size", type=int_within(1, MAX_SIZE), default=8, help="sequences per batch")
+    parser.add_argument("--batches", type=int_within(1, MAX_SIZE), default=2,
                         help="fixed batches the gradient norms are averaged over")
-    parser.add_argument("--seeds", type=int_within(1), default=3, help="initializations per variant (seeds 0 to N-1)")
+    parser.add_argument("--seeds", type=int_within(1, MAX_SIZE), default=3,
+                        help="initializations per variant (seeds 0 to N-1)")
     parser.add_argument("--placements", type=placement_names, default=",".join(PLACEMENTS),
                         help="comma-separated norm placements")
     parser.add_argument("--norm_types", type=norm_type_names, default=",".join(NORM_TYPES),

@@ -420,6 +420,22 @@ def test_grad_at_init_refuses_bad_variants_in_one_line_and_keeps_the_results(tmp
         assert (out / "results.json").read_text() == "good results"
 
 
+@pytest.mark.parametrize("flag", ["--seq_len", "--batch_size", "--batches", "--seeds"])
+def test_grad_at_init_huge_sizes_are_one_line(tmp_path, capsys, flag) -> None:
+    """A --seq_len or --batch_size of 10**30 was torch.randint's 'Overflow when unpacking long long' traceback (with
+    the C++ frames), --seeds of 10**30 'Python int too large to convert to C ssize_t': now bounded by the model's
+    size bound (model/config.py's MAX_SIZE), refused by argparse naming the flag."""
+    from eval.studies.grad_at_init import main
+    sizes = {"--layers": "1", "--seq_len": "16", "--batch_size": "1", "--batches": "1", "--seeds": "1",
+             flag: str(10**30)}
+    with pytest.raises(SystemExit) as exit_info:
+        main([*(item for pair in sizes.items() for item in pair), "--random_tokens", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: " in err and "2147483647" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_grad_at_init_no_norm_is_one_network_for_every_placement() -> None:
     """The premise that lets eval/studies/grad_at_init.py measure the no-norm model once and reuse it for every
     placement."""

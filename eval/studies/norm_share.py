@@ -37,7 +37,7 @@ from dataclasses import dataclass  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
-from model.config import MiniNormConfig  # noqa: E402
+from model.config import MAX_SIZE, MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
 from model.rmsnorm_math import P_RANGE  # noqa: E402
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--placement", default="pre", help="norm_placement of every variant")
     parser.add_argument("--prms_p", type=float_within(*P_RANGE, above_low=True), default=0.0625,
                         help="partial RMSNorm's ratio p (prmsnorm only)")
-    parser.add_argument("--batch_size", type=int_within(1), default=8, help="sequences per step")
-    parser.add_argument("--seq_len", type=int_within(2), default=128, help="tokens per sequence")
+    parser.add_argument("--batch_size", type=int_within(1, MAX_SIZE), default=8, help="sequences per step")
+    parser.add_argument("--seq_len", type=int_within(2, MAX_SIZE), default=128, help="tokens per sequence")
     parser.add_argument("--rounds", type=int_within(1), default=7,
                         help="interleaved rounds (each: steps, then a profile)")
     parser.add_argument("--steps", type=int_within(1), default=5, help="timed steps per variant per round")

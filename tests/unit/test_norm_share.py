@@ -30,3 +30,16 @@ def test_a_model_without_norms_is_refused():
     args = argparse.Namespace(prms_p=0.0625)
     with pytest.raises(ValueError, match="no norm modules"):
         build("none", "pre", args)
+
+
+@pytest.mark.parametrize("flag", ["--seq_len", "--batch_size"])
+def test_huge_sizes_are_one_line(capsys, flag):
+    """A --seq_len or --batch_size of 10**30 was torch.randint's 'Overflow when unpacking long long' traceback (with
+    the C++ frames): now bounded by the model's size bound (model/config.py's MAX_SIZE), refused naming the flag."""
+    from eval.studies.norm_share import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--norms", "rmsnorm", flag, str(10**30)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: " in err and "2147483647" in err and "Traceback" not in err, err

@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from dataset.atomic_io import atomic_write_text  # noqa: E402
+from model.config import MAX_SIZE  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
 from trainer.cli import ToolParser, benchmark_threads, int_within, output_file, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
@@ -120,11 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "and saturated fraction.")
     parser.add_argument("models", nargs="+", help="model directories (a trial's folder, out/pretrain, ...)")
     parser.add_argument("--labels", help="comma-separated column labels, one per model (default: folder names)")
-    parser.add_argument("--seq_len", type=int_within(2),
+    parser.add_argument("--seq_len", type=int_within(2, MAX_SIZE),
                         help="tokens per row (default: the model's training max_seq_len from its train_config.yaml, "
                              "else 128)")
     parser.add_argument("--batches", type=int_within(1), default=4, help="validation batches")
-    parser.add_argument("--batch_size", type=int_within(1), default=8, help="rows per batch")
+    parser.add_argument("--batch_size", type=int_within(1, MAX_SIZE), default=8, help="rows per batch")
     parser.add_argument("--threads", type=benchmark_threads(), default=1, help="torch CPU threads")
     parser.add_argument("--out", type=output_file, help="also write the table (markdown) to this file")
     args = parser.parse_args(argv)

@@ -743,3 +743,17 @@ def test_norm_inputs_reports_each_norms_input_and_dyt_saturation(tmp_path, token
     text = (tmp_path / "table").read_text()
     assert "| norm | D: input RMS | alpha | saturated | R: input RMS | alpha | saturated |" in text
     assert text.count("| model.layers.") == 4 and "| model.norm |" in text
+
+
+@pytest.mark.parametrize("flag", ["--seq_len", "--batch_size"])
+def test_norm_inputs_huge_sizes_name_the_flag(tmp_path, capsys, flag) -> None:
+    """eval/studies/norm_inputs.py: a --batch_size of 10**30 was 'error: Overflow when unpacking long long' (torch's
+    words, no flag) after the model and the data were read; now bounded by the model's size bound (MAX_SIZE) and
+    refused by argparse naming the flag, before any model is read."""
+    from eval.studies.norm_inputs import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "no_model"), flag, str(10**30)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: " in err and "2147483647" in err, err

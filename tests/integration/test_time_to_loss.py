@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from eval.benchmarks.time_to_loss import main, parse_custom_recipes, recipe_flags, time_to_target
+from tests.fake_memory import fake_memory
 from tests.training_runs import TINY
 
 
@@ -62,7 +63,7 @@ def test_the_trainers_refusal_of_a_recipe_is_one_line_naming_it(tmp_path, monkey
     trainer's one line, naming the recipe and seed; it was the ValueError's traceback."""
     from trainer import memory
 
-    monkeypatch.setattr(memory, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"))
+    fake_memory(monkeypatch, memory)
     with pytest.raises(SystemExit) as stopped:
         main(["--recipes", "baseline", "--budget_s", "1", "--out_dir", str(tmp_path / "runs")])
     assert stopped.value.code == 2

@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from eval.benchmarks import bench_train
+from tests.fake_memory import fake_memory
 
 
 class _Built(Exception):
@@ -49,16 +50,12 @@ def test_variants_are_refused_as_parsed_before_anything_is_measured(variants: st
     assert captured.out == ""  # no machine line, no GEMM probe: refused first
 
 
-def _fake_memory(monkeypatch: pytest.MonkeyPatch, module: object) -> None:
-    monkeypatch.setattr(module, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"), raising=False)
-
-
 def test_a_norm_table_past_the_memory_is_one_line_before_anything_is_measured(
         monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """--norm_rows x --norm_dim within MAX_SIZE each can be more than the machine holds: the flags alone say so,
     before the machine line, the GEMM probe and the step table (it was the allocator's traceback after them)."""
-    _fake_memory(monkeypatch, bench_train)
+    fake_memory(monkeypatch, bench_train)
     with pytest.raises(SystemExit) as stopped:
         bench_train.main(["--skip_steps", "--norm_rows", "1024", "--norm_dim", "1024", "--norm_reps", "1"])
     assert stopped.value.code == 2
@@ -74,7 +71,7 @@ def test_the_step_tables_trainer_refusing_its_sizes_is_one_line(monkeypatch: pyt
     """A --batch_size and --seq_len whose logits the trainer refuses (more than the memory) end in its one line,
     named by the benchmark's flags, not in a ValueError traceback."""
     from trainer import memory
-    _fake_memory(monkeypatch, memory)
+    fake_memory(monkeypatch, memory)
     with pytest.raises(SystemExit) as stopped:
         bench_train.main(["--presets", "cpu-default", "--dtypes", "float32", "--variants", "rms,llama",
                           "--skip_norms", "--steps", "1", "--warmup", "0"])

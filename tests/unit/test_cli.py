@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.fake_memory import fake_memory
 from tests.paths import REPO
 from model.config import MAX_SIZE
 from trainer.threads import MAX_THREADS, threads_allowed, usable_cores
@@ -573,8 +574,7 @@ def test_bench_diagnostics_sizes_past_the_memory_are_one_line(monkeypatch, capsy
     the allocator's traceback in the first step); an allocation failing in a step is one line too."""
     from eval.benchmarks import bench_diagnostics
 
-    monkeypatch.setattr(bench_diagnostics, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"),
-                        raising=False)
+    fake_memory(monkeypatch, bench_diagnostics)
     flags = ["--blocks", "1", "--block_steps", "1", "--warmup", "0", "--intervals", "1", "--derive", "1"]
     with pytest.raises(SystemExit) as stopped:
         bench_diagnostics.main([*flags, "--batch_size", "2", "--seq_len", "64"])
@@ -601,8 +601,7 @@ def test_bench_moe_sizes_past_the_memory_are_one_line(monkeypatch, capsys):
     allocator's traceback); an allocation failing in a call is one line too."""
     from eval.benchmarks import bench_moe
 
-    monkeypatch.setattr(bench_moe, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"),
-                        raising=False)
+    fake_memory(monkeypatch, bench_moe)
     flags = ["--preset", "cpu-default", "--experts", "2", "--rounds", "1", "--calls", "1"]
     with pytest.raises(SystemExit) as stopped:
         bench_moe.main([*flags, "--batch_size", "4", "--seq_len", "256"])
@@ -630,8 +629,7 @@ def test_bench_norm_shapes_past_the_memory_are_one_line(monkeypatch, capsys):
     allocator's traceback after them); an allocation failing in the timing is one line too."""
     from eval.benchmarks import bench_norm
 
-    monkeypatch.setattr(bench_norm, "device_memory_bytes", lambda device: (2 ** 20, "a fake 1 MiB memory"),
-                        raising=False)
+    fake_memory(monkeypatch, bench_norm)
     with pytest.raises(SystemExit) as stopped:
         bench_norm.main(["--device", "cpu", "--m", "1024", "--n", "64", "256", "--methods", "eager"])
     assert stopped.value.code == 2

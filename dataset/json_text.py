@@ -24,6 +24,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dataset.atomic_io import not_utf8
@@ -214,3 +215,14 @@ def strict_json(value: Any, default: Callable[[Any], Any] | None = None, **dumps
         def default(item: Any) -> Any:
             return finite_or_null(given(item))
     return json.dumps(finite_or_null(value), allow_nan=False, default=default, **dumps_args)
+
+
+def json_file_value(file: Path) -> Any:
+    """The JSON value `file` holds, read leniently, for a check that names what is wrong with a file of the right
+    kind: None where it is missing, unreadable or not JSON (the reader that comes next names that in its own words),
+    or holds null."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    # ValueError: JSONDecodeError, not UTF-8, an integer past Python's 4300 digits; RecursionError: nested too deep
+    except (OSError, ValueError, RecursionError):
+        return None

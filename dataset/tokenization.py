@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from dataset.atomic_io import atomic_write_text, first_line, folder_lock, not_utf8
-from dataset.json_text import strict_json
+from dataset.json_text import json_file_value, strict_json
 from dataset.shown_value import shown_json
 from dataset.tokenizer_marker import TOKENIZER_MARKER
 
@@ -139,12 +139,8 @@ def _marker_problem(record: Any) -> str | None:
 def not_a_json_object(file: Path) -> str | None:
     """'holds a list, not a JSON object' where `file` (a tokenizer.json or tokenizer_config.json, each an object) is
     valid JSON of another kind; None otherwise (missing, unreadable or not JSON: the loader's own words name that)."""
-    try:
-        value = json.loads(file.read_text(encoding="utf-8"))
-    # ValueError: not JSON (UnicodeDecodeError included); RecursionError: arrays nested too deep
-    except (OSError, ValueError, RecursionError):
-        return None
-    return None if isinstance(value, dict) else f"holds {_json_kind(value)}, not a JSON object"
+    value = json_file_value(file)
+    return None if value is None or isinstance(value, dict) else f"holds {_json_kind(value)}, not a JSON object"
 
 
 def _json_kind(value: Any) -> str:

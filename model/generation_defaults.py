@@ -7,7 +7,6 @@ A length saved there is not a fallback but an override: transformers lets a save
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
 from dataset.atomic_io import first_line
+from dataset.json_text import json_file_value
 from dataset.shown_value import shown_value
 
 # Generation settings that bound (or stretch) an answer's length or time; none of them is saved with a model.
@@ -51,11 +51,7 @@ GENERATION_FIELD_RULES = {
 def _check_generation_fields(file: Path) -> None:
     """A ValueError naming `file`, the field, its value and what is allowed where a GENERATION_FIELD_RULES field
     breaks its rule; a file that is no JSON object is left to GenerationConfig, which names what is wrong."""
-    try:
-        fields = json.loads(file.read_text(encoding="utf-8"))
-    # ValueError: JSONDecodeError or a bad integer; RecursionError: arrays nested too deep
-    except (OSError, ValueError, RecursionError):
-        return
+    fields = json_file_value(file)
     for name, (allowed, words) in GENERATION_FIELD_RULES.items():
         if isinstance(fields, dict) and name in fields and not allowed(fields[name]):
             raise ValueError(f"{file}: {name}={shown_value(fields[name])} is not allowed; it must be {words}")

@@ -5,7 +5,6 @@ trainer/run_dir.py's job."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging as hf_logging
 
 from dataset.atomic_io import first_line, not_utf8
-from dataset.json_text import JsonTextError, read_json
+from dataset.json_text import JsonTextError, json_file_value, read_json
 from dataset.shown_value import shown_value
 from dataset.tokenization import check_tokenizer_files, load_tokenizer, not_a_json_object
 from model.generation_defaults import read_generation_config
@@ -33,11 +32,7 @@ from model.weight_checks import (check_finite, check_weight_dtypes, few, in_two_
 def _json_object(file: Path) -> dict[str, Any] | None:
     """A config file's fields read as plain JSON (no config class); None when it is missing, unreadable or no JSON
     object (AutoConfig then names what is wrong with it)."""
-    try:
-        fields = json.loads(file.read_text(encoding="utf-8"))
-    # ValueError: JSONDecodeError, or an integer past Python's 4300 digits; RecursionError: arrays nested too deep
-    except (OSError, ValueError, RecursionError):
-        return None
+    fields = json_file_value(file)
     return fields if isinstance(fields, dict) else None
 
 

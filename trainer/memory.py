@@ -1,6 +1,7 @@
 """A run's memory: the refusal, before any data is loaded, of a run whose one largest tensor is more than all the
-memory of its device (`check_largest_tensor_fits`), and the one line an allocation that fails during the run ends
-with (`out_of_memory_line`, which trainer/command.py prints): what the run was doing (`working_on` marks it), what the
+memory of its device (`check_largest_tensor_fits`, in the words of `past_memory`, which the benchmarks and studies
+ask about their own tensors), and the one line an allocation that fails during the run ends with
+(`out_of_memory_line`, which trainer/command.py prints): what the run was doing (`working_on` marks it), what the
 allocator said (the bytes it was asked for, where it says them) and the flags of this trainer that shrink it.
 
 The largest tensor a step makes is the logits: one micro-batch's rows x tokens x vocabulary, fp32 (4 bytes; the
@@ -149,22 +150,33 @@ def size_text(count: int) -> str:
     return f"{count / GIB:,.1f} GiB" if count >= GIB else f"{count / 2 ** 20:,.1f} MiB"
 
 
+def past_memory(needed: int, what: str, device: torch.device, remedy: str, counted: str = "") -> str | None:
+    """The one line refusing work whose tensors alone would take `needed` bytes, more than all the memory of `device`
+    (trainer/machine.py's device_memory_bytes), before the work starts; None where they may fit, or the memory is
+    unknown. `what` names them and the flags that make them ("--m 1024 x --n 256: the 4 float32 tensors of that
+    shape"), `counted` how the bytes are counted, if said after them, and `remedy` what to do ("lower --m or --n"):
+    "WHAT would take N (COUNTED), more than the M of WHERE: REMEDY". The trainer's logits check and every
+    benchmark's and study's memory check say it in these words."""
+    memory = device_memory_bytes(device)
+    if memory is None or needed <= memory[0]:
+        return None
+    total, where = memory
+    how = f" ({counted})" if counted else ""
+    return f"{what} would take {size_text(needed)}{how}, more than the {size_text(total)} of {where}: {remedy}"
+
+
 def check_largest_tensor_fits(args: TrainArgs, vocab_size: int, positions: int, device: torch.device,
                               teacher_vocab_size: int | None = None) -> None:
-    """Refuse (a ValueError, one line) a run whose one micro-batch's logits alone are more than all the memory of
-    `device` (trainer/machine.py): it cannot run, and would fail at its first step after the data was loaded, or be
-    killed by the kernel. Distillation's teacher makes logits of its own vocabulary beside the student's: the larger
-    is the one checked; `positions`: the model's max_position_embeddings. Nothing is refused where the memory is
-    unknown."""
-    memory = device_memory_bytes(device)
-    if memory is None:
-        return
-    total, where = memory
+    """Refuse (a ValueError, one line: past_memory's) a run whose one micro-batch's logits alone are more than all
+    the memory of `device` (trainer/machine.py): it cannot run, and would fail at its first step after the data was
+    loaded, or be killed by the kernel. Distillation's teacher makes logits of its own vocabulary beside the
+    student's: the larger is the one checked; `positions`: the model's max_position_embeddings. Nothing is refused
+    where the memory is unknown."""
     vocab = max(vocab_size, teacher_vocab_size or 0)
     tensor = largest_tensor(args, vocab, positions)
-    if tensor.bytes <= total:
-        return
     whose = " (the larger of the student's and the teacher's)" if teacher_vocab_size is not None else ""
-    raise ValueError(f"one micro-batch's logits{whose} would take {size_text(tensor.bytes)} ({tensor.described} "
-                     f"x {vocab} vocabulary x {FP32_BYTES} bytes, fp32), more than the {size_text(total)} of "
-                     f"{where}: {_fewer_rows(args) if args.task != 'pretrain' else shrink_advice(args, False)}")
+    refusal = past_memory(tensor.bytes, f"one micro-batch's logits{whose}", device,
+                          _fewer_rows(args) if args.task != "pretrain" else shrink_advice(args, False),
+                          f"{tensor.described} x {vocab} vocabulary x {FP32_BYTES} bytes, fp32")
+    if refusal is not None:
+        raise ValueError(refusal)

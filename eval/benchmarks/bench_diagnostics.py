@@ -40,8 +40,8 @@ from model.config import PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, N
 from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
-from trainer.machine import device_memory_bytes, machine_line  # noqa: E402
-from trainer.memory import FP32_BYTES, out_of_memory, size_text  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
+from trainer.memory import FP32_BYTES, out_of_memory, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
 
@@ -190,12 +190,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     config = MiniNormConfig.from_preset(args.preset, norm_type=args.norm_type, norm_placement=args.norm_placement,
                                         norm_impl=args.norm_impl)
     logits = args.batch_size * args.seq_len * config.vocab_size * FP32_BYTES  # a step's one largest tensor
-    memory = device_memory_bytes(torch.device("cpu"))
-    if memory is not None and logits > memory[0]:  # as the trainer refuses its logits (trainer/memory.py)
-        raise SystemExit(report_error(
-            f"--batch_size {args.batch_size} x --seq_len {args.seq_len}: a step's logits ({config.vocab_size} "
-            f"vocabulary, fp32) would take {size_text(logits)}, more than the {size_text(memory[0])} of {memory[1]}; "
-            f"lower --batch_size or --seq_len"))
+    refusal = past_memory(logits, f"--batch_size {args.batch_size} x --seq_len {args.seq_len}: a step's logits "
+                                  f"({config.vocab_size} vocabulary, fp32)", torch.device("cpu"),
+                          "lower --batch_size or --seq_len")
+    if refusal is not None:  # as the trainer refuses its logits
+        raise SystemExit(report_error(refusal))
     model = MiniNormForCausalLM(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     diag = NormDiagnostics(model)

@@ -30,8 +30,8 @@ import torch  # noqa: E402
 from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import SparseMoE, SwiGLU  # noqa: E402
 from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
-from trainer.machine import device_memory_bytes, machine_line  # noqa: E402
-from trainer.memory import FP32_BYTES, out_of_memory, size_text  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
+from trainer.memory import FP32_BYTES, out_of_memory, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
 MLP_TENSORS = 3  # (tokens, hidden) fp32 tensors each call holds at once, at the least: x, the output and dx
@@ -64,12 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     dense_config = MiniNormConfig.from_preset(args.preset)
     needed = MLP_TENSORS * args.batch_size * args.seq_len * dense_config.hidden_size * FP32_BYTES
-    memory = device_memory_bytes(torch.device("cpu"))
-    if memory is not None and needed > memory[0]:  # as the trainer refuses its logits (trainer/memory.py)
-        parser.error(f"--batch_size {args.batch_size} x --seq_len {args.seq_len}: the {MLP_TENSORS} fp32 tensors of "
-                     f"that many tokens x hidden {dense_config.hidden_size} a call holds (input, output, its gradient) "
-                     f"would take {size_text(needed)}, more than the {size_text(memory[0])} of {memory[1]}; lower "
-                     f"--batch_size or --seq_len")
+    refusal = past_memory(needed, f"--batch_size {args.batch_size} x --seq_len {args.seq_len}: the {MLP_TENSORS} fp32 "
+                                  f"tensors of that many tokens x hidden {dense_config.hidden_size} a call holds "
+                                  f"(input, output, its gradient)", torch.device("cpu"),
+                          "lower --batch_size or --seq_len")
+    if refusal is not None:  # as the trainer refuses its logits
+        parser.error(refusal)
     variants: dict[str, torch.nn.Module] = {"dense": SwiGLU(dense_config)}
     for count in args.experts:
         config = MiniNormConfig.from_preset(args.preset, num_experts=count, num_experts_per_tok=min(args.top_k, count))

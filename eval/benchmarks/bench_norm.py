@@ -61,8 +61,8 @@ from model.norms import triton_can_run  # noqa: E402
 from model.rmsnorm_math import P_RANGE  # noqa: E402
 from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, run_main)
-from trainer.machine import device_memory_bytes, machine_line  # noqa: E402
-from trainer.memory import out_of_memory, size_text  # noqa: E402
+from trainer.machine import machine_line  # noqa: E402
+from trainer.memory import out_of_memory, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -72,15 +72,11 @@ SHAPE_TENSORS = 4  # (M, N) tensors a timed call holds at once, at the least: x,
 
 def shape_too_large(m: int, ns: list[int], dtype: torch.dtype, device: torch.device) -> str | None:
     """Why the widest (--m, --n) shape cannot be held on `device` (None: it may be): its tensors alone are more than
-    all of its memory (trainer/machine.py's device_memory_bytes, as the trainer checks its logits), which was the
+    all of its memory (trainer/memory.py's past_memory, as the trainer checks its logits), which was the
     allocator's traceback after the copy-bandwidth probe and the narrower shapes."""
-    memory = device_memory_bytes(device)
     needed = SHAPE_TENSORS * m * max(ns) * dtype.itemsize
-    if memory is None or needed <= memory[0]:
-        return None
-    return (f"--m {m} x --n {max(ns)}: the {SHAPE_TENSORS} {str(dtype).removeprefix('torch.')} tensors of that shape "
-            f"(x, dy, the output, dx) would take {size_text(needed)}, more than the {size_text(memory[0])} of "
-            f"{memory[1]}; lower --m or --n")
+    return past_memory(needed, f"--m {m} x --n {max(ns)}: the {SHAPE_TENSORS} {str(dtype).removeprefix('torch.')} "
+                               f"tensors of that shape (x, dy, the output, dx)", device, "lower --m or --n")
 
 # ------------------------------------------------------------------------------------------------ timing
 

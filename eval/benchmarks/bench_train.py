@@ -55,8 +55,8 @@ from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchm
                          int_within, run_main)
 from trainer.arg_fields import DTYPES  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
-from trainer.machine import cpu_has_fast_bf16, device_memory_bytes, machine_line  # noqa: E402
-from trainer.memory import FP32_BYTES, out_of_memory, size_text  # noqa: E402
+from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
+from trainer.memory import FP32_BYTES, out_of_memory, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
 from trainer.run_optimizer import make_optimizer, make_scheduler  # noqa: E402
@@ -214,16 +214,13 @@ NORM_TENSORS = 4  # held at once in each timed call of the norm table: its input
 
 def norm_table_too_large(args: argparse.Namespace) -> str | None:
     """Why the norm table's (--norm_rows, --norm_dim) fp32 tensors cannot be held on this machine (None: they may
-    be): they alone are more than all of its memory (trainer/machine.py's device_memory_bytes, as the trainer checks
-    its logits), so the run would end in the allocator's traceback, or a kill, after the step table's minutes."""
-    memory = device_memory_bytes(torch.device("cpu"))  # bench_norms times on the CPU
+    be): they alone are more than all of its memory (trainer/memory.py's past_memory, as the trainer checks its
+    logits), so the run would end in the allocator's traceback, or a kill, after the step table's minutes."""
     needed = NORM_TENSORS * args.norm_rows * args.norm_dim * FP32_BYTES
-    if memory is None or needed <= memory[0]:
-        return None
-    total, where = memory
-    return (f"--norm_rows {args.norm_rows} x --norm_dim {args.norm_dim}: the norm table's {NORM_TENSORS} fp32 tensors "
-            f"of that shape (input, dy, output, dx) would take {size_text(needed)}, more than the {size_text(total)} "
-            f"of {where}; lower --norm_rows or --norm_dim, or give --skip_norms")
+    return past_memory(needed, f"--norm_rows {args.norm_rows} x --norm_dim {args.norm_dim}: the norm table's "
+                               f"{NORM_TENSORS} fp32 tensors of that shape (input, dy, output, dx)",
+                       torch.device("cpu"),  # bench_norms times on the CPU
+                       "lower --norm_rows or --norm_dim, or give --skip_norms")
 
 
 def norm_fwd_bwd(module: nn.Module | Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,

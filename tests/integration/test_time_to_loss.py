@@ -61,9 +61,7 @@ def test_two_recipes_end_to_end(train_data, tmp_path, capsys):
 def test_the_trainers_refusal_of_a_recipe_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
     """A recipe's trainer that refuses its flags (here its logits past a fake 1 MiB memory) ends the benchmark in the
     trainer's one line, naming the recipe and seed; it was the ValueError's traceback."""
-    from trainer import memory
-
-    fake_memory(monkeypatch, memory)
+    fake_memory(monkeypatch)
     with pytest.raises(SystemExit) as stopped:
         main(["--recipes", "baseline", "--budget_s", "1", "--out_dir", str(tmp_path / "runs")])
     assert stopped.value.code == 2

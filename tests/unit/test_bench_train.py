@@ -55,7 +55,7 @@ def test_a_norm_table_past_the_memory_is_one_line_before_anything_is_measured(
         capsys: pytest.CaptureFixture[str]) -> None:
     """--norm_rows x --norm_dim within MAX_SIZE each can be more than the machine holds: the flags alone say so,
     before the machine line, the GEMM probe and the step table (it was the allocator's traceback after them)."""
-    fake_memory(monkeypatch, bench_train)
+    fake_memory(monkeypatch)
     with pytest.raises(SystemExit) as stopped:
         bench_train.main(["--skip_steps", "--norm_rows", "1024", "--norm_dim", "1024", "--norm_reps", "1"])
     assert stopped.value.code == 2
@@ -63,15 +63,14 @@ def test_a_norm_table_past_the_memory_is_one_line_before_anything_is_measured(
     assert captured.out == ""
     assert captured.err.startswith("error: --norm_rows 1024 x --norm_dim 1024: the norm table's 4 fp32 tensors of "
                                    "that shape (input, dy, output, dx) would take 16.0 MiB, more than the 1.0 MiB "
-                                   "of a fake 1 MiB memory; lower --norm_rows or --norm_dim, or give --skip_norms\n")
+                                   "of a fake 1 MiB memory: lower --norm_rows or --norm_dim, or give --skip_norms\n")
 
 
 def test_the_step_tables_trainer_refusing_its_sizes_is_one_line(monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A --batch_size and --seq_len whose logits the trainer refuses (more than the memory) end in its one line,
     named by the benchmark's flags, not in a ValueError traceback."""
-    from trainer import memory
-    fake_memory(monkeypatch, memory)
+    fake_memory(monkeypatch)
     with pytest.raises(SystemExit) as stopped:
         bench_train.main(["--presets", "cpu-default", "--dtypes", "float32", "--variants", "rms,llama",
                           "--skip_norms", "--steps", "1", "--warmup", "0"])

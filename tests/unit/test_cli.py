@@ -574,20 +574,20 @@ def test_bench_diagnostics_sizes_past_the_memory_are_one_line(monkeypatch, capsy
     the allocator's traceback in the first step); an allocation failing in a step is one line too."""
     from eval.benchmarks import bench_diagnostics
 
-    fake_memory(monkeypatch, bench_diagnostics)
+    fake_memory(monkeypatch)
     flags = ["--blocks", "1", "--block_steps", "1", "--warmup", "0", "--intervals", "1", "--derive", "1"]
     with pytest.raises(SystemExit) as stopped:
         bench_diagnostics.main([*flags, "--batch_size", "2", "--seq_len", "64"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err == (
         "error: --batch_size 2 x --seq_len 64: a step's logits (6400 vocabulary, fp32) would take 3.1 MiB, more than "
-        "the 1.0 MiB of a fake 1 MiB memory; lower --batch_size or --seq_len\n")
+        "the 1.0 MiB of a fake 1 MiB memory: lower --batch_size or --seq_len\n")
 
     def allocator_refuses(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes. Error "
                            "code 12")
 
-    monkeypatch.setattr(bench_diagnostics, "device_memory_bytes", lambda device: None)
+    fake_memory(monkeypatch, None)
     monkeypatch.setattr(bench_diagnostics, "run_modes", allocator_refuses)
     with pytest.raises(SystemExit) as stopped:
         bench_diagnostics.main([*flags, "--batch_size", "1", "--seq_len", "8"])
@@ -601,7 +601,7 @@ def test_bench_moe_sizes_past_the_memory_are_one_line(monkeypatch, capsys):
     allocator's traceback); an allocation failing in a call is one line too."""
     from eval.benchmarks import bench_moe
 
-    fake_memory(monkeypatch, bench_moe)
+    fake_memory(monkeypatch)
     flags = ["--preset", "cpu-default", "--experts", "2", "--rounds", "1", "--calls", "1"]
     with pytest.raises(SystemExit) as stopped:
         bench_moe.main([*flags, "--batch_size", "4", "--seq_len", "256"])
@@ -610,12 +610,12 @@ def test_bench_moe_sizes_past_the_memory_are_one_line(monkeypatch, capsys):
     assert captured.out == ""
     assert captured.err.startswith("error: --batch_size 4 x --seq_len 256: the 3 fp32 tensors of that many tokens x "
                                    "hidden 256 a call holds (input, output, its gradient) would take 3.0 MiB, more "
-                                   "than the 1.0 MiB of a fake 1 MiB memory; lower --batch_size or --seq_len\n")
+                                   "than the 1.0 MiB of a fake 1 MiB memory: lower --batch_size or --seq_len\n")
 
     def allocator_refuses(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes.")
 
-    monkeypatch.setattr(bench_moe, "device_memory_bytes", lambda device: None)
+    fake_memory(monkeypatch, None)
     monkeypatch.setattr(bench_moe, "call_seconds", allocator_refuses)
     with pytest.raises(SystemExit) as stopped:
         bench_moe.main([*flags, "--batch_size", "1", "--seq_len", "8"])
@@ -629,20 +629,20 @@ def test_bench_norm_shapes_past_the_memory_are_one_line(monkeypatch, capsys):
     allocator's traceback after them); an allocation failing in the timing is one line too."""
     from eval.benchmarks import bench_norm
 
-    fake_memory(monkeypatch, bench_norm)
+    fake_memory(monkeypatch)
     with pytest.raises(SystemExit) as stopped:
         bench_norm.main(["--device", "cpu", "--m", "1024", "--n", "64", "256", "--methods", "eager"])
     assert stopped.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("error: --m 1024 x --n 256: the 4 float32 tensors of that shape (x, dy, the "
-                                   "output, dx) would take 4.0 MiB, more than the 1.0 MiB of a fake 1 MiB memory; "
+                                   "output, dx) would take 4.0 MiB, more than the 1.0 MiB of a fake 1 MiB memory: "
                                    "lower --m or --n\n")
 
     def allocator_refuses(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes.")
 
-    monkeypatch.setattr(bench_norm, "device_memory_bytes", lambda device: None)
+    fake_memory(monkeypatch, None)
     monkeypatch.setattr(bench_norm, "time_methods", allocator_refuses)
     assert bench_norm.main(ONE_NORM) == 2
     assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "

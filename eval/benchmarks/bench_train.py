@@ -53,11 +53,12 @@ from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, run_main)
-from trainer.arg_fields import DTYPES  # noqa: E402
+from trainer.arg_fields import DTYPES, build_model_config  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
-from trainer.memory import FP32_BYTES, out_of_memory, past_memory  # noqa: E402
+from trainer.memory import FP32_BYTES, largest_tensor, out_of_memory, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
+from trainer.run_inputs import load_run_tokenizer  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
 from trainer.run_optimizer import make_optimizer, make_scheduler  # noqa: E402
 from trainer.step_timer import timed_step  # noqa: E402
@@ -145,6 +146,31 @@ def comma_list_of(allowed: tuple[str, ...]) -> Callable[[str], str]:
         return text
 
     return names
+
+
+def step_table_too_large(args: argparse.Namespace, presets: list[str], device: torch.device) -> str | None:
+    """Why a preset's trainer would refuse its --batch_size x --seq_len (None: none would): a --seq_len past the
+    model's positions, or one micro-batch's logits, as trainer/memory.py counts them, more than all the memory of
+    `device`. Said in this benchmark's flags, and for every preset before any is timed: the trainer's own refusal
+    named its --max_seq_len and --accumulation_steps, after the machine line, the GEMM probe and every earlier
+    preset's rows."""
+    tokenizer = None
+    for preset in presets:
+        train_args = parse_args("pretrain", trainer_argv(preset, "float32", "rmsnorm", args.batch_size, args.seq_len,
+                                                         "out/bench_train"))
+        tokenizer = tokenizer or load_run_tokenizer(train_args)  # the trainer's vocabulary is its tokenizer's
+        config = build_model_config(train_args, len(tokenizer))
+        if args.seq_len > config.max_position_embeddings:  # trainer/core.py's _base_model refuses it
+            return (f"--seq_len {args.seq_len} is more than the {preset} model's {config.max_position_embeddings} "
+                    f"positions (its max_position_embeddings): lower --seq_len")
+        logits = largest_tensor(train_args, config.vocab_size, config.max_position_embeddings)
+        refusal = past_memory(logits.bytes, f"the {preset} trainer's one micro-batch's logits", device,
+                              "lower --batch_size or --seq_len",
+                              f"--batch_size {logits.rows} rows x --seq_len {logits.tokens} tokens x "
+                              f"{logits.vocab_size} vocabulary x {FP32_BYTES} bytes, fp32")
+        if refusal is not None:
+            return refusal
+    return None
 
 
 def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on_cpu: bool) -> None:
@@ -289,11 +315,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip_steps", action="store_true", help="only the norm table")
     parser.add_argument("--skip_norms", action="store_true", help="only the training-step table")
     args = parser.parse_args(argv)
+    on_cpu = not torch.cuda.is_available()
+    presets = (args.presets or ("cpu-default,minimind-26m" if on_cpu else "minimind-26m,minimind-64m")).split(",")
+    # before the machine line, the GEMM probe and the step table
     if not args.skip_norms and (too_large := norm_table_too_large(args)) is not None:
-        parser.error(too_large)  # before the machine line, the GEMM probe and the step table
+        parser.error(too_large)
+    device = torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
+    if not args.skip_steps and (too_large := step_table_too_large(args, presets, device)) is not None:
+        parser.error(too_large)
     if args.threads:
         torch.set_num_threads(args.threads)
-    on_cpu = not torch.cuda.is_available()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{machine_line()}; load average {load:.2f} at start", flush=True)
     fp32_rate, bf16_rate = gemm_gflops(torch.float32), gemm_gflops(torch.bfloat16)
@@ -302,9 +333,8 @@ def main(argv: list[str] | None = None) -> None:
     table, remedy = "the step table", "lower --batch_size or --seq_len"
     try:
         if not args.skip_steps:
-            presets = args.presets or ("cpu-default,minimind-26m" if on_cpu else "minimind-26m,minimind-64m")
             auto_impl = resolve_norm_impl("auto", torch.device("cpu" if on_cpu else "cuda")).value
-            bench_steps(args, presets.split(","), auto_impl, on_cpu)
+            bench_steps(args, presets, auto_impl, on_cpu)
         if not args.skip_norms:
             table, remedy = "the norm table", "lower --norm_rows or --norm_dim"
             bench_norms(args)

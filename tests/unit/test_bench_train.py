@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from eval.benchmarks import bench_train
-from tests.fake_memory import fake_memory
+from tests.fake_memory import FAKE_MEMORY, fake_memory
 
 
 class _Built(Exception):
@@ -66,18 +66,29 @@ def test_a_norm_table_past_the_memory_is_one_line_before_anything_is_measured(
                                    "of a fake 1 MiB memory: lower --norm_rows or --norm_dim, or give --skip_norms\n")
 
 
-def test_the_step_tables_trainer_refusing_its_sizes_is_one_line(monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """A --batch_size and --seq_len whose logits the trainer refuses (more than the memory) end in its one line,
-    named by the benchmark's flags, not in a ValueError traceback."""
-    fake_memory(monkeypatch)
+@pytest.mark.parametrize(("presets", "seq_len", "said"), [
+    # the trainer's own refusal named its --max_seq_len and --accumulation_steps, after the GEMM probe
+    ("cpu-default", "256", "error: the cpu-default trainer's one micro-batch's logits would take 50.0 MiB "
+                           "(--batch_size 8 rows x --seq_len 256 tokens x 6400 vocabulary x 4 bytes, fp32), more than "
+                           "the 1.0 MiB of a fake 1 MiB memory: lower --batch_size or --seq_len"),
+    # a later preset's refusal came after the earlier presets' trainers were built and timed
+    ("minimind-26m,cpu-default", "1024", "error: --seq_len 1024 is more than the cpu-default model's 512 positions "
+                                         "(its max_position_embeddings): lower --seq_len")])
+def test_what_a_presets_trainer_would_refuse_is_one_line_in_the_benchmarks_flags_before_any_work(
+        presets: str, seq_len: str, said: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A --batch_size and --seq_len that any preset's trainer refuses (its logits more than the memory, a row longer
+    than its model's positions) is one line naming the benchmark's flags, for every preset before any trainer is
+    built, the machine line or the GEMM probe."""
+    fake_memory(monkeypatch, None if seq_len == "1024" else FAKE_MEMORY)
+    monkeypatch.setattr(bench_train, "Trainer", _stop_at_the_first_trainer)
     with pytest.raises(SystemExit) as stopped:
-        bench_train.main(["--presets", "cpu-default", "--dtypes", "float32", "--variants", "rms,llama",
+        bench_train.main(["--presets", presets, "--dtypes", "float32", "--variants", "rms,llama", "--seq_len", seq_len,
                           "--skip_norms", "--steps", "1", "--warmup", "0"])
     assert stopped.value.code == 2
-    err = capsys.readouterr().err.splitlines()
-    assert err[-1].startswith("error: the cpu-default float32 trainer of --batch_size 8 and --seq_len 256 (its "
-                              "--max_seq_len): one micro-batch's logits would take ")
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"{said}\n"), captured.err
 
 
 def test_an_allocation_that_fails_in_a_table_is_one_line(monkeypatch: pytest.MonkeyPatch,

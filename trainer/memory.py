@@ -95,16 +95,23 @@ def loading_advice(args: TrainArgs) -> str:
     return remedy
 
 
-def out_of_memory_line(error: BaseException, args: TrainArgs) -> str | None:
-    """The one line a run that failed to allocate ends with (None: `error` is no allocation failure): what it was
-    doing, what the allocator said and what to lower."""
+def allocation_failure_line(error: BaseException, remedy: str) -> str | None:
+    """The one line work that failed to allocate ends with (None: `error` is no allocation failure): what it was
+    doing (working_on's mark, if any), what the allocator said and `remedy` ("lower ..."): "out of memory in STAGE
+    (SAID): REMEDY". The trainer's (out_of_memory_line) and a study's."""
     said = out_of_memory(error)
     if said is None:
         return None
     stage = getattr(error, _STAGE, None)
     doing = f" in {stage}" if stage else ""
-    advice = loading_advice(args) if stage == LOADING_DATA else shrink_advice(args)
-    return f"out of memory{doing} ({said}): {advice}"
+    return f"out of memory{doing} ({said}): {remedy}"
+
+
+def out_of_memory_line(error: BaseException, args: TrainArgs) -> str | None:
+    """The one line a run that failed to allocate ends with (None: `error` is no allocation failure): what it was
+    doing, what the allocator said and what to lower."""
+    loading = getattr(error, _STAGE, None) == LOADING_DATA
+    return allocation_failure_line(error, loading_advice(args) if loading else shrink_advice(args))
 
 
 class LargestTensor(NamedTuple):

@@ -49,6 +49,7 @@ from trainer.cli import ToolParser, benchmark_threads, int_within, run_main  # n
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
+from trainer.memory import FP32_BYTES, allocation_failure_line, past_memory, working_on  # noqa: E402
 from trainer.run_dir import report_error, resolve_input_path  # noqa: E402
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ QUANTITIES = {
 # Activation statistics taken with trainer.diagnostics on the same forward/backward: they explain the gradients
 # (a norm's Jacobian scales its backward by 1 / RMS of its input).
 ACTIVATIONS = ("resid_rms", "resid_grad_rms")
+
+TOKEN_BYTES = 8  # a batch's token ids: torch.long
+# What an allocation that still fails (the model's own tensors beside the batch's) is lowered by
+SHRINK = "lower --batch_size, --seq_len or the model's sizes (--layers, --hidden_size, --intermediate_size)"
 
 INIT_LABELS = {"model": "MiniNorm's own (N(0, 0.02), residual projections / sqrt(2L))",
                "xavier": "Xavier-normal block weights, no depth scaling (Xiong et al.'s setting)"}
@@ -365,6 +370,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def too_large(args: argparse.Namespace) -> str | None:
+    """Why the work cannot be held on this machine (None: it may be): the fixed batches' token ids, held throughout,
+    and one batch's logits (rows x tokens x the model's vocabulary, fp32) alone are more than all of its memory
+    (trainer/memory.py's past_memory, as the trainer checks its logits); sizes within their bounds were the
+    allocator's traceback after the data was read."""
+    vocab = MiniNormConfig.from_preset(args.preset).vocab_size
+    tokens = args.batch_size * args.seq_len
+    needed = args.batches * tokens * TOKEN_BYTES + tokens * vocab * FP32_BYTES
+    return past_memory(needed, f"--batches {args.batches} x --batch_size {args.batch_size} x --seq_len "
+                               f"{args.seq_len}: the batches' token ids (int64) and one batch's logits ({vocab} "
+                               f"vocabulary, fp32)", torch.device("cpu"), "lower --batch_size, --seq_len or --batches")
+
+
 def replot(out: Path) -> dict:
     """--replot: the table and the PNG drawn again from `out`/results.json, which must exist."""
     if not (out / "results.json").is_file():
@@ -396,7 +414,8 @@ def measured_entry(config: MiniNormConfig, names: dict, batches: list[torch.Tens
     """One row of results.json: `names` plus, per quantity, the mean over batches and seeds and the std over seeds
     of each layer's value; printed as one line of progress."""
     t0 = time.time()
-    measured = measure(config, batches, seeds, init)
+    with working_on(f"the {row_label(names).replace(' | ', ' ')} network's forward and backward"):
+        measured = measure(config, batches, seeds, init)
     entry = {**names, "loss_mean": float(measured["loss"].mean())}
     for quantity in (*QUANTITIES, *ACTIVATIONS):
         per_seed = measured[quantity].mean(axis=1)  # (seeds, layers): mean over batches
@@ -470,14 +489,23 @@ def main(argv: Sequence[str] | None = None) -> dict:
     out = Path(args.out) if args.out is not None else DEFAULT_OUT
     if args.replot:
         return replot(out)
+    if (refusal := too_large(args)) is not None:
+        raise ValueError(refusal)  # before the data is read and any network is built
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.time()
-    batches, data_label = input_batches(args)
     seeds = list(range(args.seeds))
     shape = model_shape(args)
     measure_all = measure_variant_files if args.variants else measure_grid
-    runs = measure_all(args, shape, batches, seeds)
+    try:
+        with working_on("making the batches"):
+            batches, data_label = input_batches(args)
+        runs = measure_all(args, shape, batches, seeds)
+    except (MemoryError, RuntimeError) as error:  # sizes that fit alone, not beside the model's own tensors
+        line = allocation_failure_line(error, SHRINK)
+        if line is None:
+            raise
+        raise ValueError(line) from None
     if not runs:  # every combination refused: the results already in --out are kept, not replaced by an empty table
         raise ValueError("no variant to measure: the config refuses every --placements x --norm_types combination")
     results = {"meta": run_meta(args, argv, shape, seeds, data_label, start), "runs": runs}

@@ -13,6 +13,7 @@ from torch import nn
 
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM, causal_lm_loss
+from tests.fake_memory import fake_memory
 from trainer.diagnostics import NORM_NAMES, NormDiagnostics, layer_quantities, metric_matrix, metric_series
 
 PLACEMENTS = ("pre", "post", "sandwich", "res_post")
@@ -418,6 +419,41 @@ def test_grad_at_init_refuses_bad_variants_in_one_line_and_keeps_the_results(tmp
     if flags != ["--replot"]:
         assert sorted(p.name for p in out.iterdir()) == ["grad_at_init.md", "results.json"]
         assert (out / "results.json").read_text() == "good results"
+
+
+def test_grad_at_init_sizes_past_the_memory_are_one_line(tmp_path, capsys, monkeypatch) -> None:
+    """Sizes within their bounds whose batches and one batch's logits alone are past the memory: one line naming the
+    flags, before the data is read or a network built (it was the allocator's traceback); an allocation that fails
+    in a network's forward and backward anyway is the trainer's kind of line, naming it and what to lower."""
+    import sys
+
+    from eval.studies import grad_at_init
+
+    def run(*sizes: str) -> str:
+        monkeypatch.setattr(sys, "argv", ["grad_at_init.py", "--layers", "1", "--seeds", "1", "--placements", "pre",
+                                          "--norm_types", "rmsnorm", "--random_tokens", *sizes,
+                                          "--out", str(tmp_path / "out")])
+        assert grad_at_init.command_line() == 2
+        return capsys.readouterr().err
+
+    fake_memory(monkeypatch)
+    monkeypatch.setattr(grad_at_init, "input_batches", lambda args: pytest.fail("the batches were made"))
+    assert run("--batches", "2", "--batch_size", "4", "--seq_len", "16") == (
+        "error: --batches 2 x --batch_size 4 x --seq_len 16: the batches' token ids (int64) and one batch's logits "
+        "(6400 vocabulary, fp32) would take 1.6 MiB, more than the 1.0 MiB of a fake 1 MiB memory: lower "
+        "--batch_size, --seq_len or --batches\n")
+
+    def allocator_refuses(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 4000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.undo()  # input_batches and the machine's memory back
+    monkeypatch.setattr(grad_at_init, "measure", allocator_refuses)
+    assert run("--batches", "1", "--batch_size", "1", "--seq_len", "16") == (
+        "error: out of memory in the pre rmsnorm network's forward and backward (DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 4000 bytes): lower --batch_size, --seq_len or the model's sizes (--layers, "
+        "--hidden_size, --intermediate_size)\n")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("flag", ["--seq_len", "--batch_size", "--batches", "--seeds"])

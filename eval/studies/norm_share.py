@@ -49,6 +49,9 @@ from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 STUDY_SHAPE = dict(hidden_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=352, max_position_embeddings=512)
 FORWARD_RANGE, BACKWARD_RANGE = "norm.forward", "norm.backward"
+# The most rounds, and steps of each kind per round: a step of the study's model takes about 0.1 s on a CPU, so 1,000
+# rounds of the default steps take about an hour and a half; --rounds 10**30 ran until killed.
+MAX_COUNT = 1000
 
 
 @dataclass
@@ -150,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="partial RMSNorm's ratio p (prmsnorm only)")
     parser.add_argument("--batch_size", type=int_within(1, MAX_SIZE), default=8, help="sequences per step")
     parser.add_argument("--seq_len", type=int_within(2, MAX_SIZE), default=128, help="tokens per sequence")
-    parser.add_argument("--rounds", type=int_within(1), default=7,
+    parser.add_argument("--rounds", type=int_within(1, MAX_COUNT), default=7,
                         help="interleaved rounds (each: steps, then a profile)")
-    parser.add_argument("--steps", type=int_within(1), default=5, help="timed steps per variant per round")
-    parser.add_argument("--profile_steps", type=int_within(1), default=3, help="profiled steps per variant per round")
-    parser.add_argument("--warmup", type=int_within(0), default=3, help="untimed steps per variant first (compiles)")
+    parser.add_argument("--steps", type=int_within(1, MAX_COUNT), default=5, help="timed steps per variant per round")
+    parser.add_argument("--profile_steps", type=int_within(1, MAX_COUNT), default=3,
+                        help="profiled steps per variant per round")
+    parser.add_argument("--warmup", type=int_within(0, MAX_COUNT), default=3,
+                        help="untimed steps per variant first (compiles)")
     parser.add_argument("--threads", type=benchmark_threads(), default=1, help="torch threads")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="autocast precision; auto: as the trainer picks it on this CPU (bf16 where it is fast)")

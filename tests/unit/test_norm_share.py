@@ -32,6 +32,20 @@ def test_a_model_without_norms_is_refused():
         build("none", "pre", args)
 
 
+@pytest.mark.parametrize("flag", ["--rounds", "--steps", "--profile_steps", "--warmup"])
+def test_huge_counts_are_one_line_before_the_models(monkeypatch, capsys, flag):
+    """--rounds 10**30 (or as many steps of a kind per round) ran until killed: each count is at most MAX_COUNT,
+    refused by argparse naming the flag and the bound, before any variant is built."""
+    from eval.studies import norm_share
+
+    monkeypatch.setattr(norm_share, "build", lambda *args: pytest.fail("a variant was built"))
+    with pytest.raises(SystemExit) as exit_info:
+        norm_share.main(["--norms", "rmsnorm", flag, str(10**30)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: {10**30} is not an integer in " in err and f" .. {norm_share.MAX_COUNT}" in err, err
+
+
 @pytest.mark.parametrize("flag", ["--seq_len", "--batch_size"])
 def test_huge_sizes_are_one_line(capsys, flag):
     """A --seq_len or --batch_size of 10**30 was torch.randint's 'Overflow when unpacking long long' traceback (with

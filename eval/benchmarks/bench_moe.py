@@ -46,6 +46,18 @@ def call_seconds(mlp: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def routing(top_k: int, experts: list[int]) -> str:
+    """The header's top-k: the one each variant routes to, --top_k lowered to its expert count where it has fewer,
+    grouped by the k used ("top-1 with 1 expert, top-2 with 2,4 experts")."""
+    used: dict[int, list[int]] = {}
+    for count in dict.fromkeys(experts):
+        used.setdefault(min(top_k, count), []).append(count)
+    if len(used) == 1:
+        return f"top-{next(iter(used))}"
+    return ", ".join(f"top-{k} with {','.join(map(str, counts))} expert{'s' if counts != [1] else ''}"
+                     for k, counts in used.items())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="cpu-wide", choices=list(PRESETS),
@@ -93,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(report_error(f"out of memory ({said}): lower --batch_size or --seq_len")) from None
     print(machine_line())
     print(f"{args.preset}: hidden {dense_config.hidden_size}, expert width {dense_config.intermediate_size}, "
-          f"{x.shape[0]} tokens, top-{args.top_k}, {args.threads} thread(s), {args.rounds} rounds x {args.calls} calls")
+          f"{x.shape[0]} tokens, {routing(args.top_k, args.experts)}, {args.threads} thread(s), {args.rounds} rounds "
+          f"x {args.calls} calls")
     reference = statistics.median(times["dense"])
     for name, seconds in times.items():
         median = statistics.median(seconds)

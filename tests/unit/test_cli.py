@@ -624,6 +624,23 @@ def test_bench_moe_sizes_past_the_memory_are_one_line(monkeypatch, capsys):
                                        "allocate 4000 bytes): lower --batch_size or --seq_len\n")
 
 
+@pytest.mark.parametrize(("top_k", "experts", "said"), [
+    ("2", "1,2,4", ", top-1 with 1 expert, top-2 with 2,4 experts, "),
+    ("8", "2,4", ", top-2 with 2 experts, top-4 with 4 experts, "),
+    ("4", "2", ", top-2, "),  # it said top-4: the one expert count has 2
+    ("1", "1,2", ", top-1, ")])
+def test_bench_moe_names_the_top_k_each_variant_routes_to(top_k, experts, said, monkeypatch, capsys):
+    """--top_k past a variant's expert count is lowered to it (each token to every expert): the header said the
+    asked --top_k for every variant."""
+    from eval.benchmarks import bench_moe
+
+    monkeypatch.setattr(bench_moe, "call_seconds", lambda mlp, x, calls: 0.001)
+    bench_moe.main(["--preset", "cpu-default", "--experts", experts, "--top_k", top_k, "--rounds", "1", "--calls",
+                    "1", "--batch_size", "1", "--seq_len", "8"])
+    header = capsys.readouterr().out.splitlines()[1]
+    assert header.startswith("cpu-default: hidden ") and said in header, header
+
+
 def test_bench_norm_shapes_past_the_memory_are_one_line(monkeypatch, capsys):
     """--m x --n past the device's memory: one line before the copy-bandwidth probe and the timing (it was the
     allocator's traceback after them); an allocation failing in the timing is one line too."""

@@ -143,11 +143,10 @@ def _threads() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import yaml
-
     from dataset.atomic_io import atomic_write_text, check_output_file
     from trainer.cli import ToolParser, int_within
     from trainer.run_dir import report_error
+    from trainer.yaml_file import read_yaml
 
     parser = ToolParser(description="Interleaved step time of every variant of a normalization-study sweep")
     parser.add_argument("sweep", help="sweep YAML whose `config` values are the variant files, e.g. "
@@ -165,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         sweep = resolve_input_path(args.sweep)
         for path in (out, out.with_suffix(".md")):  # refused before the rounds, not after them
             check_output_file(path, "--out", [("the sweep", sweep)])
-        config = yaml.safe_load(sweep.read_text())
-        if VARIANT_KEY not in (config or {}).get("parameters", {}):
+        config = read_yaml(sweep, "a sweep YAML")  # one line naming it: missing, a folder, not YAML
+        parameters = config.get("parameters") if isinstance(config, dict) else None
+        if not isinstance(parameters, dict) or VARIANT_KEY not in parameters:
             raise ValueError(f"{args.sweep}: no `{VARIANT_KEY}` parameter (the variant files) to time")
         payload = run(config, args.rounds, args.steps, args.warmup, args.compile,
                       args.variants.split(",") if args.variants else None)

@@ -468,6 +468,21 @@ def test_a_trials_recorded_arguments_are_read_once_and_bad_files_refused(tmp_pat
     assert _run_args(tmp_path).max_seq_len == 64
 
 
+@pytest.mark.parametrize(("sweep", "said"), [("missing.yaml", "missing.yaml: no such file"),
+                                             ("a_folder", "a_folder: is a directory, not a sweep YAML"),
+                                             ("list.yaml", "list.yaml: no `config` parameter (the variant files)")])
+def test_a_sweep_that_cannot_be_read_is_one_line_naming_it(sweep, said, tmp_path, capsys):
+    """A missing sweep file was 'error: [Errno 2] No such file or directory: ...' (the errno's words), a folder an
+    IsADirectoryError traceback and a YAML list an AttributeError's; now one line naming the file, as the sweep
+    runner reads one (trainer/yaml_file.py's read_yaml)."""
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "list.yaml").write_text("- config\n")
+    assert bench.main([str(tmp_path / sweep), "--out", str(tmp_path / "times.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / said}") and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "times.json").exists()
+
+
 def test_an_unknown_variant_is_refused_with_the_sweeps_names():
     config = {"parameters": {bench.VARIANT_KEY: {"values": ["study2_variants/pre_rmsnorm.yaml",
                                                              "study2_variants/post_layernorm.yaml"]}}}

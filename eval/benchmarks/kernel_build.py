@@ -41,6 +41,13 @@ OLDEST_ARCH = 80  # sm_80 (A100): the oldest target the kernels are built for (t
 # error after its 'not a recognized processor' lines)
 NEWEST_ARCH = 121
 MOST_SMS = 192  # the SMs of the largest GPU die (GB202, whose RTX PRO 6000 enables 188; an H100 SXM's 132)
+# The deepest software pipeline of the backward's row loop a GPU can hold: each stage past the first keeps the next
+# rows' x and dy tiles in shared memory, at the table's narrowest row (n = 96: 128 x 16 tiles, 8,192 bytes a stage in
+# a 16-bit dtype; wider rows and fp32 take more) 28 x 8,192 bytes fit the 227 KiB (232,448 bytes) the largest GPUs
+# (sm_90, sm_100) give a program and 29 do not (ptxas: 8,256 bytes at 2 stages, 255,936 at 32). Rows narrower still
+# load too little to be staged at all, so a deeper pipeline only lengthens the compile (~2 s a stage: 128 stages took
+# 300 s, 1000 had not compiled after minutes).
+MOST_BWD_STAGES = 29
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,8 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="override the forward's warps")
     parser.add_argument("--bwd_warps", type=int_within(1, WARPS[-1]), choices=WARPS, default=None,
                         help="override the backward's warps")
-    parser.add_argument("--bwd_stages", type=int_within(1), default=None,
-                        help="software-pipeline stages of the backward's row loop (1: none; default: the heuristic's)")
+    parser.add_argument("--bwd_stages", type=int_within(1, MOST_BWD_STAGES), default=None,
+                        help=f"software-pipeline stages of the backward's row loop (1: none; default: the heuristic's; "
+                             f"at most {MOST_BWD_STAGES}, the most a GPU's shared memory holds at n = 96)")
     return parser.parse_args(argv)
 
 

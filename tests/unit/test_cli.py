@@ -316,7 +316,10 @@ def test_benchmarks_refuse_bad_flags_in_one_line_naming_them(module, argv, flag,
     (["--sm_count", "100000000000"], "--sm_count", "100000000000 is not an integer in 1 .. 192"),  # built a grid
     (["--fwd_warps", "3"], "--fwd_warps", "invalid choice: 3 (choose from 1, 2, 4, 8, 16, 32)"),
     (["--bwd_warps", "64"], "--bwd_warps", "64 is not an integer in 1 .. 32"),
-    (["--bwd_stages", "0"], "--bwd_stages", "0 is not an integer >= 1"),
+    (["--bwd_stages", "0"], "--bwd_stages", "0 is not an integer in 1 .. 29"),
+    # taken and compiled: 1000 stages had not compiled after minutes; past 29 no GPU holds the n = 96 backward's tiles
+    (["--bwd_stages", "30"], "--bwd_stages", "30 is not an integer in 1 .. 29"),
+    (["--bwd_stages", str(10**30)], "--bwd_stages", f"{10**30} is not an integer in 1 .. 29"),
 ])
 def test_kernel_build_refuses_bad_flags_before_it_builds(argv, flag, allowed, capsys):
     """eval/benchmarks/kernel_build.py's flags took any number, passed on to triton and ptxas (its parse_args: no

@@ -41,7 +41,7 @@ from model.model import MiniNormForCausalLM  # noqa: E402
 from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
-from trainer.memory import FP32_BYTES, out_of_memory, past_memory  # noqa: E402
+from trainer.memory import FP32_BYTES, allocation_failure_line, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
 
@@ -204,10 +204,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     try:
         timings = run_modes(model, optimizer, ids, diag, modes, args)
     except (MemoryError, RuntimeError) as error:  # sizes whose logits fit alone, not with the activations: one line
-        said = out_of_memory(error)
-        if said is None:
+        line = allocation_failure_line(error, "lower --batch_size or --seq_len")
+        if line is None:
             raise
-        raise SystemExit(report_error(f"out of memory ({said}): lower --batch_size or --seq_len")) from None
+        raise SystemExit(report_error(line)) from None
     return report(timings, modes, args)
 
 def command_line() -> int:

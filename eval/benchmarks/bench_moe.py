@@ -31,7 +31,7 @@ from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import SparseMoE, SwiGLU  # noqa: E402
 from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
-from trainer.memory import FP32_BYTES, out_of_memory, past_memory  # noqa: E402
+from trainer.memory import FP32_BYTES, allocation_failure_line, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
 MLP_TENSORS = 3  # (tokens, hidden) fp32 tensors each call holds at once, at the least: x, the output and dx
@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> None:
             for name, mlp in variants.items():
                 times[name].append(call_seconds(mlp, x, args.calls))
     except (MemoryError, RuntimeError) as error:  # sizes that fit alone, not with the experts' activations
-        said = out_of_memory(error)
-        if said is None:
+        line = allocation_failure_line(error, "lower --batch_size or --seq_len")
+        if line is None:
             raise
-        raise SystemExit(report_error(f"out of memory ({said}): lower --batch_size or --seq_len")) from None
+        raise SystemExit(report_error(line)) from None
     print(machine_line())
     print(f"{args.preset}: hidden {dense_config.hidden_size}, expert width {dense_config.intermediate_size}, "
           f"{x.shape[0]} tokens, {routing(args.top_k, args.experts)}, {args.threads} thread(s), {args.rounds} rounds "

@@ -62,7 +62,7 @@ from model.rmsnorm_math import P_RANGE  # noqa: E402
 from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, run_main)
 from trainer.machine import machine_line  # noqa: E402
-from trainer.memory import out_of_memory, past_memory  # noqa: E402
+from trainer.memory import allocation_failure_line, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 
 GPU_ROW_LENGTHS = [512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -449,10 +449,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         time_methods(args, m, dtype, weight_dtype, device)
     except (MemoryError, RuntimeError) as error:  # a shape that fits alone, not with a method's own buffers
-        said = out_of_memory(error)
-        if said is None:
+        line = allocation_failure_line(error, "lower --m or --n")
+        if line is None:
             raise
-        return report_error(f"out of memory ({said}): lower --m or --n")
+        return report_error(line)
     return 0
 
 

@@ -56,7 +56,7 @@ from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchm
 from trainer.arg_fields import DTYPES, build_model_config  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
-from trainer.memory import FP32_BYTES, largest_tensor, out_of_memory, past_memory  # noqa: E402
+from trainer.memory import FP32_BYTES, allocation_failure_line, largest_tensor, past_memory, working_on  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
 from trainer.run_inputs import load_run_tokenizer  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
@@ -330,19 +330,21 @@ def main(argv: list[str] | None = None) -> None:
     fp32_rate, bf16_rate = gemm_gflops(torch.float32), gemm_gflops(torch.bfloat16)
     print(f"CPU GEMM (1024x512 @ 512x1408): fp32 {fp32_rate:.1f} GFLOP/s, bf16 {bf16_rate:.1f} GFLOP/s; "
           f"fast bf16 (AMX/AVX512-BF16, the trainer's rule for --dtype auto): {cpu_has_fast_bf16()}", flush=True)
-    table, remedy = "the step table", "lower --batch_size or --seq_len"
+    remedy = "lower --batch_size or --seq_len"
     try:
         if not args.skip_steps:
             auto_impl = resolve_norm_impl("auto", torch.device("cpu" if on_cpu else "cuda")).value
-            bench_steps(args, presets, auto_impl, on_cpu)
+            with working_on("the step table"):
+                bench_steps(args, presets, auto_impl, on_cpu)
         if not args.skip_norms:
-            table, remedy = "the norm table", "lower --norm_rows or --norm_dim"
-            bench_norms(args)
+            remedy = "lower --norm_rows or --norm_dim"
+            with working_on("the norm table"):
+                bench_norms(args)
     except (MemoryError, RuntimeError) as error:  # sizes that fit the memory alone but not with the rest: one line
-        said = out_of_memory(error)
-        if said is None:
+        line = allocation_failure_line(error, remedy)
+        if line is None:
             raise
-        raise SystemExit(report_error(f"out of memory in {table} ({said}): {remedy}")) from None
+        raise SystemExit(report_error(line)) from None
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\nload average {end_load:.2f} at end")
 

@@ -21,7 +21,7 @@ from dataset.atomic_io import first_line, not_utf8
 from dataset.json_text import JsonTextError, json_file_value, read_json
 from dataset.shown_value import shown_value
 from dataset.tokenization import check_tokenizer_files, load_tokenizer, not_a_json_object
-from model.generation_defaults import read_generation_config
+from model.generation_defaults import floats_where_floats_go, read_generation_config
 from model.weight_checks import (check_finite, check_weight_dtypes, few, in_two_shards, layers_held, safetensors_shapes,
                                  unreadable_safetensors)
 
@@ -266,7 +266,7 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
     starting weights, teacher, critic and reward model -- goes through here.
     """
     config = load_config(path)  # a bad config.json or generation_config.json is named before any weight is read
-    read_generation_config(path)
+    read_generation_config(path, getattr(config, "vocab_size", None))
     # A config its class has no model for: an Auto class refused it with its list of every class it has (a line of
     # ~2,000 characters under another: --reward_model at a causal LM, which has no sequence-classification head),
     # and a model class was built on it and failed on a field it lacks (--from_weight at a Llama directory: an
@@ -322,6 +322,8 @@ def load_strictly(path: Path, model_class: Any = AutoModelForCausalLM, allowed_m
         raise ValueError(f"cannot load {path}: config.json says tie_word_embeddings=true but {file} holds its own "
                          f"lm_head.weight, which differs from the embedding")
     check_finite(model.named_parameters(), f"cannot load {path}")
+    if getattr(model, "generation_config", None) is not None:  # its generate() would refuse a temperature of 2
+        floats_where_floats_go(model.generation_config)
     return model
 
 

@@ -148,7 +148,7 @@ def convert_to_llama(model_path: str | Path, out_dir: str | Path, verify: bool =
     config = load_config(source)
     check_exportable(config, source, name, architecture=target)  # before loading any weights
     # Sampling settings come along; a length limit saved by an older trainer does not (see generation_defaults).
-    generation_config = savable_generation_config(source)
+    generation_config = savable_generation_config(source, config.vocab_size)
     ours = load_strictly(source, MiniNormForCausalLM, norm_impl="eager").eval()
     with torch.device("meta"):
         exported = model_class(to_target_config(ours.config, target))

@@ -86,7 +86,7 @@ def import_checkpoint(source: str | Path, out_dir: str | Path, verify: bool = Tr
         tokenizer = load_dir_tokenizer(source)  # after the config's checks: AutoTokenizer reads config.json too
         check_tokenizer_fits(tokenizer, config.vocab_size, source)
         config = mininorm_config_from(hf_config, source, norm_type, tokenizer)  # its ids fill config.json's gaps
-    generation_config = savable_generation_config(source)  # before any weight is read
+    generation_config = savable_generation_config(source, config.vocab_size)  # before any weight is read
     ours = model_from(config, read_state_dict(source, config), source)
     ours.generation_config = generation_config
     diff = None

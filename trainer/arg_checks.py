@@ -24,7 +24,8 @@ from trainer.arg_fields import (COMPILE_MODES, COPY_FLAGS, DEFAULT_REWARD, DISTI
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (F_DIVERGENCE_READERS, LABEL_SMOOTHED, DPOLossType, FDivergence, check_label_smoothing,
                          check_option_values, check_options, parse_loss_types)
-from trainer.inference_flags import OPENAI_TEMPERATURE_RANGE, SMALLEST_DIVISOR
+from trainer.inference_flags import OPENAI_TEMPERATURE_RANGE
+from trainer.sampling_ranges import SMALLEST_DIVISOR
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import TOOL_REWARDS
 from trainer.rl_losses import ImportanceSamplingLevel, KLEstimator, LossType, ScaleRewards, default_scale_rewards

@@ -20,7 +20,8 @@ from model.config import (PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, 
 from trainer.distillation_losses import DistillLoss
 from trainer.dpo import (DEFAULT_DISCOPOP_TAU, DEFAULT_F_ALPHA_DIVERGENCE_COEF, F_DIVERGENCE_READERS, LABEL_SMOOTHED,
                          ROBUST_MAX_EPS, SORTED, DPOLossType, FDivergence, parse_loss_types)
-from trainer.inference_flags import OPENAI_TEMPERATURE_RANGE, SMALLEST_DIVISOR
+from trainer.inference_flags import OPENAI_TEMPERATURE_RANGE
+from trainer.sampling_ranges import SMALLEST_DIVISOR
 from trainer.machine import COMPILE_AUTO_MIN_BUDGET_S, COMPILE_AUTO_MIN_STEPS
 from trainer.optim import MuonAdjustLR, OptimizerName
 from trainer.rewards import BUILTIN, reward_file_spec

@@ -16,11 +16,10 @@ from typing import Any
 from dataset.shown_value import shown_text, shown_value
 from trainer.cli import flag_type, float_within, int_within, zero_or_at_least
 from trainer.number_text import ascii_float, ascii_hint
+from trainer.sampling_ranges import LARGEST_FACTOR, SMALLEST_DIVISOR
 
-# A temperature or repetition penalty below SMALLEST_DIVISOR (or a penalty above LARGEST_FACTOR) turns float32
-# logits into infinities and NaN. OpenAI's API takes presence and frequency penalties in OPENAI_PENALTY_RANGE, and
-# at most MAX_TOP_LOGPROBS most likely tokens per generated one.
-SMALLEST_DIVISOR, LARGEST_FACTOR = 1e-5, 1e5
+# OpenAI's API takes presence and frequency penalties in OPENAI_PENALTY_RANGE, and at most MAX_TOP_LOGPROBS most
+# likely tokens per generated one.
 OPENAI_PENALTY_RANGE = (-2.0, 2.0)
 # OpenAI's API takes a temperature in OPENAI_TEMPERATURE_RANGE (0: greedy here); far past it every token is all but
 # equally likely (1e308 divided the logits to zeros: uniform sampling).

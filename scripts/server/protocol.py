@@ -16,8 +16,9 @@ from dataset.chat_format import normalize_messages, parse_tools
 from dataset.json_text import read_json_field
 from dataset.shown_value import shown_json, shown_value
 from scripts.server.errors import APIError, validation_error
-from trainer.inference_flags import (LARGEST_FACTOR, MAX_TOP_LOGPROBS, OPENAI_LOGIT_BIAS_RANGE, OPENAI_PENALTY_RANGE,
-                                     OPENAI_TEMPERATURE_RANGE, SMALLEST_DIVISOR)
+from trainer.inference_flags import (MAX_TOP_LOGPROBS, OPENAI_LOGIT_BIAS_RANGE, OPENAI_PENALTY_RANGE,
+                                     OPENAI_TEMPERATURE_RANGE)
+from trainer.sampling_ranges import LARGEST_FACTOR, SMALLEST_DIVISOR
 
 # A seed beyond 64 bits is beyond torch's generator (OpenAI's API takes a signed 64-bit seed); the sampling limits
 # are the library's.

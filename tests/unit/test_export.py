@@ -329,13 +329,28 @@ BAD_INPUTS = [
     ("generation_config_a_list", _write("generation_config.json", "[]"), ["generation_config.json"]),
     # transformers keeps any value: generation stopped at int("x"), a ValueError traceback at the first message
     ("generation_config_eos_a_string", _write("generation_config.json", '{"eos_token_id": "x"}'),
-     ["generation_config.json: eos_token_id='x' is not allowed", "a token id (an integer >= 0) or a list of them"]),
+     ["generation_config.json: eos_token_id='x' is not allowed",
+      "a token id (an integer in 0 .. 6399, the model's vocabulary) or a list of them"]),
     # copied into the export as it was: '"bos_token_id": "x"' in a stock Llama directory
     ("generation_config_bos_a_string", _write("generation_config.json", '{"bos_token_id": "x"}'),
      ["generation_config.json: bos_token_id='x' is not allowed", "null or a token id"]),
     ("generation_config_eos_true", _write("generation_config.json", '{"eos_token_id": [2, true]}'),
      ["generation_config.json: eos_token_id=[2, True] is not allowed"]),
-    # sampling settings transformers keeps when do_sample is true (copied into the export as they were), and a
+    # ids past the vocabulary, copied into the export as they were: a pad or bos there is the embedding's IndexError
+    # in transformers' generate (a batch whose rows end apart; a generate from no prompt), and an eos never stops;
+    # a pad of 2.5 padded with token 2, of true with token 1
+    *[(f"generation_config_{field}_{what}", _write("generation_config.json", json.dumps({field: value})),
+       [f"generation_config.json: {field}={value!r} is not allowed; it must be null{', a' if many else ' or a'} "
+        f"token id (an integer in 0 .. 6399, the model's vocabulary)"])
+      for field, what, value, many in [("pad_token_id", "past_the_vocabulary", 6400, False),
+                                       ("pad_token_id", "negative", -1, False),
+                                       ("pad_token_id", "a_float", 2.5, False),
+                                       ("pad_token_id", "true", True, False),
+                                       ("bos_token_id", "past_the_vocabulary", 6400, False),
+                                       ("eos_token_id", "past_the_vocabulary", [2, 6400], True)]],
+    # sampling, beam and length settings transformers keeps (copied into the export as they were, to fail at the
+    # first generate that applies them: '`penalty` has to be a strictly positive float, but is 0', a num_beams of 0
+    # its ZeroDivisionError, a temperature of 1e-300 "probability tensor contains either `inf`, `nan`"), and a
     # max_new_tokens of "x" (GenerationConfig's TypeError: '<=' not supported, without the field)
     *[(f"generation_config_{field}_{what}",
        _write("generation_config.json", json.dumps({"do_sample": True, field: value})),
@@ -344,10 +359,24 @@ BAD_INPUTS = [
           ("do_sample", "a_string", "yes", "true or false"),
           ("max_new_tokens", "a_string", "x", "null or an integer > 0"),
           ("max_new_tokens", "negative", -1, "null or an integer > 0"),
-          ("temperature", "a_string", "hot", "null or a number > 0"),
-          ("temperature", "negative", -1, "null or a number > 0"),
+          ("temperature", "a_string", "hot", "null or a number >= 1e-05"),
+          ("temperature", "negative", -1, "null or a number >= 1e-05"),
+          ("temperature", "tiny", 1e-300, "null or a number >= 1e-05 (a smaller one overflows the logits)"),
+          ("temperature", "nan", float("nan"), "null or a number >= 1e-05"),
           ("top_p", "above_one", 2, "null or a number in [0, 1]"),
-          ("top_k", "negative", -5, "null or an integer >= 0")]],
+          ("top_k", "negative", -5, "null or an integer >= 0"),
+          ("repetition_penalty", "zero", 0, "null or a number in [1e-05, 100000] (1: off)"),
+          ("repetition_penalty", "infinite", float("inf"), "null or a number in [1e-05, 100000]"),
+          ("min_p", "above_one", 2.0, "null or a number in [0, 1]"),
+          ("typical_p", "zero", 0, "null or a number in (0, 1] (1: off)"),
+          ("num_beams", "zero", 0, "null or an integer >= 1"),
+          ("num_beams", "a_float", 2.0, "null or an integer >= 1"),
+          ("no_repeat_ngram_size", "a_float", 2.0, "null or an integer >= 0 (0: off)"),
+          ("min_new_tokens", "a_float", 2.0, "null or an integer >= 0")]],
+    # an integer past a float's range: math.isfinite's OverflowError traceback
+    ("generation_config_temperature_past_a_float",
+     _write("generation_config.json", '{"temperature": 1' + "0" * 400 + "}"),
+     ["generation_config.json: temperature=1000", "is not allowed; it must be null or a number >= 1e-05"]),
     # The run's record, copied into the export for eval/chat.py: a folder in its place was left out quietly.
     ("train_config_a_folder", lambda folder: ((folder / "train_config.yaml").unlink(missing_ok=True),
                                                (folder / "train_config.yaml").mkdir()),
@@ -388,6 +417,23 @@ def test_bad_input_is_one_line_naming_the_file(tiny_models, tmp_path, capsys, ed
     error = _refused(capsys, "--model_path", str(model), "--out_dir", str(tmp_path / "llama"))
     assert str(model) in error and all(part in error for part in named), error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing written, no staging folder left
+
+
+def test_an_integer_where_a_float_goes_is_that_float(tiny_models, tmp_path) -> None:
+    """A temperature or repetition_penalty of 2 is 2.0, as JSON and GenerationConfig read it: transformers' logits
+    processors take a float only, and the export (or the loaded model) failed at the first generate."""
+    model, _ = _copied_model(tiny_models, tmp_path / "model")
+    saved = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**saved, "do_sample": True, "temperature": 2,
+                                                              "repetition_penalty": 2, "top_p": 1}))
+    out = convert_to_llama(model, tmp_path / "llama", verify=False)
+    exported = json.loads((out / "generation_config.json").read_text())
+    assert [(exported[name], type(exported[name])) for name in ("temperature", "repetition_penalty", "top_p")] == \
+        [(2.0, float), (2.0, float), (1.0, float)]
+    ids = torch.tensor([[5, 6, 7]])
+    for loaded in (AutoModelForCausalLM.from_pretrained(out), load_model(model)[0]):
+        out_ids = loaded.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2)  # sampled, penalized
+        assert out_ids.shape[1] <= 5
 
 
 def test_an_out_dir_under_a_file_is_one_line(tiny_models, tmp_path, capsys) -> None:

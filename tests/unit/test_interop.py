@@ -463,7 +463,14 @@ BAD_SOURCES = [
      ["generation_config.json: bos_token_id='x' is not allowed", "null or a token id"]),
     # imported as it was (transformers keeps it when do_sample is true): a sampled generate's ValueError
     ("generation_config_temperature_negative", _write("generation_config.json", {"do_sample": True, "temperature": -1}),
-     ["generation_config.json: temperature=-1 is not allowed; it must be null or a number > 0"]),
+     ["generation_config.json: temperature=-1 is not allowed; it must be null or a number >= 1e-05"]),
+    # imported as they were: a sampled generate's '`penalty` has to be a strictly positive float, but is 0.0', the
+    # embedding's IndexError once a row of a batch ends (pad_token_id past the checkpoint's 6,400 tokens)
+    ("generation_config_repetition_penalty_zero", _write("generation_config.json", {"repetition_penalty": 0.0}),
+     ["generation_config.json: repetition_penalty=0.0 is not allowed; it must be null or a number in [1e-05, "]),
+    ("generation_config_pad_past_the_vocabulary", _write("generation_config.json", {"pad_token_id": 6400}),
+     ["generation_config.json: pad_token_id=6400 is not allowed; it must be null or a token id (an integer in "
+      "0 .. 6399, the model's vocabulary)"]),
     ("generation_config_do_sample_a_string", _write("generation_config.json", {"do_sample": "yes"}),
      ["generation_config.json: do_sample='yes' is not allowed; it must be true or false"]),
 ]

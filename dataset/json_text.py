@@ -46,9 +46,11 @@ class JsonTextError(ValueError):
     problem without its verb (``duplicate key "a"``, ``invalid JSON (...)``), or, when it lies inside the value,
     the sentence from there (``["a"][0] holds a lone surrogate ...``)."""
 
-    def __init__(self, problem: str, where: str = "") -> None:
-        self.problem, self.where = problem, where
-        if where:
+    def __init__(self, problem: str, keys: tuple[str | int, ...] = ()) -> None:
+        # keys: the object keys and array indices down to the value, for a caller that names the place its own way
+        # (the server's error "param": messages[0].content)
+        self.problem, self.keys, self.where = problem, keys, _path(keys)
+        if keys:
             reason = self.about("")
         elif problem.startswith("is not valid JSON"):  # "invalid JSON (...)": what a bad jsonl line is known by
             reason = "in" + problem.removeprefix("is not ")
@@ -85,15 +87,47 @@ def _integer(text: str) -> int:
     return int(text)
 
 
+class _NotAJsonNumber(JsonTextError):
+    """NaN, an infinity or a number past a 64-bit float: json's hooks meet it without its place (see _placed)."""
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise _invalid(f"{shown_text(text)} is beyond the range of a 64-bit float")
+        raise _NotAJsonNumber(f"is not valid JSON ({shown_text(text)} is beyond the range of a 64-bit float)")
     return value
 
 
 def _no_constant(name: str) -> float:
-    raise _invalid(f"{name} is not a JSON number")
+    raise _NotAJsonNumber(f"is not valid JSON ({name} is not a JSON number)")
+
+
+class _Unread:
+    """Where _placed's reading found a value that is not a JSON number."""
+
+
+class _Pairs(list):
+    """An object as _placed reads it: its (key, value) pairs, a key given twice kept twice."""
+
+
+def _placed(text: str, error: _NotAJsonNumber) -> JsonTextError:
+    """`error` at the place of the first value of `text` that is not a JSON number (``["temperature"]``): `text`
+    is read again with a marker in each such value's place and walked in document order. `error` as it is where
+    that reading fails otherwise (text past that value that is no JSON at all)."""
+    try:
+        value = json.loads(text, object_pairs_hook=_Pairs, parse_int=_integer,
+                           parse_float=lambda number: _Unread if not math.isfinite(float(number)) else 0.0,
+                           parse_constant=lambda name: _Unread)
+    except (ValueError, RecursionError):
+        return error
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        node, keys = stack.pop()
+        if node is _Unread:
+            return JsonTextError(error.problem, keys)
+        children = node if isinstance(node, _Pairs) else enumerate(node) if isinstance(node, list) else ()
+        stack.extend((child, (*keys, key)) for key, child in reversed(list(children)))
+    return error
 
 
 def _path(keys: tuple[str | int, ...]) -> str:
@@ -125,7 +159,7 @@ def _walk(value: Any, depth_limit: bool, surrogates: bool) -> None:
         node, depth, keys = stack.pop()
         if isinstance(node, str):
             if surrogates and (index := surrogate_at(node)) is not None:
-                raise JsonTextError(lone_surrogate(node, index), _path(keys))
+                raise JsonTextError(lone_surrogate(node, index), keys)
             continue
         if not isinstance(node, (dict, list)):
             continue
@@ -134,8 +168,7 @@ def _walk(value: Any, depth_limit: bool, surrogates: bool) -> None:
         if isinstance(node, dict):
             for key, child in node.items():
                 if surrogates and isinstance(key, str) and (index := surrogate_at(key)) is not None:
-                    raise JsonTextError(lone_surrogate(key, index).replace(", which", " in a key, which"),
-                                        _path(keys))
+                    raise JsonTextError(lone_surrogate(key, index).replace(", which", " in a key, which"), keys)
                 stack.append((child, depth + 1, (*keys, key)))
         else:
             stack.extend((child, depth + 1, (*keys, index)) for index, child in enumerate(node))
@@ -153,6 +186,8 @@ def read_json(text: str | bytes, surrogates: bool = True) -> Any:
     try:
         value = json.loads(text, object_pairs_hook=_object, parse_int=_integer, parse_float=_finite_float,
                            parse_constant=_no_constant)
+    except _NotAJsonNumber as error:
+        raise _placed(text, error) from None
     except JsonTextError:
         raise
     except json.JSONDecodeError as error:

@@ -2,6 +2,7 @@
 (APIError), a request that fails the schema, an HTTP error of the framework (unknown path, wrong method) and an
 internal error."""
 
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,17 +32,24 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+def field_path(parts: Iterable[str | int]) -> str:
+    """The keys and indices down to a value of the body as an error names it ("messages[1].tool_calls[0].id"); a
+    key of a client's object (logit_bias) is a part too: cut (shown_text)."""
+    path = ""
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{shown_text(part)}" if path else shown_text(str(part))
+    return path
+
+
 def validation_error(error: ValidationError) -> APIError:
     """The deepest problem of a pydantic ValidationError (for a union, the branch that got furthest), named by its
     field path ("messages[1].role")."""
     errors = error.errors()
     first = max(errors, key=lambda e: len(e["loc"]))
-    param = ""
-    for part in first["loc"]:
-        if isinstance(part, int):
-            param += f"[{part}]"
-        elif part not in _UNION_BRANCHES:  # a key of a client's object (logit_bias) is a part too: cut
-            param += f".{shown_text(part)}" if param else shown_text(str(part))
+    param = field_path(part for part in first["loc"] if isinstance(part, int) or part not in _UNION_BRANCHES)
     message = first["msg"]
     if first["type"] == "missing":
         message = "is required"

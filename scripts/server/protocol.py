@@ -13,9 +13,9 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
 from pydantic_core import PydanticCustomError
 
 from dataset.chat_format import normalize_messages, parse_tools
-from dataset.json_text import read_json_field
+from dataset.json_text import JsonTextError, read_json
 from dataset.shown_value import shown_json, shown_value
-from scripts.server.errors import APIError, validation_error
+from scripts.server.errors import APIError, field_path, validation_error
 from trainer.inference_flags import (MAX_TOP_LOGPROBS, OPENAI_LOGIT_BIAS_RANGE, OPENAI_PENALTY_RANGE,
                                      OPENAI_TEMPERATURE_RANGE)
 from trainer.sampling_ranges import LARGEST_FACTOR, SMALLEST_DIVISOR
@@ -375,9 +375,9 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     try:
         # A UTF-8 byte order mark before the JSON is ignored, as RFC 8259 allows and as Python's json.loads does
         # for bytes, and as a jsonl file's start (dataset/jsonl.py's numbered_lines).
-        data = read_json_field(body.removeprefix(b"\xef\xbb\xbf"), "body")
-    except ValueError as error:
-        raise APIError(400, str(error)) from None
+        data = read_json(body.removeprefix(b"\xef\xbb\xbf"))
+    except JsonTextError as error:  # named by the field that holds the value, where it lies inside one
+        raise APIError(400, error.about("body"), param=field_path(error.keys) or None) from None
     if not isinstance(data, dict):
         raise APIError(400, "body must be a JSON object")
     return data

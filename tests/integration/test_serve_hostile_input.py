@@ -52,10 +52,14 @@ HOSTILE = {
     "repetition_penalty 3e-38": (with_fields(repetition_penalty=3e-38), "repetition_penalty"),
     "repetition_penalty 2e-38": (with_fields(repetition_penalty=2e-38), "repetition_penalty"),
     "repetition_penalty 1e300": (with_fields(repetition_penalty=1e300), "repetition_penalty"),
-    "repetition_penalty Infinity": (with_fields(repetition_penalty=float("inf")), "Infinity"),
-    "temperature NaN": (with_fields(temperature=float("nan")), "NaN"),
-    "top_p -Infinity": (with_fields(top_p=float("-inf")), "-Infinity"),
-    "a number beyond float64": (with_fields().replace(b'"max_tokens": 4', b'"top_p": 1e400'), "1e400"),
+    # named by the field that holds them (test_a_number_json_lacks_is_named_by_its_field): "body is not valid JSON"
+    "repetition_penalty Infinity": (with_fields(repetition_penalty=float("inf")),
+                                    'body["repetition_penalty"] is not valid JSON (Infinity is not a JSON number)'),
+    "temperature NaN": (with_fields(temperature=float("nan")),
+                        'body["temperature"] is not valid JSON (NaN is not a JSON number)'),
+    "top_p -Infinity": (with_fields(top_p=float("-inf")), 'body["top_p"] is not valid JSON (-Infinity is not'),
+    "a number beyond float64": (with_fields().replace(b'"max_tokens": 4', b'"top_p": 1e400'),
+                                'body["top_p"] is not valid JSON (1e400 is beyond the range of a 64-bit float)'),
     "an integer of 5000 digits": (with_fields().replace(b'"max_tokens": 4', b'"seed": ' + b"9" * 5000), "JSON"),
     "lone surrogate in content": (json.dumps({"messages": [{"role": "user", "content": "a\ud800b"}]}).encode(),
                                   "surrogate"),
@@ -196,9 +200,11 @@ HOSTILE.update({
     "call arguments with a lone surrogate in a key": (with_fields(messages=calling('{"\\udc00": 1}')),
                                                       "messages[1].tool_calls[0].arguments holds a lone surrogate"),
     "call arguments with NaN": (with_fields(messages=calling('{"title": NaN}')),
-                                "messages[1].tool_calls[0].arguments is not valid JSON (NaN is not a JSON number)"),
+                                'messages[1].tool_calls[0].arguments["title"] is not valid JSON (NaN is not a JSON '
+                                'number)'),
     "call arguments with 1e999": (with_fields(messages=calling('{"title": 1e999}')),
-                                  "messages[1].tool_calls[0].arguments is not valid JSON (1e999 is beyond the range"),
+                                  'messages[1].tool_calls[0].arguments["title"] is not valid JSON (1e999 is beyond '
+                                  'the range'),
     "a property that is not a schema": (offering({"properties": {"x": "string"}}),
                                         'tools[0].function.parameters.properties["x"] must be a JSON schema object'),
     "a property that is null": (offering({"properties": {"x": None}}), 'properties["x"] must be a JSON schema'),
@@ -227,6 +233,28 @@ def test_hostile_values_get_openai_style_400s(server, body, phrase) -> None:
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert phrase in error["message"] and error["type"] == "invalid_request_error", error
+
+
+# (a raw body, what it names, the error's param): NaN, the infinities and numbers past a 64-bit float are no JSON,
+# and json's hooks meet them without their place; a lone surrogate's place was named in the message only
+UNPLACED = [
+    (with_fields(temperature=float("nan")), 'body["temperature"] is not valid JSON (NaN is not a JSON number)',
+     "temperature"),
+    (with_fields(logit_bias={"5": float("-inf")}), 'body["logit_bias"]["5"] is not valid JSON (-Infinity is not a '
+     "JSON number)", "logit_bias.5"),
+    (with_fields().replace(b'"max_tokens": 4', b'"stop": ["a", 1e400]'),
+     'body["stop"][1] is not valid JSON (1e400 is beyond the range of a 64-bit float)', "stop[1]"),
+    (json.dumps({"messages": [{"role": "user", "content": "a\ud800b"}]}).encode(),
+     'body["messages"][0]["content"] holds a lone surrogate (U+D800 at character 1)', "messages[0].content"),
+]
+
+
+@pytest.mark.parametrize(("body", "named", "param"), UNPLACED, ids=[case[2] for case in UNPLACED])
+def test_a_number_json_lacks_is_named_by_its_field(server, body, named, param) -> None:
+    response = post(server, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["message"].startswith(named) and error["param"] == param, error
 
 
 LONG = "x" * 100_000  # a client's name or id of 100,000 characters

@@ -228,6 +228,15 @@ class ChatRequest(BaseModel):
             named[token] = key
         return value
 
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_with_stream(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        # OpenAI's rule ("only set this when you set stream: true"), and vLLM's: a whole answer has no chunks, so
+        # include_usage would be dropped without a word
+        if value is not None and info.data.get("stream") is not True:
+            raise PydanticCustomError("stream_options", 'is only allowed with "stream": true', {})
+        return value
+
     @field_validator("top_logprobs")
     @classmethod
     def _top_logprobs_with_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:

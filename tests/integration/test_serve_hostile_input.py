@@ -257,6 +257,17 @@ def test_a_number_json_lacks_is_named_by_its_field(server, body, named, param) -
     assert error["message"].startswith(named) and error["param"] == param, error
 
 
+@pytest.mark.parametrize("stream", [False, None, "absent"])
+def test_stream_options_without_stream_are_refused(server, stream) -> None:
+    """OpenAI's and vLLM's rule: a whole answer has no usage chunk, and include_usage was dropped without a word."""
+    body = {"messages": USER, "max_tokens": 2, "stream_options": {"include_usage": True}}
+    response = post(server, body if stream == "absent" else {**body, "stream": stream})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["message"] == 'stream_options: is only allowed with "stream": true', error
+    assert error["param"] == "stream_options", error
+
+
 LONG = "x" * 100_000  # a client's name or id of 100,000 characters
 CUT = "x" * (MAX_SHOWN - 4) + "..."  # as dataset/shown_value.py cuts its quote, by hand: the quote mark and 56 more
 NAME_CUT = "x" * (MAX_SHOWN - 3) + "..."  # and a name, which has no quote mark

@@ -8,7 +8,7 @@ from typing import Any
 
 from dataset.atomic_io import atomic_write_text
 from dataset.json_text import strict_json
-from trainer.run_dir import METRICS_FILE, append_jsonl, read_metrics
+from trainer.run_dir import METRICS_FILE, NoteSink, append_jsonl, note_on_stderr, read_metrics
 
 
 def unreadable_metrics(out_dir: Path) -> str | None:
@@ -31,13 +31,15 @@ class MetricsLog:
         self.path = out_dir / METRICS_FILE
         self.enabled = enabled
 
-    def truncate_after(self, step: int, ends_there: bool = False) -> None:
+    def truncate_after(self, step: int, ends_there: bool = False, note_skipped: NoteSink = note_on_stderr) -> None:
         """Keep only the records up to `step` (used when resuming from a checkpoint at `step`). A run that `ends_there`
         (resumed with --max_steps at the checkpoint's step) drops that step's val record too: its final evaluation
-        logs that step's val record again, and a split's step twice is a damaged file to read_metrics."""
+        logs that step's val record again, and a split's step twice is a damaged file to read_metrics. The file is
+        rewritten without the damaged lines before its last (read_metrics skips them): `note_skipped` is told how
+        many, in the other readers' words (skipped_lines_note), as they are gone from the file after this."""
         if not self.enabled or not self.path.exists():
             return
-        kept = [record for record in read_metrics(self.path) if record["step"] < step
+        kept = [record for record in read_metrics(self.path, note_skipped=note_skipped) if record["step"] < step
                 or record["step"] == step and not (ends_there and record.get("split") == "val")]
         atomic_write_text(self.path, "".join(strict_json(record) + "\n" for record in kept))
 

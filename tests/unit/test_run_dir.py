@@ -343,6 +343,23 @@ def test_the_metrics_log_keeps_the_resumed_steps_and_writes_only_where_enabled(t
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+def test_a_resume_says_which_damaged_metrics_lines_its_rewrite_drops(tmp_path, capsys):
+    """truncate_after rewrites metrics.jsonl with the records read_metrics reads: a damaged line in the middle (a torn
+    write a later append ended, a hand edit) is gone from the file after it, so the resume says so on stderr in the
+    other readers' words; the torn last line a killed writer left is dropped without a word, as they skip it."""
+    from trainer.metrics_log import MetricsLog
+
+    log = MetricsLog(tmp_path, enabled=True)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "split": "train"}\n{"step": 2, "spl\nnot json\n{"step": 2, "split": "train"}\n'
+                    '{"step": 3, "split": "train"}\n{"step": 4, "sp')
+    log.truncate_after(3)
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
+    assert capsys.readouterr().err == f"note: {path}: 2 lines skipped, torn or damaged (lines 2, 3); the rest is read\n"
+    log.truncate_after(2)  # nothing damaged left: nothing said
+    assert [r["step"] for r in read_metrics(path)] == [1, 2] and capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("flag, refusal", [
     ("--data_path", "no such data file: {path}"),
     ("--val_data_path", "no such data file: {path}"),

@@ -179,10 +179,13 @@ def done_records(sweep_dir: Path, note_skipped: NoteSink | None = None) -> dict[
 
 def save_records(sweep_dir: Path, records_dir: Path, trial_ids: Iterable[str] | None = None) -> None:
     """Copy the sweep's state and results, and the record files of its done trials (those of ``trial_ids``, or
-    all), into ``records_dir``; each file is written atomically, so a kill leaves every file whole."""
+    all), into ``records_dir``; each file is written atomically, so a kill leaves every file whole. A ValueError
+    names a ``sweep_dir`` that holds no sweep state: a records folder is a sweep's, and saving none of one would
+    look like success (the runner saves only once its state is written)."""
     state = read_state(sweep_dir)
     if state is None:
-        return
+        raise ValueError(f"{sweep_dir}: no sweep there ({SWEEP_STATE_FILE} is missing); nothing to save into "
+                         f"{records_dir}")
     done = done_records(sweep_dir)
     for tid in done if trial_ids is None else [t for t in trial_ids if t in done]:
         source, target = sweep_dir / trial_dir_name(tid), records_dir / trial_dir_name(tid)

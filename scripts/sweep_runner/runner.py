@@ -139,7 +139,9 @@ class SweepRunner:
     def run_trials(self, max_trials: int | None, stop_on_failure: bool) -> list[dict[str, Any]]:
         """Run the trials, `workers` at a time, until none is left (or max_trials ran, or one failed and
         stop_on_failure); returns the trials of the state with their statuses."""
-        if self.records_dir is not None:  # done trials from before the records folder existed
+        # done trials from before the records folder existed; a new sweep (or one killed before its first state
+        # write) has no state file yet, and nothing done to save
+        if self.records_dir is not None and self.state["trials"]:
             save_records(self.sweep_dir, self.records_dir)
         ran, failed = 0, False
         in_flight: dict[Future, _Attempt] = {}

@@ -579,6 +579,20 @@ def test_max_trials_0_only_brings_the_records_back(tmp_path, capsys):
     assert not any((sweep_dir / r["trial_dir"] / "attempts.txt").exists() for r in read_results(sweep_dir))
 
 
+def test_a_sweep_killed_before_its_first_state_write_runs_with_a_records_dir(tmp_path, capsys):
+    """A sweep folder with no state yet (a new one, or a runner killed before it wrote the state: its trials folder
+    made, nothing else) is a new sweep: its records are saved once there is a state, not refused for lacking one
+    (save_records refuses a folder that holds no sweep)."""
+    path = _fake_sweep(tmp_path, {"mode": {"value": "ok"}, "seed": {"values": [1, 2]}})
+    sweep_dir, records = tmp_path / "sweep", tmp_path / "records"
+    (sweep_dir / "trials").mkdir(parents=True)
+    command = [str(path), "--sweep_dir", str(sweep_dir), "--records_dir", str(records), "--wandb_mode", "disabled"]
+    assert sweep_mod.main([*command, "--max_trials", "0"]) == 0, capsys.readouterr().err
+    assert not (sweep_dir / "sweep_state.json").exists()  # nothing ran: nothing to save
+    assert sweep_mod.main([*command, "--max_trials", "1"]) == 0, capsys.readouterr().err
+    assert [r["status"] for r in read_results(records)] == ["finished"] and (records / "sweep_state.json").is_file()
+
+
 @pytest.mark.parametrize("spelling", ["same", "symlink"])
 def test_a_records_dir_that_is_the_sweep_folder_is_refused(tmp_path, spelling):
     """Also through a symlink: the folders are compared resolved (dataset.atomic_io.path_overlap), not as spelt."""

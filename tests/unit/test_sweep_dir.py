@@ -92,6 +92,18 @@ def test_records_keep_the_done_trials_and_bring_back_only_what_a_sweep_lacks(tmp
         ("a", "finished"), ("b", "failed"), ("c", "diverged")]
 
 
+def test_saving_the_records_of_a_folder_that_holds_no_sweep_is_one_line(tmp_path):
+    """save_records returned without a word where the folder holds no sweep state (no sweep there, a typo, a state
+    deleted): the records folder was asked for and nothing was kept."""
+    folder = tmp_path / "not_a_sweep"
+    (folder / "trials" / "a").mkdir(parents=True)
+    records = tmp_path / "records"
+    with pytest.raises(ValueError, match=rf"^{folder}: no sweep there \(sweep_state.json is missing\); nothing to "
+                                         rf"save into {records}$"):
+        save_records(folder, records)
+    assert not records.exists()
+
+
 @pytest.mark.parametrize(("damage", "by_trainer", "why"), [
     ("summary deleted", False, "run_summary.json is missing"),
     ("summary a directory", False, "run_summary.json is no file"),

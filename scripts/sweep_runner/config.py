@@ -237,10 +237,17 @@ def _check_distinct_values(name: str, values: list[Any], bad: Any) -> None:
     short per repeat without a word."""
     seen: dict[str, int] = {}
     for index, value in enumerate(values):
-        first = seen.setdefault(_key(_equal_numbers_alike(value)), index)
+        first = seen.setdefault(_value_identity(value), index)
         if first != index:
             raise bad(f"{_field(name)}.values[{index}]", f"{shown_value(value)} is values[{first}] again; a grid runs "
                                                          f"each value once: list each value once")
+
+
+def _value_identity(value: Any) -> str:
+    """The one rule for when two of a parameter's values are the same value to a trial (a grid's repeat, a random
+    search's values that sweep nothing, a value already checked in the first trial): their JSON text with equal
+    numbers alike (_equal_numbers_alike: 1 and 1.0 are one value, true and 1 or "1" and 1 are not)."""
+    return _key(_equal_numbers_alike(value))
 
 
 def _equal_numbers_alike(value: Any) -> Any:
@@ -322,7 +329,8 @@ def _check_parameters(config: dict[str, Any], task: str, first: dict[str, Any] |
                                 f"{_one_line(error)}")
     for name, values in candidates.items():
         for key, value in values:
-            if name not in base or value != base[name]:
+            # Python's == takes false for 0 and true for 1: such a value was never put to the trainer
+            if name not in base or _value_identity(value) != _value_identity(base[name]):
                 error = refusal({**base, name: value})
                 if error is not None:
                     raise refuse(name, key, value, error)
@@ -338,7 +346,7 @@ def _unused_parameters(config: dict[str, Any], base: dict[str, Any], candidates:
     identical trials); used in some: one note line, returned, naming it and what turns it on."""
     from trainer.arg_checks import flag_default, flag_value
 
-    swept = [name for name, values in candidates.items() if len({_key(value) for _, value in values}) > 1
+    swept = [name for name, values in candidates.items() if len({_value_identity(value) for _, value in values}) > 1
              or "distribution" in config["parameters"][name]]
     # the trials checked so far (the first, and each value in it): only a parameter set back in one is looked into
     set_back: set[str] = set()

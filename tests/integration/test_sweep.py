@@ -1403,6 +1403,9 @@ def _trainer_yaml(tmp_path: Path, text: str, program: str = "trainer/train_pretr
      "parameters.learning_rate.min", "it must be a positive number"),
     ("method: random\nrun_cap: 2\nparameters:\n  batch_size: {min: 1.5, max: 4.0}\n",
      "parameters.batch_size.min", "invalid int value"),
+    # false equals the first trial's 0 in Python: it was never put to the trainer, and every trial of it failed
+    ("method: grid\nparameters:\n  seed: {values: [0, false]}\n",
+     "parameters.seed.values[1]", "--seed: false is not an integer"),
 ])
 def test_a_parameter_the_trainer_refuses_is_one_line_before_any_trial(tmp_path, capsys, text, field, message):
     path = _trainer_yaml(tmp_path, text)

@@ -66,11 +66,15 @@ def test_a_swept_parameter_some_trials_use_is_noted_once(parameters, name, used_
     {"optimizer": {"value": "muon"}, "muon_lr": {"values": [0.01, 0.05]}},  # every trial uses it
     {"optimizer": {"value": "adamw"}, "muon_lr": {"value": 0.05}},  # fixed: each trial notes it, no trial repeats
     {"optimizer": {"value": "adamw"}, "muon_lr": {"values": [0.02]}},  # one value: nothing is swept
+    # equal numbers are one value to the flag (a grid refuses them as a repeat): a random search's [1, 1.0] sweeps
+    # nothing either; it was refused as values making identical trials
+    {"optimizer": {"value": "adamw"}, "muon_lr": {"values": [1, 1.0]}},
     {"learning_rate": {"values": [0.001, 0.01]}, "seed": {"values": [0, 1]}},
 ])
 def test_a_sweep_whose_swept_parameters_every_trial_uses_says_nothing(parameters):
     notes: list[str] = []
-    validate_sweep_config(_sweep(parameters), "s.yaml", notes)
+    method = "random" if parameters.get("muon_lr", {}).get("values") == [1, 1.0] else "grid"  # a grid refuses it
+    validate_sweep_config(_sweep(parameters, method), "s.yaml", notes)
     assert notes == []
 
 

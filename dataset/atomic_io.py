@@ -77,13 +77,13 @@ def file_in_the_way(path: Path) -> Path | None:
     return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
 
 
-def _not_a_folder(path: Path, blocker: Path) -> str:
+def not_a_folder(path: Path, blocker: Path) -> str:
     """The one wording of a file where the folder `path` must go (`blocker`: `path` itself or a folder above it)."""
     return f"{path} is a file, not a folder" if blocker == path else f"{path}: {blocker} is a file, not a folder"
 
 
 def _not_a_file(path: Path) -> str:
-    """The one wording of a folder where the file `path` must go (the other way round from _not_a_folder)."""
+    """The one wording of a folder where the file `path` must go (the other way round from not_a_folder)."""
     return f"{path} is a folder, not a file"
 
 
@@ -118,7 +118,7 @@ def check_folder_path(path: Path, flag: str, itself: bool = True) -> None:
     except OSError as error:  # exists() passes over a missing folder only: File name too long, Permission denied
         raise ValueError(f"{flag} {cannot_name(path, error, itself)}") from None
     if blocker is not None:
-        raise ValueError(f"{flag} {_not_a_folder(path, blocker)}")
+        raise ValueError(f"{flag} {not_a_folder(path, blocker)}")
     if folder_there:
         raise ValueError(f"{flag} {_not_a_file(path)}")
     # The folder the writes land in (or would be made in) must take them: refused before the work, not after it.
@@ -152,7 +152,7 @@ def make_dirs(path: str | Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise ValueError(_not_a_folder(path, file_in_the_way(path) or path)) from None
+        raise ValueError(not_a_folder(path, file_in_the_way(path) or path)) from None
     except OSError as error:
         if error.errno != errno.ENAMETOOLONG:  # a full disk or a read-only one: the caller's to say
             raise

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from dataset.atomic_io import cannot_name, not_utf8_at
+from dataset.atomic_io import cannot_name, file_in_the_way, not_a_folder, not_utf8_at
 from dataset.shown_value import shown_path, shown_text, shown_value
 from trainer.number_text import NUMBER_READERS, ascii_float, ascii_hint, ascii_int
 from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
@@ -360,14 +360,19 @@ def add_model_source_flags(parser: argparse.ArgumentParser) -> None:
 
 def output_file(text: str) -> str:
     """An output file flag's type (resolved as the tools resolve it, trainer/run_dir.py): refused up front where it
-    is a directory, not after the work whose results it would hold; so is a name the system refuses to look up (a
-    component over 255 bytes), which raised OSError's traceback."""
+    is a directory, or where a file stands in the place of a folder above it (`--json a_file/x.json`: the tool's own
+    check said so only once the model was found), not after the work whose results it would hold; so is a name the
+    system refuses to look up (a component over 255 bytes), which raised OSError's traceback."""
+    path = resolve_path(path_arg(text))
     try:
-        is_dir = resolve_path(path_arg(text)).is_dir()
+        is_dir = path.is_dir()
+        blocker = file_in_the_way(path.parent)
     except OSError as error:
         raise argparse.ArgumentTypeError(f"{shown_text(text)} cannot name a file ({error.strerror})") from None
     if is_dir:
         raise argparse.ArgumentTypeError(f"{shown_path(text)} is a directory, expected a file")
+    if blocker is not None:  # dataset/atomic_io.py's words, as the tools' check_report_file says it
+        raise argparse.ArgumentTypeError(shown_path(not_a_folder(path, blocker)))
     return text
 
 

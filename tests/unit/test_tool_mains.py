@@ -226,6 +226,27 @@ def test_an_output_file_that_is_a_directory_is_refused_before_any_work(module, a
     assert error == f"error: argument {flag}: {tmp_path} is a directory, expected a file"
 
 
+@pytest.mark.parametrize("module, argv, flag", [
+    ("eval.copy_probe", [], "--json"),
+    ("eval.long_context", [], "--json"),
+    ("eval.evaluate", [], "--json"),
+    ("eval.tool_eval", [], "--json"),
+    ("eval.studies.norm_inputs", ["some_model_dir"], "--out"),
+])
+def test_an_output_file_under_a_file_is_refused_as_the_flags_are_parsed(module, argv, flag, tmp_path, capsys) -> None:
+    """`--json a_file/x.json`: each tool's check_report_file said so only once the model was found (a missing model
+    said first, the --json after it was made); now the flag's type says it, before anything is looked for."""
+    import importlib
+
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module(module).main([*argv, flag, str(tmp_path / "a_file" / "x.json")])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.splitlines()[0]
+    assert error == (f"error: argument {flag}: {tmp_path / 'a_file' / 'x.json'}: {tmp_path / 'a_file'} is a file, "
+                     f"not a folder")
+
+
 def test_norm_inputs_on_a_folder_without_a_model_says_so_in_one_line(tmp_path, capsys):
     """A sweep trial brought back from its records keeps its metrics and config, not its weights: norm_inputs.py says
     there is no model there, as chat, copy_probe and long_context do, not transformers' complaint about a

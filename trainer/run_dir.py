@@ -236,22 +236,23 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 # --------------------------------------------------------------------------- one run per directory
 def recorded_config(run_dir: Path) -> dict[str, Any]:
-    """The trainer arguments a run recorded in its train_config.yaml; {} where there is none (no run there, or a
-    file that is not a YAML mapping). A file that is not UTF-8, a directory (a `mkdir` in its place: read as no
-    record, it was a resume's IsADirectoryError traceback where the run wrote it) or one that cannot be read is a
-    ValueError naming it: its UnicodeDecodeError reached the tools' one line without the file ("'utf-8' codec can't
-    decode byte 0xff")."""
+    """The trainer arguments a run recorded in its train_config.yaml; {} where there is none (no run there). A file
+    that is no such record is a ValueError naming it: not UTF-8 (its UnicodeDecodeError reached the tools' one line
+    without the file), a directory (a `mkdir` in its place: it was a resume's IsADirectoryError traceback where the
+    run wrote it), not YAML or not a mapping (a truncated or emptied file, a hand edit: read as no record, a
+    `--resume auto` of the finished run trained it again from its checkpoint over its model, and chat took a
+    pretrained model for a chat one), each in trainer/yaml_file.py's words. Its fields are each reader's to check."""
     config_file = run_dir / CONFIG_FILE
     if not config_file.exists():  # none (a dangling link too)
         return {}
-    import yaml
+    from trainer.yaml_file import read_yaml
 
-    text = read_text_file(config_file, "a YAML file")
-    try:
-        config = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return {}
-    return config if isinstance(config, dict) else {}
+    config = read_yaml(config_file)
+    if not isinstance(config, dict):
+        got = "an empty file" if config is None else "a list" if isinstance(config, list) else shown_value(config)
+        raise ValueError(f"{config_file}: {got}, expected the run's flags (a mapping of flag names to values, as the "
+                         f"trainer writes it); repair it")
+    return config
 
 
 def is_count(value: Any, least: int = 0) -> bool:
@@ -299,9 +300,13 @@ def _recorded_length(recorded: dict[str, Any], key: str, folder: Path) -> int:
 
 
 def recorded_run_id(out_dir: Path) -> str | None:
-    """The run id train_config.yaml records; None where there is none (no run yet, or a MiniNorm before run ids)."""
+    """The run id train_config.yaml records; None where there is none (no run yet, or a MiniNorm before run ids). One
+    that is no id (a hand edit: a list, a number) is a ValueError naming the file: its text read as another run's."""
     run_id = recorded_config(out_dir).get(RUN_ID_KEY)
-    return str(run_id) if run_id else None
+    if run_id is not None and not isinstance(run_id, str):
+        raise ValueError(f"{out_dir / CONFIG_FILE}: {RUN_ID_KEY} is {shown_value(run_id)}, expected the run's id (a "
+                         f"string, as every checkpoint's {STATE_FILE} repeats it); repair it")
+    return run_id or None
 
 
 def previous_run(out_dir: Path) -> str | None:

@@ -28,7 +28,7 @@ from dataset.atomic_io import NAME_MAX, atomic_path, atomic_write_text, check_no
 from dataset.json_text import strict_json
 from dataset.shown_value import shown_value
 from trainer.run_dir import (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, NoteSink, append_jsonl, jsonl_lines,
-                             read_summary, resolve_path, skipped_lines_note)
+                             read_summary, recorded_config, resolve_path, skipped_lines_note)
 
 SWEEP_STATE_FILE = "sweep_state.json"
 RESULTS_FILE = "results.jsonl"
@@ -223,8 +223,8 @@ def _damaged_record(source: Path, status: str, by_trainer: bool) -> str | None:
             why = "cannot be read as a run summary" if not read_summary(source) else f"says {shown_value(recorded)}"
             return f"{source / SUMMARY_FILE} {why}, where results.jsonl says {status}"
     if CONFIG_FILE in needed:
-        try:
-            read_text_file(source / CONFIG_FILE, "a YAML file")
+        try:  # a run's record, as every reader of it reads it: not YAML or not a mapping is damaged too
+            recorded_config(source)
         except ValueError as error:
             return str(error)
     return None

@@ -308,6 +308,23 @@ def test_a_folder_in_the_place_of_a_run_file_refuses_the_resume_and_changes_noth
     assert _files(finished) == before and (finished / name).is_dir()
 
 
+@pytest.mark.parametrize("text, why", [
+    ("task: [pretrain\n", "invalid YAML"),
+    ("- a\n", "a list, expected the run's flags"),
+    ("", "an empty file, expected the run's flags"),
+])
+def test_a_damaged_train_config_refuses_the_resume_of_the_finished_run_and_changes_nothing(text, why, finished,
+                                                                                            train_data, capsys):
+    """`--resume auto` asking again for the finished run, its train_config.yaml not YAML, not a mapping or emptied:
+    read as no record, the run was not the one asked for, so it trained on from its checkpoint and wrote its model,
+    summary and config anew without a word. Now one line names the file, and nothing is touched."""
+    (finished / "train_config.yaml").write_text(text)
+    before = _files(finished)
+    error = refused_run("pretrain", pretrain_argv(train_data, finished, *SHORT, "--resume", "auto"), capsys)
+    assert error.startswith(f"error: {finished / 'train_config.yaml'}: {why}") and "\n" not in error, error
+    assert _files(finished) == before
+
+
 @pytest.mark.parametrize("target", [".", ".."])
 def test_a_symlink_where_a_checkpoint_goes_refuses_the_resume_before_any_training(target, finished, train_data,
                                                                                   capsys):

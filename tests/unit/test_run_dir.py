@@ -140,6 +140,41 @@ def test_a_recorded_config_that_is_not_utf8_is_refused_naming_the_file(tmp_path)
     assert str(refused.value) == f"{folder / 'train_config.yaml'}: not valid UTF-8 (byte 0xff at offset 10)"
 
 
+@pytest.mark.parametrize("text, why", [
+    ("task: [sft\n", "invalid YAML (while parsing a flow sequence"),
+    ("- task\n- sft\n", "a list, expected the run's flags (a mapping of flag names to values, as the trainer writes "
+                        "it); repair it"),
+    ("", "an empty file, expected the run's flags"),  # a file cut to nothing
+    ("sft\n", "'sft', expected the run's flags"),
+])
+def test_a_recorded_config_that_is_no_runs_record_is_refused_naming_the_file(tmp_path, text, why):
+    """recorded_config read a train_config.yaml that is not YAML or not a mapping as no record: chat and evaluate
+    guessed the task from the folder's name (a pretrained model in a folder named 'weights' got the chat template)
+    and `--resume auto` asking again for a finished run trained it again from its checkpoint over its model."""
+    from trainer.run_dir import recorded_run_id
+
+    folder = _model(tmp_path / "weights", text)
+    for reader in (model_task, recorded_run_id):
+        with pytest.raises(ValueError) as refused:
+            reader(folder)
+        assert str(refused.value).startswith(f"{folder / 'train_config.yaml'}: {why}"), refused.value
+        assert "\n" not in str(refused.value)
+
+
+def test_a_recorded_run_id_that_is_no_id_is_refused_naming_the_file(tmp_path):
+    """A run_id edited into a list was read as its text, '[1]': a resume refused the directory's own checkpoint as
+    another run's ('... records run [1]: the directory mixes two runs')."""
+    from trainer.run_dir import recorded_run_id
+
+    folder = _model(tmp_path / "m", "task: pretrain\nrun_id: [1]\n")
+    with pytest.raises(ValueError, match=rf"^{folder / 'train_config.yaml'}: run_id is \[1\], expected the run's id "
+                                         rf"\(a string, as every checkpoint's trainer_state.json repeats it\); "
+                                         rf"repair it$"):
+        recorded_run_id(folder)
+    (folder / "train_config.yaml").write_text("task: pretrain\nrun_id: 0a1b2c3d4e5f\n")
+    assert recorded_run_id(folder) == "0a1b2c3d4e5f"
+
+
 def test_a_tool_loads_the_sft_model_else_the_pretrained_one_with_a_note(tmp_path, monkeypatch):
     monkeypatch.setitem(run_dir.DEFAULT_OUT_DIRS, "sft", str(tmp_path / "sft"))
     monkeypatch.setitem(run_dir.DEFAULT_OUT_DIRS, "pretrain", str(tmp_path / "pretrain"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -450,18 +451,22 @@ def test_benchmark_times_real_trainers_of_two_variants(tmp_path):
 
 
 def test_a_trials_recorded_arguments_are_read_once_and_bad_files_refused(tmp_path):
-    """trainer.run_dir.recorded_config reads train_config.yaml ({} when missing, unreadable or not a mapping); the
-    unigram baseline needs it and refuses a trial without one in one line naming the file."""
+    """trainer.run_dir.recorded_config reads train_config.yaml ({} when missing; a ValueError naming the file when it
+    is no run's record: not YAML, not a mapping, empty); the unigram baseline needs it and refuses a trial without
+    one in one line naming the file."""
     from eval.studies.ablation.baseline import _run_args
     from trainer.run_dir import CONFIG_FILE, recorded_config
 
     assert recorded_config(tmp_path) == {}
-    with pytest.raises(FileNotFoundError, match=f"{tmp_path / CONFIG_FILE}: missing or not a YAML mapping"):
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / CONFIG_FILE}: missing or records no flags"):
         _run_args(tmp_path)
-    for text in ("[1, 2]", "key: [unclosed", ""):
+    for text, why in (("[1, 2]", "a list, expected the run's flags"), ("key: [unclosed", "invalid YAML"),
+                      ("", "an empty file, expected the run's flags")):
         (tmp_path / CONFIG_FILE).write_text(text)
-        assert recorded_config(tmp_path) == {}, text
-        with pytest.raises(FileNotFoundError, match="not a YAML mapping"):
+        with pytest.raises(ValueError, match=rf"^{tmp_path / CONFIG_FILE}: {re.escape(why)}"):
+            recorded_config(tmp_path)
+        with pytest.raises(ValueError, match=rf"^{tmp_path / CONFIG_FILE}: {re.escape(why)}.*; --unigram rebuilds a "
+                                             rf"trial's data from it$"):
             _run_args(tmp_path)
     (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump({"task": "pretrain", "max_seq_len": 64}))
     assert recorded_config(tmp_path) == {"task": "pretrain", "max_seq_len": 64}

@@ -112,6 +112,9 @@ def test_saving_the_records_of_a_folder_that_holds_no_sweep_is_one_line(tmp_path
     ("metrics deleted", True, "metrics.jsonl.gz is missing"),
     ("config deleted", True, "train_config.yaml is missing"),
     ("config not UTF-8", True, "train_config.yaml: not valid UTF-8 (byte 0xff at offset 0)"),
+    # read only as text, a list (or a file cut short) came back as the trial's record
+    ("config a list", True, "train_config.yaml: a list, expected the run's flags (a mapping of flag names to values, "
+                            "as the trainer writes it); repair it"),
 ])
 def test_a_done_trial_whose_record_files_are_damaged_is_refused_and_nothing_is_brought_back(tmp_path, damage,
                                                                                            by_trainer, why):
@@ -134,6 +137,8 @@ def test_a_done_trial_whose_record_files_are_damaged_is_refused_and_nothing_is_b
         damaged.mkdir()
     elif damage == "summary says failed":
         damaged.write_text(json.dumps({"status": "failed"}))
+    elif damage == "config a list":
+        damaged.write_text("- pretrain\n")
     else:
         damaged.write_bytes(b"\xff{" if damage.endswith("UTF-8") else b"{")
     second = tmp_path / "second"

@@ -18,12 +18,12 @@ def _run_args(run_dir: Path):
     from trainer.arg_yaml import load_yaml_config
     from trainer.args import args_from_run_config
 
-    config = recorded_config(run_dir)
-    if not config:
-        raise FileNotFoundError(f"{run_dir / CONFIG_FILE}: missing or not a YAML mapping; --unigram rebuilds a "
-                                f"trial's data from it")
-    task = config.get("task") if isinstance(config.get("task"), str) else "pretrain"
     try:  # each value read as its flag's (a hand-edited max_seq_len 'x' was a TypeError traceback in the data)
+        config = recorded_config(run_dir)  # a file that is no run's record: refused there, naming it
+        if not config:
+            raise FileNotFoundError(f"{run_dir / CONFIG_FILE}: missing or records no flags; --unigram rebuilds a "
+                                    f"trial's data from it")
+        task = config.get("task") if isinstance(config.get("task"), str) else "pretrain"
         checked = load_yaml_config(run_dir / CONFIG_FILE, task)
     except ValueError as error:
         raise ValueError(f"{str(error).removeprefix('--config ')}; --unigram rebuilds a trial's data from it") from None

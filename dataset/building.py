@@ -26,13 +26,15 @@ MIN_SEQ_LEN = 2
 @dataclass(frozen=True)
 class MappedJsonl:
     """A jsonl file's records mapped into rows: ``rows`` holds only the mapper's columns; ``records`` counts the
-    records read (a mapper may drop some) and ``skipped_lines`` the bad lines skipped (``skip_bad_lines``);
+    records read (a mapper may drop some), ``skipped_lines`` the bad lines skipped (``skip_bad_lines``) and
+    ``empty_documents`` the pretraining texts of only whitespace left out (dataset.jsonl.is_empty_document);
     ``source`` is the records themselves (memory-mapped, as read)."""
 
     rows: datasets.Dataset
     records: int
     skipped_lines: int
     source: datasets.Dataset
+    empty_documents: int = 0
 
 
 def map_jsonl(
@@ -66,7 +68,7 @@ def map_jsonl(
     )
     if if_empty is not None and len(rows) == 0:
         raise ValueError(f"{path}: {if_empty}")
-    return MappedJsonl(rows, len(raw), scan.skipped_lines, raw)
+    return MappedJsonl(rows, len(raw), scan.skipped_lines, raw, scan.empty_documents)
 
 
 def list_values(rows: datasets.Dataset, columns: Sequence[str]) -> int:

@@ -12,6 +12,8 @@ lone surrogate in a kept string (a tool_calls or tools string included), nesting
 MAX_DEPTH (100 levels), an integer longer than its MAX_INT_DIGITS. A blank line (JSON whitespace only: space,
 tab, carriage return) is not a record; any other line is one JSON value. A UTF-8 byte order mark at the start of the
 file marks its encoding and is not read as content (``numbered_lines``); one starting a later line is a bad line.
+A pretraining text of only whitespace is no bad line but nothing to learn: it is left out of the records, counted
+and said once (``is_empty_document``).
 
 The Arrow file and the counts are cached by (path, size, mtime), so a second run reads neither the file nor
 the counts again, and the ``map`` built on the Arrow file keeps its own cache.
@@ -39,12 +41,13 @@ from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 13  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
+SCAN_VERSION = 14  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
 # calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt";
 # 9: that prompt not put twice before conversations that begin with it, a "prompt" string beside them taken, a
 # null "prompt" none; 10: the file's leading byte order mark read past, so a first line skipped for it is read again;
 # 11: a conversation's empty assistant message refused unless empty_answers; 12: a preference pair's empty
-# chosen or rejected answer refused; 13: a tool result that answers no call refused)
+# chosen or rejected answer refused; 13: a tool result that answers no call refused; 14: an empty pretraining text
+# left out and counted, JsonlScan.empty_documents)
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 # U+FEFF in UTF-8: the byte order mark many Windows editors write at the start of a file
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -68,11 +71,13 @@ class BadLine(ValueError):
 @dataclass(frozen=True)
 class JsonlScan:
     """What reading a jsonl file gave: ``arrow_path``, the cached Arrow file of its records (the needed fields
-    only), how many ``records`` it holds and how many bad lines were skipped."""
+    only), how many ``records`` it holds, how many bad lines were skipped, and how many pretraining texts were left
+    out for holding nothing (is_empty_document)."""
 
     arrow_path: str
     records: int
     skipped_lines: int
+    empty_documents: int
 
 
 def parse_line(raw: bytes, surrogates: bool = False) -> object:
@@ -309,14 +314,28 @@ def log_skipped_line(path: str | Path, line_number: int, reason: str) -> None:
     logger.warning("%s:%d: %s (skipped)", path, line_number, reason)
 
 
-def check_records_read(path: str | Path, what: str, records: int, skipped: int) -> None:
+def check_records_read(path: str | Path, what: str, records: int, skipped: int, empty: int = 0,
+                       first_empty: int | None = None) -> None:
     """The end of reading a data file: a ValueError naming it when it gave no `what` record (with the bad lines
-    skipped), else a warning of the lines skipped, if any."""
+    skipped and the `empty` documents left out, the first on line `first_empty`), else a warning of the lines
+    skipped and one of the empty documents, if any."""
     if records == 0:
-        detail = f" ({skipped} bad lines skipped)" if skipped else ""
+        details = [f"{skipped} bad lines skipped"] * bool(skipped) + [f"{empty} empty documents left out"] * bool(empty)
+        detail = f" ({', '.join(details)})" if details else ""
         raise ValueError(f"{path}: no {what} records in the file{detail}; refusing to train on nothing")
     if skipped:
         logger.warning("%s: skipped %d bad line(s), loading the %d good one(s)", path, skipped, records)
+    if empty:
+        logger.warning("%s: left out %d empty document(s) (a \"text\" of only whitespace, the first on line %d): "
+                       "nothing to learn from, and each would train an end of text after nothing", path, empty,
+                       first_empty)
+
+
+def is_empty_document(kind: Kind, record: dict) -> bool:
+    """A pretraining text of only whitespace (or none): read, it was a document of one eos token (its whitespace's
+    tokens then eos), which teaches the model to end a document that has not begun. Such a line is valid JSON of the
+    right shape, so it is left out and counted (JsonlScan.empty_documents), not a bad line."""
+    return kind == "text" and not record["text"].strip()
 
 
 def iter_records(path: str | Path, kind: Kind, skip_bad_lines: bool = False,
@@ -351,13 +370,18 @@ def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, empty_answers: bo
     """Stream the checked records of ``path`` into the Arrow file ``arrow_path`` (the stream format ``datasets``
     memory-maps), a bounded batch at a time, so a multi-GB file never sits in memory."""
     schema = FEATURES[kind].arrow_schema
-    records = skipped = 0
+    records = skipped = empty = 0
+    first_empty: int | None = None
     batch: list[dict] = []
     batch_bytes = 0
     with atomic_path(arrow_path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as out:
-        for _, record, line_bytes in iter_records(path, kind, skip_bad_lines, empty_answers):
+        for line_number, record, line_bytes in iter_records(path, kind, skip_bad_lines, empty_answers):
             if record is None:
                 skipped += 1
+                continue
+            if is_empty_document(kind, record):
+                empty += 1
+                first_empty = first_empty or line_number
                 continue
             records += 1
             batch.append(record)
@@ -367,8 +391,9 @@ def _write_arrow(path: Path, kind: Kind, skip_bad_lines: bool, empty_answers: bo
                 batch, batch_bytes = [], 0
         if batch:
             out.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
-        check_records_read(path, kind, records, skipped)  # raising here leaves no Arrow file behind
-    return JsonlScan(arrow_path=str(arrow_path.resolve()), records=records, skipped_lines=skipped)
+        check_records_read(path, kind, records, skipped, empty, first_empty)  # raising leaves no Arrow file behind
+    return JsonlScan(arrow_path=str(arrow_path.resolve()), records=records, skipped_lines=skipped,
+                     empty_documents=empty)
 
 
 # The first bytes of the files a jsonl path is most often given instead (a download left compressed, a Hub dataset's
@@ -442,11 +467,11 @@ def _cached_scan(report_path: Path, arrow_path: Path) -> JsonlScan | None:
     except (OSError, ValueError):
         return None
     # The counts must be ints (3.0 and True would pass the row count's ==); the row count below bounds the
-    # records, so only skipped_lines, which no row count checks, needs its sign checked here.
+    # records, so only skipped_lines and empty_documents, which no row count checks, need their sign checked here.
     if not isinstance(report, dict) or set(report) != {f.name for f in fields(JsonlScan)} \
             or report["arrow_path"] != str(arrow_path.resolve()) \
-            or any(type(report[name]) is not int for name in ("records", "skipped_lines")) \
-            or report["skipped_lines"] < 0:
+            or any(type(report[name]) is not int for name in ("records", "skipped_lines", "empty_documents")) \
+            or report["skipped_lines"] < 0 or report["empty_documents"] < 0:
         return None
     try:
         with pa.memory_map(str(arrow_path)) as source, pa.ipc.open_stream(source) as reader:

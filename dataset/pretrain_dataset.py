@@ -69,7 +69,8 @@ class PretrainDataset(Dataset):
     """Fixed-length packed rows ``{"input_ids", "labels"}`` (LongTensor[max_seq_len]) from a jsonl of
     ``{"text": ...}`` lines. ``stats`` reports documents, tokens (with separators), sequences,
     packing_efficiency (tokens that land in a row / tokens tokenized -- padding is zero by construction, so
-    only the dropped tail counts against it), padding_tokens, dropped_tail_tokens, skipped_lines, and
+    only the dropped tail counts against it), padding_tokens, dropped_tail_tokens, skipped_lines, empty_documents
+    (texts of only whitespace, left out of the file's documents: dataset.jsonl.is_empty_document), and
     padded_baseline_efficiency: real/total slots had each document been truncated/padded to its own row,
     as MiniMind does."""
 
@@ -104,7 +105,7 @@ class PretrainDataset(Dataset):
         self._doc_lengths = np.concatenate(
             [pc.list_value_length(chunk).to_numpy() for chunk in self._tokens.data.column("input_ids").chunks]
         ).astype(np.int64)
-        self._skipped_lines = mapped.skipped_lines
+        self._skipped_lines, self._empty_documents = mapped.skipped_lines, mapped.empty_documents
         # Read as the tokens, they need no note; read as text, a note says how many documents hold them.
         self._control_text = (np.zeros(len(self._doc_lengths), dtype=bool) if control_tokens
                               else control_token_text(tokenizer, mapped.source))
@@ -137,6 +138,7 @@ class PretrainDataset(Dataset):
             "padding_tokens": 0,
             "dropped_tail_tokens": total - packed,
             "skipped_lines": self._skipped_lines,
+            "empty_documents": self._empty_documents,
             "control_token_text": int(self._control_text[documents].sum()),
             "padded_baseline_efficiency": float(np.minimum(lengths, self.max_seq_len).sum())
             / (len(lengths) * self.max_seq_len),

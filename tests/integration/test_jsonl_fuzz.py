@@ -218,7 +218,7 @@ def _expected_content(kind: str, records: list[dict], tokenizer) -> tuple[list, 
     """The rows the loader should give for `records`, and whether there are none (a file-level error)."""
     if kind == "text":
         eos = tokenizer.eos_token_id
-        stream = [token for record in records
+        stream = [token for record in records if record["text"].strip()  # an empty document is left out
                   for token in tokenizer(record["text"], add_special_tokens=False)["input_ids"] + [eos]]
         stream = stream[: len(stream) // 2 * 2]  # max_seq_len 2: the odd last token is the dropped tail
         return stream, not stream

@@ -423,6 +423,37 @@ def test_packing_has_no_padding_and_loses_no_token(tmp_path, cache, tokenizer):
     assert again._tokens.cache_files == ds._tokens.cache_files and again.stats == stats
 
 
+def test_an_empty_document_is_left_out_counted_and_said_once(tmp_path, cache, tokenizer, caplog, monkeypatch):
+    """{"text": ""} (or only whitespace) was packed as a document of one eos (its whitespace's tokens, then eos):
+    the model learnt to end a document before it began. It is left out of the stream, counted in the stats, said
+    once; a scan cached before the rule is not served; a file of nothing else is refused as holding no text."""
+    import logging
+
+    import dataset.jsonl as jsonl
+
+    docs = ["alpha beta gamma " * 4, "", " \n\t\u3000", "delta epsilon " * 4, ""]
+    path = write_jsonl(tmp_path / "pre.jsonl", [{"text": d} for d in docs])
+    with monkeypatch.context() as version_13:  # that version's scan: every text a document
+        version_13.setattr(jsonl, "SCAN_VERSION", 13)
+        version_13.setattr(jsonl, "is_empty_document", lambda kind, record: False)
+        assert PretrainDataset(path, tokenizer, 8, cache_dir=cache).stats["documents"] == 5
+    with caplog.at_level(logging.WARNING, logger="dataset.jsonl"):
+        ds = PretrainDataset(path, tokenizer, 8, cache_dir=cache)
+    stream = []
+    for d in (docs[0], docs[3]):
+        stream += tokenizer(d, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert torch.cat([ds[i]["input_ids"] for i in range(len(ds))]).tolist() == stream[: len(ds) * 8]
+    assert (ds.stats["documents"], ds.stats["empty_documents"], ds.stats["tokens"]) == (2, 3, len(stream))
+    said = [record.getMessage() for record in caplog.records if "empty document" in record.getMessage()]
+    assert said == [f'{path}: left out 3 empty document(s) (a "text" of only whitespace, the first on line 2): '
+                    f"nothing to learn from, and each would train an end of text after nothing"]
+    assert PretrainDataset(path, tokenizer, 8, cache_dir=cache).stats == ds.stats  # the cached scan's counts
+    empty = write_jsonl(tmp_path / "empty.jsonl", [{"text": ""}, {"text": "  "}])
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(empty))}: no text records in the file \(2 empty "
+                                         rf"documents left out\); refusing to train on nothing$"):
+        PretrainDataset(empty, tokenizer, 8, cache_dir=cache)
+
+
 def test_packing_with_num_proc_matches(tmp_path, cache, tokenizer):
     path = write_jsonl(tmp_path / "pre.jsonl", [{"text": d} for d in _docs(300)])
     one = PretrainDataset(path, tokenizer, 32, cache_dir=cache)

@@ -204,21 +204,26 @@ ARROW_ROWS = 2 * dataset.jsonl.BATCH_RECORDS + 5  # the damaged cache's file: th
 
 
 @pytest.mark.parametrize("damage", [
+    # another file's records
     lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(other), "records": 2,
-                                                               "skipped_lines": 0})),  # another file's records
+                                                               "skipped_lines": 0, "empty_documents": 0})),
     lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(report), "records": 1,
-                                                               "skipped_lines": 0})),  # not an Arrow file
+                                                               "skipped_lines": 0, "empty_documents": 0})),  # no Arrow
     lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(arrow), "records": "many",
-                                                               "skipped_lines": None})),
+                                                               "skipped_lines": None, "empty_documents": 0})),
     lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(arrow), "records": ARROW_ROWS * 1.0,
-                                                               "skipped_lines": 0})),  # == the row count, a float
+                                                               "skipped_lines": 0, "empty_documents": 0})),  # float ==
     lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(arrow), "records": ARROW_ROWS,
-                                                               "skipped_lines": -1})),
+                                                               "skipped_lines": -1, "empty_documents": 0})),
+    lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(arrow), "records": ARROW_ROWS,
+                                                               "skipped_lines": 0, "empty_documents": -1})),
+    lambda report, arrow, other: report.write_text(json.dumps({"arrow_path": str(arrow), "records": ARROW_ROWS,
+                                                               "skipped_lines": 0})),  # before empty_documents
     lambda report, arrow, other: report.write_text("[]"),
     lambda report, arrow, other: arrow.write_bytes(arrow.read_bytes()[:len(arrow.read_bytes()) // 2]),
     lambda report, arrow, other: _arrow_without_its_last_batches(arrow),  # whole batches lost: fewer rows
-], ids=["foreign arrow", "not arrow", "wrong types", "float records", "negative skips", "not a report",
-        "truncated arrow", "lost batches"])
+], ids=["foreign arrow", "not arrow", "wrong types", "float records", "negative skips", "negative empties",
+        "no empties count", "not a report", "truncated arrow", "lost batches"])
 def test_a_damaged_scan_cache_is_rebuilt_not_read(tmp_path, cache, damage):
     texts = [f"line {i}" for i in range(ARROW_ROWS)]
     path = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in texts])

@@ -41,13 +41,14 @@ from dataset.json_text import JsonTextError, check_text, read_json, strict_json
 logger = logging.getLogger(__name__)
 
 Kind = Literal["text", "conversations", "preference"]
-SCAN_VERSION = 14  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
+SCAN_VERSION = 15  # bump when validation or the cached Arrow layout change (6: NaN, Infinity refused; 7: tool
 # calls and tools as kept within the depth bound, a tool's description a string; 8: a preference pair's "prompt";
 # 9: that prompt not put twice before conversations that begin with it, a "prompt" string beside them taken, a
 # null "prompt" none; 10: the file's leading byte order mark read past, so a first line skipped for it is read again;
 # 11: a conversation's empty assistant message refused unless empty_answers; 12: a preference pair's empty
 # chosen or rejected answer refused; 13: a tool result that answers no call refused; 14: an empty pretraining text
-# left out and counted, JsonlScan.empty_documents)
+# left out and counted, JsonlScan.empty_documents; 15: a conversation with no assistant message and a pair with no
+# prompt refused)
 JSON_WHITESPACE = b" \t\r\n"  # RFC 8259's whitespace; a line of only these is blank
 # U+FEFF in UTF-8: the byte order mark many Windows editors write at the start of a file
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -204,11 +205,17 @@ def check_tool_results(messages: list[dict], name: str, before: dict | None = No
 
 
 def _check_conversations(obj: object, empty_answers: bool = False) -> dict:
-    """SFT's conversations; an assistant message with nothing in it is refused unless `empty_answers`
+    """SFT's conversations; one with no assistant message is refused (nothing to learn: it was dropped without a
+    word, or, a file of nothing else, refused as holding nothing "within max_seq_len"; TRL's SFTTrainer refuses an
+    example with no assistant tokens too), so is an assistant message with nothing in it unless `empty_answers`
     (check_answers), and a tool result that answers no call (check_tool_results)."""
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
     conversations = _check_messages(obj, "conversations")
+    if not any(message["role"] == "assistant" for message in conversations):
+        raise BadLine('"conversations" holds no assistant message: nothing to learn (only the assistant\'s answers '
+                      "are trained on). A conversation of only a prompt is RL data, which train_grpo.py and "
+                      "train_ppo.py take")
     check_tool_results(conversations, "conversations")
     if not empty_answers:
         check_answers(conversations, "conversations")
@@ -267,10 +274,10 @@ EMPTY_PAIR_ANSWER = {
 
 def _check_preference(obj: object) -> dict:
     """A preference pair (MiniMind's DPO format): "chosen" and "rejected" conversations with the same prompt (every
-    message before the last) and a different last message, an assistant answer in both, with something in it
-    (EMPTY_PAIR_ANSWER says why either side's empty answer is refused). TRL's explicit prompt, a "prompt" list of
-    messages, is that shared start: it comes before both (ignored as an extra field, it left the pair to train with
-    no question)."""
+    message before the last, at least one) and a different last message, an assistant answer in both, with something
+    in it (EMPTY_PAIR_ANSWER says why either side's empty answer is refused). TRL's explicit prompt, a "prompt" list
+    of messages, is that shared start: it comes before both (ignored as an extra field, it left the pair to train
+    with no question)."""
     if not isinstance(obj, dict):
         raise BadLine(f"expected a JSON object, got {type(obj).__name__}")
     chosen = _check_messages(obj, "chosen")
@@ -291,6 +298,10 @@ def _check_preference(obj: object) -> dict:
     if chosen[:-1] != rejected[:-1]:
         raise BadLine(f'"chosen" and "rejected" must share their prompt (every message before the last answer); '
                       f'{_where_prompts_part(chosen, rejected)}')
+    if not prompt and len(chosen) == 1:  # TRL finds no prompt in such a pair either, and fails on it (IndexError)
+        raise BadLine('"chosen" and "rejected" hold only their answers and there is no "prompt": the pair prefers '
+                      'one answer to no question; put the prompt\'s messages before the answer in both, or give '
+                      'them as a "prompt" list of messages')
     if chosen[-1] == rejected[-1]:  # both log-ratios equal: the loss is log 2 and its gradient zero
         raise BadLine(f'"chosen" and "rejected" have the same answer (chosen[{len(chosen) - 1}] and '
                       f'rejected[{len(rejected) - 1}]): the pair prefers nothing')

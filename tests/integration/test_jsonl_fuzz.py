@@ -94,15 +94,18 @@ def _as_loaded(message: dict) -> tuple:
 def good_records(draw, kind: str) -> dict:
     if kind == "text":
         record = {"text": draw(texts)}
-    elif kind == "conversations":  # an assistant message with nothing in it is a bad line (bad_objects)
+    elif kind == "conversations":  # an assistant message with nothing in it is a bad line, and so is a conversation
+        # with none (bad_objects)
         record = {"conversations": draw(messages())}
+        if not any(turn["role"] == "assistant" for turn in record["conversations"]):
+            record["conversations"].append(draw(answers()))
         for turn in record["conversations"]:
             if turn["role"] == "assistant" and not (turn["content"] or "").strip() \
                     and not (turn.get("reasoning_content") or "").strip():
                 turn["content"] = draw(texts.filter(str.strip))
     else:  # a shared prompt, then two different answers, neither empty (the same answer twice is a bad line, and
-        # so is an empty one, as in conversations)
-        prompt = draw(messages(min_size=0))
+        # so is an empty one, as in conversations, and a pair with no prompt)
+        prompt = draw(messages())
         answer = answers()
         chosen = draw(answer)
         rejected = draw(answer.filter(lambda message: _as_loaded(message) != _as_loaded(chosen)))
@@ -124,8 +127,9 @@ def bad_objects(draw, kind: str) -> object:
     record = draw(good_records(kind))
     field = draw(st.sampled_from(FIELDS[kind]))
     how = draw(st.sampled_from(["not an object", "missing", "wrong type", "bad message", "surrogate", "bad extra"]
-                               + (["answer role", "prompt", "same answer"] if kind == "preference" else [])
-                               + (["empty answer"] if kind == "conversations" else [])))
+                               + (["answer role", "prompt", "same answer", "no prompt"] if kind == "preference"
+                                  else [])
+                               + (["empty answer", "no answer"] if kind == "conversations" else [])))
     if how == "not an object":
         return draw(json_values.filter(lambda value: not isinstance(value, dict)))
     if how == "missing":
@@ -155,6 +159,11 @@ def bad_objects(draw, kind: str) -> object:
         index = draw(st.integers(0, len(record[field]) - 1))
         record[field][index] = {"role": "assistant", "content": draw(st.sampled_from(["", None, " ", "\n\t"])),
                                 **draw(st.sampled_from([{}, {"reasoning_content": None}, {"reasoning_content": " "}]))}
+    elif how == "no answer":  # nothing to learn: a prompt only (RL data)
+        for message in record[field]:
+            message["role"] = "user" if message["role"] == "assistant" else message["role"]
+    elif how == "no prompt":  # the answers alone: a preference for no question
+        record["chosen"], record["rejected"] = record["chosen"][-1:], record["rejected"][-1:]
     elif how == "answer role":
         record[field][-1]["role"] = draw(roles.filter(lambda role: role != "assistant"))
     elif how == "same answer":
@@ -223,7 +232,7 @@ def _expected_content(kind: str, records: list[dict], tokenizer) -> tuple[list, 
         stream = stream[: len(stream) // 2 * 2]  # max_seq_len 2: the odd last token is the dropped tail
         return stream, not stream
     if kind == "conversations":
-        kept = [r["conversations"] for r in records if any(m["role"] == "assistant" for m in r["conversations"])]
+        kept = [r["conversations"] for r in records]
         return [[encoding.input_ids] for encoding in encode_chatml_batch(tokenizer, kept)], not kept
     chosen = encode_chatml_batch(tokenizer, [r["chosen"] for r in records])
     rejected = encode_chatml_batch(tokenizer, [r["rejected"] for r in records])

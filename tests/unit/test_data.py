@@ -132,9 +132,7 @@ def test_sft_mask_boundaries(tmp_path, cache, tokenizer):
 
 def test_sft_truncation_keeps_prefix_and_drops_unsupervised(tmp_path, cache, tokenizer):
     long_user = [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "ok"}]
-    no_assistant = [{"role": "user", "content": "anyone?"}]
-    path = write_jsonl(tmp_path / "t.jsonl",
-                       [{"conversations": MULTI}, {"conversations": long_user}, {"conversations": no_assistant}])
+    path = write_jsonl(tmp_path / "t.jsonl", [{"conversations": MULTI}, {"conversations": long_user}])
     full_ids, full_labels = expected_tokens(tokenizer, MULTI)
     # Cut in the middle of the second answer.
     cut = full_labels.index(IM_END) + 12
@@ -142,9 +140,9 @@ def test_sft_truncation_keeps_prefix_and_drops_unsupervised(tmp_path, cache, tok
     assert len(ds) == 1
     assert ds[0]["input_ids"].tolist() == full_ids[:cut]
     assert ds[0]["labels"].tolist() == full_labels[:cut]
-    assert ds.stats["conversations"] == 3
+    assert ds.stats["conversations"] == 2
     assert ds.stats["samples"] == 1
-    assert ds.stats["dropped_no_supervision"] == 2
+    assert ds.stats["dropped_no_supervision"] == 1
     assert ds.stats["truncated"] == 1
     assert ds.stats["supervised_tokens"] == sum(lab != IGNORE_INDEX for lab in full_labels[:cut])
     # The kept sample lost the second answer's end and the whole third answer; the long user turn's conversation,
@@ -287,15 +285,16 @@ def test_dpo_takes_trls_explicit_prompt_as_the_pairs_shared_start(tmp_path, cach
                                                                  "rejected": [*question, seven]}]),
                            tokenizer, max_seq_len=512, cache_dir=cache)
         assert whole[0]["input_ids"].tolist() == expected_tokens(tokenizer, [*question, blue])[0]
-    # A null prompt is none, as before "prompt" was read (`datasets`' to_json writes null where a row had none)
-    for chosen, rejected in (([*question, blue], [*question, seven]), ([blue], [seven])):
-        unset = DPODataset(write_jsonl(tmp_path / "null.jsonl", [{"prompt": None, "chosen": chosen,
-                                                                   "rejected": rejected}]),
-                           tokenizer, max_seq_len=512, cache_dir=cache)
-        assert unset[0]["input_ids"].tolist() == expected_tokens(tokenizer, chosen)[0]
+    # A null prompt is none, as before "prompt" was read (`datasets`' to_json writes null where a row had none);
+    # beside answer-only conversations that leaves no prompt at all, refused as a pair with none is
+    unset = DPODataset(write_jsonl(tmp_path / "null.jsonl", [{"prompt": None, "chosen": [*question, blue],
+                                                               "rejected": [*question, seven]}]),
+                       tokenizer, max_seq_len=512, cache_dir=cache)
+    assert unset[0]["input_ids"].tolist() == expected_tokens(tokenizer, [*question, blue])[0]
     for prompt, reason in (("Name a colour.", '"prompt" is a string but "chosen" and "rejected" hold only the answer'),
                            ([], '"prompt" must be a non-empty list of messages'),
-                           ([{"role": "user"}], 'prompt[0] has no "content" string')):
+                           ([{"role": "user"}], 'prompt[0] has no "content" string'),
+                           (None, '"chosen" and "rejected" hold only their answers and there is no "prompt"')):
         path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": prompt, "chosen": [blue], "rejected": [seven]}])
         with pytest.raises(ValueError, match=re.escape(f"{path}:1: {reason}")):
             DPODataset(path, tokenizer, max_seq_len=512, cache_dir=cache)
@@ -544,6 +543,11 @@ def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
          "it teaches the model to answer nothing. This looks like prompt-only RL data (MiniMind's rlaif.jsonl), "
          "which train_grpo.py and train_ppo.py take, and train_distillation.py with --lmbda 1 or --seq_kd (every step "
          "samples its answers, reading such a row as its prompt)"),
+        # no assistant message at all: nothing to learn (it was dropped without a word, or, every line so, refused as
+        # "no conversation has a supervised token within max_seq_len")
+        ("conversations", [{"conversations": SINGLE}, {"conversations": WITH_SYSTEM[:2]}], 2,
+         '"conversations" holds no assistant message: nothing to learn (only the assistant\'s answers are trained '
+         "on). A conversation of only a prompt is RL data, which train_grpo.py and train_ppo.py take"),
         ("conversations", [{"conversations": [*MULTI[:3], {"role": "assistant", "content": " \n\t"}, *MULTI[4:]]}],
          1, "conversations[3] is an empty assistant message"),
         # a thought of only whitespace is no thought: its label is the empty think block and <|im_end|>
@@ -564,6 +568,13 @@ def test_pretrain_too_short_is_an_error(tmp_path, cache, tokenizer):
          '"chosen" and "rejected" have the same answer (chosen[0] and rejected[0])'),
         ("preference", [{"chosen": MULTI[:4], "rejected": [MULTI[0], MULTI[3]]}], 1,
          '; "chosen" has 3 message(s) before its answer, "rejected" 1'),
+        # answers with no prompt before them (TRL finds none in such a pair either, and fails on it): a preference for
+        # no question
+        ("preference", [{"chosen": SINGLE, "rejected": [SINGLE[0], {"role": "assistant", "content": "No."}]},
+                        {"chosen": SINGLE[1:], "rejected": [{"role": "assistant", "content": "No."}]}], 2,
+         '"chosen" and "rejected" hold only their answers and there is no "prompt": the pair prefers one answer to '
+         "no question; put the prompt's messages before the answer in both, or give them as a \"prompt\" list of "
+         "messages"),
         ("preference", [{"chosen": SINGLE, "rejected": SINGLE[:1]}], 1,
          "rejected[0] must be the assistant's answer, got role 'user'"),
         # an empty answer on either side, as SFT refuses one (a preferred nothing; a margin of <|im_end|> alone)
@@ -655,6 +666,30 @@ def test_only_a_distillation_that_samples_every_answer_reads_empty_answers(tmp_p
         return
     data = trainer.data.build_run_data(args, tokenizer, quiet=True)
     assert len(data.train) == 4 and data.train.stats["supervised_tokens"] == 4  # each row's <|im_end|>
+
+
+@pytest.mark.parametrize("task", ["sft", "lora", "dpo"])
+def test_the_trainers_refuse_a_sample_with_nothing_to_learn_naming_its_line(tmp_path, tokenizer, monkeypatch, task):
+    """SFT or LoRA data with a conversation of no assistant message was dropped without a word (a file of such was
+    "no conversation has a supervised token within max_seq_len"), and DPO answers with no prompt trained as a
+    preference for no question; each trainer's data refuses the line, and --skip_bad_lines skips and counts it."""
+    import trainer.data
+    from trainer.args import parse_args
+
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    if task == "dpo":
+        good = {"chosen": SINGLE, "rejected": [SINGLE[0], {"role": "assistant", "content": "No."}]}
+        empty = {"prompt": None, "chosen": SINGLE[1:], "rejected": [{"role": "assistant", "content": "No."}]}
+        reason = '"chosen" and "rejected" hold only their answers and there is no "prompt"'
+    else:
+        good, empty = {"conversations": MULTI}, {"conversations": WITH_SYSTEM[:2]}
+        reason = '"conversations" holds no assistant message'
+    path = write_jsonl(tmp_path / "data.jsonl", [good, good, empty, good])
+    flags = ["--data_path", str(path), "--val_data_path", str(path), "--batch_size", "2"]
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:3: {re.escape(reason)}"):
+        trainer.data.build_run_data(parse_args(task, flags), tokenizer, quiet=True)
+    data = trainer.data.build_run_data(parse_args(task, [*flags, "--skip_bad_lines", "true"]), tokenizer, quiet=True)
+    assert len(data.train) == 3 and data.train.stats["skipped_lines"] == 1
 
 
 def test_a_gkd_resume_across_every_step_sampling_is_refused_as_other_data(tmp_path, tokenizer, monkeypatch):

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from dataset.atomic_io import read_text_file
+from dataset.atomic_io import read_text_file, special_file_kind
 from dataset.shown_value import shown_text
 
 
@@ -105,7 +105,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def read_yaml(path: Path, what: str = "a YAML file") -> Any:
     """The value of the YAML file `path` (`what` it should be, for the message when it is a directory); a
-    ValueError ``"{path}: {reason}"`` when it cannot be read, is not UTF-8, is not YAML or gives a key twice."""
+    ValueError ``"{path}: {reason}"`` when it cannot be read, is not UTF-8, is not YAML or gives a key twice, or is
+    not a regular file: a FIFO (a pipe) is refused before it is opened, where opening one nobody writes to waited
+    for ever (a run that never started, without a word), and a device (/dev/zero) is no file either."""
+    if (kind := special_file_kind(path)) not in (None, "a folder"):  # a folder: read_text_file's own words
+        raise ValueError(f"{path}: is {kind}, not a regular file; {what} must be a regular file (write it to one "
+                         f"first)")
     text = read_text_file(path, what, MAX_YAML_CHARS)
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)

@@ -475,6 +475,28 @@ def test_a_config_that_is_not_a_utf8_file_is_one_line(tmp_path, capsys):
         assert capsys.readouterr().err.splitlines()[0] == f"error: --config {config}: {message}"
 
 
+def test_a_config_that_is_a_fifo_is_refused_before_it_is_opened(tmp_path, capsys):
+    """train_grpo.py --config on a FIFO nobody writes to (a shell's <(...) whose command waits) waited in open() for
+    ever, without a word; a --config that is not a regular file is refused unopened, as a data path is."""
+    import os
+    import subprocess
+
+    from trainer.args import parse_args
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    refusal = (f"error: --config {fifo}: is a FIFO (a pipe), not a regular file; a YAML file must be a regular file "
+               f"(write it to one first)")
+    # in a process of its own: opened, the FIFO would hold the test up, not fail it
+    run = subprocess.run([sys.executable, "trainer/train_grpo.py", "--config", str(fifo), "--max_steps", "2"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr.splitlines()[0] == refusal
+    for task in ("ppo", "pretrain"):
+        with pytest.raises(SystemExit):
+            parse_args(task, ["--config", str(fifo)])
+        assert capsys.readouterr().err.splitlines()[0] == refusal
+
+
 @pytest.mark.parametrize("text, message", [
     # PyYAML's patterns take these for a date, a bool, an int: its constructors then failed as Python does
     ("seed: 1\nwandb_run_name: 2001-02-30\n", '"2001-02-30" is not a valid timestamp (day is out of range for month) '

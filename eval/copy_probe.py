@@ -123,7 +123,7 @@ def report(args: Any) -> int:
     from model.loading import load_model
     from dataset.shown_value import shown_value
     from trainer.machine import machine_line
-    from trainer.run_dir import check_report_file, resolve_input_path, resolve_path
+    from trainer.run_dir import check_report_file, resolve_input_path
 
     try:
         lengths = [int(item) for item in args.lengths.split(",") if item.strip()]
@@ -138,7 +138,7 @@ def report(args: Any) -> int:
     path, adapter = locate_tool_model(args)
     if args.json:  # before the work: a report written over the model or the data would destroy it
         data = [] if args.data == DEFAULT_TEXT_DATA else [resolve_input_path(args.data)]
-        check_report_file(resolve_path(args.json), "--json", path, adapter, data)
+        check_report_file(Path(args.json), "--json", path, adapter, data)
     model, tokenizer = load_model(path, device="cpu", dtype="float32", lora=adapter)
     model.eval()
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
@@ -171,7 +171,7 @@ def report(args: Any) -> int:
     for name, (first_loss, repeat_loss, repeat_first) in results.items():
         print(f"| {name} | {first_loss:.2f} | {repeat_loss:.2f} | {repeat_first:.2f} |")
     if args.json:
-        out = resolve_path(args.json)
+        out = Path(args.json)
         table = {name: {"first": first_loss, "repeat": repeat_loss, "repeat_first_token": repeat_first}
                  for name, (first_loss, repeat_loss, repeat_first) in results.items()}
         atomic_write_text(out, strict_json({"model_path": str(path), "rows": args.rows, "probes": table}, indent=2))

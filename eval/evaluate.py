@@ -39,7 +39,7 @@ from trainer.cli import (DefaultsHelpFormatter, ToolParser, add_model_source_fla
 from trainer.inference_flags import add_rope_scaling_flag, apply_rope_scaling_flag, device_type  # noqa: E402
 from trainer.run_dir import (ModelNotFound, check_report_file, is_chat_task, locate_model_and_adapter,  # noqa: E402
                              locate_tool_model, model_task, recorded_config, report_error, resolve_input_path,
-                             resolve_path, trained_length)
+                             trained_length)
 
 DEFAULT_SPLITS = (PRETRAIN.val, SFT.val)
 CORPUS_SPLITS = DEFAULT_SPLITS + (SFT_TOOLS.val,)  # sft_val with held-out tool-use dialogues
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         path, adapter = locate_tool_model(args)
         if args.json:  # before the work: a report written over the model or the data would destroy it
             data = [resolve_input_path(spec) for spec in args.data or () if spec not in NAMED_SPLITS]
-            check_report_file(resolve_path(args.json), "--json", path, adapter, data)
+            check_report_file(Path(args.json), "--json", path, adapter, data)
         report = evaluate_model_dir(path, args.data, args.max_seq_len, args.batch_size, args.max_batches,
                                     args.device, with_samples=not args.no_samples, lora=adapter,
                                     rope_scaling_factor=args.rope_scaling_factor,
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         if invalid:
             print(f"  ({invalid} \\xNN: bytes the model emitted that form no UTF-8 character, shown as they are)")
     if args.json:
-        out = resolve_path(args.json)
+        out = Path(args.json)
         from dataset.atomic_io import atomic_write_text
         atomic_write_text(out, strict_json(report, indent=2, ensure_ascii=False))
         print(f"results written to {out}")

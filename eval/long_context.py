@@ -200,12 +200,12 @@ def report(args: Any) -> int:
     from model.rope import set_rope_scaling
     from dataset.shown_value import shown_value
     from trainer.machine import machine_line
-    from trainer.run_dir import check_report_file, resolve_input_path, resolve_path, trained_length
+    from trainer.run_dir import check_report_file, resolve_input_path, trained_length
 
     path, adapter = locate_tool_model(args)
     if args.json:  # before the work: a report written over the model or the data would destroy it
         data = [] if args.data == DEFAULT_TEXT_DATA else [resolve_input_path(args.data)]
-        check_report_file(resolve_path(args.json), "--json", path, adapter, data)
+        check_report_file(Path(args.json), "--json", path, adapter, data)
     # The documents before the model: a --length no document reaches is said before the model loads.
     tokenizer = load_dir_tokenizer(path)
     data_path = resolve_text_data(args.data)
@@ -235,7 +235,7 @@ def report(args: Any) -> int:
     for label, losses in rows.items():
         print(f"| {label} | " + " | ".join(f"{loss:.3f}" for loss in losses) + " |")
     if args.json:
-        out = resolve_path(args.json)
+        out = Path(args.json)
         atomic_write_text(out, strict_json({"model_path": str(path), "documents": len(documents),
                                              "length": args.length, "bucket_starts": starts, "losses": rows},
                                             indent=2))

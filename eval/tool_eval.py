@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path, lora = locate_tool_model(args)
         if args.json:  # before the work: a report written over the model would destroy it
-            check_report_file(resolve_path(args.json), "--json", path, lora)
+            check_report_file(Path(args.json), "--json", path, lora)
     except (ModelNotFound, ValueError) as error:
         return report_error(error)
 

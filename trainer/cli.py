@@ -359,10 +359,12 @@ def add_model_source_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def output_file(text: str) -> str:
-    """An output file flag's type (resolved as the tools resolve it, trainer/run_dir.py): refused up front where it
-    is a directory, or where a file stands in the place of a folder above it (`--json a_file/x.json`: the tool's own
-    check said so only once the model was found), not after the work whose results it would hold; so is a name the
-    system refuses to look up (a component over 255 bytes), which raised OSError's traceback."""
+    """An output file flag's type: the path the tool writes, relative to the repo root as every output is
+    (trainer/run_dir.py's resolve_path), returned resolved so that the tool checks and writes that one path (a tool
+    that resolved it again from the current directory wrote elsewhere than this check looked). Refused up front
+    where it is a directory, or where a file stands in the place of a folder above it (`--json a_file/x.json`: the
+    tool's own check said so only once the model was found), not after the work whose results it would hold; so is
+    a name the system refuses to look up (a component over 255 bytes), which raised OSError's traceback."""
     path = resolve_path(path_arg(text))
     try:
         is_dir = path.is_dir()
@@ -373,7 +375,7 @@ def output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{shown_path(text)} is a directory, expected a file")
     if blocker is not None:  # dataset/atomic_io.py's words, as the tools' check_report_file says it
         raise argparse.ArgumentTypeError(shown_path(not_a_folder(path, blocker)))
-    return text
+    return str(path)
 
 
 flag_type(str, output_file)

@@ -60,7 +60,7 @@ from model.kernels.dtypes import DTYPES  # noqa: E402
 from model.norms import triton_can_run  # noqa: E402
 from model.rmsnorm_math import P_RANGE  # noqa: E402
 from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
-                         int_within, run_main)
+                         int_within, output_file, run_main)
 from trainer.machine import machine_line  # noqa: E402
 from trainer.memory import allocation_failure_line, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
@@ -328,7 +328,7 @@ def build_parser() -> ToolParser:
                     help="CUDA: run our forward and backward once at (--m, N) and exit (for ncu)")
     ap.add_argument("--profile_host", type=int_within(1), metavar="N", default=None,
                     help="CUDA: each method's forward+backward at (--m, N) under torch.profiler, host side included")
-    ap.add_argument("--out", type=Path, default=None, help="also write the raw rows as JSON here")
+    ap.add_argument("--out", type=output_file, default=None, help="also write the raw rows as JSON here")
     ap.add_argument("--threads", type=benchmark_threads(), default=None, help="CPU threads (torch.set_num_threads)")
     lab = ap.add_argument_group("--lab: the norm laboratory's table (CPU)")
     lab.add_argument("--lab", action="store_true", help="every norm type and the default model's step with each")
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.out is not None:
         try:  # a folder there, or a file in the way of its folder: refused now, not after the timing
-            check_folder_path(args.out, "--out", itself=False)
+            check_folder_path(Path(args.out), "--out", itself=False)
         except ValueError as error:
             ap.error(str(error))
     device = chosen_device(ap, args)

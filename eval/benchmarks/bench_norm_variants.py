@@ -144,14 +144,15 @@ def _threads() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from dataset.atomic_io import atomic_write_text, check_output_file
-    from trainer.cli import ToolParser, int_within
+    from trainer.cli import ToolParser, int_within, output_file
     from trainer.run_dir import report_error
     from trainer.yaml_file import read_yaml
 
     parser = ToolParser(description="Interleaved step time of every variant of a normalization-study sweep")
     parser.add_argument("sweep", help="sweep YAML whose `config` values are the variant files, e.g. "
                                       "scripts/sweep_configs/study2_lr.yaml")
-    parser.add_argument("--out", required=True, help="JSON to write (a .md table is written beside it)")
+    parser.add_argument("--out", type=output_file, required=True,
+                        help="JSON to write (a .md table is written beside it)")
     parser.add_argument("--rounds", type=int_within(1), default=10, help="timed rounds")
     parser.add_argument("--steps", type=int_within(1), default=5, help="steps of a variant per turn")
     parser.add_argument("--warmup", type=int_within(0), default=2, help="untimed rounds first (compile, caches)")

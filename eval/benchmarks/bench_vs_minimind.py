@@ -44,7 +44,7 @@ from dataset.corpus import ensure_default_corpus  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.jsonl import iter_records  # noqa: E402
 from model.config import MAX_SIZE, MiniNormConfig  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import read_metrics, read_summary, resolve_input_path  # noqa: E402
 
@@ -152,7 +152,7 @@ def build_parser() -> ToolParser:
                         help="further flags for our trainer, last on the line (e.g. --ours_args --compile on)")
     parser.add_argument("--log_dir", type=Path, default=Path("."),
                         help="where both trainers' logs are written (minimind_log.txt, ours_log.txt)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--json", type=output_file, default=None, help="also write the results as JSON here")
     return parser
 
 
@@ -173,7 +173,7 @@ def validate_args(parser: ToolParser, args: argparse.Namespace) -> None:
         args.data_path = args.data_path.resolve()  # MiniMind runs in its own trainer/ folder
     try:  # both trainers run for minutes first: a --json or --log_dir that cannot be written is refused now
         if args.json is not None:
-            check_output_file(args.json, "--json", [("--data_path", args.data_path)] if args.data_path else [])
+            check_output_file(Path(args.json), "--json", [("--data_path", args.data_path)] if args.data_path else [])
         check_folder_path(args.log_dir, "--log_dir")
         make_dirs(args.log_dir)
     except ValueError as error:

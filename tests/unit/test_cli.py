@@ -531,10 +531,11 @@ def _output_cases(tmp_path):
     (minimind / "trainer").mkdir(parents=True)
     (minimind / "trainer" / "train_pretrain.py").write_text("")
     return [
+        # the results files are trainer/cli.py's output_file, as the eval tools' reports are: refused as parsed
         ("eval.benchmarks.bench_norm", [*ONE_NORM, "--out", str(a_folder)],
-         f"error: --out {a_folder} is a folder, not a file"),
+         f"error: argument --out: {a_folder} is a directory, expected a file"),
         ("eval.benchmarks.bench_norm", [*ONE_NORM, "--out", str(a_file / "rows.json")],
-         f"error: --out {a_file / 'rows.json'}: {a_file} is a file, not a folder"),
+         f"error: argument --out: {a_file / 'rows.json'}: {a_file} is a file, not a folder"),
         ("eval.benchmarks.bench_checkpoint", ["--presets", "cpu-default", "--rounds", "1", "--dir", str(a_file / "d")],
          f"error: --dir {a_file / 'd'}: {a_file} is a file, not a folder"),
         ("eval.benchmarks.time_to_loss", [*ONE_SECOND, "--out_dir", str(a_file)],
@@ -543,9 +544,10 @@ def _output_cases(tmp_path):
          f"error: --out {sweep} is the sweep's {sweep}: writing there would destroy a file the tool reads; "
          f"choose another --out"),
         ("eval.benchmarks.bench_norm_variants", [str(sweep), "--out", str(a_folder)],
-         f"error: --out {a_folder} is a folder, not a file"),
+         f"error: argument --out: {a_folder} is a directory, expected a file"),
         ("eval.benchmarks.bench_vs_minimind", ["--minimind_dir", str(minimind), "--steps", "40", "--json",
-                                               str(a_folder)], f"error: --json {a_folder} is a folder, not a file"),
+                                               str(a_folder)],
+         f"error: argument --json: {a_folder} is a directory, expected a file"),
         ("eval.benchmarks.bench_vs_minimind", ["--minimind_dir", str(minimind), "--steps", "40", "--log_dir",
                                                str(a_file)], f"error: --log_dir {a_file} is a file, not a folder"),
     ]

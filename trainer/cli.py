@@ -251,6 +251,11 @@ def int_within(low: int, high: int | None = None, note: str = "") -> Callable[[s
 
 seed = int_within(*SEED_RANGE)  # every --seed
 
+# The most a count flag of a benchmark or study takes (eval/benchmarks, eval/studies: rounds, steps, calls,
+# repetitions, warm-up steps, requests): a step of a small model takes about 0.1 s on a CPU, so 1,000 rounds of a
+# study's default steps take about an hour and a half; --rounds 10**30 ran until killed.
+MAX_COUNT = 1000
+
 
 def int_list(low: int, high: int | None = None) -> Callable[[str], list[int]]:
     """A comma-separated integer list flag's type (`1,2,4`): each item in low .. high; the error quotes the list."""

@@ -36,7 +36,7 @@ from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from dataset.atomic_io import check_folder_path, make_dirs  # noqa: E402
 from dataset.shown_value import shown_value  # noqa: E402
-from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import MAX_COUNT, ToolParser, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
 STATE = {"step": 1, "epoch": 0, "samples_done_in_epoch": 8, "tokens_seen": 2048, "config": {}}
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__)
     parser.add_argument("--presets", default="cpu-wide,minimind-26m",
                         help=f"comma-separated model shapes: {', '.join(PRESETS)}")
-    parser.add_argument("--rounds", type=int_within(1), default=7, help="timed saves per mode and preset")
+    parser.add_argument("--rounds", type=int_within(1, MAX_COUNT), default=7, help="timed saves per mode and preset")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
                         help="folder under which the checkpoints are written (and removed)")
     args = parser.parse_args(argv)

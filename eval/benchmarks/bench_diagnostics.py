@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from model.config import PLACEMENT_ALIASES, PRESETS, MiniNormConfig, NormImpl, NormPlacement, NormType  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
+from trainer.cli import MAX_COUNT, ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.memory import FP32_BYTES, allocation_failure_line, past_memory  # noqa: E402
@@ -103,11 +103,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--intervals", type=int_list(1), default="1,10",
                         help="diagnostic intervals to time besides 'off'")
     parser.add_argument("--derive", type=int_list(1), default="10,50,100", help="intervals to derive the overhead for")
-    parser.add_argument("--block_steps", type=int_within(1), default=10,
+    parser.add_argument("--block_steps", type=int_within(1, MAX_COUNT), default=10,
                         help="steps of one mode before the next mode's block")
-    parser.add_argument("--blocks", type=int_within(1), default=2,
+    parser.add_argument("--blocks", type=int_within(1, MAX_COUNT), default=2,
                         help="blocks per mode (steps per mode = blocks x block_steps)")
-    parser.add_argument("--warmup", type=int_within(0), default=3,
+    parser.add_argument("--warmup", type=int_within(0, MAX_COUNT), default=3,
                         help="untimed steps first (the first with diagnostics)")
     parser.add_argument("--threads", type=benchmark_threads(), default=None,
                         help="torch threads (default: torch's choice)")

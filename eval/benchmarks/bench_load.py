@@ -39,7 +39,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_list, int_within, run_main  # noqa: E402
+from trainer.cli import MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, int_list, int_within, run_main  # noqa: E402
 from trainer.threads import bound_openmp_waits, usable_cores  # noqa: E402
 
 VARIANTS = {
@@ -202,14 +202,16 @@ def step_table(variants: list[str], levels: list[int], rounds: int, steps: int, 
 
 def main(argv: list[str] | None = None) -> None:
     parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter)
-    parser.add_argument("--rounds", type=int_within(0), default=4,
+    parser.add_argument("--rounds", type=int_within(0, MAX_COUNT), default=4,
                         help="rounds over every load level and variant (0: no step table)")
-    parser.add_argument("--steps", type=int_within(1), default=4, help="timed steps per variant, level and round")
-    parser.add_argument("--warmup", type=int_within(0), default=4, help="steps per variant before the first round")
+    parser.add_argument("--steps", type=int_within(1, MAX_COUNT), default=4,
+                        help="timed steps per variant, level and round")
+    parser.add_argument("--warmup", type=int_within(0, MAX_COUNT), default=4,
+                        help="steps per variant before the first round")
     parser.add_argument("--competitors", type=int_list(0), default="0,1,2",
                         help="comma-separated numbers of busy processes")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated: {', '.join(VARIANTS)}")
-    parser.add_argument("--start_bursts", type=int_within(0), default=0,
+    parser.add_argument("--start_bursts", type=int_within(0, MAX_COUNT), default=0,
                         help="also start `--threads auto` this many times beside a short burst and a steady load")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out_dir", default=None, help=argparse.SUPPRESS)

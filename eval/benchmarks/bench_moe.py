@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from model.config import PRESETS, MiniNormConfig  # noqa: E402
 from model.model import SparseMoE, SwiGLU  # noqa: E402
-from trainer.cli import ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
+from trainer.cli import MAX_COUNT, ToolParser, benchmark_threads, int_list, int_within, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.memory import FP32_BYTES, allocation_failure_line, past_memory  # noqa: E402
 from trainer.run_dir import report_error  # noqa: E402
@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top_k", type=int_within(1), default=1, help="experts each token is routed to")
     parser.add_argument("--batch_size", type=int_within(1), default=8, help="sequences per call")
     parser.add_argument("--seq_len", type=int_within(1), default=256, help="tokens per sequence")
-    parser.add_argument("--rounds", type=int_within(1), default=5,
+    parser.add_argument("--rounds", type=int_within(1, MAX_COUNT), default=5,
                         help="interleaved rounds over all variants (median reported)")
-    parser.add_argument("--calls", type=int_within(1), default=5, help="calls per variant per round")
+    parser.add_argument("--calls", type=int_within(1, MAX_COUNT), default=5, help="calls per variant per round")
     parser.add_argument("--threads", type=benchmark_threads(), default=1, help="torch threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -59,7 +59,7 @@ from eval.benchmarks.rmsnorm.methods import EPS, norm_methods, residual_methods 
 from model.kernels.dtypes import DTYPES  # noqa: E402
 from model.norms import triton_can_run  # noqa: E402
 from model.rmsnorm_math import P_RANGE  # noqa: E402
-from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
+from trainer.cli import (MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, output_file, run_main)
 from trainer.machine import machine_line  # noqa: E402
 from trainer.memory import allocation_failure_line, past_memory  # noqa: E402
@@ -334,11 +334,12 @@ def build_parser() -> ToolParser:
     lab.add_argument("--lab", action="store_true", help="every norm type and the default model's step with each")
     lab.add_argument("--lab_norms", nargs="+", default=list(DEFAULT_LAB_NORMS), choices=list(LAB_VARIANTS),
                      help="the variants, in table order (the first is the reference)")
-    lab.add_argument("--rounds", type=int_within(1), default=7, help="interleaved rounds")
-    lab.add_argument("--norm_repeats", type=int_within(1), default=50,
+    lab.add_argument("--rounds", type=int_within(1, MAX_COUNT), default=7, help="interleaved rounds")
+    lab.add_argument("--norm_repeats", type=int_within(1, MAX_COUNT), default=50,
                      help="norm forward+backward calls per variant per round")
-    lab.add_argument("--lab_steps", type=int_within(1), default=3, help="training steps per variant per round")
-    lab.add_argument("--lab_warmup", type=int_within(0), default=3,
+    lab.add_argument("--lab_steps", type=int_within(1, MAX_COUNT), default=3,
+                     help="training steps per variant per round")
+    lab.add_argument("--lab_warmup", type=int_within(0, MAX_COUNT), default=3,
                      help="untimed calls and steps per variant first (compiles)")
     return ap
 

@@ -144,7 +144,7 @@ def _threads() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from dataset.atomic_io import atomic_write_text, check_output_file
-    from trainer.cli import ToolParser, int_within, output_file
+    from trainer.cli import MAX_COUNT, ToolParser, int_within, output_file
     from trainer.run_dir import report_error
     from trainer.yaml_file import read_yaml
 
@@ -153,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
                                       "scripts/sweep_configs/study2_lr.yaml")
     parser.add_argument("--out", type=output_file, required=True,
                         help="JSON to write (a .md table is written beside it)")
-    parser.add_argument("--rounds", type=int_within(1), default=10, help="timed rounds")
-    parser.add_argument("--steps", type=int_within(1), default=5, help="steps of a variant per turn")
-    parser.add_argument("--warmup", type=int_within(0), default=2, help="untimed rounds first (compile, caches)")
+    parser.add_argument("--rounds", type=int_within(1, MAX_COUNT), default=10, help="timed rounds")
+    parser.add_argument("--steps", type=int_within(1, MAX_COUNT), default=5, help="steps of a variant per turn")
+    parser.add_argument("--warmup", type=int_within(0, MAX_COUNT), default=2,
+                        help="untimed rounds first (compile, caches)")
     parser.add_argument("--compile", choices=("on", "off"), default=None,
                         help="whole-model compile for every variant (default: as the sweep's trials decide)")
     parser.add_argument("--variants", help="comma-separated variant names (default: all of the sweep's)")

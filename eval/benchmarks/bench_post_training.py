@@ -33,7 +33,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
 from model.config import PRESETS  # noqa: E402
-from trainer.cli import ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import MAX_COUNT, ToolParser, int_within, run_main  # noqa: E402
 from trainer.run_dir import CONFIG_FILE, REPO_ROOT, SUMMARY_FILE, read_summary  # noqa: E402
 
 # Runs in the child process: the trainer (or just the model, for "load"), then the peak memory as JSON.
@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="B: conversations (SFT, LoRA) or pairs (DPO)")
     parser.add_argument("--max_seq_len", type=int_within(1), default=256,
                         help="tokens per conversation (longer ones are cut)")
-    parser.add_argument("--steps", type=int_within(1), default=4, help="optimizer steps of each configuration")
+    parser.add_argument("--steps", type=int_within(1, MAX_COUNT), default=4,
+                        help="optimizer steps of each configuration")
     parser.add_argument("--lora_rank", type=int_within(1), default=8, help="rank of the LoRA configuration's adapters")
     args = parser.parse_args(argv)
     import torch

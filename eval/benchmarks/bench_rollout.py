@@ -52,7 +52,7 @@ import torch  # noqa: E402
 
 from model.generation import DECODE_MODES  # noqa: E402
 from model.config import PRESETS  # noqa: E402
-from trainer.cli import DefaultsHelpFormatter, ToolParser, benchmark_threads, int_within, run_main, seed  # noqa: E402
+from trainer.cli import MAX_COUNT, DefaultsHelpFormatter, ToolParser, benchmark_threads, int_within, run_main, seed  # noqa: E402
 from trainer.grpo import rollout_decode  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import REPO_ROOT  # noqa: E402
@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="cpu-wide", choices=list(PRESETS), help="model shape (model/config.py)")
     parser.add_argument("--tokens", type=int_within(1), default=200, help="new tokens per stream")
     parser.add_argument("--batch", type=int_within(1), default=8, help="streams of the batched rows")
-    parser.add_argument("--rounds", type=int_within(1), default=5, help="interleaved rounds; the table shows medians")
+    parser.add_argument("--rounds", type=int_within(1, MAX_COUNT), default=5,
+                        help="interleaved rounds; the table shows medians")
     parser.add_argument("--threads", type=benchmark_threads(), default=os.cpu_count(), help="threads of every variant")
     parser.add_argument("--engine_ref", default=None, help="also run model/generation.py at this git revision")
     parser.add_argument("--seed", type=seed, default=0, help="draws the model's fresh weights")

@@ -59,7 +59,7 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
+from trainer.cli import MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, run_main  # noqa: E402
 from trainer.inference_flags import MAX_TOP_LOGPROBS  # noqa: E402
 from trainer.distributed import free_port  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
@@ -323,9 +323,11 @@ def build_parser() -> ToolParser:
     parser = ToolParser(description=__doc__, formatter_class=RawDescriptionDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--model_path", default=None, help="model directory; default: out/sft, else out/pretrain, "
                                                            "else an untrained cpu-default model")
-    parser.add_argument("--requests", type=int_within(1), default=32, help="requests per configuration and repeat")
+    parser.add_argument("--requests", type=int_within(1, MAX_COUNT), default=32,
+                        help="requests per configuration and repeat")
     parser.add_argument("--max_tokens", type=int_within(1), default=64, help="tokens each request asks for (greedy)")
-    parser.add_argument("--repeats", type=int_within(1), default=3, help="interleaved repeats of every configuration")
+    parser.add_argument("--repeats", type=int_within(1, MAX_COUNT), default=3,
+                        help="interleaved repeats of every configuration")
     parser.add_argument("--logprobs", type=int_within(0, MAX_TOP_LOGPROBS), default=None,
                         help="also run 8 clients, --max_batch 8, asking for logprobs with this many top_logprobs")
     parser.add_argument("--stream_against", nargs="?", const=OLD_STREAM_REF, default=None, metavar="REF",
@@ -333,7 +335,7 @@ def build_parser() -> ToolParser:
                              "against that one (see above), instead of the load runs; given alone: " + OLD_STREAM_REF)
     parser.add_argument("--tokens", type=int_within(1, 8192), default=None,
                         help="with --stream_against: the reply's length in tokens (unset: 3000)")
-    parser.add_argument("--rounds", type=int_within(1), default=None,
+    parser.add_argument("--rounds", type=int_within(1, MAX_COUNT), default=None,
                         help="with --stream_against: measured rounds (after one warm-up) (unset: 5)")
     return parser
 

@@ -51,7 +51,7 @@ from model.config import MAX_SIZE, PRESETS  # noqa: E402
 from model.llama_compat import to_llama_config  # noqa: E402
 from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
-from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
+from trainer.cli import (MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, run_main)
 from trainer.arg_fields import DTYPES, build_model_config  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> None:
                              "on CUDA)")
     parser.add_argument("--dtypes", type=comma_list_of(DTYPES), default="float32,bfloat16",
                         help="comma-separated dtypes of the step table")
-    parser.add_argument("--steps", type=int_within(1), default=6, help="timed training steps per variant")
-    parser.add_argument("--warmup", type=int_within(0), default=2,
+    parser.add_argument("--steps", type=int_within(1, MAX_COUNT), default=6, help="timed training steps per variant")
+    parser.add_argument("--warmup", type=int_within(0, MAX_COUNT), default=2,
                         help="steps before the timed ones (the first, with any compilation, is reported on its own)")
     parser.add_argument("--variants", type=step_variants, default=",".join(STEP_VARIANTS),
                         help="comma-separated: rms (norm_impl auto), rms_eager, rms_compiled (--compile on), ln, "
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="rows of the norm table's input")
     parser.add_argument("--norm_dim", type=int_within(1, MAX_SIZE), default=512,
                         help="row length of the norm table's input")
-    parser.add_argument("--norm_reps", type=int_within(1), default=50,
+    parser.add_argument("--norm_reps", type=int_within(1, MAX_COUNT), default=50,
                         help="timed calls of each norm (median reported)")
     parser.add_argument("--threads", type=benchmark_threads("0: torch's default"), default=0,
                         help="torch intra-op threads (0: torch's default)")

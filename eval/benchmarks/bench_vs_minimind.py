@@ -44,7 +44,7 @@ from dataset.corpus import ensure_default_corpus  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.jsonl import iter_records  # noqa: E402
 from model.config import MAX_SIZE, MiniNormConfig  # noqa: E402
-from trainer.cli import RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, output_file, run_main  # noqa: E402
+from trainer.cli import MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, output_file, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import read_metrics, read_summary, resolve_input_path  # noqa: E402
 
@@ -139,9 +139,9 @@ def build_parser() -> ToolParser:
                         help="sequences per optimizer step, both trainers")
     parser.add_argument("--seq_len", type=int_within(MIN_SEQ_LEN, MAX_SIZE), default=512,
                         help="tokens per sequence, both trainers")
-    parser.add_argument("--steps", type=int_within(1), default=200, help="optimizer steps each trainer runs")
-    parser.add_argument("--warmup", type=int_within(0), default=20, help="steps left out of the throughput")
-    parser.add_argument("--log_interval", type=int_within(1), default=10,
+    parser.add_argument("--steps", type=int_within(1, MAX_COUNT), default=200, help="optimizer steps each trainer runs")
+    parser.add_argument("--warmup", type=int_within(0, MAX_COUNT), default=20, help="steps left out of the throughput")
+    parser.add_argument("--log_interval", type=int_within(1, MAX_COUNT), default=10,
                         help="MiniMind's --log_interval (its time marks)")
     parser.add_argument("--data_path", type=Path, default=None,
                         help="the text both trainers read, {\"text\": ...} jsonl lines (default: the embedded corpus's "

@@ -34,7 +34,7 @@ from torch import nn  # noqa: E402
 from dataset.atomic_io import atomic_write_text  # noqa: E402
 from model.config import MAX_SIZE  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm  # noqa: E402
-from trainer.cli import ToolParser, benchmark_threads, int_within, output_file, run_main  # noqa: E402
+from trainer.cli import MAX_COUNT, ToolParser, benchmark_threads, int_within, output_file, run_main  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import check_report_file, locate_model, recorded_config, report_error  # noqa: E402
 
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seq_len", type=int_within(2, MAX_SIZE),
                         help="tokens per row (default: the model's training max_seq_len from its train_config.yaml, "
                              "else 128)")
-    parser.add_argument("--batches", type=int_within(1), default=4, help="validation batches")
+    parser.add_argument("--batches", type=int_within(1, MAX_COUNT), default=4, help="validation batches")
     parser.add_argument("--batch_size", type=int_within(1, MAX_SIZE), default=8, help="rows per batch")
     parser.add_argument("--threads", type=benchmark_threads(), default=1, help="torch CPU threads")
     parser.add_argument("--out", type=output_file, help="also write the table (markdown) to this file")

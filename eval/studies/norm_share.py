@@ -41,7 +41,7 @@ from model.config import MAX_SIZE, MiniNormConfig  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
 from model.norms import DyT, LayerNorm, RMSNorm, resolve_norm_impl  # noqa: E402
 from model.rmsnorm_math import P_RANGE  # noqa: E402
-from trainer.cli import (RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
+from trainer.cli import (MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, run_main)
 from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 
@@ -49,9 +49,6 @@ from trainer.machine import machine_line, resolve_dtype  # noqa: E402
 STUDY_SHAPE = dict(hidden_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=352, max_position_embeddings=512)
 FORWARD_RANGE, BACKWARD_RANGE = "norm.forward", "norm.backward"
-# The most rounds, and steps of each kind per round: a step of the study's model takes about 0.1 s on a CPU, so 1,000
-# rounds of the default steps take about an hour and a half; --rounds 10**30 ran until killed.
-MAX_COUNT = 1000
 
 
 @dataclass

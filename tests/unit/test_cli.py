@@ -12,6 +12,7 @@ import pytest
 from tests.fake_memory import fake_memory
 from tests.paths import REPO
 from model.config import MAX_SIZE
+from trainer.cli import MAX_COUNT
 from trainer.threads import MAX_THREADS, threads_allowed, usable_cores
 
 
@@ -210,8 +211,8 @@ BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagn
     ("eval.benchmarks.bench_moe", ["--experts", "abc"], "--experts", "'abc' is not comma-separated integers >= 1"),
     ("eval.benchmarks.bench_moe", ["--experts", "2,0"], "--experts", "'2,0' is not comma-separated integers >= 1"),
     ("eval.benchmarks.bench_moe", ["--threads", "0"], "--threads", f"0 is not an integer in 1 .. {MAX_THREADS}"),
-    ("eval.benchmarks.bench_moe", ["--rounds", "0"], "--rounds", "0 is not an integer >= 1"),
-    ("eval.benchmarks.bench_moe", ["--calls", "0"], "--calls", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_moe", ["--rounds", "0"], "--rounds", f"0 is not an integer in 1 .. {MAX_COUNT}"),
+    ("eval.benchmarks.bench_moe", ["--calls", "0"], "--calls", f"0 is not an integer in 1 .. {MAX_COUNT}"),
     ("eval.benchmarks.bench_moe", ["--batch_size", "-1"], "--batch_size", "-1 is not an integer >= 1"),
     ("eval.benchmarks.bench_diagnostics", ["--intervals", "abc"], "--intervals",
      "'abc' is not comma-separated integers >= 1"),
@@ -224,10 +225,10 @@ BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagn
      "invalid choice: 'bogus' (choose from 'auto', 'eager', 'compile', 'triton')"),
     ("eval.benchmarks.bench_diagnostics", ["--threads", "0"], "--threads",
      f"0 is not an integer in 1 .. {MAX_THREADS}"),
-    ("eval.benchmarks.bench_rollout", ["--rounds", "0"], "--rounds", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_rollout", ["--rounds", "0"], "--rounds", f"0 is not an integer in 1 .. {MAX_COUNT}"),
     ("eval.benchmarks.bench_post_training", ["--batch_size", "-1"], "--batch_size", "-1 is not an integer >= 1"),
     ("eval.benchmarks.bench_load", ["--competitors", "x"], "--competitors", "'x' is not comma-separated integers >= 0"),
-    ("eval.benchmarks.bench_load", ["--rounds", "-1"], "--rounds", "-1 is not an integer >= 0"),
+    ("eval.benchmarks.bench_load", ["--rounds", "-1"], "--rounds", f"-1 is not an integer in 0 .. {MAX_COUNT}"),
     ("eval.benchmarks.bench_norm", ["--m", "0"], "--m", "0 is not an integer >= 1"),
     ("eval.benchmarks.bench_norm", ["--threads", "0"], "--threads", f"0 is not an integer in 1 .. {MAX_THREADS}"),
     # every benchmark's and study's --threads: at most MAX_THREADS (10**9 ended in libgomp's "Out of memory
@@ -241,7 +242,8 @@ BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagn
     # counts of steps, calls, rows: >= 1 (0 steps or calls ended in an empty median's StatisticsError, --norm_dim 0 in
     # a reshape's RuntimeError, 10**30 rows in torch's allocator), sizes at most model/config.py's MAX_SIZE, the
     # trainer's shortest sequence (MIN_SEQ_LEN) and its --time_budget_s' year, a finite loss, margin or FLOP/s
-    ("eval.benchmarks.bench_train", [*NORMS_ONLY, "--norm_reps", "0"], "--norm_reps", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_train", [*NORMS_ONLY, "--norm_reps", "0"], "--norm_reps",
+     f"0 is not an integer in 1 .. {MAX_COUNT}"),
     ("eval.benchmarks.bench_train", [*NORMS_ONLY, "--norm_dim", "0"], "--norm_dim",
      f"0 is not an integer in 1 .. {MAX_SIZE}"),
     ("eval.benchmarks.bench_train", [*NORMS_ONLY, "--norm_rows", "1" + "0" * 30], "--norm_rows",
@@ -249,7 +251,7 @@ BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagn
     ("eval.benchmarks.bench_train", [*NORMS_ONLY, "--peak_flops", "inf"], "--peak_flops",
      "inf is not a finite number > 0"),
     ("eval.benchmarks.bench_train", ["--seq_len", "1"], "--seq_len", f"1 is not an integer in 2 .. {MAX_SIZE}"),
-    ("eval.benchmarks.bench_train", ["--steps", "0"], "--steps", "0 is not an integer >= 1"),
+    ("eval.benchmarks.bench_train", ["--steps", "0"], "--steps", f"0 is not an integer in 1 .. {MAX_COUNT}"),
     ("eval.benchmarks.time_to_loss", ["--budget_s", "0"], "--budget_s", "0 is outside (0, 3.1536e+07]"),
     ("eval.benchmarks.time_to_loss", [*ONE_SECOND, "--target_loss", "nan"], "--target_loss",
      "nan is not a finite number >= 0"),
@@ -265,19 +267,19 @@ BENCHMARKS_WITH_THREADS = (*(f"eval.benchmarks.{tool}" for tool in ("bench_diagn
     ("eval.studies.ablation_report", ["sweep", "--study2", "--escape_margin", "inf"], "--escape_margin",
      "inf is not a finite number >= 0"),
     ("eval.benchmarks.bench_norm_variants", ["sweep.yaml", "--out", "t.json", "--rounds", "0"], "--rounds",
-     "0 is not an integer >= 1"),
+     f"0 is not an integer in 1 .. {MAX_COUNT}"),
     ("eval.benchmarks.bench_norm_variants", ["sweep.yaml", "--out", "t.json", "--warmup", "-1"], "--warmup",
-     "-1 is not an integer >= 0"),
+     f"-1 is not an integer in 0 .. {MAX_COUNT}"),
     ("eval.benchmarks.bench_vs_minimind", ["--minimind_dir", "nowhere", "--log_interval", "0"], "--log_interval",
-     "0 is not an integer >= 1"),
+     f"0 is not an integer in 1 .. {MAX_COUNT}"),
     ("eval.benchmarks.bench_vs_minimind", ["--minimind_dir", "nowhere", "--warmup", "-20"], "--warmup",
-     "-20 is not an integer >= 0"),
+     f"-20 is not an integer in 0 .. {MAX_COUNT}"),
     ("eval.benchmarks.bench_vs_minimind", ["--minimind_dir", "nowhere", "--seq_len", "1"], "--seq_len",
      f"1 is not an integer in 2 .. {MAX_SIZE}"),
     ("eval.benchmarks.bench_serve", ["--model_path", "nowhere", "--requests", "0"], "--requests",
-     "0 is not an integer >= 1"),
+     f"0 is not an integer in 1 .. {MAX_COUNT}"),
     ("eval.benchmarks.bench_serve", ["--model_path", "nowhere", "--repeats", "0"], "--repeats",
-     "0 is not an integer >= 1"),
+     f"0 is not an integer in 1 .. {MAX_COUNT}"),
     # a partial RMSNorm's p: the model's range (model/rmsnorm_math.py's P_RANGE, (0, 1]); bench_norm's 0 and 2 ran
     # (partial_size clamps k into 1 .. n), its nan was a ValueError traceback
     ("eval.benchmarks.bench_norm", [*ONE_NORM, "--p", "0"], "--p", "0 is outside (0, 1]"),
@@ -304,6 +306,49 @@ def test_benchmarks_refuse_bad_flags_in_one_line_naming_them(module, argv, flag,
     assert exit_info.value.code == 2
     first = capsys.readouterr().err.splitlines()[0]
     assert first.startswith(f"error: argument {flag}: ") and allowed in first, first
+
+
+SWEEP_AND_OUT = ["sweep.yaml", "--out", "t.json"]  # bench_norm_variants' required arguments (never read: refused first)
+
+
+@pytest.mark.parametrize("module, argv, flag, low", [
+    ("eval.benchmarks.bench_checkpoint", [], "--rounds", 1),
+    *(("eval.benchmarks.bench_diagnostics", [], flag, low)
+      for flag, low in (("--block_steps", 1), ("--blocks", 1), ("--warmup", 0))),
+    *(("eval.benchmarks.bench_load", [], flag, low)
+      for flag, low in (("--rounds", 0), ("--steps", 1), ("--warmup", 0), ("--start_bursts", 0))),
+    ("eval.benchmarks.bench_moe", [], "--rounds", 1),
+    ("eval.benchmarks.bench_moe", [], "--calls", 1),
+    *(("eval.benchmarks.bench_norm", ONE_NORM, flag, low)
+      for flag, low in (("--rounds", 1), ("--norm_repeats", 1), ("--lab_steps", 1), ("--lab_warmup", 0))),
+    *(("eval.benchmarks.bench_norm_variants", SWEEP_AND_OUT, flag, low)
+      for flag, low in (("--rounds", 1), ("--steps", 1), ("--warmup", 0))),
+    ("eval.benchmarks.bench_post_training", [], "--steps", 1),
+    ("eval.benchmarks.bench_rollout", [], "--rounds", 1),
+    ("eval.benchmarks.bench_serve", ["--model_path", "nowhere"], "--requests", 1),
+    ("eval.benchmarks.bench_serve", ["--model_path", "nowhere"], "--repeats", 1),
+    ("eval.benchmarks.bench_serve", ["--stream_against"], "--rounds", 1),
+    *(("eval.benchmarks.bench_train", NORMS_ONLY, flag, low)
+      for flag, low in (("--steps", 1), ("--warmup", 0), ("--norm_reps", 1))),
+    *(("eval.benchmarks.bench_vs_minimind", ["--minimind_dir", "nowhere"], flag, low)
+      for flag, low in (("--steps", 1), ("--warmup", 0), ("--log_interval", 1))),
+    ("eval.studies.norm_inputs", ["no_model"], "--batches", 1),
+    *(("eval.studies.norm_share", [], flag, low)
+      for flag, low in (("--rounds", 1), ("--steps", 1), ("--profile_steps", 1), ("--warmup", 0))),
+])
+def test_every_count_of_a_benchmark_or_study_is_at_most_max_count_before_any_work(module, argv, flag, low, capsys):
+    """A count of rounds, steps, calls or repetitions of 10**30 ran until killed (bench_moe --rounds, bench_train
+    --norm_reps, ...): each is at most trainer/cli.py's MAX_COUNT, refused as the flags are parsed, naming the flag
+    and the bound, before anything is read, built or timed."""
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(module).main([*argv, flag, str(10**30)])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines()[0] == (f"error: argument {flag}: {10**30} is not an integer in {low} .. "
+                                            f"{MAX_COUNT}"), captured.err
 
 
 @pytest.mark.parametrize("argv, flag, allowed", [

@@ -397,6 +397,14 @@ TASK_SIZE_FLAGS: dict[str, tuple[str, ...]] = {
 }
 
 
+def forward_past_max_size(rows: str, long: str, tokens: int) -> str:
+    """Why one micro-batch of `rows` (the flags that make them) of up to `long` tokens each, `tokens` in all, is
+    refused: more than MAX_SIZE, one dimension of its flattened logits. The trainer's words (_check_sizes_fit), and a
+    benchmark's that builds trainers from its own flags (eval/benchmarks/bench_train.py)."""
+    return (f"one micro-batch would hold {rows} of up to {long} tokens, {tokens} in all, more than the {MAX_SIZE} "
+            f"(MAX_SIZE, model/config.py) one forward holds")
+
+
 def _check_sizes_fit(args: TrainArgs) -> None:
     """Each count of SIZE_FLAGS at most MAX_SIZE (--num_proc at most MAX_THREADS), and the tokens of one
     micro-batch's forward (its rows x their longest length: a rollout's prompts x --num_generations completions of
@@ -422,9 +430,7 @@ def _check_sizes_fit(args: TrainArgs) -> None:
     tokens = math.prod(getattr(args, name) for name in factors) * length
     if length <= MAX_SIZE < tokens:  # a longer length is refused by the model's positions, which it cannot exceed
         named = next((name for name in blame if name in args.given), blame[0])  # the flag typed, not a default
-        raise _bad(named, getattr(args, named), f"one micro-batch would hold {rows} of up to {long} tokens, "
-                                                f"{tokens} in all, more than the {MAX_SIZE} (MAX_SIZE, "
-                                                f"model/config.py) one forward holds")
+        raise _bad(named, getattr(args, named), forward_past_max_size(rows, long, tokens))
 
 
 def _validate_distill(args: TrainArgs) -> None:

@@ -53,6 +53,7 @@ from model.norms import RMSNorm, resolve_norm_impl, rms_norm_eager  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.cli import (MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads, float_within,  # noqa: E402
                          int_within, run_main)
+from trainer.arg_checks import forward_past_max_size  # noqa: E402
 from trainer.arg_fields import DTYPES, build_model_config  # noqa: E402
 from trainer.args import parse_args  # noqa: E402
 from trainer.machine import cpu_has_fast_bf16, machine_line  # noqa: E402
@@ -148,12 +149,29 @@ def comma_list_of(allowed: tuple[str, ...]) -> Callable[[str], str]:
     return names
 
 
+# The trainer's flags in its refusals, as bench_train's own: the one it sets from another of bench_train's (--seq_len
+# is the trainer's --max_seq_len), and the remedies naming one bench_train leaves at its default (--accumulation_steps).
+TRAINER_WORDS = ((" (a higher --accumulation_steps keeps the effective batch)", ""), (" or --accumulation_steps", ""),
+                 ("--max_seq_len", "--seq_len"))
+
+
+def in_bench_flags(refusal: str) -> str:
+    """A trainer's refusal of the flags bench_train gave it (trainer_argv), in bench_train's flags (TRAINER_WORDS)."""
+    for trainer_words, bench_words in TRAINER_WORDS:
+        refusal = refusal.replace(trainer_words, bench_words)
+    return refusal
+
+
 def step_table_too_large(args: argparse.Namespace, presets: list[str], device: torch.device) -> str | None:
     """Why a preset's trainer would refuse its --batch_size x --seq_len (None: none would): a --seq_len past the
     model's positions, or one micro-batch's logits, as trainer/memory.py counts them, more than all the memory of
     `device`. Said in this benchmark's flags, and for every preset before any is timed: the trainer's own refusal
     named its --max_seq_len and --accumulation_steps, after the machine line, the GEMM probe and every earlier
     preset's rows."""
+    tokens = args.batch_size * args.seq_len  # the trainer's parse_args refuses past MAX_SIZE, in its own flags
+    if tokens > MAX_SIZE:
+        return (f"{forward_past_max_size(f'--batch_size {args.batch_size} rows', f'--seq_len {args.seq_len}', tokens)}"
+                f": lower --batch_size or --seq_len")
     tokenizer = None
     for preset in presets:
         train_args = parse_args("pretrain", trainer_argv(preset, "float32", "rmsnorm", args.batch_size, args.seq_len,
@@ -206,9 +224,10 @@ def bench_steps(args: argparse.Namespace, presets: list[str], auto_impl: str, on
                 }
                 try:
                     trainers = {makers[key][0]: makers[key][1]() for key in variants}
-                except ValueError as error:  # the trainer's refusal of these flags (its logits past the memory)
-                    raise SystemExit(report_error(f"the {preset} {dtype} trainer of --batch_size {args.batch_size} and "
-                                                  f"--seq_len {args.seq_len} (its --max_seq_len): {error}")) from None
+                except ValueError as error:  # the trainer's refusal of these flags (too few rows in its data)
+                    raise SystemExit(report_error(f"the {preset} {dtype} trainer refuses --batch_size "
+                                                  f"{args.batch_size} with --seq_len {args.seq_len}: "
+                                                  f"{in_bench_flags(str(error))}")) from None
                 swap_in_llama(trainers["HF Llama"])
                 steps = {name: timed_step(t) for name, t in trainers.items()}
                 # The first step of each (compilation included) is timed on its own and reported, not medianed.

@@ -104,3 +104,49 @@ def test_an_allocation_that_fails_in_a_table_is_one_line(monkeypatch: pytest.Mon
     assert stopped.value.code == 2
     assert capsys.readouterr().err == ("error: out of memory in the norm table (DefaultCPUAllocator: can't allocate "
                                        "memory: you tried to allocate 4000 bytes): lower --norm_rows or --norm_dim\n")
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    # the trainer's parse_args refused it: 'error: --batch_size=8 is not allowed; one micro-batch would hold
+    # --batch_size 8 rows of up to --max_seq_len 2147483647 tokens, ...'
+    (["--seq_len", "2147483647"],
+     "error: one micro-batch would hold --batch_size 8 rows of up to --seq_len 2147483647 tokens, 17179869176 in all, "
+     "more than the 2147483647 (MAX_SIZE, model/config.py) one forward holds: lower --batch_size or --seq_len"),
+    # the trainer's refusal as it was built (more rows in a step than its data holds): 'error: the cpu-default
+    # float32 trainer of --batch_size 9000 and --seq_len 511 (its --max_seq_len): DATA: 8870 training samples, ...'
+    (["--seq_len", "511", "--batch_size", "9000"],
+     "error: the cpu-default float32 trainer refuses --batch_size 9000 with --seq_len 511: ")])
+def test_a_refusal_of_the_trainers_is_said_in_the_benchmarks_flags(argv: list[str], said: str,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Every refusal bench_train passes on from the trainer's parse_args or the trainer names bench_train's flags
+    (--seq_len, --batch_size), never the trainer's own (--max_seq_len, --accumulation_steps), which bench_train
+    does not have. The memory is unknown here, so that no logits check refuses first."""
+    fake_memory(monkeypatch, None)
+    monkeypatch.setattr(bench_train, "gemm_gflops", lambda dtype: 1.0)
+    with pytest.raises(SystemExit) as stopped:
+        bench_train.main(["--presets", "cpu-default", "--dtypes", "float32", "--variants", "rms,llama",
+                          "--skip_norms", "--steps", "1", "--warmup", "0", *argv])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert line.startswith(said), err
+    assert "--max_seq_len" not in err and "--accumulation_steps" not in err, err
+
+
+def test_the_trainers_remedies_are_reworded_in_the_benchmarks_flags() -> None:
+    """The trainer's refusals of the flags bench_train gives it name its --max_seq_len and --accumulation_steps
+    (bench_train's are --seq_len, and none): in_bench_flags rewords them, here on the trainer's own words."""
+    from trainer.args import parse_args
+    from trainer.memory import shrink_advice
+    from trainer.run_length import plan_run_length
+
+    train_args = parse_args("pretrain", bench_train.trainer_argv("cpu-default", "float32", "rmsnorm", 9000, 511,
+                                                                 "out/bench_train"))
+    with pytest.raises(ValueError) as refused:
+        plan_run_length(train_args, 8870, 1, None)
+    assert bench_train.in_bench_flags(str(refused.value)) == ("one optimizer step needs 9000 samples, the training "
+                                                              "set has 8870; lower --batch_size")
+    advice = bench_train.in_bench_flags(shrink_advice(train_args))
+    assert advice.startswith("lower --batch_size, --seq_len") and "--max_seq_len" not in advice \
+        and "--accumulation_steps" not in advice, advice

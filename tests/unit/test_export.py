@@ -18,6 +18,7 @@ from dataset.atomic_io import path_overlap
 from trainer.run_dir import model_task
 from scripts.convert_to_llama import convert_to_llama, main
 from tests.checkpoint_shards import two_shards
+from tests.generation_configs import ACCEPTED_GENERATION_CONFIGS
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +357,7 @@ BAD_INPUTS = [
        _write("generation_config.json", json.dumps({"do_sample": True, field: value})),
        [f"generation_config.json: {field}={value!r} is not allowed; it must be {allowed}"])
       for field, what, value, allowed in [
-          ("do_sample", "a_string", "yes", "true or false"),
+          ("do_sample", "a_string", "yes", "null, true or false"),
           ("max_new_tokens", "a_string", "x", "null or an integer > 0"),
           ("max_new_tokens", "negative", -1, "null or an integer > 0"),
           ("temperature", "a_string", "hot", "null or a number >= 1e-05"),
@@ -373,6 +374,51 @@ BAD_INPUTS = [
           ("num_beams", "a_float", 2.0, "null or an integer >= 1"),
           ("no_repeat_ngram_size", "a_float", 2.0, "null or an integer >= 0 (0: off)"),
           ("min_new_tokens", "a_float", 2.0, "null or an integer >= 0")]],
+    # the other fields generate applies, each as the tiny Llama's generate (a batch of two, 4 new tokens; 0 .. 6399
+    # the vocabulary) failed on it: a TypeError ('<' not supported: epsilon_cutoff, eta_cutoff, max_time "x";
+    # length_penalty "x" with beams; exponential_decay_length_penalty's factor "x"; guidance_scale "x";
+    # num_return_sequences 2.0; encoder_no_repeat_ngram_size, forced_eos_token_id and decoder_start_token_id "x"), the
+    # processors' ValueErrors (min_length 2.0, top_h 2.0, encoder_repetition_penalty 0, max_length 0, bad_words_ids [5]
+    # or past the vocabulary, sequence_bias's bias "x", suppress_tokens "x"), an IndexError (forced_eos_token_id past
+    # the vocabulary, a decay penalty of one entry), prefill_chunk_size 0's RuntimeError, and "probability tensor
+    # contains either `inf`, `nan`" (a sampled guidance_scale of 1e308, a sequence_bias of NaN); a watermarking_config
+    # of "x" was GenerationConfig's AttributeError, without the field
+    *[(f"generation_config_{field}_{what}", _write("generation_config.json", json.dumps({**others, field: value})),
+       [f"generation_config.json: {field}={value!r} is not allowed; it must be {allowed}"])
+      for field, what, value, others, allowed in [
+          ("epsilon_cutoff", "a_string", "x", {"do_sample": True}, "null or a number in [0, 1) (0: off)"),
+          ("eta_cutoff", "a_string", "x", {"do_sample": True}, "null or a number in [0, 1) (0: off)"),
+          ("top_h", "above_one", 2.0, {"do_sample": True}, "null or a number in (0, 1]"),
+          ("min_length", "a_float", 2.0, {}, "null or an integer >= 0"),
+          ("max_length", "zero", 0, {}, "null or an integer > 0"),
+          ("max_time", "a_string", "x", {}, "null or a number > 0 (seconds)"),
+          ("length_penalty", "a_string", "x", {"num_beams": 2}, "null or a finite number"),
+          ("num_return_sequences", "a_float", 2.0, {"do_sample": True}, "null or an integer >= 1"),
+          ("encoder_repetition_penalty", "zero", 0, {}, "null or a number in [1e-05, 100000] (1: off)"),
+          ("encoder_no_repeat_ngram_size", "a_string", "x", {}, "null or an integer >= 0 (0: off)"),
+          ("exponential_decay_length_penalty", "one_entry", [1], {},
+           "null or a pair [start, factor]: an integer >= 0 and a finite number"),
+          ("exponential_decay_length_penalty", "a_string_factor", [2, "x"], {},
+           "null or a pair [start, factor]: an integer >= 0 and a finite number"),
+          ("guidance_scale", "a_string", "x", {}, "null or a number in [-100000, 100000] (1: off)"),
+          ("guidance_scale", "huge", 1e308, {"do_sample": True}, "null or a number in [-100000, 100000]"),
+          ("prefill_chunk_size", "zero", 0, {}, "null or an integer >= 1"),
+          ("watermarking_config", "a_string", "x", {}, "null or a JSON object"),
+          ("suppress_tokens", "a_string", "x", {},
+           "null or a list of token ids (integers in 0 .. 6399, the model's vocabulary)"),
+          ("begin_suppress_tokens", "a_string", "x", {}, "null or a list of token ids"),
+          ("bad_words_ids", "flat", [5], {},
+           "null or a non-empty list of non-empty lists of token ids (integers in 0 .. 6399, the model's vocabulary)"),
+          ("bad_words_ids", "past_the_vocabulary", [[6400]], {}, "null or a non-empty list of non-empty lists"),
+          ("sequence_bias", "a_string_bias", [[[5], "x"]], {},
+           "null or a non-empty list of [[token ids (integers in 0 .. 6399, the model's vocabulary)], bias] pairs, "
+           "each bias a finite number"),
+          ("sequence_bias", "nan_bias", [[[5], float("nan")]], {"do_sample": True},
+           "null or a non-empty list of [[token ids"),
+          ("forced_eos_token_id", "past_the_vocabulary", 6400, {},
+           "null, a token id (an integer in 0 .. 6399, the model's vocabulary) or a non-empty list of them"),
+          ("forced_eos_token_id", "a_string", "x", {}, "null, a token id"),
+          ("decoder_start_token_id", "a_string", "x", {}, "null or a token id (an integer in 0 .. 6399")]],
     # an integer past a float's range: math.isfinite's OverflowError traceback
     ("generation_config_temperature_past_a_float",
      _write("generation_config.json", '{"temperature": 1' + "0" * 400 + "}"),
@@ -434,6 +480,18 @@ def test_an_integer_where_a_float_goes_is_that_float(tiny_models, tmp_path) -> N
     for loaded in (AutoModelForCausalLM.from_pretrained(out), load_model(model)[0]):
         out_ids = loaded.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2)  # sampled, penalized
         assert out_ids.shape[1] <= 5
+
+
+@pytest.mark.parametrize("fields", [case[1] for case in ACCEPTED_GENERATION_CONFIGS],
+                         ids=[case[0] for case in ACCEPTED_GENERATION_CONFIGS])
+def test_real_generation_configs_are_exported_and_generate(tiny_models, tmp_path, fields) -> None:
+    model, _ = _copied_model(tiny_models, tmp_path / "model")
+    (model / "generation_config.json").write_text(json.dumps(fields))
+    out = convert_to_llama(model, tmp_path / "llama", verify=False)
+    ids = torch.tensor([[5, 6, 7], [0, 8, 9]])
+    for loaded in (AutoModelForCausalLM.from_pretrained(out), load_model(model)[0]):
+        out_ids = loaded.generate(ids, attention_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]), max_new_tokens=2)
+        assert out_ids.shape[0] == 2 and out_ids.shape[1] <= 5
 
 
 def test_an_out_dir_under_a_file_is_one_line(tiny_models, tmp_path, capsys) -> None:

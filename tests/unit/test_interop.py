@@ -16,6 +16,7 @@ from scripts.import_checkpoint import import_checkpoint, main
 from tests.llama_reference import with_random_norm_gains
 from tests.paths import REPO
 from tests.checkpoint_shards import two_shards
+from tests.generation_configs import ACCEPTED_GENERATION_CONFIGS
 from tests.training_runs import run_in_process, sft_argv, train_losses
 
 SHAPE = dict(vocab_size=6400, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -472,8 +473,32 @@ BAD_SOURCES = [
      ["generation_config.json: pad_token_id=6400 is not allowed; it must be null or a token id (an integer in "
       "0 .. 6399, the model's vocabulary)"]),
     ("generation_config_do_sample_a_string", _write("generation_config.json", {"do_sample": "yes"}),
-     ["generation_config.json: do_sample='yes' is not allowed; it must be true or false"]),
+     ["generation_config.json: do_sample='yes' is not allowed; it must be null, true or false"]),
+    # imported as they were: the imported Llama's generate raised '<' not supported (epsilon_cutoff "x", sampled),
+    # `min_length` has to be a non-negative integer (2.0), ** not supported (length_penalty "x" with beams), `top_h`
+    # must be in the range (0, 1] (2.0, sampled), and an IndexError (forced_eos_token_id past the 6,400 tokens)
+    *[(f"generation_config_{field}", _write("generation_config.json", {**others, field: value}),
+       [f"generation_config.json: {field}={value!r} is not allowed; it must be {allowed}"])
+      for field, value, others, allowed in [
+          ("epsilon_cutoff", "x", {"do_sample": True}, "null or a number in [0, 1) (0: off)"),
+          ("min_length", 2.0, {}, "null or an integer >= 0"),
+          ("length_penalty", "x", {"num_beams": 2}, "null or a finite number"),
+          ("top_h", 2.0, {"do_sample": True}, "null or a number in (0, 1]"),
+          ("forced_eos_token_id", 6400, {}, "null, a token id (an integer in 0 .. 6399, the model's vocabulary) or "
+           "a non-empty list of them")]],
 ]
+
+
+@pytest.mark.parametrize("fields", [case[1] for case in ACCEPTED_GENERATION_CONFIGS],
+                         ids=[case[0] for case in ACCEPTED_GENERATION_CONFIGS])
+def test_real_generation_configs_are_imported_and_generate(tmp_path, fields) -> None:
+    source = save_checkpoint(hf_model("qwen3", True), tmp_path / "hf")
+    (source / "generation_config.json").write_text(json.dumps(fields))
+    out, _ = import_checkpoint(source, tmp_path / "imported", verify=False)
+    imported = MiniNormForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([[5, 6, 7], [0, 8, 9]])
+    out_ids = imported.generate(ids, attention_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]), max_new_tokens=2)
+    assert out_ids.shape[0] == 2 and out_ids.shape[1] <= 5
 
 
 @pytest.mark.parametrize(("edit", "named"), [case[1:] for case in BAD_SOURCES], ids=[case[0] for case in BAD_SOURCES])

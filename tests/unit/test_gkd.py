@@ -178,8 +178,10 @@ def test_a_sampled_step_trains_on_the_samplers_completions(sampler, tokenizer, m
     recorder = _Recorder()
     monkeypatch.setattr(distillation, "sample_completions", recorder)
     student, teacher = _model(len(tokenizer), 32, seed=1), _model(len(tokenizer), 48, seed=2)
+    # the static step decoded eagerly (--compile off's): what is sampled, not how it decodes, is tested here;
+    # compiling it per test cost 10-40 s (the compiled step equals it: test_decode_step)
     settings = CompletionSettings(lmbda=1.0 if sampler == "student" else 0.0, seq_kd=sampler == "teacher",
-                                  max_new_tokens=5, temperature=1.3)
+                                  max_new_tokens=5, temperature=1.3, decode="static")
     objective = Distillation(teacher, 0.5, 2.0, nullcontext, "jsd", 0.5, settings, tokenizer, seed=11)
     data = _chat_batch(tokenizer)
     [batch] = objective.rollouts(student, [data], step=4, accelerator=None)
@@ -234,7 +236,7 @@ def test_a_completions_seed_is_its_rows_place_in_the_steps_global_batch(tokenize
     recorder = _Recorder()
     monkeypatch.setattr(distillation, "sample_completions", recorder)
     student, teacher = _model(len(tokenizer), 32, seed=1), _model(len(tokenizer), 32, seed=2)
-    settings = CompletionSettings(lmbda=1.0, max_new_tokens=3)
+    settings = CompletionSettings(lmbda=1.0, max_new_tokens=3, decode="static")  # not compiled: as above
     data = _chat_batch(tokenizer)
     Distillation(teacher, 0.5, 2.0, nullcontext, completions=settings, tokenizer=tokenizer, seed=3).rollouts(
         student, [data], step=2, accelerator=None)

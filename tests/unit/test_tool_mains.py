@@ -181,7 +181,9 @@ def user_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
 
 
-@pytest.mark.parametrize("tool", ["scripts/convert_to_llama.py", "eval/studies/norm_share.py"])
+# The --help tests run tools that parse their flags before importing torch (a fraction of a second each, where
+# convert_to_llama.py and norm_share.py import it first: 4-5 CPU-s a launch); run_main is the same for every tool.
+@pytest.mark.parametrize("tool", ["scripts/serve.py", "eval/copy_probe.py"])
 def test_help_into_head_prints_its_first_line_and_no_traceback(tool: str) -> None:
     command = f"{sys.executable} {tool} --help | head -1; exit ${{PIPESTATUS[0]}}"
     result = subprocess.run(["bash", "-c", command], cwd=REPO, env=user_env(), capture_output=True, text=True,
@@ -192,7 +194,7 @@ def test_help_into_head_prints_its_first_line_and_no_traceback(tool: str) -> Non
 
 
 @pytest.mark.parametrize("buffered", [True, False])
-@pytest.mark.parametrize("argv", [["dataset/tools.py", "--schemas"], ["scripts/convert_to_llama.py", "--help"]])
+@pytest.mark.parametrize("argv", [["dataset/tools.py", "--schemas"], ["scripts/serve.py", "--help"]])
 def test_a_reader_gone_before_the_output_ends_the_tool_quietly(buffered: bool, argv: list[str]) -> None:
     """A tool's output (a main that returns; --help, which exits through SystemExit) into a pipe whose reader has
     closed: exit 141, nothing on stderr (was a BrokenPipeError traceback unbuffered, 'Exception ignored ...

@@ -41,9 +41,11 @@ def _policy_and_critic(vocab: int = VOCAB) -> PolicyAndCritic:
 
 
 def _settings(group: int = 1, temperature: float = 1.0, **options) -> PPOSettings:
+    # decode "static" (--compile off's, the step run eagerly): what a rollout makes of its completions is tested
+    # here, not how they decode; compiling the step cost the first test 10-16 s (test_decode_step compares the two)
     return PPOSettings(num_generations=group, max_completion_length=6, temperature=temperature, top_p=1.0, beta=BETA,
                        epsilon=EPSILON, cliprange_value=CLIP_VALUE, vf_coef=VF_COEF, gamma=GAMMA, lam=LAM,
-                       ppo_epochs=2, **options)
+                       ppo_epochs=2, decode="static", **options)
 
 
 class _Pad:

@@ -706,11 +706,16 @@ def test_grad_at_init_measures_the_study_variant_files(tmp_path) -> None:
         main(["--variants", str(bad), "--layers", "2", "--random_tokens", "--out", str(tmp_path / "b")])
 
 
-def test_norm_inputs_reports_each_norms_input_and_dyt_saturation(tmp_path, tokenizer, capsys) -> None:
+def test_norm_inputs_reports_each_norms_input_and_dyt_saturation(tmp_path, tokenizer, capsys, default_corpus,
+                                                                  monkeypatch) -> None:
     """eval/studies/norm_inputs.py: the first block's norm sees the token embeddings, so its input RMS and DyT's
     saturated fraction are checked against the embeddings themselves in fp64; a norm has no alpha; the command line
     writes one column group per model."""
     from eval.studies.norm_inputs import SATURATED_AT, main, norm_inputs
+
+    # the command line reads the default corpus's validation split: the run's build (the fixture), not a build of
+    # its own into the checkout's dataset/cache (26 CPU-s where no earlier test had made one there)
+    monkeypatch.setattr("dataset.corpus.DEFAULT_CACHE_DIR", default_corpus.sft_train.parent)
     from model.config import MiniNormConfig
     from model.model import MiniNormForCausalLM
     from trainer.export import save_model_dir

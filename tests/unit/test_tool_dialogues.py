@@ -23,6 +23,15 @@ def extracts() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+def chitchat() -> list:
+    """The chit-chat corpus's dialogs, which small_talk_dialogues reads by default: read once for the module
+    (about 2 s a read), given to it as `dialogs`."""
+    from dataset.sources import read_chitchat
+
+    return list(read_chitchat())
+
+
+@pytest.fixture(scope="module")
 def train():
     return tool_dialogues("train", seed=0, wiki_count=150, arithmetic_count=400, conversion_count=60)
 
@@ -165,11 +174,11 @@ def test_a_generated_calculation_that_fails_stops_the_build_instead_of_vanishing
         tool_dialogues("train", seed=0, wiki_count=0, arithmetic_count=3)
 
 
-def test_a_third_of_each_kind_continues_a_chat_after_the_other_kinds_first_exchange(train):
+def test_a_third_of_each_kind_continues_a_chat_after_the_other_kinds_first_exchange(train, chitchat):
     """after_other_exchanges: about one dialogue in MULTI_TURN_EVERY of each kind gets, after the system turn, the
     first exchange (user .. up to the next user) of a dialogue of the other kind; the rest is the dialogue as it
     was; the same seed gives the same lists, another seed others."""
-    talk = small_talk_dialogues("train", seed=0, count=300)
+    talk = small_talk_dialogues("train", seed=0, count=300, dialogs=chitchat)
     tool_use, small_talk = after_other_exchanges(train, talk, seed=0)
     assert after_other_exchanges(train, talk, seed=0) == (tool_use, small_talk)
     assert after_other_exchanges(train, talk, seed=1) != (tool_use, small_talk)
@@ -195,12 +204,12 @@ def test_a_third_of_each_kind_continues_a_chat_after_the_other_kinds_first_excha
         assert abs(changed / len(originals) - 1 / MULTI_TURN_EVERY) < 0.08, changed
 
 
-def test_a_continued_tool_dialogue_learns_its_call_and_answer_after_the_small_talk(tokenizer, train):
+def test_a_continued_tool_dialogue_learns_its_call_and_answer_after_the_small_talk(tokenizer, train, chitchat):
     """Encoded for SFT, a continued lookup learns the small-talk reply, the call and the answer (the assistant
     tokens), never the user's or the tool's text."""
     from dataset.chat_format import normalize_messages
 
-    talk = small_talk_dialogues("train", seed=0, count=50)
+    talk = small_talk_dialogues("train", seed=0, count=50, dialogs=chitchat)
     tool_use, _ = after_other_exchanges(train, talk, seed=0, every=1)
     messages = normalize_messages(tool_use[0]["conversations"])
     tools = messages[0].pop("tools")

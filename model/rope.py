@@ -92,8 +92,7 @@ FP32_MAX = float(torch.finfo(torch.float32).max)
 
 
 # Cached: every MiniNormConfig checks its theta, and a run builds its config several times (the flags' check, the
-# largest tensor's, the model's); at a head_dim of 2**28 (a --hidden_size of 2**30, which the memory check then
-# refuses) each check computed 2**27 frequencies, about 6 s. A refusal raises, which is not cached.
+# largest tensor's, the model's). A refusal raises, which is not cached.
 @functools.lru_cache(maxsize=64)
 def check_rope_theta(theta: float, head_dim: int, max_position_embeddings: int) -> None:
     """Refuse (ValueError, one line) a finite rope_theta > 0 whose fp32 RoPE is no RoPE: past FP32_MAX (fp32 makes
@@ -103,8 +102,12 @@ def check_rope_theta(theta: float, head_dim: int, max_position_embeddings: int) 
         raise ValueError(f"rope_theta={shown_value(theta)} is not allowed; it must be at most {FP32_MAX!r} (RoPE's "
                          f"frequencies are computed in fp32, where a larger base is inf and every frequency but the "
                          f"first 0: no rotation)")
-    # on the CPU, whatever the default device: a config built under torch.device("meta") would make them meta
-    frequencies, _ = inverse_frequencies(head_dim, theta, None, max_position_embeddings, device=torch.device("cpu"))
+    # theta^(-2i/d) is monotone in i, so the largest frequency is the first (theta >= 1: 1) or the last (theta < 1),
+    # and only those two are computed, as inverse_frequencies computes every one (fp32; on the CPU, whatever the
+    # default device: a config built under torch.device("meta") would make them meta). All head_dim / 2 of them
+    # took seconds at a head_dim of 2**28 (a --hidden_size of 2**30, which the memory check then refuses).
+    ends = torch.tensor([0, 2 * ((head_dim - 1) // 2)], dtype=torch.int64, device=torch.device("cpu"))
+    frequencies = 1.0 / _powers(head_dim, theta, None, ends)
     if not torch.isfinite(frequencies * float(max_position_embeddings - 1)).all() or not frequencies.isfinite().all():
         raise ValueError(f"rope_theta={shown_value(theta)} is not allowed; RoPE's fp32 angles (position x "
                          f"theta^(-2i/{head_dim})) are not finite with it by position {max_position_embeddings - 1}: "
@@ -126,10 +129,13 @@ def yarn_attention_factor(scaling: Mapping[str, Any]) -> float:
     return magnitude(factor)
 
 
-def _powers(head_dim: int, base: float | torch.Tensor, device: torch.device | None) -> torch.Tensor:
-    """theta^(2i/d) for i < d/2, in fp32 (base may be an fp32 tensor, as dynamic scaling makes it)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
-    return base ** (exponents / head_dim)
+def _powers(head_dim: int, base: float | torch.Tensor, device: torch.device | None,
+            dimensions: torch.Tensor | None = None) -> torch.Tensor:
+    """theta^(2i/d) for i < d/2, in fp32 (base may be an fp32 tensor, as dynamic scaling makes it); `dimensions`
+    (int64, some of 0, 2, ... d - 2): those powers only."""
+    if dimensions is None:
+        dimensions = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device)
+    return base ** (dimensions.float() / head_dim)
 
 
 def _yarn(head_dim: int, theta: float, scaling: Mapping[str, Any], device: torch.device | None) -> torch.Tensor:

@@ -277,6 +277,37 @@ def test_a_rope_theta_whose_last_positions_angle_is_not_finite_is_refused_one_po
                        max_position_embeddings=3)
 
 
+@pytest.mark.parametrize("head_dim", [1, 2, 3, 16, 64, 129])
+@pytest.mark.parametrize("positions", [2, 3, 512, 2 ** 31])
+def test_the_rope_theta_check_refuses_where_some_fp32_frequency_or_angle_is_not_finite(head_dim: int,
+                                                                                       positions: int) -> None:
+    """check_rope_theta computes only the first and last frequencies (the largest is one of them); it refuses
+    exactly where every frequency, computed as the model does, has one that is not finite or whose angle at the last
+    position is not: thetas across fp32's subnormals, its normals and up to its largest."""
+    from model.rope import check_rope_theta, inverse_frequencies
+
+    for theta in (1e-300, 1e-46, 1e-45, 3e-45, 1e-44, 1e-40, 1e-38, 1e-30, 1e-9, 0.5, 1.0, 1e4, 1e30,
+                  float(torch.finfo(torch.float32).max)):
+        frequencies, _ = inverse_frequencies(head_dim, theta, None, positions)
+        finite = bool(frequencies.isfinite().all() and (frequencies * float(positions - 1)).isfinite().all())
+        try:
+            check_rope_theta(theta, head_dim, positions)
+            taken = True
+        except ValueError:
+            taken = False
+        assert taken == finite, (theta, head_dim, positions)
+
+
+def test_the_rope_theta_check_of_a_huge_head_computes_no_frequency_per_dimension() -> None:
+    """A head of 2**40 dimensions (a --hidden_size past any memory) is checked from two frequencies: the check
+    built all 2**39 first (seconds at 2**28, before the memory check refused the model; an allocation error here)."""
+    from model.rope import check_rope_theta
+
+    check_rope_theta(1e4, 2 ** 40, 512)
+    with pytest.raises(ValueError, match=r"^rope_theta=1e-300 is not allowed; RoPE's fp32 angles"):
+        check_rope_theta(1e-300, 2 ** 40, 512)
+
+
 def test_a_config_built_under_the_meta_device_checks_its_rope_theta_all_the_same() -> None:
     """The trainers build a model's config from disk under torch.device("meta") (trainer/run_inputs.py): the
     rope_theta check computes its frequencies on the CPU there too (it called .item() on a meta tensor: every SFT

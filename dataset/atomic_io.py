@@ -110,21 +110,29 @@ def check_folder_path(path: Path, flag: str, itself: bool = True) -> None:
     is a file (mkdir would fail there, after the work); `itself=False`: `path` is to be a file, so the folders above
     it are checked, and it must not be a folder (check_not_a_folder). A name the system refuses to look up (a
     component over NAME_MAX bytes, a path over 4,096: an OSError traceback) is refused the same way."""
+    if (problem := folder_path_problem(path, itself)) is not None:
+        raise ValueError(f"{flag} {problem}")
+
+
+def folder_path_problem(path: Path, itself: bool = True) -> str | None:
+    """Why `path` cannot be made a folder (`itself=False`: cannot be a file in one), in words beginning with the
+    path, for check_folder_path to put after its flag and an argparse flag type after its own; None: it can."""
     try:
         if name_too_long(path):  # the lookup below may stop at a missing folder first, and mkdir fail after the work
             raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
         blocker = file_in_the_way(path if itself else path.parent)
         folder_there = not itself and path.is_dir()
     except OSError as error:  # exists() passes over a missing folder only: File name too long, Permission denied
-        raise ValueError(f"{flag} {cannot_name(path, error, itself)}") from None
+        return cannot_name(path, error, itself)
     if blocker is not None:
-        raise ValueError(f"{flag} {not_a_folder(path, blocker)}")
+        return not_a_folder(path, blocker)
     if folder_there:
-        raise ValueError(f"{flag} {_not_a_file(path)}")
+        return _not_a_file(path)
     # The folder the writes land in (or would be made in) must take them: refused before the work, not after it.
     existing = next(p for p in (path if itself else path.parent, *path.parents) if p.exists())
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path}: cannot write in {existing} (no permission, or a read-only file system)")
+        return f"{path}: cannot write in {existing} (no permission, or a read-only file system)"
+    return None
 
 
 def check_output_file(path: Path, flag: str, inputs: Iterable[tuple[str, Path]]) -> None:

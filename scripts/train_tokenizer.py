@@ -43,7 +43,7 @@ from dataset.tokenization import (  # noqa: E402
     model_dir_lock,
 )
 from dataset.tokenizer_marker import TOKENIZER_MARKER  # noqa: E402
-from trainer.cli import ToolParser, int_within, path_arg, run_main  # noqa: E402
+from trainer.cli import ToolParser, int_within, output_folder, path_arg, run_main  # noqa: E402
 from trainer.run_dir import is_model_dir, report_error, resolve_input_path  # noqa: E402
 
 DEFAULT_VOCAB_SIZE = 6400  # MiniMind's size: small enough that the embedding does not dominate a tiny model
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                         default=DEFAULT_VOCAB_SIZE, help="tokens in the trained vocabulary")
     parser.add_argument("--data_path", type=path_arg, default=None,
                         help="pretraining jsonl ({'text': ...} lines); default: the built-in corpus")
-    parser.add_argument("--out_dir", type=path_arg, default=None,
+    parser.add_argument("--out_dir", type=output_folder, default=None,
                         help="where tokenizer.json goes (default: model/, the committed tokenizer)")
     args = parser.parse_args(argv)
     try:

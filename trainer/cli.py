@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from dataset.atomic_io import cannot_name, file_in_the_way, not_a_folder, not_utf8_at
+from dataset.atomic_io import cannot_name, file_in_the_way, folder_path_problem, not_a_folder, not_utf8_at
 from dataset.shown_value import shown_path, shown_text, shown_value
 from trainer.number_text import NUMBER_READERS, ascii_float, ascii_hint, ascii_int
 from trainer.run_dir import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, resolve_path
@@ -384,3 +384,18 @@ def output_file(text: str) -> str:
 
 
 flag_type(str, output_file)
+
+
+def output_folder(text: str) -> str:
+    """An output folder flag's type: the folder the tool writes in, relative to the repo root as every output is
+    (trainer/run_dir.py's resolve_path; a tool that took it from the current directory wrote elsewhere than
+    docs/training.md says), returned resolved so that the tool makes and writes that one folder. Refused up front in
+    dataset/atomic_io.py's words (folder_path_problem, the tools' check_folder_path) where it cannot be made or
+    written in: it or a folder above it a file, a name the system will not look up, no permission."""
+    path = resolve_path(path_arg(text))
+    if (problem := folder_path_problem(path)) is not None:
+        raise argparse.ArgumentTypeError(shown_path(problem))
+    return str(path)
+
+
+flag_type(str, output_folder)

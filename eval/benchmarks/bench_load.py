@@ -39,7 +39,8 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from trainer.cli import MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, int_list, int_within, run_main  # noqa: E402
+from trainer.cli import (MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, int_list, int_within,  # noqa: E402
+                         output_folder, run_main)
 from trainer.threads import bound_openmp_waits, usable_cores  # noqa: E402
 
 VARIANTS = {
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start_bursts", type=int_within(0, MAX_COUNT), default=0,
                         help="also start `--threads auto` this many times beside a short burst and a steady load")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out_dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out_dir", type=output_folder, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker, args.out_dir)

@@ -38,13 +38,14 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from dataset.atomic_io import atomic_write_text, check_folder_path, check_output_file, make_dirs  # noqa: E402
+from dataset.atomic_io import atomic_write_text, check_output_file, make_dirs  # noqa: E402
 from dataset.building import MIN_SEQ_LEN  # noqa: E402
 from dataset.corpus import ensure_default_corpus  # noqa: E402
 from dataset.json_text import strict_json  # noqa: E402
 from dataset.jsonl import iter_records  # noqa: E402
 from model.config import MAX_SIZE, MiniNormConfig  # noqa: E402
-from trainer.cli import MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, int_within, output_file, run_main  # noqa: E402
+from trainer.cli import (MAX_COUNT, RawDescriptionDefaultsHelpFormatter, ToolParser, int_within,  # noqa: E402
+                         output_file, output_folder, run_main)
 from trainer.machine import machine_line  # noqa: E402
 from trainer.run_dir import read_metrics, read_summary, resolve_input_path  # noqa: E402
 
@@ -150,8 +151,9 @@ def build_parser() -> ToolParser:
                         help="MiniMind's --device (default: its own default, cuda:0 when CUDA is there)")
     parser.add_argument("--ours_args", nargs=argparse.REMAINDER, default=[],
                         help="further flags for our trainer, last on the line (e.g. --ours_args --compile on)")
-    parser.add_argument("--log_dir", type=Path, default=Path("."),
-                        help="where both trainers' logs are written (minimind_log.txt, ours_log.txt)")
+    parser.add_argument("--log_dir", type=output_folder, default=".",
+                        help="where both trainers' logs are written (minimind_log.txt, ours_log.txt); relative to the "
+                             "repo root")
     parser.add_argument("--json", type=output_file, default=None, help="also write the results as JSON here")
     return parser
 
@@ -174,7 +176,7 @@ def validate_args(parser: ToolParser, args: argparse.Namespace) -> None:
     try:  # both trainers run for minutes first: a --json or --log_dir that cannot be written is refused now
         if args.json is not None:
             check_output_file(Path(args.json), "--json", [("--data_path", args.data_path)] if args.data_path else [])
-        check_folder_path(args.log_dir, "--log_dir")
+        args.log_dir = Path(args.log_dir)  # under the repo root, checked as parsed (output_folder)
         make_dirs(args.log_dir)
     except ValueError as error:
         parser.error(str(error))

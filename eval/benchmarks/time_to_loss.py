@@ -49,11 +49,11 @@ from dataset.json_text import strict_json  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from trainer.arg_checks import A_YEAR_S  # noqa: E402
 from trainer.cli import (SEED_RANGE, RawDescriptionDefaultsHelpFormatter, ToolParser, benchmark_threads,  # noqa: E402
-                         float_within, int_list, int_within, run_main)
+                         float_within, int_list, int_within, output_folder, run_main)
 from trainer.args import parse_args  # noqa: E402
 from trainer.core import Trainer  # noqa: E402
 from trainer.memory import out_of_memory_line  # noqa: E402
-from trainer.run_dir import read_metrics, report_error, resolve_path  # noqa: E402
+from trainer.run_dir import read_metrics, report_error  # noqa: E402
 from trainer.run_summary import RunSummary, TrainingDiverged  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
 
@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval_batches", type=int_within(0, note="0: the whole validation split"), default=10,
                         help="batches per intermediate validation (0: the whole validation split)")
     parser.add_argument("--threads", type=benchmark_threads(), help="torch threads (default: torch's)")
-    parser.add_argument("--out_dir", default="out/time_to_loss", help="the runs and the results (.json, .md)")
+    parser.add_argument("--out_dir", type=output_folder, default="out/time_to_loss",
+                        help="the runs and the results (.json, .md)")
     args = parser.parse_args(argv)
     try:
         custom = parse_custom_recipes(args.recipe)
@@ -231,9 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.out_dir = resolve_path(args.out_dir)
-    try:  # a file in the way, or a folder where a results file goes: refused now, not after every recipe's run
-        check_folder_path(args.out_dir, "--out_dir")
+    args.out_dir = Path(args.out_dir)  # under the repo root, checked as parsed (output_folder)
+    try:  # a folder where a results file goes: refused now, not after every recipe's run
         for suffix in ("json", "md"):
             check_folder_path(args.out_dir / f"{RESULTS_NAME}.{suffix}", "--out_dir", itself=False)
         make_dirs(args.out_dir)

@@ -46,7 +46,7 @@ quiet_ctrl_c_while_loading(__name__)  # a Ctrl-C while the imports below load: o
 
 from eval.studies.ablation.report import write_report  # noqa: E402
 from eval.studies.ablation.study2 import ESCAPE_MARGIN  # noqa: E402
-from trainer.cli import ToolParser, float_within, run_main  # noqa: E402
+from trainer.cli import ToolParser, float_within, output_folder, run_main  # noqa: E402
 from trainer.run_dir import report_error, resolve_input_path  # noqa: E402
 
 
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = ToolParser(description="Markdown + PNG report of sweeps run by scripts/sweep.py")
     parser.add_argument("sweep_dirs", nargs="+", metavar="sweep_dir",
                         help="e.g. out/sweeps/study_norms; several: one section per sweep")
-    parser.add_argument("--out", help="output folder (default: the first SWEEP_DIR's report/)")
+    parser.add_argument("--out", type=output_folder,
+                        help="output folder (default: the first SWEEP_DIR's report/)")
     parser.add_argument("--unigram", action="store_true",
                         help="add the unigram baseline of each sweep's data (rebuilt from a trial's train_config.yaml)")
     parser.add_argument("--study2", action="store_true",

@@ -29,11 +29,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
-from trainer.cli import ToolParser, run_main  # noqa: E402
+from trainer.cli import ToolParser, output_folder, run_main  # noqa: E402
 from trainer.diagnostics import PREFIX, layer_quantities, metric_matrix, metric_series, recorded_layers  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
-from trainer.run_dir import (METRICS_FILE, note_on_stderr, read_metrics, report_error, resolve_input_path,  # noqa: E402
-                             resolve_path)
+from trainer.run_dir import METRICS_FILE, note_on_stderr, read_metrics, report_error, resolve_input_path  # noqa: E402
 
 # What each quantity means, for the plot titles.
 TITLES = {
@@ -142,10 +141,11 @@ def plot_run(source: str | Path, out_dir: str | Path) -> list[Path]:
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser = ToolParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", help="a run directory or its metrics jsonl file")
-    parser.add_argument("--out", default=None, help="output folder (default: <run dir>/diagnostics)")
+    parser.add_argument("--out", type=output_folder, default=None,
+                        help="output folder (default: <run dir>/diagnostics)")
     args = parser.parse_args(argv)
     source = resolve_input_path(args.source)  # from here, else from the repo root, as the trainer wrote it
-    out = resolve_path(args.out) if args.out else find_metrics_file(source).parent / "diagnostics"
+    out = Path(args.out) if args.out else find_metrics_file(source).parent / "diagnostics"
     written = plot_run(source, out)
     for path in written:
         print(path)

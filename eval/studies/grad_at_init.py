@@ -45,7 +45,7 @@ from dataset.json_text import strict_json  # noqa: E402
 from model.config import MAX_SIZE, PLACEMENT_ALIASES, MiniNormConfig, NormPlacement, NormType, placement_choices  # noqa: E402
 from dataset.shown_value import shown_text, shown_value  # noqa: E402
 from model.model import MiniNormForCausalLM  # noqa: E402
-from trainer.cli import ToolParser, benchmark_threads, int_within, run_main  # noqa: E402
+from trainer.cli import ToolParser, benchmark_threads, int_within, output_folder, run_main  # noqa: E402
 from trainer.diagnostics import NormDiagnostics  # noqa: E402
 from trainer.figures import save_figure  # noqa: E402
 from trainer.machine import machine_line  # noqa: E402
@@ -364,7 +364,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="model: MiniNorm's own init; xavier: Xavier-normal block weights (Xiong et al.)")
     parser.add_argument("--threads", type=benchmark_threads(), default=None,
                         help="torch threads (default: torch's choice)")
-    parser.add_argument("--out", default=None, help="directory of results.json, the table and the plot (default: "
+    parser.add_argument("--out", type=output_folder, default=None,
+                        help="directory of results.json, the table and the plot (default: "
                                                     "eval/studies/results/grad_at_init/)")
     parser.add_argument("--replot", action="store_true", help="only redraw the table and PNG from results.json")
     return parser.parse_args(argv)

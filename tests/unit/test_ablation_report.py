@@ -173,8 +173,10 @@ def test_a_file_where_a_folder_goes_is_one_line_and_writes_nothing(two_parts, tm
     assert capsys.readouterr().err == (f"error: {a_file}: no sweep_state.json; run `python scripts/sweep.py "
                                        "FILE.yaml` first\n")
     norms = two_parts[0].parent.parent / "norms"
-    assert main([str(norms), "--out", str(a_file)]) == 2
-    assert capsys.readouterr().err == f"error: {a_file} is a file, not a folder\n"
+    with pytest.raises(SystemExit) as stopped:  # refused as the flags are parsed (trainer/cli.py output_folder)
+        main([str(norms), "--out", str(a_file)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"error: argument --out: {a_file} is a file, not a folder"
     assert not (norms / "report").exists()  # the sweep folder gets no report/ of its own either
 
 
@@ -437,6 +439,21 @@ def test_a_folder_inside_the_repo_is_named_from_the_repo_root(tmp_path, monkeypa
     text = write_report([inside, outside], tmp_path / "report").read_text()
     assert "; folder `out/sweeps/norms`." in text
     assert f"; folder `{outside}`." in text
+
+
+def test_a_relative_out_from_another_directory_is_written_under_the_repo_root(tmp_path, monkeypatch, capsys):
+    """`cd /tmp && ablation_report.py SWEEP --out rel`: --out is relative to the repo root, as every output
+    (trainer/cli.py output_folder); the report was written in the current directory."""
+    import trainer.run_dir
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setattr(trainer.run_dir, "REPO_ROOT", repo)
+    sweep = _write_sweep(tmp_path / "sweeps", "norms", {"norm_type": ["rmsnorm", "layernorm"]}, {"seed": 0},
+                         lambda p: 5.0)
+    monkeypatch.chdir(elsewhere)
+    assert main([str(sweep), "--out", "rel"]) == 0
+    assert "norms" in (repo / "rel" / "report.md").read_text()
+    assert not (elsewhere / "rel").exists()
 
 
 @pytest.mark.parametrize("recorded, named", [

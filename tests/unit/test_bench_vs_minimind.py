@@ -34,6 +34,26 @@ def test_input_paths_are_read_from_here_else_from_the_repo_root(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     parser = bench_vs_minimind.build_parser()
     for data, expected in (("mine.jsonl", tmp_path / "mine.jsonl"), ("README.md", REPO_ROOT / "README.md")):
-        args = parser.parse_args(["--minimind_dir", "minimind", "--data_path", data, "--log_dir", "logs"])
+        args = parser.parse_args(["--minimind_dir", "minimind", "--data_path", data, "--log_dir",
+                                  str(tmp_path / "logs")])
         bench_vs_minimind.validate_args(parser, args)
         assert args.minimind_dir == tmp_path / "minimind" and args.data_path == expected
+
+
+def test_a_relative_log_dir_from_another_directory_is_made_under_the_repo_root(tmp_path, monkeypatch):
+    """`cd /tmp && bench_vs_minimind.py ... --log_dir logs`: the logs' folder is relative to the repo root, as every
+    output (trainer/cli.py output_folder), and so is its default "." (the repo root itself); both were the current
+    directory's."""
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    repo.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "minimind" / "trainer").mkdir(parents=True)
+    (elsewhere / "minimind" / "trainer" / "train_pretrain.py").write_text("")
+    monkeypatch.setattr("trainer.run_dir.REPO_ROOT", repo)
+    monkeypatch.chdir(elsewhere)
+    parser = bench_vs_minimind.build_parser()
+    for argv, made in ((["--log_dir", "logs"], repo / "logs"), ([], repo)):
+        args = parser.parse_args(["--minimind_dir", "minimind", *argv])
+        bench_vs_minimind.validate_args(parser, args)
+        assert args.log_dir == made and made.is_dir()
+    assert not (elsewhere / "logs").exists()

@@ -441,7 +441,7 @@ def _flag_error(flag_type, value: str, capsys, choices=None) -> str:
 
 def _flag_types() -> dict[str, object]:
     from trainer.arg_parser import FLAG_TYPES
-    from trainer.cli import boolean, float_within, int_list, int_within, output_file, zero_or_at_least
+    from trainer.cli import boolean, float_within, int_list, int_within, output_file, output_folder, zero_or_at_least
     from eval.chat import _tool_names
     from eval.studies.grad_at_init import norm_type_names
     from trainer.inference_flags import device_type
@@ -449,6 +449,7 @@ def _flag_types() -> dict[str, object]:
     return {"int_within": int_within(1), "int_list": int_list(1), "float_within": float_within(0, 1),
             "float_from_zero": float_within(0, math.inf),
             "zero_or_at_least": zero_or_at_least(1e-5, "off"), "boolean": boolean, "output_file": output_file,
+            "output_folder": output_folder,
             "device_type": device_type(), "numbers": FLAG_TYPES["loss_weights"], "path": FLAG_TYPES["data_path"],
             "float": float, "chat_tools": _tool_names, "study_names": norm_type_names}
 
@@ -471,6 +472,7 @@ def _flag_types() -> dict[str, object]:
     ("boolean", "yes\nno", "expected a boolean (true/false), got 'yes\\nno'"),
     ("output_file", "./" * 5_000 + ".", " is a directory, expected a file"),  # the working directory
     ("output_file", LONG, " cannot name a file (File name too long)"),
+    ("output_folder", LONG, " (File name too long)"),
     ("device_type", LONG, "expected auto, cpu, cuda or cuda:N, got 'xxx"),
     ("device_type", "cpu\n", "expected auto, cpu, cuda or cuda:N, got 'cpu\\n'"),
     ("numbers", LONG, " is not a number or comma-separated numbers"),
@@ -516,6 +518,27 @@ def test_an_output_file_that_is_a_directory_is_named_whole_on_one_line(tmp_path,
     assert line == f"error: argument --x: {tmp_path}/{'a' * 80}\\nb is a directory, expected a file"
     line = _flag_error(_flag_types()["output_file"], "./" * 5_000 + ".", capsys)
     assert line.endswith("... is a directory, expected a file") and len(line) <= MAX_LINE
+
+
+def test_an_output_folder_is_relative_to_the_repo_root_and_checked_as_parsed(tmp_path, monkeypatch, capsys):
+    """trainer/cli.py output_folder, every tool's output folder flag: a relative folder lies under the repo root
+    (resolve_path, as every output), whatever the current directory, and the value is that path; one that cannot be
+    made (a file in its place or above it) is refused in dataset/atomic_io.py's words, as parsed."""
+    from trainer.cli import output_folder
+
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    repo.mkdir()
+    elsewhere.mkdir()
+    (repo / "a_file").write_text("kept\n")
+    monkeypatch.setattr("trainer.run_dir.REPO_ROOT", repo)
+    monkeypatch.chdir(elsewhere)
+    assert output_folder("out/x") == str(repo / "out" / "x")
+    assert output_folder(str(elsewhere / "y")) == str(elsewhere / "y")
+    assert not (repo / "out").exists()  # checked, not made: the tool makes it
+    assert _flag_error(output_folder, "a_file", capsys) == (
+        f"error: argument --x: {repo / 'a_file'} is a file, not a folder")
+    assert _flag_error(output_folder, "a_file/sub", capsys) == (
+        f"error: argument --x: {repo / 'a_file' / 'sub'}: {repo / 'a_file'} is a file, not a folder")
 
 
 @pytest.mark.parametrize("value, parsed", [("-1e-1", -0.1), ("-1.5E2", -150.0), ("-.5", -0.5), ("-2", -2.0)])
@@ -584,7 +607,7 @@ def _output_cases(tmp_path):
         ("eval.benchmarks.bench_checkpoint", ["--presets", "cpu-default", "--rounds", "1", "--dir", str(a_file / "d")],
          f"error: --dir {a_file / 'd'}: {a_file} is a file, not a folder"),
         ("eval.benchmarks.time_to_loss", [*ONE_SECOND, "--out_dir", str(a_file)],
-         f"error: --out_dir {a_file} is a file, not a folder"),
+         f"error: argument --out_dir: {a_file} is a file, not a folder"),
         ("eval.benchmarks.bench_norm_variants", [str(sweep), "--out", str(sweep)],
          f"error: --out {sweep} is the sweep's {sweep}: writing there would destroy a file the tool reads; "
          f"choose another --out"),
@@ -594,7 +617,8 @@ def _output_cases(tmp_path):
                                                str(a_folder)],
          f"error: argument --json: {a_folder} is a directory, expected a file"),
         ("eval.benchmarks.bench_vs_minimind", ["--minimind_dir", str(minimind), "--steps", "40", "--log_dir",
-                                               str(a_file)], f"error: --log_dir {a_file} is a file, not a folder"),
+                                               str(a_file)],
+         f"error: argument --log_dir: {a_file} is a file, not a folder"),
     ]
 
 

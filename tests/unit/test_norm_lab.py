@@ -647,6 +647,22 @@ def test_grad_at_init_study_takes_the_new_variants_and_skips_refused_ones(tmp_pa
     assert "deepnorm      none  skipped: norm_placement='deepnorm' is not allowed" in capsys.readouterr().out
 
 
+def test_grad_at_init_writes_a_relative_out_under_the_repo_root(tmp_path, monkeypatch) -> None:
+    """`cd /tmp && grad_at_init.py --out rel`: --out is relative to the repo root, as every output (trainer/cli.py
+    output_folder); results.json and the table were written in the current directory."""
+    from eval.studies.grad_at_init import main
+
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    repo.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setattr("trainer.run_dir.REPO_ROOT", repo)
+    monkeypatch.chdir(elsewhere)
+    main(["--layers", "2", "--seq_len", "16", "--batch_size", "2", "--batches", "1", "--seeds", "1",
+          "--placements", "pre", "--norm_types", "rmsnorm", "--random_tokens", "--threads", "1", "--out", "rel"])
+    assert (repo / "rel" / "results.json").is_file() and (repo / "rel" / "grad_at_init.md").is_file()
+    assert not (elsewhere / "rel").exists()
+
+
 def test_a_variant_file_that_is_a_long_list_is_refused_in_one_short_line(tmp_path) -> None:
     """A variant file holding a list (not a mapping of model fields) is quoted as every refusal quotes a value
     (dataset/shown_value.py): its whole repr was printed."""

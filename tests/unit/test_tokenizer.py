@@ -134,6 +134,23 @@ def test_train_tokenizer_on_small_corpus(tmp_path):
         assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
 
 
+def test_train_tokenizer_writes_a_relative_out_dir_under_the_repo_root(tmp_path, monkeypatch):
+    """`cd /tmp && train_tokenizer.py --out_dir tok`: --out_dir is relative to the repo root, as every output
+    (trainer/cli.py output_folder); tokenizer.json was written in the current directory."""
+    from scripts.train_tokenizer import main
+
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    repo.mkdir()
+    elsewhere.mkdir()
+    data = tmp_path / "pretrain.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["hello world", "the cat sat"] * 20))
+    monkeypatch.setattr("trainer.run_dir.REPO_ROOT", repo)
+    monkeypatch.chdir(elsewhere)
+    main(["--vocab_size", "300", "--data_path", str(data), "--out_dir", "tok"])
+    assert (repo / "tok" / "tokenizer.json").is_file()
+    assert not (elsewhere / "tok").exists()
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "no text records"),
     (b"\n  \n", "no text records"),
@@ -167,9 +184,14 @@ def test_train_tokenizer_refuses_bad_paths_in_one_line(tmp_path, capsys, case):
         "out_dir a file": (data, tmp_path / "afile", tmp_path / "afile"),
         "out_dir under a file": (data, tmp_path / "afile" / "tok", tmp_path / "afile"),
     }[case]
-    assert main(["--vocab_size", "300", "--data_path", str(data_path), "--out_dir", str(out_dir)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and str(named) in err, err
+    try:
+        code = main(["--vocab_size", "300", "--data_path", str(data_path), "--out_dir", str(out_dir)])
+    except SystemExit as stopped:  # --out_dir is refused as the flags are parsed (trainer/cli.py output_folder)
+        code = stopped.code
+    assert code == 2
+    error, *rest = capsys.readouterr().err.strip().splitlines()
+    assert str(named) in error and all(line.endswith(": run with --help for the flags") for line in rest), rest
+    assert len(rest) <= 1
     assert (tmp_path / "afile").read_text() == "x"
 
 

@@ -265,10 +265,10 @@ def test_norm_inputs_on_a_folder_without_a_model_says_so_in_one_line(tmp_path, c
 
 def test_a_relative_report_file_is_written_where_its_flag_was_checked(tiny_models, tmp_path, monkeypatch,
                                                                         capsys) -> None:
-    """`cd /tmp && norm_inputs.py MODEL --out rel.md`: the flag's type (trainer/cli.py output_file) checked rel.md
-    under the repo root, as every output is relative to it, but the tool checked it against the model's files and
-    wrote it in the current directory. Now the flag's value is the path it checked, and the table is written
-    there."""
+    """`cd /tmp && norm_inputs.py MODEL --out rel_table.txt`: the flag's type (trainer/cli.py output_file) checked
+    rel_table.txt under the repo root, as every output is relative to it, but the tool checked it against the
+    model's files and wrote it in the current directory. Now the flag's value is the path it checked, and the table
+    is written there."""
     from eval.studies.norm_inputs import main
 
     repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
@@ -277,9 +277,9 @@ def test_a_relative_report_file_is_written_where_its_flag_was_checked(tiny_model
     monkeypatch.setattr("trainer.run_dir.REPO_ROOT", repo)
     monkeypatch.chdir(elsewhere)
     assert main([str(tiny_models.pretrain), "--seq_len", "16", "--batches", "1", "--batch_size", "2",
-                 "--out", "rel.md"]) == 0
-    assert "| norm |" in (repo / "rel.md").read_text()
-    assert not (elsewhere / "rel.md").exists()
+                 "--out", "rel_table.txt"]) == 0
+    assert "| norm |" in (repo / "rel_table.txt").read_text()
+    assert not (elsewhere / "rel_table.txt").exists()
 
 
 REPORT_TOOLS = [("eval.evaluate", ["--device", "cpu"], "--json"), ("eval.tool_eval", [], "--json"),

@@ -8,7 +8,9 @@ import argparse
 import contextlib
 import importlib
 import io
+import itertools
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -226,6 +228,82 @@ def test_documented_commands_pass_only_their_own_flags(document: Path, command_f
             rest = re.sub(r"\"[^\"]*\"|'[^']*'", "", rest)  # a quoted value may hold another command's flags
             wrong += [f"{script} {flag}" for flag in FLAG.findall(rest) if flag not in command_flags[script]]
     assert wrong == []
+
+
+# A value a document writes in a user's stead: a placeholder in capitals (N, DIR, KEY), a shell variable, an elided one.
+PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*|.*[$<>]|.*\.\.\..*")
+
+
+def _flag_values(parser: argparse.ArgumentParser, rest: str) -> list[tuple[str, list[str]]]:
+    """Each flag of `rest` (a documented command's text after its path) that takes a value, with its values as a
+    shell passes them: the one after it (or after its `=`), or every word up to the next flag for a list."""
+    try:
+        words = shlex.split(rest)
+    except ValueError:  # an unclosed quote: the command runs on past the line
+        return []
+    given = []
+    for at, word in enumerate(words):
+        flag, equals, value = word.partition("=")
+        action = parser._option_string_actions.get(flag)
+        if action is None or action.nargs == 0 or not flag.startswith("--"):
+            continue
+        if equals:
+            given.append((flag, [value]))
+            continue
+        values = list(itertools.takewhile(lambda w: not w.startswith("--"), words[at + 1:]))
+        values = values if action.nargs in ("+", "*") else values[:1]
+        if values:  # none: the value is in the prose after the code span
+            given.append((flag, values))
+    return given
+
+
+def _trainer_refusal(task: str, words: list[str]) -> str | None:
+    """What the trainer's own reading of its command line (trainer/args.py parse_args: the flags' types, then every
+    check made before the data is read) says of `words`; None when it takes them."""
+    from trainer.args import parse_args
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            parse_args(task, words)
+    except SystemExit:
+        return said.getvalue().strip().splitlines()[0]
+    return None
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_documented_commands_give_each_flag_a_value_it_takes(
+        document: Path, command_parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """A documented command's values are read as the user's would be: a trainer's whole command line by the
+    trainer's parse_args (its choices and bounds are checked there), any other tool's values by their flags' types
+    and choices. A choice renamed or a bound narrowed fails here, not in a reader's terminal."""
+    tasks = {script: task for task, script in TRAINER_SCRIPTS.items()}
+    refused = []
+    for line in _prose_and_commands(document).splitlines():
+        for match in COMMAND.finditer(line):
+            script, rest = match.groups()
+            if script not in command_parsers:
+                continue
+            parser = command_parsers[script]
+            given = _flag_values(parser, rest)
+            if script in tasks:
+                words = shlex.split(rest) if given else []
+                if (not words or not words[0].startswith("--") or {"-h", "--help", "--config"} & set(words)
+                        or any(PLACEHOLDER.fullmatch(word) for word in words)
+                        or words[-1] in parser._option_string_actions
+                        and parser._option_string_actions[words[-1]].nargs not in (0, "?", "*")):
+                    continue  # prose, help, a file of the user's, a placeholder, or a value the prose goes on with
+                said = _trainer_refusal(tasks[script], words)
+                refused += [f"{script} {rest.strip()}: {said}"] if said else []
+                continue
+            for flag, values in given:
+                if any(PLACEHOLDER.fullmatch(value) for value in values):
+                    continue
+                action = parser._option_string_actions[flag]
+                try:
+                    parser._get_values(action, values if action.nargs in ("+", "*") else values[:1])
+                except argparse.ArgumentError as error:
+                    refused.append(f"{script} {flag} {' '.join(values)}: {error.message}")
+    assert refused == []
 
 
 def test_the_command_check_reads_a_command_as_a_user_types_it(command_flags: dict[str, set[str]]) -> None:

@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from eval.benchmarks import bench_train
-from tests.fake_memory import FAKE_MEMORY, fake_memory
+from tests.fake_memory import ALLOCATOR_SAID, FAKE_MEMORY, fake_memory, refuse_allocation
 
 
 class _Built(Exception):
@@ -93,17 +93,13 @@ def test_what_a_presets_trainer_would_refuse_is_one_line_in_the_benchmarks_flags
 
 def test_an_allocation_that_fails_in_a_table_is_one_line(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    def allocator_refuses(args: argparse.Namespace) -> None:
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
-                           "you tried to allocate 4000 bytes. Error code 12 (Cannot allocate memory)")
-
-    monkeypatch.setattr(bench_train, "bench_norms", allocator_refuses)
+    monkeypatch.setattr(bench_train, "bench_norms", refuse_allocation)
     monkeypatch.setattr(bench_train, "gemm_gflops", lambda dtype: 1.0)
     with pytest.raises(SystemExit) as stopped:
         bench_train.main(["--skip_steps"])
     assert stopped.value.code == 2
-    assert capsys.readouterr().err == ("error: out of memory in the norm table (DefaultCPUAllocator: can't allocate "
-                                       "memory: you tried to allocate 4000 bytes): lower --norm_rows or --norm_dim\n")
+    assert capsys.readouterr().err == (f"error: out of memory in the norm table ({ALLOCATOR_SAID}): lower --norm_rows "
+                                       f"or --norm_dim\n")
 
 
 @pytest.mark.parametrize(("argv", "said"), [

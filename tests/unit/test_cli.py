@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.fake_memory import fake_memory
+from tests.fake_memory import ALLOCATOR_SAID, fake_memory, refuse_allocation
 from tests.paths import REPO
 from model.config import MAX_SIZE
 from trainer.cli import MAX_COUNT
@@ -657,17 +657,12 @@ def test_bench_diagnostics_sizes_past_the_memory_are_one_line(monkeypatch, capsy
         "error: --batch_size 2 x --seq_len 64: a step's logits (6400 vocabulary, fp32) would take 3.1 MiB, more than "
         "the 1.0 MiB of a fake 1 MiB memory: lower --batch_size or --seq_len\n")
 
-    def allocator_refuses(*args, **kwargs):
-        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes. Error "
-                           "code 12")
-
     fake_memory(monkeypatch, None)
-    monkeypatch.setattr(bench_diagnostics, "run_modes", allocator_refuses)
+    monkeypatch.setattr(bench_diagnostics, "run_modes", refuse_allocation)
     with pytest.raises(SystemExit) as stopped:
         bench_diagnostics.main([*flags, "--batch_size", "1", "--seq_len", "8"])
     assert stopped.value.code == 2
-    assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "
-                                       "allocate 4000 bytes): lower --batch_size or --seq_len\n")
+    assert capsys.readouterr().err == f"error: out of memory ({ALLOCATOR_SAID}): lower --batch_size or --seq_len\n"
 
 
 def test_bench_moe_sizes_past_the_memory_are_one_line(monkeypatch, capsys):
@@ -686,16 +681,12 @@ def test_bench_moe_sizes_past_the_memory_are_one_line(monkeypatch, capsys):
                                    "hidden 256 a call holds (input, output, its gradient) would take 3.0 MiB, more "
                                    "than the 1.0 MiB of a fake 1 MiB memory: lower --batch_size or --seq_len\n")
 
-    def allocator_refuses(*args, **kwargs):
-        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes.")
-
     fake_memory(monkeypatch, None)
-    monkeypatch.setattr(bench_moe, "call_seconds", allocator_refuses)
+    monkeypatch.setattr(bench_moe, "call_seconds", refuse_allocation)
     with pytest.raises(SystemExit) as stopped:
         bench_moe.main([*flags, "--batch_size", "1", "--seq_len", "8"])
     assert stopped.value.code == 2
-    assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "
-                                       "allocate 4000 bytes): lower --batch_size or --seq_len\n")
+    assert capsys.readouterr().err == f"error: out of memory ({ALLOCATOR_SAID}): lower --batch_size or --seq_len\n"
 
 
 @pytest.mark.parametrize(("top_k", "experts", "said"), [
@@ -730,14 +721,10 @@ def test_bench_norm_shapes_past_the_memory_are_one_line(monkeypatch, capsys):
                                    "output, dx) would take 4.0 MiB, more than the 1.0 MiB of a fake 1 MiB memory: "
                                    "lower --m or --n\n")
 
-    def allocator_refuses(*args, **kwargs):
-        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes.")
-
     fake_memory(monkeypatch, None)
-    monkeypatch.setattr(bench_norm, "time_methods", allocator_refuses)
+    monkeypatch.setattr(bench_norm, "time_methods", refuse_allocation)
     assert bench_norm.main(ONE_NORM) == 2
-    assert capsys.readouterr().err == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to "
-                                       "allocate 4000 bytes): lower --m or --n\n")
+    assert capsys.readouterr().err == f"error: out of memory ({ALLOCATOR_SAID}): lower --m or --n\n"
 
 
 def test_bench_rollout_tokens_past_the_models_context_are_one_line_before_the_conversion(monkeypatch, capsys):

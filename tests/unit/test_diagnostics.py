@@ -13,7 +13,7 @@ from torch import nn
 
 from model.config import MiniNormConfig
 from model.model import MiniNormForCausalLM, causal_lm_loss
-from tests.fake_memory import fake_memory
+from tests.fake_memory import ALLOCATOR_SAID, fake_memory, refuse_allocation
 from trainer.diagnostics import NORM_NAMES, NormDiagnostics, layer_quantities, metric_matrix, metric_series
 
 PLACEMENTS = ("pre", "post", "sandwich", "res_post")
@@ -443,16 +443,11 @@ def test_grad_at_init_sizes_past_the_memory_are_one_line(tmp_path, capsys, monke
         "(6400 vocabulary, fp32) would take 1.6 MiB, more than the 1.0 MiB of a fake 1 MiB memory: lower "
         "--batch_size, --seq_len or --batches\n")
 
-    def allocator_refuses(*args, **kwargs):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
-                           "you tried to allocate 4000 bytes. Error code 12 (Cannot allocate memory)")
-
     monkeypatch.undo()  # input_batches and the machine's memory back
-    monkeypatch.setattr(grad_at_init, "measure", allocator_refuses)
+    monkeypatch.setattr(grad_at_init, "measure", refuse_allocation)
     assert run("--batches", "1", "--batch_size", "1", "--seq_len", "16") == (
-        "error: out of memory in the pre rmsnorm network's forward and backward (DefaultCPUAllocator: can't allocate "
-        "memory: you tried to allocate 4000 bytes): lower --batch_size, --seq_len or the model's sizes (--layers, "
-        "--hidden_size, --intermediate_size)\n")
+        f"error: out of memory in the pre rmsnorm network's forward and backward ({ALLOCATOR_SAID}): lower "
+        f"--batch_size, --seq_len or the model's sizes (--layers, --hidden_size, --intermediate_size)\n")
     assert not (tmp_path / "out").exists()
 
 

@@ -44,7 +44,7 @@ from trainer.evaluation import token_byte_lengths
 from trainer.export import sample_text, save_final_model, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.intervals import Intervals
-from trainer.machine import compile_enabled, resolve_dtype
+from trainer.machine import compile_enabled, compile_options, resolve_dtype
 from trainer.memory import LOADING_DATA, check_largest_tensor_fits, working_on
 from trainer.objectives import EvalResult
 from trainer.optim import scheduled_lrs
@@ -207,7 +207,8 @@ class Trainer:
         self._plan_length()
         self.compiled = compile_enabled(args.compile, self.total_steps, args.time_budget_s)
         if self.compiled:
-            self.unwrapped.compile()  # in place: same module, same state_dict keys, so checkpoints do not care
+            # in place: same module, same state_dict keys, so checkpoints do not care
+            self.unwrapped.compile(options=compile_options(self.accelerator.device, args.gradient_checkpointing))
         # The schedule reads the run's length at every step: a time budget fixes it after a few steps.
         self.scheduler = self.accelerator.prepare(make_scheduler(self.optimizer, args, lambda: self.total_steps))
 

@@ -191,6 +191,26 @@ def test_compile_auto_compiles_long_runs_only(train_data, tmp_path, max_steps, c
         is compiled
 
 
+@pytest.mark.parametrize(("checkpointing", "options"), [("false", {"cpp_wrapper": True}), ("true", {})])
+def test_a_cpu_compile_builds_with_the_cpp_wrapper_except_under_gradient_checkpointing(train_data, tmp_path,
+                                                                                      monkeypatch, checkpointing,
+                                                                                      options):
+    """--compile on, on CPU: Inductor's C++ wrapper (one built module per graph; test_compile_matches_eager_... runs
+    it), but not with --gradient_checkpointing, whose recomputation's RNG-state op torch 2.13's C++ wrapper cannot
+    call (an InductorError at the first step); on a GPU, Inductor's defaults. Only the trainer is built."""
+    from model.model import MiniNormForCausalLM
+    from trainer.core import Trainer
+    from trainer.machine import compile_options
+
+    asked = []
+    monkeypatch.setattr(MiniNormForCausalLM, "compile", lambda self, **kwargs: asked.append(kwargs))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    argv = pretrain_argv(train_data, tmp_path / "run", "--compile", "on", "--gradient_checkpointing", checkpointing)
+    Trainer(parse_args("pretrain", argv))
+    assert asked == [{"options": options}]
+    assert compile_options(torch.device("cuda"), gradient_checkpointing=False) == {}
+
+
 def test_held_out_split_is_by_document(tokenizer, tmp_path):
     """--data_path without --val_data_path: whole documents are held out. Each document here repeats one word that
     is a single token of its own, so every token tells its document: none may be on both sides."""

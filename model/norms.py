@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import MiniNormConfig, NormImpl, NormType
-from model.kernels.compiled import rms_norm_compiled
+from model.kernels.compiled import cpu_compile_problem, rms_norm_compiled
 from model.rmsnorm_math import check_p, partial_size, rms_norm_eager
 
 # partial_size and rms_norm_eager are defined in model/rmsnorm_math.py and re-exported here, where users find them.
@@ -38,12 +38,14 @@ def triton_can_run(device: torch.device) -> bool:
 
 
 def resolve_norm_impl(impl: str, device: torch.device) -> NormImpl:
-    """Turn `auto` into a concrete implementation for tensors on `device`; refuse `triton` where it cannot run."""
+    """Turn `auto` into a concrete implementation for tensors on `device` (triton on CUDA, compile on a CPU that can
+    build it, else eager); refuse `triton` where it cannot run."""
     impl = NormImpl(impl)
     if impl == NormImpl.AUTO:
         if device.type == "cuda" and triton_can_run(device):
             return NormImpl.TRITON
-        return NormImpl.COMPILE if device.type == "cpu" else NormImpl.EAGER
+        # on a CPU without torch.compile's build tools (cpu_compile_problem), the eager formula
+        return NormImpl.COMPILE if device.type == "cpu" and cpu_compile_problem() is None else NormImpl.EAGER
     if impl == NormImpl.TRITON and not triton_can_run(device):
         raise RuntimeError(
             f"norm_impl='triton' cannot run on {device.type} tensors: it needs a CUDA device with triton installed "

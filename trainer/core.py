@@ -44,7 +44,7 @@ from trainer.evaluation import token_byte_lengths
 from trainer.export import sample_text, save_final_model, whole_model
 from trainer.flops import flops_per_token, peak_flops_for
 from trainer.intervals import Intervals
-from trainer.machine import compile_enabled, compile_options, resolve_dtype
+from trainer.machine import compile_enabled, compile_options, compile_problem, resolve_dtype
 from trainer.memory import LOADING_DATA, check_largest_tensor_fits, working_on
 from trainer.objectives import EvalResult
 from trainer.optim import scheduled_lrs
@@ -110,6 +110,15 @@ class Trainer:
             raise ValueError(f"--norm_impl triton needs a CUDA device (its kernels take GPU tensors), not "
                              f"{self.accelerator.device.type}; use auto or eager here")
         self.is_main = self.accelerator.is_main_process
+        # torch.compile's build tools, checked once the device is known: --compile on and --norm_impl compile are
+        # refused here, before the data is read; the auto choices stay eager (_plan_length_and_compile)
+        self.compile_problem = compile_problem(self.accelerator.device)
+        if self.compile_problem:
+            for flag, asked, instead in (("compile", args.compile, "off"),
+                                         ("norm_impl", requested_model_fields(args).get("norm_impl"), "eager")):
+                if asked in ("on", "compile"):
+                    raise ValueError(f"--{flag} {asked}: torch.compile cannot build here: {self.compile_problem}; or "
+                                     f"run with --{flag} {instead}")
         self.world = self.accelerator.num_processes
         self.sharded = weights_are_sharded(self.accelerator)
         self.started = time.perf_counter()
@@ -206,6 +215,14 @@ class Trainer:
         args = self.args
         self._plan_length()
         self.compiled = compile_enabled(args.compile, self.total_steps, args.time_budget_s)
+        if self.compile_problem:  # what auto would have compiled runs eagerly, said once
+            eager = ["the norms (norm_impl auto)"] if self.base_model.config.norm_impl == "auto" else []
+            if self.compiled:
+                eager.append("the model (--compile auto)")
+            if eager and self.is_main:
+                print(f"note: {' and '.join(eager)} run eagerly: torch.compile cannot build here: "
+                      f"{self.compile_problem}", file=sys.stderr)
+            self.compiled = False
         if self.compiled:
             # in place: same module, same state_dict keys, so checkpoints do not care
             self.unwrapped.compile(options=compile_options(self.accelerator.device, args.gradient_checkpointing))

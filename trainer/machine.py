@@ -75,6 +75,15 @@ def compile_options(device: torch.device, gradient_checkpointing: bool) -> dict[
     return {"cpp_wrapper": True}
 
 
+def compile_problem(device: torch.device) -> str | None:
+    """What keeps torch.compile from building the model on `device`, or None: on CPU, a missing C++ compiler or
+    Python's C headers (model/kernels/compiled.py, cpu_compile_problem); on a GPU, None (Triton's needs are not
+    checked)."""
+    from model.kernels.compiled import cpu_compile_problem
+
+    return cpu_compile_problem() if device.type == "cpu" else None
+
+
 def compile_enabled(mode: str, total_steps: int, time_budget_s: float = 0.0) -> bool:
     """Whether `--compile auto|on|off` compiles the model for a run of `total_steps` optimizer steps (or, on a
     time budget, of `time_budget_s` seconds). auto: on from COMPILE_AUTO_MIN_STEPS steps or

@@ -17,6 +17,8 @@ count is marked dynamic, so a new M reuses the compiled code; a new N, k, eps or
 from __future__ import annotations
 
 import functools
+import sysconfig
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,25 @@ def _rms_norm_bwd_kernel(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     # plain (M / B, B, N) reduction; the row count stays symbolic, so a new M does not recompile.
     partial = F.pad(dy32 * xhat, (0, 0, 0, (-m) % _DW_BLOCK)).reshape(-1, _DW_BLOCK, n).sum(dim=1)
     return dx.to(x.dtype), partial.sum(dim=0).to(weight.dtype)
+
+
+@functools.cache
+def cpu_compile_problem() -> str | None:
+    """What keeps torch.compile from building CPU code on this machine, or None (checked once per process): Inductor
+    builds C++ that includes Python's C headers, with its C++ compiler (g++ unless configured otherwise); without
+    either, the first compiled call ended in an InductorError traceback. Minimal Debian and Ubuntu machines lack
+    both (build-essential, python3-dev)."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        return "Inductor finds no C++ compiler (g++; on Debian and Ubuntu: apt install g++)"
+    header = Path(sysconfig.get_path("include")) / "Python.h"
+    if not header.is_file():
+        return f"Python's C headers are missing ({header}; on Debian and Ubuntu: apt install python3-dev)"
+    return None
 
 
 @functools.cache

@@ -211,6 +211,51 @@ def test_a_cpu_compile_builds_with_the_cpp_wrapper_except_under_gradient_checkpo
     assert compile_options(torch.device("cuda"), gradient_checkpointing=False) == {}
 
 
+@pytest.mark.parametrize("missing", ["headers", "compiler"])
+def test_a_machine_without_compile_build_tools_refuses_compile_flags_and_runs_the_auto_choices_eagerly(
+        train_data, tmp_path, monkeypatch, capsys, request, missing):
+    """On CPU Inductor builds C++ that includes Python.h, with g++: without the headers (Debian's python3-dev) or
+    the compiler, the default run (norm_impl auto compiles the norms on CPU) and any compiled run ended at their
+    first step in an InductorError traceback. Now --compile on and --norm_impl compile are refused in one line before
+    the data is read, and the auto choices say why and stay eager."""
+    import sysconfig
+
+    import torch._inductor.config as inductor_config
+
+    from model.kernels.compiled import cpu_compile_problem
+    from model.norms import resolve_norm_impl
+    from trainer.core import Trainer
+
+    if missing == "headers":
+        real_get_path = sysconfig.get_path
+        monkeypatch.setattr(sysconfig, "get_path", lambda name, *more, **named: str(tmp_path) if name == "include"
+                            else real_get_path(name, *more, **named))
+        said = (f"Python's C headers are missing ({tmp_path / 'Python.h'}; on Debian and Ubuntu: apt install "
+                f"python3-dev)")
+    else:  # Inductor's own config, patched its way (a monkeypatch of the proxy broke it for the next tests)
+        no_compiler = inductor_config.patch({"cpp.cxx": ("no-such-c++-compiler",)})
+        no_compiler.__enter__()
+        request.addfinalizer(lambda: no_compiler.__exit__(None, None, None))
+        said = "Inductor finds no C++ compiler (g++; on Debian and Ubuntu: apt install g++)"
+    cpu_compile_problem.cache_clear()  # checked once per process: again here, and again after the test
+    try:
+        for flag, value, instead in (("--compile", "on", "off"), ("--norm_impl", "compile", "eager")):
+            AcceleratorState._reset_state(reset_partial_state=True)
+            with pytest.raises(ValueError) as error:
+                Trainer(parse_args("pretrain", pretrain_argv(train_data, tmp_path / "refused", flag, value)))
+            assert str(error.value) == (f"{flag} {value}: torch.compile cannot build here: {said}; or run with "
+                                        f"{flag} {instead}")
+        AcceleratorState._reset_state(reset_partial_state=True)
+        trainer = Trainer(parse_args("pretrain", pretrain_argv(train_data, tmp_path / "auto", "--compile", "auto",
+                                                               "--norm_impl", "auto", "--max_steps", "1000")))
+        assert not trainer.compiled and trainer.unwrapped._compiled_call_impl is None
+        assert resolve_norm_impl("auto", torch.device("cpu")) == "eager"
+        assert (f"note: the norms (norm_impl auto) and the model (--compile auto) run eagerly: torch.compile "
+                f"cannot build here: {said}\n") in capsys.readouterr().err
+    finally:
+        cpu_compile_problem.cache_clear()
+
+
 def test_held_out_split_is_by_document(tokenizer, tmp_path):
     """--data_path without --val_data_path: whole documents are held out. Each document here repeats one word that
     is a single token of its own, so every token tells its document: none may be on both sides."""

@@ -48,11 +48,11 @@ def cpu_compile_problem() -> str | None:
     either, the first compiled call ended in an InductorError traceback. Minimal Debian and Ubuntu machines lack
     both (build-essential, python3-dev)."""
     from torch._inductor.cpp_builder import get_cpp_compiler
-    from torch._inductor.exc import InvalidCxxCompiler
 
     try:
         get_cpp_compiler()
-    except InvalidCxxCompiler:
+    # InvalidCxxCompiler on Linux; on Windows a RuntimeError where cl is missing: either way nothing builds
+    except Exception:
         return "Inductor finds no C++ compiler (g++; on Debian and Ubuntu: apt install g++)"
     header = Path(sysconfig.get_path("include")) / "Python.h"
     if not header.is_file():

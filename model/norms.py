@@ -44,8 +44,11 @@ def resolve_norm_impl(impl: str, device: torch.device) -> NormImpl:
     if impl == NormImpl.AUTO:
         if device.type == "cuda" and triton_can_run(device):
             return NormImpl.TRITON
-        # on a CPU without torch.compile's build tools (cpu_compile_problem), the eager formula
-        return NormImpl.COMPILE if device.type == "cpu" and cpu_compile_problem() is None else NormImpl.EAGER
+        if device.type != "cpu":
+            return NormImpl.EAGER
+        # Inside an outer torch.compile its build tools are there (and compile is the plain formula there): the
+        # check is not traced. Otherwise a CPU without them (cpu_compile_problem) runs the eager formula.
+        return NormImpl.COMPILE if torch.compiler.is_compiling() or cpu_compile_problem() is None else NormImpl.EAGER
     if impl == NormImpl.TRITON and not triton_can_run(device):
         raise RuntimeError(
             f"norm_impl='triton' cannot run on {device.type} tensors: it needs a CUDA device with triton installed "

@@ -376,6 +376,21 @@ def test_auto_is_the_compiled_path_on_cpu() -> None:
         torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+def test_auto_checks_the_build_tools_outside_an_outer_compile_only(monkeypatch) -> None:
+    """norm_impl auto on CPU asks once per process whether torch.compile can build (cpu_compile_problem, cached):
+    traced inside a whole-model compile that cached call was Dynamo's lru_cache UserWarning at every compile and a
+    compiler search traced into the graph's code."""
+    import model.norms
+
+    asked = []
+    monkeypatch.setattr(model.norms, "cpu_compile_problem", lambda: asked.append(torch.compiler.is_compiling()))
+    norm, x = make_norm(64, 1.0, "auto"), torch.randn(4, 64)
+    assert torch._dynamo.explain(norm)(x).graph_break_count == 0
+    assert asked == []
+    norm(x)
+    assert asked == [False]
+
+
 @pytest.mark.parametrize("p", [1.0, 0.0625])
 def test_compile_under_bf16_autocast_with_fp32_weight(p: float) -> None:
     """Autocast: a bf16 activation (from a bf16 matmul) meets the fp32 gain; y and dx are bf16, dW is fp32."""

@@ -11,6 +11,7 @@ import io
 import itertools
 import re
 import shlex
+from collections.abc import Container, Iterator
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,15 @@ def _prose_and_commands(document: Path) -> str:
     return re.sub(r"\]\([^)\s]*\)", "]", document.read_text(encoding="utf-8").replace("\\\n", " "))
 
 
+def _documented_commands(document: Path, scripts: Container[str]) -> Iterator[tuple[str, str]]:
+    """(script, the rest of its line) for each command of one of `scripts` the document shows."""
+    for line in _prose_and_commands(document).splitlines():
+        for match in COMMAND.finditer(line):
+            script, rest = match.groups()
+            if script in scripts:
+                yield script, rest
+
+
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
 def test_every_flag_a_document_names_exists(document: Path, command_flags: dict[str, set[str]]) -> None:
     known = set().union(*command_flags.values(), *OTHER_PROGRAMS_FLAGS.values())
@@ -220,13 +230,9 @@ def test_every_flag_a_document_names_exists(document: Path, command_flags: dict[
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
 def test_documented_commands_pass_only_their_own_flags(document: Path, command_flags: dict[str, set[str]]) -> None:
     wrong = []
-    for line in _prose_and_commands(document).splitlines():
-        for match in COMMAND.finditer(line):
-            script, rest = match.groups()
-            if script not in command_flags:
-                continue
-            rest = re.sub(r"\"[^\"]*\"|'[^']*'", "", rest)  # a quoted value may hold another command's flags
-            wrong += [f"{script} {flag}" for flag in FLAG.findall(rest) if flag not in command_flags[script]]
+    for script, rest in _documented_commands(document, command_flags):
+        rest = re.sub(r"\"[^\"]*\"|'[^']*'", "", rest)  # a quoted value may hold another command's flags
+        wrong += [f"{script} {flag}" for flag in FLAG.findall(rest) if flag not in command_flags[script]]
     assert wrong == []
 
 
@@ -278,31 +284,27 @@ def test_documented_commands_give_each_flag_a_value_it_takes(
     and choices. A choice renamed or a bound narrowed fails here, not in a reader's terminal."""
     tasks = {script: task for task, script in TRAINER_SCRIPTS.items()}
     refused = []
-    for line in _prose_and_commands(document).splitlines():
-        for match in COMMAND.finditer(line):
-            script, rest = match.groups()
-            if script not in command_parsers:
+    for script, rest in _documented_commands(document, command_parsers):
+        parser = command_parsers[script]
+        given = _flag_values(parser, rest)
+        if script in tasks:
+            words = shlex.split(rest) if given else []
+            if (not words or not words[0].startswith("--") or {"-h", "--help", "--config"} & set(words)
+                    or any(PLACEHOLDER.fullmatch(word) for word in words)
+                    or words[-1] in parser._option_string_actions
+                    and parser._option_string_actions[words[-1]].nargs not in (0, "?", "*")):
+                continue  # prose, help, a file of the user's, a placeholder, or a value the prose goes on with
+            said = _trainer_refusal(tasks[script], words)
+            refused += [f"{script} {rest.strip()}: {said}"] if said else []
+            continue
+        for flag, values in given:
+            if any(PLACEHOLDER.fullmatch(value) for value in values):
                 continue
-            parser = command_parsers[script]
-            given = _flag_values(parser, rest)
-            if script in tasks:
-                words = shlex.split(rest) if given else []
-                if (not words or not words[0].startswith("--") or {"-h", "--help", "--config"} & set(words)
-                        or any(PLACEHOLDER.fullmatch(word) for word in words)
-                        or words[-1] in parser._option_string_actions
-                        and parser._option_string_actions[words[-1]].nargs not in (0, "?", "*")):
-                    continue  # prose, help, a file of the user's, a placeholder, or a value the prose goes on with
-                said = _trainer_refusal(tasks[script], words)
-                refused += [f"{script} {rest.strip()}: {said}"] if said else []
-                continue
-            for flag, values in given:
-                if any(PLACEHOLDER.fullmatch(value) for value in values):
-                    continue
-                action = parser._option_string_actions[flag]
-                try:
-                    parser._get_values(action, values if action.nargs in ("+", "*") else values[:1])
-                except argparse.ArgumentError as error:
-                    refused.append(f"{script} {flag} {' '.join(values)}: {error.message}")
+            action = parser._option_string_actions[flag]
+            try:
+                parser._get_values(action, values if action.nargs in ("+", "*") else values[:1])
+            except argparse.ArgumentError as error:
+                refused.append(f"{script} {flag} {' '.join(values)}: {error.message}")
     assert refused == []
 
 

@@ -66,8 +66,8 @@ COMPILE_AUTO_MIN_BUDGET_S = 600  # the same rule for a run on --time_budget_s
 def compile_options(device: torch.device, gradient_checkpointing: bool) -> dict[str, Any]:
     """Inductor's options for the trainer's whole-model compile. On CPU its C++ wrapper: each graph's kernels and
     the code that calls them build as one C++ module, where the Python wrapper builds one per kernel (a 2-layer
-    model: 13 modules built against 40): a run's compile took about a third less CPU time and its steps ~4% less
-    (docs/benchmarks.md, "The C++ wrapper on CPU"). Not with gradient checkpointing: torch 2.13's C++
+    model: 13 modules built against 40): a 60-step compiled run's command took a quarter less CPU time and its steps
+    ~4% less (docs/benchmarks.md, "The C++ wrapper on CPU"). Not with gradient checkpointing: torch 2.13's C++
     wrapper has no call for the recomputation's RNG-state op (an InductorError at the first step). On a GPU,
     Inductor's defaults (the C++ wrapper has not been measured there)."""
     if device.type != "cpu" or gradient_checkpointing:
